@@ -1,0 +1,171 @@
+//! Reading FirewallConfiguration objects from YAML (files, directories, multi-document streams).
+//!
+//! Parsing is pure ([`parse_documents`]); [`load_paths`] is the thin filesystem edge.
+//! Deserialization errors name the field path, e.g.
+//! `spec.table.chains[0].policy: unknown variant `deny`, expected `drop` or `accept``.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::types::FirewallConfiguration;
+use crate::compile::PolicyObject;
+use crate::ir::Origin;
+
+/// API group/version of FirewallConfiguration.
+pub const API_VERSION: &str = "networking.liqo.io/v1beta1";
+/// Kind.
+pub const KIND: &str = "FirewallConfiguration";
+
+/// Why input could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// A file or directory could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// Not YAML.
+    #[error("{origin}: not valid YAML: {source}")]
+    Yaml {
+        /// File and document.
+        origin: String,
+        /// Cause.
+        source: serde_yaml::Error,
+    },
+    /// A field has the wrong type or an unknown value.
+    #[error("{origin}: {path}: {message}")]
+    Field {
+        /// File and document.
+        origin: String,
+        /// Field path.
+        path: String,
+        /// Deserializer message.
+        message: String,
+    },
+    /// A FirewallConfiguration without metadata.name.
+    #[error("{origin}: metadata.name: required field is missing")]
+    MissingName {
+        /// File and document.
+        origin: String,
+    },
+    /// No FirewallConfiguration in the input.
+    #[error("no FirewallConfiguration ({API_VERSION}) found in {0}")]
+    Nothing(String),
+}
+
+#[derive(Deserialize)]
+struct Head {
+    #[serde(default, rename = "apiVersion")]
+    api_version: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+}
+
+fn object_from_value(
+    value: serde_yaml::Value,
+    origin: &str,
+    out: &mut Vec<PolicyObject>,
+) -> Result<(), LoadError> {
+    let head: Head = serde_yaml::from_value(value.clone()).unwrap_or(Head {
+        api_version: None,
+        kind: None,
+    });
+    match (head.api_version.as_deref(), head.kind.as_deref()) {
+        (_, Some("List")) | (Some(API_VERSION), Some("FirewallConfigurationList")) => {
+            if let Some(items) = value.get("items").and_then(|v| v.as_sequence()) {
+                for (i, item) in items.iter().enumerate() {
+                    object_from_value(item.clone(), &format!("{origin} items[{i}]"), out)?;
+                }
+            }
+            Ok(())
+        }
+        (Some(API_VERSION), Some(KIND)) => {
+            let fc: FirewallConfiguration =
+                serde_path_to_error::deserialize(value).map_err(|e| LoadError::Field {
+                    origin: origin.to_string(),
+                    path: e.path().to_string(),
+                    message: e.inner().to_string(),
+                })?;
+            let name = fc.metadata.name.clone().ok_or_else(|| LoadError::MissingName {
+                origin: origin.to_string(),
+            })?;
+            let ns = fc
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".to_string());
+            out.push(PolicyObject {
+                origin: Origin(format!("{ns}/{name}")),
+                spec: fc.spec,
+            });
+            Ok(())
+        }
+        // Other manifests (Namespaces, Pods, ...) may share a file: they are not ours.
+        _ => Ok(()),
+    }
+}
+
+/// Parse every FirewallConfiguration in a YAML stream. `origin` names the stream in errors.
+pub fn parse_documents(text: &str, origin: &str) -> Result<Vec<PolicyObject>, LoadError> {
+    let mut out = Vec::new();
+    for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let doc_origin = format!("{origin} (document {})", i + 1);
+        let value = serde_yaml::Value::deserialize(doc).map_err(|source| LoadError::Yaml {
+            origin: doc_origin.clone(),
+            source,
+        })?;
+        if value.is_null() {
+            continue;
+        }
+        object_from_value(value, &doc_origin, &mut out)?;
+    }
+    Ok(out)
+}
+
+fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
+    let io = |source| LoadError::Io {
+        path: dir.to_path_buf(),
+        source,
+    };
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let p = entry.map_err(io)?.path();
+        let is_yaml = p
+            .extension()
+            .and_then(|e| e.to_str())
+            .is_some_and(|e| e == "yaml" || e == "yml");
+        if p.is_file() && is_yaml {
+            files.push(p);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Load every FirewallConfiguration from files and directories (non-recursive, *.yaml/*.yml).
+pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<PolicyObject>, LoadError> {
+    let mut out = Vec::new();
+    for p in paths {
+        let files = if p.is_dir() {
+            yaml_files(p)?
+        } else {
+            vec![p.clone()]
+        };
+        for f in files {
+            let text = std::fs::read_to_string(&f).map_err(|source| LoadError::Io {
+                path: f.clone(),
+                source,
+            })?;
+            out.extend(parse_documents(&text, &f.display().to_string())?);
+        }
+    }
+    if out.is_empty() {
+        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        return Err(LoadError::Nothing(names.join(", ")));
+    }
+    Ok(out)
+}

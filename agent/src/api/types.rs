@@ -1,0 +1,463 @@
+//! Rust mirror of Liqo's `FirewallConfiguration` (networking.liqo.io/v1beta1).
+//!
+//! Field names and enum spellings are upstream's, so existing Liqo objects deserialize unchanged.
+//! Our extensions (marked "extension" below) are the ones proposed upstream: `ctstate` matches,
+//! table `sets` referenced as `@name`, IPv6 values, plus comma-separated value lists, `icmp`/`icmpv6`
+//! protocols and a `message` in status conditions.
+//!
+//! Scalar fields that upstream declares as pointers are `Option` here: their absence is reported
+//! by validation with a field path instead of an opaque deserialization error.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Spec of a FirewallConfiguration: one nftables table.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "networking.liqo.io",
+    version = "v1beta1",
+    kind = "FirewallConfiguration",
+    plural = "firewallconfigurations",
+    namespaced,
+    status = "FirewallConfigurationStatus",
+    shortname = "fwcfg",
+    shortname = "fw",
+    category = "liqo",
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FirewallConfigurationSpec {
+    /// The table to enforce.
+    pub table: Table,
+}
+
+/// Observed state: one condition per host that applies the table.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FirewallConfigurationStatus {
+    /// Conditions, one per host.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<FirewallConfigurationStatusCondition>,
+}
+
+/// Condition of one host.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FirewallConfigurationStatusCondition {
+    /// Host (node or gateway pod) where the configuration was evaluated.
+    pub host: String,
+    /// `Applied` or `Error`.
+    #[serde(rename = "type")]
+    pub type_: ConditionType,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Last time the condition transitioned (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<String>,
+    /// Extension: the validation or kernel message behind an `Error`, or warnings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Condition type.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ConditionType {
+    /// The table is installed.
+    Applied,
+    /// The table could not be validated or installed.
+    Error,
+}
+
+/// An nftables table.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Table {
+    /// Table name (nftables table name).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Table family.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub family: Option<TableFamily>,
+    /// Chains of the table.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub chains: Vec<Chain>,
+    /// Extension: named sets referenced from `ip.value` / `port.value` as `@name`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sets: Vec<Set>,
+}
+
+/// Table family (upstream spelling).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum TableFamily {
+    /// IPv4 and IPv6.
+    #[serde(rename = "INET")]
+    Inet,
+    /// IPv4 only.
+    #[serde(rename = "IPV4")]
+    Ipv4,
+    /// IPv6 only.
+    #[serde(rename = "IPV6")]
+    Ipv6,
+    /// ARP (not enforced by peerwall).
+    #[serde(rename = "ARP")]
+    Arp,
+    /// netdev (not enforced by peerwall).
+    #[serde(rename = "NETDEV")]
+    Netdev,
+    /// bridge (not enforced by peerwall).
+    #[serde(rename = "BRIDGE")]
+    Bridge,
+}
+
+/// A base chain.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Chain {
+    /// Chain name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Rules: exactly one of natRules, filterRules, routeRules.
+    #[serde(default)]
+    pub rules: RulesSet,
+    /// Chain type.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub type_: Option<ChainType>,
+    /// Default policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<ChainPolicy>,
+    /// Netfilter hook.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook: Option<ChainHook>,
+    /// Priority (default 0, `filter`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+}
+
+/// Chain type.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ChainType {
+    /// Filtering chain (decides verdicts).
+    Filter,
+    /// Route chain.
+    Route,
+    /// NAT chain.
+    Nat,
+}
+
+/// Chain policy.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ChainPolicy {
+    /// Drop packets no rule decided.
+    Drop,
+    /// Accept packets no rule decided.
+    Accept,
+}
+
+/// Netfilter hook.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ChainHook {
+    /// prerouting.
+    Prerouting,
+    /// input.
+    Input,
+    /// forward.
+    Forward,
+    /// output.
+    Output,
+    /// postrouting.
+    Postrouting,
+    /// ingress (needs a device; refused by validation).
+    Ingress,
+}
+
+/// The rules of a chain.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RulesSet {
+    /// NAT rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat_rules: Option<Vec<NatRule>>,
+    /// Filter rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filter_rules: Option<Vec<FilterRule>>,
+    /// Route rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub route_rules: Option<Vec<RouteRule>>,
+}
+
+/// A filter rule.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FilterRule {
+    /// Rule name (required and unique in its chain).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Matches, ANDed.
+    #[serde(default)]
+    pub r#match: Vec<Match>,
+    /// Action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<FilterAction>,
+    /// Value for the action (ctmark value, MSS for tcpmssclamp).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    /// Count packets and bytes hitting this rule (default true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub counter: Option<bool>,
+}
+
+/// Filter action.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FilterAction {
+    /// Set the conntrack mark.
+    Ctmark,
+    /// Copy the conntrack mark to the packet mark.
+    Metamarkfromctmark,
+    /// Clamp TCP MSS.
+    Tcpmssclamp,
+    /// Accept (end this chain).
+    Accept,
+    /// Drop (final).
+    Drop,
+    /// Reject with ICMP port unreachable (final).
+    Reject,
+    /// Disable connection tracking for the packet.
+    Notrack,
+}
+
+/// A NAT rule.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NatRule {
+    /// Rule name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Matches, ANDed.
+    #[serde(default)]
+    pub r#match: Vec<Match>,
+    /// NAT type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nat_type: Option<NatType>,
+    /// Address to translate to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+    /// Free-form reference to the object the rule is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_ref: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// NAT type.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NatType {
+    /// Destination NAT.
+    Dnat,
+    /// Source NAT.
+    Snat,
+    /// Masquerade.
+    Masquerade,
+}
+
+/// A route rule (upstream carries only a name).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteRule {
+    /// Rule name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// One match entry; `op` applies to each present field separately.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Match {
+    /// eq or neq.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub op: Option<MatchOperation>,
+    /// Address match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<MatchIp>,
+    /// Port match (holds only for TCP and UDP).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<MatchPort>,
+    /// Protocol match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proto: Option<MatchProto>,
+    /// Interface match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dev: Option<MatchDev>,
+    /// Extension: connection-tracking state match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ctstate: Option<MatchCtState>,
+}
+
+/// eq / neq.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MatchOperation {
+    /// Equal / member of.
+    Eq,
+    /// Not equal / not member of.
+    Neq,
+}
+
+/// src / dst.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MatchPosition {
+    /// Source.
+    Src,
+    /// Destination.
+    Dst,
+}
+
+/// in / out.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MatchDevPosition {
+    /// Input interface.
+    In,
+    /// Output interface.
+    Out,
+}
+
+/// Address match: an address, CIDR, range `a-b`, a comma-separated list of those (extension) or `@set` (extension).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MatchIp {
+    /// Value.
+    #[serde(default)]
+    pub value: String,
+    /// src or dst.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<MatchPosition>,
+}
+
+/// Port match: `N`, `A-B`, a comma-separated list (extension) or `@set` (extension).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MatchPort {
+    /// Value.
+    #[serde(default)]
+    pub value: String,
+    /// src or dst.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<MatchPosition>,
+}
+
+/// Interface match.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MatchDev {
+    /// Interface name.
+    #[serde(default)]
+    pub value: String,
+    /// in or out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub position: Option<MatchDevPosition>,
+    /// Prefix match on the name (upstream `wildcard`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub wildcard: bool,
+}
+
+/// Protocol match.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MatchProto {
+    /// Protocol.
+    pub value: L4Proto,
+}
+
+/// Layer-4 protocol (upstream: tcp, udp; extension: icmp, icmpv6).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum L4Proto {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// ICMP (extension).
+    Icmp,
+    /// ICMPv6 (extension).
+    Icmpv6,
+}
+
+/// Extension: conntrack state match.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct MatchCtState {
+    /// States; the match holds when the packet's state is one of them.
+    #[serde(default)]
+    pub value: Vec<CtState>,
+}
+
+/// Conntrack state.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CtState {
+    /// First packet of a connection.
+    New,
+    /// Part of a connection that has seen traffic both ways.
+    Established,
+    /// Related to an existing connection (e.g. ICMP errors).
+    Related,
+    /// Not tracked (notrack).
+    Untracked,
+    /// Could not be tracked.
+    Invalid,
+}
+
+/// Extension: a named set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Set {
+    /// Set name.
+    #[serde(default)]
+    pub name: String,
+    /// Key type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_type: Option<SetDataType>,
+    /// Data type (verdict maps; not used by filtering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_type: Option<SetDataType>,
+    /// Elements.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub elements: Vec<SetElement>,
+}
+
+/// Set key type (upstream: integer, ipv4_addr, ipv4_cidr; extension: ipv6_addr, ipv6_cidr).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum SetDataType {
+    /// Ports / integers.
+    #[serde(rename = "integer")]
+    Integer,
+    /// IPv4 addresses (ranges and CIDRs allowed).
+    #[serde(rename = "ipv4_addr")]
+    Ipv4Addr,
+    /// IPv4 prefixes.
+    #[serde(rename = "ipv4_cidr")]
+    Ipv4Cidr,
+    /// IPv6 addresses (extension).
+    #[serde(rename = "ipv6_addr")]
+    Ipv6Addr,
+    /// IPv6 prefixes (extension).
+    #[serde(rename = "ipv6_cidr")]
+    Ipv6Cidr,
+}
+
+/// A set element.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SetElement {
+    /// Key.
+    #[serde(default)]
+    pub key: String,
+    /// Data (unused by filtering).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<String>,
+}

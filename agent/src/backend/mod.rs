@@ -1,0 +1,3 @@
+//! Backends: turn the policy IR into kernel state.
+
+pub mod nftables;

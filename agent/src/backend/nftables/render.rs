@@ -1,0 +1,402 @@
+//! IR → nftables, as libnftables JSON (what is applied) with a text view for humans.
+//!
+//! One table per FirewallConfiguration. Address lists of more than one value and all table
+//! sets become named interval sets (never one rule per address); ports lists are anonymous
+//! sets. Every rule carries its name as comment, and a counter when asked.
+//! JSON is used for applying because nft's text parser refuses keyword names (a chain called
+//! `drop`), which the JSON parser takes.
+//!
+//! Ownership: every table holds a regular (hookless, never run) chain [`MARKER_CHAIN`] whose one
+//! rule's comment names the owner; peerwall only ever modifies tables that carry it.
+
+use serde_json::{json, Value};
+
+use crate::ir::{
+    self, Action, AddrSet, Dir, IfDir, IpFamily, NatAction, PortSet, SetElements, Source,
+    TableFamily, Test, VerdictAction,
+};
+
+/// Name of the marker chain that identifies tables owned by peerwall.
+pub const MARKER_CHAIN: &str = "__peerwall";
+/// Prefix of the marker rule's comment.
+pub const MARKER_PREFIX: &str = "peerwall owner=";
+/// Prefix of sets generated for inline lists.
+pub const AUTO_SET_PREFIX: &str = "__pw_";
+
+/// Rendering options.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RenderOptions {
+    /// Put a counter on every rule (the probe engine reads them to tell which rule decided).
+    pub force_counters: bool,
+}
+
+/// A set as rendered: its declaration and elements.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RenderedSet {
+    /// Set name.
+    pub name: String,
+    /// nft key type.
+    pub key_type: &'static str,
+    /// Elements as JSON values (canonical, disjoint).
+    pub elements: Vec<Value>,
+}
+
+/// A rendered table: sets (whose elements can change in place) and everything else.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RenderedTable {
+    /// Table name.
+    pub name: String,
+    /// Family.
+    pub family: TableFamily,
+    /// Owner (origin of the object).
+    pub owner: String,
+    /// Named sets.
+    pub sets: Vec<RenderedSet>,
+    /// Chains (`add chain` objects, in creation order).
+    pub chains: Vec<Value>,
+    /// Rules (`add rule` objects, in order).
+    pub rules: Vec<Value>,
+}
+
+impl RenderedTable {
+    /// Structure without set elements: equal structures differ at most in set contents.
+    pub fn structure(&self) -> (Vec<(&str, &str)>, &[Value], &[Value], &str) {
+        (
+            self.sets
+                .iter()
+                .map(|s| (s.name.as_str(), s.key_type))
+                .collect(),
+            &self.chains,
+            &self.rules,
+            &self.owner,
+        )
+    }
+
+    fn table_obj(&self) -> Value {
+        json!({"table": {"family": self.family.nft(), "name": self.name}})
+    }
+
+    /// Commands that (re)create the table from scratch, atomically within one transaction:
+    /// `add table` (no-op if present), `delete table`, then the full definition.
+    pub fn recreate_commands(&self) -> Vec<Value> {
+        let mut cmds = vec![json!({"add": self.table_obj()}), json!({"delete": self.table_obj()})];
+        cmds.extend(self.create_commands());
+        cmds
+    }
+
+    /// Commands that create the table (it must not exist).
+    pub fn create_commands(&self) -> Vec<Value> {
+        let fam = self.family.nft();
+        let mut cmds = vec![json!({"add": self.table_obj()})];
+        cmds.push(json!({"add": {"chain": {"family": fam, "table": self.name, "name": MARKER_CHAIN}}}));
+        cmds.push(json!({"add": {"rule": {"family": fam, "table": self.name, "chain": MARKER_CHAIN,
+            "comment": format!("{MARKER_PREFIX}{}", self.owner), "expr": [{"counter": null}]}}}));
+        for s in &self.sets {
+            let mut set = json!({"family": fam, "table": self.name, "name": s.name,
+                "type": s.key_type, "flags": ["interval"]});
+            if !s.elements.is_empty() {
+                set["elem"] = Value::Array(s.elements.clone());
+            }
+            cmds.push(json!({"add": {"set": set}}));
+        }
+        for c in &self.chains {
+            cmds.push(json!({"add": {"chain": c}}));
+        }
+        for r in &self.rules {
+            cmds.push(json!({"add": {"rule": r}}));
+        }
+        cmds
+    }
+
+    /// Command that deletes the table.
+    pub fn delete_command(&self) -> Value {
+        json!({"delete": self.table_obj()})
+    }
+
+    /// Element changes turning `old`'s set contents into `self`'s (same structure assumed).
+    pub fn element_commands(&self, old: &RenderedTable) -> Vec<Value> {
+        let fam = self.family.nft();
+        let mut dels = Vec::new();
+        let mut adds = Vec::new();
+        for (new_set, old_set) in self.sets.iter().zip(&old.sets) {
+            let removed: Vec<Value> = old_set
+                .elements
+                .iter()
+                .filter(|e| !new_set.elements.contains(e))
+                .cloned()
+                .collect();
+            let added: Vec<Value> = new_set
+                .elements
+                .iter()
+                .filter(|e| !old_set.elements.contains(e))
+                .cloned()
+                .collect();
+            if !removed.is_empty() {
+                dels.push(json!({"delete": {"element": {"family": fam, "table": self.name,
+                    "name": new_set.name, "elem": removed}}}));
+            }
+            if !added.is_empty() {
+                adds.push(json!({"add": {"element": {"family": fam, "table": self.name,
+                    "name": new_set.name, "elem": added}}}));
+            }
+        }
+        // Deletes first: a merged interval may be replaced by an overlapping one.
+        dels.extend(adds);
+        dels
+    }
+}
+
+fn addr_elem(family: IpFamily, r: ir::AddrRange) -> Value {
+    let text = ir::addr::format_range(family, r);
+    if let Some((a, b)) = text.split_once('-') {
+        json!({"range": [a, b]})
+    } else if let Some((a, len)) = text.split_once('/') {
+        json!({"prefix": {"addr": a, "len": len.parse::<u8>().unwrap_or(0)}})
+    } else {
+        json!(text)
+    }
+}
+
+fn addr_elems(set: &AddrSet) -> Vec<Value> {
+    set.ranges()
+        .iter()
+        .map(|r| addr_elem(set.family(), *r))
+        .collect()
+}
+
+fn port_elems(set: &PortSet) -> Vec<Value> {
+    set.ranges()
+        .iter()
+        .map(|(a, b)| {
+            if a == b {
+                json!(a)
+            } else {
+                json!({"range": [a, b]})
+            }
+        })
+        .collect()
+}
+
+fn addr_key_type(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "ipv4_addr",
+        IpFamily::V6 => "ipv6_addr",
+    }
+}
+
+fn mat(negate: bool, left: Value, right: Value) -> Value {
+    json!({"match": {"op": if negate { "!=" } else { "==" }, "left": left, "right": right}})
+}
+
+fn proto_name(p: u8) -> Value {
+    match p {
+        ir::eval::proto::TCP => json!("tcp"),
+        ir::eval::proto::UDP => json!("udp"),
+        ir::eval::proto::ICMP => json!("icmp"),
+        ir::eval::proto::ICMPV6 => json!("ipv6-icmp"),
+        n => json!(n),
+    }
+}
+
+/// Render one IR table.
+pub fn render_table(t: &ir::Table, opts: RenderOptions) -> RenderedTable {
+    let fam = t.family.nft();
+    let mut sets: Vec<RenderedSet> = t
+        .sets
+        .iter()
+        .map(|s| match &s.elements {
+            SetElements::Addr(a) => RenderedSet {
+                name: s.name.clone(),
+                key_type: addr_key_type(a.family()),
+                elements: addr_elems(a),
+            },
+            SetElements::Port(p) => RenderedSet {
+                name: s.name.clone(),
+                key_type: "inet_service",
+                elements: port_elems(p),
+            },
+        })
+        .collect();
+    let mut chains = Vec::new();
+    let mut rules = Vec::new();
+    for (ci, c) in t.chains.iter().enumerate() {
+        chains.push(json!({"family": fam, "table": t.name, "name": c.name,
+            "type": c.kind.nft(), "hook": c.hook.nft(), "prio": c.priority,
+            "policy": c.policy.as_str()}));
+        for (ri, r) in c.rules.iter().enumerate() {
+            let mut expr = Vec::new();
+            for (mi, m) in r.matches.iter().enumerate() {
+                match &m.test {
+                    Test::Addr { dir, set, source } => {
+                        let proto = match set.family() {
+                            IpFamily::V4 => "ip",
+                            IpFamily::V6 => "ip6",
+                        };
+                        let field = match dir {
+                            Dir::Src => "saddr",
+                            Dir::Dst => "daddr",
+                        };
+                        let left = json!({"payload": {"protocol": proto, "field": field}});
+                        let right = match source {
+                            Source::Named(n) => json!(format!("@{n}")),
+                            Source::Inline { count } if *count > 1 => {
+                                let name = format!("{AUTO_SET_PREFIX}{ci}_{ri}_{mi}");
+                                sets.push(RenderedSet {
+                                    name: name.clone(),
+                                    key_type: addr_key_type(set.family()),
+                                    elements: addr_elems(set),
+                                });
+                                json!(format!("@{name}"))
+                            }
+                            Source::Inline { .. } => match addr_elems(set).as_slice() {
+                                [one] => one.clone(),
+                                many => json!({"set": many}),
+                            },
+                        };
+                        expr.push(mat(m.negate, left, right));
+                    }
+                    Test::Port { dir, set, source } => {
+                        // Ports exist only for TCP and UDP: ICMP never satisfies a port match.
+                        expr.push(mat(
+                            false,
+                            json!({"meta": {"key": "l4proto"}}),
+                            json!({"set": ["tcp", "udp"]}),
+                        ));
+                        let field = match dir {
+                            Dir::Src => "sport",
+                            Dir::Dst => "dport",
+                        };
+                        let left = json!({"payload": {"protocol": "th", "field": field}});
+                        let right = match source {
+                            Source::Named(n) => json!(format!("@{n}")),
+                            Source::Inline { .. } => match port_elems(set).as_slice() {
+                                [one] => one.clone(),
+                                many => json!({"set": many}),
+                            },
+                        };
+                        expr.push(mat(m.negate, left, right));
+                    }
+                    Test::Proto(list) => {
+                        let right = match list.as_slice() {
+                            [one] => proto_name(*one),
+                            many => json!({"set": many.iter().map(|p| proto_name(*p)).collect::<Vec<_>>()}),
+                        };
+                        expr.push(mat(m.negate, json!({"meta": {"key": "l4proto"}}), right));
+                    }
+                    Test::Iface {
+                        dir,
+                        name,
+                        wildcard,
+                    } => {
+                        let key = match dir {
+                            IfDir::In => "iifname",
+                            IfDir::Out => "oifname",
+                        };
+                        let value = if *wildcard {
+                            format!("{name}*")
+                        } else {
+                            name.clone()
+                        };
+                        expr.push(mat(m.negate, json!({"meta": {"key": key}}), json!(value)));
+                    }
+                    Test::CtState(mask) => {
+                        let states: Vec<&str> = ir::CtState::ALL
+                            .iter()
+                            .filter(|s| mask & s.bit() != 0)
+                            .map(|s| s.nft())
+                            .collect();
+                        expr.push(mat(
+                            m.negate,
+                            json!({"ct": {"key": "state"}}),
+                            json!({"set": states}),
+                        ));
+                    }
+                }
+            }
+            if r.counter || opts.force_counters {
+                expr.push(json!({"counter": null}));
+            }
+            match &r.action {
+                Action::Verdict(VerdictAction::Accept) => expr.push(json!({"accept": null})),
+                Action::Verdict(VerdictAction::Drop) => expr.push(json!({"drop": null})),
+                Action::Verdict(VerdictAction::Reject) => {
+                    let ty = match t.family {
+                        TableFamily::Inet => "icmpx",
+                        TableFamily::Ip => "icmp",
+                        TableFamily::Ip6 => "icmpv6",
+                    };
+                    expr.push(json!({"reject": {"type": ty, "expr": "port-unreachable"}}));
+                }
+                Action::CtMark(v) => {
+                    expr.push(json!({"mangle": {"key": {"ct": {"key": "mark"}}, "value": v}}))
+                }
+                Action::MetaMarkFromCtMark => expr.push(
+                    json!({"mangle": {"key": {"meta": {"key": "mark"}}, "value": {"ct": {"key": "mark"}}}}),
+                ),
+                Action::TcpMssClamp(v) => {
+                    expr.push(json!({"match": {"op": "in",
+                        "left": {"payload": {"protocol": "tcp", "field": "flags"}}, "right": "syn"}}));
+                    let value = match v {
+                        Some(mss) => json!(mss),
+                        None => json!({"rt": {"key": "mtu"}}),
+                    };
+                    expr.push(json!({"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": value}}));
+                }
+                Action::Notrack => expr.push(json!({"notrack": null})),
+                Action::Nat(n) => {
+                    let (kind, addr) = match n {
+                        NatAction::Dnat(a) => ("dnat", Some(a)),
+                        NatAction::Snat(a) => ("snat", Some(a)),
+                        NatAction::Masquerade => ("masquerade", None),
+                    };
+                    match addr {
+                        Some(a) => {
+                            let mut stmt = json!({"addr": a.to_string()});
+                            if t.family == TableFamily::Inet {
+                                stmt["family"] = json!(match a {
+                                    std::net::IpAddr::V4(_) => "ip",
+                                    std::net::IpAddr::V6(_) => "ip6",
+                                });
+                            }
+                            expr.push(json!({ kind: stmt }));
+                        }
+                        None => expr.push(json!({ kind: null })),
+                    }
+                }
+            }
+            rules.push(json!({"family": fam, "table": t.name, "chain": c.name,
+                "comment": r.name, "expr": expr}));
+        }
+    }
+    RenderedTable {
+        name: t.name.clone(),
+        family: t.family,
+        owner: sanitize_owner(&t.origin.0),
+        sets,
+        chains,
+        rules,
+    }
+}
+
+fn sanitize_owner(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_control() || c == '"' || c == '\\' {
+                '_'
+            } else {
+                c
+            }
+        })
+        .take(100)
+        .collect()
+}
+
+/// Render a whole policy.
+pub fn render_policy(p: &ir::Policy, opts: RenderOptions) -> Vec<RenderedTable> {
+    p.tables.iter().map(|t| render_table(t, opts)).collect()
+}
+
+/// Wrap commands into an nft JSON document.
+pub fn document(cmds: Vec<Value>) -> Value {
+    json!({ "nftables": cmds })
+}

@@ -1,0 +1,364 @@
+//! The `peerwall` command line: the contract other tools rely on.
+//!
+//! Exit codes: 0 answered, 2 bad input (error on stderr, nothing changed), 1 runtime failure.
+
+use std::io::Write;
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::api::load;
+use crate::backend::nftables::{self, text, Nft, NftBackend, RenderOptions};
+use crate::compile::{self, Compiled};
+use crate::ir::{self, eval::proto, CtState, Packet};
+use crate::probe::{self, NftProbe};
+
+/// A failure, classified for the exit code.
+#[derive(Debug)]
+pub enum CliError {
+    /// Bad input: exit 2.
+    Input(anyhow::Error),
+    /// Anything else: exit 1.
+    Runtime(anyhow::Error),
+}
+
+impl CliError {
+    /// Process exit code.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Self::Input(_) => 2,
+            Self::Runtime(_) => 1,
+        }
+    }
+
+    /// The underlying error.
+    pub fn error(&self) -> &anyhow::Error {
+        match self {
+            Self::Input(e) | Self::Runtime(e) => e,
+        }
+    }
+}
+
+fn input<E: Into<anyhow::Error>>(e: E) -> CliError {
+    CliError::Input(e.into())
+}
+
+fn runtime<E: Into<anyhow::Error>>(e: E) -> CliError {
+    CliError::Runtime(e.into())
+}
+
+/// peerwall: a gateway firewall for Liqo multi-cluster peering.
+#[derive(Parser, Debug)]
+#[command(name = "peerwall", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Log output format.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Enforcement backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BackendKind {
+    /// One nftables table per FirewallConfiguration, applied atomically.
+    Nftables,
+}
+
+/// Verdict engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Engine {
+    /// The reference evaluator over the policy IR.
+    Reference,
+    /// The real kernel: a scratch namespace with the nftables rendering loaded.
+    Nftables,
+}
+
+/// Output format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// Human-readable.
+    Text,
+    /// JSON.
+    Json,
+}
+
+/// Protocol of a probe packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ProtoArg {
+    /// TCP.
+    Tcp,
+    /// UDP.
+    Udp,
+    /// ICMP (ICMPv6 for IPv6 addresses).
+    Icmp,
+}
+
+/// Conntrack state of a probe packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CtArg {
+    /// First packet of a flow.
+    New,
+    /// Part of a flow seen both ways.
+    Established,
+    /// Related to a flow (an ICMP error).
+    Related,
+    /// Not tracked.
+    Untracked,
+    /// Unclassifiable.
+    Invalid,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Validate FirewallConfigurations and print what the backend would install.
+    Compile {
+        /// YAML files (multi-document allowed) or directories of them.
+        #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+        files: Vec<PathBuf>,
+        /// Backend to render for.
+        #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
+        backend: BackendKind,
+        /// `text` prints nft syntax; `json` the exact libnftables JSON that `apply` loads.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// The fate of one packet crossing the gateway.
+    Verdict {
+        /// YAML files or directories.
+        #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+        files: Vec<PathBuf>,
+        /// Input interface (e.g. liqo-tunnel).
+        #[arg(long)]
+        iif: String,
+        /// Output interface; without it the packet is addressed to the gateway itself.
+        #[arg(long)]
+        oif: Option<String>,
+        /// Source address.
+        #[arg(long)]
+        src: IpAddr,
+        /// Destination address.
+        #[arg(long)]
+        dst: IpAddr,
+        /// Protocol.
+        #[arg(long, value_enum, default_value_t = ProtoArg::Tcp)]
+        proto: ProtoArg,
+        /// Source port (TCP/UDP).
+        #[arg(long, default_value_t = 40000)]
+        sport: u16,
+        /// Destination port (TCP/UDP).
+        #[arg(long, default_value_t = 80)]
+        dport: u16,
+        /// Conntrack state.
+        #[arg(long = "ct-state", value_enum, default_value_t = CtArg::New)]
+        ct_state: CtArg,
+        /// Who judges.
+        #[arg(long, value_enum, default_value_t = Engine::Reference)]
+        engine: Engine,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Install the policy on this host (current network namespace) and exit.
+    /// peerwall's tables become exactly the given ones: owned tables not in the input are removed.
+    Apply {
+        /// YAML files or directories.
+        #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+        files: Vec<PathBuf>,
+        /// Backend.
+        #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
+        backend: BackendKind,
+    },
+    /// Remove every table peerwall owns on this host.
+    Delete,
+    /// Show rule counters of peerwall's tables on this host.
+    Counters {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
+    /// Print the FirewallConfiguration CRD (YAML) generated from the Rust types.
+    Crd,
+}
+
+fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
+    let objects = load::load_paths(files).map_err(input)?;
+    let compiled = compile::compile(&objects).map_err(input)?;
+    for (origin, w) in &compiled.warnings {
+        tracing::warn!(object = %origin, "{w}");
+    }
+    Ok(compiled)
+}
+
+/// The CRD as YAML.
+pub fn crd_yaml() -> anyhow::Result<String> {
+    use kube::CustomResourceExt;
+    let crd = crate::api::FirewallConfiguration::crd();
+    Ok(serde_yaml::to_string(&crd)?)
+}
+
+fn out(s: &str) -> Result<(), CliError> {
+    let mut o = std::io::stdout().lock();
+    o.write_all(s.as_bytes())
+        .and_then(|_| o.flush())
+        .context("writing to stdout")
+        .map_err(runtime)
+}
+
+/// Run a parsed command line.
+pub fn run(cli: Cli) -> Result<(), CliError> {
+    match cli.command {
+        Command::Compile {
+            files,
+            backend: BackendKind::Nftables,
+            output,
+        } => {
+            let compiled = load_and_compile(&files)?;
+            let tables = nftables::render_policy(&compiled.policy, RenderOptions::default());
+            match output {
+                Output::Text => {
+                    let s: Vec<String> = tables.iter().map(text::table_text).collect();
+                    out(&s.join("\n"))
+                }
+                Output::Json => {
+                    let cmds = tables.iter().flat_map(|t| t.create_commands()).collect();
+                    let doc = nftables::render::document(cmds);
+                    out(&format!("{}\n", serde_json::to_string_pretty(&doc).map_err(runtime)?))
+                }
+            }
+        }
+        Command::Verdict {
+            files,
+            iif,
+            oif,
+            src,
+            dst,
+            proto: p,
+            sport,
+            dport,
+            ct_state,
+            engine,
+            output,
+        } => {
+            if src.is_ipv4() != dst.is_ipv4() {
+                return Err(input(anyhow::anyhow!(
+                    "--src {src} and --dst {dst} are of different address families"
+                )));
+            }
+            let compiled = load_and_compile(&files)?;
+            let pkt = Packet {
+                src,
+                dst,
+                proto: match (p, src.is_ipv6()) {
+                    (ProtoArg::Tcp, _) => proto::TCP,
+                    (ProtoArg::Udp, _) => proto::UDP,
+                    (ProtoArg::Icmp, false) => proto::ICMP,
+                    (ProtoArg::Icmp, true) => proto::ICMPV6,
+                },
+                sport,
+                dport,
+                iif: Some(iif),
+                oif,
+                ct_state: match ct_state {
+                    CtArg::New => CtState::New,
+                    CtArg::Established => CtState::Established,
+                    CtArg::Related => CtState::Related,
+                    CtArg::Untracked => CtState::Untracked,
+                    CtArg::Invalid => CtState::Invalid,
+                },
+            };
+            let verdict = match engine {
+                Engine::Reference => ir::evaluate(&compiled.policy, &pkt),
+                Engine::Nftables => {
+                    let mut probe =
+                        NftProbe::new(&compiled.policy, &probe::interfaces_of([&pkt]))
+                            .context("building the scratch gateway")
+                            .map_err(runtime)?;
+                    probe.verdict(&pkt).map_err(|e| match e {
+                        probe::ProbeError::Unsupported(_) => input(e),
+                        other => runtime(other),
+                    })?
+                }
+            };
+            match output {
+                Output::Json => out(&format!(
+                    "{}\n",
+                    serde_json::to_string(&verdict).map_err(runtime)?
+                )),
+                Output::Text => {
+                    let by = match (&verdict.table, &verdict.chain, &verdict.rule) {
+                        (Some(t), Some(c), Some(r)) => format!("rule {t}/{c}/{r}"),
+                        (Some(t), Some(c), None) => format!("policy of chain {t}/{c}"),
+                        _ => "no chain on the path".to_string(),
+                    };
+                    out(&format!("{} ({by})\n", verdict.verdict.as_str()))
+                }
+            }
+        }
+        Command::Apply {
+            files,
+            backend: BackendKind::Nftables,
+        } => {
+            let compiled = load_and_compile(&files)?;
+            let mut b = NftBackend::new(Nft::host());
+            let report = b
+                .apply(&compiled.policy)
+                .context("applying the nftables policy")
+                .map_err(runtime)?;
+            tracing::info!(
+                recreated = ?report.recreated,
+                updated = ?report.updated,
+                deleted = ?report.deleted,
+                rules = compiled.policy.rule_count(),
+                "policy applied"
+            );
+            Ok(())
+        }
+        Command::Delete => {
+            let mut b = NftBackend::new(Nft::host());
+            let gone = b
+                .delete_all()
+                .context("deleting peerwall tables")
+                .map_err(runtime)?;
+            tracing::info!(tables = ?gone, "peerwall tables deleted");
+            Ok(())
+        }
+        Command::Counters { output } => {
+            let b = NftBackend::new(Nft::host());
+            let counters = b
+                .counters()
+                .context("reading rule counters")
+                .map_err(runtime)?;
+            match output {
+                Output::Json => out(&format!(
+                    "{}\n",
+                    serde_json::to_string(&counters).map_err(runtime)?
+                )),
+                Output::Text => {
+                    let mut s = String::new();
+                    for c in counters {
+                        s.push_str(&format!(
+                            "{}/{}/{}\t{} packets\t{} bytes\n",
+                            c.table, c.chain, c.rule, c.packets, c.bytes
+                        ));
+                    }
+                    out(&s)
+                }
+            }
+        }
+        Command::Crd => out(&crd_yaml().map_err(runtime)?),
+    }
+}

@@ -1,0 +1,318 @@
+//! The reference evaluator: the judge both backends are tested against.
+//!
+//! Semantics (docs/firewallconfiguration.md, "What a verdict means"):
+//! a packet traverses the hooks of its path in order; at each hook the filter chains of every
+//! table that sees the packet's family run in ascending (priority, table name, chain name).
+//! Within a chain the first rule whose matches all hold decides: `accept` ends the chain,
+//! `drop`/`reject` are final; marking actions do not decide. No matching rule: the chain policy.
+//! The packet survives only if every chain on its path accepts it.
+
+use std::net::IpAddr;
+
+use serde::Serialize;
+
+use super::{ChainKind, Dir, Hook, IfDir, IpFamily, Policy, Test};
+
+/// Final fate of a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VerdictAction {
+    /// Delivered.
+    Accept,
+    /// Silently discarded.
+    Drop,
+    /// Discarded with an ICMP/ICMPv6 port unreachable to the sender.
+    Reject,
+}
+
+impl VerdictAction {
+    /// Lower-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Accept => "accept",
+            Self::Drop => "drop",
+            Self::Reject => "reject",
+        }
+    }
+}
+
+/// Conntrack state of a packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CtState {
+    /// First packet of a flow.
+    New,
+    /// Flow seen in both directions.
+    Established,
+    /// Related to a known flow (ICMP error).
+    Related,
+    /// Conntrack disabled for this packet.
+    Untracked,
+    /// Conntrack could not classify the packet.
+    Invalid,
+}
+
+impl CtState {
+    /// All states.
+    pub const ALL: [CtState; 5] = [
+        Self::New,
+        Self::Established,
+        Self::Related,
+        Self::Untracked,
+        Self::Invalid,
+    ];
+
+    /// Bit in an IR ct-state mask.
+    pub const fn bit(self) -> u8 {
+        match self {
+            Self::New => 1,
+            Self::Established => 2,
+            Self::Related => 4,
+            Self::Untracked => 8,
+            Self::Invalid => 16,
+        }
+    }
+
+    /// nft keyword.
+    pub fn nft(self) -> &'static str {
+        match self {
+            Self::New => "new",
+            Self::Established => "established",
+            Self::Related => "related",
+            Self::Untracked => "untracked",
+            Self::Invalid => "invalid",
+        }
+    }
+}
+
+/// Which hooks a packet traverses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PacketPath {
+    /// Routed through the gateway: prerouting, forward, postrouting.
+    Forward,
+    /// Addressed to the gateway: prerouting, input.
+    Input,
+    /// Sent by the gateway: output, postrouting.
+    Output,
+}
+
+impl PacketPath {
+    /// Hooks in traversal order.
+    pub fn hooks(self) -> &'static [Hook] {
+        match self {
+            Self::Forward => &[Hook::Prerouting, Hook::Forward, Hook::Postrouting],
+            Self::Input => &[Hook::Prerouting, Hook::Input],
+            Self::Output => &[Hook::Output, Hook::Postrouting],
+        }
+    }
+}
+
+/// IP protocol numbers.
+pub mod proto {
+    /// ICMP.
+    pub const ICMP: u8 = 1;
+    /// TCP.
+    pub const TCP: u8 = 6;
+    /// UDP.
+    pub const UDP: u8 = 17;
+    /// ICMPv6.
+    pub const ICMPV6: u8 = 58;
+}
+
+/// A packet as the evaluator sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Packet {
+    /// Source address.
+    pub src: IpAddr,
+    /// Destination address (same family as `src`).
+    pub dst: IpAddr,
+    /// Layer-4 protocol number.
+    pub proto: u8,
+    /// Source port (TCP/UDP; ignored otherwise).
+    pub sport: u16,
+    /// Destination port (TCP/UDP; ignored otherwise).
+    pub dport: u16,
+    /// Input interface (forward and input paths).
+    pub iif: Option<String>,
+    /// Output interface (forward and output paths).
+    pub oif: Option<String>,
+    /// Conntrack state.
+    pub ct_state: CtState,
+}
+
+impl Packet {
+    /// Address family.
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(&self.src)
+    }
+
+    /// Path derived from the known interfaces: both → forward, only `iif` → input, else output.
+    pub fn path(&self) -> PacketPath {
+        match (&self.iif, &self.oif) {
+            (Some(_), Some(_)) => PacketPath::Forward,
+            (Some(_), None) => PacketPath::Input,
+            _ => PacketPath::Output,
+        }
+    }
+
+    fn has_ports(&self) -> bool {
+        self.proto == proto::TCP || self.proto == proto::UDP
+    }
+
+    /// Interface name as netfilter sees it at `hook` ("" when not known there).
+    fn iface_at(&self, hook: Hook, dir: IfDir) -> &str {
+        let known = match (dir, hook) {
+            (IfDir::In, Hook::Output) => false,
+            (IfDir::In, Hook::Postrouting) => self.path() == PacketPath::Forward,
+            (IfDir::In, _) => true,
+            (IfDir::Out, Hook::Prerouting | Hook::Input) => false,
+            (IfDir::Out, _) => true,
+        };
+        let name = match dir {
+            IfDir::In => &self.iif,
+            IfDir::Out => &self.oif,
+        };
+        if known {
+            name.as_deref().unwrap_or("")
+        } else {
+            ""
+        }
+    }
+}
+
+/// The fate of a packet and what decided it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Verdict {
+    /// accept, drop or reject.
+    pub verdict: VerdictAction,
+    /// Table of the deciding chain (None when no chain is on the path).
+    pub table: Option<String>,
+    /// Deciding chain: for drop/reject the chain that refused, for accept the last chain run.
+    pub chain: Option<String>,
+    /// Deciding rule; None when the chain policy decided.
+    pub rule: Option<String>,
+}
+
+/// A filter chain on the packet's path, in traversal order.
+#[derive(Clone, Copy, Debug)]
+pub struct PathChain<'a> {
+    /// Table.
+    pub table: &'a super::Table,
+    /// Chain.
+    pub chain: &'a super::Chain,
+}
+
+/// Filter chains that a packet of `family` on `path` traverses, in order.
+pub fn chains_on_path(policy: &Policy, family: IpFamily, path: PacketPath) -> Vec<PathChain<'_>> {
+    let mut out = Vec::new();
+    for hook in path.hooks() {
+        let mut at_hook: Vec<PathChain<'_>> = policy
+            .tables
+            .iter()
+            .filter(|t| t.family.sees(family))
+            .flat_map(|t| {
+                t.chains
+                    .iter()
+                    .filter(|c| c.hook == *hook && c.kind == ChainKind::Filter)
+                    .map(move |c| PathChain { table: t, chain: c })
+            })
+            .collect();
+        at_hook.sort_by(|a, b| {
+            (a.chain.priority, &a.table.name, &a.chain.name).cmp(&(
+                b.chain.priority,
+                &b.table.name,
+                &b.chain.name,
+            ))
+        });
+        out.extend(at_hook);
+    }
+    out
+}
+
+/// Whether one test holds for a packet at a hook (before negation).
+fn test_holds(test: &Test, pkt: &Packet, hook: Hook) -> Option<bool> {
+    Some(match test {
+        Test::Addr { dir, set, .. } => {
+            // An address test exists only for packets of its family (nft adds an implicit
+            // `meta nfproto` dependency): otherwise the match fails, whether eq or neq.
+            if set.family() != pkt.family() {
+                return None;
+            }
+            let a = match dir {
+                Dir::Src => &pkt.src,
+                Dir::Dst => &pkt.dst,
+            };
+            set.contains(a)
+        }
+        Test::Port { dir, set, .. } => {
+            if !pkt.has_ports() {
+                return None;
+            }
+            set.contains(match dir {
+                Dir::Src => pkt.sport,
+                Dir::Dst => pkt.dport,
+            })
+        }
+        Test::Proto(list) => list.contains(&pkt.proto),
+        Test::Iface {
+            dir,
+            name,
+            wildcard,
+        } => {
+            let seen = pkt.iface_at(hook, *dir);
+            if *wildcard {
+                seen.starts_with(name.as_str())
+            } else {
+                seen == name
+            }
+        }
+        Test::CtState(mask) => mask & pkt.ct_state.bit() != 0,
+    })
+}
+
+/// Whether a rule's matches all hold.
+pub fn rule_matches(rule: &super::Rule, pkt: &Packet, hook: Hook) -> bool {
+    rule.matches
+        .iter()
+        .all(|m| test_holds(&m.test, pkt, hook).is_some_and(|h| h != m.negate))
+}
+
+/// Outcome of one chain: the verdict and the deciding rule (None = policy).
+pub fn run_chain<'a>(
+    chain: &'a super::Chain,
+    pkt: &Packet,
+) -> (VerdictAction, Option<&'a super::Rule>) {
+    for rule in &chain.rules {
+        // Non-deciding actions (marks, notrack, nat) never end evaluation.
+        if let Some(v) = rule.action.verdict() {
+            if rule_matches(rule, pkt, chain.hook) {
+                return (v, Some(rule));
+            }
+        }
+    }
+    (chain.policy, None)
+}
+
+/// The fate of `pkt` under `policy`.
+pub fn evaluate(policy: &Policy, pkt: &Packet) -> Verdict {
+    let mut last = Verdict {
+        verdict: VerdictAction::Accept,
+        table: None,
+        chain: None,
+        rule: None,
+    };
+    for pc in chains_on_path(policy, pkt.family(), pkt.path()) {
+        let (v, rule) = run_chain(pc.chain, pkt);
+        last = Verdict {
+            verdict: v,
+            table: Some(pc.table.name.clone()),
+            chain: Some(pc.chain.name.clone()),
+            rule: rule.map(|r| r.name.clone()),
+        };
+        if v != VerdictAction::Accept {
+            break;
+        }
+    }
+    last
+}

@@ -1,0 +1,315 @@
+//! The policy IR: what every backend installs and what the reference evaluator judges.
+//!
+//! It is pure data: no kube, aya, tokio or filesystem types. Values are normalized
+//! (address lists as canonical range sets, port ranges merged, one `Match` per field with its
+//! own negation), names are validated, and every rule carries a stable id
+//! (table / chain / rule name) that traces back to the FirewallConfiguration it came from.
+
+pub mod addr;
+pub mod eval;
+
+use std::fmt;
+
+pub use addr::{AddrRange, AddrSet, IpFamily, PortSet};
+pub use eval::{evaluate, CtState, Packet, PacketPath, Verdict, VerdictAction};
+
+/// The whole compiled policy of a host.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Policy {
+    /// Tables, sorted by (name, family).
+    pub tables: Vec<Table>,
+}
+
+/// Identity of the object a table came from (`namespace/name`, or a file origin).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Origin(pub String);
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// nftables table family that peerwall enforces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TableFamily {
+    /// `ip`: IPv4 only.
+    Ip,
+    /// `ip6`: IPv6 only.
+    Ip6,
+    /// `inet`: both.
+    Inet,
+}
+
+impl TableFamily {
+    /// nft keyword.
+    pub fn nft(self) -> &'static str {
+        match self {
+            Self::Ip => "ip",
+            Self::Ip6 => "ip6",
+            Self::Inet => "inet",
+        }
+    }
+
+    /// Whether packets of `family` traverse chains of this table.
+    pub fn sees(self, family: IpFamily) -> bool {
+        matches!(
+            (self, family),
+            (Self::Inet, _) | (Self::Ip, IpFamily::V4) | (Self::Ip6, IpFamily::V6)
+        )
+    }
+}
+
+/// One table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Table {
+    /// nftables table name.
+    pub name: String,
+    /// Family.
+    pub family: TableFamily,
+    /// Object this table came from.
+    pub origin: Origin,
+    /// Named sets (from `spec.table.sets`), in declaration order.
+    pub sets: Vec<NamedSet>,
+    /// Base chains, sorted by name.
+    pub chains: Vec<Chain>,
+}
+
+/// A named set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NamedSet {
+    /// Set name.
+    pub name: String,
+    /// Contents.
+    pub elements: SetElements,
+}
+
+/// Contents of a named set.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SetElements {
+    /// Addresses of one family.
+    Addr(AddrSet),
+    /// Ports / integers.
+    Port(PortSet),
+}
+
+/// Chain type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ChainKind {
+    /// Decides verdicts.
+    Filter,
+    /// Translates addresses; never decides.
+    Nat,
+    /// Reroutes output packets; never decides.
+    Route,
+}
+
+impl ChainKind {
+    /// nft keyword.
+    pub fn nft(self) -> &'static str {
+        match self {
+            Self::Filter => "filter",
+            Self::Nat => "nat",
+            Self::Route => "route",
+        }
+    }
+}
+
+/// Netfilter hook.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Hook {
+    /// Before routing.
+    Prerouting,
+    /// To this host.
+    Input,
+    /// Routed through this host.
+    Forward,
+    /// From this host.
+    Output,
+    /// After routing.
+    Postrouting,
+}
+
+impl Hook {
+    /// nft keyword.
+    pub fn nft(self) -> &'static str {
+        match self {
+            Self::Prerouting => "prerouting",
+            Self::Input => "input",
+            Self::Forward => "forward",
+            Self::Output => "output",
+            Self::Postrouting => "postrouting",
+        }
+    }
+}
+
+/// A base chain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Chain {
+    /// Name.
+    pub name: String,
+    /// Type.
+    pub kind: ChainKind,
+    /// Hook.
+    pub hook: Hook,
+    /// Priority.
+    pub priority: i32,
+    /// Default verdict: `Accept` or `Drop`.
+    pub policy: VerdictAction,
+    /// Ordered rules.
+    pub rules: Vec<Rule>,
+}
+
+/// A rule: all matches must hold, then the action runs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    /// Name (unique in its chain).
+    pub name: String,
+    /// Matches (ANDed).
+    pub matches: Vec<Match>,
+    /// Action.
+    pub action: Action,
+    /// Whether the rule counts packets and bytes.
+    pub counter: bool,
+}
+
+/// Stable identity of a rule.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct RuleId {
+    /// Table name.
+    pub table: String,
+    /// Chain name.
+    pub chain: String,
+    /// Rule name.
+    pub rule: String,
+}
+
+/// A single-field match with its own negation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Match {
+    /// `neq`.
+    pub negate: bool,
+    /// What is tested.
+    pub test: Test,
+}
+
+/// Packet direction of an address or port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dir {
+    /// Source.
+    Src,
+    /// Destination.
+    Dst,
+}
+
+/// Interface direction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum IfDir {
+    /// Input interface.
+    In,
+    /// Output interface.
+    Out,
+}
+
+/// Where a set of values came from: inline in the rule, or a named table set.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Source {
+    /// Written in the rule; `count` is how many values the user wrote.
+    Inline {
+        /// Number of values written (a list of more than one becomes a named set in nftables).
+        count: usize,
+    },
+    /// `@name` reference to a table set.
+    Named(String),
+}
+
+/// What a match tests. Each test holds only on packets where the field exists:
+/// an address test only on packets of its family, a port test only on TCP and UDP.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Test {
+    /// Source or destination address in a set.
+    Addr {
+        /// Which address.
+        dir: Dir,
+        /// Resolved addresses.
+        set: AddrSet,
+        /// Origin of the values.
+        source: Source,
+    },
+    /// Source or destination port in a set (TCP and UDP only).
+    Port {
+        /// Which port.
+        dir: Dir,
+        /// Resolved ports.
+        set: PortSet,
+        /// Origin of the values.
+        source: Source,
+    },
+    /// Layer-4 protocol number in a list.
+    Proto(Vec<u8>),
+    /// Interface name (exact or prefix).
+    Iface {
+        /// Which interface.
+        dir: IfDir,
+        /// Name or prefix.
+        name: String,
+        /// Prefix match.
+        wildcard: bool,
+    },
+    /// Conntrack state in a set (bit mask of [`CtState::bit`]).
+    CtState(u8),
+}
+
+/// What a rule does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Decides a verdict.
+    Verdict(VerdictAction),
+    /// `ct mark set VALUE`.
+    CtMark(u32),
+    /// `meta mark set ct mark`.
+    MetaMarkFromCtMark,
+    /// Clamp TCP MSS to a value or to the route MTU.
+    TcpMssClamp(Option<u16>),
+    /// Disable conntrack for the packet.
+    Notrack,
+    /// NAT.
+    Nat(NatAction),
+}
+
+impl Action {
+    /// The verdict this action decides, if it decides one.
+    pub fn verdict(&self) -> Option<VerdictAction> {
+        match self {
+            Self::Verdict(v) => Some(*v),
+            _ => None,
+        }
+    }
+}
+
+/// NAT action.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NatAction {
+    /// Destination NAT to an address.
+    Dnat(std::net::IpAddr),
+    /// Source NAT to an address.
+    Snat(std::net::IpAddr),
+    /// Masquerade.
+    Masquerade,
+}
+
+impl Policy {
+    /// Find a table by name and family.
+    pub fn table(&self, name: &str) -> Option<&Table> {
+        self.tables.iter().find(|t| t.name == name)
+    }
+
+    /// Total number of rules.
+    pub fn rule_count(&self) -> usize {
+        self.tables
+            .iter()
+            .flat_map(|t| &t.chains)
+            .map(|c| c.rules.len())
+            .sum()
+    }
+}

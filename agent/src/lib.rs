@@ -1,0 +1,14 @@
+//! peerwall: a gateway firewall for Liqo multi-cluster peering.
+//!
+//! The flow, one module per layer:
+//! [`api`] (FirewallConfiguration types and YAML loading) → [`compile`] (validation and lowering)
+//! → [`ir`] (the policy IR and the reference evaluator) → [`backend`] (nftables) → [`cli`].
+//! [`netns`] and [`probe`] drive real kernels for `peerwall verdict --engine nftables` and tests.
+
+pub mod api;
+pub mod backend;
+pub mod cli;
+pub mod compile;
+pub mod ir;
+pub mod netns;
+pub mod probe;

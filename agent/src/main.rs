@@ -1,0 +1,21 @@
+//! The `peerwall` binary: parse arguments, set up logging, run, map errors to exit codes.
+
+use clap::Parser;
+use peerwall::cli::{self, Cli, LogFormat};
+use tracing_subscriber::EnvFilter;
+
+fn main() {
+    let args = Cli::parse();
+    let filter = EnvFilter::try_from_env("PEERWALL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match args.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+    if let Err(e) = cli::run(args) {
+        eprintln!("error: {:#}", e.error());
+        std::process::exit(e.exit_code());
+    }
+}

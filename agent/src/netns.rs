@@ -1,0 +1,141 @@
+//! Network namespaces that clean up after themselves, and running code inside them.
+//!
+//! Used by the nftables verdict engine (a scratch gateway per query) and by the tests.
+//! Names are unique per process and call, so parallel users never collide.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Failures creating or using a namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum NetnsError {
+    /// A command could not be started.
+    #[error("could not run {program}: {source}")]
+    Spawn {
+        /// Program.
+        program: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// A command failed.
+    #[error("`{command}` failed: {stderr}")]
+    Failed {
+        /// Command line.
+        command: String,
+        /// Its stderr.
+        stderr: String,
+    },
+    /// Entering the namespace failed.
+    #[error("entering network namespace {name}: {source}")]
+    Enter {
+        /// Namespace.
+        name: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+}
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// Run a command, failing with its stderr.
+pub fn run(program: &str, args: &[&str]) -> Result<Output, NetnsError> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| NetnsError::Spawn {
+            program: program.to_string(),
+            source,
+        })?;
+    if !out.status.success() {
+        return Err(NetnsError::Failed {
+            command: format!("{program} {}", args.join(" ")),
+            stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(out)
+}
+
+/// A named network namespace, deleted on drop.
+#[derive(Debug)]
+pub struct NetNs {
+    name: String,
+}
+
+impl NetNs {
+    /// Create `PREFIX-PID-N`, unique in this process.
+    pub fn new(prefix: &str) -> Result<Self, NetnsError> {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let name = format!("{prefix}-{}-{n}", std::process::id());
+        run("ip", &["netns", "add", &name])?;
+        let ns = Self { name };
+        ns.ip(&["link", "set", "lo", "up"])?;
+        Ok(ns)
+    }
+
+    /// Name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// `ip -n NAME ARGS...`.
+    pub fn ip(&self, args: &[&str]) -> Result<Output, NetnsError> {
+        let mut full = vec!["-n", self.name.as_str()];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// `ip netns exec NAME PROGRAM ARGS...`.
+    pub fn exec(&self, program: &str, args: &[&str]) -> Result<Output, NetnsError> {
+        let mut full = vec!["netns", "exec", self.name.as_str(), program];
+        full.extend_from_slice(args);
+        run("ip", &full)
+    }
+
+    /// Set a sysctl inside the namespace.
+    pub fn sysctl(&self, key: &str, value: &str) -> Result<(), NetnsError> {
+        self.exec("sysctl", &["-q", "-w", &format!("{key}={value}")])
+            .map(|_| ())
+    }
+
+    /// Run `f` on a thread that has entered this namespace (sockets it opens live there).
+    pub fn run_in<T: Send + 'static>(
+        &self,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, NetnsError> {
+        let path = format!("/run/netns/{}", self.name);
+        let name = self.name.clone();
+        let file = File::open(&path).map_err(|source| NetnsError::Enter {
+            name: name.clone(),
+            source,
+        })?;
+        let handle = std::thread::spawn(move || {
+            // SAFETY: setns on a valid namespace fd affects only this (new) thread.
+            let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+            if rc != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(f())
+        });
+        match handle.join() {
+            Ok(r) => r.map_err(|source| NetnsError::Enter { name, source }),
+            Err(_) => Err(NetnsError::Enter {
+                name,
+                source: std::io::Error::other("thread panicked"),
+            }),
+        }
+    }
+}
+
+impl Drop for NetNs {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}

@@ -1,0 +1,574 @@
+//! `--engine nftables`: ask the real kernel what it does with a packet.
+//!
+//! [`NftProbe`] builds a scratch gateway: a network namespace whose interfaces carry the names
+//! the packet uses (`liqo-tunnel`, `liqo.abcdefghij`, ...), each a veth whose peer sits in a second
+//! "outside" namespace where nothing answers. The policy is loaded with nft exactly as the
+//! backend renders it (plus a counter on every rule). A probe is injected on the input
+//! interface's peer; the kernel forwards, drops or rejects it. What arrives on the output peer
+//! (or on a raw socket in the gateway, for local delivery) and what ICMP error comes back tell
+//! the fate; the rule counters tell which chain and rule decided. The two must agree.
+//!
+//! Conntrack states are produced for real: `established` and `related` by inserting flows with
+//! `conntrack -I`, `untracked` with a `notrack` rule at raw priority, `invalid` with a corrupt
+//! layer-4 checksum.
+
+pub mod packet;
+pub mod sock;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use crate::backend::nftables::{self, render, Nft, NftBackend, NftError, RuleCounter};
+use crate::ir::eval::{chains_on_path, proto};
+use crate::ir::{
+    CtState, IpFamily, Packet, PacketPath, Policy, Test, Verdict, VerdictAction,
+};
+use crate::netns::{NetNs, NetnsError};
+use packet::Shape;
+use sock::{Direction, LinkSocket, RawIpSocket};
+
+/// Addresses the scratch gateway uses for itself (sources of its ICMP errors).
+const GW_V4: &str = "192.0.2.254";
+const GW_V6: &str = "2001:db8:ffff::fe";
+/// How long to wait for a packet that is not coming.
+const QUIET: Duration = Duration::from_millis(60);
+/// How long to wait for a packet the counters say must come.
+const PATIENCE: Duration = Duration::from_millis(1500);
+
+/// Why a probe could not be run or answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Namespace plumbing failed.
+    #[error(transparent)]
+    Netns(#[from] NetnsError),
+    /// nft failed.
+    #[error(transparent)]
+    Nft(#[from] NftError),
+    /// A socket operation failed.
+    #[error("{what}: {source}")]
+    Socket {
+        /// What was attempted.
+        what: &'static str,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The packet cannot be reproduced in a scratch kernel.
+    #[error("cannot probe this packet with the nftables engine: {0}")]
+    Unsupported(String),
+    /// Observation and counters disagree (a bug in peerwall or an unexpected kernel behaviour).
+    #[error("kernel observation ({observed}) disagrees with rule counters ({counted}) for {packet}")]
+    Inconsistent {
+        /// What the wire showed.
+        observed: &'static str,
+        /// What counters showed.
+        counted: &'static str,
+        /// Packet.
+        packet: String,
+    },
+    /// Output of `ip` was not understood.
+    #[error("could not read interface {0} from `ip -j link`")]
+    Link(String),
+}
+
+struct Link {
+    peer_mac: [u8; 6],
+    gw_mac: [u8; 6],
+    peer: LinkSocket,
+}
+
+/// A scratch gateway with a policy loaded, answering verdict queries from the real kernel.
+pub struct NftProbe {
+    policy: Policy,
+    uses_ct: bool,
+    links: BTreeMap<String, Link>,
+    raw: HashMap<(bool, u8), RawIpSocket>,
+    backend: NftBackend,
+    marker: u32,
+    // Dropped last: the namespaces outlive the sockets in them.
+    _outside: NetNs,
+    gw: NetNs,
+}
+
+fn link_info(ns: &NetNs, dev: &str) -> Result<([u8; 6], i32), ProbeError> {
+    let out = ns.ip(&["-j", "link", "show", "dev", dev])?;
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|_| ProbeError::Link(dev.to_string()))?;
+    let addr = v[0]["address"]
+        .as_str()
+        .ok_or_else(|| ProbeError::Link(dev.to_string()))?;
+    let mut mac = [0u8; 6];
+    let parts: Vec<&str> = addr.split(':').collect();
+    if parts.len() != 6 {
+        return Err(ProbeError::Link(dev.to_string()));
+    }
+    for (m, p) in mac.iter_mut().zip(parts) {
+        *m = u8::from_str_radix(p, 16).map_err(|_| ProbeError::Link(dev.to_string()))?;
+    }
+    let idx = v[0]["ifindex"]
+        .as_i64()
+        .ok_or_else(|| ProbeError::Link(dev.to_string()))?;
+    Ok((mac, idx as i32))
+}
+
+fn policy_uses_ct(policy: &Policy) -> bool {
+    policy
+        .tables
+        .iter()
+        .flat_map(|t| &t.chains)
+        .flat_map(|c| &c.rules)
+        .flat_map(|r| &r.matches)
+        .any(|m| matches!(m.test, Test::CtState(_)))
+}
+
+/// Whether the kernel would route this address at all (martians are dropped before any hook).
+fn routable(a: &IpAddr) -> bool {
+    match a {
+        IpAddr::V4(v) => {
+            !(v.is_unspecified()
+                || v.is_loopback()
+                || v.is_multicast()
+                || v.is_broadcast()
+                || v.octets()[0] == 0
+                || v.octets()[0] >= 240)
+        }
+        IpAddr::V6(v) => {
+            let s = v.segments();
+            !(v.is_unspecified()
+                || v.is_loopback()
+                || v.is_multicast()
+                || (s[0] & 0xffc0) == 0xfe80
+                || v.to_ipv4_mapped().is_some())
+        }
+    }
+}
+
+impl NftProbe {
+    /// Build a scratch gateway with interfaces `ifnames` and load `policy` into it.
+    pub fn new(policy: &Policy, ifnames: &[String]) -> Result<Self, ProbeError> {
+        let gw = NetNs::new("pwv-gw")?;
+        let outside = NetNs::new("pwv-out")?;
+        for (k, v) in [
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv6.conf.all.forwarding", "1"),
+            ("net.ipv4.conf.all.rp_filter", "0"),
+            ("net.ipv4.conf.default.rp_filter", "0"),
+            ("net.ipv4.icmp_ratelimit", "0"),
+            ("net.ipv6.icmp.ratelimit", "0"),
+            ("net.ipv6.conf.default.addr_gen_mode", "1"),
+        ] {
+            gw.sysctl(k, v)?;
+        }
+        outside.sysctl("net.ipv6.conf.default.addr_gen_mode", "1")?;
+        gw.ip(&["addr", "add", &format!("{GW_V4}/32"), "dev", "lo"])?;
+        gw.ip(&["addr", "add", &format!("{GW_V6}/128"), "dev", "lo", "nodad"])?;
+        let mut names: Vec<String> = ifnames.to_vec();
+        names.sort();
+        names.dedup();
+        let mut drop_script = String::from("table netdev pwv_quiet {\n");
+        let mut peers = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let peer = format!("pwv{i}");
+            gw.ip(&[
+                "link", "add", name, "type", "veth", "peer", "name", &peer, "netns",
+                outside.name(),
+            ])?;
+            gw.ip(&["link", "set", name, "addrgenmode", "none"])?;
+            outside.ip(&["link", "set", &peer, "addrgenmode", "none"])?;
+            gw.ip(&["link", "set", name, "up"])?;
+            outside.ip(&["link", "set", &peer, "up"])?;
+            gw.sysctl(&format!("net.ipv4.conf.{}.rp_filter", name.replace('.', "/")), "0")?;
+            drop_script.push_str(&format!(
+                "chain c{i} {{\ntype filter hook ingress device \"{peer}\" priority 0; policy drop;\n}}\n"
+            ));
+            peers.push((name.clone(), peer));
+        }
+        drop_script.push_str("}\n");
+        // Nothing in the outside namespace answers: frames are captured, then dropped.
+        Nft::in_netns(outside.name()).apply_text(&drop_script)?;
+        let mut links = BTreeMap::new();
+        for (name, peer) in peers {
+            let (gw_mac, _) = link_info(&gw, &name)?;
+            let (peer_mac, idx) = link_info(&outside, &peer)?;
+            let sock = outside
+                .run_in(move || LinkSocket::bind(idx))?
+                .map_err(|source| ProbeError::Socket {
+                    what: "binding a packet socket",
+                    source,
+                })?;
+            links.insert(
+                name,
+                Link {
+                    peer_mac,
+                    gw_mac,
+                    peer: sock,
+                },
+            );
+        }
+        let mut backend = NftBackend::new(Nft::in_netns(gw.name()));
+        backend.apply_rendered(nftables::render_policy(
+            policy,
+            render::RenderOptions {
+                force_counters: true,
+            },
+        ))?;
+        Ok(Self {
+            policy: policy.clone(),
+            uses_ct: policy_uses_ct(policy),
+            links,
+            raw: HashMap::new(),
+            backend,
+            marker: std::process::id().wrapping_mul(2_654_435_761),
+            _outside: outside,
+            gw,
+        })
+    }
+
+    /// Name of the scratch gateway namespace.
+    pub fn gateway_netns(&self) -> &str {
+        self.gw.name()
+    }
+
+    fn counters(&self) -> Result<HashMap<(String, String, String), u64>, ProbeError> {
+        Ok(self
+            .backend
+            .counters()?
+            .into_iter()
+            .map(|RuleCounter { table, chain, rule, packets, .. }| ((table, chain, rule), packets))
+            .collect())
+    }
+
+    fn check(&self, pkt: &Packet) -> Result<(), ProbeError> {
+        let unsupported = |m: String| Err(ProbeError::Unsupported(m));
+        if IpFamily::of(&pkt.src) != IpFamily::of(&pkt.dst) {
+            return unsupported("source and destination are of different families".into());
+        }
+        if pkt.src == pkt.dst {
+            return unsupported("source equals destination".into());
+        }
+        for a in [&pkt.src, &pkt.dst] {
+            if !routable(a) {
+                return unsupported(format!(
+                    "{a} is not a unicast address the kernel forwards"
+                ));
+            }
+            if a.to_string() == GW_V4 || a.to_string() == GW_V6 {
+                return unsupported(format!("{a} is reserved by the scratch gateway"));
+            }
+        }
+        if pkt.path() == PacketPath::Output {
+            return unsupported("an input interface is required (--iif)".into());
+        }
+        for i in pkt.iif.iter().chain(pkt.oif.iter()) {
+            if !self.links.contains_key(i) {
+                return unsupported(format!("interface {i:?} was not created in the scratch gateway"));
+            }
+        }
+        if self.uses_ct && pkt.ct_state == CtState::Related {
+            let icmp = if pkt.src.is_ipv6() { proto::ICMPV6 } else { proto::ICMP };
+            if pkt.proto != icmp {
+                return unsupported(
+                    "ct state related is reproduced with an ICMP error: use --proto icmp".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn conntrack(&self, args: &[&str]) -> Result<(), ProbeError> {
+        self.gw.exec("conntrack", args).map(|_| ()).map_err(|e| match e {
+            NetnsError::Failed { stderr, command } if stderr.contains("not found") || stderr.contains("No such file") => {
+                ProbeError::Unsupported(format!("{command}: {stderr} (install the conntrack package)"))
+            }
+            other => other.into(),
+        })
+    }
+
+    /// Prepare conntrack so the probe has `pkt.ct_state`; returns the probe's shape.
+    fn prepare_ct(&self, pkt: &Packet, marker: u32) -> Result<Shape, ProbeError> {
+        let mut shape = Shape::default();
+        if !self.uses_ct {
+            return Ok(shape);
+        }
+        self.conntrack(&["-F"])?;
+        let (s, d) = (pkt.src.to_string(), pkt.dst.to_string());
+        let (sp, dp) = (pkt.sport.to_string(), pkt.dport.to_string());
+        let v6 = pkt.src.is_ipv6();
+        match pkt.ct_state {
+            CtState::New => {}
+            CtState::Invalid => shape.bad_checksum = true,
+            CtState::Untracked => {
+                Nft::in_netns(self.gw.name()).apply_text(
+                    "table inet pwv_notrack {\nchain raw {\ntype filter hook prerouting priority -300; policy accept;\nnotrack\n}\n}\n",
+                )?;
+            }
+            CtState::Established => match pkt.proto {
+                proto::TCP => {
+                    shape.tcp_ack = true;
+                    self.conntrack(&[
+                        "-I", "-s", &s, "-d", &d, "-p", "tcp", "--sport", &sp, "--dport", &dp,
+                        "--state", "ESTABLISHED", "-u", "SEEN_REPLY,ASSURED", "-t", "120",
+                    ])?;
+                }
+                proto::UDP => self.conntrack(&[
+                    "-I", "-s", &s, "-d", &d, "-p", "udp", "--sport", &sp, "--dport", &dp, "-u",
+                    "SEEN_REPLY", "-t", "120",
+                ])?,
+                proto::ICMP | proto::ICMPV6 => {
+                    let id = ((marker >> 16) as u16).to_string();
+                    let mut args = vec!["-I", "-s", &s, "-d", &d];
+                    if v6 {
+                        args.extend(["-p", "icmpv6", "--icmpv6-type", "128", "--icmpv6-code", "0", "--icmpv6-id", &id]);
+                    } else {
+                        args.extend(["-p", "icmp", "--icmp-type", "8", "--icmp-code", "0", "--icmp-id", &id]);
+                    }
+                    args.extend(["-u", "SEEN_REPLY", "-t", "120"]);
+                    self.conntrack(&args)?;
+                }
+                other => {
+                    return Err(ProbeError::Unsupported(format!(
+                        "ct state established for protocol {other} (use tcp, udp or icmp)"
+                    )))
+                }
+            },
+            CtState::Related => {
+                shape.icmp_error = true;
+                let (qs, qd) = packet::related_inner_ports(marker);
+                let (qs, qd) = (qs.to_string(), qd.to_string());
+                self.conntrack(&[
+                    "-I", "-s", &d, "-d", &s, "-p", "udp", "--sport", &qs, "--dport", &qd, "-t",
+                    "120",
+                ])?;
+            }
+        }
+        Ok(shape)
+    }
+
+    fn raw_socket(&mut self, v6: bool, p: u8) -> Result<&RawIpSocket, ProbeError> {
+        if !self.raw.contains_key(&(v6, p)) {
+            let sock = self
+                .gw
+                .run_in(move || RawIpSocket::open(v6, p))?
+                .map_err(|source| ProbeError::Socket {
+                    what: "opening a raw socket",
+                    source,
+                })?;
+            self.raw.insert((v6, p), sock);
+        }
+        self.raw
+            .get(&(v6, p))
+            .ok_or_else(|| ProbeError::Unsupported("raw socket vanished".into()))
+    }
+
+    /// The kernel's verdict on one packet.
+    pub fn verdict(&mut self, pkt: &Packet) -> Result<Verdict, ProbeError> {
+        self.check(pkt)?;
+        self.marker = self.marker.wrapping_mul(1_103_515_245).wrapping_add(12345) | 1;
+        let marker = self.marker;
+        let iif = pkt.iif.clone().unwrap_or_default();
+        let (s, d) = (pkt.src.to_string(), pkt.dst.to_string());
+        let path = pkt.path();
+        // Routes: destination out of OIF (or local), source back through IIF for ICMP errors.
+        let local_prefix = if pkt.dst.is_ipv6() { format!("{d}/128") } else { format!("{d}/32") };
+        let peer_mac = |name: &str| {
+            self.links
+                .get(name)
+                .map(|l| {
+                    l.peer_mac
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<Vec<_>>()
+                        .join(":")
+                })
+                .unwrap_or_default()
+        };
+        match (&pkt.oif, path) {
+            (Some(oif), PacketPath::Forward) => {
+                self.gw.ip(&["route", "replace", &d, "dev", oif])?;
+                self.gw.ip(&["neigh", "replace", &d, "lladdr", &peer_mac(oif), "dev", oif, "nud", "permanent"])?;
+            }
+            _ => {
+                self.gw.ip(&["addr", "add", &local_prefix, "dev", "lo", "nodad"])?;
+            }
+        }
+        self.gw.ip(&["route", "replace", &s, "dev", &iif])?;
+        self.gw.ip(&["neigh", "replace", &s, "lladdr", &peer_mac(&iif), "dev", &iif, "nud", "permanent"])?;
+        let result = self.send_and_judge(pkt, marker, path);
+        // Undo per-packet state whatever happened.
+        if path == PacketPath::Input {
+            let _ = self.gw.ip(&["addr", "del", &local_prefix, "dev", "lo"]);
+        }
+        if self.uses_ct && pkt.ct_state == CtState::Untracked {
+            let _ = Nft::in_netns(self.gw.name()).apply_text("delete table inet pwv_notrack\n");
+        }
+        result
+    }
+
+    fn send_and_judge(
+        &mut self,
+        pkt: &Packet,
+        marker: u32,
+        path: PacketPath,
+    ) -> Result<Verdict, ProbeError> {
+        let shape = self.prepare_ct(pkt, marker)?;
+        let v6 = pkt.src.is_ipv6();
+        if path == PacketPath::Input {
+            self.raw_socket(v6, pkt.proto)?;
+        }
+        let mut buf = vec![0u8; 65536];
+        // Drain anything queued from earlier probes.
+        for l in self.links.values() {
+            while let Ok(Some(_)) = l.peer.try_recv(&mut buf) {}
+        }
+        if let Some(r) = self.raw.get(&(v6, pkt.proto)) {
+            while let Ok(Some(_)) = r.try_recv(&mut buf) {}
+        }
+        let before = self.counters()?;
+        let iif = pkt.iif.as_deref().unwrap_or_default();
+        let link = self
+            .links
+            .get(iif)
+            .ok_or_else(|| ProbeError::Unsupported(format!("no interface {iif}")))?;
+        let ip = packet::build_ip(pkt, marker, shape);
+        let frame = packet::ethernet(link.peer_mac, link.gw_mac, &ip);
+        link.peer.send(&frame).map_err(|source| ProbeError::Socket {
+            what: "sending the probe",
+            source,
+        })?;
+        let mut observed = self.observe(pkt, marker, shape, path, QUIET, &mut buf)?;
+        let after = self.counters()?;
+        let counted = self.derive(pkt, &before, &after);
+        if observed.is_none() && counted.verdict != VerdictAction::Drop {
+            observed = self.observe(pkt, marker, shape, path, PATIENCE, &mut buf)?;
+        }
+        let observed = observed.unwrap_or(VerdictAction::Drop);
+        // The kernel never answers an ICMP error with another: a rejected one is silent.
+        let silent_reject = shape.icmp_error
+            && counted.verdict == VerdictAction::Reject
+            && observed == VerdictAction::Drop;
+        if observed != counted.verdict && !silent_reject {
+            return Err(ProbeError::Inconsistent {
+                observed: observed.as_str(),
+                counted: counted.verdict.as_str(),
+                packet: format!("{pkt:?}"),
+            });
+        }
+        Ok(counted)
+    }
+
+    fn observe(
+        &self,
+        pkt: &Packet,
+        marker: u32,
+        shape: Shape,
+        path: PacketPath,
+        wait: Duration,
+        buf: &mut [u8],
+    ) -> Result<Option<VerdictAction>, ProbeError> {
+        let deadline = Instant::now() + wait;
+        let v6 = pkt.src.is_ipv6();
+        let sock_err = |source| ProbeError::Socket {
+            what: "receiving",
+            source,
+        };
+        let iif_link = pkt.iif.as_deref().and_then(|i| self.links.get(i));
+        let oif_link = pkt.oif.as_deref().and_then(|i| self.links.get(i));
+        loop {
+            if path == PacketPath::Input {
+                if let Some(r) = self.raw.get(&(v6, pkt.proto)) {
+                    while let Some(n) = r.try_recv(buf).map_err(sock_err)? {
+                        let hit = if r.v6 {
+                            packet::l4_has_marker(pkt.proto, &buf[..n], pkt, marker, shape)
+                        } else {
+                            packet::is_probe(&buf[..n], pkt, marker, shape)
+                        };
+                        if hit {
+                            return Ok(Some(VerdictAction::Accept));
+                        }
+                    }
+                }
+            }
+            if let Some(l) = oif_link {
+                while let Some((n, dir)) = l.peer.try_recv(buf).map_err(sock_err)? {
+                    if dir == Direction::Incoming
+                        && packet::strip_ethernet(&buf[..n])
+                            .is_some_and(|ip| packet::is_probe(ip, pkt, marker, shape))
+                    {
+                        return Ok(Some(VerdictAction::Accept));
+                    }
+                }
+            }
+            if let Some(l) = iif_link {
+                while let Some((n, dir)) = l.peer.try_recv(buf).map_err(sock_err)? {
+                    if dir == Direction::Incoming
+                        && packet::strip_ethernet(&buf[..n])
+                            .is_some_and(|ip| packet::is_unreachable_for(ip, pkt, marker))
+                    {
+                        // For local delivery the stack itself may answer (UDP port closed):
+                        // the raw socket, checked first, has the final word there.
+                        if path == PacketPath::Input {
+                            std::thread::sleep(Duration::from_millis(5));
+                            if let Some(r) = self.raw.get(&(v6, pkt.proto)) {
+                                if let Some(n) = r.try_recv(buf).map_err(sock_err)? {
+                                    let _ = n;
+                                    return Ok(Some(VerdictAction::Accept));
+                                }
+                            }
+                        }
+                        return Ok(Some(VerdictAction::Reject));
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// Which chain and rule decided, from counter deltas along the packet's path.
+    fn derive(
+        &self,
+        pkt: &Packet,
+        before: &HashMap<(String, String, String), u64>,
+        after: &HashMap<(String, String, String), u64>,
+    ) -> Verdict {
+        let mut last = Verdict {
+            verdict: VerdictAction::Accept,
+            table: None,
+            chain: None,
+            rule: None,
+        };
+        for pc in chains_on_path(&self.policy, pkt.family(), pkt.path()) {
+            let hit = pc.chain.rules.iter().find(|r| {
+                let key = (pc.table.name.clone(), pc.chain.name.clone(), r.name.clone());
+                r.action.verdict().is_some()
+                    && after.get(&key).copied().unwrap_or(0) > before.get(&key).copied().unwrap_or(0)
+            });
+            let v = hit
+                .and_then(|r| r.action.verdict())
+                .unwrap_or(pc.chain.policy);
+            last = Verdict {
+                verdict: v,
+                table: Some(pc.table.name.clone()),
+                chain: Some(pc.chain.name.clone()),
+                rule: hit.map(|r| r.name.clone()),
+            };
+            if v != VerdictAction::Accept {
+                break;
+            }
+        }
+        last
+    }
+}
+
+/// Interface names a set of packets needs.
+pub fn interfaces_of<'a>(packets: impl IntoIterator<Item = &'a Packet>) -> Vec<String> {
+    let mut v: Vec<String> = packets
+        .into_iter()
+        .flat_map(|p| p.iif.iter().chain(p.oif.iter()).cloned())
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
