@@ -248,7 +248,7 @@ pub struct NatRule {
     pub to: Option<String>,
     /// Free-form reference to the object the rule is for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_ref: Option<serde_json::Map<String, serde_json::Value>>,
+    pub target_ref: Option<k8s_openapi::api::core::v1::ObjectReference>,
 }
 
 /// NAT type.

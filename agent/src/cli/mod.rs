@@ -362,3 +362,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Crd => out(&crd_yaml().map_err(runtime)?),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn committed_crd_matches_the_types() {
+        let committed = include_str!("../../../deploy/crd.yaml");
+        assert_eq!(
+            super::crd_yaml().unwrap(),
+            committed,
+            "deploy/crd.yaml is stale: run `cargo xtask crd`"
+        );
+    }
+}

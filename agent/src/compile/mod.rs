@@ -76,6 +76,14 @@ fn check_identifier(cx: &mut Cx, path: &str, name: &str) {
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/'));
     if name.is_empty() {
         cx.err(path, Problem::Empty);
+    } else if name.starts_with("__") {
+        cx.err(
+            path,
+            Problem::BadName {
+                value: name.into(),
+                why: "names starting with \"__\" are reserved for peerwall",
+            },
+        );
     } else if name.len() > 64 {
         cx.err(
             path,
@@ -209,6 +217,8 @@ fn lower_port_list(cx: &mut Cx, path: &str, items: &[&str]) -> Option<PortSet> {
 struct TableCx<'a> {
     family: TableFamily,
     sets: &'a HashMap<String, SetElements>,
+    /// Priority of the chain being lowered.
+    priority: i32,
 }
 
 fn position(p: Option<api::MatchPosition>) -> Option<Dir> {
@@ -225,6 +235,7 @@ fn lower_match(
     m: &api::Match,
     hook: Hook,
 ) -> Vec<Match> {
+    let priority = tcx.priority;
     let mut out = Vec::new();
     let negate = match m.op {
         Some(api::MatchOperation::Eq) => false,
@@ -400,6 +411,14 @@ fn lower_match(
     if let Some(ct) = &m.ctstate {
         if ct.value.is_empty() {
             cx.err(format!("{path}.ctstate.value"), Problem::Empty);
+        } else if matches!(hook, Hook::Prerouting | Hook::Output) && priority <= -200 {
+            cx.err(
+                format!("{path}.ctstate"),
+                Problem::PriorityNotAllowed {
+                    value: priority,
+                    why: "conntrack has not classified the packet yet at priority <= -200; use a later priority",
+                },
+            );
         } else {
             let mask = ct.value.iter().fold(0u8, |acc, s| {
                 acc | match s {
@@ -730,10 +749,15 @@ fn lower_nat_rule(
 
 fn lower_chain(
     cx: &mut Cx,
-    tcx: &TableCx<'_>,
+    table_cx: &TableCx<'_>,
     path: &str,
     chain: &api::Chain,
 ) -> Option<ir::Chain> {
+    let tcx = &TableCx {
+        family: table_cx.family,
+        sets: table_cx.sets,
+        priority: chain.priority.unwrap_or(0),
+    };
     let name = chain.name.clone().unwrap_or_default();
     match &chain.name {
         None => cx.err(format!("{path}.name"), Problem::Required),
@@ -938,6 +962,7 @@ pub fn compile_object(obj: &PolicyObject) -> Result<CompiledTable, ObjectErrors>
         let tcx = TableCx {
             family,
             sets: &set_map,
+            priority: 0,
         };
         let mut seen: HashMap<&str, usize> = HashMap::new();
         for (i, c) in t.chains.iter().enumerate() {
@@ -1030,3 +1055,6 @@ pub fn compile(objects: &[PolicyObject]) -> Result<Compiled, CompileError> {
         warnings,
     })
 }
+
+#[cfg(test)]
+mod tests;

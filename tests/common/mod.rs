@@ -1,0 +1,218 @@
+//! Shared helpers for the integration tests: namespaces that clean up on drop (also on panic),
+//! veth plumbing, the peerwall binary, and traffic probes that run inside namespaces.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Command, Output, Stdio};
+
+pub use peerwall::netns::NetNs;
+
+/// Fail loudly when not root: these tests exist to touch real kernels.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let uid = unsafe { libc::geteuid() };
+    assert_eq!(
+        uid, 0,
+        "integration tests need root (network namespaces, nftables): run them as root"
+    );
+}
+
+/// Path of the built `peerwall` binary.
+pub fn peerwall() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_peerwall"))
+}
+
+/// Path of a file under the repository root.
+pub fn repo(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+}
+
+/// Run a command, returning its output whatever the status.
+pub fn sh(program: &str, args: &[&str]) -> Output {
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("running {program}: {e}"))
+}
+
+/// Run a command that must succeed.
+pub fn must(program: &str, args: &[&str]) -> String {
+    let o = sh(program, args);
+    assert!(
+        o.status.success(),
+        "{program} {args:?} failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `ip netns exec NS PROGRAM ARGS` (output whatever the status).
+pub fn in_ns(ns: &NetNs, program: &str, args: &[&str]) -> Output {
+    let mut full = vec!["netns", "exec", ns.name(), program];
+    full.extend_from_slice(args);
+    sh("ip", &full)
+}
+
+/// `peerwall ARGS` inside a namespace.
+pub fn peerwall_in(ns: &NetNs, args: &[&str]) -> Output {
+    let bin = peerwall();
+    let mut full = vec![bin.to_str().unwrap_or_default()];
+    full.extend_from_slice(args);
+    in_ns(ns, full[0], &full[1..])
+}
+
+/// A veth pair between two namespaces with the given names, both up.
+pub fn veth(a: &NetNs, a_name: &str, b: &NetNs, b_name: &str) {
+    must(
+        "ip",
+        &[
+            "-n", a.name(), "link", "add", a_name, "type", "veth", "peer", "name", b_name,
+            "netns", b.name(),
+        ],
+    );
+    must("ip", &["-n", a.name(), "link", "set", a_name, "up"]);
+    must("ip", &["-n", b.name(), "link", "set", b_name, "up"]);
+}
+
+/// `ip -n NS ARGS` that must succeed.
+pub fn ip(ns: &NetNs, args: &[&str]) {
+    let mut full = vec!["-n", ns.name()];
+    full.extend_from_slice(args);
+    must("ip", &full);
+}
+
+/// One ping from `src` to `dst` inside `ns`; true when answered.
+pub fn ping(ns: &NetNs, src: &str, dst: &str) -> bool {
+    in_ns(ns, "ping", &["-c", "1", "-W", "1", "-I", src, dst])
+        .status
+        .success()
+}
+
+/// The output of one ping (to inspect ICMP errors).
+pub fn ping_output(ns: &NetNs, src: &str, dst: &str) -> String {
+    let o = in_ns(ns, "ping", &["-c", "1", "-W", "1", "-I", src, dst]);
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// A TCP listener in `ns` on `addr:port` that accepts connections until dropped.
+pub struct Listener {
+    child: std::process::Child,
+}
+
+impl Listener {
+    /// Start `socat` listening (forks per connection).
+    pub fn tcp(ns: &NetNs, addr: &str, port: u16) -> Self {
+        let bind = if addr.contains(':') {
+            format!("TCP6-LISTEN:{port},bind=[{addr}],reuseaddr,fork")
+        } else {
+            format!("TCP4-LISTEN:{port},bind={addr},reuseaddr,fork")
+        };
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns.name(), "socat", &bind, "SYSTEM:echo ok"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat");
+        // Wait until the port is bound.
+        for _ in 0..100 {
+            let o = in_ns(ns, "ss", &["-Hltn", &format!("sport = :{port}")]);
+            if !String::from_utf8_lossy(&o.stdout).trim().is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Self { child }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Whether a TCP connection from `src` to `dst:port` inside `ns` completes within a second.
+pub fn tcp_connects(ns: &NetNs, src: &str, dst: &str, port: u16) -> bool {
+    let target = if dst.contains(':') {
+        format!("TCP6:[{dst}]:{port},bind=[{src}],connect-timeout=1")
+    } else {
+        format!("TCP4:{dst}:{port},bind={src},connect-timeout=1")
+    };
+    let o = in_ns(ns, "timeout", &["3", "socat", "-T", "1", "-", &target]);
+    o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok")
+}
+
+/// A small "consumer → gateway → provider" topology:
+/// consumer ns (pods 10.10.1.67, 10.10.1.68, fd10::67) —liqo-tunnel— gateway ns —liqo.abcdefghij—
+/// provider ns (pods 10.20.1.2, 10.20.1.3, 10.20.3.1, fd20::2).
+pub struct Topology {
+    pub consumer: NetNs,
+    pub gateway: NetNs,
+    pub provider: NetNs,
+}
+
+pub const TUNNEL: &str = "liqo-tunnel";
+pub const GENEVE: &str = "liqo.abcdefghij";
+
+impl Topology {
+    pub fn new() -> Self {
+        require_root();
+        let consumer = NetNs::new("pwt-c").expect("netns");
+        let gateway = NetNs::new("pwt-g").expect("netns");
+        let provider = NetNs::new("pwt-p").expect("netns");
+        for ns in [&consumer, &gateway, &provider] {
+            for k in ["net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad"] {
+                ns.sysctl(k, "0").expect("sysctl");
+            }
+        }
+        veth(&consumer, "eth0", &gateway, TUNNEL);
+        veth(&gateway, GENEVE, &provider, "eth0");
+        for a in ["10.10.1.67/32", "10.10.1.68/32"] {
+            ip(&consumer, &["addr", "add", a, "dev", "eth0"]);
+        }
+        for a in ["10.20.1.2/32", "10.20.1.3/32", "10.20.3.1/32"] {
+            ip(&provider, &["addr", "add", a, "dev", "eth0"]);
+        }
+        ip(&consumer, &["addr", "add", "fd10::67/128", "dev", "eth0", "nodad"]);
+        ip(&provider, &["addr", "add", "fd20::2/128", "dev", "eth0", "nodad"]);
+        ip(&gateway, &["addr", "add", "169.254.0.1/32", "dev", TUNNEL]);
+        ip(&gateway, &["addr", "add", "169.254.0.2/32", "dev", GENEVE]);
+        ip(&gateway, &["addr", "add", "fd10::1/64", "dev", TUNNEL, "nodad"]);
+        ip(&gateway, &["addr", "add", "fd20::1/64", "dev", GENEVE, "nodad"]);
+        ip(&consumer, &["route", "add", "169.254.0.1", "dev", "eth0"]);
+        ip(&consumer, &["route", "add", "default", "via", "169.254.0.1", "dev", "eth0"]);
+        ip(&provider, &["route", "add", "169.254.0.2", "dev", "eth0"]);
+        ip(&provider, &["route", "add", "default", "via", "169.254.0.2", "dev", "eth0"]);
+        ip(&gateway, &["route", "add", "10.10.0.0/16", "dev", TUNNEL]);
+        ip(&gateway, &["route", "add", "10.20.0.0/16", "dev", GENEVE]);
+        ip(&consumer, &["route", "add", "fd10::1", "dev", "eth0"]);
+        ip(&consumer, &["route", "add", "fd20::/64", "via", "fd10::1", "dev", "eth0"]);
+        ip(&provider, &["route", "add", "fd20::1", "dev", "eth0"]);
+        ip(&provider, &["route", "add", "fd10::/64", "via", "fd20::1", "dev", "eth0"]);
+        for (k, v) in [
+            ("net.ipv4.ip_forward", "1"),
+            ("net.ipv6.conf.all.forwarding", "1"),
+            ("net.ipv4.conf.all.proxy_arp", "1"),
+        ] {
+            gateway.sysctl(k, v).expect("sysctl");
+        }
+        Self {
+            consumer,
+            gateway,
+            provider,
+        }
+    }
+}
+
+impl Default for Topology {
+    fn default() -> Self {
+        Self::new()
+    }
+}
