@@ -1,0 +1,222 @@
+//! The CLI contract: `verdict` with both engines agrees on the thesis examples, JSON output,
+//! exit codes, field-path errors; `compile` prints sets, not rule-per-address.
+
+mod common;
+
+use common::*;
+use std::process::Command;
+
+fn verdict(files: &[&str], extra: &[&str]) -> (Option<i32>, String, String) {
+    let mut args = vec!["verdict".to_string()];
+    for f in files {
+        args.push("-f".into());
+        args.push(repo(f).to_string_lossy().into_owned());
+    }
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--output".into(), "json".into()]);
+    let o = Command::new(peerwall()).args(&args).output().unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).trim().to_string(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn both_engines(files: &[&str], pkt: &[&str], expected: &str) {
+    for engine in ["reference", "nftables"] {
+        let mut extra: Vec<&str> = pkt.to_vec();
+        extra.extend(["--engine", engine]);
+        let (code, out, err) = verdict(files, &extra);
+        assert_eq!(code, Some(0), "{engine}: {err}");
+        assert_eq!(out, expected, "engine {engine} on {pkt:?}");
+    }
+}
+
+const FWD: [&str; 4] = ["--iif", "liqo-tunnel", "--oif", "liqo.abcdefghij"];
+
+#[test]
+fn thesis_block_both_engines() {
+    require_root();
+    let f = ["examples/thesis-block.yaml"];
+    let mut p: Vec<&str> = FWD.to_vec();
+    p.extend([
+        "--src",
+        "10.10.1.67",
+        "--dst",
+        "10.20.1.2",
+        "--proto",
+        "icmp",
+    ]);
+    both_engines(
+        &f,
+        &p,
+        r#"{"verdict":"drop","table":"table_name","chain":"filter_chain_name","rule":"drop_traffic"}"#,
+    );
+    let mut p: Vec<&str> = FWD.to_vec();
+    p.extend([
+        "--src",
+        "10.20.1.2",
+        "--dst",
+        "10.10.1.67",
+        "--proto",
+        "udp",
+    ]);
+    both_engines(
+        &f,
+        &p,
+        r#"{"verdict":"accept","table":"table_name","chain":"filter_chain_name","rule":null}"#,
+    );
+}
+
+#[test]
+fn provider_protection_both_engines() {
+    require_root();
+    let f = ["examples/provider-protection.yaml"];
+    let cases: [(&[&str], &str); 5] = [
+        (
+            &[
+                "--src",
+                "10.10.1.67",
+                "--dst",
+                "10.20.2.10",
+                "--proto",
+                "tcp",
+                "--dport",
+                "443",
+            ],
+            r#"{"verdict":"accept","table":"peerwall_cluster1","chain":"from_consumer","rule":"to_offloaded_pods"}"#,
+        ),
+        (
+            &[
+                "--src",
+                "10.10.1.67",
+                "--dst",
+                "10.20.9.9",
+                "--proto",
+                "tcp",
+            ],
+            r#"{"verdict":"drop","table":"peerwall_cluster1","chain":"from_consumer","rule":"default_deny"}"#,
+        ),
+        (
+            &[
+                "--src",
+                "10.10.1.67",
+                "--dst",
+                "10.20.9.9",
+                "--proto",
+                "tcp",
+                "--ct-state",
+                "established",
+            ],
+            r#"{"verdict":"accept","table":"peerwall_cluster1","chain":"from_consumer","rule":"replies"}"#,
+        ),
+        (
+            &[
+                "--src",
+                "10.10.1.67",
+                "--dst",
+                "10.20.9.9",
+                "--proto",
+                "icmp",
+                "--ct-state",
+                "related",
+            ],
+            r#"{"verdict":"accept","table":"peerwall_cluster1","chain":"from_consumer","rule":"replies"}"#,
+        ),
+        (
+            &[
+                "--src",
+                "10.10.1.67",
+                "--dst",
+                "10.20.9.9",
+                "--proto",
+                "udp",
+                "--ct-state",
+                "invalid",
+            ],
+            r#"{"verdict":"drop","table":"peerwall_cluster1","chain":"from_consumer","rule":"default_deny"}"#,
+        ),
+    ];
+    for (pkt, expected) in cases {
+        let mut p: Vec<&str> = FWD.to_vec();
+        p.extend_from_slice(pkt);
+        both_engines(&f, &p, expected);
+    }
+    // Traffic to the gateway itself crosses no forward chain.
+    both_engines(
+        &f,
+        &[
+            "--iif",
+            "liqo-tunnel",
+            "--src",
+            "10.10.1.67",
+            "--dst",
+            "10.20.9.9",
+        ],
+        r#"{"verdict":"accept","table":null,"chain":null,"rule":null}"#,
+    );
+}
+
+#[test]
+fn bad_values_exit_2_with_field_paths() {
+    let dir = std::env::temp_dir().join(format!("pw-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    let good = std::fs::read_to_string(repo("examples/thesis-block.yaml")).unwrap();
+    std::fs::write(&bad, good.replace("10.20.1.2", "10.0.0.300")).unwrap();
+    for cmd in ["compile", "verdict"] {
+        let mut args = vec![cmd, "-f", bad.to_str().unwrap()];
+        if cmd == "verdict" {
+            args.extend(["--iif", "a", "--src", "10.0.0.1", "--dst", "10.0.0.2"]);
+        }
+        let o = Command::new(peerwall()).args(&args).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{cmd}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("spec.table.chains[0].rules.filterRules[0].match[1].ip.value: \"10.0.0.300\" is not an address, CIDR or range"), "{err}");
+        assert!(o.stdout.is_empty());
+    }
+    std::fs::write(&bad, "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: x}\nspec: {table: {name: t, family: IPV4, chains: [{name: c, type: filter, hook: forward, policy: deny}]}}\n").unwrap();
+    let o = Command::new(peerwall())
+        .args(["compile", "-f", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("spec.table.chains[0].policy: unknown variant `deny`"),
+        "{err}"
+    );
+    std::fs::write(&bad, "not: [valid").unwrap();
+    let o = Command::new(peerwall())
+        .args(["compile", "-f", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("not valid YAML"));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn compile_uses_sets_not_rule_per_address() {
+    let o = Command::new(peerwall())
+        .args(["compile", "-f", repo("examples").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    let s = String::from_utf8_lossy(&o.stdout);
+    assert!(s.contains("set offloaded_cluster1 {"), "{s}");
+    assert!(s.contains("ip daddr @offloaded_cluster1"), "{s}");
+    assert_eq!(s.matches("comment \"to_offloaded_pods\"").count(), 1);
+    let o = Command::new(peerwall())
+        .args([
+            "compile",
+            "-f",
+            repo("examples").to_str().unwrap(),
+            "--output",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(v["nftables"].as_array().unwrap().len() > 5);
+}

@@ -22,15 +22,31 @@ fn compile_file(rel: &str) -> peerwall::ir::Policy {
 #[test]
 fn thesis_block_drops_pod1_to_pod2_only() {
     let t = Topology::new();
-    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "baseline connectivity");
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "baseline connectivity"
+    );
     let o = peerwall_in(
         &t.gateway,
-        &["apply", "-f", repo("examples/thesis-block.yaml").to_str().unwrap()],
+        &[
+            "apply",
+            "-f",
+            repo("examples/thesis-block.yaml").to_str().unwrap(),
+        ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "pod1 → pod2 must be dropped");
-    assert!(ping(&t.consumer, "10.10.1.68", "10.20.1.2"), "other pods still pass");
-    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.3"), "pod1 reaches other pods");
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "pod1 → pod2 must be dropped"
+    );
+    assert!(
+        ping(&t.consumer, "10.10.1.68", "10.20.1.2"),
+        "other pods still pass"
+    );
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
+        "pod1 reaches other pods"
+    );
     let listing = nft_list(&t.gateway, &["list", "table", "ip", "table_name"]);
     assert!(
         listing.contains("ip saddr 10.10.1.67 ip daddr 10.20.1.2 counter packets 1 "),
@@ -58,18 +74,41 @@ fn provider_protection_default_deny_and_set_updates_in_place() {
     let mut b = NftBackend::new(Nft::in_netns(t.gateway.name()));
     let r = b.apply(&policy).expect("apply");
     assert_eq!(r.recreated, vec!["peerwall_cluster1"]);
-    assert!(tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", 8080), "offloaded pod reachable");
+    assert!(
+        tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", 8080),
+        "offloaded pod reachable"
+    );
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
-    assert!(!tcp_connects(&t.consumer, "10.10.1.67", "10.20.3.1", 8080), "other pod denied");
+    assert!(
+        !tcp_connects(&t.consumer, "10.10.1.67", "10.20.3.1", 8080),
+        "other pod denied"
+    );
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.3.1"));
     // Provider-initiated connections get their replies back through the tunnel.
-    assert!(tcp_connects(&t.provider, "10.20.3.1", "10.10.1.67", 9090), "replies pass");
-    let sets = nft_list(&t.gateway, &["list", "set", "inet", "peerwall_cluster1", "offloaded_cluster1"]);
-    assert!(sets.contains("10.20.1.2/31") && sets.contains("10.20.2.10"), "{sets}");
+    assert!(
+        tcp_connects(&t.provider, "10.20.3.1", "10.10.1.67", 9090),
+        "replies pass"
+    );
+    let sets = nft_list(
+        &t.gateway,
+        &[
+            "list",
+            "set",
+            "inet",
+            "peerwall_cluster1",
+            "offloaded_cluster1",
+        ],
+    );
+    assert!(
+        sets.contains("10.20.1.2/31") && sets.contains("10.20.2.10"),
+        "{sets}"
+    );
 
     // Offload one more pod: only a set element changes, in place.
     let table = &mut policy.tables[0];
-    let peerwall::ir::SetElements::Addr(a) = &table.sets[0].elements else { panic!() };
+    let peerwall::ir::SetElements::Addr(a) = &table.sets[0].elements else {
+        panic!()
+    };
     let extra = peerwall::ir::AddrSet::from_nets(
         peerwall::ir::IpFamily::V4,
         ["10.20.3.1/32".parse().unwrap()],
@@ -79,7 +118,10 @@ fn provider_protection_default_deny_and_set_updates_in_place() {
     assert!(r.recreated.is_empty(), "{r:?}");
     assert_eq!(r.updated, vec!["peerwall_cluster1"]);
     assert_eq!(r.element_changes, 1);
-    assert!(tcp_connects(&t.consumer, "10.10.1.67", "10.20.3.1", 8080), "newly offloaded pod reachable");
+    assert!(
+        tcp_connects(&t.consumer, "10.10.1.67", "10.20.3.1", 8080),
+        "newly offloaded pod reachable"
+    );
     // Counters survive an in-place update (the table was not recreated).
     let c = b.counters().unwrap();
     let deny = c.iter().find(|c| c.rule == "default_deny").unwrap();
@@ -104,7 +146,13 @@ fn reject_answers_with_port_unreachable() {
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("spec.table.chains[0].rules.filterRules[0].match[0].ip.value: \"10.20.1.2, fd20::2\" mixes IPv4 and IPv6"), "{err}");
-    std::fs::write(&f, std::fs::read_to_string(&f).unwrap().replace("'10.20.1.2, fd20::2'", "'10.20.1.2, 10.20.1.3'")).unwrap();
+    std::fs::write(
+        &f,
+        std::fs::read_to_string(&f)
+            .unwrap()
+            .replace("'10.20.1.2, fd20::2'", "'10.20.1.2, 10.20.1.3'"),
+    )
+    .unwrap();
     let o = peerwall_in(&t.gateway, &["apply", "-f", f.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = ping_output(&t.consumer, "10.10.1.67", "10.20.1.3");
@@ -120,7 +168,10 @@ fn reject_answers_with_port_unreachable() {
 #[test]
 fn ipv6_is_enforced() {
     let t = Topology::new();
-    assert!(ping(&t.consumer, "fd10::67", "fd20::2"), "baseline v6 connectivity");
+    assert!(
+        ping(&t.consumer, "fd10::67", "fd20::2"),
+        "baseline v6 connectivity"
+    );
     let dir = std::env::temp_dir().join(format!("pw-v6-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let f = dir.join("v6.yaml");
@@ -132,7 +183,10 @@ fn ipv6_is_enforced() {
     let o = peerwall_in(&t.gateway, &["apply", "-f", f.to_str().unwrap()]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!ping(&t.consumer, "fd10::67", "fd20::2"), "v6 dropped");
-    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "v4 untouched by an ip6 table");
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "v4 untouched by an ip6 table"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -140,12 +194,22 @@ fn ipv6_is_enforced() {
 fn bad_input_changes_nothing() {
     let t = Topology::new();
     let good = repo("examples/thesis-block.yaml");
-    assert!(peerwall_in(&t.gateway, &["apply", "-f", good.to_str().unwrap()]).status.success());
+    assert!(
+        peerwall_in(&t.gateway, &["apply", "-f", good.to_str().unwrap()])
+            .status
+            .success()
+    );
     let before = nft_list(&t.gateway, &["list", "ruleset"]);
     let dir = std::env::temp_dir().join(format!("pw-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let bad = dir.join("bad.yaml");
-    std::fs::write(&bad, std::fs::read_to_string(&good).unwrap().replace("10.20.1.2", "10.20.1.300")).unwrap();
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&good)
+            .unwrap()
+            .replace("10.20.1.2", "10.20.1.300"),
+    )
+    .unwrap();
     let o = peerwall_in(&t.gateway, &["apply", "-f", bad.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
@@ -154,7 +218,10 @@ fn bad_input_changes_nothing() {
         "{err}"
     );
     assert_eq!(nft_list(&t.gateway, &["list", "ruleset"]), before);
-    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "last good policy still enforced");
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "last good policy still enforced"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -166,16 +233,27 @@ fn foreign_tables_are_never_touched() {
     let before = nft_list(&t.gateway, &["list", "ruleset"]);
     let o = peerwall_in(
         &t.gateway,
-        &["apply", "-f", repo("examples/thesis-block.yaml").to_str().unwrap()],
+        &[
+            "apply",
+            "-f",
+            repo("examples/thesis-block.yaml").to_str().unwrap(),
+        ],
     );
     assert_eq!(o.status.code(), Some(1));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("table ip table_name exists and is not owned by peerwall"), "{err}");
+    assert!(
+        err.contains("table ip table_name exists and is not owned by peerwall"),
+        "{err}"
+    );
     assert_eq!(nft_list(&t.gateway, &["list", "ruleset"]), before);
     // Our own tables come and go without disturbing the foreign one.
     let o = peerwall_in(
         &t.gateway,
-        &["apply", "-f", repo("examples/provider-protection.yaml").to_str().unwrap()],
+        &[
+            "apply",
+            "-f",
+            repo("examples/provider-protection.yaml").to_str().unwrap(),
+        ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(peerwall_in(&t.gateway, &["delete"]).status.success());
@@ -197,13 +275,25 @@ fn drift_is_detected_and_repaired() {
         .apply_text("flush chain ip table_name filter_chain_name\n")
         .unwrap();
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
-    assert_eq!(b.drift().unwrap(), vec![Drift::Modified { table: "table_name".into() }]);
+    assert_eq!(
+        b.drift().unwrap(),
+        vec![Drift::Modified {
+            table: "table_name".into()
+        }]
+    );
     b.repair().unwrap();
     assert_eq!(b.drift().unwrap(), vec![]);
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "repaired");
     // Someone deletes the table.
-    Nft::in_netns(t.gateway.name()).apply_text("delete table ip table_name\n").unwrap();
-    assert_eq!(b.drift().unwrap(), vec![Drift::Missing { table: "table_name".into() }]);
+    Nft::in_netns(t.gateway.name())
+        .apply_text("delete table ip table_name\n")
+        .unwrap();
+    assert_eq!(
+        b.drift().unwrap(),
+        vec![Drift::Missing {
+            table: "table_name".into()
+        }]
+    );
     b.repair().unwrap();
     assert_eq!(b.drift().unwrap(), vec![]);
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "restored");

@@ -39,7 +39,12 @@ mod tests {
 
     #[test]
     fn action_codes_round_trip() {
-        for a in [ActionCode::Accept, ActionCode::Drop, ActionCode::Reject, ActionCode::Continue] {
+        for a in [
+            ActionCode::Accept,
+            ActionCode::Drop,
+            ActionCode::Reject,
+            ActionCode::Continue,
+        ] {
             assert_eq!(ActionCode::from_u8(a as u8), Some(a));
         }
         assert_eq!(ActionCode::from_u8(9), None);

@@ -24,7 +24,9 @@ pub fn peerwall() -> PathBuf {
 
 /// Path of a file under the repository root.
 pub fn repo(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(rel)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
 }
 
 /// Run a command, returning its output whatever the status.
@@ -67,8 +69,18 @@ pub fn veth(a: &NetNs, a_name: &str, b: &NetNs, b_name: &str) {
     must(
         "ip",
         &[
-            "-n", a.name(), "link", "add", a_name, "type", "veth", "peer", "name", b_name,
-            "netns", b.name(),
+            "-n",
+            a.name(),
+            "link",
+            "add",
+            a_name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            b_name,
+            "netns",
+            b.name(),
         ],
     );
     must("ip", &["-n", a.name(), "link", "set", a_name, "up"]);
@@ -168,7 +180,10 @@ impl Topology {
         let gateway = NetNs::new("pwt-g").expect("netns");
         let provider = NetNs::new("pwt-p").expect("netns");
         for ns in [&consumer, &gateway, &provider] {
-            for k in ["net.ipv6.conf.all.accept_dad", "net.ipv6.conf.default.accept_dad"] {
+            for k in [
+                "net.ipv6.conf.all.accept_dad",
+                "net.ipv6.conf.default.accept_dad",
+            ] {
                 ns.sysctl(k, "0").expect("sysctl");
             }
         }
@@ -180,22 +195,62 @@ impl Topology {
         for a in ["10.20.1.2/32", "10.20.1.3/32", "10.20.3.1/32"] {
             ip(&provider, &["addr", "add", a, "dev", "eth0"]);
         }
-        ip(&consumer, &["addr", "add", "fd10::67/128", "dev", "eth0", "nodad"]);
-        ip(&provider, &["addr", "add", "fd20::2/128", "dev", "eth0", "nodad"]);
+        ip(
+            &consumer,
+            &["addr", "add", "fd10::67/128", "dev", "eth0", "nodad"],
+        );
+        ip(
+            &provider,
+            &["addr", "add", "fd20::2/128", "dev", "eth0", "nodad"],
+        );
         ip(&gateway, &["addr", "add", "169.254.0.1/32", "dev", TUNNEL]);
         ip(&gateway, &["addr", "add", "169.254.0.2/32", "dev", GENEVE]);
-        ip(&gateway, &["addr", "add", "fd10::1/64", "dev", TUNNEL, "nodad"]);
-        ip(&gateway, &["addr", "add", "fd20::1/64", "dev", GENEVE, "nodad"]);
+        ip(
+            &gateway,
+            &["addr", "add", "fd10::1/64", "dev", TUNNEL, "nodad"],
+        );
+        ip(
+            &gateway,
+            &["addr", "add", "fd20::1/64", "dev", GENEVE, "nodad"],
+        );
         ip(&consumer, &["route", "add", "169.254.0.1", "dev", "eth0"]);
-        ip(&consumer, &["route", "add", "default", "via", "169.254.0.1", "dev", "eth0"]);
+        ip(
+            &consumer,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                "169.254.0.1",
+                "dev",
+                "eth0",
+            ],
+        );
         ip(&provider, &["route", "add", "169.254.0.2", "dev", "eth0"]);
-        ip(&provider, &["route", "add", "default", "via", "169.254.0.2", "dev", "eth0"]);
+        ip(
+            &provider,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                "169.254.0.2",
+                "dev",
+                "eth0",
+            ],
+        );
         ip(&gateway, &["route", "add", "10.10.0.0/16", "dev", TUNNEL]);
         ip(&gateway, &["route", "add", "10.20.0.0/16", "dev", GENEVE]);
         ip(&consumer, &["route", "add", "fd10::1", "dev", "eth0"]);
-        ip(&consumer, &["route", "add", "fd20::/64", "via", "fd10::1", "dev", "eth0"]);
+        ip(
+            &consumer,
+            &["route", "add", "fd20::/64", "via", "fd10::1", "dev", "eth0"],
+        );
         ip(&provider, &["route", "add", "fd20::1", "dev", "eth0"]);
-        ip(&provider, &["route", "add", "fd10::/64", "via", "fd20::1", "dev", "eth0"]);
+        ip(
+            &provider,
+            &["route", "add", "fd10::/64", "via", "fd20::1", "dev", "eth0"],
+        );
         for (k, v) in [
             ("net.ipv4.ip_forward", "1"),
             ("net.ipv6.conf.all.forwarding", "1"),

@@ -31,7 +31,10 @@ fn main() -> Result<()> {
             c.args(["run", "-q", "-p", "peerwall", "--", "crd"]);
             let out = c.output().context("running peerwall crd")?;
             if !out.status.success() {
-                bail!("peerwall crd failed: {}", String::from_utf8_lossy(&out.stderr));
+                bail!(
+                    "peerwall crd failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
             }
             std::fs::write("deploy/crd.yaml", out.stdout).context("writing deploy/crd.yaml")?;
             println!("wrote deploy/crd.yaml");

@@ -90,9 +90,13 @@ fn object_from_value(
                     path: e.path().to_string(),
                     message: e.inner().to_string(),
                 })?;
-            let name = fc.metadata.name.clone().ok_or_else(|| LoadError::MissingName {
-                origin: origin.to_string(),
-            })?;
+            let name = fc
+                .metadata
+                .name
+                .clone()
+                .ok_or_else(|| LoadError::MissingName {
+                    origin: origin.to_string(),
+                })?;
             let ns = fc
                 .metadata
                 .namespace

@@ -236,7 +236,10 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 Output::Json => {
                     let cmds = tables.iter().flat_map(|t| t.create_commands()).collect();
                     let doc = nftables::render::document(cmds);
-                    out(&format!("{}\n", serde_json::to_string_pretty(&doc).map_err(runtime)?))
+                    out(&format!(
+                        "{}\n",
+                        serde_json::to_string_pretty(&doc).map_err(runtime)?
+                    ))
                 }
             }
         }
@@ -283,10 +286,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let verdict = match engine {
                 Engine::Reference => ir::evaluate(&compiled.policy, &pkt),
                 Engine::Nftables => {
-                    let mut probe =
-                        NftProbe::new(&compiled.policy, &probe::interfaces_of([&pkt]))
-                            .context("building the scratch gateway")
-                            .map_err(runtime)?;
+                    let mut probe = NftProbe::new(&compiled.policy, &probe::interfaces_of([&pkt]))
+                        .context("building the scratch gateway")
+                        .map_err(runtime)?;
                     probe.verdict(&pkt).map_err(|e| match e {
                         probe::ProbeError::Unsupported(_) => input(e),
                         other => runtime(other),

@@ -96,6 +96,8 @@ pub enum Problem {
     EmptyMatch,
     /// An empty list or string where a value is needed.
     Empty,
+    /// A rule testing both IPv4 and IPv6 addresses (nft refuses it; it could never match).
+    RuleMixesFamilies,
     /// A set element that is not of the set's key type.
     BadSetElement {
         /// Element.
@@ -161,6 +163,10 @@ impl fmt::Display for Problem {
                 "match entry tests nothing: set one of ip, port, proto, dev, ctstate"
             ),
             Self::Empty => write!(f, "must not be empty"),
+            Self::RuleMixesFamilies => write!(
+                f,
+                "the rule tests both IPv4 and IPv6 addresses and could never match; split it in two rules"
+            ),
             Self::BadSetElement { value, key_type } => {
                 write!(f, "{value:?} is not a valid {key_type} element")
             }

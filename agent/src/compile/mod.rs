@@ -539,6 +539,31 @@ fn lower_hook(h: api::ChainHook) -> Option<Hook> {
     })
 }
 
+/// Matches of one rule; a rule testing IPv4 and IPv6 addresses together is refused.
+fn lower_rule_matches(
+    cx: &mut Cx,
+    tcx: &TableCx<'_>,
+    path: &str,
+    matches: &[api::Match],
+    hook: Hook,
+) -> Vec<Match> {
+    let mut out = Vec::new();
+    for (k, m) in matches.iter().enumerate() {
+        out.extend(lower_match(cx, tcx, &format!("{path}.match[{k}]"), m, hook));
+    }
+    let fams: Vec<IpFamily> = out
+        .iter()
+        .filter_map(|m| match &m.test {
+            Test::Addr { set, .. } => Some(set.family()),
+            _ => None,
+        })
+        .collect();
+    if fams.windows(2).any(|w| w[0] != w[1]) {
+        cx.err(format!("{path}.match"), Problem::RuleMixesFamilies);
+    }
+    out
+}
+
 fn lower_filter_rule(
     cx: &mut Cx,
     tcx: &TableCx<'_>,
@@ -560,7 +585,9 @@ fn lower_filter_rule(
             cx.err(&apath, Problem::Required);
             None
         }
-        Some(a @ (api::FilterAction::Accept | api::FilterAction::Drop | api::FilterAction::Reject)) => {
+        Some(
+            a @ (api::FilterAction::Accept | api::FilterAction::Drop | api::FilterAction::Reject),
+        ) => {
             let (v, an) = match a {
                 api::FilterAction::Accept => (VerdictAction::Accept, "accept"),
                 api::FilterAction::Drop => (VerdictAction::Drop, "drop"),
@@ -634,10 +661,7 @@ fn lower_filter_rule(
             Some(Action::Notrack)
         }
     };
-    let mut matches = Vec::new();
-    for (k, m) in rule.r#match.iter().enumerate() {
-        matches.extend(lower_match(cx, tcx, &format!("{path}.match[{k}]"), m, hook));
-    }
+    let matches = lower_rule_matches(cx, tcx, path, &rule.r#match, hook);
     action.map(|action| ir::Rule {
         name,
         matches,
@@ -735,10 +759,7 @@ fn lower_nat_rule(
             Some(Action::Nat(NatAction::Masquerade))
         }
     };
-    let mut matches = Vec::new();
-    for (k, m) in rule.r#match.iter().enumerate() {
-        matches.extend(lower_match(cx, tcx, &format!("{path}.match[{k}]"), m, hook));
-    }
+    let matches = lower_rule_matches(cx, tcx, path, &rule.r#match, hook);
     action.map(|action| ir::Rule {
         name,
         matches,
@@ -848,7 +869,10 @@ fn lower_chain(
     .filter(|b| **b)
     .count();
     if set_count > 1 {
-        cx.err(format!("{path}.rules"), Problem::RulesNotExactlyOne(set_count));
+        cx.err(
+            format!("{path}.rules"),
+            Problem::RulesNotExactlyOne(set_count),
+        );
     }
     let mut rules = Vec::new();
     if let (Some(kind), Some(hook)) = (kind, hook) {
@@ -987,8 +1011,8 @@ pub fn compile_object(obj: &PolicyObject) -> Result<CompiledTable, ObjectErrors>
             errors: cx.errors,
         });
     }
-    // Chains are created (and so registered with netfilter) in name order, which is the
-    // evaluator's tie-break between chains of equal priority.
+    // Sorted by name: the evaluator's tie-break between chains of equal priority (backends
+    // register them so that the kernel runs them in this order).
     chains.sort_by(|a, b| a.name.cmp(&b.name));
     match family {
         Some(family) => Ok(CompiledTable {

@@ -170,7 +170,9 @@ fn verdicts_refused_in_nat_chains() {
         "      - name: n\n        type: nat\n        hook: prerouting\n        policy: accept\n        rules:\n          filterRules:\n            - {name: a, action: drop, match: []}\n            - {name: m, action: ctmark, value: '0x10', match: []}\n",
     ));
     assert_eq!(e.len(), 1);
-    assert!(e[0].starts_with("spec.table.chains[0].rules.filterRules[0].action: \"drop\" is not allowed here"));
+    assert!(e[0].starts_with(
+        "spec.table.chains[0].rules.filterRules[0].action: \"drop\" is not allowed here"
+    ));
 }
 
 #[test]
@@ -192,7 +194,10 @@ fn deserialization_errors_have_paths() {
     );
     match parse_documents(&unknown, "f.yaml") {
         Err(LoadError::Field { path, message, .. }) => {
-            assert_eq!(path, "spec.table.chains[0].rules.filterRules[0].match[0].mark");
+            assert_eq!(
+                path,
+                "spec.table.chains[0].rules.filterRules[0].match[0].mark"
+            );
             assert!(message.contains("unknown field `mark`"), "{message}");
         }
         other => panic!("unexpected {other:?}"),
@@ -212,8 +217,14 @@ fn host_bits_are_normalized_with_a_warning() {
         "spec.table.chains[0].rules.filterRules[0].match[0].ip.value: \"10.10.1.67/24\" has host bits set; enforced as \"10.10.1.0/24\""
     );
     let p = c.policy;
-    assert_eq!(evaluate(&p, &pkt("10.10.1.1", "10.20.0.1")).verdict, VerdictAction::Drop);
-    assert_eq!(evaluate(&p, &pkt("10.10.2.1", "10.20.0.1")).verdict, VerdictAction::Accept);
+    assert_eq!(
+        evaluate(&p, &pkt("10.10.1.1", "10.20.0.1")).verdict,
+        VerdictAction::Drop
+    );
+    assert_eq!(
+        evaluate(&p, &pkt("10.10.2.1", "10.20.0.1")).verdict,
+        VerdictAction::Accept
+    );
 }
 
 #[test]
@@ -229,7 +240,11 @@ fn neq_applies_to_each_field_and_ports_need_tcp_or_udp() {
     assert_eq!(evaluate(&p, &k).verdict, VerdictAction::Accept);
     k.dport = 80;
     k.proto = ir::eval::proto::ICMP;
-    assert_eq!(evaluate(&p, &k).verdict, VerdictAction::Accept, "ICMP has no ports");
+    assert_eq!(
+        evaluate(&p, &k).verdict,
+        VerdictAction::Accept,
+        "ICMP has no ports"
+    );
     let mut v6 = pkt("fd00::1", "fd00::2");
     v6.dport = 80;
     assert_eq!(
@@ -288,7 +303,11 @@ fn marks_do_not_decide() {
 
 #[test]
 fn duplicate_tables_across_objects() {
-    let yaml = format!("{}---\n{}", wrap("IPV4", ""), wrap("IPV6", "").replace("name: t, namespace", "name: u, namespace"));
+    let yaml = format!(
+        "{}---\n{}",
+        wrap("IPV4", ""),
+        wrap("IPV6", "").replace("name: t, namespace", "name: u, namespace")
+    );
     assert_eq!(
         errors(&yaml),
         vec!["spec.table.name: \"t\" is already used at ns/t spec.table.name"]
@@ -328,7 +347,10 @@ fn a_valid_liqo_object_loads_unchanged() {
     let p = compile(&objs).unwrap().policy;
     assert_eq!(p.tables[0].chains.len(), 3);
     // NAT and marking never decide verdicts.
-    assert_eq!(evaluate(&p, &pkt("10.0.0.5", "10.71.0.1")).verdict, VerdictAction::Accept);
+    assert_eq!(
+        evaluate(&p, &pkt("10.0.0.5", "10.71.0.1")).verdict,
+        VerdictAction::Accept
+    );
 }
 
 #[test]
@@ -343,5 +365,17 @@ fn ctstate_before_conntrack_and_reserved_names_are_refused() {
             "spec.table.chains[0].name: \"__mine\" is not a valid name: names starting with \"__\" are reserved for peerwall",
             "spec.table.chains[0].rules.filterRules[0].match[0].ctstate: -300 is not allowed: conntrack has not classified the packet yet at priority <= -200; use a later priority",
         ]
+    );
+}
+
+#[test]
+fn rules_mixing_families_are_refused() {
+    let e = errors(&wrap(
+        "INET",
+        "      - name: c\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: a, action: drop, match: [{op: eq, ip: {value: 10.0.0.1, position: src}}, {op: eq, ip: {value: 'fd00::1', position: dst}}]}\n",
+    ));
+    assert_eq!(
+        e,
+        vec!["spec.table.chains[0].rules.filterRules[0].match: the rule tests both IPv4 and IPv6 addresses and could never match; split it in two rules"]
     );
 }

@@ -111,7 +111,10 @@ impl AddrSet {
                 _ => out.push(r),
             }
         }
-        Self { family, ranges: out }
+        Self {
+            family,
+            ranges: out,
+        }
     }
 
     /// Build from networks (all of `family`; others are ignored).
@@ -197,7 +200,11 @@ fn range_to_prefixes(family: IpFamily, lo: u128, hi: u128, out: &mut Vec<IpNet>)
     let mut cur = lo;
     loop {
         // Largest block aligned at `cur` that does not pass `hi`.
-        let align = if cur == 0 { bits } else { cur.trailing_zeros().min(bits) };
+        let align = if cur == 0 {
+            bits
+        } else {
+            cur.trailing_zeros().min(bits)
+        };
         let mut size_log = align;
         while size_log > 0 {
             let span_minus_one = if size_log >= 128 {
@@ -298,10 +305,22 @@ mod tests {
         let s = AddrSet::from_ranges(
             IpFamily::V4,
             [
-                AddrRange { lo: v4("10.0.0.5"), hi: v4("10.0.0.9") },
-                AddrRange { lo: v4("10.0.0.1"), hi: v4("10.0.0.4") },
-                AddrRange { lo: v4("10.0.0.7"), hi: v4("10.0.0.20") },
-                AddrRange { lo: v4("10.0.1.0"), hi: v4("10.0.1.0") },
+                AddrRange {
+                    lo: v4("10.0.0.5"),
+                    hi: v4("10.0.0.9"),
+                },
+                AddrRange {
+                    lo: v4("10.0.0.1"),
+                    hi: v4("10.0.0.4"),
+                },
+                AddrRange {
+                    lo: v4("10.0.0.7"),
+                    hi: v4("10.0.0.20"),
+                },
+                AddrRange {
+                    lo: v4("10.0.1.0"),
+                    hi: v4("10.0.1.0"),
+                },
             ],
         );
         assert_eq!(
@@ -314,13 +333,31 @@ mod tests {
     fn range_to_prefixes_known() {
         let s = AddrSet::from_ranges(
             IpFamily::V4,
-            [AddrRange { lo: v4("10.0.0.1"), hi: v4("10.0.0.6") }],
+            [AddrRange {
+                lo: v4("10.0.0.1"),
+                hi: v4("10.0.0.6"),
+            }],
         );
         let p: Vec<String> = s.to_prefixes().iter().map(|n| n.to_string()).collect();
-        assert_eq!(p, vec!["10.0.0.1/32", "10.0.0.2/31", "10.0.0.4/31", "10.0.0.6/32"]);
-        let all = AddrSet::from_ranges(IpFamily::V6, [AddrRange { lo: 0, hi: u128::MAX }]);
+        assert_eq!(
+            p,
+            vec!["10.0.0.1/32", "10.0.0.2/31", "10.0.0.4/31", "10.0.0.6/32"]
+        );
+        let all = AddrSet::from_ranges(
+            IpFamily::V6,
+            [AddrRange {
+                lo: 0,
+                hi: u128::MAX,
+            }],
+        );
         assert_eq!(all.to_prefixes(), vec!["::/0".parse::<IpNet>().unwrap()]);
-        let all4 = AddrSet::from_ranges(IpFamily::V4, [AddrRange { lo: 0, hi: u32::MAX as u128 }]);
+        let all4 = AddrSet::from_ranges(
+            IpFamily::V4,
+            [AddrRange {
+                lo: 0,
+                hi: u32::MAX as u128,
+            }],
+        );
         assert_eq!(all4.nft_elements(), vec!["0.0.0.0/0".to_string()]);
     }
 

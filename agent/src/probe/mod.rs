@@ -10,7 +10,7 @@
 //!
 //! Conntrack states are produced for real: `established` and `related` by inserting flows with
 //! `conntrack -I`, `untracked` with a `notrack` rule at raw priority, `invalid` with a corrupt
-//! layer-4 checksum.
+//! TCP/UDP checksum or an unsolicited ICMP echo reply.
 
 pub mod packet;
 pub mod sock;
@@ -21,9 +21,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::nftables::{self, render, Nft, NftBackend, NftError, RuleCounter};
 use crate::ir::eval::{chains_on_path, proto};
-use crate::ir::{
-    CtState, IpFamily, Packet, PacketPath, Policy, Test, Verdict, VerdictAction,
-};
+use crate::ir::{CtState, IpFamily, Packet, PacketPath, Policy, Test, Verdict, VerdictAction};
 use crate::netns::{NetNs, NetnsError};
 use packet::Shape;
 use sock::{Direction, LinkSocket, RawIpSocket};
@@ -57,7 +55,9 @@ pub enum ProbeError {
     #[error("cannot probe this packet with the nftables engine: {0}")]
     Unsupported(String),
     /// Observation and counters disagree (a bug in peerwall or an unexpected kernel behaviour).
-    #[error("kernel observation ({observed}) disagrees with rule counters ({counted}) for {packet}")]
+    #[error(
+        "kernel observation ({observed}) disagrees with rule counters ({counted}) for {packet}"
+    )]
     Inconsistent {
         /// What the wire showed.
         observed: &'static str,
@@ -92,8 +92,8 @@ pub struct NftProbe {
 
 fn link_info(ns: &NetNs, dev: &str) -> Result<([u8; 6], i32), ProbeError> {
     let out = ns.ip(&["-j", "link", "show", "dev", dev])?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
-        .map_err(|_| ProbeError::Link(dev.to_string()))?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|_| ProbeError::Link(dev.to_string()))?;
     let addr = v[0]["address"]
         .as_str()
         .ok_or_else(|| ProbeError::Link(dev.to_string()))?;
@@ -156,6 +156,10 @@ impl NftProbe {
             ("net.ipv4.icmp_ratelimit", "0"),
             ("net.ipv6.icmp.ratelimit", "0"),
             ("net.ipv6.conf.default.addr_gen_mode", "1"),
+            // Only the probe may cross our chains: no ICMP redirects for hairpinned packets
+            // (IPv6 sends none without a link-local address, which addr_gen_mode 1 prevents).
+            ("net.ipv4.conf.all.send_redirects", "0"),
+            ("net.ipv4.conf.default.send_redirects", "0"),
         ] {
             gw.sysctl(k, v)?;
         }
@@ -170,14 +174,25 @@ impl NftProbe {
         for (i, name) in names.iter().enumerate() {
             let peer = format!("pwv{i}");
             gw.ip(&[
-                "link", "add", name, "type", "veth", "peer", "name", &peer, "netns",
+                "link",
+                "add",
+                name,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &peer,
+                "netns",
                 outside.name(),
             ])?;
             gw.ip(&["link", "set", name, "addrgenmode", "none"])?;
             outside.ip(&["link", "set", &peer, "addrgenmode", "none"])?;
             gw.ip(&["link", "set", name, "up"])?;
             outside.ip(&["link", "set", &peer, "up"])?;
-            gw.sysctl(&format!("net.ipv4.conf.{}.rp_filter", name.replace('.', "/")), "0")?;
+            gw.sysctl(
+                &format!("net.ipv4.conf.{}.rp_filter", name.replace('.', "/")),
+                "0",
+            )?;
             drop_script.push_str(&format!(
                 "chain c{i} {{\ntype filter hook ingress device \"{peer}\" priority 0; policy drop;\n}}\n"
             ));
@@ -234,8 +249,31 @@ impl NftProbe {
             .backend
             .counters()?
             .into_iter()
-            .map(|RuleCounter { table, chain, rule, packets, .. }| ((table, chain, rule), packets))
+            .map(
+                |RuleCounter {
+                     table,
+                     chain,
+                     rule,
+                     packets,
+                     ..
+                 }| ((table, chain, rule), packets),
+            )
             .collect())
+    }
+
+    /// Counters once they stop moving: packets the gateway sent in answer to an earlier probe
+    /// (an echo reply, a TCP reset) must not be counted against the next one.
+    fn settled_counters(&self) -> Result<HashMap<(String, String, String), u64>, ProbeError> {
+        let mut last = self.counters()?;
+        for _ in 0..50 {
+            std::thread::sleep(Duration::from_millis(2));
+            let now = self.counters()?;
+            if now == last {
+                return Ok(now);
+            }
+            last = now;
+        }
+        Ok(last)
     }
 
     fn check(&self, pkt: &Packet) -> Result<(), ProbeError> {
@@ -248,9 +286,7 @@ impl NftProbe {
         }
         for a in [&pkt.src, &pkt.dst] {
             if !routable(a) {
-                return unsupported(format!(
-                    "{a} is not a unicast address the kernel forwards"
-                ));
+                return unsupported(format!("{a} is not a unicast address the kernel forwards"));
             }
             if a.to_string() == GW_V4 || a.to_string() == GW_V6 {
                 return unsupported(format!("{a} is reserved by the scratch gateway"));
@@ -261,11 +297,17 @@ impl NftProbe {
         }
         for i in pkt.iif.iter().chain(pkt.oif.iter()) {
             if !self.links.contains_key(i) {
-                return unsupported(format!("interface {i:?} was not created in the scratch gateway"));
+                return unsupported(format!(
+                    "interface {i:?} was not created in the scratch gateway"
+                ));
             }
         }
         if self.uses_ct && pkt.ct_state == CtState::Related {
-            let icmp = if pkt.src.is_ipv6() { proto::ICMPV6 } else { proto::ICMP };
+            let icmp = if pkt.src.is_ipv6() {
+                proto::ICMPV6
+            } else {
+                proto::ICMP
+            };
             if pkt.proto != icmp {
                 return unsupported(
                     "ct state related is reproduced with an ICMP error: use --proto icmp".into(),
@@ -276,12 +318,19 @@ impl NftProbe {
     }
 
     fn conntrack(&self, args: &[&str]) -> Result<(), ProbeError> {
-        self.gw.exec("conntrack", args).map(|_| ()).map_err(|e| match e {
-            NetnsError::Failed { stderr, command } if stderr.contains("not found") || stderr.contains("No such file") => {
-                ProbeError::Unsupported(format!("{command}: {stderr} (install the conntrack package)"))
-            }
-            other => other.into(),
-        })
+        self.gw
+            .exec("conntrack", args)
+            .map(|_| ())
+            .map_err(|e| match e {
+                NetnsError::Failed { stderr, command }
+                    if stderr.contains("not found") || stderr.contains("No such file") =>
+                {
+                    ProbeError::Unsupported(format!(
+                        "{command}: {stderr} (install the conntrack package)"
+                    ))
+                }
+                other => other.into(),
+            })
     }
 
     /// Prepare conntrack so the probe has `pkt.ct_state`; returns the probe's shape.
@@ -296,7 +345,18 @@ impl NftProbe {
         let v6 = pkt.src.is_ipv6();
         match pkt.ct_state {
             CtState::New => {}
-            CtState::Invalid => shape.bad_checksum = true,
+            // Conntrack classifies as invalid: TCP with SYN+FIN, an ICMP echo reply nobody asked
+            // for, UDP with a corrupt checksum (the one case where the probe itself is damaged).
+            CtState::Invalid => match pkt.proto {
+                proto::TCP => shape.tcp_syn_fin = true,
+                proto::UDP => shape.bad_checksum = true,
+                proto::ICMP | proto::ICMPV6 => shape.echo_reply = true,
+                other => {
+                    return Err(ProbeError::Unsupported(format!(
+                        "ct state invalid for protocol {other} (use tcp, udp or icmp)"
+                    )))
+                }
+            },
             CtState::Untracked => {
                 Nft::in_netns(self.gw.name()).apply_text(
                     "table inet pwv_notrack {\nchain raw {\ntype filter hook prerouting priority -300; policy accept;\nnotrack\n}\n}\n",
@@ -306,21 +366,67 @@ impl NftProbe {
                 proto::TCP => {
                     shape.tcp_ack = true;
                     self.conntrack(&[
-                        "-I", "-s", &s, "-d", &d, "-p", "tcp", "--sport", &sp, "--dport", &dp,
-                        "--state", "ESTABLISHED", "-u", "SEEN_REPLY,ASSURED", "-t", "120",
+                        "-I",
+                        "-s",
+                        &s,
+                        "-d",
+                        &d,
+                        "-p",
+                        "tcp",
+                        "--sport",
+                        &sp,
+                        "--dport",
+                        &dp,
+                        "--state",
+                        "ESTABLISHED",
+                        "-u",
+                        "SEEN_REPLY,ASSURED",
+                        "-t",
+                        "120",
                     ])?;
                 }
                 proto::UDP => self.conntrack(&[
-                    "-I", "-s", &s, "-d", &d, "-p", "udp", "--sport", &sp, "--dport", &dp, "-u",
-                    "SEEN_REPLY", "-t", "120",
+                    "-I",
+                    "-s",
+                    &s,
+                    "-d",
+                    &d,
+                    "-p",
+                    "udp",
+                    "--sport",
+                    &sp,
+                    "--dport",
+                    &dp,
+                    "-u",
+                    "SEEN_REPLY",
+                    "-t",
+                    "120",
                 ])?,
                 proto::ICMP | proto::ICMPV6 => {
                     let id = ((marker >> 16) as u16).to_string();
                     let mut args = vec!["-I", "-s", &s, "-d", &d];
                     if v6 {
-                        args.extend(["-p", "icmpv6", "--icmpv6-type", "128", "--icmpv6-code", "0", "--icmpv6-id", &id]);
+                        args.extend([
+                            "-p",
+                            "icmpv6",
+                            "--icmpv6-type",
+                            "128",
+                            "--icmpv6-code",
+                            "0",
+                            "--icmpv6-id",
+                            &id,
+                        ]);
                     } else {
-                        args.extend(["-p", "icmp", "--icmp-type", "8", "--icmp-code", "0", "--icmp-id", &id]);
+                        args.extend([
+                            "-p",
+                            "icmp",
+                            "--icmp-type",
+                            "8",
+                            "--icmp-code",
+                            "0",
+                            "--icmp-id",
+                            &id,
+                        ]);
                     }
                     args.extend(["-u", "SEEN_REPLY", "-t", "120"]);
                     self.conntrack(&args)?;
@@ -369,7 +475,11 @@ impl NftProbe {
         let (s, d) = (pkt.src.to_string(), pkt.dst.to_string());
         let path = pkt.path();
         // Routes: destination out of OIF (or local), source back through IIF for ICMP errors.
-        let local_prefix = if pkt.dst.is_ipv6() { format!("{d}/128") } else { format!("{d}/32") };
+        let local_prefix = if pkt.dst.is_ipv6() {
+            format!("{d}/128")
+        } else {
+            format!("{d}/32")
+        };
         let peer_mac = |name: &str| {
             self.links
                 .get(name)
@@ -385,14 +495,35 @@ impl NftProbe {
         match (&pkt.oif, path) {
             (Some(oif), PacketPath::Forward) => {
                 self.gw.ip(&["route", "replace", &d, "dev", oif])?;
-                self.gw.ip(&["neigh", "replace", &d, "lladdr", &peer_mac(oif), "dev", oif, "nud", "permanent"])?;
+                self.gw.ip(&[
+                    "neigh",
+                    "replace",
+                    &d,
+                    "lladdr",
+                    &peer_mac(oif),
+                    "dev",
+                    oif,
+                    "nud",
+                    "permanent",
+                ])?;
             }
             _ => {
-                self.gw.ip(&["addr", "add", &local_prefix, "dev", "lo", "nodad"])?;
+                self.gw
+                    .ip(&["addr", "add", &local_prefix, "dev", "lo", "nodad"])?;
             }
         }
         self.gw.ip(&["route", "replace", &s, "dev", &iif])?;
-        self.gw.ip(&["neigh", "replace", &s, "lladdr", &peer_mac(&iif), "dev", &iif, "nud", "permanent"])?;
+        self.gw.ip(&[
+            "neigh",
+            "replace",
+            &s,
+            "lladdr",
+            &peer_mac(&iif),
+            "dev",
+            &iif,
+            "nud",
+            "permanent",
+        ])?;
         let result = self.send_and_judge(pkt, marker, path);
         // Undo per-packet state whatever happened.
         if path == PacketPath::Input {
@@ -423,7 +554,8 @@ impl NftProbe {
         if let Some(r) = self.raw.get(&(v6, pkt.proto)) {
             while let Ok(Some(_)) = r.try_recv(&mut buf) {}
         }
-        let before = self.counters()?;
+        let before = self.settled_counters()?;
+        let unreach_before = self.unreachables_sent(v6)?;
         let iif = pkt.iif.as_deref().unwrap_or_default();
         let link = self
             .links
@@ -431,10 +563,12 @@ impl NftProbe {
             .ok_or_else(|| ProbeError::Unsupported(format!("no interface {iif}")))?;
         let ip = packet::build_ip(pkt, marker, shape);
         let frame = packet::ethernet(link.peer_mac, link.gw_mac, &ip);
-        link.peer.send(&frame).map_err(|source| ProbeError::Socket {
-            what: "sending the probe",
-            source,
-        })?;
+        link.peer
+            .send(&frame)
+            .map_err(|source| ProbeError::Socket {
+                what: "sending the probe",
+                source,
+            })?;
         let mut observed = self.observe(pkt, marker, shape, path, QUIET, &mut buf)?;
         let after = self.counters()?;
         let counted = self.derive(pkt, &before, &after);
@@ -442,10 +576,15 @@ impl NftProbe {
             observed = self.observe(pkt, marker, shape, path, PATIENCE, &mut buf)?;
         }
         let observed = observed.unwrap_or(VerdictAction::Drop);
-        // The kernel never answers an ICMP error with another: a rejected one is silent.
-        let silent_reject = shape.icmp_error
-            && counted.verdict == VerdictAction::Reject
-            && observed == VerdictAction::Drop;
+        // A reject whose ICMP error never arrives is still a reject when the kernel sent the
+        // error (our own output/postrouting chains may drop it on its way out), when the probe
+        // is itself an ICMP error (the kernel never answers one with another) or when its
+        // checksum is corrupt (nf_reject does not answer those).
+        let silent_reject = counted.verdict == VerdictAction::Reject
+            && observed == VerdictAction::Drop
+            && (shape.icmp_error
+                || shape.bad_checksum
+                || self.unreachables_sent(v6)? > unreach_before);
         if observed != counted.verdict && !silent_reject {
             return Err(ProbeError::Inconsistent {
                 observed: observed.as_str(),
@@ -466,7 +605,6 @@ impl NftProbe {
         buf: &mut [u8],
     ) -> Result<Option<VerdictAction>, ProbeError> {
         let deadline = Instant::now() + wait;
-        let v6 = pkt.src.is_ipv6();
         let sock_err = |source| ProbeError::Socket {
             what: "receiving",
             source,
@@ -474,45 +612,37 @@ impl NftProbe {
         let iif_link = pkt.iif.as_deref().and_then(|i| self.links.get(i));
         let oif_link = pkt.oif.as_deref().and_then(|i| self.links.get(i));
         loop {
-            if path == PacketPath::Input {
-                if let Some(r) = self.raw.get(&(v6, pkt.proto)) {
-                    while let Some(n) = r.try_recv(buf).map_err(sock_err)? {
-                        let hit = if r.v6 {
-                            packet::l4_has_marker(pkt.proto, &buf[..n], pkt, marker, shape)
-                        } else {
-                            packet::is_probe(&buf[..n], pkt, marker, shape)
-                        };
-                        if hit {
-                            return Ok(Some(VerdictAction::Accept));
-                        }
-                    }
+            if path == PacketPath::Input && self.raw_hit(pkt, marker, shape, buf)? {
+                return Ok(Some(VerdictAction::Accept));
+            }
+            // Each tap is read once per round; a frame may be the forwarded probe (on the
+            // output link) or an ICMP error about it (on the input link); both can be one link.
+            let mut taps: Vec<&Link> = Vec::new();
+            for l in [oif_link, iif_link].into_iter().flatten() {
+                if !taps.iter().any(|t| std::ptr::eq(*t, l)) {
+                    taps.push(l);
                 }
             }
-            if let Some(l) = oif_link {
+            for l in taps {
+                let is_out = oif_link.is_some_and(|o| std::ptr::eq(o, l));
+                let is_in = iif_link.is_some_and(|i| std::ptr::eq(i, l));
                 while let Some((n, dir)) = l.peer.try_recv(buf).map_err(sock_err)? {
-                    if dir == Direction::Incoming
-                        && packet::strip_ethernet(&buf[..n])
-                            .is_some_and(|ip| packet::is_probe(ip, pkt, marker, shape))
-                    {
+                    if dir != Direction::Incoming {
+                        continue;
+                    }
+                    let Some(ip) = packet::strip_ethernet(&buf[..n]) else {
+                        continue;
+                    };
+                    if is_out && packet::is_probe(ip, pkt, marker, shape) {
                         return Ok(Some(VerdictAction::Accept));
                     }
-                }
-            }
-            if let Some(l) = iif_link {
-                while let Some((n, dir)) = l.peer.try_recv(buf).map_err(sock_err)? {
-                    if dir == Direction::Incoming
-                        && packet::strip_ethernet(&buf[..n])
-                            .is_some_and(|ip| packet::is_unreachable_for(ip, pkt, marker))
-                    {
+                    if is_in && packet::is_unreachable_for(ip, pkt, marker) {
                         // For local delivery the stack itself may answer (UDP port closed):
-                        // the raw socket, checked first, has the final word there.
+                        // the raw socket has the final word there.
                         if path == PacketPath::Input {
                             std::thread::sleep(Duration::from_millis(5));
-                            if let Some(r) = self.raw.get(&(v6, pkt.proto)) {
-                                if let Some(n) = r.try_recv(buf).map_err(sock_err)? {
-                                    let _ = n;
-                                    return Ok(Some(VerdictAction::Accept));
-                                }
+                            if self.raw_hit(pkt, marker, shape, buf)? {
+                                return Ok(Some(VerdictAction::Accept));
                             }
                         }
                         return Ok(Some(VerdictAction::Reject));
@@ -524,6 +654,52 @@ impl NftProbe {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
+    }
+
+    /// ICMP (ICMPv6) destination-unreachable messages the gateway's stack has generated.
+    /// Counted when generated, before netfilter sees them on the way out.
+    fn unreachables_sent(&self, v6: bool) -> Result<u64, ProbeError> {
+        let text = self
+            .gw
+            .run_in(move || {
+                std::fs::read_to_string(if v6 {
+                    "/proc/thread-self/net/snmp6"
+                } else {
+                    "/proc/thread-self/net/snmp"
+                })
+            })?
+            .map_err(|source| ProbeError::Socket {
+                what: "reading ICMP statistics",
+                source,
+            })?;
+        Ok(parse_unreachables(&text, v6).unwrap_or(0))
+    }
+
+    /// Whether the gateway's raw socket received the probe (it passed the input hook).
+    fn raw_hit(
+        &self,
+        pkt: &Packet,
+        marker: u32,
+        shape: Shape,
+        buf: &mut [u8],
+    ) -> Result<bool, ProbeError> {
+        let Some(r) = self.raw.get(&(pkt.src.is_ipv6(), pkt.proto)) else {
+            return Ok(false);
+        };
+        while let Some(n) = r.try_recv(buf).map_err(|source| ProbeError::Socket {
+            what: "receiving",
+            source,
+        })? {
+            let hit = if r.v6 {
+                packet::l4_has_marker(pkt.proto, &buf[..n], pkt, marker, shape)
+            } else {
+                packet::is_probe(&buf[..n], pkt, marker, shape)
+            };
+            if hit {
+                return Ok(true);
+            }
+        }
+        Ok(false)
     }
 
     /// Which chain and rule decided, from counter deltas along the packet's path.
@@ -543,7 +719,8 @@ impl NftProbe {
             let hit = pc.chain.rules.iter().find(|r| {
                 let key = (pc.table.name.clone(), pc.chain.name.clone(), r.name.clone());
                 r.action.verdict().is_some()
-                    && after.get(&key).copied().unwrap_or(0) > before.get(&key).copied().unwrap_or(0)
+                    && after.get(&key).copied().unwrap_or(0)
+                        > before.get(&key).copied().unwrap_or(0)
             });
             let v = hit
                 .and_then(|r| r.action.verdict())
@@ -562,6 +739,24 @@ impl NftProbe {
     }
 }
 
+/// `OutDestUnreachs` from /proc/net/snmp (header line + value line) or
+/// `Icmp6OutDestUnreachs` from /proc/net/snmp6.
+fn parse_unreachables(text: &str, v6: bool) -> Option<u64> {
+    if v6 {
+        return text.lines().find_map(|l| {
+            let mut it = l.split_whitespace();
+            (it.next()? == "Icmp6OutDestUnreachs").then(|| it.next()?.parse().ok())?
+        });
+    }
+    let mut icmp = text.lines().filter(|l| l.starts_with("Icmp:"));
+    let header = icmp.next()?;
+    let values = icmp.next()?;
+    let idx = header
+        .split_whitespace()
+        .position(|h| h == "OutDestUnreachs")?;
+    values.split_whitespace().nth(idx)?.parse().ok()
+}
+
 /// Interface names a set of packets needs.
 pub fn interfaces_of<'a>(packets: impl IntoIterator<Item = &'a Packet>) -> Vec<String> {
     let mut v: Vec<String> = packets
@@ -571,4 +766,15 @@ pub fn interfaces_of<'a>(packets: impl IntoIterator<Item = &'a Packet>) -> Vec<S
     v.sort();
     v.dedup();
     v
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn unreachables_are_parsed() {
+        let v4 = "Ip: Forwarding DefaultTTL\nIp: 1 64\nIcmp: InMsgs InErrors OutMsgs OutDestUnreachs\nIcmp: 3 0 7 5\nIcmpMsg: InType3\nIcmpMsg: 1\n";
+        assert_eq!(super::parse_unreachables(v4, false), Some(5));
+        let v6 = "Icmp6InMsgs                     \t0\nIcmp6OutDestUnreachs            \t4\n";
+        assert_eq!(super::parse_unreachables(v6, true), Some(4));
+    }
 }

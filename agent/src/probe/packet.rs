@@ -22,10 +22,14 @@ const MAGIC: &[u8; 7] = b"pwprobe";
 pub struct Shape {
     /// TCP without SYN (part of an established connection).
     pub tcp_ack: bool,
-    /// Corrupt the layer-4 checksum (conntrack classifies the packet invalid).
+    /// Corrupt the UDP checksum (conntrack classifies the packet invalid).
     pub bad_checksum: bool,
+    /// TCP with SYN and FIN together (conntrack classifies the packet invalid).
+    pub tcp_syn_fin: bool,
     /// Send an ICMP port-unreachable quoting a UDP packet dst→src (conntrack: related).
     pub icmp_error: bool,
+    /// Send an ICMP echo reply no request was seen for (conntrack: invalid).
+    pub echo_reply: bool,
 }
 
 /// Ports of the UDP flow quoted by an `icmp_error` probe (dst→src direction).
@@ -66,7 +70,11 @@ pub fn build_ip(pkt: &Packet, marker: u32, shape: Shape) -> Vec<u8> {
     let _ = match pkt.proto {
         proto::TCP => {
             let b = step.tcp(pkt.sport, pkt.dport, marker, 64240);
-            let b = if shape.tcp_ack { b.ack(1) } else { b.syn() };
+            let b = match (shape.tcp_ack, shape.tcp_syn_fin) {
+                (true, _) => b.ack(1),
+                (false, true) => b.syn().fin(),
+                (false, false) => b.syn(),
+            };
             b.write(&mut out, &[])
         }
         proto::UDP => step.udp(pkt.sport, pkt.dport).write(&mut out, &payload),
@@ -83,6 +91,12 @@ pub fn build_ip(pkt: &Packet, marker: u32, shape: Shape) -> Vec<u8> {
                 step.icmpv4_raw(3, 3, [0; 4]).write(&mut out, &inner)
             }
         }
+        proto::ICMP if !v6 && shape.echo_reply => step
+            .icmpv4_echo_reply((marker >> 16) as u16, marker as u16)
+            .write(&mut out, &payload),
+        proto::ICMPV6 if v6 && shape.echo_reply => step
+            .icmpv6_echo_reply((marker >> 16) as u16, marker as u16)
+            .write(&mut out, &payload),
         proto::ICMP if !v6 => step
             .icmpv4_echo_request((marker >> 16) as u16, marker as u16)
             .write(&mut out, &payload),
@@ -96,7 +110,6 @@ pub fn build_ip(pkt: &Packet, marker: u32, shape: Shape) -> Vec<u8> {
         let off = match pkt.proto {
             proto::TCP => Some(l4 + 16),
             proto::UDP => Some(l4 + 6),
-            proto::ICMP | proto::ICMPV6 => Some(l4 + 2),
             _ => None,
         };
         if let Some(o) = off {
@@ -177,7 +190,9 @@ pub fn l4_has_marker(proto_num: u8, l4: &[u8], pkt: &Packet, marker: u32, shape:
             .map(|s| u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
     };
     match proto_num {
-        proto::TCP => be16(0) == Some(pkt.sport) && be16(2) == Some(pkt.dport) && be32(4) == Some(marker),
+        proto::TCP => {
+            be16(0) == Some(pkt.sport) && be16(2) == Some(pkt.dport) && be32(4) == Some(marker)
+        }
         proto::UDP => {
             be16(0) == Some(pkt.sport)
                 && be16(2) == Some(pkt.dport)
@@ -189,7 +204,8 @@ pub fn l4_has_marker(proto_num: u8, l4: &[u8], pkt: &Packet, marker: u32, shape:
             let inner = l4.get(8..).and_then(parse_ip);
             let (qs, qd) = related_inner_ports(marker);
             inner.is_some_and(|i| {
-                i.l4.get(0..2) == Some(&qs.to_be_bytes()[..]) && i.l4.get(2..4) == Some(&qd.to_be_bytes()[..])
+                i.l4.get(0..2) == Some(&qs.to_be_bytes()[..])
+                    && i.l4.get(2..4) == Some(&qd.to_be_bytes()[..])
             })
         }
         proto::ICMP | proto::ICMPV6 => {

@@ -61,14 +61,7 @@ impl LinkSocket {
     /// Transmit a complete Ethernet frame out of the interface.
     pub fn send(&self, frame: &[u8]) -> io::Result<()> {
         // SAFETY: the buffer is valid for `frame.len()` bytes.
-        let n = unsafe {
-            libc::send(
-                self.fd.as_raw_fd(),
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-            )
-        };
+        let n = unsafe { libc::send(self.fd.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -99,7 +92,7 @@ impl LinkSocket {
                 Err(e)
             };
         }
-        let dir = if sll.sll_pkttype == libc::PACKET_OUTGOING as u8 {
+        let dir = if sll.sll_pkttype == libc::PACKET_OUTGOING {
             Direction::Outgoing
         } else {
             Direction::Incoming

@@ -332,10 +332,7 @@ impl NftBackend {
     }
 
     /// Like [`apply`](Self::apply), with rendering options (the probe forces counters).
-    pub fn apply_rendered(
-        &mut self,
-        desired: Vec<RenderedTable>,
-    ) -> Result<ApplyReport, NftError> {
+    pub fn apply_rendered(&mut self, desired: Vec<RenderedTable>) -> Result<ApplyReport, NftError> {
         let kernel = kernel_tables(&self.nft.list_ruleset()?);
         let plan = plan::plan(&self.applied, &desired, &kernel, &[])?;
         if !plan.commands.is_empty() {

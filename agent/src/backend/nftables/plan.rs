@@ -34,9 +34,10 @@ fn hook_prios(t: &RenderedTable) -> BTreeSet<(String, i64)> {
 ///
 /// - A desired table whose name is taken by a foreign table in the kernel: error, nothing done.
 /// - Same structure as applied: only set element changes.
-/// - Otherwise: recreated. Chains of equal hook and priority run in registration order, and the
-///   evaluator orders them by table name; so every table that sorts after a recreated one and
-///   shares a (hook, priority) with it is recreated too, all in name order.
+/// - Otherwise: recreated. Netfilter runs chains of equal hook and priority in reverse
+///   registration order, and the evaluator orders them by table name; so every table that sorts
+///   before a recreated one and shares a (hook, priority) with it is recreated too, and tables
+///   are (re)created in descending name order.
 /// - Owned tables in the kernel that are not desired: deleted.
 pub fn plan(
     applied: &BTreeMap<String, RenderedTable>,
@@ -68,14 +69,12 @@ pub fn plan(
     };
     let mut recreate: BTreeSet<String> = BTreeSet::new();
     for t in &sorted {
-        let same = applied
-            .get(&t.name)
-            .is_some_and(|a| a.family == t.family && a.structure() == t.structure());
+        let same = applied.get(&t.name).is_some_and(|a| a.same_structure(t));
         if !same || !in_kernel(t) {
             recreate.insert(t.name.clone());
         }
     }
-    // Keep registration order equal to name order among tied chains.
+    // Keep the kernel's order of tied chains equal to name order.
     loop {
         let mut grew = false;
         for t in &sorted {
@@ -84,7 +83,7 @@ pub fn plan(
             }
             let prios = hook_prios(t);
             let tied = sorted.iter().any(|r| {
-                recreate.contains(&r.name) && r.name < t.name && !hook_prios(r).is_disjoint(&prios)
+                recreate.contains(&r.name) && r.name > t.name && !hook_prios(r).is_disjoint(&prios)
             });
             if tied {
                 recreate.insert(t.name.clone());
@@ -96,16 +95,20 @@ pub fn plan(
         }
     }
     let mut plan = Plan::default();
-    let desired_names: BTreeSet<(&str, &str)> =
-        desired.iter().map(|t| (t.family.nft(), t.name.as_str())).collect();
+    let desired_names: BTreeSet<(&str, &str)> = desired
+        .iter()
+        .map(|t| (t.family.nft(), t.name.as_str()))
+        .collect();
     for k in kernel {
         let ours = k.owner.is_some() || trusted.contains(&k.name);
         if ours && !desired_names.contains(&(k.family.as_str(), k.name.as_str())) {
-            plan.commands.push(serde_json::json!({"delete": {"table": {"family": k.family, "name": k.name}}}));
+            plan.commands.push(
+                serde_json::json!({"delete": {"table": {"family": k.family, "name": k.name}}}),
+            );
             plan.report.deleted.push(k.name.clone());
         }
     }
-    for t in &sorted {
+    for t in sorted.iter().rev() {
         if recreate.contains(&t.name) {
             plan.commands.extend(t.recreate_commands());
             plan.report.recreated.push(t.name.clone());

@@ -59,17 +59,20 @@ pub struct RenderedTable {
 }
 
 impl RenderedTable {
-    /// Structure without set elements: equal structures differ at most in set contents.
-    pub fn structure(&self) -> (Vec<(&str, &str)>, &[Value], &[Value], &str) {
-        (
-            self.sets
+    /// Whether `other` differs from this table at most in set contents (so that element
+    /// updates turn one into the other).
+    pub fn same_structure(&self, other: &RenderedTable) -> bool {
+        self.name == other.name
+            && self.family == other.family
+            && self.owner == other.owner
+            && self.chains == other.chains
+            && self.rules == other.rules
+            && self.sets.len() == other.sets.len()
+            && self
+                .sets
                 .iter()
-                .map(|s| (s.name.as_str(), s.key_type))
-                .collect(),
-            &self.chains,
-            &self.rules,
-            &self.owner,
-        )
+                .zip(&other.sets)
+                .all(|(a, b)| a.name == b.name && a.key_type == b.key_type)
     }
 
     fn table_obj(&self) -> Value {
@@ -79,7 +82,10 @@ impl RenderedTable {
     /// Commands that (re)create the table from scratch, atomically within one transaction:
     /// `add table` (no-op if present), `delete table`, then the full definition.
     pub fn recreate_commands(&self) -> Vec<Value> {
-        let mut cmds = vec![json!({"add": self.table_obj()}), json!({"delete": self.table_obj()})];
+        let mut cmds = vec![
+            json!({"add": self.table_obj()}),
+            json!({"delete": self.table_obj()}),
+        ];
         cmds.extend(self.create_commands());
         cmds
     }
@@ -88,9 +94,13 @@ impl RenderedTable {
     pub fn create_commands(&self) -> Vec<Value> {
         let fam = self.family.nft();
         let mut cmds = vec![json!({"add": self.table_obj()})];
-        cmds.push(json!({"add": {"chain": {"family": fam, "table": self.name, "name": MARKER_CHAIN}}}));
-        cmds.push(json!({"add": {"rule": {"family": fam, "table": self.name, "chain": MARKER_CHAIN,
-            "comment": format!("{MARKER_PREFIX}{}", self.owner), "expr": [{"counter": null}]}}}));
+        cmds.push(
+            json!({"add": {"chain": {"family": fam, "table": self.name, "name": MARKER_CHAIN}}}),
+        );
+        cmds.push(
+            json!({"add": {"rule": {"family": fam, "table": self.name, "chain": MARKER_CHAIN,
+            "comment": format!("{MARKER_PREFIX}{}", self.owner), "expr": [{"counter": null}]}}}),
+        );
         for s in &self.sets {
             let mut set = json!({"family": fam, "table": self.name, "name": s.name,
                 "type": s.key_type, "flags": ["interval"]});
@@ -99,7 +109,10 @@ impl RenderedTable {
             }
             cmds.push(json!({"add": {"set": set}}));
         }
-        for c in &self.chains {
+        // Netfilter runs base chains of equal hook and priority in reverse registration order
+        // (a new hook is inserted before existing ones of the same priority). The evaluator
+        // orders ties by name, ascending: so chains are created in descending name order.
+        for c in self.chains.iter().rev() {
             cmds.push(json!({"add": {"chain": c}}));
         }
         for r in &self.rules {
@@ -132,12 +145,16 @@ impl RenderedTable {
                 .cloned()
                 .collect();
             if !removed.is_empty() {
-                dels.push(json!({"delete": {"element": {"family": fam, "table": self.name,
-                    "name": new_set.name, "elem": removed}}}));
+                dels.push(
+                    json!({"delete": {"element": {"family": fam, "table": self.name,
+                    "name": new_set.name, "elem": removed}}}),
+                );
             }
             if !added.is_empty() {
-                adds.push(json!({"add": {"element": {"family": fam, "table": self.name,
-                    "name": new_set.name, "elem": added}}}));
+                adds.push(
+                    json!({"add": {"element": {"family": fam, "table": self.name,
+                    "name": new_set.name, "elem": added}}}),
+                );
             }
         }
         // Deletes first: a merged interval may be replaced by an overlapping one.
@@ -279,7 +296,9 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> RenderedTable {
                     Test::Proto(list) => {
                         let right = match list.as_slice() {
                             [one] => proto_name(*one),
-                            many => json!({"set": many.iter().map(|p| proto_name(*p)).collect::<Vec<_>>()}),
+                            many => {
+                                json!({"set": many.iter().map(|p| proto_name(*p)).collect::<Vec<_>>()})
+                            }
                         };
                         expr.push(mat(m.negate, json!({"meta": {"key": "l4proto"}}), right));
                     }

@@ -13,7 +13,9 @@ fn val(v: &Value) -> String {
     match v {
         Value::String(s) if s.starts_with('@') => s.clone(),
         Value::String(s) => {
-            if s.chars().all(|c| c.is_ascii_alphanumeric() || "-.:/_".contains(c)) && !s.is_empty()
+            if s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-.:/_".contains(c))
+                && !s.is_empty()
             {
                 s.clone()
             } else {
@@ -29,7 +31,10 @@ fn val(v: &Value) -> String {
             } else if let Some(Value::Array(r)) = o.get("range") {
                 format!("{}-{}", val(&r[0]), val(&r[1]))
             } else if let Some(Value::Array(items)) = o.get("set") {
-                format!("{{ {} }}", items.iter().map(val).collect::<Vec<_>>().join(", "))
+                format!(
+                    "{{ {} }}",
+                    items.iter().map(val).collect::<Vec<_>>().join(", ")
+                )
             } else if let Some(p) = o.get("payload") {
                 format!("{} {}", val(&p["protocol"]), val(&p["field"]))
             } else if let Some(m) = o.get("meta") {
@@ -94,7 +99,11 @@ pub fn table_text(t: &RenderedTable) -> String {
         let _ = writeln!(out, "\t\ttype {}", s.key_type);
         let _ = writeln!(out, "\t\tflags interval");
         if !s.elements.is_empty() {
-            let _ = writeln!(out, "\t\telements = {{ {} }}", val(&Value::Array(s.elements.clone())));
+            let _ = writeln!(
+                out,
+                "\t\telements = {{ {} }}",
+                val(&Value::Array(s.elements.clone()))
+            );
         }
         let _ = writeln!(out, "\t}}");
     }
