@@ -80,7 +80,14 @@ fn test(extra: &[String]) -> Result<()> {
     fmt.args(["fmt", "--all", "--", "--check"]);
     run(fmt).context("code is not formatted: run `cargo fmt --all`")?;
     let mut clippy = cargo();
-    clippy.args(["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"]);
+    clippy.args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
     run(clippy)?;
     let mut t = cargo();
     t.args(["test", "--workspace"]).args(extra);
@@ -92,7 +99,10 @@ fn crd() -> Result<()> {
     c.args(["run", "-q", "--bin", "peerwall", "--", "crd"]);
     let out = c.output().context("running peerwall crd")?;
     if !out.status.success() {
-        bail!("peerwall crd failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "peerwall crd failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let path = root().join("deploy/crd.yaml");
     std::fs::write(&path, out.stdout).with_context(|| format!("writing {}", path.display()))?;
