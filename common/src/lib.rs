@@ -1,12 +1,314 @@
-//! Types shared by the peerwall eBPF datapath and user space.
+//! Types shared by the peerwall eBPF datapath (`ebpf/`) and user space (`agent/`).
 //!
-//! Every type here is `#[repr(C)]` with explicit padding so that the kernel and user space
-//! agree on the byte layout. The `user` feature is for user-space-only trait impls.
+//! Every map key and value is `#[repr(C)]` with explicit padding fields, so both sides agree on
+//! the byte layout; every padding field must be zero (keys are compared byte for byte).
+//! Byte order is stated per field: "BE" fields hold network byte order, others are host order.
+//! The `user` feature adds `aya::Pod` impls for user space.
 #![no_std]
 
-/// Verdict codes written by the datapath into per-rule records and used by the agent.
+/// Rules per chain (bitmap width 16 × 64).
+pub const MAX_RULES: usize = 1024;
+/// Words of a rule bitmap.
+pub const WORDS: usize = MAX_RULES / 64;
+/// Chains in a policy (all tables).
+pub const MAX_CHAINS: u32 = 64;
+/// Filter chains on one hook for one family.
+pub const MAX_HOOK_CHAINS: usize = 16;
+/// Hooks (prerouting, input, forward, output, postrouting).
+pub const HOOKS: u32 = 5;
+
+/// Hook numbers used in [`HookChains`] indexes: `hook * 2 + family`.
+pub mod hook {
+    /// prerouting.
+    pub const PREROUTING: u32 = 0;
+    /// input.
+    pub const INPUT: u32 = 1;
+    /// forward.
+    pub const FORWARD: u32 = 2;
+    /// output.
+    pub const OUTPUT: u32 = 3;
+    /// postrouting.
+    pub const POSTROUTING: u32 = 4;
+}
+
+/// Address family codes in keys.
+pub mod family {
+    /// IPv4.
+    pub const V4: u8 = 4;
+    /// IPv6.
+    pub const V6: u8 = 6;
+}
+
+/// Conntrack state numbers (index into the per-chain ct bitmaps).
+pub mod ct {
+    /// First packet of a flow.
+    pub const NEW: u32 = 0;
+    /// Flow seen both ways.
+    pub const ESTABLISHED: u32 = 1;
+    /// ICMP error about a known flow.
+    pub const RELATED: u32 = 2;
+    /// Not tracked (never produced by the datapath: no notrack support).
+    pub const UNTRACKED: u32 = 3;
+    /// Unclassifiable (bad TCP flags, unsolicited ICMP replies, errors about unknown flows).
+    pub const INVALID: u32 = 4;
+    /// States per chain (slots reserved for alignment).
+    pub const SLOTS: u32 = 8;
+}
+
+/// A rule bitmap: bit `r` (word `r / 64`, bit `r % 64`) set when rule `r` of the chain is
+/// allowed by a dimension. Host byte order. EBpf twin: the value of every dimension map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bitmap {
+    /// Words, host order.
+    pub w: [u64; WORDS],
+}
+
+impl Bitmap {
+    /// No rule.
+    pub const EMPTY: Bitmap = Bitmap { w: [0; WORDS] };
+
+    /// Set bit `r` (ignored when out of range).
+    pub fn set(&mut self, r: usize) {
+        if r < MAX_RULES {
+            self.w[r / 64] |= 1u64 << (r % 64);
+        }
+    }
+
+    /// Whether bit `r` is set.
+    pub fn get(&self, r: usize) -> bool {
+        r < MAX_RULES && self.w[r / 64] & (1u64 << (r % 64)) != 0
+    }
+
+    /// The lowest set bit.
+    pub fn first(&self) -> Option<usize> {
+        let mut i = 0;
+        while i < WORDS {
+            if self.w[i] != 0 {
+                return Some(i * 64 + self.w[i].trailing_zeros() as usize);
+            }
+            i += 1;
+        }
+        None
+    }
+}
+
+/// LPM trie key of the address dimensions (`SRC`, `DST`).
 ///
-/// Kept numerically identical to the policy IR's action order so that both sides agree.
+/// `data` = chain id (u32 BE) | family (u32 BE: 4 or 6) | address (16 bytes BE; IPv4 in the
+/// first 4 bytes, rest zero). `prefix_len` = 64 + address prefix length. Eq twin:
+/// `aya_ebpf::maps::lpm_trie::Key<[u8; 24]>`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AddrKeyData {
+    /// Chain id, BE.
+    pub chain: [u8; 4],
+    /// Family, BE u32.
+    pub family: [u8; 4],
+    /// Address, BE.
+    pub addr: [u8; 16],
+}
+
+/// Bits of an [`AddrKeyData`] before the address.
+pub const ADDR_KEY_FIXED_BITS: u32 = 64;
+
+/// LPM trie key data of the port dimensions (`SPORT`, `DPORT`): chain id (u32 BE) | port
+/// (u16 BE) | padding (2 bytes, zero). `prefix_len` = 32 + port prefix length.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortKeyData {
+    /// Chain id, BE.
+    pub chain: [u8; 4],
+    /// Port, BE.
+    pub port: [u8; 2],
+    /// Zero.
+    pub _pad: [u8; 2],
+}
+
+/// Bits of a [`PortKeyData`] before the port.
+pub const PORT_KEY_FIXED_BITS: u32 = 32;
+
+/// Key of the `PROTO` hash: which rules a packet's family and layer-4 protocol allow (rules
+/// with port matches are cleared for non-TCP/UDP protocols). `proto` = 0 .. 255, host order.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ProtoKey {
+    /// Chain id, host order.
+    pub chain: u32,
+    /// [`family`] code.
+    pub family: u8,
+    /// IP protocol number.
+    pub proto: u8,
+    /// Zero.
+    pub _pad: [u8; 2],
+}
+
+/// Key of the `IIF` / `OIF` hashes: rules whose interface matches hold for this interface.
+/// `ifindex` 0 stands for "no interface known at this hook" and for interfaces created after
+/// the maps were filled (their names match no rule pattern until the agent refreshes them).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IfKey {
+    /// Chain id, host order.
+    pub chain: u32,
+    /// Interface index, host order.
+    pub ifindex: u32,
+}
+
+/// Per chain and per address/port dimension: rules the dimension does not constrain (`any`)
+/// and rules whose test is negated (`neg`). A dimension allows `(lookup ^ neg) | any`.
+/// Index in `MASKS`: `chain * 4 + dim` (dims: 0 src, 1 dst, 2 sport, 3 dport).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DimMasks {
+    /// Unconstrained rules.
+    pub any: Bitmap,
+    /// Negated rules.
+    pub neg: Bitmap,
+}
+
+/// Dimension numbers in `MASKS`.
+pub mod dim {
+    /// Source address.
+    pub const SRC: u32 = 0;
+    /// Destination address.
+    pub const DST: u32 = 1;
+    /// Source port.
+    pub const SPORT: u32 = 2;
+    /// Destination port.
+    pub const DPORT: u32 = 3;
+}
+
+/// Per chain: what happens when no rule matches, and bookkeeping. Index in `CHAINS`: chain id.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChainInfo {
+    /// Number of deciding rules (bits in use).
+    pub rules: u32,
+    /// [`ActionCode`] of the policy (Accept or Drop).
+    pub policy: u8,
+    /// Zero.
+    pub _pad: [u8; 3],
+}
+
+/// A deciding rule: its action. Index in `RULES`: `chain * MAX_RULES + rule`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RuleInfo {
+    /// [`ActionCode`].
+    pub action: u8,
+    /// 1 when the rule counts packets.
+    pub counter: u8,
+    /// Zero.
+    pub _pad: [u8; 2],
+}
+
+/// Chains on one hook for one family, in evaluation order. Index in `HOOKS`: `hook * 2 + f`
+/// where f is 0 for IPv4 and 1 for IPv6.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HookChains {
+    /// How many of `chains` are used.
+    pub count: u32,
+    /// Chain ids.
+    pub chains: [u32; MAX_HOOK_CHAINS],
+}
+
+/// Packet and byte counts (per CPU). Index in `COUNTERS`: `chain * MAX_RULES + rule`; the
+/// policy of a chain counts at `chain * MAX_RULES + MAX_RULES - 1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (IP length).
+    pub bytes: u64,
+}
+
+/// Global switches. `CONFIG[0]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// Which copy of the policy maps is live (0 or 1).
+    pub active: u32,
+    /// Bit 0: emergency allow-all (the datapath passes everything). Bit 1: probe mode (the
+    /// scratch engine of `peerwall verdict --engine bpf`: path from skb->cb, verdict recorded).
+    pub flags: u32,
+}
+
+/// [`Config::flags`] bits.
+pub mod flags {
+    /// Pass everything.
+    pub const ALLOW_ALL: u32 = 1;
+    /// Probe mode (scratch engine only).
+    pub const PROBE: u32 = 2;
+}
+
+/// Marker in `skb->cb[0]` of probe packets (with [`flags::PROBE`] set).
+pub const PROBE_MAGIC: u32 = 0x7077_7072; // "pwpr"
+
+/// Per interface the datapath is attached to. `IFACES[ifindex]` (hash).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfaceInfo {
+    /// Bytes before the IP header (14 on Ethernet, 0 on L3 devices such as WireGuard).
+    pub l2_len: u32,
+}
+
+/// Connection-tracking key, original direction. Addresses BE (IPv4 in the first 4 bytes),
+/// ports BE (ICMP: id in `sport`, 0 in `dport`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlowKey {
+    /// Source address, BE.
+    pub src: [u8; 16],
+    /// Destination address, BE.
+    pub dst: [u8; 16],
+    /// Source port / ICMP id, BE.
+    pub sport: [u8; 2],
+    /// Destination port, BE.
+    pub dport: [u8; 2],
+    /// IP protocol.
+    pub proto: u8,
+    /// [`family`] code.
+    pub family: u8,
+    /// Zero.
+    pub _pad: [u8; 2],
+}
+
+/// Connection-tracking state of a flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowState {
+    /// Last packet, `bpf_ktime_get_ns`.
+    pub last_seen_ns: u64,
+    /// 1 once a packet was seen in the reply direction.
+    pub replied: u8,
+    /// Zero.
+    pub _pad: [u8; 7],
+}
+
+/// What the datapath decided for a probe packet (probe mode only). `LAST[0]`, per CPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ProbeRecord {
+    /// Incremented per probe.
+    pub seq: u32,
+    /// [`ActionCode`] of the final verdict.
+    pub verdict: u8,
+    /// 1 when some chain was on the path.
+    pub has_chain: u8,
+    /// 1 when a rule (not a policy) decided.
+    pub has_rule: u8,
+    /// Zero.
+    pub _pad: u8,
+    /// Deciding chain id.
+    pub chain: u32,
+    /// Deciding rule index.
+    pub rule: u32,
+}
+
+/// Verdict codes in [`RuleInfo::action`] and [`ChainInfo::policy`].
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ActionCode {
@@ -16,8 +318,6 @@ pub enum ActionCode {
     Drop = 1,
     /// Discard and answer with ICMP/ICMPv6 port unreachable.
     Reject = 2,
-    /// A marking action that does not decide (evaluation continues).
-    Continue = 3,
 }
 
 impl ActionCode {
@@ -27,26 +327,71 @@ impl ActionCode {
             0 => Some(Self::Accept),
             1 => Some(Self::Drop),
             2 => Some(Self::Reject),
-            3 => Some(Self::Continue),
             _ => None,
         }
     }
 }
 
+#[cfg(feature = "user")]
+mod pod {
+    use super::*;
+    // SAFETY: all these types are repr(C), Copy, made only of integers and byte arrays, with
+    // explicit padding fields: every bit pattern is valid.
+    unsafe impl aya::Pod for Bitmap {}
+    unsafe impl aya::Pod for AddrKeyData {}
+    unsafe impl aya::Pod for PortKeyData {}
+    unsafe impl aya::Pod for ProtoKey {}
+    unsafe impl aya::Pod for IfKey {}
+    unsafe impl aya::Pod for DimMasks {}
+    unsafe impl aya::Pod for ChainInfo {}
+    unsafe impl aya::Pod for RuleInfo {}
+    unsafe impl aya::Pod for HookChains {}
+    unsafe impl aya::Pod for Counter {}
+    unsafe impl aya::Pod for Config {}
+    unsafe impl aya::Pod for IfaceInfo {}
+    unsafe impl aya::Pod for FlowKey {}
+    unsafe impl aya::Pod for FlowState {}
+    unsafe impl aya::Pod for ProbeRecord {}
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use core::mem::size_of;
 
     #[test]
     fn action_codes_round_trip() {
-        for a in [
-            ActionCode::Accept,
-            ActionCode::Drop,
-            ActionCode::Reject,
-            ActionCode::Continue,
-        ] {
+        for a in [ActionCode::Accept, ActionCode::Drop, ActionCode::Reject] {
             assert_eq!(ActionCode::from_u8(a as u8), Some(a));
         }
         assert_eq!(ActionCode::from_u8(9), None);
+    }
+
+    #[test]
+    fn layouts_have_no_implicit_padding() {
+        assert_eq!(size_of::<Bitmap>(), 128);
+        assert_eq!(size_of::<AddrKeyData>(), 24);
+        assert_eq!(size_of::<PortKeyData>(), 8);
+        assert_eq!(size_of::<ProtoKey>(), 8);
+        assert_eq!(size_of::<IfKey>(), 8);
+        assert_eq!(size_of::<DimMasks>(), 256);
+        assert_eq!(size_of::<ChainInfo>(), 8);
+        assert_eq!(size_of::<RuleInfo>(), 4);
+        assert_eq!(size_of::<HookChains>(), 4 + 4 * MAX_HOOK_CHAINS);
+        assert_eq!(size_of::<Counter>(), 16);
+        assert_eq!(size_of::<Config>(), 8);
+        assert_eq!(size_of::<FlowKey>(), 40);
+        assert_eq!(size_of::<FlowState>(), 16);
+        assert_eq!(size_of::<ProbeRecord>(), 16);
+    }
+
+    #[test]
+    fn bitmap_first() {
+        let mut b = Bitmap::EMPTY;
+        assert_eq!(b.first(), None);
+        b.set(700);
+        b.set(65);
+        assert_eq!(b.first(), Some(65));
+        assert!(b.get(700) && !b.get(64));
     }
 }

@@ -11,6 +11,9 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
+/// bpf-linker release that works with the installed nightly (see README, "Toolchain").
+const BPF_LINKER_VERSION: &str = "0.13.0";
+
 /// Debian packages the tests and the gateway lab use.
 const APT_PACKAGES: &[&str] = &[
     "nftables",
@@ -44,6 +47,102 @@ fn run(mut c: Command) -> Result<()> {
     Ok(())
 }
 
+fn output(program: &str, args: &[&str]) -> Result<String> {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .with_context(|| format!("running {program} {}", args.join(" ")))?;
+    if !out.status.success() {
+        bail!(
+            "{program} {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Cache for tools built once, outside the repository, keyed by version.
+fn cache_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("PEERWALL_CACHE") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache").join("peerwall")
+}
+
+/// Install bpf-linker linked against the nightly's own LLVM (Debian's LLVM is too old), into
+/// a cache directory keyed by bpf-linker version, LLVM major and nightly commit date; then
+/// link it into cargo's bin directory so every build finds it on PATH.
+fn ensure_bpf_linker() -> Result<()> {
+    let sysroot = PathBuf::from(output("rustc", &["+nightly", "--print", "sysroot"])?);
+    let vv = output("rustc", &["+nightly", "-vV"])?;
+    let field = |k: &str| {
+        vv.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_default()
+    };
+    let llvm_major = field("LLVM version:")
+        .split('.')
+        .next()
+        .unwrap_or_default()
+        .to_string();
+    let date = field("commit-date:");
+    if llvm_major.is_empty() {
+        bail!("cannot read the LLVM version of the nightly toolchain");
+    }
+    let prefix = cache_dir().join(format!(
+        "bpf-linker-{BPF_LINKER_VERSION}-llvm{llvm_major}-nightly-{date}"
+    ));
+    let bin = prefix.join("bin").join("bpf-linker");
+    if !bin.exists() {
+        let lib_dir = sysroot.join("lib");
+        let lib = std::fs::read_dir(&lib_dir)
+            .with_context(|| format!("reading {}", lib_dir.display()))?
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .find(|n| n.starts_with("libLLVM.so."))
+            .with_context(|| format!("no libLLVM.so.* in {}", lib_dir.display()))?;
+        let plib = prefix.join("lib");
+        std::fs::create_dir_all(&plib)?;
+        for link in ["libLLVM.so".to_string(), lib.clone()] {
+            let l = plib.join(link);
+            let _ = std::fs::remove_file(&l);
+            std::os::unix::fs::symlink(lib_dir.join(&lib), &l)
+                .with_context(|| format!("linking {}", l.display()))?;
+        }
+        println!(
+            "building bpf-linker {BPF_LINKER_VERSION} against LLVM {llvm_major} (about 90 s, once)"
+        );
+        let mut c = Command::new("cargo");
+        c.args([
+            "install",
+            "bpf-linker",
+            "--version",
+            BPF_LINKER_VERSION,
+            "--locked",
+            "--no-default-features",
+            "--features",
+            &format!("llvm-{llvm_major}"),
+            "--root",
+        ])
+        .arg(&prefix)
+        .env("LLVM_PREFIX", &prefix);
+        run(c)?;
+    }
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .context("neither CARGO_HOME nor HOME is set")?;
+    let link = home.join("bin").join("bpf-linker");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink(&bin, &link)
+        .with_context(|| format!("linking {}", link.display()))?;
+    println!("bpf-linker: {}", bin.display());
+    Ok(())
+}
+
 fn setup() -> Result<()> {
     let missing: Vec<&str> = APT_PACKAGES
         .iter()
@@ -71,6 +170,10 @@ fn setup() -> Result<()> {
     let mut comps = Command::new("rustup");
     comps.args(["component", "add", "rustfmt", "clippy"]);
     run(comps)?;
+    let mut src = Command::new("rustup");
+    src.args(["component", "add", "rust-src", "--toolchain", "nightly"]);
+    run(src)?;
+    ensure_bpf_linker()?;
     println!("setup done");
     Ok(())
 }
@@ -83,6 +186,8 @@ fn test(extra: &[String]) -> Result<()> {
     clippy.args([
         "clippy",
         "--workspace",
+        "--exclude",
+        "peerwall-ebpf",
         "--all-targets",
         "--",
         "-D",
@@ -90,7 +195,8 @@ fn test(extra: &[String]) -> Result<()> {
     ]);
     run(clippy)?;
     let mut t = cargo();
-    t.args(["test", "--workspace"]).args(extra);
+    t.args(["test", "--workspace", "--exclude", "peerwall-ebpf"])
+        .args(extra);
     run(t)
 }
 
@@ -116,6 +222,7 @@ fn main() -> Result<()> {
         Some("setup") => setup(),
         Some("test") => test(&args[1..]),
         Some("crd") => crd(),
+        Some("bpf-linker") => ensure_bpf_linker(),
         _ => {
             eprintln!("usage: cargo xtask <setup|test|crd>");
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");

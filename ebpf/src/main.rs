@@ -1,0 +1,999 @@
+//! peerwall datapath: tc (tcx) and XDP classifiers over rule bitmaps in LPM tries.
+//!
+//! For a packet arriving on an attached interface the program reads its headers, asks the FIB
+//! where it goes (forwarded through `oif`, or delivered to the gateway), derives its conntrack
+//! state, and runs the filter chains of every hook on that path in order, as nftables would
+//! (prerouting, forward, postrouting / prerouting, input). Per chain, each dimension (source and
+//! destination prefix, source and destination port, family+protocol, input and output interface,
+//! ct state) yields a bitmap of the rules it allows; their AND's lowest bit is the deciding rule,
+//! no bit means the chain policy. Cost per chain is a fixed number of lookups: constant in the
+//! number of rules and prefixes (the tries' depth is bounded by the key width).
+//!
+//! Two copies of every policy map exist (slot 0 and 1); `CONFIG.active` picks one, so a new
+//! policy is written into the idle copy and switched to with one store.
+//!
+//! Unparseable IP packets (truncated or inconsistent headers) are dropped: the kernel's own IP
+//! input would drop them too. Non-IP traffic (ARP, ...) passes. Non-first fragments carry no
+//! ports: port matches (eq or neq) do not hold on them, as in nftables.
+#![no_std]
+#![no_main]
+#![allow(static_mut_refs)]
+
+use core::mem::size_of;
+
+use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
+use aya_ebpf::helpers::generated::{bpf_fib_lookup, bpf_ktime_get_ns};
+use aya_ebpf::macros::{classifier, map, xdp};
+use aya_ebpf::maps::lpm_trie::Key;
+use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
+use aya_ebpf::programs::{TcContext, XdpContext};
+use aya_ebpf::EbpfContext;
+use peerwall_common::{
+    ct, dim, family, flags, hook, AddrKeyData, Bitmap, ChainInfo, Config, Counter, DimMasks,
+    FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord, ProtoKey, RuleInfo,
+    MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES, PROBE_MAGIC, WORDS,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Maps. Names are the pin names under /sys/fs/bpf/peerwall/ (see README, "BPF map layout").
+
+/// Prefix entries of the address dimensions (no preallocation: memory follows the policy).
+const TRIE_MAX: u32 = 4 << 20;
+const PORT_TRIE_MAX: u32 = 1 << 16;
+const HASH_MAX: u32 = 1 << 14;
+const FLOWS_MAX: u32 = 1 << 16;
+const FLOW_IDLE_NS: u64 = 600_000_000_000;
+
+macro_rules! slot_maps {
+    ($src:ident, $dst:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident, $oif:ident,
+     $ct:ident, $masks:ident, $chains:ident, $rules:ident, $hooks:ident, $counters:ident) => {
+        #[map]
+        static $src: LpmTrie<AddrKeyData, Bitmap> = LpmTrie::pinned(TRIE_MAX, 0);
+        #[map]
+        static $dst: LpmTrie<AddrKeyData, Bitmap> = LpmTrie::pinned(TRIE_MAX, 0);
+        #[map]
+        static $sport: LpmTrie<PortKeyData, Bitmap> = LpmTrie::pinned(PORT_TRIE_MAX, 0);
+        #[map]
+        static $dport: LpmTrie<PortKeyData, Bitmap> = LpmTrie::pinned(PORT_TRIE_MAX, 0);
+        #[map]
+        static $proto: HashMap<ProtoKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
+        #[map]
+        static $iif: HashMap<IfKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
+        #[map]
+        static $oif: HashMap<IfKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
+        #[map]
+        static $ct: Array<Bitmap> = Array::pinned(MAX_CHAINS * ct::SLOTS, 0);
+        #[map]
+        static $masks: Array<DimMasks> = Array::pinned(MAX_CHAINS * 4, 0);
+        #[map]
+        static $chains: Array<ChainInfo> = Array::pinned(MAX_CHAINS, 0);
+        #[map]
+        static $rules: Array<RuleInfo> = Array::pinned(MAX_CHAINS * MAX_RULES as u32, 0);
+        #[map]
+        static $hooks: Array<HookChains> = Array::pinned(10, 0);
+        #[map]
+        static $counters: PerCpuArray<Counter> =
+            PerCpuArray::pinned(MAX_CHAINS * MAX_RULES as u32, 0);
+    };
+}
+
+slot_maps!(
+    SRC0, DST0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0, RULES0, HOOKS0, COUNTERS0
+);
+slot_maps!(
+    SRC1, DST1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1, RULES1, HOOKS1, COUNTERS1
+);
+
+#[map]
+static CONFIG: Array<Config> = Array::pinned(1, 0);
+#[map]
+static IFACES: HashMap<u32, IfaceInfo> = HashMap::pinned(1024, 0);
+#[map]
+static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
+#[map]
+static LAST: PerCpuArray<ProbeRecord> = PerCpuArray::pinned(1, 0);
+
+// ---------------------------------------------------------------------------------------------
+// Packet access common to tc (skb loads) and XDP (direct access with bounds checks).
+
+trait Source {
+    fn read<T: Copy>(&self, off: usize) -> Option<T>;
+}
+
+impl Source for TcContext {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        self.load::<T>(off).ok()
+    }
+}
+
+impl Source for XdpContext {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        let start = self.data();
+        let end = self.data_end();
+        if start + off + size_of::<T>() > end {
+            return None;
+        }
+        // SAFETY: bounds checked against data_end just above.
+        Some(unsafe { core::ptr::read_unaligned((start + off) as *const T) })
+    }
+}
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_ICMPV6: u8 = 58;
+
+/// What the classifier needs of a packet.
+#[derive(Clone, Copy)]
+struct Pkt {
+    family: u8,
+    proto: u8,
+    /// Ports were read (TCP/UDP, first fragment).
+    has_ports: bool,
+    tcp_flags: u8,
+    icmp_type: u8,
+    sport: u16,
+    dport: u16,
+    /// ICMP echo id (host order).
+    icmp_id: u16,
+    src: [u8; 16],
+    dst: [u8; 16],
+    /// IP total length (bytes counted).
+    len: u32,
+    /// Offset of the layer-4 header from the IP header.
+    l4: u32,
+}
+
+enum Parse {
+    /// Not IP: not ours.
+    NotIp,
+    /// IP but unparseable: fail closed.
+    Bad,
+    Ok(Pkt),
+}
+
+#[inline(always)]
+fn parse<S: Source>(s: &S, l3: usize, ethertype: u16) -> Parse {
+    let mut p = Pkt {
+        family: 0,
+        proto: 0,
+        has_ports: false,
+        tcp_flags: 0,
+        icmp_type: 0,
+        sport: 0,
+        dport: 0,
+        icmp_id: 0,
+        src: [0; 16],
+        dst: [0; 16],
+        len: 0,
+        l4: 0,
+    };
+    let first_frag;
+    if ethertype == ETH_P_IP {
+        let Some(vihl) = s.read::<u8>(l3) else {
+            return Parse::Bad;
+        };
+        if vihl >> 4 != 4 {
+            return Parse::Bad;
+        }
+        let ihl = ((vihl & 0x0f) as u32) * 4;
+        if ihl < 20 {
+            return Parse::Bad;
+        }
+        let Some(tot) = s.read::<[u8; 2]>(l3 + 2) else {
+            return Parse::Bad;
+        };
+        let Some(frag) = s.read::<[u8; 2]>(l3 + 6) else {
+            return Parse::Bad;
+        };
+        let Some(proto) = s.read::<u8>(l3 + 9) else {
+            return Parse::Bad;
+        };
+        let Some(src) = s.read::<[u8; 4]>(l3 + 12) else {
+            return Parse::Bad;
+        };
+        let Some(dst) = s.read::<[u8; 4]>(l3 + 16) else {
+            return Parse::Bad;
+        };
+        p.family = family::V4;
+        p.proto = proto;
+        p.len = u16::from_be_bytes(tot) as u32;
+        if p.len < ihl {
+            return Parse::Bad;
+        }
+        p.src[..4].copy_from_slice(&src);
+        p.dst[..4].copy_from_slice(&dst);
+        p.l4 = ihl;
+        first_frag = (u16::from_be_bytes(frag) & 0x1fff) == 0;
+    } else if ethertype == ETH_P_IPV6 {
+        let Some(v) = s.read::<u8>(l3) else {
+            return Parse::Bad;
+        };
+        if v >> 4 != 6 {
+            return Parse::Bad;
+        }
+        let Some(plen) = s.read::<[u8; 2]>(l3 + 4) else {
+            return Parse::Bad;
+        };
+        let Some(mut next) = s.read::<u8>(l3 + 6) else {
+            return Parse::Bad;
+        };
+        let Some(src) = s.read::<[u8; 16]>(l3 + 8) else {
+            return Parse::Bad;
+        };
+        let Some(dst) = s.read::<[u8; 16]>(l3 + 24) else {
+            return Parse::Bad;
+        };
+        p.family = family::V6;
+        p.src = src;
+        p.dst = dst;
+        p.len = 40 + u16::from_be_bytes(plen) as u32;
+        let mut off: u32 = 40;
+        let mut ff = true;
+        // Extension headers, bounded: hop-by-hop, routing, fragment, destination options, AH.
+        let mut i = 0;
+        while i < 6 {
+            i += 1;
+            match next {
+                0 | 43 | 60 => {
+                    let Some(h) = s.read::<[u8; 2]>(l3 + off as usize) else {
+                        return Parse::Bad;
+                    };
+                    next = h[0];
+                    off += (h[1] as u32 + 1) * 8;
+                }
+                51 => {
+                    let Some(h) = s.read::<[u8; 2]>(l3 + off as usize) else {
+                        return Parse::Bad;
+                    };
+                    next = h[0];
+                    off += (h[1] as u32 + 2) * 4;
+                }
+                44 => {
+                    let Some(h) = s.read::<[u8; 4]>(l3 + off as usize) else {
+                        return Parse::Bad;
+                    };
+                    next = h[0];
+                    if (u16::from_be_bytes([h[2], h[3]]) & 0xfff8) != 0 {
+                        ff = false;
+                    }
+                    off += 8;
+                }
+                _ => break,
+            }
+            if off > 512 {
+                return Parse::Bad;
+            }
+        }
+        p.proto = next;
+        p.l4 = off;
+        first_frag = ff;
+    } else {
+        return Parse::NotIp;
+    }
+    if !first_frag {
+        return Parse::Ok(p);
+    }
+    let l4 = l3 + p.l4 as usize;
+    match p.proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            let Some(ports) = s.read::<[u8; 4]>(l4) else {
+                return Parse::Bad;
+            };
+            p.sport = u16::from_be_bytes([ports[0], ports[1]]);
+            p.dport = u16::from_be_bytes([ports[2], ports[3]]);
+            p.has_ports = true;
+            if p.proto == IPPROTO_TCP {
+                let Some(f) = s.read::<u8>(l4 + 13) else {
+                    return Parse::Bad;
+                };
+                p.tcp_flags = f;
+            }
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let Some(h) = s.read::<[u8; 6]>(l4) else {
+                return Parse::Bad;
+            };
+            p.icmp_type = h[0];
+            p.icmp_id = u16::from_be_bytes([h[4], h[5]]);
+        }
+        _ => {}
+    }
+    Parse::Ok(p)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Connection tracking (an LRU of flows, original direction as key).
+
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
+
+fn flow_key(p: &Pkt) -> FlowKey {
+    let (sport, dport) = if p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6 {
+        (p.icmp_id, 0)
+    } else {
+        (p.sport, p.dport)
+    };
+    FlowKey {
+        src: p.src,
+        dst: p.dst,
+        sport: sport.to_be_bytes(),
+        dport: dport.to_be_bytes(),
+        proto: p.proto,
+        family: p.family,
+        _pad: [0; 2],
+    }
+}
+
+fn reverse(k: &FlowKey) -> FlowKey {
+    FlowKey {
+        src: k.dst,
+        dst: k.src,
+        sport: k.dport,
+        dport: k.sport,
+        proto: k.proto,
+        family: k.family,
+        _pad: [0; 2],
+    }
+}
+
+#[inline(always)]
+fn fresh(st: &FlowState, now: u64) -> bool {
+    now.wrapping_sub(st.last_seen_ns) < FLOW_IDLE_NS
+}
+
+/// ICMP types that are errors (quote another packet).
+fn icmp_is_error(p: &Pkt) -> bool {
+    if p.proto == IPPROTO_ICMP {
+        matches!(p.icmp_type, 3 | 4 | 5 | 11 | 12)
+    } else {
+        matches!(p.icmp_type, 1..=4)
+    }
+}
+
+/// ICMP types a flow cannot start with (replies).
+fn icmp_is_reply(p: &Pkt) -> bool {
+    if p.proto == IPPROTO_ICMP {
+        matches!(p.icmp_type, 0 | 14 | 16 | 18)
+    } else {
+        p.icmp_type == 129
+    }
+}
+
+/// Echo requests are tracked by id; ICMP types other than echo carry no usable id.
+fn icmp_keyed(p: &Pkt) -> bool {
+    if p.proto == IPPROTO_ICMP {
+        matches!(p.icmp_type, 0 | 8)
+    } else {
+        matches!(p.icmp_type, 128 | 129)
+    }
+}
+
+/// Conntrack state of the packet.
+#[inline(never)]
+fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    if p.proto == IPPROTO_TCP && p.has_ports {
+        let f = p.tcp_flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
+        // The combinations conntrack accepts (tcp_valid_flags), URG/PSH aside.
+        let valid = matches!(f, TCP_SYN | 0x12 | TCP_RST | 0x14 | 0x11 | TCP_ACK);
+        if !valid {
+            return ct::INVALID;
+        }
+    }
+    let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
+    if is_icmp && icmp_is_error(p) {
+        // Quoted packet: its flow, seen from the quoting side, is the reverse.
+        let q = l3 + p.l4 as usize + 8;
+        let inner = match parse(
+            s,
+            q,
+            if p.family == family::V4 {
+                ETH_P_IP
+            } else {
+                ETH_P_IPV6
+            },
+        ) {
+            Parse::Ok(i) => i,
+            _ => return ct::INVALID,
+        };
+        let k = flow_key(&inner);
+        // SAFETY: read-only lookups of plain data.
+        let known = unsafe {
+            FLOWS.get(&k).is_some_and(|st| fresh(st, now))
+                || FLOWS.get(&reverse(&k)).is_some_and(|st| fresh(st, now))
+        };
+        return if known { ct::RELATED } else { ct::INVALID };
+    }
+    if is_icmp && !icmp_keyed(p) {
+        return if icmp_is_reply(p) {
+            ct::INVALID
+        } else {
+            ct::NEW
+        };
+    }
+    let k = flow_key(p);
+    // SAFETY: plain data.
+    if let Some(st) = unsafe { FLOWS.get(&k) } {
+        if fresh(st, now) {
+            return if st.replied != 0 {
+                ct::ESTABLISHED
+            } else {
+                ct::NEW
+            };
+        }
+    }
+    if let Some(st) = unsafe { FLOWS.get(&reverse(&k)) } {
+        if fresh(st, now) {
+            return ct::ESTABLISHED;
+        }
+    }
+    if is_icmp && icmp_is_reply(p) {
+        return ct::INVALID;
+    }
+    ct::NEW
+}
+
+/// After an accept: create the flow (new) or note the reply (established).
+#[inline(never)]
+fn ct_commit(p: &Pkt, state: u32) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
+    if state == ct::INVALID || state == ct::RELATED || (is_icmp && !icmp_keyed(p)) {
+        return;
+    }
+    let k = flow_key(p);
+    if let Some(st) = FLOWS.get_ptr_mut(&k) {
+        // SAFETY: pointer from a successful lookup.
+        unsafe { (*st).last_seen_ns = now };
+        return;
+    }
+    let r = reverse(&k);
+    if let Some(st) = FLOWS.get_ptr_mut(&r) {
+        // SAFETY: pointer from a successful lookup.
+        unsafe {
+            (*st).last_seen_ns = now;
+            (*st).replied = 1;
+        }
+        return;
+    }
+    if state == ct::NEW {
+        let _ = FLOWS.insert(
+            &k,
+            &FlowState {
+                last_seen_ns: now,
+                replied: 0,
+                _pad: [0; 7],
+            },
+            0,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Classification.
+
+const ACT_ACCEPT: u8 = 0;
+const ACT_DROP: u8 = 1;
+const ACT_REJECT: u8 = 2;
+const NO_RULE: u32 = u32::MAX;
+
+/// Inputs of one chain evaluation.
+struct Query {
+    /// Count packets in the rule counters (tc always; XDP only for what it drops).
+    count: bool,
+    chain: u32,
+    iif: u32,
+    oif: u32,
+    state: u32,
+    p: Pkt,
+}
+
+#[inline(always)]
+fn and(acc: &mut Bitmap, b: &Bitmap) -> bool {
+    let mut any = 0u64;
+    let mut i = 0;
+    while i < WORDS {
+        acc.w[i] &= b.w[i];
+        any |= acc.w[i];
+        i += 1;
+    }
+    any != 0
+}
+
+#[inline(always)]
+fn and_masked(acc: &mut Bitmap, lookup: Option<&Bitmap>, m: &DimMasks) -> bool {
+    let mut any = 0u64;
+    let mut i = 0;
+    while i < WORDS {
+        let l = match lookup {
+            Some(b) => b.w[i],
+            None => 0,
+        };
+        acc.w[i] &= (l ^ m.neg.w[i]) | m.any.w[i];
+        any |= acc.w[i];
+        i += 1;
+    }
+    any != 0
+}
+
+fn addr_key(chain: u32, p: &Pkt, addr: &[u8; 16]) -> Key<AddrKeyData> {
+    let bits = if p.family == family::V4 { 32 } else { 128 };
+    Key::new(
+        peerwall_common::ADDR_KEY_FIXED_BITS + bits,
+        AddrKeyData {
+            chain: chain.to_be_bytes(),
+            family: (p.family as u32).to_be_bytes(),
+            addr: *addr,
+        },
+    )
+}
+
+fn port_key(chain: u32, port: u16) -> Key<PortKeyData> {
+    Key::new(
+        peerwall_common::PORT_KEY_FIXED_BITS + 16,
+        PortKeyData {
+            chain: chain.to_be_bytes(),
+            port: port.to_be_bytes(),
+            _pad: [0; 2],
+        },
+    )
+}
+
+macro_rules! slot_eval {
+    ($name:ident, $src:ident, $dst:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident,
+     $oif:ident, $ct:ident, $masks:ident, $chains:ident, $rules:ident, $counters:ident) => {
+        /// Run one chain: (action, deciding rule or NO_RULE).
+        #[inline(never)]
+        fn $name(q: &Query) -> (u8, u32) {
+            let chain = q.chain;
+            let Some(info) = $chains.get(chain) else {
+                return (ACT_DROP, NO_RULE);
+            };
+            let policy = info.policy;
+            let nrules = info.rules;
+            let pk = ProtoKey {
+                chain,
+                family: q.p.family,
+                proto: q.p.proto,
+                _pad: [0; 2],
+            };
+            // SAFETY: read-only lookups of plain data.
+            let Some(first) = (unsafe { $proto.get(&pk) }) else {
+                return (policy, NO_RULE);
+            };
+            let mut acc = *first;
+            let done = 'dims: {
+                let ik = IfKey {
+                    chain,
+                    ifindex: q.iif,
+                };
+                let ib = unsafe { $iif.get(&ik) }
+                    .or_else(|| unsafe { $iif.get(&IfKey { chain, ifindex: 0 }) });
+                match ib {
+                    Some(b) => {
+                        if !and(&mut acc, b) {
+                            break 'dims true;
+                        }
+                    }
+                    None => break 'dims true,
+                }
+                let ok = IfKey {
+                    chain,
+                    ifindex: q.oif,
+                };
+                let ob = unsafe { $oif.get(&ok) }
+                    .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
+                match ob {
+                    Some(b) => {
+                        if !and(&mut acc, b) {
+                            break 'dims true;
+                        }
+                    }
+                    None => break 'dims true,
+                }
+                match $ct.get(chain * ct::SLOTS + q.state) {
+                    Some(b) => {
+                        if !and(&mut acc, b) {
+                            break 'dims true;
+                        }
+                    }
+                    None => break 'dims true,
+                }
+                let Some(m) = $masks.get(chain * 4 + dim::SRC) else {
+                    break 'dims true;
+                };
+                if !and_masked(&mut acc, $src.get(addr_key(chain, &q.p, &q.p.src)), m) {
+                    break 'dims true;
+                }
+                let Some(m) = $masks.get(chain * 4 + dim::DST) else {
+                    break 'dims true;
+                };
+                if !and_masked(&mut acc, $dst.get(addr_key(chain, &q.p, &q.p.dst)), m) {
+                    break 'dims true;
+                }
+                if q.p.has_ports {
+                    let Some(m) = $masks.get(chain * 4 + dim::SPORT) else {
+                        break 'dims true;
+                    };
+                    if !and_masked(&mut acc, $sport.get(port_key(chain, q.p.sport)), m) {
+                        break 'dims true;
+                    }
+                    let Some(m) = $masks.get(chain * 4 + dim::DPORT) else {
+                        break 'dims true;
+                    };
+                    if !and_masked(&mut acc, $dport.get(port_key(chain, q.p.dport)), m) {
+                        break 'dims true;
+                    }
+                }
+                false
+            };
+            let rule = if done { None } else { acc.first() };
+            let (action, idx) = match rule {
+                Some(r) if (r as u32) < nrules => {
+                    let r = r as u32;
+                    match $rules.get(chain * MAX_RULES as u32 + r) {
+                        Some(ri) => (ri.action, r),
+                        None => (ACT_DROP, r),
+                    }
+                }
+                _ => (policy, NO_RULE),
+            };
+            let slot = if idx == NO_RULE {
+                MAX_RULES as u32 - 1
+            } else {
+                idx
+            };
+            if !q.count {
+                return (action, idx);
+            }
+            if let Some(c) = $counters.get_ptr_mut(chain * MAX_RULES as u32 + slot) {
+                // SAFETY: per-CPU slot of a successful lookup.
+                unsafe {
+                    (*c).packets += 1;
+                    (*c).bytes += q.p.len as u64;
+                }
+            }
+            (action, idx)
+        }
+    };
+}
+
+slot_eval!(
+    eval0, SRC0, DST0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0, RULES0, COUNTERS0
+);
+slot_eval!(
+    eval1, SRC1, DST1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1, RULES1, COUNTERS1
+);
+
+/// Outcome of the whole path.
+struct Outcome {
+    action: u8,
+    chain: u32,
+    rule: u32,
+    has_chain: bool,
+}
+
+#[inline(always)]
+fn hooks_of(slot: u32, idx: u32) -> Option<&'static HookChains> {
+    if slot == 0 {
+        HOOKS0.get(idx)
+    } else {
+        HOOKS1.get(idx)
+    }
+}
+
+/// Run every chain of `hk` for the packet; false when the packet was refused.
+#[inline(always)]
+fn run_hook(slot: u32, hk: u32, q: &mut Query, out: &mut Outcome) -> bool {
+    let fidx = if q.p.family == family::V4 { 0 } else { 1 };
+    let Some(hc) = hooks_of(slot, hk * 2 + fidx) else {
+        return true;
+    };
+    let count = hc.count;
+    let mut i = 0;
+    while i < MAX_HOOK_CHAINS {
+        if i as u32 >= count {
+            break;
+        }
+        q.chain = hc.chains[i];
+        let (a, r) = if slot == 0 { eval0(q) } else { eval1(q) };
+        out.action = a;
+        out.chain = q.chain;
+        out.rule = r;
+        out.has_chain = true;
+        if a != ACT_ACCEPT {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const PATH_INPUT: u32 = 0;
+const PATH_FORWARD: u32 = 1;
+
+/// Evaluate the packet's path: (prerouting, forward, postrouting) or (prerouting, input).
+#[inline(never)]
+fn classify(route: &Route, p: &Pkt) -> Outcome {
+    let (slot, path, iif, oif, state, count) = (
+        route.slot,
+        route.path,
+        route.iif,
+        route.oif,
+        route.state,
+        route.count,
+    );
+    let mut out = Outcome {
+        action: ACT_ACCEPT,
+        chain: 0,
+        rule: NO_RULE,
+        has_chain: false,
+    };
+    let mut q = Query {
+        count,
+        chain: 0,
+        iif,
+        oif: 0,
+        state,
+        p: *p,
+    };
+    if !run_hook(slot, hook::PREROUTING, &mut q, &mut out) {
+        return out;
+    }
+    if path == PATH_FORWARD {
+        q.oif = oif;
+        if !run_hook(slot, hook::FORWARD, &mut q, &mut out) {
+            return out;
+        }
+        let _ = run_hook(slot, hook::POSTROUTING, &mut q, &mut out);
+    } else {
+        let _ = run_hook(slot, hook::INPUT, &mut q, &mut out);
+    }
+    out
+}
+
+/// Kernel layout of `struct bpf_fib_lookup` (64 bytes), unions flattened.
+#[repr(C)]
+struct FibParams {
+    family: u8,
+    l4_protocol: u8,
+    sport: u16,
+    dport: u16,
+    tot_len: u16,
+    ifindex: u32,
+    flowinfo: u32,
+    src: [u8; 16],
+    dst: [u8; 16],
+    vlan_proto: u16,
+    vlan_tci: u16,
+    smac: [u8; 6],
+    dmac: [u8; 6],
+}
+
+const AF_INET: u8 = 2;
+const AF_INET6: u8 = 10;
+const FIB_SKIP_NEIGH: u32 = 4;
+const FIB_SUCCESS: i64 = 0;
+const FIB_NOT_FWDED: i64 = 4;
+const FIB_NO_NEIGH: i64 = 7;
+
+/// Path of a packet, the interfaces the chains see, and how to evaluate it.
+struct Route {
+    slot: u32,
+    path: u32,
+    iif: u32,
+    oif: u32,
+    state: u32,
+    count: bool,
+}
+
+/// Where the kernel will send the packet: (path, oif).
+#[inline(never)]
+fn route<C: EbpfContext>(ctx: &C, p: &Pkt, iif: u32) -> (u32, u32) {
+    let mut f = FibParams {
+        family: if p.family == family::V4 {
+            AF_INET
+        } else {
+            AF_INET6
+        },
+        l4_protocol: p.proto,
+        sport: p.sport.to_be(),
+        dport: p.dport.to_be(),
+        tot_len: 0,
+        ifindex: iif,
+        flowinfo: 0,
+        src: p.src,
+        dst: p.dst,
+        vlan_proto: 0,
+        vlan_tci: 0,
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
+    // SAFETY: `f` has the kernel's layout and size; the context pointer is the program's own.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            (&mut f as *mut FibParams).cast(),
+            size_of::<FibParams>() as i32,
+            FIB_SKIP_NEIGH,
+        )
+    };
+    match rc {
+        FIB_SUCCESS | FIB_NO_NEIGH => (PATH_FORWARD, f.ifindex),
+        FIB_NOT_FWDED => (PATH_INPUT, 0),
+        // Unroutable: the kernel drops it after prerouting; only prerouting chains matter,
+        // which the input path runs first (its input chains then cannot change the outcome
+        // the kernel imposes).
+        _ => (PATH_INPUT, 0),
+    }
+}
+
+fn config() -> Config {
+    match CONFIG.get(0) {
+        Some(c) => *c,
+        None => Config {
+            active: 0,
+            flags: 0,
+        },
+    }
+}
+
+fn record(out: &Outcome) {
+    if let Some(r) = LAST.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot of a successful lookup.
+        unsafe {
+            (*r).seq = (*r).seq.wrapping_add(1);
+            (*r).verdict = out.action;
+            (*r).has_chain = out.has_chain as u8;
+            (*r).has_rule = (out.rule != NO_RULE) as u8;
+            (*r).chain = out.chain;
+            (*r).rule = out.rule;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Program entries.
+
+#[classifier]
+pub fn peerwall_tc(ctx: TcContext) -> i32 {
+    match try_tc(&ctx) {
+        Ok(v) => v,
+        Err(()) => TC_ACT_SHOT,
+    }
+}
+
+fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
+    let cfg = config();
+    if cfg.flags & flags::ALLOW_ALL != 0 {
+        return Ok(TC_ACT_OK);
+    }
+    // SAFETY: the skb pointer is the program's context.
+    let (ifindex, proto) = unsafe { ((*ctx.skb.skb).ifindex, (*ctx.skb.skb).protocol) };
+    let ethertype = u16::from_be(proto as u16);
+    if ethertype != ETH_P_IP && ethertype != ETH_P_IPV6 {
+        return Ok(TC_ACT_OK);
+    }
+    // SAFETY: plain data.
+    let l2 = match unsafe { IFACES.get(&ifindex) } {
+        Some(i) => i.l2_len as usize,
+        None => 14,
+    };
+    let p = match parse(ctx, l2 & 0xff, ethertype) {
+        Parse::NotIp => return Ok(TC_ACT_OK),
+        Parse::Bad => return Err(()),
+        Parse::Ok(p) => p,
+    };
+    let probe = cfg.flags & flags::PROBE != 0 && ctx.cb()[0] == PROBE_MAGIC;
+    let state = ct_state(ctx, l2 & 0xff, &p);
+    let slot = cfg.active & 1;
+    let r = if probe {
+        let cb = ctx.cb();
+        Route {
+            slot,
+            path: cb[1],
+            iif: cb[3],
+            oif: cb[2],
+            state,
+            count: true,
+        }
+    } else {
+        let (path, oif) = route(ctx, &p, ifindex);
+        Route {
+            slot,
+            path,
+            iif: ifindex,
+            oif,
+            state,
+            count: true,
+        }
+    };
+    let out = classify(&r, &p);
+    if probe {
+        record(&out);
+    }
+    match out.action {
+        ACT_ACCEPT => {
+            ct_commit(&p, state);
+            Ok(TC_ACT_OK)
+        }
+        // Reject: the ICMP answer is not generated in tc (see README); the packet is refused.
+        ACT_REJECT | ACT_DROP => Ok(TC_ACT_SHOT),
+        _ => Err(()),
+    }
+}
+
+#[xdp]
+pub fn peerwall_xdp(ctx: XdpContext) -> u32 {
+    match try_xdp(&ctx) {
+        Ok(v) => v,
+        Err(()) => xdp_action::XDP_DROP,
+    }
+}
+
+/// Early drop: evaluates like tc but never changes conntrack or counts accepted packets; tc
+/// makes the full decision for everything XDP passes.
+fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
+    let cfg = config();
+    if cfg.flags & flags::ALLOW_ALL != 0 {
+        return Ok(xdp_action::XDP_PASS);
+    }
+    let ifindex = ctx.ingress_ifindex() as u32;
+    // SAFETY: plain data.
+    let l2 = match unsafe { IFACES.get(&ifindex) } {
+        Some(i) => i.l2_len as usize,
+        None => 14,
+    };
+    let ethertype = if l2 == 14 {
+        match ctx.read::<[u8; 2]>(12) {
+            Some(t) => u16::from_be_bytes(t),
+            None => return Ok(xdp_action::XDP_PASS),
+        }
+    } else {
+        match ctx.read::<u8>(0) {
+            Some(v) if v >> 4 == 4 => ETH_P_IP,
+            Some(v) if v >> 4 == 6 => ETH_P_IPV6,
+            _ => return Ok(xdp_action::XDP_PASS),
+        }
+    };
+    let p = match parse(ctx, l2 & 0xff, ethertype) {
+        Parse::NotIp => return Ok(xdp_action::XDP_PASS),
+        Parse::Bad => return Err(()),
+        Parse::Ok(p) => p,
+    };
+    let (path, oif) = route(ctx, &p, ifindex);
+    let state = ct_state(ctx, l2 & 0xff, &p);
+    let mut r = Route {
+        slot: cfg.active & 1,
+        path,
+        iif: ifindex,
+        oif,
+        state,
+        count: false,
+    };
+    let out = classify(&r, &p);
+    if out.action == ACT_DROP {
+        // Count what XDP drops (tc never sees it): the same evaluation, counting.
+        r.count = true;
+        let _ = classify(&r, &p);
+        return Ok(xdp_action::XDP_DROP);
+    }
+    Ok(xdp_action::XDP_PASS)
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 4] = *b"GPL\0";
