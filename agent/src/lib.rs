@@ -12,3 +12,4 @@ pub mod compile;
 pub mod ir;
 pub mod netns;
 pub mod probe;
+pub mod testgen;

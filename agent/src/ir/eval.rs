@@ -203,31 +203,35 @@ pub struct PathChain<'a> {
     pub chain: &'a super::Chain,
 }
 
+/// Filter chains at one hook for packets of `family`, in evaluation order.
+pub fn chains_on_path_hook(policy: &Policy, family: IpFamily, hook: Hook) -> Vec<PathChain<'_>> {
+    let mut at_hook: Vec<PathChain<'_>> = policy
+        .tables
+        .iter()
+        .filter(|t| t.family.sees(family))
+        .flat_map(|t| {
+            t.chains
+                .iter()
+                .filter(|c| c.hook == hook && c.kind == ChainKind::Filter)
+                .map(move |c| PathChain { table: t, chain: c })
+        })
+        .collect();
+    at_hook.sort_by(|a, b| {
+        (a.chain.priority, &a.table.name, &a.chain.name).cmp(&(
+            b.chain.priority,
+            &b.table.name,
+            &b.chain.name,
+        ))
+    });
+    at_hook
+}
+
 /// Filter chains that a packet of `family` on `path` traverses, in order.
 pub fn chains_on_path(policy: &Policy, family: IpFamily, path: PacketPath) -> Vec<PathChain<'_>> {
-    let mut out = Vec::new();
-    for hook in path.hooks() {
-        let mut at_hook: Vec<PathChain<'_>> = policy
-            .tables
-            .iter()
-            .filter(|t| t.family.sees(family))
-            .flat_map(|t| {
-                t.chains
-                    .iter()
-                    .filter(|c| c.hook == *hook && c.kind == ChainKind::Filter)
-                    .map(move |c| PathChain { table: t, chain: c })
-            })
-            .collect();
-        at_hook.sort_by(|a, b| {
-            (a.chain.priority, &a.table.name, &a.chain.name).cmp(&(
-                b.chain.priority,
-                &b.table.name,
-                &b.chain.name,
-            ))
-        });
-        out.extend(at_hook);
-    }
-    out
+    path.hooks()
+        .iter()
+        .flat_map(|h| chains_on_path_hook(policy, family, *h))
+        .collect()
 }
 
 /// Whether one test holds for a packet at a hook (before negation).

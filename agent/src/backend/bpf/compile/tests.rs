@@ -1,0 +1,101 @@
+//! The map contents, evaluated as the datapath evaluates them, give the reference verdict.
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::*;
+use crate::compile::compile as compile_ir;
+use crate::ir::{addr::AddrRange, evaluate, Packet};
+use crate::testgen::{objects, random_packet, random_specs, IFACES};
+
+fn ifaces() -> Vec<Iface> {
+    IFACES
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Iface {
+            name: n.to_string(),
+            ifindex: i as u32 + 1,
+        })
+        .collect()
+}
+
+fn ifindex(name: &Option<String>) -> u32 {
+    name.as_ref()
+        .and_then(|n| IFACES.iter().position(|i| i == n))
+        .map_or(0, |i| i as u32 + 1)
+}
+
+#[test]
+fn maps_equal_reference_on_random_policies() {
+    let mut rng = StdRng::seed_from_u64(7);
+    let mut cases = 0;
+    for _ in 0..400 {
+        let specs = random_specs(&mut rng);
+        let policy = compile_ir(&objects(&specs)).expect("valid").policy;
+        let bp = compile(&policy, &ifaces()).expect("fits");
+        for _ in 0..40 {
+            let pkt: Packet = random_packet(&mut rng);
+            let dp = DatapathPacket {
+                pkt: &pkt,
+                iif: ifindex(&pkt.iif),
+                oif: ifindex(&pkt.oif),
+            };
+            assert_eq!(
+                simulate(&bp, &dp),
+                evaluate(&policy, &pkt),
+                "policy {specs:#?}\npacket {pkt:?}"
+            );
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, 16000);
+}
+
+#[test]
+fn set_algebra() {
+    let s = |r: &[(u128, u128)]| {
+        AddrSet::from_ranges(
+            IpFamily::V4,
+            r.iter().map(|(lo, hi)| AddrRange { lo: *lo, hi: *hi }),
+        )
+    };
+    let a = s(&[(0, 10), (20, 30)]);
+    let b = s(&[(5, 25)]);
+    assert_eq!(intersect(&a, &b), s(&[(5, 10), (20, 25)]));
+    assert_eq!(difference(&a, &b), s(&[(0, 4), (26, 30)]));
+    assert_eq!(difference(&b, &a), s(&[(11, 19)]));
+    assert_eq!(difference(&a, &a), s(&[]));
+}
+
+#[test]
+fn port_prefixes_cover_ranges() {
+    let set = PortSet::from_ranges([(80, 90), (0, 0), (65535, 65535)]);
+    let p = port_prefixes(&set);
+    assert_eq!(p[0], (0, 16));
+    let covered: usize = p.iter().map(|(_, l)| 1usize << (16 - l)).sum();
+    assert_eq!(covered, 11 + 1 + 1);
+    assert_eq!(
+        port_prefixes(&PortSet::from_ranges([(0, 65535)])),
+        vec![(0, 0)]
+    );
+}
+
+#[test]
+fn enclosing_prefixes_carry_their_rules() {
+    // r0: dst in 10.0.0.0/8; r1: dst in 10.1.0.0/16; r2: dst not in 10.1.2.3.
+    let yaml = "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: x}\nspec:\n  table:\n    name: t\n    family: IPV4\n    chains:\n      - name: c\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: r0, action: drop, match: [{op: eq, ip: {value: 10.0.0.0/8, position: dst}}]}\n            - {name: r1, action: drop, match: [{op: eq, ip: {value: 10.1.0.0/16, position: dst}}]}\n            - {name: r2, action: drop, match: [{op: neq, ip: {value: 10.1.2.3, position: dst}}]}\n";
+    let objs = crate::api::load::parse_documents(yaml, "t").unwrap();
+    let policy = compile_ir(&objs).unwrap().policy;
+    let bp = compile(&policy, &[]).unwrap();
+    let c = &bp.chains[0];
+    let find = |n: &str| c.dst.iter().find(|(p, _)| p.to_string() == n).unwrap().1;
+    let b = find("10.1.0.0/16");
+    assert!(b.get(0) && b.get(1) && !b.get(2));
+    let h = find("10.1.2.3/32");
+    assert!(
+        h.get(0) && h.get(1) && h.get(2),
+        "the /32 inherits both enclosing prefixes"
+    );
+    assert!(c.masks[1].neg.get(2) && !c.masks[1].neg.get(0));
+    assert_eq!(c.masks[0].any.first(), Some(0), "no source tests: any");
+}
