@@ -22,7 +22,7 @@
 use core::mem::size_of;
 
 use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
-use aya_ebpf::helpers::generated::{bpf_fib_lookup, bpf_ktime_get_ns};
+use aya_ebpf::helpers::generated::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_loop};
 use aya_ebpf::macros::{classifier, map, xdp};
 use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
@@ -92,6 +92,37 @@ static IFACES: HashMap<u32, IfaceInfo> = HashMap::pinned(1024, 0);
 static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
 #[map]
 static LAST: PerCpuArray<ProbeRecord> = PerCpuArray::pinned(1, 0);
+/// Per-CPU result of the chain being evaluated. Results live in map memory, not on the stack,
+/// so the verifier sees one state after each chain instead of one per outcome.
+#[map]
+static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+/// Per-CPU packet under classification. Parsing, conntrack and routing leave their results
+/// here and classification reads them back: the verifier then checks classification once,
+/// not once per way the packet could have been parsed.
+#[map]
+static WORK: PerCpuArray<Work> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Work {
+    p: Pkt,
+    /// The packet quoted by an ICMP error.
+    inner: Pkt,
+    r: Route,
+}
+
+/// Per-CPU rule accumulator of the chain being evaluated.
+#[map]
+static ACC: PerCpuArray<Bitmap> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Scratch {
+    action: u32,
+    chain: u32,
+    rule: u32,
+    has_chain: u32,
+}
 
 // ---------------------------------------------------------------------------------------------
 // Packet access common to tc (skb loads) and XDP (direct access with bounds checks).
@@ -128,6 +159,7 @@ const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_ICMPV6: u8 = 58;
 
 /// What the classifier needs of a packet.
+#[repr(C)]
 #[derive(Clone, Copy)]
 struct Pkt {
     family: u8,
@@ -153,12 +185,13 @@ enum Parse {
     NotIp,
     /// IP but unparseable: fail closed.
     Bad,
-    Ok(Pkt),
+    /// Parsed into the output.
+    Ok,
 }
 
 #[inline(always)]
-fn parse<S: Source>(s: &S, l3: usize, ethertype: u16) -> Parse {
-    let mut p = Pkt {
+fn parse<S: Source>(s: &S, l3: usize, ethertype: u16, p: &mut Pkt) -> Parse {
+    *p = Pkt {
         family: 0,
         proto: 0,
         has_ports: false,
@@ -276,7 +309,7 @@ fn parse<S: Source>(s: &S, l3: usize, ethertype: u16) -> Parse {
         return Parse::NotIp;
     }
     if !first_frag {
-        return Parse::Ok(p);
+        return Parse::Ok;
     }
     let l4 = l3 + p.l4 as usize;
     match p.proto {
@@ -303,7 +336,7 @@ fn parse<S: Source>(s: &S, l3: usize, ethertype: u16) -> Parse {
         }
         _ => {}
     }
-    Parse::Ok(p)
+    Parse::Ok
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -391,19 +424,20 @@ fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
     if is_icmp && icmp_is_error(p) {
         // Quoted packet: its flow, seen from the quoting side, is the reverse.
         let q = l3 + p.l4 as usize + 8;
-        let inner = match parse(
-            s,
-            q,
-            if p.family == family::V4 {
-                ETH_P_IP
-            } else {
-                ETH_P_IPV6
-            },
-        ) {
-            Parse::Ok(i) => i,
-            _ => return ct::INVALID,
+        let Some(ip) = WORK.get_ptr_mut(0) else {
+            return ct::INVALID;
         };
-        let k = flow_key(&inner);
+        // SAFETY: per-CPU slot of a successful lookup; `inner` is not the packet `p` points at.
+        let inner = unsafe { &mut (*ip).inner };
+        let fam = if p.family == family::V4 {
+            ETH_P_IP
+        } else {
+            ETH_P_IPV6
+        };
+        if !matches!(parse(s, q, fam, inner), Parse::Ok) {
+            return ct::INVALID;
+        }
+        let k = flow_key(inner);
         // SAFETY: read-only lookups of plain data.
         let known = unsafe {
             FLOWS.get(&k).is_some_and(|st| fresh(st, now))
@@ -485,6 +519,8 @@ const ACT_REJECT: u8 = 2;
 const NO_RULE: u32 = u32::MAX;
 
 /// Inputs of one chain evaluation.
+#[repr(C)]
+#[derive(Clone, Copy)]
 struct Query {
     /// Count packets in the rule counters (tc always; XDP only for what it drops).
     count: bool,
@@ -495,8 +531,12 @@ struct Query {
     p: Pkt,
 }
 
+/// acc &= b; whether any bit is left. A missing bitmap allows no rule.
 #[inline(always)]
-fn and(acc: &mut Bitmap, b: &Bitmap) -> bool {
+fn step(acc: &mut Bitmap, b: Option<&Bitmap>) -> bool {
+    let Some(b) = b else {
+        return false;
+    };
     let mut any = 0u64;
     let mut i = 0;
     while i < WORDS {
@@ -507,18 +547,29 @@ fn and(acc: &mut Bitmap, b: &Bitmap) -> bool {
     any != 0
 }
 
+/// acc &= (lookup ^ neg) | any; a missing lookup is an empty bitmap.
 #[inline(always)]
-fn and_masked(acc: &mut Bitmap, lookup: Option<&Bitmap>, m: &DimMasks) -> bool {
+fn step_masked(acc: &mut Bitmap, l: Option<&Bitmap>, m: Option<&DimMasks>) -> bool {
+    let Some(m) = m else {
+        return false;
+    };
     let mut any = 0u64;
     let mut i = 0;
-    while i < WORDS {
-        let l = match lookup {
-            Some(b) => b.w[i],
-            None => 0,
-        };
-        acc.w[i] &= (l ^ m.neg.w[i]) | m.any.w[i];
-        any |= acc.w[i];
-        i += 1;
+    match l {
+        Some(b) => {
+            while i < WORDS {
+                acc.w[i] &= (b.w[i] ^ m.neg.w[i]) | m.any.w[i];
+                any |= acc.w[i];
+                i += 1;
+            }
+        }
+        None => {
+            while i < WORDS {
+                acc.w[i] &= m.neg.w[i] | m.any.w[i];
+                any |= acc.w[i];
+                i += 1;
+            }
+        }
     }
     any != 0
 }
@@ -549,118 +600,141 @@ fn port_key(chain: u32, port: u16) -> Key<PortKeyData> {
 macro_rules! slot_eval {
     ($name:ident, $src:ident, $dst:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident,
      $oif:ident, $ct:ident, $masks:ident, $chains:ident, $rules:ident, $counters:ident) => {
-        /// Run one chain: (action, deciding rule or NO_RULE).
+        /// Run one chain; the outcome goes to `SCRATCH` (action, deciding rule or NO_RULE).
         #[inline(never)]
-        fn $name(q: &Query) -> (u8, u32) {
-            let chain = q.chain;
-            let Some(info) = $chains.get(chain) else {
-                return (ACT_DROP, NO_RULE);
-            };
-            let policy = info.policy;
-            let nrules = info.rules;
-            let pk = ProtoKey {
-                chain,
-                family: q.p.family,
-                proto: q.p.proto,
-                _pad: [0; 2],
-            };
-            // SAFETY: read-only lookups of plain data.
-            let Some(first) = (unsafe { $proto.get(&pk) }) else {
-                return (policy, NO_RULE);
-            };
-            let mut acc = *first;
-            let done = 'dims: {
-                let ik = IfKey {
-                    chain,
-                    ifindex: q.iif,
-                };
-                let ib = unsafe { $iif.get(&ik) }
-                    .or_else(|| unsafe { $iif.get(&IfKey { chain, ifindex: 0 }) });
-                match ib {
-                    Some(b) => {
-                        if !and(&mut acc, b) {
-                            break 'dims true;
-                        }
-                    }
-                    None => break 'dims true,
-                }
-                let ok = IfKey {
-                    chain,
-                    ifindex: q.oif,
-                };
-                let ob = unsafe { $oif.get(&ok) }
-                    .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
-                match ob {
-                    Some(b) => {
-                        if !and(&mut acc, b) {
-                            break 'dims true;
-                        }
-                    }
-                    None => break 'dims true,
-                }
-                match $ct.get(chain * ct::SLOTS + q.state) {
-                    Some(b) => {
-                        if !and(&mut acc, b) {
-                            break 'dims true;
-                        }
-                    }
-                    None => break 'dims true,
-                }
-                let Some(m) = $masks.get(chain * 4 + dim::SRC) else {
-                    break 'dims true;
-                };
-                if !and_masked(&mut acc, $src.get(addr_key(chain, &q.p, &q.p.src)), m) {
-                    break 'dims true;
-                }
-                let Some(m) = $masks.get(chain * 4 + dim::DST) else {
-                    break 'dims true;
-                };
-                if !and_masked(&mut acc, $dst.get(addr_key(chain, &q.p, &q.p.dst)), m) {
-                    break 'dims true;
-                }
-                if q.p.has_ports {
-                    let Some(m) = $masks.get(chain * 4 + dim::SPORT) else {
-                        break 'dims true;
-                    };
-                    if !and_masked(&mut acc, $sport.get(port_key(chain, q.p.sport)), m) {
-                        break 'dims true;
-                    }
-                    let Some(m) = $masks.get(chain * 4 + dim::DPORT) else {
-                        break 'dims true;
-                    };
-                    if !and_masked(&mut acc, $dport.get(port_key(chain, q.p.dport)), m) {
-                        break 'dims true;
-                    }
-                }
-                false
-            };
-            let rule = if done { None } else { acc.first() };
-            let (action, idx) = match rule {
-                Some(r) if (r as u32) < nrules => {
-                    let r = r as u32;
-                    match $rules.get(chain * MAX_RULES as u32 + r) {
-                        Some(ri) => (ri.action, r),
-                        None => (ACT_DROP, r),
-                    }
-                }
-                _ => (policy, NO_RULE),
-            };
-            let slot = if idx == NO_RULE {
-                MAX_RULES as u32 - 1
-            } else {
-                idx
-            };
-            if !q.count {
-                return (action, idx);
-            }
-            if let Some(c) = $counters.get_ptr_mut(chain * MAX_RULES as u32 + slot) {
+        fn $name(q: &Query) -> u32 {
+            let (action, idx) = $name::run(q);
+            if let Some(sc) = SCRATCH.get_ptr_mut(0) {
                 // SAFETY: per-CPU slot of a successful lookup.
                 unsafe {
-                    (*c).packets += 1;
-                    (*c).bytes += q.p.len as u64;
+                    (*sc).action = action as u32;
+                    (*sc).rule = idx;
+                    (*sc).chain = q.chain;
+                    (*sc).has_chain = 1;
                 }
             }
-            (action, idx)
+            0
+        }
+
+        mod $name {
+            use super::*;
+
+            #[inline(always)]
+            pub(super) fn run(q: &Query) -> (u8, u32) {
+                let chain = q.chain;
+                let Some(info) = $chains.get(chain) else {
+                    return (ACT_DROP, NO_RULE);
+                };
+                let policy = info.policy;
+                let nrules = info.rules;
+                let pk = ProtoKey {
+                    chain,
+                    family: q.p.family,
+                    proto: q.p.proto,
+                    _pad: [0; 2],
+                };
+                // SAFETY: read-only lookups of plain data.
+                // Protocols no rule names share the family's "other" entry (`_pad[0] = 1`).
+                let other = ProtoKey {
+                    chain,
+                    family: q.p.family,
+                    proto: 0,
+                    _pad: [1, 0],
+                };
+                let found = unsafe { $proto.get(&pk) }.or_else(|| unsafe { $proto.get(&other) });
+                let Some(first) = found else {
+                    return (policy, NO_RULE);
+                };
+                // The accumulator lives in per-CPU map memory: whatever path led here, the
+                // verifier sees the same state afterwards and prunes.
+                let Some(accp) = ACC.get_ptr_mut(0) else {
+                    return (ACT_DROP, NO_RULE);
+                };
+                // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
+                let acc = unsafe { &mut *accp };
+                acc.w = first.w;
+                let done = 'dims: {
+                    let ik = IfKey {
+                        chain,
+                        ifindex: q.iif,
+                    };
+                    let ib = unsafe { $iif.get(&ik) }
+                        .or_else(|| unsafe { $iif.get(&IfKey { chain, ifindex: 0 }) });
+                    if !step(acc, ib) {
+                        break 'dims true;
+                    }
+                    let ok = IfKey {
+                        chain,
+                        ifindex: q.oif,
+                    };
+                    let ob = unsafe { $oif.get(&ok) }
+                        .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
+                    if !step(acc, ob) {
+                        break 'dims true;
+                    }
+                    if !step(acc, $ct.get(chain * ct::SLOTS + q.state)) {
+                        break 'dims true;
+                    }
+                    if !step_masked(
+                        acc,
+                        $src.get(addr_key(chain, &q.p, &q.p.src)),
+                        $masks.get(chain * 4 + dim::SRC),
+                    ) {
+                        break 'dims true;
+                    }
+                    if !step_masked(
+                        acc,
+                        $dst.get(addr_key(chain, &q.p, &q.p.dst)),
+                        $masks.get(chain * 4 + dim::DST),
+                    ) {
+                        break 'dims true;
+                    }
+                    if q.p.has_ports {
+                        if !step_masked(
+                            acc,
+                            $sport.get(port_key(chain, q.p.sport)),
+                            $masks.get(chain * 4 + dim::SPORT),
+                        ) {
+                            break 'dims true;
+                        }
+                        if !step_masked(
+                            acc,
+                            $dport.get(port_key(chain, q.p.dport)),
+                            $masks.get(chain * 4 + dim::DPORT),
+                        ) {
+                            break 'dims true;
+                        }
+                    }
+                    false
+                };
+                let rule = if done { None } else { acc.first() };
+                let (action, idx) = match rule {
+                    Some(r) if (r as u32) < nrules => {
+                        let r = r as u32;
+                        match $rules.get(chain * MAX_RULES as u32 + r) {
+                            Some(ri) => (ri.action, r),
+                            None => (ACT_DROP, r),
+                        }
+                    }
+                    _ => (policy, NO_RULE),
+                };
+                let slot = if idx == NO_RULE {
+                    MAX_RULES as u32 - 1
+                } else {
+                    idx
+                };
+                if !q.count {
+                    return (action, idx);
+                }
+                if let Some(c) = $counters.get_ptr_mut(chain * MAX_RULES as u32 + slot) {
+                    // SAFETY: per-CPU slot of a successful lookup.
+                    unsafe {
+                        (*c).packets += 1;
+                        (*c).bytes += q.p.len as u64;
+                    }
+                }
+                (action, idx)
+            }
         }
     };
 }
@@ -689,31 +763,74 @@ fn hooks_of(slot: u32, idx: u32) -> Option<&'static HookChains> {
     }
 }
 
+/// State shared with the per-chain callback of `bpf_loop`.
+#[repr(C)]
+struct LoopCtx {
+    q: Query,
+    slot: u32,
+    /// Index into `HOOKS`.
+    hook_idx: u32,
+    /// Set when a chain refused the packet.
+    refused: u32,
+}
+
+/// One iteration: evaluate chain `index` of the hook. The verifier checks this body once per
+/// `bpf_loop` call site, whatever the number of chains.
+extern "C" fn chain_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is the LoopCtx on the caller's stack that bpf_loop hands back.
+    let lc = unsafe { &mut *(ctx as *mut LoopCtx) };
+    let Some(hc) = hooks_of(lc.slot, lc.hook_idx) else {
+        return 1;
+    };
+    let i = index as usize;
+    if i >= MAX_HOOK_CHAINS {
+        return 1;
+    }
+    lc.q.chain = hc.chains[i];
+    if lc.slot == 0 {
+        eval0(&lc.q);
+    } else {
+        eval1(&lc.q);
+    }
+    let a = match SCRATCH.get(0) {
+        Some(sc) => sc.action,
+        None => ACT_DROP as u32,
+    };
+    if a != ACT_ACCEPT as u32 {
+        lc.refused = 1;
+        return 1;
+    }
+    0
+}
+
 /// Run every chain of `hk` for the packet; false when the packet was refused.
 #[inline(always)]
-fn run_hook(slot: u32, hk: u32, q: &mut Query, out: &mut Outcome) -> bool {
+fn run_hook(slot: u32, hk: u32, q: &mut Query) -> bool {
     let fidx = if q.p.family == family::V4 { 0 } else { 1 };
-    let Some(hc) = hooks_of(slot, hk * 2 + fidx) else {
-        return true;
+    let hook_idx = hk * 2 + fidx;
+    let count = match hooks_of(slot, hook_idx) {
+        Some(hc) => hc.count.min(MAX_HOOK_CHAINS as u32),
+        None => return true,
     };
-    let count = hc.count;
-    let mut i = 0;
-    while i < MAX_HOOK_CHAINS {
-        if i as u32 >= count {
-            break;
-        }
-        q.chain = hc.chains[i];
-        let (a, r) = if slot == 0 { eval0(q) } else { eval1(q) };
-        out.action = a;
-        out.chain = q.chain;
-        out.rule = r;
-        out.has_chain = true;
-        if a != ACT_ACCEPT {
-            return false;
-        }
-        i += 1;
+    if count == 0 {
+        return true;
     }
-    true
+    let mut lc = LoopCtx {
+        q: *q,
+        slot,
+        hook_idx,
+        refused: 0,
+    };
+    // SAFETY: bpf_loop calls `chain_step` with a pointer to `lc`, which outlives the call.
+    unsafe {
+        bpf_loop(
+            count,
+            chain_step as *mut core::ffi::c_void,
+            (&mut lc as *mut LoopCtx).cast(),
+            0,
+        );
+    }
+    lc.refused == 0
 }
 
 const PATH_INPUT: u32 = 0;
@@ -721,7 +838,7 @@ const PATH_FORWARD: u32 = 1;
 
 /// Evaluate the packet's path: (prerouting, forward, postrouting) or (prerouting, input).
 #[inline(never)]
-fn classify(route: &Route, p: &Pkt) -> Outcome {
+fn classify(route: &Route, p: &Pkt) -> u32 {
     let (slot, path, iif, oif, state, count) = (
         route.slot,
         route.path,
@@ -730,12 +847,15 @@ fn classify(route: &Route, p: &Pkt) -> Outcome {
         route.state,
         route.count,
     );
-    let mut out = Outcome {
-        action: ACT_ACCEPT,
-        chain: 0,
-        rule: NO_RULE,
-        has_chain: false,
-    };
+    if let Some(sc) = SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot of a successful lookup.
+        unsafe {
+            (*sc).action = ACT_ACCEPT as u32;
+            (*sc).chain = 0;
+            (*sc).rule = NO_RULE;
+            (*sc).has_chain = 0;
+        }
+    }
     let mut q = Query {
         count,
         chain: 0,
@@ -744,19 +864,38 @@ fn classify(route: &Route, p: &Pkt) -> Outcome {
         state,
         p: *p,
     };
-    if !run_hook(slot, hook::PREROUTING, &mut q, &mut out) {
-        return out;
+    if !run_hook(slot, hook::PREROUTING, &mut q) {
+        return 0;
     }
     if path == PATH_FORWARD {
         q.oif = oif;
-        if !run_hook(slot, hook::FORWARD, &mut q, &mut out) {
-            return out;
+        if !run_hook(slot, hook::FORWARD, &mut q) {
+            return 0;
         }
-        let _ = run_hook(slot, hook::POSTROUTING, &mut q, &mut out);
+        let _ = run_hook(slot, hook::POSTROUTING, &mut q);
     } else {
-        let _ = run_hook(slot, hook::INPUT, &mut q, &mut out);
+        let _ = run_hook(slot, hook::INPUT, &mut q);
     }
-    out
+    0
+}
+
+/// The outcome `classify` left in `SCRATCH` (drop when unreadable: fail closed).
+#[inline(always)]
+fn outcome() -> Outcome {
+    match SCRATCH.get(0) {
+        Some(sc) => Outcome {
+            action: sc.action as u8,
+            chain: sc.chain,
+            rule: sc.rule,
+            has_chain: sc.has_chain != 0,
+        },
+        None => Outcome {
+            action: ACT_DROP,
+            chain: 0,
+            rule: NO_RULE,
+            has_chain: false,
+        },
+    }
 }
 
 /// Kernel layout of `struct bpf_fib_lookup` (64 bytes), unions flattened.
@@ -785,6 +924,8 @@ const FIB_NOT_FWDED: i64 = 4;
 const FIB_NO_NEIGH: i64 = 7;
 
 /// Path of a packet, the interfaces the chains see, and how to evaluate it.
+#[repr(C)]
+#[derive(Clone, Copy)]
 struct Route {
     slot: u32,
     path: u32,
@@ -886,13 +1027,18 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
         Some(i) => i.l2_len as usize,
         None => 14,
     };
-    let p = match parse(ctx, l2 & 0xff, ethertype) {
+    let Some(w) = WORK.get_ptr_mut(0) else {
+        return Err(());
+    };
+    // SAFETY: per-CPU slot of a successful lookup; the packet is parsed in place.
+    let p = unsafe { &mut (*w).p };
+    match parse(ctx, l2 & 0xff, ethertype, p) {
         Parse::NotIp => return Ok(TC_ACT_OK),
         Parse::Bad => return Err(()),
-        Parse::Ok(p) => p,
-    };
+        Parse::Ok => {}
+    }
     let probe = cfg.flags & flags::PROBE != 0 && ctx.cb()[0] == PROBE_MAGIC;
-    let state = ct_state(ctx, l2 & 0xff, &p);
+    let state = ct_state(ctx, l2 & 0xff, p);
     let slot = cfg.active & 1;
     let r = if probe {
         let cb = ctx.cb();
@@ -905,7 +1051,7 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
             count: true,
         }
     } else {
-        let (path, oif) = route(ctx, &p, ifindex);
+        let (path, oif) = route(ctx, p, ifindex);
         Route {
             slot,
             path,
@@ -915,18 +1061,38 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
             count: true,
         }
     };
-    let out = classify(&r, &p);
+    // SAFETY: as above.
+    unsafe { (*w).r = r };
+    classify_work();
+    Ok(finish_tc(probe))
+}
+
+/// Classify the packet in `WORK`.
+#[inline(never)]
+fn classify_work() -> u32 {
+    match WORK.get(0) {
+        Some(w) => classify(&w.r, &w.p),
+        None => 0,
+    }
+}
+
+/// Act on the outcome of `WORK`'s packet: conntrack, probe record, tc verdict.
+#[inline(never)]
+fn finish_tc(probe: bool) -> i32 {
+    let out = outcome();
     if probe {
         record(&out);
     }
     match out.action {
         ACT_ACCEPT => {
-            ct_commit(&p, state);
-            Ok(TC_ACT_OK)
+            if let Some(w) = WORK.get(0) {
+                ct_commit(&w.p, w.r.state);
+            }
+            TC_ACT_OK
         }
         // Reject: the ICMP answer is not generated in tc (see README); the packet is refused.
-        ACT_REJECT | ACT_DROP => Ok(TC_ACT_SHOT),
-        _ => Err(()),
+        ACT_REJECT | ACT_DROP => TC_ACT_SHOT,
+        _ => TC_ACT_SHOT,
     }
 }
 
@@ -963,14 +1129,19 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
             _ => return Ok(xdp_action::XDP_PASS),
         }
     };
-    let p = match parse(ctx, l2 & 0xff, ethertype) {
+    let Some(w) = WORK.get_ptr_mut(0) else {
+        return Err(());
+    };
+    // SAFETY: per-CPU slot of a successful lookup; the packet is parsed in place.
+    let p = unsafe { &mut (*w).p };
+    match parse(ctx, l2 & 0xff, ethertype, p) {
         Parse::NotIp => return Ok(xdp_action::XDP_PASS),
         Parse::Bad => return Err(()),
-        Parse::Ok(p) => p,
-    };
-    let (path, oif) = route(ctx, &p, ifindex);
-    let state = ct_state(ctx, l2 & 0xff, &p);
-    let mut r = Route {
+        Parse::Ok => {}
+    }
+    let (path, oif) = route(ctx, p, ifindex);
+    let state = ct_state(ctx, l2 & 0xff, p);
+    let r = Route {
         slot: cfg.active & 1,
         path,
         iif: ifindex,
@@ -978,14 +1149,25 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         state,
         count: false,
     };
-    let out = classify(&r, &p);
-    if out.action == ACT_DROP {
-        // Count what XDP drops (tc never sees it): the same evaluation, counting.
-        r.count = true;
-        let _ = classify(&r, &p);
-        return Ok(xdp_action::XDP_DROP);
+    // SAFETY: as above.
+    unsafe { (*w).r = r };
+    Ok(finish_xdp())
+}
+
+/// Classify `WORK`'s packet; drop it here only when the verdict is drop.
+#[inline(never)]
+fn finish_xdp() -> u32 {
+    classify_work();
+    if outcome().action != ACT_DROP {
+        return xdp_action::XDP_PASS;
     }
-    Ok(xdp_action::XDP_PASS)
+    // Count what XDP drops (tc never sees it): the same evaluation, counting.
+    if let Some(w) = WORK.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot of a successful lookup.
+        unsafe { (*w).r.count = true };
+    }
+    classify_work();
+    xdp_action::XDP_DROP
 }
 
 #[cfg(not(test))]

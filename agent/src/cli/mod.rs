@@ -84,6 +84,8 @@ pub enum Engine {
     Reference,
     /// The real kernel: a scratch namespace with the nftables rendering loaded.
     Nftables,
+    /// The real eBPF datapath, loaded with the policy, run on the packet (BPF_PROG_TEST_RUN).
+    Bpf,
 }
 
 /// Output format.
@@ -289,6 +291,22 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     let mut probe = NftProbe::new(&compiled.policy, &probe::interfaces_of([&pkt]))
                         .context("building the scratch gateway")
                         .map_err(runtime)?;
+                    probe.verdict(&pkt).map_err(|e| match e {
+                        probe::ProbeError::Unsupported(_) => input(e),
+                        other => runtime(other),
+                    })?
+                }
+                Engine::Bpf => {
+                    let parent = crate::backend::bpf::loader::ensure_bpffs()
+                        .context("bpf filesystem")
+                        .map_err(runtime)?;
+                    let mut probe = probe::bpf::BpfProbe::new(
+                        &compiled.policy,
+                        &probe::interfaces_of([&pkt]),
+                        &parent,
+                    )
+                    .context("loading the eBPF datapath")
+                    .map_err(runtime)?;
                     probe.verdict(&pkt).map_err(|e| match e {
                         probe::ProbeError::Unsupported(_) => input(e),
                         other => runtime(other),

@@ -12,6 +12,7 @@
 //! `conntrack -I`, `untracked` with a `notrack` rule at raw priority, `invalid` with a corrupt
 //! TCP/UDP checksum or an unsolicited ICMP echo reply.
 
+pub mod bpf;
 pub mod packet;
 pub mod sock;
 
@@ -52,7 +53,7 @@ pub enum ProbeError {
         source: std::io::Error,
     },
     /// The packet cannot be reproduced in a scratch kernel.
-    #[error("cannot probe this packet with the nftables engine: {0}")]
+    #[error("cannot probe this packet: {0}")]
     Unsupported(String),
     /// Observation and counters disagree (a bug in peerwall or an unexpected kernel behaviour).
     #[error(
@@ -66,6 +67,9 @@ pub enum ProbeError {
         /// Packet.
         packet: String,
     },
+    /// The bpf datapath failed.
+    #[error(transparent)]
+    Bpf(crate::backend::bpf::loader::BpfError),
     /// Output of `ip` was not understood.
     #[error("could not read interface {0} from `ip -j link`")]
     Link(String),

@@ -3,3 +3,4 @@
 //! - [`compile`]: pure IR → map contents, plus a datapath simulator for tests.
 
 pub mod compile;
+pub mod loader;

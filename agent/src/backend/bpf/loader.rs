@@ -1,0 +1,1089 @@
+//! The kernel edge of the bpf backend: load the embedded object, pin maps and links under a
+//! bpffs directory, attach to interfaces (tcx ingress; XDP for early drop), write policies into
+//! the idle copy of the maps and switch with one store, read counters.
+//!
+//! Pins (default `/sys/fs/bpf/peerwall/`): every map by its name (`SRC0`, `DST1`, `CONFIG`, ...),
+//! and links as `links/<ifname>.tc` / `links/<ifname>.xdp`. Pinned links keep the programs
+//! attached when the agent exits; a restarted agent reuses the pinned maps and links it finds,
+//! so enforcement has no gap.
+
+use std::collections::{BTreeMap, HashMap};
+use std::ffi::CStr;
+use std::path::{Path, PathBuf};
+
+use aya::maps::lpm_trie::{Key, LpmTrie};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::programs::links::{FdLink, LinkOrder, PinnedLink};
+use aya::programs::tc::{TcAttachOptions, TcAttachType};
+use aya::programs::{SchedClassifier, Xdp, XdpMode};
+use aya::{Ebpf, EbpfLoader, Pod};
+use ipnet::IpNet;
+use peerwall_common::{
+    AddrKeyData, Bitmap, ChainInfo, Config, Counter, DimMasks, HookChains, IfKey, IfaceInfo,
+    PortKeyData, ProtoKey, RuleInfo, ADDR_KEY_FIXED_BITS, MAX_RULES, PORT_KEY_FIXED_BITS,
+};
+
+use super::compile::{self, family_code, BpfPolicy, ChainMaps, Iface};
+use crate::ir;
+
+/// The eBPF object, built by `agent/build.rs` from `ebpf/`.
+pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/peerwall"));
+
+/// Default pin directory.
+pub const PIN_DIR: &str = "/sys/fs/bpf/peerwall";
+/// Name of the tc program in the object.
+pub const TC_PROGRAM: &str = "peerwall_tc";
+/// Name of the XDP program in the object.
+pub const XDP_PROGRAM: &str = "peerwall_xdp";
+
+/// Failures of the bpf backend.
+#[derive(Debug, thiserror::Error)]
+pub enum BpfError {
+    /// bpffs is not mounted where pins go.
+    #[error("{0} is not on a bpf filesystem: mount it with `mount -t bpf bpf /sys/fs/bpf`")]
+    NoBpffs(PathBuf),
+    /// Loading or verifying the object failed.
+    #[error("loading the eBPF object: {0}")]
+    Load(#[from] aya::EbpfError),
+    /// A program operation failed.
+    #[error("{what}: {source}")]
+    Program {
+        /// What was attempted.
+        what: String,
+        /// Cause.
+        source: aya::programs::ProgramError,
+    },
+    /// A map operation failed.
+    #[error("map {map}: {source}")]
+    Map {
+        /// Map name.
+        map: String,
+        /// Cause.
+        source: aya::maps::MapError,
+    },
+    /// A map missing from the object.
+    #[error("map {0} is missing from the eBPF object")]
+    MissingMap(String),
+    /// A program missing from the object.
+    #[error("program {0} is missing from the eBPF object")]
+    MissingProgram(String),
+    /// Pinning failed.
+    #[error("pinning {path}: {source}")]
+    Pin {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        source: aya::pin::PinError,
+    },
+    /// Reading a pinned link failed.
+    #[error("reading pinned link {path}: {source}")]
+    Link {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        source: aya::programs::links::LinkError,
+    },
+    /// Filesystem work failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// Path.
+        path: PathBuf,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// The policy does not fit the datapath.
+    #[error(transparent)]
+    Compile(#[from] compile::BpfCompileError),
+    /// No interface matched the attach patterns.
+    #[error("no interface matches {0:?}")]
+    NoInterface(Vec<String>),
+}
+
+fn map_err(map: &str) -> impl FnOnce(aya::maps::MapError) -> BpfError + '_ {
+    move |source| BpfError::Map {
+        map: map.to_string(),
+        source,
+    }
+}
+
+/// An interface of this network namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostIface {
+    /// Name.
+    pub name: String,
+    /// Index.
+    pub ifindex: u32,
+    /// Bytes before the IP header: 14 for Ethernet, 0 for L3 devices (WireGuard, TUN).
+    pub l2_len: u32,
+}
+
+/// Interfaces of the calling thread's network namespace (netlink via `if_nameindex`, device
+/// type via `SIOCGIFHWADDR`), so it works on a thread that entered another namespace.
+pub fn host_ifaces() -> std::io::Result<Vec<HostIface>> {
+    // SAFETY: if_nameindex returns a heap array terminated by a zero entry, freed below.
+    let list = unsafe { libc::if_nameindex() };
+    if list.is_null() {
+        return Err(std::io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut i = 0;
+    loop {
+        // SAFETY: within the array until the terminating entry.
+        let e = unsafe { &*list.add(i) };
+        if e.if_index == 0 || e.if_name.is_null() {
+            break;
+        }
+        // SAFETY: if_name is a NUL-terminated string owned by the array.
+        let name = unsafe { CStr::from_ptr(e.if_name) }
+            .to_string_lossy()
+            .into_owned();
+        out.push((name, e.if_index));
+        i += 1;
+    }
+    // SAFETY: `list` came from if_nameindex.
+    unsafe { libc::if_freenameindex(list) };
+    // SAFETY: plain socket(2) call for the ioctl below; closed on drop via OwnedFd.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh descriptor we own.
+    let sock = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let mut ifaces = Vec::new();
+    for (name, ifindex) in out {
+        // SAFETY: ifreq is plain old data; zeroed is a valid start.
+        let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (d, s) in req.ifr_name.iter_mut().zip(name.bytes().take(15)) {
+            *d = s as libc::c_char;
+        }
+        // SAFETY: SIOCGIFHWADDR fills ifr_hwaddr of a valid ifreq.
+        let rc = unsafe {
+            libc::ioctl(
+                std::os::fd::AsRawFd::as_raw_fd(&sock),
+                libc::SIOCGIFHWADDR,
+                &mut req,
+            )
+        };
+        // SAFETY: the union member ifru_hwaddr is what SIOCGIFHWADDR wrote.
+        let family = unsafe { req.ifr_ifru.ifru_hwaddr.sa_family };
+        let l2_len = if rc == 0 && family == libc::ARPHRD_ETHER {
+            14
+        } else {
+            0
+        };
+        ifaces.push(HostIface {
+            name,
+            ifindex,
+            l2_len,
+        });
+    }
+    Ok(ifaces)
+}
+
+/// Interfaces whose names match a pattern (`name`, or `prefix*`).
+pub fn matching<'a>(ifaces: &'a [HostIface], patterns: &[String]) -> Vec<&'a HostIface> {
+    ifaces
+        .iter()
+        .filter(|i| {
+            patterns.iter().any(|p| match p.strip_suffix('*') {
+                Some(prefix) => i.name.starts_with(prefix),
+                None => i.name == *p,
+            })
+        })
+        .collect()
+}
+
+fn is_bpffs(path: &Path) -> bool {
+    // SAFETY: statfs on a NUL-terminated path into a zeroed struct.
+    let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::statfs(c.as_ptr(), &mut st) };
+    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+    rc == 0 && st.f_type as i64 == BPF_FS_MAGIC
+}
+
+/// Make sure `/sys/fs/bpf` is a bpf filesystem (mounting it when absent); returns it.
+pub fn ensure_bpffs() -> Result<PathBuf, BpfError> {
+    let root = PathBuf::from("/sys/fs/bpf");
+    if is_bpffs(&root) {
+        return Ok(root);
+    }
+    std::fs::create_dir_all(&root).map_err(|source| BpfError::Io {
+        path: root.clone(),
+        source,
+    })?;
+    let c = |s: &str| std::ffi::CString::new(s).unwrap_or_default();
+    let (src, target, fstype) = (c("bpf"), c("/sys/fs/bpf"), c("bpf"));
+    // SAFETY: mount(2) with NUL-terminated strings and no data.
+    let rc = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 || !is_bpffs(&root) {
+        return Err(BpfError::NoBpffs(root));
+    }
+    tracing::info!("mounted bpffs on /sys/fs/bpf");
+    Ok(root)
+}
+
+/// What a slot's maps hold, as written by this process (for O(changes) updates).
+type SlotContents = Option<BpfPolicy>;
+
+/// What an apply did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct BpfApplyReport {
+    /// Slot now live.
+    pub active: u32,
+    /// Map entries written or deleted.
+    pub entries_changed: usize,
+    /// Whether the change went to the idle slot and was switched to (else: in place).
+    pub switched: bool,
+    /// Trie prefixes in the policy.
+    pub prefixes: usize,
+}
+
+/// The loaded datapath.
+pub struct BpfBackend {
+    ebpf: Ebpf,
+    pin_dir: PathBuf,
+    slots: [SlotContents; 2],
+    active: u32,
+    policy: Option<BpfPolicy>,
+}
+
+impl std::fmt::Debug for BpfBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BpfBackend")
+            .field("pin_dir", &self.pin_dir)
+            .field("active", &self.active)
+            .finish()
+    }
+}
+
+/// Changes at most this many entries in place; more go through the idle slot.
+const IN_PLACE_LIMIT: usize = 256;
+
+impl BpfBackend {
+    /// Load the object with its maps pinned in `pin_dir` (reusing maps already pinned there).
+    pub fn load(pin_dir: &Path) -> Result<Self, BpfError> {
+        let parent = pin_dir.parent().unwrap_or(Path::new("/"));
+        if !is_bpffs(parent) && !is_bpffs(pin_dir) {
+            return Err(BpfError::NoBpffs(parent.to_path_buf()));
+        }
+        std::fs::create_dir_all(pin_dir.join("links")).map_err(|source| BpfError::Io {
+            path: pin_dir.to_path_buf(),
+            source,
+        })?;
+        let ebpf = EbpfLoader::new()
+            .default_map_pin_directory(pin_dir)
+            .load(OBJECT)?;
+        let mut b = Self {
+            ebpf,
+            pin_dir: pin_dir.to_path_buf(),
+            slots: [None, None],
+            active: 0,
+            policy: None,
+        };
+        b.active = b.config()?.active & 1;
+        Ok(b)
+    }
+
+    /// Pin directory.
+    pub fn pin_dir(&self) -> &Path {
+        &self.pin_dir
+    }
+
+    fn map(&mut self, name: &str) -> Result<&mut aya::maps::Map, BpfError> {
+        self.ebpf
+            .map_mut(name)
+            .ok_or_else(|| BpfError::MissingMap(name.to_string()))
+    }
+
+    /// Current `CONFIG[0]`.
+    pub fn config(&mut self) -> Result<Config, BpfError> {
+        let m: Array<&mut MapData, Config> =
+            Array::try_from(self.map("CONFIG")?).map_err(map_err("CONFIG"))?;
+        m.get(&0, 0).map_err(map_err("CONFIG"))
+    }
+
+    fn set_config(&mut self, c: Config) -> Result<(), BpfError> {
+        let mut m: Array<&mut MapData, Config> =
+            Array::try_from(self.map("CONFIG")?).map_err(map_err("CONFIG"))?;
+        m.set(0, c, 0).map_err(map_err("CONFIG"))
+    }
+
+    /// Emergency switch: pass everything (true) or enforce again (false).
+    pub fn set_allow_all(&mut self, on: bool) -> Result<(), BpfError> {
+        let mut c = self.config()?;
+        if on {
+            c.flags |= peerwall_common::flags::ALLOW_ALL;
+        } else {
+            c.flags &= !peerwall_common::flags::ALLOW_ALL;
+        }
+        self.set_config(c)
+    }
+
+    /// Turn probe mode on (scratch engine only).
+    pub fn set_probe_mode(&mut self) -> Result<(), BpfError> {
+        let mut c = self.config()?;
+        c.flags |= peerwall_common::flags::PROBE;
+        self.set_config(c)
+    }
+
+    /// Tell the datapath how each interface frames packets.
+    pub fn register_ifaces(&mut self, ifaces: &[HostIface]) -> Result<(), BpfError> {
+        let mut m: BpfHashMap<&mut MapData, u32, IfaceInfo> =
+            BpfHashMap::try_from(self.map("IFACES")?).map_err(map_err("IFACES"))?;
+        for i in ifaces {
+            m.insert(i.ifindex, IfaceInfo { l2_len: i.l2_len }, 0)
+                .map_err(map_err("IFACES"))?;
+        }
+        Ok(())
+    }
+
+    /// Attach the tc program (tcx ingress) to an interface, and XDP when asked; pin the links.
+    /// An interface that already has a pinned link keeps it (adoption without a gap).
+    pub fn attach(&mut self, iface: &HostIface, xdp: bool) -> Result<(), BpfError> {
+        self.register_ifaces(std::slice::from_ref(iface))?;
+        let tc_pin = self
+            .pin_dir
+            .join("links")
+            .join(format!("{}.tc", iface.name));
+        if !tc_pin.exists() {
+            let prog: &mut SchedClassifier = self
+                .ebpf
+                .program_mut(TC_PROGRAM)
+                .ok_or_else(|| BpfError::MissingProgram(TC_PROGRAM.into()))?
+                .try_into()
+                .map_err(|source| BpfError::Program {
+                    what: "tc program type".into(),
+                    source,
+                })?;
+            if prog.fd().is_err() {
+                prog.load().map_err(|source| BpfError::Program {
+                    what: format!("loading {TC_PROGRAM} (verifier)"),
+                    source,
+                })?;
+            }
+            let id = prog
+                .attach_with_options(
+                    &iface.name,
+                    TcAttachType::Ingress,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )
+                .map_err(|source| BpfError::Program {
+                    what: format!("attaching tcx ingress on {}", iface.name),
+                    source,
+                })?;
+            let link = prog.take_link(id).map_err(|source| BpfError::Program {
+                what: "taking the tc link".into(),
+                source,
+            })?;
+            let fd: FdLink = link.try_into().map_err(|e| BpfError::Program {
+                what: format!("tc link on {} is not a bpf_link: {e}", iface.name),
+                source: aya::programs::ProgramError::NotAttached,
+            })?;
+            fd.pin(&tc_pin).map_err(|source| BpfError::Pin {
+                path: tc_pin.clone(),
+                source,
+            })?;
+        }
+        let xdp_pin = self
+            .pin_dir
+            .join("links")
+            .join(format!("{}.xdp", iface.name));
+        if xdp && iface.l2_len == 14 && !xdp_pin.exists() {
+            let prog: &mut Xdp = self
+                .ebpf
+                .program_mut(XDP_PROGRAM)
+                .ok_or_else(|| BpfError::MissingProgram(XDP_PROGRAM.into()))?
+                .try_into()
+                .map_err(|source| BpfError::Program {
+                    what: "xdp program type".into(),
+                    source,
+                })?;
+            if prog.fd().is_err() {
+                prog.load().map_err(|source| BpfError::Program {
+                    what: format!("loading {XDP_PROGRAM} (verifier)"),
+                    source,
+                })?;
+            }
+            // Native where the driver has it, generic (skb) otherwise.
+            let id = match prog.attach(&iface.name, XdpMode::Driver) {
+                Ok(id) => id,
+                Err(_) => {
+                    prog.attach(&iface.name, XdpMode::Skb)
+                        .map_err(|source| BpfError::Program {
+                            what: format!("attaching XDP on {}", iface.name),
+                            source,
+                        })?
+                }
+            };
+            let link = prog.take_link(id).map_err(|source| BpfError::Program {
+                what: "taking the xdp link".into(),
+                source,
+            })?;
+            let fd: FdLink = link.try_into().map_err(|e| BpfError::Program {
+                what: format!("xdp link on {} is not a bpf_link: {e}", iface.name),
+                source: aya::programs::ProgramError::NotAttached,
+            })?;
+            fd.pin(&xdp_pin).map_err(|source| BpfError::Pin {
+                path: xdp_pin.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Interfaces with a pinned link (attached).
+    pub fn attached(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.pin_dir.join("links"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    /// Write `policy` for a host with `ifaces`: small trie-only changes in place on the live
+    /// slot (each entry update is atomic and no other map changes), everything else into the
+    /// idle slot followed by one switch of `CONFIG.active`.
+    pub fn apply(
+        &mut self,
+        policy: &ir::Policy,
+        ifaces: &[Iface],
+    ) -> Result<BpfApplyReport, BpfError> {
+        let new = compile::compile(policy, ifaces)?;
+        let prefixes = new.prefix_count();
+        let active = self.active as usize;
+        if let Some(live) = &self.slots[active] {
+            if only_trie_entries_differ(live, &new) {
+                let changes = count_changes(live, &new);
+                if changes <= IN_PLACE_LIMIT {
+                    let live = live.clone();
+                    let n = self.write_slot(self.active, Some(&live), &new)?;
+                    self.slots[active] = Some(new.clone());
+                    self.policy = Some(new);
+                    return Ok(BpfApplyReport {
+                        active: self.active,
+                        entries_changed: n,
+                        switched: false,
+                        prefixes,
+                    });
+                }
+            }
+        }
+        let idle = self.active ^ 1;
+        let old = self.slots[idle as usize].clone();
+        let n = self.write_slot(idle, old.as_ref(), &new)?;
+        let mut c = self.config()?;
+        c.active = idle;
+        self.set_config(c)?;
+        self.active = idle;
+        self.slots[idle as usize] = Some(new.clone());
+        self.policy = Some(new);
+        Ok(BpfApplyReport {
+            active: idle,
+            entries_changed: n,
+            switched: true,
+            prefixes,
+        })
+    }
+
+    /// The policy as last written.
+    pub fn policy(&self) -> Option<&BpfPolicy> {
+        self.policy.as_ref()
+    }
+
+    /// Live slot.
+    pub fn active_slot(&self) -> u32 {
+        self.active
+    }
+
+    fn write_slot(
+        &mut self,
+        slot: u32,
+        old: Option<&BpfPolicy>,
+        new: &BpfPolicy,
+    ) -> Result<usize, BpfError> {
+        let s = slot.to_string();
+        let mut n = 0;
+        n += sync_trie(
+            self.map(&format!("SRC{s}"))?,
+            &format!("SRC{s}"),
+            old.map(|o| addr_entries(o, |c| &c.src)),
+            addr_entries(new, |c| &c.src),
+        )?;
+        n += sync_trie(
+            self.map(&format!("DST{s}"))?,
+            &format!("DST{s}"),
+            old.map(|o| addr_entries(o, |c| &c.dst)),
+            addr_entries(new, |c| &c.dst),
+        )?;
+        n += sync_trie(
+            self.map(&format!("SPORT{s}"))?,
+            &format!("SPORT{s}"),
+            old.map(|o| port_entries(o, |c| &c.sport)),
+            port_entries(new, |c| &c.sport),
+        )?;
+        n += sync_trie(
+            self.map(&format!("DPORT{s}"))?,
+            &format!("DPORT{s}"),
+            old.map(|o| port_entries(o, |c| &c.dport)),
+            port_entries(new, |c| &c.dport),
+        )?;
+        n += sync_hash(
+            self.map(&format!("PROTO{s}"))?,
+            &format!("PROTO{s}"),
+            old.map(proto_entries),
+            proto_entries(new),
+        )?;
+        n += sync_hash(
+            self.map(&format!("IIF{s}"))?,
+            &format!("IIF{s}"),
+            old.map(|o| if_entries(o, |c| &c.iif)),
+            if_entries(new, |c| &c.iif),
+        )?;
+        n += sync_hash(
+            self.map(&format!("OIF{s}"))?,
+            &format!("OIF{s}"),
+            old.map(|o| if_entries(o, |c| &c.oif)),
+            if_entries(new, |c| &c.oif),
+        )?;
+        n += sync_array(
+            self.map(&format!("CT{s}"))?,
+            &format!("CT{s}"),
+            old.map(ct_entries),
+            ct_entries(new),
+            Bitmap::EMPTY,
+        )?;
+        let empty_masks = DimMasks {
+            any: Bitmap::EMPTY,
+            neg: Bitmap::EMPTY,
+        };
+        n += sync_array(
+            self.map(&format!("MASKS{s}"))?,
+            &format!("MASKS{s}"),
+            old.map(mask_entries),
+            mask_entries(new),
+            empty_masks,
+        )?;
+        n += sync_array(
+            self.map(&format!("RULES{s}"))?,
+            &format!("RULES{s}"),
+            old.map(rule_entries),
+            rule_entries(new),
+            RuleInfo {
+                action: 1,
+                counter: 0,
+                _pad: [0; 2],
+            },
+        )?;
+        n += sync_array(
+            self.map(&format!("CHAINS{s}"))?,
+            &format!("CHAINS{s}"),
+            old.map(chain_entries),
+            chain_entries(new),
+            ChainInfo {
+                rules: 0,
+                policy: 1,
+                _pad: [0; 3],
+            },
+        )?;
+        // Hooks last: a chain becomes reachable only once all its maps are written.
+        n += sync_array(
+            self.map(&format!("HOOKS{s}"))?,
+            &format!("HOOKS{s}"),
+            old.map(hook_entries),
+            hook_entries(new),
+            HookChains {
+                count: 0,
+                chains: [0; peerwall_common::MAX_HOOK_CHAINS],
+            },
+        )?;
+        if old.is_none() {
+            self.zero_counters(slot)?;
+        }
+        Ok(n)
+    }
+
+    fn zero_counters(&mut self, slot: u32) -> Result<(), BpfError> {
+        let name = format!("COUNTERS{slot}");
+        let mut m: PerCpuArray<&mut MapData, Counter> =
+            PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
+        let ncpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Io {
+            path: "/sys/devices/system/cpu/possible".into(),
+            source,
+        })?;
+        let len = m.len();
+        for i in 0..len {
+            let zero = aya::maps::PerCpuValues::try_from(vec![Counter::default(); ncpus]).map_err(
+                |source| BpfError::Io {
+                    path: PathBuf::from(&name),
+                    source,
+                },
+            )?;
+            m.set(i, zero, 0).map_err(map_err(&name))?;
+        }
+        Ok(())
+    }
+
+    /// Packets and bytes per rule (and per chain policy) of the live slot, summed over CPUs.
+    pub fn counters(&mut self) -> Result<Vec<crate::backend::nftables::RuleCounter>, BpfError> {
+        let Some(p) = self.policy.clone() else {
+            return Ok(Vec::new());
+        };
+        let name = format!("COUNTERS{}", self.active);
+        let m: PerCpuArray<&mut MapData, Counter> =
+            PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
+        let mut out = Vec::new();
+        for c in &p.chains {
+            let mut read = |idx: u32, rule: String| -> Result<(), BpfError> {
+                let v = m
+                    .get(&(c.id * MAX_RULES as u32 + idx), 0)
+                    .map_err(map_err(&name))?;
+                let (packets, bytes) = v
+                    .iter()
+                    .fold((0, 0), |(p, b), x| (p + x.packets, b + x.bytes));
+                out.push(crate::backend::nftables::RuleCounter {
+                    table: c.table.clone(),
+                    chain: c.chain.clone(),
+                    rule,
+                    packets,
+                    bytes,
+                });
+                Ok(())
+            };
+            for (i, r) in c.rules.iter().enumerate() {
+                read(i as u32, r.name.clone())?;
+            }
+            read(MAX_RULES as u32 - 1, "(policy)".into())?;
+        }
+        Ok(out)
+    }
+
+    /// Insert a conntrack flow (probe engine: reproduce established/related states).
+    pub fn insert_flow(
+        &mut self,
+        key: peerwall_common::FlowKey,
+        replied: bool,
+    ) -> Result<(), BpfError> {
+        let mut m: aya::maps::HashMap<
+            &mut MapData,
+            peerwall_common::FlowKey,
+            peerwall_common::FlowState,
+        > = aya::maps::HashMap::try_from(self.map("FLOWS")?).map_err(map_err("FLOWS"))?;
+        // Monotonic clock of the kernel (bpf_ktime_get_ns).
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into `ts`.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        m.insert(
+            key,
+            peerwall_common::FlowState {
+                last_seen_ns: now,
+                replied: u8::from(replied),
+                _pad: [0; 7],
+            },
+            0,
+        )
+        .map_err(map_err("FLOWS"))
+    }
+
+    /// Forget every conntrack flow.
+    pub fn flush_flows(&mut self) -> Result<(), BpfError> {
+        let mut m: aya::maps::HashMap<
+            &mut MapData,
+            peerwall_common::FlowKey,
+            peerwall_common::FlowState,
+        > = aya::maps::HashMap::try_from(self.map("FLOWS")?).map_err(map_err("FLOWS"))?;
+        let keys: Vec<peerwall_common::FlowKey> = m.keys().filter_map(Result::ok).collect();
+        for k in keys {
+            let _ = m.remove(&k);
+        }
+        Ok(())
+    }
+
+    /// The tc program (for BPF_PROG_TEST_RUN).
+    pub fn tc_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut(TC_PROGRAM)
+            .ok_or_else(|| BpfError::MissingProgram(TC_PROGRAM.into()))?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                what: "tc program type".into(),
+                source,
+            })?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|source| BpfError::Program {
+                what: format!("loading {TC_PROGRAM} (verifier)"),
+                source,
+            })?;
+        }
+        Ok(prog)
+    }
+
+    /// Map access for the probe engine.
+    pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map, BpfError> {
+        self.map(name)
+    }
+}
+
+/// Remove every pin under `pin_dir` (links first: that detaches the programs), then the dir.
+pub fn remove_pins(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BpfError::Io { path, source }
+    };
+    let mut removed = Vec::new();
+    let links = pin_dir.join("links");
+    if links.exists() {
+        for e in std::fs::read_dir(&links).map_err(io(&links))? {
+            let p = e.map_err(io(&links))?.path();
+            // Unpinning the link detaches it.
+            let l = PinnedLink::from_pin(&p).map_err(|source| BpfError::Link {
+                path: p.clone(),
+                source,
+            })?;
+            l.unpin().map_err(|source| BpfError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            removed.push(p.display().to_string());
+        }
+        std::fs::remove_dir(&links).map_err(io(&links))?;
+    }
+    if pin_dir.exists() {
+        for e in std::fs::read_dir(pin_dir).map_err(io(pin_dir))? {
+            let p = e.map_err(io(pin_dir))?.path();
+            std::fs::remove_file(&p).map_err(io(&p))?;
+            removed.push(p.display().to_string());
+        }
+        std::fs::remove_dir(pin_dir).map_err(io(pin_dir))?;
+    }
+    Ok(removed)
+}
+
+fn only_trie_entries_differ(a: &BpfPolicy, b: &BpfPolicy) -> bool {
+    a.hooks == b.hooks
+        && a.chains.len() == b.chains.len()
+        && a.chains.iter().zip(&b.chains).all(|(x, y)| {
+            x.rules == y.rules
+                && x.proto == y.proto
+                && x.iif == y.iif
+                && x.oif == y.oif
+                && x.ct == y.ct
+                && x.masks == y.masks
+                && x.policy == y.policy
+        })
+}
+
+fn count_changes(a: &BpfPolicy, b: &BpfPolicy) -> usize {
+    let diff = |x: BTreeMap<(u32, IpNet), Bitmap>, y: BTreeMap<(u32, IpNet), Bitmap>| {
+        x.iter().filter(|(k, v)| y.get(k) != Some(v)).count()
+            + y.keys().filter(|k| !x.contains_key(k)).count()
+    };
+    let pd = |x: BTreeMap<(u32, u16, u8), Bitmap>, y: BTreeMap<(u32, u16, u8), Bitmap>| {
+        x.iter().filter(|(k, v)| y.get(k) != Some(v)).count()
+            + y.keys().filter(|k| !x.contains_key(k)).count()
+    };
+    let am = |p: &BpfPolicy, f: fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>| {
+        p.chains
+            .iter()
+            .flat_map(|c| f(c).iter().map(move |(n, b)| ((c.id, *n), *b)))
+            .collect::<BTreeMap<_, _>>()
+    };
+    let pm = |p: &BpfPolicy, f: fn(&ChainMaps) -> &Vec<(u16, u8, Bitmap)>| {
+        p.chains
+            .iter()
+            .flat_map(|c| f(c).iter().map(move |(port, l, b)| ((c.id, *port, *l), *b)))
+            .collect::<BTreeMap<_, _>>()
+    };
+    diff(am(a, |c| &c.src), am(b, |c| &c.src))
+        + diff(am(a, |c| &c.dst), am(b, |c| &c.dst))
+        + pd(pm(a, |c| &c.sport), pm(b, |c| &c.sport))
+        + pd(pm(a, |c| &c.dport), pm(b, |c| &c.dport))
+}
+
+/// LPM key of an address prefix in a chain.
+pub fn addr_key(chain: u32, net: &IpNet) -> Key<AddrKeyData> {
+    let mut addr = [0u8; 16];
+    let fam = match net {
+        IpNet::V4(n) => {
+            addr[..4].copy_from_slice(&n.network().octets());
+            ir::IpFamily::V4
+        }
+        IpNet::V6(n) => {
+            addr.copy_from_slice(&n.network().octets());
+            ir::IpFamily::V6
+        }
+    };
+    Key::new(
+        ADDR_KEY_FIXED_BITS + u32::from(net.prefix_len()),
+        AddrKeyData {
+            chain: chain.to_be_bytes(),
+            family: u32::from(family_code(fam)).to_be_bytes(),
+            addr,
+        },
+    )
+}
+
+/// LPM key of a port prefix in a chain.
+pub fn port_key(chain: u32, port: u16, len: u8) -> Key<PortKeyData> {
+    Key::new(
+        PORT_KEY_FIXED_BITS + u32::from(len),
+        PortKeyData {
+            chain: chain.to_be_bytes(),
+            port: port.to_be_bytes(),
+            _pad: [0; 2],
+        },
+    )
+}
+
+type KeyBytes = Vec<u8>;
+
+fn bytes_of<T: Pod>(v: &T) -> Vec<u8> {
+    // SAFETY: Pod types are plain bytes.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+        .to_vec()
+}
+
+fn addr_entries(
+    p: &BpfPolicy,
+    f: fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>,
+) -> HashMap<KeyBytes, (Key<AddrKeyData>, Bitmap)> {
+    p.chains
+        .iter()
+        .flat_map(|c| {
+            f(c).iter().map(move |(n, b)| {
+                let k = addr_key(c.id, n);
+                (bytes_of(&k), (k, *b))
+            })
+        })
+        .collect()
+}
+
+fn port_entries(
+    p: &BpfPolicy,
+    f: fn(&ChainMaps) -> &Vec<(u16, u8, Bitmap)>,
+) -> HashMap<KeyBytes, (Key<PortKeyData>, Bitmap)> {
+    p.chains
+        .iter()
+        .flat_map(|c| {
+            f(c).iter().map(move |(port, l, b)| {
+                let k = port_key(c.id, *port, *l);
+                (bytes_of(&k), (k, *b))
+            })
+        })
+        .collect()
+}
+
+fn proto_entries(p: &BpfPolicy) -> HashMap<KeyBytes, (ProtoKey, Bitmap)> {
+    p.chains
+        .iter()
+        .flat_map(|c| {
+            c.proto.iter().map(move |(fam, pr, b)| {
+                let k = ProtoKey {
+                    chain: c.id,
+                    family: *fam,
+                    proto: pr.unwrap_or(0),
+                    // `_pad[0] = 1` marks the "other protocols" entry of a family.
+                    _pad: [u8::from(pr.is_none()), 0],
+                };
+                (bytes_of(&k), (k, *b))
+            })
+        })
+        .collect()
+}
+
+fn if_entries(
+    p: &BpfPolicy,
+    f: fn(&ChainMaps) -> &Vec<(u32, Bitmap)>,
+) -> HashMap<KeyBytes, (IfKey, Bitmap)> {
+    p.chains
+        .iter()
+        .flat_map(|c| {
+            f(c).iter().map(move |(i, b)| {
+                let k = IfKey {
+                    chain: c.id,
+                    ifindex: *i,
+                };
+                (bytes_of(&k), (k, *b))
+            })
+        })
+        .collect()
+}
+
+fn ct_entries(p: &BpfPolicy) -> BTreeMap<u32, Bitmap> {
+    p.chains
+        .iter()
+        .flat_map(|c| {
+            c.ct.iter()
+                .enumerate()
+                .map(move |(s, b)| (c.id * peerwall_common::ct::SLOTS + s as u32, *b))
+        })
+        .collect()
+}
+
+fn mask_entries(p: &BpfPolicy) -> BTreeMap<u32, DimMasks> {
+    p.chains
+        .iter()
+        .flat_map(|c| {
+            c.masks
+                .iter()
+                .enumerate()
+                .map(move |(d, m)| (c.id * 4 + d as u32, *m))
+        })
+        .collect()
+}
+
+fn rule_entries(p: &BpfPolicy) -> BTreeMap<u32, RuleInfo> {
+    p.chains
+        .iter()
+        .flat_map(|c| {
+            c.rule_infos()
+                .into_iter()
+                .enumerate()
+                .map(move |(r, i)| (c.id * MAX_RULES as u32 + r as u32, i))
+        })
+        .collect()
+}
+
+fn chain_entries(p: &BpfPolicy) -> BTreeMap<u32, ChainInfo> {
+    p.chains.iter().map(|c| (c.id, c.info())).collect()
+}
+
+fn hook_entries(p: &BpfPolicy) -> BTreeMap<u32, HookChains> {
+    p.hooks
+        .iter()
+        .enumerate()
+        .map(|(i, h)| (i as u32, *h))
+        .collect()
+}
+
+fn sync_trie<K: Pod>(
+    map: &mut aya::maps::Map,
+    name: &str,
+    old: Option<HashMap<KeyBytes, (Key<K>, Bitmap)>>,
+    new: HashMap<KeyBytes, (Key<K>, Bitmap)>,
+) -> Result<usize, BpfError> {
+    let mut m: LpmTrie<&mut MapData, K, Bitmap> = LpmTrie::try_from(map).map_err(map_err(name))?;
+    let mut n = 0;
+    match old {
+        Some(old) => {
+            for (kb, (k, _)) in &old {
+                if !new.contains_key(kb) {
+                    m.remove(k).map_err(map_err(name))?;
+                    n += 1;
+                }
+            }
+            for (kb, (k, v)) in &new {
+                if old.get(kb).map(|(_, ov)| ov) != Some(v) {
+                    m.insert(k, v, 0).map_err(map_err(name))?;
+                    n += 1;
+                }
+            }
+        }
+        None => {
+            // Unknown contents (first write since load): clear, then write everything.
+            let stale: Vec<Key<K>> = m.keys().filter_map(Result::ok).collect();
+            for k in stale {
+                let _ = m.remove(&k);
+            }
+            for (k, v) in new.values() {
+                m.insert(k, v, 0).map_err(map_err(name))?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+fn sync_hash<K: Pod>(
+    map: &mut aya::maps::Map,
+    name: &str,
+    old: Option<HashMap<KeyBytes, (K, Bitmap)>>,
+    new: HashMap<KeyBytes, (K, Bitmap)>,
+) -> Result<usize, BpfError> {
+    let mut m: BpfHashMap<&mut MapData, K, Bitmap> =
+        BpfHashMap::try_from(map).map_err(map_err(name))?;
+    let mut n = 0;
+    match old {
+        Some(old) => {
+            for (kb, (k, _)) in &old {
+                if !new.contains_key(kb) {
+                    m.remove(k).map_err(map_err(name))?;
+                    n += 1;
+                }
+            }
+            for (kb, (k, v)) in &new {
+                if old.get(kb).map(|(_, ov)| ov) != Some(v) {
+                    m.insert(k, v, 0).map_err(map_err(name))?;
+                    n += 1;
+                }
+            }
+        }
+        None => {
+            let stale: Vec<K> = m.keys().filter_map(Result::ok).collect();
+            for k in stale {
+                let _ = m.remove(&k);
+            }
+            for (k, v) in new.values() {
+                m.insert(k, v, 0).map_err(map_err(name))?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
+fn sync_array<V: Pod + PartialEq>(
+    map: &mut aya::maps::Map,
+    name: &str,
+    old: Option<BTreeMap<u32, V>>,
+    new: BTreeMap<u32, V>,
+    empty: V,
+) -> Result<usize, BpfError> {
+    let mut m: Array<&mut MapData, V> = Array::try_from(map).map_err(map_err(name))?;
+    let mut n = 0;
+    match old {
+        Some(old) => {
+            for i in old.keys() {
+                if !new.contains_key(i) {
+                    m.set(*i, empty, 0).map_err(map_err(name))?;
+                    n += 1;
+                }
+            }
+            for (i, v) in &new {
+                if old.get(i) != Some(v) {
+                    m.set(*i, *v, 0).map_err(map_err(name))?;
+                    n += 1;
+                }
+            }
+        }
+        None => {
+            // Arrays cannot be emptied: reset every slot a previous policy might have used.
+            for i in 0..m.len() {
+                let v = new.get(&i).copied().unwrap_or(empty);
+                m.set(i, v, 0).map_err(map_err(name))?;
+            }
+            n += new.len();
+        }
+    }
+    Ok(n)
+}

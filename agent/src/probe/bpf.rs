@@ -1,0 +1,291 @@
+//! `--engine bpf`: run the real tc program, verified and loaded in this kernel with the policy
+//! in its maps, on one packet via BPF_PROG_TEST_RUN.
+//!
+//! The object is loaded with its maps pinned in a private bpffs directory (removed on drop) and
+//! probe mode on: the path (forward or input) and the interface indexes come from `skb->cb`
+//! instead of a FIB lookup, and the deciding chain and rule are recorded in the per-CPU `LAST`
+//! map. Interface names get private indexes; nothing is attached to any interface.
+//! Conntrack states are made real by writing flows into `FLOWS` and shaping the packet, as the
+//! nftables engine does with `conntrack -I`.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use aya::maps::{MapData, PerCpuArray};
+use aya::programs::{TestRun, TestRunOptions};
+use peerwall_common::{FlowKey, ProbeRecord, PROBE_MAGIC};
+
+use super::packet::{self, Shape};
+use super::ProbeError;
+use crate::backend::bpf::compile::{family_code, BpfPolicy, Iface};
+use crate::backend::bpf::loader::{self, BpfBackend, BpfError};
+use crate::ir::{eval::proto, CtState, Packet, PacketPath, Policy, Verdict, VerdictAction};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+/// First private interface index.
+const IFINDEX_BASE: u32 = 1000;
+
+impl From<BpfError> for ProbeError {
+    fn from(e: BpfError) -> Self {
+        ProbeError::Bpf(e)
+    }
+}
+
+/// The loaded datapath with a policy, answering verdict queries.
+pub struct BpfProbe {
+    backend: BpfBackend,
+    bp: BpfPolicy,
+    ifindex: HashMap<String, u32>,
+    pin_dir: PathBuf,
+    marker: u32,
+}
+
+impl Drop for BpfProbe {
+    fn drop(&mut self) {
+        let _ = loader::remove_pins(&self.pin_dir);
+    }
+}
+
+fn key(src: &std::net::IpAddr, dst: &std::net::IpAddr, p: u8, sport: u16, dport: u16) -> FlowKey {
+    let octets = |a: &std::net::IpAddr| {
+        let mut b = [0u8; 16];
+        match a {
+            std::net::IpAddr::V4(v) => b[..4].copy_from_slice(&v.octets()),
+            std::net::IpAddr::V6(v) => b.copy_from_slice(&v.octets()),
+        }
+        b
+    };
+    FlowKey {
+        src: octets(src),
+        dst: octets(dst),
+        sport: sport.to_be_bytes(),
+        dport: dport.to_be_bytes(),
+        proto: p,
+        family: family_code(crate::ir::IpFamily::of(src)),
+        _pad: [0; 2],
+    }
+}
+
+impl BpfProbe {
+    /// Load the datapath under a private pin directory (in `parent`, a bpffs mount) with
+    /// `policy`, for interfaces `ifnames`.
+    pub fn new(
+        policy: &Policy,
+        ifnames: &[String],
+        parent: &std::path::Path,
+    ) -> Result<Self, ProbeError> {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let pin_dir = parent.join(format!("pwprobe-{}-{n}", std::process::id()));
+        let mut names: Vec<String> = ifnames.to_vec();
+        names.sort();
+        names.dedup();
+        let ifaces: Vec<Iface> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| Iface {
+                name: n.clone(),
+                ifindex: IFINDEX_BASE + i as u32,
+            })
+            .collect();
+        let mut backend = BpfBackend::load(&pin_dir)?;
+        let mut probe = Self {
+            bp: BpfPolicy::default(),
+            ifindex: ifaces.iter().map(|i| (i.name.clone(), i.ifindex)).collect(),
+            pin_dir,
+            marker: std::process::id().wrapping_mul(2_246_822_519),
+            backend: {
+                backend.set_probe_mode()?;
+                backend
+            },
+        };
+        probe.backend.apply(policy, &ifaces)?;
+        probe.bp = probe.backend.policy().cloned().unwrap_or_default();
+        // Verify the program now, so a verifier failure is reported as such.
+        probe.backend.tc_program()?;
+        Ok(probe)
+    }
+
+    fn last_records(&mut self) -> Result<Vec<ProbeRecord>, ProbeError> {
+        let m: PerCpuArray<&mut MapData, ProbeRecord> =
+            PerCpuArray::try_from(self.backend.map_mut("LAST")?).map_err(|source| {
+                BpfError::Map {
+                    map: "LAST".into(),
+                    source,
+                }
+            })?;
+        let v = m.get(&0, 0).map_err(|source| BpfError::Map {
+            map: "LAST".into(),
+            source,
+        })?;
+        Ok(v.iter().copied().collect())
+    }
+
+    /// The datapath's verdict on one packet (forward or input path).
+    pub fn verdict(&mut self, pkt: &Packet) -> Result<Verdict, ProbeError> {
+        let unsupported = |m: &str| Err(ProbeError::Unsupported(m.to_string()));
+        let path = pkt.path();
+        if path == PacketPath::Output {
+            return unsupported("an input interface is required (--iif)");
+        }
+        if pkt.src.is_ipv4() != pkt.dst.is_ipv4() {
+            return unsupported("source and destination are of different families");
+        }
+        let idx = |n: &Option<String>| -> Result<u32, ProbeError> {
+            match n {
+                None => Ok(0),
+                Some(n) => self.ifindex.get(n).copied().ok_or_else(|| {
+                    ProbeError::Unsupported(format!("interface {n:?} was not declared"))
+                }),
+            }
+        };
+        let (iif, oif) = (idx(&pkt.iif)?, idx(&pkt.oif)?);
+        self.marker = self.marker.wrapping_mul(1_103_515_245).wrapping_add(12345) | 1;
+        let marker = self.marker;
+        self.backend.flush_flows()?;
+        let icmp = if pkt.src.is_ipv6() {
+            proto::ICMPV6
+        } else {
+            proto::ICMP
+        };
+        let mut shape = Shape::default();
+        match pkt.ct_state {
+            CtState::New => {}
+            CtState::Established => match pkt.proto {
+                proto::TCP => {
+                    shape.tcp_ack = true;
+                    let k = key(&pkt.src, &pkt.dst, pkt.proto, pkt.sport, pkt.dport);
+                    self.backend.insert_flow(k, true)?;
+                }
+                proto::UDP => {
+                    let k = key(&pkt.src, &pkt.dst, pkt.proto, pkt.sport, pkt.dport);
+                    self.backend.insert_flow(k, true)?;
+                }
+                p if p == icmp => {
+                    let k = key(&pkt.src, &pkt.dst, pkt.proto, (marker >> 16) as u16, 0);
+                    self.backend.insert_flow(k, true)?;
+                }
+                _ => return unsupported("ct state established needs tcp, udp or icmp"),
+            },
+            CtState::Related => {
+                if pkt.proto != icmp {
+                    return unsupported(
+                        "ct state related is reproduced with an ICMP error: use --proto icmp",
+                    );
+                }
+                shape.icmp_error = true;
+                let (qs, qd) = packet::related_inner_ports(marker);
+                let k = key(&pkt.dst, &pkt.src, proto::UDP, qs, qd);
+                self.backend.insert_flow(k, false)?;
+            }
+            CtState::Invalid => match pkt.proto {
+                proto::TCP => shape.tcp_syn_fin = true,
+                p if p == icmp => shape.echo_reply = true,
+                _ => {
+                    return unsupported(
+                        "the bpf datapath classifies only TCP (bad flags) and ICMP (unsolicited replies, errors about unknown flows) as invalid",
+                    )
+                }
+            },
+            CtState::Untracked => {
+                return unsupported("the bpf datapath never produces ct state untracked (no notrack)")
+            }
+        }
+        let ip = packet::build_ip(pkt, marker, shape);
+        let frame = packet::ethernet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], &ip);
+        // struct __sk_buff: cb[0..5] at offset 48.
+        let mut ctx = [0u8; 192];
+        let cb = [
+            PROBE_MAGIC,
+            if path == PacketPath::Forward { 1 } else { 0 },
+            oif,
+            iif,
+        ];
+        for (i, v) in cb.iter().enumerate() {
+            ctx[48 + i * 4..52 + i * 4].copy_from_slice(&v.to_ne_bytes());
+        }
+        let before = self.last_records()?;
+        let mut out = vec![0u8; frame.len() + 256];
+        let result = self
+            .backend
+            .tc_program()?
+            .test_run(TestRunOptions {
+                data_in: Some(&frame),
+                data_out: Some(&mut out),
+                ctx_in: Some(&ctx),
+                ..TestRunOptions::default()
+            })
+            .map_err(|source| BpfError::Program {
+                what: "BPF_PROG_TEST_RUN".into(),
+                source,
+            })?;
+        let after = self.last_records()?;
+        let rec = after
+            .iter()
+            .zip(
+                before
+                    .iter()
+                    .chain(std::iter::repeat(&ProbeRecord::default())),
+            )
+            .find(|(a, b)| a.seq != b.seq)
+            .map(|(a, _)| *a)
+            .ok_or_else(|| {
+                ProbeError::Unsupported(format!(
+                    "the datapath did not classify the packet (returned {}): not IP?",
+                    result.return_value
+                ))
+            })?;
+        let verdict = match peerwall_common::ActionCode::from_u8(rec.verdict) {
+            Some(peerwall_common::ActionCode::Accept) => VerdictAction::Accept,
+            Some(peerwall_common::ActionCode::Drop) => VerdictAction::Drop,
+            Some(peerwall_common::ActionCode::Reject) => VerdictAction::Reject,
+            None => {
+                return Err(ProbeError::Inconsistent {
+                    observed: "unknown action code",
+                    counted: "",
+                    packet: format!("{pkt:?}"),
+                })
+            }
+        };
+        let expected_ret = if verdict == VerdictAction::Accept {
+            TC_ACT_OK
+        } else {
+            TC_ACT_SHOT
+        };
+        if result.return_value != expected_ret {
+            return Err(ProbeError::Inconsistent {
+                observed: if result.return_value == TC_ACT_OK {
+                    "TC_ACT_OK"
+                } else {
+                    "TC_ACT_SHOT"
+                },
+                counted: verdict.as_str(),
+                packet: format!("{pkt:?}"),
+            });
+        }
+        if rec.has_chain == 0 {
+            return Ok(Verdict {
+                verdict,
+                table: None,
+                chain: None,
+                rule: None,
+            });
+        }
+        let c =
+            self.bp.chains.get(rec.chain as usize).ok_or_else(|| {
+                ProbeError::Unsupported(format!("unknown chain id {}", rec.chain))
+            })?;
+        Ok(Verdict {
+            verdict,
+            table: Some(c.table.clone()),
+            chain: Some(c.chain.clone()),
+            rule: if rec.has_rule != 0 {
+                c.rules.get(rec.rule as usize).map(|r| r.name.clone())
+            } else {
+                None
+            },
+        })
+    }
+}
