@@ -1,5 +1,9 @@
-//! Differential test: for random policies and packets, the real kernel running the nftables
-//! rendering (`--engine nftables`) must give the reference evaluator's verdict, chain and rule.
+//! Differential tests: for random policies and packets, the real kernel must give the reference
+//! evaluator's verdict, chain and rule:
+//! - the nftables rendering, loaded in a scratch gateway namespace, with real packets;
+//! - the eBPF datapath, loaded and verified in this kernel, run with BPF_PROG_TEST_RUN
+//!   (thousands of cases);
+//! - both engines on the same cases (bpf == reference == nftables).
 //!
 //! Seeded and reproducible: `PEERWALL_SEED=<n>` replays a run; `PEERWALL_DIFF_POLICIES` and
 //! `PEERWALL_DIFF_PACKETS` scale it. A mismatch is shrunk to a minimal policy and printed as
@@ -9,28 +13,73 @@ mod common;
 
 use common::require_root;
 use peerwall::api::types::*;
+use peerwall::backend::bpf::loader::ensure_bpffs;
 use peerwall::compile::compile;
-use peerwall::ir::{self, Packet};
-use peerwall::probe::NftProbe;
+use peerwall::ir::{self, CtState, Packet, Policy, Verdict};
+use peerwall::probe::bpf::BpfProbe;
+use peerwall::probe::{NftProbe, ProbeError};
 use peerwall::testgen::{as_yaml, objects, random_packet, random_specs, IFACES};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Engine {
+    Nftables,
+    Bpf,
+}
+
+fn ifnames() -> Vec<String> {
+    IFACES.iter().map(|s| s.to_string()).collect()
+}
+
+enum Judge {
+    Nft(NftProbe),
+    Bpf(BpfProbe),
+}
+
+impl Judge {
+    fn new(engine: Engine, policy: &Policy) -> Result<Self, ProbeError> {
+        Ok(match engine {
+            Engine::Nftables => Judge::Nft(NftProbe::new(policy, &ifnames())?),
+            Engine::Bpf => {
+                let parent = ensure_bpffs().map_err(ProbeError::Bpf)?;
+                Judge::Bpf(BpfProbe::new(policy, &ifnames(), &parent)?)
+            }
+        })
+    }
+
+    fn verdict(&mut self, pkt: &Packet) -> Result<Verdict, ProbeError> {
+        match self {
+            Judge::Nft(p) => p.verdict(pkt),
+            Judge::Bpf(p) => p.verdict(pkt),
+        }
+    }
+}
+
+/// Packets the bpf datapath cannot be asked about (documented limits, not mismatches).
+fn bpf_can_probe(pkt: &Packet) -> bool {
+    match pkt.ct_state {
+        CtState::Untracked => false,
+        CtState::Invalid => pkt.proto != ir::eval::proto::UDP,
+        _ => true,
+    }
+}
+
 /// Whether reference and kernel disagree on `pkt` under `specs` (a probe error counts).
-fn mismatch(specs: &[FirewallConfigurationSpec], pkt: &Packet) -> Option<String> {
+fn mismatch(engine: Engine, specs: &[FirewallConfigurationSpec], pkt: &Packet) -> Option<String> {
     let policy = compile(&objects(specs)).ok()?.policy;
     let expected = ir::evaluate(&policy, pkt);
-    let ifs: Vec<String> = IFACES.iter().map(|s| s.to_string()).collect();
-    let got = NftProbe::new(&policy, &ifs).and_then(|mut p| p.verdict(pkt));
+    let got = Judge::new(engine, &policy).and_then(|mut j| j.verdict(pkt));
     match got {
         Ok(v) if v == expected => None,
-        Ok(v) => Some(format!("reference {expected:?}\nkernel    {v:?}")),
-        Err(e) => Some(format!("reference {expected:?}\nkernel    error: {e}")),
+        Ok(v) => Some(format!("reference {expected:?}\n{engine:?} {v:?}")),
+        Err(e) => Some(format!("reference {expected:?}\n{engine:?} error: {e}")),
     }
 }
 
 /// Drop tables, chains, rules and matches while the mismatch persists.
 fn shrink(
+    engine: Engine,
     mut specs: Vec<FirewallConfigurationSpec>,
     pkt: &Packet,
 ) -> Vec<FirewallConfigurationSpec> {
@@ -44,23 +93,14 @@ fn shrink(
                 let mut c = specs.clone();
                 c[t].table.chains.remove(ch);
                 candidates.push(c);
-                let n = specs[t].table.chains[ch]
-                    .rules
-                    .filter_rules
-                    .as_ref()
-                    .map_or(0, Vec::len);
-                for r in 0..n {
+                let rules = specs[t].table.chains[ch].rules.filter_rules.clone();
+                for (r, rule) in rules.iter().flatten().enumerate() {
                     let mut c = specs.clone();
                     if let Some(rs) = c[t].table.chains[ch].rules.filter_rules.as_mut() {
                         rs.remove(r);
                     }
                     candidates.push(c);
-                    let m = specs[t].table.chains[ch]
-                        .rules
-                        .filter_rules
-                        .as_ref()
-                        .map_or(0, |rs| rs[r].r#match.len());
-                    for k in 0..m {
+                    for k in 0..rule.r#match.len() {
                         let mut c = specs.clone();
                         if let Some(rs) = c[t].table.chains[ch].rules.filter_rules.as_mut() {
                             rs[r].r#match.remove(k);
@@ -70,7 +110,10 @@ fn shrink(
                 }
             }
         }
-        match candidates.into_iter().find(|c| mismatch(c, pkt).is_some()) {
+        match candidates
+            .into_iter()
+            .find(|c| mismatch(engine, c, pkt).is_some())
+        {
             Some(smaller) => specs = smaller,
             None => return specs,
         }
@@ -84,43 +127,80 @@ fn env_num(key: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-#[test]
-fn nftables_kernel_equals_reference() {
+/// Run `policies` random policies × `packets` random packets through the engines; panics with
+/// a minimal reproducer on the first disagreement. Returns the number of cases judged.
+fn run(engines: &[Engine], name: &str, policies: u64, packets: u64) -> u64 {
     require_root();
     let seed = env_num("PEERWALL_SEED", rand::random::<u32>() as u64);
-    let policies = env_num("PEERWALL_DIFF_POLICIES", 12);
-    let packets = env_num("PEERWALL_DIFF_PACKETS", 25);
-    eprintln!("differential: PEERWALL_SEED={seed} policies={policies} packets={packets}");
+    eprintln!("{name}: PEERWALL_SEED={seed} policies={policies} packets={packets}");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut cases = 0;
-    let ifs: Vec<String> = IFACES.iter().map(|s| s.to_string()).collect();
     for _ in 0..policies {
         let specs = random_specs(&mut rng);
         let policy = compile(&objects(&specs))
             .unwrap_or_else(|e| panic!("generator made an invalid policy: {e}"))
             .policy;
-        let mut probe = NftProbe::new(&policy, &ifs).expect("scratch gateway");
+        let mut judges: Vec<(Engine, Judge)> = engines
+            .iter()
+            .map(|e| {
+                (
+                    *e,
+                    Judge::new(*e, &policy).expect("engine loads the policy"),
+                )
+            })
+            .collect();
         for _ in 0..packets {
             let pkt = random_packet(&mut rng);
+            if engines.contains(&Engine::Bpf) && !bpf_can_probe(&pkt) {
+                continue;
+            }
             let expected = ir::evaluate(&policy, &pkt);
-            let got = probe.verdict(&pkt);
-            let agree = matches!(&got, Ok(v) if *v == expected);
-            if !agree {
-                let minimal = shrink(specs.clone(), &pkt);
-                let yaml: Vec<String> = minimal
-                    .iter()
-                    .enumerate()
-                    .map(|(i, s)| as_yaml(i, s))
-                    .collect();
-                panic!(
-                    "MISMATCH (PEERWALL_SEED={seed})\npacket {pkt:?}\nreference {expected:?}\nkernel    {got:?}\nminimal policy:\n{}\nminimal: {}",
-                    yaml.join("---\n"),
-                    mismatch(&minimal, &pkt).unwrap_or_default()
-                );
+            for (engine, judge) in judges.iter_mut() {
+                let got = judge.verdict(&pkt);
+                if !matches!(&got, Ok(v) if *v == expected) {
+                    let minimal = shrink(*engine, specs.clone(), &pkt);
+                    let yaml: Vec<String> = minimal
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| as_yaml(i, s))
+                        .collect();
+                    panic!(
+                        "MISMATCH (PEERWALL_SEED={seed}, engine {engine:?})\npacket {pkt:?}\nreference {expected:?}\nkernel    {got:?}\nminimal policy:\n{}\nminimal: {}",
+                        yaml.join("---\n"),
+                        mismatch(*engine, &minimal, &pkt).unwrap_or_default()
+                    );
+                }
             }
             cases += 1;
         }
     }
-    eprintln!("differential: {cases} cases, 0 mismatches");
+    eprintln!("{name}: {cases} cases, 0 mismatches");
+    cases
+}
+
+#[test]
+fn nftables_kernel_equals_reference() {
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 12);
+    let packets = env_num("PEERWALL_DIFF_PACKETS", 25);
+    let cases = run(&[Engine::Nftables], "nftables", policies, packets);
     assert_eq!(cases, policies * packets);
+}
+
+#[test]
+fn bpf_datapath_equals_reference() {
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 12) * 5;
+    let packets = env_num("PEERWALL_DIFF_PACKETS", 25) * 2;
+    let cases = run(&[Engine::Bpf], "bpf", policies, packets);
+    // Untracked and UDP-invalid packets are outside what the datapath can be asked about.
+    assert!(
+        cases * 10 >= policies * packets * 7,
+        "{cases} of {}",
+        policies * packets
+    );
+}
+
+#[test]
+fn bpf_equals_reference_equals_nftables() {
+    let cases = run(&[Engine::Bpf, Engine::Nftables], "three-way", 6, 25);
+    assert!(cases >= 100, "{cases}");
 }

@@ -22,7 +22,9 @@
 use core::mem::size_of;
 
 use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
-use aya_ebpf::helpers::generated::{bpf_fib_lookup, bpf_ktime_get_ns, bpf_loop};
+use aya_ebpf::helpers::generated::{
+    bpf_fib_lookup, bpf_ktime_get_ns, bpf_loop, bpf_xdp_load_bytes,
+};
 use aya_ebpf::macros::{classifier, map, xdp};
 use aya_ebpf::maps::lpm_trie::Key;
 use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
@@ -86,6 +88,15 @@ slot_maps!(
 
 #[map]
 static CONFIG: Array<Config> = Array::pinned(1, 0);
+/// Emergency switch, separate so that one bpftool command flips it:
+/// `bpftool map update pinned /sys/fs/bpf/peerwall/ALLOW_ALL key 0 0 0 0 value 1 0 0 0`.
+#[map]
+static ALLOW_ALL: Array<u32> = Array::pinned(1, 0);
+
+#[inline(always)]
+fn allow_all(cfg: &Config) -> bool {
+    cfg.flags & flags::ALLOW_ALL != 0 || ALLOW_ALL.get(0).is_some_and(|v| *v != 0)
+}
 #[map]
 static IFACES: HashMap<u32, IfaceInfo> = HashMap::pinned(1024, 0);
 #[map]
@@ -141,13 +152,21 @@ impl Source for TcContext {
 impl Source for XdpContext {
     #[inline(always)]
     fn read<T: Copy>(&self, off: usize) -> Option<T> {
-        let start = self.data();
-        let end = self.data_end();
-        if start + off + size_of::<T>() > end {
+        let mut v = core::mem::MaybeUninit::<T>::uninit();
+        // SAFETY: the helper writes exactly size_of::<T>() bytes into `v` or fails.
+        let rc = unsafe {
+            bpf_xdp_load_bytes(
+                self.ctx,
+                off as u32,
+                v.as_mut_ptr().cast(),
+                size_of::<T>() as u32,
+            )
+        };
+        if rc != 0 {
             return None;
         }
-        // SAFETY: bounds checked against data_end just above.
-        Some(unsafe { core::ptr::read_unaligned((start + off) as *const T) })
+        // SAFETY: initialised by the successful helper call.
+        Some(unsafe { v.assume_init() })
     }
 }
 
@@ -1013,7 +1032,7 @@ pub fn peerwall_tc(ctx: TcContext) -> i32 {
 
 fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
     let cfg = config();
-    if cfg.flags & flags::ALLOW_ALL != 0 {
+    if allow_all(&cfg) {
         return Ok(TC_ACT_OK);
     }
     // SAFETY: the skb pointer is the program's context.
@@ -1108,7 +1127,7 @@ pub fn peerwall_xdp(ctx: XdpContext) -> u32 {
 /// makes the full decision for everything XDP passes.
 fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     let cfg = config();
-    if cfg.flags & flags::ALLOW_ALL != 0 {
+    if allow_all(&cfg) {
         return Ok(xdp_action::XDP_PASS);
     }
     let ifindex = ctx.ingress_ifindex() as u32;

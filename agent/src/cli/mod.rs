@@ -75,6 +75,31 @@ pub enum LogFormat {
 pub enum BackendKind {
     /// One nftables table per FirewallConfiguration, applied atomically.
     Nftables,
+    /// tc (tcx) and XDP programs over LPM-trie maps pinned under bpffs.
+    Bpf,
+}
+
+/// Options of the bpf backend.
+#[derive(clap::Args, Debug, Clone)]
+pub struct BpfOpts {
+    /// Interfaces to attach to (names, or prefixes ending in `*`), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "liqo-tunnel,liqo.*")]
+    pub interfaces: Vec<String>,
+    /// Also attach the XDP early-drop program on Ethernet interfaces.
+    #[arg(long)]
+    pub xdp: bool,
+    /// Where maps and links are pinned.
+    #[arg(long, default_value = crate::backend::bpf::loader::PIN_DIR)]
+    pub pin_dir: PathBuf,
+}
+
+/// on / off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    /// Enable.
+    On,
+    /// Disable.
+    Off,
 }
 
 /// Verdict engine.
@@ -183,9 +208,29 @@ pub enum Command {
         /// Backend.
         #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
         backend: BackendKind,
+        /// bpf backend options.
+        #[command(flatten)]
+        bpf: BpfOpts,
     },
-    /// Remove every table peerwall owns on this host.
-    Delete,
+    /// Remove what peerwall installed on this host: its nftables tables, or (bpf) its pinned
+    /// links (detaching the programs) and maps.
+    Delete {
+        /// Backend.
+        #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
+        backend: BackendKind,
+        /// Where maps and links are pinned (bpf).
+        #[arg(long, default_value = crate::backend::bpf::loader::PIN_DIR)]
+        pin_dir: PathBuf,
+    },
+    /// Emergency switch of the bpf datapath: `on` lets every packet through, `off` enforces.
+    AllowAll {
+        /// on or off.
+        #[arg(value_enum)]
+        state: OnOff,
+        /// Where maps are pinned.
+        #[arg(long, default_value = crate::backend::bpf::loader::PIN_DIR)]
+        pin_dir: PathBuf,
+    },
     /// Show rule counters of peerwall's tables on this host.
     Counters {
         /// Output format.
@@ -223,6 +268,33 @@ fn out(s: &str) -> Result<(), CliError> {
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
+        Command::Compile {
+            files,
+            backend: BackendKind::Bpf,
+            output,
+        } => {
+            let compiled = load_and_compile(&files)?;
+            let ifaces = crate::backend::bpf::loader::host_ifaces()
+                .context("listing interfaces")
+                .map_err(runtime)?;
+            let ifaces: Vec<crate::backend::bpf::compile::Iface> = ifaces
+                .into_iter()
+                .map(|i| crate::backend::bpf::compile::Iface {
+                    name: i.name,
+                    ifindex: i.ifindex,
+                })
+                .collect();
+            let bp =
+                crate::backend::bpf::compile::compile(&compiled.policy, &ifaces).map_err(input)?;
+            let view = crate::backend::bpf::inspect::describe(&bp);
+            match output {
+                Output::Json => out(&format!(
+                    "{}\n",
+                    serde_json::to_string_pretty(&view).map_err(runtime)?
+                )),
+                Output::Text => out(&crate::backend::bpf::inspect::text(&view)),
+            }
+        }
         Command::Compile {
             files,
             backend: BackendKind::Nftables,
@@ -330,7 +402,60 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Apply {
             files,
+            backend: BackendKind::Bpf,
+            bpf,
+        } => {
+            use crate::backend::bpf::loader;
+            let compiled = load_and_compile(&files)?;
+            loader::ensure_bpffs()
+                .context("bpf filesystem")
+                .map_err(runtime)?;
+            let mut b = loader::BpfBackend::load(&bpf.pin_dir)
+                .with_context(|| {
+                    format!("loading the datapath (pins in {})", bpf.pin_dir.display())
+                })
+                .map_err(runtime)?;
+            let host = loader::host_ifaces()
+                .context("listing interfaces")
+                .map_err(runtime)?;
+            let targets = loader::matching(&host, &bpf.interfaces);
+            if targets.is_empty() {
+                return Err(runtime(loader::BpfError::NoInterface(
+                    bpf.interfaces.clone(),
+                )));
+            }
+            b.register_ifaces(&host).map_err(runtime)?;
+            let ifaces: Vec<crate::backend::bpf::compile::Iface> = host
+                .iter()
+                .map(|i| crate::backend::bpf::compile::Iface {
+                    name: i.name.clone(),
+                    ifindex: i.ifindex,
+                })
+                .collect();
+            // Maps first, then attach: a new interface never sees an empty policy.
+            let report = b.apply(&compiled.policy, &ifaces).map_err(|e| match e {
+                loader::BpfError::Compile(_) => input(e),
+                other => runtime(other),
+            })?;
+            for t in &targets {
+                b.attach(t, bpf.xdp)
+                    .with_context(|| format!("attaching to {}", t.name))
+                    .map_err(runtime)?;
+            }
+            tracing::info!(
+                slot = report.active,
+                switched = report.switched,
+                entries = report.entries_changed,
+                prefixes = report.prefixes,
+                attached = ?b.attached(),
+                "bpf policy applied"
+            );
+            Ok(())
+        }
+        Command::Apply {
+            files,
             backend: BackendKind::Nftables,
+            bpf: _,
         } => {
             let compiled = load_and_compile(&files)?;
             let mut b = NftBackend::new(Nft::host());
@@ -347,7 +472,27 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             );
             Ok(())
         }
-        Command::Delete => {
+        Command::Delete {
+            backend: BackendKind::Bpf,
+            pin_dir,
+        } => {
+            let gone = crate::backend::bpf::loader::remove_pins(&pin_dir)
+                .with_context(|| format!("removing {}", pin_dir.display()))
+                .map_err(runtime)?;
+            tracing::info!(pins = gone.len(), "bpf datapath detached and unpinned");
+            Ok(())
+        }
+        Command::AllowAll { state, pin_dir } => {
+            crate::backend::bpf::loader::set_allow_all_pinned(&pin_dir, state == OnOff::On)
+                .with_context(|| format!("pinned datapath in {}", pin_dir.display()))
+                .map_err(runtime)?;
+            tracing::warn!(allow_all = state == OnOff::On, "emergency switch set");
+            Ok(())
+        }
+        Command::Delete {
+            backend: BackendKind::Nftables,
+            pin_dir: _,
+        } => {
             let mut b = NftBackend::new(Nft::host());
             let gone = b
                 .delete_all()

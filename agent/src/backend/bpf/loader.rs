@@ -234,6 +234,18 @@ pub fn ensure_bpffs() -> Result<PathBuf, BpfError> {
     Ok(root)
 }
 
+/// Pin name of a link: bpffs refuses names with a dot, so `liqo.abc` is pinned as
+/// `tc-liqo:abc` (interface names cannot contain ':').
+pub fn link_pin_name(kind: &str, ifname: &str) -> String {
+    format!("{kind}-{}", ifname.replace('.', ":"))
+}
+
+/// Decode a link pin name into (kind, interface name).
+pub fn parse_link_pin_name(pin: &str) -> Option<(&str, String)> {
+    let (kind, name) = pin.split_once('-')?;
+    Some((kind, name.replace(':', ".")))
+}
+
 /// What a slot's maps hold, as written by this process (for O(changes) updates).
 type SlotContents = Option<BpfPolicy>;
 
@@ -322,13 +334,9 @@ impl BpfBackend {
 
     /// Emergency switch: pass everything (true) or enforce again (false).
     pub fn set_allow_all(&mut self, on: bool) -> Result<(), BpfError> {
-        let mut c = self.config()?;
-        if on {
-            c.flags |= peerwall_common::flags::ALLOW_ALL;
-        } else {
-            c.flags &= !peerwall_common::flags::ALLOW_ALL;
-        }
-        self.set_config(c)
+        let mut m: Array<&mut MapData, u32> =
+            Array::try_from(self.map("ALLOW_ALL")?).map_err(map_err("ALLOW_ALL"))?;
+        m.set(0, u32::from(on), 0).map_err(map_err("ALLOW_ALL"))
     }
 
     /// Turn probe mode on (scratch engine only).
@@ -356,7 +364,7 @@ impl BpfBackend {
         let tc_pin = self
             .pin_dir
             .join("links")
-            .join(format!("{}.tc", iface.name));
+            .join(link_pin_name("tc", &iface.name));
         if !tc_pin.exists() {
             let prog: &mut SchedClassifier = self
                 .ebpf
@@ -399,7 +407,7 @@ impl BpfBackend {
         let xdp_pin = self
             .pin_dir
             .join("links")
-            .join(format!("{}.xdp", iface.name));
+            .join(link_pin_name("xdp", &iface.name));
         if xdp && iface.l2_len == 14 && !xdp_pin.exists() {
             let prog: &mut Xdp = self
                 .ebpf
@@ -443,12 +451,15 @@ impl BpfBackend {
         Ok(())
     }
 
-    /// Interfaces with a pinned link (attached).
+    /// Attached programs as `kind:interface` (from the pinned links).
     pub fn attached(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(self.pin_dir.join("links"))
             .map(|d| {
                 d.filter_map(|e| e.ok())
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter_map(|e| {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        parse_link_pin_name(&n).map(|(k, i)| format!("{k}:{i}"))
+                    })
                     .collect()
             })
             .unwrap_or_default();
@@ -1086,4 +1097,16 @@ fn sync_array<V: Pod + PartialEq>(
         }
     }
     Ok(n)
+}
+
+/// Flip the emergency switch of a pinned datapath without loading anything.
+pub fn set_allow_all_pinned(pin_dir: &Path, on: bool) -> Result<(), BpfError> {
+    let path = pin_dir.join("ALLOW_ALL");
+    let data = MapData::from_pin(&path).map_err(|source| BpfError::Map {
+        map: path.display().to_string(),
+        source,
+    })?;
+    let map = aya::maps::Map::Array(data);
+    let mut m: Array<MapData, u32> = Array::try_from(map).map_err(map_err("ALLOW_ALL"))?;
+    m.set(0, u32::from(on), 0).map_err(map_err("ALLOW_ALL"))
 }

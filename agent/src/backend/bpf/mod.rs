@@ -3,4 +3,5 @@
 //! - [`compile`]: pure IR → map contents, plus a datapath simulator for tests.
 
 pub mod compile;
+pub mod inspect;
 pub mod loader;
