@@ -22,6 +22,10 @@ const APT_PACKAGES: &[&str] = &[
     "iputils-ping",
     "socat",
     "procps",
+    "util-linux",
+    "bpftool",
+    "wireguard-go",
+    "wireguard-tools",
 ];
 
 fn root() -> PathBuf {
@@ -200,6 +204,43 @@ fn test(extra: &[String]) -> Result<()> {
     run(t)
 }
 
+/// Build the eBPF object alone (the agent's build script embeds the same object).
+fn build_ebpf() -> Result<()> {
+    ensure_bpf_linker()?;
+    let mut c = Command::new("rustup");
+    c.current_dir(root())
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "build",
+            "--package",
+            "peerwall-ebpf",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+        ])
+        // Same flags as aya-build: BTF for the loader and bpftool.
+        .env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            "-Cdebuginfo=2\u{1f}-Clink-arg=--btf",
+        )
+        .env_remove("RUSTC")
+        .env_remove("CARGO");
+    run(c)?;
+    let obj = root().join("target/bpfel-unknown-none/release/peerwall");
+    let size = std::fs::metadata(&obj)
+        .with_context(|| format!("reading {}", obj.display()))?
+        .len();
+    println!(
+        "eBPF object: {} ({size} bytes); `cargo build` embeds it in the peerwall binary",
+        obj.display()
+    );
+    Ok(())
+}
+
 fn crd() -> Result<()> {
     let mut c = cargo();
     c.args(["run", "-q", "--bin", "peerwall", "--", "crd"]);
@@ -223,10 +264,18 @@ fn main() -> Result<()> {
         Some("test") => test(&args[1..]),
         Some("crd") => crd(),
         Some("bpf-linker") => ensure_bpf_linker(),
+        Some("build-ebpf") => build_ebpf(),
+        Some("bench") => {
+            let mut c = cargo();
+            c.args(["bench", "-p", "peerwall", "--bench", "datapath"]);
+            run(c)
+        }
         _ => {
-            eprintln!("usage: cargo xtask <setup|test|crd>");
+            eprintln!("usage: cargo xtask <setup|test|build-ebpf|bench|crd>");
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
+            eprintln!("  build-ebpf  build the eBPF object (installs bpf-linker if missing)");
+            eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency)");
             eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");
             bail!("unknown task")
         }

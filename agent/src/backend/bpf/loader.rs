@@ -749,6 +749,41 @@ impl BpfBackend {
         Ok(prog)
     }
 
+    /// The benchmark baseline program (one LPM lookup), loaded.
+    pub fn bare_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
+        let prog: &mut SchedClassifier = self
+            .ebpf
+            .program_mut("peerwall_bare")
+            .ok_or_else(|| BpfError::MissingProgram("peerwall_bare".into()))?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                what: "bare program type".into(),
+                source,
+            })?;
+        if prog.fd().is_err() {
+            prog.load().map_err(|source| BpfError::Program {
+                what: "loading peerwall_bare".into(),
+                source,
+            })?;
+        }
+        Ok(prog)
+    }
+
+    /// Fill the baseline's trie with IPv4 prefixes.
+    pub fn fill_bare(&mut self, prefixes: &[ipnet::Ipv4Net]) -> Result<(), BpfError> {
+        let mut m: LpmTrie<&mut MapData, [u8; 4], u32> =
+            LpmTrie::try_from(self.map("BARE")?).map_err(map_err("BARE"))?;
+        for p in prefixes {
+            m.insert(
+                &Key::new(u32::from(p.prefix_len()), p.network().octets()),
+                1,
+                0,
+            )
+            .map_err(map_err("BARE"))?;
+        }
+        Ok(())
+    }
+
     /// Map access for the probe engine.
     pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map, BpfError> {
         self.map(name)
