@@ -493,3 +493,40 @@ fn verifier_accepts_the_largest_policy() {
     .unwrap();
     assert_eq!(probe.verdict(&pkt).unwrap(), expected);
 }
+
+#[test]
+fn reject_answers_with_port_unreachable_from_tc() {
+    let t = Topology::new();
+    let pins = Pins::new("reject");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-reject-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("reject.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: r, namespace: t}\nspec:\n  table:\n    name: rej\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: no-v4, action: reject, match: [{op: eq, ip: {value: 10.20.1.3, position: dst}}]}\n            - {name: no-v6, action: reject, match: [{op: eq, ip: {value: 'fd20::2', position: dst}}]}\n",
+    )
+    .unwrap();
+    ok(peerwall_net(
+        &t.gateway,
+        &[
+            "apply",
+            "--backend",
+            "bpf",
+            "--pin-dir",
+            pins.arg(),
+            "-f",
+            f.to_str().unwrap(),
+        ],
+    ));
+    // The receiving kernel accepts the answers only with correct checksums.
+    let out = ping_output(&t.consumer, "10.10.1.67", "10.20.1.3");
+    assert!(out.contains("Destination Port Unreachable"), "{out}");
+    let out6 = ping_output(&t.consumer, "fd10::67", "fd20::2");
+    assert!(
+        out6.contains("Destination unreachable: Port unreachable")
+            || out6.contains("Port unreachable"),
+        "{out6}"
+    );
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "others pass");
+    std::fs::remove_dir_all(&dir).ok();
+}

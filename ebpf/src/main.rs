@@ -23,7 +23,8 @@ use core::mem::size_of;
 
 use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::helpers::generated::{
-    bpf_fib_lookup, bpf_ktime_get_ns, bpf_loop, bpf_xdp_load_bytes,
+    bpf_fib_lookup, bpf_ktime_get_ns, bpf_loop, bpf_redirect, bpf_skb_change_tail,
+    bpf_skb_load_bytes, bpf_xdp_load_bytes,
 };
 use aya_ebpf::macros::{classifier, map, xdp};
 use aya_ebpf::maps::lpm_trie::Key;
@@ -121,6 +122,10 @@ struct Work {
     inner: Pkt,
     r: Route,
 }
+
+/// Per-CPU buffer where `reject` builds its ICMP answer (too large for the stack).
+#[map]
+static REJECT_BUF: PerCpuArray<[u8; 96]> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU rule accumulator of the chain being evaluated.
 #[map]
@@ -1083,7 +1088,7 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
     // SAFETY: as above.
     unsafe { (*w).r = r };
     classify_work();
-    Ok(finish_tc(probe))
+    Ok(finish_tc(ctx, probe))
 }
 
 /// Classify the packet in `WORK`.
@@ -1097,7 +1102,7 @@ fn classify_work() -> u32 {
 
 /// Act on the outcome of `WORK`'s packet: conntrack, probe record, tc verdict.
 #[inline(never)]
-fn finish_tc(probe: bool) -> i32 {
+fn finish_tc(ctx: &TcContext, probe: bool) -> i32 {
     let out = outcome();
     if probe {
         record(&out);
@@ -1109,10 +1114,155 @@ fn finish_tc(probe: bool) -> i32 {
             }
             TC_ACT_OK
         }
-        // Reject: the ICMP answer is not generated in tc (see README); the packet is refused.
-        ACT_REJECT | ACT_DROP => TC_ACT_SHOT,
+        ACT_REJECT => reject(ctx),
         _ => TC_ACT_SHOT,
     }
+}
+
+const TC_ACT_REDIRECT: i32 = 7;
+
+/// One's-complement sum of big-endian 16-bit words.
+#[inline(always)]
+fn csum_add(mut sum: u32, b: &[u8]) -> u32 {
+    let mut i = 0;
+    while i + 1 < b.len() {
+        sum += u16::from_be_bytes([b[i], b[i + 1]]) as u32;
+        i += 2;
+    }
+    sum
+}
+
+#[inline(always)]
+fn csum_fold(mut sum: u32) -> u16 {
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// Turn the packet into an ICMP (ICMPv6) port-unreachable quoting it and send it back out of
+/// the interface it came in on, as nftables' `reject` does. Packets the kernel would not answer
+/// (ICMP errors, non-first fragments, IPv4 with options) are dropped silently.
+#[inline(never)]
+fn reject(ctx: &TcContext) -> i32 {
+    let Some(w) = WORK.get(0) else {
+        return TC_ACT_SHOT;
+    };
+    let p = &w.p;
+    let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
+    if (is_icmp && icmp_is_error(p)) || (!p.has_ports && !is_icmp && p.l4 == 0) {
+        return TC_ACT_SHOT;
+    }
+    // SAFETY: the skb pointer is the program's context.
+    let ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: plain data.
+    let l2 = match unsafe { IFACES.get(&ifindex) } {
+        Some(i) => i.l2_len as usize,
+        None => 14,
+    } & 0xff;
+    if l2 == 14 {
+        let Ok(macs) = ctx.load::<[u8; 12]>(0) else {
+            return TC_ACT_SHOT;
+        };
+        let mut swapped = [0u8; 12];
+        swapped[..6].copy_from_slice(&macs[6..12]);
+        swapped[6..].copy_from_slice(&macs[..6]);
+        if ctx.store(0, &swapped, 0).is_err() {
+            return TC_ACT_SHOT;
+        }
+    } else if l2 != 0 {
+        return TC_ACT_SHOT;
+    }
+    if p.family == family::V4 {
+        if p.l4 != 20 {
+            return TC_ACT_SHOT;
+        }
+        let Some(bp) = REJECT_BUF.get_ptr_mut(0) else {
+            return TC_ACT_SHOT;
+        };
+        // SAFETY: per-CPU buffer of a successful lookup.
+        let m = unsafe { &mut *bp };
+        *m = [0u8; 96];
+        // SAFETY: the helper writes 28 bytes inside the 96-byte buffer.
+        if unsafe {
+            bpf_skb_load_bytes(
+                ctx.skb.skb.cast(),
+                l2 as u32,
+                m[28..].as_mut_ptr().cast(),
+                28,
+            )
+        } != 0
+        {
+            return TC_ACT_SHOT;
+        }
+        m[0] = 0x45;
+        m[1] = 0xc0;
+        m[2..4].copy_from_slice(&56u16.to_be_bytes());
+        m[8] = 64;
+        m[9] = IPPROTO_ICMP;
+        // From the address the packet was sent to, back to its sender.
+        m[12..16].copy_from_slice(&p.dst[..4]);
+        m[16..20].copy_from_slice(&p.src[..4]);
+        let ipsum = csum_fold(csum_add(0, &m[..20]));
+        m[10..12].copy_from_slice(&ipsum.to_be_bytes());
+        m[20] = 3; // destination unreachable
+        m[21] = 3; // port unreachable
+        let icsum = csum_fold(csum_add(0, &m[20..56]));
+        m[22..24].copy_from_slice(&icsum.to_be_bytes());
+        // SAFETY: resizing the skb this program owns.
+        if unsafe { bpf_skb_change_tail(ctx.skb.skb, (l2 + 56) as u32, 0) } != 0 {
+            return TC_ACT_SHOT;
+        }
+        let head: &[u8; 56] = match (&m[..56]).try_into() {
+            Ok(h) => h,
+            Err(_) => return TC_ACT_SHOT,
+        };
+        if ctx.store(l2, head, 0).is_err() {
+            return TC_ACT_SHOT;
+        }
+    } else {
+        let Some(bp) = REJECT_BUF.get_ptr_mut(0) else {
+            return TC_ACT_SHOT;
+        };
+        // SAFETY: per-CPU buffer of a successful lookup.
+        let m = unsafe { &mut *bp };
+        *m = [0u8; 96];
+        // SAFETY: the helper writes 48 bytes inside the 96-byte buffer.
+        if unsafe {
+            bpf_skb_load_bytes(
+                ctx.skb.skb.cast(),
+                l2 as u32,
+                m[48..].as_mut_ptr().cast(),
+                48,
+            )
+        } != 0
+        {
+            return TC_ACT_SHOT;
+        }
+        m[0] = 0x60;
+        m[4..6].copy_from_slice(&56u16.to_be_bytes());
+        m[6] = IPPROTO_ICMPV6;
+        m[7] = 64;
+        m[8..24].copy_from_slice(&p.dst);
+        m[24..40].copy_from_slice(&p.src);
+        m[40] = 1; // destination unreachable
+        m[41] = 4; // port unreachable
+                   // Pseudo-header: addresses, upper-layer length, next header.
+        let mut sum = csum_add(0, &m[8..40]);
+        sum += 56 + IPPROTO_ICMPV6 as u32;
+        sum = csum_add(sum, &m[40..96]);
+        let c = csum_fold(sum);
+        m[42..44].copy_from_slice(&c.to_be_bytes());
+        // SAFETY: resizing the skb this program owns.
+        if unsafe { bpf_skb_change_tail(ctx.skb.skb, (l2 + 96) as u32, 0) } != 0 {
+            return TC_ACT_SHOT;
+        }
+        if ctx.store(l2, &*m, 0).is_err() {
+            return TC_ACT_SHOT;
+        }
+    }
+    // SAFETY: plain helper call; the packet leaves through the interface it arrived on.
+    unsafe { bpf_redirect(ifindex, 0) };
+    TC_ACT_REDIRECT
 }
 
 #[xdp]

@@ -25,6 +25,7 @@ use crate::ir::{eval::proto, CtState, Packet, PacketPath, Policy, Verdict, Verdi
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
+const TC_ACT_REDIRECT: u32 = 7;
 /// First private interface index.
 const IFINDEX_BASE: u32 = 1000;
 
@@ -249,17 +250,27 @@ impl BpfProbe {
                 })
             }
         };
-        let expected_ret = if verdict == VerdictAction::Accept {
-            TC_ACT_OK
-        } else {
-            TC_ACT_SHOT
+        // What the program must have done with the frame: pass it, drop it, or (reject) turn it
+        // into an ICMP port-unreachable sent back out of the input interface.
+        let consistent = match (verdict, result.return_value) {
+            (VerdictAction::Accept, TC_ACT_OK) => true,
+            (VerdictAction::Drop, TC_ACT_SHOT) => true,
+            // The kernel never answers an ICMP error with another one.
+            (VerdictAction::Reject, TC_ACT_SHOT) => shape.icmp_error,
+            (VerdictAction::Reject, TC_ACT_REDIRECT) => {
+                let n = (result.data_size_out as usize).min(out.len());
+                packet::strip_ethernet(&out[..n])
+                    .is_some_and(|ip| packet::is_unreachable_for(ip, pkt, marker))
+            }
+            _ => false,
         };
-        if result.return_value != expected_ret {
+        if !consistent {
             return Err(ProbeError::Inconsistent {
-                observed: if result.return_value == TC_ACT_OK {
-                    "TC_ACT_OK"
-                } else {
-                    "TC_ACT_SHOT"
+                observed: match result.return_value {
+                    TC_ACT_OK => "TC_ACT_OK",
+                    TC_ACT_SHOT => "TC_ACT_SHOT",
+                    TC_ACT_REDIRECT => "TC_ACT_REDIRECT (ICMP answer)",
+                    _ => "another tc action",
                 },
                 counted: verdict.as_str(),
                 packet: format!("{pkt:?}"),
