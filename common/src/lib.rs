@@ -189,6 +189,27 @@ pub struct ChainInfo {
     pub policy: u8,
     /// Zero.
     pub _pad: [u8; 3],
+    /// [`constrained`] bits: dimensions some rule of the chain tests. The datapath skips the
+    /// lookups of the others (their bitmaps would allow every rule).
+    pub constrained: u32,
+}
+
+/// Bits of [`ChainInfo::constrained`].
+pub mod constrained {
+    /// Input interface.
+    pub const IIF: u32 = 1;
+    /// Output interface.
+    pub const OIF: u32 = 2;
+    /// Conntrack state.
+    pub const CT: u32 = 4;
+    /// Source address.
+    pub const SRC: u32 = 8;
+    /// Destination address.
+    pub const DST: u32 = 16;
+    /// Source port.
+    pub const SPORT: u32 = 32;
+    /// Destination port.
+    pub const DPORT: u32 = 64;
 }
 
 /// A deciding rule: its action. Index in `RULES`: `chain * MAX_RULES + rule`.
@@ -375,7 +396,7 @@ mod tests {
         assert_eq!(size_of::<ProtoKey>(), 8);
         assert_eq!(size_of::<IfKey>(), 8);
         assert_eq!(size_of::<DimMasks>(), 256);
-        assert_eq!(size_of::<ChainInfo>(), 8);
+        assert_eq!(size_of::<ChainInfo>(), 12);
         assert_eq!(size_of::<RuleInfo>(), 4);
         assert_eq!(size_of::<HookChains>(), 4 + 4 * MAX_HOOK_CHAINS);
         assert_eq!(size_of::<Counter>(), 16);

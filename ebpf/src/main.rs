@@ -32,9 +32,9 @@ use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
 use aya_ebpf::programs::{TcContext, XdpContext};
 use aya_ebpf::EbpfContext;
 use peerwall_common::{
-    ct, dim, family, flags, hook, AddrKeyData, Bitmap, ChainInfo, Config, Counter, DimMasks,
-    FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord, ProtoKey, RuleInfo,
-    MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES, PROBE_MAGIC, WORDS,
+    constrained, ct, dim, family, flags, hook, AddrKeyData, Bitmap, ChainInfo, Config, Counter,
+    DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord, ProtoKey,
+    RuleInfo, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES, PROBE_MAGIC, WORDS,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -677,55 +677,70 @@ macro_rules! slot_eval {
                 // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
                 let acc = unsafe { &mut *accp };
                 acc.w = first.w;
+                let cons = info.constrained;
                 let done = 'dims: {
-                    let ik = IfKey {
-                        chain,
-                        ifindex: q.iif,
-                    };
-                    let ib = unsafe { $iif.get(&ik) }
-                        .or_else(|| unsafe { $iif.get(&IfKey { chain, ifindex: 0 }) });
-                    if !step(acc, ib) {
+                    if cons & constrained::IIF != 0 {
+                        let ik = IfKey {
+                            chain,
+                            ifindex: q.iif,
+                        };
+                        let ib = unsafe { $iif.get(&ik) }
+                            .or_else(|| unsafe { $iif.get(&IfKey { chain, ifindex: 0 }) });
+                        if !step(acc, ib) {
+                            break 'dims true;
+                        }
+                    }
+                    if cons & constrained::OIF != 0 {
+                        let ok = IfKey {
+                            chain,
+                            ifindex: q.oif,
+                        };
+                        let ob = unsafe { $oif.get(&ok) }
+                            .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
+                        if !step(acc, ob) {
+                            break 'dims true;
+                        }
+                    }
+                    if cons & constrained::CT != 0
+                        && !step(acc, $ct.get(chain * ct::SLOTS + q.state))
+                    {
                         break 'dims true;
                     }
-                    let ok = IfKey {
-                        chain,
-                        ifindex: q.oif,
-                    };
-                    let ob = unsafe { $oif.get(&ok) }
-                        .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
-                    if !step(acc, ob) {
+                    if cons & constrained::SRC != 0
+                        && !step_masked(
+                            acc,
+                            $src.get(addr_key(chain, &q.p, &q.p.src)),
+                            $masks.get(chain * 4 + dim::SRC),
+                        )
+                    {
                         break 'dims true;
                     }
-                    if !step(acc, $ct.get(chain * ct::SLOTS + q.state)) {
-                        break 'dims true;
-                    }
-                    if !step_masked(
-                        acc,
-                        $src.get(addr_key(chain, &q.p, &q.p.src)),
-                        $masks.get(chain * 4 + dim::SRC),
-                    ) {
-                        break 'dims true;
-                    }
-                    if !step_masked(
-                        acc,
-                        $dst.get(addr_key(chain, &q.p, &q.p.dst)),
-                        $masks.get(chain * 4 + dim::DST),
-                    ) {
+                    if cons & constrained::DST != 0
+                        && !step_masked(
+                            acc,
+                            $dst.get(addr_key(chain, &q.p, &q.p.dst)),
+                            $masks.get(chain * 4 + dim::DST),
+                        )
+                    {
                         break 'dims true;
                     }
                     if q.p.has_ports {
-                        if !step_masked(
-                            acc,
-                            $sport.get(port_key(chain, q.p.sport)),
-                            $masks.get(chain * 4 + dim::SPORT),
-                        ) {
+                        if cons & constrained::SPORT != 0
+                            && !step_masked(
+                                acc,
+                                $sport.get(port_key(chain, q.p.sport)),
+                                $masks.get(chain * 4 + dim::SPORT),
+                            )
+                        {
                             break 'dims true;
                         }
-                        if !step_masked(
-                            acc,
-                            $dport.get(port_key(chain, q.p.dport)),
-                            $masks.get(chain * 4 + dim::DPORT),
-                        ) {
+                        if cons & constrained::DPORT != 0
+                            && !step_masked(
+                                acc,
+                                $dport.get(port_key(chain, q.p.dport)),
+                                $masks.get(chain * 4 + dim::DPORT),
+                            )
+                        {
                             break 'dims true;
                         }
                     }

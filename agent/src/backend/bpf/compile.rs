@@ -146,10 +146,32 @@ pub struct ChainMaps {
 impl ChainMaps {
     /// `CHAINS` value.
     pub fn info(&self) -> ChainInfo {
+        use peerwall_common::constrained as c;
+        let mut all = Bitmap::EMPTY;
+        for i in 0..self.rules.len() {
+            all.set(i);
+        }
+        let free_if = |v: &[(u32, Bitmap)]| v.iter().all(|(_, b)| *b == all);
+        let mut bits = 0;
+        if !free_if(&self.iif) {
+            bits |= c::IIF;
+        }
+        if !free_if(&self.oif) {
+            bits |= c::OIF;
+        }
+        if self.ct.iter().any(|b| *b != all) {
+            bits |= c::CT;
+        }
+        for (d, bit) in [c::SRC, c::DST, c::SPORT, c::DPORT].into_iter().enumerate() {
+            if self.masks[d].any != all {
+                bits |= bit;
+            }
+        }
         ChainInfo {
             rules: self.rules.len() as u32,
             policy: action_code(self.policy),
             _pad: [0; 3],
+            constrained: bits,
         }
     }
 

@@ -610,6 +610,7 @@ impl BpfBackend {
                 rules: 0,
                 policy: 1,
                 _pad: [0; 3],
+                constrained: 0,
             },
         )?;
         // Hooks last: a chain becomes reachable only once all its maps are written.
