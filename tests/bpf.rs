@@ -158,6 +158,27 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
     assert_eq!(dst.as_array().unwrap().len(), 1, "one /32 prefix: {dst}");
     // Rule 0 of chain 0 (drop_traffic) counted the dropped ping.
     assert!(counted(&pins, slot, 0) >= 1);
+    // `peerwall inspect` decodes the same pins, with names.
+    let o = peerwall_net(
+        &t.gateway,
+        &["inspect", "--pin-dir", pins.arg(), "--output", "json"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["chains"][0]["name"], "table_name/filter_chain_name");
+    assert_eq!(v["chains"][0]["rules"][0]["name"], "drop_traffic");
+    assert!(
+        v["chains"][0]["rules"][0]["packets"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    assert!(
+        v["attached"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "tc:liqo.abcdefghij"),
+        "{v}"
+    );
     // Emergency switch: everything passes, then enforcement is back.
     ok(peerwall_net(
         &t.gateway,

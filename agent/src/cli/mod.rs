@@ -222,6 +222,15 @@ pub enum Command {
         #[arg(long, default_value = crate::backend::bpf::loader::PIN_DIR)]
         pin_dir: PathBuf,
     },
+    /// Decode the pinned bpf datapath: live slot, attachments, hooks, chains, rule counters.
+    Inspect {
+        /// Where maps and links are pinned.
+        #[arg(long, default_value = crate::backend::bpf::loader::PIN_DIR)]
+        pin_dir: PathBuf,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Emergency switch of the bpf datapath: `on` lets every packet through, `off` enforces.
     AllowAll {
         /// on or off.
@@ -481,6 +490,18 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 .map_err(runtime)?;
             tracing::info!(pins = gone.len(), "bpf datapath detached and unpinned");
             Ok(())
+        }
+        Command::Inspect { pin_dir, output } => {
+            let i = crate::backend::bpf::pinned::inspect(&pin_dir)
+                .with_context(|| format!("pinned datapath in {}", pin_dir.display()))
+                .map_err(runtime)?;
+            match output {
+                Output::Json => out(&format!(
+                    "{}\n",
+                    serde_json::to_string(&i).map_err(runtime)?
+                )),
+                Output::Text => out(&crate::backend::bpf::pinned::text(&i)),
+            }
         }
         Command::AllowAll { state, pin_dir } => {
             crate::backend::bpf::loader::set_allow_all_pinned(&pin_dir, state == OnOff::On)

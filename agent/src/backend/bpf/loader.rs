@@ -528,6 +528,22 @@ impl BpfBackend {
         old: Option<&BpfPolicy>,
         new: &BpfPolicy,
     ) -> Result<usize, BpfError> {
+        let meta = super::pinned::SlotMeta {
+            chains: new
+                .chains
+                .iter()
+                .map(|c| super::pinned::ChainMeta {
+                    table: c.table.clone(),
+                    chain: c.chain.clone(),
+                    rules: c.rules.iter().map(|r| r.name.clone()).collect(),
+                })
+                .collect(),
+        };
+        // Names for `peerwall inspect`; the maps alone hold only ids. Best effort: a read-only
+        // /run must not stop enforcement.
+        if let Err(e) = super::pinned::write_meta(&self.pin_dir, slot, &meta) {
+            tracing::warn!(error = %e, "cannot record chain and rule names for inspect");
+        }
         let s = slot.to_string();
         let mut n = 0;
         n += sync_trie(

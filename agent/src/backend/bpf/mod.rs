@@ -5,3 +5,4 @@
 pub mod compile;
 pub mod inspect;
 pub mod loader;
+pub mod pinned;
