@@ -240,6 +240,22 @@ pub fn link_pin_name(kind: &str, ifname: &str) -> String {
     format!("{kind}-{}", ifname.replace('.', ":"))
 }
 
+/// Attached programs of a pin directory, as `kind:interface`, from its pinned links.
+pub fn attached_in(pin_dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(pin_dir.join("links"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    parse_link_pin_name(&n).map(|(k, i)| format!("{k}:{i}"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
 /// Decode a link pin name into (kind, interface name).
 pub fn parse_link_pin_name(pin: &str) -> Option<(&str, String)> {
     let (kind, name) = pin.split_once('-')?;
@@ -357,73 +373,55 @@ impl BpfBackend {
         Ok(())
     }
 
+    /// A program of the object, loaded (verified) on first use.
+    fn loaded<'a, P>(&'a mut self, name: &str) -> Result<&'a mut P, BpfError>
+    where
+        &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+        P: ProgramLoad,
+    {
+        let prog: &mut P = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| BpfError::MissingProgram(name.into()))?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                what: format!("{name} program type"),
+                source,
+            })?;
+        prog.ensure_loaded().map_err(|source| BpfError::Program {
+            what: format!("loading {name} (verifier)"),
+            source,
+        })?;
+        Ok(prog)
+    }
+
     /// Attach the tc program (tcx ingress) to an interface, and XDP when asked; pin the links.
     /// An interface that already has a pinned link keeps it (adoption without a gap).
     pub fn attach(&mut self, iface: &HostIface, xdp: bool) -> Result<(), BpfError> {
         self.register_ifaces(std::slice::from_ref(iface))?;
-        let tc_pin = self
-            .pin_dir
-            .join("links")
-            .join(link_pin_name("tc", &iface.name));
+        let links = self.pin_dir.join("links");
+        let tc_pin = links.join(link_pin_name("tc", &iface.name));
         if !tc_pin.exists() {
-            let prog: &mut SchedClassifier = self
-                .ebpf
-                .program_mut(TC_PROGRAM)
-                .ok_or_else(|| BpfError::MissingProgram(TC_PROGRAM.into()))?
-                .try_into()
-                .map_err(|source| BpfError::Program {
-                    what: "tc program type".into(),
-                    source,
-                })?;
-            if prog.fd().is_err() {
-                prog.load().map_err(|source| BpfError::Program {
-                    what: format!("loading {TC_PROGRAM} (verifier)"),
-                    source,
-                })?;
-            }
+            let prog: &mut SchedClassifier = self.loaded(TC_PROGRAM)?;
+            let attach_err = |what: String| move |source| BpfError::Program { what, source };
             let id = prog
                 .attach_with_options(
                     &iface.name,
                     TcAttachType::Ingress,
                     TcAttachOptions::TcxOrder(LinkOrder::default()),
                 )
-                .map_err(|source| BpfError::Program {
-                    what: format!("attaching tcx ingress on {}", iface.name),
-                    source,
-                })?;
-            let link = prog.take_link(id).map_err(|source| BpfError::Program {
-                what: "taking the tc link".into(),
-                source,
-            })?;
-            let fd: FdLink = link.try_into().map_err(|e| BpfError::Program {
-                what: format!("tc link on {} is not a bpf_link: {e}", iface.name),
-                source: aya::programs::ProgramError::NotAttached,
-            })?;
-            fd.pin(&tc_pin).map_err(|source| BpfError::Pin {
-                path: tc_pin.clone(),
-                source,
-            })?;
+                .map_err(attach_err(format!(
+                    "attaching tcx ingress on {}",
+                    iface.name
+                )))?;
+            let link = prog
+                .take_link(id)
+                .map_err(attach_err("taking the tc link".into()))?;
+            pin_link(link.try_into(), &tc_pin)?;
         }
-        let xdp_pin = self
-            .pin_dir
-            .join("links")
-            .join(link_pin_name("xdp", &iface.name));
+        let xdp_pin = links.join(link_pin_name("xdp", &iface.name));
         if xdp && iface.l2_len == 14 && !xdp_pin.exists() {
-            let prog: &mut Xdp = self
-                .ebpf
-                .program_mut(XDP_PROGRAM)
-                .ok_or_else(|| BpfError::MissingProgram(XDP_PROGRAM.into()))?
-                .try_into()
-                .map_err(|source| BpfError::Program {
-                    what: "xdp program type".into(),
-                    source,
-                })?;
-            if prog.fd().is_err() {
-                prog.load().map_err(|source| BpfError::Program {
-                    what: format!("loading {XDP_PROGRAM} (verifier)"),
-                    source,
-                })?;
-            }
+            let prog: &mut Xdp = self.loaded(XDP_PROGRAM)?;
             // Native where the driver has it, generic (skb) otherwise.
             let id = match prog.attach(&iface.name, XdpMode::Driver) {
                 Ok(id) => id,
@@ -439,32 +437,14 @@ impl BpfBackend {
                 what: "taking the xdp link".into(),
                 source,
             })?;
-            let fd: FdLink = link.try_into().map_err(|e| BpfError::Program {
-                what: format!("xdp link on {} is not a bpf_link: {e}", iface.name),
-                source: aya::programs::ProgramError::NotAttached,
-            })?;
-            fd.pin(&xdp_pin).map_err(|source| BpfError::Pin {
-                path: xdp_pin.clone(),
-                source,
-            })?;
+            pin_link(link.try_into(), &xdp_pin)?;
         }
         Ok(())
     }
 
     /// Attached programs as `kind:interface` (from the pinned links).
     pub fn attached(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.pin_dir.join("links"))
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter_map(|e| {
-                        let n = e.file_name().to_string_lossy().into_owned();
-                        parse_link_pin_name(&n).map(|(k, i)| format!("{k}:{i}"))
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        attached_in(&self.pin_dir)
     }
 
     /// Write `policy` for a host with `ifaces`: small trie-only changes in place on the live
@@ -748,42 +728,12 @@ impl BpfBackend {
 
     /// The tc program (for BPF_PROG_TEST_RUN).
     pub fn tc_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut(TC_PROGRAM)
-            .ok_or_else(|| BpfError::MissingProgram(TC_PROGRAM.into()))?
-            .try_into()
-            .map_err(|source| BpfError::Program {
-                what: "tc program type".into(),
-                source,
-            })?;
-        if prog.fd().is_err() {
-            prog.load().map_err(|source| BpfError::Program {
-                what: format!("loading {TC_PROGRAM} (verifier)"),
-                source,
-            })?;
-        }
-        Ok(prog)
+        self.loaded(TC_PROGRAM)
     }
 
     /// The benchmark baseline program (one LPM lookup), loaded.
     pub fn bare_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
-        let prog: &mut SchedClassifier = self
-            .ebpf
-            .program_mut("peerwall_bare")
-            .ok_or_else(|| BpfError::MissingProgram("peerwall_bare".into()))?
-            .try_into()
-            .map_err(|source| BpfError::Program {
-                what: "bare program type".into(),
-                source,
-            })?;
-        if prog.fd().is_err() {
-            prog.load().map_err(|source| BpfError::Program {
-                what: "loading peerwall_bare".into(),
-                source,
-            })?;
-        }
-        Ok(prog)
+        self.loaded("peerwall_bare")
     }
 
     /// Fill the baseline's trie with IPv4 prefixes.
@@ -805,6 +755,43 @@ impl BpfBackend {
     pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map, BpfError> {
         self.map(name)
     }
+}
+
+/// Programs that can be loaded on demand.
+pub trait ProgramLoad {
+    /// Load (verify) unless already loaded.
+    fn ensure_loaded(&mut self) -> Result<(), aya::programs::ProgramError>;
+}
+
+impl ProgramLoad for SchedClassifier {
+    fn ensure_loaded(&mut self) -> Result<(), aya::programs::ProgramError> {
+        if self.fd().is_err() {
+            self.load()?;
+        }
+        Ok(())
+    }
+}
+
+impl ProgramLoad for Xdp {
+    fn ensure_loaded(&mut self) -> Result<(), aya::programs::ProgramError> {
+        if self.fd().is_err() {
+            self.load()?;
+        }
+        Ok(())
+    }
+}
+
+/// Pin a link (it must be a bpf_link) so that it outlives this process.
+fn pin_link<E: std::fmt::Display>(link: Result<FdLink, E>, path: &Path) -> Result<(), BpfError> {
+    let fd = link.map_err(|e| BpfError::Program {
+        what: format!("{} is not a bpf_link: {e}", path.display()),
+        source: aya::programs::ProgramError::NotAttached,
+    })?;
+    fd.pin(path).map_err(|source| BpfError::Pin {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(())
 }
 
 /// Remove every pin under `pin_dir` (links first: that detaches the programs), then the dir.
@@ -1039,6 +1026,74 @@ fn hook_entries(p: &BpfPolicy) -> BTreeMap<u32, HookChains> {
         .collect()
 }
 
+/// The operations a keyed map needs for syncing.
+trait Keyed<K> {
+    fn put(&mut self, k: &K, v: &Bitmap) -> Result<(), aya::maps::MapError>;
+    fn del(&mut self, k: &K) -> Result<(), aya::maps::MapError>;
+    fn all_keys(&self) -> Vec<K>;
+}
+
+impl<K: Pod> Keyed<Key<K>> for LpmTrie<&mut MapData, K, Bitmap> {
+    fn put(&mut self, k: &Key<K>, v: &Bitmap) -> Result<(), aya::maps::MapError> {
+        self.insert(k, v, 0)
+    }
+    fn del(&mut self, k: &Key<K>) -> Result<(), aya::maps::MapError> {
+        self.remove(k)
+    }
+    fn all_keys(&self) -> Vec<Key<K>> {
+        self.keys().filter_map(Result::ok).collect()
+    }
+}
+
+impl<K: Pod> Keyed<K> for BpfHashMap<&mut MapData, K, Bitmap> {
+    fn put(&mut self, k: &K, v: &Bitmap) -> Result<(), aya::maps::MapError> {
+        self.insert(k, v, 0)
+    }
+    fn del(&mut self, k: &K) -> Result<(), aya::maps::MapError> {
+        self.remove(k)
+    }
+    fn all_keys(&self) -> Vec<K> {
+        self.keys().filter_map(Result::ok).collect()
+    }
+}
+
+/// Make a map hold `new`: with the old contents known, only the differences (O(changes));
+/// otherwise clear it and write everything.
+fn sync_keyed<K, M: Keyed<K>>(
+    m: &mut M,
+    name: &str,
+    old: Option<HashMap<KeyBytes, (K, Bitmap)>>,
+    new: HashMap<KeyBytes, (K, Bitmap)>,
+) -> Result<usize, BpfError> {
+    let mut n = 0;
+    match old {
+        Some(old) => {
+            for (kb, (k, _)) in &old {
+                if !new.contains_key(kb) {
+                    m.del(k).map_err(map_err(name))?;
+                    n += 1;
+                }
+            }
+            for (kb, (k, v)) in &new {
+                if old.get(kb).map(|(_, ov)| ov) != Some(v) {
+                    m.put(k, v).map_err(map_err(name))?;
+                    n += 1;
+                }
+            }
+        }
+        None => {
+            for k in m.all_keys() {
+                let _ = m.del(&k);
+            }
+            for (k, v) in new.values() {
+                m.put(k, v).map_err(map_err(name))?;
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
+
 fn sync_trie<K: Pod>(
     map: &mut aya::maps::Map,
     name: &str,
@@ -1046,35 +1101,7 @@ fn sync_trie<K: Pod>(
     new: HashMap<KeyBytes, (Key<K>, Bitmap)>,
 ) -> Result<usize, BpfError> {
     let mut m: LpmTrie<&mut MapData, K, Bitmap> = LpmTrie::try_from(map).map_err(map_err(name))?;
-    let mut n = 0;
-    match old {
-        Some(old) => {
-            for (kb, (k, _)) in &old {
-                if !new.contains_key(kb) {
-                    m.remove(k).map_err(map_err(name))?;
-                    n += 1;
-                }
-            }
-            for (kb, (k, v)) in &new {
-                if old.get(kb).map(|(_, ov)| ov) != Some(v) {
-                    m.insert(k, v, 0).map_err(map_err(name))?;
-                    n += 1;
-                }
-            }
-        }
-        None => {
-            // Unknown contents (first write since load): clear, then write everything.
-            let stale: Vec<Key<K>> = m.keys().filter_map(Result::ok).collect();
-            for k in stale {
-                let _ = m.remove(&k);
-            }
-            for (k, v) in new.values() {
-                m.insert(k, v, 0).map_err(map_err(name))?;
-                n += 1;
-            }
-        }
-    }
-    Ok(n)
+    sync_keyed(&mut m, name, old, new)
 }
 
 fn sync_hash<K: Pod>(
@@ -1085,34 +1112,7 @@ fn sync_hash<K: Pod>(
 ) -> Result<usize, BpfError> {
     let mut m: BpfHashMap<&mut MapData, K, Bitmap> =
         BpfHashMap::try_from(map).map_err(map_err(name))?;
-    let mut n = 0;
-    match old {
-        Some(old) => {
-            for (kb, (k, _)) in &old {
-                if !new.contains_key(kb) {
-                    m.remove(k).map_err(map_err(name))?;
-                    n += 1;
-                }
-            }
-            for (kb, (k, v)) in &new {
-                if old.get(kb).map(|(_, ov)| ov) != Some(v) {
-                    m.insert(k, v, 0).map_err(map_err(name))?;
-                    n += 1;
-                }
-            }
-        }
-        None => {
-            let stale: Vec<K> = m.keys().filter_map(Result::ok).collect();
-            for k in stale {
-                let _ = m.remove(&k);
-            }
-            for (k, v) in new.values() {
-                m.insert(k, v, 0).map_err(map_err(name))?;
-                n += 1;
-            }
-        }
-    }
-    Ok(n)
+    sync_keyed(&mut m, name, old, new)
 }
 
 fn sync_array<V: Pod + PartialEq>(

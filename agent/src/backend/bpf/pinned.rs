@@ -13,7 +13,7 @@ use peerwall_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use super::loader::{parse_link_pin_name, BpfError};
+use super::loader::{attached_in, BpfError};
 
 /// Names of a slot's chains and rules, written by the loader.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -231,17 +231,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
             rules,
         });
     }
-    let mut attached: Vec<String> = std::fs::read_dir(pin_dir.join("links"))
-        .map(|d| {
-            d.filter_map(|e| e.ok())
-                .filter_map(|e| {
-                    let n = e.file_name().to_string_lossy().into_owned();
-                    parse_link_pin_name(&n).map(|(k, i)| format!("{k}:{i}"))
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    attached.sort();
+    let attached = attached_in(pin_dir);
     Ok(Inspection {
         pin_dir: pin_dir.display().to_string(),
         active_slot: slot,
