@@ -298,3 +298,75 @@ fn drift_is_detected_and_repaired() {
     assert_eq!(b.drift().unwrap(), vec![]);
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "restored");
 }
+
+/// `peerwall agent --source dir:` in a gateway namespace, killed on drop.
+struct Agent(std::process::Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..100 {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    false
+}
+
+#[test]
+fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
+    let t = Topology::new();
+    let dir = std::env::temp_dir().join(format!("pw-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = std::fs::read_to_string(repo("examples/thesis-block.yaml")).unwrap();
+    std::fs::write(dir.join("policy.yaml"), &good).unwrap();
+    let child = std::process::Command::new("ip")
+        .args(["netns", "exec", t.gateway.name()])
+        .arg(peerwall())
+        .args(["agent", "--interval-ms", "50", "--source"])
+        .arg(format!("dir:{}", dir.display()))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _agent = Agent(child);
+    let listed = |t: &Topology| nft_list(&t.gateway, &["list", "ruleset"]);
+    assert!(wait_for(|| listed(&t).contains("drop_traffic")), "applied");
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
+    // A bad edit is not applied: the last good policy stays.
+    std::fs::write(
+        dir.join("policy.yaml"),
+        good.replace("10.20.1.2", "10.20.1.300"),
+    )
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "still enforced"
+    );
+    // A good edit is: pod2 is now 10.20.1.3.
+    std::fs::write(
+        dir.join("policy.yaml"),
+        good.replace("10.20.1.2", "10.20.1.3"),
+    )
+    .unwrap();
+    assert!(
+        wait_for(|| listed(&t).contains("ip daddr 10.20.1.3")),
+        "updated"
+    );
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.3"));
+    // Someone deletes the table: the agent restores it.
+    Nft::in_netns(t.gateway.name())
+        .apply_text("delete table ip table_name\n")
+        .unwrap();
+    assert!(wait_for(|| listed(&t).contains("drop_traffic")), "repaired");
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.3"));
+    std::fs::remove_dir_all(&dir).ok();
+}

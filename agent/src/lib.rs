@@ -5,11 +5,13 @@
 //! → [`ir`] (the policy IR and the reference evaluator) → [`backend`] (nftables) → [`cli`].
 //! [`netns`] and [`probe`] drive real kernels for `peerwall verdict --engine nftables` and tests.
 
+pub mod agent;
 pub mod api;
 pub mod backend;
 pub mod cli;
 pub mod compile;
 pub mod ir;
+pub mod lab;
 pub mod netns;
 pub mod probe;
 pub mod testgen;

@@ -75,6 +75,13 @@ impl NetNs {
         Ok(ns)
     }
 
+    /// Leave the namespace in place (no deletion on drop); returns its name.
+    pub fn persist(self) -> String {
+        let name = self.name.clone();
+        std::mem::forget(self);
+        name
+    }
+
     /// Name.
     pub fn name(&self) -> &str {
         &self.name

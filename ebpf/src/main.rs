@@ -388,12 +388,14 @@ fn flow_key(p: &Pkt) -> FlowKey {
     }
 }
 
+/// The key of the opposite direction. ICMP echo keeps its identifier in `sport` both ways.
 fn reverse(k: &FlowKey) -> FlowKey {
+    let icmp = k.proto == IPPROTO_ICMP || k.proto == IPPROTO_ICMPV6;
     FlowKey {
         src: k.dst,
         dst: k.src,
-        sport: k.dport,
-        dport: k.sport,
+        sport: if icmp { k.sport } else { k.dport },
+        dport: if icmp { k.dport } else { k.sport },
         proto: k.proto,
         family: k.family,
         _pad: [0; 2],

@@ -265,15 +265,22 @@ fn main() -> Result<()> {
         Some("crd") => crd(),
         Some("bpf-linker") => ensure_bpf_linker(),
         Some("build-ebpf") => build_ebpf(),
+        Some("lab") => {
+            let mut c = cargo();
+            c.args(["run", "-q", "--bin", "peerwall", "--", "lab"])
+                .args(&args[1..]);
+            run(c)
+        }
         Some("bench") => {
             let mut c = cargo();
             c.args(["bench", "-p", "peerwall", "--bench", "datapath"]);
             run(c)
         }
         _ => {
-            eprintln!("usage: cargo xtask <setup|test|build-ebpf|bench|crd>");
+            eprintln!("usage: cargo xtask <setup|lab|test|build-ebpf|bench|crd>");
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
+            eprintln!("  lab    the gateway lab: [--backend nftables|bpf] [--keep] (root)");
             eprintln!("  build-ebpf  build the eBPF object (installs bpf-linker if missing)");
             eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency)");
             eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");

@@ -248,6 +248,32 @@ pub enum Command {
     },
     /// Print the FirewallConfiguration CRD (YAML) generated from the Rust types.
     Crd,
+    /// The gateway lab: two consumers, real WireGuard tunnels, a provider node, both backends;
+    /// prints the reachability matrix and the time for a newly offloaded pod to become reachable.
+    Lab {
+        /// Backend (both when omitted).
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
+        /// Leave the namespaces in place afterwards.
+        #[arg(long)]
+        keep: bool,
+    },
+    /// Keep a source of FirewallConfigurations enforced on this host (runs until SIGINT/SIGTERM;
+    /// enforcement stays in place after it stops).
+    Agent {
+        /// Policy source: `dir:PATH` (a directory of YAML files, polled).
+        #[arg(long)]
+        source: crate::agent::PolicySource,
+        /// Backend.
+        #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
+        backend: BackendKind,
+        /// bpf backend options.
+        #[command(flatten)]
+        bpf: BpfOpts,
+        /// How often the source is checked (and nftables drift repaired).
+        #[arg(long, default_value_t = 200)]
+        interval_ms: u64,
+    },
 }
 
 fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
@@ -546,6 +572,51 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             }
         }
         Command::Crd => out(&crd_yaml().map_err(runtime)?),
+        Command::Lab { backend, keep } => {
+            let backends: Vec<&'static str> = match backend {
+                Some(BackendKind::Nftables) => vec!["nftables"],
+                Some(BackendKind::Bpf) => vec!["bpf"],
+                None => vec!["nftables", "bpf"],
+            };
+            let bin = std::env::current_exe()
+                .context("locating the peerwall binary")
+                .map_err(runtime)?;
+            let ok = crate::lab::run(&backends, &bin, keep).map_err(runtime)?;
+            if ok {
+                Ok(())
+            } else {
+                Err(runtime(anyhow::anyhow!(
+                    "the lab did not behave as provider protection requires (see above)"
+                )))
+            }
+        }
+        Command::Agent {
+            source,
+            backend,
+            bpf,
+            interval_ms,
+        } => {
+            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let s = stop.clone();
+            ctrlc::set_handler(move || s.store(true, std::sync::atomic::Ordering::Relaxed))
+                .context("installing the signal handler")
+                .map_err(runtime)?;
+            let name = match backend {
+                BackendKind::Nftables => "nftables",
+                BackendKind::Bpf => "bpf",
+            };
+            let enforcer = crate::agent::enforcer(name, &bpf.pin_dir, bpf.interfaces, bpf.xdp)
+                .context("starting the backend")
+                .map_err(runtime)?;
+            tracing::info!(?source, backend = name, "agent started");
+            crate::agent::run(
+                &source,
+                enforcer,
+                std::time::Duration::from_millis(interval_ms),
+                stop,
+            )
+            .map_err(runtime)
+        }
     }
 }
 

@@ -1,0 +1,196 @@
+//! `peerwall agent --source dir:PATH`: keep a directory of FirewallConfiguration YAML enforced.
+//!
+//! The directory is polled; when its contents change, every object is loaded, validated and
+//! compiled into one policy and applied through the chosen backend. An invalid change is
+//! logged and not applied: the last good policy stays in force. The nftables backend's drift
+//! check runs on every tick and repairs tables someone deleted or edited.
+//! (The Kubernetes source, status, metrics and health endpoints are the agent issue's.)
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+
+use crate::api::load;
+use crate::backend::bpf::{compile::Iface, loader};
+use crate::backend::nftables::{Nft, NftBackend};
+use crate::compile;
+
+/// Where policies come from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicySource {
+    /// A directory of YAML files.
+    Dir(PathBuf),
+}
+
+impl std::str::FromStr for PolicySource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            Some(("dir", p)) if !p.is_empty() => Ok(PolicySource::Dir(PathBuf::from(p))),
+            _ => Err(format!(
+                "{s:?} is not a policy source (use dir:PATH; the Kubernetes source is not built yet)"
+            )),
+        }
+    }
+}
+
+/// The enforcing backend of a running agent.
+pub enum Enforcer {
+    /// nftables.
+    Nft(NftBackend),
+    /// eBPF.
+    Bpf {
+        /// Loaded datapath.
+        backend: Box<loader::BpfBackend>,
+        /// Interface patterns to attach to.
+        patterns: Vec<String>,
+        /// Attach XDP too.
+        xdp: bool,
+    },
+}
+
+impl Enforcer {
+    fn apply(&mut self, policy: &crate::ir::Policy) -> anyhow::Result<String> {
+        match self {
+            Enforcer::Nft(b) => {
+                let r = b.apply(policy).context("applying with nftables")?;
+                Ok(format!(
+                    "recreated={:?} updated={:?} deleted={:?} element_changes={}",
+                    r.recreated, r.updated, r.deleted, r.element_changes
+                ))
+            }
+            Enforcer::Bpf {
+                backend,
+                patterns,
+                xdp,
+            } => {
+                let host = loader::host_ifaces().context("listing interfaces")?;
+                backend.register_ifaces(&host)?;
+                let ifaces: Vec<Iface> = host
+                    .iter()
+                    .map(|i| Iface {
+                        name: i.name.clone(),
+                        ifindex: i.ifindex,
+                    })
+                    .collect();
+                let r = backend
+                    .apply(policy, &ifaces)
+                    .context("applying with bpf")?;
+                for t in loader::matching(&host, patterns) {
+                    backend
+                        .attach(t, *xdp)
+                        .with_context(|| format!("attaching to {}", t.name))?;
+                }
+                Ok(format!(
+                    "slot={} switched={} entries={}",
+                    r.active, r.switched, r.entries_changed
+                ))
+            }
+        }
+    }
+
+    fn repair(&mut self) -> anyhow::Result<()> {
+        if let Enforcer::Nft(b) = self {
+            let fixed = b.repair().context("drift repair")?;
+            if !fixed.is_empty() {
+                tracing::warn!(drift = ?fixed, "nftables drift repaired");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Fingerprint of a directory: names, sizes and modification times of its YAML files.
+fn fingerprint(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime)>> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let p = e.path();
+        let yaml = p
+            .extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| x == "yaml" || x == "yml");
+        if yaml {
+            let m = e.metadata()?;
+            out.insert(p, (m.len(), m.modified()?));
+        }
+    }
+    Ok(out)
+}
+
+/// Build the enforcer for a backend name.
+pub fn enforcer(
+    backend: &str,
+    pin_dir: &Path,
+    patterns: Vec<String>,
+    xdp: bool,
+) -> anyhow::Result<Enforcer> {
+    Ok(match backend {
+        "nftables" => Enforcer::Nft(NftBackend::new(Nft::host())),
+        _ => {
+            loader::ensure_bpffs()?;
+            Enforcer::Bpf {
+                backend: Box::new(loader::BpfBackend::load(pin_dir)?),
+                patterns,
+                xdp,
+            }
+        }
+    })
+}
+
+/// Run until `stop` is set: apply the directory's policy whenever it changes.
+pub fn run(
+    source: &PolicySource,
+    mut enforcer: Enforcer,
+    interval: Duration,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
+    let PolicySource::Dir(dir) = source;
+    let mut last = None;
+    let mut generation = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        let fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
+        if last.as_ref() != Some(&fp) {
+            let started = Instant::now();
+            match load::load_paths(std::slice::from_ref(dir))
+                .map_err(anyhow::Error::from)
+                .and_then(|objs| compile::compile(&objs).map_err(anyhow::Error::from))
+            {
+                Ok(compiled) => {
+                    for (origin, w) in &compiled.warnings {
+                        tracing::warn!(object = %origin, "{w}");
+                    }
+                    match enforcer.apply(&compiled.policy) {
+                        Ok(summary) => {
+                            generation += 1;
+                            tracing::info!(
+                                generation,
+                                tables = compiled.policy.tables.len(),
+                                rules = compiled.policy.rule_count(),
+                                apply_ms = started.elapsed().as_secs_f64() * 1e3,
+                                %summary,
+                                "policy applied"
+                            );
+                        }
+                        Err(e) => {
+                            tracing::error!(error = %format!("{e:#}"), "apply failed; previous policy stays")
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "invalid policy not applied; previous policy stays")
+                }
+            }
+            last = Some(fp);
+        } else if let Err(e) = enforcer.repair() {
+            tracing::error!(error = %format!("{e:#}"), "drift repair failed");
+        }
+        std::thread::sleep(interval);
+    }
+    tracing::info!("agent stopping; enforcement stays in place");
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! The gateway lab end to end: real WireGuard tunnels, both backends driven by
+//! `peerwall agent --source dir:`, the provider-protection matrix, the live offload.
+
+mod common;
+
+use common::{peerwall, require_root};
+use std::process::Command;
+
+#[test]
+fn lab_matrices_are_expected_and_equal_for_both_backends() {
+    require_root();
+    let o = Command::new(peerwall())
+        .arg("lab")
+        .output()
+        .expect("peerwall lab");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("backends agree: yes"), "{out}");
+    assert!(
+        out.contains("nftables: matrix equals the expected provider-protection matrix: yes"),
+        "{out}"
+    );
+    assert!(
+        out.contains("bpf: matrix equals the expected provider-protection matrix: yes"),
+        "{out}"
+    );
+    assert!(!out.contains("UNEXPECTED"), "{out}");
+    // 9 pairs per consumer (4 per pod + the provider-initiated one), per backend.
+    assert_eq!(out.matches(" || ").count(), 2 * 18, "{out}");
+    // Nothing left behind.
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let left: Vec<String> = String::from_utf8_lossy(&ns.stdout)
+        .lines()
+        .filter(|l| l.starts_with("pwlab-"))
+        .map(str::to_string)
+        .collect();
+    assert!(left.is_empty(), "namespaces left: {left:?}");
+}
