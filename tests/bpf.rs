@@ -551,3 +551,100 @@ fn reject_answers_with_port_unreachable_from_tc() {
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "others pass");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn agent_attaches_to_interfaces_that_appear_later() {
+    let t = Topology::new();
+    let pins = Pins::new("newif");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("p.yaml"),
+        "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: n, namespace: t}\nspec:\n  table:\n    name: nodes\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: from-new-nodes, action: drop, match: [{op: eq, dev: {value: 'liqo.', position: in, wildcard: true}, ip: {value: 10.20.9.9, position: src}}]}\n",
+    )
+    .unwrap();
+    let net = format!("--net=/run/netns/{}", t.gateway.name());
+    let child = Command::new("nsenter")
+        .arg(&net)
+        .arg(peerwall())
+        .args([
+            "agent",
+            "--backend",
+            "bpf",
+            "--interval-ms",
+            "50",
+            "--pin-dir",
+            pins.arg(),
+            "--source",
+        ])
+        .arg(format!("dir:{}", dir.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _agent = Kill(child);
+    let attached = |name: &str| pins.0.join("links").join(name).exists();
+    for _ in 0..100 {
+        if attached("tc-liqo:abcdefghij") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        attached("tc-liqo:abcdefghij"),
+        "agent attached to the existing Geneve interface"
+    );
+    // A new provider node joins: a new Geneve interface on the gateway.
+    let extra = NetNs::new("pwt-new").unwrap();
+    veth(&t.gateway, "liqo.newnode123", &extra, "eth0");
+    ip(&extra, &["addr", "add", "10.20.9.9/32", "dev", "eth0"]);
+    ip(&extra, &["addr", "add", "10.20.9.10/32", "dev", "eth0"]);
+    ip(
+        &t.gateway,
+        &["addr", "add", "169.254.9.1/32", "dev", "liqo.newnode123"],
+    );
+    ip(&extra, &["route", "add", "169.254.9.1", "dev", "eth0"]);
+    ip(
+        &extra,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.9.1",
+            "dev",
+            "eth0",
+        ],
+    );
+    ip(
+        &t.gateway,
+        &["route", "add", "10.20.9.0/24", "dev", "liqo.newnode123"],
+    );
+    for _ in 0..100 {
+        if attached("tc-liqo:newnode123") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(
+        attached("tc-liqo:newnode123"),
+        "agent attached to the new interface"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    assert!(
+        !ping(&extra, "10.20.9.9", "10.10.1.67"),
+        "the wildcard rule applies on the new interface"
+    );
+    assert!(
+        ping(&extra, "10.20.9.10", "10.10.1.67"),
+        "other sources pass"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

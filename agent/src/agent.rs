@@ -93,6 +93,17 @@ impl Enforcer {
         }
     }
 
+    /// Something outside the policy changed that the backend must follow: for bpf, the set of
+    /// interfaces (new `liqo.*` devices must be attached and resolved in the maps).
+    fn environment(&self) -> Vec<(String, u32)> {
+        match self {
+            Enforcer::Nft(_) => Vec::new(),
+            Enforcer::Bpf { .. } => loader::host_ifaces()
+                .map(|v| v.into_iter().map(|i| (i.name, i.ifindex)).collect())
+                .unwrap_or_default(),
+        }
+    }
+
     fn repair(&mut self) -> anyhow::Result<()> {
         if let Enforcer::Nft(b) = self {
             let fixed = b.repair().context("drift repair")?;
@@ -151,10 +162,16 @@ pub fn run(
 ) -> anyhow::Result<()> {
     let PolicySource::Dir(dir) = source;
     let mut last = None;
+    let mut last_env = None;
     let mut generation = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
-        if last.as_ref() != Some(&fp) {
+        let env = enforcer.environment();
+        if last.as_ref() != Some(&fp) || last_env.as_ref() != Some(&env) {
+            if last_env.is_some() && last_env.as_ref() != Some(&env) {
+                tracing::info!("interfaces changed: re-applying");
+            }
+            last_env = Some(env);
             let started = Instant::now();
             match load::load_paths(std::slice::from_ref(dir))
                 .map_err(anyhow::Error::from)
