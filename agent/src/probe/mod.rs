@@ -5,8 +5,9 @@
 //! "outside" namespace where nothing answers. The policy is loaded with nft exactly as the
 //! backend renders it (plus a counter on every rule). A probe is injected on the input
 //! interface's peer; the kernel forwards, drops or rejects it. What arrives on the output peer
-//! (or on a raw socket in the gateway, for local delivery) and what ICMP error comes back tell
-//! the fate; the rule counters tell which chain and rule decided. The two must agree.
+//! (or on a raw socket in the gateway, for local delivery) and the kernel's count of ICMP
+//! unreachables it generated tell the fate; the rule counters tell which chain and rule decided.
+//! The two must agree.
 //!
 //! Conntrack states are produced for real: `established` and `related` by inserting flows with
 //! `conntrack -I`, `untracked` with a `notrack` rule at raw priority, `invalid` with a corrupt
@@ -231,6 +232,13 @@ impl NftProbe {
                 force_counters: true,
             },
         ))?;
+        // Only probes may move the counters: whatever the scratch gateway itself sends (echo
+        // replies, resets, ICMP errors, possibly late under load) is dropped at the very start
+        // of the output hook, before any chain of the policy (output and postrouting) sees it.
+        // A reject is then confirmed by the kernel's count of unreachables it generated.
+        Nft::in_netns(gw.name()).apply_text(
+            "table inet pwv_quiet_out {\nchain out {\ntype filter hook output priority -2147483648; policy drop;\n}\n}\n",
+        )?;
         Ok(Self {
             policy: policy.clone(),
             uses_ct: policy_uses_ct(policy),
@@ -576,19 +584,19 @@ impl NftProbe {
         let mut observed = self.observe(pkt, marker, shape, path, QUIET, &mut buf)?;
         let after = self.counters()?;
         let counted = self.derive(pkt, &before, &after);
-        if observed.is_none() && counted.verdict != VerdictAction::Drop {
-            observed = self.observe(pkt, marker, shape, path, PATIENCE, &mut buf)?;
-        }
-        let observed = observed.unwrap_or(VerdictAction::Drop);
-        // A reject whose ICMP error never arrives is still a reject when the kernel sent the
-        // error (our own output/postrouting chains may drop it on its way out), when the probe
-        // is itself an ICMP error (the kernel never answers one with another) or when its
-        // checksum is corrupt (nf_reject does not answer those).
-        let silent_reject = counted.verdict == VerdictAction::Reject
-            && observed == VerdictAction::Drop
+        // The gateway's own packets are dropped at output (see `new`), so a reject is never seen
+        // on the wire: the kernel's count of unreachables it generated is the observation. It
+        // also never answers an ICMP error or a packet with a corrupt checksum.
+        let kernel_rejected = counted.verdict == VerdictAction::Reject
+            && observed.is_none()
             && (shape.icmp_error
                 || shape.bad_checksum
                 || self.unreachables_sent(v6)? > unreach_before);
+        if observed.is_none() && counted.verdict == VerdictAction::Accept {
+            observed = self.observe(pkt, marker, shape, path, PATIENCE, &mut buf)?;
+        }
+        let observed = observed.unwrap_or(VerdictAction::Drop);
+        let silent_reject = kernel_rejected;
         if observed != counted.verdict && !silent_reject {
             return Err(ProbeError::Inconsistent {
                 observed: observed.as_str(),
