@@ -362,11 +362,39 @@ fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
     );
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.3"));
+    // The agent's endpoints.
+    let get = |path: &str| {
+        let o = in_ns(
+            &t.gateway,
+            "curl",
+            &["-s", "-m", "2", &format!("http://127.0.0.1:9090{path}")],
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert_eq!(get("/healthz"), "ok\n");
+    assert_eq!(get("/readyz"), "ready\n");
+    let m = get("/metrics");
+    assert!(
+        m.contains("peerwall_policy_generation{backend=\"nftables\"} 2"),
+        "{m}"
+    );
+    assert!(m.contains("peerwall_invalid_policies_total 1"), "{m}");
+    assert!(
+        m.contains("peerwall_apply_seconds_count{backend=\"nftables\"} 2"),
+        "{m}"
+    );
+    assert!(
+        m.contains("peerwall_rule_packets_total{table=\"table_name\",chain=\"filter_chain_name\",rule=\"drop_traffic\"} 1"),
+        "{m}"
+    );
     // Someone deletes the table: the agent restores it.
     Nft::in_netns(t.gateway.name())
         .apply_text("delete table ip table_name\n")
         .unwrap();
     assert!(wait_for(|| listed(&t).contains("drop_traffic")), "repaired");
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.3"));
+    assert!(wait_for(
+        || get("/metrics").contains("peerwall_drift_repairs_total 1")
+    ));
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -104,14 +104,24 @@ impl Enforcer {
         }
     }
 
-    fn repair(&mut self) -> anyhow::Result<()> {
+    /// Restore drifted tables; returns how many.
+    fn repair(&mut self) -> anyhow::Result<usize> {
         if let Enforcer::Nft(b) = self {
             let fixed = b.repair().context("drift repair")?;
             if !fixed.is_empty() {
                 tracing::warn!(drift = ?fixed, "nftables drift repaired");
             }
+            return Ok(fixed.len());
         }
-        Ok(())
+        Ok(0)
+    }
+
+    /// Rule counters of what is applied.
+    fn counters(&mut self) -> anyhow::Result<Vec<crate::backend::nftables::RuleCounter>> {
+        Ok(match self {
+            Enforcer::Nft(b) => b.counters()?,
+            Enforcer::Bpf { backend, .. } => backend.counters()?,
+        })
     }
 }
 
@@ -159,7 +169,13 @@ pub fn run(
     mut enforcer: Enforcer,
     interval: Duration,
     stop: Arc<AtomicBool>,
+    metrics: crate::metrics::Shared,
 ) -> anyhow::Result<()> {
+    let update = |f: &mut dyn FnMut(&mut crate::metrics::AgentMetrics)| {
+        if let Ok(mut m) = metrics.lock() {
+            f(&mut m);
+        }
+    };
     let PolicySource::Dir(dir) = source;
     let mut last = None;
     let mut last_env = None;
@@ -184,6 +200,12 @@ pub fn run(
                     match enforcer.apply(&compiled.policy) {
                         Ok(summary) => {
                             generation += 1;
+                            let secs = started.elapsed().as_secs_f64();
+                            update(&mut |m| {
+                                m.generation = generation;
+                                m.ready = true;
+                                m.observe_apply(secs);
+                            });
                             tracing::info!(
                                 generation,
                                 tables = compiled.policy.tables.len(),
@@ -194,17 +216,26 @@ pub fn run(
                             );
                         }
                         Err(e) => {
+                            update(&mut |m| m.apply_errors += 1);
                             tracing::error!(error = %format!("{e:#}"), "apply failed; previous policy stays")
                         }
                     }
                 }
                 Err(e) => {
+                    update(&mut |m| m.invalid_policies += 1);
                     tracing::error!(error = %e, "invalid policy not applied; previous policy stays")
                 }
             }
             last = Some(fp);
-        } else if let Err(e) = enforcer.repair() {
-            tracing::error!(error = %format!("{e:#}"), "drift repair failed");
+        } else {
+            match enforcer.repair() {
+                Ok(n) if n > 0 => update(&mut |m| m.drift_repairs += n as u64),
+                Ok(_) => {}
+                Err(e) => tracing::error!(error = %format!("{e:#}"), "drift repair failed"),
+            }
+        }
+        if let Ok(rules) = enforcer.counters() {
+            update(&mut |m| m.rules = rules.clone());
         }
         std::thread::sleep(interval);
     }

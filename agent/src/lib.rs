@@ -12,6 +12,7 @@ pub mod cli;
 pub mod compile;
 pub mod ir;
 pub mod lab;
+pub mod metrics;
 pub mod netns;
 pub mod probe;
 pub mod testgen;

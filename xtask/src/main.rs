@@ -23,6 +23,7 @@ const APT_PACKAGES: &[&str] = &[
     "socat",
     "procps",
     "util-linux",
+    "curl",
     "bpftool",
     "wireguard-go",
     "wireguard-tools",

@@ -273,6 +273,9 @@ pub enum Command {
         /// How often the source is checked (and nftables drift repaired).
         #[arg(long, default_value_t = 200)]
         interval_ms: u64,
+        /// Where `/metrics`, `/healthz` and `/readyz` are served.
+        #[arg(long, default_value = "0.0.0.0:9090")]
+        metrics_addr: std::net::SocketAddr,
     },
 }
 
@@ -595,6 +598,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             backend,
             bpf,
             interval_ms,
+            metrics_addr,
         } => {
             let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
             let s = stop.clone();
@@ -608,12 +612,21 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             let enforcer = crate::agent::enforcer(name, &bpf.pin_dir, bpf.interfaces, bpf.xdp)
                 .context("starting the backend")
                 .map_err(runtime)?;
-            tracing::info!(?source, backend = name, "agent started");
+            let metrics =
+                std::sync::Arc::new(std::sync::Mutex::new(crate::metrics::AgentMetrics {
+                    backend: name,
+                    ..Default::default()
+                }));
+            let bound = crate::metrics::serve(metrics_addr, metrics.clone())
+                .with_context(|| format!("serving metrics on {metrics_addr}"))
+                .map_err(runtime)?;
+            tracing::info!(?source, backend = name, metrics = %bound, "agent started");
             crate::agent::run(
                 &source,
                 enforcer,
                 std::time::Duration::from_millis(interval_ms),
                 stop,
+                metrics,
             )
             .map_err(runtime)
         }

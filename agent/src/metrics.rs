@@ -1,0 +1,181 @@
+//! The agent's `/metrics` (Prometheus text format), `/healthz` and `/readyz`, served by a small
+//! blocking HTTP listener on its own thread.
+//!
+//! Labels are bounded by the policy itself (table, chain and rule names of the applied policy);
+//! nothing per packet or per address.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::backend::nftables::RuleCounter;
+
+/// Upper bounds (seconds) of the apply latency histogram.
+pub const APPLY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+
+/// What the agent reports.
+#[derive(Debug, Default, Clone)]
+pub struct AgentMetrics {
+    /// Backend name.
+    pub backend: &'static str,
+    /// Policies applied so far.
+    pub generation: u64,
+    /// Apply latency histogram: counts per bucket (cumulative at render time), sum, count.
+    pub apply_buckets: [u64; APPLY_BUCKETS.len()],
+    /// Sum of apply seconds.
+    pub apply_sum: f64,
+    /// Number of applies.
+    pub apply_count: u64,
+    /// Applies the kernel refused.
+    pub apply_errors: u64,
+    /// Policy changes refused by validation.
+    pub invalid_policies: u64,
+    /// Drift repairs (nftables).
+    pub drift_repairs: u64,
+    /// Rule counters of the applied policy.
+    pub rules: Vec<RuleCounter>,
+    /// Whether a policy is in force.
+    pub ready: bool,
+}
+
+impl AgentMetrics {
+    /// Record one apply's duration.
+    pub fn observe_apply(&mut self, seconds: f64) {
+        for (i, b) in APPLY_BUCKETS.iter().enumerate() {
+            if seconds <= *b {
+                self.apply_buckets[i] += 1;
+            }
+        }
+        self.apply_sum += seconds;
+        self.apply_count += 1;
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let b = self.backend;
+        let _ = writeln!(s, "# HELP peerwall_policy_generation Policies applied since the agent started.\n# TYPE peerwall_policy_generation gauge\npeerwall_policy_generation{{backend=\"{b}\"}} {}", self.generation);
+        let _ = writeln!(s, "# HELP peerwall_apply_seconds Time to validate, compile and apply a policy.\n# TYPE peerwall_apply_seconds histogram");
+        for (i, le) in APPLY_BUCKETS.iter().enumerate() {
+            let _ = writeln!(
+                s,
+                "peerwall_apply_seconds_bucket{{backend=\"{b}\",le=\"{le}\"}} {}",
+                self.apply_buckets[i]
+            );
+        }
+        let _ = writeln!(s, "peerwall_apply_seconds_bucket{{backend=\"{b}\",le=\"+Inf\"}} {}\npeerwall_apply_seconds_sum{{backend=\"{b}\"}} {}\npeerwall_apply_seconds_count{{backend=\"{b}\"}} {}", self.apply_count, self.apply_sum, self.apply_count);
+        let _ = writeln!(s, "# HELP peerwall_apply_errors_total Applies the kernel refused (the previous policy stayed).\n# TYPE peerwall_apply_errors_total counter\npeerwall_apply_errors_total{{backend=\"{b}\"}} {}", self.apply_errors);
+        let _ = writeln!(s, "# HELP peerwall_invalid_policies_total Policy changes refused by validation (the previous policy stayed).\n# TYPE peerwall_invalid_policies_total counter\npeerwall_invalid_policies_total {}", self.invalid_policies);
+        let _ = writeln!(s, "# HELP peerwall_drift_repairs_total Tables restored after someone deleted or edited them.\n# TYPE peerwall_drift_repairs_total counter\npeerwall_drift_repairs_total {}", self.drift_repairs);
+        let _ = writeln!(s, "# HELP peerwall_rule_packets_total Packets that hit a rule (policy: the chain policy decided).\n# TYPE peerwall_rule_packets_total counter");
+        for r in &self.rules {
+            let _ = writeln!(
+                s,
+                "peerwall_rule_packets_total{{table=\"{}\",chain=\"{}\",rule=\"{}\"}} {}",
+                esc(&r.table),
+                esc(&r.chain),
+                esc(&r.rule),
+                r.packets
+            );
+        }
+        let _ = writeln!(s, "# HELP peerwall_rule_bytes_total Bytes that hit a rule.\n# TYPE peerwall_rule_bytes_total counter");
+        for r in &self.rules {
+            let _ = writeln!(
+                s,
+                "peerwall_rule_bytes_total{{table=\"{}\",chain=\"{}\",rule=\"{}\"}} {}",
+                esc(&r.table),
+                esc(&r.chain),
+                esc(&r.rule),
+                r.bytes
+            );
+        }
+        s
+    }
+}
+
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Shared metrics.
+pub type Shared = Arc<Mutex<AgentMetrics>>;
+
+fn respond(mut stream: TcpStream, metrics: &Shared) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    let path = line.split_whitespace().nth(1).unwrap_or("/");
+    let (status, ctype, body) = match path {
+        "/metrics" => match metrics.lock() {
+            Ok(m) => ("200 OK", "text/plain; version=0.0.4", m.render()),
+            Err(_) => (
+                "500 Internal Server Error",
+                "text/plain",
+                "poisoned\n".into(),
+            ),
+        },
+        "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
+        "/readyz" => match metrics.lock() {
+            Ok(m) if m.ready => ("200 OK", "text/plain", "ready\n".into()),
+            _ => (
+                "503 Service Unavailable",
+                "text/plain",
+                "no policy applied yet\n".into(),
+            ),
+        },
+        _ => ("404 Not Found", "text/plain", "not found\n".into()),
+    };
+    write!(
+        stream,
+        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+/// Serve on `addr` in a background thread; returns the bound address.
+pub fn serve(addr: SocketAddr, metrics: Shared) -> std::io::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)?;
+    let bound = listener.local_addr()?;
+    std::thread::spawn(move || {
+        for stream in listener.incoming().flatten() {
+            if let Err(e) = respond(stream, &metrics) {
+                tracing::debug!(error = %e, "metrics request failed");
+            }
+        }
+    });
+    Ok(bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_prometheus_text() {
+        let mut m = AgentMetrics {
+            backend: "nftables",
+            ..Default::default()
+        };
+        m.observe_apply(0.02);
+        m.generation = 1;
+        m.rules.push(RuleCounter {
+            table: "t".into(),
+            chain: "c".into(),
+            rule: "r\"1".into(),
+            packets: 3,
+            bytes: 252,
+        });
+        let s = m.render();
+        assert!(s.contains("peerwall_policy_generation{backend=\"nftables\"} 1"));
+        assert!(s.contains("peerwall_apply_seconds_bucket{backend=\"nftables\",le=\"0.01\"} 0"));
+        assert!(s.contains("peerwall_apply_seconds_bucket{backend=\"nftables\",le=\"0.025\"} 1"));
+        assert!(s.contains("peerwall_apply_seconds_count{backend=\"nftables\"} 1"));
+        assert!(
+            s.contains("peerwall_rule_packets_total{table=\"t\",chain=\"c\",rule=\"r\\\"1\"} 3")
+        );
+    }
+}
