@@ -39,4 +39,35 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
         .map(str::to_string)
         .collect();
     assert!(left.is_empty(), "namespaces left: {left:?}");
+
+    // Ctrl-C in the middle: everything it built is removed too.
+    let mut child = Command::new(peerwall())
+        .args(["lab", "--backend", "nftables"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "interrupted lab exits 130");
+    let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&ns.stdout).contains("pwlab-"),
+        "namespaces left after Ctrl-C"
+    );
+    let ps = Command::new("ps")
+        .args(["-eo", "stat,args"])
+        .output()
+        .unwrap();
+    let live: Vec<String> = String::from_utf8_lossy(&ps.stdout)
+        .lines()
+        .filter(|l| {
+            !l.starts_with('Z')
+                && (l.contains("wireguard-go -f") || l.contains("socat UDP4-RECVFROM:9090"))
+        })
+        .map(str::to_string)
+        .collect();
+    assert!(live.is_empty(), "processes left after Ctrl-C: {live:?}");
 }

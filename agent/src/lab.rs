@@ -35,15 +35,20 @@ enum Undo {
 type Registry = Arc<Mutex<Vec<Undo>>>;
 
 fn undo_all(reg: &Registry) {
-    let items: Vec<Undo> = match reg.lock() {
-        Ok(mut g) => g.drain(..).rev().collect(),
-        Err(_) => return,
-    };
+    if let Ok(mut g) = reg.lock() {
+        undo_items(&mut g);
+    }
+}
+
+/// Undo everything registered (the caller holds the registry's lock, so nothing new can be
+/// started meanwhile).
+fn undo_items(registered: &mut Vec<Undo>) {
+    let items: Vec<Undo> = registered.drain(..).rev().collect();
     // Processes first (agents, wireguard-go, listeners), then namespaces and files.
     for u in &items {
         if let Undo::Pid(pid) = u {
-            // SAFETY: plain kill(2) on a child we started.
-            unsafe { libc::kill(*pid as i32, libc::SIGTERM) };
+            // SAFETY: plain kill(2) on the process group of a child we started.
+            unsafe { libc::kill(-(*pid as i32), libc::SIGTERM) };
         }
     }
     std::thread::sleep(Duration::from_millis(200));
@@ -51,7 +56,7 @@ fn undo_all(reg: &Registry) {
         match u {
             Undo::Pid(pid) => {
                 // SAFETY: as above.
-                unsafe { libc::kill(*pid as i32, libc::SIGKILL) };
+                unsafe { libc::kill(-(*pid as i32), libc::SIGKILL) };
             }
             Undo::Pins(p) => {
                 let _ = crate::backend::bpf::loader::remove_pins(p);
@@ -215,15 +220,24 @@ impl Lab {
     }
 
     fn spawn(&mut self, mut c: Command) -> Result<()> {
+        use std::os::unix::process::CommandExt;
+        // Registered under the lock: an interrupt (which takes the lock to clean up, then exits)
+        // can never miss a process started concurrently.
+        let mut g = self
+            .reg
+            .lock()
+            .map_err(|_| anyhow::anyhow!("lab registry poisoned"))?;
+        // Own process group: stopping it stops everything it started (a shell's background
+        // wireguard-go, socat's per-connection children).
         let child = c
+            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .with_context(|| format!("starting {c:?}"))?;
-        if let Ok(mut g) = self.reg.lock() {
-            g.push(Undo::Pid(child.id()));
-        }
+        g.push(Undo::Pid(child.id()));
+        drop(g);
         self.children.push(child);
         Ok(())
     }
@@ -736,7 +750,11 @@ pub fn run(backends: &[&'static str], bin: &Path, keep: bool) -> Result<bool> {
     let r2 = reg.clone();
     let _ = ctrlc::set_handler(move || {
         eprintln!("\ninterrupted: removing the lab");
-        undo_all(&r2);
+        // Keep the lock until exit: nothing else gets started or registered.
+        if let Ok(mut g) = r2.lock() {
+            undo_items(&mut g);
+            std::process::exit(130);
+        }
         std::process::exit(130);
     });
     let mut runs = Vec::new();
