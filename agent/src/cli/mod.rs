@@ -289,10 +289,28 @@ fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
 }
 
 /// The CRD as YAML.
+///
+/// Schema `default`s derived from `#[serde(default)]` are removed: the API server would apply
+/// them (and v1.20 rejects an empty-string default as "null"), while peerwall's loader already
+/// treats absent fields, and validation reports them with their path.
 pub fn crd_yaml() -> anyhow::Result<String> {
     use kube::CustomResourceExt;
+    fn strip_defaults(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(o) => {
+                o.remove("default");
+                o.values_mut().for_each(strip_defaults);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip_defaults),
+            _ => {}
+        }
+    }
     let crd = crate::api::FirewallConfiguration::crd();
-    Ok(serde_yaml::to_string(&crd)?)
+    let mut v = serde_json::to_value(&crd)?;
+    if let Some(versions) = v.pointer_mut("/spec/versions") {
+        strip_defaults(versions);
+    }
+    Ok(serde_yaml::to_string(&v)?)
 }
 
 fn out(s: &str) -> Result<(), CliError> {
