@@ -24,7 +24,7 @@ use core::mem::size_of;
 use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::helpers::generated::{
     bpf_fib_lookup, bpf_ktime_get_ns, bpf_loop, bpf_redirect, bpf_skb_change_tail,
-    bpf_skb_load_bytes, bpf_xdp_load_bytes,
+    bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_load_bytes,
 };
 use aya_ebpf::macros::{classifier, map, xdp};
 use aya_ebpf::maps::lpm_trie::Key;
@@ -1156,6 +1156,20 @@ fn csum_fold(mut sum: u32) -> u16 {
     !(sum as u16)
 }
 
+/// Copy the start of the packet's IP header into `dst` (its length is a constant at each call).
+#[inline(always)]
+fn load_quote(ctx: &TcContext, l2: usize, dst: &mut [u8]) -> bool {
+    // SAFETY: the helper writes dst.len() bytes into `dst`.
+    unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb.cast(),
+            l2 as u32,
+            dst.as_mut_ptr().cast(),
+            dst.len() as u32,
+        ) == 0
+    }
+}
+
 /// Turn the packet into an ICMP (ICMPv6) port-unreachable quoting it and send it back out of
 /// the interface it came in on, as nftables' `reject` does. Packets the kernel would not answer
 /// (ICMP errors, non-first fragments, IPv4 with options) are dropped silently.
@@ -1189,26 +1203,15 @@ fn reject(ctx: &TcContext) -> i32 {
     } else if l2 != 0 {
         return TC_ACT_SHOT;
     }
-    if p.family == family::V4 {
-        if p.l4 != 20 {
-            return TC_ACT_SHOT;
-        }
-        let Some(bp) = REJECT_BUF.get_ptr_mut(0) else {
-            return TC_ACT_SHOT;
-        };
-        // SAFETY: per-CPU buffer of a successful lookup.
-        let m = unsafe { &mut *bp };
-        *m = [0u8; 96];
-        // SAFETY: the helper writes 28 bytes inside the 96-byte buffer.
-        if unsafe {
-            bpf_skb_load_bytes(
-                ctx.skb.skb.cast(),
-                l2 as u32,
-                m[28..].as_mut_ptr().cast(),
-                28,
-            )
-        } != 0
-        {
+    let Some(bp) = REJECT_BUF.get_ptr_mut(0) else {
+        return TC_ACT_SHOT;
+    };
+    // SAFETY: per-CPU buffer of a successful lookup.
+    let m = unsafe { &mut *bp };
+    *m = [0u8; 96];
+    let len = if p.family == family::V4 {
+        // IPv4 header (20) + ICMP header (8) + quote: the IP header and 8 bytes of layer 4.
+        if p.l4 != 20 || !load_quote(ctx, l2, &mut m[28..56]) {
             return TC_ACT_SHOT;
         }
         m[0] = 0x45;
@@ -1225,34 +1228,10 @@ fn reject(ctx: &TcContext) -> i32 {
         m[21] = 3; // port unreachable
         let icsum = csum_fold(csum_add(0, &m[20..56]));
         m[22..24].copy_from_slice(&icsum.to_be_bytes());
-        // SAFETY: resizing the skb this program owns.
-        if unsafe { bpf_skb_change_tail(ctx.skb.skb, (l2 + 56) as u32, 0) } != 0 {
-            return TC_ACT_SHOT;
-        }
-        let head: &[u8; 56] = match (&m[..56]).try_into() {
-            Ok(h) => h,
-            Err(_) => return TC_ACT_SHOT,
-        };
-        if ctx.store(l2, head, 0).is_err() {
-            return TC_ACT_SHOT;
-        }
+        56
     } else {
-        let Some(bp) = REJECT_BUF.get_ptr_mut(0) else {
-            return TC_ACT_SHOT;
-        };
-        // SAFETY: per-CPU buffer of a successful lookup.
-        let m = unsafe { &mut *bp };
-        *m = [0u8; 96];
-        // SAFETY: the helper writes 48 bytes inside the 96-byte buffer.
-        if unsafe {
-            bpf_skb_load_bytes(
-                ctx.skb.skb.cast(),
-                l2 as u32,
-                m[48..].as_mut_ptr().cast(),
-                48,
-            )
-        } != 0
-        {
+        // IPv6 header (40) + ICMPv6 header (8) + quote: the IPv6 header and 8 bytes.
+        if !load_quote(ctx, l2, &mut m[48..96]) {
             return TC_ACT_SHOT;
         }
         m[0] = 0x60;
@@ -1269,11 +1248,20 @@ fn reject(ctx: &TcContext) -> i32 {
         sum = csum_add(sum, &m[40..96]);
         let c = csum_fold(sum);
         m[42..44].copy_from_slice(&c.to_be_bytes());
-        // SAFETY: resizing the skb this program owns.
-        if unsafe { bpf_skb_change_tail(ctx.skb.skb, (l2 + 96) as u32, 0) } != 0 {
-            return TC_ACT_SHOT;
-        }
-        if ctx.store(l2, &*m, 0).is_err() {
+        96
+    };
+    // Shrink the packet to the answer and write it over the original headers.
+    // SAFETY: resizing the skb this program owns; the buffer holds `len` (<= 96) bytes.
+    unsafe {
+        if bpf_skb_change_tail(ctx.skb.skb, (l2 + len) as u32, 0) != 0
+            || bpf_skb_store_bytes(
+                ctx.skb.skb.cast(),
+                l2 as u32,
+                m.as_ptr().cast(),
+                len as u32,
+                0,
+            ) != 0
+        {
             return TC_ACT_SHOT;
         }
     }
