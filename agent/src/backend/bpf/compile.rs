@@ -229,61 +229,41 @@ enum Cond<S> {
     NotIn(S),
 }
 
-fn addr_cond(rule: &ir::Rule, dir: Dir) -> Cond<AddrSet> {
-    let tests: Vec<(&AddrSet, bool)> = rule
-        .matches
-        .iter()
-        .filter_map(|m| match &m.test {
-            Test::Addr { dir: d, set, .. } if *d == dir => Some((set, m.negate)),
-            _ => None,
-        })
-        .collect();
-    let Some(fam) = tests.first().map(|(s, _)| s.family()) else {
-        return Cond::Any;
-    };
-    let mut pos: Option<AddrSet> = None;
-    let mut neg = AddrSet::empty(fam);
-    for (s, negate) in tests {
-        if negate {
-            neg = neg.union(s);
-        } else {
-            pos = Some(match pos {
-                None => s.clone(),
-                Some(p) => intersect(&p, s),
-            });
-        }
-    }
-    match pos {
-        None => Cond::NotIn(neg),
-        Some(p) => Cond::In(difference(&p, &neg)),
-    }
+/// Sets of values a dimension's tests are combined over.
+trait ValueSet: Clone {
+    fn union(&self, other: &Self) -> Self;
+    fn intersect(&self, other: &Self) -> Self;
+    fn minus(&self, other: &Self) -> Self;
+    /// The empty set of the same kind (family) as `self`.
+    fn none_like(&self) -> Self;
 }
 
-fn intersect(a: &AddrSet, b: &AddrSet) -> AddrSet {
+/// Inclusive ranges present in both sorted, disjoint lists.
+fn ranges_intersect(a: &[ir::AddrRange], b: &[ir::AddrRange]) -> Vec<ir::AddrRange> {
     let mut out = Vec::new();
-    let (ra, rb) = (a.ranges(), b.ranges());
     let (mut i, mut j) = (0, 0);
-    while i < ra.len() && j < rb.len() {
-        let lo = ra[i].lo.max(rb[j].lo);
-        let hi = ra[i].hi.min(rb[j].hi);
+    while i < a.len() && j < b.len() {
+        let lo = a[i].lo.max(b[j].lo);
+        let hi = a[i].hi.min(b[j].hi);
         if lo <= hi {
             out.push(ir::AddrRange { lo, hi });
         }
-        if ra[i].hi < rb[j].hi {
+        if a[i].hi < b[j].hi {
             i += 1;
         } else {
             j += 1;
         }
     }
-    AddrSet::from_ranges(a.family(), out)
+    out
 }
 
-fn difference(a: &AddrSet, b: &AddrSet) -> AddrSet {
+/// Inclusive ranges of `a` not covered by `b` (both sorted, disjoint).
+fn ranges_minus(a: &[ir::AddrRange], b: &[ir::AddrRange]) -> Vec<ir::AddrRange> {
     let mut out = Vec::new();
-    for r in a.ranges() {
+    for r in a {
         let mut lo = r.lo;
         let mut done = false;
-        for s in b.ranges() {
+        for s in b {
             if s.hi < lo || s.lo > r.hi {
                 continue;
             }
@@ -300,65 +280,98 @@ fn difference(a: &AddrSet, b: &AddrSet) -> AddrSet {
             out.push(ir::AddrRange { lo, hi: r.hi });
         }
     }
-    AddrSet::from_ranges(a.family(), out)
+    out
 }
 
-fn port_cond(rule: &ir::Rule, dir: Dir) -> Cond<PortSet> {
-    let tests: Vec<(&PortSet, bool)> = rule
+impl ValueSet for AddrSet {
+    fn union(&self, other: &Self) -> Self {
+        AddrSet::union(self, other)
+    }
+    fn intersect(&self, other: &Self) -> Self {
+        AddrSet::from_ranges(
+            self.family(),
+            ranges_intersect(self.ranges(), other.ranges()),
+        )
+    }
+    fn minus(&self, other: &Self) -> Self {
+        AddrSet::from_ranges(self.family(), ranges_minus(self.ranges(), other.ranges()))
+    }
+    fn none_like(&self) -> Self {
+        AddrSet::empty(self.family())
+    }
+}
+
+fn port_ranges(p: &PortSet) -> Vec<ir::AddrRange> {
+    p.ranges()
+        .iter()
+        .map(|(a, b)| ir::AddrRange {
+            lo: u128::from(*a),
+            hi: u128::from(*b),
+        })
+        .collect()
+}
+
+fn to_ports(r: Vec<ir::AddrRange>) -> PortSet {
+    // Ranges come from port sets, so every bound fits in 16 bits.
+    PortSet::from_ranges(r.into_iter().map(|r| (r.lo as u16, r.hi as u16)))
+}
+
+impl ValueSet for PortSet {
+    fn union(&self, other: &Self) -> Self {
+        PortSet::from_ranges(self.ranges().iter().chain(other.ranges()).copied())
+    }
+    fn intersect(&self, other: &Self) -> Self {
+        to_ports(ranges_intersect(&port_ranges(self), &port_ranges(other)))
+    }
+    fn minus(&self, other: &Self) -> Self {
+        to_ports(ranges_minus(&port_ranges(self), &port_ranges(other)))
+    }
+    fn none_like(&self) -> Self {
+        PortSet::from_ranges([])
+    }
+}
+
+/// Combine a rule's tests of one dimension (`pick` selects them) into one condition:
+/// `eq A, eq B, neq C` → in (A ∩ B) ∖ C; only `neq` tests → not in their union.
+fn cond<S: ValueSet>(rule: &ir::Rule, pick: impl Fn(&Test) -> Option<&S>) -> Cond<S> {
+    let tests: Vec<(&S, bool)> = rule
         .matches
         .iter()
-        .filter_map(|m| match &m.test {
-            Test::Port { dir: d, set, .. } if *d == dir => Some((set, m.negate)),
-            _ => None,
-        })
+        .filter_map(|m| pick(&m.test).map(|s| (s, m.negate)))
         .collect();
-    if tests.is_empty() {
+    let Some(first) = tests.first() else {
         return Cond::Any;
-    }
-    // Work on a 65536-bit membership vector: small and exact.
-    let mut pos: Option<Vec<bool>> = None;
-    let mut neg = vec![false; 65536];
+    };
+    let mut pos: Option<S> = None;
+    let mut neg = first.0.none_like();
     for (s, negate) in tests {
-        let mut v = vec![false; 65536];
-        for (a, b) in s.ranges() {
-            for p in *a..=*b {
-                v[usize::from(p)] = true;
-            }
-        }
         if negate {
-            neg.iter_mut().zip(&v).for_each(|(n, x)| *n |= *x);
+            neg = neg.union(s);
         } else {
             pos = Some(match pos {
-                None => v,
-                Some(p) => p.iter().zip(&v).map(|(a, b)| *a && *b).collect(),
+                None => s.clone(),
+                Some(p) => p.intersect(s),
             });
         }
     }
-    let to_set = |v: &[bool]| {
-        let mut ranges = Vec::new();
-        let mut start: Option<usize> = None;
-        for (i, &b) in v.iter().enumerate() {
-            match (b, start) {
-                (true, None) => start = Some(i),
-                (false, Some(s)) => {
-                    ranges.push((s as u16, (i - 1) as u16));
-                    start = None;
-                }
-                _ => {}
-            }
-        }
-        if let Some(s) = start {
-            ranges.push((s as u16, u16::MAX));
-        }
-        PortSet::from_ranges(ranges)
-    };
     match pos {
-        None => Cond::NotIn(to_set(&neg)),
-        Some(p) => {
-            let diff: Vec<bool> = p.iter().zip(&neg).map(|(a, n)| *a && !*n).collect();
-            Cond::In(to_set(&diff))
-        }
+        None => Cond::NotIn(neg),
+        Some(p) => Cond::In(p.minus(&neg)),
     }
+}
+
+fn addr_cond(rule: &ir::Rule, dir: Dir) -> Cond<AddrSet> {
+    cond(rule, |t| match t {
+        Test::Addr { dir: d, set, .. } if *d == dir => Some(set),
+        _ => None,
+    })
+}
+
+fn port_cond(rule: &ir::Rule, dir: Dir) -> Cond<PortSet> {
+    cond(rule, |t| match t {
+        Test::Port { dir: d, set, .. } if *d == dir => Some(set),
+        _ => None,
+    })
 }
 
 fn port_prefixes(set: &PortSet) -> Vec<(u16, u8)> {

@@ -61,10 +61,20 @@ fn set_algebra() {
     };
     let a = s(&[(0, 10), (20, 30)]);
     let b = s(&[(5, 25)]);
-    assert_eq!(intersect(&a, &b), s(&[(5, 10), (20, 25)]));
-    assert_eq!(difference(&a, &b), s(&[(0, 4), (26, 30)]));
-    assert_eq!(difference(&b, &a), s(&[(11, 19)]));
-    assert_eq!(difference(&a, &a), s(&[]));
+    assert_eq!(a.intersect(&b), s(&[(5, 10), (20, 25)]));
+    assert_eq!(a.minus(&b), s(&[(0, 4), (26, 30)]));
+    assert_eq!(b.minus(&a), s(&[(11, 19)]));
+    assert_eq!(a.minus(&a), s(&[]));
+    let p = |r: &[(u16, u16)]| PortSet::from_ranges(r.iter().copied());
+    assert_eq!(
+        p(&[(80, 90)]).minus(&p(&[(85, 85)])),
+        p(&[(80, 84), (86, 90)])
+    );
+    assert_eq!(
+        p(&[(0, 65535)]).minus(&p(&[(0, 0), (65535, 65535)])),
+        p(&[(1, 65534)])
+    );
+    assert_eq!(p(&[(1, 10)]).intersect(&p(&[(5, 20)])), p(&[(5, 10)]));
 }
 
 #[test]
