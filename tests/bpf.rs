@@ -40,6 +40,14 @@ fn peerwall_net(ns: &NetNs, args: &[&str]) -> std::process::Output {
     sh("nsenter", &full)
 }
 
+/// `peerwall apply --backend bpf --pin-dir PINS [EXTRA...] -f FILE` in the namespace; must succeed.
+fn apply_bpf(ns: &NetNs, pins: &Pins, extra: &[&str], file: &std::path::Path) {
+    let mut args = vec!["apply", "--backend", "bpf", "--pin-dir", pins.arg()];
+    args.extend_from_slice(extra);
+    args.extend(["-f", file.to_str().unwrap_or_default()]);
+    ok(peerwall_net(ns, &args));
+}
+
 fn ok(o: std::process::Output) {
     assert!(
         o.status.success(),
@@ -100,31 +108,9 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
     let t = Topology::new();
     let pins = Pins::new("veth");
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "baseline");
-    ok(peerwall_net(
-        &t.gateway,
-        &[
-            "apply",
-            "--backend",
-            "bpf",
-            "--pin-dir",
-            pins.arg(),
-            "-f",
-            repo("examples/thesis-block.yaml").to_str().unwrap(),
-        ],
-    ));
+    apply_bpf(&t.gateway, &pins, &[], &repo("examples/thesis-block.yaml"));
     // The loader process has exited: pinned links keep the programs attached.
-    assert!(
-        !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
-        "pod1 → pod2 dropped"
-    );
-    assert!(
-        ping(&t.consumer, "10.10.1.68", "10.20.1.2"),
-        "other pods pass"
-    );
-    assert!(
-        ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
-        "pod1 reaches others"
-    );
+    assert_thesis_block_enforced(&t.consumer);
     // bpftool alone shows the state: links pinned, maps filled, counters moving.
     let links: Vec<String> = std::fs::read_dir(pins.0.join("links"))
         .unwrap()
@@ -209,19 +195,12 @@ fn restarted_agent_adopts_pinned_state_and_switches_policy() {
     let _srv = Listener::tcp(&t.provider, "10.20.1.2", 8080);
     let _srv3 = Listener::tcp(&t.provider, "10.20.3.1", 8080);
     let _back = Listener::tcp(&t.consumer, "10.10.1.67", 9090);
-    ok(peerwall_net(
+    apply_bpf(
         &t.gateway,
-        &[
-            "apply",
-            "--backend",
-            "bpf",
-            "--xdp",
-            "--pin-dir",
-            pins.arg(),
-            "-f",
-            repo("examples/provider-protection.yaml").to_str().unwrap(),
-        ],
-    ));
+        &pins,
+        &["--xdp"],
+        &repo("examples/provider-protection.yaml"),
+    );
     assert!(
         tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", 8080),
         "offloaded pod"
@@ -254,19 +233,7 @@ fn restarted_agent_adopts_pinned_state_and_switches_policy() {
         ),
     )
     .unwrap();
-    ok(peerwall_net(
-        &t.gateway,
-        &[
-            "apply",
-            "--backend",
-            "bpf",
-            "--xdp",
-            "--pin-dir",
-            pins.arg(),
-            "-f",
-            f.to_str().unwrap(),
-        ],
-    ));
+    apply_bpf(&t.gateway, &pins, &["--xdp"], &f);
     assert_eq!(active_slot(&pins), slot ^ 1, "switched to the other slot");
     assert!(
         tcp_connects(&t.consumer, "10.10.1.67", "10.20.3.1", 8080),
@@ -437,18 +404,7 @@ fn enforced_on_a_real_wireguard_tunnel() {
     }
     assert!(up, "tunnel carries traffic before any policy");
     let pins = Pins::new("wg");
-    ok(peerwall_net(
-        &gateway,
-        &[
-            "apply",
-            "--backend",
-            "bpf",
-            "--pin-dir",
-            pins.arg(),
-            "-f",
-            repo("examples/thesis-block.yaml").to_str().unwrap(),
-        ],
-    ));
+    apply_bpf(&gateway, &pins, &[], &repo("examples/thesis-block.yaml"));
     // liqo-tunnel is an L3 (no Ethernet header) device: the datapath reads IP at offset 0.
     assert!(
         !ping(&consumer, "10.10.1.67", "10.20.1.2"),
@@ -527,18 +483,7 @@ fn reject_answers_with_port_unreachable_from_tc() {
         "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: r, namespace: t}\nspec:\n  table:\n    name: rej\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: no-v4, action: reject, match: [{op: eq, ip: {value: 10.20.1.3, position: dst}}]}\n            - {name: no-v6, action: reject, match: [{op: eq, ip: {value: 'fd20::2', position: dst}}]}\n",
     )
     .unwrap();
-    ok(peerwall_net(
-        &t.gateway,
-        &[
-            "apply",
-            "--backend",
-            "bpf",
-            "--pin-dir",
-            pins.arg(),
-            "-f",
-            f.to_str().unwrap(),
-        ],
-    ));
+    apply_bpf(&t.gateway, &pins, &[], &f);
     // The receiving kernel accepts the answers only with correct checksums.
     let out = ping_output(&t.consumer, "10.10.1.67", "10.20.1.3");
     assert!(out.contains("Destination Port Unreachable"), "{out}");

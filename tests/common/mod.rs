@@ -101,6 +101,23 @@ pub fn ping(ns: &NetNs, src: &str, dst: &str) -> bool {
         .success()
 }
 
+/// With examples/thesis-block.yaml in force on the topology's gateway: pod1 (10.10.1.67) cannot
+/// reach pod2 (10.20.1.2), every other pair still can.
+pub fn assert_thesis_block_enforced(consumer: &NetNs) {
+    assert!(
+        !ping(consumer, "10.10.1.67", "10.20.1.2"),
+        "pod1 → pod2 must be dropped"
+    );
+    assert!(
+        ping(consumer, "10.10.1.68", "10.20.1.2"),
+        "other pods still pass"
+    );
+    assert!(
+        ping(consumer, "10.10.1.67", "10.20.1.3"),
+        "pod1 reaches other pods"
+    );
+}
+
 /// The output of one ping (to inspect ICMP errors).
 pub fn ping_output(ns: &NetNs, src: &str, dst: &str) -> String {
     let o = in_ns(ns, "ping", &["-c", "1", "-W", "1", "-I", src, dst]);
