@@ -118,6 +118,25 @@ pub fn assert_thesis_block_enforced(consumer: &NetNs) {
     );
 }
 
+/// With examples/provider-protection.yaml in force (listeners on 10.20.1.2:8080, 10.20.3.1:8080
+/// and 10.10.1.67:9090): the offloaded pod answers, the other pod does not, and connections the
+/// provider opens get their replies back through the tunnel.
+pub fn assert_provider_protection(t: &Topology) {
+    assert!(
+        tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", 8080),
+        "offloaded pod reachable"
+    );
+    assert!(
+        !tcp_connects(&t.consumer, "10.10.1.67", "10.20.3.1", 8080),
+        "other pod denied"
+    );
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.3.1"));
+    assert!(
+        tcp_connects(&t.provider, "10.20.3.1", "10.10.1.67", 9090),
+        "replies pass"
+    );
+}
+
 /// The output of one ping (to inspect ICMP errors).
 pub fn ping_output(ns: &NetNs, src: &str, dst: &str) -> String {
     let o = in_ns(ns, "ping", &["-c", "1", "-W", "1", "-I", src, dst]);

@@ -462,14 +462,20 @@ fn net_ancestors(n: &IpNet, lengths: &[u8]) -> Vec<IpNet> {
         .collect()
 }
 
-fn addr_dim(rules: &[&ir::Rule], dir: Dir) -> (Vec<(IpNet, Bitmap)>, DimMasks) {
+/// Rule bits of one address or port dimension: the prefixes of each rule's set (with the rule's
+/// bit) and the dimension's masks (rules it does not constrain; rules whose test is negated).
+fn dim_prefixes<S, K: Eq + std::hash::Hash>(
+    rules: &[&ir::Rule],
+    cond_of: impl Fn(&ir::Rule) -> Cond<S>,
+    prefixes_of: impl Fn(&S) -> Vec<K>,
+) -> (HashMap<K, Bitmap>, DimMasks) {
     let mut masks = DimMasks {
         any: Bitmap::EMPTY,
         neg: Bitmap::EMPTY,
     };
-    let mut direct: HashMap<IpNet, Bitmap> = HashMap::new();
+    let mut direct: HashMap<K, Bitmap> = HashMap::new();
     for (i, r) in rules.iter().enumerate() {
-        let set = match addr_cond(r, dir) {
+        let set = match cond_of(r) {
             Cond::Any => {
                 masks.any.set(i);
                 continue;
@@ -480,10 +486,15 @@ fn addr_dim(rules: &[&ir::Rule], dir: Dir) -> (Vec<(IpNet, Bitmap)>, DimMasks) {
                 s
             }
         };
-        for p in set.to_prefixes() {
+        for p in prefixes_of(&set) {
             direct.entry(p).or_insert(Bitmap::EMPTY).set(i);
         }
     }
+    (direct, masks)
+}
+
+fn addr_dim(rules: &[&ir::Rule], dir: Dir) -> (Vec<(IpNet, Bitmap)>, DimMasks) {
+    let (direct, masks) = dim_prefixes(rules, |r| addr_cond(r, dir), AddrSet::to_prefixes);
     (
         trie_entries(direct, IpNet::prefix_len, net_ancestors),
         masks,
@@ -491,27 +502,16 @@ fn addr_dim(rules: &[&ir::Rule], dir: Dir) -> (Vec<(IpNet, Bitmap)>, DimMasks) {
 }
 
 fn port_dim(rules: &[&ir::Rule], dir: Dir) -> (Vec<(u16, u8, Bitmap)>, DimMasks) {
-    let mut masks = DimMasks {
-        any: Bitmap::EMPTY,
-        neg: Bitmap::EMPTY,
-    };
-    let mut direct: HashMap<(u8, u16), Bitmap> = HashMap::new();
-    for (i, r) in rules.iter().enumerate() {
-        let set = match port_cond(r, dir) {
-            Cond::Any => {
-                masks.any.set(i);
-                continue;
-            }
-            Cond::In(s) => s,
-            Cond::NotIn(s) => {
-                masks.neg.set(i);
-                s
-            }
-        };
-        for (port, len) in port_prefixes(&set) {
-            direct.entry((len, port)).or_insert(Bitmap::EMPTY).set(i);
-        }
-    }
+    let (direct, masks) = dim_prefixes(
+        rules,
+        |r| port_cond(r, dir),
+        |s: &PortSet| {
+            port_prefixes(s)
+                .into_iter()
+                .map(|(port, len)| (len, port))
+                .collect()
+        },
+    );
     let entries = trie_entries(
         direct,
         |(len, _)| *len,
