@@ -4,7 +4,7 @@
 //! compiled into one policy and applied through the chosen backend. An invalid change is
 //! logged and not applied: the last good policy stays in force. The nftables backend's drift
 //! check runs on every tick and repairs tables someone deleted or edited.
-//! (The Kubernetes source, status, metrics and health endpoints are the agent issue's.)
+//! [`Engine`] is the part every source shares; the Kubernetes source is [`crate::k8s::agent`].
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,6 +24,9 @@ use crate::compile;
 pub enum PolicySource {
     /// A directory of YAML files.
     Dir(PathBuf),
+    /// FirewallConfigurations watched on the Kubernetes API server (in-cluster config or
+    /// `KUBECONFIG`).
+    Kube,
 }
 
 impl std::str::FromStr for PolicySource {
@@ -31,8 +34,9 @@ impl std::str::FromStr for PolicySource {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s.split_once(':') {
             Some(("dir", p)) if !p.is_empty() => Ok(PolicySource::Dir(PathBuf::from(p))),
+            None if s == "kube" => Ok(PolicySource::Kube),
             _ => Err(format!(
-                "{s:?} is not a policy source (use dir:PATH; the Kubernetes source is not built yet)"
+                "{s:?} is not a policy source (use dir:PATH or kube)"
             )),
         }
     }
@@ -163,79 +167,137 @@ pub fn enforcer(
     })
 }
 
-/// Run until `stop` is set: apply the directory's policy whenever it changes.
-pub fn run(
-    source: &PolicySource,
-    mut enforcer: Enforcer,
-    interval: Duration,
-    stop: Arc<AtomicBool>,
+/// Why a set of objects was not enforced.
+#[derive(Debug, thiserror::Error)]
+pub enum EnforceError {
+    /// Validation refused some objects; nothing was applied.
+    #[error(transparent)]
+    Invalid(#[from] compile::CompileError),
+    /// The kernel refused the policy; the previous one stays.
+    #[error("{0:#}")]
+    Apply(anyhow::Error),
+}
+
+/// Compile-and-apply with metrics and logs: the part every policy source shares.
+pub struct Engine {
+    enforcer: Enforcer,
     metrics: crate::metrics::Shared,
-) -> anyhow::Result<()> {
-    let update = |f: &mut dyn FnMut(&mut crate::metrics::AgentMetrics)| {
-        if let Ok(mut m) = metrics.lock() {
+    generation: u64,
+    last_env: Option<Vec<(String, u32)>>,
+}
+
+impl Engine {
+    /// An engine over a backend, reporting into `metrics`.
+    pub fn new(enforcer: Enforcer, metrics: crate::metrics::Shared) -> Self {
+        Self {
+            enforcer,
+            metrics,
+            generation: 0,
+            last_env: None,
+        }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut crate::metrics::AgentMetrics)) {
+        if let Ok(mut m) = self.metrics.lock() {
             f(&mut m);
         }
-    };
-    let PolicySource::Dir(dir) = source;
+    }
+
+    /// Validate, compile and apply `objects` as the whole policy of this host (an empty list
+    /// removes everything peerwall installed). On error nothing changes.
+    pub fn enforce(&mut self, objects: &[compile::PolicyObject]) -> Result<(), EnforceError> {
+        let started = Instant::now();
+        let compiled = match compile::compile(objects) {
+            Ok(c) => c,
+            Err(e) => {
+                self.update(|m| m.invalid_policies += 1);
+                return Err(e.into());
+            }
+        };
+        for (origin, w) in &compiled.warnings {
+            tracing::warn!(object = %origin, "{w}");
+        }
+        self.last_env = Some(self.enforcer.environment());
+        match self.enforcer.apply(&compiled.policy) {
+            Ok(summary) => {
+                self.generation += 1;
+                let secs = started.elapsed().as_secs_f64();
+                let generation = self.generation;
+                self.update(|m| {
+                    m.generation = generation;
+                    m.ready = true;
+                    m.observe_apply(secs);
+                });
+                tracing::info!(
+                    generation,
+                    tables = compiled.policy.tables.len(),
+                    rules = compiled.policy.rule_count(),
+                    apply_ms = secs * 1e3,
+                    %summary,
+                    "policy applied"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                self.update(|m| m.apply_errors += 1);
+                Err(EnforceError::Apply(e))
+            }
+        }
+    }
+
+    /// Whether the host changed under the applied policy (bpf: the interface list), so the
+    /// policy must be applied again.
+    pub fn environment_changed(&self) -> bool {
+        self.last_env.is_some() && self.last_env != Some(self.enforcer.environment())
+    }
+
+    /// Periodic upkeep: repair drift, refresh rule counters.
+    pub fn maintain(&mut self) {
+        match self.enforcer.repair() {
+            Ok(n) if n > 0 => self.update(|m| m.drift_repairs += n as u64),
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %format!("{e:#}"), "drift repair failed"),
+        }
+        if let Ok(rules) = self.enforcer.counters() {
+            self.update(|m| m.rules = rules);
+        }
+    }
+}
+
+/// Run until `stop` is set: apply the directory's policy whenever it changes.
+pub fn run_dir(
+    dir: &Path,
+    engine: &mut Engine,
+    interval: Duration,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
     let mut last = None;
-    let mut last_env = None;
-    let mut generation = 0u64;
     while !stop.load(Ordering::Relaxed) {
         let fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
-        let env = enforcer.environment();
-        if last.as_ref() != Some(&fp) || last_env.as_ref() != Some(&env) {
-            if last_env.is_some() && last_env.as_ref() != Some(&env) {
+        let env_changed = engine.environment_changed();
+        if last.as_ref() != Some(&fp) || env_changed {
+            if env_changed {
                 tracing::info!("interfaces changed: re-applying");
             }
-            last_env = Some(env);
-            let started = Instant::now();
-            match load::load_paths(std::slice::from_ref(dir))
-                .map_err(anyhow::Error::from)
-                .and_then(|objs| compile::compile(&objs).map_err(anyhow::Error::from))
-            {
-                Ok(compiled) => {
-                    for (origin, w) in &compiled.warnings {
-                        tracing::warn!(object = %origin, "{w}");
+            match load::load_paths(&[dir.to_path_buf()]) {
+                Ok(objs) => match engine.enforce(&objs) {
+                    Ok(()) => {}
+                    Err(EnforceError::Invalid(e)) => tracing::error!(
+                        error = %e,
+                        "invalid policy not applied; previous policy stays"
+                    ),
+                    Err(e) => {
+                        tracing::error!(error = %e, "apply failed; previous policy stays")
                     }
-                    match enforcer.apply(&compiled.policy) {
-                        Ok(summary) => {
-                            generation += 1;
-                            let secs = started.elapsed().as_secs_f64();
-                            update(&mut |m| {
-                                m.generation = generation;
-                                m.ready = true;
-                                m.observe_apply(secs);
-                            });
-                            tracing::info!(
-                                generation,
-                                tables = compiled.policy.tables.len(),
-                                rules = compiled.policy.rule_count(),
-                                apply_ms = started.elapsed().as_secs_f64() * 1e3,
-                                %summary,
-                                "policy applied"
-                            );
-                        }
-                        Err(e) => {
-                            update(&mut |m| m.apply_errors += 1);
-                            tracing::error!(error = %format!("{e:#}"), "apply failed; previous policy stays")
-                        }
-                    }
-                }
+                },
                 Err(e) => {
-                    update(&mut |m| m.invalid_policies += 1);
+                    engine.update(|m| m.invalid_policies += 1);
                     tracing::error!(error = %e, "invalid policy not applied; previous policy stays")
                 }
             }
             last = Some(fp);
         } else {
-            match enforcer.repair() {
-                Ok(n) if n > 0 => update(&mut |m| m.drift_repairs += n as u64),
-                Ok(_) => {}
-                Err(e) => tracing::error!(error = %format!("{e:#}"), "drift repair failed"),
-            }
-        }
-        if let Ok(rules) = enforcer.counters() {
-            update(&mut |m| m.rules = rules.clone());
+            engine.maintain();
         }
         std::thread::sleep(interval);
     }

@@ -5,6 +5,8 @@
 //! - `test`: formatting and lint checks, then every test (unit, then integration tests that
 //!   build their own network namespaces; run as root).
 //! - `crd`: regenerate `deploy/crd.yaml` from the Rust types.
+//! - `kube-build` / `kube-up`: a real kube-apiserver (built from Debian's source package into a
+//!   version-keyed cache) started on loopback, for the Kubernetes tests and by hand.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,7 +29,12 @@ const APT_PACKAGES: &[&str] = &[
     "bpftool",
     "wireguard-go",
     "wireguard-tools",
+    "openssl",
+    "etcd-server",
 ];
+
+/// kube-apiserver version the Kubernetes tests run against (built from Debian's source).
+const KUBE_VERSION: &str = "1.20.2";
 
 fn root() -> PathBuf {
     // xtask lives in <root>/xtask.
@@ -179,6 +186,7 @@ fn setup() -> Result<()> {
     src.args(["component", "add", "rust-src", "--toolchain", "nightly"]);
     run(src)?;
     ensure_bpf_linker()?;
+    kube_build()?;
     println!("setup done");
     Ok(())
 }
@@ -242,6 +250,45 @@ fn build_ebpf() -> Result<()> {
     Ok(())
 }
 
+/// Where the kube-apiserver build lives: a cache keyed by the Kubernetes version.
+fn kube_bin_dir() -> PathBuf {
+    cache_dir().join(format!("kube-{KUBE_VERSION}"))
+}
+
+/// Build kube-apiserver and kube-controller-manager from Debian's source package into the
+/// version-keyed cache (about 4 minutes, once; a no-op when present).
+fn kube_build() -> Result<()> {
+    let out = kube_bin_dir();
+    if !out.join("kube-apiserver").exists() {
+        println!(
+            "building kube-apiserver {KUBE_VERSION} from Debian's source into {} (about 4 minutes, once)",
+            out.display()
+        );
+    }
+    let mut c = Command::new("bash");
+    c.arg(root().join("xtask/kube/build-apiserver.sh"))
+        .arg(&out);
+    run(c)
+}
+
+/// Start etcd + kube-apiserver + kube-controller-manager on loopback; prints the kubeconfig.
+fn kube_up(args: &[String]) -> Result<()> {
+    kube_build()?;
+    let run_dir = args
+        .first()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("peerwall-kube"));
+    let port = args.get(1).map(String::as_str).unwrap_or("16443");
+    let mut c = Command::new("bash");
+    c.arg(root().join("xtask/kube/start-apiserver.sh"))
+        .arg(kube_bin_dir())
+        .arg(&run_dir)
+        .arg(port);
+    run(c)?;
+    println!("stop with: kill $(cat {}/*.pid)", run_dir.display());
+    Ok(())
+}
+
 fn crd() -> Result<()> {
     let mut c = cargo();
     c.args(["run", "-q", "--bin", "peerwall", "--", "crd"]);
@@ -265,6 +312,8 @@ fn main() -> Result<()> {
         Some("test") => test(&args[1..]),
         Some("crd") => crd(),
         Some("bpf-linker") => ensure_bpf_linker(),
+        Some("kube-build") => kube_build(),
+        Some("kube-up") => kube_up(&args[1..]),
         Some("build-ebpf") => build_ebpf(),
         Some("lab") => {
             let mut c = cargo();
@@ -278,13 +327,19 @@ fn main() -> Result<()> {
             run(c)
         }
         _ => {
-            eprintln!("usage: cargo xtask <setup|lab|test|build-ebpf|bench|crd>");
+            eprintln!(
+                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|crd|kube-build|kube-up>"
+            );
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
             eprintln!("  lab    the gateway lab: [--backend nftables|bpf] [--keep] (root)");
             eprintln!("  build-ebpf  build the eBPF object (installs bpf-linker if missing)");
             eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency)");
             eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");
+            eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
+            eprintln!(
+                "  kube-up [RUN_DIR] [PORT]  start a loopback kube-apiserver; prints kubeconfig"
+            );
             bail!("unknown task")
         }
     }

@@ -84,33 +84,58 @@ fn object_from_value(
             Ok(())
         }
         (Some(API_VERSION), Some(KIND)) => {
-            let fc: FirewallConfiguration =
-                serde_path_to_error::deserialize(value).map_err(|e| LoadError::Field {
-                    origin: origin.to_string(),
-                    path: e.path().to_string(),
-                    message: e.inner().to_string(),
-                })?;
-            let name = fc
-                .metadata
-                .name
-                .clone()
-                .ok_or_else(|| LoadError::MissingName {
-                    origin: origin.to_string(),
-                })?;
-            let ns = fc
-                .metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".to_string());
-            out.push(PolicyObject {
-                origin: Origin(format!("{ns}/{name}")),
-                spec: fc.spec,
-            });
+            out.push(object_from(value, origin)?);
             Ok(())
         }
         // Other manifests (Namespaces, Pods, ...) may share a file: they are not ours.
         _ => Ok(()),
     }
+}
+
+/// Deserialize one FirewallConfiguration (from YAML or JSON), naming the field path on error.
+fn object_from<'de, D: serde::Deserializer<'de>>(
+    value: D,
+    origin: &str,
+) -> Result<PolicyObject, LoadError> {
+    let fc: FirewallConfiguration =
+        serde_path_to_error::deserialize(value).map_err(|e| LoadError::Field {
+            origin: origin.to_string(),
+            path: e.path().to_string(),
+            message: e.inner().to_string(),
+        })?;
+    let name = fc
+        .metadata
+        .name
+        .clone()
+        .ok_or_else(|| LoadError::MissingName {
+            origin: origin.to_string(),
+        })?;
+    let ns = fc
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".to_string());
+    Ok(PolicyObject {
+        origin: Origin(format!("{ns}/{name}")),
+        spec: fc.spec,
+    })
+}
+
+/// One FirewallConfiguration as the API server sends it (a watch event, an admission review):
+/// the same field-path errors as files, origin `namespace/name`.
+pub fn object_from_json(value: serde_json::Value) -> Result<PolicyObject, LoadError> {
+    let origin = format!(
+        "{}/{}",
+        value
+            .pointer("/metadata/namespace")
+            .and_then(|v| v.as_str())
+            .unwrap_or("default"),
+        value
+            .pointer("/metadata/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("?")
+    );
+    object_from(value, &origin)
 }
 
 /// Parse every FirewallConfiguration in a YAML stream. `origin` names the stream in errors.

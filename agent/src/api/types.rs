@@ -36,8 +36,10 @@ pub struct FirewallConfigurationSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FirewallConfigurationStatus {
-    /// Conditions, one per host.
+    /// Conditions, one per host. A list keyed by `host` for server-side apply, so that every
+    /// agent (field manager `peerwall-agent/<host>`) owns its own entry.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["host"]))]
     pub conditions: Vec<FirewallConfigurationStatusCondition>,
 }
 
@@ -58,6 +60,10 @@ pub struct FirewallConfigurationStatusCondition {
     /// Extension: the validation or kernel message behind an `Error`, or warnings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// Extension: the `metadata.generation` this condition describes (an `Applied` condition
+    /// with an older generation means the host still enforces a previous spec).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 /// Condition type.

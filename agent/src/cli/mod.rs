@@ -261,9 +261,18 @@ pub enum Command {
     /// Keep a source of FirewallConfigurations enforced on this host (runs until SIGINT/SIGTERM;
     /// enforcement stays in place after it stops).
     Agent {
-        /// Policy source: `dir:PATH` (a directory of YAML files, polled).
+        /// Policy source: `dir:PATH` (a directory of YAML files, polled) or `kube` (watch the
+        /// API server: in-cluster service account or KUBECONFIG).
         #[arg(long)]
         source: crate::agent::PolicySource,
+        /// `kube` source: label selector of the FirewallConfigurations this host enforces
+        /// (Liqo's gateway agent selects its category and its peer's unique id).
+        #[arg(long, default_value = "networking.liqo.io/firewall-category=gateway")]
+        selector: String,
+        /// `kube` source: this host's name in status conditions and finalizers
+        /// (default: $NODE_NAME, $POD_NAME or the hostname).
+        #[arg(long)]
+        host: Option<String>,
         /// Backend.
         #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
         backend: BackendKind,
@@ -277,6 +286,51 @@ pub enum Command {
         #[arg(long, default_value = "0.0.0.0:9090")]
         metrics_addr: std::net::SocketAddr,
     },
+    /// Provider and consumer protection (one per cluster): a default-deny gateway
+    /// FirewallConfiguration per peer allowing only offloaded pods, and a NetworkPolicy per
+    /// offloaded namespace. Runs until SIGINT/SIGTERM.
+    Controller {
+        /// Tunnel interface name inside the gateway.
+        #[arg(long, default_value = "liqo-tunnel")]
+        tunnel_interface: String,
+        /// Also drop traffic between our pods offloaded to different providers.
+        #[arg(long)]
+        block_leaf_to_leaf: bool,
+    },
+    /// Validating admission webhook for FirewallConfiguration (the agent's validation), over TLS.
+    Webhook {
+        /// Listen address.
+        #[arg(long, default_value = "0.0.0.0:8443")]
+        listen: std::net::SocketAddr,
+        /// PEM certificate (chain).
+        #[arg(long)]
+        tls_cert: PathBuf,
+        /// PEM private key.
+        #[arg(long)]
+        tls_key: PathBuf,
+    },
+}
+
+/// SIGINT/SIGTERM set the returned flag.
+fn stop_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>, CliError> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s = stop.clone();
+    ctrlc::set_handler(move || s.store(true, std::sync::atomic::Ordering::Relaxed))
+        .context("installing the signal handler")
+        .map_err(runtime)?;
+    Ok(stop)
+}
+
+fn default_host() -> String {
+    ["NODE_NAME", "POD_NAME", "HOSTNAME"]
+        .iter()
+        .find_map(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
@@ -613,16 +667,14 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Agent {
             source,
+            selector,
+            host,
             backend,
             bpf,
             interval_ms,
             metrics_addr,
         } => {
-            let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let s = stop.clone();
-            ctrlc::set_handler(move || s.store(true, std::sync::atomic::Ordering::Relaxed))
-                .context("installing the signal handler")
-                .map_err(runtime)?;
+            let stop = stop_flag()?;
             let name = match backend {
                 BackendKind::Nftables => "nftables",
                 BackendKind::Bpf => "bpf",
@@ -639,12 +691,51 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 .with_context(|| format!("serving metrics on {metrics_addr}"))
                 .map_err(runtime)?;
             tracing::info!(?source, backend = name, metrics = %bound, "agent started");
-            crate::agent::run(
-                &source,
-                enforcer,
-                std::time::Duration::from_millis(interval_ms),
+            let mut engine = crate::agent::Engine::new(enforcer, metrics);
+            let interval = std::time::Duration::from_millis(interval_ms);
+            match source {
+                crate::agent::PolicySource::Dir(dir) => {
+                    crate::agent::run_dir(&dir, &mut engine, interval, stop)
+                }
+                crate::agent::PolicySource::Kube => crate::k8s::agent::run(
+                    crate::k8s::agent::Settings {
+                        selector,
+                        host: host.unwrap_or_else(default_host),
+                        interval,
+                    },
+                    &mut engine,
+                    stop,
+                ),
+            }
+            .map_err(runtime)
+        }
+        Command::Controller {
+            tunnel_interface,
+            block_leaf_to_leaf,
+        } => {
+            let stop = stop_flag()?;
+            crate::k8s::controller::run(
+                crate::protection::Options {
+                    tunnel: tunnel_interface,
+                    block_leaf_to_leaf,
+                },
                 stop,
-                metrics,
+            )
+            .map_err(runtime)
+        }
+        Command::Webhook {
+            listen,
+            tls_cert,
+            tls_key,
+        } => {
+            let stop = stop_flag()?;
+            crate::k8s::webhook::run(
+                crate::k8s::webhook::Settings {
+                    listen,
+                    cert: tls_cert,
+                    key: tls_key,
+                },
+                stop,
             )
             .map_err(runtime)
         }

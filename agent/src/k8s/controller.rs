@@ -1,0 +1,435 @@
+//! `peerwall controller`: provider and consumer protection, kept in place on the API server.
+//!
+//! Reflectors cache pods, namespaces, virtual nodes and peerwall's own FirewallConfigurations.
+//! Two kube-runtime controllers reconcile the stable objects, never individual pod events:
+//! - tenant namespaces (one per peer cluster) → the peer's gateway FirewallConfiguration
+//!   ([`protection::gateway_spec`]), re-reconciled for every peer whenever the cache changes
+//!   (debounced, so an event storm becomes one pass; unchanged specs are not written);
+//! - namespaces → a NetworkPolicy for each offloaded namespace, removed when it stops being one.
+//!
+//! Everything created carries an ownerReference to its namespace and the
+//! `app.kubernetes.io/managed-by=peerwall` label, so deleting a peering cleans up. A restart is a
+//! full resync: desired state is recomputed from the caches and stale addresses disappear.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as CtrlConfig, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+
+use super::{FIREWALL_CATEGORY, FIREWALL_UNIQUE, MANAGED_BY, MANAGER};
+use crate::protection::{self, Options, Published, World};
+
+/// Name of the gateway FirewallConfiguration in each tenant namespace.
+pub const GATEWAY_CONFIG: &str = "peerwall-gateway";
+/// Name of the NetworkPolicy in each offloaded namespace.
+pub const NETWORK_POLICY: &str = "peerwall-offloaded";
+const FIELD_MANAGER: &str = "peerwall-controller";
+
+/// Why a reconcile failed (retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The API server refused a write.
+    #[error("{action} {object}: {source}")]
+    Api {
+        /// What was attempted.
+        action: &'static str,
+        /// Which object.
+        object: String,
+        /// Cause.
+        source: kube::Error,
+    },
+}
+
+struct Ctx {
+    client: Client,
+    pods: Store<Pod>,
+    namespaces: Store<Namespace>,
+    nodes: Store<Node>,
+    configs: Store<DynamicObject>,
+    opts: Options,
+}
+
+fn labels_of(m: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+    m.clone()
+}
+
+/// The pure snapshot the decisions are made on.
+fn world(ctx: &Ctx) -> World {
+    World {
+        namespaces: ctx
+            .namespaces
+            .state()
+            .iter()
+            .map(|n| protection::Namespace {
+                name: n.name_any(),
+                labels: labels_of(n.labels()),
+            })
+            .collect(),
+        pods: ctx.pods.state().iter().map(|p| pod_info(p)).collect(),
+        virtual_nodes: ctx
+            .nodes
+            .state()
+            .iter()
+            .map(|n| protection::Node {
+                name: n.name_any(),
+                labels: labels_of(n.labels()),
+            })
+            .collect(),
+    }
+}
+
+fn pod_info(p: &Pod) -> protection::Pod {
+    let status = p.status.as_ref();
+    let mut ips: Vec<IpAddr> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .map(|v| v.iter().filter_map(|i| i.ip.parse().ok()).collect())
+        .unwrap_or_default();
+    if ips.is_empty() {
+        ips.extend(
+            status
+                .and_then(|s| s.pod_ip.as_deref())
+                .and_then(|i| i.parse::<IpAddr>().ok()),
+        );
+    }
+    let phase = status.and_then(|s| s.phase.as_deref());
+    protection::Pod {
+        namespace: p.namespace().unwrap_or_default(),
+        name: p.name_any(),
+        labels: labels_of(p.labels()),
+        node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+        ips,
+        gone: p.metadata.deletion_timestamp.is_some()
+            || matches!(phase, Some("Succeeded" | "Failed")),
+    }
+}
+
+/// What the API holds for each peer's gateway configuration.
+fn published(ctx: &Ctx) -> BTreeMap<String, Published> {
+    let mut out = BTreeMap::new();
+    for c in ctx.configs.state() {
+        if c.name_any() != GATEWAY_CONFIG {
+            continue;
+        }
+        let Some(peer) = c.labels().get(FIREWALL_UNIQUE) else {
+            continue;
+        };
+        let offloaded: BTreeSet<IpAddr> = c
+            .data
+            .pointer("/spec/table/sets")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter(|s| {
+                matches!(
+                    s.get("name").and_then(|n| n.as_str()),
+                    Some("offloaded" | "offloaded6")
+                )
+            })
+            .flat_map(|s| {
+                s.get("elements")
+                    .and_then(|e| e.as_array())
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|e| {
+                e.get("key")
+                    .and_then(|k| k.as_str())
+                    .and_then(|k| k.parse().ok())
+            })
+            .collect();
+        let generation = c.metadata.generation.unwrap_or_default();
+        let settled = c
+            .data
+            .pointer("/status/conditions")
+            .and_then(|v| v.as_array())
+            .is_none_or(|conds| {
+                conds.iter().all(|k| {
+                    k.get("type").and_then(|t| t.as_str()) == Some("Applied")
+                        && k.get("observedGeneration").and_then(|g| g.as_i64()) >= Some(generation)
+                })
+            });
+        out.insert(peer.clone(), Published { offloaded, settled });
+    }
+    out
+}
+
+fn owner_ref(ns: &Namespace) -> serde_json::Value {
+    json!([{
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "name": ns.name_any(),
+        "uid": ns.uid().unwrap_or_default(),
+    }])
+}
+
+async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    let Some(peer) = ns.labels().get(super::REMOTE_CLUSTER_ID).cloned() else {
+        return Ok(Action::await_change());
+    };
+    if ns.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let world = world(&ctx);
+    let desired = protection::sets(&world);
+    let (gated, held) = protection::gate_reuse(&desired, &published(&ctx));
+    let sets = gated.get(&peer).cloned().unwrap_or_default();
+    let spec = protection::gateway_spec(&peer, &sets, &ctx.opts);
+    let ns_name = ns.name_any();
+    let current = ctx
+        .configs
+        .state()
+        .into_iter()
+        .find(|c| c.name_any() == GATEWAY_CONFIG && c.namespace().as_deref() == Some(&ns_name));
+    let up_to_date = current.as_ref().is_some_and(|c| {
+        c.data.get("spec") == Some(&spec)
+            && c.labels().get(FIREWALL_UNIQUE) == Some(&peer)
+            && c.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGER)
+    });
+    if !up_to_date {
+        let body = json!({
+            "apiVersion": crate::api::load::API_VERSION,
+            "kind": crate::api::load::KIND,
+            "metadata": {
+                "name": GATEWAY_CONFIG,
+                "namespace": ns_name,
+                "labels": {
+                    FIREWALL_CATEGORY: "gateway",
+                    FIREWALL_UNIQUE: peer,
+                    MANAGED_BY: MANAGER,
+                },
+                "ownerReferences": owner_ref(&ns),
+            },
+            "spec": spec,
+        });
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &ns_name, &super::fwc_resource());
+        api.patch(
+            GATEWAY_CONFIG,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&body),
+        )
+        .await
+        .map_err(|source| ReconcileError::Api {
+            action: "applying",
+            object: format!("{ns_name}/{GATEWAY_CONFIG}"),
+            source,
+        })?;
+        tracing::info!(
+            peer = %peer,
+            offloaded = sets.offloaded.len(),
+            remote = sets.remote.len(),
+            held_back = held,
+            "gateway configuration updated"
+        );
+    }
+    Ok(if held {
+        // An address is waiting for another tenant to release it.
+        Action::requeue(Duration::from_millis(500))
+    } else {
+        Action::await_change()
+    })
+}
+
+async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    let name = ns.name_any();
+    let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &name);
+    let info = protection::Namespace {
+        name: name.clone(),
+        labels: labels_of(ns.labels()),
+    };
+    let owner = protection::offloaded_namespace_owner(&info).map(str::to_string);
+    match owner {
+        Some(consumer) if ns.metadata.deletion_timestamp.is_none() => {
+            let body = json!({
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": {
+                    "name": NETWORK_POLICY,
+                    "namespace": name,
+                    "labels": { MANAGED_BY: MANAGER, super::REMOTE_CLUSTER_ID: consumer },
+                    "ownerReferences": owner_ref(&ns),
+                },
+                "spec": protection::network_policy_spec(&consumer),
+            });
+            api.patch(
+                NETWORK_POLICY,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await
+            .map_err(|source| ReconcileError::Api {
+                action: "applying",
+                object: format!("{name}/{NETWORK_POLICY}"),
+                source,
+            })?;
+        }
+        _ => {
+            // Not (or no longer) offloaded: remove ours if present.
+            match api.get_opt(NETWORK_POLICY).await {
+                Ok(Some(np))
+                    if np.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGER) =>
+                {
+                    api.delete(NETWORK_POLICY, &DeleteParams::default())
+                        .await
+                        .map_err(|source| ReconcileError::Api {
+                            action: "deleting",
+                            object: format!("{name}/{NETWORK_POLICY}"),
+                            source,
+                        })?;
+                    tracing::info!(namespace = %name, "namespace no longer offloaded: NetworkPolicy removed");
+                }
+                Ok(_) => {}
+                Err(source) => {
+                    return Err(ReconcileError::Api {
+                        action: "reading",
+                        object: format!("{name}/{NETWORK_POLICY}"),
+                        source,
+                    })
+                }
+            }
+        }
+    }
+    Ok(Action::await_change())
+}
+
+fn error_policy<K>(obj: Arc<K>, err: &ReconcileError, _ctx: Arc<Ctx>) -> Action
+where
+    K: Resource,
+{
+    tracing::warn!(object = %obj.meta().name.as_deref().unwrap_or_default(), error = %err, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(2))
+}
+
+/// Run both controllers until `stop` is set.
+pub fn run(opts: Options, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+    super::runtime()?.block_on(async move {
+        let client = super::client().await?;
+        let changed = Arc::new(tokio::sync::Notify::new());
+        fn cache<K>(
+            api: Api<K>,
+            wc: watcher::Config,
+            dyntype: K::DynamicType,
+            changed: Arc<tokio::sync::Notify>,
+        ) -> Store<K>
+        where
+            K: Resource
+                + Clone
+                + serde::de::DeserializeOwned
+                + std::fmt::Debug
+                + Send
+                + Sync
+                + 'static,
+            K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
+        {
+            let writer = reflector::store::Writer::new(dyntype);
+            let reader = writer.as_reader();
+            let s = reflector::reflector(writer, watcher(api, wc))
+                .default_backoff()
+                .for_each(move |ev| {
+                    if let Err(e) = &ev {
+                        tracing::warn!(error = %e, "watch error (retrying)");
+                    }
+                    changed.notify_one();
+                    futures::future::ready(())
+                });
+            tokio::spawn(s);
+            reader
+        }
+        let wc = watcher::Config::default;
+        let ctx = Arc::new(Ctx {
+            pods: cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            namespaces: cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            nodes: cache(
+                Api::all(client.clone()),
+                wc().labels(&format!("{}=virtual-node", super::NODE_TYPE)),
+                (),
+                changed.clone(),
+            ),
+            configs: cache(
+                Api::all_with(client.clone(), &super::fwc_resource()),
+                wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
+                super::fwc_resource(),
+                changed.clone(),
+            ),
+            client: client.clone(),
+            opts,
+        });
+        for (what, ready) in [
+            ("pods", ctx.pods.wait_until_ready().await),
+            ("namespaces", ctx.namespaces.wait_until_ready().await),
+            ("nodes", ctx.nodes.wait_until_ready().await),
+            (
+                "firewallconfigurations",
+                ctx.configs.wait_until_ready().await,
+            ),
+        ] {
+            ready.with_context(|| format!("the {what} watch ended before its first list"))?;
+        }
+        tracing::info!("caches synced; reconciling");
+        // Every cache change re-reconciles all peers (coalesced by Notify, then debounced).
+        let trigger = futures::stream::unfold(changed.clone(), |n| async move {
+            n.notified().await;
+            Some(((), n))
+        });
+        let cfg = CtrlConfig::default().debounce(Duration::from_millis(200));
+        let tenant_ns = Api::<Namespace>::all(client.clone());
+        let gateways = Controller::new(
+            tenant_ns,
+            watcher::Config::default().labels(&format!("{}=true", super::TENANT_NAMESPACE)),
+        )
+        .owns_with(
+            Api::<DynamicObject>::all_with(client.clone(), &super::fwc_resource()),
+            super::fwc_resource(),
+            watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGER}")),
+        )
+        .with_config(cfg.clone())
+        .reconcile_all_on(trigger)
+        .run(reconcile_gateway, error_policy, ctx.clone())
+        .for_each(|r| {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "gateway reconcile");
+            }
+            futures::future::ready(())
+        });
+        let netpols = Controller::new(
+            Api::<Namespace>::all(client.clone()),
+            watcher::Config::default(),
+        )
+        .owns(
+            Api::<NetworkPolicy>::all(client.clone()),
+            watcher::Config::default().labels(&format!("{MANAGED_BY}={MANAGER}")),
+        )
+        .with_config(cfg)
+        .run(reconcile_namespace, error_policy, ctx.clone())
+        .for_each(|r| {
+            if let Err(e) = r {
+                tracing::debug!(error = %e, "namespace reconcile");
+            }
+            futures::future::ready(())
+        });
+        let stopped = async {
+            while !stop.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        };
+        tokio::select! {
+            _ = gateways => {},
+            _ = netpols => {},
+            _ = stopped => {},
+        }
+        tracing::info!("controller stopping");
+        Ok(())
+    })
+}

@@ -1,0 +1,91 @@
+//! The Kubernetes edge: the agent's watch source, the provider/consumer-protection controllers
+//! and the admission webhook. Everything that decides (validation, desired objects) lives in the
+//! pure modules ([`crate::compile`], [`crate::protection`]); this module only moves objects
+//! between the API server and them.
+
+pub mod agent;
+pub mod controller;
+pub mod webhook;
+
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+
+use crate::api::load;
+use crate::compile::PolicyObject;
+
+/// Liqo's label naming the peer cluster of tenant namespaces, offloaded namespaces, virtual
+/// nodes and reflected pods.
+pub const REMOTE_CLUSTER_ID: &str = "liqo.io/remote-cluster-id";
+/// Liqo's label on tenant namespaces (`"true"`).
+pub const TENANT_NAMESPACE: &str = "liqo.io/tenant-namespace";
+/// Liqo's label on virtual nodes (`virtual-node`).
+pub const NODE_TYPE: &str = "liqo.io/type";
+/// Liqo's FirewallConfiguration labels.
+pub const FIREWALL_CATEGORY: &str = "networking.liqo.io/firewall-category";
+/// Subcategory label.
+pub const FIREWALL_SUBCATEGORY: &str = "networking.liqo.io/firewall-subcategory";
+/// Unique label (the peer cluster id for gateway configurations).
+pub const FIREWALL_UNIQUE: &str = "networking.liqo.io/firewall-unique";
+/// The label every object peerwall's controllers create carries.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Its value.
+pub const MANAGER: &str = "peerwall";
+
+/// The FirewallConfiguration resource, for dynamic API access: objects are watched untyped and
+/// converted by the loader, so that an invalid object becomes a field-path error in its status
+/// instead of a watch that cannot deserialize.
+pub fn fwc_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("networking.liqo.io", "v1beta1", load::KIND),
+        "firewallconfigurations",
+    )
+}
+
+/// Convert a watched object into compilation input (field-path errors as the loader gives).
+pub fn to_policy_object(obj: &DynamicObject) -> Result<PolicyObject, load::LoadError> {
+    let mut v = serde_json::to_value(obj).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        // Server-side bookkeeping the spec types do not model.
+        o.remove("status");
+        o.insert("apiVersion".into(), load::API_VERSION.into());
+        o.insert("kind".into(), load::KIND.into());
+    }
+    load::object_from_json(v)
+}
+
+/// `namespace/name` of an object.
+pub fn key_of(obj: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        obj.metadata.namespace.as_deref().unwrap_or_default(),
+        obj.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// A client from the in-cluster service account or `KUBECONFIG` / `~/.kube/config`.
+pub async fn client() -> anyhow::Result<kube::Client> {
+    use anyhow::Context;
+    kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")
+}
+
+/// Build a multi-threaded runtime for a Kubernetes command.
+pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    use anyhow::Context;
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+/// The one validation both the agent and the admission webhook run on an object: decode it
+/// (field-path errors) and validate it (every problem, with its field path and value).
+/// `Err` is the user-facing message.
+pub fn check(obj: &DynamicObject) -> Result<(PolicyObject, Vec<String>), String> {
+    let po = to_policy_object(obj).map_err(|e| e.to_string())?;
+    match crate::compile::validate(&po) {
+        Ok(warnings) => Ok((po, warnings.iter().map(|w| w.to_string()).collect())),
+        Err(e) => Err(e.to_string()),
+    }
+}

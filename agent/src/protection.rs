@@ -1,0 +1,529 @@
+//! Provider and consumer protection, as pure functions from a snapshot of the cluster to the
+//! objects peerwall's controller keeps in place (the thesis's Liqo Security Agent, chapters 3–4,
+//! plus the consumer side it left as future work).
+//!
+//! For every peer cluster (a Liqo tenant namespace), one gateway FirewallConfiguration: traffic
+//! arriving from that peer's tunnel is dropped unless
+//! - it goes to a pod the peer offloaded here (provider protection), or
+//! - it comes from one of our pods the peer runs for us (consumer protection; optionally not
+//!   towards our pods offloaded to *other* peers: leaf-to-leaf blocking).
+//!
+//! Address lists are named sets, so a pod added or removed is one set-element change in the
+//! kernel. For every offloaded namespace, a NetworkPolicy allowing egress only to namespaces of
+//! the same consumer and to DNS.
+//!
+//! No kube types here: the controller converts API objects into [`World`] at the edge.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use serde_json::{json, Value};
+
+/// Liqo labels the decisions depend on (same strings as [`crate::k8s`]'s constants).
+const REMOTE_CLUSTER_ID: &str = "liqo.io/remote-cluster-id";
+const TENANT_NAMESPACE: &str = "liqo.io/tenant-namespace";
+
+/// A namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Namespace {
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// `spec.nodeName`.
+    pub node: Option<String>,
+    /// `status.podIPs` (or `status.podIP`).
+    pub ips: Vec<IpAddr>,
+    /// Phase Succeeded/Failed, or being deleted: its IP may already belong to someone else.
+    pub gone: bool,
+}
+
+/// A node.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Node {
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// What the controller sees.
+#[derive(Clone, Debug, Default)]
+pub struct World {
+    /// All namespaces.
+    pub namespaces: Vec<Namespace>,
+    /// All pods.
+    pub pods: Vec<Pod>,
+    /// Virtual nodes (Liqo's `liqo.io/type=virtual-node`).
+    pub virtual_nodes: Vec<Node>,
+}
+
+/// Options of the gateway configuration.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The tunnel interface in the gateway (Liqo: `liqo-tunnel`).
+    pub tunnel: String,
+    /// Drop traffic from our pods on this peer towards our pods on other peers.
+    pub block_leaf_to_leaf: bool,
+}
+
+/// A peer cluster: its id and tenant namespace.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Peer {
+    /// Cluster id.
+    pub id: String,
+    /// Tenant namespace (where its gateway configuration lives).
+    pub tenant_namespace: String,
+}
+
+/// Address sets of one peer's gateway configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PeerSets {
+    /// Pods the peer offloaded to us.
+    pub offloaded: BTreeSet<IpAddr>,
+    /// Our pods running on the peer.
+    pub remote: BTreeSet<IpAddr>,
+    /// Our pods running on other peers.
+    pub elsewhere: BTreeSet<IpAddr>,
+}
+
+fn is_tenant(ns: &Namespace) -> bool {
+    ns.labels.get(TENANT_NAMESPACE).map(String::as_str) == Some("true")
+}
+
+/// The peers: tenant namespaces that name a remote cluster.
+pub fn peers(world: &World) -> Vec<Peer> {
+    let mut out: Vec<Peer> = world
+        .namespaces
+        .iter()
+        .filter(|n| is_tenant(n))
+        .filter_map(|n| {
+            n.labels.get(REMOTE_CLUSTER_ID).map(|id| Peer {
+                id: id.clone(),
+                tenant_namespace: n.name.clone(),
+            })
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// The consumer an offloaded namespace belongs to (a non-tenant namespace naming a cluster).
+pub fn offloaded_namespace_owner(ns: &Namespace) -> Option<&str> {
+    if is_tenant(ns) {
+        return None;
+    }
+    ns.labels.get(REMOTE_CLUSTER_ID).map(String::as_str)
+}
+
+/// Address sets for every peer, from one snapshot.
+pub fn sets(world: &World) -> BTreeMap<String, PeerSets> {
+    let ns_owner: BTreeMap<&str, Option<&str>> = world
+        .namespaces
+        .iter()
+        .map(|n| (n.name.as_str(), offloaded_namespace_owner(n)))
+        .collect();
+    let tenant: BTreeSet<&str> = world
+        .namespaces
+        .iter()
+        .filter(|n| is_tenant(n))
+        .map(|n| n.name.as_str())
+        .collect();
+    let vnode_peer: BTreeMap<&str, &str> = world
+        .virtual_nodes
+        .iter()
+        .filter_map(|n| {
+            n.labels
+                .get(REMOTE_CLUSTER_ID)
+                .map(|id| (n.name.as_str(), id.as_str()))
+        })
+        .collect();
+    let mut out: BTreeMap<String, PeerSets> = peers(world)
+        .into_iter()
+        .map(|p| (p.id, PeerSets::default()))
+        .collect();
+    for pod in &world.pods {
+        if pod.gone || pod.ips.is_empty() || tenant.contains(pod.namespace.as_str()) {
+            continue;
+        }
+        // Ours, running on a peer through its virtual node.
+        if let Some(peer) = pod.node.as_deref().and_then(|n| vnode_peer.get(n)) {
+            for (id, s) in out.iter_mut() {
+                let target = if id == peer {
+                    &mut s.remote
+                } else {
+                    &mut s.elsewhere
+                };
+                target.extend(pod.ips.iter().copied());
+            }
+            continue;
+        }
+        // Offloaded to us by a consumer: labeled, or in a namespace the consumer owns.
+        let owner = pod
+            .labels
+            .get(REMOTE_CLUSTER_ID)
+            .map(String::as_str)
+            .or_else(|| ns_owner.get(pod.namespace.as_str()).copied().flatten());
+        if let Some(s) = owner.and_then(|o| out.get_mut(o)) {
+            s.offloaded.extend(pod.ips.iter().copied());
+        }
+    }
+    out
+}
+
+/// What the API currently holds for one peer's gateway configuration.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    /// The `offloaded` addresses in its spec.
+    pub offloaded: BTreeSet<IpAddr>,
+    /// Every host reports `Applied` for the current generation (or no host enforces it).
+    pub settled: bool,
+}
+
+/// IP reuse across tenants: an address joins peer `p`'s `offloaded` set only once no other
+/// peer's published configuration lists it and that removal is enforced everywhere (settled).
+/// An address another peer still wants stays with that peer. Returns the sets to publish and
+/// whether something was held back (the caller retries shortly).
+pub fn gate_reuse(
+    desired: &BTreeMap<String, PeerSets>,
+    published: &BTreeMap<String, Published>,
+) -> (BTreeMap<String, PeerSets>, bool) {
+    let mut held = false;
+    let mut out = desired.clone();
+    for (id, s) in out.iter_mut() {
+        let mine = published.get(id).map(|p| &p.offloaded);
+        s.offloaded.retain(|ip| {
+            if mine.is_some_and(|m| m.contains(ip)) {
+                return true;
+            }
+            let blocked = published
+                .iter()
+                .any(|(other, p)| other != id && (p.offloaded.contains(ip) || !p.settled));
+            held |= blocked;
+            !blocked
+        });
+    }
+    (out, held)
+}
+
+/// nftables table name of a peer's configuration.
+pub fn table_name(peer: &str) -> String {
+    let clean: String = peer
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("peerwall_{clean}")
+}
+
+fn elements(ips: &BTreeSet<IpAddr>, v6: bool) -> Value {
+    Value::Array(
+        ips.iter()
+            .filter(|ip| ip.is_ipv6() == v6)
+            .map(|ip| json!({ "key": ip.to_string() }))
+            .collect(),
+    )
+}
+
+/// The gateway FirewallConfiguration `spec` for one peer.
+pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> Value {
+    let tunnel = json!({ "value": opts.tunnel, "position": "in" });
+    let mut sets = vec![];
+    let mut rules = vec![];
+    let mut names = vec![("offloaded", &s.offloaded), ("remote", &s.remote)];
+    if opts.block_leaf_to_leaf {
+        names.push(("elsewhere", &s.elsewhere));
+    }
+    for (name, ips) in &names {
+        sets.push(json!({"name": name, "keyType": "ipv4_addr", "elements": elements(ips, false)}));
+        sets.push(json!({"name": format!("{name}6"), "keyType": "ipv6_addr", "elements": elements(ips, true)}));
+    }
+    let rule = |name: String, action: &str, extra: Vec<Value>| {
+        let mut m = vec![json!({"op": "eq", "dev": tunnel})];
+        m.extend(extra);
+        json!({"name": name, "action": action, "match": m})
+    };
+    let ip = |set: String, pos: &str| json!({"op": "eq", "ip": {"value": format!("@{set}"), "position": pos}});
+    for sfx in ["", "6"] {
+        if opts.block_leaf_to_leaf {
+            rules.push(rule(
+                format!("leaf_to_leaf{sfx}"),
+                "drop",
+                vec![
+                    ip(format!("remote{sfx}"), "src"),
+                    ip(format!("elsewhere{sfx}"), "dst"),
+                ],
+            ));
+        }
+    }
+    for sfx in ["", "6"] {
+        rules.push(rule(
+            format!("to_offloaded{sfx}"),
+            "accept",
+            vec![ip(format!("offloaded{sfx}"), "dst")],
+        ));
+        rules.push(rule(
+            format!("from_own_pods{sfx}"),
+            "accept",
+            vec![ip(format!("remote{sfx}"), "src")],
+        ));
+    }
+    rules.push(rule("default_deny".into(), "drop", vec![]));
+    json!({ "table": {
+        "name": table_name(peer),
+        "family": "INET",
+        "sets": sets,
+        "chains": [{
+            "name": "from_peer",
+            "type": "filter",
+            "hook": "forward",
+            "priority": 0,
+            "policy": "accept",
+            "rules": { "filterRules": rules },
+        }],
+    }})
+}
+
+/// The NetworkPolicy `spec` of an offloaded namespace owned by `consumer`: egress only to
+/// namespaces of the same consumer (not tenant namespaces) and to cluster DNS.
+pub fn network_policy_spec(consumer: &str) -> Value {
+    json!({
+        "podSelector": {},
+        "policyTypes": ["Egress"],
+        "egress": [
+            { "to": [{ "namespaceSelector": { "matchExpressions": [
+                { "key": REMOTE_CLUSTER_ID, "operator": "In", "values": [consumer] },
+                { "key": TENANT_NAMESPACE, "operator": "DoesNotExist" },
+            ]}}]},
+            { "to": [{ "namespaceSelector": {}, "podSelector": { "matchLabels": { "k8s-app": "kube-dns" }}}],
+              "ports": [{ "protocol": "UDP", "port": 53 }, { "protocol": "TCP", "port": 53 }] },
+        ],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::compile::{validate, PolicyObject};
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+    fn ns(name: &str, kv: &[(&str, &str)]) -> Namespace {
+        Namespace {
+            name: name.into(),
+            labels: labels(kv),
+        }
+    }
+    fn pod(ns: &str, name: &str, ip: &str) -> Pod {
+        Pod {
+            namespace: ns.into(),
+            name: name.into(),
+            ips: vec![ip.parse().unwrap()],
+            ..Default::default()
+        }
+    }
+    fn ips(v: &[&str]) -> BTreeSet<IpAddr> {
+        v.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn world() -> World {
+        World {
+            namespaces: vec![
+                ns(
+                    "liqo-tenant-a",
+                    &[(TENANT_NAMESPACE, "true"), (REMOTE_CLUSTER_ID, "a")],
+                ),
+                ns(
+                    "liqo-tenant-b",
+                    &[(TENANT_NAMESPACE, "true"), (REMOTE_CLUSTER_ID, "b")],
+                ),
+                ns("app-a", &[(REMOTE_CLUSTER_ID, "a")]),
+                ns("local", &[]),
+            ],
+            pods: vec![
+                pod("app-a", "web", "10.200.0.5"),
+                pod("app-a", "web6", "fd00::5"),
+                Pod {
+                    labels: labels(&[(REMOTE_CLUSTER_ID, "b")]),
+                    ..pod("local", "shadow", "10.200.0.6")
+                },
+                pod("local", "plain", "10.200.0.7"),
+                pod("liqo-tenant-a", "gateway", "10.200.0.8"),
+                Pod {
+                    node: Some("liqo-c".into()),
+                    ..pod("local", "mine-on-c", "10.99.0.1")
+                },
+                Pod {
+                    gone: true,
+                    ..pod("app-a", "done", "10.200.0.9")
+                },
+                Pod {
+                    ips: vec![],
+                    ..pod("app-a", "pending", "10.0.0.1")
+                },
+            ],
+            virtual_nodes: vec![Node {
+                name: "liqo-c".into(),
+                labels: labels(&[(REMOTE_CLUSTER_ID, "a")]),
+            }],
+        }
+    }
+
+    #[test]
+    fn sets_follow_namespaces_labels_and_virtual_nodes() {
+        let s = sets(&world());
+        assert_eq!(s["a"].offloaded, ips(&["10.200.0.5", "fd00::5"]));
+        assert_eq!(s["b"].offloaded, ips(&["10.200.0.6"]));
+        assert_eq!(s["a"].remote, ips(&["10.99.0.1"]));
+        assert_eq!(s["b"].elsewhere, ips(&["10.99.0.1"]));
+        assert!(s["b"].remote.is_empty());
+    }
+
+    #[test]
+    fn gateway_spec_is_valid_and_default_denies() {
+        for leaf in [false, true] {
+            let s = &sets(&world())["a"];
+            let spec = gateway_spec(
+                "a-1",
+                s,
+                &Options {
+                    tunnel: "liqo-tunnel".into(),
+                    block_leaf_to_leaf: leaf,
+                },
+            );
+            let doc = json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": "FirewallConfiguration",
+                "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
+            let obj: PolicyObject = crate::api::load::object_from_json(doc).unwrap();
+            validate(&obj).unwrap();
+            let compiled = crate::compile::compile(&[obj]).unwrap();
+            let t = &compiled.policy.tables[0];
+            assert_eq!(t.name, "peerwall_a_1");
+            let rules = &t.chains[0].rules;
+            assert_eq!(rules.last().unwrap().name, "default_deny");
+            assert_eq!(rules.len(), if leaf { 7 } else { 5 });
+        }
+    }
+
+    #[test]
+    fn reused_ip_waits_until_the_old_tenant_released_it() {
+        let mut desired = BTreeMap::new();
+        desired.insert(
+            "a".to_string(),
+            PeerSets {
+                offloaded: ips(&[]),
+                ..Default::default()
+            },
+        );
+        desired.insert(
+            "b".to_string(),
+            PeerSets {
+                offloaded: ips(&["10.0.0.5"]),
+                ..Default::default()
+            },
+        );
+        // a still publishes the address: b must wait.
+        let mut published = BTreeMap::new();
+        published.insert(
+            "a".to_string(),
+            Published {
+                offloaded: ips(&["10.0.0.5"]),
+                settled: true,
+            },
+        );
+        published.insert(
+            "b".to_string(),
+            Published {
+                offloaded: ips(&[]),
+                settled: true,
+            },
+        );
+        let (out, held) = gate_reuse(&desired, &published);
+        assert!(held);
+        assert!(out["b"].offloaded.is_empty());
+        assert!(out["a"].offloaded.is_empty(), "a drops it at once");
+        // a removed it but its agents have not enforced that yet: still wait.
+        published.insert(
+            "a".to_string(),
+            Published {
+                offloaded: ips(&[]),
+                settled: false,
+            },
+        );
+        assert!(gate_reuse(&desired, &published).1);
+        // enforced: b gets it.
+        published.insert(
+            "a".to_string(),
+            Published {
+                offloaded: ips(&[]),
+                settled: true,
+            },
+        );
+        let (out, held) = gate_reuse(&desired, &published);
+        assert!(!held);
+        assert_eq!(out["b"].offloaded, ips(&["10.0.0.5"]));
+    }
+
+    #[test]
+    fn an_address_two_tenants_claim_stays_with_its_holder() {
+        let mut desired = BTreeMap::new();
+        desired.insert(
+            "a".to_string(),
+            PeerSets {
+                offloaded: ips(&["10.0.0.5"]),
+                ..Default::default()
+            },
+        );
+        desired.insert(
+            "b".to_string(),
+            PeerSets {
+                offloaded: ips(&["10.0.0.5"]),
+                ..Default::default()
+            },
+        );
+        let mut published = BTreeMap::new();
+        published.insert(
+            "a".to_string(),
+            Published {
+                offloaded: ips(&["10.0.0.5"]),
+                settled: true,
+            },
+        );
+        let (out, held) = gate_reuse(&desired, &published);
+        assert!(held);
+        assert_eq!(out["a"].offloaded, ips(&["10.0.0.5"]));
+        assert!(out["b"].offloaded.is_empty());
+    }
+
+    #[test]
+    fn network_policy_names_the_consumer() {
+        let np = network_policy_spec("a");
+        assert_eq!(
+            np["egress"][0]["to"][0]["namespaceSelector"]["matchExpressions"][0]["values"][0],
+            "a"
+        );
+        assert_eq!(
+            offloaded_namespace_owner(&ns(
+                "liqo-tenant-a",
+                &[(TENANT_NAMESPACE, "true"), (REMOTE_CLUSTER_ID, "a")]
+            )),
+            None
+        );
+        assert_eq!(
+            offloaded_namespace_owner(&ns("x", &[(REMOTE_CLUSTER_ID, "a")])),
+            Some("a")
+        );
+    }
+}
