@@ -147,15 +147,21 @@ fn fingerprint(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime
     Ok(out)
 }
 
-/// Build the enforcer for a backend name.
+/// Build the enforcer for a backend name. `netns` (nftables only) enforces in a named network
+/// namespace (for example a gateway pod's) instead of the agent's own.
 pub fn enforcer(
     backend: &str,
     pin_dir: &Path,
     patterns: Vec<String>,
     xdp: bool,
+    netns: Option<&str>,
 ) -> anyhow::Result<Enforcer> {
-    Ok(match backend {
-        "nftables" => Enforcer::Nft(NftBackend::new(Nft::host())),
+    Ok(match (backend, netns) {
+        ("nftables", None) => Enforcer::Nft(NftBackend::new(Nft::host())),
+        ("nftables", Some(ns)) => Enforcer::Nft(NftBackend::new(Nft::in_netns(ns))),
+        (_, Some(_)) => anyhow::bail!(
+            "--netns is supported with the nftables backend; run the bpf agent inside the namespace"
+        ),
         _ => {
             loader::ensure_bpffs()?;
             Enforcer::Bpf {

@@ -10,8 +10,10 @@ OUT=${1:?usage: build-apiserver.sh OUT_DIR}
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 mkdir -p "$OUT" "$W/apt/lists/partial" "$W/src"
 export DEBIAN_FRONTEND=noninteractive
-apt-get install -y --no-install-recommends golang-go etcd-server rsync \
-  golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev >/dev/null
+PKGS="golang-go etcd-server rsync openssl golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev"
+# shellcheck disable=SC2086
+apt-get install -y --no-install-recommends $PKGS >/dev/null 2>&1 || {
+  apt-get update -qq && apt-get install -y --no-install-recommends $PKGS >/dev/null; }
 # Reuse the mirror this machine's apt already uses, for the matching source list.
 URI=$(awk '/^URIs:/{print $2; exit}' /etc/apt/sources.list.d/debian.sources 2>/dev/null || true)
 [ -n "$URI" ] || URI=$(awk '$1=="deb"{print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)

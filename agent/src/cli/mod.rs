@@ -269,6 +269,10 @@ pub enum Command {
         /// (Liqo's gateway agent selects its category and its peer's unique id).
         #[arg(long, default_value = "networking.liqo.io/firewall-category=gateway")]
         selector: String,
+        /// nftables backend: enforce in this named network namespace (`ip netns` name) instead
+        /// of the agent's own.
+        #[arg(long)]
+        netns: Option<String>,
         /// `kube` source: this host's name in status conditions and finalizers
         /// (default: $NODE_NAME, $POD_NAME or the hostname).
         #[arg(long)]
@@ -669,6 +673,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             source,
             selector,
             host,
+            netns,
             backend,
             bpf,
             interval_ms,
@@ -679,9 +684,15 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 BackendKind::Nftables => "nftables",
                 BackendKind::Bpf => "bpf",
             };
-            let enforcer = crate::agent::enforcer(name, &bpf.pin_dir, bpf.interfaces, bpf.xdp)
-                .context("starting the backend")
-                .map_err(runtime)?;
+            let enforcer = crate::agent::enforcer(
+                name,
+                &bpf.pin_dir,
+                bpf.interfaces,
+                bpf.xdp,
+                netns.as_deref(),
+            )
+            .context("starting the backend")
+            .map_err(runtime)?;
             let metrics =
                 std::sync::Arc::new(std::sync::Mutex::new(crate::metrics::AgentMetrics {
                     backend: name,
