@@ -31,6 +31,8 @@ const APT_PACKAGES: &[&str] = &[
     "wireguard-tools",
     "openssl",
     "etcd-server",
+    "iptables",
+    "ipset",
 ];
 
 /// kube-apiserver version the Kubernetes tests run against (built from Debian's source).
@@ -326,15 +328,21 @@ fn main() -> Result<()> {
             c.args(["bench", "-p", "peerwall", "--bench", "datapath"]);
             run(c)
         }
+        Some("bench-gateway") => {
+            let mut c = cargo();
+            c.args(["bench", "-p", "peerwall", "--bench", "gateway"]);
+            run(c)
+        }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|crd|kube-build|kube-up>"
+                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|crd|kube-build|kube-up>"
             );
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
             eprintln!("  lab    the gateway lab: [--backend nftables|bpf] [--keep] (root)");
             eprintln!("  build-ebpf  build the eBPF object (installs bpf-linker if missing)");
             eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency)");
+            eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
             eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
             eprintln!(
