@@ -75,8 +75,12 @@ fn provider_protection_default_deny_and_set_updates_in_place() {
             "offloaded_cluster1",
         ],
     );
+    // Hosts only: a hash set (O(1) lookups), adjacent pods listed one by one.
     assert!(
-        sets.contains("10.20.1.2/31") && sets.contains("10.20.2.10"),
+        sets.contains("10.20.1.2,")
+            && sets.contains("10.20.1.3")
+            && sets.contains("10.20.2.10")
+            && !sets.contains("flags interval"),
         "{sets}"
     );
 

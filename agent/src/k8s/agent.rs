@@ -392,6 +392,42 @@ impl Agent {
         }
     }
 
+    /// Objects that carry this host's finalizer but no longer match the selector (it changed
+    /// between runs, or their labels did) are not enforced here any more: release them, or
+    /// their deletion would hang forever.
+    async fn release_unselected(&self, selected: &reflector::Store<DynamicObject>) {
+        let all = match self.api.list(&Default::default()).await {
+            Ok(l) => l.items,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not list FirewallConfigurations to release stale finalizers");
+                return;
+            }
+        };
+        for obj in all {
+            let mine = obj
+                .metadata
+                .finalizers
+                .as_ref()
+                .is_some_and(|f| f.contains(&self.finalizer));
+            let key = super::key_of(&obj);
+            let still_selected = selected.state().iter().any(|o| super::key_of(o) == key);
+            if mine && !still_selected {
+                tracing::info!(object = %key, "no longer selected here; releasing finalizer");
+                self.set_finalizers(
+                    &obj,
+                    obj.metadata
+                        .finalizers
+                        .clone()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|f| *f != self.finalizer)
+                        .collect(),
+                )
+                .await;
+            }
+        }
+    }
+
     async fn release(&self, obj: &DynamicObject) {
         let list = obj.metadata.finalizers.clone().unwrap_or_default();
         if list.contains(&self.finalizer) {
@@ -447,6 +483,7 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
             reported: BTreeMap::new(),
             enforced: None,
         };
+        agent.release_unselected(&reader).await;
         let mut dirty = true;
         while !stop.load(Ordering::Relaxed) {
             if dirty || engine.environment_changed() {

@@ -132,6 +132,14 @@ impl Nft {
         objects(&out)
     }
 
+    /// The ruleset without set elements (`-t`): tables, chains, rules with their counters and
+    /// set declarations. Milliseconds even when sets hold 100k elements (a full listing takes
+    /// about 0.4 s there).
+    pub fn list_ruleset_terse(&self) -> Result<Vec<Value>, NftError> {
+        let out = self.run("list ruleset", &["-j", "-t", "list", "ruleset"], None)?;
+        objects(&out)
+    }
+
     /// One table as JSON objects; `Ok(None)` when it does not exist.
     pub fn list_table(
         &self,
@@ -271,6 +279,37 @@ fn normalize(mut objs: Vec<Value>) -> Vec<Value> {
     objs
 }
 
+/// The objects of one table in a ruleset listing (the table itself and everything in it).
+fn objects_of_table(objs: &[Value], family: ir::TableFamily, name: &str) -> Vec<Value> {
+    objs.iter()
+        .filter(|o| {
+            o.as_object()
+                .and_then(|m| m.values().next())
+                .is_some_and(|inner| {
+                    let fam = inner["family"] == family.nft();
+                    let table = inner
+                        .get("table")
+                        .map_or(inner["name"] == name, |t| t == name);
+                    fam && table
+                })
+        })
+        .cloned()
+        .collect()
+}
+
+/// How often drift checks also compare set elements (a full listing), besides the structure
+/// checked on every call.
+pub const FULL_DRIFT_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What was applied to one table, as the kernel listed it right after.
+#[derive(Debug, Default, Clone)]
+struct Snapshot {
+    /// Without set elements.
+    terse: Vec<Value>,
+    /// Everything (set elements included).
+    full: Vec<Value>,
+}
+
 /// How an applied table differs from what is in the kernel.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -307,7 +346,8 @@ pub struct ApplyReport {
 pub struct NftBackend {
     nft: Nft,
     applied: BTreeMap<String, RenderedTable>,
-    snapshots: BTreeMap<String, Vec<Value>>,
+    snapshots: BTreeMap<String, Snapshot>,
+    last_full_check: Option<std::time::Instant>,
 }
 
 impl NftBackend {
@@ -317,7 +357,17 @@ impl NftBackend {
             nft,
             applied: BTreeMap::new(),
             snapshots: BTreeMap::new(),
+            last_full_check: None,
         }
+    }
+
+    fn snapshot(&self, family: ir::TableFamily, name: &str) -> Result<Snapshot, NftError> {
+        let terse = objects_of_table(&self.nft.list_ruleset_terse()?, family, name);
+        let full = self.nft.list_table(family, name)?.unwrap_or_default();
+        Ok(Snapshot {
+            terse: normalize(terse),
+            full: normalize(full),
+        })
     }
 
     /// The runner.
@@ -333,7 +383,7 @@ impl NftBackend {
 
     /// Like [`apply`](Self::apply), with rendering options (the probe forces counters).
     pub fn apply_rendered(&mut self, desired: Vec<RenderedTable>) -> Result<ApplyReport, NftError> {
-        let kernel = kernel_tables(&self.nft.list_ruleset()?);
+        let kernel = kernel_tables(&self.nft.list_ruleset_terse()?);
         let plan = plan::plan(&self.applied, &desired, &kernel, &[])?;
         if !plan.commands.is_empty() {
             self.nft.apply(&render::document(plan.commands.clone()))?;
@@ -346,8 +396,8 @@ impl NftBackend {
             let touched =
                 plan.report.recreated.contains(&t.name) || plan.report.updated.contains(&t.name);
             if touched || !self.snapshots.contains_key(&t.name) {
-                let snap = self.nft.list_table(t.family, &t.name)?.unwrap_or_default();
-                self.snapshots.insert(t.name.clone(), normalize(snap));
+                let snap = self.snapshot(t.family, &t.name)?;
+                self.snapshots.insert(t.name.clone(), snap);
             }
             self.applied.insert(t.name.clone(), t);
         }
@@ -357,7 +407,7 @@ impl NftBackend {
     /// Delete every table owned by peerwall in this namespace (not only the ones this process
     /// applied). Returns their names.
     pub fn delete_all(&mut self) -> Result<Vec<String>, NftError> {
-        let owned: Vec<KernelTable> = kernel_tables(&self.nft.list_ruleset()?)
+        let owned: Vec<KernelTable> = kernel_tables(&self.nft.list_ruleset_terse()?)
             .into_iter()
             .filter(|t| t.owner.is_some())
             .collect();
@@ -375,32 +425,52 @@ impl NftBackend {
 
     /// Counters of all rules in owned tables.
     pub fn counters(&self) -> Result<Vec<RuleCounter>, NftError> {
-        Ok(rule_counters(&self.nft.list_ruleset()?))
+        Ok(rule_counters(&self.nft.list_ruleset_terse()?))
     }
 
-    /// Compare the kernel with what this backend applied.
-    pub fn drift(&self) -> Result<Vec<Drift>, NftError> {
+    /// Compare the kernel with what this backend applied: the structure (chains, rules, set
+    /// declarations) on every call, set elements too when `full`.
+    pub fn drift_check(&self, full: bool) -> Result<Vec<Drift>, NftError> {
         let mut out = Vec::new();
+        let terse = self.nft.list_ruleset_terse()?;
         for (name, t) in &self.applied {
-            match self.nft.list_table(t.family, name)? {
-                None => out.push(Drift::Missing {
+            let now = objects_of_table(&terse, t.family, name);
+            let snap = self.snapshots.get(name);
+            if now.is_empty() {
+                out.push(Drift::Missing {
                     table: name.clone(),
-                }),
-                Some(now) => {
-                    if self.snapshots.get(name) != Some(&normalize(now)) {
-                        out.push(Drift::Modified {
-                            table: name.clone(),
-                        });
-                    }
-                }
+                });
+            } else if snap.map(|s| &s.terse) != Some(&normalize(now))
+                || (full
+                    && snap.map(|s| &s.full)
+                        != Some(&normalize(
+                            self.nft.list_table(t.family, name)?.unwrap_or_default(),
+                        )))
+            {
+                out.push(Drift::Modified {
+                    table: name.clone(),
+                });
             }
         }
         Ok(out)
     }
 
+    /// Full comparison (set elements included).
+    pub fn drift(&self) -> Result<Vec<Drift>, NftError> {
+        self.drift_check(true)
+    }
+
     /// Restore drifted tables (recreating them, and the tables ordered after them, atomically).
+    /// Set elements are compared every [`FULL_DRIFT_CHECK`] (a full listing of a 100k-element
+    /// set costs about 0.4 s), the rest on every call.
     pub fn repair(&mut self) -> Result<Vec<Drift>, NftError> {
-        let drift = self.drift()?;
+        let full = self
+            .last_full_check
+            .is_none_or(|t| t.elapsed() >= FULL_DRIFT_CHECK);
+        if full {
+            self.last_full_check = Some(std::time::Instant::now());
+        }
+        let drift = self.drift_check(full)?;
         if drift.is_empty() {
             return Ok(drift);
         }
@@ -416,15 +486,15 @@ impl NftBackend {
         for b in &broken {
             known.remove(b);
         }
-        let kernel = kernel_tables(&self.nft.list_ruleset()?);
+        let kernel = kernel_tables(&self.nft.list_ruleset_terse()?);
         let plan = plan::plan(&known, &desired, &kernel, &broken)?;
         if !plan.commands.is_empty() {
             self.nft.apply(&render::document(plan.commands))?;
         }
         for name in plan.report.recreated {
             if let Some(t) = self.applied.get(&name) {
-                let snap = self.nft.list_table(t.family, &name)?.unwrap_or_default();
-                self.snapshots.insert(name, normalize(snap));
+                let snap = self.snapshot(t.family, &name)?;
+                self.snapshots.insert(name, snap);
             }
         }
         Ok(drift)

@@ -1,7 +1,8 @@
 //! IR → nftables, as libnftables JSON (what is applied) with a text view for humans.
 //!
 //! One table per FirewallConfiguration. Address lists of more than one value and all table
-//! sets become named interval sets (never one rule per address); ports lists are anonymous
+//! sets become named sets (never one rule per address): hash sets when they hold hosts,
+//! interval sets when they hold prefixes or ranges; ports lists are anonymous
 //! sets. Every rule carries its name as comment, and a counter when asked.
 //! JSON is used for applying because nft's text parser refuses keyword names (a chain called
 //! `drop`), which the JSON parser takes.
@@ -37,9 +38,19 @@ pub struct RenderedSet {
     pub name: String,
     /// nft key type.
     pub key_type: &'static str,
+    /// `flags interval` (ranges and prefixes); without it the kernel uses a hash set, an O(1)
+    /// lookup instead of a tree walk: chosen when every element is a single address or a
+    /// small run of addresses (see [`HASH_RUN_MAX`]).
+    pub interval: bool,
     /// Elements as JSON values (canonical, disjoint).
     pub elements: Vec<Value>,
 }
+
+/// Longest run of adjacent addresses still expanded into single hash-set elements (random pod
+/// IPs often sit next to each other; canonical ranges merge them).
+pub const HASH_RUN_MAX: u128 = 16;
+/// Largest hash set produced by expanding runs.
+const HASH_MAX_ELEMENTS: u128 = 4_000_000;
 
 /// A rendered table: sets (whose elements can change in place) and everything else.
 #[derive(Clone, Debug, PartialEq)]
@@ -68,11 +79,9 @@ impl RenderedTable {
             && self.chains == other.chains
             && self.rules == other.rules
             && self.sets.len() == other.sets.len()
-            && self
-                .sets
-                .iter()
-                .zip(&other.sets)
-                .all(|(a, b)| a.name == b.name && a.key_type == b.key_type)
+            && self.sets.iter().zip(&other.sets).all(|(a, b)| {
+                a.name == b.name && a.key_type == b.key_type && a.interval == b.interval
+            })
     }
 
     fn table_obj(&self) -> Value {
@@ -103,7 +112,10 @@ impl RenderedTable {
         );
         for s in &self.sets {
             let mut set = json!({"family": fam, "table": self.name, "name": s.name,
-                "type": s.key_type, "flags": ["interval"]});
+                "type": s.key_type});
+            if s.interval {
+                set["flags"] = json!(["interval"]);
+            }
             if !s.elements.is_empty() {
                 set["elem"] = Value::Array(s.elements.clone());
             }
@@ -131,17 +143,22 @@ impl RenderedTable {
         let fam = self.family.nft();
         let mut dels = Vec::new();
         let mut adds = Vec::new();
+        // O(elements): membership through hashed canonical text (100k-element sets are normal).
+        let keys = |v: &[Value]| -> std::collections::HashSet<String> {
+            v.iter().map(Value::to_string).collect()
+        };
         for (new_set, old_set) in self.sets.iter().zip(&old.sets) {
+            let (new_keys, old_keys) = (keys(&new_set.elements), keys(&old_set.elements));
             let removed: Vec<Value> = old_set
                 .elements
                 .iter()
-                .filter(|e| !new_set.elements.contains(e))
+                .filter(|e| !new_keys.contains(&e.to_string()))
                 .cloned()
                 .collect();
             let added: Vec<Value> = new_set
                 .elements
                 .iter()
-                .filter(|e| !old_set.elements.contains(e))
+                .filter(|e| !old_keys.contains(&e.to_string()))
                 .cloned()
                 .collect();
             if !removed.is_empty() {
@@ -179,6 +196,36 @@ fn addr_elems(set: &AddrSet) -> Vec<Value> {
         .iter()
         .map(|r| addr_elem(set.family(), *r))
         .collect()
+}
+
+/// A named address set: a hash set of single addresses when the set is made of hosts and short
+/// runs of hosts, an interval set otherwise.
+fn addr_set(name: String, set: &AddrSet) -> RenderedSet {
+    let runs_are_short = set.ranges().iter().all(|r| r.hi - r.lo < HASH_RUN_MAX);
+    let total: u128 = set.ranges().iter().map(|r| r.hi - r.lo + 1).sum();
+    if runs_are_short && total <= HASH_MAX_ELEMENTS {
+        let family = set.family();
+        let elements = set
+            .ranges()
+            .iter()
+            .flat_map(|r| {
+                (r.lo..=r.hi).map(move |a| json!(ir::addr::u128_to_addr(family, a).to_string()))
+            })
+            .collect();
+        RenderedSet {
+            name,
+            key_type: addr_key_type(family),
+            interval: false,
+            elements,
+        }
+    } else {
+        RenderedSet {
+            name,
+            key_type: addr_key_type(set.family()),
+            interval: true,
+            elements: addr_elems(set),
+        }
+    }
 }
 
 fn port_elems(set: &PortSet) -> Vec<Value> {
@@ -222,14 +269,11 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> RenderedTable {
         .sets
         .iter()
         .map(|s| match &s.elements {
-            SetElements::Addr(a) => RenderedSet {
-                name: s.name.clone(),
-                key_type: addr_key_type(a.family()),
-                elements: addr_elems(a),
-            },
+            SetElements::Addr(a) => addr_set(s.name.clone(), a),
             SetElements::Port(p) => RenderedSet {
                 name: s.name.clone(),
                 key_type: "inet_service",
+                interval: true,
                 elements: port_elems(p),
             },
         })
@@ -258,11 +302,7 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> RenderedTable {
                             Source::Named(n) => json!(format!("@{n}")),
                             Source::Inline { count } if *count > 1 => {
                                 let name = format!("{AUTO_SET_PREFIX}{ci}_{ri}_{mi}");
-                                sets.push(RenderedSet {
-                                    name: name.clone(),
-                                    key_type: addr_key_type(set.family()),
-                                    elements: addr_elems(set),
-                                });
+                                sets.push(addr_set(name.clone(), set));
                                 json!(format!("@{name}"))
                             }
                             Source::Inline { .. } => match addr_elems(set).as_slice() {
@@ -418,4 +458,64 @@ pub fn render_policy(p: &ir::Policy, opts: RenderOptions) -> Vec<RenderedTable> 
 /// Wrap commands into an nft JSON document.
 pub fn document(cmds: Vec<Value>) -> Value {
     json!({ "nftables": cmds })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ir::IpFamily;
+
+    fn set(nets: &[&str]) -> AddrSet {
+        AddrSet::from_nets(IpFamily::V4, nets.iter().map(|n| n.parse().unwrap()))
+    }
+
+    #[test]
+    fn hosts_become_a_hash_set_and_prefixes_an_interval_set() {
+        let hosts = addr_set(
+            "s".into(),
+            &set(&["10.0.0.1/32", "10.0.0.2/32", "10.0.0.9/32"]),
+        );
+        assert!(!hosts.interval);
+        assert_eq!(
+            hosts.elements,
+            vec![json!("10.0.0.1"), json!("10.0.0.2"), json!("10.0.0.9")]
+        );
+        let nets = addr_set("s".into(), &set(&["10.0.0.0/24", "10.1.0.1/32"]));
+        assert!(nets.interval);
+        assert_eq!(
+            nets.elements[0],
+            json!({"prefix": {"addr": "10.0.0.0", "len": 24}})
+        );
+        // A short run of adjacent hosts (canonical ranges merge them) stays a hash set; a
+        // longer one does not.
+        let run = addr_set("s".into(), &set(&["10.0.0.0/29"]));
+        assert!(!run.interval && run.elements.len() == 8);
+        assert!(addr_set("s".into(), &set(&["10.0.0.0/27"])).interval);
+        assert!(!addr_set("s".into(), &AddrSet::from_nets(IpFamily::V4, [])).interval);
+    }
+
+    #[test]
+    fn element_updates_are_computed_from_the_difference() {
+        let table = |s: RenderedSet| RenderedTable {
+            name: "t".into(),
+            family: TableFamily::Inet,
+            owner: "o".into(),
+            sets: vec![s],
+            chains: vec![],
+            rules: vec![],
+        };
+        let many: Vec<String> = (0..50_000)
+            .map(|i| format!("10.{}.{}.1/32", i / 256, i % 256))
+            .collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        let old = table(addr_set("s".into(), &set(&refs)));
+        let mut more = refs.clone();
+        more.push("10.250.0.1/32");
+        let new = table(addr_set("s".into(), &set(&more[1..])));
+        assert!(new.same_structure(&old));
+        let cmds = new.element_commands(&old);
+        assert_eq!(cmds.len(), 2, "one delete, one add");
+        assert_eq!(cmds[0]["delete"]["element"]["elem"], json!(["10.0.0.1"]));
+        assert_eq!(cmds[1]["add"]["element"]["elem"], json!(["10.250.0.1"]));
+    }
 }

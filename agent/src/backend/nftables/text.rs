@@ -97,7 +97,9 @@ pub fn table_text(t: &RenderedTable) -> String {
     for s in &t.sets {
         let _ = writeln!(out, "\tset {} {{", s.name);
         let _ = writeln!(out, "\t\ttype {}", s.key_type);
-        let _ = writeln!(out, "\t\tflags interval");
+        if s.interval {
+            let _ = writeln!(out, "\t\tflags interval");
+        }
         if !s.elements.is_empty() {
             let _ = writeln!(
                 out,
