@@ -801,6 +801,8 @@ fn time_to_first_packet(lab: &Lab, dst: Ipv4Addr, action: impl FnOnce()) -> Dura
     action();
     let mut waited = Duration::ZERO;
     loop {
+        // Polling spawns `ip`: pause between polls so the agent under test keeps a core.
+        std::thread::sleep(Duration::from_millis(2));
         let (_, now, _) = link_stats(&lab.gw, GENEVE);
         if now > before {
             waited = started.elapsed();
@@ -853,6 +855,8 @@ fn time_until_enforced(lab: &Lab, dst: Ipv4Addr, action: impl FnOnce()) -> Durat
     while last_change.elapsed() < Duration::from_millis(200)
         && started.elapsed() < Duration::from_secs(600)
     {
+        // Polling spawns `ip`: pause between polls so the agent under test keeps a core.
+        std::thread::sleep(Duration::from_millis(2));
         let (_, now, _) = link_stats(&lab.gw, GENEVE);
         if now != last {
             last = now;

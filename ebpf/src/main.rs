@@ -46,14 +46,22 @@ const PORT_TRIE_MAX: u32 = 1 << 16;
 const HASH_MAX: u32 = 1 << 14;
 const FLOWS_MAX: u32 = 1 << 16;
 const FLOW_IDLE_NS: u64 = 600_000_000_000;
+/// `BPF_F_NO_PREALLOC`: hash maps sized for millions of hosts take memory as entries come.
+const NO_PREALLOC: u32 = 1;
 
 macro_rules! slot_maps {
-    ($src:ident, $dst:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident, $oif:ident,
+    ($src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident, $oif:ident,
      $ct:ident, $masks:ident, $chains:ident, $rules:ident, $hooks:ident, $counters:ident) => {
         #[map]
         static $src: LpmTrie<AddrKeyData, Bitmap> = LpmTrie::pinned(TRIE_MAX, 0);
         #[map]
         static $dst: LpmTrie<AddrKeyData, Bitmap> = LpmTrie::pinned(TRIE_MAX, 0);
+        // Full-length prefixes (hosts: /32, /128) live in hash maps consulted first: an
+        // exact-match lookup is O(1) where the trie walks its depth, and the tries stay small.
+        #[map]
+        static $srch: HashMap<AddrKeyData, Bitmap> = HashMap::pinned(TRIE_MAX, NO_PREALLOC);
+        #[map]
+        static $dsth: HashMap<AddrKeyData, Bitmap> = HashMap::pinned(TRIE_MAX, NO_PREALLOC);
         #[map]
         static $sport: LpmTrie<PortKeyData, Bitmap> = LpmTrie::pinned(PORT_TRIE_MAX, 0);
         #[map]
@@ -81,10 +89,12 @@ macro_rules! slot_maps {
 }
 
 slot_maps!(
-    SRC0, DST0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0, RULES0, HOOKS0, COUNTERS0
+    SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0, RULES0,
+    HOOKS0, COUNTERS0
 );
 slot_maps!(
-    SRC1, DST1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1, RULES1, HOOKS1, COUNTERS1
+    SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1, RULES1,
+    HOOKS1, COUNTERS1
 );
 
 #[map]
@@ -600,15 +610,19 @@ fn step_masked(acc: &mut Bitmap, l: Option<&Bitmap>, m: Option<&DimMasks>) -> bo
     any != 0
 }
 
+fn addr_data(chain: u32, p: &Pkt, addr: &[u8; 16]) -> AddrKeyData {
+    AddrKeyData {
+        chain: chain.to_be_bytes(),
+        family: (p.family as u32).to_be_bytes(),
+        addr: *addr,
+    }
+}
+
 fn addr_key(chain: u32, p: &Pkt, addr: &[u8; 16]) -> Key<AddrKeyData> {
     let bits = if p.family == family::V4 { 32 } else { 128 };
     Key::new(
         peerwall_common::ADDR_KEY_FIXED_BITS + bits,
-        AddrKeyData {
-            chain: chain.to_be_bytes(),
-            family: (p.family as u32).to_be_bytes(),
-            addr: *addr,
-        },
+        addr_data(chain, p, addr),
     )
 }
 
@@ -624,7 +638,7 @@ fn port_key(chain: u32, port: u16) -> Key<PortKeyData> {
 }
 
 macro_rules! slot_eval {
-    ($name:ident, $src:ident, $dst:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident,
+    ($name:ident, $src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident,
      $oif:ident, $ct:ident, $masks:ident, $chains:ident, $rules:ident, $counters:ident) => {
         /// Run one chain; the outcome goes to `SCRATCH` (action, deciding rule or NO_RULE).
         #[inline(never)]
@@ -711,7 +725,9 @@ macro_rules! slot_eval {
                     if cons & constrained::SRC != 0
                         && !step_masked(
                             acc,
-                            $src.get(addr_key(chain, &q.p, &q.p.src)),
+                            // SAFETY: read-only lookup of plain data.
+                            unsafe { $srch.get(&addr_data(chain, &q.p, &q.p.src)) }
+                                .or_else(|| $src.get(addr_key(chain, &q.p, &q.p.src))),
                             $masks.get(chain * 4 + dim::SRC),
                         )
                     {
@@ -720,7 +736,9 @@ macro_rules! slot_eval {
                     if cons & constrained::DST != 0
                         && !step_masked(
                             acc,
-                            $dst.get(addr_key(chain, &q.p, &q.p.dst)),
+                            // SAFETY: read-only lookup of plain data.
+                            unsafe { $dsth.get(&addr_data(chain, &q.p, &q.p.dst)) }
+                                .or_else(|| $dst.get(addr_key(chain, &q.p, &q.p.dst))),
                             $masks.get(chain * 4 + dim::DST),
                         )
                     {
@@ -781,10 +799,12 @@ macro_rules! slot_eval {
 }
 
 slot_eval!(
-    eval0, SRC0, DST0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0, RULES0, COUNTERS0
+    eval0, SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0,
+    RULES0, COUNTERS0
 );
 slot_eval!(
-    eval1, SRC1, DST1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1, RULES1, COUNTERS1
+    eval1, SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1,
+    RULES1, COUNTERS1
 );
 
 /// Outcome of the whole path.

@@ -2,7 +2,7 @@
 //! bpffs directory, attach to interfaces (tcx ingress; XDP for early drop), write policies into
 //! the idle copy of the maps and switch with one store, read counters.
 //!
-//! Pins (default `/sys/fs/bpf/peerwall/`): every map by its name (`SRC0`, `DST1`, `CONFIG`, ...),
+//! Pins (default `/sys/fs/bpf/peerwall/`): every map by its name (`SRC0`, `DSTH1`, `CONFIG`, ...),
 //! and links as `links/<ifname>.tc` / `links/<ifname>.xdp`. Pinned links keep the programs
 //! attached when the agent exits; a restarted agent reuses the pinned maps and links it finds,
 //! so enforcement has no gap.
@@ -526,18 +526,27 @@ impl BpfBackend {
         }
         let s = slot.to_string();
         let mut n = 0;
-        n += sync_trie(
-            self.map(&format!("SRC{s}"))?,
-            &format!("SRC{s}"),
-            old.map(|o| addr_entries(o, |c| &c.src)),
-            addr_entries(new, |c| &c.src),
-        )?;
-        n += sync_trie(
-            self.map(&format!("DST{s}"))?,
-            &format!("DST{s}"),
-            old.map(|o| addr_entries(o, |c| &c.dst)),
-            addr_entries(new, |c| &c.dst),
-        )?;
+        // Hosts go to the exact-match maps the datapath consults first, prefixes to the tries.
+        for (dim, f) in [
+            (
+                "SRC",
+                (|c| &c.src) as fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>,
+            ),
+            ("DST", |c| &c.dst),
+        ] {
+            n += sync_trie(
+                self.map(&format!("{dim}{s}"))?,
+                &format!("{dim}{s}"),
+                old.map(|o| addr_entries(o, f, false)),
+                addr_entries(new, f, false),
+            )?;
+            n += sync_hash(
+                self.map(&format!("{dim}H{s}"))?,
+                &format!("{dim}H{s}"),
+                old.map(|o| host_entries(o, f)),
+                host_entries(new, f),
+            )?;
+        }
         n += sync_trie(
             self.map(&format!("SPORT{s}"))?,
             &format!("SPORT{s}"),
@@ -913,18 +922,39 @@ fn bytes_of<T: Pod>(v: &T) -> Vec<u8> {
         .to_vec()
 }
 
+/// A full-length prefix: one host, kept in the exact-match map.
+fn is_host(n: &IpNet) -> bool {
+    n.prefix_len() == n.max_prefix_len()
+}
+
+/// Trie entries of an address dimension (`hosts`: only hosts, otherwise only the rest).
 fn addr_entries(
     p: &BpfPolicy,
     f: fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>,
+    hosts: bool,
 ) -> HashMap<KeyBytes, (Key<AddrKeyData>, Bitmap)> {
     p.chains
         .iter()
         .flat_map(|c| {
-            f(c).iter().map(move |(n, b)| {
-                let k = addr_key(c.id, n);
-                (bytes_of(&k), (k, *b))
-            })
+            f(c).iter()
+                .filter(move |(n, _)| is_host(n) == hosts)
+                .map(move |(n, b)| {
+                    let k = addr_key(c.id, n);
+                    (bytes_of(&k), (k, *b))
+                })
         })
+        .collect()
+}
+
+/// Exact-match entries of an address dimension: its hosts. A host's bitmap already carries
+/// the rules of every enclosing prefix, so "host map, else trie" is the trie's answer.
+fn host_entries(
+    p: &BpfPolicy,
+    f: fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>,
+) -> HashMap<KeyBytes, (AddrKeyData, Bitmap)> {
+    addr_entries(p, f, true)
+        .into_values()
+        .map(|(k, b)| (bytes_of(&k.data()), (k.data(), b)))
         .collect()
 }
 

@@ -151,6 +151,10 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         let m: LpmTrie<MapData, AddrKeyData, Bitmap> =
             LpmTrie::try_from(Map::LpmTrie(open(pin_dir, &n)?)).map_err(map_err(&n))?;
         entries.push((n, m.keys().count()));
+        let n = format!("{name}H{s}");
+        let m: BpfHashMap<MapData, AddrKeyData, Bitmap> =
+            BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
+        entries.push((n, m.keys().count()));
     }
     for name in ["SPORT", "DPORT"] {
         let n = format!("{name}{s}");
