@@ -777,74 +777,77 @@ struct Row {
     load: Option<Duration>,
 }
 
-/// Time from `action` until a probe stream to `dst` starts coming through the gateway.
-fn time_to_first_packet(lab: &Lab, dst: Ipv4Addr, action: impl FnOnce()) -> Duration {
-    let frames = Arc::new(vec![frame(
-        lab.snd_mac,
-        lab.gw_mac,
-        Ipv4Addr::new(172, 16, 9, 9),
-        dst,
-        40000,
-        8080,
-    )]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let h = blast(
-        &lab.snd,
-        frames,
-        stop.clone(),
-        Some(Duration::from_micros(200)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    std::thread::sleep(Duration::from_millis(100));
-    let (_, before, _) = link_stats(&lab.gw, GENEVE);
-    let started = Instant::now();
-    action();
-    let mut waited = Duration::ZERO;
-    loop {
-        // Polling spawns `ip`: pause between polls so the agent under test keeps a core.
-        std::thread::sleep(Duration::from_millis(2));
-        let (_, now, _) = link_stats(&lab.gw, GENEVE);
-        if now > before {
-            waited = started.elapsed();
-            break;
-        }
-        if started.elapsed() > Duration::from_secs(120) {
-            break;
+/// A probe stream: one packet to `dst` every 200 µs from the sender, until dropped.
+struct Probe {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Probe {
+    fn start(lab: &Lab, dst: Ipv4Addr) -> Self {
+        let frames = Arc::new(vec![frame(
+            lab.snd_mac,
+            lab.gw_mac,
+            Ipv4Addr::new(172, 16, 9, 9),
+            dst,
+            40000,
+            8080,
+        )]);
+        let stop = Arc::new(AtomicBool::new(false));
+        let thread = blast(
+            &lab.snd,
+            frames,
+            stop.clone(),
+            Some(Duration::from_micros(200)),
+            Arc::new(AtomicU64::new(0)),
+        );
+        std::thread::sleep(Duration::from_millis(100));
+        Probe {
+            stop,
+            thread: Some(thread),
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    let _ = h.join();
-    assert!(
-        waited > Duration::ZERO,
-        "the new pod never became reachable"
-    );
-    waited
+
+    /// Packets the gateway forwarded so far (its receiver-side veth), polled gently: polling
+    /// spawns `ip`, and the agent under test must keep a core.
+    fn forwarded(lab: &Lab) -> u64 {
+        std::thread::sleep(Duration::from_millis(2));
+        link_stats(&lab.gw, GENEVE).1
+    }
+}
+
+impl Drop for Probe {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Time from `action` until a probe stream to `dst` starts coming through the gateway.
+fn time_to_first_packet(lab: &Lab, dst: Ipv4Addr, action: impl FnOnce()) -> Duration {
+    let _probe = Probe::start(lab, dst);
+    let before = Probe::forwarded(lab);
+    let started = Instant::now();
+    action();
+    while Probe::forwarded(lab) == before {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the new pod never became reachable"
+        );
+    }
+    started.elapsed()
 }
 
 /// Time from `action` until a probe stream to the (soon denied) `dst` stops passing: the
 /// moment the whole policy is in force. The stream must pass before `action`.
 fn time_until_enforced(lab: &Lab, dst: Ipv4Addr, action: impl FnOnce()) -> Duration {
-    let frames = Arc::new(vec![frame(
-        lab.snd_mac,
-        lab.gw_mac,
-        Ipv4Addr::new(172, 16, 9, 9),
-        dst,
-        40000,
-        8080,
-    )]);
-    let stop = Arc::new(AtomicBool::new(false));
-    let h = blast(
-        &lab.snd,
-        frames,
-        stop.clone(),
-        Some(Duration::from_micros(200)),
-        Arc::new(AtomicU64::new(0)),
-    );
-    std::thread::sleep(Duration::from_millis(100));
-    let (_, mut last, _) = link_stats(&lab.gw, GENEVE);
+    let _probe = Probe::start(lab, dst);
+    let mut last = Probe::forwarded(lab);
     std::thread::sleep(Duration::from_millis(20));
     assert!(
-        link_stats(&lab.gw, GENEVE).1 > last,
+        Probe::forwarded(lab) > last,
         "the probe does not pass before the policy"
     );
     let started = Instant::now();
@@ -855,16 +858,12 @@ fn time_until_enforced(lab: &Lab, dst: Ipv4Addr, action: impl FnOnce()) -> Durat
     while last_change.elapsed() < Duration::from_millis(200)
         && started.elapsed() < Duration::from_secs(600)
     {
-        // Polling spawns `ip`: pause between polls so the agent under test keeps a core.
-        std::thread::sleep(Duration::from_millis(2));
-        let (_, now, _) = link_stats(&lab.gw, GENEVE);
+        let now = Probe::forwarded(lab);
         if now != last {
             last = now;
             last_change = Instant::now();
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    let _ = h.join();
     last_change.duration_since(started).max(returned)
 }
 

@@ -417,91 +417,53 @@ mod tests {
         }
     }
 
+    fn desired(v: &[(&str, &[&str])]) -> BTreeMap<String, PeerSets> {
+        v.iter()
+            .map(|(peer, a)| {
+                let s = PeerSets {
+                    offloaded: ips(a),
+                    ..Default::default()
+                };
+                (peer.to_string(), s)
+            })
+            .collect()
+    }
+
+    fn published(v: &[(&str, &[&str], bool)]) -> BTreeMap<String, Published> {
+        v.iter()
+            .map(|(peer, a, settled)| {
+                let p = Published {
+                    offloaded: ips(a),
+                    settled: *settled,
+                };
+                (peer.to_string(), p)
+            })
+            .collect()
+    }
+
     #[test]
     fn reused_ip_waits_until_the_old_tenant_released_it() {
-        let mut desired = BTreeMap::new();
-        desired.insert(
-            "a".to_string(),
-            PeerSets {
-                offloaded: ips(&[]),
-                ..Default::default()
-            },
+        let want = desired(&[("a", &[]), ("b", &["10.0.0.5"])]);
+        // a still publishes the address: b must wait; a drops it at once.
+        let (out, held) = gate_reuse(
+            &want,
+            &published(&[("a", &["10.0.0.5"], true), ("b", &[], true)]),
         );
-        desired.insert(
-            "b".to_string(),
-            PeerSets {
-                offloaded: ips(&["10.0.0.5"]),
-                ..Default::default()
-            },
-        );
-        // a still publishes the address: b must wait.
-        let mut published = BTreeMap::new();
-        published.insert(
-            "a".to_string(),
-            Published {
-                offloaded: ips(&["10.0.0.5"]),
-                settled: true,
-            },
-        );
-        published.insert(
-            "b".to_string(),
-            Published {
-                offloaded: ips(&[]),
-                settled: true,
-            },
-        );
-        let (out, held) = gate_reuse(&desired, &published);
         assert!(held);
         assert!(out["b"].offloaded.is_empty());
-        assert!(out["a"].offloaded.is_empty(), "a drops it at once");
+        assert!(out["a"].offloaded.is_empty());
         // a removed it but its agents have not enforced that yet: still wait.
-        published.insert(
-            "a".to_string(),
-            Published {
-                offloaded: ips(&[]),
-                settled: false,
-            },
-        );
-        assert!(gate_reuse(&desired, &published).1);
+        assert!(gate_reuse(&want, &published(&[("a", &[], false), ("b", &[], true)])).1);
         // enforced: b gets it.
-        published.insert(
-            "a".to_string(),
-            Published {
-                offloaded: ips(&[]),
-                settled: true,
-            },
-        );
-        let (out, held) = gate_reuse(&desired, &published);
+        let (out, held) = gate_reuse(&want, &published(&[("a", &[], true), ("b", &[], true)]));
         assert!(!held);
         assert_eq!(out["b"].offloaded, ips(&["10.0.0.5"]));
     }
 
     #[test]
     fn an_address_two_tenants_claim_stays_with_its_holder() {
-        let mut desired = BTreeMap::new();
-        desired.insert(
-            "a".to_string(),
-            PeerSets {
-                offloaded: ips(&["10.0.0.5"]),
-                ..Default::default()
-            },
-        );
-        desired.insert(
-            "b".to_string(),
-            PeerSets {
-                offloaded: ips(&["10.0.0.5"]),
-                ..Default::default()
-            },
-        );
-        let mut published = BTreeMap::new();
-        published.insert(
-            "a".to_string(),
-            Published {
-                offloaded: ips(&["10.0.0.5"]),
-                settled: true,
-            },
-        );
-        let (out, held) = gate_reuse(&desired, &published);
+        let want = desired(&[("a", &["10.0.0.5"]), ("b", &["10.0.0.5"])]);
+        let (out, held) = gate_reuse(&want, &published(&[("a", &["10.0.0.5"], true)]));
         assert!(held);
         assert_eq!(out["a"].offloaded, ips(&["10.0.0.5"]));
         assert!(out["b"].offloaded.is_empty());

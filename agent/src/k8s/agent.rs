@@ -21,10 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::runtime::{reflector, watcher};
 use kube::Resource;
 use serde_json::json;
 
@@ -447,21 +446,13 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
     rt.block_on(async move {
         let client = super::client().await?;
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
-        let writer = reflector::store::Writer::new(super::fwc_resource());
-        let reader = writer.as_reader();
         let changed = Arc::new(tokio::sync::Notify::new());
-        let notify = changed.clone();
-        let wc = watcher::Config::default().labels(&settings.selector);
-        let watch = reflector(writer, watcher(api.clone(), wc))
-            .default_backoff()
-            .for_each(move |ev| {
-                if let Err(e) = &ev {
-                    tracing::warn!(error = %e, "watch error (retrying)");
-                }
-                notify.notify_one();
-                futures::future::ready(())
-            });
-        let watch_task = tokio::spawn(watch);
+        let reader = super::cache(
+            api.clone(),
+            watcher::Config::default().labels(&settings.selector),
+            super::fwc_resource(),
+            changed.clone(),
+        );
         tracing::info!(selector = %settings.selector, host = %settings.host, "watching FirewallConfigurations");
         reader
             .wait_until_ready()
@@ -497,7 +488,6 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
                 .await
                 .is_ok();
         }
-        watch_task.abort();
         tracing::info!("agent stopping; enforcement stays in place");
         Ok(())
     })

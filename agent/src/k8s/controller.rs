@@ -23,8 +23,8 @@ use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as CtrlConfig, Controller};
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::Store;
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
@@ -174,6 +174,39 @@ fn owner_ref(ns: &Namespace) -> serde_json::Value {
     }])
 }
 
+fn api_error<'a>(
+    action: &'static str,
+    ns: &'a str,
+    name: &'a str,
+) -> impl FnOnce(kube::Error) -> ReconcileError + 'a {
+    move |source| ReconcileError::Api {
+        action,
+        object: format!("{ns}/{name}"),
+        source,
+    }
+}
+
+/// Server-side apply of `body` as the controller's field manager (forcing ownership of the
+/// fields it sets, so a hand edit of them is reverted).
+async fn server_side_apply<K>(
+    api: &Api<K>,
+    ns: &str,
+    name: &str,
+    body: &serde_json::Value,
+) -> Result<(), ReconcileError>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(body),
+    )
+    .await
+    .map(|_| ())
+    .map_err(api_error("applying", ns, name))
+}
+
 async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
     let Some(peer) = ns.labels().get(super::REMOTE_CLUSTER_ID).cloned() else {
         return Ok(Action::await_change());
@@ -215,17 +248,7 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
         });
         let api: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), &ns_name, &super::fwc_resource());
-        api.patch(
-            GATEWAY_CONFIG,
-            &PatchParams::apply(FIELD_MANAGER).force(),
-            &Patch::Apply(&body),
-        )
-        .await
-        .map_err(|source| ReconcileError::Api {
-            action: "applying",
-            object: format!("{ns_name}/{GATEWAY_CONFIG}"),
-            source,
-        })?;
+        server_side_apply(&api, &ns_name, GATEWAY_CONFIG, &body).await?;
         tracing::info!(
             peer = %peer,
             offloaded = sets.offloaded.len(),
@@ -263,17 +286,7 @@ async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action
                 },
                 "spec": protection::network_policy_spec(&consumer),
             });
-            api.patch(
-                NETWORK_POLICY,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await
-            .map_err(|source| ReconcileError::Api {
-                action: "applying",
-                object: format!("{name}/{NETWORK_POLICY}"),
-                source,
-            })?;
+            server_side_apply(&api, &name, NETWORK_POLICY, &body).await?;
         }
         _ => {
             // Not (or no longer) offloaded: remove ours if present.
@@ -283,21 +296,11 @@ async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action
                 {
                     api.delete(NETWORK_POLICY, &DeleteParams::default())
                         .await
-                        .map_err(|source| ReconcileError::Api {
-                            action: "deleting",
-                            object: format!("{name}/{NETWORK_POLICY}"),
-                            source,
-                        })?;
+                        .map_err(api_error("deleting", &name, NETWORK_POLICY))?;
                     tracing::info!(namespace = %name, "namespace no longer offloaded: NetworkPolicy removed");
                 }
                 Ok(_) => {}
-                Err(source) => {
-                    return Err(ReconcileError::Api {
-                        action: "reading",
-                        object: format!("{name}/{NETWORK_POLICY}"),
-                        source,
-                    })
-                }
+                Err(source) => return Err(api_error("reading", &name, NETWORK_POLICY)(source)),
             }
         }
     }
@@ -317,47 +320,17 @@ pub fn run(opts: Options, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     super::runtime()?.block_on(async move {
         let client = super::client().await?;
         let changed = Arc::new(tokio::sync::Notify::new());
-        fn cache<K>(
-            api: Api<K>,
-            wc: watcher::Config,
-            dyntype: K::DynamicType,
-            changed: Arc<tokio::sync::Notify>,
-        ) -> Store<K>
-        where
-            K: Resource
-                + Clone
-                + serde::de::DeserializeOwned
-                + std::fmt::Debug
-                + Send
-                + Sync
-                + 'static,
-            K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
-        {
-            let writer = reflector::store::Writer::new(dyntype);
-            let reader = writer.as_reader();
-            let s = reflector::reflector(writer, watcher(api, wc))
-                .default_backoff()
-                .for_each(move |ev| {
-                    if let Err(e) = &ev {
-                        tracing::warn!(error = %e, "watch error (retrying)");
-                    }
-                    changed.notify_one();
-                    futures::future::ready(())
-                });
-            tokio::spawn(s);
-            reader
-        }
         let wc = watcher::Config::default;
         let ctx = Arc::new(Ctx {
-            pods: cache(Api::all(client.clone()), wc(), (), changed.clone()),
-            namespaces: cache(Api::all(client.clone()), wc(), (), changed.clone()),
-            nodes: cache(
+            pods: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            namespaces: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            nodes: super::cache(
                 Api::all(client.clone()),
                 wc().labels(&format!("{}=virtual-node", super::NODE_TYPE)),
                 (),
                 changed.clone(),
             ),
-            configs: cache(
+            configs: super::cache(
                 Api::all_with(client.clone(), &super::fwc_resource()),
                 wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
                 super::fwc_resource(),

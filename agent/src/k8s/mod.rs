@@ -69,6 +69,41 @@ pub async fn client() -> anyhow::Result<kube::Client> {
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")
 }
 
+/// A reflector cache of `api` (filtered by `wc`), kept up to date by a spawned task that
+/// signals `changed` on every event; watch errors are logged and retried with backoff.
+pub fn cache<K>(
+    api: kube::Api<K>,
+    wc: kube::runtime::watcher::Config,
+    dyntype: K::DynamicType,
+    changed: std::sync::Arc<tokio::sync::Notify>,
+) -> kube::runtime::reflector::Store<K>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
+{
+    use futures::StreamExt;
+    use kube::runtime::WatchStreamExt;
+    let writer = kube::runtime::reflector::store::Writer::new(dyntype);
+    let reader = writer.as_reader();
+    let stream = kube::runtime::reflector(writer, kube::runtime::watcher(api, wc))
+        .default_backoff()
+        .for_each(move |ev| {
+            if let Err(e) = &ev {
+                tracing::warn!(error = %e, "watch error (retrying)");
+            }
+            changed.notify_one();
+            futures::future::ready(())
+        });
+    tokio::spawn(stream);
+    reader
+}
+
 /// Build a multi-threaded runtime for a Kubernetes command.
 pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     use anyhow::Context;
