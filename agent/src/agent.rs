@@ -278,10 +278,16 @@ pub fn run_dir(
     stop: Arc<AtomicBool>,
 ) -> anyhow::Result<()> {
     let mut last = None;
+    let mut pending = None;
     while !stop.load(Ordering::Relaxed) {
         let fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
         let env_changed = engine.environment_changed();
-        if last.as_ref() != Some(&fp) || env_changed {
+        // A change is read once the directory looked the same on two polls in a row, so a
+        // file caught half-written by a non-atomic editor is not reported as invalid.
+        let settled = pending.as_ref() == Some(&fp);
+        if last.as_ref() != Some(&fp) && !settled {
+            pending = Some(fp);
+        } else if last.as_ref() != Some(&fp) || env_changed {
             if env_changed {
                 tracing::info!("interfaces changed: re-applying");
             }
