@@ -574,7 +574,14 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
     let server = ApiServer::start();
     let client = server.client().await;
     install_crd(&client).await;
-    let mut controller = server.peerwall("controller", &["controller", "--block-leaf-to-leaf"]);
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let controller_args = [
+        "controller",
+        "--block-leaf-to-leaf",
+        "--metrics-addr",
+        metrics_addr.as_str(),
+    ];
+    let mut controller = server.peerwall("controller", &controller_args);
     namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
     namespace(&client, "liqo-tenant-b", tenant_labels("b")).await;
     // Default deny from the moment the peering exists.
@@ -649,6 +656,33 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
         (remote == ips(&["10.99.0.1"]) && elsewhere == ips(&["10.99.0.1"])).then_some(())
     })
     .await;
+    // The controller's metrics say the same.
+    let scrape = |path: &'static str| {
+        let addr = metrics_addr.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                use std::io::{Read, Write};
+                let mut c = std::net::TcpStream::connect(&addr).ok()?;
+                write!(c, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+                let mut out = String::new();
+                c.read_to_string(&mut out).ok()?;
+                Some(out)
+            })
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+        }
+    };
+    assert!(scrape("/readyz").await.ends_with("ready\n"));
+    eventually("controller metrics", Duration::from_secs(10), || async {
+        let m = scrape("/metrics").await;
+        (m.contains("peerwall_controller_peers 2\n")
+            && m.contains("peerwall_controller_offloaded_addresses 3\n")
+            && !m.contains("peerwall_controller_gateway_writes_total 0\n"))
+        .then_some(())
+    })
+    .await;
     // NetworkPolicy for the offloaded namespace only.
     let np: Api<NetworkPolicy> = Api::namespaced(client.clone(), "app-a");
     let p = eventually("the NetworkPolicy", Duration::from_secs(10), || async {
@@ -671,7 +705,7 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
     // Restart: changes made while the controller was down are resynced (stale IPs removed).
     controller.stop();
     delete_pod(&client, "app-a", "db").await;
-    let mut controller = server.peerwall("controller-2", &["controller", "--block-leaf-to-leaf"]);
+    let mut controller = server.peerwall("controller-2", &controller_args);
     eventually("resync after restart", Duration::from_secs(15), || async {
         (gateway_set(&client, "liqo-tenant-a", "offloaded").await? == ips(&["10.200.0.5"]))
             .then_some(())
@@ -903,7 +937,10 @@ async fn offloaded_pod_is_reachable_through_its_consumers_tunnel_only() {
         "gw-b",
         "networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique=b",
     );
-    let _controller = server.peerwall("controller", &["controller"]);
+    let _controller = server.peerwall(
+        "controller",
+        &["controller", "--metrics-addr", "127.0.0.1:0"],
+    );
     let pod_ip = "10.20.1.2";
     assert!(
         ping(&ta.consumer, "10.10.1.67", pod_ip) && ping(&tb.consumer, "10.10.1.67", pod_ip),

@@ -378,3 +378,59 @@ fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
     ));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// The controller's gateway configuration, enforced with real packets: provider protection
+/// (only offloaded pods reachable), consumer protection (our pods running on the peer may reach
+/// our local pods) and leaf-to-leaf blocking (but not our pods on other peers).
+#[test]
+fn controller_gateway_policy_protects_both_sides() {
+    use peerwall::protection::{gateway_spec, Options, PeerSets};
+    let t = Topology::new();
+    let ips = |v: &[&str]| v.iter().map(|s| s.parse().unwrap()).collect();
+    // Seen from this gateway: 10.10.1.67 is one of our pods the peer runs for us; 10.20.1.2 was
+    // offloaded to us by the peer; 10.20.1.3 is one of our pods running on another peer.
+    let sets = PeerSets {
+        offloaded: ips(&["10.20.1.2"]),
+        remote: ips(&["10.10.1.67"]),
+        elsewhere: ips(&["10.20.1.3"]),
+    };
+    let apply = |leaf: bool| {
+        let opts = Options {
+            tunnel: TUNNEL.into(),
+            block_leaf_to_leaf: leaf,
+        };
+        let doc = serde_json::json!({
+            "apiVersion": "networking.liqo.io/v1beta1", "kind": "FirewallConfiguration",
+            "metadata": {"name": "peerwall-gateway", "namespace": "liqo-tenant-a"},
+            "spec": gateway_spec("a", &sets, &opts),
+        });
+        let obj = peerwall::api::load::object_from_json(doc).expect("decode");
+        let policy = compile::compile(&[obj]).expect("compile").policy;
+        NftBackend::new(Nft::in_netns(t.gateway.name()))
+            .apply(&policy)
+            .expect("apply");
+    };
+    apply(true);
+    assert!(
+        ping(&t.consumer, "10.10.1.68", "10.20.1.2"),
+        "the peer reaches what it offloaded"
+    );
+    assert!(
+        !ping(&t.consumer, "10.10.1.68", "10.20.3.1"),
+        "and nothing else (provider protection)"
+    );
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.3.1"),
+        "our pod on the peer reaches our local pods (consumer protection allows it)"
+    );
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
+        "but not our pods on other peers (leaf to leaf blocked)"
+    );
+    apply(false);
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
+        "leaf to leaf allowed without the flag"
+    );
+    assert!(!ping(&t.consumer, "10.10.1.68", "10.20.3.1"));
+}

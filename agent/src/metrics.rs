@@ -1,5 +1,5 @@
-//! The agent's `/metrics` (Prometheus text format), `/healthz` and `/readyz`, served by a small
-//! blocking HTTP listener on its own thread.
+//! `/metrics` (Prometheus text format), `/healthz` and `/readyz` of the agent and the
+//! controller, served by a small blocking HTTP listener on its own thread.
 //!
 //! Labels are bounded by the policy itself (table, chain and rule names of the applied policy);
 //! nothing per packet or per address.
@@ -104,7 +104,101 @@ fn esc(v: &str) -> String {
 /// Shared metrics.
 pub type Shared = Arc<Mutex<AgentMetrics>>;
 
-fn respond(mut stream: TcpStream, metrics: &Shared) -> std::io::Result<()> {
+/// What a component exposes on `/metrics` and `/readyz`.
+pub trait Exposition {
+    /// Prometheus text exposition.
+    fn render(&self) -> String;
+    /// Whether `/readyz` answers ready.
+    fn ready(&self) -> bool;
+}
+
+impl Exposition for AgentMetrics {
+    fn render(&self) -> String {
+        AgentMetrics::render(self)
+    }
+    fn ready(&self) -> bool {
+        self.ready
+    }
+}
+
+/// What the protection controller reports.
+#[derive(Debug, Default, Clone)]
+pub struct ControllerMetrics {
+    /// Caches synced and reconciling.
+    pub ready: bool,
+    /// Peer clusters (tenant namespaces) seen.
+    pub peers: u64,
+    /// Offloaded pod addresses published, over all peers.
+    pub offloaded_addresses: u64,
+    /// Addresses held back (waiting for another tenant to release them).
+    pub held_back_addresses: u64,
+    /// Gateway FirewallConfigurations written.
+    pub gateway_writes: u64,
+    /// NetworkPolicies applied.
+    pub network_policy_writes: u64,
+    /// NetworkPolicies removed.
+    pub network_policy_removals: u64,
+    /// Reconciles that failed (retried).
+    pub reconcile_errors: u64,
+}
+
+impl Exposition for ControllerMetrics {
+    fn render(&self) -> String {
+        let mut s = String::new();
+        for (name, kind, help, v) in [
+            (
+                "peerwall_controller_peers",
+                "gauge",
+                "Peer clusters (tenant namespaces).",
+                self.peers,
+            ),
+            (
+                "peerwall_controller_offloaded_addresses",
+                "gauge",
+                "Offloaded pod addresses in gateway configurations.",
+                self.offloaded_addresses,
+            ),
+            (
+                "peerwall_controller_held_back_addresses",
+                "gauge",
+                "Addresses waiting for another tenant to release them.",
+                self.held_back_addresses,
+            ),
+            (
+                "peerwall_controller_gateway_writes_total",
+                "counter",
+                "Gateway FirewallConfigurations written.",
+                self.gateway_writes,
+            ),
+            (
+                "peerwall_controller_network_policy_writes_total",
+                "counter",
+                "NetworkPolicies applied.",
+                self.network_policy_writes,
+            ),
+            (
+                "peerwall_controller_network_policy_removals_total",
+                "counter",
+                "NetworkPolicies removed.",
+                self.network_policy_removals,
+            ),
+            (
+                "peerwall_controller_reconcile_errors_total",
+                "counter",
+                "Reconciles that failed (retried with backoff).",
+                self.reconcile_errors,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
+        }
+        s
+    }
+    fn ready(&self) -> bool {
+        self.ready
+    }
+}
+
+fn respond<M: Exposition>(mut stream: TcpStream, metrics: &Mutex<M>) -> std::io::Result<()> {
     stream.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut line = String::new();
     BufReader::new(&stream).read_line(&mut line)?;
@@ -120,11 +214,11 @@ fn respond(mut stream: TcpStream, metrics: &Shared) -> std::io::Result<()> {
         },
         "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
         "/readyz" => match metrics.lock() {
-            Ok(m) if m.ready => ("200 OK", "text/plain", "ready\n".into()),
+            Ok(m) if m.ready() => ("200 OK", "text/plain", "ready\n".into()),
             _ => (
                 "503 Service Unavailable",
                 "text/plain",
-                "no policy applied yet\n".into(),
+                "not ready\n".into(),
             ),
         },
         _ => ("404 Not Found", "text/plain", "not found\n".into()),
@@ -137,7 +231,10 @@ fn respond(mut stream: TcpStream, metrics: &Shared) -> std::io::Result<()> {
 }
 
 /// Serve on `addr` in a background thread; returns the bound address.
-pub fn serve(addr: SocketAddr, metrics: Shared) -> std::io::Result<SocketAddr> {
+pub fn serve<M: Exposition + Send + 'static>(
+    addr: SocketAddr,
+    metrics: Arc<Mutex<M>>,
+) -> std::io::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)?;
     let bound = listener.local_addr()?;
     std::thread::spawn(move || {

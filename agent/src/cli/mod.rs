@@ -300,6 +300,9 @@ pub enum Command {
         /// Also drop traffic between our pods offloaded to different providers.
         #[arg(long)]
         block_leaf_to_leaf: bool,
+        /// Where `/metrics`, `/healthz` and `/readyz` are served.
+        #[arg(long, default_value = "0.0.0.0:9091")]
+        metrics_addr: std::net::SocketAddr,
     },
     /// Validating admission webhook for FirewallConfiguration (the agent's validation), over TLS.
     Webhook {
@@ -723,13 +726,22 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Controller {
             tunnel_interface,
             block_leaf_to_leaf,
+            metrics_addr,
         } => {
             let stop = stop_flag()?;
+            let metrics = std::sync::Arc::new(std::sync::Mutex::new(
+                crate::metrics::ControllerMetrics::default(),
+            ));
+            let bound = crate::metrics::serve(metrics_addr, metrics.clone())
+                .with_context(|| format!("serving metrics on {metrics_addr}"))
+                .map_err(runtime)?;
+            tracing::info!(metrics = %bound, "controller started");
             crate::k8s::controller::run(
                 crate::protection::Options {
                     tunnel: tunnel_interface,
                     block_leaf_to_leaf,
                 },
+                metrics,
                 stop,
             )
             .map_err(runtime)

@@ -29,6 +29,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use super::{FIREWALL_CATEGORY, FIREWALL_UNIQUE, MANAGED_BY, MANAGER};
+use crate::metrics::ControllerMetrics;
 use crate::protection::{self, Options, Published, World};
 
 /// Name of the gateway FirewallConfiguration in each tenant namespace.
@@ -59,6 +60,15 @@ struct Ctx {
     nodes: Store<Node>,
     configs: Store<DynamicObject>,
     opts: Options,
+    metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
+}
+
+impl Ctx {
+    fn count(&self, f: impl FnOnce(&mut ControllerMetrics)) {
+        if let Ok(mut m) = self.metrics.lock() {
+            f(&mut m);
+        }
+    }
 }
 
 fn labels_of(m: &BTreeMap<String, String>) -> BTreeMap<String, String> {
@@ -217,6 +227,15 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     let world = world(&ctx);
     let desired = protection::sets(&world);
     let (gated, held) = protection::gate_reuse(&desired, &published(&ctx));
+    let total = |m: &std::collections::BTreeMap<String, protection::PeerSets>| -> u64 {
+        m.values().map(|s| s.offloaded.len() as u64).sum()
+    };
+    let (wanted, published_now) = (total(&desired), total(&gated));
+    ctx.count(|m| {
+        m.peers = desired.len() as u64;
+        m.offloaded_addresses = published_now;
+        m.held_back_addresses = wanted - published_now;
+    });
     let sets = gated.get(&peer).cloned().unwrap_or_default();
     let spec = protection::gateway_spec(&peer, &sets, &ctx.opts);
     let ns_name = ns.name_any();
@@ -249,6 +268,7 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
         let api: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), &ns_name, &super::fwc_resource());
         server_side_apply(&api, &ns_name, GATEWAY_CONFIG, &body).await?;
+        ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(
             peer = %peer,
             offloaded = sets.offloaded.len(),
@@ -287,6 +307,7 @@ async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action
                 "spec": protection::network_policy_spec(&consumer),
             });
             server_side_apply(&api, &name, NETWORK_POLICY, &body).await?;
+            ctx.count(|m| m.network_policy_writes += 1);
         }
         _ => {
             // Not (or no longer) offloaded: remove ours if present.
@@ -297,6 +318,7 @@ async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action
                     api.delete(NETWORK_POLICY, &DeleteParams::default())
                         .await
                         .map_err(api_error("deleting", &name, NETWORK_POLICY))?;
+                    ctx.count(|m| m.network_policy_removals += 1);
                     tracing::info!(namespace = %name, "namespace no longer offloaded: NetworkPolicy removed");
                 }
                 Ok(_) => {}
@@ -307,16 +329,21 @@ async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action
     Ok(Action::await_change())
 }
 
-fn error_policy<K>(obj: Arc<K>, err: &ReconcileError, _ctx: Arc<Ctx>) -> Action
+fn error_policy<K>(obj: Arc<K>, err: &ReconcileError, ctx: Arc<Ctx>) -> Action
 where
     K: Resource,
 {
+    ctx.count(|m| m.reconcile_errors += 1);
     tracing::warn!(object = %obj.meta().name.as_deref().unwrap_or_default(), error = %err, "reconcile failed; retrying");
     Action::requeue(Duration::from_secs(2))
 }
 
 /// Run both controllers until `stop` is set.
-pub fn run(opts: Options, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+pub fn run(
+    opts: Options,
+    metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<()> {
     super::runtime()?.block_on(async move {
         let client = super::client().await?;
         let changed = Arc::new(tokio::sync::Notify::new());
@@ -338,6 +365,7 @@ pub fn run(opts: Options, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             ),
             client: client.clone(),
             opts,
+            metrics,
         });
         for (what, ready) in [
             ("pods", ctx.pods.wait_until_ready().await),
@@ -351,6 +379,7 @@ pub fn run(opts: Options, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
             ready.with_context(|| format!("the {what} watch ended before its first list"))?;
         }
         tracing::info!("caches synced; reconciling");
+        ctx.count(|m| m.ready = true);
         // Every cache change re-reconciles all peers (coalesced by Notify, then debounced).
         let trigger = futures::stream::unfold(changed.clone(), |n| async move {
             n.notified().await;
