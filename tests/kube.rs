@@ -796,24 +796,98 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
 
 /// Run `peerwall agent --source kube` enforcing in `gw`'s namespace.
 fn agent(server: &ApiServer, gw: &NetNs, host: &str, selector: &str) -> Proc {
-    server.peerwall(
-        &format!("agent-{host}"),
+    agent_with(server, gw, host, selector, &[])
+}
+
+fn agent_with(server: &ApiServer, gw: &NetNs, host: &str, selector: &str, extra: &[&str]) -> Proc {
+    let mut args = vec![
+        "agent",
+        "--source",
+        "kube",
+        "--netns",
+        gw.name(),
+        "--host",
+        host,
+        "--selector",
+        selector,
+        "--metrics-addr",
+        "127.0.0.1:0",
+        "--interval-ms",
+        "200",
+    ];
+    args.extend_from_slice(extra);
+    server.peerwall(&format!("agent-{host}"), &args)
+}
+
+/// A bpf pin directory removed (datapath detached) on drop.
+struct BpfPins {
+    dir: String,
+    ns: String,
+}
+
+impl Drop for BpfPins {
+    fn drop(&mut self) {
+        let _ = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.ns))
+            .arg(peerwall())
+            .args(["delete", "--backend", "bpf", "--pin-dir", &self.dir])
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
+    let t = Topology::new();
+    let pins = BpfPins {
+        dir: format!("/sys/fs/bpf/peerwall-kube-test-{}", std::process::id()),
+        ns: t.gateway.name().to_string(),
+    };
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let _agent = agent_with(
+        &server,
+        &t.gateway,
+        "gw-bpf",
+        "networking.liqo.io/firewall-category=gateway",
         &[
-            "agent",
-            "--source",
-            "kube",
-            "--netns",
-            gw.name(),
-            "--host",
-            host,
-            "--selector",
-            selector,
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--interval-ms",
-            "200",
+            "--backend",
+            "bpf",
+            "--pin-dir",
+            &pins.dir,
+            "--interfaces",
+            "liqo-tunnel,liqo.*",
         ],
-    )
+    );
+    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
+    let name = obj.name_any();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    applied(&api, &name, "gw-bpf").await;
+    // The programs are attached in the gateway's namespace (tc link pinned by interface name).
+    assert!(
+        std::path::Path::new(&pins.dir)
+            .join("links/tc-liqo-tunnel")
+            .exists(),
+        "tc link pinned"
+    );
+    assert!(
+        nft_tables(&t.gateway).trim().is_empty(),
+        "no nftables involved"
+    );
+    assert_thesis_block_enforced(&t.consumer);
+    // Deleting the object empties the maps, then releases the finalizer.
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
+    eventually("the object to be gone", Duration::from_secs(20), || async {
+        api.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "nothing enforced any more"
+    );
 }
 
 fn nft_tables(ns: &NetNs) -> String {

@@ -55,11 +55,83 @@ pub enum Enforcer {
         /// Attach XDP too.
         xdp: bool,
     },
+    /// A backend living on a thread inside another network namespace.
+    InNetns(NsWorker),
+}
+
+type Job = Box<dyn FnOnce(&mut Enforcer) + Send>;
+
+/// A backend owned by a thread that entered another network namespace (a gateway pod's):
+/// every call runs there, so `nft` (a child of that thread), netlink, the FIB and the programs'
+/// attachments all target that namespace, while the agent's own sockets (the API server
+/// connection, `/metrics`) stay where the agent runs. bpffs is a mount, not part of the
+/// network namespace: pins stay under the host's `/sys/fs/bpf`.
+pub struct NsWorker {
+    ns: String,
+    tx: std::sync::mpsc::Sender<Job>,
+}
+
+impl NsWorker {
+    fn spawn(
+        ns: &str,
+        make: impl FnOnce() -> anyhow::Result<Enforcer> + Send + 'static,
+    ) -> anyhow::Result<Self> {
+        use std::os::fd::AsRawFd;
+        let path = format!("/run/netns/{ns}");
+        let file = std::fs::File::open(&path)
+            .with_context(|| format!("opening network namespace {path}"))?;
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
+        std::thread::Builder::new()
+            .name(format!("enforcer-{ns}"))
+            .spawn(move || {
+                // SAFETY: setns on a valid namespace fd; affects only this thread.
+                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    let _ = ready_tx.send(Err(std::io::Error::last_os_error().into()));
+                    return;
+                }
+                let mut enforcer = match make() {
+                    Ok(e) => e,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                for job in rx {
+                    job(&mut enforcer);
+                }
+            })
+            .context("starting the enforcer thread")?;
+        ready_rx
+            .recv()
+            .context("the enforcer thread ended before starting")?
+            .with_context(|| format!("entering network namespace {ns}"))?;
+        Ok(Self { ns: ns.into(), tx })
+    }
+
+    fn call<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Enforcer) -> R + Send + 'static,
+    ) -> anyhow::Result<R> {
+        let (rtx, rrx) = std::sync::mpsc::channel();
+        let gone = || anyhow::anyhow!("the enforcer thread in network namespace {} ended", self.ns);
+        self.tx
+            .send(Box::new(move |e| {
+                let _ = rtx.send(f(e));
+            }))
+            .map_err(|_| gone())?;
+        rrx.recv().map_err(|_| gone())
+    }
 }
 
 impl Enforcer {
     fn apply(&mut self, policy: &crate::ir::Policy) -> anyhow::Result<String> {
         match self {
+            Enforcer::InNetns(w) => {
+                let p = policy.clone();
+                w.call(move |e| e.apply(&p))?
+            }
             Enforcer::Nft(b) => {
                 let r = b.apply(policy).context("applying with nftables")?;
                 Ok(format!(
@@ -101,6 +173,7 @@ impl Enforcer {
     /// interfaces (new `liqo.*` devices must be attached and resolved in the maps).
     fn environment(&self) -> Vec<(String, u32)> {
         match self {
+            Enforcer::InNetns(w) => w.call(|e| e.environment()).unwrap_or_default(),
             Enforcer::Nft(_) => Vec::new(),
             Enforcer::Bpf { .. } => loader::host_ifaces()
                 .map(|v| v.into_iter().map(|i| (i.name, i.ifindex)).collect())
@@ -110,6 +183,9 @@ impl Enforcer {
 
     /// Restore drifted tables; returns how many.
     fn repair(&mut self) -> anyhow::Result<usize> {
+        if let Enforcer::InNetns(w) = self {
+            return w.call(|e| e.repair())?;
+        }
         if let Enforcer::Nft(b) = self {
             let fixed = b.repair().context("drift repair")?;
             if !fixed.is_empty() {
@@ -123,6 +199,7 @@ impl Enforcer {
     /// Rule counters of what is applied.
     fn counters(&mut self) -> anyhow::Result<Vec<crate::backend::nftables::RuleCounter>> {
         Ok(match self {
+            Enforcer::InNetns(w) => w.call(|e| e.counters())??,
             Enforcer::Nft(b) => b.counters()?,
             Enforcer::Bpf { backend, .. } => backend.counters()?,
         })
@@ -147,8 +224,8 @@ fn fingerprint(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime
     Ok(out)
 }
 
-/// Build the enforcer for a backend name. `netns` (nftables only) enforces in a named network
-/// namespace (for example a gateway pod's) instead of the agent's own.
+/// Build the enforcer for a backend name. `netns` enforces in a named network namespace (for
+/// example a gateway's) from a thread that entered it, instead of the agent's own.
 pub fn enforcer(
     backend: &str,
     pin_dir: &Path,
@@ -156,12 +233,14 @@ pub fn enforcer(
     xdp: bool,
     netns: Option<&str>,
 ) -> anyhow::Result<Enforcer> {
-    Ok(match (backend, netns) {
-        ("nftables", None) => Enforcer::Nft(NftBackend::new(Nft::host())),
-        ("nftables", Some(ns)) => Enforcer::Nft(NftBackend::new(Nft::in_netns(ns))),
-        (_, Some(_)) => anyhow::bail!(
-            "--netns is supported with the nftables backend; run the bpf agent inside the namespace"
-        ),
+    if let Some(ns) = netns {
+        let (backend, pin_dir) = (backend.to_string(), pin_dir.to_path_buf());
+        return Ok(Enforcer::InNetns(NsWorker::spawn(ns, move || {
+            enforcer(&backend, &pin_dir, patterns, xdp, None)
+        })?));
+    }
+    Ok(match backend {
+        "nftables" => Enforcer::Nft(NftBackend::new(Nft::host())),
         _ => {
             loader::ensure_bpffs()?;
             Enforcer::Bpf {

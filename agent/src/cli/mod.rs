@@ -269,8 +269,8 @@ pub enum Command {
         /// (Liqo's gateway agent selects its category and its peer's unique id).
         #[arg(long, default_value = "networking.liqo.io/firewall-category=gateway")]
         selector: String,
-        /// nftables backend: enforce in this named network namespace (`ip netns` name) instead
-        /// of the agent's own.
+        /// Enforce in this named network namespace (`ip netns` name, e.g. a gateway's) instead
+        /// of the agent's own; the agent's API connection and endpoints stay where it runs.
         #[arg(long)]
         netns: Option<String>,
         /// `kube` source: this host's name in status conditions and finalizers
