@@ -346,6 +346,13 @@ fn webhook_certs(dir: &Path) -> String {
         "-subj",
         "/CN=peerwall-test-ca",
     ]);
+    server_cert(dir);
+    std::fs::read_to_string(dir.join("wh-ca.crt")).unwrap()
+}
+
+/// A (new) server certificate for 127.0.0.1 from the CA in `dir`: wh.crt / wh.key.
+fn server_cert(dir: &Path) {
+    let p = |f: &str| dir.join(f).to_str().unwrap().to_string();
     std::fs::write(
         dir.join("wh.ext"),
         "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
@@ -357,7 +364,7 @@ fn webhook_certs(dir: &Path) -> String {
         "rsa:2048",
         "-nodes",
         "-keyout",
-        &p("wh.key"),
+        &p("wh.key.new"),
         "-out",
         &p("wh.csr"),
         "-subj",
@@ -374,13 +381,27 @@ fn webhook_certs(dir: &Path) -> String {
         &p("wh-ca.key"),
         "-CAcreateserial",
         "-out",
-        &p("wh.crt"),
+        &p("wh.crt.new"),
         "-days",
         "2",
         "-extfile",
         &p("wh.ext"),
     ]);
-    std::fs::read_to_string(dir.join("wh-ca.crt")).unwrap()
+    // Swap both files in (as a Secret volume update does).
+    std::fs::rename(dir.join("wh.key.new"), dir.join("wh.key")).unwrap();
+    std::fs::rename(dir.join("wh.crt.new"), dir.join("wh.crt")).unwrap();
+}
+
+/// Serial number of the certificate a TLS server presents.
+fn served_serial(addr: &str) -> String {
+    let o = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "openssl s_client -connect {addr} </dev/null 2>/dev/null | openssl x509 -noout -serial"
+        ))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
 }
 
 fn free_port() -> u16 {
@@ -494,6 +515,33 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("policy"), "{err}");
+
+    // Certificate rotation: new connections get the new certificate without a restart, and
+    // the API server keeps calling the webhook.
+    let before = served_serial(&listen);
+    assert!(before.starts_with("serial="), "{before}");
+    std::thread::sleep(Duration::from_millis(1100));
+    server_cert(&server.dir);
+    let after = eventually(
+        "the rotated certificate",
+        Duration::from_secs(10),
+        || async {
+            let now = served_serial(&listen);
+            (now.starts_with("serial=") && now != before).then_some(now)
+        },
+    )
+    .await;
+    assert_ne!(before, after);
+    let mut bad2 = bad.clone();
+    bad2["metadata"]["name"] = json!("bad2");
+    let refused = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(bad2).unwrap(),
+        )
+        .await
+        .unwrap_err();
+    assert!(refused.to_string().contains("10.20.1.300"), "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

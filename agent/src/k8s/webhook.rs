@@ -113,9 +113,53 @@ fn tls_config(s: &Settings) -> anyhow::Result<tokio_rustls::rustls::ServerConfig
     Ok(cfg)
 }
 
+/// Modification times of the certificate and key files.
+fn stamp(s: &Settings) -> Option<(std::time::SystemTime, std::time::SystemTime)> {
+    let m = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    Some((m(&s.cert)?, m(&s.key)?))
+}
+
+/// The TLS acceptor, reloaded when the certificate or key files change (cert-manager and
+/// kubelet rotate Secret-mounted files in place): new connections get the new certificate, a
+/// pair that does not load keeps the previous one.
+struct Certs {
+    settings: Settings,
+    stamp: Option<(std::time::SystemTime, std::time::SystemTime)>,
+    acceptor: tokio_rustls::TlsAcceptor,
+}
+
+impl Certs {
+    fn load(settings: Settings) -> anyhow::Result<Self> {
+        let stamp = stamp(&settings);
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&settings)?));
+        Ok(Self {
+            settings,
+            stamp,
+            acceptor,
+        })
+    }
+
+    fn current(&mut self) -> tokio_rustls::TlsAcceptor {
+        let now = stamp(&self.settings);
+        if now.is_some() && now != self.stamp {
+            match tls_config(&self.settings) {
+                Ok(cfg) => {
+                    self.acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
+                    self.stamp = now;
+                    tracing::info!("TLS certificate reloaded");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "new TLS certificate not loaded; keeping the previous one")
+                }
+            }
+        }
+        self.acceptor.clone()
+    }
+}
+
 /// Serve until `stop` is set.
 pub fn run(settings: Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&settings)?));
+    let mut certs = Certs::load(settings.clone())?;
     super::runtime()?.block_on(async move {
         let listener = tokio::net::TcpListener::bind(settings.listen)
             .await
@@ -133,7 +177,7 @@ pub fn run(settings: Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
                     continue;
                 }
             };
-            let acceptor = acceptor.clone();
+            let acceptor = certs.current();
             tokio::spawn(async move {
                 let tls = match acceptor.accept(tcp).await {
                     Ok(t) => t,
