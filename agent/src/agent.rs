@@ -299,6 +299,16 @@ impl Engine {
                 return Err(e.into());
             }
         };
+        self.apply_compiled(&compiled, started)
+    }
+
+    /// Apply an already compiled policy (`started`: when its compilation began, for the
+    /// latency metric). On error nothing changes.
+    pub fn apply_compiled(
+        &mut self,
+        compiled: &compile::Compiled,
+        started: Instant,
+    ) -> Result<(), EnforceError> {
         for (origin, w) in &compiled.warnings {
             tracing::warn!(object = %origin, "{w}");
         }

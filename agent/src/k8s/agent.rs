@@ -128,29 +128,62 @@ pub fn plan(observed: &[Observed], last_good: &mut BTreeMap<String, Good>) -> Pl
     p
 }
 
+/// What a whole-policy compilation made of a plan: the objects it refused (key, message
+/// reported in status) and the compiled policy of the rest.
+#[derive(Clone, Debug, Default)]
+pub struct Settled {
+    /// Refused keys with their status message.
+    pub refused: Vec<(String, String)>,
+    /// The policy of everything else.
+    pub compiled: crate::compile::Compiled,
+}
+
+impl Settled {
+    /// Take the refusals into `p` (also when this result is reused for an unchanged plan).
+    fn mark(&self, p: &mut Plan) {
+        for (k, msg) in &self.refused {
+            p.enforce.remove(k);
+            p.current.remove(k);
+            p.refused.insert(k.clone(), msg.clone());
+        }
+    }
+}
+
 /// Leave out the objects a whole-policy compilation refuses (for example two objects claiming
-/// one table) until the rest compiles; returns the refused keys with the message.
-pub fn settle(p: &mut Plan) -> Vec<(String, String)> {
-    let mut out = Vec::new();
+/// one table) until the rest compiles; returns the refusals and the compiled rest.
+pub fn settle(p: &mut Plan) -> Settled {
+    let mut out = Settled::default();
     loop {
         let objs: Vec<PolicyObject> = p.enforce.values().cloned().collect();
-        let Err(e) = crate::compile::compile(&objs) else {
-            return out;
+        let e = match crate::compile::compile(&objs) {
+            Ok(compiled) => {
+                out.compiled = compiled;
+                return out;
+            }
+            Err(e) => e,
         };
         let before = p.enforce.len();
-        for oe in &e.objects {
-            p.enforce.remove(&oe.origin);
-            p.current.remove(&oe.origin);
-            p.refused
-                .insert(oe.origin.clone(), format!("{oe} (not applied)"));
-            out.push((oe.origin.clone(), oe.to_string()));
-        }
-        if p.enforce.len() == before {
-            // Nothing attributable: refuse everything rather than loop.
-            for k in std::mem::take(&mut p.enforce).into_keys() {
-                p.current.remove(&k);
-                p.refused.insert(k.clone(), format!("{e} (not applied)"));
-            }
+        let round: Vec<(String, String)> = e
+            .objects
+            .iter()
+            .map(|oe| (oe.origin.clone(), format!("{oe} (not applied)")))
+            .filter(|(k, _)| p.enforce.contains_key(k))
+            .collect();
+        let step = Settled {
+            refused: if round.is_empty() {
+                // Nothing attributable: refuse everything rather than loop.
+                p.enforce
+                    .keys()
+                    .map(|k| (k.clone(), format!("{e} (not applied)")))
+                    .collect()
+            } else {
+                round
+            },
+            compiled: Default::default(),
+        };
+        step.mark(p);
+        out.refused.extend(step.refused);
+        if p.enforce.len() == before || p.enforce.is_empty() {
             return out;
         }
     }
@@ -193,6 +226,12 @@ struct Agent {
     last_good: BTreeMap<String, Good>,
     reported: BTreeMap<String, Outcome>,
     enforced: Option<Vec<PolicyObject>>,
+    /// Decoded and validated specs by key, for the `(uid, generation)` they were checked at:
+    /// rounds triggered by status, finalizer or label updates (the generation does not move)
+    /// do not decode and validate large objects again.
+    checks: BTreeMap<String, (String, i64, Result<PolicyObject, String>)>,
+    /// The last whole-policy compilation and the plan it was made for.
+    settled: Option<(BTreeMap<String, PolicyObject>, Settled)>,
 }
 
 impl Agent {
@@ -204,17 +243,32 @@ impl Agent {
                 uid: o.metadata.uid.clone().unwrap_or_default(),
                 generation: o.metadata.generation.unwrap_or_default(),
                 deleting: o.metadata.deletion_timestamp.is_some(),
-                checked: super::check(o).map(|(po, _)| po),
+                checked: self.check(o),
             })
             .collect();
+        self.checks
+            .retain(|k, _| observed.iter().any(|o| &o.key == k));
         let mut p = plan(&observed, &mut self.last_good);
-        settle(&mut p);
+        let started = std::time::Instant::now();
+        // Compile only when the set of specs to enforce changed since the last round.
+        let settled = match self.settled.take() {
+            Some((input, s)) if input == p.enforce => {
+                s.mark(&mut p);
+                (input, s)
+            }
+            _ => {
+                let input = p.enforce.clone();
+                let s = settle(&mut p);
+                (input, s)
+            }
+        };
         let desired: Vec<PolicyObject> = p.enforce.values().cloned().collect();
         let result = if self.enforced.as_ref() == Some(&desired) && !engine.environment_changed() {
             Ok(())
         } else {
-            tokio::task::block_in_place(|| engine.enforce(&desired))
+            tokio::task::block_in_place(|| engine.apply_compiled(&settled.1.compiled, started))
         };
+        self.settled = Some(settled);
         let by_key: BTreeMap<String, &Arc<DynamicObject>> =
             objects.iter().map(|o| (super::key_of(o), o)).collect();
         match &result {
@@ -272,6 +326,21 @@ impl Agent {
                 .get(k)
                 .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
         });
+    }
+
+    /// [`super::check`] of an object, reused while its uid and generation stay the same.
+    fn check(&mut self, o: &DynamicObject) -> Result<PolicyObject, String> {
+        let key = super::key_of(o);
+        let uid = o.metadata.uid.clone().unwrap_or_default();
+        let generation = o.metadata.generation.unwrap_or_default();
+        if let Some((u, g, r)) = self.checks.get(&key) {
+            if *u == uid && *g == generation && generation != 0 {
+                return r.clone();
+            }
+        }
+        let r = super::check(o).map(|(po, _)| po);
+        self.checks.insert(key, (uid, generation, r.clone()));
+        r
     }
 
     /// Write this host's condition (server-side apply) and an Event, when it changed.
@@ -473,6 +542,8 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
             last_good: BTreeMap::new(),
             reported: BTreeMap::new(),
             enforced: None,
+            checks: BTreeMap::new(),
+            settled: None,
         };
         agent.release_unselected(&reader).await;
         let mut dirty = true;
@@ -591,7 +662,7 @@ mod tests {
             ],
             &mut good,
         );
-        let refused = settle(&mut p);
+        let refused = settle(&mut p).refused;
         assert_eq!(refused.len(), 1, "{refused:?}");
         assert_eq!(refused[0].0, "ns/b");
         assert!(refused[0].1.contains("spec.table.name"), "{refused:?}");
