@@ -515,7 +515,7 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
     rt.block_on(async move {
         let client = super::client().await?;
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
-        let changed = Arc::new(tokio::sync::Notify::new());
+        let changed = Arc::new(super::Changes::default());
         let reader = super::cache(
             api.clone(),
             watcher::Config::default().labels(&settings.selector),
@@ -555,7 +555,7 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
             } else {
                 tokio::task::block_in_place(|| engine.maintain());
             }
-            dirty = tokio::time::timeout(agent.settings.interval, changed.notified())
+            dirty = tokio::time::timeout(agent.settings.interval, changed.notify.notified())
                 .await
                 .is_ok();
         }

@@ -61,9 +61,46 @@ struct Ctx {
     configs: Store<DynamicObject>,
     opts: Options,
     metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
+    changes: Arc<super::Changes>,
+    /// The gated sets of every peer, for the cache state (`Changes::count`) they were computed
+    /// at: one pass over pods and configurations serves every tenant's reconcile of a batch.
+    memo: std::sync::Mutex<Option<(u64, Arc<Gated>)>>,
+}
+
+/// Desired sets of all peers after IP-reuse gating.
+struct Gated {
+    sets: std::collections::BTreeMap<String, protection::PeerSets>,
+    held: bool,
 }
 
 impl Ctx {
+    fn gated(&self) -> Arc<Gated> {
+        let at = self.changes.count();
+        if let Ok(m) = self.memo.lock() {
+            if let Some((c, g)) = m.as_ref() {
+                if *c == at {
+                    return g.clone();
+                }
+            }
+        }
+        let desired = protection::sets(&world(self));
+        let (sets, held) = protection::gate_reuse(&desired, &published(self));
+        let total = |m: &std::collections::BTreeMap<String, protection::PeerSets>| -> u64 {
+            m.values().map(|s| s.offloaded.len() as u64).sum()
+        };
+        let (wanted, published_now) = (total(&desired), total(&sets));
+        self.count(|m| {
+            m.peers = desired.len() as u64;
+            m.offloaded_addresses = published_now;
+            m.held_back_addresses = wanted - published_now;
+        });
+        let g = Arc::new(Gated { sets, held });
+        if let Ok(mut m) = self.memo.lock() {
+            *m = Some((at, g.clone()));
+        }
+        g
+    }
+
     fn count(&self, f: impl FnOnce(&mut ControllerMetrics)) {
         if let Ok(mut m) = self.metrics.lock() {
             f(&mut m);
@@ -224,19 +261,9 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     if ns.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let world = world(&ctx);
-    let desired = protection::sets(&world);
-    let (gated, held) = protection::gate_reuse(&desired, &published(&ctx));
-    let total = |m: &std::collections::BTreeMap<String, protection::PeerSets>| -> u64 {
-        m.values().map(|s| s.offloaded.len() as u64).sum()
-    };
-    let (wanted, published_now) = (total(&desired), total(&gated));
-    ctx.count(|m| {
-        m.peers = desired.len() as u64;
-        m.offloaded_addresses = published_now;
-        m.held_back_addresses = wanted - published_now;
-    });
-    let sets = gated.get(&peer).cloned().unwrap_or_default();
+    let gated = ctx.gated();
+    let held = gated.held;
+    let sets = gated.sets.get(&peer).cloned().unwrap_or_default();
     let spec = protection::gateway_spec(&peer, &sets, &ctx.opts);
     let ns_name = ns.name_any();
     let current = ctx
@@ -346,7 +373,7 @@ pub fn run(
 ) -> anyhow::Result<()> {
     super::runtime()?.block_on(async move {
         let client = super::client().await?;
-        let changed = Arc::new(tokio::sync::Notify::new());
+        let changed = Arc::new(super::Changes::default());
         let wc = watcher::Config::default;
         let ctx = Arc::new(Ctx {
             pods: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
@@ -366,6 +393,8 @@ pub fn run(
             client: client.clone(),
             opts,
             metrics,
+            changes: changed.clone(),
+            memo: std::sync::Mutex::new(None),
         });
         for (what, ready) in [
             ("pods", ctx.pods.wait_until_ready().await),
@@ -382,7 +411,7 @@ pub fn run(
         ctx.count(|m| m.ready = true);
         // Every cache change re-reconciles all peers (coalesced by Notify, then debounced).
         let trigger = futures::stream::unfold(changed.clone(), |n| async move {
-            n.notified().await;
+            n.notify.notified().await;
             Some(((), n))
         });
         let cfg = CtrlConfig::default().debounce(Duration::from_millis(200));

@@ -69,13 +69,34 @@ pub async fn client() -> anyhow::Result<kube::Client> {
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")
 }
 
+/// Change signal shared by reflector caches: a wake-up for whoever waits, and a counter that
+/// tells whether anything changed since a value was computed from the caches.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Woken on every event (coalesced).
+    pub notify: tokio::sync::Notify,
+    count: std::sync::atomic::AtomicU64,
+}
+
+impl Changes {
+    fn bump(&self) {
+        self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.notify.notify_one();
+    }
+
+    /// Events seen so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
 /// A reflector cache of `api` (filtered by `wc`), kept up to date by a spawned task that
 /// signals `changed` on every event; watch errors are logged and retried with backoff.
 pub fn cache<K>(
     api: kube::Api<K>,
     wc: kube::runtime::watcher::Config,
     dyntype: K::DynamicType,
-    changed: std::sync::Arc<tokio::sync::Notify>,
+    changed: std::sync::Arc<Changes>,
 ) -> kube::runtime::reflector::Store<K>
 where
     K: kube::Resource
@@ -97,7 +118,7 @@ where
             if let Err(e) = &ev {
                 tracing::warn!(error = %e, "watch error (retrying)");
             }
-            changed.notify_one();
+            changed.bump();
             futures::future::ready(())
         });
     tokio::spawn(stream);
