@@ -308,23 +308,8 @@ fn enforced_on_a_real_wireguard_tunnel() {
         &gateway,
         &["addr", "add", "192.168.77.2/30", "dev", "under"],
     );
-    veth(&gateway, GENEVE, &provider, "eth0");
+    provider_link(&gateway, &provider);
     ip(&provider, &["addr", "add", "10.20.1.2/32", "dev", "eth0"]);
-    ip(&gateway, &["addr", "add", "169.254.0.2/32", "dev", GENEVE]);
-    ip(&provider, &["route", "add", "169.254.0.2", "dev", "eth0"]);
-    ip(
-        &provider,
-        &[
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.0.2",
-            "dev",
-            "eth0",
-        ],
-    );
-    ip(&gateway, &["route", "add", "10.20.0.0/16", "dev", GENEVE]);
     gateway.sysctl("net.ipv4.ip_forward", "1").unwrap();
     gateway.sysctl("net.ipv4.conf.all.proxy_arp", "1").unwrap();
     let _wc = wireguard_go(&consumer, "wg-consumer");

@@ -209,6 +209,27 @@ pub struct Topology {
 pub const TUNNEL: &str = "liqo-tunnel";
 pub const GENEVE: &str = "liqo.abcdefghij";
 
+/// The gateway's Geneve-named link to the provider node: 169.254.0.2 on the gateway side,
+/// the provider's default route through it, 10.20.0.0/16 routed towards the provider.
+pub fn provider_link(gateway: &NetNs, provider: &NetNs) {
+    veth(gateway, GENEVE, provider, "eth0");
+    ip(gateway, &["addr", "add", "169.254.0.2/32", "dev", GENEVE]);
+    ip(provider, &["route", "add", "169.254.0.2", "dev", "eth0"]);
+    ip(
+        provider,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.0.2",
+            "dev",
+            "eth0",
+        ],
+    );
+    ip(gateway, &["route", "add", "10.20.0.0/16", "dev", GENEVE]);
+}
+
 impl Topology {
     pub fn new() -> Self {
         require_root();
@@ -224,7 +245,7 @@ impl Topology {
             }
         }
         veth(&consumer, "eth0", &gateway, TUNNEL);
-        veth(&gateway, GENEVE, &provider, "eth0");
+        provider_link(&gateway, &provider);
         for a in ["10.10.1.67/32", "10.10.1.68/32"] {
             ip(&consumer, &["addr", "add", a, "dev", "eth0"]);
         }
@@ -240,7 +261,6 @@ impl Topology {
             &["addr", "add", "fd20::2/128", "dev", "eth0", "nodad"],
         );
         ip(&gateway, &["addr", "add", "169.254.0.1/32", "dev", TUNNEL]);
-        ip(&gateway, &["addr", "add", "169.254.0.2/32", "dev", GENEVE]);
         ip(
             &gateway,
             &["addr", "add", "fd10::1/64", "dev", TUNNEL, "nodad"],
@@ -262,21 +282,7 @@ impl Topology {
                 "eth0",
             ],
         );
-        ip(&provider, &["route", "add", "169.254.0.2", "dev", "eth0"]);
-        ip(
-            &provider,
-            &[
-                "route",
-                "add",
-                "default",
-                "via",
-                "169.254.0.2",
-                "dev",
-                "eth0",
-            ],
-        );
         ip(&gateway, &["route", "add", "10.10.0.0/16", "dev", TUNNEL]);
-        ip(&gateway, &["route", "add", "10.20.0.0/16", "dev", GENEVE]);
         ip(&consumer, &["route", "add", "fd10::1", "dev", "eth0"]);
         ip(
             &consumer,
