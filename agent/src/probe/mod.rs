@@ -375,45 +375,21 @@ impl NftProbe {
                 )?;
             }
             CtState::Established => match pkt.proto {
-                proto::TCP => {
-                    shape.tcp_ack = true;
-                    self.conntrack(&[
-                        "-I",
-                        "-s",
-                        &s,
-                        "-d",
-                        &d,
-                        "-p",
-                        "tcp",
-                        "--sport",
-                        &sp,
-                        "--dport",
-                        &dp,
-                        "--state",
-                        "ESTABLISHED",
-                        "-u",
-                        "SEEN_REPLY,ASSURED",
-                        "-t",
-                        "120",
-                    ])?;
+                proto::TCP | proto::UDP => {
+                    let tcp = pkt.proto == proto::TCP;
+                    let name = if tcp { "tcp" } else { "udp" };
+                    let mut args = vec![
+                        "-I", "-s", &s, "-d", &d, "-p", name, "--sport", &sp, "--dport", &dp,
+                    ];
+                    if tcp {
+                        shape.tcp_ack = true;
+                        args.extend(["--state", "ESTABLISHED", "-u", "SEEN_REPLY,ASSURED"]);
+                    } else {
+                        args.extend(["-u", "SEEN_REPLY"]);
+                    }
+                    args.extend(["-t", "120"]);
+                    self.conntrack(&args)?;
                 }
-                proto::UDP => self.conntrack(&[
-                    "-I",
-                    "-s",
-                    &s,
-                    "-d",
-                    &d,
-                    "-p",
-                    "udp",
-                    "--sport",
-                    &sp,
-                    "--dport",
-                    &dp,
-                    "-u",
-                    "SEEN_REPLY",
-                    "-t",
-                    "120",
-                ])?,
                 proto::ICMP | proto::ICMPV6 => {
                     let id = ((marker >> 16) as u16).to_string();
                     let mut args = vec!["-I", "-s", &s, "-d", &d];
