@@ -418,7 +418,7 @@ fn verifier_accepts_the_largest_policy() {
             "      - name: c{c:02}\n        type: filter\n        hook: forward\n        priority: {c}\n        policy: accept\n        rules:\n          filterRules:\n{rules}"
         ));
     }
-    let yaml = format!("apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {{name: big}}\nspec:\n  table:\n    name: big\n    family: INET\n    chains:\n{chains}");
+    let yaml = format!("apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: big}}\nspec:\n  table:\n    name: big\n    family: INET\n    chains:\n{chains}");
     let objs = peerwall::api::load::parse_documents(&yaml, "big").unwrap();
     let policy = peerwall::compile::compile(&objs).unwrap().policy;
     let pins = Pins::new("big");
@@ -461,7 +461,7 @@ fn reject_answers_with_port_unreachable_from_tc() {
     let f = dir.join("reject.yaml");
     std::fs::write(
         &f,
-        "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: r, namespace: t}\nspec:\n  table:\n    name: rej\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: no-v4, action: reject, match: [{op: eq, ip: {value: 10.20.1.3, position: dst}}]}\n            - {name: no-v6, action: reject, match: [{op: eq, ip: {value: 'fd20::2', position: dst}}]}\n",
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: r, namespace: t}\nspec:\n  table:\n    name: rej\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: no-v4, action: reject, match: [{op: eq, ip: {value: 10.20.1.3, position: dst}}]}\n            - {name: no-v6, action: reject, match: [{op: eq, ip: {value: 'fd20::2', position: dst}}]}\n",
     )
     .unwrap();
     apply_bpf(&t.gateway, &pins, &[], &f);
@@ -486,7 +486,7 @@ fn agent_attaches_to_interfaces_that_appear_later() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(
         dir.join("p.yaml"),
-        "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: n, namespace: t}\nspec:\n  table:\n    name: nodes\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: from-new-nodes, action: drop, match: [{op: eq, dev: {value: 'liqo.', position: in, wildcard: true}, ip: {value: 10.20.9.9, position: src}}]}\n",
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: n, namespace: t}\nspec:\n  table:\n    name: nodes\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: from-new-nodes, action: drop, match: [{op: eq, dev: {value: 'liqo.', position: in, wildcard: true}, ip: {value: 10.20.9.9, position: src}}]}\n",
     )
     .unwrap();
     let net = format!("--net=/run/netns/{}", t.gateway.name());

@@ -185,7 +185,7 @@ fn bad_values_exit_2_with_field_paths() {
         assert!(err.contains("spec.table.chains[0].rules.filterRules[0].match[1].ip.value: \"10.0.0.300\" is not an address, CIDR or range"), "{err}");
         assert!(o.stdout.is_empty());
     }
-    std::fs::write(&bad, "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: x}\nspec: {table: {name: t, family: IPV4, chains: [{name: c, type: filter, hook: forward, policy: deny}]}}\n").unwrap();
+    std::fs::write(&bad, "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: x}\nspec: {table: {name: t, family: IPV4, chains: [{name: c, type: filter, hook: forward, policy: deny}]}}\n").unwrap();
     let o = Command::new(peerwall())
         .args(["compile", "-f", bad.to_str().unwrap()])
         .output()

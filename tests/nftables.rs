@@ -118,7 +118,7 @@ fn reject_answers_with_port_unreachable() {
     let f = dir.join("reject.yaml");
     std::fs::write(
         &f,
-        "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: r, namespace: t}\nspec:\n  table:\n    name: rej\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: no-pod2, action: reject, match: [{op: eq, ip: {value: '10.20.1.2, fd20::2', position: dst}}]}\n",
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: r, namespace: t}\nspec:\n  table:\n    name: rej\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: no-pod2, action: reject, match: [{op: eq, ip: {value: '10.20.1.2, fd20::2', position: dst}}]}\n",
     )
     .unwrap();
     let o = peerwall_in(&t.gateway, &["apply", "-f", f.to_str().unwrap()]);
@@ -157,7 +157,7 @@ fn ipv6_is_enforced() {
     let f = dir.join("v6.yaml");
     std::fs::write(
         &f,
-        "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: v6, namespace: t}\nspec:\n  table:\n    name: six\n    family: IPV6\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: block, action: drop, match: [{op: eq, ip: {value: 'fd10::/64', position: src}, dev: {value: liqo-tunnel, position: in}}]}\n",
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: v6, namespace: t}\nspec:\n  table:\n    name: six\n    family: IPV6\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: block, action: drop, match: [{op: eq, ip: {value: 'fd10::/64', position: src}, dev: {value: liqo-tunnel, position: in}}]}\n",
     )
     .unwrap();
     let o = peerwall_in(&t.gateway, &["apply", "-f", f.to_str().unwrap()]);
@@ -400,11 +400,12 @@ fn controller_gateway_policy_protects_both_sides() {
             block_leaf_to_leaf: leaf,
         };
         let doc = serde_json::json!({
-            "apiVersion": "networking.liqo.io/v1beta1", "kind": "FirewallConfiguration",
+            "apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
             "metadata": {"name": "peerwall-gateway", "namespace": "liqo-tenant-a"},
             "spec": gateway_spec("a", &sets, &opts),
         });
-        let obj = peerwall::api::load::object_from_json(doc).expect("decode");
+        let obj = peerwall::api::load::object_from_json(doc, peerwall::api::load::Group::Peerwall)
+            .expect("decode");
         let policy = compile::compile(&[obj]).expect("compile").policy;
         NftBackend::new(Nft::in_netns(t.gateway.name()))
             .apply(&policy)

@@ -449,7 +449,7 @@ struct Policy {
 
 fn fwc_doc(spec: serde_json::Value) -> serde_json::Value {
     serde_json::json!({
-        "apiVersion": "networking.liqo.io/v1beta1",
+        "apiVersion": "peerwall.io/v1alpha1",
         "kind": "FirewallConfiguration",
         "metadata": {"name": "bench", "namespace": "liqo-tenant-bench", "labels": {"networking.liqo.io/firewall-category": "gateway"}},
         "spec": spec,

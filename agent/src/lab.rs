@@ -154,7 +154,7 @@ pub fn provider_policy(consumer: &str, offloaded: &[String]) -> String {
         .map(|ip| format!("          - key: {ip}\n"))
         .collect();
     format!(
-        "apiVersion: networking.liqo.io/v1beta1
+        "apiVersion: peerwall.io/v1alpha1
 kind: FirewallConfiguration
 metadata:
   name: provider-protection-{consumer}

@@ -7,8 +7,10 @@ use tracing_subscriber::EnvFilter;
 fn main() {
     let args = Cli::parse();
     let filter = EnvFilter::try_from_env("PEERWALL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colour only for a terminal: logs written to files and pipes carry no escape codes.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     match args.log_format {
         LogFormat::Json => builder.json().init(),

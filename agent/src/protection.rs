@@ -8,6 +8,11 @@
 //! - it comes from one of our pods the peer runs for us (consumer protection; optionally not
 //!   towards our pods offloaded to *other* peers: leaf-to-leaf blocking).
 //!
+//! Replies to connections our side opened (conntrack `established`/`related`) pass before the
+//! default deny: provider pods reach consumer pods, the consumer still opens nothing but what
+//! it offloaded. Established connections survive a pod's removal from a set until conntrack
+//! forgets them, as with Kubernetes NetworkPolicy implementations.
+//!
 //! Address lists are named sets, so a pod added or removed is one set-element change in the
 //! kernel. For every offloaded namespace, a NetworkPolicy allowing egress only to namespaces of
 //! the same consumer and to DNS.
@@ -69,10 +74,15 @@ pub struct World {
     pub virtual_nodes: Vec<Node>,
 }
 
+/// Liqo's tunnel interfaces: `liqo-tunnel`, and `liqo-tunnel1`, … in multi-tunnel gateways
+/// (a trailing `*` is a prefix match).
+pub const DEFAULT_TUNNEL: &str = "liqo-tunnel*";
+
 /// Options of the gateway configuration.
 #[derive(Clone, Debug)]
 pub struct Options {
-    /// The tunnel interface in the gateway (Liqo: `liqo-tunnel`).
+    /// The tunnel interface in the gateway: a name, or a prefix ending in `*`
+    /// ([`DEFAULT_TUNNEL`]).
     pub tunnel: String,
     /// Drop traffic from our pods on this peer towards our pods on other peers.
     pub block_leaf_to_leaf: bool,
@@ -278,6 +288,11 @@ pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> Value {
             vec![ip(format!("remote{sfx}"), "src")],
         ));
     }
+    rules.push(rule(
+        "replies".into(),
+        "accept",
+        vec![json!({"op": "eq", "ctstate": {"value": ["established", "related"]}})],
+    ));
     rules.push(rule("default_deny".into(), "drop", vec![]));
     json!({ "table": {
         "name": table_name(peer),
@@ -404,16 +419,18 @@ mod tests {
                     block_leaf_to_leaf: leaf,
                 },
             );
-            let doc = json!({"apiVersion": "networking.liqo.io/v1beta1", "kind": "FirewallConfiguration",
+            let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
                 "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
-            let obj: PolicyObject = crate::api::load::object_from_json(doc).unwrap();
+            let obj: PolicyObject =
+                crate::api::load::object_from_json(doc, crate::api::load::Group::Peerwall).unwrap();
             validate(&obj).unwrap();
             let compiled = crate::compile::compile(&[obj]).unwrap();
             let t = &compiled.policy.tables[0];
             assert_eq!(t.name, "peerwall_a_1");
             let rules = &t.chains[0].rules;
             assert_eq!(rules.last().unwrap().name, "default_deny");
-            assert_eq!(rules.len(), if leaf { 7 } else { 5 });
+            assert_eq!(rules.len(), if leaf { 8 } else { 6 });
+            assert_eq!(rules[rules.len() - 2].name, "replies");
         }
     }
 

@@ -1,5 +1,9 @@
 //! Reading FirewallConfiguration objects from YAML (files, directories, multi-document streams).
 //!
+//! Both groups load: peerwall's own objects (`peerwall.io/v1alpha1`) and Liqo's
+//! (`networking.liqo.io/v1beta1`, same schema without the extensions). A Liqo object's origin
+//! is marked `liqo:namespace/name`, so the two never share a key.
+//!
 //! Parsing is pure ([`parse_documents`]); [`load_paths`] is the thin filesystem edge.
 //! Deserialization errors name the field path, e.g.
 //! `spec.table.chains[0].policy: unknown variant `deny`, expected `drop` or `accept``.
@@ -12,10 +16,50 @@ use super::types::FirewallConfiguration;
 use crate::compile::PolicyObject;
 use crate::ir::Origin;
 
-/// API group/version of FirewallConfiguration.
-pub const API_VERSION: &str = "networking.liqo.io/v1beta1";
-/// Kind.
+/// peerwall's group.
+pub const GROUP: &str = "peerwall.io";
+/// peerwall's version.
+pub const VERSION: &str = "v1alpha1";
+/// API group/version of peerwall's FirewallConfiguration.
+pub const API_VERSION: &str = "peerwall.io/v1alpha1";
+/// Liqo's group.
+pub const LIQO_GROUP: &str = "networking.liqo.io";
+/// Liqo's version.
+pub const LIQO_VERSION: &str = "v1beta1";
+/// API group/version of Liqo's FirewallConfiguration (read, never written).
+pub const LIQO_API_VERSION: &str = "networking.liqo.io/v1beta1";
+/// Kind (the same in both groups).
 pub const KIND: &str = "FirewallConfiguration";
+/// Origin prefix of objects of Liqo's group.
+pub const LIQO_ORIGIN_PREFIX: &str = "liqo:";
+
+/// Which group an object belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Group {
+    /// `peerwall.io`: peerwall's own intent.
+    Peerwall,
+    /// `networking.liqo.io`: Liqo's objects (enforced only on request, never written).
+    Liqo,
+}
+
+impl Group {
+    /// The group of an `apiVersion`, if it is a FirewallConfiguration group.
+    pub fn of_api_version(api_version: &str) -> Option<Self> {
+        match api_version {
+            API_VERSION => Some(Self::Peerwall),
+            LIQO_API_VERSION => Some(Self::Liqo),
+            _ => None,
+        }
+    }
+
+    /// `namespace/name` as this group's objects are keyed (Liqo's marked `liqo:`).
+    pub fn origin(self, namespace: &str, name: &str) -> String {
+        match self {
+            Self::Peerwall => format!("{namespace}/{name}"),
+            Self::Liqo => format!("{LIQO_ORIGIN_PREFIX}{namespace}/{name}"),
+        }
+    }
+}
 
 /// Why input could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +97,7 @@ pub enum LoadError {
         origin: String,
     },
     /// No FirewallConfiguration in the input.
-    #[error("no FirewallConfiguration ({API_VERSION}) found in {0}")]
+    #[error("no FirewallConfiguration ({API_VERSION} or {LIQO_API_VERSION}) found in {0}")]
     Nothing(String),
 }
 
@@ -74,8 +118,9 @@ fn object_from_value(
         api_version: None,
         kind: None,
     });
-    match (head.api_version.as_deref(), head.kind.as_deref()) {
-        (_, Some("List")) | (Some(API_VERSION), Some("FirewallConfigurationList")) => {
+    let group = head.api_version.as_deref().and_then(Group::of_api_version);
+    match (group, head.kind.as_deref()) {
+        (_, Some("List")) | (Some(_), Some("FirewallConfigurationList")) => {
             if let Some(items) = value.get("items").and_then(|v| v.as_sequence()) {
                 for (i, item) in items.iter().enumerate() {
                     object_from_value(item.clone(), &format!("{origin} items[{i}]"), out)?;
@@ -83,8 +128,13 @@ fn object_from_value(
             }
             Ok(())
         }
-        (Some(API_VERSION), Some(KIND)) => {
-            out.push(object_from(value, origin)?);
+        (Some(group), Some(KIND)) => {
+            let mut value = value;
+            if let Some(m) = value.as_mapping_mut() {
+                // The typed object is peerwall's; Liqo's schema is the same without extensions.
+                m.insert("apiVersion".into(), API_VERSION.into());
+            }
+            out.push(object_from(value, origin, group)?);
             Ok(())
         }
         // Other manifests (Namespaces, Pods, ...) may share a file: they are not ours.
@@ -96,6 +146,7 @@ fn object_from_value(
 fn object_from<'de, D: serde::Deserializer<'de>>(
     value: D,
     origin: &str,
+    group: Group,
 ) -> Result<PolicyObject, LoadError> {
     let fc: FirewallConfiguration =
         serde_path_to_error::deserialize(value).map_err(|e| LoadError::Field {
@@ -116,16 +167,19 @@ fn object_from<'de, D: serde::Deserializer<'de>>(
         .clone()
         .unwrap_or_else(|| "default".to_string());
     Ok(PolicyObject {
-        origin: Origin(format!("{ns}/{name}")),
+        origin: Origin(group.origin(&ns, &name)),
         spec: fc.spec,
     })
 }
 
-/// One FirewallConfiguration as the API server sends it (a watch event, an admission review):
-/// the same field-path errors as files, origin `namespace/name`.
-pub fn object_from_json(value: serde_json::Value) -> Result<PolicyObject, LoadError> {
-    let origin = format!(
-        "{}/{}",
+/// One FirewallConfiguration of `group` as the API server sends it (a watch event, an
+/// admission review): the same field-path errors as files, origin `namespace/name` (Liqo's
+/// marked `liqo:`). `apiVersion` and `kind` are not checked: the caller knows the resource.
+pub fn object_from_json(
+    mut value: serde_json::Value,
+    group: Group,
+) -> Result<PolicyObject, LoadError> {
+    let origin = group.origin(
         value
             .pointer("/metadata/namespace")
             .and_then(|v| v.as_str())
@@ -133,9 +187,15 @@ pub fn object_from_json(value: serde_json::Value) -> Result<PolicyObject, LoadEr
         value
             .pointer("/metadata/name")
             .and_then(|v| v.as_str())
-            .unwrap_or("?")
+            .unwrap_or("?"),
     );
-    object_from(value, &origin)
+    if let Some(o) = value.as_object_mut() {
+        // Server-side bookkeeping the spec types do not model.
+        o.remove("status");
+        o.insert("apiVersion".into(), API_VERSION.into());
+        o.insert("kind".into(), KIND.into());
+    }
+    object_from(value, &origin, group)
 }
 
 /// Parse every FirewallConfiguration in a YAML stream. `origin` names the stream in errors.

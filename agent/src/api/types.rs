@@ -1,29 +1,43 @@
-//! Rust mirror of Liqo's `FirewallConfiguration` (networking.liqo.io/v1beta1).
+//! peerwall's `FirewallConfiguration` (`peerwall.io/v1alpha1`): Liqo's schema
+//! (`networking.liqo.io/v1beta1`) plus filter extensions, in a CRD peerwall owns.
 //!
-//! Field names and enum spellings are upstream's, so existing Liqo objects deserialize unchanged.
-//! Our extensions (marked "extension" below) are the ones proposed upstream: `ctstate` matches,
-//! table `sets` referenced as `@name`, IPv6 values, plus comma-separated value lists, `icmp`/`icmpv6`
-//! protocols and a `message` in status conditions.
+//! Field names and enum spellings are upstream's, so a Liqo object becomes a peerwall object by
+//! changing its `apiVersion`, and Liqo's own objects load unchanged (the loader reads both
+//! groups; the agent enforces Liqo's objects only when asked to). Our extensions (marked
+//! "extension" below) are the ones proposed upstream: `ctstate` matches, table `sets` referenced
+//! as `@name`, IPv6 values, plus comma-separated value lists, `icmp`/`icmpv6` protocols and a
+//! `message` in status conditions. peerwall never installs or changes Liqo's CRD: a server
+//! running Liqo's schema would prune the extensions.
+//!
+//! Liqo's Go types serialize absent lists as `null` (`match`, `chains`): those read as empty.
 //!
 //! Scalar fields that upstream declares as pointers are `Option` here: their absence is reported
 //! by validation with a field path instead of an opaque deserialization error.
 
 use kube::CustomResource;
 use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// A list that Go's encoder may have written as `null` (a nil slice without `omitempty`).
+fn null_as_empty<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(d)?.unwrap_or_default())
+}
 
 /// Spec of a FirewallConfiguration: one nftables table.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
-    group = "networking.liqo.io",
-    version = "v1beta1",
+    group = "peerwall.io",
+    version = "v1alpha1",
     kind = "FirewallConfiguration",
     plural = "firewallconfigurations",
     namespaced,
     status = "FirewallConfigurationStatus",
-    shortname = "fwcfg",
-    shortname = "fw",
-    category = "liqo",
+    shortname = "pwfc",
+    category = "peerwall",
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -86,7 +100,11 @@ pub struct Table {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub family: Option<TableFamily>,
     /// Chains of the table.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        deserialize_with = "null_as_empty",
+        skip_serializing_if = "Vec::is_empty"
+    )]
     pub chains: Vec<Chain>,
     /// Extension: named sets referenced from `ip.value` / `port.value` as `@name`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -203,7 +221,7 @@ pub struct FilterRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Matches, ANDed.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub r#match: Vec<Match>,
     /// Action.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -244,7 +262,7 @@ pub struct NatRule {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// Matches, ANDed.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub r#match: Vec<Match>,
     /// NAT type.
     #[serde(default, skip_serializing_if = "Option::is_none")]

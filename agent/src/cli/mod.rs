@@ -82,8 +82,10 @@ pub enum BackendKind {
 /// Options of the bpf backend.
 #[derive(clap::Args, Debug, Clone)]
 pub struct BpfOpts {
-    /// Interfaces to attach to (names, or prefixes ending in `*`), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "liqo-tunnel,liqo.*")]
+    /// Interfaces to attach to (names, or prefixes ending in `*`), comma-separated. The default
+    /// covers Liqo's tunnel, the numbered tunnels of multi-tunnel gateways (`liqo-tunnel1`, …)
+    /// and the Geneve interfaces (`liqo.<id>`).
+    #[arg(long, value_delimiter = ',', default_value = "liqo-tunnel*,liqo.*")]
     pub interfaces: Vec<String>,
     /// Also attach the XDP early-drop program on Ethernet interfaces.
     #[arg(long)]
@@ -265,10 +267,18 @@ pub enum Command {
         /// API server: in-cluster service account or KUBECONFIG).
         #[arg(long)]
         source: crate::agent::PolicySource,
-        /// `kube` source: label selector of the FirewallConfigurations this host enforces
-        /// (Liqo's gateway agent selects its category and its peer's unique id).
-        #[arg(long, default_value = "networking.liqo.io/firewall-category=gateway")]
+        /// `kube` source: label selector of peerwall's FirewallConfigurations
+        /// (`firewallconfigurations.peerwall.io`) this host enforces; add
+        /// `peerwall.io/remote-cluster-id=<peer>` to take one peer's gateway objects only.
+        #[arg(long, default_value = crate::k8s::DEFAULT_SELECTOR)]
         selector: String,
+        /// `kube` source, opt-in: also enforce Liqo's own FirewallConfigurations
+        /// (`networking.liqo.io`) that this label selector picks, e.g.
+        /// `networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique=<peer>`.
+        /// Read only: no status, no finalizer on Liqo's objects. Only where Liqo's own firewall
+        /// controller does not apply them too (both would claim the same tables).
+        #[arg(long)]
+        liqo_selector: Option<String>,
         /// Enforce in this named network namespace (`ip netns` name, e.g. a gateway's) instead
         /// of the agent's own; the agent's API connection and endpoints stay where it runs.
         #[arg(long)]
@@ -294,8 +304,9 @@ pub enum Command {
     /// FirewallConfiguration per peer allowing only offloaded pods, and a NetworkPolicy per
     /// offloaded namespace. Runs until SIGINT/SIGTERM.
     Controller {
-        /// Tunnel interface name inside the gateway.
-        #[arg(long, default_value = "liqo-tunnel")]
+        /// Tunnel interface inside the gateway: a name, or a prefix ending in `*` (the default
+        /// covers `liqo-tunnel` and the numbered tunnels of multi-tunnel gateways).
+        #[arg(long, default_value = crate::protection::DEFAULT_TUNNEL)]
         tunnel_interface: String,
         /// Also drop traffic between our pods offloaded to different providers.
         #[arg(long)]
@@ -403,6 +414,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 .collect();
             let bp =
                 crate::backend::bpf::compile::compile(&compiled.policy, &ifaces).map_err(input)?;
+            for note in crate::backend::bpf::compile::left_to_nftables(&compiled.policy) {
+                tracing::warn!("{note}");
+            }
             let view = crate::backend::bpf::inspect::describe(&bp);
             match output {
                 Output::Json => out(&format!(
@@ -675,6 +689,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Agent {
             source,
             selector,
+            liqo_selector,
             host,
             netns,
             backend,
@@ -714,6 +729,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 crate::agent::PolicySource::Kube => crate::k8s::agent::run(
                     crate::k8s::agent::Settings {
                         selector,
+                        liqo_selector,
                         host: host.unwrap_or_else(default_host),
                         interval,
                     },

@@ -207,6 +207,10 @@ pub enum Advice {
     DataTypeIgnored,
     /// An action with no effect at this hook.
     NoEffect(&'static str),
+    /// A rule without a name was given a stable one.
+    NameGenerated(String),
+    /// A field that is ignored in this position.
+    Ignored(&'static str),
 }
 
 impl fmt::Display for Advice {
@@ -226,6 +230,11 @@ impl fmt::Display for Advice {
             ),
             Self::DataTypeIgnored => write!(f, "dataType is ignored: sets are used for membership"),
             Self::NoEffect(why) => write!(f, "{why}"),
+            Self::NameGenerated(name) => write!(
+                f,
+                "missing; named {name:?} from the rule's content (Liqo's mutating webhook names rules only where it runs)"
+            ),
+            Self::Ignored(why) => write!(f, "ignored: {why}"),
         }
     }
 }

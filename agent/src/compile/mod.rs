@@ -13,10 +13,12 @@ use std::collections::HashMap;
 use crate::api::types as api;
 use crate::ir::{
     self, Action, AddrSet, ChainKind, Dir, Hook, IfDir, IpFamily, Match, NamedSet, NatAction,
-    Origin, PortSet, SetElements, Source, TableFamily, Test, VerdictAction,
+    NatTarget, Origin, PortSet, SetElements, Source, TableFamily, Test, VerdictAction,
 };
 pub use errors::{Advice, CompileError, FieldError, ObjectErrors, Problem, Warning};
-use values::{parse_addr_item, parse_port_item, parse_u32, split_list};
+use values::{
+    generated_rule_name, parse_addr_item, parse_nat_target, parse_port_item, parse_u32, split_list,
+};
 
 /// A FirewallConfiguration as compilation input.
 #[derive(Clone, Debug, PartialEq)]
@@ -65,12 +67,17 @@ impl Cx {
     }
 }
 
-/// nftables identifiers: a letter or `_` first, then letters, digits, `_ . - /`.
+/// Longest nftables table, chain or set name (`NFT_NAME_MAXLEN` is 256 with the NUL).
+const NFT_NAME_MAX: usize = 255;
+
+/// nftables identifiers: a letter, digit or `_` first, then letters, digits, `_ . - /`. Names
+/// are passed to nft as JSON strings, so a leading digit works (Liqo names tables after nodes
+/// and resources, which may start with one), as do Kubernetes-length names.
 fn check_identifier(cx: &mut Cx, path: &str, name: &str) {
     let ok_first = name
         .chars()
         .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
     let ok_rest = name
         .chars()
         .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-' | '/'));
@@ -84,12 +91,12 @@ fn check_identifier(cx: &mut Cx, path: &str, name: &str) {
                 why: "names starting with \"__\" are reserved for peerwall",
             },
         );
-    } else if name.len() > 64 {
+    } else if name.len() > NFT_NAME_MAX {
         cx.err(
             path,
             Problem::BadName {
                 value: name.into(),
-                why: "longer than 64 characters",
+                why: "longer than 255 characters",
             },
         );
     } else if !ok_first || !ok_rest {
@@ -97,7 +104,7 @@ fn check_identifier(cx: &mut Cx, path: &str, name: &str) {
             path,
             Problem::BadName {
                 value: name.into(),
-                why: "use a letter or '_' first, then letters, digits, '_', '.', '-', '/'",
+                why: "use a letter, digit or '_' first, then letters, digits, '_', '.', '-', '/'",
             },
         );
     }
@@ -568,16 +575,10 @@ fn lower_filter_rule(
     cx: &mut Cx,
     tcx: &TableCx<'_>,
     path: &str,
-    rule: &api::FilterRule,
+    (rule, name): (&api::FilterRule, String),
     kind: ChainKind,
     hook: Hook,
 ) -> Option<ir::Rule> {
-    let name = rule.name.clone().unwrap_or_default();
-    if rule.name.is_none() {
-        cx.err(format!("{path}.name"), Problem::Required);
-    } else {
-        check_rule_name(cx, &format!("{path}.name"), &name);
-    }
     let apath = format!("{path}.action");
     let vpath = format!("{path}.value");
     let action = match rule.action {
@@ -634,7 +635,8 @@ fn lower_filter_rule(
         },
         Some(api::FilterAction::Metamarkfromctmark) => Some(Action::MetaMarkFromCtMark),
         Some(api::FilterAction::Tcpmssclamp) => match rule.value.as_deref().map(str::trim) {
-            None | Some("") | Some("rt mtu") => Some(Action::TcpMssClamp(None)),
+            // Liqo's chart writes "0" for "discover from the route's MTU".
+            None | Some("") | Some("0") | Some("rt mtu") => Some(Action::TcpMssClamp(None)),
             Some(v) => match v.parse::<u16>() {
                 Ok(mss) if mss >= 88 => Some(Action::TcpMssClamp(Some(mss))),
                 _ => {
@@ -642,7 +644,8 @@ fn lower_filter_rule(
                         &vpath,
                         Problem::BadActionValue {
                             value: v.to_string(),
-                            expected: "an MSS from 88 to 65535, or \"rt mtu\"",
+                            expected:
+                                "an MSS from 88 to 65535, or 0 / \"rt mtu\" for the route's MTU",
                         },
                     );
                     None
@@ -674,42 +677,41 @@ fn lower_nat_rule(
     cx: &mut Cx,
     tcx: &TableCx<'_>,
     path: &str,
-    rule: &api::NatRule,
+    (rule, name): (&api::NatRule, String),
     hook: Hook,
 ) -> Option<ir::Rule> {
-    let name = rule.name.clone().unwrap_or_default();
-    if rule.name.is_none() {
-        cx.err(format!("{path}.name"), Problem::Required);
-    } else {
-        check_rule_name(cx, &format!("{path}.name"), &name);
-    }
     let tpath = format!("{path}.natType");
     let to_path = format!("{path}.to");
-    let parse_to = |cx: &mut Cx| -> Option<std::net::IpAddr> {
+    let parse_to = |cx: &mut Cx| -> Option<NatTarget> {
         match rule.to.as_deref().map(str::trim) {
             None | Some("") => {
                 cx.err(&to_path, Problem::Required);
                 None
             }
-            Some(v) => match v.parse::<std::net::IpAddr>() {
-                Ok(a) if tcx.family.sees(IpFamily::of(&a)) => Some(a),
-                Ok(a) => {
+            Some(v) => match parse_nat_target(v) {
+                Ok((t, _)) if !tcx.family.sees(t.family()) => {
                     cx.err(
                         &to_path,
                         Problem::FamilyNotInTable {
                             value: v.to_string(),
-                            family: family_name(IpFamily::of(&a)),
+                            family: family_name(t.family()),
                             table: table_family_name(tcx.family),
                         },
                     );
                     None
+                }
+                Ok((t, advice)) => {
+                    if let Some(a) = advice {
+                        cx.warn(&to_path, a);
+                    }
+                    Some(t)
                 }
                 Err(_) => {
                     cx.err(
                         &to_path,
                         Problem::BadActionValue {
                             value: v.to_string(),
-                            expected: "an IP address",
+                            expected: "an IP address, or a CIDR for a prefix mapping",
                         },
                     );
                     None
@@ -756,6 +758,12 @@ fn lower_nat_rule(
                     },
                 );
             }
+            if rule.to.as_deref().is_some_and(|t| !t.trim().is_empty()) {
+                cx.warn(
+                    &to_path,
+                    Advice::Ignored("masquerade translates to the output interface's address"),
+                );
+            }
             Some(Action::Nat(NatAction::Masquerade))
         }
     };
@@ -766,6 +774,58 @@ fn lower_nat_rule(
         action,
         counter: false,
     })
+}
+
+/// The name of every rule of a chain: its own (checked, unique in the chain), or for a rule
+/// without one (Liqo's controllers create them; its mutating webhook names them only where it
+/// runs) a stable name from its content, with a warning. Generated names never take a name
+/// written elsewhere in the chain.
+fn rule_names<R: serde::Serialize>(
+    cx: &mut Cx,
+    rules: &[R],
+    name_of: impl Fn(&R) -> Option<&str>,
+    path_of: impl Fn(usize) -> String,
+) -> Vec<String> {
+    let mut taken: HashMap<String, String> = HashMap::new();
+    for (j, r) in rules.iter().enumerate() {
+        let Some(n) = name_of(r).filter(|n| !n.is_empty()) else {
+            continue;
+        };
+        let npath = format!("{}.name", path_of(j));
+        check_rule_name(cx, &npath, n);
+        match taken.get(n) {
+            Some(first) => cx.err(
+                npath,
+                Problem::Duplicate {
+                    value: n.to_string(),
+                    first: first.clone(),
+                },
+            ),
+            None => {
+                taken.insert(n.to_string(), npath);
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(rules.len());
+    for (j, r) in rules.iter().enumerate() {
+        if let Some(n) = name_of(r).filter(|n| !n.is_empty()) {
+            out.push(n.to_string());
+            continue;
+        }
+        // Serializing plain API data cannot fail; an empty text would still name the rule.
+        let base = generated_rule_name(&serde_json::to_string(r).unwrap_or_default());
+        let mut name = base.clone();
+        let mut k = 2;
+        while taken.contains_key(&name) {
+            name = format!("{base}-{k}");
+            k += 1;
+        }
+        let npath = format!("{}.name", path_of(j));
+        cx.warn(&npath, Advice::NameGenerated(name.clone()));
+        taken.insert(name.clone(), npath);
+        out.push(name);
+    }
+    out
 }
 
 fn lower_chain(
@@ -885,55 +945,32 @@ fn lower_chain(
                 },
             )
         };
-        let mut names: HashMap<String, String> = HashMap::new();
-        let mut check_unique = |cx: &mut Cx, rpath: &str, name: &Option<String>| {
-            if let Some(n) = name {
-                let npath = format!("{rpath}.name");
-                if let Some(first) = names.get(n) {
-                    cx.err(
-                        npath,
-                        Problem::Duplicate {
-                            value: n.clone(),
-                            first: first.clone(),
-                        },
-                    );
-                } else {
-                    names.insert(n.clone(), npath);
-                }
-            }
-        };
         if let Some(frs) = &rs.filter_rules {
             if kind == ChainKind::Route {
                 mismatch(cx, "filterRules");
             }
-            for (j, r) in frs.iter().enumerate() {
-                let rpath = format!("{path}.rules.filterRules[{j}]");
-                check_unique(cx, &rpath, &r.name);
-                rules.extend(lower_filter_rule(cx, tcx, &rpath, r, kind, hook));
+            let rpath = |j: usize| format!("{path}.rules.filterRules[{j}]");
+            let named = rule_names(cx, frs, |r| r.name.as_deref(), rpath);
+            for (j, r) in frs.iter().zip(named).enumerate() {
+                rules.extend(lower_filter_rule(cx, tcx, &rpath(j), r, kind, hook));
             }
         }
         if let Some(nrs) = &rs.nat_rules {
             if kind != ChainKind::Nat {
                 mismatch(cx, "natRules");
             }
-            for (j, r) in nrs.iter().enumerate() {
-                let rpath = format!("{path}.rules.natRules[{j}]");
-                check_unique(cx, &rpath, &r.name);
-                rules.extend(lower_nat_rule(cx, tcx, &rpath, r, hook));
+            let rpath = |j: usize| format!("{path}.rules.natRules[{j}]");
+            let named = rule_names(cx, nrs, |r| r.name.as_deref(), rpath);
+            for (j, r) in nrs.iter().zip(named).enumerate() {
+                rules.extend(lower_nat_rule(cx, tcx, &rpath(j), r, hook));
             }
         }
         if let Some(rrs) = &rs.route_rules {
             if kind != ChainKind::Route {
                 mismatch(cx, "routeRules");
             }
-            for (j, r) in rrs.iter().enumerate() {
-                let rpath = format!("{path}.rules.routeRules[{j}]");
-                check_unique(cx, &rpath, &r.name);
-                match &r.name {
-                    None => cx.err(format!("{rpath}.name"), Problem::Required),
-                    Some(n) => check_rule_name(cx, &format!("{rpath}.name"), n),
-                }
-            }
+            let rpath = |j: usize| format!("{path}.rules.routeRules[{j}]");
+            rule_names(cx, rrs, |r| r.name.as_deref(), rpath);
         }
     }
     Some(ir::Chain {

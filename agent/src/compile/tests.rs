@@ -26,7 +26,7 @@ fn policy(yaml: &str) -> ir::Policy {
 /// A FirewallConfiguration around one chain's YAML (indented 6 spaces).
 fn wrap(family: &str, chain: &str) -> String {
     format!(
-        "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {{name: t, namespace: ns}}\nspec:\n  table:\n    name: t\n    family: {family}\n    chains:\n{chain}"
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: t, namespace: ns}}\nspec:\n  table:\n    name: t\n    family: {family}\n    chains:\n{chain}"
     )
 }
 
@@ -127,14 +127,13 @@ fn every_error_is_reported() {
     assert_eq!(
         e,
         vec![
+            format!("{p}[1].name: \"a\" is already used at {p}[0].name"),
             format!("{p}[0].action: \"reject\" is not allowed here: nftables refuses reject in postrouting chains"),
             format!("{p}[0].match[0].ip.value: \"10.0.0.9-10.0.0.1\" is a range whose start is after its end"),
-            format!("{p}[1].name: \"a\" is already used at {p}[0].name"),
             format!("{p}[1].match[0].port.value: \"70000\" is not a port (0-65535) or port range"),
             format!("{p}[2].match[0].ip.value: \"fd00::1\" is IPv6 but the table family is IPV4"),
             format!("{p}[3].match[0].ip.value: \"@nope\" names no set of this table (spec.table.sets)"),
             format!("{p}[4].match[0]: match entry tests nothing: set one of ip, port, proto, dev, ctstate"),
-            format!("{p}[5].name: required field is missing"),
             format!("{p}[5].match[0].dev.value: \"waytoolonginterfacename\" is not a valid name: interface names have at most 15 characters"),
         ]
     );
@@ -157,7 +156,7 @@ fn chain_level_checks() {
             format!("{c}[1].hook: \"input\" is not allowed for a chain of type \"route\": route chains only hook output"),
             format!("{c}[2].hook: \"ingress\" is not allowed for a chain of type \"filter\": an ingress chain needs a device, which the API cannot name; use prerouting"),
             format!("{c}[3].priority: -300 is not allowed: nat chains must run after conntrack (priority > -200)"),
-            format!("{c}[4].name: \"y z\" is not a valid name: use a letter or '_' first, then letters, digits, '_', '.', '-', '/'"),
+            format!("{c}[4].name: \"y z\" is not a valid name: use a letter, digit or '_' first, then letters, digits, '_', '.', '-', '/'"),
             format!("{c}[4].policy: required field is missing"),
         ]
     );
@@ -316,7 +315,7 @@ fn duplicate_tables_across_objects() {
 
 #[test]
 fn sets_are_validated_and_resolved() {
-    let yaml = "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: s}\nspec:\n  table:\n    name: s\n    family: INET\n    sets:\n      - {name: pods, keyType: ipv4_addr, elements: [{key: 10.0.0.1}, {key: '10.0.0.5-10.0.0.9'}, {key: 10.1.0.0/16}]}\n      - {name: ports, keyType: integer, elements: [{key: '80'}, {key: '8000-8080'}]}\n      - {name: bad, keyType: ipv6_cidr, elements: [{key: 10.0.0.1}]}\n    chains: []\n";
+    let yaml = "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: s}\nspec:\n  table:\n    name: s\n    family: INET\n    sets:\n      - {name: pods, keyType: ipv4_addr, elements: [{key: 10.0.0.1}, {key: '10.0.0.5-10.0.0.9'}, {key: 10.1.0.0/16}]}\n      - {name: ports, keyType: integer, elements: [{key: '80'}, {key: '8000-8080'}]}\n      - {name: bad, keyType: ipv6_cidr, elements: [{key: 10.0.0.1}]}\n    chains: []\n";
     assert_eq!(
         errors(yaml),
         vec!["spec.table.sets[2].elements[0].key: \"10.0.0.1\" is not a valid ipv6_cidr element"]
@@ -341,7 +340,7 @@ fn sets_are_validated_and_resolved() {
 #[test]
 fn a_valid_liqo_object_loads_unchanged() {
     // Shape of the objects Liqo's gateway writes today (nat chains, ctmark, route chain).
-    let yaml = "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata:\n  name: remap\n  namespace: liqo-tenant-x\n  labels: {networking.liqo.io/firewall-category: gateway, networking.liqo.io/firewall-subcategory: ip-mapping}\nspec:\n  table:\n    name: remap-podcidr\n    family: IPV4\n    chains:\n      - name: outgoing\n        type: nat\n        hook: postrouting\n        policy: accept\n        priority: 100\n        rules:\n          natRules:\n            - name: remap\n              natType: snat\n              to: 10.71.0.1\n              match:\n                - {op: eq, ip: {value: 10.0.0.0/16, position: src}, dev: {value: liqo-tunnel, position: out}}\n      - name: incoming\n        type: nat\n        hook: prerouting\n        policy: accept\n        priority: -100\n        rules:\n          natRules:\n            - {name: dnat, natType: dnat, to: 10.0.0.1, match: [{op: eq, ip: {value: 10.71.0.1, position: dst}}]}\n      - name: mark\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: mark, action: ctmark, value: '1', match: [{op: eq, dev: {value: 'liqo.', position: in, wildcard: true}}]}\n";
+    let yaml = "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata:\n  name: remap\n  namespace: liqo-tenant-x\n  labels: {networking.liqo.io/firewall-category: gateway, networking.liqo.io/firewall-subcategory: ip-mapping}\nspec:\n  table:\n    name: remap-podcidr\n    family: IPV4\n    chains:\n      - name: outgoing\n        type: nat\n        hook: postrouting\n        policy: accept\n        priority: 100\n        rules:\n          natRules:\n            - name: remap\n              natType: snat\n              to: 10.71.0.1\n              match:\n                - {op: eq, ip: {value: 10.0.0.0/16, position: src}, dev: {value: liqo-tunnel, position: out}}\n      - name: incoming\n        type: nat\n        hook: prerouting\n        policy: accept\n        priority: -100\n        rules:\n          natRules:\n            - {name: dnat, natType: dnat, to: 10.0.0.1, match: [{op: eq, ip: {value: 10.71.0.1, position: dst}}]}\n      - name: mark\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: mark, action: ctmark, value: '1', match: [{op: eq, dev: {value: 'liqo.', position: in, wildcard: true}}]}\n";
     let objs = objects(yaml);
     assert_eq!(objs[0].origin.0, "liqo-tenant-x/remap");
     let p = compile(&objs).unwrap().policy;

@@ -6,6 +6,7 @@ use ipnet::IpNet;
 
 use super::errors::{Advice, Problem};
 use crate::ir::addr::{addr_to_u128, AddrRange, IpFamily};
+use crate::ir::NatTarget;
 
 /// One parsed address item.
 #[derive(Clone, Debug, PartialEq)]
@@ -98,6 +99,37 @@ pub fn parse_port_item(raw: &str) -> Result<(u16, u16), Problem> {
     }
 }
 
+/// A NAT `to`: one address, or a CIDR (a prefix mapping; host bits are dropped with advice).
+pub fn parse_nat_target(raw: &str) -> Result<(NatTarget, Option<Advice>), Problem> {
+    let s = raw.trim();
+    if s.contains('/') {
+        let net: IpNet = s
+            .parse()
+            .map_err(|_| Problem::NotAnAddress(raw.to_string()))?;
+        let trunc = net.trunc();
+        let advice = (trunc != net).then(|| Advice::HostBitsSet {
+            value: raw.to_string(),
+            normalized: trunc.to_string(),
+        });
+        return Ok((NatTarget::Prefix(trunc), advice));
+    }
+    s.parse::<IpAddr>()
+        .map(|a| (NatTarget::Addr(a), None))
+        .map_err(|_| Problem::NotAnAddress(raw.to_string()))
+}
+
+/// A stable name for a rule written without one: `rule-` and 8 hex digits of an FNV-1a hash of
+/// the rule as written (the same rule gets the same name on every host, in every run, and
+/// keeps its counters while other rules move).
+pub fn generated_rule_name(rule_json: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in rule_json.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    format!("rule-{:08x}", (h >> 32) ^ (h & 0xffff_ffff))
+}
+
 /// Split a comma-separated value list, dropping empty items.
 pub fn split_list(value: &str) -> Vec<&str> {
     value
@@ -157,6 +189,32 @@ mod tests {
         assert!(parse_port_item("4000-3000").is_err());
         assert!(parse_port_item("+80").is_err());
         assert_eq!(parse_port_item("0"), Ok((0, 0)));
+    }
+
+    #[test]
+    fn nat_targets() {
+        assert_eq!(
+            parse_nat_target("10.0.0.1"),
+            Ok((NatTarget::Addr("10.0.0.1".parse().unwrap()), None))
+        );
+        let (t, adv) = parse_nat_target("10.70.3.4/16").unwrap();
+        assert_eq!(t, NatTarget::Prefix("10.70.0.0/16".parse().unwrap()));
+        assert!(adv.is_some());
+        assert!(parse_nat_target("10.0.0.1-10.0.0.9").is_err());
+    }
+
+    #[test]
+    fn generated_names_are_stable_and_distinct() {
+        let a = generated_rule_name(r#"{"match":[],"natType":"snat","to":"10.0.0.0/16"}"#);
+        assert_eq!(
+            a,
+            generated_rule_name(r#"{"match":[],"natType":"snat","to":"10.0.0.0/16"}"#)
+        );
+        assert_ne!(
+            a,
+            generated_rule_name(r#"{"match":[],"natType":"dnat","to":"10.0.0.0/16"}"#)
+        );
+        assert!(a.starts_with("rule-") && a.len() == 13, "{a}");
     }
 
     #[test]

@@ -290,12 +290,42 @@ impl Action {
 /// NAT action.
 #[derive(Clone, Debug, PartialEq)]
 pub enum NatAction {
-    /// Destination NAT to an address.
-    Dnat(std::net::IpAddr),
-    /// Source NAT to an address.
-    Snat(std::net::IpAddr),
+    /// Destination NAT.
+    Dnat(NatTarget),
+    /// Source NAT.
+    Snat(NatTarget),
     /// Masquerade.
     Masquerade,
+}
+
+/// Where a NAT rule translates to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NatTarget {
+    /// One address.
+    Addr(std::net::IpAddr),
+    /// A prefix mapping (nftables `prefix to`, netmap): the host part of the address is kept
+    /// and the network part replaced. Liqo remaps overlapping pod and external CIDRs this way,
+    /// and its masquerade bypass maps a CIDR onto itself.
+    Prefix(ipnet::IpNet),
+}
+
+impl NatTarget {
+    /// Address family.
+    pub fn family(&self) -> IpFamily {
+        match self {
+            Self::Addr(a) => IpFamily::of(a),
+            Self::Prefix(n) => IpFamily::of(&n.addr()),
+        }
+    }
+}
+
+impl fmt::Display for NatTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Addr(a) => write!(f, "{a}"),
+            Self::Prefix(n) => write!(f, "{n}"),
+        }
+    }
 }
 
 impl Policy {

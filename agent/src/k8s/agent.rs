@@ -14,6 +14,10 @@
 //!    from the kernel.
 //!
 //! Between rounds the engine repairs drift (nftables) and follows new interfaces (bpf).
+//!
+//! Opt-in (`--liqo-selector`): Liqo's own FirewallConfigurations (`networking.liqo.io`) picked
+//! by that selector are enforced too, read only: peerwall writes no status, finalizer or label
+//! on Liqo's objects (errors go to the log).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,14 +32,17 @@ use kube::Resource;
 use serde_json::json;
 
 use crate::agent::Engine;
+use crate::api::load::Group;
 use crate::api::types::ConditionType;
 use crate::compile::PolicyObject;
 
 /// Settings of the Kubernetes source.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    /// Label selector of the FirewallConfigurations to enforce.
+    /// Label selector of peerwall's FirewallConfigurations to enforce.
     pub selector: String,
+    /// Opt-in: label selector of Liqo's FirewallConfigurations to enforce too (read only).
+    pub liqo_selector: Option<String>,
     /// This host's name (condition `host`, finalizer, field manager).
     pub host: String,
     /// Drift-check period.
@@ -295,6 +302,13 @@ impl Agent {
             let Some(obj) = by_key.get(&o.key) else {
                 continue;
             };
+            if super::group_of(obj) == Group::Liqo {
+                // Liqo's objects are never written to: errors only reach the log.
+                if let Some(msg) = p.refused.get(&o.key) {
+                    tracing::warn!(object = %o.key, error = %msg, "Liqo FirewallConfiguration not enforced");
+                }
+                continue;
+            }
             if o.deleting {
                 if result.is_ok() {
                     self.release(obj).await;
@@ -509,6 +523,21 @@ impl Agent {
     }
 }
 
+/// `obj` with its `apiVersion` set to `group`'s (list items may come without it), so that its
+/// key and decoding follow its group.
+fn tagged(obj: Arc<DynamicObject>, group: Group) -> Arc<DynamicObject> {
+    if obj.types.is_some() {
+        return obj;
+    }
+    let mut o = (*obj).clone();
+    let r = super::resource_of(group);
+    o.types = Some(kube::api::TypeMeta {
+        api_version: r.api_version,
+        kind: r.kind,
+    });
+    Arc::new(o)
+}
+
 /// Run the Kubernetes source until `stop` is set.
 pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
     let rt = super::runtime()?;
@@ -527,6 +556,23 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
             .wait_until_ready()
             .await
             .context("the FirewallConfiguration watch ended before its first list")?;
+        let liqo_reader = match &settings.liqo_selector {
+            Some(sel) => {
+                let liqo = super::resource_of(Group::Liqo);
+                let r = super::cache(
+                    Api::<DynamicObject>::all_with(client.clone(), &liqo),
+                    watcher::Config::default().labels(sel),
+                    liqo,
+                    changed.clone(),
+                );
+                tracing::info!(selector = %sel, "also enforcing Liqo's FirewallConfigurations (read only)");
+                r.wait_until_ready()
+                    .await
+                    .context("the watch of Liqo's FirewallConfigurations ended before its first list (is Liqo's CRD installed?)")?;
+                Some(r)
+            }
+            None => None,
+        };
         let mut agent = Agent {
             recorder: Recorder::new(
                 client,
@@ -551,7 +597,11 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
             if dirty || engine.environment_changed() {
                 // Debounce: let a burst of events settle into one round.
                 tokio::time::sleep(Duration::from_millis(50)).await;
-                agent.round(engine, reader.state()).await;
+                let mut objects = reader.state();
+                if let Some(r) = &liqo_reader {
+                    objects.extend(r.state().into_iter().map(|o| tagged(o, Group::Liqo)));
+                }
+                agent.round(engine, objects).await;
             } else {
                 tokio::task::block_in_place(|| engine.maintain());
             }
@@ -571,7 +621,7 @@ mod tests {
 
     fn object(name: &str, table: &str, policy: &str) -> PolicyObject {
         let y = format!(
-            "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  table:\n    name: {table}\n    family: INET\n    chains:\n    - name: c\n      type: filter\n      hook: forward\n      priority: 0\n      policy: {policy}\n      rules: {{filterRules: []}}\n"
+            "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  table:\n    name: {table}\n    family: INET\n    chains:\n    - name: c\n      type: filter\n      hook: forward\n      priority: 0\n      policy: {policy}\n      rules: {{filterRules: []}}\n"
         );
         parse_documents(&y, "t").unwrap().remove(0)
     }

@@ -28,7 +28,7 @@ use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
-use super::{FIREWALL_CATEGORY, FIREWALL_UNIQUE, MANAGED_BY, MANAGER};
+use super::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
 use crate::metrics::ControllerMetrics;
 use crate::protection::{self, Options, Published, World};
 
@@ -169,7 +169,7 @@ fn published(ctx: &Ctx) -> BTreeMap<String, Published> {
         if c.name_any() != GATEWAY_CONFIG {
             continue;
         }
-        let Some(peer) = c.labels().get(FIREWALL_UNIQUE) else {
+        let Some(peer) = c.labels().get(PEER) else {
             continue;
         };
         let offloaded: BTreeSet<IpAddr> = c
@@ -273,7 +273,8 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
         .find(|c| c.name_any() == GATEWAY_CONFIG && c.namespace().as_deref() == Some(&ns_name));
     let up_to_date = current.as_ref().is_some_and(|c| {
         c.data.get("spec") == Some(&spec)
-            && c.labels().get(FIREWALL_UNIQUE) == Some(&peer)
+            && c.labels().get(PEER) == Some(&peer)
+            && c.labels().get(TARGET).map(String::as_str) == Some(TARGET_GATEWAY)
             && c.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGER)
     });
     if !up_to_date {
@@ -284,8 +285,8 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
                 "name": GATEWAY_CONFIG,
                 "namespace": ns_name,
                 "labels": {
-                    FIREWALL_CATEGORY: "gateway",
-                    FIREWALL_UNIQUE: peer,
+                    TARGET: TARGET_GATEWAY,
+                    PEER: peer,
                     MANAGED_BY: MANAGER,
                 },
                 "ownerReferences": owner_ref(&ns),

@@ -9,7 +9,7 @@ pub mod webhook;
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 
-use crate::api::load;
+use crate::api::load::{self, Group};
 use crate::compile::PolicyObject;
 
 /// Liqo's label naming the peer cluster of tenant namespaces, offloaded namespaces, virtual
@@ -19,45 +19,68 @@ pub const REMOTE_CLUSTER_ID: &str = "liqo.io/remote-cluster-id";
 pub const TENANT_NAMESPACE: &str = "liqo.io/tenant-namespace";
 /// Liqo's label on virtual nodes (`virtual-node`).
 pub const NODE_TYPE: &str = "liqo.io/type";
-/// Liqo's FirewallConfiguration labels.
+/// Liqo's FirewallConfiguration label that routes objects to its enforcers (`gateway`,
+/// `fabric`). peerwall never writes it: Liqo's gateway would apply what carries it.
 pub const FIREWALL_CATEGORY: &str = "networking.liqo.io/firewall-category";
-/// Subcategory label.
-pub const FIREWALL_SUBCATEGORY: &str = "networking.liqo.io/firewall-subcategory";
-/// Unique label (the peer cluster id for gateway configurations).
+/// Liqo's unique label (the peer cluster id for gateway configurations). Never written.
 pub const FIREWALL_UNIQUE: &str = "networking.liqo.io/firewall-unique";
+/// peerwall's label naming the enforcer an object is for (`gateway`).
+pub const TARGET: &str = "peerwall.io/target";
+/// Its value for objects enforced in Liqo gateways.
+pub const TARGET_GATEWAY: &str = "gateway";
+/// peerwall's label naming the peer (remote cluster id) whose gateway enforces an object.
+pub const PEER: &str = "peerwall.io/remote-cluster-id";
+/// The agent's default selection: peerwall's objects meant for gateways.
+pub const DEFAULT_SELECTOR: &str = "peerwall.io/target=gateway";
 /// The label every object peerwall's controllers create carries.
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Its value.
 pub const MANAGER: &str = "peerwall";
 
-/// The FirewallConfiguration resource, for dynamic API access: objects are watched untyped and
-/// converted by the loader, so that an invalid object becomes a field-path error in its status
-/// instead of a watch that cannot deserialize.
+/// peerwall's FirewallConfiguration resource (`firewallconfigurations.peerwall.io`), for
+/// dynamic API access: objects are watched untyped and converted by the loader, so that an
+/// invalid object becomes a field-path error in its status instead of a watch that cannot
+/// deserialize.
 pub fn fwc_resource() -> ApiResource {
+    resource_of(Group::Peerwall)
+}
+
+/// The FirewallConfiguration resource of a group (Liqo's is only ever read).
+pub fn resource_of(group: Group) -> ApiResource {
+    let (g, v) = match group {
+        Group::Peerwall => (load::GROUP, load::VERSION),
+        Group::Liqo => (load::LIQO_GROUP, load::LIQO_VERSION),
+    };
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("networking.liqo.io", "v1beta1", load::KIND),
+        &GroupVersionKind::gvk(g, v, load::KIND),
         "firewallconfigurations",
     )
 }
 
-/// Convert a watched object into compilation input (field-path errors as the loader gives).
-pub fn to_policy_object(obj: &DynamicObject) -> Result<PolicyObject, load::LoadError> {
-    let mut v = serde_json::to_value(obj).unwrap_or_default();
-    if let Some(o) = v.as_object_mut() {
-        // Server-side bookkeeping the spec types do not model.
-        o.remove("status");
-        o.insert("apiVersion".into(), load::API_VERSION.into());
-        o.insert("kind".into(), load::KIND.into());
-    }
-    load::object_from_json(v)
+/// The group of a watched object (from its `apiVersion`; peerwall's when absent).
+pub fn group_of(obj: &DynamicObject) -> Group {
+    obj.types
+        .as_ref()
+        .and_then(|t| Group::of_api_version(&t.api_version))
+        .unwrap_or(Group::Peerwall)
 }
 
-/// `namespace/name` of an object.
+/// Convert a watched object into compilation input (field-path errors as the loader gives).
+pub fn to_policy_object(obj: &DynamicObject) -> Result<PolicyObject, load::LoadError> {
+    let group = group_of(obj);
+    let v = serde_json::to_value(obj).map_err(|e| load::LoadError::Field {
+        origin: key_of(obj),
+        path: ".".into(),
+        message: e.to_string(),
+    })?;
+    load::object_from_json(v, group)
+}
+
+/// `namespace/name` of an object (Liqo's marked `liqo:`), the same key as its origin.
 pub fn key_of(obj: &DynamicObject) -> String {
-    format!(
-        "{}/{}",
+    group_of(obj).origin(
         obj.metadata.namespace.as_deref().unwrap_or_default(),
-        obj.metadata.name.as_deref().unwrap_or_default()
+        obj.metadata.name.as_deref().unwrap_or_default(),
     )
 }
 

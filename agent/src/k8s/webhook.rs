@@ -4,6 +4,11 @@
 //! is one every agent can enforce, and a refused object is refused with the same field-path
 //! message the agent would write into its status. Served over TLS (rustls) on `POST /validate`;
 //! `GET /healthz` answers `ok`.
+//!
+//! Only peerwall's objects (`peerwall.io`) are judged: the webhook configuration in `deploy/`
+//! covers that group alone, and an object of any other group that reaches it anyway (Liqo's
+//! `networking.liqo.io`, a misconfigured webhook rule) is admitted unchanged. peerwall never
+//! stands between Liqo and its own objects.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -46,6 +51,10 @@ pub fn review(body: &[u8]) -> serde_json::Value {
         }
     };
     let resp = AdmissionResponse::from(&req);
+    if req.kind.group != crate::api::load::GROUP {
+        tracing::debug!(group = %req.kind.group, name = %req.name, "not peerwall's: admitted");
+        return to_json(resp);
+    }
     let resp = match (&req.operation, &req.object) {
         (Operation::Create | Operation::Update, Some(obj)) => match super::check(obj) {
             Ok((_, warnings)) => {
@@ -204,19 +213,23 @@ mod tests {
     use super::*;
 
     fn review_of(spec: serde_json::Value) -> serde_json::Value {
+        review_in("peerwall.io", "v1alpha1", spec)
+    }
+
+    fn review_in(group: &str, version: &str, spec: serde_json::Value) -> serde_json::Value {
         let body = serde_json::json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
             "request": {
                 "uid": "u-1",
-                "kind": {"group": "networking.liqo.io", "version": "v1beta1", "kind": "FirewallConfiguration"},
-                "resource": {"group": "networking.liqo.io", "version": "v1beta1", "resource": "firewallconfigurations"},
+                "kind": {"group": group, "version": version, "kind": "FirewallConfiguration"},
+                "resource": {"group": group, "version": version, "resource": "firewallconfigurations"},
                 "operation": "CREATE",
                 "userInfo": {},
                 "name": "x",
                 "namespace": "ns",
                 "object": {
-                    "apiVersion": "networking.liqo.io/v1beta1",
+                    "apiVersion": format!("{group}/{version}"),
                     "kind": "FirewallConfiguration",
                     "metadata": {"name": "x", "namespace": "ns"},
                     "spec": spec,
@@ -245,6 +258,17 @@ mod tests {
         let good =
             review_of(serde_json::json!({"table": {"name": "t", "family": "INET", "chains": []}}));
         assert_eq!(good["response"]["allowed"], true, "{good}");
+    }
+
+    #[test]
+    fn liqo_objects_are_never_refused() {
+        let bad = serde_json::json!({"table": {"name": "t", "family": "INET", "chains": [{
+            "name": "c", "type": "filter", "hook": "forward", "priority": 0, "policy": "accept",
+            "rules": {"filterRules": [{"action": "drop", "match": [{"op": "eq", "ip": {"value": "10.20.1.300", "position": "dst"}}]}]}
+        }]}});
+        assert_eq!(review_of(bad.clone())["response"]["allowed"], false);
+        let liqo = review_in("networking.liqo.io", "v1beta1", bad);
+        assert_eq!(liqo["response"]["allowed"], true, "{liqo}");
     }
 
     #[test]

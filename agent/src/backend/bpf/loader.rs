@@ -456,6 +456,9 @@ impl BpfBackend {
         ifaces: &[Iface],
     ) -> Result<BpfApplyReport, BpfError> {
         let new = compile::compile(policy, ifaces)?;
+        for note in compile::left_to_nftables(policy) {
+            tracing::warn!(table = %note.table, chain = %note.chain, rule = %note.rule, "{note}");
+        }
         let prefixes = new.prefix_count();
         let active = self.active as usize;
         if let Some(live) = &self.slots[active] {

@@ -13,8 +13,8 @@
 use serde_json::{json, Value};
 
 use crate::ir::{
-    self, Action, AddrSet, Dir, IfDir, IpFamily, NatAction, PortSet, SetElements, Source,
-    TableFamily, Test, VerdictAction,
+    self, Action, AddrSet, Dir, IfDir, IpFamily, NatAction, NatTarget, PortSet, SetElements,
+    Source, TableFamily, Test, VerdictAction,
 };
 
 /// Name of the marker chain that identifies tables owned by peerwall.
@@ -403,18 +403,26 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> RenderedTable {
                 }
                 Action::Notrack => expr.push(json!({"notrack": null})),
                 Action::Nat(n) => {
-                    let (kind, addr) = match n {
+                    let (kind, target) = match n {
                         NatAction::Dnat(a) => ("dnat", Some(a)),
                         NatAction::Snat(a) => ("snat", Some(a)),
                         NatAction::Masquerade => ("masquerade", None),
                     };
-                    match addr {
-                        Some(a) => {
-                            let mut stmt = json!({"addr": a.to_string()});
+                    match target {
+                        Some(target) => {
+                            let mut stmt = match target {
+                                NatTarget::Addr(a) => json!({"addr": a.to_string()}),
+                                // `snat ip prefix to 10.0.0.0/16` (NF_NAT_RANGE_NETMAP).
+                                NatTarget::Prefix(n) => json!({
+                                    "addr": {"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}},
+                                    "flags": "netmap",
+                                    "type_flags": "prefix",
+                                }),
+                            };
                             if t.family == TableFamily::Inet {
-                                stmt["family"] = json!(match a {
-                                    std::net::IpAddr::V4(_) => "ip",
-                                    std::net::IpAddr::V6(_) => "ip6",
+                                stmt["family"] = json!(match target.family() {
+                                    IpFamily::V4 => "ip",
+                                    IpFamily::V6 => "ip6",
                                 });
                             }
                             expr.push(json!({ kind: stmt }));

@@ -82,10 +82,17 @@ fn stmt(s: &Value) -> String {
         "counter" => "counter".into(),
         "reject" => format!("reject with {} {}", val(&v["type"]), val(&v["expr"])),
         "mangle" => format!("{} set {}", val(&v["key"]), val(&v["value"])),
-        "dnat" | "snat" => match v.get("family") {
-            Some(f) => format!("{k} {} to {}", val(f), val(&v["addr"])),
-            None => format!("{k} to {}", val(&v["addr"])),
-        },
+        "dnat" | "snat" => {
+            let prefix = if v.get("type_flags").and_then(|f| f.as_str()) == Some("prefix") {
+                "prefix "
+            } else {
+                ""
+            };
+            match v.get("family") {
+                Some(f) => format!("{k} {} {prefix}to {}", val(f), val(&v["addr"])),
+                None => format!("{k} {prefix}to {}", val(&v["addr"])),
+            }
+        }
         other => other.to_string(),
     }
 }

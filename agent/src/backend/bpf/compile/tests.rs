@@ -93,7 +93,7 @@ fn port_prefixes_cover_ranges() {
 #[test]
 fn enclosing_prefixes_carry_their_rules() {
     // r0: dst in 10.0.0.0/8; r1: dst in 10.1.0.0/16; r2: dst not in 10.1.2.3.
-    let yaml = "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: x}\nspec:\n  table:\n    name: t\n    family: IPV4\n    chains:\n      - name: c\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: r0, action: drop, match: [{op: eq, ip: {value: 10.0.0.0/8, position: dst}}]}\n            - {name: r1, action: drop, match: [{op: eq, ip: {value: 10.1.0.0/16, position: dst}}]}\n            - {name: r2, action: drop, match: [{op: neq, ip: {value: 10.1.2.3, position: dst}}]}\n";
+    let yaml = "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: x}\nspec:\n  table:\n    name: t\n    family: IPV4\n    chains:\n      - name: c\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: r0, action: drop, match: [{op: eq, ip: {value: 10.0.0.0/8, position: dst}}]}\n            - {name: r1, action: drop, match: [{op: eq, ip: {value: 10.1.0.0/16, position: dst}}]}\n            - {name: r2, action: drop, match: [{op: neq, ip: {value: 10.1.2.3, position: dst}}]}\n";
     let objs = crate::api::load::parse_documents(yaml, "t").unwrap();
     let policy = compile_ir(&objs).unwrap().policy;
     let bp = compile(&policy, &[]).unwrap();
