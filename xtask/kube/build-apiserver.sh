@@ -3,10 +3,16 @@
 # Builds a real kube-apiserver (and kube-controller-manager) v1.20.2 from Debian bookworm's
 # `kubernetes` source package (upstream tree with vendored Go deps; no Go module proxy used).
 # Usage: build-apiserver.sh OUT_DIR     (about 4 minutes on 2 cores, 1.4 GB peak memory, 2.2 GB disk)
-# Result: OUT_DIR/kube-apiserver, OUT_DIR/kube-controller-manager. Idempotent: exits early if present.
+# Result: OUT_DIR/kube-apiserver, OUT_DIR/kube-controller-manager, OUT_DIR/kubectl (the tests run
+# `kubectl apply -k deploy/` with the client of the server's version). Idempotent: builds only
+# the binaries that are missing.
 set -euo pipefail
 OUT=${1:?usage: build-apiserver.sh OUT_DIR}
-[ -x "$OUT/kube-apiserver" ] && [ -x "$OUT/kube-controller-manager" ] && exit 0
+WHAT=""
+for b in kube-apiserver kube-controller-manager kubectl; do
+  [ -x "$OUT/$b" ] || WHAT="$WHAT cmd/$b"
+done
+[ -n "$WHAT" ] || exit 0
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 mkdir -p "$OUT" "$W/apt/lists/partial" "$W/src"
 export DEBIAN_FRONTEND=noninteractive
@@ -33,6 +39,6 @@ cp -rL /usr/share/gocode/src/github.com/json-iterator/go "$V/json-iterator/go"
 find "$V/modern-go/reflect2" "$V/json-iterator/go" \( -name '*_test.go' -o -name go.mod \) -delete
 # `make` builds in GOPATH mode (plain `go build -mod=vendor` fails on go.mod); it needs rsync.
 (cd "$K" && GOCACHE="$W/gocache" GOPROXY=off KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean \
-  make WHAT="cmd/kube-apiserver cmd/kube-controller-manager" GOLDFLAGS="-s -w" >/dev/null)
-cp "$K/_output/bin/kube-apiserver" "$K/_output/bin/kube-controller-manager" "$OUT/"
+  make WHAT="${WHAT# }" GOLDFLAGS="-s -w" >/dev/null)
+for b in $WHAT; do cp "$K/_output/bin/${b#cmd/}" "$OUT/"; done
 "$OUT/kube-apiserver" --version

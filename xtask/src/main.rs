@@ -257,13 +257,18 @@ fn kube_bin_dir() -> PathBuf {
     cache_dir().join(format!("kube-{KUBE_VERSION}"))
 }
 
-/// Build kube-apiserver and kube-controller-manager from Debian's source package into the
-/// version-keyed cache (about 4 minutes, once; a no-op when present).
+/// Build kube-apiserver, kube-controller-manager and kubectl from Debian's source package into
+/// the version-keyed cache (about 4 minutes, once; only missing binaries are built).
 fn kube_build() -> Result<()> {
     let out = kube_bin_dir();
-    if !out.join("kube-apiserver").exists() {
+    let missing: Vec<&str> = ["kube-apiserver", "kube-controller-manager", "kubectl"]
+        .into_iter()
+        .filter(|b| !out.join(b).exists())
+        .collect();
+    if !missing.is_empty() {
         println!(
-            "building kube-apiserver {KUBE_VERSION} from Debian's source into {} (about 4 minutes, once)",
+            "building {} {KUBE_VERSION} from Debian's source into {} (a few minutes, once)",
+            missing.join(", "),
             out.display()
         );
     }

@@ -1,0 +1,387 @@
+//! Liqo's own FirewallConfigurations, as Liqo creates them (`examples/liqo/`, each file names
+//! the Liqo source that creates the object): loaded, validated and compiled for both backends
+//! without root; applied by the nftables backend in a gateway namespace with Liqo's interface
+//! names (listing, counters, drift, idempotent re-apply); accepted by the bpf backend, which
+//! says which rules it leaves to nftables.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::*;
+use peerwall::api::load;
+use peerwall::backend::bpf::compile::{self as bpf, Iface};
+use peerwall::backend::nftables::{render, Nft, NftBackend};
+use peerwall::compile::{self, PolicyObject};
+
+/// Every Liqo shape with what its nftables rendering must say, and whether a gateway enforces
+/// it (gateway objects are applied together, as in one gateway; fabric objects run on nodes,
+/// and `fabric-notrack` shares its table name with `gw-notrack`).
+const SHAPES: &[(&str, bool, &[&str])] = &[
+    (
+        "gw-mss-clamping.yaml",
+        true,
+        &["tcp option maxseg size set rt mtu"],
+    ),
+    ("gw-notrack.yaml", true, &["notrack", "th dport 6091"]),
+    ("fabric-notrack.yaml", false, &["notrack", "th sport 6091"]),
+    (
+        "remap-podcidr.yaml",
+        true,
+        &[
+            "dnat prefix to 10.243.0.0/16",
+            "snat prefix to 10.71.0.0/16",
+            "iifname != \"liqo-tunnel\"",
+        ],
+    ),
+    (
+        "remap-externalcidr.yaml",
+        true,
+        &["dnat prefix to 10.70.0.0/16", "snat prefix to 10.72.0.0/16"],
+    ),
+    (
+        "remap-ipmapping-gw.yaml",
+        true,
+        &["dnat to 10.80.0.10", "snat to 10.80.0.10"],
+    ),
+    (
+        "remap-ipmapping-fabric.yaml",
+        false,
+        &["masquerade", "dnat to 10.80.0.10"],
+    ),
+    (
+        "masquerade-bypass.yaml",
+        false,
+        &[
+            "snat prefix to 10.244.0.0/16",
+            "ip saddr != 10.244.0.0/16",
+            "snat to 10.70.0.1",
+        ],
+    ),
+    (
+        "gw-masquerade-bypass.yaml",
+        false,
+        &["snat to 10.244.1.17", "th dport 6091"],
+    ),
+    (
+        "service-nodeport-routing.yaml",
+        true,
+        &["ct mark set", "meta mark set ct mark"],
+    ),
+];
+
+const GENEVE_IF: &str = "liqo.8ds4xk2pqn";
+
+fn shape_path(file: &str) -> PathBuf {
+    repo("examples/liqo").join(file)
+}
+
+fn load_shape(file: &str) -> PolicyObject {
+    let mut objs = load::load_paths(&[shape_path(file)]).expect("load");
+    assert_eq!(objs.len(), 1, "{file}");
+    objs.remove(0)
+}
+
+fn ifaces() -> Vec<Iface> {
+    ["lo", "eth0", "liqo-tunnel", GENEVE_IF]
+        .iter()
+        .enumerate()
+        .map(|(i, n)| Iface {
+            name: (*n).into(),
+            ifindex: i as u32 + 1,
+        })
+        .collect()
+}
+
+/// The rule names of a compiled table.
+fn rule_names(p: &peerwall::ir::Policy) -> Vec<String> {
+    p.tables
+        .iter()
+        .flat_map(|t| &t.chains)
+        .flat_map(|c| &c.rules)
+        .map(|r| r.name.clone())
+        .collect()
+}
+
+#[test]
+fn the_corpus_covers_every_liqo_file_that_creates_firewallconfigurations() {
+    let mut sources: Vec<String> = std::fs::read_dir(repo("examples/liqo"))
+        .expect("examples/liqo")
+        .map(|e| e.expect("entry").path())
+        .map(|p| std::fs::read_to_string(p).expect("read"))
+        .flat_map(|text| {
+            text.lines()
+                .take(2)
+                .filter_map(|l| l.strip_prefix("# Liqo: ").or(l.strip_prefix("# Liqo Helm chart: ")))
+                .map(|l| l.split_whitespace().next().unwrap_or_default().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    sources.sort();
+    sources.dedup();
+    for f in [
+        "deployments/liqo/templates/liqo-gw-mssclamp-firewallconfiguration.yaml",
+        "deployments/liqo/templates/liqo-notrack-firewallconfiguration.yaml",
+        "pkg/liqo-controller-manager/networking/external-network/remapping/cidr.go",
+        "pkg/liqo-controller-manager/networking/external-network/remapping/ip.go",
+        "pkg/liqo-controller-manager/networking/internal-network/configuration-controller/firewall.go",
+        "pkg/liqo-controller-manager/networking/internal-network/gw-masq-bypass/k8s.go",
+        "pkg/liqo-controller-manager/networking/internal-network/route/internalnode_k8s.go",
+    ] {
+        assert!(sources.iter().any(|s| s == f), "no shape from {f}: {sources:?}");
+    }
+    assert_eq!(
+        SHAPES.len(),
+        std::fs::read_dir(repo("examples/liqo")).unwrap().count(),
+        "every file in examples/liqo is tested"
+    );
+}
+
+#[test]
+fn every_liqo_shape_loads_validates_and_compiles_for_both_backends() {
+    for (file, _, expect) in SHAPES {
+        let obj = load_shape(file);
+        assert!(
+            obj.origin.0.starts_with(load::LIQO_ORIGIN_PREFIX),
+            "{file}: {}",
+            obj.origin
+        );
+        let compiled = compile::compile(std::slice::from_ref(&obj))
+            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        // nftables: the rendering says what Liqo asked for.
+        let text: String = render::render_policy(&compiled.policy, Default::default())
+            .iter()
+            .map(peerwall::backend::nftables::text::table_text)
+            .collect();
+        for e in *expect {
+            assert!(text.contains(e), "{file}: {e:?} not in\n{text}");
+        }
+        // bpf: never fails; whatever is not a verdict is reported as left to nftables.
+        bpf::compile(&compiled.policy, &ifaces()).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let left = bpf::left_to_nftables(&compiled.policy);
+        let non_verdict = compiled
+            .policy
+            .tables
+            .iter()
+            .flat_map(|t| &t.chains)
+            .flat_map(|c| &c.rules)
+            .filter(|r| r.action.verdict().is_none())
+            .count();
+        assert_eq!(left.len(), non_verdict, "{file}: {left:?}");
+        assert!(non_verdict > 0, "{file}: Liqo's objects only mark, track or translate");
+        // The same object in peerwall's group compiles to the same tables.
+        let text_yaml = std::fs::read_to_string(shape_path(file)).unwrap();
+        let as_ours = text_yaml.replace(load::LIQO_API_VERSION, load::API_VERSION);
+        let ours = load::parse_documents(&as_ours, file).expect("peerwall.io");
+        assert_eq!(ours[0].origin.0, obj.origin.0.trim_start_matches("liqo:"));
+        let ours = compile::compile(&ours).expect("compile");
+        assert_eq!(
+            format!("{:?}", ours.policy.tables[0].chains),
+            format!("{:?}", compiled.policy.tables[0].chains),
+            "{file}"
+        );
+    }
+}
+
+#[test]
+fn rules_without_a_name_get_stable_names_and_a_warning() {
+    let obj = load_shape("remap-podcidr.yaml");
+    let a = compile::compile(std::slice::from_ref(&obj)).unwrap();
+    let b = compile::compile(std::slice::from_ref(&obj)).unwrap();
+    let names = rule_names(&a.policy);
+    assert_eq!(names, rule_names(&b.policy), "deterministic");
+    assert_eq!(names.len(), 2);
+    assert!(names.iter().all(|n| n.starts_with("rule-")), "{names:?}");
+    assert_ne!(names[0], names[1]);
+    let warned: Vec<String> = a.warnings.iter().map(|(_, w)| w.to_string()).collect();
+    assert_eq!(warned.len(), 2, "{warned:?}");
+    assert!(
+        warned[0].starts_with("spec.table.chains[0].rules.natRules[0].name: missing; named \"rule-"),
+        "{warned:?}"
+    );
+    // A name written elsewhere in the chain is never taken by a generated one, and an explicit
+    // duplicate is still an error.
+    let y = std::fs::read_to_string(shape_path("remap-podcidr.yaml")).unwrap();
+    let dup = y.replacen(
+        "            - natType: dnat",
+        &format!(
+            "            - natType: dnat\n              name: {}\n              match: [{{op: eq, ip: {{value: 10.1.0.0/16, position: dst}}}}]\n              to: 10.2.0.0/16\n            - natType: dnat",
+            names[1]
+        ),
+        1,
+    );
+    // (names[1] belongs to the other chain: no clash; the unnamed rule keeps its own name.)
+    let c = compile::compile(&load::parse_documents(&dup, "dup").unwrap()).unwrap();
+    assert!(rule_names(&c.policy).contains(&names[0]));
+}
+
+/// A gateway namespace with Liqo's interfaces: the tunnel, a Geneve link to a node, eth0.
+struct Gateway {
+    gw: NetNs,
+    _peers: Vec<NetNs>,
+}
+
+impl Gateway {
+    fn new() -> Self {
+        require_root();
+        let gw = NetNs::new("pwl-g").expect("netns");
+        let peer = NetNs::new("pwl-p").expect("netns");
+        let node = NetNs::new("pwl-n").expect("netns");
+        let out = NetNs::new("pwl-o").expect("netns");
+        veth(&gw, "liqo-tunnel", &peer, "eth0");
+        veth(&gw, GENEVE_IF, &node, "eth0");
+        veth(&gw, "eth0", &out, "eth0");
+        Self {
+            gw,
+            _peers: vec![peer, node, out],
+        }
+    }
+}
+
+fn nft_text(ns: &NetNs) -> String {
+    String::from_utf8_lossy(&in_ns(ns, "nft", &["list", "ruleset"]).stdout).into_owned()
+}
+
+#[test]
+fn liqo_shapes_apply_with_nftables_in_a_gateway_namespace() {
+    let g = Gateway::new();
+    let gateway: Vec<PathBuf> = SHAPES
+        .iter()
+        .filter(|(_, gw, _)| *gw)
+        .map(|(f, _, _)| shape_path(f))
+        .collect();
+    // The user's command: one transaction with every gateway object.
+    let mut args = vec!["apply".to_string()];
+    for p in &gateway {
+        args.push("-f".into());
+        args.push(p.display().to_string());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let o = peerwall_in(&g.gw, &args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let listed = nft_text(&g.gw);
+    for (file, gw, expect) in SHAPES {
+        if !gw {
+            continue;
+        }
+        for e in *expect {
+            assert!(listed.contains(e), "{file}: {e:?} not in the kernel:\n{listed}");
+        }
+    }
+    // Every rule is listed under its (possibly generated) name, counters included.
+    let objs = load::load_paths(&gateway).unwrap();
+    let policy = compile::compile(&objs).unwrap().policy;
+    let counters = peerwall_in(&g.gw, &["counters"]);
+    let counters = String::from_utf8_lossy(&counters.stdout);
+    for t in &policy.tables {
+        for c in &t.chains {
+            for r in &c.rules {
+                let name = &r.name;
+                assert!(
+                    listed.contains(&format!("comment \"{name}\"")),
+                    "{name} not in\n{listed}"
+                );
+                let id = format!("{}/{}/{name}\t", t.name, c.name);
+                assert_eq!(counters.contains(&id), r.counter, "{id} in counters:\n{counters}");
+            }
+        }
+    }
+    // Listing, drift detection and re-apply work on these names: no drift, nothing to change.
+    let mut backend = NftBackend::new(Nft::in_netns(g.gw.name()));
+    backend.apply(&policy).expect("adopt");
+    let r = backend.apply(&policy).expect("re-apply");
+    assert!(
+        r.recreated.is_empty() && r.updated.is_empty() && r.deleted.is_empty(),
+        "{r:?}"
+    );
+    assert!(backend.drift().expect("drift").is_empty());
+    // Fabric objects run on nodes: each applies on its own, too.
+    for (file, gw, expect) in SHAPES {
+        if *gw {
+            continue;
+        }
+        let node = NetNs::new("pwl-node").expect("netns");
+        let o = peerwall_in(&node, &["apply", "-f", shape_path(file).to_str().unwrap()]);
+        assert!(o.status.success(), "{file}: {}", String::from_utf8_lossy(&o.stderr));
+        let listed = nft_text(&node);
+        for e in *expect {
+            assert!(listed.contains(e), "{file}: {e:?} not in the kernel:\n{listed}");
+        }
+    }
+    // And they leave as they came.
+    let o = peerwall_in(&g.gw, &["delete"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!nft_text(&g.gw).contains("table"), "{}", nft_text(&g.gw));
+}
+
+#[test]
+fn the_bpf_backend_accepts_liqo_shapes_and_names_what_it_leaves_to_nftables() {
+    let g = Gateway::new();
+    let pins = loader_pins("liqo");
+    let mut args = vec![
+        "apply".to_string(),
+        "--backend".into(),
+        "bpf".into(),
+        "--pin-dir".into(),
+        pins.display().to_string(),
+    ];
+    for (f, gw, _) in SHAPES {
+        if *gw {
+            args.push("-f".into());
+            args.push(shape_path(f).display().to_string());
+        }
+    }
+    let bin = peerwall();
+    let net = format!("--net=/run/netns/{}", g.gw.name());
+    let mut full = vec![net.clone(), bin.display().to_string()];
+    full.extend(args);
+    let full: Vec<&str> = full.iter().map(String::as_str).collect();
+    let o = sh("nsenter", &full);
+    let _cleanup = RemovePins(pins.clone());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    for what in [
+        "remap-podcidr/outgoing/rule-",
+        ": dnat is not enforced by the bpf backend",
+        "mss-clamping/mss-clamping/mss-clamping-out: tcp mss clamping is not enforced",
+        "service-nodeport-routing/mark-to-conntrack/worker-1: ct mark set is not enforced",
+    ] {
+        assert!(err.contains(what), "{what:?} not in\n{err}");
+    }
+    // Attached to Liqo's interfaces in the gateway; `inspect` decodes the pins.
+    let inspect = format!("{}", bin.display());
+    let o = sh(
+        "nsenter",
+        &[&net, &inspect, "inspect", "--pin-dir", pins.to_str().unwrap(), "--output", "json"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for dev in ["tc:liqo-tunnel", &format!("tc:{GENEVE_IF}")] {
+        assert!(
+            v["attached"].as_array().unwrap().iter().any(|a| a == dev),
+            "{dev} not attached: {v}"
+        );
+    }
+    assert!(
+        v["chains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["name"] == "service-nodeport-routing/mark-to-conntrack"),
+        "{v}"
+    );
+}
+
+fn loader_pins(tag: &str) -> PathBuf {
+    let root = peerwall::backend::bpf::loader::ensure_bpffs().expect("bpffs");
+    root.join(format!("pwt-{tag}-{}", std::process::id()))
+}
+
+/// Removes a pin directory (and its links) on drop.
+struct RemovePins(PathBuf);
+
+impl Drop for RemovePins {
+    fn drop(&mut self) {
+        let _ = peerwall::backend::bpf::loader::remove_pins(&self.0);
+    }
+}
