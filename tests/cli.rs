@@ -167,6 +167,72 @@ fn provider_protection_both_engines() {
     );
 }
 
+/// The controller's own gateway policy (`protection::gateway_spec`, what `peerwall controller`
+/// writes for a peer), judged by all three engines: replies to connections the provider side
+/// opened pass before the default deny; the consumer still opens nothing but what it
+/// offloaded, through any of Liqo's tunnels (`liqo-tunnel`, `liqo-tunnel1`, …).
+#[test]
+fn controller_policy_passes_replies_on_all_engines() {
+    use peerwall::protection::{gateway_spec, Options, PeerSets, DEFAULT_TUNNEL};
+    require_root();
+    let sets = PeerSets {
+        offloaded: ["10.20.1.2".parse().unwrap()].into(),
+        remote: ["10.10.9.9".parse().unwrap()].into(),
+        elsewhere: Default::default(),
+    };
+    let opts = Options {
+        tunnel: DEFAULT_TUNNEL.into(),
+        block_leaf_to_leaf: false,
+    };
+    let doc = serde_json::json!({
+        "apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
+        "metadata": {"name": "peerwall-gateway", "namespace": "liqo-tenant-cluster1"},
+        "spec": gateway_spec("cluster1", &sets, &opts),
+    });
+    let dir = std::env::temp_dir().join(format!("pw-cli-ctrl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("gateway.yaml");
+    std::fs::write(&file, doc.to_string()).unwrap();
+    let f = [file.to_str().unwrap()];
+    let verdict_of = |rule: &str, verdict: &str| {
+        format!(r#"{{"verdict":"{verdict}","table":"peerwall_cluster1","chain":"from_peer","rule":"{rule}"}}"#)
+    };
+    for tunnel in ["liqo-tunnel", "liqo-tunnel1"] {
+        let fwd = ["--iif", tunnel, "--oif", "liqo.abcdefghij"];
+        fn case<'a>(fwd: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
+            let mut p: Vec<&str> = fwd.to_vec();
+            p.extend_from_slice(extra);
+            p
+        }
+        // A provider pod's connection to a consumer pod: its reply comes back through the tunnel.
+        both_engines(
+            &f,
+            &case(&fwd, &["--src", "10.10.1.67", "--dst", "10.20.3.1", "--proto", "tcp",
+                "--sport", "80", "--dport", "40000", "--ct-state", "established"]),
+            &verdict_of("replies", "accept"),
+        );
+        both_engines(
+            &f,
+            &case(&fwd, &["--src", "10.10.1.67", "--dst", "10.20.3.1", "--proto", "icmp",
+                "--ct-state", "related"]),
+            &verdict_of("replies", "accept"),
+        );
+        // The consumer opening a connection to a pod it did not offload: dropped.
+        both_engines(
+            &f,
+            &case(&fwd, &["--src", "10.10.1.67", "--dst", "10.20.3.1", "--proto", "tcp"]),
+            &verdict_of("default_deny", "drop"),
+        );
+        // To what it offloaded: accepted.
+        both_engines(
+            &f,
+            &case(&fwd, &["--src", "10.10.1.67", "--dst", "10.20.1.2", "--proto", "tcp"]),
+            &verdict_of("to_offloaded", "accept"),
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn bad_values_exit_2_with_field_paths() {
     let dir = std::env::temp_dir().join(format!("pw-cli-{}", std::process::id()));
