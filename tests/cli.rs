@@ -195,7 +195,9 @@ fn controller_policy_passes_replies_on_all_engines() {
     std::fs::write(&file, doc.to_string()).unwrap();
     let f = [file.to_str().unwrap()];
     let verdict_of = |rule: &str, verdict: &str| {
-        format!(r#"{{"verdict":"{verdict}","table":"peerwall_cluster1","chain":"from_peer","rule":"{rule}"}}"#)
+        format!(
+            r#"{{"verdict":"{verdict}","table":"peerwall_cluster1","chain":"from_peer","rule":"{rule}"}}"#
+        )
     };
     for tunnel in ["liqo-tunnel", "liqo-tunnel1"] {
         let fwd = ["--iif", tunnel, "--oif", "liqo.abcdefghij"];
@@ -207,26 +209,72 @@ fn controller_policy_passes_replies_on_all_engines() {
         // A provider pod's connection to a consumer pod: its reply comes back through the tunnel.
         both_engines(
             &f,
-            &case(&fwd, &["--src", "10.10.1.67", "--dst", "10.20.3.1", "--proto", "tcp",
-                "--sport", "80", "--dport", "40000", "--ct-state", "established"]),
+            &case(
+                &fwd,
+                &[
+                    "--src",
+                    "10.10.1.67",
+                    "--dst",
+                    "10.20.3.1",
+                    "--proto",
+                    "tcp",
+                    "--sport",
+                    "80",
+                    "--dport",
+                    "40000",
+                    "--ct-state",
+                    "established",
+                ],
+            ),
             &verdict_of("replies", "accept"),
         );
         both_engines(
             &f,
-            &case(&fwd, &["--src", "10.10.1.67", "--dst", "10.20.3.1", "--proto", "icmp",
-                "--ct-state", "related"]),
+            &case(
+                &fwd,
+                &[
+                    "--src",
+                    "10.10.1.67",
+                    "--dst",
+                    "10.20.3.1",
+                    "--proto",
+                    "icmp",
+                    "--ct-state",
+                    "related",
+                ],
+            ),
             &verdict_of("replies", "accept"),
         );
         // The consumer opening a connection to a pod it did not offload: dropped.
         both_engines(
             &f,
-            &case(&fwd, &["--src", "10.10.1.67", "--dst", "10.20.3.1", "--proto", "tcp"]),
+            &case(
+                &fwd,
+                &[
+                    "--src",
+                    "10.10.1.67",
+                    "--dst",
+                    "10.20.3.1",
+                    "--proto",
+                    "tcp",
+                ],
+            ),
             &verdict_of("default_deny", "drop"),
         );
         // To what it offloaded: accepted.
         both_engines(
             &f,
-            &case(&fwd, &["--src", "10.10.1.67", "--dst", "10.20.1.2", "--proto", "tcp"]),
+            &case(
+                &fwd,
+                &[
+                    "--src",
+                    "10.10.1.67",
+                    "--dst",
+                    "10.20.1.2",
+                    "--proto",
+                    "tcp",
+                ],
+            ),
             &verdict_of("to_offloaded", "accept"),
         );
     }

@@ -182,10 +182,7 @@ async fn install_crd(client: &Client) {
     eventually("the CRD to be established", Duration::from_secs(20), || {
         let api = api.clone();
         async move {
-            let c = api
-                .get("firewallconfigurations.networking.liqo.io")
-                .await
-                .ok()?;
+            let c = api.get("firewallconfigurations.peerwall.io").await.ok()?;
             let ok = c
                 .status?
                 .conditions?
@@ -208,11 +205,16 @@ fn fwc_api(client: &Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(client.clone(), ns, &peerwall::k8s::fwc_resource())
 }
 
+/// Create a namespace (an existing one is fine).
 async fn namespace(client: &Client, name: &str, labels: serde_json::Value) {
     let api: Api<Namespace> = Api::all(client.clone());
     let ns: Namespace =
         serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}})).unwrap();
-    api.create(&PostParams::default(), &ns).await.unwrap();
+    match api.create(&PostParams::default(), &ns).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("namespace {name}: {e}"),
+    }
 }
 
 async fn pod(
@@ -412,9 +414,17 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// The thesis's example (a Liqo object) as a peerwall object for gateways of peer `cluster1`:
+/// the same spec under `peerwall.io/v1alpha1` with peerwall's labels.
 fn thesis_block() -> serde_json::Value {
     let y = std::fs::read_to_string(repo("examples/thesis-block.yaml")).unwrap();
-    serde_yaml::from_str(&y).unwrap()
+    let mut v: serde_json::Value = serde_yaml::from_str(&y).unwrap();
+    v["apiVersion"] = json!("peerwall.io/v1alpha1");
+    v["metadata"]["labels"] = json!({
+        "peerwall.io/target": "gateway",
+        "peerwall.io/remote-cluster-id": "cluster1",
+    });
+    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -455,7 +465,7 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
         "webhooks": [{
             "name": "firewallconfigurations.peerwall.io",
             "clientConfig": {"url": format!("https://{listen}/validate"), "caBundle": b64},
-            "rules": [{"apiGroups": ["networking.liqo.io"], "apiVersions": ["v1beta1"], "operations": ["CREATE", "UPDATE"], "resources": ["firewallconfigurations"]}],
+            "rules": [{"apiGroups": ["peerwall.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["firewallconfigurations"]}],
             "failurePolicy": "Fail",
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
@@ -515,6 +525,23 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("policy"), "{err}");
+    // Every shape Liqo creates, as a peerwall object (only the apiVersion changed), is admitted
+    // and stored as written: peerwall's schema takes Liqo's objects whole.
+    for (file, mut obj) in liqo_shapes() {
+        obj["apiVersion"] = json!("peerwall.io/v1alpha1");
+        let ns = obj["metadata"]["namespace"].as_str().unwrap().to_string();
+        namespace(&client, &ns, json!({})).await;
+        let api = fwc_api(&client, &ns);
+        let created = api
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj.clone()).unwrap(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{file} refused: {e}"));
+        let stored = serde_json::to_value(&created).unwrap();
+        assert_eq!(stored["spec"], obj["spec"], "{file}: stored as written");
+    }
 
     // Certificate rotation: new connections get the new certificate without a restart, and
     // the API server keeps calling the webhook.
@@ -542,6 +569,306 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("10.20.1.300"), "{refused}");
+}
+
+/// Every FirewallConfiguration shape Liqo creates (`examples/liqo/`), as JSON, with owner
+/// references dropped (their owners, Liqo's Configurations, do not exist on a test server and
+/// the garbage collector would remove the objects).
+fn liqo_shapes() -> Vec<(String, serde_json::Value)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo("examples/liqo"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let mut v: serde_json::Value =
+                serde_yaml::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+            if let Some(m) = v["metadata"].as_object_mut() {
+                m.remove("ownerReferences");
+            }
+            (f.file_name().unwrap().to_string_lossy().into_owned(), v)
+        })
+        .collect()
+}
+
+/// Remove peerwall's extension fields from a CRD schema (what Liqo's own CRD lacks).
+fn strip_extensions(v: &mut serde_json::Value) {
+    if let Some(o) = v.as_object_mut() {
+        if let Some(props) = o.get_mut("properties").and_then(|p| p.as_object_mut()) {
+            for ext in [
+                "sets",
+                "ctstate",
+                "wildcard",
+                "message",
+                "observedGeneration",
+            ] {
+                props.remove(ext);
+            }
+        }
+        o.remove("x-kubernetes-list-type");
+        o.remove("x-kubernetes-list-map-keys");
+        for (_, child) in o.iter_mut() {
+            strip_extensions(child);
+        }
+    } else if let Some(a) = v.as_array_mut() {
+        for child in a {
+            strip_extensions(child);
+        }
+    }
+}
+
+/// Liqo's CRD as Liqo's chart installs it, owned by someone else ("liqo-chart"): group
+/// `networking.liqo.io`, version v1beta1, Liqo's names, and the schema without peerwall's
+/// extensions (derived from peerwall's CRD, whose spec mirrors Liqo's field for field).
+async fn install_liqo_crd(client: &Client) {
+    let mut crd: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap()).unwrap();
+    crd["metadata"] = json!({"name": "firewallconfigurations.networking.liqo.io",
+        "labels": {"app.kubernetes.io/managed-by": "Helm"}});
+    crd["spec"]["group"] = json!("networking.liqo.io");
+    crd["spec"]["names"]["shortNames"] = json!(["fw", "fwconfig", "fwcfg"]);
+    crd["spec"]["names"]["categories"] = json!(["liqo"]);
+    crd["spec"]["versions"][0]["name"] = json!("v1beta1");
+    strip_extensions(&mut crd["spec"]["versions"][0]["schema"]);
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PostParams {
+        field_manager: Some("liqo-chart".into()),
+        ..Default::default()
+    };
+    api.create(&pp, &serde_json::from_value(crd).unwrap())
+        .await
+        .unwrap();
+    let liqo = peerwall::k8s::resource_of(peerwall::api::load::Group::Liqo);
+    let fwc: Api<DynamicObject> = Api::all_with(client.clone(), &liqo);
+    eventually(
+        "Liqo's resource to be served",
+        Duration::from_secs(20),
+        || {
+            let fwc = fwc.clone();
+            async move { fwc.list(&Default::default()).await.ok().map(|_| ()) }
+        },
+    )
+    .await;
+}
+
+fn liqo_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &peerwall::k8s::resource_of(peerwall::api::load::Group::Liqo),
+    )
+}
+
+/// Create Liqo's shapes in Liqo's group; returns (namespace, name) of each.
+async fn create_liqo_shapes(client: &Client, suffix: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (file, mut obj) in liqo_shapes() {
+        let ns = obj["metadata"]["namespace"].as_str().unwrap().to_string();
+        let name = format!("{}{suffix}", obj["metadata"]["name"].as_str().unwrap());
+        obj["metadata"]["name"] = json!(name);
+        namespace(client, &ns, json!({})).await;
+        liqo_api(client, &ns)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj).unwrap(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{file}: Liqo's object refused: {e}"));
+        out.push((ns, name));
+    }
+    out
+}
+
+/// `metadata.resourceVersion` of every Liqo FirewallConfiguration.
+async fn liqo_versions(client: &Client) -> BTreeSet<(String, String)> {
+    let liqo = peerwall::k8s::resource_of(peerwall::api::load::Group::Liqo);
+    Api::<DynamicObject>::all_with(client.clone(), &liqo)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| (o.name_any(), o.resource_version().unwrap_or_default()))
+        .collect()
+}
+
+/// Installing peerwall next to Liqo: `kubectl apply -k deploy/` leaves Liqo's CRD (owned by
+/// Liqo's chart) byte-identical and Liqo's objects untouched; with peerwall's webhook
+/// registered (and unreachable, failurePolicy Fail) Liqo keeps creating and updating every
+/// object it needs, while peerwall's own objects fail closed. A server running Liqo's schema
+/// prunes peerwall's extensions: the reason peerwall keeps its intent in its own CRD.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installing_peerwall_leaves_liqo_crd_and_objects_alone() {
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_liqo_crd(&client).await;
+    let created = create_liqo_shapes(&client, "").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let before = serde_json::to_string(
+        &crds
+            .get("firewallconfigurations.networking.liqo.io")
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let objects_before = liqo_versions(&client).await;
+    assert_eq!(objects_before.len(), created.len());
+    let o = Command::new(kube_bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&server.kubeconfig)
+        .args(["apply", "-k"])
+        .arg(repo("deploy"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "kubectl apply -k deploy/: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let applied = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        applied.contains("firewallconfigurations.peerwall.io created"),
+        "{applied}"
+    );
+    assert!(!applied.contains("networking.liqo.io"), "{applied}");
+    let after = serde_json::to_string(
+        &crds
+            .get("firewallconfigurations.networking.liqo.io")
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(before, after, "Liqo's CRD is byte-identical");
+    assert_eq!(
+        objects_before,
+        liqo_versions(&client).await,
+        "Liqo's objects untouched"
+    );
+    // peerwall's webhook is registered but has no endpoints here: it must fail closed for
+    // peerwall's objects (once the API server has picked the configuration up)...
+    let ours = fwc_api(&client, "liqo-tenant-cluster1");
+    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    let refusal = eventually(
+        "peerwall's webhook to be called",
+        Duration::from_secs(30),
+        || {
+            let ours = ours.clone();
+            async move {
+                let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
+                match ours.create(&PostParams::default(), &obj).await {
+                    Err(kube::Error::Api(e)) if e.message.contains("peerwall") => Some(e.message),
+                    Ok(o) => {
+                        ours.delete(&o.name_any(), &DeleteParams::default())
+                            .await
+                            .ok();
+                        None
+                    }
+                    Err(_) => None,
+                }
+            }
+        },
+    )
+    .await;
+    assert!(
+        refusal.contains("firewallconfigurations.peerwall.io"),
+        "{refusal}"
+    );
+    // ... and never stand in Liqo's way: every shape is created again and updated.
+    let again = create_liqo_shapes(&client, "-2").await;
+    for (ns, name) in &again {
+        let api = liqo_api(&client, ns);
+        let patch = json!({"metadata": {"labels": {"liqo.io/touched": "yes"}}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("{ns}/{name}: update refused: {e}"));
+    }
+    // Liqo's schema has no sets: the API server drops them from Liqo's objects.
+    let mut with_sets = thesis_block();
+    with_sets["apiVersion"] = json!("networking.liqo.io/v1beta1");
+    with_sets["metadata"]["name"] = json!("with-sets");
+    with_sets["spec"]["table"]["sets"] =
+        json!([{"name": "s", "keyType": "ipv4_addr", "elements": [{"key": "10.0.0.1"}]}]);
+    let stored = liqo_api(&client, "liqo-tenant-cluster1")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(with_sets).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        stored.data["spec"]["table"].get("sets").is_none(),
+        "pruned by Liqo's schema: {}",
+        stored.data["spec"]
+    );
+}
+
+/// The agent enforces Liqo's own objects only when asked (`--liqo-selector`), and then only
+/// reads them: no finalizer, no status, no change of any kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_enforces_liqo_objects_only_on_request_and_read_only() {
+    let t = Topology::new();
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    install_liqo_crd(&client).await;
+    create_liqo_shapes(&client, "").await;
+    let versions = liqo_versions(&client).await;
+    // Default selection: peerwall's objects only; Liqo's tables never appear.
+    let plain = agent(
+        &server,
+        &t.gateway,
+        "gw-plain",
+        "peerwall.io/target=gateway",
+    );
+    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    applied(&api, "block-pod1-pod2", "gw-plain").await;
+    let tables = nft_tables(&t.gateway);
+    assert!(tables.contains("table_name"), "{tables}");
+    assert!(!tables.contains("remap-podcidr"), "{tables}");
+    drop(plain);
+    // Opt-in: Liqo's gateway objects for peer cluster-b, enforced next to peerwall's.
+    let _optin = agent_with(
+        &server,
+        &t.gateway,
+        "gw-liqo",
+        "peerwall.io/target=gateway",
+        &[
+            "--liqo-selector",
+            "networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique=cluster-b",
+        ],
+    );
+    eventually(
+        "Liqo's remapping tables",
+        Duration::from_secs(20),
+        || async {
+            let tables = nft_tables(&t.gateway);
+            (tables.contains("remap-podcidr") && tables.contains("remap-externalcidr"))
+                .then_some(())
+        },
+    )
+    .await;
+    applied(&api, "block-pod1-pod2", "gw-liqo").await;
+    let listed = String::from_utf8_lossy(
+        &in_ns(&t.gateway, "nft", &["list", "table", "ip", "remap-podcidr"]).stdout,
+    )
+    .into_owned();
+    assert!(listed.contains("dnat prefix to 10.243.0.0/16"), "{listed}");
+    // Objects of other peers or other enforcers are not taken.
+    assert!(!nft_tables(&t.gateway).contains("masquerade-bypass"));
+    // Nothing was written to Liqo's objects: same resourceVersions, no finalizer, no status.
+    assert_eq!(versions, liqo_versions(&client).await);
+    let remap = liqo_api(&client, "liqo-tenant-cluster-b")
+        .get("cluster-b-remap-podcidr")
+        .await
+        .unwrap();
+    assert!(remap.finalizers().is_empty());
+    assert!(remap.data.get("status").is_none(), "{:?}", remap.data);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -644,11 +971,15 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
         .get("peerwall-gateway")
         .await
         .unwrap();
-    assert_eq!(
-        gw.labels()["networking.liqo.io/firewall-category"],
-        "gateway"
+    assert_eq!(gw.labels()["peerwall.io/target"], "gateway");
+    assert_eq!(gw.labels()["peerwall.io/remote-cluster-id"], "a");
+    assert!(
+        !gw.labels()
+            .keys()
+            .any(|k| k.starts_with("networking.liqo.io/")),
+        "nothing Liqo's gateway or fabric selects: {:?}",
+        gw.labels()
     );
-    assert_eq!(gw.labels()["networking.liqo.io/firewall-unique"], "a");
     assert_eq!(gw.owner_references()[0].kind, "Namespace");
     let rules: Vec<String> = gw.data["spec"]["table"]["chains"][0]["rules"]["filterRules"]
         .as_array()
@@ -898,7 +1229,7 @@ async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
         &server,
         &t.gateway,
         "gw-bpf",
-        "networking.liqo.io/firewall-category=gateway",
+        "peerwall.io/target=gateway",
         &[
             "--backend",
             "bpf",
@@ -948,12 +1279,7 @@ async fn agent_applies_reports_status_and_cleans_up() {
     let server = ApiServer::start();
     let client = server.client().await;
     install_crd(&client).await;
-    let _agent = agent(
-        &server,
-        &t.gateway,
-        "gw-test",
-        "networking.liqo.io/firewall-category=gateway",
-    );
+    let _agent = agent(&server, &t.gateway, "gw-test", "peerwall.io/target=gateway");
     namespace(&client, "liqo-tenant-cluster1", json!({})).await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
     let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
@@ -1051,13 +1377,13 @@ async fn offloaded_pod_is_reachable_through_its_consumers_tunnel_only() {
         &server,
         &ta.gateway,
         "gw-a",
-        "networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique=a",
+        "peerwall.io/target=gateway,peerwall.io/remote-cluster-id=a",
     );
     let _agent_b = agent(
         &server,
         &tb.gateway,
         "gw-b",
-        "networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique=b",
+        "peerwall.io/target=gateway,peerwall.io/remote-cluster-id=b",
     );
     let _controller = server.peerwall(
         "controller",

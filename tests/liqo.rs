@@ -112,7 +112,10 @@ fn the_corpus_covers_every_liqo_file_that_creates_firewallconfigurations() {
         .flat_map(|text| {
             text.lines()
                 .take(2)
-                .filter_map(|l| l.strip_prefix("# Liqo: ").or(l.strip_prefix("# Liqo Helm chart: ")))
+                .filter_map(|l| {
+                    l.strip_prefix("# Liqo: ")
+                        .or(l.strip_prefix("# Liqo Helm chart: "))
+                })
                 .map(|l| l.split_whitespace().next().unwrap_or_default().to_string())
                 .collect::<Vec<_>>()
         })
@@ -146,8 +149,8 @@ fn every_liqo_shape_loads_validates_and_compiles_for_both_backends() {
             "{file}: {}",
             obj.origin
         );
-        let compiled = compile::compile(std::slice::from_ref(&obj))
-            .unwrap_or_else(|e| panic!("{file}: {e}"));
+        let compiled =
+            compile::compile(std::slice::from_ref(&obj)).unwrap_or_else(|e| panic!("{file}: {e}"));
         // nftables: the rendering says what Liqo asked for.
         let text: String = render::render_policy(&compiled.policy, Default::default())
             .iter()
@@ -168,7 +171,10 @@ fn every_liqo_shape_loads_validates_and_compiles_for_both_backends() {
             .filter(|r| r.action.verdict().is_none())
             .count();
         assert_eq!(left.len(), non_verdict, "{file}: {left:?}");
-        assert!(non_verdict > 0, "{file}: Liqo's objects only mark, track or translate");
+        assert!(
+            non_verdict > 0,
+            "{file}: Liqo's objects only mark, track or translate"
+        );
         // The same object in peerwall's group compiles to the same tables.
         let text_yaml = std::fs::read_to_string(shape_path(file)).unwrap();
         let as_ours = text_yaml.replace(load::LIQO_API_VERSION, load::API_VERSION);
@@ -196,7 +202,8 @@ fn rules_without_a_name_get_stable_names_and_a_warning() {
     let warned: Vec<String> = a.warnings.iter().map(|(_, w)| w.to_string()).collect();
     assert_eq!(warned.len(), 2, "{warned:?}");
     assert!(
-        warned[0].starts_with("spec.table.chains[0].rules.natRules[0].name: missing; named \"rule-"),
+        warned[0]
+            .starts_with("spec.table.chains[0].rules.natRules[0].name: missing; named \"rule-"),
         "{warned:?}"
     );
     // A name written elsewhere in the chain is never taken by a generated one, and an explicit
@@ -265,7 +272,10 @@ fn liqo_shapes_apply_with_nftables_in_a_gateway_namespace() {
             continue;
         }
         for e in *expect {
-            assert!(listed.contains(e), "{file}: {e:?} not in the kernel:\n{listed}");
+            assert!(
+                listed.contains(e),
+                "{file}: {e:?} not in the kernel:\n{listed}"
+            );
         }
     }
     // Every rule is listed under its (possibly generated) name, counters included.
@@ -282,7 +292,11 @@ fn liqo_shapes_apply_with_nftables_in_a_gateway_namespace() {
                     "{name} not in\n{listed}"
                 );
                 let id = format!("{}/{}/{name}\t", t.name, c.name);
-                assert_eq!(counters.contains(&id), r.counter, "{id} in counters:\n{counters}");
+                assert_eq!(
+                    counters.contains(&id),
+                    r.counter,
+                    "{id} in counters:\n{counters}"
+                );
             }
         }
     }
@@ -302,10 +316,17 @@ fn liqo_shapes_apply_with_nftables_in_a_gateway_namespace() {
         }
         let node = NetNs::new("pwl-node").expect("netns");
         let o = peerwall_in(&node, &["apply", "-f", shape_path(file).to_str().unwrap()]);
-        assert!(o.status.success(), "{file}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(
+            o.status.success(),
+            "{file}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let listed = nft_text(&node);
         for e in *expect {
-            assert!(listed.contains(e), "{file}: {e:?} not in the kernel:\n{listed}");
+            assert!(
+                listed.contains(e),
+                "{file}: {e:?} not in the kernel:\n{listed}"
+            );
         }
     }
     // And they leave as they came.
@@ -352,7 +373,15 @@ fn the_bpf_backend_accepts_liqo_shapes_and_names_what_it_leaves_to_nftables() {
     let inspect = format!("{}", bin.display());
     let o = sh(
         "nsenter",
-        &[&net, &inspect, "inspect", "--pin-dir", pins.to_str().unwrap(), "--output", "json"],
+        &[
+            &net,
+            &inspect,
+            "inspect",
+            "--pin-dir",
+            pins.to_str().unwrap(),
+            "--output",
+            "json",
+        ],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();

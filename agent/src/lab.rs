@@ -5,8 +5,11 @@
 //! gateway side). Each gateway reaches the provider node through a Geneve-named veth
 //! (`liqo.<10 chars>`). The node hosts pods offloaded by A (10.20.1.0/24), by B (10.20.2.0/24)
 //! and local provider pods (10.20.3.0/24). Each gateway runs `peerwall agent --source dir:...`
-//! with the policy the provider-protection controller would generate: default deny from the
-//! consumer's tunnel, an allowlist set of that consumer's offloaded pods, replies pass.
+//! on the controller's own output: the lab describes its cluster (tenant namespaces, offloaded
+//! namespaces, pods) as the controller sees it ([`lab_world`]) and writes what
+//! [`protection::sets`] and [`protection::gateway_object`] make of it — default deny from the
+//! consumer's tunnels, the consumer's offloaded pods allowed, replies pass. No hand-written
+//! policy: what the lab enforces is what `peerwall controller` would publish.
 //!
 //! The lab probes every pair with ICMP, a TCP connect and a UDP exchange, prints the matrix
 //! (as the thesis's test scripts do), compares it with the expected one, offloads one more pod
@@ -22,6 +25,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::netns::NetNs;
+use crate::protection;
 
 /// Something the lab must undo.
 #[derive(Debug)]
@@ -147,51 +151,73 @@ fn consumers() -> Vec<Consumer> {
 const LOCAL_POD: &str = "10.20.3.10";
 const NEW_POD: &str = "10.20.1.12";
 
-/// The FirewallConfiguration the provider-protection controller generates for a consumer.
-pub fn provider_policy(consumer: &str, offloaded: &[String]) -> String {
-    let elements: String = offloaded
-        .iter()
-        .map(|ip| format!("          - key: {ip}\n"))
-        .collect();
-    format!(
-        "apiVersion: peerwall.io/v1alpha1
-kind: FirewallConfiguration
-metadata:
-  name: provider-protection-{consumer}
-  namespace: liqo-tenant-{consumer}
-  labels:
-    networking.liqo.io/firewall-category: gateway
-    networking.liqo.io/firewall-unique: cluster-{consumer}
-spec:
-  table:
-    name: peerwall_{consumer}
-    family: INET
-    sets:
-      - name: offloaded
-        keyType: ipv4_addr
-        elements:
-{elements}    chains:
-      - name: from_consumer
-        type: filter
-        hook: forward
-        priority: 0
-        policy: accept
-        rules:
-          filterRules:
-            - name: replies
-              action: accept
-              match:
-                - {{op: eq, dev: {{value: liqo-tunnel, position: in}}, ctstate: {{value: [established, related]}}}}
-            - name: to_offloaded_pods
-              action: accept
-              match:
-                - {{op: eq, dev: {{value: liqo-tunnel, position: in}}, ip: {{value: '@offloaded', position: dst}}}}
-            - name: default_deny
-              action: drop
-              match:
-                - {{op: eq, dev: {{value: liqo-tunnel, position: in}}}}
-"
-    )
+/// The provider cluster as the controller sees it: a tenant namespace per consumer, a
+/// namespace each consumer offloaded (holding its pods), and the provider's local pods.
+/// `extra` adds pods offloaded later, as `(consumer, ip)`.
+pub fn lab_world(extra: &[(&str, &str)]) -> protection::World {
+    use std::collections::BTreeMap;
+    let label = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let mut w = protection::World::default();
+    let pod = |ns: String, name: String, ip: &str| protection::Pod {
+        namespace: ns,
+        name,
+        ips: ip.parse().into_iter().collect(),
+        ..Default::default()
+    };
+    for c in consumers() {
+        w.namespaces.push(protection::Namespace {
+            name: format!("liqo-tenant-{}", c.name),
+            labels: label(&[
+                ("liqo.io/tenant-namespace", "true"),
+                ("liqo.io/remote-cluster-id", c.name),
+            ]),
+        });
+        let offloaded_ns = format!("app-{}", c.name);
+        w.namespaces.push(protection::Namespace {
+            name: offloaded_ns.clone(),
+            labels: label(&[("liqo.io/remote-cluster-id", c.name)]),
+        });
+        let more = extra
+            .iter()
+            .filter(|(who, _)| *who == c.name)
+            .map(|(_, ip)| *ip);
+        for (i, ip) in c
+            .offloaded
+            .iter()
+            .map(String::as_str)
+            .chain(more)
+            .enumerate()
+        {
+            w.pods
+                .push(pod(offloaded_ns.clone(), format!("web-{i}"), ip));
+        }
+    }
+    w.namespaces.push(protection::Namespace {
+        name: "local".into(),
+        labels: Default::default(),
+    });
+    w.pods
+        .push(pod("local".into(), "local-0".into(), LOCAL_POD));
+    w
+}
+
+/// What the controller would publish for consumer `name` in `world`, as the agent's file.
+pub fn controller_policy(world: &protection::World, name: &str) -> Result<String> {
+    let peer = protection::peers(world)
+        .into_iter()
+        .find(|p| p.id == name)
+        .with_context(|| format!("no tenant namespace for consumer {name}"))?;
+    let sets = protection::sets(world).remove(name).unwrap_or_default();
+    let opts = protection::Options {
+        tunnel: protection::DEFAULT_TUNNEL.into(),
+        block_leaf_to_leaf: false,
+    };
+    let doc = protection::gateway_object(&peer, &sets, &opts);
+    serde_json::to_string_pretty(&doc).context("encoding the gateway FirewallConfiguration")
 }
 
 fn wg_keys() -> Result<(String, String)> {
@@ -543,12 +569,12 @@ fn run_backend(backend: &'static str, bin: &Path, keep: bool, reg: &Registry) ->
         for p in c.pods {
             lab.listeners(&cns, p)?;
         }
-        // The agent, with the policy the controller would generate.
+        // The agent, with the policy the controller generates for this world.
         let dir = work.join(format!("policies-{}", c.name));
         std::fs::create_dir_all(&dir)?;
         std::fs::write(
             dir.join("provider-protection.yaml"),
-            provider_policy(c.name, &c.offloaded),
+            controller_policy(&lab_world(&[]), c.name)?,
         )?;
         let pins = PathBuf::from(format!("/sys/fs/bpf/pwlab-{tag}-{}", c.name));
         if backend == "bpf" {
@@ -583,7 +609,7 @@ fn run_backend(backend: &'static str, bin: &Path, keep: bool, reg: &Registry) ->
                         "list",
                         "table",
                         "inet",
-                        &format!("peerwall_{}", c.name),
+                        &protection::table_name(c.name),
                     ],
                     None,
                 )
@@ -700,11 +726,12 @@ fn run_backend(backend: &'static str, bin: &Path, keep: bool, reg: &Registry) ->
     node.ip(&["addr", "add", &format!("{NEW_POD}/32"), "dev", "lo"])?;
     lab.listeners(&node, NEW_POD)?;
     let a = &cs[0];
-    let mut offloaded = a.offloaded.clone();
-    offloaded.push(NEW_POD.into());
     let (_, dir_a, _) = &gateways[0];
     let tmp = dir_a.join(".next.tmp");
-    std::fs::write(&tmp, provider_policy(a.name, &offloaded))?;
+    std::fs::write(
+        &tmp,
+        controller_policy(&lab_world(&[(a.name, NEW_POD)]), a.name)?,
+    )?;
     let started = Instant::now();
     std::fs::rename(&tmp, dir_a.join("provider-protection.yaml"))?;
     let mut new_pod_ms = None;

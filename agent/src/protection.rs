@@ -28,6 +28,20 @@ use serde_json::{json, Value};
 const REMOTE_CLUSTER_ID: &str = "liqo.io/remote-cluster-id";
 const TENANT_NAMESPACE: &str = "liqo.io/tenant-namespace";
 
+/// peerwall's label naming the enforcer an object is for. Nothing peerwall writes carries
+/// Liqo's `networking.liqo.io/firewall-*` labels, which Liqo's gateway and fabric select.
+pub const TARGET: &str = "peerwall.io/target";
+/// Its value for objects enforced in Liqo gateways.
+pub const TARGET_GATEWAY: &str = "gateway";
+/// peerwall's label naming the peer (remote cluster id) whose gateway enforces an object.
+pub const PEER: &str = "peerwall.io/remote-cluster-id";
+/// The label every object peerwall's controllers create carries.
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+/// Its value.
+pub const MANAGER: &str = "peerwall";
+/// Name of the gateway FirewallConfiguration in each tenant namespace.
+pub const GATEWAY_CONFIG: &str = "peerwall-gateway";
+
 /// A namespace.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Namespace {
@@ -311,6 +325,26 @@ pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> Value {
 
 /// The NetworkPolicy `spec` of an offloaded namespace owned by `consumer`: egress only to
 /// namespaces of the same consumer (not tenant namespaces) and to cluster DNS.
+/// The whole gateway FirewallConfiguration of a peer as the controller publishes it
+/// (`peerwall.io/v1alpha1`, in the peer's tenant namespace, with peerwall's labels); the
+/// controller adds the owner reference.
+pub fn gateway_object(peer: &Peer, s: &PeerSets, opts: &Options) -> Value {
+    json!({
+        "apiVersion": crate::api::load::API_VERSION,
+        "kind": crate::api::load::KIND,
+        "metadata": {
+            "name": GATEWAY_CONFIG,
+            "namespace": peer.tenant_namespace,
+            "labels": {
+                TARGET: TARGET_GATEWAY,
+                PEER: peer.id,
+                MANAGED_BY: MANAGER,
+            },
+        },
+        "spec": gateway_spec(&peer.id, s, opts),
+    })
+}
+
 pub fn network_policy_spec(consumer: &str) -> Value {
     json!({
         "podSelector": {},

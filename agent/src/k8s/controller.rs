@@ -32,8 +32,7 @@ use super::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
 use crate::metrics::ControllerMetrics;
 use crate::protection::{self, Options, Published, World};
 
-/// Name of the gateway FirewallConfiguration in each tenant namespace.
-pub const GATEWAY_CONFIG: &str = "peerwall-gateway";
+pub use crate::protection::GATEWAY_CONFIG;
 /// Name of the NetworkPolicy in each offloaded namespace.
 pub const NETWORK_POLICY: &str = "peerwall-offloaded";
 const FIELD_MANAGER: &str = "peerwall-controller";
@@ -264,35 +263,28 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     let gated = ctx.gated();
     let held = gated.held;
     let sets = gated.sets.get(&peer).cloned().unwrap_or_default();
-    let spec = protection::gateway_spec(&peer, &sets, &ctx.opts);
     let ns_name = ns.name_any();
+    let mut body = protection::gateway_object(
+        &protection::Peer {
+            id: peer.clone(),
+            tenant_namespace: ns_name.clone(),
+        },
+        &sets,
+        &ctx.opts,
+    );
     let current = ctx
         .configs
         .state()
         .into_iter()
         .find(|c| c.name_any() == GATEWAY_CONFIG && c.namespace().as_deref() == Some(&ns_name));
     let up_to_date = current.as_ref().is_some_and(|c| {
-        c.data.get("spec") == Some(&spec)
+        c.data.get("spec") == body.get("spec")
             && c.labels().get(PEER) == Some(&peer)
             && c.labels().get(TARGET).map(String::as_str) == Some(TARGET_GATEWAY)
             && c.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGER)
     });
     if !up_to_date {
-        let body = json!({
-            "apiVersion": crate::api::load::API_VERSION,
-            "kind": crate::api::load::KIND,
-            "metadata": {
-                "name": GATEWAY_CONFIG,
-                "namespace": ns_name,
-                "labels": {
-                    TARGET: TARGET_GATEWAY,
-                    PEER: peer,
-                    MANAGED_BY: MANAGER,
-                },
-                "ownerReferences": owner_ref(&ns),
-            },
-            "spec": spec,
-        });
+        body["metadata"]["ownerReferences"] = owner_ref(&ns);
         let api: Api<DynamicObject> =
             Api::namespaced_with(ctx.client.clone(), &ns_name, &super::fwc_resource());
         server_side_apply(&api, &ns_name, GATEWAY_CONFIG, &body).await?;

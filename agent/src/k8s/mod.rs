@@ -24,18 +24,9 @@ pub const NODE_TYPE: &str = "liqo.io/type";
 pub const FIREWALL_CATEGORY: &str = "networking.liqo.io/firewall-category";
 /// Liqo's unique label (the peer cluster id for gateway configurations). Never written.
 pub const FIREWALL_UNIQUE: &str = "networking.liqo.io/firewall-unique";
-/// peerwall's label naming the enforcer an object is for (`gateway`).
-pub const TARGET: &str = "peerwall.io/target";
-/// Its value for objects enforced in Liqo gateways.
-pub const TARGET_GATEWAY: &str = "gateway";
-/// peerwall's label naming the peer (remote cluster id) whose gateway enforces an object.
-pub const PEER: &str = "peerwall.io/remote-cluster-id";
+pub use crate::protection::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
 /// The agent's default selection: peerwall's objects meant for gateways.
 pub const DEFAULT_SELECTOR: &str = "peerwall.io/target=gateway";
-/// The label every object peerwall's controllers create carries.
-pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// Its value.
-pub const MANAGER: &str = "peerwall";
 
 /// peerwall's FirewallConfiguration resource (`firewallconfigurations.peerwall.io`), for
 /// dynamic API access: objects are watched untyped and converted by the loader, so that an
