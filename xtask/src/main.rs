@@ -1,9 +1,10 @@
 //! Project orchestration: `cargo xtask <task>`.
 //!
 //! - `setup`: install what building and testing need on a Debian 12 machine (apt packages,
-//!   rustup components). Idempotent; run as root.
-//! - `test`: formatting and lint checks, then every test (unit, then integration tests that
-//!   build their own network namespaces; run as root).
+//!   rustup components, bpf-linker, the Kubernetes binaries). Idempotent; run as root. `lab` and
+//!   `test` run it themselves, so a fresh machine needs no separate step.
+//! - `test`: setup, formatting and lint checks, then every test (unit, then integration tests
+//!   that build their own network namespaces; run as root).
 //! - `crd`: regenerate `deploy/crd.yaml` from the Rust types.
 //! - `kube-build` / `kube-up`: a real kube-apiserver (built from Debian's source package into a
 //!   version-keyed cache) started on loopback, for the Kubernetes tests and by hand.
@@ -157,7 +158,9 @@ fn ensure_bpf_linker() -> Result<()> {
     Ok(())
 }
 
-fn setup() -> Result<()> {
+/// What building and running the lab need: apt packages, rustup components, bpf-linker.
+/// Idempotent and quick when everything is present.
+fn setup_build() -> Result<()> {
     let missing: Vec<&str> = APT_PACKAGES
         .iter()
         .copied()
@@ -187,13 +190,19 @@ fn setup() -> Result<()> {
     let mut src = Command::new("rustup");
     src.args(["component", "add", "rust-src", "--toolchain", "nightly"]);
     run(src)?;
-    ensure_bpf_linker()?;
+    ensure_bpf_linker()
+}
+
+/// Everything the tests need too: the Kubernetes binaries built from Debian's source.
+fn setup() -> Result<()> {
+    setup_build()?;
     kube_build()?;
     println!("setup done");
     Ok(())
 }
 
 fn test(extra: &[String]) -> Result<()> {
+    setup()?;
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
     run(fmt).context("code is not formatted: run `cargo fmt --all`")?;
@@ -323,6 +332,7 @@ fn main() -> Result<()> {
         Some("kube-up") => kube_up(&args[1..]),
         Some("build-ebpf") => build_ebpf(),
         Some("lab") => {
+            setup_build()?;
             let mut c = cargo();
             c.args(["run", "-q", "--bin", "peerwall", "--", "lab"])
                 .args(&args[1..]);
