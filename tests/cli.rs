@@ -173,7 +173,7 @@ fn provider_protection_both_engines() {
 /// offloaded, through any of Liqo's tunnels (`liqo-tunnel`, `liqo-tunnel1`, …).
 #[test]
 fn controller_policy_passes_replies_on_all_engines() {
-    use peerwall::protection::{gateway_spec, Options, PeerSets, DEFAULT_TUNNEL};
+    use peerwall::protection::{gateway_object, Options, Peer, PeerSets, DEFAULT_TUNNEL};
     require_root();
     let sets = PeerSets {
         offloaded: ["10.20.1.2".parse().unwrap()].into(),
@@ -184,11 +184,11 @@ fn controller_policy_passes_replies_on_all_engines() {
         tunnel: DEFAULT_TUNNEL.into(),
         block_leaf_to_leaf: false,
     };
-    let doc = serde_json::json!({
-        "apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
-        "metadata": {"name": "peerwall-gateway", "namespace": "liqo-tenant-cluster1"},
-        "spec": gateway_spec("cluster1", &sets, &opts),
-    });
+    let peer = Peer {
+        id: "cluster1".into(),
+        tenant_namespace: "liqo-tenant-cluster1".into(),
+    };
+    let doc = gateway_object(&peer, &sets, &opts);
     let dir = std::env::temp_dir().join(format!("pw-cli-ctrl-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("gateway.yaml");
@@ -199,84 +199,41 @@ fn controller_policy_passes_replies_on_all_engines() {
             r#"{{"verdict":"{verdict}","table":"peerwall_cluster1","chain":"from_peer","rule":"{rule}"}}"#
         )
     };
-    for tunnel in ["liqo-tunnel", "liqo-tunnel1"] {
-        let fwd = ["--iif", tunnel, "--oif", "liqo.abcdefghij"];
-        fn case<'a>(fwd: &[&'a str], extra: &[&'a str]) -> Vec<&'a str> {
-            let mut p: Vec<&str> = fwd.to_vec();
-            p.extend_from_slice(extra);
-            p
-        }
+    // (packet, deciding rule, verdict)
+    let cases = [
         // A provider pod's connection to a consumer pod: its reply comes back through the tunnel.
-        both_engines(
-            &f,
-            &case(
-                &fwd,
-                &[
-                    "--src",
-                    "10.10.1.67",
-                    "--dst",
-                    "10.20.3.1",
-                    "--proto",
-                    "tcp",
-                    "--sport",
-                    "80",
-                    "--dport",
-                    "40000",
-                    "--ct-state",
-                    "established",
-                ],
-            ),
-            &verdict_of("replies", "accept"),
-        );
-        both_engines(
-            &f,
-            &case(
-                &fwd,
-                &[
-                    "--src",
-                    "10.10.1.67",
-                    "--dst",
-                    "10.20.3.1",
-                    "--proto",
-                    "icmp",
-                    "--ct-state",
-                    "related",
-                ],
-            ),
-            &verdict_of("replies", "accept"),
-        );
+        (
+            "--src 10.10.1.67 --dst 10.20.3.1 --proto tcp --sport 80 --dport 40000 --ct-state established",
+            "replies",
+            "accept",
+        ),
+        (
+            "--src 10.10.1.67 --dst 10.20.3.1 --proto icmp --ct-state related",
+            "replies",
+            "accept",
+        ),
         // The consumer opening a connection to a pod it did not offload: dropped.
-        both_engines(
-            &f,
-            &case(
-                &fwd,
-                &[
-                    "--src",
-                    "10.10.1.67",
-                    "--dst",
-                    "10.20.3.1",
-                    "--proto",
-                    "tcp",
-                ],
-            ),
-            &verdict_of("default_deny", "drop"),
-        );
+        (
+            "--src 10.10.1.67 --dst 10.20.3.1 --proto tcp",
+            "default_deny",
+            "drop",
+        ),
         // To what it offloaded: accepted.
-        both_engines(
-            &f,
-            &case(
-                &fwd,
-                &[
-                    "--src",
-                    "10.10.1.67",
-                    "--dst",
-                    "10.20.1.2",
-                    "--proto",
-                    "tcp",
-                ],
-            ),
-            &verdict_of("to_offloaded", "accept"),
-        );
+        (
+            "--src 10.10.1.67 --dst 10.20.1.2 --proto tcp",
+            "to_offloaded",
+            "accept",
+        ),
+    ];
+    for tunnel in ["liqo-tunnel", "liqo-tunnel1"] {
+        for (pkt, rule, verdict) in cases {
+            let mut p = vec!["--iif", tunnel, "--oif", "liqo.abcdefghij"];
+            p.extend(pkt.split_whitespace());
+            let expected = format!(
+                r#"{{"verdict":"{verdict}","table":"peerwall_cluster1","chain":"from_peer","rule":"{rule}"}}"#
+            );
+            both_engines(&f, &p, &expected);
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

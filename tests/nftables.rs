@@ -384,7 +384,7 @@ fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
 /// our local pods) and leaf-to-leaf blocking (but not our pods on other peers).
 #[test]
 fn controller_gateway_policy_protects_both_sides() {
-    use peerwall::protection::{gateway_spec, Options, PeerSets};
+    use peerwall::protection::{gateway_object, Options, Peer, PeerSets};
     let t = Topology::new();
     let ips = |v: &[&str]| v.iter().map(|s| s.parse().unwrap()).collect();
     // Seen from this gateway: 10.10.1.67 is one of our pods the peer runs for us; 10.20.1.2 was
@@ -399,11 +399,11 @@ fn controller_gateway_policy_protects_both_sides() {
             tunnel: TUNNEL.into(),
             block_leaf_to_leaf: leaf,
         };
-        let doc = serde_json::json!({
-            "apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
-            "metadata": {"name": "peerwall-gateway", "namespace": "liqo-tenant-a"},
-            "spec": gateway_spec("a", &sets, &opts),
-        });
+        let peer = Peer {
+            id: "a".into(),
+            tenant_namespace: "liqo-tenant-a".into(),
+        };
+        let doc = gateway_object(&peer, &sets, &opts);
         let obj = peerwall::api::load::object_from_json(doc, peerwall::api::load::Group::Peerwall)
             .expect("decode");
         let policy = compile::compile(&[obj]).expect("compile").policy;

@@ -19,6 +19,20 @@ pub struct AddrItem {
     pub advice: Option<Advice>,
 }
 
+/// A CIDR, normalised to its network; host bits set come back as advice (as nft does it).
+fn parse_cidr(raw: &str) -> Result<(IpNet, Option<Advice>), Problem> {
+    let net: IpNet = raw
+        .trim()
+        .parse()
+        .map_err(|_| Problem::NotAnAddress(raw.to_string()))?;
+    let trunc = net.trunc();
+    let advice = (trunc != net).then(|| Advice::HostBitsSet {
+        value: raw.to_string(),
+        normalized: trunc.to_string(),
+    });
+    Ok((trunc, advice))
+}
+
 /// Parse one address, CIDR or `a-b` range.
 pub fn parse_addr_item(raw: &str) -> Result<AddrItem, Problem> {
     let s = raw.trim();
@@ -45,16 +59,9 @@ pub fn parse_addr_item(raw: &str) -> Result<AddrItem, Problem> {
         });
     }
     if s.contains('/') {
-        let net: IpNet = s
-            .parse()
-            .map_err(|_| Problem::NotAnAddress(raw.to_string()))?;
-        let trunc = net.trunc();
-        let advice = (trunc != net).then(|| Advice::HostBitsSet {
-            value: raw.to_string(),
-            normalized: trunc.to_string(),
-        });
+        let (trunc, advice) = parse_cidr(raw)?;
         return Ok(AddrItem {
-            family: IpFamily::of(&net.addr()),
+            family: IpFamily::of(&trunc.addr()),
             range: AddrRange {
                 lo: addr_to_u128(&trunc.network()),
                 hi: addr_to_u128(&trunc.broadcast()),
@@ -103,15 +110,8 @@ pub fn parse_port_item(raw: &str) -> Result<(u16, u16), Problem> {
 pub fn parse_nat_target(raw: &str) -> Result<(NatTarget, Option<Advice>), Problem> {
     let s = raw.trim();
     if s.contains('/') {
-        let net: IpNet = s
-            .parse()
-            .map_err(|_| Problem::NotAnAddress(raw.to_string()))?;
-        let trunc = net.trunc();
-        let advice = (trunc != net).then(|| Advice::HostBitsSet {
-            value: raw.to_string(),
-            normalized: trunc.to_string(),
-        });
-        return Ok((NatTarget::Prefix(trunc), advice));
+        let (net, advice) = parse_cidr(raw)?;
+        return Ok((NatTarget::Prefix(net), advice));
     }
     s.parse::<IpAddr>()
         .map(|a| (NatTarget::Addr(a), None))
