@@ -194,11 +194,6 @@ fn controller_policy_passes_replies_on_all_engines() {
     let file = dir.join("gateway.yaml");
     std::fs::write(&file, doc.to_string()).unwrap();
     let f = [file.to_str().unwrap()];
-    let verdict_of = |rule: &str, verdict: &str| {
-        format!(
-            r#"{{"verdict":"{verdict}","table":"peerwall_cluster1","chain":"from_peer","rule":"{rule}"}}"#
-        )
-    };
     // (packet, deciding rule, verdict)
     let cases = [
         // A provider pod's connection to a consumer pod: its reply comes back through the tunnel.
