@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use common::*;
-use peerwall::backend::bpf::compile::Iface;
-use peerwall::backend::bpf::loader::{self, BpfBackend};
+use peerwall_backend_bpf::compile::Iface;
+use peerwall_backend_bpf::loader::{self, BpfBackend};
 
 /// A private pin directory under bpffs, removed (with its links) on drop.
 struct Pins(PathBuf);
@@ -419,8 +419,8 @@ fn verifier_accepts_the_largest_policy() {
         ));
     }
     let yaml = format!("apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: big}}\nspec:\n  table:\n    name: big\n    family: INET\n    chains:\n{chains}");
-    let objs = peerwall::api::load::parse_documents(&yaml, "big").unwrap();
-    let policy = peerwall::compile::compile(&objs).unwrap().policy;
+    let objs = peerwall_intent::load::parse_documents(&yaml, "big").unwrap();
+    let policy = peerwall_policy::compile::compile(&objs).unwrap().policy;
     let pins = Pins::new("big");
     let mut b = BpfBackend::load(&pins.0).expect("load");
     let ifaces = [Iface {
@@ -431,7 +431,7 @@ fn verifier_accepts_the_largest_policy() {
     assert_eq!(report.prefixes, 16 * 1023);
     b.tc_program().expect("the verifier accepts the tc program");
     // And it decides: the last rule of the last chain.
-    let pkt = peerwall::ir::Packet {
+    let pkt = peerwall_policy::ir::Packet {
         src: "10.3.254.9".parse().unwrap(),
         dst: "10.20.0.1".parse().unwrap(),
         proto: 6,
@@ -439,11 +439,11 @@ fn verifier_accepts_the_largest_policy() {
         dport: 2022,
         iif: Some("liqo.y".into()),
         oif: Some("liqo.x".into()),
-        ct_state: peerwall::ir::CtState::New,
+        ct_state: peerwall_policy::ir::CtState::New,
     };
-    let expected = peerwall::ir::evaluate(&policy, &pkt);
+    let expected = peerwall_policy::ir::evaluate(&policy, &pkt);
     assert_eq!(expected.rule.as_deref(), Some("r1022"));
-    let mut probe = peerwall::probe::bpf::BpfProbe::new(
+    let mut probe = peerwall_probe::bpf::BpfProbe::new(
         &policy,
         &["liqo.x".to_string(), "liqo.y".to_string()],
         pins.0.parent().unwrap(),

@@ -12,13 +12,13 @@
 mod common;
 
 use common::require_root;
-use peerwall::api::types::*;
-use peerwall::backend::bpf::loader::ensure_bpffs;
-use peerwall::compile::compile;
-use peerwall::ir::{self, CtState, Packet, Policy, Verdict};
-use peerwall::probe::bpf::BpfProbe;
-use peerwall::probe::{NftProbe, ProbeError};
-use peerwall::testgen::{as_yaml, objects, random_packet, random_specs, IFACES};
+use peerwall_backend_bpf::loader::ensure_bpffs;
+use peerwall_intent::types::*;
+use peerwall_policy::compile::compile;
+use peerwall_policy::ir::{self, CtState, Packet, Policy, Verdict};
+use peerwall_policy::testgen::{as_yaml, objects, random_packet, random_specs, IFACES};
+use peerwall_probe::bpf::BpfProbe;
+use peerwall_probe::{NftProbe, ProbeError};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 

@@ -640,7 +640,7 @@ async fn install_liqo_crd(client: &Client) {
     api.create(&pp, &serde_json::from_value(crd).unwrap())
         .await
         .unwrap();
-    let liqo = peerwall::k8s::resource_of(peerwall::api::load::Group::Liqo);
+    let liqo = peerwall::k8s::resource_of(peerwall_intent::load::Group::Liqo);
     let fwc: Api<DynamicObject> = Api::all_with(client.clone(), &liqo);
     eventually(
         "Liqo's resource to be served",
@@ -657,7 +657,7 @@ fn liqo_api(client: &Client, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(
         client.clone(),
         ns,
-        &peerwall::k8s::resource_of(peerwall::api::load::Group::Liqo),
+        &peerwall::k8s::resource_of(peerwall_intent::load::Group::Liqo),
     )
 }
 
@@ -683,7 +683,7 @@ async fn create_liqo_shapes(client: &Client, suffix: &str) -> Vec<(String, Strin
 
 /// `metadata.resourceVersion` of every Liqo FirewallConfiguration.
 async fn liqo_versions(client: &Client) -> BTreeSet<(String, String)> {
-    let liqo = peerwall::k8s::resource_of(peerwall::api::load::Group::Liqo);
+    let liqo = peerwall::k8s::resource_of(peerwall_intent::load::Group::Liqo);
     Api::<DynamicObject>::all_with(client.clone(), &liqo)
         .list(&Default::default())
         .await

@@ -9,10 +9,10 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use peerwall::api::load;
-use peerwall::backend::bpf::compile::{self as bpf, Iface};
-use peerwall::backend::nftables::{render, Nft, NftBackend};
-use peerwall::compile::{self, PolicyObject};
+use peerwall_backend_bpf::compile::{self as bpf, Iface};
+use peerwall_backend_nftables::{render, Nft, NftBackend};
+use peerwall_intent::load;
+use peerwall_policy::compile::{self, PolicyObject};
 
 /// Every Liqo shape with what its nftables rendering must say, and whether a gateway enforces
 /// it (gateway objects are applied together, as in one gateway; fabric objects run on nodes,
@@ -94,7 +94,7 @@ fn ifaces() -> Vec<Iface> {
 }
 
 /// The rule names of a compiled table.
-fn rule_names(p: &peerwall::ir::Policy) -> Vec<String> {
+fn rule_names(p: &peerwall_policy::ir::Policy) -> Vec<String> {
     p.tables
         .iter()
         .flat_map(|t| &t.chains)
@@ -160,7 +160,7 @@ fn check_shape(file: &str) {
         compile::compile(std::slice::from_ref(&obj)).unwrap_or_else(|e| panic!("{file}: {e}"));
     let text: String = render::render_policy(&compiled.policy, Default::default())
         .iter()
-        .map(peerwall::backend::nftables::text::table_text)
+        .map(peerwall_backend_nftables::text::table_text)
         .collect();
     for e in *expect {
         assert!(text.contains(e), "{file}: {e:?} not in\n{text}");
@@ -449,7 +449,7 @@ fn the_bpf_backend_accepts_liqo_shapes_and_names_what_it_leaves_to_nftables() {
 }
 
 fn loader_pins(tag: &str) -> PathBuf {
-    let root = peerwall::backend::bpf::loader::ensure_bpffs().expect("bpffs");
+    let root = peerwall_backend_bpf::loader::ensure_bpffs().expect("bpffs");
     root.join(format!("pwt-{tag}-{}", std::process::id()))
 }
 
@@ -458,6 +458,6 @@ struct RemovePins(PathBuf);
 
 impl Drop for RemovePins {
     fn drop(&mut self) {
-        let _ = peerwall::backend::bpf::loader::remove_pins(&self.0);
+        let _ = peerwall_backend_bpf::loader::remove_pins(&self.0);
     }
 }

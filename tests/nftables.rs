@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use peerwall::backend::nftables::{Drift, Nft, NftBackend};
-use peerwall::compile;
+use peerwall_backend_nftables::{Drift, Nft, NftBackend};
+use peerwall_policy::compile;
 
 fn nft_list(ns: &NetNs, args: &[&str]) -> String {
     let mut full = vec!["nft"];
@@ -14,8 +14,8 @@ fn nft_list(ns: &NetNs, args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn compile_file(rel: &str) -> peerwall::ir::Policy {
-    let objs = peerwall::api::load::load_paths(&[repo(rel)]).expect("loads");
+fn compile_file(rel: &str) -> peerwall_policy::ir::Policy {
+    let objs = peerwall_intent::load::load_paths(&[repo(rel)]).expect("loads");
     compile::compile(&objs).expect("compiles").policy
 }
 
@@ -86,14 +86,14 @@ fn provider_protection_default_deny_and_set_updates_in_place() {
 
     // Offload one more pod: only a set element changes, in place.
     let table = &mut policy.tables[0];
-    let peerwall::ir::SetElements::Addr(a) = &table.sets[0].elements else {
+    let peerwall_policy::ir::SetElements::Addr(a) = &table.sets[0].elements else {
         panic!()
     };
-    let extra = peerwall::ir::AddrSet::from_nets(
-        peerwall::ir::IpFamily::V4,
+    let extra = peerwall_policy::ir::AddrSet::from_nets(
+        peerwall_policy::ir::IpFamily::V4,
         ["10.20.3.1/32".parse().unwrap()],
     );
-    table.sets[0].elements = peerwall::ir::SetElements::Addr(a.union(&extra));
+    table.sets[0].elements = peerwall_policy::ir::SetElements::Addr(a.union(&extra));
     let r = b.apply(&policy).expect("update");
     assert!(r.recreated.is_empty(), "{r:?}");
     assert_eq!(r.updated, vec!["peerwall_cluster1"]);
@@ -404,8 +404,9 @@ fn controller_gateway_policy_protects_both_sides() {
             tenant_namespace: "liqo-tenant-a".into(),
         };
         let doc = gateway_object(&peer, &sets, &opts);
-        let obj = peerwall::api::load::object_from_json(doc, peerwall::api::load::Group::Peerwall)
-            .expect("decode");
+        let obj =
+            peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
+                .expect("decode");
         let policy = compile::compile(&[obj]).expect("compile").policy;
         NftBackend::new(Nft::in_netns(t.gateway.name()))
             .apply(&policy)

@@ -16,13 +16,13 @@ use std::time::Instant;
 
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::{IpNet, Ipv4Net};
-use peerwall::backend::bpf::compile::Iface;
-use peerwall::backend::bpf::loader::{ensure_bpffs, remove_pins, BpfBackend};
-use peerwall::ir::{
+use peerwall_backend_bpf::compile::Iface;
+use peerwall_backend_bpf::loader::{ensure_bpffs, remove_pins, BpfBackend};
+use peerwall_policy::ir::{
     self, Action, AddrSet, Chain, ChainKind, Dir, Hook, IpFamily, Match, Origin, Policy, PortSet,
     Rule, Source, Table, TableFamily, Test, VerdictAction,
 };
-use peerwall::probe::packet::{build_ip, ethernet, Shape};
+use peerwall_probe::packet::{build_ip, ethernet, Shape};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -129,7 +129,7 @@ fn frame_to(dst: Ipv4Addr) -> Vec<u8> {
 }
 
 fn ctx() -> [u8; 192] {
-    // Probe mode: forward path, oif 2, iif 1 (see peerwall::probe::bpf).
+    // Probe mode: forward path, oif 2, iif 1 (see peerwall_probe::bpf).
     let mut c = [0u8; 192];
     for (i, v) in [peerwall_common::PROBE_MAGIC, 1, 2, 1].iter().enumerate() {
         c[48 + i * 4..52 + i * 4].copy_from_slice(&v.to_ne_bytes());

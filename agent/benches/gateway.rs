@@ -44,8 +44,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use peerwall::netns::NetNs;
 use peerwall::protection::{self, Options, PeerSets};
+use peerwall_backend::netns::NetNs;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -201,7 +201,7 @@ impl Lab {
         // ICMP is sent when forwarding is off).
         rcv.sysctl("net.ipv4.ip_forward", "0").expect("sysctl");
         let gw_mac = mac_of(&gw, TUNNEL);
-        peerwall::backend::bpf::loader::ensure_bpffs().expect("bpffs");
+        peerwall_backend_bpf::loader::ensure_bpffs().expect("bpffs");
         let dir = std::env::temp_dir().join(format!("peerwall-bench-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("tmp dir");

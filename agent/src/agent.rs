@@ -14,10 +14,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 
-use crate::api::load;
-use crate::backend::bpf::{compile::Iface, loader};
-use crate::backend::nftables::{Nft, NftBackend};
-use crate::compile;
+use peerwall_backend_bpf::{compile::Iface, loader};
+use peerwall_backend_nftables::{Nft, NftBackend};
+use peerwall_intent::load;
+use peerwall_policy::compile;
 
 /// Where policies come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -126,7 +126,7 @@ impl NsWorker {
 }
 
 impl Enforcer {
-    fn apply(&mut self, policy: &crate::ir::Policy) -> anyhow::Result<String> {
+    fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> anyhow::Result<String> {
         match self {
             Enforcer::InNetns(w) => {
                 let p = policy.clone();
@@ -197,7 +197,7 @@ impl Enforcer {
     }
 
     /// Rule counters of what is applied.
-    fn counters(&mut self) -> anyhow::Result<Vec<crate::backend::nftables::RuleCounter>> {
+    fn counters(&mut self) -> anyhow::Result<Vec<peerwall_backend_nftables::RuleCounter>> {
         Ok(match self {
             Enforcer::InNetns(w) => w.call(|e| e.counters())??,
             Enforcer::Nft(b) => b.counters()?,

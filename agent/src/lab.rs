@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use crate::netns::NetNs;
 use crate::protection;
+use peerwall_backend::netns::NetNs;
 
 /// Something the lab must undo.
 #[derive(Debug)]
@@ -63,7 +63,7 @@ fn undo_items(registered: &mut Vec<Undo>) {
                 unsafe { libc::kill(-(*pid as i32), libc::SIGKILL) };
             }
             Undo::Pins(p) => {
-                let _ = crate::backend::bpf::loader::remove_pins(p);
+                let _ = peerwall_backend_bpf::loader::remove_pins(p);
             }
             Undo::Dir(d) => {
                 let _ = std::fs::remove_dir_all(d);
@@ -578,7 +578,7 @@ fn run_backend(backend: &'static str, bin: &Path, keep: bool, reg: &Registry) ->
         )?;
         let pins = PathBuf::from(format!("/sys/fs/bpf/pwlab-{tag}-{}", c.name));
         if backend == "bpf" {
-            crate::backend::bpf::loader::ensure_bpffs()?;
+            peerwall_backend_bpf::loader::ensure_bpffs()?;
             if let Ok(mut g) = reg.lock() {
                 g.push(Undo::Pins(pins.clone()));
             }

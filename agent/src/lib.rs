@@ -1,21 +1,17 @@
-//! peerwall: a gateway firewall for Liqo multi-cluster peering.
+//! The `peerwall` binary's library: the edges around the pure core.
 //!
-//! The flow, one module per layer:
-//! [`api`] (FirewallConfiguration types and YAML loading) → [`compile`] (validation and lowering)
-//! → [`ir`] (the policy IR and the reference evaluator) → [`backend`] (nftables) → [`cli`].
-//! [`k8s`] is the Kubernetes edge (agent watch source, [`protection`] controllers, webhook).
-//! [`netns`] and [`probe`] drive real kernels for `peerwall verdict --engine nftables` and tests.
+//! The flow lives in its own crates: `peerwall-intent` (FirewallConfiguration, loading) →
+//! `peerwall-policy` (validation, the IR, the reference evaluator) → `peerwall-backend` (the
+//! interface and network namespaces) → `peerwall-backend-nftables` / `peerwall-backend-bpf` →
+//! the kernel (`ebpf/`). `peerwall-probe` asks real kernels for verdicts.
+//!
+//! Here: [`cli`] (commands), [`agent`] (the enforcement engine and the directory source),
+//! [`k8s`] (the Kubernetes edge: agent watch source, controller, webhook) over the pure
+//! [`protection`] decisions, [`metrics`], and [`lab`], the gateway lab.
 
 pub mod agent;
-pub mod api;
-pub mod backend;
 pub mod cli;
-pub mod compile;
-pub mod ir;
 pub mod k8s;
 pub mod lab;
 pub mod metrics;
-pub mod netns;
-pub mod probe;
 pub mod protection;
-pub mod testgen;

@@ -10,7 +10,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::backend::nftables::RuleCounter;
+use peerwall_backend_nftables::RuleCounter;
 
 /// Upper bounds (seconds) of the apply latency histogram.
 pub const APPLY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];

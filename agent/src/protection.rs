@@ -330,8 +330,8 @@ pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> Value {
 /// controller adds the owner reference.
 pub fn gateway_object(peer: &Peer, s: &PeerSets, opts: &Options) -> Value {
     json!({
-        "apiVersion": crate::api::load::API_VERSION,
-        "kind": crate::api::load::KIND,
+        "apiVersion": peerwall_intent::load::API_VERSION,
+        "kind": peerwall_intent::load::KIND,
         "metadata": {
             "name": GATEWAY_CONFIG,
             "namespace": peer.tenant_namespace,
@@ -363,7 +363,7 @@ pub fn network_policy_spec(consumer: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compile::{validate, PolicyObject};
+    use peerwall_policy::compile::{validate, PolicyObject};
 
     fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter()
@@ -455,10 +455,13 @@ mod tests {
             );
             let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
                 "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
-            let obj: PolicyObject =
-                crate::api::load::object_from_json(doc, crate::api::load::Group::Peerwall).unwrap();
+            let obj: PolicyObject = peerwall_intent::load::object_from_json(
+                doc,
+                peerwall_intent::load::Group::Peerwall,
+            )
+            .unwrap();
             validate(&obj).unwrap();
-            let compiled = crate::compile::compile(&[obj]).unwrap();
+            let compiled = peerwall_policy::compile::compile(&[obj]).unwrap();
             let t = &compiled.policy.tables[0];
             assert_eq!(t.name, "peerwall_a_1");
             let rules = &t.chains[0].rules;

@@ -9,11 +9,11 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::api::load;
-use crate::backend::nftables::{self, text, Nft, NftBackend, RenderOptions};
-use crate::compile::{self, Compiled};
-use crate::ir::{self, eval::proto, CtState, Packet};
-use crate::probe::{self, NftProbe};
+use peerwall_backend_nftables::{self as nftables, text, Nft, NftBackend, RenderOptions};
+use peerwall_intent::load;
+use peerwall_policy::compile::{self, Compiled};
+use peerwall_policy::ir::{self, eval::proto, CtState, Packet};
+use peerwall_probe::{self as probe, NftProbe};
 
 /// A failure, classified for the exit code.
 #[derive(Debug)]
@@ -91,7 +91,7 @@ pub struct BpfOpts {
     #[arg(long)]
     pub xdp: bool,
     /// Where maps and links are pinned.
-    #[arg(long, default_value = crate::backend::bpf::loader::PIN_DIR)]
+    #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
     pub pin_dir: PathBuf,
 }
 
@@ -221,13 +221,13 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
         backend: BackendKind,
         /// Where maps and links are pinned (bpf).
-        #[arg(long, default_value = crate::backend::bpf::loader::PIN_DIR)]
+        #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
         pin_dir: PathBuf,
     },
     /// Decode the pinned bpf datapath: live slot, attachments, hooks, chains, rule counters.
     Inspect {
         /// Where maps and links are pinned.
-        #[arg(long, default_value = crate::backend::bpf::loader::PIN_DIR)]
+        #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
         pin_dir: PathBuf,
         /// Output format.
         #[arg(long, value_enum, default_value_t = Output::Text)]
@@ -239,7 +239,7 @@ pub enum Command {
         #[arg(value_enum)]
         state: OnOff,
         /// Where maps are pinned.
-        #[arg(long, default_value = crate::backend::bpf::loader::PIN_DIR)]
+        #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
         pin_dir: PathBuf,
     },
     /// Show rule counters of peerwall's tables on this host.
@@ -377,7 +377,7 @@ pub fn crd_yaml() -> anyhow::Result<String> {
             _ => {}
         }
     }
-    let crd = crate::api::FirewallConfiguration::crd();
+    let crd = peerwall_intent::FirewallConfiguration::crd();
     let mut v = serde_json::to_value(&crd)?;
     if let Some(versions) = v.pointer_mut("/spec/versions") {
         strip_defaults(versions);
@@ -402,28 +402,28 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             output,
         } => {
             let compiled = load_and_compile(&files)?;
-            let ifaces = crate::backend::bpf::loader::host_ifaces()
+            let ifaces = peerwall_backend_bpf::loader::host_ifaces()
                 .context("listing interfaces")
                 .map_err(runtime)?;
-            let ifaces: Vec<crate::backend::bpf::compile::Iface> = ifaces
+            let ifaces: Vec<peerwall_backend_bpf::compile::Iface> = ifaces
                 .into_iter()
-                .map(|i| crate::backend::bpf::compile::Iface {
+                .map(|i| peerwall_backend_bpf::compile::Iface {
                     name: i.name,
                     ifindex: i.ifindex,
                 })
                 .collect();
             let bp =
-                crate::backend::bpf::compile::compile(&compiled.policy, &ifaces).map_err(input)?;
-            for note in crate::backend::bpf::compile::left_to_nftables(&compiled.policy) {
+                peerwall_backend_bpf::compile::compile(&compiled.policy, &ifaces).map_err(input)?;
+            for note in peerwall_backend_bpf::compile::left_to_nftables(&compiled.policy) {
                 tracing::warn!("{note}");
             }
-            let view = crate::backend::bpf::inspect::describe(&bp);
+            let view = peerwall_backend_bpf::inspect::describe(&bp);
             match output {
                 Output::Json => out(&format!(
                     "{}\n",
                     serde_json::to_string_pretty(&view).map_err(runtime)?
                 )),
-                Output::Text => out(&crate::backend::bpf::inspect::text(&view)),
+                Output::Text => out(&peerwall_backend_bpf::inspect::text(&view)),
             }
         }
         Command::Compile {
@@ -500,7 +500,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     })?
                 }
                 Engine::Bpf => {
-                    let parent = crate::backend::bpf::loader::ensure_bpffs()
+                    let parent = peerwall_backend_bpf::loader::ensure_bpffs()
                         .context("bpf filesystem")
                         .map_err(runtime)?;
                     let mut probe = probe::bpf::BpfProbe::new(
@@ -536,7 +536,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             backend: BackendKind::Bpf,
             bpf,
         } => {
-            use crate::backend::bpf::loader;
+            use peerwall_backend_bpf::loader;
             let compiled = load_and_compile(&files)?;
             loader::ensure_bpffs()
                 .context("bpf filesystem")
@@ -556,9 +556,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 )));
             }
             b.register_ifaces(&host).map_err(runtime)?;
-            let ifaces: Vec<crate::backend::bpf::compile::Iface> = host
+            let ifaces: Vec<peerwall_backend_bpf::compile::Iface> = host
                 .iter()
-                .map(|i| crate::backend::bpf::compile::Iface {
+                .map(|i| peerwall_backend_bpf::compile::Iface {
                     name: i.name.clone(),
                     ifindex: i.ifindex,
                 })
@@ -607,14 +607,14 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             backend: BackendKind::Bpf,
             pin_dir,
         } => {
-            let gone = crate::backend::bpf::loader::remove_pins(&pin_dir)
+            let gone = peerwall_backend_bpf::loader::remove_pins(&pin_dir)
                 .with_context(|| format!("removing {}", pin_dir.display()))
                 .map_err(runtime)?;
             tracing::info!(pins = gone.len(), "bpf datapath detached and unpinned");
             Ok(())
         }
         Command::Inspect { pin_dir, output } => {
-            let i = crate::backend::bpf::pinned::inspect(&pin_dir)
+            let i = peerwall_backend_bpf::pinned::inspect(&pin_dir)
                 .with_context(|| format!("pinned datapath in {}", pin_dir.display()))
                 .map_err(runtime)?;
             match output {
@@ -622,11 +622,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     "{}\n",
                     serde_json::to_string(&i).map_err(runtime)?
                 )),
-                Output::Text => out(&crate::backend::bpf::pinned::text(&i)),
+                Output::Text => out(&peerwall_backend_bpf::pinned::text(&i)),
             }
         }
         Command::AllowAll { state, pin_dir } => {
-            crate::backend::bpf::loader::set_allow_all_pinned(&pin_dir, state == OnOff::On)
+            peerwall_backend_bpf::loader::set_allow_all_pinned(&pin_dir, state == OnOff::On)
                 .with_context(|| format!("pinned datapath in {}", pin_dir.display()))
                 .map_err(runtime)?;
             tracing::warn!(allow_all = state == OnOff::On, "emergency switch set");

@@ -32,9 +32,9 @@ use kube::Resource;
 use serde_json::json;
 
 use crate::agent::Engine;
-use crate::api::load::Group;
-use crate::api::types::ConditionType;
-use crate::compile::PolicyObject;
+use peerwall_intent::load::Group;
+use peerwall_intent::types::ConditionType;
+use peerwall_policy::compile::PolicyObject;
 
 /// Settings of the Kubernetes source.
 #[derive(Clone, Debug)]
@@ -142,7 +142,7 @@ pub struct Settled {
     /// Refused keys with their status message.
     pub refused: Vec<(String, String)>,
     /// The policy of everything else.
-    pub compiled: crate::compile::Compiled,
+    pub compiled: peerwall_policy::compile::Compiled,
 }
 
 impl Settled {
@@ -162,7 +162,7 @@ pub fn settle(p: &mut Plan) -> Settled {
     let mut out = Settled::default();
     loop {
         let objs: Vec<PolicyObject> = p.enforce.values().cloned().collect();
-        let e = match crate::compile::compile(&objs) {
+        let e = match peerwall_policy::compile::compile(&objs) {
             Ok(compiled) => {
                 out.compiled = compiled;
                 return out;
@@ -392,8 +392,8 @@ impl Agent {
             cond["message"] = json!(m);
         }
         let body = json!({
-            "apiVersion": crate::api::load::API_VERSION,
-            "kind": crate::api::load::KIND,
+            "apiVersion": peerwall_intent::load::API_VERSION,
+            "kind": peerwall_intent::load::KIND,
             "status": { "conditions": [cond] },
         });
         let name = obj.metadata.name.clone().unwrap_or_default();
@@ -617,7 +617,7 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::load::parse_documents;
+    use peerwall_intent::load::parse_documents;
 
     fn object(name: &str, table: &str, policy: &str) -> PolicyObject {
         let y = format!(

@@ -1,6 +1,6 @@
 //! The Kubernetes edge: the agent's watch source, the provider/consumer-protection controllers
 //! and the admission webhook. Everything that decides (validation, desired objects) lives in the
-//! pure modules ([`crate::compile`], [`crate::protection`]); this module only moves objects
+//! pure modules ([`peerwall_policy::compile`], [`crate::protection`]); this module only moves objects
 //! between the API server and them.
 
 pub mod agent;
@@ -9,8 +9,8 @@ pub mod webhook;
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 
-use crate::api::load::{self, Group};
-use crate::compile::PolicyObject;
+use peerwall_intent::load::{self, Group};
+use peerwall_policy::compile::PolicyObject;
 
 /// Liqo's label naming the peer cluster of tenant namespaces, offloaded namespaces, virtual
 /// nodes and reflected pods.
@@ -154,7 +154,7 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 /// `Err` is the user-facing message.
 pub fn check(obj: &DynamicObject) -> Result<(PolicyObject, Vec<String>), String> {
     let po = to_policy_object(obj).map_err(|e| e.to_string())?;
-    match crate::compile::validate(&po) {
+    match peerwall_policy::compile::validate(&po) {
         Ok(warnings) => Ok((po, warnings.iter().map(|w| w.to_string()).collect())),
         Err(e) => Err(e.to_string()),
     }

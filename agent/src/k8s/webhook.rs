@@ -51,7 +51,7 @@ pub fn review(body: &[u8]) -> serde_json::Value {
         }
     };
     let resp = AdmissionResponse::from(&req);
-    if req.kind.group != crate::api::load::GROUP {
+    if req.kind.group != peerwall_intent::load::GROUP {
         tracing::debug!(group = %req.kind.group, name = %req.name, "not peerwall's: admitted");
         return to_json(resp);
     }

@@ -14,7 +14,6 @@
 //! Scalar fields that upstream declares as pointers are `Option` here: their absence is reported
 //! by validation with a field path instead of an opaque deserialization error.
 
-use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize};
 
@@ -28,17 +27,21 @@ where
 }
 
 /// Spec of a FirewallConfiguration: one nftables table.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
-#[kube(
-    group = "peerwall.io",
-    version = "v1alpha1",
-    kind = "FirewallConfiguration",
-    plural = "firewallconfigurations",
-    namespaced,
-    status = "FirewallConfigurationStatus",
-    shortname = "pwfc",
-    category = "peerwall",
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[cfg_attr(feature = "kube", derive(kube::CustomResource))]
+#[cfg_attr(
+    feature = "kube",
+    kube(
+        group = "peerwall.io",
+        version = "v1alpha1",
+        kind = "FirewallConfiguration",
+        plural = "firewallconfigurations",
+        namespaced,
+        status = "FirewallConfigurationStatus",
+        shortname = "pwfc",
+        category = "peerwall",
+        printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    )
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct FirewallConfigurationSpec {
@@ -272,7 +275,34 @@ pub struct NatRule {
     pub to: Option<String>,
     /// Free-form reference to the object the rule is for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub target_ref: Option<k8s_openapi::api::core::v1::ObjectReference>,
+    pub target_ref: Option<ObjectReference>,
+}
+
+/// Kubernetes' `ObjectReference` (core/v1), as Liqo's NAT rules carry it; informational only.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectReference {
+    /// API version of the referent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// Field within the referent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_path: Option<String>,
+    /// Kind of the referent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// Name of the referent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Namespace of the referent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Resource version of the referent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_version: Option<String>,
+    /// UID of the referent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
 }
 
 /// NAT type.

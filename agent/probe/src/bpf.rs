@@ -18,9 +18,11 @@ use peerwall_common::{FlowKey, ProbeRecord, PROBE_MAGIC};
 
 use super::packet::{self, Shape};
 use super::ProbeError;
-use crate::backend::bpf::compile::{family_code, BpfPolicy, Iface};
-use crate::backend::bpf::loader::{self, BpfBackend, BpfError};
-use crate::ir::{eval::proto, CtState, Packet, PacketPath, Policy, Verdict, VerdictAction};
+use peerwall_backend_bpf::compile::{family_code, BpfPolicy, Iface};
+use peerwall_backend_bpf::loader::{self, BpfBackend, BpfError};
+use peerwall_policy::ir::{
+    eval::proto, CtState, Packet, PacketPath, Policy, Verdict, VerdictAction,
+};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 const TC_ACT_OK: u32 = 0;
@@ -65,7 +67,7 @@ fn key(src: &std::net::IpAddr, dst: &std::net::IpAddr, p: u8, sport: u16, dport:
         sport: sport.to_be_bytes(),
         dport: dport.to_be_bytes(),
         proto: p,
-        family: family_code(crate::ir::IpFamily::of(src)),
+        family: family_code(peerwall_policy::ir::IpFamily::of(src)),
         _pad: [0; 2],
     }
 }

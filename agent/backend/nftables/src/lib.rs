@@ -18,7 +18,7 @@ use std::process::{Command, Stdio};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::ir;
+use peerwall_policy::ir;
 pub use plan::{plan, Plan};
 pub use render::{render_policy, render_table, RenderOptions, RenderedTable};
 
@@ -212,20 +212,7 @@ pub fn kernel_tables(objs: &[Value]) -> Vec<KernelTable> {
     tables
 }
 
-/// Packet and byte counts of one rule.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct RuleCounter {
-    /// Table.
-    pub table: String,
-    /// Chain.
-    pub chain: String,
-    /// Rule name (comment).
-    pub rule: String,
-    /// Packets.
-    pub packets: u64,
-    /// Bytes.
-    pub bytes: u64,
-}
+pub use peerwall_backend::RuleCounter;
 
 /// Counters of every named rule with a counter in owned tables of a listed ruleset.
 pub fn rule_counters(objs: &[Value]) -> Vec<RuleCounter> {

@@ -9,9 +9,9 @@
 use rand::rngs::StdRng;
 use rand::Rng;
 
-use crate::api::types::*;
 use crate::compile::PolicyObject;
 use crate::ir::{self, eval::proto, Origin, Packet};
+use peerwall_intent::types::*;
 
 /// Interface names policies and packets use.
 pub const IFACES: [&str; 3] = ["liqo-tunnel", "liqo.abcdefghij", "liqo.zyxwvutsrq"];
@@ -325,9 +325,14 @@ pub fn random_specs(rng: &mut StdRng) -> Vec<FirewallConfigurationSpec> {
         .collect()
 }
 
-/// A spec as a complete FirewallConfiguration document, ready for `peerwall verdict -f`.
+/// A spec as a complete FirewallConfiguration document (JSON, which YAML readers take), ready
+/// for `peerwall verdict -f`.
 pub fn as_yaml(i: usize, spec: &FirewallConfigurationSpec) -> String {
-    let mut fc = FirewallConfiguration::new(&format!("o{i}"), spec.clone());
-    fc.metadata.namespace = Some("diff".into());
-    serde_yaml::to_string(&fc).unwrap_or_default()
+    serde_json::json!({
+        "apiVersion": peerwall_intent::load::API_VERSION,
+        "kind": peerwall_intent::load::KIND,
+        "metadata": {"name": format!("o{i}"), "namespace": "diff"},
+        "spec": spec,
+    })
+    .to_string()
 }

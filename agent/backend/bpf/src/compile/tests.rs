@@ -4,9 +4,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::*;
-use crate::compile::compile as compile_ir;
-use crate::ir::{addr::AddrRange, evaluate, Packet};
-use crate::testgen::{objects, random_packet, random_specs, IFACES};
+use peerwall_policy::compile::compile as compile_ir;
+use peerwall_policy::ir::{addr::AddrRange, evaluate, Packet};
+use peerwall_policy::testgen::{objects, random_packet, random_specs, IFACES};
 
 fn ifaces() -> Vec<Iface> {
     IFACES
@@ -94,7 +94,7 @@ fn port_prefixes_cover_ranges() {
 fn enclosing_prefixes_carry_their_rules() {
     // r0: dst in 10.0.0.0/8; r1: dst in 10.1.0.0/16; r2: dst not in 10.1.2.3.
     let yaml = "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: x}\nspec:\n  table:\n    name: t\n    family: IPV4\n    chains:\n      - name: c\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: r0, action: drop, match: [{op: eq, ip: {value: 10.0.0.0/8, position: dst}}]}\n            - {name: r1, action: drop, match: [{op: eq, ip: {value: 10.1.0.0/16, position: dst}}]}\n            - {name: r2, action: drop, match: [{op: neq, ip: {value: 10.1.2.3, position: dst}}]}\n";
-    let objs = crate::api::load::parse_documents(yaml, "t").unwrap();
+    let objs = peerwall_intent::load::parse_documents(yaml, "t").unwrap();
     let policy = compile_ir(&objs).unwrap().policy;
     let bp = compile(&policy, &[]).unwrap();
     let c = &bp.chains[0];

@@ -8,8 +8,8 @@ use std::net::IpAddr;
 
 use etherparse::{IpNumber, PacketBuilder};
 
-use crate::ir::eval::proto;
-use crate::ir::Packet;
+use peerwall_policy::ir::eval::proto;
+use peerwall_policy::ir::Packet;
 
 /// Ethertype of IPv4.
 pub const ETH_P_IP: u16 = 0x0800;
@@ -263,7 +263,7 @@ pub fn is_unreachable_for(ip: &[u8], pkt: &Packet, marker: u32) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::CtState;
+    use peerwall_policy::ir::CtState;
 
     fn pkt(proto: u8, src: &str, dst: &str) -> Packet {
         Packet {

@@ -12,7 +12,7 @@
 
 use serde_json::{json, Value};
 
-use crate::ir::{
+use peerwall_policy::ir::{
     self, Action, AddrSet, Dir, IfDir, IpFamily, NatAction, NatTarget, PortSet, SetElements,
     Source, TableFamily, Test, VerdictAction,
 };
@@ -471,7 +471,7 @@ pub fn document(cmds: Vec<Value>) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ir::IpFamily;
+    use peerwall_policy::ir::IpFamily;
 
     fn set(nets: &[&str]) -> AddrSet {
         AddrSet::from_nets(IpFamily::V4, nets.iter().map(|n| n.parse().unwrap()))

@@ -20,15 +20,7 @@ pub struct Policy {
     pub tables: Vec<Table>,
 }
 
-/// Identity of the object a table came from (`namespace/name`, or a file origin).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Origin(pub String);
-
-impl fmt::Display for Origin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
+pub use peerwall_intent::Origin;
 
 /// nftables table family that peerwall enforces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -24,7 +24,7 @@ use peerwall_common::{
 };
 
 use super::compile::{self, family_code, BpfPolicy, ChainMaps, Iface};
-use crate::ir;
+use peerwall_policy::ir;
 
 /// The eBPF object, built by `agent/build.rs` from `ebpf/`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/peerwall"));
@@ -660,7 +660,7 @@ impl BpfBackend {
     }
 
     /// Packets and bytes per rule (and per chain policy) of the live slot, summed over CPUs.
-    pub fn counters(&mut self) -> Result<Vec<crate::backend::nftables::RuleCounter>, BpfError> {
+    pub fn counters(&mut self) -> Result<Vec<peerwall_backend::RuleCounter>, BpfError> {
         let Some(p) = self.policy.clone() else {
             return Ok(Vec::new());
         };
@@ -676,7 +676,7 @@ impl BpfBackend {
                 let (packets, bytes) = v
                     .iter()
                     .fold((0, 0), |(p, b), x| (p + x.packets, b + x.bytes));
-                out.push(crate::backend::nftables::RuleCounter {
+                out.push(peerwall_backend::RuleCounter {
                     table: c.table.clone(),
                     chain: c.chain.clone(),
                     rule,

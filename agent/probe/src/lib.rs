@@ -21,11 +21,13 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use crate::backend::nftables::{self, render, Nft, NftBackend, NftError, RuleCounter};
-use crate::ir::eval::{chains_on_path, proto};
-use crate::ir::{CtState, IpFamily, Packet, PacketPath, Policy, Test, Verdict, VerdictAction};
-use crate::netns::{NetNs, NetnsError};
 use packet::Shape;
+use peerwall_backend::netns::{NetNs, NetnsError};
+use peerwall_backend_nftables::{self as nftables, render, Nft, NftBackend, NftError, RuleCounter};
+use peerwall_policy::ir::eval::{chains_on_path, proto};
+use peerwall_policy::ir::{
+    CtState, IpFamily, Packet, PacketPath, Policy, Test, Verdict, VerdictAction,
+};
 use sock::{Direction, LinkSocket, RawIpSocket};
 
 /// Addresses the scratch gateway uses for itself (sources of its ICMP errors).
@@ -70,7 +72,7 @@ pub enum ProbeError {
     },
     /// The bpf datapath failed.
     #[error(transparent)]
-    Bpf(crate::backend::bpf::loader::BpfError),
+    Bpf(peerwall_backend_bpf::loader::BpfError),
     /// Output of `ip` was not understood.
     #[error("could not read interface {0} from `ip -j link`")]
     Link(String),

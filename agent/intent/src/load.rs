@@ -12,9 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::types::FirewallConfiguration;
-use crate::compile::PolicyObject;
-use crate::ir::Origin;
+use super::types::FirewallConfigurationSpec;
+use crate::{Origin, PolicyObject};
 
 /// peerwall's group.
 pub const GROUP: &str = "peerwall.io";
@@ -129,11 +128,7 @@ fn object_from_value(
             Ok(())
         }
         (Some(group), Some(KIND)) => {
-            let mut value = value;
-            if let Some(m) = value.as_mapping_mut() {
-                // The typed object is peerwall's; Liqo's schema is the same without extensions.
-                m.insert("apiVersion".into(), API_VERSION.into());
-            }
+            // Liqo's schema is peerwall's without the extensions: one reader for both.
             out.push(object_from(value, origin, group)?);
             Ok(())
         }
@@ -142,18 +137,34 @@ fn object_from_value(
     }
 }
 
+/// What the loader reads of an object: its name and namespace, and the spec. Everything else
+/// (labels, status, server bookkeeping) is ignored.
+#[derive(Deserialize)]
+struct Document {
+    #[serde(default)]
+    metadata: Metadata,
+    spec: FirewallConfigurationSpec,
+}
+
+#[derive(Deserialize, Default)]
+struct Metadata {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
+}
+
 /// Deserialize one FirewallConfiguration (from YAML or JSON), naming the field path on error.
 fn object_from<'de, D: serde::Deserializer<'de>>(
     value: D,
     origin: &str,
     group: Group,
 ) -> Result<PolicyObject, LoadError> {
-    let fc: FirewallConfiguration =
-        serde_path_to_error::deserialize(value).map_err(|e| LoadError::Field {
-            origin: origin.to_string(),
-            path: e.path().to_string(),
-            message: e.inner().to_string(),
-        })?;
+    let fc: Document = serde_path_to_error::deserialize(value).map_err(|e| LoadError::Field {
+        origin: origin.to_string(),
+        path: e.path().to_string(),
+        message: e.inner().to_string(),
+    })?;
     let name = fc
         .metadata
         .name
@@ -175,10 +186,7 @@ fn object_from<'de, D: serde::Deserializer<'de>>(
 /// One FirewallConfiguration of `group` as the API server sends it (a watch event, an
 /// admission review): the same field-path errors as files, origin `namespace/name` (Liqo's
 /// marked `liqo:`). `apiVersion` and `kind` are not checked: the caller knows the resource.
-pub fn object_from_json(
-    mut value: serde_json::Value,
-    group: Group,
-) -> Result<PolicyObject, LoadError> {
+pub fn object_from_json(value: serde_json::Value, group: Group) -> Result<PolicyObject, LoadError> {
     let origin = group.origin(
         value
             .pointer("/metadata/namespace")
@@ -189,12 +197,6 @@ pub fn object_from_json(
             .and_then(|v| v.as_str())
             .unwrap_or("?"),
     );
-    if let Some(o) = value.as_object_mut() {
-        // Server-side bookkeeping the spec types do not model.
-        o.remove("status");
-        o.insert("apiVersion".into(), API_VERSION.into());
-        o.insert("kind".into(), KIND.into());
-    }
     object_from(value, &origin, group)
 }
 

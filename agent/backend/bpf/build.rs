@@ -1,13 +1,15 @@
 //! Builds the eBPF object (`ebpf/`, nightly + bpf-linker) and leaves it in OUT_DIR, from where
-//! the agent embeds it: users run one binary. `cargo xtask setup` installs the toolchain.
+//! the loader embeds it: users run one binary. `cargo xtask setup` installs the toolchain.
 
 use std::path::PathBuf;
 
 fn main() -> anyhow::Result<()> {
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?);
+    // agent/backend/bpf → the workspace root.
     let root = manifest
-        .parent()
-        .ok_or_else(|| anyhow::anyhow!("agent/ has no parent"))?;
+        .ancestors()
+        .nth(3)
+        .ok_or_else(|| anyhow::anyhow!("{} is not agent/backend/bpf", manifest.display()))?;
     let ebpf = root.join("ebpf");
     let common = root.join("common");
     println!("cargo:rerun-if-changed={}", common.join("src").display());

@@ -10,24 +10,17 @@ pub mod values;
 
 use std::collections::HashMap;
 
-use crate::api::types as api;
 use crate::ir::{
     self, Action, AddrSet, ChainKind, Dir, Hook, IfDir, IpFamily, Match, NamedSet, NatAction,
     NatTarget, Origin, PortSet, SetElements, Source, TableFamily, Test, VerdictAction,
 };
 pub use errors::{Advice, CompileError, FieldError, ObjectErrors, Problem, Warning};
+use peerwall_intent::types as api;
 use values::{
     generated_rule_name, parse_addr_item, parse_nat_target, parse_port_item, parse_u32, split_list,
 };
 
-/// A FirewallConfiguration as compilation input.
-#[derive(Clone, Debug, PartialEq)]
-pub struct PolicyObject {
-    /// `namespace/name` or file origin.
-    pub origin: Origin,
-    /// The spec.
-    pub spec: api::FirewallConfigurationSpec,
-}
+pub use peerwall_intent::PolicyObject;
 
 /// A validated table and what to tell the user about it.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,8 +1,8 @@
 //! Validation and lowering, data in → data out.
 
 use super::*;
-use crate::api::load::{parse_documents, LoadError};
 use crate::ir::{evaluate, CtState, Packet, Verdict};
+use peerwall_intent::load::{parse_documents, LoadError};
 
 fn objects(yaml: &str) -> Vec<PolicyObject> {
     parse_documents(yaml, "test.yaml").expect("parses")
@@ -43,8 +43,8 @@ fn pkt(src: &str, dst: &str) -> Packet {
     }
 }
 
-const THESIS_BLOCK: &str = include_str!("../../../examples/thesis-block.yaml");
-const PROVIDER: &str = include_str!("../../../examples/provider-protection.yaml");
+const THESIS_BLOCK: &str = include_str!("../../../../examples/thesis-block.yaml");
+const PROVIDER: &str = include_str!("../../../../examples/provider-protection.yaml");
 
 #[test]
 fn thesis_block_example() {

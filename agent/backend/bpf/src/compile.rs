@@ -24,7 +24,7 @@ use peerwall_common::{
     ct, Bitmap, ChainInfo, DimMasks, HookChains, RuleInfo, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES,
 };
 
-use crate::ir::{
+use peerwall_policy::ir::{
     self, eval::proto, AddrSet, ChainKind, CtState, Dir, Hook, IfDir, IpFamily, PortSet, Test,
     VerdictAction,
 };

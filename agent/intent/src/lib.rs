@@ -1,0 +1,35 @@
+//! The intent API: what users (and peerwall's controller) write.
+//!
+//! [`types`] mirrors Liqo's FirewallConfiguration schema plus peerwall's filter extensions;
+//! [`load`] reads objects of either group from YAML or JSON with field-path errors. With the
+//! `kube` feature the spec is also a Kubernetes custom resource (`peerwall.io/v1alpha1`).
+//! Next in the flow: `peerwall-policy` validates and lowers these objects into the policy IR.
+
+pub mod load;
+pub mod types;
+
+use std::fmt;
+
+#[cfg(feature = "kube")]
+pub use types::FirewallConfiguration;
+pub use types::FirewallConfigurationSpec;
+
+/// Identity of the object a policy came from (`namespace/name`, Liqo's marked `liqo:`), carried
+/// through the IR so every rule traces back to it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Origin(pub String);
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A FirewallConfiguration as compilation input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyObject {
+    /// `namespace/name` (Liqo's objects `liqo:namespace/name`).
+    pub origin: Origin,
+    /// The spec.
+    pub spec: FirewallConfigurationSpec,
+}
