@@ -14,8 +14,11 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 
-use peerwall_backend_bpf::{compile::Iface, loader};
+use peerwall_backend::{Backend, Drift, HostInterface, InNetns, RuleCounter};
+use peerwall_backend_bpf::BpfEnforcer;
 use peerwall_backend_nftables::{Nft, NftBackend};
+
+use crate::cli::BackendKind;
 use peerwall_intent::load;
 use peerwall_policy::compile;
 
@@ -42,167 +45,43 @@ impl std::str::FromStr for PolicySource {
     }
 }
 
-/// The enforcing backend of a running agent.
-pub enum Enforcer {
-    /// nftables.
-    Nft(NftBackend),
-    /// eBPF.
-    Bpf {
-        /// Loaded datapath.
-        backend: Box<loader::BpfBackend>,
-        /// Interface patterns to attach to.
-        patterns: Vec<String>,
-        /// Attach XDP too.
-        xdp: bool,
-    },
-    /// A backend living on a thread inside another network namespace.
-    InNetns(NsWorker),
+/// Any [`Backend`], as the agent's edge drives it: errors become `anyhow` errors with context,
+/// reports become log text. One implementation for every backend, in or out of a namespace.
+pub trait Enforcer: Send {
+    /// `nftables` or `bpf`.
+    fn name(&self) -> &'static str;
+    /// Make `policy` the whole policy in force; the report as text.
+    fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> anyhow::Result<String>;
+    /// Restore what drifted.
+    fn repair(&mut self) -> anyhow::Result<Vec<Drift>>;
+    /// Rule counters of what is in force.
+    fn counters(&mut self) -> anyhow::Result<Vec<RuleCounter>>;
+    /// The part of the host the backend follows (bpf: interfaces).
+    fn environment(&self) -> Vec<HostInterface>;
 }
 
-type Job = Box<dyn FnOnce(&mut Enforcer) + Send>;
-
-/// A backend owned by a thread that entered another network namespace (a gateway pod's):
-/// every call runs there, so `nft` (a child of that thread), netlink, the FIB and the programs'
-/// attachments all target that namespace, while the agent's own sockets (the API server
-/// connection, `/metrics`) stay where the agent runs. bpffs is a mount, not part of the
-/// network namespace: pins stay under the host's `/sys/fs/bpf`.
-pub struct NsWorker {
-    ns: String,
-    tx: std::sync::mpsc::Sender<Job>,
-}
-
-impl NsWorker {
-    fn spawn(
-        ns: &str,
-        make: impl FnOnce() -> anyhow::Result<Enforcer> + Send + 'static,
-    ) -> anyhow::Result<Self> {
-        use std::os::fd::AsRawFd;
-        let path = format!("/run/netns/{ns}");
-        let file = std::fs::File::open(&path)
-            .with_context(|| format!("opening network namespace {path}"))?;
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<anyhow::Result<()>>();
-        std::thread::Builder::new()
-            .name(format!("enforcer-{ns}"))
-            .spawn(move || {
-                // SAFETY: setns on a valid namespace fd; affects only this thread.
-                if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    let _ = ready_tx.send(Err(std::io::Error::last_os_error().into()));
-                    return;
-                }
-                let mut enforcer = match make() {
-                    Ok(e) => e,
-                    Err(e) => {
-                        let _ = ready_tx.send(Err(e));
-                        return;
-                    }
-                };
-                let _ = ready_tx.send(Ok(()));
-                for job in rx {
-                    job(&mut enforcer);
-                }
-            })
-            .context("starting the enforcer thread")?;
-        ready_rx
-            .recv()
-            .context("the enforcer thread ended before starting")?
-            .with_context(|| format!("entering network namespace {ns}"))?;
-        Ok(Self { ns: ns.into(), tx })
+impl<B: Backend> Enforcer for B {
+    fn name(&self) -> &'static str {
+        Backend::name(self)
     }
 
-    fn call<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Enforcer) -> R + Send + 'static,
-    ) -> anyhow::Result<R> {
-        let (rtx, rrx) = std::sync::mpsc::channel();
-        let gone = || anyhow::anyhow!("the enforcer thread in network namespace {} ended", self.ns);
-        self.tx
-            .send(Box::new(move |e| {
-                let _ = rtx.send(f(e));
-            }))
-            .map_err(|_| gone())?;
-        rrx.recv().map_err(|_| gone())
-    }
-}
-
-impl Enforcer {
     fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> anyhow::Result<String> {
-        match self {
-            Enforcer::InNetns(w) => {
-                let p = policy.clone();
-                w.call(move |e| e.apply(&p))?
-            }
-            Enforcer::Nft(b) => {
-                let r = b.apply(policy).context("applying with nftables")?;
-                Ok(format!(
-                    "recreated={:?} updated={:?} deleted={:?} element_changes={}",
-                    r.recreated, r.updated, r.deleted, r.element_changes
-                ))
-            }
-            Enforcer::Bpf {
-                backend,
-                patterns,
-                xdp,
-            } => {
-                let host = loader::host_ifaces().context("listing interfaces")?;
-                backend.register_ifaces(&host)?;
-                let ifaces: Vec<Iface> = host
-                    .iter()
-                    .map(|i| Iface {
-                        name: i.name.clone(),
-                        ifindex: i.ifindex,
-                    })
-                    .collect();
-                let r = backend
-                    .apply(policy, &ifaces)
-                    .context("applying with bpf")?;
-                for t in loader::matching(&host, patterns) {
-                    backend
-                        .attach(t, *xdp)
-                        .with_context(|| format!("attaching to {}", t.name))?;
-                }
-                Ok(format!(
-                    "slot={} switched={} entries={}",
-                    r.active, r.switched, r.entries_changed
-                ))
-            }
-        }
+        let name = Backend::name(self);
+        Backend::apply(self, policy)
+            .map(|r| r.to_string())
+            .with_context(|| format!("applying with {name}"))
     }
 
-    /// Something outside the policy changed that the backend must follow: for bpf, the set of
-    /// interfaces (new `liqo.*` devices must be attached and resolved in the maps).
-    fn environment(&self) -> Vec<(String, u32)> {
-        match self {
-            Enforcer::InNetns(w) => w.call(|e| e.environment()).unwrap_or_default(),
-            Enforcer::Nft(_) => Vec::new(),
-            Enforcer::Bpf { .. } => loader::host_ifaces()
-                .map(|v| v.into_iter().map(|i| (i.name, i.ifindex)).collect())
-                .unwrap_or_default(),
-        }
+    fn repair(&mut self) -> anyhow::Result<Vec<Drift>> {
+        Backend::repair(self).context("drift repair")
     }
 
-    /// Restore drifted tables; returns how many.
-    fn repair(&mut self) -> anyhow::Result<usize> {
-        if let Enforcer::InNetns(w) = self {
-            return w.call(|e| e.repair())?;
-        }
-        if let Enforcer::Nft(b) = self {
-            let fixed = b.repair().context("drift repair")?;
-            if !fixed.is_empty() {
-                tracing::warn!(drift = ?fixed, "nftables drift repaired");
-            }
-            return Ok(fixed.len());
-        }
-        Ok(0)
+    fn counters(&mut self) -> anyhow::Result<Vec<RuleCounter>> {
+        Backend::counters(self).context("reading rule counters")
     }
 
-    /// Rule counters of what is applied.
-    fn counters(&mut self) -> anyhow::Result<Vec<peerwall_backend_nftables::RuleCounter>> {
-        Ok(match self {
-            Enforcer::InNetns(w) => w.call(|e| e.counters())??,
-            Enforcer::Nft(b) => b.counters()?,
-            Enforcer::Bpf { backend, .. } => backend.counters()?,
-        })
+    fn environment(&self) -> Vec<HostInterface> {
+        Backend::environment(self)
     }
 }
 
@@ -224,31 +103,23 @@ fn fingerprint(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime
     Ok(out)
 }
 
-/// Build the enforcer for a backend name. `netns` enforces in a named network namespace (for
-/// example a gateway's) from a thread that entered it, instead of the agent's own.
+/// Build the enforcer of `kind`. `netns` enforces in a named network namespace (for example
+/// a gateway's) from a thread that entered it ([`InNetns`]), instead of the agent's own.
 pub fn enforcer(
-    backend: &str,
+    kind: BackendKind,
     pin_dir: &Path,
     patterns: Vec<String>,
     xdp: bool,
     netns: Option<&str>,
-) -> anyhow::Result<Enforcer> {
-    if let Some(ns) = netns {
-        let (backend, pin_dir) = (backend.to_string(), pin_dir.to_path_buf());
-        return Ok(Enforcer::InNetns(NsWorker::spawn(ns, move || {
-            enforcer(&backend, &pin_dir, patterns, xdp, None)
-        })?));
-    }
-    Ok(match backend {
-        "nftables" => Enforcer::Nft(NftBackend::new(Nft::host())),
-        _ => {
-            loader::ensure_bpffs()?;
-            Enforcer::Bpf {
-                backend: Box::new(loader::BpfBackend::load(pin_dir)?),
-                patterns,
-                xdp,
-            }
-        }
+) -> anyhow::Result<Box<dyn Enforcer>> {
+    let pin_dir = pin_dir.to_path_buf();
+    let load_bpf = move || BpfEnforcer::load(&pin_dir, patterns, xdp);
+    let load_nft = || Ok(NftBackend::new(Nft::host()));
+    Ok(match (kind, netns) {
+        (BackendKind::Nftables, None) => Box::new(load_nft()?) as Box<dyn Enforcer>,
+        (BackendKind::Nftables, Some(ns)) => Box::new(InNetns::spawn(ns, load_nft)?),
+        (BackendKind::Bpf, None) => Box::new(load_bpf().context("loading the bpf datapath")?),
+        (BackendKind::Bpf, Some(ns)) => Box::new(InNetns::spawn(ns, load_bpf)?),
     })
 }
 
@@ -265,15 +136,15 @@ pub enum EnforceError {
 
 /// Compile-and-apply with metrics and logs: the part every policy source shares.
 pub struct Engine {
-    enforcer: Enforcer,
+    enforcer: Box<dyn Enforcer>,
     metrics: crate::metrics::Shared,
     generation: u64,
-    last_env: Option<Vec<(String, u32)>>,
+    last_env: Option<Vec<HostInterface>>,
 }
 
 impl Engine {
     /// An engine over a backend, reporting into `metrics`.
-    pub fn new(enforcer: Enforcer, metrics: crate::metrics::Shared) -> Self {
+    pub fn new(enforcer: Box<dyn Enforcer>, metrics: crate::metrics::Shared) -> Self {
         Self {
             enforcer,
             metrics,
@@ -349,7 +220,10 @@ impl Engine {
     /// Periodic upkeep: repair drift, refresh rule counters.
     pub fn maintain(&mut self) {
         match self.enforcer.repair() {
-            Ok(n) if n > 0 => self.update(|m| m.drift_repairs += n as u64),
+            Ok(fixed) if !fixed.is_empty() => {
+                tracing::warn!(drift = ?fixed, "drift repaired");
+                self.update(|m| m.drift_repairs += fixed.len() as u64);
+            }
             Ok(_) => {}
             Err(e) => tracing::error!(error = %format!("{e:#}"), "drift repair failed"),
         }

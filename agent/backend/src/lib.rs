@@ -1,10 +1,19 @@
-//! What every backend shares: the reports it gives back and the network namespaces it may
-//! enforce in. Implementations: `peerwall-backend-nftables` (one atomic nft transaction) and
+//! What every backend shares: the [`Backend`] interface, the reports it gives back, and the
+//! network namespaces it may enforce in ([`InNetns`] runs any backend inside another one).
+//! Implementations: `peerwall-backend-nftables` (one atomic nft transaction per apply) and
 //! `peerwall-backend-bpf` (tc/XDP programs over maps; the programs themselves are `ebpf/`).
+//! The CLI and the agent drive both through this trait only.
 
+pub mod in_netns;
 pub mod netns;
 
+use std::fmt;
+
 use serde::Serialize;
+
+use peerwall_policy::ir::Policy;
+
+pub use in_netns::{InNetns, InNetnsError};
 
 /// Packet and byte counts of one rule (`table/chain/rule`), as either backend reads them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -19,4 +28,68 @@ pub struct RuleCounter {
     pub packets: u64,
     /// Bytes.
     pub bytes: u64,
+}
+
+/// Something that differs in the kernel from what a backend applied.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub enum Drift {
+    /// The table is gone.
+    Missing {
+        /// Table.
+        table: String,
+    },
+    /// Chains, rules or set elements were changed.
+    Modified {
+        /// Table.
+        table: String,
+    },
+}
+
+/// An interface of the host as a backend sees it: name and index.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HostInterface {
+    /// Name.
+    pub name: String,
+    /// Index.
+    pub ifindex: u32,
+}
+
+/// An enforcer of the policy IR in one network namespace.
+///
+/// Contract: [`Backend::apply`] makes `policy` the whole policy in force, in one step that
+/// either happens completely or leaves the previous policy in force; applying the same policy
+/// twice changes nothing in the kernel.
+pub trait Backend: Send {
+    /// What an apply did (typed per backend; logged by the caller).
+    type Report: fmt::Debug + fmt::Display + Send + 'static;
+    /// Why something failed (the previous policy stays in force).
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// `nftables` or `bpf`.
+    fn name(&self) -> &'static str;
+
+    /// Make `policy` the whole policy in force.
+    fn apply(&mut self, policy: &Policy) -> Result<Self::Report, Self::Error>;
+
+    /// Remove everything this backend installed; returns what was removed.
+    fn delete(&mut self) -> Result<Vec<String>, Self::Error>;
+
+    /// Rule counters of what is in force.
+    fn counters(&mut self) -> Result<Vec<RuleCounter>, Self::Error>;
+
+    /// What in the kernel differs from what was applied (backends that cannot drift: none).
+    fn drift(&mut self) -> Result<Vec<Drift>, Self::Error> {
+        Ok(Vec::new())
+    }
+
+    /// Restore what drifted; returns what was repaired. Called periodically by the agent.
+    fn repair(&mut self) -> Result<Vec<Drift>, Self::Error> {
+        Ok(Vec::new())
+    }
+
+    /// The part of the host outside the policy that the backend follows (bpf: the
+    /// interfaces it resolves and attaches to). When it changes, the caller applies again.
+    fn environment(&self) -> Vec<HostInterface> {
+        Vec::new()
+    }
 }

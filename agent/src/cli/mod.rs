@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
+use peerwall_backend::Backend;
+use peerwall_backend_bpf::BpfEnforcer;
 use peerwall_backend_nftables::{self as nftables, text, Nft, NftBackend, RenderOptions};
 use peerwall_intent::load;
 use peerwall_policy::compile::{self, Compiled};
@@ -393,6 +395,27 @@ fn out(s: &str) -> Result<(), CliError> {
         .map_err(runtime)
 }
 
+/// The one apply path of every backend: make `policy` the whole policy in force and log what
+/// changed. `refused` tells a policy the backend cannot take (bad input, exit 2) from a
+/// failure of the host (exit 1).
+fn apply_with<B: Backend>(
+    b: &mut B,
+    policy: &ir::Policy,
+    refused: impl Fn(&B::Error) -> bool,
+) -> Result<(), CliError> {
+    let name = b.name();
+    match b.apply(policy) {
+        Ok(report) => {
+            tracing::info!(backend = name, rules = policy.rule_count(), %report, "policy applied");
+            Ok(())
+        }
+        Err(e) if refused(&e) => Err(input(e)),
+        Err(e) => Err(runtime(
+            anyhow::Error::new(e).context(format!("applying the {name} policy")),
+        )),
+    }
+}
+
 /// Run a parsed command line.
 pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
@@ -538,49 +561,24 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         } => {
             use peerwall_backend_bpf::loader;
             let compiled = load_and_compile(&files)?;
-            loader::ensure_bpffs()
-                .context("bpf filesystem")
-                .map_err(runtime)?;
-            let mut b = loader::BpfBackend::load(&bpf.pin_dir)
-                .with_context(|| {
-                    format!("loading the datapath (pins in {})", bpf.pin_dir.display())
-                })
-                .map_err(runtime)?;
+            // `apply` must attach somewhere (the agent instead waits for interfaces to appear).
             let host = loader::host_ifaces()
                 .context("listing interfaces")
                 .map_err(runtime)?;
-            let targets = loader::matching(&host, &bpf.interfaces);
-            if targets.is_empty() {
+            if loader::matching(&host, &bpf.interfaces).is_empty() {
                 return Err(runtime(loader::BpfError::NoInterface(
                     bpf.interfaces.clone(),
                 )));
             }
-            b.register_ifaces(&host).map_err(runtime)?;
-            let ifaces: Vec<peerwall_backend_bpf::compile::Iface> = host
-                .iter()
-                .map(|i| peerwall_backend_bpf::compile::Iface {
-                    name: i.name.clone(),
-                    ifindex: i.ifindex,
+            let mut b = BpfEnforcer::load(&bpf.pin_dir, bpf.interfaces.clone(), bpf.xdp)
+                .with_context(|| {
+                    format!("loading the datapath (pins in {})", bpf.pin_dir.display())
                 })
-                .collect();
-            // Maps first, then attach: a new interface never sees an empty policy.
-            let report = b.apply(&compiled.policy, &ifaces).map_err(|e| match e {
-                loader::BpfError::Compile(_) => input(e),
-                other => runtime(other),
+                .map_err(runtime)?;
+            apply_with(&mut b, &compiled.policy, |e| {
+                matches!(e, loader::BpfError::Compile(_))
             })?;
-            for t in &targets {
-                b.attach(t, bpf.xdp)
-                    .with_context(|| format!("attaching to {}", t.name))
-                    .map_err(runtime)?;
-            }
-            tracing::info!(
-                slot = report.active,
-                switched = report.switched,
-                entries = report.entries_changed,
-                prefixes = report.prefixes,
-                attached = ?b.attached(),
-                "bpf policy applied"
-            );
+            tracing::info!(attached = ?b.attached(), "bpf datapath attached");
             Ok(())
         }
         Command::Apply {
@@ -589,19 +587,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             bpf: _,
         } => {
             let compiled = load_and_compile(&files)?;
-            let mut b = NftBackend::new(Nft::host());
-            let report = b
-                .apply(&compiled.policy)
-                .context("applying the nftables policy")
-                .map_err(runtime)?;
-            tracing::info!(
-                recreated = ?report.recreated,
-                updated = ?report.updated,
-                deleted = ?report.deleted,
-                rules = compiled.policy.rule_count(),
-                "policy applied"
-            );
-            Ok(())
+            apply_with(&mut NftBackend::new(Nft::host()), &compiled.policy, |_| {
+                false
+            })
         }
         Command::Delete {
             backend: BackendKind::Bpf,
@@ -698,12 +686,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             metrics_addr,
         } => {
             let stop = stop_flag()?;
-            let name = match backend {
-                BackendKind::Nftables => "nftables",
-                BackendKind::Bpf => "bpf",
-            };
             let enforcer = crate::agent::enforcer(
-                name,
+                backend,
                 &bpf.pin_dir,
                 bpf.interfaces,
                 bpf.xdp,
@@ -711,6 +695,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             )
             .context("starting the backend")
             .map_err(runtime)?;
+            let name = enforcer.name();
             let metrics =
                 std::sync::Arc::new(std::sync::Mutex::new(crate::metrics::AgentMetrics {
                     backend: name,

@@ -97,6 +97,9 @@ pub enum BpfError {
     /// No interface matched the attach patterns.
     #[error("no interface matches {0:?}")]
     NoInterface(Vec<String>),
+    /// The host's interfaces could not be listed.
+    #[error("listing interfaces: {0}")]
+    ListInterfaces(#[source] std::io::Error),
 }
 
 fn map_err(map: &str) -> impl FnOnce(aya::maps::MapError) -> BpfError + '_ {

@@ -297,21 +297,7 @@ struct Snapshot {
     full: Vec<Value>,
 }
 
-/// How an applied table differs from what is in the kernel.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(tag = "kind", rename_all = "lowercase")]
-pub enum Drift {
-    /// The table is gone.
-    Missing {
-        /// Table.
-        table: String,
-    },
-    /// Chains, rules or set elements were changed.
-    Modified {
-        /// Table.
-        table: String,
-    },
-}
+pub use peerwall_backend::Drift;
 
 /// What an apply did.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -485,5 +471,44 @@ impl NftBackend {
             }
         }
         Ok(drift)
+    }
+}
+
+impl std::fmt::Display for ApplyReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "recreated={:?} updated={:?} deleted={:?} element_changes={}",
+            self.recreated, self.updated, self.deleted, self.element_changes
+        )
+    }
+}
+
+impl peerwall_backend::Backend for NftBackend {
+    type Report = ApplyReport;
+    type Error = NftError;
+
+    fn name(&self) -> &'static str {
+        "nftables"
+    }
+
+    fn apply(&mut self, policy: &ir::Policy) -> Result<ApplyReport, NftError> {
+        NftBackend::apply(self, policy)
+    }
+
+    fn delete(&mut self) -> Result<Vec<String>, NftError> {
+        self.delete_all()
+    }
+
+    fn counters(&mut self) -> Result<Vec<RuleCounter>, NftError> {
+        NftBackend::counters(self)
+    }
+
+    fn drift(&mut self) -> Result<Vec<Drift>, NftError> {
+        NftBackend::drift(self)
+    }
+
+    fn repair(&mut self) -> Result<Vec<Drift>, NftError> {
+        NftBackend::repair(self)
     }
 }

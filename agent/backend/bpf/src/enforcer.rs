@@ -1,0 +1,98 @@
+//! [`BpfEnforcer`]: the bpf datapath as a [`Backend`]. One apply path for the CLI and the agent:
+//! resolve the host's interfaces in the maps, write the policy (in place or through the idle
+//! slot), then attach to the interfaces the patterns pick — maps first, so a newly attached
+//! interface never sees an empty policy.
+
+use std::fmt;
+use std::path::Path;
+
+use peerwall_backend::{Backend, HostInterface, RuleCounter};
+use peerwall_policy::ir::Policy;
+
+use crate::compile::Iface;
+use crate::loader::{self, BpfApplyReport, BpfBackend, BpfError};
+
+/// The loaded datapath and where it attaches.
+#[derive(Debug)]
+pub struct BpfEnforcer {
+    backend: BpfBackend,
+    patterns: Vec<String>,
+    xdp: bool,
+}
+
+impl BpfEnforcer {
+    /// Load (or adopt) the datapath pinned in `pin_dir`; attach to interfaces matching
+    /// `patterns` (names, or prefixes ending in `*`), with XDP too when `xdp`.
+    pub fn load(pin_dir: &Path, patterns: Vec<String>, xdp: bool) -> Result<Self, BpfError> {
+        loader::ensure_bpffs()?;
+        Ok(Self {
+            backend: BpfBackend::load(pin_dir)?,
+            patterns,
+            xdp,
+        })
+    }
+
+    /// Interfaces the datapath is attached to.
+    pub fn attached(&self) -> Vec<String> {
+        self.backend.attached()
+    }
+}
+
+impl fmt::Display for BpfApplyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "slot={} switched={} entries={} prefixes={}",
+            self.active, self.switched, self.entries_changed, self.prefixes
+        )
+    }
+}
+
+impl Backend for BpfEnforcer {
+    type Report = BpfApplyReport;
+    type Error = BpfError;
+
+    fn name(&self) -> &'static str {
+        "bpf"
+    }
+
+    fn apply(&mut self, policy: &Policy) -> Result<BpfApplyReport, BpfError> {
+        let host = loader::host_ifaces().map_err(BpfError::ListInterfaces)?;
+        self.backend.register_ifaces(&host)?;
+        let ifaces: Vec<Iface> = host
+            .iter()
+            .map(|i| Iface {
+                name: i.name.clone(),
+                ifindex: i.ifindex,
+            })
+            .collect();
+        let report = self.backend.apply(policy, &ifaces)?;
+        for t in loader::matching(&host, &self.patterns) {
+            self.backend.attach(t, self.xdp)?;
+        }
+        Ok(report)
+    }
+
+    fn delete(&mut self) -> Result<Vec<String>, BpfError> {
+        loader::remove_pins(self.backend.pin_dir())
+    }
+
+    fn counters(&mut self) -> Result<Vec<RuleCounter>, BpfError> {
+        self.backend.counters()
+    }
+
+    fn environment(&self) -> Vec<HostInterface> {
+        // An interface list that cannot be read is treated as unchanged (empty): the next
+        // apply reports the error.
+        loader::host_ifaces()
+            .map(|v| {
+                v.into_iter()
+                    .map(|i| HostInterface {
+                        name: i.name,
+                        ifindex: i.ifindex,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
