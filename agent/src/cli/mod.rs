@@ -462,8 +462,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                     out(&s.join("\n"))
                 }
                 Output::Json => {
-                    let cmds = tables.iter().flat_map(|t| t.create_commands()).collect();
-                    let doc = nftables::render::document(cmds);
+                    let cmds: Vec<nftables::model::Command<'_>> = tables
+                        .iter()
+                        .map(nftables::model::Command::Create)
+                        .collect();
+                    let doc = nftables::json::document(&cmds);
                     out(&format!(
                         "{}\n",
                         serde_json::to_string_pretty(&doc).map_err(runtime)?

@@ -1,26 +1,31 @@
-//! The nftables backend (default).
+//! The nftables backend (default), in flow order:
 //!
-//! - [`render`]: IR → one nftables table per FirewallConfiguration (JSON), [`text`] for humans.
-//! - [`plan`]: pure diff between what was applied and what is desired: unchanged structure →
-//!   set element add/delete (O(changes)); changed structure → the table is recreated
-//!   (`add`+`delete`+definition) in the same transaction. Always one `nft -j -f` call.
-//! - [`NftBackend`]: the edge that runs `nft`, checks ownership, snapshots what it applied and
-//!   detects drift (someone deleted or edited our table), reads rule counters.
+//! - [`model`]: typed tables, sets, chains, rules, expressions and transaction commands;
+//! - [`render`]: IR → the model, one table per FirewallConfiguration; [`text`] for humans;
+//! - [`plan`]: pure diff of models: unchanged structure → set element add/delete
+//!   (O(changes)); changed structure → the table is recreated in the same transaction;
+//! - [`runner`]: who executes a transaction: the `nft` process ([`Nft`], the only place the
+//!   model becomes libnftables JSON, see [`json`]) or an in-memory fake ([`FakeNft`]);
+//! - [`NftBackend`]: checks ownership, applies one transaction, snapshots what it applied,
+//!   detects and repairs drift (someone deleted or edited our table), reads rule counters.
 
+pub mod json;
+pub mod model;
 pub mod plan;
 pub mod render;
+pub mod runner;
 pub mod text;
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 use serde::Serialize;
 use serde_json::Value;
 
+pub use model::Table;
 use peerwall_policy::ir;
 pub use plan::{plan, Plan};
 pub use render::{render_policy, render_table, RenderOptions, RenderedTable};
+pub use runner::{FakeNft, Nft, Runner};
 
 /// What went wrong talking to nftables.
 #[derive(Debug, thiserror::Error)]
@@ -56,121 +61,6 @@ pub enum NftError {
     },
 }
 
-/// How to invoke `nft`: in this network namespace or in a named one.
-#[derive(Clone, Debug, Default)]
-pub struct Nft {
-    netns: Option<String>,
-}
-
-impl Nft {
-    /// `nft` in the current network namespace.
-    pub fn host() -> Self {
-        Self { netns: None }
-    }
-
-    /// `nft` in the named network namespace (`ip netns exec`).
-    pub fn in_netns(name: &str) -> Self {
-        Self {
-            netns: Some(name.to_string()),
-        }
-    }
-
-    fn command(&self) -> Command {
-        match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "nft"]);
-                c
-            }
-            None => Command::new("nft"),
-        }
-    }
-
-    fn run(&self, action: &str, args: &[&str], stdin: Option<&str>) -> Result<String, NftError> {
-        let mut cmd = self.command();
-        cmd.args(args)
-            .stdin(if stdin.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let spawn_err = |source| NftError::Spawn {
-            program: "nft".into(),
-            source,
-        };
-        let mut child = cmd.spawn().map_err(spawn_err)?;
-        if let (Some(input), Some(mut pipe)) = (stdin, child.stdin.take()) {
-            pipe.write_all(input.as_bytes()).map_err(spawn_err)?;
-        }
-        let out = child.wait_with_output().map_err(spawn_err)?;
-        if !out.status.success() {
-            return Err(NftError::Failed {
-                action: action.to_string(),
-                status: out.status.to_string(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
-            });
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    }
-
-    /// Apply a JSON document in one transaction.
-    pub fn apply(&self, doc: &Value) -> Result<(), NftError> {
-        self.run("-j -f -", &["-j", "-f", "-"], Some(&doc.to_string()))
-            .map(|_| ())
-    }
-
-    /// Apply a text script in one transaction (used for helper tables).
-    pub fn apply_text(&self, script: &str) -> Result<(), NftError> {
-        self.run("-f -", &["-f", "-"], Some(script)).map(|_| ())
-    }
-
-    /// The whole ruleset as JSON objects (metainfo dropped).
-    pub fn list_ruleset(&self) -> Result<Vec<Value>, NftError> {
-        let out = self.run("list ruleset", &["-j", "list", "ruleset"], None)?;
-        objects(&out)
-    }
-
-    /// The ruleset without set elements (`-t`): tables, chains, rules with their counters and
-    /// set declarations. Milliseconds even when sets hold 100k elements (a full listing takes
-    /// about 0.4 s there).
-    pub fn list_ruleset_terse(&self) -> Result<Vec<Value>, NftError> {
-        let out = self.run("list ruleset", &["-j", "-t", "list", "ruleset"], None)?;
-        objects(&out)
-    }
-
-    /// One table as JSON objects; `Ok(None)` when it does not exist.
-    pub fn list_table(
-        &self,
-        family: ir::TableFamily,
-        name: &str,
-    ) -> Result<Option<Vec<Value>>, NftError> {
-        match self.run(
-            "list table",
-            &["-j", "list", "table", family.nft(), name],
-            None,
-        ) {
-            Ok(out) => objects(&out).map(Some),
-            Err(NftError::Failed { stderr, .. }) if stderr.contains("No such file") => Ok(None),
-            Err(e) => Err(e),
-        }
-    }
-}
-
-fn objects(out: &str) -> Result<Vec<Value>, NftError> {
-    let v: Value = serde_json::from_str(out)?;
-    Ok(v["nftables"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|o| o.get("metainfo").is_none())
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default())
-}
-
 /// A table present in the kernel.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct KernelTable {
@@ -194,12 +84,12 @@ pub fn kernel_tables(objs: &[Value]) -> Vec<KernelTable> {
         })
         .collect();
     for r in objs.iter().filter_map(|o| o.get("rule")) {
-        if r["chain"] != render::MARKER_CHAIN {
+        if r["chain"] != model::MARKER_CHAIN {
             continue;
         }
         if let Some(owner) = r["comment"]
             .as_str()
-            .and_then(|c| c.strip_prefix(render::MARKER_PREFIX))
+            .and_then(|c| c.strip_prefix(model::MARKER_PREFIX))
         {
             if let Some(t) = tables
                 .iter_mut()
@@ -225,7 +115,7 @@ pub fn rule_counters(objs: &[Value]) -> Vec<RuleCounter> {
         let is_owned = owned
             .iter()
             .any(|t| r["table"] == t.name.as_str() && r["family"] == t.family.as_str());
-        if !is_owned || r["chain"] == render::MARKER_CHAIN {
+        if !is_owned || r["chain"] == model::MARKER_CHAIN {
             continue;
         }
         let Some(comment) = r["comment"].as_str() else {
@@ -314,18 +204,19 @@ pub struct ApplyReport {
     pub changed: bool,
 }
 
-/// The nftables backend: applies policies, remembers what it applied, detects drift.
+/// The nftables backend: applies policies, remembers what it applied, detects drift. Generic
+/// over who runs the transactions: the `nft` process by default, [`FakeNft`] in tests.
 #[derive(Debug, Default)]
-pub struct NftBackend {
-    nft: Nft,
+pub struct NftBackend<R: Runner = Nft> {
+    nft: R,
     applied: BTreeMap<String, RenderedTable>,
     snapshots: BTreeMap<String, Snapshot>,
     last_full_check: Option<std::time::Instant>,
 }
 
-impl NftBackend {
+impl<R: Runner> NftBackend<R> {
     /// A backend driving `nft` as given.
-    pub fn new(nft: Nft) -> Self {
+    pub fn new(nft: R) -> Self {
         Self {
             nft,
             applied: BTreeMap::new(),
@@ -344,7 +235,7 @@ impl NftBackend {
     }
 
     /// The runner.
-    pub fn nft(&self) -> &Nft {
+    pub fn nft(&self) -> &R {
         &self.nft
     }
 
@@ -359,22 +250,22 @@ impl NftBackend {
         let kernel = kernel_tables(&self.nft.list_ruleset_terse()?);
         let plan = plan::plan(&self.applied, &desired, &kernel, &[])?;
         if !plan.commands.is_empty() {
-            self.nft.apply(&render::document(plan.commands.clone()))?;
+            self.nft.transaction(&plan.commands)?;
         }
-        for name in &plan.report.deleted {
+        let report = plan.report;
+        for name in &report.deleted {
             self.applied.remove(name);
             self.snapshots.remove(name);
         }
         for t in desired {
-            let touched =
-                plan.report.recreated.contains(&t.name) || plan.report.updated.contains(&t.name);
+            let touched = report.recreated.contains(&t.name) || report.updated.contains(&t.name);
             if touched || !self.snapshots.contains_key(&t.name) {
                 let snap = self.snapshot(t.family, &t.name)?;
                 self.snapshots.insert(t.name.clone(), snap);
             }
             self.applied.insert(t.name.clone(), t);
         }
-        Ok(plan.report)
+        Ok(report)
     }
 
     /// Delete every table owned by peerwall in this namespace (not only the ones this process
@@ -384,12 +275,17 @@ impl NftBackend {
             .into_iter()
             .filter(|t| t.owner.is_some())
             .collect();
-        if !owned.is_empty() {
-            let cmds = owned
-                .iter()
-                .map(|t| serde_json::json!({"delete": {"table": {"family": t.family, "name": t.name}}}))
-                .collect();
-            self.nft.apply(&render::document(cmds))?;
+        let cmds: Vec<model::Command<'_>> = owned
+            .iter()
+            .filter_map(|t| {
+                ir::TableFamily::from_nft(&t.family).map(|family| model::Command::Delete {
+                    family,
+                    name: t.name.clone(),
+                })
+            })
+            .collect();
+        if !cmds.is_empty() {
+            self.nft.transaction(&cmds)?;
         }
         self.applied.clear();
         self.snapshots.clear();
@@ -462,7 +358,7 @@ impl NftBackend {
         let kernel = kernel_tables(&self.nft.list_ruleset_terse()?);
         let plan = plan::plan(&known, &desired, &kernel, &broken)?;
         if !plan.commands.is_empty() {
-            self.nft.apply(&render::document(plan.commands))?;
+            self.nft.transaction(&plan.commands)?;
         }
         for name in plan.report.recreated {
             if let Some(t) = self.applied.get(&name) {
@@ -484,7 +380,7 @@ impl std::fmt::Display for ApplyReport {
     }
 }
 
-impl peerwall_backend::Backend for NftBackend {
+impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
     type Report = ApplyReport;
     type Error = NftError;
 
@@ -512,3 +408,6 @@ impl peerwall_backend::Backend for NftBackend {
         NftBackend::repair(self)
     }
 }
+
+#[cfg(test)]
+mod tests;

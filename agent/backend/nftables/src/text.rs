@@ -1,140 +1,158 @@
 //! Human-readable nft syntax for a rendered table (what `peerwall compile` prints).
 //!
-//! Printed from the same JSON that is applied, so the two cannot diverge. Names that nft's text
-//! parser would take as keywords are printed as they are; the JSON form is what gets loaded.
+//! Printed from the same typed model that is applied, so the two cannot diverge. Names that
+//! nft's text parser would take as keywords are printed as they are; the JSON form is what
+//! gets loaded.
 
 use std::fmt::Write as _;
 
-use serde_json::Value;
+use peerwall_policy::ir::{eval::proto, IpFamily, NatTarget};
 
-use super::render::{RenderedTable, MARKER_CHAIN, MARKER_PREFIX};
+use crate::model::{
+    Element, Expr, Key, Policy, RejectType, Right, Table, MARKER_CHAIN, MARKER_PREFIX,
+};
 
-fn val(v: &Value) -> String {
-    match v {
-        Value::String(s) if s.starts_with('@') => s.clone(),
-        Value::String(s) => {
-            if s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-.:/_".contains(c))
-                && !s.is_empty()
-            {
-                s.clone()
-            } else {
-                format!("{s:?}")
-            }
-        }
-        Value::Number(n) => n.to_string(),
-        Value::Null => String::new(),
-        Value::Array(items) => items.iter().map(val).collect::<Vec<_>>().join(", "),
-        Value::Object(o) => {
-            if let Some(p) = o.get("prefix") {
-                format!("{}/{}", val(&p["addr"]), val(&p["len"]))
-            } else if let Some(Value::Array(r)) = o.get("range") {
-                format!("{}-{}", val(&r[0]), val(&r[1]))
-            } else if let Some(Value::Array(items)) = o.get("set") {
-                format!(
-                    "{{ {} }}",
-                    items.iter().map(val).collect::<Vec<_>>().join(", ")
-                )
-            } else if let Some(p) = o.get("payload") {
-                format!("{} {}", val(&p["protocol"]), val(&p["field"]))
-            } else if let Some(m) = o.get("meta") {
-                let k = val(&m["key"]);
-                if k == "l4proto" || k == "mark" {
-                    format!("meta {k}")
-                } else {
-                    k
-                }
-            } else if let Some(c) = o.get("ct") {
-                format!("ct {}", val(&c["key"]))
-            } else if let Some(r) = o.get("rt") {
-                format!("rt {}", val(&r["key"]))
-            } else if let Some(t) = o.get("tcp option") {
-                format!("tcp option {} {}", val(&t["name"]), val(&t["field"]))
-            } else {
-                Value::Object(o.clone()).to_string()
-            }
-        }
-        Value::Bool(b) => b.to_string(),
+fn element(e: &Element) -> String {
+    match e {
+        Element::Addr(a) => a.to_string(),
+        Element::Prefix(a, len) => format!("{a}/{len}"),
+        Element::AddrRange(a, b) => format!("{a}-{b}"),
+        Element::Port(p) => p.to_string(),
+        Element::PortRange(a, b) => format!("{a}-{b}"),
     }
 }
 
-fn stmt(s: &Value) -> String {
-    let Some((k, v)) = s.as_object().and_then(|o| o.iter().next()) else {
-        return s.to_string();
-    };
-    match k.as_str() {
-        "match" => {
-            let op = match v["op"].as_str() {
-                Some("==") | Some("in") => " ".to_string(),
-                Some(op) => format!(" {op} "),
-                None => " ".into(),
-            };
-            let is_ifname = matches!(
-                v["left"]["meta"]["key"].as_str(),
-                Some("iifname") | Some("oifname")
-            );
-            let right = match &v["right"] {
-                Value::String(s) if is_ifname => format!("{s:?}"),
-                other => val(other),
-            };
-            format!("{}{}{}", val(&v["left"]), op, right)
+fn braces(items: Vec<String>) -> String {
+    format!("{{ {} }}", items.join(", "))
+}
+
+fn proto_name(p: u8) -> String {
+    match p {
+        proto::TCP => "tcp".into(),
+        proto::UDP => "udp".into(),
+        proto::ICMP => "icmp".into(),
+        proto::ICMPV6 => "ipv6-icmp".into(),
+        n => n.to_string(),
+    }
+}
+
+fn family_word(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+fn key(k: &Key) -> String {
+    let dir = |source: bool, s: &str, d: &str| if source { s } else { d }.to_string();
+    match k {
+        Key::Addr { family, source } => {
+            format!(
+                "{} {}",
+                family_word(*family),
+                dir(*source, "saddr", "daddr")
+            )
         }
-        "counter" => "counter".into(),
-        "reject" => format!("reject with {} {}", val(&v["type"]), val(&v["expr"])),
-        "mangle" => format!("{} set {}", val(&v["key"]), val(&v["value"])),
-        "dnat" | "snat" => {
-            let prefix = if v.get("type_flags").and_then(|f| f.as_str()) == Some("prefix") {
-                "prefix "
-            } else {
-                ""
-            };
-            match v.get("family") {
-                Some(f) => format!("{k} {} {prefix}to {}", val(f), val(&v["addr"])),
-                None => format!("{k} {prefix}to {}", val(&v["addr"])),
+        Key::Port { source } => format!("th {}", dir(*source, "sport", "dport")),
+        Key::L4Proto => "meta l4proto".into(),
+        Key::IifName => "iifname".into(),
+        Key::OifName => "oifname".into(),
+        Key::CtState => "ct state".into(),
+        Key::TcpFlags => "tcp flags".into(),
+    }
+}
+
+fn right(r: &Right) -> String {
+    match r {
+        Right::SetRef(n) => format!("@{n}"),
+        Right::Element(e) => element(e),
+        Right::Elements(es) => braces(es.iter().map(element).collect()),
+        Right::Protos(ps) => match ps.as_slice() {
+            [one] => proto_name(*one),
+            many => braces(many.iter().map(|p| proto_name(*p)).collect()),
+        },
+        Right::IfName(n) => format!("{n:?}"),
+        Right::CtStates(s) => braces(s.iter().map(|s| s.nft().to_string()).collect()),
+        Right::Syn => "syn".into(),
+    }
+}
+
+fn stmt(e: &Expr) -> String {
+    match e {
+        Expr::Match {
+            negate,
+            left,
+            right: r,
+        } => {
+            let op = if *negate { " != " } else { " " };
+            format!("{}{op}{}", key(left), right(r))
+        }
+        Expr::Counter => "counter".into(),
+        Expr::Accept => "accept".into(),
+        Expr::Drop => "drop".into(),
+        Expr::Reject(t) => format!(
+            "reject with {} port-unreachable",
+            match t {
+                RejectType::Icmp => "icmp",
+                RejectType::Icmpv6 => "icmpv6",
+                RejectType::Icmpx => "icmpx",
+            }
+        ),
+        Expr::CtMarkSet(v) => format!("ct mark set {v}"),
+        Expr::MetaMarkFromCtMark => "meta mark set ct mark".into(),
+        Expr::MssSet(Some(v)) => format!("tcp option maxseg size set {v}"),
+        Expr::MssSet(None) => "tcp option maxseg size set rt mtu".into(),
+        Expr::Notrack => "notrack".into(),
+        Expr::Nat {
+            destination,
+            family,
+            target,
+        } => {
+            let kind = if *destination { "dnat" } else { "snat" };
+            let fam = family
+                .map(|f| format!(" {}", family_word(f)))
+                .unwrap_or_default();
+            match target {
+                NatTarget::Addr(a) => format!("{kind}{fam} to {a}"),
+                NatTarget::Prefix(n) => format!("{kind}{fam} prefix to {n}"),
             }
         }
-        other => other.to_string(),
+        Expr::Masquerade => "masquerade".into(),
     }
 }
 
 /// nft text for one table.
-pub fn table_text(t: &RenderedTable) -> String {
+pub fn table_text(t: &Table) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "table {} {} {{", t.family.nft(), t.name);
     for s in &t.sets {
         let _ = writeln!(out, "\tset {} {{", s.name);
-        let _ = writeln!(out, "\t\ttype {}", s.key_type);
+        let _ = writeln!(out, "\t\ttype {}", s.key.nft());
         if s.interval {
             let _ = writeln!(out, "\t\tflags interval");
         }
         if !s.elements.is_empty() {
-            let _ = writeln!(
-                out,
-                "\t\telements = {{ {} }}",
-                val(&Value::Array(s.elements.clone()))
-            );
+            let items: Vec<String> = s.elements.iter().map(element).collect();
+            let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
         }
         let _ = writeln!(out, "\t}}");
     }
     for c in &t.chains {
-        let name = val(&c["name"]);
-        let _ = writeln!(out, "\tchain {name} {{");
+        let _ = writeln!(out, "\tchain {} {{", c.name);
         let _ = writeln!(
             out,
             "\t\ttype {} hook {} priority {}; policy {};",
-            val(&c["type"]),
-            val(&c["hook"]),
-            val(&c["prio"]),
-            val(&c["policy"])
-        );
-        for r in t.rules.iter().filter(|r| r["chain"] == c["name"]) {
-            let mut line: Vec<String> = r["expr"]
-                .as_array()
-                .map(|e| e.iter().map(stmt).collect())
-                .unwrap_or_default();
-            if let Some(cm) = r["comment"].as_str() {
-                line.push(format!("comment {cm:?}"));
+            c.kind.nft(),
+            c.hook.nft(),
+            c.priority,
+            match c.policy {
+                Policy::Accept => "accept",
+                Policy::Drop => "drop",
             }
+        );
+        for r in t.rules.iter().filter(|r| r.chain == c.name) {
+            let mut line: Vec<String> = r.exprs.iter().map(stmt).collect();
+            line.push(format!("comment {:?}", r.comment));
             let _ = writeln!(out, "\t\t{}", line.join(" "));
         }
         let _ = writeln!(out, "\t}}");

@@ -43,6 +43,13 @@ impl TableFamily {
         }
     }
 
+    /// The family of an nft keyword (`ip`, `ip6`, `inet`); other families are not peerwall's.
+    pub fn from_nft(s: &str) -> Option<Self> {
+        [Self::Ip, Self::Ip6, Self::Inet]
+            .into_iter()
+            .find(|f| f.nft() == s)
+    }
+
     /// Whether packets of `family` traverse chains of this table.
     pub fn sees(self, family: IpFamily) -> bool {
         matches!(

@@ -1,0 +1,221 @@
+//! The typed model as libnftables JSON: what the `nft` runner sends (`nft -j -f -`).
+//!
+//! JSON rather than nft's text language because the text parser refuses keyword names (a chain
+//! called `drop`), which the JSON parser takes. Only [`crate::Nft`] and `compile --output json`
+//! use this; everything else works on the types.
+
+use serde_json::{json, Value};
+
+use peerwall_policy::ir::{eval::proto, CtState, IpFamily, NatTarget, TableFamily};
+
+use crate::model::{
+    Chain, Command, Element, Expr, Key, Policy, RejectType, Right, Rule, Set, Table, MARKER_CHAIN,
+    MARKER_PREFIX,
+};
+
+/// A whole transaction as one nft JSON document.
+pub fn document(cmds: &[Command<'_>]) -> Value {
+    json!({ "nftables": cmds.iter().flat_map(command).collect::<Vec<Value>>() })
+}
+
+/// One command as nft JSON commands.
+pub fn command(c: &Command<'_>) -> Vec<Value> {
+    match c {
+        Command::Create(t) => create(t),
+        Command::Recreate(t) => {
+            // `add table` is a no-op when present, so the delete never fails.
+            let mut v = vec![
+                json!({"add": table_obj(t.family, &t.name)}),
+                json!({"delete": table_obj(t.family, &t.name)}),
+            ];
+            v.extend(create(t));
+            v
+        }
+        Command::Delete { family, name } => vec![json!({"delete": table_obj(*family, name)})],
+        Command::AddElements {
+            table,
+            set,
+            elements,
+        } => vec![json!({"add": element_obj(table, set, elements)})],
+        Command::DeleteElements {
+            table,
+            set,
+            elements,
+        } => vec![json!({"delete": element_obj(table, set, elements)})],
+    }
+}
+
+fn table_obj(family: TableFamily, name: &str) -> Value {
+    json!({"table": {"family": family.nft(), "name": name}})
+}
+
+fn element_obj(t: &Table, set: &str, elements: &[Element]) -> Value {
+    json!({"element": {"family": t.family.nft(), "table": t.name, "name": set,
+        "elem": elements.iter().map(element).collect::<Vec<_>>()}})
+}
+
+/// Commands that create `t` (it must not exist): the table, its ownership marker, its sets,
+/// its chains, its rules.
+fn create(t: &Table) -> Vec<Value> {
+    let fam = t.family.nft();
+    let mut cmds = vec![
+        json!({"add": table_obj(t.family, &t.name)}),
+        json!({"add": {"chain": {"family": fam, "table": t.name, "name": MARKER_CHAIN}}}),
+        json!({"add": {"rule": {"family": fam, "table": t.name, "chain": MARKER_CHAIN,
+            "comment": format!("{MARKER_PREFIX}{}", t.owner), "expr": [{"counter": null}]}}}),
+    ];
+    cmds.extend(t.sets.iter().map(|s| json!({"add": {"set": set(t, s)}})));
+    // Netfilter runs base chains of equal hook and priority in reverse registration order (a
+    // new hook is inserted before existing ones of the same priority). The evaluator orders
+    // ties by name, ascending: so chains are created in descending name order.
+    cmds.extend(
+        t.chains
+            .iter()
+            .rev()
+            .map(|c| json!({"add": {"chain": chain(t, c)}})),
+    );
+    cmds.extend(t.rules.iter().map(|r| json!({"add": {"rule": rule(t, r)}})));
+    cmds
+}
+
+fn set(t: &Table, s: &Set) -> Value {
+    let mut v = json!({"family": t.family.nft(), "table": t.name, "name": s.name,
+        "type": s.key.nft()});
+    if s.interval {
+        v["flags"] = json!(["interval"]);
+    }
+    if !s.elements.is_empty() {
+        v["elem"] = s.elements.iter().map(element).collect();
+    }
+    v
+}
+
+fn chain(t: &Table, c: &Chain) -> Value {
+    json!({"family": t.family.nft(), "table": t.name, "name": c.name,
+        "type": c.kind.nft(), "hook": c.hook.nft(), "prio": c.priority,
+        "policy": match c.policy { Policy::Accept => "accept", Policy::Drop => "drop" }})
+}
+
+fn rule(t: &Table, r: &Rule) -> Value {
+    json!({"family": t.family.nft(), "table": t.name, "chain": r.chain,
+        "comment": r.comment, "expr": r.exprs.iter().map(expr).collect::<Vec<_>>()})
+}
+
+/// One element or value.
+pub fn element(e: &Element) -> Value {
+    match e {
+        Element::Addr(a) => json!(a.to_string()),
+        Element::Prefix(a, len) => json!({"prefix": {"addr": a.to_string(), "len": len}}),
+        Element::AddrRange(a, b) => json!({"range": [a.to_string(), b.to_string()]}),
+        Element::Port(p) => json!(p),
+        Element::PortRange(a, b) => json!({"range": [a, b]}),
+    }
+}
+
+fn proto_name(p: u8) -> Value {
+    match p {
+        proto::TCP => json!("tcp"),
+        proto::UDP => json!("udp"),
+        proto::ICMP => json!("icmp"),
+        proto::ICMPV6 => json!("ipv6-icmp"),
+        n => json!(n),
+    }
+}
+
+fn family_word(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
+fn key(k: &Key) -> Value {
+    let field = |source: bool, s: &str, d: &str| if source { s } else { d }.to_string();
+    match k {
+        Key::Addr { family, source } => json!({"payload": {"protocol": family_word(*family),
+            "field": field(*source, "saddr", "daddr")}}),
+        Key::Port { source } => {
+            json!({"payload": {"protocol": "th", "field": field(*source, "sport", "dport")}})
+        }
+        Key::L4Proto => json!({"meta": {"key": "l4proto"}}),
+        Key::IifName => json!({"meta": {"key": "iifname"}}),
+        Key::OifName => json!({"meta": {"key": "oifname"}}),
+        Key::CtState => json!({"ct": {"key": "state"}}),
+        Key::TcpFlags => json!({"payload": {"protocol": "tcp", "field": "flags"}}),
+    }
+}
+
+fn right(r: &Right) -> Value {
+    match r {
+        Right::SetRef(n) => json!(format!("@{n}")),
+        Right::Element(e) => element(e),
+        Right::Elements(es) => json!({"set": es.iter().map(element).collect::<Vec<_>>()}),
+        Right::Protos(ps) => match ps.as_slice() {
+            [one] => proto_name(*one),
+            many => json!({"set": many.iter().map(|p| proto_name(*p)).collect::<Vec<_>>()}),
+        },
+        Right::IfName(n) => json!(n),
+        Right::CtStates(states) => {
+            json!({"set": states.iter().map(|s| CtState::nft(*s)).collect::<Vec<_>>()})
+        }
+        Right::Syn => json!("syn"),
+    }
+}
+
+/// One statement.
+pub fn expr(e: &Expr) -> Value {
+    match e {
+        Expr::Match {
+            negate,
+            left,
+            right: r,
+        } => {
+            let op = match (left, negate) {
+                (Key::TcpFlags, _) => "in",
+                (_, true) => "!=",
+                (_, false) => "==",
+            };
+            json!({"match": {"op": op, "left": key(left), "right": right(r)}})
+        }
+        Expr::Counter => json!({"counter": null}),
+        Expr::Accept => json!({"accept": null}),
+        Expr::Drop => json!({"drop": null}),
+        Expr::Reject(t) => json!({"reject": {"type": match t {
+            RejectType::Icmp => "icmp",
+            RejectType::Icmpv6 => "icmpv6",
+            RejectType::Icmpx => "icmpx",
+        }, "expr": "port-unreachable"}}),
+        Expr::CtMarkSet(v) => json!({"mangle": {"key": {"ct": {"key": "mark"}}, "value": v}}),
+        Expr::MetaMarkFromCtMark => {
+            json!({"mangle": {"key": {"meta": {"key": "mark"}}, "value": {"ct": {"key": "mark"}}}})
+        }
+        Expr::MssSet(v) => {
+            let value = match v {
+                Some(mss) => json!(mss),
+                None => json!({"rt": {"key": "mtu"}}),
+            };
+            json!({"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": value}})
+        }
+        Expr::Notrack => json!({"notrack": null}),
+        Expr::Nat {
+            destination,
+            family,
+            target,
+        } => {
+            let mut stmt = match target {
+                NatTarget::Addr(a) => json!({"addr": a.to_string()}),
+                // `snat ip prefix to 10.0.0.0/16` (NF_NAT_RANGE_NETMAP).
+                NatTarget::Prefix(n) => json!({
+                    "addr": {"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}},
+                    "flags": "netmap",
+                    "type_flags": "prefix",
+                }),
+            };
+            if let Some(f) = family {
+                stmt["family"] = json!(family_word(*f));
+            }
+            json!({ if *destination { "dnat" } else { "snat" }: stmt })
+        }
+        Expr::Masquerade => json!({"masquerade": null}),
+    }
+}

@@ -1,0 +1,294 @@
+//! A typed model of what peerwall puts into nftables: tables, sets, chains, rules and their
+//! expressions, and the commands of a transaction. Rendering ([`crate::render`]) builds it from
+//! the IR, planning ([`crate::plan`]) diffs it as types, and only a [`crate::Runner`] turns it
+//! into libnftables JSON ([`crate::json`]) or keeps it in memory ([`crate::FakeNft`]).
+
+use std::net::IpAddr;
+
+use peerwall_policy::ir::{ChainKind, CtState, Hook, IpFamily, NatTarget, TableFamily};
+
+/// Name of the marker chain that identifies tables owned by peerwall: a regular (hookless,
+/// never run) chain whose one rule's comment names the owner.
+pub const MARKER_CHAIN: &str = "__peerwall";
+/// Prefix of the marker rule's comment.
+pub const MARKER_PREFIX: &str = "peerwall owner=";
+/// Prefix of sets generated for inline lists.
+pub const AUTO_SET_PREFIX: &str = "__pw_";
+
+/// One owned table and everything in it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Table {
+    /// Table name.
+    pub name: String,
+    /// Family.
+    pub family: TableFamily,
+    /// Owner written into the marker rule (origin of the object).
+    pub owner: String,
+    /// Named sets (their elements can change in place).
+    pub sets: Vec<Set>,
+    /// Base chains, in IR order (by name).
+    pub chains: Vec<Chain>,
+    /// Rules, in order.
+    pub rules: Vec<Rule>,
+}
+
+impl Table {
+    /// Whether `other` differs from this table at most in set contents (so that element
+    /// updates turn one into the other).
+    pub fn same_structure(&self, other: &Table) -> bool {
+        self.name == other.name
+            && self.family == other.family
+            && self.owner == other.owner
+            && self.chains == other.chains
+            && self.rules == other.rules
+            && self.sets.len() == other.sets.len()
+            && self
+                .sets
+                .iter()
+                .zip(&other.sets)
+                .all(|(a, b)| a.name == b.name && a.key == b.key && a.interval == b.interval)
+    }
+
+    /// The (hook, priority) pairs of its chains.
+    pub fn hook_priorities(&self) -> std::collections::BTreeSet<(Hook, i32)> {
+        self.chains.iter().map(|c| (c.hook, c.priority)).collect()
+    }
+}
+
+/// Key type of a set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyType {
+    /// `ipv4_addr`.
+    Ipv4Addr,
+    /// `ipv6_addr`.
+    Ipv6Addr,
+    /// `inet_service` (ports).
+    InetService,
+}
+
+impl KeyType {
+    /// nft keyword.
+    pub fn nft(self) -> &'static str {
+        match self {
+            Self::Ipv4Addr => "ipv4_addr",
+            Self::Ipv6Addr => "ipv6_addr",
+            Self::InetService => "inet_service",
+        }
+    }
+
+    /// The address key type of a family.
+    pub fn of(f: IpFamily) -> Self {
+        match f {
+            IpFamily::V4 => Self::Ipv4Addr,
+            IpFamily::V6 => Self::Ipv6Addr,
+        }
+    }
+}
+
+/// A named set.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Set {
+    /// Set name.
+    pub name: String,
+    /// Key type.
+    pub key: KeyType,
+    /// `flags interval` (ranges and prefixes); without it the kernel uses a hash set, an O(1)
+    /// lookup instead of a tree walk.
+    pub interval: bool,
+    /// Elements (canonical, disjoint).
+    pub elements: Vec<Element>,
+}
+
+/// A set element or a value on the right of a match.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Element {
+    /// One address.
+    Addr(IpAddr),
+    /// A prefix.
+    Prefix(IpAddr, u8),
+    /// An address range (inclusive).
+    AddrRange(IpAddr, IpAddr),
+    /// One port.
+    Port(u16),
+    /// A port range (inclusive).
+    PortRange(u16, u16),
+}
+
+/// A base chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Chain {
+    /// Name.
+    pub name: String,
+    /// Type.
+    pub kind: ChainKind,
+    /// Hook.
+    pub hook: Hook,
+    /// Priority.
+    pub priority: i32,
+    /// Policy: accept or drop.
+    pub policy: Policy,
+}
+
+/// A chain policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// accept.
+    Accept,
+    /// drop.
+    Drop,
+}
+
+/// A rule of a chain.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rule {
+    /// Chain it belongs to.
+    pub chain: String,
+    /// The rule's name, kept as its comment (counters and listings find rules by it).
+    pub comment: String,
+    /// Statements, in order.
+    pub exprs: Vec<Expr>,
+}
+
+/// What a match reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Key {
+    /// `ip saddr`, `ip6 daddr`, …
+    Addr {
+        /// Family.
+        family: IpFamily,
+        /// Source (`saddr`) or destination (`daddr`).
+        source: bool,
+    },
+    /// `th sport` / `th dport` (preceded by an l4proto test: ports exist for TCP and UDP only).
+    Port {
+        /// Source port.
+        source: bool,
+    },
+    /// `meta l4proto`.
+    L4Proto,
+    /// `meta iifname`.
+    IifName,
+    /// `meta oifname`.
+    OifName,
+    /// `ct state`.
+    CtState,
+    /// `tcp flags` (MSS clamping runs on SYNs only).
+    TcpFlags,
+}
+
+/// The right side of a match.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Right {
+    /// `@set`.
+    SetRef(String),
+    /// One value.
+    Element(Element),
+    /// An anonymous set.
+    Elements(Vec<Element>),
+    /// Protocols by number (named where nft has a name).
+    Protos(Vec<u8>),
+    /// An interface name (a trailing `*` is a prefix match).
+    IfName(String),
+    /// Conntrack states.
+    CtStates(Vec<CtState>),
+    /// The SYN flag.
+    Syn,
+}
+
+/// The ICMP flavour of a reject.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RejectType {
+    /// `icmp` (ip tables).
+    Icmp,
+    /// `icmpv6` (ip6 tables).
+    Icmpv6,
+    /// `icmpx` (inet tables).
+    Icmpx,
+}
+
+/// One statement of a rule.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Expr {
+    /// A comparison: `left (==|!=) right`, or membership for sets.
+    Match {
+        /// `!=`.
+        negate: bool,
+        /// What is read.
+        left: Key,
+        /// What it is compared to.
+        right: Right,
+    },
+    /// `counter`.
+    Counter,
+    /// `accept`.
+    Accept,
+    /// `drop`.
+    Drop,
+    /// `reject with … port-unreachable`.
+    Reject(RejectType),
+    /// `ct mark set N`.
+    CtMarkSet(u32),
+    /// `meta mark set ct mark`.
+    MetaMarkFromCtMark,
+    /// `tcp option maxseg size set N|rt mtu`.
+    MssSet(Option<u16>),
+    /// `notrack`.
+    Notrack,
+    /// `snat`/`dnat` (`family` given in inet tables).
+    Nat {
+        /// Destination NAT (else source).
+        destination: bool,
+        /// Family keyword for inet tables.
+        family: Option<IpFamily>,
+        /// Address or prefix mapping.
+        target: NatTarget,
+    },
+    /// `masquerade`.
+    Masquerade,
+}
+
+/// One step of a transaction.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command<'a> {
+    /// Create the table and everything in it (it must not exist).
+    Create(&'a Table),
+    /// Replace the table wholesale in the same transaction (add, delete, create).
+    Recreate(&'a Table),
+    /// Delete a table.
+    Delete {
+        /// Family.
+        family: TableFamily,
+        /// Name.
+        name: String,
+    },
+    /// Add elements to a set.
+    AddElements {
+        /// Table.
+        table: &'a Table,
+        /// Set name.
+        set: &'a str,
+        /// Elements.
+        elements: Vec<Element>,
+    },
+    /// Remove elements from a set.
+    DeleteElements {
+        /// Table.
+        table: &'a Table,
+        /// Set name.
+        set: &'a str,
+        /// Elements.
+        elements: Vec<Element>,
+    },
+}
+
+impl Command<'_> {
+    /// Set elements this command adds or removes.
+    pub fn element_count(&self) -> usize {
+        match self {
+            Self::AddElements { elements, .. } | Self::DeleteElements { elements, .. } => {
+                elements.len()
+            }
+            _ => 0,
+        }
+    }
+}

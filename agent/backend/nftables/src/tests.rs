@@ -1,0 +1,112 @@
+//! The backend over the in-memory [`FakeNft`]: apply, re-apply, set updates, ownership, drift
+//! and repair, deletion and counters, without root or a kernel.
+
+use peerwall_intent::load::parse_documents;
+use peerwall_policy::{compile, ir};
+
+use crate::{Drift, FakeNft, NftBackend, NftError};
+
+fn policy(tables: &[(&str, &[&str])]) -> ir::Policy {
+    let docs: String = tables
+        .iter()
+        .map(|(name, pods)| {
+            let elems: String = pods.iter().map(|p| format!("{{key: {p}}},")).collect();
+            format!(
+                "---\napiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: {name}, namespace: ns}}\nspec:\n  table:\n    name: {name}\n    family: INET\n    sets: [{{name: pods, keyType: ipv4_addr, elements: [{elems}]}}]\n    chains:\n    - name: fwd\n      type: filter\n      hook: forward\n      priority: 0\n      policy: accept\n      rules:\n        filterRules:\n        - {{name: allow, action: accept, match: [{{op: eq, ip: {{value: '@pods', position: dst}}}}]}}\n        - {{name: deny, action: drop, match: [{{op: eq, dev: {{value: liqo-tunnel, position: in}}}}]}}\n"
+            )
+        })
+        .collect();
+    compile::compile(&parse_documents(&docs, "t").unwrap())
+        .unwrap()
+        .policy
+}
+
+fn pods(b: &NftBackend<FakeNft>, table: &str) -> usize {
+    b.nft()
+        .table(ir::TableFamily::Inet, table)
+        .map(|t| t.sets[0].elements.len())
+        .unwrap_or(0)
+}
+
+#[test]
+fn apply_then_reapply_changes_nothing() {
+    let mut b = NftBackend::new(FakeNft::new());
+    let p = policy(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]);
+    let r = b.apply(&p).unwrap();
+    assert_eq!(r.recreated, ["b", "a"]);
+    assert_eq!(b.nft().tables(), ["a", "b"]);
+    let before = b.nft().transactions();
+    let r = b.apply(&p).unwrap();
+    assert!(!r.changed, "{r:?}");
+    assert_eq!(b.nft().transactions(), before, "nothing sent");
+    assert!(b.drift().unwrap().is_empty());
+}
+
+#[test]
+fn a_pod_more_is_one_element_in_place() {
+    let mut b = NftBackend::new(FakeNft::new());
+    b.apply(&policy(&[("a", &["10.0.0.1"])])).unwrap();
+    let r = b
+        .apply(&policy(&[("a", &["10.0.0.1", "10.0.0.7"])]))
+        .unwrap();
+    assert_eq!(r.updated, ["a"]);
+    assert!(r.recreated.is_empty());
+    assert_eq!(r.element_changes, 1);
+    assert_eq!(pods(&b, "a"), 2);
+}
+
+#[test]
+fn foreign_tables_are_refused_and_nothing_changes() {
+    let fake = FakeNft::new();
+    fake.add_foreign(ir::TableFamily::Inet, "a");
+    let mut b = NftBackend::new(fake);
+    let e = b.apply(&policy(&[("a", &[])])).unwrap_err();
+    assert!(matches!(e, NftError::NotOwned { .. }), "{e}");
+    assert_eq!(b.nft().transactions(), 0);
+    // Deleting everything of ours leaves the foreign table.
+    assert!(b.delete_all().unwrap().is_empty());
+    assert_eq!(b.nft().tables(), ["a"]);
+}
+
+#[test]
+fn drift_is_found_and_repaired() {
+    let mut b = NftBackend::new(FakeNft::new());
+    b.apply(&policy(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]))
+        .unwrap();
+    b.nft().delete_behind_our_back(ir::TableFamily::Inet, "a");
+    b.nft()
+        .flush_set_behind_our_back(ir::TableFamily::Inet, "b", "pods");
+    let drift = b.drift().unwrap();
+    assert_eq!(
+        drift,
+        [
+            Drift::Missing { table: "a".into() },
+            Drift::Modified { table: "b".into() }
+        ]
+    );
+    let fixed = b.repair().unwrap();
+    assert_eq!(fixed.len(), 2);
+    assert_eq!((pods(&b, "a"), pods(&b, "b")), (1, 1));
+    assert!(b.drift().unwrap().is_empty());
+}
+
+#[test]
+fn tables_no_longer_wanted_are_deleted_and_counters_name_rules() {
+    let mut b = NftBackend::new(FakeNft::new());
+    b.apply(&policy(&[("a", &[]), ("b", &[])])).unwrap();
+    let names: Vec<String> = b
+        .counters()
+        .unwrap()
+        .into_iter()
+        .map(|c| format!("{}/{}/{}", c.table, c.chain, c.rule))
+        .collect();
+    assert_eq!(
+        names,
+        ["a/fwd/allow", "a/fwd/deny", "b/fwd/allow", "b/fwd/deny"]
+    );
+    let r = b.apply(&policy(&[("b", &[])])).unwrap();
+    assert_eq!(r.deleted, ["a"]);
+    assert_eq!(b.nft().tables(), ["b"]);
+    assert_eq!(b.delete_all().unwrap(), ["b"]);
+    assert!(b.nft().tables().is_empty());
+}
