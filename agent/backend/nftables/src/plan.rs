@@ -324,7 +324,13 @@ mod tests {
             owner: None,
         };
         let desired = [a.clone()];
-        let e = plan(&BTreeMap::new(), &desired, &[foreign.clone()], &[]).unwrap_err();
+        let e = plan(
+            &BTreeMap::new(),
+            &desired,
+            std::slice::from_ref(&foreign),
+            &[],
+        )
+        .unwrap_err();
         assert!(matches!(e, NftError::NotOwned { .. }), "{e}");
         // Unless drift repair vouches for it (our marker was removed).
         let p = plan(&BTreeMap::new(), &desired, &[foreign], &["a".into()]).unwrap();
