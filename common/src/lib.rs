@@ -16,6 +16,8 @@ pub const MAX_CHAINS: u32 = 64;
 pub const MAX_HOOK_CHAINS: usize = 16;
 /// Hooks (prerouting, input, forward, output, postrouting).
 pub const HOOKS: u32 = 5;
+/// Entries of the per-slot `HOOKS` map: one per (hook, family), index `hook * 2 + family`.
+pub const HOOK_SLOTS: u32 = HOOKS * 2;
 
 /// Hook numbers used in [`HookChains`] indexes: `hook * 2 + family`.
 pub mod hook {

@@ -21,7 +21,8 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 use peerwall_common::{
-    ct, Bitmap, ChainInfo, DimMasks, HookChains, RuleInfo, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES,
+    ct, Bitmap, ChainInfo, DimMasks, HookChains, RuleInfo, HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS,
+    MAX_RULES,
 };
 
 use peerwall_policy::ir::{
@@ -702,7 +703,7 @@ pub fn compile(policy: &ir::Policy, ifaces: &[Iface]) -> Result<BpfPolicy, BpfCo
             count: 0,
             chains: [0; MAX_HOOK_CHAINS]
         };
-        10
+        HOOK_SLOTS as usize
     ];
     for h in [
         Hook::Prerouting,

@@ -1,0 +1,418 @@
+//! Classification: per chain, one bitmap lookup per dimension, ANDed; the lowest bit decides.
+//! Hooks are run in path order with `bpf_loop`, chains in priority order.
+
+#[allow(unused_imports)]
+use super::*;
+
+// Classification.
+
+// Verdict codes are `peerwall-common`'s, shared with the map compiler.
+pub(crate) const ACT_ACCEPT: u8 = ActionCode::Accept as u8;
+pub(crate) const ACT_DROP: u8 = ActionCode::Drop as u8;
+pub(crate) const ACT_REJECT: u8 = ActionCode::Reject as u8;
+pub(crate) const NO_RULE: u32 = u32::MAX;
+
+/// Inputs of one chain evaluation.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Query {
+    /// Count packets in the rule counters (tc always; XDP only for what it drops).
+    pub(crate) count: bool,
+    pub(crate) chain: u32,
+    pub(crate) iif: u32,
+    pub(crate) oif: u32,
+    pub(crate) state: u32,
+    pub(crate) p: Pkt,
+}
+
+/// acc &= b; whether any bit is left. A missing bitmap allows no rule.
+#[inline(always)]
+pub(crate) fn step(acc: &mut Bitmap, b: Option<&Bitmap>) -> bool {
+    let Some(b) = b else {
+        return false;
+    };
+    let mut any = 0u64;
+    let mut i = 0;
+    while i < WORDS {
+        acc.w[i] &= b.w[i];
+        any |= acc.w[i];
+        i += 1;
+    }
+    any != 0
+}
+
+/// acc &= (lookup ^ neg) | any; a missing lookup is an empty bitmap.
+#[inline(always)]
+pub(crate) fn step_masked(acc: &mut Bitmap, l: Option<&Bitmap>, m: Option<&DimMasks>) -> bool {
+    let Some(m) = m else {
+        return false;
+    };
+    let mut any = 0u64;
+    let mut i = 0;
+    match l {
+        Some(b) => {
+            while i < WORDS {
+                acc.w[i] &= (b.w[i] ^ m.neg.w[i]) | m.any.w[i];
+                any |= acc.w[i];
+                i += 1;
+            }
+        }
+        None => {
+            while i < WORDS {
+                acc.w[i] &= m.neg.w[i] | m.any.w[i];
+                any |= acc.w[i];
+                i += 1;
+            }
+        }
+    }
+    any != 0
+}
+
+pub(crate) fn addr_data(chain: u32, p: &Pkt, addr: &[u8; 16]) -> AddrKeyData {
+    AddrKeyData {
+        chain: chain.to_be_bytes(),
+        family: (p.family as u32).to_be_bytes(),
+        addr: *addr,
+    }
+}
+
+pub(crate) fn addr_key(chain: u32, p: &Pkt, addr: &[u8; 16]) -> Key<AddrKeyData> {
+    let bits = if p.family == family::V4 { 32 } else { 128 };
+    Key::new(
+        peerwall_common::ADDR_KEY_FIXED_BITS + bits,
+        addr_data(chain, p, addr),
+    )
+}
+
+pub(crate) fn port_key(chain: u32, port: u16) -> Key<PortKeyData> {
+    Key::new(
+        peerwall_common::PORT_KEY_FIXED_BITS + 16,
+        PortKeyData {
+            chain: chain.to_be_bytes(),
+            port: port.to_be_bytes(),
+            _pad: [0; 2],
+        },
+    )
+}
+
+macro_rules! slot_eval {
+    ($name:ident, $src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident,
+     $oif:ident, $ct:ident, $masks:ident, $chains:ident, $rules:ident, $counters:ident) => {
+        /// Run one chain; the outcome goes to `SCRATCH` (action, deciding rule or NO_RULE).
+        #[inline(never)]
+        fn $name(q: &Query) -> u32 {
+            let (action, idx) = $name::run(q);
+            if let Some(sc) = SCRATCH.get_ptr_mut(0) {
+                // SAFETY: per-CPU slot of a successful lookup.
+                unsafe {
+                    (*sc).action = action as u32;
+                    (*sc).rule = idx;
+                    (*sc).chain = q.chain;
+                    (*sc).has_chain = 1;
+                }
+            }
+            0
+        }
+
+        mod $name {
+            use super::*;
+
+            #[inline(always)]
+            pub(super) fn run(q: &Query) -> (u8, u32) {
+                let chain = q.chain;
+                let Some(info) = $chains.get(chain) else {
+                    return (ACT_DROP, NO_RULE);
+                };
+                let policy = info.policy;
+                let nrules = info.rules;
+                let pk = ProtoKey {
+                    chain,
+                    family: q.p.family,
+                    proto: q.p.proto,
+                    _pad: [0; 2],
+                };
+                // SAFETY: read-only lookups of plain data.
+                // Protocols no rule names share the family's "other" entry (`_pad[0] = 1`).
+                let other = ProtoKey {
+                    chain,
+                    family: q.p.family,
+                    proto: 0,
+                    _pad: [1, 0],
+                };
+                let found = unsafe { $proto.get(&pk) }.or_else(|| unsafe { $proto.get(&other) });
+                let Some(first) = found else {
+                    return (policy, NO_RULE);
+                };
+                // The accumulator lives in per-CPU map memory: whatever path led here, the
+                // verifier sees the same state afterwards and prunes.
+                let Some(accp) = ACC.get_ptr_mut(0) else {
+                    return (ACT_DROP, NO_RULE);
+                };
+                // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
+                let acc = unsafe { &mut *accp };
+                acc.w = first.w;
+                let cons = info.constrained;
+                let done = 'dims: {
+                    if cons & constrained::IIF != 0 {
+                        let ik = IfKey {
+                            chain,
+                            ifindex: q.iif,
+                        };
+                        let ib = unsafe { $iif.get(&ik) }
+                            .or_else(|| unsafe { $iif.get(&IfKey { chain, ifindex: 0 }) });
+                        if !step(acc, ib) {
+                            break 'dims true;
+                        }
+                    }
+                    if cons & constrained::OIF != 0 {
+                        let ok = IfKey {
+                            chain,
+                            ifindex: q.oif,
+                        };
+                        let ob = unsafe { $oif.get(&ok) }
+                            .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
+                        if !step(acc, ob) {
+                            break 'dims true;
+                        }
+                    }
+                    if cons & constrained::CT != 0
+                        && !step(acc, $ct.get(chain * ct::SLOTS + q.state))
+                    {
+                        break 'dims true;
+                    }
+                    if cons & constrained::SRC != 0
+                        && !step_masked(
+                            acc,
+                            // SAFETY: read-only lookup of plain data.
+                            unsafe { $srch.get(&addr_data(chain, &q.p, &q.p.src)) }
+                                .or_else(|| $src.get(addr_key(chain, &q.p, &q.p.src))),
+                            $masks.get(chain * 4 + dim::SRC),
+                        )
+                    {
+                        break 'dims true;
+                    }
+                    if cons & constrained::DST != 0
+                        && !step_masked(
+                            acc,
+                            // SAFETY: read-only lookup of plain data.
+                            unsafe { $dsth.get(&addr_data(chain, &q.p, &q.p.dst)) }
+                                .or_else(|| $dst.get(addr_key(chain, &q.p, &q.p.dst))),
+                            $masks.get(chain * 4 + dim::DST),
+                        )
+                    {
+                        break 'dims true;
+                    }
+                    if q.p.has_ports {
+                        if cons & constrained::SPORT != 0
+                            && !step_masked(
+                                acc,
+                                $sport.get(port_key(chain, q.p.sport)),
+                                $masks.get(chain * 4 + dim::SPORT),
+                            )
+                        {
+                            break 'dims true;
+                        }
+                        if cons & constrained::DPORT != 0
+                            && !step_masked(
+                                acc,
+                                $dport.get(port_key(chain, q.p.dport)),
+                                $masks.get(chain * 4 + dim::DPORT),
+                            )
+                        {
+                            break 'dims true;
+                        }
+                    }
+                    false
+                };
+                let rule = if done { None } else { acc.first() };
+                let (action, idx) = match rule {
+                    Some(r) if (r as u32) < nrules => {
+                        let r = r as u32;
+                        match $rules.get(chain * MAX_RULES as u32 + r) {
+                            Some(ri) => (ri.action, r),
+                            None => (ACT_DROP, r),
+                        }
+                    }
+                    _ => (policy, NO_RULE),
+                };
+                let slot = if idx == NO_RULE {
+                    MAX_RULES as u32 - 1
+                } else {
+                    idx
+                };
+                if !q.count {
+                    return (action, idx);
+                }
+                if let Some(c) = $counters.get_ptr_mut(chain * MAX_RULES as u32 + slot) {
+                    // SAFETY: per-CPU slot of a successful lookup.
+                    unsafe {
+                        (*c).packets += 1;
+                        (*c).bytes += q.p.len as u64;
+                    }
+                }
+                (action, idx)
+            }
+        }
+    };
+}
+
+slot_eval!(
+    eval0, SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0,
+    RULES0, COUNTERS0
+);
+slot_eval!(
+    eval1, SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1,
+    RULES1, COUNTERS1
+);
+
+/// Outcome of the whole path.
+pub(crate) struct Outcome {
+    pub(crate) action: u8,
+    pub(crate) chain: u32,
+    pub(crate) rule: u32,
+    pub(crate) has_chain: bool,
+}
+
+#[inline(always)]
+pub(crate) fn hooks_of(slot: u32, idx: u32) -> Option<&'static HookChains> {
+    if slot == 0 {
+        HOOKS0.get(idx)
+    } else {
+        HOOKS1.get(idx)
+    }
+}
+
+/// State shared with the per-chain callback of `bpf_loop`.
+#[repr(C)]
+pub(crate) struct LoopCtx {
+    pub(crate) q: Query,
+    pub(crate) slot: u32,
+    /// Index into `HOOKS`.
+    pub(crate) hook_idx: u32,
+    /// Set when a chain refused the packet.
+    pub(crate) refused: u32,
+}
+
+/// One iteration: evaluate chain `index` of the hook. The verifier checks this body once per
+/// `bpf_loop` call site, whatever the number of chains.
+extern "C" fn chain_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is the LoopCtx on the caller's stack that bpf_loop hands back.
+    let lc = unsafe { &mut *(ctx as *mut LoopCtx) };
+    let Some(hc) = hooks_of(lc.slot, lc.hook_idx) else {
+        return 1;
+    };
+    let i = index as usize;
+    if i >= MAX_HOOK_CHAINS {
+        return 1;
+    }
+    lc.q.chain = hc.chains[i];
+    if lc.slot == 0 {
+        eval0(&lc.q);
+    } else {
+        eval1(&lc.q);
+    }
+    let a = match SCRATCH.get(0) {
+        Some(sc) => sc.action,
+        None => ACT_DROP as u32,
+    };
+    if a != ACT_ACCEPT as u32 {
+        lc.refused = 1;
+        return 1;
+    }
+    0
+}
+
+/// Run every chain of `hk` for the packet; false when the packet was refused.
+#[inline(always)]
+pub(crate) fn run_hook(slot: u32, hk: u32, q: &mut Query) -> bool {
+    let fidx = if q.p.family == family::V4 { 0 } else { 1 };
+    let hook_idx = hk * 2 + fidx;
+    let count = match hooks_of(slot, hook_idx) {
+        Some(hc) => hc.count.min(MAX_HOOK_CHAINS as u32),
+        None => return true,
+    };
+    if count == 0 {
+        return true;
+    }
+    let mut lc = LoopCtx {
+        q: *q,
+        slot,
+        hook_idx,
+        refused: 0,
+    };
+    // SAFETY: bpf_loop calls `chain_step` with a pointer to `lc`, which outlives the call.
+    unsafe {
+        bpf_loop(
+            count,
+            chain_step as *mut core::ffi::c_void,
+            (&mut lc as *mut LoopCtx).cast(),
+            0,
+        );
+    }
+    lc.refused == 0
+}
+
+pub(crate) const PATH_INPUT: u32 = 0;
+pub(crate) const PATH_FORWARD: u32 = 1;
+
+/// Evaluate the packet's path: (prerouting, forward, postrouting) or (prerouting, input).
+#[inline(never)]
+pub(crate) fn classify(route: &Route, p: &Pkt) -> u32 {
+    let (slot, path, iif, oif, state, count) = (
+        route.slot,
+        route.path,
+        route.iif,
+        route.oif,
+        route.state,
+        route.count,
+    );
+    if let Some(sc) = SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot of a successful lookup.
+        unsafe {
+            (*sc).action = ACT_ACCEPT as u32;
+            (*sc).chain = 0;
+            (*sc).rule = NO_RULE;
+            (*sc).has_chain = 0;
+        }
+    }
+    let mut q = Query {
+        count,
+        chain: 0,
+        iif,
+        oif: 0,
+        state,
+        p: *p,
+    };
+    if !run_hook(slot, hook::PREROUTING, &mut q) {
+        return 0;
+    }
+    if path == PATH_FORWARD {
+        q.oif = oif;
+        if !run_hook(slot, hook::FORWARD, &mut q) {
+            return 0;
+        }
+        let _ = run_hook(slot, hook::POSTROUTING, &mut q);
+    } else {
+        let _ = run_hook(slot, hook::INPUT, &mut q);
+    }
+    0
+}
+
+/// The outcome `classify` left in `SCRATCH` (drop when unreadable: fail closed).
+#[inline(always)]
+pub(crate) fn outcome() -> Outcome {
+    match SCRATCH.get(0) {
+        Some(sc) => Outcome {
+            action: sc.action as u8,
+            chain: sc.chain,
+            rule: sc.rule,
+            has_chain: sc.has_chain != 0,
+        },
+        None => Outcome {
+            action: ACT_DROP,
+            chain: 0,
+            rule: NO_RULE,
+            has_chain: false,
+        },
+    }
+}

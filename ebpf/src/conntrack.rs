@@ -1,0 +1,177 @@
+//! Connection tracking: an LRU of flows keyed by their original direction; the state of a
+//! packet (new, established, related, invalid) and the commit after an accept.
+
+#[allow(unused_imports)]
+use super::*;
+
+// Connection tracking (an LRU of flows, original direction as key).
+
+pub(crate) const TCP_FIN: u8 = 0x01;
+pub(crate) const TCP_SYN: u8 = 0x02;
+pub(crate) const TCP_RST: u8 = 0x04;
+pub(crate) const TCP_ACK: u8 = 0x10;
+
+pub(crate) fn flow_key(p: &Pkt) -> FlowKey {
+    let (sport, dport) = if p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6 {
+        (p.icmp_id, 0)
+    } else {
+        (p.sport, p.dport)
+    };
+    FlowKey {
+        src: p.src,
+        dst: p.dst,
+        sport: sport.to_be_bytes(),
+        dport: dport.to_be_bytes(),
+        proto: p.proto,
+        family: p.family,
+        _pad: [0; 2],
+    }
+}
+
+/// The key of the opposite direction. ICMP echo keeps its identifier in `sport` both ways.
+pub(crate) fn reverse(k: &FlowKey) -> FlowKey {
+    let icmp = k.proto == IPPROTO_ICMP || k.proto == IPPROTO_ICMPV6;
+    FlowKey {
+        src: k.dst,
+        dst: k.src,
+        sport: if icmp { k.sport } else { k.dport },
+        dport: if icmp { k.dport } else { k.sport },
+        proto: k.proto,
+        family: k.family,
+        _pad: [0; 2],
+    }
+}
+
+#[inline(always)]
+pub(crate) fn fresh(st: &FlowState, now: u64) -> bool {
+    now.wrapping_sub(st.last_seen_ns) < FLOW_IDLE_NS
+}
+
+/// ICMP types that are errors (quote another packet).
+pub(crate) fn icmp_is_error(p: &Pkt) -> bool {
+    if p.proto == IPPROTO_ICMP {
+        matches!(p.icmp_type, 3 | 4 | 5 | 11 | 12)
+    } else {
+        matches!(p.icmp_type, 1..=4)
+    }
+}
+
+/// ICMP types a flow cannot start with (replies).
+pub(crate) fn icmp_is_reply(p: &Pkt) -> bool {
+    if p.proto == IPPROTO_ICMP {
+        matches!(p.icmp_type, 0 | 14 | 16 | 18)
+    } else {
+        p.icmp_type == 129
+    }
+}
+
+/// Echo requests are tracked by id; ICMP types other than echo carry no usable id.
+pub(crate) fn icmp_keyed(p: &Pkt) -> bool {
+    if p.proto == IPPROTO_ICMP {
+        matches!(p.icmp_type, 0 | 8)
+    } else {
+        matches!(p.icmp_type, 128 | 129)
+    }
+}
+
+/// Conntrack state of the packet.
+#[inline(never)]
+pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
+    let now = unsafe { bpf_ktime_get_ns() };
+    if p.proto == IPPROTO_TCP && p.has_ports {
+        let f = p.tcp_flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
+        // The combinations conntrack accepts (tcp_valid_flags), URG/PSH aside.
+        let valid = matches!(f, TCP_SYN | 0x12 | TCP_RST | 0x14 | 0x11 | TCP_ACK);
+        if !valid {
+            return ct::INVALID;
+        }
+    }
+    let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
+    if is_icmp && icmp_is_error(p) {
+        // Quoted packet: its flow, seen from the quoting side, is the reverse.
+        let q = l3 + p.l4 as usize + 8;
+        let Some(ip) = WORK.get_ptr_mut(0) else {
+            return ct::INVALID;
+        };
+        // SAFETY: per-CPU slot of a successful lookup; `inner` is not the packet `p` points at.
+        let inner = unsafe { &mut (*ip).inner };
+        let fam = if p.family == family::V4 {
+            ETH_P_IP
+        } else {
+            ETH_P_IPV6
+        };
+        if !matches!(parse(s, q, fam, inner), Parse::Ok) {
+            return ct::INVALID;
+        }
+        let k = flow_key(inner);
+        // SAFETY: read-only lookups of plain data.
+        let known = unsafe {
+            FLOWS.get(&k).is_some_and(|st| fresh(st, now))
+                || FLOWS.get(&reverse(&k)).is_some_and(|st| fresh(st, now))
+        };
+        return if known { ct::RELATED } else { ct::INVALID };
+    }
+    if is_icmp && !icmp_keyed(p) {
+        return if icmp_is_reply(p) {
+            ct::INVALID
+        } else {
+            ct::NEW
+        };
+    }
+    let k = flow_key(p);
+    // SAFETY: plain data.
+    if let Some(st) = unsafe { FLOWS.get(&k) } {
+        if fresh(st, now) {
+            return if st.replied != 0 {
+                ct::ESTABLISHED
+            } else {
+                ct::NEW
+            };
+        }
+    }
+    if let Some(st) = unsafe { FLOWS.get(&reverse(&k)) } {
+        if fresh(st, now) {
+            return ct::ESTABLISHED;
+        }
+    }
+    if is_icmp && icmp_is_reply(p) {
+        return ct::INVALID;
+    }
+    ct::NEW
+}
+
+/// After an accept: create the flow (new) or note the reply (established).
+#[inline(never)]
+pub(crate) fn ct_commit(p: &Pkt, state: u32) {
+    let now = unsafe { bpf_ktime_get_ns() };
+    let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
+    if state == ct::INVALID || state == ct::RELATED || (is_icmp && !icmp_keyed(p)) {
+        return;
+    }
+    let k = flow_key(p);
+    if let Some(st) = FLOWS.get_ptr_mut(&k) {
+        // SAFETY: pointer from a successful lookup.
+        unsafe { (*st).last_seen_ns = now };
+        return;
+    }
+    let r = reverse(&k);
+    if let Some(st) = FLOWS.get_ptr_mut(&r) {
+        // SAFETY: pointer from a successful lookup.
+        unsafe {
+            (*st).last_seen_ns = now;
+            (*st).replied = 1;
+        }
+        return;
+    }
+    if state == ct::NEW {
+        let _ = FLOWS.insert(
+            &k,
+            &FlowState {
+                last_seen_ns: now,
+                replied: 0,
+                _pad: [0; 7],
+            },
+            0,
+        );
+    }
+}

@@ -1,0 +1,144 @@
+//! Maps: the two policy slots, configuration, conntrack, per-CPU scratch space and the probe
+//! record. Names are the pin names under the pin directory (README, "BPF map layout"); their
+//! key and value layouts are `peerwall-common`'s.
+
+#[allow(unused_imports)]
+use super::*;
+
+// Maps. Names are the pin names under /sys/fs/bpf/peerwall/ (see README, "BPF map layout").
+
+/// Prefix entries of the address dimensions (no preallocation: memory follows the policy).
+pub(crate) const TRIE_MAX: u32 = 4 << 20;
+pub(crate) const PORT_TRIE_MAX: u32 = 1 << 16;
+pub(crate) const HASH_MAX: u32 = 1 << 14;
+pub(crate) const FLOWS_MAX: u32 = 1 << 16;
+pub(crate) const FLOW_IDLE_NS: u64 = 600_000_000_000;
+/// `BPF_F_NO_PREALLOC`: hash maps sized for millions of hosts take memory as entries come.
+pub(crate) const NO_PREALLOC: u32 = 1;
+
+macro_rules! slot_maps {
+    ($src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident, $oif:ident,
+     $ct:ident, $masks:ident, $chains:ident, $rules:ident, $hooks:ident, $counters:ident) => {
+        #[map]
+        pub(crate) static $src: LpmTrie<AddrKeyData, Bitmap> = LpmTrie::pinned(TRIE_MAX, 0);
+        #[map]
+        pub(crate) static $dst: LpmTrie<AddrKeyData, Bitmap> = LpmTrie::pinned(TRIE_MAX, 0);
+        // Full-length prefixes (hosts: /32, /128) live in hash maps consulted first: an
+        // exact-match lookup is O(1) where the trie walks its depth, and the tries stay small.
+        #[map]
+        pub(crate) static $srch: HashMap<AddrKeyData, Bitmap> =
+            HashMap::pinned(TRIE_MAX, NO_PREALLOC);
+        #[map]
+        pub(crate) static $dsth: HashMap<AddrKeyData, Bitmap> =
+            HashMap::pinned(TRIE_MAX, NO_PREALLOC);
+        #[map]
+        pub(crate) static $sport: LpmTrie<PortKeyData, Bitmap> = LpmTrie::pinned(PORT_TRIE_MAX, 0);
+        #[map]
+        pub(crate) static $dport: LpmTrie<PortKeyData, Bitmap> = LpmTrie::pinned(PORT_TRIE_MAX, 0);
+        #[map]
+        pub(crate) static $proto: HashMap<ProtoKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
+        #[map]
+        pub(crate) static $iif: HashMap<IfKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
+        #[map]
+        pub(crate) static $oif: HashMap<IfKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
+        #[map]
+        pub(crate) static $ct: Array<Bitmap> = Array::pinned(MAX_CHAINS * ct::SLOTS, 0);
+        #[map]
+        pub(crate) static $masks: Array<DimMasks> = Array::pinned(MAX_CHAINS * 4, 0);
+        #[map]
+        pub(crate) static $chains: Array<ChainInfo> = Array::pinned(MAX_CHAINS, 0);
+        #[map]
+        pub(crate) static $rules: Array<RuleInfo> = Array::pinned(MAX_CHAINS * MAX_RULES as u32, 0);
+        #[map]
+        pub(crate) static $hooks: Array<HookChains> = Array::pinned(HOOK_SLOTS, 0);
+        #[map]
+        pub(crate) static $counters: PerCpuArray<Counter> =
+            PerCpuArray::pinned(MAX_CHAINS * MAX_RULES as u32, 0);
+    };
+}
+
+slot_maps!(
+    SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0, RULES0,
+    HOOKS0, COUNTERS0
+);
+slot_maps!(
+    SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1, RULES1,
+    HOOKS1, COUNTERS1
+);
+
+#[map]
+pub(crate) static CONFIG: Array<Config> = Array::pinned(1, 0);
+/// Emergency switch, separate so that one bpftool command flips it:
+/// `bpftool map update pinned /sys/fs/bpf/peerwall/ALLOW_ALL key 0 0 0 0 value 1 0 0 0`.
+#[map]
+pub(crate) static ALLOW_ALL: Array<u32> = Array::pinned(1, 0);
+
+#[inline(always)]
+pub(crate) fn allow_all(cfg: &Config) -> bool {
+    cfg.flags & flags::ALLOW_ALL != 0 || ALLOW_ALL.get(0).is_some_and(|v| *v != 0)
+}
+#[map]
+pub(crate) static IFACES: HashMap<u32, IfaceInfo> = HashMap::pinned(1024, 0);
+#[map]
+pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
+#[map]
+pub(crate) static LAST: PerCpuArray<ProbeRecord> = PerCpuArray::pinned(1, 0);
+/// Per-CPU result of the chain being evaluated. Results live in map memory, not on the stack,
+/// so the verifier sees one state after each chain instead of one per outcome.
+#[map]
+pub(crate) static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(1, 0);
+/// Per-CPU packet under classification. Parsing, conntrack and routing leave their results
+/// here and classification reads them back: the verifier then checks classification once,
+/// not once per way the packet could have been parsed.
+#[map]
+pub(crate) static WORK: PerCpuArray<Work> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Work {
+    pub(crate) p: Pkt,
+    /// The packet quoted by an ICMP error.
+    pub(crate) inner: Pkt,
+    pub(crate) r: Route,
+}
+
+/// Per-CPU buffer where `reject` builds its ICMP answer (too large for the stack).
+#[map]
+pub(crate) static REJECT_BUF: PerCpuArray<[u8; 96]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU rule accumulator of the chain being evaluated.
+#[map]
+pub(crate) static ACC: PerCpuArray<Bitmap> = PerCpuArray::with_max_entries(1, 0);
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Scratch {
+    pub(crate) action: u32,
+    pub(crate) chain: u32,
+    pub(crate) rule: u32,
+    pub(crate) has_chain: u32,
+}
+
+pub(crate) fn config() -> Config {
+    match CONFIG.get(0) {
+        Some(c) => *c,
+        None => Config {
+            active: 0,
+            flags: 0,
+        },
+    }
+}
+
+pub(crate) fn record(out: &Outcome) {
+    if let Some(r) = LAST.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot of a successful lookup.
+        unsafe {
+            (*r).seq = (*r).seq.wrapping_add(1);
+            (*r).verdict = out.action;
+            (*r).has_chain = out.has_chain as u8;
+            (*r).has_rule = (out.rule != NO_RULE) as u8;
+            (*r).chain = out.chain;
+            (*r).rule = out.rule;
+        }
+    }
+}

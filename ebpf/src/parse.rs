@@ -1,0 +1,227 @@
+//! Packet parsing common to tc (skb loads) and XDP (direct access with bounds checks):
+//! Ethernet/L3 offsets, IPv4/IPv6 (extension headers, fragments), TCP/UDP/ICMP fields.
+
+#[allow(unused_imports)]
+use super::*;
+
+// Packet access common to tc (skb loads) and XDP (direct access with bounds checks).
+
+pub(crate) trait Source {
+    fn read<T: Copy>(&self, off: usize) -> Option<T>;
+}
+
+impl Source for TcContext {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        self.load::<T>(off).ok()
+    }
+}
+
+impl Source for XdpContext {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        let mut v = core::mem::MaybeUninit::<T>::uninit();
+        // SAFETY: the helper writes exactly size_of::<T>() bytes into `v` or fails.
+        let rc = unsafe {
+            bpf_xdp_load_bytes(
+                self.ctx,
+                off as u32,
+                v.as_mut_ptr().cast(),
+                size_of::<T>() as u32,
+            )
+        };
+        if rc != 0 {
+            return None;
+        }
+        // SAFETY: initialised by the successful helper call.
+        Some(unsafe { v.assume_init() })
+    }
+}
+
+pub(crate) const ETH_P_IP: u16 = 0x0800;
+pub(crate) const ETH_P_IPV6: u16 = 0x86DD;
+pub(crate) const IPPROTO_TCP: u8 = 6;
+pub(crate) const IPPROTO_UDP: u8 = 17;
+pub(crate) const IPPROTO_ICMP: u8 = 1;
+pub(crate) const IPPROTO_ICMPV6: u8 = 58;
+
+/// What the classifier needs of a packet.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Pkt {
+    pub(crate) family: u8,
+    pub(crate) proto: u8,
+    /// Ports were read (TCP/UDP, first fragment).
+    pub(crate) has_ports: bool,
+    pub(crate) tcp_flags: u8,
+    pub(crate) icmp_type: u8,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    /// ICMP echo id (host order).
+    pub(crate) icmp_id: u16,
+    pub(crate) src: [u8; 16],
+    pub(crate) dst: [u8; 16],
+    /// IP total length (bytes counted).
+    pub(crate) len: u32,
+    /// Offset of the layer-4 header from the IP header.
+    pub(crate) l4: u32,
+}
+
+pub(crate) enum Parse {
+    /// Not IP: not ours.
+    NotIp,
+    /// IP but unparseable: fail closed.
+    Bad,
+    /// Parsed into the output.
+    Ok,
+}
+
+#[inline(always)]
+pub(crate) fn parse<S: Source>(s: &S, l3: usize, ethertype: u16, p: &mut Pkt) -> Parse {
+    *p = Pkt {
+        family: 0,
+        proto: 0,
+        has_ports: false,
+        tcp_flags: 0,
+        icmp_type: 0,
+        sport: 0,
+        dport: 0,
+        icmp_id: 0,
+        src: [0; 16],
+        dst: [0; 16],
+        len: 0,
+        l4: 0,
+    };
+    let first_frag;
+    if ethertype == ETH_P_IP {
+        let Some(vihl) = s.read::<u8>(l3) else {
+            return Parse::Bad;
+        };
+        if vihl >> 4 != 4 {
+            return Parse::Bad;
+        }
+        let ihl = ((vihl & 0x0f) as u32) * 4;
+        if ihl < 20 {
+            return Parse::Bad;
+        }
+        let Some(tot) = s.read::<[u8; 2]>(l3 + 2) else {
+            return Parse::Bad;
+        };
+        let Some(frag) = s.read::<[u8; 2]>(l3 + 6) else {
+            return Parse::Bad;
+        };
+        let Some(proto) = s.read::<u8>(l3 + 9) else {
+            return Parse::Bad;
+        };
+        let Some(src) = s.read::<[u8; 4]>(l3 + 12) else {
+            return Parse::Bad;
+        };
+        let Some(dst) = s.read::<[u8; 4]>(l3 + 16) else {
+            return Parse::Bad;
+        };
+        p.family = family::V4;
+        p.proto = proto;
+        p.len = u16::from_be_bytes(tot) as u32;
+        if p.len < ihl {
+            return Parse::Bad;
+        }
+        p.src[..4].copy_from_slice(&src);
+        p.dst[..4].copy_from_slice(&dst);
+        p.l4 = ihl;
+        first_frag = (u16::from_be_bytes(frag) & 0x1fff) == 0;
+    } else if ethertype == ETH_P_IPV6 {
+        let Some(v) = s.read::<u8>(l3) else {
+            return Parse::Bad;
+        };
+        if v >> 4 != 6 {
+            return Parse::Bad;
+        }
+        let Some(plen) = s.read::<[u8; 2]>(l3 + 4) else {
+            return Parse::Bad;
+        };
+        let Some(mut next) = s.read::<u8>(l3 + 6) else {
+            return Parse::Bad;
+        };
+        let Some(src) = s.read::<[u8; 16]>(l3 + 8) else {
+            return Parse::Bad;
+        };
+        let Some(dst) = s.read::<[u8; 16]>(l3 + 24) else {
+            return Parse::Bad;
+        };
+        p.family = family::V6;
+        p.src = src;
+        p.dst = dst;
+        p.len = 40 + u16::from_be_bytes(plen) as u32;
+        let mut off: u32 = 40;
+        let mut ff = true;
+        // Extension headers, bounded: hop-by-hop, routing, fragment, destination options, AH.
+        let mut i = 0;
+        while i < 6 {
+            i += 1;
+            match next {
+                0 | 43 | 60 => {
+                    let Some(h) = s.read::<[u8; 2]>(l3 + off as usize) else {
+                        return Parse::Bad;
+                    };
+                    next = h[0];
+                    off += (h[1] as u32 + 1) * 8;
+                }
+                51 => {
+                    let Some(h) = s.read::<[u8; 2]>(l3 + off as usize) else {
+                        return Parse::Bad;
+                    };
+                    next = h[0];
+                    off += (h[1] as u32 + 2) * 4;
+                }
+                44 => {
+                    let Some(h) = s.read::<[u8; 4]>(l3 + off as usize) else {
+                        return Parse::Bad;
+                    };
+                    next = h[0];
+                    if (u16::from_be_bytes([h[2], h[3]]) & 0xfff8) != 0 {
+                        ff = false;
+                    }
+                    off += 8;
+                }
+                _ => break,
+            }
+            if off > 512 {
+                return Parse::Bad;
+            }
+        }
+        p.proto = next;
+        p.l4 = off;
+        first_frag = ff;
+    } else {
+        return Parse::NotIp;
+    }
+    if !first_frag {
+        return Parse::Ok;
+    }
+    let l4 = l3 + p.l4 as usize;
+    match p.proto {
+        IPPROTO_TCP | IPPROTO_UDP => {
+            let Some(ports) = s.read::<[u8; 4]>(l4) else {
+                return Parse::Bad;
+            };
+            p.sport = u16::from_be_bytes([ports[0], ports[1]]);
+            p.dport = u16::from_be_bytes([ports[2], ports[3]]);
+            p.has_ports = true;
+            if p.proto == IPPROTO_TCP {
+                let Some(f) = s.read::<u8>(l4 + 13) else {
+                    return Parse::Bad;
+                };
+                p.tcp_flags = f;
+            }
+        }
+        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
+            let Some(h) = s.read::<[u8; 6]>(l4) else {
+                return Parse::Bad;
+            };
+            p.icmp_type = h[0];
+            p.icmp_id = u16::from_be_bytes([h[4], h[5]]);
+        }
+        _ => {}
+    }
+    Parse::Ok
+}

@@ -1,0 +1,83 @@
+//! Routing: a FIB lookup tells whether a packet is forwarded (and through which interface) or
+//! delivered to the gateway itself, so the right hooks run.
+
+#[allow(unused_imports)]
+use super::*;
+
+/// Kernel layout of `struct bpf_fib_lookup` (64 bytes), unions flattened.
+#[repr(C)]
+pub(crate) struct FibParams {
+    pub(crate) family: u8,
+    pub(crate) l4_protocol: u8,
+    pub(crate) sport: u16,
+    pub(crate) dport: u16,
+    pub(crate) tot_len: u16,
+    pub(crate) ifindex: u32,
+    pub(crate) flowinfo: u32,
+    pub(crate) src: [u8; 16],
+    pub(crate) dst: [u8; 16],
+    pub(crate) vlan_proto: u16,
+    pub(crate) vlan_tci: u16,
+    pub(crate) smac: [u8; 6],
+    pub(crate) dmac: [u8; 6],
+}
+
+pub(crate) const AF_INET: u8 = 2;
+pub(crate) const AF_INET6: u8 = 10;
+pub(crate) const FIB_SKIP_NEIGH: u32 = 4;
+pub(crate) const FIB_SUCCESS: i64 = 0;
+pub(crate) const FIB_NOT_FWDED: i64 = 4;
+pub(crate) const FIB_NO_NEIGH: i64 = 7;
+
+/// Path of a packet, the interfaces the chains see, and how to evaluate it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Route {
+    pub(crate) slot: u32,
+    pub(crate) path: u32,
+    pub(crate) iif: u32,
+    pub(crate) oif: u32,
+    pub(crate) state: u32,
+    pub(crate) count: bool,
+}
+
+/// Where the kernel will send the packet: (path, oif).
+#[inline(never)]
+pub(crate) fn route<C: EbpfContext>(ctx: &C, p: &Pkt, iif: u32) -> (u32, u32) {
+    let mut f = FibParams {
+        family: if p.family == family::V4 {
+            AF_INET
+        } else {
+            AF_INET6
+        },
+        l4_protocol: p.proto,
+        sport: p.sport.to_be(),
+        dport: p.dport.to_be(),
+        tot_len: 0,
+        ifindex: iif,
+        flowinfo: 0,
+        src: p.src,
+        dst: p.dst,
+        vlan_proto: 0,
+        vlan_tci: 0,
+        smac: [0; 6],
+        dmac: [0; 6],
+    };
+    // SAFETY: `f` has the kernel's layout and size; the context pointer is the program's own.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            (&mut f as *mut FibParams).cast(),
+            size_of::<FibParams>() as i32,
+            FIB_SKIP_NEIGH,
+        )
+    };
+    match rc {
+        FIB_SUCCESS | FIB_NO_NEIGH => (PATH_FORWARD, f.ifindex),
+        FIB_NOT_FWDED => (PATH_INPUT, 0),
+        // Unroutable: the kernel drops it after prerouting; only prerouting chains matter,
+        // which the input path runs first (its input chains then cannot change the outcome
+        // the kernel imposes).
+        _ => (PATH_INPUT, 0),
+    }
+}
