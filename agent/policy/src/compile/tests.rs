@@ -1,7 +1,7 @@
 //! Validation and lowering, data in → data out.
 
 use super::*;
-use crate::ir::{evaluate, CtState, Packet, Verdict};
+use crate::ir::{evaluate, CtState, Packet, Verdict, VerdictAction};
 use peerwall_intent::load::{parse_documents, LoadError};
 
 fn objects(yaml: &str) -> Vec<PolicyObject> {
