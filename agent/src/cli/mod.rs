@@ -2,9 +2,14 @@
 //!
 //! Exit codes: 0 answered, 2 bad input (error on stderr, nothing changed), 1 runtime failure.
 
+mod host;
+mod render;
+mod serve;
+mod verdict;
+
 use std::io::Write;
 use std::net::IpAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -108,7 +113,7 @@ pub enum OnOff {
 
 /// Verdict engine.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Engine {
+pub enum VerdictEngine {
     /// The reference evaluator over the policy IR.
     Reference,
     /// The real kernel: a scratch namespace with the nftables rendering loaded.
@@ -168,41 +173,7 @@ pub enum Command {
         output: Output,
     },
     /// The fate of one packet crossing the gateway.
-    Verdict {
-        /// YAML files or directories.
-        #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
-        files: Vec<PathBuf>,
-        /// Input interface (e.g. liqo-tunnel).
-        #[arg(long)]
-        iif: String,
-        /// Output interface; without it the packet is addressed to the gateway itself.
-        #[arg(long)]
-        oif: Option<String>,
-        /// Source address.
-        #[arg(long)]
-        src: IpAddr,
-        /// Destination address.
-        #[arg(long)]
-        dst: IpAddr,
-        /// Protocol.
-        #[arg(long, value_enum, default_value_t = ProtoArg::Tcp)]
-        proto: ProtoArg,
-        /// Source port (TCP/UDP).
-        #[arg(long, default_value_t = 40000)]
-        sport: u16,
-        /// Destination port (TCP/UDP).
-        #[arg(long, default_value_t = 80)]
-        dport: u16,
-        /// Conntrack state.
-        #[arg(long = "ct-state", value_enum, default_value_t = CtArg::New)]
-        ct_state: CtArg,
-        /// Who judges.
-        #[arg(long, value_enum, default_value_t = Engine::Reference)]
-        engine: Engine,
-        /// Output format.
-        #[arg(long, value_enum, default_value_t = Output::Text)]
-        output: Output,
-    },
+    Verdict(VerdictArgs),
     /// Install the policy on this host (current network namespace) and exit.
     /// peerwall's tables become exactly the given ones: owned tables not in the input are removed.
     Apply {
@@ -264,44 +235,7 @@ pub enum Command {
     },
     /// Keep a source of FirewallConfigurations enforced on this host (runs until SIGINT/SIGTERM;
     /// enforcement stays in place after it stops).
-    Agent {
-        /// Policy source: `dir:PATH` (a directory of YAML files, polled) or `kube` (watch the
-        /// API server: in-cluster service account or KUBECONFIG).
-        #[arg(long)]
-        source: crate::agent::PolicySource,
-        /// `kube` source: label selector of peerwall's FirewallConfigurations
-        /// (`firewallconfigurations.peerwall.io`) this host enforces; add
-        /// `peerwall.io/remote-cluster-id=<peer>` to take one peer's gateway objects only.
-        #[arg(long, default_value = crate::k8s::DEFAULT_SELECTOR)]
-        selector: String,
-        /// `kube` source, opt-in: also enforce Liqo's own FirewallConfigurations
-        /// (`networking.liqo.io`) that this label selector picks, e.g.
-        /// `networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique=<peer>`.
-        /// Read only: no status, no finalizer on Liqo's objects. Only where Liqo's own firewall
-        /// controller does not apply them too (both would claim the same tables).
-        #[arg(long)]
-        liqo_selector: Option<String>,
-        /// Enforce in this named network namespace (`ip netns` name, e.g. a gateway's) instead
-        /// of the agent's own; the agent's API connection and endpoints stay where it runs.
-        #[arg(long)]
-        netns: Option<String>,
-        /// `kube` source: this host's name in status conditions and finalizers
-        /// (default: $NODE_NAME, $POD_NAME or the hostname).
-        #[arg(long)]
-        host: Option<String>,
-        /// Backend.
-        #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
-        backend: BackendKind,
-        /// bpf backend options.
-        #[command(flatten)]
-        bpf: BpfOpts,
-        /// How often the source is checked (and nftables drift repaired).
-        #[arg(long, default_value_t = 200)]
-        interval_ms: u64,
-        /// Where `/metrics`, `/healthz` and `/readyz` are served.
-        #[arg(long, default_value = "0.0.0.0:9090")]
-        metrics_addr: std::net::SocketAddr,
-    },
+    Agent(AgentArgs),
     /// Provider and consumer protection (one per cluster): a default-deny gateway
     /// FirewallConfiguration per peer allowing only offloaded pods, and a NetworkPolicy per
     /// offloaded namespace. Runs until SIGINT/SIGTERM.
@@ -329,6 +263,85 @@ pub enum Command {
         #[arg(long)]
         tls_key: PathBuf,
     },
+}
+
+/// Arguments of `peerwall verdict`.
+#[derive(clap::Args, Debug)]
+pub struct VerdictArgs {
+    /// YAML files or directories.
+    #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    /// Input interface (e.g. liqo-tunnel).
+    #[arg(long)]
+    pub iif: String,
+    /// Output interface; without it the packet is addressed to the gateway itself.
+    #[arg(long)]
+    pub oif: Option<String>,
+    /// Source address.
+    #[arg(long)]
+    pub src: IpAddr,
+    /// Destination address.
+    #[arg(long)]
+    pub dst: IpAddr,
+    /// Protocol.
+    #[arg(long, value_enum, default_value_t = ProtoArg::Tcp)]
+    pub proto: ProtoArg,
+    /// Source port (TCP/UDP).
+    #[arg(long, default_value_t = 40000)]
+    pub sport: u16,
+    /// Destination port (TCP/UDP).
+    #[arg(long, default_value_t = 80)]
+    pub dport: u16,
+    /// Conntrack state.
+    #[arg(long = "ct-state", value_enum, default_value_t = CtArg::New)]
+    pub ct_state: CtArg,
+    /// Who judges.
+    #[arg(long, value_enum, default_value_t = VerdictEngine::Reference)]
+    pub engine: VerdictEngine,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+}
+
+/// Arguments of `peerwall agent`.
+#[derive(clap::Args, Debug)]
+pub struct AgentArgs {
+    /// Policy source: `dir:PATH` (a directory of YAML files, polled) or `kube` (watch the
+    /// API server: in-cluster service account or KUBECONFIG).
+    #[arg(long)]
+    pub source: crate::agent::PolicySource,
+    /// `kube` source: label selector of peerwall's FirewallConfigurations
+    /// (`firewallconfigurations.peerwall.io`) this host enforces; add
+    /// `peerwall.io/remote-cluster-id=<peer>` to take one peer's gateway objects only.
+    #[arg(long, default_value = crate::k8s::DEFAULT_SELECTOR)]
+    pub selector: String,
+    /// `kube` source, opt-in: also enforce Liqo's own FirewallConfigurations
+    /// (`networking.liqo.io`) that this label selector picks, e.g.
+    /// `networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique=<peer>`.
+    /// Read only: no status, no finalizer on Liqo's objects. Only where Liqo's own firewall
+    /// controller does not apply them too (both would claim the same tables).
+    #[arg(long)]
+    pub liqo_selector: Option<String>,
+    /// Enforce in this named network namespace (`ip netns` name, e.g. a gateway's) instead
+    /// of the agent's own; the agent's API connection and endpoints stay where it runs.
+    #[arg(long)]
+    pub netns: Option<String>,
+    /// `kube` source: this host's name in status conditions and finalizers
+    /// (default: $NODE_NAME, $POD_NAME or the hostname).
+    #[arg(long)]
+    pub host: Option<String>,
+    /// Backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
+    pub backend: BackendKind,
+    /// bpf backend options.
+    #[command(flatten)]
+    pub bpf: BpfOpts,
+    /// How often the source is checked (and nftables drift repaired).
+    #[arg(long, default_value_t = 200)]
+    pub interval_ms: u64,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, default_value = "0.0.0.0:9090")]
+    pub metrics_addr: std::net::SocketAddr,
 }
 
 /// SIGINT/SIGTERM set the returned flag.
@@ -421,351 +434,32 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Compile {
             files,
-            backend: BackendKind::Bpf,
+            backend,
             output,
-        } => {
-            let compiled = load_and_compile(&files)?;
-            let ifaces = peerwall_backend_bpf::loader::host_ifaces()
-                .context("listing interfaces")
-                .map_err(runtime)?;
-            let ifaces: Vec<peerwall_backend_bpf::compile::Iface> = ifaces
-                .into_iter()
-                .map(|i| peerwall_backend_bpf::compile::Iface {
-                    name: i.name,
-                    ifindex: i.ifindex,
-                })
-                .collect();
-            let bp =
-                peerwall_backend_bpf::compile::compile(&compiled.policy, &ifaces).map_err(input)?;
-            for note in peerwall_backend_bpf::compile::left_to_nftables(&compiled.policy) {
-                tracing::warn!("{note}");
-            }
-            let view = peerwall_backend_bpf::inspect::describe(&bp);
-            match output {
-                Output::Json => out(&format!(
-                    "{}\n",
-                    serde_json::to_string_pretty(&view).map_err(runtime)?
-                )),
-                Output::Text => out(&peerwall_backend_bpf::inspect::text(&view)),
-            }
-        }
-        Command::Compile {
-            files,
-            backend: BackendKind::Nftables,
-            output,
-        } => {
-            let compiled = load_and_compile(&files)?;
-            let tables = nftables::render_policy(&compiled.policy, RenderOptions::default());
-            match output {
-                Output::Text => {
-                    let s: Vec<String> = tables.iter().map(text::table_text).collect();
-                    out(&s.join("\n"))
-                }
-                Output::Json => {
-                    let cmds: Vec<nftables::model::Command<'_>> = tables
-                        .iter()
-                        .map(nftables::model::Command::Create)
-                        .collect();
-                    let doc = nftables::json::document(&cmds);
-                    out(&format!(
-                        "{}\n",
-                        serde_json::to_string_pretty(&doc).map_err(runtime)?
-                    ))
-                }
-            }
-        }
-        Command::Verdict {
-            files,
-            iif,
-            oif,
-            src,
-            dst,
-            proto: p,
-            sport,
-            dport,
-            ct_state,
-            engine,
-            output,
-        } => {
-            if src.is_ipv4() != dst.is_ipv4() {
-                return Err(input(anyhow::anyhow!(
-                    "--src {src} and --dst {dst} are of different address families"
-                )));
-            }
-            let compiled = load_and_compile(&files)?;
-            let pkt = Packet {
-                src,
-                dst,
-                proto: match (p, src.is_ipv6()) {
-                    (ProtoArg::Tcp, _) => proto::TCP,
-                    (ProtoArg::Udp, _) => proto::UDP,
-                    (ProtoArg::Icmp, false) => proto::ICMP,
-                    (ProtoArg::Icmp, true) => proto::ICMPV6,
-                },
-                sport,
-                dport,
-                iif: Some(iif),
-                oif,
-                ct_state: match ct_state {
-                    CtArg::New => CtState::New,
-                    CtArg::Established => CtState::Established,
-                    CtArg::Related => CtState::Related,
-                    CtArg::Untracked => CtState::Untracked,
-                    CtArg::Invalid => CtState::Invalid,
-                },
-            };
-            let verdict = match engine {
-                Engine::Reference => ir::evaluate(&compiled.policy, &pkt),
-                Engine::Nftables => {
-                    let mut probe = NftProbe::new(&compiled.policy, &probe::interfaces_of([&pkt]))
-                        .context("building the scratch gateway")
-                        .map_err(runtime)?;
-                    probe.verdict(&pkt).map_err(|e| match e {
-                        probe::ProbeError::Unsupported(_) => input(e),
-                        other => runtime(other),
-                    })?
-                }
-                Engine::Bpf => {
-                    let parent = peerwall_backend_bpf::loader::ensure_bpffs()
-                        .context("bpf filesystem")
-                        .map_err(runtime)?;
-                    let mut probe = probe::bpf::BpfProbe::new(
-                        &compiled.policy,
-                        &probe::interfaces_of([&pkt]),
-                        &parent,
-                    )
-                    .context("loading the eBPF datapath")
-                    .map_err(runtime)?;
-                    probe.verdict(&pkt).map_err(|e| match e {
-                        probe::ProbeError::Unsupported(_) => input(e),
-                        other => runtime(other),
-                    })?
-                }
-            };
-            match output {
-                Output::Json => out(&format!(
-                    "{}\n",
-                    serde_json::to_string(&verdict).map_err(runtime)?
-                )),
-                Output::Text => {
-                    let by = match (&verdict.table, &verdict.chain, &verdict.rule) {
-                        (Some(t), Some(c), Some(r)) => format!("rule {t}/{c}/{r}"),
-                        (Some(t), Some(c), None) => format!("policy of chain {t}/{c}"),
-                        _ => "no chain on the path".to_string(),
-                    };
-                    out(&format!("{} ({by})\n", verdict.verdict.as_str()))
-                }
-            }
-        }
+        } => render::compile(&files, backend, output),
+        Command::Verdict(a) => verdict::verdict(a),
         Command::Apply {
             files,
-            backend: BackendKind::Bpf,
-            bpf,
-        } => {
-            use peerwall_backend_bpf::loader;
-            let compiled = load_and_compile(&files)?;
-            // `apply` must attach somewhere (the agent instead waits for interfaces to appear).
-            let host = loader::host_ifaces()
-                .context("listing interfaces")
-                .map_err(runtime)?;
-            if loader::matching(&host, &bpf.interfaces).is_empty() {
-                return Err(runtime(loader::BpfError::NoInterface(
-                    bpf.interfaces.clone(),
-                )));
-            }
-            let mut b = BpfEnforcer::load(&bpf.pin_dir, bpf.interfaces.clone(), bpf.xdp)
-                .with_context(|| {
-                    format!("loading the datapath (pins in {})", bpf.pin_dir.display())
-                })
-                .map_err(runtime)?;
-            apply_with(&mut b, &compiled.policy, |e| {
-                matches!(e, loader::BpfError::Compile(_))
-            })?;
-            tracing::info!(attached = ?b.attached(), "bpf datapath attached");
-            Ok(())
-        }
-        Command::Apply {
-            files,
-            backend: BackendKind::Nftables,
-            bpf: _,
-        } => {
-            let compiled = load_and_compile(&files)?;
-            apply_with(&mut NftBackend::new(Nft::host()), &compiled.policy, |_| {
-                false
-            })
-        }
-        Command::Delete {
-            backend: BackendKind::Bpf,
-            pin_dir,
-        } => {
-            let gone = peerwall_backend_bpf::loader::remove_pins(&pin_dir)
-                .with_context(|| format!("removing {}", pin_dir.display()))
-                .map_err(runtime)?;
-            tracing::info!(pins = gone.len(), "bpf datapath detached and unpinned");
-            Ok(())
-        }
-        Command::Inspect { pin_dir, output } => {
-            let i = peerwall_backend_bpf::pinned::inspect(&pin_dir)
-                .with_context(|| format!("pinned datapath in {}", pin_dir.display()))
-                .map_err(runtime)?;
-            match output {
-                Output::Json => out(&format!(
-                    "{}\n",
-                    serde_json::to_string(&i).map_err(runtime)?
-                )),
-                Output::Text => out(&peerwall_backend_bpf::pinned::text(&i)),
-            }
-        }
-        Command::AllowAll { state, pin_dir } => {
-            peerwall_backend_bpf::loader::set_allow_all_pinned(&pin_dir, state == OnOff::On)
-                .with_context(|| format!("pinned datapath in {}", pin_dir.display()))
-                .map_err(runtime)?;
-            tracing::warn!(allow_all = state == OnOff::On, "emergency switch set");
-            Ok(())
-        }
-        Command::Delete {
-            backend: BackendKind::Nftables,
-            pin_dir: _,
-        } => {
-            let mut b = NftBackend::new(Nft::host());
-            let gone = b
-                .delete_all()
-                .context("deleting peerwall tables")
-                .map_err(runtime)?;
-            tracing::info!(tables = ?gone, "peerwall tables deleted");
-            Ok(())
-        }
-        Command::Counters { output } => {
-            let b = NftBackend::new(Nft::host());
-            let counters = b
-                .counters()
-                .context("reading rule counters")
-                .map_err(runtime)?;
-            match output {
-                Output::Json => out(&format!(
-                    "{}\n",
-                    serde_json::to_string(&counters).map_err(runtime)?
-                )),
-                Output::Text => {
-                    let mut s = String::new();
-                    for c in counters {
-                        s.push_str(&format!(
-                            "{}/{}/{}\t{} packets\t{} bytes\n",
-                            c.table, c.chain, c.rule, c.packets, c.bytes
-                        ));
-                    }
-                    out(&s)
-                }
-            }
-        }
-        Command::Crd => out(&crd_yaml().map_err(runtime)?),
-        Command::Lab { backend, keep } => {
-            let backends: Vec<&'static str> = match backend {
-                Some(BackendKind::Nftables) => vec!["nftables"],
-                Some(BackendKind::Bpf) => vec!["bpf"],
-                None => vec!["nftables", "bpf"],
-            };
-            let bin = std::env::current_exe()
-                .context("locating the peerwall binary")
-                .map_err(runtime)?;
-            let ok = crate::lab::run(&backends, &bin, keep).map_err(runtime)?;
-            if ok {
-                Ok(())
-            } else {
-                Err(runtime(anyhow::anyhow!(
-                    "the lab did not behave as provider protection requires (see above)"
-                )))
-            }
-        }
-        Command::Agent {
-            source,
-            selector,
-            liqo_selector,
-            host,
-            netns,
             backend,
             bpf,
-            interval_ms,
-            metrics_addr,
-        } => {
-            let stop = stop_flag()?;
-            let enforcer = crate::agent::enforcer(
-                backend,
-                &bpf.pin_dir,
-                bpf.interfaces,
-                bpf.xdp,
-                netns.as_deref(),
-            )
-            .context("starting the backend")
-            .map_err(runtime)?;
-            let name = enforcer.name();
-            let metrics =
-                std::sync::Arc::new(std::sync::Mutex::new(crate::metrics::AgentMetrics {
-                    backend: name,
-                    ..Default::default()
-                }));
-            let bound = crate::metrics::serve(metrics_addr, metrics.clone())
-                .with_context(|| format!("serving metrics on {metrics_addr}"))
-                .map_err(runtime)?;
-            tracing::info!(?source, backend = name, metrics = %bound, "agent started");
-            let mut engine = crate::agent::Engine::new(enforcer, metrics);
-            let interval = std::time::Duration::from_millis(interval_ms);
-            match source {
-                crate::agent::PolicySource::Dir(dir) => {
-                    crate::agent::run_dir(&dir, &mut engine, interval, stop)
-                }
-                crate::agent::PolicySource::Kube => crate::k8s::agent::run(
-                    crate::k8s::agent::Settings {
-                        selector,
-                        liqo_selector,
-                        host: host.unwrap_or_else(default_host),
-                        interval,
-                    },
-                    &mut engine,
-                    stop,
-                ),
-            }
-            .map_err(runtime)
-        }
+        } => host::apply(&files, backend, bpf),
+        Command::Delete { backend, pin_dir } => host::delete(backend, &pin_dir),
+        Command::Inspect { pin_dir, output } => host::inspect(&pin_dir, output),
+        Command::AllowAll { state, pin_dir } => host::allow_all(state, &pin_dir),
+        Command::Counters { output } => host::counters(output),
+        Command::Crd => out(&crd_yaml().map_err(runtime)?),
+        Command::Lab { backend, keep } => serve::lab(backend, keep),
+        Command::Agent(a) => serve::agent(a),
         Command::Controller {
             tunnel_interface,
             block_leaf_to_leaf,
             metrics_addr,
-        } => {
-            let stop = stop_flag()?;
-            let metrics = std::sync::Arc::new(std::sync::Mutex::new(
-                crate::metrics::ControllerMetrics::default(),
-            ));
-            let bound = crate::metrics::serve(metrics_addr, metrics.clone())
-                .with_context(|| format!("serving metrics on {metrics_addr}"))
-                .map_err(runtime)?;
-            tracing::info!(metrics = %bound, "controller started");
-            crate::k8s::controller::run(
-                crate::protection::Options {
-                    tunnel: tunnel_interface,
-                    block_leaf_to_leaf,
-                },
-                metrics,
-                stop,
-            )
-            .map_err(runtime)
-        }
+        } => serve::controller(tunnel_interface, block_leaf_to_leaf, metrics_addr),
         Command::Webhook {
             listen,
             tls_cert,
             tls_key,
-        } => {
-            let stop = stop_flag()?;
-            crate::k8s::webhook::run(
-                crate::k8s::webhook::Settings {
-                    listen,
-                    cert: tls_cert,
-                    key: tls_key,
-                },
-                stop,
-            )
-            .map_err(runtime)
-        }
+        } => serve::webhook(listen, tls_cert, tls_key),
     }
 }
 

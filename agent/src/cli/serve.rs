@@ -1,0 +1,118 @@
+//! Long-running commands: the lab, the agent, the controller, the webhook.
+
+use super::*;
+
+/// `peerwall lab`.
+pub(super) fn lab(backend: Option<BackendKind>, keep: bool) -> Result<(), CliError> {
+    let backends: Vec<&'static str> = match backend {
+        Some(BackendKind::Nftables) => vec!["nftables"],
+        Some(BackendKind::Bpf) => vec!["bpf"],
+        None => vec!["nftables", "bpf"],
+    };
+    let bin = std::env::current_exe()
+        .context("locating the peerwall binary")
+        .map_err(runtime)?;
+    let ok = crate::lab::run(&backends, &bin, keep).map_err(runtime)?;
+    if ok {
+        Ok(())
+    } else {
+        Err(runtime(anyhow::anyhow!(
+            "the lab did not behave as provider protection requires (see above)"
+        )))
+    }
+}
+
+/// `peerwall agent`: build the backend, serve metrics, run the policy source until stopped.
+pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
+    let AgentArgs {
+        source,
+        selector,
+        liqo_selector,
+        host,
+        netns,
+        backend,
+        bpf,
+        interval_ms,
+        metrics_addr,
+    } = a;
+    let stop = stop_flag()?;
+    let enforcer = crate::agent::enforcer(
+        backend,
+        &bpf.pin_dir,
+        bpf.interfaces,
+        bpf.xdp,
+        netns.as_deref(),
+    )
+    .context("starting the backend")
+    .map_err(runtime)?;
+    let name = enforcer.name();
+    let metrics = std::sync::Arc::new(std::sync::Mutex::new(crate::metrics::AgentMetrics {
+        backend: name,
+        ..Default::default()
+    }));
+    let bound = crate::metrics::serve(metrics_addr, metrics.clone())
+        .with_context(|| format!("serving metrics on {metrics_addr}"))
+        .map_err(runtime)?;
+    tracing::info!(?source, backend = name, metrics = %bound, "agent started");
+    let mut engine = crate::agent::Engine::new(enforcer, metrics);
+    let interval = std::time::Duration::from_millis(interval_ms);
+    match source {
+        crate::agent::PolicySource::Dir(dir) => {
+            crate::agent::run_dir(&dir, &mut engine, interval, stop)
+        }
+        crate::agent::PolicySource::Kube => crate::k8s::agent::run(
+            crate::k8s::agent::Settings {
+                selector,
+                liqo_selector,
+                host: host.unwrap_or_else(default_host),
+                interval,
+            },
+            &mut engine,
+            stop,
+        ),
+    }
+    .map_err(runtime)
+}
+
+/// `peerwall controller`.
+pub(super) fn controller(
+    tunnel_interface: String,
+    block_leaf_to_leaf: bool,
+    metrics_addr: std::net::SocketAddr,
+) -> Result<(), CliError> {
+    let stop = stop_flag()?;
+    let metrics = std::sync::Arc::new(std::sync::Mutex::new(
+        crate::metrics::ControllerMetrics::default(),
+    ));
+    let bound = crate::metrics::serve(metrics_addr, metrics.clone())
+        .with_context(|| format!("serving metrics on {metrics_addr}"))
+        .map_err(runtime)?;
+    tracing::info!(metrics = %bound, "controller started");
+    crate::k8s::controller::run(
+        crate::protection::Options {
+            tunnel: tunnel_interface,
+            block_leaf_to_leaf,
+        },
+        metrics,
+        stop,
+    )
+    .map_err(runtime)
+}
+
+/// `peerwall webhook`.
+pub(super) fn webhook(
+    listen: std::net::SocketAddr,
+    tls_cert: PathBuf,
+    tls_key: PathBuf,
+) -> Result<(), CliError> {
+    let stop = stop_flag()?;
+    crate::k8s::webhook::run(
+        crate::k8s::webhook::Settings {
+            listen,
+            cert: tls_cert,
+            key: tls_key,
+        },
+        stop,
+    )
+    .map_err(runtime)
+}
