@@ -1,0 +1,496 @@
+//! `peerwall lab`: a Liqo-shaped provider cluster in network namespaces on this machine.
+//!
+//! Two consumer clusters (A: 10.10.0.0/16, B: 10.30.0.0/16), each reaching the provider through
+//! its own gateway namespace over a REAL WireGuard tunnel (`wireguard-go`; `liqo-tunnel` on the
+//! gateway side). Each gateway reaches the provider node through a Geneve-named veth
+//! (`liqo.<10 chars>`). The node hosts pods offloaded by A (10.20.1.0/24), by B (10.20.2.0/24)
+//! and local provider pods (10.20.3.0/24). Each gateway runs `peerwall agent --source dir:...`
+//! on the controller's own output: the lab describes its cluster (tenant namespaces, offloaded
+//! namespaces, pods) as the controller sees it ([`lab_world`]) and writes what
+//! [`protection::sets`] and [`protection::gateway_object`] make of it — default deny from the
+//! consumer's tunnels, the consumer's offloaded pods allowed, replies pass. No hand-written
+//! policy: what the lab enforces is what `peerwall controller` would publish.
+//!
+//! The lab probes every pair with ICMP, a TCP connect and a UDP exchange, prints the matrix
+//! (as the thesis's test scripts do), compares it with the expected one, offloads one more pod
+//! and times how long until it is reachable. Everything is removed on exit, on failure and on
+//! Ctrl-C, unless `--keep`.
+mod cluster;
+mod infra;
+mod matrix;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+
+use peerwall_backend::netns::NetNs;
+
+use crate::protection;
+
+use cluster::{consumers, Consumer, LOCAL_POD, NEW_POD};
+pub use cluster::{controller_policy, lab_world};
+use infra::{in_ns, undo_items, wg_keys, Lab, Registry, Undo};
+use matrix::{probe, Pair, Probes};
+
+/// Result of one backend's run.
+#[derive(Debug)]
+pub struct LabRun {
+    /// Backend.
+    pub backend: &'static str,
+    /// `OK | [from] -> [to] || src -> dst` rows.
+    pub rows: Vec<(String, bool, bool)>,
+    /// Milliseconds from offloading one more pod to its first successful ping.
+    pub new_pod_ms: Option<f64>,
+}
+
+impl LabRun {
+    /// Whether every pair behaved as provider protection says.
+    pub fn as_expected(&self) -> bool {
+        self.rows.iter().all(|(_, got, want)| got == want)
+    }
+}
+
+/// A gateway as the lab runs it: its namespace, the agent's policy directory, its bpf pins.
+type Gateway = (NetNs, PathBuf, PathBuf);
+
+/// One backend's run: build the provider node, connect every consumer through a gateway
+/// running the agent, judge the reachability matrix, then offload one more pod live.
+fn run_backend(backend: &'static str, bin: &Path, keep: bool, reg: &Registry) -> Result<LabRun> {
+    let tag = format!("{}-{backend}", std::process::id());
+    let mut lab = Lab {
+        reg: reg.clone(),
+        bin: bin.to_path_buf(),
+        children: Vec::new(),
+        keep,
+        tag: tag.clone(),
+    };
+    let work = std::env::temp_dir().join(format!("pwlab-{tag}"));
+    std::fs::create_dir_all(&work)?;
+    if let Ok(mut g) = reg.lock() {
+        g.push(Undo::Dir(work.clone()));
+    }
+    let cs = consumers();
+    let node = provider_node(&mut lab, &cs)?;
+    let mut consumer_ns = Vec::new();
+    let mut gateways: Vec<Gateway> = Vec::new();
+    for c in &cs {
+        let (cns, gw) = connect(&mut lab, c, &node, &work)?;
+        let (dir, pins) = start_agent(&mut lab, backend, &work, c, &gw)?;
+        consumer_ns.push(cns);
+        gateways.push((gw, dir, pins));
+    }
+    wait_enforced(backend, &cs, &gateways)?;
+    wait_tunnels(&cs, &consumer_ns)?;
+    let pairs = pairs(&cs, &consumer_ns, &node);
+    let rows = judge(backend, &pairs);
+    let new_pod_ms = offload_new_pod(&mut lab, &node, &cs[0], &consumer_ns[0], &gateways[0].1)?;
+    if keep {
+        let mut names = vec![node.persist()];
+        names.extend(consumer_ns.into_iter().map(NetNs::persist));
+        names.extend(gateways.into_iter().map(|(g, _, _)| g.persist()));
+        eprintln!("kept namespaces: {}", names.join(" "));
+    }
+    drop(lab);
+    Ok(LabRun {
+        backend,
+        rows,
+        new_pod_ms,
+    })
+}
+
+/// The provider node: its local pod and every pod the consumers offloaded, each answering.
+fn provider_node(lab: &mut Lab, cs: &[Consumer]) -> Result<NetNs> {
+    let node = lab.netns("node")?;
+    node.ip(&["link", "set", "lo", "up"])?;
+    let mut pods: Vec<&str> = vec![LOCAL_POD];
+    for c in cs {
+        pods.extend(c.offloaded.iter().map(String::as_str));
+    }
+    for ip in &pods {
+        node.ip(&["addr", "add", &format!("{ip}/32"), "dev", "lo"])?;
+        lab.listeners(&node, ip)?;
+    }
+    Ok(node)
+}
+
+/// A consumer cluster and its gateway: the underlay, the WireGuard tunnel over it
+/// (`liqo-tunnel` on the gateway side), the consumer's pods, and the Geneve-named link from
+/// the gateway to the provider node. Returns (consumer, gateway) namespaces.
+fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(NetNs, NetNs)> {
+    let cns = lab.netns(&format!("c{}", c.name))?;
+    let gw = lab.netns(&format!("gw{}", c.name))?;
+    gw.sysctl("net.ipv4.ip_forward", "1")?;
+    gw.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
+    // Underlay between the consumer's gateway and ours, and the tunnel over it.
+    cns.ip(&[
+        "link",
+        "add",
+        "underlay",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        "underlay",
+        "netns",
+        gw.name(),
+    ])?;
+    cns.ip(&[
+        "addr",
+        "add",
+        &format!("{}/30", c.underlay.0),
+        "dev",
+        "underlay",
+    ])?;
+    gw.ip(&[
+        "addr",
+        "add",
+        &format!("{}/30", c.underlay.1),
+        "dev",
+        "underlay",
+    ])?;
+    cns.ip(&["link", "set", "underlay", "up"])?;
+    gw.ip(&["link", "set", "underlay", "up"])?;
+    let cdev = format!("wg-{}", c.name);
+    let (cpriv, cpub) = wg_keys()?;
+    let (gpriv, gpub) = wg_keys()?;
+    let (ck, gk) = (
+        work.join(format!("{}.c.key", c.name)),
+        work.join(format!("{}.g.key", c.name)),
+    );
+    std::fs::write(&ck, cpriv)?;
+    std::fs::write(&gk, gpriv)?;
+    lab.tunnel_end(
+        &cns,
+        &cdev,
+        &ck,
+        &gpub,
+        &format!("{}:51820", c.underlay.1),
+        "10.20.0.0/16",
+    )?;
+    lab.tunnel_end(
+        &gw,
+        "liqo-tunnel",
+        &gk,
+        &cpub,
+        &format!("{}:51820", c.underlay.0),
+        c.cidr,
+    )?;
+    for p in c.pods {
+        cns.ip(&["addr", "add", &format!("{p}/32"), "dev", &cdev])?;
+    }
+    cns.ip(&["link", "set", &cdev, "up"])?;
+    cns.ip(&["route", "add", "10.20.0.0/16", "dev", &cdev])?;
+    gw.ip(&["link", "set", "liqo-tunnel", "up"])?;
+    gw.ip(&["route", "add", c.cidr, "dev", "liqo-tunnel"])?;
+    // Geneve-named veth towards the provider node.
+    let node_end = format!("gw{}0", c.name);
+    gw.ip(&[
+        "link",
+        "add",
+        c.geneve,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &node_end,
+        "netns",
+        node.name(),
+    ])?;
+    gw.ip(&["addr", "add", &format!("{}/32", c.link.0), "dev", c.geneve])?;
+    node.ip(&["addr", "add", &format!("{}/32", c.link.1), "dev", &node_end])?;
+    gw.ip(&["link", "set", c.geneve, "up"])?;
+    node.ip(&["link", "set", &node_end, "up"])?;
+    gw.ip(&["route", "add", c.link.1, "dev", c.geneve])?;
+    gw.ip(&[
+        "route",
+        "add",
+        "10.20.0.0/16",
+        "via",
+        c.link.1,
+        "dev",
+        c.geneve,
+    ])?;
+    node.ip(&["route", "add", c.link.0, "dev", &node_end])?;
+    node.ip(&["route", "add", c.cidr, "via", c.link.0, "dev", &node_end])?;
+    for p in c.pods {
+        lab.listeners(&cns, p)?;
+    }
+    Ok((cns, gw))
+}
+
+/// The agent in the gateway, on the policy the controller generates for the lab's cluster.
+/// Returns its policy directory and pin directory.
+fn start_agent(
+    lab: &mut Lab,
+    backend: &str,
+    work: &Path,
+    c: &Consumer,
+    gw: &NetNs,
+) -> Result<(PathBuf, PathBuf)> {
+    let tag = lab.tag.clone();
+    // The agent, with the policy the controller generates for this world.
+    let dir = work.join(format!("policies-{}", c.name));
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("provider-protection.yaml"),
+        controller_policy(&lab_world(&[]), c.name)?,
+    )?;
+    let pins = PathBuf::from(format!("/sys/fs/bpf/pwlab-{tag}-{}", c.name));
+    if backend == "bpf" {
+        peerwall_backend_bpf::loader::ensure_bpffs()?;
+        if let Ok(mut g) = lab.reg.lock() {
+            g.push(Undo::Pins(pins.clone()));
+        }
+    }
+    let mut agent = Command::new("nsenter");
+    agent
+        .arg(format!("--net=/run/netns/{}", gw.name()))
+        .arg(&lab.bin)
+        .args(["agent", "--source"])
+        .arg(format!("dir:{}", dir.display()))
+        .args(["--backend", backend, "--interval-ms", "20", "--pin-dir"])
+        .arg(&pins);
+    lab.spawn(agent)?;
+    Ok((dir, pins))
+}
+
+/// Wait until every agent enforces its policy.
+fn wait_enforced(backend: &str, cs: &[Consumer], gateways: &[Gateway]) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (c, (gw, _, pins)) in cs.iter().zip(gateways) {
+        loop {
+            let ready = if backend == "bpf" {
+                pins.join("links").join("tc-liqo-tunnel").exists()
+            } else {
+                in_ns(
+                    gw.name(),
+                    &[
+                        "nft",
+                        "list",
+                        "table",
+                        "inet",
+                        &protection::table_name(c.name),
+                    ],
+                    None,
+                )
+                .is_some()
+            };
+            if ready {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the agent in gateway {} did not apply its policy", c.name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    Ok(())
+}
+
+/// Wait for the WireGuard handshakes: each consumer reaches its own offloaded pod.
+fn wait_tunnels(cs: &[Consumer], consumer_ns: &[NetNs]) -> Result<()> {
+    for (c, cns) in cs.iter().zip(consumer_ns) {
+        let target = &c.offloaded[0];
+        let mut up = false;
+        for _ in 0..30 {
+            if in_ns(
+                cns.name(),
+                &["ping", "-c", "1", "-W", "0.5", "-I", c.pods[0], target],
+                None,
+            )
+            .is_some()
+            {
+                up = true;
+                break;
+            }
+        }
+        if !up {
+            bail!(
+                "consumer {} cannot reach its own offloaded pod {target}",
+                c.name
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Every pair the matrix probes, with what provider protection expects of it.
+fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Vec<Pair> {
+    let mut pairs = Vec::new();
+    for (c, cns) in cs.iter().zip(consumer_ns) {
+        for src in c.pods {
+            for d in cs {
+                for dst in &d.offloaded {
+                    pairs.push(Pair {
+                        from: format!("consumer {} pod {src}", c.name),
+                        ns: cns.name().to_string(),
+                        src: src.to_string(),
+                        to: format!("provider offloaded-by-{}", d.name),
+                        dst: dst.clone(),
+                        expect: c.name == d.name,
+                    });
+                }
+            }
+            pairs.push(Pair {
+                from: format!("consumer {} pod {src}", c.name),
+                ns: cns.name().to_string(),
+                src: src.to_string(),
+                to: "provider local".into(),
+                dst: LOCAL_POD.into(),
+                expect: false,
+            });
+        }
+        // Connections the provider opens get their replies back through the tunnel.
+        pairs.push(Pair {
+            from: "provider local".into(),
+            ns: node.name().to_string(),
+            src: LOCAL_POD.into(),
+            to: format!("consumer {} pod", c.name),
+            dst: c.pods[0].to_string(),
+            expect: true,
+        });
+    }
+    pairs
+}
+
+/// Probe every pair (in parallel), print the matrix; rows of (pair, reachable, expected).
+fn judge(backend: &str, pairs: &[Pair]) -> Vec<(String, bool, bool)> {
+    let results: Vec<Probes> = std::thread::scope(|s| {
+        let handles: Vec<_> = pairs.iter().map(|p| s.spawn(move || probe(p))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or(Probes {
+                    icmp: false,
+                    tcp: false,
+                    udp: false,
+                })
+            })
+            .collect()
+    });
+    let mut rows = Vec::new();
+    println!("\n== {backend}: reachability (ICMP + TCP + UDP per pair)");
+    for (p, r) in pairs.iter().zip(&results) {
+        let word = r.word();
+        let detail = if word == "MIXED" {
+            format!(" (icmp {}, tcp {}, udp {})", r.icmp, r.tcp, r.udp)
+        } else {
+            String::new()
+        };
+        let line = format!(
+            "{word:<5} | [{}] -> [{}] || {} -> {}{detail}",
+            p.from, p.to, p.src, p.dst
+        );
+        let ok = word == "OK";
+        println!(
+            "{line}{}",
+            if ok == p.expect && word != "MIXED" {
+                ""
+            } else {
+                "   <-- UNEXPECTED"
+            }
+        );
+        rows.push((
+            format!("[{}] -> [{}] || {} -> {}", p.from, p.to, p.src, p.dst),
+            ok && word != "MIXED",
+            p.expect,
+        ));
+    }
+    rows
+}
+
+/// Live change: consumer `a` offloads one more pod; the time until it answers through the
+/// tunnel (the agent's poll plus one set element), or `None` after 10 s.
+fn offload_new_pod(
+    lab: &mut Lab,
+    node: &NetNs,
+    a: &Consumer,
+    cns: &NetNs,
+    dir_a: &Path,
+) -> Result<Option<f64>> {
+    node.ip(&["addr", "add", &format!("{NEW_POD}/32"), "dev", "lo"])?;
+    lab.listeners(node, NEW_POD)?;
+    let tmp = dir_a.join(".next.tmp");
+    std::fs::write(
+        &tmp,
+        controller_policy(&lab_world(&[(a.name, NEW_POD)]), a.name)?,
+    )?;
+    let started = Instant::now();
+    std::fs::rename(&tmp, dir_a.join("provider-protection.yaml"))?;
+    let mut new_pod_ms = None;
+    while started.elapsed() < Duration::from_secs(10) {
+        // A short reply timeout bounds the measurement error (plus the agent's 20 ms poll).
+        if in_ns(
+            cns.name(),
+            &["ping", "-c", "1", "-W", "0.02", "-I", a.pods[0], NEW_POD],
+            None,
+        )
+        .is_some()
+        {
+            new_pod_ms = Some(started.elapsed().as_secs_f64() * 1e3);
+            break;
+        }
+    }
+    match new_pod_ms {
+        Some(ms) => println!("offloaded {NEW_POD} for consumer a: reachable after {ms:.0} ms"),
+        None => println!("offloaded {NEW_POD} for consumer a: NOT reachable within 10 s"),
+    }
+    Ok(new_pod_ms)
+}
+
+/// Run the lab for the given backends; true when every matrix is the expected one, the
+/// backends agree and the new pod became reachable.
+pub fn run(backends: &[&'static str], bin: &Path, keep: bool) -> Result<bool> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("the lab builds network namespaces: run it as root");
+    }
+    let reg: Registry = Arc::new(Mutex::new(Vec::new()));
+    let r2 = reg.clone();
+    let _ = ctrlc::set_handler(move || {
+        eprintln!("\ninterrupted: removing the lab");
+        // Keep the lock until exit: nothing else gets started or registered.
+        if let Ok(mut g) = r2.lock() {
+            undo_items(&mut g);
+            std::process::exit(130);
+        }
+        std::process::exit(130);
+    });
+    let mut runs = Vec::new();
+    for b in backends {
+        runs.push(run_backend(b, bin, keep, &reg)?);
+    }
+    let expected = runs.iter().all(LabRun::as_expected);
+    let live = runs.iter().all(|r| r.new_pod_ms.is_some());
+    println!();
+    if runs.len() > 1 {
+        let agree = runs.windows(2).all(|w| {
+            w[0].rows
+                .iter()
+                .map(|r| r.1)
+                .eq(w[1].rows.iter().map(|r| r.1))
+        });
+        println!("backends agree: {}", if agree { "yes" } else { "NO" });
+        for r in &runs {
+            println!(
+                "{}: matrix equals the expected provider-protection matrix: {}; new pod reachable after {}",
+                r.backend,
+                if r.as_expected() { "yes" } else { "NO" },
+                r.new_pod_ms.map_or("never".to_string(), |ms| format!("{ms:.0} ms"))
+            );
+        }
+        return Ok(agree && expected && live);
+    }
+    for r in &runs {
+        println!(
+            "{}: matrix equals the expected provider-protection matrix: {}; new pod reachable after {}",
+            r.backend,
+            if r.as_expected() { "yes" } else { "NO" },
+            r.new_pod_ms.map_or("never".to_string(), |ms| format!("{ms:.0} ms"))
+        );
+    }
+    Ok(expected && live)
+}
