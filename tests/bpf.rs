@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use common::*;
-use peerwall_backend_bpf::compile::Iface;
 use peerwall_backend_bpf::loader::{self, BpfBackend};
+use peerwall_backend_bpf::maps::Iface;
 
 /// A private pin directory under bpffs, removed (with its links) on drop.
 struct Pins(PathBuf);

@@ -9,7 +9,7 @@ mod common;
 use std::path::PathBuf;
 
 use common::*;
-use peerwall_backend_bpf::compile::{self as bpf, Iface};
+use peerwall_backend_bpf::maps::{self as bpf, Iface};
 use peerwall_backend_nftables::{render, Nft, NftBackend};
 use peerwall_intent::load;
 use peerwall_policy::compile::{self, PolicyObject};

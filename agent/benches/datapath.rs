@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::{IpNet, Ipv4Net};
-use peerwall_backend_bpf::compile::Iface;
 use peerwall_backend_bpf::loader::{ensure_bpffs, remove_pins, BpfBackend};
+use peerwall_backend_bpf::maps::Iface;
 use peerwall_policy::ir::{
     self, Action, AddrSet, Chain, ChainKind, Dir, Hook, IpFamily, Match, Origin, Policy, PortSet,
     Rule, Source, Table, TableFamily, Test, VerdictAction,

@@ -18,8 +18,8 @@ use peerwall_common::{FlowKey, ProbeRecord, PROBE_MAGIC};
 
 use super::packet::{self, Shape};
 use super::ProbeError;
-use peerwall_backend_bpf::compile::{family_code, BpfPolicy, Iface};
 use peerwall_backend_bpf::loader::{self, BpfBackend, BpfError};
+use peerwall_backend_bpf::maps::{family_code, BpfPolicy, Iface};
 use peerwall_policy::ir::{
     eval::proto, CtState, Packet, PacketPath, Policy, Verdict, VerdictAction,
 };

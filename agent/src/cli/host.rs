@@ -61,7 +61,7 @@ pub(super) fn delete(backend: BackendKind, pin_dir: &Path) -> Result<(), CliErro
 
 /// `peerwall inspect`.
 pub(super) fn inspect(pin_dir: &Path, output: Output) -> Result<(), CliError> {
-    let i = peerwall_backend_bpf::pinned::inspect(pin_dir)
+    let i = peerwall_backend_bpf::inspect::inspect(pin_dir)
         .with_context(|| format!("pinned datapath in {}", pin_dir.display()))
         .map_err(runtime)?;
     match output {
@@ -69,7 +69,7 @@ pub(super) fn inspect(pin_dir: &Path, output: Output) -> Result<(), CliError> {
             "{}\n",
             serde_json::to_string(&i).map_err(runtime)?
         )),
-        Output::Text => out(&peerwall_backend_bpf::pinned::text(&i)),
+        Output::Text => out(&peerwall_backend_bpf::inspect::text(&i)),
     }
 }
 

@@ -19,24 +19,24 @@ fn compile_bpf(files: &[PathBuf], output: Output) -> Result<(), CliError> {
     let ifaces = peerwall_backend_bpf::loader::host_ifaces()
         .context("listing interfaces")
         .map_err(runtime)?;
-    let ifaces: Vec<peerwall_backend_bpf::compile::Iface> = ifaces
+    let ifaces: Vec<peerwall_backend_bpf::maps::Iface> = ifaces
         .into_iter()
-        .map(|i| peerwall_backend_bpf::compile::Iface {
+        .map(|i| peerwall_backend_bpf::maps::Iface {
             name: i.name,
             ifindex: i.ifindex,
         })
         .collect();
-    let bp = peerwall_backend_bpf::compile::compile(&compiled.policy, &ifaces).map_err(input)?;
-    for note in peerwall_backend_bpf::compile::left_to_nftables(&compiled.policy) {
+    let bp = peerwall_backend_bpf::maps::compile(&compiled.policy, &ifaces).map_err(input)?;
+    for note in peerwall_backend_bpf::maps::left_to_nftables(&compiled.policy) {
         tracing::warn!("{note}");
     }
-    let view = peerwall_backend_bpf::inspect::describe(&bp);
+    let view = peerwall_backend_bpf::view::describe(&bp);
     match output {
         Output::Json => out(&format!(
             "{}\n",
             serde_json::to_string_pretty(&view).map_err(runtime)?
         )),
-        Output::Text => out(&peerwall_backend_bpf::inspect::text(&view)),
+        Output::Text => out(&peerwall_backend_bpf::view::text(&view)),
     }
 }
 

@@ -9,8 +9,8 @@ use std::path::Path;
 use peerwall_backend::{Backend, HostInterface, RuleCounter};
 use peerwall_policy::ir::Policy;
 
-use crate::compile::Iface;
 use crate::loader::{self, BpfApplyReport, BpfBackend, BpfError};
+use crate::maps::Iface;
 
 /// The loaded datapath and where it attaches.
 #[derive(Debug)]

@@ -1,145 +1,279 @@
-//! Human and JSON views of the datapath's map contents (`compile --backend bpf`).
+//! `peerwall inspect`: decode a pinned datapath (maps and counters) without loading anything.
+//!
+//! Maps are opened from their pins; chain and rule names come from the metadata file the loader
+//! writes next to nothing in bpffs (bpffs holds only BPF objects) but under
+//! `/run/peerwall/<pin dir>/slot<N>.json`. Without it, chains and rules show as ids.
 
-use serde::Serialize;
+use std::path::{Path, PathBuf};
 
-use super::compile::{BpfPolicy, ChainMaps};
+use aya::maps::{Array, HashMap as BpfHashMap, LpmTrie, Map, MapData, PerCpuArray};
+use peerwall_common::{
+    AddrKeyData, Bitmap, ChainInfo, Config, Counter, HookChains, PortKeyData, ProtoKey, RuleInfo,
+    MAX_RULES,
+};
+use serde::{Deserialize, Serialize};
 
-/// One chain as an operator reads it.
+use super::loader::{attached_in, BpfError};
+
+/// Names of a slot's chains and rules, written by the loader.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct SlotMeta {
+    /// Per chain id: (table, chain, rule names in bit order).
+    pub chains: Vec<ChainMeta>,
+}
+
+/// Names of one chain.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ChainMeta {
+    /// Table.
+    pub table: String,
+    /// Chain.
+    pub chain: String,
+    /// Rule names by bit.
+    pub rules: Vec<String>,
+}
+
+/// Where the metadata of a pin directory's slot lives.
+pub fn meta_path(pin_dir: &Path, slot: u32) -> PathBuf {
+    let rel = pin_dir.strip_prefix("/").unwrap_or(pin_dir);
+    Path::new("/run/peerwall")
+        .join(rel)
+        .join(format!("slot{slot}.json"))
+}
+
+/// Record the names of what was written into `slot`.
+pub fn write_meta(pin_dir: &Path, slot: u32, meta: &SlotMeta) -> Result<(), BpfError> {
+    let path = meta_path(pin_dir, slot);
+    let io = |source| BpfError::Io {
+        path: path.clone(),
+        source,
+    };
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(io)?;
+    }
+    let text = serde_json::to_string(meta).map_err(|e| io(std::io::Error::other(e)))?;
+    std::fs::write(&path, text).map_err(io)
+}
+
+fn open(pin_dir: &Path, name: &str) -> Result<MapData, BpfError> {
+    let path = pin_dir.join(name);
+    MapData::from_pin(&path).map_err(|source| BpfError::Map {
+        map: path.display().to_string(),
+        source,
+    })
+}
+
+fn map_err(name: &str) -> impl FnOnce(aya::maps::MapError) -> BpfError + '_ {
+    move |source| BpfError::Map {
+        map: name.to_string(),
+        source,
+    }
+}
+
+/// One rule's state.
 #[derive(Clone, Debug, Serialize)]
-pub struct ChainView {
-    /// Chain id (key prefix in every per-chain map).
-    pub id: u32,
-    /// table/chain.
+pub struct RuleState {
+    /// Bit / index.
+    pub index: u32,
+    /// Name (or `#index` without metadata).
     pub name: String,
-    /// Hook.
-    pub hook: &'static str,
+    /// accept / drop / reject.
+    pub action: &'static str,
+    /// Packets (all CPUs).
+    pub packets: u64,
+    /// Bytes (all CPUs).
+    pub bytes: u64,
+}
+
+/// One chain's state.
+#[derive(Clone, Debug, Serialize)]
+pub struct ChainState {
+    /// Chain id.
+    pub id: u32,
+    /// table/chain (or `#id`).
+    pub name: String,
     /// Policy.
     pub policy: &'static str,
-    /// Deciding rules in bit order: `bit name action`.
-    pub rules: Vec<String>,
-    /// Address trie entries: `src|dst prefix -> bits`.
-    pub prefixes: Vec<String>,
-    /// Port trie entries.
-    pub ports: Vec<String>,
-    /// Interface entries (`ifindex -> bits`, 0 = none known here).
-    pub interfaces: Vec<String>,
-    /// Protocol entries.
-    pub protocols: Vec<String>,
-    /// ct state bitmaps.
-    pub ct: Vec<String>,
+    /// Packets decided by the policy.
+    pub policy_packets: u64,
+    /// Rules.
+    pub rules: Vec<RuleState>,
 }
 
-/// The whole datapath view.
+/// A decoded pinned datapath.
 #[derive(Clone, Debug, Serialize)]
-pub struct PolicyView {
-    /// Chains.
-    pub chains: Vec<ChainView>,
-    /// `hook/family -> chain ids` in evaluation order.
+pub struct Inspection {
+    /// Pin directory.
+    pub pin_dir: String,
+    /// Live slot.
+    pub active_slot: u32,
+    /// Emergency switch on.
+    pub allow_all: bool,
+    /// Attached programs (`tc:liqo-tunnel`, `xdp:liqo.abc`).
+    pub attached: Vec<String>,
+    /// Entries per map of the live slot.
+    pub entries: Vec<(String, usize)>,
+    /// Hooks: `hook/family -> chain ids`.
     pub hooks: Vec<String>,
+    /// Chains with counters.
+    pub chains: Vec<ChainState>,
+    /// Tracked flows.
+    pub flows: usize,
 }
 
-fn bits(b: &peerwall_common::Bitmap) -> String {
-    let set: Vec<String> = (0..peerwall_common::MAX_RULES)
-        .filter(|r| b.get(*r))
-        .map(|r| r.to_string())
-        .collect();
-    format!("{{{}}}", set.join(","))
-}
-
-fn chain_view(c: &ChainMaps) -> ChainView {
-    ChainView {
-        id: c.id,
-        name: format!("{}/{}", c.table, c.chain),
-        hook: c.hook.nft(),
-        policy: c.policy.as_str(),
-        rules: c
-            .rules
-            .iter()
-            .enumerate()
-            .map(|(i, r)| format!("{i} {} {}", r.name, r.action.as_str()))
-            .collect(),
-        prefixes: c
-            .src
-            .iter()
-            .map(|(n, b)| format!("src {n} -> {}", bits(b)))
-            .chain(c.dst.iter().map(|(n, b)| format!("dst {n} -> {}", bits(b))))
-            .collect(),
-        ports: c
-            .sport
-            .iter()
-            .map(|(p, l, b)| format!("sport {p}/{l} -> {}", bits(b)))
-            .chain(
-                c.dport
-                    .iter()
-                    .map(|(p, l, b)| format!("dport {p}/{l} -> {}", bits(b))),
-            )
-            .collect(),
-        interfaces: c
-            .iif
-            .iter()
-            .map(|(i, b)| format!("iif {i} -> {}", bits(b)))
-            .chain(c.oif.iter().map(|(i, b)| format!("oif {i} -> {}", bits(b))))
-            .collect(),
-        protocols: c
-            .proto
-            .iter()
-            .map(|(f, p, b)| {
-                let p = p.map_or("other".to_string(), |p| p.to_string());
-                format!("ipv{f} {p} -> {}", bits(b))
-            })
-            .collect(),
-        ct: ["new", "established", "related", "untracked", "invalid"]
-            .iter()
-            .zip(&c.ct)
-            .map(|(s, b)| format!("{s} -> {}", bits(b)))
-            .collect(),
+fn action_name(a: u8) -> &'static str {
+    match peerwall_common::ActionCode::from_u8(a) {
+        Some(peerwall_common::ActionCode::Accept) => "accept",
+        Some(peerwall_common::ActionCode::Drop) => "drop",
+        Some(peerwall_common::ActionCode::Reject) => "reject",
+        None => "?",
     }
 }
 
-/// Describe compiled map contents.
-pub fn describe(bp: &BpfPolicy) -> PolicyView {
-    let hooks = ["prerouting", "input", "forward", "output", "postrouting"];
-    PolicyView {
-        chains: bp.chains.iter().map(chain_view).collect(),
-        hooks: bp
-            .hooks
-            .iter()
-            .enumerate()
-            .filter(|(_, h)| h.count > 0)
-            .map(|(i, h)| {
-                format!(
-                    "{}/ipv{} -> {:?}",
-                    hooks[i / 2],
-                    if i % 2 == 0 { 4 } else { 6 },
-                    &h.chains[..h.count as usize]
-                )
-            })
-            .collect(),
+/// Decode the pinned datapath in `pin_dir`.
+pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
+    let config: Array<MapData, Config> =
+        Array::try_from(Map::Array(open(pin_dir, "CONFIG")?)).map_err(map_err("CONFIG"))?;
+    let cfg = config.get(&0, 0).map_err(map_err("CONFIG"))?;
+    let slot = cfg.active & 1;
+    let allow: Array<MapData, u32> =
+        Array::try_from(Map::Array(open(pin_dir, "ALLOW_ALL")?)).map_err(map_err("ALLOW_ALL"))?;
+    let allow_all = allow.get(&0, 0).map_err(map_err("ALLOW_ALL"))? != 0
+        || cfg.flags & peerwall_common::flags::ALLOW_ALL != 0;
+    let meta: SlotMeta = std::fs::read_to_string(meta_path(pin_dir, slot))
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or_default();
+    let s = slot.to_string();
+    let mut entries = Vec::new();
+    for name in ["SRC", "DST"] {
+        let n = format!("{name}{s}");
+        let m: LpmTrie<MapData, AddrKeyData, Bitmap> =
+            LpmTrie::try_from(Map::LpmTrie(open(pin_dir, &n)?)).map_err(map_err(&n))?;
+        entries.push((n, m.keys().count()));
+        let n = format!("{name}H{s}");
+        let m: BpfHashMap<MapData, AddrKeyData, Bitmap> =
+            BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
+        entries.push((n, m.keys().count()));
     }
+    for name in ["SPORT", "DPORT"] {
+        let n = format!("{name}{s}");
+        let m: LpmTrie<MapData, PortKeyData, Bitmap> =
+            LpmTrie::try_from(Map::LpmTrie(open(pin_dir, &n)?)).map_err(map_err(&n))?;
+        entries.push((n, m.keys().count()));
+    }
+    let n = format!("PROTO{s}");
+    let m: BpfHashMap<MapData, ProtoKey, Bitmap> =
+        BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
+    entries.push((n, m.keys().count()));
+    let flows = {
+        let m: BpfHashMap<MapData, peerwall_common::FlowKey, peerwall_common::FlowState> =
+            BpfHashMap::try_from(Map::LruHashMap(open(pin_dir, "FLOWS")?))
+                .map_err(map_err("FLOWS"))?;
+        m.keys().count()
+    };
+    let hn = format!("HOOKS{s}");
+    let hooks_map: Array<MapData, HookChains> =
+        Array::try_from(Map::Array(open(pin_dir, &hn)?)).map_err(map_err(&hn))?;
+    let cn = format!("CHAINS{s}");
+    let chains_map: Array<MapData, ChainInfo> =
+        Array::try_from(Map::Array(open(pin_dir, &cn)?)).map_err(map_err(&cn))?;
+    let rn = format!("RULES{s}");
+    let rules_map: Array<MapData, RuleInfo> =
+        Array::try_from(Map::Array(open(pin_dir, &rn)?)).map_err(map_err(&rn))?;
+    let kn = format!("COUNTERS{s}");
+    let counters: PerCpuArray<MapData, Counter> =
+        PerCpuArray::try_from(Map::PerCpuArray(open(pin_dir, &kn)?)).map_err(map_err(&kn))?;
+    let count = |idx: u32| -> Result<(u64, u64), BpfError> {
+        let v = counters.get(&idx, 0).map_err(map_err(&kn))?;
+        Ok(v.iter()
+            .fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes)))
+    };
+    let names = ["prerouting", "input", "forward", "output", "postrouting"];
+    let mut hooks = Vec::new();
+    let mut ids: Vec<u32> = Vec::new();
+    for i in 0..10u32 {
+        let h = hooks_map.get(&i, 0).map_err(map_err(&hn))?;
+        let used = &h.chains[..(h.count as usize).min(h.chains.len())];
+        if !used.is_empty() {
+            hooks.push(format!(
+                "{}/ipv{} -> {:?}",
+                names[(i / 2) as usize],
+                if i % 2 == 0 { 4 } else { 6 },
+                used
+            ));
+            ids.extend(used);
+        }
+    }
+    ids.sort_unstable();
+    ids.dedup();
+    let mut chains = Vec::new();
+    for id in ids {
+        let info = chains_map.get(&id, 0).map_err(map_err(&cn))?;
+        let cm = meta.chains.get(id as usize);
+        let mut rules = Vec::new();
+        for r in 0..info.rules {
+            let idx = id * MAX_RULES as u32 + r;
+            let ri = rules_map.get(&idx, 0).map_err(map_err(&rn))?;
+            let (packets, bytes) = count(idx)?;
+            rules.push(RuleState {
+                index: r,
+                name: cm
+                    .and_then(|c| c.rules.get(r as usize).cloned())
+                    .unwrap_or_else(|| format!("#{r}")),
+                action: action_name(ri.action),
+                packets,
+                bytes,
+            });
+        }
+        let (policy_packets, _) = count(id * MAX_RULES as u32 + MAX_RULES as u32 - 1)?;
+        chains.push(ChainState {
+            id,
+            name: cm.map_or(format!("#{id}"), |c| format!("{}/{}", c.table, c.chain)),
+            policy: action_name(info.policy),
+            policy_packets,
+            rules,
+        });
+    }
+    let attached = attached_in(pin_dir);
+    Ok(Inspection {
+        pin_dir: pin_dir.display().to_string(),
+        active_slot: slot,
+        allow_all,
+        attached,
+        entries,
+        hooks,
+        chains,
+        flows,
+    })
 }
 
-/// Text rendering.
-pub fn text(v: &PolicyView) -> String {
-    let mut s = String::new();
-    for h in &v.hooks {
+/// Text rendering of an inspection.
+pub fn text(i: &Inspection) -> String {
+    let mut s = format!(
+        "pins {}\nactive slot {}{}\nattached {}\nflows {}\n",
+        i.pin_dir,
+        i.active_slot,
+        if i.allow_all { "  ALLOW-ALL IS ON" } else { "" },
+        i.attached.join(" "),
+        i.flows
+    );
+    for (m, n) in &i.entries {
+        s.push_str(&format!("map {m}: {n} entries\n"));
+    }
+    for h in &i.hooks {
         s.push_str(&format!("hook {h}\n"));
     }
-    for c in &v.chains {
+    for c in &i.chains {
         s.push_str(&format!(
-            "chain {} {} (hook {}, policy {})\n",
-            c.id, c.name, c.hook, c.policy
+            "chain {} {} policy {} ({} packets)\n",
+            c.id, c.name, c.policy, c.policy_packets
         ));
-        for group in [
-            &c.rules,
-            &c.protocols,
-            &c.interfaces,
-            &c.ct,
-            &c.prefixes,
-            &c.ports,
-        ] {
-            for l in group {
-                s.push_str(&format!("  {l}\n"));
-            }
+        for r in &c.rules {
+            s.push_str(&format!(
+                "  {:>4} {:<24} {:<7} {:>10} packets {:>12} bytes\n",
+                r.index, r.name, r.action, r.packets, r.bytes
+            ));
         }
     }
     s

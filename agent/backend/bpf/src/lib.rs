@@ -1,15 +1,15 @@
 //! The eBPF backend: tc (tcx) and XDP programs over maps the agent fills.
 //!
-//! - [`compile`]: pure IR → map contents, plus a datapath simulator for tests;
+//! - [`maps`]: pure IR → map contents, plus a datapath simulator for tests;
 //! - [`loader`]: the aya edge (load, pin, write slots, attach); [`enforcer`] is the
 //!   [`peerwall_backend::Backend`] the CLI and the agent drive;
-//! - [`pinned`]: `peerwall inspect`, decoding what is pinned; [`inspect`]: the
+//! - [`inspect`]: `peerwall inspect`, decoding what is pinned; [`view`]: the
 //!   `compile --backend bpf` view of map contents.
 
-pub mod compile;
 pub mod enforcer;
 pub mod inspect;
 pub mod loader;
-pub mod pinned;
+pub mod maps;
+pub mod view;
 
 pub use enforcer::BpfEnforcer;

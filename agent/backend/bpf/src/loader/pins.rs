@@ -1,0 +1,99 @@
+//! Pins under the bpffs directory: link pin names, what is attached, removal, and the
+//! emergency switch of a pinned datapath.
+
+use std::path::Path;
+
+use aya::maps::{Array, MapData};
+use aya::programs::links::{FdLink, PinnedLink};
+
+use super::{map_err, BpfError};
+
+/// Pin name of a link: bpffs refuses names with a dot, so `liqo.abc` is pinned as
+pub fn link_pin_name(kind: &str, ifname: &str) -> String {
+    format!("{kind}-{}", ifname.replace('.', ":"))
+}
+
+/// Attached programs of a pin directory, as `kind:interface`, from its pinned links.
+pub fn attached_in(pin_dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(pin_dir.join("links"))
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    parse_link_pin_name(&n).map(|(k, i)| format!("{k}:{i}"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// Decode a link pin name into (kind, interface name).
+pub fn parse_link_pin_name(pin: &str) -> Option<(&str, String)> {
+    let (kind, name) = pin.split_once('-')?;
+    Some((kind, name.replace(':', ".")))
+}
+
+/// Pin a link (it must be a bpf_link) so that it outlives this process.
+pub(super) fn pin_link<E: std::fmt::Display>(
+    link: Result<FdLink, E>,
+    path: &Path,
+) -> Result<(), BpfError> {
+    let fd = link.map_err(|e| BpfError::Program {
+        what: format!("{} is not a bpf_link: {e}", path.display()),
+        source: aya::programs::ProgramError::NotAttached,
+    })?;
+    fd.pin(path).map_err(|source| BpfError::Pin {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    Ok(())
+}
+
+/// Remove every pin under `pin_dir` (links first: that detaches the programs), then the dir.
+pub fn remove_pins(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| BpfError::Io { path, source }
+    };
+    let mut removed = Vec::new();
+    let links = pin_dir.join("links");
+    if links.exists() {
+        for e in std::fs::read_dir(&links).map_err(io(&links))? {
+            let p = e.map_err(io(&links))?.path();
+            // Unpinning the link detaches it.
+            let l = PinnedLink::from_pin(&p).map_err(|source| BpfError::Link {
+                path: p.clone(),
+                source,
+            })?;
+            l.unpin().map_err(|source| BpfError::Io {
+                path: p.clone(),
+                source,
+            })?;
+            removed.push(p.display().to_string());
+        }
+        std::fs::remove_dir(&links).map_err(io(&links))?;
+    }
+    if pin_dir.exists() {
+        for e in std::fs::read_dir(pin_dir).map_err(io(pin_dir))? {
+            let p = e.map_err(io(pin_dir))?.path();
+            std::fs::remove_file(&p).map_err(io(&p))?;
+            removed.push(p.display().to_string());
+        }
+        std::fs::remove_dir(pin_dir).map_err(io(pin_dir))?;
+    }
+    Ok(removed)
+}
+
+/// Flip the emergency switch of a pinned datapath without loading anything.
+pub fn set_allow_all_pinned(pin_dir: &Path, on: bool) -> Result<(), BpfError> {
+    let path = pin_dir.join("ALLOW_ALL");
+    let data = MapData::from_pin(&path).map_err(|source| BpfError::Map {
+        map: path.display().to_string(),
+        source,
+    })?;
+    let map = aya::maps::Map::Array(data);
+    let mut m: Array<MapData, u32> = Array::try_from(map).map_err(map_err("ALLOW_ALL"))?;
+    m.set(0, u32::from(on), 0).map_err(map_err("ALLOW_ALL"))
+}
