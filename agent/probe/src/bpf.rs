@@ -37,6 +37,12 @@ impl From<BpfError> for ProbeError {
     }
 }
 
+/// What BPF_PROG_TEST_RUN reported.
+struct RunResult {
+    return_value: u32,
+    data_size_out: u32,
+}
+
 /// The loaded datapath with a policy, answering verdict queries.
 pub struct BpfProbe {
     backend: BpfBackend,
@@ -126,28 +132,10 @@ impl BpfProbe {
         Ok(v.iter().copied().collect())
     }
 
-    /// The datapath's verdict on one packet (forward or input path).
-    pub fn verdict(&mut self, pkt: &Packet) -> Result<Verdict, ProbeError> {
+    /// Conntrack state as the datapath will see it: flows inserted into its table, and the
+    /// shape of the packet (an ACK, an ICMP error, bad flags) that produces the state.
+    fn prepare_ct(&mut self, pkt: &Packet, marker: u32) -> Result<Shape, ProbeError> {
         let unsupported = |m: &str| Err(ProbeError::Unsupported(m.to_string()));
-        let path = pkt.path();
-        if path == PacketPath::Output {
-            return unsupported("an input interface is required (--iif)");
-        }
-        if pkt.src.is_ipv4() != pkt.dst.is_ipv4() {
-            return unsupported("source and destination are of different families");
-        }
-        let idx = |n: &Option<String>| -> Result<u32, ProbeError> {
-            match n {
-                None => Ok(0),
-                Some(n) => self.ifindex.get(n).copied().ok_or_else(|| {
-                    ProbeError::Unsupported(format!("interface {n:?} was not declared"))
-                }),
-            }
-        };
-        let (iif, oif) = (idx(&pkt.iif)?, idx(&pkt.oif)?);
-        self.marker = self.marker.wrapping_mul(1_103_515_245).wrapping_add(12345) | 1;
-        let marker = self.marker;
-        self.backend.flush_flows()?;
         let icmp = if pkt.src.is_ipv6() {
             proto::ICMPV6
         } else {
@@ -196,7 +184,22 @@ impl BpfProbe {
                 return unsupported("the bpf datapath never produces ct state untracked (no notrack)")
             }
         }
+        Ok(shape)
+    }
+
+    /// Run the tc program on the packet with BPF_PROG_TEST_RUN (probe mode: the interfaces
+    /// and path come in the skb's control block); returns the datapath's record of the
+    /// decision, the run's result and the frame it left (an ICMP answer for reject).
+    fn run_program(
+        &mut self,
+        pkt: &Packet,
+        marker: u32,
+        shape: Shape,
+        iif: u32,
+        oif: u32,
+    ) -> Result<(ProbeRecord, RunResult, Vec<u8>), ProbeError> {
         let ip = packet::build_ip(pkt, marker, shape);
+        let path = pkt.path();
         let frame = packet::ethernet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], &ip);
         // struct __sk_buff: cb[0..5] at offset 48.
         let mut ctx = [0u8; 192];
@@ -240,6 +243,40 @@ impl BpfProbe {
                     result.return_value
                 ))
             })?;
+        Ok((
+            rec,
+            RunResult {
+                return_value: result.return_value,
+                data_size_out: result.data_size_out,
+            },
+            out,
+        ))
+    }
+
+    /// The datapath's verdict on one packet (forward or input path).
+    pub fn verdict(&mut self, pkt: &Packet) -> Result<Verdict, ProbeError> {
+        let unsupported = |m: &str| Err(ProbeError::Unsupported(m.to_string()));
+        let path = pkt.path();
+        if path == PacketPath::Output {
+            return unsupported("an input interface is required (--iif)");
+        }
+        if pkt.src.is_ipv4() != pkt.dst.is_ipv4() {
+            return unsupported("source and destination are of different families");
+        }
+        let idx = |n: &Option<String>| -> Result<u32, ProbeError> {
+            match n {
+                None => Ok(0),
+                Some(n) => self.ifindex.get(n).copied().ok_or_else(|| {
+                    ProbeError::Unsupported(format!("interface {n:?} was not declared"))
+                }),
+            }
+        };
+        let (iif, oif) = (idx(&pkt.iif)?, idx(&pkt.oif)?);
+        self.marker = self.marker.wrapping_mul(1_103_515_245).wrapping_add(12345) | 1;
+        let marker = self.marker;
+        self.backend.flush_flows()?;
+        let shape = self.prepare_ct(pkt, marker)?;
+        let (rec, ret, out) = self.run_program(pkt, marker, shape, iif, oif)?;
         let verdict = match peerwall_common::ActionCode::from_u8(rec.verdict) {
             Some(peerwall_common::ActionCode::Accept) => VerdictAction::Accept,
             Some(peerwall_common::ActionCode::Drop) => VerdictAction::Drop,
@@ -254,13 +291,13 @@ impl BpfProbe {
         };
         // What the program must have done with the frame: pass it, drop it, or (reject) turn it
         // into an ICMP port-unreachable sent back out of the input interface.
-        let consistent = match (verdict, result.return_value) {
+        let consistent = match (verdict, ret.return_value) {
             (VerdictAction::Accept, TC_ACT_OK) => true,
             (VerdictAction::Drop, TC_ACT_SHOT) => true,
             // The kernel never answers an ICMP error with another one.
             (VerdictAction::Reject, TC_ACT_SHOT) => shape.icmp_error,
             (VerdictAction::Reject, TC_ACT_REDIRECT) => {
-                let n = (result.data_size_out as usize).min(out.len());
+                let n = (ret.data_size_out as usize).min(out.len());
                 packet::strip_ethernet(&out[..n])
                     .is_some_and(|ip| packet::is_unreachable_for(ip, pkt, marker))
             }
@@ -268,7 +305,7 @@ impl BpfProbe {
         };
         if !consistent {
             return Err(ProbeError::Inconsistent {
-                observed: match result.return_value {
+                observed: match ret.return_value {
                     TC_ACT_OK => "TC_ACT_OK",
                     TC_ACT_SHOT => "TC_ACT_SHOT",
                     TC_ACT_REDIRECT => "TC_ACT_REDIRECT (ICMP answer)",
