@@ -5,7 +5,7 @@ use rand::SeedableRng;
 
 use super::*;
 use peerwall_policy::compile::compile as compile_ir;
-use peerwall_policy::ir::{addr::AddrRange, evaluate, Packet};
+use peerwall_policy::ir::{addr::AddrRange, evaluate, AddrSet, Packet, PortSet};
 use peerwall_policy::testgen::{objects, random_packet, random_specs, IFACES};
 
 fn ifaces() -> Vec<Iface> {

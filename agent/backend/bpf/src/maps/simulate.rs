@@ -1,0 +1,125 @@
+//! A simulator of the datapath over compiled map contents, for tests: the same lookups and
+//! ANDs the program does, in user space.
+
+use ipnet::IpNet;
+use peerwall_common::{Bitmap, DimMasks};
+use peerwall_policy::ir::{self, eval::proto, Hook, IpFamily, VerdictAction};
+use std::net::IpAddr;
+
+use super::*;
+
+/// A packet as the datapath sees it after routing: the interfaces by index.
+#[derive(Clone, Debug)]
+pub struct DatapathPacket<'a> {
+    /// The packet.
+    pub pkt: &'a ir::Packet,
+    /// Input interface index.
+    pub iif: u32,
+    /// Output interface index (forward path).
+    pub oif: u32,
+}
+
+pub(super) fn lpm_addr<'a>(entries: &'a [(IpNet, Bitmap)], a: &IpAddr) -> Option<&'a Bitmap> {
+    entries
+        .iter()
+        .filter(|(n, _)| n.contains(a))
+        .max_by_key(|(n, _)| n.prefix_len())
+        .map(|(_, b)| b)
+}
+
+pub(super) fn lpm_port(entries: &[(u16, u8, Bitmap)], p: u16) -> Option<&Bitmap> {
+    entries
+        .iter()
+        .filter(|(port, len, _)| {
+            let mask = if *len == 0 { 0 } else { u16::MAX << (16 - len) };
+            p & mask == *port
+        })
+        .max_by_key(|(_, len, _)| *len)
+        .map(|(_, _, b)| b)
+}
+
+pub(super) fn and_into(acc: &mut Bitmap, b: &Bitmap) {
+    for i in 0..acc.w.len() {
+        acc.w[i] &= b.w[i];
+    }
+}
+
+pub(super) fn and_masked(acc: &mut Bitmap, l: Option<&Bitmap>, m: &DimMasks) {
+    for i in 0..acc.w.len() {
+        let x = l.map_or(0, |b| b.w[i]);
+        acc.w[i] &= (x ^ m.neg.w[i]) | m.any.w[i];
+    }
+}
+
+/// Evaluate one chain exactly as the datapath does (linear scans instead of tries):
+/// (verdict, deciding rule position).
+pub fn simulate_chain(
+    c: &ChainMaps,
+    p: &ir::Packet,
+    iif: u32,
+    oif: u32,
+) -> (VerdictAction, Option<usize>) {
+    let fam = family_code(p.family());
+    let known = c
+        .proto
+        .iter()
+        .find(|(f, pr, _)| *f == fam && *pr == Some(p.proto));
+    let entry = known.or_else(|| c.proto.iter().find(|(f, pr, _)| *f == fam && pr.is_none()));
+    let Some((_, _, first)) = entry else {
+        return (c.policy, None);
+    };
+    let mut acc = *first;
+    let pick = |v: &[(u32, Bitmap)], idx: u32| {
+        v.iter()
+            .find(|(i, _)| *i == idx)
+            .or_else(|| v.iter().find(|(i, _)| *i == 0))
+            .map(|(_, b)| *b)
+            .unwrap_or(Bitmap::EMPTY)
+    };
+    and_into(&mut acc, &pick(&c.iif, iif));
+    and_into(&mut acc, &pick(&c.oif, oif));
+    and_into(&mut acc, &c.ct[ct_number(p.ct_state) as usize]);
+    and_masked(&mut acc, lpm_addr(&c.src, &p.src), &c.masks[0]);
+    and_masked(&mut acc, lpm_addr(&c.dst, &p.dst), &c.masks[1]);
+    if p.proto == proto::TCP || p.proto == proto::UDP {
+        and_masked(&mut acc, lpm_port(&c.sport, p.sport), &c.masks[2]);
+        and_masked(&mut acc, lpm_port(&c.dport, p.dport), &c.masks[3]);
+    }
+    match acc.first() {
+        Some(r) if r < c.rules.len() => (c.rules[r].action, Some(r)),
+        _ => (c.policy, None),
+    }
+}
+
+/// Evaluate a packet over the compiled maps as the datapath does.
+pub fn simulate(bp: &BpfPolicy, dp: &DatapathPacket<'_>) -> ir::Verdict {
+    let p = dp.pkt;
+    let fi = usize::from(p.family() == IpFamily::V6);
+    let mut last = ir::Verdict {
+        verdict: VerdictAction::Accept,
+        table: None,
+        chain: None,
+        rule: None,
+    };
+    for h in p.path().hooks() {
+        let (iif, oif) = match h {
+            Hook::Prerouting | Hook::Input => (dp.iif, 0),
+            _ => (dp.iif, dp.oif),
+        };
+        let hc = &bp.hooks[hook_number(*h) as usize * 2 + fi];
+        for id in &hc.chains[..hc.count as usize] {
+            let c = &bp.chains[*id as usize];
+            let (v, r) = simulate_chain(c, p, iif, oif);
+            last = ir::Verdict {
+                verdict: v,
+                table: Some(c.table.clone()),
+                chain: Some(c.chain.clone()),
+                rule: r.map(|i| c.rules[i].name.clone()),
+            };
+            if v != VerdictAction::Accept {
+                return last;
+            }
+        }
+    }
+    last
+}
