@@ -447,11 +447,11 @@ struct Policy {
     ipset: Option<Vec<Ipv4Addr>>,
 }
 
-fn fwc_doc(spec: serde_json::Value) -> serde_json::Value {
+fn fwc_doc(spec: impl serde::Serialize) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "peerwall.io/v1alpha1",
         "kind": "FirewallConfiguration",
-        "metadata": {"name": "bench", "namespace": "liqo-tenant-bench", "labels": {"networking.liqo.io/firewall-category": "gateway"}},
+        "metadata": {"name": "bench", "namespace": "liqo-tenant-bench", "labels": {"peerwall.io/target": "gateway"}},
         "spec": spec,
     })
 }

@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+use peerwall_intent::types as api;
 use serde_json::{json, Value};
 
 /// Liqo labels the decisions depend on (same strings as [`crate::k8s`]'s constants).
@@ -250,42 +251,89 @@ pub fn table_name(peer: &str) -> String {
     format!("peerwall_{clean}")
 }
 
-fn elements(ips: &BTreeSet<IpAddr>, v6: bool) -> Value {
-    Value::Array(
-        ips.iter()
+fn set_of(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
+    api::Set {
+        name,
+        key_type: Some(if v6 {
+            api::SetDataType::Ipv6Addr
+        } else {
+            api::SetDataType::Ipv4Addr
+        }),
+        data_type: None,
+        elements: ips
+            .iter()
             .filter(|ip| ip.is_ipv6() == v6)
-            .map(|ip| json!({ "key": ip.to_string() }))
+            .map(|ip| api::SetElement {
+                key: ip.to_string(),
+                data: None,
+            })
             .collect(),
-    )
+    }
 }
 
-/// The gateway FirewallConfiguration `spec` for one peer.
-pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> Value {
-    let tunnel = json!({ "value": opts.tunnel, "position": "in" });
-    let mut sets = vec![];
-    let mut rules = vec![];
+fn eq(m: api::Match) -> api::Match {
+    api::Match {
+        op: Some(api::MatchOperation::Eq),
+        ..m
+    }
+}
+
+/// A match on the address set `@set` in position `pos`.
+fn in_set(set: String, pos: api::MatchPosition) -> api::Match {
+    eq(api::Match {
+        ip: Some(api::MatchIp {
+            value: format!("@{set}"),
+            position: Some(pos),
+        }),
+        ..Default::default()
+    })
+}
+
+/// The gateway FirewallConfiguration `spec` for one peer: named sets of its offloaded pods
+/// (and of our pods it runs), and one forward chain whose rules all test the tunnel first.
+pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> api::FirewallConfigurationSpec {
+    use api::MatchPosition::{Dst, Src};
+    let from_tunnel = eq(api::Match {
+        dev: Some(api::MatchDev {
+            value: opts.tunnel.clone(),
+            position: Some(api::MatchDevPosition::In),
+            wildcard: false,
+        }),
+        ..Default::default()
+    });
+    let rule = |name: String, action: api::FilterAction, extra: Vec<api::Match>| {
+        let mut m = vec![from_tunnel.clone()];
+        m.extend(extra);
+        api::FilterRule {
+            name: Some(name),
+            r#match: m,
+            action: Some(action),
+            value: None,
+            counter: None,
+        }
+    };
     let mut names = vec![("offloaded", &s.offloaded), ("remote", &s.remote)];
     if opts.block_leaf_to_leaf {
         names.push(("elsewhere", &s.elsewhere));
     }
-    for (name, ips) in &names {
-        sets.push(json!({"name": name, "keyType": "ipv4_addr", "elements": elements(ips, false)}));
-        sets.push(json!({"name": format!("{name}6"), "keyType": "ipv6_addr", "elements": elements(ips, true)}));
-    }
-    let rule = |name: String, action: &str, extra: Vec<Value>| {
-        let mut m = vec![json!({"op": "eq", "dev": tunnel})];
-        m.extend(extra);
-        json!({"name": name, "action": action, "match": m})
-    };
-    let ip = |set: String, pos: &str| json!({"op": "eq", "ip": {"value": format!("@{set}"), "position": pos}});
+    let sets = names
+        .iter()
+        .flat_map(|(name, ips)| {
+            [
+                set_of(name.to_string(), ips, false),
+                set_of(format!("{name}6"), ips, true),
+            ]
+        })
+        .collect();
+    let mut rules = Vec::new();
     for sfx in ["", "6"] {
         if opts.block_leaf_to_leaf {
             rules.push(rule(
                 format!("leaf_to_leaf{sfx}"),
-                "drop",
+                api::FilterAction::Drop,
                 vec![
-                    ip(format!("remote{sfx}"), "src"),
-                    ip(format!("elsewhere{sfx}"), "dst"),
+                    in_set(format!("remote{sfx}"), Src),
+                    in_set(format!("elsewhere{sfx}"), Dst),
                 ],
             ));
         }
@@ -293,38 +341,46 @@ pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> Value {
     for sfx in ["", "6"] {
         rules.push(rule(
             format!("to_offloaded{sfx}"),
-            "accept",
-            vec![ip(format!("offloaded{sfx}"), "dst")],
+            api::FilterAction::Accept,
+            vec![in_set(format!("offloaded{sfx}"), Dst)],
         ));
         rules.push(rule(
             format!("from_own_pods{sfx}"),
-            "accept",
-            vec![ip(format!("remote{sfx}"), "src")],
+            api::FilterAction::Accept,
+            vec![in_set(format!("remote{sfx}"), Src)],
         ));
     }
     rules.push(rule(
         "replies".into(),
-        "accept",
-        vec![json!({"op": "eq", "ctstate": {"value": ["established", "related"]}})],
+        api::FilterAction::Accept,
+        vec![eq(api::Match {
+            ctstate: Some(api::MatchCtState {
+                value: vec![api::CtState::Established, api::CtState::Related],
+            }),
+            ..Default::default()
+        })],
     ));
-    rules.push(rule("default_deny".into(), "drop", vec![]));
-    json!({ "table": {
-        "name": table_name(peer),
-        "family": "INET",
-        "sets": sets,
-        "chains": [{
-            "name": "from_peer",
-            "type": "filter",
-            "hook": "forward",
-            "priority": 0,
-            "policy": "accept",
-            "rules": { "filterRules": rules },
-        }],
-    }})
+    rules.push(rule("default_deny".into(), api::FilterAction::Drop, vec![]));
+    api::FirewallConfigurationSpec {
+        table: api::Table {
+            name: Some(table_name(peer)),
+            family: Some(api::TableFamily::Inet),
+            sets,
+            chains: vec![api::Chain {
+                name: Some("from_peer".into()),
+                type_: Some(api::ChainType::Filter),
+                hook: Some(api::ChainHook::Forward),
+                priority: Some(0),
+                policy: Some(api::ChainPolicy::Accept),
+                rules: api::RulesSet {
+                    filter_rules: Some(rules),
+                    ..Default::default()
+                },
+            }],
+        },
+    }
 }
 
-/// The NetworkPolicy `spec` of an offloaded namespace owned by `consumer`: egress only to
-/// namespaces of the same consumer (not tenant namespaces) and to cluster DNS.
 /// The whole gateway FirewallConfiguration of a peer as the controller publishes it
 /// (`peerwall.io/v1alpha1`, in the peer's tenant namespace, with peerwall's labels); the
 /// controller adds the owner reference.
