@@ -5,12 +5,12 @@
 //! interface and network namespaces) → `peerwall-backend-nftables` / `peerwall-backend-bpf` →
 //! the kernel (`ebpf/`). `peerwall-probe` asks real kernels for verdicts.
 //!
-//! Here: [`cli`] (commands), [`agent`] (the enforcement engine and the directory source),
+//! Here: [`cli`] (commands), [`engine`] (the enforcement engine and the directory source),
 //! [`k8s`] (the Kubernetes edge: agent watch source, controller, webhook) over the pure
 //! [`protection`] decisions, [`metrics`], and [`lab`], the gateway lab.
 
-pub mod agent;
 pub mod cli;
+pub mod engine;
 pub mod k8s;
 pub mod lab;
 pub mod metrics;

@@ -117,6 +117,10 @@ macro_rules! slot_eval {
         mod $name {
             use super::*;
 
+            /// One chain, start to end: every dimension's lookup ANDed into the rule bitmap,
+            /// the lowest bit decides. Long on purpose: one inlined body per slot keeps each
+            /// map reference a constant the verifier resolves, and the lookups share one
+            /// accumulator on the stack.
             #[inline(always)]
             pub(super) fn run(q: &Query) -> (u8, u32) {
                 let chain = q.chain;

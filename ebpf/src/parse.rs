@@ -76,6 +76,11 @@ pub(crate) enum Parse {
     Ok,
 }
 
+/// Parse the L3 and L4 headers at `l3` into `p`.
+///
+/// Long on purpose: one inlined function with straight-line bounds checks is what the verifier
+/// follows cheaply; split into non-inlined helpers, every call would cost a verifier state
+/// and pass packet pointers across calls, which the verifier tracks poorly.
 #[inline(always)]
 pub(crate) fn parse<S: Source>(s: &S, l3: usize, ethertype: u16, p: &mut Pkt) -> Parse {
     *p = Pkt {

@@ -218,6 +218,17 @@ fn test(extra: &[String]) -> Result<()> {
         "warnings",
     ]);
     run(clippy)?;
+    // Doc comments must point at things that exist.
+    let mut doc = cargo();
+    doc.args([
+        "doc",
+        "--no-deps",
+        "--workspace",
+        "--exclude",
+        "peerwall-ebpf",
+    ])
+    .env("RUSTDOCFLAGS", "-D warnings");
+    run(doc).context("broken documentation links")?;
     let mut t = cargo();
     t.args(["test", "--workspace", "--exclude", "peerwall-ebpf"])
         .args(extra);

@@ -309,7 +309,7 @@ pub struct AgentArgs {
     /// Policy source: `dir:PATH` (a directory of YAML files, polled) or `kube` (watch the
     /// API server: in-cluster service account or KUBECONFIG).
     #[arg(long)]
-    pub source: crate::agent::PolicySource,
+    pub source: crate::engine::PolicySource,
     /// `kube` source: label selector of peerwall's FirewallConfigurations
     /// (`firewallconfigurations.peerwall.io`) this host enforces; add
     /// `peerwall.io/remote-cluster-id=<peer>` to take one peer's gateway objects only.

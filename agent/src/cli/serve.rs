@@ -36,7 +36,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         metrics_addr,
     } = a;
     let stop = stop_flag()?;
-    let enforcer = crate::agent::enforcer(
+    let enforcer = crate::engine::enforcer(
         backend,
         &bpf.pin_dir,
         bpf.interfaces,
@@ -54,13 +54,13 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         .with_context(|| format!("serving metrics on {metrics_addr}"))
         .map_err(runtime)?;
     tracing::info!(?source, backend = name, metrics = %bound, "agent started");
-    let mut engine = crate::agent::Engine::new(enforcer, metrics);
+    let mut engine = crate::engine::Engine::new(enforcer, metrics);
     let interval = std::time::Duration::from_millis(interval_ms);
     match source {
-        crate::agent::PolicySource::Dir(dir) => {
-            crate::agent::run_dir(&dir, &mut engine, interval, stop)
+        crate::engine::PolicySource::Dir(dir) => {
+            crate::engine::run_dir(&dir, &mut engine, interval, stop)
         }
-        crate::agent::PolicySource::Kube => crate::k8s::agent::run(
+        crate::engine::PolicySource::Kube => crate::k8s::agent::run(
             crate::k8s::agent::Settings {
                 selector,
                 liqo_selector,

@@ -149,13 +149,22 @@ pub fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .context("starting the async runtime")
 }
 
+/// Why an object cannot be enforced; its Display is the user-facing message (status, webhook).
+#[derive(Debug, thiserror::Error)]
+pub enum CheckError {
+    /// The object does not decode (a field of the wrong type or value).
+    #[error(transparent)]
+    Decode(#[from] load::LoadError),
+    /// The object decodes but does not validate.
+    #[error(transparent)]
+    Invalid(#[from] peerwall_policy::compile::ObjectErrors),
+}
+
 /// The one validation both the agent and the admission webhook run on an object: decode it
 /// (field-path errors) and validate it (every problem, with its field path and value).
-/// `Err` is the user-facing message.
-pub fn check(obj: &DynamicObject) -> Result<(PolicyObject, Vec<String>), String> {
-    let po = to_policy_object(obj).map_err(|e| e.to_string())?;
-    match peerwall_policy::compile::validate(&po) {
-        Ok(warnings) => Ok((po, warnings.iter().map(|w| w.to_string()).collect())),
-        Err(e) => Err(e.to_string()),
-    }
+/// Returns the object and its warnings.
+pub fn check(obj: &DynamicObject) -> Result<(PolicyObject, Vec<String>), CheckError> {
+    let po = to_policy_object(obj)?;
+    let warnings = peerwall_policy::compile::validate(&po)?;
+    Ok((po, warnings.iter().map(|w| w.to_string()).collect()))
 }

@@ -64,9 +64,9 @@ pub fn review(body: &[u8]) -> serde_json::Value {
                 }
                 r
             }
-            Err(msg) => {
-                tracing::info!(object = %super::key_of(obj), reason = %msg, "refused");
-                resp.deny(msg)
+            Err(e) => {
+                tracing::info!(object = %super::key_of(obj), reason = %e, "refused");
+                resp.deny(e.to_string())
             }
         },
         _ => resp,

@@ -2,7 +2,7 @@
 //!
 //! - [`model`]: typed tables, sets, chains, rules, expressions and transaction commands;
 //! - [`render`]: IR → the model, one table per FirewallConfiguration; [`text`] for humans;
-//! - [`plan`]: pure diff of models: unchanged structure → set element add/delete
+//! - [`mod@plan`]: pure diff of models: unchanged structure → set element add/delete
 //!   (O(changes)); changed structure → the table is recreated in the same transaction;
 //! - [`runner`]: who executes a transaction: the `nft` process ([`Nft`], the only place the
 //!   model becomes libnftables JSON, see [`json`]) or an in-memory fake ([`FakeNft`]);

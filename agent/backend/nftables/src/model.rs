@@ -1,6 +1,6 @@
 //! A typed model of what peerwall puts into nftables: tables, sets, chains, rules and their
 //! expressions, and the commands of a transaction. Rendering ([`crate::render`]) builds it from
-//! the IR, planning ([`crate::plan`]) diffs it as types, and only a [`crate::Runner`] turns it
+//! the IR, planning ([`mod@crate::plan`]) diffs it as types, and only a [`crate::Runner`] turns it
 //! into libnftables JSON ([`crate::json`]) or keeps it in memory ([`crate::FakeNft`]).
 
 use std::net::IpAddr;

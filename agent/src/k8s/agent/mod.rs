@@ -35,7 +35,7 @@ use kube::runtime::{reflector, watcher};
 use kube::Resource;
 use serde_json::json;
 
-use crate::agent::Engine;
+use crate::engine::Engine;
 use peerwall_intent::load::Group;
 use peerwall_intent::types::{
     ConditionType, FirewallConfigurationStatus, FirewallConfigurationStatusCondition,
@@ -197,7 +197,7 @@ impl Agent {
                 return r.clone();
             }
         }
-        let r = super::check(o).map(|(po, _)| po);
+        let r = super::check(o).map(|(po, _)| po).map_err(|e| e.to_string());
         self.checks.insert(key, (uid, generation, r.clone()));
         r
     }

@@ -1,4 +1,6 @@
-//! `peerwall agent --source dir:PATH`: keep a directory of FirewallConfiguration YAML enforced.
+//! The enforcement engine every policy source shares ([`Engine`]: compile, apply through any
+//! backend, metrics, logs), and the directory source (`peerwall agent --source dir:PATH`):
+//! keep a directory of FirewallConfiguration YAML enforced.
 //!
 //! The directory is polled; when its contents change, every object is loaded, validated and
 //! compiled into one policy and applied through the chosen backend. An invalid change is
@@ -45,17 +47,30 @@ impl std::str::FromStr for PolicySource {
     }
 }
 
-/// Any [`Backend`], as the agent's edge drives it: errors become `anyhow` errors with context,
-/// reports become log text. One implementation for every backend, in or out of a namespace.
+/// A backend call that failed (the previous policy stays in force).
+#[derive(Debug, thiserror::Error)]
+#[error("{action} with {backend}: {source}")]
+pub struct BackendFailure {
+    /// `nftables` or `bpf`.
+    pub backend: &'static str,
+    /// What was attempted.
+    pub action: &'static str,
+    /// The backend's own error.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+/// Any [`Backend`], as the agent's edge drives it: errors of any backend as one type, reports
+/// as log text. One implementation for every backend, in or out of a namespace.
 pub trait Enforcer: Send {
     /// `nftables` or `bpf`.
     fn name(&self) -> &'static str;
     /// Make `policy` the whole policy in force; the report as text.
-    fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> anyhow::Result<String>;
+    fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> Result<String, BackendFailure>;
     /// Restore what drifted.
-    fn repair(&mut self) -> anyhow::Result<Vec<Drift>>;
+    fn repair(&mut self) -> Result<Vec<Drift>, BackendFailure>;
     /// Rule counters of what is in force.
-    fn counters(&mut self) -> anyhow::Result<Vec<RuleCounter>>;
+    fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendFailure>;
     /// The part of the host the backend follows (bpf: interfaces).
     fn environment(&self) -> Vec<HostInterface>;
 }
@@ -65,19 +80,18 @@ impl<B: Backend> Enforcer for B {
         Backend::name(self)
     }
 
-    fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> anyhow::Result<String> {
-        let name = Backend::name(self);
+    fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> Result<String, BackendFailure> {
         Backend::apply(self, policy)
             .map(|r| r.to_string())
-            .with_context(|| format!("applying with {name}"))
+            .map_err(failure(Backend::name(self), "applying"))
     }
 
-    fn repair(&mut self) -> anyhow::Result<Vec<Drift>> {
-        Backend::repair(self).context("drift repair")
+    fn repair(&mut self) -> Result<Vec<Drift>, BackendFailure> {
+        Backend::repair(self).map_err(failure(Backend::name(self), "repairing drift"))
     }
 
-    fn counters(&mut self) -> anyhow::Result<Vec<RuleCounter>> {
-        Backend::counters(self).context("reading rule counters")
+    fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendFailure> {
+        Backend::counters(self).map_err(failure(Backend::name(self), "reading rule counters"))
     }
 
     fn environment(&self) -> Vec<HostInterface> {
@@ -101,6 +115,17 @@ fn fingerprint(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime
         }
     }
     Ok(out)
+}
+
+fn failure<E: std::error::Error + Send + Sync + 'static>(
+    backend: &'static str,
+    action: &'static str,
+) -> impl FnOnce(E) -> BackendFailure {
+    move |e| BackendFailure {
+        backend,
+        action,
+        source: Box::new(e),
+    }
 }
 
 /// Build the enforcer of `kind`. `netns` enforces in a named network namespace (for example
@@ -130,8 +155,8 @@ pub enum EnforceError {
     #[error(transparent)]
     Invalid(#[from] compile::CompileError),
     /// The kernel refused the policy; the previous one stays.
-    #[error("{0:#}")]
-    Apply(anyhow::Error),
+    #[error(transparent)]
+    Apply(#[from] BackendFailure),
 }
 
 /// Compile-and-apply with metrics and logs: the part every policy source shares.
