@@ -1,14 +1,16 @@
 //! `/metrics` (Prometheus text format), `/healthz` and `/readyz` of the agent and the
-//! controller, served by a small blocking HTTP listener on its own thread.
+//! controller, served over hyper (the webhook's HTTP stack) from a thread of its own.
 //!
 //! Labels are bounded by the policy itself (table, chain and rule names of the applied policy);
 //! nothing per packet or per address.
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
 
 use peerwall_backend_nftables::RuleCounter;
 
@@ -198,52 +200,85 @@ impl Exposition for ControllerMetrics {
     }
 }
 
-fn respond<M: Exposition>(mut stream: TcpStream, metrics: &Mutex<M>) -> std::io::Result<()> {
-    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut line = String::new();
-    BufReader::new(&stream).read_line(&mut line)?;
-    let path = line.split_whitespace().nth(1).unwrap_or("/");
+/// Answer one request: `/metrics` (Prometheus text), `/healthz`, `/readyz`.
+fn respond<M: Exposition>(path: &str, metrics: &Mutex<M>) -> Response<Full<Bytes>> {
     let (status, ctype, body) = match path {
         "/metrics" => match metrics.lock() {
-            Ok(m) => ("200 OK", "text/plain; version=0.0.4", m.render()),
+            Ok(m) => (StatusCode::OK, "text/plain; version=0.0.4", m.render()),
             Err(_) => (
-                "500 Internal Server Error",
+                StatusCode::INTERNAL_SERVER_ERROR,
                 "text/plain",
                 "poisoned\n".into(),
             ),
         },
-        "/healthz" => ("200 OK", "text/plain", "ok\n".into()),
+        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".into()),
         "/readyz" => match metrics.lock() {
-            Ok(m) if m.ready() => ("200 OK", "text/plain", "ready\n".into()),
+            Ok(m) if m.ready() => (StatusCode::OK, "text/plain", "ready\n".into()),
             _ => (
-                "503 Service Unavailable",
+                StatusCode::SERVICE_UNAVAILABLE,
                 "text/plain",
                 "not ready\n".into(),
             ),
         },
-        _ => ("404 Not Found", "text/plain", "not found\n".into()),
+        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
     };
-    write!(
-        stream,
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(ctype),
+    );
+    r
 }
 
-/// Serve on `addr` in a background thread; returns the bound address.
+/// Serve on `addr` (hyper, HTTP/1.1, the webhook's stack) from a thread of its own with a
+/// small runtime, so the synchronous directory source and the async Kubernetes sources serve
+/// alike; returns the bound address.
 pub fn serve<M: Exposition + Send + 'static>(
     addr: SocketAddr,
     metrics: Arc<Mutex<M>>,
 ) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)?;
-    let bound = listener.local_addr()?;
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            if let Err(e) = respond(stream, &metrics) {
-                tracing::debug!(error = %e, "metrics request failed");
-            }
-        }
-    });
+    let std_listener = std::net::TcpListener::bind(addr)?;
+    std_listener.set_nonblocking(true)?;
+    let bound = std_listener.local_addr()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()?;
+    std::thread::Builder::new()
+        .name("metrics".into())
+        .spawn(move || {
+            rt.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(std_listener) {
+                    Ok(l) => l,
+                    Err(e) => {
+                        tracing::error!(error = %e, "metrics listener unusable; no metrics served");
+                        return;
+                    }
+                };
+                loop {
+                    let (stream, _) = match listener.accept().await {
+                        Ok(s) => s,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "metrics accept failed");
+                            continue;
+                        }
+                    };
+                    let metrics = metrics.clone();
+                    tokio::spawn(async move {
+                        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                            let r = respond(req.uri().path(), &metrics);
+                            async move { Ok::<_, std::convert::Infallible>(r) }
+                        });
+                        if let Err(e) = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                            .await
+                        {
+                            tracing::debug!(error = %e, "metrics request failed");
+                        }
+                    });
+                }
+            })
+        })?;
     Ok(bound)
 }
 
