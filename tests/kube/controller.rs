@@ -1,0 +1,244 @@
+//! The provider/consumer-protection controller.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let controller_args = [
+        "controller",
+        "--block-leaf-to-leaf",
+        "--metrics-addr",
+        metrics_addr.as_str(),
+    ];
+    let mut controller = server.peerwall("controller", &controller_args);
+    namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
+    namespace(&client, "liqo-tenant-b", tenant_labels("b")).await;
+    // Default deny from the moment the peering exists.
+    for t in ["liqo-tenant-a", "liqo-tenant-b"] {
+        let s = eventually("the gateway configuration", Duration::from_secs(20), || {
+            gateway_set(&client, t, "offloaded")
+        })
+        .await;
+        assert!(s.is_empty());
+    }
+    let gw = fwc_api(&client, "liqo-tenant-a")
+        .get("peerwall-gateway")
+        .await
+        .unwrap();
+    assert_eq!(gw.labels()["peerwall.io/target"], "gateway");
+    assert_eq!(gw.labels()["peerwall.io/remote-cluster-id"], "a");
+    assert!(
+        !gw.labels()
+            .keys()
+            .any(|k| k.starts_with("networking.liqo.io/")),
+        "nothing Liqo's gateway or fabric selects: {:?}",
+        gw.labels()
+    );
+    assert_eq!(gw.owner_references()[0].kind, "Namespace");
+    let rules: Vec<String> = gw.data["spec"]["table"]["chains"][0]["rules"]["filterRules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(rules.last().map(String::as_str), Some("default_deny"));
+    assert!(rules.contains(&"leaf_to_leaf".to_string()), "{rules:?}");
+
+    // Offloaded namespaces and labeled pods; pods without an IP yet are left out.
+    namespace(&client, "app-a", json!({"liqo.io/remote-cluster-id": "a"})).await;
+    namespace(&client, "local", json!({})).await;
+    pod(&client, "app-a", "web", "10.200.0.5", json!({}), None).await;
+    pod(&client, "app-a", "db", "10.200.0.6", json!({}), None).await;
+    pod(
+        &client,
+        "local",
+        "shadow-b",
+        "10.200.0.7",
+        json!({"liqo.io/remote-cluster-id": "b", "liqo.io/managed-by": "shadowpod"}),
+        None,
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "app-a");
+    pods.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "pending"}, "spec": {"containers": [{"name": "c", "image": "x"}]}})).unwrap()).await.unwrap();
+    eventually("a's set", Duration::from_secs(10), || async {
+        (gateway_set(&client, "liqo-tenant-a", "offloaded").await?
+            == ips(&["10.200.0.5", "10.200.0.6"]))
+        .then_some(())
+    })
+    .await;
+    eventually("b's set", Duration::from_secs(10), || async {
+        (gateway_set(&client, "liqo-tenant-b", "offloaded").await? == ips(&["10.200.0.7"]))
+            .then_some(())
+    })
+    .await;
+    // Consumer side: our pod on a's virtual node.
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "liqo-a", "labels": {"liqo.io/type": "virtual-node", "liqo.io/remote-cluster-id": "a"}}})).unwrap()).await.unwrap();
+    pod(
+        &client,
+        "local",
+        "mine",
+        "10.99.0.1",
+        json!({}),
+        Some("liqo-a"),
+    )
+    .await;
+    eventually("consumer-side sets", Duration::from_secs(10), || async {
+        let remote = gateway_set(&client, "liqo-tenant-a", "remote").await?;
+        let elsewhere = gateway_set(&client, "liqo-tenant-b", "elsewhere").await?;
+        (remote == ips(&["10.99.0.1"]) && elsewhere == ips(&["10.99.0.1"])).then_some(())
+    })
+    .await;
+    // The controller's metrics say the same.
+    let scrape = |path: &'static str| {
+        let addr = metrics_addr.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                use std::io::{Read, Write};
+                let mut c = std::net::TcpStream::connect(&addr).ok()?;
+                write!(c, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+                let mut out = String::new();
+                c.read_to_string(&mut out).ok()?;
+                Some(out)
+            })
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+        }
+    };
+    assert!(scrape("/readyz").await.ends_with("ready\n"));
+    eventually("controller metrics", Duration::from_secs(10), || async {
+        let m = scrape("/metrics").await;
+        (m.contains("peerwall_controller_peers 2\n")
+            && m.contains("peerwall_controller_offloaded_addresses 3\n")
+            && !m.contains("peerwall_controller_gateway_writes_total 0\n"))
+        .then_some(())
+    })
+    .await;
+    // NetworkPolicy for the offloaded namespace only.
+    let np: Api<NetworkPolicy> = Api::namespaced(client.clone(), "app-a");
+    let p = eventually("the NetworkPolicy", Duration::from_secs(10), || async {
+        np.get_opt("peerwall-offloaded").await.ok()?
+    })
+    .await;
+    let spec = serde_json::to_value(p.spec.unwrap()).unwrap();
+    assert_eq!(spec["policyTypes"], json!(["Egress"]));
+    assert_eq!(
+        spec["egress"][0]["to"][0]["namespaceSelector"]["matchExpressions"][0]["values"],
+        json!(["a"])
+    );
+    let local_np: Api<NetworkPolicy> = Api::namespaced(client.clone(), "local");
+    assert!(local_np
+        .get_opt("peerwall-offloaded")
+        .await
+        .unwrap()
+        .is_none());
+
+    // Restart: changes made while the controller was down are resynced (stale IPs removed).
+    controller.stop();
+    delete_pod(&client, "app-a", "db").await;
+    let mut controller = server.peerwall("controller-2", &controller_args);
+    eventually("resync after restart", Duration::from_secs(15), || async {
+        (gateway_set(&client, "liqo-tenant-a", "offloaded").await? == ips(&["10.200.0.5"]))
+            .then_some(())
+    })
+    .await;
+
+    // IP reuse: 10.200.0.5 moves from a's pod to a pod of b. It must leave a's set before it
+    // appears in b's; watch every version of both objects.
+    let violation = Arc::new(AtomicBool::new(false));
+    let seen_in_b = Arc::new(AtomicBool::new(false));
+    let watch = {
+        let (violation, seen_in_b) = (violation.clone(), seen_in_b.clone());
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &peerwall::k8s::fwc_resource());
+        tokio::spawn(async move {
+            let mut has = std::collections::BTreeMap::new();
+            let mut s = watcher(api, watcher::Config::default())
+                .applied_objects()
+                .boxed();
+            while let Some(Ok(o)) = s.next().await {
+                let x = set_elements(&o, "offloaded").contains("10.200.0.5");
+                has.insert(o.namespace().unwrap_or_default(), x);
+                if has.get("liqo-tenant-b") == Some(&true) {
+                    seen_in_b.store(true, Ordering::SeqCst);
+                    if has.get("liqo-tenant-a") == Some(&true) {
+                        violation.store(true, Ordering::SeqCst);
+                    }
+                }
+            }
+        })
+    };
+    namespace(&client, "app-b", json!({"liqo.io/remote-cluster-id": "b"})).await;
+    pod(&client, "app-b", "new", "10.200.0.5", json!({}), None).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        gateway_set(&client, "liqo-tenant-b", "offloaded")
+            .await
+            .unwrap(),
+        ips(&["10.200.0.7"]),
+        "held back while a's pod holds it"
+    );
+    assert!(gateway_set(&client, "liqo-tenant-a", "offloaded")
+        .await
+        .unwrap()
+        .contains("10.200.0.5"));
+    delete_pod(&client, "app-a", "web").await;
+    eventually(
+        "the address to move to b",
+        Duration::from_secs(15),
+        || async {
+            let a = gateway_set(&client, "liqo-tenant-a", "offloaded").await?;
+            let b = gateway_set(&client, "liqo-tenant-b", "offloaded").await?;
+            (a.is_empty() && b == ips(&["10.200.0.5", "10.200.0.7"])).then_some(())
+        },
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    watch.abort();
+    assert!(seen_in_b.load(Ordering::SeqCst), "the watch saw b's update");
+    assert!(
+        !violation.load(Ordering::SeqCst),
+        "an address was in two tenants' sets at once"
+    );
+
+    // A namespace that stops being offloaded loses its NetworkPolicy.
+    let nsapi: Api<Namespace> = Api::all(client.clone());
+    nsapi
+        .patch(
+            "app-a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"liqo.io/remote-cluster-id": null}}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the NetworkPolicy to go",
+        Duration::from_secs(10),
+        || async {
+            np.get_opt("peerwall-offloaded")
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
+    controller.stop();
+}

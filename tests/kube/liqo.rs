@@ -1,0 +1,315 @@
+//! Beside Liqo: Liqo's CRD and objects left alone, Liqo's objects enforced only on request.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::{Client, ResourceExt};
+use serde_json::json;
+
+use crate::common::*;
+use crate::support::*;
+
+/// Every FirewallConfiguration shape Liqo creates (`examples/liqo/`), as JSON, with owner
+/// references dropped (their owners, Liqo's Configurations, do not exist on a test server and
+/// the garbage collector would remove the objects).
+pub(crate) fn liqo_shapes() -> Vec<(String, serde_json::Value)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo("examples/liqo"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    files
+        .into_iter()
+        .map(|f| {
+            let mut v: serde_json::Value =
+                serde_yaml::from_str(&std::fs::read_to_string(&f).unwrap()).unwrap();
+            if let Some(m) = v["metadata"].as_object_mut() {
+                m.remove("ownerReferences");
+            }
+            (f.file_name().unwrap().to_string_lossy().into_owned(), v)
+        })
+        .collect()
+}
+
+/// Remove peerwall's extension fields from a CRD schema (what Liqo's own CRD lacks).
+pub(crate) fn strip_extensions(v: &mut serde_json::Value) {
+    if let Some(o) = v.as_object_mut() {
+        if let Some(props) = o.get_mut("properties").and_then(|p| p.as_object_mut()) {
+            for ext in [
+                "sets",
+                "ctstate",
+                "wildcard",
+                "message",
+                "observedGeneration",
+            ] {
+                props.remove(ext);
+            }
+        }
+        o.remove("x-kubernetes-list-type");
+        o.remove("x-kubernetes-list-map-keys");
+        for (_, child) in o.iter_mut() {
+            strip_extensions(child);
+        }
+    } else if let Some(a) = v.as_array_mut() {
+        for child in a {
+            strip_extensions(child);
+        }
+    }
+}
+
+/// Liqo's CRD as Liqo's chart installs it, owned by someone else ("liqo-chart"): group
+/// `networking.liqo.io`, version v1beta1, Liqo's names, and the schema without peerwall's
+/// extensions (derived from peerwall's CRD, whose spec mirrors Liqo's field for field).
+pub(crate) async fn install_liqo_crd(client: &Client) {
+    let mut crd: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap()).unwrap();
+    crd["metadata"] = json!({"name": "firewallconfigurations.networking.liqo.io",
+        "labels": {"app.kubernetes.io/managed-by": "Helm"}});
+    crd["spec"]["group"] = json!("networking.liqo.io");
+    crd["spec"]["names"]["shortNames"] = json!(["fw", "fwconfig", "fwcfg"]);
+    crd["spec"]["names"]["categories"] = json!(["liqo"]);
+    crd["spec"]["versions"][0]["name"] = json!("v1beta1");
+    strip_extensions(&mut crd["spec"]["versions"][0]["schema"]);
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let pp = PostParams {
+        field_manager: Some("liqo-chart".into()),
+        ..Default::default()
+    };
+    api.create(&pp, &serde_json::from_value(crd).unwrap())
+        .await
+        .unwrap();
+    let liqo = peerwall::k8s::resource_of(peerwall_intent::load::Group::Liqo);
+    let fwc: Api<DynamicObject> = Api::all_with(client.clone(), &liqo);
+    eventually(
+        "Liqo's resource to be served",
+        Duration::from_secs(20),
+        || {
+            let fwc = fwc.clone();
+            async move { fwc.list(&Default::default()).await.ok().map(|_| ()) }
+        },
+    )
+    .await;
+}
+
+pub(crate) fn liqo_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(
+        client.clone(),
+        ns,
+        &peerwall::k8s::resource_of(peerwall_intent::load::Group::Liqo),
+    )
+}
+
+/// Create Liqo's shapes in Liqo's group; returns (namespace, name) of each.
+pub(crate) async fn create_liqo_shapes(client: &Client, suffix: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (file, mut obj) in liqo_shapes() {
+        let ns = obj["metadata"]["namespace"].as_str().unwrap().to_string();
+        let name = format!("{}{suffix}", obj["metadata"]["name"].as_str().unwrap());
+        obj["metadata"]["name"] = json!(name);
+        namespace(client, &ns, json!({})).await;
+        liqo_api(client, &ns)
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(obj).unwrap(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{file}: Liqo's object refused: {e}"));
+        out.push((ns, name));
+    }
+    out
+}
+
+/// `metadata.resourceVersion` of every Liqo FirewallConfiguration.
+pub(crate) async fn liqo_versions(client: &Client) -> BTreeSet<(String, String)> {
+    let liqo = peerwall::k8s::resource_of(peerwall_intent::load::Group::Liqo);
+    Api::<DynamicObject>::all_with(client.clone(), &liqo)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .iter()
+        .map(|o| (o.name_any(), o.resource_version().unwrap_or_default()))
+        .collect()
+}
+
+/// Installing peerwall next to Liqo: `kubectl apply -k deploy/` leaves Liqo's CRD (owned by
+/// Liqo's chart) byte-identical and Liqo's objects untouched; with peerwall's webhook
+/// registered (and unreachable, failurePolicy Fail) Liqo keeps creating and updating every
+/// object it needs, while peerwall's own objects fail closed. A server running Liqo's schema
+/// prunes peerwall's extensions: the reason peerwall keeps its intent in its own CRD.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installing_peerwall_leaves_liqo_crd_and_objects_alone() {
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_liqo_crd(&client).await;
+    let created = create_liqo_shapes(&client, "").await;
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let before = serde_json::to_string(
+        &crds
+            .get("firewallconfigurations.networking.liqo.io")
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let objects_before = liqo_versions(&client).await;
+    assert_eq!(objects_before.len(), created.len());
+    let o = Command::new(kube_bin_dir().join("kubectl"))
+        .arg("--kubeconfig")
+        .arg(&server.kubeconfig)
+        .args(["apply", "-k"])
+        .arg(repo("deploy"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "kubectl apply -k deploy/: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let applied = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        applied.contains("firewallconfigurations.peerwall.io created"),
+        "{applied}"
+    );
+    assert!(!applied.contains("networking.liqo.io"), "{applied}");
+    let after = serde_json::to_string(
+        &crds
+            .get("firewallconfigurations.networking.liqo.io")
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(before, after, "Liqo's CRD is byte-identical");
+    assert_eq!(
+        objects_before,
+        liqo_versions(&client).await,
+        "Liqo's objects untouched"
+    );
+    // peerwall's webhook is registered but has no endpoints here: it must fail closed for
+    // peerwall's objects (once the API server has picked the configuration up)...
+    let ours = fwc_api(&client, "liqo-tenant-cluster1");
+    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    let refusal = eventually(
+        "peerwall's webhook to be called",
+        Duration::from_secs(30),
+        || {
+            let ours = ours.clone();
+            async move {
+                let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
+                match ours.create(&PostParams::default(), &obj).await {
+                    Err(kube::Error::Api(e)) if e.message.contains("peerwall") => Some(e.message),
+                    Ok(o) => {
+                        ours.delete(&o.name_any(), &DeleteParams::default())
+                            .await
+                            .ok();
+                        None
+                    }
+                    Err(_) => None,
+                }
+            }
+        },
+    )
+    .await;
+    assert!(
+        refusal.contains("firewallconfigurations.peerwall.io"),
+        "{refusal}"
+    );
+    // ... and never stand in Liqo's way: every shape is created again and updated.
+    let again = create_liqo_shapes(&client, "-2").await;
+    for (ns, name) in &again {
+        let api = liqo_api(&client, ns);
+        let patch = json!({"metadata": {"labels": {"liqo.io/touched": "yes"}}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .unwrap_or_else(|e| panic!("{ns}/{name}: update refused: {e}"));
+    }
+    // Liqo's schema has no sets: the API server drops them from Liqo's objects.
+    let mut with_sets = thesis_block();
+    with_sets["apiVersion"] = json!("networking.liqo.io/v1beta1");
+    with_sets["metadata"]["name"] = json!("with-sets");
+    with_sets["spec"]["table"]["sets"] =
+        json!([{"name": "s", "keyType": "ipv4_addr", "elements": [{"key": "10.0.0.1"}]}]);
+    let stored = liqo_api(&client, "liqo-tenant-cluster1")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(with_sets).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(
+        stored.data["spec"]["table"].get("sets").is_none(),
+        "pruned by Liqo's schema: {}",
+        stored.data["spec"]
+    );
+}
+
+/// The agent enforces Liqo's own objects only when asked (`--liqo-selector`), and then only
+/// reads them: no finalizer, no status, no change of any kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_enforces_liqo_objects_only_on_request_and_read_only() {
+    let t = Topology::new();
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    install_liqo_crd(&client).await;
+    create_liqo_shapes(&client, "").await;
+    let versions = liqo_versions(&client).await;
+    // Default selection: peerwall's objects only; Liqo's tables never appear.
+    let plain = agent(
+        &server,
+        &t.gateway,
+        "gw-plain",
+        "peerwall.io/target=gateway",
+    );
+    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    applied(&api, "block-pod1-pod2", "gw-plain").await;
+    let tables = nft_tables(&t.gateway);
+    assert!(tables.contains("table_name"), "{tables}");
+    assert!(!tables.contains("remap-podcidr"), "{tables}");
+    drop(plain);
+    // Opt-in: Liqo's gateway objects for peer cluster-b, enforced next to peerwall's.
+    let _optin = agent_with(
+        &server,
+        &t.gateway,
+        "gw-liqo",
+        "peerwall.io/target=gateway",
+        &[
+            "--liqo-selector",
+            "networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique=cluster-b",
+        ],
+    );
+    eventually(
+        "Liqo's remapping tables",
+        Duration::from_secs(20),
+        || async {
+            let tables = nft_tables(&t.gateway);
+            (tables.contains("remap-podcidr") && tables.contains("remap-externalcidr"))
+                .then_some(())
+        },
+    )
+    .await;
+    applied(&api, "block-pod1-pod2", "gw-liqo").await;
+    let listed = String::from_utf8_lossy(
+        &in_ns(&t.gateway, "nft", &["list", "table", "ip", "remap-podcidr"]).stdout,
+    )
+    .into_owned();
+    assert!(listed.contains("dnat prefix to 10.243.0.0/16"), "{listed}");
+    // Objects of other peers or other enforcers are not taken.
+    assert!(!nft_tables(&t.gateway).contains("masquerade-bypass"));
+    // Nothing was written to Liqo's objects: same resourceVersions, no finalizer, no status.
+    assert_eq!(versions, liqo_versions(&client).await);
+    let remap = liqo_api(&client, "liqo-tenant-cluster-b")
+        .get("cluster-b-remap-podcidr")
+        .await
+        .unwrap();
+    assert!(remap.finalizers().is_empty());
+    assert!(remap.data.get("status").is_none(), "{:?}", remap.data);
+}

@@ -1,0 +1,15 @@
+//! The Kubernetes side against a real kube-apiserver (v1.20.2 built from Debian's source by
+//! `cargo xtask kube-build`, started on loopback per test): webhook, deploy manifests,
+//! provider-protection controller, agent status/finalizer, and the end-to-end promise (a pod
+//! offloaded by consumer A becomes reachable through A's tunnel and only A's).
+
+#[path = "../common/mod.rs"]
+mod common;
+mod support;
+
+mod agent;
+mod controller;
+mod deploy;
+mod e2e;
+mod liqo;
+mod webhook;
