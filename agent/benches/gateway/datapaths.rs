@@ -1,0 +1,328 @@
+//! The datapaths compared and the policies they enforce, installed and removed.
+
+use std::collections::{BTreeSet, HashSet};
+use std::io::Write as _;
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use peerwall::protection::{self, Options, PeerSets};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::*;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Datapath {
+    None,
+    PeerwallNft,
+    PeerwallBpf,
+    PeerwallXdp,
+    LiqoNft,
+    IptablesRules,
+    IptablesIpset,
+}
+
+impl Datapath {
+    pub(crate) const ALL: [Datapath; 7] = [
+        Datapath::None,
+        Datapath::PeerwallNft,
+        Datapath::PeerwallBpf,
+        Datapath::PeerwallXdp,
+        Datapath::LiqoNft,
+        Datapath::IptablesRules,
+        Datapath::IptablesIpset,
+    ];
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Datapath::None => "no filter (baseline)",
+            Datapath::PeerwallNft => "peerwall nftables",
+            Datapath::PeerwallBpf => "peerwall bpf (tcx)",
+            Datapath::PeerwallXdp => "peerwall bpf + XDP",
+            Datapath::LiqoNft => "Liqo style: nft rule per IP",
+            Datapath::IptablesRules => "iptables rule per IP",
+            Datapath::IptablesIpset => "iptables + ipset",
+        }
+    }
+}
+
+/// A policy under test: peerwall's FirewallConfiguration plus the other renderings.
+pub(crate) struct Policy {
+    pub(crate) name: String,
+    pub(crate) allowed: Vec<(Ipv4Addr, u16)>,
+    pub(crate) denied: Vec<(Ipv4Addr, u16)>,
+    pub(crate) fwc: serde_json::Value,
+    /// Liqo / iptables rule-per-IP renderings, one line per rule (without the chain prefix).
+    pub(crate) nft_rules: Vec<String>,
+    pub(crate) ipt_rules: Vec<String>,
+    /// ipset members (None: not expressible).
+    pub(crate) ipset: Option<Vec<Ipv4Addr>>,
+}
+
+pub(crate) fn fwc_doc(spec: impl serde::Serialize) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "peerwall.io/v1alpha1",
+        "kind": "FirewallConfiguration",
+        "metadata": {"name": "bench", "namespace": "liqo-tenant-bench", "labels": {"peerwall.io/target": "gateway"}},
+        "spec": spec,
+    })
+}
+
+pub(crate) fn unique_hosts(rng: &mut StdRng, n: usize, base: u32, bits: u32) -> Vec<Ipv4Addr> {
+    let mut seen = HashSet::with_capacity(n);
+    let mut v = Vec::with_capacity(n);
+    while v.len() < n {
+        let a = base | rng.random_range(1..(1u32 << bits) - 1);
+        if seen.insert(a) {
+            v.push(Ipv4Addr::from(a));
+        }
+    }
+    v
+}
+
+/// Provider protection for N offloaded pods (10.32.0.0/11); denied traffic goes to 10.64.0.0/11.
+pub(crate) fn protection_policy(n: usize, seed: u64) -> Policy {
+    let mut rng = StdRng::seed_from_u64(seed ^ n as u64);
+    let pods = unique_hosts(&mut rng, n, 0x0a20_0000, 21);
+    let sets = PeerSets {
+        offloaded: pods.iter().map(|&a| a.into()).collect::<BTreeSet<_>>(),
+        ..Default::default()
+    };
+    let spec = protection::gateway_spec(
+        "bench",
+        &sets,
+        &Options {
+            tunnel: TUNNEL.into(),
+            block_leaf_to_leaf: false,
+        },
+    );
+    let pick = |rng: &mut StdRng, v: &[Ipv4Addr]| v[rng.random_range(0..v.len())];
+    let allowed = (0..1024).map(|_| (pick(&mut rng, &pods), 8080)).collect();
+    let denied = (0..1024)
+        .map(|_| {
+            (
+                Ipv4Addr::from(0x0a40_0000 | rng.random_range(1..(1u32 << 21) - 1)),
+                8080,
+            )
+        })
+        .collect();
+    Policy {
+        name: match n {
+            n if n >= 1000 => format!("{}k pods", n / 1000),
+            n => format!("{n} pods"),
+        },
+        allowed,
+        denied,
+        fwc: fwc_doc(spec),
+        nft_rules: pods
+            .iter()
+            .map(|p| format!("iifname \"{TUNNEL}\" ip daddr {p} accept"))
+            .chain([format!("iifname \"{TUNNEL}\" drop")])
+            .collect(),
+        ipt_rules: pods
+            .iter()
+            .map(|p| format!("-i {TUNNEL} -d {p} -j ACCEPT"))
+            .chain([format!("-i {TUNNEL} -j DROP")])
+            .collect(),
+        ipset: Some(pods),
+    }
+}
+
+/// 63 allow rules over CIDRs and address ranges with UDP port ranges, then default deny.
+pub(crate) fn mixed_policy(seed: u64) -> Policy {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x6464);
+    let mut rules = vec![];
+    let (mut nft, mut ipt) = (vec![], vec![]);
+    let mut allowed = vec![];
+    for i in 0..63u32 {
+        let net = Ipv4Addr::new(10, 100 + i as u8, 0, 0);
+        let (lo, hi) = (1000 + i as u16 * 10, 1005 + i as u16 * 10);
+        let (value, nft_addr, ipt_addr) = if i % 2 == 0 {
+            (
+                format!("{net}/16"),
+                format!("ip daddr {net}/16"),
+                format!("-d {net}/16"),
+            )
+        } else {
+            let end = Ipv4Addr::new(10, 100 + i as u8, 127, 255);
+            (
+                format!("{net}-{end}"),
+                format!("ip daddr {net}-{end}"),
+                format!("-m iprange --dst-range {net}-{end}"),
+            )
+        };
+        rules.push(
+            serde_json::json!({"name": format!("r{i}"), "action": "accept", "match": [
+                {"op": "eq", "dev": {"value": TUNNEL, "position": "in"}},
+                {"op": "eq", "ip": {"value": value, "position": "dst"}},
+                {"op": "eq", "proto": {"value": "udp"}},
+                {"op": "eq", "port": {"value": format!("{lo}-{hi}"), "position": "dst"}},
+            ]}),
+        );
+        nft.push(format!(
+            "iifname \"{TUNNEL}\" {nft_addr} udp dport {lo}-{hi} accept"
+        ));
+        ipt.push(format!(
+            "-i {TUNNEL} {ipt_addr} -p udp --dport {lo}:{hi} -j ACCEPT"
+        ));
+        for _ in 0..16 {
+            let a = Ipv4Addr::new(
+                10,
+                100 + i as u8,
+                rng.random_range(0..128),
+                rng.random_range(1..255),
+            );
+            allowed.push((a, rng.random_range(lo..=hi)));
+        }
+    }
+    rules.push(serde_json::json!({"name": "default_deny", "action": "drop", "match": [{"op": "eq", "dev": {"value": TUNNEL, "position": "in"}}]}));
+    nft.push(format!("iifname \"{TUNNEL}\" drop"));
+    ipt.push(format!("-i {TUNNEL} -j DROP"));
+    let denied = (0..1024)
+        .map(|_| {
+            (
+                Ipv4Addr::new(10, 99, rng.random_range(0..255), rng.random_range(1..255)),
+                1000,
+            )
+        })
+        .collect();
+    let spec = serde_json::json!({"table": {"name": "peerwall_mixed", "family": "INET", "chains": [{
+        "name": "from_peer", "type": "filter", "hook": "forward", "priority": 0, "policy": "accept",
+        "rules": {"filterRules": rules}}]}});
+    Policy {
+        name: "mixed 64 rules".into(),
+        allowed,
+        denied,
+        fwc: fwc_doc(spec),
+        nft_rules: nft,
+        ipt_rules: ipt,
+        ipset: None,
+    }
+}
+
+/// Install a datapath with a policy in the gateway; returns the load time.
+pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
+    let file = lab.dir.join("policy.yaml");
+    let started = Instant::now();
+    match dp {
+        Datapath::None => {}
+        Datapath::PeerwallNft => {
+            std::fs::write(&file, serde_yaml::to_string(&p.fwc).expect("yaml")).expect("write");
+            in_ns(
+                &lab.gw,
+                peerwall_bin(),
+                &["apply", "-f", &file.to_string_lossy()],
+            );
+        }
+        Datapath::PeerwallBpf | Datapath::PeerwallXdp => {
+            std::fs::write(&file, serde_yaml::to_string(&p.fwc).expect("yaml")).expect("write");
+            let pins = lab.pins();
+            let mut args = vec![
+                "apply",
+                "--backend",
+                "bpf",
+                "--pin-dir",
+                &pins,
+                "--interfaces",
+                TUNNEL,
+            ];
+            if dp == Datapath::PeerwallXdp {
+                args.push("--xdp");
+            }
+            let f = file.to_string_lossy().into_owned();
+            args.extend(["-f", &f]);
+            nsenter(&lab.gw, peerwall_bin(), &args);
+        }
+        Datapath::LiqoNft => {
+            let mut s = String::from("table inet liqo_bench {\n chain liqo_fwd {\n  type filter hook forward priority 0; policy accept;\n");
+            for r in &p.nft_rules {
+                s.push_str("  ");
+                s.push_str(r);
+                s.push('\n');
+            }
+            s.push_str(" }\n}\n");
+            std::fs::write(&file, s).expect("write");
+            in_ns(&lab.gw, "nft", &["-f", &file.to_string_lossy()]);
+        }
+        Datapath::IptablesRules | Datapath::IptablesIpset => {
+            let mut s = String::from("*filter\n:FORWARD ACCEPT [0:0]\n");
+            if dp == Datapath::IptablesIpset {
+                let members = p.ipset.as_ref()?;
+                let mut set = format!(
+                    "create offloaded hash:ip maxelem {}\n",
+                    (members.len() * 2).max(1024)
+                );
+                for m in members {
+                    set.push_str(&format!("add offloaded {m}\n"));
+                }
+                let sf = lab.dir.join("ipset.txt");
+                std::fs::write(&sf, set).expect("write");
+                let o = Command::new("ip")
+                    .args([
+                        "netns",
+                        "exec",
+                        lab.gw.name(),
+                        "ipset",
+                        "restore",
+                        "-file",
+                        &sf.to_string_lossy(),
+                    ])
+                    .output()
+                    .expect("ipset");
+                assert!(
+                    o.status.success(),
+                    "ipset restore: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                s.push_str(&format!("-A FORWARD -i {TUNNEL} -m set --match-set offloaded dst -j ACCEPT\n-A FORWARD -i {TUNNEL} -j DROP\n"));
+            } else {
+                for r in &p.ipt_rules {
+                    s.push_str("-A FORWARD ");
+                    s.push_str(r);
+                    s.push('\n');
+                }
+            }
+            s.push_str("COMMIT\n");
+            let mut c = Command::new("ip")
+                .args(["netns", "exec", lab.gw.name(), "iptables-legacy-restore"])
+                .stdin(Stdio::piped())
+                .spawn()
+                .expect("iptables-legacy-restore");
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(s.as_bytes())
+                .expect("write");
+            assert!(
+                c.wait().expect("wait").success(),
+                "iptables-legacy-restore failed"
+            );
+        }
+    }
+    Some(started.elapsed())
+}
+
+pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
+    match dp {
+        Datapath::None => {}
+        Datapath::PeerwallNft => {
+            in_ns(&lab.gw, peerwall_bin(), &["delete"]);
+        }
+        Datapath::PeerwallBpf | Datapath::PeerwallXdp => {
+            nsenter(
+                &lab.gw,
+                peerwall_bin(),
+                &["delete", "--backend", "bpf", "--pin-dir", &lab.pins()],
+            );
+        }
+        Datapath::LiqoNft => {
+            in_ns(&lab.gw, "nft", &["delete", "table", "inet", "liqo_bench"]);
+        }
+        Datapath::IptablesRules | Datapath::IptablesIpset => {
+            in_ns(&lab.gw, "iptables-legacy", &["-F", "FORWARD"]);
+            if dp == Datapath::IptablesIpset {
+                in_ns(&lab.gw, "ipset", &["destroy", "offloaded"]);
+            }
+        }
+    }
+}

@@ -1,0 +1,263 @@
+//! Gateway benchmark (`cargo xtask bench-gateway`, as root): the datapaths a platform engineer
+//! would choose between, enforcing the same provider-protection policy in a gateway network
+//! namespace between a sender and a receiver namespace over veth, measured side by side in one
+//! run. Writes the `gateway` section of docs/bench.md and docs/bench-gateway.svg.
+//!
+//! Topology: `snd` (eth0) —veth— (`liqo-tunnel`) `gw` (`liqo.benchgw000`) —veth— (eth0) `rcv`.
+//! The gateway forwards 10.0.0.0/8 towards `rcv` (one permanent next hop: no neighbour per
+//! destination); `rcv` has forwarding off and drops them after a route lookup (no ICMP back).
+//!
+//! Traffic: 64-byte UDP frames from 172.16.0.0/16 written by an AF_PACKET socket
+//! (PACKET_QDISC_BYPASS, sendmmsg batches of 64) on one core. On veth the whole path (send,
+//! gateway, filter, forward) runs on that core, so the achieved rate is the inverse of the
+//! per-packet CPU cost; the filter's cost per packet is `1/pps − 1/pps_baseline`.
+//! - allowed: destinations drawn uniformly from the N offloaded pod IPs; figure = packets the
+//!   gateway forwarded per second (tx of its receiver-side veth);
+//! - denied: destinations outside the set; figure = packets the gateway took in and dropped per
+//!   second (sender tx minus drops for lack of CPU: veth `tx_dropped`, softnet `dropped`); a
+//!   run in which the gateway forwarded a denied packet, or forwarded less than 99 % of the
+//!   allowed packets it took in, aborts the benchmark.
+//!
+//! Both are shown as ratios to the no-filter baseline forwarding the same frames.
+//!
+//! Datapaths: none; peerwall nftables; peerwall bpf (tcx); peerwall bpf + XDP early drop;
+//! Liqo's rendering (one nftables rule per IP); iptables-legacy with one rule per IP; iptables +
+//! ipset. Policies: the controller's gateway policy (`protection::gateway_spec`: default deny on
+//! the tunnel, allow the consumer's offloaded pods) at 10 / 1k / 10k / 100k pod IPs, and a
+//! mixed policy of 64 rules (CIDRs, ranges, port ranges; rule-per-IP renderings keep one rule
+//! per FirewallConfiguration rule; ipset has nothing to offer there).
+//!
+//! Control plane at 100k pods: full load per datapath; one pod added → first packet through
+//! (a probe stream to the new IP; for peerwall the agent watching a policy directory); agent
+//! peak RSS. Settings: PEERWALL_BENCH_REPEATS (5), PEERWALL_BENCH_WINDOW_MS (1000),
+//! PEERWALL_BENCH_SIZES (10,1000,10000,100000), PEERWALL_SEED (1).
+
+#[path = "../doc/mod.rs"]
+mod doc;
+
+mod control;
+mod datapaths;
+mod lab;
+mod report;
+mod traffic;
+
+use control::*;
+use datapaths::*;
+use lab::*;
+use report::*;
+use traffic::*;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use peerwall_backend::netns::NetNs;
+
+pub(crate) const TUNNEL: &str = "liqo-tunnel";
+pub(crate) const GENEVE: &str = "liqo.benchgw000";
+pub(crate) const SENDER_CPU: usize = 1;
+pub(crate) const BATCH: usize = 64;
+
+pub(crate) fn env_or<T: std::str::FromStr>(k: &str, d: T) -> T {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(d)
+}
+
+pub(crate) fn peerwall_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_peerwall")
+}
+
+pub(crate) fn run(program: &str, args: &[&str]) -> String {
+    let o = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        o.status.success(),
+        "{program} {}: {}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub(crate) fn in_ns(ns: &NetNs, program: &str, args: &[&str]) -> String {
+    let mut full = vec!["netns", "exec", ns.name(), program];
+    full.extend_from_slice(args);
+    run("ip", &full)
+}
+
+/// `nsenter --net` keeps the host's /sys/fs/bpf visible (`ip netns exec` remounts /sys).
+pub(crate) fn nsenter(ns: &NetNs, program: &str, args: &[&str]) -> String {
+    let net = format!("--net=/run/netns/{}", ns.name());
+    let mut full = vec![net.as_str(), program];
+    full.extend_from_slice(args);
+    run("nsenter", &full)
+}
+
+fn main() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("the gateway benchmark needs root (network namespaces, nftables, bpf)");
+        std::process::exit(1);
+    }
+    if std::env::args().any(|a| a == "--list" || a == "--test") {
+        // `cargo test --benches` probes harness-less benches: nothing to list or test here.
+        return;
+    }
+    let repeats: usize = env_or("PEERWALL_BENCH_REPEATS", 5);
+    let window = Duration::from_millis(env_or("PEERWALL_BENCH_WINDOW_MS", 1000));
+    let warmup = Duration::from_millis(300);
+    let seed: u64 = env_or("PEERWALL_SEED", 1);
+    let sizes: Vec<usize> = std::env::var("PEERWALL_BENCH_SIZES")
+        .ok()
+        .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![10, 1000, 10_000, 100_000]);
+    let lab = Lab::new();
+    let mut policies: Vec<Policy> = sizes.iter().map(|&n| protection_policy(n, seed)).collect();
+    policies.push(mixed_policy(seed));
+    let mut rows: Vec<Row> = Vec::new();
+    let started = Instant::now();
+    for p in &policies {
+        let fa = frames_for(&lab, &p.allowed, seed);
+        let fd = frames_for(&lab, &p.denied, seed + 1);
+        for dp in Datapath::ALL {
+            let Some(load) = install(&lab, dp, p) else {
+                continue;
+            };
+            let mut row = Row {
+                policy: p.name.clone(),
+                dp,
+                allowed: vec![],
+                denied: vec![],
+                load: (dp != Datapath::None).then_some(load),
+            };
+            for _ in 0..repeats {
+                let (fwd, taken) = measure(&lab, &fa, warmup, window);
+                assert!(
+                    fwd >= 0.9 * taken && fwd > 0.0,
+                    "{}: {}: allowed traffic not forwarded ({fwd:.0} of {taken:.0} pps)",
+                    p.name,
+                    dp.label()
+                );
+                row.allowed.push(fwd);
+                let (fwd_d, taken_d) = measure(&lab, &fd, warmup, window);
+                if dp == Datapath::None {
+                    row.denied.push(fwd_d);
+                } else {
+                    assert!(
+                        fwd_d < 0.001 * taken_d + 100.0,
+                        "{}: {}: denied traffic forwarded ({fwd_d:.0} pps)",
+                        p.name,
+                        dp.label()
+                    );
+                    row.denied.push(taken_d);
+                }
+            }
+            uninstall(&lab, dp);
+            eprintln!(
+                "{:>15} | {:<28} | allowed {:>9} pps | denied {:>9} pps | load {:?}",
+                p.name,
+                dp.label(),
+                fmt_pps(median(row.allowed.clone())),
+                fmt_pps(median(row.denied.clone())),
+                load
+            );
+            rows.push(row);
+        }
+    }
+    let data_secs = started.elapsed().as_secs();
+    let cp_n = *sizes.iter().max().unwrap_or(&100_000);
+    let cp: Vec<ControlRow> = Datapath::ALL
+        .iter()
+        .filter(|d| !matches!(d, Datapath::None | Datapath::PeerwallXdp))
+        .map(|&dp| {
+            let r = control_plane(&lab, dp, cp_n, seed);
+            eprintln!(
+                "control plane {:<28} full {:?} one pod {:?}",
+                dp.label(),
+                r.full_load,
+                r.one_pod
+            );
+            r
+        })
+        .collect();
+
+    // Report.
+    let base = |policy: &str, allowed: bool| {
+        rows.iter()
+            .find(|r| r.policy == policy && r.dp == Datapath::None)
+            .map(|r| {
+                median(if allowed {
+                    r.allowed.clone()
+                } else {
+                    r.denied.clone()
+                })
+            })
+            .unwrap_or(0.0)
+    };
+    let date = run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    let uname = run("uname", &["-r"]);
+    let names: Vec<String> = policies.iter().map(|p| p.name.clone()).collect();
+    let mut md = String::new();
+    md.push_str("## Gateway benchmark against the alternatives (`cargo xtask bench-gateway`)\n\n");
+    md.push_str(&format!(
+        "Generated on {} (kernel {}, {} cores); data plane {data_secs} s, {repeats} runs of {} ms after {} ms warm-up per cell, seed {seed}.\n\n",
+        date.trim(), uname.trim(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), window.as_millis(), warmup.as_millis()
+    ));
+    md.push_str("Sender → gateway → receiver network namespaces over veth; 64-byte UDP from one AF_PACKET sender on one core (the whole path runs on that core, so rate = 1 / CPU cost per packet). Every datapath enforces the same policy: the controller's provider-protection configuration (default deny on `liqo-tunnel`, allow the consumer's N offloaded pods) or a mixed policy of 64 rules. *Allowed*: destinations drawn from the N pods, figure = packets forwarded per second. *Denied*: destinations outside them, figure = packets taken in and dropped per second. Ratios are to the no-filter gateway forwarding the same frames in this run (median of the runs; spread = min–max ratio). *Filter ns/pkt* = 1/pps − 1/pps(no filter), the CPU the filter adds to each allowed packet.\n\n");
+    md.push_str("![gateway benchmark](bench-gateway.svg)\n\n");
+    md.push_str("| policy | datapath | allowed: ratio (spread) | allowed pps | filter ns/pkt | denied: ratio (spread) | denied pps | load |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
+    for r in &rows {
+        let (ba, bd) = (base(&r.policy, true), base(&r.policy, false));
+        let spread = |v: &[f64], b: f64| {
+            let lo = v.iter().cloned().fold(f64::INFINITY, f64::min) / b;
+            let hi = v.iter().cloned().fold(0.0, f64::max) / b;
+            format!("{}–{}", fmt_ratio(lo), fmt_ratio(hi))
+        };
+        let ma = median(r.allowed.clone());
+        let md_ = median(r.denied.clone());
+        let cost = if r.dp == Datapath::None {
+            "–".to_string()
+        } else {
+            format!("{:.0}", (1e9 / ma - 1e9 / ba).max(0.0))
+        };
+        md.push_str(&format!(
+            "| {} | {} | {} ({}) | {} | {} | {} ({}) | {} | {} |\n",
+            r.policy,
+            r.dp.label(),
+            fmt_ratio(ma / ba),
+            spread(&r.allowed, ba),
+            fmt_pps(ma),
+            cost,
+            fmt_ratio(md_ / bd),
+            spread(&r.denied, bd),
+            fmt_pps(md_),
+            r.load
+                .map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3))
+                .unwrap_or_else(|| "–".into())
+        ));
+    }
+    md.push_str(&format!("\nControl plane at {cp_n} offloaded pods, measured with probe streams through the gateway (one packet every 200 µs). *Full sync*: from starting the agent (peerwall) or the loading command (others) until a stream to a denied address stops passing, i.e. the whole policy is in force. *One more pod*: from the change until a stream to the new pod's address passes; peerwall through `peerwall agent --source dir:` polling every 20 ms (re-parse, validate and compile all {cp_n} addresses, then the backend's incremental update: one set element or one map entry), the others through their own incremental command (`nft insert rule`, `iptables -I`, `ipset add`).\n\n| datapath | full sync | one more pod | agent peak RSS |\n|---|---:|---:|---:|\n"));
+    for c in &cp {
+        md.push_str(&format!(
+            "| {} | {:.0} ms | {:.1} ms | {} |\n",
+            c.dp.label(),
+            c.full_load.as_secs_f64() * 1e3,
+            c.one_pod.as_secs_f64() * 1e3,
+            c.rss_kib
+                .map(|k| format!("{:.0} MiB", k as f64 / 1024.0))
+                .unwrap_or_else(|| "–".into())
+        ));
+    }
+    doc::write_section("gateway", md.trim_end()).expect("write docs/bench.md");
+    std::fs::write(
+        doc::docs_dir().join("bench-gateway.svg"),
+        svg(&rows, &names, &base),
+    )
+    .expect("write svg");
+    print!("{md}");
+}
