@@ -164,6 +164,8 @@ fn ifaces() -> Vec<Iface> {
     ]
 }
 
+/// The benchmark script, long on purpose: the bare lookup and the classifier at every size in
+/// one run, so the ratios compare like with like.
 fn main() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

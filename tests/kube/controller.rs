@@ -14,6 +14,9 @@ use serde_json::json;
 
 use crate::support::*;
 
+/// One scenario on one API server, long on purpose: each step (default deny, offloaded pods,
+/// virtual nodes, NetworkPolicies, metrics, a restart, an IP moving between tenants) starts from
+/// the state the previous one left, which is what the controller must handle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
     let server = ApiServer::start();

@@ -10,6 +10,8 @@ use serde_json::json;
 use crate::liqo::liqo_shapes;
 use crate::support::*;
 
+/// One webhook registered once, long on purpose: refusal, admission, every Liqo shape, an
+/// invalid update and a certificate rotation run against the same registration, as in a cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_refuses_invalid_objects_through_the_api_server() {
     let server = ApiServer::start();

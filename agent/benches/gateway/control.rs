@@ -130,7 +130,9 @@ pub(crate) struct ControlRow {
     pub(crate) rss_kib: Option<u64>,
 }
 
-/// Control plane at `n` pods for one datapath.
+/// Control plane at `n` pods for one datapath: full sync, then one more pod, each timed by a
+/// probe stream. Long on purpose: every datapath has its own install and incremental command,
+/// and the two timings share the running agent or tool.
 pub(crate) fn control_plane(lab: &Lab, dp: Datapath, n: usize, seed: u64) -> ControlRow {
     let base = protection_policy(n, seed);
     let pods = base.ipset.clone().unwrap_or_default();

@@ -98,6 +98,8 @@ pub(crate) fn nsenter(ns: &NetNs, program: &str, args: &[&str]) -> String {
     run("nsenter", &full)
 }
 
+/// The whole comparison, long on purpose: it is the script of the benchmark (topology, every
+/// datapath on every policy, the control plane, the report), each step one call.
 fn main() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

@@ -1,0 +1,90 @@
+//! What the probe engine and the benchmarks need of a loaded datapath beyond enforcing:
+//! flows put into and flushed from conntrack, the programs themselves for BPF_PROG_TEST_RUN,
+//! the benchmark's bare lookup table, raw map access.
+
+use aya::maps::lpm_trie::{Key, LpmTrie};
+use aya::maps::MapData;
+use aya::programs::SchedClassifier;
+
+use super::{map_err, BpfBackend, BpfError, TC_PROGRAM};
+
+impl BpfBackend {
+    /// Insert a conntrack flow (probe engine: reproduce established/related states).
+    pub fn insert_flow(
+        &mut self,
+        key: peerwall_common::FlowKey,
+        replied: bool,
+    ) -> Result<(), BpfError> {
+        let mut m: aya::maps::HashMap<
+            &mut MapData,
+            peerwall_common::FlowKey,
+            peerwall_common::FlowState,
+        > = aya::maps::HashMap::try_from(self.map("FLOWS")?).map_err(map_err("FLOWS"))?;
+        // Monotonic clock of the kernel (bpf_ktime_get_ns).
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime writes into `ts`.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        m.insert(
+            key,
+            peerwall_common::FlowState {
+                last_seen_ns: now,
+                replied: u8::from(replied),
+                _pad: [0; 7],
+            },
+            0,
+        )
+        .map_err(map_err("FLOWS"))
+    }
+
+    /// Forget every conntrack flow.
+    pub fn flush_flows(&mut self) -> Result<(), BpfError> {
+        let mut m: aya::maps::HashMap<
+            &mut MapData,
+            peerwall_common::FlowKey,
+            peerwall_common::FlowState,
+        > = aya::maps::HashMap::try_from(self.map("FLOWS")?).map_err(map_err("FLOWS"))?;
+        let keys: Vec<peerwall_common::FlowKey> = m.keys().filter_map(Result::ok).collect();
+        for k in keys {
+            match m.remove(&k) {
+                // Evicted by the LRU since it was listed: gone either way.
+                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(e) => return Err(map_err("FLOWS")(e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The tc program (for BPF_PROG_TEST_RUN).
+    pub fn tc_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
+        self.loaded(TC_PROGRAM)
+    }
+
+    /// The benchmark baseline program (one LPM lookup), loaded.
+    pub fn bare_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
+        self.loaded("peerwall_bare")
+    }
+
+    /// Fill the baseline's trie with IPv4 prefixes.
+    pub fn fill_bare(&mut self, prefixes: &[ipnet::Ipv4Net]) -> Result<(), BpfError> {
+        let mut m: LpmTrie<&mut MapData, [u8; 4], u32> =
+            LpmTrie::try_from(self.map("BARE")?).map_err(map_err("BARE"))?;
+        for p in prefixes {
+            m.insert(
+                &Key::new(u32::from(p.prefix_len()), p.network().octets()),
+                1,
+                0,
+            )
+            .map_err(map_err("BARE"))?;
+        }
+        Ok(())
+    }
+
+    /// Map access for the probe engine.
+    pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map, BpfError> {
+        self.map(name)
+    }
+}
