@@ -47,6 +47,17 @@ pub struct LabRun {
 }
 
 impl LabRun {
+    /// One line: matrix as expected or not, and the live offload's delay.
+    fn print_summary(&self) {
+        println!(
+            "{}: matrix equals the expected provider-protection matrix: {}; new pod reachable after {}",
+            self.backend,
+            if self.as_expected() { "yes" } else { "NO" },
+            self.new_pod_ms
+                .map_or("never".to_string(), |ms| format!("{ms:.0} ms"))
+        );
+    }
+
     /// Whether every pair behaved as provider protection says.
     pub fn as_expected(&self) -> bool {
         self.rows.iter().all(|(_, got, want)| got == want)
@@ -474,23 +485,9 @@ pub fn run(backends: &[&'static str], bin: &Path, keep: bool) -> Result<bool> {
                 .eq(w[1].rows.iter().map(|r| r.1))
         });
         println!("backends agree: {}", if agree { "yes" } else { "NO" });
-        for r in &runs {
-            println!(
-                "{}: matrix equals the expected provider-protection matrix: {}; new pod reachable after {}",
-                r.backend,
-                if r.as_expected() { "yes" } else { "NO" },
-                r.new_pod_ms.map_or("never".to_string(), |ms| format!("{ms:.0} ms"))
-            );
-        }
+        runs.iter().for_each(LabRun::print_summary);
         return Ok(agree && expected && live);
     }
-    for r in &runs {
-        println!(
-            "{}: matrix equals the expected provider-protection matrix: {}; new pod reachable after {}",
-            r.backend,
-            if r.as_expected() { "yes" } else { "NO" },
-            r.new_pod_ms.map_or("never".to_string(), |ms| format!("{ms:.0} ms"))
-        );
-    }
+    runs.iter().for_each(LabRun::print_summary);
     Ok(expected && live)
 }

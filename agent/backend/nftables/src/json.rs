@@ -6,11 +6,11 @@
 
 use serde_json::{json, Value};
 
-use peerwall_policy::ir::{eval::proto, CtState, IpFamily, NatTarget, TableFamily};
+use peerwall_policy::ir::{CtState, NatTarget, TableFamily};
 
 use crate::model::{
-    Chain, Command, Element, Expr, Key, Policy, RejectType, Right, Rule, Set, Table, MARKER_CHAIN,
-    MARKER_PREFIX,
+    family_keyword, proto_keyword, Chain, Command, Element, Expr, Key, Policy, RejectType, Right,
+    Rule, Set, Table, MARKER_CHAIN, MARKER_PREFIX,
 };
 
 /// A whole transaction as one nft JSON document.
@@ -113,26 +113,13 @@ pub fn element(e: &Element) -> Value {
 }
 
 fn proto_name(p: u8) -> Value {
-    match p {
-        proto::TCP => json!("tcp"),
-        proto::UDP => json!("udp"),
-        proto::ICMP => json!("icmp"),
-        proto::ICMPV6 => json!("ipv6-icmp"),
-        n => json!(n),
-    }
-}
-
-fn family_word(f: IpFamily) -> &'static str {
-    match f {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    }
+    proto_keyword(p).map_or(json!(p), |k| json!(k))
 }
 
 fn key(k: &Key) -> Value {
     let field = |source: bool, s: &str, d: &str| if source { s } else { d }.to_string();
     match k {
-        Key::Addr { family, source } => json!({"payload": {"protocol": family_word(*family),
+        Key::Addr { family, source } => json!({"payload": {"protocol": family_keyword(*family),
             "field": field(*source, "saddr", "daddr")}}),
         Key::Port { source } => {
             json!({"payload": {"protocol": "th", "field": field(*source, "sport", "dport")}})
@@ -212,7 +199,7 @@ pub fn expr(e: &Expr) -> Value {
                 }),
             };
             if let Some(f) = family {
-                stmt["family"] = json!(family_word(*f));
+                stmt["family"] = json!(family_keyword(*f));
             }
             json!({ if *destination { "dnat" } else { "snat" }: stmt })
         }

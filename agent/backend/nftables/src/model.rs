@@ -15,6 +15,26 @@ pub const MARKER_PREFIX: &str = "peerwall owner=";
 /// Prefix of sets generated for inline lists.
 pub const AUTO_SET_PREFIX: &str = "__pw_";
 
+/// nft's name of an IP protocol number, where it has one.
+pub fn proto_keyword(p: u8) -> Option<&'static str> {
+    use peerwall_policy::ir::eval::proto;
+    match p {
+        proto::TCP => Some("tcp"),
+        proto::UDP => Some("udp"),
+        proto::ICMP => Some("icmp"),
+        proto::ICMPV6 => Some("ipv6-icmp"),
+        _ => None,
+    }
+}
+
+/// nft's keyword of an address family in payload expressions and NAT statements.
+pub fn family_keyword(f: IpFamily) -> &'static str {
+    match f {
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
+    }
+}
+
 /// One owned table and everything in it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Table {

@@ -6,10 +6,11 @@
 
 use std::fmt::Write as _;
 
-use peerwall_policy::ir::{eval::proto, IpFamily, NatTarget};
+use peerwall_policy::ir::NatTarget;
 
 use crate::model::{
-    Element, Expr, Key, Policy, RejectType, Right, Table, MARKER_CHAIN, MARKER_PREFIX,
+    family_keyword, proto_keyword, Element, Expr, Key, Policy, RejectType, Right, Table,
+    MARKER_CHAIN, MARKER_PREFIX,
 };
 
 fn element(e: &Element) -> String {
@@ -27,20 +28,7 @@ fn braces(items: Vec<String>) -> String {
 }
 
 fn proto_name(p: u8) -> String {
-    match p {
-        proto::TCP => "tcp".into(),
-        proto::UDP => "udp".into(),
-        proto::ICMP => "icmp".into(),
-        proto::ICMPV6 => "ipv6-icmp".into(),
-        n => n.to_string(),
-    }
-}
-
-fn family_word(f: IpFamily) -> &'static str {
-    match f {
-        IpFamily::V4 => "ip",
-        IpFamily::V6 => "ip6",
-    }
+    proto_keyword(p).map_or(p.to_string(), str::to_string)
 }
 
 fn key(k: &Key) -> String {
@@ -49,7 +37,7 @@ fn key(k: &Key) -> String {
         Key::Addr { family, source } => {
             format!(
                 "{} {}",
-                family_word(*family),
+                family_keyword(*family),
                 dir(*source, "saddr", "daddr")
             )
         }
@@ -110,7 +98,7 @@ fn stmt(e: &Expr) -> String {
         } => {
             let kind = if *destination { "dnat" } else { "snat" };
             let fam = family
-                .map(|f| format!(" {}", family_word(f)))
+                .map(|f| format!(" {}", family_keyword(f)))
                 .unwrap_or_default();
             match target {
                 NatTarget::Addr(a) => format!("{kind}{fam} to {a}"),
