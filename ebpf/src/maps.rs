@@ -1,11 +1,11 @@
 //! Maps: the two policy slots, configuration, conntrack, per-CPU scratch space and the probe
-//! record. Names are the pin names under the pin directory (README, "BPF map layout"); their
+//! record. Names are the pin names under the pin directory (README, "The eBPF backend"); their
 //! key and value layouts are `peerwall-common`'s.
 
 #[allow(unused_imports)]
 use super::*;
 
-// Maps. Names are the pin names under /sys/fs/bpf/peerwall/ (see README, "BPF map layout").
+// Maps. Names are the pin names under /sys/fs/bpf/peerwall/ (see README, "The eBPF backend").
 
 /// Prefix entries of the address dimensions (no preallocation: memory follows the policy).
 pub(crate) const TRIE_MAX: u32 = 4 << 20;

@@ -14,7 +14,8 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-/// bpf-linker release that works with the installed nightly (see README, "Toolchain").
+/// bpf-linker release that works with the installed nightly (built against its LLVM, see
+/// [`ensure_bpf_linker`]).
 const BPF_LINKER_VERSION: &str = "0.13.0";
 
 /// Debian packages the tests and the gateway lab use.

@@ -1,6 +1,6 @@
 //! The reference evaluator: the judge both backends are tested against.
 //!
-//! Semantics (docs/firewallconfiguration.md, "What a verdict means"):
+//! Semantics (README, "The intent API", is the user-facing statement of what this implements):
 //! a packet traverses the hooks of its path in order; at each hook the filter chains of every
 //! table that sees the packet's family run in ascending (priority, table name, chain name).
 //! Within a chain the first rule whose matches all hold decides: `accept` ends the chain,
