@@ -16,6 +16,54 @@ pub const MAX_CHAINS: u32 = 64;
 pub const MAX_HOOK_CHAINS: usize = 16;
 /// Hooks (prerouting, input, forward, output, postrouting).
 pub const HOOKS: u32 = 5;
+/// Map names: the pin names, and the identifiers of the eBPF side's statics (aya names a map
+/// after its static, so `ebpf/src/maps.rs` declares `SRC0`, `SRC1`, … with exactly these
+/// names). Per-slot maps are the prefix followed by the slot number (`SRC0`, `SRC1`).
+pub mod map {
+    /// Source address trie (per slot).
+    pub const SRC: &str = "SRC";
+    /// Destination address trie (per slot).
+    pub const DST: &str = "DST";
+    /// Source host hash (per slot).
+    pub const SRCH: &str = "SRCH";
+    /// Destination host hash (per slot).
+    pub const DSTH: &str = "DSTH";
+    /// Source port trie (per slot).
+    pub const SPORT: &str = "SPORT";
+    /// Destination port trie (per slot).
+    pub const DPORT: &str = "DPORT";
+    /// Family + protocol hash (per slot).
+    pub const PROTO: &str = "PROTO";
+    /// Input interface hash (per slot).
+    pub const IIF: &str = "IIF";
+    /// Output interface hash (per slot).
+    pub const OIF: &str = "OIF";
+    /// Conntrack state array (per slot).
+    pub const CT: &str = "CT";
+    /// Per-dimension masks (per slot).
+    pub const MASKS: &str = "MASKS";
+    /// Chain descriptions (per slot).
+    pub const CHAINS: &str = "CHAINS";
+    /// Rule descriptions (per slot).
+    pub const RULES: &str = "RULES";
+    /// Chains of each (hook, family) (per slot).
+    pub const HOOKS: &str = "HOOKS";
+    /// Per-CPU rule counters (per slot).
+    pub const COUNTERS: &str = "COUNTERS";
+    /// Live slot and flags.
+    pub const CONFIG: &str = "CONFIG";
+    /// Emergency switch.
+    pub const ALLOW_ALL: &str = "ALLOW_ALL";
+    /// Interface types (link-layer length) by index.
+    pub const IFACES: &str = "IFACES";
+    /// Conntrack flows.
+    pub const FLOWS: &str = "FLOWS";
+    /// The last decision (probe mode).
+    pub const LAST: &str = "LAST";
+    /// The benchmark's bare lookup table.
+    pub const BARE: &str = "BARE";
+}
+
 /// Entries of the per-slot `HOOKS` map: one per (hook, family), index `hook * 2 + family`.
 pub const HOOK_SLOTS: u32 = HOOKS * 2;
 

@@ -8,6 +8,7 @@
 //! Conntrack states are made real by writing flows into `FLOWS` and shaping the packet, as the
 //! nftables engine does with `conntrack -I`.
 
+use peerwall_common::map;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -119,14 +120,14 @@ impl BpfProbe {
 
     fn last_records(&mut self) -> Result<Vec<ProbeRecord>, ProbeError> {
         let m: PerCpuArray<&mut MapData, ProbeRecord> =
-            PerCpuArray::try_from(self.backend.map_mut("LAST")?).map_err(|source| {
+            PerCpuArray::try_from(self.backend.map_mut(map::LAST)?).map_err(|source| {
                 BpfError::Map {
-                    map: "LAST".into(),
+                    map: map::LAST.into(),
                     source,
                 }
             })?;
         let v = m.get(&0, 0).map_err(|source| BpfError::Map {
-            map: "LAST".into(),
+            map: map::LAST.into(),
             source,
         })?;
         Ok(v.iter().copied().collect())

@@ -4,6 +4,7 @@
 //! writes next to nothing in bpffs (bpffs holds only BPF objects) but under
 //! `/run/peerwall/<pin dir>/slot<N>.json`. Without it, chains and rules show as ids.
 
+use peerwall_common::map;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap as BpfHashMap, LpmTrie, Map, MapData, PerCpuArray};
@@ -133,12 +134,12 @@ fn action_name(a: u8) -> &'static str {
 /// Decode the pinned datapath in `pin_dir`.
 pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
     let config: Array<MapData, Config> =
-        Array::try_from(Map::Array(open(pin_dir, "CONFIG")?)).map_err(map_err("CONFIG"))?;
-    let cfg = config.get(&0, 0).map_err(map_err("CONFIG"))?;
+        Array::try_from(Map::Array(open(pin_dir, map::CONFIG)?)).map_err(map_err(map::CONFIG))?;
+    let cfg = config.get(&0, 0).map_err(map_err(map::CONFIG))?;
     let slot = cfg.active & 1;
-    let allow: Array<MapData, u32> =
-        Array::try_from(Map::Array(open(pin_dir, "ALLOW_ALL")?)).map_err(map_err("ALLOW_ALL"))?;
-    let allow_all = allow.get(&0, 0).map_err(map_err("ALLOW_ALL"))? != 0
+    let allow: Array<MapData, u32> = Array::try_from(Map::Array(open(pin_dir, map::ALLOW_ALL)?))
+        .map_err(map_err(map::ALLOW_ALL))?;
+    let allow_all = allow.get(&0, 0).map_err(map_err(map::ALLOW_ALL))? != 0
         || cfg.flags & peerwall_common::flags::ALLOW_ALL != 0;
     let meta: SlotMeta = std::fs::read_to_string(meta_path(pin_dir, slot))
         .ok()
@@ -146,42 +147,42 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         .unwrap_or_default();
     let s = slot.to_string();
     let mut entries = Vec::new();
-    for name in ["SRC", "DST"] {
+    for (name, hosts) in [(map::SRC, map::SRCH), (map::DST, map::DSTH)] {
         let n = format!("{name}{s}");
         let m: LpmTrie<MapData, AddrKeyData, Bitmap> =
             LpmTrie::try_from(Map::LpmTrie(open(pin_dir, &n)?)).map_err(map_err(&n))?;
         entries.push((n, m.keys().count()));
-        let n = format!("{name}H{s}");
+        let n = format!("{hosts}{s}");
         let m: BpfHashMap<MapData, AddrKeyData, Bitmap> =
             BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
         entries.push((n, m.keys().count()));
     }
-    for name in ["SPORT", "DPORT"] {
+    for name in [map::SPORT, map::DPORT] {
         let n = format!("{name}{s}");
         let m: LpmTrie<MapData, PortKeyData, Bitmap> =
             LpmTrie::try_from(Map::LpmTrie(open(pin_dir, &n)?)).map_err(map_err(&n))?;
         entries.push((n, m.keys().count()));
     }
-    let n = format!("PROTO{s}");
+    let n = format!("{}{s}", map::PROTO);
     let m: BpfHashMap<MapData, ProtoKey, Bitmap> =
         BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
     entries.push((n, m.keys().count()));
     let flows = {
         let m: BpfHashMap<MapData, peerwall_common::FlowKey, peerwall_common::FlowState> =
-            BpfHashMap::try_from(Map::LruHashMap(open(pin_dir, "FLOWS")?))
-                .map_err(map_err("FLOWS"))?;
+            BpfHashMap::try_from(Map::LruHashMap(open(pin_dir, map::FLOWS)?))
+                .map_err(map_err(map::FLOWS))?;
         m.keys().count()
     };
-    let hn = format!("HOOKS{s}");
+    let hn = format!("{}{s}", map::HOOKS);
     let hooks_map: Array<MapData, HookChains> =
         Array::try_from(Map::Array(open(pin_dir, &hn)?)).map_err(map_err(&hn))?;
-    let cn = format!("CHAINS{s}");
+    let cn = format!("{}{s}", map::CHAINS);
     let chains_map: Array<MapData, ChainInfo> =
         Array::try_from(Map::Array(open(pin_dir, &cn)?)).map_err(map_err(&cn))?;
-    let rn = format!("RULES{s}");
+    let rn = format!("{}{s}", map::RULES);
     let rules_map: Array<MapData, RuleInfo> =
         Array::try_from(Map::Array(open(pin_dir, &rn)?)).map_err(map_err(&rn))?;
-    let kn = format!("COUNTERS{s}");
+    let kn = format!("{}{s}", map::COUNTERS);
     let counters: PerCpuArray<MapData, Counter> =
         PerCpuArray::try_from(Map::PerCpuArray(open(pin_dir, &kn)?)).map_err(map_err(&kn))?;
     let count = |idx: u32| -> Result<(u64, u64), BpfError> {

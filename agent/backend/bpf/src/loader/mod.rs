@@ -16,6 +16,7 @@ use entries::*;
 pub use entries::{addr_key, port_key};
 use host::is_bpffs;
 pub use host::{ensure_bpffs, host_ifaces, matching, HostIface};
+use peerwall_common::map;
 use pins::pin_link;
 pub use pins::{
     attached_in, link_pin_name, parse_link_pin_name, remove_pins, set_allow_all_pinned,
@@ -195,21 +196,21 @@ impl BpfBackend {
     /// Current `CONFIG[0]`.
     pub fn config(&mut self) -> Result<Config, BpfError> {
         let m: Array<&mut MapData, Config> =
-            Array::try_from(self.map("CONFIG")?).map_err(map_err("CONFIG"))?;
-        m.get(&0, 0).map_err(map_err("CONFIG"))
+            Array::try_from(self.map(map::CONFIG)?).map_err(map_err(map::CONFIG))?;
+        m.get(&0, 0).map_err(map_err(map::CONFIG))
     }
 
     fn set_config(&mut self, c: Config) -> Result<(), BpfError> {
         let mut m: Array<&mut MapData, Config> =
-            Array::try_from(self.map("CONFIG")?).map_err(map_err("CONFIG"))?;
-        m.set(0, c, 0).map_err(map_err("CONFIG"))
+            Array::try_from(self.map(map::CONFIG)?).map_err(map_err(map::CONFIG))?;
+        m.set(0, c, 0).map_err(map_err(map::CONFIG))
     }
 
     /// Emergency switch: pass everything (true) or enforce again (false).
     pub fn set_allow_all(&mut self, on: bool) -> Result<(), BpfError> {
         let mut m: Array<&mut MapData, u32> =
-            Array::try_from(self.map("ALLOW_ALL")?).map_err(map_err("ALLOW_ALL"))?;
-        m.set(0, u32::from(on), 0).map_err(map_err("ALLOW_ALL"))
+            Array::try_from(self.map(map::ALLOW_ALL)?).map_err(map_err(map::ALLOW_ALL))?;
+        m.set(0, u32::from(on), 0).map_err(map_err(map::ALLOW_ALL))
     }
 
     /// Turn probe mode on (scratch engine only).
@@ -222,10 +223,10 @@ impl BpfBackend {
     /// Tell the datapath how each interface frames packets.
     pub fn register_ifaces(&mut self, ifaces: &[HostIface]) -> Result<(), BpfError> {
         let mut m: BpfHashMap<&mut MapData, u32, IfaceInfo> =
-            BpfHashMap::try_from(self.map("IFACES")?).map_err(map_err("IFACES"))?;
+            BpfHashMap::try_from(self.map(map::IFACES)?).map_err(map_err(map::IFACES))?;
         for i in ifaces {
             m.insert(i.ifindex, IfaceInfo { l2_len: i.l2_len }, 0)
-                .map_err(map_err("IFACES"))?;
+                .map_err(map_err(map::IFACES))?;
         }
         Ok(())
     }
@@ -414,12 +415,13 @@ impl BpfBackend {
     ) -> Result<usize, BpfError> {
         let mut n = 0;
         // Hosts go to the exact-match maps the datapath consults first, prefixes to the tries.
-        for (dim, f) in [
+        for (dim, hosts, f) in [
             (
-                "SRC",
+                map::SRC,
+                map::SRCH,
                 (|c| &c.src) as fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>,
             ),
-            ("DST", |c| &c.dst),
+            (map::DST, map::DSTH, |c| &c.dst),
         ] {
             n += sync_trie(
                 self.map(&format!("{dim}{s}"))?,
@@ -428,45 +430,45 @@ impl BpfBackend {
                 addr_entries(new, f, false),
             )?;
             n += sync_hash(
-                self.map(&format!("{dim}H{s}"))?,
-                &format!("{dim}H{s}"),
+                self.map(&format!("{hosts}{s}"))?,
+                &format!("{hosts}{s}"),
                 old.map(|o| host_entries(o, f)),
                 host_entries(new, f),
             )?;
         }
         n += sync_trie(
-            self.map(&format!("SPORT{s}"))?,
-            &format!("SPORT{s}"),
+            self.map(&format!("{}{s}", map::SPORT))?,
+            &format!("{}{s}", map::SPORT),
             old.map(|o| port_entries(o, |c| &c.sport)),
             port_entries(new, |c| &c.sport),
         )?;
         n += sync_trie(
-            self.map(&format!("DPORT{s}"))?,
-            &format!("DPORT{s}"),
+            self.map(&format!("{}{s}", map::DPORT))?,
+            &format!("{}{s}", map::DPORT),
             old.map(|o| port_entries(o, |c| &c.dport)),
             port_entries(new, |c| &c.dport),
         )?;
         n += sync_hash(
-            self.map(&format!("PROTO{s}"))?,
-            &format!("PROTO{s}"),
+            self.map(&format!("{}{s}", map::PROTO))?,
+            &format!("{}{s}", map::PROTO),
             old.map(proto_entries),
             proto_entries(new),
         )?;
         n += sync_hash(
-            self.map(&format!("IIF{s}"))?,
-            &format!("IIF{s}"),
+            self.map(&format!("{}{s}", map::IIF))?,
+            &format!("{}{s}", map::IIF),
             old.map(|o| if_entries(o, |c| &c.iif)),
             if_entries(new, |c| &c.iif),
         )?;
         n += sync_hash(
-            self.map(&format!("OIF{s}"))?,
-            &format!("OIF{s}"),
+            self.map(&format!("{}{s}", map::OIF))?,
+            &format!("{}{s}", map::OIF),
             old.map(|o| if_entries(o, |c| &c.oif)),
             if_entries(new, |c| &c.oif),
         )?;
         n += sync_array(
-            self.map(&format!("CT{s}"))?,
-            &format!("CT{s}"),
+            self.map(&format!("{}{s}", map::CT))?,
+            &format!("{}{s}", map::CT),
             old.map(ct_entries),
             ct_entries(new),
             Bitmap::EMPTY,
@@ -487,15 +489,15 @@ impl BpfBackend {
             neg: Bitmap::EMPTY,
         };
         n += sync_array(
-            self.map(&format!("MASKS{s}"))?,
-            &format!("MASKS{s}"),
+            self.map(&format!("{}{s}", map::MASKS))?,
+            &format!("{}{s}", map::MASKS),
             old.map(mask_entries),
             mask_entries(new),
             empty_masks,
         )?;
         n += sync_array(
-            self.map(&format!("RULES{s}"))?,
-            &format!("RULES{s}"),
+            self.map(&format!("{}{s}", map::RULES))?,
+            &format!("{}{s}", map::RULES),
             old.map(rule_entries),
             rule_entries(new),
             RuleInfo {
@@ -505,8 +507,8 @@ impl BpfBackend {
             },
         )?;
         n += sync_array(
-            self.map(&format!("CHAINS{s}"))?,
-            &format!("CHAINS{s}"),
+            self.map(&format!("{}{s}", map::CHAINS))?,
+            &format!("{}{s}", map::CHAINS),
             old.map(chain_entries),
             chain_entries(new),
             ChainInfo {
@@ -518,8 +520,8 @@ impl BpfBackend {
         )?;
         // Hooks last: a chain becomes reachable only once all its maps are written.
         n += sync_array(
-            self.map(&format!("HOOKS{s}"))?,
-            &format!("HOOKS{s}"),
+            self.map(&format!("{}{s}", map::HOOKS))?,
+            &format!("{}{s}", map::HOOKS),
             old.map(hook_entries),
             hook_entries(new),
             HookChains {
@@ -531,7 +533,7 @@ impl BpfBackend {
     }
 
     fn zero_counters(&mut self, slot: u32) -> Result<(), BpfError> {
-        let name = format!("COUNTERS{slot}");
+        let name = format!("{}{slot}", map::COUNTERS);
         let mut m: PerCpuArray<&mut MapData, Counter> =
             PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
         let ncpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Io {
@@ -556,7 +558,7 @@ impl BpfBackend {
         let Some(p) = self.policy.clone() else {
             return Ok(Vec::new());
         };
-        let name = format!("COUNTERS{}", self.active);
+        let name = format!("{}{}", map::COUNTERS, self.active);
         let m: PerCpuArray<&mut MapData, Counter> =
             PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
         let mut out = Vec::new();

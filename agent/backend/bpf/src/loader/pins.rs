@@ -1,6 +1,7 @@
 //! Pins under the bpffs directory: link pin names, what is attached, removal, and the
 //! emergency switch of a pinned datapath.
 
+use peerwall_common::map;
 use std::path::Path;
 
 use aya::maps::{Array, MapData};
@@ -88,12 +89,12 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
 
 /// Flip the emergency switch of a pinned datapath without loading anything.
 pub fn set_allow_all_pinned(pin_dir: &Path, on: bool) -> Result<(), BpfError> {
-    let path = pin_dir.join("ALLOW_ALL");
+    let path = pin_dir.join(map::ALLOW_ALL);
     let data = MapData::from_pin(&path).map_err(|source| BpfError::Map {
         map: path.display().to_string(),
         source,
     })?;
     let map = aya::maps::Map::Array(data);
-    let mut m: Array<MapData, u32> = Array::try_from(map).map_err(map_err("ALLOW_ALL"))?;
-    m.set(0, u32::from(on), 0).map_err(map_err("ALLOW_ALL"))
+    let mut m: Array<MapData, u32> = Array::try_from(map).map_err(map_err(map::ALLOW_ALL))?;
+    m.set(0, u32::from(on), 0).map_err(map_err(map::ALLOW_ALL))
 }

@@ -5,6 +5,7 @@
 use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::MapData;
 use aya::programs::SchedClassifier;
+use peerwall_common::map;
 
 use super::{map_err, BpfBackend, BpfError, TC_PROGRAM};
 
@@ -19,7 +20,7 @@ impl BpfBackend {
             &mut MapData,
             peerwall_common::FlowKey,
             peerwall_common::FlowState,
-        > = aya::maps::HashMap::try_from(self.map("FLOWS")?).map_err(map_err("FLOWS"))?;
+        > = aya::maps::HashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
         // Monotonic clock of the kernel (bpf_ktime_get_ns).
         let mut ts = libc::timespec {
             tv_sec: 0,
@@ -37,7 +38,7 @@ impl BpfBackend {
             },
             0,
         )
-        .map_err(map_err("FLOWS"))
+        .map_err(map_err(map::FLOWS))
     }
 
     /// Forget every conntrack flow.
@@ -46,13 +47,13 @@ impl BpfBackend {
             &mut MapData,
             peerwall_common::FlowKey,
             peerwall_common::FlowState,
-        > = aya::maps::HashMap::try_from(self.map("FLOWS")?).map_err(map_err("FLOWS"))?;
+        > = aya::maps::HashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
         let keys: Vec<peerwall_common::FlowKey> = m.keys().filter_map(Result::ok).collect();
         for k in keys {
             match m.remove(&k) {
                 // Evicted by the LRU since it was listed: gone either way.
                 Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(e) => return Err(map_err("FLOWS")(e)),
+                Err(e) => return Err(map_err(map::FLOWS)(e)),
             }
         }
         Ok(())
@@ -71,14 +72,14 @@ impl BpfBackend {
     /// Fill the baseline's trie with IPv4 prefixes.
     pub fn fill_bare(&mut self, prefixes: &[ipnet::Ipv4Net]) -> Result<(), BpfError> {
         let mut m: LpmTrie<&mut MapData, [u8; 4], u32> =
-            LpmTrie::try_from(self.map("BARE")?).map_err(map_err("BARE"))?;
+            LpmTrie::try_from(self.map(map::BARE)?).map_err(map_err(map::BARE))?;
         for p in prefixes {
             m.insert(
                 &Key::new(u32::from(p.prefix_len()), p.network().octets()),
                 1,
                 0,
             )
-            .map_err(map_err("BARE"))?;
+            .map_err(map_err(map::BARE))?;
         }
         Ok(())
     }
