@@ -94,12 +94,6 @@ impl Nft {
     pub fn apply_text(&self, script: &str) -> Result<(), NftError> {
         self.run("-f -", &["-f", "-"], Some(script)).map(|_| ())
     }
-
-    /// The whole ruleset as JSON objects (metainfo dropped).
-    pub fn list_ruleset(&self) -> Result<Vec<Value>, NftError> {
-        let out = self.run("list ruleset", &["-j", "list", "ruleset"], None)?;
-        objects(&out)
-    }
 }
 
 impl Runner for Nft {
