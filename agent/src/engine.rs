@@ -10,7 +10,6 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -263,11 +262,11 @@ pub fn run_dir(
     dir: &Path,
     engine: &mut Engine,
     interval: Duration,
-    stop: Arc<AtomicBool>,
+    stop: Arc<crate::shutdown::Shutdown>,
 ) -> anyhow::Result<()> {
     let mut last = None;
     let mut pending = None;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.is_set() {
         let fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
         let env_changed = engine.environment_changed();
         // A change is read once the directory looked the same on two polls in a row, so a
@@ -299,7 +298,7 @@ pub fn run_dir(
         } else {
             engine.maintain();
         }
-        std::thread::sleep(interval);
+        stop.wait_timeout(interval);
     }
     tracing::info!("agent stopping; enforcement stays in place");
     Ok(())

@@ -15,3 +15,4 @@ pub mod k8s;
 pub mod lab;
 pub mod metrics;
 pub mod protection;
+pub mod shutdown;

@@ -344,11 +344,11 @@ pub struct AgentArgs {
     pub metrics_addr: std::net::SocketAddr,
 }
 
-/// SIGINT/SIGTERM set the returned flag.
-fn stop_flag() -> Result<std::sync::Arc<std::sync::atomic::AtomicBool>, CliError> {
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+/// SIGINT/SIGTERM trigger the returned signal.
+fn stop_flag() -> Result<std::sync::Arc<crate::shutdown::Shutdown>, CliError> {
+    let stop = crate::shutdown::Shutdown::new();
     let s = stop.clone();
-    ctrlc::set_handler(move || s.store(true, std::sync::atomic::Ordering::Relaxed))
+    ctrlc::set_handler(move || s.trigger())
         .context("installing the signal handler")
         .map_err(runtime)?;
     Ok(stop)

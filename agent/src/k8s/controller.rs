@@ -13,7 +13,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -362,7 +361,7 @@ where
 pub fn run(
     opts: Options,
     metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
-    stop: Arc<AtomicBool>,
+    stop: Arc<crate::shutdown::Shutdown>,
 ) -> anyhow::Result<()> {
     super::runtime()?.block_on(async move {
         let client = super::client().await?;
@@ -443,11 +442,7 @@ pub fn run(
             }
             futures::future::ready(())
         });
-        let stopped = async {
-            while !stop.load(Ordering::Relaxed) {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        };
+        let stopped = stop.wait();
         tokio::select! {
             _ = gateways => {},
             _ = netpols => {},

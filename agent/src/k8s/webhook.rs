@@ -12,7 +12,6 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -167,18 +166,18 @@ impl Certs {
 }
 
 /// Serve until `stop` is set.
-pub fn run(settings: Settings, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+pub fn run(settings: Settings, stop: Arc<crate::shutdown::Shutdown>) -> anyhow::Result<()> {
     let mut certs = Certs::load(settings.clone())?;
     super::runtime()?.block_on(async move {
         let listener = tokio::net::TcpListener::bind(settings.listen)
             .await
             .with_context(|| format!("listening on {}", settings.listen))?;
         tracing::info!(listen = %listener.local_addr()?, "admission webhook serving /validate");
-        while !stop.load(Ordering::Relaxed) {
-            let accepted =
-                tokio::time::timeout(std::time::Duration::from_millis(200), listener.accept())
-                    .await;
-            let Ok(accepted) = accepted else { continue };
+        loop {
+            let accepted = tokio::select! {
+                _ = stop.wait() => break,
+                a = listener.accept() => a,
+            };
             let (tcp, peer) = match accepted {
                 Ok(a) => a,
                 Err(e) => {

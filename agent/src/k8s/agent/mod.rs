@@ -24,7 +24,6 @@ mod plan;
 pub use plan::{finalizer, plan, settle, Good, Observed, Outcome, Plan, Settled};
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -383,7 +382,11 @@ fn tagged(obj: Arc<DynamicObject>, group: Group) -> Arc<DynamicObject> {
 }
 
 /// Run the Kubernetes source until `stop` is set.
-pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> anyhow::Result<()> {
+pub fn run(
+    settings: Settings,
+    engine: &mut Engine,
+    stop: Arc<crate::shutdown::Shutdown>,
+) -> anyhow::Result<()> {
     let rt = super::runtime()?;
     rt.block_on(async move {
         let client = super::client().await?;
@@ -437,7 +440,7 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
         };
         agent.release_unselected(&reader).await;
         let mut dirty = true;
-        while !stop.load(Ordering::Relaxed) {
+        while !stop.is_set() {
             if dirty || engine.environment_changed() {
                 // Debounce: let a burst of events settle into one round.
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -449,9 +452,12 @@ pub fn run(settings: Settings, engine: &mut Engine, stop: Arc<AtomicBool>) -> an
             } else {
                 tokio::task::block_in_place(|| engine.maintain());
             }
-            dirty = tokio::time::timeout(agent.settings.interval, changed.notify.notified())
-                .await
-                .is_ok();
+            dirty = tokio::select! {
+                _ = stop.wait() => break,
+                woke = tokio::time::timeout(agent.settings.interval, changed.notify.notified()) => {
+                    woke.is_ok()
+                }
+            };
         }
         tracing::info!("agent stopping; enforcement stays in place");
         Ok(())
