@@ -164,6 +164,8 @@ pub struct Engine {
     metrics: crate::metrics::Shared,
     generation: u64,
     last_env: Option<Vec<HostInterface>>,
+    /// Compilation warnings already logged (logged again only when they change).
+    warned: Vec<(peerwall_policy::ir::Origin, compile::Warning)>,
 }
 
 impl Engine {
@@ -174,6 +176,7 @@ impl Engine {
             metrics,
             generation: 0,
             last_env: None,
+            warned: Vec::new(),
         }
     }
 
@@ -204,8 +207,16 @@ impl Engine {
         compiled: &compile::Compiled,
         started: Instant,
     ) -> Result<(), EnforceError> {
-        for (origin, w) in &compiled.warnings {
-            tracing::warn!(object = %origin, "{w}");
+        // Once per change, not once per apply: a pod churn re-applies many times a second.
+        if compiled.warnings != self.warned {
+            for (origin, w) in compiled
+                .warnings
+                .iter()
+                .filter(|w| !self.warned.contains(w))
+            {
+                tracing::warn!(object = %origin, "{w}");
+            }
+            self.warned.clone_from(&compiled.warnings);
         }
         self.last_env = Some(self.enforcer.environment());
         match self.enforcer.apply(&compiled.policy) {

@@ -143,6 +143,8 @@ pub struct BpfBackend {
     slots: [SlotContents; 2],
     active: u32,
     policy: Option<BpfPolicy>,
+    /// Rules last reported as left to nftables (reported again only when they change).
+    left_noted: Vec<maps::LeftToNftables>,
 }
 
 impl std::fmt::Debug for BpfBackend {
@@ -177,6 +179,7 @@ impl BpfBackend {
             slots: [None, None],
             active: 0,
             policy: None,
+            left_noted: Vec::new(),
         };
         b.active = b.config()?.active & 1;
         Ok(b)
@@ -319,8 +322,13 @@ impl BpfBackend {
         ifaces: &[Iface],
     ) -> Result<BpfApplyReport, BpfError> {
         let new = maps::compile(policy, ifaces)?;
-        for note in maps::left_to_nftables(policy) {
-            tracing::warn!(table = %note.table, chain = %note.chain, rule = %note.rule, "{note}");
+        // Once per change, not once per apply: a pod churn re-applies many times a second.
+        let left = maps::left_to_nftables(policy);
+        if left != self.left_noted {
+            for note in left.iter().filter(|n| !self.left_noted.contains(n)) {
+                tracing::warn!(table = %note.table, chain = %note.chain, rule = %note.rule, "{note}");
+            }
+            self.left_noted = left;
         }
         let prefixes = new.prefix_count();
         let active = self.active as usize;
