@@ -25,7 +25,9 @@ use std::net::IpAddr;
 use peerwall_intent::types as api;
 use serde_json::{json, Value};
 
-/// Liqo labels the decisions depend on (same strings as [`crate::k8s`]'s constants).
+/// Liqo labels the decisions depend on (same strings as [`crate::k8s`]'s constants). Liqo:
+/// `pkg/consts/namespace_mapping.go` (`RemoteClusterID`), `pkg/consts/core.go`
+/// (`TenantNamespaceLabel`).
 const REMOTE_CLUSTER_ID: &str = "liqo.io/remote-cluster-id";
 const TENANT_NAMESPACE: &str = "liqo.io/tenant-namespace";
 
@@ -90,7 +92,8 @@ pub struct World {
 }
 
 /// Liqo's tunnel interfaces: `liqo-tunnel`, and `liqo-tunnel1`, … in multi-tunnel gateways
-/// (a trailing `*` is a prefix match).
+/// (a trailing `*` is a prefix match). Liqo: `pkg/gateway/tunnel/const.go`
+/// (`TunnelInterfaceName`) and `pkg/gateway/tunnel/netlink.go` (`GetTunnelName`).
 pub const DEFAULT_TUNNEL: &str = "liqo-tunnel*";
 
 /// Options of the gateway configuration.

@@ -90,8 +90,9 @@ pub enum BackendKind {
 #[derive(clap::Args, Debug, Clone)]
 pub struct BpfOpts {
     /// Interfaces to attach to (names, or prefixes ending in `*`), comma-separated. The default
-    /// covers Liqo's tunnel, the numbered tunnels of multi-tunnel gateways (`liqo-tunnel1`, …)
-    /// and the Geneve interfaces (`liqo.<id>`).
+    /// covers Liqo's tunnel, the numbered tunnels of multi-tunnel gateways (`liqo-tunnel1`, …;
+    /// Liqo's `pkg/gateway/tunnel/netlink.go`) and the Geneve interfaces (`liqo.<id>`; Liqo's
+    /// `pkg/liqo-controller-manager/networking/internal-network/interface.go`).
     #[arg(long, value_delimiter = ',', default_value = "liqo-tunnel*,liqo.*")]
     pub interfaces: Vec<String>,
     /// Also attach the XDP early-drop program on Ethernet interfaces.

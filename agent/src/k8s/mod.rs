@@ -20,7 +20,8 @@ pub const TENANT_NAMESPACE: &str = "liqo.io/tenant-namespace";
 /// Liqo's label on virtual nodes (`virtual-node`).
 pub const NODE_TYPE: &str = "liqo.io/type";
 /// Liqo's FirewallConfiguration label that routes objects to its enforcers (`gateway`,
-/// `fabric`). peerwall never writes it: Liqo's gateway would apply what carries it.
+/// `fabric`; Liqo's `pkg/firewall/label.go`). peerwall never writes it: Liqo's gateway selects
+/// objects by it (`cmd/gateway/main.go` with the label sets of `pkg/gateway/label.go`).
 pub const FIREWALL_CATEGORY: &str = "networking.liqo.io/firewall-category";
 /// Liqo's unique label (the peer cluster id for gateway configurations). Never written.
 pub const FIREWALL_UNIQUE: &str = "networking.liqo.io/firewall-unique";

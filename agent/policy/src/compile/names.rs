@@ -76,8 +76,9 @@ pub(super) fn check_rule_name(cx: &mut Cx, path: &str, name: &str) {
 }
 
 /// The name of every rule of a chain: its own (checked, unique in the chain), or for a rule
-/// without one (Liqo's controllers create them; its mutating webhook names them only where it
-/// runs) a stable name from its content, with a warning. Generated names never take a name
+/// without one (Liqo's controllers create them, e.g.
+/// `pkg/liqo-controller-manager/networking/external-network/remapping/cidr.go`; its mutating
+/// webhook, `pkg/webhooks/firewallconfiguration/rule.go`, names them only where it runs) a stable name from its content, with a warning. Generated names never take a name
 /// written elsewhere in the chain.
 pub(super) fn rule_names<R: serde::Serialize>(
     cx: &mut Cx,

@@ -73,7 +73,9 @@ pub(super) fn lower_filter_rule(
         },
         Some(api::FilterAction::Metamarkfromctmark) => Some(Action::MetaMarkFromCtMark),
         Some(api::FilterAction::Tcpmssclamp) => match rule.value.as_deref().map(str::trim) {
-            // Liqo's chart writes "0" for "discover from the route's MTU".
+            // Liqo's chart writes "0" for "discover from the route's MTU"
+            // (`deployments/liqo/values.yaml`, networking.gateway.mssclamp.value; Liqo's
+            // `pkg/firewall/utils/filterule.go` clamps to `rt mtu` for 0).
             None | Some("") | Some("0") | Some("rt mtu") => Some(Action::TcpMssClamp(None)),
             Some(v) => match v.parse::<u16>() {
                 Ok(mss) if mss >= 88 => Some(Action::TcpMssClamp(Some(mss))),

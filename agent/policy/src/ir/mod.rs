@@ -304,7 +304,9 @@ pub enum NatTarget {
     Addr(std::net::IpAddr),
     /// A prefix mapping (nftables `prefix to`, netmap): the host part of the address is kept
     /// and the network part replaced. Liqo remaps overlapping pod and external CIDRs this way,
-    /// and its masquerade bypass maps a CIDR onto itself.
+    /// and its masquerade bypass maps a CIDR onto itself (`remapping/cidr.go`,
+    /// `configuration-controller/firewall.go`; rendered by Liqo's
+    /// `pkg/firewall/utils/natrule.go` as a NAT with the prefix flag).
     Prefix(ipnet::IpNet),
 }
 
