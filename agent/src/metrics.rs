@@ -56,44 +56,201 @@ impl AgentMetrics {
 
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
-        let mut s = String::new();
+        render_families(vec![self.families("")])
+    }
+
+    /// The metric families, each sample's labels prefixed with `scope` (`gateway="x",` or
+    /// empty), in a fixed order so that several agents' families merge index by index.
+    fn families(&self, scope: &str) -> Vec<Family> {
         let b = self.backend;
-        let _ = writeln!(s, "# HELP peerwall_policy_generation Policies applied since the agent started.\n# TYPE peerwall_policy_generation gauge\npeerwall_policy_generation{{backend=\"{b}\"}} {}", self.generation);
-        let _ = writeln!(s, "# HELP peerwall_apply_seconds Time to validate, compile and apply a policy.\n# TYPE peerwall_apply_seconds histogram");
+        let base = format!("{scope}backend=\"{b}\"");
+        let bare = scope.trim_end_matches(',').to_string();
+        let mut apply = Vec::new();
         for (i, le) in APPLY_BUCKETS.iter().enumerate() {
-            let _ = writeln!(
-                s,
-                "peerwall_apply_seconds_bucket{{backend=\"{b}\",le=\"{le}\"}} {}",
-                self.apply_buckets[i]
-            );
+            apply.push(sample(
+                "_bucket",
+                format!("{base},le=\"{le}\""),
+                self.apply_buckets[i],
+            ));
         }
-        let _ = writeln!(s, "peerwall_apply_seconds_bucket{{backend=\"{b}\",le=\"+Inf\"}} {}\npeerwall_apply_seconds_sum{{backend=\"{b}\"}} {}\npeerwall_apply_seconds_count{{backend=\"{b}\"}} {}", self.apply_count, self.apply_sum, self.apply_count);
-        let _ = writeln!(s, "# HELP peerwall_apply_errors_total Applies the kernel refused (the previous policy stayed).\n# TYPE peerwall_apply_errors_total counter\npeerwall_apply_errors_total{{backend=\"{b}\"}} {}", self.apply_errors);
-        let _ = writeln!(s, "# HELP peerwall_invalid_policies_total Policy changes refused by validation (the previous policy stayed).\n# TYPE peerwall_invalid_policies_total counter\npeerwall_invalid_policies_total {}", self.invalid_policies);
-        let _ = writeln!(s, "# HELP peerwall_drift_repairs_total Tables restored after someone deleted or edited them.\n# TYPE peerwall_drift_repairs_total counter\npeerwall_drift_repairs_total {}", self.drift_repairs);
-        let _ = writeln!(s, "# HELP peerwall_rule_packets_total Packets that hit a rule (policy: the chain policy decided).\n# TYPE peerwall_rule_packets_total counter");
-        for r in &self.rules {
-            let _ = writeln!(
-                s,
-                "peerwall_rule_packets_total{{table=\"{}\",chain=\"{}\",rule=\"{}\"}} {}",
+        apply.push(sample(
+            "_bucket",
+            format!("{base},le=\"+Inf\""),
+            self.apply_count,
+        ));
+        apply.push(sample("_sum", base.clone(), self.apply_sum));
+        apply.push(sample("_count", base.clone(), self.apply_count));
+        let rule = |r: &RuleCounter| {
+            format!(
+                "{scope}table=\"{}\",chain=\"{}\",rule=\"{}\"",
                 esc(&r.table),
                 esc(&r.chain),
-                esc(&r.rule),
-                r.packets
+                esc(&r.rule)
+            )
+        };
+        vec![
+            Family::new(
+                "peerwall_policy_generation",
+                "gauge",
+                "Policies applied since the agent started.",
+            )
+            .with(sample("", base.clone(), self.generation)),
+            Family::new(
+                "peerwall_apply_seconds",
+                "histogram",
+                "Time to validate, compile and apply a policy.",
+            )
+            .with_all(apply),
+            Family::new(
+                "peerwall_apply_errors_total",
+                "counter",
+                "Applies the kernel refused (the previous policy stayed).",
+            )
+            .with(sample("", base.clone(), self.apply_errors)),
+            Family::new(
+                "peerwall_invalid_policies_total",
+                "counter",
+                "Policy changes refused by validation (the previous policy stayed).",
+            )
+            .with(sample("", bare.clone(), self.invalid_policies)),
+            Family::new(
+                "peerwall_drift_repairs_total",
+                "counter",
+                "Tables restored after someone deleted or edited them.",
+            )
+            .with(sample("", bare, self.drift_repairs)),
+            Family::new(
+                "peerwall_rule_packets_total",
+                "counter",
+                "Packets that hit a rule (policy: the chain policy decided).",
+            )
+            .with_all(
+                self.rules
+                    .iter()
+                    .map(|r| sample("", rule(r), r.packets))
+                    .collect(),
+            ),
+            Family::new(
+                "peerwall_rule_bytes_total",
+                "counter",
+                "Bytes that hit a rule.",
+            )
+            .with_all(
+                self.rules
+                    .iter()
+                    .map(|r| sample("", rule(r), r.bytes))
+                    .collect(),
+            ),
+        ]
+    }
+}
+
+/// One metric family of the exposition: its samples are `(name suffix, labels, value)`.
+struct Family {
+    name: &'static str,
+    kind: &'static str,
+    help: &'static str,
+    samples: Vec<(&'static str, String, String)>,
+}
+
+impl Family {
+    fn new(name: &'static str, kind: &'static str, help: &'static str) -> Self {
+        Self {
+            name,
+            kind,
+            help,
+            samples: Vec::new(),
+        }
+    }
+    fn with(mut self, s: (&'static str, String, String)) -> Self {
+        self.samples.push(s);
+        self
+    }
+    fn with_all(mut self, s: Vec<(&'static str, String, String)>) -> Self {
+        self.samples.extend(s);
+        self
+    }
+}
+
+fn sample(
+    suffix: &'static str,
+    labels: String,
+    value: impl std::fmt::Display,
+) -> (&'static str, String, String) {
+    (suffix, labels, value.to_string())
+}
+
+/// Text of several agents' families (same order in each): HELP and TYPE once per family.
+fn render_families(sets: Vec<Vec<Family>>) -> String {
+    let mut s = String::new();
+    let Some(first) = sets.first() else {
+        return s;
+    };
+    for (i, f) in first.iter().enumerate() {
+        let _ = writeln!(
+            s,
+            "# HELP {} {}\n# TYPE {} {}",
+            f.name, f.help, f.name, f.kind
+        );
+        for set in &sets {
+            for (suffix, labels, value) in
+                set.get(i).map(|f| f.samples.as_slice()).unwrap_or_default()
+            {
+                let braces = if labels.is_empty() {
+                    String::new()
+                } else {
+                    format!("{{{labels}}}")
+                };
+                let _ = writeln!(s, "{}{suffix}{braces} {value}", f.name);
+            }
+        }
+    }
+    s
+}
+
+/// The agent in gateway-pod mode: one [`AgentMetrics`] per gateway enforced on this node,
+/// labelled `gateway="<peer cluster id>"` (bounded by the peers whose gateways run here).
+#[derive(Debug, Default)]
+pub struct GatewayMetrics {
+    /// The node's gateway pods have been listed.
+    pub synced: bool,
+    /// Each enforced gateway's metrics, by peer cluster id.
+    pub gateways: std::collections::BTreeMap<String, Shared>,
+}
+
+impl Exposition for GatewayMetrics {
+    fn render(&self) -> String {
+        let mut sets = Vec::new();
+        for (peer, m) in &self.gateways {
+            if let Ok(m) = m.lock() {
+                sets.push(m.families(&format!("gateway=\"{}\",", esc(peer))));
+            }
+        }
+        let mut s = format!(
+            "# HELP peerwall_gateways Liqo gateway pods enforced in on this node.\n# TYPE peerwall_gateways gauge\npeerwall_gateways {}\n",
+            self.gateways.len()
+        );
+        if sets.is_empty() {
+            sets.push(
+                AgentMetrics::default()
+                    .families("")
+                    .into_iter()
+                    .map(|mut f| {
+                        f.samples.clear();
+                        f
+                    })
+                    .collect(),
             );
         }
-        let _ = writeln!(s, "# HELP peerwall_rule_bytes_total Bytes that hit a rule.\n# TYPE peerwall_rule_bytes_total counter");
-        for r in &self.rules {
-            let _ = writeln!(
-                s,
-                "peerwall_rule_bytes_total{{table=\"{}\",chain=\"{}\",rule=\"{}\"}} {}",
-                esc(&r.table),
-                esc(&r.chain),
-                esc(&r.rule),
-                r.bytes
-            );
-        }
+        s.push_str(&render_families(sets));
         s
+    }
+    fn ready(&self) -> bool {
+        self.synced
+            && self
+                .gateways
+                .values()
+                .all(|m| m.lock().map(|m| m.ready).unwrap_or(false))
     }
 }
 
@@ -309,5 +466,37 @@ mod tests {
         assert!(
             s.contains("peerwall_rule_packets_total{table=\"t\",chain=\"c\",rule=\"r\\\"1\"} 3")
         );
+        assert!(s.contains("peerwall_invalid_policies_total 0"));
+    }
+
+    #[test]
+    fn gateways_share_help_lines_and_carry_their_peer() {
+        let mut a = AgentMetrics {
+            backend: "bpf",
+            generation: 2,
+            ..Default::default()
+        };
+        a.ready = true;
+        let b = AgentMetrics {
+            backend: "bpf",
+            generation: 5,
+            ..Default::default()
+        };
+        let mut g = GatewayMetrics {
+            synced: true,
+            ..Default::default()
+        };
+        g.gateways.insert("peer-a".into(), Arc::new(Mutex::new(a)));
+        g.gateways.insert("peer-b".into(), Arc::new(Mutex::new(b)));
+        let s = Exposition::render(&g);
+        assert_eq!(
+            s.matches("# TYPE peerwall_policy_generation gauge").count(),
+            1
+        );
+        assert!(s.contains("peerwall_policy_generation{gateway=\"peer-a\",backend=\"bpf\"} 2"));
+        assert!(s.contains("peerwall_policy_generation{gateway=\"peer-b\",backend=\"bpf\"} 5"));
+        assert!(s.contains("peerwall_invalid_policies_total{gateway=\"peer-b\"} 0"));
+        assert!(s.contains("peerwall_gateways 2"));
+        assert!(!g.ready(), "peer-b has applied nothing yet");
     }
 }

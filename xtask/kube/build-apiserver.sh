@@ -3,20 +3,21 @@
 # Builds a real kube-apiserver (and kube-controller-manager) v1.20.2 from Debian bookworm's
 # `kubernetes` source package (upstream tree with vendored Go deps; no Go module proxy used).
 # Usage: build-apiserver.sh OUT_DIR     (about 4 minutes on 2 cores, 1.4 GB peak memory, 2.2 GB disk)
-# Result: OUT_DIR/kube-apiserver, OUT_DIR/kube-controller-manager, OUT_DIR/kubectl (the tests run
-# `kubectl apply -k deploy/` with the client of the server's version). Idempotent: builds only
+# Result: OUT_DIR/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kube-proxy,kubectl}
+# (the tests run `kubectl apply -k deploy/` with the client of the server's version) and
+# OUT_DIR/pause, the pod sandbox binary compiled statically from build/pause/linux/pause.c. Idempotent: builds only
 # the binaries that are missing.
 set -euo pipefail
 OUT=${1:?usage: build-apiserver.sh OUT_DIR}
 WHAT=""
-for b in kube-apiserver kube-controller-manager kubectl; do
+for b in kube-apiserver kube-controller-manager kubectl kube-scheduler kubelet kube-proxy; do
   [ -x "$OUT/$b" ] || WHAT="$WHAT cmd/$b"
 done
-[ -n "$WHAT" ] || exit 0
+[ -n "$WHAT" ] || [ ! -x "$OUT/pause" ] || exit 0
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 mkdir -p "$OUT" "$W/apt/lists/partial" "$W/src"
 export DEBIAN_FRONTEND=noninteractive
-PKGS="golang-go etcd-server rsync openssl golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev"
+PKGS="golang-go etcd-server rsync openssl gcc libc6-dev golang-github-modern-go-reflect2-dev golang-github-json-iterator-go-dev"
 # shellcheck disable=SC2086
 apt-get install -y --no-install-recommends $PKGS >/dev/null 2>&1 || {
   apt-get update -qq && apt-get install -y --no-install-recommends $PKGS >/dev/null; }
@@ -38,7 +39,14 @@ cp -rL /usr/share/gocode/src/github.com/modern-go/reflect2 "$V/modern-go/reflect
 cp -rL /usr/share/gocode/src/github.com/json-iterator/go "$V/json-iterator/go"
 find "$V/modern-go/reflect2" "$V/json-iterator/go" \( -name '*_test.go' -o -name go.mod \) -delete
 # `make` builds in GOPATH mode (plain `go build -mod=vendor` fails on go.mod); it needs rsync.
-(cd "$K" && GOCACHE="$W/gocache" GOPROXY=off KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean \
-  make WHAT="${WHAT# }" GOLDFLAGS="-s -w" >/dev/null)
-for b in $WHAT; do cp "$K/_output/bin/${b#cmd/}" "$OUT/"; done
+if [ -n "$WHAT" ]; then
+  (cd "$K" && GOCACHE="$W/gocache" GOPROXY=off KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean \
+    make WHAT="${WHAT# }" GOLDFLAGS="-s -w" >/dev/null)
+  for b in $WHAT; do cp "$K/_output/bin/${b#cmd/}" "$OUT/"; done
+fi
+# The pod sandbox ("pause") binary from the same tree, static, for the pause image.
+if [ ! -x "$OUT/pause" ]; then
+  gcc -Os -static -Wall -Werror -DVERSION=v1.20.2-peerwall -o "$OUT/pause.tmp" "$K/build/pause/linux/pause.c"
+  strip "$OUT/pause.tmp" && mv "$OUT/pause.tmp" "$OUT/pause"
+fi
 "$OUT/kube-apiserver" --version

@@ -32,7 +32,8 @@ pub enum InNetnsError<E: std::error::Error + 'static> {
 
 type Job<B> = Box<dyn FnOnce(&mut B) + Send>;
 
-/// A backend living on a thread inside network namespace `ns` (`/run/netns/<ns>`).
+/// A backend living on a thread inside network namespace `ns`: a name (`/run/netns/<ns>`, as
+/// `ip netns` makes them) or a path to a namespace file (`/proc/<pid>/ns/net`, a pod's).
 pub struct InNetns<B: Backend> {
     ns: String,
     name: &'static str,
@@ -40,7 +41,8 @@ pub struct InNetns<B: Backend> {
 }
 
 impl<B: Backend + 'static> InNetns<B> {
-    /// Start a thread in `ns` and build the backend there with `make`.
+    /// Start a thread in `ns` and build the backend there with `make`. The thread holds the
+    /// namespace alive until the backend is dropped.
     pub fn spawn(
         ns: &str,
         make: impl FnOnce() -> Result<B, B::Error> + Send + 'static,
@@ -49,7 +51,12 @@ impl<B: Backend + 'static> InNetns<B> {
             ns: ns.to_string(),
             source,
         };
-        let file = std::fs::File::open(format!("/run/netns/{ns}")).map_err(enter)?;
+        let path = if ns.starts_with('/') {
+            std::path::PathBuf::from(ns)
+        } else {
+            std::path::Path::new("/run/netns").join(ns)
+        };
+        let file = std::fs::File::open(path).map_err(enter)?;
         let (tx, rx) = mpsc::channel::<Job<B>>();
         let (ready_tx, ready_rx) = mpsc::channel::<Result<&'static str, InNetnsError<B::Error>>>();
         let owned = ns.to_string();

@@ -325,8 +325,19 @@ pub struct AgentArgs {
     pub liqo_selector: Option<String>,
     /// Enforce in this named network namespace (`ip netns` name, e.g. a gateway's) instead
     /// of the agent's own; the agent's API connection and endpoints stay where it runs.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "gateway_pods")]
     pub netns: Option<String>,
+    /// `kube` source, the DaemonSet's mode: find the active Liqo gateway pods on this node
+    /// ($NODE_NAME or --host) and enforce inside each one's network namespace, for its peer
+    /// only (objects labelled `peerwall.io/remote-cluster-id=<peer>`). Needs `hostPID`.
+    #[arg(long)]
+    pub gateway_pods: bool,
+    /// `--gateway-pods`: label selector of Liqo's gateway pods.
+    #[arg(long, default_value = crate::k8s::gateways::pods::GATEWAY_SELECTOR)]
+    pub gateway_selector: String,
+    /// `--gateway-pods`: the node's procfs (the pods' processes; mounted by `hostPID`).
+    #[arg(long, default_value = "/proc")]
+    pub proc: PathBuf,
     /// `kube` source: this host's name in status conditions and finalizers
     /// (default: $NODE_NAME, $POD_NAME or the hostname).
     #[arg(long)]

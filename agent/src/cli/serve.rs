@@ -30,12 +30,45 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         liqo_selector,
         host,
         netns,
+        gateway_pods,
+        gateway_selector,
+        proc,
         backend,
         bpf,
         interval_ms,
         metrics_addr,
     } = a;
     let stop = stop_flag()?;
+    if gateway_pods {
+        if source != crate::engine::PolicySource::Kube {
+            return Err(CliError::Input(anyhow::anyhow!(
+                "--gateway-pods needs --source kube (gateway pods are found through the API server)"
+            )));
+        }
+        let metrics = std::sync::Arc::new(std::sync::Mutex::new(
+            crate::metrics::GatewayMetrics::default(),
+        ));
+        let bound = crate::metrics::serve(metrics_addr, metrics.clone())
+            .with_context(|| format!("serving metrics on {metrics_addr}"))
+            .map_err(runtime)?;
+        tracing::info!(backend = ?backend, metrics = %bound, "agent started in gateway-pod mode");
+        return crate::k8s::gateways::run(
+            crate::k8s::gateways::Settings {
+                node: host.unwrap_or_else(default_host),
+                gateway_selector,
+                selector,
+                backend,
+                pin_dir: bpf.pin_dir,
+                patterns: bpf.interfaces,
+                xdp: bpf.xdp,
+                interval: std::time::Duration::from_millis(interval_ms),
+                proc,
+            },
+            metrics,
+            stop,
+        )
+        .map_err(runtime);
+    }
     let enforcer = crate::engine::enforcer(
         backend,
         &bpf.pin_dir,
@@ -66,6 +99,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                 liqo_selector,
                 host: host.unwrap_or_else(default_host),
                 interval,
+                scope: None,
             },
             &mut engine,
             stop,

@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod controller;
+pub mod gateways;
 pub mod webhook;
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};

@@ -52,6 +52,9 @@ pub struct Settings {
     pub host: String,
     /// Drift-check period.
     pub interval: Duration,
+    /// Label selector of the objects this agent answers for when it releases stale
+    /// finalizers (gateway mode: its peer's; several agents share one host name there).
+    pub scope: Option<String>,
 }
 
 /// This host's condition in `obj`'s status, if it has one that reads as a condition.
@@ -321,7 +324,11 @@ impl Agent {
     /// between runs, or their labels did) are not enforced here any more: release them, or
     /// their deletion would hang forever.
     async fn release_unselected(&self, selected: &reflector::Store<DynamicObject>) {
-        let all = match self.api.list(&Default::default()).await {
+        let lp = match &self.settings.scope {
+            Some(sel) => kube::api::ListParams::default().labels(sel),
+            None => Default::default(),
+        };
+        let all = match self.api.list(&lp).await {
             Ok(l) => l.items,
             Err(e) => {
                 tracing::warn!(error = %e, "could not list FirewallConfigurations to release stale finalizers");

@@ -1,0 +1,363 @@
+//! `peerwall agent --source kube --gateway-pods`: the DaemonSet's mode. Liqo's gateways are
+//! pods with their own network namespace, where `liqo-tunnel`, the Geneve `liqo.*` links and
+//! Liqo's NAT live; the node's namespace never sees that traffic. So the agent:
+//!
+//! 1. watches the active Liqo gateway pods scheduled on its node ([`pods::gateway_of`]);
+//! 2. reaches each one's network namespace through a process of the pod ([`netns`], needs
+//!    `hostPID`);
+//! 3. runs one enforcer per gateway inside it ([`crate::engine::enforcer`] on a thread that
+//!    entered the namespace), driven by its own Kubernetes source ([`super::agent`]) that
+//!    selects only that gateway's peer (`peerwall.io/remote-cluster-id=<peer>`);
+//! 4. stops it when the pod goes (bpf: its pins, under `<pin-dir>/gateways/<peer>.<uid>`, are
+//!    removed) and starts a new one when the pod is recreated (new UID, new namespace) or its
+//!    sandbox is (same UID, new namespace).
+//!
+//! Restarting the agent changes nothing in force: nftables tables stay in the pods'
+//! namespaces and are replaced atomically by the next apply; bpf programs stay attached
+//! through their pinned links and the new enforcer adopts the pins.
+
+pub mod netns;
+pub mod pods;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::runtime::watcher;
+
+use crate::cli::BackendKind;
+use crate::metrics::{AgentMetrics, GatewayMetrics};
+use crate::shutdown::Shutdown;
+use pods::GatewayPod;
+
+/// Settings of the gateway-pod mode.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// This node (pods are watched with `spec.nodeName=<node>`; conditions' `host`).
+    pub node: String,
+    /// Label selector of gateway pods ([`pods::GATEWAY_SELECTOR`]).
+    pub gateway_selector: String,
+    /// Label selector of peerwall's objects; each gateway adds its peer to it.
+    pub selector: String,
+    /// Backend of every gateway's enforcer.
+    pub backend: BackendKind,
+    /// bpf: pins go under `<pin_dir>/gateways/`.
+    pub pin_dir: PathBuf,
+    /// bpf: interface patterns to attach to inside the pods.
+    pub patterns: Vec<String>,
+    /// bpf: XDP too.
+    pub xdp: bool,
+    /// Drift-check period of each enforcer.
+    pub interval: Duration,
+    /// Where the node's processes are (`/proc` with `hostPID`).
+    pub proc: PathBuf,
+}
+
+impl Settings {
+    fn gateway_pins(&self) -> PathBuf {
+        self.pin_dir.join("gateways")
+    }
+}
+
+/// One gateway being enforced in.
+struct Worker {
+    gateway: GatewayPod,
+    ns_path: PathBuf,
+    ns_id: Option<(u64, u64)>,
+    stop: Arc<Shutdown>,
+    thread: std::thread::JoinHandle<anyhow::Result<()>>,
+}
+
+/// What the supervisor tracks between ticks.
+struct Supervisor {
+    settings: Settings,
+    metrics: Arc<Mutex<GatewayMetrics>>,
+    workers: BTreeMap<String, Worker>,
+    /// Pods whose skip reason was logged (UID → reason), so each is logged once.
+    skipped: BTreeMap<String, String>,
+    /// Gateway pods wanted (by UID) and when each was first seen, for the "enforced after"
+    /// log field.
+    seen: BTreeMap<String, (Instant, GatewayPod)>,
+}
+
+impl Supervisor {
+    /// Bring the workers in line with the gateway pods on the node.
+    fn sync(&mut self, pods: &[Arc<Pod>]) {
+        let mut wanted: BTreeMap<String, GatewayPod> = BTreeMap::new();
+        let mut skipped = BTreeMap::new();
+        for p in pods {
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            match pods::gateway_of(p) {
+                Ok(g) => {
+                    wanted.insert(g.uid.clone(), g);
+                }
+                Err(why) => {
+                    let name = format!(
+                        "{}/{}",
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.name.as_deref().unwrap_or_default()
+                    );
+                    if self.skipped.get(&uid) != Some(&why.to_string()) {
+                        tracing::info!(pod = %name, reason = %why, "gateway pod not enforced in");
+                    }
+                    skipped.insert(uid, why.to_string());
+                }
+            }
+        }
+        self.skipped = skipped;
+        self.seen.retain(|uid, _| wanted.contains_key(uid));
+        for (uid, g) in &wanted {
+            self.seen
+                .entry(uid.clone())
+                .or_insert_with(|| (Instant::now(), g.clone()));
+        }
+        // Stop workers whose pod is gone, inactive, or whose namespace was replaced.
+        let stale: Vec<String> = self
+            .workers
+            .iter()
+            .filter(|(uid, w)| {
+                !wanted.contains_key(*uid)
+                    || w.thread.is_finished()
+                    || netns::netns_id(&w.ns_path) != w.ns_id
+            })
+            .map(|(uid, _)| uid.clone())
+            .collect();
+        for uid in stale {
+            if let Some(w) = self.workers.remove(&uid) {
+                let gone = !wanted.contains_key(&uid);
+                self.stop(w, gone);
+            }
+        }
+        for (uid, g) in wanted {
+            if self.workers.contains_key(&uid) {
+                continue;
+            }
+            // The sandbox may not exist yet: try again on the next tick.
+            let Some(ns_path) = self.find_netns(&g) else {
+                continue;
+            };
+            match self.start(&g, ns_path) {
+                Ok(w) => {
+                    self.workers.insert(uid, w);
+                }
+                Err(e) => {
+                    tracing::error!(gateway = %g.name, peer = %g.peer, error = %format!("{e:#}"), "could not enforce in gateway pod (retrying)")
+                }
+            }
+        }
+    }
+
+    fn find_netns(&self, g: &GatewayPod) -> Option<PathBuf> {
+        // A pid's ns link, resolved to a stable fd path: the pid may exit, the link is
+        // re-read on every check.
+        netns::pod_netns(&self.settings.proc, &g.uid)
+    }
+
+    fn start(&mut self, g: &GatewayPod, ns_path: PathBuf) -> anyhow::Result<Worker> {
+        let s = &self.settings;
+        let pins = s.gateway_pins().join(g.pin_name());
+        let ns_id = netns::netns_id(&ns_path);
+        let enforcer = crate::engine::enforcer(
+            s.backend,
+            &pins,
+            s.patterns.clone(),
+            s.xdp,
+            Some(&ns_path.to_string_lossy()),
+        )
+        .with_context(|| format!("starting the enforcer in {}", ns_path.display()))?;
+        let metrics = Arc::new(Mutex::new(AgentMetrics {
+            backend: enforcer.name(),
+            ..Default::default()
+        }));
+        if let Ok(mut m) = self.metrics.lock() {
+            m.gateways.insert(g.peer.clone(), metrics.clone());
+        }
+        let peer_sel = format!("{}={}", super::PEER, g.peer);
+        let agent = super::agent::Settings {
+            selector: format!("{},{peer_sel}", s.selector),
+            liqo_selector: None,
+            host: s.node.clone(),
+            interval: s.interval,
+            scope: Some(peer_sel),
+        };
+        let stop = Shutdown::new();
+        let worker_stop = stop.clone();
+        let span = tracing::info_span!("gateway", peer = %g.peer, pod = %g.name);
+        let thread = std::thread::Builder::new()
+            .name(format!("gw-{}", g.pin_name()))
+            .spawn(move || {
+                let _e = span.enter();
+                let mut engine = crate::engine::Engine::new(enforcer, metrics);
+                super::agent::run(agent, &mut engine, worker_stop)
+            })
+            .context("starting the gateway's agent thread")?;
+        let after = self.seen.get(&g.uid).map(|(t, _)| t.elapsed().as_millis());
+        tracing::info!(
+            gateway = %g.name,
+            peer = %g.peer,
+            netns = %ns_path.display(),
+            pins = %pins.display(),
+            ms_since_pod_seen = after.unwrap_or_default() as u64,
+            "enforcing inside gateway pod"
+        );
+        Ok(Worker {
+            gateway: g.clone(),
+            ns_path,
+            ns_id,
+            stop,
+            thread,
+        })
+    }
+
+    /// Stop a worker; when its pod is gone, remove its bpf pins (nftables state went with the
+    /// pod's namespace).
+    fn stop(&mut self, w: Worker, gone: bool) {
+        w.stop.trigger();
+        match w.thread.join() {
+            Ok(Err(e)) => {
+                tracing::warn!(gateway = %w.gateway.name, error = %format!("{e:#}"), "gateway agent ended with an error")
+            }
+            Err(_) => tracing::error!(gateway = %w.gateway.name, "gateway agent panicked"),
+            Ok(Ok(())) => {}
+        }
+        let others = self
+            .workers
+            .values()
+            .any(|o| o.gateway.peer == w.gateway.peer);
+        if !others {
+            if let Ok(mut m) = self.metrics.lock() {
+                m.gateways.remove(&w.gateway.peer);
+            }
+        }
+        if gone {
+            let pins = self.settings.gateway_pins().join(w.gateway.pin_name());
+            remove_pins(&pins);
+        }
+        tracing::info!(gateway = %w.gateway.name, peer = %w.gateway.peer, pod_gone = gone, "stopped enforcing inside gateway pod");
+    }
+
+    /// Remove pin directories of gateways that are not on this node any more (the agent was
+    /// down when they went). Gateways seen but not started yet keep theirs, for adoption.
+    fn collect_garbage(&self) {
+        let keep: BTreeSet<String> = self.seen.values().map(|(_, g)| g.pin_name()).collect();
+        let Ok(dir) = std::fs::read_dir(self.settings.gateway_pins()) else {
+            return;
+        };
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            if !keep.contains(&name) {
+                tracing::info!(pins = %e.path().display(), "removing pins of a gateway no longer on this node");
+                remove_pins(&e.path());
+            }
+        }
+    }
+}
+
+/// Remove a pin directory (maps, programs, links: unpinning a link detaches it).
+fn remove_pins(dir: &std::path::Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        if e.kind() != std::io::ErrorKind::NotFound {
+            tracing::warn!(pins = %dir.display(), error = %e, "could not remove pins");
+        }
+    }
+}
+
+/// Release this node's finalizer on a peer's objects once no gateway of that peer runs here.
+async fn release_peer(client: &kube::Client, node: &str, peer: &str) {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
+    let fin = super::agent::finalizer(node);
+    let lp = kube::api::ListParams::default().labels(&format!("{}={peer}", super::PEER));
+    let Ok(list) = api.list(&lp).await else {
+        return;
+    };
+    for obj in list.items {
+        let Some(list) = obj.metadata.finalizers.clone() else {
+            continue;
+        };
+        if !list.contains(&fin) {
+            continue;
+        }
+        let ns = obj.metadata.namespace.clone().unwrap_or_default();
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let body = serde_json::json!({"metadata": {
+            "finalizers": list.into_iter().filter(|f| *f != fin).collect::<Vec<_>>(),
+            "resourceVersion": obj.metadata.resource_version,
+        }});
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), &ns, &super::fwc_resource());
+        if let Err(e) = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
+            .await
+        {
+            tracing::debug!(object = %format!("{ns}/{name}"), error = %e, "finalizer release deferred");
+        }
+    }
+}
+
+/// How often pods without a namespace yet, and the namespaces enforced in, are checked.
+const TICK: Duration = Duration::from_millis(100);
+
+/// Run the gateway-pod mode until `stop` is set.
+pub fn run(
+    settings: Settings,
+    metrics: Arc<Mutex<GatewayMetrics>>,
+    stop: Arc<Shutdown>,
+) -> anyhow::Result<()> {
+    let rt = super::runtime()?;
+    rt.block_on(async move {
+        let client = super::client().await?;
+        let changed = Arc::new(super::Changes::default());
+        let pods = super::cache(
+            Api::<Pod>::all(client.clone()),
+            watcher::Config::default()
+                .labels(&settings.gateway_selector)
+                .fields(&format!("spec.nodeName={}", settings.node)),
+            (),
+            changed.clone(),
+        );
+        tracing::info!(node = %settings.node, selector = %settings.gateway_selector, "watching gateway pods on this node");
+        pods.wait_until_ready()
+            .await
+            .context("the gateway pod watch ended before its first list")?;
+        let mut sup = Supervisor {
+            settings,
+            metrics: metrics.clone(),
+            workers: BTreeMap::new(),
+            skipped: BTreeMap::new(),
+            seen: BTreeMap::new(),
+        };
+        let mut first = true;
+        while !stop.is_set() {
+            let before: BTreeSet<String> =
+                sup.workers.values().map(|w| w.gateway.peer.clone()).collect();
+            tokio::task::block_in_place(|| sup.sync(&pods.state()));
+            if first {
+                sup.collect_garbage();
+                if let Ok(mut m) = metrics.lock() {
+                    m.synced = true;
+                }
+                first = false;
+            }
+            let after: BTreeSet<String> =
+                sup.workers.values().map(|w| w.gateway.peer.clone()).collect();
+            for peer in before.difference(&after) {
+                release_peer(&client, &sup.settings.node, peer).await;
+            }
+            tokio::select! {
+                _ = stop.wait() => break,
+                _ = tokio::time::timeout(TICK, changed.notify.notified()) => {}
+            }
+        }
+        // Leave everything in force: stop the workers without removing anything.
+        for (_, w) in std::mem::take(&mut sup.workers) {
+            w.stop.trigger();
+            let _ = tokio::task::block_in_place(|| w.thread.join());
+        }
+        tracing::info!("agent stopping; enforcement stays in place inside the gateway pods");
+        Ok(())
+    })
+}
