@@ -12,4 +12,5 @@ mod controller;
 mod deploy;
 mod e2e;
 mod liqo;
+mod node;
 mod webhook;

@@ -9,6 +9,8 @@
 //! - `kube-build` / `kube-up`: a real kube-apiserver (built from Debian's source package into a
 //!   version-keyed cache) started on loopback, for the Kubernetes tests and by hand.
 
+mod image;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -341,6 +343,7 @@ fn main() -> Result<()> {
         Some("crd") => crd(),
         Some("bpf-linker") => ensure_bpf_linker(),
         Some("kube-build") => kube_build(),
+        Some("image") => image::images(),
         Some("kube-up") => kube_up(&args[1..]),
         Some("build-ebpf") => build_ebpf(),
         Some("lab") => {
@@ -362,7 +365,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|crd|kube-build|kube-up>"
+                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|crd|kube-build|kube-up|image>"
             );
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
@@ -372,6 +375,7 @@ fn main() -> Result<()> {
             eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
             eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
+            eprintln!("  image       OCI images (peerwall, pause, the lab's gateway) into <target>/images");
             eprintln!(
                 "  kube-up [RUN_DIR] [PORT]  start a loopback kube-apiserver; prints kubeconfig"
             );

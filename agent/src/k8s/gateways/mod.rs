@@ -79,6 +79,9 @@ struct Supervisor {
     workers: BTreeMap<String, Worker>,
     /// Pods whose skip reason was logged (UID → reason), so each is logged once.
     skipped: BTreeMap<String, String>,
+    /// The last failure to start each gateway's enforcer (UID → message, when), logged when it
+    /// changes and retried once a second.
+    failed: BTreeMap<String, (String, Instant)>,
     /// Gateway pods wanted (by UID) and when each was first seen, for the "enforced after"
     /// log field.
     seen: BTreeMap<String, (Instant, GatewayPod)>,
@@ -110,6 +113,7 @@ impl Supervisor {
         }
         self.skipped = skipped;
         self.seen.retain(|uid, _| wanted.contains_key(uid));
+        self.failed.retain(|uid, _| wanted.contains_key(uid));
         for (uid, g) in &wanted {
             self.seen
                 .entry(uid.clone())
@@ -136,16 +140,28 @@ impl Supervisor {
             if self.workers.contains_key(&uid) {
                 continue;
             }
+            if self
+                .failed
+                .get(&uid)
+                .is_some_and(|(_, at)| at.elapsed() < Duration::from_secs(1))
+            {
+                continue;
+            }
             // The sandbox may not exist yet: try again on the next tick.
             let Some(ns_path) = self.find_netns(&g) else {
                 continue;
             };
             match self.start(&g, ns_path) {
                 Ok(w) => {
+                    self.failed.remove(&uid);
                     self.workers.insert(uid, w);
                 }
                 Err(e) => {
-                    tracing::error!(gateway = %g.name, peer = %g.peer, error = %format!("{e:#}"), "could not enforce in gateway pod (retrying)")
+                    let msg = format!("{e:#}");
+                    if self.failed.get(&uid).map(|(m, _)| m) != Some(&msg) {
+                        tracing::error!(gateway = %g.name, peer = %g.peer, error = %msg, "could not enforce in gateway pod (retrying every second)");
+                    }
+                    self.failed.insert(uid, (msg, Instant::now()));
                 }
             }
         }
@@ -328,6 +344,7 @@ pub fn run(
             metrics: metrics.clone(),
             workers: BTreeMap::new(),
             skipped: BTreeMap::new(),
+            failed: BTreeMap::new(),
             seen: BTreeMap::new(),
         };
         let mut first = true;

@@ -162,9 +162,14 @@ const IN_PLACE_LIMIT: usize = 256;
 impl BpfBackend {
     /// Load the object with its maps pinned in `pin_dir` (reusing maps already pinned there).
     pub fn load(pin_dir: &Path) -> Result<Self, BpfError> {
-        let parent = pin_dir.parent().unwrap_or(Path::new("/"));
-        if !is_bpffs(parent) && !is_bpffs(pin_dir) {
-            return Err(BpfError::NoBpffs(parent.to_path_buf()));
+        // The nearest directory that exists must be on bpffs (the rest is created there, e.g.
+        // `<pin-dir>/gateways/<peer>.<uid>` of the gateway-pod mode).
+        let existing = pin_dir
+            .ancestors()
+            .find(|a| a.exists())
+            .unwrap_or(Path::new("/"));
+        if !is_bpffs(existing) {
+            return Err(BpfError::NoBpffs(existing.to_path_buf()));
         }
         std::fs::create_dir_all(pin_dir.join("links")).map_err(|source| BpfError::Io {
             path: pin_dir.to_path_buf(),

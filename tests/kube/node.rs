@@ -1,0 +1,921 @@
+//! A real node: kubelet + containerd + runc + CNI (`xtask/kube/start-node.sh`) running
+//! peerwall's images (`cargo xtask image`). `deploy/` is applied unchanged; a Liqo-shaped
+//! gateway pod runs wireguard-go (`liqo-tunnel`) and gets a Geneve-named link to the node; a
+//! consumer on the far side of the tunnel sends packets through it. The DaemonSet's agent must
+//! enforce inside the gateway pod: offloaded pod reachable, non-offloaded dropped, provider →
+//! consumer with its replies, for both backends, across gateway recreation and agent restart.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use peerwall::k8s::gateways::netns::pod_netns;
+
+use crate::common::*;
+use crate::support::kube_bin_dir;
+
+/// The consumer ("peer") cluster id; unique per run so pin directories never collide.
+fn peer_id() -> String {
+    format!("consumer-{}", std::process::id())
+}
+
+/// The node: started on creation, everything removed on drop.
+struct Node {
+    ns: String,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Node {
+    fn start() -> Self {
+        let ns = format!("pwn-{}", std::process::id());
+        let dir = std::env::temp_dir().join(&ns);
+        let images = images_dir();
+        assert!(
+            images.join("names").exists(),
+            "no images in {}: run `cargo xtask image` (cargo xtask test does)",
+            images.display()
+        );
+        let node = Self {
+            ns: ns.clone(),
+            kubeconfig: dir.join("kubeconfig"),
+            dir: dir.clone(),
+        };
+        let out = Command::new("bash")
+            .arg(repo("xtask/kube/start-node.sh"))
+            .arg(kube_bin_dir())
+            .arg(&dir)
+            .arg(&ns)
+            .arg(&images)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "the node did not start: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(dir.join("kubelet.log"))
+                .unwrap_or_default()
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        node
+    }
+
+    fn kubectl(&self, args: &[&str]) -> Output {
+        Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.ns))
+            .arg(kube_bin_dir().join("kubectl"))
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(args)
+            .output()
+            .unwrap()
+    }
+
+    fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).to_string()
+    }
+
+    fn apply(&self, yaml: &str) {
+        let f = self
+            .dir
+            .join(format!("apply-{}.yaml", rand::random::<u32>()));
+        std::fs::write(&f, yaml).unwrap();
+        self.kubectl_ok(&["apply", "-f", &f.to_string_lossy()]);
+    }
+
+    /// `ip -n <node ns> ARGS`.
+    fn ip(&self, args: &[&str]) {
+        let mut a = vec!["-n", self.ns.as_str()];
+        a.extend_from_slice(args);
+        must("ip", &a);
+    }
+
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for f in ["kubelet.log", "containerd.log"] {
+            let text = std::fs::read_to_string(self.dir.join(f)).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            s += &format!("---- {f} (last lines, newest first)\n{}\n", tail.join("\n"));
+        }
+        for args in [
+            vec!["get", "pods", "-A", "-o", "wide"],
+            vec![
+                "-n",
+                "peerwall-system",
+                "logs",
+                "ds/peerwall-agent",
+                "--tail=40",
+            ],
+            vec![
+                "-n",
+                "peerwall-system",
+                "logs",
+                "deploy/peerwall-controller",
+                "--tail=20",
+            ],
+        ] {
+            let out = self.kubectl(&args);
+            s += &format!(
+                "---- kubectl {}\n{}{}\n",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        s
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", self.logs());
+        }
+        let _ = Command::new("bash")
+            .arg(repo("xtask/kube/stop-node.sh"))
+            .arg(&self.dir)
+            .arg(&self.ns)
+            .status();
+    }
+}
+
+/// `cargo xtask image`'s output: `<target>/images` (beside the test binary's profile dir).
+fn images_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("PEERWALL_IMAGES") {
+        return PathBuf::from(d);
+    }
+    let exe = std::env::current_exe().unwrap();
+    // <target>/<profile>/deps/<test binary>
+    exe.ancestors().nth(3).unwrap().join("images")
+}
+
+/// The consumer cluster: a namespace beyond the node's "uplink", with wireguard-go.
+struct Consumer {
+    ns: NetNs,
+    tunnel: String,
+    key: String,
+    listener: Option<Child>,
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        if let Some(mut l) = self.listener.take() {
+            let _ = l.kill();
+            let _ = l.wait();
+        }
+        // wireguard-go exits when its TUN device goes with the namespace.
+        let _ = Command::new("pkill")
+            .args(["-f", &format!("wireguard-go {}", self.tunnel)])
+            .status();
+    }
+}
+
+const CONSUMER_POD: &str = "10.71.0.5";
+const POD_CIDR: &str = "10.244.0.0/24";
+
+fn wg_key() -> (String, String) {
+    let private = must("wg", &["genkey"]).trim().to_string();
+    let mut c = Command::new("wg")
+        .arg("pubkey")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(private.as_bytes())
+        .unwrap();
+    let public = String::from_utf8(c.wait_with_output().unwrap().stdout)
+        .unwrap()
+        .trim()
+        .to_string();
+    (private, public)
+}
+
+impl Consumer {
+    fn new(node: &Node) -> Self {
+        let ns = NetNs::new("pwc").unwrap();
+        let tunnel = format!("pwc{}", std::process::id() % 100000);
+        must(
+            "ip",
+            &[
+                "link",
+                "add",
+                "cons0",
+                "netns",
+                ns.name(),
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "uplink-c",
+                "netns",
+                &format!("/run/netns/{}", node.ns),
+            ],
+        );
+        ip(&ns, &["addr", "add", "10.251.0.2/30", "dev", "cons0"]);
+        ip(&ns, &["link", "set", "cons0", "up"]);
+        ip(
+            &ns,
+            &["addr", "add", &format!("{CONSUMER_POD}/32"), "dev", "lo"],
+        );
+        node.ip(&["addr", "add", "10.251.0.1/30", "dev", "uplink-c"]);
+        node.ip(&["link", "set", "uplink-c", "up"]);
+        let out = in_ns(&ns, "wireguard-go", &[&tunnel]);
+        assert!(out.status.success(), "wireguard-go: {out:?}");
+        let (key, _) = wg_key();
+        let listener = Command::new("ip")
+            .args(["netns", "exec", ns.name(), "socat"])
+            .arg(format!(
+                "TCP-LISTEN:8080,bind={CONSUMER_POD},fork,reuseaddr"
+            ))
+            .arg("EXEC:/bin/true")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self {
+            ns,
+            tunnel,
+            key,
+            listener: Some(listener),
+        }
+    }
+
+    fn public_key(&self) -> String {
+        let mut c = Command::new("wg")
+            .arg("pubkey")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(self.key.as_bytes())
+            .unwrap();
+        String::from_utf8(c.wait_with_output().unwrap().stdout)
+            .unwrap()
+            .trim()
+            .to_string()
+    }
+
+    /// Point the tunnel at the (new) gateway pod.
+    fn connect(&self, gateway_ip: &str, gateway_key: &str) {
+        let keyfile = std::env::temp_dir().join(format!("{}.key", self.tunnel));
+        std::fs::write(&keyfile, &self.key).unwrap();
+        let t = self.tunnel.as_str();
+        let out = in_ns(
+            &self.ns,
+            "wg",
+            &[
+                "set",
+                t,
+                "private-key",
+                &keyfile.to_string_lossy(),
+                "peer",
+                gateway_key,
+                "endpoint",
+                &format!("{gateway_ip}:51820"),
+                "allowed-ips",
+                POD_CIDR,
+                "persistent-keepalive",
+                "1",
+            ],
+        );
+        assert!(out.status.success(), "wg set: {out:?}");
+        ip(&self.ns, &["link", "set", t, "up"]);
+        let _ = in_ns(&self.ns, "ip", &["route", "del", POD_CIDR]);
+        ip(
+            &self.ns,
+            &[
+                "route",
+                "replace",
+                &format!("{gateway_ip}/32"),
+                "via",
+                "10.251.0.1",
+            ],
+        );
+        ip(
+            &self.ns,
+            &["route", "add", POD_CIDR, "dev", t, "src", CONSUMER_POD],
+        );
+    }
+}
+
+/// The outcome of a TCP connection attempt.
+#[derive(Debug, PartialEq, Eq)]
+enum Reach {
+    /// Handshake done.
+    Connected,
+    /// A RST came back: the packet reached the host.
+    Refused,
+    /// Nothing came back.
+    Dropped,
+}
+
+fn tcp(netns: &Path, dst: &str, port: u16) -> Reach {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", netns.display()))
+        .args(["timeout", "2", "bash", "-c"])
+        .arg(format!("exec 3<>/dev/tcp/{dst}/{port}"))
+        .output()
+        .unwrap();
+    match out.status.code() {
+        Some(0) => Reach::Connected,
+        Some(124) => Reach::Dropped,
+        _ if String::from_utf8_lossy(&out.stderr).contains("refused") => Reach::Refused,
+        other => panic!(
+            "tcp probe to {dst}:{port}: {other:?} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+const GATEWAY_SCRIPT: &str = r#"set -e
+mkdir -p /var/run/wireguard /tmp
+echo 1 > /proc/sys/net/ipv4/ip_forward
+WG_PROCESS_FOREGROUND=1 wireguard-go liqo-tunnel &
+while ! ip link show liqo-tunnel >/dev/null 2>&1; do sleep 0.1; done
+printf '%s' "$WG_KEY" > /tmp/key
+wg set liqo-tunnel listen-port 51820 private-key /tmp/key peer "$PEER_KEY" allowed-ips 10.71.0.0/16
+ip link set liqo-tunnel up
+ip route add 10.71.0.0/16 dev liqo-tunnel
+wait
+"#;
+
+/// A gateway Deployment shaped like Liqo's `WgGatewayServer` template: labels, the
+/// `--remote-cluster-id` flag, a privileged wireguard container bringing up `liqo-tunnel`.
+fn gateway_yaml(peer: &str, key: &str, consumer_key: &str) -> String {
+    let script = serde_json::to_string(GATEWAY_SCRIPT).unwrap();
+    format!(
+        r#"apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: gw, namespace: liqo-tenant-{peer}}}
+spec:
+  replicas: 1
+  strategy: {{type: Recreate}}
+  selector: {{matchLabels: {{networking.liqo.io/component: gateway, networking.liqo.io/gateway-name: gw}}}}
+  template:
+    metadata:
+      labels: {{networking.liqo.io/component: gateway, networking.liqo.io/gateway-name: gw, networking.liqo.io/active: "true"}}
+    spec:
+      terminationGracePeriodSeconds: 1
+      containers:
+        - name: gateway
+          image: peerwall.local/lab-gateway:1
+          args: ["-c", "exec sleep 2147483647", "gateway", "--mode=server", "--remote-cluster-id={peer}"]
+        - name: wireguard
+          image: peerwall.local/lab-gateway:1
+          securityContext: {{privileged: true}}
+          env: [{{name: WG_KEY, value: "{key}"}}, {{name: PEER_KEY, value: "{consumer_key}"}}]
+          args: ["-c", {script}]
+"#
+    )
+}
+
+/// The cluster as Liqo leaves it: the peer's tenant namespace, a namespace it offloaded with
+/// one pod, and a private namespace with another.
+fn cluster_yaml(peer: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Namespace
+metadata:
+  name: liqo-tenant-{peer}
+  labels: {{liqo.io/tenant-namespace: "true", liqo.io/remote-cluster-id: {peer}}}
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: offloaded
+  labels: {{liqo.io/remote-cluster-id: {peer}}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {{name: private}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: web, namespace: offloaded}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers: [{{name: c, image: peerwall.local/pause:1.20.2}}]
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: db, namespace: private}}
+spec:
+  terminationGracePeriodSeconds: 0
+  containers: [{{name: c, image: peerwall.local/pause:1.20.2}}]
+"#
+    )
+}
+
+fn wait<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A running pod's UID and IP.
+fn pod(node: &Node, ns: &str, selector: &str) -> Option<(String, String)> {
+    let out = node.kubectl(&[
+        "-n", ns, "get", "pods", "-l", selector, "-o",
+        "jsonpath={range .items[?(@.status.phase==\"Running\")]}{.metadata.uid} {.status.podIP} {.metadata.deletionTimestamp}{\"\\n\"}{end}",
+    ]);
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        (f.len() == 2).then(|| (f[0].to_string(), f[1].to_string()))
+    })
+}
+
+fn pod_by_name(node: &Node, ns: &str, name: &str) -> (String, String) {
+    wait(&format!("pod {ns}/{name}"), Duration::from_secs(60), || {
+        let out = node.kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "pod",
+            name,
+            "-o",
+            "jsonpath={.metadata.uid} {.status.podIP} {.status.phase}",
+        ]);
+        let s = String::from_utf8_lossy(&out.stdout).to_string();
+        let f: Vec<&str> = s.split_whitespace().collect();
+        (f.len() == 3 && f[2] == "Running").then(|| (f[0].to_string(), f[1].to_string()))
+    })
+}
+
+/// The gateway pod as Liqo's geneve container and the fabric would wire it: a `liqo.*` link to
+/// the node, tunnel traffic routed to the pods through it, replies routed back.
+fn plumb_gateway(node: &Node, gw_netns: &Path) -> String {
+    let pid = gw_netns
+        .parent()
+        .and_then(Path::parent)
+        .and_then(|p| p.file_name())
+        .unwrap()
+        .to_string_lossy()
+        .to_string();
+    let geneve = "liqo.pwtestgnv";
+    let _ = Command::new("ip")
+        .args(["-n", &node.ns, "link", "del", "gwl0"])
+        .output();
+    node.ip(&[
+        "link", "add", "gwl0", "type", "veth", "peer", "name", geneve,
+    ]);
+    node.ip(&["link", "set", geneve, "netns", &pid]);
+    node.ip(&["addr", "add", "169.254.100.1/30", "dev", "gwl0"]);
+    node.ip(&["link", "set", "gwl0", "up"]);
+    node.ip(&[
+        "route",
+        "replace",
+        "10.71.0.0/16",
+        "via",
+        "169.254.100.2",
+        "dev",
+        "gwl0",
+    ]);
+    let gw = |args: &[&str]| {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", gw_netns.display()))
+            .arg("ip")
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "ip {args:?} in the gateway: {out:?}");
+    };
+    gw(&["addr", "add", "169.254.100.2/30", "dev", geneve]);
+    gw(&["link", "set", geneve, "up"]);
+    gw(&[
+        "rule",
+        "add",
+        "iif",
+        "liqo-tunnel",
+        "lookup",
+        "100",
+        "pref",
+        "100",
+    ]);
+    gw(&[
+        "route",
+        "add",
+        POD_CIDR,
+        "via",
+        "169.254.100.1",
+        "dev",
+        geneve,
+        "table",
+        "100",
+    ]);
+    pid
+}
+
+/// Whether peerwall's table is in force inside the gateway pod (nftables backend).
+fn nft_table_in(gw_netns: &Path, peer: &str) -> bool {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", gw_netns.display()))
+        .args(["nft", "list", "tables"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains(&peerwall::protection::table_name(peer))
+}
+
+/// Whether the bpf datapath is attached inside the gateway pod (tcx on `liqo-tunnel`).
+fn bpf_attached_in(gw_netns: &Path) -> bool {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", gw_netns.display()))
+        .args(["bpftool", "net", "show", "dev", "liqo-tunnel"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).contains("tcx/ingress")
+}
+
+fn pins_of(peer: &str) -> Vec<String> {
+    std::fs::read_dir("/sys/fs/bpf/peerwall/gateways")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|n| n.starts_with(&format!("{peer}.")))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+struct Gateway {
+    uid: String,
+    netns: PathBuf,
+}
+
+/// Wait for the gateway pod to run, wire it, point the consumer at it; returns it and the
+/// time from its namespace existing to peerwall's enforcement being in place.
+fn bring_up_gateway(
+    node: &Node,
+    consumer: &Consumer,
+    peer: &str,
+    key: &str,
+    backend: &str,
+    old: Option<&str>,
+) -> (Gateway, Duration) {
+    let tenant = format!("liqo-tenant-{peer}");
+    // The sandbox (and so the namespace) exists before the pod reports Running.
+    let (uid, netns, t0) = wait(
+        "the gateway pod's network namespace",
+        Duration::from_secs(90),
+        || {
+            let out = node.kubectl(&[
+                "-n",
+                &tenant,
+                "get",
+                "pods",
+                "-l",
+                "networking.liqo.io/component=gateway",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.uid}{\"\\n\"}{end}",
+            ]);
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|u| Some(*u) != old && !u.is_empty())
+                .find_map(|u| {
+                    pod_netns(Path::new("/proc"), u).map(|ns| (u.to_string(), ns, Instant::now()))
+                })
+        },
+    );
+    let enforced = |ns: &Path| match backend {
+        "nftables" => nft_table_in(ns, peer),
+        _ => bpf_attached_in(ns),
+    };
+    let took = wait(
+        "peerwall to enforce inside the new gateway pod",
+        Duration::from_secs(60),
+        || enforced(&netns).then(|| t0.elapsed()),
+    );
+    let (_, ip) = wait("the gateway pod to run", Duration::from_secs(90), || {
+        pod(node, &tenant, "networking.liqo.io/component=gateway")
+    });
+    wait(
+        "liqo-tunnel in the gateway pod",
+        Duration::from_secs(30),
+        || {
+            Command::new("nsenter")
+                .arg(format!("--net={}", netns.display()))
+                .args(["ip", "link", "show", "liqo-tunnel"])
+                .output()
+                .unwrap()
+                .status
+                .success()
+                .then_some(())
+        },
+    );
+    plumb_gateway(node, &netns);
+    let (_, gw_pub) = {
+        let mut c = Command::new("wg")
+            .arg("pubkey")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write;
+        c.stdin.take().unwrap().write_all(key.as_bytes()).unwrap();
+        (
+            (),
+            String::from_utf8(c.wait_with_output().unwrap().stdout)
+                .unwrap()
+                .trim()
+                .to_string(),
+        )
+    };
+    consumer.connect(&ip, &gw_pub);
+    (Gateway { uid, netns }, took)
+}
+
+fn condition(node: &Node, peer: &str) -> String {
+    node.kubectl_ok(&[
+        "-n", &format!("liqo-tenant-{peer}"), "get", "pwfc", "-o",
+        "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.host==\"node-1\")].type}{\"\\n\"}{end}",
+    ])
+}
+
+/// The matrix through the tunnel: offloaded reachable, private dropped, provider → consumer
+/// with replies.
+fn assert_matrix(consumer: &Consumer, web: &(String, String), db: &(String, String), what: &str) {
+    let cons = PathBuf::from(format!("/run/netns/{}", consumer.ns.name()));
+    // The tunnel needs a handshake first; the offloaded pod answering proves it is up.
+    wait(
+        &format!("{what}: the offloaded pod reachable through the tunnel"),
+        Duration::from_secs(20),
+        || (tcp(&cons, &web.1, 80) == Reach::Refused).then_some(()),
+    );
+    assert_eq!(
+        tcp(&cons, &db.1, 80),
+        Reach::Dropped,
+        "{what}: the non-offloaded pod must be dropped inside the gateway pod"
+    );
+    let web_ns = pod_netns(Path::new("/proc"), &web.0).expect("web pod namespace");
+    assert_eq!(
+        tcp(&web_ns, CONSUMER_POD, 8080),
+        Reach::Connected,
+        "{what}: provider → consumer and its replies must pass"
+    );
+}
+
+#[test]
+fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
+    require_root();
+    let node = Node::start();
+    let peer = peer_id();
+    // deploy/ as shipped (the image it names was imported), then the webhook's certificate and
+    // CA bundle as the README tells users to.
+    node.kubectl_ok(&["apply", "-k", &repo("deploy").to_string_lossy()]);
+    let pki = node.dir.join("webhook");
+    std::fs::create_dir_all(&pki).unwrap();
+    let p = |f: &str| pki.join(f).to_string_lossy().to_string();
+    must(
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            &p("tls.key"),
+            "-out",
+            &p("tls.crt"),
+            "-days",
+            "1",
+            "-subj",
+            "/CN=peerwall-webhook.peerwall-system.svc",
+            "-addext",
+            "subjectAltName=DNS:peerwall-webhook.peerwall-system.svc",
+        ],
+    );
+    node.kubectl_ok(&[
+        "-n",
+        "peerwall-system",
+        "create",
+        "secret",
+        "tls",
+        "peerwall-webhook-tls",
+        &format!("--cert={}", p("tls.crt")),
+        &format!("--key={}", p("tls.key")),
+    ]);
+    let ca = base64_file(&pki.join("tls.crt"));
+    node.kubectl_ok(&[
+        "patch",
+        "validatingwebhookconfiguration",
+        "peerwall",
+        "--type=json",
+        "-p",
+        &format!(r#"[{{"op":"add","path":"/webhooks/0/clientConfig/caBundle","value":"{ca}"}}]"#),
+    ]);
+    node.apply(&cluster_yaml(&peer));
+    let web = pod_by_name(&node, "offloaded", "web");
+    let db = pod_by_name(&node, "private", "db");
+
+    let consumer = Consumer::new(&node);
+    let (gw_key, _) = wg_key();
+    let gateway = gateway_yaml(&peer, &gw_key, &consumer.public_key());
+
+    // ---- nftables (deploy/'s default backend)
+    node.apply(&gateway);
+    let (gw, took) = bring_up_gateway(&node, &consumer, &peer, &gw_key, "nftables", None);
+    eprintln!(
+        "nftables: enforced {} ms after the gateway pod's namespace appeared",
+        took.as_millis()
+    );
+    assert_matrix(&consumer, &web, &db, "nftables");
+    wait(
+        "the agent's Applied condition",
+        Duration::from_secs(30),
+        || {
+            condition(&node, &peer)
+                .contains("peerwall-gateway=Applied")
+                .then_some(())
+        },
+    );
+    let logs = node.kubectl_ok(&["-n", "peerwall-system", "logs", "ds/peerwall-agent"]);
+    assert!(
+        logs.contains("enforcing inside gateway pod"),
+        "agent logs: {logs}"
+    );
+
+    // Agent restarted: what is in force stays in force while it is away.
+    node.kubectl_ok(&[
+        "-n",
+        "peerwall-system",
+        "delete",
+        "pod",
+        "-l",
+        "app.kubernetes.io/name=peerwall-agent",
+        "--wait=false",
+    ]);
+    let cons = PathBuf::from(format!("/run/netns/{}", consumer.ns.name()));
+    assert_eq!(
+        tcp(&cons, &db.1, 80),
+        Reach::Dropped,
+        "dropped while the agent restarts"
+    );
+    assert!(
+        nft_table_in(&gw.netns, &peer),
+        "the table stays while the agent restarts"
+    );
+    wait("a new agent pod ready", Duration::from_secs(60), || {
+        let out = node.kubectl(&[
+            "-n",
+            "peerwall-system",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=peerwall-agent",
+            "-o",
+            "jsonpath={.items[*].status.containerStatuses[0].ready}",
+        ]);
+        (String::from_utf8_lossy(&out.stdout).trim() == "true").then_some(())
+    });
+    assert_matrix(&consumer, &web, &db, "nftables after an agent restart");
+
+    // Gateway pod recreated: a new namespace, enforced again.
+    node.kubectl_ok(&[
+        "-n",
+        &format!("liqo-tenant-{peer}"),
+        "delete",
+        "pod",
+        "-l",
+        "networking.liqo.io/component=gateway",
+        "--wait=false",
+    ]);
+    let (gw2, took) = bring_up_gateway(&node, &consumer, &peer, &gw_key, "nftables", Some(&gw.uid));
+    eprintln!(
+        "nftables: recreated gateway enforced {} ms after its namespace appeared",
+        took.as_millis()
+    );
+    assert_matrix(
+        &consumer,
+        &web,
+        &db,
+        "nftables after the gateway pod was recreated",
+    );
+
+    // ---- bpf: the same DaemonSet with --backend=bpf, a fresh gateway.
+    node.kubectl_ok(&[
+        "-n",
+        &format!("liqo-tenant-{peer}"),
+        "delete",
+        "deployment",
+        "gw",
+        "--wait=true",
+    ]);
+    wait(
+        "the old gateway namespace to go",
+        Duration::from_secs(60),
+        || {
+            pod_netns(Path::new("/proc"), &gw2.uid)
+                .is_none()
+                .then_some(())
+        },
+    );
+    let args = node.kubectl_ok(&[
+        "-n",
+        "peerwall-system",
+        "get",
+        "ds",
+        "peerwall-agent",
+        "-o",
+        "jsonpath={.spec.template.spec.containers[0].args}",
+    ]);
+    let args: Vec<String> = serde_json::from_str(&args).unwrap();
+    let i = args
+        .iter()
+        .position(|a| a.starts_with("--backend="))
+        .unwrap();
+    node.kubectl_ok(&["-n", "peerwall-system", "patch", "ds", "peerwall-agent", "--type=json", "-p", &format!(r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/args/{i}","value":"--backend=bpf"}}]"#)]);
+    wait("the bpf agent", Duration::from_secs(60), || {
+        let out = node.kubectl(&[
+            "-n",
+            "peerwall-system",
+            "get",
+            "pods",
+            "-l",
+            "app.kubernetes.io/name=peerwall-agent",
+            "-o",
+            "jsonpath={.items[*].spec.containers[0].args}",
+        ]);
+        let s = String::from_utf8_lossy(&out.stdout).to_string();
+        (s.contains("--backend=bpf") && !s.contains("--backend=nftables")).then_some(())
+    });
+    node.apply(&gateway);
+    let (gw3, took) = bring_up_gateway(&node, &consumer, &peer, &gw_key, "bpf", None);
+    eprintln!(
+        "bpf: enforced {} ms after the gateway pod's namespace appeared",
+        took.as_millis()
+    );
+    assert!(
+        !nft_table_in(&gw3.netns, &peer),
+        "a fresh gateway has no nftables table of peerwall's"
+    );
+    assert_matrix(&consumer, &web, &db, "bpf");
+    let pins = pins_of(&peer);
+    assert_eq!(pins.len(), 1, "one pin directory per gateway: {pins:?}");
+    node.kubectl_ok(&[
+        "-n",
+        &format!("liqo-tenant-{peer}"),
+        "delete",
+        "pod",
+        "-l",
+        "networking.liqo.io/component=gateway",
+        "--wait=false",
+    ]);
+    let (_gw4, took) = bring_up_gateway(&node, &consumer, &peer, &gw_key, "bpf", Some(&gw3.uid));
+    eprintln!(
+        "bpf: recreated gateway enforced {} ms after its namespace appeared",
+        took.as_millis()
+    );
+    assert_matrix(
+        &consumer,
+        &web,
+        &db,
+        "bpf after the gateway pod was recreated",
+    );
+    wait(
+        "the deleted gateway's pins removed",
+        Duration::from_secs(30),
+        || (!pins_of(&peer).contains(&pins[0]) && pins_of(&peer).len() == 1).then_some(()),
+    );
+    // Leave no pins behind on the host.
+    node.kubectl_ok(&[
+        "-n",
+        &format!("liqo-tenant-{peer}"),
+        "delete",
+        "deployment",
+        "gw",
+        "--wait=true",
+    ]);
+    wait(
+        "the last gateway's pins removed",
+        Duration::from_secs(30),
+        || pins_of(&peer).is_empty().then_some(()),
+    );
+}
+
+fn base64_file(p: &Path) -> String {
+    let out = must("base64", &["-w0", &p.to_string_lossy()]);
+    out.trim().to_string()
+}
