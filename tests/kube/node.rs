@@ -538,14 +538,19 @@ fn nft_table_in(gw_netns: &Path, peer: &str) -> bool {
     String::from_utf8_lossy(&out.stdout).contains(&peerwall::protection::table_name(peer))
 }
 
-/// Whether the bpf datapath is attached inside the gateway pod (tcx on `liqo-tunnel`).
-fn bpf_attached_in(gw_netns: &Path) -> bool {
-    let out = Command::new("nsenter")
-        .arg(format!("--net={}", gw_netns.display()))
-        .args(["bpftool", "net", "show", "dev", "liqo-tunnel"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout).contains("tcx/ingress")
+/// Whether the bpf datapath is attached inside the gateway pod: the agent pins a tcx link per
+/// interface it attached to, under this gateway's pin directory.
+fn bpf_attached_in(peer: &str, uid: &str) -> bool {
+    let dir = peerwall::k8s::gateways::pods::GatewayPod {
+        uid: uid.to_string(),
+        name: String::new(),
+        peer: peer.to_string(),
+    }
+    .pin_name();
+    Path::new("/sys/fs/bpf/peerwall/gateways")
+        .join(dir)
+        .join("links/tc-liqo-tunnel")
+        .exists()
 }
 
 fn pins_of(peer: &str) -> Vec<String> {
@@ -553,7 +558,7 @@ fn pins_of(peer: &str) -> Vec<String> {
         .map(|d| {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().to_string())
-                .filter(|n| n.starts_with(&format!("{peer}.")))
+                .filter(|n| n.starts_with(&format!("{peer}_")))
                 .collect()
         })
         .unwrap_or_default()
@@ -600,7 +605,7 @@ fn bring_up_gateway(
     );
     let enforced = |ns: &Path| match backend {
         "nftables" => nft_table_in(ns, peer),
-        _ => bpf_attached_in(ns),
+        _ => bpf_attached_in(peer, &uid),
     };
     let took = wait(
         "peerwall to enforce inside the new gateway pod",

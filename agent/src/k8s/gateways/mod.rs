@@ -8,7 +8,7 @@
 //! 3. runs one enforcer per gateway inside it ([`crate::engine::enforcer`] on a thread that
 //!    entered the namespace), driven by its own Kubernetes source ([`super::agent`]) that
 //!    selects only that gateway's peer (`peerwall.io/remote-cluster-id=<peer>`);
-//! 4. stops it when the pod goes (bpf: its pins, under `<pin-dir>/gateways/<peer>.<uid>`, are
+//! 4. stops it when the pod goes (bpf: its pins, under `<pin-dir>/gateways/<peer>_<uid8>`, are
 //!    removed) and starts a new one when the pod is recreated (new UID, new namespace) or its
 //!    sandbox is (same UID, new namespace).
 //!

@@ -37,7 +37,7 @@ pub struct GatewayPod {
 
 impl GatewayPod {
     /// A short, stable, bpffs-safe directory name for this gateway's pins: the peer and the
-    /// first 8 characters of the pod UID.
+    /// first 8 characters of the pod UID (bpffs refuses names with a dot).
     pub fn pin_name(&self) -> String {
         let uid: String = self.uid.chars().filter(|c| *c != '-').take(8).collect();
         let peer: String = self
@@ -51,7 +51,7 @@ impl GatewayPod {
                 }
             })
             .collect();
-        format!("{peer}.{uid}")
+        format!("{peer}_{uid}")
     }
 }
 
@@ -163,7 +163,7 @@ mod tests {
         let g = gateway_of(&p).unwrap();
         assert_eq!(g.peer, "cluster-b");
         assert_eq!(g.name, "liqo-tenant-x/gw");
-        assert_eq!(g.pin_name(), "cluster-b.0a1b2c3d");
+        assert_eq!(g.pin_name(), "cluster-b_0a1b2c3d");
     }
 
     #[test]
@@ -202,6 +202,6 @@ mod tests {
             name: "a/b".into(),
             peer: "we/ird id".into(),
         };
-        assert_eq!(g.pin_name(), "we_ird_id.ffff0000");
+        assert_eq!(g.pin_name(), "we_ird_id_ffff0000");
     }
 }

@@ -163,7 +163,7 @@ impl BpfBackend {
     /// Load the object with its maps pinned in `pin_dir` (reusing maps already pinned there).
     pub fn load(pin_dir: &Path) -> Result<Self, BpfError> {
         // The nearest directory that exists must be on bpffs (the rest is created there, e.g.
-        // `<pin-dir>/gateways/<peer>.<uid>` of the gateway-pod mode).
+        // `<pin-dir>/gateways/<peer>_<uid8>` of the gateway-pod mode).
         let existing = pin_dir
             .ancestors()
             .find(|a| a.exists())
