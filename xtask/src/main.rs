@@ -6,8 +6,10 @@
 //! - `test`: setup, formatting and lint checks, then every test (unit, then integration tests
 //!   that build their own network namespaces; run as root).
 //! - `crd`: regenerate `deploy/crd.yaml` from the Rust types.
-//! - `kube-build` / `kube-up`: a real kube-apiserver (built from Debian's source package into a
-//!   version-keyed cache) started on loopback, for the Kubernetes tests and by hand.
+//! - `kube-build` / `kube-up`: the Kubernetes components (built from Debian's source package into
+//!   a version-keyed cache); a kube-apiserver started on loopback, for the tests and by hand.
+//!   `xtask/kube/start-node.sh` runs a whole one-node cluster (kubelet, containerd) in a netns.
+//! - `image`: OCI images of peerwall, the pause sandbox and the lab's gateway (`xtask/src/image.rs`).
 
 mod image;
 
@@ -37,6 +39,14 @@ const APT_PACKAGES: &[&str] = &[
     "etcd-server",
     "iptables",
     "ipset",
+    // The real node of the Kubernetes tests and `cargo xtask image`.
+    "containerd",
+    "runc",
+    "containernetworking-plugins",
+    "mmdebstrap",
+    "umoci",
+    "gcc",
+    "libc6-dev",
 ];
 
 /// kube-apiserver version the Kubernetes tests run against (built from Debian's source).
@@ -196,10 +206,12 @@ fn setup_build() -> Result<()> {
     ensure_bpf_linker()
 }
 
-/// Everything the tests need too: the Kubernetes binaries built from Debian's source.
+/// Everything the tests need too: the Kubernetes binaries built from Debian's source, and the
+/// images the real-node test runs.
 fn setup() -> Result<()> {
     setup_build()?;
     kube_build()?;
+    image::images()?;
     println!("setup done");
     Ok(())
 }
@@ -280,14 +292,23 @@ fn kube_bin_dir() -> PathBuf {
     cache_dir().join(format!("kube-{KUBE_VERSION}"))
 }
 
-/// Build kube-apiserver, kube-controller-manager and kubectl from Debian's source package into
-/// the version-keyed cache (about 4 minutes, once; only missing binaries are built).
+/// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl
+/// and the pause binary from Debian's source package into the version-keyed cache (about 9
+/// minutes, once; only missing binaries are built).
 fn kube_build() -> Result<()> {
     let out = kube_bin_dir();
-    let missing: Vec<&str> = ["kube-apiserver", "kube-controller-manager", "kubectl"]
-        .into_iter()
-        .filter(|b| !out.join(b).exists())
-        .collect();
+    let missing: Vec<&str> = [
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kubectl",
+        "kube-scheduler",
+        "kubelet",
+        "kube-proxy",
+        "pause",
+    ]
+    .into_iter()
+    .filter(|b| !out.join(b).exists())
+    .collect();
     if !missing.is_empty() {
         println!(
             "building {} {KUBE_VERSION} from Debian's source into {} (a few minutes, once)",

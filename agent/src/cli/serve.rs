@@ -95,11 +95,16 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         }
         crate::engine::PolicySource::Kube => crate::k8s::agent::run(
             crate::k8s::agent::Settings {
-                selector,
                 liqo_selector,
                 host: host.unwrap_or_else(default_host),
                 interval,
-                scope: None,
+                // An agent for one peer (a gateway sidecar) answers only for that peer's
+                // objects: agents of other peers on the same node share its host name.
+                scope: selector
+                    .split(',')
+                    .find(|t| t.trim().starts_with(&format!("{}=", crate::k8s::PEER)))
+                    .map(|t| t.trim().to_string()),
+                selector,
             },
             &mut engine,
             stop,
