@@ -256,24 +256,6 @@ impl Drop for WgGo {
     }
 }
 
-fn wg_key() -> (String, String) {
-    let private = must("wg", &["genkey"]).trim().to_string();
-    let mut c = Command::new("wg")
-        .arg("pubkey")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("wg pubkey");
-    use std::io::Write;
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(private.as_bytes())
-        .unwrap();
-    let public = String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap();
-    (private, public.trim().to_string())
-}
-
 fn wireguard_go(ns: &NetNs, dev: &str) -> WgGo {
     let child = Command::new("ip")
         .args(["netns", "exec", ns.name(), "wireguard-go", "-f", dev])

@@ -313,3 +313,30 @@ impl Default for Topology {
         Self::new()
     }
 }
+
+/// The WireGuard public key of a private key (`wg pubkey`).
+pub fn wg_pubkey(private: &str) -> String {
+    use std::io::Write;
+    let mut c = std::process::Command::new("wg")
+        .arg("pubkey")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("wg pubkey");
+    c.stdin
+        .take()
+        .unwrap()
+        .write_all(private.as_bytes())
+        .unwrap();
+    String::from_utf8(c.wait_with_output().unwrap().stdout)
+        .unwrap()
+        .trim()
+        .to_string()
+}
+
+/// A fresh WireGuard key pair: (private, public).
+pub fn wg_key() -> (String, String) {
+    let private = must("wg", &["genkey"]).trim().to_string();
+    let public = wg_pubkey(&private);
+    (private, public)
+}

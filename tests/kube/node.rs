@@ -182,27 +182,6 @@ impl Drop for Consumer {
 const CONSUMER_POD: &str = "10.71.0.5";
 const POD_CIDR: &str = "10.244.0.0/24";
 
-fn wg_key() -> (String, String) {
-    let private = must("wg", &["genkey"]).trim().to_string();
-    let mut c = Command::new("wg")
-        .arg("pubkey")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    c.stdin
-        .take()
-        .unwrap()
-        .write_all(private.as_bytes())
-        .unwrap();
-    let public = String::from_utf8(c.wait_with_output().unwrap().stdout)
-        .unwrap()
-        .trim()
-        .to_string();
-    (private, public)
-}
-
 impl Consumer {
     fn new(node: &Node) -> Self {
         let ns = NetNs::new("pwc").unwrap();
@@ -255,22 +234,7 @@ impl Consumer {
     }
 
     fn public_key(&self) -> String {
-        let mut c = Command::new("wg")
-            .arg("pubkey")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        c.stdin
-            .take()
-            .unwrap()
-            .write_all(self.key.as_bytes())
-            .unwrap();
-        String::from_utf8(c.wait_with_output().unwrap().stdout)
-            .unwrap()
-            .trim()
-            .to_string()
+        wg_pubkey(&self.key)
     }
 
     /// Point the tunnel at the (new) gateway pod.
@@ -630,23 +594,7 @@ fn bring_up_gateway(
         },
     );
     plumb_gateway(node, &netns);
-    let (_, gw_pub) = {
-        let mut c = Command::new("wg")
-            .arg("pubkey")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        c.stdin.take().unwrap().write_all(key.as_bytes()).unwrap();
-        (
-            (),
-            String::from_utf8(c.wait_with_output().unwrap().stdout)
-                .unwrap()
-                .trim()
-                .to_string(),
-        )
-    };
+    let gw_pub = wg_pubkey(key);
     consumer.connect(&ip, &gw_pub);
     (Gateway { uid, netns }, took)
 }

@@ -65,17 +65,7 @@ fn ensure_tools() -> Result<()> {
         .iter()
         .any(|t| Command::new(t).arg("--version").output().is_err());
     if missing {
-        let mut c = Command::new("apt-get");
-        c.args([
-            "install",
-            "-y",
-            "--no-install-recommends",
-            "mmdebstrap",
-            "umoci",
-        ])
-        .env("DEBIAN_FRONTEND", "noninteractive");
-        if run(c).is_err() {
-            run_cmd("apt-get", &["update", "-qq"])?;
+        let install = || {
             let mut c = Command::new("apt-get");
             c.args([
                 "install",
@@ -85,7 +75,12 @@ fn ensure_tools() -> Result<()> {
                 "umoci",
             ])
             .env("DEBIAN_FRONTEND", "noninteractive");
-            run(c)?;
+            run(c)
+        };
+        // A machine whose package lists are stale needs an update first.
+        if install().is_err() {
+            run_cmd("apt-get", &["update", "-qq"])?;
+            install()?;
         }
     }
     Ok(())
