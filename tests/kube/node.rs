@@ -69,6 +69,11 @@ impl Node {
             .arg(format!("--net=/run/netns/{}", self.ns))
             .arg(kube_bin_dir().join("kubectl"))
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            // Every node has the same address: a shared discovery cache would be stale.
+            .arg(format!(
+                "--cache-dir={}",
+                self.dir.join("kubectl-cache").display()
+            ))
             .args(args)
             .output()
             .unwrap()
@@ -600,10 +605,15 @@ fn bring_up_gateway(
 }
 
 fn condition(node: &Node, peer: &str) -> String {
-    node.kubectl_ok(&[
+    let out = node.kubectl(&[
         "-n", &format!("liqo-tenant-{peer}"), "get", "pwfc", "-o",
         "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.host==\"node-1\")].type}{\"\\n\"}{end}",
-    ])
+    ]);
+    if !out.status.success() {
+        // Discovery cached before the CRD was served: drop it, ask again.
+        let _ = std::fs::remove_dir_all(node.dir.join("kubectl-cache"));
+    }
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 /// The matrix through the tunnel: offloaded reachable, private dropped, provider → consumer
