@@ -741,16 +741,10 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         "the table stays while the agent restarts"
     );
     wait("a new agent pod ready", Duration::from_secs(60), || {
-        let out = node.kubectl(&[
-            "-n",
-            "peerwall-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=peerwall-agent",
-            "-o",
+        let out = agent_pods(
+            &node,
             "jsonpath={.items[*].status.containerStatuses[0].ready}",
-        ]);
+        );
         (String::from_utf8_lossy(&out.stdout).trim() == "true").then_some(())
     });
     assert_matrix(&consumer, &web, &db, "nftables after an agent restart");
@@ -811,16 +805,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         .unwrap();
     node.kubectl_ok(&["-n", "peerwall-system", "patch", "ds", "peerwall-agent", "--type=json", "-p", &format!(r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/args/{i}","value":"--backend=bpf"}}]"#)]);
     wait("the bpf agent", Duration::from_secs(60), || {
-        let out = node.kubectl(&[
-            "-n",
-            "peerwall-system",
-            "get",
-            "pods",
-            "-l",
-            "app.kubernetes.io/name=peerwall-agent",
-            "-o",
-            "jsonpath={.items[*].spec.containers[0].args}",
-        ]);
+        let out = agent_pods(&node, "jsonpath={.items[*].spec.containers[0].args}");
         let s = String::from_utf8_lossy(&out.stdout).to_string();
         (s.contains("--backend=bpf") && !s.contains("--backend=nftables")).then_some(())
     });
@@ -876,6 +861,20 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         Duration::from_secs(30),
         || pins_of(&peer).is_empty().then_some(()),
     );
+}
+
+/// `kubectl get pods` of the agent DaemonSet with a jsonpath.
+fn agent_pods(node: &Node, jsonpath: &str) -> Output {
+    node.kubectl(&[
+        "-n",
+        "peerwall-system",
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/name=peerwall-agent",
+        "-o",
+        jsonpath,
+    ])
 }
 
 fn base64_file(p: &Path) -> String {
