@@ -33,17 +33,17 @@ fn ifnames() -> Vec<String> {
 }
 
 enum Judge {
-    Nft(NftProbe),
-    Bpf(BpfProbe),
+    Nft(Box<NftProbe>),
+    Bpf(Box<BpfProbe>),
 }
 
 impl Judge {
     fn new(engine: Engine, policy: &Policy) -> Result<Self, ProbeError> {
         Ok(match engine {
-            Engine::Nftables => Judge::Nft(NftProbe::new(policy, &ifnames())?),
+            Engine::Nftables => Judge::Nft(Box::new(NftProbe::new(policy, &ifnames())?)),
             Engine::Bpf => {
                 let parent = ensure_bpffs().map_err(ProbeError::Bpf)?;
-                Judge::Bpf(BpfProbe::new(policy, &ifnames(), &parent)?)
+                Judge::Bpf(Box::new(BpfProbe::new(policy, &ifnames(), &parent)?))
             }
         })
     }

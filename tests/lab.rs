@@ -1,5 +1,6 @@
 //! The gateway lab end to end: real WireGuard tunnels, both backends driven by
-//! `peerwall agent --source dir:`, the provider-protection matrix, the live offload.
+//! `peerwall agent --source dir:`, the provider-protection matrix (with a consumer whose pod
+//! CIDR overlaps the provider's, behind Liqo's remapping NAT), the live offload.
 
 mod common;
 
@@ -29,8 +30,22 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
         "{out}"
     );
     assert!(!out.contains("UNEXPECTED"), "{out}");
-    // 9 pairs per consumer (4 per pod + the provider-initiated one), per backend.
-    assert_eq!(out.matches(" || ").count(), 2 * 18, "{out}");
+    // Per consumer 11 pairs (5 per pod: the 4 offloaded pods and the provider's local one;
+    // plus the provider-initiated pair), and the provider's pod running on consumer c: 34 per
+    // backend.
+    assert_eq!(out.matches(" || ").count(), 2 * 34, "{out}");
+    // Consumer c's pod CIDR is the provider's own, remapped by Liqo's NAT in c's gateway: the
+    // provider reaches c's pod by its remapped address and gets the replies (the bpf datapath
+    // classifies them on the addresses the forward hook sees), and the provider's pod running
+    // on c reaches home (the controller lists it by the address it has behind the tunnel).
+    for row in [
+        "OK    | [provider local] -> [consumer c pod] || 10.20.3.10 -> 10.71.9.10",
+        "OK    | [provider pod on consumer c] -> [provider local] || 10.20.9.20 -> 10.20.3.10",
+        "FAIL  | [consumer c pod 10.20.9.10] -> [provider local] || 10.20.9.10 -> 10.20.3.10",
+        "OK    | [consumer c pod 10.20.9.10] -> [provider offloaded-by-c] || 10.20.9.10 -> 10.20.4.10",
+    ] {
+        assert_eq!(out.matches(row).count(), 2, "{row}\n{out}");
+    }
     // Nothing left behind.
     let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let left: Vec<String> = String::from_utf8_lossy(&ns.stdout)

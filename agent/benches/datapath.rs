@@ -92,6 +92,7 @@ fn policy(prefixes: &[Ipv4Net], rules: usize) -> Policy {
                 rules: rs,
             }],
         }],
+        observed: vec![],
     }
 }
 

@@ -268,9 +268,11 @@ impl Engine {
     }
 }
 
-/// Run until `stop` is set: apply the directory's policy whenever it changes.
+/// Run until `stop` is set: apply the directory's policy whenever it changes. Objects in the
+/// `observed` directories are another enforcer's, read for their NAT only.
 pub fn run_dir(
     dir: &Path,
+    observed: &[PathBuf],
     engine: &mut Engine,
     interval: Duration,
     stop: Arc<crate::shutdown::Shutdown>,
@@ -278,7 +280,10 @@ pub fn run_dir(
     let mut last = None;
     let mut pending = None;
     while !stop.is_set() {
-        let fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
+        let mut fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
+        for o in observed {
+            fp.extend(fingerprint(o).with_context(|| format!("reading {}", o.display()))?);
+        }
         let env_changed = engine.environment_changed();
         // A change is read once the directory looked the same on two polls in a row, so a
         // file caught half-written by a non-atomic editor is not reported as invalid.
@@ -289,7 +294,23 @@ pub fn run_dir(
             if env_changed {
                 tracing::info!("interfaces changed: re-applying");
             }
-            match load::load_paths(&[dir.to_path_buf()]) {
+            let loaded = load::load_paths(&[dir.to_path_buf()]).and_then(|mut objs| {
+                // An empty observed directory is normal: nothing remapped.
+                let with_files: Vec<PathBuf> = observed
+                    .iter()
+                    .filter(|o| fingerprint(o).is_ok_and(|f| !f.is_empty()))
+                    .cloned()
+                    .collect();
+                if !with_files.is_empty() {
+                    let mut seen = load::load_paths(&with_files)?;
+                    for o in &mut seen {
+                        o.role = peerwall_intent::Role::Observe;
+                    }
+                    objs.extend(seen);
+                }
+                Ok(objs)
+            });
+            match loaded {
                 Ok(objs) => match engine.enforce(&objs) {
                     Ok(()) => {}
                     Err(EnforceError::Invalid(e)) => tracing::error!(

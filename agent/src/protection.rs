@@ -89,6 +89,79 @@ pub struct World {
     pub pods: Vec<Pod>,
     /// Virtual nodes (Liqo's `liqo.io/type=virtual-node`).
     pub virtual_nodes: Vec<Node>,
+    /// Per peer (cluster id): how its CIDRs are remapped here, from Liqo's `Configuration` in
+    /// its tenant namespace.
+    pub remaps: BTreeMap<String, Vec<Remap>>,
+}
+
+/// One remapped CIDR of a peer, from Liqo's `Configuration` (`networking.liqo.io/v1beta1`):
+/// `spec.remote.cidr.pod[i]` (or `external[i]`) is the peer's own CIDR, `status.remote.cidr.pod[i]`
+/// how this cluster sees it (Liqo: `apis/networking/v1beta1/configuration_types.go`). When the
+/// peer's CIDR overlaps ours, Liqo's gateway NAT (`remapping/cidr.go`) maps the two with the
+/// host part kept: DNAT towards the peer, SNAT of what comes from it, at postrouting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remap {
+    /// The peer's own CIDR: what crosses the tunnel, and what the gateway's forward hook sees.
+    pub real: ipnet::IpNet,
+    /// The CIDR this cluster uses for it: pod IPs Liqo's virtual kubelet reflects here.
+    pub seen: ipnet::IpNet,
+}
+
+impl Remap {
+    /// The peer's own address for `ip` as this cluster sees it, if this remap covers it.
+    pub fn to_real(&self, ip: IpAddr) -> Option<IpAddr> {
+        if !self.seen.contains(&ip) || self.seen.prefix_len() != self.real.prefix_len() {
+            return None;
+        }
+        let host = match (ip, self.seen.hostmask()) {
+            (IpAddr::V4(a), IpAddr::V4(m)) => u128::from(u32::from(a) & u32::from(m)),
+            (IpAddr::V6(a), IpAddr::V6(m)) => u128::from(a) & u128::from(m),
+            _ => return None,
+        };
+        Some(match self.real.network() {
+            IpAddr::V4(n) => IpAddr::V4((u32::from(n) | host as u32).into()),
+            IpAddr::V6(n) => IpAddr::V6((u128::from(n) | host).into()),
+        })
+    }
+}
+
+/// The remaps of one Liqo `Configuration` (its labels and its JSON body): the peer it is for
+/// (label `liqo.io/remote-cluster-id`, Liqo's `external-network/route/k8s.go`
+/// `GetRemoteClusterID`) and, position by position, `spec.remote.cidr.{pod,external}` against
+/// `status.remote.cidr.{pod,external}`. Identity mappings (no overlap) are left out; an entry
+/// that does not parse, or whose two prefixes differ in length, is skipped (Liqo never
+/// writes one).
+pub fn configuration_remaps(
+    labels: &BTreeMap<String, String>,
+    body: &Value,
+) -> Option<(String, Vec<Remap>)> {
+    let peer = labels.get(REMOTE_CLUSTER_ID)?.clone();
+    let mut out = Vec::new();
+    for kind in ["pod", "external"] {
+        let list = |side: &str| -> Vec<Option<ipnet::IpNet>> {
+            body.pointer(&format!("/{side}/remote/cidr/{kind}"))
+                .and_then(Value::as_array)
+                .map(|v| {
+                    v.iter()
+                        .map(|c| c.as_str().and_then(|s| s.parse().ok()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        for (real, seen) in list("spec").into_iter().zip(list("status")) {
+            if let (Some(real), Some(seen)) = (real, seen) {
+                if real != seen && real.prefix_len() == seen.prefix_len() {
+                    out.push(Remap { real, seen });
+                }
+            }
+        }
+    }
+    Some((peer, out))
+}
+
+/// `ip` (as this cluster sees it) as it crosses `remaps`' peer's tunnel.
+fn real_address(remaps: &[Remap], ip: IpAddr) -> IpAddr {
+    remaps.iter().find_map(|r| r.to_real(ip)).unwrap_or(ip)
 }
 
 /// Liqo's tunnel interfaces: `liqo-tunnel`, and `liqo-tunnel1`, … in multi-tunnel gateways
@@ -120,7 +193,9 @@ pub struct Peer {
 pub struct PeerSets {
     /// Pods the peer offloaded to us.
     pub offloaded: BTreeSet<IpAddr>,
-    /// Our pods running on the peer.
+    /// Our pods running on the peer, by the addresses the gateway's forward hook sees on
+    /// packets from them: the peer's own (a remapped pod IP translated back, since Liqo's
+    /// gateway SNATs what comes from the tunnel only at postrouting).
     pub remote: BTreeSet<IpAddr>,
     /// Our pods running on other peers.
     pub elsewhere: BTreeSet<IpAddr>,
@@ -187,13 +262,14 @@ pub fn sets(world: &World) -> BTreeMap<String, PeerSets> {
         }
         // Ours, running on a peer through its virtual node.
         if let Some(peer) = pod.node.as_deref().and_then(|n| vnode_peer.get(n)) {
+            let remaps = world.remaps.get(*peer).map_or(&[][..], Vec::as_slice);
             for (id, s) in out.iter_mut() {
-                let target = if id == peer {
-                    &mut s.remote
+                if id == peer {
+                    s.remote
+                        .extend(pod.ips.iter().map(|ip| real_address(remaps, *ip)));
                 } else {
-                    &mut s.elsewhere
-                };
-                target.extend(pod.ips.iter().copied());
+                    s.elsewhere.extend(pod.ips.iter().copied());
+                }
             }
             continue;
         }
@@ -487,7 +563,66 @@ mod tests {
                 name: "liqo-c".into(),
                 labels: labels(&[(REMOTE_CLUSTER_ID, "a")]),
             }],
+            remaps: BTreeMap::new(),
         }
+    }
+
+    /// Peer `a`'s pod CIDR 10.200.0.0/16 overlaps ours and is seen here as 10.71.0.0/16: our pod
+    /// running on `a` (reflected with 10.71.4.9) is listed by the address its packets carry
+    /// through the tunnel and in the gateway's forward hook, 10.200.4.9. Other peers' sets,
+    /// and addresses outside the remapped CIDR, keep the addresses this cluster uses.
+    #[test]
+    fn configuration_remaps_pair_spec_and_status_by_position() {
+        let body = json!({
+            "spec": {"remote": {"cidr": {"pod": ["10.200.0.0/16"], "external": ["10.70.0.0/16"]}}},
+            "status": {"remote": {"cidr": {"pod": ["10.71.0.0/16"], "external": ["10.70.0.0/16"]}}},
+        });
+        let (peer, r) = configuration_remaps(&labels(&[(REMOTE_CLUSTER_ID, "a")]), &body).unwrap();
+        assert_eq!(peer, "a");
+        assert_eq!(
+            r,
+            vec![Remap {
+                real: "10.200.0.0/16".parse().unwrap(),
+                seen: "10.71.0.0/16".parse().unwrap(),
+            }]
+        );
+        assert!(configuration_remaps(&labels(&[]), &body).is_none());
+    }
+
+    #[test]
+    fn remote_pods_are_listed_by_the_address_the_forward_hook_sees() {
+        let mut w = world();
+        w.pods.push(Pod {
+            node: Some("liqo-c".into()),
+            ..pod("local", "remapped-on-a", "10.71.4.9")
+        });
+        w.remaps.insert(
+            "a".into(),
+            vec![Remap {
+                real: "10.200.0.0/16".parse().unwrap(),
+                seen: "10.71.0.0/16".parse().unwrap(),
+            }],
+        );
+        let s = sets(&w);
+        assert_eq!(s["a"].remote, ips(&["10.99.0.1", "10.200.4.9"]));
+        assert_eq!(s["b"].elsewhere, ips(&["10.99.0.1", "10.71.4.9"]));
+        let r = Remap {
+            real: "10.200.0.0/16".parse().unwrap(),
+            seen: "10.71.0.0/17".parse().unwrap(),
+        };
+        assert_eq!(
+            r.to_real("10.71.0.1".parse().unwrap()),
+            None,
+            "lengths differ"
+        );
+        let r6 = Remap {
+            real: "fd00:1::/64".parse().unwrap(),
+            seen: "fd00:2::/64".parse().unwrap(),
+        };
+        assert_eq!(
+            r6.to_real("fd00:2::7".parse().unwrap()),
+            Some("fd00:1::7".parse().unwrap())
+        );
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub mod map {
     pub const HOOKS: &str = "HOOKS";
     /// Per-CPU rule counters (per slot).
     pub const COUNTERS: &str = "COUNTERS";
+    /// Destination rewrites of prerouting's NAT by input interface (per slot).
+    pub const VIEW: &str = "VIEW";
     /// Live slot and flags.
     pub const CONFIG: &str = "CONFIG";
     /// Emergency switch.
@@ -161,6 +163,20 @@ pub struct AddrKeyData {
 
 /// Bits of an [`AddrKeyData`] before the address.
 pub const ADDR_KEY_FIXED_BITS: u32 = 64;
+
+/// Value of the `VIEW` tries (key: an [`AddrKeyData`] whose `chain` field holds the input
+/// ifindex, BE): the destination prefix a packet arriving there is seen in by the forward hook
+/// once prerouting's NAT ran (a DNAT, or the un-SNAT of a reply). The datapath keeps the host
+/// bits of the destination beyond `prefix_len` and replaces the others with `to`'s.
+/// Eq twin: `ebpf/src/view.rs`. 20 bytes, no padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ViewTarget {
+    /// Replacement network, BE (IPv4 in the first 4 bytes).
+    pub to: [u8; 16],
+    /// Length of the rewritten prefix (0..=32 or 0..=128), native endian.
+    pub prefix_len: u32,
+}
 
 /// LPM trie key data of the port dimensions (`SPORT`, `DPORT`): chain id (u32 BE) | port
 /// (u16 BE) | padding (2 bytes, zero). `prefix_len` = 32 + port prefix length.
@@ -417,6 +433,7 @@ mod pod {
     unsafe impl aya::Pod for ChainInfo {}
     unsafe impl aya::Pod for RuleInfo {}
     unsafe impl aya::Pod for HookChains {}
+    unsafe impl aya::Pod for ViewTarget {}
     unsafe impl aya::Pod for Counter {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for IfaceInfo {}

@@ -16,7 +16,11 @@
 //! input would drop them too. Non-IP traffic (ARP, ...) passes. Non-first fragments carry no
 //! ports: port matches (eq or neq) do not hold on them, as in nftables.
 //!
-//! One concern per file: [`maps`], [`parse`], [`conntrack`], [`classify`], [`route`],
+//! Before anything else looks at a packet, [`view`] rewrites its parsed destination as
+//! prerouting's NAT will (Liqo's remapping of overlapping CIDRs), so routing, conntrack and the
+//! chains all see the addresses nftables' forward hook sees; the packet itself is not changed.
+//!
+//! One concern per file: [`maps`], [`parse`], [`view`], [`conntrack`], [`classify`], [`route`],
 //! [`reject`]; the program entries (tc and XDP) are here; [`bare`] is the benchmark's baseline.
 #![no_std]
 #![no_main]
@@ -37,7 +41,8 @@ use aya_ebpf::EbpfContext;
 use peerwall_common::{
     constrained, ct, dim, family, flags, hook, ActionCode, AddrKeyData, Bitmap, ChainInfo, Config,
     Counter, DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord,
-    ProtoKey, RuleInfo, HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES, PROBE_MAGIC, WORDS,
+    ProtoKey, RuleInfo, ViewTarget, HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES,
+    PROBE_MAGIC, WORDS,
 };
 
 mod bare;
@@ -47,6 +52,7 @@ mod maps;
 mod parse;
 mod reject;
 mod route;
+mod view;
 
 use classify::*;
 use conntrack::*;
@@ -54,6 +60,7 @@ use maps::*;
 use parse::*;
 use reject::*;
 use route::*;
+use view::*;
 
 // Program entries.
 
@@ -92,6 +99,7 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
         Parse::Ok => {}
     }
     let probe = cfg.flags & flags::PROBE != 0 && ctx.cb()[0] == PROBE_MAGIC;
+    forward_view(p, if probe { ctx.cb()[3] } else { ifindex }, cfg.active & 1);
     let state = ct_state(ctx, l2 & 0xff, p);
     let slot = cfg.active & 1;
     let r = if probe {
@@ -192,6 +200,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         Parse::Bad => return Err(()),
         Parse::Ok => {}
     }
+    forward_view(p, ifindex, cfg.active & 1);
     let (path, oif) = route(ctx, p, ifindex);
     let state = ct_state(ctx, l2 & 0xff, p);
     let r = Route {

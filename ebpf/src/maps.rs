@@ -57,6 +57,14 @@ macro_rules! slot_maps {
     };
 }
 
+/// Destination rewrites of prerouting's NAT, per slot (`view.rs`): a handful of prefixes per
+/// interface.
+pub(crate) const VIEW_MAX: u32 = 4096;
+#[map]
+pub(crate) static VIEW0: LpmTrie<AddrKeyData, ViewTarget> = LpmTrie::pinned(VIEW_MAX, 0);
+#[map]
+pub(crate) static VIEW1: LpmTrie<AddrKeyData, ViewTarget> = LpmTrie::pinned(VIEW_MAX, 0);
+
 slot_maps!(
     SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0, RULES0,
     HOOKS0, COUNTERS0

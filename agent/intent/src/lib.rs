@@ -32,4 +32,18 @@ pub struct PolicyObject {
     pub origin: Origin,
     /// The spec.
     pub spec: FirewallConfigurationSpec,
+    /// Enforced by peerwall, or only observed.
+    pub role: Role,
+}
+
+/// What peerwall does with an object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Role {
+    /// peerwall enforces it.
+    #[default]
+    Enforce,
+    /// Another enforcer keeps it in force in the same network namespace (Liqo's firewall
+    /// controller, in its gateways); peerwall reads it only for the addresses its NAT rewrites
+    /// before the filter hooks.
+    Observe,
 }

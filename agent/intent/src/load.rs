@@ -180,6 +180,7 @@ fn object_from<'de, D: serde::Deserializer<'de>>(
     Ok(PolicyObject {
         origin: Origin(group.origin(&ns, &name)),
         spec: fc.spec,
+        role: crate::Role::Enforce,
     })
 }
 

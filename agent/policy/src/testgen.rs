@@ -313,6 +313,7 @@ pub fn objects(specs: &[FirewallConfigurationSpec]) -> Vec<PolicyObject> {
         .map(|(i, s)| PolicyObject {
             origin: Origin(format!("diff/o{i}")),
             spec: s.clone(),
+            role: peerwall_intent::Role::Enforce,
         })
         .collect()
 }

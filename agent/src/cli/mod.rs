@@ -323,6 +323,15 @@ pub struct AgentArgs {
     /// controller does not apply them too (both would claim the same tables).
     #[arg(long)]
     pub liqo_selector: Option<String>,
+    /// FirewallConfigurations another enforcer keeps in force where this agent enforces
+    /// (Liqo's firewall controller, in its gateways), read for their NAT only: the bpf
+    /// datapath classifies at ingress and must see destinations as prerouting rewrites them
+    /// (Liqo's remapping of overlapping CIDRs). `dir:PATH` with a `dir:` source; a label
+    /// selector of Liqo's FirewallConfigurations with `--source kube`. Repeatable.
+    /// `--gateway-pods` with the bpf backend observes each gateway's remapping and IP mapping
+    /// objects by itself.
+    #[arg(long)]
+    pub observe: Vec<String>,
     /// Enforce in this named network namespace (`ip netns` name, e.g. a gateway's) instead
     /// of the agent's own; the agent's API connection and endpoints stay where it runs.
     #[arg(long, conflicts_with = "gateway_pods")]

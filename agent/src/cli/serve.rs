@@ -28,6 +28,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         source,
         selector,
         liqo_selector,
+        observe,
         host,
         netns,
         gateway_pods,
@@ -91,11 +92,31 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
     let interval = std::time::Duration::from_millis(interval_ms);
     match source {
         crate::engine::PolicySource::Dir(dir) => {
-            crate::engine::run_dir(&dir, &mut engine, interval, stop)
+            let mut observed = Vec::new();
+            for o in &observe {
+                match o.strip_prefix("dir:") {
+                    Some(p) => observed.push(PathBuf::from(p)),
+                    None => {
+                        return Err(CliError::Input(anyhow::anyhow!(
+                            "--observe {o:?}: with a dir: source, observed objects come from a directory (dir:PATH)"
+                        )))
+                    }
+                }
+            }
+            crate::engine::run_dir(&dir, &observed, &mut engine, interval, stop)
         }
         crate::engine::PolicySource::Kube => crate::k8s::agent::run(
             crate::k8s::agent::Settings {
                 liqo_selector,
+                observe: observe
+                    .iter()
+                    .map(|o| match o.strip_prefix("dir:") {
+                        Some(_) => Err(CliError::Input(anyhow::anyhow!(
+                            "--observe {o:?}: with --source kube, observed objects are Liqo's FirewallConfigurations picked by a label selector"
+                        ))),
+                        None => Ok(o.clone()),
+                    })
+                    .collect::<Result<_, _>>()?,
                 host: host.unwrap_or_else(default_host),
                 interval,
                 // An agent for one peer (a gateway sidecar) answers only for that peer's

@@ -57,6 +57,8 @@ struct Ctx {
     namespaces: Store<Namespace>,
     nodes: Store<Node>,
     configs: Store<DynamicObject>,
+    /// Liqo's `Configuration`s (read only): how each peer's CIDRs are remapped here.
+    liqo_configs: Store<DynamicObject>,
     opts: Options,
     metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
     changes: Arc<super::Changes>,
@@ -130,6 +132,15 @@ fn world(ctx: &Ctx) -> World {
             .map(|n| protection::Node {
                 name: n.name_any(),
                 labels: labels_of(n.labels()),
+            })
+            .collect(),
+        remaps: ctx
+            .liqo_configs
+            .state()
+            .iter()
+            .filter_map(|c| {
+                let body = serde_json::to_value(c.as_ref()).ok()?;
+                protection::configuration_remaps(&labels_of(c.labels()), &body)
             })
             .collect(),
     }
@@ -382,6 +393,12 @@ pub fn run(
                 super::fwc_resource(),
                 changed.clone(),
             ),
+            liqo_configs: super::cache(
+                Api::all_with(client.clone(), &super::liqo_configuration_resource()),
+                wc(),
+                super::liqo_configuration_resource(),
+                changed.clone(),
+            ),
             client: client.clone(),
             opts,
             metrics,
@@ -398,6 +415,23 @@ pub fn run(
             ),
         ] {
             ready.with_context(|| format!("the {what} watch ended before its first list"))?;
+        }
+        // Liqo's Configurations only matter where CIDRs overlap; without Liqo's CRD (a cluster
+        // not peered yet) the controller runs without them rather than not at all, and takes
+        // them into account once the CRD is served (the watch retries).
+        let probe =
+            Api::<DynamicObject>::all_with(client.clone(), &super::liqo_configuration_resource())
+                .list_metadata(&kube::api::ListParams::default().limit(1))
+                .await;
+        match probe {
+            Err(kube::Error::Api(e)) if e.code == 404 => tracing::warn!(
+                "Liqo's Configuration CRD is not installed: no remapped CIDRs until it is"
+            ),
+            _ => ctx
+                .liqo_configs
+                .wait_until_ready()
+                .await
+                .context("the watch of Liqo's Configurations ended before its first list")?,
         }
         tracing::info!("caches synced; reconciling");
         ctx.count(|m| m.ready = true);

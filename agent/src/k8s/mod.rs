@@ -50,12 +50,34 @@ pub fn resource_of(group: Group) -> ApiResource {
     )
 }
 
+/// Liqo's `Configuration` (`networking.liqo.io/v1beta1`), read for remapped CIDRs.
+pub fn liqo_configuration_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(load::LIQO_GROUP, load::LIQO_VERSION, "Configuration"),
+        "configurations",
+    )
+}
+
 /// The group of a watched object (from its `apiVersion`; peerwall's when absent).
 pub fn group_of(obj: &DynamicObject) -> Group {
     obj.types
         .as_ref()
         .and_then(|t| Group::of_api_version(&t.api_version))
         .unwrap_or(Group::Peerwall)
+}
+
+/// In-memory label on a watched copy of a Liqo object the agent only observes (`--observe`):
+/// never written to the API (peerwall writes nothing to Liqo's objects).
+pub const OBSERVED: &str = "peerwall.io/observed";
+
+/// The watched copy of `obj`, marked as observed.
+pub fn mark_observed(obj: &DynamicObject) -> DynamicObject {
+    let mut o = obj.clone();
+    o.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(OBSERVED.into(), "true".into());
+    o
 }
 
 /// Convert a watched object into compilation input (field-path errors as the loader gives).
@@ -66,7 +88,12 @@ pub fn to_policy_object(obj: &DynamicObject) -> Result<PolicyObject, load::LoadE
         path: ".".into(),
         message: e.to_string(),
     })?;
-    load::object_from_json(v, group)
+    let mut po = load::object_from_json(v, group)?;
+    let labels = obj.metadata.labels.as_ref();
+    if labels.and_then(|l| l.get(OBSERVED)).map(String::as_str) == Some("true") {
+        po.role = peerwall_intent::Role::Observe;
+    }
+    Ok(po)
 }
 
 /// `namespace/name` of an object (Liqo's marked `liqo:`), the same key as its origin.

@@ -7,7 +7,14 @@ use crate::protection;
 
 pub(super) struct Consumer {
     pub(super) name: &'static str,
+    /// Its own pod CIDR (what crosses the tunnel).
     pub(super) cidr: &'static str,
+    /// How the provider sees that CIDR when it overlaps the provider's own (Liqo remaps it:
+    /// the provider's pods address the consumer's pods there).
+    pub(super) remapped: Option<&'static str>,
+    /// A provider pod running on this consumer (offloaded through its virtual node): its
+    /// address in the consumer's CIDR.
+    pub(super) hosts_ours: Option<&'static str>,
     pub(super) pods: [&'static str; 2],
     pub(super) underlay: (&'static str, &'static str),
     pub(super) geneve: &'static str,
@@ -25,6 +32,8 @@ pub(super) fn consumers() -> Vec<Consumer> {
             geneve: "liqo.a1b2c3d4e5",
             link: ("169.254.10.1", "169.254.10.2"),
             offloaded: vec!["10.20.1.10".into(), "10.20.1.11".into()],
+            remapped: None,
+            hosts_ours: None,
         },
         Consumer {
             name: "b",
@@ -34,8 +43,53 @@ pub(super) fn consumers() -> Vec<Consumer> {
             geneve: "liqo.f6g7h8i9j0",
             link: ("169.254.30.1", "169.254.30.2"),
             offloaded: vec!["10.20.2.10".into()],
+            remapped: None,
+            hosts_ours: None,
+        },
+        // Same pod CIDR as the provider: Liqo remaps it to 10.71.0.0/16 here.
+        Consumer {
+            name: "c",
+            cidr: PROVIDER_CIDR,
+            pods: ["10.20.9.10", "10.20.9.11"],
+            underlay: ("192.168.250.1", "192.168.250.2"),
+            geneve: "liqo.k1l2m3n4o5",
+            link: ("169.254.50.1", "169.254.50.2"),
+            offloaded: vec!["10.20.4.10".into()],
+            remapped: Some("10.71.0.0/16"),
+            hosts_ours: Some("10.20.9.20"),
         },
     ]
+}
+
+/// The provider's pod CIDR.
+pub(super) const PROVIDER_CIDR: &str = "10.20.0.0/16";
+
+impl Consumer {
+    /// The CIDR the provider reaches this consumer's pods by.
+    pub(super) fn seen_cidr(&self) -> &'static str {
+        self.remapped.unwrap_or(self.cidr)
+    }
+
+    /// `ip` (in the consumer's CIDR) as the provider sees it: the host part kept in the
+    /// remapped CIDR (Liqo's prefix mapping).
+    pub(super) fn seen(&self, ip: &str) -> Result<String> {
+        let Some(remapped) = self.remapped else {
+            return Ok(ip.to_string());
+        };
+        let remap = protection::Remap {
+            real: self.cidr.parse().context("consumer CIDR")?,
+            seen: remapped.parse().context("remapped CIDR")?,
+        };
+        let ip = ip.parse().context("consumer pod address")?;
+        // Inverse of `to_real`: swap the two sides.
+        let back = protection::Remap {
+            real: remap.seen,
+            seen: remap.real,
+        };
+        back.to_real(ip)
+            .map(|a| a.to_string())
+            .with_context(|| format!("{ip} is not in {}", self.cidr))
+    }
 }
 
 pub(super) const LOCAL_POD: &str = "10.20.3.10";
@@ -84,6 +138,32 @@ pub fn lab_world(extra: &[(&str, &str)]) -> protection::World {
         {
             w.pods
                 .push(pod(offloaded_ns.clone(), format!("web-{i}"), ip));
+        }
+    }
+    for c in consumers() {
+        let (Some(remapped), Some(ours)) = (c.remapped, c.hosts_ours) else {
+            continue;
+        };
+        // Liqo's Configuration for the peer: its CIDR, and how it is seen here.
+        if let (Ok(real), Ok(seen)) = (c.cidr.parse(), remapped.parse()) {
+            w.remaps
+                .insert(c.name.into(), vec![protection::Remap { real, seen }]);
+        }
+        // A provider pod running there, through the virtual node; Liqo's virtual kubelet
+        // reflects its IP remapped (`MapPodIP`).
+        let node = format!("liqo-{}", c.name);
+        w.virtual_nodes.push(protection::Node {
+            name: node.clone(),
+            labels: label(&[
+                ("liqo.io/type", "virtual-node"),
+                ("liqo.io/remote-cluster-id", c.name),
+            ]),
+        });
+        if let Ok(seen) = c.seen(ours) {
+            w.pods.push(protection::Pod {
+                node: Some(node),
+                ..pod("local".into(), format!("ours-on-{}", c.name), &seen)
+            });
         }
     }
     w.namespaces.push(protection::Namespace {

@@ -1,10 +1,19 @@
 //! `peerwall lab`: a Liqo-shaped provider cluster in network namespaces on this machine.
 //!
-//! Two consumer clusters (A: 10.10.0.0/16, B: 10.30.0.0/16), each reaching the provider through
+//! Three consumer clusters (A: 10.10.0.0/16, B: 10.30.0.0/16, and C with the provider's own
+//! 10.20.0.0/16, which Liqo remaps to 10.71.0.0/16 here), each reaching the provider through
 //! its own gateway namespace over a REAL WireGuard tunnel (`wireguard-go`; `liqo-tunnel` on the
 //! gateway side). Each gateway reaches the provider node through a Geneve-named veth
-//! (`liqo.<10 chars>`). The node hosts pods offloaded by A (10.20.1.0/24), by B (10.20.2.0/24)
-//! and local provider pods (10.20.3.0/24). Each gateway runs `peerwall agent --source dir:...`
+//! (`liqo.<10 chars>`) and routes by input interface as Liqo's RouteConfigurations do. The
+//! node hosts pods offloaded by A (10.20.1.0/24), by B (10.20.2.0/24), by C (10.20.4.0/24)
+//! and local provider pods (10.20.3.0/24); one provider pod runs on C (consumer protection).
+//!
+//! NAT as Liqo does it: C's gateway holds Liqo's remapping table (DNAT 10.71.0.0/16 →
+//! 10.20.0.0/16 from the nodes, SNAT of what comes from C's tunnel; [`liqo`]), a table peerwall
+//! does not own. The agent reads that object (`--observe`) without applying it, and the
+//! controller lists the provider pod on C by the address its packets carry through the tunnel.
+//!
+//! Each gateway runs `peerwall agent --source dir:...`
 //! on the controller's own output: the lab describes its cluster (tenant namespaces, offloaded
 //! namespaces, pods) as the controller sees it ([`lab_world`]) and writes what
 //! [`protection::sets`] and [`protection::gateway_object`] make of it — default deny from the
@@ -17,6 +26,7 @@
 //! Ctrl-C, unless `--keep`.
 mod cluster;
 mod infra;
+mod liqo;
 mod matrix;
 
 use std::path::{Path, PathBuf};
@@ -30,7 +40,7 @@ use peerwall_backend::netns::NetNs;
 
 use crate::protection;
 
-use cluster::{consumers, Consumer, LOCAL_POD, NEW_POD};
+use cluster::{consumers, Consumer, LOCAL_POD, NEW_POD, PROVIDER_CIDR};
 pub use cluster::{controller_policy, lab_world};
 use infra::{in_ns, undo_items, wg_keys, Lab, Registry, Undo};
 use matrix::{probe, Pair, Probes};
@@ -95,7 +105,7 @@ fn run_backend(backend: &'static str, bin: &Path, keep: bool, reg: &Registry) ->
     }
     wait_enforced(backend, &cs, &gateways)?;
     wait_tunnels(&cs, &consumer_ns)?;
-    let pairs = pairs(&cs, &consumer_ns, &node);
+    let pairs = pairs(&cs, &consumer_ns, &node)?;
     let rows = judge(backend, &pairs);
     let new_pod_ms = offload_new_pod(&mut lab, &node, &cs[0], &consumer_ns[0], &gateways[0].1)?;
     if keep {
@@ -179,7 +189,7 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
         &ck,
         &gpub,
         &format!("{}:51820", c.underlay.1),
-        "10.20.0.0/16",
+        PROVIDER_CIDR,
     )?;
     lab.tunnel_end(
         &gw,
@@ -189,13 +199,12 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
         &format!("{}:51820", c.underlay.0),
         c.cidr,
     )?;
-    for p in c.pods {
+    for p in c.pods.iter().chain(&c.hosts_ours) {
         cns.ip(&["addr", "add", &format!("{p}/32"), "dev", &cdev])?;
     }
     cns.ip(&["link", "set", &cdev, "up"])?;
-    cns.ip(&["route", "add", "10.20.0.0/16", "dev", &cdev])?;
+    cns.ip(&["route", "add", PROVIDER_CIDR, "dev", &cdev])?;
     gw.ip(&["link", "set", "liqo-tunnel", "up"])?;
-    gw.ip(&["route", "add", c.cidr, "dev", "liqo-tunnel"])?;
     // Geneve-named veth towards the provider node.
     let node_end = format!("gw{}0", c.name);
     gw.ip(&[
@@ -215,18 +224,42 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
     gw.ip(&["link", "set", c.geneve, "up"])?;
     node.ip(&["link", "set", &node_end, "up"])?;
     gw.ip(&["route", "add", c.link.1, "dev", c.geneve])?;
+    // Routing by input interface, as Liqo's RouteConfigurations do (the consumer's CIDR may
+    // be the provider's own): from a node, the peer's CIDR goes to the tunnel (`<cfg>-gw-ext`:
+    // rule iif <geneve> to <remote CIDR>, `external-network/route/k8s.go`); from the tunnel,
+    // everything goes to the nodes (`<node>-gw-node`: rule iif liqo-tunnel,
+    // `internal-network/route/pod_k8s.go`; one node here, so one prefix for its pods).
+    gw.ip(&[
+        "rule", "add", "iif", c.geneve, "to", c.cidr, "lookup", "100",
+    ])?;
+    gw.ip(&["route", "add", c.cidr, "dev", "liqo-tunnel", "table", "100"])?;
+    gw.ip(&["rule", "add", "iif", "liqo-tunnel", "lookup", "101"])?;
     gw.ip(&[
         "route",
         "add",
-        "10.20.0.0/16",
+        PROVIDER_CIDR,
         "via",
         c.link.1,
         "dev",
         c.geneve,
+        "table",
+        "101",
     ])?;
     node.ip(&["route", "add", c.link.0, "dev", &node_end])?;
-    node.ip(&["route", "add", c.cidr, "via", c.link.0, "dev", &node_end])?;
-    for p in c.pods {
+    node.ip(&[
+        "route",
+        "add",
+        c.seen_cidr(),
+        "via",
+        c.link.0,
+        "dev",
+        &node_end,
+    ])?;
+    // The remapping Liqo keeps in force in this gateway when the CIDRs overlap.
+    if let Some(obj) = liqo::remap_object(c) {
+        liqo::apply_as_liqo(&gw, &obj)?;
+    }
+    for p in c.pods.iter().chain(&c.hosts_ours) {
         lab.listeners(&cns, p)?;
     }
     Ok((cns, gw))
@@ -249,6 +282,15 @@ fn start_agent(
         dir.join("provider-protection.yaml"),
         controller_policy(&lab_world(&[]), c.name)?,
     )?;
+    // Liqo's objects in force in this gateway, which the agent reads (never applies).
+    let observed = work.join(format!("liqo-{}", c.name));
+    std::fs::create_dir_all(&observed)?;
+    if let Some(obj) = liqo::remap_object(c) {
+        std::fs::write(
+            observed.join("remap-podcidr.yaml"),
+            serde_json::to_string_pretty(&obj)?,
+        )?;
+    }
     let pins = PathBuf::from(format!("/sys/fs/bpf/pwlab-{tag}-{}", c.name));
     if backend == "bpf" {
         peerwall_backend_bpf::loader::ensure_bpffs()?;
@@ -262,6 +304,8 @@ fn start_agent(
         .arg(&lab.bin)
         .args(["agent", "--source"])
         .arg(format!("dir:{}", dir.display()))
+        .arg("--observe")
+        .arg(format!("dir:{}", observed.display()))
         .args(["--backend", backend, "--interval-ms", "20", "--pin-dir"])
         .arg(&pins);
     lab.spawn(agent)?;
@@ -329,7 +373,7 @@ fn wait_tunnels(cs: &[Consumer], consumer_ns: &[NetNs]) -> Result<()> {
 }
 
 /// Every pair the matrix probes, with what provider protection expects of it.
-fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Vec<Pair> {
+fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Result<Vec<Pair>> {
     let mut pairs = Vec::new();
     for (c, cns) in cs.iter().zip(consumer_ns) {
         for src in c.pods {
@@ -354,17 +398,29 @@ fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Vec<Pair> {
                 expect: false,
             });
         }
-        // Connections the provider opens get their replies back through the tunnel.
+        // Connections the provider opens get their replies back through the tunnel; the
+        // provider addresses a remapped consumer in the remapped CIDR.
         pairs.push(Pair {
             from: "provider local".into(),
             ns: node.name().to_string(),
             src: LOCAL_POD.into(),
             to: format!("consumer {} pod", c.name),
-            dst: c.pods[0].to_string(),
+            dst: c.seen(c.pods[0])?,
             expect: true,
         });
+        // Consumer protection: the provider's own pod running on this consumer reaches home.
+        if let Some(ours) = c.hosts_ours {
+            pairs.push(Pair {
+                from: format!("provider pod on consumer {}", c.name),
+                ns: cns.name().to_string(),
+                src: ours.to_string(),
+                to: "provider local".into(),
+                dst: LOCAL_POD.into(),
+                expect: true,
+            });
+        }
     }
-    pairs
+    Ok(pairs)
 }
 
 /// Probe every pair (in parallel), print the matrix; rows of (pair, reachable, expected).

@@ -189,6 +189,18 @@ impl ChainMaps {
     }
 }
 
+/// A `VIEW` entry: destinations in `from` arriving on `ifindex` are seen in `to` by the
+/// forward hook (prerouting NAT; [`ir::nat`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ViewEntry {
+    /// Input interface.
+    pub ifindex: u32,
+    /// Destinations rewritten.
+    pub from: IpNet,
+    /// What they become (same prefix length).
+    pub to: IpNet,
+}
+
 /// The datapath's view of a whole policy.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BpfPolicy {
@@ -196,6 +208,29 @@ pub struct BpfPolicy {
     pub chains: Vec<ChainMaps>,
     /// `HOOKS` values: index `hook * 2 + (0 for IPv4, 1 for IPv6)`.
     pub hooks: Vec<HookChains>,
+    /// Destination rewrites by input interface (one per (ifindex, prefix): the first rule).
+    pub views: Vec<ViewEntry>,
+}
+
+/// The `VIEW` entries of `policy` on `ifaces`.
+pub fn views(policy: &ir::Policy, ifaces: &[Iface]) -> Vec<ViewEntry> {
+    let (rewrites, _) = policy.dst_rewrites();
+    let mut out: Vec<ViewEntry> = Vec::new();
+    for i in ifaces {
+        for r in rewrites.iter().filter(|r| r.applies_on(&i.name)) {
+            if !out
+                .iter()
+                .any(|e| e.ifindex == i.ifindex && e.from == r.from)
+            {
+                out.push(ViewEntry {
+                    ifindex: i.ifindex,
+                    from: r.from,
+                    to: r.to,
+                });
+            }
+        }
+    }
+    out
 }
 
 impl BpfPolicy {
@@ -286,7 +321,11 @@ pub fn compile(policy: &ir::Policy, ifaces: &[Iface]) -> Result<BpfPolicy, BpfCo
             e.chains[..path_chains.len()].copy_from_slice(&path_chains);
         }
     }
-    Ok(BpfPolicy { chains, hooks })
+    Ok(BpfPolicy {
+        chains,
+        hooks,
+        views: views(policy, ifaces),
+    })
 }
 
 use dims::*;

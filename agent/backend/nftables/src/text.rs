@@ -111,6 +111,17 @@ fn stmt(e: &Expr) -> String {
 
 /// nft text for one table.
 pub fn table_text(t: &Table) -> String {
+    text_of(t, true)
+}
+
+/// nft text for one table without peerwall's ownership marker: the table as another
+/// controller holds it (the lab stands in for Liqo's firewall controller with it; peerwall's
+/// backend never touches a table without its marker).
+pub fn foreign_table_text(t: &Table) -> String {
+    text_of(t, false)
+}
+
+fn text_of(t: &Table, marker: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "table {} {} {{", t.family.nft(), t.name);
     for s in &t.sets {
@@ -145,9 +156,11 @@ pub fn table_text(t: &Table) -> String {
         }
         let _ = writeln!(out, "\t}}");
     }
-    let _ = writeln!(out, "\tchain {MARKER_CHAIN} {{");
-    let _ = writeln!(out, "\t\tcounter comment \"{MARKER_PREFIX}{}\"", t.owner);
-    let _ = writeln!(out, "\t}}");
+    if marker {
+        let _ = writeln!(out, "\tchain {MARKER_CHAIN} {{");
+        let _ = writeln!(out, "\t\tcounter comment \"{MARKER_PREFIX}{}\"", t.owner);
+        let _ = writeln!(out, "\t}}");
+    }
     let _ = writeln!(out, "}}");
     out
 }

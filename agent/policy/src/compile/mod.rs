@@ -165,7 +165,17 @@ pub fn compile(objects: &[PolicyObject]) -> Result<Compiled, CompileError> {
     let mut tables: Vec<ir::Table> = Vec::new();
     let mut warnings = Vec::new();
     let mut names: HashMap<String, String> = HashMap::new();
+    let mut observed = Vec::new();
     for obj in objects {
+        if obj.role == peerwall_intent::Role::Observe {
+            // Another enforcer's table: checked like ours (a rewrite read from a bad object
+            // would be a guess), but its name is its owner's business.
+            match compile_object(obj) {
+                Ok(ct) => observed.push(ct.table),
+                Err(e) => errors.push(e),
+            }
+            continue;
+        }
         match compile_object(obj) {
             Ok(ct) => {
                 if let Some(first) = names.get(&ct.table.name) {
@@ -192,8 +202,9 @@ pub fn compile(objects: &[PolicyObject]) -> Result<Compiled, CompileError> {
         return Err(CompileError { objects: errors });
     }
     tables.sort_by(|a, b| a.name.cmp(&b.name));
+    observed.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(Compiled {
-        policy: ir::Policy { tables },
+        policy: ir::Policy { tables, observed },
         warnings,
     })
 }

@@ -275,6 +275,20 @@ fn test_holds(test: &Test, pkt: &Packet, hook: Hook) -> Option<bool> {
     })
 }
 
+/// Evaluate a packet as it arrives on its input interface: its destination first rewritten as
+/// prerouting's NAT does ([`super::nat`]; the policy's own NAT rules and the observed ones).
+pub fn evaluate_at_ingress(policy: &Policy, pkt: &Packet) -> Verdict {
+    let Some(iif) = pkt.iif.as_deref() else {
+        return evaluate(policy, pkt);
+    };
+    let (rewrites, _) = policy.dst_rewrites();
+    let dst = super::nat::forward_dst(&rewrites, iif, pkt.dst);
+    if dst == pkt.dst {
+        return evaluate(policy, pkt);
+    }
+    evaluate(policy, &Packet { dst, ..pkt.clone() })
+}
+
 /// Whether a rule's matches all hold.
 pub fn rule_matches(rule: &super::Rule, pkt: &Packet, hook: Hook) -> bool {
     rule.matches
@@ -299,6 +313,9 @@ pub fn run_chain<'a>(
 }
 
 /// The fate of `pkt` under `policy`.
+///
+/// `pkt` carries the addresses the filter hooks see, i.e. after prerouting's NAT; for a packet
+/// as it arrives on its input interface use [`evaluate_at_ingress`].
 pub fn evaluate(policy: &Policy, pkt: &Packet) -> Verdict {
     let mut last = Verdict {
         verdict: VerdictAction::Accept,

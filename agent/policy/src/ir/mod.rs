@@ -7,17 +7,24 @@
 
 pub mod addr;
 pub mod eval;
+pub mod nat;
 
 use std::fmt;
 
 pub use addr::{AddrRange, AddrSet, IpFamily, PortSet};
-pub use eval::{evaluate, CtState, Packet, PacketPath, Verdict, VerdictAction};
+pub use eval::{
+    evaluate, evaluate_at_ingress, CtState, Packet, PacketPath, Verdict, VerdictAction,
+};
 
 /// The whole compiled policy of a host.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Policy {
     /// Tables, sorted by (name, family).
     pub tables: Vec<Table>,
+    /// Tables another enforcer keeps in force in the same network namespace (Liqo's firewall
+    /// controller in its gateways): never applied by peerwall, read for the address rewrites
+    /// their NAT rules perform before the filter hooks ([`nat::dst_rewrites`]).
+    pub observed: Vec<Table>,
 }
 
 pub use peerwall_intent::Origin;
@@ -330,6 +337,12 @@ impl fmt::Display for NatTarget {
 }
 
 impl Policy {
+    /// The destination rewrites between ingress and the forward hook: NAT rules of the
+    /// enforced tables (applied by nftables) and of the observed ones.
+    pub fn dst_rewrites(&self) -> (Vec<nat::DstRewrite>, Vec<nat::Unexpressed>) {
+        nat::dst_rewrites(self.tables.iter().chain(&self.observed))
+    }
+
     /// Find a table by name and family.
     pub fn table(&self, name: &str) -> Option<&Table> {
         self.tables.iter().find(|t| t.name == name)

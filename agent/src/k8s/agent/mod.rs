@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{reflector, watcher};
 use kube::Resource;
@@ -48,6 +48,9 @@ pub struct Settings {
     pub selector: String,
     /// Opt-in: label selector of Liqo's FirewallConfigurations to enforce too (read only).
     pub liqo_selector: Option<String>,
+    /// Label selectors of Liqo's FirewallConfigurations Liqo's own firewall controller keeps in
+    /// force where this agent enforces: read only, for the NAT the datapath must see through.
+    pub observe: Vec<String>,
     /// This host's name (condition `host`, finalizer, field manager).
     pub host: String,
     /// Drift-check period.
@@ -427,6 +430,29 @@ pub fn run(
             }
             None => None,
         };
+        let mut observed = Vec::new();
+        for sel in &settings.observe {
+            let liqo = super::resource_of(Group::Liqo);
+            let api = Api::<DynamicObject>::all_with(client.clone(), &liqo);
+            // Without Liqo's CRD there is no Liqo NAT to observe.
+            if let Err(kube::Error::Api(e)) = api.list_metadata(&ListParams::default().limit(1)).await {
+                if e.code == 404 {
+                    tracing::warn!(selector = %sel, "Liqo's FirewallConfiguration CRD is not installed: no Liqo NAT to observe");
+                    continue;
+                }
+            }
+            let r = super::cache(
+                api,
+                watcher::Config::default().labels(sel),
+                liqo,
+                changed.clone(),
+            );
+            tracing::info!(selector = %sel, "observing Liqo's FirewallConfigurations for their NAT (read only)");
+            r.wait_until_ready()
+                .await
+                .context("the watch of Liqo's FirewallConfigurations ended before its first list")?;
+            observed.push(r);
+        }
         let mut agent = Agent {
             recorder: Recorder::new(
                 client,
@@ -454,6 +480,11 @@ pub fn run(
                 let mut objects = reader.state();
                 if let Some(r) = &liqo_reader {
                     objects.extend(r.state().into_iter().map(|o| tagged(o, Group::Liqo)));
+                }
+                for r in &observed {
+                    objects.extend(r.state().into_iter().map(|o| {
+                        Arc::new(super::mark_observed(&tagged(o, Group::Liqo)))
+                    }));
                 }
                 agent.round(engine, objects).await;
             } else {

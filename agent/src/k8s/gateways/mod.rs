@@ -196,6 +196,13 @@ impl Supervisor {
         let agent = super::agent::Settings {
             selector: format!("{},{peer_sel}", s.selector),
             liqo_selector: None,
+            // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath
+            // classifies at ingress and needs the rewrites.
+            observe: if s.backend == BackendKind::Bpf {
+                pods::observed_selectors(&g.peer)
+            } else {
+                Vec::new()
+            },
             host: s.node.clone(),
             interval: s.interval,
             scope: Some(peer_sel),

@@ -125,6 +125,19 @@ pub fn gateway_of(pod: &Pod) -> Result<GatewayPod, Skip> {
     })
 }
 
+/// Label selectors of the Liqo FirewallConfigurations whose NAT Liqo's firewall controller
+/// keeps in force in the gateway of `peer`, which a datapath classifying at ingress must see
+/// through: the per-peer remapping of overlapping CIDRs (`ForgeFirewallTargetLabels`) and the
+/// gateways' IP mapping (`ForgeFirewallTargetLabelsIPMappingGw`), both in Liqo's
+/// `pkg/liqo-controller-manager/networking/external-network/remapping/label.go`; the keys are
+/// `pkg/firewall/label.go`'s.
+pub fn observed_selectors(peer: &str) -> Vec<String> {
+    vec![
+        format!("networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique={peer}"),
+        "networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-subcategory=ip-mapping".into(),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -19,6 +19,7 @@ use super::{map_err, BpfError};
 
 pub(super) fn only_trie_entries_differ(a: &BpfPolicy, b: &BpfPolicy) -> bool {
     a.hooks == b.hooks
+        && a.views == b.views
         && a.chains.len() == b.chains.len()
         && a.chains.iter().zip(&b.chains).all(|(x, y)| {
             x.rules == y.rules
@@ -359,6 +360,37 @@ pub(super) fn sync_array<V: Pod + PartialEq>(
             }
             n += new.len();
         }
+    }
+    Ok(n)
+}
+
+/// Make a `VIEW` trie hold exactly `views` (a handful of entries: rewritten whole).
+pub(super) fn sync_views(
+    map: &mut aya::maps::Map,
+    name: &str,
+    views: &[crate::maps::ViewEntry],
+) -> Result<usize, BpfError> {
+    let mut m: LpmTrie<&mut MapData, AddrKeyData, peerwall_common::ViewTarget> =
+        LpmTrie::try_from(map).map_err(map_err(name))?;
+    let mut n = 0;
+    let stale: Vec<Key<AddrKeyData>> = m.keys().filter_map(Result::ok).collect();
+    for k in stale {
+        m.remove(&k).map_err(map_err(name))?;
+        n += 1;
+    }
+    for v in views {
+        let mut to = [0u8; 16];
+        match v.to {
+            IpNet::V4(t) => to[..4].copy_from_slice(&t.network().octets()),
+            IpNet::V6(t) => to.copy_from_slice(&t.network().octets()),
+        }
+        let target = peerwall_common::ViewTarget {
+            to,
+            prefix_len: u32::from(v.from.prefix_len()),
+        };
+        m.insert(&addr_key(v.ifindex, &v.from), target, 0)
+            .map_err(map_err(name))?;
+        n += 1;
     }
     Ok(n)
 }

@@ -145,6 +145,8 @@ pub struct BpfBackend {
     policy: Option<BpfPolicy>,
     /// Rules last reported as left to nftables (reported again only when they change).
     left_noted: Vec<maps::LeftToNftables>,
+    /// NAT rules already reported as not followed by the destination view.
+    unexpressed_noted: Vec<String>,
 }
 
 impl std::fmt::Debug for BpfBackend {
@@ -185,6 +187,7 @@ impl BpfBackend {
             active: 0,
             policy: None,
             left_noted: Vec::new(),
+            unexpressed_noted: Vec::new(),
         };
         b.active = b.config()?.active & 1;
         Ok(b)
@@ -335,6 +338,25 @@ impl BpfBackend {
             }
             self.left_noted = left;
         }
+        let (_, unexpressed) = policy.dst_rewrites();
+        let unexpressed: Vec<String> = unexpressed
+            .iter()
+            .map(|u| {
+                format!(
+                    "{}/{}/{}: {}",
+                    u.rule.table, u.rule.chain, u.rule.rule, u.why
+                )
+            })
+            .collect();
+        if unexpressed != self.unexpressed_noted {
+            for u in unexpressed
+                .iter()
+                .filter(|u| !self.unexpressed_noted.contains(u))
+            {
+                tracing::warn!(rule = %u, "a NAT rule changes addresses before the forward hook in a way the datapath cannot follow; packets it rewrites are classified on their addresses at ingress");
+            }
+            self.unexpressed_noted = unexpressed;
+        }
         let prefixes = new.prefix_count();
         let active = self.active as usize;
         if let Some(live) = &self.slots[active] {
@@ -392,7 +414,12 @@ impl BpfBackend {
     ) -> Result<usize, BpfError> {
         self.write_names(slot, new);
         let s = slot.to_string();
-        let n = self.write_lookups(&s, old, new)? + self.write_chains(&s, old, new)?;
+        let mut n = self.write_lookups(&s, old, new)?;
+        if old.map(|o| &o.views) != Some(&new.views) {
+            let views = format!("{}{s}", map::VIEW);
+            n += sync_views(self.map(&views)?, &views, &new.views)?;
+        }
+        n += self.write_chains(&s, old, new)?;
         if old.is_none() {
             self.zero_counters(slot)?;
         }

@@ -91,9 +91,32 @@ pub fn simulate_chain(
     }
 }
 
-/// Evaluate a packet over the compiled maps as the datapath does.
+/// The destination the datapath classifies on: `VIEW`'s longest entry for (iif, dst).
+fn viewed_dst(bp: &BpfPolicy, iif: u32, dst: IpAddr) -> IpAddr {
+    bp.views
+        .iter()
+        .filter(|e| e.ifindex == iif && e.from.contains(&dst))
+        .max_by_key(|e| e.from.prefix_len())
+        .map_or(dst, |e| {
+            let fam = IpFamily::of(&dst);
+            let host = ir::addr::addr_to_u128(&dst) & ir::addr::addr_to_u128(&e.from.hostmask());
+            ir::addr::u128_to_addr(fam, ir::addr::addr_to_u128(&e.to.network()) | host)
+        })
+}
+
+/// Evaluate a packet, as it arrives on `dp.iif`, over the compiled maps as the datapath does.
 pub fn simulate(bp: &BpfPolicy, dp: &DatapathPacket<'_>) -> ir::Verdict {
-    let p = dp.pkt;
+    let dst = viewed_dst(bp, dp.iif, dp.pkt.dst);
+    let viewed;
+    let p = if dst == dp.pkt.dst {
+        dp.pkt
+    } else {
+        viewed = ir::Packet {
+            dst,
+            ..dp.pkt.clone()
+        };
+        &viewed
+    };
     let fi = usize::from(p.family() == IpFamily::V6);
     let mut last = ir::Verdict {
         verdict: VerdictAction::Accept,

@@ -5,7 +5,7 @@ use rand::SeedableRng;
 
 use super::*;
 use peerwall_policy::compile::compile as compile_ir;
-use peerwall_policy::ir::{addr::AddrRange, evaluate, AddrSet, Packet, PortSet};
+use peerwall_policy::ir::{addr::AddrRange, evaluate_at_ingress, AddrSet, Packet, PortSet};
 use peerwall_policy::testgen::{objects, random_packet, random_specs, IFACES};
 
 fn ifaces() -> Vec<Iface> {
@@ -42,7 +42,7 @@ fn maps_equal_reference_on_random_policies() {
             };
             assert_eq!(
                 simulate(&bp, &dp),
-                evaluate(&policy, &pkt),
+                evaluate_at_ingress(&policy, &pkt),
                 "policy {specs:#?}\npacket {pkt:?}"
             );
             cases += 1;
@@ -108,4 +108,48 @@ fn enclosing_prefixes_carry_their_rules() {
     );
     assert!(c.masks[1].neg.get(2) && !c.masks[1].neg.get(0));
     assert_eq!(c.masks[0].any.first(), Some(0), "no source tests: any");
+}
+
+/// Liqo's remapping of an overlapping pod CIDR (observed, never applied by peerwall) and a
+/// gateway policy keyed on the peer's own addresses: the datapath classifies a packet from a
+/// node towards the remapped CIDR on the address the forward hook sees, as the judge does.
+#[test]
+fn observed_nat_rewrites_what_the_datapath_classifies() {
+    use peerwall_intent::{load::parse_documents, Role};
+    let remap = "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: remap, namespace: t}\nspec:\n  table:\n    name: remap-podcidr\n    family: IPV4\n    chains:\n    - name: outgoing\n      policy: accept\n      type: nat\n      hook: prerouting\n      priority: -100\n      rules:\n        natRules:\n        - natType: dnat\n          to: 10.20.0.0/16\n          match:\n          - {op: eq, ip: {value: 10.71.0.0/16, position: dst}}\n          - {op: neq, dev: {value: liqo-tunnel, position: in}}\n";
+    let filter = "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: gw, namespace: t}\nspec:\n  table:\n    name: gw\n    family: IPV4\n    chains:\n    - name: to_peer\n      type: filter\n      hook: forward\n      priority: 0\n      policy: accept\n      rules:\n        filterRules:\n        - {name: peer_pod, action: drop, match: [{op: eq, ip: {value: 10.20.9.10, position: dst}}]}\n";
+    let mut objs = parse_documents(remap, "r").unwrap();
+    objs[0].role = Role::Observe;
+    objs.extend(parse_documents(filter, "f").unwrap());
+    let policy = compile_ir(&objs).unwrap().policy;
+    assert_eq!(policy.tables.len(), 1, "the observed table is not enforced");
+    let bp = compile(&policy, &ifaces()).unwrap();
+    // Both Geneve interfaces (ifindex 2, 3), not the tunnel (1).
+    let on: Vec<u32> = bp.views.iter().map(|v| v.ifindex).collect();
+    assert_eq!(on, vec![2, 3]);
+    for (dst, iif, want) in [
+        ("10.71.9.10", "liqo.abcdefghij", VerdictAction::Drop),
+        ("10.71.9.11", "liqo.abcdefghij", VerdictAction::Accept),
+        ("10.71.9.10", "liqo-tunnel", VerdictAction::Accept),
+        ("10.20.9.10", "liqo-tunnel", VerdictAction::Drop),
+    ] {
+        let pkt = Packet {
+            src: "10.20.3.10".parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto: 17,
+            sport: 1000,
+            dport: 53,
+            iif: Some(iif.into()),
+            oif: Some("liqo-tunnel".into()),
+            ct_state: peerwall_policy::ir::CtState::New,
+        };
+        let dp = DatapathPacket {
+            pkt: &pkt,
+            iif: ifindex(&pkt.iif),
+            oif: ifindex(&pkt.oif),
+        };
+        let judge = evaluate_at_ingress(&policy, &pkt);
+        assert_eq!(judge.verdict, want, "{dst} on {iif}");
+        assert_eq!(simulate(&bp, &dp), judge, "{dst} on {iif}");
+    }
 }
