@@ -46,6 +46,17 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
     ] {
         assert_eq!(out.matches(row).count(), 2, "{row}\n{out}");
     }
+    // The rewrite is pinned where bpftool and `peerwall inspect` read it: on C's interfaces
+    // other than the tunnel (the DNAT excludes it), in C's gateway only.
+    let views: Vec<&str> = out
+        .lines()
+        .filter(|l| l.contains(" datapath view "))
+        .collect();
+    assert!(!views.is_empty(), "{out}");
+    for v in views {
+        assert!(v.starts_with("gateway c datapath view ifindex "), "{v}");
+        assert!(v.ends_with(": 10.71.0.0/16 -> 10.20.0.0/16"), "{v}");
+    }
     // Nothing left behind.
     let ns = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let left: Vec<String> = String::from_utf8_lossy(&ns.stdout)

@@ -107,6 +107,9 @@ fn run_backend(backend: &'static str, bin: &Path, keep: bool, reg: &Registry) ->
     wait_tunnels(&cs, &consumer_ns)?;
     let pairs = pairs(&cs, &consumer_ns, &node)?;
     let rows = judge(backend, &pairs);
+    if backend == "bpf" {
+        print_views(&lab.bin, &cs, &gateways);
+    }
     let new_pod_ms = offload_new_pod(&mut lab, &node, &cs[0], &consumer_ns[0], &gateways[0].1)?;
     if keep {
         let mut names = vec![node.persist()];
@@ -467,6 +470,28 @@ fn judge(backend: &str, pairs: &[Pair]) -> Vec<(String, bool, bool)> {
         ));
     }
     rows
+}
+
+/// What `peerwall inspect` shows of the destination rewrites pinned in remapped gateways.
+fn print_views(bin: &Path, cs: &[Consumer], gateways: &[Gateway]) {
+    for (c, (_, _, pins)) in cs.iter().zip(gateways) {
+        if c.remapped.is_none() {
+            continue;
+        }
+        let out = Command::new(bin)
+            .arg("inspect")
+            .arg("--pin-dir")
+            .arg(pins)
+            .output();
+        if let Ok(o) = out {
+            for line in String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| l.starts_with("view "))
+            {
+                println!("gateway {} datapath {line}", c.name);
+            }
+        }
+    }
 }
 
 /// Live change: consumer `a` offloads one more pod; the time until it answers through the

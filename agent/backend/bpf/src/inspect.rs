@@ -120,6 +120,8 @@ pub struct Inspection {
     pub chains: Vec<ChainState>,
     /// Tracked flows.
     pub flows: usize,
+    /// Destination rewrites of the live slot (`VIEW<s>`): `ifindex N: FROM -> TO`.
+    pub views: Vec<String>,
 }
 
 fn action_name(a: u8) -> &'static str {
@@ -236,6 +238,32 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
             rules,
         });
     }
+    let vn = format!("{}{s}", map::VIEW);
+    let view_map: LpmTrie<MapData, AddrKeyData, peerwall_common::ViewTarget> =
+        LpmTrie::try_from(Map::LpmTrie(open(pin_dir, &vn)?)).map_err(map_err(&vn))?;
+    let mut views = Vec::new();
+    for item in view_map.iter() {
+        let (k, t) = item.map_err(map_err(&vn))?;
+        let d = k.data();
+        let len = k
+            .prefix_len()
+            .saturating_sub(peerwall_common::ADDR_KEY_FIXED_BITS);
+        let (from, to) = if u32::from_be_bytes(d.family) == u32::from(peerwall_common::family::V4) {
+            let a = |b: &[u8; 16]| std::net::Ipv4Addr::new(b[0], b[1], b[2], b[3]).to_string();
+            (a(&d.addr), a(&t.to))
+        } else {
+            (
+                std::net::Ipv6Addr::from(d.addr).to_string(),
+                std::net::Ipv6Addr::from(t.to).to_string(),
+            )
+        };
+        views.push(format!(
+            "ifindex {}: {from}/{len} -> {to}/{}",
+            u32::from_be_bytes(d.chain),
+            t.prefix_len
+        ));
+    }
+    views.sort();
     let attached = attached_in(pin_dir);
     Ok(Inspection {
         pin_dir: pin_dir.display().to_string(),
@@ -246,6 +274,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         hooks,
         chains,
         flows,
+        views,
     })
 }
 
@@ -261,6 +290,9 @@ pub fn text(i: &Inspection) -> String {
     );
     for (m, n) in &i.entries {
         s.push_str(&format!("map {m}: {n} entries\n"));
+    }
+    for v in &i.views {
+        s.push_str(&format!("view {v}\n"));
     }
     for h in &i.hooks {
         s.push_str(&format!("hook {h}\n"));
