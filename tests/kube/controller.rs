@@ -245,3 +245,107 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
     .await;
     controller.stop();
 }
+
+/// A peer whose pod CIDR overlaps ours: Liqo's `Configuration` says its 10.200.0.0/16 is seen
+/// here as 10.71.0.0/16, and Liqo's virtual kubelet reflects our pod running there with a
+/// remapped IP. The gateway's forward hook sees that pod's packets with the peer's own address
+/// (Liqo SNATs at postrouting), so that is what the `remote` set must hold; before Liqo's
+/// Configuration exists the controller can only list the reflected address.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_pods_behind_a_remapped_cidr_are_listed_by_their_tunnel_address() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    // Liqo's Configuration resource: the fields the controller reads (Liqo's own CRD is
+    // `deployments/liqo/charts/liqo-crds/crds/networking.liqo.io_configurations.yaml`).
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "configurations.networking.liqo.io"},
+            "spec": {
+                "group": "networking.liqo.io",
+                "scope": "Namespaced",
+                "names": {"plural": "configurations", "singular": "configuration",
+                          "kind": "Configuration", "listKind": "ConfigurationList"},
+                "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object",
+                        "x-kubernetes-preserve-unknown-fields": true}}}],
+            },
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let configs: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "liqo-tenant-a",
+        &peerwall::k8s::liqo_configuration_resource(),
+    );
+    eventually(
+        "Liqo's Configuration to be served",
+        Duration::from_secs(20),
+        || {
+            let configs = configs.clone();
+            async move { configs.list(&Default::default()).await.ok().map(|_| ()) }
+        },
+    )
+    .await;
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let _controller = server.peerwall(
+        "controller",
+        &["controller", "--metrics-addr", metrics_addr.as_str()],
+    );
+    namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client.clone());
+    nodes.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "liqo-a", "labels": {"liqo.io/type": "virtual-node", "liqo.io/remote-cluster-id": "a"}}})).unwrap()).await.unwrap();
+    namespace(&client, "local", json!({})).await;
+    pod(
+        &client,
+        "local",
+        "mine",
+        "10.71.4.9",
+        json!({}),
+        Some("liqo-a"),
+    )
+    .await;
+    eventually("the reflected address", Duration::from_secs(20), || async {
+        (gateway_set(&client, "liqo-tenant-a", "remote").await? == ips(&["10.71.4.9"]))
+            .then_some(())
+    })
+    .await;
+    let cfg: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "networking.liqo.io/v1beta1",
+        "kind": "Configuration",
+        "metadata": {"name": "a", "labels": {"liqo.io/remote-cluster-id": "a"}},
+        "spec": {"remote": {"cidr": {"pod": ["10.200.0.0/16"], "external": ["10.70.0.0/16"]}}},
+    }))
+    .unwrap();
+    let versions_before = configs.create(&PostParams::default(), &cfg).await.unwrap();
+    configs
+        .patch_status(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"remote": {"cidr": {"pod": ["10.71.0.0/16"], "external": ["10.72.0.0/16"]}}}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the address behind the tunnel",
+        Duration::from_secs(20),
+        || async {
+            (gateway_set(&client, "liqo-tenant-a", "remote").await? == ips(&["10.200.4.9"]))
+                .then_some(())
+        },
+    )
+    .await;
+    // Liqo's object is only read.
+    let after = configs.get("a").await.unwrap();
+    assert!(after.finalizers().is_empty());
+    assert_eq!(
+        after.metadata.generation,
+        versions_before.metadata.generation
+    );
+}

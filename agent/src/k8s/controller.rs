@@ -424,10 +424,11 @@ pub fn run(
                 .list_metadata(&kube::api::ListParams::default().limit(1))
                 .await;
         match probe {
-            Err(kube::Error::Api(e)) if e.code == 404 => tracing::warn!(
-                "Liqo's Configuration CRD is not installed: no remapped CIDRs until it is"
+            Err(e) => tracing::warn!(
+                error = %e,
+                "Liqo's Configurations cannot be listed (Liqo's CRD not installed, or no RBAC): no remapped CIDRs until they can"
             ),
-            _ => ctx
+            Ok(_) => ctx
                 .liqo_configs
                 .wait_until_ready()
                 .await

@@ -435,12 +435,17 @@ pub fn run(
             let liqo = super::resource_of(Group::Liqo);
             let api = Api::<DynamicObject>::all_with(client.clone(), &liqo);
             // Without Liqo's CRD there is no Liqo NAT to observe.
-            if let Err(kube::Error::Api(e)) = api.list_metadata(&ListParams::default().limit(1)).await {
-                if e.code == 404 {
+            let listable = match api.list_metadata(&ListParams::default().limit(1)).await {
+                Err(kube::Error::Api(e)) if e.code == 404 => {
                     tracing::warn!(selector = %sel, "Liqo's FirewallConfiguration CRD is not installed: no Liqo NAT to observe");
                     continue;
                 }
-            }
+                Err(e) => {
+                    tracing::warn!(selector = %sel, error = %e, "Liqo's FirewallConfigurations cannot be listed yet; their NAT is taken into account once they can");
+                    false
+                }
+                Ok(_) => true,
+            };
             let r = super::cache(
                 api,
                 watcher::Config::default().labels(sel),
@@ -448,9 +453,11 @@ pub fn run(
                 changed.clone(),
             );
             tracing::info!(selector = %sel, "observing Liqo's FirewallConfigurations for their NAT (read only)");
-            r.wait_until_ready()
-                .await
-                .context("the watch of Liqo's FirewallConfigurations ended before its first list")?;
+            if listable {
+                r.wait_until_ready().await.context(
+                    "the watch of Liqo's FirewallConfigurations ended before its first list",
+                )?;
+            }
             observed.push(r);
         }
         let mut agent = Agent {
