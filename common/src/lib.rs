@@ -64,6 +64,8 @@ pub mod map {
     pub const LAST: &str = "LAST";
     /// The benchmark's bare lookup table.
     pub const BARE: &str = "BARE";
+    /// The benchmark's one-hash-lookup table.
+    pub const BARE_HASH: &str = "BARE_HASH";
 }
 
 /// Entries of the per-slot `HOOKS` map: one per (hook, family), index `hook * 2 + family`.
@@ -329,6 +331,21 @@ pub mod flags {
     pub const ALLOW_ALL: u32 = 1;
     /// Probe mode (scratch engine only).
     pub const PROBE: u32 = 2;
+    /// Benchmark breakdown only (`cargo xtask bench`): these skip one part of the work each,
+    /// to measure what it costs. They change verdicts; the agent never sets them.
+    /// No FIB lookup: every packet taken as forwarded, output interface unknown.
+    pub const DIAG_NO_FIB: u32 = 1 << 8;
+    /// No conntrack lookup (every packet new) and no commit.
+    pub const DIAG_NO_CT: u32 = 1 << 9;
+    /// Conntrack looked up but never written.
+    pub const DIAG_NO_CT_COMMIT: u32 = 1 << 10;
+    /// No rule counters.
+    pub const DIAG_NO_COUNTERS: u32 = 1 << 11;
+    /// Parse, route and conntrack only: no chain runs (accept).
+    pub const DIAG_NO_CHAINS: u32 = 1 << 12;
+    /// Every diagnostic flag.
+    pub const DIAG_ALL: u32 =
+        DIAG_NO_FIB | DIAG_NO_CT | DIAG_NO_CT_COMMIT | DIAG_NO_COUNTERS | DIAG_NO_CHAINS;
 }
 
 /// Marker in `skb->cb[0]` of probe packets (with [`flags::PROBE`] set).

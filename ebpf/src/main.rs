@@ -100,8 +100,14 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
     }
     let probe = cfg.flags & flags::PROBE != 0 && ctx.cb()[0] == PROBE_MAGIC;
     forward_view(p, if probe { ctx.cb()[3] } else { ifindex }, cfg.active & 1);
-    let state = ct_state(ctx, l2 & 0xff, p);
+    let diag = cfg.flags & flags::DIAG_ALL;
+    let state = if diag & flags::DIAG_NO_CT != 0 {
+        ct::NEW
+    } else {
+        ct_state(ctx, l2 & 0xff, p)
+    };
     let slot = cfg.active & 1;
+    let commit = diag & (flags::DIAG_NO_CT | flags::DIAG_NO_CT_COMMIT) == 0;
     let r = if probe {
         let cb = ctx.cb();
         Route {
@@ -111,20 +117,29 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
             oif: cb[2],
             state,
             count: true,
+            commit,
         }
     } else {
-        let (path, oif) = route(ctx, p, ifindex);
+        let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
+            (PATH_FORWARD, 0)
+        } else {
+            route(ctx, p, ifindex)
+        };
         Route {
             slot,
             path,
             iif: ifindex,
             oif,
             state,
-            count: true,
+            count: diag & flags::DIAG_NO_COUNTERS == 0,
+            commit,
         }
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };
+    if diag & flags::DIAG_NO_CHAINS != 0 {
+        return Ok(TC_ACT_OK);
+    }
     classify_work();
     Ok(finish_tc(ctx, probe))
 }
@@ -148,7 +163,9 @@ fn finish_tc(ctx: &TcContext, probe: bool) -> i32 {
     match out.action {
         ACT_ACCEPT => {
             if let Some(w) = WORK.get(0) {
-                ct_commit(&w.p, w.r.state);
+                if w.r.commit {
+                    ct_commit(&w.p, w.r.state);
+                }
             }
             TC_ACT_OK
         }
@@ -210,6 +227,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         oif,
         state,
         count: false,
+        commit: false,
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };

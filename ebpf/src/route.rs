@@ -39,6 +39,8 @@ pub(crate) struct Route {
     pub(crate) oif: u32,
     pub(crate) state: u32,
     pub(crate) count: bool,
+    /// Write conntrack after an accept (off only under the benchmark's diagnostic flags).
+    pub(crate) commit: bool,
 }
 
 /// Where the kernel will send the packet: (path, oif).

@@ -377,6 +377,11 @@ fn main() -> Result<()> {
         Some("bench") => {
             let mut c = cargo();
             c.args(["bench", "-p", "peerwall", "--bench", "datapath"]);
+            // `cargo xtask bench breakdown`: only where the classifier's time goes.
+            let rest: Vec<String> = std::env::args().skip(2).collect();
+            if !rest.is_empty() {
+                c.arg("--").args(rest);
+            }
             run(c)
         }
         Some("bench-gateway") => {
@@ -392,7 +397,7 @@ fn main() -> Result<()> {
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
             eprintln!("  lab    the gateway lab: [--backend nftables|bpf] [--keep] (root)");
             eprintln!("  build-ebpf  build the eBPF object (installs bpf-linker if missing)");
-            eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency)");
+            eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency); `bench breakdown`: where the classifier's time goes");
             eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
             eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");

@@ -9,7 +9,7 @@
 //! and local provider pods (10.20.3.0/24); one provider pod runs on C (consumer protection).
 //!
 //! NAT as Liqo does it: C's gateway holds Liqo's remapping table (DNAT 10.71.0.0/16 →
-//! 10.20.0.0/16 from the nodes, SNAT of what comes from C's tunnel; [`liqo`]), a table peerwall
+//! 10.20.0.0/16 from the nodes, SNAT of what comes from C's tunnel; the `liqo` module), a table peerwall
 //! does not own. The agent reads that object (`--observe`) without applying it, and the
 //! controller lists the provider pod on C by the address its packets carry through the tunnel.
 //!

@@ -69,6 +69,37 @@ impl BpfBackend {
         self.loaded("peerwall_bare")
     }
 
+    /// The baseline program that does nothing, loaded.
+    pub fn empty_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
+        self.loaded("peerwall_empty")
+    }
+
+    /// The baseline program doing one hash lookup on the destination, loaded.
+    pub fn hash_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
+        self.loaded("peerwall_hash")
+    }
+
+    /// Fill the one-hash-lookup baseline's table with IPv4 hosts.
+    pub fn fill_bare_hash(&mut self, hosts: &[std::net::Ipv4Addr]) -> Result<(), BpfError> {
+        let mut m: aya::maps::HashMap<&mut MapData, [u8; 4], u32> =
+            aya::maps::HashMap::try_from(self.map(map::BARE_HASH)?)
+                .map_err(map_err(map::BARE_HASH))?;
+        for h in hosts {
+            m.insert(h.octets(), 1, 0)
+                .map_err(map_err(map::BARE_HASH))?;
+        }
+        Ok(())
+    }
+
+    /// Set the benchmark's diagnostic flags ([`peerwall_common::flags::DIAG_ALL`] bits; the
+    /// others are kept). They change verdicts: benchmarks only.
+    pub fn set_diagnostic_flags(&mut self, diag: u32) -> Result<(), BpfError> {
+        let mut c = self.config()?;
+        c.flags = (c.flags & !peerwall_common::flags::DIAG_ALL)
+            | (diag & peerwall_common::flags::DIAG_ALL);
+        self.set_config(c)
+    }
+
     /// Fill the baseline's trie with IPv4 prefixes.
     pub fn fill_bare(&mut self, prefixes: &[ipnet::Ipv4Net]) -> Result<(), BpfError> {
         let mut m: LpmTrie<&mut MapData, [u8; 4], u32> =

@@ -1,0 +1,168 @@
+//! Where the classifier's time goes: the same packet through program variants, one part of the
+//! work removed at a time (the datapath's benchmark-only `DIAG_*` flags), next to the limits no
+//! tc datapath can beat (a program that does nothing, one hash lookup, one LPM lookup). Unlike
+//! the main table this runs *without* probe mode, in a network namespace with forwarding on
+//! and routes for the benchmark's destinations, so the FIB lookup is a real one.
+
+use std::net::Ipv4Addr;
+
+use ipnet::Ipv4Net;
+use peerwall_backend::netns::NetNs;
+use peerwall_backend_bpf::loader::{host_ifaces, remove_pins, BpfBackend};
+use peerwall_backend_bpf::maps::Iface;
+use peerwall_common::flags;
+use peerwall_policy::ir::Policy;
+
+use crate::{median, run_ns, ROUNDS};
+
+/// One row of the breakdown.
+pub struct Part {
+    /// What runs.
+    pub what: &'static str,
+    /// Median ns per packet.
+    pub ns: f64,
+    /// Verdict as expected (accept).
+    pub ok: bool,
+}
+
+/// `__sk_buff` context: the packet arrived on `ifindex` (no probe marker).
+fn ctx(ifindex: u32) -> [u8; 192] {
+    let mut c = [0u8; 192];
+    // __sk_buff.ingress_ifindex (offset 36) and .ifindex (offset 40).
+    c[36..40].copy_from_slice(&ifindex.to_ne_bytes());
+    c[40..44].copy_from_slice(&ifindex.to_ne_bytes());
+    c
+}
+
+/// Run the breakdown for `policy` (which accepts `frame`) over `hosts`.
+pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
+    let ns = NetNs::new("pwbench-bd").expect("namespace");
+    for args in [
+        &["link", "set", "lo", "up"][..],
+        &[
+            "link",
+            "add",
+            "liqo-tunnel",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "liqo.abcdefghij",
+        ],
+        &["link", "set", "liqo-tunnel", "up"],
+        &["link", "set", "liqo.abcdefghij", "up"],
+        &["addr", "add", "192.168.77.1/30", "dev", "liqo.abcdefghij"],
+        &[
+            "route",
+            "add",
+            "10.0.0.0/8",
+            "via",
+            "192.168.77.2",
+            "dev",
+            "liqo.abcdefghij",
+        ],
+    ] {
+        ns.ip(args).expect("bench namespace setup");
+    }
+    ns.sysctl("net.ipv4.ip_forward", "1").expect("forwarding");
+    ns.run_in(move || {
+        let root = peerwall_backend_bpf::loader::ensure_bpffs().expect("bpffs");
+        let pin = root.join(format!("pwbench-bd-{}", std::process::id()));
+        let mut b = BpfBackend::load(&pin).expect("load");
+        let host = host_ifaces().expect("interfaces");
+        b.register_ifaces(&host).expect("interfaces");
+        let ifaces: Vec<Iface> = host
+            .iter()
+            .map(|h| Iface {
+                name: h.name.clone(),
+                ifindex: h.ifindex,
+            })
+            .collect();
+        let tunnel = host
+            .iter()
+            .find(|h| h.name == "liqo-tunnel")
+            .map_or(0, |h| h.ifindex);
+        b.apply(&policy, &ifaces).expect("apply");
+        b.fill_bare(&hosts).expect("bare trie");
+        let addrs: Vec<Ipv4Addr> = hosts.iter().map(Ipv4Net::network).collect();
+        b.fill_bare_hash(&addrs).expect("bare hash");
+        let c = ctx(tunnel);
+        let variants: [(&'static str, u32); 7] = [
+            ("classifier, everything (known flow)", 0),
+            ("  without the FIB lookup", flags::DIAG_NO_FIB),
+            ("  without the conntrack write", flags::DIAG_NO_CT_COMMIT),
+            ("  without conntrack (lookup and write)", flags::DIAG_NO_CT),
+            ("  without rule counters", flags::DIAG_NO_COUNTERS),
+            (
+                "  without the chains (parse, FIB, conntrack)",
+                flags::DIAG_NO_CHAINS,
+            ),
+            (
+                "  parse only (no FIB, conntrack, chains)",
+                flags::DIAG_NO_FIB | flags::DIAG_NO_CT | flags::DIAG_NO_CHAINS,
+            ),
+        ];
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
+        let mut ok = vec![true; variants.len() + 3];
+        for _ in 0..ROUNDS {
+            for (i, (_, diag)) in variants.iter().enumerate() {
+                b.set_diagnostic_flags(*diag).expect("flags");
+                let (t, ret) = run_ns(b.tc_program().expect("tc"), &frame, &c);
+                ok[i] &= ret == 0;
+                samples[i].push(t);
+            }
+            b.set_diagnostic_flags(0).expect("flags");
+            let base = variants.len();
+            for (j, prog) in [
+                b.empty_program().map(|p| run_ns(p, &frame, &c)),
+                b.hash_program().map(|p| run_ns(p, &frame, &c)),
+                b.bare_program().map(|p| run_ns(p, &frame, &c)),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let (t, ret) = prog.expect("baseline program");
+                ok[base + j] &= ret == 0;
+                samples[base + j].push(t);
+            }
+        }
+        drop(b);
+        let _ = remove_pins(&pin);
+        let names = variants.iter().map(|(n, _)| *n).chain([
+            "limit: a tc program that does nothing",
+            "limit: one hash lookup on the destination",
+            "one LPM lookup on the destination (bare)",
+        ]);
+        names
+            .zip(samples)
+            .zip(ok)
+            .map(|((what, s), ok)| Part {
+                what,
+                ns: median(s),
+                ok,
+            })
+            .collect()
+    })
+    .expect("running in the bench namespace")
+}
+
+/// The markdown section.
+pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
+    let full = parts.first().map_or(0.0, |p| p.ns);
+    let mut md = format!("## Where the classifier's time goes (`cargo xtask bench`)\n\n{prefixes} destination hosts, {rules} rules, the same forwarded TCP packet every run (a known flow after the first), BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. Each variant removes one part of the work with the datapath's benchmark-only flags; *cost* is what that part adds (full − variant). The limits are what no tc datapath can beat. Median of {ROUNDS} interleaved rounds of 200k runs.\n\n| program | ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|\n");
+    for (i, p) in parts.iter().enumerate() {
+        let cost = if i > 0 && i < 7 {
+            format!("{:.0}", full - p.ns)
+        } else {
+            "–".into()
+        };
+        md.push_str(&format!(
+            "| {}{} | {:.1} | {cost} | {:.2} |\n",
+            p.what,
+            if p.ok { "" } else { " (unexpected verdict)" },
+            p.ns,
+            p.ns / full
+        ));
+    }
+    md
+}
