@@ -15,6 +15,8 @@ use super::*;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Datapath {
     None,
+    TcEmpty,
+    TcHash,
     PeerwallNft,
     PeerwallBpf,
     PeerwallXdp,
@@ -24,8 +26,10 @@ pub(crate) enum Datapath {
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 7] = [
+    pub(crate) const ALL: [Datapath; 9] = [
         Datapath::None,
+        Datapath::TcEmpty,
+        Datapath::TcHash,
         Datapath::PeerwallNft,
         Datapath::PeerwallBpf,
         Datapath::PeerwallXdp,
@@ -36,6 +40,8 @@ impl Datapath {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Datapath::None => "no filter (baseline)",
+            Datapath::TcEmpty => "limit: empty tcx program",
+            Datapath::TcHash => "limit: tcx, one hash lookup",
             Datapath::PeerwallNft => "peerwall nftables",
             Datapath::PeerwallBpf => "peerwall bpf (tcx)",
             Datapath::PeerwallXdp => "peerwall bpf + XDP",
@@ -43,6 +49,11 @@ impl Datapath {
             Datapath::IptablesRules => "iptables rule per IP",
             Datapath::IptablesIpset => "iptables + ipset",
         }
+    }
+
+    /// Limits of any tc datapath, not filters: measured for reference only.
+    pub(crate) fn is_limit(self) -> bool {
+        matches!(self, Datapath::TcEmpty | Datapath::TcHash)
     }
 }
 
@@ -206,6 +217,22 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
     let started = Instant::now();
     match dp {
         Datapath::None => {}
+        Datapath::TcEmpty | Datapath::TcHash => {
+            let pins = std::path::PathBuf::from(lab.pins());
+            let allowed: Vec<Ipv4Addr> = p.allowed.iter().map(|(a, _)| *a).collect();
+            lab.gw
+                .run_in(move || {
+                    let mut b = peerwall_backend_bpf::loader::BpfBackend::load(&pins)?;
+                    if dp == Datapath::TcHash {
+                        b.fill_bare_hash(&allowed)?;
+                        b.attach_baseline("peerwall_hash", TUNNEL)
+                    } else {
+                        b.attach_baseline("peerwall_empty", TUNNEL)
+                    }
+                })
+                .expect("bench namespace")
+                .expect("attaching the baseline program");
+        }
         Datapath::PeerwallNft => {
             std::fs::write(&file, serde_yaml::to_string(&p.fwc).expect("yaml")).expect("write");
             in_ns(
@@ -308,7 +335,7 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
         Datapath::PeerwallNft => {
             in_ns(&lab.gw, peerwall_bin(), &["delete"]);
         }
-        Datapath::PeerwallBpf | Datapath::PeerwallXdp => {
+        Datapath::PeerwallBpf | Datapath::PeerwallXdp | Datapath::TcEmpty | Datapath::TcHash => {
             nsenter(
                 &lab.gw,
                 peerwall_bin(),

@@ -147,7 +147,8 @@ fn main() {
                 );
                 row.allowed.push(fwd);
                 let (fwd_d, taken_d) = measure(&lab, &fd, warmup, window);
-                if dp == Datapath::None {
+                if matches!(dp, Datapath::None | Datapath::TcEmpty) {
+                    // Not filters: denied frames are forwarded like allowed ones.
                     row.denied.push(fwd_d);
                 } else {
                     assert!(
@@ -175,7 +176,7 @@ fn main() {
     let cp_n = *sizes.iter().max().unwrap_or(&100_000);
     let cp: Vec<ControlRow> = Datapath::ALL
         .iter()
-        .filter(|d| !matches!(d, Datapath::None | Datapath::PeerwallXdp))
+        .filter(|d| !matches!(d, Datapath::None | Datapath::PeerwallXdp) && !d.is_limit())
         .map(|&dp| {
             let r = control_plane(&lab, dp, cp_n, seed);
             eprintln!(

@@ -91,6 +91,31 @@ impl BpfBackend {
         Ok(())
     }
 
+    /// Attach one of the benchmark's baseline programs (`peerwall_empty`, `peerwall_hash`) with
+    /// tcx at ingress of `iface` in the current network namespace, its link pinned where the
+    /// tc program's would be (removing the pins detaches it). The gateway benchmark's limits.
+    pub fn attach_baseline(&mut self, program: &str, iface: &str) -> Result<(), BpfError> {
+        use aya::programs::links::LinkOrder;
+        use aya::programs::tc::{TcAttachOptions, TcAttachType};
+        let pin = self
+            .pin_dir
+            .join("links")
+            .join(super::link_pin_name("tc", iface));
+        let prog: &mut SchedClassifier = self.loaded(program)?;
+        let attach_err = |what: String| move |source| BpfError::Program { what, source };
+        let id = prog
+            .attach_with_options(
+                iface,
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::default()),
+            )
+            .map_err(attach_err(format!("attaching {program} on {iface}")))?;
+        let link = prog
+            .take_link(id)
+            .map_err(attach_err("taking the tc link".into()))?;
+        super::pin_link(link.try_into(), &pin)
+    }
+
     /// Set the benchmark's diagnostic flags ([`peerwall_common::flags::DIAG_ALL`] bits; the
     /// others are kept). They change verdicts: benchmarks only.
     pub fn set_diagnostic_flags(&mut self, diag: u32) -> Result<(), BpfError> {
