@@ -47,6 +47,23 @@ pub(crate) fn fresh(st: &FlowState, now: u64) -> bool {
     now.wrapping_sub(st.last_seen_ns) < FLOW_IDLE_NS
 }
 
+/// Bit of [`ct_state`]'s result: an accept changes nothing worth writing (the flow's timestamp
+/// is less than [`FLOW_REFRESH_NS`] old and its replied flag already right), so the commit's
+/// lookup and write are skipped. The state itself is the low byte.
+pub(crate) const CT_NO_WRITE: u32 = 1 << 16;
+
+/// Timestamps are refreshed at most this often: idle expiry is off by at most this much.
+pub(crate) const FLOW_REFRESH_NS: u64 = 1_000_000_000;
+
+#[inline(always)]
+fn unchanged(st: &FlowState, now: u64) -> u32 {
+    if now.wrapping_sub(st.last_seen_ns) < FLOW_REFRESH_NS {
+        CT_NO_WRITE
+    } else {
+        0
+    }
+}
+
 /// ICMP types that are errors (quote another packet).
 pub(crate) fn icmp_is_error(p: &Pkt) -> bool {
     if p.proto == IPPROTO_ICMP {
@@ -74,7 +91,8 @@ pub(crate) fn icmp_keyed(p: &Pkt) -> bool {
     }
 }
 
-/// Conntrack state of the packet.
+/// Conntrack state of the packet (low byte), with [`CT_NO_WRITE`] when accepting it needs no
+/// conntrack write.
 #[inline(never)]
 pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
@@ -122,16 +140,23 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
     // SAFETY: plain data.
     if let Some(st) = unsafe { FLOWS.get(&k) } {
         if fresh(st, now) {
-            return if st.replied != 0 {
+            let state = if st.replied != 0 {
                 ct::ESTABLISHED
             } else {
                 ct::NEW
             };
+            return state | unchanged(st, now);
         }
     }
     if let Some(st) = unsafe { FLOWS.get(&reverse(&k)) } {
         if fresh(st, now) {
-            return ct::ESTABLISHED;
+            // A reply: the commit marks the flow replied, unless it already is.
+            let same = if st.replied != 0 {
+                unchanged(st, now)
+            } else {
+                0
+            };
+            return ct::ESTABLISHED | same;
         }
     }
     if is_icmp && icmp_is_reply(p) {

@@ -101,13 +101,14 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
     let probe = cfg.flags & flags::PROBE != 0 && ctx.cb()[0] == PROBE_MAGIC;
     forward_view(p, if probe { ctx.cb()[3] } else { ifindex }, cfg.active & 1);
     let diag = cfg.flags & flags::DIAG_ALL;
-    let state = if diag & flags::DIAG_NO_CT != 0 {
-        ct::NEW
+    let tracked = if diag & flags::DIAG_NO_CT != 0 {
+        ct::NEW | CT_NO_WRITE
     } else {
         ct_state(ctx, l2 & 0xff, p)
     };
+    let state = tracked & 0xff;
     let slot = cfg.active & 1;
-    let commit = diag & (flags::DIAG_NO_CT | flags::DIAG_NO_CT_COMMIT) == 0;
+    let commit = tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0;
     let r = if probe {
         let cb = ctx.cb();
         Route {
@@ -219,7 +220,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     }
     forward_view(p, ifindex, cfg.active & 1);
     let (path, oif) = route(ctx, p, ifindex);
-    let state = ct_state(ctx, l2 & 0xff, p);
+    let state = ct_state(ctx, l2 & 0xff, p) & 0xff;
     let r = Route {
         slot: cfg.active & 1,
         path,
