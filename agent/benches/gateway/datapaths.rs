@@ -15,6 +15,7 @@ use super::*;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Datapath {
     None,
+    ConntrackOnly,
     TcEmpty,
     TcHash,
     PeerwallNft,
@@ -26,8 +27,9 @@ pub(crate) enum Datapath {
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 9] = [
+    pub(crate) const ALL: [Datapath; 10] = [
         Datapath::None,
+        Datapath::ConntrackOnly,
         Datapath::TcEmpty,
         Datapath::TcHash,
         Datapath::PeerwallNft,
@@ -40,6 +42,7 @@ impl Datapath {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Datapath::None => "no filter (baseline)",
+            Datapath::ConntrackOnly => "no filter, conntrack on (a Liqo gateway's NAT)",
             Datapath::TcEmpty => "limit: empty tcx program",
             Datapath::TcHash => "limit: tcx, one hash lookup",
             Datapath::PeerwallNft => "peerwall nftables",
@@ -51,9 +54,13 @@ impl Datapath {
         }
     }
 
-    /// Limits of any tc datapath, not filters: measured for reference only.
+    /// Limits of any tc datapath, and the cost of conntrack alone: not filters, measured for
+    /// reference only.
     pub(crate) fn is_limit(self) -> bool {
-        matches!(self, Datapath::TcEmpty | Datapath::TcHash)
+        matches!(
+            self,
+            Datapath::TcEmpty | Datapath::TcHash | Datapath::ConntrackOnly
+        )
     }
 }
 
@@ -217,6 +224,13 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
     let started = Instant::now();
     match dp {
         Datapath::None => {}
+        Datapath::ConntrackOnly => {
+            // A Liqo gateway always tracks connections: its remapping and masquerade tables
+            // are NAT chains. An empty NAT chain turns conntrack on and filters nothing.
+            let s = "table ip liqo_nat_bench {\n chain post {\n  type nat hook postrouting priority 100; policy accept;\n }\n}\n";
+            std::fs::write(&file, s).expect("write");
+            in_ns(&lab.gw, "nft", &["-f", &file.to_string_lossy()]);
+        }
         Datapath::TcEmpty | Datapath::TcHash => {
             let pins = std::path::PathBuf::from(lab.pins());
             let allowed: Vec<Ipv4Addr> = p.allowed.iter().map(|(a, _)| *a).collect();
@@ -344,6 +358,9 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
         }
         Datapath::LiqoNft => {
             in_ns(&lab.gw, "nft", &["delete", "table", "inet", "liqo_bench"]);
+        }
+        Datapath::ConntrackOnly => {
+            in_ns(&lab.gw, "nft", &["delete", "table", "ip", "liqo_nat_bench"]);
         }
         Datapath::IptablesRules | Datapath::IptablesIpset => {
             in_ns(&lab.gw, "iptables-legacy", &["-F", "FORWARD"]);

@@ -147,7 +147,10 @@ fn main() {
                 );
                 row.allowed.push(fwd);
                 let (fwd_d, taken_d) = measure(&lab, &fd, warmup, window);
-                if matches!(dp, Datapath::None | Datapath::TcEmpty) {
+                if matches!(
+                    dp,
+                    Datapath::None | Datapath::TcEmpty | Datapath::ConntrackOnly
+                ) {
                     // Not filters: denied frames are forwarded like allowed ones.
                     row.denied.push(fwd_d);
                 } else {

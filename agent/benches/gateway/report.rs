@@ -37,7 +37,8 @@ pub(crate) fn svg(rows: &[Row], policies: &[String], base: &dyn Fn(&str, bool) -
         .filter(|d| *d != Datapath::None)
         .collect();
     let colors = [
-        "#bbbbbb", "#7f7f7f", "#1f77b4", "#2ca02c", "#17becf", "#d62728", "#ff7f0e", "#9467bd",
+        "#dddddd", "#bbbbbb", "#7f7f7f", "#1f77b4", "#2ca02c", "#17becf", "#d62728", "#ff7f0e",
+        "#9467bd",
     ];
     let (w, ph, top, left) = (900.0, 260.0, 40.0, 60.0);
     let mut s = format!("<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n", 2.0 * (ph + top + 40.0) + 50.0);
