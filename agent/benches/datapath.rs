@@ -28,7 +28,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 const REPEAT: u32 = 200_000;
-pub(crate) const ROUNDS: usize = 5;
+const ROUNDS: usize = 5;
 
 fn hosts(n: usize, seed: u64) -> Vec<Ipv4Net> {
     let mut rng = StdRng::seed_from_u64(seed);

@@ -13,7 +13,10 @@ use peerwall_backend_bpf::maps::Iface;
 use peerwall_common::flags;
 use peerwall_policy::ir::Policy;
 
-use crate::{median, run_ns, ROUNDS};
+use crate::{median, run_ns};
+
+/// Rounds: more than the main table's, since the parts are differences of close numbers.
+const ROUNDS: usize = 21;
 
 /// One row of the breakdown.
 pub struct Part {
@@ -68,6 +71,14 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
     ns.run_in(move || {
         let root = peerwall_backend_bpf::loader::ensure_bpffs().expect("bpffs");
         let pin = root.join(format!("pwbench-bd-{}", std::process::id()));
+        // Removed on every exit, a failed load or verification included.
+        struct Pins(std::path::PathBuf);
+        impl Drop for Pins {
+            fn drop(&mut self) {
+                let _ = remove_pins(&self.0);
+            }
+        }
+        let _pins = Pins(pin.clone());
         let mut b = BpfBackend::load(&pin).expect("load");
         let host = host_ifaces().expect("interfaces");
         b.register_ifaces(&host).expect("interfaces");
@@ -127,7 +138,6 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
             }
         }
         drop(b);
-        let _ = remove_pins(&pin);
         let names = variants.iter().map(|(n, _)| *n).chain([
             "limit: a tc program that does nothing",
             "limit: one hash lookup on the destination",
@@ -149,7 +159,17 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
 /// The markdown section.
 pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
     let full = parts.first().map_or(0.0, |p| p.ns);
-    let mut md = format!("## Where the classifier's time goes (`cargo xtask bench`)\n\n{prefixes} destination hosts, {rules} rules, the same forwarded TCP packet every run (a known flow after the first), BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. Each variant removes one part of the work with the datapath's benchmark-only flags; *cost* is what that part adds (full − variant). The limits are what no tc datapath can beat. Median of {ROUNDS} interleaved rounds of 200k runs.\n\n| program | ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|\n");
+    let date = std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%d %H:%M UTC"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut md = format!(
+        "## Where the classifier's time goes (`cargo xtask bench breakdown`)\n\nGenerated on {date} (kernel {}). Absolute numbers drift between runs on this VM; the ratios within one run are what to read.\n\n",
+        kernel.trim()
+    );
+    md.push_str(&format!("{prefixes} destination hosts, {rules} rules, the same forwarded TCP packet every run (a known flow after the first), BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. Each variant removes one part of the work with the datapath's benchmark-only flags; *cost* is what that part adds (full − variant). The limits are what no tc datapath can beat. Median of {ROUNDS} interleaved rounds of 200k runs.\n\n| program | ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|\n"));
     for (i, p) in parts.iter().enumerate() {
         let cost = if i > 0 && i < 7 {
             format!("{:.0}", full - p.ns)
