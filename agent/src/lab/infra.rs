@@ -149,7 +149,7 @@ impl Lab {
 
     /// One end of a WireGuard tunnel: `wireguard-go` plus its configuration, in a private mount
     /// namespace so that its control socket (`/var/run/wireguard/<dev>.sock`, a path shared by
-    /// all network namespaces) does not collide with the other gateway's `liqo-tunnel`.
+    /// all network namespaces) does not collide with the other gateways' `liqo-tunnel`.
     pub(super) fn tunnel_end(
         &mut self,
         ns: &NetNs,
