@@ -57,8 +57,9 @@ struct Ctx {
     namespaces: Store<Namespace>,
     nodes: Store<Node>,
     configs: Store<DynamicObject>,
-    /// Liqo's `Configuration`s (read only): how each peer's CIDRs are remapped here.
-    liqo_configs: Store<DynamicObject>,
+    /// Liqo's `Configuration`s (read only): how each peer's CIDRs are remapped here. Set once
+    /// they can be listed (Liqo's CRD installed, RBAC in place).
+    liqo_configs: std::sync::OnceLock<Store<DynamicObject>>,
     opts: Options,
     metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
     changes: Arc<super::Changes>,
@@ -136,7 +137,9 @@ fn world(ctx: &Ctx) -> World {
             .collect(),
         remaps: ctx
             .liqo_configs
-            .state()
+            .get()
+            .map(Store::state)
+            .unwrap_or_default()
             .iter()
             .filter_map(|c| {
                 let body = serde_json::to_value(c.as_ref()).ok()?;
@@ -393,12 +396,7 @@ pub fn run(
                 super::fwc_resource(),
                 changed.clone(),
             ),
-            liqo_configs: super::cache(
-                Api::all_with(client.clone(), &super::liqo_configuration_resource()),
-                wc(),
-                super::liqo_configuration_resource(),
-                changed.clone(),
-            ),
+            liqo_configs: std::sync::OnceLock::new(),
             client: client.clone(),
             opts,
             metrics,
@@ -416,23 +414,52 @@ pub fn run(
         ] {
             ready.with_context(|| format!("the {what} watch ended before its first list"))?;
         }
-        // Liqo's Configurations only matter where CIDRs overlap; without Liqo's CRD (a cluster
-        // not peered yet) the controller runs without them rather than not at all, and takes
-        // them into account once the CRD is served (the watch retries).
-        let probe =
-            Api::<DynamicObject>::all_with(client.clone(), &super::liqo_configuration_resource())
-                .list_metadata(&kube::api::ListParams::default().limit(1))
-                .await;
+        // Liqo's Configurations only matter where CIDRs overlap. Without Liqo's CRD (a cluster
+        // not peered yet) or the RBAC to read them, the controller runs without them rather
+        // than not at all, probes again every 30 s (no watch retrying every second in the
+        // log meanwhile), and takes them into account once they can be listed.
+        let liqo_api =
+            Api::<DynamicObject>::all_with(client.clone(), &super::liqo_configuration_resource());
+        let probe = liqo_api
+            .list_metadata(&kube::api::ListParams::default().limit(1))
+            .await;
+        let watch_liqo = {
+            let (ctx, changed, api) = (ctx.clone(), changed.clone(), liqo_api.clone());
+            move || {
+                let store = super::cache(
+                    api,
+                    watcher::Config::default(),
+                    super::liqo_configuration_resource(),
+                    changed,
+                );
+                let _ = ctx.liqo_configs.set(store.clone());
+                store
+            }
+        };
         match probe {
-            Err(e) => tracing::warn!(
-                error = %e,
-                "Liqo's Configurations cannot be listed (Liqo's CRD not installed, or no RBAC): no remapped CIDRs until they can"
-            ),
-            Ok(_) => ctx
-                .liqo_configs
+            Ok(_) => watch_liqo()
                 .wait_until_ready()
                 .await
                 .context("the watch of Liqo's Configurations ended before its first list")?,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "Liqo's Configurations cannot be listed (Liqo's CRD not installed, or no RBAC): no remapped CIDRs until they can; trying again every 30 s"
+                );
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                        let again = liqo_api
+                            .list_metadata(&kube::api::ListParams::default().limit(1))
+                            .await;
+                        if again.is_ok() {
+                            tracing::info!("Liqo's Configurations can be listed now: watching them");
+                            watch_liqo();
+                            break;
+                        }
+                    }
+                });
+            }
         }
         tracing::info!("caches synced; reconciling");
         ctx.count(|m| m.ready = true);
