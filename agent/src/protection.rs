@@ -110,18 +110,12 @@ pub struct Remap {
 impl Remap {
     /// The peer's own address for `ip` as this cluster sees it, if this remap covers it.
     pub fn to_real(&self, ip: IpAddr) -> Option<IpAddr> {
-        if !self.seen.contains(&ip) || self.seen.prefix_len() != self.real.prefix_len() {
-            return None;
-        }
-        let host = match (ip, self.seen.hostmask()) {
-            (IpAddr::V4(a), IpAddr::V4(m)) => u128::from(u32::from(a) & u32::from(m)),
-            (IpAddr::V6(a), IpAddr::V6(m)) => u128::from(a) & u128::from(m),
-            _ => return None,
-        };
-        Some(match self.real.network() {
-            IpAddr::V4(n) => IpAddr::V4((u32::from(n) | host as u32).into()),
-            IpAddr::V6(n) => IpAddr::V6((u128::from(n) | host).into()),
-        })
+        peerwall_policy::ir::nat::map_prefix(self.seen, self.real, ip)
+    }
+
+    /// `ip` (the peer's own) as this cluster sees it, if this remap covers it.
+    pub fn to_seen(&self, ip: IpAddr) -> Option<IpAddr> {
+        peerwall_policy::ir::nat::map_prefix(self.real, self.seen, ip)
     }
 }
 

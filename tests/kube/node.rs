@@ -772,14 +772,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     );
 
     // ---- bpf: the same DaemonSet with --backend=bpf, a fresh gateway.
-    node.kubectl_ok(&[
-        "-n",
-        &format!("liqo-tenant-{peer}"),
-        "delete",
-        "deployment",
-        "gw",
-        "--wait=true",
-    ]);
+    delete_gateway(&node, &peer);
     wait(
         "the old gateway namespace to go",
         Duration::from_secs(60),
@@ -855,14 +848,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         || (!pins_of(&peer).contains(&pins[0]) && pins_of(&peer).len() == 1).then_some(()),
     );
     // Leave no pins behind on the host.
-    node.kubectl_ok(&[
-        "-n",
-        &format!("liqo-tenant-{peer}"),
-        "delete",
-        "deployment",
-        "gw",
-        "--wait=true",
-    ]);
+    delete_gateway(&node, &peer);
     wait(
         "the last gateway's pins removed",
         Duration::from_secs(30),
@@ -882,6 +868,18 @@ fn agent_pods(node: &Node, jsonpath: &str) -> Output {
         "-o",
         jsonpath,
     ])
+}
+
+/// Delete the gateway Deployment and wait for it to go.
+fn delete_gateway(node: &Node, peer: &str) {
+    node.kubectl_ok(&[
+        "-n",
+        &format!("liqo-tenant-{peer}"),
+        "delete",
+        "deployment",
+        "gw",
+        "--wait=true",
+    ]);
 }
 
 /// Force-delete agent pods that are being deleted and whose containers have all exited.

@@ -81,12 +81,8 @@ impl Consumer {
             seen: remapped.parse().context("remapped CIDR")?,
         };
         let ip = ip.parse().context("consumer pod address")?;
-        // Inverse of `to_real`: swap the two sides.
-        let back = protection::Remap {
-            real: remap.seen,
-            seen: remap.real,
-        };
-        back.to_real(ip)
+        remap
+            .to_seen(ip)
             .map(|a| a.to_string())
             .with_context(|| format!("{ip} is not in {}", self.cidr))
     }

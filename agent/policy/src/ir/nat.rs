@@ -81,13 +81,22 @@ impl DstRewrite {
 
     /// `dst` as the forward hook sees it, if this rewrite covers it.
     pub fn rewrite(&self, dst: IpAddr) -> Option<IpAddr> {
-        if !self.from.contains(&dst) {
-            return None;
-        }
-        let fam = IpFamily::of(&dst);
-        let host = addr_to_u128(&dst) & addr_to_u128(&self.from.hostmask());
-        Some(u128_to_addr(fam, addr_to_u128(&self.to.network()) | host))
+        map_prefix(self.from, self.to, dst)
     }
+}
+
+/// `addr` moved from prefix `from` to prefix `to`, host part kept (nftables `prefix to`,
+/// Liqo's netmap), if `from` covers it and both prefixes have the same length and family.
+pub fn map_prefix(from: IpNet, to: IpNet, addr: IpAddr) -> Option<IpAddr> {
+    let fam = IpFamily::of(&addr);
+    if !from.contains(&addr)
+        || from.prefix_len() != to.prefix_len()
+        || IpFamily::of(&to.addr()) != fam
+    {
+        return None;
+    }
+    let host = addr_to_u128(&addr) & addr_to_u128(&from.hostmask());
+    Some(u128_to_addr(fam, addr_to_u128(&to.network()) | host))
 }
 
 /// A NAT rule that changes addresses but is not expressed as a rewrite, and why.

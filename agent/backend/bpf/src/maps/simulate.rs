@@ -97,11 +97,8 @@ fn viewed_dst(bp: &BpfPolicy, iif: u32, dst: IpAddr) -> IpAddr {
         .iter()
         .filter(|e| e.ifindex == iif && e.from.contains(&dst))
         .max_by_key(|e| e.from.prefix_len())
-        .map_or(dst, |e| {
-            let fam = IpFamily::of(&dst);
-            let host = ir::addr::addr_to_u128(&dst) & ir::addr::addr_to_u128(&e.from.hostmask());
-            ir::addr::u128_to_addr(fam, ir::addr::addr_to_u128(&e.to.network()) | host)
-        })
+        .and_then(|e| ir::nat::map_prefix(e.from, e.to, dst))
+        .unwrap_or(dst)
 }
 
 /// Evaluate a packet, as it arrives on `dp.iif`, over the compiled maps as the datapath does.
