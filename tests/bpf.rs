@@ -96,11 +96,12 @@ fn counted(pins: &Pins, slot: u64, index: u32) -> u64 {
         .sum()
 }
 
+/// The live slot: bit 0 of `CONFIG.active` (the rest counts policy changes).
 fn active_slot(pins: &Pins) -> u64 {
     let map = format!("{}/CONFIG", pins.arg());
     let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
     let first = v["value"][0].as_str().unwrap_or("0x00");
-    u64::from_str_radix(first.trim_start_matches("0x"), 16).unwrap_or(9)
+    u64::from_str_radix(first.trim_start_matches("0x"), 16).unwrap_or(9) & 1
 }
 
 #[test]
@@ -554,5 +555,157 @@ fn agent_attaches_to_interfaces_that_appear_later() {
         ping(&extra, "10.20.9.10", "10.10.1.67"),
         "other sources pass"
     );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A FirewallConfiguration dropping forwarded packets to `@blocked` (with `extra_rule`, a second
+/// rule dropping packets to 10.20.1.2, which changes the chain's rules).
+fn blocked_policy(blocked: &[&str], extra_rule: bool) -> String {
+    let elements: String = blocked
+        .iter()
+        .map(|a| format!("          - key: {a}\n"))
+        .collect();
+    let extra = if extra_rule {
+        "            - {name: pod2, action: drop, match: [{op: eq, ip: {value: 10.20.1.2, position: dst}}]}\n"
+    } else {
+        ""
+    };
+    format!(
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: c, namespace: t}}\nspec:\n  table:\n    name: cache\n    family: IPV4\n    sets:\n      - name: blocked\n        keyType: ipv4_addr\n        elements:\n{elements}    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {{name: blocked, action: drop, match: [{{op: eq, ip: {{value: '@blocked', position: dst}}}}]}}\n{extra}"
+    )
+}
+
+/// Wall-clock seconds (what `ping -D` prints).
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Echo replies of `ping -D` output, by their timestamps: (before `t`, after `t`).
+fn replies_around(out: &str, t: f64) -> (usize, usize) {
+    let stamps: Vec<f64> = out
+        .lines()
+        .filter(|l| l.contains("bytes from"))
+        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+        .collect();
+    (
+        stamps.iter().filter(|&&s| s <= t).count(),
+        stamps.iter().filter(|&&s| s > t).count(),
+    )
+}
+
+/// `CONFIG.active`: the policy epoch (bit 0 the live slot), read with bpftool.
+fn epoch(pins: &Pins) -> u32 {
+    let map = format!("{}/CONFIG", pins.arg());
+    let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
+    let b: Vec<u8> = (0..4)
+        .map(|i| {
+            let x = v["value"][i].as_str().unwrap_or("0x00");
+            u8::from_str_radix(x.trim_start_matches("0x"), 16).unwrap_or(0)
+        })
+        .collect();
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// One echo flow (one ICMP id) from pod1 to pod2 every 50 ms across `change`: replies come
+/// before it, and none once the datapath's epoch shows the change in force. Returns the
+/// epoch after the change.
+fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
+    let child = Command::new("ip")
+        .args([
+            "netns", "exec", t.consumer.name(), "ping", "-n", "-D", "-i", "0.05", "-w", "4",
+            "-I", "10.10.1.67", "10.20.1.2",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ping");
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    // The flow's verdicts are cached: the pinned map shows them.
+    let cached = bpftool_json(&["map", "dump", "pinned", &format!("{}/VERDICTS", pins.arg())]);
+    assert!(
+        cached.as_array().is_some_and(|a| !a.is_empty()),
+        "verdicts of the live flow cached: {cached}"
+    );
+    let before = epoch(pins);
+    change();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while epoch(pins) == before && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let after = epoch(pins);
+    assert_ne!(after, before, "the agent applied the change");
+    // Requests sent before may still be answered for one round trip.
+    let applied = unix_now() + 0.02;
+    let o = child.wait_with_output().expect("ping output");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (answered, late) = replies_around(&out, applied);
+    assert!(answered >= 10, "the flow was live before the change:\n{out}");
+    assert_eq!(late, 0, "replies after the change was in force:\n{out}");
+    after
+}
+
+#[test]
+fn a_policy_change_reaches_a_live_flow_at_once() {
+    let t = Topology::new();
+    let pins = Pins::new("cache");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("c.yaml");
+    let write = |blocked: &[&str], extra: bool| {
+        // Written whole and renamed: the agent never reads half a file.
+        let tmp = dir.join("c.tmp");
+        std::fs::write(&tmp, blocked_policy(blocked, extra)).unwrap();
+        std::fs::rename(&tmp, &f).unwrap();
+    };
+    write(&["10.20.9.9"], false);
+    let net = format!("--net=/run/netns/{}", t.gateway.name());
+    let child = Command::new("nsenter")
+        .arg(&net)
+        .arg(peerwall())
+        .args([
+            "agent",
+            "--backend",
+            "bpf",
+            "--interval-ms",
+            "20",
+            "--pin-dir",
+            pins.arg(),
+            "--source",
+        ])
+        .arg(format!("dir:{}", dir.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    struct Kill(Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _agent = Kill(child);
+    let mut up = false;
+    for _ in 0..100 {
+        if pins.0.join("links/tc-liqo-tunnel").exists() && ping(&t.consumer, "10.10.1.67", "10.20.1.2") {
+            up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(up, "the agent enforces the first policy");
+    let slot = active_slot(&pins);
+    // In place: one set element added to the live slot.
+    let e = live_flow_across(&t, &pins, || write(&["10.20.9.9", "10.20.1.2"], false));
+    assert_eq!(u64::from(e & 1), slot, "a set element is written in place");
+    write(&["10.20.9.9"], false);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "allowed again");
+    // Through the other slot: a rule added.
+    let e = live_flow_across(&t, &pins, || write(&["10.20.9.9"], true));
+    assert_eq!(u64::from(e & 1), slot ^ 1, "a new rule switches slots");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -60,6 +60,8 @@ pub mod map {
     pub const IFACES: &str = "IFACES";
     /// Conntrack flows.
     pub const FLOWS: &str = "FLOWS";
+    /// Per-flow verdict cache.
+    pub const VERDICTS: &str = "VERDICTS";
     /// The last decision (probe mode).
     pub const LAST: &str = "LAST";
     /// The benchmark's bare lookup table.
@@ -318,7 +320,10 @@ pub struct Counter {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
-    /// Which copy of the policy maps is live (0 or 1).
+    /// The policy epoch. Bit 0: which copy of the policy maps is live (0 or 1). The loader
+    /// adds 1 when it switches slots and 2 after it changes the live slot in place, so every
+    /// policy change gives a new value in one aligned 32-bit store: verdicts cached under
+    /// another epoch ([`CachedVerdict::epoch`]) are never served.
     pub active: u32,
     /// Bit 0: emergency allow-all (the datapath passes everything). Bit 1: probe mode (the
     /// scratch engine of `peerwall verdict --engine bpf`: path from skb->cb, verdict recorded).
@@ -343,9 +348,16 @@ pub mod flags {
     pub const DIAG_NO_COUNTERS: u32 = 1 << 11;
     /// Parse, route and conntrack only: no chain runs (accept).
     pub const DIAG_NO_CHAINS: u32 = 1 << 12;
+    /// No verdict cache: every packet classified as the first of its flow. Any other
+    /// diagnostic flag implies it (they measure the parts of a full classification).
+    pub const DIAG_NO_CACHE: u32 = 1 << 13;
     /// Every diagnostic flag.
-    pub const DIAG_ALL: u32 =
-        DIAG_NO_FIB | DIAG_NO_CT | DIAG_NO_CT_COMMIT | DIAG_NO_COUNTERS | DIAG_NO_CHAINS;
+    pub const DIAG_ALL: u32 = DIAG_NO_FIB
+        | DIAG_NO_CT
+        | DIAG_NO_CT_COMMIT
+        | DIAG_NO_COUNTERS
+        | DIAG_NO_CHAINS
+        | DIAG_NO_CACHE;
 }
 
 /// Marker in `skb->cb[0]` of probe packets (with [`flags::PROBE`] set).
@@ -390,6 +402,41 @@ pub struct FlowState {
     pub replied: u8,
     /// Zero.
     pub _pad: [u8; 7],
+}
+
+/// Rule counters a cached verdict bumps: one per chain on the packet's path. A path through
+/// more chains than this is not cached.
+pub const CACHED_COUNTERS: usize = 4;
+
+/// A verdict the datapath reuses for the next packets of a flow in the same direction,
+/// `VERDICTS[key]` (LRU hash). The key is the packet's own [`FlowKey`] (its direction, not the
+/// original one; ICMP: the echo type in `_pad[0]`), after the NAT view.
+///
+/// Served only while all of these hold, otherwise the packet is classified in full and the
+/// entry rewritten: the same policy epoch ([`Config::active`]), the same input interface, and
+/// less than a second old (the route and the conntrack refresh it stands for are at most that
+/// stale). Conntrack deletes the entries whose state a commit changes (a reply turning a flow
+/// established). Only accept and drop are cached, only for new and established packets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachedVerdict {
+    /// [`Config::active`] the verdict was computed under.
+    pub epoch: u32,
+    /// Input ifindex of the packet it was computed for.
+    pub ifindex: u32,
+    /// `bpf_ktime_get_coarse_ns` when computed.
+    pub at_ns: u64,
+    /// `COUNTERS` indices (of the epoch's slot) of the rules, or chain policies, that decided
+    /// in each chain on the path.
+    pub counters: [u32; CACHED_COUNTERS],
+    /// [`ActionCode`].
+    pub action: u8,
+    /// [`ct`] state it was computed for.
+    pub state: u8,
+    /// How many of `counters` are used.
+    pub counted: u8,
+    /// Zero.
+    pub _pad: [u8; 5],
 }
 
 /// What the datapath decided for a probe packet (probe mode only). `LAST[0]`, per CPU.
@@ -456,6 +503,7 @@ mod pod {
     unsafe impl aya::Pod for IfaceInfo {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for FlowState {}
+    unsafe impl aya::Pod for CachedVerdict {}
     unsafe impl aya::Pod for ProbeRecord {}
 }
 
@@ -487,6 +535,7 @@ mod tests {
         assert_eq!(size_of::<Config>(), 8);
         assert_eq!(size_of::<FlowKey>(), 40);
         assert_eq!(size_of::<FlowState>(), 16);
+        assert_eq!(size_of::<CachedVerdict>(), 40);
         assert_eq!(size_of::<ProbeRecord>(), 16);
     }
 

@@ -103,12 +103,23 @@ macro_rules! slot_eval {
         fn $name(q: &Query) -> u32 {
             let (action, idx) = $name::run(q);
             if let Some(sc) = SCRATCH.get_ptr_mut(0) {
+                let counter = q.chain * MAX_RULES as u32
+                    + if idx == NO_RULE {
+                        MAX_RULES as u32 - 1
+                    } else {
+                        idx
+                    };
                 // SAFETY: per-CPU slot of a successful lookup.
                 unsafe {
                     (*sc).action = action as u32;
                     (*sc).rule = idx;
                     (*sc).chain = q.chain;
                     (*sc).has_chain = 1;
+                    let step = (*sc).steps as usize;
+                    if step < CACHED_COUNTERS {
+                        (*sc).trail[step] = counter;
+                    }
+                    (*sc).steps = (*sc).steps.saturating_add(1);
                 }
             }
             0
@@ -363,7 +374,7 @@ pub(crate) const PATH_FORWARD: u32 = 1;
 #[inline(never)]
 pub(crate) fn classify(route: &Route, p: &Pkt) -> u32 {
     let (slot, path, iif, oif, state, count) = (
-        route.slot,
+        route.epoch & 1,
         route.path,
         route.iif,
         route.oif,
@@ -377,6 +388,7 @@ pub(crate) fn classify(route: &Route, p: &Pkt) -> u32 {
             (*sc).chain = 0;
             (*sc).rule = NO_RULE;
             (*sc).has_chain = 0;
+            (*sc).steps = 0;
         }
     }
     let mut q = Query {

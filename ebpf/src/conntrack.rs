@@ -64,6 +64,13 @@ fn unchanged(st: &FlowState, now: u64) -> u32 {
     }
 }
 
+/// The TCP flag combinations conntrack accepts (`tcp_valid_flags`), URG/PSH aside.
+#[inline(always)]
+pub(crate) fn tcp_flags_valid(flags: u8) -> bool {
+    let f = flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
+    matches!(f, TCP_SYN | 0x12 | TCP_RST | 0x14 | 0x11 | TCP_ACK)
+}
+
 /// ICMP types that are errors (quote another packet).
 pub(crate) fn icmp_is_error(p: &Pkt) -> bool {
     if p.proto == IPPROTO_ICMP {
@@ -96,13 +103,8 @@ pub(crate) fn icmp_keyed(p: &Pkt) -> bool {
 #[inline(never)]
 pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
-    if p.proto == IPPROTO_TCP && p.has_ports {
-        let f = p.tcp_flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
-        // The combinations conntrack accepts (tcp_valid_flags), URG/PSH aside.
-        let valid = matches!(f, TCP_SYN | 0x12 | TCP_RST | 0x14 | 0x11 | TCP_ACK);
-        if !valid {
-            return ct::INVALID;
-        }
+    if p.proto == IPPROTO_TCP && p.has_ports && !tcp_flags_valid(p.tcp_flags) {
+        return ct::INVALID;
     }
     let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
     if is_icmp && icmp_is_error(p) {
@@ -176,19 +178,39 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32) {
     let k = flow_key(p);
     if let Some(st) = FLOWS.get_ptr_mut(&k) {
         // SAFETY: pointer from a successful lookup.
-        unsafe { (*st).last_seen_ns = now };
+        unsafe {
+            if !fresh(&*st, now) {
+                // An expired flow starts over: not replied yet.
+                (*st).replied = 0;
+            }
+            (*st).last_seen_ns = now;
+        }
         return;
     }
     let r = reverse(&k);
     if let Some(st) = FLOWS.get_ptr_mut(&r) {
         // SAFETY: pointer from a successful lookup.
-        unsafe {
-            (*st).last_seen_ns = now;
-            (*st).replied = 1;
+        let live = fresh(unsafe { &*st }, now);
+        if live {
+            // SAFETY: as above.
+            let first_reply = unsafe {
+                let first = (*st).replied == 0;
+                (*st).last_seen_ns = now;
+                (*st).replied = 1;
+                first
+            };
+            if first_reply {
+                // The original direction is established from now on.
+                forget(&r);
+            }
+            return;
         }
-        return;
+        // An expired flow of the other direction: this packet starts a new one.
+        let _ = FLOWS.remove(&r);
     }
     if state == ct::NEW {
+        // Packets of the other direction are replies from now on.
+        forget(&r);
         let _ = FLOWS.insert(
             &k,
             &FlowState {

@@ -39,13 +39,14 @@ use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
 use aya_ebpf::programs::{TcContext, XdpContext};
 use aya_ebpf::EbpfContext;
 use peerwall_common::{
-    constrained, ct, dim, family, flags, hook, ActionCode, AddrKeyData, Bitmap, ChainInfo, Config,
-    Counter, DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord,
-    ProtoKey, RuleInfo, ViewTarget, HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES,
+    constrained, ct, dim, family, flags, hook, ActionCode, AddrKeyData, Bitmap, CachedVerdict,
+    ChainInfo, Config, Counter, DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord,
+    ProtoKey, RuleInfo, ViewTarget, CACHED_COUNTERS, HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES,
     PROBE_MAGIC, WORDS,
 };
 
 mod bare;
+mod cache;
 mod classify;
 mod conntrack;
 mod maps;
@@ -54,6 +55,7 @@ mod reject;
 mod route;
 mod view;
 
+use cache::*;
 use classify::*;
 use conntrack::*;
 use maps::*;
@@ -101,24 +103,34 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
     let probe = cfg.flags & flags::PROBE != 0 && ctx.cb()[0] == PROBE_MAGIC;
     forward_view(p, if probe { ctx.cb()[3] } else { ifindex }, cfg.active & 1);
     let diag = cfg.flags & flags::DIAG_ALL;
+    let cache = !probe && diag == 0;
+    if cache {
+        let a = cached_verdict(ifindex, cfg.active, true);
+        if a == ACT_ACCEPT as u32 {
+            return Ok(TC_ACT_OK);
+        }
+        if a == ACT_DROP as u32 {
+            return Ok(TC_ACT_SHOT);
+        }
+    }
     let tracked = if diag & flags::DIAG_NO_CT != 0 {
         ct::NEW | CT_NO_WRITE
     } else {
         ct_state(ctx, l2 & 0xff, p)
     };
     let state = tracked & 0xff;
-    let slot = cfg.active & 1;
     let commit = tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0;
     let r = if probe {
         let cb = ctx.cb();
         Route {
-            slot,
+            epoch: cfg.active,
             path: cb[1],
             iif: cb[3],
             oif: cb[2],
             state,
             count: true,
             commit,
+            cache: false,
         }
     } else {
         let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
@@ -127,13 +139,14 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
             route(ctx, p, ifindex)
         };
         Route {
-            slot,
+            epoch: cfg.active,
             path,
             iif: ifindex,
             oif,
             state,
             count: diag & flags::DIAG_NO_COUNTERS == 0,
             commit,
+            cache,
         }
     };
     // SAFETY: as above.
@@ -161,6 +174,7 @@ fn finish_tc(ctx: &TcContext, probe: bool) -> i32 {
     if probe {
         record(&out);
     }
+    remember(out.action);
     match out.action {
         ACT_ACCEPT => {
             if let Some(w) = WORK.get(0) {
@@ -219,16 +233,27 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         Parse::Ok => {}
     }
     forward_view(p, ifindex, cfg.active & 1);
+    let cache = cfg.flags & flags::DIAG_ALL == 0;
+    if cache {
+        let a = cached_verdict(ifindex, cfg.active, false);
+        if a == ACT_DROP as u32 {
+            return Ok(xdp_action::XDP_DROP);
+        }
+        if a != MISS {
+            return Ok(xdp_action::XDP_PASS);
+        }
+    }
     let (path, oif) = route(ctx, p, ifindex);
     let state = ct_state(ctx, l2 & 0xff, p) & 0xff;
     let r = Route {
-        slot: cfg.active & 1,
+        epoch: cfg.active,
         path,
         iif: ifindex,
         oif,
         state,
         count: false,
         commit: false,
+        cache,
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };
@@ -248,6 +273,7 @@ fn finish_xdp() -> u32 {
         unsafe { (*w).r.count = true };
     }
     classify_work();
+    remember(ACT_DROP);
     xdp_action::XDP_DROP
 }
 

@@ -89,6 +89,12 @@ pub(crate) fn allow_all(cfg: &Config) -> bool {
 pub(crate) static IFACES: HashMap<u32, IfaceInfo> = HashMap::pinned(1024, 0);
 #[map]
 pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
+/// Verdicts reused for the next packets of a flow (`cache.rs`). Separate from `FLOWS`: a flood
+/// of denied flows evicts cached verdicts, never connection state.
+pub(crate) const VERDICTS_MAX: u32 = 1 << 16;
+#[map]
+pub(crate) static VERDICTS: LruHashMap<FlowKey, CachedVerdict> =
+    LruHashMap::pinned(VERDICTS_MAX, 0);
 #[map]
 pub(crate) static LAST: PerCpuArray<ProbeRecord> = PerCpuArray::pinned(1, 0);
 /// Per-CPU result of the chain being evaluated. Results live in map memory, not on the stack,
@@ -125,6 +131,11 @@ pub(crate) struct Scratch {
     pub(crate) chain: u32,
     pub(crate) rule: u32,
     pub(crate) has_chain: u32,
+    /// Chains run on the packet's path so far (may exceed the trail's length).
+    pub(crate) steps: u32,
+    /// `COUNTERS` index of each chain's deciding rule (or policy), in path order: what a
+    /// cached verdict counts.
+    pub(crate) trail: [u32; CACHED_COUNTERS],
 }
 
 pub(crate) fn config() -> Config {

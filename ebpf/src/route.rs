@@ -33,7 +33,8 @@ pub(crate) const FIB_NO_NEIGH: i64 = 7;
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct Route {
-    pub(crate) slot: u32,
+    /// Policy epoch (`Config::active`); bit 0 is the slot.
+    pub(crate) epoch: u32,
     pub(crate) path: u32,
     pub(crate) iif: u32,
     pub(crate) oif: u32,
@@ -41,6 +42,8 @@ pub(crate) struct Route {
     pub(crate) count: bool,
     /// Write conntrack after an accept (off only under the benchmark's diagnostic flags).
     pub(crate) commit: bool,
+    /// Cache the verdict (`cache.rs`): off in probe mode and under diagnostic flags.
+    pub(crate) cache: bool,
 }
 
 /// Where the kernel will send the packet: (path, oif).

@@ -365,6 +365,10 @@ impl BpfBackend {
                 if changes <= IN_PLACE_LIMIT {
                     let live = live.clone();
                     let n = self.write_slot(self.active, Some(&live), &new)?;
+                    // A new epoch, same slot: verdicts cached under the old entries lapse.
+                    let mut c = self.config()?;
+                    c.active = c.active.wrapping_add(2);
+                    self.set_config(c)?;
                     self.slots[active] = Some(new.clone());
                     self.policy = Some(new);
                     return Ok(BpfApplyReport {
@@ -379,8 +383,9 @@ impl BpfBackend {
         let idle = self.active ^ 1;
         let old = self.slots[idle as usize].clone();
         let n = self.write_slot(idle, old.as_ref(), &new)?;
+        // One store switches the slot and starts a new epoch (bit 0 is the slot).
         let mut c = self.config()?;
-        c.active = idle;
+        c.active = (c.active & !1).wrapping_add(2) | idle;
         self.set_config(c)?;
         self.active = idle;
         self.slots[idle as usize] = Some(new.clone());
