@@ -413,6 +413,8 @@ fn verifier_accepts_the_largest_policy() {
     let report = b.apply(&policy, &ifaces).expect("apply");
     assert_eq!(report.prefixes, 16 * 1023);
     b.tc_program().expect("the verifier accepts the tc program");
+    b.tc_l3_program()
+        .expect("the verifier accepts the tc program of L3 devices");
     // And it decides: the last rule of the last chain.
     let pkt = peerwall_policy::ir::Packet {
         src: "10.3.254.9".parse().unwrap(),

@@ -327,6 +327,7 @@ pub struct Config {
     pub active: u32,
     /// Bit 0: emergency allow-all (the datapath passes everything). Bit 1: probe mode (the
     /// scratch engine of `peerwall verdict --engine bpf`: path from skb->cb, verdict recorded).
+    /// Bits 2-3: which slots have NAT views. See [`flags`].
     pub flags: u32,
 }
 
@@ -336,6 +337,12 @@ pub mod flags {
     pub const ALLOW_ALL: u32 = 1;
     /// Probe mode (scratch engine only).
     pub const PROBE: u32 = 2;
+    /// Slot 0 has NAT views (`VIEW0` non-empty); `VIEWS0 << 1` for slot 1.
+    pub const VIEWS0: u32 = 1 << 2;
+    /// The views bit of `slot`.
+    pub const fn views(slot: u32) -> u32 {
+        VIEWS0 << (slot & 1)
+    }
     /// Benchmark breakdown only (`cargo xtask bench`): these skip one part of the work each,
     /// to measure what it costs. They change verdicts; the agent never sets them.
     /// No FIB lookup: every packet taken as forwarded, output interface unknown.

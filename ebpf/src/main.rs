@@ -66,15 +66,27 @@ use view::*;
 
 // Program entries.
 
+/// tc entry for Ethernet devices (veth, Geneve): the IP header follows 14 bytes.
 #[classifier]
 pub fn peerwall_tc(ctx: TcContext) -> i32 {
-    match try_tc(&ctx) {
+    match try_tc(&ctx, 14) {
         Ok(v) => v,
         Err(()) => TC_ACT_SHOT,
     }
 }
 
-fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
+/// tc entry for devices without a link-layer header (WireGuard, TUN): the packet starts with
+/// the IP header. The loader picks the entry by device type, so no packet pays a lookup.
+#[classifier]
+pub fn peerwall_tc_l3(ctx: TcContext) -> i32 {
+    match try_tc(&ctx, 0) {
+        Ok(v) => v,
+        Err(()) => TC_ACT_SHOT,
+    }
+}
+
+#[inline(always)]
+fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let cfg = config();
     if allow_all(&cfg) {
         return Ok(TC_ACT_OK);
@@ -85,23 +97,20 @@ fn try_tc(ctx: &TcContext) -> Result<i32, ()> {
     if ethertype != ETH_P_IP && ethertype != ETH_P_IPV6 {
         return Ok(TC_ACT_OK);
     }
-    // SAFETY: plain data.
-    let l2 = match unsafe { IFACES.get(&ifindex) } {
-        Some(i) => i.l2_len as usize,
-        None => 14,
-    };
     let Some(w) = WORK.get_ptr_mut(0) else {
         return Err(());
     };
     // SAFETY: per-CPU slot of a successful lookup; the packet is parsed in place.
     let p = unsafe { &mut (*w).p };
-    match parse(ctx, l2 & 0xff, ethertype, p) {
+    match parse(&TcDirect { ctx }, l2 & 0xff, ethertype, p) {
         Parse::NotIp => return Ok(TC_ACT_OK),
         Parse::Bad => return Err(()),
         Parse::Ok => {}
     }
     let probe = cfg.flags & flags::PROBE != 0 && ctx.cb()[0] == PROBE_MAGIC;
-    forward_view(p, if probe { ctx.cb()[3] } else { ifindex }, cfg.active & 1);
+    if has_views(&cfg) {
+        forward_view(p, if probe { ctx.cb()[3] } else { ifindex }, cfg.active & 1);
+    }
     let diag = cfg.flags & flags::DIAG_ALL;
     let cache = !probe && diag == 0;
     if cache {
@@ -205,22 +214,11 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         return Ok(xdp_action::XDP_PASS);
     }
     let ifindex = ctx.ingress_ifindex() as u32;
-    // SAFETY: plain data.
-    let l2 = match unsafe { IFACES.get(&ifindex) } {
-        Some(i) => i.l2_len as usize,
-        None => 14,
-    };
-    let ethertype = if l2 == 14 {
-        match ctx.read::<[u8; 2]>(12) {
-            Some(t) => u16::from_be_bytes(t),
-            None => return Ok(xdp_action::XDP_PASS),
-        }
-    } else {
-        match ctx.read::<u8>(0) {
-            Some(v) if v >> 4 == 4 => ETH_P_IP,
-            Some(v) if v >> 4 == 6 => ETH_P_IPV6,
-            _ => return Ok(xdp_action::XDP_PASS),
-        }
+    // The loader attaches XDP to Ethernet devices only.
+    let l2 = 14usize;
+    let ethertype = match ctx.read::<[u8; 2]>(12) {
+        Some(t) => u16::from_be_bytes(t),
+        None => return Ok(xdp_action::XDP_PASS),
     };
     let Some(w) = WORK.get_ptr_mut(0) else {
         return Err(());
@@ -232,7 +230,9 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         Parse::Bad => return Err(()),
         Parse::Ok => {}
     }
-    forward_view(p, ifindex, cfg.active & 1);
+    if has_views(&cfg) {
+        forward_view(p, ifindex, cfg.active & 1);
+    }
     let cache = cfg.flags & flags::DIAG_ALL == 0;
     if cache {
         let a = cached_verdict(ifindex, cfg.active, false);

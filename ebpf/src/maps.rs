@@ -85,8 +85,17 @@ pub(crate) static ALLOW_ALL: Array<u32> = Array::pinned(1, 0);
 pub(crate) fn allow_all(cfg: &Config) -> bool {
     cfg.flags & flags::ALLOW_ALL != 0 || ALLOW_ALL.get(0).is_some_and(|v| *v != 0)
 }
+/// Interface types (link-layer header length): the loader's choice of tc entry, and `reject`,
+/// which rebuilds the link-layer header. Nothing on the per-packet path looks them up.
 #[map]
 pub(crate) static IFACES: HashMap<u32, IfaceInfo> = HashMap::pinned(1024, 0);
+
+/// Whether the live slot has NAT views (`VIEW<slot>` non-empty): most gateways have none, and
+/// their packets then skip the lookup.
+#[inline(always)]
+pub(crate) fn has_views(cfg: &Config) -> bool {
+    cfg.flags & flags::views(cfg.active & 1) != 0
+}
 #[map]
 pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
 /// Verdicts reused for the next packets of a flow (`cache.rs`). Separate from `FLOWS`: a flood

@@ -17,6 +17,34 @@ impl Source for TcContext {
     }
 }
 
+/// Direct access to an skb's linear data (plain loads, no helper call), falling back to
+/// `bpf_skb_load_bytes` for what lies beyond it (a non-linear skb).
+pub(crate) struct TcDirect<'a> {
+    pub(crate) ctx: &'a TcContext,
+}
+
+impl Source for TcDirect<'_> {
+    #[inline(always)]
+    fn read<T: Copy>(&self, off: usize) -> Option<T> {
+        if off > 0x3ff {
+            return self.ctx.read(off);
+        }
+        let data = self.ctx.data() as *const u8;
+        let end = self.ctx.data_end() as *const u8;
+        // The pointer first, then its end compared with the packet's: the form the verifier
+        // tracks (it proves the range of the very register that is then read).
+        // SAFETY: pointer arithmetic only; nothing is read unless in bounds.
+        let start = unsafe { data.add(off & 0x3ff) };
+        // SAFETY: as above.
+        let stop = unsafe { start.add(size_of::<T>()) };
+        if stop > end {
+            return self.ctx.read(off);
+        }
+        // SAFETY: `start .. stop` lies within the skb's linear data.
+        Some(unsafe { core::ptr::read_unaligned(start as *const T) })
+    }
+}
+
 impl Source for XdpContext {
     #[inline(always)]
     fn read<T: Copy>(&self, off: usize) -> Option<T> {
@@ -99,9 +127,11 @@ pub(crate) fn parse<S: Source>(s: &S, l3: usize, ethertype: u16, p: &mut Pkt) ->
     };
     let first_frag;
     if ethertype == ETH_P_IP {
-        let Some(vihl) = s.read::<u8>(l3) else {
+        // The fixed header in one load.
+        let Some(h) = s.read::<[u8; 20]>(l3) else {
             return Parse::Bad;
         };
+        let vihl = h[0];
         if vihl >> 4 != 4 {
             return Parse::Bad;
         }
@@ -109,21 +139,11 @@ pub(crate) fn parse<S: Source>(s: &S, l3: usize, ethertype: u16, p: &mut Pkt) ->
         if ihl < 20 {
             return Parse::Bad;
         }
-        let Some(tot) = s.read::<[u8; 2]>(l3 + 2) else {
-            return Parse::Bad;
-        };
-        let Some(frag) = s.read::<[u8; 2]>(l3 + 6) else {
-            return Parse::Bad;
-        };
-        let Some(proto) = s.read::<u8>(l3 + 9) else {
-            return Parse::Bad;
-        };
-        let Some(src) = s.read::<[u8; 4]>(l3 + 12) else {
-            return Parse::Bad;
-        };
-        let Some(dst) = s.read::<[u8; 4]>(l3 + 16) else {
-            return Parse::Bad;
-        };
+        let tot = [h[2], h[3]];
+        let frag = [h[6], h[7]];
+        let proto = h[9];
+        let src = [h[12], h[13], h[14], h[15]];
+        let dst = [h[16], h[17], h[18], h[19]];
         p.family = family::V4;
         p.proto = proto;
         p.len = u16::from_be_bytes(tot) as u32;
@@ -135,18 +155,15 @@ pub(crate) fn parse<S: Source>(s: &S, l3: usize, ethertype: u16, p: &mut Pkt) ->
         p.l4 = ihl;
         first_frag = (u16::from_be_bytes(frag) & 0x1fff) == 0;
     } else if ethertype == ETH_P_IPV6 {
-        let Some(v) = s.read::<u8>(l3) else {
+        // The fixed header before the addresses in one load.
+        let Some(h) = s.read::<[u8; 8]>(l3) else {
             return Parse::Bad;
         };
-        if v >> 4 != 6 {
+        if h[0] >> 4 != 6 {
             return Parse::Bad;
         }
-        let Some(plen) = s.read::<[u8; 2]>(l3 + 4) else {
-            return Parse::Bad;
-        };
-        let Some(mut next) = s.read::<u8>(l3 + 6) else {
-            return Parse::Bad;
-        };
+        let plen = [h[4], h[5]];
+        let mut next = h[6];
         let Some(src) = s.read::<[u8; 16]>(l3 + 8) else {
             return Parse::Bad;
         };
@@ -205,19 +222,23 @@ pub(crate) fn parse<S: Source>(s: &S, l3: usize, ethertype: u16, p: &mut Pkt) ->
     }
     let l4 = l3 + p.l4 as usize;
     match p.proto {
-        IPPROTO_TCP | IPPROTO_UDP => {
+        IPPROTO_TCP => {
+            // Ports to flags in one load.
+            let Some(t) = s.read::<[u8; 14]>(l4) else {
+                return Parse::Bad;
+            };
+            p.sport = u16::from_be_bytes([t[0], t[1]]);
+            p.dport = u16::from_be_bytes([t[2], t[3]]);
+            p.has_ports = true;
+            p.tcp_flags = t[13];
+        }
+        IPPROTO_UDP => {
             let Some(ports) = s.read::<[u8; 4]>(l4) else {
                 return Parse::Bad;
             };
             p.sport = u16::from_be_bytes([ports[0], ports[1]]);
             p.dport = u16::from_be_bytes([ports[2], ports[3]]);
             p.has_ports = true;
-            if p.proto == IPPROTO_TCP {
-                let Some(f) = s.read::<u8>(l4 + 13) else {
-                    return Parse::Bad;
-                };
-                p.tcp_flags = f;
-            }
         }
         IPPROTO_ICMP | IPPROTO_ICMPV6 => {
             let Some(h) = s.read::<[u8; 6]>(l4) else {

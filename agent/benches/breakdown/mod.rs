@@ -18,6 +18,14 @@ use crate::{median, run_ns};
 /// Rounds: more than the main table's, since the parts are differences of close numbers.
 const ROUNDS: usize = 21;
 
+/// Rounds of this run: `PEERWALL_BENCH_ROUNDS` (quick looks), else [`ROUNDS`].
+fn rounds() -> usize {
+    std::env::var("PEERWALL_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(ROUNDS)
+}
+
 /// One row of the breakdown.
 pub struct Part {
     /// What runs.
@@ -135,7 +143,7 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
         ];
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
         let mut ok = vec![true; variants.len() + 3];
-        for _ in 0..ROUNDS {
+        for _ in 0..rounds() {
             for (i, (_, diag)) in variants.iter().enumerate() {
                 b.set_diagnostic_flags(*diag).expect("flags");
                 let (t, ret) = run_ns(b.tc_program().expect("tc"), &frame, &c);
@@ -190,7 +198,7 @@ pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
         "## Where the classifier's time goes (`cargo xtask bench breakdown`)\n\nGenerated on {date} (kernel {}). Absolute numbers drift between runs on this VM; the ratios within one run are what to read.\n\n",
         kernel.trim()
     );
-    md.push_str(&format!("{prefixes} destination hosts, {rules} rules, the same forwarded TCP packet every run (a known flow after the first), BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. The first row is what a packet of a known flow costs: its verdict comes from the per-flow cache (one hash lookup). The second is a full classification (the verdict cache off: FIB, conntrack, every chain), what the first packet of a flow pays; each variant below it removes one part of that work with the datapath's benchmark-only flags, and *cost* is what the part adds (full − variant). The limits are what no tc datapath can beat. Median of {ROUNDS} interleaved rounds of 200k runs.\n\n| program | ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|\n"));
+    md.push_str(&format!("{prefixes} destination hosts, {rules} rules, the same forwarded TCP packet every run (a known flow after the first), BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. The first row is what a packet of a known flow costs: its verdict comes from the per-flow cache (one hash lookup). The second is a full classification (the verdict cache off: FIB, conntrack, every chain), what the first packet of a flow pays; each variant below it removes one part of that work with the datapath's benchmark-only flags, and *cost* is what the part adds (full − variant). The limits are what no tc datapath can beat. Median of {} interleaved rounds of 200k runs.\n\n| program | ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|\n", rounds()));
     for (i, p) in parts.iter().enumerate() {
         let cost = if (2..8).contains(&i) {
             format!("{:.0}", full - p.ns)

@@ -118,6 +118,16 @@ fn main() {
         .ok()
         .map(|s| s.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![10, 1000, 10_000, 100_000]);
+    // `PEERWALL_BENCH_DATAPATHS=none,bpf,...` (labels' first words, lower case): a quick look
+    // at a few rows; docs/bench.md is only rewritten by a full run.
+    let only: Option<Vec<String>> = std::env::var("PEERWALL_BENCH_DATAPATHS")
+        .ok()
+        .map(|v| v.split(',').map(|x| x.trim().to_lowercase()).collect());
+    let wanted = |dp: Datapath| {
+        only.as_ref().is_none_or(|o| {
+            dp == Datapath::None || o.iter().any(|x| format!("{dp:?}").to_lowercase() == *x)
+        })
+    };
     let lab = Lab::new();
     let mut policies: Vec<Policy> = sizes.iter().map(|&n| protection_policy(n, seed)).collect();
     policies.push(mixed_policy(seed));
@@ -126,7 +136,7 @@ fn main() {
     for p in &policies {
         let fa = frames_for(&lab, &p.allowed, seed);
         let fd = frames_for(&lab, &p.denied, seed + 1);
-        for dp in Datapath::ALL {
+        for dp in Datapath::ALL.into_iter().filter(|&d| wanted(d)) {
             let Some(load) = install(&lab, dp, p) else {
                 continue;
             };
@@ -180,6 +190,7 @@ fn main() {
     let cp: Vec<ControlRow> = Datapath::ALL
         .iter()
         .filter(|d| !matches!(d, Datapath::None | Datapath::PeerwallXdp) && !d.is_limit())
+        .filter(|_| only.is_none())
         .map(|&dp| {
             let r = control_plane(&lab, dp, cp_n, seed);
             eprintln!(
@@ -258,6 +269,10 @@ fn main() {
                 .map(|k| format!("{:.0} MiB", k as f64 / 1024.0))
                 .unwrap_or_else(|| "–".into())
         ));
+    }
+    if only.is_some() {
+        print!("{md}");
+        return;
     }
     doc::write_section("gateway", md.trim_end()).expect("write docs/bench.md");
     std::fs::write(

@@ -44,6 +44,8 @@ pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), 
 pub const PIN_DIR: &str = "/sys/fs/bpf/peerwall";
 /// Name of the tc program in the object.
 pub const TC_PROGRAM: &str = "peerwall_tc";
+/// The tc entry for devices without a link-layer header (WireGuard, TUN).
+pub const TC_L3_PROGRAM: &str = "peerwall_tc_l3";
 /// Name of the XDP program in the object.
 pub const XDP_PROGRAM: &str = "peerwall_xdp";
 
@@ -271,7 +273,12 @@ impl BpfBackend {
         let links = self.pin_dir.join("links");
         let tc_pin = links.join(link_pin_name("tc", &iface.name));
         if !tc_pin.exists() {
-            let prog: &mut SchedClassifier = self.loaded(TC_PROGRAM)?;
+            let entry = if iface.l2_len == 0 {
+                TC_L3_PROGRAM
+            } else {
+                TC_PROGRAM
+            };
+            let prog: &mut SchedClassifier = self.loaded(entry)?;
             let attach_err = |what: String| move |source| BpfError::Program { what, source };
             let id = prog
                 .attach_with_options(
@@ -423,6 +430,18 @@ impl BpfBackend {
         if old.map(|o| &o.views) != Some(&new.views) {
             let views = format!("{}{s}", map::VIEW);
             n += sync_views(self.map(&views)?, &views, &new.views)?;
+        }
+        // Packets skip the view lookup of a slot without views.
+        let mut c = self.config()?;
+        let bit = peerwall_common::flags::views(slot);
+        let want = if new.views.is_empty() {
+            c.flags & !bit
+        } else {
+            c.flags | bit
+        };
+        if want != c.flags {
+            c.flags = want;
+            self.set_config(c)?;
         }
         n += self.write_chains(&s, old, new)?;
         if old.is_none() {

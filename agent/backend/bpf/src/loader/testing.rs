@@ -64,6 +64,11 @@ impl BpfBackend {
         self.loaded(TC_PROGRAM)
     }
 
+    /// The tc entry for devices without a link-layer header, loaded (verified).
+    pub fn tc_l3_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
+        self.loaded(super::TC_L3_PROGRAM)
+    }
+
     /// The benchmark baseline program (one LPM lookup), loaded.
     pub fn bare_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
         self.loaded("peerwall_bare")
