@@ -617,8 +617,19 @@ fn epoch(pins: &Pins) -> u32 {
 fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
     let child = Command::new("ip")
         .args([
-            "netns", "exec", t.consumer.name(), "ping", "-n", "-D", "-i", "0.05", "-w", "4",
-            "-I", "10.10.1.67", "10.20.1.2",
+            "netns",
+            "exec",
+            t.consumer.name(),
+            "ping",
+            "-n",
+            "-D",
+            "-i",
+            "0.05",
+            "-w",
+            "4",
+            "-I",
+            "10.10.1.67",
+            "10.20.1.2",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -644,7 +655,10 @@ fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
     let o = child.wait_with_output().expect("ping output");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     let (answered, late) = replies_around(&out, applied);
-    assert!(answered >= 10, "the flow was live before the change:\n{out}");
+    assert!(
+        answered >= 10,
+        "the flow was live before the change:\n{out}"
+    );
     assert_eq!(late, 0, "replies after the change was in force:\n{out}");
     after
 }
@@ -692,7 +706,9 @@ fn a_policy_change_reaches_a_live_flow_at_once() {
     let _agent = Kill(child);
     let mut up = false;
     for _ in 0..100 {
-        if pins.0.join("links/tc-liqo-tunnel").exists() && ping(&t.consumer, "10.10.1.67", "10.20.1.2") {
+        if pins.0.join("links/tc-liqo-tunnel").exists()
+            && ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+        {
             up = true;
             break;
         }
@@ -705,7 +721,10 @@ fn a_policy_change_reaches_a_live_flow_at_once() {
     assert_eq!(u64::from(e & 1), slot, "a set element is written in place");
     write(&["10.20.9.9"], false);
     std::thread::sleep(std::time::Duration::from_millis(300));
-    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "allowed again");
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "allowed again"
+    );
     // Through the other slot: a rule added.
     let e = live_flow_across(&t, &pins, || write(&["10.20.9.9"], true));
     assert_eq!(u64::from(e & 1), slot ^ 1, "a new rule switches slots");

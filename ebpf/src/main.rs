@@ -40,9 +40,9 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 use aya_ebpf::EbpfContext;
 use peerwall_common::{
     constrained, ct, dim, family, flags, hook, ActionCode, AddrKeyData, Bitmap, CachedVerdict,
-    ChainInfo, Config, Counter, DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord,
-    ProtoKey, RuleInfo, ViewTarget, CACHED_COUNTERS, HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES,
-    PROBE_MAGIC, WORDS,
+    ChainInfo, Config, Counter, DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo,
+    PortKeyData, ProbeRecord, ProtoKey, RuleInfo, ViewTarget, CACHED_COUNTERS, HOOK_SLOTS,
+    MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES, PROBE_MAGIC, WORDS,
 };
 
 mod bare;

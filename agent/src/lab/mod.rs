@@ -37,6 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 
 use peerwall_backend::netns::NetNs;
+use peerwall_backend_bpf::loader;
 
 use crate::protection;
 
@@ -321,7 +322,10 @@ fn wait_enforced(backend: &str, cs: &[Consumer], gateways: &[Gateway]) -> Result
     for (c, (gw, _, pins)) in cs.iter().zip(gateways) {
         loop {
             let ready = if backend == "bpf" {
-                pins.join("links").join("tc-liqo-tunnel").exists()
+                // Both sides: the tunnel and the Geneve interface towards the node.
+                let links = loader::attached_in(pins);
+                links.iter().any(|l| l == "tc:liqo-tunnel")
+                    && links.iter().any(|l| l.starts_with("tc:liqo."))
             } else {
                 in_ns(
                     gw.name(),

@@ -67,7 +67,9 @@ impl Backend for BpfEnforcer {
             })
             .collect();
         let report = self.backend.apply(policy, &ifaces)?;
-        for t in loader::matching(&host, &self.patterns) {
+        let targets = loader::matching(&host, &self.patterns);
+        self.backend.prepare(&targets, self.xdp)?;
+        for t in targets {
             self.backend.attach(t, self.xdp)?;
         }
         Ok(report)

@@ -266,6 +266,24 @@ impl BpfBackend {
         Ok(prog)
     }
 
+    /// Load (verify) every program `ifaces` need, before any is attached: attachments then
+    /// follow each other within microseconds, so no flow starts through an interface still
+    /// unfiltered and meets a filtering one on its way back without conntrack having seen it.
+    pub fn prepare(&mut self, ifaces: &[&HostIface], xdp: bool) -> Result<(), BpfError> {
+        for iface in ifaces {
+            let entry = if iface.l2_len == 0 {
+                TC_L3_PROGRAM
+            } else {
+                TC_PROGRAM
+            };
+            let _: &mut SchedClassifier = self.loaded(entry)?;
+            if xdp && iface.l2_len == 14 {
+                let _: &mut Xdp = self.loaded(XDP_PROGRAM)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Attach the tc program (tcx ingress) to an interface, and XDP when asked; pin the links.
     /// An interface that already has a pinned link keeps it (adoption without a gap).
     pub fn attach(&mut self, iface: &HostIface, xdp: bool) -> Result<(), BpfError> {
