@@ -463,6 +463,33 @@ fn reject_answers_with_port_unreachable_from_tc() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// A `peerwall agent --backend bpf` over the YAML files of `dir` in `ns`'s network, polling
+/// every `interval_ms`; killed on drop.
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn bpf_agent(ns: &NetNs, pins: &Pins, dir: &std::path::Path, interval_ms: u32) -> Agent {
+    let net = format!("--net=/run/netns/{}", ns.name());
+    let child = Command::new("nsenter")
+        .arg(&net)
+        .arg(peerwall())
+        .args(["agent", "--backend", "bpf", "--interval-ms"])
+        .arg(interval_ms.to_string())
+        .args(["--pin-dir", pins.arg(), "--source"])
+        .arg(format!("dir:{}", dir.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("peerwall agent");
+    Agent(child)
+}
+
 #[test]
 fn agent_attaches_to_interfaces_that_appear_later() {
     let t = Topology::new();
@@ -474,33 +501,7 @@ fn agent_attaches_to_interfaces_that_appear_later() {
         "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: n, namespace: t}\nspec:\n  table:\n    name: nodes\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: from-new-nodes, action: drop, match: [{op: eq, dev: {value: 'liqo.', position: in, wildcard: true}, ip: {value: 10.20.9.9, position: src}}]}\n",
     )
     .unwrap();
-    let net = format!("--net=/run/netns/{}", t.gateway.name());
-    let child = Command::new("nsenter")
-        .arg(&net)
-        .arg(peerwall())
-        .args([
-            "agent",
-            "--backend",
-            "bpf",
-            "--interval-ms",
-            "50",
-            "--pin-dir",
-            pins.arg(),
-            "--source",
-        ])
-        .arg(format!("dir:{}", dir.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _agent = Kill(child);
+    let _agent = bpf_agent(&t.gateway, &pins, &dir, 50);
     let attached = |name: &str| pins.0.join("links").join(name).exists();
     for _ in 0..100 {
         if attached("tc-liqo:abcdefghij") {
@@ -677,33 +678,7 @@ fn a_policy_change_reaches_a_live_flow_at_once() {
         std::fs::rename(&tmp, &f).unwrap();
     };
     write(&["10.20.9.9"], false);
-    let net = format!("--net=/run/netns/{}", t.gateway.name());
-    let child = Command::new("nsenter")
-        .arg(&net)
-        .arg(peerwall())
-        .args([
-            "agent",
-            "--backend",
-            "bpf",
-            "--interval-ms",
-            "20",
-            "--pin-dir",
-            pins.arg(),
-            "--source",
-        ])
-        .arg(format!("dir:{}", dir.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    struct Kill(Child);
-    impl Drop for Kill {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _agent = Kill(child);
+    let _agent = bpf_agent(&t.gateway, &pins, &dir, 20);
     let mut up = false;
     for _ in 0..100 {
         if pins.0.join("links/tc-liqo-tunnel").exists()
