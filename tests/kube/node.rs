@@ -549,37 +549,45 @@ fn bring_up_gateway(
     old: Option<&str>,
 ) -> (Gateway, Duration) {
     let tenant = format!("liqo-tenant-{peer}");
+    // The new gateway pods (not `old`) with their sandbox's network namespace. A sandbox can
+    // be replaced while the pod starts (new namespace, same UID), so this is asked again on
+    // every wait below.
+    let current = || -> Vec<(String, PathBuf)> {
+        let out = node.kubectl(&[
+            "-n",
+            &tenant,
+            "get",
+            "pods",
+            "-l",
+            "networking.liqo.io/component=gateway",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.uid}{\"\\n\"}{end}",
+        ]);
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter(|u| Some(*u) != old && !u.is_empty())
+            .filter_map(|u| pod_netns(Path::new("/proc"), u).map(|ns| (u.to_string(), ns)))
+            .collect()
+    };
     // The sandbox (and so the namespace) exists before the pod reports Running.
-    let (uid, netns, t0) = wait(
+    let t0 = wait(
         "the gateway pod's network namespace",
         Duration::from_secs(90),
-        || {
-            let out = node.kubectl(&[
-                "-n",
-                &tenant,
-                "get",
-                "pods",
-                "-l",
-                "networking.liqo.io/component=gateway",
-                "-o",
-                "jsonpath={range .items[*]}{.metadata.uid}{\"\\n\"}{end}",
-            ]);
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .filter(|u| Some(*u) != old && !u.is_empty())
-                .find_map(|u| {
-                    pod_netns(Path::new("/proc"), u).map(|ns| (u.to_string(), ns, Instant::now()))
-                })
-        },
+        || (!current().is_empty()).then(Instant::now),
     );
-    let enforced = |ns: &Path| match backend {
+    let enforced = |ns: &Path, uid: &str| match backend {
         "nftables" => nft_table_in(ns, peer),
-        _ => bpf_attached_in(peer, &uid),
+        _ => bpf_attached_in(peer, uid),
     };
-    let took = wait(
+    let (uid, netns, took) = wait(
         "peerwall to enforce inside the new gateway pod",
         Duration::from_secs(60),
-        || enforced(&netns).then(|| t0.elapsed()),
+        || {
+            current()
+                .into_iter()
+                .find(|(u, ns)| enforced(ns, u))
+                .map(|(u, ns)| (u, ns, t0.elapsed()))
+        },
     );
     let (_, ip) = wait("the gateway pod to run", Duration::from_secs(90), || {
         pod(node, &tenant, "networking.liqo.io/component=gateway")
