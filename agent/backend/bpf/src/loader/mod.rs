@@ -160,6 +160,15 @@ impl std::fmt::Debug for BpfBackend {
     }
 }
 
+/// The tc entry for an interface: by its link-layer header length.
+fn tc_entry(iface: &HostIface) -> &'static str {
+    if iface.l2_len == 0 {
+        TC_L3_PROGRAM
+    } else {
+        TC_PROGRAM
+    }
+}
+
 /// Changes at most this many entries in place; more go through the idle slot.
 const IN_PLACE_LIMIT: usize = 256;
 
@@ -271,12 +280,7 @@ impl BpfBackend {
     /// unfiltered and meets a filtering one on its way back without conntrack having seen it.
     pub fn prepare(&mut self, ifaces: &[&HostIface], xdp: bool) -> Result<(), BpfError> {
         for iface in ifaces {
-            let entry = if iface.l2_len == 0 {
-                TC_L3_PROGRAM
-            } else {
-                TC_PROGRAM
-            };
-            let _: &mut SchedClassifier = self.loaded(entry)?;
+            let _: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
             if xdp && iface.l2_len == 14 {
                 let _: &mut Xdp = self.loaded(XDP_PROGRAM)?;
             }
@@ -291,12 +295,7 @@ impl BpfBackend {
         let links = self.pin_dir.join("links");
         let tc_pin = links.join(link_pin_name("tc", &iface.name));
         if !tc_pin.exists() {
-            let entry = if iface.l2_len == 0 {
-                TC_L3_PROGRAM
-            } else {
-                TC_PROGRAM
-            };
-            let prog: &mut SchedClassifier = self.loaded(entry)?;
+            let prog: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
             let attach_err = |what: String| move |source| BpfError::Program { what, source };
             let id = prog
                 .attach_with_options(
