@@ -13,6 +13,9 @@ use std::fmt;
 #[cfg(feature = "kube")]
 pub use types::FirewallConfiguration;
 pub use types::FirewallConfigurationSpec;
+#[cfg(feature = "kube")]
+pub use types::AddressSet;
+pub use types::AddressSetSpec;
 
 /// Identity of the object a policy came from (`namespace/name`, Liqo's marked `liqo:`), carried
 /// through the IR so every rule traces back to it.
@@ -34,6 +37,24 @@ pub struct PolicyObject {
     pub spec: FirewallConfigurationSpec,
     /// Enforced by peerwall, or only observed.
     pub role: Role,
+}
+
+/// An `AddressSet` (a slice of a named set of a FirewallConfiguration) as compilation input.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AddressSetObject {
+    /// `namespace/name` of the slice.
+    pub origin: Origin,
+    /// Namespace (its FirewallConfiguration is in the same one).
+    pub namespace: String,
+    /// The spec.
+    pub spec: AddressSetSpec,
+}
+
+impl AddressSetObject {
+    /// Origin of the FirewallConfiguration it fills (`namespace/name`, peerwall's group).
+    pub fn target(&self) -> Origin {
+        Origin(format!("{}/{}", self.namespace, self.spec.firewall_configuration))
+    }
 }
 
 /// What peerwall does with an object.

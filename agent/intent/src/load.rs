@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use super::types::FirewallConfigurationSpec;
-use crate::{Origin, PolicyObject};
+use super::types::{AddressSetSpec, FirewallConfigurationSpec};
+use crate::{AddressSetObject, Origin, PolicyObject};
 
 /// peerwall's group.
 pub const GROUP: &str = "peerwall.io";
@@ -29,6 +29,17 @@ pub const LIQO_VERSION: &str = "v1beta1";
 pub const LIQO_API_VERSION: &str = "networking.liqo.io/v1beta1";
 /// Kind (the same in both groups).
 pub const KIND: &str = "FirewallConfiguration";
+/// Kind of peerwall's address-set slices (`peerwall.io/v1alpha1` only).
+pub const ADDRESS_SET_KIND: &str = "AddressSet";
+
+/// Everything read from some input: FirewallConfigurations and AddressSets.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Loaded {
+    /// FirewallConfigurations of either group.
+    pub objects: Vec<PolicyObject>,
+    /// peerwall's AddressSets.
+    pub address_sets: Vec<AddressSetObject>,
+}
 /// Origin prefix of objects of Liqo's group.
 pub const LIQO_ORIGIN_PREFIX: &str = "liqo:";
 
@@ -95,8 +106,8 @@ pub enum LoadError {
         /// File and document.
         origin: String,
     },
-    /// No FirewallConfiguration in the input.
-    #[error("no FirewallConfiguration ({API_VERSION} or {LIQO_API_VERSION}) found in {0}")]
+    /// No FirewallConfiguration or AddressSet in the input.
+    #[error("no FirewallConfiguration ({API_VERSION} or {LIQO_API_VERSION}) or AddressSet found in {0}")]
     Nothing(String),
 }
 
@@ -111,7 +122,7 @@ struct Head {
 fn object_from_value(
     value: serde_yaml::Value,
     origin: &str,
-    out: &mut Vec<PolicyObject>,
+    out: &mut Loaded,
 ) -> Result<(), LoadError> {
     let head: Head = serde_yaml::from_value(value.clone()).unwrap_or(Head {
         api_version: None,
@@ -119,7 +130,9 @@ fn object_from_value(
     });
     let group = head.api_version.as_deref().and_then(Group::of_api_version);
     match (group, head.kind.as_deref()) {
-        (_, Some("List")) | (Some(_), Some("FirewallConfigurationList")) => {
+        (_, Some("List"))
+        | (Some(_), Some("FirewallConfigurationList"))
+        | (Some(Group::Peerwall), Some("AddressSetList")) => {
             if let Some(items) = value.get("items").and_then(|v| v.as_sequence()) {
                 for (i, item) in items.iter().enumerate() {
                     object_from_value(item.clone(), &format!("{origin} items[{i}]"), out)?;
@@ -129,7 +142,11 @@ fn object_from_value(
         }
         (Some(group), Some(KIND)) => {
             // Liqo's schema is peerwall's without the extensions: one reader for both.
-            out.push(object_from(value, origin, group)?);
+            out.objects.push(object_from(value, origin, group)?);
+            Ok(())
+        }
+        (Some(Group::Peerwall), Some(ADDRESS_SET_KIND)) => {
+            out.address_sets.push(address_set_from(value, origin)?);
             Ok(())
         }
         // Other manifests (Namespaces, Pods, ...) may share a file: they are not ours.
@@ -184,6 +201,53 @@ fn object_from<'de, D: serde::Deserializer<'de>>(
     })
 }
 
+#[derive(Deserialize)]
+struct SliceDocument {
+    #[serde(default)]
+    metadata: Metadata,
+    spec: AddressSetSpec,
+}
+
+/// Deserialize one AddressSet (from YAML or JSON), naming the field path on error.
+fn address_set_from<'de, D: serde::Deserializer<'de>>(
+    value: D,
+    origin: &str,
+) -> Result<AddressSetObject, LoadError> {
+    let doc: SliceDocument =
+        serde_path_to_error::deserialize(value).map_err(|e| LoadError::Field {
+            origin: origin.to_string(),
+            path: e.path().to_string(),
+            message: e.inner().to_string(),
+        })?;
+    let name = doc.metadata.name.ok_or_else(|| LoadError::MissingName {
+        origin: origin.to_string(),
+    })?;
+    let namespace = doc
+        .metadata
+        .namespace
+        .unwrap_or_else(|| "default".to_string());
+    Ok(AddressSetObject {
+        origin: Origin(format!("{namespace}/{name}")),
+        namespace,
+        spec: doc.spec,
+    })
+}
+
+/// One AddressSet as the API server sends it (origin `namespace/name`).
+pub fn address_set_from_json(value: serde_json::Value) -> Result<AddressSetObject, LoadError> {
+    let origin = Group::Peerwall.origin(
+        value
+            .pointer("/metadata/namespace")
+            .and_then(|v| v.as_str())
+            .unwrap_or("default"),
+        value
+            .pointer("/metadata/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("?"),
+    );
+    address_set_from(value, &origin)
+}
+
 /// One FirewallConfiguration of `group` as the API server sends it (a watch event, an
 /// admission review): the same field-path errors as files, origin `namespace/name` (Liqo's
 /// marked `liqo:`). `apiVersion` and `kind` are not checked: the caller knows the resource.
@@ -203,7 +267,12 @@ pub fn object_from_json(value: serde_json::Value, group: Group) -> Result<Policy
 
 /// Parse every FirewallConfiguration in a YAML stream. `origin` names the stream in errors.
 pub fn parse_documents(text: &str, origin: &str) -> Result<Vec<PolicyObject>, LoadError> {
-    let mut out = Vec::new();
+    Ok(parse_all(text, origin)?.objects)
+}
+
+/// Parse every FirewallConfiguration and AddressSet in a YAML stream.
+pub fn parse_all(text: &str, origin: &str) -> Result<Loaded, LoadError> {
+    let mut out = Loaded::default();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let doc_origin = format!("{origin} (document {})", i + 1);
         let value = serde_yaml::Value::deserialize(doc).map_err(|source| LoadError::Yaml {
@@ -240,7 +309,12 @@ fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
 
 /// Load every FirewallConfiguration from files and directories (non-recursive, *.yaml/*.yml).
 pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<PolicyObject>, LoadError> {
-    let mut out = Vec::new();
+    Ok(load_paths_all(paths)?.objects)
+}
+
+/// Load every FirewallConfiguration and AddressSet from files and directories.
+pub fn load_paths_all(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
+    let mut out = Loaded::default();
     for p in paths {
         let files = if p.is_dir() {
             yaml_files(p)?
@@ -252,10 +326,12 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<PolicyObject>, LoadError> {
                 path: f.clone(),
                 source,
             })?;
-            out.extend(parse_documents(&text, &f.display().to_string())?);
+            let more = parse_all(&text, &f.display().to_string())?;
+            out.objects.extend(more.objects);
+            out.address_sets.extend(more.address_sets);
         }
     }
-    if out.is_empty() {
+    if out.objects.is_empty() && out.address_sets.is_empty() {
         let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
         return Err(LoadError::Nothing(names.join(", ")));
     }

@@ -7,5 +7,6 @@
 
 pub mod compile;
 pub mod ir;
+pub mod sliced;
 #[cfg(feature = "testgen")]
 pub mod testgen;

@@ -98,6 +98,15 @@ pub enum Problem {
     Empty,
     /// A rule testing both IPv4 and IPv6 addresses (nft refuses it; it could never match).
     RuleMixesFamilies,
+    /// `fromAddressSets` on a set that does not hold addresses.
+    SlicesNeedAddresses,
+    /// An AddressSet holding more addresses than a slice may.
+    TooManyAddresses {
+        /// Addresses in it.
+        count: usize,
+        /// Limit.
+        max: usize,
+    },
     /// A set element that is not of the set's key type.
     BadSetElement {
         /// Element.
@@ -166,6 +175,14 @@ impl fmt::Display for Problem {
             Self::RuleMixesFamilies => write!(
                 f,
                 "the rule tests both IPv4 and IPv6 addresses and could never match; split it in two rules"
+            ),
+            Self::SlicesNeedAddresses => write!(
+                f,
+                "true is not allowed: address sets fill sets of ipv4_addr, ipv4_cidr, ipv6_addr or ipv6_cidr keys"
+            ),
+            Self::TooManyAddresses { count, max } => write!(
+                f,
+                "{count} addresses; an AddressSet holds at most {max} (split them over several)"
             ),
             Self::BadSetElement { value, key_type } => {
                 write!(f, "{value:?} is not a valid {key_type} element")

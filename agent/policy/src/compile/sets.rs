@@ -93,9 +93,16 @@ pub(super) fn lower_sets(cx: &mut Cx, table: &api::Table, family: TableFamily) -
             Some(f) => SetElements::Addr(AddrSet::from_ranges(f, addr_ranges)),
             None => SetElements::Port(PortSet::from_ranges(port_ranges)),
         };
+        if set.from_address_sets && fam.is_none() {
+            cx.err(
+                format!("{path}.fromAddressSets"),
+                Problem::SlicesNeedAddresses,
+            );
+        }
         out.push(NamedSet {
             name: set.name.clone(),
             elements,
+            from_slices: set.from_address_sets,
         });
     }
     out

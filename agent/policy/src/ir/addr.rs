@@ -181,6 +181,108 @@ impl AddrSet {
     }
 }
 
+/// What edits of an [`AddrSet`] changed in its canonical form: the canonical ranges that were
+/// in it and are gone, and the ones that are new. Both sorted; a range never in both. This is
+/// exactly what a backend holding the canonical ranges must delete and add, so a one-address
+/// edit of a 100k-address set costs the backend one or two elements, not a diff of the set.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RangeEdit {
+    /// Canonical ranges no longer in the set.
+    pub removed: std::collections::BTreeSet<AddrRange>,
+    /// Canonical ranges new in the set.
+    pub added: std::collections::BTreeSet<AddrRange>,
+}
+
+impl RangeEdit {
+    /// Nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.removed.is_empty() && self.added.is_empty()
+    }
+
+    /// Compose: `self` followed by `next` (a range added and removed again cancels out).
+    pub fn then(&mut self, next: RangeEdit) {
+        for r in next.removed {
+            if !self.added.remove(&r) {
+                self.removed.insert(r);
+            }
+        }
+        for r in next.added {
+            if !self.removed.remove(&r) {
+                self.added.insert(r);
+            }
+        }
+    }
+
+    fn replaced(old: &[AddrRange], new: Vec<AddrRange>) -> Self {
+        let (old, new): (std::collections::BTreeSet<_>, std::collections::BTreeSet<_>) =
+            (old.iter().copied().collect(), new.into_iter().collect());
+        Self {
+            removed: old.difference(&new).copied().collect(),
+            added: new.difference(&old).copied().collect(),
+        }
+    }
+}
+
+impl AddrSet {
+    /// Add the addresses of `r` (clipped to the family); returns what changed. O(log n) search
+    /// plus one splice of the ranges `r` touches.
+    pub fn insert_range(&mut self, r: AddrRange) -> RangeEdit {
+        let r = AddrRange {
+            lo: r.lo,
+            hi: r.hi.min(self.family.max()),
+        };
+        if r.lo > r.hi {
+            return RangeEdit::default();
+        }
+        // Ranges overlapping or adjacent to `r` merge with it.
+        let i = self
+            .ranges
+            .partition_point(|x| x.hi != u128::MAX && x.hi + 1 < r.lo);
+        let j = self
+            .ranges
+            .partition_point(|x| r.hi == u128::MAX || x.lo <= r.hi + 1);
+        let j = j.max(i);
+        let merged = AddrRange {
+            lo: self.ranges[i..j].first().map_or(r.lo, |x| x.lo.min(r.lo)),
+            hi: self.ranges[i..j].last().map_or(r.hi, |x| x.hi.max(r.hi)),
+        };
+        let edit = RangeEdit::replaced(&self.ranges[i..j], vec![merged]);
+        if !edit.is_empty() {
+            self.ranges.splice(i..j, [merged]);
+        }
+        edit
+    }
+
+    /// Remove the addresses of `r`; returns what changed.
+    pub fn remove_range(&mut self, r: AddrRange) -> RangeEdit {
+        if r.lo > r.hi {
+            return RangeEdit::default();
+        }
+        let i = self.ranges.partition_point(|x| x.hi < r.lo);
+        let j = self.ranges.partition_point(|x| x.lo <= r.hi).max(i);
+        if i == j {
+            return RangeEdit::default();
+        }
+        let mut left = Vec::with_capacity(2);
+        let (first, last) = (self.ranges[i], self.ranges[j - 1]);
+        if first.lo < r.lo {
+            left.push(AddrRange {
+                lo: first.lo,
+                hi: r.lo - 1,
+            });
+        }
+        if last.hi > r.hi {
+            left.push(AddrRange {
+                lo: r.hi + 1,
+                hi: last.hi,
+            });
+        }
+        let edit = RangeEdit::replaced(&self.ranges[i..j], left.clone());
+        self.ranges.splice(i..j, left);
+        edit
+    }
+}
+
 /// Render one range as an address, a prefix when it is exactly one, else `a-b`.
 pub fn format_range(family: IpFamily, r: AddrRange) -> String {
     let lo = u128_to_addr(family, r.lo);
@@ -419,6 +521,35 @@ mod tests {
             let via_prefixes = set.to_prefixes().iter().any(|n| n.contains(&addr));
             prop_assert_eq!(via_prefixes, expected);
             for w in set.ranges().windows(2) { prop_assert!(w[0].hi + 1 < w[1].lo); }
+        }
+
+        // Edits keep the canonical form, equal rebuilding from scratch, and their RangeEdit
+        // turns the old canonical ranges into the new ones (what a backend replays).
+        #[test]
+        fn edits_match_rebuilding(ops in proptest::collection::vec((any::<bool>(), 0u32..300, 0u32..20), 0..40)) {
+            let mut set = AddrSet::empty(IpFamily::V4);
+            let mut model = std::collections::BTreeSet::new();
+            let mut total = RangeEdit::default();
+            let start: std::collections::BTreeSet<AddrRange> = set.ranges().iter().copied().collect();
+            for (add, lo, len) in ops {
+                let r = AddrRange { lo: lo as u128, hi: (lo + len) as u128 };
+                let before: std::collections::BTreeSet<AddrRange> = set.ranges().iter().copied().collect();
+                let edit = if add { set.insert_range(r) } else { set.remove_range(r) };
+                for a in lo..=lo + len {
+                    if add { model.insert(a); } else { model.remove(&a); }
+                }
+                let rebuilt = AddrSet::from_ranges(IpFamily::V4, model.iter().map(|a| AddrRange { lo: *a as u128, hi: *a as u128 }));
+                prop_assert_eq!(&set, &rebuilt);
+                let mut replay = before;
+                for x in &edit.removed { prop_assert!(replay.remove(x)); }
+                for x in &edit.added { prop_assert!(replay.insert(*x)); }
+                prop_assert_eq!(replay.into_iter().collect::<Vec<_>>(), set.ranges().to_vec());
+                total.then(edit);
+            }
+            let mut replay = start;
+            for x in &total.removed { prop_assert!(replay.remove(x)); }
+            for x in &total.added { prop_assert!(replay.insert(*x)); }
+            prop_assert_eq!(replay.into_iter().collect::<Vec<_>>(), set.ranges().to_vec());
         }
 
         #[test]

@@ -8,10 +8,12 @@
 pub mod addr;
 pub mod eval;
 pub mod nat;
+pub mod sets;
 
 use std::fmt;
 
-pub use addr::{AddrRange, AddrSet, IpFamily, PortSet};
+pub use addr::{AddrRange, AddrSet, IpFamily, PortSet, RangeEdit};
+pub use sets::{SetChange, SetEditError, SetOp};
 pub use eval::{
     evaluate, evaluate_at_ingress, CtState, Packet, PacketPath, Verdict, VerdictAction,
 };
@@ -88,6 +90,9 @@ pub struct NamedSet {
     pub name: String,
     /// Contents.
     pub elements: SetElements,
+    /// Also filled from `AddressSet` slices (`fromAddressSets: true`): its contents are the
+    /// inline elements plus every slice's addresses ([`crate::sliced`]).
+    pub from_slices: bool,
 }
 
 /// Contents of a named set.
