@@ -1,17 +1,9 @@
 //! The enforcement engine every policy source shares ([`Engine`]: compile, apply through any
-//! backend, metrics, logs), and the directory source (`peerwall agent --source dir:PATH`):
-//! keep a directory of FirewallConfiguration YAML enforced.
-//!
-//! The directory is polled; when its contents change, every object is loaded, validated and
-//! compiled into one policy and applied through the chosen backend. An invalid change is
-//! logged and not applied: the last good policy stays in force. The nftables backend's drift
-//! check runs on every tick and repairs tables someone deleted or edited.
-//! [`Engine`] is the part every source shares; the Kubernetes source is [`crate::k8s::agent`].
+//! backend, metrics, logs). The sources: the directory ([`crate::dir`]) and Kubernetes
+//! ([`crate::k8s::agent`]).
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::Instant;
 
 use anyhow::Context;
 
@@ -20,7 +12,6 @@ use peerwall_backend_bpf::BpfEnforcer;
 use peerwall_backend_nftables::{Nft, NftBackend};
 
 use crate::cli::BackendKind;
-use peerwall_intent::load;
 use peerwall_policy::compile;
 
 /// Where policies come from.
@@ -66,6 +57,12 @@ pub trait Enforcer: Send {
     fn name(&self) -> &'static str;
     /// Make `policy` the whole policy in force; the report as text.
     fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> Result<String, BackendFailure>;
+    /// [`Backend::update_sets`]: `policy` differs from the last one applied only by `changes`.
+    fn update_sets(
+        &mut self,
+        policy: &peerwall_policy::ir::Policy,
+        changes: &[peerwall_policy::ir::SetChange],
+    ) -> Result<String, BackendFailure>;
     /// Restore what drifted.
     fn repair(&mut self) -> Result<Vec<Drift>, BackendFailure>;
     /// Rule counters of what is in force.
@@ -85,6 +82,16 @@ impl<B: Backend> Enforcer for B {
             .map_err(failure(Backend::name(self), "applying"))
     }
 
+    fn update_sets(
+        &mut self,
+        policy: &peerwall_policy::ir::Policy,
+        changes: &[peerwall_policy::ir::SetChange],
+    ) -> Result<String, BackendFailure> {
+        Backend::update_sets(self, policy, changes)
+            .map(|r| r.to_string())
+            .map_err(failure(Backend::name(self), "updating sets"))
+    }
+
     fn repair(&mut self) -> Result<Vec<Drift>, BackendFailure> {
         Backend::repair(self).map_err(failure(Backend::name(self), "repairing drift"))
     }
@@ -96,24 +103,6 @@ impl<B: Backend> Enforcer for B {
     fn environment(&self) -> Vec<HostInterface> {
         Backend::environment(self)
     }
-}
-
-/// Fingerprint of a directory: names, sizes and modification times of its YAML files.
-fn fingerprint(dir: &Path) -> std::io::Result<BTreeMap<PathBuf, (u64, SystemTime)>> {
-    let mut out = BTreeMap::new();
-    for e in std::fs::read_dir(dir)? {
-        let e = e?;
-        let p = e.path();
-        let yaml = p
-            .extension()
-            .and_then(|x| x.to_str())
-            .is_some_and(|x| x == "yaml" || x == "yml");
-        if yaml {
-            let m = e.metadata()?;
-            out.insert(p, (m.len(), m.modified()?));
-        }
-    }
-    Ok(out)
 }
 
 fn failure<E: std::error::Error + Send + Sync + 'static>(
@@ -178,6 +167,11 @@ impl Engine {
             last_env: None,
             warned: Vec::new(),
         }
+    }
+
+    /// Count a policy change refused by validation.
+    pub fn count_invalid(&self) {
+        self.update(|m| m.invalid_policies += 1);
     }
 
     fn update(&self, f: impl FnOnce(&mut crate::metrics::AgentMetrics)) {
@@ -246,6 +240,44 @@ impl Engine {
         }
     }
 
+    /// Apply a policy that differs from the one in force only by `changes` (address slices
+    /// merged in place, [`peerwall_policy::sliced::Sliced`]): the backend changes just those
+    /// set elements. On error nothing changes and the caller falls back to a full apply.
+    pub fn update_sets(
+        &mut self,
+        policy: &peerwall_policy::ir::Policy,
+        changes: &[peerwall_policy::ir::SetChange],
+        started: Instant,
+    ) -> Result<(), EnforceError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        match self.enforcer.update_sets(policy, changes) {
+            Ok(summary) => {
+                self.generation += 1;
+                let secs = started.elapsed().as_secs_f64();
+                let generation = self.generation;
+                self.update(|m| {
+                    m.generation = generation;
+                    m.set_updates += 1;
+                    m.observe_apply(secs);
+                });
+                tracing::debug!(
+                    generation,
+                    sets = changes.len(),
+                    apply_ms = secs * 1e3,
+                    %summary,
+                    "set elements updated"
+                );
+                Ok(())
+            }
+            Err(e) => {
+                self.update(|m| m.apply_errors += 1);
+                Err(EnforceError::Apply(e))
+            }
+        }
+    }
+
     /// Whether the host changed under the applied policy (bpf: the interface list), so the
     /// policy must be applied again.
     pub fn environment_changed(&self) -> bool {
@@ -266,72 +298,4 @@ impl Engine {
             self.update(|m| m.rules = rules);
         }
     }
-}
-
-/// Run until `stop` is set: apply the directory's policy whenever it changes. Objects in the
-/// `observed` directories are another enforcer's, read for their NAT only.
-pub fn run_dir(
-    dir: &Path,
-    observed: &[PathBuf],
-    engine: &mut Engine,
-    interval: Duration,
-    stop: Arc<crate::shutdown::Shutdown>,
-) -> anyhow::Result<()> {
-    let mut last = None;
-    let mut pending = None;
-    while !stop.is_set() {
-        let mut fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
-        for o in observed {
-            fp.extend(fingerprint(o).with_context(|| format!("reading {}", o.display()))?);
-        }
-        let env_changed = engine.environment_changed();
-        // A change is read once the directory looked the same on two polls in a row, so a
-        // file caught half-written by a non-atomic editor is not reported as invalid.
-        let settled = pending.as_ref() == Some(&fp);
-        if last.as_ref() != Some(&fp) && !settled {
-            pending = Some(fp);
-        } else if last.as_ref() != Some(&fp) || env_changed {
-            if env_changed {
-                tracing::info!("interfaces changed: re-applying");
-            }
-            let loaded = load::load_paths(&[dir.to_path_buf()]).and_then(|mut objs| {
-                // An empty observed directory is normal: nothing remapped.
-                let with_files: Vec<PathBuf> = observed
-                    .iter()
-                    .filter(|o| fingerprint(o).is_ok_and(|f| !f.is_empty()))
-                    .cloned()
-                    .collect();
-                if !with_files.is_empty() {
-                    let mut seen = load::load_paths(&with_files)?;
-                    for o in &mut seen {
-                        o.role = peerwall_intent::Role::Observe;
-                    }
-                    objs.extend(seen);
-                }
-                Ok(objs)
-            });
-            match loaded {
-                Ok(objs) => match engine.enforce(&objs) {
-                    Ok(()) => {}
-                    Err(EnforceError::Invalid(e)) => tracing::error!(
-                        error = %e,
-                        "invalid policy not applied; previous policy stays"
-                    ),
-                    Err(e) => {
-                        tracing::error!(error = %e, "apply failed; previous policy stays")
-                    }
-                },
-                Err(e) => {
-                    engine.update(|m| m.invalid_policies += 1);
-                    tracing::error!(error = %e, "invalid policy not applied; previous policy stays")
-                }
-            }
-            last = Some(fp);
-        } else {
-            engine.maintain();
-        }
-        stop.wait_timeout(interval);
-    }
-    tracing::info!("agent stopping; enforcement stays in place");
-    Ok(())
 }

@@ -10,6 +10,7 @@
 //! [`protection`] decisions, [`metrics`], and [`lab`], the gateway lab.
 
 pub mod cli;
+pub mod dir;
 pub mod engine;
 pub mod k8s;
 pub mod lab;

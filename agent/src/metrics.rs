@@ -36,6 +36,8 @@ pub struct AgentMetrics {
     pub invalid_policies: u64,
     /// Drift repairs (nftables).
     pub drift_repairs: u64,
+    /// Applies that changed only set elements (address slices, in O(changes)).
+    pub set_updates: u64,
     /// Rule counters of the applied policy.
     pub rules: Vec<RuleCounter>,
     /// Whether a policy is in force.
@@ -118,7 +120,13 @@ impl AgentMetrics {
                 "counter",
                 "Tables restored after someone deleted or edited them.",
             )
-            .with(sample("", bare, self.drift_repairs)),
+            .with(sample("", bare.clone(), self.drift_repairs)),
+            Family::new(
+                "peerwall_set_updates_total",
+                "counter",
+                "Applies that changed only the elements of address sets (AddressSet slices), without recompiling.",
+            )
+            .with(sample("", bare, self.set_updates)),
             Family::new(
                 "peerwall_rule_packets_total",
                 "counter",
@@ -293,6 +301,10 @@ pub struct ControllerMetrics {
     pub held_back_addresses: u64,
     /// Gateway FirewallConfigurations written.
     pub gateway_writes: u64,
+    /// AddressSet slices written.
+    pub slice_writes: u64,
+    /// Empty AddressSet slices deleted.
+    pub slice_deletes: u64,
     /// NetworkPolicies applied.
     pub network_policy_writes: u64,
     /// NetworkPolicies removed.
@@ -328,6 +340,18 @@ impl Exposition for ControllerMetrics {
                 "counter",
                 "Gateway FirewallConfigurations written.",
                 self.gateway_writes,
+            ),
+            (
+                "peerwall_controller_address_set_writes_total",
+                "counter",
+                "AddressSet slices written (created or changed).",
+                self.slice_writes,
+            ),
+            (
+                "peerwall_controller_address_set_deletes_total",
+                "counter",
+                "Empty AddressSet slices deleted once every agent applied their emptying.",
+                self.slice_deletes,
             ),
             (
                 "peerwall_controller_network_policy_writes_total",

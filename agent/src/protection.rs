@@ -326,6 +326,7 @@ pub fn table_name(peer: &str) -> String {
 
 fn set_of(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
     api::Set {
+        from_address_sets: true,
         name,
         key_type: Some(if v6 {
             api::SetDataType::Ipv6Addr
@@ -364,6 +365,9 @@ fn in_set(set: String, pos: api::MatchPosition) -> api::Match {
 
 /// The gateway FirewallConfiguration `spec` for one peer: named sets of its offloaded pods
 /// (and of our pods it runs), and one forward chain whose rules all test the tunnel first.
+/// Every set also takes AddressSet slices (`fromAddressSets`): the controller publishes the
+/// addresses as slices ([`layout`]) and passes empty inline sets; small setups and tests may
+/// pass the addresses inline.
 pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> api::FirewallConfigurationSpec {
     use api::MatchPosition::{Dst, Src};
     let from_tunnel = eq(api::Match {
@@ -474,6 +478,132 @@ pub fn gateway_object(peer: &Peer, s: &PeerSets, opts: &Options) -> Value {
     })
 }
 
+/// The names of the sets of a gateway configuration, each with the addresses of `s` it holds.
+pub fn set_contents<'a>(s: &'a PeerSets, opts: &Options) -> Vec<(String, BTreeSet<IpAddr>)> {
+    let mut names: Vec<(&str, &'a BTreeSet<IpAddr>)> =
+        vec![("offloaded", &s.offloaded), ("remote", &s.remote)];
+    if opts.block_leaf_to_leaf {
+        names.push(("elsewhere", &s.elsewhere));
+    }
+    names
+        .into_iter()
+        .flat_map(|(name, ips)| {
+            [
+                (
+                    name.to_string(),
+                    ips.iter().filter(|i| i.is_ipv4()).copied().collect(),
+                ),
+                (
+                    format!("{name}6"),
+                    ips.iter().filter(|i| i.is_ipv6()).copied().collect(),
+                ),
+            ]
+        })
+        .collect()
+}
+
+/// Label naming the set an AddressSet fills (besides `spec.set`, for selection).
+pub const SET_LABEL: &str = "peerwall.io/set";
+
+/// One AddressSet slice of a gateway configuration's set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Slice {
+    /// Object name.
+    pub name: String,
+    /// Set it fills.
+    pub set: String,
+    /// Addresses (at most [`peerwall_intent::types::MAX_SLICE_ADDRESSES`]).
+    pub addresses: BTreeSet<IpAddr>,
+}
+
+/// Name of slice number `n` of set `set`.
+pub fn slice_name(set: &str, n: usize) -> String {
+    format!("{GATEWAY_CONFIG}-{set}-{n:04}")
+}
+
+/// Lay the `desired` addresses of set `set` over its `current` slices, EndpointSlice style:
+/// an address that left is taken out of its slice, an address that stays never moves, a new
+/// address fills the slice with the most room or a new slice. Returns only the slices whose
+/// content changes (an emptied slice comes back empty: the caller deletes it once every agent
+/// has applied its removal). A change of k addresses rewrites at most k slices.
+pub fn layout(set: &str, current: &[Slice], desired: &BTreeSet<IpAddr>) -> Vec<Slice> {
+    use peerwall_intent::types::MAX_SLICE_ADDRESSES;
+    let mut slices: Vec<Slice> = current.to_vec();
+    let mut changed: BTreeSet<usize> = BTreeSet::new();
+    let mut placed: BTreeSet<IpAddr> = BTreeSet::new();
+    for (i, sl) in slices.iter_mut().enumerate() {
+        let before = sl.addresses.len();
+        // An address listed twice (a lost race) stays in its first slice only.
+        sl.addresses
+            .retain(|a| desired.contains(a) && !placed.contains(a));
+        placed.extend(sl.addresses.iter().copied());
+        if sl.addresses.len() != before {
+            changed.insert(i);
+        }
+    }
+    let mut new: Vec<IpAddr> = desired.difference(&placed).copied().collect();
+    new.reverse();
+    while let Some(a) = new.pop() {
+        let room = slices
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.addresses.len() < MAX_SLICE_ADDRESSES)
+            .min_by_key(|(_, s)| s.addresses.len())
+            .map(|(i, _)| i);
+        let i = match room {
+            Some(i) => i,
+            None => {
+                let used: BTreeSet<&str> = slices.iter().map(|s| s.name.as_str()).collect();
+                let n = (0..)
+                    .find(|n| !used.contains(slice_name(set, *n).as_str()))
+                    .unwrap_or_default();
+                slices.push(Slice {
+                    name: slice_name(set, n),
+                    set: set.to_string(),
+                    addresses: BTreeSet::new(),
+                });
+                slices.len() - 1
+            }
+        };
+        slices[i].addresses.insert(a);
+        changed.insert(i);
+    }
+    changed.into_iter().map(|i| slices[i].clone()).collect()
+}
+
+/// Every slice of a peer's gateway configuration, laid out from scratch (what the controller
+/// publishes for `s` when nothing is published yet).
+pub fn peer_slices(s: &PeerSets, opts: &Options) -> Vec<Slice> {
+    set_contents(s, opts)
+        .into_iter()
+        .flat_map(|(set, ips)| layout(&set, &[], &ips))
+        .collect()
+}
+
+/// An AddressSet as the controller publishes it (in the peer's tenant namespace, with the
+/// gateway configuration's labels so that the peer's agents select it).
+pub fn address_set_object(peer: &Peer, slice: &Slice) -> Value {
+    json!({
+        "apiVersion": peerwall_intent::load::API_VERSION,
+        "kind": peerwall_intent::load::ADDRESS_SET_KIND,
+        "metadata": {
+            "name": slice.name,
+            "namespace": peer.tenant_namespace,
+            "labels": {
+                TARGET: TARGET_GATEWAY,
+                PEER: peer.id,
+                MANAGED_BY: MANAGER,
+                SET_LABEL: slice.set,
+            },
+        },
+        "spec": {
+            "firewallConfiguration": GATEWAY_CONFIG,
+            "set": slice.set,
+            "addresses": slice.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        },
+    })
+}
+
 pub fn network_policy_spec(consumer: &str) -> Value {
     json!({
         "podSelector": {},
@@ -493,6 +623,49 @@ pub fn network_policy_spec(consumer: &str) -> Value {
 mod tests {
     use super::*;
     use peerwall_policy::compile::{validate, PolicyObject};
+
+    fn many(n: u32) -> BTreeSet<IpAddr> {
+        (0..n)
+            .map(|i| IpAddr::V4(std::net::Ipv4Addr::from(0x0a14_0000 + i)))
+            .collect()
+    }
+
+    #[test]
+    fn slices_are_bounded_and_a_change_rewrites_only_the_slices_it_touches() {
+        let all = many(2500);
+        let first = layout("offloaded", &[], &all);
+        assert_eq!(first.len(), 3);
+        assert!(first.iter().all(|s| s.addresses.len() <= 1000));
+        assert_eq!(first.iter().map(|s| s.addresses.len()).sum::<usize>(), 2500);
+        // One pod gone, one new: at most two slices rewritten, nothing else moves.
+        let mut next = all.clone();
+        let gone = *next.iter().nth(10).unwrap();
+        next.remove(&gone);
+        next.insert("10.21.0.1".parse().unwrap());
+        let changed = layout("offloaded", &first, &next);
+        assert!(changed.len() <= 2, "{}", changed.len());
+        let mut merged: BTreeMap<String, Slice> =
+            first.iter().map(|s| (s.name.clone(), s.clone())).collect();
+        for c in changed {
+            merged.insert(c.name.clone(), c);
+        }
+        let union: BTreeSet<IpAddr> = merged
+            .values()
+            .flat_map(|s| s.addresses.iter().copied())
+            .collect();
+        assert_eq!(union, next);
+        for s in &first {
+            let now = &merged[&s.name];
+            assert!(now
+                .addresses
+                .iter()
+                .all(|a| s.addresses.contains(a) || !all.contains(a)));
+        }
+        // Everything gone: slices come back empty (deleted by the caller once settled).
+        let emptied = layout("offloaded", &first, &BTreeSet::new());
+        assert_eq!(emptied.len(), 3);
+        assert!(emptied.iter().all(|s| s.addresses.is_empty()));
+    }
 
     fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         kv.iter()

@@ -130,6 +130,15 @@ impl<B: Backend + 'static> Backend for InNetns<B> {
         self.call_backend(move |b| b.apply(&p))
     }
 
+    fn update_sets(
+        &mut self,
+        policy: &Policy,
+        changes: &[peerwall_policy::ir::SetChange],
+    ) -> Result<Self::Report, Self::Error> {
+        let (p, c) = (policy.clone(), changes.to_vec());
+        self.call_backend(move |b| b.update_sets(&p, &c))
+    }
+
     fn delete(&mut self) -> Result<Vec<String>, Self::Error> {
         self.call_backend(|b| b.delete())
     }

@@ -11,7 +11,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use peerwall_policy::ir::Policy;
+use peerwall_policy::ir::{Policy, SetChange};
 
 pub use in_netns::{InNetns, InNetnsError};
 
@@ -70,6 +70,20 @@ pub trait Backend: Send {
 
     /// Make `policy` the whole policy in force.
     fn apply(&mut self, policy: &Policy) -> Result<Self::Report, Self::Error>;
+
+    /// Make `policy` the whole policy in force, knowing that it differs from the last one
+    /// applied only by `changes` (named address sets edited in place,
+    /// [`Policy::edit_set`]): a backend that can change just those elements in the kernel
+    /// does so, in O(changes); the default applies `policy` whole. Same contract as
+    /// [`Backend::apply`].
+    fn update_sets(
+        &mut self,
+        policy: &Policy,
+        changes: &[SetChange],
+    ) -> Result<Self::Report, Self::Error> {
+        let _ = changes;
+        self.apply(policy)
+    }
 
     /// Remove everything this backend installed; returns what was removed.
     fn delete(&mut self) -> Result<Vec<String>, Self::Error>;

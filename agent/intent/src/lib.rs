@@ -11,11 +11,11 @@ pub mod types;
 use std::fmt;
 
 #[cfg(feature = "kube")]
-pub use types::FirewallConfiguration;
-pub use types::FirewallConfigurationSpec;
-#[cfg(feature = "kube")]
 pub use types::AddressSet;
 pub use types::AddressSetSpec;
+#[cfg(feature = "kube")]
+pub use types::FirewallConfiguration;
+pub use types::FirewallConfigurationSpec;
 
 /// Identity of the object a policy came from (`namespace/name`, Liqo's marked `liqo:`), carried
 /// through the IR so every rule traces back to it.
@@ -53,7 +53,10 @@ pub struct AddressSetObject {
 impl AddressSetObject {
     /// Origin of the FirewallConfiguration it fills (`namespace/name`, peerwall's group).
     pub fn target(&self) -> Origin {
-        Origin(format!("{}/{}", self.namespace, self.spec.firewall_configuration))
+        Origin(format!(
+            "{}/{}",
+            self.namespace, self.spec.firewall_configuration
+        ))
     }
 }
 

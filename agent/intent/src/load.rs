@@ -107,7 +107,9 @@ pub enum LoadError {
         origin: String,
     },
     /// No FirewallConfiguration or AddressSet in the input.
-    #[error("no FirewallConfiguration ({API_VERSION} or {LIQO_API_VERSION}) or AddressSet found in {0}")]
+    #[error(
+        "no FirewallConfiguration ({API_VERSION} or {LIQO_API_VERSION}) or AddressSet found in {0}"
+    )]
     Nothing(String),
 }
 

@@ -111,7 +111,9 @@ pub enum SliceIssue {
         set: String,
     },
     /// The slice's addresses are of the other family.
-    #[error("spec.addresses: {slice} addresses, but set {set:?} of {target} holds {set_family} ones")]
+    #[error(
+        "spec.addresses: {slice} addresses, but set {set:?} of {target} holds {set_family} ones"
+    )]
     Family {
         /// Configuration.
         target: String,
@@ -194,7 +196,7 @@ impl Sliced {
     /// Merge `slices` into `compiled` (the bulk form: one canonicalization per set). Returns
     /// the merged policy and the slices left out, with why.
     pub fn new(
-        mut compiled: Compiled,
+        compiled: Compiled,
         slices: &[CheckedSlice],
     ) -> (Self, BTreeMap<Origin, SliceIssue>) {
         let mut members: BTreeMap<(String, String), Members> = BTreeMap::new();
@@ -238,7 +240,12 @@ impl Sliced {
             }
         }
         for ((table, set), m) in &out.members {
-            let Some(family) = out.compiled.policy.addr_set(table, set).map(AddrSet::family) else {
+            let Some(family) = out
+                .compiled
+                .policy
+                .addr_set(table, set)
+                .map(AddrSet::family)
+            else {
                 continue;
             };
             let contents = AddrSet::from_ranges(family, m.counts.keys().copied());
@@ -313,7 +320,10 @@ impl Sliced {
         if !same_set {
             let mut changes = self.withdraw(origin);
             let mut ops = Vec::new();
-            let m = self.members.entry((table.clone(), set.clone())).or_default();
+            let m = self
+                .members
+                .entry((table.clone(), set.clone()))
+                .or_default();
             for r in &slice.ranges {
                 m.add(*r, &mut ops);
             }
@@ -335,7 +345,10 @@ impl Sliced {
             .unwrap_or_default();
         let (added, removed) = sorted_diff(&old, &slice.ranges);
         let mut ops = Vec::new();
-        let m = self.members.entry((table.clone(), set.clone())).or_default();
+        let m = self
+            .members
+            .entry((table.clone(), set.clone()))
+            .or_default();
         for r in added {
             m.add(r, &mut ops);
         }

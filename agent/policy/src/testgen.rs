@@ -192,6 +192,7 @@ pub fn random_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
                 SetDataType::Ipv4Addr
             }),
             data_type: None,
+            from_address_sets: false,
             elements: (0..n)
                 .map(|_| SetElement {
                     key: addr(rng, six),

@@ -413,12 +413,18 @@ pub fn crd_yaml() -> anyhow::Result<String> {
             _ => {}
         }
     }
-    let crd = peerwall_intent::FirewallConfiguration::crd();
-    let mut v = serde_json::to_value(&crd)?;
-    if let Some(versions) = v.pointer_mut("/spec/versions") {
-        strip_defaults(versions);
+    let mut docs = Vec::new();
+    for crd in [
+        peerwall_intent::FirewallConfiguration::crd(),
+        peerwall_intent::AddressSet::crd(),
+    ] {
+        let mut v = serde_json::to_value(&crd)?;
+        if let Some(versions) = v.pointer_mut("/spec/versions") {
+            strip_defaults(versions);
+        }
+        docs.push(serde_yaml::to_string(&v)?);
     }
-    Ok(serde_yaml::to_string(&v)?)
+    Ok(docs.join("---\n"))
 }
 
 fn out(s: &str) -> Result<(), CliError> {

@@ -103,7 +103,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                     }
                 }
             }
-            crate::engine::run_dir(&dir, &observed, &mut engine, interval, stop)
+            crate::dir::run(&dir, &observed, &mut engine, interval, stop)
         }
         crate::engine::PolicySource::Kube => crate::k8s::agent::run(
             crate::k8s::agent::Settings {

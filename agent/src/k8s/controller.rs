@@ -35,6 +35,8 @@ pub use crate::protection::GATEWAY_CONFIG;
 /// Name of the NetworkPolicy in each offloaded namespace.
 pub const NETWORK_POLICY: &str = "peerwall-offloaded";
 const FIELD_MANAGER: &str = "peerwall-controller";
+/// How long reconciles wait for more events before a pass (one pass serves them all).
+const DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// Why a reconcile failed (retried with backoff).
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +59,8 @@ struct Ctx {
     namespaces: Store<Namespace>,
     nodes: Store<Node>,
     configs: Store<DynamicObject>,
+    /// peerwall's AddressSets (the slices of the gateway configurations' sets).
+    slices: Store<DynamicObject>,
     /// Liqo's `Configuration`s (read only): how each peer's CIDRs are remapped here. Set once
     /// they can be listed (Liqo's CRD installed, RBAC in place).
     liqo_configs: std::sync::OnceLock<Store<DynamicObject>>,
@@ -174,8 +178,61 @@ fn pod_info(p: &Pod) -> protection::Pod {
     }
 }
 
-/// What the API holds for each peer's gateway configuration.
+/// Whether every host that reports on `obj` has applied its current generation (or none
+/// reports yet).
+fn applied_everywhere(obj: &DynamicObject) -> bool {
+    let generation = obj.metadata.generation.unwrap_or_default();
+    obj.data
+        .pointer("/status/conditions")
+        .and_then(|v| v.as_array())
+        .is_none_or(|conds| {
+            conds.iter().all(|k| {
+                k.get("type").and_then(|t| t.as_str()) == Some("Applied")
+                    && k.get("observedGeneration").and_then(|g| g.as_i64()) >= Some(generation)
+            })
+        })
+}
+
+/// A published slice as the layout sees it.
+fn slice_of(obj: &DynamicObject) -> protection::Slice {
+    protection::Slice {
+        name: obj.name_any(),
+        set: obj
+            .data
+            .pointer("/spec/set")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string(),
+        addresses: obj
+            .data
+            .pointer("/spec/addresses")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().and_then(|a| a.parse().ok()))
+            .collect(),
+    }
+}
+
+/// What the API holds for each peer's gateway configuration: its offloaded addresses (inline
+/// and in its slices) and whether every host has applied all of them.
 fn published(ctx: &Ctx) -> BTreeMap<String, Published> {
+    let mut out = published_configs(ctx);
+    for obj in ctx.slices.state() {
+        let Some(peer) = obj.labels().get(PEER) else {
+            continue;
+        };
+        let p = out.entry(peer.clone()).or_default();
+        p.settled &= applied_everywhere(&obj);
+        let s = slice_of(&obj);
+        if matches!(s.set.as_str(), "offloaded" | "offloaded6") {
+            p.offloaded.extend(s.addresses);
+        }
+    }
+    out
+}
+
+fn published_configs(ctx: &Ctx) -> BTreeMap<String, Published> {
     let mut out = BTreeMap::new();
     for c in ctx.configs.state() {
         if c.name_any() != GATEWAY_CONFIG {
@@ -208,17 +265,7 @@ fn published(ctx: &Ctx) -> BTreeMap<String, Published> {
                     .and_then(|k| k.parse().ok())
             })
             .collect();
-        let generation = c.metadata.generation.unwrap_or_default();
-        let settled = c
-            .data
-            .pointer("/status/conditions")
-            .and_then(|v| v.as_array())
-            .is_none_or(|conds| {
-                conds.iter().all(|k| {
-                    k.get("type").and_then(|t| t.as_str()) == Some("Applied")
-                        && k.get("observedGeneration").and_then(|g| g.as_i64()) >= Some(generation)
-                })
-            });
+        let settled = applied_everywhere(&c);
         out.insert(peer.clone(), Published { offloaded, settled });
     }
     out
@@ -277,14 +324,15 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     let held = gated.held;
     let sets = gated.sets.get(&peer).cloned().unwrap_or_default();
     let ns_name = ns.name_any();
-    let mut body = protection::gateway_object(
-        &protection::Peer {
-            id: peer.clone(),
-            tenant_namespace: ns_name.clone(),
-        },
-        &sets,
-        &ctx.opts,
-    );
+    let who = protection::Peer {
+        id: peer.clone(),
+        tenant_namespace: ns_name.clone(),
+    };
+    // Addresses first, as slices: the configuration that takes them comes after, so a set
+    // never misses addresses it had.
+    publish_slices(&ns, &who, &sets, &ctx).await?;
+    // The addresses live in the slices; the configuration declares the sets.
+    let mut body = protection::gateway_object(&who, &Default::default(), &ctx.opts);
     let current = ctx
         .configs
         .state()
@@ -316,6 +364,53 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     } else {
         Action::await_change()
     })
+}
+
+/// Write the slices of `peer`'s sets whose content changes (O(changed slices)), and delete
+/// slices that are empty and whose emptying every host has applied.
+async fn publish_slices(
+    ns: &Namespace,
+    peer: &protection::Peer,
+    sets: &protection::PeerSets,
+    ctx: &Ctx,
+) -> Result<(), ReconcileError> {
+    let ns_name = &peer.tenant_namespace;
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(ctx.client.clone(), ns_name, &super::address_set_resource());
+    let mine: Vec<Arc<DynamicObject>> = ctx
+        .slices
+        .state()
+        .into_iter()
+        .filter(|o| o.namespace().as_deref() == Some(ns_name.as_str()))
+        .collect();
+    for (set, desired) in protection::set_contents(sets, &ctx.opts) {
+        let current: Vec<protection::Slice> = mine
+            .iter()
+            .map(|o| slice_of(o))
+            .filter(|s| s.set == set)
+            .collect();
+        for slice in protection::layout(&set, &current, &desired) {
+            let mut body = protection::address_set_object(peer, &slice);
+            body["metadata"]["ownerReferences"] = owner_ref(ns);
+            server_side_apply(&api, ns_name, &slice.name, &body).await?;
+            ctx.count(|m| m.slice_writes += 1);
+        }
+    }
+    for o in &mine {
+        let s = slice_of(o);
+        let known_set = protection::set_contents(&Default::default(), &ctx.opts)
+            .iter()
+            .any(|(name, _)| *name == s.set);
+        if (s.addresses.is_empty() || !known_set) && applied_everywhere(o) {
+            let name = o.name_any();
+            match api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => ctx.count(|m| m.slice_deletes += 1),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(source) => return Err(api_error("deleting", ns_name, &name)(source)),
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
@@ -396,6 +491,12 @@ pub fn run(
                 super::fwc_resource(),
                 changed.clone(),
             ),
+            slices: super::cache(
+                Api::all_with(client.clone(), &super::address_set_resource()),
+                wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
+                super::address_set_resource(),
+                changed.clone(),
+            ),
             liqo_configs: std::sync::OnceLock::new(),
             client: client.clone(),
             opts,
@@ -411,6 +512,7 @@ pub fn run(
                 "firewallconfigurations",
                 ctx.configs.wait_until_ready().await,
             ),
+            ("addresssets", ctx.slices.wait_until_ready().await),
         ] {
             ready.with_context(|| format!("the {what} watch ended before its first list"))?;
         }
@@ -468,7 +570,7 @@ pub fn run(
             n.notify.notified().await;
             Some(((), n))
         });
-        let cfg = CtrlConfig::default().debounce(Duration::from_millis(200));
+        let cfg = CtrlConfig::default().debounce(DEBOUNCE);
         let tenant_ns = Api::<Namespace>::all(client.clone());
         let gateways = Controller::new(
             tenant_ns,

@@ -50,6 +50,27 @@ pub fn resource_of(group: Group) -> ApiResource {
     )
 }
 
+/// peerwall's AddressSet resource (`addresssets.peerwall.io`): slices of named sets.
+pub fn address_set_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(load::GROUP, load::VERSION, load::ADDRESS_SET_KIND),
+        "addresssets",
+    )
+}
+
+/// Decode and validate a watched AddressSet (field-path errors, as for files).
+pub fn check_slice(
+    obj: &DynamicObject,
+) -> Result<peerwall_policy::sliced::CheckedSlice, CheckError> {
+    let v = serde_json::to_value(obj).map_err(|e| load::LoadError::Field {
+        origin: key_of(obj),
+        path: ".".into(),
+        message: e.to_string(),
+    })?;
+    let slice = load::address_set_from_json(v)?;
+    Ok(peerwall_policy::sliced::check_slice(&slice)?)
+}
+
 /// Liqo's `Configuration` (`networking.liqo.io/v1beta1`), read for remapped CIDRs.
 pub fn liqo_configuration_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(

@@ -55,6 +55,17 @@ pub fn review(body: &[u8]) -> serde_json::Value {
         return to_json(resp);
     }
     let resp = match (&req.operation, &req.object) {
+        (Operation::Create | Operation::Update, Some(obj))
+            if req.kind.kind == peerwall_intent::load::ADDRESS_SET_KIND =>
+        {
+            match super::check_slice(obj) {
+                Ok(_) => resp,
+                Err(e) => {
+                    tracing::info!(object = %super::key_of(obj), reason = %e, "refused");
+                    resp.deny(e.to_string())
+                }
+            }
+        }
         (Operation::Create | Operation::Update, Some(obj)) => match super::check(obj) {
             Ok((_, warnings)) => {
                 let mut r = resp;

@@ -171,17 +171,46 @@ pub fn lab_world(extra: &[(&str, &str)]) -> protection::World {
     w
 }
 
-/// What the controller would publish for consumer `name` in `world`, as the agent's file.
-pub fn controller_policy(world: &protection::World, name: &str) -> Result<String> {
-    let peer = protection::peers(world)
+fn lab_peer(world: &protection::World, name: &str) -> Result<protection::Peer> {
+    protection::peers(world)
         .into_iter()
         .find(|p| p.id == name)
-        .with_context(|| format!("no tenant namespace for consumer {name}"))?;
-    let sets = protection::sets(world).remove(name).unwrap_or_default();
-    let opts = protection::Options {
+        .with_context(|| format!("no tenant namespace for consumer {name}"))
+}
+
+fn lab_options() -> protection::Options {
+    protection::Options {
         tunnel: protection::DEFAULT_TUNNEL.into(),
         block_leaf_to_leaf: false,
-    };
-    let doc = protection::gateway_object(&peer, &sets, &opts);
+    }
+}
+
+/// The gateway configuration the controller publishes for consumer `name` in `world`, as the
+/// agent's file (its sets declared, their addresses in slices: [`controller_slices`]).
+pub fn controller_policy(world: &protection::World, name: &str) -> Result<String> {
+    let doc =
+        protection::gateway_object(&lab_peer(world, name)?, &Default::default(), &lab_options());
     serde_json::to_string_pretty(&doc).context("encoding the gateway FirewallConfiguration")
+}
+
+/// The AddressSet slices the controller writes for consumer `name` in `world` when `current`
+/// is published (only those that change), each with its file content.
+pub fn controller_slices(
+    world: &protection::World,
+    name: &str,
+    current: &[protection::Slice],
+) -> Result<Vec<(protection::Slice, String)>> {
+    let peer = lab_peer(world, name)?;
+    let sets = protection::sets(world).remove(name).unwrap_or_default();
+    let mut out = Vec::new();
+    for (set, desired) in protection::set_contents(&sets, &lab_options()) {
+        let mine: Vec<protection::Slice> =
+            current.iter().filter(|s| s.set == set).cloned().collect();
+        for slice in protection::layout(&set, &mine, &desired) {
+            let text = serde_json::to_string_pretty(&protection::address_set_object(&peer, &slice))
+                .context("encoding an AddressSet")?;
+            out.push((slice, text));
+        }
+    }
+    Ok(out)
 }

@@ -42,7 +42,7 @@ use peerwall_backend_bpf::loader;
 use crate::protection;
 
 use cluster::{consumers, Consumer, LOCAL_POD, NEW_POD, PROVIDER_CIDR};
-pub use cluster::{controller_policy, lab_world};
+pub use cluster::{controller_policy, controller_slices, lab_world};
 use infra::{in_ns, undo_items, wg_keys, Lab, Registry, Undo};
 use matrix::{probe, Pair, Probes};
 
@@ -286,6 +286,9 @@ fn start_agent(
         dir.join("provider-protection.yaml"),
         controller_policy(&lab_world(&[]), c.name)?,
     )?;
+    for (slice, text) in controller_slices(&lab_world(&[]), c.name, &[])? {
+        std::fs::write(dir.join(format!("{}.yaml", slice.name)), text)?;
+    }
     // Liqo's objects in force in this gateway, which the agent reads (never applies).
     let observed = work.join(format!("liqo-{}", c.name));
     std::fs::create_dir_all(&observed)?;
@@ -509,13 +512,20 @@ fn offload_new_pod(
 ) -> Result<Option<f64>> {
     node.ip(&["addr", "add", &format!("{NEW_POD}/32"), "dev", "lo"])?;
     lab.listeners(node, NEW_POD)?;
+    // The controller rewrites the one slice the new pod joins.
+    let current: Vec<protection::Slice> = controller_slices(&lab_world(&[]), a.name, &[])?
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    let changed = controller_slices(&lab_world(&[(a.name, NEW_POD)]), a.name, &current)?;
+    let (slice, text) = match changed.as_slice() {
+        [one] => one.clone(),
+        other => bail!("the new pod should change one slice, not {}", other.len()),
+    };
     let tmp = dir_a.join(".next.tmp");
-    std::fs::write(
-        &tmp,
-        controller_policy(&lab_world(&[(a.name, NEW_POD)]), a.name)?,
-    )?;
+    std::fs::write(&tmp, text)?;
     let started = Instant::now();
-    std::fs::rename(&tmp, dir_a.join("provider-protection.yaml"))?;
+    std::fs::rename(&tmp, dir_a.join(format!("{}.yaml", slice.name)))?;
     let mut new_pod_ms = None;
     while started.elapsed() < Duration::from_secs(10) {
         // A short reply timeout bounds the measurement error (plus the agent's 20 ms poll).

@@ -178,13 +178,46 @@ fn objects_of_table(objs: &[Value], family: ir::TableFamily, name: &str) -> Vec<
 /// checked on every call.
 pub const FULL_DRIFT_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// What was applied to one table, as the kernel listed it right after.
+/// What was applied to one table, as the kernel listed it right after, without set elements
+/// (they are compared with what was applied, [`listed_elements`]: an element update then
+/// costs no listing of a 100k-element set).
 #[derive(Debug, Default, Clone)]
 struct Snapshot {
-    /// Without set elements.
     terse: Vec<Value>,
-    /// Everything (set elements included).
-    full: Vec<Value>,
+}
+
+/// The elements of every set of a listed table, by set name, each as its JSON text, sorted.
+fn listed_elements(objs: &[Value]) -> BTreeMap<String, Vec<String>> {
+    objs.iter()
+        .filter_map(|o| o.get("set"))
+        .map(|s| {
+            let mut v: Vec<String> = s
+                .get("elem")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(Value::to_string)
+                .collect();
+            v.sort_unstable();
+            (s["name"].as_str().unwrap_or_default().to_string(), v)
+        })
+        .collect()
+}
+
+/// The elements of every set of a table as applied, in [`listed_elements`]'s form.
+fn model_elements(t: &Table) -> BTreeMap<String, Vec<String>> {
+    t.sets
+        .iter()
+        .map(|s| {
+            let mut v: Vec<String> = s
+                .elements
+                .iter()
+                .map(|e| json::element(e).to_string())
+                .collect();
+            v.sort_unstable();
+            (s.name.clone(), v)
+        })
+        .collect()
 }
 
 pub use peerwall_backend::Drift;
@@ -227,10 +260,8 @@ impl<R: Runner> NftBackend<R> {
 
     fn snapshot(&self, family: ir::TableFamily, name: &str) -> Result<Snapshot, NftError> {
         let terse = objects_of_table(&self.nft.list_ruleset_terse()?, family, name);
-        let full = self.nft.list_table(family, name)?.unwrap_or_default();
         Ok(Snapshot {
             terse: normalize(terse),
-            full: normalize(full),
         })
     }
 
@@ -264,6 +295,84 @@ impl<R: Runner> NftBackend<R> {
                 self.snapshots.insert(t.name.clone(), snap);
             }
             self.applied.insert(t.name.clone(), t);
+        }
+        Ok(report)
+    }
+
+    /// Make `policy` the policy in force when it differs from the last one applied only by
+    /// `changes`: one transaction deleting and adding just the changed elements, nothing
+    /// listed or diffed. Falls back to [`apply`](Self::apply) when a change does not fit what
+    /// is in the kernel (a table not applied yet, a set that would render differently now).
+    pub fn update_sets(
+        &mut self,
+        policy: &ir::Policy,
+        changes: &[ir::SetChange],
+    ) -> Result<ApplyReport, NftError> {
+        let mut edits = Vec::new();
+        for c in changes {
+            let Some(contents) = policy.addr_set(&c.table, &c.set) else {
+                return self.apply(policy);
+            };
+            let hash = render::renders_as_hash(contents);
+            let fits = self.applied.get(&c.table).is_some_and(|t| {
+                t.family == c.family
+                    && t.sets.iter().any(|s| {
+                        s.name == c.set
+                            && s.interval != hash
+                            && s.key == model::KeyType::of(c.addr_family)
+                    })
+            });
+            if !fits {
+                return self.apply(policy);
+            }
+            let (gone, new) = render::edit_elements(c.addr_family, &c.edit, hash);
+            edits.push((c.table.clone(), c.set.clone(), gone, new));
+        }
+        let mut report = ApplyReport::default();
+        {
+            let mut dels = Vec::new();
+            let mut adds = Vec::new();
+            for (table, set, gone, new) in &edits {
+                let Some(t) = self.applied.get(table) else {
+                    continue;
+                };
+                if !gone.is_empty() {
+                    dels.push(model::Command::DeleteElements {
+                        table: t,
+                        set,
+                        elements: gone.clone(),
+                    });
+                }
+                if !new.is_empty() {
+                    adds.push(model::Command::AddElements {
+                        table: t,
+                        set,
+                        elements: new.clone(),
+                    });
+                }
+            }
+            dels.extend(adds);
+            report.element_changes = dels.iter().map(model::Command::element_count).sum();
+            if !dels.is_empty() {
+                self.nft.transaction(&dels)?;
+                report.changed = true;
+            }
+        }
+        for (table, set, gone, new) in edits {
+            if let Some(s) = self
+                .applied
+                .get_mut(&table)
+                .and_then(|t| t.sets.iter_mut().find(|s| s.name == set))
+            {
+                if !gone.is_empty() {
+                    let gone: std::collections::HashSet<&model::Element> = gone.iter().collect();
+                    s.elements.retain(|e| !gone.contains(e));
+                }
+                s.elements.extend(new);
+            }
+            if !report.updated.contains(&table) {
+                report.updated.push(table);
+            }
         }
         Ok(report)
     }
@@ -311,10 +420,8 @@ impl<R: Runner> NftBackend<R> {
                 });
             } else if snap.map(|s| &s.terse) != Some(&normalize(now))
                 || (full
-                    && snap.map(|s| &s.full)
-                        != Some(&normalize(
-                            self.nft.list_table(t.family, name)?.unwrap_or_default(),
-                        )))
+                    && listed_elements(&self.nft.list_table(t.family, name)?.unwrap_or_default())
+                        != model_elements(t))
             {
                 out.push(Drift::Modified {
                     table: name.clone(),
@@ -390,6 +497,14 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
 
     fn apply(&mut self, policy: &ir::Policy) -> Result<ApplyReport, NftError> {
         NftBackend::apply(self, policy)
+    }
+
+    fn update_sets(
+        &mut self,
+        policy: &ir::Policy,
+        changes: &[ir::SetChange],
+    ) -> Result<ApplyReport, NftError> {
+        NftBackend::update_sets(self, policy, changes)
     }
 
     fn delete(&mut self) -> Result<Vec<String>, NftError> {

@@ -53,13 +53,46 @@ fn addr_elems(set: &AddrSet) -> Vec<Element> {
         .collect()
 }
 
+/// Whether a named address set renders as a hash set of single addresses (hosts and short runs
+/// of hosts) rather than an interval set. O(ranges), no allocation.
+pub fn renders_as_hash(set: &AddrSet) -> bool {
+    let runs_are_short = set.ranges().iter().all(|r| r.hi - r.lo < HASH_RUN_MAX);
+    let total: u128 = set.ranges().iter().map(|r| r.hi - r.lo + 1).sum();
+    runs_are_short && total <= HASH_MAX_ELEMENTS
+}
+
+/// The elements that edit `edit` removes from and adds to a rendered address set (`hash`:
+/// expanded into single addresses, as [`renders_as_hash`] sets are), net of each other.
+pub fn edit_elements(
+    family: ir::IpFamily,
+    edit: &ir::RangeEdit,
+    hash: bool,
+) -> (Vec<Element>, Vec<Element>) {
+    if !hash {
+        let one = |r: &ir::AddrRange| addr_elem(family, *r);
+        return (
+            edit.removed.iter().map(one).collect(),
+            edit.added.iter().map(one).collect(),
+        );
+    }
+    let expand = |rs: &std::collections::BTreeSet<ir::AddrRange>| {
+        rs.iter()
+            .flat_map(|r| r.lo..=r.hi)
+            .collect::<std::collections::BTreeSet<u128>>()
+    };
+    let (gone, new) = (expand(&edit.removed), expand(&edit.added));
+    let elem = |a: &u128| Element::Addr(ir::addr::u128_to_addr(family, *a));
+    (
+        gone.difference(&new).map(elem).collect(),
+        new.difference(&gone).map(elem).collect(),
+    )
+}
+
 /// A named address set: a hash set of single addresses when the set is made of hosts and short
 /// runs of hosts, an interval set otherwise.
 fn addr_set(name: String, set: &AddrSet) -> Set {
     let family = set.family();
-    let runs_are_short = set.ranges().iter().all(|r| r.hi - r.lo < HASH_RUN_MAX);
-    let total: u128 = set.ranges().iter().map(|r| r.hi - r.lo + 1).sum();
-    if runs_are_short && total <= HASH_MAX_ELEMENTS {
+    if renders_as_hash(set) {
         let elements = set
             .ranges()
             .iter()

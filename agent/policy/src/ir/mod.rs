@@ -13,10 +13,10 @@ pub mod sets;
 use std::fmt;
 
 pub use addr::{AddrRange, AddrSet, IpFamily, PortSet, RangeEdit};
-pub use sets::{SetChange, SetEditError, SetOp};
 pub use eval::{
     evaluate, evaluate_at_ingress, CtState, Packet, PacketPath, Verdict, VerdictAction,
 };
+pub use sets::{SetChange, SetEditError, SetOp};
 
 /// The whole compiled policy of a host.
 #[derive(Clone, Debug, Default, PartialEq)]

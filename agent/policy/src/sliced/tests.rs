@@ -50,10 +50,7 @@ fn slice(name: &str, set: &str, addrs: &[&str]) -> CheckedSlice {
 }
 
 fn members(s: &Sliced) -> Vec<String> {
-    s.policy()
-        .addr_set("gw", "pods")
-        .unwrap()
-        .nft_elements()
+    s.policy().addr_set("gw", "pods").unwrap().nft_elements()
 }
 
 #[test]
@@ -149,7 +146,9 @@ fn a_bad_slice_names_the_field_and_value() {
         spec: AddressSetSpec {
             firewall_configuration: "gw".into(),
             set: "pods".into(),
-            addresses: (0..1001).map(|i| format!("10.1.{}.{}", i / 250, i % 250)).collect(),
+            addresses: (0..1001)
+                .map(|i| format!("10.1.{}.{}", i / 250, i % 250))
+                .collect(),
         },
     };
     assert!(check_slice(&many)

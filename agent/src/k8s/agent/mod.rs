@@ -20,8 +20,10 @@
 //! on Liqo's objects (errors go to the log).
 
 mod plan;
+mod slices;
 
 pub use plan::{finalizer, plan, settle, Good, Observed, Outcome, Plan, Settled};
+pub use slices::{SliceObserved, Slices};
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -40,6 +42,7 @@ use peerwall_intent::types::{
     ConditionType, FirewallConfigurationStatus, FirewallConfigurationStatusCondition,
 };
 use peerwall_policy::compile::PolicyObject;
+use peerwall_policy::sliced::{SliceIssue, Sliced};
 
 /// Settings of the Kubernetes source.
 #[derive(Clone, Debug)]
@@ -89,10 +92,49 @@ struct Agent {
     checks: BTreeMap<String, (String, i64, Result<PolicyObject, String>)>,
     /// The last whole-policy compilation and the plan it was made for.
     settled: Option<(BTreeMap<String, PolicyObject>, Settled)>,
+    /// The AddressSets watched, checked.
+    slices: Slices,
+    /// The compiled policy with the slices merged: what is in force after a successful round.
+    sliced: Option<Sliced>,
+    /// Valid slices that could not be merged, with why.
+    slice_issues: BTreeMap<peerwall_intent::Origin, SliceIssue>,
+}
+
+/// How long a round waits after the first event for more to arrive.
+const DEBOUNCE: Duration = Duration::from_millis(5);
+
+/// Key of an AddressSet in the agent's maps (distinct from FirewallConfiguration keys).
+fn slice_report_key(key: &str) -> String {
+    format!("AddressSet {key}")
 }
 
 impl Agent {
-    async fn round(&mut self, engine: &mut Engine, objects: Vec<Arc<DynamicObject>>) {
+    async fn round(
+        &mut self,
+        engine: &mut Engine,
+        objects: Vec<Arc<DynamicObject>>,
+        slice_objects: Vec<Arc<DynamicObject>>,
+    ) {
+        let started = std::time::Instant::now();
+        let slice_obs: Vec<SliceObserved> = slice_objects
+            .iter()
+            .map(|o| {
+                let key = super::key_of(o);
+                let uid = o.metadata.uid.clone().unwrap_or_default();
+                let generation = o.metadata.generation.unwrap_or_default();
+                let checked = self
+                    .slices
+                    .needs_check(&key, &uid, generation)
+                    .then(|| super::check_slice(o).map_err(|e| e.to_string()));
+                SliceObserved {
+                    key,
+                    uid,
+                    generation,
+                    checked,
+                }
+            })
+            .collect();
+        let slice_changes = self.slices.observe(slice_obs);
         let observed: Vec<Observed> = objects
             .iter()
             .map(|o| Observed {
@@ -106,7 +148,6 @@ impl Agent {
         self.checks
             .retain(|k, _| observed.iter().any(|o| &o.key == k));
         let mut p = plan(&observed, &mut self.last_good);
-        let started = std::time::Instant::now();
         // Compile only when the set of specs to enforce changed since the last round.
         let settled = match self.settled.take() {
             Some((input, s)) if input == p.enforce => {
@@ -120,10 +161,39 @@ impl Agent {
             }
         };
         let desired: Vec<PolicyObject> = p.enforce.values().cloned().collect();
-        let result = if self.enforced.as_ref() == Some(&desired) && !engine.environment_changed() {
-            Ok(())
-        } else {
-            tokio::task::block_in_place(|| engine.apply_compiled(&settled.1.compiled, started))
+        let rules_unchanged = self.enforced.as_ref() == Some(&desired);
+        let result = match self.sliced.as_mut() {
+            // Only slices changed: their elements, in place (O(changes)).
+            Some(sliced) if rules_unchanged && !engine.environment_changed() => {
+                let mut changes = Vec::new();
+                for (origin, slice) in &slice_changes {
+                    let (c, issue) = sliced.update(origin, slice.as_ref());
+                    changes.extend(c);
+                    match issue {
+                        Some(i) => self.slice_issues.insert(origin.clone(), i),
+                        None => self.slice_issues.remove(origin),
+                    };
+                }
+                let sliced = &*sliced;
+                tokio::task::block_in_place(|| {
+                    engine
+                        .update_sets(sliced.policy(), &changes, started)
+                        .or_else(|e| {
+                            tracing::warn!(error = %e, "set update failed; applying the whole policy");
+                            engine.apply_compiled(sliced.compiled(), started)
+                        })
+                })
+            }
+            _ => {
+                let (sliced, issues) =
+                    Sliced::new(settled.1.compiled.clone(), &self.slices.merged());
+                self.slice_issues = issues;
+                let r = tokio::task::block_in_place(|| {
+                    engine.apply_compiled(sliced.compiled(), started)
+                });
+                self.sliced = Some(sliced);
+                r
+            }
         };
         self.settled = Some(settled);
         let by_key: BTreeMap<String, &Arc<DynamicObject>> =
@@ -146,8 +216,14 @@ impl Agent {
                     }
                 }
             }
-            Err(e) => tracing::error!(error = %e, "apply failed; previous policy stays"),
+            Err(e) => {
+                // What is in force is unknown: the next round applies everything again.
+                self.enforced = None;
+                self.sliced = None;
+                tracing::error!(error = %e, "apply failed; previous policy stays")
+            }
         }
+        self.report_slices(&slice_objects, &result).await;
         for o in &observed {
             let Some(obj) = by_key.get(&o.key) else {
                 continue;
@@ -186,10 +262,59 @@ impl Agent {
             self.report(obj, outcome).await;
         }
         self.reported.retain(|k, _| {
-            by_key
-                .get(k)
-                .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
+            k.starts_with("AddressSet ")
+                || by_key
+                    .get(k)
+                    .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
         });
+    }
+
+    /// This host's condition on every AddressSet: `Applied` (its addresses are in force at its
+    /// generation) or `Error` (invalid, not mergeable, or the apply failed).
+    async fn report_slices(
+        &mut self,
+        slice_objects: &[Arc<DynamicObject>],
+        result: &Result<(), crate::engine::EnforceError>,
+    ) {
+        let present: std::collections::BTreeSet<String> = slice_objects
+            .iter()
+            .map(|o| slice_report_key(&super::key_of(o)))
+            .collect();
+        self.reported
+            .retain(|k, _| !k.starts_with("AddressSet ") || present.contains(k));
+        for obj in slice_objects {
+            if obj.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            let key = super::key_of(obj);
+            let generation = obj.metadata.generation.unwrap_or_default();
+            let issue = self
+                .slice_issues
+                .get(&peerwall_intent::Origin(key.clone()))
+                .map(ToString::to_string);
+            let message = match (self.slices.invalid(&key), issue, result) {
+                (Some(m), _, _) => Some(m),
+                (None, Some(i), _) => Some(format!("{i} (not applied)")),
+                (None, None, Err(e)) => Some(format!("apply failed: {e}")),
+                (None, None, Ok(())) => None,
+            };
+            let outcome = Outcome {
+                kind: if message.is_some() {
+                    ConditionType::Error
+                } else {
+                    ConditionType::Applied
+                },
+                message,
+                generation,
+            };
+            self.report_as(
+                obj,
+                outcome,
+                &slice_report_key(&key),
+                &super::address_set_resource(),
+            )
+            .await;
+        }
     }
 
     /// [`super::check`] of an object, reused while its uid and generation stay the same.
@@ -210,6 +335,19 @@ impl Agent {
     /// Write this host's condition (server-side apply) and an Event, when it changed.
     async fn report(&mut self, obj: &DynamicObject, outcome: Outcome) {
         let key = super::key_of(obj);
+        self.report_as(obj, outcome, &key, &super::fwc_resource())
+            .await;
+    }
+
+    /// [`Self::report`] for an object of `resource`, remembered under `key`.
+    async fn report_as(
+        &mut self,
+        obj: &DynamicObject,
+        outcome: Outcome,
+        key: &str,
+        resource: &kube::api::ApiResource,
+    ) {
+        let key = key.to_string();
         let host = &self.settings.host;
         let kind = match outcome.kind {
             ConditionType::Applied => "Applied",
@@ -242,11 +380,15 @@ impl Agent {
         };
         let body = json!({
             "apiVersion": peerwall_intent::load::API_VERSION,
-            "kind": peerwall_intent::load::KIND,
+            "kind": resource.kind,
             "status": FirewallConfigurationStatus { conditions: vec![cond] },
         });
         let name = obj.metadata.name.clone().unwrap_or_default();
-        let api = self.namespaced(obj);
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            self.api.clone().into_client(),
+            obj.metadata.namespace.as_deref().unwrap_or("default"),
+            resource,
+        );
         let pp = PatchParams::apply(&self.manager).force();
         match api.patch_status(&name, &pp, &Patch::Apply(&body)).await {
             Ok(_) => {
@@ -275,11 +417,7 @@ impl Agent {
                         action: "Enforce".into(),
                         secondary: None,
                     };
-                    if let Err(e) = self
-                        .recorder
-                        .publish(&ev, &obj.object_ref(&super::fwc_resource()))
-                        .await
-                    {
+                    if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(resource)).await {
                         tracing::warn!(object = %key, error = %e, "could not publish event");
                     }
                 }
@@ -430,6 +568,29 @@ pub fn run(
             }
             None => None,
         };
+        let slice_reader = {
+            let api = Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
+            match api.list_metadata(&ListParams::default().limit(1)).await {
+                Err(kube::Error::Api(e)) if e.code == 404 => {
+                    tracing::warn!("peerwall's AddressSet CRD is not installed: sets fill from their inline elements only (apply deploy/crd.yaml)");
+                    None
+                }
+                listed => {
+                    let r = super::cache(
+                        api,
+                        watcher::Config::default().labels(&settings.selector),
+                        super::address_set_resource(),
+                        changed.clone(),
+                    );
+                    if listed.is_ok() {
+                        r.wait_until_ready()
+                            .await
+                            .context("the AddressSet watch ended before its first list")?;
+                    }
+                    Some(r)
+                }
+            }
+        };
         let mut observed = Vec::new();
         for sel in &settings.observe {
             let liqo = super::resource_of(Group::Liqo);
@@ -477,13 +638,17 @@ pub fn run(
             enforced: None,
             checks: BTreeMap::new(),
             settled: None,
+            slices: Slices::default(),
+            sliced: None,
+            slice_issues: BTreeMap::new(),
         };
         agent.release_unselected(&reader).await;
         let mut dirty = true;
         while !stop.is_set() {
             if dirty || engine.environment_changed() {
-                // Debounce: let a burst of events settle into one round.
-                tokio::time::sleep(Duration::from_millis(50)).await;
+                // Debounce: let a burst of events settle into one round (short: a round that
+                // only moves slices costs O(changes)).
+                tokio::time::sleep(DEBOUNCE).await;
                 let mut objects = reader.state();
                 if let Some(r) = &liqo_reader {
                     objects.extend(r.state().into_iter().map(|o| tagged(o, Group::Liqo)));
@@ -493,7 +658,8 @@ pub fn run(
                         Arc::new(super::mark_observed(&tagged(o, Group::Liqo)))
                     }));
                 }
-                agent.round(engine, objects).await;
+                let slice_objects = slice_reader.as_ref().map(|r| r.state()).unwrap_or_default();
+                agent.round(engine, objects, slice_objects).await;
             } else {
                 tokio::task::block_in_place(|| engine.maintain());
             }

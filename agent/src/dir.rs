@@ -1,0 +1,257 @@
+//! The directory source (`peerwall agent --source dir:PATH`): keep a directory of
+//! FirewallConfiguration and AddressSet YAML enforced.
+//!
+//! The directory is polled. Only files whose size or modification time changed are read again.
+//! When the FirewallConfigurations change, every object is validated and compiled into one
+//! policy and applied whole; when only AddressSets change, each changed slice is merged into
+//! the compiled policy in place and the backend changes just those set elements (O(changes):
+//! a pod added to a 100k-pod set is one element). An invalid change is logged and not applied:
+//! the last good policy (or slice) stays in force. The engine's upkeep (nftables drift repair,
+//! counters) runs on every quiet tick.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+
+use crate::engine::{EnforceError, Engine};
+use peerwall_intent::load::{self, Loaded};
+use peerwall_intent::{Origin, PolicyObject};
+use peerwall_policy::compile;
+use peerwall_policy::sliced::{check_slice, CheckedSlice, Sliced};
+
+type Fingerprint = BTreeMap<PathBuf, (u64, SystemTime)>;
+
+/// Fingerprint of a directory: names, sizes and modification times of its YAML files.
+fn fingerprint(dir: &Path) -> std::io::Result<Fingerprint> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        let p = e.path();
+        let yaml = p
+            .extension()
+            .and_then(|x| x.to_str())
+            .is_some_and(|x| x == "yaml" || x == "yml");
+        if yaml {
+            let m = e.metadata()?;
+            out.insert(p, (m.len(), m.modified()?));
+        }
+    }
+    Ok(out)
+}
+
+/// What the directory source holds between polls.
+#[derive(Default)]
+struct DirState {
+    /// Each file as last read, with the fingerprint it was read at.
+    files: BTreeMap<PathBuf, ((u64, SystemTime), Loaded)>,
+    /// Slices as last merged (an invalid one keeps its last good version), by origin.
+    slices: BTreeMap<Origin, CheckedSlice>,
+    /// The FirewallConfigurations the policy in force was compiled from.
+    objects: Option<Vec<PolicyObject>>,
+    /// The policy in force, with its slices merged.
+    sliced: Option<Sliced>,
+}
+
+impl DirState {
+    /// Read the files that changed since the last poll. On a parse error nothing changes.
+    fn read(&mut self, fp: &Fingerprint) -> Result<(), load::LoadError> {
+        let mut next = BTreeMap::new();
+        for (path, stamp) in fp {
+            match self.files.get(path) {
+                Some((s, l)) if s == stamp => {
+                    next.insert(path.clone(), (*s, l.clone()));
+                }
+                _ => {
+                    let text =
+                        std::fs::read_to_string(path).map_err(|source| load::LoadError::Io {
+                            path: path.clone(),
+                            source,
+                        })?;
+                    let l = load::parse_all(&text, &path.display().to_string())?;
+                    next.insert(path.clone(), (*stamp, l));
+                }
+            }
+        }
+        if next
+            .values()
+            .all(|(_, l)| l.objects.is_empty() && l.address_sets.is_empty())
+        {
+            return Err(load::LoadError::Nothing(format!("{} files", fp.len())));
+        }
+        self.files = next;
+        Ok(())
+    }
+
+    fn objects(&self) -> Vec<PolicyObject> {
+        self.files
+            .values()
+            .flat_map(|(_, l)| l.objects.iter().cloned())
+            .collect()
+    }
+
+    /// The slices now (an invalid slice keeps its last good version, logged), and which
+    /// differ from what is merged: `(origin, Some)` to merge, `(origin, None)` to withdraw.
+    fn slice_changes(&mut self) -> Vec<(Origin, Option<CheckedSlice>)> {
+        let mut now: BTreeMap<Origin, CheckedSlice> = BTreeMap::new();
+        for (_, l) in self.files.values() {
+            for a in &l.address_sets {
+                match check_slice(a) {
+                    Ok(c) => {
+                        now.insert(c.origin.clone(), c);
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "invalid AddressSet not applied; its previous addresses stay");
+                        if let Some(old) = self.slices.get(&a.origin) {
+                            now.insert(a.origin.clone(), old.clone());
+                        }
+                    }
+                }
+            }
+        }
+        let mut changes: Vec<(Origin, Option<CheckedSlice>)> = self
+            .slices
+            .keys()
+            .filter(|o| !now.contains_key(*o))
+            .map(|o| (o.clone(), None))
+            .collect();
+        changes.extend(
+            now.iter()
+                .filter(|(o, c)| self.slices.get(*o) != Some(*c))
+                .map(|(o, c)| (o.clone(), Some(c.clone()))),
+        );
+        self.slices = now;
+        changes
+    }
+}
+
+/// Apply what the directory now holds: the whole policy when its FirewallConfigurations (or
+/// the host) changed, else only the slices that changed.
+fn enforce(
+    state: &mut DirState,
+    observed: Vec<PolicyObject>,
+    engine: &mut Engine,
+    env_changed: bool,
+) -> Result<(), EnforceError> {
+    let started = Instant::now();
+    let mut objects = state.objects();
+    objects.extend(observed);
+    let changes = state.slice_changes();
+    let unchanged = state.objects.as_ref() == Some(&objects) && !env_changed;
+    if let (true, Some(sliced)) = (unchanged, state.sliced.as_mut()) {
+        let mut set_changes = Vec::new();
+        for (origin, slice) in &changes {
+            let (c, issue) = sliced.update(origin, slice.as_ref());
+            if let Some(i) = issue {
+                tracing::error!(slice = %origin, error = %i, "AddressSet not applied");
+            }
+            set_changes.extend(c);
+        }
+        let r = engine
+            .update_sets(sliced.policy(), &set_changes, started)
+            .or_else(|e| {
+                tracing::warn!(error = %e, "set update failed; applying the whole policy");
+                engine.apply_compiled(sliced.compiled(), started)
+            });
+        if r.is_err() {
+            state.sliced = None;
+            state.objects = None;
+        }
+        return r;
+    }
+    let compiled = compile::compile(&objects).map_err(|e| {
+        engine.count_invalid();
+        EnforceError::Invalid(e)
+    })?;
+    let slices: Vec<CheckedSlice> = state.slices.values().cloned().collect();
+    let (sliced, issues) = Sliced::new(compiled, &slices);
+    for (origin, i) in &issues {
+        tracing::error!(slice = %origin, error = %i, "AddressSet not applied");
+    }
+    engine.apply_compiled(sliced.compiled(), started)?;
+    state.sliced = Some(sliced);
+    state.objects = Some(objects);
+    Ok(())
+}
+
+/// Run until `stop` is set: apply the directory's policy whenever it changes. Objects in the
+/// `observed` directories are another enforcer's, read for their NAT only.
+pub fn run(
+    dir: &Path,
+    observed: &[PathBuf],
+    engine: &mut Engine,
+    interval: Duration,
+    stop: Arc<crate::shutdown::Shutdown>,
+) -> anyhow::Result<()> {
+    let mut last = None;
+    let mut pending = None;
+    let mut state = DirState::default();
+    while !stop.is_set() {
+        let mut fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
+        let own = fp.clone();
+        for o in observed {
+            fp.extend(fingerprint(o).with_context(|| format!("reading {}", o.display()))?);
+        }
+        let env_changed = engine.environment_changed();
+        // A change is read once the directory looked the same on two polls in a row, so a
+        // file caught half-written by a non-atomic editor is not reported as invalid.
+        let settled = pending.as_ref() == Some(&fp);
+        if last.as_ref() != Some(&fp) && !settled {
+            pending = Some(fp);
+        } else if last.as_ref() != Some(&fp) || env_changed {
+            if env_changed {
+                tracing::info!("interfaces changed: re-applying");
+            }
+            let read = state
+                .read(&own)
+                .map_err(|e| match e {
+                    load::LoadError::Nothing(_) => {
+                        load::LoadError::Nothing(dir.display().to_string())
+                    }
+                    e => e,
+                })
+                .and_then(|()| observed_objects(observed));
+            match read {
+                Ok(seen) => match enforce(&mut state, seen, engine, env_changed) {
+                    Ok(()) => {}
+                    Err(EnforceError::Invalid(e)) => tracing::error!(
+                        error = %e,
+                        "invalid policy not applied; previous policy stays"
+                    ),
+                    Err(e) => {
+                        tracing::error!(error = %e, "apply failed; previous policy stays")
+                    }
+                },
+                Err(e) => {
+                    engine.count_invalid();
+                    tracing::error!(error = %e, "invalid policy not applied; previous policy stays")
+                }
+            }
+            last = Some(fp);
+        } else {
+            engine.maintain();
+        }
+        stop.wait_timeout(interval);
+    }
+    tracing::info!("agent stopping; enforcement stays in place");
+    Ok(())
+}
+
+/// The objects of the observed directories (an empty one is normal: nothing remapped).
+fn observed_objects(observed: &[PathBuf]) -> Result<Vec<PolicyObject>, load::LoadError> {
+    let with_files: Vec<PathBuf> = observed
+        .iter()
+        .filter(|o| fingerprint(o).is_ok_and(|f| !f.is_empty()))
+        .cloned()
+        .collect();
+    if with_files.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut seen = load::load_paths(&with_files)?;
+    for o in &mut seen {
+        o.role = peerwall_intent::Role::Observe;
+    }
+    Ok(seen)
+}
