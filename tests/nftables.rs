@@ -436,3 +436,109 @@ fn controller_gateway_policy_protects_both_sides() {
     );
     assert!(!ping(&t.consumer, "10.10.1.68", "10.20.3.1"));
 }
+
+/// The controller's gateway configuration with its addresses in AddressSet slices (3000
+/// offloaded pods over three slices): one pod joining a slice is one element added in the
+/// kernel (seen by `nft monitor`, nothing else changes), its packets pass at once, and the
+/// element comparison of drift detection agrees with what was applied — and notices an
+/// element someone else removed.
+#[test]
+fn a_slice_change_touches_only_its_elements() {
+    use peerwall::protection::{self, Options, Peer, PeerSets};
+    use peerwall_policy::sliced::{check_slice, Sliced};
+    let t = Topology::new();
+    let peer = Peer {
+        id: "a".into(),
+        tenant_namespace: "liqo-tenant-a".into(),
+    };
+    let opts = Options {
+        tunnel: TUNNEL.into(),
+        block_leaf_to_leaf: false,
+    };
+    let mut offloaded: std::collections::BTreeSet<std::net::IpAddr> = (0..3000u32)
+        .map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a15_0000 + i * 3)))
+        .collect();
+    offloaded.insert("10.20.1.2".parse().unwrap());
+    let sets = PeerSets {
+        offloaded,
+        ..Default::default()
+    };
+    let slices = protection::peer_slices(&sets, &opts);
+    assert_eq!(slices.len(), 4, "3001 addresses: 4 slices (offloaded), 0 elsewhere");
+    let decode = |v: serde_json::Value| {
+        let loaded = peerwall_intent::load::parse_all(&v.to_string(), "test").unwrap();
+        loaded
+    };
+    let fwc = decode(protection::gateway_object(&peer, &Default::default(), &opts));
+    let checked: Vec<_> = slices
+        .iter()
+        .map(|s| {
+            let l = decode(protection::address_set_object(&peer, s));
+            check_slice(&l.address_sets[0]).unwrap()
+        })
+        .collect();
+    let compiled = compile::compile(&fwc.objects).expect("compile");
+    let (mut sliced, issues) = Sliced::new(compiled, &checked);
+    assert!(issues.is_empty(), "{issues:?}");
+    let mut backend = NftBackend::new(Nft::in_netns(t.gateway.name()));
+    backend.apply(sliced.policy()).expect("apply");
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "offloaded pod");
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.3"), "not yet");
+    assert_eq!(backend.drift().unwrap(), Vec::<Drift>::new());
+
+    // 10.20.1.3 joins the slice with room, as the controller lays it out.
+    let changed = protection::layout(
+        "offloaded",
+        &slices,
+        &sets
+            .offloaded
+            .iter()
+            .copied()
+            .chain(["10.20.1.3".parse().unwrap()])
+            .collect(),
+    );
+    assert_eq!(changed.len(), 1, "one slice rewritten");
+    let next = check_slice(
+        &decode(protection::address_set_object(&peer, &changed[0])).address_sets[0],
+    )
+    .unwrap();
+    let mut monitor = std::process::Command::new("ip")
+        .args(["netns", "exec", t.gateway.name(), "nft", "monitor"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("nft monitor");
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let (changes, issue) = sliced.update(&next.origin, Some(&next));
+    assert!(issue.is_none());
+    let report = backend
+        .update_sets(sliced.policy(), &changes)
+        .expect("update");
+    assert_eq!(report.element_changes, 1, "{report:?}");
+    assert!(report.recreated.is_empty());
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    monitor.kill().ok();
+    let out = monitor.wait_with_output().unwrap();
+    let events = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = events
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with("# new generation"))
+        .collect();
+    assert_eq!(
+        lines,
+        ["add element inet peerwall_a offloaded { 10.20.1.3 }"],
+        "the kernel saw exactly one element added"
+    );
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.3"), "passes at once");
+    assert_eq!(backend.drift().unwrap(), Vec::<Drift>::new());
+
+    // Someone removes an element behind the agent's back: the element check notices.
+    Nft::in_netns(t.gateway.name())
+        .apply_text("delete element inet peerwall_a offloaded { 10.20.1.2 }\n")
+        .unwrap();
+    assert_eq!(
+        backend.drift().unwrap(),
+        vec![Drift::Modified {
+            table: "peerwall_a".into()
+        }]
+    );
+}
