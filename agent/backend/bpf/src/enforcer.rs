@@ -75,6 +75,17 @@ impl Backend for BpfEnforcer {
         Ok(report)
     }
 
+    fn update_sets(
+        &mut self,
+        policy: &Policy,
+        changes: &[peerwall_policy::ir::SetChange],
+    ) -> Result<BpfApplyReport, BpfError> {
+        match self.backend.update_sets(policy, changes)? {
+            Some(report) => Ok(report),
+            None => self.apply(policy),
+        }
+    }
+
     fn delete(&mut self) -> Result<Vec<String>, BpfError> {
         loader::remove_pins(self.backend.pin_dir())
     }

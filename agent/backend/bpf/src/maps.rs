@@ -16,6 +16,7 @@
 //!   "no interface known here" and "interface created after compilation");
 //! - conntrack state (array, exact booleans).
 
+mod delta;
 mod dims;
 mod left;
 mod simulate;
@@ -329,6 +330,7 @@ pub fn compile(policy: &ir::Policy, ifaces: &[Iface]) -> Result<BpfPolicy, BpfCo
 }
 
 use dims::*;
+pub use delta::{apply_delta, set_delta, AddrEntryChange};
 pub use left::{left_to_nftables, LeftToNftables};
 pub use simulate::{simulate, simulate_chain, DatapathPacket};
 

@@ -394,3 +394,54 @@ pub(super) fn sync_views(
     }
     Ok(n)
 }
+
+/// Write address-entry changes into the maps of one slot (`slot` as a map-name suffix): hosts
+/// to the exact-match maps, other prefixes to the tries. Upserts first, deletions after, so an
+/// address whose entry moves from a host to an enclosing prefix (or back) is never without
+/// one. Returns the entries written or deleted.
+pub(super) fn write_addr_changes(
+    ebpf: &mut aya::Ebpf,
+    slot: &str,
+    changes: &[crate::maps::AddrEntryChange],
+) -> Result<usize, BpfError> {
+    let mut n = 0;
+    for deleting in [false, true] {
+        for ch in changes.iter().filter(|c| c.value.is_none() == deleting) {
+            let host = is_host(&ch.net);
+            let base = match (ch.dir, host) {
+                (ir::Dir::Src, false) => peerwall_common::map::SRC,
+                (ir::Dir::Src, true) => peerwall_common::map::SRCH,
+                (ir::Dir::Dst, false) => peerwall_common::map::DST,
+                (ir::Dir::Dst, true) => peerwall_common::map::DSTH,
+            };
+            let name = format!("{base}{slot}");
+            let map = ebpf
+                .map_mut(&name)
+                .ok_or_else(|| BpfError::MissingMap(name.clone()))?;
+            let key = addr_key(ch.chain, &ch.net);
+            if host {
+                let mut m: BpfHashMap<&mut MapData, AddrKeyData, Bitmap> =
+                    BpfHashMap::try_from(map).map_err(map_err(&name))?;
+                match ch.value {
+                    Some(b) => m.insert(key.data(), b, 0).map_err(map_err(&name))?,
+                    None => match m.remove(&key.data()) {
+                        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                        Err(e) => return Err(map_err(&name)(e)),
+                    },
+                }
+            } else {
+                let mut m: LpmTrie<&mut MapData, AddrKeyData, Bitmap> =
+                    LpmTrie::try_from(map).map_err(map_err(&name))?;
+                match ch.value {
+                    Some(b) => m.insert(&key, b, 0).map_err(map_err(&name))?,
+                    None => match m.remove(&key) {
+                        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                        Err(e) => return Err(map_err(&name)(e)),
+                    },
+                }
+            }
+            n += 1;
+        }
+    }
+    Ok(n)
+}

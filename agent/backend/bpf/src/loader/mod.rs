@@ -138,13 +138,20 @@ pub struct BpfApplyReport {
     pub prefixes: usize,
 }
 
+/// A chain's identity and rules (what counters are reported under).
+struct Named {
+    id: u32,
+    table: String,
+    chain: String,
+    rules: Vec<maps::RuleMeta>,
+}
+
 /// The loaded datapath.
 pub struct BpfBackend {
     ebpf: Ebpf,
     pin_dir: PathBuf,
     slots: [SlotContents; 2],
     active: u32,
-    policy: Option<BpfPolicy>,
     /// Rules last reported as left to nftables (reported again only when they change).
     left_noted: Vec<maps::LeftToNftables>,
     /// NAT rules already reported as not followed by the destination view.
@@ -196,7 +203,6 @@ impl BpfBackend {
             pin_dir: pin_dir.to_path_buf(),
             slots: [None, None],
             active: 0,
-            policy: None,
             left_noted: Vec::new(),
             unexpressed_noted: Vec::new(),
         };
@@ -393,8 +399,7 @@ impl BpfBackend {
                     let mut c = self.config()?;
                     c.active = c.active.wrapping_add(2);
                     self.set_config(c)?;
-                    self.slots[active] = Some(new.clone());
-                    self.policy = Some(new);
+                    self.slots[active] = Some(new);
                     return Ok(BpfApplyReport {
                         active: self.active,
                         entries_changed: n,
@@ -412,8 +417,7 @@ impl BpfBackend {
         c.active = (c.active & !1).wrapping_add(2) | idle;
         self.set_config(c)?;
         self.active = idle;
-        self.slots[idle as usize] = Some(new.clone());
-        self.policy = Some(new);
+        self.slots[idle as usize] = Some(new);
         Ok(BpfApplyReport {
             active: idle,
             entries_changed: n,
@@ -422,9 +426,43 @@ impl BpfBackend {
         })
     }
 
+    /// Make `policy` live when it differs from the live slot's only by `changes` (named
+    /// address sets edited in place): the address entries they alter are recomputed by point
+    /// queries ([`maps::set_delta`]) and written in place on the live slot, then a new epoch
+    /// starts (no cached verdict of the old contents is served). `None`: the change needs a
+    /// full [`apply`](Self::apply).
+    pub fn update_sets(
+        &mut self,
+        policy: &ir::Policy,
+        changes: &[ir::SetChange],
+    ) -> Result<Option<BpfApplyReport>, BpfError> {
+        let active = self.active as usize;
+        let Some(live) = &self.slots[active] else {
+            return Ok(None);
+        };
+        let Some(delta) = maps::set_delta(live, policy, changes) else {
+            return Ok(None);
+        };
+        let n = write_addr_changes(&mut self.ebpf, &self.active.to_string(), &delta)?;
+        let mut c = self.config()?;
+        c.active = c.active.wrapping_add(2);
+        self.set_config(c)?;
+        let mut prefixes = 0;
+        if let Some(live) = self.slots[active].as_mut() {
+            maps::apply_delta(live, &delta);
+            prefixes = live.prefix_count();
+        }
+        Ok(Some(BpfApplyReport {
+            active: self.active,
+            entries_changed: n,
+            switched: false,
+            prefixes,
+        }))
+    }
+
     /// The policy as last written.
     pub fn policy(&self) -> Option<&BpfPolicy> {
-        self.policy.as_ref()
+        self.slots[self.active as usize].as_ref()
     }
 
     /// Live slot.
@@ -636,14 +674,25 @@ impl BpfBackend {
 
     /// Packets and bytes per rule (and per chain policy) of the live slot, summed over CPUs.
     pub fn counters(&mut self) -> Result<Vec<peerwall_backend::RuleCounter>, BpfError> {
-        let Some(p) = self.policy.clone() else {
+        // Names only: the live policy's address entries (100k at scale) are not copied.
+        let Some(chains) = self.policy().map(|p| {
+            p.chains
+                .iter()
+                .map(|c| Named {
+                    id: c.id,
+                    table: c.table.clone(),
+                    chain: c.chain.clone(),
+                    rules: c.rules.clone(),
+                })
+                .collect::<Vec<_>>()
+        }) else {
             return Ok(Vec::new());
         };
         let name = format!("{}{}", map::COUNTERS, self.active);
         let m: PerCpuArray<&mut MapData, Counter> =
             PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
         let mut out = Vec::new();
-        for c in &p.chains {
+        for c in &chains {
             let mut read = |idx: u32, rule: String| -> Result<(), BpfError> {
                 let v = m
                     .get(&(c.id * MAX_RULES as u32 + idx), 0)
