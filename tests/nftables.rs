@@ -464,12 +464,18 @@ fn a_slice_change_touches_only_its_elements() {
         ..Default::default()
     };
     let slices = protection::peer_slices(&sets, &opts);
-    assert_eq!(slices.len(), 4, "3001 addresses: 4 slices (offloaded), 0 elsewhere");
-    let decode = |v: serde_json::Value| {
-        let loaded = peerwall_intent::load::parse_all(&v.to_string(), "test").unwrap();
-        loaded
-    };
-    let fwc = decode(protection::gateway_object(&peer, &Default::default(), &opts));
+    assert_eq!(
+        slices.len(),
+        4,
+        "3001 addresses: 4 slices (offloaded), 0 elsewhere"
+    );
+    let decode =
+        |v: serde_json::Value| peerwall_intent::load::parse_all(&v.to_string(), "test").unwrap();
+    let fwc = decode(protection::gateway_object(
+        &peer,
+        &Default::default(),
+        &opts,
+    ));
     let checked: Vec<_> = slices
         .iter()
         .map(|s| {
@@ -482,7 +488,10 @@ fn a_slice_change_touches_only_its_elements() {
     assert!(issues.is_empty(), "{issues:?}");
     let mut backend = NftBackend::new(Nft::in_netns(t.gateway.name()));
     backend.apply(sliced.policy()).expect("apply");
-    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "offloaded pod");
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "offloaded pod"
+    );
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.3"), "not yet");
     assert_eq!(backend.drift().unwrap(), Vec::<Drift>::new());
 
@@ -498,10 +507,9 @@ fn a_slice_change_touches_only_its_elements() {
             .collect(),
     );
     assert_eq!(changed.len(), 1, "one slice rewritten");
-    let next = check_slice(
-        &decode(protection::address_set_object(&peer, &changed[0])).address_sets[0],
-    )
-    .unwrap();
+    let next =
+        check_slice(&decode(protection::address_set_object(&peer, &changed[0])).address_sets[0])
+            .unwrap();
     let mut monitor = std::process::Command::new("ip")
         .args(["netns", "exec", t.gateway.name(), "nft", "monitor"])
         .stdout(std::process::Stdio::piped())
@@ -528,7 +536,10 @@ fn a_slice_change_touches_only_its_elements() {
         ["add element inet peerwall_a offloaded { 10.20.1.3 }"],
         "the kernel saw exactly one element added"
     );
-    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.3"), "passes at once");
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
+        "passes at once"
+    );
     assert_eq!(backend.drift().unwrap(), Vec::<Drift>::new());
 
     // Someone removes an element behind the agent's back: the element check notices.

@@ -329,8 +329,8 @@ pub fn compile(policy: &ir::Policy, ifaces: &[Iface]) -> Result<BpfPolicy, BpfCo
     })
 }
 
-use dims::*;
 pub use delta::{apply_delta, set_delta, AddrEntryChange};
+use dims::*;
 pub use left::{left_to_nftables, LeftToNftables};
 pub use simulate::{simulate, simulate_chain, DatapathPacket};
 

@@ -105,7 +105,13 @@ pub fn set_delta(
     let mut out = Vec::new();
     for c in changes {
         let table = policy.table(&c.table)?;
-        let changed: Vec<AddrRange> = c.edit.removed.iter().chain(&c.edit.added).copied().collect();
+        let changed: Vec<AddrRange> = c
+            .edit
+            .removed
+            .iter()
+            .chain(&c.edit.added)
+            .copied()
+            .collect();
         let family = c.addr_family;
         for chain in table.chains.iter().filter(|x| x.kind == ChainKind::Filter) {
             for dir in [Dir::Src, Dir::Dst] {
