@@ -705,3 +705,104 @@ fn a_policy_change_reaches_a_live_flow_at_once() {
     assert_eq!(u64::from(e & 1), slot ^ 1, "a new rule switches slots");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Every entry of a pinned map, as comparable text.
+fn entries(pins: &Pins, map: &str) -> std::collections::BTreeSet<String> {
+    let path = format!("{}/{map}", pins.arg());
+    bpftool_json(&["map", "dump", "pinned", &path])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
+}
+
+/// The controller's configuration with 3000 offloaded pods in AddressSet slices, through an
+/// agent on the bpf backend: a pod joining one slice changes exactly one entry of the pinned
+/// maps of the live slot (its host entry; nothing else is rewritten, no slot switch), and its
+/// packets pass.
+#[test]
+fn a_slice_change_touches_only_its_entries() {
+    use peerwall::protection::{self, Options, Peer, PeerSets};
+    let t = Topology::new();
+    let pins = Pins::new("slices");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-slices-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let peer = Peer {
+        id: "a".into(),
+        tenant_namespace: "liqo-tenant-a".into(),
+    };
+    let opts = Options {
+        tunnel: TUNNEL.into(),
+        block_leaf_to_leaf: false,
+    };
+    let mut sets = PeerSets::default();
+    sets.offloaded = (0..3000u32)
+        .map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a15_0000 + i * 3)))
+        .collect();
+    sets.offloaded.insert("10.20.1.2".parse().unwrap());
+    let write = |name: &str, v: serde_json::Value| {
+        let tmp = dir.join(".tmp");
+        std::fs::write(&tmp, v.to_string()).unwrap();
+        std::fs::rename(&tmp, dir.join(format!("{name}.yaml"))).unwrap();
+    };
+    write(
+        "gateway",
+        protection::gateway_object(&peer, &Default::default(), &opts),
+    );
+    let slices = protection::peer_slices(&sets, &opts);
+    for s in &slices {
+        write(&s.name, protection::address_set_object(&peer, s));
+    }
+    let _agent = bpf_agent(&t.gateway, &pins, &dir, 20);
+    let mut up = false;
+    for _ in 0..200 {
+        if pins.0.join("links/tc-liqo-tunnel").exists()
+            && ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+        {
+            up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(up, "the agent enforces the sliced policy");
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.3.1"),
+        "not offloaded"
+    );
+    let slot = active_slot(&pins);
+    let maps = [
+        format!("DSTH{slot}"),
+        format!("DST{slot}"),
+        format!("SRCH{slot}"),
+        format!("SRC{slot}"),
+    ];
+    let before: Vec<_> = maps.iter().map(|m| entries(&pins, m)).collect();
+    assert!(before[0].len() >= 3001, "one host entry per pod");
+    let mut next = sets.offloaded.clone();
+    next.insert("10.20.3.1".parse().unwrap());
+    let changed = protection::layout("offloaded", &slices, &next);
+    assert_eq!(changed.len(), 1);
+    write(
+        &changed[0].name,
+        protection::address_set_object(&peer, &changed[0]),
+    );
+    let mut passed = false;
+    for _ in 0..100 {
+        if ping(&t.consumer, "10.10.1.67", "10.20.3.1") {
+            passed = true;
+            break;
+        }
+    }
+    assert!(passed, "the new pod passes");
+    assert_eq!(active_slot(&pins), slot, "in place, no slot switch");
+    let after: Vec<_> = maps.iter().map(|m| entries(&pins, m)).collect();
+    let added: Vec<_> = after[0].difference(&before[0]).collect();
+    assert_eq!(added.len(), 1, "one host entry added: {added:?}");
+    assert!(before[0].is_subset(&after[0]), "no host entry changed");
+    for i in 1..maps.len() {
+        assert_eq!(before[i], after[i], "{} untouched", maps[i]);
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
