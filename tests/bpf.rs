@@ -737,10 +737,12 @@ fn a_slice_change_touches_only_its_entries() {
         tunnel: TUNNEL.into(),
         block_leaf_to_leaf: false,
     };
-    let mut sets = PeerSets::default();
-    sets.offloaded = (0..3000u32)
-        .map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a15_0000 + i * 3)))
-        .collect();
+    let mut sets = PeerSets {
+        offloaded: (0..3000u32)
+            .map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a15_0000 + i * 3)))
+            .collect(),
+        ..Default::default()
+    };
     sets.offloaded.insert("10.20.1.2".parse().unwrap());
     let write = |name: &str, v: serde_json::Value| {
         let tmp = dir.join(".tmp");

@@ -8,7 +8,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::json;
 
@@ -165,23 +165,31 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
     .await;
 
     // IP reuse: 10.200.0.5 moves from a's pod to a pod of b. It must leave a's set before it
-    // appears in b's; watch every version of both objects.
+    // appears in b's; watch every version of every slice (one watch: one order of events).
     let violation = Arc::new(AtomicBool::new(false));
     let seen_in_b = Arc::new(AtomicBool::new(false));
     let watch = {
         let (violation, seen_in_b) = (violation.clone(), seen_in_b.clone());
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &peerwall::k8s::fwc_resource());
+        let api: Api<DynamicObject> =
+            Api::all_with(client.clone(), &peerwall::k8s::address_set_resource());
         tokio::spawn(async move {
+            // (namespace, slice) → holds the address.
             let mut has = std::collections::BTreeMap::new();
-            let mut s = watcher(api, watcher::Config::default())
-                .applied_objects()
-                .boxed();
-            while let Some(Ok(o)) = s.next().await {
-                let x = set_elements(&o, "offloaded").contains("10.200.0.5");
-                has.insert(o.namespace().unwrap_or_default(), x);
-                if has.get("liqo-tenant-b") == Some(&true) {
+            let mut s = watcher(api, watcher::Config::default()).boxed();
+            while let Some(Ok(ev)) = s.next().await {
+                let (objs, deleted) = match ev {
+                    watcher::Event::Apply(o) | watcher::Event::InitApply(o) => (vec![o], false),
+                    watcher::Event::Delete(o) => (vec![o], true),
+                    _ => continue,
+                };
+                for o in objs {
+                    let x = !deleted && slice_addresses(&o, "offloaded").contains("10.200.0.5");
+                    has.insert((o.namespace().unwrap_or_default(), o.name_any()), x);
+                }
+                let tenant_has = |t: &str| has.iter().any(|((ns, _), x)| ns == t && *x);
+                if tenant_has("liqo-tenant-b") {
                     seen_in_b.store(true, Ordering::SeqCst);
-                    if has.get("liqo-tenant-a") == Some(&true) {
+                    if tenant_has("liqo-tenant-a") {
                         violation.store(true, Ordering::SeqCst);
                     }
                 }

@@ -65,8 +65,12 @@ pub(crate) fn strip_extensions(v: &mut serde_json::Value) {
 /// `networking.liqo.io`, version v1beta1, Liqo's names, and the schema without peerwall's
 /// extensions (derived from peerwall's CRD, whose spec mirrors Liqo's field for field).
 pub(crate) async fn install_liqo_crd(client: &Client) {
-    let mut crd: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap()).unwrap();
+    use serde::Deserialize;
+    let text = std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap();
+    // The first document: FirewallConfiguration.
+    let mut crd =
+        serde_json::Value::deserialize(serde_yaml::Deserializer::from_str(&text).next().unwrap())
+            .unwrap();
     crd["metadata"] = json!({"name": "firewallconfigurations.networking.liqo.io",
         "labels": {"app.kubernetes.io/managed-by": "Helm"}});
     crd["spec"]["group"] = json!("networking.liqo.io");

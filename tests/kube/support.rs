@@ -166,24 +166,30 @@ where
     }
 }
 
+/// peerwall's CRDs (`deploy/crd.yaml`: FirewallConfiguration and AddressSet), established and
+/// served.
 pub(crate) async fn install_crd(client: &Client) {
-    let crd: CustomResourceDefinition =
-        serde_yaml::from_str(&std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap()).unwrap();
+    use serde::Deserialize;
+    let text = std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.create(&PostParams::default(), &crd).await.unwrap();
-    eventually("the CRD to be established", Duration::from_secs(20), || {
-        let api = api.clone();
-        async move {
-            let c = api.get("firewallconfigurations.peerwall.io").await.ok()?;
-            let ok = c
-                .status?
-                .conditions?
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            ok.then_some(())
-        }
-    })
-    .await;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let crd = CustomResourceDefinition::deserialize(doc).unwrap();
+        let name = crd.metadata.name.clone().unwrap();
+        api.create(&PostParams::default(), &crd).await.unwrap();
+        eventually("the CRD to be established", Duration::from_secs(20), || {
+            let (api, name) = (api.clone(), name.clone());
+            async move {
+                let c = api.get(&name).await.ok()?;
+                let ok = c
+                    .status?
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                ok.then_some(())
+            }
+        })
+        .await;
+    }
     // Discovery of the new resource lags establishment a little.
     let fwc = fwc_api(client, "default");
     eventually("the resource to be served", Duration::from_secs(20), || {
@@ -262,6 +268,25 @@ pub(crate) fn set_elements(obj: &DynamicObject, set: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// The addresses of an AddressSet slice, when it fills `set`.
+pub(crate) fn slice_addresses(obj: &DynamicObject, set: &str) -> BTreeSet<String> {
+    if obj.data["spec"]["set"] != set {
+        return BTreeSet::new();
+    }
+    obj.data["spec"]["addresses"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .collect()
+}
+
+pub(crate) fn slice_api(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &peerwall::k8s::address_set_resource())
+}
+
+/// What set `set` of a tenant's gateway configuration holds: its inline elements and the
+/// addresses of its AddressSet slices (`None` until the configuration exists).
 pub(crate) async fn gateway_set(
     client: &Client,
     tenant: &str,
@@ -271,7 +296,16 @@ pub(crate) async fn gateway_set(
         .get_opt("peerwall-gateway")
         .await
         .ok()??;
-    Some(set_elements(&o, set))
+    let mut out = set_elements(&o, set);
+    for s in slice_api(client, tenant)
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items
+    {
+        out.extend(slice_addresses(&s, set));
+    }
+    Some(out)
 }
 
 pub(crate) fn ips(v: &[&str]) -> BTreeSet<String> {

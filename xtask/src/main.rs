@@ -389,9 +389,20 @@ fn main() -> Result<()> {
             c.args(["bench", "-p", "peerwall", "--bench", "gateway"]);
             run(c)
         }
+        Some("bench-control") => {
+            // The agent and controller under test are the release binary.
+            setup_build()?;
+            kube_build()?;
+            let mut c = cargo();
+            c.args(["build", "--release", "--bin", "peerwall"]);
+            run(c)?;
+            let mut c = cargo();
+            c.args(["bench", "-p", "peerwall", "--bench", "control"]);
+            run(c)
+        }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|crd|kube-build|kube-up|image>"
+                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|bench-control|crd|kube-build|kube-up|image>"
             );
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
@@ -399,6 +410,7 @@ fn main() -> Result<()> {
             eprintln!("  build-ebpf  build the eBPF object (installs bpf-linker if missing)");
             eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency); `bench breakdown`: where the classifier's time goes");
             eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
+            eprintln!("  bench-control  100k offloaded pods through kube-apiserver, controller and agent: one pod, churn, restart, RSS (root)");
             eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
             eprintln!("  image       OCI images (peerwall, pause, the lab's gateway) into <target>/images");

@@ -1,0 +1,475 @@
+//! The control plane at scale, through the real API server (`cargo xtask bench-control`, root).
+//!
+//! etcd + kube-apiserver v1.20 on loopback, peerwall's CRDs, a Liqo tenant whose consumer
+//! offloaded `PEERWALL_BENCH_PODS` pods (default 100 000) with addresses; `peerwall controller`
+//! publishes them as AddressSet slices, and `peerwall agent --source kube --netns GW` enforces
+//! the peer's gateway configuration in a gateway namespace (`liqo-tunnel` in, `liqo.bench00`
+//! out). Probes are UDP streams from behind the tunnel that carry their destination; the
+//! receiver stamps the first and last packet reaching each pod address, on the same clock as
+//! the API calls. For each backend:
+//! - **one pod**: a pod gets its address (status update) → the first probe packet reaches it,
+//!   through API server + controller + agent (`PEERWALL_BENCH_SAMPLES`, default 40);
+//! - **churn**: 1000 pods in 10 s (500 offloaded, 500 deleted, interleaved): every new pod
+//!   reached, and no packet reaches a deleted pod after this agent reported the slice without
+//!   it applied (status `Applied` at that generation, seen by a watch);
+//! - **restart**: the agent restarted → `/readyz` (its first full sync in force);
+//! - peak RSS of the agent and of the controller.
+//!
+//! Writes the `control` section of docs/bench.md.
+
+#[path = "../doc/mod.rs"]
+mod doc;
+
+mod cluster;
+mod probe;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject};
+use kube::runtime::watcher;
+use kube::Client;
+
+use cluster::{pod_ip, ApiServer, Proc};
+use probe::Gateway;
+
+fn env_usize(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// `GET path` on a local HTTP endpoint; the body, if it answered.
+fn get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(c, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    c.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+fn percentile(v: &[Duration], p: f64) -> Duration {
+    let mut s = v.to_vec();
+    s.sort();
+    if s.is_empty() {
+        return Duration::ZERO;
+    }
+    s[((s.len() - 1) as f64 * p).round() as usize]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.1}", d.as_secs_f64() * 1e3)
+}
+
+/// A version of a slice as the watch saw it, and when.
+#[derive(Clone, Debug)]
+struct SliceSeen {
+    at: Instant,
+    name: String,
+    generation: i64,
+    addresses: BTreeSet<Ipv4Addr>,
+    /// This agent's `Applied` condition: its observed generation.
+    applied: Option<i64>,
+}
+
+/// Record every version of the tenant's slices.
+fn watch_slices(client: &Client, log: Arc<Mutex<Vec<SliceSeen>>>) -> tokio::task::JoinHandle<()> {
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        cluster::TENANT,
+        &peerwall::k8s::address_set_resource(),
+    );
+    tokio::spawn(async move {
+        let mut s = watcher(api, watcher::Config::default()).boxed();
+        while let Some(ev) = s.next().await {
+            let at = Instant::now();
+            let o = match ev {
+                Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => o,
+                _ => continue,
+            };
+            let applied = o
+                .data
+                .pointer("/status/conditions")
+                .and_then(|c| c.as_array())
+                .and_then(|c| {
+                    c.iter()
+                        .find(|c| c["host"] == "bench" && c["type"] == "Applied")
+                })
+                .and_then(|c| c["observedGeneration"].as_i64());
+            let seen = SliceSeen {
+                at,
+                name: o.metadata.name.clone().unwrap_or_default(),
+                generation: o.metadata.generation.unwrap_or_default(),
+                addresses: o.data["spec"]["addresses"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|a| a.as_str().and_then(|a| a.parse().ok()))
+                    .collect(),
+                applied,
+            };
+            if let Ok(mut l) = log.lock() {
+                l.push(seen);
+            }
+        }
+    })
+}
+
+/// When this agent was first seen reporting `ip`'s removal applied: the first slice version
+/// without it (after one with it), then the first version whose `Applied` condition covers
+/// that generation.
+fn removal_reported(log: &[SliceSeen], ip: Ipv4Addr) -> Option<Instant> {
+    let holder = log.iter().rev().find(|s| s.addresses.contains(&ip))?;
+    let without = log.iter().find(|s| {
+        s.name == holder.name && s.generation > holder.generation && !s.addresses.contains(&ip)
+    })?;
+    log.iter()
+        .find(|s| s.name == holder.name && s.applied.is_some_and(|g| g >= without.generation))
+        .map(|s| s.at)
+}
+
+struct Row {
+    backend: &'static str,
+    one_pod: Vec<Duration>,
+    churn_adds: Vec<Duration>,
+    churn_missing: usize,
+    removals: usize,
+    removals_checked: usize,
+    violations: usize,
+    restart: Duration,
+    first_sync: Duration,
+    agent_rss: f64,
+}
+
+struct Agent {
+    proc: Proc,
+    metrics: String,
+}
+
+fn start_agent(server: &ApiServer, gw: &Gateway, backend: &str, pins: &str, name: &str) -> Agent {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let selector = format!("peerwall.io/remote-cluster-id={}", cluster::PEER);
+    let proc = server.peerwall(
+        name,
+        &[
+            "agent",
+            "--source",
+            "kube",
+            "--netns",
+            gw.gw.name(),
+            "--backend",
+            backend,
+            "--selector",
+            &selector,
+            "--host",
+            "bench",
+            "--pin-dir",
+            pins,
+            "--metrics-addr",
+            &metrics,
+            "--interval-ms",
+            "200",
+        ],
+    );
+    Agent { proc, metrics }
+}
+
+fn wait_ready(a: &Agent, limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if get(&a.metrics, "/readyz").is_some_and(|b| b.ends_with("ready\n")) {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "the agent never became ready");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+async fn measure(
+    rt_client: &Client,
+    server: &ApiServer,
+    backend: &'static str,
+    pods: u32,
+    next: &mut u32,
+) -> Row {
+    let gw = Gateway::new();
+    let pins = format!("/sys/fs/bpf/pwctl{}", std::process::id());
+    let agent = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}"));
+    let first_sync = tokio::task::block_in_place(|| wait_ready(&agent, Duration::from_secs(120)));
+    println!("{backend}: agent in force after {} ms", ms(first_sync));
+    // One pod at a time.
+    let samples = env_usize("PEERWALL_BENCH_SAMPLES", 40);
+    let mut one_pod = Vec::new();
+    for _ in 0..samples {
+        let i = *next;
+        *next += 1;
+        let ip = pod_ip(i);
+        gw.probe(&[ip]);
+        let t0 = cluster::offload_timed(rt_client, i).await;
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some((first, _)) = gw.arrival(ip) {
+                one_pod.push(first.saturating_duration_since(t0));
+                break;
+            }
+            assert!(Instant::now() < deadline, "pod {ip} never reached");
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    println!(
+        "{backend}: one pod p50 {} ms, p99 {} ms",
+        ms(percentile(&one_pod, 0.5)),
+        ms(percentile(&one_pod, 0.99))
+    );
+    // Churn: 500 new pods and 500 deletions, one every 10 ms.
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let watch = watch_slices(rt_client, log.clone());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let adds: Vec<u32> = (0..500).map(|k| *next + k).collect();
+    *next += 500;
+    let dels: Vec<u32> = (0..500u32).map(|k| k * (pods / 500).max(1)).collect();
+    let all: Vec<Ipv4Addr> = adds.iter().chain(&dels).map(|&i| pod_ip(i)).collect();
+    gw.probe(&all);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut started_at: BTreeMap<u32, Instant> = BTreeMap::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    for k in 0..500 {
+        tick.tick().await;
+        started_at.insert(adds[k], cluster::offload_timed(rt_client, adds[k]).await);
+        tick.tick().await;
+        cluster::remove(rt_client, dels[k]).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline && adds.iter().any(|&i| gw.arrival(pod_ip(i)).is_none()) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the last reports arrive, and any late packet to a deleted pod show up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    gw.probe(&[]);
+    watch.abort();
+    let mut churn_adds = Vec::new();
+    let mut churn_missing = 0;
+    for &i in &adds {
+        match gw.arrival(pod_ip(i)) {
+            Some((first, _)) => churn_adds.push(first.saturating_duration_since(started_at[&i])),
+            None => churn_missing += 1,
+        }
+    }
+    let log = log.lock().map(|l| l.clone()).unwrap_or_default();
+    let (mut checked, mut violations) = (0, 0);
+    for &i in &dels {
+        let ip = pod_ip(i);
+        if let Some(reported) = removal_reported(&log, ip) {
+            checked += 1;
+            if gw.arrival(ip).is_some_and(|(_, last)| last > reported) {
+                violations += 1;
+            }
+        }
+    }
+    println!(
+        "{backend}: churn adds p50 {} ms p99 {} ms, {churn_missing} missing; removals checked {checked}/500, {violations} delivered after their removal was reported",
+        ms(percentile(&churn_adds, 0.5)),
+        ms(percentile(&churn_adds, 0.99))
+    );
+    let agent_rss_before = agent.proc.peak_rss_mib();
+    drop(agent);
+    let again = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}-2"));
+    let restart = tokio::task::block_in_place(|| wait_ready(&again, Duration::from_secs(120)));
+    let agent_rss = agent_rss_before.max(again.proc.peak_rss_mib());
+    println!("{backend}: restart in force after {} ms", ms(restart));
+    drop(again);
+    let _ = std::fs::remove_dir_all(&pins);
+    Row {
+        backend,
+        one_pod,
+        churn_adds,
+        churn_missing,
+        removals: dels.len(),
+        removals_checked: checked,
+        violations,
+        restart,
+        first_sync,
+        agent_rss,
+    }
+}
+
+fn main() {
+    assert!(
+        unsafe { libc::geteuid() } == 0,
+        "the control-plane benchmark needs root (network namespaces)"
+    );
+    let pods = env_usize("PEERWALL_BENCH_PODS", 100_000) as u32;
+    let backends: Vec<&'static str> = std::env::var("PEERWALL_BENCH_BACKENDS")
+        .unwrap_or_else(|_| "nftables,bpf".into())
+        .split(',')
+        .filter_map(|b| match b.trim() {
+            "nftables" => Some("nftables"),
+            "bpf" => Some("bpf"),
+            _ => None,
+        })
+        .collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let server = ApiServer::start();
+        let client = server.client().await;
+        cluster::peering(&client).await;
+        let created = cluster::offload_many(&client, 0..pods).await;
+        println!(
+            "{pods} offloaded pods created in {:.1} s",
+            created.as_secs_f64()
+        );
+        let cmetrics = format!("127.0.0.1:{}", free_port());
+        let started = Instant::now();
+        let controller =
+            server.peerwall("controller", &["controller", "--metrics-addr", &cmetrics]);
+        while cluster::published(&client).await < pods as usize {
+            assert!(
+                started.elapsed() < Duration::from_secs(600),
+                "the controller did not publish every pod"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let controller_sync = started.elapsed();
+        println!(
+            "controller: {pods} addresses published as slices in {:.2} s",
+            controller_sync.as_secs_f64()
+        );
+        let mut next = pods;
+        let mut rows = Vec::new();
+        for b in &backends {
+            rows.push(measure(&client, &server, b, pods, &mut next).await);
+        }
+        let controller_rss = controller.peak_rss_mib();
+        drop(controller);
+        report(
+            pods,
+            controller_sync,
+            controller_rss,
+            &rows,
+            backends.len() == 2,
+        );
+    });
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "meets"
+    } else {
+        "misses"
+    }
+}
+
+fn report(pods: u32, controller_sync: Duration, controller_rss: f64, rows: &[Row], write: bool) {
+    let mut md = String::new();
+    md.push_str(&format!(
+        "## Control plane at scale (`cargo xtask bench-control`)\n\n\
+         Real etcd + kube-apiserver v1.20 on loopback, {pods} offloaded pods of one peer, \
+         `peerwall controller` publishing them as AddressSet slices (1000 addresses each), one \
+         agent (`--source kube --netns`) enforcing the peer's gateway configuration; UDP probe \
+         streams through the gateway, stamped at the receiver. Controller: all {pods} addresses \
+         published {:.2} s after start; peak RSS {:.0} MiB.\n\n",
+        controller_sync.as_secs_f64(),
+        controller_rss
+    ));
+    md.push_str("| | target | ");
+    for r in rows {
+        md.push_str(&format!("{} | ", r.backend));
+    }
+    md.push_str("\n|---|---|");
+    for _ in rows {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    let line = |md: &mut String, what: &str, target: &str, f: &dyn Fn(&Row) -> String| {
+        md.push_str(&format!("| {what} | {target} | "));
+        for r in rows {
+            md.push_str(&format!("{} | ", f(r)));
+        }
+        md.push('\n');
+    };
+    line(
+        &mut md,
+        "one pod → first packet, p50 (ms)",
+        "≤ 20",
+        &|r| {
+            let v = percentile(&r.one_pod, 0.5);
+            format!("{} ({})", ms(v), verdict(v <= Duration::from_millis(20)))
+        },
+    );
+    line(
+        &mut md,
+        "one pod → first packet, p99 (ms)",
+        "≤ 100",
+        &|r| {
+            let v = percentile(&r.one_pod, 0.99);
+            format!("{} ({})", ms(v), verdict(v <= Duration::from_millis(100)))
+        },
+    );
+    line(
+        &mut md,
+        "churn 1000 pods/10 s: new pod p50 / p99 (ms)",
+        "all enforced",
+        &|r| {
+            format!(
+                "{} / {}, {} of 500 never reached",
+                ms(percentile(&r.churn_adds, 0.5)),
+                ms(percentile(&r.churn_adds, 0.99)),
+                r.churn_missing
+            )
+        },
+    );
+    line(
+        &mut md,
+        "churn: deleted pods reached after their removal was reported applied",
+        "0",
+        &|r| {
+            format!(
+                "{} (of {} removals whose report the watch saw, {} deleted)",
+                r.violations, r.removals_checked, r.removals
+            )
+        },
+    );
+    line(
+        &mut md,
+        "agent restart → full sync in force (ms)",
+        "≤ 1000",
+        &|r| {
+            format!(
+                "{} ({})",
+                ms(r.restart),
+                verdict(r.restart <= Duration::from_secs(1))
+            )
+        },
+    );
+    line(&mut md, "agent first start → in force (ms)", "", &|r| {
+        ms(r.first_sync)
+    });
+    line(&mut md, "agent peak RSS (MiB)", "≤ 100", &|r| {
+        format!("{:.0} ({})", r.agent_rss, verdict(r.agent_rss <= 100.0))
+    });
+    print!("\n{md}");
+    if write {
+        let p = doc::write_section("control", md.trim_end()).expect("write docs/bench.md");
+        println!("wrote {}", p.display());
+    } else {
+        println!("(one backend only: docs/bench.md not rewritten)");
+    }
+}
