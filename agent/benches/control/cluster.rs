@@ -101,6 +101,11 @@ impl ApiServer {
     }
 
     /// `peerwall ARGS` against this server (its log in the run directory).
+    /// The log of a process started by [`Self::peerwall`].
+    pub fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
+    }
+
     pub fn peerwall(&self, name: &str, args: &[&str]) -> Proc {
         let bin = std::env::var_os("PEERWALL_BIN")
             .map(PathBuf::from)
@@ -108,7 +113,7 @@ impl ApiServer {
         let child = Command::new(bin)
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .env("PEERWALL_LOG", "warn")
+            .env("PEERWALL_LOG", "info,kube=warn")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.dir.join(format!("{name}.log"))).expect("log"))

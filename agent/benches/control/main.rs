@@ -43,11 +43,21 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// A free local port, never one handed out before in this run (a port given back by the
+/// OS could otherwise go to two processes, and one would answer for the other).
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let p = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut given = GIVEN.lock().expect("ports");
+        if !given.contains(&p) {
+            given.push(p);
+            return p;
+        }
+    }
 }
 
 /// `GET path` on a local HTTP endpoint; the body, if it answered.
@@ -187,10 +197,14 @@ fn start_agent(server: &ApiServer, gw: &Gateway, backend: &str, pins: &str, name
     Agent { proc, metrics }
 }
 
-fn wait_ready(a: &Agent, limit: Duration) -> Duration {
+fn wait_ready(a: &mut Agent, limit: Duration) -> Duration {
     let started = Instant::now();
     loop {
-        if get(&a.metrics, "/readyz").is_some_and(|b| b.ends_with("ready\n")) {
+        if let Ok(Some(status)) = a.proc.child.try_wait() {
+            panic!("the agent exited ({status}) before it was ready");
+        }
+        // The body is "ready\n" or "not ready\n".
+        if get(&a.metrics, "/readyz").is_some_and(|b| b.ends_with("\r\n\r\nready\n")) {
             return started.elapsed();
         }
         assert!(started.elapsed() < limit, "the agent never became ready");
@@ -204,12 +218,30 @@ async fn measure(
     backend: &'static str,
     pods: u32,
     next: &mut u32,
+    round: u32,
 ) -> Row {
     let gw = Gateway::new();
     let pins = format!("/sys/fs/bpf/pwctl{}", std::process::id());
-    let agent = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}"));
-    let first_sync = tokio::task::block_in_place(|| wait_ready(&agent, Duration::from_secs(120)));
+    let mut agent = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}"));
+    let first_sync =
+        tokio::task::block_in_place(|| wait_ready(&mut agent, Duration::from_secs(120)));
     println!("{backend}: agent in force after {} ms", ms(first_sync));
+    if std::env::var_os("PEERWALL_BENCH_DEBUG").is_some() {
+        println!("{}", server.log(&format!("agent-{backend}")));
+    }
+    // Default deny holds: an address no pod has is not reached, an offloaded one is.
+    // (The last pod of the initial population is never deleted by the churn below.)
+    let (stranger, known) = (Ipv4Addr::new(10, 63, 255, 1), pod_ip(pods - 1));
+    gw.probe(&[stranger, known]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        gw.arrival(known).is_some(),
+        "{backend}: an offloaded pod is not reached"
+    );
+    assert!(
+        gw.arrival(stranger).is_none(),
+        "{backend}: an address no pod has is reached: the gateway does not enforce"
+    );
     // One pod at a time.
     let samples = env_usize("PEERWALL_BENCH_SAMPLES", 40);
     let mut one_pod = Vec::new();
@@ -241,7 +273,9 @@ async fn measure(
     tokio::time::sleep(Duration::from_secs(1)).await;
     let adds: Vec<u32> = (0..500).map(|k| *next + k).collect();
     *next += 500;
-    let dels: Vec<u32> = (0..500u32).map(|k| k * (pods / 500).max(1)).collect();
+    // Pods of the initial population, different ones for every backend.
+    let step = (pods - 1) / 500;
+    let dels: Vec<u32> = (0..500u32).map(|k| k * step + round % step).collect();
     let all: Vec<Ipv4Addr> = adds.iter().chain(&dels).map(|&i| pod_ip(i)).collect();
     gw.probe(&all);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -285,10 +319,13 @@ async fn measure(
         ms(percentile(&churn_adds, 0.5)),
         ms(percentile(&churn_adds, 0.99))
     );
+    if std::env::var_os("PEERWALL_BENCH_DEBUG").is_some() {
+        println!("{}", server.log(&format!("agent-{backend}")));
+    }
     let agent_rss_before = agent.proc.peak_rss_mib();
     drop(agent);
-    let again = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}-2"));
-    let restart = tokio::task::block_in_place(|| wait_ready(&again, Duration::from_secs(120)));
+    let mut again = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}-2"));
+    let restart = tokio::task::block_in_place(|| wait_ready(&mut again, Duration::from_secs(120)));
     let agent_rss = agent_rss_before.max(again.proc.peak_rss_mib());
     println!("{backend}: restart in force after {} ms", ms(restart));
     drop(again);
@@ -313,6 +350,10 @@ fn main() {
         "the control-plane benchmark needs root (network namespaces)"
     );
     let pods = env_usize("PEERWALL_BENCH_PODS", 100_000) as u32;
+    assert!(
+        pods >= 1501,
+        "PEERWALL_BENCH_PODS: at least 1501 (each backend deletes 500 of them)"
+    );
     let backends: Vec<&'static str> = std::env::var("PEERWALL_BENCH_BACKENDS")
         .unwrap_or_else(|_| "nftables,bpf".into())
         .split(',')
@@ -354,8 +395,8 @@ fn main() {
         );
         let mut next = pods;
         let mut rows = Vec::new();
-        for b in &backends {
-            rows.push(measure(&client, &server, b, pods, &mut next).await);
+        for (round, b) in backends.iter().enumerate() {
+            rows.push(measure(&client, &server, b, pods, &mut next, round as u32).await);
         }
         let controller_rss = controller.peak_rss_mib();
         drop(controller);

@@ -36,7 +36,7 @@ pub use crate::protection::GATEWAY_CONFIG;
 pub const NETWORK_POLICY: &str = "peerwall-offloaded";
 const FIELD_MANAGER: &str = "peerwall-controller";
 /// How long reconciles wait for more events before a pass (one pass serves them all).
-const DEBOUNCE: Duration = Duration::from_millis(20);
+const DEBOUNCE: Duration = Duration::from_millis(2);
 
 /// Why a reconcile failed (retried with backoff).
 #[derive(Debug, thiserror::Error)]

@@ -68,6 +68,11 @@ impl Backend for BpfEnforcer {
             .collect();
         let report = self.backend.apply(policy, &ifaces)?;
         let targets = loader::matching(&host, &self.patterns);
+        tracing::debug!(
+            interfaces = ?targets.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            patterns = ?self.patterns,
+            "attaching"
+        );
         self.backend.prepare(&targets, self.xdp)?;
         for t in targets {
             self.backend.attach(t, self.xdp)?;

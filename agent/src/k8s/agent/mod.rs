@@ -101,7 +101,7 @@ struct Agent {
 }
 
 /// How long a round waits after the first event for more to arrive.
-const DEBOUNCE: Duration = Duration::from_millis(5);
+const DEBOUNCE: Duration = Duration::from_millis(1);
 
 /// Key of an AddressSet in the agent's maps (distinct from FirewallConfiguration keys).
 fn slice_report_key(key: &str) -> String {

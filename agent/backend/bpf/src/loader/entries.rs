@@ -395,6 +395,15 @@ pub(super) fn sync_views(
     Ok(n)
 }
 
+/// Whether a map error says the key was not there (a deletion that is already done).
+fn absent(e: &aya::maps::MapError) -> bool {
+    match e {
+        aya::maps::MapError::KeyNotFound => true,
+        aya::maps::MapError::SyscallError(s) => s.io_error.raw_os_error() == Some(libc::ENOENT),
+        _ => false,
+    }
+}
+
 /// Write address-entry changes into the maps of one slot (`slot` as a map-name suffix): hosts
 /// to the exact-match maps, other prefixes to the tries. Upserts first, deletions after, so an
 /// address whose entry moves from a host to an enclosing prefix (or back) is never without
@@ -425,8 +434,8 @@ pub(super) fn write_addr_changes(
                 match ch.value {
                     Some(b) => m.insert(key.data(), b, 0).map_err(map_err(&name))?,
                     None => match m.remove(&key.data()) {
-                        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                        Err(e) => return Err(map_err(&name)(e)),
+                        Err(e) if !absent(&e) => return Err(map_err(&name)(e)),
+                        _ => {}
                     },
                 }
             } else {
@@ -435,8 +444,8 @@ pub(super) fn write_addr_changes(
                 match ch.value {
                     Some(b) => m.insert(&key, b, 0).map_err(map_err(&name))?,
                     None => match m.remove(&key) {
-                        Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                        Err(e) => return Err(map_err(&name)(e)),
+                        Err(e) if !absent(&e) => return Err(map_err(&name)(e)),
+                        _ => {}
                     },
                 }
             }

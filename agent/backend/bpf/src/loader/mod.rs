@@ -317,6 +317,9 @@ impl BpfBackend {
                 .take_link(id)
                 .map_err(attach_err("taking the tc link".into()))?;
             pin_link(link.try_into(), &tc_pin)?;
+            tracing::debug!(interface = %iface.name, pin = %tc_pin.display(), "tcx ingress attached");
+        } else {
+            tracing::debug!(interface = %iface.name, pin = %tc_pin.display(), "tcx ingress already attached (pinned link adopted)");
         }
         let xdp_pin = links.join(link_pin_name("xdp", &iface.name));
         if xdp && iface.l2_len == 14 && !xdp_pin.exists() {

@@ -102,70 +102,91 @@ pub fn set_delta(
     policy: &ir::Policy,
     changes: &[SetChange],
 ) -> Option<Vec<AddrEntryChange>> {
-    let mut out = Vec::new();
+    // Every (chain, dimension) a change reaches, with all the ranges changed there: a key
+    // is evaluated once, however many changes (several slices of one set, several sets)
+    // reach it.
+    let mut work: std::collections::BTreeMap<(String, String, u8), Vec<(ir::IpFamily, AddrRange)>> =
+        Default::default();
     for c in changes {
         let table = policy.table(&c.table)?;
-        let changed: Vec<AddrRange> = c
-            .edit
-            .removed
-            .iter()
-            .chain(&c.edit.added)
-            .copied()
-            .collect();
-        let family = c.addr_family;
         for chain in table.chains.iter().filter(|x| x.kind == ChainKind::Filter) {
-            for dir in [Dir::Src, Dir::Dst] {
-                if !references(chain, dir, &c.set) {
-                    continue;
+            for (d, dir) in [(0u8, Dir::Src), (1, Dir::Dst)] {
+                if references(chain, dir, &c.set) {
+                    work.entry((table.name.clone(), chain.name.clone(), d))
+                        .or_default()
+                        .extend(
+                            c.edit
+                                .removed
+                                .iter()
+                                .chain(&c.edit.added)
+                                .map(|r| (c.addr_family, *r)),
+                        );
                 }
-                let sets = rule_sets(chain, dir).ok()?;
-                let maps = live
-                    .chains
-                    .iter()
-                    .find(|m| m.table == table.name && m.chain == chain.name)?;
-                // Candidates: the prefixes of the changed ranges, and existing entries
-                // overlapping them.
-                let mut candidates: std::collections::BTreeMap<IpNet, Option<Bitmap>> =
-                    Default::default();
-                for r in &changed {
-                    for n in AddrSet::from_ranges(family, [*r]).to_prefixes() {
-                        candidates.insert(n, None);
-                    }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for ((table, chain, d), mut changed) in work {
+        let dir = if d == 0 { Dir::Src } else { Dir::Dst };
+        let ir_chain = policy
+            .table(&table)?
+            .chains
+            .iter()
+            .find(|c| c.name == chain)?;
+        let sets = rule_sets(ir_chain, dir).ok()?;
+        let maps = live
+            .chains
+            .iter()
+            .find(|m| m.table == table && m.chain == chain)?;
+        changed.sort_unstable();
+        changed.dedup();
+        // Candidates: the prefixes of the changed ranges, and existing entries overlapping
+        // them.
+        let mut candidates: std::collections::BTreeMap<IpNet, Option<Bitmap>> = Default::default();
+        for (family, r) in &changed {
+            for n in AddrSet::from_ranges(*family, [*r]).to_prefixes() {
+                candidates.insert(n, None);
+            }
+        }
+        // The changed region per family, canonical (sorted, disjoint) for the overlap search.
+        let region = |fam: ir::IpFamily| {
+            AddrSet::from_ranges(
+                fam,
+                changed.iter().filter(|(f, _)| *f == fam).map(|(_, r)| *r),
+            )
+        };
+        let (v4, v6) = (region(ir::IpFamily::V4), region(ir::IpFamily::V6));
+        for (n, b) in entries_of(maps, dir) {
+            let (fam, nb) = (family_of(n), bounds(n));
+            let rs = match fam {
+                ir::IpFamily::V4 => v4.ranges(),
+                ir::IpFamily::V6 => v6.ranges(),
+            };
+            let i = rs.partition_point(|x| x.hi < nb.lo);
+            let overlaps = rs.get(i).is_some_and(|x| x.lo <= nb.hi);
+            if overlaps || candidates.contains_key(n) {
+                candidates.insert(*n, Some(*b));
+            }
+        }
+        for (n, old) in candidates {
+            let (fam, nb) = (family_of(&n), bounds(&n));
+            let mut value = Bitmap::EMPTY;
+            let mut covered = false;
+            for (i, s) in sets.iter().enumerate() {
+                let Some(s) = s else { continue };
+                if s.family() == fam && holding(s, nb).is_some() {
+                    value.set(i);
+                    covered |= in_cover(s, &n);
                 }
-                let mut sorted = changed.clone();
-                sorted.sort_unstable();
-                for (n, b) in entries_of(maps, dir) {
-                    if family_of(n) != family {
-                        continue;
-                    }
-                    let nb = bounds(n);
-                    let i = sorted.partition_point(|x| x.hi < nb.lo);
-                    let overlaps = sorted.get(i).is_some_and(|x| x.lo <= nb.hi);
-                    if overlaps || candidates.contains_key(n) {
-                        candidates.insert(*n, Some(*b));
-                    }
-                }
-                for (n, old) in candidates {
-                    let nb = bounds(&n);
-                    let mut value = Bitmap::EMPTY;
-                    let mut covered = false;
-                    for (i, s) in sets.iter().enumerate() {
-                        let Some(s) = s else { continue };
-                        if s.family() == family && holding(s, nb).is_some() {
-                            value.set(i);
-                            covered |= in_cover(s, &n);
-                        }
-                    }
-                    let new = covered.then_some(value);
-                    if new != old {
-                        out.push(AddrEntryChange {
-                            chain: maps.id,
-                            dir,
-                            net: n,
-                            value: new,
-                        });
-                    }
-                }
+            }
+            let new = covered.then_some(value);
+            if new != old {
+                out.push(AddrEntryChange {
+                    chain: maps.id,
+                    dir,
+                    net: n,
+                    value: new,
+                });
             }
         }
     }
@@ -250,12 +271,18 @@ spec:
             let mut policy = compile::compile(&objs).unwrap().policy;
             let ifaces = [];
             let mut live = crate::maps::compile(&policy, &ifaces).unwrap();
-            for (add, host, len) in edits {
-                let net: IpNet = format!("10.0.0.{}/{len}", host * 4).parse::<IpNet>().unwrap().trunc();
-                let r = bounds(&net);
-                let op = if add { SetOp::Add(r) } else { SetOp::Remove(r) };
-                let change = policy.edit_set("gw", "pods", &[op]).unwrap();
-                let d = set_delta(&live, &policy, &[change]).expect("single tests: no fallback");
+            // Batches of up to three changes, as several slices changing in one round give.
+            for batch in edits.chunks(3) {
+                let mut changes = Vec::new();
+                for (add, host, len) in batch {
+                    let net: IpNet = format!("10.0.0.{}/{len}", host * 4).parse::<IpNet>().unwrap().trunc();
+                    let r = bounds(&net);
+                    let op = if *add { SetOp::Add(r) } else { SetOp::Remove(r) };
+                    changes.push(policy.edit_set("gw", "pods", &[op]).unwrap());
+                }
+                let d = set_delta(&live, &policy, &changes).expect("single tests: no fallback");
+                let keys: std::collections::BTreeSet<_> = d.iter().map(|c| (c.chain, c.dir == Dir::Src, c.net)).collect();
+                prop_assert_eq!(keys.len(), d.len(), "one change per entry");
                 apply_delta(&mut live, &d);
                 let fresh = crate::maps::compile(&policy, &ifaces).unwrap();
                 prop_assert_eq!(sorted(&live), sorted(&fresh));
