@@ -1,7 +1,11 @@
 //! The directory source (`peerwall agent --source dir:PATH`): keep a directory of
 //! FirewallConfiguration and AddressSet YAML enforced.
 //!
-//! The directory is polled. Only files whose size or modification time changed are read again.
+//! The directory is watched (inotify: a file closed after writing, renamed in or out, deleted)
+//! and polled every interval as well. A notified change is read at once; a change only the
+//! poll found is read once the directory looked the same on two polls in a row (a file caught
+//! half-written by a non-atomic editor is not reported as invalid). Only files whose size or
+//! modification time changed are read again.
 //! When the FirewallConfigurations change, every object is validated and compiled into one
 //! policy and applied whole; when only AddressSets change, each changed slice is merged into
 //! the compiled policy in place and the backend changes just those set elements (O(changes):
@@ -23,6 +27,54 @@ use peerwall_policy::compile;
 use peerwall_policy::sliced::{check_slice, CheckedSlice, Sliced};
 
 type Fingerprint = BTreeMap<PathBuf, (u64, SystemTime)>;
+
+/// Change notifications of directories (inotify). Without them (inotify unavailable), the
+/// poll alone finds changes.
+struct Watch {
+    fd: std::os::fd::OwnedFd,
+}
+
+impl Watch {
+    fn new(dirs: &[&Path]) -> Option<Self> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        use std::os::unix::ffi::OsStrExt;
+        // SAFETY: plain inotify_init1(2); the fd is owned below.
+        let raw = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+        if raw < 0 {
+            return None;
+        }
+        // SAFETY: a fresh descriptor we own.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(raw) };
+        let mask = libc::IN_CLOSE_WRITE | libc::IN_MOVED_TO | libc::IN_MOVED_FROM | libc::IN_DELETE;
+        for d in dirs {
+            let c = std::ffi::CString::new(d.as_os_str().as_bytes()).ok()?;
+            // SAFETY: valid fd and NUL-terminated path.
+            if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), c.as_ptr(), mask) } < 0 {
+                return None;
+            }
+        }
+        Some(Self { fd })
+    }
+
+    /// Wait up to `timeout` for a change; whether one was notified.
+    fn wait(&self, timeout: Duration) -> bool {
+        use std::os::fd::AsRawFd;
+        let mut pfd = libc::pollfd {
+            fd: self.fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd.
+        if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
+            return false;
+        }
+        let mut buf = [0u8; 4096];
+        // SAFETY: reading into a buffer we own, of its length (the fd is non-blocking).
+        while unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) } > 0 {}
+        true
+    }
+}
 
 /// Fingerprint of a directory: names, sizes and modification times of its YAML files.
 fn fingerprint(dir: &Path) -> std::io::Result<Fingerprint> {
@@ -188,6 +240,13 @@ pub fn run(
     let mut last = None;
     let mut pending = None;
     let mut state = DirState::default();
+    let mut dirs: Vec<&Path> = vec![dir];
+    dirs.extend(observed.iter().map(PathBuf::as_path));
+    let watch = Watch::new(&dirs);
+    if watch.is_none() {
+        tracing::warn!("no change notifications (inotify) for the policy directory: changes are found by polling every --interval-ms");
+    }
+    let mut notified = false;
     while !stop.is_set() {
         let mut fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
         let own = fp.clone();
@@ -195,9 +254,10 @@ pub fn run(
             fp.extend(fingerprint(o).with_context(|| format!("reading {}", o.display()))?);
         }
         let env_changed = engine.environment_changed();
-        // A change is read once the directory looked the same on two polls in a row, so a
-        // file caught half-written by a non-atomic editor is not reported as invalid.
-        let settled = pending.as_ref() == Some(&fp);
+        // A notified change is complete (closed or renamed in); one only the poll found is
+        // read once the directory looked the same on two polls in a row, so a file caught
+        // half-written by a non-atomic editor is not reported as invalid.
+        let settled = notified || pending.as_ref() == Some(&fp);
         if last.as_ref() != Some(&fp) && !settled {
             pending = Some(fp);
         } else if last.as_ref() != Some(&fp) || env_changed {
@@ -233,7 +293,13 @@ pub fn run(
         } else {
             engine.maintain();
         }
-        stop.wait_timeout(interval);
+        notified = match &watch {
+            Some(w) => w.wait(interval),
+            None => {
+                stop.wait_timeout(interval);
+                false
+            }
+        };
     }
     tracing::info!("agent stopping; enforcement stays in place");
     Ok(())

@@ -34,6 +34,15 @@ fn kube_bin() -> PathBuf {
     cache.join("kube-1.20.2")
 }
 
+/// A port P for the API server with P+10000 and P+10001 (etcd) free too.
+fn free_api_port() -> u16 {
+    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+    (0..5000u16)
+        .map(|k| 20001 + (k + std::process::id() as u16 % 5000) % 5000 * 2)
+        .find(|p| free(*p) && free(p + 10000) && free(p + 10001))
+        .expect("free ports for the API server")
+}
+
 pub struct ApiServer {
     pub dir: PathBuf,
     pub kubeconfig: PathBuf,
@@ -52,7 +61,7 @@ impl ApiServer {
             .arg(repo().join("xtask/kube/start-apiserver.sh"))
             .arg(kube_bin())
             .arg(&me.dir)
-            .arg("26443")
+            .arg(free_api_port().to_string())
             .output()
             .expect("start-apiserver.sh");
         assert!(

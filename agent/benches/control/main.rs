@@ -24,6 +24,7 @@ mod cluster;
 mod probe;
 
 use std::collections::{BTreeMap, BTreeSet};
+
 use std::net::Ipv4Addr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -153,6 +154,8 @@ fn removal_reported(log: &[SliceSeen], ip: Ipv4Addr) -> Option<Instant> {
 
 struct Row {
     backend: &'static str,
+    /// One pod from the directory source.
+    dir_one_pod: Vec<Duration>,
     one_pod: Vec<Duration>,
     churn_adds: Vec<Duration>,
     churn_missing: usize,
@@ -332,6 +335,7 @@ async fn measure(
     let _ = std::fs::remove_dir_all(&pins);
     Row {
         backend,
+        dir_one_pod: Vec::new(),
         one_pod,
         churn_adds,
         churn_missing,
@@ -342,6 +346,108 @@ async fn measure(
         first_sync,
         agent_rss,
     }
+}
+
+/// The directory source at the same scale: the controller's configuration and slices as
+/// files, one more pod = one slice file rewritten (written aside, renamed in), timed to its
+/// first packet.
+async fn measure_dir(
+    server: &ApiServer,
+    backend: &'static str,
+    pods: u32,
+    next: &mut u32,
+) -> Vec<Duration> {
+    use peerwall::protection::{self, Options, Peer, PeerSets};
+    let gw = Gateway::new();
+    let dir = server.dir.join(format!("dir-{backend}"));
+    std::fs::create_dir_all(&dir).expect("policy dir");
+    let peer = Peer {
+        id: cluster::PEER.into(),
+        tenant_namespace: cluster::TENANT.into(),
+    };
+    let opts = Options {
+        tunnel: protection::DEFAULT_TUNNEL.into(),
+        block_leaf_to_leaf: false,
+    };
+    let write = |name: &str, v: serde_json::Value| {
+        let tmp = dir.join(".next.tmp");
+        std::fs::write(&tmp, v.to_string()).expect("write");
+        std::fs::rename(&tmp, dir.join(format!("{name}.yaml"))).expect("rename");
+    };
+    write(
+        "gateway",
+        protection::gateway_object(&peer, &PeerSets::default(), &opts),
+    );
+    let mut offloaded: BTreeSet<std::net::IpAddr> =
+        (0..pods).map(|i| std::net::IpAddr::V4(pod_ip(i))).collect();
+    let mut slices = protection::layout("offloaded", &[], &offloaded);
+    for s in &slices {
+        write(&s.name, protection::address_set_object(&peer, s));
+    }
+    let pins = format!("/sys/fs/bpf/pwctldir{}", std::process::id());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let source = format!("dir:{}", dir.display());
+    let proc = server.peerwall(
+        &format!("dir-agent-{backend}"),
+        &[
+            "agent",
+            "--source",
+            &source,
+            "--netns",
+            gw.gw.name(),
+            "--backend",
+            backend,
+            "--pin-dir",
+            &pins,
+            "--metrics-addr",
+            &metrics,
+            "--interval-ms",
+            "200",
+        ],
+    );
+    let mut agent = Agent { proc, metrics };
+    tokio::task::block_in_place(|| wait_ready(&mut agent, Duration::from_secs(120)));
+    let mut out = Vec::new();
+    for _ in 0..env_usize("PEERWALL_BENCH_SAMPLES", 40) {
+        let ip = pod_ip(*next);
+        *next += 1;
+        gw.probe(&[ip]);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        offloaded.insert(std::net::IpAddr::V4(ip));
+        let changed = protection::layout("offloaded", &slices, &offloaded);
+        let tmp = dir.join(".next.tmp");
+        let s = &changed[0];
+        std::fs::write(&tmp, protection::address_set_object(&peer, s).to_string()).expect("write");
+        let t0 = Instant::now();
+        std::fs::rename(&tmp, dir.join(format!("{}.yaml", s.name))).expect("rename");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some((first, _)) = gw.arrival(ip) {
+                out.push(first.saturating_duration_since(t0));
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "pod {ip} never reached from the directory source"
+            );
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        for c in changed {
+            if let Some(old) = slices.iter_mut().find(|x| x.name == c.name) {
+                *old = c;
+            } else {
+                slices.push(c);
+            }
+        }
+    }
+    println!(
+        "{backend}: directory source, one pod p50 {} ms, p99 {} ms",
+        ms(percentile(&out, 0.5)),
+        ms(percentile(&out, 0.99))
+    );
+    drop(agent);
+    let _ = std::fs::remove_dir_all(&pins);
+    out
 }
 
 fn main() {
@@ -396,7 +502,9 @@ fn main() {
         let mut next = pods;
         let mut rows = Vec::new();
         for (round, b) in backends.iter().enumerate() {
-            rows.push(measure(&client, &server, b, pods, &mut next, round as u32).await);
+            let mut row = measure(&client, &server, b, pods, &mut next, round as u32).await;
+            row.dir_one_pod = measure_dir(&server, b, pods, &mut next).await;
+            rows.push(row);
         }
         let controller_rss = controller.peak_rss_mib();
         drop(controller);
@@ -462,6 +570,20 @@ fn report(pods: u32, controller_sync: Duration, controller_rss: f64, rows: &[Row
         &|r| {
             let v = percentile(&r.one_pod, 0.99);
             format!("{} ({})", ms(v), verdict(v <= Duration::from_millis(100)))
+        },
+    );
+    line(
+        &mut md,
+        "one pod → first packet, directory source, p50 / p99 (ms)",
+        "p50 ≤ 5",
+        &|r| {
+            let v = percentile(&r.dir_one_pod, 0.5);
+            format!(
+                "{} / {} ({})",
+                ms(v),
+                ms(percentile(&r.dir_one_pod, 0.99)),
+                verdict(v <= Duration::from_millis(5))
+            )
         },
     );
     line(
