@@ -213,7 +213,28 @@ impl Engine {
             self.warned.clone_from(&compiled.warnings);
         }
         self.last_env = Some(self.enforcer.environment());
-        match self.enforcer.apply(&compiled.policy) {
+        let result = self.enforcer.apply(&compiled.policy);
+        let (generation, secs, summary) = self.record(result, started, false)?;
+        tracing::info!(
+            generation,
+            tables = compiled.policy.tables.len(),
+            rules = compiled.policy.rule_count(),
+            apply_ms = secs * 1e3,
+            %summary,
+            "policy applied"
+        );
+        Ok(())
+    }
+
+    /// Count an apply's outcome in the metrics: on success the new generation, its latency
+    /// and the backend's summary; on failure the error.
+    fn record(
+        &mut self,
+        result: Result<String, BackendFailure>,
+        started: Instant,
+        sets_only: bool,
+    ) -> Result<(u64, f64, String), EnforceError> {
+        match result {
             Ok(summary) => {
                 self.generation += 1;
                 let secs = started.elapsed().as_secs_f64();
@@ -221,17 +242,10 @@ impl Engine {
                 self.update(|m| {
                     m.generation = generation;
                     m.ready = true;
+                    m.set_updates += u64::from(sets_only);
                     m.observe_apply(secs);
                 });
-                tracing::info!(
-                    generation,
-                    tables = compiled.policy.tables.len(),
-                    rules = compiled.policy.rule_count(),
-                    apply_ms = secs * 1e3,
-                    %summary,
-                    "policy applied"
-                );
-                Ok(())
+                Ok((generation, secs, summary))
             }
             Err(e) => {
                 self.update(|m| m.apply_errors += 1);
@@ -252,30 +266,16 @@ impl Engine {
         if changes.is_empty() {
             return Ok(());
         }
-        match self.enforcer.update_sets(policy, changes) {
-            Ok(summary) => {
-                self.generation += 1;
-                let secs = started.elapsed().as_secs_f64();
-                let generation = self.generation;
-                self.update(|m| {
-                    m.generation = generation;
-                    m.set_updates += 1;
-                    m.observe_apply(secs);
-                });
-                tracing::debug!(
-                    generation,
-                    sets = changes.len(),
-                    apply_ms = secs * 1e3,
-                    %summary,
-                    "set elements updated"
-                );
-                Ok(())
-            }
-            Err(e) => {
-                self.update(|m| m.apply_errors += 1);
-                Err(EnforceError::Apply(e))
-            }
-        }
+        let result = self.enforcer.update_sets(policy, changes);
+        let (generation, secs, summary) = self.record(result, started, true)?;
+        tracing::debug!(
+            generation,
+            sets = changes.len(),
+            apply_ms = secs * 1e3,
+            %summary,
+            "set elements updated"
+        );
+        Ok(())
     }
 
     /// Whether the host changed under the applied policy (bpf: the interface list), so the

@@ -235,18 +235,24 @@ fn address_set_from<'de, D: serde::Deserializer<'de>>(
     })
 }
 
+/// `namespace/name` of an object as the API server sends it, keyed as `group` keys them.
+fn json_origin(value: &serde_json::Value, group: Group) -> String {
+    let field = |p: &str, default: &'static str| {
+        value
+            .pointer(p)
+            .and_then(|v| v.as_str())
+            .unwrap_or(default)
+            .to_string()
+    };
+    group.origin(
+        &field("/metadata/namespace", "default"),
+        &field("/metadata/name", "?"),
+    )
+}
+
 /// One AddressSet as the API server sends it (origin `namespace/name`).
 pub fn address_set_from_json(value: serde_json::Value) -> Result<AddressSetObject, LoadError> {
-    let origin = Group::Peerwall.origin(
-        value
-            .pointer("/metadata/namespace")
-            .and_then(|v| v.as_str())
-            .unwrap_or("default"),
-        value
-            .pointer("/metadata/name")
-            .and_then(|v| v.as_str())
-            .unwrap_or("?"),
-    );
+    let origin = json_origin(&value, Group::Peerwall);
     address_set_from(value, &origin)
 }
 
@@ -254,16 +260,7 @@ pub fn address_set_from_json(value: serde_json::Value) -> Result<AddressSetObjec
 /// admission review): the same field-path errors as files, origin `namespace/name` (Liqo's
 /// marked `liqo:`). `apiVersion` and `kind` are not checked: the caller knows the resource.
 pub fn object_from_json(value: serde_json::Value, group: Group) -> Result<PolicyObject, LoadError> {
-    let origin = group.origin(
-        value
-            .pointer("/metadata/namespace")
-            .and_then(|v| v.as_str())
-            .unwrap_or("default"),
-        value
-            .pointer("/metadata/name")
-            .and_then(|v| v.as_str())
-            .unwrap_or("?"),
-    );
+    let origin = json_origin(&value, group);
     object_from(value, &origin, group)
 }
 
