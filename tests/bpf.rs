@@ -724,26 +724,12 @@ fn entries(pins: &Pins, map: &str) -> std::collections::BTreeSet<String> {
 /// packets pass.
 #[test]
 fn a_slice_change_touches_only_its_entries() {
-    use peerwall::protection::{self, Options, Peer, PeerSets};
+    use peerwall::protection;
     let t = Topology::new();
     let pins = Pins::new("slices");
     let dir = std::env::temp_dir().join(format!("pw-bpf-slices-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let peer = Peer {
-        id: "a".into(),
-        tenant_namespace: "liqo-tenant-a".into(),
-    };
-    let opts = Options {
-        tunnel: TUNNEL.into(),
-        block_leaf_to_leaf: false,
-    };
-    let mut sets = PeerSets {
-        offloaded: (0..3000u32)
-            .map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a15_0000 + i * 3)))
-            .collect(),
-        ..Default::default()
-    };
-    sets.offloaded.insert("10.20.1.2".parse().unwrap());
+    let (peer, opts, sets) = sliced_peer();
     let write = |name: &str, v: serde_json::Value| {
         let tmp = dir.join(".tmp");
         std::fs::write(&tmp, v.to_string()).unwrap();

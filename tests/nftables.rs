@@ -444,25 +444,10 @@ fn controller_gateway_policy_protects_both_sides() {
 /// element someone else removed.
 #[test]
 fn a_slice_change_touches_only_its_elements() {
-    use peerwall::protection::{self, Options, Peer, PeerSets};
+    use peerwall::protection;
     use peerwall_policy::sliced::{check_slice, Sliced};
     let t = Topology::new();
-    let peer = Peer {
-        id: "a".into(),
-        tenant_namespace: "liqo-tenant-a".into(),
-    };
-    let opts = Options {
-        tunnel: TUNNEL.into(),
-        block_leaf_to_leaf: false,
-    };
-    let mut offloaded: std::collections::BTreeSet<std::net::IpAddr> = (0..3000u32)
-        .map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a15_0000 + i * 3)))
-        .collect();
-    offloaded.insert("10.20.1.2".parse().unwrap());
-    let sets = PeerSets {
-        offloaded,
-        ..Default::default()
-    };
+    let (peer, opts, sets) = sliced_peer();
     let slices = protection::peer_slices(&sets, &opts);
     assert_eq!(
         slices.len(),

@@ -101,6 +101,8 @@ struct DirState {
     files: BTreeMap<PathBuf, ((u64, SystemTime), Loaded)>,
     /// Slices as last merged (an invalid one keeps its last good version), by origin.
     slices: BTreeMap<Origin, CheckedSlice>,
+    /// The slices each file holds.
+    slice_files: BTreeMap<PathBuf, Vec<Origin>>,
     /// The FirewallConfigurations the policy in force was compiled from.
     objects: Option<Vec<PolicyObject>>,
     /// The policy in force, with its slices merged.
@@ -108,8 +110,15 @@ struct DirState {
 }
 
 impl DirState {
-    /// Read the files that changed since the last poll. On a parse error nothing changes.
-    fn read(&mut self, fp: &Fingerprint) -> Result<(), load::LoadError> {
+    /// Read the files that changed since the last poll; returns the files changed, added or
+    /// removed. On a parse error nothing changes.
+    fn read(&mut self, fp: &Fingerprint) -> Result<Vec<PathBuf>, load::LoadError> {
+        let mut touched: Vec<PathBuf> = self
+            .files
+            .keys()
+            .filter(|p| !fp.contains_key(*p))
+            .cloned()
+            .collect();
         let mut next = BTreeMap::new();
         for (path, stamp) in fp {
             match self.files.get(path) {
@@ -124,6 +133,7 @@ impl DirState {
                         })?;
                     let l = load::parse_all(&text, &path.display().to_string())?;
                     next.insert(path.clone(), (*stamp, l));
+                    touched.push(path.clone());
                 }
             }
         }
@@ -134,7 +144,7 @@ impl DirState {
             return Err(load::LoadError::Nothing(format!("{} files", fp.len())));
         }
         self.files = next;
-        Ok(())
+        Ok(touched)
     }
 
     fn objects(&self) -> Vec<PolicyObject> {
@@ -144,38 +154,42 @@ impl DirState {
             .collect()
     }
 
-    /// The slices now (an invalid slice keeps its last good version, logged), and which
-    /// differ from what is merged: `(origin, Some)` to merge, `(origin, None)` to withdraw.
-    fn slice_changes(&mut self) -> Vec<(Origin, Option<CheckedSlice>)> {
-        let mut now: BTreeMap<Origin, CheckedSlice> = BTreeMap::new();
-        for (_, l) in self.files.values() {
-            for a in &l.address_sets {
+    /// The slices of the `touched` files checked again (only those: a change of one slice file
+    /// costs one slice, not the directory), and which differ from what is merged:
+    /// `(origin, Some)` to merge, `(origin, None)` to withdraw. An invalid slice keeps its last
+    /// good version (logged).
+    fn slice_changes(&mut self, touched: &[PathBuf]) -> Vec<(Origin, Option<CheckedSlice>)> {
+        let mut changes: BTreeMap<Origin, Option<CheckedSlice>> = BTreeMap::new();
+        for path in touched {
+            let before = self.slice_files.remove(path).unwrap_or_default();
+            let mut now = Vec::new();
+            for a in self
+                .files
+                .get(path)
+                .map_or(&[][..], |(_, l)| &l.address_sets)
+            {
+                now.push(a.origin.clone());
                 match check_slice(a) {
-                    Ok(c) => {
-                        now.insert(c.origin.clone(), c);
+                    Ok(c) if self.slices.get(&c.origin) != Some(&c) => {
+                        self.slices.insert(c.origin.clone(), c.clone());
+                        changes.insert(c.origin.clone(), Some(c));
                     }
+                    Ok(_) => {}
                     Err(e) => {
-                        tracing::error!(error = %e, "invalid AddressSet not applied; its previous addresses stay");
-                        if let Some(old) = self.slices.get(&a.origin) {
-                            now.insert(a.origin.clone(), old.clone());
-                        }
+                        tracing::error!(error = %e, "invalid AddressSet not applied; its previous addresses stay")
                     }
                 }
             }
+            for o in before.into_iter().filter(|o| !now.contains(o)) {
+                if self.slices.remove(&o).is_some() {
+                    changes.insert(o, None);
+                }
+            }
+            if !now.is_empty() {
+                self.slice_files.insert(path.clone(), now);
+            }
         }
-        let mut changes: Vec<(Origin, Option<CheckedSlice>)> = self
-            .slices
-            .keys()
-            .filter(|o| !now.contains_key(*o))
-            .map(|o| (o.clone(), None))
-            .collect();
-        changes.extend(
-            now.iter()
-                .filter(|(o, c)| self.slices.get(*o) != Some(*c))
-                .map(|(o, c)| (o.clone(), Some(c.clone()))),
-        );
-        self.slices = now;
-        changes
+        changes.into_iter().collect()
     }
 }
 
@@ -183,6 +197,7 @@ impl DirState {
 /// the host) changed, else only the slices that changed.
 fn enforce(
     state: &mut DirState,
+    touched: &[PathBuf],
     observed: Vec<PolicyObject>,
     engine: &mut Engine,
     env_changed: bool,
@@ -190,7 +205,7 @@ fn enforce(
     let started = Instant::now();
     let mut objects = state.objects();
     objects.extend(observed);
-    let changes = state.slice_changes();
+    let changes = state.slice_changes(touched);
     let unchanged = state.objects.as_ref() == Some(&objects) && !env_changed;
     if let (true, Some(sliced)) = (unchanged, state.sliced.as_mut()) {
         let mut set_changes = Vec::new();
@@ -272,18 +287,20 @@ pub fn run(
                     }
                     e => e,
                 })
-                .and_then(|()| observed_objects(observed));
+                .and_then(|touched| Ok((touched, observed_objects(observed)?)));
             match read {
-                Ok(seen) => match enforce(&mut state, seen, engine, env_changed) {
-                    Ok(()) => {}
-                    Err(EnforceError::Invalid(e)) => tracing::error!(
-                        error = %e,
-                        "invalid policy not applied; previous policy stays"
-                    ),
-                    Err(e) => {
-                        tracing::error!(error = %e, "apply failed; previous policy stays")
+                Ok((touched, seen)) => {
+                    match enforce(&mut state, &touched, seen, engine, env_changed) {
+                        Ok(()) => {}
+                        Err(EnforceError::Invalid(e)) => tracing::error!(
+                            error = %e,
+                            "invalid policy not applied; previous policy stays"
+                        ),
+                        Err(e) => {
+                            tracing::error!(error = %e, "apply failed; previous policy stays")
+                        }
                     }
-                },
+                }
                 Err(e) => {
                     engine.count_invalid();
                     tracing::error!(error = %e, "invalid policy not applied; previous policy stays")

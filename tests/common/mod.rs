@@ -340,3 +340,32 @@ pub fn wg_key() -> (String, String) {
     let public = wg_pubkey(&private);
     (private, public)
 }
+
+/// A peer `a` with the controller's default options on [`TUNNEL`], and the sets of 3000
+/// offloaded pods (10.21.0.0 upwards, every third address: no two adjacent) plus 10.20.1.2,
+/// the topology's pod that answers.
+pub fn sliced_peer() -> (
+    peerwall::protection::Peer,
+    peerwall::protection::Options,
+    peerwall::protection::PeerSets,
+) {
+    use peerwall::protection::{Options, Peer, PeerSets};
+    let mut offloaded: std::collections::BTreeSet<std::net::IpAddr> = (0..3000u32)
+        .map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a15_0000 + i * 3)))
+        .collect();
+    offloaded.insert("10.20.1.2".parse().unwrap());
+    (
+        Peer {
+            id: "a".into(),
+            tenant_namespace: "liqo-tenant-a".into(),
+        },
+        Options {
+            tunnel: TUNNEL.into(),
+            block_leaf_to_leaf: false,
+        },
+        PeerSets {
+            offloaded,
+            ..Default::default()
+        },
+    )
+}

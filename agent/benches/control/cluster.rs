@@ -110,11 +110,6 @@ impl ApiServer {
     }
 
     /// `peerwall ARGS` against this server (its log in the run directory).
-    /// The log of a process started by [`Self::peerwall`].
-    pub fn log(&self, name: &str) -> String {
-        std::fs::read_to_string(self.dir.join(format!("{name}.log"))).unwrap_or_default()
-    }
-
     pub fn peerwall(&self, name: &str, args: &[&str]) -> Proc {
         let bin = std::env::var_os("PEERWALL_BIN")
             .map(PathBuf::from)

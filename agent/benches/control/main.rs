@@ -229,9 +229,6 @@ async fn measure(
     let first_sync =
         tokio::task::block_in_place(|| wait_ready(&mut agent, Duration::from_secs(120)));
     println!("{backend}: agent in force after {} ms", ms(first_sync));
-    if std::env::var_os("PEERWALL_BENCH_DEBUG").is_some() {
-        println!("{}", server.log(&format!("agent-{backend}")));
-    }
     // Default deny holds: an address no pod has is not reached, an offloaded one is.
     // (The last pod of the initial population is never deleted by the churn below.)
     let (stranger, known) = (Ipv4Addr::new(10, 63, 255, 1), pod_ip(pods - 1));
@@ -322,9 +319,6 @@ async fn measure(
         ms(percentile(&churn_adds, 0.5)),
         ms(percentile(&churn_adds, 0.99))
     );
-    if std::env::var_os("PEERWALL_BENCH_DEBUG").is_some() {
-        println!("{}", server.log(&format!("agent-{backend}")));
-    }
     let agent_rss_before = agent.proc.peak_rss_mib();
     drop(agent);
     let mut again = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}-2"));

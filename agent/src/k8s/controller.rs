@@ -396,11 +396,13 @@ async fn publish_slices(
             ctx.count(|m| m.slice_writes += 1);
         }
     }
+    let set_names: Vec<String> = protection::set_contents(&Default::default(), &ctx.opts)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
     for o in &mine {
         let s = slice_of(o);
-        let known_set = protection::set_contents(&Default::default(), &ctx.opts)
-            .iter()
-            .any(|(name, _)| *name == s.set);
+        let known_set = set_names.contains(&s.set);
         if (s.addresses.is_empty() || !known_set) && applied_everywhere(o) {
             let name = o.name_any();
             match api.delete(&name, &DeleteParams::default()).await {

@@ -103,9 +103,12 @@ struct Agent {
 /// How long a round waits after the first event for more to arrive.
 const DEBOUNCE: Duration = Duration::from_millis(1);
 
-/// Key of an AddressSet in the agent's maps (distinct from FirewallConfiguration keys).
+/// Prefix of AddressSet keys in the agent's maps (distinct from FirewallConfiguration keys).
+const SLICE_KEY_PREFIX: &str = "AddressSet ";
+
+/// Key of an AddressSet in the agent's maps.
 fn slice_report_key(key: &str) -> String {
-    format!("AddressSet {key}")
+    format!("{SLICE_KEY_PREFIX}{key}")
 }
 
 impl Agent {
@@ -262,7 +265,7 @@ impl Agent {
             self.report(obj, outcome).await;
         }
         self.reported.retain(|k, _| {
-            k.starts_with("AddressSet ")
+            k.starts_with(SLICE_KEY_PREFIX)
                 || by_key
                     .get(k)
                     .is_some_and(|o| o.metadata.deletion_timestamp.is_none())
@@ -281,7 +284,7 @@ impl Agent {
             .map(|o| slice_report_key(&super::key_of(o)))
             .collect();
         self.reported
-            .retain(|k, _| !k.starts_with("AddressSet ") || present.contains(k));
+            .retain(|k, _| !k.starts_with(SLICE_KEY_PREFIX) || present.contains(k));
         for obj in slice_objects {
             if obj.metadata.deletion_timestamp.is_some() {
                 continue;
