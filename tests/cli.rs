@@ -183,6 +183,7 @@ fn controller_policy_passes_replies_on_all_engines() {
     let opts = Options {
         tunnel: DEFAULT_TUNNEL.into(),
         block_leaf_to_leaf: false,
+        audit: false,
     };
     let peer = Peer {
         id: "cluster1".into(),

@@ -398,6 +398,7 @@ fn controller_gateway_policy_protects_both_sides() {
         let opts = Options {
             tunnel: TUNNEL.into(),
             block_leaf_to_leaf: leaf,
+            audit: false,
         };
         let peer = Peer {
             id: "a".into(),

@@ -85,6 +85,7 @@ fn policy(prefixes: &[Ipv4Net], rules: usize) -> Policy {
             family: TableFamily::Inet,
             origin: Origin("bench".into()),
             sets: vec![],
+            audit: false,
             chains: vec![Chain {
                 name: "fwd".into(),
                 kind: ChainKind::Filter,

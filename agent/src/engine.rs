@@ -7,7 +7,9 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use peerwall_backend::{Backend, Drift, HostInterface, InNetns, RuleCounter};
+use peerwall_backend::{
+    Backend, Drift, EventError, EventSource, HostInterface, InNetns, RuleCounter,
+};
 use peerwall_backend_bpf::BpfEnforcer;
 use peerwall_backend_nftables::{Nft, NftBackend};
 
@@ -69,6 +71,8 @@ pub trait Enforcer: Send {
     fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendFailure>;
     /// The part of the host the backend follows (bpf: interfaces).
     fn environment(&self) -> Vec<HostInterface>;
+    /// Where the backend's events come from ([`Backend::events`]).
+    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError>;
 }
 
 impl<B: Backend> Enforcer for B {
@@ -103,6 +107,10 @@ impl<B: Backend> Enforcer for B {
     fn environment(&self) -> Vec<HostInterface> {
         Backend::environment(self)
     }
+
+    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
+        Backend::events(self)
+    }
 }
 
 fn failure<E: std::error::Error + Send + Sync + 'static>(
@@ -124,16 +132,48 @@ pub fn enforcer(
     patterns: Vec<String>,
     xdp: bool,
     netns: Option<&str>,
+    events: Option<EventSettings>,
 ) -> anyhow::Result<Box<dyn Enforcer>> {
     let pin_dir = pin_dir.to_path_buf();
-    let load_bpf = move || BpfEnforcer::load(&pin_dir, patterns, xdp);
-    let load_nft = || Ok(NftBackend::new(Nft::host()));
+    let load_bpf = move || {
+        let mut b = BpfEnforcer::load(&pin_dir, patterns, xdp)?;
+        b.set_events(events.map(|e| peerwall_backend_bpf::events::EventSettings {
+            flow_log: e.flow_log,
+            rate: e.rate,
+            burst: e.rate.saturating_mul(2),
+            interval: peerwall_backend_nftables::EVENT_INTERVAL,
+        }))?;
+        Ok(b)
+    };
+    let load_nft = move || {
+        let b = NftBackend::new(Nft::host());
+        Ok(match events {
+            Some(e) => b.with_events(peerwall_backend_nftables::EventOptions {
+                group: e.nflog_group,
+                rate: e.rate,
+                burst: e.rate.saturating_mul(2),
+                flow_log: e.flow_log,
+            }),
+            None => b,
+        })
+    };
     Ok(match (kind, netns) {
         (BackendKind::Nftables, None) => Box::new(load_nft()?) as Box<dyn Enforcer>,
         (BackendKind::Nftables, Some(ns)) => Box::new(InNetns::spawn(ns, load_nft)?),
         (BackendKind::Bpf, None) => Box::new(load_bpf().context("loading the bpf datapath")?),
         (BackendKind::Bpf, Some(ns)) => Box::new(InNetns::spawn(ns, load_bpf)?),
     })
+}
+
+/// What the agent reports as events (`--events`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventSettings {
+    /// Also the first packet of every accepted flow.
+    pub flow_log: bool,
+    /// Events per second (nftables: per table; bpf: per CPU), burst twice that.
+    pub rate: u32,
+    /// NFLOG group (nftables).
+    pub nflog_group: u16,
 }
 
 /// Why a set of objects was not enforced.
@@ -150,6 +190,8 @@ pub enum EnforceError {
 /// Compile-and-apply with metrics and logs: the part every policy source shares.
 pub struct Engine {
     enforcer: Box<dyn Enforcer>,
+    /// `--audit`: every table is enforced in audit mode, whatever its objects say.
+    audit_all: bool,
     metrics: crate::metrics::Shared,
     generation: u64,
     last_env: Option<Vec<HostInterface>>,
@@ -162,11 +204,40 @@ impl Engine {
     pub fn new(enforcer: Box<dyn Enforcer>, metrics: crate::metrics::Shared) -> Self {
         Self {
             enforcer,
+            audit_all: false,
             metrics,
             generation: 0,
             last_env: None,
             warned: Vec::new(),
         }
+    }
+
+    /// Enforce every table in audit mode (`--audit`): drops and rejects become would-drops.
+    pub fn audit_all(mut self, on: bool) -> Self {
+        self.audit_all = on;
+        self
+    }
+
+    /// Start reading the backend's events into the metrics and `/events`.
+    pub fn start_events(&mut self) -> Result<(), EventError> {
+        let source = self.enforcer.events()?;
+        crate::events::pump(source, self.metrics.clone());
+        Ok(())
+    }
+
+    /// `policy` as enforced: with `--audit`, every table audited.
+    fn as_enforced<'a>(
+        &self,
+        policy: &'a peerwall_policy::ir::Policy,
+    ) -> std::borrow::Cow<'a, peerwall_policy::ir::Policy> {
+        if !self.audit_all || policy.tables.iter().all(|t| t.audit) {
+            return std::borrow::Cow::Borrowed(policy);
+        }
+        let mut p = policy.clone();
+        for t in &mut p.tables {
+            t.audit = true;
+        }
+        std::borrow::Cow::Owned(p)
     }
 
     /// Count a policy change refused by validation.
@@ -213,7 +284,8 @@ impl Engine {
             self.warned.clone_from(&compiled.warnings);
         }
         self.last_env = Some(self.enforcer.environment());
-        let result = self.enforcer.apply(&compiled.policy);
+        let policy = self.as_enforced(&compiled.policy);
+        let result = self.enforcer.apply(&policy);
         let (generation, secs, summary) = self.record(result, started, false)?;
         tracing::info!(
             generation,
@@ -266,7 +338,8 @@ impl Engine {
         if changes.is_empty() {
             return Ok(());
         }
-        let result = self.enforcer.update_sets(policy, changes);
+        let policy = self.as_enforced(policy);
+        let result = self.enforcer.update_sets(&policy, changes);
         let (generation, secs, summary) = self.record(result, started, true)?;
         tracing::debug!(
             generation,

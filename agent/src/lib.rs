@@ -7,11 +7,13 @@
 //!
 //! Here: [`cli`] (commands), [`engine`] (the enforcement engine and the directory source),
 //! [`k8s`] (the Kubernetes edge: agent watch source, controller, webhook) over the pure
-//! [`protection`] decisions, [`metrics`], and [`lab`], the gateway lab.
+//! [`protection`] decisions, [`metrics`], [`events`] (what the datapath did, for `observe`), and
+//! [`lab`], the gateway lab.
 
 pub mod cli;
 pub mod dir;
 pub mod engine;
+pub mod events;
 pub mod k8s;
 pub mod lab;
 pub mod metrics;

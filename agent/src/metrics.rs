@@ -42,6 +42,8 @@ pub struct AgentMetrics {
     pub rules: Vec<RuleCounter>,
     /// Whether a policy is in force.
     pub ready: bool,
+    /// The backend's recent events and drop counts ([`crate::events`]).
+    pub events: crate::events::EventLog,
 }
 
 impl AgentMetrics {
@@ -147,6 +149,29 @@ impl AgentMetrics {
                 self.rules
                     .iter()
                     .map(|r| sample("", rule(r), r.bytes))
+                    .collect(),
+            ),
+            Family::new(
+                "peerwall_drops_total",
+                "counter",
+                "Packets dropped, rejected or (verdict=\"audit\") that an audited chain would have dropped, per rule, as counted by events (--events).",
+            )
+            .with_all(
+                self.events
+                    .drops
+                    .iter()
+                    .map(|((t, c, r, v), n)| {
+                        sample(
+                            "",
+                            format!(
+                                "{scope}table=\"{}\",chain=\"{}\",rule=\"{}\",verdict=\"{v}\"",
+                                esc(t),
+                                esc(c),
+                                esc(r)
+                            ),
+                            n,
+                        )
+                    })
                     .collect(),
             ),
         ]
@@ -277,11 +302,21 @@ pub trait Exposition {
     fn render(&self) -> String;
     /// Whether `/readyz` answers ready.
     fn ready(&self) -> bool;
+    /// `/events?after=N`: NDJSON of the events numbered after N, and the next mark; None when
+    /// the component has no events.
+    fn events_after(&self, after: u64) -> Option<(String, u64)> {
+        let _ = after;
+        None
+    }
 }
 
 impl Exposition for AgentMetrics {
     fn render(&self) -> String {
         AgentMetrics::render(self)
+    }
+
+    fn events_after(&self, after: u64) -> Option<(String, u64)> {
+        self.events.on.then(|| self.events.ndjson_after(after))
     }
     fn ready(&self) -> bool {
         self.ready
@@ -381,9 +416,31 @@ impl Exposition for ControllerMetrics {
     }
 }
 
-/// Answer one request: `/metrics` (Prometheus text), `/healthz`, `/readyz`.
-fn respond<M: Exposition>(path: &str, metrics: &Mutex<M>) -> Response<Full<Bytes>> {
+/// Answer one request: `/metrics` (Prometheus text), `/healthz`, `/readyz`, `/events`.
+fn respond<M: Exposition>(
+    path: &str,
+    query: Option<&str>,
+    metrics: &Mutex<M>,
+) -> Response<Full<Bytes>> {
+    let mut next_mark = None;
     let (status, ctype, body) = match path {
+        "/events" => {
+            let after = query
+                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("after=")))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0);
+            match metrics.lock().ok().and_then(|m| m.events_after(after)) {
+                Some((body, next)) => {
+                    next_mark = Some(next);
+                    (StatusCode::OK, "application/x-ndjson", body)
+                }
+                None => (
+                    StatusCode::NOT_FOUND,
+                    "text/plain",
+                    "events are off: start the agent with --events\n".into(),
+                ),
+            }
+        }
         "/metrics" => match metrics.lock() {
             Ok(m) => (StatusCode::OK, "text/plain; version=0.0.4", m.render()),
             Err(_) => (
@@ -409,8 +466,15 @@ fn respond<M: Exposition>(path: &str, metrics: &Mutex<M>) -> Response<Full<Bytes
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static(ctype),
     );
+    if let Some(n) = next_mark {
+        r.headers_mut()
+            .insert(EVENTS_NEXT_HEADER, hyper::header::HeaderValue::from(n));
+    }
     r
 }
+
+/// Header of `/events` answers: the mark to ask `after` next time.
+pub const EVENTS_NEXT_HEADER: &str = "x-peerwall-next";
 
 /// Serve on `addr` (hyper, HTTP/1.1, the webhook's stack) from a thread of its own with a
 /// small runtime, so the synchronous directory source and the async Kubernetes sources serve
@@ -447,7 +511,7 @@ pub fn serve<M: Exposition + Send + 'static>(
                     let metrics = metrics.clone();
                     tokio::spawn(async move {
                         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                            let r = respond(req.uri().path(), &metrics);
+                            let r = respond(req.uri().path(), req.uri().query(), &metrics);
                             async move { Ok::<_, std::convert::Infallible>(r) }
                         });
                         if let Err(e) = hyper::server::conn::http1::Builder::new()

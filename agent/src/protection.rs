@@ -171,6 +171,9 @@ pub struct Options {
     pub tunnel: String,
     /// Drop traffic from our pods on this peer towards our pods on other peers.
     pub block_leaf_to_leaf: bool,
+    /// Publish the configurations in audit mode (`spec.audit`): what they would drop is
+    /// reported, not dropped.
+    pub audit: bool,
 }
 
 /// A peer cluster: its id and tenant namespace.
@@ -455,6 +458,7 @@ pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> api::FirewallCo
                 },
             }],
         },
+        audit: opts.audit,
     }
 }
 
@@ -812,6 +816,7 @@ mod tests {
                 &Options {
                     tunnel: "liqo-tunnel".into(),
                     block_leaf_to_leaf: leaf,
+                    audit: false,
                 },
             );
             let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",

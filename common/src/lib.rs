@@ -64,6 +64,12 @@ pub mod map {
     pub const VERDICTS: &str = "VERDICTS";
     /// The last decision (probe mode).
     pub const LAST: &str = "LAST";
+    /// Drop, reject, would-drop and flow events (ring buffer, [`crate::FlowEvent`]).
+    pub const EVENTS: &str = "EVENTS";
+    /// Event rate limits ([`crate::EventConfig`]).
+    pub const EVENT_CONF: &str = "EVENT_CONF";
+    /// Per-flow event state ([`crate::EventFlow`]).
+    pub const EVENT_FLOWS: &str = "EVENT_FLOWS";
     /// The benchmark's bare lookup table.
     pub const BARE: &str = "BARE";
     /// The benchmark's one-hash-lookup table.
@@ -343,6 +349,10 @@ pub mod flags {
     pub const fn views(slot: u32) -> u32 {
         VIEWS0 << (slot & 1)
     }
+    /// Report drops, rejects and would-drops as events (`EVENTS` ring buffer).
+    pub const EVENTS: u32 = 1 << 4;
+    /// Also report accepted new flows (the flow log).
+    pub const FLOW_LOG: u32 = 1 << 5;
     /// Benchmark breakdown only (`cargo xtask bench`): these skip one part of the work each,
     /// to measure what it costs. They change verdicts; the agent never sets them.
     /// No FIB lookup: every packet taken as forwarded, output interface unknown.
@@ -442,8 +452,16 @@ pub struct CachedVerdict {
     pub state: u8,
     /// How many of `counters` are used.
     pub counted: u8,
+    /// [`ActionCode`] of the first would-drop on the path (`AuditDrop`, `AuditReject`), or 0.
+    pub audit: u8,
+    /// Index in `counters` of that would-drop's chain.
+    pub audit_step: u8,
     /// Zero.
-    pub _pad: [u8; 5],
+    pub _pad: [u8; 3],
+    /// Output ifindex of the packet it was computed for (reported in events).
+    pub oif: u32,
+    /// Zero.
+    pub _pad2: [u8; 4],
 }
 
 /// What the datapath decided for a probe packet (probe mode only). `LAST[0]`, per CPU.
@@ -458,12 +476,99 @@ pub struct ProbeRecord {
     pub has_chain: u8,
     /// 1 when a rule (not a policy) decided.
     pub has_rule: u8,
-    /// Zero.
-    pub _pad: u8,
+    /// [`ActionCode`] of the first would-drop on the path, or 0 (none).
+    pub audit: u8,
     /// Deciding chain id.
     pub chain: u32,
     /// Deciding rule index.
     pub rule: u32,
+    /// Chain of the first would-drop.
+    pub audit_chain: u32,
+    /// Its rule index, or `u32::MAX` for the chain policy.
+    pub audit_rule: u32,
+}
+
+/// [`FlowEvent::kind`] values.
+pub mod event {
+    /// Dropped.
+    pub const DROP: u8 = 1;
+    /// Rejected (dropped, ICMP answer sent).
+    pub const REJECT: u8 = 2;
+    /// Would have been dropped by an audited chain; accepted.
+    pub const AUDIT_DROP: u8 = 3;
+    /// Would have been rejected by an audited chain; accepted.
+    pub const AUDIT_REJECT: u8 = 4;
+    /// First packet of a flow, accepted (flow log).
+    pub const ACCEPT: u8 = 5;
+    /// `rule` of an event decided by the chain policy.
+    pub const POLICY: u32 = u32::MAX;
+}
+
+/// One event in the `EVENTS` ring buffer. eBPF twin: `ebpf/src/events.rs` writes it. Native
+/// byte order (both ends run on the same host) except the addresses, which are as on the wire.
+/// 88 bytes, no implicit padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowEvent {
+    /// `bpf_ktime_get_ns` (CLOCK_MONOTONIC) of the event.
+    pub ts_ns: u64,
+    /// Packets of this flow and kind since its last event, this one included.
+    pub packets: u64,
+    /// Their bytes (IP total length).
+    pub bytes: u64,
+    /// Source address, BE (IPv4 in the first 4 bytes).
+    pub src: [u8; 16],
+    /// Destination address as the forward hook sees it, BE.
+    pub dst: [u8; 16],
+    /// Source port (ICMP: echo id), host order.
+    pub sport: u16,
+    /// Destination port, host order.
+    pub dport: u16,
+    /// Input ifindex.
+    pub iif: u32,
+    /// Output ifindex (0: delivered to the gateway, or unknown).
+    pub oif: u32,
+    /// Chain id (of the slot of `epoch`).
+    pub chain: u32,
+    /// Rule index in the chain, or [`event::POLICY`].
+    pub rule: u32,
+    /// [`Config::active`] when it happened: which slot's names apply.
+    pub epoch: u32,
+    /// [`family`] code.
+    pub family: u8,
+    /// IP protocol.
+    pub proto: u8,
+    /// [`ct`] state number.
+    pub state: u8,
+    /// [`event`] kind.
+    pub kind: u8,
+    /// Zero.
+    pub _pad: [u8; 4],
+}
+
+/// Event rate limits (`EVENT_CONF[0]`), written by the loader.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventConfig {
+    /// At most one event per flow and kind in this interval; the packets in between are
+    /// counted in the next event.
+    pub flow_interval_ns: u64,
+    /// Events per second per CPU (token bucket refill).
+    pub rate: u32,
+    /// Bucket size.
+    pub burst: u32,
+}
+
+/// Per-flow event state (`EVENT_FLOWS`, LRU, keyed by [`FlowKey`] with the kind in `_pad[0]`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EventFlow {
+    /// When the flow's last event was sent (0: never).
+    pub last_ns: u64,
+    /// Packets since.
+    pub packets: u64,
+    /// Bytes since.
+    pub bytes: u64,
 }
 
 /// Verdict codes in [`RuleInfo::action`] and [`ChainInfo::policy`].
@@ -476,6 +581,10 @@ pub enum ActionCode {
     Drop = 1,
     /// Discard and answer with ICMP/ICMPv6 port unreachable.
     Reject = 2,
+    /// A drop of an audited chain: the chain accepts and records a would-drop.
+    AuditDrop = 3,
+    /// A reject of an audited chain: the chain accepts and records a would-reject.
+    AuditReject = 4,
 }
 
 impl ActionCode {
@@ -485,6 +594,8 @@ impl ActionCode {
             0 => Some(Self::Accept),
             1 => Some(Self::Drop),
             2 => Some(Self::Reject),
+            3 => Some(Self::AuditDrop),
+            4 => Some(Self::AuditReject),
             _ => None,
         }
     }
@@ -499,6 +610,9 @@ mod pod {
     unsafe impl aya::Pod for AddrKeyData {}
     unsafe impl aya::Pod for PortKeyData {}
     unsafe impl aya::Pod for ProtoKey {}
+    unsafe impl aya::Pod for FlowEvent {}
+    unsafe impl aya::Pod for EventConfig {}
+    unsafe impl aya::Pod for EventFlow {}
     unsafe impl aya::Pod for IfKey {}
     unsafe impl aya::Pod for DimMasks {}
     unsafe impl aya::Pod for ChainInfo {}
@@ -521,7 +635,13 @@ mod tests {
 
     #[test]
     fn action_codes_round_trip() {
-        for a in [ActionCode::Accept, ActionCode::Drop, ActionCode::Reject] {
+        for a in [
+            ActionCode::Accept,
+            ActionCode::Drop,
+            ActionCode::Reject,
+            ActionCode::AuditDrop,
+            ActionCode::AuditReject,
+        ] {
             assert_eq!(ActionCode::from_u8(a as u8), Some(a));
         }
         assert_eq!(ActionCode::from_u8(9), None);
@@ -542,8 +662,11 @@ mod tests {
         assert_eq!(size_of::<Config>(), 8);
         assert_eq!(size_of::<FlowKey>(), 40);
         assert_eq!(size_of::<FlowState>(), 16);
-        assert_eq!(size_of::<CachedVerdict>(), 40);
-        assert_eq!(size_of::<ProbeRecord>(), 16);
+        assert_eq!(size_of::<CachedVerdict>(), 48);
+        assert_eq!(size_of::<ProbeRecord>(), 24);
+        assert_eq!(size_of::<FlowEvent>(), 88);
+        assert_eq!(size_of::<EventConfig>(), 16);
+        assert_eq!(size_of::<EventFlow>(), 24);
     }
 
     #[test]

@@ -48,10 +48,10 @@ pub(crate) fn cache_key(p: &Pkt) -> Option<FlowKey> {
 }
 
 /// The verdict cached for `WORK`'s packet arriving on `iif` under `epoch`, after counting it in
-/// the rules that decided it (accepts only when `count_accepts`: XDP leaves them to tc); or
-/// [`MISS`].
+/// the rules that decided it and reporting its event (accepts only when `count_accepts`: XDP
+/// leaves them to tc); or [`MISS`].
 #[inline(never)]
-pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool) -> u32 {
+pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u32) -> u32 {
     let Some(w) = WORK.get(0) else {
         return MISS;
     };
@@ -71,6 +71,9 @@ pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool) -> u32 {
         return MISS;
     }
     let action = v.action as u32;
+    if flags & peerwall_common::flags::EVENTS != 0 {
+        note_cached(v, epoch, count_accepts);
+    }
     if action != ACT_ACCEPT as u32 || count_accepts {
         let n = (v.counted as usize).min(CACHED_COUNTERS);
         let len = w.p.len as u64;
@@ -126,7 +129,11 @@ pub(crate) fn remember(action: u8) {
         action,
         state: r.state as u8,
         counted: sc.steps as u8,
-        _pad: [0; 5],
+        audit: sc.audit as u8,
+        audit_step: sc.audit_step as u8,
+        _pad: [0; 3],
+        oif: r.oif,
+        _pad2: [0; 4],
     };
     let _ = VERDICTS.insert(&k, &v, 0);
 }

@@ -10,6 +10,8 @@ use super::*;
 pub(crate) const ACT_ACCEPT: u8 = ActionCode::Accept as u8;
 pub(crate) const ACT_DROP: u8 = ActionCode::Drop as u8;
 pub(crate) const ACT_REJECT: u8 = ActionCode::Reject as u8;
+pub(crate) const ACT_AUDIT_DROP: u8 = ActionCode::AuditDrop as u8;
+pub(crate) const ACT_AUDIT_REJECT: u8 = ActionCode::AuditReject as u8;
 pub(crate) const NO_RULE: u32 = u32::MAX;
 
 /// Inputs of one chain evaluation.
@@ -101,8 +103,21 @@ macro_rules! slot_eval {
         /// Run one chain; the outcome goes to `SCRATCH` (action, deciding rule or NO_RULE).
         #[inline(never)]
         fn $name(q: &Query) -> u32 {
-            let (action, idx) = $name::run(q);
+            let (mut action, idx) = $name::run(q);
             if let Some(sc) = SCRATCH.get_ptr_mut(0) {
+                // An audited chain's drop or reject: the chain accepts; the first one is kept.
+                if action == ACT_AUDIT_DROP || action == ACT_AUDIT_REJECT {
+                    // SAFETY: per-CPU slot of a successful lookup.
+                    unsafe {
+                        if (*sc).audit == 0 {
+                            (*sc).audit = action as u32;
+                            (*sc).audit_chain = q.chain;
+                            (*sc).audit_rule = idx;
+                            (*sc).audit_step = (*sc).steps;
+                        }
+                    }
+                    action = ACT_ACCEPT;
+                }
                 let counter = q.chain * MAX_RULES as u32
                     + if idx == NO_RULE {
                         MAX_RULES as u32 - 1
@@ -286,6 +301,10 @@ pub(crate) struct Outcome {
     pub(crate) chain: u32,
     pub(crate) rule: u32,
     pub(crate) has_chain: bool,
+    /// Action code of the first would-drop (0: none), its chain and rule.
+    pub(crate) audit: u32,
+    pub(crate) audit_chain: u32,
+    pub(crate) audit_rule: u32,
 }
 
 #[inline(always)]
@@ -389,6 +408,7 @@ pub(crate) fn classify(route: &Route, p: &Pkt) -> u32 {
             (*sc).rule = NO_RULE;
             (*sc).has_chain = 0;
             (*sc).steps = 0;
+            (*sc).audit = 0;
         }
     }
     let mut q = Query {
@@ -423,12 +443,18 @@ pub(crate) fn outcome() -> Outcome {
             chain: sc.chain,
             rule: sc.rule,
             has_chain: sc.has_chain != 0,
+            audit: sc.audit,
+            audit_chain: sc.audit_chain,
+            audit_rule: sc.audit_rule,
         },
         None => Outcome {
             action: ACT_DROP,
             chain: 0,
             rule: NO_RULE,
             has_chain: false,
+            audit: 0,
+            audit_chain: 0,
+            audit_rule: NO_RULE,
         },
     }
 }

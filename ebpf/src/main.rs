@@ -21,7 +21,7 @@
 //! chains all see the addresses nftables' forward hook sees; the packet itself is not changed.
 //!
 //! One concern per file: [`maps`], [`parse`], [`view`], [`conntrack`], [`classify`], [`route`],
-//! [`reject`]; the program entries (tc and XDP) are here; [`bare`] is the benchmark's baseline.
+//! [`reject`], [`events`]; the program entries (tc and XDP) are here; [`bare`] is the benchmark's baseline.
 #![no_std]
 #![no_main]
 #![allow(static_mut_refs)]
@@ -49,6 +49,7 @@ mod bare;
 mod cache;
 mod classify;
 mod conntrack;
+mod events;
 mod maps;
 mod parse;
 mod reject;
@@ -58,6 +59,7 @@ mod view;
 use cache::*;
 use classify::*;
 use conntrack::*;
+use events::*;
 use maps::*;
 use parse::*;
 use reject::*;
@@ -114,7 +116,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let diag = cfg.flags & flags::DIAG_ALL;
     let cache = !probe && diag == 0;
     if cache {
-        let a = cached_verdict(ifindex, cfg.active, true);
+        let a = cached_verdict(ifindex, cfg.active, true, cfg.flags);
         if a == ACT_ACCEPT as u32 {
             return Ok(TC_ACT_OK);
         }
@@ -164,7 +166,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
         return Ok(TC_ACT_OK);
     }
     classify_work();
-    Ok(finish_tc(ctx, probe))
+    Ok(finish_tc(ctx, probe, cfg.flags))
 }
 
 /// Classify the packet in `WORK`.
@@ -178,11 +180,12 @@ fn classify_work() -> u32 {
 
 /// Act on the outcome of `WORK`'s packet: conntrack, probe record, tc verdict.
 #[inline(never)]
-fn finish_tc(ctx: &TcContext, probe: bool) -> i32 {
+fn finish_tc(ctx: &TcContext, probe: bool, flags: u32) -> i32 {
     let out = outcome();
     if probe {
         record(&out);
     }
+    note_outcome(flags, &out);
     remember(out.action);
     match out.action {
         ACT_ACCEPT => {
@@ -235,7 +238,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     }
     let cache = cfg.flags & flags::DIAG_ALL == 0;
     if cache {
-        let a = cached_verdict(ifindex, cfg.active, false);
+        let a = cached_verdict(ifindex, cfg.active, false, cfg.flags);
         if a == ACT_DROP as u32 {
             return Ok(xdp_action::XDP_DROP);
         }
@@ -257,16 +260,18 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };
-    Ok(finish_xdp())
+    Ok(finish_xdp(cfg.flags))
 }
 
 /// Classify `WORK`'s packet; drop it here only when the verdict is drop.
 #[inline(never)]
-fn finish_xdp() -> u32 {
+fn finish_xdp(flags: u32) -> u32 {
     classify_work();
-    if outcome().action != ACT_DROP {
+    let out = outcome();
+    if out.action != ACT_DROP {
         return xdp_action::XDP_PASS;
     }
+    note_outcome(flags, &out);
     // Count what XDP drops (tc never sees it): the same evaluation, counting.
     if let Some(w) = WORK.get_ptr_mut(0) {
         // SAFETY: per-CPU slot of a successful lookup.

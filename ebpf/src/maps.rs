@@ -145,6 +145,11 @@ pub(crate) struct Scratch {
     /// `COUNTERS` index of each chain's deciding rule (or policy), in path order: what a
     /// cached verdict counts.
     pub(crate) trail: [u32; CACHED_COUNTERS],
+    /// Action code of the first would-drop on the path (0: none), its chain, rule and step.
+    pub(crate) audit: u32,
+    pub(crate) audit_chain: u32,
+    pub(crate) audit_rule: u32,
+    pub(crate) audit_step: u32,
 }
 
 pub(crate) fn config() -> Config {
@@ -167,6 +172,9 @@ pub(crate) fn record(out: &Outcome) {
             (*r).has_rule = (out.rule != NO_RULE) as u8;
             (*r).chain = out.chain;
             (*r).rule = out.rule;
+            (*r).audit = out.audit as u8;
+            (*r).audit_chain = out.audit_chain;
+            (*r).audit_rule = out.audit_rule;
         }
     }
 }

@@ -362,6 +362,7 @@ pub fn sliced_peer() -> (
         Options {
             tunnel: TUNNEL.into(),
             block_leaf_to_leaf: false,
+            audit: false,
         },
         PeerSets {
             offloaded,

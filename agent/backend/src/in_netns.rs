@@ -9,7 +9,7 @@ use std::sync::mpsc;
 
 use peerwall_policy::ir::Policy;
 
-use crate::{Backend, Drift, HostInterface, RuleCounter};
+use crate::{Backend, Drift, EventError, EventSource, HostInterface, RuleCounter};
 
 /// Why a call into another namespace failed.
 #[derive(Debug, thiserror::Error)]
@@ -153,6 +153,15 @@ impl<B: Backend + 'static> Backend for InNetns<B> {
 
     fn repair(&mut self) -> Result<Vec<Drift>, Self::Error> {
         self.call_backend(|b| b.repair())
+    }
+
+    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
+        // Made on the namespace's thread (NFLOG and interface-name sockets belong to the
+        // namespace they are made in), read from any.
+        self.call(|b| b.events()).map_err(|e| EventError::Io {
+            what: "opening the event source in the enforcer's namespace",
+            source: std::io::Error::other(e.to_string()),
+        })?
     }
 
     fn environment(&self) -> Vec<HostInterface> {

@@ -4,6 +4,7 @@
 //! `peerwall-backend-bpf` (tc/XDP programs over maps; the programs themselves are `ebpf/`).
 //! The CLI and the agent drive both through this trait only.
 
+pub mod events;
 pub mod in_netns;
 pub mod netns;
 
@@ -13,6 +14,7 @@ use serde::Serialize;
 
 use peerwall_policy::ir::{Policy, SetChange};
 
+pub use events::{Event, EventError, EventFilter, EventKind, EventSource, FlowLimiter, IfNames};
 pub use in_netns::{InNetns, InNetnsError};
 
 /// Packet and byte counts of one rule (`table/chain/rule`), as either backend reads them.
@@ -99,6 +101,14 @@ pub trait Backend: Send {
     /// Restore what drifted; returns what was repaired. Called periodically by the agent.
     fn repair(&mut self) -> Result<Vec<Drift>, Self::Error> {
         Ok(Vec::new())
+    }
+
+    /// Where the events of what is in force come from (drops, rejects, would-drops, and with
+    /// the flow log accepted flows; [`events`]). Call it on the backend's own thread (inside its
+    /// network namespace); the source may then be read from any thread. Err([`EventError::Off`])
+    /// when the backend was built without events.
+    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
+        Err(EventError::Off)
     }
 
     /// The part of the host outside the policy that the backend follows (bpf: the

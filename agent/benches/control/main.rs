@@ -362,6 +362,7 @@ async fn measure_dir(
     let opts = Options {
         tunnel: protection::DEFAULT_TUNNEL.into(),
         block_leaf_to_leaf: false,
+        audit: false,
     };
     let write = |name: &str, v: serde_json::Value| {
         let tmp = dir.join(".next.tmp");

@@ -195,6 +195,7 @@ pub(crate) fn control_plane(lab: &Lab, dp: Datapath, n: usize, seed: u64) -> Con
                     &Options {
                         tunnel: TUNNEL.into(),
                         block_leaf_to_leaf: false,
+                        audit: false,
                     },
                 )),
                 ..base

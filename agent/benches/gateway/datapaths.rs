@@ -112,6 +112,7 @@ pub(crate) fn protection_policy(n: usize, seed: u64) -> Policy {
         &Options {
             tunnel: TUNNEL.into(),
             block_leaf_to_leaf: false,
+            audit: false,
         },
     );
     let pick = |rng: &mut StdRng, v: &[Ipv4Addr]| v[rng.random_range(0..v.len())];

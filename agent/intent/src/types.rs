@@ -47,6 +47,15 @@ where
 pub struct FirewallConfigurationSpec {
     /// The table to enforce.
     pub table: Table,
+    /// Extension: audit mode. A `drop` or `reject` of this table (a rule's or a chain
+    /// policy's) becomes a *would-drop*: the packet is accepted by that chain, and an event
+    /// records the rule that would have dropped it. Setting it back to `false` enforces at once.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub audit: bool,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Observed state: one condition per host that applies the table.

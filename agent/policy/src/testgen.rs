@@ -270,6 +270,7 @@ pub fn random_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
             chains,
             sets,
         },
+        audit: rng.random_bool(0.2),
     }
 }
 

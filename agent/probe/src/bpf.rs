@@ -282,7 +282,10 @@ impl BpfProbe {
             Some(peerwall_common::ActionCode::Accept) => VerdictAction::Accept,
             Some(peerwall_common::ActionCode::Drop) => VerdictAction::Drop,
             Some(peerwall_common::ActionCode::Reject) => VerdictAction::Reject,
-            None => {
+            Some(
+                peerwall_common::ActionCode::AuditDrop | peerwall_common::ActionCode::AuditReject,
+            )
+            | None => {
                 return Err(ProbeError::Inconsistent {
                     observed: "unknown action code",
                     counted: "",
@@ -316,12 +319,31 @@ impl BpfProbe {
                 packet: format!("{pkt:?}"),
             });
         }
+        let audit = match peerwall_common::ActionCode::from_u8(rec.audit) {
+            None | Some(peerwall_common::ActionCode::Accept) => None,
+            Some(code) => {
+                let c = self.bp.chains.get(rec.audit_chain as usize).ok_or_else(|| {
+                    ProbeError::Unsupported(format!("unknown chain id {}", rec.audit_chain))
+                })?;
+                Some(peerwall_policy::ir::AuditHit {
+                    table: c.table.clone(),
+                    chain: c.chain.clone(),
+                    rule: c.rules.get(rec.audit_rule as usize).map(|r| r.name.clone()),
+                    would: if code == peerwall_common::ActionCode::AuditReject {
+                        VerdictAction::Reject
+                    } else {
+                        VerdictAction::Drop
+                    },
+                })
+            }
+        };
         if rec.has_chain == 0 {
             return Ok(Verdict {
                 verdict,
                 table: None,
                 chain: None,
                 rule: None,
+                audit,
             });
         }
         let c =
@@ -337,6 +359,7 @@ impl BpfProbe {
             } else {
                 None
             },
+            audit,
         })
     }
 }

@@ -3,6 +3,7 @@
 //! Exit codes: 0 answered, 2 bad input (error on stderr, nothing changed), 1 runtime failure.
 
 mod host;
+mod observe;
 mod render;
 mod serve;
 mod verdict;
@@ -207,6 +208,9 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
+    /// Stream what the datapath did to real traffic: drops, rejects, would-drops (audit) and,
+    /// with the agent's --flow-log, accepted flows, each with the rule that decided.
+    Observe(observe::ObserveArgs),
     /// Emergency switch of the bpf datapath: `on` lets every packet through, `off` enforces.
     AllowAll {
         /// on or off.
@@ -248,6 +252,10 @@ pub enum Command {
         /// Also drop traffic between our pods offloaded to different providers.
         #[arg(long)]
         block_leaf_to_leaf: bool,
+        /// Publish every gateway configuration in audit mode (`spec.audit: true`): what it
+        /// would drop is reported as events, not dropped. For rolling out; remove to enforce.
+        #[arg(long)]
+        audit: bool,
         /// Where `/metrics`, `/healthz` and `/readyz` are served.
         #[arg(long, default_value = "0.0.0.0:9091")]
         metrics_addr: std::net::SocketAddr,
@@ -360,9 +368,49 @@ pub struct AgentArgs {
     /// How often the source is checked (and nftables drift repaired).
     #[arg(long, default_value_t = 200)]
     pub interval_ms: u64,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    /// Where `/metrics`, `/healthz`, `/readyz` and `/events` are served.
     #[arg(long, default_value = "0.0.0.0:9090")]
     pub metrics_addr: std::net::SocketAddr,
+    /// Events (what `peerwall observe` shows).
+    #[command(flatten)]
+    pub events: EventArgs,
+    /// Enforce every table in audit mode: drops and rejects are accepted and reported as
+    /// would-drops (events with `--events`). Remove to enforce.
+    #[arg(long)]
+    pub audit: bool,
+}
+
+/// Event options of the agent.
+#[derive(clap::Args, Debug, Clone)]
+pub struct EventArgs {
+    /// Report drops, rejects and would-drops as events: `/events`, `peerwall observe`,
+    /// `peerwall_drops_total`. nftables: log rules to NFLOG; bpf: a ring buffer.
+    #[arg(long)]
+    pub events: bool,
+    /// Also report the first packet of every accepted flow (a flow log; implies --events).
+    #[arg(long)]
+    pub flow_log: bool,
+    /// Events per second at most (nftables: per table; bpf: per CPU); burst twice that. Per
+    /// flow, at most one event per second in any case.
+    #[arg(long, default_value_t = 100)]
+    pub event_rate: u32,
+    /// nftables: NFLOG group of the log rules (one listener per group and namespace).
+    #[arg(long, default_value_t = DEFAULT_NFLOG_GROUP)]
+    pub nflog_group: u16,
+}
+
+/// NFLOG group the agent and `observe` use unless told otherwise.
+pub const DEFAULT_NFLOG_GROUP: u16 = 6120;
+
+impl EventArgs {
+    /// The engine's settings; None when events are off.
+    pub fn settings(&self) -> Option<crate::engine::EventSettings> {
+        (self.events || self.flow_log).then_some(crate::engine::EventSettings {
+            flow_log: self.flow_log,
+            rate: self.event_rate.max(1),
+            nflog_group: self.nflog_group,
+        })
+    }
 }
 
 /// SIGINT/SIGTERM trigger the returned signal.
@@ -474,14 +522,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Inspect { pin_dir, output } => host::inspect(&pin_dir, output),
         Command::AllowAll { state, pin_dir } => host::allow_all(state, &pin_dir),
         Command::Counters { output } => host::counters(output),
+        Command::Observe(a) => observe::observe(a),
         Command::Crd => out(&crd_yaml().map_err(runtime)?),
         Command::Lab { backend, keep } => serve::lab(backend, keep),
         Command::Agent(a) => serve::agent(a),
         Command::Controller {
             tunnel_interface,
             block_leaf_to_leaf,
+            audit,
             metrics_addr,
-        } => serve::controller(tunnel_interface, block_leaf_to_leaf, metrics_addr),
+        } => serve::controller(tunnel_interface, block_leaf_to_leaf, audit, metrics_addr),
         Command::Webhook {
             listen,
             tls_cert,

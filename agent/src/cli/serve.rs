@@ -38,7 +38,10 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         bpf,
         interval_ms,
         metrics_addr,
+        events,
+        audit,
     } = a;
+    let events = events.settings();
     let stop = stop_flag()?;
     if gateway_pods {
         if source != crate::engine::PolicySource::Kube {
@@ -64,6 +67,8 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                 xdp: bpf.xdp,
                 interval: std::time::Duration::from_millis(interval_ms),
                 proc,
+                events,
+                audit,
             },
             metrics,
             stop,
@@ -76,6 +81,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         bpf.interfaces,
         bpf.xdp,
         netns.as_deref(),
+        events,
     )
     .context("starting the backend")
     .map_err(runtime)?;
@@ -88,7 +94,13 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         .with_context(|| format!("serving metrics on {metrics_addr}"))
         .map_err(runtime)?;
     tracing::info!(?source, backend = name, metrics = %bound, "agent started");
-    let mut engine = crate::engine::Engine::new(enforcer, metrics);
+    let mut engine = crate::engine::Engine::new(enforcer, metrics).audit_all(audit);
+    if events.is_some() {
+        engine
+            .start_events()
+            .context("reading the backend's events")
+            .map_err(runtime)?;
+    }
     let interval = std::time::Duration::from_millis(interval_ms);
     match source {
         crate::engine::PolicySource::Dir(dir) => {
@@ -138,6 +150,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
 pub(super) fn controller(
     tunnel_interface: String,
     block_leaf_to_leaf: bool,
+    audit: bool,
     metrics_addr: std::net::SocketAddr,
 ) -> Result<(), CliError> {
     let stop = stop_flag()?;
@@ -152,6 +165,7 @@ pub(super) fn controller(
         crate::protection::Options {
             tunnel: tunnel_interface,
             block_leaf_to_leaf,
+            audit,
         },
         metrics,
         stop,

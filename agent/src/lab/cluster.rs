@@ -182,6 +182,7 @@ fn lab_options() -> protection::Options {
     protection::Options {
         tunnel: protection::DEFAULT_TUNNEL.into(),
         block_leaf_to_leaf: false,
+        audit: false,
     }
 }
 

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::path::Path;
 
-use peerwall_backend::{Backend, HostInterface, RuleCounter};
+use peerwall_backend::{Backend, EventError, EventSource, HostInterface, RuleCounter};
 use peerwall_policy::ir::Policy;
 
 use crate::loader::{self, BpfApplyReport, BpfBackend, BpfError};
@@ -36,6 +36,11 @@ impl BpfEnforcer {
     pub fn attached(&self) -> Vec<String> {
         self.backend.attached()
     }
+
+    /// Report events or not (see [`crate::events`]); takes effect at once.
+    pub fn set_events(&mut self, ev: Option<crate::events::EventSettings>) -> Result<(), BpfError> {
+        self.backend.set_events(ev)
+    }
 }
 
 impl fmt::Display for BpfApplyReport {
@@ -51,6 +56,19 @@ impl fmt::Display for BpfApplyReport {
 impl Backend for BpfEnforcer {
     type Report = BpfApplyReport;
     type Error = BpfError;
+
+    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
+        if self.backend.config().map_err(|e| EventError::Io {
+            what: "reading the datapath's configuration",
+            source: std::io::Error::other(e.to_string()),
+        })?.flags
+            & peerwall_common::flags::EVENTS
+            == 0
+        {
+            return Err(EventError::Off);
+        }
+        Ok(Box::new(crate::events::BpfEvents::open(self.backend.pin_dir())?))
+    }
 
     fn name(&self) -> &'static str {
         "bpf"

@@ -129,6 +129,8 @@ fn action_name(a: u8) -> &'static str {
         Some(peerwall_common::ActionCode::Accept) => "accept",
         Some(peerwall_common::ActionCode::Drop) => "drop",
         Some(peerwall_common::ActionCode::Reject) => "reject",
+        Some(peerwall_common::ActionCode::AuditDrop) => "drop (audit)",
+        Some(peerwall_common::ActionCode::AuditReject) => "reject (audit)",
         None => "?",
     }
 }

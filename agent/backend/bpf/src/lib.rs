@@ -7,6 +7,7 @@
 //!   `compile --backend bpf` view of map contents.
 
 pub mod enforcer;
+pub mod events;
 pub mod inspect;
 pub mod loader;
 pub mod maps;

@@ -123,6 +123,9 @@ pub struct ChainMaps {
     pub hook: Hook,
     /// Policy.
     pub policy: VerdictAction,
+    /// Its table is audited: drop and reject (of rules and policy) are written as their audit
+    /// codes ([`action_code_in`]).
+    pub audit: bool,
     /// Deciding rules; position = bit.
     pub rules: Vec<RuleMeta>,
     /// (family code, protocol or None for "other protocols") → rules.
@@ -171,7 +174,7 @@ impl ChainMaps {
         }
         ChainInfo {
             rules: self.rules.len() as u32,
-            policy: action_code(self.policy),
+            policy: action_code_in(self.policy, self.audit),
             _pad: [0; 3],
             constrained: bits,
         }
@@ -182,7 +185,7 @@ impl ChainMaps {
         self.rules
             .iter()
             .map(|r| RuleInfo {
-                action: action_code(r.action),
+                action: action_code_in(r.action, self.audit),
                 counter: u8::from(r.counter),
                 _pad: [0; 2],
             })
@@ -247,6 +250,16 @@ pub fn action_code(v: VerdictAction) -> u8 {
         VerdictAction::Accept => peerwall_common::ActionCode::Accept as u8,
         VerdictAction::Drop => peerwall_common::ActionCode::Drop as u8,
         VerdictAction::Reject => peerwall_common::ActionCode::Reject as u8,
+    }
+}
+
+/// Datapath action code of `v` in a chain that is audited or not: an audited drop or reject is
+/// a would-drop ([`peerwall_common::ActionCode::AuditDrop`], `AuditReject`).
+pub fn action_code_in(v: VerdictAction, audit: bool) -> u8 {
+    match (v, audit) {
+        (VerdictAction::Drop, true) => peerwall_common::ActionCode::AuditDrop as u8,
+        (VerdictAction::Reject, true) => peerwall_common::ActionCode::AuditReject as u8,
+        _ => action_code(v),
     }
 }
 

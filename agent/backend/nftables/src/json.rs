@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 
 use peerwall_policy::ir::{CtState, NatTarget, TableFamily};
 
-use crate::model::{
+use crate::model::{self,
     family_keyword, proto_keyword, Chain, Command, Element, Expr, Key, Policy, RejectType, Right,
     Rule, Set, Table, MARKER_CHAIN, MARKER_PREFIX,
 };
@@ -65,6 +65,10 @@ fn create(t: &Table) -> Vec<Value> {
             "comment": format!("{MARKER_PREFIX}{}", t.owner), "expr": [{"counter": null}]}}}),
     ];
     cmds.extend(t.sets.iter().map(|s| json!({"add": {"set": set(t, s)}})));
+    if let Some(l) = &t.event_limit {
+        cmds.push(json!({"add": {"limit": {"family": fam, "table": t.name,
+            "name": model::EVENT_LIMIT, "rate": l.rate, "per": "second", "burst": l.burst}}}));
+    }
     // Netfilter runs base chains of equal hook and priority in reverse registration order (a
     // new hook is inserted before existing ones of the same priority). The evaluator orders
     // ties by name, ascending: so chains are created in descending name order.
@@ -97,8 +101,13 @@ fn chain(t: &Table, c: &Chain) -> Value {
 }
 
 fn rule(t: &Table, r: &Rule) -> Value {
-    json!({"family": t.family.nft(), "table": t.name, "chain": r.chain,
-        "comment": r.comment, "expr": r.exprs.iter().map(expr).collect::<Vec<_>>()})
+    let mut v = json!({"family": t.family.nft(), "table": t.name, "chain": r.chain,
+        "expr": r.exprs.iter().map(expr).collect::<Vec<_>>()});
+    // A chain policy's log rule has no name.
+    if !r.comment.is_empty() {
+        v["comment"] = json!(r.comment);
+    }
+    v
 }
 
 /// One element or value.
@@ -204,5 +213,7 @@ pub fn expr(e: &Expr) -> Value {
             json!({ if *destination { "dnat" } else { "snat" }: stmt })
         }
         Expr::Masquerade => json!({"masquerade": null}),
+        Expr::LimitRef(name) => json!({ "limit": name }),
+        Expr::Log { prefix, group } => json!({"log": {"prefix": prefix, "group": group}}),
     }
 }

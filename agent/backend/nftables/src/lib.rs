@@ -9,6 +9,7 @@
 //! - [`NftBackend`]: checks ownership, applies one transaction, snapshots what it applied,
 //!   detects and repairs drift (someone deleted or edited our table), reads rule counters.
 
+pub mod events;
 pub mod json;
 pub mod model;
 pub mod plan;
@@ -24,7 +25,7 @@ use serde_json::Value;
 pub use model::Table;
 use peerwall_policy::ir;
 pub use plan::{plan, Plan};
-pub use render::{render_policy, render_table, RenderOptions, RenderedTable};
+pub use render::{render_policy, render_table, EventOptions, RenderOptions, RenderedTable};
 pub use runner::{FakeNft, Nft, Runner};
 
 /// What went wrong talking to nftables.
@@ -245,6 +246,8 @@ pub struct NftBackend<R: Runner = Nft> {
     applied: BTreeMap<String, RenderedTable>,
     snapshots: BTreeMap<String, Snapshot>,
     last_full_check: Option<std::time::Instant>,
+    events: Option<EventOptions>,
+    names: events::Names,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -255,7 +258,16 @@ impl<R: Runner> NftBackend<R> {
             applied: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             last_full_check: None,
+            events: None,
+            names: events::Names::default(),
         }
+    }
+
+    /// Also log events (drops, rejects, would-drops; with `flow_log` accepted flows) to NFLOG
+    /// group `ev.group`, read back by [`peerwall_backend::Backend::events`].
+    pub fn with_events(mut self, ev: EventOptions) -> Self {
+        self.events = Some(ev);
+        self
     }
 
     fn snapshot(&self, family: ir::TableFamily, name: &str) -> Result<Snapshot, NftError> {
@@ -273,7 +285,11 @@ impl<R: Runner> NftBackend<R> {
     /// Make the kernel's peerwall tables equal `policy`, in one transaction.
     /// Foreign tables are never touched; a name clash with one is an error and changes nothing.
     pub fn apply(&mut self, policy: &ir::Policy) -> Result<ApplyReport, NftError> {
-        self.apply_rendered(render_policy(policy, RenderOptions::default()))
+        let opts = RenderOptions {
+            events: self.events,
+            ..RenderOptions::default()
+        };
+        self.apply_rendered(render_policy(policy, opts))
     }
 
     /// Like [`apply`](Self::apply), with rendering options (the probe forces counters).
@@ -296,6 +312,8 @@ impl<R: Runner> NftBackend<R> {
             }
             self.applied.insert(t.name.clone(), t);
         }
+        let applied: Vec<RenderedTable> = self.applied.values().cloned().collect();
+        self.names.set_tables(&applied);
         Ok(report)
     }
 
@@ -522,7 +540,18 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
     fn repair(&mut self) -> Result<Vec<Drift>, NftError> {
         NftBackend::repair(self)
     }
+
+    fn events(
+        &mut self,
+    ) -> Result<Box<dyn peerwall_backend::EventSource>, peerwall_backend::EventError> {
+        let ev = self.events.ok_or(peerwall_backend::EventError::Off)?;
+        let src = events::Nflog::bind(ev.group, self.names.clone(), EVENT_INTERVAL)?;
+        Ok(Box::new(src))
+    }
 }
+
+/// At most one event per flow, kind and rule in this interval.
+pub const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
 #[cfg(test)]
 mod tests;

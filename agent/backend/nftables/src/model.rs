@@ -50,6 +50,21 @@ pub struct Table {
     pub chains: Vec<Chain>,
     /// Rules, in order.
     pub rules: Vec<Rule>,
+    /// The table's event rate limit: a named limit object ([`EVENT_LIMIT`]) that every log
+    /// rule of the table shares; None when events are off.
+    pub event_limit: Option<EventLimit>,
+}
+
+/// Name of the limit object that bounds the events of one table.
+pub const EVENT_LIMIT: &str = "peerwall_events";
+
+/// A rate limit: `rate N/second burst M packets`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventLimit {
+    /// Packets per second.
+    pub rate: u32,
+    /// Burst.
+    pub burst: u32,
 }
 
 impl Table {
@@ -61,6 +76,7 @@ impl Table {
             && self.owner == other.owner
             && self.chains == other.chains
             && self.rules == other.rules
+            && self.event_limit == other.event_limit
             && self.sets.len() == other.sets.len()
             && self
                 .sets
@@ -265,6 +281,15 @@ pub enum Expr {
     },
     /// `masquerade`.
     Masquerade,
+    /// `limit name "…"`: stops the rule when the named limit is exceeded.
+    LimitRef(String),
+    /// `log prefix "…" group N` (NFLOG: the packet goes to the listener of group N).
+    Log {
+        /// Prefix (what the event reader decodes: [`crate::events`]).
+        prefix: String,
+        /// NFLOG group.
+        group: u16,
+    },
 }
 
 /// One step of a transaction.

@@ -188,6 +188,7 @@ mod tests {
                 policy: Policy::Accept,
             }],
             rules: vec![],
+            event_limit: None,
         }
     }
 

@@ -12,9 +12,12 @@ use peerwall_policy::ir::{
     TableFamily, Test, VerdictAction,
 };
 
+use crate::events;
 use crate::model::{
-    Chain, Element, Expr, Key, KeyType, Policy, RejectType, Right, Rule, Set, Table,
+    Chain, Element, EventLimit, Expr, Key, KeyType, Policy, RejectType, Right, Rule, Set, Table,
+    EVENT_LIMIT,
 };
+use peerwall_backend::EventKind;
 pub use crate::model::{AUTO_SET_PREFIX, MARKER_CHAIN, MARKER_PREFIX};
 
 /// Rendering options.
@@ -22,6 +25,21 @@ pub use crate::model::{AUTO_SET_PREFIX, MARKER_CHAIN, MARKER_PREFIX};
 pub struct RenderOptions {
     /// Put a counter on every rule (the probe engine reads them to tell which rule decided).
     pub force_counters: bool,
+    /// Report events through NFLOG ([`crate::events`]); None: no log rules.
+    pub events: Option<EventOptions>,
+}
+
+/// How events are logged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventOptions {
+    /// NFLOG group the agent listens on.
+    pub group: u16,
+    /// Events per second per table (a named limit every log rule of the table shares).
+    pub rate: u32,
+    /// Burst of that limit.
+    pub burst: u32,
+    /// Also log the first packet of each accepted flow (`ct state new`), per accepting chain.
+    pub flow_log: bool,
 }
 
 /// The rendered form of a table (the typed model).
@@ -250,18 +268,51 @@ fn action_exprs(a: &Action, family: TableFamily) -> Vec<Expr> {
     }
 }
 
-fn chain_of(c: &ir::Chain) -> Chain {
+/// The chain; an audited chain's drop policy is accept (its would-drops are logged).
+fn chain_of(c: &ir::Chain, audited: bool) -> Chain {
     Chain {
         name: c.name.clone(),
         kind: c.kind,
         hook: c.hook,
         priority: c.priority,
-        policy: if c.policy == VerdictAction::Drop {
+        policy: if c.policy == VerdictAction::Drop && !audited {
             Policy::Drop
         } else {
             Policy::Accept
         },
     }
+}
+
+/// The log statements of an event of `kind` decided by `rule` (None: the policy) of chain `c`
+/// of table `t`, placed before the deciding rule (or at the chain's end): matches are the
+/// deciding rule's, the flow log adds `ct state new`. The named limit ends the rule when
+/// exceeded, so the deciding rule that follows always runs.
+fn log_exprs(
+    ev: &EventOptions,
+    kind: EventKind,
+    t: &ir::Table,
+    c: &ir::Chain,
+    rule: Option<&str>,
+) -> Vec<Expr> {
+    let mut v = Vec::new();
+    if kind == EventKind::Accept {
+        v.push(Expr::Match {
+            negate: false,
+            left: Key::CtState,
+            right: Right::CtStates(vec![ir::CtState::New]),
+        });
+    }
+    v.push(Expr::LimitRef(EVENT_LIMIT.to_string()));
+    v.push(Expr::Log {
+        prefix: events::prefix(kind, &t.name, &c.name, rule),
+        group: ev.group,
+    });
+    v
+}
+
+/// Whether events of `kind` are logged.
+fn logs(ev: &EventOptions, kind: EventKind) -> bool {
+    kind != EventKind::Accept || ev.flow_log
 }
 
 /// Render one IR table.
@@ -281,6 +332,7 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
         .collect();
     let mut rules = Vec::new();
     for (ci, c) in t.chains.iter().enumerate() {
+        let audited = t.audit && c.kind == ir::ChainKind::Filter;
         for (ri, r) in c.rules.iter().enumerate() {
             let mut exprs = Vec::new();
             for (mi, m) in r.matches.iter().enumerate() {
@@ -288,15 +340,43 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
                     format!("{AUTO_SET_PREFIX}{ci}_{ri}_{mi}")
                 }));
             }
+            let verdict = r.action.verdict();
+            let kind = verdict.map(|v| EventKind::of(v, audited));
+            if let (Some(ev), Some(kind)) = (&opts.events, kind) {
+                if logs(ev, kind) {
+                    let mut log = exprs.clone();
+                    log.extend(log_exprs(ev, kind, t, c, Some(&r.name)));
+                    rules.push(Rule {
+                        chain: c.name.clone(),
+                        comment: r.name.clone(),
+                        exprs: log,
+                    });
+                }
+            }
             if r.counter || opts.force_counters {
                 exprs.push(Expr::Counter);
             }
-            exprs.extend(action_exprs(&r.action, t.family));
+            if audited && matches!(verdict, Some(VerdictAction::Drop | VerdictAction::Reject)) {
+                // A would-drop: the chain accepts.
+                exprs.push(Expr::Accept);
+            } else {
+                exprs.extend(action_exprs(&r.action, t.family));
+            }
             rules.push(Rule {
                 chain: c.name.clone(),
                 comment: r.name.clone(),
                 exprs,
             });
+        }
+        if let Some(ev) = &opts.events {
+            let kind = EventKind::of(c.policy, audited);
+            if c.kind == ir::ChainKind::Filter && logs(ev, kind) {
+                rules.push(Rule {
+                    chain: c.name.clone(),
+                    comment: String::new(),
+                    exprs: log_exprs(ev, kind, t, c, None),
+                });
+            }
         }
     }
     Table {
@@ -304,8 +384,16 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
         family: t.family,
         owner: sanitize_owner(&t.origin.0),
         sets,
-        chains: t.chains.iter().map(chain_of).collect(),
+        chains: t
+            .chains
+            .iter()
+            .map(|c| chain_of(c, t.audit && c.kind == ir::ChainKind::Filter))
+            .collect(),
         rules,
+        event_limit: opts.events.map(|e| EventLimit {
+            rate: e.rate,
+            burst: e.burst,
+        }),
     }
 }
 

@@ -106,6 +106,8 @@ fn stmt(e: &Expr) -> String {
             }
         }
         Expr::Masquerade => "masquerade".into(),
+        Expr::LimitRef(name) => format!("limit name {name:?}"),
+        Expr::Log { prefix, group } => format!("log prefix {prefix:?} group {group}"),
     }
 }
 
@@ -136,6 +138,15 @@ fn text_of(t: &Table, marker: bool) -> String {
         }
         let _ = writeln!(out, "\t}}");
     }
+    if let Some(l) = &t.event_limit {
+        let _ = writeln!(
+            out,
+            "\tlimit {} {{ rate {}/second burst {} packets }}",
+            crate::model::EVENT_LIMIT,
+            l.rate,
+            l.burst
+        );
+    }
     for c in &t.chains {
         let _ = writeln!(out, "\tchain {} {{", c.name);
         let _ = writeln!(
@@ -151,7 +162,9 @@ fn text_of(t: &Table, marker: bool) -> String {
         );
         for r in t.rules.iter().filter(|r| r.chain == c.name) {
             let mut line: Vec<String> = r.exprs.iter().map(stmt).collect();
-            line.push(format!("comment {:?}", r.comment));
+            if !r.comment.is_empty() {
+                line.push(format!("comment {:?}", r.comment));
+            }
             let _ = writeln!(out, "\t\t{}", line.join(" "));
         }
         let _ = writeln!(out, "\t}}");

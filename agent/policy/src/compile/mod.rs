@@ -140,6 +140,7 @@ pub fn compile_object(obj: &PolicyObject) -> Result<CompiledTable, ObjectErrors>
                 origin: obj.origin.clone(),
                 sets,
                 chains,
+                audit: obj.spec.audit,
             },
             warnings: cx.warnings,
         }),

@@ -47,6 +47,32 @@ const THESIS_BLOCK: &str = include_str!("../../../../examples/thesis-block.yaml"
 const PROVIDER: &str = include_str!("../../../../examples/provider-protection.yaml");
 
 #[test]
+fn an_audited_object_accepts_what_it_would_drop_and_says_so() {
+    let audited = PROVIDER.replacen("spec:\n", "spec:\n  audit: true\n", 1);
+    assert_ne!(audited, PROVIDER);
+    let enforced = policy(PROVIDER);
+    let p = policy(&audited);
+    assert!(p.tables.iter().all(|t| t.audit));
+    // A packet the enforced policy drops: accepted, with the would-drop reported.
+    let mut probe = pkt("10.10.1.67", "10.20.3.10");
+    probe.iif = Some("liqo-tunnel".into());
+    let e = evaluate(&enforced, &probe);
+    assert_ne!(e.verdict, VerdictAction::Accept, "{e:?}");
+    let v = evaluate(&p, &probe);
+    assert_eq!(v.verdict, VerdictAction::Accept);
+    let hit = v.audit.expect("a would-drop");
+    assert_eq!(hit.would, e.verdict);
+    assert_eq!(
+        (Some(hit.table), Some(hit.chain), hit.rule),
+        (e.table, e.chain, e.rule)
+    );
+    // What the enforced policy accepts has no would-drop.
+    let allowed = pkt("10.10.1.67", "10.20.1.2");
+    assert_eq!(evaluate(&enforced, &allowed).verdict, VerdictAction::Accept);
+    assert_eq!(evaluate(&p, &allowed).audit, None);
+}
+
+#[test]
 fn thesis_block_example() {
     let p = policy(THESIS_BLOCK);
     let v = evaluate(&p, &pkt("10.10.1.67", "10.20.1.2"));
@@ -57,6 +83,7 @@ fn thesis_block_example() {
             table: Some("table_name".into()),
             chain: Some("filter_chain_name".into()),
             rule: Some("drop_traffic".into()),
+            audit: None,
         }
     );
     // Reverse traffic and other pods pass (policy accept).

@@ -6,6 +6,10 @@
 //! Within a chain the first rule whose matches all hold decides: `accept` ends the chain,
 //! `drop`/`reject` are final; marking actions do not decide. No matching rule: the chain policy.
 //! The packet survives only if every chain on its path accepts it.
+//!
+//! Audit mode ([`super::Table::audit`]): when a chain of an audited table decides drop or
+//! reject, the packet is accepted by that chain instead (a *would-drop*) and evaluation goes on;
+//! the verdict reports the first would-drop on the path in [`Verdict::audit`].
 
 use std::net::IpAddr;
 
@@ -37,7 +41,7 @@ impl VerdictAction {
 }
 
 /// Conntrack state of a packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CtState {
     /// First packet of a flow.
@@ -192,6 +196,64 @@ pub struct Verdict {
     pub chain: Option<String>,
     /// Deciding rule; None when the chain policy decided.
     pub rule: Option<String>,
+    /// The first would-drop on the path: a chain of an audited table that decided drop or
+    /// reject and accepted the packet instead.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit: Option<AuditHit>,
+}
+
+impl Verdict {
+    /// Accept, decided by no chain (nothing on the path).
+    pub fn nothing_on_path() -> Self {
+        Self {
+            verdict: VerdictAction::Accept,
+            table: None,
+            chain: None,
+            rule: None,
+            audit: None,
+        }
+    }
+
+    /// Fold the outcome `v` of the next chain on the path (`rule` None: its policy) into this
+    /// verdict; false when evaluation ends there. A drop or reject of an audited table is a
+    /// would-drop: recorded in [`Verdict::audit`] (the first one), the chain accepts. Every
+    /// engine (evaluator, probes, simulation) folds its chains with this one function.
+    pub fn fold(
+        &mut self,
+        table: &str,
+        chain: &str,
+        audited: bool,
+        v: VerdictAction,
+        rule: Option<String>,
+    ) -> bool {
+        let would = v != VerdictAction::Accept && audited;
+        if would && self.audit.is_none() {
+            self.audit = Some(AuditHit {
+                table: table.to_string(),
+                chain: chain.to_string(),
+                rule: rule.clone(),
+                would: v,
+            });
+        }
+        self.verdict = if would { VerdictAction::Accept } else { v };
+        self.table = Some(table.to_string());
+        self.chain = Some(chain.to_string());
+        self.rule = rule;
+        self.verdict == VerdictAction::Accept
+    }
+}
+
+/// A would-drop: what an audited chain would have done to the packet.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct AuditHit {
+    /// Table.
+    pub table: String,
+    /// Chain.
+    pub chain: String,
+    /// Rule; None when the chain policy would have dropped.
+    pub rule: Option<String>,
+    /// drop or reject.
+    pub would: VerdictAction,
 }
 
 /// A filter chain on the packet's path, in traversal order.
@@ -317,21 +379,11 @@ pub fn run_chain<'a>(
 /// `pkt` carries the addresses the filter hooks see, i.e. after prerouting's NAT; for a packet
 /// as it arrives on its input interface use [`evaluate_at_ingress`].
 pub fn evaluate(policy: &Policy, pkt: &Packet) -> Verdict {
-    let mut last = Verdict {
-        verdict: VerdictAction::Accept,
-        table: None,
-        chain: None,
-        rule: None,
-    };
+    let mut last = Verdict::nothing_on_path();
     for pc in chains_on_path(policy, pkt.family(), pkt.path()) {
         let (v, rule) = run_chain(pc.chain, pkt);
-        last = Verdict {
-            verdict: v,
-            table: Some(pc.table.name.clone()),
-            chain: Some(pc.chain.name.clone()),
-            rule: rule.map(|r| r.name.clone()),
-        };
-        if v != VerdictAction::Accept {
+        let name = rule.map(|r| r.name.clone());
+        if !last.fold(&pc.table.name, &pc.chain.name, pc.table.audit, v, name) {
             break;
         }
     }

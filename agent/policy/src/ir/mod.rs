@@ -14,7 +14,7 @@ use std::fmt;
 
 pub use addr::{AddrRange, AddrSet, IpFamily, PortSet, RangeEdit};
 pub use eval::{
-    evaluate, evaluate_at_ingress, CtState, Packet, PacketPath, Verdict, VerdictAction,
+    evaluate, evaluate_at_ingress, AuditHit, CtState, Packet, PacketPath, Verdict, VerdictAction,
 };
 pub use sets::{SetChange, SetEditError, SetOp};
 
@@ -81,6 +81,9 @@ pub struct Table {
     pub sets: Vec<NamedSet>,
     /// Base chains, sorted by name.
     pub chains: Vec<Chain>,
+    /// Audit mode: a drop or reject of this table's chains (a rule's or a chain policy's) is
+    /// a would-drop, the packet is accepted by that chain ([`eval`]).
+    pub audit: bool,
 }
 
 /// A named set.

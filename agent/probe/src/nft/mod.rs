@@ -497,12 +497,7 @@ impl NftProbe {
         before: &HashMap<(String, String, String), u64>,
         after: &HashMap<(String, String, String), u64>,
     ) -> Verdict {
-        let mut last = Verdict {
-            verdict: VerdictAction::Accept,
-            table: None,
-            chain: None,
-            rule: None,
-        };
+        let mut last = Verdict::nothing_on_path();
         for pc in chains_on_path(&self.policy, pkt.family(), pkt.path()) {
             let hit = pc.chain.rules.iter().find(|r| {
                 let key = (pc.table.name.clone(), pc.chain.name.clone(), r.name.clone());
@@ -513,13 +508,8 @@ impl NftProbe {
             let v = hit
                 .and_then(|r| r.action.verdict())
                 .unwrap_or(pc.chain.policy);
-            last = Verdict {
-                verdict: v,
-                table: Some(pc.table.name.clone()),
-                chain: Some(pc.chain.name.clone()),
-                rule: hit.map(|r| r.name.clone()),
-            };
-            if v != VerdictAction::Accept {
+            let rule = hit.map(|r| r.name.clone());
+            if !last.fold(&pc.table.name, &pc.chain.name, pc.table.audit, v, rule) {
                 break;
             }
         }

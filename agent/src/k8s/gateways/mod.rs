@@ -55,6 +55,10 @@ pub struct Settings {
     pub interval: Duration,
     /// Where the node's processes are (`/proc` with `hostPID`).
     pub proc: PathBuf,
+    /// Events of every gateway's enforcer (`--events`), served per gateway.
+    pub events: Option<crate::engine::EventSettings>,
+    /// Enforce every table in audit mode (`--audit`).
+    pub audit: bool,
 }
 
 impl Settings {
@@ -183,6 +187,7 @@ impl Supervisor {
             s.patterns.clone(),
             s.xdp,
             Some(&ns_path.to_string_lossy()),
+            s.events,
         )
         .with_context(|| format!("starting the enforcer in {}", ns_path.display()))?;
         let metrics = Arc::new(Mutex::new(AgentMetrics {
@@ -209,12 +214,18 @@ impl Supervisor {
         };
         let stop = Shutdown::new();
         let worker_stop = stop.clone();
+        let (events, audit) = (s.events.is_some(), s.audit);
         let span = tracing::info_span!("gateway", peer = %g.peer, pod = %g.name);
         let thread = std::thread::Builder::new()
             .name(format!("gw-{}", g.pin_name()))
             .spawn(move || {
                 let _e = span.enter();
-                let mut engine = crate::engine::Engine::new(enforcer, metrics);
+                let mut engine = crate::engine::Engine::new(enforcer, metrics).audit_all(audit);
+                if events {
+                    if let Err(e) = engine.start_events() {
+                        tracing::error!(error = %e, "no events from this gateway");
+                    }
+                }
                 super::agent::run(agent, &mut engine, worker_stop)
             })
             .context("starting the gateway's agent thread")?;

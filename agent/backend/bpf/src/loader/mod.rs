@@ -241,6 +241,25 @@ impl BpfBackend {
         m.set(0, u32::from(on), 0).map_err(map_err(map::ALLOW_ALL))
     }
 
+    /// Report events (Some: `EVENT_CONF` and the `EVENTS`, `FLOW_LOG` flags) or not (None).
+    pub fn set_events(&mut self, ev: Option<crate::events::EventSettings>) -> Result<(), BpfError> {
+        use peerwall_common::flags::{EVENTS, FLOW_LOG};
+        if let Some(s) = ev {
+            let mut m: Array<&mut MapData, peerwall_common::EventConfig> =
+                Array::try_from(self.map(map::EVENT_CONF)?).map_err(map_err(map::EVENT_CONF))?;
+            m.set(0, s.config(), 0).map_err(map_err(map::EVENT_CONF))?;
+        }
+        let mut c = self.config()?;
+        c.flags &= !(EVENTS | FLOW_LOG);
+        if let Some(s) = ev {
+            c.flags |= EVENTS;
+            if s.flow_log {
+                c.flags |= FLOW_LOG;
+            }
+        }
+        self.set_config(c)
+    }
+
     /// Turn probe mode on (scratch engine only).
     pub fn set_probe_mode(&mut self) -> Result<(), BpfError> {
         let mut c = self.config()?;

@@ -387,6 +387,7 @@ pub(super) fn chain_maps(
         chain: chain.name.clone(),
         hook: chain.hook,
         policy: chain.policy,
+        audit: table.audit,
         rules: deciding
             .iter()
             .map(|r| RuleMeta {

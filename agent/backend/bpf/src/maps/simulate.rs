@@ -115,12 +115,7 @@ pub fn simulate(bp: &BpfPolicy, dp: &DatapathPacket<'_>) -> ir::Verdict {
         &viewed
     };
     let fi = usize::from(p.family() == IpFamily::V6);
-    let mut last = ir::Verdict {
-        verdict: VerdictAction::Accept,
-        table: None,
-        chain: None,
-        rule: None,
-    };
+    let mut last = ir::Verdict::nothing_on_path();
     for h in p.path().hooks() {
         let (iif, oif) = match h {
             Hook::Prerouting | Hook::Input => (dp.iif, 0),
@@ -130,13 +125,8 @@ pub fn simulate(bp: &BpfPolicy, dp: &DatapathPacket<'_>) -> ir::Verdict {
         for id in &hc.chains[..hc.count as usize] {
             let c = &bp.chains[*id as usize];
             let (v, r) = simulate_chain(c, p, iif, oif);
-            last = ir::Verdict {
-                verdict: v,
-                table: Some(c.table.clone()),
-                chain: Some(c.chain.clone()),
-                rule: r.map(|i| c.rules[i].name.clone()),
-            };
-            if v != VerdictAction::Accept {
+            let rule = r.map(|i| c.rules[i].name.clone());
+            if !last.fold(&c.table, &c.chain, c.audit, v, rule) {
                 return last;
             }
         }

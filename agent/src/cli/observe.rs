@@ -1,0 +1,243 @@
+//! `peerwall observe`: the events of what the datapath did to real traffic, live. From a
+//! running agent's `/events` (`--agent`), or straight from the kernel when no agent answers
+//! (nftables: the NFLOG group; bpf: the pinned ring buffer; names from the ruleset listing or
+//! the slot metadata). A ring buffer and an NFLOG group have one reader: while an agent runs,
+//! read through it.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::Context;
+use peerwall_backend::{Event, EventFilter, EventSource};
+use peerwall_backend_nftables::{events as nft_events, Nft, Runner};
+
+use super::{input, out, runtime, BackendKind, CliError, Output};
+
+/// Arguments of `peerwall observe`.
+#[derive(clap::Args, Debug)]
+pub struct ObserveArgs {
+    /// Only events of this verdict: drop, reject, audit (would-drops) or accept (flow log).
+    #[arg(long)]
+    pub verdict: Option<String>,
+    /// Only events of this rule: `table/chain/rule`, `chain/rule` or `rule` (`policy` for a
+    /// chain policy).
+    #[arg(long)]
+    pub rule: Option<String>,
+    /// Only events at most this old: `30s`, `5m`, `1h`.
+    #[arg(long)]
+    pub since: Option<String>,
+    /// Output format: one line per event, or one JSON object per line.
+    #[arg(long, value_enum, default_value_t = Output::Text)]
+    pub output: Output,
+    /// Keep streaming (Ctrl-C stops); without it, print what is there (the agent's recent
+    /// events, or what the kernel reports within --wait-ms) and exit.
+    #[arg(long)]
+    pub follow: bool,
+    /// The agent's metrics address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub agent: String,
+    /// Read from the kernel even if an agent answers.
+    #[arg(long)]
+    pub kernel: bool,
+    /// Kernel mode: the backend whose events to read.
+    #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
+    pub backend: BackendKind,
+    /// Kernel mode, bpf: where the datapath is pinned.
+    #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
+    pub pin_dir: PathBuf,
+    /// Kernel mode: the network namespace to read in (`ip netns` name or a path).
+    #[arg(long)]
+    pub netns: Option<String>,
+    /// Kernel mode, nftables: the NFLOG group of the agent's log rules.
+    #[arg(long, default_value_t = super::DEFAULT_NFLOG_GROUP)]
+    pub nflog_group: u16,
+    /// Without --follow: how long to wait for events.
+    #[arg(long, default_value_t = 1000)]
+    pub wait_ms: u64,
+}
+
+/// `30s`, `5m`, `2h`, `1d` → duration.
+pub fn parse_age(s: &str) -> Option<Duration> {
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: u64 = num.parse().ok()?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return None,
+    };
+    Some(Duration::from_secs(secs))
+}
+
+fn print(e: &Event, output: Output) -> Result<(), CliError> {
+    let line = match output {
+        Output::Text => e.text(),
+        Output::Json => serde_json::to_string(e).map_err(runtime)?,
+    };
+    out(&format!("{line}\n"))
+}
+
+/// One `GET /events?after=N` of the agent: the events' JSON lines and the next mark; None when
+/// nothing answers at `addr`.
+fn fetch(addr: &str, after: u64) -> Result<Option<(Vec<Event>, u64)>, CliError> {
+    let Ok(mut s) = TcpStream::connect(addr) else {
+        return Ok(None);
+    };
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .map_err(runtime)?;
+    write!(
+        s,
+        "GET /events?after={after} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .map_err(runtime)?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)
+        .with_context(|| format!("reading the agent's answer from {addr}"))
+        .map_err(runtime)?;
+    let (head, body) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status != "200" {
+        return Err(CliError::Runtime(anyhow::anyhow!(
+            "the agent at {addr} answered {status}: {}",
+            body.trim()
+        )));
+    }
+    let next = head
+        .lines()
+        .find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(crate::metrics::EVENTS_NEXT_HEADER)
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(after);
+    let events = body
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    Ok(Some((events, next)))
+}
+
+/// `peerwall observe`.
+pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
+    let filter = EventFilter {
+        verdict: a.verdict.clone(),
+        rule: a.rule.clone(),
+        since: match &a.since {
+            None => None,
+            Some(s) => Some(
+                SystemTime::now()
+                    - parse_age(s).ok_or_else(|| {
+                        input(anyhow::anyhow!(
+                            "--since {s:?}: expected a number and s, m, h or d (e.g. 5m)"
+                        ))
+                    })?,
+            ),
+        },
+    };
+    filter.check().map_err(input)?;
+    if !a.kernel {
+        if let Some((events, mut next)) = fetch(&a.agent, 0)? {
+            let show = |events: Vec<Event>| -> Result<(), CliError> {
+                for e in events.iter().filter(|e| filter.matches(e)) {
+                    print(e, a.output)?;
+                }
+                Ok(())
+            };
+            show(events)?;
+            while a.follow {
+                std::thread::sleep(Duration::from_millis(250));
+                match fetch(&a.agent, next)? {
+                    Some((events, n)) => {
+                        next = n;
+                        show(events)?;
+                    }
+                    None => {
+                        return Err(CliError::Runtime(anyhow::anyhow!(
+                            "the agent at {} stopped answering",
+                            a.agent
+                        )))
+                    }
+                }
+            }
+            return Ok(());
+        }
+        tracing::info!(agent = %a.agent, "no agent answers; reading from the kernel");
+    }
+    if let Some(ns) = &a.netns {
+        enter_netns(ns)?;
+    }
+    let mut source: Box<dyn EventSource> = match a.backend {
+        BackendKind::Nftables => {
+            let listing = Nft::host()
+                .list_ruleset_terse()
+                .context("listing the ruleset for rule names")
+                .map_err(runtime)?;
+            let names = nft_events::Names::default();
+            names.set(nft_events::Names::of_listing(&listing));
+            Box::new(
+                nft_events::Nflog::bind(
+                    a.nflog_group,
+                    names,
+                    peerwall_backend_nftables::EVENT_INTERVAL,
+                )
+                .context("listening on the NFLOG group (an agent may hold it: use --agent)")
+                .map_err(runtime)?,
+            )
+        }
+        BackendKind::Bpf => Box::new(
+            peerwall_backend_bpf::events::BpfEvents::open(&a.pin_dir)
+                .context("opening the datapath's events")
+                .map_err(runtime)?,
+        ),
+    };
+    let deadline = Instant::now() + Duration::from_millis(a.wait_ms);
+    loop {
+        let batch = source
+            .next_batch(Duration::from_millis(200))
+            .map_err(runtime)?;
+        for e in batch.iter().filter(|e| filter.matches(e)) {
+            print(e, a.output)?;
+        }
+        if !a.follow && Instant::now() >= deadline {
+            return Ok(());
+        }
+    }
+}
+
+/// Move this thread (and the `nft` it runs) into network namespace `ns`.
+fn enter_netns(ns: &str) -> Result<(), CliError> {
+    let path = if ns.starts_with('/') {
+        PathBuf::from(ns)
+    } else {
+        PathBuf::from("/run/netns").join(ns)
+    };
+    let f = std::fs::File::open(&path)
+        .with_context(|| format!("opening network namespace {}", path.display()))
+        .map_err(input)?;
+    use std::os::fd::AsRawFd;
+    // SAFETY: setns on a valid namespace descriptor; affects this thread only.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        return Err(runtime(anyhow::anyhow!(
+            "entering network namespace {}: {}",
+            path.display(),
+            std::io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn ages_parse() {
+        assert_eq!(super::parse_age("30s").unwrap().as_secs(), 30);
+        assert_eq!(super::parse_age("5m").unwrap().as_secs(), 300);
+        assert_eq!(super::parse_age("2h").unwrap().as_secs(), 7200);
+        assert!(super::parse_age("5").is_none());
+        assert!(super::parse_age("m").is_none());
+        assert!(super::parse_age("5w").is_none());
+    }
+}

@@ -1,0 +1,157 @@
+//! The agent's record of its backend's events: a pump thread reads the [`EventSource`], keeps
+//! the last [`EVENT_LOG_SIZE`] events for `GET /events?after=N` (what `peerwall observe` reads
+//! from a running agent), counts `peerwall_drops_total`, and logs nothing per event.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+use peerwall_backend::{Event, EventSource};
+
+/// Events kept for readers.
+pub const EVENT_LOG_SIZE: usize = 4096;
+/// `peerwall_drops_total` series kept (labels are rules of the policy; this bounds them even
+/// across many policy changes).
+pub const MAX_DROP_SERIES: usize = 4096;
+
+/// Drop counts by (table, chain, rule, verdict).
+pub type DropCounts = BTreeMap<(String, String, String, &'static str), u64>;
+
+/// The last events, numbered, and the drop counts.
+#[derive(Debug, Default, Clone)]
+pub struct EventLog {
+    next: u64,
+    ring: VecDeque<(u64, Event)>,
+    /// Packets dropped, rejected or audited per rule, as the events counted them.
+    pub drops: DropCounts,
+    /// Whether events are being read.
+    pub on: bool,
+}
+
+impl EventLog {
+    /// Record one event.
+    pub fn push(&mut self, e: Event) {
+        if let Some(v) = e.verdict.drop_label() {
+            let key = (
+                e.table.clone(),
+                e.chain.clone(),
+                e.rule.clone().unwrap_or_else(|| "policy".into()),
+                v,
+            );
+            if self.drops.contains_key(&key) || self.drops.len() < MAX_DROP_SERIES {
+                *self.drops.entry(key).or_default() += e.packets;
+            }
+        }
+        self.next += 1;
+        self.ring.push_back((self.next, e));
+        while self.ring.len() > EVENT_LOG_SIZE {
+            self.ring.pop_front();
+        }
+    }
+
+    /// Events numbered after `after`, and the number to ask after next time.
+    pub fn after(&self, after: u64) -> (Vec<(u64, &Event)>, u64) {
+        let v = self
+            .ring
+            .iter()
+            .filter(|(n, _)| *n > after)
+            .map(|(n, e)| (*n, e))
+            .collect();
+        (v, self.next)
+    }
+
+    /// `after`'s answer as NDJSON: one event per line.
+    pub fn ndjson_after(&self, after: u64) -> (String, u64) {
+        let (events, next) = self.after(after);
+        let mut out = String::new();
+        for (_, e) in events {
+            if let Ok(line) = serde_json::to_string(e) {
+                out.push_str(&line);
+                out.push('\n');
+            }
+        }
+        (out, next)
+    }
+}
+
+/// Read `source` until the process ends, into the agent's metrics.
+pub fn pump(mut source: Box<dyn EventSource>, metrics: crate::metrics::Shared) {
+    if let Ok(mut m) = metrics.lock() {
+        m.events.on = true;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("events".into())
+        .spawn(move || loop {
+            // Only this thread still holds the metrics: the engine is gone, so is its source.
+            if std::sync::Arc::strong_count(&metrics) == 1 {
+                return;
+            }
+            match source.next_batch(Duration::from_millis(500)) {
+                Ok(batch) if batch.is_empty() => {}
+                Ok(batch) => {
+                    if let Ok(mut m) = metrics.lock() {
+                        for e in batch {
+                            m.events.push(e);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "reading events failed; retrying in 1 s");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "could not start the event reader");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peerwall_backend::EventKind;
+
+    fn ev(kind: EventKind, rule: Option<&str>, packets: u64) -> Event {
+        Event {
+            time: std::time::UNIX_EPOCH,
+            verdict: kind,
+            table: "t".into(),
+            chain: "c".into(),
+            rule: rule.map(String::from),
+            src: "10.0.0.1".parse().unwrap(),
+            dst: "10.0.0.2".parse().unwrap(),
+            proto: 1,
+            sport: 0,
+            dport: 8,
+            iif: String::new(),
+            oif: String::new(),
+            ct_state: None,
+            packets,
+            bytes: 84 * packets,
+        }
+    }
+
+    #[test]
+    fn readers_get_what_came_after_their_mark_and_drops_are_counted_per_rule() {
+        let mut log = EventLog::default();
+        log.push(ev(EventKind::Drop, Some("r"), 3));
+        log.push(ev(EventKind::AuditDrop, None, 2));
+        log.push(ev(EventKind::Accept, Some("ok"), 1));
+        let (all, next) = log.after(0);
+        assert_eq!((all.len(), next), (3, 3));
+        let (tail, _) = log.after(2);
+        assert_eq!(tail.len(), 1);
+        assert_eq!(tail[0].1.verdict, EventKind::Accept);
+        assert_eq!(log.drops[&("t".into(), "c".into(), "r".into(), "drop")], 3);
+        assert_eq!(
+            log.drops[&("t".into(), "c".into(), "policy".into(), "audit")],
+            2
+        );
+        assert_eq!(log.drops.len(), 2);
+        let (text, _) = log.ndjson_after(2);
+        assert_eq!(text.lines().count(), 1);
+        for _ in 0..EVENT_LOG_SIZE + 10 {
+            log.push(ev(EventKind::Drop, Some("r"), 1));
+        }
+        assert_eq!(log.after(0).0.len(), EVENT_LOG_SIZE);
+    }
+}

@@ -1,0 +1,225 @@
+//! Events: drops, rejects, would-drops (audit) and, with the flow log, accepted new flows, sent
+//! to user space through the `EVENTS` ring buffer ([`FlowEvent`]). Never per packet: at most one
+//! event per flow and kind per `EVENT_CONF.flow_interval_ns` (the packets in between are counted
+//! into the next one, in `EVENT_FLOWS`), and at most `rate` per second per CPU overall (a token
+//! bucket per CPU). When the ring buffer is full the event is lost, never the packet.
+
+#[allow(unused_imports)]
+use super::*;
+
+use aya_ebpf::maps::RingBuf;
+use peerwall_common::{event, EventConfig, EventFlow, FlowEvent};
+
+/// 256 KiB: about 2900 events waiting for the reader.
+#[map]
+pub(crate) static EVENTS: RingBuf = RingBuf::pinned(256 * 1024, 0);
+#[map]
+pub(crate) static EVENT_CONF: Array<EventConfig> = Array::pinned(1, 0);
+/// Flows with recent events; LRU, so a flood of new flows evicts old state, bounded memory.
+#[map]
+pub(crate) static EVENT_FLOWS: LruHashMap<FlowKey, EventFlow> = LruHashMap::pinned(1 << 14, 0);
+
+/// Per-CPU token bucket: tokens scaled by 1e9 (one token = one event).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Bucket {
+    pub(crate) tokens: u64,
+    pub(crate) last_ns: u64,
+}
+
+#[map]
+pub(crate) static EVENT_BUCKET: PerCpuArray<Bucket> = PerCpuArray::with_max_entries(1, 0);
+
+const TOKEN: u64 = 1_000_000_000;
+
+/// Take one token from this CPU's bucket.
+#[inline(always)]
+fn take_token(now: u64, conf: &EventConfig) -> bool {
+    let Some(b) = EVENT_BUCKET.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot of a successful lookup.
+    let b = unsafe { &mut *b };
+    let elapsed = now.wrapping_sub(b.last_ns).min(10 * TOKEN);
+    b.last_ns = now;
+    let cap = conf.burst as u64 * TOKEN;
+    b.tokens = (b.tokens + elapsed * conf.rate as u64).min(cap);
+    if b.tokens < TOKEN {
+        return false;
+    }
+    b.tokens -= TOKEN;
+    true
+}
+
+/// `COUNTERS` index → (chain, rule or [`event::POLICY`]).
+#[inline(always)]
+pub(crate) fn decode_counter(c: u32) -> (u32, u32) {
+    let slot = c % MAX_RULES as u32;
+    let rule = if slot == MAX_RULES as u32 - 1 {
+        event::POLICY
+    } else {
+        slot
+    };
+    (c / MAX_RULES as u32, rule)
+}
+
+/// The event kind of a final action, or of a would-drop's audit code.
+#[inline(always)]
+pub(crate) fn kind_of(action: u32) -> u8 {
+    match action as u8 {
+        ACT_DROP => event::DROP,
+        ACT_REJECT => event::REJECT,
+        ACT_AUDIT_DROP => event::AUDIT_DROP,
+        ACT_AUDIT_REJECT => event::AUDIT_REJECT,
+        _ => event::ACCEPT,
+    }
+}
+
+/// What an event says beyond the packet in `WORK`.
+pub(crate) struct Said {
+    pub(crate) kind: u8,
+    pub(crate) chain: u32,
+    pub(crate) rule: u32,
+    pub(crate) iif: u32,
+    pub(crate) oif: u32,
+    pub(crate) state: u32,
+    pub(crate) epoch: u32,
+}
+
+/// Count `WORK`'s packet in its flow's event state and send an event when one is due.
+#[inline(never)]
+pub(crate) fn note(s: &Said) {
+    let (Some(w), Some(conf)) = (WORK.get(0), EVENT_CONF.get(0)) else {
+        return;
+    };
+    let p = &w.p;
+    let mut k = flow_key(p);
+    k._pad[0] = s.kind;
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let len = p.len as u64;
+    let f = match EVENT_FLOWS.get_ptr_mut(&k) {
+        Some(f) => f,
+        None => {
+            let fresh = EventFlow {
+                last_ns: 0,
+                packets: 0,
+                bytes: 0,
+            };
+            if EVENT_FLOWS.insert(&k, &fresh, 0).is_err() {
+                return;
+            }
+            match EVENT_FLOWS.get_ptr_mut(&k) {
+                Some(f) => f,
+                None => return,
+            }
+        }
+    };
+    // SAFETY: value of a successful lookup; plain integers, races between CPUs only lose counts.
+    let f = unsafe { &mut *f };
+    f.packets += 1;
+    f.bytes += len;
+    if f.last_ns != 0 && now.wrapping_sub(f.last_ns) < conf.flow_interval_ns {
+        return;
+    }
+    if !take_token(now, conf) {
+        return;
+    }
+    let Some(mut e) = EVENTS.reserve::<FlowEvent>(0) else {
+        return;
+    };
+    let (sport, dport) = if p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6 {
+        (p.icmp_id, p.icmp_type as u16)
+    } else {
+        (p.sport, p.dport)
+    };
+    e.write(FlowEvent {
+        ts_ns: now,
+        packets: f.packets,
+        bytes: f.bytes,
+        src: p.src,
+        dst: p.dst,
+        sport,
+        dport,
+        iif: s.iif,
+        oif: s.oif,
+        chain: s.chain,
+        rule: s.rule,
+        epoch: s.epoch,
+        family: p.family,
+        proto: p.proto,
+        state: s.state as u8,
+        kind: s.kind,
+        _pad: [0; 4],
+    });
+    e.submit(0);
+    f.last_ns = now;
+    f.packets = 0;
+    f.bytes = 0;
+}
+
+/// The event of a classified packet (`WORK`, outcome `out`), if the flags ask for one.
+#[inline(always)]
+pub(crate) fn note_outcome(flags: u32, out: &Outcome) {
+    if flags & peerwall_common::flags::EVENTS == 0 {
+        return;
+    }
+    let Some(w) = WORK.get(0) else {
+        return;
+    };
+    let r = &w.r;
+    let base = Said {
+        kind: 0,
+        chain: out.chain,
+        rule: out.rule,
+        iif: r.iif,
+        oif: r.oif,
+        state: r.state,
+        epoch: r.epoch,
+    };
+    if out.action != ACT_ACCEPT {
+        note(&Said {
+            kind: kind_of(out.action as u32),
+            ..base
+        });
+    } else if out.audit != 0 {
+        note(&Said {
+            kind: kind_of(out.audit),
+            chain: out.audit_chain,
+            rule: out.audit_rule,
+            ..base
+        });
+    } else if flags & peerwall_common::flags::FLOW_LOG != 0 && r.state == ct::NEW && out.has_chain {
+        note(&Said {
+            kind: event::ACCEPT,
+            ..base
+        });
+    }
+}
+
+/// The event of a packet served from the verdict cache (`v`): a drop, or (`audits`: tc, which
+/// sees every accepted packet) a would-drop.
+#[inline(always)]
+pub(crate) fn note_cached(v: &CachedVerdict, epoch: u32, audits: bool) {
+    let n = (v.counted as usize).min(CACHED_COUNTERS);
+    let (kind, step) = if v.action == ACT_DROP {
+        (event::DROP, n.wrapping_sub(1))
+    } else if audits && v.audit != 0 {
+        (kind_of(v.audit as u32), v.audit_step as usize)
+    } else {
+        return;
+    };
+    if step >= CACHED_COUNTERS {
+        return;
+    }
+    let (chain, rule) = decode_counter(v.counters[step]);
+    note(&Said {
+        kind,
+        chain,
+        rule,
+        iif: v.ifindex,
+        oif: v.oif,
+        state: v.state as u32,
+        epoch,
+    });
+}
