@@ -322,9 +322,13 @@ impl BpfProbe {
         let audit = match peerwall_common::ActionCode::from_u8(rec.audit) {
             None | Some(peerwall_common::ActionCode::Accept) => None,
             Some(code) => {
-                let c = self.bp.chains.get(rec.audit_chain as usize).ok_or_else(|| {
-                    ProbeError::Unsupported(format!("unknown chain id {}", rec.audit_chain))
-                })?;
+                let c = self
+                    .bp
+                    .chains
+                    .get(rec.audit_chain as usize)
+                    .ok_or_else(|| {
+                        ProbeError::Unsupported(format!("unknown chain id {}", rec.audit_chain))
+                    })?;
                 Some(peerwall_policy::ir::AuditHit {
                     table: c.table.clone(),
                     chain: c.chain.clone(),

@@ -80,7 +80,18 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
                 (Some(t), Some(c), None) => format!("policy of chain {t}/{c}"),
                 _ => "no chain on the path".to_string(),
             };
-            out(&format!("{} ({by})\n", verdict.verdict.as_str()))
+            let audit = match &verdict.audit {
+                Some(h) => format!(
+                    "; audit: would {} by {}",
+                    h.would.as_str(),
+                    match &h.rule {
+                        Some(r) => format!("rule {}/{}/{r}", h.table, h.chain),
+                        None => format!("policy of chain {}/{}", h.table, h.chain),
+                    }
+                ),
+                None => String::new(),
+            };
+            out(&format!("{} ({by}{audit})\n", verdict.verdict.as_str()))
         }
     }
 }

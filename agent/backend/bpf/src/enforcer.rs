@@ -58,16 +58,22 @@ impl Backend for BpfEnforcer {
     type Error = BpfError;
 
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
-        if self.backend.config().map_err(|e| EventError::Io {
-            what: "reading the datapath's configuration",
-            source: std::io::Error::other(e.to_string()),
-        })?.flags
+        if self
+            .backend
+            .config()
+            .map_err(|e| EventError::Io {
+                what: "reading the datapath's configuration",
+                source: std::io::Error::other(e.to_string()),
+            })?
+            .flags
             & peerwall_common::flags::EVENTS
             == 0
         {
             return Err(EventError::Off);
         }
-        Ok(Box::new(crate::events::BpfEvents::open(self.backend.pin_dir())?))
+        Ok(Box::new(crate::events::BpfEvents::open(
+            self.backend.pin_dir(),
+        )?))
     }
 
     fn name(&self) -> &'static str {

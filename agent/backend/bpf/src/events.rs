@@ -72,10 +72,11 @@ impl BpfEvents {
             what: "opening the pinned EVENTS ring buffer",
             source: std::io::Error::other(format!("{}: {e}", path.display())),
         })?;
-        let ring = RingBuf::try_from(aya::maps::Map::RingBuf(data)).map_err(|e| EventError::Io {
-            what: "mapping the EVENTS ring buffer",
-            source: std::io::Error::other(e.to_string()),
-        })?;
+        let ring =
+            RingBuf::try_from(aya::maps::Map::RingBuf(data)).map_err(|e| EventError::Io {
+                what: "mapping the EVENTS ring buffer",
+                source: std::io::Error::other(e.to_string()),
+            })?;
         let wall = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default();

@@ -515,8 +515,7 @@ impl Nflog {
         if n < 0 {
             let e = std::io::Error::last_os_error();
             // Overrun: the kernel dropped log messages, not packets. Go on.
-            if e.raw_os_error() == Some(libc::ENOBUFS)
-                || e.kind() == std::io::ErrorKind::WouldBlock
+            if e.raw_os_error() == Some(libc::ENOBUFS) || e.kind() == std::io::ErrorKind::WouldBlock
             {
                 return Ok(Some(0));
             }
@@ -553,10 +552,7 @@ impl EventSource for Nflog {
         let mut out = Vec::new();
         let mut wait = timeout;
         // Everything already queued, without waiting after the first datagram.
-        while let Some(n) = self
-            .recv(wait)
-            .map_err(io("reading NFLOG messages"))?
-        {
+        while let Some(n) = self.recv(wait).map_err(io("reading NFLOG messages"))? {
             wait = Duration::ZERO;
             let logged = parse_messages(&self.buf[..n]);
             for l in logged {

@@ -8,9 +8,9 @@ use serde_json::{json, Value};
 
 use peerwall_policy::ir::{CtState, NatTarget, TableFamily};
 
-use crate::model::{self,
-    family_keyword, proto_keyword, Chain, Command, Element, Expr, Key, Policy, RejectType, Right,
-    Rule, Set, Table, MARKER_CHAIN, MARKER_PREFIX,
+use crate::model::{
+    self, family_keyword, proto_keyword, Chain, Command, Element, Expr, Key, Policy, RejectType,
+    Right, Rule, Set, Table, MARKER_CHAIN, MARKER_PREFIX,
 };
 
 /// A whole transaction as one nft JSON document.

@@ -17,8 +17,8 @@ use crate::model::{
     Chain, Element, EventLimit, Expr, Key, KeyType, Policy, RejectType, Right, Rule, Set, Table,
     EVENT_LIMIT,
 };
-use peerwall_backend::EventKind;
 pub use crate::model::{AUTO_SET_PREFIX, MARKER_CHAIN, MARKER_PREFIX};
+use peerwall_backend::EventKind;
 
 /// Rendering options.
 #[derive(Clone, Copy, Debug, Default)]

@@ -41,7 +41,9 @@ impl VerdictAction {
 }
 
 /// Conntrack state of a packet.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum CtState {
     /// First packet of a flow.

@@ -1,0 +1,269 @@
+//! Audit mode and events, end to end with real packets, for both backends: the agent
+//! (`--events`) enforcing a FirewallConfiguration inside a gateway namespace, `peerwall observe`
+//! reading its events, through the agent and straight from the kernel.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// The thesis's block (10.10.1.67 → 10.20.1.2 dropped by `drop_traffic`), audited or not.
+fn block(audit: bool) -> String {
+    let spec = if audit {
+        "spec:\n  audit: true\n"
+    } else {
+        "spec:\n"
+    };
+    std::fs::read_to_string(repo("examples/thesis-block.yaml"))
+        .unwrap()
+        .replace("networking.liqo.io/v1beta1", "peerwall.io/v1alpha1")
+        .replacen("spec:\n", spec, 1)
+}
+
+struct Agent(Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A private bpf pin directory, removed on drop.
+struct Pins(PathBuf);
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let _ = peerwall_backend_bpf::loader::remove_pins(&self.0);
+    }
+}
+
+fn nsenter(ns: &NetNs) -> Command {
+    let mut c = Command::new("nsenter");
+    c.arg(format!("--net=/run/netns/{}", ns.name()))
+        .arg(peerwall());
+    c
+}
+
+fn backend_args(backend: &str, pins: &Option<Pins>) -> Vec<String> {
+    let mut v = vec!["--backend".to_string(), backend.to_string()];
+    if let Some(p) = pins {
+        v.push("--pin-dir".into());
+        v.push(p.0.display().to_string());
+    }
+    v
+}
+
+fn start_agent(ns: &NetNs, backend: &str, pins: &Option<Pins>, dir: &Path) -> Agent {
+    let child = nsenter(ns)
+        .arg("agent")
+        .args(backend_args(backend, pins))
+        .args(["--interval-ms", "50", "--events", "--event-rate", "100"])
+        .args(["--metrics-addr", "127.0.0.1:9090", "--source"])
+        .arg(format!("dir:{}", dir.display()))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("peerwall agent");
+    Agent(child)
+}
+
+/// `peerwall observe ARGS --output json` in the gateway: its events as JSON.
+fn observe(ns: &NetNs, args: &[&str]) -> Vec<serde_json::Value> {
+    let o = nsenter(ns)
+        .arg("observe")
+        .args(args)
+        .args(["--output", "json"])
+        .output()
+        .expect("peerwall observe");
+    assert!(
+        o.status.success(),
+        "observe failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON event per line"))
+        .collect()
+}
+
+fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(10) {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+fn of_flow<'a>(
+    events: &'a [serde_json::Value],
+    verdict: &str,
+    src: &str,
+) -> Vec<&'a serde_json::Value> {
+    events
+        .iter()
+        .filter(|e| e["verdict"] == verdict && e["src"] == src && e["dst"] == "10.20.1.2")
+        .collect()
+}
+
+/// UDP datagrams from `src` to 10.20.1.2:9, each from another source port (a new flow each),
+/// `n` of them as fast as Python sends.
+fn udp_flood(ns: &NetNs, src: &str, n: u32) {
+    let script = format!(
+        "import socket\nfor i in range({n}):\n    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n    s.bind(('{src}', 20000 + i % 40000))\n    s.sendto(b'x', ('10.20.1.2', 9))\n    s.close()\n"
+    );
+    let o = in_ns(ns, "python3", &["-c", &script]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+fn audit_then_enforce(backend: &str) {
+    let t = Topology::new();
+    let pins = (backend == "bpf").then(|| {
+        let root = peerwall_backend_bpf::loader::ensure_bpffs().expect("bpffs");
+        Pins(root.join(format!("pwt-obs-{}", std::process::id())))
+    });
+    let dir = std::env::temp_dir().join(format!("pw-observe-{backend}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("block.yaml");
+    std::fs::write(&file, block(true)).unwrap();
+    let agent = start_agent(&t.gateway, backend, &pins, &dir);
+
+    // Audited: the packets the block would drop pass, and each flow shows as a would-drop of
+    // drop_traffic.
+    wait_for("the audited block in force", || {
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+            && !of_flow(
+                &observe(&t.gateway, &["--verdict", "audit"]),
+                "audit-drop",
+                "10.10.1.67",
+            )
+            .is_empty()
+    });
+    let events = observe(&t.gateway, &["--verdict", "audit"]);
+    let e = of_flow(&events, "audit-drop", "10.10.1.67")[0];
+    assert_eq!(
+        (&e["table"], &e["chain"], &e["rule"]),
+        (
+            &serde_json::json!("table_name"),
+            &serde_json::json!("filter_chain_name"),
+            &serde_json::json!("drop_traffic")
+        ),
+        "{e}"
+    );
+    assert_eq!(e["iif"], TUNNEL, "{e}");
+    assert_eq!(e["oif"], GENEVE, "{e}");
+    assert!(e["packets"].as_u64().unwrap() >= 1, "{e}");
+    // Allowed traffic makes no event.
+    assert!(ping(&t.consumer, "10.10.1.68", "10.20.1.2"));
+    assert!(of_flow(&observe(&t.gateway, &[]), "audit-drop", "10.10.1.68").is_empty());
+
+    // Audit off: enforced at once, the drop reported with its rule and counted.
+    std::fs::write(&file, block(false)).unwrap();
+    wait_for("the block enforced", || {
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+    });
+    wait_for("a drop event", || {
+        !of_flow(
+            &observe(&t.gateway, &["--verdict", "drop", "--rule", "drop_traffic"]),
+            "drop",
+            "10.10.1.67",
+        )
+        .is_empty()
+    });
+    let metrics = in_ns(&t.gateway, "curl", &["-s", "http://127.0.0.1:9090/metrics"]);
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "peerwall_drops_total{table=\"table_name\",chain=\"filter_chain_name\",rule=\"drop_traffic\",verdict=\"drop\"}"
+        )),
+        "{metrics}"
+    );
+
+    // A flood of new denied flows: events stay within the rate limit, allowed traffic loses
+    // nothing.
+    let before = observe(&t.gateway, &[]).len();
+    let started = Instant::now();
+    let allowed = {
+        let ns = t.consumer.name().to_string();
+        std::thread::spawn(move || {
+            Command::new("ip")
+                .args(["netns", "exec", &ns, "ping", "-c", "100", "-i", "0.02"])
+                .args(["-I", "10.10.1.68", "10.20.1.2"])
+                .output()
+                .expect("ping")
+        })
+    };
+    udp_flood(&t.consumer, "10.10.1.67", 20_000);
+    let allowed = allowed.join().unwrap();
+    let secs = started.elapsed().as_secs_f64();
+    let out = String::from_utf8_lossy(&allowed.stdout);
+    assert!(
+        out.contains(" 0% packet loss"),
+        "allowed traffic lost packets under the flood: {out}"
+    );
+    std::thread::sleep(Duration::from_millis(600));
+    let flood: Vec<serde_json::Value> = observe(&t.gateway, &[])
+        .into_iter()
+        .skip(before)
+        .filter(|e| e["proto"] == 17 && e["verdict"] == "drop")
+        .collect();
+    // 100 events/s (bpf: per CPU, nftables: per table) with a burst of 200, on 2 CPUs.
+    let bound = (2.0 * (100.0 * (secs + 1.0) + 200.0)) as usize;
+    assert!(
+        !flood.is_empty() && flood.len() <= bound,
+        "{} flood events in {secs:.1} s (bound {bound})",
+        flood.len()
+    );
+
+    // No agent: observe reads the kernel itself.
+    drop(agent);
+    let mut args = vec!["--kernel", "--wait-ms", "2500"];
+    let pin_arg;
+    if let Some(p) = &pins {
+        pin_arg = p.0.display().to_string();
+        args.extend(["--backend", "bpf", "--pin-dir", pin_arg.as_str()]);
+    }
+    let reader = {
+        let ns = t.gateway.name().to_string();
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        std::thread::spawn(move || {
+            Command::new("nsenter")
+                .arg(format!("--net=/run/netns/{ns}"))
+                .arg(peerwall())
+                .arg("observe")
+                .args(&args)
+                .args(["--output", "json"])
+                .output()
+                .expect("observe")
+        })
+    };
+    std::thread::sleep(Duration::from_millis(700));
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
+    let o = reader.join().unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.lines().any(|l| {
+            let e: serde_json::Value = serde_json::from_str(l).unwrap();
+            e["verdict"] == "drop" && e["rule"] == "drop_traffic" && e["src"] == "10.10.1.67"
+        }),
+        "kernel observe: {text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn nftables_audit_then_enforce_with_events() {
+    audit_then_enforce("nftables");
+}
+
+#[test]
+fn bpf_audit_then_enforce_with_events() {
+    audit_then_enforce("bpf");
+}
