@@ -267,3 +267,68 @@ fn nftables_audit_then_enforce_with_events() {
 fn bpf_audit_then_enforce_with_events() {
     audit_then_enforce("bpf");
 }
+
+fn metric(ns: &NetNs, name: &str) -> Option<String> {
+    let o = in_ns(ns, "curl", &["-s", "http://127.0.0.1:9090/metrics"]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find(|l| l.starts_with(name))
+        .map(str::to_string)
+}
+
+#[test]
+fn nftables_allow_all_survives_the_agents_drift_repair_and_new_policies() {
+    let t = Topology::new();
+    let dir = std::env::temp_dir().join(format!("pw-switch-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("block.yaml"), block(false)).unwrap();
+    let _agent = start_agent(&t.gateway, "nftables", &None, &dir);
+    wait_for("the block enforced", || {
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+    });
+    let switch = |state: &str| {
+        let o = nsenter(&t.gateway)
+            .args(["allow-all", state, "--backend", "nftables"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    switch("on");
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "switch on");
+    // Many drift checks later (50 ms each), and after a policy change, still on.
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "repaired away"
+    );
+    let second = block(false)
+        .replace("block-pod1-pod2", "block-other")
+        .replace("table_name", "other_table")
+        .replace("10.10.1.67", "10.10.1.68");
+    std::fs::write(dir.join("other.yaml"), second).unwrap();
+    wait_for("the new policy applied", || {
+        in_ns(&t.gateway, "nft", &["list", "table", "ip", "other_table"])
+            .status
+            .success()
+    });
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "lost on apply"
+    );
+    assert!(ping(&t.consumer, "10.10.1.68", "10.20.1.2"), "new table");
+    wait_for("the switch reported", || {
+        metric(&t.gateway, "peerwall_allow_all").is_some_and(|l| l.ends_with(" 1"))
+    });
+    switch("off");
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "switch off");
+    assert!(!ping(&t.consumer, "10.10.1.68", "10.20.1.2"));
+    wait_for("the switch reported off", || {
+        metric(&t.gateway, "peerwall_allow_all").is_some_and(|l| l.ends_with(" 0"))
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "still enforced"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -73,6 +73,8 @@ pub trait Enforcer: Send {
     fn environment(&self) -> Vec<HostInterface>;
     /// Where the backend's events come from ([`Backend::events`]).
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError>;
+    /// Whether the emergency switch is on ([`Backend::allow_all`]).
+    fn allow_all(&mut self) -> Result<bool, BackendFailure>;
 }
 
 impl<B: Backend> Enforcer for B {
@@ -110,6 +112,10 @@ impl<B: Backend> Enforcer for B {
 
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
         Backend::events(self)
+    }
+
+    fn allow_all(&mut self) -> Result<bool, BackendFailure> {
+        Backend::allow_all(self).map_err(failure(Backend::name(self), "reading the switch"))
     }
 }
 
@@ -369,6 +375,17 @@ impl Engine {
         }
         if let Ok(rules) = self.enforcer.counters() {
             self.update(|m| m.rules = rules);
+        }
+        if let Ok(on) = self.enforcer.allow_all() {
+            let was = self.metrics.lock().map(|m| m.allow_all).unwrap_or(on);
+            if on != was {
+                tracing::warn!(
+                    allow_all = on,
+                    "emergency switch flipped: enforcement is {}",
+                    if on { "OFF" } else { "back on" }
+                );
+            }
+            self.update(|m| m.allow_all = on);
         }
     }
 }

@@ -44,6 +44,8 @@ pub struct AgentMetrics {
     pub ready: bool,
     /// The backend's recent events and drop counts ([`crate::events`]).
     pub events: crate::events::EventLog,
+    /// The emergency switch is on: nothing is enforced.
+    pub allow_all: bool,
 }
 
 impl AgentMetrics {
@@ -151,6 +153,12 @@ impl AgentMetrics {
                     .map(|r| sample("", rule(r), r.bytes))
                     .collect(),
             ),
+            Family::new(
+                "peerwall_allow_all",
+                "gauge",
+                "1 while the emergency switch (peerwall allow-all on) lets every packet through.",
+            )
+            .with(sample("", base.clone(), u8::from(self.allow_all))),
             Family::new(
                 "peerwall_drops_total",
                 "counter",

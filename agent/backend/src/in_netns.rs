@@ -155,6 +155,10 @@ impl<B: Backend + 'static> Backend for InNetns<B> {
         self.call_backend(|b| b.repair())
     }
 
+    fn allow_all(&mut self) -> Result<bool, Self::Error> {
+        self.call_backend(|b| b.allow_all())
+    }
+
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
         // Made on the namespace's thread (NFLOG and interface-name sockets belong to the
         // namespace they are made in), read from any.

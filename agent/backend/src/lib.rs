@@ -103,6 +103,12 @@ pub trait Backend: Send {
         Ok(Vec::new())
     }
 
+    /// Whether the backend's emergency switch (`peerwall allow-all on`) lets everything
+    /// through, as last seen; backends without one: false.
+    fn allow_all(&mut self) -> Result<bool, Self::Error> {
+        Ok(false)
+    }
+
     /// Where the events of what is in force come from (drops, rejects, would-drops, and with
     /// the flow log accepted flows; [`events`]). Call it on the backend's own thread (inside its
     /// network namespace); the source may then be read from any thread. Err([`EventError::Off`])

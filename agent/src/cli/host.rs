@@ -74,10 +74,32 @@ pub(super) fn inspect(pin_dir: &Path, output: Output) -> Result<(), CliError> {
 }
 
 /// `peerwall allow-all`.
-pub(super) fn allow_all(state: OnOff, pin_dir: &Path) -> Result<(), CliError> {
-    peerwall_backend_bpf::loader::set_allow_all_pinned(pin_dir, state == OnOff::On)
-        .with_context(|| format!("pinned datapath in {}", pin_dir.display()))
-        .map_err(runtime)?;
+pub(super) fn allow_all(
+    state: OnOff,
+    backend: BackendKind,
+    pin_dir: &Path,
+) -> Result<(), CliError> {
+    match backend {
+        BackendKind::Bpf => {
+            peerwall_backend_bpf::loader::set_allow_all_pinned(pin_dir, state == OnOff::On)
+                .with_context(|| format!("pinned datapath in {}", pin_dir.display()))
+                .map_err(runtime)?
+        }
+        BackendKind::Nftables => {
+            use peerwall_backend_nftables::{switch, Runner};
+            let nft = Nft::host();
+            let listing = nft.list_ruleset_terse().map_err(runtime)?;
+            let cmds = match state {
+                OnOff::On => switch::on_commands(&listing),
+                OnOff::Off => switch::off_commands(&listing),
+            };
+            if !cmds.is_empty() {
+                nft.apply_json(&serde_json::json!({ "nftables": cmds }))
+                    .context("setting the nftables emergency switch")
+                    .map_err(runtime)?;
+            }
+        }
+    }
     tracing::warn!(allow_all = state == OnOff::On, "emergency switch set");
     Ok(())
 }

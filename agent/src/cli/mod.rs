@@ -211,11 +211,16 @@ pub enum Command {
     /// Stream what the datapath did to real traffic: drops, rejects, would-drops (audit) and,
     /// with the agent's --flow-log, accepted flows, each with the rule that decided.
     Observe(observe::ObserveArgs),
-    /// Emergency switch of the bpf datapath: `on` lets every packet through, `off` enforces.
+    /// Emergency switch: `on` lets every packet through, `off` enforces again. The agent keeps
+    /// it as set (it does not repair it away) and reports it (`peerwall_allow_all`).
     AllowAll {
         /// on or off.
         #[arg(value_enum)]
         state: OnOff,
+        /// Which backend's switch: bpf (the `ALLOW_ALL` map) or nftables (an accept leading
+        /// every peerwall chain, recorded by the table `inet peerwall_allow_all`).
+        #[arg(long, value_enum, default_value_t = BackendKind::Bpf)]
+        backend: BackendKind,
         /// Where maps are pinned.
         #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
         pin_dir: PathBuf,
@@ -520,7 +525,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         } => host::apply(&files, backend, bpf),
         Command::Delete { backend, pin_dir } => host::delete(backend, &pin_dir),
         Command::Inspect { pin_dir, output } => host::inspect(&pin_dir, output),
-        Command::AllowAll { state, pin_dir } => host::allow_all(state, &pin_dir),
+        Command::AllowAll {
+            state,
+            backend,
+            pin_dir,
+        } => host::allow_all(state, backend, &pin_dir),
         Command::Counters { output } => host::counters(output),
         Command::Observe(a) => observe::observe(a),
         Command::Crd => out(&crd_yaml().map_err(runtime)?),

@@ -57,6 +57,10 @@ impl Backend for BpfEnforcer {
     type Report = BpfApplyReport;
     type Error = BpfError;
 
+    fn allow_all(&mut self) -> Result<bool, BpfError> {
+        self.backend.allow_all()
+    }
+
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
         if self
             .backend

@@ -15,6 +15,7 @@ pub mod model;
 pub mod plan;
 pub mod render;
 pub mod runner;
+pub mod switch;
 pub mod text;
 
 use std::collections::BTreeMap;
@@ -248,6 +249,8 @@ pub struct NftBackend<R: Runner = Nft> {
     last_full_check: Option<std::time::Instant>,
     events: Option<EventOptions>,
     names: events::Names,
+    /// The emergency switch as last seen in the kernel ([`switch`]).
+    allow_all: bool,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -260,7 +263,13 @@ impl<R: Runner> NftBackend<R> {
             last_full_check: None,
             events: None,
             names: events::Names::default(),
+            allow_all: false,
         }
+    }
+
+    /// Whether the emergency switch was on at the last apply or drift check.
+    pub fn allow_all(&self) -> bool {
+        self.allow_all
     }
 
     /// Also log events (drops, rejects, would-drops; with `flow_log` accepted flows) to NFLOG
@@ -294,7 +303,14 @@ impl<R: Runner> NftBackend<R> {
 
     /// Like [`apply`](Self::apply), with rendering options (the probe forces counters).
     pub fn apply_rendered(&mut self, desired: Vec<RenderedTable>) -> Result<ApplyReport, NftError> {
-        let kernel = kernel_tables(&self.nft.list_ruleset_terse()?);
+        let listing = self.nft.list_ruleset_terse()?;
+        // The emergency switch stays on through new policies.
+        self.allow_all = switch::is_on(&listing);
+        let desired: Vec<RenderedTable> = desired
+            .into_iter()
+            .map(|t| switch::with_switch(t, self.allow_all))
+            .collect();
+        let kernel = kernel_tables(&listing);
         let plan = plan::plan(&self.applied, &desired, &kernel, &[])?;
         if !plan.commands.is_empty() {
             self.nft.transaction(&plan.commands)?;
@@ -464,6 +480,28 @@ impl<R: Runner> NftBackend<R> {
         if full {
             self.last_full_check = Some(std::time::Instant::now());
         }
+        let on = switch::is_on(&self.nft.list_ruleset_terse()?);
+        if on != self.allow_all {
+            // The switch was flipped: what was applied gains or loses its accepts. Not drift.
+            let desired: Vec<RenderedTable> = self
+                .applied
+                .values()
+                .map(|t| switch::with_switch(t.clone(), on))
+                .collect();
+            let names: Vec<String> = self.applied.keys().cloned().collect();
+            self.allow_all = on;
+            let kernel = kernel_tables(&self.nft.list_ruleset_terse()?);
+            let plan = plan::plan(&BTreeMap::new(), &desired, &kernel, &names)?;
+            if !plan.commands.is_empty() {
+                self.nft.transaction(&plan.commands)?;
+            }
+            for t in desired {
+                let snap = self.snapshot(t.family, &t.name)?;
+                self.snapshots.insert(t.name.clone(), snap);
+                self.applied.insert(t.name.clone(), t);
+            }
+            return Ok(Vec::new());
+        }
         let drift = self.drift_check(full)?;
         if drift.is_empty() {
             return Ok(drift);
@@ -539,6 +577,10 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
 
     fn repair(&mut self) -> Result<Vec<Drift>, NftError> {
         NftBackend::repair(self)
+    }
+
+    fn allow_all(&mut self) -> Result<bool, NftError> {
+        Ok(self.allow_all)
     }
 
     fn events(

@@ -234,6 +234,14 @@ impl BpfBackend {
         m.set(0, c, 0).map_err(map_err(map::CONFIG))
     }
 
+    /// Whether the emergency switch is on (the `ALLOW_ALL` map or the config flag).
+    pub fn allow_all(&mut self) -> Result<bool, BpfError> {
+        let flag = self.config()?.flags & peerwall_common::flags::ALLOW_ALL != 0;
+        let m: Array<&mut MapData, u32> =
+            Array::try_from(self.map(map::ALLOW_ALL)?).map_err(map_err(map::ALLOW_ALL))?;
+        Ok(flag || m.get(&0, 0).map_err(map_err(map::ALLOW_ALL))? != 0)
+    }
+
     /// Emergency switch: pass everything (true) or enforce again (false).
     pub fn set_allow_all(&mut self, on: bool) -> Result<(), BpfError> {
         let mut m: Array<&mut MapData, u32> =
