@@ -260,6 +260,26 @@ pub struct GatewayMetrics {
 }
 
 impl Exposition for GatewayMetrics {
+    /// Every gateway's events, merged in number order.
+    fn events_after(&self, after: u64) -> Option<(String, u64)> {
+        let next = crate::events::last_number();
+        let mut all: Vec<(u64, peerwall_backend::Event)> = Vec::new();
+        let mut on = false;
+        for m in self.gateways.values() {
+            if let Ok(m) = m.lock() {
+                on |= m.events.on;
+                let (evs, _) = m.events.after(after);
+                all.extend(
+                    evs.into_iter()
+                        .filter(|(n, _)| *n <= next)
+                        .map(|(n, e)| (n, e.clone())),
+                );
+            }
+        }
+        all.sort_by_key(|(n, _)| *n);
+        on.then(|| (crate::events::ndjson(all.iter().map(|(_, e)| e)), next))
+    }
+
     fn render(&self) -> String {
         let mut sets = Vec::new();
         for (peer, m) in &self.gateways {

@@ -147,7 +147,10 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
                 Ok(())
             };
             show(events)?;
-            while a.follow {
+            if !a.follow {
+                return Ok(());
+            }
+            loop {
                 std::thread::sleep(Duration::from_millis(250));
                 match fetch(&a.agent, next)? {
                     Some((events, n)) => {
@@ -162,7 +165,6 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
                     }
                 }
             }
-            return Ok(());
         }
         tracing::info!(agent = %a.agent, "no agent answers; reading from the kernel");
     }

@@ -39,7 +39,7 @@ fn owned_filter_chains(objs: &[Value]) -> Vec<(String, String, String)> {
                 c["table"].as_str()?.to_string(),
             );
             let name = c["name"].as_str()?.to_string();
-            owned.contains(&key).then(|| (key.0, key.1, name))
+            owned.contains(&key).then_some((key.0, key.1, name))
         })
         .collect()
 }
