@@ -475,10 +475,7 @@ impl Drop for Agent {
 }
 
 fn bpf_agent(ns: &NetNs, pins: &Pins, dir: &std::path::Path, interval_ms: u32) -> Agent {
-    let net = format!("--net=/run/netns/{}", ns.name());
-    let child = Command::new("nsenter")
-        .arg(&net)
-        .arg(peerwall())
+    let child = peerwall_nsenter(ns)
         .args(["agent", "--backend", "bpf", "--interval-ms"])
         .arg(interval_ms.to_string())
         .args(["--pin-dir", pins.arg(), "--source"])

@@ -42,10 +42,7 @@ impl Drop for Pins {
 }
 
 fn nsenter(ns: &NetNs) -> Command {
-    let mut c = Command::new("nsenter");
-    c.arg(format!("--net=/run/netns/{}", ns.name()))
-        .arg(peerwall());
-    c
+    peerwall_nsenter(ns)
 }
 
 fn backend_args(backend: &str, pins: &Option<Pins>) -> Vec<String> {

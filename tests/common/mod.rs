@@ -94,6 +94,15 @@ pub fn ip(ns: &NetNs, args: &[&str]) {
     must("ip", &full);
 }
 
+/// A `peerwall` command run in the namespace's network with nsenter (which, unlike `ip netns
+/// exec`, keeps the host's /sys/fs/bpf visible).
+pub fn peerwall_nsenter(ns: &NetNs) -> std::process::Command {
+    let mut c = std::process::Command::new("nsenter");
+    c.arg(format!("--net=/run/netns/{}", ns.name()))
+        .arg(peerwall());
+    c
+}
+
 /// One ping from `src` to `dst` inside `ns`; true when answered.
 pub fn ping(ns: &NetNs, src: &str, dst: &str) -> bool {
     in_ns(ns, "ping", &["-c", "1", "-W", "1", "-I", src, dst])

@@ -397,6 +397,28 @@ pub trait EventSource: Send {
     fn next_batch(&mut self, timeout: Duration) -> Result<Vec<Event>, EventError>;
 }
 
+/// Wait until `fd` is readable, at most `timeout`: true when it is, false on timeout or a
+/// signal (the caller just reads again later).
+pub fn wait_readable(fd: std::os::fd::BorrowedFd<'_>, timeout: Duration) -> std::io::Result<bool> {
+    let mut pfd = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
+    // SAFETY: one valid pollfd for the duration of the call.
+    let r = unsafe { libc::poll(&mut pfd, 1, ms) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(r > 0)
+}
+
 /// Interface names of one network namespace, by index, asked of a socket made in it
 /// (`SIOCGIFNAME` answers for the socket's namespace, whichever thread asks). Cached.
 #[derive(Debug)]

@@ -182,21 +182,9 @@ impl EventSource for BpfEvents {
         if !out.is_empty() {
             return Ok(out);
         }
-        use std::os::fd::AsRawFd;
-        let mut pfd = libc::pollfd {
-            fd: self.ring.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(io("waiting for bpf events")(e));
-            }
-        }
+        use std::os::fd::AsFd;
+        peerwall_backend::events::wait_readable(self.ring.as_fd(), timeout)
+            .map_err(io("waiting for bpf events"))?;
         self.drain(&mut out);
         Ok(out)
     }

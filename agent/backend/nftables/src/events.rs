@@ -484,23 +484,8 @@ impl Nflog {
 
     /// Receive one datagram, waiting at most `timeout`; None on timeout.
     fn recv(&mut self, timeout: Duration) -> std::io::Result<Option<usize>> {
-        let mut pfd = libc::pollfd {
-            fd: self.sock.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let ms = timeout.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            return if e.kind() == std::io::ErrorKind::Interrupted {
-                Ok(None)
-            } else {
-                Err(e)
-            };
-        }
-        if r == 0 {
+        use std::os::fd::AsFd;
+        if !peerwall_backend::events::wait_readable(self.sock.as_fd(), timeout)? {
             return Ok(None);
         }
         // SAFETY: valid buffer of the given length.
