@@ -58,7 +58,7 @@ fn start_agent(ns: &NetNs, backend: &str, pins: &Option<Pins>, dir: &Path) -> Ag
     let child = nsenter(ns)
         .arg("agent")
         .args(backend_args(backend, pins))
-        .args(["--interval-ms", "50", "--events", "--event-rate", "100"])
+        .args(["--interval-ms", "50", "--flow-log", "--event-rate", "100"])
         .args(["--metrics-addr", "127.0.0.1:9090", "--source"])
         .arg(format!("dir:{}", dir.display()))
         .stdout(Stdio::null())
@@ -156,9 +156,20 @@ fn audit_then_enforce(backend: &str) {
     assert_eq!(e["iif"], TUNNEL, "{e}");
     assert_eq!(e["oif"], GENEVE, "{e}");
     assert!(e["packets"].as_u64().unwrap() >= 1, "{e}");
-    // Allowed traffic makes no event.
+    // Allowed traffic makes no drop event; with the flow log, its first packet is reported as
+    // accepted by the chain's policy.
     assert!(ping(&t.consumer, "10.10.1.68", "10.20.1.2"));
-    assert!(of_flow(&observe(&t.gateway, &[]), "audit-drop", "10.10.1.68").is_empty());
+    let all = observe(&t.gateway, &[]);
+    assert!(of_flow(&all, "audit-drop", "10.10.1.68").is_empty());
+    wait_for("the flow log's accept", || {
+        of_flow(
+            &observe(&t.gateway, &["--verdict", "accept"]),
+            "accept",
+            "10.10.1.68",
+        )
+        .iter()
+        .any(|e| e["rule"].is_null() && e["chain"] == "filter_chain_name")
+    });
 
     // Audit off: enforced at once, the drop reported with its rule and counted.
     std::fs::write(&file, block(false)).unwrap();

@@ -559,7 +559,8 @@ pub struct EventConfig {
     pub burst: u32,
 }
 
-/// Per-flow event state (`EVENT_FLOWS`, LRU, keyed by [`FlowKey`] with the kind in `_pad[0]`).
+/// Per-flow event state (`EVENT_FLOWS`, LRU, keyed by [`FlowKey`] with the kind in `_pad[0]`
+/// and the chain id in `_pad[1]`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EventFlow {

@@ -1,6 +1,7 @@
-//! Events: drops, rejects, would-drops (audit) and, with the flow log, accepted new flows, sent
-//! to user space through the `EVENTS` ring buffer ([`FlowEvent`]). Never per packet: at most one
-//! event per flow and kind per `EVENT_CONF.flow_interval_ns` (the packets in between are counted
+//! Events: drops, rejects, would-drops (audit) and, with the flow log, the first packet of each
+//! flow per chain that accepted it, sent to user space through the `EVENTS` ring buffer
+//! ([`FlowEvent`]). Never per packet: at most one event per flow, kind and chain per
+//! `EVENT_CONF.flow_interval_ns` (the packets in between are counted
 //! into the next one, in `EVENT_FLOWS`), and at most `rate` per second per CPU overall (a token
 //! bucket per CPU). When the ring buffer is full the event is lost, never the packet.
 
@@ -93,8 +94,10 @@ pub(crate) fn note(s: &Said) {
         return;
     };
     let p = &w.p;
+    // One state per flow, kind and chain (chain ids are below 64).
     let mut k = flow_key(p);
     k._pad[0] = s.kind;
+    k._pad[1] = s.chain as u8;
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let len = p.len as u64;
@@ -159,7 +162,7 @@ pub(crate) fn note(s: &Said) {
 }
 
 /// The event of a classified packet (`WORK`, outcome `out`), if the flags ask for one.
-#[inline(always)]
+#[inline(never)]
 pub(crate) fn note_outcome(flags: u32, out: &Outcome) {
     if flags & peerwall_common::flags::EVENTS == 0 {
         return;
@@ -168,32 +171,98 @@ pub(crate) fn note_outcome(flags: u32, out: &Outcome) {
         return;
     };
     let r = &w.r;
-    let base = Said {
-        kind: 0,
-        chain: out.chain,
-        rule: out.rule,
+    if out.action != ACT_ACCEPT || out.audit != 0 {
+        let (kind, chain, rule) = if out.action != ACT_ACCEPT {
+            (kind_of(out.action as u32), out.chain, out.rule)
+        } else {
+            (kind_of(out.audit), out.audit_chain, out.audit_rule)
+        };
+        note(&Said {
+            kind,
+            chain,
+            rule,
+            iif: r.iif,
+            oif: r.oif,
+            state: r.state,
+            epoch: r.epoch,
+        });
+    }
+    if flags & peerwall_common::flags::FLOW_LOG != 0 && r.state == ct::NEW && out.has_chain {
+        flow_log(out.action, out.audit != 0);
+    }
+}
+
+/// What the flow log's per-chain callback needs.
+#[repr(C)]
+struct FlowLog {
+    /// `SCRATCH.trail` index of the audited chain's would-drop (not an accept), or `u32::MAX`.
+    skip: u32,
+    iif: u32,
+    oif: u32,
+    epoch: u32,
+}
+
+/// One chain of the flow log: the chain at trail position `index` accepted the packet.
+/// `bpf_loop` calls it, so the verifier checks it once whatever the number of chains.
+extern "C" fn flow_log_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
+    // SAFETY: `ctx` is the FlowLog on the caller's stack that bpf_loop hands back.
+    let c = unsafe { &*(ctx as *const FlowLog) };
+    let i = index as usize;
+    if i >= CACHED_COUNTERS {
+        return 1;
+    }
+    if i as u32 == c.skip {
+        return 0;
+    }
+    let Some(sc) = SCRATCH.get(0) else {
+        return 1;
+    };
+    let (chain, rule) = decode_counter(sc.trail[i]);
+    note(&Said {
+        kind: event::ACCEPT,
+        chain,
+        rule,
+        iif: c.iif,
+        oif: c.oif,
+        state: ct::NEW,
+        epoch: c.epoch,
+    });
+    0
+}
+
+/// The flow log: every chain that accepted the first packet of a flow (`WORK`, outcome `out`)
+/// reports it, as nftables' `ct state new` log rules do; the first [`CACHED_COUNTERS`] chains of
+/// the path (the `SCRATCH.trail` holds their decisions).
+#[inline(never)]
+fn flow_log(action: u8, audited: bool) {
+    let (Some(sc), Some(w)) = (SCRATCH.get(0), WORK.get(0)) else {
+        return;
+    };
+    let r = &w.r;
+    let n = sc.steps.min(CACHED_COUNTERS as u32);
+    // Evaluation stops at the first refusal: every chain before it accepted.
+    let accepted = if action == ACT_ACCEPT {
+        n
+    } else {
+        n.saturating_sub(1)
+    };
+    if accepted == 0 {
+        return;
+    }
+    let mut c = FlowLog {
+        skip: if audited { sc.audit_step } else { u32::MAX },
         iif: r.iif,
         oif: r.oif,
-        state: r.state,
         epoch: r.epoch,
     };
-    if out.action != ACT_ACCEPT {
-        note(&Said {
-            kind: kind_of(out.action as u32),
-            ..base
-        });
-    } else if out.audit != 0 {
-        note(&Said {
-            kind: kind_of(out.audit),
-            chain: out.audit_chain,
-            rule: out.audit_rule,
-            ..base
-        });
-    } else if flags & peerwall_common::flags::FLOW_LOG != 0 && r.state == ct::NEW && out.has_chain {
-        note(&Said {
-            kind: event::ACCEPT,
-            ..base
-        });
+    // SAFETY: bpf_loop calls `flow_log_step` with a pointer to `c`, which outlives the call.
+    unsafe {
+        bpf_loop(
+            accepted,
+            flow_log_step as *mut core::ffi::c_void,
+            (&mut c as *mut FlowLog).cast(),
+            0,
+        );
     }
 }
 
