@@ -171,6 +171,9 @@ pub fn enforcer(
     })
 }
 
+/// At most this many drop summaries (Kubernetes Events) per table and period.
+pub const DROP_SUMMARY_PER_TABLE: usize = 5;
+
 /// What the agent reports as events (`--events`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EventSettings {
@@ -229,6 +232,14 @@ impl Engine {
         let source = self.enforcer.events()?;
         crate::events::pump(source, self.metrics.clone());
         Ok(())
+    }
+
+    /// What the backend's events say was dropped since `since` ([`crate::events::EventLog::summarize`]).
+    pub fn drop_summary(&self, since: std::time::SystemTime) -> Vec<crate::events::DropSummary> {
+        self.metrics
+            .lock()
+            .map(|m| m.events.summarize(since, DROP_SUMMARY_PER_TABLE))
+            .unwrap_or_default()
     }
 
     /// `policy` as enforced: with `--audit`, every table audited.

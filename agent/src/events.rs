@@ -87,6 +87,74 @@ pub fn ndjson<'a>(events: impl Iterator<Item = &'a Event>) -> String {
     out
 }
 
+/// Packets one rule dropped (or would have) between two addresses, over a period: what the
+/// agent reports as a Kubernetes Event on the rule's object.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DropSummary {
+    /// Table.
+    pub table: String,
+    /// Chain.
+    pub chain: String,
+    /// Rule (`policy` for the chain policy).
+    pub rule: String,
+    /// `drop`, `reject` or `audit`.
+    pub verdict: &'static str,
+    /// Source.
+    pub src: std::net::IpAddr,
+    /// Destination.
+    pub dst: std::net::IpAddr,
+    /// Packets.
+    pub packets: u64,
+}
+
+impl EventLog {
+    /// The drops of the events since `since`, by (rule, verdict, source, destination), the
+    /// `per_table` largest of each table: bounded whatever the traffic.
+    pub fn summarize(&self, since: std::time::SystemTime, per_table: usize) -> Vec<DropSummary> {
+        let mut sums: BTreeMap<DropKey, u64> = BTreeMap::new();
+        for (_, e) in self.ring.iter().filter(|(_, e)| e.time >= since) {
+            let Some(v) = e.verdict.drop_label() else {
+                continue;
+            };
+            let rule = e.rule.clone().unwrap_or_else(|| "policy".into());
+            *sums
+                .entry((e.table.clone(), e.chain.clone(), rule, v, e.src, e.dst))
+                .or_default() += e.packets;
+        }
+        let mut all: Vec<DropSummary> = sums
+            .into_iter()
+            .map(
+                |((table, chain, rule, verdict, src, dst), packets)| DropSummary {
+                    table,
+                    chain,
+                    rule,
+                    verdict,
+                    src,
+                    dst,
+                    packets,
+                },
+            )
+            .collect();
+        all.sort_by(|a, b| a.table.cmp(&b.table).then(b.packets.cmp(&a.packets)));
+        let mut out: Vec<DropSummary> = Vec::new();
+        for s in all {
+            if out.iter().filter(|o| o.table == s.table).count() < per_table {
+                out.push(s);
+            }
+        }
+        out
+    }
+}
+
+type DropKey = (
+    String,
+    String,
+    String,
+    &'static str,
+    std::net::IpAddr,
+    std::net::IpAddr,
+);
+
 /// Read `source` until the process ends, into the agent's metrics.
 pub fn pump(mut source: Box<dyn EventSource>, metrics: crate::metrics::Shared) {
     if let Ok(mut m) = metrics.lock() {
@@ -164,6 +232,12 @@ mod tests {
         assert_eq!(log.drops.len(), 2);
         let (text, _) = log.ndjson_after(all[1].0);
         assert_eq!(text.lines().count(), 1);
+        let s = log.summarize(std::time::UNIX_EPOCH, 5);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].packets, s[1].packets), (3, 2));
+        assert!(log
+            .summarize(std::time::UNIX_EPOCH + Duration::from_secs(1), 5)
+            .is_empty());
         for _ in 0..EVENT_LOG_SIZE + 10 {
             log.push(ev(EventKind::Drop, Some("r"), 1));
         }

@@ -31,6 +31,9 @@ async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
             &pins.dir,
             "--interfaces",
             "liqo-tunnel,liqo.*",
+            "--events",
+            "--drop-summary-secs",
+            "1",
         ],
     );
     namespace(&client, "liqo-tenant-cluster1", json!({})).await;
@@ -51,6 +54,24 @@ async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
         "no nftables involved"
     );
     assert_thesis_block_enforced(&t.consumer);
+    // What was dropped shows up as an Event on the object, with the flow and the rule.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "liqo-tenant-cluster1");
+    eventually("a Dropped event", Duration::from_secs(15), || async {
+        let _ = ping(&t.consumer, "10.10.1.67", "10.20.1.2");
+        let list = events.list(&Default::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                let note = e.note.as_deref().unwrap_or_default();
+                e.reason.as_deref() == Some("Dropped")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str())
+                    && note.contains("from 10.10.1.67 to 10.20.1.2")
+                    && note.contains("by rule table_name/filter_chain_name/drop_traffic")
+            })
+            .then_some(())
+    })
+    .await;
     // Deleting the object empties the maps, then releases the finalizer.
     api.delete(&name, &DeleteParams::default()).await.unwrap();
     eventually("the object to be gone", Duration::from_secs(20), || async {

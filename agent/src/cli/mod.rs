@@ -399,6 +399,10 @@ pub struct EventArgs {
     /// flow, at most one event per second in any case.
     #[arg(long, default_value_t = 100)]
     pub event_rate: u32,
+    /// `--source kube`: how often each object whose rules dropped packets gets a Kubernetes
+    /// Event summarizing them (at most five per object).
+    #[arg(long, default_value_t = 60)]
+    pub drop_summary_secs: u64,
     /// nftables: NFLOG group of the log rules (one listener per group and namespace).
     #[arg(long, default_value_t = DEFAULT_NFLOG_GROUP)]
     pub nflog_group: u16,

@@ -41,6 +41,8 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         events,
         audit,
     } = a;
+    let drop_summary = std::time::Duration::from_secs(events.drop_summary_secs.max(1));
+    let events_on = events.settings().is_some();
     let events = events.settings();
     let stop = stop_flag()?;
     if gateway_pods {
@@ -69,6 +71,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                 proc,
                 events,
                 audit,
+                drop_summary: events_on.then_some(drop_summary),
             },
             metrics,
             stop,
@@ -138,6 +141,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                     .find(|t| t.trim().starts_with(&format!("{}=", crate::k8s::PEER)))
                     .map(|t| t.trim().to_string()),
                 selector,
+                drop_summary: events_on.then_some(drop_summary),
             },
             &mut engine,
             stop,

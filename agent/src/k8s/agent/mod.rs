@@ -61,6 +61,9 @@ pub struct Settings {
     /// Label selector of the objects this agent answers for when it releases stale
     /// finalizers (gateway mode: its peer's; several agents share one host name there).
     pub scope: Option<String>,
+    /// With events: every period, an Event on each object whose rules dropped packets ("dropped
+    /// N packets from A to B by rule R in the last …"), at most five per object.
+    pub drop_summary: Option<Duration>,
 }
 
 /// This host's condition in `obj`'s status, if it has one that reads as a condition.
@@ -430,6 +433,52 @@ impl Agent {
         }
     }
 
+    /// One Warning Event per drop summary on the object of its table (audit: Normal).
+    async fn publish_drops(
+        &self,
+        objects: &[Arc<DynamicObject>],
+        drops: Vec<crate::events::DropSummary>,
+        period: Duration,
+    ) {
+        for d in drops {
+            let Some(obj) = objects
+                .iter()
+                .find(|o| o.data["spec"]["table"]["name"] == d.table.as_str())
+            else {
+                continue;
+            };
+            let (type_, reason, did) = match d.verdict {
+                "audit" => (EventType::Normal, "WouldDrop", "would have dropped"),
+                "reject" => (EventType::Warning, "Rejected", "rejected"),
+                _ => (EventType::Warning, "Dropped", "dropped"),
+            };
+            let ev = Event {
+                type_,
+                reason: reason.into(),
+                note: Some(format!(
+                    "{}: {did} {} packets from {} to {} by rule {}/{}/{} in the last {} s",
+                    self.settings.host,
+                    d.packets,
+                    d.src,
+                    d.dst,
+                    d.table,
+                    d.chain,
+                    d.rule,
+                    period.as_secs()
+                )),
+                action: "Enforce".into(),
+                secondary: None,
+            };
+            let r = self
+                .recorder
+                .publish(&ev, &obj.object_ref(&super::fwc_resource()))
+                .await;
+            if let Err(e) = r {
+                tracing::warn!(table = %d.table, error = %e, "could not publish a drop event");
+            }
+        }
+    }
+
     fn namespaced(&self, obj: &DynamicObject) -> Api<DynamicObject> {
         Api::namespaced_with(
             self.api.clone().into_client(),
@@ -647,7 +696,17 @@ pub fn run(
         };
         agent.release_unselected(&reader).await;
         let mut dirty = true;
+        let mut summarized = (std::time::Instant::now(), std::time::SystemTime::now());
         while !stop.is_set() {
+            if let Some(period) = agent.settings.drop_summary {
+                if summarized.0.elapsed() >= period {
+                    let since = summarized.1;
+                    summarized = (std::time::Instant::now(), std::time::SystemTime::now());
+                    agent
+                        .publish_drops(&reader.state(), engine.drop_summary(since), period)
+                        .await;
+                }
+            }
             if dirty || engine.environment_changed() {
                 // Debounce: let a burst of events settle into one round (short: a round that
                 // only moves slices costs O(changes)).

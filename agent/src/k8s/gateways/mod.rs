@@ -59,6 +59,8 @@ pub struct Settings {
     pub events: Option<crate::engine::EventSettings>,
     /// Enforce every table in audit mode (`--audit`).
     pub audit: bool,
+    /// Drop summaries as Kubernetes Events, this often (with events).
+    pub drop_summary: Option<Duration>,
 }
 
 impl Settings {
@@ -211,6 +213,7 @@ impl Supervisor {
             host: s.node.clone(),
             interval: s.interval,
             scope: Some(peer_sel),
+            drop_summary: s.drop_summary,
         };
         let stop = Shutdown::new();
         let worker_stop = stop.clone();
