@@ -465,26 +465,18 @@ fn reject_answers_with_port_unreachable_from_tc() {
 
 /// A `peerwall agent --backend bpf` over the YAML files of `dir` in `ns`'s network, polling
 /// every `interval_ms`; killed on drop.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn bpf_agent(ns: &NetNs, pins: &Pins, dir: &std::path::Path, interval_ms: u32) -> Agent {
-    let child = peerwall_nsenter(ns)
-        .args(["agent", "--backend", "bpf", "--interval-ms"])
-        .arg(interval_ms.to_string())
-        .args(["--pin-dir", pins.arg(), "--source"])
-        .arg(format!("dir:{}", dir.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("peerwall agent");
-    Agent(child)
+    let args = [
+        "--backend".to_string(),
+        "bpf".into(),
+        "--interval-ms".into(),
+        interval_ms.to_string(),
+        "--pin-dir".into(),
+        pins.arg().into(),
+        "--source".into(),
+        format!("dir:{}", dir.display()),
+    ];
+    spawn_agent(ns, &args)
 }
 
 #[test]

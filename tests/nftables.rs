@@ -280,15 +280,6 @@ fn drift_is_detected_and_repaired() {
 }
 
 /// `peerwall agent --source dir:` in a gateway namespace, killed on drop.
-struct Agent(std::process::Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
     for _ in 0..100 {
         if cond() {

@@ -5,7 +5,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -21,15 +21,6 @@ fn block(audit: bool) -> String {
         .unwrap()
         .replace("networking.liqo.io/v1beta1", "peerwall.io/v1alpha1")
         .replacen("spec:\n", spec, 1)
-}
-
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// A private bpf pin directory, removed on drop.
@@ -55,17 +46,22 @@ fn backend_args(backend: &str, pins: &Option<Pins>) -> Vec<String> {
 }
 
 fn start_agent(ns: &NetNs, backend: &str, pins: &Option<Pins>, dir: &Path) -> Agent {
-    let child = nsenter(ns)
-        .arg("agent")
-        .args(backend_args(backend, pins))
-        .args(["--interval-ms", "50", "--flow-log", "--event-rate", "100"])
-        .args(["--metrics-addr", "127.0.0.1:9090", "--source"])
-        .arg(format!("dir:{}", dir.display()))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("peerwall agent");
-    Agent(child)
+    let mut args = backend_args(backend, pins);
+    args.extend(
+        [
+            "--interval-ms",
+            "50",
+            "--flow-log",
+            "--event-rate",
+            "100",
+            "--metrics-addr",
+            "127.0.0.1:9090",
+            "--source",
+        ]
+        .map(String::from),
+    );
+    args.push(format!("dir:{}", dir.display()));
+    spawn_agent(ns, &args)
 }
 
 /// `peerwall observe ARGS --output json` in the gateway: its events as JSON.

@@ -103,6 +103,28 @@ pub fn peerwall_nsenter(ns: &NetNs) -> std::process::Command {
     c
 }
 
+/// A background `peerwall agent`, killed when dropped (also on panic).
+pub struct Agent(pub std::process::Child);
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `peerwall agent ARGS` in the namespace's network, its output discarded.
+pub fn spawn_agent(ns: &NetNs, args: &[String]) -> Agent {
+    let child = peerwall_nsenter(ns)
+        .arg("agent")
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("peerwall agent");
+    Agent(child)
+}
+
 /// One ping from `src` to `dst` inside `ns`; true when answered.
 pub fn ping(ns: &NetNs, src: &str, dst: &str) -> bool {
     in_ns(ns, "ping", &["-c", "1", "-W", "1", "-I", src, dst])

@@ -443,10 +443,14 @@ impl<R: Runner> NftBackend<R> {
     /// Compare the kernel with what this backend applied: the structure (chains, rules, set
     /// declarations) on every call, set elements too when `full`.
     pub fn drift_check(&self, full: bool) -> Result<Vec<Drift>, NftError> {
+        self.drift_in(&self.nft.list_ruleset_terse()?, full)
+    }
+
+    /// [`drift_check`](Self::drift_check) against a listing already taken.
+    fn drift_in(&self, terse: &[Value], full: bool) -> Result<Vec<Drift>, NftError> {
         let mut out = Vec::new();
-        let terse = self.nft.list_ruleset_terse()?;
         for (name, t) in &self.applied {
-            let now = objects_of_table(&terse, t.family, name);
+            let now = objects_of_table(terse, t.family, name);
             let snap = self.snapshots.get(name);
             if now.is_empty() {
                 out.push(Drift::Missing {
@@ -480,7 +484,9 @@ impl<R: Runner> NftBackend<R> {
         if full {
             self.last_full_check = Some(std::time::Instant::now());
         }
-        let on = switch::is_on(&self.nft.list_ruleset_terse()?);
+        // One listing per tick serves the switch and the drift check.
+        let listing = self.nft.list_ruleset_terse()?;
+        let on = switch::is_on(&listing);
         if on != self.allow_all {
             // The switch was flipped: what was applied gains or loses its accepts. Not drift.
             let desired: Vec<RenderedTable> = self
@@ -490,7 +496,7 @@ impl<R: Runner> NftBackend<R> {
                 .collect();
             let names: Vec<String> = self.applied.keys().cloned().collect();
             self.allow_all = on;
-            let kernel = kernel_tables(&self.nft.list_ruleset_terse()?);
+            let kernel = kernel_tables(&listing);
             let plan = plan::plan(&BTreeMap::new(), &desired, &kernel, &names)?;
             if !plan.commands.is_empty() {
                 self.nft.transaction(&plan.commands)?;
@@ -502,7 +508,7 @@ impl<R: Runner> NftBackend<R> {
             }
             return Ok(Vec::new());
         }
-        let drift = self.drift_check(full)?;
+        let drift = self.drift_in(&listing, full)?;
         if drift.is_empty() {
             return Ok(drift);
         }
