@@ -52,6 +52,13 @@ const APT_PACKAGES: &[&str] = &[
 /// kube-apiserver version the Kubernetes tests run against (built from Debian's source).
 const KUBE_VERSION: &str = "1.20.2";
 
+/// cargo-fuzz release the fuzz targets run with (installed into the cache, keyed by version).
+const CARGO_FUZZ_VERSION: &str = "0.13.2";
+
+/// The fuzz targets (`tests/fuzz/fuzz_targets`) and CI's bounded run of each, in seconds.
+const FUZZ_TARGETS: [&str; 2] = ["policy", "datapath"];
+const FUZZ_CI_SECS: u64 = 60;
+
 fn root() -> PathBuf {
     // xtask lives in <root>/xtask.
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -250,6 +257,91 @@ fn test(extra: &[String]) -> Result<()> {
     run(t)
 }
 
+/// cargo-fuzz in the cache, installed once per version.
+fn ensure_cargo_fuzz() -> Result<PathBuf> {
+    let prefix = cache_dir().join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}"));
+    let bin = prefix.join("bin").join("cargo-fuzz");
+    if !bin.exists() {
+        println!("installing cargo-fuzz {CARGO_FUZZ_VERSION} (about a minute, once)");
+        let mut c = Command::new("cargo");
+        c.args([
+            "install",
+            "cargo-fuzz",
+            "--version",
+            CARGO_FUZZ_VERSION,
+            "--locked",
+            "--root",
+        ])
+        .arg(&prefix);
+        run(c)?;
+    }
+    Ok(bin)
+}
+
+/// Run fuzz targets for a bounded time: `fuzz [TARGET] [SECONDS]`. The corpus grows in the
+/// cache (outside the repository); `tests/fuzz/seeds/TARGET` (examples and every finding kept
+/// as a regression case) is replayed first, so a fixed bug that comes back fails at once.
+fn fuzz(args: &[String]) -> Result<()> {
+    ensure_bpf_linker()?;
+    let bin = ensure_cargo_fuzz()?;
+    let (targets, secs): (Vec<&str>, u64) = match args {
+        [] => (FUZZ_TARGETS.to_vec(), FUZZ_CI_SECS),
+        [t] => (vec![t.as_str()], FUZZ_CI_SECS),
+        [t, s, ..] => (
+            vec![t.as_str()],
+            s.parse()
+                .with_context(|| format!("{s:?} is not a number of seconds"))?,
+        ),
+    };
+    let fuzz_dir = root().join("tests").join("fuzz");
+    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+        .join("fuzz");
+    for t in targets {
+        if !FUZZ_TARGETS.contains(&t) {
+            bail!("unknown fuzz target {t:?}: one of {FUZZ_TARGETS:?}");
+        }
+        let corpus = cache_dir().join("fuzz-corpus").join(t);
+        std::fs::create_dir_all(&corpus)?;
+        if t == "policy" {
+            // Valid documents to mutate from: the examples users start with.
+            for e in std::fs::read_dir(root().join("examples"))?.flatten() {
+                let _ = std::fs::copy(e.path(), corpus.join(e.file_name()));
+            }
+        }
+        let seeds = fuzz_dir.join("seeds").join(t);
+        let mut c = Command::new("rustup");
+        c.current_dir(root())
+            .args(["run", "nightly"])
+            .arg(&bin)
+            .args(["fuzz", "run", "--sanitizer", "none", "--fuzz-dir"])
+            .arg(&fuzz_dir)
+            .arg("--target-dir")
+            .arg(&target_dir)
+            .arg(t)
+            .arg(&corpus)
+            .arg(&seeds)
+            .args([
+                "--",
+                &format!("-max_total_time={secs}"),
+                "-timeout=10",
+                "-rss_limit_mb=4096",
+                "-print_final_stats=1",
+            ])
+            .env_remove("RUSTC")
+            .env_remove("CARGO");
+        println!("fuzzing {t} for {secs} s");
+        run(c).with_context(|| {
+            format!(
+                "fuzz target {t} found a failure: the input is in {}/artifacts/{t}; fix it and keep the input in tests/fuzz/seeds/{t}",
+                fuzz_dir.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// Build the eBPF object alone (the agent's build script embeds the same object).
 fn build_ebpf() -> Result<()> {
     ensure_bpf_linker()?;
@@ -389,6 +481,7 @@ fn main() -> Result<()> {
             c.args(["bench", "-p", "peerwall", "--bench", "gateway"]);
             run(c)
         }
+        Some("fuzz") => fuzz(&args[1..]),
         Some("bench-control") => {
             // The agent and controller under test are the release binary.
             setup_build()?;
@@ -411,6 +504,7 @@ fn main() -> Result<()> {
             eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency); `bench breakdown`: where the classifier's time goes");
             eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
             eprintln!("  bench-control  100k offloaded pods through kube-apiserver, controller and agent: one pod, churn, restart, RSS (root)");
+            eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 60 s each by default; findings land in tests/fuzz/artifacts (root)");
             eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
             eprintln!("  image       OCI images (peerwall, pause, the lab's gateway) into <target>/images");

@@ -21,13 +21,17 @@ pub(crate) enum Datapath {
     PeerwallNft,
     PeerwallBpf,
     PeerwallXdp,
+    /// `peerwall agent --events` over the nftables / bpf datapath: the same policy, every drop
+    /// reported (NFLOG / ring buffer, rate-limited) and read by the running agent.
+    PeerwallNftEvents,
+    PeerwallBpfEvents,
     LiqoNft,
     IptablesRules,
     IptablesIpset,
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 10] = [
+    pub(crate) const ALL: [Datapath; 12] = [
         Datapath::None,
         Datapath::ConntrackOnly,
         Datapath::TcEmpty,
@@ -35,6 +39,8 @@ impl Datapath {
         Datapath::PeerwallNft,
         Datapath::PeerwallBpf,
         Datapath::PeerwallXdp,
+        Datapath::PeerwallNftEvents,
+        Datapath::PeerwallBpfEvents,
         Datapath::LiqoNft,
         Datapath::IptablesRules,
         Datapath::IptablesIpset,
@@ -48,9 +54,20 @@ impl Datapath {
             Datapath::PeerwallNft => "peerwall nftables",
             Datapath::PeerwallBpf => "peerwall bpf (tcx)",
             Datapath::PeerwallXdp => "peerwall bpf + XDP",
+            Datapath::PeerwallNftEvents => "peerwall nftables, agent --events",
+            Datapath::PeerwallBpfEvents => "peerwall bpf (tcx), agent --events",
             Datapath::LiqoNft => "Liqo style: nft rule per IP",
             Datapath::IptablesRules => "iptables rule per IP",
             Datapath::IptablesIpset => "iptables + ipset",
+        }
+    }
+
+    /// The same datapath without events, for the rows that report events.
+    pub(crate) fn without_events(self) -> Option<Datapath> {
+        match self {
+            Datapath::PeerwallNftEvents => Some(Datapath::PeerwallNft),
+            Datapath::PeerwallBpfEvents => Some(Datapath::PeerwallBpf),
+            _ => None,
         }
     }
 
@@ -275,6 +292,12 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             args.extend(["-f", &f]);
             nsenter(&lab.gw, peerwall_bin(), &args);
         }
+        Datapath::PeerwallNftEvents | Datapath::PeerwallBpfEvents => {
+            let agent = EventsAgent::start(lab, dp, p);
+            let load = started.elapsed();
+            *lab.agent.borrow_mut() = Some(agent);
+            return Some(load);
+        }
         Datapath::LiqoNft => {
             let mut s = String::from("table inet liqo_bench {\n chain liqo_fwd {\n  type filter hook forward priority 0; policy accept;\n");
             for r in &p.nft_rules {
@@ -349,6 +372,11 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
         Datapath::None => {}
         Datapath::PeerwallNft => {
             in_ns(&lab.gw, peerwall_bin(), &["delete"]);
+        }
+        Datapath::PeerwallNftEvents | Datapath::PeerwallBpfEvents => {
+            // The agent leaves its policy in force when it stops (fail closed): delete it.
+            lab.agent.borrow_mut().take();
+            uninstall(lab, dp.without_events().unwrap_or(dp));
         }
         Datapath::PeerwallBpf | Datapath::PeerwallXdp | Datapath::TcEmpty | Datapath::TcHash => {
             nsenter(

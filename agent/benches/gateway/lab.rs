@@ -14,6 +14,8 @@ pub(crate) struct Lab {
     pub(crate) gw_mac: [u8; 6],
     pub(crate) snd_mac: [u8; 6],
     pub(crate) dir: PathBuf,
+    /// The agent of a datapath that runs one (the events rows), stopped on uninstall.
+    pub(crate) agent: std::cell::RefCell<Option<EventsAgent>>,
 }
 
 pub(crate) fn mac_of(ns: &NetNs, dev: &str) -> [u8; 6] {
@@ -124,6 +126,7 @@ impl Lab {
             gw_mac,
             snd_mac,
             dir,
+            agent: Default::default(),
         }
     }
 

@@ -37,12 +37,14 @@ mod doc;
 
 mod control;
 mod datapaths;
+mod events;
 mod lab;
 mod report;
 mod traffic;
 
 use control::*;
 use datapaths::*;
+use events::*;
 use lab::*;
 use report::*;
 use traffic::*;
@@ -146,7 +148,11 @@ fn main() {
                 allowed: vec![],
                 denied: vec![],
                 load: (dp != Datapath::None).then_some(load),
+                events_per_sec: None,
             };
+            let reports_events = dp.without_events().is_some();
+            let events_before = reports_events.then(|| events_seen(&lab));
+            let measuring = Instant::now();
             for _ in 0..repeats {
                 let (fwd, taken) = measure(&lab, &fa, warmup, window);
                 assert!(
@@ -173,6 +179,10 @@ fn main() {
                     row.denied.push(taken_d);
                 }
             }
+            if let Some(before) = events_before {
+                let seen = events_seen(&lab).saturating_sub(before);
+                row.events_per_sec = Some(seen as f64 / measuring.elapsed().as_secs_f64());
+            }
             uninstall(&lab, dp);
             eprintln!(
                 "{:>15} | {:<28} | allowed {:>9} pps | denied {:>9} pps | load {:?}",
@@ -189,7 +199,11 @@ fn main() {
     let cp_n = *sizes.iter().max().unwrap_or(&100_000);
     let cp: Vec<ControlRow> = Datapath::ALL
         .iter()
-        .filter(|d| !matches!(d, Datapath::None | Datapath::PeerwallXdp) && !d.is_limit())
+        .filter(|d| {
+            !matches!(d, Datapath::None | Datapath::PeerwallXdp)
+                && !d.is_limit()
+                && d.without_events().is_none()
+        })
         .filter(|_| only.is_none())
         .map(|&dp| {
             let r = control_plane(&lab, dp, cp_n, seed);
@@ -269,6 +283,11 @@ fn main() {
                 .map(|k| format!("{:.0} MiB", k as f64 / 1024.0))
                 .unwrap_or_else(|| "–".into())
         ));
+    }
+    let ev = events_section(&rows);
+    if !ev.is_empty() {
+        doc::write_section("events", ev.trim_end()).expect("write docs/bench.md");
+        print!("{ev}");
     }
     if only.is_some() {
         print!("{md}");

@@ -11,6 +11,8 @@ pub(crate) struct Row {
     pub(crate) allowed: Vec<f64>,
     pub(crate) denied: Vec<f64>,
     pub(crate) load: Option<Duration>,
+    /// Events the agent read per second while the row was measured (the events rows).
+    pub(crate) events_per_sec: Option<f64>,
 }
 
 pub(crate) fn fmt_ratio(v: f64) -> String {
@@ -29,12 +31,57 @@ pub(crate) fn fmt_pps(v: f64) -> String {
     }
 }
 
+/// The cost of events: each events row against the same datapath without events, measured in
+/// the same run. Empty when the run measured no pair.
+pub(crate) fn events_section(rows: &[Row]) -> String {
+    let mut t = String::new();
+    for r in rows {
+        let (Some(base_dp), Some(eps)) = (r.dp.without_events(), r.events_per_sec) else {
+            continue;
+        };
+        let Some(b) = rows
+            .iter()
+            .find(|x| x.policy == r.policy && x.dp == base_dp)
+        else {
+            continue;
+        };
+        let ratio = |v: &[f64], b: &[f64]| median(v.to_vec()) / median(b.to_vec());
+        let (ra, rd) = (ratio(&r.allowed, &b.allowed), ratio(&r.denied, &b.denied));
+        t.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {:.0} | {} |\n",
+            r.policy,
+            base_dp.label(),
+            fmt_ratio(ra),
+            fmt_ratio(rd),
+            fmt_pps(median(r.denied.clone())),
+            eps,
+            if ra.min(rd) >= 0.9 { "meets" } else { "misses" }
+        ));
+    }
+    if t.is_empty() {
+        return t;
+    }
+    let date = run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
+    format!(
+        "## The cost of events (`cargo xtask bench-gateway`, events rows)\n\n\
+         Generated on {}. The same gateway, policy and traffic as the table above; the datapath \
+         enforced by `peerwall agent --events` (every drop reported: NFLOG `log group` behind a \
+         global `limit` for nftables, the ring buffer with its per-flow and per-CPU limits for \
+         bpf; the running agent reads, numbers and counts each event) against the same \
+         datapath without events, measured in the same run. Denied traffic runs at full rate over \
+         1024 flows, so events run at their rate limit. Target: ≥ 0.9.\n\n\
+         | policy | datapath | allowed: events on / off | denied: events on / off | denied pps, events on | events read per second | ≥ 0.9 |\n\
+         |---|---|---:|---:|---:|---:|---|\n{t}",
+        date.trim()
+    )
+}
+
 /// Grouped bars on a log scale, one panel per traffic kind.
 pub(crate) fn svg(rows: &[Row], policies: &[String], base: &dyn Fn(&str, bool) -> f64) -> String {
     let dps: Vec<Datapath> = Datapath::ALL
         .iter()
         .copied()
-        .filter(|d| *d != Datapath::None)
+        .filter(|d| *d != Datapath::None && d.without_events().is_none())
         .collect();
     let colors = [
         "#dddddd", "#bbbbbb", "#7f7f7f", "#1f77b4", "#2ca02c", "#17becf", "#d62728", "#ff7f0e",

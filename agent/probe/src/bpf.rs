@@ -44,6 +44,25 @@ struct RunResult {
     data_size_out: u32,
 }
 
+/// tc actions the program returns.
+pub mod tc_action {
+    /// Pass the packet on.
+    pub const OK: u32 = super::TC_ACT_OK;
+    /// Drop it.
+    pub const SHOT: u32 = super::TC_ACT_SHOT;
+    /// Sent elsewhere (a reject's ICMP answer).
+    pub const REDIRECT: u32 = super::TC_ACT_REDIRECT;
+}
+
+/// What the datapath did with a raw frame ([`BpfProbe::frame_verdict`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FrameRun {
+    /// The tc action returned ([`tc_action`]).
+    pub tc_action: u32,
+    /// The verdict, when the frame was classified.
+    pub verdict: Option<Verdict>,
+}
+
 /// The loaded datapath with a policy, answering verdict queries.
 pub struct BpfProbe {
     backend: BpfBackend,
@@ -200,16 +219,31 @@ impl BpfProbe {
         oif: u32,
     ) -> Result<(ProbeRecord, RunResult, Vec<u8>), ProbeError> {
         let ip = packet::build_ip(pkt, marker, shape);
-        let path = pkt.path();
         let frame = packet::ethernet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], &ip);
+        let (rec, result, out) =
+            self.test_run(&frame, pkt.path() == PacketPath::Forward, iif, oif)?;
+        let rec = rec.ok_or_else(|| {
+            ProbeError::Unsupported(format!(
+                "the datapath did not classify the packet (returned {}): not IP?",
+                result.return_value
+            ))
+        })?;
+        Ok((rec, result, out))
+    }
+
+    /// One BPF_PROG_TEST_RUN of the tc program on `frame` in probe mode: the record of the
+    /// decision (None when the program did not classify the frame), the run's result and the
+    /// frame it left.
+    fn test_run(
+        &mut self,
+        frame: &[u8],
+        forward: bool,
+        iif: u32,
+        oif: u32,
+    ) -> Result<(Option<ProbeRecord>, RunResult, Vec<u8>), ProbeError> {
         // struct __sk_buff: cb[0..5] at offset 48.
         let mut ctx = [0u8; 192];
-        let cb = [
-            PROBE_MAGIC,
-            if path == PacketPath::Forward { 1 } else { 0 },
-            oif,
-            iif,
-        ];
+        let cb = [PROBE_MAGIC, u32::from(forward), oif, iif];
         for (i, v) in cb.iter().enumerate() {
             ctx[48 + i * 4..52 + i * 4].copy_from_slice(&v.to_ne_bytes());
         }
@@ -237,13 +271,7 @@ impl BpfProbe {
                     .chain(std::iter::repeat(&ProbeRecord::default())),
             )
             .find(|(a, b)| a.seq != b.seq)
-            .map(|(a, _)| *a)
-            .ok_or_else(|| {
-                ProbeError::Unsupported(format!(
-                    "the datapath did not classify the packet (returned {}): not IP?",
-                    result.return_value
-                ))
-            })?;
+            .map(|(a, _)| *a);
         Ok((
             rec,
             RunResult {
@@ -319,6 +347,54 @@ impl BpfProbe {
                 packet: format!("{pkt:?}"),
             });
         }
+        self.verdict_of(&rec, verdict)
+    }
+
+    /// What a frame the datapath was given raw did: the tc action it returned and, when it
+    /// classified the frame, its verdict. No flow is known beforehand (the flow table is
+    /// flushed), so the conntrack state is the one of a flow's first packet.
+    pub fn frame_verdict(
+        &mut self,
+        frame: &[u8],
+        iif: &str,
+        oif: Option<&str>,
+    ) -> Result<FrameRun, ProbeError> {
+        let idx = |n: &str| {
+            self.ifindex
+                .get(n)
+                .copied()
+                .ok_or_else(|| ProbeError::Unsupported(format!("interface {n:?} was not declared")))
+        };
+        let iif_idx = idx(iif)?;
+        let oif_idx = oif.map(idx).transpose()?.unwrap_or(0);
+        self.backend.flush_flows()?;
+        let (rec, ret, _) = self.test_run(frame, oif.is_some(), iif_idx, oif_idx)?;
+        let verdict = match rec {
+            None => None,
+            Some(rec) => {
+                let action = match peerwall_common::ActionCode::from_u8(rec.verdict) {
+                    Some(peerwall_common::ActionCode::Accept) => VerdictAction::Accept,
+                    Some(peerwall_common::ActionCode::Drop) => VerdictAction::Drop,
+                    Some(peerwall_common::ActionCode::Reject) => VerdictAction::Reject,
+                    _ => {
+                        return Err(ProbeError::Inconsistent {
+                            observed: "unknown action code",
+                            counted: "",
+                            packet: format!("a raw frame of {} bytes", frame.len()),
+                        })
+                    }
+                };
+                Some(self.verdict_of(&rec, action)?)
+            }
+        };
+        Ok(FrameRun {
+            tc_action: ret.return_value,
+            verdict,
+        })
+    }
+
+    /// The verdict a record of the datapath names: its chain and rule, its first would-drop.
+    fn verdict_of(&self, rec: &ProbeRecord, verdict: VerdictAction) -> Result<Verdict, ProbeError> {
         let audit = match peerwall_common::ActionCode::from_u8(rec.audit) {
             None | Some(peerwall_common::ActionCode::Accept) => None,
             Some(code) => {

@@ -279,11 +279,10 @@ impl<R: Runner> NftBackend<R> {
         self
     }
 
-    fn snapshot(&self, family: ir::TableFamily, name: &str) -> Result<Snapshot, NftError> {
-        let terse = objects_of_table(&self.nft.list_ruleset_terse()?, family, name);
-        Ok(Snapshot {
-            terse: normalize(terse),
-        })
+    fn snapshot(listing: &[Value], family: ir::TableFamily, name: &str) -> Snapshot {
+        Snapshot {
+            terse: normalize(objects_of_table(listing, family, name)),
+        }
     }
 
     /// The runner.
@@ -320,10 +319,12 @@ impl<R: Runner> NftBackend<R> {
             self.applied.remove(name);
             self.snapshots.remove(name);
         }
+        // One listing after the transaction for every table's snapshot.
+        let after = self.nft.list_ruleset_terse()?;
         for t in desired {
             let touched = report.recreated.contains(&t.name) || report.updated.contains(&t.name);
             if touched || !self.snapshots.contains_key(&t.name) {
-                let snap = self.snapshot(t.family, &t.name)?;
+                let snap = Self::snapshot(&after, t.family, &t.name);
                 self.snapshots.insert(t.name.clone(), snap);
             }
             self.applied.insert(t.name.clone(), t);
@@ -449,18 +450,24 @@ impl<R: Runner> NftBackend<R> {
     /// [`drift_check`](Self::drift_check) against a listing already taken.
     fn drift_in(&self, terse: &[Value], full: bool) -> Result<Vec<Drift>, NftError> {
         let mut out = Vec::new();
+        // Set elements: one full listing for all tables, taken only when needed.
+        let mut with_elements: Option<Vec<Value>> = None;
         for (name, t) in &self.applied {
             let now = objects_of_table(terse, t.family, name);
-            let snap = self.snapshots.get(name);
+            let structure_changed =
+                self.snapshots.get(name).map(|s| &s.terse) != Some(&normalize(now.clone()));
+            let mut elements_changed = || -> Result<bool, NftError> {
+                if with_elements.is_none() {
+                    with_elements = Some(self.nft.list_ruleset()?);
+                }
+                let objs = with_elements.as_deref().unwrap_or_default();
+                Ok(listed_elements(&objects_of_table(objs, t.family, name)) != model_elements(t))
+            };
             if now.is_empty() {
                 out.push(Drift::Missing {
                     table: name.clone(),
                 });
-            } else if snap.map(|s| &s.terse) != Some(&normalize(now))
-                || (full
-                    && listed_elements(&self.nft.list_table(t.family, name)?.unwrap_or_default())
-                        != model_elements(t))
-            {
+            } else if structure_changed || (full && elements_changed()?) {
                 out.push(Drift::Modified {
                     table: name.clone(),
                 });
@@ -501,8 +508,9 @@ impl<R: Runner> NftBackend<R> {
             if !plan.commands.is_empty() {
                 self.nft.transaction(&plan.commands)?;
             }
+            let after = self.nft.list_ruleset_terse()?;
             for t in desired {
-                let snap = self.snapshot(t.family, &t.name)?;
+                let snap = Self::snapshot(&after, t.family, &t.name);
                 self.snapshots.insert(t.name.clone(), snap);
                 self.applied.insert(t.name.clone(), t);
             }
@@ -529,9 +537,10 @@ impl<R: Runner> NftBackend<R> {
         if !plan.commands.is_empty() {
             self.nft.transaction(&plan.commands)?;
         }
+        let after = self.nft.list_ruleset_terse()?;
         for name in plan.report.recreated {
             if let Some(t) = self.applied.get(&name) {
-                let snap = self.snapshot(t.family, &name)?;
+                let snap = Self::snapshot(&after, t.family, &name);
                 self.snapshots.insert(name, snap);
             }
         }

@@ -21,8 +21,9 @@ pub trait Runner: Send + std::fmt::Debug {
     fn transaction(&self, cmds: &[Command<'_>]) -> Result<(), NftError>;
     /// The whole ruleset without set elements (`nft -j -t list ruleset`).
     fn list_ruleset_terse(&self) -> Result<Vec<Value>, NftError>;
-    /// One table with its set elements; `Ok(None)` when it does not exist.
-    fn list_table(&self, family: TableFamily, name: &str) -> Result<Option<Vec<Value>>, NftError>;
+    /// The whole ruleset with set elements (`nft -j list ruleset`): one listing for every
+    /// table, however many there are (a listing per table would cost each the whole cache).
+    fn list_ruleset(&self) -> Result<Vec<Value>, NftError>;
 }
 
 /// How to invoke `nft`: in this network namespace or in a named one.
@@ -107,16 +108,9 @@ impl Runner for Nft {
         objects(&out)
     }
 
-    fn list_table(&self, family: TableFamily, name: &str) -> Result<Option<Vec<Value>>, NftError> {
-        match self.run(
-            "list table",
-            &["-j", "list", "table", family.nft(), name],
-            None,
-        ) {
-            Ok(out) => objects(&out).map(Some),
-            Err(NftError::Failed { stderr, .. }) if stderr.contains("No such file") => Ok(None),
-            Err(e) => Err(e),
-        }
+    fn list_ruleset(&self) -> Result<Vec<Value>, NftError> {
+        let out = self.run("list ruleset", &["-j", "list", "ruleset"], None)?;
+        objects(&out)
     }
 }
 
@@ -323,11 +317,17 @@ impl Runner for FakeNft {
         }))
     }
 
-    fn list_table(&self, family: TableFamily, name: &str) -> Result<Option<Vec<Value>>, NftError> {
+    fn list_ruleset(&self) -> Result<Vec<Value>, NftError> {
         Ok(self.with(|s| {
-            s.tables
-                .get(&(family.nft(), name.to_string()))
-                .map(|t| FakeState::listing(t, true))
+            let mut out: Vec<Value> = s
+                .foreign
+                .iter()
+                .map(|(f, n)| serde_json::json!({"table": {"family": f, "name": n}}))
+                .collect();
+            for t in s.tables.values() {
+                out.extend(FakeState::listing(t, true));
+            }
+            out
         }))
     }
 }

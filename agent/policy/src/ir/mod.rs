@@ -7,6 +7,7 @@
 
 pub mod addr;
 pub mod eval;
+pub mod frame;
 pub mod nat;
 pub mod sets;
 

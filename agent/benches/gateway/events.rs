@@ -1,0 +1,91 @@
+//! The cost of events: `peerwall agent --events` enforcing the policy in the gateway, reading
+//! and counting every event its datapath reports while the traffic runs.
+
+use std::io::{Read as _, Write as _};
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use super::control::{time_until_enforced, Agent};
+use super::*;
+
+/// Where the agent serves `/events`, inside the gateway's own network namespace.
+const METRICS_ADDR: &str = "127.0.0.1:9464";
+
+/// A running agent with events on, and what it has reported.
+pub(crate) struct EventsAgent {
+    _agent: Agent,
+}
+
+impl EventsAgent {
+    /// Start the agent on `p` (a directory source) and wait until the policy is in force.
+    pub(crate) fn start(lab: &Lab, dp: Datapath, p: &Policy) -> Self {
+        let dir = lab.dir.join("events-policies");
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(
+            dir.join("gateway.yaml"),
+            serde_yaml::to_string(&p.fwc).expect("yaml"),
+        )
+        .expect("write");
+        let backend = match dp {
+            Datapath::PeerwallBpfEvents => "bpf",
+            _ => "nftables",
+        };
+        let mut agent = None;
+        time_until_enforced(lab, Ipv4Addr::new(10, 64, 0, 9), || {
+            let child = Command::new("nsenter")
+                .args([
+                    &format!("--net=/run/netns/{}", lab.gw.name()),
+                    peerwall_bin(),
+                    "agent",
+                    "--source",
+                    &format!("dir:{}", dir.display()),
+                    "--backend",
+                    backend,
+                    "--pin-dir",
+                    &lab.pins(),
+                    "--interfaces",
+                    TUNNEL,
+                    "--events",
+                    "--metrics-addr",
+                    METRICS_ADDR,
+                ])
+                .env("PEERWALL_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("agent");
+            agent = Some(Agent { child });
+        });
+        EventsAgent {
+            _agent: agent.expect("the agent started"),
+        }
+    }
+}
+
+/// How many events the agent in the gateway has read so far (its `/events` mark).
+pub(crate) fn events_seen(lab: &Lab) -> u64 {
+    lab.gw
+        .run_in(|| -> std::io::Result<u64> {
+            let mut s = std::net::TcpStream::connect(METRICS_ADDR)?;
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            write!(
+                s,
+                "GET /events?after={} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                u64::MAX
+            )?;
+            let mut out = String::new();
+            s.read_to_string(&mut out)?;
+            Ok(out
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("x-peerwall-next:")
+                        .and_then(|v| v.trim().parse().ok())
+                })
+                .unwrap_or(0))
+        })
+        .expect("bench namespace")
+        .expect("the agent's /events")
+}
