@@ -254,7 +254,12 @@ fn test(extra: &[String]) -> Result<()> {
     let mut t = cargo();
     t.args(["test", "--workspace", "--exclude", "peerwall-ebpf"])
         .args(extra);
-    run(t)
+    run(t)?;
+    // A bounded run of every fuzz target (a long one by hand: `cargo xtask fuzz TARGET 3600`).
+    if extra.is_empty() {
+        fuzz(&[])?;
+    }
+    Ok(())
 }
 
 /// cargo-fuzz in the cache, installed once per version.

@@ -147,9 +147,7 @@ impl FrameInput {
                 }
             }
             let first = chain.first().map_or(proto, kind);
-            let plen = self
-                .ip_len
-                .unwrap_or((ext.len() + l4.len()) as u16);
+            let plen = self.ip_len.unwrap_or((ext.len() + l4.len()) as u16);
             ip.extend_from_slice(&[0x60, 0, 0, 0]);
             ip.extend_from_slice(&plen.to_be_bytes());
             ip.extend_from_slice(&[first, 64]);
@@ -159,9 +157,7 @@ impl FrameInput {
         } else {
             let ihl = self.v4_ihl.map_or(5, |v| v % 16);
             let opts = usize::from(ihl.saturating_sub(5)) * 4;
-            let tot = self
-                .ip_len
-                .unwrap_or((20 + opts + l4.len()) as u16);
+            let tot = self.ip_len.unwrap_or((20 + opts + l4.len()) as u16);
             ip.extend_from_slice(&[0x40 | ihl, 0]);
             ip.extend_from_slice(&tot.to_be_bytes());
             ip.extend_from_slice(&[0, 1]);
