@@ -262,6 +262,59 @@ fn test(extra: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// Run the fault tests and write their figures into docs/reliability.md (section `faults`).
+fn reliability() -> Result<()> {
+    setup_build()?;
+    let rows_dir = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+        .join("tmp")
+        .join("reliability");
+    let _ = std::fs::remove_dir_all(&rows_dir);
+    let mut t = cargo();
+    t.args(["test", "-p", "peerwall", "--test", "faults", "--", "--test-threads", "1"]);
+    run(t)?;
+    let mut rows: Vec<serde_json::Value> = Vec::new();
+    for e in std::fs::read_dir(&rows_dir)
+        .with_context(|| format!("reading {}", rows_dir.display()))?
+        .flatten()
+    {
+        let text = std::fs::read_to_string(e.path())?;
+        rows.push(serde_json::from_str(&text).with_context(|| format!("{}", e.path().display()))?);
+    }
+    rows.sort_by_key(|r| (r["fault"].to_string(), r["backend"].to_string()));
+    let n = |r: &serde_json::Value, k: &str| r["counts"][k].as_u64().unwrap_or(0);
+    let mut md = String::from(
+        "| fault | backend | load held | allowed sent | allowed lost (baseline) | denied sent | denied delivered | in force again |\n|---|---|---|---:|---:|---:|---:|---:|\n",
+    );
+    for r in &rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} ({}) | {} | **{}** | {} |\n",
+            r["fault"].as_str().unwrap_or_default(),
+            r["backend"].as_str().unwrap_or_default(),
+            r["load"].as_str().unwrap_or_default(),
+            n(r, "allowed_sent"),
+            n(r, "allowed_sent").saturating_sub(n(r, "allowed_got")),
+            r["baseline_lost"].as_u64().unwrap_or(0),
+            n(r, "denied_sent"),
+            n(r, "denied_got"),
+            r["recover_ms"]
+                .as_u64()
+                .map_or("–".to_string(), |ms| format!("{ms} ms")),
+        ));
+    }
+    let path = root().join("docs").join("reliability.md");
+    let old = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let (start, end) = ("<!-- faults:start -->", "<!-- faults:end -->");
+    let (Some(a), Some(b)) = (old.find(start), old.find(end)) else {
+        bail!("{} has no {start} … {end} section", path.display());
+    };
+    let new = format!("{}{start}\n{}{}", &old[..a], md, &old[b..]);
+    std::fs::write(&path, new)?;
+    print!("{md}");
+    Ok(())
+}
+
 /// cargo-fuzz in the cache, installed once per version.
 fn ensure_cargo_fuzz() -> Result<PathBuf> {
     let prefix = cache_dir().join(format!("cargo-fuzz-{CARGO_FUZZ_VERSION}"));
@@ -487,6 +540,7 @@ fn main() -> Result<()> {
             run(c)
         }
         Some("fuzz") => fuzz(&args[1..]),
+        Some("reliability") => reliability(),
         Some("bench-control") => {
             // The agent and controller under test are the release binary.
             setup_build()?;
@@ -509,6 +563,7 @@ fn main() -> Result<()> {
             eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency); `bench breakdown`: where the classifier's time goes");
             eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
             eprintln!("  bench-control  100k offloaded pods through kube-apiserver, controller and agent: one pod, churn, restart, RSS (root)");
+            eprintln!("  reliability  the fault tests (tests/faults.rs), then their table in docs/reliability.md (root)");
             eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 60 s each by default; findings land in tests/fuzz/artifacts (root)");
             eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
