@@ -75,6 +75,8 @@ pub trait Enforcer: Send {
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError>;
     /// Whether the emergency switch is on ([`Backend::allow_all`]).
     fn allow_all(&mut self) -> Result<bool, BackendFailure>;
+    /// Fill of the connection-tracking table ([`Backend::conntrack`]).
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendFailure>;
 }
 
 impl<B: Backend> Enforcer for B {
@@ -117,6 +119,10 @@ impl<B: Backend> Enforcer for B {
     fn allow_all(&mut self) -> Result<bool, BackendFailure> {
         Backend::allow_all(self).map_err(failure(Backend::name(self), "reading the switch"))
     }
+
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendFailure> {
+        Backend::conntrack(self).map_err(failure(Backend::name(self), "reading the flow table"))
+    }
 }
 
 fn failure<E: std::error::Error + Send + Sync + 'static>(
@@ -139,10 +145,11 @@ pub fn enforcer(
     xdp: bool,
     netns: Option<&str>,
     events: Option<EventSettings>,
+    flows: Option<u32>,
 ) -> anyhow::Result<Box<dyn Enforcer>> {
     let pin_dir = pin_dir.to_path_buf();
     let load_bpf = move || {
-        let mut b = BpfEnforcer::load(&pin_dir, patterns, xdp)?;
+        let mut b = BpfEnforcer::load_sized(&pin_dir, patterns, xdp, flows)?;
         b.set_events(events.map(|e| peerwall_backend_bpf::events::EventSettings {
             flow_log: e.flow_log,
             rate: e.rate,
@@ -170,6 +177,9 @@ pub fn enforcer(
         (BackendKind::Bpf, Some(ns)) => Box::new(InNetns::spawn(ns, load_bpf)?),
     })
 }
+
+/// How often the connection-tracking fill is read (`peerwall_conntrack_entries`).
+pub const CONNTRACK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// At most this many drop summaries (Kubernetes Events) per table and period.
 pub const DROP_SUMMARY_PER_TABLE: usize = 5;
@@ -206,6 +216,8 @@ pub struct Engine {
     last_env: Option<Vec<HostInterface>>,
     /// Compilation warnings already logged (logged again only when they change).
     warned: Vec<(peerwall_policy::ir::Origin, compile::Warning)>,
+    /// When the connection-tracking fill was last read.
+    conntrack_read: Option<std::time::Instant>,
 }
 
 impl Engine {
@@ -218,6 +230,7 @@ impl Engine {
             generation: 0,
             last_env: None,
             warned: Vec::new(),
+            conntrack_read: None,
         }
     }
 
@@ -386,6 +399,19 @@ impl Engine {
         }
         if let Ok(rules) = self.enforcer.counters() {
             self.update(|m| m.rules = rules);
+        }
+        // Counting the bpf flow table walks its keys: every CONNTRACK_EVERY at most.
+        if self
+            .conntrack_read
+            .is_none_or(|t| t.elapsed() >= CONNTRACK_EVERY)
+        {
+            self.conntrack_read = Some(std::time::Instant::now());
+            match self.enforcer.conntrack() {
+                Ok(fill) => self.update(|m| m.conntrack = fill),
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), "reading the flow table failed")
+                }
+            }
         }
         if let Ok(on) = self.enforcer.allow_all() {
             let was = self.metrics.lock().map(|m| m.allow_all).unwrap_or(on);

@@ -46,6 +46,8 @@ pub struct AgentMetrics {
     pub events: crate::events::EventLog,
     /// The emergency switch is on: nothing is enforced.
     pub allow_all: bool,
+    /// Connection-tracking table fill: (entries, capacity).
+    pub conntrack: Option<(u64, u64)>,
 }
 
 impl AgentMetrics {
@@ -151,6 +153,28 @@ impl AgentMetrics {
                 self.rules
                     .iter()
                     .map(|r| sample("", rule(r), r.bytes))
+                    .collect(),
+            ),
+            Family::new(
+                "peerwall_conntrack_entries",
+                "gauge",
+                "Flows in the connection-tracking table the datapath relies on (bpf: its flow table; nftables: the kernel's conntrack of the namespace).",
+            )
+            .with_all(
+                self.conntrack
+                    .iter()
+                    .map(|(e, _)| sample("", base.clone(), e))
+                    .collect(),
+            ),
+            Family::new(
+                "peerwall_conntrack_capacity",
+                "gauge",
+                "Capacity of that table: when full, bpf evicts the least recently used flow (its next packet is classified as new), the kernel's conntrack refuses new flows.",
+            )
+            .with_all(
+                self.conntrack
+                    .iter()
+                    .map(|(_, c)| sample("", base.clone(), c))
                     .collect(),
             ),
             Family::new(

@@ -272,13 +272,25 @@ fn reliability() -> Result<()> {
         .join("reliability");
     let _ = std::fs::remove_dir_all(&rows_dir);
     let mut t = cargo();
-    t.args(["test", "-p", "peerwall", "--test", "faults", "--", "--test-threads", "1"]);
+    t.args([
+        "test",
+        "-p",
+        "peerwall",
+        "--test",
+        "faults",
+        "--",
+        "--test-threads",
+        "1",
+    ]);
     run(t)?;
     let mut rows: Vec<serde_json::Value> = Vec::new();
     for e in std::fs::read_dir(&rows_dir)
         .with_context(|| format!("reading {}", rows_dir.display()))?
         .flatten()
     {
+        if e.path().extension().is_none_or(|x| x != "json") {
+            continue;
+        }
         let text = std::fs::read_to_string(e.path())?;
         rows.push(serde_json::from_str(&text).with_context(|| format!("{}", e.path().display()))?);
     }
@@ -304,12 +316,20 @@ fn reliability() -> Result<()> {
         ));
     }
     let path = root().join("docs").join("reliability.md");
-    let old = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let old =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let (start, end) = ("<!-- faults:start -->", "<!-- faults:end -->");
     let (Some(a), Some(b)) = (old.find(start), old.find(end)) else {
         bail!("{} has no {start} … {end} section", path.display());
     };
-    let new = format!("{}{start}\n{}{}", &old[..a], md, &old[b..]);
+    let mut new = format!("{}{start}\n{}{}", &old[..a], md, &old[b..]);
+    // The conntrack-pressure test's observation, as measured.
+    if let Ok(seen) = std::fs::read_to_string(rows_dir.join("conntrack.txt")) {
+        let (start, end) = ("<!-- conntrack:start -->", "<!-- conntrack:end -->");
+        if let (Some(a), Some(b)) = (new.find(start), new.find(end)) {
+            new = format!("{}{start}\nMeasured: {}{}", &new[..a], seen, &new[b..]);
+        }
+    }
     std::fs::write(&path, new)?;
     print!("{md}");
     Ok(())

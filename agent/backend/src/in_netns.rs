@@ -159,6 +159,10 @@ impl<B: Backend + 'static> Backend for InNetns<B> {
         self.call_backend(|b| b.allow_all())
     }
 
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, Self::Error> {
+        self.call_backend(|b| b.conntrack())
+    }
+
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
         // Made on the namespace's thread (NFLOG and interface-name sockets belong to the
         // namespace they are made in), read from any.

@@ -109,6 +109,13 @@ pub trait Backend: Send {
         Ok(false)
     }
 
+    /// How full the connection-tracking table the datapath relies on is: (entries,
+    /// capacity). bpf: its own flow table; nftables: the kernel's conntrack of this network
+    /// namespace. None when unknown.
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, Self::Error> {
+        Ok(None)
+    }
+
     /// Where the events of what is in force come from (drops, rejects, would-drops, and with
     /// the flow log accepted flows; [`events`]). Call it on the backend's own thread (inside its
     /// network namespace); the source may then be read from any thread. Err([`EventError::Off`])

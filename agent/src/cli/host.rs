@@ -27,9 +27,14 @@ fn apply_bpf(files: &[PathBuf], bpf: BpfOpts) -> Result<(), CliError> {
             bpf.interfaces.clone(),
         )));
     }
-    let mut b = BpfEnforcer::load(&bpf.pin_dir, bpf.interfaces.clone(), bpf.xdp)
-        .with_context(|| format!("loading the datapath (pins in {})", bpf.pin_dir.display()))
-        .map_err(runtime)?;
+    let mut b = BpfEnforcer::load_sized(
+        &bpf.pin_dir,
+        bpf.interfaces.clone(),
+        bpf.xdp,
+        bpf.flow_table_size,
+    )
+    .with_context(|| format!("loading the datapath (pins in {})", bpf.pin_dir.display()))
+    .map_err(runtime)?;
     apply_with(&mut b, &compiled.policy, |e| {
         matches!(e, loader::BpfError::Compile(_))
     })?;

@@ -99,6 +99,11 @@ pub struct BpfOpts {
     /// Also attach the XDP early-drop program on Ethernet interfaces.
     #[arg(long)]
     pub xdp: bool,
+    /// Entries of the datapath's flow table (its conntrack; default 65536). When it is full,
+    /// the least recently used flow is evicted and its next packet is classified as new. Takes
+    /// effect when the table is created (a fresh pin directory).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
+    pub flow_table_size: Option<u32>,
     /// Where maps and links are pinned.
     #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
     pub pin_dir: PathBuf,

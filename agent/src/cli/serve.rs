@@ -67,6 +67,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                 pin_dir: bpf.pin_dir,
                 patterns: bpf.interfaces,
                 xdp: bpf.xdp,
+                flows: bpf.flow_table_size,
                 interval: std::time::Duration::from_millis(interval_ms),
                 proc,
                 events,
@@ -85,6 +86,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         bpf.xdp,
         netns.as_deref(),
         events,
+        bpf.flow_table_size,
     )
     .context("starting the backend")
     .map_err(runtime)?;

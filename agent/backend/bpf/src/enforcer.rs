@@ -24,9 +24,31 @@ impl BpfEnforcer {
     /// Load (or adopt) the datapath pinned in `pin_dir`; attach to interfaces matching
     /// `patterns` (names, or prefixes ending in `*`), with XDP too when `xdp`.
     pub fn load(pin_dir: &Path, patterns: Vec<String>, xdp: bool) -> Result<Self, BpfError> {
+        Self::load_sized(pin_dir, patterns, xdp, None)
+    }
+
+    /// [`load`](Self::load) with a flow table of `flows` entries when it is created
+    /// ([`BpfBackend::load_sized`]).
+    pub fn load_sized(
+        pin_dir: &Path,
+        patterns: Vec<String>,
+        xdp: bool,
+        flows: Option<u32>,
+    ) -> Result<Self, BpfError> {
         loader::ensure_bpffs()?;
+        let mut backend = BpfBackend::load_sized(pin_dir, flows)?;
+        if let Some(want) = flows {
+            let (_, capacity) = backend.flow_table()?;
+            if capacity != want {
+                tracing::warn!(
+                    requested = want,
+                    capacity,
+                    "the flow table is already pinned with another size and keeps it; `peerwall delete --backend bpf` and restart to resize"
+                );
+            }
+        }
         Ok(Self {
-            backend: BpfBackend::load(pin_dir)?,
+            backend,
             patterns,
             xdp,
         })
@@ -56,6 +78,11 @@ impl fmt::Display for BpfApplyReport {
 impl Backend for BpfEnforcer {
     type Report = BpfApplyReport;
     type Error = BpfError;
+
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BpfError> {
+        let (entries, capacity) = self.backend.flow_table()?;
+        Ok(Some((entries, u64::from(capacity))))
+    }
 
     fn allow_all(&mut self) -> Result<bool, BpfError> {
         self.backend.allow_all()

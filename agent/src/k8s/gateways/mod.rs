@@ -51,6 +51,8 @@ pub struct Settings {
     pub patterns: Vec<String>,
     /// bpf: XDP too.
     pub xdp: bool,
+    /// `--flow-table-size`.
+    pub flows: Option<u32>,
     /// Drift-check period of each enforcer.
     pub interval: Duration,
     /// Where the node's processes are (`/proc` with `hostPID`).
@@ -190,6 +192,7 @@ impl Supervisor {
             s.xdp,
             Some(&ns_path.to_string_lossy()),
             s.events,
+            s.flows,
         )
         .with_context(|| format!("starting the enforcer in {}", ns_path.display()))?;
         let metrics = Arc::new(Mutex::new(AgentMetrics {

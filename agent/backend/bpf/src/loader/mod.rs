@@ -182,6 +182,13 @@ const IN_PLACE_LIMIT: usize = 256;
 impl BpfBackend {
     /// Load the object with its maps pinned in `pin_dir` (reusing maps already pinned there).
     pub fn load(pin_dir: &Path) -> Result<Self, BpfError> {
+        Self::load_sized(pin_dir, None)
+    }
+
+    /// [`load`](Self::load) with a flow table (`FLOWS`, the datapath's conntrack) of `flows`
+    /// entries instead of the default 65536. The size is the map's when it is created: a
+    /// table already pinned keeps its own (see [`flow_table`](Self::flow_table)).
+    pub fn load_sized(pin_dir: &Path, flows: Option<u32>) -> Result<Self, BpfError> {
         // The nearest directory that exists must be on bpffs (the rest is created there, e.g.
         // `<pin-dir>/gateways/<peer>_<uid8>` of the gateway-pod mode).
         let existing = pin_dir
@@ -195,9 +202,12 @@ impl BpfBackend {
             path: pin_dir.to_path_buf(),
             source,
         })?;
-        let ebpf = EbpfLoader::new()
-            .default_map_pin_directory(pin_dir)
-            .load(OBJECT)?;
+        let mut loader = EbpfLoader::new();
+        loader.default_map_pin_directory(pin_dir);
+        if let Some(n) = flows {
+            loader.map_max_entries(map::FLOWS, n);
+        }
+        let ebpf = loader.load(OBJECT)?;
         let mut b = Self {
             ebpf,
             pin_dir: pin_dir.to_path_buf(),
@@ -208,6 +218,20 @@ impl BpfBackend {
         };
         b.active = b.config()?.active & 1;
         Ok(b)
+    }
+
+    /// Fill of the flow table: (live entries, capacity). Counting walks the keys (one syscall
+    /// each; about 30 ms for a full table of 65536), so call it seldom.
+    pub fn flow_table(&mut self) -> Result<(u64, u32), BpfError> {
+        let m = self.map(map::FLOWS)?;
+        let capacity = match m {
+            aya::maps::Map::LruHashMap(d) => d.info().map_err(map_err(map::FLOWS))?.max_entries(),
+            _ => return Err(BpfError::MissingMap(map::FLOWS.to_string())),
+        };
+        let flows: BpfHashMap<&mut MapData, peerwall_common::FlowKey, peerwall_common::FlowState> =
+            BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+        let entries = flows.keys().filter(Result::is_ok).count() as u64;
+        Ok((entries, capacity))
     }
 
     /// Pin directory.
