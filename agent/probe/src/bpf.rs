@@ -253,7 +253,7 @@ impl BpfProbe {
             .backend
             .tc_program()?
             .test_run(TestRunOptions {
-                data_in: Some(&frame),
+                data_in: Some(frame),
                 data_out: Some(&mut out),
                 ctx_in: Some(&ctx),
                 ..TestRunOptions::default()
