@@ -387,6 +387,11 @@ impl Engine {
         self.last_env.is_some() && self.last_env != Some(self.enforcer.environment())
     }
 
+    /// Whether the policy source answers (the Kubernetes watches); `/readyz` fails while not.
+    pub fn set_source_connected(&self, connected: bool) {
+        self.update(|m| m.source_down = !connected);
+    }
+
     /// Periodic upkeep: repair drift, refresh rule counters.
     pub fn maintain(&mut self) {
         match self.enforcer.repair() {

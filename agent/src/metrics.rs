@@ -48,6 +48,9 @@ pub struct AgentMetrics {
     pub allow_all: bool,
     /// Connection-tracking table fill: (entries, capacity).
     pub conntrack: Option<(u64, u64)>,
+    /// The policy source does not answer (the API server is away): not ready, the last good
+    /// policy stays in force.
+    pub source_down: bool,
 }
 
 impl AgentMetrics {
@@ -155,6 +158,12 @@ impl AgentMetrics {
                     .map(|r| sample("", rule(r), r.bytes))
                     .collect(),
             ),
+            Family::new(
+                "peerwall_source_connected",
+                "gauge",
+                "1 while the policy source answers (the Kubernetes watches); 0 while the API server is away (the last good policy stays in force, /readyz fails).",
+            )
+            .with(sample("", base.clone(), u8::from(!self.source_down))),
             Family::new(
                 "peerwall_conntrack_entries",
                 "gauge",
@@ -371,7 +380,7 @@ impl Exposition for AgentMetrics {
         self.events.on.then(|| self.events.ndjson_after(after))
     }
     fn ready(&self) -> bool {
-        self.ready
+        self.ready && !self.source_down
     }
 }
 

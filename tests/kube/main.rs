@@ -13,4 +13,5 @@ mod deploy;
 mod e2e;
 mod liqo;
 mod node;
+mod outage;
 mod webhook;

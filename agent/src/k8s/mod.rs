@@ -140,6 +140,8 @@ pub struct Changes {
     /// Woken on every event (coalesced).
     pub notify: tokio::sync::Notify,
     count: std::sync::atomic::AtomicU64,
+    /// Watches whose last answer was an error (the API server unreachable, for example).
+    failing: std::sync::atomic::AtomicU64,
 }
 
 impl Changes {
@@ -151,6 +153,25 @@ impl Changes {
     /// Events seen so far.
     pub fn count(&self) -> u64 {
         self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Whether every watch answered its last request (false while the API server is away:
+    /// the caches keep their last state meanwhile).
+    pub fn connected(&self) -> bool {
+        self.failing.load(std::sync::atomic::Ordering::SeqCst) == 0
+    }
+
+    fn set_failing(&self, was: bool, now: bool) {
+        use std::sync::atomic::Ordering::SeqCst;
+        match (was, now) {
+            (false, true) => {
+                self.failing.fetch_add(1, SeqCst);
+            }
+            (true, false) => {
+                self.failing.fetch_sub(1, SeqCst);
+            }
+            _ => {}
+        }
     }
 }
 
@@ -178,13 +199,17 @@ where
     let reader = writer.as_reader();
     let stream = kube::runtime::reflector(writer, kube::runtime::watcher(api, wc))
         .default_backoff()
-        .for_each(move |ev| {
+        .scan(false, move |failing, ev| {
             if let Err(e) = &ev {
                 tracing::warn!(error = %e, "watch error (retrying)");
             }
+            let now = ev.is_err();
+            changed.set_failing(*failing, now);
+            *failing = now;
             changed.bump();
-            futures::future::ready(())
-        });
+            futures::future::ready(Some(()))
+        })
+        .for_each(|()| futures::future::ready(()));
     tokio::spawn(stream);
     reader
 }

@@ -725,6 +725,8 @@ pub fn run(
             } else {
                 tokio::task::block_in_place(|| engine.maintain());
             }
+            // Not ready while the API server is away (what is in force stays in force).
+            engine.set_source_connected(changed.connected());
             dirty = tokio::select! {
                 _ = stop.wait() => break,
                 woke = tokio::time::timeout(agent.settings.interval, changed.notify.notified()) => {

@@ -1,0 +1,178 @@
+//! The API server stopped and started under a running agent: enforcement never stops (the last
+//! good policy stays in force), the agent reports not ready while the API server is away,
+//! reconnects by itself and resyncs a change made meanwhile.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use serde_json::json;
+
+use crate::common::*;
+use crate::support::*;
+
+/// The agent's `/readyz` and `/metrics`, at the address its log names.
+fn agent_get(agent: &Proc, path: &str) -> (u16, String) {
+    let log = agent.log();
+    let Some(addr) = log
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("metrics="))
+        .map(|a| a.trim_matches('"').to_string())
+    else {
+        return (0, String::new());
+    };
+    let o = Command::new("curl")
+        .args([
+            "-s",
+            "-m",
+            "2",
+            "-w",
+            "\n%{http_code}",
+            &format!("http://{addr}{path}"),
+        ])
+        .output()
+        .expect("curl");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    (code.trim().parse().unwrap_or(0), body.to_string())
+}
+
+fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !f() {
+        assert!(
+            started.elapsed() < Duration::from_secs(secs),
+            "{what}: not within {secs} s"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Stop the API server (SIGKILL, as a crash would) and return its command line.
+fn stop_apiserver(server: &ApiServer) -> Vec<String> {
+    let pid: i32 = std::fs::read_to_string(server.dir.join("apiserver.pid"))
+        .expect("apiserver.pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("cmdline");
+    let args: Vec<String> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    // SAFETY: kill(2) on the API server this test started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_for("the API server to exit", 10, || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(" Z "))
+    });
+    args
+}
+
+/// Start it again, same flags (same etcd: the objects are still there).
+fn start_apiserver(server: &ApiServer, args: &[String]) {
+    let log = std::fs::File::create(server.dir.join("apiserver-2.log")).expect("log");
+    let child = Command::new(&args[0])
+        .args(&args[1..])
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("kube-apiserver");
+    std::fs::write(server.dir.join("apiserver.pid"), child.id().to_string()).expect("pid");
+    std::mem::forget(child);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_keeps_enforcing_through_an_api_server_outage_and_resyncs() {
+    let t = Topology::new();
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let agent = agent(
+        &server,
+        &t.gateway,
+        "gw-outage",
+        "peerwall.io/target=gateway",
+    );
+    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let obj: kube::api::DynamicObject = serde_json::from_value(thesis_block()).unwrap();
+    let name = obj.name_any();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    applied(&api, &name, "gw-outage").await;
+    assert_thesis_block_enforced(&t.consumer);
+    wait_for("the agent ready", 20, || {
+        agent_get(&agent, "/readyz").0 == 200
+    });
+
+    // The API server goes away.
+    let args = stop_apiserver(&server);
+    let down = Instant::now();
+    wait_for("the agent to report not ready", 30, || {
+        agent_get(&agent, "/readyz").0 == 503
+    });
+    let (_, m) = agent_get(&agent, "/metrics");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("peerwall_source_connected") && l.ends_with(" 0")),
+        "{m}"
+    );
+    // Meanwhile the last good policy stays in force, and keeps doing so.
+    while down.elapsed() < Duration::from_secs(5) {
+        assert_thesis_block_enforced(&t.consumer);
+    }
+    assert!(
+        agent.log().contains("watch error"),
+        "the agent did not notice:\n{}",
+        agent.log()
+    );
+
+    // Back: the agent reconnects by itself, reports ready, and applies a change made right
+    // after the API server returned (block pod3 instead of pod2).
+    start_apiserver(&server, &args);
+    let client = server.client().await;
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let started = Instant::now();
+    while api.get(&name).await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the API server did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Enforcement never stopped while the agent was reconnecting.
+    assert_thesis_block_enforced(&t.consumer);
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"table": {"chains": [{
+            "name": "filter_chain_name", "hook": "forward", "policy": "accept", "priority": 0,
+            "type": "filter", "rules": {"filterRules": [{"name": "drop_traffic", "counter": true,
+            "action": "drop", "match": [
+                {"op": "eq", "ip": {"value": "10.10.1.67", "position": "src"}},
+                {"op": "eq", "ip": {"value": "10.20.1.3", "position": "dst"}}]}]}}]}}})),
+    )
+    .await
+    .unwrap();
+    applied(&api, &name, "gw-outage").await;
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "pod2 open again"
+    );
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
+        "pod3 now blocked"
+    );
+    wait_for("the agent ready again", 30, || {
+        agent_get(&agent, "/readyz").0 == 200
+    });
+    let (_, m) = agent_get(&agent, "/metrics");
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("peerwall_source_connected") && l.ends_with(" 1")),
+        "{m}"
+    );
+}
