@@ -105,6 +105,29 @@ pub(crate) struct Agent {
 }
 
 impl Agent {
+    /// `peerwall agent --source dir:DIR` in the gateway, its output discarded.
+    pub(crate) fn spawn(
+        lab: &Lab,
+        dir: &std::path::Path,
+        backend: &str,
+        metrics: &str,
+        extra: &[&str],
+    ) -> Self {
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", lab.gw.name()))
+            .arg(peerwall_bin())
+            .args(["agent", "--source", &format!("dir:{}", dir.display())])
+            .args(["--backend", backend, "--pin-dir", &lab.pins()])
+            .args(["--interfaces", TUNNEL, "--metrics-addr", metrics])
+            .args(extra)
+            .env("PEERWALL_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("agent");
+        Agent { child }
+    }
+
     pub(crate) fn peak_rss_kib(&self) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
             .unwrap_or_default()
@@ -149,7 +172,6 @@ pub(crate) fn control_plane(lab: &Lab, dp: Datapath, n: usize, seed: u64) -> Con
                 std::fs::rename(&tmp, pdir.join("gateway.yaml")).expect("rename");
             };
             write(&base);
-            let pins = lab.pins();
             let backend = if dp == Datapath::PeerwallNft {
                 "nftables"
             } else {
@@ -157,30 +179,13 @@ pub(crate) fn control_plane(lab: &Lab, dp: Datapath, n: usize, seed: u64) -> Con
             };
             let mut agent = None;
             let full_load = time_until_enforced(lab, Ipv4Addr::new(10, 64, 0, 9), || {
-                let child = Command::new("nsenter")
-                    .args([
-                        &format!("--net=/run/netns/{}", lab.gw.name()),
-                        peerwall_bin(),
-                        "agent",
-                        "--source",
-                        &format!("dir:{}", pdir.display()),
-                        "--backend",
-                        backend,
-                        "--pin-dir",
-                        &pins,
-                        "--interfaces",
-                        TUNNEL,
-                        "--interval-ms",
-                        "20",
-                        "--metrics-addr",
-                        "127.0.0.1:0",
-                    ])
-                    .env("PEERWALL_LOG", "warn")
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .spawn()
-                    .expect("agent");
-                agent = Some(Agent { child });
+                agent = Some(Agent::spawn(
+                    lab,
+                    &pdir,
+                    backend,
+                    "127.0.0.1:0",
+                    &["--interval-ms", "20"],
+                ));
             });
             let mut grown = base.ipset.clone().unwrap_or_default();
             grown.push(new_pod);

@@ -3,7 +3,6 @@
 
 use std::io::{Read as _, Write as _};
 use std::net::Ipv4Addr;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use super::control::{time_until_enforced, Agent};
@@ -34,29 +33,13 @@ impl EventsAgent {
         };
         let mut agent = None;
         time_until_enforced(lab, Ipv4Addr::new(10, 64, 0, 9), || {
-            let child = Command::new("nsenter")
-                .args([
-                    &format!("--net=/run/netns/{}", lab.gw.name()),
-                    peerwall_bin(),
-                    "agent",
-                    "--source",
-                    &format!("dir:{}", dir.display()),
-                    "--backend",
-                    backend,
-                    "--pin-dir",
-                    &lab.pins(),
-                    "--interfaces",
-                    TUNNEL,
-                    "--events",
-                    "--metrics-addr",
-                    METRICS_ADDR,
-                ])
-                .env("PEERWALL_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("agent");
-            agent = Some(Agent { child });
+            agent = Some(Agent::spawn(
+                lab,
+                &dir,
+                backend,
+                METRICS_ADDR,
+                &["--events"],
+            ));
         });
         EventsAgent {
             _agent: agent.expect("the agent started"),

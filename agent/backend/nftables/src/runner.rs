@@ -152,6 +152,19 @@ fn failed(action: &str, why: &str) -> NftError {
 }
 
 impl FakeState {
+    /// The listing of every table (foreign ones by name only), set elements when `elements`.
+    fn ruleset(&self, elements: bool) -> Vec<Value> {
+        let mut out: Vec<Value> = self
+            .foreign
+            .iter()
+            .map(|(f, n)| serde_json::json!({"table": {"family": f, "name": n}}))
+            .collect();
+        for t in self.tables.values() {
+            out.extend(FakeState::listing(t, elements));
+        }
+        out
+    }
+
     fn run(&mut self, c: &Command<'_>) -> Result<(), NftError> {
         match c {
             Command::Create(t) => {
@@ -304,30 +317,10 @@ impl Runner for FakeNft {
     }
 
     fn list_ruleset_terse(&self) -> Result<Vec<Value>, NftError> {
-        Ok(self.with(|s| {
-            let mut out: Vec<Value> = s
-                .foreign
-                .iter()
-                .map(|(f, n)| serde_json::json!({"table": {"family": f, "name": n}}))
-                .collect();
-            for t in s.tables.values() {
-                out.extend(FakeState::listing(t, false));
-            }
-            out
-        }))
+        Ok(self.with(|s| s.ruleset(false)))
     }
 
     fn list_ruleset(&self) -> Result<Vec<Value>, NftError> {
-        Ok(self.with(|s| {
-            let mut out: Vec<Value> = s
-                .foreign
-                .iter()
-                .map(|(f, n)| serde_json::json!({"table": {"family": f, "name": n}}))
-                .collect();
-            for t in s.tables.values() {
-                out.extend(FakeState::listing(t, true));
-            }
-            out
-        }))
+        Ok(self.with(|s| s.ruleset(true)))
     }
 }
