@@ -405,3 +405,107 @@ fn rules_mixing_families_are_refused() {
         vec!["spec.table.chains[0].rules.filterRules[0].match: the rule tests both IPv4 and IPv6 addresses and could never match; split it in two rules"]
     );
 }
+
+/// A FirewallConfiguration with one named set of `elements` (JSON list) and one rule
+/// accepting its destinations; default drop.
+fn with_set(elements: &str) -> String {
+    format!(
+        "{{\"apiVersion\": \"peerwall.io/v1alpha1\", \"kind\": \"FirewallConfiguration\", \"metadata\": {{\"name\": \"t\", \"namespace\": \"ns\"}}, \"spec\": {{\"table\": {{\"name\": \"t\", \"family\": \"INET\", \"sets\": [{{\"name\": \"s\", \"keyType\": \"ipv4_addr\", \"elements\": {elements}}}], \"chains\": [{{\"name\": \"c\", \"type\": \"filter\", \"hook\": \"forward\", \"priority\": 0, \"policy\": \"drop\", \"rules\": {{\"filterRules\": [{{\"name\": \"in_set\", \"action\": \"accept\", \"match\": [{{\"op\": \"eq\", \"ip\": {{\"value\": \"@s\", \"position\": \"dst\"}}}}]}}]}}}}]}}}}}}"
+    )
+}
+
+fn verdict_to(p: &ir::Policy, dst: &str) -> VerdictAction {
+    evaluate(p, &pkt("10.200.0.1", dst)).verdict
+}
+
+#[test]
+fn a_million_element_set_compiles_and_judges_its_members() {
+    let n = 1_000_000u32;
+    let elems: Vec<String> = (0..n)
+        .map(|i| {
+            let a = std::net::Ipv4Addr::from(0x0a00_0000 + 2 * i);
+            format!("{{\"key\": \"{a}\"}}")
+        })
+        .collect();
+    let p = policy(&with_set(&format!("[{}]", elems.join(","))));
+    assert_eq!(verdict_to(&p, "10.0.0.0"), VerdictAction::Accept);
+    let last = std::net::Ipv4Addr::from(0x0a00_0000 + 2 * (n - 1));
+    assert_eq!(verdict_to(&p, &last.to_string()), VerdictAction::Accept);
+    // Odd addresses are between members.
+    assert_eq!(verdict_to(&p, "10.0.0.1"), VerdictAction::Drop);
+}
+
+#[test]
+fn empty_duplicate_and_overlapping_elements_are_one_canonical_set() {
+    let p = policy(&with_set("[]"));
+    assert_eq!(verdict_to(&p, "10.0.0.1"), VerdictAction::Drop);
+    let messy = with_set(
+        "[{\"key\": \"10.0.0.1\"}, {\"key\": \"10.0.0.1\"}, {\"key\": \"10.0.0.0/30\"}, {\"key\": \"10.0.0.2-10.0.0.9\"}, {\"key\": \"10.0.0.8/29\"}]",
+    );
+    let clean = with_set("[{\"key\": \"10.0.0.0-10.0.0.15\"}]");
+    let (pm, pc) = (policy(&messy), policy(&clean));
+    assert_eq!(
+        pm.tables[0].sets, pc.tables[0].sets,
+        "the same canonical set"
+    );
+    for a in ["10.0.0.0", "10.0.0.9", "10.0.0.15"] {
+        assert_eq!(verdict_to(&pm, a), VerdictAction::Accept, "{a}");
+    }
+    assert_eq!(verdict_to(&pm, "10.0.0.16"), VerdictAction::Drop);
+}
+
+#[test]
+fn numeric_fields_at_and_past_their_limits() {
+    let rule = |m: &str| {
+        wrap(
+            "INET",
+            &format!("      - {{name: c, type: filter, hook: forward, priority: 0, policy: accept, rules: {{filterRules: [{{name: r, action: drop, match: [{m}]}}]}}}}\n"),
+        )
+    };
+    // Ports: 0 and 65535 are ports; 65536 and reversed ranges are refused with the path.
+    for ok in ["0", "65535", "0-65535"] {
+        let y = rule(&format!("{{op: eq, port: {{value: \"{ok}\", position: dst}}}}, {{op: eq, proto: {{value: tcp}}}}"));
+        assert_eq!(errors(&y), Vec::<String>::new(), "port {ok}");
+    }
+    for bad in ["65536", "90-80", "-1", "x"] {
+        let y = rule(&format!("{{op: eq, port: {{value: \"{bad}\", position: dst}}}}, {{op: eq, proto: {{value: tcp}}}}"));
+        let e = errors(&y);
+        assert!(
+            e.iter()
+                .any(|m| m.contains("match[0].port.value") && m.contains(bad)),
+            "port {bad}: {e:?}"
+        );
+    }
+    // Priorities: nftables' range is a 32-bit signed integer.
+    let chain = |prio: &str| {
+        wrap(
+            "INET",
+            &format!("      - {{name: c, type: filter, hook: forward, priority: {prio}, policy: accept}}\n"),
+        )
+    };
+    for ok in ["-2147483648", "2147483647"] {
+        assert_eq!(errors(&chain(ok)), Vec::<String>::new(), "priority {ok}");
+    }
+    for bad in ["2147483648", "-2147483649"] {
+        // Refused as the document is read, with the path and the value.
+        let e = parse_documents(&chain(bad), "test.yaml")
+            .expect_err("out of range")
+            .to_string();
+        assert!(
+            e.contains("spec.table.chains[0].priority") && e.contains(bad),
+            "priority {bad}: {e}"
+        );
+    }
+    // Prefix lengths.
+    for bad in ["10.0.0.0/33", "fd00::/129"] {
+        let y = rule(&format!(
+            "{{op: eq, ip: {{value: \"{bad}\", position: dst}}}}"
+        ));
+        let e = errors(&y);
+        assert!(
+            e.iter()
+                .any(|m| m.contains("match[0].ip.value") && m.contains(bad)),
+            "{bad}: {e:?}"
+        );
+    }
+}
