@@ -445,10 +445,8 @@ impl Drop for Scratch {
 
 /// The tables, chains and sets of `nft -j list ruleset` as (kind, table, name).
 fn listed_objects(ns: &NetNs) -> Vec<(String, String, String)> {
-    let out = ok(&in_ns(ns, "nft", &["-j", "list", "ruleset"]));
-    let v: serde_json::Value = serde_json::from_str(&out).expect("nft -j");
     let mut objs = vec![];
-    for o in v["nftables"].as_array().into_iter().flatten() {
+    for o in &ruleset(ns) {
         for kind in ["table", "chain", "set"] {
             if let Some(x) = o.get(kind) {
                 let table = if kind == "table" {
@@ -587,12 +585,11 @@ fn every_keyword_and_odd_name_works_on_every_nftables_path() {
         )
         .into_owned()
     };
-    assert!(wait(
-        || metrics().contains("peerwall_policy_generation{backend=\"nftables\"} 1")
-    ));
+    assert!(poll(10, || metrics()
+        .contains("peerwall_policy_generation{backend=\"nftables\"} 1")));
     flush_behind_our_back(&t.gateway, "policy");
     assert!(
-        wait(|| metrics().contains("peerwall_drift_repairs_total 1")),
+        poll(10, || metrics().contains("peerwall_drift_repairs_total 1")),
         "{}",
         metrics()
     );
@@ -607,7 +604,7 @@ fn every_keyword_and_odd_name_works_on_every_nftables_path() {
             rule_name(i, n)
         );
         assert!(
-            wait(|| metrics().lines().any(|l| l.starts_with(&series))),
+            poll(10, || metrics().lines().any(|l| l.starts_with(&series))),
             "no {series} in:\n{}",
             metrics()
         );
@@ -619,27 +616,23 @@ fn every_keyword_and_odd_name_works_on_every_nftables_path() {
     );
 }
 
+/// `nft -j list ruleset` of `ns`: its objects.
+fn ruleset(ns: &NetNs) -> Vec<serde_json::Value> {
+    let out = ok(&in_ns(ns, "nft", &["-j", "list", "ruleset"]));
+    let mut v: serde_json::Value = serde_json::from_str(&out).expect("nft -j");
+    match v["nftables"].take() {
+        serde_json::Value::Array(a) => a,
+        _ => Vec::new(),
+    }
+}
+
 /// Rules in chain `n` of table `n`.
 fn nft_rule_count(ns: &NetNs, n: &str) -> usize {
-    let out = ok(&in_ns(ns, "nft", &["-j", "list", "ruleset"]));
-    let v: serde_json::Value = serde_json::from_str(&out).expect("nft -j");
-    v["nftables"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    ruleset(ns)
+        .iter()
         .filter_map(|o| o.get("rule"))
         .filter(|r| r["table"] == n && r["chain"] == n)
         .count()
-}
-
-fn wait(mut cond: impl FnMut() -> bool) -> bool {
-    for _ in 0..100 {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    false
 }
 
 #[test]

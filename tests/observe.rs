@@ -83,17 +83,6 @@ fn observe(ns: &NetNs, args: &[&str]) -> Vec<serde_json::Value> {
         .collect()
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while start.elapsed() < Duration::from_secs(10) {
-        if cond() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("timed out waiting for: {what}");
-}
-
 fn of_flow<'a>(
     events: &'a [serde_json::Value],
     verdict: &str,
@@ -129,7 +118,7 @@ fn audit_then_enforce(backend: &str) {
 
     // Audited: the packets the block would drop pass, and each flow shows as a would-drop of
     // drop_traffic.
-    wait_for("the audited block in force", || {
+    wait_until("the audited block in force", 10, || {
         ping(&t.consumer, "10.10.1.67", "10.20.1.2")
             && !of_flow(
                 &observe(&t.gateway, &["--verdict", "audit"]),
@@ -157,7 +146,7 @@ fn audit_then_enforce(backend: &str) {
     assert!(ping(&t.consumer, "10.10.1.68", "10.20.1.2"));
     let all = observe(&t.gateway, &[]);
     assert!(of_flow(&all, "audit-drop", "10.10.1.68").is_empty());
-    wait_for("the flow log's accept", || {
+    wait_until("the flow log's accept", 10, || {
         of_flow(
             &observe(&t.gateway, &["--verdict", "accept"]),
             "accept",
@@ -169,10 +158,10 @@ fn audit_then_enforce(backend: &str) {
 
     // Audit off: enforced at once, the drop reported with its rule and counted.
     std::fs::write(&file, block(false)).unwrap();
-    wait_for("the block enforced", || {
+    wait_until("the block enforced", 10, || {
         !ping(&t.consumer, "10.10.1.67", "10.20.1.2")
     });
-    wait_for("a drop event", || {
+    wait_until("a drop event", 10, || {
         !of_flow(
             &observe(&t.gateway, &["--verdict", "drop", "--rule", "drop_traffic"]),
             "drop",
@@ -287,7 +276,7 @@ fn nftables_allow_all_survives_the_agents_drift_repair_and_new_policies() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("block.yaml"), block(false)).unwrap();
     let _agent = start_agent(&t.gateway, "nftables", &None, &dir);
-    wait_for("the block enforced", || {
+    wait_until("the block enforced", 10, || {
         !ping(&t.consumer, "10.10.1.67", "10.20.1.2")
     });
     let switch = |state: &str| {
@@ -310,7 +299,7 @@ fn nftables_allow_all_survives_the_agents_drift_repair_and_new_policies() {
         .replace("table_name", "other_table")
         .replace("10.10.1.67", "10.10.1.68");
     std::fs::write(dir.join("other.yaml"), second).unwrap();
-    wait_for("the new policy applied", || {
+    wait_until("the new policy applied", 10, || {
         in_ns(&t.gateway, "nft", &["list", "table", "ip", "other_table"])
             .status
             .success()
@@ -320,13 +309,13 @@ fn nftables_allow_all_survives_the_agents_drift_repair_and_new_policies() {
         "lost on apply"
     );
     assert!(ping(&t.consumer, "10.10.1.68", "10.20.1.2"), "new table");
-    wait_for("the switch reported", || {
+    wait_until("the switch reported", 10, || {
         metric(&t.gateway, "peerwall_allow_all").is_some_and(|l| l.ends_with(" 1"))
     });
     switch("off");
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "switch off");
     assert!(!ping(&t.consumer, "10.10.1.68", "10.20.1.2"));
-    wait_for("the switch reported off", || {
+    wait_until("the switch reported off", 10, || {
         metric(&t.gateway, "peerwall_allow_all").is_some_and(|l| l.ends_with(" 0"))
     });
     std::thread::sleep(Duration::from_millis(300));

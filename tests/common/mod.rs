@@ -401,3 +401,25 @@ pub fn sliced_peer() -> (
         },
     )
 }
+
+/// Poll `cond` every 100 ms for up to `secs` seconds; whether it came true.
+pub fn poll(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
+    let start = std::time::Instant::now();
+    loop {
+        if cond() {
+            return true;
+        }
+        if start.elapsed() >= std::time::Duration::from_secs(secs) {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// [`poll`], panicking with `what` when `cond` never came true.
+pub fn wait_until(what: &str, secs: u64, cond: impl FnMut() -> bool) {
+    assert!(
+        poll(secs, cond),
+        "timed out after {secs} s waiting for: {what}"
+    );
+}

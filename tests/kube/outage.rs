@@ -38,17 +38,6 @@ fn agent_get(agent: &Proc, path: &str) -> (u16, String) {
     (code.trim().parse().unwrap_or(0), body.to_string())
 }
 
-fn wait_for(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !f() {
-        assert!(
-            started.elapsed() < Duration::from_secs(secs),
-            "{what}: not within {secs} s"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 /// Stop the API server (SIGKILL, as a crash would) and return its command line.
 fn stop_apiserver(server: &ApiServer) -> Vec<String> {
     let pid: i32 = std::fs::read_to_string(server.dir.join("apiserver.pid"))
@@ -64,7 +53,7 @@ fn stop_apiserver(server: &ApiServer) -> Vec<String> {
         .collect();
     // SAFETY: kill(2) on the API server this test started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
-    wait_for("the API server to exit", 10, || {
+    wait_until("the API server to exit", 10, || {
         !std::path::Path::new(&format!("/proc/{pid}")).exists()
             || std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| s.contains(" Z "))
     });
@@ -104,14 +93,14 @@ async fn agent_keeps_enforcing_through_an_api_server_outage_and_resyncs() {
     api.create(&PostParams::default(), &obj).await.unwrap();
     applied(&api, &name, "gw-outage").await;
     assert_thesis_block_enforced(&t.consumer);
-    wait_for("the agent ready", 20, || {
+    wait_until("the agent ready", 20, || {
         agent_get(&agent, "/readyz").0 == 200
     });
 
     // The API server goes away.
     let args = stop_apiserver(&server);
     let down = Instant::now();
-    wait_for("the agent to report not ready", 30, || {
+    wait_until("the agent to report not ready", 30, || {
         agent_get(&agent, "/readyz").0 == 503
     });
     let (_, m) = agent_get(&agent, "/metrics");
@@ -166,7 +155,7 @@ async fn agent_keeps_enforcing_through_an_api_server_outage_and_resyncs() {
         !ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
         "pod3 now blocked"
     );
-    wait_for("the agent ready again", 30, || {
+    wait_until("the agent ready again", 30, || {
         agent_get(&agent, "/readyz").0 == 200
     });
     let (_, m) = agent_get(&agent, "/metrics");

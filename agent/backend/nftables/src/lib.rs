@@ -454,20 +454,23 @@ impl<R: Runner> NftBackend<R> {
         let mut with_elements: Option<Vec<Value>> = None;
         for (name, t) in &self.applied {
             let now = objects_of_table(terse, t.family, name);
-            let structure_changed =
-                self.snapshots.get(name).map(|s| &s.terse) != Some(&normalize(now.clone()));
-            let mut elements_changed = || -> Result<bool, NftError> {
-                if with_elements.is_none() {
-                    with_elements = Some(self.nft.list_ruleset()?);
-                }
-                let objs = with_elements.as_deref().unwrap_or_default();
-                Ok(listed_elements(&objects_of_table(objs, t.family, name)) != model_elements(t))
-            };
             if now.is_empty() {
                 out.push(Drift::Missing {
                     table: name.clone(),
                 });
-            } else if structure_changed || (full && elements_changed()?) {
+                continue;
+            }
+            let structure_changed =
+                self.snapshots.get(name).map(|s| &s.terse) != Some(&normalize(now));
+            // Elements only when the structure holds (their listing is the costly part).
+            let elements_changed = !structure_changed && full && {
+                if with_elements.is_none() {
+                    with_elements = Some(self.nft.list_ruleset()?);
+                }
+                let objs = with_elements.as_deref().unwrap_or_default();
+                listed_elements(&objects_of_table(objs, t.family, name)) != model_elements(t)
+            };
+            if structure_changed || elements_changed {
                 out.push(Drift::Modified {
                     table: name.clone(),
                 });
