@@ -115,6 +115,17 @@ fn audit_then_enforce(backend: &str) {
     let file = dir.join("block.yaml");
     std::fs::write(&file, block(true)).unwrap();
     let agent = start_agent(&t.gateway, backend, &pins, &dir);
+    // `observe` asks the agent first and reads the kernel only when no agent answers: wait
+    // until it serves, or a slow start sends `observe` to the NFLOG group the agent holds.
+    wait_until("the agent serving", 20, || {
+        in_ns(
+            &t.gateway,
+            "curl",
+            &["-s", "-m", "1", "http://127.0.0.1:9090/healthz"],
+        )
+        .status
+        .success()
+    });
 
     // Audited: the packets the block would drop pass, and each flow shows as a would-drop of
     // drop_traffic.
