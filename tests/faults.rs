@@ -75,6 +75,29 @@ struct Stream {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
+/// Bind the receiver for `dst` in the provider namespace. The previous probe's socket may
+/// still be held for a moment by a child another test thread forked (the fd table is copied
+/// until the child execs and close-on-exec drops it), so an address in use is retried briefly.
+fn bind_receiver(t: &Topology, dst: &'static str) -> UdpSocket {
+    let started = Instant::now();
+    loop {
+        match t
+            .provider
+            .run_in(move || UdpSocket::bind((dst, PORT)))
+            .expect("provider")
+        {
+            Ok(rx) => return rx,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::AddrInUse
+                    && started.elapsed() < Duration::from_secs(5) =>
+            {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("bind receiver {dst}:{PORT}: {e}"),
+        }
+    }
+}
+
 impl Stream {
     /// One datagram to each destination every `gap`.
     fn start(t: &Topology, gap: Duration) -> Self {
@@ -83,11 +106,7 @@ impl Stream {
         let got = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
         let mut threads = vec![];
         for (i, dst) in [ALLOWED, DENIED].into_iter().enumerate() {
-            let rx = t
-                .provider
-                .run_in(move || UdpSocket::bind((dst, PORT)))
-                .expect("provider")
-                .expect("bind receiver");
+            let rx = bind_receiver(t, dst);
             rx.set_read_timeout(Some(Duration::from_millis(50)))
                 .expect("timeout");
             let (stop, got) = (stop.clone(), got.clone());
@@ -513,11 +532,7 @@ fn reply_after_flood(size: &str, flood: u32) -> (bool, String) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    let rx =
-        g.t.provider
-            .run_in(|| UdpSocket::bind((ALLOWED, PORT)))
-            .expect("provider")
-            .expect("bind");
+    let rx = bind_receiver(&g.t, ALLOWED);
     rx.set_read_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
     let tx =
