@@ -1,15 +1,20 @@
 //! `peerwall controller`: provider and consumer protection, kept in place on the API server.
 //!
-//! Reflectors cache pods, namespaces, virtual nodes and peerwall's own FirewallConfigurations.
-//! Two kube-runtime controllers reconcile the stable objects, never individual pod events:
-//! - tenant namespaces (one per peer cluster) → the peer's gateway FirewallConfiguration
-//!   ([`protection::gateway_spec`]), re-reconciled for every peer whenever the cache changes
-//!   (debounced, so an event storm becomes one pass; unchanged specs are not written);
+//! The pod watch feeds an index of every peer's desired address sets event by event
+//! ([`protection::index`]: a pod event costs its own addresses, no pod objects are cached).
+//! Reflectors cache namespaces, virtual nodes and peerwall's own objects. Two kube-runtime
+//! controllers reconcile the stable objects, never individual pod events:
+//! - tenant namespaces (one per peer cluster) → the peer's gateway FirewallConfiguration and
+//!   its AddressSet slices, re-reconciled for every peer whenever something changed
+//!   (debounced, so an event storm becomes one pass). A pass writes only the slices the
+//!   changed addresses touch ([`protection::publish`]: O(changes), the IP-reuse gate applied
+//!   to each new address);
 //! - namespaces → a NetworkPolicy for each offloaded namespace, removed when it stops being one.
 //!
 //! Everything created carries an ownerReference to its namespace and the
 //! `app.kubernetes.io/managed-by=peerwall` label, so deleting a peering cleans up. A restart is a
-//! full resync: desired state is recomputed from the caches and stale addresses disappear.
+//! full resync: nothing is published before every pod was listed, then the first pass compares
+//! every desired address with every published one, and stale addresses disappear.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -29,7 +34,8 @@ use serde_json::json;
 
 use super::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
 use crate::metrics::ControllerMetrics;
-use crate::protection::{self, Options, Published, World};
+use crate::protection::publish::Publisher;
+use crate::protection::{self, Options};
 
 pub use crate::protection::GATEWAY_CONFIG;
 /// Name of the NetworkPolicy in each offloaded namespace.
@@ -55,7 +61,6 @@ pub enum ReconcileError {
 
 struct Ctx {
     client: Client,
-    pods: Store<Pod>,
     namespaces: Store<Namespace>,
     nodes: Store<Node>,
     configs: Store<DynamicObject>,
@@ -66,50 +71,23 @@ struct Ctx {
     liqo_configs: std::sync::OnceLock<Store<DynamicObject>>,
     opts: Options,
     metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
-    changes: Arc<super::Changes>,
-    /// The gated sets of every peer, for the cache state (`Changes::count`) they were computed
-    /// at: one pass over pods and configurations serves every tenant's reconcile of a batch.
-    memo: std::sync::Mutex<Option<(u64, Arc<Gated>)>>,
-}
-
-/// Desired sets of all peers after IP-reuse gating.
-struct Gated {
-    sets: std::collections::BTreeMap<String, protection::PeerSets>,
-    held: bool,
+    /// Desired sets (fed pod by pod by the pod watch), published slices, the reuse gate.
+    publisher: Arc<std::sync::Mutex<Publisher>>,
 }
 
 impl Ctx {
-    fn gated(&self) -> Arc<Gated> {
-        let at = self.changes.count();
-        if let Ok(m) = self.memo.lock() {
-            if let Some((c, g)) = m.as_ref() {
-                if *c == at {
-                    return g.clone();
-                }
-            }
-        }
-        let desired = protection::sets(&world(self));
-        let (sets, held) = protection::gate_reuse(&desired, &published(self));
-        let total = |m: &std::collections::BTreeMap<String, protection::PeerSets>| -> u64 {
-            m.values().map(|s| s.offloaded.len() as u64).sum()
-        };
-        let (wanted, published_now) = (total(&desired), total(&sets));
-        self.count(|m| {
-            m.peers = desired.len() as u64;
-            m.offloaded_addresses = published_now;
-            m.held_back_addresses = wanted - published_now;
-        });
-        let g = Arc::new(Gated { sets, held });
-        if let Ok(mut m) = self.memo.lock() {
-            *m = Some((at, g.clone()));
-        }
-        g
-    }
-
     fn count(&self, f: impl FnOnce(&mut ControllerMetrics)) {
         if let Ok(mut m) = self.metrics.lock() {
             f(&mut m);
         }
+    }
+
+    fn publisher(&self) -> std::sync::MutexGuard<'_, Publisher> {
+        // A panic while holding the lock leaves a state no worse than a restart would see
+        // after the next sync.
+        self.publisher
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -117,40 +95,66 @@ fn labels_of(m: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     m.clone()
 }
 
-/// The pure snapshot the decisions are made on.
-fn world(ctx: &Ctx) -> World {
-    World {
-        namespaces: ctx
-            .namespaces
-            .state()
-            .iter()
-            .map(|n| protection::Namespace {
-                name: n.name_any(),
-                labels: labels_of(n.labels()),
-            })
-            .collect(),
-        pods: ctx.pods.state().iter().map(|p| pod_info(p)).collect(),
-        virtual_nodes: ctx
-            .nodes
-            .state()
-            .iter()
-            .map(|n| protection::Node {
-                name: n.name_any(),
-                labels: labels_of(n.labels()),
-            })
-            .collect(),
-        remaps: ctx
-            .liqo_configs
-            .get()
-            .map(Store::state)
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|c| {
-                let body = serde_json::to_value(c.as_ref()).ok()?;
-                protection::configuration_remaps(&labels_of(c.labels()), &body)
-            })
-            .collect(),
+/// The namespaces, virtual nodes and remaps the sets depend on (few objects: read whole at
+/// every pass; the index re-derives only when they changed).
+fn sync_context(pb: &mut Publisher, ctx: &Ctx) {
+    let namespaces = ctx
+        .namespaces
+        .state()
+        .iter()
+        .map(|n| protection::Namespace {
+            name: n.name_any(),
+            labels: labels_of(n.labels()),
+        })
+        .collect();
+    let nodes = ctx
+        .nodes
+        .state()
+        .iter()
+        .map(|n| protection::Node {
+            name: n.name_any(),
+            labels: labels_of(n.labels()),
+        })
+        .collect();
+    let remaps = ctx
+        .liqo_configs
+        .get()
+        .map(Store::state)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| {
+            let body = serde_json::to_value(c.as_ref()).ok()?;
+            protection::configuration_remaps(&labels_of(c.labels()), &body)
+        })
+        .collect();
+    pb.desired.set_context(namespaces, nodes, remaps);
+}
+
+/// What the API shows of every peer's slices and gateway configuration. A slice's addresses
+/// are read only when its version is new to the publisher.
+fn sync_published(pb: &mut Publisher, ctx: &Ctx) {
+    let mut by_peer: BTreeMap<String, Vec<Arc<DynamicObject>>> = pb
+        .published_peers()
+        .into_iter()
+        .map(|p| (p, vec![]))
+        .collect();
+    for obj in ctx.slices.state() {
+        if let Some(peer) = obj.labels().get(PEER) {
+            by_peer.entry(peer.clone()).or_default().push(obj);
+        }
     }
+    for (peer, objs) in by_peer {
+        let slices = pb.slices_mut(&peer);
+        slices.begin_sync();
+        for o in objs {
+            let version = o.resource_version().unwrap_or_default();
+            slices.observe(&o.name_any(), &version, applied_everywhere(&o), || {
+                slice_of(&o)
+            });
+        }
+        slices.end_sync();
+    }
+    pb.observe_configs(published_configs(ctx));
 }
 
 fn pod_info(p: &Pod) -> protection::Pod {
@@ -170,7 +174,12 @@ fn pod_info(p: &Pod) -> protection::Pod {
     protection::Pod {
         namespace: p.namespace().unwrap_or_default(),
         name: p.name_any(),
-        labels: labels_of(p.labels()),
+        // The sets read only this label of a pod; the index keeps no more.
+        labels: p
+            .labels()
+            .get(super::REMOTE_CLUSTER_ID)
+            .map(|v| BTreeMap::from([(super::REMOTE_CLUSTER_ID.to_string(), v.clone())]))
+            .unwrap_or_default(),
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         ips,
         gone: p.metadata.deletion_timestamp.is_some()
@@ -214,25 +223,9 @@ fn slice_of(obj: &DynamicObject) -> protection::Slice {
     }
 }
 
-/// What the API holds for each peer's gateway configuration: its offloaded addresses (inline
-/// and in its slices) and whether every host has applied all of them.
-fn published(ctx: &Ctx) -> BTreeMap<String, Published> {
-    let mut out = published_configs(ctx);
-    for obj in ctx.slices.state() {
-        let Some(peer) = obj.labels().get(PEER) else {
-            continue;
-        };
-        let p = out.entry(peer.clone()).or_default();
-        p.settled &= applied_everywhere(&obj);
-        let s = slice_of(&obj);
-        if matches!(s.set.as_str(), "offloaded" | "offloaded6") {
-            p.offloaded.extend(s.addresses);
-        }
-    }
-    out
-}
-
-fn published_configs(ctx: &Ctx) -> BTreeMap<String, Published> {
+/// Each peer's gateway configuration as the API shows it: applied everywhere or not, and the
+/// offloaded addresses listed inline (older controllers published them there).
+fn published_configs(ctx: &Ctx) -> BTreeMap<String, (bool, BTreeSet<IpAddr>)> {
     let mut out = BTreeMap::new();
     for c in ctx.configs.state() {
         if c.name_any() != GATEWAY_CONFIG {
@@ -265,8 +258,7 @@ fn published_configs(ctx: &Ctx) -> BTreeMap<String, Published> {
                     .and_then(|k| k.parse().ok())
             })
             .collect();
-        let settled = applied_everywhere(&c);
-        out.insert(peer.clone(), Published { offloaded, settled });
+        out.insert(peer.clone(), (applied_everywhere(&c), offloaded));
     }
     out
 }
@@ -320,9 +312,6 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     if ns.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    let gated = ctx.gated();
-    let held = gated.held;
-    let sets = gated.sets.get(&peer).cloned().unwrap_or_default();
     let ns_name = ns.name_any();
     let who = protection::Peer {
         id: peer.clone(),
@@ -330,7 +319,7 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     };
     // Addresses first, as slices: the configuration that takes them comes after, so a set
     // never misses addresses it had.
-    publish_slices(&ns, &who, &sets, &ctx).await?;
+    let held = publish_slices(&ns, &who, &ctx).await?;
     // The addresses live in the slices; the configuration declares the sets.
     let mut body = protection::gateway_object(&who, &Default::default(), &ctx.opts);
     let current = ctx
@@ -350,15 +339,9 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
             Api::namespaced_with(ctx.client.clone(), &ns_name, &super::fwc_resource());
         server_side_apply(&api, &ns_name, GATEWAY_CONFIG, &body).await?;
         ctx.count(|m| m.gateway_writes += 1);
-        tracing::info!(
-            peer = %peer,
-            offloaded = sets.offloaded.len(),
-            remote = sets.remote.len(),
-            held_back = held,
-            "gateway configuration updated"
-        );
+        tracing::info!(peer = %peer, "gateway configuration updated");
     }
-    Ok(if held {
+    Ok(if held > 0 {
         // An address is waiting for another tenant to release it.
         Action::requeue(Duration::from_millis(500))
     } else {
@@ -366,53 +349,84 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     })
 }
 
-/// Write the slices of `peer`'s sets whose content changes (O(changed slices)), and delete
-/// slices that are empty and whose emptying every host has applied.
+/// Write the slices of `peer`'s sets that the changes since its last pass touch (O(changed
+/// addresses): [`Publisher::plan`]), and delete slices that are empty and whose emptying
+/// every host has applied. Returns how many offloaded addresses the reuse gate holds back.
 async fn publish_slices(
     ns: &Namespace,
     peer: &protection::Peer,
-    sets: &protection::PeerSets,
     ctx: &Ctx,
-) -> Result<(), ReconcileError> {
+) -> Result<usize, ReconcileError> {
     let ns_name = &peer.tenant_namespace;
     let api: Api<DynamicObject> =
         Api::namespaced_with(ctx.client.clone(), ns_name, &super::address_set_resource());
-    let mine: Vec<Arc<DynamicObject>> = ctx
-        .slices
-        .state()
-        .into_iter()
-        .filter(|o| o.namespace().as_deref() == Some(ns_name.as_str()))
-        .collect();
-    for (set, desired) in protection::set_contents(sets, &ctx.opts) {
-        let current: Vec<protection::Slice> = mine
+    let plan = {
+        let mut pb = ctx.publisher();
+        sync_context(&mut pb, ctx);
+        sync_published(&mut pb, ctx);
+        let plan = pb.plan(&peer.id, &ctx.opts);
+        let wanted: u64 = pb
+            .desired
+            .peers()
             .iter()
-            .map(|o| slice_of(o))
-            .filter(|s| s.set == set)
-            .collect();
-        for slice in protection::layout(&set, &current, &desired) {
-            let mut body = protection::address_set_object(peer, &slice);
-            body["metadata"]["ownerReferences"] = owner_ref(ns);
-            server_side_apply(&api, ns_name, &slice.name, &body).await?;
-            ctx.count(|m| m.slice_writes += 1);
+            .map(|p| pb.desired.len(p, protection::index::Kind::Offloaded) as u64)
+            .sum();
+        let held = pb.held_back() as u64;
+        let peers = pb.desired.peers().len() as u64;
+        ctx.count(|m| {
+            m.peers = peers;
+            m.offloaded_addresses = wanted.saturating_sub(held);
+            m.held_back_addresses = held;
+        });
+        plan
+    };
+    for slice in &plan.writes {
+        let mut body = protection::address_set_object(peer, slice);
+        body["metadata"]["ownerReferences"] = owner_ref(ns);
+        let written = api
+            .patch(
+                &slice.name,
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(&body),
+            )
+            .await;
+        match written {
+            Ok(obj) => {
+                let version = obj.resource_version().unwrap_or_default();
+                ctx.publisher()
+                    .slices_mut(&peer.id)
+                    .written(&slice.name, version);
+                ctx.count(|m| m.slice_writes += 1);
+            }
+            Err(source) => {
+                // Whatever was not written is planned again from the API's view.
+                let mut pb = ctx.publisher();
+                let slices = pb.slices_mut(&peer.id);
+                let failed = plan.writes.iter().skip_while(|s| s.name != slice.name);
+                for s in failed {
+                    slices.write_failed(&s.name);
+                }
+                return Err(api_error("applying", ns_name, &slice.name)(source));
+            }
         }
+    }
+    if !plan.writes.is_empty() {
+        tracing::debug!(peer = %peer.id, slices = plan.writes.len(), held_back = plan.held, "address sets updated");
     }
     let set_names: Vec<String> = protection::set_contents(&Default::default(), &ctx.opts)
         .into_iter()
         .map(|(name, _)| name)
         .collect();
-    for o in &mine {
-        let s = slice_of(o);
-        let known_set = set_names.contains(&s.set);
-        if (s.addresses.is_empty() || !known_set) && applied_everywhere(o) {
-            let name = o.name_any();
-            match api.delete(&name, &DeleteParams::default()).await {
-                Ok(_) => ctx.count(|m| m.slice_deletes += 1),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(source) => return Err(api_error("deleting", ns_name, &name)(source)),
-            }
+    let deletable = ctx.publisher().slices_mut(&peer.id).deletable(&set_names);
+    for name in deletable {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => ctx.count(|m| m.slice_deletes += 1),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => return Err(api_error("deleting", ns_name, &name)(source)),
         }
+        ctx.publisher().slices_mut(&peer.id).deleted(&name);
     }
-    Ok(())
+    Ok(plan.held)
 }
 
 async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
@@ -478,8 +492,29 @@ pub fn run(
         let client = super::client().await?;
         let changed = Arc::new(super::Changes::default());
         let wc = watcher::Config::default;
+        let publisher = Arc::new(std::sync::Mutex::new(Publisher::new()));
+        let pods_listed = {
+            let pb = publisher.clone();
+            super::feed(
+                Api::<Pod>::all(client.clone()),
+                wc(),
+                changed.clone(),
+                move |ev| {
+                    let mut pb = pb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    match ev {
+                        watcher::Event::Init => pb.desired.begin_relist(),
+                        watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
+                            pb.desired.upsert_pod(pod_info(&p))
+                        }
+                        watcher::Event::Delete(p) => pb
+                            .desired
+                            .remove_pod(&p.namespace().unwrap_or_default(), &p.name_any()),
+                        watcher::Event::InitDone => pb.desired.end_relist(),
+                    }
+                },
+            )
+        };
         let ctx = Arc::new(Ctx {
-            pods: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
             namespaces: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
             nodes: super::cache(
                 Api::all(client.clone()),
@@ -503,11 +538,15 @@ pub fn run(
             client: client.clone(),
             opts,
             metrics,
-            changes: changed.clone(),
-            memo: std::sync::Mutex::new(None),
+            publisher,
         });
+        // Nothing is published before every pod was listed: a cold cache never empties a set.
+        let mut listed = pods_listed;
+        listed
+            .wait_for(|l| *l)
+            .await
+            .context("the pods watch ended before its first list")?;
         for (what, ready) in [
-            ("pods", ctx.pods.wait_until_ready().await),
             ("namespaces", ctx.namespaces.wait_until_ready().await),
             ("nodes", ctx.nodes.wait_until_ready().await),
             (

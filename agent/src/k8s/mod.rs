@@ -175,6 +175,48 @@ impl Changes {
     }
 }
 
+/// Every event of a watch of `api` (filtered by `wc`) handed to `on_event` in order, by a
+/// spawned task that signals `changed` after each; watch errors are logged and retried with
+/// backoff. No cache: the caller keeps what it needs (the controller's pod index keeps a few
+/// fields of each pod, not the objects). The receiver turns true once the first full list
+/// has been delivered.
+pub fn feed<K>(
+    api: kube::Api<K>,
+    wc: kube::runtime::watcher::Config,
+    changed: std::sync::Arc<Changes>,
+    mut on_event: impl FnMut(kube::runtime::watcher::Event<K>) + Send + 'static,
+) -> tokio::sync::watch::Receiver<bool>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::watcher::Event;
+    use kube::runtime::WatchStreamExt;
+    let (listed, rx) = tokio::sync::watch::channel(false);
+    let stream = kube::runtime::watcher(api, wc)
+        .default_backoff()
+        .scan(false, move |failing, ev| {
+            let now = ev.is_err();
+            match ev {
+                Err(e) => tracing::warn!(error = %e, "watch error (retrying)"),
+                Ok(ev) => {
+                    let done = matches!(ev, Event::InitDone);
+                    on_event(ev);
+                    if done {
+                        listed.send_replace(true);
+                    }
+                }
+            }
+            changed.set_failing(*failing, now);
+            *failing = now;
+            changed.bump();
+            futures::future::ready(Some(()))
+        })
+        .for_each(|()| futures::future::ready(()));
+    tokio::spawn(stream);
+    rx
+}
+
 /// A reflector cache of `api` (filtered by `wc`), kept up to date by a spawned task that
 /// signals `changed` on every event; watch errors are logged and retried with backoff.
 pub fn cache<K>(

@@ -22,6 +22,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+pub mod index;
+pub mod publish;
+
 use peerwall_intent::types as api;
 use serde_json::{json, Value};
 
