@@ -180,6 +180,14 @@ fn objects_of_table(objs: &[Value], family: ir::TableFamily, name: &str) -> Vec<
 /// checked on every call.
 pub const FULL_DRIFT_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// A full drift check waits until no change was applied for this long, so that the listing
+/// (about 0.4–1 s at 100k elements, the engine blocked meanwhile) does not delay changes
+/// arriving during churn...
+pub const QUIET_BEFORE_FULL_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// ...but never longer than this after the last full check.
+pub const FULL_DRIFT_CHECK_MAX: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// What was applied to one table, as the kernel listed it right after, without set elements
 /// (they are compared with what was applied, [`listed_elements`]: an element update then
 /// costs no listing of a 100k-element set).
@@ -247,6 +255,8 @@ pub struct NftBackend<R: Runner = Nft> {
     applied: BTreeMap<String, RenderedTable>,
     snapshots: BTreeMap<String, Snapshot>,
     last_full_check: Option<std::time::Instant>,
+    /// When a policy or set change was last applied.
+    last_change: Option<std::time::Instant>,
     events: Option<EventOptions>,
     names: events::Names,
     /// The emergency switch as last seen in the kernel ([`switch`]).
@@ -261,6 +271,7 @@ impl<R: Runner> NftBackend<R> {
             applied: BTreeMap::new(),
             snapshots: BTreeMap::new(),
             last_full_check: None,
+            last_change: None,
             events: None,
             names: events::Names::default(),
             allow_all: false,
@@ -302,6 +313,7 @@ impl<R: Runner> NftBackend<R> {
 
     /// Like [`apply`](Self::apply), with rendering options (the probe forces counters).
     pub fn apply_rendered(&mut self, desired: Vec<RenderedTable>) -> Result<ApplyReport, NftError> {
+        self.last_change = Some(std::time::Instant::now());
         let listing = self.nft.list_ruleset_terse()?;
         // The emergency switch stays on through new policies.
         self.allow_all = switch::is_on(&listing);
@@ -343,6 +355,7 @@ impl<R: Runner> NftBackend<R> {
         policy: &ir::Policy,
         changes: &[ir::SetChange],
     ) -> Result<ApplyReport, NftError> {
+        self.last_change = Some(std::time::Instant::now());
         let mut edits = Vec::new();
         for c in changes {
             let Some(contents) = policy.addr_set(&c.table, &c.set) else {
@@ -486,11 +499,14 @@ impl<R: Runner> NftBackend<R> {
 
     /// Restore drifted tables (recreating them, and the tables ordered after them, atomically).
     /// Set elements are compared every [`FULL_DRIFT_CHECK`] (a full listing of a 100k-element
-    /// set costs about 0.4 s), the rest on every call.
+    /// set costs about 0.4 s), once no change was applied for [`QUIET_BEFORE_FULL_CHECK`] or
+    /// [`FULL_DRIFT_CHECK_MAX`] passed; the rest on every call.
     pub fn repair(&mut self) -> Result<Vec<Drift>, NftError> {
-        let full = self
-            .last_full_check
-            .is_none_or(|t| t.elapsed() >= FULL_DRIFT_CHECK);
+        let since_full = |d| self.last_full_check.is_none_or(|t| t.elapsed() >= d);
+        let quiet = self
+            .last_change
+            .is_none_or(|t| t.elapsed() >= QUIET_BEFORE_FULL_CHECK);
+        let full = since_full(FULL_DRIFT_CHECK) && (quiet || since_full(FULL_DRIFT_CHECK_MAX));
         if full {
             self.last_full_check = Some(std::time::Instant::now());
         }
