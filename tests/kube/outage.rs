@@ -165,3 +165,140 @@ async fn agent_keeps_enforcing_through_an_api_server_outage_and_resyncs() {
         "{m}"
     );
 }
+
+/// Every slice of a tenant: name → (generation, addresses).
+async fn slice_versions(
+    client: &kube::Client,
+    tenant: &str,
+) -> std::collections::BTreeMap<String, (i64, std::collections::BTreeSet<String>)> {
+    slice_api(client, tenant)
+        .list(&Default::default())
+        .await
+        .expect("list slices")
+        .items
+        .into_iter()
+        .map(|s| {
+            let g = s.metadata.generation.unwrap_or_default();
+            let a = slice_addresses(&s, "offloaded");
+            (s.name_any(), (g, a))
+        })
+        .collect()
+}
+
+/// The controller through an API server outage: nothing it published is rewritten while its
+/// watches come back (a cold or relisting cache never empties a set), and a change made
+/// afterwards is published without any version of any slice losing an address that stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn controller_never_empties_a_set_through_an_api_server_outage() {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    use std::sync::{Arc, Mutex};
+
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let controller = server.peerwall("controller", &["controller", "--metrics-addr", &metrics]);
+    namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
+    namespace(&client, "app-a", json!({"liqo.io/remote-cluster-id": "a"})).await;
+    for (name, ip) in [
+        ("web", "10.200.0.5"),
+        ("db", "10.200.0.6"),
+        ("cache", "10.200.0.7"),
+    ] {
+        pod(&client, "app-a", name, ip, json!({}), None).await;
+    }
+    let want = ips(&["10.200.0.5", "10.200.0.6", "10.200.0.7"]);
+    eventually("the offloaded set", Duration::from_secs(30), || async {
+        gateway_set(&client, "liqo-tenant-a", "offloaded")
+            .await
+            .filter(|s| *s == want)
+    })
+    .await;
+    let before = slice_versions(&client, "liqo-tenant-a").await;
+
+    // The API server goes away for a while; the controller's watches fail and retry.
+    let args = stop_apiserver(&server);
+    let down = Instant::now();
+    wait_until("the controller to notice", 30, || {
+        controller.log().contains("watch error")
+    });
+    while down.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    start_apiserver(&server, &args);
+    let client = server.client().await;
+    let started = Instant::now();
+    while slice_api(&client, "liqo-tenant-a")
+        .list(&Default::default())
+        .await
+        .is_err()
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the API server did not come back"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // From here, every version of every slice is recorded.
+    let seen: Arc<Mutex<Vec<(String, std::collections::BTreeSet<String>)>>> = Arc::default();
+    let (listed_tx, mut listed) = tokio::sync::watch::channel(false);
+    let watch = {
+        let (api, seen) = (slice_api(&client, "liqo-tenant-a"), seen.clone());
+        tokio::spawn(async move {
+            let mut s = watcher(api, watcher::Config::default()).boxed();
+            while let Some(ev) = s.next().await {
+                match ev {
+                    Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                        let a = slice_addresses(&o, "offloaded");
+                        seen.lock().unwrap().push((o.name_any(), a));
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        let _ = listed_tx.send(true);
+                    }
+                    _ => {}
+                }
+            }
+        })
+    };
+    listed.wait_for(|l| *l).await.unwrap();
+    // Let the controller reconnect, relist and reconcile (its watches back off up to seconds).
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(
+        slice_versions(&client, "liqo-tenant-a").await,
+        before,
+        "the controller rewrote its slices after the outage though nothing changed"
+    );
+
+    // A change after the outage: db goes, api comes.
+    delete_pod(&client, "app-a", "db").await;
+    pod(&client, "app-a", "api", "10.200.0.8", json!({}), None).await;
+    let want = ips(&["10.200.0.5", "10.200.0.7", "10.200.0.8"]);
+    eventually("the change published", Duration::from_secs(30), || async {
+        gateway_set(&client, "liqo-tenant-a", "offloaded")
+            .await
+            .filter(|s| *s == want)
+    })
+    .await;
+    watch.abort();
+    // No version of the slice holding web and cache ever lost them.
+    let versions = seen.lock().unwrap().clone();
+    let stays = ips(&["10.200.0.5", "10.200.0.7"]);
+    let holders: std::collections::BTreeSet<&String> = versions
+        .iter()
+        .filter(|(_, a)| a.iter().any(|x| stays.contains(x)))
+        .map(|(n, _)| n)
+        .collect();
+    for (name, a) in &versions {
+        if holders.contains(name) {
+            for ip in &stays {
+                let held_before = before.get(name).is_some_and(|(_, b)| b.contains(ip));
+                assert!(
+                    !held_before || a.contains(ip),
+                    "{name} lost {ip} in a version: {a:?}"
+                );
+            }
+        }
+    }
+    assert!(versions.len() > before.len(), "the watch saw the change");
+}

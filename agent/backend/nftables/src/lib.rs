@@ -313,7 +313,11 @@ impl<R: Runner> NftBackend<R> {
 
     /// Like [`apply`](Self::apply), with rendering options (the probe forces counters).
     pub fn apply_rendered(&mut self, desired: Vec<RenderedTable>) -> Result<ApplyReport, NftError> {
-        self.last_change = Some(std::time::Instant::now());
+        let now = std::time::Instant::now();
+        self.last_change = Some(now);
+        // What the first apply writes is known: the first element comparison waits its turn
+        // instead of blocking the changes that follow a start.
+        self.last_full_check.get_or_insert(now);
         let listing = self.nft.list_ruleset_terse()?;
         // The emergency switch stays on through new policies.
         self.allow_all = switch::is_on(&listing);
