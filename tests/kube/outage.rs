@@ -241,7 +241,8 @@ async fn controller_never_empties_a_set_through_an_api_server_outage() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // From here, every version of every slice is recorded.
-    let seen: Arc<Mutex<Vec<(String, std::collections::BTreeSet<String>)>>> = Arc::default();
+    type Versions = Vec<(String, std::collections::BTreeSet<String>)>;
+    let seen: Arc<Mutex<Versions>> = Arc::default();
     let (listed_tx, mut listed) = tokio::sync::watch::channel(false);
     let watch = {
         let (api, seen) = (slice_api(&client, "liqo-tenant-a"), seen.clone());
