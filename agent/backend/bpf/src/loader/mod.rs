@@ -335,10 +335,17 @@ impl BpfBackend {
     /// Load (verify) every program `ifaces` need, before any is attached: attachments then
     /// follow each other within microseconds, so no flow starts through an interface still
     /// unfiltered and meets a filtering one on its way back without conntrack having seen it.
+    /// An interface whose link is already pinned keeps it ([`attach`](Self::attach) adopts
+    /// it) and needs nothing loaded: a restarted agent whose links are all in place verifies
+    /// no program (about a second saved).
     pub fn prepare(&mut self, ifaces: &[&HostIface], xdp: bool) -> Result<(), BpfError> {
+        let links = self.pin_dir.join("links");
         for iface in ifaces {
-            let _: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
-            if xdp && iface.l2_len == 14 {
+            if !links.join(link_pin_name("tc", &iface.name)).exists() {
+                let _: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
+            }
+            let xdp_pinned = links.join(link_pin_name("xdp", &iface.name)).exists();
+            if xdp && iface.l2_len == 14 && !xdp_pinned {
                 let _: &mut Xdp = self.loaded(XDP_PROGRAM)?;
             }
         }
