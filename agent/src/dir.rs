@@ -119,21 +119,36 @@ impl DirState {
             .filter(|p| !fp.contains_key(*p))
             .cloned()
             .collect();
+        // Unchanged files move over as they are (no copy: a slice file holds 1000 addresses).
+        let mut old = std::mem::take(&mut self.files);
         let mut next = BTreeMap::new();
         for (path, stamp) in fp {
-            match self.files.get(path) {
-                Some((s, l)) if s == stamp => {
-                    next.insert(path.clone(), (*s, l.clone()));
+            match old.remove(path) {
+                Some((s, l)) if s == *stamp => {
+                    next.insert(path.clone(), (s, l));
                 }
-                _ => {
-                    let text =
-                        std::fs::read_to_string(path).map_err(|source| load::LoadError::Io {
+                before => {
+                    let parsed = std::fs::read_to_string(path)
+                        .map_err(|source| load::LoadError::Io {
                             path: path.clone(),
                             source,
-                        })?;
-                    let l = load::parse_all(&text, &path.display().to_string())?;
-                    next.insert(path.clone(), (*stamp, l));
-                    touched.push(path.clone());
+                        })
+                        .and_then(|text| load::parse_all(&text, &path.display().to_string()));
+                    match parsed {
+                        Ok(l) => {
+                            next.insert(path.clone(), (*stamp, l));
+                            touched.push(path.clone());
+                        }
+                        Err(e) => {
+                            // Nothing changes: every file stays as last read.
+                            if let Some(b) = before {
+                                old.insert(path.clone(), b);
+                            }
+                            old.extend(next);
+                            self.files = old;
+                            return Err(e);
+                        }
+                    }
                 }
             }
         }
@@ -141,6 +156,8 @@ impl DirState {
             .values()
             .all(|(_, l)| l.objects.is_empty() && l.address_sets.is_empty())
         {
+            old.extend(next);
+            self.files = old;
             return Err(load::LoadError::Nothing(format!("{} files", fp.len())));
         }
         self.files = next;
@@ -262,6 +279,7 @@ pub fn run(
         tracing::warn!("no change notifications (inotify) for the policy directory: changes are found by polling every --interval-ms");
     }
     let mut notified = false;
+    let mut last_upkeep = Instant::now();
     while !stop.is_set() {
         let mut fp = fingerprint(dir).with_context(|| format!("reading {}", dir.display()))?;
         let own = fp.clone();
@@ -307,8 +325,12 @@ pub fn run(
                 }
             }
             last = Some(fp);
-        } else {
+        } else if !notified || last_upkeep.elapsed() >= interval {
+            // Upkeep on quiet ticks (and at least once an interval under a stream of
+            // notifications), not right after a notification that changed nothing: a writer's
+            // temporary file announces the rename that follows, which must not wait for it.
             engine.maintain();
+            last_upkeep = Instant::now();
         }
         notified = match &watch {
             Some(w) => w.wait(interval),

@@ -113,12 +113,19 @@ pub enum LoadError {
     Nothing(String),
 }
 
-#[derive(Deserialize)]
-struct Head {
-    #[serde(default, rename = "apiVersion")]
-    api_version: Option<String>,
-    #[serde(default)]
-    kind: Option<String>,
+/// `apiVersion` and `kind` of a document, read in place (no copy of the document: a slice
+/// holds 1000 addresses). Either one present but not a string makes both unknown.
+fn head(value: &serde_yaml::Value) -> (Option<String>, Option<String>) {
+    use serde_yaml::Value;
+    let field = |k: &str| match value.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(_) => Err(()),
+    };
+    match (field("apiVersion"), field("kind")) {
+        (Ok(a), Ok(k)) => (a, k),
+        _ => (None, None),
+    }
 }
 
 fn object_from_value(
@@ -126,12 +133,9 @@ fn object_from_value(
     origin: &str,
     out: &mut Loaded,
 ) -> Result<(), LoadError> {
-    let head: Head = serde_yaml::from_value(value.clone()).unwrap_or(Head {
-        api_version: None,
-        kind: None,
-    });
-    let group = head.api_version.as_deref().and_then(Group::of_api_version);
-    match (group, head.kind.as_deref()) {
+    let (api_version, kind) = head(&value);
+    let group = api_version.as_deref().and_then(Group::of_api_version);
+    match (group, kind.as_deref()) {
         (_, Some("List"))
         | (Some(_), Some("FirewallConfigurationList"))
         | (Some(Group::Peerwall), Some("AddressSetList")) => {
