@@ -387,6 +387,11 @@ impl Engine {
         self.last_env.is_some() && self.last_env != Some(self.enforcer.environment())
     }
 
+    /// Whether the emergency switch was on at the last upkeep (or apply).
+    pub fn switch_on(&self) -> bool {
+        self.metrics.lock().map(|m| m.allow_all).unwrap_or(false)
+    }
+
     /// Whether the policy source answers (the Kubernetes watches); `/readyz` fails while not.
     pub fn set_source_connected(&self, connected: bool) {
         self.update(|m| m.source_down = !connected);

@@ -290,6 +290,8 @@ pub struct GatewayMetrics {
     pub synced: bool,
     /// Each enforced gateway's metrics, by peer cluster id.
     pub gateways: std::collections::BTreeMap<String, Shared>,
+    /// The agent runs with events on: `/events` answers (empty) before the first gateway.
+    pub events: bool,
 }
 
 impl Exposition for GatewayMetrics {
@@ -297,7 +299,7 @@ impl Exposition for GatewayMetrics {
     fn events_after(&self, after: u64) -> Option<(String, u64)> {
         let next = crate::events::last_number();
         let mut all: Vec<(u64, peerwall_backend::Event)> = Vec::new();
-        let mut on = false;
+        let mut on = self.events;
         for m in self.gateways.values() {
             if let Ok(m) = m.lock() {
                 on |= m.events.on;
@@ -647,5 +649,17 @@ mod tests {
         assert!(s.contains("peerwall_invalid_policies_total{gateway=\"peer-b\"} 0"));
         assert!(s.contains("peerwall_gateways 2"));
         assert!(!g.ready(), "peer-b has applied nothing yet");
+    }
+
+    #[test]
+    fn gateway_mode_events_answer_before_the_first_gateway_when_on() {
+        let off = GatewayMetrics::default();
+        assert_eq!(off.events_after(0), None, "events off: 404");
+        let on = GatewayMetrics {
+            events: true,
+            ..Default::default()
+        };
+        let (body, _) = on.events_after(0).expect("events on: answered");
+        assert!(body.is_empty(), "no gateway yet, no event: {body}");
     }
 }

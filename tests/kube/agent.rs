@@ -116,6 +116,35 @@ async fn agent_applies_reports_status_and_cleans_up() {
     );
     assert_thesis_block_enforced(&t.consumer);
 
+    // The emergency switch: the agent keeps it, and the condition says so until it is off.
+    let o = peerwall_in(&t.gateway, &["allow-all", "on", "--backend", "nftables"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    eventually(
+        "the switch in the condition",
+        Duration::from_secs(20),
+        || async {
+            let c = condition(&api, &name, "gw-test").await?;
+            (c.0 == "Applied" && c.1.contains("emergency switch is on")).then_some(())
+        },
+    )
+    .await;
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "everything passes while the switch is on"
+    );
+    let o = peerwall_in(&t.gateway, &["allow-all", "off", "--backend", "nftables"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    eventually(
+        "the plain Applied condition",
+        Duration::from_secs(20),
+        || async {
+            let c = condition(&api, &name, "gw-test").await?;
+            (c.0 == "Applied" && c.1.is_empty()).then_some(())
+        },
+    )
+    .await;
+    assert_thesis_block_enforced(&t.consumer);
+
     // An invalid edit: Error with the field path, the last good spec stays in force.
     api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"table": {"chains": [{
         "name": "block", "type": "filter", "hook": "forward", "priority": 0, "policy": "accept",

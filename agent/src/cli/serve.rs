@@ -51,9 +51,10 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                 "--gateway-pods needs --source kube (gateway pods are found through the API server)"
             )));
         }
-        let metrics = std::sync::Arc::new(std::sync::Mutex::new(
-            crate::metrics::GatewayMetrics::default(),
-        ));
+        let metrics = std::sync::Arc::new(std::sync::Mutex::new(crate::metrics::GatewayMetrics {
+            events: events_on,
+            ..Default::default()
+        }));
         let bound = crate::metrics::serve(metrics_addr, metrics.clone())
             .with_context(|| format!("serving metrics on {metrics_addr}"))
             .map_err(runtime)?;

@@ -20,6 +20,7 @@
 //! on Liqo's objects (errors go to the log).
 
 mod plan;
+mod report;
 mod slices;
 
 pub use plan::{finalizer, plan, settle, Good, Observed, Outcome, Plan, Settled};
@@ -38,9 +39,7 @@ use serde_json::json;
 
 use crate::engine::Engine;
 use peerwall_intent::load::Group;
-use peerwall_intent::types::{
-    ConditionType, FirewallConfigurationStatus, FirewallConfigurationStatusCondition,
-};
+use peerwall_intent::types::{ConditionType, FirewallConfigurationStatusCondition};
 use peerwall_policy::compile::PolicyObject;
 use peerwall_policy::sliced::{SliceIssue, Sliced};
 
@@ -101,7 +100,12 @@ struct Agent {
     sliced: Option<Sliced>,
     /// Valid slices that could not be merged, with why.
     slice_issues: BTreeMap<peerwall_intent::Origin, SliceIssue>,
+    /// The emergency switch as the last round reported it in the conditions.
+    switch_reported: bool,
 }
+
+/// The message of an `Applied` condition while the emergency switch is on.
+pub const SWITCH_ON_MESSAGE: &str = "applied, but the emergency switch is on: this host lets every packet through until `peerwall allow-all off`";
 
 /// How long a round waits after the first event for more to arrive.
 const DEBOUNCE: Duration = Duration::from_millis(1);
@@ -122,6 +126,7 @@ impl Agent {
         slice_objects: Vec<Arc<DynamicObject>>,
     ) {
         let started = std::time::Instant::now();
+        self.switch_reported = engine.switch_on();
         let slice_obs: Vec<SliceObserved> = slice_objects
             .iter()
             .map(|o| {
@@ -230,6 +235,9 @@ impl Agent {
             }
         }
         self.report_slices(&slice_objects, &result).await;
+        // Conditions are written together once the loop decided them (a first round on a
+        // host writes one per object: concurrently, not one after the other).
+        let mut pending = Vec::new();
         for o in &observed {
             let Some(obj) = by_key.get(&o.key) else {
                 continue;
@@ -261,12 +269,14 @@ impl Agent {
                 },
                 (Ok(()), None) => Outcome {
                     kind: ConditionType::Applied,
-                    message: None,
+                    message: self.switch_reported.then(|| SWITCH_ON_MESSAGE.to_string()),
                     generation: o.generation,
                 },
             };
-            self.report(obj, outcome).await;
+            let key = super::key_of(obj);
+            pending.extend(self.prepare_report(obj, outcome, &key, &super::fwc_resource()));
         }
+        self.send_reports(pending).await;
         self.reported.retain(|k, _| {
             k.starts_with(SLICE_KEY_PREFIX)
                 || by_key
@@ -288,6 +298,7 @@ impl Agent {
             .collect();
         self.reported
             .retain(|k, _| !k.starts_with(SLICE_KEY_PREFIX) || present.contains(k));
+        let mut pending = Vec::new();
         for obj in slice_objects {
             if obj.metadata.deletion_timestamp.is_some() {
                 continue;
@@ -313,14 +324,14 @@ impl Agent {
                 message,
                 generation,
             };
-            self.report_as(
+            pending.extend(self.prepare_report(
                 obj,
                 outcome,
                 &slice_report_key(&key),
                 &super::address_set_resource(),
-            )
-            .await;
+            ));
         }
+        self.send_reports(pending).await;
     }
 
     /// [`super::check`] of an object, reused while its uid and generation stay the same.
@@ -336,101 +347,6 @@ impl Agent {
         let r = super::check(o).map(|(po, _)| po).map_err(|e| e.to_string());
         self.checks.insert(key, (uid, generation, r.clone()));
         r
-    }
-
-    /// Write this host's condition (server-side apply) and an Event, when it changed.
-    async fn report(&mut self, obj: &DynamicObject, outcome: Outcome) {
-        let key = super::key_of(obj);
-        self.report_as(obj, outcome, &key, &super::fwc_resource())
-            .await;
-    }
-
-    /// [`Self::report`] for an object of `resource`, remembered under `key`.
-    async fn report_as(
-        &mut self,
-        obj: &DynamicObject,
-        outcome: Outcome,
-        key: &str,
-        resource: &kube::api::ApiResource,
-    ) {
-        let key = key.to_string();
-        let host = &self.settings.host;
-        let kind = match outcome.kind {
-            ConditionType::Applied => "Applied",
-            ConditionType::Error => "Error",
-        };
-        let existing = current_condition(obj, host);
-        let unchanged_in_api = existing.as_ref().is_some_and(|c| {
-            c.type_ == outcome.kind
-                && c.message == outcome.message
-                && c.observed_generation == Some(outcome.generation)
-        });
-        if unchanged_in_api || self.reported.get(&key) == Some(&outcome) {
-            self.reported.insert(key, outcome);
-            return;
-        }
-        let cond = FirewallConfigurationStatusCondition {
-            host: host.clone(),
-            type_: outcome.kind,
-            status: "True".into(),
-            // The transition time moves only when the condition's type changes.
-            last_transition_time: existing
-                .as_ref()
-                .filter(|c| c.type_ == outcome.kind)
-                .and_then(|c| c.last_transition_time.clone())
-                .or_else(|| {
-                    Some(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
-                }),
-            message: outcome.message.clone(),
-            observed_generation: Some(outcome.generation),
-        };
-        let body = json!({
-            "apiVersion": peerwall_intent::load::API_VERSION,
-            "kind": resource.kind,
-            "status": FirewallConfigurationStatus { conditions: vec![cond] },
-        });
-        let name = obj.metadata.name.clone().unwrap_or_default();
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            self.api.clone().into_client(),
-            obj.metadata.namespace.as_deref().unwrap_or("default"),
-            resource,
-        );
-        let pp = PatchParams::apply(&self.manager).force();
-        match api.patch_status(&name, &pp, &Patch::Apply(&body)).await {
-            Ok(_) => {
-                tracing::info!(object = %key, condition = kind, message = outcome.message.as_deref().unwrap_or(""), "status written");
-                let changed_kind = self.reported.get(&key).map(|r| r.kind) != Some(outcome.kind)
-                    || existing.is_none();
-                if changed_kind || outcome.kind == ConditionType::Error {
-                    let ev = Event {
-                        type_: match outcome.kind {
-                            ConditionType::Applied => EventType::Normal,
-                            ConditionType::Error => EventType::Warning,
-                        },
-                        reason: match outcome.kind {
-                            ConditionType::Applied => "Applied".into(),
-                            ConditionType::Error => "NotApplied".into(),
-                        },
-                        note: Some(
-                            format!(
-                                "{host}: {}",
-                                outcome.message.as_deref().unwrap_or("table in force")
-                            )
-                            .chars()
-                            .take(1000)
-                            .collect(),
-                        ),
-                        action: "Enforce".into(),
-                        secondary: None,
-                    };
-                    if let Err(e) = self.recorder.publish(&ev, &obj.object_ref(resource)).await {
-                        tracing::warn!(object = %key, error = %e, "could not publish event");
-                    }
-                }
-                self.reported.insert(key, outcome);
-            }
-            Err(e) => tracing::warn!(object = %key, error = %e, "could not write status"),
-        }
     }
 
     /// One Warning Event per drop summary on the object of its table (audit: Normal).
@@ -693,6 +609,7 @@ pub fn run(
             slices: Slices::default(),
             sliced: None,
             slice_issues: BTreeMap::new(),
+            switch_reported: false,
         };
         agent.release_unselected(&reader).await;
         let mut dirty = true;
@@ -727,12 +644,14 @@ pub fn run(
             }
             // Not ready while the API server is away (what is in force stays in force).
             engine.set_source_connected(changed.connected());
+            // The switch flipped: the conditions say so at the next round.
+            let switch_moved = engine.switch_on() != agent.switch_reported;
             dirty = tokio::select! {
                 _ = stop.wait() => break,
                 woke = tokio::time::timeout(agent.settings.interval, changed.notify.notified()) => {
                     woke.is_ok()
                 }
-            };
+            } || switch_moved;
         }
         tracing::info!("agent stopping; enforcement stays in place");
         Ok(())
