@@ -330,6 +330,19 @@ fn reliability() -> Result<()> {
             new = format!("{}{start}\nMeasured: {}{}", &new[..a], seen, &new[b..]);
         }
     }
+    // The boot window, one line per backend, as measured.
+    let mut boot: Vec<String> = std::fs::read_dir(&rows_dir)?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("boot-"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .collect();
+    boot.sort();
+    if !boot.is_empty() {
+        let (start, end) = ("<!-- boot:start -->", "<!-- boot:end -->");
+        if let (Some(a), Some(b)) = (new.find(start), new.find(end)) {
+            new = format!("{}{start}\n{}{}", &new[..a], boot.concat(), &new[b..]);
+        }
+    }
     std::fs::write(&path, new)?;
     print!("{md}");
     Ok(())

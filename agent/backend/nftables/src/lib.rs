@@ -511,6 +511,15 @@ impl<R: Runner> NftBackend<R> {
             .last_change
             .is_none_or(|t| t.elapsed() >= QUIET_BEFORE_FULL_CHECK);
         let full = since_full(FULL_DRIFT_CHECK) && (quiet || since_full(FULL_DRIFT_CHECK_MAX));
+        self.repair_with(full)
+    }
+
+    /// [`repair`](Self::repair) comparing set elements now, whatever the schedule.
+    pub fn repair_full(&mut self) -> Result<Vec<Drift>, NftError> {
+        self.repair_with(true)
+    }
+
+    fn repair_with(&mut self, full: bool) -> Result<Vec<Drift>, NftError> {
         if full {
             self.last_full_check = Some(std::time::Instant::now());
         }
