@@ -137,11 +137,6 @@ impl DesiredIndex {
         &self.peers
     }
 
-    /// How many pods are known.
-    pub fn pod_count(&self) -> usize {
-        self.pods.len()
-    }
-
     /// Whether `ip` belongs to `peer`'s set of kind `k`.
     pub fn wants(&self, peer: &str, k: Kind, ip: IpAddr) -> bool {
         self.counts
@@ -179,11 +174,6 @@ impl DesiredIndex {
     /// What changed for `peer` since the last call (and forget it).
     pub fn take_changes(&mut self, peer: &str) -> Changes {
         self.changes.remove(peer).unwrap_or_default()
-    }
-
-    /// Ask for a full comparison of `peer` at its next reconcile.
-    pub fn resync(&mut self, peer: &str) {
-        self.changes.insert(peer.to_string(), Changes::Resync);
     }
 
     /// A pod appeared or changed.

@@ -97,25 +97,11 @@ impl PeerSlices {
             .unwrap_or_default()
     }
 
-    /// Every slice as published (our writes included).
-    pub fn slices(&self) -> impl Iterator<Item = &Slice> {
-        self.entries.values().filter_map(Entry::effective)
-    }
-
     /// No write of ours is waiting to show, and every host applied every slice.
     pub fn settled(&self) -> bool {
         self.entries
             .values()
             .all(|e| e.written.is_none() && e.applied)
-    }
-
-    /// Whether the API already shows version `version` of slice `name` (then its content
-    /// need not be read again).
-    pub fn knows(&self, name: &str, version: &str) -> bool {
-        self.entries
-            .get(name)
-            .and_then(|e| e.observed.as_ref())
-            .is_some_and(|(v, _)| v == version)
     }
 
     fn replace_effective(&mut self, name: &str, old: Option<Slice>, ours: bool) {
@@ -397,11 +383,6 @@ impl Publisher {
     /// `peer`'s published slices (created empty on first use).
     pub fn slices_mut(&mut self, peer: &str) -> &mut PeerSlices {
         self.slices.entry(peer.to_string()).or_default()
-    }
-
-    /// `peer`'s published slices.
-    pub fn slices(&self, peer: &str) -> Option<&PeerSlices> {
-        self.slices.get(peer)
     }
 
     /// Peers with published slices.
