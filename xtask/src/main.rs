@@ -373,7 +373,7 @@ fn ensure_cargo_fuzz() -> Result<PathBuf> {
 /// cache (outside the repository); `tests/fuzz/seeds/TARGET` (examples and every finding kept
 /// as a regression case) is replayed first, so a fixed bug that comes back fails at once.
 fn fuzz(args: &[String]) -> Result<()> {
-    ensure_bpf_linker()?;
+    setup_build()?;
     let bin = ensure_cargo_fuzz()?;
     let (targets, secs): (Vec<&str>, u64) = match args {
         [] => (FUZZ_TARGETS.to_vec(), FUZZ_CI_SECS),
@@ -401,7 +401,9 @@ fn fuzz(args: &[String]) -> Result<()> {
                 let _ = std::fs::copy(e.path(), corpus.join(e.file_name()));
             }
         }
+        // Replayed first; created when a target has none yet (libFuzzer refuses a missing dir).
         let seeds = fuzz_dir.join("seeds").join(t);
+        std::fs::create_dir_all(&seeds).with_context(|| format!("creating {}", seeds.display()))?;
         let mut c = Command::new("rustup");
         c.current_dir(root())
             .args(["run", "nightly"])
@@ -435,7 +437,7 @@ fn fuzz(args: &[String]) -> Result<()> {
 
 /// Build the eBPF object alone (the agent's build script embeds the same object).
 fn build_ebpf() -> Result<()> {
-    ensure_bpf_linker()?;
+    setup_build()?;
     let mut c = Command::new("rustup");
     c.current_dir(root())
         .args([
