@@ -138,22 +138,33 @@ fn main() {
     for p in &policies {
         let fa = frames_for(&lab, &p.allowed, seed);
         let fd = frames_for(&lab, &p.denied, seed + 1);
-        for dp in Datapath::ALL.into_iter().filter(|&d| wanted(d)) {
-            let Some(load) = install(&lab, dp, p) else {
-                continue;
-            };
-            let mut row = Row {
-                policy: p.name.clone(),
-                dp,
-                allowed: vec![],
-                denied: vec![],
-                load: (dp != Datapath::None).then_some(load),
-                events_per_sec: None,
-            };
-            let reports_events = dp.without_events().is_some();
-            let events_before = reports_events.then(|| events_seen(&lab));
-            let measuring = Instant::now();
-            for _ in 0..repeats {
+        let dps: Vec<Datapath> = Datapath::ALL.into_iter().filter(|&d| wanted(d)).collect();
+        let mut prow: Vec<Row> = Vec::new();
+        // Interleaved rounds: every datapath once per round, installed afresh, so each
+        // round's figures are paired with that round's baseline and slow drifts of the VM
+        // fall on every row alike (ratios are taken per round, then their median).
+        for round in 0..repeats {
+            for &dp in &dps {
+                let Some(load) = install(&lab, dp, p) else {
+                    continue;
+                };
+                let at = match prow.iter().position(|r| r.dp == dp) {
+                    Some(i) => i,
+                    None => {
+                        prow.push(Row {
+                            policy: p.name.clone(),
+                            dp,
+                            allowed: vec![],
+                            denied: vec![],
+                            loads: vec![],
+                            events_per_sec: None,
+                        });
+                        prow.len() - 1
+                    }
+                };
+                let reports_events = dp.without_events().is_some();
+                let events_before = reports_events.then(|| events_seen(&lab));
+                let measuring = Instant::now();
                 let (fwd, taken) = measure(&lab, &fa, warmup, window);
                 assert!(
                     fwd >= 0.9 * taken && fwd > 0.0,
@@ -161,14 +172,13 @@ fn main() {
                     p.name,
                     dp.label()
                 );
-                row.allowed.push(fwd);
                 let (fwd_d, taken_d) = measure(&lab, &fd, warmup, window);
-                if matches!(
+                let denied = if matches!(
                     dp,
                     Datapath::None | Datapath::TcEmpty | Datapath::ConntrackOnly
                 ) {
                     // Not filters: denied frames are forwarded like allowed ones.
-                    row.denied.push(fwd_d);
+                    fwd_d
                 } else {
                     assert!(
                         fwd_d < 0.001 * taken_d + 100.0,
@@ -176,24 +186,35 @@ fn main() {
                         p.name,
                         dp.label()
                     );
-                    row.denied.push(taken_d);
+                    taken_d
+                };
+                let row = &mut prow[at];
+                row.allowed.push(fwd);
+                row.denied.push(denied);
+                if dp != Datapath::None {
+                    row.loads.push(load);
                 }
+                if let Some(before) = events_before {
+                    let seen = events_seen(&lab).saturating_sub(before) as f64;
+                    let rate = seen / measuring.elapsed().as_secs_f64();
+                    let n = row.allowed.len() as f64;
+                    // Running mean over the rounds.
+                    let mean = row.events_per_sec.unwrap_or(0.0);
+                    row.events_per_sec = Some(mean + (rate - mean) / n);
+                }
+                uninstall(&lab, dp);
+                eprintln!(
+                    "{:>15} | round {} | {:<28} | allowed {:>9} pps | denied {:>9} pps | load {:?}",
+                    p.name,
+                    round + 1,
+                    dp.label(),
+                    fmt_pps(fwd),
+                    fmt_pps(denied),
+                    load
+                );
             }
-            if let Some(before) = events_before {
-                let seen = events_seen(&lab).saturating_sub(before);
-                row.events_per_sec = Some(seen as f64 / measuring.elapsed().as_secs_f64());
-            }
-            uninstall(&lab, dp);
-            eprintln!(
-                "{:>15} | {:<28} | allowed {:>9} pps | denied {:>9} pps | load {:?}",
-                p.name,
-                dp.label(),
-                fmt_pps(median(row.allowed.clone())),
-                fmt_pps(median(row.denied.clone())),
-                load
-            );
-            rows.push(row);
         }
+        rows.extend(prow);
     }
     let data_secs = started.elapsed().as_secs();
     let cp_n = *sizes.iter().max().unwrap_or(&100_000);
@@ -218,17 +239,9 @@ fn main() {
         .collect();
 
     // Report.
-    let base = |policy: &str, allowed: bool| {
+    let base_row = |policy: &str| {
         rows.iter()
             .find(|r| r.policy == policy && r.dp == Datapath::None)
-            .map(|r| {
-                median(if allowed {
-                    r.allowed.clone()
-                } else {
-                    r.denied.clone()
-                })
-            })
-            .unwrap_or(0.0)
     };
     let date = run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let uname = run("uname", &["-r"]);
@@ -236,42 +249,42 @@ fn main() {
     let mut md = String::new();
     md.push_str("## Gateway benchmark against the alternatives (`cargo xtask bench-gateway`)\n\n");
     md.push_str(&format!(
-        "Generated on {} (kernel {}, {} cores); data plane {data_secs} s, {repeats} runs of {} ms after {} ms warm-up per cell, seed {seed}.\n\n",
+        "Generated on {} (kernel {}, {} cores); data plane {data_secs} s, {repeats} interleaved rounds per policy (every datapath installed afresh and measured once per round: {} ms after {} ms warm-up, allowed then denied), seed {seed}.\n\n",
         date.trim(), uname.trim(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), window.as_millis(), warmup.as_millis()
     ));
-    md.push_str("Sender → gateway → receiver network namespaces over veth; 64-byte UDP from one AF_PACKET sender on one core (the whole path runs on that core, so rate = 1 / CPU cost per packet). Every datapath enforces the same policy: the controller's provider-protection configuration (default deny on `liqo-tunnel`, allow the consumer's N offloaded pods) or a mixed policy of 64 rules. *Allowed*: destinations drawn from the N pods, figure = packets forwarded per second. *Denied*: destinations outside them, figure = packets taken in and dropped per second. Ratios are to the no-filter gateway forwarding the same frames in this run (median of the runs; spread = min–max ratio). *Filter ns/pkt* = 1/pps − 1/pps(no filter), the CPU the filter adds to each allowed packet.\n\n");
+    md.push_str("Sender → gateway → receiver network namespaces over veth; 64-byte UDP from one AF_PACKET sender on one core (the whole path runs on that core, so rate = 1 / CPU cost per packet). Every datapath enforces the same policy: the controller's provider-protection configuration (default deny on `liqo-tunnel`, allow the consumer's N offloaded pods) or a mixed policy of 64 rules. *Allowed*: destinations drawn from the N pods, figure = packets forwarded per second. *Denied*: destinations outside them, figure = packets taken in and dropped per second. Ratios are to the no-filter gateway forwarding the same frames in the same round, then the median over the rounds (spread = min–max of the rounds' ratios). *Filter ns/pkt* = 1/pps − 1/pps(no filter) from the medians, the CPU the filter adds to each allowed packet.\n\n");
     md.push_str("![gateway benchmark](bench-gateway.svg)\n\n");
     md.push_str("| policy | datapath | allowed: ratio (spread) | allowed pps | filter ns/pkt | denied: ratio (spread) | denied pps | load |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     for r in &rows {
-        let (ba, bd) = (base(&r.policy, true), base(&r.policy, false));
-        let spread = |v: &[f64], b: f64| {
-            let lo = v.iter().cloned().fold(f64::INFINITY, f64::min) / b;
-            let hi = v.iter().cloned().fold(0.0, f64::max) / b;
-            format!("{}–{}", fmt_ratio(lo), fmt_ratio(hi))
+        let Some(b) = base_row(&r.policy) else {
+            continue;
         };
+        let (ra, rd) = (
+            Paired::of(&r.allowed, &b.allowed),
+            Paired::of(&r.denied, &b.denied),
+        );
         let ma = median(r.allowed.clone());
-        let md_ = median(r.denied.clone());
+        let ba = median(b.allowed.clone());
         let cost = if r.dp == Datapath::None {
             "–".to_string()
         } else {
             format!("{:.0}", (1e9 / ma - 1e9 / ba).max(0.0))
         };
         md.push_str(&format!(
-            "| {} | {} | {} ({}) | {} | {} | {} ({}) | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {} |\n",
             r.policy,
             r.dp.label(),
-            fmt_ratio(ma / ba),
-            spread(&r.allowed, ba),
+            ra,
             fmt_pps(ma),
             cost,
-            fmt_ratio(md_ / bd),
-            spread(&r.denied, bd),
-            fmt_pps(md_),
-            r.load
+            rd,
+            fmt_pps(median(r.denied.clone())),
+            r.load()
                 .map(|d| format!("{:.0} ms", d.as_secs_f64() * 1e3))
                 .unwrap_or_else(|| "–".into())
         ));
     }
+    md.push_str(&limits_section(&rows, &names));
     md.push_str(&format!("\nControl plane at {cp_n} offloaded pods, measured with probe streams through the gateway (one packet every 200 µs). *Full sync*: from starting the agent (peerwall) or the loading command (others) until a stream to a denied address stops passing, i.e. the whole policy is in force. *One more pod*: from the change until a stream to the new pod's address passes; peerwall through `peerwall agent --source dir:` polling every 20 ms (re-parse, validate and compile all {cp_n} addresses, then the backend's incremental update: one set element or one map entry), the others through their own incremental command (`nft insert rule`, `iptables -I`, `ipset add`).\n\n| datapath | full sync | one more pod | agent peak RSS |\n|---|---:|---:|---:|\n"));
     for c in &cp {
         md.push_str(&format!(
@@ -296,7 +309,7 @@ fn main() {
     doc::write_section("gateway", md.trim_end()).expect("write docs/bench.md");
     std::fs::write(
         doc::docs_dir().join("bench-gateway.svg"),
-        svg(&rows, &names, &base),
+        svg(&rows, &names),
     )
     .expect("write svg");
     print!("{md}");

@@ -10,9 +10,96 @@ pub(crate) struct Row {
     pub(crate) dp: Datapath,
     pub(crate) allowed: Vec<f64>,
     pub(crate) denied: Vec<f64>,
-    pub(crate) load: Option<Duration>,
+    /// Install times, one per round (none for the baseline).
+    pub(crate) loads: Vec<Duration>,
     /// Events the agent read per second while the row was measured (the events rows).
     pub(crate) events_per_sec: Option<f64>,
+}
+
+impl Row {
+    /// The median install time.
+    pub(crate) fn load(&self) -> Option<Duration> {
+        let mut v = self.loads.clone();
+        v.sort();
+        v.get(v.len() / 2).copied()
+    }
+}
+
+/// Ratios of one row's rounds to another's, round by round (both measured in the same round,
+/// minutes apart at most): their median and spread.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Paired {
+    pub(crate) median: f64,
+    pub(crate) lo: f64,
+    pub(crate) hi: f64,
+}
+
+impl Paired {
+    pub(crate) fn of(v: &[f64], base: &[f64]) -> Paired {
+        let r: Vec<f64> = v
+            .iter()
+            .zip(base)
+            .filter(|(_, b)| **b > 0.0)
+            .map(|(x, b)| x / b)
+            .collect();
+        Paired {
+            median: median(r.clone()),
+            lo: r.iter().cloned().fold(f64::INFINITY, f64::min),
+            hi: r.iter().cloned().fold(0.0, f64::max),
+        }
+    }
+}
+
+impl std::fmt::Display for Paired {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} ({}–{})",
+            fmt_ratio(self.median),
+            fmt_ratio(self.lo),
+            fmt_ratio(self.hi)
+        )
+    }
+}
+
+/// peerwall's bpf datapath against the limits of any tc program and against peerwall's
+/// nftables, per policy, each ratio taken round by round.
+pub(crate) fn limits_section(rows: &[Row], policies: &[String]) -> String {
+    let find = |p: &str, dp: Datapath| rows.iter().find(|r| r.policy == p && r.dp == dp);
+    let mut t = String::new();
+    for p in policies {
+        let Some(bpf) = find(p, Datapath::PeerwallBpf) else {
+            continue;
+        };
+        let cell = |dp: Datapath, allowed: bool| {
+            find(p, dp)
+                .map(|o| {
+                    if allowed {
+                        Paired::of(&bpf.allowed, &o.allowed).to_string()
+                    } else {
+                        Paired::of(&bpf.denied, &o.denied).to_string()
+                    }
+                })
+                .unwrap_or_else(|| "–".into())
+        };
+        t.push_str(&format!(
+            "| {p} | {} | {} | {} | {} |\n",
+            cell(Datapath::TcEmpty, true),
+            cell(Datapath::TcHash, true),
+            cell(Datapath::PeerwallNft, true),
+            cell(Datapath::PeerwallNft, false),
+        ));
+    }
+    if t.is_empty() {
+        return t;
+    }
+    format!(
+        "\npeerwall bpf (tcx) against the limits and against peerwall nftables, round by round \
+         (median and spread of the rounds' ratios; targets: ≥ 0.95 of the empty tcx program, \
+         ≥ 1.0 of nftables):\n\n\
+         | policy | allowed: bpf ÷ empty tcx | allowed: bpf ÷ tcx one hash lookup | allowed: bpf ÷ nftables | denied: bpf ÷ nftables |\n\
+         |---|---:|---:|---:|---:|\n{t}"
+    )
 }
 
 pub(crate) fn fmt_ratio(v: f64) -> String {
@@ -45,8 +132,10 @@ pub(crate) fn events_section(rows: &[Row]) -> String {
         else {
             continue;
         };
-        let ratio = |v: &[f64], b: &[f64]| median(v.to_vec()) / median(b.to_vec());
-        let (ra, rd) = (ratio(&r.allowed, &b.allowed), ratio(&r.denied, &b.denied));
+        let (ra, rd) = (
+            Paired::of(&r.allowed, &b.allowed).median,
+            Paired::of(&r.denied, &b.denied).median,
+        );
         t.push_str(&format!(
             "| {} | {} | {} | {} | {} | {:.0} | {} |\n",
             r.policy,
@@ -68,7 +157,7 @@ pub(crate) fn events_section(rows: &[Row]) -> String {
          enforced by `peerwall agent --events` (every drop reported: NFLOG `log group` behind a \
          global `limit` for nftables, the ring buffer with its per-flow and per-CPU limits for \
          bpf; the running agent reads, numbers and counts each event) against the same \
-         datapath without events, measured in the same run. Denied traffic runs at full rate over \
+         datapath without events, measured in the same rounds (ratios round by round, then their median). Denied traffic runs at full rate over \
          1024 flows, so events run at their rate limit. Target: ≥ 0.9.\n\n\
          | policy | datapath | allowed: events on / off | denied: events on / off | denied pps, events on | events read per second | ≥ 0.9 |\n\
          |---|---|---:|---:|---:|---:|---|\n{t}",
@@ -77,7 +166,7 @@ pub(crate) fn events_section(rows: &[Row]) -> String {
 }
 
 /// Grouped bars on a log scale, one panel per traffic kind.
-pub(crate) fn svg(rows: &[Row], policies: &[String], base: &dyn Fn(&str, bool) -> f64) -> String {
+pub(crate) fn svg(rows: &[Row], policies: &[String]) -> String {
     let dps: Vec<Datapath> = Datapath::ALL
         .iter()
         .copied()
@@ -114,16 +203,20 @@ pub(crate) fn svg(rows: &[Row], policies: &[String], base: &dyn Fn(&str, bool) -
                 let Some(r) = rows.iter().find(|r| &r.policy == p && r.dp == *dp) else {
                     continue;
                 };
-                let v = median(if allowed {
-                    r.allowed.clone()
+                let Some(b) = rows
+                    .iter()
+                    .find(|x| &x.policy == p && x.dp == Datapath::None)
+                else {
+                    continue;
+                };
+                let ratio = if allowed {
+                    Paired::of(&r.allowed, &b.allowed).median
                 } else {
-                    r.denied.clone()
-                });
-                let b = base(p, allowed);
-                if b <= 0.0 || v <= 0.0 {
+                    Paired::of(&r.denied, &b.denied).median
+                };
+                if ratio <= 0.0 {
                     continue;
                 }
-                let ratio = v / b;
                 let y = y_of(ratio, y0);
                 s.push_str(&format!("<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{}\"><title>{}: {}</title></rect>\n", gx + di as f64 * bw, bw * 0.9, y0 + ph - y, colors[di % colors.len()], dp.label(), fmt_ratio(ratio)));
             }
