@@ -48,7 +48,7 @@ impl Datapath {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Datapath::None => "no filter (baseline)",
-            Datapath::ConntrackOnly => "no filter, conntrack on (a Liqo gateway's NAT)",
+            Datapath::ConntrackOnly => "no filter, conntrack on (Liqo's remapping NAT)",
             Datapath::TcEmpty => "limit: empty tcx program",
             Datapath::TcHash => "limit: tcx, one hash lookup",
             Datapath::PeerwallNft => "peerwall nftables",
@@ -243,9 +243,12 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
     match dp {
         Datapath::None => {}
         Datapath::ConntrackOnly => {
-            // A Liqo gateway always tracks connections: its remapping and masquerade tables
-            // are NAT chains. An empty NAT chain turns conntrack on and filters nothing.
-            let s = "table ip liqo_nat_bench {\n chain post {\n  type nat hook postrouting priority 100; policy accept;\n }\n}\n";
+            // A Liqo gateway always tracks connections: its remapping tables are NAT chains
+            // with DNAT/SNAT rules (`remapping/cidr.go`). An empty NAT chain does *not* turn
+            // conntrack on (the kernel enables it for the namespace when a rule needs it), so
+            // these chains hold one remapping each, for CIDRs the benchmark's traffic never
+            // uses: every packet is tracked, none is translated.
+            let s = "table ip liqo_nat_bench {\n chain pre {\n  type nat hook prerouting priority dstnat; policy accept;\n  ip daddr 192.0.2.0/24 dnat to 198.51.100.1\n }\n chain post {\n  type nat hook postrouting priority srcnat; policy accept;\n  ip saddr 192.0.2.0/24 snat to 198.51.100.1\n }\n}\n";
             std::fs::write(&file, s).expect("write");
             in_ns(&lab.gw, "nft", &["-f", &file.to_string_lossy()]);
         }
@@ -389,6 +392,16 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
             in_ns(&lab.gw, "nft", &["delete", "table", "inet", "liqo_bench"]);
         }
         Datapath::ConntrackOnly => {
+            // The row is only what it says if the traffic was tracked.
+            let tracked = in_ns(
+                &lab.gw,
+                "cat",
+                &["/proc/sys/net/netfilter/nf_conntrack_count"],
+            );
+            assert!(
+                tracked.trim().parse::<u64>().unwrap_or(0) > 0,
+                "conntrack was not on in the gateway (nf_conntrack_count {tracked:?})"
+            );
             in_ns(&lab.gw, "nft", &["delete", "table", "ip", "liqo_nat_bench"]);
         }
         Datapath::IptablesRules | Datapath::IptablesIpset => {
