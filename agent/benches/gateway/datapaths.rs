@@ -244,7 +244,8 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
         Datapath::None => {}
         Datapath::ConntrackOnly => {
             // A Liqo gateway always tracks connections: its remapping tables are NAT chains
-            // with DNAT/SNAT rules (`remapping/cidr.go`). An empty NAT chain does *not* turn
+            // with DNAT/SNAT rules (Liqo's
+            // `pkg/liqo-controller-manager/networking/external-network/remapping/cidr.go`). An empty NAT chain does *not* turn
             // conntrack on (the kernel enables it for the namespace when a rule needs it), so
             // these chains hold one remapping each, for CIDRs the benchmark's traffic never
             // uses: every packet is tracked, none is translated.

@@ -239,10 +239,6 @@ fn main() {
         .collect();
 
     // Report.
-    let base_row = |policy: &str| {
-        rows.iter()
-            .find(|r| r.policy == policy && r.dp == Datapath::None)
-    };
     let date = run("date", &["-u", "+%Y-%m-%d %H:%M UTC"]);
     let uname = run("uname", &["-r"]);
     let names: Vec<String> = policies.iter().map(|p| p.name.clone()).collect();
@@ -256,13 +252,10 @@ fn main() {
     md.push_str("![gateway benchmark](bench-gateway.svg)\n\n");
     md.push_str("| policy | datapath | allowed: ratio (spread) | allowed pps | filter ns/pkt | denied: ratio (spread) | denied pps | load |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     for r in &rows {
-        let Some(b) = base_row(&r.policy) else {
+        let Some(b) = find_row(&rows, &r.policy, Datapath::None) else {
             continue;
         };
-        let (ra, rd) = (
-            Paired::of(&r.allowed, &b.allowed),
-            Paired::of(&r.denied, &b.denied),
-        );
+        let (ra, rd) = (Paired::rows(r, b, true), Paired::rows(r, b, false));
         let ma = median(r.allowed.clone());
         let ba = median(b.allowed.clone());
         let cost = if r.dp == Datapath::None {

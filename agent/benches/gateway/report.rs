@@ -34,8 +34,22 @@ pub(crate) struct Paired {
     pub(crate) hi: f64,
 }
 
+/// The row of `dp` on `policy`, if the run measured it.
+pub(crate) fn find_row<'a>(rows: &'a [Row], policy: &str, dp: Datapath) -> Option<&'a Row> {
+    rows.iter().find(|r| r.policy == policy && r.dp == dp)
+}
+
 impl Paired {
-    pub(crate) fn of(v: &[f64], base: &[f64]) -> Paired {
+    /// `row ÷ base` round by round, on allowed or denied traffic.
+    pub(crate) fn rows(row: &Row, base: &Row, allowed: bool) -> Paired {
+        if allowed {
+            Paired::of(&row.allowed, &base.allowed)
+        } else {
+            Paired::of(&row.denied, &base.denied)
+        }
+    }
+
+    fn of(v: &[f64], base: &[f64]) -> Paired {
         let r: Vec<f64> = v
             .iter()
             .zip(base)
@@ -65,7 +79,7 @@ impl std::fmt::Display for Paired {
 /// peerwall's bpf datapath against the limits of any tc program and against peerwall's
 /// nftables, per policy, each ratio taken round by round.
 pub(crate) fn limits_section(rows: &[Row], policies: &[String]) -> String {
-    let find = |p: &str, dp: Datapath| rows.iter().find(|r| r.policy == p && r.dp == dp);
+    let find = |p: &str, dp: Datapath| find_row(rows, p, dp);
     let mut t = String::new();
     for p in policies {
         if find(p, Datapath::PeerwallBpf).is_none() {
@@ -74,8 +88,7 @@ pub(crate) fn limits_section(rows: &[Row], policies: &[String]) -> String {
         // `num ÷ den`, round by round.
         let cell = |num: Datapath, den: Datapath, allowed: bool| match (find(p, num), find(p, den))
         {
-            (Some(n), Some(d)) if allowed => Paired::of(&n.allowed, &d.allowed).to_string(),
-            (Some(n), Some(d)) => Paired::of(&n.denied, &d.denied).to_string(),
+            (Some(n), Some(d)) => Paired::rows(n, d, allowed).to_string(),
             _ => "–".into(),
         };
         t.push_str(&format!(
@@ -125,15 +138,12 @@ pub(crate) fn events_section(rows: &[Row]) -> String {
         let (Some(base_dp), Some(eps)) = (r.dp.without_events(), r.events_per_sec) else {
             continue;
         };
-        let Some(b) = rows
-            .iter()
-            .find(|x| x.policy == r.policy && x.dp == base_dp)
-        else {
+        let Some(b) = find_row(rows, &r.policy, base_dp) else {
             continue;
         };
         let (ra, rd) = (
-            Paired::of(&r.allowed, &b.allowed).median,
-            Paired::of(&r.denied, &b.denied).median,
+            Paired::rows(r, b, true).median,
+            Paired::rows(r, b, false).median,
         );
         t.push_str(&format!(
             "| {} | {} | {} | {} | {} | {:.0} | {} |\n",
@@ -199,20 +209,12 @@ pub(crate) fn svg(rows: &[Row], policies: &[String]) -> String {
                 y0 + ph + 15.0
             ));
             for (di, dp) in dps.iter().enumerate() {
-                let Some(r) = rows.iter().find(|r| &r.policy == p && r.dp == *dp) else {
-                    continue;
-                };
-                let Some(b) = rows
-                    .iter()
-                    .find(|x| &x.policy == p && x.dp == Datapath::None)
+                let (Some(r), Some(b)) =
+                    (find_row(rows, p, *dp), find_row(rows, p, Datapath::None))
                 else {
                     continue;
                 };
-                let ratio = if allowed {
-                    Paired::of(&r.allowed, &b.allowed).median
-                } else {
-                    Paired::of(&r.denied, &b.denied).median
-                };
+                let ratio = Paired::rows(r, b, allowed).median;
                 if ratio <= 0.0 {
                     continue;
                 }
