@@ -601,10 +601,96 @@ fn epoch(pins: &Pins) -> u32 {
     u32::from_le_bytes([b[0], b[1], b[2], b[3]])
 }
 
-/// One echo flow (one ICMP id) from pod1 to pod2 every 50 ms across `change`: replies come
-/// before it, and none once the datapath's epoch shows the change in force. Returns the
-/// epoch after the change.
+/// One UDP flow (one source port) from pod1 to pod2:7777, a datagram every 20 ms until
+/// stopped; the receiver keeps each datagram's wall-clock arrival time. IPv4 UDP is what the
+/// datapath's known-flow path (`known_flow_v4`, the cache read straight from the packet)
+/// serves, where echo requests take the parsed path.
+struct UdpFlow {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sender: std::thread::JoinHandle<()>,
+    receiver: std::thread::JoinHandle<Vec<f64>>,
+}
+
+impl UdpFlow {
+    fn start(t: &Topology) -> Self {
+        use std::net::UdpSocket;
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let rx = t
+            .provider
+            .run_in(|| UdpSocket::bind(("10.20.1.2", 7777)))
+            .expect("provider")
+            .expect("bind receiver");
+        rx.set_read_timeout(Some(std::time::Duration::from_millis(50)))
+            .expect("timeout");
+        let tx = t
+            .consumer
+            .run_in(|| UdpSocket::bind(("10.10.1.67", 0)))
+            .expect("consumer")
+            .expect("bind sender");
+        let s = stop.clone();
+        let receiver = std::thread::spawn(move || {
+            let mut stamps = vec![];
+            let mut buf = [0u8; 64];
+            let mut quiet_after_stop = 0;
+            while quiet_after_stop < 4 {
+                match rx.recv(&mut buf) {
+                    Ok(_) => stamps.push(unix_now()),
+                    Err(_) if s.load(Ordering::Relaxed) => quiet_after_stop += 1,
+                    Err(_) => {}
+                }
+            }
+            stamps
+        });
+        let s = stop.clone();
+        let sender = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let _ = tx.send_to(b"peerwall-cache", ("10.20.1.2", 7777));
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        });
+        UdpFlow {
+            stop,
+            sender,
+            receiver,
+        }
+    }
+
+    /// Stop; the arrival times.
+    fn finish(self) -> Vec<f64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.sender.join();
+        self.receiver.join().expect("receiver")
+    }
+}
+
+/// Cached verdicts of UDP flows in the pinned IPv4 verdict cache (key byte 12: the protocol).
+fn cached_udp_verdicts(pins: &Pins) -> usize {
+    let cached = bpftool_json(&[
+        "map",
+        "dump",
+        "pinned",
+        &format!("{}/VERDICTS4", pins.arg()),
+    ]);
+    cached
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| {
+                    e["key"][12]
+                        .as_str()
+                        .is_some_and(|p| p.trim_start_matches("0x") == "11")
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// One echo flow (one ICMP id) and one UDP flow from pod1 to pod2 across `change`: they get
+/// through before it, and nothing of either once the datapath's epoch shows the change in
+/// force. Returns the epoch after the change.
 fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
+    let udp = UdpFlow::start(t);
     let child = Command::new("ip")
         .args([
             "netns",
@@ -626,11 +712,20 @@ fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
         .spawn()
         .expect("ping");
     std::thread::sleep(std::time::Duration::from_millis(1200));
-    // The flow's verdicts are cached: the pinned map shows them.
-    let cached = bpftool_json(&["map", "dump", "pinned", &format!("{}/VERDICTS", pins.arg())]);
+    // The flows' verdicts are cached: the pinned map shows them.
+    let cached = bpftool_json(&[
+        "map",
+        "dump",
+        "pinned",
+        &format!("{}/VERDICTS4", pins.arg()),
+    ]);
     assert!(
         cached.as_array().is_some_and(|a| !a.is_empty()),
         "verdicts of the live flow cached: {cached}"
+    );
+    assert!(
+        cached_udp_verdicts(pins) >= 1,
+        "the UDP flow's verdict cached: {cached}"
     );
     let before = epoch(pins);
     change();
@@ -640,7 +735,7 @@ fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
     }
     let after = epoch(pins);
     assert_ne!(after, before, "the agent applied the change");
-    // Requests sent before may still be answered for one round trip.
+    // Packets sent before may still be in flight for one round trip.
     let applied = unix_now() + 0.02;
     let o = child.wait_with_output().expect("ping output");
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
@@ -650,6 +745,21 @@ fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
         "the flow was live before the change:\n{out}"
     );
     assert_eq!(late, 0, "replies after the change was in force:\n{out}");
+    let stamps = udp.finish();
+    let on_time = stamps.iter().filter(|&&s| s <= applied).count();
+    let late: Vec<f64> = stamps
+        .iter()
+        .filter(|&&s| s > applied)
+        .map(|s| s - applied)
+        .collect();
+    assert!(
+        on_time >= 20,
+        "the UDP flow was live before the change: {on_time} datagrams"
+    );
+    assert!(
+        late.is_empty(),
+        "UDP datagrams delivered after the change was in force (seconds after): {late:?}"
+    );
     after
 }
 

@@ -3,7 +3,10 @@
 //! - the nftables rendering, loaded in a scratch gateway namespace, with real packets;
 //! - the eBPF datapath, loaded and verified in this kernel, run with BPF_PROG_TEST_RUN
 //!   (thousands of cases);
-//! - both engines on the same cases (bpf == reference == nftables).
+//! - both engines on the same cases (bpf == reference == nftables);
+//! - the eBPF datapath's verdict cache: each case run twice with the cache on, the repeat
+//!   served from the cache (IPv4 TCP and UDP through the known-flow path that reads the packet
+//!   directly) with the same tc action and the same rule counters as the full classification.
 //!
 //! Seeded and reproducible: `PEERWALL_SEED=<n>` replays a run; `PEERWALL_DIFF_POLICIES` and
 //! `PEERWALL_DIFF_PACKETS` scale it. A mismatch is shrunk to a minimal policy and printed as
@@ -26,7 +29,15 @@ use rand::SeedableRng;
 enum Engine {
     Nftables,
     Bpf,
+    /// The bpf datapath with its verdict cache: every case twice.
+    BpfCached,
 }
+
+/// Repeats the verdict cache served, over all cases of this process: (all, IPv4 TCP or UDP).
+static SERVED: [std::sync::atomic::AtomicU64; 2] = [
+    std::sync::atomic::AtomicU64::new(0),
+    std::sync::atomic::AtomicU64::new(0),
+];
 
 fn ifnames() -> Vec<String> {
     IFACES.iter().map(|s| s.to_string()).collect()
@@ -35,6 +46,7 @@ fn ifnames() -> Vec<String> {
 enum Judge {
     Nft(Box<NftProbe>),
     Bpf(Box<BpfProbe>),
+    BpfCached(Box<BpfProbe>),
 }
 
 impl Judge {
@@ -45,6 +57,10 @@ impl Judge {
                 let parent = ensure_bpffs().map_err(ProbeError::Bpf)?;
                 Judge::Bpf(Box::new(BpfProbe::new(policy, &ifnames(), &parent)?))
             }
+            Engine::BpfCached => {
+                let parent = ensure_bpffs().map_err(ProbeError::Bpf)?;
+                Judge::BpfCached(Box::new(BpfProbe::new(policy, &ifnames(), &parent)?))
+            }
         })
     }
 
@@ -52,6 +68,18 @@ impl Judge {
         match self {
             Judge::Nft(p) => p.verdict(pkt),
             Judge::Bpf(p) => p.verdict(pkt),
+            Judge::BpfCached(p) => {
+                let (v, repeat) = p.verdict_repeated(pkt)?;
+                if repeat.cached {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    SERVED[0].fetch_add(1, Relaxed);
+                    let direct = matches!(pkt.proto, ir::eval::proto::TCP | ir::eval::proto::UDP);
+                    if pkt.src.is_ipv4() && direct {
+                        SERVED[1].fetch_add(1, Relaxed);
+                    }
+                }
+                Ok(v)
+            }
         }
     }
 }
@@ -154,7 +182,8 @@ fn run(engines: &[Engine], name: &str, policies: u64, packets: u64) -> u64 {
             // redrawn, so every policy gets its full share of cases.
             let pkt = loop {
                 let p = random_packet(&mut rng);
-                if !engines.contains(&Engine::Bpf) || bpf_can_probe(&p) {
+                let bpf = engines.contains(&Engine::Bpf) || engines.contains(&Engine::BpfCached);
+                if !bpf || bpf_can_probe(&p) {
                     break p;
                 }
             };
@@ -207,4 +236,24 @@ fn bpf_datapath_equals_reference() {
 fn bpf_equals_reference_equals_nftables() {
     let cases = run(&[Engine::Bpf, Engine::Nftables], "three-way", 6, 25);
     assert!(cases >= 100, "{cases}");
+}
+
+#[test]
+fn bpf_verdict_cache_equals_full_classification() {
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 12) * 2;
+    let packets = env_num("PEERWALL_DIFF_PACKETS", 25) * 2;
+    let cases = run(&[Engine::BpfCached], "bpf cached", policies, packets);
+    let served = SERVED[0].load(std::sync::atomic::Ordering::Relaxed);
+    let direct = SERVED[1].load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("bpf cached: {served} of {cases} repeats served from the cache, {direct} of them IPv4 TCP/UDP");
+    // Reject, related, invalid and paths through more than four chains are never cached;
+    // the rest is.
+    assert!(
+        served * 4 >= cases,
+        "{served} of {cases} repeats served from the cache"
+    );
+    assert!(
+        direct * 10 >= cases,
+        "{direct} IPv4 TCP/UDP repeats of {cases}"
+    );
 }

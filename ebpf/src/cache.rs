@@ -1,10 +1,12 @@
 //! Verdict cache: the next packets of a flow reuse the verdict its classification gave, in one
-//! hash lookup, instead of routing, conntrack and every chain again (`VERDICTS`, keyed by the
-//! packet's own direction).
+//! hash lookup, instead of routing, conntrack and every chain again (`VERDICTS4` and
+//! `VERDICTS6`, keyed by the packet's own direction). IPv4 TCP and UDP, the bulk of a
+//! gateway's traffic, reach their entry through [`known_flow_v4`], which reads the few header
+//! bytes the key needs straight from the packet, before the full parse.
 //!
 //! A cached verdict is served only under the policy epoch it was computed in (`CONFIG.active`:
 //! any policy change, a slot switch or an in-place update, gives a new epoch), for the same
-//! input interface, and for at most [`VERDICT_TTL_NS`]: after that the packet is classified in
+//! input interface, and for at most [`VERDICT_TTL_JIFFIES`] (at most a second): after that the packet is classified in
 //! full again, which also refreshes conntrack and re-reads the route. Conntrack forgets the
 //! entries whose state a commit changes (`conntrack.rs`). Only accept and drop are cached, and
 //! only for packets whose conntrack state is new or established and cannot be otherwise:
@@ -13,61 +15,83 @@
 #[allow(unused_imports)]
 use super::*;
 
-use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
+use aya_ebpf::helpers::generated::bpf_jiffies64;
 
-/// How long a cached verdict is served.
-pub(crate) const VERDICT_TTL_NS: u64 = 1_000_000_000;
+/// How long a cached verdict is served, in jiffies: at most 1 s whatever the kernel's HZ (Linux
+/// has HZ ≥ 100), 0.1 s at HZ = 1000. Jiffies because the verifier inlines `bpf_jiffies64`
+/// into one load, where a nanosecond clock is a helper call every packet of a known flow pays.
+pub(crate) const VERDICT_TTL_JIFFIES: u64 = 100;
 
 /// [`cached_verdict`]'s answer when the packet must be classified.
 pub(crate) const MISS: u32 = u32::MAX;
 
-/// The cache key of a packet, or None when its verdict is never cached.
+/// Whether a parsed packet's verdict may be cached, and the byte its key adds: the ICMP echo
+/// type (0 for TCP and UDP). None when it is never cached.
 #[inline(always)]
-pub(crate) fn cache_key(p: &Pkt) -> Option<FlowKey> {
-    let mut k = flow_key(p);
+fn cacheable(p: &Pkt) -> Option<u8> {
     match p.proto {
-        IPPROTO_TCP => {
-            if !p.has_ports || !tcp_flags_valid(p.tcp_flags) {
-                return None;
-            }
-        }
-        IPPROTO_UDP => {
-            if !p.has_ports {
-                return None;
-            }
-        }
-        IPPROTO_ICMP | IPPROTO_ICMPV6 => {
-            if !icmp_keyed(p) {
-                return None;
-            }
-            k._pad[0] = p.icmp_type;
-        }
-        _ => return None,
+        IPPROTO_TCP if p.has_ports && tcp_flags_valid(p.tcp_flags) => Some(0),
+        IPPROTO_UDP if p.has_ports => Some(0),
+        IPPROTO_ICMP | IPPROTO_ICMPV6 if icmp_keyed(p) => Some(p.icmp_type),
+        _ => None,
     }
-    Some(k)
 }
 
-/// The verdict cached for `WORK`'s packet arriving on `iif` under `epoch`, after counting it in
-/// the rules that decided it and reporting its event (accepts only when `count_accepts`: XDP
-/// leaves them to tc); or [`MISS`].
-#[inline(never)]
-pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u32) -> u32 {
-    let Some(w) = WORK.get(0) else {
-        return MISS;
-    };
-    let Some(k) = cache_key(&w.p) else {
-        return MISS;
-    };
-    // SAFETY: read-only lookup of plain data.
-    let Some(v) = (unsafe { VERDICTS.get(&k) }) else {
-        return MISS;
-    };
+/// The `VERDICTS4` key of an IPv4 flow key with `extra` (the ICMP echo type, or 0).
+#[inline(always)]
+fn key4(k: &FlowKey, extra: u8) -> VerdictKey4 {
+    VerdictKey4 {
+        src: [k.src[0], k.src[1], k.src[2], k.src[3]],
+        dst: [k.dst[0], k.dst[1], k.dst[2], k.dst[3]],
+        sport: k.sport,
+        dport: k.dport,
+        proto: k.proto,
+        icmp_type: extra,
+        _pad: [0; 2],
+    }
+}
+
+/// The `VERDICTS6` key of an IPv6 flow key with `extra` (the ICMP echo type, or 0).
+#[inline(always)]
+fn key6(k: &FlowKey, extra: u8) -> FlowKey {
+    let mut c = *k;
+    c._pad[0] = extra;
+    c
+}
+
+/// The cached verdict of a parsed packet, if any.
+#[inline(always)]
+fn lookup(p: &Pkt) -> Option<&'static CachedVerdict> {
+    let extra = cacheable(p)?;
+    let k = flow_key(p);
+    // SAFETY: read-only lookups of plain data.
+    unsafe {
+        if p.family == family::V4 {
+            VERDICTS4.get(&key4(&k, extra))
+        } else {
+            VERDICTS6.get(&key6(&k, extra))
+        }
+    }
+}
+
+/// Serve `v` to a packet of `len` bytes arriving on `iif` under `epoch`: its action, after
+/// counting the packet in the rules that decided it and reporting its event (accepts only when
+/// `count_accepts`: XDP leaves them to tc); or [`MISS`] when `v` no longer holds.
+#[inline(always)]
+fn serve(
+    v: &CachedVerdict,
+    iif: u32,
+    epoch: u32,
+    count_accepts: bool,
+    flags: u32,
+    len: u64,
+) -> u32 {
     if v.epoch != epoch || v.ifindex != iif {
         return MISS;
     }
     // SAFETY: no arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    if now.wrapping_sub(v.at_ns) >= VERDICT_TTL_NS {
+    let now = unsafe { bpf_jiffies64() };
+    if now.wrapping_sub(v.at_jiffies) >= VERDICT_TTL_JIFFIES {
         return MISS;
     }
     let action = v.action as u32;
@@ -76,7 +100,6 @@ pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u
     }
     if action != ACT_ACCEPT as u32 || count_accepts {
         let n = (v.counted as usize).min(CACHED_COUNTERS);
-        let len = w.p.len as u64;
         let mut i = 0;
         while i < CACHED_COUNTERS {
             if i >= n {
@@ -100,6 +123,117 @@ pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u
     action
 }
 
+/// The verdict cached for `WORK`'s packet arriving on `iif` under `epoch` (see [`serve`]), or
+/// [`MISS`].
+#[inline(never)]
+pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u32) -> u32 {
+    let Some(w) = WORK.get(0) else {
+        return MISS;
+    };
+    match lookup(&w.p) {
+        Some(v) => serve(v, iif, epoch, count_accepts, flags, w.p.len as u64),
+        None => MISS,
+    }
+}
+
+/// Linear packet bytes, for the known-flow path's direct reads.
+pub(crate) trait Linear {
+    /// Start and end of the linear data.
+    fn bounds(&self) -> (usize, usize);
+}
+
+impl Linear for TcContext {
+    #[inline(always)]
+    fn bounds(&self) -> (usize, usize) {
+        (self.data(), self.data_end())
+    }
+}
+
+impl Linear for XdpContext {
+    #[inline(always)]
+    fn bounds(&self) -> (usize, usize) {
+        (self.data(), self.data_end())
+    }
+}
+
+/// Whether the verdict cache serves packets at all: not with a benchmark-only flag on, and not
+/// in probe mode unless [`flags::PROBE_CACHE`] asks for it (the cache's own tests).
+#[inline(always)]
+pub(crate) fn cache_on(cfg: &Config) -> bool {
+    cfg.flags & flags::DIAG_ALL == 0
+        && (cfg.flags & flags::PROBE == 0 || cfg.flags & flags::PROBE_CACHE != 0)
+}
+
+/// Whether [`known_flow_v4`] may answer: the cache is on and there are no NAT views (the cache
+/// is keyed after the view, which only the full path applies).
+#[inline(always)]
+pub(crate) fn direct_cache(cfg: &Config) -> bool {
+    cache_on(cfg) && !has_views(cfg)
+}
+
+/// The known-flow path: the verdict cached for an IPv4 TCP or UDP packet whose IP header
+/// starts at `l3`, read straight from the linear packet into a [`VerdictKey4`] (no [`parse`],
+/// no `WORK`), served as [`cached_verdict`] would. [`MISS`] for everything else, which then
+/// takes the full path: IP options, fragments, ICMP, TCP flags conntrack refuses, headers
+/// beyond the linear data, no entry. The caller asks only when [`direct_cache`] holds, so both
+/// paths key the same packet alike.
+///
+/// Not inlined: its stack stays out of the entry's frame, which the full path's calls add to.
+#[inline(never)]
+pub(crate) fn known_flow_v4<L: Linear>(
+    ctx: &L,
+    l3: usize,
+    iif: u32,
+    epoch: u32,
+    count_accepts: bool,
+    flags: u32,
+) -> u32 {
+    let (data, end) = ctx.bounds();
+    let ip = data + (l3 & 0xff);
+    // The IP header and the first 14 bytes of TCP (to its flags) or 8 of UDP.
+    if ip + 28 > end {
+        return MISS;
+    }
+    // SAFETY: `ip .. ip + 28` lies within the linear data (checked above).
+    let h = unsafe { core::ptr::read_unaligned(ip as *const [u8; 28]) };
+    // Version 4 without options; neither a fragment nor a first fragment with more to come.
+    if h[0] != 0x45 || (h[6] & 0x3f) != 0 || h[7] != 0 {
+        return MISS;
+    }
+    let len = u16::from_be_bytes([h[2], h[3]]);
+    if len < 20 {
+        // Inconsistent: the full path drops it.
+        return MISS;
+    }
+    let proto = h[9];
+    if proto == IPPROTO_TCP {
+        if ip + 34 > end {
+            return MISS;
+        }
+        // SAFETY: `ip + 33` lies within the linear data (checked above).
+        let tcp_flags = unsafe { *((ip + 33) as *const u8) };
+        if !tcp_flags_valid(tcp_flags) {
+            return MISS;
+        }
+    } else if proto != IPPROTO_UDP {
+        return MISS;
+    }
+    let k = VerdictKey4 {
+        src: [h[12], h[13], h[14], h[15]],
+        dst: [h[16], h[17], h[18], h[19]],
+        sport: [h[20], h[21]],
+        dport: [h[22], h[23]],
+        proto,
+        icmp_type: 0,
+        _pad: [0; 2],
+    };
+    // SAFETY: read-only lookup of plain data.
+    match unsafe { VERDICTS4.get(&k) } {
+        Some(v) => serve(v, iif, epoch, count_accepts, flags, len as u64),
+        None => MISS,
+    }
+}
+
 /// Cache `action`, which `classify` just gave `WORK`'s packet, when the packet and the path
 /// allow it.
 #[inline(never)]
@@ -117,14 +251,15 @@ pub(crate) fn remember(action: u8) {
     if sc.steps as usize > CACHED_COUNTERS {
         return;
     }
-    let Some(k) = cache_key(&w.p) else {
+    let Some(extra) = cacheable(&w.p) else {
         return;
     };
+    let k = flow_key(&w.p);
     let v = CachedVerdict {
         epoch: r.epoch,
         ifindex: r.iif,
         // SAFETY: no arguments.
-        at_ns: unsafe { bpf_ktime_get_coarse_ns() },
+        at_jiffies: unsafe { bpf_jiffies64() },
         counters: sc.trail,
         action,
         state: r.state as u8,
@@ -135,25 +270,35 @@ pub(crate) fn remember(action: u8) {
         oif: r.oif,
         _pad2: [0; 4],
     };
-    let _ = VERDICTS.insert(&k, &v, 0);
+    if w.p.family == family::V4 {
+        let _ = VERDICTS4.insert(&key4(&k, extra), &v, 0);
+    } else {
+        let _ = VERDICTS6.insert(&key6(&k, extra), &v, 0);
+    }
 }
 
-/// Forget the cached verdicts of the packets keyed `k` (both echo types for ICMP): a commit
-/// changed their conntrack state.
+/// Forget the cached verdicts of the packets of flow `k` (both echo types for ICMP): a
+/// commit changed their conntrack state.
 #[inline(never)]
 pub(crate) fn forget(k: &FlowKey) {
-    if k.proto == IPPROTO_ICMP || k.proto == IPPROTO_ICMPV6 {
-        let (request, reply) = if k.proto == IPPROTO_ICMP {
-            (8, 0)
+    let icmp = match k.proto {
+        IPPROTO_ICMP => Some((8, 0)),
+        IPPROTO_ICMPV6 => Some((128, 129)),
+        _ => None,
+    };
+    let v4 = k.family == family::V4;
+    let remove = |extra: u8| {
+        if v4 {
+            let _ = VERDICTS4.remove(&key4(k, extra));
         } else {
-            (128, 129)
-        };
-        let mut c = *k;
-        c._pad[0] = request;
-        let _ = VERDICTS.remove(&c);
-        c._pad[0] = reply;
-        let _ = VERDICTS.remove(&c);
-    } else {
-        let _ = VERDICTS.remove(k);
+            let _ = VERDICTS6.remove(&key6(k, extra));
+        }
+    };
+    match icmp {
+        Some((request, reply)) => {
+            remove(request);
+            remove(reply);
+        }
+        None => remove(0),
     }
 }

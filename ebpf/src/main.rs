@@ -41,8 +41,8 @@ use aya_ebpf::EbpfContext;
 use peerwall_common::{
     constrained, ct, dim, family, flags, hook, ActionCode, AddrKeyData, Bitmap, CachedVerdict,
     ChainInfo, Config, Counter, DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo,
-    PortKeyData, ProbeRecord, ProtoKey, RuleInfo, ViewTarget, CACHED_COUNTERS, HOOK_SLOTS,
-    MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES, PROBE_MAGIC, WORDS,
+    PortKeyData, ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS,
+    HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES, PROBE_MAGIC, WORDS,
 };
 
 mod bare;
@@ -99,6 +99,18 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     if ethertype != ETH_P_IP && ethertype != ETH_P_IPV6 {
         return Ok(TC_ACT_OK);
     }
+    // Probe packets carry their input interface in the control block (cache tests only).
+    let probe_cache = cfg.flags & flags::PROBE_CACHE != 0;
+    if ethertype == ETH_P_IP && direct_cache(&cfg) {
+        let iif = if probe_cache { ctx.cb()[3] } else { ifindex };
+        let a = known_flow_v4(ctx, l2, iif, cfg.active, true, cfg.flags);
+        if a == ACT_ACCEPT as u32 {
+            return Ok(TC_ACT_OK);
+        }
+        if a == ACT_DROP as u32 {
+            return Ok(TC_ACT_SHOT);
+        }
+    }
     let Some(w) = WORK.get_ptr_mut(0) else {
         return Err(());
     };
@@ -114,9 +126,10 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
         forward_view(p, if probe { ctx.cb()[3] } else { ifindex }, cfg.active & 1);
     }
     let diag = cfg.flags & flags::DIAG_ALL;
-    let cache = !probe && diag == 0;
+    let cache = cache_on(&cfg);
     if cache {
-        let a = cached_verdict(ifindex, cfg.active, true, cfg.flags);
+        let iif = if probe { ctx.cb()[3] } else { ifindex };
+        let a = cached_verdict(iif, cfg.active, true, cfg.flags);
         if a == ACT_ACCEPT as u32 {
             return Ok(TC_ACT_OK);
         }
@@ -141,7 +154,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             state,
             count: true,
             commit,
-            cache: false,
+            cache,
         }
     } else {
         let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
@@ -223,6 +236,15 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         Some(t) => u16::from_be_bytes(t),
         None => return Ok(xdp_action::XDP_PASS),
     };
+    if ethertype == ETH_P_IP && direct_cache(&cfg) {
+        let a = known_flow_v4(ctx, l2, ifindex, cfg.active, false, cfg.flags);
+        if a == ACT_DROP as u32 {
+            return Ok(xdp_action::XDP_DROP);
+        }
+        if a != MISS {
+            return Ok(xdp_action::XDP_PASS);
+        }
+    }
     let Some(w) = WORK.get_ptr_mut(0) else {
         return Err(());
     };
@@ -236,7 +258,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     if has_views(&cfg) {
         forward_view(p, ifindex, cfg.active & 1);
     }
-    let cache = cfg.flags & flags::DIAG_ALL == 0;
+    let cache = cache_on(&cfg);
     if cache {
         let a = cached_verdict(ifindex, cfg.active, false, cfg.flags);
         if a == ACT_DROP as u32 {

@@ -98,11 +98,15 @@ pub(crate) fn has_views(cfg: &Config) -> bool {
 }
 #[map]
 pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
-/// Verdicts reused for the next packets of a flow (`cache.rs`). Separate from `FLOWS`: a flood
-/// of denied flows evicts cached verdicts, never connection state.
+/// Verdicts reused for the next packets of a flow (`cache.rs`), per family: IPv4 under a 16-byte
+/// key, hashed by every packet of a known flow. Separate from `FLOWS`: a flood of denied flows
+/// evicts cached verdicts, never connection state.
 pub(crate) const VERDICTS_MAX: u32 = 1 << 16;
 #[map]
-pub(crate) static VERDICTS: LruHashMap<FlowKey, CachedVerdict> =
+pub(crate) static VERDICTS4: LruHashMap<VerdictKey4, CachedVerdict> =
+    LruHashMap::pinned(VERDICTS_MAX, 0);
+#[map]
+pub(crate) static VERDICTS6: LruHashMap<FlowKey, CachedVerdict> =
     LruHashMap::pinned(VERDICTS_MAX, 0);
 #[map]
 pub(crate) static LAST: PerCpuArray<ProbeRecord> = PerCpuArray::pinned(1, 0);

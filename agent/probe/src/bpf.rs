@@ -63,6 +63,23 @@ pub struct FrameRun {
     pub verdict: Option<Verdict>,
 }
 
+/// What the second of two identical packets got ([`BpfProbe::verdict_repeated`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Repeat {
+    /// The verdict cache served it (it was not classified again).
+    pub cached: bool,
+}
+
+/// A probe packet classified in full, and what rebuilds its frame.
+struct Classified {
+    verdict: Verdict,
+    marker: u32,
+    shape: Shape,
+    iif: u32,
+    oif: u32,
+    tc_action: u32,
+}
+
 /// The loaded datapath with a policy, answering verdict queries.
 pub struct BpfProbe {
     backend: BpfBackend,
@@ -284,6 +301,69 @@ impl BpfProbe {
 
     /// The datapath's verdict on one packet (forward or input path).
     pub fn verdict(&mut self, pkt: &Packet) -> Result<Verdict, ProbeError> {
+        self.classify(pkt).map(|c| c.verdict)
+    }
+
+    /// The datapath's verdict on `pkt` with the verdict cache on
+    /// ([`peerwall_common::flags::PROBE_CACHE`]), then the same frame once more. The second run
+    /// must return the same tc action and count the same rules, packets and bytes as the first,
+    /// whether the cache served it or it was classified again (then with the same verdict);
+    /// otherwise [`ProbeError::Inconsistent`]. Returns the first run's verdict and whether the
+    /// cache served the second.
+    pub fn verdict_repeated(&mut self, pkt: &Packet) -> Result<(Verdict, Repeat), ProbeError> {
+        self.backend.set_probe_cache(true)?;
+        let r = self.classify_twice(pkt);
+        self.backend.set_probe_cache(false)?;
+        r
+    }
+
+    fn classify_twice(&mut self, pkt: &Packet) -> Result<(Verdict, Repeat), ProbeError> {
+        self.backend.flush_verdicts()?;
+        let before = self.backend.counters()?;
+        let first = self.classify(pkt)?;
+        let mid = self.backend.counters()?;
+        let ip = packet::build_ip(pkt, first.marker, first.shape);
+        let frame = packet::ethernet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], &ip);
+        let forward = pkt.path() == PacketPath::Forward;
+        let (rec, ret, _) = self.test_run(&frame, forward, first.iif, first.oif)?;
+        let after = self.backend.counters()?;
+        let inconsistent = |observed: &'static str| ProbeError::Inconsistent {
+            observed,
+            counted: "the first run's tc action, verdict and counts",
+            packet: format!("{pkt:?}"),
+        };
+        if ret.return_value != first.tc_action {
+            return Err(inconsistent(
+                "the repeated packet got another tc action than the first",
+            ));
+        }
+        if let Some(rec) = rec {
+            if self.verdict_of(&rec, first.verdict.verdict)? != first.verdict {
+                return Err(inconsistent(
+                    "the repeated packet, classified again, got another verdict",
+                ));
+            }
+        }
+        let delta = |a: &[peerwall_backend::RuleCounter], b: &[peerwall_backend::RuleCounter]| {
+            a.iter()
+                .zip(b)
+                .map(|(x, y)| (x.packets - y.packets, x.bytes - y.bytes))
+                .collect::<Vec<_>>()
+        };
+        if delta(&mid, &before) != delta(&after, &mid) {
+            return Err(inconsistent(
+                "the repeated packet was counted in other rules than the first",
+            ));
+        }
+        Ok((
+            first.verdict,
+            Repeat {
+                cached: rec.is_none(),
+            },
+        ))
+    }
+
+    fn classify(&mut self, pkt: &Packet) -> Result<Classified, ProbeError> {
         let unsupported = |m: &str| Err(ProbeError::Unsupported(m.to_string()));
         let path = pkt.path();
         if path == PacketPath::Output {
@@ -347,7 +427,14 @@ impl BpfProbe {
                 packet: format!("{pkt:?}"),
             });
         }
-        self.verdict_of(&rec, verdict)
+        Ok(Classified {
+            verdict: self.verdict_of(&rec, verdict)?,
+            marker,
+            shape,
+            iif,
+            oif,
+            tc_action: ret.return_value,
+        })
     }
 
     /// What a frame the datapath was given raw did: the tc action it returned and, when it

@@ -145,6 +145,36 @@ impl BpfBackend {
         Ok(())
     }
 
+    /// Probe packets also cached and served from the verdict cache
+    /// ([`peerwall_common::flags::PROBE_CACHE`]): the cache's differential test.
+    pub fn set_probe_cache(&mut self, on: bool) -> Result<(), BpfError> {
+        let mut c = self.config()?;
+        if on {
+            c.flags |= peerwall_common::flags::PROBE_CACHE;
+        } else {
+            c.flags &= !peerwall_common::flags::PROBE_CACHE;
+        }
+        self.set_config(c)
+    }
+
+    /// Forget every cached verdict (both families).
+    pub fn flush_verdicts(&mut self) -> Result<(), BpfError> {
+        fn flush<K: aya::Pod>(b: &mut BpfBackend, name: &str) -> Result<(), BpfError> {
+            let mut m: aya::maps::HashMap<&mut MapData, K, peerwall_common::CachedVerdict> =
+                aya::maps::HashMap::try_from(b.map(name)?).map_err(map_err(name))?;
+            let keys: Vec<K> = m.keys().filter_map(Result::ok).collect();
+            for k in keys {
+                match m.remove(&k) {
+                    Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => return Err(map_err(name)(e)),
+                }
+            }
+            Ok(())
+        }
+        flush::<peerwall_common::VerdictKey4>(self, map::VERDICTS4)?;
+        flush::<peerwall_common::FlowKey>(self, map::VERDICTS6)
+    }
+
     /// Map access for the probe engine.
     pub fn map_mut(&mut self, name: &str) -> Result<&mut aya::maps::Map, BpfError> {
         self.map(name)
