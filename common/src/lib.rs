@@ -470,28 +470,29 @@ pub struct CachedVerdict {
     pub epoch: u32,
     /// Input ifindex of the packet it was computed for.
     pub ifindex: u32,
-    /// `bpf_jiffies64` when computed.
-    pub at_jiffies: u64,
-    /// `COUNTERS` indices (of the epoch's slot) of the rules, or chain policies, that decided
-    /// in each chain on the path.
-    pub counters: [u32; CACHED_COUNTERS],
+    /// `bpf_jiffies64` when computed, low 32 bits (compared wrapping).
+    pub at_jiffies: u32,
     /// [`ActionCode`].
     pub action: u8,
-    /// [`ct`] state it was computed for.
-    pub state: u8,
     /// How many of `counters` are used.
     pub counted: u8,
+    /// [`ct`] state it was computed for.
+    pub state: u8,
     /// [`ActionCode`] of the first would-drop on the path (`AuditDrop`, `AuditReject`), or 0.
     pub audit: u8,
-    /// Index in `counters` of that would-drop's chain.
+    /// `COUNTERS` indices (of the epoch's slot; chain × [`MAX_RULES`] + rule, below 2^16) of
+    /// the rules, or chain policies, that decided in each chain on the path.
+    pub counters: [u16; CACHED_COUNTERS],
+    /// Output ifindex of the packet it was computed for (reported in events).
+    pub oif: u32,
+    /// Index in `counters` of the would-drop's chain.
     pub audit_step: u8,
     /// Zero.
     pub _pad: [u8; 3],
-    /// Output ifindex of the packet it was computed for (reported in events).
-    pub oif: u32,
-    /// Zero.
-    pub _pad2: [u8; 4],
 }
+
+// Counter indices fit a cached verdict's u16.
+const _: () = assert!(MAX_CHAINS as usize * MAX_RULES <= 1 << 16);
 
 /// What the datapath decided for a probe packet (probe mode only). `LAST[0]`, per CPU.
 #[repr(C)]
@@ -693,8 +694,11 @@ mod tests {
         assert_eq!(size_of::<Config>(), 8);
         assert_eq!(size_of::<FlowKey>(), 40);
         assert_eq!(size_of::<VerdictKey4>(), 16);
+        // With the kernel's 48-byte element header and the 16-byte key, a `VERDICTS4` element
+        // is 96 bytes: two cache lines for a known flow's lookup (with 48 bytes of value, 112:
+        // two or three).
+        assert_eq!(size_of::<CachedVerdict>(), 32);
         assert_eq!(size_of::<FlowState>(), 16);
-        assert_eq!(size_of::<CachedVerdict>(), 48);
         assert_eq!(size_of::<ProbeRecord>(), 24);
         assert_eq!(size_of::<FlowEvent>(), 88);
         assert_eq!(size_of::<EventConfig>(), 16);

@@ -20,7 +20,7 @@ use aya_ebpf::helpers::generated::bpf_jiffies64;
 /// How long a cached verdict is served, in jiffies: at most 1 s whatever the kernel's HZ (Linux
 /// has HZ ≥ 100), 0.1 s at HZ = 1000. Jiffies because the verifier inlines `bpf_jiffies64`
 /// into one load, where a nanosecond clock is a helper call every packet of a known flow pays.
-pub(crate) const VERDICT_TTL_JIFFIES: u64 = 100;
+pub(crate) const VERDICT_TTL_JIFFIES: u32 = 100;
 
 /// [`cached_verdict`]'s answer when the packet must be classified.
 pub(crate) const MISS: u32 = u32::MAX;
@@ -90,7 +90,7 @@ fn serve(
         return MISS;
     }
     // SAFETY: no arguments.
-    let now = unsafe { bpf_jiffies64() };
+    let now = unsafe { bpf_jiffies64() } as u32;
     if now.wrapping_sub(v.at_jiffies) >= VERDICT_TTL_JIFFIES {
         return MISS;
     }
@@ -106,9 +106,9 @@ fn serve(
                 break;
             }
             let c = if epoch & 1 == 0 {
-                COUNTERS0.get_ptr_mut(v.counters[i])
+                COUNTERS0.get_ptr_mut(v.counters[i] as u32)
             } else {
-                COUNTERS1.get_ptr_mut(v.counters[i])
+                COUNTERS1.get_ptr_mut(v.counters[i] as u32)
             };
             if let Some(c) = c {
                 // SAFETY: per-CPU slot of a successful lookup.
@@ -171,6 +171,28 @@ pub(crate) fn direct_cache(cfg: &Config) -> bool {
     cache_on(cfg) && !has_views(cfg)
 }
 
+/// The 32-bit word at `p` in packet memory, at any alignment, in one load instruction (where
+/// `read_unaligned` makes LLVM emit four byte loads). The verifier allows unaligned packet
+/// loads on architectures with efficient unaligned access (x86-64, arm64).
+///
+/// # Safety
+/// `p .. p + 4` must lie within the packet's linear data, checked against `data_end` in a way
+/// the verifier follows.
+#[inline(always)]
+unsafe fn load_u32(p: usize) -> u32 {
+    let v: u64;
+    // SAFETY: the caller's bounds check; the instruction only reads.
+    unsafe {
+        core::arch::asm!(
+            "{0} = *(u32 *)({1} + 0)",
+            lateout(reg) v,
+            in(reg) p,
+            options(readonly, nostack, preserves_flags)
+        );
+    }
+    v as u32
+}
+
 /// The known-flow path: the verdict cached for an IPv4 TCP or UDP packet whose IP header
 /// starts at `l3`, read straight from the linear packet into a [`VerdictKey4`] (no [`parse`],
 /// no `WORK`), served as [`cached_verdict`] would. [`MISS`] for everything else, which then
@@ -194,18 +216,20 @@ pub(crate) fn known_flow_v4<L: Linear>(
     if ip + 28 > end {
         return MISS;
     }
-    // SAFETY: `ip .. ip + 28` lies within the linear data (checked above).
-    let h = unsafe { core::ptr::read_unaligned(ip as *const [u8; 28]) };
+    // SAFETY (all loads below): `ip .. ip + 28` lies within the linear data (checked above).
+    let (w0, w1, w2) = unsafe { (load_u32(ip), load_u32(ip + 4), load_u32(ip + 8)) };
+    let [vihl, _, len_hi, len_lo] = w0.to_ne_bytes();
+    let [_, _, frag_hi, frag_lo] = w1.to_ne_bytes();
+    let proto = w2.to_ne_bytes()[1];
     // Version 4 without options; neither a fragment nor a first fragment with more to come.
-    if h[0] != 0x45 || (h[6] & 0x3f) != 0 || h[7] != 0 {
+    if vihl != 0x45 || (frag_hi & 0x3f) != 0 || frag_lo != 0 {
         return MISS;
     }
-    let len = u16::from_be_bytes([h[2], h[3]]);
+    let len = u16::from_be_bytes([len_hi, len_lo]);
     if len < 20 {
         // Inconsistent: the full path drops it.
         return MISS;
     }
-    let proto = h[9];
     if proto == IPPROTO_TCP {
         if ip + 34 > end {
             return MISS;
@@ -218,14 +242,16 @@ pub(crate) fn known_flow_v4<L: Linear>(
     } else if proto != IPPROTO_UDP {
         return MISS;
     }
-    let k = VerdictKey4 {
-        src: [h[12], h[13], h[14], h[15]],
-        dst: [h[16], h[17], h[18], h[19]],
-        sport: [h[20], h[21]],
-        dport: [h[22], h[23]],
-        proto,
-        icmp_type: 0,
-        _pad: [0; 2],
+    // The key is the packet's own bytes: addresses and ports as they follow each other in the
+    // headers, then the protocol, the ICMP type (0) and padding (0).
+    // SAFETY: as above; the transmute is between two 16-byte plain-data types.
+    let k: VerdictKey4 = unsafe {
+        core::mem::transmute::<[u32; 4], VerdictKey4>([
+            load_u32(ip + 12),
+            load_u32(ip + 16),
+            load_u32(ip + 20),
+            u32::from_ne_bytes([proto, 0, 0, 0]),
+        ])
     };
     // SAFETY: read-only lookup of plain data.
     match unsafe { VERDICTS4.get(&k) } {
@@ -259,16 +285,20 @@ pub(crate) fn remember(action: u8) {
         epoch: r.epoch,
         ifindex: r.iif,
         // SAFETY: no arguments.
-        at_jiffies: unsafe { bpf_jiffies64() },
-        counters: sc.trail,
+        at_jiffies: unsafe { bpf_jiffies64() } as u32,
         action,
-        state: r.state as u8,
         counted: sc.steps as u8,
+        state: r.state as u8,
         audit: sc.audit as u8,
+        counters: [
+            sc.trail[0] as u16,
+            sc.trail[1] as u16,
+            sc.trail[2] as u16,
+            sc.trail[3] as u16,
+        ],
+        oif: r.oif,
         audit_step: sc.audit_step as u8,
         _pad: [0; 3],
-        oif: r.oif,
-        _pad2: [0; 4],
     };
     if w.p.family == family::V4 {
         let _ = VERDICTS4.insert(&key4(&k, extra), &v, 0);

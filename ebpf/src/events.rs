@@ -281,7 +281,7 @@ pub(crate) fn note_cached(v: &CachedVerdict, epoch: u32, audits: bool) {
     if step >= CACHED_COUNTERS {
         return;
     }
-    let (chain, rule) = decode_counter(v.counters[step]);
+    let (chain, rule) = decode_counter(v.counters[step] as u32);
     note(&Said {
         kind,
         chain,

@@ -23,6 +23,7 @@
 //! One concern per file: [`maps`], [`parse`], [`view`], [`conntrack`], [`classify`], [`route`],
 //! [`reject`], [`events`]; the program entries (tc and XDP) are here; [`bare`] is the benchmark's baseline.
 #![no_std]
+#![feature(asm_experimental_arch)]
 #![no_main]
 #![allow(static_mut_refs)]
 
