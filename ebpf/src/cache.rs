@@ -136,26 +136,6 @@ pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u
     }
 }
 
-/// Linear packet bytes, for the known-flow path's direct reads.
-pub(crate) trait Linear {
-    /// Start and end of the linear data.
-    fn bounds(&self) -> (usize, usize);
-}
-
-impl Linear for TcContext {
-    #[inline(always)]
-    fn bounds(&self) -> (usize, usize) {
-        (self.data(), self.data_end())
-    }
-}
-
-impl Linear for XdpContext {
-    #[inline(always)]
-    fn bounds(&self) -> (usize, usize) {
-        (self.data(), self.data_end())
-    }
-}
-
 /// Whether the verdict cache serves packets at all: not with a benchmark-only flag on, and not
 /// in probe mode unless [`flags::PROBE_CACHE`] asks for it (the cache's own tests).
 #[inline(always)]
@@ -200,17 +180,14 @@ unsafe fn load_u32(p: usize) -> u32 {
 /// beyond the linear data, no entry. The caller asks only when [`direct_cache`] holds, so both
 /// paths key the same packet alike.
 ///
+/// tc only: XDP packets take [`cached_verdict`] after the parse (XDP's packet pointers, 32-bit
+/// context fields widened to pointers, do not pass the verifier across this call), and XDP is
+/// not on a gateway's fast path anyway (README, "XDP").
+///
 /// Not inlined: its stack stays out of the entry's frame, which the full path's calls add to.
 #[inline(never)]
-pub(crate) fn known_flow_v4<L: Linear>(
-    ctx: &L,
-    l3: usize,
-    iif: u32,
-    epoch: u32,
-    count_accepts: bool,
-    flags: u32,
-) -> u32 {
-    let (data, end) = ctx.bounds();
+pub(crate) fn known_flow_v4(ctx: &TcContext, l3: usize, iif: u32, epoch: u32, flags: u32) -> u32 {
+    let (data, end) = (ctx.data(), ctx.data_end());
     let ip = data + (l3 & 0xff);
     // The IP header and the first 14 bytes of TCP (to its flags) or 8 of UDP.
     if ip + 28 > end {
@@ -255,7 +232,7 @@ pub(crate) fn known_flow_v4<L: Linear>(
     };
     // SAFETY: read-only lookup of plain data.
     match unsafe { VERDICTS4.get(&k) } {
-        Some(v) => serve(v, iif, epoch, count_accepts, flags, len as u64),
+        Some(v) => serve(v, iif, epoch, true, flags, len as u64),
         None => MISS,
     }
 }

@@ -20,9 +20,15 @@
 //! prerouting's NAT will (Liqo's remapping of overlapping CIDRs), so routing, conntrack and the
 //! chains all see the addresses nftables' forward hook sees; the packet itself is not changed.
 //!
-//! One concern per file: [`maps`], [`parse`], [`view`], [`conntrack`], [`classify`], [`route`],
-//! [`reject`], [`events`]; the program entries (tc and XDP) are here; [`bare`] is the benchmark's baseline.
+//! Packets of a known flow skip all of that: the [`cache`] holds the verdict their flow's first
+//! packet got, and an IPv4 TCP or UDP packet finds it by reading 12 header bytes straight into
+//! the cache key before anything is parsed (`known_flow_v4`).
+//!
+//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`], [`conntrack`], [`classify`],
+//! [`route`], [`reject`], [`events`]; the program entries (tc and XDP) are here; [`bare`] is
+//! the benchmark's baseline.
 #![no_std]
+// BPF inline assembly: the known-flow path's unaligned 32-bit packet loads (`cache.rs`).
 #![feature(asm_experimental_arch)]
 #![no_main]
 #![allow(static_mut_refs)]
@@ -104,7 +110,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let probe_cache = cfg.flags & flags::PROBE_CACHE != 0;
     if ethertype == ETH_P_IP && direct_cache(&cfg) {
         let iif = if probe_cache { ctx.cb()[3] } else { ifindex };
-        let a = known_flow_v4(ctx, l2, iif, cfg.active, true, cfg.flags);
+        let a = known_flow_v4(ctx, l2, iif, cfg.active, cfg.flags);
         if a == ACT_ACCEPT as u32 {
             return Ok(TC_ACT_OK);
         }
@@ -237,15 +243,6 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         Some(t) => u16::from_be_bytes(t),
         None => return Ok(xdp_action::XDP_PASS),
     };
-    if ethertype == ETH_P_IP && direct_cache(&cfg) {
-        let a = known_flow_v4(ctx, l2, ifindex, cfg.active, false, cfg.flags);
-        if a == ACT_DROP as u32 {
-            return Ok(xdp_action::XDP_DROP);
-        }
-        if a != MISS {
-            return Ok(xdp_action::XDP_PASS);
-        }
-    }
     let Some(w) = WORK.get_ptr_mut(0) else {
         return Err(());
     };
