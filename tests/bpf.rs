@@ -664,32 +664,44 @@ impl UdpFlow {
     }
 }
 
-/// Cached verdicts of UDP flows in the pinned IPv4 verdict cache (key byte 12: the protocol).
-fn cached_udp_verdicts(pins: &Pins) -> usize {
+/// The serving times (`CachedVerdict::ttl`, jiffies) of the UDP flows' verdicts in the pinned
+/// IPv4 verdict cache (key byte 12: the protocol; value bytes 30..32: the time).
+fn cached_udp_ttls(pins: &Pins) -> Vec<u16> {
     let cached = bpftool_json(&[
         "map",
         "dump",
         "pinned",
         &format!("{}/VERDICTS4", pins.arg()),
     ]);
+    let byte = |v: &serde_json::Value| {
+        v.as_str()
+            .and_then(|x| u8::from_str_radix(x.trim_start_matches("0x"), 16).ok())
+            .unwrap_or(0)
+    };
     cached
         .as_array()
         .map(|a| {
             a.iter()
-                .filter(|e| {
-                    e["key"][12]
-                        .as_str()
-                        .is_some_and(|p| p.trim_start_matches("0x") == "11")
-                })
-                .count()
+                .filter(|e| byte(&e["key"][12]) == 17)
+                .map(|e| u16::from_le_bytes([byte(&e["value"][30]), byte(&e["value"][31])]))
+                .collect()
         })
-        .unwrap_or(0)
+        .unwrap_or_default()
+}
+
+/// The kernel's HZ from its build configuration (`/proc/config.gz`), when it has one.
+fn kernel_hz() -> Option<u64> {
+    let o = sh("sh", &["-c", "zcat /proc/config.gz 2>/dev/null"]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("CONFIG_HZ="))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// One echo flow (one ICMP id) and one UDP flow from pod1 to pod2 across `change`: they get
 /// through before it, and nothing of either once the datapath's epoch shows the change in
-/// force. Returns the epoch after the change.
-fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
+/// force. Returns the epoch after the change and the UDP flow's cached serving times.
+fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> (u32, Vec<u16>) {
     let udp = UdpFlow::start(t);
     let child = Command::new("ip")
         .args([
@@ -723,10 +735,18 @@ fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
         cached.as_array().is_some_and(|a| !a.is_empty()),
         "verdicts of the live flow cached: {cached}"
     );
-    assert!(
-        cached_udp_verdicts(pins) >= 1,
-        "the UDP flow's verdict cached: {cached}"
-    );
+    let ttls = cached_udp_ttls(pins);
+    assert!(!ttls.is_empty(), "the UDP flow's verdict cached: {cached}");
+    // Served for one second's worth of jiffies, HZ measured by the datapath after its first
+    // second (before that, 100 jiffies: at most a second at any HZ).
+    if let Some(hz) = kernel_hz() {
+        let lo = hz.saturating_sub(2).max(100) as u16;
+        let hi = hz.saturating_sub(1).max(100) as u16;
+        assert!(
+            ttls.iter().all(|t| (lo..=hi).contains(t) || *t == 100),
+            "cached verdicts served for one second of jiffies at HZ {hz}: {ttls:?}"
+        );
+    }
     let before = epoch(pins);
     change();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
@@ -760,7 +780,7 @@ fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> u32 {
         late.is_empty(),
         "UDP datagrams delivered after the change was in force (seconds after): {late:?}"
     );
-    after
+    (after, ttls)
 }
 
 #[test]
@@ -791,7 +811,7 @@ fn a_policy_change_reaches_a_live_flow_at_once() {
     assert!(up, "the agent enforces the first policy");
     let slot = active_slot(&pins);
     // In place: one set element added to the live slot.
-    let e = live_flow_across(&t, &pins, || write(&["10.20.9.9", "10.20.1.2"], false));
+    let (e, _) = live_flow_across(&t, &pins, || write(&["10.20.9.9", "10.20.1.2"], false));
     assert_eq!(u64::from(e & 1), slot, "a set element is written in place");
     write(&["10.20.9.9"], false);
     std::thread::sleep(std::time::Duration::from_millis(300));
@@ -800,8 +820,15 @@ fn a_policy_change_reaches_a_live_flow_at_once() {
         "allowed again"
     );
     // Through the other slot: a rule added.
-    let e = live_flow_across(&t, &pins, || write(&["10.20.9.9"], true));
+    let (e, ttls) = live_flow_across(&t, &pins, || write(&["10.20.9.9"], true));
     assert_eq!(u64::from(e & 1), slot ^ 1, "a new rule switches slots");
+    // Seconds after the first cached verdict, the datapath has measured HZ.
+    if let Some(hz) = kernel_hz() {
+        assert!(
+            ttls.iter().any(|t| u64::from(*t) + 2 >= hz),
+            "verdicts served for one second of jiffies at HZ {hz}: {ttls:?}"
+        );
+    }
     std::fs::remove_dir_all(&dir).ok();
 }
 

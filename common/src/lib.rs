@@ -471,7 +471,7 @@ pub struct CachedVerdict {
     /// Input ifindex of the packet it was computed for.
     pub ifindex: u32,
     /// `bpf_jiffies64` when computed, low 32 bits (compared wrapping).
-    pub at_jiffies: u32,
+    pub at: u32,
     /// [`ActionCode`].
     pub action: u8,
     /// How many of `counters` are used.
@@ -488,7 +488,9 @@ pub struct CachedVerdict {
     /// Index in `counters` of the would-drop's chain.
     pub audit_step: u8,
     /// Zero.
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    /// Jiffies it is served for after `at`: one second's worth (at most).
+    pub ttl: u16,
 }
 
 // Counter indices fit a cached verdict's u16.

@@ -6,7 +6,7 @@
 //!
 //! A cached verdict is served only under the policy epoch it was computed in (`CONFIG.active`:
 //! any policy change, a slot switch or an in-place update, gives a new epoch), for the same
-//! input interface, and for at most [`VERDICT_TTL_JIFFIES`] (at most a second): after that the packet is classified in
+//! input interface, and for at most a second ([`ttl`]): after that the packet is classified in
 //! full again, which also refreshes conntrack and re-reads the route. Conntrack forgets the
 //! entries whose state a commit changes (`conntrack.rs`). Only accept and drop are cached, and
 //! only for packets whose conntrack state is new or established and cannot be otherwise:
@@ -17,10 +17,55 @@ use super::*;
 
 use aya_ebpf::helpers::generated::bpf_jiffies64;
 
-/// How long a cached verdict is served, in jiffies: at most 1 s whatever the kernel's HZ (Linux
-/// has HZ ≥ 100), 0.1 s at HZ = 1000. Jiffies because the verifier inlines `bpf_jiffies64`
-/// into one load, where a nanosecond clock is a helper call every packet of a known flow pays.
-pub(crate) const VERDICT_TTL_JIFFIES: u32 = 100;
+/// Cached verdicts are timed in jiffies: the verifier inlines `bpf_jiffies64` into one load,
+/// where a nanosecond clock is a helper call that every packet of a known flow would pay. A
+/// verdict is served for one second's worth of them, which needs the kernel's HZ: [`ttl`]
+/// measures it against `bpf_ktime_get_ns` (on the rare path that caches a verdict), and until
+/// it has one second of measurement uses [`TTL_UNCALIBRATED`].
+///
+/// 100 jiffies: at most one second at every HZ Linux builds with (≥ 100).
+pub(crate) const TTL_UNCALIBRATED: u32 = 100;
+
+/// The first (nanoseconds, jiffies) sample of [`ttl`]'s measurement of HZ.
+#[map]
+pub(crate) static CLOCKS: Array<[u64; 2]> = Array::with_max_entries(1, 0);
+
+/// Now, in jiffies (low 32 bits: compared wrapping).
+#[inline(always)]
+fn stamp() -> u32 {
+    // SAFETY: no arguments.
+    unsafe { bpf_jiffies64() as u32 }
+}
+
+/// How many jiffies make at most one second: HZ measured since the first cached verdict (the
+/// truncating division errs short), or [`TTL_UNCALIBRATED`] during the first second.
+#[inline(always)]
+fn ttl() -> u32 {
+    // SAFETY: no arguments.
+    let (ns, j) = unsafe { (bpf_ktime_get_ns(), bpf_jiffies64()) };
+    let Some(c) = CLOCKS.get_ptr_mut(0) else {
+        return TTL_UNCALIBRATED;
+    };
+    // SAFETY: pointer from a successful lookup; racing CPUs each write a valid sample.
+    let (ns0, j0) = unsafe { ((*c)[0], (*c)[1]) };
+    if ns0 == 0 {
+        // SAFETY: as above.
+        unsafe { *c = [ns, j] };
+        return TTL_UNCALIBRATED;
+    }
+    let dns = ns.wrapping_sub(ns0);
+    if dns < 1_000_000_000 {
+        return TTL_UNCALIBRATED;
+    }
+    let dj = j.wrapping_sub(j0);
+    if dj >= 1 << 40 {
+        return TTL_UNCALIBRATED;
+    }
+    // Jiffies per second, rounded down (in µs, so that the product stays far below 2^64), less
+    // one for the tick the stamp may sit late in.
+    let hz = dj * 1_000_000 / (dns / 1000);
+    (hz.saturating_sub(1) as u32).clamp(TTL_UNCALIBRATED, 10_000)
+}
 
 /// [`cached_verdict`]'s answer when the packet must be classified.
 pub(crate) const MISS: u32 = u32::MAX;
@@ -89,9 +134,7 @@ fn serve(
     if v.epoch != epoch || v.ifindex != iif {
         return MISS;
     }
-    // SAFETY: no arguments.
-    let now = unsafe { bpf_jiffies64() } as u32;
-    if now.wrapping_sub(v.at_jiffies) >= VERDICT_TTL_JIFFIES {
+    if stamp().wrapping_sub(v.at) >= v.ttl as u32 {
         return MISS;
     }
     let action = v.action as u32;
@@ -261,8 +304,8 @@ pub(crate) fn remember(action: u8) {
     let v = CachedVerdict {
         epoch: r.epoch,
         ifindex: r.iif,
-        // SAFETY: no arguments.
-        at_jiffies: unsafe { bpf_jiffies64() } as u32,
+        at: stamp(),
+        ttl: ttl() as u16,
         action,
         counted: sc.steps as u8,
         state: r.state as u8,
@@ -275,7 +318,7 @@ pub(crate) fn remember(action: u8) {
         ],
         oif: r.oif,
         audit_step: sc.audit_step as u8,
-        _pad: [0; 3],
+        _pad: 0,
     };
     if w.p.family == family::V4 {
         let _ = VERDICTS4.insert(&key4(&k, extra), &v, 0);
