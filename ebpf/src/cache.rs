@@ -167,11 +167,19 @@ fn serve(
 }
 
 /// The verdict cached for `WORK`'s packet arriving on `iif` under `epoch` (see [`serve`]), or
-/// [`MISS`].
+/// [`MISS`] (at once when [`known_flow_v4`] already looked the same key up).
 #[inline(never)]
 pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u32) -> u32 {
-    let Some(w) = WORK.get(0) else {
+    let Some(w) = WORK.get_ptr_mut(0) else {
         return MISS;
+    };
+    // SAFETY: per-CPU slot of a successful lookup.
+    let w = unsafe {
+        if (*w).looked_up {
+            (*w).looked_up = false;
+            return MISS;
+        }
+        &*w
     };
     match lookup(&w.p) {
         Some(v) => serve(v, iif, epoch, count_accepts, flags, w.p.len as u64),
@@ -218,8 +226,9 @@ unsafe fn load_u32(p: usize) -> u32 {
 
 /// The known-flow path: the verdict cached for an IPv4 TCP or UDP packet whose IP header
 /// starts at `l3`, read straight from the linear packet into a [`VerdictKey4`] (no [`parse`],
-/// no `WORK`), served as [`cached_verdict`] would. [`MISS`] for everything else, which then
-/// takes the full path: IP options, fragments, ICMP, TCP flags conntrack refuses, headers
+/// no `WORK`), served as [`cached_verdict`] would ([`MISS`] with `WORK.looked_up` set when
+/// there is nothing to serve: the full path then skips its own lookup of the same key). [`MISS`]
+/// for everything else, which then takes the full path: IP options, fragments, ICMP, TCP flags conntrack refuses, headers
 /// beyond the linear data, no entry. The caller asks only when [`direct_cache`] holds, so both
 /// paths key the same packet alike.
 ///
@@ -274,10 +283,17 @@ pub(crate) fn known_flow_v4(ctx: &TcContext, l3: usize, iif: u32, epoch: u32, fl
         ])
     };
     // SAFETY: read-only lookup of plain data.
-    match unsafe { VERDICTS4.get(&k) } {
+    let a = match unsafe { VERDICTS4.get(&k) } {
         Some(v) => serve(v, iif, epoch, true, flags, len as u64),
         None => MISS,
+    };
+    if a == MISS {
+        if let Some(w) = WORK.get_ptr_mut(0) {
+            // SAFETY: per-CPU slot of a successful lookup.
+            unsafe { (*w).looked_up = true };
+        }
     }
+    a
 }
 
 /// Cache `action`, which `classify` just gave `WORK`'s packet, when the packet and the path

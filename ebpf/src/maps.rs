@@ -127,6 +127,9 @@ pub(crate) struct Work {
     /// The packet quoted by an ICMP error.
     pub(crate) inner: Pkt,
     pub(crate) r: Route,
+    /// Set by `known_flow_v4` when it looked this packet's key up and found nothing to serve,
+    /// so that the full path does not look it up again; cleared when read.
+    pub(crate) looked_up: bool,
 }
 
 /// Per-CPU buffer where `reject` builds its ICMP answer (too large for the stack).
