@@ -6,7 +6,10 @@
 //! - both engines on the same cases (bpf == reference == nftables);
 //! - the eBPF datapath's verdict cache: each case run twice with the cache on, the repeat
 //!   served from the cache (IPv4 TCP and UDP through the known-flow path that reads the packet
-//!   directly) with the same tc action and the same rule counters as the full classification.
+//!   directly) with the same tc action and the same rule counters as the full classification;
+//!   IPv4 TCP and UDP a third time, served from the per-CPU first level the repeat filled;
+//! - a conversation across CPUs: a reply handled on one CPU makes the verdict another CPU
+//!   cached for the flow's first direction stale at once.
 //!
 //! Seeded and reproducible: `PEERWALL_SEED=<n>` replays a run; `PEERWALL_DIFF_POLICIES` and
 //! `PEERWALL_DIFF_PACKETS` scale it. A mismatch is shrunk to a minimal policy and printed as
@@ -33,8 +36,10 @@ enum Engine {
     BpfCached,
 }
 
-/// Repeats the verdict cache served, over all cases of this process: (all, IPv4 TCP or UDP).
-static SERVED: [std::sync::atomic::AtomicU64; 2] = [
+/// Repeats the verdict cache served, over all cases of this process: (all, IPv4 TCP or UDP,
+/// then also served from this CPU's first level).
+static SERVED: [std::sync::atomic::AtomicU64; 3] = [
+    std::sync::atomic::AtomicU64::new(0),
     std::sync::atomic::AtomicU64::new(0),
     std::sync::atomic::AtomicU64::new(0),
 ];
@@ -76,6 +81,9 @@ impl Judge {
                     let direct = matches!(pkt.proto, ir::eval::proto::TCP | ir::eval::proto::UDP);
                     if pkt.src.is_ipv4() && direct {
                         SERVED[1].fetch_add(1, Relaxed);
+                    }
+                    if repeat.per_cpu {
+                        SERVED[2].fetch_add(1, Relaxed);
                     }
                 }
                 Ok(v)
@@ -245,7 +253,8 @@ fn bpf_verdict_cache_equals_full_classification() {
     let cases = run(&[Engine::BpfCached], "bpf cached", policies, packets);
     let served = SERVED[0].load(std::sync::atomic::Ordering::Relaxed);
     let direct = SERVED[1].load(std::sync::atomic::Ordering::Relaxed);
-    eprintln!("bpf cached: {served} of {cases} repeats served from the cache, {direct} of them IPv4 TCP/UDP");
+    let per_cpu = SERVED[2].load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!("bpf cached: {served} of {cases} repeats served from the cache, {direct} of them IPv4 TCP/UDP, {per_cpu} then from the per-CPU cache");
     // Reject, related, invalid and paths through more than four chains are never cached;
     // the rest is.
     assert!(
@@ -256,4 +265,118 @@ fn bpf_verdict_cache_equals_full_classification() {
         direct * 10 >= cases,
         "{direct} IPv4 TCP/UDP repeats of {cases}"
     );
+    // Policies with NAT views serve from the shared level only; the others fill the first.
+    assert!(
+        per_cpu * 2 >= direct,
+        "{per_cpu} of {direct} IPv4 TCP/UDP repeats reached the per-CPU cache"
+    );
+}
+
+/// New flows from the consumer are accepted; established ones from 10.0.0.10 are not (a
+/// verdict that changes when the flow's reply arrives).
+const ESTABLISHED_DIFFERS: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: differs, namespace: default}
+spec:
+  table:
+    name: differs
+    family: INET
+    chains:
+    - name: forward
+      type: filter
+      hook: forward
+      priority: 0
+      policy: accept
+      rules:
+        filterRules:
+        - name: no_established_from_a
+          action: drop
+          match:
+          - {op: eq, ctstate: {value: [established]}}
+          - {op: eq, ip: {value: 10.0.0.10, position: src}}
+"#;
+
+#[test]
+fn bpf_verdict_cache_follows_conntrack_across_cpus() {
+    require_root();
+    let objs = peerwall_intent::load::parse_documents(ESTABLISHED_DIFFERS, "differs")
+        .expect("policy parses");
+    let policy = compile(&objs).expect("policy compiles").policy;
+    let parent = ensure_bpffs().expect("bpffs");
+    let mut probe = BpfProbe::new(&policy, &ifnames(), &parent).expect("datapath loads");
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
+    let (here, there) = (0, if cpus > 1 { 1 } else { 0 });
+    for proto in [ir::eval::proto::UDP, ir::eval::proto::TCP] {
+        let a_to_b = Packet {
+            src: "10.0.0.10".parse().expect("ip"),
+            dst: "10.1.0.6".parse().expect("ip"),
+            proto,
+            sport: 40000,
+            dport: 8080,
+            iif: Some(IFACES[1].to_string()),
+            oif: Some(IFACES[0].to_string()),
+            ct_state: CtState::New,
+        };
+        let b_to_a = Packet {
+            src: a_to_b.dst,
+            dst: a_to_b.src,
+            sport: a_to_b.dport,
+            dport: a_to_b.sport,
+            iif: a_to_b.oif.clone(),
+            oif: a_to_b.iif.clone(),
+            ..a_to_b.clone()
+        };
+        // What the reference says each packet of the conversation must get.
+        let established = Packet {
+            ct_state: CtState::Established,
+            ..a_to_b.clone()
+        };
+        let verdict = |p: &Packet| ir::evaluate(&policy, p).verdict;
+        assert_eq!(verdict(&a_to_b), ir::VerdictAction::Accept);
+        assert_eq!(verdict(&established), ir::VerdictAction::Drop);
+        let reply = Packet {
+            ct_state: CtState::Established,
+            ..b_to_a.clone()
+        };
+        assert_eq!(verdict(&reply), ir::VerdictAction::Accept);
+        // Two packets on one CPU (the second fills that CPU's first-level cache), the reply on
+        // another, then the first direction again on the first CPU.
+        probe.reset_flows().expect("reset");
+        let got = probe
+            .conversation(&[(here, a_to_b.clone()), (here, a_to_b.clone())])
+            .expect("conversation runs");
+        const OK: u32 = 0;
+        const SHOT: u32 = 2;
+        assert_eq!(
+            got[0],
+            (OK, true),
+            "proto {proto}: first packet, classified"
+        );
+        assert_eq!(got[1], (OK, false), "proto {proto}: second packet, served");
+        // The test means something: the verdict is now in the first CPU's own cache.
+        assert_eq!(
+            probe.cpu_cached(&a_to_b).expect("read"),
+            vec![here],
+            "proto {proto}"
+        );
+        let got = probe
+            .conversation(&[
+                (there, b_to_a.clone()),
+                (here, a_to_b.clone()),
+                (here, a_to_b.clone()),
+            ])
+            .expect("conversation runs");
+        assert_eq!(got[0], (OK, true), "proto {proto}: the reply, classified");
+        assert_eq!(
+            got[1],
+            (SHOT, true),
+            "proto {proto}: after the reply the flow is established: classified again, dropped"
+        );
+        assert_eq!(got[2], (SHOT, false), "proto {proto}: then served, dropped");
+        assert_eq!(
+            probe.cpu_cached(&a_to_b).expect("read"),
+            vec![here],
+            "proto {proto}"
+        );
+    }
 }

@@ -64,6 +64,14 @@ pub mod map {
     pub const VERDICTS4: &str = "VERDICTS4";
     /// Per-flow verdict cache, IPv6 ([`crate::FlowKey`] keys).
     pub const VERDICTS6: &str = "VERDICTS6";
+    /// The per-CPU verdict cache in front of `VERDICTS4` ([`crate::CpuVerdicts4`] sets, one
+    /// region of [`crate::CPU_VERDICT_SETS`] per CPU). Not pinned: each loaded program has its
+    /// own, sized for the machine's CPUs.
+    pub const VERDICTS4_CPU: &str = "VERDICTS4_CPU";
+    /// Verdict-cache generations, one per set ([`crate::verdict_set`]): conntrack bumps a
+    /// flow's when a commit changes its state, and a cached verdict holds only under the
+    /// generation it was computed in.
+    pub const VERDICT_GENS: &str = "VERDICT_GENS";
     /// The last decision (probe mode).
     pub const LAST: &str = "LAST";
     /// Drop, reject, would-drop and flow events (ring buffer, [`crate::FlowEvent`]).
@@ -419,7 +427,7 @@ pub struct FlowKey {
 /// half as much. Addresses and ports BE, as in the packet (ICMP: id in `sport`, 0 in `dport`);
 /// no padding.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct VerdictKey4 {
     /// Source address, BE.
     pub src: [u8; 4],
@@ -491,6 +499,80 @@ pub struct CachedVerdict {
     pub _pad: u8,
     /// Jiffies it is served for after `at`: one second's worth (at most).
     pub ttl: u16,
+    /// `VERDICT_GENS[verdict_set(key)]` read before the verdict's conntrack state was: a
+    /// commit that changes the flow's state since makes it stale.
+    pub gen: u32,
+}
+
+/// Sets of the per-CPU verdict cache (`VERDICTS4_CPU`), per CPU, and of `VERDICT_GENS`.
+pub const CPU_VERDICT_SETS: u32 = 1 << CPU_VERDICT_SET_BITS;
+/// log2 of [`CPU_VERDICT_SETS`].
+pub const CPU_VERDICT_SET_BITS: u32 = 11;
+/// Ways of a [`CpuVerdicts4`] set.
+pub const CPU_VERDICT_WAYS: usize = 2;
+
+/// The set of the verdict caches a flow key falls in: the per-CPU cache's set, and its
+/// generation's index in `VERDICT_GENS`. `words` are the key's 16 bytes as native-endian 32-bit
+/// words (a [`VerdictKey4`], or an IPv6 key folded by [`fold_key6`]). A multiplicative hash:
+/// cheap on the datapath, spreading the low bits of ports and addresses into the top bits it
+/// keeps. Not keyed: a sender can crowd one set with its own flows, which costs it the
+/// full-cache lookup, never a wrong verdict.
+#[inline(always)]
+pub fn verdict_set(words: [u32; 4]) -> u32 {
+    let x = words[0] ^ words[1].rotate_left(16) ^ words[2].rotate_left(8) ^ words[3];
+    x.wrapping_mul(0x9e37_79b1) >> (32 - CPU_VERDICT_SET_BITS)
+}
+
+/// An IPv6 `VERDICTS6` key folded into the four words [`verdict_set`] takes.
+#[inline(always)]
+pub fn fold_key6(k: &FlowKey) -> [u32; 4] {
+    let w = |b: &[u8; 16], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    [
+        w(&k.src, 0) ^ w(&k.src, 4) ^ w(&k.src, 8) ^ w(&k.src, 12),
+        w(&k.dst, 0) ^ w(&k.dst, 4) ^ w(&k.dst, 8) ^ w(&k.dst, 12),
+        u32::from_ne_bytes([k.sport[0], k.sport[1], k.dport[0], k.dport[1]]),
+        u32::from_ne_bytes([k.proto, k.family, k._pad[0], k._pad[1]]),
+    ]
+}
+
+impl VerdictKey4 {
+    /// The key's 16 bytes as native-endian words (what the datapath reads from the packet).
+    #[inline(always)]
+    pub fn words(&self) -> [u32; 4] {
+        [
+            u32::from_ne_bytes(self.src),
+            u32::from_ne_bytes(self.dst),
+            u32::from_ne_bytes([self.sport[0], self.sport[1], self.dport[0], self.dport[1]]),
+            u32::from_ne_bytes([self.proto, self.icmp_type, self._pad[0], self._pad[1]]),
+        ]
+    }
+}
+
+/// One way of a [`CpuVerdicts4`] set: a `VERDICTS4` entry copied for this CPU. 64 bytes, one
+/// cache line (the map's values start page-aligned, `BPF_F_MMAPABLE`). An all-zero way
+/// (`ttl` 0) is never served.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuVerdict4 {
+    /// The flow's key.
+    pub key: VerdictKey4,
+    /// Its verdict.
+    pub v: CachedVerdict,
+    /// Zero.
+    pub _pad: [u8; 12],
+}
+
+/// `VERDICTS4_CPU[cpu * CPU_VERDICT_SETS + verdict_set(key)]`: the first level of the IPv4
+/// verdict cache, a two-way set-associative table per CPU that only that CPU's packets read and
+/// write (no locks, no shared cache lines). A packet of a known flow then costs one array
+/// access (which the verifier inlines) and a compare, where `VERDICTS4`, the shared second
+/// level, costs a hash, a bucket and two element lines. Filled from `VERDICTS4` when it serves
+/// a packet; a new entry replaces the way written longer ago.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuVerdicts4 {
+    /// The ways.
+    pub ways: [CpuVerdict4; CPU_VERDICT_WAYS],
 }
 
 // Counter indices fit a cached verdict's u16.
@@ -659,6 +741,7 @@ mod pod {
     unsafe impl aya::Pod for VerdictKey4 {}
     unsafe impl aya::Pod for FlowState {}
     unsafe impl aya::Pod for CachedVerdict {}
+    unsafe impl aya::Pod for CpuVerdicts4 {}
     unsafe impl aya::Pod for ProbeRecord {}
 }
 
@@ -697,14 +780,68 @@ mod tests {
         assert_eq!(size_of::<FlowKey>(), 40);
         assert_eq!(size_of::<VerdictKey4>(), 16);
         // With the kernel's 48-byte element header and the 16-byte key, a `VERDICTS4` element
-        // is 96 bytes: two cache lines for a known flow's lookup (with 48 bytes of value, 112:
-        // two or three).
-        assert_eq!(size_of::<CachedVerdict>(), 32);
+        // is 104 bytes (the value rounded up to 40); a per-CPU way is one cache line.
+        assert_eq!(size_of::<CachedVerdict>(), 36);
+        assert_eq!(size_of::<CpuVerdict4>(), 64);
+        assert_eq!(size_of::<CpuVerdicts4>(), 128);
         assert_eq!(size_of::<FlowState>(), 16);
         assert_eq!(size_of::<ProbeRecord>(), 24);
         assert_eq!(size_of::<FlowEvent>(), 88);
         assert_eq!(size_of::<EventConfig>(), 16);
         assert_eq!(size_of::<EventFlow>(), 24);
+    }
+
+    #[test]
+    fn verdict_sets_cover_the_table_and_follow_the_key() {
+        let k = VerdictKey4 {
+            src: [172, 16, 0, 9],
+            dst: [10, 0, 3, 7],
+            sport: 40000u16.to_be_bytes(),
+            dport: 8080u16.to_be_bytes(),
+            proto: 17,
+            icmp_type: 0,
+            _pad: [0; 2],
+        };
+        // The words are the key's bytes, as the datapath loads them from the packet.
+        let bytes: [u8; 16] = unsafe { core::mem::transmute(k) };
+        let loaded: [u32; 4] = core::array::from_fn(|i| {
+            u32::from_ne_bytes([
+                bytes[4 * i],
+                bytes[4 * i + 1],
+                bytes[4 * i + 2],
+                bytes[4 * i + 3],
+            ])
+        });
+        assert_eq!(k.words(), loaded);
+        // 4096 flows differing in the source port alone spread over the sets: no set holds
+        // more than a few (a two-way set overflows at three).
+        let mut per_set = [0u32; CPU_VERDICT_SETS as usize];
+        for port in 0..4096u16 {
+            let mut f = k;
+            f.sport = (20000 + port).to_be_bytes();
+            let s = verdict_set(f.words());
+            assert!(s < CPU_VERDICT_SETS);
+            per_set[s as usize] += 1;
+        }
+        assert!(
+            per_set.iter().all(|&n| n <= 8),
+            "{:?}",
+            per_set.iter().max()
+        );
+        assert!(per_set.iter().filter(|&&n| n > 0).count() > 1200);
+        // IPv6: every byte of the key reaches the set.
+        let k6 = FlowKey {
+            src: [0xfd; 16],
+            dst: [0xfe; 16],
+            sport: [1, 2],
+            dport: [3, 4],
+            proto: 6,
+            family: family::V6,
+            _pad: [0; 2],
+        };
+        let mut other = k6;
+        other.dst[15] ^= 1;
+        assert_ne!(fold_key6(&k6), fold_key6(&other));
     }
 
     #[test]

@@ -1,34 +1,48 @@
-//! Verdict cache: the next packets of a flow reuse the verdict its classification gave, in one
-//! hash lookup, instead of routing, conntrack and every chain again (`VERDICTS4` and
-//! `VERDICTS6`, keyed by the packet's own direction). IPv4 TCP and UDP, the bulk of a
-//! gateway's traffic, reach their entry through [`known_flow_v4`], which reads the few header
-//! bytes the key needs straight from the packet, before the full parse.
+//! Verdict cache: the next packets of a flow reuse the verdict its classification gave,
+//! instead of routing, conntrack and every chain again. Two levels for IPv4 TCP and UDP, the
+//! bulk of a gateway's traffic, which [`known_flow_v4`] serves by reading the few header bytes
+//! the key needs straight from the packet, before the full parse:
+//!
+//! - `VERDICTS4_CPU`: per CPU, two-way set-associative, filled from the second level; a hit
+//!   is one inlined array access and a compare.
+//! - `VERDICTS4` and `VERDICTS6` (LRU hashes shared by all CPUs, keyed by the packet's own
+//!   direction): every cacheable verdict is written there by [`remember`].
 //!
 //! A cached verdict is served only under the policy epoch it was computed in (`CONFIG.active`:
 //! any policy change, a slot switch or an in-place update, gives a new epoch), for the same
-//! input interface, and for at most a second ([`ttl`]): after that the packet is classified in
-//! full again, which also refreshes conntrack and re-reads the route. Conntrack forgets the
-//! entries whose state a commit changes (`conntrack.rs`). Only accept and drop are cached, and
-//! only for packets whose conntrack state is new or established and cannot be otherwise:
-//! TCP with valid flags, UDP, ICMP echo (its type in the key), never fragments or ICMP errors.
+//! input interface, under its set's generation (`VERDICT_GENS`: conntrack bumps it when a
+//! commit changes the flow's state, [`forget`]; the generation is read before the verdict's
+//! conntrack state, so a commit racing with the classification on another CPU also makes it
+//! stale), and for at most a second ([`ttl`]): after that the packet is classified in full
+//! again, which also refreshes conntrack and re-reads the route. Only accept and drop are
+//! cached, and only for packets whose conntrack state is new or established and cannot be
+//! otherwise: TCP with valid flags, UDP, ICMP echo (its type in the key), never fragments or
+//! ICMP errors.
 
 #[allow(unused_imports)]
 use super::*;
 
-use aya_ebpf::helpers::generated::bpf_jiffies64;
+use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_jiffies64};
+use peerwall_common::{fold_key6, verdict_set, CpuVerdict4, CPU_VERDICT_WAYS};
 
 /// Cached verdicts are timed in jiffies: the verifier inlines `bpf_jiffies64` into one load,
 /// where a nanosecond clock is a helper call that every packet of a known flow would pay. A
-/// verdict is served for one second's worth of them, which needs the kernel's HZ: [`ttl`]
-/// measures it against `bpf_ktime_get_ns` (on the rare path that caches a verdict), and until
-/// it has one second of measurement uses [`TTL_UNCALIBRATED`].
+/// verdict is served for at most one second's worth of them, which needs the kernel's HZ:
+/// [`ttl`] measures it against `bpf_ktime_get_ns` (on the rare path that caches a verdict), and
+/// until it has [`CALIBRATION_NS`] of measurement uses [`TTL_UNCALIBRATED`].
 ///
 /// 100 jiffies: at most one second at every HZ Linux builds with (≥ 100).
 pub(crate) const TTL_UNCALIBRATED: u32 = 100;
 
-/// The first (nanoseconds, jiffies) sample of [`ttl`]'s measurement of HZ.
+/// How long [`ttl`] measures before it trusts its HZ (a lower bound that tightens as the
+/// measurement grows: after 50 ms, 88% of HZ 250; after a second, HZ − 1).
+pub(crate) const CALIBRATION_NS: u64 = 50_000_000;
+
+/// The first (nanoseconds, jiffies) sample of [`ttl`]'s measurement of HZ. Pinned, so that a
+/// restarted agent keeps the measurement (`bpf_ktime_get_ns` and jiffies both count from boot,
+/// and pins do not outlive a boot).
 #[map]
-pub(crate) static CLOCKS: Array<[u64; 2]> = Array::with_max_entries(1, 0);
+pub(crate) static CLOCKS: Array<[u64; 2]> = Array::pinned(1, 0);
 
 /// Now, in jiffies (low 32 bits: compared wrapping).
 #[inline(always)]
@@ -37,8 +51,9 @@ fn stamp() -> u32 {
     unsafe { bpf_jiffies64() as u32 }
 }
 
-/// How many jiffies make at most one second: HZ measured since the first cached verdict (the
-/// truncating division errs short), or [`TTL_UNCALIBRATED`] during the first second.
+/// How many jiffies make at most one second: a lower bound of HZ measured since the first
+/// cached verdict, less one for the tick the verdict's stamp may sit late in, or
+/// [`TTL_UNCALIBRATED`] while the measurement is shorter than [`CALIBRATION_NS`].
 #[inline(always)]
 fn ttl() -> u32 {
     // SAFETY: no arguments.
@@ -54,16 +69,17 @@ fn ttl() -> u32 {
         return TTL_UNCALIBRATED;
     }
     let dns = ns.wrapping_sub(ns0);
-    if dns < 1_000_000_000 {
+    if !(CALIBRATION_NS..1 << 62).contains(&dns) {
         return TTL_UNCALIBRATED;
     }
     let dj = j.wrapping_sub(j0);
     if dj >= 1 << 40 {
         return TTL_UNCALIBRATED;
     }
-    // Jiffies per second, rounded down (in µs, so that the product stays far below 2^64), less
-    // one for the tick the stamp may sit late in.
-    let hz = dj * 1_000_000 / (dns / 1000);
+    // `dj` ticks in `dns` counts at most one tick more than elapsed (the samples may sit just
+    // before one tick and just after another): HZ ≥ (dj − 1) / dns. Per second, in µs so that
+    // the product stays far below 2^64; the division truncates, erring short.
+    let hz = dj.saturating_sub(1) * 1_000_000 / (dns / 1000);
     (hz.saturating_sub(1) as u32).clamp(TTL_UNCALIBRATED, 10_000)
 }
 
@@ -104,17 +120,51 @@ fn key6(k: &FlowKey, extra: u8) -> FlowKey {
     c
 }
 
-/// The cached verdict of a parsed packet, if any.
+/// The verdict-cache set of flow key `k` with `extra` (see [`verdict_set`]).
 #[inline(always)]
-fn lookup(p: &Pkt) -> Option<&'static CachedVerdict> {
-    let extra = cacheable(p)?;
-    let k = flow_key(p);
-    // SAFETY: read-only lookups of plain data.
-    unsafe {
-        if p.family == family::V4 {
-            VERDICTS4.get(&key4(&k, extra))
-        } else {
-            VERDICTS6.get(&key6(&k, extra))
+fn set_of(k: &FlowKey, extra: u8) -> u32 {
+    if k.family == family::V4 {
+        verdict_set(key4(k, extra).words())
+    } else {
+        verdict_set(fold_key6(&key6(k, extra)))
+    }
+}
+
+/// The current generation of verdict-cache set `set`.
+#[inline(always)]
+fn gen_of(set: u32) -> u32 {
+    match VERDICT_GENS.get_ptr(set) {
+        // SAFETY: pointer from a successful lookup; other CPUs write it atomically.
+        Some(g) => unsafe { core::ptr::read_volatile(g) },
+        None => 0,
+    }
+}
+
+/// The current generation of parsed packet `p`'s set (0 when it is never cached). Not
+/// inlined: its key copies stay out of the frame of [`cached_verdict`], whose callees (events)
+/// add to it.
+#[inline(never)]
+fn packet_gen(p: &Pkt) -> u32 {
+    match cacheable(p) {
+        Some(extra) => gen_of(set_of(&flow_key(p), extra)),
+        None => 0,
+    }
+}
+
+/// Make every verdict cached in set `set` stale, on every CPU.
+#[inline(always)]
+fn bump(set: u32) {
+    if let Some(g) = VERDICT_GENS.get_ptr_mut(set) {
+        // One atomic add (`lock xadd` on x86-64: a full barrier, so the removals before it are
+        // visible to whoever reads the new generation). The target has no `AtomicU32`.
+        // SAFETY: an aligned u32 of map memory; the instruction writes only it.
+        unsafe {
+            core::arch::asm!(
+                "lock *(u32 *)({0} + 0) += {1}",
+                in(reg) g,
+                in(reg) 1u64,
+                options(nostack, preserves_flags)
+            );
         }
     }
 }
@@ -167,23 +217,44 @@ fn serve(
 }
 
 /// The verdict cached for `WORK`'s packet arriving on `iif` under `epoch` (see [`serve`]), or
-/// [`MISS`] (at once when [`known_flow_v4`] already looked the same key up).
+/// [`MISS`] (at once when [`known_flow_v4`] already looked the same key up). Notes the
+/// packet's generation in `WORK` either way, for [`remember`]: the caller classifies after
+/// this, so it is read before the packet's conntrack state.
 #[inline(never)]
 pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u32) -> u32 {
     let Some(w) = WORK.get_ptr_mut(0) else {
         return MISS;
     };
     // SAFETY: per-CPU slot of a successful lookup.
-    let w = unsafe {
-        if (*w).looked_up {
-            (*w).looked_up = false;
-            return MISS;
-        }
-        &*w
+    let looked_up = unsafe {
+        let l = (*w).looked_up;
+        (*w).looked_up = false;
+        (*w).gen = packet_gen(&(*w).p);
+        l
     };
+    if looked_up {
+        return MISS;
+    }
+    // SAFETY: as above.
+    let w = unsafe { &*w };
     match lookup(&w.p) {
-        Some(v) => serve(v, iif, epoch, count_accepts, flags, w.p.len as u64),
-        None => MISS,
+        Some(v) if v.gen == w.gen => serve(v, iif, epoch, count_accepts, flags, w.p.len as u64),
+        _ => MISS,
+    }
+}
+
+/// The cached verdict of a parsed packet, if any.
+#[inline(always)]
+fn lookup(p: &Pkt) -> Option<&'static CachedVerdict> {
+    let extra = cacheable(p)?;
+    let k = flow_key(p);
+    // SAFETY: read-only lookups of plain data.
+    unsafe {
+        if p.family == family::V4 {
+            VERDICTS4.get(&key4(&k, extra))
+        } else {
+            VERDICTS6.get(&key6(&k, extra))
+        }
     }
 }
 
@@ -273,19 +344,52 @@ pub(crate) fn known_flow_v4(ctx: &TcContext, l3: usize, iif: u32, epoch: u32, fl
     }
     // The key is the packet's own bytes: addresses and ports as they follow each other in the
     // headers, then the protocol, the ICMP type (0) and padding (0).
-    // SAFETY: as above; the transmute is between two 16-byte plain-data types.
-    let k: VerdictKey4 = unsafe {
-        core::mem::transmute::<[u32; 4], VerdictKey4>([
+    // SAFETY: as above.
+    let words = unsafe {
+        [
             load_u32(ip + 12),
             load_u32(ip + 16),
             load_u32(ip + 20),
             u32::from_ne_bytes([proto, 0, 0, 0]),
-        ])
+        ]
     };
+    let set = verdict_set(words);
+    let gen = gen_of(set);
+    // SAFETY: no arguments.
+    let cpu = unsafe { bpf_get_smp_processor_id() };
+    let near = VERDICTS4_CPU.get_ptr_mut(cpu.wrapping_mul(CPU_VERDICT_SETS) | set);
+    if let Some(s) = near {
+        let mut i = 0;
+        while i < CPU_VERDICT_WAYS {
+            // SAFETY: this CPU's own set (no other CPU writes it), of a successful lookup.
+            let e = unsafe { &(*s).ways[i] };
+            if same_key(e, &words) {
+                if e.v.gen == gen {
+                    let a = serve(&e.v, iif, epoch, true, flags, len as u64);
+                    if a != MISS {
+                        return a;
+                    }
+                }
+                break;
+            }
+            i += 1;
+        }
+    }
+    // SAFETY: the transmute is between two 16-byte plain-data types.
+    let k: VerdictKey4 = unsafe { core::mem::transmute::<[u32; 4], VerdictKey4>(words) };
     // SAFETY: read-only lookup of plain data.
     let a = match unsafe { VERDICTS4.get(&k) } {
-        Some(v) => serve(v, iif, epoch, true, flags, len as u64),
-        None => MISS,
+        Some(v) if v.gen == gen => {
+            let a = serve(v, iif, epoch, true, flags, len as u64);
+            if a != MISS {
+                if let Some(s) = near {
+                    // SAFETY: this CPU's own set, of a successful lookup.
+                    promote(unsafe { &mut *s }, &words, &k, v);
+                }
+            }
+            a
+        }
+        _ => MISS,
     };
     if a == MISS {
         if let Some(w) = WORK.get_ptr_mut(0) {
@@ -294,6 +398,36 @@ pub(crate) fn known_flow_v4(ctx: &TcContext, l3: usize, iif: u32, epoch: u32, fl
         }
     }
     a
+}
+
+/// Whether way `e` holds the key whose words are `words`.
+#[inline(always)]
+fn same_key(e: &CpuVerdict4, words: &[u32; 4]) -> bool {
+    // SAFETY: the key is the first 16 bytes of a way, which is 4-aligned (its `CachedVerdict`
+    // holds u32s), so it reads as four aligned words.
+    let kw = unsafe { &*(core::ptr::addr_of!(e.key) as *const [u32; 4]) };
+    kw[0] == words[0] && kw[1] == words[1] && kw[2] == words[2] && kw[3] == words[3]
+}
+
+/// Copy the verdict `v` that `VERDICTS4` just served for key `k` into this CPU's set `s`: into
+/// the way holding the same key, or else the way written longer ago.
+#[inline(always)]
+fn promote(s: &mut CpuVerdicts4, words: &[u32; 4], k: &VerdictKey4, v: &CachedVerdict) {
+    let now = stamp();
+    let i = if same_key(&s.ways[0], words) {
+        0
+    } else if same_key(&s.ways[1], words) {
+        1
+    } else if now.wrapping_sub(s.ways[0].v.at) >= now.wrapping_sub(s.ways[1].v.at) {
+        0
+    } else {
+        1
+    };
+    s.ways[i] = CpuVerdict4 {
+        key: *k,
+        v: *v,
+        _pad: [0; 12],
+    };
 }
 
 /// Cache `action`, which `classify` just gave `WORK`'s packet, when the packet and the path
@@ -335,6 +469,7 @@ pub(crate) fn remember(action: u8) {
         oif: r.oif,
         audit_step: sc.audit_step as u8,
         _pad: 0,
+        gen: w.gen,
     };
     if w.p.family == family::V4 {
         let _ = VERDICTS4.insert(&key4(&k, extra), &v, 0);
@@ -344,7 +479,10 @@ pub(crate) fn remember(action: u8) {
 }
 
 /// Forget the cached verdicts of the packets of flow `k` (both echo types for ICMP): a
-/// commit changed their conntrack state.
+/// commit changed their conntrack state. Their `VERDICTS4`/`VERDICTS6` entries go first, then
+/// their sets' generations move on, which makes the copies on every CPU stale, and any verdict
+/// whose classification read the old state: one that reads the new generation finds the
+/// entries already gone.
 #[inline(never)]
 pub(crate) fn forget(k: &FlowKey) {
     let icmp = match k.proto {
@@ -359,6 +497,7 @@ pub(crate) fn forget(k: &FlowKey) {
         } else {
             let _ = VERDICTS6.remove(&key6(k, extra));
         }
+        bump(set_of(k, extra));
     };
     match icmp {
         Some((request, reply)) => {

@@ -47,9 +47,10 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 use aya_ebpf::EbpfContext;
 use peerwall_common::{
     constrained, ct, dim, family, flags, hook, ActionCode, AddrKeyData, Bitmap, CachedVerdict,
-    ChainInfo, Config, Counter, DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo,
-    PortKeyData, ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS,
-    HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES, PROBE_MAGIC, WORDS,
+    ChainInfo, Config, Counter, CpuVerdicts4, DimMasks, FlowKey, FlowState, HookChains, IfKey,
+    IfaceInfo, PortKeyData, ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget,
+    CACHED_COUNTERS, CPU_VERDICT_SETS, HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES,
+    PROBE_MAGIC, WORDS,
 };
 
 mod bare;
@@ -124,9 +125,17 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     // SAFETY: per-CPU slot of a successful lookup; the packet is parsed in place.
     let p = unsafe { &mut (*w).p };
     match parse(&TcDirect { ctx }, l2 & 0xff, ethertype, p) {
-        Parse::NotIp => return Ok(TC_ACT_OK),
-        Parse::Bad => return Err(()),
         Parse::Ok => {}
+        bad => {
+            // `known_flow_v4`'s note is for this packet only.
+            // SAFETY: as above.
+            unsafe { (*w).looked_up = false };
+            return if bad == Parse::NotIp {
+                Ok(TC_ACT_OK)
+            } else {
+                Err(())
+            };
+        }
     }
     let probe = cfg.flags & flags::PROBE != 0 && ctx.cb()[0] == PROBE_MAGIC;
     if has_views(&cfg) {

@@ -108,6 +108,18 @@ pub(crate) static VERDICTS4: LruHashMap<VerdictKey4, CachedVerdict> =
 #[map]
 pub(crate) static VERDICTS6: LruHashMap<FlowKey, CachedVerdict> =
     LruHashMap::pinned(VERDICTS_MAX, 0);
+/// Generations of the verdict caches' sets (`cache.rs`): shared by every program loaded on
+/// these pins, so a commit by one invalidates what all of them cached.
+#[map]
+pub(crate) static VERDICT_GENS: Array<u32> = Array::pinned(CPU_VERDICT_SETS, 0);
+/// `BPF_F_MMAPABLE`: the array's values start page-aligned, so each way is one cache line.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
+/// The per-CPU first level of the IPv4 verdict cache (`cache.rs`), a region of
+/// `CPU_VERDICT_SETS` per CPU: the loader sizes it for the machine's possible CPUs. Not pinned
+/// (a cache of this program's; its size is the machine's).
+#[map]
+pub(crate) static VERDICTS4_CPU: Array<CpuVerdicts4> =
+    Array::with_max_entries(CPU_VERDICT_SETS, BPF_F_MMAPABLE);
 #[map]
 pub(crate) static LAST: PerCpuArray<ProbeRecord> = PerCpuArray::pinned(1, 0);
 /// Per-CPU result of the chain being evaluated. Results live in map memory, not on the stack,
@@ -130,6 +142,9 @@ pub(crate) struct Work {
     /// Set by `known_flow_v4` when it looked this packet's key up and found nothing to serve,
     /// so that the full path does not look it up again; cleared when read.
     pub(crate) looked_up: bool,
+    /// The packet's `VERDICT_GENS` generation, read before its conntrack state is: what
+    /// `remember` stamps its verdict with.
+    pub(crate) gen: u32,
 }
 
 /// Per-CPU buffer where `reject` builds its ICMP answer (too large for the stack).

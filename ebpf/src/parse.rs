@@ -95,6 +95,7 @@ pub(crate) struct Pkt {
     pub(crate) l4: u32,
 }
 
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Parse {
     /// Not IP: not ours.
     NotIp,

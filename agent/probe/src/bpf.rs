@@ -68,6 +68,84 @@ pub struct FrameRun {
 pub struct Repeat {
     /// The verdict cache served it (it was not classified again).
     pub cached: bool,
+    /// Serving it copied the verdict into this CPU's first-level cache (`VERDICTS4_CPU`), and a
+    /// third identical packet, served from there, got the same tc action and counts.
+    pub per_cpu: bool,
+}
+
+/// The calling thread kept on the CPU it runs on until dropped (its affinity then restored):
+/// BPF_PROG_TEST_RUN runs the program on the caller's CPU, and the per-CPU cache's test needs
+/// its runs on one CPU.
+struct StayOnCpu {
+    cpu: u32,
+    saved: libc::cpu_set_t,
+}
+
+impl StayOnCpu {
+    fn here() -> Result<Self, ProbeError> {
+        Self::on(None)
+    }
+
+    /// Kept on `cpu`, or (None) on the CPU it runs on now.
+    fn on(cpu: Option<u32>) -> Result<Self, ProbeError> {
+        let err = |what| {
+            move |()| ProbeError::Socket {
+                what,
+                source: std::io::Error::last_os_error(),
+            }
+        };
+        // SAFETY: cpu_set_t is plain data; the calls read and write only these sets and affect
+        // only the calling thread (pid 0).
+        unsafe {
+            let mut saved: libc::cpu_set_t = std::mem::zeroed();
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            (libc::sched_getaffinity(0, size, &mut saved) == 0)
+                .then_some(())
+                .ok_or(())
+                .map_err(err("sched_getaffinity"))?;
+            let cpu = match cpu {
+                Some(c) => c,
+                None => u32::try_from(libc::sched_getcpu())
+                    .map_err(|_| ())
+                    .map_err(err("sched_getcpu"))?,
+            };
+            let mut one: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu as usize, &mut one);
+            (libc::sched_setaffinity(0, size, &one) == 0)
+                .then_some(())
+                .ok_or(())
+                .map_err(err("sched_setaffinity"))?;
+            Ok(Self { cpu, saved })
+        }
+    }
+}
+
+impl Drop for StayOnCpu {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask read in `here`, for the calling thread only.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.saved);
+        }
+    }
+}
+
+/// The `VERDICTS4` key of an IPv4 TCP or UDP packet (what the known-flow path reads).
+fn verdict_key4(pkt: &Packet) -> Option<peerwall_common::VerdictKey4> {
+    let (std::net::IpAddr::V4(src), std::net::IpAddr::V4(dst)) = (pkt.src, pkt.dst) else {
+        return None;
+    };
+    if pkt.proto != proto::TCP && pkt.proto != proto::UDP {
+        return None;
+    }
+    Some(peerwall_common::VerdictKey4 {
+        src: src.octets(),
+        dst: dst.octets(),
+        sport: pkt.sport.to_be_bytes(),
+        dport: pkt.dport.to_be_bytes(),
+        proto: pkt.proto,
+        icmp_type: 0,
+        _pad: [0; 2],
+    })
 }
 
 /// A probe packet classified in full, and what rebuilds its frame.
@@ -317,7 +395,65 @@ impl BpfProbe {
         r
     }
 
+    /// Forget every flow and cached verdict (before a [`conversation`](Self::conversation)).
+    pub fn reset_flows(&mut self) -> Result<(), ProbeError> {
+        self.backend.flush_flows()?;
+        Ok(self.backend.flush_verdicts()?)
+    }
+
+    /// Run `steps` in order with the verdict cache on, as a live gateway would: conntrack and
+    /// the caches carry over from one packet to the next, and from the conversation before (no
+    /// state is prepared: a packet's state is whatever the ones before it left). Each runs on the CPU
+    /// given with it (the caller's is restored after). Packets are shaped as a flow's
+    /// established packets (TCP: ACK without SYN). Returns, per step, the tc action and
+    /// whether the datapath classified the packet (false: a cached verdict served it).
+    pub fn conversation(
+        &mut self,
+        steps: &[(u32, Packet)],
+    ) -> Result<Vec<(u32, bool)>, ProbeError> {
+        self.backend.set_probe_cache(true)?;
+        let r = self.converse(steps);
+        self.backend.set_probe_cache(false)?;
+        r
+    }
+
+    fn converse(&mut self, steps: &[(u32, Packet)]) -> Result<Vec<(u32, bool)>, ProbeError> {
+        let idx = |p: &Self, n: &Option<String>| -> Result<u32, ProbeError> {
+            match n {
+                None => Ok(0),
+                Some(n) => p.ifindex.get(n).copied().ok_or_else(|| {
+                    ProbeError::Unsupported(format!("interface {n:?} was not declared"))
+                }),
+            }
+        };
+        let mut out = Vec::with_capacity(steps.len());
+        for (cpu, pkt) in steps {
+            let _on = StayOnCpu::on(Some(*cpu))?;
+            let (iif, oif) = (idx(self, &pkt.iif)?, idx(self, &pkt.oif)?);
+            let shape = Shape {
+                tcp_ack: pkt.proto == proto::TCP,
+                ..Shape::default()
+            };
+            let ip = packet::build_ip(pkt, self.marker, shape);
+            let frame = packet::ethernet([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2], &ip);
+            let forward = pkt.path() == PacketPath::Forward;
+            let (rec, ret, _) = self.test_run(&frame, forward, iif, oif)?;
+            out.push((ret.return_value, rec.is_some()));
+        }
+        Ok(out)
+    }
+
+    /// The CPUs whose first-level verdict cache holds a current verdict for IPv4 TCP or UDP
+    /// packet `pkt`'s flow (empty for other packets).
+    pub fn cpu_cached(&mut self, pkt: &Packet) -> Result<Vec<u32>, ProbeError> {
+        match verdict_key4(pkt) {
+            Some(k) => Ok(self.backend.cpu_cached(&k)?),
+            None => Ok(Vec::new()),
+        }
+    }
+
     fn classify_twice(&mut self, pkt: &Packet) -> Result<(Verdict, Repeat), ProbeError> {
+        let here = StayOnCpu::here()?;
         self.backend.flush_verdicts()?;
         let before = self.backend.counters()?;
         let first = self.classify(pkt)?;
@@ -355,12 +491,30 @@ impl BpfProbe {
                 "the repeated packet was counted in other rules than the first",
             ));
         }
-        Ok((
-            first.verdict,
-            Repeat {
-                cached: rec.is_none(),
-            },
-        ))
+        let cached = rec.is_none();
+        let mut per_cpu = false;
+        if let Some(k) = verdict_key4(pkt).filter(|_| cached) {
+            per_cpu = self.backend.cpu_cached(&k)?.contains(&here.cpu);
+            let (rec, ret, _) = self.test_run(&frame, forward, first.iif, first.oif)?;
+            let third = self.backend.counters()?;
+            if ret.return_value != first.tc_action {
+                return Err(inconsistent(
+                    "the third packet got another tc action than the first",
+                ));
+            }
+            if rec.is_some() {
+                return Err(inconsistent(
+                    "the third packet was classified again, not served from the cache",
+                ));
+            }
+            if delta(&mid, &before) != delta(&third, &after) {
+                return Err(inconsistent(
+                    "the third packet was counted in other rules than the first",
+                ));
+            }
+        }
+        drop(here);
+        Ok((first.verdict, Repeat { cached, per_cpu }))
     }
 
     fn classify(&mut self, pkt: &Packet) -> Result<Classified, ProbeError> {

@@ -202,11 +202,23 @@ impl BpfBackend {
             path: pin_dir.to_path_buf(),
             source,
         })?;
+        for p in pins::drop_stale_caches(pin_dir)? {
+            tracing::info!(pin = %p, "dropped a verdict cache of an older layout");
+        }
+        let ncpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Io {
+            path: "/sys/devices/system/cpu/possible".into(),
+            source,
+        })?;
         let mut loader = EbpfLoader::new();
         loader.default_map_pin_directory(pin_dir);
         if let Some(n) = flows {
             loader.map_max_entries(map::FLOWS, n);
         }
+        // The per-CPU verdict cache: a region of sets per possible CPU.
+        loader.map_max_entries(
+            map::VERDICTS4_CPU,
+            (ncpus as u32).saturating_mul(peerwall_common::CPU_VERDICT_SETS),
+        );
         let ebpf = loader.load(OBJECT)?;
         let mut b = Self {
             ebpf,

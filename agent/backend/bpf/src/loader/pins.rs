@@ -52,6 +52,42 @@ pub(super) fn pin_link<E: std::fmt::Display>(
     Ok(())
 }
 
+/// Unpin verdict caches pinned by an older peerwall whose entries have another layout
+/// (`CachedVerdict` grew a field): the new object would otherwise reuse them, and the verifier
+/// refuse its reads past their end. Caches only: dropping one costs each flow one
+/// classification. Programs still attached keep the old map until they are replaced. Returns
+/// the pins removed.
+pub(super) fn drop_stale_caches(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
+    let value = std::mem::size_of::<peerwall_common::CachedVerdict>() as u32;
+    let mut removed = Vec::new();
+    for (name, key) in [
+        (
+            map::VERDICTS4,
+            std::mem::size_of::<peerwall_common::VerdictKey4>(),
+        ),
+        (
+            map::VERDICTS6,
+            std::mem::size_of::<peerwall_common::FlowKey>(),
+        ),
+    ] {
+        let path = pin_dir.join(name);
+        if !path.exists() {
+            continue;
+        }
+        let info = MapData::from_pin(&path)
+            .and_then(|d| d.info())
+            .map_err(map_err(name))?;
+        if info.value_size() != value || info.key_size() != key as u32 {
+            std::fs::remove_file(&path).map_err(|source| BpfError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            removed.push(path.display().to_string());
+        }
+    }
+    Ok(removed)
+}
+
 /// Remove every pin under `pin_dir` (links first: that detaches the programs), then the dir.
 pub fn remove_pins(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
     let io = |path: &Path| {

@@ -172,7 +172,44 @@ impl BpfBackend {
             Ok(())
         }
         flush::<peerwall_common::VerdictKey4>(self, map::VERDICTS4)?;
-        flush::<peerwall_common::FlowKey>(self, map::VERDICTS6)
+        flush::<peerwall_common::FlowKey>(self, map::VERDICTS6)?;
+        let name = map::VERDICTS4_CPU;
+        let mut m: aya::maps::Array<&mut MapData, peerwall_common::CpuVerdicts4> =
+            aya::maps::Array::try_from(self.map(name)?).map_err(map_err(name))?;
+        for i in 0..m.len() {
+            m.set(i, peerwall_common::CpuVerdicts4::default(), 0)
+                .map_err(map_err(name))?;
+        }
+        Ok(())
+    }
+
+    /// The CPUs whose first-level verdict cache (`VERDICTS4_CPU`) holds a verdict for `k`
+    /// under the current generation of its set (the cache's tests).
+    pub fn cpu_cached(&mut self, k: &peerwall_common::VerdictKey4) -> Result<Vec<u32>, BpfError> {
+        let set = peerwall_common::verdict_set(k.words());
+        let gen = {
+            let name = map::VERDICT_GENS;
+            let g: aya::maps::Array<&mut MapData, u32> =
+                aya::maps::Array::try_from(self.map(name)?).map_err(map_err(name))?;
+            g.get(&set, 0).map_err(map_err(name))?
+        };
+        let name = map::VERDICTS4_CPU;
+        let m: aya::maps::Array<&mut MapData, peerwall_common::CpuVerdicts4> =
+            aya::maps::Array::try_from(self.map(name)?).map_err(map_err(name))?;
+        let cpus = m.len() / peerwall_common::CPU_VERDICT_SETS;
+        let mut found = Vec::new();
+        for cpu in 0..cpus {
+            let s = m
+                .get(&(cpu * peerwall_common::CPU_VERDICT_SETS + set), 0)
+                .map_err(map_err(name))?;
+            if s.ways
+                .iter()
+                .any(|w| w.key == *k && w.v.gen == gen && w.v.ttl != 0)
+            {
+                found.push(cpu);
+            }
+        }
+        Ok(found)
     }
 
     /// Map access for the probe engine.
