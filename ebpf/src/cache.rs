@@ -384,7 +384,7 @@ pub(crate) fn known_flow_v4(ctx: &TcContext, l3: usize, iif: u32, epoch: u32, fl
             if a != MISS {
                 if let Some(s) = near {
                     // SAFETY: this CPU's own set, of a successful lookup.
-                    promote(unsafe { &mut *s }, &words, &k, v);
+                    promote(unsafe { &mut *s }, &words, &k, v, gen, epoch);
                 }
             }
             a
@@ -410,18 +410,34 @@ fn same_key(e: &CpuVerdict4, words: &[u32; 4]) -> bool {
 }
 
 /// Copy the verdict `v` that `VERDICTS4` just served for key `k` into this CPU's set `s`: into
-/// the way holding the same key, or else the way written longer ago.
+/// the way holding the same key, or else a way that no longer serves (empty, expired, of an
+/// older generation `gen` or policy `epoch`). A set whose two ways still serve other flows is
+/// left alone: with three flows taking turns in two ways, replacing the older way would make
+/// every packet of all three miss; keeping them, two of the three hit until their verdicts
+/// expire (at most a second), and the third goes on being served from `VERDICTS4`.
 #[inline(always)]
-fn promote(s: &mut CpuVerdicts4, words: &[u32; 4], k: &VerdictKey4, v: &CachedVerdict) {
+fn promote(
+    s: &mut CpuVerdicts4,
+    words: &[u32; 4],
+    k: &VerdictKey4,
+    v: &CachedVerdict,
+    gen: u32,
+    epoch: u32,
+) {
     let now = stamp();
+    let serving = |e: &CpuVerdict4| {
+        e.v.gen == gen && e.v.epoch == epoch && now.wrapping_sub(e.v.at) < e.v.ttl as u32
+    };
     let i = if same_key(&s.ways[0], words) {
         0
     } else if same_key(&s.ways[1], words) {
         1
-    } else if now.wrapping_sub(s.ways[0].v.at) >= now.wrapping_sub(s.ways[1].v.at) {
+    } else if !serving(&s.ways[0]) {
         0
-    } else {
+    } else if !serving(&s.ways[1]) {
         1
+    } else {
+        return;
     };
     s.ways[i] = CpuVerdict4 {
         key: *k,

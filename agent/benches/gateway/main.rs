@@ -39,6 +39,7 @@ mod control;
 mod datapaths;
 mod events;
 mod lab;
+mod limits;
 mod report;
 mod traffic;
 
@@ -46,6 +47,7 @@ use control::*;
 use datapaths::*;
 use events::*;
 use lab::*;
+use limits::*;
 use report::*;
 use traffic::*;
 
@@ -115,6 +117,9 @@ fn main() {
     let repeats: usize = env_or("PEERWALL_BENCH_REPEATS", 5);
     let window = Duration::from_millis(env_or("PEERWALL_BENCH_WINDOW_MS", 1000));
     let warmup = Duration::from_millis(300);
+    // Alternating windows against the limits (limits.rs), per round of the bpf row.
+    let limit_cycles: usize = env_or("PEERWALL_BENCH_LIMIT_CYCLES", 4);
+    let limit_window = Duration::from_millis(env_or("PEERWALL_BENCH_LIMIT_WINDOW_MS", 400));
     let seed: u64 = env_or("PEERWALL_SEED", 1);
     let sizes: Vec<usize> = std::env::var("PEERWALL_BENCH_SIZES")
         .ok()
@@ -158,6 +163,7 @@ fn main() {
                             denied: vec![],
                             loads: vec![],
                             events_per_sec: None,
+                            limits: vec![],
                         });
                         prow.len() - 1
                     }
@@ -188,6 +194,20 @@ fn main() {
                     );
                     taken_d
                 };
+                if dp == Datapath::PeerwallBpf && limit_cycles > 0 {
+                    let allowed: Vec<_> = p.allowed.iter().map(|(a, _)| *a).collect();
+                    let r = against_limits(&lab, &fa, &allowed, limit_cycles, limit_window);
+                    eprintln!(
+                        "{:>15} | round {} | bpf ÷ empty tcx, ÷ one hash lookup, alternating windows: {}",
+                        p.name,
+                        round + 1,
+                        r.iter()
+                            .map(|(e, h)| format!("{e:.2} {h:.2}"))
+                            .collect::<Vec<_>>()
+                            .join(" | ")
+                    );
+                    prow[at].limits.extend(r);
+                }
                 let row = &mut prow[at];
                 row.allowed.push(fwd);
                 row.denied.push(denied);

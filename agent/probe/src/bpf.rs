@@ -443,6 +443,12 @@ impl BpfProbe {
         Ok(out)
     }
 
+    /// The set of the per-CPU verdict cache (`VERDICTS4_CPU`) that `pkt`'s flow falls in, for
+    /// an IPv4 TCP or UDP packet (the only ones that cache has).
+    pub fn cpu_cache_set(pkt: &Packet) -> Option<u32> {
+        verdict_key4(pkt).map(|k| peerwall_common::verdict_set(k.words()))
+    }
+
     /// The CPUs whose first-level verdict cache holds a current verdict for IPv4 TCP or UDP
     /// packet `pkt`'s flow (empty for other packets).
     pub fn cpu_cached(&mut self, pkt: &Packet) -> Result<Vec<u32>, ProbeError> {

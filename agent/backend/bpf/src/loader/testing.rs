@@ -121,6 +121,32 @@ impl BpfBackend {
         super::pin_link(link.try_into(), &pin)
     }
 
+    /// Attach one of the benchmark's baseline programs with tcx at ingress of `iface` in the
+    /// current network namespace *in front of* every program already there, its link not
+    /// pinned: dropping the returned link detaches it. A baseline that passes the packet
+    /// (`TC_ACT_OK`, tcx's `TCX_PASS`) ends tcx's walk, so the programs behind it do not run:
+    /// the gateway benchmark alternates between an installed datapath and a limit on the same
+    /// interface, under one running stream, without reinstalling either.
+    pub fn attach_first(
+        &mut self,
+        program: &str,
+        iface: &str,
+    ) -> Result<aya::programs::tc::SchedClassifierLink, BpfError> {
+        use aya::programs::links::LinkOrder;
+        use aya::programs::tc::{TcAttachOptions, TcAttachType};
+        let prog: &mut SchedClassifier = self.loaded(program)?;
+        let attach_err = |what: String| move |source| BpfError::Program { what, source };
+        let id = prog
+            .attach_with_options(
+                iface,
+                TcAttachType::Ingress,
+                TcAttachOptions::TcxOrder(LinkOrder::first()),
+            )
+            .map_err(attach_err(format!("attaching {program} first on {iface}")))?;
+        prog.take_link(id)
+            .map_err(attach_err("taking the tc link".into()))
+    }
+
     /// Set the benchmark's diagnostic flags ([`peerwall_common::flags::DIAG_ALL`] bits; the
     /// others are kept). They change verdicts: benchmarks only.
     pub fn set_diagnostic_flags(&mut self, diag: u32) -> Result<(), BpfError> {
