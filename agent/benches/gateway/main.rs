@@ -30,7 +30,9 @@
 //! Control plane at 100k pods: full load per datapath; one pod added → first packet through
 //! (a probe stream to the new IP; for peerwall the agent watching a policy directory); agent
 //! peak RSS. Settings: PEERWALL_BENCH_REPEATS (5), PEERWALL_BENCH_WINDOW_MS (1000),
-//! PEERWALL_BENCH_SIZES (10,1000,10000,100000), PEERWALL_SEED (1).
+//! PEERWALL_BENCH_SIZES (10,1000,10000,100000), PEERWALL_SEED (1), and for bpf against the
+//! limits in alternating windows (`limits.rs`) PEERWALL_BENCH_LIMIT_CYCLES (6 per round; 0:
+//! none) and PEERWALL_BENCH_LIMIT_WINDOW_MS (400).
 
 #[path = "../doc/mod.rs"]
 mod doc;
@@ -118,7 +120,7 @@ fn main() {
     let window = Duration::from_millis(env_or("PEERWALL_BENCH_WINDOW_MS", 1000));
     let warmup = Duration::from_millis(300);
     // Alternating windows against the limits (limits.rs), per round of the bpf row.
-    let limit_cycles: usize = env_or("PEERWALL_BENCH_LIMIT_CYCLES", 4);
+    let limit_cycles: usize = env_or("PEERWALL_BENCH_LIMIT_CYCLES", 6);
     let limit_window = Duration::from_millis(env_or("PEERWALL_BENCH_LIMIT_WINDOW_MS", 400));
     let seed: u64 = env_or("PEERWALL_SEED", 1);
     let sizes: Vec<usize> = std::env::var("PEERWALL_BENCH_SIZES")
