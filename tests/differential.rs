@@ -342,42 +342,31 @@ fn bpf_verdict_cache_follows_conntrack_across_cpus() {
         // Two packets on one CPU (the second fills that CPU's first-level cache), the reply on
         // another, then the first direction again on the first CPU.
         probe.reset_flows().expect("reset");
-        let got = probe
-            .conversation(&[(here, a_to_b.clone()), (here, a_to_b.clone())])
-            .expect("conversation runs");
         const OK: u32 = 0;
         const SHOT: u32 = 2;
-        assert_eq!(
-            got[0],
-            (OK, true),
-            "proto {proto}: first packet, classified"
-        );
-        assert_eq!(got[1], (OK, false), "proto {proto}: second packet, served");
-        // The test means something: the verdict is now in the first CPU's own cache.
-        assert_eq!(
-            probe.cpu_cached(&a_to_b).expect("read"),
-            vec![here],
-            "proto {proto}"
-        );
-        let got = probe
-            .conversation(&[
-                (there, b_to_a.clone()),
-                (here, a_to_b.clone()),
-                (here, a_to_b.clone()),
-            ])
-            .expect("conversation runs");
-        assert_eq!(got[0], (OK, true), "proto {proto}: the reply, classified");
-        assert_eq!(
-            got[1],
-            (SHOT, true),
-            "proto {proto}: after the reply the flow is established: classified again, dropped"
-        );
-        assert_eq!(got[2], (SHOT, false), "proto {proto}: then served, dropped");
-        assert_eq!(
-            probe.cpu_cached(&a_to_b).expect("read"),
-            vec![here],
-            "proto {proto}"
-        );
+        let steps = [
+            // (CPU, packet, what it must get: tc action, whether it was classified)
+            vec![(here, &a_to_b, (OK, true)), (here, &a_to_b, (OK, false))],
+            // After the reply the flow is established: classified again, dropped, then served.
+            vec![
+                (there, &b_to_a, (OK, true)),
+                (here, &a_to_b, (SHOT, true)),
+                (here, &a_to_b, (SHOT, false)),
+            ],
+        ];
+        for (i, conv) in steps.iter().enumerate() {
+            let packets: Vec<(u32, Packet)> =
+                conv.iter().map(|(c, p, _)| (*c, (*p).clone())).collect();
+            let want: Vec<(u32, bool)> = conv.iter().map(|(_, _, w)| *w).collect();
+            let got = probe.conversation(&packets).expect("conversation runs");
+            assert_eq!(got, want, "proto {proto}, conversation {i}");
+            // The test means something: the verdict is in the first CPU's own cache.
+            assert_eq!(
+                probe.cpu_cached(&a_to_b).expect("read"),
+                vec![here],
+                "proto {proto}, conversation {i}"
+            );
+        }
     }
 }
 

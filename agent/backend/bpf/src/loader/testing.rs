@@ -100,24 +100,11 @@ impl BpfBackend {
     /// tcx at ingress of `iface` in the current network namespace, its link pinned where the
     /// tc program's would be (removing the pins detaches it). The gateway benchmark's limits.
     pub fn attach_baseline(&mut self, program: &str, iface: &str) -> Result<(), BpfError> {
-        use aya::programs::links::LinkOrder;
-        use aya::programs::tc::{TcAttachOptions, TcAttachType};
         let pin = self
             .pin_dir
             .join("links")
             .join(super::link_pin_name("tc", iface));
-        let prog: &mut SchedClassifier = self.loaded(program)?;
-        let attach_err = |what: String| move |source| BpfError::Program { what, source };
-        let id = prog
-            .attach_with_options(
-                iface,
-                TcAttachType::Ingress,
-                TcAttachOptions::TcxOrder(LinkOrder::default()),
-            )
-            .map_err(attach_err(format!("attaching {program} on {iface}")))?;
-        let link = prog
-            .take_link(id)
-            .map_err(attach_err("taking the tc link".into()))?;
+        let link = self.attach_tcx(program, iface, aya::programs::links::LinkOrder::default())?;
         super::pin_link(link.try_into(), &pin)
     }
 
@@ -132,7 +119,16 @@ impl BpfBackend {
         program: &str,
         iface: &str,
     ) -> Result<aya::programs::tc::SchedClassifierLink, BpfError> {
-        use aya::programs::links::LinkOrder;
+        self.attach_tcx(program, iface, aya::programs::links::LinkOrder::first())
+    }
+
+    /// Attach loaded program `program` with tcx at ingress of `iface`, at `order`.
+    fn attach_tcx(
+        &mut self,
+        program: &str,
+        iface: &str,
+        order: aya::programs::links::LinkOrder,
+    ) -> Result<aya::programs::tc::SchedClassifierLink, BpfError> {
         use aya::programs::tc::{TcAttachOptions, TcAttachType};
         let prog: &mut SchedClassifier = self.loaded(program)?;
         let attach_err = |what: String| move |source| BpfError::Program { what, source };
@@ -140,9 +136,9 @@ impl BpfBackend {
             .attach_with_options(
                 iface,
                 TcAttachType::Ingress,
-                TcAttachOptions::TcxOrder(LinkOrder::first()),
+                TcAttachOptions::TcxOrder(order),
             )
-            .map_err(attach_err(format!("attaching {program} first on {iface}")))?;
+            .map_err(attach_err(format!("attaching {program} on {iface}")))?;
         prog.take_link(id)
             .map_err(attach_err("taking the tc link".into()))
     }
