@@ -296,14 +296,20 @@ spec:
           - {op: eq, ip: {value: 10.0.0.10, position: src}}
 "#;
 
-#[test]
-fn bpf_verdict_cache_follows_conntrack_across_cpus() {
+/// `ESTABLISHED_DIFFERS` compiled, and the bpf datapath loaded with it for the probe (root).
+fn established_differs_probe() -> (ir::Policy, BpfProbe) {
     require_root();
     let objs = peerwall_intent::load::parse_documents(ESTABLISHED_DIFFERS, "differs")
         .expect("policy parses");
     let policy = compile(&objs).expect("policy compiles").policy;
     let parent = ensure_bpffs().expect("bpffs");
-    let mut probe = BpfProbe::new(&policy, &ifnames(), &parent).expect("datapath loads");
+    let probe = BpfProbe::new(&policy, &ifnames(), &parent).expect("datapath loads");
+    (policy, probe)
+}
+
+#[test]
+fn bpf_verdict_cache_follows_conntrack_across_cpus() {
+    let (policy, mut probe) = established_differs_probe();
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as u32;
     let (here, there) = (0, if cpus > 1 { 1 } else { 0 });
     for proto in [ir::eval::proto::UDP, ir::eval::proto::TCP] {
@@ -377,12 +383,7 @@ fn bpf_verdict_cache_follows_conntrack_across_cpus() {
 /// packet: the gateway benchmark's 1024 flows had ~9 % of their packets in such sets).
 #[test]
 fn bpf_per_cpu_cache_keeps_serving_ways_when_a_third_flow_shares_the_set() {
-    require_root();
-    let objs = peerwall_intent::load::parse_documents(ESTABLISHED_DIFFERS, "differs")
-        .expect("policy parses");
-    let policy = compile(&objs).expect("policy compiles").policy;
-    let parent = ensure_bpffs().expect("bpffs");
-    let mut probe = BpfProbe::new(&policy, &ifnames(), &parent).expect("datapath loads");
+    let (policy, mut probe) = established_differs_probe();
     let flow = |sport: u16| Packet {
         src: "10.0.0.10".parse().expect("ip"),
         dst: "10.1.0.6".parse().expect("ip"),
