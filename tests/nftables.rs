@@ -530,3 +530,113 @@ fn a_slice_change_touches_only_its_elements() {
         }]
     );
 }
+
+/// Five accept rules that differ only in destination, protocol and port range, then a drop:
+/// rendered as one lookup in a concatenated interval set (`meta l4proto . ip daddr . th dport`),
+/// and real TCP connections through the gateway get exactly the reference evaluator's verdict,
+/// at the edges of every range; each rule's counter counts its own connections (element
+/// counters). Drift checks hold; a rule without a counter among counting ones splits the run.
+#[test]
+fn a_run_of_rules_becomes_one_set_lookup_with_the_same_verdicts() {
+    use peerwall_policy::ir::{self, VerdictAction};
+    let t = Topology::new();
+    let rule = |name: &str, dst: &str, ports: &str, counter: &str| {
+        format!(
+            "            - name: {name}\n              action: accept\n{counter}              match:\n                - op: eq\n                  dev: {{value: {TUNNEL}, position: in}}\n                - op: eq\n                  ip: {{value: \"{dst}\", position: dst}}\n                - op: eq\n                  proto: {{value: tcp}}\n                - op: eq\n                  port: {{value: \"{ports}\", position: dst}}\n"
+        )
+    };
+    let doc = |uncounted: &str| {
+        let mut y = String::from(
+            "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: merged, namespace: liqo-tenant-cluster1}\nspec:\n  table:\n    name: merged\n    family: IPV4\n    chains:\n      - name: fwd\n        hook: forward\n        policy: accept\n        priority: 0\n        type: filter\n        rules:\n          filterRules:\n",
+        );
+        for (name, dst, ports) in [
+            ("r0", "10.20.1.2", "8000-8009"),
+            ("r1", "10.20.1.3", "8010-8019"),
+            ("r2", "10.20.3.0/24", "8020-8029"),
+            ("r3", "10.20.1.2-10.20.1.3", "8030"),
+            ("r4", "10.20.3.1", "8040-8049"),
+        ] {
+            // `counter` defaults to true.
+            let counter = if name == uncounted {
+                "              counter: false\n"
+            } else {
+                ""
+            };
+            y.push_str(&rule(name, dst, ports, counter));
+        }
+        y.push_str(&format!(
+            "            - name: deny\n              action: drop\n              match:\n                - op: eq\n                  dev: {{value: {TUNNEL}, position: in}}\n"
+        ));
+        let objs = peerwall_intent::load::parse_all(&y, "test").expect("parses");
+        compile::compile(&objs.objects).expect("compiles").policy
+    };
+    let policy = doc("");
+    let mut b = NftBackend::new(Nft::in_netns(t.gateway.name()));
+    b.apply(&policy).expect("apply");
+    let listing = nft_list(&t.gateway, &["list", "table", "ip", "merged"]);
+    assert!(
+        listing.contains("meta l4proto . ip daddr . th dport @__pw_m0_0 accept")
+            && listing.contains("comment \"r0, r1, r2, r3, r4\"")
+            && listing.contains("type inet_proto . ipv4_addr . inet_service"),
+        "{listing}"
+    );
+    // Every edge of every rule, and ports just outside them, on each pod.
+    let ports = [
+        7999, 8000, 8009, 8010, 8019, 8020, 8029, 8030, 8031, 8040, 8049, 8050,
+    ];
+    let pods = ["10.20.1.2", "10.20.1.3", "10.20.3.1"];
+    let mut listeners = Vec::new();
+    for pod in pods {
+        for p in ports {
+            listeners.push(Listener::tcp(&t.provider, pod, p));
+        }
+    }
+    let mut accepted = 0;
+    for pod in pods {
+        for p in ports {
+            let pkt = ir::Packet {
+                src: "10.10.1.67".parse().unwrap(),
+                dst: pod.parse().unwrap(),
+                proto: ir::eval::proto::TCP,
+                sport: 40000,
+                dport: p,
+                iif: Some(TUNNEL.into()),
+                oif: Some(GENEVE.into()),
+                ct_state: ir::CtState::New,
+            };
+            let want = ir::eval::evaluate(&policy, &pkt).verdict == VerdictAction::Accept;
+            accepted += usize::from(want);
+            assert_eq!(
+                tcp_connects(&t.consumer, "10.10.1.67", pod, p),
+                want,
+                "{pod}:{p} (reference: {})",
+                if want { "accept" } else { "drop" }
+            );
+        }
+    }
+    assert_eq!(accepted, 10, "the grid covers both verdicts");
+    assert_eq!(b.drift().unwrap(), Vec::<Drift>::new());
+    assert_eq!(
+        b.drift_check(true).unwrap(),
+        Vec::<Drift>::new(),
+        "elements too"
+    );
+    // Two accepted connections per rule, each of several packets.
+    let c = b.counters().unwrap();
+    for r in ["r0", "r1", "r2", "r3", "r4"] {
+        assert!(
+            c.iter().any(|c| c.rule == r && c.packets >= 4),
+            "{r}: {c:?}"
+        );
+    }
+    // r2 without a counter among counting rules splits the run: no set, every rule on its own.
+    let split = doc("r2");
+    b.apply(&split).expect("apply");
+    let listing = nft_list(&t.gateway, &["list", "table", "ip", "merged"]);
+    assert!(!listing.contains("@__pw_m0_"), "{listing}");
+    assert!(tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", 8000));
+    let c = b.counters().unwrap();
+    assert!(c.iter().any(|c| c.rule == "r0" && c.packets >= 1), "{c:?}");
+    assert!(!c.iter().any(|c| c.rule == "r2"), "{c:?}");
+    drop(listeners);
+}

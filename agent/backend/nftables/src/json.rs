@@ -10,7 +10,7 @@ use peerwall_policy::ir::{CtState, NatTarget, TableFamily};
 
 use crate::model::{
     self, family_keyword, proto_keyword, Chain, Command, Element, Expr, Key, Policy, RejectType,
-    Right, Rule, Set, Table, MARKER_CHAIN, MARKER_PREFIX,
+    Right, Rule, Set, Table, TuplePart, MARKER_CHAIN, MARKER_PREFIX,
 };
 
 /// A whole transaction as one nft JSON document.
@@ -83,13 +83,28 @@ fn create(t: &Table) -> Vec<Value> {
 }
 
 fn set(t: &Table, s: &Set) -> Value {
-    let mut v = json!({"family": t.family.nft(), "table": t.name, "name": s.name,
-        "type": s.key.nft()});
+    let types = s.key.nft_types();
+    let ty = match types.as_slice() {
+        [one] => json!(one),
+        many => json!(many),
+    };
+    let mut v = json!({"family": t.family.nft(), "table": t.name, "name": s.name, "type": ty});
     if s.interval {
         v["flags"] = json!(["interval"]);
     }
+    if s.counter {
+        v["stmt"] = json!([{"counter": null}]);
+    }
     if !s.elements.is_empty() {
-        v["elem"] = s.elements.iter().map(element).collect();
+        v["elem"] = if s.is_merged() {
+            s.elements
+                .iter()
+                .zip(&s.comments)
+                .map(|(e, c)| json!({"elem": {"val": element(e), "comment": c}}))
+                .collect()
+        } else {
+            s.elements.iter().map(element).collect()
+        };
     }
     v
 }
@@ -118,6 +133,14 @@ pub fn element(e: &Element) -> Value {
         Element::AddrRange(a, b) => json!({"range": [a.to_string(), b.to_string()]}),
         Element::Port(p) => json!(p),
         Element::PortRange(a, b) => json!({"range": [a, b]}),
+        Element::Tuple(t) => json!({"concat": t
+            .parts()
+            .iter()
+            .map(|p| match p {
+                TuplePart::Proto(n) => proto_name(*n),
+                TuplePart::Elem(e) => element(e),
+            })
+            .collect::<Vec<_>>()}),
     }
 }
 
@@ -138,6 +161,7 @@ fn key(k: &Key) -> Value {
         Key::OifName => json!({"meta": {"key": "oifname"}}),
         Key::CtState => json!({"ct": {"key": "state"}}),
         Key::TcpFlags => json!({"payload": {"protocol": "tcp", "field": "flags"}}),
+        Key::Tuple(c) => json!({"concat": c.keys().iter().map(key).collect::<Vec<_>>()}),
     }
 }
 

@@ -11,6 +11,7 @@
 
 pub mod events;
 pub mod json;
+pub mod merge;
 pub mod model;
 pub mod plan;
 pub mod render;
@@ -106,8 +107,84 @@ pub fn kernel_tables(objs: &[Value]) -> Vec<KernelTable> {
 
 pub use peerwall_backend::RuleCounter;
 
-/// Counters of every named rule with a counter in owned tables of a listed ruleset.
-pub fn rule_counters(objs: &[Value]) -> Vec<RuleCounter> {
+/// Whether a set name is a merged rule's ([`merge`]): its elements carry the rules' names.
+fn is_merged_name(name: &str) -> bool {
+    name.strip_prefix(model::AUTO_SET_PREFIX)
+        .is_some_and(|n| n.starts_with('m'))
+}
+
+/// Whether a listed set is a merged rule's.
+fn is_merged_set(set: &Value) -> bool {
+    set["name"].as_str().is_some_and(is_merged_name)
+}
+
+/// The per-rule counters of a merged rule: its set's element counters added up by the rule
+/// named in each element's comment, in the order the rules first appear. `sets` are listings
+/// of sets with their elements.
+fn merged_counters(rule: &Value, sets: &[Value]) -> Vec<(String, u64, u64)> {
+    let lookup = rule["expr"].as_array().and_then(|es| {
+        es.iter().find_map(|e| {
+            e.get("match")
+                .and_then(|m| m["right"].as_str())
+                .and_then(|r| r.strip_prefix('@'))
+                .filter(|n| is_merged_name(n))
+        })
+    });
+    let Some(name) = lookup else {
+        return Vec::new();
+    };
+    let set = sets.iter().filter_map(|o| o.get("set")).find(|s| {
+        s["name"] == name && s["table"] == rule["table"] && s["family"] == rule["family"]
+    });
+    let mut out: Vec<(String, u64, u64)> = Vec::new();
+    for e in set.and_then(|s| s["elem"].as_array()).into_iter().flatten() {
+        let e = &e["elem"];
+        let Some(rule) = e["comment"].as_str() else {
+            continue;
+        };
+        let (p, b) = (
+            e["counter"]["packets"].as_u64().unwrap_or(0),
+            e["counter"]["bytes"].as_u64().unwrap_or(0),
+        );
+        match out.iter_mut().find(|(r, _, _)| r == rule) {
+            Some(c) => {
+                c.1 += p;
+                c.2 += b;
+            }
+            None => out.push((rule.to_string(), p, b)),
+        }
+    }
+    out
+}
+
+/// The listings (with elements) of the merged rules' sets in owned tables that count.
+fn merged_sets(nft: &impl Runner, terse: &[Value]) -> Result<Vec<Value>, NftError> {
+    let owned: Vec<KernelTable> = kernel_tables(terse)
+        .into_iter()
+        .filter(|t| t.owner.is_some())
+        .collect();
+    let mut out = Vec::new();
+    for s in terse.iter().filter_map(|o| o.get("set")) {
+        let counts = s["stmt"]
+            .as_array()
+            .is_some_and(|st| st.iter().any(|x| x.get("counter").is_some()));
+        let is_owned = owned
+            .iter()
+            .any(|t| s["table"] == t.name.as_str() && s["family"] == t.family.as_str());
+        if counts && is_owned && is_merged_set(s) {
+            out.extend(nft.list_set(
+                s["family"].as_str().unwrap_or_default(),
+                s["table"].as_str().unwrap_or_default(),
+                s["name"].as_str().unwrap_or_default(),
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+/// Counters of every named rule with a counter in owned tables of a listed ruleset; `sets`
+/// holds the merged rules' sets with their elements (a merged rule counts per element).
+pub fn rule_counters(objs: &[Value], sets: &[Value]) -> Vec<RuleCounter> {
     let owned: Vec<KernelTable> = kernel_tables(objs)
         .into_iter()
         .filter(|t| t.owner.is_some())
@@ -118,6 +195,21 @@ pub fn rule_counters(objs: &[Value]) -> Vec<RuleCounter> {
             .iter()
             .any(|t| r["table"] == t.name.as_str() && r["family"] == t.family.as_str());
         if !is_owned || r["chain"] == model::MARKER_CHAIN {
+            continue;
+        }
+        let merged = merged_counters(r, sets);
+        if !merged.is_empty() {
+            out.extend(
+                merged
+                    .into_iter()
+                    .map(|(rule, packets, bytes)| RuleCounter {
+                        table: r["table"].as_str().unwrap_or_default().to_string(),
+                        chain: r["chain"].as_str().unwrap_or_default().to_string(),
+                        rule,
+                        packets,
+                        bytes,
+                    }),
+            );
             continue;
         }
         let Some(comment) = r["comment"].as_str() else {
@@ -201,13 +293,18 @@ fn listed_elements(objs: &[Value]) -> BTreeMap<String, Vec<String>> {
     objs.iter()
         .filter_map(|o| o.get("set"))
         .map(|s| {
-            let mut v: Vec<String> = s
-                .get("elem")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .map(Value::to_string)
-                .collect();
+            let mut v: Vec<String> =
+                s.get("elem")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .map(|e| match e.get("elem") {
+                        // A merged rule's element: its value and comment (its counter moves).
+                        Some(x) => serde_json::json!({"val": x["val"], "comment": x["comment"]})
+                            .to_string(),
+                        None => e.to_string(),
+                    })
+                    .collect();
             v.sort_unstable();
             (s["name"].as_str().unwrap_or_default().to_string(), v)
         })
@@ -219,11 +316,20 @@ fn model_elements(t: &Table) -> BTreeMap<String, Vec<String>> {
     t.sets
         .iter()
         .map(|s| {
-            let mut v: Vec<String> = s
-                .elements
-                .iter()
-                .map(|e| json::element(e).to_string())
-                .collect();
+            let mut v: Vec<String> = if s.is_merged() {
+                s.elements
+                    .iter()
+                    .zip(&s.comments)
+                    .map(|(e, c)| {
+                        serde_json::json!({"val": json::element(e), "comment": c}).to_string()
+                    })
+                    .collect()
+            } else {
+                s.elements
+                    .iter()
+                    .map(|e| json::element(e).to_string())
+                    .collect()
+            };
             v.sort_unstable();
             (s.name.clone(), v)
         })
@@ -455,7 +561,9 @@ impl<R: Runner> NftBackend<R> {
 
     /// Counters of all rules in owned tables.
     pub fn counters(&self) -> Result<Vec<RuleCounter>, NftError> {
-        Ok(rule_counters(&self.nft.list_ruleset_terse()?))
+        let terse = self.nft.list_ruleset_terse()?;
+        let sets = merged_sets(&self.nft, &terse)?;
+        Ok(rule_counters(&terse, &sets))
     }
 
     /// Compare the kernel with what this backend applied: the structure (chains, rules, set

@@ -78,11 +78,13 @@ impl Table {
             && self.rules == other.rules
             && self.event_limit == other.event_limit
             && self.sets.len() == other.sets.len()
-            && self
-                .sets
-                .iter()
-                .zip(&other.sets)
-                .all(|(a, b)| a.name == b.name && a.key == b.key && a.interval == b.interval)
+            && self.sets.iter().zip(&other.sets).all(|(a, b)| {
+                a.name == b.name
+                    && a.key == b.key
+                    && a.interval == b.interval
+                    && a.counter == b.counter
+                    && (!a.is_merged() && !b.is_merged() || a == b)
+            })
     }
 
     /// The (hook, priority) pairs of its chains.
@@ -100,16 +102,25 @@ pub enum KeyType {
     Ipv6Addr,
     /// `inet_service` (ports).
     InetService,
+    /// A concatenation (`inet_proto . ipv4_addr . inet_service`, …): the key of a merged
+    /// rule's set ([`crate::merge`]).
+    Tuple(Columns),
 }
 
 impl KeyType {
-    /// nft keyword.
-    pub fn nft(self) -> &'static str {
+    /// nft's type names, one per component (one for a plain key).
+    pub fn nft_types(self) -> Vec<&'static str> {
         match self {
-            Self::Ipv4Addr => "ipv4_addr",
-            Self::Ipv6Addr => "ipv6_addr",
-            Self::InetService => "inet_service",
+            Self::Ipv4Addr => vec!["ipv4_addr"],
+            Self::Ipv6Addr => vec!["ipv6_addr"],
+            Self::InetService => vec!["inet_service"],
+            Self::Tuple(c) => c.types(),
         }
+    }
+
+    /// nft's text for the type (`ipv4_addr`, `inet_proto . ipv4_addr . inet_service`).
+    pub fn nft(self) -> String {
+        self.nft_types().join(" . ")
     }
 
     /// The address key type of a family.
@@ -133,6 +144,19 @@ pub struct Set {
     pub interval: bool,
     /// Elements (canonical, disjoint).
     pub elements: Vec<Element>,
+    /// A counter on every element (`counter` in the set): a merged rule's per-rule counts.
+    pub counter: bool,
+    /// Each element's comment, in the order of `elements` (a merged rule's set: the name of
+    /// the rule the element stands for); empty for other sets.
+    pub comments: Vec<String>,
+}
+
+impl Set {
+    /// Whether this is a merged rule's set ([`crate::merge`]): its elements are part of the
+    /// table's structure (they stand for rules), never edited in place.
+    pub fn is_merged(&self) -> bool {
+        !self.comments.is_empty()
+    }
 }
 
 /// A set element or a value on the right of a match.
@@ -148,6 +172,136 @@ pub enum Element {
     Port(u16),
     /// A port range (inclusive).
     PortRange(u16, u16),
+    /// A concatenation (an element of a merged rule's set).
+    Tuple(Tuple),
+}
+
+/// Which fields a merged rule's set key concatenates, always in this order: protocol, source
+/// address, destination address, source port, destination port (addresses of `family`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Columns {
+    /// `meta l4proto`.
+    pub proto: bool,
+    /// Family of the address columns.
+    pub family: IpFamily,
+    /// `ip saddr` / `ip6 saddr`.
+    pub saddr: bool,
+    /// `ip daddr` / `ip6 daddr`.
+    pub daddr: bool,
+    /// `th sport`.
+    pub sport: bool,
+    /// `th dport`.
+    pub dport: bool,
+}
+
+impl Columns {
+    /// The keys read, in order.
+    pub fn keys(self) -> Vec<Key> {
+        let mut k = Vec::new();
+        if self.proto {
+            k.push(Key::L4Proto);
+        }
+        for (on, source) in [(self.saddr, true), (self.daddr, false)] {
+            if on {
+                k.push(Key::Addr {
+                    family: self.family,
+                    source,
+                });
+            }
+        }
+        for (on, source) in [(self.sport, true), (self.dport, false)] {
+            if on {
+                k.push(Key::Port { source });
+            }
+        }
+        k
+    }
+
+    /// nft's type name of each key, in order.
+    pub fn types(self) -> Vec<&'static str> {
+        self.keys()
+            .iter()
+            .map(|k| match k {
+                Key::L4Proto => "inet_proto",
+                Key::Port { .. } => "inet_service",
+                _ => KeyType::of(self.family).nft_types()[0],
+            })
+            .collect()
+    }
+}
+
+/// One address component of a [`Tuple`]: an address, a prefix or a range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum AddrPart {
+    /// One address.
+    Addr(IpAddr),
+    /// A prefix.
+    Prefix(IpAddr, u8),
+    /// An inclusive range.
+    Range(IpAddr, IpAddr),
+}
+
+impl AddrPart {
+    /// As a plain element.
+    pub fn element(self) -> Element {
+        match self {
+            Self::Addr(a) => Element::Addr(a),
+            Self::Prefix(a, l) => Element::Prefix(a, l),
+            Self::Range(a, b) => Element::AddrRange(a, b),
+        }
+    }
+}
+
+/// One element of a merged rule's set: a value for each of `columns` (the others unused).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Tuple {
+    /// The key's columns.
+    pub columns: Columns,
+    /// Protocol number.
+    pub proto: u8,
+    /// Source address.
+    pub saddr: Option<AddrPart>,
+    /// Destination address.
+    pub daddr: Option<AddrPart>,
+    /// Source ports (inclusive).
+    pub sport: (u16, u16),
+    /// Destination ports (inclusive).
+    pub dport: (u16, u16),
+}
+
+impl Tuple {
+    /// Its components, in the key's order.
+    pub fn parts(&self) -> Vec<TuplePart> {
+        let c = self.columns;
+        let mut v = Vec::new();
+        if c.proto {
+            v.push(TuplePart::Proto(self.proto));
+        }
+        for (on, a) in [(c.saddr, self.saddr), (c.daddr, self.daddr)] {
+            if let (true, Some(a)) = (on, a) {
+                v.push(TuplePart::Elem(a.element()));
+            }
+        }
+        for (on, (lo, hi)) in [(c.sport, self.sport), (c.dport, self.dport)] {
+            if on {
+                v.push(TuplePart::Elem(if lo == hi {
+                    Element::Port(lo)
+                } else {
+                    Element::PortRange(lo, hi)
+                }));
+            }
+        }
+        v
+    }
+}
+
+/// A component of a [`Tuple`] as the runners print it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TuplePart {
+    /// A protocol number.
+    Proto(u8),
+    /// An address, prefix, range, port or port range.
+    Elem(Element),
 }
 
 /// A base chain.
@@ -210,6 +364,8 @@ pub enum Key {
     CtState,
     /// `tcp flags` (MSS clamping runs on SYNs only).
     TcpFlags,
+    /// A concatenation of keys (`meta l4proto . ip daddr . th dport`): a merged rule's lookup.
+    Tuple(Columns),
 }
 
 /// The right side of a match.

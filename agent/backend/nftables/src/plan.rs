@@ -179,6 +179,8 @@ mod tests {
                     .iter()
                     .map(|e| Element::Addr(e.parse().unwrap()))
                     .collect(),
+                counter: false,
+                comments: Vec::new(),
             }],
             chains: vec![Chain {
                 name: "c".into(),

@@ -2,8 +2,10 @@
 //!
 //! One table per FirewallConfiguration. Address lists of more than one value and all table
 //! sets become named sets (never one rule per address): hash sets when they hold hosts,
-//! interval sets when they hold prefixes or ranges; port lists are anonymous sets. Every rule
-//! carries its name as comment, and a counter when asked. Ownership: every table holds the
+//! interval sets when they hold prefixes or ranges; port lists are anonymous sets. Runs of rules
+//! that differ only in inline addresses, ports and protocols become one lookup ([`merge`]).
+//! Every rule carries its name as comment (a merged one, its rules' names), and a counter when
+//! asked. Ownership: every table holds the
 //! marker chain [`MARKER_CHAIN`] naming its owner; peerwall only ever modifies tables that
 //! carry it. Pure: data in, data out.
 
@@ -13,6 +15,7 @@ use peerwall_policy::ir::{
 };
 
 use crate::events;
+use crate::merge;
 use crate::model::{
     Chain, Element, EventLimit, Expr, Key, KeyType, Policy, RejectType, Right, Rule, Set, Table,
     EVENT_LIMIT,
@@ -52,7 +55,7 @@ pub const HASH_RUN_MAX: u128 = 16;
 const HASH_MAX_ELEMENTS: u128 = 4_000_000;
 
 /// One canonical address range as an element: a host, a prefix, or a range.
-fn addr_elem(family: IpFamily, r: ir::AddrRange) -> Element {
+pub(crate) fn addr_elem(family: IpFamily, r: ir::AddrRange) -> Element {
     let text = ir::addr::format_range(family, r);
     let lo = ir::addr::u128_to_addr(family, r.lo);
     if text.contains('-') {
@@ -123,6 +126,8 @@ fn addr_set(name: String, set: &AddrSet) -> Set {
             key: KeyType::of(family),
             interval: false,
             elements,
+            counter: false,
+            comments: Vec::new(),
         }
     } else {
         Set {
@@ -130,6 +135,8 @@ fn addr_set(name: String, set: &AddrSet) -> Set {
             key: KeyType::of(family),
             interval: true,
             elements: addr_elems(set),
+            counter: false,
+            comments: Vec::new(),
         }
     }
 }
@@ -315,6 +322,59 @@ fn logs(ev: &EventOptions, kind: EventKind) -> bool {
     kind != EventKind::Accept || ev.flow_log
 }
 
+/// The one rule of a merged run ([`merge`]): the matches its rules share, the TCP/UDP guard
+/// when the key reads ports without a protocol column, one lookup in its set (added to
+/// `sets`), the run's action.
+fn merged_rule(
+    t: &ir::Table,
+    ci: usize,
+    c: &ir::Chain,
+    m: merge::Merged,
+    sets: &mut Vec<Set>,
+) -> Rule {
+    let first = m.rules.start;
+    let r = &c.rules[first];
+    let mut exprs = Vec::new();
+    for &mi in &m.shared {
+        exprs.extend(match_exprs(&r.matches[mi], sets, || {
+            format!("{AUTO_SET_PREFIX}{ci}_{first}_{mi}")
+        }));
+    }
+    if m.port_guard {
+        exprs.push(Expr::Match {
+            negate: false,
+            left: Key::L4Proto,
+            right: Right::Protos(vec![ir::eval::proto::TCP, ir::eval::proto::UDP]),
+        });
+    }
+    let name = format!("{AUTO_SET_PREFIX}m{ci}_{first}");
+    let (elements, comments) = m
+        .elements
+        .into_iter()
+        .map(|(e, ri)| (e, c.rules[ri].name.clone()))
+        .unzip();
+    sets.push(Set {
+        name: name.clone(),
+        key: m.key_type,
+        interval: true,
+        elements,
+        counter: m.counter,
+        comments,
+    });
+    exprs.push(Expr::Match {
+        negate: false,
+        left: m.key,
+        right: Right::SetRef(name),
+    });
+    exprs.extend(action_exprs(&r.action, t.family));
+    let names: Vec<&str> = c.rules[m.rules].iter().map(|r| r.name.as_str()).collect();
+    Rule {
+        chain: c.name.clone(),
+        comment: merge::comment(&names),
+        exprs,
+    }
+}
+
 /// Render one IR table.
 pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
     let mut sets: Vec<Set> = t
@@ -327,13 +387,33 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
                 key: KeyType::InetService,
                 interval: true,
                 elements: port_elems(p),
+                counter: false,
+                comments: Vec::new(),
             },
         })
         .collect();
     let mut rules = Vec::new();
     for (ci, c) in t.chains.iter().enumerate() {
         let audited = t.audit && c.kind == ir::ChainKind::Filter;
-        for (ri, r) in c.rules.iter().enumerate() {
+        // Rules seen one by one (event log rules, audit) are never merged.
+        let observed = |r: &ir::Rule| {
+            audited
+                || opts.events.as_ref().is_some_and(|ev| {
+                    r.action
+                        .verdict()
+                        .is_some_and(|v| logs(ev, EventKind::of(v, audited)))
+                })
+        };
+        let counts = |r: &ir::Rule| r.counter || opts.force_counters;
+        for step in merge::plan_chain(c, observed, counts) {
+            let ri = match step {
+                merge::Step::Rule(ri) => ri,
+                merge::Step::Merged(m) => {
+                    rules.push(merged_rule(t, ci, c, m, &mut sets));
+                    continue;
+                }
+            };
+            let r = &c.rules[ri];
             let mut exprs = Vec::new();
             for (mi, m) in r.matches.iter().enumerate() {
                 exprs.extend(match_exprs(m, &mut sets, || {

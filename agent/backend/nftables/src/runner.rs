@@ -24,6 +24,8 @@ pub trait Runner: Send + std::fmt::Debug {
     /// The whole ruleset with set elements (`nft -j list ruleset`): one listing for every
     /// table, however many there are (a listing per table would cost each the whole cache).
     fn list_ruleset(&self) -> Result<Vec<Value>, NftError>;
+    /// One set with its elements (`nft -j list set`): a merged rule's per-rule counters.
+    fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Vec<Value>, NftError>;
 }
 
 /// How to invoke `nft`: in this network namespace or in a named one.
@@ -110,6 +112,14 @@ impl Runner for Nft {
 
     fn list_ruleset(&self) -> Result<Vec<Value>, NftError> {
         let out = self.run("list ruleset", &["-j", "list", "ruleset"], None)?;
+        objects(&out)
+    }
+
+    /// As a JSON command: nft's command line refuses tables named like keywords.
+    fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Vec<Value>, NftError> {
+        let doc = serde_json::json!({"nftables": [{"list": {"set":
+            {"family": family, "table": table, "name": set}}}]});
+        let out = self.run("list set", &["-j", "-f", "-"], Some(&doc.to_string()))?;
         objects(&out)
     }
 }
@@ -322,5 +332,18 @@ impl Runner for FakeNft {
 
     fn list_ruleset(&self) -> Result<Vec<Value>, NftError> {
         Ok(self.with(|s| s.ruleset(true)))
+    }
+
+    fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Vec<Value>, NftError> {
+        Ok(self.with(|s| {
+            s.ruleset(true)
+                .into_iter()
+                .filter(|o| {
+                    o.get("set").is_some_and(|x| {
+                        x["family"] == family && x["table"] == table && x["name"] == set
+                    })
+                })
+                .collect()
+        }))
     }
 }

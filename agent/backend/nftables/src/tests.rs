@@ -128,3 +128,56 @@ fn tables_no_longer_wanted_are_deleted_and_counters_name_rules() {
     assert_eq!(b.delete_all().unwrap(), ["b"]);
     assert!(b.nft().tables().is_empty());
 }
+
+/// A 6-rule allow-list applies as one merged rule over a counting set; counters list every
+/// rule by its name (element counters added up per rule); re-applying changes nothing; the
+/// compile text shows the set, its counter and its commented elements.
+#[test]
+fn a_merged_run_applies_counts_per_rule_and_reapplies_as_nothing() {
+    let rules: String = (0..6)
+        .map(|i| {
+            format!(
+                "        - {{name: 'allow {i}', action: accept, match: [{{op: eq, dev: {{value: liqo-tunnel, position: in}}}}, {{op: eq, ip: {{value: 10.{i}.0.0/16, position: dst}}}}, {{op: eq, proto: {{value: udp}}}}, {{op: eq, port: {{value: '{}-{}', position: dst}}}}]}}\n",
+                1000 + 10 * i,
+                1005 + 10 * i
+            )
+        })
+        .collect();
+    let doc = format!(
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: m, namespace: ns}}\nspec:\n  table:\n    name: m\n    family: INET\n    chains:\n    - name: fwd\n      type: filter\n      hook: forward\n      priority: 0\n      policy: drop\n      rules:\n        filterRules:\n{rules}"
+    );
+    let p = compile::compile(&parse_documents(&doc, "t").unwrap())
+        .unwrap()
+        .policy;
+    let mut b = NftBackend::new(FakeNft::new());
+    b.apply(&p).unwrap();
+    let t = b.nft().table(ir::TableFamily::Inet, "m").unwrap();
+    assert_eq!(t.rules.len(), 1, "{:?}", t.rules);
+    assert_eq!(
+        t.rules[0].comment,
+        "allow 0, allow 1, allow 2, allow 3, allow 4, allow 5"
+    );
+    let set = &t.sets[0];
+    assert!(
+        set.counter && set.interval && set.elements.len() == 6,
+        "{set:?}"
+    );
+    assert_eq!(set.comments[5], "allow 5");
+    let c = b.counters().unwrap();
+    let names: Vec<&str> = c.iter().map(|c| c.rule.as_str()).collect();
+    assert_eq!(
+        names,
+        ["allow 0", "allow 1", "allow 2", "allow 3", "allow 4", "allow 5"]
+    );
+    assert!(!b.apply(&p).unwrap().changed);
+    let text = crate::text::table_text(&t);
+    assert!(
+        text.contains("type inet_proto . ipv4_addr . inet_service")
+            && text.contains("\t\tcounter\n")
+            && text.contains("udp . 10.5.0.0/16 . 1050-1055 comment \"allow 5\"")
+            && text.contains(
+                "iifname \"liqo-tunnel\" meta l4proto . ip daddr . th dport @__pw_m0_0 accept"
+            ),
+        "{text}"
+    );
+}

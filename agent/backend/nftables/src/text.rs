@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 use peerwall_policy::ir::NatTarget;
 
 use crate::model::{
-    family_keyword, proto_keyword, Element, Expr, Key, Policy, RejectType, Right, Table,
+    family_keyword, proto_keyword, Element, Expr, Key, Policy, RejectType, Right, Table, TuplePart,
     MARKER_CHAIN, MARKER_PREFIX,
 };
 
@@ -20,6 +20,15 @@ fn element(e: &Element) -> String {
         Element::AddrRange(a, b) => format!("{a}-{b}"),
         Element::Port(p) => p.to_string(),
         Element::PortRange(a, b) => format!("{a}-{b}"),
+        Element::Tuple(t) => t
+            .parts()
+            .iter()
+            .map(|p| match p {
+                TuplePart::Proto(n) => proto_name(*n),
+                TuplePart::Elem(e) => element(e),
+            })
+            .collect::<Vec<_>>()
+            .join(" . "),
     }
 }
 
@@ -47,6 +56,7 @@ fn key(k: &Key) -> String {
         Key::OifName => "oifname".into(),
         Key::CtState => "ct state".into(),
         Key::TcpFlags => "tcp flags".into(),
+        Key::Tuple(c) => c.keys().iter().map(key).collect::<Vec<_>>().join(" . "),
     }
 }
 
@@ -132,8 +142,19 @@ fn text_of(t: &Table, marker: bool) -> String {
         if s.interval {
             let _ = writeln!(out, "\t\tflags interval");
         }
+        if s.counter {
+            let _ = writeln!(out, "\t\tcounter");
+        }
         if !s.elements.is_empty() {
-            let items: Vec<String> = s.elements.iter().map(element).collect();
+            let items: Vec<String> = if s.is_merged() {
+                s.elements
+                    .iter()
+                    .zip(&s.comments)
+                    .map(|(e, c)| format!("{} comment {c:?}", element(e)))
+                    .collect()
+            } else {
+                s.elements.iter().map(element).collect()
+            };
             let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
         }
         let _ = writeln!(out, "\t}}");
