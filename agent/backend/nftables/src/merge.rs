@@ -1,9 +1,10 @@
 //! Rule merging: a run of consecutive rules of a chain that differ only in their inline
 //! addresses, ports and protocols, and share one verdict, becomes one rule looking the packet
-//! up in one set keyed by the concatenation of those fields (`meta l4proto . ip daddr . th
-//! dport @set`, an interval set: the kernel's pipapo). A packet then pays one lookup where it
-//! paid one evaluation per rule (a 64-rule policy is one lookup, as kube-proxy's nftables
-//! backend turns its services into one verdict map).
+//! up in one set keyed by the concatenation of the fields that tell the rules apart (`ip daddr
+//! . th dport @set`, an interval set: the kernel's pipapo); fields with the same values in
+//! every rule stay matches of their own. A packet then pays one lookup where it paid one
+//! evaluation per rule (a 64-rule policy is one lookup, as kube-proxy's nftables backend turns
+//! its services into one verdict map).
 //!
 //! The verdict is the same for every packet: the rules of a run share their verdict and their
 //! other matches, so "the first rule of the run that matches" and "some rule of the run
@@ -396,23 +397,68 @@ fn run_at(
     if end - i < MERGE_MIN_RULES {
         return None;
     }
+    // A column with the same values in every rule narrows nothing down: it stays a match of
+    // its own (in front of the lookup), and the key is the columns that tell rules apart.
+    let values: Vec<Values> = c.rules[i..end]
+        .iter()
+        .filter_map(|r| candidate(r).map(|c| c.values))
+        .collect();
+    let uniform = |f: fn(&Values) -> String| values.iter().all(|v| f(v) == f(&values[0]));
+    let same = Columns {
+        proto: cols.proto && uniform(|v| format!("{:?}", v.protos)),
+        family: cols.family,
+        saddr: cols.saddr && uniform(|v| format!("{:?}", v.saddr)),
+        daddr: cols.daddr && uniform(|v| format!("{:?}", v.daddr)),
+        sport: cols.sport && uniform(|v| format!("{:?}", v.sport)),
+        dport: cols.dport && uniform(|v| format!("{:?}", v.dport)),
+    };
+    let key_cols = Columns {
+        proto: cols.proto && !same.proto,
+        family: cols.family,
+        saddr: cols.saddr && !same.saddr,
+        daddr: cols.daddr && !same.daddr,
+        sport: cols.sport && !same.sport,
+        dport: cols.dport && !same.dport,
+    };
+    if !(key_cols.saddr || key_cols.daddr || key_cols.sport || key_cols.dport) {
+        return None;
+    }
+    let kept = |s: &Slot<'_>| match s {
+        Slot::Kept(_) => true,
+        Slot::Column(Column::Proto) => same.proto,
+        Slot::Column(Column::Addr(Dir::Src, _)) => same.saddr,
+        Slot::Column(Column::Addr(Dir::Dst, _)) => same.daddr,
+        Slot::Column(Column::Port(Dir::Src)) => same.sport,
+        Slot::Column(Column::Port(Dir::Dst)) => same.dport,
+    };
     let shared = head
         .slots
         .iter()
         .enumerate()
-        .filter(|(_, s)| matches!(s, Slot::Kept(_)))
+        .filter(|(_, s)| kept(s))
         .map(|(k, _)| k)
         .collect();
-    let (key, key_type) = key_of(cols);
-    let mut elements: Vec<(Element, usize)> =
-        all.iter().map(|(b, r)| (element(cols, b), *r)).collect();
+    // The ports need TCP or UDP in front of the lookup unless a protocol already says so: a
+    // protocol column (its elements are TCP and UDP only), or one kept protocol list of them.
+    let tcp_udp_kept = same.proto
+        && values[0]
+            .protos
+            .as_ref()
+            .is_some_and(|ps| ps.iter().all(|&p| p == proto::TCP || p == proto::UDP));
+    let (key, key_type) = key_of(key_cols);
+    let mut elements: Vec<(Element, usize)> = all
+        .iter()
+        .map(|(b, r)| (element(key_cols, b), *r))
+        .collect();
     elements.sort();
+    // Boxes of one rule that differed only in a kept column.
+    elements.dedup();
     Some((
         i..end,
         Merged {
             rules: i..end,
             shared,
-            port_guard: (cols.sport || cols.dport) && !cols.proto,
+            port_guard: (key_cols.sport || key_cols.dport) && !key_cols.proto && !tcp_udp_kept,
             key,
             key_type,
             elements,
@@ -514,13 +560,14 @@ mod tests {
             panic!("{steps:?}")
         };
         assert_eq!(m.rules, 0..6);
-        // The interface stays a match of its own; protocol, address and port are the key.
-        assert_eq!(m.shared, vec![0]);
-        assert!(!m.port_guard, "the protocol column restricts ports to UDP");
+        // The interface and the protocol (UDP in every rule) stay matches of their own; the
+        // address and the port are the key, and UDP makes the TCP/UDP guard needless.
+        assert_eq!(m.shared, vec![0, 2]);
+        assert!(!m.port_guard);
         let Key::Tuple(cols) = m.key else {
             panic!("{:?}", m.key)
         };
-        assert!(cols.proto && cols.daddr && cols.dport && !cols.saddr && !cols.sport);
+        assert!(!cols.proto && cols.daddr && cols.dport && !cols.saddr && !cols.sport);
         assert_eq!(m.elements.len(), 6);
         // Each element stands for its rule, in the rules' order here (ascending prefixes).
         assert!(m.elements.iter().enumerate().all(|(k, (_, r))| *r == k));
@@ -591,30 +638,41 @@ mod tests {
 
     #[test]
     fn protocols_a_port_test_never_matches_are_left_out() {
-        let rules: Vec<Rule> = (0..4)
-            .map(|i| {
-                rule(
-                    &format!("q{i}"),
-                    vec![
-                        Match {
-                            negate: false,
-                            test: Test::Proto(vec![proto::ICMP, proto::TCP]),
-                        },
-                        port(10 * i + 1, 10 * i + 1),
-                    ],
-                    VerdictAction::Accept,
-                )
-            })
-            .collect();
-        let steps = plan_chain(&chain(rules), |_| false, |_| true);
+        let rules = |second: [u8; 2]| -> Vec<Rule> {
+            (0..4)
+                .map(|i| {
+                    rule(
+                        &format!("q{i}"),
+                        vec![
+                            Match {
+                                negate: false,
+                                test: Test::Proto(vec![proto::ICMP, second[i as usize % 2]]),
+                            },
+                            port(10 * i + 1, 10 * i + 1),
+                        ],
+                        VerdictAction::Accept,
+                    )
+                })
+                .collect()
+        };
+        // Protocols that differ are a column: TCP and UDP elements only, no guard needed.
+        let steps = plan_chain(&chain(rules([proto::TCP, proto::UDP])), |_| false, |_| true);
         let Step::Merged(m) = &steps[0] else {
             panic!("{steps:?}")
         };
         assert_eq!(m.elements.len(), 4);
-        assert!(m
-            .elements
-            .iter()
-            .all(|(e, _)| matches!(e, Element::Tuple(t) if t.proto == proto::TCP)));
+        assert!(!m.port_guard && m.shared.is_empty());
+        assert!(m.elements.iter().all(|(e, _)| matches!(
+            e,
+            Element::Tuple(t) if t.proto == proto::TCP || t.proto == proto::UDP
+        )));
+        // The same list everywhere is kept as a match; with ICMP in it, the guard stays.
+        let steps = plan_chain(&chain(rules([proto::TCP, proto::TCP])), |_| false, |_| true);
+        let Step::Merged(m) = &steps[0] else {
+            panic!("{steps:?}")
+        };
+        assert!(m.port_guard && m.shared == [0]);
+        assert_eq!(m.key, Key::Port { source: false });
     }
 
     #[test]

@@ -176,8 +176,10 @@ pub enum Element {
     Tuple(Tuple),
 }
 
-/// Which fields a merged rule's set key concatenates, always in this order: protocol, source
-/// address, destination address, source port, destination port (addresses of `family`).
+/// Which fields a merged rule's set key concatenates, always in this order: destination and
+/// source address (of `family`), destination and source port, protocol. The kernel's
+/// concatenated interval set (pipapo) narrows the candidate elements field by field, and each
+/// step costs in proportion to the candidates left: the most selective fields go first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Columns {
     /// `meta l4proto`.
@@ -198,10 +200,7 @@ impl Columns {
     /// The keys read, in order.
     pub fn keys(self) -> Vec<Key> {
         let mut k = Vec::new();
-        if self.proto {
-            k.push(Key::L4Proto);
-        }
-        for (on, source) in [(self.saddr, true), (self.daddr, false)] {
+        for (on, source) in [(self.daddr, false), (self.saddr, true)] {
             if on {
                 k.push(Key::Addr {
                     family: self.family,
@@ -209,10 +208,13 @@ impl Columns {
                 });
             }
         }
-        for (on, source) in [(self.sport, true), (self.dport, false)] {
+        for (on, source) in [(self.dport, false), (self.sport, true)] {
             if on {
                 k.push(Key::Port { source });
             }
+        }
+        if self.proto {
+            k.push(Key::L4Proto);
         }
         k
     }
@@ -274,15 +276,12 @@ impl Tuple {
     pub fn parts(&self) -> Vec<TuplePart> {
         let c = self.columns;
         let mut v = Vec::new();
-        if c.proto {
-            v.push(TuplePart::Proto(self.proto));
-        }
-        for (on, a) in [(c.saddr, self.saddr), (c.daddr, self.daddr)] {
+        for (on, a) in [(c.daddr, self.daddr), (c.saddr, self.saddr)] {
             if let (true, Some(a)) = (on, a) {
                 v.push(TuplePart::Elem(a.element()));
             }
         }
-        for (on, (lo, hi)) in [(c.sport, self.sport), (c.dport, self.dport)] {
+        for (on, (lo, hi)) in [(c.dport, self.dport), (c.sport, self.sport)] {
             if on {
                 v.push(TuplePart::Elem(if lo == hi {
                     Element::Port(lo)
@@ -290,6 +289,9 @@ impl Tuple {
                     Element::PortRange(lo, hi)
                 }));
             }
+        }
+        if c.proto {
+            v.push(TuplePart::Proto(self.proto));
         }
         v
     }
