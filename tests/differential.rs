@@ -22,11 +22,11 @@ use peerwall_backend_bpf::loader::ensure_bpffs;
 use peerwall_intent::types::*;
 use peerwall_policy::compile::compile;
 use peerwall_policy::ir::{self, CtState, Packet, Policy, Verdict};
-use peerwall_policy::testgen::{as_yaml, objects, random_packet, random_specs, IFACES};
+use peerwall_policy::testgen::{as_yaml, objects, random_packet, random_specs, run_table, IFACES};
 use peerwall_probe::bpf::BpfProbe;
 use peerwall_probe::{NftProbe, ProbeError};
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Engine {
@@ -166,13 +166,24 @@ fn env_num(key: &str, default: u64) -> u64 {
 /// Run `policies` random policies × `packets` random packets through the engines; panics with
 /// a minimal reproducer on the first disagreement. Returns the number of cases judged.
 fn run(engines: &[Engine], name: &str, policies: u64, packets: u64) -> u64 {
+    run_with(engines, name, policies, packets, random_specs)
+}
+
+/// [`run`] over policies drawn by `specs`.
+fn run_with(
+    engines: &[Engine],
+    name: &str,
+    policies: u64,
+    packets: u64,
+    specs: fn(&mut StdRng) -> Vec<FirewallConfigurationSpec>,
+) -> u64 {
     require_root();
     let seed = env_num("PEERWALL_SEED", rand::random::<u32>() as u64);
     eprintln!("{name}: PEERWALL_SEED={seed} policies={policies} packets={packets}");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut cases = 0;
     for _ in 0..policies {
-        let specs = random_specs(&mut rng);
+        let specs = specs(&mut rng);
         let policy = compile(&objects(&specs))
             .unwrap_or_else(|e| panic!("generator made an invalid policy: {e}"))
             .policy;
@@ -225,6 +236,47 @@ fn nftables_kernel_equals_reference() {
     let packets = env_num("PEERWALL_DIFF_PACKETS", 25);
     let cases = run(&[Engine::Nftables], "nftables", policies, packets);
     assert_eq!(cases, policies * packets);
+}
+
+/// Policies made of runs of same-shape rules, which the nftables backend merges into one set
+/// lookup (the probe forces counters, so runs merge with per-element counters and the deciding
+/// rule is read from them): the kernel's verdict and deciding rule equal the reference's, and
+/// the bpf datapath's too.
+#[test]
+fn merged_rule_runs_equal_reference() {
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 12);
+    let packets = env_num("PEERWALL_DIFF_PACKETS", 25);
+    let runs = |rng: &mut StdRng| {
+        (0..rng.random_range(1..3))
+            .map(|i| run_table(rng, ["t0", "t1"][i]))
+            .collect()
+    };
+    let cases = run_with(
+        &[Engine::Nftables, Engine::Bpf],
+        "merged runs",
+        policies,
+        packets,
+        runs,
+    );
+    assert_eq!(cases, policies * packets);
+    // The generator makes runs the backend merges (most policies have one).
+    let mut rng = StdRng::seed_from_u64(7);
+    let merged = (0..50)
+        .filter(|_| {
+            let specs = runs(&mut rng);
+            let policy = compile(&objects(&specs)).expect("compiles").policy;
+            peerwall_backend_nftables::render_policy(
+                &policy,
+                peerwall_backend_nftables::RenderOptions {
+                    force_counters: true,
+                    events: None,
+                },
+            )
+            .iter()
+            .any(|t| t.sets.iter().any(|s| s.is_merged()))
+        })
+        .count();
+    assert!(merged >= 20, "only {merged} of 50 policies merge a run");
 }
 
 #[test]

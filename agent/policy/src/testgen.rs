@@ -274,6 +274,132 @@ pub fn random_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
     }
 }
 
+/// A table whose one chain holds a run of 4-8 rules of one shape followed by a catch-all: the
+/// same verdict and the same fixed matches in every rule (sometimes an input interface), and
+/// per rule its own values for the varying fields (addresses, ports, protocol), from the pools
+/// [`random_packet`] draws from. What the nftables backend merges into one set lookup; values
+/// that overlap, and a rule whose counter differs, split the run.
+pub fn run_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
+    let six = rng.random_bool(0.3);
+    let family = if six {
+        TableFamily::Ipv6
+    } else {
+        *pick(rng, &[TableFamily::Ipv4, TableFamily::Inet])
+    };
+    // Which fields vary: at least one address or port.
+    let (mut dst, mut src, mut port, proto_col) = (
+        rng.random_bool(0.7),
+        rng.random_bool(0.3),
+        rng.random_bool(0.6),
+        rng.random_bool(0.4),
+    );
+    if !(dst || src || port) {
+        dst = true;
+        port = rng.random_bool(0.5);
+        src = !port && rng.random_bool(0.5);
+    }
+    let iif = rng.random_bool(0.5).then(|| pick(rng, &IFACES).to_string());
+    let hook = *pick(
+        rng,
+        &[ChainHook::Forward, ChainHook::Forward, ChainHook::Input],
+    );
+    let action = *pick(
+        rng,
+        &[
+            FilterAction::Accept,
+            FilterAction::Drop,
+            FilterAction::Reject,
+        ],
+    );
+    let counter = rng.random_bool(0.7);
+    let odd_counter = rng.random_bool(0.2).then(|| rng.random_range(0..8));
+    let eq = || Match {
+        op: Some(MatchOperation::Eq),
+        ..Match::default()
+    };
+    let mut rules: Vec<FilterRule> = (0..rng.random_range(4..9))
+        .map(|ri| {
+            let mut m = Vec::new();
+            if let Some(dev) = &iif {
+                m.push(Match {
+                    dev: Some(MatchDev {
+                        value: dev.clone(),
+                        position: Some(MatchDevPosition::In),
+                        wildcard: false,
+                    }),
+                    ..eq()
+                });
+            }
+            for (on, position) in [(dst, MatchPosition::Dst), (src, MatchPosition::Src)] {
+                if on {
+                    m.push(Match {
+                        ip: Some(MatchIp {
+                            value: addr_value(rng, six),
+                            position: Some(position),
+                        }),
+                        ..eq()
+                    });
+                }
+            }
+            if proto_col {
+                let icmp = if six { L4Proto::Icmpv6 } else { L4Proto::Icmp };
+                m.push(Match {
+                    proto: Some(MatchProto {
+                        value: *pick(rng, &[L4Proto::Tcp, L4Proto::Udp, icmp]),
+                    }),
+                    ..eq()
+                });
+            }
+            if port {
+                m.push(Match {
+                    port: Some(MatchPort {
+                        value: port_value(rng),
+                        position: Some(MatchPosition::Dst),
+                    }),
+                    ..eq()
+                });
+            }
+            FilterRule {
+                name: Some(format!("m{ri}")),
+                r#match: m,
+                action: Some(action),
+                value: None,
+                counter: Some(counter != (odd_counter == Some(ri))),
+            }
+        })
+        .collect();
+    rules.push(FilterRule {
+        name: Some("rest".into()),
+        r#match: Vec::new(),
+        action: Some(if action == FilterAction::Accept {
+            FilterAction::Drop
+        } else {
+            FilterAction::Accept
+        }),
+        value: None,
+        counter: Some(true),
+    });
+    FirewallConfigurationSpec {
+        table: Table {
+            name: Some(name.into()),
+            family: Some(family),
+            chains: vec![Chain {
+                name: Some("c0".into()),
+                rules: RulesSet {
+                    filter_rules: Some(rules),
+                    ..RulesSet::default()
+                },
+                type_: Some(ChainType::Filter),
+                policy: Some(ChainPolicy::Accept),
+                hook: Some(hook),
+                priority: Some(0),
+            }],
+            sets: Vec::new(),
+        },
+        audit: false,
+    }
+}
+
 /// A random packet (forwarded 80%, else to the gateway), of any ct state.
 pub fn random_packet(rng: &mut StdRng) -> Packet {
     let six = rng.random_bool(0.35);
