@@ -157,21 +157,28 @@ fn merged_counters(rule: &Value, sets: &[Value]) -> Vec<(String, u64, u64)> {
     out
 }
 
-/// The listings (with elements) of the merged rules' sets in owned tables that count.
-fn merged_sets(nft: &impl Runner, terse: &[Value]) -> Result<Vec<Value>, NftError> {
-    let owned: Vec<KernelTable> = kernel_tables(terse)
+/// Whether a listed object (a rule, a set) lies in a table of `objs` that peerwall owns.
+fn in_owned_table(objs: &[Value]) -> impl Fn(&Value) -> bool {
+    let owned: Vec<KernelTable> = kernel_tables(objs)
         .into_iter()
         .filter(|t| t.owner.is_some())
         .collect();
+    move |o: &Value| {
+        owned
+            .iter()
+            .any(|t| o["table"] == t.name.as_str() && o["family"] == t.family.as_str())
+    }
+}
+
+/// The listings (with elements) of the merged rules' sets in owned tables that count.
+fn merged_sets(nft: &impl Runner, terse: &[Value]) -> Result<Vec<Value>, NftError> {
+    let is_owned = in_owned_table(terse);
     let mut out = Vec::new();
     for s in terse.iter().filter_map(|o| o.get("set")) {
         let counts = s["stmt"]
             .as_array()
             .is_some_and(|st| st.iter().any(|x| x.get("counter").is_some()));
-        let is_owned = owned
-            .iter()
-            .any(|t| s["table"] == t.name.as_str() && s["family"] == t.family.as_str());
-        if counts && is_owned && is_merged_set(s) {
+        if counts && is_owned(s) && is_merged_set(s) {
             out.extend(nft.list_set(
                 s["family"].as_str().unwrap_or_default(),
                 s["table"].as_str().unwrap_or_default(),
@@ -185,16 +192,10 @@ fn merged_sets(nft: &impl Runner, terse: &[Value]) -> Result<Vec<Value>, NftErro
 /// Counters of every named rule with a counter in owned tables of a listed ruleset; `sets`
 /// holds the merged rules' sets with their elements (a merged rule counts per element).
 pub fn rule_counters(objs: &[Value], sets: &[Value]) -> Vec<RuleCounter> {
-    let owned: Vec<KernelTable> = kernel_tables(objs)
-        .into_iter()
-        .filter(|t| t.owner.is_some())
-        .collect();
+    let is_owned = in_owned_table(objs);
     let mut out = Vec::new();
     for r in objs.iter().filter_map(|o| o.get("rule")) {
-        let is_owned = owned
-            .iter()
-            .any(|t| r["table"] == t.name.as_str() && r["family"] == t.family.as_str());
-        if !is_owned || r["chain"] == model::MARKER_CHAIN {
+        if !is_owned(r) || r["chain"] == model::MARKER_CHAIN {
             continue;
         }
         let merged = merged_counters(r, sets);
