@@ -96,17 +96,23 @@ fn set(t: &Table, s: &Set) -> Value {
         v["stmt"] = json!([{"counter": null}]);
     }
     if !s.elements.is_empty() {
-        v["elem"] = if s.is_merged() {
-            s.elements
-                .iter()
-                .zip(&s.comments)
-                .map(|(e, c)| json!({"elem": {"val": element(e), "comment": c}}))
-                .collect()
-        } else {
-            s.elements.iter().map(element).collect()
-        };
+        v["elem"] = Value::Array(set_elements(s));
     }
     v
+}
+
+/// A set's elements as nft takes and lists them: plain values, or for a merged rule's set each
+/// value with its rule's name as comment (`{"elem": {"val": …, "comment": …}}`).
+pub fn set_elements(s: &Set) -> Vec<Value> {
+    if s.is_merged() {
+        s.elements
+            .iter()
+            .zip(&s.comments)
+            .map(|(e, c)| json!({"elem": {"val": element(e), "comment": c}}))
+            .collect()
+    } else {
+        s.elements.iter().map(element).collect()
+    }
 }
 
 fn chain(t: &Table, c: &Chain) -> Value {

@@ -294,18 +294,20 @@ fn listed_elements(objs: &[Value]) -> BTreeMap<String, Vec<String>> {
     objs.iter()
         .filter_map(|o| o.get("set"))
         .map(|s| {
-            let mut v: Vec<String> =
-                s.get("elem")
-                    .and_then(Value::as_array)
-                    .into_iter()
-                    .flatten()
-                    .map(|e| match e.get("elem") {
-                        // A merged rule's element: its value and comment (its counter moves).
-                        Some(x) => serde_json::json!({"val": x["val"], "comment": x["comment"]})
-                            .to_string(),
-                        None => e.to_string(),
-                    })
-                    .collect();
+            let mut v: Vec<String> = s
+                .get("elem")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .map(|e| {
+                    // A merged rule's element without its counter, which moves.
+                    let mut e = e.clone();
+                    if let Some(x) = e.get_mut("elem").and_then(Value::as_object_mut) {
+                        x.remove("counter");
+                    }
+                    e.to_string()
+                })
+                .collect();
             v.sort_unstable();
             (s["name"].as_str().unwrap_or_default().to_string(), v)
         })
@@ -317,20 +319,7 @@ fn model_elements(t: &Table) -> BTreeMap<String, Vec<String>> {
     t.sets
         .iter()
         .map(|s| {
-            let mut v: Vec<String> = if s.is_merged() {
-                s.elements
-                    .iter()
-                    .zip(&s.comments)
-                    .map(|(e, c)| {
-                        serde_json::json!({"val": json::element(e), "comment": c}).to_string()
-                    })
-                    .collect()
-            } else {
-                s.elements
-                    .iter()
-                    .map(|e| json::element(e).to_string())
-                    .collect()
-            };
+            let mut v: Vec<String> = json::set_elements(s).iter().map(Value::to_string).collect();
             v.sort_unstable();
             (s.name.clone(), v)
         })

@@ -115,9 +115,18 @@ impl Candidate<'_> {
     fn joins(&self, other: &Candidate<'_>) -> bool {
         other.action == self.action
             && other.slots == self.slots
-            && columns(other).is_some()
-            && columns(other) == columns(self)
+            && columns(other).is_some_and(|c| Some(c) == columns(self))
     }
+}
+
+/// Put a test's values into its column; false when the rule already filled it (two tests of
+/// one field: the rule is not merged).
+fn fill<T: Clone>(column: &mut Option<Vec<T>>, values: &[T]) -> bool {
+    if column.is_some() {
+        return false;
+    }
+    *column = Some(values.to_vec());
+    true
 }
 
 fn candidate(r: &ir::Rule) -> Option<Candidate<'_>> {
@@ -151,15 +160,13 @@ fn candidate(r: &ir::Rule) -> Option<Candidate<'_>> {
                     return None;
                 }
                 family = Some(set.family());
-                let slot = if *dir == Dir::Src {
-                    &mut v.saddr
-                } else {
-                    &mut v.daddr
+                let column = match dir {
+                    Dir::Src => &mut v.saddr,
+                    Dir::Dst => &mut v.daddr,
                 };
-                if slot.is_some() {
+                if !fill(column, set.ranges()) {
                     return None;
                 }
-                *slot = Some(set.ranges().to_vec());
                 Some(Column::Addr(*dir, set.family()))
             }
             Test::Port {
@@ -167,15 +174,13 @@ fn candidate(r: &ir::Rule) -> Option<Candidate<'_>> {
                 set,
                 source: Source::Inline { .. },
             } if !m.negate => {
-                let slot = if *dir == Dir::Src {
-                    &mut v.sport
-                } else {
-                    &mut v.dport
+                let column = match dir {
+                    Dir::Src => &mut v.sport,
+                    Dir::Dst => &mut v.dport,
                 };
-                if slot.is_some() {
+                if !fill(column, set.ranges()) {
                     return None;
                 }
-                *slot = Some(set.ranges().to_vec());
                 Some(Column::Port(*dir))
             }
             _ => None,
@@ -319,6 +324,11 @@ fn element(cols: Columns, b: &Bounds) -> Element {
     }
 }
 
+/// Whether field `f` holds the same values in every rule of `values`.
+fn uniform<T: PartialEq>(values: &[Values], f: impl Fn(&Values) -> &T) -> bool {
+    values.iter().all(|v| f(v) == f(&values[0]))
+}
+
 /// The lookup key and set type of `cols`.
 fn key_of(cols: Columns) -> (Key, KeyType) {
     let keys = cols.keys();
@@ -375,6 +385,8 @@ fn run_at(
         .into_iter()
         .map(|b| (b, i))
         .collect();
+    // Each rule's values, for the columns every rule shares (below).
+    let mut values = vec![head.values.clone()];
     let mut end = i + 1;
     while end < c.rules.len() {
         let r = &c.rules[end];
@@ -392,6 +404,7 @@ fn run_at(
             break;
         }
         all.extend(b.into_iter().map(|b| (b, end)));
+        values.push(next.values);
         end += 1;
     }
     if end - i < MERGE_MIN_RULES {
@@ -399,18 +412,13 @@ fn run_at(
     }
     // A column with the same values in every rule narrows nothing down: it stays a match of
     // its own (in front of the lookup), and the key is the columns that tell rules apart.
-    let values: Vec<Values> = c.rules[i..end]
-        .iter()
-        .filter_map(|r| candidate(r).map(|c| c.values))
-        .collect();
-    let uniform = |f: fn(&Values) -> String| values.iter().all(|v| f(v) == f(&values[0]));
     let same = Columns {
-        proto: cols.proto && uniform(|v| format!("{:?}", v.protos)),
+        proto: cols.proto && uniform(&values, |v| &v.protos),
         family: cols.family,
-        saddr: cols.saddr && uniform(|v| format!("{:?}", v.saddr)),
-        daddr: cols.daddr && uniform(|v| format!("{:?}", v.daddr)),
-        sport: cols.sport && uniform(|v| format!("{:?}", v.sport)),
-        dport: cols.dport && uniform(|v| format!("{:?}", v.dport)),
+        saddr: cols.saddr && uniform(&values, |v| &v.saddr),
+        daddr: cols.daddr && uniform(&values, |v| &v.daddr),
+        sport: cols.sport && uniform(&values, |v| &v.sport),
+        dport: cols.dport && uniform(&values, |v| &v.dport),
     };
     let key_cols = Columns {
         proto: cols.proto && !same.proto,

@@ -5,9 +5,8 @@
 //! interval sets when they hold prefixes or ranges; port lists are anonymous sets. Runs of rules
 //! that differ only in inline addresses, ports and protocols become one lookup ([`merge`]).
 //! Every rule carries its name as comment (a merged one, its rules' names), and a counter when
-//! asked. Ownership: every table holds the
-//! marker chain [`MARKER_CHAIN`] naming its owner; peerwall only ever modifies tables that
-//! carry it. Pure: data in, data out.
+//! asked. Ownership: every table holds the marker chain [`MARKER_CHAIN`] naming its owner;
+//! peerwall only ever modifies tables that carry it. Pure: data in, data out.
 
 use peerwall_policy::ir::{
     self, Action, AddrSet, Dir, IfDir, IpFamily, NatAction, PortSet, SetElements, Source,
