@@ -5,12 +5,13 @@
 mod host;
 mod observe;
 mod render;
+mod scope;
 mod serve;
 mod verdict;
 
 use std::io::Write;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
@@ -85,6 +86,14 @@ pub enum BackendKind {
     Nftables,
     /// tc (tcx) and XDP programs over LPM-trie maps pinned under bpffs.
     Bpf,
+}
+
+/// A backend's name as the command line spells it.
+pub fn backend_name(b: BackendKind) -> &'static str {
+    match b {
+        BackendKind::Nftables => "nftables",
+        BackendKind::Bpf => "bpf",
+    }
 }
 
 /// Options of the bpf backend.
@@ -181,8 +190,9 @@ pub enum Command {
     },
     /// The fate of one packet crossing the gateway.
     Verdict(VerdictArgs),
-    /// Install the policy on this host (current network namespace) and exit.
-    /// peerwall's tables become exactly the given ones: owned tables not in the input are removed.
+    /// Install the policy on this host (this network namespace, or --netns) and exit.
+    /// peerwall's tables become exactly the given ones: owned tables not in the input are
+    /// removed, unchanged ones kept (counters included).
     Apply {
         /// YAML files or directories.
         #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
@@ -190,25 +200,29 @@ pub enum Command {
         /// Backend.
         #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
         backend: BackendKind,
+        /// Act in this network namespace (`ip netns` name, or a path such as
+        /// `/proc/<pid>/ns/net`) instead of the one the command runs in.
+        #[arg(long)]
+        netns: Option<String>,
         /// bpf backend options.
         #[command(flatten)]
         bpf: BpfOpts,
     },
-    /// Remove what peerwall installed on this host: its nftables tables, or (bpf) its pinned
-    /// links (detaching the programs) and maps.
+    /// Remove what peerwall installed here: its nftables tables and (bpf) its pinned links
+    /// (detaching the programs) and maps; whichever is found, or only --backend's.
     Delete {
-        /// Backend.
-        #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
-        backend: BackendKind,
-        /// Where maps and links are pinned (bpf).
-        #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
-        pin_dir: PathBuf,
+        /// Only this backend's part (default: whatever is found).
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
+        /// Where and in which namespace.
+        #[command(flatten)]
+        at: host::HostArgs,
     },
     /// Decode the pinned bpf datapath: live slot, attachments, hooks, chains, rule counters.
     Inspect {
-        /// Where maps and links are pinned.
-        #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
-        pin_dir: PathBuf,
+        /// Where and in which namespace.
+        #[command(flatten)]
+        at: host::HostArgs,
         /// Output format.
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
@@ -222,16 +236,23 @@ pub enum Command {
         /// on or off.
         #[arg(value_enum)]
         state: OnOff,
-        /// Which backend's switch: bpf (the `ALLOW_ALL` map) or nftables (an accept leading
-        /// every peerwall chain, recorded by the table `inet peerwall_allow_all`).
-        #[arg(long, value_enum, default_value_t = BackendKind::Bpf)]
-        backend: BackendKind,
-        /// Where maps are pinned.
-        #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
-        pin_dir: PathBuf,
+        /// Only this backend's switch: bpf (the `ALLOW_ALL` map) or nftables (an accept leading
+        /// every peerwall chain, recorded by the table `inet peerwall_allow_all`). Default:
+        /// every backend found installed here.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
+        /// Where and in which namespace.
+        #[command(flatten)]
+        at: host::HostArgs,
     },
-    /// Show rule counters of peerwall's tables on this host.
+    /// Show the rule counters of what peerwall installed here (nftables tables, bpf datapath).
     Counters {
+        /// Only this backend's counters (default: whatever is found).
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
+        /// Where and in which namespace.
+        #[command(flatten)]
+        at: host::HostArgs,
         /// Output format.
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
@@ -530,16 +551,17 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Apply {
             files,
             backend,
+            netns,
             bpf,
-        } => host::apply(&files, backend, bpf),
-        Command::Delete { backend, pin_dir } => host::delete(backend, &pin_dir),
-        Command::Inspect { pin_dir, output } => host::inspect(&pin_dir, output),
-        Command::AllowAll {
-            state,
+        } => host::apply(&files, backend, bpf, netns),
+        Command::Delete { backend, at } => host::delete(backend, &at),
+        Command::Inspect { at, output } => host::inspect(&at, output),
+        Command::AllowAll { state, backend, at } => host::allow_all(state, backend, &at),
+        Command::Counters {
             backend,
-            pin_dir,
-        } => host::allow_all(state, backend, &pin_dir),
-        Command::Counters { output } => host::counters(output),
+            at,
+            output,
+        } => host::counters(backend, &at, output),
         Command::Observe(a) => observe::observe(a),
         Command::Crd => out(&crd_yaml().map_err(runtime)?),
         Command::Lab { backend, keep } => serve::lab(backend, keep),

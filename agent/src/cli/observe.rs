@@ -41,9 +41,9 @@ pub struct ObserveArgs {
     /// Read from the kernel even if an agent answers.
     #[arg(long)]
     pub kernel: bool,
-    /// Kernel mode: the backend whose events to read.
-    #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
-    pub backend: BackendKind,
+    /// Kernel mode: the backend whose events to read (default: the one installed here).
+    #[arg(long, value_enum)]
+    pub backend: Option<BackendKind>,
     /// Kernel mode, bpf: where the datapath is pinned.
     #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
     pub pin_dir: PathBuf,
@@ -168,15 +168,33 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
         }
         tracing::info!(agent = %a.agent, "no agent answers; reading from the kernel");
     }
+    super::scope::host_bpffs(&a.pin_dir, false)?;
     if let Some(ns) = &a.netns {
-        enter_netns(ns)?;
+        super::scope::enter_netns(ns)?;
     }
-    let mut source: Box<dyn EventSource> = match a.backend {
+    let found = super::scope::backends_to_act_on(a.backend, &a.pin_dir, "observe")?;
+    let backend = match found.as_slice() {
+        [one] => *one,
+        _ => {
+            return Err(input(anyhow::anyhow!(
+                "both nftables and bpf are installed here: choose one with --backend"
+            )))
+        }
+    };
+    let mut source: Box<dyn EventSource> = match backend {
         BackendKind::Nftables => {
             let listing = Nft::host()
                 .list_ruleset_terse()
                 .context("listing the ruleset for rule names")
                 .map_err(runtime)?;
+            if !nft_events::logs_events(&listing, a.nflog_group) {
+                return Err(input(anyhow::anyhow!(
+                    "no peerwall rule here reports events to NFLOG group {}: nothing would ever \
+                     arrive. Events come from `peerwall agent --events` (or --flow-log); a \
+                     plain `peerwall apply` installs no log rules",
+                    a.nflog_group
+                )));
+            }
             let names = nft_events::Names::default();
             names.set(nft_events::Names::of_listing(&listing));
             Box::new(
@@ -189,11 +207,20 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
                 .map_err(runtime)?,
             )
         }
-        BackendKind::Bpf => Box::new(
+        BackendKind::Bpf => {
+            if !peerwall_backend_bpf::events::events_enabled(&a.pin_dir).map_err(runtime)? {
+                return Err(input(anyhow::anyhow!(
+                    "the bpf datapath pinned in {} reports no events: nothing would ever \
+                     arrive. Events come from `peerwall agent --backend bpf --events` (or \
+                     --flow-log); a plain `peerwall apply` turns them off",
+                    a.pin_dir.display()
+                )));
+            }
+            Box::new(
             peerwall_backend_bpf::events::BpfEvents::open(&a.pin_dir)
                 .context("opening the datapath's events")
                 .map_err(runtime)?,
-        ),
+        )},
     };
     let deadline = Instant::now() + Duration::from_millis(a.wait_ms);
     loop {
@@ -207,28 +234,6 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
             return Ok(());
         }
     }
-}
-
-/// Move this thread (and the `nft` it runs) into network namespace `ns`.
-fn enter_netns(ns: &str) -> Result<(), CliError> {
-    let path = if ns.starts_with('/') {
-        PathBuf::from(ns)
-    } else {
-        PathBuf::from("/run/netns").join(ns)
-    };
-    let f = std::fs::File::open(&path)
-        .with_context(|| format!("opening network namespace {}", path.display()))
-        .map_err(input)?;
-    use std::os::fd::AsRawFd;
-    // SAFETY: setns on a valid namespace descriptor; affects this thread only.
-    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-        return Err(runtime(anyhow::anyhow!(
-            "entering network namespace {}: {}",
-            path.display(),
-            std::io::Error::last_os_error()
-        )));
-    }
-    Ok(())
 }
 
 #[cfg(test)]

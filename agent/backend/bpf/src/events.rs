@@ -39,6 +39,30 @@ impl EventSettings {
     }
 }
 
+/// Whether the datapath pinned in `pin_dir` reports events (its `EVENTS` flag): without it,
+/// nothing will ever arrive in the ring buffer.
+pub fn events_enabled(pin_dir: &Path) -> Result<bool, crate::loader::BpfError> {
+    let path = pin_dir.join(map::CONFIG);
+    let data = MapData::from_pin(&path).map_err(|source| crate::loader::BpfError::Map {
+        map: path.display().to_string(),
+        source,
+    })?;
+    let config: aya::maps::Array<MapData, peerwall_common::Config> =
+        aya::maps::Array::try_from(aya::maps::Map::Array(data)).map_err(|source| {
+            crate::loader::BpfError::Map {
+                map: map::CONFIG.to_string(),
+                source,
+            }
+        })?;
+    let c = config
+        .get(&0, 0)
+        .map_err(|source| crate::loader::BpfError::Map {
+            map: map::CONFIG.to_string(),
+            source,
+        })?;
+    Ok(c.flags & peerwall_common::flags::EVENTS != 0)
+}
+
 /// The reader of a pinned datapath's events.
 pub struct BpfEvents {
     ring: RingBuf<MapData>,

@@ -34,10 +34,13 @@ pub struct ChainMeta {
     pub rules: Vec<String>,
 }
 
+/// Where slot metadata lives: `META_ROOT/<pin dir>/slot<N>.json`.
+pub const META_ROOT: &str = "/run/peerwall";
+
 /// Where the metadata of a pin directory's slot lives.
 pub fn meta_path(pin_dir: &Path, slot: u32) -> PathBuf {
     let rel = pin_dir.strip_prefix("/").unwrap_or(pin_dir);
-    Path::new("/run/peerwall")
+    Path::new(META_ROOT)
         .join(rel)
         .join(format!("slot{slot}.json"))
 }

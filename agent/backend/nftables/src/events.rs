@@ -553,5 +553,18 @@ impl EventSource for Nflog {
     }
 }
 
+/// Whether any rule of a ruleset listing (`nft -j list ruleset`'s objects) logs peerwall
+/// events to NFLOG `group`: without one, nothing will ever arrive there.
+pub fn logs_events(objs: &[Value], group: u16) -> bool {
+    objs.iter().filter_map(|o| o.get("rule")).any(|r| {
+        r["expr"].as_array().is_some_and(|es| {
+            es.iter().filter_map(|e| e.get("log")).any(|l| {
+                l["group"].as_u64() == Some(u64::from(group))
+                    && l["prefix"].as_str().is_some_and(|p| parse_prefix(p).is_some())
+            })
+        })
+    })
+}
+
 #[cfg(test)]
 mod tests;

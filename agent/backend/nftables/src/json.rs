@@ -10,7 +10,7 @@ use peerwall_policy::ir::{CtState, NatTarget, TableFamily};
 
 use crate::model::{
     self, family_keyword, proto_keyword, Chain, Command, Element, Expr, Key, Policy, RejectType,
-    Right, Rule, Set, Table, TuplePart, MARKER_CHAIN, MARKER_PREFIX,
+    Right, Rule, Set, Table, TuplePart, DIGEST_PREFIX, MARKER_CHAIN, MARKER_PREFIX,
 };
 
 /// A whole transaction as one nft JSON document.
@@ -54,9 +54,32 @@ fn element_obj(t: &Table, set: &str, elements: &[Element]) -> Value {
         "elem": elements.iter().map(element).collect::<Vec<_>>()}})
 }
 
-/// Commands that create `t` (it must not exist): the table, its ownership marker, its sets,
-/// its chains, its rules.
+/// Commands that create `t` (it must not exist): the table, its ownership marker and digest,
+/// its sets, its chains, its rules.
 fn create(t: &Table) -> Vec<Value> {
+    let mut cmds = body(t);
+    let digest = json!({"add": {"rule": {"family": t.family.nft(), "table": t.name,
+        "chain": MARKER_CHAIN, "comment": format!("{DIGEST_PREFIX}{}", digest(t)),
+        "expr": [{"counter": null}]}}});
+    cmds.insert(3, digest);
+    cmds
+}
+
+/// What `t` is created as, set elements aside (compared on their own), as 16 hex digits:
+/// FNV-1a over the creating commands' JSON text. Equal digests mean equal tables.
+pub fn digest(t: &Table) -> String {
+    let mut h = fnv::FnvHasher::default();
+    for mut c in body(t) {
+        if let Some(set) = c.pointer_mut("/add/set").and_then(Value::as_object_mut) {
+            set.remove("elem");
+        }
+        std::hash::Hasher::write(&mut h, c.to_string().as_bytes());
+    }
+    format!("{:016x}", std::hash::Hasher::finish(&h))
+}
+
+/// [`create`] without the digest rule.
+fn body(t: &Table) -> Vec<Value> {
     let fam = t.family.nft();
     let mut cmds = vec![
         json!({"add": table_obj(t.family, &t.name)}),

@@ -269,6 +269,15 @@ fn objects_of_table(objs: &[Value], family: ir::TableFamily, name: &str) -> Vec<
         .collect()
 }
 
+/// The digest a listed table was created with (its marker chain's digest rule).
+fn listed_digest(objs: &[Value]) -> Option<String> {
+    objs.iter()
+        .filter_map(|o| o.get("rule"))
+        .filter(|r| r["chain"] == model::MARKER_CHAIN)
+        .find_map(|r| r["comment"].as_str()?.strip_prefix(model::DIGEST_PREFIX))
+        .map(str::to_string)
+}
+
 /// How often drift checks also compare set elements (a full listing), besides the structure
 /// checked on every call.
 pub const FULL_DRIFT_CHECK: std::time::Duration = std::time::Duration::from_secs(5);
@@ -337,6 +346,8 @@ pub struct ApplyReport {
     pub updated: Vec<String>,
     /// Owned tables removed.
     pub deleted: Vec<String>,
+    /// Tables left as they were (nothing to change).
+    pub kept: Vec<String>,
     /// Set element additions and deletions sent.
     pub element_changes: usize,
     /// Whether anything was sent to the kernel.
@@ -444,6 +455,55 @@ impl<R: Runner> NftBackend<R> {
         let applied: Vec<RenderedTable> = self.applied.values().cloned().collect();
         self.names.set_tables(&applied);
         Ok(report)
+    }
+
+    /// For a backend that applied nothing yet (a one-shot `peerwall apply`, a restarted
+    /// process): take as applied every owned table in the kernel that already is what `policy`
+    /// renders, so that the next [`apply`](Self::apply) keeps it, counters included, instead
+    /// of recreating it. A table is taken when the digest it was created with
+    /// ([`json::digest`], in its marker chain) is the desired table's and its set elements are
+    /// the desired ones; anything else is recreated as before. Returns the tables taken.
+    pub fn adopt_unchanged(&mut self, policy: &ir::Policy) -> Result<Vec<String>, NftError> {
+        if !self.applied.is_empty() {
+            return Ok(Vec::new());
+        }
+        let terse = self.nft.list_ruleset_terse()?;
+        let allow_all = switch::is_on(&terse);
+        let opts = RenderOptions {
+            events: self.events,
+            ..RenderOptions::default()
+        };
+        let kernel = kernel_tables(&terse);
+        let mut full: Option<Vec<Value>> = None;
+        let mut adopted = Vec::new();
+        for t in render_policy(policy, opts) {
+            let t = switch::with_switch(t, allow_all);
+            let ours = kernel.iter().any(|k| {
+                k.name == t.name && k.family == t.family.nft() && k.owner.as_deref() == Some(&t.owner)
+            });
+            let now = objects_of_table(&terse, t.family, &t.name);
+            if !ours || listed_digest(&now).as_deref() != Some(json::digest(&t).as_str()) {
+                continue;
+            }
+            if full.is_none() {
+                full = Some(self.nft.list_ruleset()?);
+            }
+            let listed = objects_of_table(full.as_deref().unwrap_or_default(), t.family, &t.name);
+            if listed_elements(&listed) != model_elements(&t) {
+                continue;
+            }
+            self.snapshots.insert(
+                t.name.clone(),
+                Snapshot {
+                    terse: normalize(now),
+                },
+            );
+            adopted.push(t.name.clone());
+            self.applied.insert(t.name.clone(), t);
+        }
+        let applied: Vec<RenderedTable> = self.applied.values().cloned().collect();
+        self.names.set_tables(&applied);
+        Ok(adopted)
     }
 
     /// Make `policy` the policy in force when it differs from the last one applied only by
@@ -680,10 +740,21 @@ impl<R: Runner> NftBackend<R> {
 
 impl std::fmt::Display for ApplyReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.join(",")
+            }
+        };
         write!(
             f,
-            "recreated={:?} updated={:?} deleted={:?} element_changes={}",
-            self.recreated, self.updated, self.deleted, self.element_changes
+            "created or recreated {}; updated {} ({} element changes); kept {}; removed {}",
+            list(&self.recreated),
+            list(&self.updated),
+            self.element_changes,
+            list(&self.kept),
+            list(&self.deleted)
         )
     }
 }

@@ -12,6 +12,11 @@ use peerwall_policy::ir::{ChainKind, CtState, Hook, IpFamily, NatTarget, TableFa
 pub const MARKER_CHAIN: &str = "__peerwall";
 /// Prefix of the marker rule's comment.
 pub const MARKER_PREFIX: &str = "peerwall owner=";
+
+/// Comment prefix of the marker chain's second rule: the digest of what the table was created
+/// as ([`crate::json::digest`]), so that a later process can tell an unchanged table from one
+/// to recreate without having applied it itself.
+pub const DIGEST_PREFIX: &str = "peerwall digest=";
 /// Prefix of sets generated for inline lists.
 pub const AUTO_SET_PREFIX: &str = "__pw_";
 

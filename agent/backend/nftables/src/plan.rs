@@ -152,6 +152,8 @@ pub fn plan<'a>(
                     cmds.iter().map(Command::element_count).sum::<usize>();
                 plan.commands.extend(cmds);
                 plan.report.updated.push(t.name.clone());
+            } else {
+                plan.report.kept.push(t.name.clone());
             }
         }
     }

@@ -10,7 +10,7 @@ use peerwall_policy::ir::NatTarget;
 
 use crate::model::{
     family_keyword, proto_keyword, Element, Expr, Key, Policy, RejectType, Right, Table, TuplePart,
-    MARKER_CHAIN, MARKER_PREFIX,
+    DIGEST_PREFIX, MARKER_CHAIN, MARKER_PREFIX,
 };
 
 fn element(e: &Element) -> String {
@@ -193,6 +193,8 @@ fn text_of(t: &Table, marker: bool) -> String {
     if marker {
         let _ = writeln!(out, "\tchain {MARKER_CHAIN} {{");
         let _ = writeln!(out, "\t\tcounter comment \"{MARKER_PREFIX}{}\"", t.owner);
+        let digest = crate::json::digest(t);
+        let _ = writeln!(out, "\t\tcounter comment \"{DIGEST_PREFIX}{digest}\"");
         let _ = writeln!(out, "\t}}");
     }
     let _ = writeln!(out, "}}");

@@ -92,7 +92,8 @@ pub fn matching<'a>(ifaces: &'a [HostIface], patterns: &[String]) -> Vec<&'a Hos
         .collect()
 }
 
-pub(super) fn is_bpffs(path: &Path) -> bool {
+/// Whether `path` lies on a bpf filesystem.
+pub fn is_bpffs(path: &Path) -> bool {
     // SAFETY: statfs on a NUL-terminated path into a zeroed struct.
     let Ok(c) = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()) else {
         return false;

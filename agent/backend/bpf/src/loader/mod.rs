@@ -14,8 +14,7 @@ mod testing;
 
 use entries::*;
 pub use entries::{addr_key, port_key};
-use host::is_bpffs;
-pub use host::{ensure_bpffs, host_ifaces, matching, HostIface};
+pub use host::{ensure_bpffs, host_ifaces, is_bpffs, matching, HostIface};
 use peerwall_common::map;
 use pins::pin_link;
 pub use pins::{
