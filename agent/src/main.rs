@@ -17,7 +17,7 @@ fn main() {
         LogFormat::Text => builder.init(),
     }
     if let Err(e) = cli::run(args) {
-        eprintln!("error: {:#}", e.error());
+        eprintln!("error: {}", cli::error_text(e.error()));
         std::process::exit(e.exit_code());
     }
 }

@@ -17,8 +17,9 @@ use crate::support::*;
 /// references dropped (their owners, Liqo's Configurations, do not exist on a test server and
 /// the garbage collector would remove the objects).
 pub(crate) fn liqo_shapes() -> Vec<(String, serde_json::Value)> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(repo("examples/liqo"))
-        .unwrap()
+    let mut files: Vec<PathBuf> = ["gateway", "fabric"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(repo("examples/liqo").join(d)).unwrap())
         .map(|e| e.unwrap().path())
         .collect();
     files.sort();

@@ -39,6 +39,8 @@ pub struct Loaded {
     pub objects: Vec<PolicyObject>,
     /// peerwall's AddressSets.
     pub address_sets: Vec<AddressSetObject>,
+    /// Where each object was read: origin (`namespace/name`) → `file:line` of its document.
+    pub sources: std::collections::BTreeMap<String, String>,
 }
 /// Origin prefix of objects of Liqo's group.
 pub const LIQO_ORIGIN_PREFIX: &str = "liqo:";
@@ -148,11 +150,15 @@ fn object_from_value(
         }
         (Some(group), Some(KIND)) => {
             // Liqo's schema is peerwall's without the extensions: one reader for both.
-            out.objects.push(object_from(value, origin, group)?);
+            let o = object_from(value, origin, group)?;
+            out.sources.insert(o.origin.0.clone(), origin.to_string());
+            out.objects.push(o);
             Ok(())
         }
         (Some(Group::Peerwall), Some(ADDRESS_SET_KIND)) => {
-            out.address_sets.push(address_set_from(value, origin)?);
+            let a = address_set_from(value, origin)?;
+            out.sources.insert(a.origin.0.clone(), origin.to_string());
+            out.address_sets.push(a);
             Ok(())
         }
         // Other manifests (Namespaces, Pods, ...) may share a file: they are not ours.
@@ -177,6 +183,78 @@ struct Metadata {
     namespace: Option<String>,
 }
 
+/// serde's "unknown variant `X`, expected one of `A`, `B`" (or "unknown field") made
+/// helpful: values peerwall refuses anyway are not offered
+/// ([`crate::types::TableFamily::NOT_ENFORCED`]) and a near miss is named ("did you mean
+/// `IPV4`?"). Other messages pass unchanged.
+pub fn explain(message: &str) -> String {
+    let Some((head, expected)) = message.split_once(", expected ") else {
+        return message.to_string();
+    };
+    let kind = if head.starts_with("unknown variant `") {
+        "value"
+    } else if head.starts_with("unknown field `") {
+        "field"
+    } else {
+        return message.to_string();
+    };
+    let ticked = |s: &str| -> Vec<String> {
+        s.split('`')
+            .skip(1)
+            .step_by(2)
+            .map(str::to_string)
+            .collect()
+    };
+    let Some(given) = ticked(head).into_iter().next() else {
+        return message.to_string();
+    };
+    let offered: Vec<String> = ticked(expected)
+        .into_iter()
+        .filter(|v| !crate::types::TableFamily::NOT_ENFORCED.contains(&v.as_str()))
+        .collect();
+    if offered.is_empty() {
+        return format!("unknown {kind} `{given}`: {}", expected.trim());
+    }
+    let list = offered
+        .iter()
+        .map(|v| format!("`{v}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    match did_you_mean(&given, &offered) {
+        Some(near) => format!("unknown {kind} `{given}`: did you mean `{near}`? (accepted: {list})"),
+        None => format!("unknown {kind} `{given}` (accepted: {list})"),
+    }
+}
+
+/// The accepted value closest to `given`: equal ignoring case, or at most two edits away.
+fn did_you_mean<'a>(given: &str, accepted: &'a [String]) -> Option<&'a str> {
+    let g = given.to_ascii_lowercase();
+    if let Some(same) = accepted.iter().find(|a| a.to_ascii_lowercase() == g) {
+        return Some(same);
+    }
+    accepted
+        .iter()
+        .map(|a| (edit_distance(&g, &a.to_ascii_lowercase()), a))
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, a)| a.as_str())
+}
+
+/// Levenshtein distance (short names only).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
 /// Deserialize one FirewallConfiguration (from YAML or JSON), naming the field path on error.
 fn object_from<'de, D: serde::Deserializer<'de>>(
     value: D,
@@ -186,7 +264,7 @@ fn object_from<'de, D: serde::Deserializer<'de>>(
     let fc: Document = serde_path_to_error::deserialize(value).map_err(|e| LoadError::Field {
         origin: origin.to_string(),
         path: e.path().to_string(),
-        message: e.inner().to_string(),
+        message: explain(&e.inner().to_string()),
     })?;
     let name = fc
         .metadata
@@ -223,7 +301,7 @@ fn address_set_from<'de, D: serde::Deserializer<'de>>(
         serde_path_to_error::deserialize(value).map_err(|e| LoadError::Field {
             origin: origin.to_string(),
             path: e.path().to_string(),
-            message: e.inner().to_string(),
+            message: explain(&e.inner().to_string()),
         })?;
     let name = doc.metadata.name.ok_or_else(|| LoadError::MissingName {
         origin: origin.to_string(),
@@ -273,11 +351,51 @@ pub fn parse_documents(text: &str, origin: &str) -> Result<Vec<PolicyObject>, Lo
     Ok(parse_all(text, origin)?.objects)
 }
 
-/// Parse every FirewallConfiguration and AddressSet in a YAML stream.
+/// The first line (1-based) of each YAML document of a stream, in order: documents begin
+/// after `---` separators, and the first also without one when content precedes them.
+pub fn document_lines(text: &str) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut pending: Option<usize> = Some(1);
+    let mut seen_content = false;
+    for (i, line) in text.lines().enumerate() {
+        let n = i + 1;
+        let t = line.trim_end();
+        if t == "---" || t.starts_with("--- ") {
+            if seen_content {
+                if let Some(p) = pending {
+                    starts.push(p);
+                }
+            }
+            pending = Some(n + 1);
+            seen_content = false;
+            continue;
+        }
+        let content = !t.trim_start().is_empty() && !t.trim_start().starts_with('#');
+        if content && !seen_content {
+            seen_content = true;
+            // The document starts at its first line of content.
+            pending = Some(n);
+        }
+    }
+    if seen_content {
+        if let Some(p) = pending {
+            starts.push(p);
+        }
+    }
+    starts
+}
+
+/// Parse every FirewallConfiguration and AddressSet in a YAML stream. `origin` names the
+/// stream (a file) in errors, each document as `origin:LINE` of its first line of content.
 pub fn parse_all(text: &str, origin: &str) -> Result<Loaded, LoadError> {
     let mut out = Loaded::default();
+    let lines = document_lines(text);
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let doc_origin = format!("{origin} (document {})", i + 1);
+        let doc_origin = match lines.get(i) {
+            Some(l) if lines.len() > 1 => format!("{origin}:{l} (document {})", i + 1),
+            Some(l) => format!("{origin}:{l}"),
+            None => format!("{origin} (document {})", i + 1),
+        };
         let value = serde_yaml::Value::deserialize(doc).map_err(|source| LoadError::Yaml {
             origin: doc_origin.clone(),
             source,
@@ -318,6 +436,8 @@ pub fn load_paths(paths: &[PathBuf]) -> Result<Vec<PolicyObject>, LoadError> {
 /// Load every FirewallConfiguration and AddressSet from files and directories.
 pub fn load_paths_all(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
     let mut out = Loaded::default();
+    // A file named twice (`-f dir/ -f dir/a.yaml`) is read once.
+    let mut read = std::collections::HashSet::new();
     for p in paths {
         let files = if p.is_dir() {
             yaml_files(p)?
@@ -325,6 +445,9 @@ pub fn load_paths_all(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
             vec![p.clone()]
         };
         for f in files {
+            if !read.insert(std::fs::canonicalize(&f).unwrap_or_else(|_| f.clone())) {
+                continue;
+            }
             let text = std::fs::read_to_string(&f).map_err(|source| LoadError::Io {
                 path: f.clone(),
                 source,
@@ -332,11 +455,28 @@ pub fn load_paths_all(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
             let more = parse_all(&text, &f.display().to_string())?;
             out.objects.extend(more.objects);
             out.address_sets.extend(more.address_sets);
+            out.sources.extend(more.sources);
         }
     }
     if out.objects.is_empty() && out.address_sets.is_empty() {
-        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        return Err(LoadError::Nothing(names.join(", ")));
+        let mut names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        // Directories are read one level deep: say which were not.
+        let subdirs: Vec<String> = paths
+            .iter()
+            .filter(|p| p.is_dir())
+            .flat_map(|p| std::fs::read_dir(p).into_iter().flatten().flatten())
+            .map(|e| e.path())
+            .filter(|p| p.is_dir())
+            .map(|p| p.display().to_string())
+            .collect();
+        if !subdirs.is_empty() {
+            names.push(format!(
+                "only *.yaml and *.yml files directly in a directory are read, not its \
+                 subdirectories ({}): name one of them",
+                subdirs.join(", ")
+            ));
+        }
+        return Err(LoadError::Nothing(names.join("; ")));
     }
     Ok(out)
 }

@@ -146,6 +146,12 @@ pub enum TableFamily {
     Bridge,
 }
 
+impl TableFamily {
+    /// The spellings of the families Liqo's schema names and peerwall does not enforce (not
+    /// offered when a family is misspelt).
+    pub const NOT_ENFORCED: [&'static str; 3] = ["ARP", "NETDEV", "BRIDGE"];
+}
+
 /// A base chain.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]

@@ -97,7 +97,7 @@ pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), 
         .filter(|b| backend.is_none_or(|a| a == *b))
         .collect();
     if chosen.is_empty() {
-        eprintln!("nothing to delete: found {}", found.describe(&at.pin_dir));
+        out(&format!("nothing to delete: found {}\n", found.describe(&at.pin_dir)))?;
         return Ok(());
     }
     for b in chosen {
@@ -106,11 +106,11 @@ pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), 
                 let gone = peerwall_backend_bpf::loader::remove_pins(&at.pin_dir)
                     .with_context(|| format!("removing {}", at.pin_dir.display()))
                     .map_err(runtime)?;
-                eprintln!(
-                    "bpf: detached and unpinned {} pins in {}",
+                out(&format!(
+                    "bpf: detached and unpinned {} pins in {}\n",
                     gone.len(),
                     at.pin_dir.display()
-                );
+                ))?;
             }
             BackendKind::Nftables => {
                 let mut b = NftBackend::new(Nft::host());
@@ -118,7 +118,7 @@ pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), 
                     .delete_all()
                     .context("deleting peerwall tables")
                     .map_err(runtime)?;
-                eprintln!("nftables: deleted {}", gone.join(", "));
+                out(&format!("nftables: deleted {}\n", gone.join(", ")))?;
             }
         }
     }
@@ -173,15 +173,15 @@ pub(super) fn allow_all(
             }
         }
         tracing::warn!(backend = backend_name(b), allow_all = on, "emergency switch set");
-        eprintln!(
-            "{}: allow-all {}",
+        out(&format!(
+            "{}: allow-all {}\n",
             backend_name(b),
             if on {
                 "ON: every packet passes"
             } else {
                 "off: enforcing"
             }
-        );
+        ))?;
     }
     Ok(())
 }

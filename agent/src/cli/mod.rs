@@ -471,10 +471,14 @@ fn default_host() -> String {
 }
 
 fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
-    let objects = load::load_paths(files).map_err(input)?;
-    let compiled = compile::compile(&objects).map_err(input)?;
+    let loaded = load::load_paths_all(files).map_err(input)?;
+    // Errors and warnings name the file and line each object was read from.
+    let at = |origin: &str| loaded.sources.get(origin).cloned();
+    let compiled = compile::compile(&loaded.objects)
+        .map_err(|e| input(anyhow::anyhow!(e.located(at))))?;
     for (origin, w) in &compiled.warnings {
-        tracing::warn!(object = %origin, "{w}");
+        let file = at(&origin.to_string()).unwrap_or_default();
+        tracing::warn!(object = %origin, file, "{w}");
     }
     Ok(compiled)
 }
@@ -530,13 +534,31 @@ fn apply_with<B: Backend>(
     match b.apply(policy) {
         Ok(report) => {
             tracing::info!(backend = name, rules = policy.rule_count(), %report, "policy applied");
-            Ok(())
+            out(&format!("{name}: {report}\n"))
         }
         Err(e) if refused(&e) => Err(input(e)),
         Err(e) => Err(runtime(
             anyhow::Error::new(e).context(format!("applying the {name} policy")),
         )),
     }
+}
+
+/// An error and its causes as one message, each cause once: a cause whose text its parent
+/// already quotes (a YAML or I/O error carried both as source and in the message) is not
+/// repeated.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let c = cause.to_string();
+        if text.contains(c.as_str()) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&c);
+    }
+    text
 }
 
 /// Run a parsed command line.

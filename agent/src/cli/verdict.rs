@@ -17,6 +17,17 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
         engine,
         output,
     } = a;
+    // Linux interface names are at most 15 bytes (IFNAMSIZ 16 with the NUL): a longer one
+    // names no interface, whichever engine judges.
+    for (flag, name) in [("--iif", Some(&iif)), ("--oif", oif.as_ref())] {
+        if let Some(n) = name.filter(|n| n.len() > 15 || n.is_empty()) {
+            return Err(input(anyhow::anyhow!(
+                "{flag} {n:?}: an interface name is 1 to 15 bytes long (Linux IFNAMSIZ), this \
+                 one is {}",
+                n.len()
+            )));
+        }
+    }
     if src.is_ipv4() != dst.is_ipv4() {
         return Err(input(anyhow::anyhow!(
             "--src {src} and --dst {dst} are of different address families"

@@ -271,9 +271,9 @@ impl fmt::Display for Warning {
     }
 }
 
-/// All errors of one object.
+/// All errors of one object: one line per error, each naming the object.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{origin}: {}", join(.errors))]
+#[error("{}", self.lines(None).join("\n"))]
 pub struct ObjectErrors {
     /// Object (namespace/name or file origin).
     pub origin: String,
@@ -281,12 +281,16 @@ pub struct ObjectErrors {
     pub errors: Vec<FieldError>,
 }
 
-fn join(errors: &[FieldError]) -> String {
-    errors
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
+impl ObjectErrors {
+    /// One line per error: `[WHERE: ]ORIGIN: PATH: PROBLEM`, `WHERE` being where the object
+    /// was read (`file:line`) when known.
+    pub fn lines(&self, at: Option<&str>) -> Vec<String> {
+        let at = at.map_or(String::new(), |a| format!("{a}: "));
+        self.errors
+            .iter()
+            .map(|e| format!("{at}{}: {e}", self.origin))
+            .collect()
+    }
 }
 
 /// Errors of a whole compilation.
@@ -295,4 +299,16 @@ fn join(errors: &[FieldError]) -> String {
 pub struct CompileError {
     /// Per object.
     pub objects: Vec<ObjectErrors>,
+}
+
+impl CompileError {
+    /// One line per error, each led by where its object was read (`located(origin)`, e.g.
+    /// `file:line`) when known.
+    pub fn located(&self, located: impl Fn(&str) -> Option<String>) -> String {
+        self.objects
+            .iter()
+            .flat_map(|o| o.lines(located(&o.origin).as_deref()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
 }

@@ -95,7 +95,7 @@ pub fn parse_port_item(raw: &str) -> Result<(u16, u16), Problem> {
         Some((a, b)) => {
             let (a, b) = (parse(a)?, parse(b)?);
             if a > b {
-                return Err(bad());
+                return Err(Problem::RangeReversed(raw.to_string()));
             }
             Ok((a, b))
         }

@@ -263,7 +263,7 @@ mod tests {
     use crate::compile;
     use peerwall_intent::load::parse_documents;
 
-    /// Liqo's remapping of an overlapping pod CIDR (`examples/liqo/remap-podcidr.yaml`, from
+    /// Liqo's remapping of an overlapping pod CIDR (`examples/liqo/gateway/remap-podcidr.yaml`, from
     /// `remapping/cidr.go`): the peer's 10.243.0.0/16 is seen here as 10.71.0.0/16.
     const REMAP: &str = "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {name: remap, namespace: t}\nspec:\n  table:\n    name: remap-podcidr\n    family: IPV4\n    chains:\n    - name: outgoing\n      policy: accept\n      type: nat\n      hook: prerouting\n      priority: -100\n      rules:\n        natRules:\n        - natType: dnat\n          to: 10.243.0.0/16\n          match:\n          - {op: eq, ip: {value: 10.71.0.0/16, position: dst}}\n          - {op: neq, dev: {value: eth0, position: in}}\n          - {op: neq, dev: {value: liqo-tunnel, position: in}}\n    - name: incoming\n      policy: accept\n      type: nat\n      hook: postrouting\n      priority: 100\n      rules:\n        natRules:\n        - natType: snat\n          to: 10.71.0.0/16\n          match:\n          - {op: neq, dev: {value: eth0, position: out}}\n          - {op: eq, ip: {value: 10.243.0.0/16, position: src}}\n          - {op: eq, dev: {value: liqo-tunnel, position: in}}\n";
 
