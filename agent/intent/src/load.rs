@@ -221,7 +221,9 @@ pub fn explain(message: &str) -> String {
         .collect::<Vec<_>>()
         .join(", ");
     match did_you_mean(&given, &offered) {
-        Some(near) => format!("unknown {kind} `{given}`: did you mean `{near}`? (accepted: {list})"),
+        Some(near) => {
+            format!("unknown {kind} `{given}`: did you mean `{near}`? (accepted: {list})")
+        }
         None => format!("unknown {kind} `{given}` (accepted: {list})"),
     }
 }

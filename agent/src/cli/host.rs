@@ -97,7 +97,10 @@ pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), 
         .filter(|b| backend.is_none_or(|a| a == *b))
         .collect();
     if chosen.is_empty() {
-        out(&format!("nothing to delete: found {}\n", found.describe(&at.pin_dir)))?;
+        out(&format!(
+            "nothing to delete: found {}\n",
+            found.describe(&at.pin_dir)
+        ))?;
         return Ok(());
     }
     for b in chosen {
@@ -151,11 +154,9 @@ pub(super) fn allow_all(
     let on = state == OnOff::On;
     for b in backends_to_act_on(backend, &at.pin_dir, "switch")? {
         match b {
-            BackendKind::Bpf => {
-                peerwall_backend_bpf::loader::set_allow_all_pinned(&at.pin_dir, on)
-                    .with_context(|| format!("pinned datapath in {}", at.pin_dir.display()))
-                    .map_err(runtime)?
-            }
+            BackendKind::Bpf => peerwall_backend_bpf::loader::set_allow_all_pinned(&at.pin_dir, on)
+                .with_context(|| format!("pinned datapath in {}", at.pin_dir.display()))
+                .map_err(runtime)?,
             BackendKind::Nftables => {
                 use peerwall_backend_nftables::{switch, Runner};
                 let nft = Nft::host();
@@ -172,7 +173,11 @@ pub(super) fn allow_all(
                 }
             }
         }
-        tracing::warn!(backend = backend_name(b), allow_all = on, "emergency switch set");
+        tracing::warn!(
+            backend = backend_name(b),
+            allow_all = on,
+            "emergency switch set"
+        );
         out(&format!(
             "{}: allow-all {}\n",
             backend_name(b),

@@ -474,8 +474,8 @@ fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
     let loaded = load::load_paths_all(files).map_err(input)?;
     // Errors and warnings name the file and line each object was read from.
     let at = |origin: &str| loaded.sources.get(origin).cloned();
-    let compiled = compile::compile(&loaded.objects)
-        .map_err(|e| input(anyhow::anyhow!(e.located(at))))?;
+    let compiled =
+        compile::compile(&loaded.objects).map_err(|e| input(anyhow::anyhow!(e.located(at))))?;
     for (origin, w) in &compiled.warnings {
         let file = at(&origin.to_string()).unwrap_or_default();
         tracing::warn!(object = %origin, file, "{w}");

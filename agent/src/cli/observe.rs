@@ -217,10 +217,11 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
                 )));
             }
             Box::new(
-            peerwall_backend_bpf::events::BpfEvents::open(&a.pin_dir)
-                .context("opening the datapath's events")
-                .map_err(runtime)?,
-        )},
+                peerwall_backend_bpf::events::BpfEvents::open(&a.pin_dir)
+                    .context("opening the datapath's events")
+                    .map_err(runtime)?,
+            )
+        }
     };
     let deadline = Instant::now() + Duration::from_millis(a.wait_ms);
     loop {

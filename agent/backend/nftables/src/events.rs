@@ -560,7 +560,9 @@ pub fn logs_events(objs: &[Value], group: u16) -> bool {
         r["expr"].as_array().is_some_and(|es| {
             es.iter().filter_map(|e| e.get("log")).any(|l| {
                 l["group"].as_u64() == Some(u64::from(group))
-                    && l["prefix"].as_str().is_some_and(|p| parse_prefix(p).is_some())
+                    && l["prefix"]
+                        .as_str()
+                        .is_some_and(|p| parse_prefix(p).is_some())
             })
         })
     })

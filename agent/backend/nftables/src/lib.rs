@@ -269,6 +269,23 @@ fn objects_of_table(objs: &[Value], family: ir::TableFamily, name: &str) -> Vec<
         .collect()
 }
 
+/// A table's chains and, per chain, its rules' comments in order: what a listing and the
+/// commands that created the table must agree on.
+fn outline<'a>(objs: impl Iterator<Item = &'a Value>) -> BTreeMap<String, Vec<Option<String>>> {
+    let mut out: BTreeMap<String, Vec<Option<String>>> = BTreeMap::new();
+    for o in objs {
+        if let Some(c) = o.get("chain") {
+            out.entry(c["name"].as_str().unwrap_or_default().to_string())
+                .or_default();
+        } else if let Some(r) = o.get("rule") {
+            out.entry(r["chain"].as_str().unwrap_or_default().to_string())
+                .or_default()
+                .push(r["comment"].as_str().map(str::to_string));
+        }
+    }
+    out
+}
+
 /// The digest a listed table was created with (its marker chain's digest rule).
 fn listed_digest(objs: &[Value]) -> Option<String> {
     objs.iter()
@@ -479,10 +496,19 @@ impl<R: Runner> NftBackend<R> {
         for t in render_policy(policy, opts) {
             let t = switch::with_switch(t, allow_all);
             let ours = kernel.iter().any(|k| {
-                k.name == t.name && k.family == t.family.nft() && k.owner.as_deref() == Some(&t.owner)
+                k.name == t.name
+                    && k.family == t.family.nft()
+                    && k.owner.as_deref() == Some(&t.owner)
             });
             let now = objects_of_table(&terse, t.family, &t.name);
             if !ours || listed_digest(&now).as_deref() != Some(json::digest(&t).as_str()) {
+                continue;
+            }
+            // The digest says what the table was created as; the outline that it still is
+            // (a rule deleted, a chain flushed behind peerwall's back: recreated).
+            let created = json::command(&model::Command::Create(&t));
+            let sent = created.iter().filter_map(|c| c.get("add"));
+            if outline(now.iter()) != outline(sent) {
                 continue;
             }
             if full.is_none() {
