@@ -479,14 +479,40 @@ impl Exposition for ControllerMetrics {
     }
 }
 
-/// Answer one request: `/metrics` (Prometheus text), `/healthz`, `/readyz`, `/events`.
+/// Which endpoints a listener answers: `/events` carries flows with addresses, so it may be
+/// served apart (on localhost) from what Prometheus scrapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoints {
+    /// `/metrics`, `/healthz`, `/readyz`.
+    Metrics,
+    /// `/events`.
+    Events,
+    /// All of them.
+    All,
+}
+
+/// Answer one request: `/metrics` (Prometheus text), `/healthz`, `/readyz`, `/events`, as far
+/// as `endpoints` serves them.
 fn respond<M: Exposition>(
     path: &str,
     query: Option<&str>,
     metrics: &Mutex<M>,
+    endpoints: Endpoints,
 ) -> Response<Full<Bytes>> {
     let mut next_mark = None;
+    let elsewhere = match (endpoints, path) {
+        (Endpoints::Metrics, "/events") => Some("/events is served on the agent's --events-addr"),
+        (Endpoints::Events, "/metrics" | "/healthz" | "/readyz") => {
+            Some("served on the agent's --metrics-addr")
+        }
+        _ => None,
+    };
     let (status, ctype, body) = match path {
+        _ if elsewhere.is_some() => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!("{}\n", elsewhere.unwrap_or_default()),
+        ),
         "/events" => {
             let after = query
                 .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("after=")))
@@ -546,6 +572,40 @@ pub fn serve<M: Exposition + Send + 'static>(
     addr: SocketAddr,
     metrics: Arc<Mutex<M>>,
 ) -> std::io::Result<SocketAddr> {
+    serve_endpoints(addr, metrics, Endpoints::All)
+}
+
+/// The agent's listeners: `/metrics`, `/healthz`, `/readyz` on `metrics_addr`, `/events` on
+/// `events_addr` when events are on (one listener for all when the two are equal). Returns
+/// the bound addresses.
+pub fn serve_agent<M: Exposition + Send + 'static>(
+    metrics_addr: SocketAddr,
+    events_addr: Option<SocketAddr>,
+    metrics: Arc<Mutex<M>>,
+) -> std::io::Result<(SocketAddr, Option<SocketAddr>)> {
+    match events_addr {
+        Some(e) if e == metrics_addr => {
+            let bound = serve_endpoints(metrics_addr, metrics, Endpoints::All)?;
+            Ok((bound, Some(bound)))
+        }
+        Some(e) => {
+            let bound = serve_endpoints(metrics_addr, metrics.clone(), Endpoints::Metrics)?;
+            let events = serve_endpoints(e, metrics, Endpoints::Events)?;
+            Ok((bound, Some(events)))
+        }
+        None => Ok((
+            serve_endpoints(metrics_addr, metrics, Endpoints::Metrics)?,
+            None,
+        )),
+    }
+}
+
+/// [`serve`] answering only `endpoints`.
+pub fn serve_endpoints<M: Exposition + Send + 'static>(
+    addr: SocketAddr,
+    metrics: Arc<Mutex<M>>,
+    endpoints: Endpoints,
+) -> std::io::Result<SocketAddr> {
     let std_listener = std::net::TcpListener::bind(addr)?;
     std_listener.set_nonblocking(true)?;
     let bound = std_listener.local_addr()?;
@@ -574,7 +634,8 @@ pub fn serve<M: Exposition + Send + 'static>(
                     let metrics = metrics.clone();
                     tokio::spawn(async move {
                         let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                            let r = respond(req.uri().path(), req.uri().query(), &metrics);
+                            let r =
+                                respond(req.uri().path(), req.uri().query(), &metrics, endpoints);
                             async move { Ok::<_, std::convert::Infallible>(r) }
                         });
                         if let Err(e) = hyper::server::conn::http1::Builder::new()

@@ -67,7 +67,7 @@ pub(crate) fn strip_extensions(v: &mut serde_json::Value) {
 /// extensions (derived from peerwall's CRD, whose spec mirrors Liqo's field for field).
 pub(crate) async fn install_liqo_crd(client: &Client) {
     use serde::Deserialize;
-    let text = std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap();
+    let text = std::fs::read_to_string(repo("deploy/base/crd.yaml")).unwrap();
     // The first document: FirewallConfiguration.
     let mut crd =
         serde_json::Value::deserialize(serde_yaml::Deserializer::from_str(&text).next().unwrap())
@@ -224,6 +224,18 @@ async fn installing_peerwall_leaves_liqo_crd_and_objects_alone() {
         refusal.contains("firewallconfigurations.peerwall.io"),
         "{refusal}"
     );
+    // ... except the controller's own objects, admitted before the webhook serves (deploy/
+    // installs the webhook configuration before its certificate exists): protection is never
+    // held back by the install order.
+    let mut generated = thesis_block();
+    generated["metadata"]["name"] = json!("peerwall-gateway");
+    generated["metadata"]["labels"] = json!({"app.kubernetes.io/managed-by": "peerwall"});
+    ours.create(
+        &PostParams::default(),
+        &serde_json::from_value(generated).unwrap(),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("the controller's object refused while the webhook is down: {e}"));
     // ... and never stand in Liqo's way: every shape is created again and updated.
     let again = create_liqo_shapes(&client, "-2").await;
     for (ns, name) in &again {

@@ -166,11 +166,11 @@ where
     }
 }
 
-/// peerwall's CRDs (`deploy/crd.yaml`: FirewallConfiguration and AddressSet), established and
+/// peerwall's CRDs (`deploy/base/crd.yaml`: FirewallConfiguration and AddressSet), established and
 /// served.
 pub(crate) async fn install_crd(client: &Client) {
     use serde::Deserialize;
-    let text = std::fs::read_to_string(repo("deploy/crd.yaml")).unwrap();
+    let text = std::fs::read_to_string(repo("deploy/base/crd.yaml")).unwrap();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let crd = CustomResourceDefinition::deserialize(doc).unwrap();

@@ -5,7 +5,7 @@
 //!   `test` run it themselves, so a fresh machine needs no separate step.
 //! - `test`: setup, formatting and lint checks, then every test (unit, then integration tests
 //!   that build their own network namespaces; run as root).
-//! - `crd`: regenerate `deploy/crd.yaml` from the Rust types.
+//! - `crd`: regenerate `deploy/base/crd.yaml` from the Rust types.
 //! - `kube-build` / `kube-up`: the Kubernetes components (built from Debian's source package into
 //!   a version-keyed cache); a kube-apiserver started on loopback, for the tests and by hand.
 //!   `xtask/kube/start-node.sh` runs a whole one-node cluster (kubelet, containerd) in a netns.
@@ -535,7 +535,7 @@ fn crd() -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let path = root().join("deploy/crd.yaml");
+    let path = root().join("deploy/base/crd.yaml");
     std::fs::write(&path, out.stdout).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {}", path.display());
     Ok(())
@@ -600,7 +600,7 @@ fn main() -> Result<()> {
             eprintln!("  bench-control  100k offloaded pods through kube-apiserver, controller and agent: one pod, churn, restart, RSS (root)");
             eprintln!("  reliability  the fault tests (tests/faults.rs), then their table in docs/reliability.md (root)");
             eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 60 s each by default; findings land in tests/fuzz/artifacts (root)");
-            eprintln!("  crd    regenerate deploy/crd.yaml from the Rust types");
+            eprintln!("  crd    regenerate deploy/base/crd.yaml from the Rust types");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
             eprintln!("  image       OCI images (peerwall, pause, the lab's gateway) into <target>/images");
             eprintln!(

@@ -73,7 +73,7 @@ impl ApiServer {
             .args(["--kubeconfig"])
             .arg(&me.kubeconfig)
             .args(["apply", "-f"])
-            .arg(repo().join("deploy/crd.yaml"))
+            .arg(repo().join("deploy/base/crd.yaml"))
             .output()
             .expect("kubectl");
         assert!(

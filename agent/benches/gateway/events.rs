@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::control::{time_until_enforced, Agent};
 use super::*;
 
-/// Where the agent serves `/events`, inside the gateway's own network namespace.
+/// Where the agent serves `/metrics` and `/events`, inside the gateway's own network namespace.
 const METRICS_ADDR: &str = "127.0.0.1:9464";
 
 /// A running agent with events on, and what it has reported.
@@ -38,7 +38,7 @@ impl EventsAgent {
                 &dir,
                 backend,
                 METRICS_ADDR,
-                &["--events"],
+                &["--events", "--events-addr", METRICS_ADDR],
             ));
         });
         EventsAgent {

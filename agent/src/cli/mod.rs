@@ -7,6 +7,7 @@ mod observe;
 mod render;
 mod scope;
 mod serve;
+mod sidecar;
 mod verdict;
 
 use std::io::Write;
@@ -259,6 +260,10 @@ pub enum Command {
     },
     /// Print the FirewallConfiguration CRD (YAML) generated from the Rust types.
     Crd,
+    /// Print the JSON patch that makes peerwall a container of a Liqo gateway template
+    /// (sidecar mode), from the template itself: adds the container and its volume, or
+    /// replaces them when present (applying it again changes nothing).
+    SidecarPatch(sidecar::SidecarArgs),
     /// The gateway lab: two consumers, real WireGuard tunnels, a provider node, both backends;
     /// prints the reachability matrix and the time for a newly offloaded pod to become reachable.
     Lab {
@@ -399,9 +404,14 @@ pub struct AgentArgs {
     /// How often the source is checked (and nftables drift repaired).
     #[arg(long, default_value_t = 200)]
     pub interval_ms: u64,
-    /// Where `/metrics`, `/healthz`, `/readyz` and `/events` are served.
-    #[arg(long, default_value = "0.0.0.0:9090")]
+    /// Where `/metrics`, `/healthz` and `/readyz` are served (what Prometheus scrapes).
+    #[arg(long, default_value = DEFAULT_METRICS_ADDR)]
     pub metrics_addr: std::net::SocketAddr,
+    /// Where `/events` is served with --events: flows with addresses, so localhost by
+    /// default (`peerwall observe` and `kubectl exec` reach it there). The same address as
+    /// --metrics-addr serves both on one listener.
+    #[arg(long, default_value = DEFAULT_EVENTS_ADDR)]
+    pub events_addr: std::net::SocketAddr,
     /// Events (what `peerwall observe` shows).
     #[command(flatten)]
     pub events: EventArgs,
@@ -433,6 +443,14 @@ pub struct EventArgs {
     #[arg(long, default_value_t = DEFAULT_NFLOG_GROUP)]
     pub nflog_group: u16,
 }
+
+/// The agent's metrics address unless told otherwise: a port no common exporter takes
+/// (Prometheus 9090, pushgateway 9091, node exporter 9100, Cilium 9962-9965), since the
+/// DaemonSet's agent shares the node's network.
+pub const DEFAULT_METRICS_ADDR: &str = "0.0.0.0:9977";
+
+/// The agent's `/events` address unless told otherwise (localhost only).
+pub const DEFAULT_EVENTS_ADDR: &str = "127.0.0.1:9978";
 
 /// NFLOG group the agent and `observe` use unless told otherwise.
 pub const DEFAULT_NFLOG_GROUP: u16 = 6120;
@@ -586,6 +604,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         } => host::counters(backend, &at, output),
         Command::Observe(a) => observe::observe(a),
         Command::Crd => out(&crd_yaml().map_err(runtime)?),
+        Command::SidecarPatch(a) => sidecar::sidecar_patch(a),
         Command::Lab { backend, keep } => serve::lab(backend, keep),
         Command::Agent(a) => serve::agent(a),
         Command::Controller {
@@ -606,11 +625,11 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
 mod tests {
     #[test]
     fn committed_crd_matches_the_types() {
-        let committed = include_str!("../../../deploy/crd.yaml");
+        let committed = include_str!("../../../deploy/base/crd.yaml");
         assert_eq!(
             super::crd_yaml().unwrap(),
             committed,
-            "deploy/crd.yaml is stale: run `cargo xtask crd`"
+            "deploy/base/crd.yaml is stale: run `cargo xtask crd`"
         );
     }
 }

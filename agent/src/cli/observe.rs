@@ -35,8 +35,8 @@ pub struct ObserveArgs {
     /// events, or what the kernel reports within --wait-ms) and exit.
     #[arg(long)]
     pub follow: bool,
-    /// The agent's metrics address.
-    #[arg(long, default_value = "127.0.0.1:9090")]
+    /// The agent's `/events` address (its --events-addr).
+    #[arg(long, default_value = super::DEFAULT_EVENTS_ADDR)]
     pub agent: String,
     /// Read from the kernel even if an agent answers.
     #[arg(long)]

@@ -38,6 +38,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         bpf,
         interval_ms,
         metrics_addr,
+        events_addr,
         events,
         audit,
     } = a;
@@ -55,10 +56,14 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
             events: events_on,
             ..Default::default()
         }));
-        let bound = crate::metrics::serve(metrics_addr, metrics.clone())
-            .with_context(|| format!("serving metrics on {metrics_addr}"))
-            .map_err(runtime)?;
-        tracing::info!(backend = ?backend, metrics = %bound, "agent started in gateway-pod mode");
+        let (bound, events_at) = crate::metrics::serve_agent(
+            metrics_addr,
+            events_on.then_some(events_addr),
+            metrics.clone(),
+        )
+        .with_context(|| format!("serving metrics on {metrics_addr} and events on {events_addr}"))
+        .map_err(runtime)?;
+        tracing::info!(backend = ?backend, metrics = %bound, events = ?events_at, "agent started in gateway-pod mode");
         return crate::k8s::gateways::run(
             crate::k8s::gateways::Settings {
                 node: host.unwrap_or_else(default_host),
@@ -96,10 +101,14 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         backend: name,
         ..Default::default()
     }));
-    let bound = crate::metrics::serve(metrics_addr, metrics.clone())
-        .with_context(|| format!("serving metrics on {metrics_addr}"))
-        .map_err(runtime)?;
-    tracing::info!(?source, backend = name, metrics = %bound, "agent started");
+    let (bound, events_at) = crate::metrics::serve_agent(
+        metrics_addr,
+        events.is_some().then_some(events_addr),
+        metrics.clone(),
+    )
+    .with_context(|| format!("serving metrics on {metrics_addr} and events on {events_addr}"))
+    .map_err(runtime)?;
+    tracing::info!(?source, backend = name, metrics = %bound, events = ?events_at, "agent started");
     let mut engine = crate::engine::Engine::new(enforcer, metrics).audit_all(audit);
     if events.is_some() {
         engine
