@@ -409,6 +409,9 @@ pub struct ControllerMetrics {
     pub network_policy_removals: u64,
     /// Reconciles that failed (retried).
     pub reconcile_errors: u64,
+    /// Liqo gateway pods without enforcement (no ready agent on their node, no sidecar) for
+    /// longer than the grace period.
+    pub unprotected_gateways: u64,
 }
 
 impl Exposition for ControllerMetrics {
@@ -462,6 +465,12 @@ impl Exposition for ControllerMetrics {
                 "counter",
                 "NetworkPolicies removed.",
                 self.network_policy_removals,
+            ),
+            (
+                "peerwall_controller_unprotected_gateways",
+                "gauge",
+                "Liqo gateway pods with no ready peerwall agent on their node and no sidecar (their traffic is not filtered).",
+                self.unprotected_gateways,
             ),
             (
                 "peerwall_controller_reconcile_errors_total",

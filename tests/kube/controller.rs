@@ -357,3 +357,137 @@ async fn remote_pods_behind_a_remapped_cidr_are_listed_by_their_tunnel_address()
         versions_before.metadata.generation
     );
 }
+
+/// A Liqo gateway pod on a node where no peerwall agent is ready (and with no sidecar) is
+/// named: a Warning Event `Unprotected` on the pod and `peerwall_controller_unprotected_gateways`;
+/// a gateway with a ready agent on its node and one with a peerwall sidecar are not. An agent
+/// becoming ready on the node clears the gauge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_without_an_agent_on_its_node_is_reported() {
+    use k8s_openapi::api::core::v1::Event;
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let metrics_addr = format!("127.0.0.1:{}", free_port());
+    let _controller = server.peerwall(
+        "controller",
+        &[
+            "controller",
+            "--metrics-addr",
+            metrics_addr.as_str(),
+            "--unprotected-grace-secs",
+            "1",
+        ],
+    );
+    namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
+    namespace(&client, "peerwall-system", json!({})).await;
+    let gw_labels =
+        json!({"networking.liqo.io/component": "gateway", "networking.liqo.io/active": "true"});
+    pod(
+        &client,
+        "liqo-tenant-a",
+        "gw-bare",
+        "10.0.0.1",
+        gw_labels.clone(),
+        Some("node-bare"),
+    )
+    .await;
+    pod(
+        &client,
+        "liqo-tenant-a",
+        "gw-covered",
+        "10.0.0.2",
+        gw_labels.clone(),
+        Some("node-agent"),
+    )
+    .await;
+    // A sidecar gateway: peerwall runs inside it.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "liqo-tenant-a");
+    let side: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "gw-sidecar", "labels": gw_labels},
+        "spec": {"nodeName": "node-bare", "containers": [
+            {"name": "gateway", "image": "liqo/gateway"},
+            {"name": "peerwall", "image": "peerwall"}]}}))
+    .unwrap();
+    pods.create(&PostParams::default(), &side).await.unwrap();
+    let agent_labels = json!({"app.kubernetes.io/name": "peerwall-agent"});
+    pod(
+        &client,
+        "peerwall-system",
+        "agent-1",
+        "10.0.1.1",
+        agent_labels.clone(),
+        Some("node-agent"),
+    )
+    .await;
+    let agents: Api<Pod> = Api::namespaced(client.clone(), "peerwall-system");
+    let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+    agents
+        .patch_status("agent-1", &PatchParams::default(), &Patch::Merge(&ready))
+        .await
+        .unwrap();
+    let events: Api<Event> = Api::namespaced(client.clone(), "liqo-tenant-a");
+    let unprotected = || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            let names: Vec<String> = list
+                .items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some("Unprotected"))
+                .filter_map(|e| e.involved_object.name.clone())
+                .collect();
+            (!names.is_empty()).then_some(names)
+        }
+    };
+    let named = eventually(
+        "the Unprotected event",
+        Duration::from_secs(30),
+        unprotected,
+    )
+    .await;
+    assert_eq!(named, ["gw-bare"], "only the gateway nothing enforces in");
+    let metric = || {
+        let addr = metrics_addr.clone();
+        async move {
+            let body = reqwest_like_get(&addr, "/metrics")?;
+            body.lines()
+                .find_map(|l| l.strip_prefix("peerwall_controller_unprotected_gateways "))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        }
+    };
+    assert_eq!(metric().await, Some(1));
+    // An agent becomes ready on the bare node: nothing is unprotected any more.
+    pod(
+        &client,
+        "peerwall-system",
+        "agent-2",
+        "10.0.1.2",
+        agent_labels,
+        Some("node-bare"),
+    )
+    .await;
+    agents
+        .patch_status("agent-2", &PatchParams::default(), &Patch::Merge(&ready))
+        .await
+        .unwrap();
+    eventually("the gauge to clear", Duration::from_secs(30), || async {
+        (metric().await == Some(0)).then_some(())
+    })
+    .await;
+}
+
+/// GET `path` from `addr` over plain HTTP/1.1: the body, when the server answered 200.
+fn reqwest_like_get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let (head, body) = out.split_once("\r\n\r\n")?;
+    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
+}

@@ -295,6 +295,16 @@ pub enum Command {
         /// Where `/metrics`, `/healthz` and `/readyz` are served.
         #[arg(long, default_value = "0.0.0.0:9091")]
         metrics_addr: std::net::SocketAddr,
+        /// Coverage check: label selector of Liqo's active gateway pods.
+        #[arg(long, default_value = crate::k8s::gateways::pods::GATEWAY_SELECTOR)]
+        gateway_selector: String,
+        /// Coverage check: label selector of peerwall's agent pods (the DaemonSet's).
+        #[arg(long, default_value = "app.kubernetes.io/name=peerwall-agent")]
+        agent_selector: String,
+        /// Coverage check: seconds a gateway pod may run with no ready agent on its node and
+        /// no sidecar before a Warning Event `Unprotected` names it.
+        #[arg(long, default_value_t = 60)]
+        unprotected_grace_secs: u64,
     },
     /// Validating admission webhook for FirewallConfiguration (the agent's validation), over TLS.
     Webhook {
@@ -612,7 +622,22 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             block_leaf_to_leaf,
             audit,
             metrics_addr,
-        } => serve::controller(tunnel_interface, block_leaf_to_leaf, audit, metrics_addr),
+            gateway_selector,
+            agent_selector,
+            unprotected_grace_secs,
+        } => serve::controller(
+            crate::protection::Options {
+                tunnel: tunnel_interface,
+                block_leaf_to_leaf,
+                audit,
+            },
+            crate::k8s::coverage::Settings {
+                gateway_selector,
+                agent_selector,
+                grace: std::time::Duration::from_secs(unprotected_grace_secs),
+            },
+            metrics_addr,
+        ),
         Command::Webhook {
             listen,
             tls_cert,

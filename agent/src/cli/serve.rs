@@ -164,9 +164,8 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
 
 /// `peerwall controller`.
 pub(super) fn controller(
-    tunnel_interface: String,
-    block_leaf_to_leaf: bool,
-    audit: bool,
+    opts: crate::protection::Options,
+    coverage: crate::k8s::coverage::Settings,
     metrics_addr: std::net::SocketAddr,
 ) -> Result<(), CliError> {
     let stop = stop_flag()?;
@@ -177,16 +176,7 @@ pub(super) fn controller(
         .with_context(|| format!("serving metrics on {metrics_addr}"))
         .map_err(runtime)?;
     tracing::info!(metrics = %bound, "controller started");
-    crate::k8s::controller::run(
-        crate::protection::Options {
-            tunnel: tunnel_interface,
-            block_leaf_to_leaf,
-            audit,
-        },
-        metrics,
-        stop,
-    )
-    .map_err(runtime)
+    crate::k8s::controller::run(opts, coverage, metrics, stop).map_err(runtime)
 }
 
 /// `peerwall webhook`.

@@ -12,8 +12,8 @@ use serde_json::{json, Value};
 
 use super::{backend_name, input, out, runtime, BackendKind, CliError, PathBuf};
 
-/// Name of the container and of its bpffs volume in the gateway pod.
-pub const CONTAINER: &str = "peerwall";
+/// Name of the container in the gateway pod (what the controller's coverage check looks for).
+pub use crate::protection::coverage::SIDECAR_CONTAINER as CONTAINER;
 const VOLUME: &str = "peerwall-bpffs";
 /// Where a gateway template keeps its pod spec (Liqo's `GatewayTemplate`: a Deployment).
 const POD_SPEC: &str = "/spec/template/spec/deployment/spec/template/spec";

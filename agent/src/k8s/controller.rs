@@ -485,6 +485,7 @@ where
 /// Run both controllers until `stop` is set.
 pub fn run(
     opts: Options,
+    coverage: super::coverage::Settings,
     metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
     stop: Arc<crate::shutdown::Shutdown>,
 ) -> anyhow::Result<()> {
@@ -647,10 +648,12 @@ pub fn run(
             }
             futures::future::ready(())
         });
+        let covered = super::coverage::run(client.clone(), coverage, ctx.metrics.clone());
         let stopped = stop.wait();
         tokio::select! {
             _ = gateways => {},
             _ = netpols => {},
+            _ = covered => {},
             _ = stopped => {},
         }
         tracing::info!("controller stopping");

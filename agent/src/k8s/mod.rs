@@ -5,6 +5,7 @@
 
 pub mod agent;
 pub mod controller;
+pub mod coverage;
 pub mod gateways;
 pub mod webhook;
 

@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+pub mod coverage;
 pub mod index;
 pub mod publish;
 
