@@ -482,3 +482,48 @@ pub fn load_paths_all(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_values_name_a_near_miss_and_only_enforced_families() {
+        assert_eq!(
+            explain("unknown variant `IPv4`, expected one of `INET`, `IPV4`, `IPV6`, `ARP`, `NETDEV`, `BRIDGE`"),
+            "unknown value `IPv4`: did you mean `IPV4`? (accepted: `INET`, `IPV4`, `IPV6`)"
+        );
+        assert_eq!(
+            explain("unknown variant `acept`, expected `drop` or `accept`"),
+            "unknown value `acept`: did you mean `accept`? (accepted: `drop`, `accept`)"
+        );
+        assert_eq!(
+            explain("unknown field `typ`, expected `value` or `position`"),
+            "unknown field `typ` (accepted: `value`, `position`)"
+        );
+        assert_eq!(explain("invalid type: string"), "invalid type: string");
+    }
+
+    #[test]
+    fn documents_start_at_their_first_line_of_content() {
+        assert_eq!(document_lines("# c\na: 1\n---\nb: 2\n"), [2, 4]);
+        assert_eq!(document_lines("---\n# c\n\na: 1\n---\n---\nb: 1\n"), [4, 7]);
+        assert_eq!(document_lines("# only a comment\n"), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn a_file_named_twice_is_read_once_and_objects_know_their_line() {
+        let dir = std::env::temp_dir().join(format!("pw-load-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("a.yaml");
+        std::fs::write(
+            &f,
+            "# x\napiVersion: peerwall.io/v1alpha1\nkind: AddressSet\nmetadata: {name: s, namespace: n}\nspec: {firewallConfiguration: g, set: p, addresses: []}\n",
+        )
+        .unwrap();
+        let l = load_paths_all(&[dir.clone(), f.clone()]).unwrap();
+        assert_eq!(l.address_sets.len(), 1);
+        assert_eq!(l.sources["n/s"], format!("{}:2", f.display()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

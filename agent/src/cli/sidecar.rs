@@ -158,14 +158,10 @@ mod tests {
     #[test]
     fn applying_twice_leaves_one_container_with_the_last_image() {
         let mut t = template(json!([{"name": "gateway", "image": "liqo/gateway"}]), None);
-        apply(
-            &mut t,
-            &patch(&t, "reg/peerwall:1", BackendKind::Nftables).unwrap(),
-        );
-        apply(
-            &mut t,
-            &patch(&t, "reg/peerwall:2", BackendKind::Bpf).unwrap(),
-        );
+        let p = patch(&t, "reg/peerwall:1", BackendKind::Nftables).unwrap();
+        apply(&mut t, &p);
+        let p = patch(&t, "reg/peerwall:2", BackendKind::Bpf).unwrap();
+        apply(&mut t, &p);
         let spec = t.pointer(POD_SPEC).unwrap();
         let names: Vec<&str> = spec["containers"]
             .as_array()

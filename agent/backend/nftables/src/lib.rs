@@ -425,6 +425,11 @@ impl<R: Runner> NftBackend<R> {
         &self.nft
     }
 
+    /// The runner, for a backend that starts over on the same kernel (a new process).
+    pub fn into_nft(self) -> R {
+        self.nft
+    }
+
     /// Make the kernel's peerwall tables equal `policy`, in one transaction.
     /// Foreign tables are never touched; a name clash with one is an error and changes nothing.
     pub fn apply(&mut self, policy: &ir::Policy) -> Result<ApplyReport, NftError> {

@@ -181,3 +181,27 @@ fn a_merged_run_applies_counts_per_rule_and_reapplies_as_nothing() {
         "{text}"
     );
 }
+
+#[test]
+fn a_new_backend_keeps_what_is_already_in_force() {
+    let mut b = NftBackend::new(FakeNft::new());
+    let p = policy(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]);
+    b.apply(&p).unwrap();
+    // A new process on the same kernel: nothing applied by it yet.
+    let mut again = NftBackend::new(b.into_nft());
+    let before = again.nft().transactions();
+    assert_eq!(again.adopt_unchanged(&p).unwrap(), ["a", "b"]);
+    let r = again.apply(&p).unwrap();
+    assert!(!r.changed, "{r:?}");
+    assert_eq!(r.kept, ["b", "a"]);
+    assert_eq!(again.nft().transactions(), before, "nothing sent");
+    // Other elements, or a table changed behind its back: not taken, recreated.
+    let mut third = NftBackend::new(again.into_nft());
+    let other = policy(&[("a", &["10.0.0.9"]), ("b", &["10.0.0.2"])]);
+    third
+        .nft()
+        .flush_set_behind_our_back(ir::TableFamily::Inet, "b", "pods");
+    assert!(third.adopt_unchanged(&other).unwrap().is_empty());
+    let r = third.apply(&other).unwrap();
+    assert_eq!(r.recreated, ["b", "a"]);
+}

@@ -210,7 +210,10 @@ fn deserialization_errors_have_paths() {
     match parse_documents(&yaml, "f.yaml") {
         Err(LoadError::Field { path, message, .. }) => {
             assert_eq!(path, "spec.table.chains[0].policy");
-            assert!(message.contains("unknown variant `deny`"), "{message}");
+            assert_eq!(
+                message, "unknown value `deny` (accepted: `drop`, `accept`)",
+                "{message}"
+            );
         }
         other => panic!("unexpected {other:?}"),
     }

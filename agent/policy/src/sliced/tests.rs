@@ -138,7 +138,7 @@ fn a_bad_slice_names_the_field_and_value() {
     .unwrap_err();
     assert_eq!(
         e.to_string(),
-        "tenant/x: spec.addresses[1]: \"10.0.0.300\" is not an address, CIDR or range; spec.addresses[2]: \"fd00::1\" mixes IPv4 and IPv6 values in one match"
+        "tenant/x: spec.addresses[1]: \"10.0.0.300\" is not an address, CIDR or range\ntenant/x: spec.addresses[2]: \"fd00::1\" mixes IPv4 and IPv6 values in one match"
     );
     let many = AddressSetObject {
         origin: Origin("tenant/y".into()),
