@@ -338,7 +338,7 @@ fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
         let o = in_ns(
             &t.gateway,
             "curl",
-            &["-s", "-m", "2", &format!("http://127.0.0.1:9090{path}")],
+            &["-s", "-m", "2", &format!("http://127.0.0.1:9977{path}")],
         );
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
