@@ -276,6 +276,30 @@ fn verdict_with_the_bpf_engine_leaves_nothing_behind() {
     assert!(new.is_empty(), "left behind: {new:?}");
 }
 
+/// Nothing the tests before this one ran (cargo runs test binaries one after another, this one
+/// late) left pins or slot metadata behind: every peerwall-made entry of bpffs and of
+/// `/run/peerwall` whose name carries a process id belongs to a process still running.
+#[test]
+fn no_exited_process_left_pins_or_metadata_behind() {
+    require_root();
+    let alive = |name: &str| {
+        name.split(|c: char| !c.is_ascii_digit())
+            .filter(|d| d.len() >= 2)
+            .any(|pid| Path::new("/proc").join(pid).exists())
+    };
+    let mut left = Vec::new();
+    for dir in ["/sys/fs/bpf", "/run/peerwall/sys/fs/bpf"] {
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ours = name.starts_with("pw") || name.starts_with("peerwall-");
+            if ours && name.bytes().any(|b| b.is_ascii_digit()) && !alive(&name) {
+                left.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    assert!(left.is_empty(), "left behind by exited processes: {left:?}");
+}
+
 /// Scratch pin directories (and their /run metadata) of `verdict --engine bpf` processes that
 /// have exited.
 fn leftovers() -> Vec<String> {
