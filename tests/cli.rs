@@ -260,7 +260,9 @@ fn bad_values_exit_2_with_field_paths() {
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains("spec.table.chains[0].policy: unknown value `deny` (accepted: `drop`, `accept`)"),
+        err.contains(
+            "spec.table.chains[0].policy: unknown value `deny` (accepted: `drop`, `accept`)"
+        ),
         "{err}"
     );
     std::fs::write(&bad, "not: [valid").unwrap();

@@ -17,5 +17,6 @@ pub mod events;
 pub mod k8s;
 pub mod lab;
 pub mod metrics;
+pub mod netpol;
 pub mod protection;
 pub mod shutdown;

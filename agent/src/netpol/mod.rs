@@ -1,0 +1,280 @@
+//! Kubernetes NetworkPolicy (`networking.k8s.io/v1`) for pod traffic that crosses a Liqo
+//! gateway, as pure data: the cluster as the controller sees it ([`Cluster`]: namespaces,
+//! pods with labels, addresses and container ports, remote pods marked with their peer), the
+//! policies ([`NetworkPolicy`], defaults already applied), the semantics ([`eval`], written
+//! from the API reference: the judge), and the gateway tier that enforces them ([`tier`]).
+//!
+//! No kube types here: the edges convert API objects ([`crate::k8s::snapshot`]).
+
+pub mod eval;
+pub mod tier;
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+/// A label selector (`matchLabels` and `matchExpressions`, ANDed). The empty selector
+/// selects everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Selector {
+    /// `matchLabels`.
+    pub labels: BTreeMap<String, String>,
+    /// `matchExpressions`.
+    pub exprs: Vec<Requirement>,
+}
+
+/// One `matchExpressions` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Requirement {
+    /// Label key.
+    pub key: String,
+    /// Operator.
+    pub op: Operator,
+    /// Values (`In`, `NotIn`).
+    pub values: Vec<String>,
+}
+
+/// `matchExpressions` operators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operator {
+    /// The label's value is one of the values.
+    In,
+    /// The label is absent or its value is none of the values.
+    NotIn,
+    /// The label is present.
+    Exists,
+    /// The label is absent.
+    DoesNotExist,
+}
+
+impl Selector {
+    /// Whether `labels` satisfy every term.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.labels.iter().all(|(k, v)| labels.get(k) == Some(v))
+            && self.exprs.iter().all(|r| {
+                let v = labels.get(&r.key);
+                match r.op {
+                    Operator::In => v.is_some_and(|v| r.values.contains(v)),
+                    Operator::NotIn => v.is_none_or(|v| !r.values.contains(v)),
+                    Operator::Exists => v.is_some(),
+                    Operator::DoesNotExist => v.is_none(),
+                }
+            })
+    }
+}
+
+/// `ipBlock`: `cidr` minus each `except`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IpBlock {
+    /// The block.
+    pub cidr: ipnet::IpNet,
+    /// Holes in it.
+    pub except: Vec<ipnet::IpNet>,
+}
+
+impl IpBlock {
+    /// Whether `ip` lies in the block and in none of its holes.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        self.cidr.contains(&ip) && !self.except.iter().any(|e| e.contains(&ip))
+    }
+}
+
+/// One peer of a rule (`from` / `to` entry).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// `podSelector` and/or `namespaceSelector`: pods. Without a namespace selector, pods of
+    /// the policy's namespace; without a pod selector, every pod of the selected namespaces.
+    Pods {
+        /// `namespaceSelector`.
+        namespaces: Option<Selector>,
+        /// `podSelector`.
+        pods: Option<Selector>,
+    },
+    /// `ipBlock`.
+    Block(IpBlock),
+}
+
+/// Transport protocols a NetworkPolicy port names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Protocol {
+    /// TCP (the default).
+    Tcp,
+    /// UDP.
+    Udp,
+    /// SCTP.
+    Sctp,
+}
+
+impl Protocol {
+    /// IP protocol number.
+    pub fn number(self) -> u8 {
+        match self {
+            Self::Tcp => 6,
+            Self::Udp => 17,
+            Self::Sctp => 132,
+        }
+    }
+
+    /// The protocol of an IP protocol number.
+    pub fn of(number: u8) -> Option<Self> {
+        match number {
+            6 => Some(Self::Tcp),
+            17 => Some(Self::Udp),
+            132 => Some(Self::Sctp),
+            _ => None,
+        }
+    }
+
+    /// As the API spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Tcp => "TCP",
+            Self::Udp => "UDP",
+            Self::Sctp => "SCTP",
+        }
+    }
+}
+
+/// Which ports of a protocol a rule's port entry names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ports {
+    /// No `port`: all of them.
+    All,
+    /// `port` .. `endPort` (a single port: both the same).
+    Range(u16, u16),
+    /// A named port: resolved against the destination pod's container ports.
+    Named(String),
+}
+
+/// One `ports` entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Port {
+    /// Protocol.
+    pub protocol: Protocol,
+    /// Ports.
+    pub ports: Ports,
+}
+
+/// An ingress or egress rule: traffic matches when one of the peers and one of the ports
+/// match; an empty list matches everything.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Rule {
+    /// `from` (ingress) or `to` (egress).
+    pub peers: Vec<Peer>,
+    /// `ports`.
+    pub ports: Vec<Port>,
+}
+
+/// A NetworkPolicy with the API server's defaults applied: `ingress` is Some when
+/// `policyTypes` holds `Ingress` (the pods it selects are isolated for ingress), likewise
+/// `egress`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkPolicy {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `spec.podSelector`.
+    pub pod_selector: Selector,
+    /// Ingress rules, when the policy isolates for ingress.
+    pub ingress: Option<Vec<Rule>>,
+    /// Egress rules, when the policy isolates for egress.
+    pub egress: Option<Vec<Rule>>,
+}
+
+/// A container port of a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerPort {
+    /// `name`.
+    pub name: Option<String>,
+    /// `protocol`.
+    pub protocol: Protocol,
+    /// `containerPort`.
+    pub port: u16,
+}
+
+/// A pod as NetworkPolicies see it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Pod {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Its addresses as the gateway's filter sees its packets (a remote pod behind a remapped
+    /// CIDR by the peer's own address).
+    pub ips: Vec<IpAddr>,
+    /// Container ports (for named ports).
+    pub ports: Vec<ContainerPort>,
+    /// The peer it runs on (a pod on one of Liqo's virtual nodes), None for a local pod.
+    pub peer: Option<String>,
+}
+
+impl Pod {
+    /// `namespace/name`.
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
+    /// Its address of the family of `like`.
+    pub fn ip_like(&self, like: IpAddr) -> Option<IpAddr> {
+        self.ips
+            .iter()
+            .copied()
+            .find(|i| i.is_ipv4() == like.is_ipv4())
+    }
+
+    /// The port its container port `name` of `protocol` has.
+    pub fn named_port(&self, name: &str, protocol: Protocol) -> Option<u16> {
+        self.ports
+            .iter()
+            .find(|p| p.protocol == protocol && p.name.as_deref() == Some(name))
+            .map(|p| p.port)
+    }
+}
+
+/// What NetworkPolicies are evaluated against.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Cluster {
+    /// Namespace labels by name.
+    pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
+    /// Pods (with at least one address).
+    pub pods: Vec<Pod>,
+    /// Policies.
+    pub policies: Vec<NetworkPolicy>,
+}
+
+impl Cluster {
+    /// The pod named `namespace/name`.
+    pub fn pod(&self, key: &str) -> Option<&Pod> {
+        self.pods.iter().find(|p| p.key() == key)
+    }
+
+    /// Whether the pods of `peer`'s namespace selection include `pod`, for a policy in
+    /// `policy_ns`.
+    pub fn peer_selects_pod(&self, policy_ns: &str, peer: &Peer, pod: &Pod) -> bool {
+        match peer {
+            Peer::Block(_) => false,
+            Peer::Pods { namespaces, pods } => {
+                let ns_ok = match namespaces {
+                    None => pod.namespace == policy_ns,
+                    Some(sel) => self
+                        .namespaces
+                        .get(&pod.namespace)
+                        .is_some_and(|labels| sel.matches(labels)),
+                };
+                ns_ok && pods.as_ref().is_none_or(|s| s.matches(&pod.labels))
+            }
+        }
+    }
+
+    /// The pods `policy` selects (its namespace, its pod selector).
+    pub fn selected<'a>(&'a self, policy: &'a NetworkPolicy) -> impl Iterator<Item = &'a Pod> {
+        self.pods.iter().filter(move |p| {
+            p.namespace == policy.namespace && policy.pod_selector.matches(&p.labels)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

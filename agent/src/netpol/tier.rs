@@ -1,0 +1,574 @@
+//! The NetworkPolicy tier of one peer's gateway: a FirewallConfiguration whose chains let
+//! through exactly what [`super::eval`] allows between the pods whose traffic crosses that
+//! gateway (local pods and the pods running on the peer).
+//!
+//! Tiers compose as an intersection: provider/consumer protection (priority 0) drops first;
+//! this table's `ingress` (priority 10) and `egress` (priority 20) chains each drop what the
+//! destination's ingress or the source's egress does not allow. A drop in any chain is final,
+//! an accept ends only its own chain, so a NetworkPolicy never opens what protection closes.
+//!
+//! Each chain: replies of allowed connections pass (`ct state established,related`), then one
+//! accept rule per (policy, rule, port clause, address family) over named sets of the
+//! selected pods and of the rule's peers (pods' addresses, `ipBlock` ranges with their holes
+//! cut out), then the pods some policy isolates are dropped. Named ports become one clause per
+//! port number they resolve to, over the pods that resolve them so.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+
+use peerwall_intent::types as api;
+
+use super::{Cluster, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule};
+
+/// nftables table name of a peer's NetworkPolicy tier (apart from protection's `peerwall_*`).
+pub fn table_name(peer: &str) -> String {
+    let clean: String = peer
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
+        .collect();
+    format!("pwnp_{clean}")
+}
+
+/// Priorities of the tier's chains (protection's chain runs at 0).
+pub const INGRESS_PRIORITY: i32 = 10;
+/// See [`INGRESS_PRIORITY`].
+pub const EGRESS_PRIORITY: i32 = 20;
+
+/// What the tier cannot enforce as written, for the policy's Events and the log; those parts
+/// allow nothing (fail closed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unenforced {
+    /// `namespace/name` of the policy.
+    pub policy: String,
+    /// Field path and reason.
+    pub why: String,
+}
+
+/// The tier of `peer`'s gateway, and what of the policies it could not express.
+pub struct Tier {
+    /// The FirewallConfiguration spec.
+    pub spec: api::FirewallConfigurationSpec,
+    /// Parts left out (they allow nothing).
+    pub unenforced: Vec<Unenforced>,
+}
+
+/// Which direction a chain enforces.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Ingress,
+    Egress,
+}
+
+impl Dir {
+    fn word(self) -> &'static str {
+        match self {
+            Self::Ingress => "ingress",
+            Self::Egress => "egress",
+        }
+    }
+    fn rules(self, p: &NetworkPolicy) -> Option<&Vec<Rule>> {
+        match self {
+            Self::Ingress => p.ingress.as_ref(),
+            Self::Egress => p.egress.as_ref(),
+        }
+    }
+    /// Position of the policy's own pods in the packet.
+    fn own(self) -> api::MatchPosition {
+        match self {
+            Self::Ingress => api::MatchPosition::Dst,
+            Self::Egress => api::MatchPosition::Src,
+        }
+    }
+    fn far(self) -> api::MatchPosition {
+        match self {
+            Self::Ingress => api::MatchPosition::Src,
+            Self::Egress => api::MatchPosition::Dst,
+        }
+    }
+}
+
+/// An address range of one family, as a set element key.
+fn range_key(lo: u128, hi: u128, v4: bool) -> String {
+    let show = |v: u128| -> IpAddr {
+        if v4 {
+            IpAddr::V4(std::net::Ipv4Addr::from(v as u32))
+        } else {
+            IpAddr::V6(std::net::Ipv6Addr::from(v))
+        }
+    };
+    if lo == hi {
+        show(lo).to_string()
+    } else {
+        format!("{}-{}", show(lo), show(hi))
+    }
+}
+
+fn to_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+/// `cidr` minus `except`, as ranges of the block's family.
+fn block_ranges(b: &super::IpBlock) -> Vec<(u128, u128)> {
+    let (lo, hi) = (to_u128(b.cidr.network()), to_u128(b.cidr.broadcast()));
+    let mut holes: Vec<(u128, u128)> = b
+        .except
+        .iter()
+        .filter(|e| e.addr().is_ipv4() == b.cidr.addr().is_ipv4())
+        .map(|e| (to_u128(e.network()), to_u128(e.broadcast())))
+        .collect();
+    holes.sort_unstable();
+    let mut out = Vec::new();
+    let mut next = lo;
+    let mut done = false;
+    for (hl, hh) in holes {
+        if done || hh < next || hl > hi {
+            continue;
+        }
+        if hl > next {
+            out.push((next, hl - 1));
+        }
+        match hh.checked_add(1) {
+            Some(n) if hh < hi => next = next.max(n),
+            _ => done = true,
+        }
+    }
+    if !done && next <= hi {
+        out.push((next, hi));
+    }
+    out
+}
+
+/// Addresses of one family: single addresses and ranges, as set keys (sorted, unique).
+#[derive(Default)]
+struct Addrs {
+    v4: BTreeSet<(u128, u128)>,
+    v6: BTreeSet<(u128, u128)>,
+}
+
+impl Addrs {
+    fn copy(&self) -> Self {
+        Self {
+            v4: self.v4.clone(),
+            v6: self.v6.clone(),
+        }
+    }
+    fn add_ip(&mut self, ip: IpAddr) {
+        let v = to_u128(ip);
+        self.side(ip.is_ipv4()).insert((v, v));
+    }
+    fn side(&mut self, v4: bool) -> &mut BTreeSet<(u128, u128)> {
+        if v4 {
+            &mut self.v4
+        } else {
+            &mut self.v6
+        }
+    }
+    fn of(&self, v4: bool) -> &BTreeSet<(u128, u128)> {
+        if v4 {
+            &self.v4
+        } else {
+            &self.v6
+        }
+    }
+    /// Set keys, overlapping entries merged (an nftables interval set refuses overlaps).
+    fn keys(&self, v4: bool) -> Vec<String> {
+        let mut merged: Vec<(u128, u128)> = Vec::new();
+        for &(lo, hi) in self.of(v4) {
+            match merged.last_mut() {
+                Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+                _ => merged.push((lo, hi)),
+            }
+        }
+        merged
+            .into_iter()
+            .map(|(lo, hi)| range_key(lo, hi, v4))
+            .collect()
+    }
+}
+
+/// One port clause of a rule: protocol and port range (None: any protocol, any port), over
+/// the policy's pods (ingress) or the peers' (egress) it holds for.
+struct Clause {
+    ports: Option<(Protocol, Option<(u16, u16)>)>,
+    /// For a named port: the pods (by index) whose name resolves to this number.
+    only: Option<BTreeSet<usize>>,
+}
+
+/// The clauses of `ports` (empty: one clause, anything), named ports resolved against the
+/// pods at `dst` (indexes into `pods`).
+fn clauses(ports: &[Port], pods: &[&Pod], dst: &BTreeSet<usize>) -> Vec<Clause> {
+    if ports.is_empty() {
+        return vec![Clause {
+            ports: None,
+            only: None,
+        }];
+    }
+    let mut out = Vec::new();
+    for p in ports {
+        match &p.ports {
+            Ports::All => out.push(Clause {
+                ports: Some((p.protocol, None)),
+                only: None,
+            }),
+            Ports::Range(lo, hi) => out.push(Clause {
+                ports: Some((p.protocol, Some((*lo, *hi)))),
+                only: None,
+            }),
+            Ports::Named(name) => {
+                let mut by_port: BTreeMap<u16, BTreeSet<usize>> = BTreeMap::new();
+                for &i in dst {
+                    if let Some(n) = pods[i].named_port(name, p.protocol) {
+                        by_port.entry(n).or_default().insert(i);
+                    }
+                }
+                for (n, idx) in by_port {
+                    out.push(Clause {
+                        ports: Some((p.protocol, Some((n, n)))),
+                        only: Some(idx),
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn eq(m: api::Match) -> api::Match {
+    api::Match {
+        op: Some(api::MatchOperation::Eq),
+        ..m
+    }
+}
+
+fn in_set(set: &str, pos: api::MatchPosition) -> api::Match {
+    eq(api::Match {
+        ip: Some(api::MatchIp {
+            value: format!("@{set}"),
+            position: Some(pos),
+        }),
+        ..Default::default()
+    })
+}
+
+/// A rule name naming the policy, within nftables' comment limit.
+fn rule_name(policy: &NetworkPolicy, dir: Dir, rule: usize, clause: usize, v4: bool) -> String {
+    let mut tail = format!(":{}[{rule}]", dir.word());
+    if clause > 0 {
+        tail.push_str(&format!(".{clause}"));
+    }
+    if !v4 {
+        tail.push_str(":v6");
+    }
+    let mut head = format!("{}/{}", policy.namespace, policy.name);
+    let max = 120 - tail.len();
+    if head.len() > max {
+        head.truncate(max);
+    }
+    format!("{head}{tail}")
+}
+
+/// Builds one chain's sets and rules.
+struct ChainBuilder<'a> {
+    dir: Dir,
+    cluster: &'a Cluster,
+    pods: &'a [&'a Pod],
+    sets: Vec<api::Set>,
+    rules: Vec<api::FilterRule>,
+    unenforced: Vec<Unenforced>,
+}
+
+impl ChainBuilder<'_> {
+    fn set(&mut self, name: String, keys: Vec<String>, v4: bool) -> String {
+        self.sets.push(api::Set {
+            from_address_sets: false,
+            name: name.clone(),
+            key_type: Some(if v4 {
+                api::SetDataType::Ipv4Addr
+            } else {
+                api::SetDataType::Ipv6Addr
+            }),
+            data_type: None,
+            elements: keys
+                .into_iter()
+                .map(|key| api::SetElement { key, data: None })
+                .collect(),
+        });
+        name
+    }
+
+    /// The addresses of the pods at `idx`.
+    fn addrs_of(&self, idx: &BTreeSet<usize>) -> Addrs {
+        let mut a = Addrs::default();
+        for &i in idx {
+            for ip in &self.pods[i].ips {
+                a.add_ip(*ip);
+            }
+        }
+        a
+    }
+
+    /// The pods (indexes) `peers` of a policy in `ns` select, and their ipBlock ranges.
+    fn peers(&self, ns: &str, peers: &[Peer]) -> (BTreeSet<usize>, Addrs) {
+        let mut pods = BTreeSet::new();
+        let mut blocks = Addrs::default();
+        for peer in peers {
+            match peer {
+                Peer::Block(b) => {
+                    let v4 = b.cidr.addr().is_ipv4();
+                    for r in block_ranges(b) {
+                        blocks.side(v4).insert(r);
+                    }
+                }
+                Peer::Pods { .. } => pods.extend(
+                    self.pods
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, p)| self.cluster.peer_selects_pod(ns, peer, p))
+                        .map(|(i, _)| i),
+                ),
+            }
+        }
+        (pods, blocks)
+    }
+
+    fn policy(&mut self, pi: usize, policy: &NetworkPolicy, isolated: &mut BTreeSet<usize>) {
+        let Some(rules) = self.dir.rules(policy) else {
+            return;
+        };
+        let own: BTreeSet<usize> = self
+            .pods
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| {
+                p.namespace == policy.namespace && policy.pod_selector.matches(&p.labels)
+            })
+            .map(|(i, _)| i)
+            .collect();
+        if own.is_empty() {
+            return;
+        }
+        isolated.extend(own.iter().copied());
+        let key = format!("{}/{}", policy.namespace, policy.name);
+        for (ri, rule) in rules.iter().enumerate() {
+            for (pi_, p) in rule.ports.iter().enumerate() {
+                if p.protocol == Protocol::Sctp {
+                    self.unenforced.push(Unenforced {
+                        policy: key.clone(),
+                        why: format!(
+                            "spec.{}[{ri}].ports[{pi_}].protocol: SCTP is not enforced at the gateway yet: SCTP to these pods is dropped",
+                            self.dir.word()
+                        ),
+                    });
+                }
+            }
+            let any_peer = rule.peers.is_empty();
+            let (far_pods, far_blocks) = self.peers(&policy.namespace, &rule.peers);
+            let blocks: Vec<&super::IpBlock> = rule
+                .peers
+                .iter()
+                .filter_map(|p| match p {
+                    Peer::Block(b) => Some(b),
+                    Peer::Pods { .. } => None,
+                })
+                .collect();
+            // The far end of the unnamed clauses: None is anyone.
+            let far_all = (!any_peer).then(|| {
+                let mut a = self.addrs_of(&far_pods);
+                for v4 in [true, false] {
+                    let more: Vec<(u128, u128)> = far_blocks.of(v4).iter().copied().collect();
+                    a.side(v4).extend(more);
+                }
+                a
+            });
+            // Named ports resolve against the destination pod: the policy's own for ingress,
+            // for egress the pods the peers reach (by selector, or by an address in a block).
+            let in_block = |ip: &IpAddr| blocks.iter().any(|b| b.contains(*ip));
+            let resolve_on: BTreeSet<usize> = match self.dir {
+                Dir::Ingress => own.clone(),
+                Dir::Egress => (0..self.pods.len())
+                    .filter(|i| {
+                        any_peer || far_pods.contains(i) || self.pods[*i].ips.iter().any(in_block)
+                    })
+                    .collect(),
+            };
+            let clauses = clauses(&rule.ports, self.pods, &resolve_on);
+            for (ci, c) in clauses.iter().enumerate() {
+                if c.ports.is_some_and(|(p, _)| p == Protocol::Sctp) {
+                    continue;
+                }
+                let (own_idx, far) = match (self.dir, &c.only) {
+                    (_, None) => (own.clone(), far_all.as_ref().map(Addrs::copy)),
+                    (Dir::Ingress, Some(only)) => (only.clone(), far_all.as_ref().map(Addrs::copy)),
+                    (Dir::Egress, Some(only)) => {
+                        let mut a = Addrs::default();
+                        for &i in only {
+                            let selected = any_peer || far_pods.contains(&i);
+                            for ip in &self.pods[i].ips {
+                                if selected || in_block(ip) {
+                                    a.add_ip(*ip);
+                                }
+                            }
+                        }
+                        (own.clone(), Some(a))
+                    }
+                };
+                let own_addrs = self.addrs_of(&own_idx);
+                for v4 in [true, false] {
+                    let own_keys = own_addrs.keys(v4);
+                    if own_keys.is_empty() {
+                        continue;
+                    }
+                    let far_keys = far.as_ref().map(|a| a.keys(v4));
+                    if far_keys.as_ref().is_some_and(Vec::is_empty) {
+                        continue;
+                    }
+                    let fam = if v4 { "" } else { "6" };
+                    let d = self.dir.word().chars().next().unwrap_or('x');
+                    let mut m = vec![in_set(
+                        &self.set(format!("{d}{pi}_{ri}_{ci}_own{fam}"), own_keys, v4),
+                        self.dir.own(),
+                    )];
+                    if let Some(keys) = far_keys {
+                        m.push(in_set(
+                            &self.set(format!("{d}{pi}_{ri}_{ci}_far{fam}"), keys, v4),
+                            self.dir.far(),
+                        ));
+                    }
+                    if let Some((proto, range)) = c.ports {
+                        m.push(eq(api::Match {
+                            proto: Some(api::MatchProto {
+                                value: match proto {
+                                    Protocol::Udp => api::L4Proto::Udp,
+                                    _ => api::L4Proto::Tcp,
+                                },
+                            }),
+                            ..Default::default()
+                        }));
+                        if let Some((lo, hi)) = range {
+                            m.push(eq(api::Match {
+                                port: Some(api::MatchPort {
+                                    value: if lo == hi {
+                                        lo.to_string()
+                                    } else {
+                                        format!("{lo}-{hi}")
+                                    },
+                                    position: Some(api::MatchPosition::Dst),
+                                }),
+                                ..Default::default()
+                            }));
+                        }
+                    }
+                    self.rules.push(api::FilterRule {
+                        name: Some(rule_name(policy, self.dir, ri, ci, v4)),
+                        r#match: m,
+                        action: Some(api::FilterAction::Accept),
+                        value: None,
+                        counter: None,
+                    });
+                }
+            }
+        }
+    }
+
+    fn build(
+        mut self,
+        policies: &[&NetworkPolicy],
+    ) -> (api::Chain, Vec<api::Set>, Vec<Unenforced>) {
+        self.rules.push(api::FilterRule {
+            name: Some("replies".into()),
+            r#match: vec![eq(api::Match {
+                ctstate: Some(api::MatchCtState {
+                    value: vec![api::CtState::Established, api::CtState::Related],
+                }),
+                ..Default::default()
+            })],
+            action: Some(api::FilterAction::Accept),
+            value: None,
+            counter: None,
+        });
+        let mut isolated = BTreeSet::new();
+        for (i, p) in policies.iter().enumerate() {
+            self.policy(i, p, &mut isolated);
+        }
+        let iso = self.addrs_of(&isolated);
+        for v4 in [true, false] {
+            let keys = iso.keys(v4);
+            if keys.is_empty() {
+                continue;
+            }
+            let fam = if v4 { "" } else { "6" };
+            let set = self.set(format!("isolated_{}{fam}", self.dir.word()), keys, v4);
+            self.rules.push(api::FilterRule {
+                name: Some(format!("isolated_{}{fam}", self.dir.word())),
+                r#match: vec![in_set(&set, self.dir.own())],
+                action: Some(api::FilterAction::Drop),
+                value: None,
+                counter: None,
+            });
+        }
+        let chain = api::Chain {
+            name: Some(self.dir.word().into()),
+            type_: Some(api::ChainType::Filter),
+            hook: Some(api::ChainHook::Forward),
+            priority: Some(match self.dir {
+                Dir::Ingress => INGRESS_PRIORITY,
+                Dir::Egress => EGRESS_PRIORITY,
+            }),
+            policy: Some(api::ChainPolicy::Accept),
+            rules: api::RulesSet {
+                filter_rules: Some(self.rules),
+                ..Default::default()
+            },
+        };
+        (chain, self.sets, self.unenforced)
+    }
+}
+
+/// The pods whose traffic crosses `peer`'s gateway: local pods and the pods running on it.
+pub fn crossing<'a>(cluster: &'a Cluster, peer: &str) -> Vec<&'a Pod> {
+    cluster
+        .pods
+        .iter()
+        .filter(|p| p.peer.as_deref().is_none_or(|x| x == peer))
+        .collect()
+}
+
+/// The NetworkPolicy tier of `peer`'s gateway.
+pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
+    let pods = crossing(cluster, peer);
+    let mut policies: Vec<&NetworkPolicy> = cluster.policies.iter().collect();
+    policies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    let mut sets = Vec::new();
+    let mut chains = Vec::new();
+    let mut unenforced = Vec::new();
+    for dir in [Dir::Ingress, Dir::Egress] {
+        let b = ChainBuilder {
+            dir,
+            cluster,
+            pods: &pods,
+            sets: Vec::new(),
+            rules: Vec::new(),
+            unenforced: Vec::new(),
+        };
+        let (chain, s, u) = b.build(&policies);
+        chains.push(chain);
+        sets.extend(s);
+        unenforced.extend(u);
+    }
+    unenforced.dedup();
+    Tier {
+        spec: api::FirewallConfigurationSpec {
+            table: api::Table {
+                name: Some(table_name(peer)),
+                family: Some(api::TableFamily::Inet),
+                sets,
+                chains,
+            },
+            audit,
+        },
+        unenforced,
+    }
+}
