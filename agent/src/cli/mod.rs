@@ -2,6 +2,7 @@
 //!
 //! Exit codes: 0 answered, 2 bad input (error on stderr, nothing changed), 1 runtime failure.
 
+mod cluster;
 mod host;
 mod observe;
 mod render;
@@ -148,6 +149,17 @@ pub enum Output {
     Json,
 }
 
+/// Output of `compile`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CompileOutput {
+    /// Human-readable (nft syntax).
+    Text,
+    /// JSON.
+    Json,
+    /// YAML (with --cluster).
+    Yaml,
+}
+
 /// Protocol of a probe packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum ProtoArg {
@@ -155,8 +167,23 @@ pub enum ProtoArg {
     Tcp,
     /// UDP.
     Udp,
+    /// SCTP.
+    Sctp,
     /// ICMP (ICMPv6 for IPv6 addresses).
     Icmp,
+}
+
+impl ProtoArg {
+    /// The IP protocol number, for an address of family `v6`.
+    pub fn number(self, v6: bool) -> u8 {
+        match (self, v6) {
+            (Self::Tcp, _) => proto::TCP,
+            (Self::Udp, _) => proto::UDP,
+            (Self::Sctp, _) => 132,
+            (Self::Icmp, false) => proto::ICMP,
+            (Self::Icmp, true) => proto::ICMPV6,
+        }
+    }
 }
 
 /// Conntrack state of a probe packet.
@@ -174,20 +201,39 @@ pub enum CtArg {
     Invalid,
 }
 
+impl CtArg {
+    /// The IR's state.
+    pub fn state(self) -> CtState {
+        match self {
+            Self::New => CtState::New,
+            Self::Established => CtState::Established,
+            Self::Related => CtState::Related,
+            Self::Untracked => CtState::Untracked,
+            Self::Invalid => CtState::Invalid,
+        }
+    }
+}
+
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Validate FirewallConfigurations and print what the backend would install.
     Compile {
         /// YAML files (multi-document allowed) or directories of them.
-        #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+        #[arg(short = 'f', long = "file", num_args = 1.., required_unless_present = "cluster", conflicts_with = "cluster")]
         files: Vec<PathBuf>,
+        /// A cluster snapshot (`kubectl get -o yaml` of Namespaces, Nodes, Pods,
+        /// NetworkPolicies, Liqo's Configurations): print every object the controller writes
+        /// for it (gateway configurations, AddressSets, NetworkPolicy tiers, NetworkPolicies).
+        #[arg(long, num_args = 1..)]
+        cluster: Vec<PathBuf>,
         /// Backend to render for.
         #[arg(long, value_enum, default_value_t = BackendKind::Nftables)]
         backend: BackendKind,
-        /// `text` prints nft syntax; `json` the exact libnftables JSON that `apply` loads.
-        #[arg(long, value_enum, default_value_t = Output::Text)]
-        output: Output,
+        /// `text` prints nft syntax; `json` the exact libnftables JSON that `apply` loads;
+        /// with --cluster, `yaml` (or `json`) the objects, `text` what each gateway enforces.
+        #[arg(long, value_enum, default_value_t = CompileOutput::Text)]
+        output: CompileOutput,
     },
     /// The fate of one packet crossing the gateway.
     Verdict(VerdictArgs),
@@ -323,30 +369,45 @@ pub enum Command {
 /// Arguments of `peerwall verdict`.
 #[derive(clap::Args, Debug)]
 pub struct VerdictArgs {
-    /// YAML files or directories.
-    #[arg(short = 'f', long = "file", required = true, num_args = 1..)]
+    /// YAML files or directories of FirewallConfigurations.
+    #[arg(short = 'f', long = "file", num_args = 1.., required_unless_present = "cluster", conflicts_with = "cluster")]
     pub files: Vec<PathBuf>,
+    /// A cluster snapshot (`kubectl get -o yaml` of Namespaces, Nodes, Pods,
+    /// NetworkPolicies, Liqo's Configurations; files or directories): judge by what the
+    /// controller writes for it, between pods named with --from/--to, or --matrix.
+    #[arg(long, num_args = 1..)]
+    pub cluster: Vec<PathBuf>,
+    /// `--cluster`: the source pod, `NAMESPACE/NAME`.
+    #[arg(long, requires = "cluster", required_unless_present_any = ["matrix", "files"])]
+    pub from: Option<String>,
+    /// `--cluster`: the destination pod, `NAMESPACE/NAME`.
+    #[arg(long, requires = "cluster", required_unless_present_any = ["matrix", "files"])]
+    pub to: Option<String>,
+    /// `--cluster`: the truth table of every pod pair that crosses a gateway, per probe
+    /// (`--proto`/`--dport`, or TCP, UDP and SCTP on ports 80 and 81 as the e2e suite probes).
+    #[arg(long, requires = "cluster", conflicts_with_all = ["from", "to"])]
+    pub matrix: bool,
     /// Input interface (e.g. liqo-tunnel).
-    #[arg(long)]
-    pub iif: String,
+    #[arg(long, required_unless_present = "cluster", conflicts_with = "cluster")]
+    pub iif: Option<String>,
     /// Output interface; without it the packet is addressed to the gateway itself.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "cluster")]
     pub oif: Option<String>,
     /// Source address.
-    #[arg(long)]
-    pub src: IpAddr,
+    #[arg(long, required_unless_present = "cluster", conflicts_with = "cluster")]
+    pub src: Option<IpAddr>,
     /// Destination address.
-    #[arg(long)]
-    pub dst: IpAddr,
-    /// Protocol.
-    #[arg(long, value_enum, default_value_t = ProtoArg::Tcp)]
-    pub proto: ProtoArg,
-    /// Source port (TCP/UDP).
+    #[arg(long, required_unless_present = "cluster", conflicts_with = "cluster")]
+    pub dst: Option<IpAddr>,
+    /// Protocol (default tcp).
+    #[arg(long, value_enum)]
+    pub proto: Option<ProtoArg>,
+    /// Source port (TCP/UDP/SCTP).
     #[arg(long, default_value_t = 40000)]
     pub sport: u16,
-    /// Destination port (TCP/UDP).
-    #[arg(long, default_value_t = 80)]
-    pub dport: u16,
+    /// Destination port (TCP/UDP/SCTP; default 80).
+    #[arg(long)]
+    pub dport: Option<u16>,
     /// Conntrack state.
     #[arg(long = "ct-state", value_enum, default_value_t = CtArg::New)]
     pub ct_state: CtArg,
@@ -594,9 +655,17 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Compile {
             files,
+            cluster,
             backend,
             output,
-        } => render::compile(&files, backend, output),
+        } => match (cluster.is_empty(), output) {
+            (false, _) => cluster::compile(&cluster, output),
+            (true, CompileOutput::Yaml) => Err(input(anyhow::anyhow!(
+                "--output yaml prints a cluster's objects: use it with --cluster"
+            ))),
+            (true, CompileOutput::Json) => render::compile(&files, backend, Output::Json),
+            (true, CompileOutput::Text) => render::compile(&files, backend, Output::Text),
+        },
         Command::Verdict(a) => verdict::verdict(a),
         Command::Apply {
             files,

@@ -4,6 +4,9 @@ use super::*;
 
 /// Judge the packet described by `a` and print the verdict.
 pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
+    if !a.cluster.is_empty() {
+        return super::cluster::verdict(a);
+    }
     let VerdictArgs {
         files,
         iif,
@@ -16,7 +19,16 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
         ct_state,
         engine,
         output,
+        ..
     } = a;
+    let missing = |flag: &str| input(anyhow::anyhow!("{flag} is required without --cluster"));
+    let iif = iif.ok_or_else(|| missing("--iif"))?;
+    let (src, dst) = (
+        src.ok_or_else(|| missing("--src"))?,
+        dst.ok_or_else(|| missing("--dst"))?,
+    );
+    let p = p.unwrap_or(ProtoArg::Tcp);
+    let dport = dport.unwrap_or(80);
     // Linux interface names are at most 15 bytes (IFNAMSIZ 16 with the NUL): a longer one
     // names no interface, whichever engine judges.
     for (flag, name) in [("--iif", Some(&iif)), ("--oif", oif.as_ref())] {
@@ -37,53 +49,62 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
     let pkt = Packet {
         src,
         dst,
-        proto: match (p, src.is_ipv6()) {
-            (ProtoArg::Tcp, _) => proto::TCP,
-            (ProtoArg::Udp, _) => proto::UDP,
-            (ProtoArg::Icmp, false) => proto::ICMP,
-            (ProtoArg::Icmp, true) => proto::ICMPV6,
-        },
+        proto: p.number(src.is_ipv6()),
         sport,
         dport,
         iif: Some(iif),
         oif,
-        ct_state: match ct_state {
-            CtArg::New => CtState::New,
-            CtArg::Established => CtState::Established,
-            CtArg::Related => CtState::Related,
-            CtArg::Untracked => CtState::Untracked,
-            CtArg::Invalid => CtState::Invalid,
-        },
+        ct_state: ct_state.state(),
     };
-    let verdict = match engine {
-        VerdictEngine::Reference => ir::evaluate(&compiled.policy, &pkt),
+    let verdict = judge(&compiled.policy, &[pkt], engine)?
+        .pop()
+        .ok_or_else(|| runtime(anyhow::anyhow!("the engine gave no verdict")))?;
+    print_verdict(&verdict, output)
+}
+
+/// The verdicts of `packets` under `policy`, from `engine` (one scratch kernel for all).
+pub(super) fn judge(
+    policy: &ir::Policy,
+    packets: &[Packet],
+    engine: VerdictEngine,
+) -> Result<Vec<ir::Verdict>, CliError> {
+    let probe_err = |e: probe::ProbeError| match e {
+        probe::ProbeError::Unsupported(_) => input(e),
+        other => runtime(other),
+    };
+    match engine {
+        VerdictEngine::Reference => Ok(packets.iter().map(|p| ir::evaluate(policy, p)).collect()),
         VerdictEngine::Nftables => {
-            let mut probe = NftProbe::new(&compiled.policy, &probe::interfaces_of([&pkt]))
+            let mut probe = NftProbe::new(policy, &probe::interfaces_of(packets))
                 .context("building the scratch gateway")
                 .map_err(runtime)?;
-            probe.verdict(&pkt).map_err(|e| match e {
-                probe::ProbeError::Unsupported(_) => input(e),
-                other => runtime(other),
-            })?
+            packets
+                .iter()
+                .map(|p| probe.verdict(p).map_err(probe_err))
+                .collect()
         }
         VerdictEngine::Bpf => {
             let parent = peerwall_backend_bpf::loader::ensure_bpffs()
                 .context("bpf filesystem")
                 .map_err(runtime)?;
             let mut probe =
-                probe::bpf::BpfProbe::new(&compiled.policy, &probe::interfaces_of([&pkt]), &parent)
+                probe::bpf::BpfProbe::new(policy, &probe::interfaces_of(packets), &parent)
                     .context("loading the eBPF datapath")
                     .map_err(runtime)?;
-            probe.verdict(&pkt).map_err(|e| match e {
-                probe::ProbeError::Unsupported(_) => input(e),
-                other => runtime(other),
-            })?
+            packets
+                .iter()
+                .map(|p| probe.verdict(p).map_err(probe_err))
+                .collect()
         }
-    };
+    }
+}
+
+/// Print one verdict as `verdict` does.
+pub(super) fn print_verdict(verdict: &ir::Verdict, output: Output) -> Result<(), CliError> {
     match output {
         Output::Json => out(&format!(
             "{}\n",
-            serde_json::to_string(&verdict).map_err(runtime)?
+            serde_json::to_string(verdict).map_err(runtime)?
         )),
         Output::Text => {
             let by = match (&verdict.table, &verdict.chain, &verdict.rule) {

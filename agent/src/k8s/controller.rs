@@ -38,8 +38,7 @@ use crate::protection::publish::Publisher;
 use crate::protection::{self, Options};
 
 pub use crate::protection::GATEWAY_CONFIG;
-/// Name of the NetworkPolicy in each offloaded namespace.
-pub const NETWORK_POLICY: &str = "peerwall-offloaded";
+pub use crate::protection::NETWORK_POLICY;
 const FIELD_MANAGER: &str = "peerwall-controller";
 /// How long reconciles wait for more events before a pass (one pass serves them all).
 const DEBOUNCE: Duration = Duration::from_millis(2);
@@ -157,7 +156,8 @@ fn sync_published(pb: &mut Publisher, ctx: &Ctx) {
     pb.observe_configs(published_configs(ctx));
 }
 
-fn pod_info(p: &Pod) -> protection::Pod {
+/// The protection view of a pod.
+pub(crate) fn pod_info(p: &Pod) -> protection::Pod {
     let status = p.status.as_ref();
     let mut ips: Vec<IpAddr> = status
         .and_then(|s| s.pod_ips.as_ref())
@@ -439,17 +439,8 @@ async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action
     let owner = protection::offloaded_namespace_owner(&info).map(str::to_string);
     match owner {
         Some(consumer) if ns.metadata.deletion_timestamp.is_none() => {
-            let body = json!({
-                "apiVersion": "networking.k8s.io/v1",
-                "kind": "NetworkPolicy",
-                "metadata": {
-                    "name": NETWORK_POLICY,
-                    "namespace": name,
-                    "labels": { MANAGED_BY: MANAGER, super::REMOTE_CLUSTER_ID: consumer },
-                    "ownerReferences": owner_ref(&ns),
-                },
-                "spec": protection::network_policy_spec(&consumer),
-            });
+            let mut body = protection::offloaded_network_policy(&name, &consumer);
+            body["metadata"]["ownerReferences"] = owner_ref(&ns);
             server_side_apply(&api, &name, NETWORK_POLICY, &body).await?;
             ctx.count(|m| m.network_policy_writes += 1);
         }

@@ -7,6 +7,8 @@ pub mod agent;
 pub mod controller;
 pub mod coverage;
 pub mod gateways;
+pub mod netpol;
+pub mod snapshot;
 pub mod webhook;
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};

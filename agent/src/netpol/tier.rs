@@ -334,7 +334,12 @@ impl ChainBuilder<'_> {
         (pods, blocks)
     }
 
-    fn policy(&mut self, pi: usize, policy: &NetworkPolicy, isolated: &mut BTreeSet<usize>) {
+    fn policy(
+        &mut self,
+        pi: usize,
+        policy: &NetworkPolicy,
+        isolated: &mut Vec<(usize, BTreeSet<usize>)>,
+    ) {
         let Some(rules) = self.dir.rules(policy) else {
             return;
         };
@@ -350,7 +355,7 @@ impl ChainBuilder<'_> {
         if own.is_empty() {
             return;
         }
-        isolated.extend(own.iter().copied());
+        isolated.push((pi, own.clone()));
         let key = format!("{}/{}", policy.namespace, policy.name);
         for (ri, rule) in rules.iter().enumerate() {
             for (pi_, p) in rule.ports.iter().enumerate() {
@@ -489,25 +494,38 @@ impl ChainBuilder<'_> {
             value: None,
             counter: None,
         });
-        let mut isolated = BTreeSet::new();
+        let mut isolated = Vec::new();
         for (i, p) in policies.iter().enumerate() {
             self.policy(i, p, &mut isolated);
         }
-        let iso = self.addrs_of(&isolated);
-        for v4 in [true, false] {
-            let keys = iso.keys(v4);
-            if keys.is_empty() {
-                continue;
+        // What no rule allowed, dropped by the first policy isolating the pod: the verdict
+        // names it.
+        let d = self.dir.word().chars().next().unwrap_or('x');
+        for (pi, own) in isolated {
+            let p = policies[pi];
+            let addrs = self.addrs_of(&own);
+            for v4 in [true, false] {
+                let keys = addrs.keys(v4);
+                if keys.is_empty() {
+                    continue;
+                }
+                let fam = if v4 { "" } else { "6" };
+                let set = self.set(format!("{d}{pi}_isolated{fam}"), keys, v4);
+                let mut name = format!("{}/{}", p.namespace, p.name);
+                let tail = format!(
+                    ":{} isolated{}",
+                    self.dir.word(),
+                    if v4 { "" } else { ":v6" }
+                );
+                name.truncate(120 - tail.len());
+                self.rules.push(api::FilterRule {
+                    name: Some(format!("{name}{tail}")),
+                    r#match: vec![in_set(&set, self.dir.own())],
+                    action: Some(api::FilterAction::Drop),
+                    value: None,
+                    counter: None,
+                });
             }
-            let fam = if v4 { "" } else { "6" };
-            let set = self.set(format!("isolated_{}{fam}", self.dir.word()), keys, v4);
-            self.rules.push(api::FilterRule {
-                name: Some(format!("isolated_{}{fam}", self.dir.word())),
-                r#match: vec![in_set(&set, self.dir.own())],
-                action: Some(api::FilterAction::Drop),
-                value: None,
-                counter: None,
-            });
         }
         let chain = api::Chain {
             name: Some(self.dir.word().into()),
@@ -534,6 +552,28 @@ pub fn crossing<'a>(cluster: &'a Cluster, peer: &str) -> Vec<&'a Pod> {
         .iter()
         .filter(|p| p.peer.as_deref().is_none_or(|x| x == peer))
         .collect()
+}
+
+/// Name of the tier's FirewallConfiguration in each tenant namespace.
+pub const TIER_CONFIG: &str = "peerwall-networkpolicy";
+
+/// The tier as the controller publishes it: `peerwall.io/v1alpha1`, in the peer's tenant
+/// namespace, labelled for that peer's gateway (the controller adds the owner reference).
+pub fn object(
+    peer: &crate::protection::Peer,
+    spec: &api::FirewallConfigurationSpec,
+) -> serde_json::Value {
+    use crate::protection::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
+    serde_json::json!({
+        "apiVersion": peerwall_intent::load::API_VERSION,
+        "kind": peerwall_intent::load::KIND,
+        "metadata": {
+            "name": TIER_CONFIG,
+            "namespace": peer.tenant_namespace,
+            "labels": { TARGET: TARGET_GATEWAY, PEER: peer.id, MANAGED_BY: MANAGER },
+        },
+        "spec": spec,
+    })
 }
 
 /// The NetworkPolicy tier of `peer`'s gateway.

@@ -612,6 +612,25 @@ pub fn address_set_object(peer: &Peer, slice: &Slice) -> Value {
     })
 }
 
+/// Name of the NetworkPolicy in each offloaded namespace.
+pub const NETWORK_POLICY: &str = "peerwall-offloaded";
+
+/// The NetworkPolicy the controller keeps in the offloaded namespace `namespace` of
+/// `consumer` (the controller adds the owner reference).
+pub fn offloaded_network_policy(namespace: &str, consumer: &str) -> Value {
+    json!({
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {
+            "name": NETWORK_POLICY,
+            "namespace": namespace,
+            "labels": { MANAGED_BY: MANAGER, REMOTE_CLUSTER_ID: consumer },
+        },
+        "spec": network_policy_spec(consumer),
+    })
+}
+
+/// The spec of [`offloaded_network_policy`].
 pub fn network_policy_spec(consumer: &str) -> Value {
     json!({
         "podSelector": {},

@@ -1,0 +1,290 @@
+//! `peerwall compile --cluster` and `peerwall verdict --cluster`: what the controller writes
+//! for a cluster snapshot ([`crate::k8s::snapshot`]), and the gateway's verdict between two of
+//! its pods (or every pair, `--matrix`) under it, judged by the reference evaluator or a real
+//! kernel. Interfaces follow from which pod is remote: a pod on a Liqo virtual node is behind
+//! its peer's tunnel (`liqo-tunnel`), a local pod behind the Geneve interface.
+
+use std::collections::BTreeMap;
+
+use crate::k8s::snapshot::{self, Snapshot};
+use crate::netpol;
+use crate::protection::{self, Options};
+
+use super::verdict::{judge, print_verdict};
+use super::*;
+
+/// The tunnel and Geneve interface names the verdicts use.
+const TUNNEL: &str = "liqo-tunnel";
+const GENEVE: &str = "liqo.peerwall00";
+
+fn load(paths: &[PathBuf]) -> Result<Snapshot, CliError> {
+    Snapshot::load(paths).map_err(input)
+}
+
+fn opts() -> Options {
+    Options {
+        tunnel: protection::DEFAULT_TUNNEL.into(),
+        block_leaf_to_leaf: false,
+        audit: false,
+    }
+}
+
+/// `peerwall compile --cluster`.
+pub(super) fn compile(paths: &[PathBuf], output: CompileOutput) -> Result<(), CliError> {
+    let s = load(paths)?;
+    let o = snapshot::output(&s, &opts());
+    for u in &o.unenforced {
+        tracing::warn!("{u}");
+    }
+    match output {
+        CompileOutput::Yaml => {
+            let mut text = String::new();
+            for obj in &o.objects {
+                text.push_str("---\n");
+                text.push_str(&serde_yaml::to_string(obj).map_err(runtime)?);
+            }
+            out(&text)
+        }
+        CompileOutput::Json => out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "apiVersion": "v1", "kind": "List", "items": o.objects,
+            }))
+            .map_err(runtime)?
+        )),
+        CompileOutput::Text => {
+            let mut text = String::new();
+            for (peer, objs) in &o.enforced {
+                let compiled = compile_objects(objs)?;
+                text.push_str(&format!("# the gateway of peer {peer}\n"));
+                for t in nftables::render_policy(&compiled, RenderOptions::default()) {
+                    text.push_str(&text::table_text(&t));
+                }
+            }
+            out(&text)
+        }
+    }
+}
+
+/// The policy IR of FirewallConfiguration objects as the controller publishes them.
+fn compile_objects(objs: &[serde_json::Value]) -> Result<ir::Policy, CliError> {
+    let objects = objs
+        .iter()
+        .map(|o| {
+            peerwall_intent::load::object_from_json(
+                o.clone(),
+                peerwall_intent::load::Group::Peerwall,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(runtime)?;
+    compile::compile(&objects).map(|c| c.policy).map_err(|e| {
+        runtime(anyhow::anyhow!(
+            "the controller's output does not compile: {e}"
+        ))
+    })
+}
+
+/// One probe: protocol and destination port.
+#[derive(Clone, Copy)]
+struct Probe {
+    proto: ProtoArg,
+    port: u16,
+}
+
+impl Probe {
+    fn label(self) -> String {
+        let p = match self.proto {
+            ProtoArg::Tcp => "TCP",
+            ProtoArg::Udp => "UDP",
+            ProtoArg::Sctp => "SCTP",
+            ProtoArg::Icmp => "ICMP",
+        };
+        if self.proto == ProtoArg::Icmp {
+            p.into()
+        } else {
+            format!("{p}/{}", self.port)
+        }
+    }
+}
+
+/// The packet from `from` to `to` through the gateway of the remote one's peer; the peer, or
+/// why the pair does not cross a gateway.
+fn packet(
+    from: &netpol::Pod,
+    to: &netpol::Pod,
+    probe: Probe,
+    sport: u16,
+    ct: CtState,
+) -> Result<(String, Packet), String> {
+    let peer = match (&from.peer, &to.peer) {
+        (Some(_), Some(_)) => {
+            return Err(format!(
+                "{} and {} both run on peers: their traffic does not cross this cluster's gateways",
+                from.key(),
+                to.key()
+            ))
+        }
+        (None, None) => {
+            return Err(format!(
+                "{} and {} both run locally: their traffic does not cross a gateway",
+                from.key(),
+                to.key()
+            ))
+        }
+        (Some(p), None) | (None, Some(p)) => p.clone(),
+    };
+    let src = from.ips[0];
+    let dst = to
+        .ip_like(src)
+        .ok_or_else(|| format!("{} has no address of {}'s family", to.key(), from.key()))?;
+    let (iif, oif) = if from.peer.is_some() {
+        (TUNNEL, GENEVE)
+    } else {
+        (GENEVE, TUNNEL)
+    };
+    Ok((
+        peer,
+        Packet {
+            src,
+            dst,
+            proto: probe.proto.number(src.is_ipv6()),
+            sport,
+            dport: if probe.proto == ProtoArg::Icmp {
+                0
+            } else {
+                probe.port
+            },
+            iif: Some(iif.into()),
+            oif: Some(oif.into()),
+            ct_state: ct,
+        },
+    ))
+}
+
+/// `peerwall verdict --cluster`.
+pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
+    let s = load(&a.cluster)?;
+    let o = snapshot::output(&s, &opts());
+    for u in &o.unenforced {
+        tracing::warn!("{u}");
+    }
+    let (cluster, _) = s.cluster();
+    let probes: Vec<Probe> = match (a.proto, a.dport) {
+        (None, None) if a.matrix => [ProtoArg::Tcp, ProtoArg::Udp, ProtoArg::Sctp]
+            .into_iter()
+            .flat_map(|proto| [80, 81].map(|port| Probe { proto, port }))
+            .collect(),
+        (p, d) => vec![Probe {
+            proto: p.unwrap_or(ProtoArg::Tcp),
+            port: d.unwrap_or(80),
+        }],
+    };
+    let policies: BTreeMap<String, ir::Policy> = o
+        .enforced
+        .iter()
+        .map(|(peer, objs)| Ok((peer.clone(), compile_objects(objs)?)))
+        .collect::<Result<_, CliError>>()?;
+    let pod = |key: &str, flag: &str| -> Result<&netpol::Pod, CliError> {
+        if !key.contains('/') {
+            return Err(input(anyhow::anyhow!(
+                "{flag} {key:?}: name a pod as NAMESPACE/NAME"
+            )));
+        }
+        cluster.pod(key).ok_or_else(|| {
+            input(anyhow::anyhow!(
+                "{flag} {key:?}: no such pod with an address in the snapshot"
+            ))
+        })
+    };
+    if !a.matrix {
+        let (from, to) = (
+            pod(a.from.as_deref().unwrap_or_default(), "--from")?,
+            pod(a.to.as_deref().unwrap_or_default(), "--to")?,
+        );
+        let (peer, pkt) = packet(from, to, probes[0], a.sport, a.ct_state.state())
+            .map_err(|e| input(anyhow::anyhow!(e)))?;
+        let policy = policies.get(&peer).ok_or_else(|| {
+            input(anyhow::anyhow!(
+                "{} runs on peer {peer}, which has no tenant namespace in the snapshot (label liqo.io/tenant-namespace=true, liqo.io/remote-cluster-id={peer})",
+                if from.peer.is_some() { from.key() } else { to.key() }
+            ))
+        })?;
+        let v = judge(policy, &[pkt], a.engine)?
+            .pop()
+            .ok_or_else(|| runtime(anyhow::anyhow!("the engine gave no verdict")))?;
+        return print_verdict(&v, a.output);
+    }
+    // The matrix: every ordered pair that crosses a gateway, per probe, judged per peer.
+    let mut pods: Vec<&netpol::Pod> = cluster.pods.iter().collect();
+    pods.sort_by_key(|p| p.key());
+    let mut cells: BTreeMap<(usize, usize, usize), ir::Verdict> = BTreeMap::new();
+    for (peer, policy) in &policies {
+        let mut keys = Vec::new();
+        let mut packets = Vec::new();
+        for (pi, probe) in probes.iter().enumerate() {
+            for (fi, from) in pods.iter().enumerate() {
+                for (ti, to) in pods.iter().enumerate() {
+                    if let Ok((p, pkt)) = packet(from, to, *probe, a.sport, a.ct_state.state()) {
+                        if &p == peer {
+                            keys.push((pi, fi, ti));
+                            packets.push(pkt);
+                        }
+                    }
+                }
+            }
+        }
+        if packets.is_empty() {
+            continue;
+        }
+        for (k, v) in keys.into_iter().zip(judge(policy, &packets, a.engine)?) {
+            cells.insert(k, v);
+        }
+    }
+    match a.output {
+        Output::Json => {
+            let rows: Vec<serde_json::Value> = cells
+                .iter()
+                .map(|((pi, fi, ti), v)| {
+                    serde_json::json!({
+                        "from": pods[*fi].key(), "to": pods[*ti].key(),
+                        "probe": probes[*pi].label(),
+                        "verdict": v.verdict.as_str(), "table": v.table,
+                        "chain": v.chain, "rule": v.rule,
+                    })
+                })
+                .collect();
+            out(&format!(
+                "{}\n",
+                serde_json::to_string(&rows).map_err(runtime)?
+            ))
+        }
+        Output::Text => {
+            // As the e2e suite prints its truth tables: `.` allowed, `X` denied; `-` for
+            // pairs that do not cross a gateway.
+            let mut text = String::new();
+            for (pi, probe) in probes.iter().enumerate() {
+                text.push_str(&format!("{}\n-", probe.label()));
+                for p in &pods {
+                    text.push_str(&format!("\t{}", p.key()));
+                }
+                text.push('\n');
+                for (fi, from) in pods.iter().enumerate() {
+                    text.push_str(&from.key());
+                    for ti in 0..pods.len() {
+                        let mark = match cells.get(&(pi, fi, ti)) {
+                            None => "-",
+                            Some(v) if v.verdict == ir::VerdictAction::Accept => ".",
+                            Some(_) => "X",
+                        };
+                        text.push('\t');
+                        text.push_str(mark);
+                    }
+                    text.push('\n');
+                }
+                text.push('\n');
+            }
+            out(&text)
+        }
+    }
+}
