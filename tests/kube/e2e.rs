@@ -105,3 +105,160 @@ async fn offloaded_pod_is_reachable_through_its_consumers_tunnel_only() {
         "a reaches only what it offloaded"
     );
 }
+
+/// A provider's own NetworkPolicies hold for traffic from its consumer's tunnel, on both
+/// backends, through the real API server: created, edited, a pod relabelled, each changing
+/// packets through the gateway. The consumer's pods are addresses here (ipBlock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_policies_hold_across_the_tunnel_on_both_backends() {
+    for backend in ["nftables", "bpf"] {
+        network_policies_hold(backend).await;
+    }
+}
+
+async fn network_policies_hold(backend: &str) {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::{Api, Patch, PatchParams, PostParams};
+    let t = Topology::new();
+    let pins = BpfPins {
+        dir: format!(
+            "/sys/fs/bpf/peerwall-kube-np-{}-{backend}",
+            std::process::id()
+        ),
+        ns: t.gateway.name().to_string(),
+    };
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let extra: Vec<&str> = if backend == "bpf" {
+        vec!["--backend", "bpf", "--pin-dir", &pins.dir]
+    } else {
+        vec![]
+    };
+    let _agent = agent_with(
+        &server,
+        &t.gateway,
+        "gw",
+        "peerwall.io/target=gateway,peerwall.io/remote-cluster-id=a",
+        &extra,
+    );
+    let _controller = server.peerwall(
+        "controller",
+        &["controller", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let _web = Listener::tcp(&t.provider, "10.20.1.2", 8080);
+    let _db = Listener::tcp(&t.provider, "10.20.1.3", 8080);
+    namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
+    namespace(&client, "app-a", json!({"liqo.io/remote-cluster-id": "a"})).await;
+    pod(
+        &client,
+        "app-a",
+        "web",
+        "10.20.1.2",
+        json!({"app": "web"}),
+        None,
+    )
+    .await;
+    pod(
+        &client,
+        "app-a",
+        "db",
+        "10.20.1.3",
+        json!({"app": "db"}),
+        None,
+    )
+    .await;
+    let connects = |src: &'static str, dst: &'static str| {
+        let ns = t.consumer.name().to_string();
+        move || {
+            let o = Command::new("ip")
+                .args([
+                    "netns", "exec", &ns, "timeout", "3", "socat", "-T", "1", "-",
+                ])
+                .arg(format!("TCP4:{dst}:8080,bind={src},connect-timeout=1"))
+                .output();
+            o.is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok"))
+        }
+    };
+    // Offloaded and no policy yet: both consumer pods reach both pods.
+    wait_until(
+        "offloaded pods reachable",
+        20,
+        connects("10.10.1.68", "10.20.1.3"),
+    );
+    assert!(connects("10.10.1.67", "10.20.1.2")());
+    // A policy: db takes TCP 8080 from 10.10.1.67 only.
+    let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), "app-a");
+    let policy = |cidrs: &[&str]| -> NetworkPolicy {
+        let from: Vec<serde_json::Value> = cidrs
+            .iter()
+            .map(|c| json!({"ipBlock": {"cidr": c}}))
+            .collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "db-ingress", "namespace": "app-a"},
+            "spec": {"podSelector": {"matchLabels": {"app": "db"}},
+                     "ingress": [{"from": from, "ports": [{"protocol": "TCP", "port": 8080}]}]}}))
+        .unwrap()
+    };
+    nps.create(&PostParams::default(), &policy(&["10.10.1.67/32"]))
+        .await
+        .unwrap();
+    wait_until(
+        &format!("{backend}: 10.10.1.68 denied by the policy"),
+        20,
+        || !connects("10.10.1.68", "10.20.1.3")(),
+    );
+    assert!(
+        connects("10.10.1.67", "10.20.1.3")(),
+        "{backend}: the allowed source"
+    );
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
+        "{backend}: ICMP is no port the policy names"
+    );
+    assert!(
+        connects("10.10.1.68", "10.20.1.2")(),
+        "{backend}: a pod no policy selects stays open"
+    );
+    // Edited: 10.10.1.68 is allowed too.
+    nps.patch(
+        "db-ingress",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"ingress": [{"from": [
+            {"ipBlock": {"cidr": "10.10.1.67/32"}}, {"ipBlock": {"cidr": "10.10.1.68/32"}}],
+            "ports": [{"protocol": "TCP", "port": 8080}]}]}})),
+    )
+    .await
+    .unwrap();
+    wait_until(
+        &format!("{backend}: the edit allows 10.10.1.68"),
+        20,
+        connects("10.10.1.68", "10.20.1.3"),
+    );
+    // Relabelled: db is selected by no policy any more; ICMP passes again.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "app-a");
+    pods.patch(
+        "db",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "other"}}})),
+    )
+    .await
+    .unwrap();
+    wait_until(
+        &format!("{backend}: the relabelled pod is open"),
+        20,
+        || ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
+    );
+    // And the policy selects it again under its new name: denied again.
+    pods.patch(
+        "db",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"app": "db"}}})),
+    )
+    .await
+    .unwrap();
+    wait_until(&format!("{backend}: isolated again"), 20, || {
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.3")
+    });
+}

@@ -34,6 +34,7 @@ use serde_json::json;
 
 use super::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
 use crate::metrics::ControllerMetrics;
+use crate::netpol;
 use crate::protection::publish::Publisher;
 use crate::protection::{self, Options};
 
@@ -72,6 +73,13 @@ struct Ctx {
     metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
     /// Desired sets (fed pod by pod by the pod watch), published slices, the reuse gate.
     publisher: Arc<std::sync::Mutex<Publisher>>,
+    /// Every pod (labels, addresses, container ports) and every NetworkPolicy: the input of
+    /// each peer's NetworkPolicy tier.
+    pods: Store<Pod>,
+    network_policies: Store<NetworkPolicy>,
+    /// Problems with NetworkPolicies already reported (policy and reason), so each gets one
+    /// Event and one log line.
+    reported: std::sync::Mutex<BTreeSet<String>>,
 }
 
 impl Ctx {
@@ -115,8 +123,12 @@ fn sync_context(pb: &mut Publisher, ctx: &Ctx) {
             labels: labels_of(n.labels()),
         })
         .collect();
-    let remaps = ctx
-        .liqo_configs
+    pb.desired.set_context(namespaces, nodes, remaps(ctx));
+}
+
+/// How each peer's CIDRs are remapped here (Liqo's `Configuration`s).
+fn remaps(ctx: &Ctx) -> BTreeMap<String, Vec<protection::Remap>> {
+    ctx.liqo_configs
         .get()
         .map(Store::state)
         .unwrap_or_default()
@@ -125,8 +137,7 @@ fn sync_context(pb: &mut Publisher, ctx: &Ctx) {
             let body = serde_json::to_value(c.as_ref()).ok()?;
             protection::configuration_remaps(&labels_of(c.labels()), &body)
         })
-        .collect();
-    pb.desired.set_context(namespaces, nodes, remaps);
+        .collect()
 }
 
 /// What the API shows of every peer's slices and gateway configuration. A slice's addresses
@@ -341,12 +352,108 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer, "gateway configuration updated");
     }
+    publish_tier(&ns, &who, &ctx).await?;
     Ok(if held > 0 {
         // An address is waiting for another tenant to release it.
         Action::requeue(Duration::from_millis(500))
     } else {
         Action::await_change()
     })
+}
+
+/// Keep `peer`'s NetworkPolicy tier ([`netpol::tier`]) in place, and report once what of the
+/// NetworkPolicies it cannot read or enforce (an Event on the policy, a log line).
+async fn publish_tier(
+    ns: &Namespace,
+    peer: &protection::Peer,
+    ctx: &Ctx,
+) -> Result<(), ReconcileError> {
+    let ns_name = ns.name_any();
+    let (namespaces, nodes, pods, policies) = (
+        ctx.namespaces.state(),
+        ctx.nodes.state(),
+        ctx.pods.state(),
+        ctx.network_policies.state(),
+    );
+    let (cluster, unreadable) = super::netpol::cluster(
+        namespaces.iter().map(AsRef::as_ref),
+        nodes.iter().map(AsRef::as_ref),
+        pods.iter().map(AsRef::as_ref),
+        policies.iter().map(AsRef::as_ref),
+        &remaps(ctx),
+    );
+    let tier = netpol::tier::tier(&cluster, &peer.id, ctx.opts.audit);
+    let problems = unreadable
+        .iter()
+        .map(|u| {
+            (
+                u.policy.clone(),
+                format!("{} (the policy is left out)", u.why),
+            )
+        })
+        .chain(
+            tier.unenforced
+                .iter()
+                .map(|u| (u.policy.clone(), u.why.clone())),
+        );
+    for (policy, why) in problems {
+        report_policy(ctx, &policies, &policy, &why).await;
+    }
+    let mut body = netpol::tier::object(peer, &tier.spec);
+    let current = ctx.configs.state().into_iter().find(|c| {
+        c.name_any() == netpol::tier::TIER_CONFIG && c.namespace().as_deref() == Some(&ns_name)
+    });
+    let up_to_date = current.as_ref().is_some_and(|c| {
+        c.data.get("spec") == body.get("spec")
+            && c.labels().get(PEER) == Some(&peer.id)
+            && c.labels().get(TARGET).map(String::as_str) == Some(TARGET_GATEWAY)
+    });
+    if !up_to_date {
+        body["metadata"]["ownerReferences"] = owner_ref(ns);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &ns_name, &super::fwc_resource());
+        server_side_apply(&api, &ns_name, netpol::tier::TIER_CONFIG, &body).await?;
+        ctx.count(|m| m.gateway_writes += 1);
+        tracing::info!(peer = %peer.id, "NetworkPolicy tier updated");
+    }
+    Ok(())
+}
+
+/// One Warning Event on the NetworkPolicy `key` (`namespace/name`) and a log line, once per
+/// reason.
+async fn report_policy(ctx: &Ctx, policies: &[Arc<NetworkPolicy>], key: &str, why: &str) {
+    let first = ctx
+        .reported
+        .lock()
+        .map(|mut r| r.insert(format!("{key}\n{why}")))
+        .unwrap_or(false);
+    if !first {
+        return;
+    }
+    tracing::warn!(networkpolicy = key, "{why}");
+    let Some(p) = policies
+        .iter()
+        .find(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()) == key)
+    else {
+        return;
+    };
+    let recorder = kube::runtime::events::Recorder::new(
+        ctx.client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "peerwall-controller".into(),
+            instance: None,
+        },
+    );
+    let ev = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: "NotEnforced".into(),
+        note: Some(why.chars().take(1000).collect()),
+        action: "Enforce".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &p.object_ref(&())).await {
+        tracing::warn!(networkpolicy = key, error = %e, "could not publish the event");
+    }
 }
 
 /// Write the slices of `peer`'s sets that the changes since its last pass touch (O(changed
@@ -527,6 +634,9 @@ pub fn run(
                 changed.clone(),
             ),
             liqo_configs: std::sync::OnceLock::new(),
+            pods: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            network_policies: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            reported: std::sync::Mutex::new(BTreeSet::new()),
             client: client.clone(),
             opts,
             metrics,
@@ -546,6 +656,8 @@ pub fn run(
                 ctx.configs.wait_until_ready().await,
             ),
             ("addresssets", ctx.slices.wait_until_ready().await),
+            ("pods", ctx.pods.wait_until_ready().await),
+            ("networkpolicies", ctx.network_policies.wait_until_ready().await),
         ] {
             ready.with_context(|| format!("the {what} watch ended before its first list"))?;
         }
