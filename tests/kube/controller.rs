@@ -491,3 +491,111 @@ fn reqwest_like_get(addr: &str, path: &str) -> Option<String> {
     let (head, body) = out.split_once("\r\n\r\n")?;
     head.starts_with("HTTP/1.1 200").then(|| body.to_string())
 }
+
+/// CNI companions: a user's NetworkPolicy that names pods running on a peer by label gets a
+/// companion (same podSelector, the remote pods' addresses as ipBlocks) that follows the
+/// remote pods and disappears with the need; the user's policy is never modified.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn companion_policies_follow_remote_pods() {
+    use k8s_openapi::api::core::v1::Node;
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let _controller = server.peerwall(
+        "controller",
+        &["controller", "--metrics-addr", "127.0.0.1:0"],
+    );
+    namespace(&client, "liqo-tenant-p1", tenant_labels("p1")).await;
+    namespace(&client, "shop", json!({})).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "liqo-p1", "labels": {
+                "liqo.io/type": "virtual-node", "liqo.io/remote-cluster-id": "p1"}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    pod(
+        &client,
+        "shop",
+        "web",
+        "10.10.0.5",
+        json!({"app": "web"}),
+        Some("worker"),
+    )
+    .await;
+    pod(
+        &client,
+        "shop",
+        "api",
+        "10.20.0.7",
+        json!({"app": "api"}),
+        Some("liqo-p1"),
+    )
+    .await;
+    let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), "shop");
+    let user: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "web-from-api", "namespace": "shop"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                 "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "api"}}}],
+                              "ports": [{"protocol": "TCP", "port": 8080}]}]}}))
+    .unwrap();
+    nps.create(&PostParams::default(), &user).await.unwrap();
+    let companion = eventually("the companion", Duration::from_secs(20), || {
+        let nps = nps.clone();
+        async move { nps.get_opt("peerwall-web-from-api").await.ok().flatten() }
+    })
+    .await;
+    let spec = serde_json::to_value(&companion.spec).unwrap();
+    assert_eq!(spec["podSelector"], json!({"matchLabels": {"app": "web"}}));
+    assert_eq!(
+        spec["ingress"],
+        json!([{"from": [{"ipBlock": {"cidr": "10.20.0.7/32"}}],
+                "ports": [{"protocol": "TCP", "port": 8080}]}])
+    );
+    assert_eq!(
+        companion.labels()["peerwall.io/companion-of"],
+        "web-from-api"
+    );
+    let mine = nps.get("web-from-api").await.unwrap();
+    assert_eq!(
+        mine.metadata.generation,
+        Some(1),
+        "the user's policy is never modified"
+    );
+    // A second remote pod joins the companion.
+    pod(
+        &client,
+        "shop",
+        "api-2",
+        "10.20.0.8",
+        json!({"app": "api"}),
+        Some("liqo-p1"),
+    )
+    .await;
+    eventually("the companion to follow", Duration::from_secs(20), || {
+        let nps = nps.clone();
+        async move {
+            let c = nps.get_opt("peerwall-web-from-api").await.ok().flatten()?;
+            let from = serde_json::to_value(&c.spec).ok()?["ingress"][0]["from"].clone();
+            (from.as_array()?.len() == 2).then_some(())
+        }
+    })
+    .await;
+    // The user's policy gone: so is the companion.
+    nps.delete("web-from-api", &Default::default())
+        .await
+        .unwrap();
+    eventually("the companion to go", Duration::from_secs(20), || {
+        let nps = nps.clone();
+        async move {
+            nps.get_opt("peerwall-web-from-api")
+                .await
+                .ok()
+                .and_then(|c| c.is_none().then_some(()))
+        }
+    })
+    .await;
+}

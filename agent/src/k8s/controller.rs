@@ -353,6 +353,7 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
         tracing::info!(peer = %peer, "gateway configuration updated");
     }
     publish_tier(&ns, &who, &ctx).await?;
+    publish_companions(&ctx).await?;
     Ok(if held > 0 {
         // An address is waiting for another tenant to release it.
         Action::requeue(Duration::from_millis(500))
@@ -415,6 +416,84 @@ async fn publish_tier(
         server_side_apply(&api, &ns_name, netpol::tier::TIER_CONFIG, &body).await?;
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer.id, "NetworkPolicy tier updated");
+    }
+    Ok(())
+}
+
+/// Keep the CNI companions of the users' NetworkPolicies ([`netpol::companion`]) in place:
+/// written when new or changed, removed when no longer needed. Each is owned by its user's
+/// policy, so deleting that policy removes it too.
+async fn publish_companions(ctx: &Ctx) -> Result<(), ReconcileError> {
+    let (namespaces, nodes, pods, policies) = (
+        ctx.namespaces.state(),
+        ctx.nodes.state(),
+        ctx.pods.state(),
+        ctx.network_policies.state(),
+    );
+    let (cluster, _) = super::netpol::cluster(
+        namespaces.iter().map(AsRef::as_ref),
+        nodes.iter().map(AsRef::as_ref),
+        pods.iter().map(AsRef::as_ref),
+        policies.iter().map(AsRef::as_ref),
+        &remaps(ctx),
+    );
+    let (desired, too_large) = netpol::companion::companions(&cluster, |_| false);
+    for (policy, why) in too_large {
+        report_policy(ctx, &policies, &policy, &why).await;
+    }
+    let key = |ns: &str, name: &str| format!("{ns}/{name}");
+    let mut wanted = BTreeSet::new();
+    for mut body in desired {
+        let ns = body["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let name = body["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        wanted.insert(key(&ns, &name));
+        let current = policies
+            .iter()
+            .find(|p| p.namespace().as_deref() == Some(&ns) && p.name_any() == name);
+        let same = current.is_some_and(|c| {
+            netpol::companion::is_companion(c.labels())
+                && serde_json::to_value(&c.spec).ok().as_ref() == body.get("spec")
+        });
+        if same {
+            continue;
+        }
+        // Owned by the user's policy it stands beside.
+        let owner = policies.iter().find(|p| {
+            p.namespace().as_deref() == Some(&ns)
+                && netpol::companion::name(&p.name_any()) == name
+                && !netpol::companion::is_companion(p.labels())
+        });
+        if let Some(u) = owner {
+            body["metadata"]["ownerReferences"] = json!([{
+                "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "name": u.name_any(), "uid": u.uid().unwrap_or_default(),
+            }]);
+        }
+        let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+        server_side_apply(&api, &ns, &name, &body).await?;
+        tracing::info!(networkpolicy = %key(&ns, &name), "CNI companion written");
+    }
+    for p in policies
+        .iter()
+        .filter(|p| netpol::companion::is_companion(p.labels()))
+    {
+        let ns = p.namespace().unwrap_or_default();
+        let name = p.name_any();
+        if wanted.contains(&key(&ns, &name)) {
+            continue;
+        }
+        let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(networkpolicy = %key(&ns, &name), "CNI companion removed"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => return Err(api_error("deleting", &ns, &name)(source)),
+        }
     }
     Ok(())
 }

@@ -289,9 +289,10 @@ pub fn cluster<'a>(
             .as_ref()
             .and_then(|x| remaps.get(x))
             .map_or(&[][..], Vec::as_slice);
-        let ips: Vec<IpAddr> = pod_ips(p)
-            .into_iter()
-            .map(|ip| r.iter().find_map(|m| m.to_real(ip)).unwrap_or(ip))
+        let local_ips = pod_ips(p);
+        let ips: Vec<IpAddr> = local_ips
+            .iter()
+            .map(|ip| r.iter().find_map(|m| m.to_real(*ip)).unwrap_or(*ip))
             .collect();
         if ips.is_empty() {
             continue;
@@ -313,13 +314,26 @@ pub fn cluster<'a>(
             namespace: p.namespace().unwrap_or_default(),
             name: p.name_any(),
             labels: p.labels().clone(),
+            local_ips: if local_ips == ips {
+                Vec::new()
+            } else {
+                local_ips
+            },
             ips,
             ports,
             peer,
         });
     }
     let mut bad = Vec::new();
-    for p in policies {
+    // peerwall's own NetworkPolicies (the offloaded namespaces', the CNI companions) are for
+    // the CNI: the gateway enforces the users'.
+    let ours = |p: &&np::NetworkPolicy| {
+        p.labels()
+            .get(crate::protection::MANAGED_BY)
+            .map(String::as_str)
+            == Some(crate::protection::MANAGER)
+    };
+    for p in policies.into_iter().filter(|p| !ours(p)) {
         match policy(p) {
             Ok(p) => c.policies.push(p),
             Err(e) => bad.push(e),

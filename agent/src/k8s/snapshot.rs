@@ -260,6 +260,13 @@ pub fn output(snapshot: &Snapshot, opts: &Options) -> Output {
                 .push(protection::offloaded_network_policy(&ns.name, consumer));
         }
     }
+    let (companions, too_large) = netpol::companion::companions(&cluster, |_| false);
+    out.objects.extend(companions);
+    out.unenforced.extend(
+        too_large
+            .into_iter()
+            .map(|(p, why)| format!("NetworkPolicy {p}: {why}")),
+    );
     out.unenforced.sort();
     out.unenforced.dedup();
     out

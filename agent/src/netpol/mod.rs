@@ -6,6 +6,7 @@
 //!
 //! No kube types here: the edges convert API objects ([`crate::k8s::snapshot`]).
 
+pub mod companion;
 pub mod eval;
 pub mod tier;
 
@@ -204,6 +205,9 @@ pub struct Pod {
     /// Its addresses as the gateway's filter sees its packets (a remote pod behind a remapped
     /// CIDR by the peer's own address).
     pub ips: Vec<IpAddr>,
+    /// Its addresses as this cluster's pods and CNI see them (`status.podIPs`; for a remote
+    /// pod behind a remapped CIDR, the remapped ones). Empty: the same as `ips`.
+    pub local_ips: Vec<IpAddr>,
     /// Container ports (for named ports).
     pub ports: Vec<ContainerPort>,
     /// The peer it runs on (a pod on one of Liqo's virtual nodes), None for a local pod.
@@ -222,6 +226,15 @@ impl Pod {
             .iter()
             .copied()
             .find(|i| i.is_ipv4() == like.is_ipv4())
+    }
+
+    /// Its addresses as this cluster sees them.
+    pub fn local_ips(&self) -> &[IpAddr] {
+        if self.local_ips.is_empty() {
+            &self.ips
+        } else {
+            &self.local_ips
+        }
     }
 
     /// The port its container port `name` of `protocol` has.

@@ -31,6 +31,7 @@ fn pod(ns: &str, name: &str, ip: &str, l: &[(&str, &str)], peer: Option<&str>) -
         name: name.into(),
         labels: labels(l),
         ips: vec![ip.parse().unwrap()],
+        local_ips: Vec::new(),
         ports: vec![
             ContainerPort {
                 name: Some("serve-80-tcp".into()),
@@ -480,4 +481,103 @@ fn external_addresses_meet_ip_blocks_only() {
             "{src}: {v:?}"
         );
     }
+}
+
+/// The cluster as a label-aware CNI sees it: only local pods are pods (remote ones are bare
+/// addresses), and the policies are the user's plus peerwall's companions.
+fn cni_view(c: &Cluster) -> Cluster {
+    let (companions, too_large) = companion::companions(c, |_| false);
+    assert!(too_large.is_empty());
+    let mut v = c.clone();
+    v.pods.retain(|p| p.peer.is_none());
+    for comp in companions {
+        let np: k8s_openapi::api::networking::v1::NetworkPolicy =
+            serde_json::from_value(comp).unwrap();
+        v.policies.push(crate::k8s::netpol::policy(&np).unwrap());
+    }
+    v
+}
+
+#[test]
+fn companions_let_a_label_aware_cni_allow_what_the_policies_allow() {
+    let mut rng = StdRng::seed_from_u64(1879);
+    let mut compared = 0;
+    let mut with_companions = 0;
+    for _ in 0..300 {
+        let c = random_cluster(&mut rng);
+        let cni = cni_view(&c);
+        with_companions += usize::from(cni.policies.len() > c.policies.len());
+        for local in c.pods.iter().filter(|p| p.peer.is_none()) {
+            for remote in c.pods.iter().filter(|p| p.peer.is_some()) {
+                for (proto, dport) in PROBES {
+                    let dport = if proto == 1 { 0 } else { dport };
+                    // Remote to local: the local pod's ingress.
+                    let full = decide(
+                        &c,
+                        &Flow {
+                            src: remote.ips[0],
+                            dst: local.ips[0],
+                            proto,
+                            dport,
+                            src_pod: Some(remote),
+                            dst_pod: Some(local),
+                        },
+                    );
+                    let seen = decide(
+                        &cni,
+                        &Flow {
+                            src: remote.local_ips()[0],
+                            dst: local.ips[0],
+                            proto,
+                            dport,
+                            src_pod: None,
+                            dst_pod: Some(local),
+                        },
+                    );
+                    assert_eq!(
+                        full.ingress.allows(),
+                        seen.ingress.allows(),
+                        "{} -> {} {proto}/{dport}: {:#?}",
+                        remote.key(),
+                        local.key(),
+                        cni.policies
+                    );
+                    // Local to remote: the local pod's egress.
+                    let full = decide(
+                        &c,
+                        &Flow {
+                            src: local.ips[0],
+                            dst: remote.ips[0],
+                            proto,
+                            dport,
+                            src_pod: Some(local),
+                            dst_pod: Some(remote),
+                        },
+                    );
+                    let seen = decide(
+                        &cni,
+                        &Flow {
+                            src: local.ips[0],
+                            dst: remote.local_ips()[0],
+                            proto,
+                            dport,
+                            src_pod: Some(local),
+                            dst_pod: None,
+                        },
+                    );
+                    assert_eq!(
+                        full.egress.allows(),
+                        seen.egress.allows(),
+                        "{} -> {} {proto}/{dport}: {:#?}",
+                        local.key(),
+                        remote.key(),
+                        cni.policies
+                    );
+                    compared += 2;
+                }
+            }
+        }
+    }
+    assert!(with_companions > 50, "{with_companions}");
+    assert!(compared > 10_000);
 }
