@@ -599,3 +599,70 @@ async fn companion_policies_follow_remote_pods() {
     })
     .await;
 }
+
+/// A NetworkPolicy the gateway cannot enforce as written (an SCTP port) is reported on the
+/// object (a Warning Event `NotEnforced` naming the field) and the controller's log, and
+/// everything else stays enforced: the tier is written with the other policies' rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_policy_the_gateway_cannot_enforce_is_reported_on_the_object() {
+    use k8s_openapi::api::core::v1::Event;
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let controller = server.peerwall(
+        "controller",
+        &["controller", "--metrics-addr", "127.0.0.1:0"],
+    );
+    namespace(&client, "liqo-tenant-p1", tenant_labels("p1")).await;
+    namespace(&client, "shop", json!({})).await;
+    pod(
+        &client,
+        "shop",
+        "web",
+        "10.10.0.5",
+        json!({"app": "web"}),
+        None,
+    )
+    .await;
+    let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), "shop");
+    for (name, proto) in [("sctp-in", "SCTP"), ("tcp-in", "TCP")] {
+        let np: NetworkPolicy = serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                     "ingress": [{"ports": [{"protocol": proto, "port": 9000}]}]}}))
+        .unwrap();
+        nps.create(&PostParams::default(), &np).await.unwrap();
+    }
+    let events: Api<Event> = Api::namespaced(client.clone(), "shop");
+    let note = eventually("the NotEnforced event", Duration::from_secs(30), || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("NotEnforced"))
+                .map(|e| {
+                    (
+                        e.involved_object.name.unwrap_or_default(),
+                        e.message.unwrap_or_default(),
+                    )
+                })
+        }
+    })
+    .await;
+    assert_eq!(note.0, "sctp-in");
+    assert!(
+        note.1.contains("spec.ingress[0].ports[0].protocol: SCTP"),
+        "{}",
+        note.1
+    );
+    // The other policy is in the tier.
+    let tier = eventually("the tier", Duration::from_secs(20), || {
+        let api = fwc_api(&client, "liqo-tenant-p1");
+        async move { api.get_opt("peerwall-networkpolicy").await.ok().flatten() }
+    })
+    .await;
+    let rules = tier.data["spec"]["table"]["chains"][0]["rules"]["filterRules"].to_string();
+    assert!(rules.contains("shop/tcp-in:ingress[0]"), "{rules}");
+    assert!(controller.log().contains("SCTP is not enforced"));
+}
