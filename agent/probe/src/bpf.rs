@@ -193,6 +193,25 @@ fn key(src: &std::net::IpAddr, dst: &std::net::IpAddr, p: u8, sport: u16, dport:
     }
 }
 
+/// Remove the scratch datapaths of probe processes that are gone without cleaning up (killed,
+/// or ended by `exit` as a fuzzer does): `pwprobe-<pid>-<n>` in `parent` whose process no
+/// longer exists, with their slot metadata.
+fn sweep(parent: &std::path::Path) {
+    for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("pwprobe-")
+            .and_then(|r| r.split('-').next())
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        if !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = loader::remove_pins(&e.path());
+        }
+    }
+}
+
 impl BpfProbe {
     /// Load the datapath under a private pin directory (in `parent`, a bpffs mount) with
     /// `policy`, for interfaces `ifnames`.
@@ -201,6 +220,7 @@ impl BpfProbe {
         ifnames: &[String],
         parent: &std::path::Path,
     ) -> Result<Self, ProbeError> {
+        sweep(parent);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let pin_dir = parent.join(format!("pwprobe-{}-{n}", std::process::id()));
         let mut names: Vec<String> = ifnames.to_vec();
