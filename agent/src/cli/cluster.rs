@@ -215,6 +215,19 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
             .ok_or_else(|| runtime(anyhow::anyhow!("the engine gave no verdict")))?;
         return print_verdict(&v, a.output);
     }
+    // Pods on a peer the controller writes nothing for cross no gateway peerwall enforces in.
+    let unmanaged: std::collections::BTreeSet<&str> = cluster
+        .pods
+        .iter()
+        .filter_map(|p| p.peer.as_deref())
+        .filter(|p| !policies.contains_key(*p))
+        .collect();
+    for peer in unmanaged {
+        tracing::warn!(
+            peer,
+            "pods run on peer {peer}, which has no tenant namespace in the snapshot (labels liqo.io/tenant-namespace=true, liqo.io/remote-cluster-id={peer}): the controller writes nothing for it, so its pairs show as -"
+        );
+    }
     // The matrix: every ordered pair that crosses a gateway, per probe, judged per peer.
     let mut pods: Vec<&netpol::Pod> = cluster.pods.iter().collect();
     pods.sort_by_key(|p| p.key());

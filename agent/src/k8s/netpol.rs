@@ -297,6 +297,12 @@ pub fn cluster<'a>(
         if ips.is_empty() {
             continue;
         }
+        // A namespace named by a pod but absent from what was read (a partial snapshot):
+        // known by its name label, as the API server labels every namespace.
+        let ns = p.namespace().unwrap_or_default();
+        c.namespaces.entry(ns.clone()).or_insert_with(|| {
+            BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), ns.clone())])
+        });
         let ports = p
             .spec
             .iter()
