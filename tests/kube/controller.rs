@@ -349,6 +349,27 @@ async fn remote_pods_behind_a_remapped_cidr_are_listed_by_their_tunnel_address()
         },
     )
     .await;
+    // Calling home: the NetworkPolicy of a's offloaded namespace lets its pods reach a's pods
+    // and external CIDR as seen here (the Configuration's status: remapped).
+    namespace(&client, "app-a", json!({"liqo.io/remote-cluster-id": "a"})).await;
+    let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), "app-a");
+    let home = eventually("the call-home rule", Duration::from_secs(20), || {
+        let nps = nps.clone();
+        async move {
+            let np = nps.get_opt("peerwall-offloaded").await.ok().flatten()?;
+            let egress = serde_json::to_value(&np.spec).ok()?["egress"].clone();
+            egress
+                .as_array()?
+                .iter()
+                .find(|r| r.to_string().contains("ipBlock"))
+                .cloned()
+        }
+    })
+    .await;
+    assert_eq!(
+        home,
+        json!({"to": [{"ipBlock": {"cidr": "10.71.0.0/16"}}, {"ipBlock": {"cidr": "10.72.0.0/16"}}]})
+    );
     // Liqo's object is only read.
     let after = configs.get("a").await.unwrap();
     assert!(after.finalizers().is_empty());

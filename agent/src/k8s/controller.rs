@@ -126,6 +126,53 @@ fn sync_context(pb: &mut Publisher, ctx: &Ctx) {
     pb.desired.set_context(namespaces, nodes, remaps(ctx));
 }
 
+/// Each peer's pod and external CIDRs as seen here (Liqo's `Configuration`s).
+fn homes(ctx: &Ctx) -> BTreeMap<String, Vec<ipnet::IpNet>> {
+    ctx.liqo_configs
+        .get()
+        .map(Store::state)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|c| {
+            let body = serde_json::to_value(c.as_ref()).ok()?;
+            protection::configuration_cidrs(&labels_of(c.labels()), &body)
+        })
+        .collect()
+}
+
+/// Keep the NetworkPolicies of `peer`'s offloaded namespaces following its CIDRs (they
+/// change with Liqo's `Configuration`, which the namespace reconcile does not watch).
+async fn refresh_offloaded(peer: &str, ctx: &Ctx) -> Result<(), ReconcileError> {
+    let home = homes(ctx).remove(peer).unwrap_or_default();
+    let policies = ctx.network_policies.state();
+    for ns in ctx.namespaces.state() {
+        let info = protection::Namespace {
+            name: ns.name_any(),
+            labels: labels_of(ns.labels()),
+        };
+        if protection::offloaded_namespace_owner(&info) != Some(peer)
+            || ns.metadata.deletion_timestamp.is_some()
+        {
+            continue;
+        }
+        let mut body = protection::offloaded_network_policy(&info.name, peer, &home);
+        let current = policies.iter().find(|p| {
+            p.namespace().as_deref() == Some(info.name.as_str()) && p.name_any() == NETWORK_POLICY
+        });
+        // Absent: the namespace reconcile creates it.
+        let Some(current) = current else { continue };
+        if serde_json::to_value(&current.spec).ok().as_ref() == body.get("spec") {
+            continue;
+        }
+        body["metadata"]["ownerReferences"] = owner_ref(&ns);
+        let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &info.name);
+        server_side_apply(&api, &info.name, NETWORK_POLICY, &body).await?;
+        ctx.count(|m| m.network_policy_writes += 1);
+        tracing::info!(namespace = %info.name, peer, "offloaded namespace's NetworkPolicy follows its consumer's CIDRs");
+    }
+    Ok(())
+}
+
 /// How each peer's CIDRs are remapped here (Liqo's `Configuration`s).
 fn remaps(ctx: &Ctx) -> BTreeMap<String, Vec<protection::Remap>> {
     ctx.liqo_configs
@@ -353,6 +400,7 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
         tracing::info!(peer = %peer, "gateway configuration updated");
     }
     publish_tier(&ns, &who, &ctx).await?;
+    refresh_offloaded(&peer, &ctx).await?;
     publish_companions(&ctx).await?;
     Ok(if held > 0 {
         // An address is waiting for another tenant to release it.
@@ -625,7 +673,11 @@ async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action
     let owner = protection::offloaded_namespace_owner(&info).map(str::to_string);
     match owner {
         Some(consumer) if ns.metadata.deletion_timestamp.is_none() => {
-            let mut body = protection::offloaded_network_policy(&name, &consumer);
+            let mut body = protection::offloaded_network_policy(
+                &name,
+                &consumer,
+                &homes(&ctx).remove(&consumer).unwrap_or_default(),
+            );
             body["metadata"]["ownerReferences"] = owner_ref(&ns);
             server_side_apply(&api, &name, NETWORK_POLICY, &body).await?;
             ctx.count(|m| m.network_policy_writes += 1);

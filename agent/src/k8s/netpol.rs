@@ -300,9 +300,9 @@ pub fn cluster<'a>(
         // A namespace named by a pod but absent from what was read (a partial snapshot):
         // known by its name label, as the API server labels every namespace.
         let ns = p.namespace().unwrap_or_default();
-        c.namespaces.entry(ns.clone()).or_insert_with(|| {
-            BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), ns.clone())])
-        });
+        c.namespaces
+            .entry(ns.clone())
+            .or_insert_with(|| BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), ns.clone())]));
         let ports = p
             .spec
             .iter()

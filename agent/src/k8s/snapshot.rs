@@ -168,6 +168,24 @@ impl Snapshot {
             .collect()
     }
 
+    /// Each peer's pod and external CIDRs as this cluster sees them (Liqo's `Configuration`s).
+    pub fn homes(&self) -> BTreeMap<String, Vec<ipnet::IpNet>> {
+        self.configurations
+            .iter()
+            .filter_map(|c| {
+                let labels: BTreeMap<String, String> = c["metadata"]["labels"]
+                    .as_object()
+                    .map(|m| {
+                        m.iter()
+                            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                protection::configuration_cidrs(&labels, c)
+            })
+            .collect()
+    }
+
     /// The snapshot as provider/consumer protection sees it.
     pub fn world(&self) -> protection::World {
         protection::World {
@@ -254,10 +272,13 @@ pub fn output(snapshot: &Snapshot, opts: &Options) -> Output {
             vec![protection::gateway_object(&peer, &s, opts), tier_obj],
         );
     }
+    let homes = snapshot.homes();
     for ns in &world.namespaces {
         if let Some(consumer) = protection::offloaded_namespace_owner(ns) {
-            out.objects
-                .push(protection::offloaded_network_policy(&ns.name, consumer));
+            let home = homes.get(consumer).map_or(&[][..], Vec::as_slice);
+            out.objects.push(protection::offloaded_network_policy(
+                &ns.name, consumer, home,
+            ));
         }
     }
     let (companions, too_large) = netpol::companion::companions(&cluster, |_| false);

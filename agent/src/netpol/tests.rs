@@ -581,3 +581,105 @@ fn companions_let_a_label_aware_cni_allow_what_the_policies_allow() {
     assert!(with_companions > 50, "{with_companions}");
     assert!(compared > 10_000);
 }
+
+/// The offloaded namespaces' NetworkPolicy (what the controller writes on a provider),
+/// judged as a label-aware CNI judges it: an offloaded pod calls home (its consumer's pods and
+/// external CIDR, by the addresses seen here) and reaches its consumer's other offloaded
+/// namespaces and DNS; not another consumer, its CIDRs, nor the provider's own pods.
+#[test]
+fn offloaded_pods_call_home_and_nowhere_else() {
+    use crate::protection::offloaded_network_policy;
+    let pod_at = |ns: &str, name: &str, ip: &str, l: &[(&str, &str)]| Pod {
+        namespace: ns.into(),
+        name: name.into(),
+        labels: labels(l),
+        ips: vec![ip.parse().unwrap()],
+        ..Default::default()
+    };
+    let home_a: Vec<ipnet::IpNet> = vec![
+        "10.10.0.0/16".parse().unwrap(),
+        "10.110.0.0/16".parse().unwrap(),
+    ];
+    let home_b: Vec<ipnet::IpNet> = vec!["10.71.0.0/16".parse().unwrap()];
+    let policy_of = |ns: &str, consumer: &str, home: &[ipnet::IpNet]| {
+        let np: k8s_openapi::api::networking::v1::NetworkPolicy =
+            serde_json::from_value(offloaded_network_policy(ns, consumer, home)).unwrap();
+        crate::k8s::netpol::policy(&np).unwrap()
+    };
+    let ns_labels = |name: &str, extra: &[(&str, &str)]| {
+        let mut l = labels(extra);
+        l.insert("kubernetes.io/metadata.name".into(), name.into());
+        (name.to_string(), l)
+    };
+    let build = |home_a: &[ipnet::IpNet]| Cluster {
+        namespaces: [
+            ns_labels("offload-a", &[("liqo.io/remote-cluster-id", "a")]),
+            ns_labels("offload-a2", &[("liqo.io/remote-cluster-id", "a")]),
+            ns_labels("offload-b", &[("liqo.io/remote-cluster-id", "b")]),
+            ns_labels("local", &[]),
+            ns_labels("kube-system", &[]),
+        ]
+        .into_iter()
+        .collect(),
+        pods: vec![
+            pod_at("offload-a", "p", "10.20.1.10", &[]),
+            pod_at("offload-a2", "q", "10.20.1.11", &[]),
+            pod_at("offload-b", "r", "10.20.2.10", &[]),
+            pod_at("local", "s", "10.20.3.10", &[]),
+            pod_at(
+                "kube-system",
+                "dns",
+                "10.20.0.10",
+                &[("k8s-app", "kube-dns")],
+            ),
+        ],
+        policies: vec![
+            policy_of("offload-a", "a", home_a),
+            policy_of("offload-a2", "a", home_a),
+            policy_of("offload-b", "b", &home_b),
+        ],
+    };
+    let c = build(&home_a);
+    let p = c.pod("offload-a/p").unwrap();
+    let to = |dst: &str, proto: u8, dport: u16| -> bool {
+        let pod = c.pods.iter().find(|x| x.key() == dst);
+        let ip: IpAddr = pod.map_or_else(|| dst.parse().unwrap(), |x| x.ips[0]);
+        decide(
+            &c,
+            &Flow {
+                src: p.ips[0],
+                dst: ip,
+                proto,
+                dport,
+                src_pod: Some(p),
+                dst_pod: pod,
+            },
+        )
+        .allowed()
+    };
+    assert!(to("10.10.5.5", 6, 80), "its consumer's pods");
+    assert!(to("10.110.0.7", 6, 443), "its consumer's external CIDR");
+    assert!(
+        to("offload-a2/q", 6, 80),
+        "its consumer's other offloaded namespace"
+    );
+    assert!(to("kube-system/dns", 17, 53), "DNS");
+    assert!(!to("kube-system/dns", 6, 80), "only DNS of kube-dns");
+    assert!(!to("10.71.1.1", 6, 80), "another consumer's CIDR");
+    assert!(
+        !to("offload-b/r", 6, 80),
+        "another consumer's offloaded pod"
+    );
+    assert!(!to("local/s", 6, 80), "the provider's own pods");
+    // Without the consumer's CIDRs (the policy before this fix) the pod cannot call home.
+    let old = build(&[]);
+    let f = Flow {
+        src: p.ips[0],
+        dst: "10.10.5.5".parse().unwrap(),
+        proto: 6,
+        dport: 80,
+        src_pod: old.pod("offload-a/p"),
+        dst_pod: None,
+    };
+    assert!(!decide(&old, &f).allowed());
+}

@@ -157,6 +157,34 @@ pub fn configuration_remaps(
     Some((peer, out))
 }
 
+/// The peer a Liqo `Configuration` is for and its pod and external CIDRs as this cluster sees
+/// them: `status.remote.cidr.{pod,external}` (remapped where they overlap ours), else
+/// `spec.remote.cidr.{pod,external}`. Entries that do not parse are skipped.
+pub fn configuration_cidrs(
+    labels: &BTreeMap<String, String>,
+    body: &Value,
+) -> Option<(String, Vec<ipnet::IpNet>)> {
+    let peer = labels.get(REMOTE_CLUSTER_ID)?.clone();
+    let mut out = Vec::new();
+    for kind in ["pod", "external"] {
+        let list = |side: &str| -> Vec<ipnet::IpNet> {
+            body.pointer(&format!("/{side}/remote/cidr/{kind}"))
+                .and_then(Value::as_array)
+                .map(|v| {
+                    v.iter()
+                        .filter_map(|c| c.as_str().and_then(|s| s.parse().ok()))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let seen = list("status");
+        out.extend(if seen.is_empty() { list("spec") } else { seen });
+    }
+    out.sort();
+    out.dedup();
+    Some((peer, out))
+}
+
 /// `ip` (as this cluster sees it) as it crosses `remaps`' peer's tunnel.
 fn real_address(remaps: &[Remap], ip: IpAddr) -> IpAddr {
     remaps.iter().find_map(|r| r.to_real(ip)).unwrap_or(ip)
@@ -616,8 +644,9 @@ pub fn address_set_object(peer: &Peer, slice: &Slice) -> Value {
 pub const NETWORK_POLICY: &str = "peerwall-offloaded";
 
 /// The NetworkPolicy the controller keeps in the offloaded namespace `namespace` of
-/// `consumer` (the controller adds the owner reference).
-pub fn offloaded_network_policy(namespace: &str, consumer: &str) -> Value {
+/// `consumer`, whose pod and external CIDRs as seen here are `home` (the controller adds the
+/// owner reference).
+pub fn offloaded_network_policy(namespace: &str, consumer: &str, home: &[ipnet::IpNet]) -> Value {
     json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -626,23 +655,32 @@ pub fn offloaded_network_policy(namespace: &str, consumer: &str) -> Value {
             "namespace": namespace,
             "labels": { MANAGED_BY: MANAGER, REMOTE_CLUSTER_ID: consumer },
         },
-        "spec": network_policy_spec(consumer),
+        "spec": network_policy_spec(consumer, home),
     })
 }
 
-/// The spec of [`offloaded_network_policy`].
-pub fn network_policy_spec(consumer: &str) -> Value {
+/// The spec of [`offloaded_network_policy`]: egress to the consumer's other offloaded
+/// namespaces, to DNS, and home: the consumer's own pods and external CIDR (reflected
+/// services, leaf-to-leaf) through the tunnel, by the addresses this cluster sees them at.
+pub fn network_policy_spec(consumer: &str, home: &[ipnet::IpNet]) -> Value {
+    let mut egress = vec![
+        json!({ "to": [{ "namespaceSelector": { "matchExpressions": [
+            { "key": REMOTE_CLUSTER_ID, "operator": "In", "values": [consumer] },
+            { "key": TENANT_NAMESPACE, "operator": "DoesNotExist" },
+        ]}}]}),
+        json!({ "to": [{ "namespaceSelector": {}, "podSelector": { "matchLabels": { "k8s-app": "kube-dns" }}}],
+          "ports": [{ "protocol": "UDP", "port": 53 }, { "protocol": "TCP", "port": 53 }] }),
+    ];
+    if !home.is_empty() {
+        egress.push(json!({ "to": home
+            .iter()
+            .map(|c| json!({ "ipBlock": { "cidr": c.trunc().to_string() } }))
+            .collect::<Vec<_>>() }));
+    }
     json!({
         "podSelector": {},
         "policyTypes": ["Egress"],
-        "egress": [
-            { "to": [{ "namespaceSelector": { "matchExpressions": [
-                { "key": REMOTE_CLUSTER_ID, "operator": "In", "values": [consumer] },
-                { "key": TENANT_NAMESPACE, "operator": "DoesNotExist" },
-            ]}}]},
-            { "to": [{ "namespaceSelector": {}, "podSelector": { "matchLabels": { "k8s-app": "kube-dns" }}}],
-              "ports": [{ "protocol": "UDP", "port": 53 }, { "protocol": "TCP", "port": 53 }] },
-        ],
+        "egress": egress,
     })
 }
 
@@ -914,7 +952,7 @@ mod tests {
 
     #[test]
     fn network_policy_names_the_consumer() {
-        let np = network_policy_spec("a");
+        let np = network_policy_spec("a", &[]);
         assert_eq!(
             np["egress"][0]["to"][0]["namespaceSelector"]["matchExpressions"][0]["values"][0],
             "a"
