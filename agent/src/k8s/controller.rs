@@ -217,17 +217,7 @@ fn sync_published(pb: &mut Publisher, ctx: &Ctx) {
 /// The protection view of a pod.
 pub(crate) fn pod_info(p: &Pod) -> protection::Pod {
     let status = p.status.as_ref();
-    let mut ips: Vec<IpAddr> = status
-        .and_then(|s| s.pod_ips.as_ref())
-        .map(|v| v.iter().filter_map(|i| i.ip.parse().ok()).collect())
-        .unwrap_or_default();
-    if ips.is_empty() {
-        ips.extend(
-            status
-                .and_then(|s| s.pod_ip.as_deref())
-                .and_then(|i| i.parse::<IpAddr>().ok()),
-        );
-    }
+    let ips = super::netpol::pod_ips(p);
     let phase = status.and_then(|s| s.phase.as_deref());
     protection::Pod {
         namespace: p.namespace().unwrap_or_default(),
@@ -410,14 +400,15 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     })
 }
 
-/// Keep `peer`'s NetworkPolicy tier ([`netpol::tier`]) in place, and report once what of the
-/// NetworkPolicies it cannot read or enforce (an Event on the policy, a log line).
-async fn publish_tier(
-    ns: &Namespace,
-    peer: &protection::Peer,
+/// The cluster as NetworkPolicies see it, from the caches; the policies that do not read;
+/// every NetworkPolicy object (for Events and companions).
+fn netpol_view(
     ctx: &Ctx,
-) -> Result<(), ReconcileError> {
-    let ns_name = ns.name_any();
+) -> (
+    netpol::Cluster,
+    Vec<super::netpol::Unreadable>,
+    Vec<Arc<NetworkPolicy>>,
+) {
     let (namespaces, nodes, pods, policies) = (
         ctx.namespaces.state(),
         ctx.nodes.state(),
@@ -431,6 +422,18 @@ async fn publish_tier(
         policies.iter().map(AsRef::as_ref),
         &remaps(ctx),
     );
+    (cluster, unreadable, policies)
+}
+
+/// Keep `peer`'s NetworkPolicy tier ([`netpol::tier`]) in place, and report once what of the
+/// NetworkPolicies it cannot read or enforce (an Event on the policy, a log line).
+async fn publish_tier(
+    ns: &Namespace,
+    peer: &protection::Peer,
+    ctx: &Ctx,
+) -> Result<(), ReconcileError> {
+    let ns_name = ns.name_any();
+    let (cluster, unreadable, policies) = netpol_view(ctx);
     let tier = netpol::tier::tier(&cluster, &peer.id, ctx.opts.audit);
     let problems = unreadable
         .iter()
@@ -472,19 +475,7 @@ async fn publish_tier(
 /// written when new or changed, removed when no longer needed. Each is owned by its user's
 /// policy, so deleting that policy removes it too.
 async fn publish_companions(ctx: &Ctx) -> Result<(), ReconcileError> {
-    let (namespaces, nodes, pods, policies) = (
-        ctx.namespaces.state(),
-        ctx.nodes.state(),
-        ctx.pods.state(),
-        ctx.network_policies.state(),
-    );
-    let (cluster, _) = super::netpol::cluster(
-        namespaces.iter().map(AsRef::as_ref),
-        nodes.iter().map(AsRef::as_ref),
-        pods.iter().map(AsRef::as_ref),
-        policies.iter().map(AsRef::as_ref),
-        &remaps(ctx),
-    );
+    let (cluster, _, policies) = netpol_view(ctx);
     let (desired, too_large) = netpol::companion::companions(&cluster, |_| false);
     for (policy, why) in too_large {
         report_policy(ctx, &policies, &policy, &why).await;

@@ -154,17 +154,7 @@ impl Snapshot {
     pub fn remaps(&self) -> BTreeMap<String, Vec<Remap>> {
         self.configurations
             .iter()
-            .filter_map(|c| {
-                let labels: BTreeMap<String, String> = c["metadata"]["labels"]
-                    .as_object()
-                    .map(|m| {
-                        m.iter()
-                            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                protection::configuration_remaps(&labels, c)
-            })
+            .filter_map(|c| protection::configuration_remaps(&labels(c), c))
             .collect()
     }
 
@@ -172,17 +162,7 @@ impl Snapshot {
     pub fn homes(&self) -> BTreeMap<String, Vec<ipnet::IpNet>> {
         self.configurations
             .iter()
-            .filter_map(|c| {
-                let labels: BTreeMap<String, String> = c["metadata"]["labels"]
-                    .as_object()
-                    .map(|m| {
-                        m.iter()
-                            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                protection::configuration_cidrs(&labels, c)
-            })
+            .filter_map(|c| protection::configuration_cidrs(&labels(c), c))
             .collect()
     }
 
@@ -223,6 +203,18 @@ impl Snapshot {
             &self.remaps(),
         )
     }
+}
+
+/// The labels of an object read as JSON.
+fn labels(c: &Value) -> BTreeMap<String, String> {
+    c["metadata"]["labels"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// What the controller keeps in place for a snapshot, per peer.

@@ -297,12 +297,11 @@ impl Supervisor {
     }
 }
 
-/// Remove a pin directory (maps, programs, links: unpinning a link detaches it).
+/// Remove a pin directory (maps, programs, links: unpinning a link detaches it) and the
+/// slots' metadata kept for it under `/run/peerwall`.
 fn remove_pins(dir: &std::path::Path) {
-    if let Err(e) = std::fs::remove_dir_all(dir) {
-        if e.kind() != std::io::ErrorKind::NotFound {
-            tracing::warn!(pins = %dir.display(), error = %e, "could not remove pins");
-        }
+    if let Err(e) = peerwall_backend_bpf::loader::remove_pins(dir) {
+        tracing::warn!(pins = %dir.display(), error = %e, "could not remove pins");
     }
 }
 
