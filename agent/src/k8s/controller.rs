@@ -126,8 +126,11 @@ fn sync_context(pb: &mut Publisher, ctx: &Ctx) {
     pb.desired.set_context(namespaces, nodes, remaps(ctx));
 }
 
-/// Each peer's pod and external CIDRs as seen here (Liqo's `Configuration`s).
-fn homes(ctx: &Ctx) -> BTreeMap<String, Vec<ipnet::IpNet>> {
+/// What `read` finds in each of Liqo's `Configuration`s, by peer.
+fn per_peer<T>(
+    ctx: &Ctx,
+    read: fn(&BTreeMap<String, String>, &serde_json::Value) -> Option<(String, T)>,
+) -> BTreeMap<String, T> {
     ctx.liqo_configs
         .get()
         .map(Store::state)
@@ -135,9 +138,14 @@ fn homes(ctx: &Ctx) -> BTreeMap<String, Vec<ipnet::IpNet>> {
         .iter()
         .filter_map(|c| {
             let body = serde_json::to_value(c.as_ref()).ok()?;
-            protection::configuration_cidrs(&labels_of(c.labels()), &body)
+            read(&labels_of(c.labels()), &body)
         })
         .collect()
+}
+
+/// Each peer's pod and external CIDRs as seen here (Liqo's `Configuration`s).
+fn homes(ctx: &Ctx) -> BTreeMap<String, Vec<ipnet::IpNet>> {
+    per_peer(ctx, protection::configuration_cidrs)
 }
 
 /// Keep the NetworkPolicies of `peer`'s offloaded namespaces following its CIDRs (they
@@ -175,16 +183,7 @@ async fn refresh_offloaded(peer: &str, ctx: &Ctx) -> Result<(), ReconcileError> 
 
 /// How each peer's CIDRs are remapped here (Liqo's `Configuration`s).
 fn remaps(ctx: &Ctx) -> BTreeMap<String, Vec<protection::Remap>> {
-    ctx.liqo_configs
-        .get()
-        .map(Store::state)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|c| {
-            let body = serde_json::to_value(c.as_ref()).ok()?;
-            protection::configuration_remaps(&labels_of(c.labels()), &body)
-        })
-        .collect()
+    per_peer(ctx, protection::configuration_remaps)
 }
 
 /// What the API shows of every peer's slices and gateway configuration. A slice's addresses
