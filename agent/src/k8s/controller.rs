@@ -126,11 +126,12 @@ fn sync_context(pb: &mut Publisher, ctx: &Ctx) {
     pb.desired.set_context(namespaces, nodes, remaps(ctx));
 }
 
+/// Reads one of Liqo's `Configuration`s (its labels and body): the peer and what it says.
+type ConfigurationReader<T> =
+    fn(&BTreeMap<String, String>, &serde_json::Value) -> Option<(String, T)>;
+
 /// What `read` finds in each of Liqo's `Configuration`s, by peer.
-fn per_peer<T>(
-    ctx: &Ctx,
-    read: fn(&BTreeMap<String, String>, &serde_json::Value) -> Option<(String, T)>,
-) -> BTreeMap<String, T> {
+fn per_peer<T>(ctx: &Ctx, read: ConfigurationReader<T>) -> BTreeMap<String, T> {
     ctx.liqo_configs
         .get()
         .map(Store::state)
