@@ -519,15 +519,7 @@ fn reqwest_like_get(addr: &str, path: &str) -> Option<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn companion_policies_follow_remote_pods() {
     use k8s_openapi::api::core::v1::Node;
-    let server = ApiServer::start();
-    let client = server.client().await;
-    install_crd(&client).await;
-    let _controller = server.peerwall(
-        "controller",
-        &["controller", "--metrics-addr", "127.0.0.1:0"],
-    );
-    namespace(&client, "liqo-tenant-p1", tenant_labels("p1")).await;
-    namespace(&client, "shop", json!({})).await;
+    let (_server, client, _controller) = controller_with_peer_and_shop().await;
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .create(
@@ -627,15 +619,7 @@ async fn companion_policies_follow_remote_pods() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_the_gateway_cannot_enforce_is_reported_on_the_object() {
     use k8s_openapi::api::core::v1::Event;
-    let server = ApiServer::start();
-    let client = server.client().await;
-    install_crd(&client).await;
-    let controller = server.peerwall(
-        "controller",
-        &["controller", "--metrics-addr", "127.0.0.1:0"],
-    );
-    namespace(&client, "liqo-tenant-p1", tenant_labels("p1")).await;
-    namespace(&client, "shop", json!({})).await;
+    let (_server, client, controller) = controller_with_peer_and_shop().await;
     pod(
         &client,
         "shop",
@@ -686,4 +670,19 @@ async fn a_policy_the_gateway_cannot_enforce_is_reported_on_the_object() {
     let rules = tier.data["spec"]["table"]["chains"][0]["rules"]["filterRules"].to_string();
     assert!(rules.contains("shop/tcp-in:ingress[0]"), "{rules}");
     assert!(controller.log().contains("SCTP is not enforced"));
+}
+
+/// A server with peerwall's CRDs, a running controller, peer `p1`'s tenant namespace and an
+/// empty namespace `shop`.
+async fn controller_with_peer_and_shop() -> (ApiServer, kube::Client, Proc) {
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let controller = server.peerwall(
+        "controller",
+        &["controller", "--metrics-addr", "127.0.0.1:0"],
+    );
+    namespace(&client, "liqo-tenant-p1", tenant_labels("p1")).await;
+    namespace(&client, "shop", json!({})).await;
+    (server, client, controller)
 }

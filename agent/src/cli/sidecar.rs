@@ -15,7 +15,10 @@ use super::{backend_name, input, out, runtime, BackendKind, CliError, PathBuf};
 /// Name of the container in the gateway pod (what the controller's coverage check looks for).
 pub use crate::protection::coverage::SIDECAR_CONTAINER as CONTAINER;
 const VOLUME: &str = "peerwall-bpffs";
-/// Where a gateway template keeps its pod spec (Liqo's `GatewayTemplate`: a Deployment).
+/// Where a gateway template keeps its pod spec: a Deployment under `spec.template.spec`
+/// (Liqo's chart, `deployments/liqo/templates/liqo-wireguard-gateway-server-template.yaml`
+/// and `…-client-template.yaml`: containers `gateway`, `wireguard`, `geneve`, volumes `ipc`
+/// and `wireguard-config`).
 const POD_SPEC: &str = "/spec/template/spec/deployment/spec/template/spec";
 
 /// Arguments of `peerwall sidecar-patch`.

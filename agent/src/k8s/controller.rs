@@ -389,9 +389,11 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer, "gateway configuration updated");
     }
-    publish_tier(&ns, &who, &ctx).await?;
+    // One view of pods and NetworkPolicies serves the tier and the companions.
+    let view = netpol_view(&ctx);
+    publish_tier(&ns, &who, &ctx, &view).await?;
     refresh_offloaded(&peer, &ctx).await?;
-    publish_companions(&ctx).await?;
+    publish_companions(&ctx, &view).await?;
     Ok(if held > 0 {
         // An address is waiting for another tenant to release it.
         Action::requeue(Duration::from_millis(500))
@@ -402,13 +404,14 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
 
 /// The cluster as NetworkPolicies see it, from the caches; the policies that do not read;
 /// every NetworkPolicy object (for Events and companions).
-fn netpol_view(
-    ctx: &Ctx,
-) -> (
+/// The cluster as NetworkPolicies see it, what of them does not read, and the objects.
+type NetpolView = (
     netpol::Cluster,
     Vec<super::netpol::Unreadable>,
     Vec<Arc<NetworkPolicy>>,
-) {
+);
+
+fn netpol_view(ctx: &Ctx) -> NetpolView {
     let (namespaces, nodes, pods, policies) = (
         ctx.namespaces.state(),
         ctx.nodes.state(),
@@ -431,10 +434,10 @@ async fn publish_tier(
     ns: &Namespace,
     peer: &protection::Peer,
     ctx: &Ctx,
+    (cluster, unreadable, policies): &NetpolView,
 ) -> Result<(), ReconcileError> {
     let ns_name = ns.name_any();
-    let (cluster, unreadable, policies) = netpol_view(ctx);
-    let tier = netpol::tier::tier(&cluster, &peer.id, ctx.opts.audit);
+    let tier = netpol::tier::tier(cluster, &peer.id, ctx.opts.audit);
     let problems = unreadable
         .iter()
         .map(|u| {
@@ -449,7 +452,7 @@ async fn publish_tier(
                 .map(|u| (u.policy.clone(), u.why.clone())),
         );
     for (policy, why) in problems {
-        report_policy(ctx, &policies, &policy, &why).await;
+        report_policy(ctx, policies, &policy, &why).await;
     }
     let mut body = netpol::tier::object(peer, &tier.spec);
     let current = ctx.configs.state().into_iter().find(|c| {
@@ -474,11 +477,13 @@ async fn publish_tier(
 /// Keep the CNI companions of the users' NetworkPolicies ([`netpol::companion`]) in place:
 /// written when new or changed, removed when no longer needed. Each is owned by its user's
 /// policy, so deleting that policy removes it too.
-async fn publish_companions(ctx: &Ctx) -> Result<(), ReconcileError> {
-    let (cluster, _, policies) = netpol_view(ctx);
-    let (desired, too_large) = netpol::companion::companions(&cluster, |_| false);
+async fn publish_companions(
+    ctx: &Ctx,
+    (cluster, _, policies): &NetpolView,
+) -> Result<(), ReconcileError> {
+    let (desired, too_large) = netpol::companion::companions(cluster, |_| false);
     for (policy, why) in too_large {
-        report_policy(ctx, &policies, &policy, &why).await;
+        report_policy(ctx, policies, &policy, &why).await;
     }
     let key = |ns: &str, name: &str| format!("{ns}/{name}");
     let mut wanted = BTreeSet::new();

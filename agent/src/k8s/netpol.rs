@@ -152,6 +152,23 @@ fn rule(
     })
 }
 
+/// The rules of one direction (`field`: `ingress` or `egress`), each given as its peers
+/// (`peers_field`: `from` or `to`) and ports.
+fn rules<'a>(
+    list: impl Iterator<
+        Item = (
+            Option<&'a Vec<np::NetworkPolicyPeer>>,
+            Option<&'a Vec<np::NetworkPolicyPort>>,
+        ),
+    >,
+    field: &str,
+    peers_field: &str,
+) -> Result<Vec<netpol::Rule>, String> {
+    list.enumerate()
+        .map(|(i, (peers, ports))| rule(peers, ports, &format!("spec.{field}[{i}]"), peers_field))
+        .collect()
+}
+
 /// One NetworkPolicy, defaults applied (`policyTypes` absent: Ingress, plus Egress when
 /// `spec.egress` is set).
 pub fn policy(p: &np::NetworkPolicy) -> Result<netpol::NetworkPolicy, Unreadable> {
@@ -175,43 +192,30 @@ pub fn policy(p: &np::NetworkPolicy) -> Result<netpol::NetworkPolicy, Unreadable
             )));
         }
     }
-    let ingress = types
-        .iter()
-        .any(|t| t == "Ingress")
+    let isolates = |kind: &str| types.iter().any(|t| t == kind);
+    let ingress = isolates("Ingress")
         .then(|| {
-            spec.ingress
-                .iter()
-                .flatten()
-                .enumerate()
-                .map(|(i, r)| {
-                    rule(
-                        r.from.as_ref(),
-                        r.ports.as_ref(),
-                        &format!("spec.ingress[{i}]"),
-                        "from",
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()
+            rules(
+                spec.ingress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.from.as_ref(), r.ports.as_ref())),
+                "ingress",
+                "from",
+            )
         })
         .transpose()
         .map_err(fail)?;
-    let egress = types
-        .iter()
-        .any(|t| t == "Egress")
+    let egress = isolates("Egress")
         .then(|| {
-            spec.egress
-                .iter()
-                .flatten()
-                .enumerate()
-                .map(|(i, r)| {
-                    rule(
-                        r.to.as_ref(),
-                        r.ports.as_ref(),
-                        &format!("spec.egress[{i}]"),
-                        "to",
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()
+            rules(
+                spec.egress
+                    .iter()
+                    .flatten()
+                    .map(|r| (r.to.as_ref(), r.ports.as_ref())),
+                "egress",
+                "to",
+            )
         })
         .transpose()
         .map_err(fail)?;

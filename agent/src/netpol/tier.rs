@@ -142,19 +142,13 @@ fn block_ranges(b: &super::IpBlock) -> Vec<(u128, u128)> {
 }
 
 /// Addresses of one family: single addresses and ranges, as set keys (sorted, unique).
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct Addrs {
     v4: BTreeSet<(u128, u128)>,
     v6: BTreeSet<(u128, u128)>,
 }
 
 impl Addrs {
-    fn copy(&self) -> Self {
-        Self {
-            v4: self.v4.clone(),
-            v6: self.v6.clone(),
-        }
-    }
     fn add_ip(&mut self, ip: IpAddr) {
         let v = to_u128(ip);
         self.side(ip.is_ipv4()).insert((v, v));
@@ -310,28 +304,19 @@ impl ChainBuilder<'_> {
         a
     }
 
-    /// The pods (indexes) `peers` of a policy in `ns` select, and their ipBlock ranges.
-    fn peers(&self, ns: &str, peers: &[Peer]) -> (BTreeSet<usize>, Addrs) {
-        let mut pods = BTreeSet::new();
-        let mut blocks = Addrs::default();
-        for peer in peers {
-            match peer {
-                Peer::Block(b) => {
-                    let v4 = b.cidr.addr().is_ipv4();
-                    for r in block_ranges(b) {
-                        blocks.side(v4).insert(r);
-                    }
-                }
-                Peer::Pods { .. } => pods.extend(
-                    self.pods
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, p)| self.cluster.peer_selects_pod(ns, peer, p))
-                        .map(|(i, _)| i),
-                ),
-            }
-        }
-        (pods, blocks)
+    /// The pods (indexes) the pod peers of a policy in `ns` select.
+    fn peer_pods(&self, ns: &str, peers: &[Peer]) -> BTreeSet<usize> {
+        peers
+            .iter()
+            .filter(|peer| matches!(peer, Peer::Pods { .. }))
+            .flat_map(|peer| {
+                self.pods
+                    .iter()
+                    .enumerate()
+                    .filter(move |(_, p)| self.cluster.peer_selects_pod(ns, peer, p))
+                    .map(|(i, _)| i)
+            })
+            .collect()
     }
 
     fn policy(
@@ -370,7 +355,7 @@ impl ChainBuilder<'_> {
                 }
             }
             let any_peer = rule.peers.is_empty();
-            let (far_pods, far_blocks) = self.peers(&policy.namespace, &rule.peers);
+            let far_pods = self.peer_pods(&policy.namespace, &rule.peers);
             let blocks: Vec<&super::IpBlock> = rule
                 .peers
                 .iter()
@@ -382,9 +367,8 @@ impl ChainBuilder<'_> {
             // The far end of the unnamed clauses: None is anyone.
             let far_all = (!any_peer).then(|| {
                 let mut a = self.addrs_of(&far_pods);
-                for v4 in [true, false] {
-                    let more: Vec<(u128, u128)> = far_blocks.of(v4).iter().copied().collect();
-                    a.side(v4).extend(more);
+                for b in &blocks {
+                    a.side(b.cidr.addr().is_ipv4()).extend(block_ranges(b));
                 }
                 a
             });
@@ -405,8 +389,8 @@ impl ChainBuilder<'_> {
                     continue;
                 }
                 let (own_idx, far) = match (self.dir, &c.only) {
-                    (_, None) => (own.clone(), far_all.as_ref().map(Addrs::copy)),
-                    (Dir::Ingress, Some(only)) => (only.clone(), far_all.as_ref().map(Addrs::copy)),
+                    (_, None) => (own.clone(), far_all.clone()),
+                    (Dir::Ingress, Some(only)) => (only.clone(), far_all.clone()),
                     (Dir::Egress, Some(only)) => {
                         let mut a = Addrs::default();
                         for &i in only {
