@@ -58,7 +58,7 @@ fn rules(rng: &mut StdRng, peers_key: &str) -> Value {
             }
             let ports: Vec<Value> = (0..rng.random_range(0..3))
                 .map(|_| {
-                    let proto = if rng.random_bool(0.7) { "TCP" } else { "UDP" };
+                    let proto = ["TCP", "TCP", "UDP", "SCTP"][rng.random_range(0..4)];
                     match rng.random_range(0..4) {
                         0 => json!({"protocol": proto}),
                         1 => json!({"protocol": proto, "port": 80}),
@@ -97,7 +97,8 @@ fn snapshot(rng: &mut StdRng) -> String {
                     "containers": [{"name": "c", "image": "agnhost", "ports": [
                         {"name": "serve-80-tcp", "containerPort": 80},
                         {"name": "serve-81-tcp", "containerPort": p81},
-                        {"name": "serve-81-udp", "containerPort": p81, "protocol": "UDP"}]}]},
+                        {"name": "serve-81-udp", "containerPort": p81, "protocol": "UDP"},
+                        {"name": "serve-81-sctp", "containerPort": p81, "protocol": "SCTP"}]}]},
                 "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}}));
         }
     }

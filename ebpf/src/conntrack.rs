@@ -71,6 +71,14 @@ pub(crate) fn tcp_flags_valid(flags: u8) -> bool {
     matches!(f, TCP_SYN | 0x12 | TCP_RST | 0x14 | 0x11 | TCP_ACK)
 }
 
+/// SCTP chunks a flow can start with (conntrack's `sctp_new`): INIT, INIT ACK, HEARTBEAT,
+/// HEARTBEAT ACK, SHUTDOWN, SHUTDOWN ACK, ERROR, COOKIE ECHO. Twin of
+/// `peerwall_policy::ir::frame::sctp_chunk_opens`.
+#[inline(always)]
+pub(crate) fn sctp_chunk_opens(chunk: u8) -> bool {
+    matches!(chunk, 1 | 2 | 4 | 5 | 7 | 8 | 9 | 10)
+}
+
 /// ICMP types that are errors (quote another packet).
 pub(crate) fn icmp_is_error(p: &Pkt) -> bool {
     if p.proto == IPPROTO_ICMP {
@@ -162,6 +170,9 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
         }
     }
     if is_icmp && icmp_is_reply(p) {
+        return ct::INVALID;
+    }
+    if p.proto == IPPROTO_SCTP && p.has_ports && !sctp_chunk_opens(p.sctp_chunk) {
         return ct::INVALID;
     }
     ct::NEW

@@ -72,6 +72,7 @@ pub(crate) const IPPROTO_TCP: u8 = 6;
 pub(crate) const IPPROTO_UDP: u8 = 17;
 pub(crate) const IPPROTO_ICMP: u8 = 1;
 pub(crate) const IPPROTO_ICMPV6: u8 = 58;
+pub(crate) const IPPROTO_SCTP: u8 = 132;
 
 /// What the classifier needs of a packet.
 #[repr(C)]
@@ -79,9 +80,11 @@ pub(crate) const IPPROTO_ICMPV6: u8 = 58;
 pub(crate) struct Pkt {
     pub(crate) family: u8,
     pub(crate) proto: u8,
-    /// Ports were read (TCP/UDP, first fragment).
+    /// Ports were read (TCP/UDP/SCTP, first fragment).
     pub(crate) has_ports: bool,
     pub(crate) tcp_flags: u8,
+    /// SCTP: the first chunk's type (conntrack: which chunks may open a flow).
+    pub(crate) sctp_chunk: u8,
     pub(crate) icmp_type: u8,
     pub(crate) sport: u16,
     pub(crate) dport: u16,
@@ -117,6 +120,7 @@ pub(crate) fn parse<S: Source>(s: &S, l3: usize, ethertype: u16, p: &mut Pkt) ->
         proto: 0,
         has_ports: false,
         tcp_flags: 0,
+        sctp_chunk: 0,
         icmp_type: 0,
         sport: 0,
         dport: 0,
@@ -240,6 +244,16 @@ pub(crate) fn parse<S: Source>(s: &S, l3: usize, ethertype: u16, p: &mut Pkt) ->
             p.sport = u16::from_be_bytes([ports[0], ports[1]]);
             p.dport = u16::from_be_bytes([ports[2], ports[3]]);
             p.has_ports = true;
+        }
+        IPPROTO_SCTP => {
+            // Common header (ports, verification tag, checksum) and the first chunk's header.
+            let Some(h) = s.read::<[u8; 16]>(l4) else {
+                return Parse::Bad;
+            };
+            p.sport = u16::from_be_bytes([h[0], h[1]]);
+            p.dport = u16::from_be_bytes([h[2], h[3]]);
+            p.has_ports = true;
+            p.sctp_chunk = h[12];
         }
         IPPROTO_ICMP | IPPROTO_ICMPV6 => {
             let Some(h) = s.read::<[u8; 6]>(l4) else {

@@ -613,11 +613,10 @@ async fn companion_policies_follow_remote_pods() {
     .await;
 }
 
-/// A NetworkPolicy the gateway cannot enforce as written (an SCTP port) is reported on the
-/// object (a Warning Event `NotEnforced` naming the field) and the controller's log, and
-/// everything else stays enforced: the tier is written with the other policies' rules.
+/// SCTP ports are enforced like TCP and UDP ones: an SCTP policy reaches the tier as an
+/// `sctp` protocol match with its port, and nothing reports it as not enforced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_policy_the_gateway_cannot_enforce_is_reported_on_the_object() {
+async fn sctp_policies_reach_the_tier_like_tcp_ones() {
     use k8s_openapi::api::core::v1::Event;
     let (_server, client, controller) = controller_with_peer_and_shop().await;
     pod(
@@ -638,38 +637,50 @@ async fn a_policy_the_gateway_cannot_enforce_is_reported_on_the_object() {
         .unwrap();
         nps.create(&PostParams::default(), &np).await.unwrap();
     }
+    let tier = eventually(
+        "the tier with both policies",
+        Duration::from_secs(30),
+        || {
+            let api = fwc_api(&client, "liqo-tenant-p1");
+            async move {
+                let t = api.get_opt("peerwall-networkpolicy").await.ok().flatten()?;
+                let rules = t.data["spec"]["table"]["chains"][0]["rules"]["filterRules"].clone();
+                let text = rules.to_string();
+                (text.contains("shop/sctp-in:ingress[0]")
+                    && text.contains("shop/tcp-in:ingress[0]"))
+                .then_some(rules)
+            }
+        },
+    )
+    .await;
+    let sctp = tier
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| {
+            r["name"]
+                .as_str()
+                .unwrap_or("")
+                .starts_with("shop/sctp-in:ingress[0]")
+        })
+        .unwrap();
+    let text = sctp["match"].to_string();
+    assert!(text.contains(r#""proto":{"value":"sctp"}"#), "{text}");
+    assert!(text.contains("9000"), "{text}");
     let events: Api<Event> = Api::namespaced(client.clone(), "shop");
-    let note = eventually("the NotEnforced event", Duration::from_secs(30), || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("NotEnforced"))
-                .map(|e| {
-                    (
-                        e.involved_object.name.unwrap_or_default(),
-                        e.message.unwrap_or_default(),
-                    )
-                })
-        }
-    })
-    .await;
-    assert_eq!(note.0, "sctp-in");
+    let list = events.list(&Default::default()).await.unwrap();
     assert!(
-        note.1.contains("spec.ingress[0].ports[0].protocol: SCTP"),
-        "{}",
-        note.1
+        list.items
+            .iter()
+            .all(|e| e.reason.as_deref() != Some("NotEnforced")),
+        "{:?}",
+        list.items
     );
-    // The other policy is in the tier.
-    let tier = eventually("the tier", Duration::from_secs(20), || {
-        let api = fwc_api(&client, "liqo-tenant-p1");
-        async move { api.get_opt("peerwall-networkpolicy").await.ok().flatten() }
-    })
-    .await;
-    let rules = tier.data["spec"]["table"]["chains"][0]["rules"]["filterRules"].to_string();
-    assert!(rules.contains("shop/tcp-in:ingress[0]"), "{rules}");
-    assert!(controller.log().contains("SCTP is not enforced"));
+    assert!(
+        !controller.log().contains("shop/sctp-in"),
+        "{}",
+        controller.log()
+    );
 }
 
 /// A server with peerwall's CRDs, a running controller, peer `p1`'s tenant namespace and an

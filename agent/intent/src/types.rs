@@ -351,7 +351,7 @@ pub struct Match {
     /// Address match.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ip: Option<MatchIp>,
-    /// Port match (holds only for TCP and UDP).
+    /// Port match (holds only for TCP, UDP and SCTP).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub port: Option<MatchPort>,
     /// Protocol match.
@@ -442,7 +442,7 @@ pub struct MatchProto {
     pub value: L4Proto,
 }
 
-/// Layer-4 protocol (upstream: tcp, udp; extension: icmp, icmpv6).
+/// Layer-4 protocol (upstream: tcp, udp; extension: sctp, icmp, icmpv6).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum L4Proto {
@@ -450,6 +450,8 @@ pub enum L4Proto {
     Tcp,
     /// UDP.
     Udp,
+    /// SCTP (extension).
+    Sctp,
     /// ICMP (extension).
     Icmp,
     /// ICMPv6 (extension).

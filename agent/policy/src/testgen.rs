@@ -119,7 +119,13 @@ fn random_match(rng: &mut StdRng, six: bool, sets: &[(String, bool)]) -> Match {
         3 => {
             let p = *pick(
                 rng,
-                &[L4Proto::Tcp, L4Proto::Udp, L4Proto::Icmp, L4Proto::Icmpv6],
+                &[
+                    L4Proto::Tcp,
+                    L4Proto::Udp,
+                    L4Proto::Sctp,
+                    L4Proto::Icmp,
+                    L4Proto::Icmpv6,
+                ],
             );
             m.proto = Some(MatchProto { value: p });
         }
@@ -161,7 +167,7 @@ fn random_match(rng: &mut StdRng, six: bool, sets: &[(String, bool)]) -> Match {
     // Sometimes two fields in one entry (op applies to each).
     if rng.random_bool(0.2) && m.proto.is_none() {
         m.proto = Some(MatchProto {
-            value: *pick(rng, &[L4Proto::Tcp, L4Proto::Udp]),
+            value: *pick(rng, &[L4Proto::Tcp, L4Proto::Udp, L4Proto::Sctp]),
         });
     }
     m
@@ -410,7 +416,7 @@ pub fn random_packet(rng: &mut StdRng) -> Packet {
     }
     let icmp = if six { proto::ICMPV6 } else { proto::ICMP };
     let mut ct_state = *pick(rng, &ir::CtState::ALL);
-    let mut p = *pick(rng, &[proto::TCP, proto::UDP, icmp]);
+    let mut p = *pick(rng, &[proto::TCP, proto::UDP, proto::SCTP, icmp]);
     if ct_state == ir::CtState::Related {
         p = icmp;
     }

@@ -285,7 +285,8 @@ impl BpfProbe {
                     let k = key(&pkt.src, &pkt.dst, pkt.proto, pkt.sport, pkt.dport);
                     self.backend.insert_flow(k, true)?;
                 }
-                proto::UDP => {
+                proto::UDP | proto::SCTP => {
+                    shape.sctp_data = pkt.proto == proto::SCTP;
                     let k = key(&pkt.src, &pkt.dst, pkt.proto, pkt.sport, pkt.dport);
                     self.backend.insert_flow(k, true)?;
                 }
@@ -293,7 +294,7 @@ impl BpfProbe {
                     let k = key(&pkt.src, &pkt.dst, pkt.proto, (marker >> 16) as u16, 0);
                     self.backend.insert_flow(k, true)?;
                 }
-                _ => return unsupported("ct state established needs tcp, udp or icmp"),
+                _ => return unsupported("ct state established needs tcp, udp, sctp or icmp"),
             },
             CtState::Related => {
                 if pkt.proto != icmp {
@@ -308,10 +309,11 @@ impl BpfProbe {
             }
             CtState::Invalid => match pkt.proto {
                 proto::TCP => shape.tcp_syn_fin = true,
+                proto::SCTP => shape.sctp_data = true,
                 p if p == icmp => shape.echo_reply = true,
                 _ => {
                     return unsupported(
-                        "the bpf datapath classifies only TCP (bad flags) and ICMP (unsolicited replies, errors about unknown flows) as invalid",
+                        "the bpf datapath classifies only TCP (bad flags), SCTP (chunks that open no association) and ICMP (unsolicited replies, errors about unknown flows) as invalid",
                     )
                 }
             },

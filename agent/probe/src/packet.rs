@@ -1,8 +1,9 @@
 //! Crafting probe packets and recognising them (and ICMP errors about them) on the wire. Pure.
 //!
 //! Every probe carries a 32-bit marker where it survives forwarding and is quoted in ICMP
-//! errors: the TCP sequence number, the ICMP echo id/sequence, or the first UDP payload bytes
-//! (UDP is recognised in quotes by its ports).
+//! errors: the TCP sequence number, the ICMP echo id/sequence, the first UDP payload bytes
+//! (UDP is recognised in quotes by its ports), or for SCTP the INIT's initiate tag or the DATA
+//! chunk's TSN (both at the same offset).
 
 use std::net::IpAddr;
 
@@ -30,6 +31,47 @@ pub struct Shape {
     pub icmp_error: bool,
     /// Send an ICMP echo reply no request was seen for (conntrack: invalid).
     pub echo_reply: bool,
+    /// SCTP: a DATA chunk tagged [`SCTP_VTAG`] instead of an INIT (part of an association;
+    /// conntrack: established when it knows one with that tag, invalid when it knows none).
+    pub sctp_data: bool,
+}
+
+/// Verification tag of SCTP DATA probes (what an established association's tag is set to).
+/// Its bytes read the same both ways, so it is the same tag whichever byte order a tool uses.
+pub const SCTP_VTAG: u32 = 0x7077_7770;
+
+/// An SCTP packet (RFC 9260 §3): common header with a CRC32c checksum, then one chunk: an
+/// INIT (tag 0, initiate tag `marker`) or, for `data`, a DATA chunk (tag [`SCTP_VTAG`], TSN
+/// `marker`) carrying `payload`.
+pub fn sctp(sport: u16, dport: u16, marker: u32, data: bool, payload: &[u8]) -> Vec<u8> {
+    let mut b = Vec::with_capacity(48 + payload.len());
+    b.extend_from_slice(&sport.to_be_bytes());
+    b.extend_from_slice(&dport.to_be_bytes());
+    b.extend_from_slice(&(if data { SCTP_VTAG } else { 0 }).to_be_bytes());
+    b.extend_from_slice(&[0; 4]);
+    if data {
+        // DATA: type 0, flags B|E (one unfragmented message), length, TSN, stream 0, seq 0,
+        // payload protocol 0, then the payload padded to 4 bytes.
+        let len = 16 + payload.len();
+        b.extend_from_slice(&[0, 0x03]);
+        b.extend_from_slice(&(len as u16).to_be_bytes());
+        b.extend_from_slice(&marker.to_be_bytes());
+        b.extend_from_slice(&[0; 8]);
+        b.extend_from_slice(payload);
+        b.resize(b.len().next_multiple_of(4), 0);
+    } else {
+        // INIT: type 0x01, length 20, initiate tag, a_rwnd, 10 streams each way, initial TSN.
+        b.extend_from_slice(&[1, 0, 0, 20]);
+        b.extend_from_slice(&marker.to_be_bytes());
+        b.extend_from_slice(&65535u32.to_be_bytes());
+        b.extend_from_slice(&10u16.to_be_bytes());
+        b.extend_from_slice(&10u16.to_be_bytes());
+        b.extend_from_slice(&marker.to_be_bytes());
+    }
+    // The checksum goes out least significant byte first (RFC 9260 appendix A).
+    let sum = crc32c::crc32c(&b);
+    b[8..12].copy_from_slice(&sum.to_le_bytes());
+    b
 }
 
 /// Ports of the UDP flow quoted by an `icmp_error` probe (dst→src direction).
@@ -78,6 +120,11 @@ pub fn build_ip(pkt: &Packet, marker: u32, shape: Shape) -> Vec<u8> {
             b.write(&mut out, &[])
         }
         proto::UDP => step.udp(pkt.sport, pkt.dport).write(&mut out, &payload),
+        proto::SCTP => step.write(
+            &mut out,
+            IpNumber(proto::SCTP),
+            &sctp(pkt.sport, pkt.dport, marker, shape.sctp_data, &payload),
+        ),
         proto::ICMP | proto::ICMPV6 if shape.icmp_error => {
             // The quoted packet went dst→src; conntrack finds its flow and marks this related.
             let (qs, qd) = related_inner_ports(marker);
@@ -199,6 +246,9 @@ pub fn l4_has_marker(proto_num: u8, l4: &[u8], pkt: &Packet, marker: u32, shape:
                 && l4.get(8..15) == Some(&MAGIC[..])
                 && be32(15) == Some(marker)
         }
+        proto::SCTP => {
+            be16(0) == Some(pkt.sport) && be16(2) == Some(pkt.dport) && be32(16) == Some(marker)
+        }
         proto::ICMP | proto::ICMPV6 if shape.icmp_error => {
             // Our own ICMP error: its quote holds the inner UDP ports.
             let inner = l4.get(8..).and_then(parse_ip);
@@ -252,7 +302,7 @@ pub fn is_unreachable_for(ip: &[u8], pkt: &Packet, marker: u32) -> bool {
                 && be16(2) == Some(pkt.dport)
                 && q.l4.get(4..8) == Some(&marker.to_be_bytes()[..])
         }
-        proto::UDP => be16(0) == Some(pkt.sport) && be16(2) == Some(pkt.dport),
+        proto::UDP | proto::SCTP => be16(0) == Some(pkt.sport) && be16(2) == Some(pkt.dport),
         proto::ICMP | proto::ICMPV6 => {
             be16(4) == Some((marker >> 16) as u16) && be16(6) == Some(marker as u16)
         }
@@ -287,6 +337,8 @@ mod tests {
             (proto::TCP, "fd00::1", "fd00::2"),
             (proto::UDP, "fd00::1", "fd00::2"),
             (proto::ICMPV6, "fd00::1", "fd00::2"),
+            (proto::SCTP, "10.0.0.1", "10.0.0.2"),
+            (proto::SCTP, "fd00::1", "fd00::2"),
             (47, "10.0.0.1", "10.0.0.2"),
         ] {
             let k = pkt(p, s, d);
@@ -295,6 +347,23 @@ mod tests {
             assert!(!is_probe(&ip, &k, 0xdead_bee0, Shape::default()), "{p} {s}");
             let f = ethernet([2; 6], [4; 6], &ip);
             assert_eq!(strip_ethernet(&f), Some(&ip[..]));
+        }
+    }
+
+    #[test]
+    fn sctp_checksum_is_crc32c_sent_least_significant_byte_first() {
+        // RFC 3720 B.4: 32 zero bytes have CRC32c 0x8a9136aa, transmitted aa 36 91 8a.
+        assert_eq!(crc32c::crc32c(&[0u8; 32]), 0x8a91_36aa);
+        for data in [false, true] {
+            let mut b = sctp(40000, 80, 0x1234_5679, data, b"pwprobe");
+            assert_eq!(b.len() % 4, 0);
+            let sent: [u8; 4] = b[8..12].try_into().unwrap();
+            b[8..12].fill(0);
+            assert_eq!(sent, crc32c::crc32c(&b).to_le_bytes());
+            // INIT: tag 0 and chunk type 1; DATA: the association's tag and type 0.
+            assert_eq!(b[4..8], if data { SCTP_VTAG } else { 0 }.to_be_bytes());
+            assert_eq!(b[12], u8::from(!data));
+            assert_eq!(b[16..20], 0x1234_5679u32.to_be_bytes());
         }
     }
 

@@ -43,6 +43,11 @@ fn pod(ns: &str, name: &str, ip: &str, l: &[(&str, &str)], peer: Option<&str>) -
                 protocol: Protocol::Tcp,
                 port: 81,
             },
+            ContainerPort {
+                name: Some("serve-81-sctp".into()),
+                protocol: Protocol::Sctp,
+                port: 81,
+            },
         ],
         peer: peer.map(str::to_string),
     }
@@ -264,7 +269,16 @@ fn selectors_implement_every_operator() {
 
 // ---- the tier against the semantics ----
 
-const PROBES: [(u8, u16); 6] = [(6, 80), (6, 81), (17, 80), (17, 81), (6, 8081), (1, 0)];
+const PROBES: [(u8, u16); 8] = [
+    (6, 80),
+    (6, 81),
+    (17, 80),
+    (17, 81),
+    (132, 81),
+    (132, 8081),
+    (6, 8081),
+    (1, 0),
+];
 
 fn random_selector(rng: &mut StdRng, key: &str, values: &[&str]) -> Selector {
     let mut s = Selector::default();
@@ -325,16 +339,14 @@ fn random_rules(rng: &mut StdRng) -> Vec<Rule> {
                 .collect(),
             ports: (0..rng.random_range(0..3))
                 .map(|_| Port {
-                    protocol: if rng.random_bool(0.7) {
-                        Protocol::Tcp
-                    } else {
-                        Protocol::Udp
-                    },
-                    ports: match rng.random_range(0..4) {
+                    protocol: [Protocol::Tcp, Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+                        [rng.random_range(0..4)],
+                    ports: match rng.random_range(0..5) {
                         0 => Ports::All,
                         1 => Ports::Range(80, 80),
                         2 => Ports::Range(81, 8081),
-                        _ => Ports::Named("serve-81-tcp".into()),
+                        3 => Ports::Named("serve-81-tcp".into()),
+                        _ => Ports::Named("serve-81-sctp".into()),
                     },
                 })
                 .collect(),

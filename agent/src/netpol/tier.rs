@@ -341,19 +341,7 @@ impl ChainBuilder<'_> {
             return;
         }
         isolated.push((pi, own.clone()));
-        let key = format!("{}/{}", policy.namespace, policy.name);
         for (ri, rule) in rules.iter().enumerate() {
-            for (pi_, p) in rule.ports.iter().enumerate() {
-                if p.protocol == Protocol::Sctp {
-                    self.unenforced.push(Unenforced {
-                        policy: key.clone(),
-                        why: format!(
-                            "spec.{}[{ri}].ports[{pi_}].protocol: SCTP is not enforced at the gateway yet: SCTP to these pods is dropped",
-                            self.dir.word()
-                        ),
-                    });
-                }
-            }
             let any_peer = rule.peers.is_empty();
             let far_pods = self.peer_pods(&policy.namespace, &rule.peers);
             let blocks: Vec<&super::IpBlock> = rule
@@ -385,9 +373,6 @@ impl ChainBuilder<'_> {
             };
             let clauses = clauses(&rule.ports, self.pods, &resolve_on);
             for (ci, c) in clauses.iter().enumerate() {
-                if c.ports.is_some_and(|(p, _)| p == Protocol::Sctp) {
-                    continue;
-                }
                 let (own_idx, far) = match (self.dir, &c.only) {
                     (_, None) => (own.clone(), far_all.clone()),
                     (Dir::Ingress, Some(only)) => (only.clone(), far_all.clone()),
@@ -431,7 +416,8 @@ impl ChainBuilder<'_> {
                             proto: Some(api::MatchProto {
                                 value: match proto {
                                     Protocol::Udp => api::L4Proto::Udp,
-                                    _ => api::L4Proto::Tcp,
+                                    Protocol::Sctp => api::L4Proto::Sctp,
+                                    Protocol::Tcp => api::L4Proto::Tcp,
                                 },
                             }),
                             ..Default::default()

@@ -20,6 +20,8 @@ pub enum Ext {
 pub enum L4 {
     Tcp { flags: u8 },
     Udp,
+    /// SCTP's common header and the first chunk's header.
+    Sctp { chunk: u8 },
     Icmp { kind: u8, code: u8 },
     Other(u8),
 }
@@ -78,6 +80,7 @@ impl FrameInput {
         let proto_of = |l4: L4| match l4 {
             L4::Tcp { .. } => 6,
             L4::Udp => 17,
+            L4::Sctp { .. } => 132,
             L4::Icmp { .. } => {
                 if self.six {
                     58
@@ -104,6 +107,14 @@ impl FrameInput {
                 u[2..4].copy_from_slice(&dport.to_be_bytes());
                 u[4..6].copy_from_slice(&16u16.to_be_bytes());
                 u
+            }
+            L4::Sctp { chunk } => {
+                let mut h = vec![0u8; 16];
+                h[0..2].copy_from_slice(&sport.to_be_bytes());
+                h[2..4].copy_from_slice(&dport.to_be_bytes());
+                h[12] = chunk % 16;
+                h[15] = 4;
+                h
             }
             L4::Icmp { kind, code } => vec![kind, code, 0, 0, 0x12, 0x34, 0, 1],
             L4::Other(_) => vec![0u8; 8],

@@ -230,9 +230,7 @@ fn boxes(v: &Values, limit: usize) -> Option<Vec<Bounds>> {
             let distinct: std::collections::BTreeSet<u8> = ps
                 .iter()
                 .copied()
-                .filter(|&p| {
-                    (v.sport.is_none() && v.dport.is_none()) || p == proto::TCP || p == proto::UDP
-                })
+                .filter(|&p| (v.sport.is_none() && v.dport.is_none()) || proto::carries_ports(p))
                 .collect();
             distinct
                 .into_iter()
@@ -446,13 +444,13 @@ fn run_at(
         .filter(|(_, s)| kept(s))
         .map(|(k, _)| k)
         .collect();
-    // The ports need TCP or UDP in front of the lookup unless a protocol already says so: a
-    // protocol column (its elements are TCP and UDP only), or one kept protocol list of them.
-    let tcp_udp_kept = same.proto
+    // The ports need TCP, UDP or SCTP in front of the lookup unless a protocol already says
+    // so: a protocol column (its elements carry ports only), or one kept protocol list of them.
+    let ports_kept = same.proto
         && values[0]
             .protos
             .as_ref()
-            .is_some_and(|ps| ps.iter().all(|&p| p == proto::TCP || p == proto::UDP));
+            .is_some_and(|ps| ps.iter().all(|&p| proto::carries_ports(p)));
     let (key, key_type) = key_of(key_cols);
     let mut elements: Vec<(Element, usize)> = all
         .iter()
@@ -466,7 +464,7 @@ fn run_at(
         Merged {
             rules: i..end,
             shared,
-            port_guard: (key_cols.sport || key_cols.dport) && !key_cols.proto && !tcp_udp_kept,
+            port_guard: (key_cols.sport || key_cols.dport) && !key_cols.proto && !ports_kept,
             key,
             key_type,
             elements,

@@ -26,6 +26,7 @@ pub fn proto_keyword(p: u8) -> Option<&'static str> {
     match p {
         proto::TCP => Some("tcp"),
         proto::UDP => Some("udp"),
+        proto::SCTP => Some("sctp"),
         proto::ICMP => Some("icmp"),
         proto::ICMPV6 => Some("ipv6-icmp"),
         _ => None,

@@ -140,6 +140,13 @@ fn addr_set(name: String, set: &AddrSet) -> Set {
     }
 }
 
+/// The protocols whose packets carry ports (the guard in front of a port match).
+const PORT_PROTOS: [u8; 3] = [
+    ir::eval::proto::TCP,
+    ir::eval::proto::UDP,
+    ir::eval::proto::SCTP,
+];
+
 fn port_elems(set: &PortSet) -> Vec<Element> {
     set.ranges()
         .iter()
@@ -193,11 +200,11 @@ fn match_exprs(m: &ir::Match, sets: &mut Vec<Set>, auto_name: impl Fn() -> Strin
                 Source::Inline { .. } => one_or_set(port_elems(set)),
             };
             vec![
-                // Ports exist only for TCP and UDP: ICMP never satisfies a port match.
+                // Ports exist only for TCP, UDP and SCTP: ICMP never satisfies a port match.
                 Expr::Match {
                     negate: false,
                     left: Key::L4Proto,
-                    right: Right::Protos(vec![ir::eval::proto::TCP, ir::eval::proto::UDP]),
+                    right: Right::Protos(PORT_PROTOS.to_vec()),
                 },
                 Expr::Match {
                     negate,
@@ -343,7 +350,7 @@ fn merged_rule(
         exprs.push(Expr::Match {
             negate: false,
             left: Key::L4Proto,
-            right: Right::Protos(vec![ir::eval::proto::TCP, ir::eval::proto::UDP]),
+            right: Right::Protos(PORT_PROTOS.to_vec()),
         });
     }
     let name = format!("{AUTO_SET_PREFIX}m{ci}_{first}");

@@ -218,6 +218,7 @@ fn lower_proto(proto: &api::MatchProto) -> Test {
     Test::Proto(vec![match proto.value {
         api::L4Proto::Tcp => ir::eval::proto::TCP,
         api::L4Proto::Udp => ir::eval::proto::UDP,
+        api::L4Proto::Sctp => ir::eval::proto::SCTP,
         api::L4Proto::Icmp => ir::eval::proto::ICMP,
         api::L4Proto::Icmpv6 => ir::eval::proto::ICMPV6,
     }])

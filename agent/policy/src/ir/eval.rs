@@ -124,6 +124,14 @@ pub mod proto {
     pub const UDP: u8 = 17;
     /// ICMPv6.
     pub const ICMPV6: u8 = 58;
+    /// SCTP.
+    pub const SCTP: u8 = 132;
+
+    /// Whether packets of protocol `p` carry ports (TCP, UDP, SCTP): the only ones a port
+    /// match can hold for, as with nftables' `th sport`/`th dport`.
+    pub fn carries_ports(p: u8) -> bool {
+        matches!(p, TCP | UDP | SCTP)
+    }
 }
 
 /// A packet as the evaluator sees it.
@@ -135,9 +143,9 @@ pub struct Packet {
     pub dst: IpAddr,
     /// Layer-4 protocol number.
     pub proto: u8,
-    /// Source port (TCP/UDP; ignored otherwise).
+    /// Source port (TCP/UDP/SCTP; ignored otherwise).
     pub sport: u16,
-    /// Destination port (TCP/UDP; ignored otherwise).
+    /// Destination port (TCP/UDP/SCTP; ignored otherwise).
     pub dport: u16,
     /// Input interface (forward and input paths).
     pub iif: Option<String>,
@@ -163,7 +171,7 @@ impl Packet {
     }
 
     fn has_ports(&self) -> bool {
-        self.proto == proto::TCP || self.proto == proto::UDP
+        proto::carries_ports(self.proto)
     }
 
     /// Interface name as netfilter sees it at `hook` ("" when not known there).

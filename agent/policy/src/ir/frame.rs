@@ -7,17 +7,19 @@
 //!   passed; another layer's business.
 //! - **Malformed IP** (a header shorter than its fixed part, a wrong version, an IPv4 header
 //!   length under 20 or above the total length, an IPv6 extension header beyond the frame or
-//!   past 512 bytes, a TCP, UDP or ICMP header cut short in a first fragment): dropped, fail
-//!   closed, with no rule and no counter.
+//!   past 512 bytes, a TCP, UDP, SCTP or ICMP header cut short in a first fragment, SCTP
+//!   without its first chunk's header): dropped, fail closed, with no rule and no counter.
 //! - **IPv6 extension headers**: hop-by-hop, routing, destination options, fragment and AH are
 //!   walked, at most six; after six the next header number is taken as the protocol.
 //! - **Fragments**: classified as they come (a gateway's tc hook sees them before any
-//!   reassembly). A later fragment (offset ≠ 0) has no transport header: TCP and UDP fragments
+//!   reassembly). A later fragment (offset ≠ 0) has no transport header: TCP, UDP and SCTP fragments
 //!   match no port, which the reference evaluator cannot express, so the fuzzer only checks
 //!   that they are classified; for ICMP the type reads as 0.
 //! - **Conntrack**, for a packet of no known flow: TCP with a flag combination conntrack
 //!   refuses (`tcp_valid_flags`), ICMP errors (whose quoted flow is unknown) and ICMP replies
-//!   (echo, timestamp, information, address mask) are `invalid`; everything else is `new`.
+//!   (echo, timestamp, information, address mask) are `invalid`, as is SCTP whose first chunk
+//!   cannot open an association (DATA, SACK, ABORT, COOKIE ACK, SHUTDOWN COMPLETE, anything
+//!   unknown: conntrack's `sctp_new` refuses them); everything else is `new`.
 //!   ICMP types are read per protocol number, whatever the IP version.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -43,7 +45,7 @@ pub enum FrameView {
     NotIp,
     /// IP that cannot be read: dropped, no rule.
     Malformed(&'static str),
-    /// A later fragment of TCP or UDP: classified without ports.
+    /// A later fragment of TCP, UDP or SCTP: classified without ports.
     PortlessFragment,
     /// The packet the rules see (interfaces as given), conntrack state for no known flow.
     Packet(Packet),
@@ -149,6 +151,13 @@ fn icmp_state(proto_num: u8, t: u8) -> CtState {
     }
 }
 
+/// Whether an SCTP packet whose first chunk has type `chunk` can start a conntrack entry:
+/// INIT, INIT ACK, HEARTBEAT, HEARTBEAT ACK, SHUTDOWN, SHUTDOWN ACK, ERROR, COOKIE ECHO
+/// (the chunks conntrack's state table moves out of NONE with; RFC 9260 §3.2 numbers).
+pub fn sctp_chunk_opens(chunk: u8) -> bool {
+    matches!(chunk, 1 | 2 | 4 | 5 | 7 | 8 | 9 | 10)
+}
+
 /// Read `frame` (Ethernet) as the datapath does, for a packet that came in on `iif` and
 /// leaves by `oif`.
 pub fn read_frame(frame: &[u8], iif: Option<&str>, oif: Option<&str>) -> FrameView {
@@ -168,7 +177,7 @@ pub fn read_frame(frame: &[u8], iif: Option<&str>, oif: Option<&str>) -> FrameVi
     let (mut sport, mut dport, mut ct_state) = (0, 0, CtState::New);
     let is_icmp = f.proto == proto::ICMP || f.proto == proto::ICMPV6;
     if !f.first_fragment {
-        if f.proto == proto::TCP || f.proto == proto::UDP {
+        if proto::carries_ports(f.proto) {
             return FrameView::PortlessFragment;
         }
         if is_icmp {
@@ -192,6 +201,17 @@ pub fn read_frame(frame: &[u8], iif: Option<&str>, oif: Option<&str>) -> FrameVi
                 };
                 sport = u16::from_be_bytes([u[0], u[1]]);
                 dport = u16::from_be_bytes([u[2], u[3]]);
+            }
+            proto::SCTP => {
+                // Common header (ports, tag, checksum), then the first chunk's type.
+                let Some(h) = at::<16>(ip, f.l4) else {
+                    return FrameView::Malformed("SCTP header cut short");
+                };
+                sport = u16::from_be_bytes([h[0], h[1]]);
+                dport = u16::from_be_bytes([h[2], h[3]]);
+                if !sctp_chunk_opens(h[12]) {
+                    ct_state = CtState::Invalid;
+                }
             }
             p if is_icmp => {
                 let Some(h) = at::<6>(ip, f.l4) else {
@@ -265,6 +285,28 @@ mod tests {
         assert_eq!(p.ct_state, CtState::New);
         assert_eq!(p.iif.as_deref(), Some("a"));
         assert_eq!(p.dst, "10.1.0.2".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn sctp_reads_ports_and_only_opening_chunks_are_new() {
+        // Ports 40000 → 80, tag 0, checksum, then an INIT chunk header.
+        let mut h = [0u8; 16];
+        h[0..2].copy_from_slice(&40000u16.to_be_bytes());
+        h[2..4].copy_from_slice(&80u16.to_be_bytes());
+        h[12] = 1;
+        let p = packet(read_frame(&v4(132, 0, &h), None, None));
+        assert_eq!((p.sport, p.dport, p.ct_state), (40000, 80, CtState::New));
+        h[12] = 0; // DATA outside any association
+        let p = packet(read_frame(&v4(132, 0, &h), None, None));
+        assert_eq!(p.ct_state, CtState::Invalid);
+        assert_eq!(
+            read_frame(&v4(132, 0, &h[..12]), None, None),
+            FrameView::Malformed("SCTP header cut short")
+        );
+        assert_eq!(
+            read_frame(&v4(132, 0x0001, &h), None, None),
+            FrameView::PortlessFragment
+        );
     }
 
     #[test]

@@ -239,7 +239,7 @@ pub enum Source {
 }
 
 /// What a match tests. Each test holds only on packets where the field exists:
-/// an address test only on packets of its family, a port test only on TCP and UDP.
+/// an address test only on packets of its family, a port test only on TCP, UDP and SCTP.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Test {
     /// Source or destination address in a set.
@@ -251,7 +251,7 @@ pub enum Test {
         /// Origin of the values.
         source: Source,
     },
-    /// Source or destination port in a set (TCP and UDP only).
+    /// Source or destination port in a set (TCP, UDP and SCTP only).
     Port {
         /// Which port.
         dir: Dir,

@@ -162,10 +162,12 @@ impl NftProbe {
             CtState::Invalid => match pkt.proto {
                 proto::TCP => shape.tcp_syn_fin = true,
                 proto::UDP => shape.bad_checksum = true,
+                // DATA outside any association: conntrack's sctp_new refuses it.
+                proto::SCTP => shape.sctp_data = true,
                 proto::ICMP | proto::ICMPV6 => shape.echo_reply = true,
                 other => {
                     return Err(ProbeError::Unsupported(format!(
-                        "ct state invalid for protocol {other} (use tcp, udp or icmp)"
+                        "ct state invalid for protocol {other} (use tcp, udp, sctp or icmp)"
                     )))
                 }
             },
@@ -189,6 +191,34 @@ impl NftProbe {
                     }
                     args.extend(["-t", "120"]);
                     self.conntrack(&args)?;
+                }
+                proto::SCTP => {
+                    // An association in ESTABLISHED whose tags the DATA probe carries.
+                    shape.sctp_data = true;
+                    let tag = packet::SCTP_VTAG.to_string();
+                    self.conntrack(&[
+                        "-I",
+                        "-s",
+                        &s,
+                        "-d",
+                        &d,
+                        "-p",
+                        "sctp",
+                        "--sport",
+                        &sp,
+                        "--dport",
+                        &dp,
+                        "--state",
+                        "ESTABLISHED",
+                        "--orig-vtag",
+                        &tag,
+                        "--reply-vtag",
+                        &tag,
+                        "-u",
+                        "SEEN_REPLY,ASSURED",
+                        "-t",
+                        "120",
+                    ])?;
                 }
                 proto::ICMP | proto::ICMPV6 => {
                     let id = ((marker >> 16) as u16).to_string();
@@ -221,7 +251,7 @@ impl NftProbe {
                 }
                 other => {
                     return Err(ProbeError::Unsupported(format!(
-                        "ct state established for protocol {other} (use tcp, udp or icmp)"
+                        "ct state established for protocol {other} (use tcp, udp, sctp or icmp)"
                     )))
                 }
             },

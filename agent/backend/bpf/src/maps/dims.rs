@@ -189,7 +189,7 @@ pub(super) fn port_prefixes(set: &PortSet) -> Vec<(u16, u8)> {
 pub(super) fn fp_holds(rule: &ir::Rule, fam: IpFamily, p: u8) -> bool {
     rule.matches.iter().all(|m| match &m.test {
         Test::Addr { set, .. } => set.family() == fam,
-        Test::Port { .. } => p == proto::TCP || p == proto::UDP,
+        Test::Port { .. } => proto::carries_ports(p),
         Test::Proto(list) => list.contains(&p) != m.negate,
         _ => true,
     })
@@ -344,8 +344,14 @@ pub(super) fn chain_maps(
         }
         b
     };
-    // Protocols that rules name, plus TCP and UDP (ports), plus one unnamed one for "others".
-    let mut protos: Vec<u8> = vec![proto::TCP, proto::UDP, proto::ICMP, proto::ICMPV6];
+    // Protocols that rules name, plus those with ports, plus one unnamed one for "others".
+    let mut protos: Vec<u8> = vec![
+        proto::TCP,
+        proto::UDP,
+        proto::SCTP,
+        proto::ICMP,
+        proto::ICMPV6,
+    ];
     for r in &deciding {
         for m in &r.matches {
             if let Test::Proto(l) = &m.test {

@@ -81,7 +81,7 @@ pub fn simulate_chain(
     and_into(&mut acc, &c.ct[ct_number(p.ct_state) as usize]);
     and_masked(&mut acc, lpm_addr(&c.src, &p.src), &c.masks[0]);
     and_masked(&mut acc, lpm_addr(&c.dst, &p.dst), &c.masks[1]);
-    if p.proto == proto::TCP || p.proto == proto::UDP {
+    if proto::carries_ports(p.proto) {
         and_masked(&mut acc, lpm_port(&c.sport, p.sport), &c.masks[2]);
         and_masked(&mut acc, lpm_port(&c.dport, p.dport), &c.masks[3]);
     }
