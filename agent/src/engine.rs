@@ -8,7 +8,7 @@ use std::time::Instant;
 use anyhow::Context;
 
 use peerwall_backend::{
-    Backend, Drift, EventError, EventSource, HostInterface, InNetns, RuleCounter,
+    Backend, Drift, EventError, EventSource, Flow, HostInterface, InNetns, RuleCounter,
 };
 use peerwall_backend_bpf::BpfEnforcer;
 use peerwall_backend_nftables::{Nft, NftBackend};
@@ -77,6 +77,10 @@ pub trait Enforcer: Send {
     fn allow_all(&mut self) -> Result<bool, BackendFailure>;
     /// Fill of the connection-tracking table ([`Backend::conntrack`]).
     fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendFailure>;
+    /// Tracked connections ([`Backend::flows`]).
+    fn flows(&mut self) -> Result<Vec<Flow>, BackendFailure>;
+    /// End connections ([`Backend::end_flows`]).
+    fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BackendFailure>;
 }
 
 impl<B: Backend> Enforcer for B {
@@ -122,6 +126,14 @@ impl<B: Backend> Enforcer for B {
 
     fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendFailure> {
         Backend::conntrack(self).map_err(failure(Backend::name(self), "reading the flow table"))
+    }
+
+    fn flows(&mut self) -> Result<Vec<Flow>, BackendFailure> {
+        Backend::flows(self).map_err(failure(Backend::name(self), "listing connections"))
+    }
+
+    fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BackendFailure> {
+        Backend::end_flows(self, flows).map_err(failure(Backend::name(self), "ending connections"))
     }
 }
 
@@ -218,6 +230,8 @@ pub struct Engine {
     warned: Vec<(peerwall_policy::ir::Origin, compile::Warning)>,
     /// When the connection-tracking fill was last read.
     conntrack_read: Option<std::time::Instant>,
+    /// The NetworkPolicy tier's tables in force ([`crate::netpol::revoke`]).
+    tier: Vec<peerwall_policy::ir::Table>,
 }
 
 impl Engine {
@@ -231,6 +245,7 @@ impl Engine {
             last_env: None,
             warned: Vec::new(),
             conntrack_read: None,
+            tier: Vec::new(),
         }
     }
 
@@ -325,7 +340,40 @@ impl Engine {
             %summary,
             "policy applied"
         );
+        self.end_revoked(&policy);
         Ok(())
+    }
+
+    /// After a change of the NetworkPolicy tier: end the connections it allowed and no longer
+    /// does ([`crate::netpol::revoke`]); the established ones would otherwise pass as replies.
+    /// A failure is logged and counted; the policy stays applied.
+    fn end_revoked(&mut self, policy: &peerwall_policy::ir::Policy) {
+        let tier = crate::netpol::revoke::tier_tables(policy);
+        if tier == self.tier {
+            return;
+        }
+        let before = std::mem::replace(&mut self.tier, tier);
+        let started = Instant::now();
+        let result = self.enforcer.flows().and_then(|flows| {
+            let gone = crate::netpol::revoke::no_longer_allowed(&before, &self.tier, &flows);
+            self.enforcer.end_flows(&gone).map(|n| (flows.len(), n))
+        });
+        match result {
+            Ok((_, 0)) => {}
+            Ok((tracked, ended)) => {
+                self.update(|m| m.flows_ended += ended as u64);
+                tracing::info!(
+                    ended,
+                    tracked,
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    "connections the NetworkPolicies no longer allow were ended"
+                );
+            }
+            Err(e) => {
+                self.update(|m| m.flow_end_errors += 1);
+                tracing::warn!(error = %e, "could not end the connections the NetworkPolicies no longer allow; they last until they close or expire");
+            }
+        }
     }
 
     /// Count an apply's outcome in the metrics: on success the new generation, its latency
@@ -378,6 +426,7 @@ impl Engine {
             %summary,
             "set elements updated"
         );
+        self.end_revoked(&policy);
         Ok(())
     }
 

@@ -38,6 +38,10 @@ pub struct AgentMetrics {
     pub drift_repairs: u64,
     /// Applies that changed only set elements (address slices, in O(changes)).
     pub set_updates: u64,
+    /// Connections ended because a NetworkPolicy change no longer allows them.
+    pub flows_ended: u64,
+    /// Failures to list or end connections after a NetworkPolicy change.
+    pub flow_end_errors: u64,
     /// Rule counters of the applied policy.
     pub rules: Vec<RuleCounter>,
     /// Whether a policy is in force.
@@ -135,7 +139,19 @@ impl AgentMetrics {
                 "counter",
                 "Applies that changed only the elements of address sets (AddressSet slices), without recompiling.",
             )
-            .with(sample("", bare, self.set_updates)),
+            .with(sample("", bare.clone(), self.set_updates)),
+            Family::new(
+                "peerwall_flows_ended_total",
+                "counter",
+                "Tracked connections ended because a NetworkPolicy change no longer allows them.",
+            )
+            .with(sample("", bare.clone(), self.flows_ended)),
+            Family::new(
+                "peerwall_flow_end_errors_total",
+                "counter",
+                "NetworkPolicy changes after which the connections they no longer allow could not be listed or ended.",
+            )
+            .with(sample("", bare, self.flow_end_errors)),
             Family::new(
                 "peerwall_rule_packets_total",
                 "counter",

@@ -453,8 +453,11 @@ pub struct FlowState {
     pub last_seen_ns: u64,
     /// 1 once a packet was seen in the reply direction.
     pub replied: u8,
+    /// 1 once user space ended the flow (a policy change no longer allows it): its packets,
+    /// either way, are `invalid` until it expires, and none of them starts it again.
+    pub ended: u8,
     /// Zero.
-    pub _pad: [u8; 7],
+    pub _pad: [u8; 6],
 }
 
 /// Rule counters a cached verdict bumps: one per chain on the packet's path. A path through

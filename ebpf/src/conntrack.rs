@@ -134,8 +134,12 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
         let k = flow_key(inner);
         // SAFETY: read-only lookups of plain data.
         let known = unsafe {
-            FLOWS.get(&k).is_some_and(|st| fresh(st, now))
-                || FLOWS.get(&reverse(&k)).is_some_and(|st| fresh(st, now))
+            FLOWS
+                .get(&k)
+                .is_some_and(|st| fresh(st, now) && st.ended == 0)
+                || FLOWS
+                    .get(&reverse(&k))
+                    .is_some_and(|st| fresh(st, now) && st.ended == 0)
         };
         return if known { ct::RELATED } else { ct::INVALID };
     }
@@ -150,6 +154,9 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
     // SAFETY: plain data.
     if let Some(st) = unsafe { FLOWS.get(&k) } {
         if fresh(st, now) {
+            if st.ended != 0 {
+                return ct::INVALID;
+            }
             let state = if st.replied != 0 {
                 ct::ESTABLISHED
             } else {
@@ -160,6 +167,9 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
     }
     if let Some(st) = unsafe { FLOWS.get(&reverse(&k)) } {
         if fresh(st, now) {
+            if st.ended != 0 {
+                return ct::INVALID;
+            }
             // A reply: the commit marks the flow replied, unless it already is.
             let same = if st.replied != 0 {
                 unchanged(st, now)
@@ -227,7 +237,8 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32) {
             &FlowState {
                 last_seen_ns: now,
                 replied: 0,
-                _pad: [0; 7],
+                ended: 0,
+                _pad: [0; 6],
             },
             0,
         );

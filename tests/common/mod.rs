@@ -184,15 +184,27 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Start `socat` listening (forks per connection).
+    /// Start `socat` listening (forks per connection): each connection gets "ok", and then
+    /// with `echo` every line it sends back.
     pub fn tcp(ns: &NetNs, addr: &str, port: u16) -> Self {
+        Self::tcp_serving(ns, addr, port, "echo ok")
+    }
+
+    /// As [`Listener::tcp`], and then every line a connection sends comes back (a connection
+    /// that lives across a policy change).
+    pub fn tcp_echo(ns: &NetNs, addr: &str, port: u16) -> Self {
+        Self::tcp_serving(ns, addr, port, "echo ok; cat")
+    }
+
+    fn tcp_serving(ns: &NetNs, addr: &str, port: u16, program: &str) -> Self {
         let bind = if addr.contains(':') {
             format!("TCP6-LISTEN:{port},bind=[{addr}],reuseaddr,fork")
         } else {
             format!("TCP4-LISTEN:{port},bind={addr},reuseaddr,fork")
         };
         let child = Command::new("ip")
-            .args(["netns", "exec", ns.name(), "socat", &bind, "SYSTEM:echo ok"])
+            .args(["netns", "exec", ns.name(), "socat", &bind])
+            .arg(format!("SYSTEM:{program}"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -211,6 +223,81 @@ impl Listener {
 }
 
 impl Drop for Listener {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A TCP connection held open from inside a namespace (a `socat` client): lines written come
+/// back through an echo [`Listener`] while the path lets them.
+pub struct Session {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Session {
+    /// Connect from `src` to `dst:port` (IPv4) inside `ns`; None when no "ok" greeting came.
+    pub fn tcp(ns: &NetNs, src: &str, dst: &str, port: u16) -> Option<Self> {
+        use std::io::BufRead;
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", ns.name(), "socat", "-"])
+            .arg(format!("TCP4:{dst}:{port},bind={src},connect-timeout=2"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("socat");
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        };
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut s = Self {
+            child,
+            stdin,
+            lines,
+        };
+        s.next_line(std::time::Duration::from_secs(3))
+            .is_some_and(|l| l == "ok")
+            .then_some(s)
+    }
+
+    fn next_line(&mut self, within: std::time::Duration) -> Option<String> {
+        self.lines.recv_timeout(within).ok()
+    }
+
+    /// Whether `line` comes back within `within`.
+    pub fn echoes(&mut self, line: &str, within: std::time::Duration) -> bool {
+        use std::io::Write;
+        if writeln!(self.stdin, "{line}").is_err() || self.stdin.flush().is_err() {
+            return false;
+        }
+        let deadline = std::time::Instant::now() + within;
+        while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+            match self.next_line(left) {
+                Some(l) if l == line => return true,
+                Some(_) => continue,
+                None => return false,
+            }
+        }
+        false
+    }
+}
+
+impl Drop for Session {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -148,7 +148,7 @@ async fn network_policies_hold(backend: &str) {
         &["controller", "--metrics-addr", "127.0.0.1:0"],
     );
     let _web = Listener::tcp(&t.provider, "10.20.1.2", 8080);
-    let _db = Listener::tcp(&t.provider, "10.20.1.3", 8080);
+    let _db = Listener::tcp_echo(&t.provider, "10.20.1.3", 8080);
     namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
     namespace(&client, "app-a", json!({"liqo.io/remote-cluster-id": "a"})).await;
     pod(
@@ -235,6 +235,41 @@ async fn network_policies_hold(backend: &str) {
         &format!("{backend}: the edit allows 10.10.1.68"),
         20,
         connects("10.10.1.68", "10.20.1.3"),
+    );
+    // Revoked: a connection .68 holds open stops passing, either way, once the edit takes
+    // the allowance back (conntrack entry / bpf flow ended; without that its packets would
+    // pass as established).
+    let mut held = Session::tcp(&t.consumer, "10.10.1.68", "10.20.1.3", 8080)
+        .unwrap_or_else(|| panic!("{backend}: .68 connects while allowed"));
+    assert!(
+        held.echoes("before", Duration::from_secs(3)),
+        "{backend}: the held connection carries data while allowed"
+    );
+    nps.replace("db-ingress", &PostParams::default(), &{
+        let mut p = policy(&["10.10.1.67/32"]);
+        p.metadata.resource_version = nps
+            .get("db-ingress")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version;
+        p
+    })
+    .await
+    .unwrap();
+    wait_until(
+        &format!("{backend}: the allowance of 10.10.1.68 is taken back"),
+        20,
+        || !connects("10.10.1.68", "10.20.1.3")(),
+    );
+    assert!(
+        !held.echoes("after", Duration::from_secs(3)),
+        "{backend}: the connection the policy no longer allows still carries data"
+    );
+    drop(held);
+    assert!(
+        connects("10.10.1.67", "10.20.1.3")(),
+        "{backend}: the connection still allowed opens"
     );
     // Relabelled: db is selected by no policy any more; ICMP passes again.
     let pods: Api<Pod> = Api::namespaced(client.clone(), "app-a");

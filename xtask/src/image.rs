@@ -1,7 +1,8 @@
 //! `cargo xtask image`: OCI images built here, without a container engine.
 //!
 //! - `peerwall:<version>` (`docker.io/library/peerwall`, what `deploy/` names): the release `peerwall` binary over the Debian packages it runs
-//!   (`nft` for the nftables backend, `ip`, the C runtime), entrypoint `peerwall`.
+//!   (`nft` for the nftables backend, `conntrack` to end connections a NetworkPolicy change no
+//!   longer allows, `ip`, the C runtime), entrypoint `peerwall`.
 //! - `peerwall.local/pause:<kube version>`: the pod sandbox, the static `pause` binary compiled
 //!   from the Kubernetes source tree by `kube-build`.
 //! - `peerwall.local/lab-gateway:1`: what the real-node test runs as a Liqo-shaped gateway pod
@@ -204,7 +205,7 @@ pub fn images() -> Result<()> {
             file: "peerwall",
             repo: "docker.io/library/peerwall",
             tag: version,
-            packages: &["libc6", "libgcc-s1", "nftables", "iproute2"],
+            packages: &["libc6", "libgcc-s1", "nftables", "iproute2", "conntrack"],
             files: vec![(release, "/usr/local/bin/peerwall")],
             entrypoint: "/usr/local/bin/peerwall",
         },

@@ -163,6 +163,15 @@ impl<B: Backend + 'static> Backend for InNetns<B> {
         self.call_backend(|b| b.conntrack())
     }
 
+    fn flows(&mut self) -> Result<Vec<crate::Flow>, Self::Error> {
+        self.call_backend(|b| b.flows())
+    }
+
+    fn end_flows(&mut self, flows: &[crate::Flow]) -> Result<usize, Self::Error> {
+        let flows = flows.to_vec();
+        self.call_backend(move |b| b.end_flows(&flows))
+    }
+
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
         // Made on the namespace's thread (NFLOG and interface-name sockets belong to the
         // namespace they are made in), read from any.

@@ -47,6 +47,23 @@ pub enum Drift {
     },
 }
 
+/// A tracked connection by its original direction (the packet that opened it): what
+/// [`Backend::flows`] lists and [`Backend::end_flows`] ends. ICMP echo: the identifier in
+/// `sport`, 0 in `dport`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+pub struct Flow {
+    /// Source address.
+    pub src: std::net::IpAddr,
+    /// Destination address.
+    pub dst: std::net::IpAddr,
+    /// IP protocol number.
+    pub proto: u8,
+    /// Source port (ICMP echo: identifier).
+    pub sport: u16,
+    /// Destination port.
+    pub dport: u16,
+}
+
 /// An interface of the host as a backend sees it: name and index.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct HostInterface {
@@ -115,6 +132,15 @@ pub trait Backend: Send {
     fn conntrack(&mut self) -> Result<Option<(u64, u64)>, Self::Error> {
         Ok(None)
     }
+
+    /// The connections the datapath tracks (nftables: the kernel's conntrack of this network
+    /// namespace; bpf: its flow table), by original direction.
+    fn flows(&mut self) -> Result<Vec<Flow>, Self::Error>;
+
+    /// End these connections: every later packet of them, either way, is `ct state invalid`
+    /// and none starts them again mid-stream (a TCP packet other than a SYN opens no flow), so
+    /// only the policy in force decides anew. Returns how many were found and ended.
+    fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, Self::Error>;
 
     /// Where the events of what is in force come from (drops, rejects, would-drops, and with
     /// the flow log accepted flows; [`events`]). Call it on the backend's own thread (inside its

@@ -8,6 +8,7 @@
 
 pub mod companion;
 pub mod eval;
+pub mod revoke;
 pub mod tier;
 
 use std::collections::BTreeMap;

@@ -20,13 +20,16 @@ use peerwall_intent::types as api;
 
 use super::{Cluster, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule};
 
+/// Prefix of the tier's table names.
+pub const TABLE_PREFIX: &str = "pwnp_";
+
 /// nftables table name of a peer's NetworkPolicy tier (apart from protection's `peerwall_*`).
 pub fn table_name(peer: &str) -> String {
     let clean: String = peer
         .chars()
         .map(|c| if c.is_ascii_alphanumeric() { c } else { '_' })
         .collect();
-    format!("pwnp_{clean}")
+    format!("{TABLE_PREFIX}{clean}")
 }
 
 /// Priorities of the tier's chains (protection's chain runs at 0).

@@ -79,6 +79,14 @@ impl Backend for BpfEnforcer {
     type Report = BpfApplyReport;
     type Error = BpfError;
 
+    fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BpfError> {
+        self.backend.flows()
+    }
+
+    fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BpfError> {
+        self.backend.end_flows(flows)
+    }
+
     fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BpfError> {
         let (entries, capacity) = self.backend.flow_table()?;
         Ok(Some((entries, u64::from(capacity))))

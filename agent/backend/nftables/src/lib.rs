@@ -9,6 +9,7 @@
 //! - [`NftBackend`]: checks ownership, applies one transaction, snapshots what it applied,
 //!   detects and repairs drift (someone deleted or edited our table), reads rule counters.
 
+pub mod conntrack;
 pub mod events;
 pub mod json;
 pub mod merge;
@@ -820,6 +821,20 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
 
     /// The kernel's conntrack table of the current network namespace (`nf_conntrack_count`
     /// of `nf_conntrack_max`); None before conntrack is loaded.
+    fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, NftError> {
+        match self.nft.conntrack() {
+            Some(ct) => ct.list(),
+            None => Ok(Vec::new()),
+        }
+    }
+
+    fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, NftError> {
+        match self.nft.conntrack() {
+            Some(ct) => ct.end(flows),
+            None => Ok(0),
+        }
+    }
+
     fn conntrack(&mut self) -> Result<Option<(u64, u64)>, NftError> {
         let read = |k: &str| {
             std::fs::read_to_string(format!("/proc/sys/net/netfilter/{k}"))

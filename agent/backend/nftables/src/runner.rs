@@ -26,6 +26,9 @@ pub trait Runner: Send + std::fmt::Debug {
     fn list_ruleset(&self) -> Result<Vec<Value>, NftError>;
     /// One set with its elements (`nft -j list set`): a merged rule's per-rule counters.
     fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Vec<Value>, NftError>;
+    /// The kernel's connection tracking of the same network namespace; None where there is
+    /// no kernel (the in-memory one).
+    fn conntrack(&self) -> Option<crate::conntrack::Conntrack>;
 }
 
 /// How to invoke `nft`: in this network namespace or in a named one.
@@ -121,6 +124,10 @@ impl Runner for Nft {
             {"family": family, "table": table, "name": set}}}]});
         let out = self.run("list set", &["-j", "-f", "-"], Some(&doc.to_string()))?;
         objects(&out)
+    }
+
+    fn conntrack(&self) -> Option<crate::conntrack::Conntrack> {
+        Some(crate::conntrack::Conntrack::new(self.netns.clone()))
     }
 }
 
@@ -314,6 +321,10 @@ impl FakeNft {
 }
 
 impl Runner for FakeNft {
+    fn conntrack(&self) -> Option<crate::conntrack::Conntrack> {
+        None
+    }
+
     fn transaction(&self, cmds: &[Command<'_>]) -> Result<(), NftError> {
         self.with(|s| {
             s.transactions += 1;

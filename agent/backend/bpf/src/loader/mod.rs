@@ -8,6 +8,7 @@
 //! so enforcement has no gap.
 
 mod entries;
+mod flows;
 mod host;
 mod pins;
 mod testing;

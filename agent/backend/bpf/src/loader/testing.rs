@@ -34,7 +34,8 @@ impl BpfBackend {
             peerwall_common::FlowState {
                 last_seen_ns: now,
                 replied: u8::from(replied),
-                _pad: [0; 7],
+                ended: 0,
+                _pad: [0; 6],
             },
             0,
         )

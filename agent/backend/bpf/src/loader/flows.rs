@@ -1,0 +1,148 @@
+//! The datapath's flow table as user space reads and ends it: [`BpfBackend::flows`] lists the
+//! tracked connections, [`BpfBackend::end_flows`] marks them ended (`FlowState::ended`: their
+//! packets read `ct state invalid` both ways until they expire, and none restarts them), then
+//! makes the verdicts cached for them stale.
+
+use std::net::IpAddr;
+
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
+use peerwall_backend::Flow;
+use peerwall_common::{family, map, FlowKey, FlowState, VerdictKey4};
+use peerwall_policy::ir::eval::proto;
+
+use super::{map_err, BpfBackend, BpfError};
+
+/// The flow a `FLOWS` key stands for.
+fn flow_of(k: &FlowKey) -> Option<Flow> {
+    let addr = |b: &[u8; 16]| -> Option<IpAddr> {
+        match k.family {
+            family::V4 => Some(IpAddr::from([b[0], b[1], b[2], b[3]])),
+            family::V6 => Some(IpAddr::from(*b)),
+            _ => None,
+        }
+    };
+    Some(Flow {
+        src: addr(&k.src)?,
+        dst: addr(&k.dst)?,
+        proto: k.proto,
+        sport: u16::from_be_bytes(k.sport),
+        dport: u16::from_be_bytes(k.dport),
+    })
+}
+
+/// The `FLOWS` key of a flow (original direction).
+pub fn key_of(f: &Flow) -> FlowKey {
+    let (fam, src, dst) = match (f.src, f.dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let mut a = [0u8; 16];
+            let mut b = [0u8; 16];
+            a[..4].copy_from_slice(&s.octets());
+            b[..4].copy_from_slice(&d.octets());
+            (family::V4, a, b)
+        }
+        (s, d) => {
+            let six = |a: IpAddr| match a {
+                IpAddr::V6(v) => v.octets(),
+                IpAddr::V4(v) => v.to_ipv6_mapped().octets(),
+            };
+            (family::V6, six(s), six(d))
+        }
+    };
+    FlowKey {
+        src,
+        dst,
+        sport: f.sport.to_be_bytes(),
+        dport: f.dport.to_be_bytes(),
+        proto: f.proto,
+        family: fam,
+        _pad: [0; 2],
+    }
+}
+
+/// The key of the opposite direction (ICMP echo keeps its identifier in `sport` both ways),
+/// as the datapath's `conntrack::reverse`.
+fn reverse(k: &FlowKey) -> FlowKey {
+    let icmp = k.proto == proto::ICMP || k.proto == proto::ICMPV6;
+    FlowKey {
+        src: k.dst,
+        dst: k.src,
+        sport: if icmp { k.sport } else { k.dport },
+        dport: if icmp { k.dport } else { k.sport },
+        ..*k
+    }
+}
+
+/// The verdict-cache sets (`VERDICT_GENS` indexes) packets of `k`'s direction fall in, as the
+/// datapath computes them: IPv4 from the 16-byte key (ICMP echo: request and reply types),
+/// IPv6 from the folded flow key.
+fn verdict_sets_of(k: &FlowKey) -> Vec<u32> {
+    if k.family != family::V4 {
+        return vec![peerwall_common::verdict_set(peerwall_common::fold_key6(k))];
+    }
+    let types: &[u8] = if k.proto == proto::ICMP {
+        &[0, 8]
+    } else {
+        &[0]
+    };
+    types
+        .iter()
+        .map(|&icmp_type| {
+            let key = VerdictKey4 {
+                src: [k.src[0], k.src[1], k.src[2], k.src[3]],
+                dst: [k.dst[0], k.dst[1], k.dst[2], k.dst[3]],
+                sport: k.sport,
+                dport: k.dport,
+                proto: k.proto,
+                icmp_type,
+                _pad: [0; 2],
+            };
+            peerwall_common::verdict_set(key.words())
+        })
+        .collect()
+}
+
+impl BpfBackend {
+    /// Every live flow of the datapath's table, by original direction.
+    pub fn flows(&mut self) -> Result<Vec<Flow>, BpfError> {
+        let m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+            BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+        Ok(m.iter()
+            .filter_map(Result::ok)
+            .filter(|(_, st)| st.ended == 0)
+            .filter_map(|(k, _)| flow_of(&k))
+            .collect())
+    }
+
+    /// Mark `flows` ended and make the verdicts cached for either direction stale; how many
+    /// of them the table held.
+    pub fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BpfError> {
+        let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+            BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+        let mut sets = Vec::new();
+        let mut ended = 0;
+        for f in flows {
+            let k = key_of(f);
+            let Ok(mut st) = m.get(&k, 0) else {
+                continue;
+            };
+            st.ended = 1;
+            m.insert(k, st, 0).map_err(map_err(map::FLOWS))?;
+            ended += 1;
+            sets.extend(verdict_sets_of(&k));
+            sets.extend(verdict_sets_of(&reverse(&k)));
+        }
+        if sets.is_empty() {
+            return Ok(0);
+        }
+        let mut gens: Array<&mut MapData, u32> =
+            Array::try_from(self.map(map::VERDICT_GENS)?).map_err(map_err(map::VERDICT_GENS))?;
+        sets.sort_unstable();
+        sets.dedup();
+        for s in sets {
+            let g = gens.get(&s, 0).map_err(map_err(map::VERDICT_GENS))?;
+            gens.set(s, g.wrapping_add(1), 0)
+                .map_err(map_err(map::VERDICT_GENS))?;
+        }
+        Ok(ended)
+    }
+}
