@@ -1,6 +1,7 @@
 //! The gateway lab end to end: real WireGuard tunnels, both backends driven by
-//! `peerwall agent --source dir:`, the provider-protection matrix (with a consumer whose pod
-//! CIDR overlaps the provider's, behind Liqo's remapping NAT), the live offload.
+//! `peerwall agent --source dir:`, the matrix of provider protection and the provider's
+//! NetworkPolicies (with a consumer whose pod CIDR overlaps the provider's, behind Liqo's
+//! remapping NAT), the live offload.
 
 mod common;
 
@@ -22,27 +23,40 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
     );
     assert!(out.contains("backends agree: yes"), "{out}");
     assert!(
-        out.contains("nftables: matrix equals the expected provider-protection matrix: yes"),
+        out.contains(
+            "nftables: matrix equals the expected matrix (protection and NetworkPolicies): yes"
+        ),
         "{out}"
     );
     assert!(
-        out.contains("bpf: matrix equals the expected provider-protection matrix: yes"),
+        out.contains(
+            "bpf: matrix equals the expected matrix (protection and NetworkPolicies): yes"
+        ),
         "{out}"
     );
     assert!(!out.contains("UNEXPECTED"), "{out}");
     // Per consumer 11 pairs (5 per pod: the 4 offloaded pods and the provider's local one;
-    // plus the provider-initiated pair), and the provider's pod running on consumer c: 34 per
-    // backend.
-    assert_eq!(out.matches(" || ").count(), 2 * 34, "{out}");
+    // plus the provider-initiated pair), and the provider's pod running on consumer c both
+    // ways: 35 per backend.
+    assert_eq!(out.matches(" || ").count(), 2 * 35, "{out}");
     // Consumer c's pod CIDR is the provider's own, remapped by Liqo's NAT in c's gateway: the
     // provider reaches c's pod by its remapped address and gets the replies (the bpf datapath
     // classifies them on the addresses the forward hook sees), and the provider's pod running
     // on c reaches home (the controller lists it by the address it has behind the tunnel).
+    // The provider's NetworkPolicies (the lab's `lab_cluster`) hold per probe (ICMP, TCP
+    // 8080, UDP 9090): a named port from one address, an ipBlock except, an egress allowlist
+    // and an ingress rule naming the remote pod on c by label.
     for row in [
-        "OK    | [provider local] -> [consumer c pod] || 10.20.3.10 -> 10.71.9.10",
-        "OK    | [provider pod on consumer c] -> [provider local] || 10.20.9.20 -> 10.20.3.10",
-        "FAIL  | [consumer c pod 10.20.9.10] -> [provider local] || 10.20.9.10 -> 10.20.3.10",
-        "OK    | [consumer c pod 10.20.9.10] -> [provider offloaded-by-c] || 10.20.9.10 -> 10.20.4.10",
+        "OK    +++ | [provider local] -> [provider pod on consumer c] || 10.20.3.10 -> 10.71.9.20",
+        "MIXED -+- | [provider pod on consumer c] -> [provider local] || 10.20.9.20 -> 10.20.3.10",
+        "FAIL  --- | [consumer c pod 10.20.9.10] -> [provider local] || 10.20.9.10 -> 10.20.3.10",
+        "OK    +++ | [consumer c pod 10.20.9.10] -> [provider offloaded-by-c] || 10.20.9.10 -> 10.20.4.10",
+        "MIXED -+- | [consumer a pod 10.10.1.10] -> [provider offloaded-by-a] || 10.10.1.10 -> 10.20.1.11",
+        "FAIL  --- | [consumer a pod 10.10.1.11] -> [provider offloaded-by-a] || 10.10.1.11 -> 10.20.1.11",
+        "OK    +++ | [consumer b pod 10.30.1.10] -> [provider offloaded-by-b] || 10.30.1.10 -> 10.20.2.10",
+        "FAIL  --- | [consumer b pod 10.30.1.11] -> [provider offloaded-by-b] || 10.30.1.11 -> 10.20.2.10",
+        "MIXED -++ | [provider local] -> [consumer a pod] || 10.20.3.10 -> 10.10.1.10",
+        "FAIL  --- | [provider local] -> [consumer c pod] || 10.20.3.10 -> 10.71.9.10",
     ] {
         assert_eq!(out.matches(row).count(), 2, "{row}\n{out}");
     }

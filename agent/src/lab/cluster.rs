@@ -2,8 +2,9 @@
 //! pods), and the FirewallConfiguration the controller publishes for it.
 
 use anyhow::{Context, Result};
+use serde_json::Value;
 
-use crate::protection;
+use crate::{netpol, protection};
 
 pub(super) struct Consumer {
     pub(super) name: &'static str,
@@ -214,4 +215,195 @@ pub fn controller_slices(
         }
     }
     Ok(out)
+}
+
+/// The provider's own NetworkPolicies in the lab, and the pods they select, as the controller
+/// reads them ([`crate::k8s::netpol::cluster`] builds the same from the API server): the pods
+/// of [`lab_world`] with labels and container ports (`http` 8080/TCP, `echo` 9090/UDP), the
+/// provider's pod running on consumer c as a remote pod of namespace `local`, and
+/// - `app-a/web-1-http`: web-1 takes its named port `http` from consumer a's pod 10.10.1.10
+///   only (ingress, pod selector, named port);
+/// - `app-b/b-except-11`: the pods of app-b take anything from consumer b's CIDR except
+///   10.30.1.11 (ingress, `ipBlock` with `except`);
+/// - `local/local-egress`: the local pod opens connections only to consumer a's CIDR on TCP
+///   8080 and UDP 9090, and to the pods labelled `app: ours` (the remote one on c) on any port
+///   (an egress allowlist naming a remote pod by label);
+/// - `local/local-from-ours`: the local pod takes its port `http` from the pods labelled
+///   `app: ours` only (a remote pod by label, on the consumer's side of its tunnel).
+pub fn lab_cluster() -> netpol::Cluster {
+    use netpol::{ContainerPort, IpBlock, NetworkPolicy, Peer, Pod, Port, Ports, Protocol};
+    use netpol::{Rule, Selector};
+    use std::collections::BTreeMap;
+    let labels = |kv: &[(&str, &str)]| -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let selector = |kv: &[(&str, &str)]| Selector {
+        labels: labels(kv),
+        exprs: Vec::new(),
+    };
+    let ports = vec![
+        ContainerPort {
+            name: Some("http".into()),
+            protocol: Protocol::Tcp,
+            port: 8080,
+        },
+        ContainerPort {
+            name: Some("echo".into()),
+            protocol: Protocol::Udp,
+            port: 9090,
+        },
+    ];
+    let pod = |ns: &str, name: &str, ip: &str, local: Option<String>, peer: Option<&str>| Pod {
+        namespace: ns.into(),
+        name: name.into(),
+        labels: labels(&[("app", name)]),
+        ips: ip.parse().into_iter().collect(),
+        local_ips: local.and_then(|l| l.parse().ok()).into_iter().collect(),
+        ports: ports.clone(),
+        peer: peer.map(str::to_string),
+    };
+    let mut cluster = netpol::Cluster::default();
+    let mut namespace = |name: &str| {
+        cluster.namespaces.insert(
+            name.to_string(),
+            labels(&[("kubernetes.io/metadata.name", name)]),
+        );
+    };
+    for c in consumers() {
+        namespace(&format!("app-{}", c.name));
+    }
+    namespace("local");
+    for c in consumers() {
+        for (i, ip) in c.offloaded.iter().enumerate() {
+            cluster.pods.push(pod(
+                &format!("app-{}", c.name),
+                &format!("web-{i}"),
+                ip,
+                None,
+                None,
+            ));
+        }
+        // The provider's pod running on c: through the tunnel by c's own address, here by
+        // the remapped one.
+        if let Some(ours) = c.hosts_ours {
+            let mut p = pod("local", "ours", ours, c.seen(ours).ok(), Some(c.name));
+            p.name = format!("ours-on-{}", c.name);
+            cluster.pods.push(p);
+        }
+    }
+    let mut local = pod("local", "local-0", LOCAL_POD, None, None);
+    local.labels = labels(&[("app", "local")]);
+    cluster.pods.push(local);
+    let block = |cidr: &str, except: &[&str]| {
+        Peer::Block(IpBlock {
+            cidr: cidr.parse().unwrap_or_else(|_| ipnet::IpNet::default()),
+            except: except.iter().filter_map(|e| e.parse().ok()).collect(),
+        })
+    };
+    let port = |protocol, ports| Port { protocol, ports };
+    let ours = || Peer::Pods {
+        namespaces: None,
+        pods: Some(selector(&[("app", "ours")])),
+    };
+    cluster.policies = vec![
+        NetworkPolicy {
+            namespace: "app-a".into(),
+            name: "web-1-http".into(),
+            pod_selector: selector(&[("app", "web-1")]),
+            ingress: Some(vec![Rule {
+                peers: vec![block("10.10.1.10/32", &[])],
+                ports: vec![port(Protocol::Tcp, Ports::Named("http".into()))],
+            }]),
+            egress: None,
+        },
+        NetworkPolicy {
+            namespace: "app-b".into(),
+            name: "b-except-11".into(),
+            pod_selector: Selector::default(),
+            ingress: Some(vec![Rule {
+                peers: vec![block("10.30.0.0/16", &["10.30.1.11/32"])],
+                ports: Vec::new(),
+            }]),
+            egress: None,
+        },
+        NetworkPolicy {
+            namespace: "local".into(),
+            name: "local-egress".into(),
+            pod_selector: selector(&[("app", "local")]),
+            ingress: None,
+            egress: Some(vec![
+                Rule {
+                    peers: vec![block("10.10.0.0/16", &[])],
+                    ports: vec![
+                        port(Protocol::Tcp, Ports::Range(8080, 8080)),
+                        port(Protocol::Udp, Ports::Range(9090, 9090)),
+                    ],
+                },
+                Rule {
+                    peers: vec![ours()],
+                    ports: Vec::new(),
+                },
+            ]),
+        },
+        NetworkPolicy {
+            namespace: "local".into(),
+            name: "local-from-ours".into(),
+            pod_selector: selector(&[("app", "local")]),
+            ingress: Some(vec![Rule {
+                peers: vec![ours()],
+                ports: vec![port(Protocol::Tcp, Ports::Named("http".into()))],
+            }]),
+            egress: None,
+        },
+    ];
+    cluster
+}
+
+/// The NetworkPolicy tier the controller publishes for consumer `name`'s gateway
+/// ([`netpol::tier::tier`], [`netpol::tier::object`]), as the agent's file content.
+pub fn controller_tier(
+    world: &protection::World,
+    cluster: &netpol::Cluster,
+    name: &str,
+) -> Result<Value> {
+    let peer = lab_peer(world, name)?;
+    let tier = netpol::tier::tier(cluster, name, false);
+    if let Some(u) = tier.unenforced.first() {
+        anyhow::bail!(
+            "the lab's NetworkPolicy {} is not enforced: {}",
+            u.policy,
+            u.why
+        );
+    }
+    Ok(netpol::tier::object(&peer, &tier.spec))
+}
+
+/// What consumer `c`'s gateway enforces, compiled as the agent compiles it (the gateway
+/// configuration with its addresses inline, the NetworkPolicy tier, and Liqo's remapping
+/// table it observes): the policy the lab's expected matrix is judged on.
+pub(super) fn gateway_policy(c: &Consumer) -> Result<peerwall_policy::ir::Policy> {
+    use peerwall_intent::load::{object_from_json, Group};
+    let world = lab_world(&[]);
+    let peer = lab_peer(&world, c.name)?;
+    let sets = protection::sets(&world).remove(c.name).unwrap_or_default();
+    let mut objects = vec![
+        object_from_json(
+            protection::gateway_object(&peer, &sets, &lab_options()),
+            Group::Peerwall,
+        )?,
+        object_from_json(
+            controller_tier(&world, &lab_cluster(), c.name)?,
+            Group::Peerwall,
+        )?,
+    ];
+    if let Some(remap) = super::liqo::remap_object(c) {
+        let mut o = object_from_json(remap, Group::Liqo)?;
+        o.role = peerwall_intent::Role::Observe;
+        objects.push(o);
+    }
+    Ok(peerwall_policy::compile::compile(&objects)
+        .context("the controller's output for the lab does not compile")?
+        .policy)
 }

@@ -11,18 +11,67 @@ pub(super) struct Pair {
     pub(super) src: String,
     pub(super) to: String,
     pub(super) dst: String,
-    pub(super) expect: bool,
+    /// What the reference evaluator says of each probe's first packet, on the policy the
+    /// controller generates for the gateway it crosses (protection and NetworkPolicies).
+    pub(super) want: Probes,
 }
 
 /// Outcome of the three probes of a pair.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Probes {
-    pub(super) icmp: bool,
-    pub(super) tcp: bool,
-    pub(super) udp: bool,
+pub struct Probes {
+    /// ICMP echo.
+    pub icmp: bool,
+    /// TCP connect to 8080.
+    pub tcp: bool,
+    /// UDP exchange on 9090.
+    pub udp: bool,
 }
 
 impl Probes {
+    /// The reference evaluator's verdict on each probe's first packet from `src` to `dst`
+    /// through a gateway enforcing `policy` (`inbound`: from the tunnel to the nodes).
+    pub(super) fn judged(
+        policy: &peerwall_policy::ir::Policy,
+        src: &str,
+        dst: &str,
+        inbound: bool,
+        geneve: &str,
+    ) -> anyhow::Result<Self> {
+        use peerwall_policy::ir::{eval::proto, CtState, Packet, VerdictAction};
+        let (src, dst) = (src.parse()?, dst.parse()?);
+        let (iif, oif) = if inbound {
+            ("liqo-tunnel", geneve)
+        } else {
+            (geneve, "liqo-tunnel")
+        };
+        let passes = |proto: u8, dport: u16| {
+            let pkt = Packet {
+                src,
+                dst,
+                proto,
+                sport: 40000,
+                dport,
+                iif: Some(iif.into()),
+                oif: Some(oif.into()),
+                ct_state: CtState::New,
+            };
+            peerwall_policy::ir::evaluate_at_ingress(policy, &pkt).verdict == VerdictAction::Accept
+        };
+        Ok(Self {
+            icmp: passes(proto::ICMP, 0),
+            tcp: passes(proto::TCP, 8080),
+            udp: passes(proto::UDP, 9090),
+        })
+    }
+
+    /// `icmp tcp udp` as `+`/`-`.
+    pub(super) fn marks(self) -> String {
+        [self.icmp, self.tcp, self.udp]
+            .iter()
+            .map(|&b| if b { '+' } else { '-' })
+            .collect()
+    }
+
     pub(super) fn word(self) -> &'static str {
         match (self.icmp, self.tcp, self.udp) {
             (true, true, true) => "OK",

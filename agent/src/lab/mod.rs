@@ -17,12 +17,15 @@
 //! on the controller's own output: the lab describes its cluster (tenant namespaces, offloaded
 //! namespaces, pods) as the controller sees it ([`lab_world`]) and writes what
 //! [`protection::sets`] and [`protection::gateway_object`] make of it — default deny from the
-//! consumer's tunnels, the consumer's offloaded pods allowed, replies pass. No hand-written
-//! policy: what the lab enforces is what `peerwall controller` would publish.
+//! consumer's tunnels, the consumer's offloaded pods allowed, replies pass — plus the
+//! NetworkPolicy tier the controller derives from the provider's own NetworkPolicies
+//! ([`lab_cluster`], [`controller_tier`]). No hand-written policy: what the lab enforces is
+//! what `peerwall controller` would publish.
 //!
 //! The lab probes every pair with ICMP, a TCP connect and a UDP exchange, prints the matrix
-//! (as the thesis's test scripts do), compares it with the expected one, offloads one more pod
-//! and times how long until it is reachable. Everything is removed on exit, on failure and on
+//! (as the thesis's test scripts do), holds every probe to the reference evaluator's verdict
+//! on the gateway's compiled policy, offloads one more pod and times how long until it is
+//! reachable. Everything is removed on exit, on failure and on
 //! Ctrl-C, unless `--keep`.
 mod cluster;
 mod infra;
@@ -41,18 +44,19 @@ use peerwall_backend_bpf::loader;
 
 use crate::protection;
 
-use cluster::{consumers, Consumer, LOCAL_POD, NEW_POD, PROVIDER_CIDR};
-pub use cluster::{controller_policy, controller_slices, lab_world};
+use cluster::{consumers, gateway_policy, Consumer, LOCAL_POD, NEW_POD, PROVIDER_CIDR};
+pub use cluster::{controller_policy, controller_slices, controller_tier, lab_cluster, lab_world};
 use infra::{in_ns, undo_items, wg_keys, Lab, Registry, Undo};
-use matrix::{probe, Pair, Probes};
+pub use matrix::Probes;
+use matrix::{probe, Pair};
 
 /// Result of one backend's run.
 #[derive(Debug)]
 pub struct LabRun {
     /// Backend.
     pub backend: &'static str,
-    /// `OK | [from] -> [to] || src -> dst` rows.
-    pub rows: Vec<(String, bool, bool)>,
+    /// `[from] -> [to] || src -> dst` rows: what the probes reached, what was expected.
+    pub rows: Vec<(String, Probes, Probes)>,
     /// Milliseconds from offloading one more pod to its first successful ping.
     pub new_pod_ms: Option<f64>,
 }
@@ -61,7 +65,7 @@ impl LabRun {
     /// One line: matrix as expected or not, and the live offload's delay.
     fn print_summary(&self) {
         println!(
-            "{}: matrix equals the expected provider-protection matrix: {}; new pod reachable after {}",
+            "{}: matrix equals the expected matrix (protection and NetworkPolicies): {}; new pod reachable after {}",
             self.backend,
             if self.as_expected() { "yes" } else { "NO" },
             self.new_pod_ms
@@ -69,7 +73,7 @@ impl LabRun {
         );
     }
 
-    /// Whether every pair behaved as provider protection says.
+    /// Whether every probe behaved as the reference evaluator says.
     pub fn as_expected(&self) -> bool {
         self.rows.iter().all(|(_, got, want)| got == want)
     }
@@ -289,6 +293,11 @@ fn start_agent(
     for (slice, text) in controller_slices(&lab_world(&[]), c.name, &[])? {
         std::fs::write(dir.join(format!("{}.yaml", slice.name)), text)?;
     }
+    // The NetworkPolicy tier the controller publishes for this peer.
+    std::fs::write(
+        dir.join("networkpolicy.yaml"),
+        serde_json::to_string_pretty(&controller_tier(&lab_world(&[]), &lab_cluster(), c.name)?)?,
+    )?;
     // Liqo's objects in force in this gateway, which the agent reads (never applies).
     let observed = work.join(format!("liqo-{}", c.name));
     std::fs::create_dir_all(&observed)?;
@@ -382,59 +391,100 @@ fn wait_tunnels(cs: &[Consumer], consumer_ns: &[NetNs]) -> Result<()> {
     Ok(())
 }
 
-/// Every pair the matrix probes, with what provider protection expects of it.
+/// Every pair the matrix probes, with what the reference evaluator expects of each probe on
+/// the policy the controller generates for the gateway it crosses. `protected`: what provider
+/// and consumer protection alone allow; a NetworkPolicy only ever takes away from it (the
+/// tiers intersect), which is checked here too.
 fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Result<Vec<Pair>> {
     let mut pairs = Vec::new();
     for (c, cns) in cs.iter().zip(consumer_ns) {
-        for src in c.pods {
-            for d in cs {
-                for dst in &d.offloaded {
-                    pairs.push(Pair {
-                        from: format!("consumer {} pod {src}", c.name),
-                        ns: cns.name().to_string(),
-                        src: src.to_string(),
-                        to: format!("provider offloaded-by-{}", d.name),
-                        dst: dst.clone(),
-                        expect: c.name == d.name,
-                    });
-                }
+        let policy = gateway_policy(c)?;
+        let mut add = |from: String,
+                       ns: &str,
+                       src: &str,
+                       to: String,
+                       dst: String,
+                       inbound: bool,
+                       protected: bool|
+         -> Result<()> {
+            let want = Probes::judged(&policy, src, &dst, inbound, c.geneve)?;
+            if !protected && (want.icmp || want.tcp || want.udp) {
+                bail!("[{from}] -> [{to}]: protection refuses it, yet the gateway's policy lets {} through", want.marks());
             }
             pairs.push(Pair {
-                from: format!("consumer {} pod {src}", c.name),
-                ns: cns.name().to_string(),
+                from,
+                ns: ns.to_string(),
                 src: src.to_string(),
-                to: "provider local".into(),
-                dst: LOCAL_POD.into(),
-                expect: false,
+                to,
+                dst,
+                want,
             });
+            Ok(())
+        };
+        for src in c.pods {
+            let from = format!("consumer {} pod {src}", c.name);
+            for d in cs {
+                for dst in &d.offloaded {
+                    add(
+                        from.clone(),
+                        cns.name(),
+                        src,
+                        format!("provider offloaded-by-{}", d.name),
+                        dst.clone(),
+                        true,
+                        c.name == d.name,
+                    )?;
+                }
+            }
+            add(
+                from,
+                cns.name(),
+                src,
+                "provider local".into(),
+                LOCAL_POD.into(),
+                true,
+                false,
+            )?;
         }
         // Connections the provider opens get their replies back through the tunnel; the
         // provider addresses a remapped consumer in the remapped CIDR.
-        pairs.push(Pair {
-            from: "provider local".into(),
-            ns: node.name().to_string(),
-            src: LOCAL_POD.into(),
-            to: format!("consumer {} pod", c.name),
-            dst: c.seen(c.pods[0])?,
-            expect: true,
-        });
-        // Consumer protection: the provider's own pod running on this consumer reaches home.
+        add(
+            "provider local".into(),
+            node.name(),
+            LOCAL_POD,
+            format!("consumer {} pod", c.name),
+            c.seen(c.pods[0])?,
+            false,
+            true,
+        )?;
+        // Consumer protection: the provider's own pod running on this consumer reaches home,
+        // and home reaches it.
         if let Some(ours) = c.hosts_ours {
-            pairs.push(Pair {
-                from: format!("provider pod on consumer {}", c.name),
-                ns: cns.name().to_string(),
-                src: ours.to_string(),
-                to: "provider local".into(),
-                dst: LOCAL_POD.into(),
-                expect: true,
-            });
+            add(
+                format!("provider pod on consumer {}", c.name),
+                cns.name(),
+                ours,
+                "provider local".into(),
+                LOCAL_POD.into(),
+                true,
+                true,
+            )?;
+            add(
+                "provider local".into(),
+                node.name(),
+                LOCAL_POD,
+                format!("provider pod on consumer {}", c.name),
+                c.seen(ours)?,
+                false,
+                true,
+            )?;
         }
     }
     Ok(pairs)
 }
 
-/// Probe every pair (in parallel), print the matrix; rows of (pair, reachable, expected).
-fn judge(backend: &str, pairs: &[Pair]) -> Vec<(String, bool, bool)> {
+/// Probe every pair (in parallel), print the matrix; rows of (pair, reached, expected).
+fn judge(backend: &str, pairs: &[Pair]) -> Vec<(String, Probes, Probes)> {
     let results: Vec<Probes> = std::thread::scope(|s| {
         let handles: Vec<_> = pairs.iter().map(|p| s.spawn(move || probe(p))).collect();
         handles
@@ -449,31 +499,31 @@ fn judge(backend: &str, pairs: &[Pair]) -> Vec<(String, bool, bool)> {
             .collect()
     });
     let mut rows = Vec::new();
-    println!("\n== {backend}: reachability (ICMP + TCP + UDP per pair)");
+    println!(
+        "\n== {backend}: reachability (ICMP TCP/8080 UDP/9090 per pair: + reached, - refused)"
+    );
     for (p, r) in pairs.iter().zip(&results) {
-        let word = r.word();
-        let detail = if word == "MIXED" {
-            format!(" (icmp {}, tcp {}, udp {})", r.icmp, r.tcp, r.udp)
-        } else {
-            String::new()
-        };
         let line = format!(
-            "{word:<5} | [{}] -> [{}] || {} -> {}{detail}",
-            p.from, p.to, p.src, p.dst
+            "{:<5} {} | [{}] -> [{}] || {} -> {}",
+            r.word(),
+            r.marks(),
+            p.from,
+            p.to,
+            p.src,
+            p.dst
         );
-        let ok = word == "OK";
         println!(
             "{line}{}",
-            if ok == p.expect && word != "MIXED" {
-                ""
+            if *r == p.want {
+                String::new()
             } else {
-                "   <-- UNEXPECTED"
+                format!("   <-- UNEXPECTED (expected {})", p.want.marks())
             }
         );
         rows.push((
             format!("[{}] -> [{}] || {} -> {}", p.from, p.to, p.src, p.dst),
-            ok && word != "MIXED",
-            p.expect,
+            *r,
+            p.want,
         ));
     }
     rows
