@@ -576,6 +576,12 @@ fn main() -> Result<()> {
         }
         Some("fuzz") => fuzz(&args[1..]),
         Some("reliability") => reliability(),
+        Some("bench-netpol") => {
+            setup_build()?;
+            let mut c = cargo();
+            c.args(["bench", "-p", "peerwall", "--bench", "netpol"]);
+            run(c)
+        }
         Some("bench-control") => {
             // The agent and controller under test are the release binary.
             setup_build()?;
@@ -589,7 +595,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|bench-control|crd|kube-build|kube-up|image>"
+                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|bench-control|bench-netpol|crd|kube-build|kube-up|image>"
             );
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
@@ -598,6 +604,7 @@ fn main() -> Result<()> {
             eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency); `bench breakdown`: where the classifier's time goes");
             eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
             eprintln!("  bench-control  100k offloaded pods through kube-apiserver, controller and agent: one pod, churn, restart, RSS (root)");
+            eprintln!("  bench-netpol  1000 NetworkPolicies over 10k pods: the tier, compile, full apply and one label change per backend (root)");
             eprintln!("  reliability  the fault tests (tests/faults.rs), then their table in docs/reliability.md (root)");
             eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 60 s each by default; findings land in tests/fuzz/artifacts (root)");
             eprintln!("  crd    regenerate deploy/base/crd.yaml from the Rust types");

@@ -13,7 +13,7 @@
 //! cut out), then the pods some policy isolates are dropped. Named ports become one clause per
 //! port number they resolve to, over the pods that resolve them so.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
 use peerwall_intent::types as api;
@@ -272,6 +272,9 @@ struct ChainBuilder<'a> {
     dir: Dir,
     cluster: &'a Cluster,
     pods: &'a [&'a Pod],
+    /// Indexes into `pods` by namespace: selectors are matched within the namespaces they can
+    /// select, not across every pod.
+    by_ns: &'a HashMap<&'a str, Vec<usize>>,
     sets: Vec<api::Set>,
     rules: Vec<api::FilterRule>,
     unenforced: Vec<Unenforced>,
@@ -309,17 +312,35 @@ impl ChainBuilder<'_> {
 
     /// The pods (indexes) the pod peers of a policy in `ns` select.
     fn peer_pods(&self, ns: &str, peers: &[Peer]) -> BTreeSet<usize> {
-        peers
-            .iter()
-            .filter(|peer| matches!(peer, Peer::Pods { .. }))
-            .flat_map(|peer| {
-                self.pods
+        let mut out = BTreeSet::new();
+        for peer in peers {
+            let Peer::Pods { namespaces, .. } = peer else {
+                continue;
+            };
+            // The namespaces the peer can select: its policy's, or those its selector matches.
+            let candidates: Vec<&Vec<usize>> = match namespaces {
+                None => self.by_ns.get(ns).into_iter().collect(),
+                Some(sel) => self
+                    .by_ns
                     .iter()
-                    .enumerate()
-                    .filter(move |(_, p)| self.cluster.peer_selects_pod(ns, peer, p))
-                    .map(|(i, _)| i)
-            })
-            .collect()
+                    .filter(|(n, _)| {
+                        self.cluster
+                            .namespaces
+                            .get(**n)
+                            .is_some_and(|labels| sel.matches(labels))
+                    })
+                    .map(|(_, v)| v)
+                    .collect(),
+            };
+            for idx in candidates {
+                out.extend(
+                    idx.iter()
+                        .copied()
+                        .filter(|&i| self.cluster.peer_selects_pod(ns, peer, self.pods[i])),
+                );
+            }
+        }
+        out
     }
 
     fn policy(
@@ -332,13 +353,12 @@ impl ChainBuilder<'_> {
             return;
         };
         let own: BTreeSet<usize> = self
-            .pods
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| {
-                p.namespace == policy.namespace && policy.pod_selector.matches(&p.labels)
-            })
-            .map(|(i, _)| i)
+            .by_ns
+            .get(policy.namespace.as_str())
+            .into_iter()
+            .flatten()
+            .copied()
+            .filter(|&i| policy.pod_selector.matches(&self.pods[i].labels))
             .collect();
         if own.is_empty() {
             return;
@@ -549,9 +569,61 @@ pub fn object(
     })
 }
 
+/// One set for each distinct content, one rule for each distinct match: rules whose
+/// selectors pick the same pods (policies that repeat a selector, the same pods on both sides)
+/// reference the first set of that content, and a rule that repeats an earlier one's matches
+/// and action (several policies isolating the same pods) is left out: it could never decide a
+/// packet the earlier one did not. The table holds each address list once, and the bpf
+/// backend's per-chain rule budget goes to distinct rules.
+fn share_identical(sets: Vec<api::Set>, chains: &mut [api::Chain]) -> Vec<api::Set> {
+    let mut first: HashMap<(bool, Vec<String>), String> = HashMap::new();
+    let mut renamed: HashMap<String, String> = HashMap::new();
+    let mut kept = Vec::new();
+    for set in sets {
+        let key = (
+            set.key_type == Some(api::SetDataType::Ipv4Addr),
+            set.elements.iter().map(|e| e.key.clone()).collect(),
+        );
+        match first.get(&key) {
+            Some(name) => {
+                renamed.insert(format!("@{}", set.name), format!("@{name}"));
+            }
+            None => {
+                first.insert(key, set.name.clone());
+                kept.push(set);
+            }
+        }
+    }
+    for chain in chains.iter_mut() {
+        let Some(rules) = chain.rules.filter_rules.as_mut() else {
+            continue;
+        };
+        for rule in rules.iter_mut() {
+            for m in &mut rule.r#match {
+                if let Some(ip) = m.ip.as_mut() {
+                    if let Some(to) = renamed.get(&ip.value) {
+                        ip.value.clone_from(to);
+                    }
+                }
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        rules.retain(|r| {
+            seen.insert(
+                serde_json::to_string(&(&r.r#match, &r.action, &r.value)).unwrap_or_default(),
+            )
+        });
+    }
+    kept
+}
+
 /// The NetworkPolicy tier of `peer`'s gateway.
 pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
     let pods = crossing(cluster, peer);
+    let mut by_ns: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, p) in pods.iter().enumerate() {
+        by_ns.entry(p.namespace.as_str()).or_default().push(i);
+    }
     let mut policies: Vec<&NetworkPolicy> = cluster.policies.iter().collect();
     policies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut sets = Vec::new();
@@ -562,6 +634,7 @@ pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
             dir,
             cluster,
             pods: &pods,
+            by_ns: &by_ns,
             sets: Vec::new(),
             rules: Vec::new(),
             unenforced: Vec::new(),
@@ -572,6 +645,7 @@ pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
         unenforced.extend(u);
     }
     unenforced.dedup();
+    let sets = share_identical(sets, &mut chains);
     Tier {
         spec: api::FirewallConfigurationSpec {
             table: api::Table {

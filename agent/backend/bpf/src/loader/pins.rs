@@ -88,7 +88,8 @@ pub(super) fn drop_stale_caches(pin_dir: &Path) -> Result<Vec<String>, BpfError>
     Ok(removed)
 }
 
-/// Remove every pin under `pin_dir` (links first: that detaches the programs), then the dir.
+/// Remove every pin under `pin_dir` (links first: that detaches the programs), then the dir
+/// unless it holds other datapaths' pin directories (left in place).
 pub fn remove_pins(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
@@ -113,12 +114,21 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
         std::fs::remove_dir(&links).map_err(io(&links))?;
     }
     if pin_dir.exists() {
+        let mut others = false;
         for e in std::fs::read_dir(pin_dir).map_err(io(pin_dir))? {
             let p = e.map_err(io(pin_dir))?.path();
+            // A directory holds another datapath's pins (the gateway-pod mode keeps each
+            // gateway's under `gateways/`): not this one's to remove.
+            if p.is_dir() {
+                others = true;
+                continue;
+            }
             std::fs::remove_file(&p).map_err(io(&p))?;
             removed.push(p.display().to_string());
         }
-        std::fs::remove_dir(pin_dir).map_err(io(pin_dir))?;
+        if !others {
+            std::fs::remove_dir(pin_dir).map_err(io(pin_dir))?;
+        }
     }
     // The slots' names live beside, under /run (bpffs holds only BPF objects).
     if let Some(meta) = crate::inspect::meta_path(pin_dir, 0).parent() {
