@@ -125,6 +125,7 @@ pub(crate) fn protection_policy(n: usize, seed: u64) -> Policy {
     };
     let spec = protection::gateway_spec(
         "bench",
+        &[],
         &sets,
         &Options {
             tunnel: TUNNEL.into(),

@@ -364,6 +364,9 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     let who = protection::Peer {
         id: peer.clone(),
         tenant_namespace: ns_name.clone(),
+        sources: per_peer(&ctx, protection::configuration_sources)
+            .remove(&peer)
+            .unwrap_or_default(),
     };
     // Addresses first, as slices: the configuration that takes them comes after, so a set
     // never misses addresses it had.

@@ -190,6 +190,11 @@ impl Snapshot {
                 })
                 .collect(),
             remaps: self.remaps(),
+            sources: self
+                .configurations
+                .iter()
+                .filter_map(|c| protection::configuration_sources(&labels(c), c))
+                .collect(),
         }
     }
 

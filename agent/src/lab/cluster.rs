@@ -117,6 +117,15 @@ pub fn lab_world(extra: &[(&str, &str)]) -> protection::World {
                 ("liqo.io/remote-cluster-id", c.name),
             ]),
         });
+        // Liqo's Configuration of the peer: the CIDRs its packets carry through the tunnel.
+        w.sources.insert(
+            c.name.into(),
+            [Some(c.cidr), c.remapped]
+                .into_iter()
+                .flatten()
+                .filter_map(|n| n.parse().ok())
+                .collect(),
+        );
         let offloaded_ns = format!("app-{}", c.name);
         w.namespaces.push(protection::Namespace {
             name: offloaded_ns.clone(),

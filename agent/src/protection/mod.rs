@@ -96,6 +96,9 @@ pub struct World {
     /// Per peer (cluster id): how its CIDRs are remapped here, from Liqo's `Configuration` in
     /// its tenant namespace.
     pub remaps: BTreeMap<String, Vec<Remap>>,
+    /// Per peer: the source CIDRs its packets may carry through the tunnel
+    /// ([`configuration_sources`]); a peer without any is not checked for spoofing.
+    pub sources: BTreeMap<String, Vec<ipnet::IpNet>>,
 }
 
 /// One remapped CIDR of a peer, from Liqo's `Configuration` (`networking.liqo.io/v1beta1`):
@@ -185,6 +188,32 @@ pub fn configuration_cidrs(
     Some((peer, out))
 }
 
+/// The peer a Liqo `Configuration` is for and the source CIDRs its packets may carry through
+/// the tunnel: its pod and external CIDRs, both its own (`spec.remote.cidr`, what the
+/// gateway's forward hook sees before Liqo's SNAT at postrouting) and as seen here
+/// (`status.remote.cidr`, remapped where they overlap ours). Entries that do not parse are
+/// skipped.
+pub fn configuration_sources(
+    labels: &BTreeMap<String, String>,
+    body: &Value,
+) -> Option<(String, Vec<ipnet::IpNet>)> {
+    let peer = labels.get(REMOTE_CLUSTER_ID)?.clone();
+    let mut out: Vec<ipnet::IpNet> = Vec::new();
+    for side in ["spec", "status"] {
+        for kind in ["pod", "external"] {
+            if let Some(v) = body
+                .pointer(&format!("/{side}/remote/cidr/{kind}"))
+                .and_then(Value::as_array)
+            {
+                out.extend(v.iter().filter_map(|c| c.as_str()?.parse().ok()));
+            }
+        }
+    }
+    out.sort();
+    out.dedup();
+    Some((peer, out))
+}
+
 /// `ip` (as this cluster sees it) as it crosses `remaps`' peer's tunnel.
 fn real_address(remaps: &[Remap], ip: IpAddr) -> IpAddr {
     remaps.iter().find_map(|r| r.to_real(ip)).unwrap_or(ip)
@@ -215,6 +244,10 @@ pub struct Peer {
     pub id: String,
     /// Tenant namespace (where its gateway configuration lives).
     pub tenant_namespace: String,
+    /// The source CIDRs its packets may carry through the tunnel (its pod and external
+    /// CIDRs, its own and as seen here: [`configuration_sources`]). Empty: not known (no
+    /// `Configuration` yet), sources are not checked.
+    pub sources: Vec<ipnet::IpNet>,
 }
 
 /// Address sets of one peer's gateway configuration.
@@ -244,6 +277,7 @@ pub fn peers(world: &World) -> Vec<Peer> {
             n.labels.get(REMOTE_CLUSTER_ID).map(|id| Peer {
                 id: id.clone(),
                 tenant_namespace: n.name.clone(),
+                sources: world.sources.get(id).cloned().unwrap_or_default(),
             })
         })
         .collect();
@@ -380,6 +414,31 @@ fn set_of(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
     }
 }
 
+/// Name of the gateway configuration's set of the peer's source CIDRs (`sources`, `sources6`).
+pub const SOURCES_SET: &str = "sources";
+
+/// An inline set of the CIDRs of one family (never filled from AddressSets).
+fn cidr_set(name: String, cidrs: &[ipnet::IpNet], v6: bool) -> api::Set {
+    api::Set {
+        from_address_sets: false,
+        name,
+        key_type: Some(if v6 {
+            api::SetDataType::Ipv6Addr
+        } else {
+            api::SetDataType::Ipv4Addr
+        }),
+        data_type: None,
+        elements: cidrs
+            .iter()
+            .filter(|c| matches!(c, ipnet::IpNet::V6(_)) == v6)
+            .map(|c| api::SetElement {
+                key: c.to_string(),
+                data: None,
+            })
+            .collect(),
+    }
+}
+
 fn eq(m: api::Match) -> api::Match {
     api::Match {
         op: Some(api::MatchOperation::Eq),
@@ -403,7 +462,12 @@ fn in_set(set: String, pos: api::MatchPosition) -> api::Match {
 /// Every set also takes AddressSet slices (`fromAddressSets`): the controller publishes the
 /// addresses as slices ([`layout`]) and passes empty inline sets; small setups and tests may
 /// pass the addresses inline.
-pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> api::FirewallConfigurationSpec {
+pub fn gateway_spec(
+    peer: &str,
+    sources: &[ipnet::IpNet],
+    s: &PeerSets,
+    opts: &Options,
+) -> api::FirewallConfigurationSpec {
     use api::MatchPosition::{Dst, Src};
     let from_tunnel = eq(api::Match {
         dev: Some(api::MatchDev {
@@ -428,7 +492,7 @@ pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> api::FirewallCo
     if opts.block_leaf_to_leaf {
         names.push(("elsewhere", &s.elsewhere));
     }
-    let sets = names
+    let mut sets: Vec<api::Set> = names
         .iter()
         .flat_map(|(name, ips)| {
             [
@@ -438,6 +502,25 @@ pub fn gateway_spec(peer: &str, s: &PeerSets, opts: &Options) -> api::FirewallCo
         })
         .collect();
     let mut rules = Vec::new();
+    // Anti-spoofing: from the tunnel, only the peer's own CIDRs (both families: a family the
+    // peer has no CIDR of has no legitimate source at all).
+    if !sources.is_empty() {
+        for (sfx, v6) in [("", false), ("6", true)] {
+            sets.push(cidr_set(format!("{SOURCES_SET}{sfx}"), sources, v6));
+            rules.push(rule(
+                format!("spoofed{sfx}"),
+                api::FilterAction::Drop,
+                vec![api::Match {
+                    op: Some(api::MatchOperation::Neq),
+                    ip: Some(api::MatchIp {
+                        value: format!("@{SOURCES_SET}{sfx}"),
+                        position: Some(Src),
+                    }),
+                    ..Default::default()
+                }],
+            ));
+        }
+    }
     for sfx in ["", "6"] {
         if opts.block_leaf_to_leaf {
             rules.push(rule(
@@ -510,7 +593,7 @@ pub fn gateway_object(peer: &Peer, s: &PeerSets, opts: &Options) -> Value {
                 MANAGED_BY: MANAGER,
             },
         },
-        "spec": gateway_spec(&peer.id, s, opts),
+        "spec": gateway_spec(&peer.id, &peer.sources, s, opts),
     })
 }
 
@@ -796,6 +879,7 @@ mod tests {
                 labels: labels(&[(REMOTE_CLUSTER_ID, "a")]),
             }],
             remaps: BTreeMap::new(),
+            sources: BTreeMap::new(),
         }
     }
 
@@ -873,6 +957,7 @@ mod tests {
             let s = &sets(&world())["a"];
             let spec = gateway_spec(
                 "a-1",
+                &[],
                 s,
                 &Options {
                     tunnel: "liqo-tunnel".into(),
@@ -896,6 +981,93 @@ mod tests {
             assert_eq!(rules.len(), if leaf { 8 } else { 6 });
             assert_eq!(rules[rules.len() - 2].name, "replies");
         }
+    }
+
+    /// Anti-spoofing as data: from the tunnel, a source outside the peer's CIDRs is dropped by
+    /// `spoofed` before any allowance (even towards the peer's own offloaded pods); a source
+    /// inside reaches them as before; IPv6 from a peer with no IPv6 CIDR is spoofed too; what
+    /// does not come from the tunnel is not checked.
+    #[test]
+    fn spoofed_sources_from_the_tunnel_are_dropped_first() {
+        use peerwall_policy::ir::{evaluate, CtState, Packet, VerdictAction};
+        let s = PeerSets {
+            offloaded: ips(&["10.20.1.2", "fd20::2"]),
+            ..Default::default()
+        };
+        let sources: Vec<ipnet::IpNet> = vec!["10.10.0.0/16".parse().unwrap()];
+        let spec = gateway_spec(
+            "a",
+            &sources,
+            &s,
+            &Options {
+                tunnel: "liqo-tunnel".into(),
+                block_leaf_to_leaf: false,
+                audit: false,
+            },
+        );
+        let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
+            "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
+        let obj =
+            peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
+                .unwrap();
+        let policy = peerwall_policy::compile::compile(&[obj]).unwrap().policy;
+        let verdict = |src: &str, dst: &str, iif: &str, ct: CtState| {
+            let v = evaluate(
+                &policy,
+                &Packet {
+                    src: src.parse().unwrap(),
+                    dst: dst.parse().unwrap(),
+                    proto: 6,
+                    sport: 40000,
+                    dport: 80,
+                    iif: Some(iif.into()),
+                    oif: Some("liqo.x".into()),
+                    ct_state: ct,
+                },
+            );
+            (v.verdict, v.rule.unwrap_or_default())
+        };
+        let t = "liqo-tunnel";
+        assert_eq!(
+            verdict("10.10.1.5", "10.20.1.2", t, CtState::New),
+            (VerdictAction::Accept, "to_offloaded".into())
+        );
+        for ct in [CtState::New, CtState::Established] {
+            assert_eq!(
+                verdict("10.99.1.5", "10.20.1.2", t, ct),
+                (VerdictAction::Drop, "spoofed".into())
+            );
+        }
+        assert_eq!(
+            verdict("fd10::5", "fd20::2", t, CtState::New),
+            (VerdictAction::Drop, "spoofed6".into())
+        );
+        // Not from the tunnel: not this chain's business.
+        assert_eq!(
+            verdict("10.99.1.5", "10.20.1.2", "eth0", CtState::New).0,
+            VerdictAction::Accept
+        );
+        // No Configuration yet: no source check, the pod is reachable as before.
+        let plain = gateway_spec("a", &[], &s, &Options {
+            tunnel: "liqo-tunnel".into(),
+            block_leaf_to_leaf: false,
+            audit: false,
+        });
+        assert!(!serde_json::to_string(&plain).unwrap().contains("spoofed"));
+    }
+
+    #[test]
+    fn configuration_sources_hold_own_and_seen_cidrs() {
+        let body = json!({"spec": {"remote": {"cidr": {"pod": ["10.20.0.0/16"], "external": ["10.30.0.0/16"]}}},
+            "status": {"remote": {"cidr": {"pod": ["10.71.0.0/16"], "external": ["10.72.0.0/16"]}}}});
+        let (peer, s) =
+            configuration_sources(&labels(&[(REMOTE_CLUSTER_ID, "c")]), &body).unwrap();
+        assert_eq!(peer, "c");
+        let want: Vec<ipnet::IpNet> = ["10.20.0.0/16", "10.30.0.0/16", "10.71.0.0/16", "10.72.0.0/16"]
+            .iter()
+            .map(|c| c.parse().unwrap())
+            .collect();
+        assert_eq!(s, want);
     }
 
     fn desired(v: &[(&str, &[&str])]) -> BTreeMap<String, PeerSets> {

@@ -114,6 +114,7 @@ fn world_of(
         pods: pods.values().cloned().collect(),
         virtual_nodes: vn.to_vec(),
         remaps: rm.clone(),
+        sources: BTreeMap::new(),
     }
 }
 

@@ -1,0 +1,143 @@
+//! Provider protection's tighter defaults through real interfaces, on the policy the controller
+//! generates (`peerwall compile --cluster` of a snapshot), on both backends:
+//! anti-spoofing drops what comes from a peer's tunnel with a source outside the CIDRs Liqo's
+//! `Configuration` gives that peer, and counts it.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+
+/// The consumer `a` as the provider's API server holds it: its tenant namespace, the namespace
+/// it offloaded with one pod (10.20.1.2, a local node here), and Liqo's `Configuration` of the
+/// peer (pod CIDR 10.10.0.0/16, not remapped).
+fn snapshot() -> Value {
+    json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "liqo-tenant-a",
+            "labels": {"liqo.io/tenant-namespace": "true", "liqo.io/remote-cluster-id": "a"}}},
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "app-a",
+            "labels": {"liqo.io/remote-cluster-id": "a"}}},
+        {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "worker"}},
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web", "namespace": "app-a"},
+            "spec": {"nodeName": "worker", "containers": [{"name": "c", "image": "i"}]},
+            "status": {"phase": "Running", "podIP": "10.20.1.2", "podIPs": [{"ip": "10.20.1.2"}]}},
+        {"apiVersion": "networking.liqo.io/v1beta1", "kind": "Configuration",
+            "metadata": {"name": "a", "namespace": "liqo-tenant-a",
+                "labels": {"liqo.io/remote-cluster-id": "a"}},
+            "spec": {"remote": {"cidr": {"pod": ["10.10.0.0/16"], "external": ["10.11.0.0/16"]}}}},
+    ]})
+}
+
+/// What the controller writes for the snapshot that an agent enforces: the gateway
+/// configuration and its AddressSet slices (one JSON document each).
+fn controller_output(dir: &std::path::Path) -> std::path::PathBuf {
+    std::fs::write(dir.join("cluster.json"), snapshot().to_string()).unwrap();
+    let o = std::process::Command::new(peerwall())
+        .args(["compile", "--cluster"])
+        .arg(dir.join("cluster.json"))
+        .args(["--output", "json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let list: Value = serde_json::from_slice(&o.stdout).unwrap();
+    let out = dir.join("policy");
+    std::fs::create_dir_all(&out).unwrap();
+    let mut n = 0;
+    for item in list["items"].as_array().unwrap() {
+        let kind = item["kind"].as_str().unwrap_or("");
+        let name = item["metadata"]["name"].as_str().unwrap_or("");
+        // The peer's gateway configuration and its slices (the NetworkPolicy tier and the
+        // offloaded namespace's NetworkPolicy are not about this).
+        if (kind == "FirewallConfiguration" && name == "peerwall-gateway") || kind == "AddressSet" {
+            std::fs::write(out.join(format!("{n}.json")), item.to_string()).unwrap();
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "{list}");
+    out
+}
+
+#[test]
+fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
+    let t = Topology::new();
+    let dir = std::env::temp_dir().join(format!("pw-protection-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = controller_output(&dir);
+    let spec = std::fs::read_dir(&policy)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .find(|s| s.contains("\"peerwall-gateway\""))
+        .unwrap();
+    assert!(spec.contains("spoofed"), "{spec}");
+    assert!(spec.contains("10.10.0.0/16") && spec.contains("10.11.0.0/16"), "{spec}");
+    // A source outside the peer's CIDRs, routed back through the tunnel like the real ones.
+    ip(&t.consumer, &["addr", "add", "10.99.0.67/32", "dev", "eth0"]);
+    ip(&t.gateway, &["route", "add", "10.99.0.0/16", "dev", TUNNEL]);
+    let _web = Listener::tcp(&t.provider, "10.20.1.2", 8080);
+    // Sensitivity: with nothing enforced both sources reach the offloaded pod.
+    for src in ["10.10.1.67", "10.99.0.67"] {
+        assert!(
+            tcp_connects(&t.consumer, src, "10.20.1.2", 8080),
+            "{src} reaches the pod before enforcement"
+        );
+    }
+    for backend in ["nftables", "bpf"] {
+        let pins = format!("/sys/fs/bpf/pwt-protection-{}", std::process::id());
+        let mut args = vec!["apply", "--backend", backend, "--netns", t.gateway.name()];
+        if backend == "bpf" {
+            args.extend(["--pin-dir", &pins]);
+        }
+        let p = policy.display().to_string();
+        args.extend(["-f", &p]);
+        let o = std::process::Command::new(peerwall())
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{backend}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", 8080),
+            "{backend}: the peer's own pod reaches its offloaded pod"
+        );
+        assert!(
+            !tcp_connects(&t.consumer, "10.99.0.67", "10.20.1.2", 8080),
+            "{backend}: a spoofed source is dropped"
+        );
+        let mut cargs = vec!["counters", "--netns", t.gateway.name(), "--output", "json"];
+        if backend == "bpf" {
+            cargs.extend(["--pin-dir", &pins]);
+        }
+        let o = std::process::Command::new(peerwall())
+            .args(&cargs)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        let counters: Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("{backend}: counters {e}: {out}"));
+        let spoofed = counters
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["rule"] == "spoofed")
+            .unwrap_or_else(|| panic!("{backend}: no spoofed counter in {out}"));
+        assert!(
+            spoofed["packets"].as_u64().unwrap_or(0) > 0,
+            "{backend}: the drop is counted: {spoofed}"
+        );
+        let mut dargs = vec!["delete", "--netns", t.gateway.name()];
+        if backend == "bpf" {
+            dargs.extend(["--pin-dir", &pins]);
+        }
+        let o = std::process::Command::new(peerwall())
+            .args(&dargs)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let _ = peerwall_backend_bpf::loader::remove_pins(std::path::Path::new(&pins));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
