@@ -188,6 +188,7 @@ fn controller_policy_passes_replies_on_all_engines() {
     let peer = Peer {
         id: "cluster1".into(),
         tenant_namespace: "liqo-tenant-cluster1".into(),
+        sources: Vec::new(),
     };
     let doc = gateway_object(&peer, &sets, &opts);
     let dir = std::env::temp_dir().join(format!("pw-cli-ctrl-{}", std::process::id()));

@@ -394,6 +394,7 @@ fn controller_gateway_policy_protects_both_sides() {
         let peer = Peer {
             id: "a".into(),
             tenant_namespace: "liqo-tenant-a".into(),
+            sources: Vec::new(),
         };
         let doc = gateway_object(&peer, &sets, &opts);
         let obj =

@@ -49,7 +49,7 @@ fn controller_output(dir: &std::path::Path) -> std::path::PathBuf {
         // The peer's gateway configuration and its slices (the NetworkPolicy tier and the
         // offloaded namespace's NetworkPolicy are not about this).
         if (kind == "FirewallConfiguration" && name == "peerwall-gateway") || kind == "AddressSet" {
-            std::fs::write(out.join(format!("{n}.json")), item.to_string()).unwrap();
+            std::fs::write(out.join(format!("{n}.yaml")), item.to_string()).unwrap();
             n += 1;
         }
     }
@@ -70,9 +70,15 @@ fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
         .find(|s| s.contains("\"peerwall-gateway\""))
         .unwrap();
     assert!(spec.contains("spoofed"), "{spec}");
-    assert!(spec.contains("10.10.0.0/16") && spec.contains("10.11.0.0/16"), "{spec}");
+    assert!(
+        spec.contains("10.10.0.0/16") && spec.contains("10.11.0.0/16"),
+        "{spec}"
+    );
     // A source outside the peer's CIDRs, routed back through the tunnel like the real ones.
-    ip(&t.consumer, &["addr", "add", "10.99.0.67/32", "dev", "eth0"]);
+    ip(
+        &t.consumer,
+        &["addr", "add", "10.99.0.67/32", "dev", "eth0"],
+    );
     ip(&t.gateway, &["route", "add", "10.99.0.0/16", "dev", TUNNEL]);
     let _web = Listener::tcp(&t.provider, "10.20.1.2", 8080);
     // Sensitivity: with nothing enforced both sources reach the offloaded pod.
@@ -116,8 +122,8 @@ fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
             .output()
             .unwrap();
         let out = String::from_utf8_lossy(&o.stdout);
-        let counters: Value = serde_json::from_str(&out)
-            .unwrap_or_else(|e| panic!("{backend}: counters {e}: {out}"));
+        let counters: Value =
+            serde_json::from_str(&out).unwrap_or_else(|e| panic!("{backend}: counters {e}: {out}"));
         let spoofed = counters
             .as_array()
             .into_iter()

@@ -476,6 +476,7 @@ pub fn sliced_peer() -> (
         Peer {
             id: "a".into(),
             tenant_namespace: "liqo-tenant-a".into(),
+            sources: Vec::new(),
         },
         Options {
             tunnel: TUNNEL.into(),

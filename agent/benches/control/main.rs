@@ -358,6 +358,7 @@ async fn measure_dir(
     let peer = Peer {
         id: cluster::PEER.into(),
         tenant_namespace: cluster::TENANT.into(),
+        sources: Vec::new(),
     };
     let opts = Options {
         tunnel: protection::DEFAULT_TUNNEL.into(),

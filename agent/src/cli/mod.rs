@@ -569,7 +569,28 @@ fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
         let file = at(&origin.to_string()).unwrap_or_default();
         tracing::warn!(object = %origin, file, "{w}");
     }
-    Ok(compiled)
+    // AddressSet slices fill the sets that take them (`fromAddressSets`), as the agents merge
+    // them; one that cannot be merged is an error here, not a silently empty set.
+    let mut slices = Vec::new();
+    for a in &loaded.address_sets {
+        let c = peerwall_policy::sliced::check_slice(a).map_err(|e| {
+            input(anyhow::anyhow!(e
+                .lines(at(&e.origin).as_deref())
+                .join("\n")))
+        })?;
+        slices.push(c);
+    }
+    if slices.is_empty() {
+        return Ok(compiled);
+    }
+    let (sliced, issues) = peerwall_policy::sliced::Sliced::new(compiled, &slices);
+    if let Some((origin, issue)) = issues.into_iter().next() {
+        let file = at(&origin.to_string()).unwrap_or_default();
+        return Err(input(anyhow::anyhow!(
+            "{file}: AddressSet {origin}: {issue}"
+        )));
+    }
+    Ok(sliced.compiled().clone())
 }
 
 /// The CRD as YAML.

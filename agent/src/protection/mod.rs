@@ -205,7 +205,10 @@ pub fn configuration_sources(
                 .pointer(&format!("/{side}/remote/cidr/{kind}"))
                 .and_then(Value::as_array)
             {
-                out.extend(v.iter().filter_map(|c| c.as_str()?.parse().ok()));
+                out.extend(
+                    v.iter()
+                        .filter_map(|c| c.as_str()?.parse::<ipnet::IpNet>().ok()),
+                );
             }
         }
     }
@@ -1048,11 +1051,16 @@ mod tests {
             VerdictAction::Accept
         );
         // No Configuration yet: no source check, the pod is reachable as before.
-        let plain = gateway_spec("a", &[], &s, &Options {
-            tunnel: "liqo-tunnel".into(),
-            block_leaf_to_leaf: false,
-            audit: false,
-        });
+        let plain = gateway_spec(
+            "a",
+            &[],
+            &s,
+            &Options {
+                tunnel: "liqo-tunnel".into(),
+                block_leaf_to_leaf: false,
+                audit: false,
+            },
+        );
         assert!(!serde_json::to_string(&plain).unwrap().contains("spoofed"));
     }
 
@@ -1060,13 +1068,17 @@ mod tests {
     fn configuration_sources_hold_own_and_seen_cidrs() {
         let body = json!({"spec": {"remote": {"cidr": {"pod": ["10.20.0.0/16"], "external": ["10.30.0.0/16"]}}},
             "status": {"remote": {"cidr": {"pod": ["10.71.0.0/16"], "external": ["10.72.0.0/16"]}}}});
-        let (peer, s) =
-            configuration_sources(&labels(&[(REMOTE_CLUSTER_ID, "c")]), &body).unwrap();
+        let (peer, s) = configuration_sources(&labels(&[(REMOTE_CLUSTER_ID, "c")]), &body).unwrap();
         assert_eq!(peer, "c");
-        let want: Vec<ipnet::IpNet> = ["10.20.0.0/16", "10.30.0.0/16", "10.71.0.0/16", "10.72.0.0/16"]
-            .iter()
-            .map(|c| c.parse().unwrap())
-            .collect();
+        let want: Vec<ipnet::IpNet> = [
+            "10.20.0.0/16",
+            "10.30.0.0/16",
+            "10.71.0.0/16",
+            "10.72.0.0/16",
+        ]
+        .iter()
+        .map(|c| c.parse().unwrap())
+        .collect();
         assert_eq!(s, want);
     }
 
