@@ -1,7 +1,8 @@
 //! Provider protection's tighter defaults through real interfaces, on the policy the controller
 //! generates (`peerwall compile --cluster` of a snapshot), on both backends:
 //! anti-spoofing drops what comes from a peer's tunnel with a source outside the CIDRs Liqo's
-//! `Configuration` gives that peer, and counts it.
+//! `Configuration` gives that peer, and counts it; a pod leaving the `offloaded` set ends the
+//! connections to it.
 
 mod common;
 
@@ -29,18 +30,24 @@ fn snapshot() -> Value {
 }
 
 /// What the controller writes for the snapshot that an agent enforces: the gateway
-/// configuration and its AddressSet slices (one JSON document each).
+/// configuration and its AddressSet slices (one document each), in `dir/policy`.
 fn controller_output(dir: &std::path::Path) -> std::path::PathBuf {
-    std::fs::write(dir.join("cluster.json"), snapshot().to_string()).unwrap();
+    controller_output_of(dir, &snapshot(), "policy")
+}
+
+/// As [`controller_output`], for `snap`, in `dir/sub`.
+fn controller_output_of(dir: &std::path::Path, snap: &Value, sub: &str) -> std::path::PathBuf {
+    let input = dir.join(format!("{sub}.json"));
+    std::fs::write(&input, snap.to_string()).unwrap();
     let o = std::process::Command::new(peerwall())
         .args(["compile", "--cluster"])
-        .arg(dir.join("cluster.json"))
+        .arg(&input)
         .args(["--output", "json"])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let list: Value = serde_json::from_slice(&o.stdout).unwrap();
-    let out = dir.join("policy");
+    let out = dir.join(sub);
     std::fs::create_dir_all(&out).unwrap();
     let mut n = 0;
     for item in list["items"].as_array().unwrap() {
@@ -49,7 +56,7 @@ fn controller_output(dir: &std::path::Path) -> std::path::PathBuf {
         // The peer's gateway configuration and its slices (the NetworkPolicy tier and the
         // offloaded namespace's NetworkPolicy are not about this).
         if (kind == "FirewallConfiguration" && name == "peerwall-gateway") || kind == "AddressSet" {
-            std::fs::write(out.join(format!("{n}.yaml")), item.to_string()).unwrap();
+            std::fs::write(out.join(format!("{name}.yaml")), item.to_string()).unwrap();
             n += 1;
         }
     }
@@ -64,11 +71,7 @@ fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let policy = controller_output(&dir);
-    let spec = std::fs::read_dir(&policy)
-        .unwrap()
-        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
-        .find(|s| s.contains("\"peerwall-gateway\""))
-        .unwrap();
+    let spec = std::fs::read_to_string(policy.join("peerwall-gateway.yaml")).unwrap();
     assert!(spec.contains("spoofed"), "{spec}");
     assert!(
         spec.contains("10.10.0.0/16") && spec.contains("10.11.0.0/16"),
@@ -146,4 +149,111 @@ fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
         let _ = peerwall_backend_bpf::loader::remove_pins(std::path::Path::new(&pins));
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Revocation in provider protection: a pod leaving the peer's `offloaded` set (its slice
+/// rewritten without it, as the controller does when the pod is deleted or relabelled) ends
+/// the connection the peer's pod holds open to it, through a running agent, on both backends;
+/// a connection to a pod that stays keeps flowing.
+#[test]
+fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends() {
+    let t = Topology::new();
+    let _a = Listener::tcp_echo(&t.provider, "10.20.1.2", 8080);
+    let _b = Listener::tcp_echo(&t.provider, "10.20.1.3", 8080);
+    for backend in ["nftables", "bpf"] {
+        let dir = std::env::temp_dir().join(format!(
+            "pw-protection-revoke-{}-{backend}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        // The controller's output for two offloaded pods.
+        let mut snap = snapshot();
+        let pod = |name: &str, ip: &str| {
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "app-a"},
+                "spec": {"nodeName": "worker", "containers": [{"name": "c", "image": "i"}]},
+                "status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})
+        };
+        snap["items"]
+            .as_array_mut()
+            .unwrap()
+            .push(pod("db", "10.20.1.3"));
+        let policy = controller_output_of(&dir, &snap, "two");
+        let pins = format!("/sys/fs/bpf/pwt-revoke-{}", std::process::id());
+        let mut args: Vec<String> = vec![
+            "--source".into(),
+            format!("dir:{}", policy.display()),
+            "--backend".into(),
+            backend.into(),
+            "--interval-ms".into(),
+            "50".into(),
+        ];
+        if backend == "bpf" {
+            args.extend(["--pin-dir".into(), pins.clone()]);
+        }
+        let log = std::fs::File::create(dir.join("agent.log")).unwrap();
+        let agent = Agent(
+            peerwall_nsenter(&t.gateway)
+                .arg("agent")
+                .args(&args)
+                .stdout(std::process::Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+        // In force once a pod nobody offloaded (10.20.3.1) stops answering the peer.
+        assert!(
+            poll(20, || !ping(&t.consumer, "10.10.1.67", "10.20.3.1")),
+            "{backend}: the agent enforces the gateway configuration"
+        );
+        assert!(
+            tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.3", 8080),
+            "{backend}: the offloaded pod answers under the agent"
+        );
+        let mut to_db = Session::tcp(&t.consumer, "10.10.1.67", "10.20.1.3", 8080)
+            .unwrap_or_else(|| panic!("{backend}: connects to db"));
+        let mut to_web = Session::tcp(&t.consumer, "10.10.1.67", "10.20.1.2", 8080)
+            .unwrap_or_else(|| panic!("{backend}: connects to web"));
+        for s in [&mut to_db, &mut to_web] {
+            assert!(
+                s.echoes("before", std::time::Duration::from_secs(3)),
+                "{backend}"
+            );
+        }
+        // db leaves: the slices the controller writes for one pod replace the directory's.
+        let one = controller_output_of(&dir, &snapshot(), "one");
+        for e in std::fs::read_dir(&one).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), policy.join(e.file_name())).unwrap();
+        }
+        assert!(
+            poll(20, || !tcp_connects(
+                &t.consumer,
+                "10.10.1.67",
+                "10.20.1.3",
+                8080
+            )),
+            "{backend}: new connections to db are refused"
+        );
+        assert!(
+            !to_db.echoes("after", std::time::Duration::from_secs(3)),
+            "{backend}: the connection to the pod that left still carries data; agent: {}\n{}\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
+            String::from_utf8_lossy(&in_ns(&t.gateway, "nft", &["list", "ruleset"]).stdout),
+            String::from_utf8_lossy(&in_ns(&t.gateway, "conntrack", &["-L"]).stdout),
+        );
+        assert!(
+            to_web.echoes("after", std::time::Duration::from_secs(3)),
+            "{backend}: the connection to the pod that stays was ended too"
+        );
+        drop((to_db, to_web, agent));
+        // The agent leaves its policy in force when killed: take it out for the next backend.
+        let mut dargs = vec!["delete", "--netns", t.gateway.name()];
+        if backend == "bpf" {
+            dargs.extend(["--pin-dir", &pins]);
+        }
+        let _ = std::process::Command::new(peerwall()).args(&dargs).output();
+        let _ = peerwall_backend_bpf::loader::remove_pins(std::path::Path::new(&pins));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -230,8 +230,9 @@ pub struct Engine {
     warned: Vec<(peerwall_policy::ir::Origin, compile::Warning)>,
     /// When the connection-tracking fill was last read.
     conntrack_read: Option<std::time::Instant>,
-    /// The NetworkPolicy tier's tables in force ([`crate::netpol::revoke`]).
-    tier: Vec<peerwall_policy::ir::Table>,
+    /// The policy in force, to judge which connections a change ends
+    /// ([`crate::netpol::revoke`]).
+    enforced: Option<peerwall_policy::ir::Policy>,
 }
 
 impl Engine {
@@ -245,7 +246,7 @@ impl Engine {
             last_env: None,
             warned: Vec::new(),
             conntrack_read: None,
-            tier: Vec::new(),
+            enforced: None,
         }
     }
 
@@ -344,18 +345,25 @@ impl Engine {
         Ok(())
     }
 
-    /// After a change of the NetworkPolicy tier: end the connections it allowed and no longer
-    /// does ([`crate::netpol::revoke`]); the established ones would otherwise pass as replies.
-    /// A failure is logged and counted; the policy stays applied.
+    /// After a policy change: end the connections the previous policy allowed and this one
+    /// refuses ([`crate::netpol::revoke`]); established ones would otherwise pass as replies.
+    /// Nothing is ended on the first apply (no previous policy to judge by). A failure is
+    /// logged and counted; the policy stays applied.
     fn end_revoked(&mut self, policy: &peerwall_policy::ir::Policy) {
-        let tier = crate::netpol::revoke::tier_tables(policy);
-        if tier == self.tier {
+        let Some(before) = self.enforced.replace(policy.clone()) else {
+            return;
+        };
+        if before.tables == policy.tables {
             return;
         }
-        let before = std::mem::replace(&mut self.tier, tier);
         let started = Instant::now();
         let result = self.enforcer.flows().and_then(|flows| {
-            let gone = crate::netpol::revoke::no_longer_allowed(&before, &self.tier, &flows);
+            let gone = crate::netpol::revoke::no_longer_allowed(&before, policy, &flows);
+            tracing::debug!(
+                tracked = flows.len(),
+                ending = gone.len(),
+                "judging tracked connections after a policy change"
+            );
             self.enforcer.end_flows(&gone).map(|n| (flows.len(), n))
         });
         match result {
@@ -366,12 +374,12 @@ impl Engine {
                     ended,
                     tracked,
                     ms = started.elapsed().as_secs_f64() * 1e3,
-                    "connections the NetworkPolicies no longer allow were ended"
+                    "connections the policy no longer allows were ended"
                 );
             }
             Err(e) => {
                 self.update(|m| m.flow_end_errors += 1);
-                tracing::warn!(error = %e, "could not end the connections the NetworkPolicies no longer allow; they last until they close or expire");
+                tracing::warn!(error = %e, "could not end the connections the policy no longer allows; they last until they close or expire");
             }
         }
     }

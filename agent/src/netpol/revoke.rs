@@ -1,59 +1,74 @@
-//! Which tracked connections a change of the NetworkPolicy tier ends: those whose first packet
-//! the tier's tables allowed before the change and refuse after it. Pure: tables and flows in,
-//! flows out; the agent lists and ends them through the backend ([`crate::engine`]).
+//! Which tracked connections a policy change ends: those whose first packet the policy in
+//! force allowed before the change and refuses after it, whichever tier refuses it now (a pod
+//! that left a NetworkPolicy's peers, or provider protection's `offloaded` set: deleted,
+//! relabelled, its address reused). Pure: policies and flows in, flows out; the agent lists
+//! and ends them through the backend ([`crate::engine`]).
 //!
-//! Judged by the reference evaluator on the tier's tables alone (their rules test addresses,
-//! protocols and ports, never interfaces), for the flow's original direction as a new,
-//! forwarded packet. Both judgements read the same tuple, so a connection the tier never
-//! allowed is never ended here, whatever address view it was tracked under.
+//! Judged by the reference evaluator, for the flow's original direction as a new, forwarded
+//! packet (Liqo's NAT in front, as the policy observes it), once for each input interface the
+//! policies name (the tunnel) and once for one they do not (a node): a flow is ended when one
+//! of them was allowed and is refused now. Both judgements read the same tuple, so a
+//! connection the policy never allowed is never ended here, whatever address view it was
+//! tracked under.
+
+use std::collections::BTreeSet;
 
 use peerwall_backend::Flow;
-use peerwall_policy::ir::{self, CtState, Packet, Policy, VerdictAction};
+use peerwall_policy::ir::{self, CtState, IfDir, Packet, Policy, Test, VerdictAction};
 
-/// Whether `table` is a NetworkPolicy tier table ([`super::tier::table_name`]).
-pub fn is_tier_table(table: &ir::Table) -> bool {
-    table.name.starts_with(super::tier::TABLE_PREFIX)
+/// An interface name no policy names (a packet from a node, not from a tunnel).
+const ELSEWHERE: &str = "-";
+
+/// The input interfaces `policy`'s rules name (a prefix stands for the names it matches).
+fn named_inputs(policy: &Policy, out: &mut BTreeSet<String>) {
+    for t in &policy.tables {
+        for c in &t.chains {
+            for r in &c.rules {
+                for m in &r.matches {
+                    if let Test::Iface {
+                        dir: IfDir::In,
+                        name,
+                        ..
+                    } = &m.test
+                    {
+                        out.insert(name.clone());
+                    }
+                }
+            }
+        }
+    }
 }
 
-/// The tier tables of `policy`.
-pub fn tier_tables(policy: &Policy) -> Vec<ir::Table> {
-    policy
-        .tables
-        .iter()
-        .filter(|t| is_tier_table(t))
-        .cloned()
-        .collect()
-}
-
-fn allows(tables: &Policy, f: &Flow) -> bool {
-    // The tier's rules name no interface: any names put the packet on the forward path.
+fn allows(policy: &Policy, f: &Flow, iif: &str) -> bool {
     let pkt = Packet {
         src: f.src,
         dst: f.dst,
         proto: f.proto,
         sport: f.sport,
         dport: f.dport,
-        iif: Some("-".into()),
-        oif: Some("-".into()),
+        iif: Some(iif.into()),
+        oif: Some(ELSEWHERE.into()),
         ct_state: CtState::New,
     };
-    ir::evaluate(tables, &pkt).verdict == VerdictAction::Accept
+    ir::evaluate_at_ingress(policy, &pkt).verdict == VerdictAction::Accept
 }
 
-/// The flows `before`'s tier tables allowed and `after`'s refuse.
-pub fn no_longer_allowed(before: &[ir::Table], after: &[ir::Table], flows: &[Flow]) -> Vec<Flow> {
-    if before == after {
+/// The flows `before` allowed and `after` refuses, from the same input interface.
+pub fn no_longer_allowed(before: &Policy, after: &Policy, flows: &[Flow]) -> Vec<Flow> {
+    if before.tables == after.tables {
         return Vec::new();
     }
-    let policy = |tables: &[ir::Table]| Policy {
-        tables: tables.to_vec(),
-        observed: Vec::new(),
-    };
-    let (before, after) = (policy(before), policy(after));
+    let mut inputs = BTreeSet::from([ELSEWHERE.to_string()]);
+    named_inputs(before, &mut inputs);
+    named_inputs(after, &mut inputs);
     flows
         .iter()
         .filter(|f| f.src.is_ipv4() == f.dst.is_ipv4())
-        .filter(|f| allows(&before, f) && !allows(&after, f))
+        .filter(|f| {
+            inputs
+                .iter()
+                .any(|i| allows(before, f, i) && !allows(after, f, i))
+        })
         .copied()
         .collect()
 }
@@ -64,6 +79,7 @@ mod tests {
     use crate::netpol::{
         Cluster, IpBlock, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule, Selector,
     };
+    use crate::protection::{gateway_spec, Options, PeerSets};
 
     fn cluster(from: &[&str]) -> Cluster {
         let pod = |ns: &str, name: &str, ip: &str, peer: Option<&str>| Pod {
@@ -108,8 +124,8 @@ mod tests {
         }
     }
 
-    fn tables(c: &Cluster) -> Vec<ir::Table> {
-        tier_tables(&crate::netpol::tests::compiled(c))
+    fn tables(c: &Cluster) -> Policy {
+        crate::netpol::tests::compiled(c)
     }
 
     #[test]
@@ -133,5 +149,50 @@ mod tests {
         // Widening ends nothing; nor does an unchanged tier.
         assert!(no_longer_allowed(&one, &both, &flows).is_empty());
         assert!(no_longer_allowed(&one, &one, &flows).is_empty());
+    }
+
+    /// Provider protection: an offloaded pod leaving the `offloaded` set ends what its peer's
+    /// pods opened to it through the tunnel; what our pods opened towards the peer stays.
+    #[test]
+    fn a_pod_leaving_the_offloaded_set_ends_its_flows_from_the_tunnel() {
+        let gateway = |pods: &[&str]| {
+            let s = PeerSets {
+                offloaded: pods.iter().map(|p| p.parse().unwrap()).collect(),
+                ..Default::default()
+            };
+            let spec = gateway_spec(
+                "a",
+                &[],
+                &s,
+                &Options {
+                    tunnel: "liqo-tunnel*".into(),
+                    block_leaf_to_leaf: false,
+                    audit: false,
+                },
+            );
+            let doc = serde_json::json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
+                "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
+            let obj = peerwall_intent::load::object_from_json(
+                doc,
+                peerwall_intent::load::Group::Peerwall,
+            )
+            .unwrap();
+            peerwall_policy::compile::compile(&[obj]).unwrap().policy
+        };
+        let flow = |src: &str, dst: &str| Flow {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto: 17,
+            sport: 40000,
+            dport: 9090,
+        };
+        let before = gateway(&["10.20.1.2", "10.20.1.3"]);
+        let after = gateway(&["10.20.1.2"]);
+        let flows = [
+            flow("10.10.1.67", "10.20.1.3"),
+            flow("10.10.1.67", "10.20.1.2"),
+            flow("10.20.3.1", "10.10.1.67"),
+        ];
+        assert_eq!(no_longer_allowed(&before, &after, &flows), vec![flows[0]]);
     }
 }
