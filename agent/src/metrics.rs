@@ -428,6 +428,8 @@ pub struct ControllerMetrics {
     /// Liqo gateway pods without enforcement (no ready agent on their node, no sidecar) for
     /// longer than the grace period.
     pub unprotected_gateways: u64,
+    /// Peers whose gateway configuration no host has applied past the grace period.
+    pub unenforced_peers: u64,
 }
 
 impl Exposition for ControllerMetrics {
@@ -487,6 +489,12 @@ impl Exposition for ControllerMetrics {
                 "gauge",
                 "Liqo gateway pods with no ready peerwall agent on their node and no sidecar (their traffic is not filtered).",
                 self.unprotected_gateways,
+            ),
+            (
+                "peerwall_controller_unenforced_peers",
+                "gauge",
+                "Peers whose gateway configuration no host has applied past the grace period (their traffic is not filtered by it).",
+                self.unenforced_peers,
             ),
             (
                 "peerwall_controller_reconcile_errors_total",

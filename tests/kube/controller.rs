@@ -697,3 +697,81 @@ async fn controller_with_peer_and_shop() -> (ApiServer, kube::Client, Proc) {
     namespace(&client, "shop", json!({})).await;
     (server, client, controller)
 }
+
+/// A peer's gateway configuration that no host applies is reported as not enforced once the
+/// grace period is over (a `NotEnforced` condition of host `peerwall-controller`, a Warning
+/// Event, `peerwall_controller_unenforced_peers`), and the condition goes once an agent
+/// applies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_configuration_no_host_applies_is_reported_not_enforced() {
+    use k8s_openapi::api::core::v1::Event;
+    let server = ApiServer::start();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let _controller = server.peerwall(
+        "controller",
+        &[
+            "controller",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--unprotected-grace-secs",
+            "2",
+        ],
+    );
+    namespace(&client, "liqo-tenant-p1", tenant_labels("p1")).await;
+    let api = fwc_api(&client, "liqo-tenant-p1");
+    let controller_condition = |o: &DynamicObject| {
+        o.data
+            .pointer("/status/conditions")
+            .and_then(|c| c.as_array())
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c["host"] == "peerwall-controller")
+                    .cloned()
+            })
+    };
+    let cond = eventually("the NotEnforced condition", Duration::from_secs(30), || {
+        let api = api.clone();
+        async move {
+            let o = api.get_opt("peerwall-gateway").await.ok().flatten()?;
+            controller_condition(&o)
+        }
+    })
+    .await;
+    assert_eq!(cond["type"], "NotEnforced", "{cond}");
+    assert_eq!(cond["status"], "True", "{cond}");
+    let events: Api<Event> = Api::namespaced(client.clone(), "liqo-tenant-p1");
+    eventually("the NotEnforced event", Duration::from_secs(20), || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some("NotEnforced")
+                    && e.involved_object.name.as_deref() == Some("peerwall-gateway")
+            })
+        }
+    })
+    .await;
+    // An agent applies it: the controller takes its condition back.
+    let gw = peerwall_backend::netns::NetNs::new("pwt-ne").expect("netns");
+    let _agent = agent_with(
+        &server,
+        &gw,
+        "gw1",
+        "peerwall.io/target=gateway,peerwall.io/remote-cluster-id=p1",
+        &[],
+    );
+    eventually("the condition taken back", Duration::from_secs(30), || {
+        let api = api.clone();
+        async move {
+            let o = api.get_opt("peerwall-gateway").await.ok().flatten()?;
+            let conds = o.data.pointer("/status/conditions")?.as_array()?.clone();
+            (conds
+                .iter()
+                .any(|c| c["host"] == "gw1" && c["type"] == "Applied")
+                && controller_condition(&o).is_none())
+            .then_some(())
+        }
+    })
+    .await;
+}

@@ -75,7 +75,7 @@ pub struct FirewallConfigurationStatus {
 pub struct FirewallConfigurationStatusCondition {
     /// Host (node or gateway pod) where the configuration was evaluated.
     pub host: String,
-    /// `Applied` or `Error`.
+    /// `Applied` or `Error` (an agent's), `NotEnforced` (the controller's).
     #[serde(rename = "type")]
     pub type_: ConditionType,
     /// `True`, `False` or `Unknown`.
@@ -99,6 +99,10 @@ pub enum ConditionType {
     Applied,
     /// The table could not be validated or installed.
     Error,
+    /// Written by the controller (host `peerwall-controller`): no host has reported the
+    /// current generation `Applied` for longer than the grace period, so the peer's traffic
+    /// is not filtered by this configuration. Removed once a host applies it.
+    NotEnforced,
 }
 
 /// An nftables table.

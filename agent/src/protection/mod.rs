@@ -23,6 +23,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 pub mod coverage;
+pub mod enforcement;
 pub mod index;
 pub mod publish;
 

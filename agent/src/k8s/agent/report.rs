@@ -79,11 +79,12 @@ impl Agent {
         let event = (changed_kind || outcome.kind == ConditionType::Error).then(|| Event {
             type_: match outcome.kind {
                 ConditionType::Applied => EventType::Normal,
-                ConditionType::Error => EventType::Warning,
+                ConditionType::Error | ConditionType::NotEnforced => EventType::Warning,
             },
             reason: match outcome.kind {
                 ConditionType::Applied => "Applied".into(),
                 ConditionType::Error => "NotApplied".into(),
+                ConditionType::NotEnforced => "NotEnforced".into(),
             },
             note: Some(
                 format!(
@@ -148,6 +149,7 @@ async fn send(
     let kind = match p.outcome.kind {
         ConditionType::Applied => "Applied",
         ConditionType::Error => "Error",
+        ConditionType::NotEnforced => "NotEnforced",
     };
     match api.patch_status(&p.name, &pp, &Patch::Apply(&p.body)).await {
         Ok(_) => {
