@@ -184,6 +184,7 @@ fn controller_policy_passes_replies_on_all_engines() {
         tunnel: DEFAULT_TUNNEL.into(),
         block_leaf_to_leaf: false,
         audit: false,
+        liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
     };
     let peer = Peer {
         id: "cluster1".into(),

@@ -390,6 +390,7 @@ fn controller_gateway_policy_protects_both_sides() {
             tunnel: TUNNEL.into(),
             block_leaf_to_leaf: leaf,
             audit: false,
+            liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
         };
         let peer = Peer {
             id: "a".into(),

@@ -257,3 +257,93 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// The gateway itself: from the peer's tunnel it answers Liqo's tunnel check (UDP 12345) and
+/// nothing else (a TCP service on the gateway's tunnel address is refused once the
+/// controller's configuration is in force, and reachable before), on both backends.
+#[test]
+fn the_gateway_takes_only_liqos_tunnel_check_from_the_tunnel_on_both_backends() {
+    let t = Topology::new();
+    let dir = std::env::temp_dir().join(format!("pw-protection-input-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = controller_output_of(&dir, &snapshot(), "policy");
+    // A TCP service and Liqo's tunnel check (UDP echo on 12345) on the gateway's tunnel address.
+    let _svc = Listener::tcp(&t.gateway, "169.254.0.1", 2222);
+    let udp = std::process::Command::new("ip")
+        .args(["netns", "exec", t.gateway.name(), "socat"])
+        .args(["UDP4-RECVFROM:12345,bind=169.254.0.1,fork", "EXEC:cat"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _udp = Agent(udp);
+    let udp_answers = || {
+        let mut c = std::process::Command::new("ip");
+        c.args([
+            "netns",
+            "exec",
+            t.consumer.name(),
+            "timeout",
+            "3",
+            "socat",
+            "-T",
+            "1",
+            "-",
+        ])
+        .arg("UDP4:169.254.0.1:12345,bind=10.10.1.67")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        {
+            use std::io::Write;
+            let _ = child.stdin.take().unwrap().write_all(b"pwcheck\n");
+        }
+        let o = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&o.stdout).contains("pwcheck")
+    };
+    assert!(
+        poll(5, || tcp_connects(
+            &t.consumer,
+            "10.10.1.67",
+            "169.254.0.1",
+            2222
+        )),
+        "the gateway's TCP service answers before enforcement"
+    );
+    assert!(
+        poll(5, udp_answers),
+        "the tunnel check answers before enforcement"
+    );
+    for backend in ["nftables", "bpf"] {
+        let pins = format!("/sys/fs/bpf/pwt-input-{}", std::process::id());
+        let p = policy.display().to_string();
+        let mut args = vec!["apply", "--backend", backend, "--netns", t.gateway.name()];
+        if backend == "bpf" {
+            args.extend(["--pin-dir", &pins]);
+        }
+        args.extend(["-f", &p]);
+        let o = std::process::Command::new(peerwall())
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{backend}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(udp_answers(), "{backend}: Liqo's tunnel check passes");
+        assert!(
+            !tcp_connects(&t.consumer, "10.10.1.67", "169.254.0.1", 2222),
+            "{backend}: the gateway's other services are refused from the tunnel"
+        );
+        let mut dargs = vec!["delete", "--netns", t.gateway.name()];
+        if backend == "bpf" {
+            dargs.extend(["--pin-dir", &pins]);
+        }
+        let _ = std::process::Command::new(peerwall()).args(&dargs).output();
+        let _ = peerwall_backend_bpf::loader::remove_pins(std::path::Path::new(&pins));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

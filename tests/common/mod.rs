@@ -482,6 +482,7 @@ pub fn sliced_peer() -> (
             tunnel: TUNNEL.into(),
             block_leaf_to_leaf: false,
             audit: false,
+            liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
         },
         PeerSets {
             offloaded,

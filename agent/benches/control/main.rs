@@ -364,6 +364,7 @@ async fn measure_dir(
         tunnel: protection::DEFAULT_TUNNEL.into(),
         block_leaf_to_leaf: false,
         audit: false,
+        liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
     };
     let write = |name: &str, v: serde_json::Value| {
         let tmp = dir.join(".next.tmp");

@@ -26,6 +26,7 @@ fn opts() -> Options {
         tunnel: protection::DEFAULT_TUNNEL.into(),
         block_leaf_to_leaf: false,
         audit: false,
+        liqo_ping_port: crate::protection::LIQO_PING_PORT,
     }
 }
 

@@ -338,6 +338,10 @@ pub enum Command {
         /// would drop is reported as events, not dropped. For rolling out; remove to enforce.
         #[arg(long)]
         audit: bool,
+        /// The UDP port of Liqo's tunnel check (Liqo's gateway flag `--ping-port`): the
+        /// gateway itself takes it from the tunnel, and nothing else but replies.
+        #[arg(long, default_value_t = crate::protection::LIQO_PING_PORT)]
+        liqo_ping_port: u16,
         /// Where `/metrics`, `/healthz` and `/readyz` are served.
         #[arg(long, default_value = "0.0.0.0:9091")]
         metrics_addr: std::net::SocketAddr,
@@ -711,6 +715,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             tunnel_interface,
             block_leaf_to_leaf,
             audit,
+            liqo_ping_port,
             metrics_addr,
             gateway_selector,
             agent_selector,
@@ -720,6 +725,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 tunnel: tunnel_interface,
                 block_leaf_to_leaf,
                 audit,
+                liqo_ping_port,
             },
             crate::k8s::coverage::Settings {
                 gateway_selector,

@@ -193,6 +193,7 @@ fn lab_options() -> protection::Options {
         tunnel: protection::DEFAULT_TUNNEL.into(),
         block_leaf_to_leaf: false,
         audit: false,
+        liqo_ping_port: protection::LIQO_PING_PORT,
     }
 }
 

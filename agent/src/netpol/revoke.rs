@@ -168,6 +168,7 @@ mod tests {
                     tunnel: "liqo-tunnel*".into(),
                     block_leaf_to_leaf: false,
                     audit: false,
+                    liqo_ping_port: crate::protection::LIQO_PING_PORT,
                 },
             );
             let doc = serde_json::json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",

@@ -239,7 +239,16 @@ pub struct Options {
     /// Publish the configurations in audit mode (`spec.audit`): what they would drop is
     /// reported, not dropped.
     pub audit: bool,
+    /// The UDP port Liqo's gateways check their tunnel with (Liqo's gateway flag
+    /// `--ping-port`, [`LIQO_PING_PORT`] by default): the one thing from the tunnel the
+    /// gateway itself takes besides replies.
+    pub liqo_ping_port: u16,
 }
+
+/// Liqo's default `--ping-port`: its connection checker listens on UDP 0.0.0.0:12345 in every
+/// gateway and pings the peer gateway's tunnel address there
+/// (`pkg/gateway/connection/flags.go`, `conncheck/conncheck.go`).
+pub const LIQO_PING_PORT: u16 = 12345;
 
 /// A peer cluster: its id and tenant namespace.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -565,19 +574,74 @@ pub fn gateway_spec(
             name: Some(table_name(peer)),
             family: Some(api::TableFamily::Inet),
             sets,
-            chains: vec![api::Chain {
-                name: Some("from_peer".into()),
-                type_: Some(api::ChainType::Filter),
-                hook: Some(api::ChainHook::Forward),
-                priority: Some(0),
-                policy: Some(api::ChainPolicy::Accept),
-                rules: api::RulesSet {
-                    filter_rules: Some(rules),
-                    ..Default::default()
+            chains: vec![
+                api::Chain {
+                    name: Some("from_peer".into()),
+                    type_: Some(api::ChainType::Filter),
+                    hook: Some(api::ChainHook::Forward),
+                    priority: Some(0),
+                    policy: Some(api::ChainPolicy::Accept),
+                    rules: api::RulesSet {
+                        filter_rules: Some(rules),
+                        ..Default::default()
+                    },
                 },
-            }],
+                to_gateway_chain(rule, opts.liqo_ping_port),
+            ],
         },
         audit: opts.audit,
+    }
+}
+
+/// The gateway itself (input hook): from the peer's tunnel it takes replies to what it opened
+/// and Liqo's tunnel check (UDP to `ping_port`, the peer gateway's pings; the pongs to ours
+/// are replies), and nothing else.
+fn to_gateway_chain(
+    rule: impl Fn(String, api::FilterAction, Vec<api::Match>) -> api::FilterRule,
+    ping_port: u16,
+) -> api::Chain {
+    let rules = vec![
+        rule(
+            "gateway_replies".into(),
+            api::FilterAction::Accept,
+            vec![eq(api::Match {
+                ctstate: Some(api::MatchCtState {
+                    value: vec![api::CtState::Established, api::CtState::Related],
+                }),
+                ..Default::default()
+            })],
+        ),
+        rule(
+            "liqo_tunnel_check".into(),
+            api::FilterAction::Accept,
+            vec![
+                eq(api::Match {
+                    proto: Some(api::MatchProto {
+                        value: api::L4Proto::Udp,
+                    }),
+                    ..Default::default()
+                }),
+                eq(api::Match {
+                    port: Some(api::MatchPort {
+                        value: ping_port.to_string(),
+                        position: Some(api::MatchPosition::Dst),
+                    }),
+                    ..Default::default()
+                }),
+            ],
+        ),
+        rule("gateway_deny".into(), api::FilterAction::Drop, vec![]),
+    ];
+    api::Chain {
+        name: Some("to_gateway".into()),
+        type_: Some(api::ChainType::Filter),
+        hook: Some(api::ChainHook::Input),
+        priority: Some(0),
+        policy: Some(api::ChainPolicy::Accept),
+        rules: api::RulesSet {
+            filter_rules: Some(rules),
+            ..Default::default()
+        },
     }
 }
 
@@ -967,6 +1031,7 @@ mod tests {
                     tunnel: "liqo-tunnel".into(),
                     block_leaf_to_leaf: leaf,
                     audit: false,
+                    liqo_ping_port: LIQO_PING_PORT,
                 },
             );
             let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
@@ -1007,6 +1072,7 @@ mod tests {
                 tunnel: "liqo-tunnel".into(),
                 block_leaf_to_leaf: false,
                 audit: false,
+                liqo_ping_port: LIQO_PING_PORT,
             },
         );
         let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
@@ -1060,9 +1126,71 @@ mod tests {
                 tunnel: "liqo-tunnel".into(),
                 block_leaf_to_leaf: false,
                 audit: false,
+                liqo_ping_port: LIQO_PING_PORT,
             },
         );
         assert!(!serde_json::to_string(&plain).unwrap().contains("spoofed"));
+    }
+
+    /// The gateway itself, as data: from the tunnel only Liqo's tunnel check and replies
+    /// reach it; from elsewhere (the nodes, the underlay) nothing is checked.
+    #[test]
+    fn the_gateway_takes_only_the_tunnel_check_and_replies_from_the_tunnel() {
+        use peerwall_policy::ir::{evaluate, CtState, Packet, VerdictAction};
+        let spec = gateway_spec(
+            "a",
+            &[],
+            &PeerSets::default(),
+            &Options {
+                tunnel: "liqo-tunnel*".into(),
+                block_leaf_to_leaf: false,
+                audit: false,
+                liqo_ping_port: LIQO_PING_PORT,
+            },
+        );
+        let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
+            "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
+        let obj =
+            peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
+                .unwrap();
+        let policy = peerwall_policy::compile::compile(&[obj]).unwrap().policy;
+        let to_gateway = |iif: &str, proto: u8, dport: u16, ct: CtState| {
+            let v = evaluate(
+                &policy,
+                &Packet {
+                    src: "169.254.18.2".parse().unwrap(),
+                    dst: "169.254.18.1".parse().unwrap(),
+                    proto,
+                    sport: 12345,
+                    dport,
+                    iif: Some(iif.into()),
+                    oif: None,
+                    ct_state: ct,
+                },
+            );
+            (v.verdict, v.rule.unwrap_or_default())
+        };
+        let t = "liqo-tunnel";
+        assert_eq!(
+            to_gateway(t, 17, LIQO_PING_PORT, CtState::New),
+            (VerdictAction::Accept, "liqo_tunnel_check".into())
+        );
+        assert_eq!(
+            to_gateway(t, 6, 22, CtState::New),
+            (VerdictAction::Drop, "gateway_deny".into())
+        );
+        assert_eq!(
+            to_gateway(t, 17, 53, CtState::New),
+            (VerdictAction::Drop, "gateway_deny".into())
+        );
+        assert_eq!(
+            to_gateway(t, 6, 22, CtState::Established).0,
+            VerdictAction::Accept
+        );
+        assert_eq!(
+            to_gateway("eth0", 6, 22, CtState::New).0,
+            VerdictAction::Accept
+        );
     }
 
     #[test]

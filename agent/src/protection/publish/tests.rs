@@ -15,6 +15,7 @@ fn opts() -> Options {
         tunnel: "liqo-tunnel".into(),
         block_leaf_to_leaf: false,
         audit: false,
+        liqo_ping_port: crate::protection::LIQO_PING_PORT,
     }
 }
 
