@@ -36,9 +36,9 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
     );
     assert!(!out.contains("UNEXPECTED"), "{out}");
     // Per consumer 11 pairs (5 per pod: the 4 offloaded pods and the provider's local one;
-    // plus the provider-initiated pair), and the provider's pod running on consumer c both
-    // ways: 35 per backend.
-    assert_eq!(out.matches(" || ").count(), 2 * 35, "{out}");
+    // plus the provider-initiated pair), the provider's pod running on consumer c both
+    // ways, and consumer a's spoofed source: 36 per backend.
+    assert_eq!(out.matches(" || ").count(), 2 * 36, "{out}");
     // Consumer c's pod CIDR is the provider's own, remapped by Liqo's NAT in c's gateway: the
     // provider reaches c's pod by its remapped address and gets the replies (the bpf datapath
     // classifies them on the addresses the forward hook sees), and the provider's pod running
@@ -57,6 +57,8 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
         "FAIL  --- | [consumer b pod 10.30.1.11] -> [provider offloaded-by-b] || 10.30.1.11 -> 10.20.2.10",
         "MIXED -++ | [provider local] -> [consumer a pod] || 10.20.3.10 -> 10.10.1.10",
         "FAIL  --- | [provider local] -> [consumer c pod] || 10.20.3.10 -> 10.71.9.10",
+        // Anti-spoofing: Liqo's WireGuard takes any source from the peer; the firewall does not.
+        "FAIL  --- | [consumer a spoofed source 10.99.1.10] -> [provider offloaded-by-a] || 10.99.1.10 -> 10.20.1.10",
     ] {
         assert_eq!(out.matches(row).count(), 2, "{row}\n{out}");
     }

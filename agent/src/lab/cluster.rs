@@ -16,6 +16,8 @@ pub(super) struct Consumer {
     /// A provider pod running on this consumer (offloaded through its virtual node): its
     /// address in the consumer's CIDR.
     pub(super) hosts_ours: Option<&'static str>,
+    /// An address outside its CIDR it sends from (anti-spoofing's probe).
+    pub(super) spoofed: Option<&'static str>,
     pub(super) pods: [&'static str; 2],
     pub(super) underlay: (&'static str, &'static str),
     pub(super) geneve: &'static str,
@@ -35,6 +37,7 @@ pub(super) fn consumers() -> Vec<Consumer> {
             offloaded: vec!["10.20.1.10".into(), "10.20.1.11".into()],
             remapped: None,
             hosts_ours: None,
+            spoofed: Some("10.99.1.10"),
         },
         Consumer {
             name: "b",
@@ -46,6 +49,7 @@ pub(super) fn consumers() -> Vec<Consumer> {
             offloaded: vec!["10.20.2.10".into()],
             remapped: None,
             hosts_ours: None,
+            spoofed: None,
         },
         // Same pod CIDR as the provider: Liqo remaps it to 10.71.0.0/16 here.
         Consumer {
@@ -58,6 +62,7 @@ pub(super) fn consumers() -> Vec<Consumer> {
             offloaded: vec!["10.20.4.10".into()],
             remapped: Some("10.71.0.0/16"),
             hosts_ours: Some("10.20.9.20"),
+            spoofed: None,
         },
     ]
 }

@@ -199,15 +199,18 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
         &format!("{}:51820", c.underlay.1),
         PROVIDER_CIDR,
     )?;
+    // The gateway's end takes any source from its peer, as Liqo configures it
+    // (`pkg/gateway/tunnel/wireguard/device.go`: AllowedIPs 0.0.0.0/0): telling the peer's
+    // own addresses from spoofed ones is the firewall's job.
     lab.tunnel_end(
         &gw,
         "liqo-tunnel",
         &gk,
         &cpub,
         &format!("{}:51820", c.underlay.0),
-        c.cidr,
+        "0.0.0.0/0",
     )?;
-    for p in c.pods.iter().chain(&c.hosts_ours) {
+    for p in c.pods.iter().chain(&c.hosts_ours).chain(&c.spoofed) {
         cns.ip(&["addr", "add", &format!("{p}/32"), "dev", &cdev])?;
     }
     cns.ip(&["link", "set", &cdev, "up"])?;
@@ -241,6 +244,12 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
         "rule", "add", "iif", c.geneve, "to", c.cidr, "lookup", "100",
     ])?;
     gw.ip(&["route", "add", c.cidr, "dev", "liqo-tunnel", "table", "100"])?;
+    // A source outside the peer's CIDR, routed back through its tunnel like its own (so that
+    // only the firewall tells them apart).
+    if let Some(sp) = c.spoofed {
+        gw.ip(&["rule", "add", "iif", c.geneve, "to", sp, "lookup", "100"])?;
+        gw.ip(&["route", "add", sp, "dev", "liqo-tunnel", "table", "100"])?;
+    }
     gw.ip(&["rule", "add", "iif", "liqo-tunnel", "lookup", "101"])?;
     gw.ip(&[
         "route",
@@ -254,6 +263,9 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
         "101",
     ])?;
     node.ip(&["route", "add", c.link.0, "dev", &node_end])?;
+    if let Some(sp) = c.spoofed {
+        node.ip(&["route", "add", sp, "via", c.link.0, "dev", &node_end])?;
+    }
     node.ip(&[
         "route",
         "add",
@@ -442,6 +454,18 @@ fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Result<Vec<Pai
                 src,
                 "provider local".into(),
                 LOCAL_POD.into(),
+                true,
+                false,
+            )?;
+        }
+        // Anti-spoofing: a source outside the peer's CIDRs, towards its own offloaded pod.
+        if let Some(sp) = c.spoofed {
+            add(
+                format!("consumer {} spoofed source {sp}", c.name),
+                cns.name(),
+                sp,
+                format!("provider offloaded-by-{}", c.name),
+                c.offloaded[0].clone(),
                 true,
                 false,
             )?;
