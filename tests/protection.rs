@@ -64,6 +64,54 @@ fn controller_output_of(dir: &std::path::Path, snap: &Value, sub: &str) -> std::
     out
 }
 
+/// One backend's datapath in the gateway namespace for the length of a test step: its pin
+/// directory, and the host commands run against it.
+struct Installed<'a> {
+    backend: &'a str,
+    netns: &'a str,
+    pins: String,
+}
+
+impl<'a> Installed<'a> {
+    fn new(backend: &'a str, netns: &'a str, tag: &str) -> Self {
+        Self {
+            backend,
+            netns,
+            pins: format!("/sys/fs/bpf/pwt-{tag}-{}", std::process::id()),
+        }
+    }
+
+    /// `peerwall CMD --netns GW [--pin-dir PINS] ARGS` (the pin directory for bpf).
+    fn run(&self, cmd: &str, args: &[&str]) -> std::process::Output {
+        let mut c = std::process::Command::new(peerwall());
+        c.args([cmd, "--netns", self.netns]);
+        if self.backend == "bpf" {
+            c.args(["--pin-dir", &self.pins]);
+        }
+        c.args(args).output().unwrap()
+    }
+
+    /// `peerwall apply` of the controller's output in `policy`.
+    fn apply(&self, policy: &std::path::Path) {
+        let p = policy.display().to_string();
+        let o = self.run("apply", &["--backend", self.backend, "-f", &p]);
+        assert!(
+            o.status.success(),
+            "{}: {}",
+            self.backend,
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+impl Drop for Installed<'_> {
+    /// Whatever is in force goes (an agent killed leaves its policy), pins included.
+    fn drop(&mut self) {
+        let _ = self.run("delete", &[]);
+        let _ = peerwall_backend_bpf::loader::remove_pins(std::path::Path::new(&self.pins));
+    }
+}
+
 #[test]
 fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
     let t = Topology::new();
@@ -92,22 +140,8 @@ fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
         );
     }
     for backend in ["nftables", "bpf"] {
-        let pins = format!("/sys/fs/bpf/pwt-protection-{}", std::process::id());
-        let mut args = vec!["apply", "--backend", backend, "--netns", t.gateway.name()];
-        if backend == "bpf" {
-            args.extend(["--pin-dir", &pins]);
-        }
-        let p = policy.display().to_string();
-        args.extend(["-f", &p]);
-        let o = std::process::Command::new(peerwall())
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "{backend}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let installed = Installed::new(backend, t.gateway.name(), "protection");
+        installed.apply(&policy);
         assert!(
             tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", 8080),
             "{backend}: the peer's own pod reaches its offloaded pod"
@@ -116,14 +150,7 @@ fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
             !tcp_connects(&t.consumer, "10.99.0.67", "10.20.1.2", 8080),
             "{backend}: a spoofed source is dropped"
         );
-        let mut cargs = vec!["counters", "--netns", t.gateway.name(), "--output", "json"];
-        if backend == "bpf" {
-            cargs.extend(["--pin-dir", &pins]);
-        }
-        let o = std::process::Command::new(peerwall())
-            .args(&cargs)
-            .output()
-            .unwrap();
+        let o = installed.run("counters", &["--output", "json"]);
         let out = String::from_utf8_lossy(&o.stdout);
         let counters: Value =
             serde_json::from_str(&out).unwrap_or_else(|e| panic!("{backend}: counters {e}: {out}"));
@@ -137,16 +164,8 @@ fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
             spoofed["packets"].as_u64().unwrap_or(0) > 0,
             "{backend}: the drop is counted: {spoofed}"
         );
-        let mut dargs = vec!["delete", "--netns", t.gateway.name()];
-        if backend == "bpf" {
-            dargs.extend(["--pin-dir", &pins]);
-        }
-        let o = std::process::Command::new(peerwall())
-            .args(&dargs)
-            .output()
-            .unwrap();
+        let o = installed.run("delete", &[]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-        let _ = peerwall_backend_bpf::loader::remove_pins(std::path::Path::new(&pins));
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -179,7 +198,8 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
             .unwrap()
             .push(pod("db", "10.20.1.3"));
         let policy = controller_output_of(&dir, &snap, "two");
-        let pins = format!("/sys/fs/bpf/pwt-revoke-{}", std::process::id());
+        let installed = Installed::new(backend, t.gateway.name(), "revoke");
+        let pins = installed.pins.clone();
         let mut args: Vec<String> = vec![
             "--source".into(),
             format!("dir:{}", policy.display()),
@@ -246,14 +266,8 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
             to_web.echoes("after", std::time::Duration::from_secs(3)),
             "{backend}: the connection to the pod that stays was ended too"
         );
-        drop((to_db, to_web, agent));
-        // The agent leaves its policy in force when killed: take it out for the next backend.
-        let mut dargs = vec!["delete", "--netns", t.gateway.name()];
-        if backend == "bpf" {
-            dargs.extend(["--pin-dir", &pins]);
-        }
-        let _ = std::process::Command::new(peerwall()).args(&dargs).output();
-        let _ = peerwall_backend_bpf::loader::remove_pins(std::path::Path::new(&pins));
+        // The agent leaves its policy in force when killed: `installed` takes it out.
+        drop((to_db, to_web, agent, installed));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
@@ -317,33 +331,13 @@ fn the_gateway_takes_only_liqos_tunnel_check_from_the_tunnel_on_both_backends() 
         "the tunnel check answers before enforcement"
     );
     for backend in ["nftables", "bpf"] {
-        let pins = format!("/sys/fs/bpf/pwt-input-{}", std::process::id());
-        let p = policy.display().to_string();
-        let mut args = vec!["apply", "--backend", backend, "--netns", t.gateway.name()];
-        if backend == "bpf" {
-            args.extend(["--pin-dir", &pins]);
-        }
-        args.extend(["-f", &p]);
-        let o = std::process::Command::new(peerwall())
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "{backend}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
+        let installed = Installed::new(backend, t.gateway.name(), "input");
+        installed.apply(&policy);
         assert!(udp_answers(), "{backend}: Liqo's tunnel check passes");
         assert!(
             !tcp_connects(&t.consumer, "10.10.1.67", "169.254.0.1", 2222),
             "{backend}: the gateway's other services are refused from the tunnel"
         );
-        let mut dargs = vec!["delete", "--netns", t.gateway.name()];
-        if backend == "bpf" {
-            dargs.extend(["--pin-dir", &pins]);
-        }
-        let _ = std::process::Command::new(peerwall()).args(&dargs).output();
-        let _ = peerwall_backend_bpf::loader::remove_pins(std::path::Path::new(&pins));
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

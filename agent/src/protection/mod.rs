@@ -1052,6 +1052,28 @@ mod tests {
         }
     }
 
+    /// Peer `a`'s gateway configuration (tunnel `liqo-tunnel*`, Liqo's default tunnel check)
+    /// for `sources` and `s`, compiled as an agent compiles it.
+    fn compiled_gateway(sources: &[ipnet::IpNet], s: &PeerSets) -> peerwall_policy::ir::Policy {
+        let spec = gateway_spec(
+            "a",
+            sources,
+            s,
+            &Options {
+                tunnel: DEFAULT_TUNNEL.into(),
+                block_leaf_to_leaf: false,
+                audit: false,
+                liqo_ping_port: LIQO_PING_PORT,
+            },
+        );
+        let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
+            "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
+        let obj =
+            peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
+                .unwrap();
+        peerwall_policy::compile::compile(&[obj]).unwrap().policy
+    }
+
     /// Anti-spoofing as data: from the tunnel, a source outside the peer's CIDRs is dropped by
     /// `spoofed` before any allowance (even towards the peer's own offloaded pods); a source
     /// inside reaches them as before; IPv6 from a peer with no IPv6 CIDR is spoofed too; what
@@ -1064,23 +1086,7 @@ mod tests {
             ..Default::default()
         };
         let sources: Vec<ipnet::IpNet> = vec!["10.10.0.0/16".parse().unwrap()];
-        let spec = gateway_spec(
-            "a",
-            &sources,
-            &s,
-            &Options {
-                tunnel: "liqo-tunnel".into(),
-                block_leaf_to_leaf: false,
-                audit: false,
-                liqo_ping_port: LIQO_PING_PORT,
-            },
-        );
-        let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
-            "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
-        let obj =
-            peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
-                .unwrap();
-        let policy = peerwall_policy::compile::compile(&[obj]).unwrap().policy;
+        let policy = compiled_gateway(&sources, &s);
         let verdict = |src: &str, dst: &str, iif: &str, ct: CtState| {
             let v = evaluate(
                 &policy,
@@ -1137,23 +1143,7 @@ mod tests {
     #[test]
     fn the_gateway_takes_only_the_tunnel_check_and_replies_from_the_tunnel() {
         use peerwall_policy::ir::{evaluate, CtState, Packet, VerdictAction};
-        let spec = gateway_spec(
-            "a",
-            &[],
-            &PeerSets::default(),
-            &Options {
-                tunnel: "liqo-tunnel*".into(),
-                block_leaf_to_leaf: false,
-                audit: false,
-                liqo_ping_port: LIQO_PING_PORT,
-            },
-        );
-        let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
-            "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
-        let obj =
-            peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
-                .unwrap();
-        let policy = peerwall_policy::compile::compile(&[obj]).unwrap().policy;
+        let policy = compiled_gateway(&[], &PeerSets::default());
         let to_gateway = |iif: &str, proto: u8, dport: u16, ct: CtState| {
             let v = evaluate(
                 &policy,
