@@ -406,9 +406,16 @@ pub fn table_name(peer: &str) -> String {
     format!("peerwall_{clean}")
 }
 
-fn set_of(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
+/// An address set of one family: `keys` are its elements (addresses or CIDRs);
+/// `from_address_sets`: it also takes AddressSet slices.
+fn addr_set(
+    name: String,
+    keys: impl Iterator<Item = String>,
+    v6: bool,
+    from_address_sets: bool,
+) -> api::Set {
     api::Set {
-        from_address_sets: true,
+        from_address_sets,
         name,
         key_type: Some(if v6 {
             api::SetDataType::Ipv6Addr
@@ -416,15 +423,19 @@ fn set_of(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
             api::SetDataType::Ipv4Addr
         }),
         data_type: None,
-        elements: ips
-            .iter()
-            .filter(|ip| ip.is_ipv6() == v6)
-            .map(|ip| api::SetElement {
-                key: ip.to_string(),
-                data: None,
-            })
+        elements: keys
+            .map(|key| api::SetElement { key, data: None })
             .collect(),
     }
+}
+
+/// A set of pod addresses of one family, filled from AddressSet slices.
+fn set_of(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
+    let keys = ips
+        .iter()
+        .filter(|ip| ip.is_ipv6() == v6)
+        .map(ToString::to_string);
+    addr_set(name, keys, v6, true)
 }
 
 /// Name of the gateway configuration's set of the peer's source CIDRs (`sources`, `sources6`).
@@ -432,24 +443,11 @@ pub const SOURCES_SET: &str = "sources";
 
 /// An inline set of the CIDRs of one family (never filled from AddressSets).
 fn cidr_set(name: String, cidrs: &[ipnet::IpNet], v6: bool) -> api::Set {
-    api::Set {
-        from_address_sets: false,
-        name,
-        key_type: Some(if v6 {
-            api::SetDataType::Ipv6Addr
-        } else {
-            api::SetDataType::Ipv4Addr
-        }),
-        data_type: None,
-        elements: cidrs
-            .iter()
-            .filter(|c| matches!(c, ipnet::IpNet::V6(_)) == v6)
-            .map(|c| api::SetElement {
-                key: c.to_string(),
-                data: None,
-            })
-            .collect(),
-    }
+    let keys = cidrs
+        .iter()
+        .filter(|c| matches!(c, ipnet::IpNet::V6(_)) == v6)
+        .map(ToString::to_string);
+    addr_set(name, keys, v6, false)
 }
 
 fn eq(m: api::Match) -> api::Match {
