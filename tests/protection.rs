@@ -179,6 +179,7 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
     let t = Topology::new();
     let _a = Listener::tcp_echo(&t.provider, "10.20.1.2", 8080);
     let _b = Listener::tcp_echo(&t.provider, "10.20.1.3", 8080);
+    let _b_udp = udp_echo(&t.provider, "10.20.1.3", 9090);
     for backend in ["nftables", "bpf"] {
         let dir = std::env::temp_dir().join(format!(
             "pw-protection-revoke-{}-{backend}",
@@ -234,7 +235,10 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
             .unwrap_or_else(|| panic!("{backend}: connects to db"));
         let mut to_web = Session::tcp(&t.consumer, "10.10.1.67", "10.20.1.2", 8080)
             .unwrap_or_else(|| panic!("{backend}: connects to web"));
-        for s in [&mut to_db, &mut to_web] {
+        // And a UDP stream to db (one flow: the same source port throughout).
+        let mut udp_db = Session::udp(&t.consumer, "10.10.1.67", 40999, "10.20.1.3", 9090)
+            .unwrap_or_else(|| panic!("{backend}: a UDP stream to db"));
+        for s in [&mut to_db, &mut to_web, &mut udp_db] {
             assert!(
                 s.echoes("before", std::time::Duration::from_secs(3)),
                 "{backend}"
@@ -263,11 +267,15 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
             String::from_utf8_lossy(&in_ns(&t.gateway, "conntrack", &["-L"]).stdout),
         );
         assert!(
+            !udp_db.echoes("after", std::time::Duration::from_secs(3)),
+            "{backend}: the UDP stream to the pod that left still flows"
+        );
+        assert!(
             to_web.echoes("after", std::time::Duration::from_secs(3)),
             "{backend}: the connection to the pod that stays was ended too"
         );
         // The agent leaves its policy in force when killed: `installed` takes it out.
-        drop((to_db, to_web, agent, installed));
+        drop((to_db, to_web, udp_db, agent, installed));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -240,10 +240,26 @@ pub struct Session {
 impl Session {
     /// Connect from `src` to `dst:port` (IPv4) inside `ns`; None when no "ok" greeting came.
     pub fn tcp(ns: &NetNs, src: &str, dst: &str, port: u16) -> Option<Self> {
+        let mut s = Self::open(
+            ns,
+            &format!("TCP4:{dst}:{port},bind={src},connect-timeout=2"),
+        )?;
+        s.next_line(std::time::Duration::from_secs(3))
+            .is_some_and(|l| l == "ok")
+            .then_some(s)
+    }
+
+    /// A UDP stream from `src:sport` to `dst:port` (IPv4) inside `ns`, towards a UDP echo
+    /// ([`udp_echo`]): one flow, every line a datagram.
+    pub fn udp(ns: &NetNs, src: &str, sport: u16, dst: &str, port: u16) -> Option<Self> {
+        Self::open(ns, &format!("UDP4:{dst}:{port},bind={src}:{sport}"))
+    }
+
+    fn open(ns: &NetNs, target: &str) -> Option<Self> {
         use std::io::BufRead;
         let mut child = Command::new("ip")
             .args(["netns", "exec", ns.name(), "socat", "-"])
-            .arg(format!("TCP4:{dst}:{port},bind={src},connect-timeout=2"))
+            .arg(target)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -265,14 +281,11 @@ impl Session {
                 }
             }
         });
-        let mut s = Self {
+        Some(Self {
             child,
             stdin,
             lines,
-        };
-        s.next_line(std::time::Duration::from_secs(3))
-            .is_some_and(|l| l == "ok")
-            .then_some(s)
+        })
     }
 
     fn next_line(&mut self, within: std::time::Duration) -> Option<String> {
@@ -302,6 +315,21 @@ impl Drop for Session {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A UDP echo on `addr:port` inside `ns` (every datagram back to its sender), stopped when
+/// dropped.
+pub fn udp_echo(ns: &NetNs, addr: &str, port: u16) -> Agent {
+    let child = Command::new("ip")
+        .args(["netns", "exec", ns.name(), "socat"])
+        .arg(format!("UDP4-RECVFROM:{port},bind={addr},fork"))
+        .arg("EXEC:cat")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("socat");
+    Agent(child)
 }
 
 /// Whether a TCP connection from `src` to `dst:port` inside `ns` completes within a second.
