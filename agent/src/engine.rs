@@ -231,7 +231,7 @@ pub struct Engine {
     /// When the connection-tracking fill was last read.
     conntrack_read: Option<std::time::Instant>,
     /// The policy in force, to judge which connections a change ends
-    /// ([`crate::netpol::revoke`]).
+    /// ([`crate::revoke`]).
     enforced: Option<peerwall_policy::ir::Policy>,
 }
 
@@ -346,19 +346,25 @@ impl Engine {
     }
 
     /// After a policy change: end the connections the previous policy allowed and this one
-    /// refuses ([`crate::netpol::revoke`]); established ones would otherwise pass as replies.
+    /// refuses ([`crate::revoke`]); established ones would otherwise pass as replies.
     /// Nothing is ended on the first apply (no previous policy to judge by). A failure is
     /// logged and counted; the policy stays applied.
     fn end_revoked(&mut self, policy: &peerwall_policy::ir::Policy) {
+        // Unchanged (a re-apply after drift, the same objects again): nothing to judge, and
+        // no copy of the policy to keep.
+        if self
+            .enforced
+            .as_ref()
+            .is_some_and(|b| b.tables == policy.tables)
+        {
+            return;
+        }
         let Some(before) = self.enforced.replace(policy.clone()) else {
             return;
         };
-        if before.tables == policy.tables {
-            return;
-        }
         let started = Instant::now();
         let result = self.enforcer.flows().and_then(|flows| {
-            let gone = crate::netpol::revoke::no_longer_allowed(&before, policy, &flows);
+            let gone = crate::revoke::no_longer_allowed(&before, policy, &flows);
             tracing::debug!(
                 tracked = flows.len(),
                 ending = gone.len(),

@@ -19,4 +19,5 @@ pub mod lab;
 pub mod metrics;
 pub mod netpol;
 pub mod protection;
+pub mod revoke;
 pub mod shutdown;

@@ -8,7 +8,6 @@
 
 pub mod companion;
 pub mod eval;
-pub mod revoke;
 pub mod tier;
 
 use std::collections::BTreeMap;
@@ -291,4 +290,4 @@ impl Cluster {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

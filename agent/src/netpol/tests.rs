@@ -383,7 +383,7 @@ fn random_cluster(rng: &mut StdRng) -> Cluster {
 }
 
 /// The tier as the agent would enforce it: the FirewallConfiguration loaded and compiled.
-pub(super) fn compiled(c: &Cluster) -> peerwall_policy::ir::Policy {
+pub(crate) fn compiled(c: &Cluster) -> peerwall_policy::ir::Policy {
     let t = tier::tier(c, "peer1", false);
     let doc = serde_json::json!({
         "apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",

@@ -171,22 +171,26 @@ pub fn configuration_cidrs(
     let peer = labels.get(REMOTE_CLUSTER_ID)?.clone();
     let mut out = Vec::new();
     for kind in ["pod", "external"] {
-        let list = |side: &str| -> Vec<ipnet::IpNet> {
-            body.pointer(&format!("/{side}/remote/cidr/{kind}"))
-                .and_then(Value::as_array)
-                .map(|v| {
-                    v.iter()
-                        .filter_map(|c| c.as_str().and_then(|s| s.parse().ok()))
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
-        let seen = list("status");
-        out.extend(if seen.is_empty() { list("spec") } else { seen });
+        let seen = configuration_list(body, "status", kind);
+        out.extend(if seen.is_empty() {
+            configuration_list(body, "spec", kind)
+        } else {
+            seen
+        });
     }
     out.sort();
     out.dedup();
     Some((peer, out))
+}
+
+/// The CIDRs of a `Configuration`'s `{side}.remote.cidr.{kind}` that parse.
+fn configuration_list(body: &Value, side: &str, kind: &str) -> Vec<ipnet::IpNet> {
+    body.pointer(&format!("/{side}/remote/cidr/{kind}"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.as_str()?.parse().ok())
+        .collect()
 }
 
 /// The peer a Liqo `Configuration` is for and the source CIDRs its packets may carry through
@@ -202,15 +206,7 @@ pub fn configuration_sources(
     let mut out: Vec<ipnet::IpNet> = Vec::new();
     for side in ["spec", "status"] {
         for kind in ["pod", "external"] {
-            if let Some(v) = body
-                .pointer(&format!("/{side}/remote/cidr/{kind}"))
-                .and_then(Value::as_array)
-            {
-                out.extend(
-                    v.iter()
-                        .filter_map(|c| c.as_str()?.parse::<ipnet::IpNet>().ok()),
-                );
-            }
+            out.extend(configuration_list(body, side, kind));
         }
     }
     out.sort();
