@@ -35,10 +35,10 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
         "{out}"
     );
     assert!(!out.contains("UNEXPECTED"), "{out}");
-    // Per consumer 11 pairs (5 per pod: the 4 offloaded pods and the provider's local one;
-    // plus the provider-initiated pair), the provider's pod running on consumer c both
-    // ways, and consumer a's spoofed source: 36 per backend.
-    assert_eq!(out.matches(" || ").count(), 2 * 36, "{out}");
+    // Per consumer 15 pairs (7 per pod: the 4 offloaded pods, the provider's local one and
+    // its two monitoring pods; plus the provider-initiated pair), the provider's pod running
+    // on consumer c both ways, and consumer a's spoofed source: 48 per backend.
+    assert_eq!(out.matches(" || ").count(), 2 * 48, "{out}");
     // Consumer c's pod CIDR is the provider's own, remapped by Liqo's NAT in c's gateway: the
     // provider reaches c's pod by its remapped address and gets the replies (the bpf datapath
     // classifies them on the addresses the forward hook sees), and the provider's pod running
@@ -53,7 +53,14 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
         "OK    +++ | [consumer c pod 10.20.9.10] -> [provider offloaded-by-c] || 10.20.9.10 -> 10.20.4.10",
         "MIXED -+- | [consumer a pod 10.10.1.10] -> [provider offloaded-by-a] || 10.10.1.10 -> 10.20.1.11",
         "FAIL  --- | [consumer a pod 10.10.1.11] -> [provider offloaded-by-a] || 10.10.1.11 -> 10.20.1.11",
-        "OK    +++ | [consumer b pod 10.30.1.10] -> [provider offloaded-by-b] || 10.30.1.10 -> 10.20.2.10",
+        // The lab's ProtectionPolicy `no-echo-from-b` closes UDP 9090 to b's tunnel, even
+        // towards the pods b offloaded.
+        "MIXED ++- | [consumer b pod 10.30.1.10] -> [provider offloaded-by-b] || 10.30.1.10 -> 10.20.2.10",
+        // `open-metrics` opens the provider's prometheus on TCP 8080 to consumer a only; the
+        // pod beside it stays closed.
+        "MIXED -+- | [consumer a pod 10.10.1.10] -> [provider monitoring/prometheus (opened to a)] || 10.10.1.10 -> 10.20.5.10",
+        "FAIL  --- | [consumer a pod 10.10.1.10] -> [provider monitoring/grafana] || 10.10.1.10 -> 10.20.5.11",
+        "FAIL  --- | [consumer b pod 10.30.1.10] -> [provider monitoring/prometheus (opened to a)] || 10.30.1.10 -> 10.20.5.10",
         "FAIL  --- | [consumer b pod 10.30.1.11] -> [provider offloaded-by-b] || 10.30.1.11 -> 10.20.2.10",
         "MIXED -++ | [provider local] -> [consumer a pod] || 10.20.3.10 -> 10.10.1.10",
         "FAIL  --- | [provider local] -> [consumer c pod] || 10.20.3.10 -> 10.71.9.10",

@@ -391,6 +391,7 @@ fn controller_gateway_policy_protects_both_sides() {
             block_leaf_to_leaf: leaf,
             audit: false,
             liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
+            own_namespace_only: false,
         };
         let peer = Peer {
             id: "a".into(),

@@ -169,6 +169,7 @@ mod tests {
                     block_leaf_to_leaf: false,
                     audit: false,
                     liqo_ping_port: crate::protection::LIQO_PING_PORT,
+                    own_namespace_only: false,
                 },
             );
             let doc = serde_json::json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",

@@ -511,6 +511,7 @@ pub fn sliced_peer() -> (
             block_leaf_to_leaf: false,
             audit: false,
             liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
+            own_namespace_only: false,
         },
         PeerSets {
             offloaded,

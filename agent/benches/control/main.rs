@@ -365,6 +365,7 @@ async fn measure_dir(
         block_leaf_to_leaf: false,
         audit: false,
         liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
+        own_namespace_only: false,
     };
     let write = |name: &str, v: serde_json::Value| {
         let tmp = dir.join(".next.tmp");

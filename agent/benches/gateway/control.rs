@@ -203,6 +203,7 @@ pub(crate) fn control_plane(lab: &Lab, dp: Datapath, n: usize, seed: u64) -> Con
                         block_leaf_to_leaf: false,
                         audit: false,
                         liqo_ping_port: protection::LIQO_PING_PORT,
+                        own_namespace_only: false,
                     },
                 )),
                 ..base

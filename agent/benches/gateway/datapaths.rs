@@ -132,6 +132,7 @@ pub(crate) fn protection_policy(n: usize, seed: u64) -> Policy {
             block_leaf_to_leaf: false,
             audit: false,
             liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
+            own_namespace_only: false,
         },
     );
     let pick = |rng: &mut StdRng, v: &[Ipv4Addr]| v[rng.random_range(0..v.len())];

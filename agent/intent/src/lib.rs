@@ -6,10 +6,14 @@
 //! Next in the flow: `peerwall-policy` validates and lowers these objects into the policy IR.
 
 pub mod load;
+pub mod protection;
 pub mod types;
 
 use std::fmt;
 
+#[cfg(feature = "kube")]
+pub use protection::ProtectionPolicy;
+pub use protection::ProtectionPolicySpec;
 #[cfg(feature = "kube")]
 pub use types::AddressSet;
 pub use types::AddressSetSpec;

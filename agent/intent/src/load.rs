@@ -31,6 +31,8 @@ pub const LIQO_API_VERSION: &str = "networking.liqo.io/v1beta1";
 pub const KIND: &str = "FirewallConfiguration";
 /// Kind of peerwall's address-set slices (`peerwall.io/v1alpha1` only).
 pub const ADDRESS_SET_KIND: &str = "AddressSet";
+/// Kind of peerwall's protection policies (cluster-scoped).
+pub const PROTECTION_POLICY_KIND: &str = "ProtectionPolicy";
 
 /// Everything read from some input: FirewallConfigurations and AddressSets.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -342,6 +342,10 @@ pub enum Command {
         /// gateway itself takes it from the tunnel, and nothing else but replies.
         #[arg(long, default_value_t = crate::protection::LIQO_PING_PORT)]
         liqo_ping_port: u16,
+        /// Let our pods a peer runs reach every pod here through its tunnel (by default they
+        /// reach only pods of their own namespace, plus what a ProtectionPolicy opens).
+        #[arg(long)]
+        consumer_reaches_every_namespace: bool,
         /// Where `/metrics`, `/healthz` and `/readyz` are served.
         #[arg(long, default_value = "0.0.0.0:9091")]
         metrics_addr: std::net::SocketAddr,
@@ -618,6 +622,7 @@ pub fn crd_yaml() -> anyhow::Result<String> {
     for crd in [
         peerwall_intent::FirewallConfiguration::crd(),
         peerwall_intent::AddressSet::crd(),
+        peerwall_intent::ProtectionPolicy::crd(),
     ] {
         let mut v = serde_json::to_value(&crd)?;
         if let Some(versions) = v.pointer_mut("/spec/versions") {
@@ -716,6 +721,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             block_leaf_to_leaf,
             audit,
             liqo_ping_port,
+            consumer_reaches_every_namespace,
             metrics_addr,
             gateway_selector,
             agent_selector,
@@ -726,6 +732,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 block_leaf_to_leaf,
                 audit,
                 liqo_ping_port,
+                own_namespace_only: !consumer_reaches_every_namespace,
             },
             crate::k8s::coverage::Settings {
                 gateway_selector,

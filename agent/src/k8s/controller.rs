@@ -77,6 +77,8 @@ struct Ctx {
     /// each peer's NetworkPolicy tier.
     pods: Store<Pod>,
     network_policies: Store<NetworkPolicy>,
+    /// ProtectionPolicies (the last good version of each).
+    protection_policies: Arc<super::protection_policies::InForce>,
     /// Problems with NetworkPolicies already reported (policy and reason), so each gets one
     /// Event and one log line.
     reported: std::sync::Mutex<BTreeSet<String>>,
@@ -149,10 +151,30 @@ fn homes(ctx: &Ctx) -> BTreeMap<String, Vec<ipnet::IpNet>> {
     per_peer(ctx, protection::configuration_cidrs)
 }
 
+/// What the ProtectionPolicies say for `peer` (provider pods selected in `cluster`).
+fn exceptions_for(
+    ctx: &Ctx,
+    peer: &str,
+    cluster: &netpol::Cluster,
+) -> protection::exceptions::ForPeer {
+    protection::exceptions::for_peer(
+        &ctx.protection_policies.checked(),
+        peer,
+        ctx.opts.settings(),
+        cluster,
+    )
+}
+
 /// Keep the NetworkPolicies of `peer`'s offloaded namespaces following its CIDRs (they
-/// change with Liqo's `Configuration`, which the namespace reconcile does not watch).
-async fn refresh_offloaded(peer: &str, ctx: &Ctx) -> Result<(), ReconcileError> {
+/// change with Liqo's `Configuration`, which the namespace reconcile does not watch) and its
+/// ProtectionPolicies.
+async fn refresh_offloaded(
+    peer: &str,
+    ctx: &Ctx,
+    exceptions: &protection::exceptions::ForPeer,
+) -> Result<(), ReconcileError> {
     let home = homes(ctx).remove(peer).unwrap_or_default();
+    let open: Vec<_> = exceptions.for_offloaded().collect();
     let policies = ctx.network_policies.state();
     for ns in ctx.namespaces.state() {
         let info = protection::Namespace {
@@ -164,7 +186,7 @@ async fn refresh_offloaded(peer: &str, ctx: &Ctx) -> Result<(), ReconcileError> 
         {
             continue;
         }
-        let mut body = protection::offloaded_network_policy(&info.name, peer, &home);
+        let mut body = protection::offloaded_network_policy(&info.name, peer, &home, &open);
         let current = policies.iter().find(|p| {
             p.namespace().as_deref() == Some(info.name.as_str()) && p.name_any() == NETWORK_POLICY
         });
@@ -177,7 +199,7 @@ async fn refresh_offloaded(peer: &str, ctx: &Ctx) -> Result<(), ReconcileError> 
         let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &info.name);
         server_side_apply(&api, &info.name, NETWORK_POLICY, &body).await?;
         ctx.count(|m| m.network_policy_writes += 1);
-        tracing::info!(namespace = %info.name, peer, "offloaded namespace's NetworkPolicy follows its consumer's CIDRs");
+        tracing::info!(namespace = %info.name, peer, "offloaded namespace's NetworkPolicy follows its consumer's CIDRs and ProtectionPolicies");
     }
     Ok(())
 }
@@ -485,8 +507,15 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
     // Addresses first, as slices: the configuration that takes them comes after, so a set
     // never misses addresses it had.
     let held = publish_slices(&ns, &who, &ctx).await?;
+    // One view of pods and NetworkPolicies serves the declared sets, the tier and the
+    // companions.
+    let view = netpol_view(&ctx);
+    let declared = protection::Declared {
+        namespaces: protection::namespaces::namespace_sets(&view.0, &peer),
+        exceptions: exceptions_for(&ctx, &peer, &view.0),
+    };
     // The addresses live in the slices; the configuration declares the sets.
-    let mut body = protection::gateway_object(&who, &Default::default(), &ctx.opts);
+    let mut body = protection::gateway_object_with(&who, &Default::default(), &ctx.opts, &declared);
     let current = ctx
         .configs
         .state()
@@ -506,10 +535,8 @@ async fn reconcile_gateway(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action, 
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer, "gateway configuration updated");
     }
-    // One view of pods and NetworkPolicies serves the tier and the companions.
-    let view = netpol_view(&ctx);
-    publish_tier(&ns, &who, &ctx, &view).await?;
-    refresh_offloaded(&peer, &ctx).await?;
+    publish_tier(&ns, &who, &ctx, &view, declared.exceptions.settings.audit).await?;
+    refresh_offloaded(&peer, &ctx, &declared.exceptions).await?;
     publish_companions(&ctx, &view).await?;
     Ok(if held > 0 {
         // An address is waiting for another tenant to release it.
@@ -552,9 +579,10 @@ async fn publish_tier(
     peer: &protection::Peer,
     ctx: &Ctx,
     (cluster, unreadable, policies): &NetpolView,
+    audit: bool,
 ) -> Result<(), ReconcileError> {
     let ns_name = ns.name_any();
-    let tier = netpol::tier::tier(cluster, &peer.id, ctx.opts.audit);
+    let tier = netpol::tier::tier(cluster, &peer.id, audit);
     let problems = unreadable
         .iter()
         .map(|u| {
@@ -786,10 +814,14 @@ async fn reconcile_namespace(ns: Arc<Namespace>, ctx: Arc<Ctx>) -> Result<Action
     let owner = protection::offloaded_namespace_owner(&info).map(str::to_string);
     match owner {
         Some(consumer) if ns.metadata.deletion_timestamp.is_none() => {
+            // The NetworkPolicy takes the openings' selectors only: no pod addresses needed.
+            let exceptions = exceptions_for(&ctx, &consumer, &netpol::Cluster::default());
+            let open: Vec<_> = exceptions.for_offloaded().collect();
             let mut body = protection::offloaded_network_policy(
                 &name,
                 &consumer,
                 &homes(&ctx).remove(&consumer).unwrap_or_default(),
+                &open,
             );
             body["metadata"]["ownerReferences"] = owner_ref(&ns);
             server_side_apply(&api, &name, NETWORK_POLICY, &body).await?;
@@ -880,6 +912,12 @@ pub fn run(
             liqo_configs: std::sync::OnceLock::new(),
             pods: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
             network_policies: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            protection_policies: Arc::new(super::protection_policies::InForce::new(super::cache(
+                Api::all(client.clone()),
+                wc(),
+                (),
+                changed.clone(),
+            ))),
             reported: std::sync::Mutex::new(BTreeSet::new()),
             client: client.clone(),
             opts,
@@ -905,6 +943,10 @@ pub fn run(
         ] {
             ready.with_context(|| format!("the {what} watch ended before its first list"))?;
         }
+        ctx.protection_policies
+            .ready()
+            .await
+            .context("the protectionpolicies watch ended before its first list (is peerwall's CRD installed? kubectl apply -k deploy/)")?;
         // Liqo's Configurations only matter where CIDRs overlap. Without Liqo's CRD (a cluster
         // not peered yet) or the RBAC to read them, the controller runs without them rather
         // than not at all, probes again every 30 s (no watch retrying every second in the
@@ -996,6 +1038,18 @@ pub fn run(
             futures::future::ready(())
         });
         let enforced = watch_enforcement(ctx.clone(), coverage.grace);
+        let statuses = {
+            let c = ctx.clone();
+            super::protection_policies::write_status(
+                client.clone(),
+                ctx.protection_policies.clone(),
+                ctx.opts.settings(),
+                move || {
+                    let peers = c.publisher().desired.peers().iter().cloned().collect();
+                    (peers, netpol_view(&c).0)
+                },
+            )
+        };
         let covered = super::coverage::run(client.clone(), coverage, ctx.metrics.clone());
         let stopped = stop.wait();
         tokio::select! {
@@ -1003,6 +1057,7 @@ pub fn run(
             _ = netpols => {},
             _ = covered => {},
             _ = enforced => {},
+            _ = statuses => {},
             _ = stopped => {},
         }
         tracing::info!("controller stopping");

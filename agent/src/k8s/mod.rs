@@ -8,6 +8,7 @@ pub mod controller;
 pub mod coverage;
 pub mod gateways;
 pub mod netpol;
+pub mod protection_policies;
 pub mod snapshot;
 pub mod webhook;
 

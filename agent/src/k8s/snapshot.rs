@@ -53,6 +53,8 @@ pub struct Snapshot {
     pub policies: Vec<NetworkPolicy>,
     /// Liqo's `Configuration`s, as JSON.
     pub configurations: Vec<Value>,
+    /// peerwall's ProtectionPolicies, checked.
+    pub protection_policies: Vec<protection::exceptions::Checked>,
 }
 
 fn files(path: &Path) -> Result<Vec<PathBuf>, SnapshotError> {
@@ -144,6 +146,29 @@ impl Snapshot {
             ("v1", "Pod") => self.pods.push(read(v, at)?),
             ("networking.k8s.io/v1", "NetworkPolicy") => self.policies.push(read(v, at)?),
             ("networking.liqo.io/v1beta1", "Configuration") => self.configurations.push(v),
+            (peerwall_intent::load::API_VERSION, peerwall_intent::load::PROTECTION_POLICY_KIND) => {
+                let name = v["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                let spec: peerwall_intent::ProtectionPolicySpec =
+                    read(v.get("spec").cloned().unwrap_or(Value::Null), at).map_err(
+                        |e| match e {
+                            SnapshotError::Document { at, message } => SnapshotError::Document {
+                                at,
+                                message: format!("ProtectionPolicy {name}: spec.{message}"),
+                            },
+                            other => other,
+                        },
+                    )?;
+                let checked = protection::exceptions::check(&name, &spec).map_err(|e| {
+                    SnapshotError::Document {
+                        at: at.to_string(),
+                        message: format!("ProtectionPolicy {name}: {e}"),
+                    }
+                })?;
+                self.protection_policies.push(checked);
+            }
             // Other kinds may share the files: the controller does not read them.
             _ => {}
         }
@@ -250,13 +275,26 @@ pub fn output(snapshot: &Snapshot, opts: &Options) -> Output {
     };
     for peer in protection::peers(&world) {
         let s = sets.get(&peer.id).cloned().unwrap_or_default();
+        let declared = protection::Declared {
+            namespaces: protection::namespaces::namespace_sets(&cluster, &peer.id),
+            exceptions: protection::exceptions::for_peer(
+                &snapshot.protection_policies,
+                &peer.id,
+                opts.settings(),
+                &cluster,
+            ),
+        };
         for slice in protection::peer_slices(&s, opts) {
             out.objects
                 .push(protection::address_set_object(&peer, &slice));
         }
-        out.objects
-            .push(protection::gateway_object(&peer, &Default::default(), opts));
-        let tier = netpol::tier::tier(&cluster, &peer.id, opts.audit);
+        out.objects.push(protection::gateway_object_with(
+            &peer,
+            &Default::default(),
+            opts,
+            &declared,
+        ));
+        let tier = netpol::tier::tier(&cluster, &peer.id, declared.exceptions.settings.audit);
         let tier_obj = netpol::tier::object(&peer, &tier.spec);
         out.objects.push(tier_obj.clone());
         out.unenforced.extend(
@@ -266,15 +304,25 @@ pub fn output(snapshot: &Snapshot, opts: &Options) -> Output {
         );
         out.enforced.insert(
             peer.id.clone(),
-            vec![protection::gateway_object(&peer, &s, opts), tier_obj],
+            vec![
+                protection::gateway_object_with(&peer, &s, opts, &declared),
+                tier_obj,
+            ],
         );
     }
     let homes = snapshot.homes();
     for ns in &world.namespaces {
         if let Some(consumer) = protection::offloaded_namespace_owner(ns) {
             let home = homes.get(consumer).map_or(&[][..], Vec::as_slice);
+            let exceptions = protection::exceptions::for_peer(
+                &snapshot.protection_policies,
+                consumer,
+                opts.settings(),
+                &cluster,
+            );
+            let open: Vec<_> = exceptions.for_offloaded().collect();
             out.objects.push(protection::offloaded_network_policy(
-                &ns.name, consumer, home,
+                &ns.name, consumer, home, &open,
             ));
         }
     }

@@ -95,6 +95,73 @@ impl Consumer {
 }
 
 pub(super) const LOCAL_POD: &str = "10.20.3.10";
+/// A provider service the lab's ProtectionPolicy opens to consumer a (TCP 8080).
+pub(super) const OPENED_POD: &str = "10.20.5.10";
+/// A provider pod beside it that no policy opens.
+pub(super) const UNOPENED_POD: &str = "10.20.5.11";
+/// The provider's `monitoring` namespace: (pod name, address).
+const MONITORING: [(&str, &str); 2] = [("prometheus", OPENED_POD), ("grafana", UNOPENED_POD)];
+
+/// The provider admin's ProtectionPolicies in the lab, as a user writes them: consumer a's
+/// pods may reach the provider's prometheus on TCP 8080 (nothing else in `monitoring`), and
+/// consumer b's tunnel may not open UDP 9090 even to the pods b offloaded.
+pub const LAB_PROTECTION_POLICIES: &str = r#"
+apiVersion: peerwall.io/v1alpha1
+kind: ProtectionPolicy
+metadata:
+  name: open-metrics
+spec:
+  peers: [a]
+  open:
+    - name: prometheus
+      from: [PeerPods]
+      namespaceSelector:
+        matchLabels: {kubernetes.io/metadata.name: monitoring}
+      podSelector:
+        matchLabels: {app: prometheus}
+      ports: [{protocol: TCP, port: 8080}]
+---
+apiVersion: peerwall.io/v1alpha1
+kind: ProtectionPolicy
+metadata:
+  name: no-echo-from-b
+spec:
+  peers: [b]
+  close:
+    - name: echo
+      ports: [{protocol: UDP, port: 9090}]
+"#;
+
+/// [`LAB_PROTECTION_POLICIES`], checked as the controller checks them.
+pub fn lab_protection_policies() -> Result<Vec<protection::exceptions::Checked>> {
+    use serde::Deserialize;
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(LAB_PROTECTION_POLICIES) {
+        let v = Value::deserialize(doc).context("the lab's ProtectionPolicies")?;
+        let name = v["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let spec: peerwall_intent::ProtectionPolicySpec =
+            serde_json::from_value(v["spec"].clone()).context("a lab ProtectionPolicy's spec")?;
+        out.push(protection::exceptions::check(&name, &spec)?);
+    }
+    Ok(out)
+}
+
+/// What the controller declares for consumer `name`'s gateway besides its sets.
+fn lab_declared(name: &str) -> Result<protection::Declared> {
+    let cluster = lab_cluster();
+    Ok(protection::Declared {
+        namespaces: protection::namespaces::namespace_sets(&cluster, name),
+        exceptions: protection::exceptions::for_peer(
+            &lab_protection_policies()?,
+            name,
+            lab_options().settings(),
+            &cluster,
+        ),
+    })
+}
 pub(super) const NEW_POD: &str = "10.20.1.12";
 
 /// The provider cluster as the controller sees it: a tenant namespace per consumer, a
@@ -183,6 +250,13 @@ pub fn lab_world(extra: &[(&str, &str)]) -> protection::World {
     });
     w.pods
         .push(pod("local".into(), "local-0".into(), LOCAL_POD));
+    w.namespaces.push(protection::Namespace {
+        name: "monitoring".into(),
+        labels: Default::default(),
+    });
+    for (name, ip) in MONITORING {
+        w.pods.push(pod("monitoring".into(), name.into(), ip));
+    }
     w
 }
 
@@ -199,14 +273,19 @@ fn lab_options() -> protection::Options {
         block_leaf_to_leaf: false,
         audit: false,
         liqo_ping_port: protection::LIQO_PING_PORT,
+        own_namespace_only: true,
     }
 }
 
 /// The gateway configuration the controller publishes for consumer `name` in `world`, as the
 /// agent's file (its sets declared, their addresses in slices: [`controller_slices`]).
 pub fn controller_policy(world: &protection::World, name: &str) -> Result<String> {
-    let doc =
-        protection::gateway_object(&lab_peer(world, name)?, &Default::default(), &lab_options());
+    let doc = protection::gateway_object_with(
+        &lab_peer(world, name)?,
+        &Default::default(),
+        &lab_options(),
+        &lab_declared(name)?,
+    );
     serde_json::to_string_pretty(&doc).context("encoding the gateway FirewallConfiguration")
 }
 
@@ -290,6 +369,7 @@ pub fn lab_cluster() -> netpol::Cluster {
         namespace(&format!("app-{}", c.name));
     }
     namespace("local");
+    namespace("monitoring");
     for c in consumers() {
         for (i, ip) in c.offloaded.iter().enumerate() {
             cluster.pods.push(pod(
@@ -311,6 +391,9 @@ pub fn lab_cluster() -> netpol::Cluster {
     let mut local = pod("local", "local-0", LOCAL_POD, None, None);
     local.labels = labels(&[("app", "local")]);
     cluster.pods.push(local);
+    for (name, ip) in MONITORING {
+        cluster.pods.push(pod("monitoring", name, ip, None, None));
+    }
     let block = |cidr: &str, except: &[&str]| {
         Peer::Block(IpBlock {
             cidr: cidr.parse().unwrap_or_else(|_| ipnet::IpNet::default()),
@@ -405,7 +488,7 @@ pub(super) fn gateway_policy(c: &Consumer) -> Result<peerwall_policy::ir::Policy
     let sets = protection::sets(&world).remove(c.name).unwrap_or_default();
     let mut objects = vec![
         object_from_json(
-            protection::gateway_object(&peer, &sets, &lab_options()),
+            protection::gateway_object_with(&peer, &sets, &lab_options(), &lab_declared(c.name)?),
             Group::Peerwall,
         )?,
         object_from_json(

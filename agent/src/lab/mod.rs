@@ -44,8 +44,14 @@ use peerwall_backend_bpf::loader;
 
 use crate::protection;
 
-use cluster::{consumers, gateway_policy, Consumer, LOCAL_POD, NEW_POD, PROVIDER_CIDR};
-pub use cluster::{controller_policy, controller_slices, controller_tier, lab_cluster, lab_world};
+use cluster::{
+    consumers, gateway_policy, Consumer, LOCAL_POD, NEW_POD, OPENED_POD, PROVIDER_CIDR,
+    UNOPENED_POD,
+};
+pub use cluster::{
+    controller_policy, controller_slices, controller_tier, lab_cluster, lab_protection_policies,
+    lab_world, LAB_PROTECTION_POLICIES,
+};
 use infra::{in_ns, undo_items, wg_keys, Lab, Registry, Undo};
 pub use matrix::Probes;
 use matrix::{probe, Pair};
@@ -134,7 +140,7 @@ fn run_backend(backend: &'static str, bin: &Path, keep: bool, reg: &Registry) ->
 fn provider_node(lab: &mut Lab, cs: &[Consumer]) -> Result<NetNs> {
     let node = lab.netns("node")?;
     node.ip(&["link", "set", "lo", "up"])?;
-    let mut pods: Vec<&str> = vec![LOCAL_POD];
+    let mut pods: Vec<&str> = vec![LOCAL_POD, OPENED_POD, UNOPENED_POD];
     for c in cs {
         pods.extend(c.offloaded.iter().map(String::as_str));
     }
@@ -449,11 +455,31 @@ fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Result<Vec<Pai
                 }
             }
             add(
-                from,
+                from.clone(),
                 cns.name(),
                 src,
                 "provider local".into(),
                 LOCAL_POD.into(),
+                true,
+                false,
+            )?;
+            // A provider service a ProtectionPolicy opens (to consumer a only), and the pod
+            // beside it that none opens.
+            add(
+                from.clone(),
+                cns.name(),
+                src,
+                "provider monitoring/prometheus (opened to a)".into(),
+                OPENED_POD.into(),
+                true,
+                c.name == "a",
+            )?;
+            add(
+                from,
+                cns.name(),
+                src,
+                "provider monitoring/grafana".into(),
+                UNOPENED_POD.into(),
                 true,
                 false,
             )?;

@@ -615,7 +615,7 @@ fn offloaded_pods_call_home_and_nowhere_else() {
     let home_b: Vec<ipnet::IpNet> = vec!["10.71.0.0/16".parse().unwrap()];
     let policy_of = |ns: &str, consumer: &str, home: &[ipnet::IpNet]| {
         let np: k8s_openapi::api::networking::v1::NetworkPolicy =
-            serde_json::from_value(offloaded_network_policy(ns, consumer, home)).unwrap();
+            serde_json::from_value(offloaded_network_policy(ns, consumer, home, &[])).unwrap();
         crate::k8s::netpol::policy(&np).unwrap()
     };
     let ns_labels = |name: &str, extra: &[(&str, &str)]| {

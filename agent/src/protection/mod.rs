@@ -24,7 +24,9 @@ use std::net::IpAddr;
 
 pub mod coverage;
 pub mod enforcement;
+pub mod exceptions;
 pub mod index;
+pub mod namespaces;
 pub mod publish;
 
 use peerwall_intent::types as api;
@@ -239,6 +241,41 @@ pub struct Options {
     /// `--ping-port`, [`LIQO_PING_PORT`] by default): the one thing from the tunnel the
     /// gateway itself takes besides replies.
     pub liqo_ping_port: u16,
+    /// Consumer protection by namespace: our pods a peer runs reach only their own
+    /// namespace's pods here ([`namespaces`]); `false`: every pod here.
+    pub own_namespace_only: bool,
+}
+
+impl Options {
+    /// The per-peer switches these options set (ProtectionPolicies may override them).
+    pub fn settings(&self) -> exceptions::Settings {
+        exceptions::Settings {
+            audit: self.audit,
+            block_leaf_to_leaf: self.block_leaf_to_leaf,
+            own_namespace_only: self.own_namespace_only,
+        }
+    }
+}
+
+/// What a peer's gateway configuration merges besides its slice-filled address sets: consumer
+/// protection's per-namespace sets and what the ProtectionPolicies say for the peer (their
+/// switches override the [`Options`]'). Published inline.
+#[derive(Clone, Debug)]
+pub struct Declared {
+    /// Our namespaces with pods on the peer ([`namespaces::namespace_sets`]).
+    pub namespaces: BTreeMap<String, namespaces::NsSets>,
+    /// The ProtectionPolicies, resolved for the peer.
+    pub exceptions: exceptions::ForPeer,
+}
+
+impl Declared {
+    /// Nothing declared: the options' switches, no namespace known.
+    pub fn defaults(opts: &Options) -> Self {
+        Self {
+            namespaces: BTreeMap::new(),
+            exceptions: exceptions::ForPeer::defaults(opts.settings()),
+        }
+    }
 }
 
 /// Liqo's default `--ping-port`: its connection checker listens on UDP 0.0.0.0:12345 in every
@@ -434,6 +471,15 @@ fn set_of(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
     addr_set(name, keys, v6, true)
 }
 
+/// A set of addresses of one family, inline only (published with the configuration).
+fn inline_set(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
+    let keys = ips
+        .iter()
+        .filter(|ip| ip.is_ipv6() == v6)
+        .map(ToString::to_string);
+    addr_set(name, keys, v6, false)
+}
+
 /// Name of the gateway configuration's set of the peer's source CIDRs (`sources`, `sources6`).
 pub const SOURCES_SET: &str = "sources";
 
@@ -464,18 +510,146 @@ fn in_set(set: String, pos: api::MatchPosition) -> api::Match {
     })
 }
 
-/// The gateway FirewallConfiguration `spec` for one peer: named sets of its offloaded pods
-/// (and of our pods it runs), and one forward chain whose rules all test the tunnel first.
-/// Every set also takes AddressSet slices (`fromAddressSets`): the controller publishes the
-/// addresses as slices ([`layout`]) and passes empty inline sets; small setups and tests may
-/// pass the addresses inline.
+/// The gateway FirewallConfiguration `spec` for one peer with nothing declared besides
+/// `opts` ([`Declared::defaults`]).
 pub fn gateway_spec(
     peer: &str,
     sources: &[ipnet::IpNet],
     s: &PeerSets,
     opts: &Options,
 ) -> api::FirewallConfigurationSpec {
+    gateway_spec_with(peer, sources, s, opts, &Declared::defaults(opts))
+}
+
+fn ctstate(states: Vec<api::CtState>) -> api::Match {
+    eq(api::Match {
+        ctstate: Some(api::MatchCtState { value: states }),
+        ..Default::default()
+    })
+}
+
+fn l4(p: crate::netpol::Protocol) -> api::L4Proto {
+    match p {
+        crate::netpol::Protocol::Tcp => api::L4Proto::Tcp,
+        crate::netpol::Protocol::Udp => api::L4Proto::Udp,
+        crate::netpol::Protocol::Sctp => api::L4Proto::Sctp,
+    }
+}
+
+/// The port matches of a port list, one group per protocol (`.tcp`, …: the protocol and a
+/// comma-separated list of its ports, or the protocol alone when one entry takes every port);
+/// an empty list is one group matching every packet.
+fn port_groups(ports: &[exceptions::PortRange]) -> Vec<(String, Vec<api::Match>)> {
+    if ports.is_empty() {
+        return vec![(String::new(), vec![])];
+    }
+    let mut by_proto: BTreeMap<crate::netpol::Protocol, Option<Vec<(u16, u16)>>> = BTreeMap::new();
+    for p in ports {
+        let e = by_proto.entry(p.protocol).or_insert_with(|| Some(vec![]));
+        match (p.range, e.as_mut()) {
+            (None, _) => *e = None,
+            (Some(r), Some(v)) => v.push(r),
+            (Some(_), None) => {}
+        }
+    }
+    by_proto
+        .into_iter()
+        .map(|(proto, ranges)| {
+            let mut m = vec![eq(api::Match {
+                proto: Some(api::MatchProto { value: l4(proto) }),
+                ..Default::default()
+            })];
+            if let Some(mut r) = ranges {
+                r.sort();
+                r.dedup();
+                let list: Vec<String> = r
+                    .iter()
+                    .map(|(a, b)| {
+                        if a == b {
+                            a.to_string()
+                        } else {
+                            format!("{a}-{b}")
+                        }
+                    })
+                    .collect();
+                m.push(eq(api::Match {
+                    port: Some(api::MatchPort {
+                        value: list.join(","),
+                        position: Some(api::MatchPosition::Dst),
+                    }),
+                    ..Default::default()
+                }));
+            }
+            (format!(".{}", proto.name().to_ascii_lowercase()), m)
+        })
+        .collect()
+}
+
+/// The gateway rules (name, matches after the tunnel's) of an opening for the peer's own pods
+/// and/or our pods it runs: towards the opening's set, on its ports; from our pods only
+/// (`@remote`) when the peer's other pods are not opened. None for an opening of offloaded
+/// pods only (their NetworkPolicy carries it).
+pub fn open_rules(o: &exceptions::Open) -> Vec<(String, Vec<api::Match>)> {
+    use peerwall_intent::protection::From;
+    let from = &o.opening.from;
+    if !from.contains(&From::PeerPods) && !from.contains(&From::OwnPods) {
+        return vec![];
+    }
+    let mut out = Vec::new();
+    for v6 in [false, true] {
+        let sfx = if v6 { "6" } else { "" };
+        for (group, ports) in port_groups(&o.opening.ports) {
+            let mut m = Vec::new();
+            if !from.contains(&From::PeerPods) {
+                m.push(in_set(format!("remote{sfx}"), api::MatchPosition::Src));
+            }
+            m.push(in_set(o.set_name(v6), api::MatchPosition::Dst));
+            m.extend(ports);
+            out.push((format!("{}{group}", o.set_name(v6)), m));
+        }
+    }
+    out
+}
+
+/// The gateway rules (name, matches after the tunnel's) of a closing: new connections towards
+/// the peer's offloaded pods on its ports (replies never match: they are not new).
+pub fn close_rules(c: &exceptions::Close) -> Vec<(String, Vec<api::Match>)> {
+    let mut out = Vec::new();
+    for v6 in [false, true] {
+        let sfx = if v6 { "6" } else { "" };
+        for (group, ports) in port_groups(&c.closing.ports) {
+            let mut m = vec![
+                ctstate(vec![api::CtState::New]),
+                in_set(format!("offloaded{sfx}"), api::MatchPosition::Dst),
+            ];
+            m.extend(ports);
+            out.push((
+                format!("close{sfx}.{}.{}{group}", c.policy, c.closing.name),
+                m,
+            ));
+        }
+    }
+    out
+}
+
+/// The gateway FirewallConfiguration `spec` for one peer: named sets of its offloaded pods
+/// (and of our pods it runs), and one forward chain whose rules all test the tunnel first.
+/// Every slice-filled set also takes AddressSet slices (`fromAddressSets`): the controller
+/// publishes the addresses as slices ([`layout`]) and passes empty inline sets; small setups
+/// and tests may pass the addresses inline. What `d` declares (consumer protection by
+/// namespace, ProtectionPolicies) is inline; its switches are the ones in force.
+///
+/// Order of the forward chain: spoofed sources, closings, leaf-to-leaf, offloaded pods,
+/// openings, our pods (by namespace, or all of them), replies, default deny.
+pub fn gateway_spec_with(
+    peer: &str,
+    sources: &[ipnet::IpNet],
+    s: &PeerSets,
+    opts: &Options,
+    d: &Declared,
+) -> api::FirewallConfigurationSpec {
     use api::MatchPosition::{Dst, Src};
+    let settings = d.exceptions.settings;
     let from_tunnel = eq(api::Match {
         dev: Some(api::MatchDev {
             value: opts.tunnel.clone(),
@@ -496,7 +670,7 @@ pub fn gateway_spec(
         }
     };
     let mut names = vec![("offloaded", &s.offloaded), ("remote", &s.remote)];
-    if opts.block_leaf_to_leaf {
+    if settings.block_leaf_to_leaf {
         names.push(("elsewhere", &s.elsewhere));
     }
     let mut sets: Vec<api::Set> = names
@@ -528,8 +702,13 @@ pub fn gateway_spec(
             ));
         }
     }
+    for c in &d.exceptions.close {
+        for (name, m) in close_rules(c) {
+            rules.push(rule(name, api::FilterAction::Drop, m));
+        }
+    }
     for sfx in ["", "6"] {
-        if opts.block_leaf_to_leaf {
+        if settings.block_leaf_to_leaf {
             rules.push(rule(
                 format!("leaf_to_leaf{sfx}"),
                 api::FilterAction::Drop,
@@ -546,21 +725,51 @@ pub fn gateway_spec(
             api::FilterAction::Accept,
             vec![in_set(format!("offloaded{sfx}"), Dst)],
         ));
-        rules.push(rule(
-            format!("from_own_pods{sfx}"),
-            api::FilterAction::Accept,
-            vec![in_set(format!("remote{sfx}"), Src)],
-        ));
+    }
+    for o in &d.exceptions.open {
+        let r = open_rules(o);
+        if r.is_empty() {
+            continue;
+        }
+        for v6 in [false, true] {
+            sets.push(inline_set(o.set_name(v6), &o.addresses, v6));
+        }
+        for (name, m) in r {
+            rules.push(rule(name, api::FilterAction::Accept, m));
+        }
+    }
+    if settings.own_namespace_only {
+        for (ns, n) in &d.namespaces {
+            for v6 in [false, true] {
+                let (own, home) = (
+                    namespaces::set_name("own", ns, v6),
+                    namespaces::set_name("home", ns, v6),
+                );
+                sets.push(inline_set(own.clone(), &n.own, v6));
+                sets.push(inline_set(home.clone(), &n.home, v6));
+                rules.push(rule(
+                    own.clone(),
+                    api::FilterAction::Accept,
+                    vec![in_set(own, Src), in_set(home, Dst)],
+                ));
+            }
+        }
+    } else {
+        for sfx in ["", "6"] {
+            rules.push(rule(
+                format!("from_own_pods{sfx}"),
+                api::FilterAction::Accept,
+                vec![in_set(format!("remote{sfx}"), Src)],
+            ));
+        }
     }
     rules.push(rule(
         "replies".into(),
         api::FilterAction::Accept,
-        vec![eq(api::Match {
-            ctstate: Some(api::MatchCtState {
-                value: vec![api::CtState::Established, api::CtState::Related],
-            }),
-            ..Default::default()
-        })],
+        vec![ctstate(vec![
+            api::CtState::Established,
+            api::CtState::Related,
+        ])],
     ));
     rules.push(rule("default_deny".into(), api::FilterAction::Drop, vec![]));
     api::FirewallConfigurationSpec {
@@ -583,7 +792,7 @@ pub fn gateway_spec(
                 to_gateway_chain(rule, opts.liqo_ping_port),
             ],
         },
-        audit: opts.audit,
+        audit: settings.audit,
     }
 }
 
@@ -643,6 +852,11 @@ fn to_gateway_chain(
 /// (`peerwall.io/v1alpha1`, in the peer's tenant namespace, with peerwall's labels); the
 /// controller adds the owner reference.
 pub fn gateway_object(peer: &Peer, s: &PeerSets, opts: &Options) -> Value {
+    gateway_object_with(peer, s, opts, &Declared::defaults(opts))
+}
+
+/// [`gateway_object`] with what `d` declares ([`gateway_spec_with`]).
+pub fn gateway_object_with(peer: &Peer, s: &PeerSets, opts: &Options, d: &Declared) -> Value {
     json!({
         "apiVersion": peerwall_intent::load::API_VERSION,
         "kind": peerwall_intent::load::KIND,
@@ -655,7 +869,7 @@ pub fn gateway_object(peer: &Peer, s: &PeerSets, opts: &Options) -> Value {
                 MANAGED_BY: MANAGER,
             },
         },
-        "spec": gateway_spec(&peer.id, &peer.sources, s, opts),
+        "spec": gateway_spec_with(&peer.id, &peer.sources, s, opts, d),
     })
 }
 
@@ -789,9 +1003,14 @@ pub fn address_set_object(peer: &Peer, slice: &Slice) -> Value {
 pub const NETWORK_POLICY: &str = "peerwall-offloaded";
 
 /// The NetworkPolicy the controller keeps in the offloaded namespace `namespace` of
-/// `consumer`, whose pod and external CIDRs as seen here are `home` (the controller adds the
-/// owner reference).
-pub fn offloaded_network_policy(namespace: &str, consumer: &str, home: &[ipnet::IpNet]) -> Value {
+/// `consumer`, whose pod and external CIDRs as seen here are `home`, with the openings of the
+/// consumer's ProtectionPolicies for offloaded pods (the controller adds the owner reference).
+pub fn offloaded_network_policy(
+    namespace: &str,
+    consumer: &str,
+    home: &[ipnet::IpNet],
+    open: &[&exceptions::Open],
+) -> Value {
     json!({
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -800,14 +1019,78 @@ pub fn offloaded_network_policy(namespace: &str, consumer: &str, home: &[ipnet::
             "namespace": namespace,
             "labels": { MANAGED_BY: MANAGER, REMOTE_CLUSTER_ID: consumer },
         },
-        "spec": network_policy_spec(consumer, home),
+        "spec": network_policy_spec(consumer, home, open),
     })
 }
 
+/// A selector as the API writes it.
+fn selector_json(s: &crate::netpol::Selector) -> Value {
+    let mut out = serde_json::Map::new();
+    if !s.labels.is_empty() {
+        out.insert("matchLabels".into(), json!(s.labels));
+    }
+    if !s.exprs.is_empty() {
+        let exprs: Vec<Value> = s
+            .exprs
+            .iter()
+            .map(|r| {
+                let op = match r.op {
+                    crate::netpol::Operator::In => "In",
+                    crate::netpol::Operator::NotIn => "NotIn",
+                    crate::netpol::Operator::Exists => "Exists",
+                    crate::netpol::Operator::DoesNotExist => "DoesNotExist",
+                };
+                let mut e = json!({ "key": r.key, "operator": op });
+                if !r.values.is_empty() {
+                    e["values"] = json!(r.values);
+                }
+                e
+            })
+            .collect();
+        out.insert("matchExpressions".into(), Value::Array(exprs));
+    }
+    Value::Object(out)
+}
+
+/// The egress rule of an opening: its selectors (provider pods only) and ports (`endPort`
+/// for ranges: NetworkPolicy's, beta since Kubernetes 1.22).
+fn opening_egress(o: &exceptions::Open) -> Value {
+    let mut rule = json!({ "to": [{
+        "namespaceSelector": selector_json(&o.opening.namespaces),
+        "podSelector": selector_json(&o.opening.pods),
+    }]});
+    if !o.opening.ports.is_empty() {
+        let ports: Vec<Value> = o
+            .opening
+            .ports
+            .iter()
+            .map(|p| {
+                let mut e = json!({ "protocol": p.protocol.name() });
+                match p.range {
+                    Some((a, b)) if a == b => e["port"] = json!(a),
+                    Some((a, b)) => {
+                        e["port"] = json!(a);
+                        e["endPort"] = json!(b);
+                    }
+                    None => {}
+                }
+                e
+            })
+            .collect();
+        rule["ports"] = Value::Array(ports);
+    }
+    rule
+}
+
 /// The spec of [`offloaded_network_policy`]: egress to the consumer's other offloaded
-/// namespaces, to DNS, and home: the consumer's own pods and external CIDR (reflected
-/// services, leaf-to-leaf) through the tunnel, by the addresses this cluster sees them at.
-pub fn network_policy_spec(consumer: &str, home: &[ipnet::IpNet]) -> Value {
+/// namespaces, to DNS, home (the consumer's own pods and external CIDR: reflected services,
+/// leaf-to-leaf, through the tunnel, by the addresses this cluster sees them at), and what the
+/// ProtectionPolicies open to offloaded pods.
+pub fn network_policy_spec(
+    consumer: &str,
+    home: &[ipnet::IpNet],
+    open: &[&exceptions::Open],
+) -> Value {
     let mut egress = vec![
         json!({ "to": [{ "namespaceSelector": { "matchExpressions": [
             { "key": REMOTE_CLUSTER_ID, "operator": "In", "values": [consumer] },
@@ -822,6 +1105,7 @@ pub fn network_policy_spec(consumer: &str, home: &[ipnet::IpNet]) -> Value {
             .map(|c| json!({ "ipBlock": { "cidr": c.trunc().to_string() } }))
             .collect::<Vec<_>>() }));
     }
+    egress.extend(open.iter().map(|o| opening_egress(o)));
     json!({
         "podSelector": {},
         "policyTypes": ["Egress"],
@@ -1026,6 +1310,7 @@ mod tests {
                     block_leaf_to_leaf: leaf,
                     audit: false,
                     liqo_ping_port: LIQO_PING_PORT,
+                    own_namespace_only: false,
                 },
             );
             let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
@@ -1058,6 +1343,7 @@ mod tests {
                 block_leaf_to_leaf: false,
                 audit: false,
                 liqo_ping_port: LIQO_PING_PORT,
+                own_namespace_only: false,
             },
         );
         let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
@@ -1127,6 +1413,7 @@ mod tests {
                 block_leaf_to_leaf: false,
                 audit: false,
                 liqo_ping_port: LIQO_PING_PORT,
+                own_namespace_only: false,
             },
         );
         assert!(!serde_json::to_string(&plain).unwrap().contains("spoofed"));
@@ -1249,7 +1536,7 @@ mod tests {
 
     #[test]
     fn network_policy_names_the_consumer() {
-        let np = network_policy_spec("a", &[]);
+        let np = network_policy_spec("a", &[], &[]);
         assert_eq!(
             np["egress"][0]["to"][0]["namespaceSelector"]["matchExpressions"][0]["values"][0],
             "a"

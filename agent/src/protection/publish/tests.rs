@@ -16,6 +16,7 @@ fn opts() -> Options {
         block_leaf_to_leaf: false,
         audit: false,
         liqo_ping_port: crate::protection::LIQO_PING_PORT,
+        own_namespace_only: false,
     }
 }
 
