@@ -775,3 +775,179 @@ async fn a_gateway_configuration_no_host_applies_is_reported_not_enforced() {
     })
     .await;
 }
+
+/// A ProtectionPolicy, as a provider admin uses it: created, its opening merged into the
+/// peer's gateway configuration (rule and set of the selected provider pod) and into the
+/// offloaded namespace's NetworkPolicy, with a status per peer; edited, followed; an invalid
+/// edit (no webhook here) leaves the last good generation in force and says so; removed,
+/// gone from both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protection_policies_are_merged_followed_and_reported_per_peer() {
+    let (_server, client, _controller) = controller_with_peer_and_shop().await;
+    namespace(&client, "monitoring", json!({})).await;
+    namespace(
+        &client,
+        "app-p1",
+        json!({"liqo.io/remote-cluster-id": "p1"}),
+    )
+    .await;
+    pod(
+        &client,
+        "monitoring",
+        "prometheus",
+        "10.20.5.10",
+        json!({"app": "prometheus"}),
+        None,
+    )
+    .await;
+    pod(
+        &client,
+        "monitoring",
+        "grafana",
+        "10.20.5.11",
+        json!({"app": "grafana"}),
+        None,
+    )
+    .await;
+    let pp: Api<peerwall_intent::ProtectionPolicy> = Api::all(client.clone());
+    let policy = |port: serde_json::Value, protocol: &str| {
+        json!({
+            "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
+            "metadata": {"name": "open-metrics"},
+            "spec": {"peers": ["p1"], "open": [{
+                "name": "prometheus", "from": ["PeerPods", "Offloaded"],
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                "podSelector": {"matchLabels": {"app": "prometheus"}},
+                "ports": [{"protocol": protocol, "port": port}]}]}})
+    };
+    pp.create(
+        &PostParams::default(),
+        &serde_json::from_value(policy(json!(9090), "TCP")).unwrap(),
+    )
+    .await
+    .unwrap();
+    let gw = fwc_api(&client, "liqo-tenant-p1");
+    let rule_with = |port: &'static str| {
+        let gw = gw.clone();
+        move || {
+            let gw = gw.clone();
+            async move {
+                let o = gw.get_opt("peerwall-gateway").await.ok().flatten()?;
+                let rules = o.data["spec"]["table"]["chains"][0]["rules"]["filterRules"].clone();
+                let rule = rules
+                    .as_array()?
+                    .iter()
+                    .find(|r| r["name"] == "open.open-metrics.prometheus.tcp")?
+                    .clone();
+                rule["match"].to_string().contains(port).then_some(o)
+            }
+        }
+    };
+    let o = eventually(
+        "the opening in the gateway",
+        Duration::from_secs(30),
+        rule_with("9090"),
+    )
+    .await;
+    assert_eq!(
+        set_elements(&o, "open.open-metrics.prometheus"),
+        ["10.20.5.10".to_string()].into()
+    );
+    let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), "app-p1");
+    let np_has = |needle: &'static str, want: bool| {
+        let nps = nps.clone();
+        move || {
+            let nps = nps.clone();
+            async move {
+                let np = nps.get_opt("peerwall-offloaded").await.ok().flatten()?;
+                let text = serde_json::to_string(&np.spec).ok()?;
+                (text.contains(needle) == want).then_some(text)
+            }
+        }
+    };
+    let text = eventually(
+        "the opening in the offloaded NetworkPolicy",
+        Duration::from_secs(30),
+        np_has("prometheus", true),
+    )
+    .await;
+    assert!(text.contains("9090"), "{text}");
+    let status = eventually("the status per peer", Duration::from_secs(30), || {
+        let pp = pp.clone();
+        async move {
+            let s = pp.get("open-metrics").await.ok()?.status?;
+            (!s.peers.is_empty()).then_some(s)
+        }
+    })
+    .await;
+    assert_eq!(status.peers.len(), 1, "{status:?}");
+    let p = &status.peers[0];
+    assert_eq!(
+        (
+            p.peer.as_str(),
+            p.gateway_rules,
+            p.selected_addresses,
+            p.network_policy_rules
+        ),
+        ("p1", 2, 1, 1),
+        "{status:?}"
+    );
+    assert!(status.error.is_none(), "{status:?}");
+    // Edited: followed.
+    pp.patch(
+        "open-metrics",
+        &PatchParams::default(),
+        &Patch::Merge(policy(json!(9091), "TCP")),
+    )
+    .await
+    .unwrap();
+    eventually(
+        "the edit in the gateway",
+        Duration::from_secs(30),
+        rule_with("9091"),
+    )
+    .await;
+    // An invalid edit: refused in status, the last good generation stays in force.
+    pp.patch(
+        "open-metrics",
+        &PatchParams::default(),
+        &Patch::Merge(policy(json!(9092), "ICMP")),
+    )
+    .await
+    .unwrap();
+    let error = eventually("the refusal in status", Duration::from_secs(30), || {
+        let pp = pp.clone();
+        async move { pp.get("open-metrics").await.ok()?.status?.error }
+    })
+    .await;
+    assert!(
+        error.contains("spec.open[0].ports[0].protocol")
+            && error.contains("ICMP")
+            && error.contains("stays in force"),
+        "{error}"
+    );
+    let o = gw.get("peerwall-gateway").await.unwrap();
+    assert!(o.data["spec"].to_string().contains("9091"), "{:?}", o.data);
+    // Removed: gone from the gateway and the NetworkPolicy.
+    pp.delete("open-metrics", &Default::default())
+        .await
+        .unwrap();
+    eventually(
+        "the opening gone from the gateway",
+        Duration::from_secs(30),
+        || {
+            let gw = gw.clone();
+            async move {
+                let o = gw.get_opt("peerwall-gateway").await.ok().flatten()?;
+                (!o.data["spec"].to_string().contains("open-metrics")).then_some(())
+            }
+        },
+    )
+    .await;
+    eventually(
+        "the opening gone from the NetworkPolicy",
+        Duration::from_secs(30),
+        np_has("prometheus", false),
+    )
+    .await;
+}

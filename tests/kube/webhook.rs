@@ -50,7 +50,7 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
         "webhooks": [{
             "name": "firewallconfigurations.peerwall.io",
             "clientConfig": {"url": format!("https://{listen}/validate"), "caBundle": b64},
-            "rules": [{"apiGroups": ["peerwall.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["firewallconfigurations"]}],
+            "rules": [{"apiGroups": ["peerwall.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["firewallconfigurations", "protectionpolicies"]}],
             "failurePolicy": "Fail",
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
@@ -127,6 +127,30 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
         let stored = serde_json::to_value(&created).unwrap();
         assert_eq!(stored["spec"], obj["spec"], "{file}: stored as written");
     }
+
+    // A ProtectionPolicy is checked as the controller checks it: refused with the field path
+    // and the value, a valid one admitted.
+    let pp: Api<peerwall_intent::ProtectionPolicy> = Api::all(client.clone());
+    let policy = |name: &str, protocol: &str| -> peerwall_intent::ProtectionPolicy {
+        serde_json::from_value(json!({
+            "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
+            "metadata": {"name": name},
+            "spec": {"open": [{"name": "metrics", "from": ["PeerPods"], "podSelector": {},
+                               "ports": [{"protocol": protocol, "port": 9090}]}]}}))
+        .unwrap()
+    };
+    let refused = pp
+        .create(&PostParams::default(), &policy("bad-proto", "ICMP"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("spec.open[0].ports[0].protocol") && refused.contains("ICMP"),
+        "{refused}"
+    );
+    pp.create(&PostParams::default(), &policy("good", "TCP"))
+        .await
+        .unwrap();
 
     // Certificate rotation: new connections get the new certificate without a restart, and
     // the API server keeps calling the webhook.

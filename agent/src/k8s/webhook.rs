@@ -56,6 +56,17 @@ pub fn review(body: &[u8]) -> serde_json::Value {
     }
     let resp = match (&req.operation, &req.object) {
         (Operation::Create | Operation::Update, Some(obj))
+            if req.kind.kind == peerwall_intent::load::PROTECTION_POLICY_KIND =>
+        {
+            match check_protection_policy(obj) {
+                Ok(()) => resp,
+                Err(e) => {
+                    tracing::info!(object = %obj.metadata.name.as_deref().unwrap_or_default(), reason = %e, "refused");
+                    resp.deny(e)
+                }
+            }
+        }
+        (Operation::Create | Operation::Update, Some(obj))
             if req.kind.kind == peerwall_intent::load::ADDRESS_SET_KIND =>
         {
             match super::check_slice(obj) {
@@ -82,6 +93,30 @@ pub fn review(body: &[u8]) -> serde_json::Value {
         _ => resp,
     };
     to_json(resp)
+}
+
+/// A ProtectionPolicy as the controller reads it: its spec decoded (unknown or mistyped
+/// fields named by path) and checked ([`crate::protection::exceptions::check`]). Names are
+/// at most 63 characters: they name gateway rules.
+fn check_protection_policy(obj: &DynamicObject) -> Result<(), String> {
+    let name = obj.metadata.name.clone().unwrap_or_default();
+    let which = format!("ProtectionPolicy {name}");
+    if name.len() > 63 {
+        return Err(format!(
+            "{which}: metadata.name: {} characters: at most 63 (the name becomes gateway rule and set names)",
+            name.len()
+        ));
+    }
+    let spec = obj
+        .data
+        .get("spec")
+        .cloned()
+        .unwrap_or(serde_json::Value::Object(Default::default()));
+    let spec: peerwall_intent::ProtectionPolicySpec = serde_path_to_error::deserialize(spec)
+        .map_err(|e| format!("{which}: spec.{}: {}", e.path(), e.inner()))?;
+    crate::protection::exceptions::check(&name, &spec)
+        .map(|_| ())
+        .map_err(|e| format!("{which}: {e}"))
 }
 
 fn to_json(resp: AdmissionResponse) -> serde_json::Value {
