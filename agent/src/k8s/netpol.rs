@@ -35,16 +35,11 @@ fn selector(s: &LabelSelector, path: &str) -> Result<netpol::Selector, String> {
         exprs: Vec::new(),
     };
     for (i, e) in s.match_expressions.iter().flatten().enumerate() {
-        let op = match e.operator.as_str() {
-            "In" => netpol::Operator::In,
-            "NotIn" => netpol::Operator::NotIn,
-            "Exists" => netpol::Operator::Exists,
-            "DoesNotExist" => netpol::Operator::DoesNotExist,
-            other => {
-                return Err(format!(
-                    "{path}.matchExpressions[{i}].operator: unknown operator {other:?} (In, NotIn, Exists, DoesNotExist)"
-                ))
-            }
+        let Some(op) = netpol::Operator::parse(&e.operator) else {
+            return Err(format!(
+                "{path}.matchExpressions[{i}].operator: unknown operator {:?} (In, NotIn, Exists, DoesNotExist)",
+                e.operator
+            ));
         };
         out.exprs.push(netpol::Requirement {
             key: e.key.clone(),

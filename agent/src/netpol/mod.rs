@@ -47,6 +47,29 @@ pub enum Operator {
     DoesNotExist,
 }
 
+impl Operator {
+    /// The operator the API spells `s`.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "In" => Some(Self::In),
+            "NotIn" => Some(Self::NotIn),
+            "Exists" => Some(Self::Exists),
+            "DoesNotExist" => Some(Self::DoesNotExist),
+            _ => None,
+        }
+    }
+
+    /// As the API spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::In => "In",
+            Self::NotIn => "NotIn",
+            Self::Exists => "Exists",
+            Self::DoesNotExist => "DoesNotExist",
+        }
+    }
+}
+
 impl Selector {
     /// Whether `labels` satisfy every term.
     pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {

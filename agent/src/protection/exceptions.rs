@@ -141,18 +141,12 @@ fn selector(path: &str, s: &api::LabelSelector) -> Result<netpol::Selector, Inva
         if e.key.is_empty() {
             return Err(invalid(format!("{p}.key"), &e.key, "a label key"));
         }
-        let op = match e.operator.as_str() {
-            "In" => netpol::Operator::In,
-            "NotIn" => netpol::Operator::NotIn,
-            "Exists" => netpol::Operator::Exists,
-            "DoesNotExist" => netpol::Operator::DoesNotExist,
-            other => {
-                return Err(invalid(
-                    format!("{p}.operator"),
-                    other,
-                    "one of In, NotIn, Exists, DoesNotExist",
-                ))
-            }
+        let Some(op) = netpol::Operator::parse(&e.operator) else {
+            return Err(invalid(
+                format!("{p}.operator"),
+                &e.operator,
+                "one of In, NotIn, Exists, DoesNotExist",
+            ));
         };
         let needs_values = matches!(op, netpol::Operator::In | netpol::Operator::NotIn);
         if needs_values == e.values.is_empty() {

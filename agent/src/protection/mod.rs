@@ -464,20 +464,26 @@ fn addr_set(
 
 /// A set of pod addresses of one family, filled from AddressSet slices.
 fn set_of(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
+    addresses_set(name, ips, v6, true)
+}
+
+/// A set of the addresses of `ips` of one family.
+fn addresses_set(
+    name: String,
+    ips: &BTreeSet<IpAddr>,
+    v6: bool,
+    from_address_sets: bool,
+) -> api::Set {
     let keys = ips
         .iter()
         .filter(|ip| ip.is_ipv6() == v6)
         .map(ToString::to_string);
-    addr_set(name, keys, v6, true)
+    addr_set(name, keys, v6, from_address_sets)
 }
 
 /// A set of addresses of one family, inline only (published with the configuration).
 fn inline_set(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api::Set {
-    let keys = ips
-        .iter()
-        .filter(|ip| ip.is_ipv6() == v6)
-        .map(ToString::to_string);
-    addr_set(name, keys, v6, false)
+    addresses_set(name, ips, v6, false)
 }
 
 /// Name of the gateway configuration's set of the peer's source CIDRs (`sources`, `sources6`).
@@ -1034,13 +1040,7 @@ fn selector_json(s: &crate::netpol::Selector) -> Value {
             .exprs
             .iter()
             .map(|r| {
-                let op = match r.op {
-                    crate::netpol::Operator::In => "In",
-                    crate::netpol::Operator::NotIn => "NotIn",
-                    crate::netpol::Operator::Exists => "Exists",
-                    crate::netpol::Operator::DoesNotExist => "DoesNotExist",
-                };
-                let mut e = json!({ "key": r.key, "operator": op });
+                let mut e = json!({ "key": r.key, "operator": r.op.name() });
                 if !r.values.is_empty() {
                     e["values"] = json!(r.values);
                 }
