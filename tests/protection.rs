@@ -349,3 +349,224 @@ fn the_gateway_takes_only_liqos_tunnel_check_from_the_tunnel_on_both_backends() 
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `ping -i 0.01` from the peer's pod to `dst` in the background: every echo that crosses
+/// the gateway gets its reply, so the replies count what the gateway let through.
+struct Flood(std::process::Child);
+
+impl Flood {
+    fn start(t: &Topology, dst: &str) -> Self {
+        Self(
+            std::process::Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    t.consumer.name(),
+                    "ping",
+                    "-n",
+                    "-i",
+                    "0.01",
+                    "-W",
+                    "1",
+                ])
+                .args(["-I", "10.10.1.67", dst])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    /// Stop it: (echoes sent, replies received).
+    fn stop(mut self) -> (u64, u64) {
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &self.0.id().to_string()])
+            .status();
+        let mut text = String::new();
+        if let Some(mut o) = self.0.stdout.take() {
+            use std::io::Read;
+            o.read_to_string(&mut text).unwrap();
+        }
+        let _ = self.0.wait();
+        let line = text
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .unwrap_or_else(|| panic!("no ping summary: {text}"));
+        let num = |word: &str| -> u64 {
+            let words: Vec<&str> = line.split([' ', ',']).filter(|w| !w.is_empty()).collect();
+            let at = words.iter().position(|w| w.starts_with(word)).unwrap();
+            words[at - 1].parse().unwrap()
+        };
+        (num("packets"), num("received"))
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn nft_tables(t: &Topology) -> String {
+    String::from_utf8_lossy(&in_ns(&t.gateway, "nft", &["list", "tables"]).stdout).into_owned()
+}
+
+/// No unguarded window: the boot policy (`peerwall boot --peer a`, the sidecar's init
+/// container) is in force before anything else; the agent (`--boot-peer a`) keeps it while
+/// it has nothing to enforce, and lets it go only when the controller's configuration is in
+/// force. A flood towards a pod the peer did not offload crosses the gateway 0 times from boot
+/// on (it crosses before boot: the window is real), on both backends; the offloaded pod
+/// becomes reachable with the configuration. Without `--boot-peer`, the agent's first apply
+/// would have removed the boot table (checked on nftables: the pod answers again).
+#[test]
+fn a_gateway_is_filtered_from_boot_until_its_configuration_is_in_force_on_both_backends() {
+    let t = Topology::new();
+    let dir = std::env::temp_dir().join(format!("pw-protection-boot-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let published = controller_output(&dir);
+    // What the agent has before the controller's configuration reaches it: a user's object
+    // for this gateway that decides nothing about the peer (with the kube source, possibly
+    // nothing at all: an empty policy).
+    let unrelated = r#"
+apiVersion: peerwall.io/v1alpha1
+kind: FirewallConfiguration
+metadata: {name: user-notes, namespace: liqo-tenant-a}
+spec:
+  table:
+    name: user_notes
+    family: INET
+    chains:
+      - name: forward
+        hook: forward
+        policy: accept
+        priority: 50
+        type: filter
+        rules:
+          filterRules:
+            - name: count_ssh
+              counter: true
+              action: accept
+              match:
+                - proto: {value: tcp}
+                  op: eq
+                - port: {value: "22", position: dst}
+                  op: eq
+"#;
+    let source_dir = |name: &str| {
+        let d = dir.join(name);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("user-notes.yaml"), unrelated).unwrap();
+        d
+    };
+    let boot = || {
+        let o = std::process::Command::new(peerwall())
+            .args(["boot", "--peer", "a", "--netns", t.gateway.name()])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let agent = |backend: &str, source: &std::path::Path, pins: &str, boot_peer: bool| {
+        let mut args: Vec<String> = vec![
+            "--source".into(),
+            format!("dir:{}", source.display()),
+            "--backend".into(),
+            backend.into(),
+            "--interval-ms".into(),
+            "50".into(),
+            "--pin-dir".into(),
+            pins.into(),
+        ];
+        if boot_peer {
+            args.extend(["--boot-peer".into(), "a".into()]);
+        }
+        let log =
+            std::fs::File::create(dir.join(format!("agent-{backend}-{boot_peer}.log"))).unwrap();
+        Agent(
+            peerwall_nsenter(&t.gateway)
+                .arg("agent")
+                .args(&args)
+                .env("PEERWALL_LOG", "info")
+                .stdout(std::process::Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
+    };
+    let log_of = |backend: &str, boot_peer: bool| {
+        std::fs::read_to_string(dir.join(format!("agent-{backend}-{boot_peer}.log")))
+            .unwrap_or_default()
+    };
+    // The control: the agent without --boot-peer, nothing to enforce yet, removes the boot
+    // table with its first apply.
+    {
+        let installed = Installed::new("nftables", t.gateway.name(), "boot0");
+        let empty = source_dir("control");
+        boot();
+        assert!(
+            nft_tables(&t).contains("peerwall_boot_a"),
+            "{}",
+            nft_tables(&t)
+        );
+        assert!(!ping(&t.consumer, "10.10.1.67", "10.20.3.1"));
+        let _a = agent("nftables", &empty, &installed.pins, false);
+        assert!(
+            poll(20, || ping(&t.consumer, "10.10.1.67", "10.20.3.1")),
+            "without --boot-peer the boot table stays: the control shows nothing"
+        );
+    }
+    for backend in ["nftables", "bpf"] {
+        let installed = Installed::new(backend, t.gateway.name(), "boot");
+        let source = source_dir(&format!("source-{backend}"));
+        // Before boot the window is open: the pod the peer did not offload answers.
+        assert!(
+            poll(10, || ping(&t.consumer, "10.10.1.67", "10.20.3.1")),
+            "{backend}: nothing in force yet, yet the peer does not reach 10.20.3.1"
+        );
+        boot();
+        let flood = Flood::start(&t, "10.20.3.1");
+        // Even the offloaded pod waits for the configuration.
+        assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "{backend}");
+        let a = agent(backend, &source, &installed.pins, true);
+        assert!(
+            poll(20, || log_of(backend, true).contains("policy applied")),
+            "{backend}: the agent applies: {}",
+            log_of(backend, true)
+        );
+        assert!(
+            !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+            "{backend}: boot policy kept"
+        );
+        assert!(nft_tables(&t).contains("peerwall_boot_a") || backend == "bpf");
+        // The controller's configuration arrives.
+        for e in std::fs::read_dir(&published).unwrap() {
+            let e = e.unwrap();
+            std::fs::copy(e.path(), source.join(e.file_name())).unwrap();
+        }
+        assert!(
+            poll(20, || ping(&t.consumer, "10.10.1.67", "10.20.1.2")),
+            "{backend}: the offloaded pod answers once the configuration is in force: {}",
+            log_of(backend, true)
+        );
+        assert!(
+            poll(20, || !nft_tables(&t).contains("peerwall_boot_a")),
+            "{backend}: the boot table is released: {}\n{}",
+            nft_tables(&t),
+            log_of(backend, true)
+        );
+        assert!(
+            log_of(backend, true).contains("boot policy released"),
+            "{backend}"
+        );
+        let (sent, through) = flood.stop();
+        assert!(sent >= 100, "{backend}: the flood flowed ({sent} echoes)");
+        assert_eq!(
+            through, 0,
+            "{backend}: {through} of {sent} echoes to a pod the peer did not offload crossed the gateway"
+        );
+        println!("{backend}: boot window: {through} of {sent} echoes through");
+        drop((a, installed));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

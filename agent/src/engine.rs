@@ -81,6 +81,8 @@ pub trait Enforcer: Send {
     fn flows(&mut self) -> Result<Vec<Flow>, BackendFailure>;
     /// End connections ([`Backend::end_flows`]).
     fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BackendFailure>;
+    /// [`Backend::release_boot`].
+    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendFailure>;
 }
 
 impl<B: Backend> Enforcer for B {
@@ -134,6 +136,11 @@ impl<B: Backend> Enforcer for B {
 
     fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BackendFailure> {
         Backend::end_flows(self, flows).map_err(failure(Backend::name(self), "ending connections"))
+    }
+
+    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendFailure> {
+        Backend::release_boot(self, table, tunnel)
+            .map_err(failure(Backend::name(self), "releasing the boot table"))
     }
 }
 
@@ -233,6 +240,41 @@ pub struct Engine {
     /// The policy in force, to judge which connections a change ends
     /// ([`crate::revoke`]).
     enforced: Option<peerwall_policy::ir::Policy>,
+    /// A gateway's boot policy, kept in force until the policy holds its peer's table.
+    boot: Option<Boot>,
+}
+
+/// A gateway's boot policy ([`crate::protection::boot`]) as the engine keeps it.
+pub struct Boot {
+    /// The boot tables, compiled.
+    policy: peerwall_policy::ir::Policy,
+    /// The table whose presence in the policy supersedes them (the controller's table for
+    /// the peer).
+    superseded_by: String,
+    /// The tunnel interfaces (for the bpf backend's release).
+    tunnel: String,
+    /// Released: the boot table is gone from the kernel and never comes back.
+    released: bool,
+}
+
+impl Boot {
+    /// The boot policy of `peer`'s gateway (default tunnel and tunnel check).
+    pub fn for_peer(peer: &str) -> anyhow::Result<Self> {
+        let opts = crate::protection::boot::default_options();
+        let obj = peerwall_intent::load::object_from_json(
+            crate::protection::boot::boot_object(peer, &opts),
+            peerwall_intent::load::Group::Peerwall,
+        )
+        .context("reading the boot policy")?;
+        Ok(Self {
+            policy: compile::compile(&[obj])
+                .context("compiling the boot policy")?
+                .policy,
+            superseded_by: crate::protection::table_name(peer),
+            tunnel: opts.tunnel,
+            released: false,
+        })
+    }
 }
 
 impl Engine {
@@ -247,6 +289,63 @@ impl Engine {
             warned: Vec::new(),
             conntrack_read: None,
             enforced: None,
+            boot: None,
+        }
+    }
+
+    /// Keep `boot` in force until the policy holds the table that supersedes it, then let it
+    /// go in the same apply that puts that table in force (`--boot-peer`).
+    pub fn with_boot(mut self, boot: Option<Boot>) -> Self {
+        self.boot = boot;
+        self
+    }
+
+    /// `policy`, with the boot tables while it does not hold the table superseding them.
+    fn with_boot_tables<'a>(
+        &self,
+        policy: std::borrow::Cow<'a, peerwall_policy::ir::Policy>,
+    ) -> std::borrow::Cow<'a, peerwall_policy::ir::Policy> {
+        let Some(b) = self.boot.as_ref().filter(|b| !b.released) else {
+            return policy;
+        };
+        if policy.tables.iter().any(|t| t.name == b.superseded_by) {
+            return policy;
+        }
+        let mut p = policy.into_owned();
+        p.tables.extend(b.policy.tables.iter().cloned());
+        p.tables
+            .sort_by(|x, y| (&x.name, x.family).cmp(&(&y.name, y.family)));
+        std::borrow::Cow::Owned(p)
+    }
+
+    /// Once the policy in force supersedes the boot tables: release them (bpf: once the
+    /// tunnel is attached). Logged once.
+    fn release_boot(&mut self) {
+        let Some(b) = self.boot.as_mut().filter(|b| !b.released) else {
+            return;
+        };
+        let superseded = self
+            .enforced
+            .as_ref()
+            .is_some_and(|p| p.tables.iter().any(|t| t.name == b.superseded_by));
+        if !superseded {
+            return;
+        }
+        let table = b
+            .policy
+            .tables
+            .first()
+            .map(|t| t.name.clone())
+            .unwrap_or_default();
+        match self.enforcer.release_boot(&table, &b.tunnel) {
+            Ok(true) => {
+                b.released = true;
+                tracing::info!(boot = %table, by = %b.superseded_by, "boot policy released: the peer's gateway configuration is in force");
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), "releasing the boot policy failed (retrying)")
+            }
         }
     }
 
@@ -330,7 +429,7 @@ impl Engine {
             self.warned.clone_from(&compiled.warnings);
         }
         self.last_env = Some(self.enforcer.environment());
-        let policy = self.as_enforced(&compiled.policy);
+        let policy = self.with_boot_tables(self.as_enforced(&compiled.policy));
         let result = self.enforcer.apply(&policy);
         let (generation, secs, summary) = self.record(result, started, false)?;
         tracing::info!(
@@ -342,6 +441,7 @@ impl Engine {
             "policy applied"
         );
         self.end_revoked(&policy);
+        self.release_boot();
         Ok(())
     }
 
@@ -430,7 +530,7 @@ impl Engine {
         if changes.is_empty() {
             return Ok(());
         }
-        let policy = self.as_enforced(policy);
+        let policy = self.with_boot_tables(self.as_enforced(policy));
         let result = self.enforcer.update_sets(&policy, changes);
         let (generation, secs, summary) = self.record(result, started, true)?;
         tracing::debug!(
@@ -460,8 +560,9 @@ impl Engine {
         self.update(|m| m.source_down = !connected);
     }
 
-    /// Periodic upkeep: repair drift, refresh rule counters.
+    /// Periodic upkeep: repair drift, refresh rule counters, release the boot policy.
     pub fn maintain(&mut self) {
+        self.release_boot();
         match self.enforcer.repair() {
             Ok(fixed) if !fixed.is_empty() => {
                 tracing::warn!(drift = ?fixed, "drift repaired");

@@ -327,4 +327,9 @@ fn the_sidecar_patch_is_idempotent_on_a_real_template() {
         ]
     );
     assert_eq!(spec["volumes"].as_array().unwrap().len(), 1, "{spec}");
+    // The boot policy's init container, once, with the last image.
+    let inits = spec["initContainers"].as_array().unwrap();
+    assert_eq!(inits.len(), 1, "{spec}");
+    assert_eq!(inits[0]["name"], "peerwall-boot");
+    assert_eq!(inits[0]["image"], "reg/peerwall:2");
 }

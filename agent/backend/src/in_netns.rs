@@ -185,4 +185,9 @@ impl<B: Backend + 'static> Backend for InNetns<B> {
         // A namespace whose thread is gone has no interfaces to follow.
         self.call(|b| b.environment()).unwrap_or_default()
     }
+
+    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, Self::Error> {
+        let (table, tunnel) = (table.to_string(), tunnel.to_string());
+        self.call_backend(move |b| b.release_boot(&table, &tunnel))
+    }
 }

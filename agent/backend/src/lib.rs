@@ -155,4 +155,15 @@ pub trait Backend: Send {
     fn environment(&self) -> Vec<HostInterface> {
         Vec::new()
     }
+
+    /// Let a gateway's boot table go (`peerwall boot`: an nftables table denying what comes
+    /// from the tunnel until the agent's policy is in force), now that the policy applied last
+    /// supersedes it. Ok(true): gone (or never there); Ok(false): not yet, ask again later
+    /// (bpf: no interface matching `tunnel` is attached yet, and only the boot table's rules,
+    /// which match by name, hold for a tunnel created later). nftables: an apply already
+    /// deletes every owned table it does not want, in the same transaction.
+    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, Self::Error> {
+        let _ = (table, tunnel);
+        Ok(true)
+    }
 }

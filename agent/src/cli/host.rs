@@ -60,6 +60,48 @@ pub(super) fn apply(
     }
 }
 
+/// `peerwall boot`: the boot policy of `peer`'s gateway ([`crate::protection::boot`]) in
+/// force through nftables, whichever backend the agent runs: its rules match the tunnel by
+/// name and so hold for a tunnel created after it.
+pub(super) fn boot(
+    peer: &str,
+    tunnel: String,
+    liqo_ping_port: u16,
+    netns: Option<String>,
+) -> Result<(), CliError> {
+    let opts = crate::protection::Options {
+        tunnel,
+        liqo_ping_port,
+        ..crate::protection::boot::default_options()
+    };
+    let obj = peerwall_intent::load::object_from_json(
+        crate::protection::boot::boot_object(peer, &opts),
+        peerwall_intent::load::Group::Peerwall,
+    )
+    .map_err(input)?;
+    let compiled = peerwall_policy::compile::compile(&[obj])
+        .context("the boot policy does not compile")
+        .map_err(input)?;
+    if let Some(ns) = &netns {
+        scope::enter_netns(ns)?;
+    }
+    let mut b = NftBackend::new(Nft::host());
+    // A namespace where peerwall already enforces (the agent came first, a container
+    // restarted): what is in force stays, nothing to add.
+    let owned = b
+        .owned_tables()
+        .context("reading peerwall's tables in the kernel")
+        .map_err(runtime)?;
+    if !owned.is_empty() {
+        out(&format!(
+            "peerwall already enforces here ({}): boot policy not needed\n",
+            owned.join(", ")
+        ))?;
+        return Ok(());
+    }
+    apply_with(&mut b, &compiled.policy, |_| false)
+}
+
 fn apply_bpf(compiled: &Compiled, bpf: BpfOpts) -> Result<(), CliError> {
     use peerwall_backend_bpf::loader;
     // `apply` must attach somewhere (the agent instead waits for interfaces to appear).

@@ -255,6 +255,24 @@ pub enum Command {
         #[command(flatten)]
         bpf: BpfOpts,
     },
+    /// The boot policy of a Liqo gateway (the sidecar's init container): the controller's
+    /// default deny for `--peer` (from the tunnel, replies and Liqo's tunnel check only) as an
+    /// nftables table of its own, in force before Liqo's containers create the tunnel. The
+    /// agent started with `--boot-peer` lets it go once the peer's configuration is in force.
+    Boot {
+        /// The peer (remote cluster id) of this gateway.
+        #[arg(long)]
+        peer: String,
+        /// Tunnel interface: a name, or a prefix ending in `*`.
+        #[arg(long, default_value = crate::protection::DEFAULT_TUNNEL)]
+        tunnel_interface: String,
+        /// The UDP port of Liqo's tunnel check.
+        #[arg(long, default_value_t = crate::protection::LIQO_PING_PORT)]
+        liqo_ping_port: u16,
+        /// Act in this network namespace (`ip netns` name or a path) instead of this one.
+        #[arg(long)]
+        netns: Option<String>,
+    },
     /// Remove what peerwall installed here: its nftables tables and (bpf) its pinned links
     /// (detaching the programs) and maps; whichever is found, or only --backend's.
     Delete {
@@ -498,6 +516,12 @@ pub struct AgentArgs {
     /// would-drops (events with `--events`). Remove to enforce.
     #[arg(long)]
     pub audit: bool,
+    /// A gateway's agent (sidecar): keep the boot policy of this peer (`peerwall boot
+    /// --peer`, default deny from the tunnel) in force until the controller's gateway
+    /// configuration for the peer is, and let it go in the same step. `--gateway-pods` does
+    /// this for every gateway by itself.
+    #[arg(long, conflicts_with = "gateway_pods")]
+    pub boot_peer: Option<String>,
 }
 
 /// Event options of the agent.
@@ -704,6 +728,12 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             bpf,
         } => host::apply(&files, backend, bpf, netns),
         Command::Delete { backend, at } => host::delete(backend, &at),
+        Command::Boot {
+            peer,
+            tunnel_interface,
+            liqo_ping_port,
+            netns,
+        } => host::boot(&peer, tunnel_interface, liqo_ping_port, netns),
         Command::Inspect { at, output } => host::inspect(&at, output),
         Command::AllowAll { state, backend, at } => host::allow_all(state, backend, &at),
         Command::Counters {

@@ -41,6 +41,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         events_addr,
         events,
         audit,
+        boot_peer,
     } = a;
     let drop_summary = std::time::Duration::from_secs(events.drop_summary_secs.max(1));
     let events_on = events.settings().is_some();
@@ -109,7 +110,15 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
     .with_context(|| format!("serving metrics on {metrics_addr} and events on {events_addr}"))
     .map_err(runtime)?;
     tracing::info!(?source, backend = name, metrics = %bound, events = ?events_at, "agent started");
-    let mut engine = crate::engine::Engine::new(enforcer, metrics).audit_all(audit);
+    let boot = boot_peer
+        .as_deref()
+        .map(crate::engine::Boot::for_peer)
+        .transpose()
+        .context("compiling the boot policy")
+        .map_err(runtime)?;
+    let mut engine = crate::engine::Engine::new(enforcer, metrics)
+        .audit_all(audit)
+        .with_boot(boot);
     if events.is_some() {
         engine
             .start_events()

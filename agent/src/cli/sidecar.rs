@@ -46,6 +46,7 @@ pub fn container(image: &str, backend: BackendKind) -> Value {
         "--selector=peerwall.io/target=gateway,peerwall.io/remote-cluster-id={{ .ClusterID }}"
             .into(),
         "--host=$(NODE_NAME)".into(),
+        "--boot-peer={{ .ClusterID }}".into(),
         "--metrics-addr=0.0.0.0:9095".into(),
         "--log-format=json".into(),
     ];
@@ -63,6 +64,20 @@ pub fn container(image: &str, backend: BackendKind) -> Value {
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9095}},
         "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "BPF", "PERFMON"]}},
         "volumeMounts": [{"name": VOLUME, "mountPath": "/sys/fs/bpf", "mountPropagation": "HostToContainer"}],
+    })
+}
+
+/// Name of the init container that puts the boot policy in force.
+pub const BOOT_CONTAINER: &str = "peerwall-boot";
+
+/// The init container: `peerwall boot` for the gateway's peer, before Liqo's containers
+/// (init containers complete before any other starts) create the tunnel.
+pub fn boot_container(image: &str) -> Value {
+    json!({
+        "name": BOOT_CONTAINER,
+        "image": image,
+        "args": ["boot", "--peer={{ .ClusterID }}"],
+        "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN"]}},
     })
 }
 
@@ -87,18 +102,22 @@ fn upsert(template: &Value, list: &str, name: &str, value: Value) -> Option<Valu
     }
 }
 
-/// The patch for `template`: the container (added or replaced) and the bpffs volume (added,
-/// replaced, or the volume list created).
+/// The patch for `template`: the container (added or replaced), the boot init container
+/// (added, replaced, or the init container list created) and the bpffs volume (likewise).
 pub fn patch(template: &Value, image: &str, backend: BackendKind) -> Result<Value, SidecarError> {
     let containers = format!("{POD_SPEC}/containers");
     let c = upsert(template, &containers, CONTAINER, container(image, backend))
         .ok_or(SidecarError::NoContainers(containers))?;
+    let inits = format!("{POD_SPEC}/initContainers");
+    let boot = boot_container(image);
+    let i = upsert(template, &inits, BOOT_CONTAINER, boot.clone())
+        .unwrap_or_else(|| json!({"op": "add", "path": inits, "value": [boot]}));
     let volume =
         json!({"name": VOLUME, "hostPath": {"path": "/sys/fs/bpf", "type": "DirectoryOrCreate"}});
     let volumes = format!("{POD_SPEC}/volumes");
     let v = upsert(template, &volumes, VOLUME, volume.clone())
         .unwrap_or_else(|| json!({"op": "add", "path": volumes, "value": [volume]}));
-    Ok(json!([c, v]))
+    Ok(json!([c, i, v]))
 }
 
 /// `peerwall sidecar-patch`.
@@ -178,6 +197,14 @@ mod tests {
             .to_string()
             .contains("--backend=bpf"));
         assert_eq!(spec["volumes"].as_array().unwrap().len(), 1);
+        // One boot init container, with the last image, for the template's peer.
+        let inits = spec["initContainers"].as_array().unwrap();
+        assert_eq!(inits.len(), 1);
+        assert_eq!(inits[0]["image"], "reg/peerwall:2");
+        assert_eq!(inits[0]["args"][1], "--peer={{ .ClusterID }}");
+        assert!(spec["containers"][1]["args"]
+            .to_string()
+            .contains("--boot-peer={{ .ClusterID }}"));
     }
 
     #[test]

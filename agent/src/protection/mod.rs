@@ -22,6 +22,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
+pub mod boot;
 pub mod coverage;
 pub mod enforcement;
 pub mod exceptions;

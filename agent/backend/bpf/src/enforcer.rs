@@ -119,6 +119,41 @@ impl Backend for BpfEnforcer {
         "bpf"
     }
 
+    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BpfError> {
+        // Attached entries read `kind:interface`.
+        let pattern = [tunnel.to_string()];
+        let attached: Vec<loader::HostIface> = self
+            .attached()
+            .into_iter()
+            .filter_map(|a| {
+                a.split_once(':').map(|(_, name)| loader::HostIface {
+                    name: name.to_string(),
+                    ifindex: 0,
+                    l2_len: 0,
+                })
+            })
+            .collect();
+        if loader::matching(&attached, &pattern).is_empty() {
+            return Ok(false);
+        }
+        let out = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", table])
+            .output()
+            .map_err(|e| BpfError::BootTable {
+                table: table.into(),
+                message: format!("running nft: {e}"),
+            })?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || said.contains("No such file or directory") {
+            Ok(true)
+        } else {
+            Err(BpfError::BootTable {
+                table: table.into(),
+                message: said.trim().to_string(),
+            })
+        }
+    }
+
     fn apply(&mut self, policy: &Policy) -> Result<BpfApplyReport, BpfError> {
         let host = loader::host_ifaces().map_err(BpfError::ListInterfaces)?;
         self.backend.register_ifaces(&host)?;

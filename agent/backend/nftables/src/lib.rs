@@ -617,6 +617,15 @@ impl<R: Runner> NftBackend<R> {
         Ok(report)
     }
 
+    /// The names of the tables peerwall owns in this namespace (whoever applied them).
+    pub fn owned_tables(&self) -> Result<Vec<String>, NftError> {
+        Ok(kernel_tables(&self.nft.list_ruleset_terse()?)
+            .into_iter()
+            .filter(|t| t.owner.is_some())
+            .map(|t| t.name)
+            .collect())
+    }
+
     /// Delete every table owned by peerwall in this namespace (not only the ones this process
     /// applied). Returns their names.
     pub fn delete_all(&mut self) -> Result<Vec<String>, NftError> {

@@ -222,11 +222,19 @@ impl Supervisor {
         let worker_stop = stop.clone();
         let (events, audit) = (s.events.is_some(), s.audit);
         let span = tracing::info_span!("gateway", peer = %g.peer, pod = %g.name);
+        // Until the peer's configuration is in force, its boot policy is.
+        let boot = crate::engine::Boot::for_peer(&g.peer)
+            .map_err(
+                |e| tracing::error!(peer = %g.peer, error = %e, "the boot policy does not compile"),
+            )
+            .ok();
         let thread = std::thread::Builder::new()
             .name(format!("gw-{}", g.pin_name()))
             .spawn(move || {
                 let _e = span.enter();
-                let mut engine = crate::engine::Engine::new(enforcer, metrics).audit_all(audit);
+                let mut engine = crate::engine::Engine::new(enforcer, metrics)
+                    .audit_all(audit)
+                    .with_boot(boot);
                 if events {
                     if let Err(e) = engine.start_events() {
                         tracing::error!(error = %e, "no events from this gateway");

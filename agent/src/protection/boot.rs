@@ -1,0 +1,117 @@
+//! The boot policy of a gateway: the controller's gateway configuration for a peer with
+//! nothing allowed yet (no offloaded pod, none of ours, no exception), in a table of its own,
+//! `peerwall_boot_<peer>`. From the tunnel it lets through replies and Liqo's tunnel check
+//! only.
+//!
+//! It closes the window between a gateway pod's start and the first apply of its agent:
+//! - the sidecar's init container (`peerwall boot --peer ID`) puts it in force (nftables:
+//!   its rules match the tunnel by name, so they hold for a tunnel created later) before
+//!   Liqo's containers create the tunnel;
+//! - the agent (`--boot-peer ID`) keeps it in its policy until its policy holds the
+//!   controller's table for that peer ([`super::table_name`]), then lets it go in the same
+//!   step that puts that table in force: there is no moment with neither.
+
+use peerwall_intent::types as api;
+use serde_json::{json, Value};
+
+use super::{gateway_spec, table_name, Options, PeerSets};
+
+/// Name of the boot table of `peer`'s gateway.
+pub fn boot_table_name(peer: &str) -> String {
+    table_name(peer).replacen("peerwall_", "peerwall_boot_", 1)
+}
+
+/// The boot configuration of `peer`'s gateway with `opts` (its tunnel and Liqo's tunnel
+/// check port): the gateway configuration with empty sets, in the boot table.
+pub fn boot_spec(peer: &str, opts: &Options) -> api::FirewallConfigurationSpec {
+    let mut spec = gateway_spec(peer, &[], &PeerSets::default(), opts);
+    spec.table.name = Some(boot_table_name(peer));
+    spec.audit = false;
+    spec
+}
+
+/// [`boot_spec`] as a FirewallConfiguration object (never written to the API: the init
+/// container and the agent compile it locally).
+pub fn boot_object(peer: &str, opts: &Options) -> Value {
+    json!({
+        "apiVersion": peerwall_intent::load::API_VERSION,
+        "kind": peerwall_intent::load::KIND,
+        "metadata": {"name": "peerwall-boot", "namespace": "peerwall-boot"},
+        "spec": boot_spec(peer, opts),
+    })
+}
+
+/// The options the boot policy is built with when none are given: the tunnel of every Liqo
+/// gateway (`liqo-tunnel*`) and Liqo's default tunnel check port.
+pub fn default_options() -> Options {
+    Options {
+        tunnel: super::DEFAULT_TUNNEL.into(),
+        block_leaf_to_leaf: false,
+        audit: false,
+        liqo_ping_port: super::LIQO_PING_PORT,
+        own_namespace_only: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peerwall_policy::ir::{evaluate, CtState, Packet, VerdictAction};
+
+    /// From the tunnel: nothing new reaches any pod, replies and Liqo's tunnel check pass;
+    /// the table is apart from the controller's.
+    #[test]
+    fn the_boot_policy_denies_everything_new_from_the_tunnel() {
+        let obj = peerwall_intent::load::object_from_json(
+            boot_object("a-1", &default_options()),
+            peerwall_intent::load::Group::Peerwall,
+        )
+        .unwrap();
+        let policy = peerwall_policy::compile::compile(&[obj]).unwrap().policy;
+        assert_eq!(policy.tables[0].name, "peerwall_boot_a_1");
+        assert_ne!(policy.tables[0].name, table_name("a-1"));
+        let v = |dst: &str, proto: u8, dport: u16, ct: CtState, oif: Option<&str>| {
+            evaluate(
+                &policy,
+                &Packet {
+                    src: "10.10.1.5".parse().unwrap(),
+                    dst: dst.parse().unwrap(),
+                    proto,
+                    sport: 40000,
+                    dport,
+                    iif: Some("liqo-tunnel".into()),
+                    oif: oif.map(Into::into),
+                    ct_state: ct,
+                },
+            )
+            .verdict
+        };
+        let fwd = Some("liqo.x");
+        assert_eq!(
+            v("10.20.1.2", 6, 80, CtState::New, fwd),
+            VerdictAction::Drop
+        );
+        assert_eq!(
+            v("10.20.1.2", 17, 53, CtState::New, fwd),
+            VerdictAction::Drop
+        );
+        assert_eq!(
+            v("10.20.1.2", 6, 80, CtState::Established, fwd),
+            VerdictAction::Accept
+        );
+        assert_eq!(
+            v(
+                "169.254.18.1",
+                17,
+                super::super::LIQO_PING_PORT,
+                CtState::New,
+                None
+            ),
+            VerdictAction::Accept
+        );
+        assert_eq!(
+            v("169.254.18.1", 6, 22, CtState::New, None),
+            VerdictAction::Drop
+        );
+    }
+}
