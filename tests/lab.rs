@@ -35,10 +35,11 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
         "{out}"
     );
     assert!(!out.contains("UNEXPECTED"), "{out}");
-    // Per consumer 15 pairs (7 per pod: the 4 offloaded pods, the provider's local one and
-    // its two monitoring pods; plus the provider-initiated pair), the provider's pod running
-    // on consumer c both ways, and consumer a's spoofed source: 48 per backend.
-    assert_eq!(out.matches(" || ").count(), 2 * 48, "{out}");
+    // Per consumer 18 pairs (7 per pod: the 4 offloaded pods, the provider's local one and
+    // its two monitoring pods; the provider-initiated pair; each consumer's offloaded pod
+    // calling this consumer home), the provider's pod running on consumer c both ways, and
+    // consumer a's spoofed source: 57 per backend.
+    assert_eq!(out.matches(" || ").count(), 2 * 57, "{out}");
     // Consumer c's pod CIDR is the provider's own, remapped by Liqo's NAT in c's gateway: the
     // provider reaches c's pod by its remapped address and gets the replies (the bpf datapath
     // classifies them on the addresses the forward hook sees), and the provider's pod running
@@ -64,6 +65,13 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
         "FAIL  --- | [consumer b pod 10.30.1.11] -> [provider offloaded-by-b] || 10.30.1.11 -> 10.20.2.10",
         "MIXED -++ | [provider local] -> [consumer a pod] || 10.20.3.10 -> 10.10.1.10",
         "FAIL  --- | [provider local] -> [consumer c pod] || 10.20.3.10 -> 10.71.9.10",
+        // Call home: the NetworkPolicy the controller keeps in an offloaded namespace lets its
+        // pods reach their own consumer (by the address seen here when remapped), and not
+        // another consumer; the gateway's tier holds it, as every NetworkPolicy.
+        "OK    +++ | [provider offloaded-by-a] -> [consumer a pod (call home)] || 10.20.1.10 -> 10.10.1.10",
+        "OK    +++ | [provider offloaded-by-c] -> [consumer c pod (call home)] || 10.20.4.10 -> 10.71.9.10",
+        "FAIL  --- | [provider offloaded-by-a] -> [consumer b pod (call home)] || 10.20.1.10 -> 10.30.1.10",
+        "FAIL  --- | [provider offloaded-by-b] -> [consumer a pod (call home)] || 10.20.2.10 -> 10.10.1.10",
         // Anti-spoofing: Liqo's WireGuard takes any source from the peer; the firewall does not.
         "FAIL  --- | [consumer a spoofed source 10.99.1.10] -> [provider offloaded-by-a] || 10.99.1.10 -> 10.20.1.10",
     ] {

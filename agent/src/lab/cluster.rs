@@ -151,7 +151,7 @@ pub fn lab_protection_policies() -> Result<Vec<protection::exceptions::Checked>>
 
 /// What the controller declares for consumer `name`'s gateway besides its sets.
 fn lab_declared(name: &str) -> Result<protection::Declared> {
-    let cluster = lab_cluster();
+    let cluster = lab_cluster()?;
     Ok(protection::Declared {
         namespaces: protection::namespaces::namespace_sets(&cluster, name),
         exceptions: protection::exceptions::for_peer(
@@ -163,6 +163,24 @@ fn lab_declared(name: &str) -> Result<protection::Declared> {
     })
 }
 pub(super) const NEW_POD: &str = "10.20.1.12";
+
+/// Liqo's `Configuration` of consumer `c` in its tenant namespace, as its labels and body
+/// (`apis/networking/v1beta1/configuration_types.go`): `spec.remote.cidr.pod` the consumer's
+/// own pod CIDR, `status.remote.cidr.pod` how this cluster sees it (remapped when it overlaps
+/// the provider's).
+fn configuration(c: &Consumer) -> (std::collections::BTreeMap<String, String>, Value) {
+    let labels = [(
+        crate::k8s::REMOTE_CLUSTER_ID.to_string(),
+        c.name.to_string(),
+    )]
+    .into_iter()
+    .collect();
+    let body = serde_json::json!({
+        "spec": { "remote": { "cidr": { "pod": [c.cidr] } } },
+        "status": { "remote": { "cidr": { "pod": [c.seen_cidr()] } } },
+    });
+    (labels, body)
+}
 
 /// The provider cluster as the controller sees it: a tenant namespace per consumer, a
 /// namespace each consumer offloaded (holding its pods), and the provider's local pods.
@@ -189,15 +207,17 @@ pub fn lab_world(extra: &[(&str, &str)]) -> protection::World {
                 ("liqo.io/remote-cluster-id", c.name),
             ]),
         });
-        // Liqo's Configuration of the peer: the CIDRs its packets carry through the tunnel.
-        w.sources.insert(
-            c.name.into(),
-            [Some(c.cidr), c.remapped]
-                .into_iter()
-                .flatten()
-                .filter_map(|n| n.parse().ok())
-                .collect(),
-        );
+        // Liqo's Configuration of the peer, read as the controller reads it: the CIDRs its
+        // packets carry through the tunnel, and how they are remapped here.
+        let (labels, body) = configuration(&c);
+        if let Some((peer, sources)) = protection::configuration_sources(&labels, &body) {
+            w.sources.insert(peer, sources);
+        }
+        if let Some((peer, remaps)) = protection::configuration_remaps(&labels, &body) {
+            if !remaps.is_empty() {
+                w.remaps.insert(peer, remaps);
+            }
+        }
         let offloaded_ns = format!("app-{}", c.name);
         w.namespaces.push(protection::Namespace {
             name: offloaded_ns.clone(),
@@ -219,14 +239,9 @@ pub fn lab_world(extra: &[(&str, &str)]) -> protection::World {
         }
     }
     for c in consumers() {
-        let (Some(remapped), Some(ours)) = (c.remapped, c.hosts_ours) else {
+        let Some(ours) = c.hosts_ours else {
             continue;
         };
-        // Liqo's Configuration for the peer: its CIDR, and how it is seen here.
-        if let (Ok(real), Ok(seen)) = (c.cidr.parse(), remapped.parse()) {
-            w.remaps
-                .insert(c.name.into(), vec![protection::Remap { real, seen }]);
-        }
         // A provider pod running there, through the virtual node; Liqo's virtual kubelet
         // reflects its IP remapped (`MapPodIP`).
         let node = format!("liqo-{}", c.name);
@@ -324,7 +339,7 @@ pub fn controller_slices(
 ///   (an egress allowlist naming a remote pod by label);
 /// - `local/local-from-ours`: the local pod takes its port `http` from the pods labelled
 ///   `app: ours` only (a remote pod by label, on the consumer's side of its tunnel).
-pub fn lab_cluster() -> netpol::Cluster {
+pub fn lab_cluster() -> Result<netpol::Cluster> {
     use netpol::{ContainerPort, IpBlock, NetworkPolicy, Peer, Pod, Port, Ports, Protocol};
     use netpol::{Rule, Selector};
     use std::collections::BTreeMap;
@@ -359,15 +374,21 @@ pub fn lab_cluster() -> netpol::Cluster {
         peer: peer.map(str::to_string),
     };
     let mut cluster = netpol::Cluster::default();
+    for c in consumers() {
+        cluster.namespaces.insert(
+            format!("app-{}", c.name),
+            labels(&[
+                ("kubernetes.io/metadata.name", &format!("app-{}", c.name)),
+                (crate::k8s::REMOTE_CLUSTER_ID, c.name),
+            ]),
+        );
+    }
     let mut namespace = |name: &str| {
         cluster.namespaces.insert(
             name.to_string(),
             labels(&[("kubernetes.io/metadata.name", name)]),
         );
     };
-    for c in consumers() {
-        namespace(&format!("app-{}", c.name));
-    }
     namespace("local");
     namespace("monitoring");
     for c in consumers() {
@@ -456,7 +477,35 @@ pub fn lab_cluster() -> netpol::Cluster {
             egress: None,
         },
     ];
-    cluster
+    let offloaded = offloaded_policies(&cluster)?;
+    cluster.policies.extend(offloaded);
+    Ok(cluster)
+}
+
+/// The NetworkPolicy the controller keeps in each consumer's offloaded namespace
+/// ([`protection::offloaded_network_policy`]: egress home, to the consumer's other offloaded
+/// namespaces, DNS and what a ProtectionPolicy opens), read back as the controller reads
+/// every NetworkPolicy of the cluster into the tier.
+fn offloaded_policies(cluster: &netpol::Cluster) -> Result<Vec<netpol::NetworkPolicy>> {
+    let checked = lab_protection_policies()?;
+    let mut out = Vec::new();
+    for c in consumers() {
+        let (labels, body) = configuration(&c);
+        let home = protection::configuration_cidrs(&labels, &body)
+            .map(|(_, h)| h)
+            .unwrap_or_default();
+        let exceptions =
+            protection::exceptions::for_peer(&checked, c.name, lab_options().settings(), cluster);
+        let open: Vec<_> = exceptions.for_offloaded().collect();
+        let doc =
+            protection::offloaded_network_policy(&format!("app-{}", c.name), c.name, &home, &open);
+        let np: k8s_openapi::api::networking::v1::NetworkPolicy =
+            serde_json::from_value(doc).context("the offloaded namespace's NetworkPolicy")?;
+        out.push(crate::k8s::netpol::policy(&np).map_err(|u| {
+            anyhow::anyhow!("the NetworkPolicy {} does not read: {}", u.policy, u.why)
+        })?);
+    }
+    Ok(out)
 }
 
 /// The NetworkPolicy tier the controller publishes for consumer `name`'s gateway
@@ -492,7 +541,7 @@ pub(super) fn gateway_policy(c: &Consumer) -> Result<peerwall_policy::ir::Policy
             Group::Peerwall,
         )?,
         object_from_json(
-            controller_tier(&world, &lab_cluster(), c.name)?,
+            controller_tier(&world, &lab_cluster()?, c.name)?,
             Group::Peerwall,
         )?,
     ];

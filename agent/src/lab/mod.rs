@@ -314,7 +314,7 @@ fn start_agent(
     // The NetworkPolicy tier the controller publishes for this peer.
     std::fs::write(
         dir.join("networkpolicy.yaml"),
-        serde_json::to_string_pretty(&controller_tier(&lab_world(&[]), &lab_cluster(), c.name)?)?,
+        serde_json::to_string_pretty(&controller_tier(&lab_world(&[]), &lab_cluster()?, c.name)?)?,
     )?;
     // Liqo's objects in force in this gateway, which the agent reads (never applies).
     let observed = work.join(format!("liqo-{}", c.name));
@@ -507,6 +507,20 @@ fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Result<Vec<Pai
             false,
             true,
         )?;
+        // Call home: every consumer's offloaded pod towards this consumer's pod, through this
+        // gateway. The NetworkPolicy the controller keeps in the offloaded namespaces (in the
+        // tier, as every NetworkPolicy of the cluster) lets a pod reach its own consumer only.
+        for d in cs {
+            add(
+                format!("provider offloaded-by-{}", d.name),
+                node.name(),
+                &d.offloaded[0],
+                format!("consumer {} pod (call home)", c.name),
+                c.seen(c.pods[0])?,
+                false,
+                c.name == d.name,
+            )?;
+        }
         // Consumer protection: the provider's own pod running on this consumer reaches home,
         // and home reaches it.
         if let Some(ours) = c.hosts_ours {
