@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 use common::*;
-use peerwall_backend_bpf::loader::{self, BpfBackend};
+use peerwall_backend_bpf::loader::{self, Datapath};
 use peerwall_backend_bpf::maps::Iface;
 
 /// A private pin directory under bpffs, removed (with its links) on drop.
@@ -229,7 +229,7 @@ fn upgrade_replaces_verdict_caches_of_an_older_layout() {
             .as_u64()
     };
     assert_eq!(value_size("VERDICTS4"), Some(32));
-    let mut b = BpfBackend::load(&pins.0).expect("the new object loads over the old pins");
+    let mut b = Datapath::load(&pins.0).expect("the new object loads over the old pins");
     b.tc_program().expect("and its program verifies");
     assert_eq!(
         value_size("VERDICTS4"),
@@ -451,7 +451,7 @@ fn verifier_accepts_the_largest_policy() {
     let objs = peerwall_intent::load::parse_documents(&yaml, "big").unwrap();
     let policy = peerwall_policy::compile::compile(&objs).unwrap().policy;
     let pins = Pins::new("big");
-    let mut b = BpfBackend::load(&pins.0).expect("load");
+    let mut b = Datapath::load(&pins.0).expect("load");
     let ifaces = [Iface {
         name: "liqo.x".into(),
         ifindex: 7,

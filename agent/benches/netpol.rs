@@ -21,11 +21,11 @@ mod doc;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use peerwall::cli::BackendKind;
 use peerwall::netpol::{
     self, Cluster, ContainerPort, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule, Selector,
 };
 use peerwall_backend::netns::NetNs;
+use peerwall_backend_select::{BackendKind, Settings};
 
 const NAMESPACES: usize = 100;
 const PEER: &str = "p1";
@@ -230,14 +230,13 @@ fn main() {
         let pins = peerwall_backend_bpf::loader::ensure_bpffs()
             .expect("bpffs")
             .join(format!("pwbnp-{}", std::process::id()));
-        let mut e = peerwall::engine::enforcer(
-            kind,
-            &pins,
-            vec!["liqo-tunnel*".into(), "liqo.*".into()],
-            false,
+        let mut e = peerwall_backend_select::open(
+            &Settings {
+                pin_dir: pins.clone(),
+                interfaces: vec!["liqo-tunnel*".into(), "liqo.*".into()],
+                ..Settings::new(kind)
+            },
             Some(ns.name()),
-            None,
-            None,
         )
         .expect("backend");
         let mut full = Vec::new();

@@ -1,19 +1,13 @@
 //! The enforcement engine every policy source shares ([`Engine`]: compile, apply through any
-//! backend, metrics, logs). The sources: the directory ([`crate::dir`]) and Kubernetes
+//! backend (`Box<dyn Backend>`, opened by `peerwall_backend_select::open`), metrics, logs). The sources: the directory ([`crate::dir`]) and Kubernetes
 //! ([`crate::k8s::agent`]).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
 
-use peerwall_backend::{
-    Backend, Drift, EventError, EventSource, Flow, HostInterface, InNetns, RuleCounter,
-};
-use peerwall_backend_bpf::BpfEnforcer;
-use peerwall_backend_nftables::{Nft, NftBackend};
-
-use crate::cli::BackendKind;
+use peerwall_backend::{Backend, BackendError, EventError, HostInterface};
 use peerwall_policy::compile;
 
 /// Where policies come from.
@@ -39,180 +33,11 @@ impl std::str::FromStr for PolicySource {
     }
 }
 
-/// A backend call that failed (the previous policy stays in force).
-#[derive(Debug, thiserror::Error)]
-#[error("{action} with {backend}: {source}")]
-pub struct BackendFailure {
-    /// `nftables` or `bpf`.
-    pub backend: &'static str,
-    /// What was attempted.
-    pub action: &'static str,
-    /// The backend's own error.
-    #[source]
-    pub source: Box<dyn std::error::Error + Send + Sync>,
-}
-
-/// Any [`Backend`], as the agent's edge drives it: errors of any backend as one type, reports
-/// as log text. One implementation for every backend, in or out of a namespace.
-pub trait Enforcer: Send {
-    /// `nftables` or `bpf`.
-    fn name(&self) -> &'static str;
-    /// Make `policy` the whole policy in force; the report as text.
-    fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> Result<String, BackendFailure>;
-    /// [`Backend::update_sets`]: `policy` differs from the last one applied only by `changes`.
-    fn update_sets(
-        &mut self,
-        policy: &peerwall_policy::ir::Policy,
-        changes: &[peerwall_policy::ir::SetChange],
-    ) -> Result<String, BackendFailure>;
-    /// Restore what drifted.
-    fn repair(&mut self) -> Result<Vec<Drift>, BackendFailure>;
-    /// Rule counters of what is in force.
-    fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendFailure>;
-    /// The part of the host the backend follows (bpf: interfaces).
-    fn environment(&self) -> Vec<HostInterface>;
-    /// Where the backend's events come from ([`Backend::events`]).
-    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError>;
-    /// Whether the emergency switch is on ([`Backend::allow_all`]).
-    fn allow_all(&mut self) -> Result<bool, BackendFailure>;
-    /// Fill of the connection-tracking table ([`Backend::conntrack`]).
-    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendFailure>;
-    /// Tracked connections ([`Backend::flows`]).
-    fn flows(&mut self) -> Result<Vec<Flow>, BackendFailure>;
-    /// End connections ([`Backend::end_flows`]).
-    fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BackendFailure>;
-    /// [`Backend::release_boot`].
-    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendFailure>;
-}
-
-impl<B: Backend> Enforcer for B {
-    fn name(&self) -> &'static str {
-        Backend::name(self)
-    }
-
-    fn apply(&mut self, policy: &peerwall_policy::ir::Policy) -> Result<String, BackendFailure> {
-        Backend::apply(self, policy)
-            .map(|r| r.to_string())
-            .map_err(failure(Backend::name(self), "applying"))
-    }
-
-    fn update_sets(
-        &mut self,
-        policy: &peerwall_policy::ir::Policy,
-        changes: &[peerwall_policy::ir::SetChange],
-    ) -> Result<String, BackendFailure> {
-        Backend::update_sets(self, policy, changes)
-            .map(|r| r.to_string())
-            .map_err(failure(Backend::name(self), "updating sets"))
-    }
-
-    fn repair(&mut self) -> Result<Vec<Drift>, BackendFailure> {
-        Backend::repair(self).map_err(failure(Backend::name(self), "repairing drift"))
-    }
-
-    fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendFailure> {
-        Backend::counters(self).map_err(failure(Backend::name(self), "reading rule counters"))
-    }
-
-    fn environment(&self) -> Vec<HostInterface> {
-        Backend::environment(self)
-    }
-
-    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
-        Backend::events(self)
-    }
-
-    fn allow_all(&mut self) -> Result<bool, BackendFailure> {
-        Backend::allow_all(self).map_err(failure(Backend::name(self), "reading the switch"))
-    }
-
-    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendFailure> {
-        Backend::conntrack(self).map_err(failure(Backend::name(self), "reading the flow table"))
-    }
-
-    fn flows(&mut self) -> Result<Vec<Flow>, BackendFailure> {
-        Backend::flows(self).map_err(failure(Backend::name(self), "listing connections"))
-    }
-
-    fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BackendFailure> {
-        Backend::end_flows(self, flows).map_err(failure(Backend::name(self), "ending connections"))
-    }
-
-    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendFailure> {
-        Backend::release_boot(self, table, tunnel)
-            .map_err(failure(Backend::name(self), "releasing the boot table"))
-    }
-}
-
-fn failure<E: std::error::Error + Send + Sync + 'static>(
-    backend: &'static str,
-    action: &'static str,
-) -> impl FnOnce(E) -> BackendFailure {
-    move |e| BackendFailure {
-        backend,
-        action,
-        source: Box::new(e),
-    }
-}
-
-/// Build the enforcer of `kind`. `netns` enforces in a named network namespace (for example
-/// a gateway's) from a thread that entered it ([`InNetns`]), instead of the agent's own.
-pub fn enforcer(
-    kind: BackendKind,
-    pin_dir: &Path,
-    patterns: Vec<String>,
-    xdp: bool,
-    netns: Option<&str>,
-    events: Option<EventSettings>,
-    flows: Option<u32>,
-) -> anyhow::Result<Box<dyn Enforcer>> {
-    let pin_dir = pin_dir.to_path_buf();
-    let load_bpf = move || {
-        let mut b = BpfEnforcer::load_sized(&pin_dir, patterns, xdp, flows)?;
-        b.set_events(events.map(|e| peerwall_backend_bpf::events::EventSettings {
-            flow_log: e.flow_log,
-            rate: e.rate,
-            burst: e.rate.saturating_mul(2),
-            interval: peerwall_backend_nftables::EVENT_INTERVAL,
-        }))?;
-        Ok(b)
-    };
-    let load_nft = move || {
-        let b = NftBackend::new(Nft::host());
-        Ok(match events {
-            Some(e) => b.with_events(peerwall_backend_nftables::EventOptions {
-                group: e.nflog_group,
-                rate: e.rate,
-                burst: e.rate.saturating_mul(2),
-                flow_log: e.flow_log,
-            }),
-            None => b,
-        })
-    };
-    Ok(match (kind, netns) {
-        (BackendKind::Nftables, None) => Box::new(load_nft()?) as Box<dyn Enforcer>,
-        (BackendKind::Nftables, Some(ns)) => Box::new(InNetns::spawn(ns, load_nft)?),
-        (BackendKind::Bpf, None) => Box::new(load_bpf().context("loading the bpf datapath")?),
-        (BackendKind::Bpf, Some(ns)) => Box::new(InNetns::spawn(ns, load_bpf)?),
-    })
-}
-
 /// How often the connection-tracking fill is read (`peerwall_conntrack_entries`).
 pub const CONNTRACK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// At most this many drop summaries (Kubernetes Events) per table and period.
 pub const DROP_SUMMARY_PER_TABLE: usize = 5;
-
-/// What the agent reports as events (`--events`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct EventSettings {
-    /// Also the first packet of every accepted flow.
-    pub flow_log: bool,
-    /// Events per second (nftables: per table; bpf: per CPU), burst twice that.
-    pub rate: u32,
-    /// NFLOG group (nftables).
-    pub nflog_group: u16,
-}
 
 /// Why a set of objects was not enforced.
 #[derive(Debug, thiserror::Error)]
@@ -222,12 +47,12 @@ pub enum EnforceError {
     Invalid(#[from] compile::CompileError),
     /// The kernel refused the policy; the previous one stays.
     #[error(transparent)]
-    Apply(#[from] BackendFailure),
+    Apply(#[from] BackendError),
 }
 
 /// Compile-and-apply with metrics and logs: the part every policy source shares.
 pub struct Engine {
-    enforcer: Box<dyn Enforcer>,
+    backend: Box<dyn Backend>,
     /// `--audit`: every table is enforced in audit mode, whatever its objects say.
     audit_all: bool,
     metrics: crate::metrics::Shared,
@@ -279,9 +104,9 @@ impl Boot {
 
 impl Engine {
     /// An engine over a backend, reporting into `metrics`.
-    pub fn new(enforcer: Box<dyn Enforcer>, metrics: crate::metrics::Shared) -> Self {
+    pub fn new(backend: Box<dyn Backend>, metrics: crate::metrics::Shared) -> Self {
         Self {
-            enforcer,
+            backend,
             audit_all: false,
             metrics,
             generation: 0,
@@ -337,7 +162,7 @@ impl Engine {
             .first()
             .map(|t| t.name.clone())
             .unwrap_or_default();
-        match self.enforcer.release_boot(&table, &b.tunnel) {
+        match self.backend.release_boot(&table, &b.tunnel) {
             Ok(true) => {
                 b.released = true;
                 tracing::info!(boot = %table, by = %b.superseded_by, "boot policy released: the peer's gateway configuration is in force");
@@ -357,7 +182,7 @@ impl Engine {
 
     /// Start reading the backend's events into the metrics and `/events`.
     pub fn start_events(&mut self) -> Result<(), EventError> {
-        let source = self.enforcer.events()?;
+        let source = self.backend.events()?;
         crate::events::pump(source, self.metrics.clone());
         Ok(())
     }
@@ -428,9 +253,9 @@ impl Engine {
             }
             self.warned.clone_from(&compiled.warnings);
         }
-        self.last_env = Some(self.enforcer.environment());
+        self.last_env = Some(self.backend.environment());
         let policy = self.with_boot_tables(self.as_enforced(&compiled.policy));
-        let result = self.enforcer.apply(&policy);
+        let result = self.backend.apply(&policy);
         let (generation, secs, summary) = self.record(result, started, false)?;
         tracing::info!(
             generation,
@@ -463,14 +288,14 @@ impl Engine {
             return;
         };
         let started = Instant::now();
-        let result = self.enforcer.flows().and_then(|flows| {
+        let result = self.backend.flows().and_then(|flows| {
             let gone = crate::revoke::no_longer_allowed(&before, policy, &flows);
             tracing::debug!(
                 tracked = flows.len(),
                 ending = gone.len(),
                 "judging tracked connections after a policy change"
             );
-            self.enforcer.end_flows(&gone).map(|n| (flows.len(), n))
+            self.backend.end_flows(&gone).map(|n| (flows.len(), n))
         });
         match result {
             Ok((_, 0)) => {}
@@ -494,10 +319,10 @@ impl Engine {
     /// and the backend's summary; on failure the error.
     fn record(
         &mut self,
-        result: Result<String, BackendFailure>,
+        result: Result<peerwall_backend::Report, BackendError>,
         started: Instant,
         sets_only: bool,
-    ) -> Result<(u64, f64, String), EnforceError> {
+    ) -> Result<(u64, f64, peerwall_backend::Report), EnforceError> {
         match result {
             Ok(summary) => {
                 self.generation += 1;
@@ -531,7 +356,7 @@ impl Engine {
             return Ok(());
         }
         let policy = self.with_boot_tables(self.as_enforced(policy));
-        let result = self.enforcer.update_sets(&policy, changes);
+        let result = self.backend.update_sets(&policy, changes);
         let (generation, secs, summary) = self.record(result, started, true)?;
         tracing::debug!(
             generation,
@@ -547,7 +372,7 @@ impl Engine {
     /// Whether the host changed under the applied policy (bpf: the interface list), so the
     /// policy must be applied again.
     pub fn environment_changed(&self) -> bool {
-        self.last_env.is_some() && self.last_env != Some(self.enforcer.environment())
+        self.last_env.is_some() && self.last_env != Some(self.backend.environment())
     }
 
     /// Whether the emergency switch was on at the last upkeep (or apply).
@@ -563,7 +388,7 @@ impl Engine {
     /// Periodic upkeep: repair drift, refresh rule counters, release the boot policy.
     pub fn maintain(&mut self) {
         self.release_boot();
-        match self.enforcer.repair() {
+        match self.backend.repair() {
             Ok(fixed) if !fixed.is_empty() => {
                 tracing::warn!(drift = ?fixed, "drift repaired");
                 self.update(|m| m.drift_repairs += fixed.len() as u64);
@@ -571,7 +396,7 @@ impl Engine {
             Ok(_) => {}
             Err(e) => tracing::error!(error = %format!("{e:#}"), "drift repair failed"),
         }
-        if let Ok(rules) = self.enforcer.counters() {
+        if let Ok(rules) = self.backend.counters() {
             self.update(|m| m.rules = rules);
         }
         // Counting the bpf flow table walks its keys: every CONNTRACK_EVERY at most.
@@ -580,14 +405,14 @@ impl Engine {
             .is_none_or(|t| t.elapsed() >= CONNTRACK_EVERY)
         {
             self.conntrack_read = Some(std::time::Instant::now());
-            match self.enforcer.conntrack() {
+            match self.backend.conntrack() {
                 Ok(fill) => self.update(|m| m.conntrack = fill),
                 Err(e) => {
                     tracing::warn!(error = %format!("{e:#}"), "reading the flow table failed")
                 }
             }
         }
-        if let Ok(on) = self.enforcer.allow_all() {
+        if let Ok(on) = self.backend.allow_all() {
             let was = self.metrics.lock().map(|m| m.allow_all).unwrap_or(on);
             if on != was {
                 tracing::warn!(

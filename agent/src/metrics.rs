@@ -12,7 +12,7 @@ use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
 use hyper::{Request, Response, StatusCode};
 
-use peerwall_backend_nftables::RuleCounter;
+use peerwall_backend::RuleCounter;
 
 /// Upper bounds (seconds) of the apply latency histogram.
 pub const APPLY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];

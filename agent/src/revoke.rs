@@ -125,7 +125,7 @@ mod tests {
     }
 
     fn tables(c: &Cluster) -> Policy {
-        crate::netpol::tests::compiled(c)
+        peerwall_netpol::testing::compiled(c)
     }
 
     #[test]

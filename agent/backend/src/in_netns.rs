@@ -9,11 +9,14 @@ use std::sync::mpsc;
 
 use peerwall_policy::ir::Policy;
 
-use crate::{Backend, Drift, EventError, EventSource, HostInterface, RuleCounter};
+use crate::{
+    Backend, BackendError, Drift, EventError, EventSource, Fault, HostInterface, Report,
+    RuleCounter,
+};
 
-/// Why a call into another namespace failed.
+/// Why a call into another namespace failed before the backend could answer.
 #[derive(Debug, thiserror::Error)]
-pub enum InNetnsError<E: std::error::Error + 'static> {
+pub enum InNetnsError {
     /// The namespace could not be opened or entered.
     #[error("entering network namespace {ns}: {source}")]
     Enter {
@@ -25,31 +28,32 @@ pub enum InNetnsError<E: std::error::Error + 'static> {
     /// The thread owning the backend is gone.
     #[error("the enforcer thread in network namespace {0} ended")]
     Gone(String),
-    /// The backend itself failed.
-    #[error(transparent)]
-    Backend(E),
 }
 
-type Job<B> = Box<dyn FnOnce(&mut B) + Send>;
+type Job = Box<dyn FnOnce(&mut dyn Backend) + Send>;
 
 /// A backend living on a thread inside network namespace `ns`: a name (`/run/netns/<ns>`, as
 /// `ip netns` makes them) or a path to a namespace file (`/proc/<pid>/ns/net`, a pod's).
-pub struct InNetns<B: Backend> {
+pub struct InNetns {
     ns: String,
     name: &'static str,
-    tx: mpsc::Sender<Job<B>>,
+    tx: mpsc::Sender<Job>,
 }
 
-impl<B: Backend + 'static> InNetns<B> {
-    /// Start a thread in `ns` and build the backend there with `make`. The thread holds the
-    /// namespace alive until the backend is dropped.
+impl InNetns {
+    /// Start a thread in `ns` and build the backend there with `make` (errors as `make`
+    /// gives them; entering the namespace fails as [`BackendError`] of backend `backend`).
+    /// The thread holds the namespace alive until the backend is dropped.
     pub fn spawn(
         ns: &str,
-        make: impl FnOnce() -> Result<B, B::Error> + Send + 'static,
-    ) -> Result<Self, InNetnsError<B::Error>> {
-        let enter = |source| InNetnsError::Enter {
-            ns: ns.to_string(),
-            source,
+        backend: &'static str,
+        make: impl FnOnce() -> Result<Box<dyn Backend>, BackendError> + Send + 'static,
+    ) -> Result<Self, BackendError> {
+        let enter = |source| {
+            BackendError::host(backend, "entering the network namespace")(InNetnsError::Enter {
+                ns: ns.to_string(),
+                source,
+            })
         };
         let path = if ns.starts_with('/') {
             std::path::PathBuf::from(ns)
@@ -57,8 +61,8 @@ impl<B: Backend + 'static> InNetns<B> {
             std::path::Path::new("/run/netns").join(ns)
         };
         let file = std::fs::File::open(path).map_err(enter)?;
-        let (tx, rx) = mpsc::channel::<Job<B>>();
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<&'static str, InNetnsError<B::Error>>>();
+        let (tx, rx) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<&'static str, BackendError>>();
         let owned = ns.to_string();
         std::thread::Builder::new()
             .name(format!("enforcer-{ns}"))
@@ -67,25 +71,31 @@ impl<B: Backend + 'static> InNetns<B> {
                 if unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
                     let source = std::io::Error::last_os_error();
                     // The receiver only goes away if the caller gave up waiting.
-                    let _ = ready_tx.send(Err(InNetnsError::Enter { ns: owned, source }));
+                    let _ = ready_tx.send(Err(BackendError::host(
+                        backend,
+                        "entering the network namespace",
+                    )(InNetnsError::Enter {
+                        ns: owned,
+                        source,
+                    })));
                     return;
                 }
-                let mut backend = match make() {
+                let mut made = match make() {
                     Ok(b) => b,
                     Err(e) => {
-                        let _ = ready_tx.send(Err(InNetnsError::Backend(e)));
+                        let _ = ready_tx.send(Err(e));
                         return;
                     }
                 };
-                let _ = ready_tx.send(Ok(backend.name()));
+                let _ = ready_tx.send(Ok(made.name()));
                 for job in rx {
-                    job(&mut backend);
+                    job(made.as_mut());
                 }
             })
             .map_err(enter)?;
-        let name = ready_rx
-            .recv()
-            .map_err(|_| InNetnsError::Gone(ns.to_string()))??;
+        let name = ready_rx.recv().map_err(|_| {
+            BackendError::host(backend, "starting")(InNetnsError::Gone(ns.to_string()))
+        })??;
         Ok(Self {
             ns: ns.to_string(),
             name,
@@ -96,8 +106,8 @@ impl<B: Backend + 'static> InNetns<B> {
     /// Run `f` on the backend, in the namespace.
     pub fn call<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut B) -> R + Send + 'static,
-    ) -> Result<R, InNetnsError<B::Error>> {
+        f: impl FnOnce(&mut dyn Backend) -> R + Send + 'static,
+    ) -> Result<R, InNetnsError> {
         let (rtx, rrx) = mpsc::channel();
         let gone = || InNetnsError::Gone(self.ns.clone());
         self.tx
@@ -111,65 +121,73 @@ impl<B: Backend + 'static> InNetns<B> {
 
     fn call_backend<R: Send + 'static>(
         &self,
-        f: impl FnOnce(&mut B) -> Result<R, B::Error> + Send + 'static,
-    ) -> Result<R, InNetnsError<B::Error>> {
-        self.call(f)?.map_err(InNetnsError::Backend)
+        action: &'static str,
+        f: impl FnOnce(&mut dyn Backend) -> Result<R, BackendError> + Send + 'static,
+    ) -> Result<R, BackendError> {
+        self.call(f).map_err(|e| BackendError {
+            backend: self.name,
+            action,
+            fault: Fault::Host,
+            source: Box::new(e),
+        })?
     }
 }
 
-impl<B: Backend + 'static> Backend for InNetns<B> {
-    type Report = B::Report;
-    type Error = InNetnsError<B::Error>;
-
+impl Backend for InNetns {
     fn name(&self) -> &'static str {
         self.name
     }
 
-    fn apply(&mut self, policy: &Policy) -> Result<Self::Report, Self::Error> {
+    fn apply(&mut self, policy: &Policy) -> Result<Report, BackendError> {
         let p = policy.clone();
-        self.call_backend(move |b| b.apply(&p))
+        self.call_backend("applying", move |b| b.apply(&p))
     }
 
     fn update_sets(
         &mut self,
         policy: &Policy,
         changes: &[peerwall_policy::ir::SetChange],
-    ) -> Result<Self::Report, Self::Error> {
+    ) -> Result<Report, BackendError> {
         let (p, c) = (policy.clone(), changes.to_vec());
-        self.call_backend(move |b| b.update_sets(&p, &c))
+        self.call_backend("updating sets", move |b| b.update_sets(&p, &c))
     }
 
-    fn delete(&mut self) -> Result<Vec<String>, Self::Error> {
-        self.call_backend(|b| b.delete())
+    fn adopt(&mut self, policy: &Policy) -> Result<(), BackendError> {
+        let p = policy.clone();
+        self.call_backend("adopting", move |b| b.adopt(&p))
     }
 
-    fn counters(&mut self) -> Result<Vec<RuleCounter>, Self::Error> {
-        self.call_backend(|b| b.counters())
+    fn delete(&mut self) -> Result<Vec<String>, BackendError> {
+        self.call_backend("deleting", |b| b.delete())
     }
 
-    fn drift(&mut self) -> Result<Vec<Drift>, Self::Error> {
-        self.call_backend(|b| b.drift())
+    fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendError> {
+        self.call_backend("reading rule counters", |b| b.counters())
     }
 
-    fn repair(&mut self) -> Result<Vec<Drift>, Self::Error> {
-        self.call_backend(|b| b.repair())
+    fn drift(&mut self) -> Result<Vec<Drift>, BackendError> {
+        self.call_backend("reading drift", |b| b.drift())
     }
 
-    fn allow_all(&mut self) -> Result<bool, Self::Error> {
-        self.call_backend(|b| b.allow_all())
+    fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
+        self.call_backend("repairing drift", |b| b.repair())
     }
 
-    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, Self::Error> {
-        self.call_backend(|b| b.conntrack())
+    fn allow_all(&mut self) -> Result<bool, BackendError> {
+        self.call_backend("reading the switch", |b| b.allow_all())
     }
 
-    fn flows(&mut self) -> Result<Vec<crate::Flow>, Self::Error> {
-        self.call_backend(|b| b.flows())
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendError> {
+        self.call_backend("reading the flow table", |b| b.conntrack())
     }
 
-    fn end_flows(&mut self, flows: &[crate::Flow]) -> Result<usize, Self::Error> {
+    fn flows(&mut self) -> Result<Vec<crate::Flow>, BackendError> {
+        self.call_backend("listing connections", |b| b.flows())
+    }
+
+    fn end_flows(&mut self, flows: &[crate::Flow]) -> Result<usize, BackendError> {
         let flows = flows.to_vec();
-        self.call_backend(move |b| b.end_flows(&flows))
+        self.call_backend("ending connections", move |b| b.end_flows(&flows))
     }
 
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
@@ -186,8 +204,15 @@ impl<B: Backend + 'static> Backend for InNetns<B> {
         self.call(|b| b.environment()).unwrap_or_default()
     }
 
-    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, Self::Error> {
+    fn classifies_before_nat(&self) -> bool {
+        // Fixed per backend; a namespace whose thread is gone answers as nftables would.
+        self.call(|b| b.classifies_before_nat()).unwrap_or(false)
+    }
+
+    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendError> {
         let (table, tunnel) = (table.to_string(), tunnel.to_string());
-        self.call_backend(move |b| b.release_boot(&table, &tunnel))
+        self.call_backend("releasing the boot table", move |b| {
+            b.release_boot(&table, &tunnel)
+        })
     }
 }

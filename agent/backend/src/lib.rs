@@ -2,18 +2,19 @@
 //! network namespaces it may enforce in ([`InNetns`] runs any backend inside another one).
 //! Implementations: `peerwall-backend-nftables` (one atomic nft transaction per apply) and
 //! `peerwall-backend-bpf` (tc/XDP programs over maps; the programs themselves are `ebpf/`).
-//! The CLI and the agent drive both through this trait only.
+//! The CLI and the agent drive both through this trait only, as `Box<dyn Backend>`
+//! (`peerwall-backend-select` opens one by name).
 
+pub mod error;
 pub mod events;
 pub mod in_netns;
 pub mod netns;
-
-use std::fmt;
 
 use serde::Serialize;
 
 use peerwall_policy::ir::{Policy, SetChange};
 
+pub use error::{BackendError, Fault, Report};
 pub use events::{Event, EventError, EventFilter, EventKind, EventSource, FlowLimiter, IfNames};
 pub use in_netns::{InNetns, InNetnsError};
 
@@ -73,22 +74,19 @@ pub struct HostInterface {
     pub ifindex: u32,
 }
 
-/// An enforcer of the policy IR in one network namespace.
+/// An enforcer of the policy IR in one network namespace: the one face of every backend
+/// (object-safe; each backend's typed reports and errors travel as [`Report`] and
+/// [`BackendError`]).
 ///
 /// Contract: [`Backend::apply`] makes `policy` the whole policy in force, in one step that
 /// either happens completely or leaves the previous policy in force; applying the same policy
 /// twice changes nothing in the kernel.
 pub trait Backend: Send {
-    /// What an apply did (typed per backend; logged by the caller).
-    type Report: fmt::Debug + fmt::Display + Send + 'static;
-    /// Why something failed (the previous policy stays in force).
-    type Error: std::error::Error + Send + Sync + 'static;
-
     /// `nftables` or `bpf`.
     fn name(&self) -> &'static str;
 
     /// Make `policy` the whole policy in force.
-    fn apply(&mut self, policy: &Policy) -> Result<Self::Report, Self::Error>;
+    fn apply(&mut self, policy: &Policy) -> Result<Report, BackendError>;
 
     /// Make `policy` the whole policy in force, knowing that it differs from the last one
     /// applied only by `changes` (named address sets edited in place,
@@ -99,48 +97,56 @@ pub trait Backend: Send {
         &mut self,
         policy: &Policy,
         changes: &[SetChange],
-    ) -> Result<Self::Report, Self::Error> {
+    ) -> Result<Report, BackendError> {
         let _ = changes;
         self.apply(policy)
     }
 
+    /// Before the first apply of a process that applied nothing yet (a one-shot `peerwall
+    /// apply`): take over what is installed and equal to what `policy` would make, so that
+    /// applying it keeps it (and its counters). The default takes nothing over.
+    fn adopt(&mut self, policy: &Policy) -> Result<(), BackendError> {
+        let _ = policy;
+        Ok(())
+    }
+
     /// Remove everything this backend installed; returns what was removed.
-    fn delete(&mut self) -> Result<Vec<String>, Self::Error>;
+    fn delete(&mut self) -> Result<Vec<String>, BackendError>;
 
     /// Rule counters of what is in force.
-    fn counters(&mut self) -> Result<Vec<RuleCounter>, Self::Error>;
+    fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendError>;
 
     /// What in the kernel differs from what was applied (backends that cannot drift: none).
-    fn drift(&mut self) -> Result<Vec<Drift>, Self::Error> {
+    fn drift(&mut self) -> Result<Vec<Drift>, BackendError> {
         Ok(Vec::new())
     }
 
     /// Restore what drifted; returns what was repaired. Called periodically by the agent.
-    fn repair(&mut self) -> Result<Vec<Drift>, Self::Error> {
+    fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
         Ok(Vec::new())
     }
 
     /// Whether the backend's emergency switch (`peerwall allow-all on`) lets everything
     /// through, as last seen; backends without one: false.
-    fn allow_all(&mut self) -> Result<bool, Self::Error> {
+    fn allow_all(&mut self) -> Result<bool, BackendError> {
         Ok(false)
     }
 
     /// How full the connection-tracking table the datapath relies on is: (entries,
     /// capacity). bpf: its own flow table; nftables: the kernel's conntrack of this network
     /// namespace. None when unknown.
-    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, Self::Error> {
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendError> {
         Ok(None)
     }
 
     /// The connections the datapath tracks (nftables: the kernel's conntrack of this network
     /// namespace; bpf: its flow table), by original direction.
-    fn flows(&mut self) -> Result<Vec<Flow>, Self::Error>;
+    fn flows(&mut self) -> Result<Vec<Flow>, BackendError>;
 
     /// End these connections: every later packet of them, either way, is `ct state invalid`
     /// and none starts them again mid-stream (a TCP packet other than a SYN opens no flow), so
     /// only the policy in force decides anew. Returns how many were found and ended.
-    fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, Self::Error>;
+    fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BackendError>;
 
     /// Where the events of what is in force come from (drops, rejects, would-drops, and with
     /// the flow log accepted flows; [`events`]). Call it on the backend's own thread (inside its
@@ -156,13 +162,21 @@ pub trait Backend: Send {
         Vec::new()
     }
 
+    /// Whether the datapath classifies packets before the host's NAT (bpf: at ingress,
+    /// before prerouting's DNAT), and so needs the NAT tables in force (Liqo's remapping) to
+    /// classify on the addresses the forward hook would see. nftables' forward hook sees
+    /// through NAT by itself: false.
+    fn classifies_before_nat(&self) -> bool {
+        false
+    }
+
     /// Let a gateway's boot table go (`peerwall boot`: an nftables table denying what comes
     /// from the tunnel until the agent's policy is in force), now that the policy applied last
     /// supersedes it. Ok(true): gone (or never there); Ok(false): not yet, ask again later
     /// (bpf: no interface matching `tunnel` is attached yet, and only the boot table's rules,
     /// which match by name, hold for a tunnel created later). nftables: an apply already
     /// deletes every owned table it does not want, in the same transaction.
-    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, Self::Error> {
+    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendError> {
         let _ = (table, tunnel);
         Ok(true)
     }

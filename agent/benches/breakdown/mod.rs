@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
 use peerwall_backend::netns::NetNs;
-use peerwall_backend_bpf::loader::{host_ifaces, remove_pins, BpfBackend};
+use peerwall_backend_bpf::loader::{host_ifaces, remove_pins, Datapath};
 use peerwall_backend_bpf::maps::Iface;
 use peerwall_common::flags;
 use peerwall_policy::ir::Policy;
@@ -92,8 +92,8 @@ impl Drop for Pins {
 
 /// In the routed namespace: load the datapath pinned at `pin`, register the namespace's
 /// interfaces and apply `policy`; returns it with the tunnel's `__sk_buff` context.
-pub fn load_routed(pin: &std::path::Path, policy: &Policy) -> (BpfBackend, [u8; 192]) {
-    let mut b = BpfBackend::load(pin).expect("load");
+pub fn load_routed(pin: &std::path::Path, policy: &Policy) -> (Datapath, [u8; 192]) {
+    let mut b = Datapath::load(pin).expect("load");
     let host = host_ifaces().expect("interfaces");
     b.register_ifaces(&host).expect("interfaces");
     let ifaces: Vec<Iface> = host

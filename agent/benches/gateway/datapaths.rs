@@ -261,7 +261,7 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             let allowed: Vec<Ipv4Addr> = p.allowed.iter().map(|(a, _)| *a).collect();
             lab.gw
                 .run_in(move || {
-                    let mut b = peerwall_backend_bpf::loader::BpfBackend::load(&pins)?;
+                    let mut b = peerwall_backend_bpf::loader::Datapath::load(&pins)?;
                     if dp == Datapath::TcHash {
                         b.fill_bare_hash(&allowed)?;
                         b.attach_baseline("peerwall_hash", TUNNEL)

@@ -61,7 +61,7 @@ impl Fronts {
                 0,
                 "setns"
             );
-            let mut b = match peerwall_backend_bpf::loader::BpfBackend::load(&dir)
+            let mut b = match peerwall_backend_bpf::loader::Datapath::load(&dir)
                 .and_then(|mut b| b.fill_bare_hash(&allowed).map(|()| b))
             {
                 Ok(b) => b,

@@ -19,7 +19,7 @@ use peerwall_common::{FlowKey, ProbeRecord, PROBE_MAGIC};
 
 use super::packet::{self, Shape};
 use super::ProbeError;
-use peerwall_backend_bpf::loader::{self, BpfBackend, BpfError};
+use peerwall_backend_bpf::loader::{self, BpfError, Datapath};
 use peerwall_backend_bpf::maps::{family_code, BpfPolicy, Iface};
 use peerwall_policy::ir::{
     eval::proto, CtState, Packet, PacketPath, Policy, Verdict, VerdictAction,
@@ -160,7 +160,7 @@ struct Classified {
 
 /// The loaded datapath with a policy, answering verdict queries.
 pub struct BpfProbe {
-    backend: BpfBackend,
+    backend: Datapath,
     bp: BpfPolicy,
     ifindex: HashMap<String, u32>,
     pin_dir: PathBuf,
@@ -234,7 +234,7 @@ impl BpfProbe {
                 ifindex: IFINDEX_BASE + i as u32,
             })
             .collect();
-        let mut backend = BpfBackend::load(&pin_dir)?;
+        let mut backend = Datapath::load(&pin_dir)?;
         let mut probe = Self {
             bp: BpfPolicy::default(),
             ifindex: ifaces.iter().map(|i| (i.name.clone(), i.ifindex)).collect(),

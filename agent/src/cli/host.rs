@@ -43,21 +43,23 @@ pub(super) fn apply(
         pin_dir: bpf.pin_dir.clone(),
     };
     match backend {
-        BackendKind::Bpf => {
-            at.enter(true)?;
-            apply_bpf(&compiled, bpf)
-        }
+        BackendKind::Bpf => at.enter(true)?,
         BackendKind::Nftables => {
             if let Some(ns) = &at.netns {
                 scope::enter_netns(ns)?;
             }
-            let mut b = NftBackend::new(Nft::host());
-            b.adopt_unchanged(&compiled.policy)
-                .context("reading peerwall's tables in the kernel")
-                .map_err(runtime)?;
-            apply_with(&mut b, &compiled.policy, |_| false)
         }
     }
+    let settings = peerwall_backend_select::Settings {
+        // `apply` must attach somewhere (the agent instead waits for interfaces to appear).
+        must_attach: true,
+        ..bpf.settings(backend)
+    };
+    let mut b = peerwall_backend_select::open(&settings, None).map_err(runtime)?;
+    // A process that applied nothing yet keeps what is installed and unchanged (and its
+    // counters).
+    b.adopt(&compiled.policy).map_err(runtime)?;
+    apply_with(b.as_mut(), &compiled.policy)
 }
 
 /// `peerwall boot`: the boot policy of `peer`'s gateway ([`crate::protection::boot`]) in
@@ -85,11 +87,9 @@ pub(super) fn boot(
     if let Some(ns) = &netns {
         scope::enter_netns(ns)?;
     }
-    let mut b = NftBackend::new(Nft::host());
     // A namespace where peerwall already enforces (the agent came first, a container
     // restarted): what is in force stays, nothing to add.
-    let owned = b
-        .owned_tables()
+    let owned = peerwall_backend_select::installed::nft_tables()
         .context("reading peerwall's tables in the kernel")
         .map_err(runtime)?;
     if !owned.is_empty() {
@@ -99,40 +99,19 @@ pub(super) fn boot(
         ))?;
         return Ok(());
     }
-    apply_with(&mut b, &compiled.policy, |_| false)
-}
-
-fn apply_bpf(compiled: &Compiled, bpf: BpfOpts) -> Result<(), CliError> {
-    use peerwall_backend_bpf::loader;
-    // `apply` must attach somewhere (the agent instead waits for interfaces to appear).
-    let host = loader::host_ifaces()
-        .context("listing interfaces")
-        .map_err(runtime)?;
-    if loader::matching(&host, &bpf.interfaces).is_empty() {
-        return Err(runtime(loader::BpfError::NoInterface(
-            bpf.interfaces.clone(),
-        )));
-    }
-    let mut b = BpfEnforcer::load_sized(
-        &bpf.pin_dir,
-        bpf.interfaces.clone(),
-        bpf.xdp,
-        bpf.flow_table_size,
+    let mut b = peerwall_backend_select::open(
+        &peerwall_backend_select::Settings::new(BackendKind::Nftables),
+        None,
     )
-    .with_context(|| format!("loading the datapath (pins in {})", bpf.pin_dir.display()))
     .map_err(runtime)?;
-    apply_with(&mut b, &compiled.policy, |e| {
-        matches!(e, loader::BpfError::Compile(_))
-    })?;
-    tracing::info!(attached = ?b.attached(), "bpf datapath attached");
-    Ok(())
+    apply_with(b.as_mut(), &compiled.policy)
 }
 
 /// `peerwall delete`: removes what it finds (or, with `--backend`, that backend's part).
 /// Finding nothing is said, not an error: the host is as asked.
 pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), CliError> {
     at.enter(false)?;
-    let found = scope::installed(&at.pin_dir);
+    let found = peerwall_backend_select::installed(&at.pin_dir);
     let chosen: Vec<BackendKind> = found
         .backends()
         .into_iter()
@@ -146,26 +125,15 @@ pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), 
         return Ok(());
     }
     for b in chosen {
-        match b {
-            BackendKind::Bpf => {
-                let gone = peerwall_backend_bpf::loader::remove_pins(&at.pin_dir)
-                    .with_context(|| format!("removing {}", at.pin_dir.display()))
-                    .map_err(runtime)?;
-                out(&format!(
-                    "bpf: detached and unpinned {} pins in {}\n",
-                    gone.len(),
-                    at.pin_dir.display()
-                ))?;
-            }
-            BackendKind::Nftables => {
-                let mut b = NftBackend::new(Nft::host());
-                let gone = b
-                    .delete_all()
-                    .context("deleting peerwall tables")
-                    .map_err(runtime)?;
-                out(&format!("nftables: deleted {}\n", gone.join(", ")))?;
-            }
-        }
+        let gone = peerwall_backend_select::installed::remove(b, &at.pin_dir).map_err(runtime)?;
+        out(&match b {
+            BackendKind::Bpf => format!(
+                "bpf: detached and unpinned {} pins in {}\n",
+                gone.len(),
+                at.pin_dir.display()
+            ),
+            BackendKind::Nftables => format!("nftables: deleted {}\n", gone.join(", ")),
+        })?;
     }
     Ok(())
 }
@@ -195,34 +163,10 @@ pub(super) fn allow_all(
     at.enter(false)?;
     let on = state == OnOff::On;
     for b in backends_to_act_on(backend, &at.pin_dir, "switch")? {
-        match b {
-            BackendKind::Bpf => peerwall_backend_bpf::loader::set_allow_all_pinned(&at.pin_dir, on)
-                .with_context(|| format!("pinned datapath in {}", at.pin_dir.display()))
-                .map_err(runtime)?,
-            BackendKind::Nftables => {
-                use peerwall_backend_nftables::{switch, Runner};
-                let nft = Nft::host();
-                let listing = nft.list_ruleset_terse().map_err(runtime)?;
-                let cmds = if on {
-                    switch::on_commands(&listing)
-                } else {
-                    switch::off_commands(&listing)
-                };
-                if !cmds.is_empty() {
-                    nft.apply_json(&serde_json::json!({ "nftables": cmds }))
-                        .context("setting the nftables emergency switch")
-                        .map_err(runtime)?;
-                }
-            }
-        }
-        tracing::warn!(
-            backend = backend_name(b),
-            allow_all = on,
-            "emergency switch set"
-        );
+        peerwall_backend_select::installed::set_switch(b, &at.pin_dir, on).map_err(runtime)?;
+        tracing::warn!(backend = b.name(), allow_all = on, "emergency switch set");
         out(&format!(
-            "{}: allow-all {}\n",
-            backend_name(b),
+            "{b}: allow-all {}\n",
             if on {
                 "ON: every packet passes"
             } else {
@@ -242,29 +186,8 @@ pub(super) fn counters(
     at.enter(false)?;
     let mut counters = Vec::new();
     for b in backends_to_act_on(backend, &at.pin_dir, "count")? {
-        match b {
-            BackendKind::Nftables => counters.extend(
-                NftBackend::new(Nft::host())
-                    .counters()
-                    .context("reading rule counters")
-                    .map_err(runtime)?,
-            ),
-            BackendKind::Bpf => {
-                let i = peerwall_backend_bpf::inspect::inspect(&at.pin_dir)
-                    .with_context(|| format!("pinned datapath in {}", at.pin_dir.display()))
-                    .map_err(runtime)?;
-                for c in i.chains {
-                    let (table, chain) = c.name.split_once('/').unwrap_or(("", &c.name));
-                    counters.extend(c.rules.into_iter().map(|r| peerwall_backend::RuleCounter {
-                        table: table.to_string(),
-                        chain: chain.to_string(),
-                        rule: r.name,
-                        packets: r.packets,
-                        bytes: r.bytes,
-                    }));
-                }
-            }
-        }
+        counters
+            .extend(peerwall_backend_select::installed::counters(b, &at.pin_dir).map_err(runtime)?);
     }
     match output {
         Output::Json => out(&format!(

@@ -19,8 +19,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
 use peerwall_backend::Backend;
-use peerwall_backend_bpf::BpfEnforcer;
-use peerwall_backend_nftables::{self as nftables, text, Nft, NftBackend, RenderOptions};
+use peerwall_backend_nftables::{self as nftables, text, RenderOptions};
 use peerwall_intent::load;
 use peerwall_policy::compile::{self, Compiled};
 use peerwall_policy::ir::{self, eval::proto, CtState, Packet};
@@ -81,22 +80,8 @@ pub enum LogFormat {
     Json,
 }
 
-/// Enforcement backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendKind {
-    /// One nftables table per FirewallConfiguration, applied atomically.
-    Nftables,
-    /// tc (tcx) and XDP programs over LPM-trie maps pinned under bpffs.
-    Bpf,
-}
-
-/// A backend's name as the command line spells it.
-pub fn backend_name(b: BackendKind) -> &'static str {
-    match b {
-        BackendKind::Nftables => "nftables",
-        BackendKind::Bpf => "bpf",
-    }
-}
+/// Enforcement backend (`--backend`), as the backend layer names them.
+pub use peerwall_backend_select::BackendKind;
 
 /// Options of the bpf backend.
 #[derive(clap::Args, Debug, Clone)]
@@ -118,6 +103,19 @@ pub struct BpfOpts {
     /// Where maps and links are pinned.
     #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
     pub pin_dir: PathBuf,
+}
+
+impl BpfOpts {
+    /// The settings of backend `kind` these options (and defaults) describe.
+    pub fn settings(&self, kind: BackendKind) -> peerwall_backend_select::Settings {
+        peerwall_backend_select::Settings {
+            pin_dir: self.pin_dir.clone(),
+            interfaces: self.interfaces.clone(),
+            xdp: self.xdp,
+            flows: self.flow_table_size,
+            ..peerwall_backend_select::Settings::new(kind)
+        }
+    }
 }
 
 /// on / off.
@@ -560,8 +558,8 @@ pub const DEFAULT_NFLOG_GROUP: u16 = 6120;
 
 impl EventArgs {
     /// The engine's settings; None when events are off.
-    pub fn settings(&self) -> Option<crate::engine::EventSettings> {
-        (self.events || self.flow_log).then_some(crate::engine::EventSettings {
+    pub fn settings(&self) -> Option<peerwall_backend_select::EventSettings> {
+        (self.events || self.flow_log).then_some(peerwall_backend_select::EventSettings {
             flow_log: self.flow_log,
             rate: self.event_rate.max(1),
             nflog_group: self.nflog_group,
@@ -666,23 +664,26 @@ fn out(s: &str) -> Result<(), CliError> {
 }
 
 /// The one apply path of every backend: make `policy` the whole policy in force and log what
-/// changed. `refused` tells a policy the backend cannot take (bad input, exit 2) from a
-/// failure of the host (exit 1).
-fn apply_with<B: Backend>(
-    b: &mut B,
-    policy: &ir::Policy,
-    refused: impl Fn(&B::Error) -> bool,
-) -> Result<(), CliError> {
+/// changed. A policy the backend cannot take is bad input (exit 2); a failure of the host,
+/// exit 1.
+fn apply_with(b: &mut dyn Backend, policy: &ir::Policy) -> Result<(), CliError> {
     let name = b.name();
     match b.apply(policy) {
         Ok(report) => {
             tracing::info!(backend = name, rules = policy.rule_count(), %report, "policy applied");
             out(&format!("{name}: {report}\n"))
         }
-        Err(e) if refused(&e) => Err(input(e)),
-        Err(e) => Err(runtime(
-            anyhow::Error::new(e).context(format!("applying the {name} policy")),
-        )),
+        Err(e) => Err(backend_error(e)),
+    }
+}
+
+/// A backend's error for the exit code: what was asked cannot be done (2), or the host
+/// failed (1).
+fn backend_error(e: peerwall_backend::BackendError) -> CliError {
+    if e.refused_input() {
+        input(e)
+    } else {
+        runtime(e)
     }
 }
 

@@ -9,11 +9,9 @@ use std::net::TcpStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime};
 
+use super::{backend_error, input, out, runtime, BackendKind, CliError, Output};
 use anyhow::Context;
 use peerwall_backend::{Event, EventFilter, EventSource};
-use peerwall_backend_nftables::{events as nft_events, Nft, Runner};
-
-use super::{input, out, runtime, BackendKind, CliError, Output};
 
 /// Arguments of `peerwall observe`.
 #[derive(clap::Args, Debug)]
@@ -181,48 +179,9 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
             )))
         }
     };
-    let mut source: Box<dyn EventSource> = match backend {
-        BackendKind::Nftables => {
-            let listing = Nft::host()
-                .list_ruleset_terse()
-                .context("listing the ruleset for rule names")
-                .map_err(runtime)?;
-            if !nft_events::logs_events(&listing, a.nflog_group) {
-                return Err(input(anyhow::anyhow!(
-                    "no peerwall rule here reports events to NFLOG group {}: nothing would ever \
-                     arrive. Events come from `peerwall agent --events` (or --flow-log); a \
-                     plain `peerwall apply` installs no log rules",
-                    a.nflog_group
-                )));
-            }
-            let names = nft_events::Names::default();
-            names.set(nft_events::Names::of_listing(&listing));
-            Box::new(
-                nft_events::Nflog::bind(
-                    a.nflog_group,
-                    names,
-                    peerwall_backend_nftables::EVENT_INTERVAL,
-                )
-                .context("listening on the NFLOG group (an agent may hold it: use --agent)")
-                .map_err(runtime)?,
-            )
-        }
-        BackendKind::Bpf => {
-            if !peerwall_backend_bpf::events::events_enabled(&a.pin_dir).map_err(runtime)? {
-                return Err(input(anyhow::anyhow!(
-                    "the bpf datapath pinned in {} reports no events: nothing would ever \
-                     arrive. Events come from `peerwall agent --backend bpf --events` (or \
-                     --flow-log); a plain `peerwall apply` turns them off",
-                    a.pin_dir.display()
-                )));
-            }
-            Box::new(
-                peerwall_backend_bpf::events::BpfEvents::open(&a.pin_dir)
-                    .context("opening the datapath's events")
-                    .map_err(runtime)?,
-            )
-        }
-    };
+    let mut source: Box<dyn EventSource> =
+        peerwall_backend_select::installed::events(backend, &a.pin_dir, a.nflog_group)
+            .map_err(backend_error)?;
     let deadline = Instant::now() + Duration::from_millis(a.wait_ms);
     loop {
         let batch = source

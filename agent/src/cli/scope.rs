@@ -6,14 +6,14 @@
 //!   mounted by peerwall (and every pin in it, and so every program attachment) vanishes when
 //!   the command exits. The command moves to the host's mount namespace instead, or refuses.
 //! - Commands acting on "what is installed here" (allow-all, delete, counters, inspect,
-//!   observe) find out which backend that is ([`installed`]) instead of assuming one.
+//!   observe) find out which backend that is (`peerwall_backend_select::installed`) instead
+//!   of assuming one.
 
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
 use peerwall_backend_bpf::loader;
-use peerwall_backend_nftables::{kernel_tables, Nft, Runner};
 
 use super::{input, runtime, BackendKind, CliError};
 
@@ -137,74 +137,6 @@ pub(super) fn host_bpffs(pin_dir: &Path, create: bool) -> Result<(), CliError> {
     Ok(())
 }
 
-/// What peerwall has installed in this network namespace and pin directory.
-#[derive(Debug, Default)]
-pub(super) struct Installed {
-    /// peerwall's nftables tables here (`family name`).
-    pub nft_tables: Vec<String>,
-    /// Whether a bpf datapath is pinned in the pin directory.
-    pub bpf: bool,
-}
-
-impl Installed {
-    /// What was found, for logs and errors.
-    pub fn describe(&self, pin_dir: &Path) -> String {
-        let mut parts = Vec::new();
-        if !self.nft_tables.is_empty() {
-            parts.push(format!("nftables tables {}", self.nft_tables.join(", ")));
-        }
-        if self.bpf {
-            parts.push(format!("a bpf datapath pinned in {}", pin_dir.display()));
-        }
-        if parts.is_empty() {
-            format!(
-                "no peerwall nftables table in this network namespace and no bpf datapath \
-                 pinned in {}",
-                pin_dir.display()
-            )
-        } else {
-            parts.join(" and ")
-        }
-    }
-
-    /// The backends found.
-    pub fn backends(&self) -> Vec<BackendKind> {
-        let mut b = Vec::new();
-        if !self.nft_tables.is_empty() {
-            b.push(BackendKind::Nftables);
-        }
-        if self.bpf {
-            b.push(BackendKind::Bpf);
-        }
-        b
-    }
-}
-
-/// Whether a bpf datapath is pinned in `pin_dir`.
-pub(super) fn bpf_pinned(pin_dir: &Path) -> bool {
-    pin_dir.join(peerwall_common::map::ALLOW_ALL).exists()
-}
-
-/// Find what is installed: peerwall's nftables tables in this network namespace (none when
-/// `nft` cannot run, said in a warning) and a bpf datapath pinned in `pin_dir`.
-pub(super) fn installed(pin_dir: &Path) -> Installed {
-    let nft_tables = match Nft::host().list_ruleset_terse() {
-        Ok(listing) => kernel_tables(&listing)
-            .into_iter()
-            .filter(|t| t.owner.is_some())
-            .map(|t| format!("{} {}", t.family, t.name))
-            .collect(),
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot list nftables; looking for a bpf datapath only");
-            Vec::new()
-        }
-    };
-    Installed {
-        nft_tables,
-        bpf: bpf_pinned(pin_dir),
-    }
-}
-
 /// The backends a command acts on: the one asked for when it is installed, else every one
 /// found. Nothing to act on is bad input (exit 2) naming what was looked for.
 pub(super) fn backends_to_act_on(
@@ -212,15 +144,13 @@ pub(super) fn backends_to_act_on(
     pin_dir: &Path,
     what: &str,
 ) -> Result<Vec<BackendKind>, CliError> {
-    let found = installed(pin_dir);
+    let found = peerwall_backend_select::installed(pin_dir);
     let chosen: Vec<BackendKind> = match asked {
         Some(b) => found.backends().into_iter().filter(|f| *f == b).collect(),
         None => found.backends(),
     };
     if chosen.is_empty() {
-        let asked = asked.map_or(String::new(), |b| {
-            format!(" for --backend {}", super::backend_name(b))
-        });
+        let asked = asked.map_or(String::new(), |b| format!(" for --backend {b}"));
         return Err(input(anyhow!(
             "nothing to {what}{asked}: found {} (is this the gateway's network namespace? \
              `--netns NAME` acts in another one)",

@@ -46,6 +46,10 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
     let drop_summary = std::time::Duration::from_secs(events.drop_summary_secs.max(1));
     let events_on = events.settings().is_some();
     let events = events.settings();
+    let settings = peerwall_backend_select::Settings {
+        events,
+        ..bpf.settings(backend)
+    };
     let stop = stop_flag()?;
     if gateway_pods {
         if source != crate::engine::PolicySource::Kube {
@@ -64,20 +68,15 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         )
         .with_context(|| format!("serving metrics on {metrics_addr} and events on {events_addr}"))
         .map_err(runtime)?;
-        tracing::info!(backend = ?backend, metrics = %bound, events = ?events_at, "agent started in gateway-pod mode");
+        tracing::info!(backend = %backend, metrics = %bound, events = ?events_at, "agent started in gateway-pod mode");
         return crate::k8s::gateways::run(
             crate::k8s::gateways::Settings {
                 node: host.unwrap_or_else(default_host),
                 gateway_selector,
                 selector,
-                backend,
-                pin_dir: bpf.pin_dir,
-                patterns: bpf.interfaces,
-                xdp: bpf.xdp,
-                flows: bpf.flow_table_size,
+                backend: settings,
                 interval: std::time::Duration::from_millis(interval_ms),
                 proc,
-                events,
                 audit,
                 drop_summary: events_on.then_some(drop_summary),
             },
@@ -86,17 +85,9 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         )
         .map_err(runtime);
     }
-    let enforcer = crate::engine::enforcer(
-        backend,
-        &bpf.pin_dir,
-        bpf.interfaces,
-        bpf.xdp,
-        netns.as_deref(),
-        events,
-        bpf.flow_table_size,
-    )
-    .context("starting the backend")
-    .map_err(runtime)?;
+    let enforcer = peerwall_backend_select::open(&settings, netns.as_deref())
+        .context("starting the backend")
+        .map_err(runtime)?;
     let name = enforcer.name();
     let metrics = std::sync::Arc::new(std::sync::Mutex::new(crate::metrics::AgentMetrics {
         backend: name,

@@ -10,7 +10,7 @@ use std::io::Read;
 use anyhow::Context;
 use serde_json::{json, Value};
 
-use super::{backend_name, input, out, runtime, BackendKind, CliError, PathBuf};
+use super::{input, out, runtime, BackendKind, CliError, PathBuf};
 
 /// Name of the container in the gateway pod (what the controller's coverage check looks for).
 pub use crate::protection::coverage::SIDECAR_CONTAINER as CONTAINER;
@@ -42,7 +42,7 @@ pub fn container(image: &str, backend: BackendKind) -> Value {
     let mut args = vec![
         "agent".to_string(),
         "--source=kube".into(),
-        format!("--backend={}", backend_name(backend)),
+        format!("--backend={backend}"),
         "--selector=peerwall.io/target=gateway,peerwall.io/remote-cluster-id={{ .ClusterID }}"
             .into(),
         "--host=$(NODE_NAME)".into(),

@@ -599,7 +599,7 @@ async fn publish_tier(
     for (policy, why) in problems {
         report_policy(ctx, policies, &policy, &why).await;
     }
-    let mut body = netpol::tier::object(peer, &tier.spec);
+    let mut body = netpol::tier::object(&peer.tenant_namespace, &peer.id, &tier.spec);
     let current = ctx.configs.state().into_iter().find(|c| {
         c.name_any() == netpol::tier::TIER_CONFIG && c.namespace().as_deref() == Some(&ns_name)
     });

@@ -9,219 +9,25 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
 use k8s_openapi::api::networking::v1 as np;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 
 use crate::netpol::{self, Cluster};
 use crate::protection::Remap;
+pub use peerwall_netpol::read::Unreadable;
 
 /// The label every namespace carries with its name (API servers from 1.21 set it; for older
 /// ones and snapshots it is filled in, so selectors on it hold everywhere).
 pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
 
-/// A policy (or part of one) that could not be read.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unreadable {
-    /// `namespace/name`.
-    pub policy: String,
-    /// Field path and value.
-    pub why: String,
-}
-
-fn selector(s: &LabelSelector, path: &str) -> Result<netpol::Selector, String> {
-    let mut out = netpol::Selector {
-        labels: s.match_labels.clone().unwrap_or_default(),
-        exprs: Vec::new(),
-    };
-    for (i, e) in s.match_expressions.iter().flatten().enumerate() {
-        let Some(op) = netpol::Operator::parse(&e.operator) else {
-            return Err(format!(
-                "{path}.matchExpressions[{i}].operator: unknown operator {:?} (In, NotIn, Exists, DoesNotExist)",
-                e.operator
-            ));
-        };
-        out.exprs.push(netpol::Requirement {
-            key: e.key.clone(),
-            op,
-            values: e.values.clone().unwrap_or_default(),
-        });
-    }
-    Ok(out)
-}
-
-fn protocol(p: Option<&str>, path: &str) -> Result<netpol::Protocol, String> {
-    match p.unwrap_or("TCP") {
-        "TCP" => Ok(netpol::Protocol::Tcp),
-        "UDP" => Ok(netpol::Protocol::Udp),
-        "SCTP" => Ok(netpol::Protocol::Sctp),
-        other => Err(format!(
-            "{path}.protocol: unknown protocol {other:?} (TCP, UDP, SCTP)"
-        )),
-    }
-}
-
-fn port(p: &np::NetworkPolicyPort, path: &str) -> Result<netpol::Port, String> {
-    let protocol = protocol(p.protocol.as_deref(), path)?;
-    let ports = match (&p.port, p.end_port) {
-        (None, None) => netpol::Ports::All,
-        (None, Some(_)) => return Err(format!("{path}.endPort: set without port")),
-        (Some(IntOrString::Int(n)), end) => {
-            let lo = u16::try_from(*n)
-                .ok()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| format!("{path}.port: {n} is not a port (1-65535)"))?;
-            let hi = match end {
-                None => lo,
-                Some(e) => u16::try_from(e)
-                    .ok()
-                    .filter(|e| *e >= lo)
-                    .ok_or_else(|| format!("{path}.endPort: {e} is not a port at or above {lo}"))?,
-            };
-            netpol::Ports::Range(lo, hi)
-        }
-        (Some(IntOrString::String(name)), None) => match name.parse::<u16>() {
-            Ok(n) if n > 0 => netpol::Ports::Range(n, n),
-            _ => netpol::Ports::Named(name.clone()),
-        },
-        (Some(IntOrString::String(name)), Some(_)) => {
-            return Err(format!(
-                "{path}.endPort: a range needs a numeric port, not the named port {name:?}"
-            ))
-        }
-    };
-    Ok(netpol::Port { protocol, ports })
-}
-
-fn peer(p: &np::NetworkPolicyPeer, path: &str) -> Result<netpol::Peer, String> {
-    if let Some(b) = &p.ip_block {
-        let cidr: ipnet::IpNet = b
-            .cidr
-            .parse()
-            .map_err(|_| format!("{path}.ipBlock.cidr: {:?} is not a CIDR", b.cidr))?;
-        let mut except = Vec::new();
-        for (i, e) in b.except.iter().flatten().enumerate() {
-            except.push(
-                e.parse()
-                    .map_err(|_| format!("{path}.ipBlock.except[{i}]: {e:?} is not a CIDR"))?,
-            );
-        }
-        return Ok(netpol::Peer::Block(netpol::IpBlock {
-            cidr: cidr.trunc(),
-            except,
-        }));
-    }
-    Ok(netpol::Peer::Pods {
-        namespaces: p
-            .namespace_selector
-            .as_ref()
-            .map(|s| selector(s, &format!("{path}.namespaceSelector")))
-            .transpose()?,
-        pods: p
-            .pod_selector
-            .as_ref()
-            .map(|s| selector(s, &format!("{path}.podSelector")))
-            .transpose()?,
-    })
-}
-
-fn rule(
-    peers: Option<&Vec<np::NetworkPolicyPeer>>,
-    ports: Option<&Vec<np::NetworkPolicyPort>>,
-    path: &str,
-    peers_field: &str,
-) -> Result<netpol::Rule, String> {
-    Ok(netpol::Rule {
-        peers: peers
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .map(|(i, p)| peer(p, &format!("{path}.{peers_field}[{i}]")))
-            .collect::<Result<_, _>>()?,
-        ports: ports
-            .into_iter()
-            .flatten()
-            .enumerate()
-            .map(|(i, p)| port(p, &format!("{path}.ports[{i}]")))
-            .collect::<Result<_, _>>()?,
-    })
-}
-
-/// The rules of one direction (`field`: `ingress` or `egress`), each given as its peers
-/// (`peers_field`: `from` or `to`) and ports.
-fn rules<'a>(
-    list: impl Iterator<
-        Item = (
-            Option<&'a Vec<np::NetworkPolicyPeer>>,
-            Option<&'a Vec<np::NetworkPolicyPort>>,
-        ),
-    >,
-    field: &str,
-    peers_field: &str,
-) -> Result<Vec<netpol::Rule>, String> {
-    list.enumerate()
-        .map(|(i, (peers, ports))| rule(peers, ports, &format!("spec.{field}[{i}]"), peers_field))
-        .collect()
-}
-
-/// One NetworkPolicy, defaults applied (`policyTypes` absent: Ingress, plus Egress when
-/// `spec.egress` is set).
+/// One NetworkPolicy, defaults applied ([`peerwall_netpol::read::policy`], on its JSON).
 pub fn policy(p: &np::NetworkPolicy) -> Result<netpol::NetworkPolicy, Unreadable> {
-    let key = format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any());
-    let fail = |why: String| Unreadable {
-        policy: key.clone(),
-        why,
-    };
-    let spec = p.spec.clone().unwrap_or_default();
-    let types: Vec<String> = spec.policy_types.clone().unwrap_or_else(|| {
-        let mut t = vec!["Ingress".to_string()];
-        if spec.egress.as_ref().is_some_and(|e| !e.is_empty()) {
-            t.push("Egress".into());
-        }
-        t
-    });
-    for (i, t) in types.iter().enumerate() {
-        if t != "Ingress" && t != "Egress" {
-            return Err(fail(format!(
-                "spec.policyTypes[{i}]: unknown type {t:?} (Ingress, Egress)"
-            )));
-        }
+    match serde_json::to_value(p) {
+        Ok(v) => peerwall_netpol::read::policy_json(v),
+        Err(e) => Err(Unreadable {
+            policy: format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()),
+            why: format!("not serializable: {e}"),
+        }),
     }
-    let isolates = |kind: &str| types.iter().any(|t| t == kind);
-    let ingress = isolates("Ingress")
-        .then(|| {
-            rules(
-                spec.ingress
-                    .iter()
-                    .flatten()
-                    .map(|r| (r.from.as_ref(), r.ports.as_ref())),
-                "ingress",
-                "from",
-            )
-        })
-        .transpose()
-        .map_err(fail)?;
-    let egress = isolates("Egress")
-        .then(|| {
-            rules(
-                spec.egress
-                    .iter()
-                    .flatten()
-                    .map(|r| (r.to.as_ref(), r.ports.as_ref())),
-                "egress",
-                "to",
-            )
-        })
-        .transpose()
-        .map_err(fail)?;
-    Ok(netpol::NetworkPolicy {
-        namespace: p.namespace().unwrap_or_default(),
-        name: p.name_any(),
-        pod_selector: selector(&spec.pod_selector.unwrap_or_default(), "spec.podSelector")
-            .map_err(fail)?,
-        ingress,
-        egress,
-    })
 }
 
 /// The addresses of a pod (`status.podIPs`, else `status.podIP`).
@@ -310,7 +116,7 @@ pub fn cluster<'a>(
             .filter_map(|cp| {
                 Some(netpol::ContainerPort {
                     name: cp.name.clone(),
-                    protocol: protocol(cp.protocol.as_deref(), "").ok()?,
+                    protocol: peerwall_netpol::read::protocol(cp.protocol.as_deref(), "").ok()?,
                     port: u16::try_from(cp.container_port).ok()?,
                 })
             })

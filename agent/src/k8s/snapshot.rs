@@ -295,7 +295,7 @@ pub fn output(snapshot: &Snapshot, opts: &Options) -> Output {
             &declared,
         ));
         let tier = netpol::tier::tier(&cluster, &peer.id, declared.exceptions.settings.audit);
-        let tier_obj = netpol::tier::object(&peer, &tier.spec);
+        let tier_obj = netpol::tier::object(&peer.tenant_namespace, &peer.id, &tier.spec);
         out.objects.push(tier_obj.clone());
         out.unenforced.extend(
             tier.unenforced

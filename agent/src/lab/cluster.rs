@@ -524,7 +524,11 @@ pub fn controller_tier(
             u.why
         );
     }
-    Ok(netpol::tier::object(&peer, &tier.spec))
+    Ok(netpol::tier::object(
+        &peer.tenant_namespace,
+        &peer.id,
+        &tier.spec,
+    ))
 }
 
 /// What consumer `c`'s gateway enforces, compiled as the agent compiles it (the gateway

@@ -316,3 +316,22 @@ pub fn text(i: &Inspection) -> String {
     }
     s
 }
+
+impl Inspection {
+    /// The rule counters of the live slot, as [`peerwall_backend::RuleCounter`]s (what
+    /// `peerwall counters` prints for either backend).
+    pub fn counters(&self) -> Vec<peerwall_backend::RuleCounter> {
+        let mut out = Vec::new();
+        for c in &self.chains {
+            let (table, chain) = c.name.split_once('/').unwrap_or(("", &c.name));
+            out.extend(c.rules.iter().map(|r| peerwall_backend::RuleCounter {
+                table: table.to_string(),
+                chain: chain.to_string(),
+                rule: r.name.clone(),
+                packets: r.packets,
+                bytes: r.bytes,
+            }));
+        }
+        out
+    }
+}

@@ -26,6 +26,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 pub use model::Table;
+use peerwall_backend::{BackendError, Report};
 use peerwall_policy::ir;
 pub use plan::{plan, Plan};
 pub use render::{render_policy, render_table, EventOptions, RenderOptions, RenderedTable};
@@ -801,50 +802,65 @@ impl std::fmt::Display for ApplyReport {
 }
 
 impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
-    type Report = ApplyReport;
-    type Error = NftError;
-
     fn name(&self) -> &'static str {
-        "nftables"
+        NAME
     }
 
-    fn apply(&mut self, policy: &ir::Policy) -> Result<ApplyReport, NftError> {
+    fn apply(&mut self, policy: &ir::Policy) -> Result<Report, BackendError> {
         NftBackend::apply(self, policy)
+            .map(|r| Report(r.to_string()))
+            .map_err(BackendError::host(NAME, "applying"))
     }
 
     fn update_sets(
         &mut self,
         policy: &ir::Policy,
         changes: &[ir::SetChange],
-    ) -> Result<ApplyReport, NftError> {
+    ) -> Result<Report, BackendError> {
         NftBackend::update_sets(self, policy, changes)
+            .map(|r| Report(r.to_string()))
+            .map_err(BackendError::host(NAME, "updating sets"))
     }
 
-    fn delete(&mut self) -> Result<Vec<String>, NftError> {
+    fn adopt(&mut self, policy: &ir::Policy) -> Result<(), BackendError> {
+        self.adopt_unchanged(policy)
+            .map(drop)
+            .map_err(BackendError::host(
+                NAME,
+                "reading peerwall's tables in the kernel",
+            ))
+    }
+
+    fn delete(&mut self) -> Result<Vec<String>, BackendError> {
         self.delete_all()
+            .map_err(BackendError::host(NAME, "deleting peerwall's tables"))
     }
 
-    fn counters(&mut self) -> Result<Vec<RuleCounter>, NftError> {
-        NftBackend::counters(self)
+    fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendError> {
+        NftBackend::counters(self).map_err(BackendError::host(NAME, "reading rule counters"))
     }
 
-    /// The kernel's conntrack table of the current network namespace (`nf_conntrack_count`
-    /// of `nf_conntrack_max`); None before conntrack is loaded.
-    fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, NftError> {
+    fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
         match self.nft.conntrack() {
-            Some(ct) => ct.list(),
+            Some(ct) => ct
+                .list()
+                .map_err(BackendError::host(NAME, "listing connections")),
             None => Ok(Vec::new()),
         }
     }
 
-    fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, NftError> {
+    fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
         match self.nft.conntrack() {
-            Some(ct) => ct.end(flows),
+            Some(ct) => ct
+                .end(flows)
+                .map_err(BackendError::host(NAME, "ending connections")),
             None => Ok(0),
         }
     }
 
-    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, NftError> {
+    /// The kernel's conntrack table of the current network namespace (`nf_conntrack_count`
+    /// of `nf_conntrack_max`); None before conntrack is loaded.
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendError> {
         let read = |k: &str| {
             std::fs::read_to_string(format!("/proc/sys/net/netfilter/{k}"))
                 .ok()
@@ -853,15 +869,15 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         Ok(read("nf_conntrack_count").zip(read("nf_conntrack_max")))
     }
 
-    fn drift(&mut self) -> Result<Vec<Drift>, NftError> {
-        NftBackend::drift(self)
+    fn drift(&mut self) -> Result<Vec<Drift>, BackendError> {
+        NftBackend::drift(self).map_err(BackendError::host(NAME, "reading drift"))
     }
 
-    fn repair(&mut self) -> Result<Vec<Drift>, NftError> {
-        NftBackend::repair(self)
+    fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
+        NftBackend::repair(self).map_err(BackendError::host(NAME, "repairing drift"))
     }
 
-    fn allow_all(&mut self) -> Result<bool, NftError> {
+    fn allow_all(&mut self) -> Result<bool, BackendError> {
         Ok(self.allow_all)
     }
 
@@ -873,6 +889,9 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         Ok(Box::new(src))
     }
 }
+
+/// The backend's name, as `--backend` spells it.
+pub const NAME: &str = "nftables";
 
 /// At most one event per flow, kind and rule in this interval.
 pub const EVENT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);

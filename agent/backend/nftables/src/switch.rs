@@ -114,6 +114,23 @@ pub fn with_switch(mut t: Table, on: bool) -> Table {
     t
 }
 
+/// Flip the switch in the kernel through `nft`: every owned filter chain of this network
+/// namespace gets (or loses) its leading accept, in one transaction. Nothing to send is not
+/// an error.
+pub fn set(nft: &crate::Nft, on: bool) -> Result<(), crate::NftError> {
+    use crate::Runner;
+    let listing = nft.list_ruleset_terse()?;
+    let cmds = if on {
+        on_commands(&listing)
+    } else {
+        off_commands(&listing)
+    };
+    if cmds.is_empty() {
+        return Ok(());
+    }
+    nft.apply_json(&json!({ "nftables": cmds }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

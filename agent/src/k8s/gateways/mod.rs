@@ -5,7 +5,7 @@
 //! 1. watches the active Liqo gateway pods scheduled on its node ([`pods::gateway_of`]);
 //! 2. reaches each one's network namespace through a process of the pod ([`netns`], needs
 //!    `hostPID`);
-//! 3. runs one enforcer per gateway inside it ([`crate::engine::enforcer`] on a thread that
+//! 3. runs one enforcer per gateway inside it (`peerwall_backend_select::open` on a thread that
 //!    entered the namespace), driven by its own Kubernetes source ([`super::agent`]) that
 //!    selects only that gateway's peer (`peerwall.io/remote-cluster-id=<peer>`);
 //! 4. stops it when the pod goes (bpf: its pins, under `<pin-dir>/gateways/<peer>_<uid8>`, are
@@ -29,7 +29,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::watcher;
 
-use crate::cli::BackendKind;
 use crate::metrics::{AgentMetrics, GatewayMetrics};
 use crate::shutdown::Shutdown;
 use pods::GatewayPod;
@@ -43,22 +42,13 @@ pub struct Settings {
     pub gateway_selector: String,
     /// Label selector of peerwall's objects; each gateway adds its peer to it.
     pub selector: String,
-    /// Backend of every gateway's enforcer.
-    pub backend: BackendKind,
-    /// bpf: pins go under `<pin_dir>/gateways/`.
-    pub pin_dir: PathBuf,
-    /// bpf: interface patterns to attach to inside the pods.
-    pub patterns: Vec<String>,
-    /// bpf: XDP too.
-    pub xdp: bool,
-    /// `--flow-table-size`.
-    pub flows: Option<u32>,
+    /// Backend of every gateway's enforcer, with its events (bpf: pins go under
+    /// `<pin_dir>/gateways/<gateway>`).
+    pub backend: peerwall_backend_select::Settings,
     /// Drift-check period of each enforcer.
     pub interval: Duration,
     /// Where the node's processes are (`/proc` with `hostPID`).
     pub proc: PathBuf,
-    /// Events of every gateway's enforcer (`--events`), served per gateway.
-    pub events: Option<crate::engine::EventSettings>,
     /// Enforce every table in audit mode (`--audit`).
     pub audit: bool,
     /// Drop summaries as Kubernetes Events, this often (with events).
@@ -67,7 +57,7 @@ pub struct Settings {
 
 impl Settings {
     fn gateway_pins(&self) -> PathBuf {
-        self.pin_dir.join("gateways")
+        self.backend.pin_dir.join("gateways")
     }
 }
 
@@ -185,16 +175,12 @@ impl Supervisor {
         let s = &self.settings;
         let pins = s.gateway_pins().join(g.pin_name());
         let ns_id = netns::netns_id(&ns_path);
-        let enforcer = crate::engine::enforcer(
-            s.backend,
-            &pins,
-            s.patterns.clone(),
-            s.xdp,
-            Some(&ns_path.to_string_lossy()),
-            s.events,
-            s.flows,
-        )
-        .with_context(|| format!("starting the enforcer in {}", ns_path.display()))?;
+        let backend = peerwall_backend_select::Settings {
+            pin_dir: pins.clone(),
+            ..s.backend.clone()
+        };
+        let enforcer = peerwall_backend_select::open(&backend, Some(&ns_path.to_string_lossy()))
+            .with_context(|| format!("starting the enforcer in {}", ns_path.display()))?;
         let metrics = Arc::new(Mutex::new(AgentMetrics {
             backend: enforcer.name(),
             ..Default::default()
@@ -208,7 +194,7 @@ impl Supervisor {
             liqo_selector: None,
             // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath
             // classifies at ingress and needs the rewrites.
-            observe: if s.backend == BackendKind::Bpf {
+            observe: if enforcer.classifies_before_nat() {
                 pods::observed_selectors(&g.peer)
             } else {
                 Vec::new()
@@ -220,7 +206,7 @@ impl Supervisor {
         };
         let stop = Shutdown::new();
         let worker_stop = stop.clone();
-        let (events, audit) = (s.events.is_some(), s.audit);
+        let (events, audit) = (s.backend.events.is_some(), s.audit);
         let span = tracing::info_span!("gateway", peer = %g.peer, pod = %g.name);
         // Until the peer's configuration is in force, its boot policy is.
         let boot = crate::engine::Boot::for_peer(&g.peer)
@@ -308,7 +294,9 @@ impl Supervisor {
 /// Remove a pin directory (maps, programs, links: unpinning a link detaches it) and the
 /// slots' metadata kept for it under `/run/peerwall`.
 fn remove_pins(dir: &std::path::Path) {
-    if let Err(e) = peerwall_backend_bpf::loader::remove_pins(dir) {
+    if let Err(e) =
+        peerwall_backend_select::installed::remove(peerwall_backend_select::BackendKind::Bpf, dir)
+    {
         tracing::warn!(pins = %dir.display(), error = %e, "could not remove pins");
     }
 }

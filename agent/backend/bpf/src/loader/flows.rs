@@ -1,5 +1,5 @@
-//! The datapath's flow table as user space reads and ends it: [`BpfBackend::flows`] lists the
-//! tracked connections, [`BpfBackend::end_flows`] marks them ended (`FlowState::ended`: their
+//! The datapath's flow table as user space reads and ends it: [`Datapath::flows`] lists the
+//! tracked connections, [`Datapath::end_flows`] marks them ended (`FlowState::ended`: their
 //! packets read `ct state invalid` both ways until they expire, and none restarts them), then
 //! makes the verdicts cached for them stale.
 
@@ -10,7 +10,7 @@ use peerwall_backend::Flow;
 use peerwall_common::{family, map, FlowKey, FlowState, VerdictKey4};
 use peerwall_policy::ir::eval::proto;
 
-use super::{map_err, BpfBackend, BpfError};
+use super::{map_err, BpfError, Datapath};
 
 /// The flow a `FLOWS` key stands for.
 fn flow_of(k: &FlowKey) -> Option<Flow> {
@@ -101,7 +101,7 @@ fn verdict_sets_of(k: &FlowKey) -> Vec<u32> {
         .collect()
 }
 
-impl BpfBackend {
+impl Datapath {
     /// Every live flow of the datapath's table, by original direction.
     pub fn flows(&mut self) -> Result<Vec<Flow>, BpfError> {
         let m: BpfHashMap<&mut MapData, FlowKey, FlowState> =

@@ -155,7 +155,7 @@ struct Named {
 }
 
 /// The loaded datapath.
-pub struct BpfBackend {
+pub struct Datapath {
     ebpf: Ebpf,
     pin_dir: PathBuf,
     slots: [SlotContents; 2],
@@ -166,9 +166,9 @@ pub struct BpfBackend {
     unexpressed_noted: Vec<String>,
 }
 
-impl std::fmt::Debug for BpfBackend {
+impl std::fmt::Debug for Datapath {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BpfBackend")
+        f.debug_struct("Datapath")
             .field("pin_dir", &self.pin_dir)
             .field("active", &self.active)
             .finish()
@@ -187,7 +187,7 @@ fn tc_entry(iface: &HostIface) -> &'static str {
 /// Changes at most this many entries in place; more go through the idle slot.
 const IN_PLACE_LIMIT: usize = 256;
 
-impl BpfBackend {
+impl Datapath {
     /// Load the object with its maps pinned in `pin_dir` (reusing maps already pinned there).
     pub fn load(pin_dir: &Path) -> Result<Self, BpfError> {
         Self::load_sized(pin_dir, None)

@@ -7,9 +7,9 @@ use aya::maps::MapData;
 use aya::programs::SchedClassifier;
 use peerwall_common::map;
 
-use super::{map_err, BpfBackend, BpfError, TC_PROGRAM};
+use super::{map_err, BpfError, Datapath, TC_PROGRAM};
 
-impl BpfBackend {
+impl Datapath {
     /// Insert a conntrack flow (probe engine: reproduce established/related states).
     pub fn insert_flow(
         &mut self,
@@ -182,7 +182,7 @@ impl BpfBackend {
 
     /// Forget every cached verdict (both families).
     pub fn flush_verdicts(&mut self) -> Result<(), BpfError> {
-        fn flush<K: aya::Pod>(b: &mut BpfBackend, name: &str) -> Result<(), BpfError> {
+        fn flush<K: aya::Pod>(b: &mut Datapath, name: &str) -> Result<(), BpfError> {
             let mut m: aya::maps::HashMap<&mut MapData, K, peerwall_common::CachedVerdict> =
                 aya::maps::HashMap::try_from(b.map(name)?).map_err(map_err(name))?;
             let keys: Vec<K> = m.keys().filter_map(Result::ok).collect();

@@ -551,19 +551,21 @@ pub fn crossing<'a>(cluster: &'a Cluster, peer: &str) -> Vec<&'a Pod> {
 pub const TIER_CONFIG: &str = "peerwall-networkpolicy";
 
 /// The tier as the controller publishes it: `peerwall.io/v1alpha1`, in the peer's tenant
-/// namespace, labelled for that peer's gateway (the controller adds the owner reference).
+/// namespace `tenant_namespace`, labelled for the gateway of peer `peer` (the controller adds
+/// the owner reference).
 pub fn object(
-    peer: &crate::protection::Peer,
+    tenant_namespace: &str,
+    peer: &str,
     spec: &api::FirewallConfigurationSpec,
 ) -> serde_json::Value {
-    use crate::protection::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
+    use peerwall_intent::labels::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
     serde_json::json!({
         "apiVersion": peerwall_intent::load::API_VERSION,
         "kind": peerwall_intent::load::KIND,
         "metadata": {
             "name": TIER_CONFIG,
-            "namespace": peer.tenant_namespace,
-            "labels": { TARGET: TARGET_GATEWAY, PEER: peer.id, MANAGED_BY: MANAGER },
+            "namespace": tenant_namespace,
+            "labels": { TARGET: TARGET_GATEWAY, PEER: peer, MANAGED_BY: MANAGER },
         },
         "spec": spec,
     })

@@ -5,7 +5,7 @@
 //! desired sets, and a change of one address writes one slice.
 
 use super::*;
-use crate::protection::{Namespace, Pod};
+use crate::{Namespace, Pod};
 use rand::{Rng, SeedableRng};
 
 const PEERS: [&str; 3] = ["alpha", "beta", "gamma"];
@@ -15,7 +15,7 @@ fn opts() -> Options {
         tunnel: "liqo-tunnel".into(),
         block_leaf_to_leaf: false,
         audit: false,
-        liqo_ping_port: crate::protection::LIQO_PING_PORT,
+        liqo_ping_port: crate::LIQO_PING_PORT,
         own_namespace_only: false,
     }
 }

@@ -221,7 +221,7 @@ pub fn companion(cluster: &Cluster, policy: &NetworkPolicy) -> Result<Option<Val
             "name": name(&policy.name),
             "namespace": policy.namespace,
             "labels": {
-                crate::protection::MANAGED_BY: crate::protection::MANAGER,
+                peerwall_intent::labels::MANAGED_BY: peerwall_intent::labels::MANAGER,
                 COMPANION_OF: companion_label(&policy.name),
             },
         },
@@ -242,9 +242,9 @@ pub fn companion_label(name: &str) -> String {
 /// Whether a NetworkPolicy named `name` with `labels` is a companion peerwall keeps.
 pub fn is_companion(labels: &BTreeMap<String, String>) -> bool {
     labels
-        .get(crate::protection::MANAGED_BY)
+        .get(peerwall_intent::labels::MANAGED_BY)
         .map(String::as_str)
-        == Some(crate::protection::MANAGER)
+        == Some(peerwall_intent::labels::MANAGER)
         && labels.contains_key(COMPANION_OF)
 }
 

@@ -4,10 +4,12 @@
 //! policies ([`NetworkPolicy`], defaults already applied), the semantics ([`eval`], written
 //! from the API reference: the judge), and the gateway tier that enforces them ([`tier`]).
 //!
-//! No kube types here: the edges convert API objects ([`crate::k8s::snapshot`]).
+//! No kube types here: the edges convert API objects (the agent's `k8s::netpol`).
 
+pub mod api;
 pub mod companion;
 pub mod eval;
+pub mod read;
 pub mod tier;
 
 use std::collections::BTreeMap;
@@ -312,5 +314,7 @@ impl Cluster {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 #[cfg(test)]
-pub(crate) mod tests;
+mod tests;

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 
 use super::TENANT_NAMESPACE;
-use crate::netpol;
+use peerwall_netpol as netpol;
 
 /// One namespace's two sets.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -20,7 +20,7 @@ use std::net::IpAddr;
 use peerwall_intent::protection::{self as api, From, ProtectionPolicySpec};
 
 use super::{REMOTE_CLUSTER_ID, TENANT_NAMESPACE};
-use crate::netpol::{self, Protocol};
+use peerwall_netpol::{self as netpol, Protocol};
 
 /// A ProtectionPolicy that does not validate: the field path, the value, why.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

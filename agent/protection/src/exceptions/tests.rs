@@ -8,10 +8,10 @@ use peerwall_policy::ir::{evaluate, CtState, Packet, VerdictAction};
 use serde_json::json;
 
 use super::*;
-use crate::netpol::{Cluster, Pod};
-use crate::protection::{
+use crate::{
     gateway_spec_with, namespaces, Declared, Options, PeerSets, DEFAULT_TUNNEL, LIQO_PING_PORT,
 };
+use peerwall_netpol::{Cluster, Pod};
 
 fn spec(v: serde_json::Value) -> ProtectionPolicySpec {
     serde_json::from_value(v).unwrap()
@@ -371,7 +371,7 @@ fn a_closing_drops_new_connections_to_offloaded_pods_but_not_replies() {
 /// namespace that carries the same labels.
 #[test]
 fn an_opening_for_offloaded_pods_goes_into_their_network_policy() {
-    use crate::netpol::eval::{decide, Flow};
+    use peerwall_netpol::eval::{decide, Flow};
     let p = check(
         "metrics",
         &open_prometheus(&["Offloaded"], json!([{"port": 8080}])),
@@ -395,11 +395,15 @@ fn an_opening_for_offloaded_pods_goes_into_their_network_policy() {
     let f = for_peer(&[p], "a", defaults(), &c);
     let open: Vec<&Open> = f.for_offloaded().collect();
     assert_eq!(open.len(), 1);
-    let np: k8s_openapi::api::networking::v1::NetworkPolicy = serde_json::from_value(
-        crate::protection::offloaded_network_policy("app-a", "a", &[], &open),
-    )
-    .unwrap();
-    c.policies.push(crate::k8s::netpol::policy(&np).unwrap());
+    c.policies.push(
+        peerwall_netpol::read::policy_json(crate::offloaded_network_policy(
+            "app-a",
+            "a",
+            &[],
+            &open,
+        ))
+        .unwrap(),
+    );
     let from = c.pod("app-a/web").unwrap().clone();
     let allowed = |to: &str, dport: u16| {
         let to = c.pod(to).unwrap();

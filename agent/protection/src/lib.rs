@@ -33,23 +33,13 @@ pub mod publish;
 use peerwall_intent::types as api;
 use serde_json::{json, Value};
 
-/// Liqo labels the decisions depend on (same strings as [`crate::k8s`]'s constants). Liqo:
+/// Liqo labels the decisions depend on (same strings as the agent's `k8s` constants). Liqo:
 /// `pkg/consts/namespace_mapping.go` (`RemoteClusterID`), `pkg/consts/core.go`
 /// (`TenantNamespaceLabel`).
 const REMOTE_CLUSTER_ID: &str = "liqo.io/remote-cluster-id";
 const TENANT_NAMESPACE: &str = "liqo.io/tenant-namespace";
 
-/// peerwall's label naming the enforcer an object is for. Nothing peerwall writes carries
-/// Liqo's `networking.liqo.io/firewall-*` labels, which Liqo's gateway and fabric select.
-pub const TARGET: &str = "peerwall.io/target";
-/// Its value for objects enforced in Liqo gateways.
-pub const TARGET_GATEWAY: &str = "gateway";
-/// peerwall's label naming the peer (remote cluster id) whose gateway enforces an object.
-pub const PEER: &str = "peerwall.io/remote-cluster-id";
-/// The label every object peerwall's controllers create carries.
-pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
-/// Its value.
-pub const MANAGER: &str = "peerwall";
+pub use peerwall_intent::labels::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
 /// Name of the gateway FirewallConfiguration in each tenant namespace.
 pub const GATEWAY_CONFIG: &str = "peerwall-gateway";
 
@@ -535,11 +525,11 @@ fn ctstate(states: Vec<api::CtState>) -> api::Match {
     })
 }
 
-fn l4(p: crate::netpol::Protocol) -> api::L4Proto {
+fn l4(p: peerwall_netpol::Protocol) -> api::L4Proto {
     match p {
-        crate::netpol::Protocol::Tcp => api::L4Proto::Tcp,
-        crate::netpol::Protocol::Udp => api::L4Proto::Udp,
-        crate::netpol::Protocol::Sctp => api::L4Proto::Sctp,
+        peerwall_netpol::Protocol::Tcp => api::L4Proto::Tcp,
+        peerwall_netpol::Protocol::Udp => api::L4Proto::Udp,
+        peerwall_netpol::Protocol::Sctp => api::L4Proto::Sctp,
     }
 }
 
@@ -550,7 +540,8 @@ fn port_groups(ports: &[exceptions::PortRange]) -> Vec<(String, Vec<api::Match>)
     if ports.is_empty() {
         return vec![(String::new(), vec![])];
     }
-    let mut by_proto: BTreeMap<crate::netpol::Protocol, Option<Vec<(u16, u16)>>> = BTreeMap::new();
+    let mut by_proto: BTreeMap<peerwall_netpol::Protocol, Option<Vec<(u16, u16)>>> =
+        BTreeMap::new();
     for p in ports {
         let e = by_proto.entry(p.protocol).or_insert_with(|| Some(vec![]));
         match (p.range, e.as_mut()) {
@@ -1031,7 +1022,7 @@ pub fn offloaded_network_policy(
 }
 
 /// A selector as the API writes it.
-fn selector_json(s: &crate::netpol::Selector) -> Value {
+fn selector_json(s: &peerwall_netpol::Selector) -> Value {
     let mut out = serde_json::Map::new();
     if !s.labels.is_empty() {
         out.insert("matchLabels".into(), json!(s.labels));
@@ -1553,5 +1544,109 @@ mod tests {
             offloaded_namespace_owner(&ns("x", &[(REMOTE_CLUSTER_ID, "a")])),
             Some("a")
         );
+    }
+
+    /// The offloaded namespaces' NetworkPolicy (what the controller writes on a provider),
+    /// judged as a label-aware CNI judges it: an offloaded pod calls home (its consumer's pods and
+    /// external CIDR, by the addresses seen here) and reaches its consumer's other offloaded
+    /// namespaces and DNS; not another consumer, its CIDRs, nor the provider's own pods.
+    #[test]
+    fn offloaded_pods_call_home_and_nowhere_else() {
+        use peerwall_netpol::eval::{decide, Flow};
+        use peerwall_netpol::testing::labels;
+        use peerwall_netpol::{Cluster, Pod};
+        use std::net::IpAddr;
+        let pod_at = |ns: &str, name: &str, ip: &str, l: &[(&str, &str)]| Pod {
+            namespace: ns.into(),
+            name: name.into(),
+            labels: labels(l),
+            ips: vec![ip.parse().unwrap()],
+            ..Default::default()
+        };
+        let home_a: Vec<ipnet::IpNet> = vec![
+            "10.10.0.0/16".parse().unwrap(),
+            "10.110.0.0/16".parse().unwrap(),
+        ];
+        let home_b: Vec<ipnet::IpNet> = vec!["10.71.0.0/16".parse().unwrap()];
+        let policy_of = |ns: &str, consumer: &str, home: &[ipnet::IpNet]| {
+            peerwall_netpol::read::policy_json(offloaded_network_policy(ns, consumer, home, &[]))
+                .unwrap()
+        };
+        let ns_labels = |name: &str, extra: &[(&str, &str)]| {
+            let mut l = labels(extra);
+            l.insert("kubernetes.io/metadata.name".into(), name.into());
+            (name.to_string(), l)
+        };
+        let build = |home_a: &[ipnet::IpNet]| Cluster {
+            namespaces: [
+                ns_labels("offload-a", &[("liqo.io/remote-cluster-id", "a")]),
+                ns_labels("offload-a2", &[("liqo.io/remote-cluster-id", "a")]),
+                ns_labels("offload-b", &[("liqo.io/remote-cluster-id", "b")]),
+                ns_labels("local", &[]),
+                ns_labels("kube-system", &[]),
+            ]
+            .into_iter()
+            .collect(),
+            pods: vec![
+                pod_at("offload-a", "p", "10.20.1.10", &[]),
+                pod_at("offload-a2", "q", "10.20.1.11", &[]),
+                pod_at("offload-b", "r", "10.20.2.10", &[]),
+                pod_at("local", "s", "10.20.3.10", &[]),
+                pod_at(
+                    "kube-system",
+                    "dns",
+                    "10.20.0.10",
+                    &[("k8s-app", "kube-dns")],
+                ),
+            ],
+            policies: vec![
+                policy_of("offload-a", "a", home_a),
+                policy_of("offload-a2", "a", home_a),
+                policy_of("offload-b", "b", &home_b),
+            ],
+        };
+        let c = build(&home_a);
+        let p = c.pod("offload-a/p").unwrap();
+        let to = |dst: &str, proto: u8, dport: u16| -> bool {
+            let pod = c.pods.iter().find(|x| x.key() == dst);
+            let ip: IpAddr = pod.map_or_else(|| dst.parse().unwrap(), |x| x.ips[0]);
+            decide(
+                &c,
+                &Flow {
+                    src: p.ips[0],
+                    dst: ip,
+                    proto,
+                    dport,
+                    src_pod: Some(p),
+                    dst_pod: pod,
+                },
+            )
+            .allowed()
+        };
+        assert!(to("10.10.5.5", 6, 80), "its consumer's pods");
+        assert!(to("10.110.0.7", 6, 443), "its consumer's external CIDR");
+        assert!(
+            to("offload-a2/q", 6, 80),
+            "its consumer's other offloaded namespace"
+        );
+        assert!(to("kube-system/dns", 17, 53), "DNS");
+        assert!(!to("kube-system/dns", 6, 80), "only DNS of kube-dns");
+        assert!(!to("10.71.1.1", 6, 80), "another consumer's CIDR");
+        assert!(
+            !to("offload-b/r", 6, 80),
+            "another consumer's offloaded pod"
+        );
+        assert!(!to("local/s", 6, 80), "the provider's own pods");
+        // Without the consumer's CIDRs (the policy before this fix) the pod cannot call home.
+        let old = build(&[]);
+        let f = Flow {
+            src: p.ips[0],
+            dst: "10.10.5.5".parse().unwrap(),
+            proto: 6,
+            dport: 80,
+            src_pod: old.pod("offload-a/p"),
+            dst_pod: None,
+        };
+        assert!(!decide(&old, &f).allowed());
     }
 }

@@ -1,7 +1,7 @@
 //! The index against its specification ([`super::super::sets`]), under random events.
 
 use super::*;
-use crate::protection::{sets, World};
+use crate::{sets, World};
 use rand::{Rng, SeedableRng};
 
 const PEERS: [&str; 3] = ["alpha", "beta", "gamma"];

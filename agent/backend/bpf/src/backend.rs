@@ -1,0 +1,296 @@
+//! [`BpfBackend`]: the bpf datapath ([`Datapath`], the loaded object and its pins) as a
+//! [`Backend`]. One apply path for the CLI and the agent:
+//! resolve the host's interfaces in the maps, write the policy (in place or through the idle
+//! slot), then attach to the interfaces the patterns pick — maps first, so a newly attached
+//! interface never sees an empty policy.
+
+use std::fmt;
+use std::path::Path;
+
+use peerwall_backend::{
+    Backend, BackendError, EventError, EventSource, Fault, HostInterface, Report, RuleCounter,
+};
+use peerwall_policy::ir::Policy;
+
+use crate::loader::{self, BpfApplyReport, BpfError, Datapath};
+use crate::maps::Iface;
+
+/// The backend's name, as `--backend` spells it.
+pub const NAME: &str = "bpf";
+
+/// The loaded datapath and where it attaches.
+#[derive(Debug)]
+pub struct BpfBackend {
+    datapath: Datapath,
+    patterns: Vec<String>,
+    xdp: bool,
+}
+
+impl BpfBackend {
+    /// Load (or adopt) the datapath pinned in `pin_dir`; attach to interfaces matching
+    /// `patterns` (names, or prefixes ending in `*`), with XDP too when `xdp`.
+    pub fn load(pin_dir: &Path, patterns: Vec<String>, xdp: bool) -> Result<Self, BpfError> {
+        Self::load_sized(pin_dir, patterns, xdp, None)
+    }
+
+    /// [`load`](Self::load) with a flow table of `flows` entries when it is created
+    /// ([`Datapath::load_sized`]).
+    pub fn load_sized(
+        pin_dir: &Path,
+        patterns: Vec<String>,
+        xdp: bool,
+        flows: Option<u32>,
+    ) -> Result<Self, BpfError> {
+        loader::ensure_bpffs()?;
+        let mut datapath = Datapath::load_sized(pin_dir, flows)?;
+        if let Some(want) = flows {
+            let (_, capacity) = datapath.flow_table()?;
+            if capacity != want {
+                tracing::warn!(
+                    requested = want,
+                    capacity,
+                    "the flow table is already pinned with another size and keeps it; `peerwall delete --backend bpf` and restart to resize"
+                );
+            }
+        }
+        Ok(Self {
+            datapath,
+            patterns,
+            xdp,
+        })
+    }
+
+    /// Interfaces the datapath is attached to.
+    pub fn attached(&self) -> Vec<String> {
+        self.datapath.attached()
+    }
+
+    /// Report events or not (see [`crate::events`]); takes effect at once.
+    pub fn set_events(&mut self, ev: Option<crate::events::EventSettings>) -> Result<(), BpfError> {
+        self.datapath.set_events(ev)
+    }
+}
+
+impl fmt::Display for BpfApplyReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "slot={} switched={} entries={} prefixes={}",
+            self.active, self.switched, self.entries_changed, self.prefixes
+        )
+    }
+}
+
+impl BpfBackend {
+    /// The flows the datapath tracks, by original direction.
+    pub fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BpfError> {
+        self.datapath.flows()
+    }
+
+    /// End these flows (invalid both ways, cached verdicts stale); how many were found.
+    pub fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BpfError> {
+        self.datapath.end_flows(flows)
+    }
+
+    /// The flow table's (entries, capacity).
+    pub fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BpfError> {
+        let (entries, capacity) = self.datapath.flow_table()?;
+        Ok(Some((entries, u64::from(capacity))))
+    }
+
+    /// Whether the emergency switch is on.
+    pub fn allow_all(&mut self) -> Result<bool, BpfError> {
+        self.datapath.allow_all()
+    }
+
+    /// Delete the boot table `table` once an interface matching `tunnel` is attached
+    /// (false: not yet).
+    pub fn release_boot_table(&mut self, table: &str, tunnel: &str) -> Result<bool, BpfError> {
+        // Attached entries read `kind:interface`.
+        let pattern = [tunnel.to_string()];
+        let attached: Vec<loader::HostIface> = self
+            .attached()
+            .into_iter()
+            .filter_map(|a| {
+                a.split_once(':').map(|(_, name)| loader::HostIface {
+                    name: name.to_string(),
+                    ifindex: 0,
+                    l2_len: 0,
+                })
+            })
+            .collect();
+        if loader::matching(&attached, &pattern).is_empty() {
+            return Ok(false);
+        }
+        let out = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", table])
+            .output()
+            .map_err(|e| BpfError::BootTable {
+                table: table.into(),
+                message: format!("running nft: {e}"),
+            })?;
+        let said = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() || said.contains("No such file or directory") {
+            Ok(true)
+        } else {
+            Err(BpfError::BootTable {
+                table: table.into(),
+                message: said.trim().to_string(),
+            })
+        }
+    }
+
+    /// Make `policy` the whole policy in force, then attach to the interfaces the patterns
+    /// pick (maps first: a newly attached interface never sees an empty policy).
+    pub fn apply(&mut self, policy: &Policy) -> Result<BpfApplyReport, BpfError> {
+        let host = loader::host_ifaces().map_err(BpfError::ListInterfaces)?;
+        self.datapath.register_ifaces(&host)?;
+        let ifaces: Vec<Iface> = host
+            .iter()
+            .map(|i| Iface {
+                name: i.name.clone(),
+                ifindex: i.ifindex,
+            })
+            .collect();
+        let report = self.datapath.apply(policy, &ifaces)?;
+        let targets = loader::matching(&host, &self.patterns);
+        tracing::debug!(
+            interfaces = ?targets.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            patterns = ?self.patterns,
+            "attaching"
+        );
+        self.datapath.prepare(&targets, self.xdp)?;
+        for t in targets {
+            self.datapath.attach(t, self.xdp)?;
+        }
+        Ok(report)
+    }
+
+    /// Change only the set elements `changes` names, in place when the datapath can; else
+    /// apply `policy` whole.
+    pub fn update_sets(
+        &mut self,
+        policy: &Policy,
+        changes: &[peerwall_policy::ir::SetChange],
+    ) -> Result<BpfApplyReport, BpfError> {
+        match self.datapath.update_sets(policy, changes)? {
+            Some(report) => Ok(report),
+            None => self.apply(policy),
+        }
+    }
+
+    /// Detach and remove every pin of the datapath.
+    pub fn delete(&mut self) -> Result<Vec<String>, BpfError> {
+        loader::remove_pins(self.datapath.pin_dir())
+    }
+
+    /// Rule counters of the slot in force.
+    pub fn counters(&mut self) -> Result<Vec<RuleCounter>, BpfError> {
+        self.datapath.counters()
+    }
+}
+
+/// `map_err` for this backend's errors: a policy the datapath cannot take is the policy's
+/// fault; everything else the host's.
+fn failed(action: &'static str) -> impl FnOnce(BpfError) -> BackendError {
+    move |e| BackendError {
+        backend: NAME,
+        action,
+        fault: if matches!(e, BpfError::Compile(_)) {
+            Fault::Input
+        } else {
+            Fault::Host
+        },
+        source: Box::new(e),
+    }
+}
+
+impl Backend for BpfBackend {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn apply(&mut self, policy: &Policy) -> Result<Report, BackendError> {
+        BpfBackend::apply(self, policy)
+            .map(|r| Report(format!("{r} attached={:?}", self.attached())))
+            .map_err(failed("applying"))
+    }
+
+    fn update_sets(
+        &mut self,
+        policy: &Policy,
+        changes: &[peerwall_policy::ir::SetChange],
+    ) -> Result<Report, BackendError> {
+        BpfBackend::update_sets(self, policy, changes)
+            .map(|r| Report(r.to_string()))
+            .map_err(failed("updating sets"))
+    }
+
+    fn delete(&mut self) -> Result<Vec<String>, BackendError> {
+        BpfBackend::delete(self).map_err(failed("removing the pins"))
+    }
+
+    fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendError> {
+        BpfBackend::counters(self).map_err(failed("reading rule counters"))
+    }
+
+    fn allow_all(&mut self) -> Result<bool, BackendError> {
+        BpfBackend::allow_all(self).map_err(failed("reading the switch"))
+    }
+
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendError> {
+        BpfBackend::conntrack(self).map_err(failed("reading the flow table"))
+    }
+
+    fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
+        BpfBackend::flows(self).map_err(failed("listing connections"))
+    }
+
+    fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
+        BpfBackend::end_flows(self, flows).map_err(failed("ending connections"))
+    }
+
+    /// At tc ingress, before prerouting's DNAT.
+    fn classifies_before_nat(&self) -> bool {
+        true
+    }
+
+    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendError> {
+        self.release_boot_table(table, tunnel)
+            .map_err(failed("releasing the boot table"))
+    }
+
+    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
+        if self
+            .datapath
+            .config()
+            .map_err(|e| EventError::Io {
+                what: "reading the datapath's configuration",
+                source: std::io::Error::other(e.to_string()),
+            })?
+            .flags
+            & peerwall_common::flags::EVENTS
+            == 0
+        {
+            return Err(EventError::Off);
+        }
+        Ok(Box::new(crate::events::BpfEvents::open(
+            self.datapath.pin_dir(),
+        )?))
+    }
+
+    fn environment(&self) -> Vec<HostInterface> {
+        // An interface list that cannot be read is treated as unchanged (empty): the next
+        // apply reports the error.
+        loader::host_ifaces()
+            .map(|v| {
+                v.into_iter()
+                    .map(|i| HostInterface {
+                        name: i.name,
+                        ifindex: i.ifindex,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}

@@ -1,0 +1,161 @@
+//! The backend layer's one entry: which backends exist ([`BackendKind`]), each opened as a
+//! `Box<dyn Backend>` from one description ([`Settings`], [`open`]) in this network
+//! namespace or another, and what peerwall has installed on a host ([`installed()`]) with the
+//! commands that act on it (remove, flip the switch, read counters) whatever backend it is.
+//! Nothing above this crate names a backend's own types.
+
+pub mod installed;
+
+use std::path::PathBuf;
+
+use peerwall_backend::{Backend, BackendError, InNetns};
+use peerwall_backend_bpf::{loader, BpfBackend};
+use peerwall_backend_nftables::{Nft, NftBackend};
+
+pub use installed::{installed, Installed};
+
+/// A backend, by the name `--backend` takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum BackendKind {
+    /// One nftables table per FirewallConfiguration, applied atomically.
+    Nftables,
+    /// tc (tcx) and XDP programs over LPM-trie maps pinned under bpffs.
+    Bpf,
+}
+
+impl BackendKind {
+    /// The name `--backend` takes (and metrics and logs carry).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Nftables => peerwall_backend_nftables::NAME,
+            Self::Bpf => peerwall_backend_bpf::backend::NAME,
+        }
+    }
+}
+
+impl std::fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What a backend reports as events (`--events`, `--flow-log`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EventSettings {
+    /// Also the first packet of every accepted flow.
+    pub flow_log: bool,
+    /// Events per second (nftables: per table; bpf: per CPU), burst twice that.
+    pub rate: u32,
+    /// NFLOG group (nftables).
+    pub nflog_group: u16,
+}
+
+/// Everything needed to open a backend. Fields a backend does not use are ignored by it.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Which backend.
+    pub kind: BackendKind,
+    /// bpf: where its maps and links are pinned.
+    pub pin_dir: PathBuf,
+    /// bpf: interfaces to attach to (names, or prefixes ending in `*`).
+    pub interfaces: Vec<String>,
+    /// bpf: attach XDP too.
+    pub xdp: bool,
+    /// bpf: flow table entries, when it is created.
+    pub flows: Option<u32>,
+    /// Events to report; None: none.
+    pub events: Option<EventSettings>,
+    /// bpf: refuse to open when no interface matches now (a one-shot `peerwall apply`, which
+    /// must attach somewhere; the agent instead waits for interfaces to appear).
+    pub must_attach: bool,
+}
+
+impl Settings {
+    /// `kind` with its defaults: pins in [`loader::PIN_DIR`], Liqo's interfaces, no events.
+    pub fn new(kind: BackendKind) -> Self {
+        Self {
+            kind,
+            pin_dir: PathBuf::from(loader::PIN_DIR),
+            interfaces: Vec::new(),
+            xdp: false,
+            flows: None,
+            events: None,
+            must_attach: false,
+        }
+    }
+}
+
+/// Open the backend `s` describes, in the current network namespace or, with `netns`, in a
+/// named one from a thread that entered it ([`InNetns`]; a name under `/run/netns` or a path
+/// such as `/proc/<pid>/ns/net`).
+pub fn open(s: &Settings, netns: Option<&str>) -> Result<Box<dyn Backend>, BackendError> {
+    let name = s.kind.name();
+    let here = {
+        let s = s.clone();
+        move || -> Result<Box<dyn Backend>, BackendError> {
+            match s.kind {
+                BackendKind::Nftables => Ok(Box::new(nftables(&s))),
+                BackendKind::Bpf => Ok(Box::new(bpf(&s)?)),
+            }
+        }
+    };
+    match netns {
+        None => here(),
+        Some(ns) => Ok(Box::new(InNetns::spawn(ns, name, here)?)),
+    }
+}
+
+fn nftables(s: &Settings) -> NftBackend {
+    let b = NftBackend::new(Nft::host());
+    match s.events {
+        Some(e) => b.with_events(peerwall_backend_nftables::EventOptions {
+            group: e.nflog_group,
+            rate: e.rate,
+            burst: e.rate.saturating_mul(2),
+            flow_log: e.flow_log,
+        }),
+        None => b,
+    }
+}
+
+fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
+    const NAME: &str = peerwall_backend_bpf::backend::NAME;
+    if s.must_attach {
+        let host = loader::host_ifaces().map_err(BackendError::host(NAME, "listing interfaces"))?;
+        if loader::matching(&host, &s.interfaces).is_empty() {
+            return Err(BackendError::host(NAME, "attaching")(
+                loader::BpfError::NoInterface(s.interfaces.clone()),
+            ));
+        }
+    }
+    let mut b =
+        BpfBackend::load_sized(&s.pin_dir, s.interfaces.clone(), s.xdp, s.flows).map_err(|e| {
+            BackendError::host(NAME, "loading the datapath")(LoadError {
+                pin_dir: s.pin_dir.clone(),
+                source: e,
+            })
+        })?;
+    b.set_events(
+        s.events
+            .map(|e| peerwall_backend_bpf::events::EventSettings {
+                flow_log: e.flow_log,
+                rate: e.rate,
+                burst: e.rate.saturating_mul(2),
+                interval: peerwall_backend_nftables::EVENT_INTERVAL,
+            }),
+    )
+    .map_err(BackendError::host(NAME, "turning events on or off"))?;
+    Ok(b)
+}
+
+/// Loading the bpf datapath failed, with where its pins go.
+#[derive(Debug, thiserror::Error)]
+#[error("pins in {}: {source}", pin_dir.display())]
+pub struct LoadError {
+    /// Pin directory.
+    pub pin_dir: PathBuf,
+    /// Cause.
+    #[source]
+    pub source: loader::BpfError,
+}

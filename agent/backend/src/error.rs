@@ -1,0 +1,75 @@
+//! What a backend call gives back through the [`crate::Backend`] face: the report of an
+//! apply, or why the call failed. Each backend keeps its own typed errors and reports; these
+//! carry them to callers that drive any backend.
+
+use std::fmt;
+
+/// What an apply did, in the words of the backend that did it (one line a person reads:
+/// nftables names the tables it created, updated, kept and removed; bpf the slot it wrote and
+/// how many entries changed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report(pub String);
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Whose fault a failed call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// What was asked: the policy is one this backend cannot enforce, or what is installed
+    /// cannot do what was asked (bad input; nothing changed).
+    Input,
+    /// The host: the kernel, a tool or a file refused (nothing changed).
+    Host,
+}
+
+/// Why a backend call failed. The previous policy stays in force.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} with {backend}: {source}")]
+pub struct BackendError {
+    /// `nftables` or `bpf`.
+    pub backend: &'static str,
+    /// What was attempted (`applying`, `reading rule counters`, …).
+    pub action: &'static str,
+    /// Whose fault it is.
+    pub fault: Fault,
+    /// The backend's own error.
+    #[source]
+    pub source: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl BackendError {
+    /// A failure of the host while `backend` was doing `action`: for `map_err`.
+    pub fn host<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+        backend: &'static str,
+        action: &'static str,
+    ) -> impl FnOnce(E) -> Self {
+        move |e| Self {
+            backend,
+            action,
+            fault: Fault::Host,
+            source: e.into(),
+        }
+    }
+
+    /// What was asked of `backend` while doing `action` cannot be done: for `map_err`.
+    pub fn input<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+        backend: &'static str,
+        action: &'static str,
+    ) -> impl FnOnce(E) -> Self {
+        move |e| Self {
+            backend,
+            action,
+            fault: Fault::Input,
+            source: e.into(),
+        }
+    }
+
+    /// Whether what was asked, not the host, is at fault.
+    pub fn refused_input(&self) -> bool {
+        self.fault == Fault::Input
+    }
+}
