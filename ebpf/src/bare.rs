@@ -4,8 +4,13 @@
 //! BPF_PROG_TEST_RUN and `cargo xtask bench-gateway` attaches the first two with tcx on the
 //! benchmark gateway's path.
 
-#[allow(unused_imports)]
-use super::*;
+use aya_ebpf::bindings::{TC_ACT_OK, TC_ACT_SHOT};
+use aya_ebpf::macros::{classifier, map};
+use aya_ebpf::maps::lpm_trie::Key;
+use aya_ebpf::maps::{HashMap, LpmTrie};
+use aya_ebpf::programs::TcContext;
+
+use crate::maps::TRIE_MAX;
 
 #[map]
 pub(crate) static BARE: LpmTrie<[u8; 4], u32> = LpmTrie::with_max_entries(TRIE_MAX, 0);

@@ -19,11 +19,23 @@
 //! otherwise: TCP with valid flags, UDP, ICMP echo (its type in the key), never fragments or
 //! ICMP errors.
 
-#[allow(unused_imports)]
-use super::*;
+use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_jiffies64, bpf_ktime_get_ns};
+use aya_ebpf::macros::map;
+use aya_ebpf::maps::Array;
+use aya_ebpf::programs::TcContext;
+use peerwall_common::{
+    ct, family, flags, fold_key6, verdict_set, CachedVerdict, Config, CpuVerdict4, CpuVerdicts4,
+    FlowKey, VerdictKey4, CACHED_COUNTERS, CPU_VERDICT_SETS, CPU_VERDICT_WAYS,
+};
 
-use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_jiffies64};
-use peerwall_common::{fold_key6, verdict_set, CpuVerdict4, CPU_VERDICT_WAYS};
+use crate::classify::{ACT_ACCEPT, ACT_DROP};
+use crate::conntrack::{flow_key, icmp_keyed, tcp_flags_valid};
+use crate::events::note_cached;
+use crate::maps::{
+    has_views, COUNTERS0, COUNTERS1, SCRATCH, VERDICTS4, VERDICTS4_CPU, VERDICTS6, VERDICT_GENS,
+    WORK,
+};
+use crate::parse::{Pkt, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
 
 /// Cached verdicts are timed in jiffies: the verifier inlines `bpf_jiffies64` into one load,
 /// where a nanosecond clock is a helper call that every packet of a known flow would pay. A

@@ -1,8 +1,20 @@
 //! Classification: per chain, one bitmap lookup per dimension, ANDed; the lowest bit decides.
 //! Hooks are run in path order with `bpf_loop`, chains in priority order.
 
-#[allow(unused_imports)]
-use super::*;
+use aya_ebpf::helpers::generated::bpf_loop;
+use aya_ebpf::maps::lpm_trie::Key;
+use peerwall_common::{
+    constrained, ct, dim, family, hook, ActionCode, AddrKeyData, Bitmap, DimMasks, HookChains,
+    IfKey, PortKeyData, ProtoKey, CACHED_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, WORDS,
+};
+
+use crate::maps::{
+    ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DST0, DST1, DSTH0,
+    DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0, RULES1,
+    SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1,
+};
+use crate::parse::Pkt;
+use crate::route::Route;
 
 // Classification.
 

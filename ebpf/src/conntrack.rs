@@ -1,8 +1,15 @@
 //! Connection tracking: an LRU of flows keyed by their original direction; the state of a
 //! packet (new, established, related, invalid) and the commit after an accept.
 
-#[allow(unused_imports)]
-use super::*;
+use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
+use peerwall_common::{ct, family, FlowKey, FlowState};
+
+use crate::cache::forget;
+use crate::maps::{FLOWS, FLOW_IDLE_NS, WORK};
+use crate::parse::{
+    parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
+    IPPROTO_TCP,
+};
 
 // Connection tracking (an LRU of flows, original direction as key).
 

@@ -5,11 +5,20 @@
 //! into the next one, in `EVENT_FLOWS`), and at most `rate` per second per CPU overall (a token
 //! bucket per CPU). When the ring buffer is full the event is lost, never the packet.
 
-#[allow(unused_imports)]
-use super::*;
+use aya_ebpf::helpers::generated::{bpf_ktime_get_ns, bpf_loop};
+use aya_ebpf::macros::map;
+use aya_ebpf::maps::{Array, LruHashMap, PerCpuArray, RingBuf};
+use peerwall_common::{
+    ct, event, CachedVerdict, EventConfig, EventFlow, FlowEvent, FlowKey, CACHED_COUNTERS,
+    MAX_RULES,
+};
 
-use aya_ebpf::maps::RingBuf;
-use peerwall_common::{event, EventConfig, EventFlow, FlowEvent};
+use crate::classify::{
+    Outcome, ACT_ACCEPT, ACT_AUDIT_DROP, ACT_AUDIT_REJECT, ACT_DROP, ACT_REJECT,
+};
+use crate::conntrack::flow_key;
+use crate::maps::{SCRATCH, WORK};
+use crate::parse::{IPPROTO_ICMP, IPPROTO_ICMPV6};
 
 /// 256 KiB: about 2900 events waiting for the reader.
 #[map]

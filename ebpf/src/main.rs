@@ -31,27 +31,9 @@
 // BPF inline assembly: the known-flow path's unaligned 32-bit packet loads (`cache.rs`).
 #![feature(asm_experimental_arch)]
 #![no_main]
-#![allow(static_mut_refs)]
-
-use core::mem::size_of;
-
-use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
-use aya_ebpf::helpers::generated::{
-    bpf_fib_lookup, bpf_ktime_get_ns, bpf_loop, bpf_redirect, bpf_skb_change_tail,
-    bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_load_bytes,
-};
-use aya_ebpf::macros::{classifier, map, xdp};
-use aya_ebpf::maps::lpm_trie::Key;
-use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
-use aya_ebpf::programs::{TcContext, XdpContext};
-use aya_ebpf::EbpfContext;
-use peerwall_common::{
-    constrained, ct, dim, family, flags, hook, ActionCode, AddrKeyData, Bitmap, CachedVerdict,
-    ChainInfo, Config, Counter, CpuVerdicts4, DimMasks, FlowKey, FlowState, HookChains, IfKey,
-    IfaceInfo, PortKeyData, ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget,
-    CACHED_COUNTERS, CPU_VERDICT_SETS, HOOK_SLOTS, MAX_CHAINS, MAX_HOOK_CHAINS, MAX_RULES,
-    PROBE_MAGIC, WORDS,
-};
+// Map keys and values go to the helpers by reference: passing them by value would copy them
+// onto the 512-byte BPF stack first.
+#![allow(clippy::needless_borrows_for_generic_args)]
 
 mod bare;
 mod cache;
@@ -63,16 +45,20 @@ mod parse;
 mod reject;
 mod route;
 mod view;
+use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
+use aya_ebpf::macros::{classifier, xdp};
+use aya_ebpf::programs::{TcContext, XdpContext};
+use peerwall_common::{ct, flags, PROBE_MAGIC};
 
-use cache::*;
-use classify::*;
-use conntrack::*;
-use events::*;
-use maps::*;
-use parse::*;
-use reject::*;
-use route::*;
-use view::*;
+use crate::cache::{cache_on, cached_verdict, direct_cache, known_flow_v4, remember, MISS};
+use crate::classify::{classify, outcome, ACT_ACCEPT, ACT_DROP, ACT_REJECT, PATH_FORWARD};
+use crate::conntrack::{ct_commit, ct_state, CT_NO_WRITE};
+use crate::events::note_outcome;
+use crate::maps::{allow_all, config, has_views, record, WORK};
+use crate::parse::{parse, Parse, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
+use crate::reject::reject;
+use crate::route::{route, Route};
+use crate::view::forward_view;
 
 // Program entries.
 

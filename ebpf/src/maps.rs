@@ -2,8 +2,18 @@
 //! record. Names are the pin names under the pin directory (README, "The eBPF backend"); their
 //! key and value layouts are `peerwall-common`'s.
 
-#[allow(unused_imports)]
-use super::*;
+use aya_ebpf::macros::map;
+use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
+use peerwall_common::{
+    ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdicts4,
+    DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord, ProtoKey,
+    RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS, CPU_VERDICT_SETS, HOOK_SLOTS, MAX_CHAINS,
+    MAX_RULES,
+};
+
+use crate::classify::{Outcome, NO_RULE};
+use crate::parse::Pkt;
+use crate::route::Route;
 
 // Maps. Names are the pin names under /sys/fs/bpf/peerwall/ (see README, "The eBPF backend").
 

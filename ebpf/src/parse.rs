@@ -1,8 +1,11 @@
 //! Packet parsing common to tc (skb loads) and XDP (direct access with bounds checks):
 //! Ethernet/L3 offsets, IPv4/IPv6 (extension headers, fragments), TCP/UDP/ICMP fields.
 
-#[allow(unused_imports)]
-use super::*;
+use core::mem::size_of;
+
+use aya_ebpf::helpers::generated::bpf_xdp_load_bytes;
+use aya_ebpf::programs::{TcContext, XdpContext};
+use peerwall_common::family;
 
 // Packet access common to tc (skb loads) and XDP (direct access with bounds checks).
 

@@ -1,8 +1,16 @@
 //! Reject: an ICMP/ICMPv6 port-unreachable built in tc from the offending packet and
 //! redirected back out of the interface it came in on.
 
-#[allow(unused_imports)]
-use super::*;
+use aya_ebpf::bindings::TC_ACT_SHOT;
+use aya_ebpf::helpers::generated::{
+    bpf_redirect, bpf_skb_change_tail, bpf_skb_load_bytes, bpf_skb_store_bytes,
+};
+use aya_ebpf::programs::TcContext;
+use peerwall_common::family;
+
+use crate::conntrack::icmp_is_error;
+use crate::maps::{IFACES, REJECT_BUF, WORK};
+use crate::parse::{IPPROTO_ICMP, IPPROTO_ICMPV6};
 
 pub(crate) const TC_ACT_REDIRECT: i32 = 7;
 

@@ -1,8 +1,14 @@
 //! Routing: a FIB lookup tells whether a packet is forwarded (and through which interface) or
 //! delivered to the gateway itself, so the right hooks run.
 
-#[allow(unused_imports)]
-use super::*;
+use core::mem::size_of;
+
+use aya_ebpf::helpers::generated::bpf_fib_lookup;
+use aya_ebpf::EbpfContext;
+use peerwall_common::family;
+
+use crate::classify::{PATH_FORWARD, PATH_INPUT};
+use crate::parse::Pkt;
 
 /// Kernel layout of `struct bpf_fib_lookup` (64 bytes), unions flattened.
 #[repr(C)]

@@ -3,8 +3,9 @@
 //! destination in the live slot's `VIEW` trie. Only the parsed copy changes; the packet goes
 //! on untouched and netfilter performs the NAT itself.
 
-#[allow(unused_imports)]
-use super::*;
+use crate::classify::addr_key;
+use crate::maps::{VIEW0, VIEW1};
+use crate::parse::Pkt;
 
 /// Rewrite `p.dst` if a `VIEW` entry of `slot` covers it on interface `iif`.
 #[inline(never)]

@@ -208,7 +208,15 @@ fn setup_build() -> Result<()> {
     comps.args(["component", "add", "rustfmt", "clippy"]);
     run(comps)?;
     let mut src = Command::new("rustup");
-    src.args(["component", "add", "rust-src", "--toolchain", "nightly"]);
+    // rust-src for build-std (the eBPF object), clippy for linting the eBPF crate.
+    src.args([
+        "component",
+        "add",
+        "rust-src",
+        "clippy",
+        "--toolchain",
+        "nightly",
+    ]);
     run(src)?;
     ensure_bpf_linker()
 }
@@ -240,6 +248,28 @@ fn test(extra: &[String]) -> Result<()> {
         "warnings",
     ]);
     run(clippy)?;
+    // The eBPF crate too, on its own target (nightly, build-std), as `build-ebpf` builds it.
+    let mut ebpf = Command::new("rustup");
+    ebpf.current_dir(root())
+        .args([
+            "run",
+            "nightly",
+            "cargo",
+            "clippy",
+            "--package",
+            "peerwall-ebpf",
+            "--release",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--",
+            "-D",
+            "warnings",
+        ])
+        .env_remove("RUSTC")
+        .env_remove("CARGO");
+    run(ebpf).context("the eBPF crate has clippy warnings")?;
     // Doc comments must point at things that exist.
     let mut doc = cargo();
     doc.args([
