@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use peerwall_backend::{Backend, BackendError, EventError, HostInterface};
+use peerwall_backend::{Backend, BackendError, EventError, EventSource, HostInterface};
 use peerwall_policy::compile;
 
 /// Where policies come from.
@@ -30,6 +30,38 @@ impl std::str::FromStr for PolicySource {
                 "{s:?} is not a policy source (use dir:PATH or kube)"
             )),
         }
+    }
+}
+
+/// Read `source` until the process ends, into the agent's metrics (`/events`, drop counts).
+fn pump(mut source: Box<dyn EventSource>, metrics: crate::metrics::Shared) {
+    if let Ok(mut m) = metrics.lock() {
+        m.events.on = true;
+    }
+    let spawned = std::thread::Builder::new()
+        .name("events".into())
+        .spawn(move || loop {
+            // Only this thread still holds the metrics: the engine is gone, so is its source.
+            if std::sync::Arc::strong_count(&metrics) == 1 {
+                return;
+            }
+            match source.next_batch(std::time::Duration::from_millis(500)) {
+                Ok(batch) if batch.is_empty() => {}
+                Ok(batch) => {
+                    if let Ok(mut m) = metrics.lock() {
+                        for e in batch {
+                            m.events.push(e);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "reading events failed; retrying in 1 s");
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::error!(error = %e, "could not start the event reader");
     }
 }
 
@@ -183,7 +215,7 @@ impl Engine {
     /// Start reading the backend's events into the metrics and `/events`.
     pub fn start_events(&mut self) -> Result<(), EventError> {
         let source = self.backend.events()?;
-        crate::events::pump(source, self.metrics.clone());
+        pump(source, self.metrics.clone());
         Ok(())
     }
 

@@ -1,11 +1,10 @@
-//! The agent's record of its backend's events: a pump thread reads the [`EventSource`], keeps
-//! the last [`EVENT_LOG_SIZE`] events for `GET /events?after=N` (what `peerwall observe` reads
+//! The agent's record of its backend's events (the engine's event thread pushes what the
+//! backend's `EventSource` reads): it keeps the last [`EVENT_LOG_SIZE`] events for `GET /events?after=N` (what `peerwall observe` reads
 //! from a running agent), counts `peerwall_drops_total`, and logs nothing per event.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Duration;
 
-use peerwall_backend::{Event, EventSource};
+use peerwall_backend::Event;
 
 /// Events kept for readers.
 pub const EVENT_LOG_SIZE: usize = 4096;
@@ -155,38 +154,6 @@ type DropKey = (
     std::net::IpAddr,
 );
 
-/// Read `source` until the process ends, into the agent's metrics.
-pub fn pump(mut source: Box<dyn EventSource>, metrics: crate::metrics::Shared) {
-    if let Ok(mut m) = metrics.lock() {
-        m.events.on = true;
-    }
-    let spawned = std::thread::Builder::new()
-        .name("events".into())
-        .spawn(move || loop {
-            // Only this thread still holds the metrics: the engine is gone, so is its source.
-            if std::sync::Arc::strong_count(&metrics) == 1 {
-                return;
-            }
-            match source.next_batch(Duration::from_millis(500)) {
-                Ok(batch) if batch.is_empty() => {}
-                Ok(batch) => {
-                    if let Ok(mut m) = metrics.lock() {
-                        for e in batch {
-                            m.events.push(e);
-                        }
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "reading events failed; retrying in 1 s");
-                    std::thread::sleep(Duration::from_secs(1));
-                }
-            }
-        });
-    if let Err(e) = spawned {
-        tracing::error!(error = %e, "could not start the event reader");
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,7 +203,7 @@ mod tests {
         assert_eq!(s.len(), 2);
         assert_eq!((s[0].packets, s[1].packets), (3, 2));
         assert!(log
-            .summarize(std::time::UNIX_EPOCH + Duration::from_secs(1), 5)
+            .summarize(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1), 5)
             .is_empty());
         for _ in 0..EVENT_LOG_SIZE + 10 {
             log.push(ev(EventKind::Drop, Some("r"), 1));

@@ -29,8 +29,8 @@ use peerwall_common::{
 };
 
 use crate::classify::{ACT_ACCEPT, ACT_DROP};
-use crate::conntrack::{flow_key, icmp_keyed, tcp_flags_valid};
 use crate::events::note_cached;
+use crate::flow::{flow_key, icmp_keyed, tcp_flags_valid};
 use crate::maps::{
     has_views, COUNTERS0, COUNTERS1, SCRATCH, VERDICTS4, VERDICTS4_CPU, VERDICTS6, VERDICT_GENS,
     WORK,

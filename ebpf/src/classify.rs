@@ -10,11 +10,11 @@ use peerwall_common::{
 
 use crate::maps::{
     ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DST0, DST1, DSTH0,
-    DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0, RULES1,
-    SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1,
+    DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, LAST, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0,
+    RULES1, SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1,
 };
 use crate::parse::Pkt;
-use crate::route::Route;
+use crate::route::{Route, PATH_FORWARD};
 
 // Classification.
 
@@ -307,6 +307,24 @@ slot_eval!(
     RULES1, COUNTERS1
 );
 
+/// Record the outcome of the packet in `LAST` (what `peerwall verdict --engine bpf` reads).
+pub(crate) fn record(out: &Outcome) {
+    if let Some(r) = LAST.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot of a successful lookup.
+        unsafe {
+            (*r).seq = (*r).seq.wrapping_add(1);
+            (*r).verdict = out.action;
+            (*r).has_chain = out.has_chain as u8;
+            (*r).has_rule = (out.rule != NO_RULE) as u8;
+            (*r).chain = out.chain;
+            (*r).rule = out.rule;
+            (*r).audit = out.audit as u8;
+            (*r).audit_chain = out.audit_chain;
+            (*r).audit_rule = out.audit_rule;
+        }
+    }
+}
+
 /// Outcome of the whole path.
 pub(crate) struct Outcome {
     pub(crate) action: u8,
@@ -397,9 +415,6 @@ pub(crate) fn run_hook(slot: u32, hk: u32, q: &mut Query) -> bool {
     }
     lc.refused == 0
 }
-
-pub(crate) const PATH_INPUT: u32 = 0;
-pub(crate) const PATH_FORWARD: u32 = 1;
 
 /// Evaluate the packet's path: (prerouting, forward, postrouting) or (prerouting, input).
 #[inline(never)]

@@ -2,9 +2,12 @@
 //! packet (new, established, related, invalid) and the commit after an accept.
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
-use peerwall_common::{ct, family, FlowKey, FlowState};
+use peerwall_common::{ct, family, FlowState};
 
 use crate::cache::forget;
+use crate::flow::{
+    flow_key, icmp_is_error, icmp_is_reply, icmp_keyed, reverse, sctp_chunk_opens, tcp_flags_valid,
+};
 use crate::maps::{FLOWS, FLOW_IDLE_NS, WORK};
 use crate::parse::{
     parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
@@ -12,42 +15,6 @@ use crate::parse::{
 };
 
 // Connection tracking (an LRU of flows, original direction as key).
-
-pub(crate) const TCP_FIN: u8 = 0x01;
-pub(crate) const TCP_SYN: u8 = 0x02;
-pub(crate) const TCP_RST: u8 = 0x04;
-pub(crate) const TCP_ACK: u8 = 0x10;
-
-pub(crate) fn flow_key(p: &Pkt) -> FlowKey {
-    let (sport, dport) = if p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6 {
-        (p.icmp_id, 0)
-    } else {
-        (p.sport, p.dport)
-    };
-    FlowKey {
-        src: p.src,
-        dst: p.dst,
-        sport: sport.to_be_bytes(),
-        dport: dport.to_be_bytes(),
-        proto: p.proto,
-        family: p.family,
-        _pad: [0; 2],
-    }
-}
-
-/// The key of the opposite direction. ICMP echo keeps its identifier in `sport` both ways.
-pub(crate) fn reverse(k: &FlowKey) -> FlowKey {
-    let icmp = k.proto == IPPROTO_ICMP || k.proto == IPPROTO_ICMPV6;
-    FlowKey {
-        src: k.dst,
-        dst: k.src,
-        sport: if icmp { k.sport } else { k.dport },
-        dport: if icmp { k.dport } else { k.sport },
-        proto: k.proto,
-        family: k.family,
-        _pad: [0; 2],
-    }
-}
 
 #[inline(always)]
 pub(crate) fn fresh(st: &FlowState, now: u64) -> bool {
@@ -68,48 +35,6 @@ fn unchanged(st: &FlowState, now: u64) -> u32 {
         CT_NO_WRITE
     } else {
         0
-    }
-}
-
-/// The TCP flag combinations conntrack accepts (`tcp_valid_flags`), URG/PSH aside.
-#[inline(always)]
-pub(crate) fn tcp_flags_valid(flags: u8) -> bool {
-    let f = flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK);
-    matches!(f, TCP_SYN | 0x12 | TCP_RST | 0x14 | 0x11 | TCP_ACK)
-}
-
-/// SCTP chunks a flow can start with (conntrack's `sctp_new`): INIT, INIT ACK, HEARTBEAT,
-/// HEARTBEAT ACK, SHUTDOWN, SHUTDOWN ACK, ERROR, COOKIE ECHO. Twin of
-/// `peerwall_policy::ir::frame::sctp_chunk_opens`.
-#[inline(always)]
-pub(crate) fn sctp_chunk_opens(chunk: u8) -> bool {
-    matches!(chunk, 1 | 2 | 4 | 5 | 7 | 8 | 9 | 10)
-}
-
-/// ICMP types that are errors (quote another packet).
-pub(crate) fn icmp_is_error(p: &Pkt) -> bool {
-    if p.proto == IPPROTO_ICMP {
-        matches!(p.icmp_type, 3 | 4 | 5 | 11 | 12)
-    } else {
-        matches!(p.icmp_type, 1..=4)
-    }
-}
-
-/// ICMP types a flow cannot start with (replies).
-pub(crate) fn icmp_is_reply(p: &Pkt) -> bool {
-    if p.proto == IPPROTO_ICMP {
-        matches!(p.icmp_type, 0 | 14 | 16 | 18)
-    } else {
-        p.icmp_type == 129
-    }
-}
-
-/// Echo requests are tracked by id; ICMP types other than echo carry no usable id.
-pub(crate) fn icmp_keyed(p: &Pkt) -> bool {
-    if p.proto == IPPROTO_ICMP {
-        matches!(p.icmp_type, 0 | 8)
-    } else {
-        matches!(p.icmp_type, 128 | 129)
     }
 }
 

@@ -16,7 +16,7 @@ use peerwall_common::{
 use crate::classify::{
     Outcome, ACT_ACCEPT, ACT_AUDIT_DROP, ACT_AUDIT_REJECT, ACT_DROP, ACT_REJECT,
 };
-use crate::conntrack::flow_key;
+use crate::flow::flow_key;
 use crate::maps::{SCRATCH, WORK};
 use crate::parse::{IPPROTO_ICMP, IPPROTO_ICMPV6};
 

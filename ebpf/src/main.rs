@@ -24,7 +24,7 @@
 //! packet got, and an IPv4 TCP or UDP packet finds it by reading 12 header bytes straight into
 //! the cache key before anything is parsed (`known_flow_v4`).
 //!
-//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`], [`conntrack`], [`classify`],
+//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`], [`flow`], [`conntrack`], [`classify`],
 //! [`route`], [`reject`], [`events`]; the program entries (tc and XDP) are here; [`bare`] is
 //! the benchmark's baseline.
 #![no_std]
@@ -40,6 +40,7 @@ mod cache;
 mod classify;
 mod conntrack;
 mod events;
+mod flow;
 mod maps;
 mod parse;
 mod reject;
@@ -51,13 +52,13 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 use peerwall_common::{ct, flags, PROBE_MAGIC};
 
 use crate::cache::{cache_on, cached_verdict, direct_cache, known_flow_v4, remember, MISS};
-use crate::classify::{classify, outcome, ACT_ACCEPT, ACT_DROP, ACT_REJECT, PATH_FORWARD};
+use crate::classify::{classify, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
 use crate::conntrack::{ct_commit, ct_state, CT_NO_WRITE};
 use crate::events::note_outcome;
-use crate::maps::{allow_all, config, has_views, record, WORK};
+use crate::maps::{allow_all, config, has_views, WORK};
 use crate::parse::{parse, Parse, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
 use crate::reject::reject;
-use crate::route::{route, Route};
+use crate::route::{route, Route, PATH_FORWARD};
 use crate::view::forward_view;
 
 // Program entries.

@@ -11,7 +11,6 @@ use peerwall_common::{
     MAX_RULES,
 };
 
-use crate::classify::{Outcome, NO_RULE};
 use crate::parse::Pkt;
 use crate::route::Route;
 
@@ -191,22 +190,5 @@ pub(crate) fn config() -> Config {
             active: 0,
             flags: 0,
         },
-    }
-}
-
-pub(crate) fn record(out: &Outcome) {
-    if let Some(r) = LAST.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot of a successful lookup.
-        unsafe {
-            (*r).seq = (*r).seq.wrapping_add(1);
-            (*r).verdict = out.action;
-            (*r).has_chain = out.has_chain as u8;
-            (*r).has_rule = (out.rule != NO_RULE) as u8;
-            (*r).chain = out.chain;
-            (*r).rule = out.rule;
-            (*r).audit = out.audit as u8;
-            (*r).audit_chain = out.audit_chain;
-            (*r).audit_rule = out.audit_rule;
-        }
     }
 }

@@ -8,7 +8,7 @@ use aya_ebpf::helpers::generated::{
 use aya_ebpf::programs::TcContext;
 use peerwall_common::family;
 
-use crate::conntrack::icmp_is_error;
+use crate::flow::icmp_is_error;
 use crate::maps::{IFACES, REJECT_BUF, WORK};
 use crate::parse::{IPPROTO_ICMP, IPPROTO_ICMPV6};
 

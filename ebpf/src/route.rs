@@ -7,7 +7,6 @@ use aya_ebpf::helpers::generated::bpf_fib_lookup;
 use aya_ebpf::EbpfContext;
 use peerwall_common::family;
 
-use crate::classify::{PATH_FORWARD, PATH_INPUT};
 use crate::parse::Pkt;
 
 /// Kernel layout of `struct bpf_fib_lookup` (64 bytes), unions flattened.
@@ -34,6 +33,11 @@ pub(crate) const FIB_SKIP_NEIGH: u32 = 4;
 pub(crate) const FIB_SUCCESS: i64 = 0;
 pub(crate) const FIB_NOT_FWDED: i64 = 4;
 pub(crate) const FIB_NO_NEIGH: i64 = 7;
+
+/// The packet is delivered to the gateway itself: prerouting, input.
+pub(crate) const PATH_INPUT: u32 = 0;
+/// The packet is forwarded: prerouting, forward, postrouting.
+pub(crate) const PATH_FORWARD: u32 = 1;
 
 /// Path of a packet, the interfaces the chains see, and how to evaluate it.
 #[repr(C)]

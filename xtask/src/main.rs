@@ -11,6 +11,7 @@
 //!   `xtask/kube/start-node.sh` runs a whole one-node cluster (kubelet, containerd) in a netns.
 //! - `image`: OCI images of peerwall, the pause sandbox and the lab's gateway (`xtask/src/image.rs`).
 
+mod cycles;
 mod image;
 
 use std::path::{Path, PathBuf};
@@ -232,6 +233,7 @@ fn setup() -> Result<()> {
 }
 
 fn test(extra: &[String]) -> Result<()> {
+    check_cycles()?;
     setup()?;
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
@@ -290,6 +292,29 @@ fn test(extra: &[String]) -> Result<()> {
         fuzz(&[])?;
     }
     Ok(())
+}
+
+/// No import cycles between the modules of any crate ([`cycles`]).
+fn check_cycles() -> Result<()> {
+    let mut found = Vec::new();
+    for src in cycles::crate_sources(&root()) {
+        for c in cycles::crate_cycles(&src)? {
+            let krate = src
+                .parent()
+                .unwrap_or(&src)
+                .strip_prefix(root())
+                .unwrap_or(&src);
+            found.push(format!("{}: {}", krate.display(), c.join(" <-> ")));
+        }
+    }
+    if found.is_empty() {
+        println!("module cycles: none");
+        return Ok(());
+    }
+    bail!(
+        "modules that import each other (make one depend on the other only, or move what they share into a module of its own):\n  {}",
+        found.join("\n  ")
+    )
 }
 
 /// Run the fault tests and write their figures into docs/reliability.md (section `faults`).
@@ -576,6 +601,7 @@ fn main() -> Result<()> {
     match args.first().map(String::as_str) {
         Some("setup") => setup(),
         Some("test") => test(&args[1..]),
+        Some("cycles") => check_cycles(),
         Some("crd") => crd(),
         Some("bpf-linker") => ensure_bpf_linker(),
         Some("kube-build") => kube_build(),

@@ -721,6 +721,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             (true, CompileOutput::Json) => render::compile(&files, backend, Output::Json),
             (true, CompileOutput::Text) => render::compile(&files, backend, Output::Text),
         },
+        // A cluster's policy is derived first (`cluster`), then judged the same way.
+        Command::Verdict(a) if !a.cluster.is_empty() => cluster::verdict(a),
         Command::Verdict(a) => verdict::verdict(a),
         Command::Apply {
             files,

@@ -2,11 +2,8 @@
 
 use super::*;
 
-/// Judge the packet described by `a` and print the verdict.
+/// Judge the packet described by `a` (its policy from files) and print the verdict.
 pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
-    if !a.cluster.is_empty() {
-        return super::cluster::verdict(a);
-    }
     let VerdictArgs {
         files,
         iif,

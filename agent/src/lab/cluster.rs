@@ -71,6 +71,16 @@ pub(super) fn consumers() -> Vec<Consumer> {
 pub(super) const PROVIDER_CIDR: &str = "10.20.0.0/16";
 
 impl Consumer {
+    /// Liqo's remapping FirewallConfiguration in this consumer's gateway, when its CIDR is
+    /// remapped here.
+    pub(super) fn remap_object(&self) -> Option<Value> {
+        Some(super::liqo::remap_object(
+            self.name,
+            self.cidr,
+            self.remapped?,
+        ))
+    }
+
     /// The CIDR the provider reaches this consumer's pods by.
     pub(super) fn seen_cidr(&self) -> &'static str {
         self.remapped.unwrap_or(self.cidr)
@@ -549,7 +559,7 @@ pub(super) fn gateway_policy(c: &Consumer) -> Result<peerwall_policy::ir::Policy
             Group::Peerwall,
         )?,
     ];
-    if let Some(remap) = super::liqo::remap_object(c) {
+    if let Some(remap) = c.remap_object() {
         let mut o = object_from_json(remap, Group::Liqo)?;
         o.role = peerwall_intent::Role::Observe;
         objects.push(o);

@@ -11,22 +11,20 @@ use serde_json::{json, Value};
 use peerwall_backend::netns::NetNs;
 use peerwall_intent::load::{self, Group};
 
-use super::cluster::Consumer;
-
-/// Liqo's `remap-podcidr` FirewallConfiguration for consumer `c`, if its CIDR is remapped:
-/// prerouting DNAT of the remapped CIDR towards the peer (not from `eth0` nor the tunnel),
-/// postrouting SNAT of what comes from the peer's tunnel into the remapped CIDR.
-pub(super) fn remap_object(c: &Consumer) -> Option<Value> {
-    let remapped = c.remapped?;
-    Some(json!({
+/// Liqo's `remap-podcidr` FirewallConfiguration for consumer `name`, whose pod CIDR `cidr`
+/// this cluster sees as `remapped`: prerouting DNAT of the remapped CIDR towards the peer (not
+/// from `eth0` nor the tunnel), postrouting SNAT of what comes from the peer's tunnel into the
+/// remapped CIDR.
+pub(super) fn remap_object(name: &str, cidr: &str, remapped: &str) -> Value {
+    json!({
         "apiVersion": "networking.liqo.io/v1beta1",
         "kind": "FirewallConfiguration",
         "metadata": {
-            "name": format!("{}-remap-podcidr", c.name),
-            "namespace": format!("liqo-tenant-{}", c.name),
+            "name": format!("{}-remap-podcidr", name),
+            "namespace": format!("liqo-tenant-{}", name),
             "labels": {
                 "networking.liqo.io/firewall-category": "gateway",
-                "networking.liqo.io/firewall-unique": c.name,
+                "networking.liqo.io/firewall-unique": name,
             },
         },
         "spec": {"table": {
@@ -43,7 +41,7 @@ pub(super) fn remap_object(c: &Consumer) -> Option<Value> {
                             {"op": "neq", "dev": {"value": "eth0", "position": "in"}},
                             {"op": "neq", "dev": {"value": "liqo-tunnel", "position": "in"}},
                         ],
-                        "to": c.cidr,
+                        "to": cidr,
                     }]},
                 },
                 {
@@ -53,7 +51,7 @@ pub(super) fn remap_object(c: &Consumer) -> Option<Value> {
                         "natType": "snat",
                         "match": [
                             {"op": "neq", "dev": {"value": "eth0", "position": "out"}},
-                            {"op": "eq", "ip": {"value": c.cidr, "position": "src"}},
+                            {"op": "eq", "ip": {"value": cidr, "position": "src"}},
                             {"op": "eq", "dev": {"value": "liqo-tunnel", "position": "in"}},
                         ],
                         "to": remapped,
@@ -61,7 +59,7 @@ pub(super) fn remap_object(c: &Consumer) -> Option<Value> {
                 },
             ],
         }},
-    }))
+    })
 }
 
 /// Keep `obj`'s table in force in `gw` as Liqo's firewall controller does: an nftables table

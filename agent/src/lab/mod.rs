@@ -282,7 +282,7 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
         &node_end,
     ])?;
     // The remapping Liqo keeps in force in this gateway when the CIDRs overlap.
-    if let Some(obj) = liqo::remap_object(c) {
+    if let Some(obj) = c.remap_object() {
         liqo::apply_as_liqo(&gw, &obj)?;
     }
     for p in c.pods.iter().chain(&c.hosts_ours) {
@@ -319,7 +319,7 @@ fn start_agent(
     // Liqo's objects in force in this gateway, which the agent reads (never applies).
     let observed = work.join(format!("liqo-{}", c.name));
     std::fs::create_dir_all(&observed)?;
-    if let Some(obj) = liqo::remap_object(c) {
+    if let Some(obj) = c.remap_object() {
         std::fs::write(
             observed.join("remap-podcidr.yaml"),
             serde_json::to_string_pretty(&obj)?,

@@ -13,7 +13,7 @@ use peerwall_backend::{Event, EventError, EventKind, EventSource, IfNames};
 use peerwall_common::{event, family, map, EventConfig, FlowEvent};
 use peerwall_policy::ir::CtState;
 
-use crate::inspect::{meta_path, SlotMeta};
+use crate::meta::{meta_path, SlotMeta};
 
 /// Event settings of the datapath (`EVENT_CONF` and the `EVENTS`/`FLOW_LOG` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -41,22 +41,22 @@ impl EventSettings {
 
 /// Whether the datapath pinned in `pin_dir` reports events (its `EVENTS` flag): without it,
 /// nothing will ever arrive in the ring buffer.
-pub fn events_enabled(pin_dir: &Path) -> Result<bool, crate::loader::BpfError> {
+pub fn events_enabled(pin_dir: &Path) -> Result<bool, crate::error::BpfError> {
     let path = pin_dir.join(map::CONFIG);
-    let data = MapData::from_pin(&path).map_err(|source| crate::loader::BpfError::Map {
+    let data = MapData::from_pin(&path).map_err(|source| crate::error::BpfError::Map {
         map: path.display().to_string(),
         source,
     })?;
     let config: aya::maps::Array<MapData, peerwall_common::Config> =
         aya::maps::Array::try_from(aya::maps::Map::Array(data)).map_err(|source| {
-            crate::loader::BpfError::Map {
+            crate::error::BpfError::Map {
                 map: map::CONFIG.to_string(),
                 source,
             }
         })?;
     let c = config
         .get(&0, 0)
-        .map_err(|source| crate::loader::BpfError::Map {
+        .map_err(|source| crate::error::BpfError::Map {
             map: map::CONFIG.to_string(),
             source,
         })?;

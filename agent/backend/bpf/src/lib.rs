@@ -4,13 +4,18 @@
 //! - [`loader`]: the aya edge (load, pin, write slots, attach); [`backend`] is the
 //!   [`peerwall_backend::Backend`] the CLI and the agent drive;
 //! - [`inspect`]: `peerwall inspect`, decoding what is pinned; [`view`]: the
-//!   `compile --backend bpf` view of map contents.
+//!   `compile --backend bpf` view of map contents;
+//! - [`meta`]: the names behind a slot's chain ids and rule bits; [`error`]: [`BpfError`];
+//!   [`events`]: the datapath's ring of drops and flows.
 
 pub mod backend;
+pub mod error;
 pub mod events;
 pub mod inspect;
 pub mod loader;
 pub mod maps;
+pub mod meta;
 pub mod view;
 
 pub use backend::BpfBackend;
+pub use error::BpfError;

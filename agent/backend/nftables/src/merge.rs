@@ -24,8 +24,8 @@ use std::ops::Range;
 
 use peerwall_policy::ir::{self, eval::proto, Action, Dir, IpFamily, Source, Test, VerdictAction};
 
+use crate::model::addr_elem;
 use crate::model::{proto_keyword, AddrPart, Columns, Element, Key, KeyType, Tuple};
-use crate::render::addr_elem;
 
 /// Fewest rules worth a lookup: below this, evaluating the rules is as cheap.
 pub const MERGE_MIN_RULES: usize = 4;

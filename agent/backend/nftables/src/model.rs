@@ -501,3 +501,16 @@ impl Command<'_> {
         }
     }
 }
+
+/// One canonical address range as an element: a host, a prefix, or a range.
+pub(crate) fn addr_elem(family: IpFamily, r: peerwall_policy::ir::AddrRange) -> Element {
+    let text = peerwall_policy::ir::addr::format_range(family, r);
+    let lo = peerwall_policy::ir::addr::u128_to_addr(family, r.lo);
+    if text.contains('-') {
+        Element::AddrRange(lo, peerwall_policy::ir::addr::u128_to_addr(family, r.hi))
+    } else if let Some((_, len)) = text.split_once('/') {
+        Element::Prefix(lo, len.parse().unwrap_or(0))
+    } else {
+        Element::Addr(lo)
+    }
+}

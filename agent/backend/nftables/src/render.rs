@@ -9,12 +9,13 @@
 //! peerwall only ever modifies tables that carry it. Pure: data in, data out.
 
 use peerwall_policy::ir::{
-    self, Action, AddrSet, Dir, IfDir, IpFamily, NatAction, PortSet, SetElements, Source,
-    TableFamily, Test, VerdictAction,
+    self, Action, AddrSet, Dir, IfDir, NatAction, PortSet, SetElements, Source, TableFamily, Test,
+    VerdictAction,
 };
 
 use crate::events;
 use crate::merge;
+use crate::model::addr_elem;
 use crate::model::{
     Chain, Element, EventLimit, Expr, Key, KeyType, Policy, RejectType, Right, Rule, Set, Table,
     EVENT_LIMIT,
@@ -52,19 +53,6 @@ pub type RenderedTable = Table;
 pub const HASH_RUN_MAX: u128 = 16;
 /// Largest hash set produced by expanding runs.
 const HASH_MAX_ELEMENTS: u128 = 4_000_000;
-
-/// One canonical address range as an element: a host, a prefix, or a range.
-pub(crate) fn addr_elem(family: IpFamily, r: ir::AddrRange) -> Element {
-    let text = ir::addr::format_range(family, r);
-    let lo = ir::addr::u128_to_addr(family, r.lo);
-    if text.contains('-') {
-        Element::AddrRange(lo, ir::addr::u128_to_addr(family, r.hi))
-    } else if let Some((_, len)) = text.split_once('/') {
-        Element::Prefix(lo, len.parse().unwrap_or(0))
-    } else {
-        Element::Addr(lo)
-    }
-}
 
 fn addr_elems(set: &AddrSet) -> Vec<Element> {
     set.ranges()

@@ -49,86 +49,8 @@ pub const TC_L3_PROGRAM: &str = "peerwall_tc_l3";
 /// Name of the XDP program in the object.
 pub const XDP_PROGRAM: &str = "peerwall_xdp";
 
-/// Failures of the bpf backend.
-#[derive(Debug, thiserror::Error)]
-pub enum BpfError {
-    /// The nftables boot table could not be removed.
-    #[error("removing the boot table {table}: {message}")]
-    BootTable {
-        /// Table name.
-        table: String,
-        /// What nft said.
-        message: String,
-    },
-    /// bpffs is not mounted where pins go.
-    #[error("{0} is not on a bpf filesystem: mount it with `mount -t bpf bpf /sys/fs/bpf`")]
-    NoBpffs(PathBuf),
-    /// Loading or verifying the object failed.
-    #[error("loading the eBPF object: {0}")]
-    Load(#[from] aya::EbpfError),
-    /// A program operation failed.
-    #[error("{what}: {source}")]
-    Program {
-        /// What was attempted.
-        what: String,
-        /// Cause.
-        source: aya::programs::ProgramError,
-    },
-    /// A map operation failed.
-    #[error("map {map}: {source}")]
-    Map {
-        /// Map name.
-        map: String,
-        /// Cause.
-        source: aya::maps::MapError,
-    },
-    /// A map missing from the object.
-    #[error("map {0} is missing from the eBPF object")]
-    MissingMap(String),
-    /// A program missing from the object.
-    #[error("program {0} is missing from the eBPF object")]
-    MissingProgram(String),
-    /// Pinning failed.
-    #[error("pinning {path}: {source}")]
-    Pin {
-        /// Path.
-        path: PathBuf,
-        /// Cause.
-        source: aya::pin::PinError,
-    },
-    /// Reading a pinned link failed.
-    #[error("reading pinned link {path}: {source}")]
-    Link {
-        /// Path.
-        path: PathBuf,
-        /// Cause.
-        source: aya::programs::links::LinkError,
-    },
-    /// Filesystem work failed.
-    #[error("{path}: {source}")]
-    Io {
-        /// Path.
-        path: PathBuf,
-        /// Cause.
-        source: std::io::Error,
-    },
-    /// The policy does not fit the datapath.
-    #[error(transparent)]
-    Compile(#[from] maps::BpfCompileError),
-    /// No interface matched the attach patterns.
-    #[error("no interface matches {0:?}")]
-    NoInterface(Vec<String>),
-    /// The host's interfaces could not be listed.
-    #[error("listing interfaces: {0}")]
-    ListInterfaces(#[source] std::io::Error),
-}
-
-pub(super) fn map_err(map: &str) -> impl FnOnce(aya::maps::MapError) -> BpfError + '_ {
-    move |source| BpfError::Map {
-        map: map.to_string(),
-        source,
-    }
-}
+pub(crate) use crate::error::map_err;
+pub use crate::error::BpfError;
 
 /// What a slot's maps hold, as written by this process (for O(changes) updates).
 type SlotContents = Option<BpfPolicy>;
@@ -589,18 +511,18 @@ impl Datapath {
     /// Names for `peerwall inspect`; the maps alone hold only ids. Best effort: a read-only
     /// /run must not stop enforcement.
     fn write_names(&self, slot: u32, new: &BpfPolicy) {
-        let meta = crate::inspect::SlotMeta {
+        let meta = crate::meta::SlotMeta {
             chains: new
                 .chains
                 .iter()
-                .map(|c| crate::inspect::ChainMeta {
+                .map(|c| crate::meta::ChainMeta {
                     table: c.table.clone(),
                     chain: c.chain.clone(),
                     rules: c.rules.iter().map(|r| r.name.clone()).collect(),
                 })
                 .collect(),
         };
-        if let Err(e) = crate::inspect::write_meta(&self.pin_dir, slot, &meta) {
+        if let Err(e) = crate::meta::write_meta(&self.pin_dir, slot, &meta) {
             tracing::warn!(error = %e, "cannot record chain and rule names for inspect");
         }
     }

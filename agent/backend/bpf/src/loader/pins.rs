@@ -131,14 +131,14 @@ pub fn remove_pins(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
         }
     }
     // The slots' names live beside, under /run (bpffs holds only BPF objects).
-    if let Some(meta) = crate::inspect::meta_path(pin_dir, 0).parent() {
+    if let Some(meta) = crate::meta::meta_path(pin_dir, 0).parent() {
         match std::fs::remove_dir_all(meta) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(meta)(e)),
             _ => {}
         }
         // And the directories above it that held only it (a non-empty one stays).
         for dir in meta.ancestors().skip(1) {
-            if !dir.starts_with(crate::inspect::META_ROOT) || std::fs::remove_dir(dir).is_err() {
+            if !dir.starts_with(crate::meta::META_ROOT) || std::fs::remove_dir(dir).is_err() {
                 break;
             }
         }
