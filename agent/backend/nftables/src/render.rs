@@ -492,6 +492,7 @@ pub fn render_policy(p: &ir::Policy, opts: RenderOptions) -> Vec<Table> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use peerwall_policy::ir::IpFamily;
 
     fn set(nets: &[&str]) -> AddrSet {
         AddrSet::from_nets(IpFamily::V4, nets.iter().map(|n| n.parse().unwrap()))
