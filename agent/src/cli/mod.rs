@@ -61,7 +61,14 @@ fn runtime<E: Into<anyhow::Error>>(e: E) -> CliError {
 
 /// peerwall: a gateway firewall for Liqo multi-cluster peering.
 #[derive(Parser, Debug)]
-#[command(name = "peerwall", version, about, long_about = None)]
+#[command(
+    name = "peerwall",
+    version,
+    about = "A gateway firewall for Liqo peerings: filters what crosses each peer's tunnel, in \
+             nftables or eBPF, from FirewallConfigurations, the NetworkPolicies you already \
+             write and what peerwall derives from offloaded pods.",
+    long_about = None
+)]
 pub struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -326,8 +333,11 @@ pub enum Command {
     /// (sidecar mode), from the template itself: adds the container and its volume, or
     /// replaces them when present (applying it again changes nothing).
     SidecarPatch(sidecar::SidecarArgs),
-    /// The gateway lab: two consumers, real WireGuard tunnels, a provider node, both backends;
-    /// prints the reachability matrix and the time for a newly offloaded pod to become reachable.
+    /// The gateway lab: three consumer clusters (one whose pod CIDR overlaps the provider's,
+    /// behind Liqo's remapping NAT), each over a real WireGuard tunnel to its own gateway
+    /// running the agent on the controller's output, a provider node, both backends; prints
+    /// the reachability matrix (protection, exceptions, NetworkPolicies, call home,
+    /// anti-spoofing) and the time for a newly offloaded pod to become reachable.
     Lab {
         /// Backend (both when omitted).
         #[arg(long, value_enum)]
