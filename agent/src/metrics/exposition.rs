@@ -1,74 +1,40 @@
-//! `/metrics` (Prometheus text format), `/healthz` and `/readyz` of the agent and the
-//! controller, served over hyper (the webhook's HTTP stack) from a thread of its own.
-//!
-//! Labels are bounded by the policy itself (table, chain and rule names of the applied policy);
-//! nothing per packet or per address.
+//! The Prometheus text exposition of the agents' and the controller's state, and their
+//! `/events` answers: what [`super::http`] serves.
 
 use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper::{Request, Response, StatusCode};
 
 use peerwall_backend::RuleCounter;
 
-/// Upper bounds (seconds) of the apply latency histogram.
-pub const APPLY_BUCKETS: [f64; 10] = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0];
+use super::{AgentMetrics, ControllerMetrics, GatewayMetrics, APPLY_BUCKETS};
 
-/// What the agent reports.
-#[derive(Debug, Default, Clone)]
-pub struct AgentMetrics {
-    /// Backend name.
-    pub backend: &'static str,
-    /// Policies applied so far.
-    pub generation: u64,
-    /// Apply latency histogram: counts per bucket (cumulative at render time), sum, count.
-    pub apply_buckets: [u64; APPLY_BUCKETS.len()],
-    /// Sum of apply seconds.
-    pub apply_sum: f64,
-    /// Number of applies.
-    pub apply_count: u64,
-    /// Applies the kernel refused.
-    pub apply_errors: u64,
-    /// Policy changes refused by validation.
-    pub invalid_policies: u64,
-    /// Drift repairs (nftables).
-    pub drift_repairs: u64,
-    /// Applies that changed only set elements (address slices, in O(changes)).
-    pub set_updates: u64,
-    /// Connections ended because a NetworkPolicy change no longer allows them.
-    pub flows_ended: u64,
-    /// Failures to list or end connections after a NetworkPolicy change.
-    pub flow_end_errors: u64,
-    /// Rule counters of the applied policy.
-    pub rules: Vec<RuleCounter>,
-    /// Whether a policy is in force.
-    pub ready: bool,
-    /// The backend's recent events and drop counts ([`crate::events`]).
-    pub events: crate::events::EventLog,
-    /// The emergency switch is on: nothing is enforced.
-    pub allow_all: bool,
-    /// Connection-tracking table fill: (entries, capacity).
-    pub conntrack: Option<(u64, u64)>,
-    /// The policy source does not answer (the API server is away): not ready, the last good
-    /// policy stays in force.
-    pub source_down: bool,
+/// What a component exposes on `/metrics` and `/readyz`.
+pub trait Exposition {
+    /// Prometheus text exposition.
+    fn render(&self) -> String;
+    /// Whether `/readyz` answers ready.
+    fn ready(&self) -> bool;
+    /// `/events?after=N`: NDJSON of the events numbered after N, and the next mark; None when
+    /// the component has no events.
+    fn events_after(&self, after: u64) -> Option<(String, u64)> {
+        let _ = after;
+        None
+    }
+}
+
+impl Exposition for AgentMetrics {
+    fn render(&self) -> String {
+        AgentMetrics::render(self)
+    }
+
+    fn events_after(&self, after: u64) -> Option<(String, u64)> {
+        self.events.on.then(|| self.events.ndjson_after(after))
+    }
+    fn ready(&self) -> bool {
+        self.ready && !self.source_down
+    }
 }
 
 impl AgentMetrics {
-    /// Record one apply's duration.
-    pub fn observe_apply(&mut self, seconds: f64) {
-        for (i, b) in APPLY_BUCKETS.iter().enumerate() {
-            if seconds <= *b {
-                self.apply_buckets[i] += 1;
-            }
-        }
-        self.apply_sum += seconds;
-        self.apply_count += 1;
-    }
-
     /// Prometheus text exposition.
     pub fn render(&self) -> String {
         render_families(vec![self.families("")])
@@ -298,18 +264,6 @@ fn render_families(sets: Vec<Vec<Family>>) -> String {
     s
 }
 
-/// The agent in gateway-pod mode: one [`AgentMetrics`] per gateway enforced on this node,
-/// labelled `gateway="<peer cluster id>"` (bounded by the peers whose gateways run here).
-#[derive(Debug, Default)]
-pub struct GatewayMetrics {
-    /// The node's gateway pods have been listed.
-    pub synced: bool,
-    /// Each enforced gateway's metrics, by peer cluster id.
-    pub gateways: std::collections::BTreeMap<String, Shared>,
-    /// The agent runs with events on: `/events` answers (empty) before the first gateway.
-    pub events: bool,
-}
-
 impl Exposition for GatewayMetrics {
     /// Every gateway's events, merged in number order.
     fn events_after(&self, after: u64) -> Option<(String, u64)> {
@@ -370,66 +324,6 @@ fn esc(v: &str) -> String {
     v.replace('\\', "\\\\")
         .replace('"', "\\\"")
         .replace('\n', "\\n")
-}
-
-/// Shared metrics.
-pub type Shared = Arc<Mutex<AgentMetrics>>;
-
-/// What a component exposes on `/metrics` and `/readyz`.
-pub trait Exposition {
-    /// Prometheus text exposition.
-    fn render(&self) -> String;
-    /// Whether `/readyz` answers ready.
-    fn ready(&self) -> bool;
-    /// `/events?after=N`: NDJSON of the events numbered after N, and the next mark; None when
-    /// the component has no events.
-    fn events_after(&self, after: u64) -> Option<(String, u64)> {
-        let _ = after;
-        None
-    }
-}
-
-impl Exposition for AgentMetrics {
-    fn render(&self) -> String {
-        AgentMetrics::render(self)
-    }
-
-    fn events_after(&self, after: u64) -> Option<(String, u64)> {
-        self.events.on.then(|| self.events.ndjson_after(after))
-    }
-    fn ready(&self) -> bool {
-        self.ready && !self.source_down
-    }
-}
-
-/// What the protection controller reports.
-#[derive(Debug, Default, Clone)]
-pub struct ControllerMetrics {
-    /// Caches synced and reconciling.
-    pub ready: bool,
-    /// Peer clusters (tenant namespaces) seen.
-    pub peers: u64,
-    /// Offloaded pod addresses published, over all peers.
-    pub offloaded_addresses: u64,
-    /// Addresses held back (waiting for another tenant to release them).
-    pub held_back_addresses: u64,
-    /// Gateway FirewallConfigurations written.
-    pub gateway_writes: u64,
-    /// AddressSet slices written.
-    pub slice_writes: u64,
-    /// Empty AddressSet slices deleted.
-    pub slice_deletes: u64,
-    /// NetworkPolicies applied.
-    pub network_policy_writes: u64,
-    /// NetworkPolicies removed.
-    pub network_policy_removals: u64,
-    /// Reconciles that failed (retried).
-    pub reconcile_errors: u64,
-    /// Liqo gateway pods without enforcement (no ready agent on their node, no sidecar) for
-    /// longer than the grace period.
-    pub unprotected_gateways: u64,
-    /// Peers whose gateway configuration no host has applied past the grace period.
-    pub unenforced_peers: u64,
 }
 
 impl Exposition for ControllerMetrics {
@@ -512,181 +406,10 @@ impl Exposition for ControllerMetrics {
     }
 }
 
-/// Which endpoints a listener answers: `/events` carries flows with addresses, so it may be
-/// served apart (on localhost) from what Prometheus scrapes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Endpoints {
-    /// `/metrics`, `/healthz`, `/readyz`.
-    Metrics,
-    /// `/events`.
-    Events,
-    /// All of them.
-    All,
-}
-
-/// Answer one request: `/metrics` (Prometheus text), `/healthz`, `/readyz`, `/events`, as far
-/// as `endpoints` serves them.
-fn respond<M: Exposition>(
-    path: &str,
-    query: Option<&str>,
-    metrics: &Mutex<M>,
-    endpoints: Endpoints,
-) -> Response<Full<Bytes>> {
-    let mut next_mark = None;
-    let elsewhere = match (endpoints, path) {
-        (Endpoints::Metrics, "/events") => Some("/events is served on the agent's --events-addr"),
-        (Endpoints::Events, "/metrics" | "/healthz" | "/readyz") => {
-            Some("served on the agent's --metrics-addr")
-        }
-        _ => None,
-    };
-    let (status, ctype, body) = match path {
-        _ if elsewhere.is_some() => (
-            StatusCode::NOT_FOUND,
-            "text/plain",
-            format!("{}\n", elsewhere.unwrap_or_default()),
-        ),
-        "/events" => {
-            let after = query
-                .and_then(|q| q.split('&').find_map(|kv| kv.strip_prefix("after=")))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0);
-            match metrics.lock().ok().and_then(|m| m.events_after(after)) {
-                Some((body, next)) => {
-                    next_mark = Some(next);
-                    (StatusCode::OK, "application/x-ndjson", body)
-                }
-                None => (
-                    StatusCode::NOT_FOUND,
-                    "text/plain",
-                    "events are off: start the agent with --events\n".into(),
-                ),
-            }
-        }
-        "/metrics" => match metrics.lock() {
-            Ok(m) => (StatusCode::OK, "text/plain; version=0.0.4", m.render()),
-            Err(_) => (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain",
-                "poisoned\n".into(),
-            ),
-        },
-        "/healthz" => (StatusCode::OK, "text/plain", "ok\n".into()),
-        "/readyz" => match metrics.lock() {
-            Ok(m) if m.ready() => (StatusCode::OK, "text/plain", "ready\n".into()),
-            _ => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                "text/plain",
-                "not ready\n".into(),
-            ),
-        },
-        _ => (StatusCode::NOT_FOUND, "text/plain", "not found\n".into()),
-    };
-    let mut r = Response::new(Full::new(Bytes::from(body)));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        hyper::header::HeaderValue::from_static(ctype),
-    );
-    if let Some(n) = next_mark {
-        r.headers_mut()
-            .insert(EVENTS_NEXT_HEADER, hyper::header::HeaderValue::from(n));
-    }
-    r
-}
-
-/// Header of `/events` answers: the mark to ask `after` next time.
-pub const EVENTS_NEXT_HEADER: &str = "x-peerwall-next";
-
-/// Serve on `addr` (hyper, HTTP/1.1, the webhook's stack) from a thread of its own with a
-/// small runtime, so the synchronous directory source and the async Kubernetes sources serve
-/// alike; returns the bound address.
-pub fn serve<M: Exposition + Send + 'static>(
-    addr: SocketAddr,
-    metrics: Arc<Mutex<M>>,
-) -> std::io::Result<SocketAddr> {
-    serve_endpoints(addr, metrics, Endpoints::All)
-}
-
-/// The agent's listeners: `/metrics`, `/healthz`, `/readyz` on `metrics_addr`, `/events` on
-/// `events_addr` when events are on (one listener for all when the two are equal). Returns
-/// the bound addresses.
-pub fn serve_agent<M: Exposition + Send + 'static>(
-    metrics_addr: SocketAddr,
-    events_addr: Option<SocketAddr>,
-    metrics: Arc<Mutex<M>>,
-) -> std::io::Result<(SocketAddr, Option<SocketAddr>)> {
-    match events_addr {
-        Some(e) if e == metrics_addr => {
-            let bound = serve_endpoints(metrics_addr, metrics, Endpoints::All)?;
-            Ok((bound, Some(bound)))
-        }
-        Some(e) => {
-            let bound = serve_endpoints(metrics_addr, metrics.clone(), Endpoints::Metrics)?;
-            let events = serve_endpoints(e, metrics, Endpoints::Events)?;
-            Ok((bound, Some(events)))
-        }
-        None => Ok((
-            serve_endpoints(metrics_addr, metrics, Endpoints::Metrics)?,
-            None,
-        )),
-    }
-}
-
-/// [`serve`] answering only `endpoints`.
-pub fn serve_endpoints<M: Exposition + Send + 'static>(
-    addr: SocketAddr,
-    metrics: Arc<Mutex<M>>,
-    endpoints: Endpoints,
-) -> std::io::Result<SocketAddr> {
-    let std_listener = std::net::TcpListener::bind(addr)?;
-    std_listener.set_nonblocking(true)?;
-    let bound = std_listener.local_addr()?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_io()
-        .build()?;
-    std::thread::Builder::new()
-        .name("metrics".into())
-        .spawn(move || {
-            rt.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(std_listener) {
-                    Ok(l) => l,
-                    Err(e) => {
-                        tracing::error!(error = %e, "metrics listener unusable; no metrics served");
-                        return;
-                    }
-                };
-                loop {
-                    let (stream, _) = match listener.accept().await {
-                        Ok(s) => s,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "metrics accept failed");
-                            continue;
-                        }
-                    };
-                    let metrics = metrics.clone();
-                    tokio::spawn(async move {
-                        let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                            let r =
-                                respond(req.uri().path(), req.uri().query(), &metrics, endpoints);
-                            async move { Ok::<_, std::convert::Infallible>(r) }
-                        });
-                        if let Err(e) = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
-                            .await
-                        {
-                            tracing::debug!(error = %e, "metrics request failed");
-                        }
-                    });
-                }
-            })
-        })?;
-    Ok(bound)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
 
     #[test]
     fn renders_prometheus_text() {
