@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use peerwall::netpol::{
     self, Cluster, ContainerPort, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule, Selector,
 };
-use peerwall_backend::netns::NetNs;
 use peerwall_backend_select::{BackendKind, Settings};
+use peerwall_netns::NetNs;
 
 const NAMESPACES: usize = 100;
 const PEER: &str = "p1";

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-pub use peerwall_backend::netns::NetNs;
+pub use peerwall_netns::NetNs;
 
 /// Fail loudly when not root: these tests exist to touch real kernels.
 pub fn require_root() {

@@ -16,7 +16,7 @@ async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
         dir: format!("/sys/fs/bpf/peerwall-kube-test-{}", std::process::id()),
         ns: t.gateway.name().to_string(),
     };
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let _agent = agent_with(
@@ -87,7 +87,7 @@ async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_applies_reports_status_and_cleans_up() {
     let t = Topology::new();
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let _agent = agent(&server, &t.gateway, "gw-test", "peerwall.io/target=gateway");

@@ -19,7 +19,7 @@ use crate::support::*;
 /// the state the previous one left, which is what the controller must handle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let metrics_addr = format!("127.0.0.1:{}", free_port());
@@ -262,7 +262,7 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_pods_behind_a_remapped_cidr_are_listed_by_their_tunnel_address() {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     // Liqo's Configuration resource: the fields the controller reads (Liqo's own CRD is
@@ -386,7 +386,7 @@ async fn remote_pods_behind_a_remapped_cidr_are_listed_by_their_tunnel_address()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_without_an_agent_on_its_node_is_reported() {
     use k8s_openapi::api::core::v1::Event;
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let metrics_addr = format!("127.0.0.1:{}", free_port());
@@ -686,7 +686,7 @@ async fn sctp_policies_reach_the_tier_like_tcp_ones() {
 /// A server with peerwall's CRDs, a running controller, peer `p1`'s tenant namespace and an
 /// empty namespace `shop`.
 async fn controller_with_peer_and_shop() -> (ApiServer, kube::Client, Proc) {
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let controller = server.peerwall(
@@ -705,7 +705,7 @@ async fn controller_with_peer_and_shop() -> (ApiServer, kube::Client, Proc) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_configuration_no_host_applies_is_reported_not_enforced() {
     use k8s_openapi::api::core::v1::Event;
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let _controller = server.peerwall(
@@ -753,7 +753,7 @@ async fn a_gateway_configuration_no_host_applies_is_reported_not_enforced() {
     })
     .await;
     // An agent applies it: the controller takes its condition back.
-    let gw = peerwall_backend::netns::NetNs::new("pwt-ne").expect("netns");
+    let gw = peerwall_netns::NetNs::new("pwt-ne").expect("netns");
     let _agent = agent_with(
         &server,
         &gw,

@@ -120,7 +120,7 @@ async fn deploy_manifests_pass_server_side_dry_run() {
 }
 
 async fn dry_run(dir: &str) {
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let target_ns = "peerwall-system".to_string();
@@ -211,7 +211,7 @@ fn kubectl(server: &ApiServer, args: &[&str], stdin: Option<&str>) -> String {
 /// container, the last image, the gateway's own container untouched.
 #[test]
 fn the_sidecar_patch_is_idempotent_on_a_real_template() {
-    let server = ApiServer::start();
+    let server = api_server();
     let crd = json!({
         "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
         "metadata": {"name": "wggatewayservertemplates.networking.liqo.io"},

@@ -14,7 +14,7 @@ async fn offloaded_pod_is_reachable_through_its_consumers_tunnel_only() {
     // (own tunnel, own agent selecting its peer's configuration), as Liqo runs one gateway per peer.
     let ta = Topology::new();
     let tb = Topology::new();
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let _agent_a = agent(
@@ -128,7 +128,7 @@ async fn network_policies_hold(backend: &str) {
         ),
         ns: t.gateway.name().to_string(),
     };
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let extra: Vec<&str> = if backend == "bpf" {

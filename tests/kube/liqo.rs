@@ -149,7 +149,7 @@ pub(crate) async fn liqo_versions(client: &Client) -> BTreeSet<(String, String)>
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn installing_peerwall_leaves_liqo_crd_and_objects_alone() {
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_liqo_crd(&client).await;
     let created = create_liqo_shapes(&client, "").await;
@@ -270,7 +270,7 @@ async fn installing_peerwall_leaves_liqo_crd_and_objects_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_enforces_liqo_objects_only_on_request_and_read_only() {
     let t = Topology::new();
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     install_liqo_crd(&client).await;

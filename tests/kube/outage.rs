@@ -77,7 +77,7 @@ fn start_apiserver(server: &ApiServer, args: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_keeps_enforcing_through_an_api_server_outage_and_resyncs() {
     let t = Topology::new();
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let agent = agent(
@@ -194,7 +194,7 @@ async fn controller_never_empties_a_set_through_an_api_server_outage() {
     use kube::runtime::watcher;
     use std::sync::{Arc, Mutex};
 
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let metrics = format!("127.0.0.1:{}", free_port());

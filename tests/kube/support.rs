@@ -1,10 +1,11 @@
 //! What every Kubernetes test uses: a real etcd + kube-apiserver + kube-controller-manager
-//! per test, peerwall processes against it, objects, conditions, certificates.
+//! per test and peerwall processes against it (`peerwall_testkit::kube`), objects,
+//! conditions, certificates.
 
 use std::collections::BTreeSet;
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
@@ -15,139 +16,11 @@ use serde_json::json;
 
 use crate::common::*;
 
-pub(crate) const KUBE_VERSION: &str = "1.20.2";
+pub(crate) use peerwall_testkit::kube::{kube_bin_dir, ApiServer, Proc};
 
-pub(crate) fn kube_bin_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("PEERWALL_KUBE_BIN") {
-        return PathBuf::from(d);
-    }
-    let cache = std::env::var_os("PEERWALL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/peerwall")
-        });
-    cache.join(format!("kube-{KUBE_VERSION}"))
-}
-
-pub(crate) fn port_free(p: u16) -> bool {
-    TcpListener::bind(("127.0.0.1", p)).is_ok()
-}
-
-/// etcd + kube-apiserver + kube-controller-manager on loopback; stopped on drop.
-pub(crate) struct ApiServer {
-    pub(crate) dir: PathBuf,
-    pub(crate) kubeconfig: PathBuf,
-}
-
-impl ApiServer {
-    pub(crate) fn start() -> Self {
-        let bin = kube_bin_dir();
-        assert!(
-            bin.join("kube-apiserver").exists(),
-            "no kube-apiserver in {}: run `cargo xtask setup` (or `cargo xtask kube-build`)",
-            bin.display()
-        );
-        let port = loop {
-            let p = 20000 + (rand::random::<u16>() % 5000) * 2;
-            if port_free(p) && port_free(p + 10000) && port_free(p + 10001) {
-                break p;
-            }
-        };
-        let dir = std::env::temp_dir().join(format!("peerwall-kube-{}-{port}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let me = Self {
-            dir: dir.clone(),
-            kubeconfig: dir.join("kubeconfig"),
-        };
-        let out = Command::new("bash")
-            .arg(repo("xtask/kube/start-apiserver.sh"))
-            .arg(&bin)
-            .arg(&dir)
-            .arg(port.to_string())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "apiserver did not start: {}\n{}",
-            String::from_utf8_lossy(&out.stderr),
-            std::fs::read_to_string(dir.join("apiserver.log")).unwrap_or_default()
-        );
-        me
-    }
-
-    pub(crate) async fn client(&self) -> Client {
-        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
-        let cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap();
-        Client::try_from(cfg).unwrap()
-    }
-
-    /// A peerwall subcommand talking to this server; stopped (SIGTERM) on drop.
-    pub(crate) fn peerwall(&self, name: &str, args: &[&str]) -> Proc {
-        let log = self.dir.join(format!("{name}.log"));
-        let child = Command::new(peerwall())
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("PEERWALL_LOG", "info,kube=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Proc { child, log }
-    }
-}
-
-impl Drop for ApiServer {
-    fn drop(&mut self) {
-        for p in ["kcm", "apiserver", "etcd"] {
-            if let Ok(pid) = std::fs::read_to_string(self.dir.join(format!("{p}.pid"))) {
-                if let Ok(pid) = pid.trim().parse::<i32>() {
-                    // SAFETY: kill(2) on a process this test started.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A child process, terminated on drop; its log is printed when a test fails.
-pub(crate) struct Proc {
-    pub(crate) child: Child,
-    pub(crate) log: PathBuf,
-}
-
-impl Proc {
-    pub(crate) fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-    pub(crate) fn stop(&mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stop();
-        if std::thread::panicking() {
-            eprintln!("---- {} ----\n{}", self.log.display(), self.log());
-        }
-    }
+/// A real API server for one test, running this build's peerwall.
+pub(crate) fn api_server() -> ApiServer {
+    ApiServer::start(peerwall())
 }
 
 /// Poll `f` until it returns Some, or panic naming `what`.

@@ -14,7 +14,7 @@ use crate::support::*;
 /// invalid update and a certificate rotation run against the same registration, as in a cluster.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn webhook_refuses_invalid_objects_through_the_api_server() {
-    let server = ApiServer::start();
+    let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
     let ca = webhook_certs(&server.dir);

@@ -1,5 +1,5 @@
-//! What every backend shares: the [`Backend`] interface, the reports it gives back, and the
-//! network namespaces it may enforce in ([`InNetns`] runs any backend inside another one).
+//! What every backend shares: the [`Backend`] interface, the reports it gives back, and
+//! [`InNetns`], which runs any backend inside another network namespace.
 //! Implementations: `peerwall-backend-nftables` (one atomic nft transaction per apply) and
 //! `peerwall-backend-bpf` (tc/XDP programs over maps; the programs themselves are `ebpf/`).
 //! The CLI and the agent drive both through this trait only, as `Box<dyn Backend>`
@@ -8,7 +8,6 @@
 pub mod error;
 pub mod events;
 pub mod in_netns;
-pub mod netns;
 
 use serde::Serialize;
 

@@ -7,10 +7,10 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use peerwall_backend::netns::NetNs;
 use peerwall_backend_bpf::loader::{host_ifaces, remove_pins, Datapath};
 use peerwall_backend_bpf::maps::Iface;
 use peerwall_common::flags;
+use peerwall_netns::NetNs;
 use peerwall_policy::ir::Policy;
 
 use crate::{median, run_ns};

@@ -3,8 +3,6 @@
 //! and peerwall processes with their peak memory.
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
@@ -17,158 +15,45 @@ pub const PEER: &str = "bench";
 pub const TENANT: &str = "liqo-tenant-bench";
 pub const OFFLOADED: &str = "offloaded-bench";
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("repo root")
-        .to_path_buf()
+pub use peerwall_testkit::kube::{ApiServer, Proc};
+
+/// A real API server with peerwall's CRDs established, running this build's peerwall.
+pub fn api_server() -> ApiServer {
+    let server = ApiServer::start(env!("CARGO_BIN_EXE_peerwall"));
+    let crd = server
+        .kubectl()
+        .args(["apply", "-f"])
+        .arg(peerwall_testkit::repo_root().join("deploy/base/crd.yaml"))
+        .output()
+        .expect("kubectl");
+    assert!(
+        crd.status.success(),
+        "{}",
+        String::from_utf8_lossy(&crd.stderr)
+    );
+    let wait = server
+        .kubectl()
+        .args([
+            "wait",
+            "--for=condition=Established",
+            "crd/firewallconfigurations.peerwall.io",
+            "crd/addresssets.peerwall.io",
+        ])
+        .output()
+        .expect("kubectl");
+    assert!(
+        wait.status.success(),
+        "{}",
+        String::from_utf8_lossy(&wait.stderr)
+    );
+    server
 }
 
-fn kube_bin() -> PathBuf {
-    let cache = std::env::var_os("PEERWALL_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
-                .join(".cache/peerwall")
-        });
-    cache.join("kube-1.20.2")
-}
-
-/// A port P for the API server with P+10000 and P+10001 (etcd) free too.
-fn free_api_port() -> u16 {
-    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
-    (0..5000u16)
-        .map(|k| 20001 + (k + std::process::id() as u16 % 5000) % 5000 * 2)
-        .find(|p| free(*p) && free(p + 10000) && free(p + 10001))
-        .expect("free ports for the API server")
-}
-
-pub struct ApiServer {
-    pub dir: PathBuf,
-    pub kubeconfig: PathBuf,
-}
-
-impl ApiServer {
-    pub fn start() -> Self {
-        let dir = std::env::temp_dir().join(format!("peerwall-bench-kube-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("run dir");
-        let me = Self {
-            kubeconfig: dir.join("kubeconfig"),
-            dir,
-        };
-        let out = Command::new("bash")
-            .arg(repo().join("xtask/kube/start-apiserver.sh"))
-            .arg(kube_bin())
-            .arg(&me.dir)
-            .arg(free_api_port().to_string())
-            .output()
-            .expect("start-apiserver.sh");
-        assert!(
-            out.status.success(),
-            "apiserver did not start (cargo xtask kube-build first): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let crd = Command::new(kube_bin().join("kubectl"))
-            .args(["--kubeconfig"])
-            .arg(&me.kubeconfig)
-            .args(["apply", "-f"])
-            .arg(repo().join("deploy/base/crd.yaml"))
-            .output()
-            .expect("kubectl");
-        assert!(
-            crd.status.success(),
-            "{}",
-            String::from_utf8_lossy(&crd.stderr)
-        );
-        let wait = Command::new(kube_bin().join("kubectl"))
-            .args(["--kubeconfig"])
-            .arg(&me.kubeconfig)
-            .args([
-                "wait",
-                "--for=condition=Established",
-                "crd/firewallconfigurations.peerwall.io",
-                "crd/addresssets.peerwall.io",
-            ])
-            .output()
-            .expect("kubectl");
-        assert!(
-            wait.status.success(),
-            "{}",
-            String::from_utf8_lossy(&wait.stderr)
-        );
-        me
-    }
-
-    pub async fn client(&self) -> Client {
-        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");
-        let mut cfg = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .expect("config");
-        cfg.read_timeout = Some(Duration::from_secs(300));
-        Client::try_from(cfg).expect("client")
-    }
-
-    /// `peerwall ARGS` against this server (its log in the run directory).
-    pub fn peerwall(&self, name: &str, args: &[&str]) -> Proc {
-        let bin = std::env::var_os("PEERWALL_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| repo().join("target/release/peerwall"));
-        let child = Command::new(bin)
-            .args(args)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .env("PEERWALL_LOG", "info,kube=warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(self.dir.join(format!("{name}.log"))).expect("log"))
-            .spawn()
-            .expect("peerwall");
-        Proc { child }
-    }
-}
-
-impl Drop for ApiServer {
-    fn drop(&mut self) {
-        for p in ["kcm", "apiserver", "etcd"] {
-            if let Ok(pid) = std::fs::read_to_string(self.dir.join(format!("{p}.pid"))) {
-                if let Ok(pid) = pid.trim().parse::<i32>() {
-                    // SAFETY: kill(2) on a process this bench started.
-                    unsafe { libc::kill(pid, libc::SIGKILL) };
-                }
-            }
-        }
-        std::thread::sleep(Duration::from_millis(200));
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-pub struct Proc {
-    pub child: Child,
-}
-
-impl Proc {
-    /// Peak resident memory (VmHWM), MiB.
-    pub fn peak_rss_mib(&self) -> f64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| {
-                v.split_whitespace()
-                    .next()
-                    .and_then(|n| n.parse::<f64>().ok())
-            })
-            .unwrap_or(0.0)
-            / 1024.0
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let _ = self.child.wait();
-    }
+/// A client that waits long for big lists (100k pods).
+pub async fn client(server: &ApiServer) -> Client {
+    let mut cfg = server.config().await;
+    cfg.read_timeout = Some(Duration::from_secs(300));
+    Client::try_from(cfg).expect("client")
 }
 
 /// The tenant namespace of the peer and the namespace it offloaded.

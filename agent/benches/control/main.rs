@@ -473,8 +473,8 @@ fn main() {
         .build()
         .expect("runtime");
     rt.block_on(async {
-        let server = ApiServer::start();
-        let client = server.client().await;
+        let server = cluster::api_server();
+        let client = cluster::client(&server).await;
         cluster::peering(&client).await;
         let created = cluster::offload_many(&client, 0..pods).await;
         println!(

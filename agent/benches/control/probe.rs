@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use peerwall_backend::netns::NetNs;
+use peerwall_netns::NetNs;
 
 /// Pod addresses (routed to the receiver).
 pub const POD_CIDR: &str = "10.32.0.0/11";
@@ -31,7 +31,7 @@ pub struct Gateway {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-fn ok(r: Result<std::process::Output, peerwall_backend::netns::NetnsError>) {
+fn ok(r: Result<std::process::Output, peerwall_netns::NetnsError>) {
     r.expect("setting up the gateway");
 }
 

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use peerwall_backend::netns::NetNs;
+use peerwall_netns::NetNs;
 
 use super::*;
 

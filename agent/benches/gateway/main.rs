@@ -56,7 +56,7 @@ use traffic::*;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use peerwall_backend::netns::NetNs;
+use peerwall_netns::NetNs;
 
 pub(crate) const TUNNEL: &str = "liqo-tunnel";
 pub(crate) const GENEVE: &str = "liqo.benchgw000";

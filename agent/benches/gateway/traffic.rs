@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use peerwall_backend::netns::NetNs;
+use peerwall_netns::NetNs;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -280,6 +280,35 @@ pub struct Cluster {
     pub pods: Vec<Pod>,
     /// Policies.
     pub policies: Vec<NetworkPolicy>,
+    /// Per peer: how its CIDRs that overlap ours are seen here (Liqo's `Configuration`).
+    /// A policy's `ipBlock` names addresses as seen here; a peer's gateway sees that peer's
+    /// own ones.
+    pub remaps: BTreeMap<String, Vec<Remap>>,
+}
+
+/// One remapped CIDR of a peer, from Liqo's `Configuration` (`networking.liqo.io/v1beta1`):
+/// `spec.remote.cidr.pod[i]` (or `external[i]`) is the peer's own CIDR, `status.remote.cidr.pod[i]`
+/// how this cluster sees it (Liqo: `apis/networking/v1beta1/configuration_types.go`). When the
+/// peer's CIDR overlaps ours, Liqo's gateway NAT (`remapping/cidr.go`) maps the two with the
+/// host part kept: DNAT towards the peer, SNAT of what comes from it, at postrouting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Remap {
+    /// The peer's own CIDR: what crosses the tunnel, and what the gateway's forward hook sees.
+    pub real: ipnet::IpNet,
+    /// The CIDR this cluster uses for it: pod IPs Liqo's virtual kubelet reflects here.
+    pub seen: ipnet::IpNet,
+}
+
+impl Remap {
+    /// The peer's own address for `ip` as this cluster sees it, if this remap covers it.
+    pub fn to_real(&self, ip: IpAddr) -> Option<IpAddr> {
+        peerwall_policy::ir::nat::map_prefix(self.seen, self.real, ip)
+    }
+
+    /// `ip` (the peer's own) as this cluster sees it, if this remap covers it.
+    pub fn to_seen(&self, ip: IpAddr) -> Option<IpAddr> {
+        peerwall_policy::ir::nat::map_prefix(self.real, self.seen, ip)
+    }
 }
 
 impl Cluster {

@@ -83,6 +83,7 @@ pub fn cluster(policies: Vec<NetworkPolicy>) -> Cluster {
             .collect(),
         pods,
         policies,
+        remaps: Default::default(),
     }
 }
 

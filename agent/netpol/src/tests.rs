@@ -10,6 +10,7 @@ use rand::SeedableRng;
 
 use super::eval::{decide, Flow, Side};
 use super::testing::*;
+use super::Remap;
 use super::*;
 
 #[test]
@@ -368,4 +369,72 @@ fn companions_let_a_label_aware_cni_allow_what_the_policies_allow() {
     }
     assert!(with_companions > 50, "{with_companions}");
     assert!(compared > 10_000);
+}
+
+/// A peer whose CIDR overlaps ours is seen here in another one (Liqo's remapping), while its
+/// gateway sees the peer's own addresses. An `ipBlock` names addresses as seen here: a local
+/// pod's egress to the peer's CIDR as seen here reaches the peer's own addresses through the
+/// tunnel, and an egress to our own CIDR does not reach the peer's addresses that carry the
+/// same numbers. A pod of the namespace running on the peer meets a block as written (its far
+/// end is ours).
+#[test]
+fn ip_blocks_name_a_remapped_peer_by_the_addresses_seen_here() {
+    let block = |cidr: &str| {
+        Peer::Block(IpBlock {
+            cidr: cidr.parse().unwrap(),
+            except: vec![],
+        })
+    };
+    let egress_to = |name: &str, ns: &str, pod: &str, cidr: &str| {
+        let mut p = policy(ns, name, sel(&[("pod", pod)]));
+        p.egress = Some(vec![Rule {
+            peers: vec![block(cidr)],
+            ports: vec![],
+        }]);
+        p
+    };
+    let mut c = cluster(vec![
+        // x/a: to the peer as seen here; x/b: to our own CIDR, whose numbers the peer reuses.
+        egress_to("to-peer", "x", "a", "10.71.0.0/16"),
+        egress_to("to-ours", "x", "b", "10.20.0.0/16"),
+        // y/a runs on the peer: its egress to 10.1.0.0/24 (our x pods) is ours as written.
+        egress_to("peer-to-x", "y", "a", "10.1.0.0/24"),
+    ]);
+    c.remaps.insert(
+        "peer1".into(),
+        vec![Remap {
+            real: "10.20.0.0/16".parse().unwrap(),
+            seen: "10.71.0.0/16".parse().unwrap(),
+        }],
+    );
+    let ir = compiled(&c);
+    let allowed = |src: &str, dst: &str| {
+        let pkt = peerwall_policy::ir::Packet {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto: 6,
+            sport: 40000,
+            dport: 80,
+            iif: Some("liqo.abcdefghij".into()),
+            oif: Some("liqo-tunnel".into()),
+            ct_state: peerwall_policy::ir::CtState::New,
+        };
+        peerwall_policy::ir::evaluate(&ir, &pkt).verdict
+            == peerwall_policy::ir::VerdictAction::Accept
+    };
+    // The peer's pod seen here at 10.71.9.10 is 10.20.9.10 at its gateway.
+    assert!(
+        allowed("10.1.0.1", "10.20.9.10"),
+        "x/a reaches the peer as seen here"
+    );
+    assert!(!allowed("10.1.0.1", "10.30.9.10"), "x/a: nothing else");
+    assert!(
+        !allowed("10.1.0.2", "10.20.9.10"),
+        "x/b's block is our CIDR: the peer's 10.20.9.10 is 10.71.9.10 here"
+    );
+    assert!(
+        allowed("10.2.0.1", "10.1.0.3"),
+        "y/a, on the peer, reaches x as written"
+    );
+    assert!(!allowed("10.2.0.1", "10.3.0.1"), "y/a: nothing else");
 }

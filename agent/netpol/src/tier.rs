@@ -144,6 +144,56 @@ fn block_ranges(b: &super::IpBlock) -> Vec<(u128, u128)> {
     out
 }
 
+/// A block's range `r` as the peer's gateway sees the addresses of the peer it names (the far
+/// end of a local pod's flow across the tunnel): the part in a CIDR the peer is seen at here
+/// moved onto the peer's own addresses (host part kept), and the peer's own remapped CIDRs
+/// taken out (there, the same numbers seen here are not the peer's). Without remaps of `r`'s
+/// family: `r`.
+fn through_remaps(r: (u128, u128), v4: bool, remaps: &[super::Remap]) -> Vec<(u128, u128)> {
+    let span = |n: &ipnet::IpNet| (to_u128(n.network()), to_u128(n.broadcast()));
+    let mine: Vec<(u128, u128, u128, u128)> = remaps
+        .iter()
+        .filter(|m| m.real.addr().is_ipv4() == v4 && m.seen.addr().is_ipv4() == v4)
+        .map(|m| {
+            let (rl, rh) = span(&m.real);
+            let (sl, sh) = span(&m.seen);
+            (rl, rh, sl, sh)
+        })
+        .collect();
+    if mine.is_empty() {
+        return vec![r];
+    }
+    // r minus every real range.
+    let mut out = vec![r];
+    for &(rl, rh, _, _) in &mine {
+        out = out
+            .into_iter()
+            .flat_map(|(lo, hi)| {
+                let mut keep = Vec::new();
+                if hi < rl || lo > rh {
+                    keep.push((lo, hi));
+                } else {
+                    if lo < rl {
+                        keep.push((lo, rl - 1));
+                    }
+                    if hi > rh {
+                        keep.push((rh + 1, hi));
+                    }
+                }
+                keep
+            })
+            .collect();
+    }
+    // Plus r within each seen range, moved onto the real one.
+    for &(rl, _, sl, sh) in &mine {
+        let (lo, hi) = (r.0.max(sl), r.1.min(sh));
+        if lo <= hi {
+            out.push((lo - sl + rl, hi - sl + rl));
+        }
+    }
+    out
+}
+
 /// Addresses of one family: single addresses and ranges, as set keys (sorted, unique).
 #[derive(Clone, Default)]
 struct Addrs {
@@ -271,6 +321,8 @@ fn rule_name(policy: &NetworkPolicy, dir: Dir, rule: usize, clause: usize, v4: b
 struct ChainBuilder<'a> {
     dir: Dir,
     cluster: &'a Cluster,
+    /// The peer's remapped CIDRs: `ipBlock`s name its addresses as seen here.
+    remaps: &'a [super::Remap],
     pods: &'a [&'a Pod],
     /// Indexes into `pods` by namespace: selectors are matched within the namespaces they can
     /// select, not across every pod.
@@ -375,97 +427,150 @@ impl ChainBuilder<'_> {
                     Peer::Pods { .. } => None,
                 })
                 .collect();
-            // The far end of the unnamed clauses: None is anyone.
-            let far_all = (!any_peer).then(|| {
-                let mut a = self.addrs_of(&far_pods);
-                for b in &blocks {
-                    a.side(b.cidr.addr().is_ipv4()).extend(block_ranges(b));
-                }
-                a
-            });
+            // The far end of the unnamed clauses: None is anyone. Blocks name addresses as
+            // seen here: for a local pod the far end is the peer's, as its gateway sees them
+            // (`through_remaps`); for a pod running on the peer, ours.
+            let far_all = |remote_own: bool| {
+                (!any_peer).then(|| {
+                    let mut a = self.addrs_of(&far_pods);
+                    for b in &blocks {
+                        let v4 = b.cidr.addr().is_ipv4();
+                        for r in block_ranges(b) {
+                            if remote_own {
+                                a.side(v4).insert(r);
+                            } else {
+                                a.side(v4).extend(through_remaps(r, v4, self.remaps));
+                            }
+                        }
+                    }
+                    a
+                })
+            };
             // Named ports resolve against the destination pod: the policy's own for ingress,
-            // for egress the pods the peers reach (by selector, or by an address in a block).
+            // for egress the pods the peers reach (by selector, or by an address in a block:
+            // the address it is seen at here).
             let in_block = |ip: &IpAddr| blocks.iter().any(|b| b.contains(*ip));
             let resolve_on: BTreeSet<usize> = match self.dir {
                 Dir::Ingress => own.clone(),
                 Dir::Egress => (0..self.pods.len())
                     .filter(|i| {
-                        any_peer || far_pods.contains(i) || self.pods[*i].ips.iter().any(in_block)
+                        any_peer
+                            || far_pods.contains(i)
+                            || self.pods[*i].local_ips().iter().any(in_block)
                     })
                     .collect(),
             };
+            // With remapped CIDRs and blocks, a policy's local pods and its pods on the peer
+            // see the blocks differently: one rule each.
+            let split = !self.remaps.is_empty() && !blocks.is_empty();
+            let groups: Vec<(BTreeSet<usize>, bool)> = if split {
+                let (remote, local): (BTreeSet<usize>, BTreeSet<usize>) =
+                    own.iter().partition(|&&i| self.pods[i].peer.is_some());
+                [(local, false), (remote, true)]
+                    .into_iter()
+                    .filter(|(g, _)| !g.is_empty())
+                    .collect()
+            } else {
+                vec![(own.clone(), false)]
+            };
+            let far_local = far_all(false);
+            let far_remote = if split { far_all(true) } else { None };
+            let far_of = |remote_own: bool| {
+                if remote_own {
+                    far_remote.clone()
+                } else {
+                    far_local.clone()
+                }
+            };
             let clauses = clauses(&rule.ports, self.pods, &resolve_on);
-            for (ci, c) in clauses.iter().enumerate() {
-                let (own_idx, far) = match (self.dir, &c.only) {
-                    (_, None) => (own.clone(), far_all.clone()),
-                    (Dir::Ingress, Some(only)) => (only.clone(), far_all.clone()),
-                    (Dir::Egress, Some(only)) => {
-                        let mut a = Addrs::default();
-                        for &i in only {
-                            let selected = any_peer || far_pods.contains(&i);
-                            for ip in &self.pods[i].ips {
-                                if selected || in_block(ip) {
-                                    a.add_ip(*ip);
+            for (own_group, remote_own) in &groups {
+                for (ci, c) in clauses.iter().enumerate() {
+                    let (own_idx, far): (BTreeSet<usize>, Option<Addrs>) = match (self.dir, &c.only)
+                    {
+                        (_, None) => (own_group.clone(), far_of(*remote_own)),
+                        (Dir::Ingress, Some(only)) => (
+                            only.intersection(own_group).copied().collect(),
+                            far_of(*remote_own),
+                        ),
+                        (Dir::Egress, Some(only)) => {
+                            let mut a = Addrs::default();
+                            for &i in only {
+                                let selected = any_peer
+                                    || far_pods.contains(&i)
+                                    || self.pods[i].local_ips().iter().any(in_block);
+                                if selected {
+                                    for ip in &self.pods[i].ips {
+                                        a.add_ip(*ip);
+                                    }
                                 }
                             }
+                            (own_group.clone(), Some(a))
                         }
-                        (own.clone(), Some(a))
-                    }
-                };
-                let own_addrs = self.addrs_of(&own_idx);
-                for v4 in [true, false] {
-                    let own_keys = own_addrs.keys(v4);
-                    if own_keys.is_empty() {
+                    };
+                    if own_idx.is_empty() {
                         continue;
                     }
-                    let far_keys = far.as_ref().map(|a| a.keys(v4));
-                    if far_keys.as_ref().is_some_and(Vec::is_empty) {
-                        continue;
-                    }
-                    let fam = if v4 { "" } else { "6" };
-                    let d = self.dir.word().chars().next().unwrap_or('x');
-                    let mut m = vec![in_set(
-                        &self.set(format!("{d}{pi}_{ri}_{ci}_own{fam}"), own_keys, v4),
-                        self.dir.own(),
-                    )];
-                    if let Some(keys) = far_keys {
-                        m.push(in_set(
-                            &self.set(format!("{d}{pi}_{ri}_{ci}_far{fam}"), keys, v4),
-                            self.dir.far(),
-                        ));
-                    }
-                    if let Some((proto, range)) = c.ports {
-                        m.push(eq(api::Match {
-                            proto: Some(api::MatchProto {
-                                value: match proto {
-                                    Protocol::Udp => api::L4Proto::Udp,
-                                    Protocol::Sctp => api::L4Proto::Sctp,
-                                    Protocol::Tcp => api::L4Proto::Tcp,
-                                },
-                            }),
-                            ..Default::default()
-                        }));
-                        if let Some((lo, hi)) = range {
+                    let own_addrs = self.addrs_of(&own_idx);
+                    for v4 in [true, false] {
+                        let own_keys = own_addrs.keys(v4);
+                        if own_keys.is_empty() {
+                            continue;
+                        }
+                        let far_keys = far.as_ref().map(|a| a.keys(v4));
+                        if far_keys.as_ref().is_some_and(Vec::is_empty) {
+                            continue;
+                        }
+                        let fam = if v4 { "" } else { "6" };
+                        let d = self.dir.word().chars().next().unwrap_or('x');
+                        let part = if *remote_own && split { "r" } else { "" };
+                        let mut m = vec![in_set(
+                            &self.set(format!("{d}{pi}_{ri}_{ci}{part}_own{fam}"), own_keys, v4),
+                            self.dir.own(),
+                        )];
+                        if let Some(keys) = far_keys {
+                            m.push(in_set(
+                                &self.set(format!("{d}{pi}_{ri}_{ci}{part}_far{fam}"), keys, v4),
+                                self.dir.far(),
+                            ));
+                        }
+                        if let Some((proto, range)) = c.ports {
                             m.push(eq(api::Match {
-                                port: Some(api::MatchPort {
-                                    value: if lo == hi {
-                                        lo.to_string()
-                                    } else {
-                                        format!("{lo}-{hi}")
+                                proto: Some(api::MatchProto {
+                                    value: match proto {
+                                        Protocol::Udp => api::L4Proto::Udp,
+                                        Protocol::Sctp => api::L4Proto::Sctp,
+                                        Protocol::Tcp => api::L4Proto::Tcp,
                                     },
-                                    position: Some(api::MatchPosition::Dst),
                                 }),
                                 ..Default::default()
                             }));
+                            if let Some((lo, hi)) = range {
+                                m.push(eq(api::Match {
+                                    port: Some(api::MatchPort {
+                                        value: if lo == hi {
+                                            lo.to_string()
+                                        } else {
+                                            format!("{lo}-{hi}")
+                                        },
+                                        position: Some(api::MatchPosition::Dst),
+                                    }),
+                                    ..Default::default()
+                                }));
+                            }
                         }
+                        let mut name = rule_name(policy, self.dir, ri, ci, v4);
+                        if !part.is_empty() {
+                            // The rule for the policy's pods on the peer.
+                            name.push_str(":peer");
+                        }
+                        self.rules.push(api::FilterRule {
+                            name: Some(name),
+                            r#match: m,
+                            action: Some(api::FilterAction::Accept),
+                            value: None,
+                            counter: None,
+                        });
                     }
-                    self.rules.push(api::FilterRule {
-                        name: Some(rule_name(policy, self.dir, ri, ci, v4)),
-                        r#match: m,
-                        action: Some(api::FilterAction::Accept),
-                        value: None,
-                        counter: None,
-                    });
                 }
             }
         }
@@ -635,6 +740,7 @@ pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
         let b = ChainBuilder {
             dir,
             cluster,
+            remaps: cluster.remaps.get(peer).map_or(&[][..], Vec::as_slice),
             pods: &pods,
             by_ns: &by_ns,
             sets: Vec::new(),

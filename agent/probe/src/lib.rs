@@ -12,8 +12,8 @@ pub mod nft;
 pub mod packet;
 pub mod sock;
 
-use peerwall_backend::netns::NetnsError;
 use peerwall_backend_nftables::NftError;
+use peerwall_netns::NetnsError;
 use peerwall_policy::ir::Packet;
 
 pub use nft::NftProbe;

@@ -96,29 +96,8 @@ pub struct World {
 }
 
 /// One remapped CIDR of a peer, from Liqo's `Configuration` (`networking.liqo.io/v1beta1`):
-/// `spec.remote.cidr.pod[i]` (or `external[i]`) is the peer's own CIDR, `status.remote.cidr.pod[i]`
-/// how this cluster sees it (Liqo: `apis/networking/v1beta1/configuration_types.go`). When the
-/// peer's CIDR overlaps ours, Liqo's gateway NAT (`remapping/cidr.go`) maps the two with the
-/// host part kept: DNAT towards the peer, SNAT of what comes from it, at postrouting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Remap {
-    /// The peer's own CIDR: what crosses the tunnel, and what the gateway's forward hook sees.
-    pub real: ipnet::IpNet,
-    /// The CIDR this cluster uses for it: pod IPs Liqo's virtual kubelet reflects here.
-    pub seen: ipnet::IpNet,
-}
-
-impl Remap {
-    /// The peer's own address for `ip` as this cluster sees it, if this remap covers it.
-    pub fn to_real(&self, ip: IpAddr) -> Option<IpAddr> {
-        peerwall_policy::ir::nat::map_prefix(self.seen, self.real, ip)
-    }
-
-    /// `ip` (the peer's own) as this cluster sees it, if this remap covers it.
-    pub fn to_seen(&self, ip: IpAddr) -> Option<IpAddr> {
-        peerwall_policy::ir::nat::map_prefix(self.real, self.seen, ip)
-    }
-}
+/// the NetworkPolicy tier and protection read the same ones.
+pub use peerwall_netpol::Remap;
 
 /// The remaps of one Liqo `Configuration` (its labels and its JSON body): the peer it is for
 /// (label `liqo.io/remote-cluster-id`, Liqo's `external-network/route/k8s.go`
@@ -1604,6 +1583,7 @@ mod tests {
                 policy_of("offload-a2", "a", home_a),
                 policy_of("offload-b", "b", &home_b),
             ],
+            remaps: Default::default(),
         };
         let c = build(&home_a);
         let p = c.pod("offload-a/p").unwrap();

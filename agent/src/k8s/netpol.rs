@@ -72,7 +72,10 @@ pub fn cluster<'a>(
                 .map(|id| (n.name_any(), id.clone()))
         })
         .collect();
-    let mut c = Cluster::default();
+    let mut c = Cluster {
+        remaps: remaps.clone(),
+        ..Cluster::default()
+    };
     for n in namespaces {
         let mut labels = n.labels().clone();
         labels

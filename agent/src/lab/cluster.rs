@@ -487,6 +487,15 @@ pub fn lab_cluster() -> Result<netpol::Cluster> {
             egress: None,
         },
     ];
+    // Liqo's Configurations: how each consumer's CIDRs are seen here.
+    for c in consumers() {
+        let (labels, body) = configuration(&c);
+        if let Some((peer, remaps)) = protection::configuration_remaps(&labels, &body) {
+            if !remaps.is_empty() {
+                cluster.remaps.insert(peer, remaps);
+            }
+        }
+    }
     let offloaded = offloaded_policies(&cluster)?;
     cluster.policies.extend(offloaded);
     Ok(cluster)

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use peerwall_backend::netns::NetNs;
+use peerwall_netns::NetNs;
 
 /// Something the lab must undo.
 #[derive(Debug)]

@@ -8,8 +8,8 @@
 use anyhow::{Context, Result};
 use serde_json::{json, Value};
 
-use peerwall_backend::netns::NetNs;
 use peerwall_intent::load::{self, Group};
+use peerwall_netns::NetNs;
 
 /// Liqo's `remap-podcidr` FirewallConfiguration for consumer `name`, whose pod CIDR `cidr`
 /// this cluster sees as `remapped`: prerouting DNAT of the remapped CIDR towards the peer (not

@@ -39,8 +39,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
 
-use peerwall_backend::netns::NetNs;
 use peerwall_backend_bpf::loader;
+use peerwall_netns::NetNs;
 
 use crate::protection;
 

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 use crate::packet::{self, Shape};
 use crate::sock::{Direction, LinkSocket, RawIpSocket};
 use crate::ProbeError;
-use peerwall_backend::netns::{NetNs, NetnsError};
 use peerwall_backend_nftables::{Nft, NftBackend, RuleCounter};
+use peerwall_netns::{NetNs, NetnsError};
 use peerwall_policy::ir::eval::{chains_on_path, proto};
 use peerwall_policy::ir::{CtState, IpFamily, Packet, PacketPath, Policy, Verdict, VerdictAction};
 

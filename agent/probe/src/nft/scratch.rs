@@ -4,8 +4,8 @@
 
 use crate::sock::LinkSocket;
 use crate::ProbeError;
-use peerwall_backend::netns::NetNs;
 use peerwall_backend_nftables::{self as nftables, render, Nft, NftBackend};
+use peerwall_netns::NetNs;
 use peerwall_policy::ir::{Policy, Test};
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;

@@ -1,6 +1,7 @@
 //! Network namespaces that clean up after themselves, and running code inside them.
 //!
-//! Used by the nftables verdict engine (a scratch gateway per query) and by the tests.
+//! Used by the nftables verdict engine (a scratch gateway per query), the gateway lab, the
+//! tests and the benchmarks.
 //! Names are unique per process and call, so parallel users never collide.
 
 use std::fs::File;
