@@ -1,0 +1,147 @@
+//! The verdict cache: its keys and entries, the per-CPU first level and its set hash. eBPF
+//! twin: `ebpf/src/cache.rs`.
+
+use crate::conntrack::FlowKey;
+
+/// Verdict-cache key of an IPv4 packet (`VERDICTS4`): what [`FlowKey`] holds for IPv4, in 16
+/// bytes instead of 40, so that the lookup every packet of a known flow pays hashes less than
+/// half as much. Addresses and ports BE, as in the packet (ICMP: id in `sport`, 0 in `dport`);
+/// no padding.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct VerdictKey4 {
+    /// Source address, BE.
+    pub src: [u8; 4],
+    /// Destination address, BE.
+    pub dst: [u8; 4],
+    /// Source port / ICMP id, BE.
+    pub sport: [u8; 2],
+    /// Destination port, BE.
+    pub dport: [u8; 2],
+    /// IP protocol.
+    pub proto: u8,
+    /// ICMP echo type (0 or 8); 0 for other protocols.
+    pub icmp_type: u8,
+    /// Zero.
+    pub _pad: [u8; 2],
+}
+
+/// Rule counters a cached verdict bumps: one per chain on the packet's path. A path through
+/// more chains than this is not cached.
+pub const CACHED_COUNTERS: usize = 4;
+
+/// A verdict the datapath reuses for the next packets of a flow in the same direction,
+/// `VERDICTS4[key]` / `VERDICTS6[key]` (LRU hashes). The key is the packet's own
+/// [`VerdictKey4`] / [`FlowKey`] (its direction, not the original one; ICMP: the echo type in
+/// `icmp_type` / `_pad[0]`), after the NAT view.
+///
+/// Served only while all of these hold, otherwise the packet is classified in full and the
+/// entry rewritten: the same policy epoch ([`Config::active`]), the same input interface, and
+/// less than a second old (the route and the conntrack refresh it stands for are at most that
+/// stale). Conntrack deletes the entries whose state a commit changes (a reply turning a flow
+/// established). Only accept and drop are cached, only for new and established packets.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CachedVerdict {
+    /// [`Config::active`] the verdict was computed under.
+    pub epoch: u32,
+    /// Input ifindex of the packet it was computed for.
+    pub ifindex: u32,
+    /// `bpf_jiffies64` when computed, low 32 bits (compared wrapping).
+    pub at: u32,
+    /// [`ActionCode`].
+    pub action: u8,
+    /// How many of `counters` are used.
+    pub counted: u8,
+    /// [`ct`] state it was computed for.
+    pub state: u8,
+    /// [`ActionCode`] of the first would-drop on the path (`AuditDrop`, `AuditReject`), or 0.
+    pub audit: u8,
+    /// `COUNTERS` indices (of the epoch's slot; chain × [`MAX_RULES`] + rule, below 2^16) of
+    /// the rules, or chain policies, that decided in each chain on the path.
+    pub counters: [u16; CACHED_COUNTERS],
+    /// Output ifindex of the packet it was computed for (reported in events).
+    pub oif: u32,
+    /// Index in `counters` of the would-drop's chain.
+    pub audit_step: u8,
+    /// Zero.
+    pub _pad: u8,
+    /// Jiffies it is served for after `at`: one second's worth (at most).
+    pub ttl: u16,
+    /// `VERDICT_GENS[verdict_set(key)]` read before the verdict's conntrack state was: a
+    /// commit that changes the flow's state since makes it stale.
+    pub gen: u32,
+}
+
+/// Sets of the per-CPU verdict cache (`VERDICTS4_CPU`), per CPU, and of `VERDICT_GENS`.
+pub const CPU_VERDICT_SETS: u32 = 1 << CPU_VERDICT_SET_BITS;
+
+/// log2 of [`CPU_VERDICT_SETS`].
+pub const CPU_VERDICT_SET_BITS: u32 = 11;
+
+/// Ways of a [`CpuVerdicts4`] set.
+pub const CPU_VERDICT_WAYS: usize = 2;
+
+/// The set of the verdict caches a flow key falls in: the per-CPU cache's set, and its
+/// generation's index in `VERDICT_GENS`. `words` are the key's 16 bytes as native-endian 32-bit
+/// words (a [`VerdictKey4`], or an IPv6 key folded by [`fold_key6`]). A multiplicative hash:
+/// cheap on the datapath, spreading the low bits of ports and addresses into the top bits it
+/// keeps. Not keyed: a sender can crowd one set with its own flows, which costs it the
+/// full-cache lookup, never a wrong verdict.
+#[inline(always)]
+pub fn verdict_set(words: [u32; 4]) -> u32 {
+    let x = words[0] ^ words[1].rotate_left(16) ^ words[2].rotate_left(8) ^ words[3];
+    x.wrapping_mul(0x9e37_79b1) >> (32 - CPU_VERDICT_SET_BITS)
+}
+
+/// An IPv6 `VERDICTS6` key folded into the four words [`verdict_set`] takes.
+#[inline(always)]
+pub fn fold_key6(k: &FlowKey) -> [u32; 4] {
+    let w = |b: &[u8; 16], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    [
+        w(&k.src, 0) ^ w(&k.src, 4) ^ w(&k.src, 8) ^ w(&k.src, 12),
+        w(&k.dst, 0) ^ w(&k.dst, 4) ^ w(&k.dst, 8) ^ w(&k.dst, 12),
+        u32::from_ne_bytes([k.sport[0], k.sport[1], k.dport[0], k.dport[1]]),
+        u32::from_ne_bytes([k.proto, k.family, k._pad[0], k._pad[1]]),
+    ]
+}
+
+impl VerdictKey4 {
+    /// The key's 16 bytes as native-endian words (what the datapath reads from the packet).
+    #[inline(always)]
+    pub fn words(&self) -> [u32; 4] {
+        [
+            u32::from_ne_bytes(self.src),
+            u32::from_ne_bytes(self.dst),
+            u32::from_ne_bytes([self.sport[0], self.sport[1], self.dport[0], self.dport[1]]),
+            u32::from_ne_bytes([self.proto, self.icmp_type, self._pad[0], self._pad[1]]),
+        ]
+    }
+}
+
+/// One way of a [`CpuVerdicts4`] set: a `VERDICTS4` entry copied for this CPU. 64 bytes, one
+/// cache line (the map's values start page-aligned, `BPF_F_MMAPABLE`). An all-zero way
+/// (`ttl` 0) is never served.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuVerdict4 {
+    /// The flow's key.
+    pub key: VerdictKey4,
+    /// Its verdict.
+    pub v: CachedVerdict,
+    /// Zero.
+    pub _pad: [u8; 12],
+}
+
+/// `VERDICTS4_CPU[cpu * CPU_VERDICT_SETS + verdict_set(key)]`: the first level of the IPv4
+/// verdict cache, a two-way set-associative table per CPU that only that CPU's packets read and
+/// write (no locks, no shared cache lines). A packet of a known flow then costs one array
+/// access (which the verifier inlines) and a compare, where `VERDICTS4`, the shared second
+/// level, costs a hash, a bucket and two element lines. Filled from `VERDICTS4` when it serves
+/// a packet; a new entry replaces the way written longer ago.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuVerdicts4 {
+    /// The ways.
+    pub ways: [CpuVerdict4; CPU_VERDICT_WAYS],
+}

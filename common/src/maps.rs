@@ -1,0 +1,196 @@
+//! The maps' shape: their names (pins and eBPF statics), sizes, hook and family indexes,
+//! the global configuration and its flags, per-interface data, counters. eBPF twin:
+//! `ebpf/src/maps.rs`.
+
+/// Rules per chain (bitmap width 16 × 64).
+pub const MAX_RULES: usize = 1024;
+
+/// Words of a rule bitmap.
+pub const WORDS: usize = MAX_RULES / 64;
+
+/// Chains in a policy (all tables).
+pub const MAX_CHAINS: u32 = 64;
+
+/// Filter chains on one hook for one family.
+pub const MAX_HOOK_CHAINS: usize = 16;
+
+/// Hooks (prerouting, input, forward, output, postrouting).
+pub const HOOKS: u32 = 5;
+
+/// Map names: the pin names, and the identifiers of the eBPF side's statics (aya names a map
+/// after its static, so `ebpf/src/maps.rs` declares `SRC0`, `SRC1`, … with exactly these
+/// names). Per-slot maps are the prefix followed by the slot number (`SRC0`, `SRC1`).
+pub mod map {
+    /// Source address trie (per slot).
+    pub const SRC: &str = "SRC";
+    /// Destination address trie (per slot).
+    pub const DST: &str = "DST";
+    /// Source host hash (per slot).
+    pub const SRCH: &str = "SRCH";
+    /// Destination host hash (per slot).
+    pub const DSTH: &str = "DSTH";
+    /// Source port trie (per slot).
+    pub const SPORT: &str = "SPORT";
+    /// Destination port trie (per slot).
+    pub const DPORT: &str = "DPORT";
+    /// Family + protocol hash (per slot).
+    pub const PROTO: &str = "PROTO";
+    /// Input interface hash (per slot).
+    pub const IIF: &str = "IIF";
+    /// Output interface hash (per slot).
+    pub const OIF: &str = "OIF";
+    /// Conntrack state array (per slot).
+    pub const CT: &str = "CT";
+    /// Per-dimension masks (per slot).
+    pub const MASKS: &str = "MASKS";
+    /// Chain descriptions (per slot).
+    pub const CHAINS: &str = "CHAINS";
+    /// Rule descriptions (per slot).
+    pub const RULES: &str = "RULES";
+    /// Chains of each (hook, family) (per slot).
+    pub const HOOKS: &str = "HOOKS";
+    /// Per-CPU rule counters (per slot).
+    pub const COUNTERS: &str = "COUNTERS";
+    /// Destination rewrites of prerouting's NAT by input interface (per slot).
+    pub const VIEW: &str = "VIEW";
+    /// Live slot and flags.
+    pub const CONFIG: &str = "CONFIG";
+    /// Emergency switch.
+    pub const ALLOW_ALL: &str = "ALLOW_ALL";
+    /// Interface types (link-layer length) by index.
+    pub const IFACES: &str = "IFACES";
+    /// Conntrack flows.
+    pub const FLOWS: &str = "FLOWS";
+    /// Per-flow verdict cache, IPv4 ([`crate::VerdictKey4`] keys).
+    pub const VERDICTS4: &str = "VERDICTS4";
+    /// Per-flow verdict cache, IPv6 ([`crate::FlowKey`] keys).
+    pub const VERDICTS6: &str = "VERDICTS6";
+    /// The per-CPU verdict cache in front of `VERDICTS4` ([`crate::CpuVerdicts4`] sets, one
+    /// region of [`crate::CPU_VERDICT_SETS`] per CPU). Not pinned: each loaded program has its
+    /// own, sized for the machine's CPUs.
+    pub const VERDICTS4_CPU: &str = "VERDICTS4_CPU";
+    /// Verdict-cache generations, one per set ([`crate::verdict_set`]): conntrack bumps a
+    /// flow's when a commit changes its state, and a cached verdict holds only under the
+    /// generation it was computed in.
+    pub const VERDICT_GENS: &str = "VERDICT_GENS";
+    /// The last decision (probe mode).
+    pub const LAST: &str = "LAST";
+    /// Drop, reject, would-drop and flow events (ring buffer, [`crate::FlowEvent`]).
+    pub const EVENTS: &str = "EVENTS";
+    /// Event rate limits ([`crate::EventConfig`]).
+    pub const EVENT_CONF: &str = "EVENT_CONF";
+    /// Per-flow event state ([`crate::EventFlow`]).
+    pub const EVENT_FLOWS: &str = "EVENT_FLOWS";
+    /// The benchmark's bare lookup table.
+    pub const BARE: &str = "BARE";
+    /// The benchmark's one-hash-lookup table.
+    pub const BARE_HASH: &str = "BARE_HASH";
+}
+
+/// Entries of the per-slot `HOOKS` map: one per (hook, family), index `hook * 2 + family`.
+pub const HOOK_SLOTS: u32 = HOOKS * 2;
+
+/// Hook numbers used in [`HookChains`] indexes: `hook * 2 + family`.
+pub mod hook {
+    /// prerouting.
+    pub const PREROUTING: u32 = 0;
+    /// input.
+    pub const INPUT: u32 = 1;
+    /// forward.
+    pub const FORWARD: u32 = 2;
+    /// output.
+    pub const OUTPUT: u32 = 3;
+    /// postrouting.
+    pub const POSTROUTING: u32 = 4;
+}
+
+/// Address family codes in keys.
+pub mod family {
+    /// IPv4.
+    pub const V4: u8 = 4;
+    /// IPv6.
+    pub const V6: u8 = 6;
+}
+
+/// Packet and byte counts (per CPU). Index in `COUNTERS`: `chain * MAX_RULES + rule`; the
+/// policy of a chain counts at `chain * MAX_RULES + MAX_RULES - 1`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counter {
+    /// Packets.
+    pub packets: u64,
+    /// Bytes (IP length).
+    pub bytes: u64,
+}
+
+/// Global switches. `CONFIG[0]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Config {
+    /// The policy epoch. Bit 0: which copy of the policy maps is live (0 or 1). The loader
+    /// adds 1 when it switches slots and 2 after it changes the live slot in place, so every
+    /// policy change gives a new value in one aligned 32-bit store: verdicts cached under
+    /// another epoch ([`CachedVerdict::epoch`]) are never served.
+    pub active: u32,
+    /// Bit 0: emergency allow-all (the datapath passes everything). Bit 1: probe mode (the
+    /// scratch engine of `peerwall verdict --engine bpf`: path from skb->cb, verdict recorded).
+    /// Bits 2-3: which slots have NAT views. See [`flags`].
+    pub flags: u32,
+}
+
+/// [`Config::flags`] bits.
+pub mod flags {
+    /// Pass everything.
+    pub const ALLOW_ALL: u32 = 1;
+    /// Probe mode (scratch engine only).
+    pub const PROBE: u32 = 2;
+    /// Slot 0 has NAT views (`VIEW0` non-empty); `VIEWS0 << 1` for slot 1.
+    pub const VIEWS0: u32 = 1 << 2;
+    /// The views bit of `slot`.
+    pub const fn views(slot: u32) -> u32 {
+        VIEWS0 << (slot & 1)
+    }
+    /// Report drops, rejects and would-drops as events (`EVENTS` ring buffer).
+    pub const EVENTS: u32 = 1 << 4;
+    /// Also report accepted new flows (the flow log).
+    pub const FLOW_LOG: u32 = 1 << 5;
+    /// With [`PROBE`]: probe packets are cached and served from the verdict cache like
+    /// traffic, the input interface taken from the control block (tests of the cache only).
+    pub const PROBE_CACHE: u32 = 1 << 6;
+    /// Benchmark breakdown only (`cargo xtask bench`): these skip one part of the work each,
+    /// to measure what it costs. They change verdicts; the agent never sets them.
+    /// No FIB lookup: every packet taken as forwarded, output interface unknown.
+    pub const DIAG_NO_FIB: u32 = 1 << 8;
+    /// No conntrack lookup (every packet new) and no commit.
+    pub const DIAG_NO_CT: u32 = 1 << 9;
+    /// Conntrack looked up but never written.
+    pub const DIAG_NO_CT_COMMIT: u32 = 1 << 10;
+    /// No rule counters.
+    pub const DIAG_NO_COUNTERS: u32 = 1 << 11;
+    /// Parse, route and conntrack only: no chain runs (accept).
+    pub const DIAG_NO_CHAINS: u32 = 1 << 12;
+    /// No verdict cache: every packet classified as the first of its flow. Any other
+    /// diagnostic flag implies it (they measure the parts of a full classification).
+    pub const DIAG_NO_CACHE: u32 = 1 << 13;
+    /// Every diagnostic flag.
+    pub const DIAG_ALL: u32 = DIAG_NO_FIB
+        | DIAG_NO_CT
+        | DIAG_NO_CT_COMMIT
+        | DIAG_NO_COUNTERS
+        | DIAG_NO_CHAINS
+        | DIAG_NO_CACHE;
+}
+
+/// Marker in `skb->cb[0]` of probe packets (with [`flags::PROBE`] set).
+pub const PROBE_MAGIC: u32 = 0x7077_7072; // "pwpr"
+
+/// Per interface the datapath is attached to. `IFACES[ifindex]` (hash).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IfaceInfo {
+    /// Bytes before the IP header (14 on Ethernet, 0 on L3 devices such as WireGuard).
+    pub l2_len: u32,
+}
+
+// Counter indices fit a cached verdict's u16.
+const _: () = assert!(MAX_CHAINS as usize * MAX_RULES <= 1 << 16);
