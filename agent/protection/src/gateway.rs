@@ -295,7 +295,7 @@ pub fn close_rules(c: &exceptions::Close) -> Vec<(String, Vec<api::Match>)> {
 /// The gateway FirewallConfiguration `spec` for one peer: named sets of its offloaded pods
 /// (and of our pods it runs), and one forward chain whose rules all test the tunnel first.
 /// Every slice-filled set also takes AddressSet slices (`fromAddressSets`): the controller
-/// publishes the addresses as slices ([`layout`]) and passes empty inline sets; small setups
+/// publishes the addresses as slices ([`crate::layout`]) and passes empty inline sets; small setups
 /// and tests may pass the addresses inline. What `d` declares (consumer protection by
 /// namespace, ProtectionPolicies) is inline; its switches are the ones in force.
 ///

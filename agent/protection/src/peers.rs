@@ -18,7 +18,7 @@ pub struct Peer {
     /// Tenant namespace (where its gateway configuration lives).
     pub tenant_namespace: String,
     /// The source CIDRs its packets may carry through the tunnel (its pod and external
-    /// CIDRs, its own and as seen here: [`configuration_sources`]). Empty: not known (no
+    /// CIDRs, its own and as seen here: [`crate::configuration_sources`]). Empty: not known (no
     /// `Configuration` yet), sources are not checked.
     pub sources: Vec<ipnet::IpNet>,
 }

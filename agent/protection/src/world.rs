@@ -53,6 +53,6 @@ pub struct World {
     /// its tenant namespace.
     pub remaps: BTreeMap<String, Vec<Remap>>,
     /// Per peer: the source CIDRs its packets may carry through the tunnel
-    /// ([`configuration_sources`]); a peer without any is not checked for spoofing.
+    /// ([`crate::configuration_sources`]); a peer without any is not checked for spoofing.
     pub sources: BTreeMap<String, Vec<ipnet::IpNet>>,
 }
