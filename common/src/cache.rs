@@ -36,28 +36,28 @@ pub const CACHED_COUNTERS: usize = 4;
 /// `icmp_type` / `_pad[0]`), after the NAT view.
 ///
 /// Served only while all of these hold, otherwise the packet is classified in full and the
-/// entry rewritten: the same policy epoch ([`Config::active`]), the same input interface, and
+/// entry rewritten: the same policy epoch ([`crate::Config::active`]), the same input interface, and
 /// less than a second old (the route and the conntrack refresh it stands for are at most that
 /// stale). Conntrack deletes the entries whose state a commit changes (a reply turning a flow
 /// established). Only accept and drop are cached, only for new and established packets.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CachedVerdict {
-    /// [`Config::active`] the verdict was computed under.
+    /// [`crate::Config::active`] the verdict was computed under.
     pub epoch: u32,
     /// Input ifindex of the packet it was computed for.
     pub ifindex: u32,
     /// `bpf_jiffies64` when computed, low 32 bits (compared wrapping).
     pub at: u32,
-    /// [`ActionCode`].
+    /// [`crate::ActionCode`].
     pub action: u8,
     /// How many of `counters` are used.
     pub counted: u8,
-    /// [`ct`] state it was computed for.
+    /// [`crate::ct`] state it was computed for.
     pub state: u8,
-    /// [`ActionCode`] of the first would-drop on the path (`AuditDrop`, `AuditReject`), or 0.
+    /// [`crate::ActionCode`] of the first would-drop on the path (`AuditDrop`, `AuditReject`), or 0.
     pub audit: u8,
-    /// `COUNTERS` indices (of the epoch's slot; chain × [`MAX_RULES`] + rule, below 2^16) of
+    /// `COUNTERS` indices (of the epoch's slot; chain × [`crate::MAX_RULES`] + rule, below 2^16) of
     /// the rules, or chain policies, that decided in each chain on the path.
     pub counters: [u16; CACHED_COUNTERS],
     /// Output ifindex of the packet it was computed for (reported in events).

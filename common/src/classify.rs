@@ -84,7 +84,7 @@ pub const PORT_KEY_FIXED_BITS: u32 = 32;
 pub struct ProtoKey {
     /// Chain id, host order.
     pub chain: u32,
-    /// [`family`] code.
+    /// [`crate::family`] code.
     pub family: u8,
     /// IP protocol number.
     pub proto: u8,

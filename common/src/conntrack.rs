@@ -32,7 +32,7 @@ pub struct FlowKey {
     pub dport: [u8; 2],
     /// IP protocol.
     pub proto: u8,
-    /// [`family`] code.
+    /// [`crate::family`] code.
     pub family: u8,
     /// Zero.
     pub _pad: [u8; 2],

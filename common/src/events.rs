@@ -45,13 +45,13 @@ pub struct FlowEvent {
     pub chain: u32,
     /// Rule index in the chain, or [`event::POLICY`].
     pub rule: u32,
-    /// [`Config::active`] when it happened: which slot's names apply.
+    /// [`crate::Config::active`] when it happened: which slot's names apply.
     pub epoch: u32,
-    /// [`family`] code.
+    /// [`crate::family`] code.
     pub family: u8,
     /// IP protocol.
     pub proto: u8,
-    /// [`ct`] state number.
+    /// [`crate::ct`] state number.
     pub state: u8,
     /// [`event`] kind.
     pub kind: u8,
@@ -72,7 +72,7 @@ pub struct EventConfig {
     pub burst: u32,
 }
 
-/// Per-flow event state (`EVENT_FLOWS`, LRU, keyed by [`FlowKey`] with the kind in `_pad[0]`
+/// Per-flow event state (`EVENT_FLOWS`, LRU, keyed by [`crate::FlowKey`] with the kind in `_pad[0]`
 /// and the chain id in `_pad[1]`).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

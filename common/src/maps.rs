@@ -90,7 +90,7 @@ pub mod map {
 /// Entries of the per-slot `HOOKS` map: one per (hook, family), index `hook * 2 + family`.
 pub const HOOK_SLOTS: u32 = HOOKS * 2;
 
-/// Hook numbers used in [`HookChains`] indexes: `hook * 2 + family`.
+/// Hook numbers used in [`crate::HookChains`] indexes: `hook * 2 + family`.
 pub mod hook {
     /// prerouting.
     pub const PREROUTING: u32 = 0;
@@ -130,7 +130,7 @@ pub struct Config {
     /// The policy epoch. Bit 0: which copy of the policy maps is live (0 or 1). The loader
     /// adds 1 when it switches slots and 2 after it changes the live slot in place, so every
     /// policy change gives a new value in one aligned 32-bit store: verdicts cached under
-    /// another epoch ([`CachedVerdict::epoch`]) are never served.
+    /// another epoch ([`crate::CachedVerdict::epoch`]) are never served.
     pub active: u32,
     /// Bit 0: emergency allow-all (the datapath passes everything). Bit 1: probe mode (the
     /// scratch engine of `peerwall verdict --engine bpf`: path from skb->cb, verdict recorded).

@@ -6,13 +6,13 @@
 pub struct ProbeRecord {
     /// Incremented per probe.
     pub seq: u32,
-    /// [`ActionCode`] of the final verdict.
+    /// [`crate::ActionCode`] of the final verdict.
     pub verdict: u8,
     /// 1 when some chain was on the path.
     pub has_chain: u8,
     /// 1 when a rule (not a policy) decided.
     pub has_rule: u8,
-    /// [`ActionCode`] of the first would-drop on the path, or 0 (none).
+    /// [`crate::ActionCode`] of the first would-drop on the path, or 0 (none).
     pub audit: u8,
     /// Deciding chain id.
     pub chain: u32,

@@ -1,6 +1,6 @@
 //! Destination rewrites of prerouting's NAT. eBPF twin: `ebpf/src/view.rs`.
 
-/// Value of the `VIEW` tries (key: an [`AddrKeyData`] whose `chain` field holds the input
+/// Value of the `VIEW` tries (key: an [`crate::AddrKeyData`] whose `chain` field holds the input
 /// ifindex, BE): the destination prefix a packet arriving there is seen in by the forward hook
 /// once prerouting's NAT ran (a DNAT, or the un-SNAT of a reply). The datapath keeps the host
 /// bits of the destination beyond `prefix_len` and replaces the others with `to`'s.
