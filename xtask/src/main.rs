@@ -12,6 +12,7 @@
 //! - `image`: OCI images of peerwall, the pause sandbox and the lab's gateway (`xtask/src/image.rs`).
 
 mod cycles;
+mod docs;
 mod image;
 
 use std::path::{Path, PathBuf};
@@ -99,6 +100,13 @@ fn output(program: &str, args: &[&str]) -> Result<String> {
 }
 
 /// Cache for tools built once, outside the repository, keyed by version.
+/// Cargo's target directory (`CARGO_TARGET_DIR`, else `target/` at the root).
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
 fn cache_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("PEERWALL_CACHE") {
         return PathBuf::from(d);
@@ -283,6 +291,8 @@ fn test(extra: &[String]) -> Result<()> {
     ])
     .env("RUSTDOCFLAGS", "-D warnings");
     run(doc).context("broken documentation links")?;
+    // The README and the book: links resolve, every page is in the book, mdbook builds it.
+    docs::build(&root(), &cache_dir(), &target_dir().join("book"))?;
     let mut t = cargo();
     t.args(["test", "--workspace", "--exclude", "peerwall-ebpf"])
         .args(extra);
@@ -602,6 +612,7 @@ fn main() -> Result<()> {
         Some("setup") => setup(),
         Some("test") => test(&args[1..]),
         Some("cycles") => check_cycles(),
+        Some("docs") => docs::build(&root(), &cache_dir(), &target_dir().join("book")),
         Some("crd") => crd(),
         Some("bpf-linker") => ensure_bpf_linker(),
         Some("kube-build") => kube_build(),
@@ -651,7 +662,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|bench-control|bench-netpol|crd|kube-build|kube-up|image>"
+                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|bench-control|bench-netpol|crd|docs|cycles|kube-build|kube-up|image>"
             );
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
@@ -664,6 +675,8 @@ fn main() -> Result<()> {
             eprintln!("  reliability  the fault tests (tests/faults.rs), then their table in docs/reliability.md (root)");
             eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 60 s each by default; findings land in tests/fuzz/artifacts (root)");
             eprintln!("  crd    regenerate deploy/base/crd.yaml from the Rust types");
+            eprintln!("  docs   check the README's and docs/ links, build the book (mdbook) into <target>/book");
+            eprintln!("  cycles  report modules of a crate that import each other");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
             eprintln!("  image       OCI images (peerwall, pause, the lab's gateway) into <target>/images");
             eprintln!(

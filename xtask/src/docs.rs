@@ -1,0 +1,217 @@
+//! `cargo xtask docs`: the documentation as a book (mdbook, installed from crates into the
+//! cache), after checking that every relative link of the README and of `docs/` points at a
+//! file that exists (and, inside a page, at a heading it has) and that every page is in the
+//! book's summary.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+/// mdbook release the book is built with.
+const MDBOOK_VERSION: &str = "0.5.4";
+
+/// The anchor GitHub and mdbook give a heading: lower case, spaces to dashes, punctuation
+/// other than dashes and underscores dropped.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a page's headings (outside code blocks).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut code = false;
+    for l in text.lines() {
+        if l.starts_with("```") {
+            code = !code;
+        }
+        if !code && l.starts_with('#') {
+            out.insert(anchor(l.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// The targets of a page's Markdown links (outside code blocks and inline code).
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut code = false;
+    for l in text.lines() {
+        if l.starts_with("```") {
+            code = !code;
+            continue;
+        }
+        if code {
+            continue;
+        }
+        // Inline code spans may hold `](` that is no link.
+        let prose: String = l.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        let mut rest = prose.as_str();
+        while let Some(i) = rest.find("](") {
+            let after = &rest[i + 2..];
+            let Some(end) = after.find(')') else { break };
+            out.push(after[..end].to_string());
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+/// Broken relative links of `page` (a file under `root`), as `page: target (why)`.
+fn broken(root: &Path, page: &Path) -> Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(page).with_context(|| format!("reading {}", page.display()))?;
+    let dir = page.parent().unwrap_or(root);
+    let mut out = Vec::new();
+    for target in links(&text) {
+        if target.contains("://") || target.starts_with("mailto:") {
+            continue;
+        }
+        let (file, frag) = match target.split_once('#') {
+            Some((f, a)) => (f, Some(a)),
+            None => (target.as_str(), None),
+        };
+        let path = if file.is_empty() {
+            page.to_path_buf()
+        } else {
+            dir.join(file)
+        };
+        let shown = page
+            .strip_prefix(root)
+            .unwrap_or(page)
+            .display()
+            .to_string();
+        if !path.exists() {
+            out.push(format!("{shown}: {target} (no such file)"));
+            continue;
+        }
+        if let Some(a) = frag {
+            if path.extension().and_then(|e| e.to_str()) == Some("md") {
+                let t = std::fs::read_to_string(&path).unwrap_or_default();
+                if !anchors(&t).contains(a) {
+                    out.push(format!("{shown}: {target} (no such heading)"));
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Check the README's and the book's links, and that `SUMMARY.md` lists every page.
+pub fn check(root: &Path) -> Result<()> {
+    let docs = root.join("docs");
+    let mut pages = vec![root.join("README.md")];
+    let mut in_docs: Vec<PathBuf> = std::fs::read_dir(&docs)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("md"))
+        .collect();
+    in_docs.sort();
+    pages.extend(in_docs.iter().cloned());
+    let mut problems = Vec::new();
+    for p in &pages {
+        problems.extend(broken(root, p)?);
+    }
+    let summary = std::fs::read_to_string(docs.join("SUMMARY.md")).context("docs/SUMMARY.md")?;
+    let listed: BTreeSet<String> = links(&summary).into_iter().collect();
+    for p in &in_docs {
+        let name = p
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        if name != "SUMMARY.md" && !listed.contains(&name) {
+            problems.push(format!("docs/{name}: not in docs/SUMMARY.md"));
+        }
+    }
+    if !problems.is_empty() {
+        bail!("documentation links:\n  {}", problems.join("\n  "));
+    }
+    println!("documentation links: {} pages checked", pages.len());
+    Ok(())
+}
+
+/// mdbook from the cache, installed there once.
+fn ensure_mdbook(cache: &Path) -> Result<PathBuf> {
+    let prefix = cache.join(format!("mdbook-{MDBOOK_VERSION}"));
+    let bin = prefix.join("bin").join("mdbook");
+    if !bin.exists() {
+        println!("installing mdbook {MDBOOK_VERSION} (a few minutes, once)");
+        let status = Command::new("cargo")
+            .args([
+                "install",
+                "mdbook",
+                "--version",
+                MDBOOK_VERSION,
+                "--locked",
+                "--no-default-features",
+                "--features",
+                "search",
+                "--root",
+            ])
+            .arg(&prefix)
+            .status()
+            .context("running cargo install mdbook")?;
+        if !status.success() {
+            bail!("cargo install mdbook {MDBOOK_VERSION} failed: {status}");
+        }
+    }
+    Ok(bin)
+}
+
+/// Check the links, then build the book into `out`.
+pub fn build(root: &Path, cache: &Path, out: &Path) -> Result<()> {
+    check(root)?;
+    let mdbook = ensure_mdbook(cache)?;
+    let status = Command::new(&mdbook)
+        .arg("build")
+        .arg(root.join("docs"))
+        .arg("--dest-dir")
+        .arg(out)
+        .status()
+        .with_context(|| format!("running {}", mdbook.display()))?;
+    if !status.success() {
+        bail!("mdbook build failed: {status}");
+    }
+    println!("the book: {}", out.join("index.html").display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anchors_and_links_are_read_as_mdbook_and_github_make_them() {
+        assert_eq!(
+            anchor(" The eBPF backend (`--backend bpf`)"),
+            "the-ebpf-backend---backend-bpf"
+        );
+        let text = "# A b\n```\n](x.md)\n```\nsee [x](y.md#a-b) and `](z)`\n";
+        assert_eq!(links(text), vec!["y.md#a-b".to_string()]);
+        assert!(anchors(text).contains("a-b"));
+    }
+
+    /// A page linking to a missing file or heading is reported; fixed, it is not.
+    #[test]
+    fn broken_links_are_found() {
+        let dir = std::env::temp_dir().join(format!("xtask-docs-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("a.md"), "# Here\n[b](b.md) [h](#there)\n").unwrap();
+        let found = broken(&dir, &dir.join("a.md")).unwrap();
+        assert_eq!(found.len(), 2, "{found:?}");
+        std::fs::write(dir.join("b.md"), "# B\n").unwrap();
+        std::fs::write(dir.join("a.md"), "# Here\n[b](b.md) [h](#here)\n").unwrap();
+        assert!(broken(&dir, &dir.join("a.md")).unwrap().is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
