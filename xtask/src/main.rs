@@ -75,6 +75,47 @@ fn cargo() -> Command {
     c
 }
 
+/// One step of installing what the project needs: its output (apt's, cargo's, the build
+/// scripts') goes to `<cache>/setup.log`, the terminal gets one line. On failure the end of
+/// the log is shown.
+fn step(what: &str, mut c: Command) -> Result<()> {
+    let log_path = cache_dir().join("setup.log");
+    std::fs::create_dir_all(cache_dir())?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening {}", log_path.display()))?;
+    let started = std::time::Instant::now();
+    let shown = format!("{c:?}");
+    {
+        use std::io::Write;
+        let mut l = &log;
+        let _ = writeln!(l, "==== {what}: {shown}");
+    }
+    let status = c
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .status()
+        .with_context(|| format!("running {shown}"))?;
+    if !status.success() {
+        let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(30).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!(
+            "{what} failed ({status}); the end of {}:\n{}",
+            log_path.display(),
+            tail.join("\n")
+        );
+    }
+    println!(
+        "setup: {what}: done in {:.0} s (log: {})",
+        started.elapsed().as_secs_f64(),
+        log_path.display()
+    );
+    Ok(())
+}
+
 fn run(mut c: Command) -> Result<()> {
     let shown = format!("{c:?}");
     let status = c.status().with_context(|| format!("running {shown}"))?;
@@ -173,7 +214,7 @@ fn ensure_bpf_linker() -> Result<()> {
         ])
         .arg(&prefix)
         .env("LLVM_PREFIX", &prefix);
-        run(c)?;
+        step(&format!("building bpf-linker {BPF_LINKER_VERSION}"), c)?;
     }
     let home = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
@@ -205,17 +246,17 @@ fn setup_build() -> Result<()> {
         println!("installing {}", missing.join(" "));
         let mut update = Command::new("apt-get");
         update.args(["update", "-qq"]);
-        run(update)?;
+        step("apt-get update", update)?;
         let mut install = Command::new("apt-get");
         install
             .args(["install", "-y", "-qq", "--no-install-recommends"])
             .args(&missing)
             .env("DEBIAN_FRONTEND", "noninteractive");
-        run(install)?;
+        step(&format!("apt-get install {}", missing.join(" ")), install)?;
     }
     let mut comps = Command::new("rustup");
     comps.args(["component", "add", "rustfmt", "clippy"]);
-    run(comps)?;
+    step("rustup components rustfmt, clippy", comps)?;
     let mut src = Command::new("rustup");
     // rust-src for build-std (the eBPF object), clippy for linting the eBPF crate.
     src.args([
@@ -226,7 +267,7 @@ fn setup_build() -> Result<()> {
         "--toolchain",
         "nightly",
     ]);
-    run(src)?;
+    step("rustup components rust-src, clippy (nightly)", src)?;
     ensure_bpf_linker()
 }
 
@@ -429,7 +470,7 @@ fn ensure_cargo_fuzz() -> Result<PathBuf> {
             "--root",
         ])
         .arg(&prefix);
-        run(c)?;
+        step(&format!("installing cargo-fuzz {CARGO_FUZZ_VERSION}"), c)?;
     }
     Ok(bin)
 }
@@ -569,7 +610,7 @@ fn kube_build() -> Result<()> {
     let mut c = Command::new("bash");
     c.arg(root().join("xtask/kube/build-apiserver.sh"))
         .arg(&out);
-    run(c)
+    step(&format!("Kubernetes {KUBE_VERSION} binaries"), c)
 }
 
 /// Start etcd + kube-apiserver + kube-controller-manager on loopback; prints the kubeconfig.
