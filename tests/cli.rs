@@ -302,3 +302,62 @@ fn compile_uses_sets_not_rule_per_address() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(v["nftables"].as_array().unwrap().len() > 5);
 }
+
+/// Every `peerwall <command>` the README and the book show (in code spans and code blocks) is
+/// a command this binary has: `peerwall <command> --help` answers.
+#[test]
+fn every_command_the_docs_show_exists() {
+    let root = common::repo("");
+    let mut pages = vec![root.join("README.md")];
+    for e in std::fs::read_dir(root.join("docs"))
+        .expect("docs/")
+        .flatten()
+    {
+        if e.path().extension().and_then(|x| x.to_str()) == Some("md") {
+            pages.push(e.path());
+        }
+    }
+    let mut commands = std::collections::BTreeSet::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).expect("a page");
+        let mut code = false;
+        for line in text.lines() {
+            if line.starts_with("```") {
+                code = !code;
+                continue;
+            }
+            // Code blocks: lines that run peerwall; prose: code spans that start with it.
+            let candidates: Vec<&str> = if code {
+                vec![line.trim_start()]
+            } else {
+                line.split('`').skip(1).step_by(2).collect()
+            };
+            for c in candidates {
+                let Some(rest) = c.strip_prefix("peerwall ") else {
+                    continue;
+                };
+                let word: String = rest
+                    .chars()
+                    .take_while(|ch| ch.is_ascii_lowercase() || *ch == '-')
+                    .collect();
+                // A command is a word of its own (`peerwall owner=…` is a marker comment).
+                let next = rest[word.len()..].chars().next();
+                if !word.is_empty() && next.is_none_or(|ch| ch == ' ') {
+                    commands.insert(word);
+                }
+            }
+        }
+    }
+    assert!(commands.len() >= 10, "{commands:?}");
+    for c in &commands {
+        let o = Command::new(peerwall())
+            .args([c.as_str(), "--help"])
+            .output()
+            .expect("peerwall");
+        assert!(
+            o.status.success(),
+            "the docs show `peerwall {c}`, which is no command: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}

@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use peerwall_backend::Flow;
 use peerwall_policy::ir::eval::proto;
 
-use crate::NftError;
+use crate::error::NftError;
 
 /// How to run `conntrack`: in this network namespace or in a named one.
 #[derive(Clone, Debug, Default)]

@@ -5,8 +5,10 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use peerwall_policy::ir::TableFamily;
 
+use crate::error::NftError;
+use crate::listing::KernelTable;
 use crate::model::{Command, Table};
-use crate::{ApplyReport, KernelTable, NftError};
+use crate::report::ApplyReport;
 
 /// Commands for one transaction and what they do.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -11,9 +11,9 @@ use serde_json::Value;
 
 use peerwall_policy::ir::TableFamily;
 
+use crate::error::NftError;
 use crate::json;
 use crate::model::{Command, Table};
-use crate::NftError;
 
 /// Executes transactions and lists what the kernel holds (as `nft -j` prints it).
 pub trait Runner: Send + std::fmt::Debug {

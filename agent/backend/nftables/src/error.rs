@@ -1,0 +1,35 @@
+//! What went wrong talking to nftables: [`NftError`].
+
+/// What went wrong talking to nftables.
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    /// `nft` could not be started.
+    #[error("could not run {program}: {source} (is the nftables package installed?)")]
+    Spawn {
+        /// Program.
+        program: String,
+        /// Cause.
+        source: std::io::Error,
+    },
+    /// `nft` refused the request; its stderr is kept verbatim.
+    #[error("nft {action} failed ({status}): {stderr}")]
+    Failed {
+        /// What was attempted.
+        action: String,
+        /// Exit status.
+        status: String,
+        /// nft's message.
+        stderr: String,
+    },
+    /// nft printed JSON we could not read.
+    #[error("could not parse `nft -j` output: {0}")]
+    Parse(#[from] serde_json::Error),
+    /// A table with our name exists and is not ours.
+    #[error("table {family} {name} exists and is not owned by peerwall; refusing to touch it (rename the FirewallConfiguration table or remove the foreign table)")]
+    NotOwned {
+        /// Family.
+        family: &'static str,
+        /// Name.
+        name: String,
+    },
+}

@@ -1,0 +1,41 @@
+//! What an apply did: [`ApplyReport`], the line `peerwall apply` prints and the agent logs.
+
+use serde::Serialize;
+
+/// What an apply did.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct ApplyReport {
+    /// Tables created or recreated.
+    pub recreated: Vec<String>,
+    /// Tables whose set elements changed in place.
+    pub updated: Vec<String>,
+    /// Owned tables removed.
+    pub deleted: Vec<String>,
+    /// Tables left as they were (nothing to change).
+    pub kept: Vec<String>,
+    /// Set element additions and deletions sent.
+    pub element_changes: usize,
+    /// Whether anything was sent to the kernel.
+    pub changed: bool,
+}
+
+impl std::fmt::Display for ApplyReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let list = |v: &[String]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                v.join(",")
+            }
+        };
+        write!(
+            f,
+            "created or recreated {}; updated {} ({} element changes); kept {}; removed {}",
+            list(&self.recreated),
+            list(&self.updated),
+            self.element_changes,
+            list(&self.kept),
+            list(&self.deleted)
+        )
+    }
+}
