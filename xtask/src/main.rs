@@ -300,26 +300,8 @@ fn test(extra: &[String]) -> Result<()> {
     ]);
     run(clippy)?;
     // The eBPF crate too, on its own target (nightly, build-std), as `build-ebpf` builds it.
-    let mut ebpf = Command::new("rustup");
-    ebpf.current_dir(root())
-        .args([
-            "run",
-            "nightly",
-            "cargo",
-            "clippy",
-            "--package",
-            "peerwall-ebpf",
-            "--release",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-            "--",
-            "-D",
-            "warnings",
-        ])
-        .env_remove("RUSTC")
-        .env_remove("CARGO");
+    let mut ebpf = ebpf_cargo("clippy");
+    ebpf.args(["--", "-D", "warnings"]);
     run(ebpf).context("the eBPF crate has clippy warnings")?;
     // Doc comments must point at things that exist.
     let mut doc = cargo();
@@ -371,11 +353,7 @@ fn check_cycles() -> Result<()> {
 /// Run the fault tests and write their figures into docs/reliability.md (section `faults`).
 fn reliability() -> Result<()> {
     setup_build()?;
-    let rows_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
-        .join("tmp")
-        .join("reliability");
+    let rows_dir = target_dir().join("tmp").join("reliability");
     let _ = std::fs::remove_dir_all(&rows_dir);
     let mut t = cargo();
     t.args([
@@ -491,10 +469,7 @@ fn fuzz(args: &[String]) -> Result<()> {
         ),
     };
     let fuzz_dir = root().join("tests").join("fuzz");
-    let target_dir = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
-        .join("fuzz");
+    let target_dir = target_dir().join("fuzz");
     for t in targets {
         if !FUZZ_TARGETS.contains(&t) {
             bail!("unknown fuzz target {t:?}: one of {FUZZ_TARGETS:?}");
@@ -541,16 +516,13 @@ fn fuzz(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Build the eBPF object alone (the agent's build script embeds the same object).
-fn build_ebpf() -> Result<()> {
-    setup_build()?;
+/// Nightly cargo `verb` on the eBPF crate, for its own target (build-std), as aya-build
+/// builds it.
+fn ebpf_cargo(verb: &str) -> Command {
     let mut c = Command::new("rustup");
     c.current_dir(root())
+        .args(["run", "nightly", "cargo", verb])
         .args([
-            "run",
-            "nightly",
-            "cargo",
-            "build",
             "--package",
             "peerwall-ebpf",
             "--release",
@@ -559,13 +531,20 @@ fn build_ebpf() -> Result<()> {
             "-Z",
             "build-std=core",
         ])
-        // Same flags as aya-build: BTF for the loader and bpftool.
-        .env(
-            "CARGO_ENCODED_RUSTFLAGS",
-            "-Cdebuginfo=2\u{1f}-Clink-arg=--btf",
-        )
         .env_remove("RUSTC")
         .env_remove("CARGO");
+    c
+}
+
+/// Build the eBPF object alone (the agent's build script embeds the same object).
+fn build_ebpf() -> Result<()> {
+    setup_build()?;
+    let mut c = ebpf_cargo("build");
+    // Same flags as aya-build: BTF for the loader and bpftool.
+    c.env(
+        "CARGO_ENCODED_RUSTFLAGS",
+        "-Cdebuginfo=2\u{1f}-Clink-arg=--btf",
+    );
     run(c)?;
     let obj = root().join("target/bpfel-unknown-none/release/peerwall");
     let size = std::fs::metadata(&obj)

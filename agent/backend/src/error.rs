@@ -47,10 +47,18 @@ impl BackendError {
         backend: &'static str,
         action: &'static str,
     ) -> impl FnOnce(E) -> Self {
+        Self::with(Fault::Host, backend, action)
+    }
+
+    fn with<E: Into<Box<dyn std::error::Error + Send + Sync>>>(
+        fault: Fault,
+        backend: &'static str,
+        action: &'static str,
+    ) -> impl FnOnce(E) -> Self {
         move |e| Self {
             backend,
             action,
-            fault: Fault::Host,
+            fault,
             source: e.into(),
         }
     }
@@ -60,12 +68,7 @@ impl BackendError {
         backend: &'static str,
         action: &'static str,
     ) -> impl FnOnce(E) -> Self {
-        move |e| Self {
-            backend,
-            action,
-            fault: Fault::Input,
-            source: e.into(),
-        }
+        Self::with(Fault::Input, backend, action)
     }
 
     /// Whether what was asked, not the host, is at fault.
