@@ -140,38 +140,39 @@ pub fn check(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// mdbook from the cache, installed there once.
-fn ensure_mdbook(cache: &Path) -> Result<PathBuf> {
+/// mdbook from the cache, installed there once (through `step`: its output to the setup log).
+fn ensure_mdbook(cache: &Path, step: Step) -> Result<PathBuf> {
     let prefix = cache.join(format!("mdbook-{MDBOOK_VERSION}"));
     let bin = prefix.join("bin").join("mdbook");
     if !bin.exists() {
-        println!("installing mdbook {MDBOOK_VERSION} (a few minutes, once)");
-        let status = Command::new("cargo")
-            .args([
-                "install",
-                "mdbook",
-                "--version",
-                MDBOOK_VERSION,
-                "--locked",
-                "--no-default-features",
-                "--features",
-                "search",
-                "--root",
-            ])
-            .arg(&prefix)
-            .status()
-            .context("running cargo install mdbook")?;
-        if !status.success() {
-            bail!("cargo install mdbook {MDBOOK_VERSION} failed: {status}");
-        }
+        let mut c = Command::new("cargo");
+        c.args([
+            "install",
+            "mdbook",
+            "--version",
+            MDBOOK_VERSION,
+            "--locked",
+            "--no-default-features",
+            "--features",
+            "search",
+            "--root",
+        ])
+        .arg(&prefix);
+        step(
+            &format!("installing mdbook {MDBOOK_VERSION} (a few minutes, once)"),
+            c,
+        )?;
     }
     Ok(bin)
 }
 
+/// How an install step runs (the setup log, one line on the terminal).
+pub type Step = fn(&str, Command) -> Result<()>;
+
 /// Check the links, then build the book into `out`.
-pub fn build(root: &Path, cache: &Path, out: &Path) -> Result<()> {
+pub fn build(root: &Path, cache: &Path, out: &Path, step: Step) -> Result<()> {
     check(root)?;
-    let mdbook = ensure_mdbook(cache)?;
+    let mdbook = ensure_mdbook(cache, step)?;
     let status = Command::new(&mdbook)
         .arg("build")
         .arg(root.join("docs"))

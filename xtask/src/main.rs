@@ -315,7 +315,7 @@ fn test(extra: &[String]) -> Result<()> {
     .env("RUSTDOCFLAGS", "-D warnings");
     run(doc).context("broken documentation links")?;
     // The README and the book: links resolve, every page is in the book, mdbook builds it.
-    docs::build(&root(), &cache_dir(), &target_dir().join("book"))?;
+    docs::build(&root(), &cache_dir(), &target_dir().join("book"), step)?;
     let mut t = cargo();
     t.args(["test", "--workspace", "--exclude", "peerwall-ebpf"])
         .args(extra);
@@ -632,7 +632,7 @@ fn main() -> Result<()> {
         Some("setup") => setup(),
         Some("test") => test(&args[1..]),
         Some("cycles") => check_cycles(),
-        Some("docs") => docs::build(&root(), &cache_dir(), &target_dir().join("book")),
+        Some("docs") => docs::build(&root(), &cache_dir(), &target_dir().join("book"), step),
         Some("crd") => crd(),
         Some("bpf-linker") => ensure_bpf_linker(),
         Some("kube-build") => kube_build(),
