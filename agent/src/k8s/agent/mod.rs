@@ -23,7 +23,9 @@ mod plan;
 mod report;
 mod slices;
 
-pub use plan::{finalizer, plan, settle, Good, Observed, Outcome, Plan, Settled};
+pub use plan::{
+    finalizer, plan, settle, Good, Observed, Outcome, Plan, Settled, SWITCH_ON_MESSAGE,
+};
 pub use slices::{SliceObserved, Slices};
 
 use std::collections::BTreeMap;
@@ -104,9 +106,6 @@ struct Agent {
     switch_reported: bool,
 }
 
-/// The message of an `Applied` condition while the emergency switch is on.
-pub const SWITCH_ON_MESSAGE: &str = "applied, but the emergency switch is on: this host lets every packet through until `peerwall allow-all off`";
-
 /// How long a round waits after the first event for more to arrive.
 const DEBOUNCE: Duration = Duration::from_millis(1);
 
@@ -127,6 +126,27 @@ impl Agent {
     ) {
         let started = std::time::Instant::now();
         self.switch_reported = engine.switch_on();
+        let slice_changes = self.observe_slices(&slice_objects);
+        let observed = self.observe(&objects);
+        let mut p = plan(&observed, &mut self.last_good);
+        let settled = self.settle(&mut p);
+        let desired: Vec<PolicyObject> = p.enforce.values().cloned().collect();
+        let result = self.enforce(engine, &desired, &settled.1, &slice_changes, started);
+        self.settled = Some(settled);
+        self.remember(&result, desired, &observed, &p);
+        self.report_slices(&slice_objects, &result).await;
+        self.report_objects(&objects, &observed, &p, &result).await;
+    }
+
+    /// The AddressSets as this round sees them (each checked once per generation), and the
+    /// slices that changed.
+    fn observe_slices(
+        &mut self,
+        slice_objects: &[Arc<DynamicObject>],
+    ) -> Vec<(
+        peerwall_intent::Origin,
+        Option<peerwall_policy::sliced::CheckedSlice>,
+    )> {
         let slice_obs: Vec<SliceObserved> = slice_objects
             .iter()
             .map(|o| {
@@ -145,7 +165,11 @@ impl Agent {
                 }
             })
             .collect();
-        let slice_changes = self.slices.observe(slice_obs);
+        self.slices.observe(slice_obs)
+    }
+
+    /// The FirewallConfigurations as this round sees them, each checked (once per generation).
+    fn observe(&mut self, objects: &[Arc<DynamicObject>]) -> Vec<Observed> {
         let observed: Vec<Observed> = objects
             .iter()
             .map(|o| Observed {
@@ -158,26 +182,43 @@ impl Agent {
             .collect();
         self.checks
             .retain(|k, _| observed.iter().any(|o| &o.key == k));
-        let mut p = plan(&observed, &mut self.last_good);
-        // Compile only when the set of specs to enforce changed since the last round.
-        let settled = match self.settled.take() {
+        observed
+    }
+
+    /// The plan's specs compiled, refusals marked: compiled again only when the specs to
+    /// enforce changed since the last round.
+    fn settle(&mut self, p: &mut Plan) -> (BTreeMap<String, PolicyObject>, Settled) {
+        match self.settled.take() {
             Some((input, s)) if input == p.enforce => {
-                s.mark(&mut p);
+                s.mark(p);
                 (input, s)
             }
             _ => {
                 let input = p.enforce.clone();
-                let s = settle(&mut p);
+                let s = settle(p);
                 (input, s)
             }
-        };
-        let desired: Vec<PolicyObject> = p.enforce.values().cloned().collect();
-        let rules_unchanged = self.enforced.as_ref() == Some(&desired);
-        let result = match self.sliced.as_mut() {
-            // Only slices changed: their elements, in place (O(changes)).
+        }
+    }
+
+    /// Put `desired` in force: only the slices' elements in place (O(changes)) when the rules
+    /// and the host are unchanged, else the whole policy with every slice merged.
+    fn enforce(
+        &mut self,
+        engine: &mut Engine,
+        desired: &[PolicyObject],
+        settled: &Settled,
+        slice_changes: &[(
+            peerwall_intent::Origin,
+            Option<peerwall_policy::sliced::CheckedSlice>,
+        )],
+        started: std::time::Instant,
+    ) -> Result<(), crate::engine::EnforceError> {
+        let rules_unchanged = self.enforced.as_deref() == Some(desired);
+        match self.sliced.as_mut() {
             Some(sliced) if rules_unchanged && !engine.environment_changed() => {
                 let mut changes = Vec::new();
-                for (origin, slice) in &slice_changes {
+                for (origin, slice) in slice_changes {
                     let (c, issue) = sliced.update(origin, slice.as_ref());
                     changes.extend(c);
                     match issue {
@@ -196,8 +237,7 @@ impl Agent {
                 })
             }
             _ => {
-                let (sliced, issues) =
-                    Sliced::new(settled.1.compiled.clone(), &self.slices.merged());
+                let (sliced, issues) = Sliced::new(settled.compiled.clone(), &self.slices.merged());
                 self.slice_issues = issues;
                 let r = tokio::task::block_in_place(|| {
                     engine.apply_compiled(sliced.compiled(), started)
@@ -205,14 +245,22 @@ impl Agent {
                 self.sliced = Some(sliced);
                 r
             }
-        };
-        self.settled = Some(settled);
-        let by_key: BTreeMap<String, &Arc<DynamicObject>> =
-            objects.iter().map(|o| (super::key_of(o), o)).collect();
-        match &result {
+        }
+    }
+
+    /// After the apply: what is in force and each object's last good spec, or, on failure,
+    /// nothing known (the next round applies everything again).
+    fn remember(
+        &mut self,
+        result: &Result<(), crate::engine::EnforceError>,
+        desired: Vec<PolicyObject>,
+        observed: &[Observed],
+        p: &Plan,
+    ) {
+        match result {
             Ok(()) => {
                 self.enforced = Some(desired);
-                for o in &observed {
+                for o in observed {
                     if p.current.contains(&o.key) {
                         if let Ok(obj) = &o.checked {
                             self.last_good.insert(
@@ -228,17 +276,28 @@ impl Agent {
                 }
             }
             Err(e) => {
-                // What is in force is unknown: the next round applies everything again.
                 self.enforced = None;
                 self.sliced = None;
                 tracing::error!(error = %e, "apply failed; previous policy stays")
             }
         }
-        self.report_slices(&slice_objects, &result).await;
-        // Conditions are written together once the loop decided them (a first round on a
-        // host writes one per object: concurrently, not one after the other).
+    }
+
+    /// This host's condition on every FirewallConfiguration ([`plan::outcome`]), finalizers
+    /// kept or released; written together once decided (a first round on a host writes one
+    /// per object: concurrently, not one after the other).
+    async fn report_objects(
+        &mut self,
+        objects: &[Arc<DynamicObject>],
+        observed: &[Observed],
+        p: &Plan,
+        result: &Result<(), crate::engine::EnforceError>,
+    ) {
+        let by_key: BTreeMap<String, &Arc<DynamicObject>> =
+            objects.iter().map(|o| (super::key_of(o), o)).collect();
+        let apply_error = result.as_ref().err().map(ToString::to_string);
         let mut pending = Vec::new();
-        for o in &observed {
+        for o in observed {
             let Some(obj) = by_key.get(&o.key) else {
                 continue;
             };
@@ -256,23 +315,12 @@ impl Agent {
                 continue;
             }
             self.ensure_finalizer(obj).await;
-            let outcome = match (&result, p.refused.get(&o.key)) {
-                (_, Some(msg)) => Outcome {
-                    kind: ConditionType::Error,
-                    message: Some(msg.clone()),
-                    generation: o.generation,
-                },
-                (Err(e), None) => Outcome {
-                    kind: ConditionType::Error,
-                    message: Some(format!("apply failed: {e}")),
-                    generation: o.generation,
-                },
-                (Ok(()), None) => Outcome {
-                    kind: ConditionType::Applied,
-                    message: self.switch_reported.then(|| SWITCH_ON_MESSAGE.to_string()),
-                    generation: o.generation,
-                },
-            };
+            let outcome = plan::outcome(
+                p.refused.get(&o.key).map(String::as_str),
+                apply_error.as_deref(),
+                self.switch_reported,
+                o.generation,
+            );
             let key = super::key_of(obj);
             pending.extend(self.prepare_report(obj, outcome, &key, &super::fwc_resource()));
         }

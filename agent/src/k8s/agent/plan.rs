@@ -44,6 +44,37 @@ pub struct Outcome {
     pub generation: i64,
 }
 
+/// The message of an `Applied` condition while the emergency switch is on.
+pub const SWITCH_ON_MESSAGE: &str = "applied, but the emergency switch is on: this host lets every packet through until `peerwall allow-all off`";
+
+/// The condition a host reports on a FirewallConfiguration after a round: `Error` with the
+/// refusal when the object was refused, `Error` with the apply's failure when the apply
+/// failed, else `Applied` (saying so when the emergency switch lets everything through).
+pub fn outcome(
+    refused: Option<&str>,
+    apply_error: Option<&str>,
+    switch_on: bool,
+    generation: i64,
+) -> Outcome {
+    match (refused, apply_error) {
+        (Some(msg), _) => Outcome {
+            kind: ConditionType::Error,
+            message: Some(msg.to_string()),
+            generation,
+        },
+        (None, Some(e)) => Outcome {
+            kind: ConditionType::Error,
+            message: Some(format!("apply failed: {e}")),
+            generation,
+        },
+        (None, None) => Outcome {
+            kind: ConditionType::Applied,
+            message: switch_on.then(|| SWITCH_ON_MESSAGE.to_string()),
+            generation,
+        },
+    }
+}
+
 /// What a round will enforce and report.
 #[derive(Debug, Default)]
 pub struct Plan {
@@ -287,5 +318,21 @@ mod tests {
         let long = finalizer(&"x".repeat(100));
         assert!(long.len() <= "peerwall.io/".len() + 63);
         assert_eq!(finalizer("Node_A:1"), "peerwall.io/agent-Node_A-1");
+    }
+
+    #[test]
+    fn a_refusal_wins_then_a_failed_apply_then_applied_with_the_switch_said() {
+        let o = outcome(Some("spec.x: bad"), Some("nft failed"), true, 3);
+        assert_eq!(
+            (o.kind, o.message.as_deref(), o.generation),
+            (ConditionType::Error, Some("spec.x: bad"), 3)
+        );
+        let o = outcome(None, Some("nft failed"), true, 4);
+        assert_eq!(o.kind, ConditionType::Error);
+        assert_eq!(o.message.as_deref(), Some("apply failed: nft failed"));
+        let o = outcome(None, None, false, 5);
+        assert_eq!((o.kind, o.message), (ConditionType::Applied, None));
+        let o = outcome(None, None, true, 5);
+        assert_eq!(o.message.as_deref(), Some(SWITCH_ON_MESSAGE));
     }
 }
