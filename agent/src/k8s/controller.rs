@@ -866,134 +866,12 @@ pub fn run(
     super::runtime()?.block_on(async move {
         let client = super::client().await?;
         let changed = Arc::new(super::Changes::default());
-        let wc = watcher::Config::default;
         let publisher = Arc::new(std::sync::Mutex::new(Publisher::new()));
-        let pods_listed = {
-            let pb = publisher.clone();
-            super::feed(
-                Api::<Pod>::all(client.clone()),
-                wc(),
-                changed.clone(),
-                move |ev| {
-                    let mut pb = pb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    match ev {
-                        watcher::Event::Init => pb.desired.begin_relist(),
-                        watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
-                            pb.desired.upsert_pod(pod_info(&p))
-                        }
-                        watcher::Event::Delete(p) => pb
-                            .desired
-                            .remove_pod(&p.namespace().unwrap_or_default(), &p.name_any()),
-                        watcher::Event::InitDone => pb.desired.end_relist(),
-                    }
-                },
-            )
-        };
-        let ctx = Arc::new(Ctx {
-            namespaces: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
-            nodes: super::cache(
-                Api::all(client.clone()),
-                wc().labels(&format!("{}=virtual-node", super::NODE_TYPE)),
-                (),
-                changed.clone(),
-            ),
-            configs: super::cache(
-                Api::all_with(client.clone(), &super::fwc_resource()),
-                wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
-                super::fwc_resource(),
-                changed.clone(),
-            ),
-            slices: super::cache(
-                Api::all_with(client.clone(), &super::address_set_resource()),
-                wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
-                super::address_set_resource(),
-                changed.clone(),
-            ),
-            liqo_configs: std::sync::OnceLock::new(),
-            pods: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
-            network_policies: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
-            protection_policies: Arc::new(super::protection_policies::InForce::new(super::cache(
-                Api::all(client.clone()),
-                wc(),
-                (),
-                changed.clone(),
-            ))),
-            reported: std::sync::Mutex::new(BTreeSet::new()),
-            client: client.clone(),
-            opts,
-            metrics,
-            publisher,
-        });
+        let pods_listed = feed_pods(&client, &changed, &publisher);
+        let ctx = Arc::new(Ctx::watching(&client, &changed, opts, metrics, publisher));
         // Nothing is published before every pod was listed: a cold cache never empties a set.
-        let mut listed = pods_listed;
-        listed
-            .wait_for(|l| *l)
-            .await
-            .context("the pods watch ended before its first list")?;
-        for (what, ready) in [
-            ("namespaces", ctx.namespaces.wait_until_ready().await),
-            ("nodes", ctx.nodes.wait_until_ready().await),
-            (
-                "firewallconfigurations",
-                ctx.configs.wait_until_ready().await,
-            ),
-            ("addresssets", ctx.slices.wait_until_ready().await),
-            ("pods", ctx.pods.wait_until_ready().await),
-            ("networkpolicies", ctx.network_policies.wait_until_ready().await),
-        ] {
-            ready.with_context(|| format!("the {what} watch ended before its first list"))?;
-        }
-        ctx.protection_policies
-            .ready()
-            .await
-            .context("the protectionpolicies watch ended before its first list (is peerwall's CRD installed? kubectl apply -k deploy/)")?;
-        // Liqo's Configurations only matter where CIDRs overlap. Without Liqo's CRD (a cluster
-        // not peered yet) or the RBAC to read them, the controller runs without them rather
-        // than not at all, probes again every 30 s (no watch retrying every second in the
-        // log meanwhile), and takes them into account once they can be listed.
-        let liqo_api =
-            Api::<DynamicObject>::all_with(client.clone(), &super::liqo_configuration_resource());
-        let probe = liqo_api
-            .list_metadata(&kube::api::ListParams::default().limit(1))
-            .await;
-        let watch_liqo = {
-            let (ctx, changed, api) = (ctx.clone(), changed.clone(), liqo_api.clone());
-            move || {
-                let store = super::cache(
-                    api,
-                    watcher::Config::default(),
-                    super::liqo_configuration_resource(),
-                    changed,
-                );
-                let _ = ctx.liqo_configs.set(store.clone());
-                store
-            }
-        };
-        match probe {
-            Ok(_) => watch_liqo()
-                .wait_until_ready()
-                .await
-                .context("the watch of Liqo's Configurations ended before its first list")?,
-            Err(e) => {
-                tracing::warn!(
-                    error = %e,
-                    "Liqo's Configurations cannot be listed (Liqo's CRD not installed, or no RBAC): no remapped CIDRs until they can; trying again every 30 s"
-                );
-                tokio::spawn(async move {
-                    loop {
-                        tokio::time::sleep(Duration::from_secs(30)).await;
-                        let again = liqo_api
-                            .list_metadata(&kube::api::ListParams::default().limit(1))
-                            .await;
-                        if again.is_ok() {
-                            tracing::info!("Liqo's Configurations can be listed now: watching them");
-                            watch_liqo();
-                            break;
-                        }
-                    }
-                });
-            }
-        }
+        ctx.synced(pods_listed).await?;
+        watch_liqo_configurations(&ctx, &client, &changed).await?;
         tracing::info!("caches synced; reconciling");
         ctx.count(|m| m.ready = true);
         // Every cache change re-reconciles all peers (coalesced by Notify, then debounced).
@@ -1002,9 +880,8 @@ pub fn run(
             Some(((), n))
         });
         let cfg = CtrlConfig::default().debounce(DEBOUNCE);
-        let tenant_ns = Api::<Namespace>::all(client.clone());
         let gateways = Controller::new(
-            tenant_ns,
+            Api::<Namespace>::all(client.clone()),
             watcher::Config::default().labels(&format!("{}=true", super::TENANT_NAMESPACE)),
         )
         .owns_with(
@@ -1063,4 +940,166 @@ pub fn run(
         tracing::info!("controller stopping");
         Ok(())
     })
+}
+
+/// The pod watch feeding the publisher's desired sets pod by pod; the receiver turns true once
+/// every pod was listed.
+fn feed_pods(
+    client: &Client,
+    changed: &Arc<super::Changes>,
+    publisher: &Arc<std::sync::Mutex<Publisher>>,
+) -> tokio::sync::watch::Receiver<bool> {
+    let pb = publisher.clone();
+    super::feed(
+        Api::<Pod>::all(client.clone()),
+        watcher::Config::default(),
+        changed.clone(),
+        move |ev| {
+            let mut pb = pb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            match ev {
+                watcher::Event::Init => pb.desired.begin_relist(),
+                watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
+                    pb.desired.upsert_pod(pod_info(&p))
+                }
+                watcher::Event::Delete(p) => pb
+                    .desired
+                    .remove_pod(&p.namespace().unwrap_or_default(), &p.name_any()),
+                watcher::Event::InitDone => pb.desired.end_relist(),
+            }
+        },
+    )
+}
+
+impl Ctx {
+    /// The controller's caches, each watching its kind (every change notifies `changed`).
+    fn watching(
+        client: &Client,
+        changed: &Arc<super::Changes>,
+        opts: Options,
+        metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
+        publisher: Arc<std::sync::Mutex<Publisher>>,
+    ) -> Self {
+        let wc = watcher::Config::default;
+        Ctx {
+            namespaces: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            nodes: super::cache(
+                Api::all(client.clone()),
+                wc().labels(&format!("{}=virtual-node", super::NODE_TYPE)),
+                (),
+                changed.clone(),
+            ),
+            configs: super::cache(
+                Api::all_with(client.clone(), &super::fwc_resource()),
+                wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
+                super::fwc_resource(),
+                changed.clone(),
+            ),
+            slices: super::cache(
+                Api::all_with(client.clone(), &super::address_set_resource()),
+                wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
+                super::address_set_resource(),
+                changed.clone(),
+            ),
+            liqo_configs: std::sync::OnceLock::new(),
+            pods: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            network_policies: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
+            protection_policies: Arc::new(super::protection_policies::InForce::new(super::cache(
+                Api::all(client.clone()),
+                wc(),
+                (),
+                changed.clone(),
+            ))),
+            reported: std::sync::Mutex::new(BTreeSet::new()),
+            client: client.clone(),
+            opts,
+            metrics,
+            publisher,
+        }
+    }
+
+    /// Wait until every cache has listed its kind once (the pods through `pods_listed`).
+    async fn synced(
+        &self,
+        mut pods_listed: tokio::sync::watch::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        pods_listed
+            .wait_for(|l| *l)
+            .await
+            .context("the pods watch ended before its first list")?;
+        for (what, ready) in [
+            ("namespaces", self.namespaces.wait_until_ready().await),
+            ("nodes", self.nodes.wait_until_ready().await),
+            (
+                "firewallconfigurations",
+                self.configs.wait_until_ready().await,
+            ),
+            ("addresssets", self.slices.wait_until_ready().await),
+            ("pods", self.pods.wait_until_ready().await),
+            (
+                "networkpolicies",
+                self.network_policies.wait_until_ready().await,
+            ),
+        ] {
+            ready.with_context(|| format!("the {what} watch ended before its first list"))?;
+        }
+        self.protection_policies
+            .ready()
+            .await
+            .context("the protectionpolicies watch ended before its first list (is peerwall's CRD installed? kubectl apply -k deploy/)")
+    }
+}
+
+/// Liqo's Configurations only matter where CIDRs overlap. Without Liqo's CRD (a cluster not
+/// peered yet) or the RBAC to read them, the controller runs without them rather than not at
+/// all, probes again every 30 s (no watch retrying every second in the log meanwhile), and
+/// takes them into account once they can be listed.
+async fn watch_liqo_configurations(
+    ctx: &Arc<Ctx>,
+    client: &Client,
+    changed: &Arc<super::Changes>,
+) -> anyhow::Result<()> {
+    let liqo_api =
+        Api::<DynamicObject>::all_with(client.clone(), &super::liqo_configuration_resource());
+    let probe = liqo_api
+        .list_metadata(&kube::api::ListParams::default().limit(1))
+        .await;
+    let watch_liqo = {
+        let (ctx, changed, api) = (ctx.clone(), changed.clone(), liqo_api.clone());
+        move || {
+            let store = super::cache(
+                api,
+                watcher::Config::default(),
+                super::liqo_configuration_resource(),
+                changed,
+            );
+            let _ = ctx.liqo_configs.set(store.clone());
+            store
+        }
+    };
+    match probe {
+        Ok(_) => watch_liqo()
+            .wait_until_ready()
+            .await
+            .context("the watch of Liqo's Configurations ended before its first list")?,
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "Liqo's Configurations cannot be listed (Liqo's CRD not installed, or no RBAC): no remapped CIDRs until they can; trying again every 30 s"
+            );
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                    let again = liqo_api
+                        .list_metadata(&kube::api::ListParams::default().limit(1))
+                        .await;
+                    if again.is_ok() {
+                        tracing::info!("Liqo's Configurations can be listed now: watching them");
+                        watch_liqo();
+                        break;
+                    }
+                }
+            });
+        }
+    }
+    Ok(())
 }
