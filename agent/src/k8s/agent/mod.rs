@@ -556,18 +556,76 @@ pub fn run(
         let client = super::client().await?;
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
         let changed = Arc::new(super::Changes::default());
-        let reader = super::cache(
+        let watches = Watches::start(&client, &api, &settings, &changed).await?;
+        let mut agent = Agent::new(client, api, settings);
+        agent.release_unselected(&watches.configs).await;
+        let mut dirty = true;
+        let mut summarized = (std::time::Instant::now(), std::time::SystemTime::now());
+        while !stop.is_set() {
+            if let Some(period) = agent.settings.drop_summary {
+                if summarized.0.elapsed() >= period {
+                    let since = summarized.1;
+                    summarized = (std::time::Instant::now(), std::time::SystemTime::now());
+                    agent
+                        .publish_drops(&watches.configs.state(), engine.drop_summary(since), period)
+                        .await;
+                }
+            }
+            if dirty || engine.environment_changed() {
+                // Debounce: let a burst of events settle into one round (short: a round that
+                // only moves slices costs O(changes)).
+                tokio::time::sleep(DEBOUNCE).await;
+                agent
+                    .round(engine, watches.objects(), watches.slices())
+                    .await;
+            } else {
+                tokio::task::block_in_place(|| engine.maintain());
+            }
+            // Not ready while the API server is away (what is in force stays in force).
+            engine.set_source_connected(changed.connected());
+            // The switch flipped: the conditions say so at the next round.
+            let switch_moved = engine.switch_on() != agent.switch_reported;
+            dirty = tokio::select! {
+                _ = stop.wait() => break,
+                woke = tokio::time::timeout(agent.settings.interval, changed.notify.notified()) => {
+                    woke.is_ok()
+                }
+            } || switch_moved;
+        }
+        tracing::info!("agent stopping; enforcement stays in place");
+        Ok(())
+    })
+}
+
+/// What the agent watches: peerwall's FirewallConfigurations for this host, Liqo's ones it
+/// enforces (`--liqo-selector`), the AddressSets, and Liqo's ones it only observes for their
+/// NAT (`--observe`). Each has listed once before the first round.
+struct Watches {
+    configs: reflector::Store<DynamicObject>,
+    liqo: Option<reflector::Store<DynamicObject>>,
+    slices: Option<reflector::Store<DynamicObject>>,
+    observed: Vec<reflector::Store<DynamicObject>>,
+}
+
+impl Watches {
+    async fn start(
+        client: &kube::Client,
+        api: &Api<DynamicObject>,
+        settings: &Settings,
+        changed: &Arc<super::Changes>,
+    ) -> anyhow::Result<Self> {
+        let configs = super::cache(
             api.clone(),
             watcher::Config::default().labels(&settings.selector),
             super::fwc_resource(),
             changed.clone(),
         );
         tracing::info!(selector = %settings.selector, host = %settings.host, "watching FirewallConfigurations");
-        reader
+        configs
             .wait_until_ready()
             .await
             .context("the FirewallConfiguration watch ended before its first list")?;
-        let liqo_reader = match &settings.liqo_selector {
+        let liqo = match &settings.liqo_selector {
             Some(sel) => {
                 let liqo = super::resource_of(Group::Liqo);
                 let r = super::cache(
@@ -584,8 +642,9 @@ pub fn run(
             }
             None => None,
         };
-        let slice_reader = {
-            let api = Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
+        let slices = {
+            let api =
+                Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
             match api.list_metadata(&ListParams::default().limit(1)).await {
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     tracing::warn!("peerwall's AddressSet CRD is not installed: sets fill from their inline elements only (apply deploy/base/crd.yaml)");
@@ -637,7 +696,41 @@ pub fn run(
             }
             observed.push(r);
         }
-        let mut agent = Agent {
+        Ok(Self {
+            configs,
+            liqo,
+            slices,
+            observed,
+        })
+    }
+
+    /// The FirewallConfigurations of a round: peerwall's, Liqo's enforced ones, and Liqo's
+    /// observed ones marked as such.
+    fn objects(&self) -> Vec<Arc<DynamicObject>> {
+        let mut objects = self.configs.state();
+        if let Some(r) = &self.liqo {
+            objects.extend(r.state().into_iter().map(|o| tagged(o, Group::Liqo)));
+        }
+        for r in &self.observed {
+            objects.extend(
+                r.state()
+                    .into_iter()
+                    .map(|o| Arc::new(super::mark_observed(&tagged(o, Group::Liqo)))),
+            );
+        }
+        objects
+    }
+
+    /// The AddressSets of a round.
+    fn slices(&self) -> Vec<Arc<DynamicObject>> {
+        self.slices.as_ref().map(|r| r.state()).unwrap_or_default()
+    }
+}
+
+impl Agent {
+    /// The agent of `settings.host`, before its first round.
+    fn new(client: kube::Client, api: Api<DynamicObject>, settings: Settings) -> Self {
+        Agent {
             recorder: Recorder::new(
                 client,
                 Reporter {
@@ -658,50 +751,6 @@ pub fn run(
             sliced: None,
             slice_issues: BTreeMap::new(),
             switch_reported: false,
-        };
-        agent.release_unselected(&reader).await;
-        let mut dirty = true;
-        let mut summarized = (std::time::Instant::now(), std::time::SystemTime::now());
-        while !stop.is_set() {
-            if let Some(period) = agent.settings.drop_summary {
-                if summarized.0.elapsed() >= period {
-                    let since = summarized.1;
-                    summarized = (std::time::Instant::now(), std::time::SystemTime::now());
-                    agent
-                        .publish_drops(&reader.state(), engine.drop_summary(since), period)
-                        .await;
-                }
-            }
-            if dirty || engine.environment_changed() {
-                // Debounce: let a burst of events settle into one round (short: a round that
-                // only moves slices costs O(changes)).
-                tokio::time::sleep(DEBOUNCE).await;
-                let mut objects = reader.state();
-                if let Some(r) = &liqo_reader {
-                    objects.extend(r.state().into_iter().map(|o| tagged(o, Group::Liqo)));
-                }
-                for r in &observed {
-                    objects.extend(r.state().into_iter().map(|o| {
-                        Arc::new(super::mark_observed(&tagged(o, Group::Liqo)))
-                    }));
-                }
-                let slice_objects = slice_reader.as_ref().map(|r| r.state()).unwrap_or_default();
-                agent.round(engine, objects, slice_objects).await;
-            } else {
-                tokio::task::block_in_place(|| engine.maintain());
-            }
-            // Not ready while the API server is away (what is in force stays in force).
-            engine.set_source_connected(changed.connected());
-            // The switch flipped: the conditions say so at the next round.
-            let switch_moved = engine.switch_on() != agent.switch_reported;
-            dirty = tokio::select! {
-                _ = stop.wait() => break,
-                woke = tokio::time::timeout(agent.settings.interval, changed.notify.notified()) => {
-                    woke.is_ok()
-                }
-            } || switch_moved;
         }
-        tracing::info!("agent stopping; enforcement stays in place");
-        Ok(())
-    })
+    }
 }
