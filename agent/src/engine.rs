@@ -92,6 +92,8 @@ pub struct Engine {
     last_env: Option<Vec<HostInterface>>,
     /// Compilation warnings already logged (logged again only when they change).
     warned: Vec<(peerwall_policy::ir::Origin, compile::Warning)>,
+    /// What the backend said it does not enforce, as last logged (again only when it changes).
+    backend_warned: Vec<String>,
     /// When the connection-tracking fill was last read.
     conntrack_read: Option<std::time::Instant>,
     /// The policy in force, to judge which connections a change ends
@@ -144,6 +146,7 @@ impl Engine {
             generation: 0,
             last_env: None,
             warned: Vec::new(),
+            backend_warned: Vec::new(),
             conntrack_read: None,
             enforced: None,
             boot: None,
@@ -357,6 +360,18 @@ impl Engine {
     ) -> Result<(u64, f64, peerwall_backend::Report), EnforceError> {
         match result {
             Ok(summary) => {
+                // Once per change, not once per apply: a pod churn re-applies many times a
+                // second.
+                if summary.warnings != self.backend_warned {
+                    for w in summary
+                        .warnings
+                        .iter()
+                        .filter(|w| !self.backend_warned.contains(w))
+                    {
+                        tracing::warn!(backend = self.backend.name(), "{w}");
+                    }
+                    self.backend_warned.clone_from(&summary.warnings);
+                }
                 self.generation += 1;
                 let secs = started.elapsed().as_secs_f64();
                 let generation = self.generation;

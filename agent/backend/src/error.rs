@@ -4,15 +4,32 @@
 
 use std::fmt;
 
-/// What an apply did, in the words of the backend that did it (one line a person reads:
-/// nftables names the tables it created, updated, kept and removed; bpf the slot it wrote and
-/// how many entries changed).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Report(pub String);
+/// What an apply did, in the words of the backend that did it: one line a person reads
+/// (nftables names the tables it created, updated, kept and removed; bpf the slot it wrote and
+/// how many entries changed), and what of the policy this backend does not enforce itself
+/// (each a sentence naming the rule). Callers log the warnings when they change, not on every
+/// apply.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Report {
+    /// The line.
+    pub summary: String,
+    /// What is not enforced, and why.
+    pub warnings: Vec<String>,
+}
+
+impl Report {
+    /// A report with no warnings.
+    pub fn new(summary: impl Into<String>) -> Self {
+        Self {
+            summary: summary.into(),
+            warnings: Vec::new(),
+        }
+    }
+}
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.summary)
     }
 }
 

@@ -680,6 +680,9 @@ fn apply_with(b: &mut dyn Backend, policy: &ir::Policy) -> Result<(), CliError> 
     let name = b.name();
     match b.apply(policy) {
         Ok(report) => {
+            for w in &report.warnings {
+                tracing::warn!(backend = name, "{w}");
+            }
             tracing::info!(backend = name, rules = policy.rule_count(), %report, "policy applied");
             out(&format!("{name}: {report}\n"))
         }

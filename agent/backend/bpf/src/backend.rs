@@ -212,7 +212,10 @@ impl Backend for BpfBackend {
 
     fn apply(&mut self, policy: &Policy) -> Result<Report, BackendError> {
         BpfBackend::apply(self, policy)
-            .map(|r| Report(format!("{r} attached={:?}", self.attached())))
+            .map(|r| Report {
+                summary: format!("{r} attached={:?}", self.attached()),
+                warnings: r.diagnostics,
+            })
             .map_err(failed("applying"))
     }
 
@@ -222,7 +225,10 @@ impl Backend for BpfBackend {
         changes: &[peerwall_policy::ir::SetChange],
     ) -> Result<Report, BackendError> {
         BpfBackend::update_sets(self, policy, changes)
-            .map(|r| Report(r.to_string()))
+            .map(|r| Report {
+                summary: r.to_string(),
+                warnings: r.diagnostics,
+            })
             .map_err(failed("updating sets"))
     }
 

@@ -473,7 +473,7 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
 
     fn apply(&mut self, policy: &ir::Policy) -> Result<Report, BackendError> {
         NftBackend::apply(self, policy)
-            .map(|r| Report(r.to_string()))
+            .map(|r| Report::new(r.to_string()))
             .map_err(BackendError::host(NAME, "applying"))
     }
 
@@ -483,7 +483,7 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         changes: &[ir::SetChange],
     ) -> Result<Report, BackendError> {
         NftBackend::update_sets(self, policy, changes)
-            .map(|r| Report(r.to_string()))
+            .map(|r| Report::new(r.to_string()))
             .map_err(BackendError::host(NAME, "updating sets"))
     }
 

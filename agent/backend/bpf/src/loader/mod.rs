@@ -66,6 +66,26 @@ pub struct BpfApplyReport {
     pub switched: bool,
     /// Trie prefixes in the policy.
     pub prefixes: usize,
+    /// What of the policy the datapath does not enforce ([`diagnostics`]).
+    pub diagnostics: Vec<String>,
+}
+
+/// What of `policy` the datapath does not enforce itself: rules whose action is not a verdict
+/// (left to nftables), and NAT rewrites before the forward hook it cannot follow. Each names
+/// its rule; none is an error.
+pub fn diagnostics(policy: &ir::Policy) -> Vec<String> {
+    let mut out: Vec<String> = maps::left_to_nftables(policy)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    let (_, unexpressed) = policy.dst_rewrites();
+    out.extend(unexpressed.iter().map(|u| {
+        format!(
+            "{}/{}/{}: {}: a NAT rule changes addresses before the forward hook in a way the datapath cannot follow; packets it rewrites are classified on their addresses at ingress",
+            u.rule.table, u.rule.chain, u.rule.rule, u.why
+        )
+    }));
+    out
 }
 
 /// A chain's identity and rules (what counters are reported under).
@@ -82,10 +102,6 @@ pub struct Datapath {
     pin_dir: PathBuf,
     slots: [SlotContents; 2],
     active: u32,
-    /// Rules last reported as left to nftables (reported again only when they change).
-    left_noted: Vec<maps::LeftToNftables>,
-    /// NAT rules already reported as not followed by the destination view.
-    unexpressed_noted: Vec<String>,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -155,8 +171,6 @@ impl Datapath {
             pin_dir: pin_dir.to_path_buf(),
             slots: [None, None],
             active: 0,
-            left_noted: Vec::new(),
-            unexpressed_noted: Vec::new(),
         };
         b.active = b.config()?.active & 1;
         Ok(b)
@@ -363,33 +377,7 @@ impl Datapath {
         ifaces: &[Iface],
     ) -> Result<BpfApplyReport, BpfError> {
         let new = maps::compile(policy, ifaces)?;
-        // Once per change, not once per apply: a pod churn re-applies many times a second.
-        let left = maps::left_to_nftables(policy);
-        if left != self.left_noted {
-            for note in left.iter().filter(|n| !self.left_noted.contains(n)) {
-                tracing::warn!(table = %note.table, chain = %note.chain, rule = %note.rule, "{note}");
-            }
-            self.left_noted = left;
-        }
-        let (_, unexpressed) = policy.dst_rewrites();
-        let unexpressed: Vec<String> = unexpressed
-            .iter()
-            .map(|u| {
-                format!(
-                    "{}/{}/{}: {}",
-                    u.rule.table, u.rule.chain, u.rule.rule, u.why
-                )
-            })
-            .collect();
-        if unexpressed != self.unexpressed_noted {
-            for u in unexpressed
-                .iter()
-                .filter(|u| !self.unexpressed_noted.contains(u))
-            {
-                tracing::warn!(rule = %u, "a NAT rule changes addresses before the forward hook in a way the datapath cannot follow; packets it rewrites are classified on their addresses at ingress");
-            }
-            self.unexpressed_noted = unexpressed;
-        }
+        let diagnostics = diagnostics(policy);
         let prefixes = new.prefix_count();
         let active = self.active as usize;
         if let Some(live) = &self.slots[active] {
@@ -408,6 +396,7 @@ impl Datapath {
                         entries_changed: n,
                         switched: false,
                         prefixes,
+                        diagnostics,
                     });
                 }
             }
@@ -426,6 +415,7 @@ impl Datapath {
             entries_changed: n,
             switched: true,
             prefixes,
+            diagnostics,
         })
     }
 
@@ -460,6 +450,7 @@ impl Datapath {
             entries_changed: n,
             switched: false,
             prefixes,
+            diagnostics: diagnostics(policy),
         }))
     }
 
