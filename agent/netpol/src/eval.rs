@@ -88,10 +88,14 @@ fn port_matches(port: &Port, flow: &Flow<'_>) -> bool {
 }
 
 /// Whether `peer` (of a policy in `ns`) matches the far end: `pod` when it is a pod, `ip`
-/// its address as the gateway sees it.
+/// its address as the gateway sees it. A block names addresses as this cluster sees them: a
+/// pod running on a peer whose CIDR Liqo remaps is met at its address here.
 fn peer_matches(cluster: &Cluster, ns: &str, peer: &Peer, pod: Option<&Pod>, ip: IpAddr) -> bool {
     match peer {
-        Peer::Block(b) => b.contains(ip),
+        Peer::Block(b) => match pod {
+            Some(p) if p.peer.is_some() => p.local_ips().iter().any(|a| b.contains(*a)),
+            _ => b.contains(ip),
+        },
         Peer::Pods { .. } => pod.is_some_and(|p| cluster.peer_selects_pod(ns, peer, p)),
     }
 }

@@ -407,7 +407,29 @@ fn ip_blocks_name_a_remapped_peer_by_the_addresses_seen_here() {
             seen: "10.71.0.0/16".parse().unwrap(),
         }],
     );
+    // A pod on the peer, seen here at 10.71.9.10 (its own address 10.20.9.10).
+    let mut d = pod("y", "d", "10.20.9.10", &[("pod", "d")], Some("peer1"));
+    d.local_ips = vec!["10.71.9.10".parse().unwrap()];
+    c.pods.push(d);
     let ir = compiled(&c);
+    // The judge agrees: x/a may reach it (seen here in the block), x/b may not.
+    let judged = |from: &str| {
+        let (src, dst) = (c.pod(from).unwrap(), c.pod("y/d").unwrap());
+        decide(
+            &c,
+            &Flow {
+                src: src.ips[0],
+                dst: dst.ips[0],
+                proto: 6,
+                dport: 80,
+                src_pod: Some(src),
+                dst_pod: Some(dst),
+            },
+        )
+        .allowed()
+    };
+    assert!(judged("x/a"));
+    assert!(!judged("x/b"));
     let allowed = |src: &str, dst: &str| {
         let pkt = peerwall_policy::ir::Packet {
             src: src.parse().unwrap(),
