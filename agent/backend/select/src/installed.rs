@@ -103,6 +103,13 @@ pub fn remove(kind: BackendKind, pin_dir: &Path) -> Result<Vec<String>, BackendE
     }
 }
 
+/// Remove a datapath pinned in `pin_dir` (detached, its pins and slot metadata gone), whatever
+/// backend runs now: gateway-pod mode cleans up after the gateways that left. Nothing pinned
+/// there is not an error.
+pub fn forget_pins(pin_dir: &Path) -> Result<Vec<String>, BackendError> {
+    remove(BackendKind::Bpf, pin_dir)
+}
+
 /// Turn the emergency switch of what `kind` installed here on (every packet passes) or off.
 pub fn set_switch(kind: BackendKind, pin_dir: &Path, on: bool) -> Result<(), BackendError> {
     let name = kind.name();

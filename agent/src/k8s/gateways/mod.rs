@@ -294,9 +294,7 @@ impl Supervisor {
 /// Remove a pin directory (maps, programs, links: unpinning a link detaches it) and the
 /// slots' metadata kept for it under `/run/peerwall`.
 fn remove_pins(dir: &std::path::Path) {
-    if let Err(e) =
-        peerwall_backend_select::installed::remove(peerwall_backend_select::BackendKind::Bpf, dir)
-    {
+    if let Err(e) = peerwall_backend_select::installed::forget_pins(dir) {
         tracing::warn!(pins = %dir.display(), error = %e, "could not remove pins");
     }
 }
