@@ -579,13 +579,14 @@ fn kube_build() -> Result<()> {
     .into_iter()
     .filter(|b| !out.join(b).exists())
     .collect();
-    if !missing.is_empty() {
-        println!(
-            "building {} {KUBE_VERSION} from Debian's source into {} (a few minutes, once)",
-            missing.join(", "),
-            out.display()
-        );
+    if missing.is_empty() {
+        return Ok(());
     }
+    println!(
+        "building {} {KUBE_VERSION} from Debian's source into {} (a few minutes, once)",
+        missing.join(", "),
+        out.display()
+    );
     let mut c = Command::new("bash");
     c.arg(root().join("xtask/kube/build-apiserver.sh"))
         .arg(&out);
