@@ -11,6 +11,7 @@ mod entries;
 mod flows;
 mod host;
 mod pins;
+mod slots;
 mod testing;
 
 use entries::*;
@@ -29,12 +30,9 @@ use aya::programs::links::LinkOrder;
 use aya::programs::tc::{TcAttachOptions, TcAttachType};
 use aya::programs::{SchedClassifier, Xdp, XdpMode};
 use aya::{Ebpf, EbpfLoader};
-use ipnet::IpNet;
-use peerwall_common::{
-    Bitmap, ChainInfo, Config, Counter, DimMasks, HookChains, IfaceInfo, RuleInfo, MAX_RULES,
-};
+use peerwall_common::{Config, Counter, IfaceInfo, MAX_RULES};
 
-use crate::maps::{self, BpfPolicy, ChainMaps, Iface};
+use crate::maps::{self, BpfPolicy, Iface};
 use peerwall_policy::ir;
 
 /// The eBPF object, built by `agent/build.rs` from `ebpf/`.
@@ -518,130 +516,39 @@ impl Datapath {
         }
     }
 
-    /// The per-dimension lookup maps: addresses (hosts in hashes, prefixes in tries), ports,
-    /// family+protocol, interfaces, conntrack states.
+    /// The per-dimension lookup maps ([`slots::LOOKUPS`], then conntrack states).
     fn write_lookups(
         &mut self,
         s: &str,
         old: Option<&BpfPolicy>,
         new: &BpfPolicy,
     ) -> Result<usize, BpfError> {
-        let mut n = 0;
-        // Hosts go to the exact-match maps the datapath consults first, prefixes to the tries.
-        for (dim, hosts, f) in [
-            (
-                map::SRC,
-                map::SRCH,
-                (|c| &c.src) as fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>,
-            ),
-            (map::DST, map::DSTH, |c| &c.dst),
-        ] {
-            n += sync_trie(
-                self.map(&format!("{dim}{s}"))?,
-                &format!("{dim}{s}"),
-                old.map(|o| addr_entries(o, f, false)),
-                addr_entries(new, f, false),
-            )?;
-            n += sync_hash(
-                self.map(&format!("{hosts}{s}"))?,
-                &format!("{hosts}{s}"),
-                old.map(|o| host_entries(o, f)),
-                host_entries(new, f),
-            )?;
-        }
-        n += sync_trie(
-            self.map(&format!("{}{s}", map::SPORT))?,
-            &format!("{}{s}", map::SPORT),
-            old.map(|o| port_entries(o, |c| &c.sport)),
-            port_entries(new, |c| &c.sport),
-        )?;
-        n += sync_trie(
-            self.map(&format!("{}{s}", map::DPORT))?,
-            &format!("{}{s}", map::DPORT),
-            old.map(|o| port_entries(o, |c| &c.dport)),
-            port_entries(new, |c| &c.dport),
-        )?;
-        n += sync_hash(
-            self.map(&format!("{}{s}", map::PROTO))?,
-            &format!("{}{s}", map::PROTO),
-            old.map(proto_entries),
-            proto_entries(new),
-        )?;
-        n += sync_hash(
-            self.map(&format!("{}{s}", map::IIF))?,
-            &format!("{}{s}", map::IIF),
-            old.map(|o| if_entries(o, |c| &c.iif)),
-            if_entries(new, |c| &c.iif),
-        )?;
-        n += sync_hash(
-            self.map(&format!("{}{s}", map::OIF))?,
-            &format!("{}{s}", map::OIF),
-            old.map(|o| if_entries(o, |c| &c.oif)),
-            if_entries(new, |c| &c.oif),
-        )?;
-        n += sync_array(
-            self.map(&format!("{}{s}", map::CT))?,
-            &format!("{}{s}", map::CT),
-            old.map(ct_entries),
-            ct_entries(new),
-            Bitmap::EMPTY,
-        )?;
-        Ok(n)
+        self.write_maps(s, slots::LOOKUPS.iter().chain([&slots::CT]), old, new)
     }
 
-    /// Chain descriptions: per-dimension masks, rules, chains, and the hooks that reach them.
+    /// Chain descriptions ([`slots::CHAINS`]: masks, rules, chains, hooks last).
     fn write_chains(
         &mut self,
         s: &str,
         old: Option<&BpfPolicy>,
         new: &BpfPolicy,
     ) -> Result<usize, BpfError> {
+        self.write_maps(s, slots::CHAINS.iter(), old, new)
+    }
+
+    /// Sync each of `specs`' maps of slot `s`, in order; the entries written or deleted.
+    fn write_maps<'a>(
+        &mut self,
+        s: &str,
+        specs: impl Iterator<Item = &'a slots::SlotMap>,
+        old: Option<&BpfPolicy>,
+        new: &BpfPolicy,
+    ) -> Result<usize, BpfError> {
         let mut n = 0;
-        let empty_masks = DimMasks {
-            any: Bitmap::EMPTY,
-            neg: Bitmap::EMPTY,
-        };
-        n += sync_array(
-            self.map(&format!("{}{s}", map::MASKS))?,
-            &format!("{}{s}", map::MASKS),
-            old.map(mask_entries),
-            mask_entries(new),
-            empty_masks,
-        )?;
-        n += sync_array(
-            self.map(&format!("{}{s}", map::RULES))?,
-            &format!("{}{s}", map::RULES),
-            old.map(rule_entries),
-            rule_entries(new),
-            RuleInfo {
-                action: peerwall_common::ActionCode::Drop as u8,
-                counter: 0,
-                _pad: [0; 2],
-            },
-        )?;
-        n += sync_array(
-            self.map(&format!("{}{s}", map::CHAINS))?,
-            &format!("{}{s}", map::CHAINS),
-            old.map(chain_entries),
-            chain_entries(new),
-            ChainInfo {
-                rules: 0,
-                policy: peerwall_common::ActionCode::Drop as u8,
-                _pad: [0; 3],
-                constrained: 0,
-            },
-        )?;
-        // Hooks last: a chain becomes reachable only once all its maps are written.
-        n += sync_array(
-            self.map(&format!("{}{s}", map::HOOKS))?,
-            &format!("{}{s}", map::HOOKS),
-            old.map(hook_entries),
-            hook_entries(new),
-            HookChains {
-                count: 0,
-                chains: [0; peerwall_common::MAX_HOOK_CHAINS],
-            },
-        )?;
+        for spec in specs {
+            let name = format!("{}{s}", spec.prefix);
+            n += (spec.sync)(self.map(&name)?, &name, old, new)?;
+        }
         Ok(n)
     }
 
