@@ -1,0 +1,144 @@
+//! Attaching the datapath: the tc (tcx) entry a device needs (Ethernet or L3), XDP on
+//! Ethernet devices, links pinned so that enforcement outlives this process.
+
+use aya::programs::links::LinkOrder;
+use aya::programs::tc::{TcAttachOptions, TcAttachType};
+use aya::programs::{SchedClassifier, Xdp, XdpMode};
+
+use super::host::HostIface;
+use super::pins::{attached_in, link_pin_name, pin_link};
+use super::{BpfError, Datapath, TC_L3_PROGRAM, TC_PROGRAM, XDP_PROGRAM};
+
+/// The tc entry for an interface: by its link-layer header length.
+fn tc_entry(iface: &HostIface) -> &'static str {
+    if iface.l2_len == 0 {
+        TC_L3_PROGRAM
+    } else {
+        TC_PROGRAM
+    }
+}
+
+impl Datapath {
+    /// A program of the object, loaded (verified) on first use.
+    pub(super) fn loaded<'a, P>(&'a mut self, name: &str) -> Result<&'a mut P, BpfError>
+    where
+        &'a mut P: TryFrom<&'a mut aya::programs::Program, Error = aya::programs::ProgramError>,
+        P: ProgramLoad,
+    {
+        let prog: &mut P = self
+            .ebpf
+            .program_mut(name)
+            .ok_or_else(|| BpfError::MissingProgram(name.into()))?
+            .try_into()
+            .map_err(|source| BpfError::Program {
+                what: format!("{name} program type"),
+                source,
+            })?;
+        prog.ensure_loaded().map_err(|source| BpfError::Program {
+            what: format!("loading {name} (verifier)"),
+            source,
+        })?;
+        Ok(prog)
+    }
+    /// Load (verify) every program `ifaces` need, before any is attached: attachments then
+    /// follow each other within microseconds, so no flow starts through an interface still
+    /// unfiltered and meets a filtering one on its way back without conntrack having seen it.
+    /// An interface whose link is already pinned keeps it ([`attach`](Self::attach) adopts
+    /// it) and needs nothing loaded: a restarted agent whose links are all in place verifies
+    /// no program (about a second saved).
+    pub fn prepare(&mut self, ifaces: &[&HostIface], xdp: bool) -> Result<(), BpfError> {
+        let links = self.pin_dir.join("links");
+        for iface in ifaces {
+            if !links.join(link_pin_name("tc", &iface.name)).exists() {
+                let _: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
+            }
+            let xdp_pinned = links.join(link_pin_name("xdp", &iface.name)).exists();
+            if xdp && iface.l2_len == 14 && !xdp_pinned {
+                let _: &mut Xdp = self.loaded(XDP_PROGRAM)?;
+            }
+        }
+        Ok(())
+    }
+    /// Attach the tc program (tcx ingress) to an interface, and XDP when asked; pin the links.
+    /// An interface that already has a pinned link keeps it (adoption without a gap).
+    pub fn attach(&mut self, iface: &HostIface, xdp: bool) -> Result<(), BpfError> {
+        self.register_ifaces(std::slice::from_ref(iface))?;
+        let links = self.pin_dir.join("links");
+        let tc_pin = links.join(link_pin_name("tc", &iface.name));
+        if !tc_pin.exists() {
+            let prog: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
+            let attach_err = |what: String| move |source| BpfError::Program { what, source };
+            let id = prog
+                .attach_with_options(
+                    &iface.name,
+                    TcAttachType::Ingress,
+                    TcAttachOptions::TcxOrder(LinkOrder::default()),
+                )
+                .map_err(attach_err(format!(
+                    "attaching tcx ingress on {}",
+                    iface.name
+                )))?;
+            let link = prog
+                .take_link(id)
+                .map_err(attach_err("taking the tc link".into()))?;
+            pin_link(link.try_into(), &tc_pin)?;
+            tracing::debug!(interface = %iface.name, pin = %tc_pin.display(), "tcx ingress attached");
+        } else {
+            tracing::debug!(interface = %iface.name, pin = %tc_pin.display(), "tcx ingress already attached (pinned link adopted)");
+        }
+        let xdp_pin = links.join(link_pin_name("xdp", &iface.name));
+        if xdp && iface.l2_len == 14 && !xdp_pin.exists() {
+            let prog: &mut Xdp = self.loaded(XDP_PROGRAM)?;
+            // Native where the driver has it, generic (skb) otherwise.
+            let id = match prog.attach(&iface.name, XdpMode::Driver) {
+                Ok(id) => id,
+                Err(native) => {
+                    tracing::info!(
+                        interface = %iface.name,
+                        error = %native,
+                        "no native XDP on this device; attaching generic (skb) XDP"
+                    );
+                    prog.attach(&iface.name, XdpMode::Skb)
+                        .map_err(|source| BpfError::Program {
+                            what: format!("attaching XDP on {}", iface.name),
+                            source,
+                        })?
+                }
+            };
+            let link = prog.take_link(id).map_err(|source| BpfError::Program {
+                what: "taking the xdp link".into(),
+                source,
+            })?;
+            pin_link(link.try_into(), &xdp_pin)?;
+        }
+        Ok(())
+    }
+    /// Attached programs as `kind:interface` (from the pinned links).
+    pub fn attached(&self) -> Vec<String> {
+        attached_in(&self.pin_dir)
+    }
+}
+
+/// Programs that can be loaded on demand.
+pub trait ProgramLoad {
+    /// Load (verify) unless already loaded.
+    fn ensure_loaded(&mut self) -> Result<(), aya::programs::ProgramError>;
+}
+
+impl ProgramLoad for SchedClassifier {
+    fn ensure_loaded(&mut self) -> Result<(), aya::programs::ProgramError> {
+        if self.fd().is_err() {
+            self.load()?;
+        }
+        Ok(())
+    }
+}
+
+impl ProgramLoad for Xdp {
+    fn ensure_loaded(&mut self) -> Result<(), aya::programs::ProgramError> {
+        if self.fd().is_err() {
+            self.load()?;
+        }
+        Ok(())
+    }
+}
