@@ -155,6 +155,7 @@ macro_rules! slot_eval {
         mod $name {
             use super::*;
 
+            // size: see the doc comment: one inlined body for the verifier.
             /// One chain, start to end: every dimension's lookup ANDed into the rule bitmap,
             /// the lowest bit decides. Long on purpose: one inlined body per slot keeps each
             /// map reference a constant the verifier resolves, and the lookups share one

@@ -111,6 +111,7 @@ pub(crate) enum Parse {
     Ok,
 }
 
+// size: see the doc comment: one inlined function for the verifier.
 /// Parse the L3 and L4 headers at `l3` into `p`.
 ///
 /// Long on purpose: one inlined function with straight-line bounds checks is what the verifier

@@ -11,9 +11,12 @@
 //!   `xtask/kube/start-node.sh` runs a whole one-node cluster (kubelet, containerd) in a netns.
 //! - `image`: OCI images of peerwall, the pause sandbox and the lab's gateway (`xtask/src/image.rs`).
 
+// size: the xtask commands and their install steps; checks live in cycles.rs, sizes.rs and docs.rs.
+
 mod cycles;
 mod docs;
 mod image;
+mod sizes;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -283,6 +286,7 @@ fn setup() -> Result<()> {
 
 fn test(extra: &[String]) -> Result<()> {
     check_cycles()?;
+    sizes::check(&root())?;
     setup()?;
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
@@ -633,6 +637,7 @@ fn main() -> Result<()> {
         Some("setup") => setup(),
         Some("test") => test(&args[1..]),
         Some("cycles") => check_cycles(),
+        Some("sizes") => sizes::check(&root()),
         Some("docs") => docs::build(&root(), &cache_dir(), &target_dir().join("book"), step),
         Some("crd") => crd(),
         Some("bpf-linker") => ensure_bpf_linker(),
@@ -683,7 +688,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|bench-control|bench-netpol|crd|docs|cycles|kube-build|kube-up|image>"
+                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|bench-control|bench-netpol|crd|docs|cycles|sizes|kube-build|kube-up|image>"
             );
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
@@ -698,6 +703,7 @@ fn main() -> Result<()> {
             eprintln!("  crd    regenerate deploy/base/crd.yaml from the Rust types");
             eprintln!("  docs   check the README's and docs/ links, build the book (mdbook) into <target>/book");
             eprintln!("  cycles  report modules of a crate that import each other");
+            eprintln!("  sizes  report files over 600 lines and functions over 120 without a stated reason");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
             eprintln!("  image       OCI images (peerwall, pause, the lab's gateway) into <target>/images");
             eprintln!(

@@ -13,6 +13,9 @@
 //! cut out), then the pods some policy isolates are dropped. Named ports become one clause per
 //! port number they resolve to, over the pods that resolve them so.
 
+// size: the tier is one builder (sets, clauses, rules, the isolation drops) over shared naming; its
+// helpers are the file's first half. The random judge test holds it whole.
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
@@ -395,6 +398,8 @@ impl ChainBuilder<'_> {
         out
     }
 
+    // size: one policy's rules, clauses and address sets share the set naming and the local/remote
+    // split; cut apart, each piece would carry all of that state.
     fn policy(
         &mut self,
         pi: usize,

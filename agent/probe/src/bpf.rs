@@ -8,6 +8,9 @@
 //! Conntrack states are made real by writing flows into `FLOWS` and shaping the packet, as the
 //! nftables engine does with `conntrack -I`.
 
+// size: the bpf probe engine: building the probe packet, running it through BPF_PROG_TEST_RUN,
+// decoding the result; split candidates are its frame builder and decoder.
+
 use peerwall_common::map;
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -292,6 +292,8 @@ pub fn close_rules(c: &exceptions::Close) -> Vec<(String, Vec<api::Match>)> {
     out
 }
 
+// size: the gateway chain's rules in the order the kernel evaluates them: one place to read what a
+// peer's gateway lets through.
 /// The gateway FirewallConfiguration `spec` for one peer: named sets of its offloaded pods
 /// (and of our pods it runs), and one forward chain whose rules all test the tunnel first.
 /// Every slice-filled set also takes AddressSet slices (`fromAddressSets`): the controller

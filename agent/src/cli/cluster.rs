@@ -164,6 +164,7 @@ fn packet(
     ))
 }
 
+// size: argument checks, then one judgement per engine; each step names the flag it reads.
 /// `peerwall verdict --cluster`.
 pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
     let s = load(&a.cluster)?;

@@ -2,6 +2,9 @@
 //!
 //! Exit codes: 0 answered, 2 bad input (error on stderr, nothing changed), 1 runtime failure.
 
+// size: the command line's argument definitions (clap derive), one struct per command; the commands
+// themselves are in the modules beside it.
+
 mod cluster;
 mod host;
 mod observe;

@@ -16,6 +16,10 @@
 //! full resync: nothing is published before every pod was listed, then the first pass compares
 //! every desired address with every published one, and stale addresses disappear.
 
+// size: the controller's reconciles (gateways, offloaded namespaces, enforcement) share one Ctx of
+// caches; not yet split by reconcile (issue 32 follow-up). Its decisions are in the protection and
+// netpol crates.
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -336,6 +336,7 @@ pub fn controller_slices(
     Ok(out)
 }
 
+// size: data: the lab's pods and policies as a user would write them.
 /// The provider's own NetworkPolicies in the lab, and the pods they select, as the controller
 /// reads them ([`crate::k8s::netpol::cluster`] builds the same from the API server): the pods
 /// of [`lab_world`] with labels and container ports (`http` 8080/TCP, `echo` 9090/UDP), the

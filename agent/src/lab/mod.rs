@@ -27,6 +27,9 @@
 //! on the gateway's compiled policy, offloads one more pod and times how long until it is
 //! reachable. Everything is removed on exit, on failure and on
 //! Ctrl-C, unless `--keep`.
+
+// size: the lab's steps (node, tunnels, agents, the matrix, the live offload) in the order they
+// run; infrastructure, cluster data and probes are in the modules beside it.
 mod cluster;
 mod infra;
 mod liqo;
@@ -151,6 +154,7 @@ fn provider_node(lab: &mut Lab, cs: &[Consumer]) -> Result<NetNs> {
     Ok(node)
 }
 
+// size: plumbing: one `ip` command per link, address and route, in the order Liqo sets them up.
 /// A consumer cluster and its gateway: the underlay, the WireGuard tunnel over it
 /// (`liqo-tunnel` on the gateway side), the consumer's pods, and the Geneve-named link from
 /// the gateway to the provider node. Returns (consumer, gateway) namespaces.
@@ -409,6 +413,7 @@ fn wait_tunnels(cs: &[Consumer], consumer_ns: &[NetNs]) -> Result<()> {
     Ok(())
 }
 
+// size: data: the matrix's rows, one stanza per kind of pair.
 /// Every pair the matrix probes, with what the reference evaluator expects of each probe on
 /// the policy the controller generates for the gateway it crosses. `protected`: what provider
 /// and consumer protection alone allow; a NetworkPolicy only ever takes away from it (the

@@ -40,6 +40,7 @@ impl AgentMetrics {
         render_families(vec![self.families("")])
     }
 
+    // size: a list: one entry per metric family, in the order they are exposed.
     /// The metric families, each sample's labels prefixed with `scope` (`gateway="x",` or
     /// empty), in a fixed order so that several agents' families merge index by index.
     fn families(&self, scope: &str) -> Vec<Family> {

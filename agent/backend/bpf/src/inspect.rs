@@ -98,6 +98,8 @@ fn action_name(a: u8) -> &'static str {
     }
 }
 
+// size: one read per pinned map, in the order `peerwall inspect` prints them; no decision to cut
+// out.
 /// Decode the pinned datapath in `pin_dir`.
 pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
     let config: Array<MapData, Config> =

@@ -116,6 +116,7 @@ fn single_prefix(set: &super::AddrSet) -> Option<IpNet> {
     }
 }
 
+// size: one walk over the NAT rules, one arm per way a rule can move addresses (each arm short).
 /// Every destination rewrite of `tables`' NAT rules (DNAT first, in table and chain order),
 /// and the NAT rules that change destinations or sources in a way no rewrite expresses.
 pub fn dst_rewrites<'a>(

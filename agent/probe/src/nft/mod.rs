@@ -145,6 +145,7 @@ impl NftProbe {
             })
     }
 
+    // size: one arm per conntrack state the probe reproduces in a real kernel.
     /// Prepare conntrack so the probe has `pkt.ct_state`; returns the probe's shape.
     fn prepare_ct(&self, pkt: &Packet, marker: u32) -> Result<Shape, ProbeError> {
         let mut shape = Shape::default();

@@ -19,6 +19,9 @@
 //! by that selector are enforced too, read only: peerwall writes no status, finalizer or label
 //! on Liqo's objects (errors go to the log).
 
+// size: the agent's Kubernetes edge: watches, rounds, conditions, finalizers and drop-summary
+// Events around one Agent; its pure decisions are in plan.rs and slices.rs.
+
 mod plan;
 mod report;
 mod slices;
