@@ -1,0 +1,145 @@
+//! Whether each peer's gateway configuration is in force somewhere: a `NotEnforced` condition,
+//! an Event and a metric for one no host has applied past the grace period.
+
+use kube::Resource;
+use kube::ResourceExt;
+
+use super::Ctx;
+use super::FIELD_MANAGER;
+use super::GATEWAY_CONFIG;
+use crate::protection;
+use kube::api::Api;
+use kube::api::DynamicObject;
+use kube::api::Patch;
+use kube::api::PatchParams;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The hosts' conditions of `obj` (the controller's own left out).
+pub(super) fn host_conditions(obj: &DynamicObject) -> impl Iterator<Item = &serde_json::Value> {
+    obj.data
+        .pointer("/status/conditions")
+        .and_then(|v| v.as_array())
+        .into_iter()
+        .flatten()
+        .filter(|k| {
+            k.get("host").and_then(|h| h.as_str()) != Some(protection::enforcement::CONTROLLER_HOST)
+        })
+}
+
+/// Whether `k` says its host applied `generation` (or a later one).
+pub(super) fn applied_at(k: &serde_json::Value, generation: i64) -> bool {
+    k.get("type").and_then(|t| t.as_str()) == Some("Applied")
+        && k.get("observedGeneration").and_then(|g| g.as_i64()) >= Some(generation)
+}
+
+/// Whether every host that reports on `obj` has applied its current generation (or none
+/// reports yet).
+pub(super) fn applied_everywhere(obj: &DynamicObject) -> bool {
+    let generation = obj.metadata.generation.unwrap_or_default();
+    host_conditions(obj).all(|k| applied_at(k, generation))
+}
+
+/// Whether some host reports `obj`'s current generation applied.
+pub(super) fn applied_somewhere(obj: &DynamicObject) -> bool {
+    let generation = obj.metadata.generation.unwrap_or_default();
+    host_conditions(obj).any(|k| applied_at(k, generation))
+}
+
+/// Every few seconds: the peers' gateway configurations no host has applied past `grace`
+/// ([`protection::enforcement`]) get a `NotEnforced` condition (host `peerwall-controller`),
+/// a Warning Event and a log line, and count in `peerwall_controller_unenforced_peers`; the
+/// condition is taken back once a host applies the configuration.
+pub(super) async fn watch_enforcement(ctx: Arc<Ctx>, grace: Duration) {
+    use protection::enforcement::{Enforcement, Reported, CONTROLLER_HOST};
+    let recorder = kube::runtime::events::Recorder::new(
+        ctx.client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "peerwall-controller".into(),
+            instance: None,
+        },
+    );
+    let manager = format!("{FIELD_MANAGER}/enforcement");
+    let mut e = Enforcement::new(grace);
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let configs: Vec<Arc<DynamicObject>> = ctx
+            .configs
+            .state()
+            .into_iter()
+            .filter(|c| c.name_any() == GATEWAY_CONFIG)
+            .collect();
+        let key =
+            |c: &DynamicObject| format!("{}/{}", c.namespace().unwrap_or_default(), c.name_any());
+        let reported: Vec<Reported> = configs
+            .iter()
+            .map(|c| Reported {
+                key: key(c),
+                generation: c.metadata.generation.unwrap_or_default(),
+                applied: applied_somewhere(c),
+            })
+            .collect();
+        let f = e.observe(std::time::Instant::now(), &reported);
+        ctx.count(|m| m.unenforced_peers = f.unenforced as u64);
+        for (k, on) in f
+            .newly_unenforced
+            .iter()
+            .map(|k| (k, true))
+            .chain(f.recovered.iter().map(|k| (k, false)))
+        {
+            let Some(obj) = configs.iter().find(|c| &key(c) == k) else {
+                continue;
+            };
+            let (ns, name) = (obj.namespace().unwrap_or_default(), obj.name_any());
+            let note = format!(
+                "no host has applied generation {} of {k} for {}s: the peer's traffic is not filtered by it. Check the agents (kubectl get ds -n peerwall-system), their selector and their Error conditions",
+                obj.metadata.generation.unwrap_or_default(),
+                grace.as_secs()
+            );
+            let conditions = if on {
+                tracing::warn!(configuration = %k, "{note}");
+                serde_json::json!([{
+                    "host": CONTROLLER_HOST,
+                    "type": "NotEnforced",
+                    "status": "True",
+                    "message": note,
+                    "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    "observedGeneration": obj.metadata.generation.unwrap_or_default(),
+                }])
+            } else {
+                tracing::info!(configuration = %k, "applied by a host again: enforced");
+                serde_json::json!([])
+            };
+            let body = serde_json::json!({
+                "apiVersion": peerwall_intent::load::API_VERSION,
+                "kind": peerwall_intent::load::KIND,
+                "status": {"conditions": conditions},
+            });
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(ctx.client.clone(), &ns, &crate::k8s::fwc_resource());
+            if let Err(err) = api
+                .patch_status(
+                    &name,
+                    &PatchParams::apply(&manager).force(),
+                    &Patch::Apply(&body),
+                )
+                .await
+            {
+                tracing::warn!(configuration = %k, error = %err, "could not write the NotEnforced condition");
+            }
+            if on {
+                let ev = kube::runtime::events::Event {
+                    type_: kube::runtime::events::EventType::Warning,
+                    reason: "NotEnforced".into(),
+                    note: Some(note.chars().take(1000).collect()),
+                    action: "Enforce".into(),
+                    secondary: None,
+                };
+                let reference = obj.object_ref(&crate::k8s::fwc_resource());
+                if let Err(err) = recorder.publish(&ev, &reference).await {
+                    tracing::warn!(configuration = %k, error = %err, "could not publish the NotEnforced event");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,210 @@
+//! Each peer's NetworkPolicy tier and the companion NetworkPolicies a label-aware CNI needs,
+//! from one view of the cluster per pass; policies peerwall cannot enforce reported once.
+
+use kube::Resource;
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use kube::ResourceExt;
+
+use super::api_error;
+use super::owner_ref;
+use super::remaps;
+use super::server_side_apply;
+use super::Ctx;
+use super::ReconcileError;
+use super::PEER;
+use super::TARGET;
+use super::TARGET_GATEWAY;
+use crate::netpol;
+use crate::protection;
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::Api;
+use kube::api::DeleteParams;
+use kube::api::DynamicObject;
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// The cluster as NetworkPolicies see it, from the caches; the policies that do not read;
+/// every NetworkPolicy object (for Events and companions).
+/// The cluster as NetworkPolicies see it, what of them does not read, and the objects.
+pub(super) type NetpolView = (
+    netpol::Cluster,
+    Vec<crate::k8s::netpol::Unreadable>,
+    Vec<Arc<NetworkPolicy>>,
+);
+
+pub(super) fn netpol_view(ctx: &Ctx) -> NetpolView {
+    let (namespaces, nodes, pods, policies) = (
+        ctx.namespaces.state(),
+        ctx.nodes.state(),
+        ctx.pods.state(),
+        ctx.network_policies.state(),
+    );
+    let (cluster, unreadable) = crate::k8s::netpol::cluster(
+        namespaces.iter().map(AsRef::as_ref),
+        nodes.iter().map(AsRef::as_ref),
+        pods.iter().map(AsRef::as_ref),
+        policies.iter().map(AsRef::as_ref),
+        &remaps(ctx),
+    );
+    (cluster, unreadable, policies)
+}
+
+/// Keep `peer`'s NetworkPolicy tier ([`netpol::tier`]) in place, and report once what of the
+/// NetworkPolicies it cannot read or enforce (an Event on the policy, a log line).
+pub(super) async fn publish_tier(
+    ns: &Namespace,
+    peer: &protection::Peer,
+    ctx: &Ctx,
+    (cluster, unreadable, policies): &NetpolView,
+    audit: bool,
+) -> Result<(), ReconcileError> {
+    let ns_name = ns.name_any();
+    let tier = netpol::tier::tier(cluster, &peer.id, audit);
+    let problems = unreadable
+        .iter()
+        .map(|u| {
+            (
+                u.policy.clone(),
+                format!("{} (the policy is left out)", u.why),
+            )
+        })
+        .chain(
+            tier.unenforced
+                .iter()
+                .map(|u| (u.policy.clone(), u.why.clone())),
+        );
+    for (policy, why) in problems {
+        report_policy(ctx, policies, &policy, &why).await;
+    }
+    let mut body = netpol::tier::object(&peer.tenant_namespace, &peer.id, &tier.spec);
+    let current = ctx.configs.state().into_iter().find(|c| {
+        c.name_any() == netpol::tier::TIER_CONFIG && c.namespace().as_deref() == Some(&ns_name)
+    });
+    let up_to_date = current.as_ref().is_some_and(|c| {
+        c.data.get("spec") == body.get("spec")
+            && c.labels().get(PEER) == Some(&peer.id)
+            && c.labels().get(TARGET).map(String::as_str) == Some(TARGET_GATEWAY)
+    });
+    if !up_to_date {
+        body["metadata"]["ownerReferences"] = owner_ref(ns);
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &ns_name, &crate::k8s::fwc_resource());
+        server_side_apply(&api, &ns_name, netpol::tier::TIER_CONFIG, &body).await?;
+        ctx.count(|m| m.gateway_writes += 1);
+        tracing::info!(peer = %peer.id, "NetworkPolicy tier updated");
+    }
+    Ok(())
+}
+
+/// Keep the CNI companions of the users' NetworkPolicies ([`netpol::companion`]) in place:
+/// written when new or changed, removed when no longer needed. Each is owned by its user's
+/// policy, so deleting that policy removes it too.
+pub(super) async fn publish_companions(
+    ctx: &Ctx,
+    (cluster, _, policies): &NetpolView,
+) -> Result<(), ReconcileError> {
+    let (desired, too_large) = netpol::companion::companions(cluster, |_| false);
+    for (policy, why) in too_large {
+        report_policy(ctx, policies, &policy, &why).await;
+    }
+    let key = |ns: &str, name: &str| format!("{ns}/{name}");
+    let mut wanted = BTreeSet::new();
+    for mut body in desired {
+        let ns = body["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        let name = body["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        wanted.insert(key(&ns, &name));
+        let current = policies
+            .iter()
+            .find(|p| p.namespace().as_deref() == Some(&ns) && p.name_any() == name);
+        let same = current.is_some_and(|c| {
+            netpol::companion::is_companion(c.labels())
+                && serde_json::to_value(&c.spec).ok().as_ref() == body.get("spec")
+        });
+        if same {
+            continue;
+        }
+        // Owned by the user's policy it stands beside.
+        let owner = policies.iter().find(|p| {
+            p.namespace().as_deref() == Some(&ns)
+                && netpol::companion::name(&p.name_any()) == name
+                && !netpol::companion::is_companion(p.labels())
+        });
+        if let Some(u) = owner {
+            body["metadata"]["ownerReferences"] = json!([{
+                "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "name": u.name_any(), "uid": u.uid().unwrap_or_default(),
+            }]);
+        }
+        let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+        server_side_apply(&api, &ns, &name, &body).await?;
+        tracing::info!(networkpolicy = %key(&ns, &name), "CNI companion written");
+    }
+    for p in policies
+        .iter()
+        .filter(|p| netpol::companion::is_companion(p.labels()))
+    {
+        let ns = p.namespace().unwrap_or_default();
+        let name = p.name_any();
+        if wanted.contains(&key(&ns, &name)) {
+            continue;
+        }
+        let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => tracing::info!(networkpolicy = %key(&ns, &name), "CNI companion removed"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => return Err(api_error("deleting", &ns, &name)(source)),
+        }
+    }
+    Ok(())
+}
+
+/// One Warning Event on the NetworkPolicy `key` (`namespace/name`) and a log line, once per
+/// reason.
+pub(super) async fn report_policy(
+    ctx: &Ctx,
+    policies: &[Arc<NetworkPolicy>],
+    key: &str,
+    why: &str,
+) {
+    let first = ctx
+        .reported
+        .lock()
+        .map(|mut r| r.insert(format!("{key}\n{why}")))
+        .unwrap_or(false);
+    if !first {
+        return;
+    }
+    tracing::warn!(networkpolicy = key, "{why}");
+    let Some(p) = policies
+        .iter()
+        .find(|p| format!("{}/{}", p.namespace().unwrap_or_default(), p.name_any()) == key)
+    else {
+        return;
+    };
+    let recorder = kube::runtime::events::Recorder::new(
+        ctx.client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "peerwall-controller".into(),
+            instance: None,
+        },
+    );
+    let ev = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: "NotEnforced".into(),
+        note: Some(why.chars().take(1000).collect()),
+        action: "Enforce".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder.publish(&ev, &p.object_ref(&())).await {
+        tracing::warn!(networkpolicy = key, error = %e, "could not publish the event");
+    }
+}
