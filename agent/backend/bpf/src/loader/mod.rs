@@ -98,6 +98,9 @@ pub struct Datapath {
     pin_dir: PathBuf,
     slots: [SlotContents; 2],
     active: u32,
+    /// What the policy applied last does not get from the datapath ([`diagnostics`]): a set
+    /// update changes no rule, so it reports these again instead of walking the rules.
+    diagnostics: Vec<String>,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -158,6 +161,7 @@ impl Datapath {
             pin_dir: pin_dir.to_path_buf(),
             slots: [None, None],
             active: 0,
+            diagnostics: Vec::new(),
         };
         b.active = b.config()?.active & 1;
         Ok(b)
@@ -276,6 +280,7 @@ impl Datapath {
                     c.active = c.active.wrapping_add(2);
                     self.set_config(c)?;
                     self.slots[active] = Some(new);
+                    self.diagnostics.clone_from(&diagnostics);
                     return Ok(BpfApplyReport {
                         active: self.active,
                         entries_changed: n,
@@ -295,6 +300,7 @@ impl Datapath {
         self.set_config(c)?;
         self.active = idle;
         self.slots[idle as usize] = Some(new);
+        self.diagnostics.clone_from(&diagnostics);
         Ok(BpfApplyReport {
             active: idle,
             entries_changed: n,
@@ -335,7 +341,7 @@ impl Datapath {
             entries_changed: n,
             switched: false,
             prefixes,
-            diagnostics: diagnostics(policy),
+            diagnostics: self.diagnostics.clone(),
         }))
     }
 

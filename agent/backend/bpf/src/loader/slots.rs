@@ -26,6 +26,9 @@ pub(super) struct SlotMap {
     pub(super) sync: Sync,
 }
 
+/// The addresses of one dimension of every chain (source or destination).
+type Addresses = fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>;
+
 fn src(c: &ChainMaps) -> &Vec<(IpNet, Bitmap)> {
     &c.src
 }
@@ -34,52 +37,56 @@ fn dst(c: &ChainMaps) -> &Vec<(IpNet, Bitmap)> {
     &c.dst
 }
 
+/// An address dimension's prefixes, in its trie.
+fn prefixes(
+    m: &mut Map,
+    name: &str,
+    old: Option<&BpfPolicy>,
+    new: &BpfPolicy,
+    dim: Addresses,
+) -> Result<usize, BpfError> {
+    sync_trie(
+        m,
+        name,
+        old.map(|o| addr_entries(o, dim, false)),
+        addr_entries(new, dim, false),
+    )
+}
+
+/// An address dimension's hosts, in the exact-match hash the datapath consults first.
+fn hosts(
+    m: &mut Map,
+    name: &str,
+    old: Option<&BpfPolicy>,
+    new: &BpfPolicy,
+    dim: Addresses,
+) -> Result<usize, BpfError> {
+    sync_hash(
+        m,
+        name,
+        old.map(|o| host_entries(o, dim)),
+        host_entries(new, dim),
+    )
+}
+
 /// The per-dimension lookup maps: addresses (prefixes in tries, hosts in the exact-match
 /// hashes the datapath consults first), ports, family+protocol, interfaces, conntrack states.
 pub(super) const LOOKUPS: [SlotMap; 9] = [
     SlotMap {
         prefix: map::SRC,
-        sync: |m, name, old, new| {
-            sync_trie(
-                m,
-                name,
-                old.map(|o| addr_entries(o, src, false)),
-                addr_entries(new, src, false),
-            )
-        },
+        sync: |m, name, old, new| prefixes(m, name, old, new, src),
     },
     SlotMap {
         prefix: map::SRCH,
-        sync: |m, name, old, new| {
-            sync_hash(
-                m,
-                name,
-                old.map(|o| host_entries(o, src)),
-                host_entries(new, src),
-            )
-        },
+        sync: |m, name, old, new| hosts(m, name, old, new, src),
     },
     SlotMap {
         prefix: map::DST,
-        sync: |m, name, old, new| {
-            sync_trie(
-                m,
-                name,
-                old.map(|o| addr_entries(o, dst, false)),
-                addr_entries(new, dst, false),
-            )
-        },
+        sync: |m, name, old, new| prefixes(m, name, old, new, dst),
     },
     SlotMap {
         prefix: map::DSTH,
-        sync: |m, name, old, new| {
-            sync_hash(
-                m,
-                name,
-                old.map(|o| host_entries(o, dst)),
-                host_entries(new, dst),
-            )
-        },
+        sync: |m, name, old, new| hosts(m, name, old, new, dst),
     },
     SlotMap {
         prefix: map::SPORT,
