@@ -24,6 +24,14 @@ pub enum NftError {
     /// nft printed JSON we could not read.
     #[error("could not parse `nft -j` output: {0}")]
     Parse(#[from] serde_json::Error),
+    /// nft listed an object without a field every object of its kind has.
+    #[error("could not read `nft -j` output: {object} missing or not text in {value}")]
+    Listing {
+        /// Kind and field (`rule.chain`).
+        object: String,
+        /// The object as listed.
+        value: String,
+    },
     /// A table with our name exists and is not ours.
     #[error("table {family} {name} exists and is not owned by peerwall; refusing to touch it (rename the FirewallConfiguration table or remove the foreign table)")]
     NotOwned {

@@ -16,7 +16,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::Value;
+use crate::listing::Listing;
 
 use peerwall_backend::{Event, EventError, EventKind, EventSource, FlowLimiter, IfNames};
 use peerwall_policy::ir::CtState;
@@ -128,23 +128,20 @@ impl Names {
         out
     }
 
-    /// The names of the log rules in a ruleset listing (`nft -j list ruleset`'s objects).
-    pub fn of_listing(objs: &[Value]) -> HashMap<String, RuleRef> {
+    /// The names of the log rules in a ruleset listing.
+    pub fn of_listing(listing: &Listing) -> HashMap<String, RuleRef> {
         let mut out = HashMap::new();
-        for r in objs.iter().filter_map(|o| o.get("rule")) {
-            let prefix = r["expr"].as_array().and_then(|es| {
-                es.iter()
-                    .find_map(|e| e.get("log").and_then(|l| l["prefix"].as_str()))
-            });
+        for r in &listing.rules {
+            let prefix = r.logs.iter().find_map(|l| l.prefix.as_deref());
             let Some(prefix) = prefix.filter(|p| parse_prefix(p).is_some()) else {
                 continue;
             };
             out.insert(
                 prefix.to_string(),
                 RuleRef {
-                    table: r["table"].as_str().unwrap_or_default().to_string(),
-                    chain: r["chain"].as_str().unwrap_or_default().to_string(),
-                    rule: r["comment"].as_str().map(str::to_string),
+                    table: r.table.clone(),
+                    chain: r.chain.clone(),
+                    rule: r.comment.clone(),
                 },
             );
         }
@@ -553,19 +550,14 @@ impl EventSource for Nflog {
     }
 }
 
-/// Whether any rule of a ruleset listing (`nft -j list ruleset`'s objects) logs peerwall
-/// events to NFLOG `group`: without one, nothing will ever arrive there.
-pub fn logs_events(objs: &[Value], group: u16) -> bool {
-    objs.iter().filter_map(|o| o.get("rule")).any(|r| {
-        r["expr"].as_array().is_some_and(|es| {
-            es.iter().filter_map(|e| e.get("log")).any(|l| {
-                l["group"].as_u64() == Some(u64::from(group))
-                    && l["prefix"]
-                        .as_str()
-                        .is_some_and(|p| parse_prefix(p).is_some())
-            })
-        })
-    })
+/// Whether any rule of a ruleset listing logs peerwall events to NFLOG `group`: without one,
+/// nothing will ever arrive there.
+pub fn logs_events(listing: &Listing, group: u16) -> bool {
+    listing
+        .rules
+        .iter()
+        .flat_map(|r| &r.logs)
+        .any(|l| l.group == Some(group) && l.prefix.as_deref().and_then(parse_prefix).is_some())
 }
 
 #[cfg(test)]

@@ -8,8 +8,9 @@
 //!   model becomes libnftables JSON, see [`json`]) or an in-memory fake ([`FakeNft`]);
 //! - [`NftBackend`]: checks ownership, applies one transaction, snapshots what it applied,
 //!   detects and repairs drift (someone deleted or edited our table), reads rule counters;
-//! - [`listing`]: what `nft -j list` says, read as data; [`error`] and [`report`]: what a call
-//!   gives back.
+//! - [`listing`]: what `nft -j list` says, as typed objects (parsed by [`json::read`], called by
+//!   the runners only): ownership, counters, drift, the switch and adoption are questions asked
+//!   of it; [`error`] and [`report`]: what a call gives back.
 
 pub mod conntrack;
 pub mod error;
@@ -27,15 +28,10 @@ pub mod text;
 
 use std::collections::BTreeMap;
 
-use serde_json::Value;
-
-use crate::listing::{
-    listed_digest, listed_elements, merged_sets, model_elements, normalize, objects_of_table,
-    outline, Snapshot,
-};
+use crate::listing::Listing;
 
 pub use error::NftError;
-pub use listing::{kernel_tables, rule_counters, KernelTable};
+pub use listing::KernelTable;
 pub use model::Table;
 pub use peerwall_backend::RuleCounter;
 use peerwall_backend::{BackendError, Report};
@@ -65,7 +61,10 @@ pub const FULL_DRIFT_CHECK_MAX: std::time::Duration = std::time::Duration::from_
 pub struct NftBackend<R: Runner = Nft> {
     nft: R,
     applied: BTreeMap<String, RenderedTable>,
-    snapshots: BTreeMap<String, Snapshot>,
+    /// Per table, its structure as the kernel listed it right after it was applied (set
+    /// elements aside: they are compared with what was applied, so an element update costs
+    /// no listing of a 100k-element set).
+    snapshots: BTreeMap<String, Listing>,
     last_full_check: Option<std::time::Instant>,
     /// When a policy or set change was last applied.
     last_change: Option<std::time::Instant>,
@@ -102,10 +101,8 @@ impl<R: Runner> NftBackend<R> {
         self
     }
 
-    fn snapshot(listing: &[Value], family: ir::TableFamily, name: &str) -> Snapshot {
-        Snapshot {
-            terse: normalize(objects_of_table(listing, family, name)),
-        }
+    fn snapshot(listing: &Listing, family: ir::TableFamily, name: &str) -> Listing {
+        listing.table(family, name).unwrap_or_default()
     }
 
     /// The runner.
@@ -142,7 +139,7 @@ impl<R: Runner> NftBackend<R> {
             .into_iter()
             .map(|t| switch::with_switch(t, self.allow_all))
             .collect();
-        let kernel = kernel_tables(&listing);
+        let kernel = listing.kernel_tables();
         let plan = plan::plan(&self.applied, &desired, &kernel, &[])?;
         if !plan.commands.is_empty() {
             self.nft.transaction(&plan.commands)?;
@@ -183,8 +180,8 @@ impl<R: Runner> NftBackend<R> {
             events: self.events,
             ..RenderOptions::default()
         };
-        let kernel = kernel_tables(&terse);
-        let mut full: Option<Vec<Value>> = None;
+        let kernel = terse.kernel_tables();
+        let mut full: Option<Listing> = None;
         let mut adopted = Vec::new();
         for t in render_policy(policy, opts) {
             let t = switch::with_switch(t, allow_all);
@@ -193,30 +190,24 @@ impl<R: Runner> NftBackend<R> {
                     && k.family == t.family.nft()
                     && k.owner.as_deref() == Some(&t.owner)
             });
-            let now = objects_of_table(&terse, t.family, &t.name);
-            if !ours || listed_digest(&now).as_deref() != Some(json::digest(&t).as_str()) {
+            let Some(now) = terse.table(t.family, &t.name) else {
+                continue;
+            };
+            if !ours || now.digest() != Some(json::digest(&t).as_str()) {
                 continue;
             }
             // The digest says what the table was created as; the outline that it still is
             // (a rule deleted, a chain flushed behind peerwall's back: recreated).
-            let created = json::command(&model::Command::Create(&t));
-            let sent = created.iter().filter_map(|c| c.get("add"));
-            if outline(now.iter()) != outline(sent) {
+            if now.outline() != json::created_listing(&t)?.outline() {
                 continue;
             }
             if full.is_none() {
                 full = Some(self.nft.list_ruleset()?);
             }
-            let listed = objects_of_table(full.as_deref().unwrap_or_default(), t.family, &t.name);
-            if listed_elements(&listed) != model_elements(&t) {
+            if !same_elements(full.as_ref(), &t) {
                 continue;
             }
-            self.snapshots.insert(
-                t.name.clone(),
-                Snapshot {
-                    terse: normalize(now),
-                },
-            );
+            self.snapshots.insert(t.name.clone(), now);
             adopted.push(t.name.clone());
             self.applied.insert(t.name.clone(), t);
         }
@@ -306,7 +297,10 @@ impl<R: Runner> NftBackend<R> {
 
     /// The names of the tables peerwall owns in this namespace (whoever applied them).
     pub fn owned_tables(&self) -> Result<Vec<String>, NftError> {
-        Ok(kernel_tables(&self.nft.list_ruleset_terse()?)
+        Ok(self
+            .nft
+            .list_ruleset_terse()?
+            .kernel_tables()
             .into_iter()
             .filter(|t| t.owner.is_some())
             .map(|t| t.name)
@@ -316,7 +310,10 @@ impl<R: Runner> NftBackend<R> {
     /// Delete every table owned by peerwall in this namespace (not only the ones this process
     /// applied). Returns their names.
     pub fn delete_all(&mut self) -> Result<Vec<String>, NftError> {
-        let owned: Vec<KernelTable> = kernel_tables(&self.nft.list_ruleset_terse()?)
+        let owned: Vec<KernelTable> = self
+            .nft
+            .list_ruleset_terse()?
+            .kernel_tables()
             .into_iter()
             .filter(|t| t.owner.is_some())
             .collect();
@@ -340,8 +337,11 @@ impl<R: Runner> NftBackend<R> {
     /// Counters of all rules in owned tables.
     pub fn counters(&self) -> Result<Vec<RuleCounter>, NftError> {
         let terse = self.nft.list_ruleset_terse()?;
-        let sets = merged_sets(&self.nft, &terse)?;
-        Ok(rule_counters(&terse, &sets))
+        let mut sets = Vec::new();
+        for (family, table, name) in terse.merged_counting_sets() {
+            sets.extend(self.nft.list_set(&family, &table, &name)?.sets);
+        }
+        Ok(terse.rule_counters(&sets))
     }
 
     /// Compare the kernel with what this backend applied: the structure (chains, rules, set
@@ -351,27 +351,24 @@ impl<R: Runner> NftBackend<R> {
     }
 
     /// [`drift_check`](Self::drift_check) against a listing already taken.
-    fn drift_in(&self, terse: &[Value], full: bool) -> Result<Vec<Drift>, NftError> {
+    fn drift_in(&self, terse: &Listing, full: bool) -> Result<Vec<Drift>, NftError> {
         let mut out = Vec::new();
         // Set elements: one full listing for all tables, taken only when needed.
-        let mut with_elements: Option<Vec<Value>> = None;
+        let mut with_elements: Option<Listing> = None;
         for (name, t) in &self.applied {
-            let now = objects_of_table(terse, t.family, name);
-            if now.is_empty() {
+            let Some(now) = terse.table(t.family, name) else {
                 out.push(Drift::Missing {
                     table: name.clone(),
                 });
                 continue;
-            }
-            let structure_changed =
-                self.snapshots.get(name).map(|s| &s.terse) != Some(&normalize(now));
+            };
+            let structure_changed = self.snapshots.get(name) != Some(&now);
             // Elements only when the structure holds (their listing is the costly part).
             let elements_changed = !structure_changed && full && {
                 if with_elements.is_none() {
                     with_elements = Some(self.nft.list_ruleset()?);
                 }
-                let objs = with_elements.as_deref().unwrap_or_default();
-                listed_elements(&objects_of_table(objs, t.family, name)) != model_elements(t)
+                !same_elements(with_elements.as_ref(), t)
             };
             if structure_changed || elements_changed {
                 out.push(Drift::Modified {
@@ -421,7 +418,7 @@ impl<R: Runner> NftBackend<R> {
                 .collect();
             let names: Vec<String> = self.applied.keys().cloned().collect();
             self.allow_all = on;
-            let kernel = kernel_tables(&listing);
+            let kernel = listing.kernel_tables();
             let plan = plan::plan(&BTreeMap::new(), &desired, &kernel, &names)?;
             if !plan.commands.is_empty() {
                 self.nft.transaction(&plan.commands)?;
@@ -450,7 +447,7 @@ impl<R: Runner> NftBackend<R> {
         for b in &broken {
             known.remove(b);
         }
-        let kernel = kernel_tables(&self.nft.list_ruleset_terse()?);
+        let kernel = self.nft.list_ruleset_terse()?.kernel_tables();
         let plan = plan::plan(&known, &desired, &kernel, &broken)?;
         if !plan.commands.is_empty() {
             self.nft.transaction(&plan.commands)?;
@@ -464,6 +461,20 @@ impl<R: Runner> NftBackend<R> {
         }
         Ok(drift)
     }
+}
+
+/// Whether the set elements of `t` in a full listing are the ones applied.
+fn same_elements(full: Option<&Listing>, t: &Table) -> bool {
+    let listed = full
+        .and_then(|l| l.of_table(t.family, &t.name))
+        .map(|l| l.elements())
+        .unwrap_or_default();
+    let applied: BTreeMap<String, Vec<String>> = t
+        .sets
+        .iter()
+        .map(|s| (s.name.clone(), json::element_texts(s)))
+        .collect();
+    listed == applied
 }
 
 impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {

@@ -470,6 +470,33 @@ pub enum Command<'a> {
         /// Name.
         name: String,
     },
+    /// Add an empty table; nothing happens when it exists (the emergency switch's record).
+    AddTable {
+        /// Family.
+        family: TableFamily,
+        /// Name.
+        name: String,
+    },
+    /// Insert a rule at the head of its chain, in a table of any owner (the switch's accept).
+    InsertRule {
+        /// Family.
+        family: TableFamily,
+        /// Table.
+        table: String,
+        /// The rule.
+        rule: Rule,
+    },
+    /// Delete one rule by the handle the kernel listed it with.
+    DeleteRule {
+        /// Family.
+        family: TableFamily,
+        /// Table.
+        table: String,
+        /// Chain.
+        chain: String,
+        /// Handle.
+        handle: u64,
+    },
     /// Add elements to a set.
     AddElements {
         /// Table.

@@ -224,6 +224,7 @@ mod tests {
                 Command::DeleteElements {
                     table, elements, ..
                 } => format!("{} -{}", table.name, elements.len()),
+                other => format!("{other:?}"),
             })
             .collect()
     }

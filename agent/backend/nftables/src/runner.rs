@@ -13,6 +13,7 @@ use peerwall_policy::ir::TableFamily;
 
 use crate::error::NftError;
 use crate::json;
+use crate::listing::Listing;
 use crate::model::{Command, Table};
 
 /// Executes transactions and lists what the kernel holds (as `nft -j` prints it).
@@ -20,12 +21,12 @@ pub trait Runner: Send + std::fmt::Debug {
     /// Run `cmds` as one transaction: all or nothing.
     fn transaction(&self, cmds: &[Command<'_>]) -> Result<(), NftError>;
     /// The whole ruleset without set elements (`nft -j -t list ruleset`).
-    fn list_ruleset_terse(&self) -> Result<Vec<Value>, NftError>;
+    fn list_ruleset_terse(&self) -> Result<Listing, NftError>;
     /// The whole ruleset with set elements (`nft -j list ruleset`): one listing for every
     /// table, however many there are (a listing per table would cost each the whole cache).
-    fn list_ruleset(&self) -> Result<Vec<Value>, NftError>;
+    fn list_ruleset(&self) -> Result<Listing, NftError>;
     /// One set with its elements (`nft -j list set`): a merged rule's per-rule counters.
-    fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Vec<Value>, NftError>;
+    fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Listing, NftError>;
     /// The kernel's connection tracking of the same network namespace; None where there is
     /// no kernel (the in-memory one).
     fn conntrack(&self) -> Option<crate::conntrack::Conntrack>;
@@ -108,40 +109,27 @@ impl Runner for Nft {
     }
 
     /// Milliseconds even when sets hold 100k elements (a full listing takes about 0.4 s there).
-    fn list_ruleset_terse(&self) -> Result<Vec<Value>, NftError> {
+    fn list_ruleset_terse(&self) -> Result<Listing, NftError> {
         let out = self.run("list ruleset", &["-j", "-t", "list", "ruleset"], None)?;
-        objects(&out)
+        json::read::document(&out)
     }
 
-    fn list_ruleset(&self) -> Result<Vec<Value>, NftError> {
+    fn list_ruleset(&self) -> Result<Listing, NftError> {
         let out = self.run("list ruleset", &["-j", "list", "ruleset"], None)?;
-        objects(&out)
+        json::read::document(&out)
     }
 
     /// As a JSON command: nft's command line refuses tables named like keywords.
-    fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Vec<Value>, NftError> {
+    fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Listing, NftError> {
         let doc = serde_json::json!({"nftables": [{"list": {"set":
             {"family": family, "table": table, "name": set}}}]});
         let out = self.run("list set", &["-j", "-f", "-"], Some(&doc.to_string()))?;
-        objects(&out)
+        json::read::document(&out)
     }
 
     fn conntrack(&self) -> Option<crate::conntrack::Conntrack> {
         Some(crate::conntrack::Conntrack::new(self.netns.clone()))
     }
-}
-
-fn objects(out: &str) -> Result<Vec<Value>, NftError> {
-    let v: Value = serde_json::from_str(out)?;
-    Ok(v["nftables"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter(|o| o.get("metainfo").is_none())
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default())
 }
 
 /// An in-memory nftables for tests: applies typed transactions all-or-nothing with nft's
@@ -170,7 +158,7 @@ fn failed(action: &str, why: &str) -> NftError {
 
 impl FakeState {
     /// The listing of every table (foreign ones by name only), set elements when `elements`.
-    fn ruleset(&self, elements: bool) -> Vec<Value> {
+    fn ruleset(&self, elements: bool) -> Result<Listing, NftError> {
         let mut out: Vec<Value> = self
             .foreign
             .iter()
@@ -179,7 +167,7 @@ impl FakeState {
         for t in self.tables.values() {
             out.extend(FakeState::listing(t, elements));
         }
-        out
+        json::read::listing(&out)
     }
 
     fn run(&mut self, c: &Command<'_>) -> Result<(), NftError> {
@@ -204,6 +192,29 @@ impl FakeState {
                 if self.tables.remove(&(family.nft(), name.clone())).is_none() && !was_foreign {
                     return Err(failed("delete table", "No such file or directory"));
                 }
+            }
+            Command::AddTable { family, name } => {
+                if !self.tables.contains_key(&(family.nft(), name.clone())) {
+                    self.foreign
+                        .insert((family.nft().to_string(), name.clone()));
+                }
+            }
+            Command::InsertRule {
+                family,
+                table,
+                rule,
+            } => {
+                let t = self
+                    .tables
+                    .get_mut(&(family.nft(), table.clone()))
+                    .filter(|t| t.chains.iter().any(|c| c.name == rule.chain))
+                    .ok_or_else(|| failed("insert rule", "No such file or directory"))?;
+                let at = t.rules.iter().position(|r| r.chain == rule.chain);
+                t.rules.insert(at.unwrap_or(t.rules.len()), rule.clone());
+            }
+            // This kernel lists no handles, so no rule can be named by one.
+            Command::DeleteRule { .. } => {
+                return Err(failed("delete rule", "No such file or directory"));
             }
             Command::AddElements {
                 table,
@@ -337,24 +348,21 @@ impl Runner for FakeNft {
         })
     }
 
-    fn list_ruleset_terse(&self) -> Result<Vec<Value>, NftError> {
-        Ok(self.with(|s| s.ruleset(false)))
+    fn list_ruleset_terse(&self) -> Result<Listing, NftError> {
+        self.with(|s| s.ruleset(false))
     }
 
-    fn list_ruleset(&self) -> Result<Vec<Value>, NftError> {
-        Ok(self.with(|s| s.ruleset(true)))
+    fn list_ruleset(&self) -> Result<Listing, NftError> {
+        self.with(|s| s.ruleset(true))
     }
 
-    fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Vec<Value>, NftError> {
-        Ok(self.with(|s| {
-            s.ruleset(true)
-                .into_iter()
-                .filter(|o| {
-                    o.get("set").is_some_and(|x| {
-                        x["family"] == family && x["table"] == table && x["name"] == set
-                    })
-                })
-                .collect()
-        }))
+    fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Listing, NftError> {
+        let all = self.with(|s| s.ruleset(true))?;
+        Ok(Listing {
+            sets: (all.sets.into_iter())
+                .filter(|s| s.family == family && s.table == table && s.name == set)
+                .collect(),
+            ..Listing::default()
+        })
     }
 }

@@ -6,91 +6,94 @@
 //! repairs them away, until `allow-all off` removes both. Netfilter runs every base chain, so
 //! an accept in another table would not do: the accept must lead each of our chains.
 
-use serde_json::{json, Value};
+use peerwall_policy::ir::TableFamily;
 
-use crate::model::{Expr, Rule, Table, MARKER_CHAIN};
+use crate::listing::Listing;
+use crate::model::{Command, Expr, Rule, Table, MARKER_CHAIN};
 
 /// The table whose presence means "the switch is on" (it holds nothing).
 pub const SWITCH_TABLE: &str = "peerwall_allow_all";
 /// Comment of the switch's accept rules.
 pub const SWITCH_COMMENT: &str = "peerwall:allow-all";
 
-/// Whether a ruleset listing has the switch on.
-pub fn is_on(objs: &[Value]) -> bool {
-    objs.iter()
-        .filter_map(|o| o.get("table"))
-        .any(|t| t["family"] == "inet" && t["name"] == SWITCH_TABLE)
+/// Whether a listing has the switch on.
+pub fn is_on(listing: &Listing) -> bool {
+    listing
+        .tables
+        .iter()
+        .any(|t| t.family == "inet" && t.name == SWITCH_TABLE)
 }
 
 /// Base filter chains of peerwall's tables in a listing: (family, table, chain).
-fn owned_filter_chains(objs: &[Value]) -> Vec<(String, String, String)> {
-    let owned: Vec<(String, String)> = crate::kernel_tables(objs)
+fn owned_filter_chains(listing: &Listing) -> Vec<(TableFamily, String, String)> {
+    let owned: Vec<(String, String)> = listing
+        .kernel_tables()
         .into_iter()
         .filter(|t| t.owner.is_some())
         .map(|t| (t.family, t.name))
         .collect();
-    objs.iter()
-        .filter_map(|o| o.get("chain"))
-        .filter(|c| c["type"] == "filter" && c.get("hook").is_some())
-        .filter(|c| c["name"] != MARKER_CHAIN)
+    listing
+        .chains
+        .iter()
+        .filter(|c| c.kind.as_deref() == Some("filter") && c.hook.is_some())
+        .filter(|c| c.name != MARKER_CHAIN)
+        .filter(|c| owned.contains(&(c.family.clone(), c.table.clone())))
         .filter_map(|c| {
-            let key = (
-                c["family"].as_str()?.to_string(),
-                c["table"].as_str()?.to_string(),
-            );
-            let name = c["name"].as_str()?.to_string();
-            owned.contains(&key).then_some((key.0, key.1, name))
+            let family = TableFamily::from_nft(&c.family)?;
+            Some((family, c.table.clone(), c.name.clone()))
         })
         .collect()
 }
 
-/// Rules of the switch in a listing: (family, table, chain, handle).
-fn switch_rules(objs: &[Value]) -> Vec<(String, String, String, u64)> {
-    objs.iter()
-        .filter_map(|o| o.get("rule"))
-        .filter(|r| r["comment"] == SWITCH_COMMENT)
-        .filter_map(|r| {
-            Some((
-                r["family"].as_str()?.to_string(),
-                r["table"].as_str()?.to_string(),
-                r["chain"].as_str()?.to_string(),
-                r["handle"].as_u64()?,
-            ))
-        })
-        .collect()
-}
-
-/// The nft JSON commands that turn the switch on, given the current listing: the record table
-/// and an accept leading each chain that has none yet.
-pub fn on_commands(objs: &[Value]) -> Vec<Value> {
-    let mut cmds = vec![json!({"add": {"table": {"family": "inet", "name": SWITCH_TABLE}}})];
-    let have = switch_rules(objs);
-    for (family, table, chain) in owned_filter_chains(objs) {
-        if have
-            .iter()
-            .any(|(f, t, c, _)| *f == family && *t == table && *c == chain)
-        {
-            continue;
+/// The nft commands that turn the switch on, given the current listing: the record table and
+/// an accept leading each chain that has none yet.
+pub fn on_commands(listing: &Listing) -> Vec<Command<'static>> {
+    let mut cmds = vec![Command::AddTable {
+        family: TableFamily::Inet,
+        name: SWITCH_TABLE.into(),
+    }];
+    for (family, table, chain) in owned_filter_chains(listing) {
+        let has = listing.rules.iter().any(|r| {
+            r.comment.as_deref() == Some(SWITCH_COMMENT)
+                && r.family == family.nft()
+                && r.table == table
+                && r.chain == chain
+        });
+        if !has {
+            cmds.push(Command::InsertRule {
+                family,
+                table,
+                rule: Rule {
+                    chain,
+                    comment: SWITCH_COMMENT.into(),
+                    exprs: vec![Expr::Accept],
+                },
+            });
         }
-        cmds.push(
-            json!({"insert": {"rule": {"family": family, "table": table, "chain": chain,
-            "comment": SWITCH_COMMENT, "expr": [{"accept": null}]}}}),
-        );
     }
     cmds
 }
 
-/// The nft JSON commands that turn the switch off: the switch's rules and the record removed.
-pub fn off_commands(objs: &[Value]) -> Vec<Value> {
-    let mut cmds: Vec<Value> = switch_rules(objs)
-        .into_iter()
-        .map(|(family, table, chain, handle)| {
-            json!({"delete": {"rule": {"family": family, "table": table, "chain": chain,
-                "handle": handle}}})
+/// The nft commands that turn the switch off: the switch's rules and the record removed.
+pub fn off_commands(listing: &Listing) -> Vec<Command<'static>> {
+    let mut cmds: Vec<Command<'static>> = listing
+        .rules
+        .iter()
+        .filter(|r| r.comment.as_deref() == Some(SWITCH_COMMENT))
+        .filter_map(|r| {
+            Some(Command::DeleteRule {
+                family: TableFamily::from_nft(&r.family)?,
+                table: r.table.clone(),
+                chain: r.chain.clone(),
+                handle: r.handle?,
+            })
         })
         .collect();
-    if is_on(objs) {
-        cmds.push(json!({"delete": {"table": {"family": "inet", "name": SWITCH_TABLE}}}));
+    if is_on(listing) {
+        cmds.push(Command::Delete {
+            family: TableFamily::Inet,
+            name: SWITCH_TABLE.into(),
+        });
     }
     cmds
 }
@@ -117,8 +120,7 @@ pub fn with_switch(mut t: Table, on: bool) -> Table {
 /// Flip the switch in the kernel through `nft`: every owned filter chain of this network
 /// namespace gets (or loses) its leading accept, in one transaction. Nothing to send is not
 /// an error.
-pub fn set(nft: &crate::Nft, on: bool) -> Result<(), crate::NftError> {
-    use crate::Runner;
+pub fn set(nft: &impl crate::Runner, on: bool) -> Result<(), crate::NftError> {
     let listing = nft.list_ruleset_terse()?;
     let cmds = if on {
         on_commands(&listing)
@@ -128,14 +130,16 @@ pub fn set(nft: &crate::Nft, on: bool) -> Result<(), crate::NftError> {
     if cmds.is_empty() {
         return Ok(());
     }
-    nft.apply_json(&json!({ "nftables": cmds }))
+    nft.transaction(&cmds)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn listing(on: bool) -> Vec<Value> {
+    use serde_json::json;
+
+    fn listing(on: bool) -> Listing {
         let mut v = vec![
             json!({"table": {"family": "inet", "name": "t"}}),
             json!({"table": {"family": "ip", "name": "liqo"}}),
@@ -152,20 +156,30 @@ mod tests {
                 "comment": SWITCH_COMMENT, "expr": [{"accept": null}]}}),
             );
         }
-        v
+        crate::json::read::listing(&v).expect("listing")
     }
 
     #[test]
     fn on_leads_only_our_filter_chains_with_an_accept_and_off_removes_it() {
         let on = on_commands(&listing(false));
         assert_eq!(on.len(), 2, "{on:?}");
-        assert_eq!(on[1]["insert"]["rule"]["table"], "t");
+        assert!(
+            matches!(&on[1], Command::InsertRule { table, rule, .. }
+                if table == "t" && rule.chain == "fwd" && rule.exprs == [Expr::Accept]),
+            "{on:?}"
+        );
         assert!(!is_on(&listing(false)) && is_on(&listing(true)));
         // Idempotent: nothing more to insert once on.
         assert_eq!(on_commands(&listing(true)).len(), 1);
         let off = off_commands(&listing(true));
-        assert_eq!(off[0]["delete"]["rule"]["handle"], 9);
-        assert_eq!(off[1]["delete"]["table"]["name"], SWITCH_TABLE);
+        assert!(
+            matches!(&off[0], Command::DeleteRule { handle: 9, table, .. } if table == "t"),
+            "{off:?}"
+        );
+        assert!(
+            matches!(&off[1], Command::Delete { name, .. } if name == SWITCH_TABLE),
+            "{off:?}"
+        );
         assert!(off_commands(&listing(false)).is_empty());
     }
 }

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use peerwall_backend::{BackendError, EventSource, RuleCounter};
 use peerwall_backend_bpf::{inspect, loader};
-use peerwall_backend_nftables::{kernel_tables, switch, Nft, NftBackend, Runner};
+use peerwall_backend_nftables::{switch, Nft, NftBackend, Runner};
 
 use crate::BackendKind;
 
@@ -66,7 +66,8 @@ pub fn nft_tables() -> Result<Vec<String>, BackendError> {
             peerwall_backend_nftables::NAME,
             "listing tables",
         ))?;
-    Ok(kernel_tables(&listing)
+    Ok(listing
+        .kernel_tables()
         .into_iter()
         .filter(|t| t.owner.is_some())
         .map(|t| format!("{} {}", t.family, t.name))

@@ -4,6 +4,8 @@
 //! called `drop`), which the JSON parser takes. Only [`crate::Nft`] and `compile --output json`
 //! use this; everything else works on the types.
 
+pub mod read;
+
 use serde_json::{json, Value};
 
 use peerwall_policy::ir::{CtState, NatTarget, TableFamily};
@@ -32,6 +34,21 @@ pub fn command(c: &Command<'_>) -> Vec<Value> {
             v
         }
         Command::Delete { family, name } => vec![json!({"delete": table_obj(*family, name)})],
+        Command::AddTable { family, name } => vec![json!({"add": table_obj(*family, name)})],
+        Command::InsertRule {
+            family,
+            table,
+            rule: r,
+        } => vec![json!({"insert": {"rule": rule_obj(family.nft(), table, r)}})],
+        Command::DeleteRule {
+            family,
+            table,
+            chain,
+            handle,
+        } => vec![
+            json!({"delete": {"rule": {"family": family.nft(), "table": table,
+            "chain": chain, "handle": handle}}}),
+        ],
         Command::AddElements {
             table,
             set,
@@ -52,6 +69,16 @@ fn table_obj(family: TableFamily, name: &str) -> Value {
 fn element_obj(t: &Table, set: &str, elements: &[Element]) -> Value {
     json!({"element": {"family": t.family.nft(), "table": t.name, "name": set,
         "elem": elements.iter().map(element).collect::<Vec<_>>()}})
+}
+
+/// What `t`'s creating commands add, read as a listing (no handles, no counter values): what
+/// the kernel lists right after [`Command::Create`].
+pub fn created_listing(t: &Table) -> Result<crate::listing::Listing, crate::NftError> {
+    let added: Vec<Value> = create(t)
+        .into_iter()
+        .filter_map(|mut c| c.get_mut("add").map(Value::take))
+        .collect();
+    read::listing(&added)
 }
 
 /// Commands that create `t` (it must not exist): the table, its ownership marker and digest,
@@ -138,6 +165,14 @@ pub fn set_elements(s: &Set) -> Vec<Value> {
     }
 }
 
+/// A set's elements as [`crate::listing::ListedElement::text`] reads them back, by text
+/// sorted: what drift detection compares with [`crate::listing::Listing::elements`].
+pub fn element_texts(s: &Set) -> Vec<String> {
+    let mut v: Vec<String> = set_elements(s).iter().map(Value::to_string).collect();
+    v.sort_unstable();
+    v
+}
+
 fn chain(t: &Table, c: &Chain) -> Value {
     json!({"family": t.family.nft(), "table": t.name, "name": c.name,
         "type": c.kind.nft(), "hook": c.hook.nft(), "prio": c.priority,
@@ -145,7 +180,11 @@ fn chain(t: &Table, c: &Chain) -> Value {
 }
 
 fn rule(t: &Table, r: &Rule) -> Value {
-    let mut v = json!({"family": t.family.nft(), "table": t.name, "chain": r.chain,
+    rule_obj(t.family.nft(), &t.name, r)
+}
+
+fn rule_obj(family: &str, table: &str, r: &Rule) -> Value {
+    let mut v = json!({"family": family, "table": table, "chain": r.chain,
         "expr": r.exprs.iter().map(expr).collect::<Vec<_>>()});
     // A chain policy's log rule has no name.
     if !r.comment.is_empty() {
