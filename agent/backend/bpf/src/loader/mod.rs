@@ -8,12 +8,14 @@
 //! so enforcement has no gap.
 
 mod attach;
+#[cfg(feature = "bench")]
+mod baseline;
 mod entries;
 mod flows;
 mod host;
 mod pins;
+mod probe;
 mod slots;
-mod testing;
 
 use entries::*;
 pub use entries::{addr_key, port_key};

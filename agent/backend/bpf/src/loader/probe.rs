@@ -1,8 +1,8 @@
-//! What the probe engine and the benchmarks need of a loaded datapath beyond enforcing:
-//! flows put into and flushed from conntrack, the programs themselves for BPF_PROG_TEST_RUN,
-//! the benchmark's bare lookup table, raw map access.
+//! What the probe engine (`peerwall verdict --engine bpf`, the differential tests) needs of a
+//! loaded datapath beyond enforcing: flows put into and flushed from conntrack, the verdict
+//! cache switched on for probe packets, inspected and flushed, the programs for
+//! BPF_PROG_TEST_RUN, raw map access.
 
-use aya::maps::lpm_trie::{Key, LpmTrie};
 use aya::maps::MapData;
 use aya::programs::SchedClassifier;
 use peerwall_common::map;
@@ -68,104 +68,6 @@ impl Datapath {
     /// The tc entry for devices without a link-layer header, loaded (verified).
     pub fn tc_l3_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
         self.loaded(super::TC_L3_PROGRAM)
-    }
-
-    /// The benchmark baseline program (one LPM lookup), loaded.
-    pub fn bare_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
-        self.loaded("peerwall_bare")
-    }
-
-    /// The baseline program that does nothing, loaded.
-    pub fn empty_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
-        self.loaded("peerwall_empty")
-    }
-
-    /// The baseline program doing one hash lookup on the destination, loaded.
-    pub fn hash_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
-        self.loaded("peerwall_hash")
-    }
-
-    /// Fill the one-hash-lookup baseline's table with IPv4 hosts.
-    pub fn fill_bare_hash(&mut self, hosts: &[std::net::Ipv4Addr]) -> Result<(), BpfError> {
-        let mut m: aya::maps::HashMap<&mut MapData, [u8; 4], u32> =
-            aya::maps::HashMap::try_from(self.map(map::BARE_HASH)?)
-                .map_err(map_err(map::BARE_HASH))?;
-        for h in hosts {
-            m.insert(h.octets(), 1, 0)
-                .map_err(map_err(map::BARE_HASH))?;
-        }
-        Ok(())
-    }
-
-    /// Attach one of the benchmark's baseline programs (`peerwall_empty`, `peerwall_hash`) with
-    /// tcx at ingress of `iface` in the current network namespace, its link pinned where the
-    /// tc program's would be (removing the pins detaches it). The gateway benchmark's limits.
-    pub fn attach_baseline(&mut self, program: &str, iface: &str) -> Result<(), BpfError> {
-        let pin = self
-            .pin_dir
-            .join("links")
-            .join(super::link_pin_name("tc", iface));
-        let link = self.attach_tcx(program, iface, aya::programs::links::LinkOrder::default())?;
-        super::pin_link(link.try_into(), &pin)
-    }
-
-    /// Attach one of the benchmark's baseline programs with tcx at ingress of `iface` in the
-    /// current network namespace *in front of* every program already there, its link not
-    /// pinned: dropping the returned link detaches it. A baseline that passes the packet
-    /// (`TC_ACT_OK`, tcx's `TCX_PASS`) ends tcx's walk, so the programs behind it do not run:
-    /// the gateway benchmark alternates between an installed datapath and a limit on the same
-    /// interface, under one running stream, without reinstalling either.
-    pub fn attach_first(
-        &mut self,
-        program: &str,
-        iface: &str,
-    ) -> Result<aya::programs::tc::SchedClassifierLink, BpfError> {
-        self.attach_tcx(program, iface, aya::programs::links::LinkOrder::first())
-    }
-
-    /// Attach loaded program `program` with tcx at ingress of `iface`, at `order`.
-    fn attach_tcx(
-        &mut self,
-        program: &str,
-        iface: &str,
-        order: aya::programs::links::LinkOrder,
-    ) -> Result<aya::programs::tc::SchedClassifierLink, BpfError> {
-        use aya::programs::tc::{TcAttachOptions, TcAttachType};
-        let prog: &mut SchedClassifier = self.loaded(program)?;
-        let attach_err = |what: String| move |source| BpfError::Program { what, source };
-        let id = prog
-            .attach_with_options(
-                iface,
-                TcAttachType::Ingress,
-                TcAttachOptions::TcxOrder(order),
-            )
-            .map_err(attach_err(format!("attaching {program} on {iface}")))?;
-        prog.take_link(id)
-            .map_err(attach_err("taking the tc link".into()))
-    }
-
-    /// Set the benchmark's diagnostic flags ([`peerwall_common::flags::DIAG_ALL`] bits; the
-    /// others are kept). They change verdicts: benchmarks only.
-    pub fn set_diagnostic_flags(&mut self, diag: u32) -> Result<(), BpfError> {
-        let mut c = self.config()?;
-        c.flags = (c.flags & !peerwall_common::flags::DIAG_ALL)
-            | (diag & peerwall_common::flags::DIAG_ALL);
-        self.set_config(c)
-    }
-
-    /// Fill the baseline's trie with IPv4 prefixes.
-    pub fn fill_bare(&mut self, prefixes: &[ipnet::Ipv4Net]) -> Result<(), BpfError> {
-        let mut m: LpmTrie<&mut MapData, [u8; 4], u32> =
-            LpmTrie::try_from(self.map(map::BARE)?).map_err(map_err(map::BARE))?;
-        for p in prefixes {
-            m.insert(
-                &Key::new(u32::from(p.prefix_len()), p.network().octets()),
-                1,
-                0,
-            )
-            .map_err(map_err(map::BARE))?;
-        }
-        Ok(())
     }
 
     /// Probe packets also cached and served from the verdict cache
