@@ -47,7 +47,7 @@ pub(super) fn undo_items(registered: &mut Vec<Undo>) {
                 unsafe { libc::kill(-(*pid as i32), libc::SIGKILL) };
             }
             Undo::Pins(p) => {
-                let _ = peerwall_backend_bpf::loader::remove_pins(p);
+                let _ = peerwall_backend_select::installed::forget_pins(p);
             }
             Undo::Dir(d) => {
                 let _ = std::fs::remove_dir_all(d);
