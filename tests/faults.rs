@@ -573,6 +573,22 @@ fn reply_after_flood(size: &str, flood: u32) -> (bool, String) {
             let _ = f.send_to(b"flood", (ALLOWED, 1024 + (i % 60_000) as u16));
         }
     }
+    // Flows that come back: batches of new flows each sent again past the verdict cache's
+    // 1 s, so their table entries are used twice, as the established flow's was (an LRU's
+    // second chance then no longer favours the established flow).
+    let again =
+        g.t.consumer
+            .run_in(|| UdpSocket::bind(("10.10.1.68", 0)))
+            .expect("consumer")
+            .expect("bind");
+    for batch in 0..6u16 {
+        for _ in 0..2 {
+            for port in 0..800u16 {
+                let _ = again.send_to(b"again", (ALLOWED, 2000 + batch * 800 + port));
+            }
+            std::thread::sleep(Duration::from_millis(1100));
+        }
+    }
     // Past the verdict cache's 1 s: the reply is classified in full, through conntrack.
     std::thread::sleep(Duration::from_millis(1200));
     // The provider answers the first flow again.
@@ -590,15 +606,17 @@ fn reply_after_flood(size: &str, flood: u32) -> (bool, String) {
 }
 
 #[test]
-fn bpf_flow_table_pressure_is_sized_measured_and_documented() {
-    // 70000 new flows also flush the verdict cache (65536 entries), which otherwise keeps an
-    // established flow's accept after its conntrack entry is gone.
-    let flood = 70_000;
-    // A table with room for every flow: the established flow survives the flood.
-    let (survived, m) = reply_after_flood("131072", flood);
+fn bpf_established_flows_survive_a_flood_of_new_flows() {
+    // A flow table of 1024 entries under 210000 new flows, 205 times its size: the flood
+    // churns the table of flows not replied yet (FLOWS_NEW) only, so the established flow's
+    // state is still known when the provider answers it again past the verdict cache's 1 s,
+    // and its reply, allowed only as established, passes. (With one table for both, the
+    // LRU evicts the idle established flow and its reply is dropped as new.)
+    let flood = 210_000;
+    let (survived, m) = reply_after_flood("1024", flood);
     assert!(
         survived,
-        "an established flow was lost with room in the table"
+        "the established flow was evicted by {flood} new flows: its reply was dropped as new"
     );
     let gauge = |m: &str, name: &str| {
         m.lines()
@@ -606,34 +624,19 @@ fn bpf_flow_table_pressure_is_sized_measured_and_documented() {
             .and_then(|v| v.trim().parse::<u64>().ok())
             .unwrap_or_else(|| panic!("no {name} in:\n{m}"))
     };
-    assert_eq!(gauge(&m, "peerwall_conntrack_capacity"), 131_072);
-    let big_entries = gauge(&m, "peerwall_conntrack_entries");
-    assert!(
-        (u64::from(flood)..=u64::from(flood) + 100).contains(&big_entries),
-        "{big_entries} flows counted, {} expected",
-        flood + 1
-    );
-    // A small table under three times the flood: the metrics show it full (the kernel's LRU
-    // evicts in batches from per-CPU free lists, so full is close to capacity). Whether the
-    // idle established flow was evicted is the kernel LRU's choice (it gives recently used
-    // entries a second chance); an evicted flow's next reply is classified as new. What this
-    // run saw is recorded, not asserted (docs/reliability.md).
-    let (survived, m) = reply_after_flood("1024", 3 * flood);
+    // The gauges count the established flows' table: the flood is not in it.
     assert_eq!(gauge(&m, "peerwall_conntrack_capacity"), 1024);
     let entries = gauge(&m, "peerwall_conntrack_entries");
     assert!(
-        (700..=1024).contains(&entries),
-        "{entries} of 1024: not full"
+        (1..=16).contains(&entries),
+        "{entries} established flows counted after a flood of new ones"
     );
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability");
     std::fs::create_dir_all(&dir).expect("report dir");
     std::fs::write(
         dir.join("conntrack.txt"),
         format!(
-            "flow table 131072: {} flows counted after {flood} new ones, the established flow kept working; flow table 1024 after {} new flows: {entries} entries, the established flow {}\n",
-            big_entries,
-            3 * flood,
-            if survived { "still kept working" } else { "was evicted and its reply dropped as new" }
+            "flow table 1024 after {flood} new flows: {entries} established entries, the established flow kept working\n"
         ),
     )
     .expect("write");

@@ -61,6 +61,9 @@ pub mod map {
     pub const IFACES: &str = "IFACES";
     /// Conntrack flows.
     pub const FLOWS: &str = "FLOWS";
+    /// Flows not replied yet (conntrack's unassured entries): a flood of new flows evicts
+    /// only these, never a flow in [`FLOWS`], which holds the replied ones.
+    pub const FLOWS_NEW: &str = "FLOWS_NEW";
     /// Per-flow verdict cache, IPv4 ([`crate::VerdictKey4`] keys).
     pub const VERDICTS4: &str = "VERDICTS4";
     /// Per-flow verdict cache, IPv6 ([`crate::FlowKey`] keys).

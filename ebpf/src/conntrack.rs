@@ -1,20 +1,27 @@
-//! Connection tracking: an LRU of flows keyed by their original direction; the state of a
-//! packet (new, established, related, invalid) and the commit after an accept.
+//! Connection tracking: flows keyed by their original direction in two LRU tables, replied
+//! flows in `FLOWS` and the others in `FLOWS_NEW` (a flow moves over with its first reply, so
+//! a flood of new flows never evicts an established one); the state of a packet (new,
+//! established, related, invalid) and the commit after an accept.
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
-use peerwall_common::{ct, family, FlowState};
+use peerwall_common::{ct, family, FlowKey, FlowState};
 
 use crate::cache::forget;
 use crate::flow::{
     flow_key, icmp_is_error, icmp_is_reply, icmp_keyed, reverse, sctp_chunk_opens, tcp_flags_valid,
 };
-use crate::maps::{FLOWS, FLOW_IDLE_NS, WORK};
+use crate::maps::{FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK};
 use crate::parse::{
     parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
     IPPROTO_TCP,
 };
 
-// Connection tracking (an LRU of flows, original direction as key).
+/// A flow's state, wherever it is: the established table first.
+#[inline(always)]
+fn lookup(k: &FlowKey) -> Option<&FlowState> {
+    // SAFETY: read-only lookups of plain data.
+    unsafe { FLOWS.get(k).or_else(|| FLOWS_NEW.get(k)) }
+}
 
 #[inline(always)]
 pub(crate) fn fresh(st: &FlowState, now: u64) -> bool {
@@ -64,15 +71,8 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
             return ct::INVALID;
         }
         let k = flow_key(inner);
-        // SAFETY: read-only lookups of plain data.
-        let known = unsafe {
-            FLOWS
-                .get(&k)
-                .is_some_and(|st| fresh(st, now) && st.ended == 0)
-                || FLOWS
-                    .get(&reverse(&k))
-                    .is_some_and(|st| fresh(st, now) && st.ended == 0)
-        };
+        let live = |st: &FlowState| fresh(st, now) && st.ended == 0;
+        let known = lookup(&k).is_some_and(live) || lookup(&reverse(&k)).is_some_and(live);
         return if known { ct::RELATED } else { ct::INVALID };
     }
     if is_icmp && !icmp_keyed(p) {
@@ -83,8 +83,7 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
         };
     }
     let k = flow_key(p);
-    // SAFETY: plain data.
-    if let Some(st) = unsafe { FLOWS.get(&k) } {
+    if let Some(st) = lookup(&k) {
         if fresh(st, now) {
             if st.ended != 0 {
                 return ct::INVALID;
@@ -97,7 +96,7 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
             return state | unchanged(st, now);
         }
     }
-    if let Some(st) = unsafe { FLOWS.get(&reverse(&k)) } {
+    if let Some(st) = lookup(&reverse(&k)) {
         if fresh(st, now) {
             if st.ended != 0 {
                 return ct::INVALID;
@@ -120,7 +119,8 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
     ct::NEW
 }
 
-/// After an accept: create the flow (new) or note the reply (established).
+/// After an accept: create the flow (new, in `FLOWS_NEW`), refresh it, or note its first
+/// reply (established: the flow moves to `FLOWS`).
 #[inline(never)]
 pub(crate) fn ct_commit(p: &Pkt, state: u32) {
     let now = unsafe { bpf_ktime_get_ns() };
@@ -129,42 +129,58 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32) {
         return;
     }
     let k = flow_key(p);
+    // The packet's own direction, established or not.
     if let Some(st) = FLOWS.get_ptr_mut(&k) {
         // SAFETY: pointer from a successful lookup.
-        unsafe {
-            if !fresh(&*st, now) {
-                // An expired flow starts over: not replied yet.
-                (*st).replied = 0;
-            }
-            (*st).last_seen_ns = now;
+        if fresh(unsafe { &*st }, now) {
+            // SAFETY: as above.
+            unsafe { (*st).last_seen_ns = now };
+            return;
         }
+        // An expired flow starts over, not replied yet.
+        let _ = FLOWS.remove(&k);
+    }
+    if let Some(st) = FLOWS_NEW.get_ptr_mut(&k) {
+        // SAFETY: pointer from a successful lookup; an expired one starts over as it is.
+        unsafe { (*st).last_seen_ns = now };
         return;
     }
     let r = reverse(&k);
     if let Some(st) = FLOWS.get_ptr_mut(&r) {
         // SAFETY: pointer from a successful lookup.
-        let live = fresh(unsafe { &*st }, now);
-        if live {
+        if fresh(unsafe { &*st }, now) {
             // SAFETY: as above.
-            let first_reply = unsafe {
-                let first = (*st).replied == 0;
-                (*st).last_seen_ns = now;
-                (*st).replied = 1;
-                first
-            };
-            if first_reply {
-                // The original direction is established from now on.
-                forget(&r);
-            }
+            unsafe { (*st).last_seen_ns = now };
             return;
         }
         // An expired flow of the other direction: this packet starts a new one.
         let _ = FLOWS.remove(&r);
     }
+    if let Some(st) = FLOWS_NEW.get_ptr_mut(&r) {
+        // SAFETY: pointer from a successful lookup.
+        let st = unsafe { *st };
+        let _ = FLOWS_NEW.remove(&r);
+        if fresh(&st, now) {
+            // The first reply: the flow is established and moves to the table a flood of
+            // new flows cannot evict from.
+            let _ = FLOWS.insert(
+                &r,
+                &FlowState {
+                    last_seen_ns: now,
+                    replied: 1,
+                    ..st
+                },
+                0,
+            );
+            // The original direction is established from now on.
+            forget(&r);
+            return;
+        }
+    }
     if state == ct::NEW {
         // Packets of the other direction are replies from now on.
         forget(&r);
-        let _ = FLOWS.insert(
+        let _ = FLOWS_NEW.insert(
             &k,
             &FlowState {
                 last_seen_ns: now,

@@ -105,8 +105,14 @@ pub(crate) static IFACES: HashMap<u32, IfaceInfo> = HashMap::pinned(1024, 0);
 pub(crate) fn has_views(cfg: &Config) -> bool {
     cfg.flags & flags::views(cfg.active & 1) != 0
 }
+/// Connection tracking in two tables (`conntrack.rs`): replied flows here, flows not replied
+/// yet in `FLOWS_NEW`. A flood of new flows (a SYN flood, a spray of sources or ports) churns
+/// `FLOWS_NEW` only: the LRU never evicts an established flow to make room for one that may
+/// never be answered (conntrack's early drop of unassured entries, made structural).
 #[map]
 pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
+#[map]
+pub(crate) static FLOWS_NEW: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
 /// Verdicts reused for the next packets of a flow (`cache.rs`), per family: IPv4 under a 16-byte
 /// key, hashed by every packet of a known flow. Separate from `FLOWS`: a flood of denied flows
 /// evicts cached verdicts, never connection state.

@@ -136,12 +136,16 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
     let m: BpfHashMap<MapData, ProtoKey, Bitmap> =
         BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
     entries.push((n, m.keys().count()));
-    let flows = {
+    let mut flows = 0;
+    for table in [map::FLOWS, map::FLOWS_NEW] {
+        // A datapath pinned by a release before the split has no FLOWS_NEW yet.
+        if table == map::FLOWS_NEW && !pin_dir.join(table).exists() {
+            continue;
+        }
         let m: BpfHashMap<MapData, peerwall_common::FlowKey, peerwall_common::FlowState> =
-            BpfHashMap::try_from(Map::LruHashMap(open(pin_dir, map::FLOWS)?))
-                .map_err(map_err(map::FLOWS))?;
-        m.keys().count()
-    };
+            BpfHashMap::try_from(Map::LruHashMap(open(pin_dir, table)?)).map_err(map_err(table))?;
+        flows += m.keys().count();
+    }
     let hn = format!("{}{s}", map::HOOKS);
     let hooks_map: Array<MapData, HookChains> =
         Array::try_from(Map::Array(open(pin_dir, &hn)?)).map_err(map_err(&hn))?;

@@ -101,35 +101,46 @@ fn verdict_sets_of(k: &FlowKey) -> Vec<u32> {
         .collect()
 }
 
+/// The conntrack tables: replied flows, then flows not replied yet.
+pub const FLOW_TABLES: [&str; 2] = [map::FLOWS, map::FLOWS_NEW];
+
 impl Datapath {
-    /// Every live flow of the datapath's table, by original direction.
+    /// Every live flow of the datapath's tables (established and not yet replied), by
+    /// original direction.
     pub fn flows(&mut self) -> Result<Vec<Flow>, BpfError> {
-        let m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
-            BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
-        Ok(m.iter()
-            .filter_map(Result::ok)
-            .filter(|(_, st)| st.ended == 0)
-            .filter_map(|(k, _)| flow_of(&k))
-            .collect())
+        let mut out = Vec::new();
+        for table in FLOW_TABLES {
+            let m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+                BpfHashMap::try_from(self.map(table)?).map_err(map_err(table))?;
+            out.extend(
+                m.iter()
+                    .filter_map(Result::ok)
+                    .filter(|(_, st)| st.ended == 0)
+                    .filter_map(|(k, _)| flow_of(&k)),
+            );
+        }
+        Ok(out)
     }
 
     /// Mark `flows` ended and make the verdicts cached for either direction stale; how many
     /// of them the table held.
     pub fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BpfError> {
-        let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
-            BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
         let mut sets = Vec::new();
         let mut ended = 0;
-        for f in flows {
-            let k = key_of(f);
-            let Ok(mut st) = m.get(&k, 0) else {
-                continue;
-            };
-            st.ended = 1;
-            m.insert(k, st, 0).map_err(map_err(map::FLOWS))?;
-            ended += 1;
-            sets.extend(verdict_sets_of(&k));
-            sets.extend(verdict_sets_of(&reverse(&k)));
+        for table in FLOW_TABLES {
+            let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+                BpfHashMap::try_from(self.map(table)?).map_err(map_err(table))?;
+            for f in flows {
+                let k = key_of(f);
+                let Ok(mut st) = m.get(&k, 0) else {
+                    continue;
+                };
+                st.ended = 1;
+                m.insert(k, st, 0).map_err(map_err(table))?;
+                ended += 1;
+                sets.extend(verdict_sets_of(&k));
+                sets.extend(verdict_sets_of(&reverse(&k)));
+            }
         }
         if sets.is_empty() {
             return Ok(0);

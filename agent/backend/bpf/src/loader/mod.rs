@@ -151,6 +151,7 @@ impl Datapath {
         loader.default_map_pin_directory(pin_dir);
         if let Some(n) = flows {
             loader.map_max_entries(map::FLOWS, n);
+            loader.map_max_entries(map::FLOWS_NEW, n);
         }
         // The per-CPU verdict cache: a region of sets per possible CPU.
         loader.map_max_entries(
@@ -169,8 +170,9 @@ impl Datapath {
         Ok(b)
     }
 
-    /// Fill of the flow table: (live entries, capacity). Counting walks the keys (one syscall
-    /// each; about 30 ms for a full table of 65536), so call it seldom.
+    /// Fill of the established flows' table (`FLOWS`, the one whose overflow costs
+    /// connections): (live entries, capacity). Counting walks the keys (one syscall each;
+    /// about 30 ms for a full table of 65536), so call it seldom.
     pub fn flow_table(&mut self) -> Result<(u64, u32), BpfError> {
         let m = self.map(map::FLOWS)?;
         let capacity = match m {

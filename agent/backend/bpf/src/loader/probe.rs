@@ -10,17 +10,19 @@ use peerwall_common::map;
 use super::{map_err, BpfError, Datapath, TC_PROGRAM};
 
 impl Datapath {
-    /// Insert a conntrack flow (probe engine: reproduce established/related states).
+    /// Insert a conntrack flow (probe engine: reproduce established/related states), in the
+    /// table the datapath keeps it in: `FLOWS` when replied, `FLOWS_NEW` otherwise.
     pub fn insert_flow(
         &mut self,
         key: peerwall_common::FlowKey,
         replied: bool,
     ) -> Result<(), BpfError> {
+        let table = if replied { map::FLOWS } else { map::FLOWS_NEW };
         let mut m: aya::maps::HashMap<
             &mut MapData,
             peerwall_common::FlowKey,
             peerwall_common::FlowState,
-        > = aya::maps::HashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+        > = aya::maps::HashMap::try_from(self.map(table)?).map_err(map_err(table))?;
         // Monotonic clock of the kernel (bpf_ktime_get_ns).
         let mut ts = libc::timespec {
             tv_sec: 0,
@@ -39,22 +41,24 @@ impl Datapath {
             },
             0,
         )
-        .map_err(map_err(map::FLOWS))
+        .map_err(map_err(table))
     }
 
-    /// Forget every conntrack flow.
+    /// Forget every conntrack flow (both tables).
     pub fn flush_flows(&mut self) -> Result<(), BpfError> {
-        let mut m: aya::maps::HashMap<
-            &mut MapData,
-            peerwall_common::FlowKey,
-            peerwall_common::FlowState,
-        > = aya::maps::HashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
-        let keys: Vec<peerwall_common::FlowKey> = m.keys().filter_map(Result::ok).collect();
-        for k in keys {
-            match m.remove(&k) {
-                // Evicted by the LRU since it was listed: gone either way.
-                Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                Err(e) => return Err(map_err(map::FLOWS)(e)),
+        for table in [map::FLOWS, map::FLOWS_NEW] {
+            let mut m: aya::maps::HashMap<
+                &mut MapData,
+                peerwall_common::FlowKey,
+                peerwall_common::FlowState,
+            > = aya::maps::HashMap::try_from(self.map(table)?).map_err(map_err(table))?;
+            let keys: Vec<peerwall_common::FlowKey> = m.keys().filter_map(Result::ok).collect();
+            for k in keys {
+                match m.remove(&k) {
+                    // Evicted by the LRU since it was listed: gone either way.
+                    Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
+                    Err(e) => return Err(map_err(table)(e)),
+                }
             }
         }
         Ok(())
