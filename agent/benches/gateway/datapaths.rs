@@ -20,6 +20,9 @@ pub(crate) enum Datapath {
     TcHash,
     PeerwallNft,
     PeerwallBpf,
+    /// peerwall bpf on a gateway whose kernel conntrack is on (Liqo's remapping NAT), as
+    /// `ConntrackOnly`: the same baseline the nftables row has.
+    PeerwallBpfConntrack,
     PeerwallXdp,
     /// `peerwall agent --events` over the nftables / bpf datapath: the same policy, every drop
     /// reported (NFLOG / ring buffer, rate-limited) and read by the running agent.
@@ -31,13 +34,14 @@ pub(crate) enum Datapath {
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 12] = [
+    pub(crate) const ALL: [Datapath; 13] = [
         Datapath::None,
         Datapath::ConntrackOnly,
         Datapath::TcEmpty,
         Datapath::TcHash,
         Datapath::PeerwallNft,
         Datapath::PeerwallBpf,
+        Datapath::PeerwallBpfConntrack,
         Datapath::PeerwallXdp,
         Datapath::PeerwallNftEvents,
         Datapath::PeerwallBpfEvents,
@@ -53,6 +57,7 @@ impl Datapath {
             Datapath::TcHash => "limit: tcx, one hash lookup",
             Datapath::PeerwallNft => "peerwall nftables",
             Datapath::PeerwallBpf => "peerwall bpf (tcx)",
+            Datapath::PeerwallBpfConntrack => "peerwall bpf (tcx), conntrack on",
             Datapath::PeerwallXdp => "peerwall bpf + XDP",
             Datapath::PeerwallNftEvents => "peerwall nftables, agent --events",
             Datapath::PeerwallBpfEvents => "peerwall bpf (tcx), agent --events",
@@ -299,6 +304,10 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             args.extend(["-f", &f]);
             nsenter(&lab.gw, peerwall_bin(), &args);
         }
+        Datapath::PeerwallBpfConntrack => {
+            install(lab, Datapath::ConntrackOnly, p)?;
+            install(lab, Datapath::PeerwallBpf, p)?;
+        }
         Datapath::PeerwallNftEvents | Datapath::PeerwallBpfEvents => {
             let agent = EventsAgent::start(lab, dp, p);
             let load = started.elapsed();
@@ -391,6 +400,10 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
                 peerwall_bin(),
                 &["delete", "--backend", "bpf", "--pin-dir", &lab.pins()],
             );
+        }
+        Datapath::PeerwallBpfConntrack => {
+            uninstall(lab, Datapath::PeerwallBpf);
+            uninstall(lab, Datapath::ConntrackOnly);
         }
         Datapath::LiqoNft => {
             in_ns(&lab.gw, "nft", &["delete", "table", "inet", "liqo_bench"]);

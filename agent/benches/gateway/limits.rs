@@ -124,6 +124,16 @@ impl Drop for Fronts {
     }
 }
 
+/// Packets peerwall's pinned datapath has counted so far (every rule and chain policy).
+fn datapath_packets(lab: &Lab) -> u64 {
+    let i = peerwall_backend_bpf::inspect::inspect(std::path::Path::new(&lab.pins()))
+        .expect("inspecting the datapath");
+    i.chains
+        .iter()
+        .map(|c| c.policy_packets + c.rules.iter().map(|r| r.packets).sum::<u64>())
+        .sum()
+}
+
 /// `cycles` cycles of alternating windows with peerwall's bpf datapath installed on the
 /// tunnel (see the module's text). Allowed traffic only: the limits pass it.
 pub(crate) fn against_limits(
@@ -143,10 +153,26 @@ pub(crate) fn against_limits(
         fronts.set(front);
         std::thread::sleep(settle);
         let (_, a, _) = link_stats(&lab.gw, GENEVE);
+        let counted = datapath_packets(lab);
         let t0 = Instant::now();
         std::thread::sleep(window);
         let (_, b, _) = link_stats(&lab.gw, GENEVE);
-        (b - a) as f64 / t0.elapsed().as_secs_f64()
+        let secs = t0.elapsed().as_secs_f64();
+        // The bypass, asserted: with a limit in front, peerwall's datapath sees no packet
+        // (its counters stand still); without, it counts the window's packets.
+        let moved = datapath_packets(lab) - counted;
+        if front == Front::Peerwall {
+            assert!(
+                moved > 0,
+                "peerwall's datapath counted nothing in its own window"
+            );
+        } else {
+            assert_eq!(
+                moved, 0,
+                "{front:?} in front: peerwall's datapath still counted {moved} packets"
+            );
+        }
+        (b - a) as f64 / secs
     };
     let mut out = Vec::with_capacity(cycles);
     for c in 0..cycles {

@@ -40,6 +40,7 @@ mod doc;
 mod control;
 mod datapaths;
 mod events;
+mod floods;
 mod lab;
 mod limits;
 mod report;
@@ -48,6 +49,7 @@ mod traffic;
 use control::*;
 use datapaths::*;
 use events::*;
+use floods::*;
 use lab::*;
 use limits::*;
 use report::*;
@@ -238,13 +240,25 @@ fn main() {
         }
         rows.extend(prow);
     }
+    // Floods, on the 1k-pod policy (or the first measured), unless PEERWALL_BENCH_FLOODS=0.
+    let flood_policy = policies
+        .iter()
+        .find(|p| p.name == "1k pods")
+        .unwrap_or(&policies[0]);
+    let flood_rows = if env_or("PEERWALL_BENCH_FLOODS", 1) == 1 {
+        floods(&lab, flood_policy, repeats, warmup, window, seed, wanted)
+    } else {
+        Vec::new()
+    };
     let data_secs = started.elapsed().as_secs();
     let cp_n = *sizes.iter().max().unwrap_or(&100_000);
     let cp: Vec<ControlRow> = Datapath::ALL
         .iter()
         .filter(|d| {
-            !matches!(d, Datapath::None | Datapath::PeerwallXdp)
-                && !d.is_limit()
+            !matches!(
+                d,
+                Datapath::None | Datapath::PeerwallXdp | Datapath::PeerwallBpfConntrack
+            ) && !d.is_limit()
                 && d.without_events().is_none()
         })
         .filter(|_| only.is_none())
@@ -300,6 +314,7 @@ fn main() {
         ));
     }
     md.push_str(&limits_section(&rows, &names));
+    md.push_str(&floods_section(&flood_rows, &rows, &flood_policy.name));
     md.push_str(&format!("\nControl plane at {cp_n} offloaded pods, measured with probe streams through the gateway (one packet every 200 µs). *Full sync*: from starting the agent (peerwall) or the loading command (others) until a stream to a denied address stops passing, i.e. the whole policy is in force. *One more pod*: from the change until a stream to the new pod's address passes; peerwall through `peerwall agent --source dir:` polling every 20 ms (re-parse, validate and compile all {cp_n} addresses, then the backend's incremental update: one set element or one map entry), the others through their own incremental command (`nft insert rule`, `iptables -I`, `ipset add`).\n\n| datapath | full sync | one more pod | agent peak RSS |\n|---|---:|---:|---:|\n"));
     for c in &cp {
         md.push_str(&format!(

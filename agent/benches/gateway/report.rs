@@ -106,13 +106,14 @@ pub(crate) fn limits_section(rows: &[Row], policies: &[String]) -> String {
             _ => "–".into(),
         };
         t.push_str(&format!(
-            "| {p} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {p} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             alternating(|r| r.0),
             alternating(|r| r.1),
             cell(Datapath::PeerwallBpf, Datapath::TcEmpty, true),
             cell(Datapath::PeerwallBpf, Datapath::TcHash, true),
             cell(Datapath::PeerwallBpf, Datapath::PeerwallNft, true),
             cell(Datapath::PeerwallBpf, Datapath::PeerwallNft, false),
+            cell(Datapath::PeerwallBpfConntrack, Datapath::PeerwallNft, true),
             cell(Datapath::PeerwallNft, Datapath::ConntrackOnly, true),
         ));
     }
@@ -131,8 +132,8 @@ pub(crate) fn limits_section(rows: &[Row], policies: &[String]) -> String {
          datapath installed afresh and measured in its own window, seconds apart, so the VM's \
          shifts between forwarding regimes fall into these ratios). Targets: bpf ≥ 0.95 of the \
          empty tcx program, ≥ 1.0 of nftables.\n\n\
-         | policy | allowed: bpf ÷ empty tcx, alternating windows | allowed: bpf ÷ tcx one hash lookup, alternating windows | allowed: bpf ÷ empty tcx, separate installs | allowed: bpf ÷ tcx one hash lookup, separate installs | allowed: bpf ÷ nftables | denied: bpf ÷ nftables | allowed: nftables ÷ conntrack on |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n{t}"
+         | policy | allowed: bpf ÷ empty tcx, alternating windows | allowed: bpf ÷ tcx one hash lookup, alternating windows | allowed: bpf ÷ empty tcx, separate installs | allowed: bpf ÷ tcx one hash lookup, separate installs | allowed: bpf ÷ nftables | denied: bpf ÷ nftables | allowed: bpf, conntrack on ÷ nftables (same baseline) | allowed: nftables ÷ conntrack on |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n{t}"
     )
 }
 

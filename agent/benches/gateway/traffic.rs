@@ -58,6 +58,74 @@ pub(crate) fn frame(
     f
 }
 
+/// How a sender varies its frames from one packet to the next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Vary {
+    /// As built: the frames' flows, each known after the first pass.
+    Fixed,
+    /// Every packet a new flow: source port and the source address's low 16 bits from a
+    /// counter (about 3.9e9 tuples before one repeats).
+    Fresh,
+    /// `n` flows, cycled: the counter modulo `n`.
+    Cycle(u32),
+}
+
+/// A 64-byte Ethernet/IPv4/TCP SYN frame (checksums computed).
+pub(crate) fn syn_frame(
+    src_mac: [u8; 6],
+    dst_mac: [u8; 6],
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    sport: u16,
+    dport: u16,
+) -> Vec<u8> {
+    let mut f = Vec::with_capacity(64);
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    let mut ip = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
+    ip.extend_from_slice(&src.octets());
+    ip.extend_from_slice(&dst.octets());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&sport.to_be_bytes());
+    f.extend_from_slice(&dport.to_be_bytes());
+    f.extend_from_slice(&0x1234_5678u32.to_be_bytes()); // seq
+    f.extend_from_slice(&[0, 0, 0, 0]); // ack
+    f.extend_from_slice(&[0x50, 0x02]); // data offset 5, SYN
+    f.extend_from_slice(&64240u16.to_be_bytes()); // window
+    f.extend_from_slice(&[0, 0, 0, 0]); // checksum, urgent
+    f.resize(64, 0);
+    fix_checksums(&mut f);
+    f
+}
+
+/// The IPv4 header checksum and, for TCP, the TCP checksum (pseudo header + 20-byte header,
+/// no payload) of a frame built here. UDP frames carry checksum 0 (allowed for IPv4).
+fn fix_checksums(f: &mut [u8]) {
+    f[24..26].copy_from_slice(&[0, 0]);
+    let c = checksum(&f[14..34]);
+    f[24..26].copy_from_slice(&c.to_be_bytes());
+    if f[23] == 6 {
+        f[50..52].copy_from_slice(&[0, 0]);
+        let mut pseudo = [0u8; 32];
+        pseudo[..8].copy_from_slice(&f[26..34]);
+        pseudo[9] = 6;
+        pseudo[11] = 20;
+        pseudo[12..32].copy_from_slice(&f[34..54]);
+        let c = checksum(&pseudo);
+        f[50..52].copy_from_slice(&c.to_be_bytes());
+    }
+}
+
+/// Give frame `f` the flow numbered `n`: source port and the source address's low 16 bits.
+fn restamp(f: &mut [u8], n: u32) {
+    let sport = 1024 + (n % 60_000) as u16;
+    let host = 1 + ((n / 60_000) % 0xfffe) as u16;
+    f[28..30].copy_from_slice(&host.to_be_bytes());
+    f[34..36].copy_from_slice(&sport.to_be_bytes());
+    fix_checksums(f);
+}
+
 /// Send `frames` round-robin from `ns`/eth0 until `stop`; pinned to one CPU.
 pub(crate) fn blast(
     ns: &NetNs,
@@ -66,8 +134,23 @@ pub(crate) fn blast(
     pace: Option<Duration>,
     sent: Arc<AtomicU64>,
 ) -> std::thread::JoinHandle<()> {
+    blast_with(ns, frames, stop, pace, sent, Vary::Fixed, SENDER_CPU)
+}
+
+/// [`blast`] varying the frames as `vary` says, pinned to `cpu`. The sender restamps every
+/// frame before it goes whatever the datapath, so every row of a traffic kind pays the same.
+pub(crate) fn blast_with(
+    ns: &NetNs,
+    frames: Arc<Vec<Vec<u8>>>,
+    stop: Arc<AtomicBool>,
+    pace: Option<Duration>,
+    sent: Arc<AtomicU64>,
+    vary: Vary,
+    cpu: usize,
+) -> std::thread::JoinHandle<()> {
     let path = format!("/run/netns/{}", ns.name());
     std::thread::spawn(move || {
+        let mut frames: Vec<Vec<u8>> = frames.as_ref().clone();
         let file = std::fs::File::open(&path).expect("netns");
         // SAFETY: setns on a valid namespace fd, affecting only this thread.
         assert_eq!(
@@ -78,7 +161,7 @@ pub(crate) fn blast(
         // SAFETY: cpu_set_t is plain data; sched_setaffinity(0) affects this thread only.
         unsafe {
             let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(SENDER_CPU, &mut set);
+            libc::CPU_SET(cpu, &mut set);
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
         }
         // SAFETY: socket(2); the descriptor is owned at once.
@@ -120,9 +203,9 @@ pub(crate) fn blast(
             );
         }
         let mut iov: Vec<libc::iovec> = frames
-            .iter()
+            .iter_mut()
             .map(|f| libc::iovec {
-                iov_base: f.as_ptr() as *mut libc::c_void,
+                iov_base: f.as_mut_ptr().cast::<libc::c_void>(),
                 iov_len: f.len(),
             })
             .collect();
@@ -138,8 +221,24 @@ pub(crate) fn blast(
             .collect();
         let n = msgs.len();
         let mut i = 0usize;
+        let mut flow = 0u32;
         while !stop.load(Ordering::Relaxed) {
             let batch = if pace.is_some() { 1 } else { BATCH.min(n - i) };
+            if vary != Vary::Fixed {
+                for m in &msgs[i..i + batch] {
+                    // SAFETY: each iovec points at one frame of `frames`, alive and not
+                    // otherwise borrowed while this thread sends.
+                    let f = unsafe {
+                        let v = &*m.msg_hdr.msg_iov;
+                        std::slice::from_raw_parts_mut(v.iov_base.cast::<u8>(), v.iov_len)
+                    };
+                    restamp(f, flow);
+                    flow = match vary {
+                        Vary::Cycle(c) => (flow + 1) % c.max(1),
+                        _ => flow.wrapping_add(1),
+                    };
+                }
+            }
             // SAFETY: `msgs[i..i+batch]` are valid mmsghdrs.
             let r =
                 unsafe { libc::sendmmsg(fd.as_raw_fd(), msgs[i..].as_mut_ptr(), batch as u32, 0) };

@@ -93,10 +93,15 @@ impl Datapath {
             let id = match prog.attach(&iface.name, XdpMode::Driver) {
                 Ok(id) => id,
                 Err(native) => {
-                    tracing::info!(
+                    // Generic XDP runs once the kernel has built the packet's skb, where tc
+                    // runs too: it drops nothing earlier and adds its own cost (see
+                    // docs/bench.md, the XDP rows).
+                    tracing::warn!(
                         interface = %iface.name,
                         error = %native,
-                        "no native XDP on this device; attaching generic (skb) XDP"
+                        "--xdp: no native XDP on this device, attaching generic (skb) XDP, \
+                         which drops no earlier than tc and costs more per packet; \
+                         leave --xdp off here unless the device gains native XDP"
                     );
                     prog.attach(&iface.name, XdpMode::Skb)
                         .map_err(|source| BpfError::Program {
