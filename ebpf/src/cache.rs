@@ -472,6 +472,12 @@ pub(crate) fn remember(action: u8) {
     if !r.cache || (r.state != ct::NEW && r.state != ct::ESTABLISHED) {
         return;
     }
+    // The first accepted packet of a flow conntrack never saw: its commit creates the flow,
+    // and the flow's next packet, known then, is cached. A flood of new flows, each one
+    // packet, then inserts nothing into the verdict caches.
+    if r.unknown && action == ACT_ACCEPT {
+        return;
+    }
     if sc.steps as usize > CACHED_COUNTERS {
         return;
     }

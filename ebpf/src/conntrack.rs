@@ -33,6 +33,10 @@ pub(crate) fn fresh(st: &FlowState, now: u64) -> bool {
 /// lookup and write are skipped. The state itself is the low byte.
 pub(crate) const CT_NO_WRITE: u32 = 1 << 16;
 
+/// Bit of [`ct_state`]'s result: the flow is in neither table, in neither direction (not even
+/// expired): [`ct_commit`] of its first accept inserts it without looking again.
+pub(crate) const CT_UNKNOWN: u32 = 1 << 17;
+
 /// Timestamps are refreshed at most this often: idle expiry is off by at most this much.
 pub(crate) const FLOW_REFRESH_NS: u64 = 1_000_000_000;
 
@@ -83,7 +87,9 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
         };
     }
     let k = flow_key(p);
+    let mut seen = false;
     if let Some(st) = lookup(&k) {
+        seen = true;
         if fresh(st, now) {
             if st.ended != 0 {
                 return ct::INVALID;
@@ -97,6 +103,7 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
         }
     }
     if let Some(st) = lookup(&reverse(&k)) {
+        seen = true;
         if fresh(st, now) {
             if st.ended != 0 {
                 return ct::INVALID;
@@ -116,19 +123,28 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
     if p.proto == IPPROTO_SCTP && p.has_ports && !sctp_chunk_opens(p.sctp_chunk) {
         return ct::INVALID;
     }
-    ct::NEW
+    if seen {
+        ct::NEW
+    } else {
+        ct::NEW | CT_UNKNOWN
+    }
 }
 
 /// After an accept: create the flow (new, in `FLOWS_NEW`), refresh it, or note its first
-/// reply (established: the flow moves to `FLOWS`).
+/// reply (established: the flow moves to `FLOWS`). `unknown`: [`ct_state`] found the flow
+/// nowhere, so there is nothing to look up again.
 #[inline(never)]
-pub(crate) fn ct_commit(p: &Pkt, state: u32) {
+pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
     let now = unsafe { bpf_ktime_get_ns() };
     let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
     if state == ct::INVALID || state == ct::RELATED || (is_icmp && !icmp_keyed(p)) {
         return;
     }
     let k = flow_key(p);
+    if unknown && state == ct::NEW {
+        insert_new(&k, now);
+        return;
+    }
     // The packet's own direction, established or not.
     if let Some(st) = FLOWS.get_ptr_mut(&k) {
         // SAFETY: pointer from a successful lookup.
@@ -178,17 +194,23 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32) {
         }
     }
     if state == ct::NEW {
-        // Packets of the other direction are replies from now on.
-        forget(&r);
-        let _ = FLOWS_NEW.insert(
-            &k,
-            &FlowState {
-                last_seen_ns: now,
-                replied: 0,
-                ended: 0,
-                _pad: [0; 6],
-            },
-            0,
-        );
+        insert_new(&k, now);
     }
+}
+
+/// A new flow, not replied yet: into `FLOWS_NEW`; packets of the other direction are replies
+/// from now on (their cached verdicts are forgotten).
+#[inline(always)]
+fn insert_new(k: &FlowKey, now: u64) {
+    forget(&reverse(k));
+    let _ = FLOWS_NEW.insert(
+        k,
+        &FlowState {
+            last_seen_ns: now,
+            replied: 0,
+            ended: 0,
+            _pad: [0; 6],
+        },
+        0,
+    );
 }

@@ -24,6 +24,10 @@ pub(crate) const FLOWS_MAX: u32 = 1 << 16;
 pub(crate) const FLOW_IDLE_NS: u64 = 600_000_000_000;
 /// `BPF_F_NO_PREALLOC`: hash maps sized for millions of hosts take memory as entries come.
 pub(crate) const NO_PREALLOC: u32 = 1;
+/// `BPF_F_NO_COMMON_LRU`: an LRU hash whose free and LRU lists are per CPU (each CPU evicts
+/// among the entries it inserted, without the shared list's lock). For the maps a flood of new
+/// flows inserts into on every packet: the flows not replied yet and the verdict caches.
+pub(crate) const NO_COMMON_LRU: u32 = 1 << 1;
 
 macro_rules! slot_maps {
     ($src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident, $oif:ident,
@@ -112,17 +116,18 @@ pub(crate) fn has_views(cfg: &Config) -> bool {
 #[map]
 pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
 #[map]
-pub(crate) static FLOWS_NEW: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
+pub(crate) static FLOWS_NEW: LruHashMap<FlowKey, FlowState> =
+    LruHashMap::pinned(FLOWS_MAX, NO_COMMON_LRU);
 /// Verdicts reused for the next packets of a flow (`cache.rs`), per family: IPv4 under a 16-byte
 /// key, hashed by every packet of a known flow. Separate from `FLOWS`: a flood of denied flows
 /// evicts cached verdicts, never connection state.
 pub(crate) const VERDICTS_MAX: u32 = 1 << 16;
 #[map]
 pub(crate) static VERDICTS4: LruHashMap<VerdictKey4, CachedVerdict> =
-    LruHashMap::pinned(VERDICTS_MAX, 0);
+    LruHashMap::pinned(VERDICTS_MAX, NO_COMMON_LRU);
 #[map]
 pub(crate) static VERDICTS6: LruHashMap<FlowKey, CachedVerdict> =
-    LruHashMap::pinned(VERDICTS_MAX, 0);
+    LruHashMap::pinned(VERDICTS_MAX, NO_COMMON_LRU);
 /// Generations of the verdict caches' sets (`cache.rs`): shared by every program loaded on
 /// these pins, so a commit by one invalidates what all of them cached.
 #[map]

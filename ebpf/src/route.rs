@@ -54,6 +54,10 @@ pub(crate) struct Route {
     pub(crate) commit: bool,
     /// Cache the verdict (`cache.rs`): off in probe mode and under diagnostic flags.
     pub(crate) cache: bool,
+    /// Conntrack knows the flow in neither table nor direction ([`crate::conntrack::CT_UNKNOWN`]):
+    /// its commit inserts without looking again, and an accept is not cached (the flow's next
+    /// packet, known by then, is): a flood of new flows costs no verdict-cache insert.
+    pub(crate) unknown: bool,
 }
 
 /// Where the kernel will send the packet: (path, oif).

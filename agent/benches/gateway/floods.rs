@@ -95,10 +95,12 @@ const BESIDE_SRC: Ipv4Addr = Ipv4Addr::new(172, 20, 0, 1);
 const BESIDE_SPORT: u16 = 4242;
 
 fn beside_counter_install(lab: &Lab) {
-    let rule = format!(
-        "table ip pwbeside {{ chain pre {{ type filter hook prerouting priority 0; policy accept; ip saddr {BESIDE_SRC} udp sport {BESIDE_SPORT} counter }} }}"
+    let file = lab.dir.join("beside.nft");
+    let table = format!(
+        "table ip pwbeside {{\n chain pre {{\n  type filter hook prerouting priority 0; policy accept;\n  ip saddr {BESIDE_SRC} udp sport {BESIDE_SPORT} counter\n }}\n}}\n"
     );
-    in_ns(&lab.rcv, "nft", &[&rule]);
+    std::fs::write(&file, table).expect("write");
+    in_ns(&lab.rcv, "nft", &["-f", &file.to_string_lossy()]);
 }
 
 fn beside_counted(lab: &Lab) -> u64 {
