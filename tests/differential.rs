@@ -397,14 +397,20 @@ fn bpf_verdict_cache_follows_conntrack_across_cpus() {
             ..b_to_a.clone()
         };
         assert_eq!(verdict(&reply), ir::VerdictAction::Accept);
-        // Two packets on one CPU (the second fills that CPU's first-level cache), the reply on
-        // another, then the first direction again on the first CPU.
+        // Three packets on one CPU (the first makes the flow known: the first accept of a flow
+        // conntrack never saw is not cached, so a flood of one-packet flows costs the caches
+        // nothing; the second fills that CPU's first-level cache; the third is served), the
+        // reply on another, then the first direction again on the first CPU.
         probe.reset_flows().expect("reset");
         const OK: u32 = 0;
         const SHOT: u32 = 2;
         let steps = [
             // (CPU, packet, what it must get: tc action, whether it was classified)
-            vec![(here, &a_to_b, (OK, true)), (here, &a_to_b, (OK, false))],
+            vec![
+                (here, &a_to_b, (OK, true)),
+                (here, &a_to_b, (OK, true)),
+                (here, &a_to_b, (OK, false)),
+            ],
             // After the reply the flow is established: classified again, dropped, then served.
             vec![
                 (there, &b_to_a, (OK, true)),
@@ -460,15 +466,16 @@ fn bpf_per_cpu_cache_keeps_serving_ways_when_a_third_flow_shares_the_set() {
     );
     probe.reset_flows().expect("reset");
     let round: Vec<(u32, Packet)> = same.iter().map(|p| (0, p.clone())).collect();
-    // Round 1 classifies each flow; the next rounds are served (all accepted).
-    for r in 0..4 {
+    // Rounds 1 and 2 classify each flow (the first makes it known, the second caches its
+    // verdict); the next rounds are served (all accepted).
+    for r in 0..5 {
         let got = probe.conversation(&round).expect("conversation runs");
         for (i, g) in got.iter().enumerate() {
             assert_eq!(g.0, 0, "round {r}, flow {i}: accepted");
             assert_eq!(
                 g.1,
-                r == 0,
-                "round {r}, flow {i}: classified only the first time"
+                r <= 1,
+                "round {r}, flow {i}: classified only while the flow was new"
             );
         }
     }

@@ -18,92 +18,22 @@
 #[path = "doc/mod.rs"]
 mod doc;
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use peerwall::netpol::{
-    self, Cluster, ContainerPort, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule, Selector,
-};
+use peerwall::netpol::{self, Cluster, Protocol};
 use peerwall_backend_select::{BackendKind, Settings};
 use peerwall_netns::NetNs;
 
-const NAMESPACES: usize = 100;
-const PEER: &str = "p1";
+#[path = "shared/np_cluster.rs"]
+mod np_cluster;
+
+use np_cluster::{cluster, NAMESPACES, PEER};
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-fn labels(kv: &[(&str, String)]) -> BTreeMap<String, String> {
-    kv.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
-}
-
-/// The cluster: pod `i` in namespace `ns{i % 100}`, labelled `app: a{i % 50}`,
-/// `tier: x{i % 7}`, every fifth on the peer; policy `j` in `ns{j % 100}` selects
-/// `app: a{j % 50}` and takes its port `http` from `tier: x{j % 7}` pods of the namespaces
-/// labelled `team: t{j % 10}`.
-fn cluster(pods: usize, policies: usize) -> Cluster {
-    let mut c = Cluster::default();
-    for n in 0..NAMESPACES {
-        c.namespaces.insert(
-            format!("ns{n}"),
-            labels(&[
-                ("team", format!("t{}", n % 10)),
-                ("kubernetes.io/metadata.name", format!("ns{n}")),
-            ]),
-        );
-    }
-    for i in 0..pods {
-        let remote = i % 5 == 0;
-        let ip = format!(
-            "10.{}.{}.{}",
-            if remote { 20 } else { 10 },
-            i / 250,
-            i % 250 + 1
-        );
-        c.pods.push(Pod {
-            namespace: format!("ns{}", i % NAMESPACES),
-            name: format!("p{i}"),
-            labels: labels(&[
-                ("app", format!("a{}", i % 50)),
-                ("tier", format!("x{}", i % 7)),
-            ]),
-            ips: ip.parse().into_iter().collect(),
-            local_ips: Vec::new(),
-            ports: vec![ContainerPort {
-                name: Some("http".into()),
-                protocol: Protocol::Tcp,
-                port: 8080,
-            }],
-            peer: remote.then(|| PEER.to_string()),
-        });
-    }
-    let selector = |k: &str, v: String| Selector {
-        labels: labels(&[(k, v)]),
-        exprs: Vec::new(),
-    };
-    for j in 0..policies {
-        c.policies.push(NetworkPolicy {
-            namespace: format!("ns{}", j % NAMESPACES),
-            name: format!("np{j}"),
-            pod_selector: selector("app", format!("a{}", j % 50)),
-            ingress: Some(vec![Rule {
-                peers: vec![Peer::Pods {
-                    namespaces: Some(selector("team", format!("t{}", j % 10))),
-                    pods: Some(selector("tier", format!("x{}", j % 7))),
-                }],
-                ports: vec![Port {
-                    protocol: Protocol::Tcp,
-                    ports: Ports::Named("http".into()),
-                }],
-            }]),
-            egress: None,
-        });
-    }
-    c
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -174,7 +104,7 @@ fn main() {
     let pods = env_usize("PEERWALL_BENCH_NP_PODS", 10_000);
     let policies = env_usize("PEERWALL_BENCH_NP_POLICIES", 1_000);
     let rounds = env_usize("PEERWALL_BENCH_NP_ROUNDS", 5).max(1);
-    let c = cluster(pods, policies);
+    let c = cluster(pods, policies, Protocol::Tcp);
     let remote = c.pods.iter().filter(|p| p.peer.is_some()).count();
 
     let mut tier_times = Vec::new();

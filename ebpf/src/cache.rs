@@ -506,7 +506,23 @@ pub(crate) fn remember(action: u8) {
         gen: w.gen,
     };
     if w.p.family == family::V4 {
-        let _ = VERDICTS4.insert(&key4(&k, extra), &v, 0);
+        let key = key4(&k, extra);
+        if r.unknown {
+            // A drop for a flow conntrack never saw (denied flows never become known): into
+            // this CPU's first level only, where a free way takes it and a flood finds none,
+            // never the shared LRU a flood would churn on every packet.
+            // SAFETY: the transmute is between two 16-byte plain-data types.
+            let words: [u32; 4] = unsafe { core::mem::transmute::<VerdictKey4, [u32; 4]>(key) };
+            // SAFETY: no arguments.
+            let cpu = unsafe { bpf_get_smp_processor_id() };
+            let set = verdict_set(words);
+            if let Some(s) = VERDICTS4_CPU.get_ptr_mut(cpu.wrapping_mul(CPU_VERDICT_SETS) | set) {
+                // SAFETY: this CPU's own set, of a successful lookup.
+                promote(unsafe { &mut *s }, &words, &key, &v, w.gen, r.epoch);
+            }
+            return;
+        }
+        let _ = VERDICTS4.insert(&key, &v, 0);
     } else {
         let _ = VERDICTS6.insert(&key6(&k, extra), &v, 0);
     }

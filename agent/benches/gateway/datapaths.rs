@@ -91,6 +91,9 @@ pub(crate) struct Policy {
     pub(crate) name: String,
     pub(crate) allowed: Vec<(Ipv4Addr, u16)>,
     pub(crate) denied: Vec<(Ipv4Addr, u16)>,
+    /// The sources of `allowed` and `denied`, index by index, when the policy depends on them
+    /// (None: random addresses of the peer's 172.16.0.0/16).
+    pub(crate) sources: Option<(Vec<Ipv4Addr>, Vec<Ipv4Addr>)>,
     pub(crate) fwc: serde_json::Value,
     /// Liqo / iptables rule-per-IP renderings, one line per rule (without the chain prefix).
     pub(crate) nft_rules: Vec<String>,
@@ -157,6 +160,7 @@ pub(crate) fn protection_policy(n: usize, seed: u64) -> Policy {
         },
         allowed,
         denied,
+        sources: None,
         fwc: fwc_doc(spec),
         nft_rules: pods
             .iter()
@@ -237,9 +241,95 @@ pub(crate) fn mixed_policy(seed: u64) -> Policy {
         name: "mixed 64 rules".into(),
         allowed,
         denied,
+        sources: None,
         fwc: fwc_doc(spec),
         nft_rules: nft,
         ipt_rules: ipt,
+        ipset: None,
+    }
+}
+
+/// The controller's NetworkPolicy tier for the peer of the cluster `bench-netpol` builds (10 000
+/// pods, a fifth on the peer's virtual node, `policies` NetworkPolicies on a UDP named port),
+/// as the controller computes it (`netpol::tier::tier`). Traffic: the peer's pods (10.20.x,
+/// through the tunnel) to local pods (10.10.x) on 8080/UDP, split into allowed and denied by
+/// the reference evaluator on the compiled tier. No rule-per-IP rendering expresses it.
+pub(crate) fn netpol_policy(policies: usize, seed: u64) -> Policy {
+    use peerwall::netpol;
+    use peerwall_policy::ir;
+    let c = np_cluster::cluster(10_000, policies, netpol::Protocol::Udp);
+    let tier = netpol::tier::tier(&c, np_cluster::PEER, false);
+    let fwc = fwc_doc(&tier.spec);
+    let obj = peerwall_intent::load::object_from_json(
+        fwc.clone(),
+        peerwall_intent::load::Group::Peerwall,
+    )
+    .expect("the tier loads");
+    let compiled = peerwall_policy::compile::compile(&[obj])
+        .expect("the tier compiles")
+        .policy;
+    let v4 = |p: &netpol::Pod| {
+        p.ips.iter().find_map(|a| match a {
+            std::net::IpAddr::V4(a) => Some(*a),
+            std::net::IpAddr::V6(_) => None,
+        })
+    };
+    let remote: Vec<Ipv4Addr> = c
+        .pods
+        .iter()
+        .filter(|p| p.peer.is_some())
+        .filter_map(v4)
+        .collect();
+    let local: Vec<Ipv4Addr> = c
+        .pods
+        .iter()
+        .filter(|p| p.peer.is_none())
+        .filter_map(v4)
+        .collect();
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x4e50);
+    let (mut allowed, mut denied) = (Vec::new(), Vec::new());
+    let (mut from_a, mut from_d) = (Vec::new(), Vec::new());
+    let mut tries = 0;
+    while (allowed.len() < 1024 || denied.len() < 1024) && tries < 1_000_000 {
+        tries += 1;
+        let src = remote[rng.random_range(0..remote.len())];
+        let dst = local[rng.random_range(0..local.len())];
+        let pkt = ir::eval::Packet {
+            src: src.into(),
+            dst: dst.into(),
+            proto: ir::eval::proto::UDP,
+            sport: 40000,
+            dport: 8080,
+            iif: Some(TUNNEL.into()),
+            oif: Some(GENEVE.into()),
+            ct_state: ir::CtState::New,
+        };
+        match ir::evaluate(&compiled, &pkt).verdict {
+            ir::VerdictAction::Accept if allowed.len() < 1024 => {
+                allowed.push((dst, 8080));
+                from_a.push(src);
+            }
+            ir::VerdictAction::Drop if denied.len() < 1024 => {
+                denied.push((dst, 8080));
+                from_d.push(src);
+            }
+            _ => {}
+        }
+    }
+    assert!(
+        allowed.len() == 1024 && denied.len() == 1024,
+        "the tier allows {} and denies {} of the pairs tried",
+        allowed.len(),
+        denied.len()
+    );
+    Policy {
+        name: format!("{policies} NetworkPolicies"),
+        allowed,
+        denied,
+        sources: Some((from_a, from_d)),
+        fwc,
+        nft_rules: Vec::new(),
+        ipt_rules: Vec::new(),
         ipset: None,
     }
 }
@@ -314,6 +404,8 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             *lab.agent.borrow_mut() = Some(agent);
             return Some(load);
         }
+        Datapath::LiqoNft if p.nft_rules.is_empty() => return None,
+        Datapath::IptablesRules if p.ipt_rules.is_empty() => return None,
         Datapath::LiqoNft => {
             let mut s = String::from("table inet liqo_bench {\n chain liqo_fwd {\n  type filter hook forward priority 0; policy accept;\n");
             for r in &p.nft_rules {

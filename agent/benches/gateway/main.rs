@@ -36,6 +36,8 @@
 
 #[path = "../doc/mod.rs"]
 mod doc;
+#[path = "../shared/np_cluster.rs"]
+mod np_cluster;
 
 mod control;
 mod datapaths;
@@ -142,11 +144,20 @@ fn main() {
     let lab = Lab::new();
     let mut policies: Vec<Policy> = sizes.iter().map(|&n| protection_policy(n, seed)).collect();
     policies.push(mixed_policy(seed));
+    // The controller's tier for 1 000 NetworkPolicies (PEERWALL_BENCH_NETPOLS; 0: none).
+    let netpols: usize = env_or("PEERWALL_BENCH_NETPOLS", 1000);
+    if netpols > 0 {
+        policies.push(netpol_policy(netpols, seed));
+    }
     let mut rows: Vec<Row> = Vec::new();
     let started = Instant::now();
     for p in &policies {
-        let fa = frames_for(&lab, &p.allowed, seed);
-        let fd = frames_for(&lab, &p.denied, seed + 1);
+        let (sa, sd) = match &p.sources {
+            Some((a, d)) => (Some(a.as_slice()), Some(d.as_slice())),
+            None => (None, None),
+        };
+        let fa = frames_for(&lab, &p.allowed, sa, seed);
+        let fd = frames_for(&lab, &p.denied, sd, seed + 1);
         let dps: Vec<Datapath> = Datapath::ALL.into_iter().filter(|&d| wanted(d)).collect();
         let mut prow: Vec<Row> = Vec::new();
         // Interleaved rounds: every datapath once per round, installed afresh, so each

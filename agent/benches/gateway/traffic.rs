@@ -279,12 +279,21 @@ pub(crate) fn measure(
     ((g_tx1 - g_tx0) as f64 / secs, taken as f64 / secs)
 }
 
-pub(crate) fn frames_for(lab: &Lab, dsts: &[(Ipv4Addr, u16)], seed: u64) -> Arc<Vec<Vec<u8>>> {
+pub(crate) fn frames_for(
+    lab: &Lab,
+    dsts: &[(Ipv4Addr, u16)],
+    srcs: Option<&[Ipv4Addr]>,
+    seed: u64,
+) -> Arc<Vec<Vec<u8>>> {
     let mut rng = StdRng::seed_from_u64(seed);
     Arc::new(
         dsts.iter()
-            .map(|&(d, port)| {
-                let src = Ipv4Addr::from(0xac10_0000 | rng.random_range(1..0xfffeu32));
+            .enumerate()
+            .map(|(i, &(d, port))| {
+                let src = match srcs {
+                    Some(s) => s[i % s.len()],
+                    None => Ipv4Addr::from(0xac10_0000 | rng.random_range(1..0xfffeu32)),
+                };
                 frame(
                     lab.snd_mac,
                     lab.gw_mac,
