@@ -250,14 +250,18 @@ pub(crate) fn mixed_policy(seed: u64) -> Policy {
 }
 
 /// The controller's NetworkPolicy tier for the peer of the cluster `bench-netpol` builds (10 000
-/// pods, a fifth on the peer's virtual node, `policies` NetworkPolicies on a UDP named port),
+/// pods, a fifth of each namespace's on the peer's virtual node, `policies` NetworkPolicies on a UDP named port),
 /// as the controller computes it (`netpol::tier::tier`). Traffic: the peer's pods (10.20.x,
 /// through the tunnel) to local pods (10.10.x) on 8080/UDP, split into allowed and denied by
 /// the reference evaluator on the compiled tier. No rule-per-IP rendering expresses it.
 pub(crate) fn netpol_policy(policies: usize, seed: u64) -> Policy {
     use peerwall::netpol;
     use peerwall_policy::ir;
-    let c = np_cluster::cluster(10_000, policies, netpol::Protocol::Udp);
+    // A fifth of every namespace's pods on the peer (bench-netpol's every fifth pod lands in
+    // namespaces whose policies never admit it: nothing would be allowed).
+    let c = np_cluster::cluster(10_000, policies, netpol::Protocol::Udp, |i| {
+        (i / np_cluster::NAMESPACES) % 5 == 0
+    });
     let tier = netpol::tier::tier(&c, np_cluster::PEER, false);
     let fwc = fwc_doc(&tier.spec);
     let obj = peerwall_intent::load::object_from_json(

@@ -21,10 +21,16 @@ pub(crate) fn labels(kv: &[(&str, String)]) -> BTreeMap<String, String> {
 /// `tier: x{i % 7}`, every fifth on the peer; policy `j` in `ns{j % 100}` selects
 /// `app: a{j % 50}` and takes its port `http` from `tier: x{j % 7}` pods of the namespaces
 /// labelled `team: t{j % 10}`.
-/// `pods` pods in [`NAMESPACES`] namespaces (every fifth on [`PEER`]'s virtual node, 10.20.x;
-/// the others local, 10.10.x), each with a named port `http` 8080 of `protocol`, and `policies`
+/// `pods` pods in [`NAMESPACES`] namespaces (those `remote` picks on [`PEER`]'s virtual node,
+/// 10.20.x; the others local, 10.10.x), each with a named port `http` 8080 of `protocol`, and `policies`
 /// NetworkPolicies, each an ingress rule from a namespace and a pod selector on that port.
-pub(crate) fn cluster(pods: usize, policies: usize, protocol: Protocol) -> Cluster {
+/// `remote(i)`: whether pod `i` runs on the peer.
+pub(crate) fn cluster(
+    pods: usize,
+    policies: usize,
+    protocol: Protocol,
+    remote: impl Fn(usize) -> bool,
+) -> Cluster {
     let mut c = Cluster::default();
     for n in 0..NAMESPACES {
         c.namespaces.insert(
@@ -36,7 +42,7 @@ pub(crate) fn cluster(pods: usize, policies: usize, protocol: Protocol) -> Clust
         );
     }
     for i in 0..pods {
-        let remote = i % 5 == 0;
+        let remote = remote(i);
         let ip = format!(
             "10.{}.{}.{}",
             if remote { 20 } else { 10 },
