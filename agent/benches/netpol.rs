@@ -104,7 +104,7 @@ fn main() {
     let pods = env_usize("PEERWALL_BENCH_NP_PODS", 10_000);
     let policies = env_usize("PEERWALL_BENCH_NP_POLICIES", 1_000);
     let rounds = env_usize("PEERWALL_BENCH_NP_ROUNDS", 5).max(1);
-    let c = cluster(pods, policies, Protocol::Tcp, |i| i % 5 == 0);
+    let c = cluster(pods, policies, Protocol::Tcp, |i| i.is_multiple_of(5));
     let remote = c.pods.iter().filter(|p| p.peer.is_some()).count();
 
     let mut tier_times = Vec::new();

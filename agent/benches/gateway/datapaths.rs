@@ -260,7 +260,7 @@ pub(crate) fn netpol_policy(policies: usize, seed: u64) -> Policy {
     // A fifth of every namespace's pods on the peer (bench-netpol's every fifth pod lands in
     // namespaces whose policies never admit it: nothing would be allowed).
     let c = np_cluster::cluster(10_000, policies, netpol::Protocol::Udp, |i| {
-        (i / np_cluster::NAMESPACES) % 5 == 0
+        (i / np_cluster::NAMESPACES).is_multiple_of(5)
     });
     let tier = netpol::tier::tier(&c, np_cluster::PEER, false);
     let fwc = fwc_doc(&tier.spec);
