@@ -11,7 +11,7 @@
 use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use super::*;
 
@@ -125,7 +125,7 @@ fn window(
     traffic: Traffic,
     beside_to: Ipv4Addr,
     warmup: Duration,
-    window: Duration,
+    win: Duration,
 ) -> (f64, f64, u64, u64) {
     let stop = Arc::new(AtomicBool::new(false));
     let beside_sent = Arc::new(AtomicU64::new(0));
@@ -160,15 +160,7 @@ fn window(
         SENDER_CPU,
     );
     std::thread::sleep(warmup);
-    let (_, s_tx0, s_drop0) = link_stats(&lab.snd, "eth0");
-    let (_, g_tx0, _) = link_stats(&lab.gw, GENEVE);
-    let sn0 = softnet_dropped();
-    let t0 = Instant::now();
-    std::thread::sleep(window);
-    let (_, s_tx1, s_drop1) = link_stats(&lab.snd, "eth0");
-    let (_, g_tx1, _) = link_stats(&lab.gw, GENEVE);
-    let sn1 = softnet_dropped();
-    let secs = t0.elapsed().as_secs_f64();
+    let (fwd_all, taken) = rates_over(lab, win);
     flood_stop.store(true, Ordering::Relaxed);
     let _ = h.join();
     // The flow beside outlives the flood a little: its last packets cross a quiet gateway.
@@ -177,9 +169,8 @@ fn window(
     let _ = b.join();
     std::thread::sleep(Duration::from_millis(50));
     let seen = beside_counted(lab) - seen0;
-    let taken = (s_tx1 - s_tx0).saturating_sub((s_drop1 - s_drop0) + (sn1 - sn0)) as f64 / secs;
     // The beside flow's packets are forwarded too: take them out (one per millisecond).
-    let fwd = ((g_tx1 - g_tx0) as f64 / secs - 1000.0).max(0.0);
+    let fwd = (fwd_all - 1000.0).max(0.0);
     (fwd, taken, beside_sent.load(Ordering::Relaxed), seen)
 }
 

@@ -28,6 +28,27 @@ pub(crate) fn checksum(b: &[u8]) -> u16 {
     !(sum as u16)
 }
 
+/// Ethernet and IPv4 headers (no options, DF, TTL 64, checksum 0 until [`fix_checksums`]) of
+/// a packet of `proto` whose layer 4 is `l4_len` bytes.
+fn eth_ipv4(
+    macs: ([u8; 6], [u8; 6]),
+    addrs: (Ipv4Addr, Ipv4Addr),
+    proto: u8,
+    l4_len: u16,
+) -> Vec<u8> {
+    let (src_mac, dst_mac) = macs;
+    let mut f = Vec::with_capacity(64);
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, proto, 0, 0];
+    ip[2..4].copy_from_slice(&(20 + l4_len).to_be_bytes());
+    ip.extend_from_slice(&addrs.0.octets());
+    ip.extend_from_slice(&addrs.1.octets());
+    f.extend_from_slice(&ip);
+    f
+}
+
 /// A 64-byte Ethernet/IPv4/UDP frame (UDP checksum 0: allowed for IPv4).
 pub(crate) fn frame(
     src_mac: [u8; 6],
@@ -37,24 +58,14 @@ pub(crate) fn frame(
     sport: u16,
     dport: u16,
 ) -> Vec<u8> {
-    let payload = 64 - 14 - 20 - 8;
-    let mut f = Vec::with_capacity(64);
-    f.extend_from_slice(&dst_mac);
-    f.extend_from_slice(&src_mac);
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    let total = (20 + 8 + payload) as u16;
-    let mut ip = vec![0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0];
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ip.extend_from_slice(&src.octets());
-    ip.extend_from_slice(&dst.octets());
-    let c = checksum(&ip);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&ip);
+    let udp_len = (64 - 14 - 20) as u16;
+    let mut f = eth_ipv4((src_mac, dst_mac), (src, dst), 17, udp_len);
     f.extend_from_slice(&sport.to_be_bytes());
     f.extend_from_slice(&dport.to_be_bytes());
-    f.extend_from_slice(&((8 + payload) as u16).to_be_bytes());
+    f.extend_from_slice(&udp_len.to_be_bytes());
     f.extend_from_slice(&[0, 0]);
     f.resize(64, 0);
+    fix_checksums(&mut f);
     f
 }
 
@@ -79,14 +90,7 @@ pub(crate) fn syn_frame(
     sport: u16,
     dport: u16,
 ) -> Vec<u8> {
-    let mut f = Vec::with_capacity(64);
-    f.extend_from_slice(&dst_mac);
-    f.extend_from_slice(&src_mac);
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    let mut ip = vec![0x45, 0, 0, 40, 0, 0, 0x40, 0, 64, 6, 0, 0];
-    ip.extend_from_slice(&src.octets());
-    ip.extend_from_slice(&dst.octets());
-    f.extend_from_slice(&ip);
+    let mut f = eth_ipv4((src_mac, dst_mac), (src, dst), 6, 20);
     f.extend_from_slice(&sport.to_be_bytes());
     f.extend_from_slice(&dport.to_be_bytes());
     f.extend_from_slice(&0x1234_5678u32.to_be_bytes()); // seq
@@ -264,6 +268,16 @@ pub(crate) fn measure(
     let sent = Arc::new(AtomicU64::new(0));
     let h = blast(&lab.snd, frames.clone(), stop.clone(), None, sent);
     std::thread::sleep(warmup);
+    let rates = rates_over(lab, window);
+    stop.store(true, Ordering::Relaxed);
+    let _ = h.join();
+    rates
+}
+
+/// What the gateway did over `window` of a running stream: (packets it forwarded per second,
+/// packets it took in per second: the sender's transmissions minus what was dropped for lack
+/// of CPU before the gateway, veth `tx_dropped` and softnet `dropped`).
+pub(crate) fn rates_over(lab: &Lab, window: Duration) -> (f64, f64) {
     let (_, s_tx0, s_drop0) = link_stats(&lab.snd, "eth0");
     let (_, g_tx0, _) = link_stats(&lab.gw, GENEVE);
     let sn0 = softnet_dropped();
@@ -273,8 +287,6 @@ pub(crate) fn measure(
     let (_, g_tx1, _) = link_stats(&lab.gw, GENEVE);
     let sn1 = softnet_dropped();
     let secs = t0.elapsed().as_secs_f64();
-    stop.store(true, Ordering::Relaxed);
-    let _ = h.join();
     let taken = (s_tx1 - s_tx0).saturating_sub((s_drop1 - s_drop0) + (sn1 - sn0));
     ((g_tx1 - g_tx0) as f64 / secs, taken as f64 / secs)
 }
