@@ -405,6 +405,11 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             install(lab, Datapath::ConntrackOnly, p)?;
             install(lab, Datapath::PeerwallBpf, p)?;
         }
+        // The events agent is timed to its policy in force by a stream to a denied address
+        // from the peer's range; a policy that depends on the source has no such address.
+        Datapath::PeerwallNftEvents | Datapath::PeerwallBpfEvents if p.sources.is_some() => {
+            return None;
+        }
         Datapath::PeerwallNftEvents | Datapath::PeerwallBpfEvents => {
             let agent = EventsAgent::start(lab, dp, p);
             let load = started.elapsed();
