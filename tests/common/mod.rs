@@ -7,6 +7,8 @@ use std::process::{Command, Output, Stdio};
 
 pub use peerwall_netns::NetNs;
 
+pub mod bpf;
+
 /// Fail loudly when not root: these tests exist to touch real kernels.
 pub fn require_root() {
     // SAFETY: geteuid has no preconditions.

@@ -1,0 +1,115 @@
+//! The bpf backend's pins and maps as a user reads them (bpftool), and its agent.
+
+use std::path::PathBuf;
+
+use peerwall_backend_bpf::loader;
+
+use super::{peerwall, sh, spawn_agent, Agent, NetNs};
+
+/// A private pin directory under bpffs, removed (with its links) on drop.
+pub struct Pins(pub PathBuf);
+
+impl Pins {
+    pub fn new(tag: &str) -> Self {
+        let root = loader::ensure_bpffs().expect("bpffs");
+        Pins(root.join(format!("pwt-{tag}-{}", std::process::id())))
+    }
+    pub fn arg(&self) -> &str {
+        self.0.to_str().unwrap_or_default()
+    }
+}
+
+impl Drop for Pins {
+    fn drop(&mut self) {
+        let _ = loader::remove_pins(&self.0);
+    }
+}
+
+/// `peerwall ARGS` in the namespace's network (nsenter keeps /sys/fs/bpf visible).
+pub fn peerwall_net(ns: &NetNs, args: &[&str]) -> std::process::Output {
+    let bin = peerwall();
+    let net = format!("--net=/run/netns/{}", ns.name());
+    let mut full = vec![net.as_str(), bin.to_str().unwrap_or_default()];
+    full.extend_from_slice(args);
+    sh("nsenter", &full)
+}
+
+/// `peerwall apply --backend bpf --pin-dir PINS [EXTRA...] -f FILE` in the namespace; must succeed.
+pub fn apply_bpf(ns: &NetNs, pins: &Pins, extra: &[&str], file: &std::path::Path) {
+    let mut args = vec!["apply", "--backend", "bpf", "--pin-dir", pins.arg()];
+    args.extend_from_slice(extra);
+    args.extend(["-f", file.to_str().unwrap_or_default()]);
+    ok(peerwall_net(ns, &args));
+}
+
+pub fn ok(o: std::process::Output) {
+    assert!(
+        o.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+pub fn bpftool_json(args: &[&str]) -> serde_json::Value {
+    let mut full = vec!["-j"];
+    full.extend_from_slice(args);
+    let o = sh("bpftool", &full);
+    assert!(
+        o.status.success(),
+        "bpftool {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("bpftool json")
+}
+
+/// Packets counted at `COUNTERS<slot>[index]`, summed over CPUs, read with bpftool.
+pub fn counted(pins: &Pins, slot: u64, index: u32) -> u64 {
+    let map = format!("{}/COUNTERS{slot}", pins.arg());
+    let key: Vec<String> = index.to_le_bytes().iter().map(|b| b.to_string()).collect();
+    let mut args = vec!["map", "lookup", "pinned", map.as_str(), "key"];
+    args.extend(key.iter().map(String::as_str));
+    let v = bpftool_json(&args);
+    v["values"]
+        .as_array()
+        .expect("per-cpu values")
+        .iter()
+        .map(|c| {
+            let bytes: Vec<u8> = c["value"]
+                .as_array()
+                .expect("bytes")
+                .iter()
+                .take(8)
+                .map(|b| {
+                    u8::from_str_radix(b.as_str().unwrap_or("0").trim_start_matches("0x"), 16)
+                        .unwrap_or(0)
+                })
+                .collect();
+            u64::from_le_bytes(bytes.try_into().unwrap_or([0; 8]))
+        })
+        .sum()
+}
+
+/// The live slot: bit 0 of `CONFIG.active` (the rest counts policy changes).
+pub fn active_slot(pins: &Pins) -> u64 {
+    let map = format!("{}/CONFIG", pins.arg());
+    let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
+    let first = v["value"][0].as_str().unwrap_or("0x00");
+    u64::from_str_radix(first.trim_start_matches("0x"), 16).unwrap_or(9) & 1
+}
+
+/// A `peerwall agent --backend bpf` over the YAML files of `dir` in `ns`'s network, polling
+/// every `interval_ms`; killed on drop.
+pub fn bpf_agent(ns: &NetNs, pins: &Pins, dir: &std::path::Path, interval_ms: u32) -> Agent {
+    let args = [
+        "--backend".to_string(),
+        "bpf".into(),
+        "--interval-ms".into(),
+        interval_ms.to_string(),
+        "--pin-dir".into(),
+        pins.arg().into(),
+        "--source".into(),
+        format!("dir:{}", dir.display()),
+    ];
+    spawn_agent(ns, &args)
+}

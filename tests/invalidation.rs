@@ -1,0 +1,625 @@
+//! What invalidates the bpf datapath's caches, with live packets through real interfaces.
+//!
+//! A known flow's packets are served from the verdict cache (`ebpf/src/cache.rs`) without
+//! routing, conntrack or chains. Every input of that verdict must reach live flows:
+//! - a policy change in place (a set element) or through the other slot, and an AddressSet
+//!   slice update (`update_sets`, the controller's path for one pod): at once (a new epoch);
+//! - a route change (the output interface a chain tests) and a flow's conntrack entry going
+//!   away (evicted or flushed): within the cached verdict's lifetime, at most one second.
+
+mod common;
+
+use std::net::UdpSocket;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::bpf::*;
+use common::*;
+
+/// A FirewallConfiguration dropping forwarded packets to `@blocked` (with `extra_rule`, a second
+/// rule dropping packets to 10.20.1.2, which changes the chain's rules).
+fn blocked_policy(blocked: &[&str], extra_rule: bool) -> String {
+    let elements: String = blocked
+        .iter()
+        .map(|a| format!("          - key: {a}\n"))
+        .collect();
+    let extra = if extra_rule {
+        "            - {name: pod2, action: drop, match: [{op: eq, ip: {value: 10.20.1.2, position: dst}}]}\n"
+    } else {
+        ""
+    };
+    format!(
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: c, namespace: t}}\nspec:\n  table:\n    name: cache\n    family: IPV4\n    sets:\n      - name: blocked\n        keyType: ipv4_addr\n        elements:\n{elements}    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {{name: blocked, action: drop, match: [{{op: eq, ip: {{value: '@blocked', position: dst}}}}]}}\n{extra}"
+    )
+}
+
+/// Wall-clock seconds (what `ping -D` prints).
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Echo replies of `ping -D` output, by their timestamps: (before `t`, after `t`).
+fn replies_around(out: &str, t: f64) -> (usize, usize) {
+    let stamps: Vec<f64> = out
+        .lines()
+        .filter(|l| l.contains("bytes from"))
+        .filter_map(|l| l.strip_prefix('[')?.split(']').next()?.parse().ok())
+        .collect();
+    (
+        stamps.iter().filter(|&&s| s <= t).count(),
+        stamps.iter().filter(|&&s| s > t).count(),
+    )
+}
+
+/// `CONFIG.active`: the policy epoch (bit 0 the live slot), read with bpftool.
+fn epoch(pins: &Pins) -> u32 {
+    let map = format!("{}/CONFIG", pins.arg());
+    let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
+    let b: Vec<u8> = (0..4)
+        .map(|i| {
+            let x = v["value"][i].as_str().unwrap_or("0x00");
+            u8::from_str_radix(x.trim_start_matches("0x"), 16).unwrap_or(0)
+        })
+        .collect();
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// One UDP flow (one source port) from pod1 to pod2:7777, a datagram every 20 ms until
+/// stopped; the receiver keeps each datagram's wall-clock arrival time. IPv4 UDP is what the
+/// datapath's known-flow path (`known_flow_v4`, the cache read straight from the packet)
+/// serves, where echo requests take the parsed path.
+struct UdpFlow {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    sender: std::thread::JoinHandle<()>,
+    receiver: std::thread::JoinHandle<Vec<f64>>,
+}
+
+impl UdpFlow {
+    /// pod1 (10.10.1.67, any port) to pod2 (10.20.1.2:7777).
+    fn start(t: &Topology) -> Self {
+        let rx = t
+            .provider
+            .run_in(|| UdpSocket::bind(("10.20.1.2", 7777)))
+            .expect("provider")
+            .expect("bind receiver");
+        let tx = t
+            .consumer
+            .run_in(|| UdpSocket::bind(("10.10.1.67", 0)))
+            .expect("consumer")
+            .expect("bind sender");
+        Self::over(tx, "10.20.1.2:7777".parse().expect("address"), rx)
+    }
+
+    /// A datagram from `tx` to `to` every 20 ms; `rx` keeps their arrival times.
+    fn over(tx: UdpSocket, to: std::net::SocketAddr, rx: UdpSocket) -> Self {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        rx.set_read_timeout(Some(Duration::from_millis(50)))
+            .expect("timeout");
+        let s = stop.clone();
+        let receiver = std::thread::spawn(move || {
+            let mut stamps = vec![];
+            let mut buf = [0u8; 64];
+            let mut quiet_after_stop = 0;
+            while quiet_after_stop < 4 {
+                match rx.recv(&mut buf) {
+                    Ok(_) => stamps.push(unix_now()),
+                    Err(_) if s.load(Ordering::Relaxed) => quiet_after_stop += 1,
+                    Err(_) => {}
+                }
+            }
+            stamps
+        });
+        let s = stop.clone();
+        let sender = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                let _ = tx.send_to(b"peerwall-cache", to);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        });
+        UdpFlow {
+            stop,
+            sender,
+            receiver,
+        }
+    }
+
+    /// Stop; the arrival times.
+    fn finish(self) -> Vec<f64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = self.sender.join();
+        self.receiver.join().expect("receiver")
+    }
+}
+
+/// The serving times (`CachedVerdict::ttl`, jiffies) of the UDP flows' verdicts in the pinned
+/// IPv4 verdict cache (key byte 12: the protocol; value bytes 30..32: the time).
+fn cached_udp_ttls(pins: &Pins) -> Vec<u16> {
+    let cached = bpftool_json(&[
+        "map",
+        "dump",
+        "pinned",
+        &format!("{}/VERDICTS4", pins.arg()),
+    ]);
+    let byte = |v: &serde_json::Value| {
+        v.as_str()
+            .and_then(|x| u8::from_str_radix(x.trim_start_matches("0x"), 16).ok())
+            .unwrap_or(0)
+    };
+    cached
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter(|e| byte(&e["key"][12]) == 17)
+                .map(|e| u16::from_le_bytes([byte(&e["value"][30]), byte(&e["value"][31])]))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The kernel's HZ from its build configuration (`/proc/config.gz`), when it has one.
+fn kernel_hz() -> Option<u64> {
+    let o = sh("sh", &["-c", "zcat /proc/config.gz 2>/dev/null"]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("CONFIG_HZ="))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// One echo flow (one ICMP id) and one UDP flow from pod1 to pod2 across `change`: they get
+/// through before it, and nothing of either once the datapath's epoch shows the change in
+/// force. Returns the epoch after the change and the UDP flow's cached serving times.
+fn live_flow_across(t: &Topology, pins: &Pins, change: impl FnOnce()) -> (u32, Vec<u16>) {
+    let udp = UdpFlow::start(t);
+    let child = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            t.consumer.name(),
+            "ping",
+            "-n",
+            "-D",
+            "-i",
+            "0.05",
+            "-w",
+            "4",
+            "-I",
+            "10.10.1.67",
+            "10.20.1.2",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("ping");
+    std::thread::sleep(std::time::Duration::from_millis(1200));
+    // The flows' verdicts are cached: the pinned map shows them.
+    let cached = bpftool_json(&[
+        "map",
+        "dump",
+        "pinned",
+        &format!("{}/VERDICTS4", pins.arg()),
+    ]);
+    assert!(
+        cached.as_array().is_some_and(|a| !a.is_empty()),
+        "verdicts of the live flow cached: {cached}"
+    );
+    let ttls = cached_udp_ttls(pins);
+    assert!(!ttls.is_empty(), "the UDP flow's verdict cached: {cached}");
+    // Served for at most one second's worth of jiffies: HZ measured by the datapath (a lower
+    // bound, HZ − 1 after a second; 100 jiffies before its first 50 ms).
+    if let Some(hz) = kernel_hz() {
+        let hi = hz.saturating_sub(1).max(100) as u16;
+        assert!(
+            ttls.iter().all(|t| (100..=hi).contains(t)),
+            "cached verdicts served for at most one second of jiffies at HZ {hz}: {ttls:?}"
+        );
+    }
+    let before = epoch(pins);
+    change();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    while epoch(pins) == before && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let after = epoch(pins);
+    assert_ne!(after, before, "the agent applied the change");
+    // Packets sent before may still be in flight for one round trip.
+    let applied = unix_now() + 0.02;
+    let o = child.wait_with_output().expect("ping output");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let (answered, late) = replies_around(&out, applied);
+    assert!(
+        answered >= 10,
+        "the flow was live before the change:\n{out}"
+    );
+    assert_eq!(late, 0, "replies after the change was in force:\n{out}");
+    let stamps = udp.finish();
+    let on_time = stamps.iter().filter(|&&s| s <= applied).count();
+    let late: Vec<f64> = stamps
+        .iter()
+        .filter(|&&s| s > applied)
+        .map(|s| s - applied)
+        .collect();
+    assert!(
+        on_time >= 20,
+        "the UDP flow was live before the change: {on_time} datagrams"
+    );
+    assert!(
+        late.is_empty(),
+        "UDP datagrams delivered after the change was in force (seconds after): {late:?}"
+    );
+    (after, ttls)
+}
+
+#[test]
+fn a_policy_change_reaches_a_live_flow_at_once() {
+    let t = Topology::new();
+    let pins = Pins::new("cache");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-cache-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("c.yaml");
+    let write = |blocked: &[&str], extra: bool| {
+        // Written whole and renamed: the agent never reads half a file.
+        let tmp = dir.join("c.tmp");
+        std::fs::write(&tmp, blocked_policy(blocked, extra)).unwrap();
+        std::fs::rename(&tmp, &f).unwrap();
+    };
+    write(&["10.20.9.9"], false);
+    let _agent = bpf_agent(&t.gateway, &pins, &dir, 20);
+    let mut up = false;
+    for _ in 0..100 {
+        if pins.0.join("links/tc-liqo-tunnel").exists()
+            && ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+        {
+            up = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    assert!(up, "the agent enforces the first policy");
+    let slot = active_slot(&pins);
+    // In place: one set element added to the live slot.
+    let (e, _) = live_flow_across(&t, &pins, || write(&["10.20.9.9", "10.20.1.2"], false));
+    assert_eq!(u64::from(e & 1), slot, "a set element is written in place");
+    write(&["10.20.9.9"], false);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "allowed again"
+    );
+    // Through the other slot: a rule added.
+    let (e, ttls) = live_flow_across(&t, &pins, || write(&["10.20.9.9"], true));
+    assert_eq!(u64::from(e & 1), slot ^ 1, "a new rule switches slots");
+    // Seconds after the first cached verdict, the datapath has measured HZ.
+    if let Some(hz) = kernel_hz() {
+        assert!(
+            ttls.iter().any(|t| u64::from(*t) + 2 >= hz),
+            "verdicts served for one second of jiffies at HZ {hz}: {ttls:?}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Every entry of a pinned map, as comparable text.
+fn entries(pins: &Pins, map: &str) -> std::collections::BTreeSet<String> {
+    let path = format!("{}/{map}", pins.arg());
+    bpftool_json(&["map", "dump", "pinned", &path])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|e| e.to_string())
+        .collect()
+}
+
+/// The controller's configuration for one peer with 3000 offloaded pods in AddressSet slices,
+/// written into a directory a bpf agent reads, as the controller publishes them.
+struct Sliced {
+    t: Topology,
+    pins: Pins,
+    dir: std::path::PathBuf,
+    peer: peerwall::protection::Peer,
+    sets: peerwall::protection::PeerSets,
+    slices: Vec<peerwall::protection::Slice>,
+    _agent: Agent,
+}
+
+impl Sliced {
+    /// Write the gateway object and its slices, start the agent, wait until pod2 answers.
+    fn start(tag: &str) -> Self {
+        use peerwall::protection;
+        let t = Topology::new();
+        let pins = Pins::new(tag);
+        let dir = std::env::temp_dir().join(format!("pw-bpf-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (peer, opts, sets) = sliced_peer();
+        write_object(
+            &dir,
+            "gateway",
+            protection::gateway_object(&peer, &Default::default(), &opts),
+        );
+        let slices = protection::peer_slices(&sets, &opts);
+        for s in &slices {
+            write_object(&dir, &s.name, protection::address_set_object(&peer, s));
+        }
+        let agent = bpf_agent(&t.gateway, &pins, &dir, 20);
+        let up = poll(10, || {
+            pins.0.join("links/tc-liqo-tunnel").exists()
+                && ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+        });
+        assert!(up, "the agent enforces the sliced policy");
+        Sliced {
+            t,
+            pins,
+            dir,
+            peer,
+            sets,
+            slices,
+            _agent: agent,
+        }
+    }
+
+    /// Publish the one slice that changes when the offloaded pods become `next`.
+    fn publish(&self, next: &std::collections::BTreeSet<std::net::IpAddr>) {
+        use peerwall::protection;
+        let changed = protection::layout("offloaded", &self.slices, next);
+        assert_eq!(changed.len(), 1, "one slice changes");
+        write_object(
+            &self.dir,
+            &changed[0].name,
+            protection::address_set_object(&self.peer, &changed[0]),
+        );
+    }
+}
+
+impl Drop for Sliced {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.dir).ok();
+    }
+}
+
+/// Write an object whole and rename it into `dir`: the agent never reads half a file.
+fn write_object(dir: &std::path::Path, name: &str, v: serde_json::Value) {
+    let tmp = dir.join(".tmp");
+    std::fs::write(&tmp, v.to_string()).unwrap();
+    std::fs::rename(&tmp, dir.join(format!("{name}.yaml"))).unwrap();
+}
+
+/// A pod joining one slice changes exactly one entry of the pinned maps of the live slot (its
+/// host entry; nothing else is rewritten, no slot switch), and its packets pass.
+#[test]
+fn a_slice_change_touches_only_its_entries() {
+    let g = Sliced::start("slices");
+    let (t, pins) = (&g.t, &g.pins);
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.3.1"),
+        "not offloaded"
+    );
+    let slot = active_slot(pins);
+    let maps = [
+        format!("DSTH{slot}"),
+        format!("DST{slot}"),
+        format!("SRCH{slot}"),
+        format!("SRC{slot}"),
+    ];
+    let before: Vec<_> = maps.iter().map(|m| entries(pins, m)).collect();
+    assert!(before[0].len() >= 3001, "one host entry per pod");
+    let mut next = g.sets.offloaded.clone();
+    next.insert("10.20.3.1".parse().unwrap());
+    g.publish(&next);
+    let passed = (0..100).any(|_| ping(&t.consumer, "10.10.1.67", "10.20.3.1"));
+    assert!(passed, "the new pod passes");
+    assert_eq!(active_slot(pins), slot, "in place, no slot switch");
+    let after: Vec<_> = maps.iter().map(|m| entries(pins, m)).collect();
+    let added: Vec<_> = after[0].difference(&before[0]).collect();
+    assert_eq!(added.len(), 1, "one host entry added: {added:?}");
+    assert!(before[0].is_subset(&after[0]), "no host entry changed");
+    for i in 1..maps.len() {
+        assert_eq!(before[i], after[i], "{} untouched", maps[i]);
+    }
+}
+
+/// The controller's path for one pod that goes away (`update_sets`: its slice written in place
+/// on the live slot) stops a live flow to it at once: the cached verdicts of the flow lapse
+/// with the new epoch.
+#[test]
+fn a_pod_leaving_its_slice_stops_a_live_flow_at_once() {
+    let g = Sliced::start("slice-leave");
+    let slot = active_slot(&g.pins);
+    let mut next = g.sets.offloaded.clone();
+    next.remove(&"10.20.1.2".parse().unwrap());
+    let (e, _) = live_flow_across(&g.t, &g.pins, || g.publish(&next));
+    assert_eq!(u64::from(e & 1), slot, "the slice is written in place");
+}
+
+/// Arrival times after `t` (seconds after it).
+fn after(stamps: &[f64], t: f64) -> Vec<f64> {
+    stamps.iter().filter(|&&s| s > t).map(|s| s - t).collect()
+}
+
+/// How late a cached verdict may still serve after what invalidates it: its lifetime (at most
+/// one second, `ebpf/src/cache.rs`), plus scheduling slack on this 2-core VM.
+const CACHE_LIFETIME: f64 = 1.25;
+
+/// A policy whose verdict depends on the route: forwarded packets to pod2 leaving through
+/// `liqo.alt` are dropped. The route to pod2 moves to `liqo.alt` under a live UDP flow: the
+/// flow stops within a cached verdict's lifetime, while a flow to pod3 moved to the same
+/// interface keeps arriving (the new route delivers; what stops pod2's flow is the rule).
+#[test]
+fn a_route_change_reaches_a_live_flow_within_a_cached_verdicts_lifetime() {
+    let t = Topology::new();
+    veth(&t.gateway, "liqo.alt", &t.provider, "eth1");
+    // pod2's and pod3's addresses live on the provider's eth0; packets for them now also
+    // arrive on eth1.
+    for k in [
+        "net.ipv4.conf.all.rp_filter",
+        "net.ipv4.conf.eth1.rp_filter",
+    ] {
+        t.provider.sysctl(k, "0").expect("sysctl");
+    }
+    let pins = Pins::new("route");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-route-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("route.yaml"),
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: route, namespace: t}\nspec:\n  table:\n    name: route\n    family: IPV4\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: alt, action: drop, match: [{op: eq, dev: {value: liqo.alt, position: out}}, {op: eq, ip: {value: 10.20.1.2, position: dst}}]}\n",
+    )
+    .unwrap();
+    let _agent = bpf_agent(&t.gateway, &pins, &dir, 20);
+    let up = poll(10, || {
+        pins.0.join("links/tc-liqo-tunnel").exists() && ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+    });
+    assert!(up, "the agent enforces the policy");
+    let pod2 = UdpFlow::start(&t);
+    let pod3 = UdpFlow::over(
+        t.consumer
+            .run_in(|| UdpSocket::bind(("10.10.1.67", 0)))
+            .expect("consumer")
+            .expect("bind"),
+        "10.20.1.3:7777".parse().expect("address"),
+        t.provider
+            .run_in(|| UdpSocket::bind(("10.20.1.3", 7777)))
+            .expect("provider")
+            .expect("bind"),
+    );
+    std::thread::sleep(Duration::from_millis(1200));
+    assert!(
+        !cached_udp_ttls(&pins).is_empty(),
+        "the flows' verdicts are cached"
+    );
+    let changed = unix_now();
+    for pod in ["10.20.1.2/32", "10.20.1.3/32"] {
+        ip(&t.gateway, &["route", "add", pod, "dev", "liqo.alt"]);
+    }
+    std::thread::sleep(Duration::from_millis(2500));
+    let (pod2, pod3) = (pod2.finish(), pod3.finish());
+    let before = pod2.iter().filter(|&&s| s <= changed).count();
+    assert!(before >= 20, "pod2's flow was live: {before} datagrams");
+    let late = after(&pod2, changed + CACHE_LIFETIME);
+    assert!(
+        late.is_empty(),
+        "pod2's datagrams through liqo.alt delivered longer than a cached verdict lives (seconds after the change): {:?}",
+        after(&pod2, changed)
+    );
+    let moved = after(&pod3, changed + CACHE_LIFETIME).len();
+    assert!(
+        moved >= 20,
+        "pod3's flow arrives through liqo.alt after the change: {moved} datagrams"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Delete every entry of a pinned map, as a user would with bpftool.
+fn flush(pins: &Pins, map: &str) {
+    let path = format!("{}/{map}", pins.arg());
+    for e in bpftool_json(&["map", "dump", "pinned", &path])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        let key: Vec<String> = e["key"]
+            .as_array()
+            .expect("key bytes")
+            .iter()
+            .map(|b| {
+                b.as_str()
+                    .unwrap_or("0")
+                    .trim_start_matches("0x")
+                    .to_string()
+            })
+            .collect();
+        let mut args = vec!["map", "delete", "pinned", path.as_str(), "key", "hex"];
+        args.extend(key.iter().map(String::as_str));
+        let o = sh("bpftool", &args);
+        assert!(
+            o.status.success(),
+            "bpftool {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
+
+/// A stateful policy: replies pass as established, new flows only from the tunnel to pod2.
+const STATEFUL: &str = "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: ct, namespace: t}\nspec:\n  table:\n    name: ct\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: drop\n        rules:\n          filterRules:\n            - {name: replies, action: accept, match: [{op: eq, ctstate: {value: [established, related]}}]}\n            - {name: to_pod2, action: accept, match: [{op: eq, dev: {value: liqo-tunnel, position: in}}, {op: eq, ip: {value: 10.20.1.2, position: dst}}]}\n";
+
+/// pod2 answers a flow pod1 opened with a stream of datagrams, allowed only as established and
+/// served from the verdict cache. When the flow's conntrack entry goes away (an LRU eviction;
+/// here the entries are deleted with bpftool), the stream stops within a cached verdict's
+/// lifetime: its packets, classified again, are new, and pod2 may not open flows.
+#[test]
+fn a_cached_verdict_does_not_outlive_its_flows_conntrack_entry() {
+    let t = Topology::new();
+    let pins = Pins::new("ct");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-ct-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("ct.yaml"), STATEFUL).unwrap();
+    // Replies come back through the Geneve-named interface: attach there too.
+    let _agent = spawn_agent(
+        &t.gateway,
+        &[
+            "--backend".to_string(),
+            "bpf".into(),
+            "--interval-ms".into(),
+            "20".into(),
+            "--pin-dir".into(),
+            pins.arg().into(),
+            "--source".into(),
+            format!("dir:{}", dir.display()),
+            "--interfaces".into(),
+            TUNNEL.into(),
+            "--interfaces".into(),
+            "liqo.*".into(),
+        ],
+    );
+    let pod2 = t
+        .provider
+        .run_in(|| UdpSocket::bind(("10.20.1.2", 7777)))
+        .expect("provider")
+        .expect("bind");
+    let pod1 = t
+        .consumer
+        .run_in(|| UdpSocket::bind(("10.10.1.67", 5555)))
+        .expect("consumer")
+        .expect("bind");
+    for s in [&pod1, &pod2] {
+        s.set_read_timeout(Some(Duration::from_millis(200)))
+            .expect("timeout");
+    }
+    // pod1 opens the flow and pod2 answers, once the agent enforces.
+    let mut buf = [0u8; 64];
+    let opened = poll(30, || {
+        pins.0.join("links/tc-liqo-tunnel").exists()
+            && pod1.send_to(b"hello", ("10.20.1.2", 7777)).is_ok()
+            && pod2
+                .recv_from(&mut buf)
+                .is_ok_and(|(_, from)| pod2.send_to(b"reply", from).is_ok())
+            && pod1.recv(&mut buf).is_ok()
+    });
+    assert!(opened, "pod1's flow never got an answer");
+    let stream = UdpFlow::over(pod2, "10.10.1.67:5555".parse().expect("address"), pod1);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !cached_udp_ttls(&pins).is_empty(),
+        "the answers' verdict is cached"
+    );
+    flush(&pins, "FLOWS");
+    flush(&pins, "FLOWS_NEW");
+    let flushed = unix_now();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        entries(&pins, "FLOWS").is_empty(),
+        "nothing re-created the flow: pod2's packets are new and dropped"
+    );
+    let stamps = stream.finish();
+    let before = stamps.iter().filter(|&&s| s <= flushed).count();
+    assert!(before >= 20, "pod2's answers arrived: {before} datagrams");
+    let late = after(&stamps, flushed + CACHE_LIFETIME);
+    assert!(
+        late.is_empty(),
+        "answers delivered longer than a cached verdict lives after their flow's entry went (seconds after): {:?}",
+        after(&stamps, flushed)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
