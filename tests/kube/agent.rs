@@ -36,7 +36,7 @@ async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
             "1",
         ],
     );
-    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
     let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
     let name = obj.name_any();
@@ -91,7 +91,7 @@ async fn agent_applies_reports_status_and_cleans_up() {
     let client = server.client().await;
     install_crd(&client).await;
     let _agent = agent(&server, &t.gateway, "gw-test", "peerwall.io/target=gateway");
-    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
     let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
     let name = obj.name_any();
@@ -201,5 +201,148 @@ async fn agent_applies_reports_status_and_cleans_up() {
     assert!(
         ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
         "nothing enforced any more"
+    );
+}
+
+/// Who may steer a gateway: the thesis's blocking rule, labelled for peer cluster1's gateway,
+/// written where it may not steer it (a namespace nobody designated; the tenant namespace of
+/// another peer) is ignored: nothing changes in the kernel (the blocked flow still passes),
+/// the object gets a warning Event saying why and neither finalizer nor condition. The same
+/// object in cluster1's own tenant namespace is enforced (the check is sensitive).
+async fn objects_from_other_namespaces_are_ignored(backend: &str) {
+    let t = Topology::new();
+    let pins = BpfPins {
+        dir: format!("/sys/fs/bpf/peerwall-kube-trust-{}", std::process::id()),
+        ns: t.gateway.name().to_string(),
+    };
+    let server = api_server();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let host = format!("gw-trust-{backend}");
+    let mut extra = vec!["--backend", backend];
+    if backend == "bpf" {
+        extra.extend(["--pin-dir", &pins.dir, "--interfaces", "liqo-tunnel,liqo.*"]);
+    }
+    let _agent = agent_with(
+        &server,
+        &t.gateway,
+        &host,
+        "peerwall.io/target=gateway",
+        &extra,
+    );
+    namespace(&client, "team-x", json!({})).await;
+    tenant_namespace(&client, "other").await;
+    tenant_namespace(&client, "cluster1").await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    for (ns, why) in [
+        ("team-x", "namespace \"team-x\" is not designated for gateway objects"),
+        (
+            "liqo-tenant-other",
+            "is the Liqo tenant namespace of peer \"other\", but this object is labelled peerwall.io/remote-cluster-id=\"cluster1\"",
+        ),
+    ] {
+        let api = fwc_api(&client, ns);
+        let mut v = thesis_block();
+        v["metadata"]["namespace"] = json!(ns);
+        let obj: DynamicObject = serde_json::from_value(v).unwrap();
+        let name = obj.name_any();
+        api.create(&PostParams::default(), &obj).await.unwrap();
+        let note = eventually(
+            &format!("{backend}: an Ignored event on {ns}/{name}"),
+            Duration::from_secs(30),
+            || async {
+                let list = events.list(&Default::default()).await.ok()?;
+                list.items.iter().find_map(|e| {
+                    let r = e.regarding.as_ref()?;
+                    (e.reason.as_deref() == Some("Ignored")
+                        && e.type_.as_deref() == Some("Warning")
+                        && r.namespace.as_deref() == Some(ns)
+                        && r.name.as_deref() == Some(name.as_str()))
+                    .then(|| e.note.clone().unwrap_or_default())
+                })
+            },
+        )
+        .await;
+        assert!(note.contains(why), "{backend}: {note}");
+        // Nothing enforced: the flow the object would block passes, no table, and the object
+        // carries neither this host's finalizer nor a condition.
+        assert!(
+            ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+            "{backend}: {ns}'s object blocked traffic"
+        );
+        if backend == "nftables" {
+            assert!(
+                nft_tables(&t.gateway).trim().is_empty(),
+                "{backend}: {}",
+                nft_tables(&t.gateway)
+            );
+        }
+        let o = api.get(&name).await.unwrap();
+        assert!(o.finalizers().is_empty(), "{:?}", o.finalizers());
+        assert!(
+            o.data.pointer("/status/conditions").is_none(),
+            "{}",
+            o.data["status"]
+        );
+    }
+    // The same object in cluster1's own tenant namespace is taken.
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
+    let name = obj.name_any();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    applied(&api, &name, &host).await;
+    assert_thesis_block_enforced(&t.consumer);
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
+    eventually("the object to be gone", Duration::from_secs(20), || async {
+        api.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nftables_agent_ignores_gateway_objects_from_other_namespaces() {
+    objects_from_other_namespaces_are_ignored("nftables").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bpf_agent_ignores_gateway_objects_from_other_namespaces() {
+    objects_from_other_namespaces_are_ignored("bpf").await;
+}
+
+/// A NAT rule in a peerwall object is refused by an agent not told to enforce packet changes:
+/// an Error condition naming the rule's field path, nothing in the kernel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packet_changing_rules_are_refused_unless_enabled() {
+    let t = Topology::new();
+    let server = api_server();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let _agent = agent(&server, &t.gateway, "gw-nat", "peerwall.io/target=gateway");
+    tenant_namespace(&client, "cluster1").await;
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let mut v = thesis_block();
+    v["metadata"]["name"] = json!("redirect");
+    v["spec"]["table"]["name"] = json!("redirect");
+    v["spec"]["table"]["chains"] = json!([{
+        "name": "dnat", "type": "nat", "hook": "prerouting", "priority": -100, "policy": "accept",
+        "rules": {"natRules": [{"name": "steal", "natType": "dnat", "to": "10.20.1.3",
+            "match": [{"op": "eq", "ip": {"value": "10.20.1.2", "position": "dst"}}]}]}
+    }]);
+    let obj: DynamicObject = serde_json::from_value(v).unwrap();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    let (_, msg, _, _) = eventually("the Error condition", Duration::from_secs(30), || async {
+        let c = condition(&api, "redirect", "gw-nat").await?;
+        (c.0 == "Error").then_some(c)
+    })
+    .await;
+    assert!(
+        msg.contains("spec.table.chains[0].rules.natRules[0]: a NAT rule")
+            && msg.contains("--allow-packet-changes"),
+        "{msg}"
+    );
+    assert!(
+        !nft_tables(&t.gateway).contains("redirect"),
+        "{}",
+        nft_tables(&t.gateway)
     );
 }

@@ -198,7 +198,7 @@ async fn installing_peerwall_leaves_liqo_crd_and_objects_alone() {
     // peerwall's webhook is registered but has no endpoints here: it must fail closed for
     // peerwall's objects (once the API server has picked the configuration up)...
     let ours = fwc_api(&client, "liqo-tenant-cluster1");
-    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    tenant_namespace(&client, "cluster1").await;
     let refusal = eventually(
         "peerwall's webhook to be called",
         Duration::from_secs(30),
@@ -283,7 +283,7 @@ async fn agent_enforces_liqo_objects_only_on_request_and_read_only() {
         "gw-plain",
         "peerwall.io/target=gateway",
     );
-    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
     let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
     api.create(&PostParams::default(), &obj).await.unwrap();

@@ -12,6 +12,7 @@ mod controller;
 mod deploy;
 mod e2e;
 mod liqo;
+mod monitoring;
 mod node;
 mod outage;
 mod webhook;

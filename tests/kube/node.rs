@@ -508,51 +508,35 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     require_root();
     let node = Node::start();
     let peer = peer_id();
-    // deploy/ as shipped (the image it names was imported), then the webhook's certificate and
-    // CA bundle as the README tells users to.
+    // deploy/ as shipped (the image it names was imported), and nothing else: the webhook
+    // issues its own certificate and writes its CA into its configuration.
     node.kubectl_ok(&["apply", "-k", &repo("deploy").to_string_lossy()]);
-    let pki = node.dir.join("webhook");
-    std::fs::create_dir_all(&pki).unwrap();
-    let p = |f: &str| pki.join(f).to_string_lossy().to_string();
-    must(
-        "openssl",
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &p("tls.key"),
-            "-out",
-            &p("tls.crt"),
-            "-days",
-            "1",
-            "-subj",
-            "/CN=peerwall-webhook.peerwall-system.svc",
-            "-addext",
-            "subjectAltName=DNS:peerwall-webhook.peerwall-system.svc",
-        ],
-    );
-    node.kubectl_ok(&[
-        "-n",
-        "peerwall-system",
-        "create",
-        "secret",
-        "tls",
-        "peerwall-webhook-tls",
-        &format!("--cert={}", p("tls.crt")),
-        &format!("--key={}", p("tls.key")),
-    ]);
-    let ca = base64_file(&pki.join("tls.crt"));
-    node.kubectl_ok(&[
-        "patch",
-        "validatingwebhookconfiguration",
-        "peerwall",
-        "--type=json",
-        "-p",
-        &format!(r#"[{{"op":"add","path":"/webhooks/0/clientConfig/caBundle","value":"{ca}"}}]"#),
-    ]);
+    wait("the webhook ready", Duration::from_secs(120), || {
+        let o = node.kubectl(&[
+            "-n",
+            "peerwall-system",
+            "get",
+            "deployment",
+            "peerwall-webhook",
+            "-o",
+            "jsonpath={.status.readyReplicas}",
+        ]);
+        (String::from_utf8_lossy(&o.stdout).trim() == "2").then_some(())
+    });
+    // The API server reaches it through its Service, trusting the CA it wrote: an invalid
+    // object is refused with the field path.
+    let refusal = wait("the webhook to refuse", Duration::from_secs(60), || {
+        let f = node.dir.join("bad.yaml");
+        std::fs::write(
+            &f,
+            "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: bad, namespace: peerwall-system}\nspec:\n  table:\n    name: bad\n    family: INET\n    chains:\n      - {name: c, type: filter, hook: forward, policy: deny}\n",
+        )
+        .unwrap();
+        let o = node.kubectl(&["create", "-f", &f.to_string_lossy()]);
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        (!o.status.success() && err.contains("admission webhook")).then_some(err)
+    });
+    assert!(refusal.contains("spec.table.chains[0].policy"), "{refusal}");
     node.apply(&cluster_yaml(&peer));
     let web = pod_by_name(&node, "offloaded", "web");
     let db = pod_by_name(&node, "private", "db");
@@ -583,6 +567,43 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         logs.contains("enforcing inside gateway pod"),
         "agent logs: {logs}"
     );
+    // deploy/monitoring's queries against the real DaemonSet's and controller's /metrics
+    // (through the API server's pod proxy), after the matrix made drops.
+    let texts = wait(
+        "drops in the DaemonSet's metrics",
+        Duration::from_secs(30),
+        || {
+            let scrape = |label: &str, port: u16| {
+                let name = node.kubectl_ok(&[
+                    "-n",
+                    "peerwall-system",
+                    "get",
+                    "pods",
+                    "-l",
+                    &format!("app.kubernetes.io/name={label}"),
+                    "-o",
+                    "jsonpath={.items[0].metadata.name}",
+                ]);
+                let o = node.kubectl(&[
+                    "get",
+                    "--raw",
+                    &format!(
+                        "/api/v1/namespaces/peerwall-system/pods/{}:{port}/proxy/metrics",
+                        name.trim()
+                    ),
+                ]);
+                String::from_utf8_lossy(&o.stdout).into_owned()
+            };
+            let agent = scrape("peerwall-agent", 9977);
+            let ctl = scrape("peerwall-controller", 9091);
+            (agent.contains("peerwall_drops_total{")
+                && agent.contains("gateway=")
+                && ctl.contains("peerwall_controller_peers"))
+            .then_some(vec![agent, ctl])
+        },
+    );
+    let problems = crate::monitoring::live_problems(&texts, true);
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 
     // Agent restarted: what is in force stays in force while it is away.
     node.kubectl_ok(&[
@@ -766,9 +787,4 @@ fn force_delete_exited_agents(node: &Node) {
             ]);
         }
     }
-}
-
-fn base64_file(p: &Path) -> String {
-    let out = must("base64", &["-w0", &p.to_string_lossy()]);
-    out.trim().to_string()
 }

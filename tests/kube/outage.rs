@@ -86,7 +86,7 @@ async fn agent_keeps_enforcing_through_an_api_server_outage_and_resyncs() {
         "gw-outage",
         "peerwall.io/target=gateway",
     );
-    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
     let obj: kube::api::DynamicObject = serde_json::from_value(thesis_block()).unwrap();
     let name = obj.name_any();

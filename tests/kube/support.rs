@@ -88,6 +88,12 @@ pub(crate) async fn namespace(client: &Client, name: &str, labels: serde_json::V
     }
 }
 
+/// Liqo's tenant namespace of `peer` (`liqo-tenant-<peer>`), labelled as Liqo labels it: the
+/// namespace where peerwall takes that peer's gateway objects from.
+pub(crate) async fn tenant_namespace(client: &Client, peer: &str) {
+    namespace(client, &format!("liqo-tenant-{peer}"), tenant_labels(peer)).await;
+}
+
 pub(crate) async fn pod(
     client: &Client,
     ns: &str,

@@ -30,6 +30,9 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
             server.dir.join("wh.crt").to_str().unwrap(),
             "--tls-key",
             server.dir.join("wh.key").to_str().unwrap(),
+            // Liqo's shapes below carry NAT, notrack and marks: admitted where an
+            // administrator enabled packet changes (refused by default: the next test).
+            "--allow-packet-changes",
         ],
     );
     let b64 = {
@@ -64,7 +67,7 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
     )
     .await
     .unwrap();
-    namespace(&client, "liqo-tenant-cluster1", json!({})).await;
+    tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
     let mut bad = thesis_block();
     bad["spec"]["table"]["chains"][0]["rules"]["filterRules"][0]["match"][1]["ip"]["value"] =
@@ -178,4 +181,185 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
         .await
         .unwrap_err();
     assert!(refused.to_string().contains("10.20.1.300"), "{refused}");
+}
+
+/// The webhook configuration `peerwall` pointing at a webhook on `listen`, without a caBundle
+/// (the webhook writes it).
+async fn register_without_ca(client: &kube::Client, listen: &str) {
+    let cfg = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": "peerwall"},
+        "webhooks": [{
+            "name": "firewallconfigurations.peerwall.io",
+            "clientConfig": {"url": format!("https://{listen}/validate")},
+            "rules": [{"apiGroups": ["peerwall.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["firewallconfigurations", "addresssets"]}],
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+        }],
+    });
+    let vwc: Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> =
+        Api::all(client.clone());
+    vwc.create(
+        &PostParams::default(),
+        &serde_json::from_value(cfg).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+/// The webhook's Secret: (ca.crt, tls.crt) as text.
+async fn issued(client: &kube::Client) -> Option<(String, String)> {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), "peerwall-system");
+    let s = secrets.get_opt("peerwall-webhook-tls").await.ok()??;
+    let data = s.data?;
+    let text = |k: &str| String::from_utf8(data.get(k)?.0.clone()).ok();
+    Some((text("ca.crt")?, text("tls.crt")?))
+}
+
+/// The caBundle the API server trusts for the webhook, as text.
+async fn ca_bundle(client: &kube::Client) -> Option<String> {
+    let vwc: Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> =
+        Api::all(client.clone());
+    let cfg = vwc.get_opt("peerwall").await.ok()??;
+    let b = cfg.webhooks?.first()?.client_config.ca_bundle.clone()?;
+    String::from_utf8(b.0).ok()
+}
+
+/// Create `obj` in `ns`: the API's refusal message, or None when admitted.
+async fn create_in(client: &kube::Client, ns: &str, obj: serde_json::Value) -> Option<String> {
+    let api = fwc_api(client, ns);
+    match api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(obj).unwrap(),
+        )
+        .await
+    {
+        Ok(_) => None,
+        Err(e) => Some(e.to_string()),
+    }
+}
+
+/// No manual TLS step: the webhook issues its own CA and certificate into a Secret and writes
+/// the CA into its webhook configuration's caBundle, so the API server calls it at once; the
+/// certificate (validity 30 s) and the CA (90 s) rotate while the API server keeps calling it.
+/// By default it refuses what the agents would ignore: a gateway object from a namespace that
+/// may not steer a gateway, and packet-changing rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_issues_and_rotates_its_own_certificate() {
+    let server = api_server();
+    let client = server.client().await;
+    install_crd(&client).await;
+    namespace(&client, "peerwall-system", json!({})).await;
+    namespace(&client, "team-x", json!({})).await;
+    tenant_namespace(&client, "cluster1").await;
+    let listen = format!("127.0.0.1:{}", free_port());
+    register_without_ca(&client, &listen).await;
+    let _wh = server.peerwall(
+        "webhook-issued",
+        &[
+            "webhook",
+            "--listen",
+            &listen,
+            "--tls-names",
+            "127.0.0.1",
+            "--cert-validity-secs",
+            "30",
+            "--ca-validity-secs",
+            "90",
+        ],
+    );
+    let (ca, cert) = eventually("the issued certificate", Duration::from_secs(30), || {
+        issued(&client)
+    })
+    .await;
+    eventually("the caBundle", Duration::from_secs(30), || async {
+        (ca_bundle(&client).await? == ca).then_some(())
+    })
+    .await;
+    let mut bad = thesis_block();
+    bad["spec"]["table"]["chains"][0]["rules"]["filterRules"][0]["match"][1]["ip"]["value"] =
+        json!("10.20.1.300");
+    bad["metadata"]["name"] = json!("bad");
+    let refused = |what: &'static str| {
+        let client = client.clone();
+        let bad = bad.clone();
+        async move {
+            let msg = eventually(what, Duration::from_secs(30), || {
+                let (client, bad) = (client.clone(), bad.clone());
+                async move { create_in(&client, "liqo-tenant-cluster1", bad).await }
+            })
+            .await;
+            assert!(
+                msg.contains("spec.table.chains[0].rules.filterRules[0].match[1].ip.value"),
+                "{what}: {msg}"
+            );
+        }
+    };
+    refused("the invalid object refused through the issued certificate").await;
+    // What the agents would ignore is refused, with the reason.
+    let mut elsewhere = thesis_block();
+    elsewhere["metadata"]["namespace"] = json!("team-x");
+    let msg = create_in(&client, "team-x", elsewhere)
+        .await
+        .unwrap_or_default();
+    assert!(
+        msg.contains("namespace \"team-x\" is not designated for gateway objects"),
+        "{msg}"
+    );
+    let mut nat = thesis_block();
+    nat["metadata"]["name"] = json!("redirect");
+    nat["spec"]["table"]["chains"] = json!([{
+        "name": "dnat", "type": "nat", "hook": "prerouting", "priority": -100, "policy": "accept",
+        "rules": {"natRules": [{"name": "steal", "natType": "dnat", "to": "10.20.1.3",
+            "match": [{"op": "eq", "ip": {"value": "10.20.1.2", "position": "dst"}}]}]}
+    }]);
+    let msg = create_in(&client, "liqo-tenant-cluster1", nat)
+        .await
+        .unwrap_or_default();
+    assert!(
+        msg.contains("spec.table.chains[0].rules.natRules[0]: a NAT rule"),
+        "{msg}"
+    );
+    // The same valid object in its peer's tenant namespace is admitted.
+    assert_eq!(
+        create_in(&client, "liqo-tenant-cluster1", thesis_block()).await,
+        None
+    );
+    // A third of 30 s later the certificate is renewed from the same CA, and served.
+    let served = served_serial(&listen);
+    let (ca2, cert2) = eventually("a renewed certificate", Duration::from_secs(40), || async {
+        issued(&client).await.filter(|(_, c)| *c != cert)
+    })
+    .await;
+    assert_eq!(ca2, ca, "renewed by the same CA");
+    eventually(
+        "the renewed certificate served",
+        Duration::from_secs(10),
+        || async {
+            let now = served_serial(&listen);
+            (now.starts_with("serial=") && now != served).then_some(())
+        },
+    )
+    .await;
+    let _ = cert2;
+    refused("the invalid object refused after the renewal").await;
+    // With a third of the CA's 90 s left, a new CA; both are trusted until the old one ends.
+    let (ca3, _) = eventually("a new CA", Duration::from_secs(80), || async {
+        issued(&client).await.filter(|(c, _)| *c != ca)
+    })
+    .await;
+    eventually(
+        "both CAs in the caBundle",
+        Duration::from_secs(20),
+        || async {
+            let b = ca_bundle(&client).await?;
+            (b.contains(ca3.trim()) && b.contains(ca.trim())).then_some(())
+        },
+    )
+    .await;
+    refused("the invalid object refused under the new CA").await;
 }

@@ -394,13 +394,72 @@ pub enum Command {
         /// Listen address.
         #[arg(long, default_value = "0.0.0.0:8443")]
         listen: std::net::SocketAddr,
-        /// PEM certificate (chain).
-        #[arg(long)]
-        tls_cert: PathBuf,
-        /// PEM private key.
-        #[arg(long)]
-        tls_key: PathBuf,
+        /// PEM certificate (chain) from a file (cert-manager, or a Secret mounted by hand),
+        /// reloaded when it changes. Without it, peerwall issues and rotates its own.
+        #[arg(long, requires = "tls_key")]
+        tls_cert: Option<PathBuf>,
+        /// PEM private key of --tls-cert.
+        #[arg(long, requires = "tls_cert")]
+        tls_key: Option<PathBuf>,
+        /// The certificate peerwall issues itself (without --tls-cert).
+        #[command(flatten)]
+        issue: IssueArgs,
+        /// What the agents take: the webhook refuses the rest with the reason.
+        #[command(flatten)]
+        trust: TrustArgs,
     },
+}
+
+/// The webhook's own certificate: a CA and a serving certificate kept in a Secret of its
+/// namespace, the webhook configuration's `caBundle` kept equal to the CA.
+#[derive(clap::Args, Debug, Clone)]
+pub struct IssueArgs {
+    /// Secret holding the CA and the serving certificate (in $POD_NAMESPACE, else
+    /// `peerwall-system`).
+    #[arg(long, default_value = "peerwall-webhook-tls")]
+    pub secret: String,
+    /// ValidatingWebhookConfiguration whose `caBundle` follows the CA.
+    #[arg(long, default_value = "peerwall")]
+    pub webhook_configuration: String,
+    /// Service in front of the webhook: the certificate names `<service>.<namespace>.svc`
+    /// and its other forms.
+    #[arg(long, default_value = "peerwall-webhook")]
+    pub service: String,
+    /// Names of the serving certificate instead (DNS names or IP addresses, comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    pub tls_names: Vec<String>,
+    /// Validity of a serving certificate, seconds (renewed with a third left).
+    #[arg(long, default_value_t = 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(30..))]
+    pub cert_validity_secs: u64,
+    /// Validity of the CA, seconds (renewed with a third left; the old one stays trusted
+    /// until it expires).
+    #[arg(long, default_value_t = 10 * 365 * 24 * 3600, value_parser = clap::value_parser!(u64).range(90..))]
+    pub ca_validity_secs: u64,
+}
+
+impl IssueArgs {
+    /// What to issue, in `namespace`.
+    pub fn issue(&self, namespace: &str) -> crate::k8s::webhook::certs::Issue {
+        let names = if self.tls_names.is_empty() {
+            let svc = &self.service;
+            vec![
+                format!("{svc}.{namespace}.svc"),
+                format!("{svc}.{namespace}.svc.cluster.local"),
+                format!("{svc}.{namespace}"),
+                svc.clone(),
+            ]
+        } else {
+            self.tls_names.clone()
+        };
+        crate::k8s::webhook::certs::Issue {
+            namespace: namespace.to_string(),
+            secret: self.secret.clone(),
+            webhook_configuration: self.webhook_configuration.clone(),
+            names,
+            ca_validity: std::time::Duration::from_secs(self.ca_validity_secs),
+            validity: std::time::Duration::from_secs(self.cert_validity_secs),
+        }
+    }
 }
 
 /// Arguments of `peerwall verdict`.
@@ -533,6 +592,61 @@ pub struct AgentArgs {
     /// this for every gateway by itself.
     #[arg(long, conflicts_with = "gateway_pods")]
     pub boot_peer: Option<String>,
+    /// Who may steer this agent's gateways.
+    #[command(flatten)]
+    pub trust: TrustArgs,
+}
+
+/// Who may steer a gateway (`--source kube`): the namespaces gateway objects are taken from and
+/// whether they may change packets. Run the webhook with the same values: it refuses what the
+/// agents would ignore.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TrustArgs {
+    /// Namespaces whose peerwall objects (FirewallConfigurations, AddressSets) steer any
+    /// peer's gateway, comma-separated. Default: peerwall's own namespace ($POD_NAMESPACE,
+    /// else `peerwall-system`). Objects elsewhere are ignored, with a warning Event on them.
+    #[arg(long, value_delimiter = ',')]
+    pub gateway_namespaces: Vec<String>,
+    /// Also take a peer's objects from its Liqo tenant namespace (`liqo.io/tenant-namespace=true`,
+    /// where the controller writes), only when labelled for that namespace's own peer.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub tenant_namespaces: bool,
+    /// Enforce NAT and route chains, NAT rules and the ctmark, metamarkfromctmark,
+    /// tcpmssclamp and notrack actions of peerwall's objects (off: such objects are refused,
+    /// their last good spec stays). Liqo's own objects are not affected.
+    #[arg(long)]
+    pub allow_packet_changes: bool,
+}
+
+/// peerwall's namespace unless the pod says otherwise.
+pub const DEFAULT_NAMESPACE: &str = "peerwall-system";
+
+/// peerwall's own namespace: $POD_NAMESPACE, else [`DEFAULT_NAMESPACE`].
+pub fn own_namespace() -> String {
+    std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| DEFAULT_NAMESPACE.to_string())
+}
+
+impl TrustArgs {
+    /// The trust these flags describe.
+    pub fn trust(&self) -> crate::k8s::trust::Trust {
+        let namespaces = if self.gateway_namespaces.is_empty() {
+            std::collections::BTreeSet::from([own_namespace()])
+        } else {
+            self.gateway_namespaces
+                .iter()
+                .map(|n| n.trim().to_string())
+                .filter(|n| !n.is_empty())
+                .collect()
+        };
+        crate::k8s::trust::Trust {
+            namespaces,
+            tenant_namespaces: self.tenant_namespaces,
+            packet_changes: self.allow_packet_changes,
+        }
+    }
 }
 
 /// Event options of the agent.
@@ -794,7 +908,9 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             listen,
             tls_cert,
             tls_key,
-        } => serve::webhook(listen, tls_cert, tls_key),
+            issue,
+            trust,
+        } => serve::webhook(listen, tls_cert.zip(tls_key), issue, trust),
     }
 }
 

@@ -43,7 +43,9 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         events,
         audit,
         boot_peer,
+        trust,
     } = a;
+    let trust = trust.trust();
     let drop_summary = std::time::Duration::from_secs(events.drop_summary_secs.max(1));
     let events_on = events.settings().is_some();
     let events = events.settings();
@@ -80,6 +82,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                 proc,
                 audit,
                 drop_summary: events_on.then_some(drop_summary),
+                trust,
             },
             metrics,
             stop,
@@ -155,6 +158,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                     .map(|t| t.trim().to_string()),
                 selector,
                 drop_summary: events_on.then_some(drop_summary),
+                trust,
             },
             &mut engine,
             stop,
@@ -183,15 +187,20 @@ pub(super) fn controller(
 /// `peerwall webhook`.
 pub(super) fn webhook(
     listen: std::net::SocketAddr,
-    tls_cert: PathBuf,
-    tls_key: PathBuf,
+    files: Option<(PathBuf, PathBuf)>,
+    issue: IssueArgs,
+    trust: TrustArgs,
 ) -> Result<(), CliError> {
     let stop = stop_flag()?;
+    let tls = match files {
+        Some((cert, key)) => crate::k8s::webhook::Tls::Files { cert, key },
+        None => crate::k8s::webhook::Tls::Issued(issue.issue(&own_namespace())),
+    };
     crate::k8s::webhook::run(
         crate::k8s::webhook::Settings {
             listen,
-            cert: tls_cert,
-            key: tls_key,
+            tls,
+            trust: trust.trust(),
         },
         stop,
     )

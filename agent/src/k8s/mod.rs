@@ -10,6 +10,7 @@ pub mod gateways;
 pub mod netpol;
 pub mod protection_policies;
 pub mod snapshot;
+pub mod trust;
 pub mod webhook;
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};

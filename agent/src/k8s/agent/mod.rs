@@ -22,6 +22,7 @@
 // size: the agent's Kubernetes edge: watches, rounds, conditions, finalizers and drop-summary
 // Events around one Agent; its pure decisions are in plan.rs and slices.rs.
 
+mod admit;
 mod plan;
 mod report;
 mod slices;
@@ -36,10 +37,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{reflector, watcher};
-use kube::Resource;
+use kube::{Resource, ResourceExt};
 use serde_json::json;
 
 use crate::engine::Engine;
@@ -68,6 +70,10 @@ pub struct Settings {
     /// With events: every period, an Event on each object whose rules dropped packets ("dropped
     /// N packets from A to B by rule R in the last …"), at most five per object.
     pub drop_summary: Option<Duration>,
+    /// Which namespaces steer this agent's gateways, and whether their objects may change
+    /// packets ([`super::trust`]). Liqo's own objects (`--liqo-selector`, `--observe`) are
+    /// Liqo's to trust and not subject to it.
+    pub trust: super::trust::Trust,
 }
 
 /// This host's condition in `obj`'s status, if it has one that reads as a condition.
@@ -107,6 +113,9 @@ struct Agent {
     slice_issues: BTreeMap<peerwall_intent::Origin, SliceIssue>,
     /// The emergency switch as the last round reported it in the conditions.
     switch_reported: bool,
+    /// Objects ignored because their namespace may not steer this gateway: the reason, by key
+    /// and `(uid, generation)` (one warning Event per change).
+    ignored: BTreeMap<String, (String, i64, String)>,
 }
 
 /// How long a round waits after the first event for more to arrive.
@@ -126,9 +135,14 @@ impl Agent {
         engine: &mut Engine,
         objects: Vec<Arc<DynamicObject>>,
         slice_objects: Vec<Arc<DynamicObject>>,
+        tenants: &super::trust::Tenants,
     ) {
         let started = std::time::Instant::now();
         self.switch_reported = engine.switch_on();
+        let objects = self.admit(objects, tenants, &super::fwc_resource()).await;
+        let slice_objects = self
+            .admit(slice_objects, tenants, &super::address_set_resource())
+            .await;
         let slice_changes = self.observe_slices(&slice_objects);
         let observed = self.observe(&objects);
         let mut p = plan(&observed, &mut self.last_good);
@@ -395,7 +409,17 @@ impl Agent {
                 return r.clone();
             }
         }
-        let r = super::check(o).map(|(po, _)| po).map_err(|e| e.to_string());
+        let r = super::check(o)
+            .map(|(po, _)| po)
+            .map_err(|e| e.to_string())
+            .and_then(|po| {
+                // Liqo's objects are Liqo's: its own controller applies their NAT anyway.
+                if super::group_of(o) == Group::Liqo {
+                    return Ok(po);
+                }
+                self.settings.trust.allows_changes(&po.spec)?;
+                Ok(po)
+            });
         self.checks.insert(key, (uid, generation, r.clone()));
         r
     }
@@ -579,7 +603,12 @@ pub fn run(
                 // only moves slices costs O(changes)).
                 tokio::time::sleep(DEBOUNCE).await;
                 agent
-                    .round(engine, watches.objects(), watches.slices())
+                    .round(
+                        engine,
+                        watches.objects(),
+                        watches.slices(),
+                        &watches.tenants(),
+                    )
                     .await;
             } else {
                 tokio::task::block_in_place(|| engine.maintain());
@@ -604,6 +633,8 @@ pub fn run(
 /// enforces (`--liqo-selector`), the AddressSets, and Liqo's ones it only observes for their
 /// NAT (`--observe`). Each has listed once before the first round.
 struct Watches {
+    /// Liqo's tenant namespaces (when they may steer their peer's gateway).
+    tenants: Option<reflector::Store<Namespace>>,
     configs: reflector::Store<DynamicObject>,
     liqo: Option<reflector::Store<DynamicObject>>,
     slices: Option<reflector::Store<DynamicObject>>,
@@ -617,6 +648,20 @@ impl Watches {
         settings: &Settings,
         changed: &Arc<super::Changes>,
     ) -> anyhow::Result<Self> {
+        let tenants = if settings.trust.tenant_namespaces {
+            let r = super::cache(
+                Api::<Namespace>::all(client.clone()),
+                watcher::Config::default().labels(&format!("{}=true", super::TENANT_NAMESPACE)),
+                (),
+                changed.clone(),
+            );
+            r.wait_until_ready()
+                .await
+                .context("the watch of Liqo's tenant namespaces ended before its first list")?;
+            Some(r)
+        } else {
+            None
+        };
         let configs = super::cache(
             api.clone(),
             watcher::Config::default().labels(&settings.selector),
@@ -700,6 +745,7 @@ impl Watches {
             observed.push(r);
         }
         Ok(Self {
+            tenants,
             configs,
             liqo,
             slices,
@@ -722,6 +768,22 @@ impl Watches {
             );
         }
         objects
+    }
+
+    /// The peer of every Liqo tenant namespace.
+    fn tenants(&self) -> super::trust::Tenants {
+        self.tenants
+            .as_ref()
+            .map(|r| {
+                r.state()
+                    .iter()
+                    .filter_map(|ns| {
+                        let peer = ns.labels().get(super::REMOTE_CLUSTER_ID)?;
+                        Some((ns.name_any(), peer.clone()))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     /// The AddressSets of a round.
@@ -754,6 +816,7 @@ impl Agent {
             sliced: None,
             slice_issues: BTreeMap::new(),
             switch_reported: false,
+            ignored: BTreeMap::new(),
         }
     }
 }

@@ -53,6 +53,8 @@ pub struct Settings {
     pub audit: bool,
     /// Drop summaries as Kubernetes Events, this often (with events).
     pub drop_summary: Option<Duration>,
+    /// Who may steer the gateways ([`super::trust`]).
+    pub trust: super::trust::Trust,
 }
 
 impl Settings {
@@ -203,6 +205,7 @@ impl Supervisor {
             interval: s.interval,
             scope: Some(peer_sel),
             drop_summary: s.drop_summary,
+            trust: s.trust.clone(),
         };
         let stop = Shutdown::new();
         let worker_stop = stop.clone();

@@ -9,36 +9,60 @@
 //! covers that group alone, and an object of any other group that reaches it anyway (Liqo's
 //! `networking.liqo.io`, a misconfigured webhook rule) is admitted unchanged. peerwall never
 //! stands between Liqo and its own objects.
+//!
+//! Beyond validity it refuses what the agents would ignore ([`super::trust`]): gateway objects
+//! from namespaces that may not steer a gateway, and packet-changing rules unless enabled.
+//!
+//! Here the pure review; [`serve`] is the HTTPS edge, [`certs`] the certificate peerwall
+//! issues itself (a CA in a Secret, the webhook configuration's `caBundle` kept in step).
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::Arc;
+pub mod certs;
+pub mod serve;
 
-use anyhow::Context;
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::{Method, Request, Response, StatusCode};
+pub use serve::{run, Settings, Tls};
+
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-/// Largest admission review accepted (the API server's own request limit is 3 MiB).
-const MAX_BODY: usize = 4 << 20;
-
-/// Where and how the webhook listens.
+/// What admission knows beyond the object: who may steer a gateway, and the Liqo tenant
+/// namespaces as last listed.
 #[derive(Clone, Debug)]
-pub struct Settings {
-    /// Address to listen on.
-    pub listen: SocketAddr,
-    /// PEM certificate chain.
-    pub cert: PathBuf,
-    /// PEM private key.
-    pub key: PathBuf,
+pub struct Judge {
+    /// The agents' trust ([`super::trust`]): the webhook refuses what they would ignore.
+    pub trust: super::trust::Trust,
+    /// Tenant namespaces and their peers.
+    pub tenants: super::trust::Tenants,
+}
+
+/// Whether `obj` is meant for an agent's gateway or host (`peerwall.io/target`, the label every
+/// agent selector keys on): only such objects steer anything, so only they are held to the
+/// namespace rule.
+fn targeted(obj: &DynamicObject) -> bool {
+    obj.metadata
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(super::TARGET))
+}
+
+/// The namespace rule for `obj` in `namespace`: the reason it may not steer a gateway.
+fn steering(judge: &Judge, namespace: &str, obj: &DynamicObject) -> Result<(), String> {
+    if !targeted(obj) {
+        return Ok(());
+    }
+    let peer = obj
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(super::PEER))
+        .map(String::as_str);
+    judge
+        .trust
+        .admits(namespace, peer, &judge.tenants)
+        .map_err(|reason| format!("{}: {reason}", super::key_of(obj)))
 }
 
 /// Answer one AdmissionReview (JSON in, JSON out). Pure: the HTTP edge only moves bytes.
-pub fn review(body: &[u8]) -> serde_json::Value {
+pub fn review(body: &[u8], judge: &Judge) -> serde_json::Value {
     let parsed: Result<AdmissionReview<DynamicObject>, _> = serde_json::from_slice(body);
     let req: AdmissionRequest<DynamicObject> = match parsed.map(|r| r.try_into()) {
         Ok(Ok(req)) => req,
@@ -50,6 +74,7 @@ pub fn review(body: &[u8]) -> serde_json::Value {
         }
     };
     let resp = AdmissionResponse::from(&req);
+    let namespace = req.namespace.clone().unwrap_or_default();
     if req.kind.group != peerwall_intent::load::GROUP {
         tracing::debug!(group = %req.kind.group, name = %req.name, "not peerwall's: admitted");
         return to_json(resp);
@@ -69,16 +94,28 @@ pub fn review(body: &[u8]) -> serde_json::Value {
         (Operation::Create | Operation::Update, Some(obj))
             if req.kind.kind == peerwall_intent::load::ADDRESS_SET_KIND =>
         {
-            match super::check_slice(obj) {
-                Ok(_) => resp,
+            match super::check_slice(obj)
+                .map_err(|e| e.to_string())
+                .and_then(|_| steering(judge, &namespace, obj))
+            {
+                Ok(()) => resp,
                 Err(e) => {
                     tracing::info!(object = %super::key_of(obj), reason = %e, "refused");
-                    resp.deny(e.to_string())
+                    resp.deny(e)
                 }
             }
         }
-        (Operation::Create | Operation::Update, Some(obj)) => match super::check(obj) {
-            Ok((_, warnings)) => {
+        (Operation::Create | Operation::Update, Some(obj)) => match super::check(obj)
+            .map_err(|e| e.to_string())
+            .and_then(|(po, warnings)| {
+                judge
+                    .trust
+                    .allows_changes(&po.spec)
+                    .map_err(|e| format!("{}: {e}", super::key_of(obj)))?;
+                steering(judge, &namespace, obj)?;
+                Ok(warnings)
+            }) {
+            Ok(warnings) => {
                 let mut r = resp;
                 if !warnings.is_empty() {
                     r.warnings = Some(warnings);
@@ -87,7 +124,7 @@ pub fn review(body: &[u8]) -> serde_json::Value {
             }
             Err(e) => {
                 tracing::info!(object = %super::key_of(obj), reason = %e, "refused");
-                resp.deny(e.to_string())
+                resp.deny(e)
             }
         },
         _ => resp,
@@ -123,136 +160,6 @@ fn to_json(resp: AdmissionResponse) -> serde_json::Value {
     serde_json::to_value(resp.into_review()).unwrap_or_default()
 }
 
-async fn handle(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
-    let reply = |code: StatusCode, body: Vec<u8>, json: bool| {
-        let mut r = Response::new(Full::new(Bytes::from(body)));
-        *r.status_mut() = code;
-        if json {
-            r.headers_mut().insert(
-                hyper::header::CONTENT_TYPE,
-                hyper::header::HeaderValue::from_static("application/json"),
-            );
-        }
-        r
-    };
-    match (req.method(), req.uri().path()) {
-        (&Method::GET, "/healthz") => Ok(reply(StatusCode::OK, b"ok\n".to_vec(), false)),
-        (&Method::POST, "/validate") => {
-            let body = req.into_body().collect().await?.to_bytes();
-            if body.len() > MAX_BODY {
-                return Ok(reply(StatusCode::PAYLOAD_TOO_LARGE, Vec::new(), false));
-            }
-            let out = review(&body);
-            Ok(reply(StatusCode::OK, out.to_string().into_bytes(), true))
-        }
-        _ => Ok(reply(StatusCode::NOT_FOUND, b"not found\n".to_vec(), false)),
-    }
-}
-
-fn tls_config(s: &Settings) -> anyhow::Result<tokio_rustls::rustls::ServerConfig> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&s.cert)
-        .with_context(|| format!("reading certificate {}", s.cert.display()))?
-        .collect::<Result<_, _>>()
-        .with_context(|| format!("parsing certificate {}", s.cert.display()))?;
-    let key = PrivateKeyDer::from_pem_file(&s.key)
-        .with_context(|| format!("reading private key {}", s.key.display()))?;
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let mut cfg = tokio_rustls::rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .context("certificate and key do not match")?;
-    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(cfg)
-}
-
-/// Modification times of the certificate and key files.
-fn stamp(s: &Settings) -> Option<(std::time::SystemTime, std::time::SystemTime)> {
-    let m = |p: &PathBuf| std::fs::metadata(p).and_then(|m| m.modified()).ok();
-    Some((m(&s.cert)?, m(&s.key)?))
-}
-
-/// The TLS acceptor, reloaded when the certificate or key files change (cert-manager and
-/// kubelet rotate Secret-mounted files in place): new connections get the new certificate, a
-/// pair that does not load keeps the previous one.
-struct Certs {
-    settings: Settings,
-    stamp: Option<(std::time::SystemTime, std::time::SystemTime)>,
-    acceptor: tokio_rustls::TlsAcceptor,
-}
-
-impl Certs {
-    fn load(settings: Settings) -> anyhow::Result<Self> {
-        let stamp = stamp(&settings);
-        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config(&settings)?));
-        Ok(Self {
-            settings,
-            stamp,
-            acceptor,
-        })
-    }
-
-    fn current(&mut self) -> tokio_rustls::TlsAcceptor {
-        let now = stamp(&self.settings);
-        if now.is_some() && now != self.stamp {
-            match tls_config(&self.settings) {
-                Ok(cfg) => {
-                    self.acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(cfg));
-                    self.stamp = now;
-                    tracing::info!("TLS certificate reloaded");
-                }
-                Err(e) => {
-                    tracing::warn!(error = %format!("{e:#}"), "new TLS certificate not loaded; keeping the previous one")
-                }
-            }
-        }
-        self.acceptor.clone()
-    }
-}
-
-/// Serve until `stop` is set.
-pub fn run(settings: Settings, stop: Arc<crate::shutdown::Shutdown>) -> anyhow::Result<()> {
-    let mut certs = Certs::load(settings.clone())?;
-    super::runtime()?.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(settings.listen)
-            .await
-            .with_context(|| format!("listening on {}", settings.listen))?;
-        tracing::info!(listen = %listener.local_addr()?, "admission webhook serving /validate");
-        loop {
-            let accepted = tokio::select! {
-                _ = stop.wait() => break,
-                a = listener.accept() => a,
-            };
-            let (tcp, peer) = match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
-                }
-            };
-            let acceptor = certs.current();
-            tokio::spawn(async move {
-                let tls = match acceptor.accept(tcp).await {
-                    Ok(t) => t,
-                    Err(e) => {
-                        tracing::debug!(%peer, error = %e, "TLS handshake failed");
-                        return;
-                    }
-                };
-                let io = hyper_util::rt::TokioIo::new(tls);
-                if let Err(e) = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, hyper::service::service_fn(handle))
-                    .await
-                {
-                    tracing::debug!(%peer, error = %e, "connection ended with an error");
-                }
-            });
-        }
-        Ok(())
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -281,7 +188,17 @@ mod tests {
                 },
             },
         });
-        review(body.to_string().as_bytes())
+        review(body.to_string().as_bytes(), &judge())
+    }
+
+    fn judge() -> Judge {
+        Judge {
+            trust: crate::k8s::trust::Trust::default_for("peerwall-system"),
+            tenants: crate::k8s::trust::Tenants::from([(
+                "liqo-tenant-a".to_string(),
+                "a".to_string(),
+            )]),
+        }
     }
 
     #[test]
@@ -316,9 +233,85 @@ mod tests {
         assert_eq!(liqo["response"]["allowed"], true, "{liqo}");
     }
 
+    /// A FirewallConfiguration review in `namespace` with `labels`.
+    fn review_labelled(
+        namespace: &str,
+        labels: serde_json::Value,
+        spec: serde_json::Value,
+    ) -> serde_json::Value {
+        let body = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-2",
+                "kind": {"group": "peerwall.io", "version": "v1alpha1", "kind": "FirewallConfiguration"},
+                "resource": {"group": "peerwall.io", "version": "v1alpha1", "resource": "firewallconfigurations"},
+                "operation": "CREATE",
+                "userInfo": {},
+                "name": "x",
+                "namespace": namespace,
+                "object": {
+                    "apiVersion": "peerwall.io/v1alpha1",
+                    "kind": "FirewallConfiguration",
+                    "metadata": {"name": "x", "labels": labels},
+                    "spec": spec,
+                },
+            },
+        });
+        review(body.to_string().as_bytes(), &judge())
+    }
+
+    #[test]
+    fn gateway_objects_are_refused_where_agents_would_ignore_them() {
+        let spec = serde_json::json!({"table": {"name": "t", "family": "INET", "chains": []}});
+        let gw = serde_json::json!({"peerwall.io/target": "gateway", "peerwall.io/remote-cluster-id": "a"});
+        let denied = |r: &serde_json::Value| {
+            (r["response"]["allowed"] == false).then(|| {
+                r["response"]["status"]["message"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string()
+            })
+        };
+        let r = review_labelled("team-x", gw.clone(), spec.clone());
+        let msg = denied(&r).expect("refused");
+        assert!(msg.contains("\"team-x\" is not designated"), "{msg}");
+        assert_eq!(
+            denied(&review_labelled("liqo-tenant-a", gw.clone(), spec.clone())),
+            None
+        );
+        assert_eq!(
+            denied(&review_labelled("peerwall-system", gw, spec.clone())),
+            None
+        );
+        let other = serde_json::json!({"peerwall.io/target": "gateway", "peerwall.io/remote-cluster-id": "b"});
+        let msg = denied(&review_labelled("liqo-tenant-a", other, spec.clone())).expect("refused");
+        assert!(msg.contains("tenant namespace of peer \"a\""), "{msg}");
+        // Not meant for any agent: steers nothing, admitted anywhere.
+        assert_eq!(
+            denied(&review_labelled("team-x", serde_json::json!({}), spec)),
+            None
+        );
+    }
+
+    #[test]
+    fn packet_changing_rules_are_refused_by_default() {
+        let nat = serde_json::json!({"table": {"name": "t", "family": "IPV4", "chains": [{
+            "name": "n", "type": "nat", "hook": "prerouting", "priority": -100, "policy": "accept",
+            "rules": {"natRules": [{"name": "x", "natType": "dnat", "to": "10.0.0.1", "match": []}]}
+        }]}});
+        let r = review_labelled("peerwall-system", serde_json::json!({}), nat);
+        assert_eq!(r["response"]["allowed"], false, "{r}");
+        let msg = r["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("spec.table.chains[0].rules.natRules[0]: a NAT rule"),
+            "{msg}"
+        );
+    }
+
     #[test]
     fn garbage_is_refused() {
-        let r = review(b"{\"kind\": 1}");
+        let r = review(b"{\"kind\": 1}", &judge());
         assert_eq!(r["response"]["allowed"], false);
     }
 }

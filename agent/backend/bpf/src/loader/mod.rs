@@ -21,6 +21,7 @@ use entries::*;
 pub use entries::{addr_key, port_key};
 pub use host::{ensure_bpffs, host_ifaces, is_bpffs, matching, HostIface};
 use peerwall_common::map;
+#[cfg(feature = "bench")]
 use pins::pin_link;
 pub use pins::{
     attached_in, link_pin_name, parse_link_pin_name, remove_pins, set_allow_all_pinned,
