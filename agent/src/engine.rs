@@ -422,6 +422,11 @@ impl Engine {
         self.last_env.is_some() && self.last_env != Some(self.backend.environment())
     }
 
+    /// The backend's name (`nftables`, `bpf`), as conditions and metrics report it.
+    pub fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
     /// Whether the emergency switch was on at the last upkeep (or apply).
     pub fn switch_on(&self) -> bool {
         self.metrics.lock().map(|m| m.allow_all).unwrap_or(false)

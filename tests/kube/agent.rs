@@ -212,7 +212,10 @@ async fn agent_applies_reports_status_and_cleans_up() {
 async fn objects_from_other_namespaces_are_ignored(backend: &str) {
     let t = Topology::new();
     let pins = BpfPins {
-        dir: format!("/sys/fs/bpf/peerwall-kube-trust-{}", std::process::id()),
+        dir: format!(
+            "/sys/fs/bpf/peerwall-kube-trust-{backend}-{}",
+            std::process::id()
+        ),
         ns: t.gateway.name().to_string(),
     };
     let server = api_server();
@@ -345,4 +348,55 @@ async fn packet_changing_rules_are_refused_unless_enabled() {
         "{}",
         nft_tables(&t.gateway)
     );
+}
+
+/// A failed apply is tried again by itself: a foreign nftables table holds the name the
+/// object's table needs (peerwall refuses to touch it: the apply fails, Error condition); once
+/// its owner removes it, the agent applies the object without any further change through the
+/// API (it retries with backoff).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_apply_is_retried_without_an_api_change() {
+    let t = Topology::new();
+    let server = api_server();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let _agent = agent(
+        &server,
+        &t.gateway,
+        "gw-retry",
+        "peerwall.io/target=gateway",
+    );
+    tenant_namespace(&client, "cluster1").await;
+    // The fault: someone else's table with the name the object's table needs.
+    let nft = |args: &[&str]| {
+        let o = in_ns(&t.gateway, "nft", args);
+        assert!(
+            o.status.success(),
+            "nft {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    nft(&["add", "table", "ip", "table_name"]);
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
+    let name = obj.name_any();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    let (_, msg, _, _) = eventually("the failed apply", Duration::from_secs(30), || async {
+        let c = condition(&api, &name, "gw-retry").await?;
+        (c.0 == "Error").then_some(c)
+    })
+    .await;
+    assert!(msg.contains("not owned by peerwall"), "{msg}");
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "not enforced while the apply fails"
+    );
+    // The fault clears; nothing is written to the API, the agent gets there by itself.
+    nft(&["delete", "table", "ip", "table_name"]);
+    eventually("the retried apply", Duration::from_secs(30), || async {
+        let c = condition(&api, &name, "gw-retry").await?;
+        (c.0 == "Applied").then_some(())
+    })
+    .await;
+    assert_thesis_block_enforced(&t.consumer);
 }

@@ -15,4 +15,5 @@ mod liqo;
 mod monitoring;
 mod node;
 mod outage;
+mod status;
 mod webhook;

@@ -90,6 +90,9 @@ pub struct FirewallConfigurationStatusCondition {
     /// with an older generation means the host still enforces a previous spec).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Extension: the backend the host enforces with (`nftables`, `bpf`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend: Option<String>,
 }
 
 /// Condition type.

@@ -332,6 +332,17 @@ pub enum Command {
     },
     /// Print the FirewallConfiguration CRD (YAML) generated from the Rust types.
     Crd,
+    /// Every peer's protection at a glance, from the API server (KUBECONFIG or in-cluster):
+    /// enforced or not, on which hosts and backends, generation, audit, drops in the last
+    /// minutes (agents with --events), the last error.
+    Status {
+        /// Count drops of the last this many minutes.
+        #[arg(long, default_value_t = 15)]
+        minutes: u64,
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
+    },
     /// Print the JSON patch that makes peerwall a container of a Liqo gateway template
     /// (sidecar mode), from the template itself: adds the container and its volume, or
     /// replaces them when present (applying it again changes nothing).
@@ -876,6 +887,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         } => host::counters(backend, &at, output),
         Command::Observe(a) => observe::observe(a),
         Command::Crd => out(&crd_yaml().map_err(runtime)?),
+        Command::Status { minutes, output } => status(minutes, output),
         Command::SidecarPatch(a) => sidecar::sidecar_patch(a),
         Command::Lab { backend, keep } => serve::lab(backend, keep),
         Command::Agent(a) => serve::agent(a),
@@ -911,6 +923,46 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             issue,
             trust,
         } => serve::webhook(listen, tls_cert.zip(tls_key), issue, trust),
+    }
+}
+
+/// `peerwall status`: fetch, summarize, print. Exit status 1 when a peer is not enforced, so
+/// scripts and probes can use it.
+fn status(minutes: u64, output: Output) -> Result<(), CliError> {
+    let rows = crate::k8s::runtime()
+        .and_then(|rt| {
+            rt.block_on(async {
+                let client = crate::k8s::client().await?;
+                crate::k8s::status::fetch(&client).await
+            })
+        })
+        .map_err(runtime)?;
+    let (tenants, configs, events) = rows;
+    let since = crate::k8s::webhook::certs::now() - (minutes * 60) as i64;
+    let rows = crate::k8s::status::summarize(&tenants, &configs, &events, since);
+    match output {
+        Output::Text => {
+            if rows.is_empty() {
+                out("no Liqo tenant namespace: no peer to protect\n")?;
+            } else {
+                out(&crate::k8s::status::render(&rows, minutes))?;
+            }
+        }
+        Output::Json => out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&rows)
+                .context("rendering JSON")
+                .map_err(runtime)?
+        ))?,
+    }
+    if rows.iter().all(|r| r.enforced) {
+        Ok(())
+    } else {
+        Err(CliError::Runtime(anyhow::anyhow!(
+            "{} of {} peers not enforced",
+            rows.iter().filter(|r| !r.enforced).count(),
+            rows.len()
+        )))
     }
 }
 

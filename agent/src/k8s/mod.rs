@@ -10,6 +10,7 @@ pub mod gateways;
 pub mod netpol;
 pub mod protection_policies;
 pub mod snapshot;
+pub mod status;
 pub mod trust;
 pub mod webhook;
 

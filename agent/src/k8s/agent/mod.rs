@@ -116,7 +116,15 @@ struct Agent {
     /// Objects ignored because their namespace may not steer this gateway: the reason, by key
     /// and `(uid, generation)` (one warning Event per change).
     ignored: BTreeMap<String, (String, i64, String)>,
+    /// The engine's backend, reported in the conditions.
+    backend: &'static str,
+    /// After a failed apply: when to try the round again, and the wait that led there
+    /// (doubling up to [`RETRY_MAX`]). Nothing else would start a round until the API changes.
+    retry: Option<(std::time::Instant, Duration)>,
 }
+
+/// Longest wait between two attempts at a failing apply.
+const RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// How long a round waits after the first event for more to arrive.
 const DEBOUNCE: Duration = Duration::from_millis(1);
@@ -276,6 +284,7 @@ impl Agent {
     ) {
         match result {
             Ok(()) => {
+                self.retry = None;
                 self.enforced = Some(desired);
                 for o in observed {
                     if p.current.contains(&o.key) {
@@ -295,7 +304,13 @@ impl Agent {
             Err(e) => {
                 self.enforced = None;
                 self.sliced = None;
-                tracing::error!(error = %e, "apply failed; previous policy stays")
+                let wait = self
+                    .retry
+                    .map_or(self.settings.interval.max(DEBOUNCE), |(_, w)| {
+                        (w * 2).min(RETRY_MAX)
+                    });
+                self.retry = Some((std::time::Instant::now() + wait, wait));
+                tracing::error!(error = %e, retry_in_ms = wait.as_millis() as u64, "apply failed; previous policy stays")
             }
         }
     }
@@ -584,7 +599,7 @@ pub fn run(
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
         let changed = Arc::new(super::Changes::default());
         let watches = Watches::start(&client, &api, &settings, &changed).await?;
-        let mut agent = Agent::new(client, api, settings);
+        let mut agent = Agent::new(client, api, settings, engine.backend_name());
         agent.release_unselected(&watches.configs).await;
         let mut dirty = true;
         let mut summarized = (std::time::Instant::now(), std::time::SystemTime::now());
@@ -598,7 +613,10 @@ pub fn run(
                         .await;
                 }
             }
-            if dirty || engine.environment_changed() {
+            let retry_due = agent
+                .retry
+                .is_some_and(|(at, _)| std::time::Instant::now() >= at);
+            if dirty || retry_due || engine.environment_changed() {
                 // Debounce: let a burst of events settle into one round (short: a round that
                 // only moves slices costs O(changes)).
                 tokio::time::sleep(DEBOUNCE).await;
@@ -794,7 +812,12 @@ impl Watches {
 
 impl Agent {
     /// The agent of `settings.host`, before its first round.
-    fn new(client: kube::Client, api: Api<DynamicObject>, settings: Settings) -> Self {
+    fn new(
+        client: kube::Client,
+        api: Api<DynamicObject>,
+        settings: Settings,
+        backend: &'static str,
+    ) -> Self {
         Agent {
             recorder: Recorder::new(
                 client,
@@ -817,6 +840,8 @@ impl Agent {
             slice_issues: BTreeMap::new(),
             switch_reported: false,
             ignored: BTreeMap::new(),
+            backend,
+            retry: None,
         }
     }
 }

@@ -45,10 +45,12 @@ impl Agent {
         let key = key.to_string();
         let host = &self.settings.host;
         let existing = current_condition(obj, host);
+        let backend = self.backend;
         let unchanged_in_api = existing.as_ref().is_some_and(|c| {
             c.type_ == outcome.kind
                 && c.message == outcome.message
                 && c.observed_generation == Some(outcome.generation)
+                && c.backend.as_deref() == Some(backend)
         });
         if unchanged_in_api || self.reported.get(&key) == Some(&outcome) {
             self.reported.insert(key, outcome);
@@ -68,6 +70,7 @@ impl Agent {
                 }),
             message: outcome.message.clone(),
             observed_generation: Some(outcome.generation),
+            backend: Some(backend.to_string()),
         };
         let body = json!({
             "apiVersion": peerwall_intent::load::API_VERSION,
