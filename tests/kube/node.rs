@@ -612,6 +612,81 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     let problems = crate::monitoring::live_problems(&texts, true);
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 
+    // docs/runbook.md, the commands an operator runs, exactly: the emergency switch for one
+    // gateway from the agent's pod, its counters, `peerwall status` through the API.
+    let cons = PathBuf::from(format!("/run/netns/{}", consumer.ns.name()));
+    let exec = |args: &[&str]| {
+        let mut a = vec![
+            "-n",
+            "peerwall-system",
+            "exec",
+            "ds/peerwall-agent",
+            "--",
+            "peerwall",
+        ];
+        a.extend_from_slice(args);
+        node.kubectl_ok(&a)
+    };
+    exec(&["allow-all", "on", "--gateway", &peer]);
+    assert_eq!(
+        tcp(&cons, &db.1, 80),
+        Reach::Refused,
+        "the emergency switch lets the non-offloaded pod through"
+    );
+    wait(
+        "the switch in the condition",
+        Duration::from_secs(30),
+        || {
+            let o = node.kubectl(&[
+                "-n",
+                &format!("liqo-tenant-{peer}"),
+                "get",
+                "firewallconfigurations.peerwall.io",
+                "peerwall-gateway",
+                "-o",
+                "jsonpath={.status.conditions[*].message}",
+            ]);
+            String::from_utf8_lossy(&o.stdout)
+                .contains("emergency switch is on")
+                .then_some(())
+        },
+    );
+    let seen = exec(&["observe", "--since", "10m"]);
+    assert!(
+        seen.lines()
+            .any(|l| l.contains(&db.1) && l.contains("drop")),
+        "the drops to the non-offloaded pod observed: {seen}"
+    );
+    let counted = exec(&["counters", "--gateway", &peer]);
+    assert!(
+        counted.contains("peerwall-gateway") || counted.contains("packets"),
+        "{counted}"
+    );
+    exec(&["allow-all", "off", "--gateway", &peer]);
+    assert_eq!(
+        tcp(&cons, &db.1, 80),
+        Reach::Dropped,
+        "enforced again once the switch is off"
+    );
+    // `peerwall status` where an operator runs it: with their kubeconfig.
+    let o = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", node.ns))
+        .arg(peerwall())
+        .arg("status")
+        .env("KUBECONFIG", &node.kubeconfig)
+        .output()
+        .unwrap();
+    let status = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        o.status.success(),
+        "{status}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        status.contains(&peer) && status.contains("(nftables)"),
+        "{status}"
+    );
+
     // Agent restarted: what is in force stays in force while it is away.
     node.kubectl_ok(&[
         "-n",
@@ -745,6 +820,38 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         "the last gateway's pins removed",
         Duration::from_secs(30),
         || pins_of(&peer).is_empty().then_some(()),
+    );
+
+    // docs/runbook.md's uninstall, as written: the controller first (it would write the
+    // objects again), then peerwall's objects (the agents remove what they enforced and
+    // release their finalizers), then everything `deploy/` installed; nothing hangs.
+    node.kubectl_ok(&[
+        "-n",
+        "peerwall-system",
+        "delete",
+        "deployment",
+        "peerwall-controller",
+        "--timeout=60s",
+    ]);
+    node.kubectl_ok(&[
+        "delete",
+        "firewallconfigurations.peerwall.io,addresssets.peerwall.io",
+        "--all",
+        "--all-namespaces",
+        "--timeout=60s",
+    ]);
+    node.kubectl_ok(&[
+        "delete",
+        "-k",
+        &repo("deploy").to_string_lossy(),
+        "--ignore-not-found",
+        "--timeout=120s",
+    ]);
+    let left = node.kubectl(&["get", "crd", "-o", "name"]);
+    assert!(
+        !String::from_utf8_lossy(&left.stdout).contains("peerwall.io"),
+        "peerwall's CRDs removed: {}",
+        String::from_utf8_lossy(&left.stdout)
     );
 }
 

@@ -5,7 +5,7 @@
 use super::scope::{self, backends_to_act_on};
 use super::*;
 
-/// Where a host command acts (`--netns`, `--pin-dir`).
+/// Where a host command acts (`--netns`, `--pin-dir`, or `--gateway`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct HostArgs {
     /// Act in this network namespace (`ip netns` name, or a path such as
@@ -15,17 +15,41 @@ pub struct HostArgs {
     /// Where the bpf datapath's maps and links are pinned.
     #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
     pub pin_dir: PathBuf,
+    /// In the DaemonSet's agent pod: act inside the gateway pod of this peer on this node (its
+    /// network namespace and pins, as the agent recorded them), e.g. `kubectl -n
+    /// peerwall-system exec ds/peerwall-agent -- peerwall allow-all on --gateway PEER`.
+    #[arg(long, conflicts_with = "netns")]
+    pub gateway: Option<String>,
 }
 
 impl HostArgs {
+    /// `--gateway` resolved into a namespace and a pin directory.
+    fn resolved(&self) -> Result<Self, CliError> {
+        let Some(peer) = &self.gateway else {
+            return Ok(self.clone());
+        };
+        let (ns, pins) = crate::k8s::gateways::handles::resolve(
+            std::path::Path::new(crate::k8s::gateways::handles::HANDLES),
+            std::path::Path::new("/proc"),
+            peer,
+        )
+        .map_err(|e| CliError::Input(anyhow::anyhow!(e)))?;
+        Ok(HostArgs {
+            netns: Some(ns.to_string_lossy().into_owned()),
+            pin_dir: pins,
+            gateway: None,
+        })
+    }
+
     /// Enter the host's bpffs, then the network namespace (in that order: the namespace file
-    /// is then opened in the host's mount namespace).
-    fn enter(&self, create: bool) -> Result<(), CliError> {
-        scope::host_bpffs(&self.pin_dir, create)?;
-        if let Some(ns) = &self.netns {
+    /// is then opened in the host's mount namespace); where the command acts, resolved.
+    fn enter(&self, create: bool) -> Result<Self, CliError> {
+        let at = self.resolved()?;
+        scope::host_bpffs(&at.pin_dir, create)?;
+        if let Some(ns) = &at.netns {
             scope::enter_netns(ns)?;
         }
-        Ok(())
+        Ok(at)
     }
 }
 
@@ -41,9 +65,12 @@ pub(super) fn apply(
     let at = HostArgs {
         netns,
         pin_dir: bpf.pin_dir.clone(),
+        gateway: None,
     };
     match backend {
-        BackendKind::Bpf => at.enter(true)?,
+        BackendKind::Bpf => {
+            at.enter(true)?;
+        }
         BackendKind::Nftables => {
             if let Some(ns) = &at.netns {
                 scope::enter_netns(ns)?;
@@ -110,7 +137,7 @@ pub(super) fn boot(
 /// `peerwall delete`: removes what it finds (or, with `--backend`, that backend's part).
 /// Finding nothing is said, not an error: the host is as asked.
 pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), CliError> {
-    at.enter(false)?;
+    let at = at.enter(false)?;
     let found = peerwall_backend_select::installed(&at.pin_dir);
     let chosen: Vec<BackendKind> = found
         .backends()
@@ -140,7 +167,7 @@ pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), 
 
 /// `peerwall inspect`.
 pub(super) fn inspect(at: &HostArgs, output: Output) -> Result<(), CliError> {
-    at.enter(false)?;
+    let at = at.enter(false)?;
     backends_to_act_on(Some(BackendKind::Bpf), &at.pin_dir, "inspect")?;
     let i = peerwall_backend_bpf::inspect::inspect(&at.pin_dir)
         .with_context(|| format!("pinned datapath in {}", at.pin_dir.display()))
@@ -160,7 +187,7 @@ pub(super) fn allow_all(
     backend: Option<BackendKind>,
     at: &HostArgs,
 ) -> Result<(), CliError> {
-    at.enter(false)?;
+    let at = at.enter(false)?;
     let on = state == OnOff::On;
     for b in backends_to_act_on(backend, &at.pin_dir, "switch")? {
         peerwall_backend_select::installed::set_switch(b, &at.pin_dir, on).map_err(runtime)?;
@@ -183,7 +210,7 @@ pub(super) fn counters(
     at: &HostArgs,
     output: Output,
 ) -> Result<(), CliError> {
-    at.enter(false)?;
+    let at = at.enter(false)?;
     let mut counters = Vec::new();
     for b in backends_to_act_on(backend, &at.pin_dir, "count")? {
         counters

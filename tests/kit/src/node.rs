@@ -15,7 +15,8 @@ pub struct Node {
     pub ns: String,
     /// Its working directory (kubeconfig, logs, anything a test writes for it).
     pub dir: PathBuf,
-    kubeconfig: PathBuf,
+    /// Its administrator's kubeconfig (the API server listens in the node's namespace).
+    pub kubeconfig: PathBuf,
 }
 
 impl Node {

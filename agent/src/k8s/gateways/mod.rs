@@ -16,11 +16,12 @@
 //! namespaces and are replaced atomically by the next apply; bpf programs stay attached
 //! through their pinned links and the new enforcer adopts the pins.
 
+pub mod handles;
 pub mod netns;
 pub mod pods;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -241,6 +242,15 @@ impl Supervisor {
             ms_since_pod_seen = after.unwrap_or_default() as u64,
             "enforcing inside gateway pod"
         );
+        let handle = handles::Handle {
+            peer: g.peer.clone(),
+            pod: g.name.clone(),
+            uid: g.uid.clone(),
+            pins: pins.clone(),
+        };
+        if let Err(e) = handles::write(Path::new(handles::HANDLES), &g.pin_name(), &handle) {
+            tracing::warn!(gateway = %g.name, error = %e, "could not record the gateway for `peerwall … --gateway`");
+        }
         Ok(Worker {
             gateway: g.clone(),
             ns_path,
@@ -273,6 +283,7 @@ impl Supervisor {
         if gone {
             let pins = self.settings.gateway_pins().join(w.gateway.pin_name());
             remove_pins(&pins);
+            handles::remove(Path::new(handles::HANDLES), &w.gateway.pin_name());
         }
         tracing::info!(gateway = %w.gateway.name, peer = %w.gateway.peer, pod_gone = gone, "stopped enforcing inside gateway pod");
     }
@@ -289,6 +300,7 @@ impl Supervisor {
             if !keep.contains(&name) {
                 tracing::info!(pins = %e.path().display(), "removing pins of a gateway no longer on this node");
                 remove_pins(&e.path());
+                handles::remove(Path::new(handles::HANDLES), &name);
             }
         }
     }
