@@ -177,9 +177,27 @@ struct Counts {
     denied_got: u64,
 }
 
+/// Datagrams per second to each destination of a stream sending every millisecond.
+const RATE: u64 = 1000;
+
 impl Counts {
     fn allowed_lost(&self) -> u64 {
         self.allowed_sent.saturating_sub(self.allowed_got)
+    }
+
+    /// The stream really ran: at least 95 % of the `planned` datagrams to each destination
+    /// were sent, and allowed ones arrived. Without it a dead sender passes every check.
+    fn assert_flowed(&self, planned: u64, what: &str) {
+        assert!(
+            self.allowed_sent * 100 >= planned * 95 && self.denied_sent * 100 >= planned * 95,
+            "{what}: the sender sent {} and {} of {planned} planned datagrams per destination: {self:?}",
+            self.allowed_sent,
+            self.denied_sent
+        );
+        assert!(
+            self.allowed_got > 0,
+            "{what}: no allowed datagram arrived: {self:?}"
+        );
     }
 }
 
@@ -189,6 +207,8 @@ struct Row {
     fault: String,
     backend: &'static str,
     load: String,
+    /// Datagrams planned per destination (duration × [`RATE`]).
+    planned: u64,
     counts: Counts,
     baseline_lost: u64,
     recover_ms: Option<u64>,
@@ -349,16 +369,25 @@ impl Drop for Gateway {
     }
 }
 
-/// The stream's own loss over `d` with the policy in force and nothing happening.
+/// The stream's own loss over `d` with the policy in force and nothing happening: it must
+/// have run (≥ 95 % of the planned datagrams sent) and lost at most 1 % of the allowed ones,
+/// or it is no baseline to hold a fault to.
 fn baseline(g: &Gateway, d: Duration) -> Counts {
     let s = Stream::start(&g.t, Duration::from_millis(1));
     std::thread::sleep(d);
-    s.finish()
+    let c = s.finish();
+    c.assert_flowed(d.as_secs() * RATE, "baseline");
+    assert!(
+        c.allowed_lost() * 100 <= c.allowed_sent,
+        "baseline: the stream itself loses more than 1 % of its allowed datagrams: {c:?}"
+    );
+    c
 }
 
 fn check(row: &Row) {
     record(row);
     let c = &row.counts;
+    c.assert_flowed(row.planned, &format!("{} ({})", row.fault, row.backend));
     assert_eq!(
         c.denied_got, 0,
         "{} ({}): denied packets delivered: {c:?}",
@@ -408,6 +437,7 @@ fn sigkill_at_random_points(backend: &'static str) {
         fault: "agent SIGKILL at random points, restarted".into(),
         backend,
         load: format!("{kills} kills in {secs} s, policy changed before half of them; 1000 + 1000 datagrams/s"),
+        planned: secs * RATE,
         counts,
         baseline_lost: base.allowed_lost(),
         recover_ms: Some(recover.as_millis() as u64),
@@ -448,6 +478,7 @@ fn policy_swaps(backend: &'static str, per_sec: u64, total: u64, fault: &str) {
         fault: fault.into(),
         backend,
         load: format!("{total} policy writes at {per_sec}/s; 1000 + 1000 datagrams/s"),
+        planned: secs * RATE,
         counts,
         baseline_lost: base.allowed_lost(),
         recover_ms: recover.map(|d| d.as_millis() as u64),

@@ -316,7 +316,15 @@ fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
         good.replace("10.20.1.2", "10.20.1.300"),
     )
     .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(400));
+    // The agent has read it (and refused it) before the check: not a fixed wait that a slow
+    // agent would pass.
+    let refused = || {
+        let o = in_ns(&t.gateway, "curl", &["-s", "http://127.0.0.1:9977/metrics"]);
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .any(|l| l.starts_with("peerwall_invalid_policies_total") && !l.ends_with(" 0"))
+    };
+    assert!(wait_for(refused), "the agent saw the bad edit");
     assert!(
         !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
         "still enforced"

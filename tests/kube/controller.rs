@@ -198,7 +198,15 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
     };
     namespace(&client, "app-b", json!({"liqo.io/remote-cluster-id": "b"})).await;
     pod(&client, "app-b", "new", "10.200.0.5", json!({}), None).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The controller has seen the new pod and holds its address back (its metric says so)
+    // before the check: not a fixed wait that a slow controller would pass.
+    eventually("the address held back", Duration::from_secs(15), || async {
+        let m = scrape("/metrics").await;
+        (m.contains("peerwall_controller_held_back_addresses ")
+            && !m.contains("peerwall_controller_held_back_addresses 0\n"))
+        .then_some(())
+    })
+    .await;
     assert_eq!(
         gateway_set(&client, "liqo-tenant-b", "offloaded")
             .await

@@ -46,27 +46,14 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
         c.stdin.take().unwrap().write_all(ca.as_bytes()).unwrap();
         String::from_utf8(c.wait_with_output().unwrap().stdout).unwrap()
     };
-    let cfg = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "peerwall-test"},
-        "webhooks": [{
-            "name": "firewallconfigurations.peerwall.io",
-            "clientConfig": {"url": format!("https://{listen}/validate"), "caBundle": b64},
-            "rules": [{"apiGroups": ["peerwall.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["firewallconfigurations", "protectionpolicies"]}],
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-        }],
-    });
-    let vwc: Api<k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration> =
-        Api::all(client.clone());
-    vwc.create(
-        &PostParams::default(),
-        &serde_json::from_value(cfg).unwrap(),
+    register(
+        &client,
+        "peerwall-test",
+        &listen,
+        Some(&b64),
+        &["firewallconfigurations", "protectionpolicies"],
     )
-    .await
-    .unwrap();
+    .await;
     tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
     let mut bad = thesis_block();
@@ -82,6 +69,10 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
             let bad: DynamicObject = serde_json::from_value(bad.clone()).unwrap();
             async move {
                 match api.create(&PostParams::default(), &bad).await {
+                    // Until the webhook listens: "failed calling webhook … connection refused".
+                    Err(kube::Error::Api(e)) if e.message.contains("failed calling webhook") => {
+                        None
+                    }
                     Err(kube::Error::Api(e)) => Some(e.message),
                     Ok(_) => {
                         api.delete("bad", &DeleteParams::default()).await.ok();
@@ -183,17 +174,28 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
     assert!(refused.to_string().contains("10.20.1.300"), "{refused}");
 }
 
-/// The webhook configuration `peerwall` pointing at a webhook on `listen`, without a caBundle
-/// (the webhook writes it).
-async fn register_without_ca(client: &kube::Client, listen: &str) {
+/// A ValidatingWebhookConfiguration `name` for `resources` of peerwall's group, pointing at a
+/// webhook on `listen`, trusting `ca` (base64 PEM) or, without it, nothing yet (the webhook
+/// writes its own CA).
+async fn register(
+    client: &kube::Client,
+    name: &str,
+    listen: &str,
+    ca: Option<&str>,
+    resources: &[&str],
+) {
+    let mut client_config = json!({"url": format!("https://{listen}/validate")});
+    if let Some(ca) = ca {
+        client_config["caBundle"] = json!(ca);
+    }
     let cfg = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": "peerwall"},
+        "metadata": {"name": name},
         "webhooks": [{
             "name": "firewallconfigurations.peerwall.io",
-            "clientConfig": {"url": format!("https://{listen}/validate")},
-            "rules": [{"apiGroups": ["peerwall.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": ["firewallconfigurations", "addresssets"]}],
+            "clientConfig": client_config,
+            "rules": [{"apiGroups": ["peerwall.io"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"], "resources": resources}],
             "failurePolicy": "Fail",
             "sideEffects": "None",
             "admissionReviewVersions": ["v1"],
@@ -228,18 +230,23 @@ async fn ca_bundle(client: &kube::Client) -> Option<String> {
     String::from_utf8(b.0).ok()
 }
 
-/// Create `obj` in `ns`: the API's refusal message, or None when admitted.
+/// Create `obj` in `ns`: the API's refusal message, or None when admitted; retried while the
+/// API server cannot reach the webhook yet ("failed calling webhook").
 async fn create_in(client: &kube::Client, ns: &str, obj: serde_json::Value) -> Option<String> {
     let api = fwc_api(client, ns);
-    match api
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(obj).unwrap(),
-        )
-        .await
-    {
-        Ok(_) => None,
-        Err(e) => Some(e.to_string()),
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let o: DynamicObject = serde_json::from_value(obj.clone()).unwrap();
+        match api.create(&PostParams::default(), &o).await {
+            Ok(_) => return None,
+            Err(e)
+                if e.to_string().contains("failed calling webhook")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Some(e.to_string()),
+        }
     }
 }
 
@@ -257,7 +264,14 @@ async fn webhook_issues_and_rotates_its_own_certificate() {
     namespace(&client, "team-x", json!({})).await;
     tenant_namespace(&client, "cluster1").await;
     let listen = format!("127.0.0.1:{}", free_port());
-    register_without_ca(&client, &listen).await;
+    register(
+        &client,
+        "peerwall",
+        &listen,
+        None,
+        &["firewallconfigurations", "addresssets"],
+    )
+    .await;
     let _wh = server.peerwall(
         "webhook-issued",
         &[

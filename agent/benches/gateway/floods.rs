@@ -97,25 +97,15 @@ const BESIDE_SRC: Ipv4Addr = Ipv4Addr::new(172, 20, 0, 1);
 const BESIDE_SPORT: u16 = 4242;
 
 fn beside_counter_install(lab: &Lab) {
-    let file = lab.dir.join("beside.nft");
-    let table = format!(
-        "table ip pwbeside {{\n chain pre {{\n  type filter hook prerouting priority 0; policy accept;\n  ip saddr {BESIDE_SRC} udp sport {BESIDE_SPORT} counter\n }}\n}}\n"
+    rcv_counter_install(
+        lab,
+        "pwbeside",
+        &format!("ip saddr {BESIDE_SRC} udp sport {BESIDE_SPORT}"),
     );
-    std::fs::write(&file, table).expect("write");
-    in_ns(&lab.rcv, "nft", &["-f", &file.to_string_lossy()]);
 }
 
 fn beside_counted(lab: &Lab) -> u64 {
-    let out = in_ns(&lab.rcv, "nft", &["-j", "list", "table", "ip", "pwbeside"]);
-    let v: serde_json::Value = serde_json::from_str(&out).expect("nft -j");
-    v["nftables"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|o| o["rule"]["expr"].as_array())
-        .flatten()
-        .find_map(|e| e["counter"]["packets"].as_u64())
-        .unwrap_or(0)
+    rcv_counted(lab, "pwbeside")
 }
 
 /// One window of `traffic` with the flow beside it: (rate, delivered, beside sent, seen).
@@ -221,20 +211,24 @@ pub(crate) fn floods(
                 if install(lab, dp, p).is_none() {
                     continue;
                 }
+                let filters = !matches!(dp, Datapath::None | Datapath::ConntrackOnly);
+                let guard =
+                    (filters && !traffic.allowed()).then(|| DeniedGuard::install(lab, BESIDE_SRC));
                 let (fwd, taken, sent, seen) =
                     window(lab, &frames, traffic, beside_to, warmup, win);
                 uninstall(lab, dp);
-                let filters = !matches!(dp, Datapath::None | Datapath::ConntrackOnly);
-                let rate = if traffic.allowed() || !filters {
-                    fwd
-                } else {
-                    assert!(
-                        fwd < 0.001 * taken + 100.0,
-                        "{}: {}: denied traffic forwarded ({fwd:.0} pps)",
-                        traffic.label(),
-                        dp.label()
-                    );
-                    taken
+                let rate = match guard {
+                    None => fwd,
+                    Some(g) => {
+                        assert_eq!(
+                            g.leaked(),
+                            0,
+                            "{}: {}: denied packets reached the receiver ({fwd:.0} pps forwarded)",
+                            traffic.label(),
+                            dp.label()
+                        );
+                        taken
+                    }
                 };
                 assert!(
                     rate > 0.0 && sent > 100,

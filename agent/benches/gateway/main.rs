@@ -15,8 +15,13 @@
 //!   gateway forwarded per second (tx of its receiver-side veth);
 //! - denied: destinations outside the set; figure = packets the gateway took in and dropped per
 //!   second (sender tx minus drops for lack of CPU: veth `tx_dropped`, softnet `dropped`); a
-//!   run in which the gateway forwarded a denied packet, or forwarded less than 99 % of the
-//!   allowed packets it took in, aborts the benchmark.
+//!   run in which a filtering datapath let a single denied packet reach the receiver (counted
+//!   there exactly, by an nft rule installed around the denied windows) aborts the benchmark,
+//!   and so does an allowed window forwarding less than 90 % of what the gateway took in (the
+//!   two are interface counters read a few hundred microseconds apart around a one-second
+//!   window, so they differ by that skew without any packet lost; an allowed packet dropped by
+//!   a filter would show as a collapse far below that, and the differential tests prove the
+//!   verdicts packet by packet).
 //!
 //! Both are shown as ratios to the no-filter baseline forwarding the same frames.
 //!
@@ -193,21 +198,27 @@ fn main() {
                     p.name,
                     dp.label()
                 );
-                let (fwd_d, taken_d) = measure(&lab, &fd, warmup, window);
-                let denied = if matches!(
+                let filters = !matches!(
                     dp,
                     Datapath::None | Datapath::TcEmpty | Datapath::ConntrackOnly
-                ) {
+                );
+                let guard =
+                    filters.then(|| DeniedGuard::install(&lab, std::net::Ipv4Addr::UNSPECIFIED));
+                let (fwd_d, taken_d) = measure(&lab, &fd, warmup, window);
+                let denied = match guard {
                     // Not filters: denied frames are forwarded like allowed ones.
-                    fwd_d
-                } else {
-                    assert!(
-                        fwd_d < 0.001 * taken_d + 100.0,
-                        "{}: {}: denied traffic forwarded ({fwd_d:.0} pps)",
-                        p.name,
-                        dp.label()
-                    );
-                    taken_d
+                    None => fwd_d,
+                    Some(g) => {
+                        let leaked = g.leaked();
+                        assert_eq!(
+                            leaked,
+                            0,
+                            "{}: {}: denied packets reached the receiver ({fwd_d:.0} pps forwarded)",
+                            p.name,
+                            dp.label()
+                        );
+                        taken_d
+                    }
                 };
                 if dp == Datapath::PeerwallBpf && limit_cycles > 0 {
                     let allowed: Vec<_> = p.allowed.iter().map(|(a, _)| *a).collect();

@@ -326,3 +326,54 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     }
     v[v.len() / 2]
 }
+
+/// Install in the receiver's prerouting a table `table` counting packets that match `matches`.
+pub(crate) fn rcv_counter_install(lab: &Lab, table: &str, matches: &str) {
+    let file = lab.dir.join(format!("{table}.nft"));
+    let text = format!(
+        "table ip {table} {{\n chain pre {{\n  type filter hook prerouting priority 0; policy accept;\n  {matches} counter\n }}\n}}\n"
+    );
+    std::fs::write(&file, text).expect("write");
+    in_ns(&lab.rcv, "nft", &["-f", &file.to_string_lossy()]);
+}
+
+/// The packets counted so far by the receiver's table `table`.
+pub(crate) fn rcv_counted(lab: &Lab, table: &str) -> u64 {
+    let out = in_ns(&lab.rcv, "nft", &["-j", "list", "table", "ip", table]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("nft -j");
+    v["nftables"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|o| o["rule"]["expr"].as_array())
+        .flatten()
+        .find_map(|e| e["counter"]["packets"].as_u64())
+        .unwrap_or(0)
+}
+
+/// The exact check that a filtering datapath forwards no denied packet: every IPv4 packet that
+/// reaches the receiver is counted (`pwguard` in its prerouting) but the floods' flow beside
+/// (allowed, from `except`), installed only around denied windows, where nothing else should
+/// reach it (the rule would otherwise cost the receiver a little per allowed packet). Removed
+/// on drop.
+pub(crate) struct DeniedGuard<'a> {
+    lab: &'a Lab,
+}
+
+impl<'a> DeniedGuard<'a> {
+    pub(crate) fn install(lab: &'a Lab, except: Ipv4Addr) -> Self {
+        rcv_counter_install(lab, "pwguard", &format!("ip saddr != {except}"));
+        DeniedGuard { lab }
+    }
+
+    /// Denied packets the receiver got since the guard was installed.
+    pub(crate) fn leaked(&self) -> u64 {
+        rcv_counted(self.lab, "pwguard")
+    }
+}
+
+impl Drop for DeniedGuard<'_> {
+    fn drop(&mut self) {
+        in_ns(&self.lab.rcv, "nft", &["delete", "table", "ip", "pwguard"]);
+    }
+}
