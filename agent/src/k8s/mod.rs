@@ -22,7 +22,9 @@ use peerwall_policy::compile::PolicyObject;
 /// Liqo's label naming the peer cluster of tenant namespaces, offloaded namespaces, virtual
 /// nodes and reflected pods.
 pub const REMOTE_CLUSTER_ID: &str = "liqo.io/remote-cluster-id";
-/// Liqo's label on tenant namespaces (`"true"`).
+/// Liqo's label on tenant namespaces (`"true"`; Liqo: `pkg/consts/core.go`, with
+/// [`REMOTE_CLUSTER_ID`] from `pkg/consts/namespace_mapping.go`, set by its tenant-namespace
+/// manager).
 pub const TENANT_NAMESPACE: &str = "liqo.io/tenant-namespace";
 /// Liqo's label on virtual nodes (`virtual-node`).
 pub const NODE_TYPE: &str = "liqo.io/type";
@@ -290,4 +292,37 @@ pub fn check(obj: &DynamicObject) -> Result<(PolicyObject, Vec<String>), CheckEr
     let po = to_policy_object(obj)?;
     let warnings = peerwall_policy::compile::validate(&po)?;
     Ok((po, warnings.iter().map(|w| w.to_string()).collect()))
+}
+
+/// A watch of Liqo's tenant namespaces (labelled [`TENANT_NAMESPACE`]`=true`), listed once:
+/// who may steer which peer's gateway ([`trust`]), for the agent and the webhook.
+pub async fn tenant_namespaces(
+    client: &kube::Client,
+    changed: std::sync::Arc<Changes>,
+) -> anyhow::Result<kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Namespace>> {
+    use anyhow::Context;
+    let r = cache(
+        kube::Api::all(client.clone()),
+        kube::runtime::watcher::Config::default().labels(&format!("{TENANT_NAMESPACE}=true")),
+        (),
+        changed,
+    );
+    r.wait_until_ready()
+        .await
+        .context("the watch of Liqo's tenant namespaces ended before its first list")?;
+    Ok(r)
+}
+
+/// The peer of every tenant namespace in `namespaces` (its [`REMOTE_CLUSTER_ID`] label).
+pub fn tenants_of<'a>(
+    namespaces: impl IntoIterator<Item = &'a k8s_openapi::api::core::v1::Namespace>,
+) -> trust::Tenants {
+    use kube::ResourceExt;
+    namespaces
+        .into_iter()
+        .filter_map(|ns| {
+            let peer = ns.labels().get(REMOTE_CLUSTER_ID)?;
+            Some((ns.name_any(), peer.clone()))
+        })
+        .collect()
 }

@@ -265,19 +265,15 @@ pub async fn fetch(
     use k8s_openapi::api::core::v1::Namespace;
     use k8s_openapi::api::events::v1::Event;
     use kube::api::{Api, DynamicObject, ListParams};
-    use kube::ResourceExt;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    let tenants: BTreeMap<String, String> = namespaces
-        .list(&ListParams::default().labels(&format!("{}=true", super::TENANT_NAMESPACE)))
-        .await
-        .context("listing Liqo's tenant namespaces")?
-        .items
-        .into_iter()
-        .filter_map(|ns| {
-            let peer = ns.labels().get(super::REMOTE_CLUSTER_ID)?.clone();
-            Some((ns.name_any(), peer))
-        })
-        .collect();
+    let tenants = super::tenants_of(
+        namespaces
+            .list(&ListParams::default().labels(&format!("{}=true", super::TENANT_NAMESPACE)))
+            .await
+            .context("listing Liqo's tenant namespaces")?
+            .items
+            .iter(),
+    );
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
     let configs = api
         .list(&ListParams::default().labels(super::DEFAULT_SELECTOR))

@@ -41,7 +41,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{reflector, watcher};
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 use serde_json::json;
 
 use crate::engine::Engine;
@@ -667,16 +667,7 @@ impl Watches {
         changed: &Arc<super::Changes>,
     ) -> anyhow::Result<Self> {
         let tenants = if settings.trust.tenant_namespaces {
-            let r = super::cache(
-                Api::<Namespace>::all(client.clone()),
-                watcher::Config::default().labels(&format!("{}=true", super::TENANT_NAMESPACE)),
-                (),
-                changed.clone(),
-            );
-            r.wait_until_ready()
-                .await
-                .context("the watch of Liqo's tenant namespaces ended before its first list")?;
-            Some(r)
+            Some(super::tenant_namespaces(client, changed.clone()).await?)
         } else {
             None
         };
@@ -792,15 +783,7 @@ impl Watches {
     fn tenants(&self) -> super::trust::Tenants {
         self.tenants
             .as_ref()
-            .map(|r| {
-                r.state()
-                    .iter()
-                    .filter_map(|ns| {
-                        let peer = ns.labels().get(super::REMOTE_CLUSTER_ID)?;
-                        Some((ns.name_any(), peer.clone()))
-                    })
-                    .collect()
-            })
+            .map(|r| super::tenants_of(r.state().iter().map(|n| n.as_ref())))
             .unwrap_or_default()
     }
 

@@ -11,8 +11,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::Namespace;
-use kube::runtime::{reflector, watcher};
-use kube::{Api, ResourceExt};
+use kube::runtime::reflector;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -59,15 +58,7 @@ impl State {
         let tenants: Tenants = self
             .tenants
             .as_ref()
-            .map(|r| {
-                r.state()
-                    .iter()
-                    .filter_map(|ns| {
-                        let peer = ns.labels().get(crate::k8s::REMOTE_CLUSTER_ID)?;
-                        Some((ns.name_any(), peer.clone()))
-                    })
-                    .collect()
-            })
+            .map(|r| crate::k8s::tenants_of(r.state().iter().map(|n| n.as_ref())))
             .unwrap_or_default();
         Judge {
             trust: self.trust.clone(),
@@ -257,19 +248,9 @@ pub fn run(settings: Settings, stop: Arc<crate::shutdown::Shutdown>) -> anyhow::
             (Tls::Issued(_), None) => anyhow::bail!("issuing a certificate needs the API"),
         };
         let tenants = match (&client, settings.trust.tenant_namespaces) {
-            (Some(c), true) => {
-                let r = crate::k8s::cache(
-                    Api::<Namespace>::all(c.clone()),
-                    watcher::Config::default()
-                        .labels(&format!("{}=true", crate::k8s::TENANT_NAMESPACE)),
-                    (),
-                    Arc::new(crate::k8s::Changes::default()),
-                );
-                r.wait_until_ready()
-                    .await
-                    .context("the watch of Liqo's tenant namespaces ended before its first list")?;
-                Some(r)
-            }
+            (Some(c), true) => Some(
+                crate::k8s::tenant_namespaces(c, Arc::new(crate::k8s::Changes::default())).await?,
+            ),
             _ => None,
         };
         let state = Arc::new(State {
