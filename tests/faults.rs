@@ -19,19 +19,47 @@ use rand::{Rng, SeedableRng};
 
 const ALLOWED: &str = "10.20.1.2";
 const DENIED: &str = "10.20.1.3";
+/// Allowed by variant 1 of the policy, denied by variant 0: the destination whose verdict
+/// every swap flips.
+const FLIP: &str = "10.20.3.1";
 const PORT: u16 = 9000;
 
 /// Distinct pin and policy directories for tests running in parallel.
 static NEXT: AtomicU64 = AtomicU64::new(0);
 
+/// How the two variants of the policy differ.
+#[derive(Clone, Copy, PartialEq)]
+enum Swap {
+    /// In rules and a set element: bpf writes the idle slot and switches; nftables replaces the
+    /// table's content.
+    Rules,
+    /// In a set element only: bpf edits the live slot in place (a new epoch, no switch).
+    SetElement,
+}
+
 /// Policy variant `v` (0 or 1): both allow UDP to ALLOWED and drop everything else from the
-/// tunnel; they differ in a rule (so a swap changes the ruleset: a new bpf slot, a new nftables
-/// table content) and, for `v == 1`, in a set element.
-fn policy(v: usize) -> String {
-    let elements = if v == 1 {
-        format!("[{{key: {ALLOWED}}}, {{key: 10.20.3.1}}]")
+/// tunnel (DENIED among it); they differ in FLIP's verdict: variant 1 allows it (a set
+/// element), variant 0 drops it. With [`Swap::Rules`] they also differ in a rule name and
+/// variant 0 has a rule of its own dropping FLIP.
+fn policy(v: usize, swap: Swap) -> String {
+    let (elements, deny_flip) = if v == 1 || swap == Swap::SetElement {
+        let flip = if v == 1 {
+            format!(", {{key: {FLIP}}}")
+        } else {
+            String::new()
+        };
+        (format!("[{{key: {ALLOWED}}}{flip}]"), String::new())
     } else {
-        format!("[{{key: {ALLOWED}}}]")
+        (
+            format!("[{{key: {ALLOWED}}}]"),
+            format!(
+                r#"
+        - name: deny_flip
+          action: drop
+          match:
+          - {{op: eq, ip: {{value: {FLIP}, position: dst}}}}"#
+            ),
+        )
     };
     format!(
         r#"apiVersion: networking.liqo.io/v1beta1
@@ -52,8 +80,8 @@ spec:
       priority: 0
       policy: accept
       rules:
-        filterRules:
-        - name: allow_v{v}
+        filterRules:{deny_flip}
+        - name: allow_v{rule}
           action: accept
           match:
           - {{op: eq, dev: {{value: liqo-tunnel, position: in}}}}
@@ -63,7 +91,8 @@ spec:
           action: drop
           match:
           - {{op: eq, dev: {{value: liqo-tunnel, position: in}}}}
-"#
+"#,
+        rule = if swap == Swap::Rules { v } else { 0 },
     )
 }
 
@@ -72,7 +101,25 @@ struct Stream {
     stop: Arc<AtomicBool>,
     sent: Arc<[AtomicU64; 2]>,
     got: Arc<[AtomicU64; 2]>,
+    /// With [`Stream::start_flipping`]: the datagrams to FLIP, each with its send time.
+    flips: Option<Arc<Flips>>,
     threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// The FLIP datagrams of a stream: datagram `i` carries `i`; its send time (ns since the Unix
+/// epoch, the clock of the agent's log) is `sent[i]`; `got` holds the numbers that arrived.
+#[derive(Default)]
+struct Flips {
+    sent: std::sync::Mutex<Vec<i64>>,
+    got: std::sync::Mutex<Vec<u64>>,
+}
+
+/// Now, in ns since the Unix epoch.
+fn wall_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as i64)
+        .unwrap_or(0)
 }
 
 /// Bind the receiver for `dst` in the provider namespace. The previous probe's socket may
@@ -101,6 +148,15 @@ fn bind_receiver(t: &Topology, dst: &'static str) -> UdpSocket {
 impl Stream {
     /// One datagram to each destination every `gap`.
     fn start(t: &Topology, gap: Duration) -> Self {
+        Self::start_with(t, gap, false)
+    }
+
+    /// [`start`](Self::start), and one numbered datagram to FLIP every `gap`.
+    fn start_flipping(t: &Topology, gap: Duration) -> Self {
+        Self::start_with(t, gap, true)
+    }
+
+    fn start_with(t: &Topology, gap: Duration, flip: bool) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
         let got = Arc::new([AtomicU64::new(0), AtomicU64::new(0)]);
@@ -123,18 +179,52 @@ impl Stream {
                 }
             }));
         }
+        let flips = flip.then(|| Arc::new(Flips::default()));
+        if let Some(f) = &flips {
+            let rx = bind_receiver(t, FLIP);
+            rx.set_read_timeout(Some(Duration::from_millis(50)))
+                .expect("timeout");
+            let (stop, f) = (stop.clone(), f.clone());
+            threads.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 64];
+                let mut got = Vec::new();
+                let mut take = |n: usize, buf: &[u8]| {
+                    if let Ok(b) = <[u8; 8]>::try_from(&buf[..n.min(8)]) {
+                        got.push(u64::from_be_bytes(b));
+                    }
+                };
+                while !stop.load(Ordering::Relaxed) {
+                    if let Ok(n) = rx.recv(&mut buf) {
+                        take(n, &buf);
+                    }
+                }
+                while let Ok(n) = rx.recv(&mut buf) {
+                    take(n, &buf);
+                }
+                *f.got.lock().expect("flips") = got;
+            }));
+        }
         let tx = t
             .consumer
             .run_in(|| UdpSocket::bind(("10.10.1.67", 0)))
             .expect("consumer")
             .expect("bind sender");
-        let (s, n) = (stop.clone(), sent.clone());
+        let (s, n, f) = (stop.clone(), sent.clone(), flips.clone());
         threads.push(std::thread::spawn(move || {
             let mut next = Instant::now();
+            let mut times = Vec::new();
             while !s.load(Ordering::Relaxed) {
                 for (i, dst) in [ALLOWED, DENIED].into_iter().enumerate() {
                     if tx.send_to(b"peerwall-faults", (dst, PORT)).is_ok() {
                         n[i].fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                if f.is_some() {
+                    // Stamped before the send: the packet reaches the gateway after it.
+                    let at = wall_ns();
+                    let i = times.len() as u64;
+                    if tx.send_to(&i.to_be_bytes(), (FLIP, PORT)).is_ok() {
+                        times.push(at);
                     }
                 }
                 next += gap;
@@ -142,14 +232,27 @@ impl Stream {
                     std::thread::sleep(d);
                 }
             }
+            if let Some(f) = f {
+                *f.sent.lock().expect("flips") = times;
+            }
         }));
         std::thread::sleep(Duration::from_millis(100));
         Stream {
             stop,
             sent,
             got,
+            flips,
             threads,
         }
+    }
+
+    /// [`finish`](Self::finish), and the FLIP datagrams: (send times, numbers received).
+    fn finish_flipping(mut self) -> (Counts, Vec<i64>, Vec<u64>) {
+        let flips = self.flips.take().expect("a flipping stream");
+        let counts = self.finish();
+        let sent = std::mem::take(&mut *flips.sent.lock().expect("flips"));
+        let got = std::mem::take(&mut *flips.got.lock().expect("flips"));
+        (counts, sent, got)
     }
 
     /// Stop and return (allowed sent, allowed received, denied sent, denied received).
@@ -201,6 +304,105 @@ impl Counts {
     }
 }
 
+/// One "policy applied" line of the agent's JSON log: when (ns since the Unix epoch, taken
+/// after the kernel took the policy), how long the apply took, and which variant it was (by
+/// the policy's digest: the first apply's is variant 0's, the one the agent started with).
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    at: i64,
+    took: i64,
+    variant: usize,
+}
+
+/// The applies logged in `log` (the agent's `--log-format json` output).
+fn applies(log: &Path) -> Vec<Applied> {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let mut digests: Vec<String> = Vec::new();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["fields"]["message"] == "policy applied")
+        .map(|v| {
+            let at = chrono::DateTime::parse_from_rfc3339(v["timestamp"].as_str().unwrap_or(""))
+                .unwrap_or_else(|e| panic!("log timestamp {}: {e}", v["timestamp"]))
+                .timestamp_nanos_opt()
+                .expect("timestamp in range");
+            let took = (v["fields"]["apply_ms"].as_f64().expect("apply_ms") * 1e6) as i64;
+            let digest = v["fields"]["digest"].as_str().expect("digest").to_string();
+            let variant = match digests.iter().position(|d| *d == digest) {
+                Some(i) => i,
+                None => {
+                    digests.push(digest);
+                    digests.len() - 1
+                }
+            };
+            assert!(variant < 2, "an apply of neither variant: {v}");
+            Applied { at, took, variant }
+        })
+        .collect()
+}
+
+/// How the FLIP datagrams fared against the policy in force when each was sent.
+#[derive(Debug, Default, serde::Serialize)]
+struct Flipped {
+    /// FLIP datagrams sent.
+    sent: u64,
+    /// Applies logged while the stream ran.
+    applies: u64,
+    /// Sent while an apply was under way (from its start, as the agent measures it, to its log
+    /// line, with a millisecond either side): either verdict is right.
+    in_transition: u64,
+    /// Judged against the one policy in force: sent while variant 1 (allowed) was, and while
+    /// variant 0 (denied) was.
+    judged_allowed: u64,
+    judged_denied: u64,
+    /// Delivered although the policy in force denied them: a stale verdict (a cache not
+    /// invalidated, a half-applied change). Must be 0.
+    delivered_denied: u64,
+    /// Lost although the policy in force allowed them (stale, or the stream's own loss).
+    lost_allowed: u64,
+}
+
+/// Judge each FLIP datagram (send times `sent`, numbers received `got`) against the policy in
+/// force at its send time, by the agent's logged applies: after an apply's log line, only its
+/// variant; before an apply started, only the previous one.
+fn judge(applied: &[Applied], sent: &[i64], got: &[u64]) -> Flipped {
+    const MARGIN: i64 = 1_000_000;
+    let got: std::collections::HashSet<u64> = got.iter().copied().collect();
+    let (first, last) = (
+        sent.first().copied().unwrap_or(0),
+        sent.last().copied().unwrap_or(0),
+    );
+    let mut j = Flipped {
+        sent: sent.len() as u64,
+        applies: applied
+            .iter()
+            .filter(|a| a.at >= first && a.at <= last)
+            .count() as u64,
+        ..Flipped::default()
+    };
+    for (i, &at) in sent.iter().enumerate() {
+        // The last apply done before this datagram left, and the next one.
+        let k = applied.partition_point(|a| a.at + MARGIN <= at);
+        let next_started = applied.get(k).map(|a| a.at - a.took - MARGIN);
+        let Some(in_force) = k.checked_sub(1).map(|k| applied[k]) else {
+            panic!("a FLIP datagram sent before the agent's first apply");
+        };
+        if next_started.is_some_and(|s| s <= at) {
+            j.in_transition += 1;
+            continue;
+        }
+        let delivered = got.contains(&(i as u64));
+        if in_force.variant == 1 {
+            j.judged_allowed += 1;
+            j.lost_allowed += u64::from(!delivered);
+        } else {
+            j.judged_denied += 1;
+            j.delivered_denied += u64::from(delivered);
+        }
+    }
+    j
+}
+
 /// One row of docs/reliability.md.
 #[derive(Debug, serde::Serialize)]
 struct Row {
@@ -212,6 +414,11 @@ struct Row {
     counts: Counts,
     baseline_lost: u64,
     recover_ms: Option<u64>,
+    /// Policy swaps: the destination whose verdict each swap flips, judged per datagram.
+    flips: Option<Flipped>,
+    /// The least the flips must have judged of each verdict, and the fewest applies.
+    #[serde(skip)]
+    min_judged: (u64, u64),
 }
 
 fn record(row: &Row) {
@@ -232,10 +439,15 @@ struct Gateway {
     backend: &'static str,
     pins: String,
     agent: Option<Agent>,
+    swap: Swap,
 }
 
 impl Gateway {
     fn new(backend: &'static str) -> Self {
+        Self::swapping(backend, Swap::Rules)
+    }
+
+    fn swapping(backend: &'static str, swap: Swap) -> Self {
         let t = Topology::new();
         let dir = std::env::temp_dir().join(format!(
             "peerwall-faults-{backend}-{}-{}",
@@ -254,6 +466,7 @@ impl Gateway {
                 NEXT.fetch_add(1, Ordering::Relaxed)
             ),
             agent: None,
+            swap,
         };
         g.write(0);
         g
@@ -262,7 +475,7 @@ impl Gateway {
     /// Make variant `v` the policy of the directory (atomically: write, then rename).
     fn write(&self, v: usize) {
         let tmp = self.dir.join(".next");
-        std::fs::write(&tmp, policy(v)).expect("write");
+        std::fs::write(&tmp, policy(v, self.swap)).expect("write");
         std::fs::rename(&tmp, self.dir.join("faults.yaml")).expect("rename");
     }
 
@@ -270,8 +483,15 @@ impl Gateway {
         self.spawn_with(&[]);
     }
 
+    /// The JSON log of the agent spawned last.
+    fn log(&self) -> PathBuf {
+        self.dir.with_extension("log")
+    }
+
     fn spawn_with(&mut self, extra: &[&str]) {
         let mut args: Vec<String> = vec![
+            "--log-format".into(),
+            "json".into(),
             "--source".into(),
             format!("dir:{}", self.dir.display()),
             "--backend".into(),
@@ -286,7 +506,15 @@ impl Gateway {
             "127.0.0.1:9090".into(),
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
-        self.agent = Some(spawn_agent(&self.t.gateway, &args));
+        let log = std::fs::File::create(self.log()).expect("agent log");
+        let child = peerwall_nsenter(&self.t.gateway)
+            .arg("agent")
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("peerwall agent");
+        self.agent = Some(Agent(child));
     }
 
     /// SIGKILL: no cleanup, no goodbye.
@@ -321,7 +549,7 @@ impl Gateway {
             "nftables" => {
                 // What a fresh apply of variant `v` produces, in a scratch namespace.
                 let file = self.dir.join("check.yaml");
-                std::fs::write(&file, policy(v)).expect("write");
+                std::fs::write(&file, policy(v, self.swap)).expect("write");
                 let scratch = NetNs::new("pwt-ref").expect("netns");
                 let o = peerwall_in(&scratch, &["apply", "-f", &file.to_string_lossy()]);
                 assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -342,6 +570,19 @@ impl Gateway {
                     listing(&self.t.gateway),
                     listing(&scratch),
                     "the kernel does not hold exactly variant {v}"
+                );
+            }
+            _ if self.swap == Swap::SetElement => {
+                // The variants differ in FLIP's verdict only: ask the kernel with packets.
+                let probe = Stream::start_flipping(&self.t, Duration::from_millis(5));
+                std::thread::sleep(Duration::from_millis(100));
+                let (c, sent, got) = probe.finish_flipping();
+                let passes = !got.is_empty();
+                assert!(
+                    c.allowed_got > 0 && sent.len() >= 10 && passes == (v == 1),
+                    "the kernel does not hold variant {v}: FLIP {} of {} delivered, {c:?}",
+                    got.len(),
+                    sent.len()
                 );
             }
             _ => {
@@ -366,6 +607,7 @@ impl Drop for Gateway {
             .args(["delete", "--backend", "bpf", "--pin-dir", &self.pins])
             .output();
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(self.log());
     }
 }
 
@@ -402,6 +644,30 @@ fn check(row: &Row) {
         row.backend,
         row.baseline_lost
     );
+    if let Some(f) = &row.flips {
+        assert_eq!(
+            f.delivered_denied, 0,
+            "{} ({}): FLIP datagrams delivered while the policy in force denied them (a stale verdict): {f:?}",
+            row.fault, row.backend
+        );
+        assert!(
+            f.lost_allowed <= row.baseline_lost + 10,
+            "{} ({}): FLIP datagrams lost while the policy in force allowed them, beyond the baseline ({}): {f:?}",
+            row.fault,
+            row.backend,
+            row.baseline_lost
+        );
+        // The judgement saw both verdicts, each often enough: a run where the agent never
+        // applied, or applied one variant only, judges nothing. (A soak applies at every poll,
+        // so most of its datagrams are in transition: it is held to less.)
+        let (min, applies) = row.min_judged;
+        assert!(
+            f.judged_allowed >= min && f.judged_denied >= min && f.applies >= applies,
+            "{} ({}): too little judged to conclude anything: {f:?}",
+            row.fault,
+            row.backend
+        );
+    }
 }
 
 fn sigkill_at_random_points(backend: &'static str) {
@@ -441,16 +707,27 @@ fn sigkill_at_random_points(backend: &'static str) {
         counts,
         baseline_lost: base.allowed_lost(),
         recover_ms: Some(recover.as_millis() as u64),
+        flips: None,
+        min_judged: (0, 0),
     });
 }
 
-fn policy_swaps(backend: &'static str, per_sec: u64, total: u64, fault: &str) {
-    let mut g = Gateway::new(backend);
+/// `total` writes at `per_sec`, alternating the variants; the flips judged must include at
+/// least `min_judged.0` datagrams of each verdict and `min_judged.1` applies.
+fn policy_swaps(
+    backend: &'static str,
+    swap: Swap,
+    per_sec: u64,
+    total: u64,
+    fault: &str,
+    min_judged: (u64, u64),
+) {
+    let mut g = Gateway::swapping(backend, swap);
     g.spawn();
     g.wait_enforced();
     let secs = total / per_sec;
     let base = baseline(&g, Duration::from_secs(secs));
-    let s = Stream::start(&g.t, Duration::from_millis(1));
+    let s = Stream::start_flipping(&g.t, Duration::from_millis(1));
     let gap = Duration::from_micros(1_000_000 / per_sec);
     let mut next = Instant::now();
     let mut v = 0;
@@ -462,7 +739,7 @@ fn policy_swaps(backend: &'static str, per_sec: u64, total: u64, fault: &str) {
             std::thread::sleep(d);
         }
     }
-    let counts = s.finish();
+    let (counts, flip_sent, flip_got) = s.finish_flipping();
     let settled = Instant::now();
     // The last write is in force once the agent has seen it.
     let mut recover = None;
@@ -474,14 +751,19 @@ fn policy_swaps(backend: &'static str, per_sec: u64, total: u64, fault: &str) {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(recover.is_some(), "the final policy never came into force");
+    let flips = judge(&applies(&g.log()), &flip_sent, &flip_got);
     check(&Row {
         fault: fault.into(),
         backend,
-        load: format!("{total} policy writes at {per_sec}/s; 1000 + 1000 datagrams/s"),
+        load: format!(
+            "{total} policy writes at {per_sec}/s, each flipping FLIP's verdict; 1000 + 1000 + 1000 datagrams/s"
+        ),
         planned: secs * RATE,
         counts,
         baseline_lost: base.allowed_lost(),
         recover_ms: recover.map(|d| d.as_millis() as u64),
+        flips: Some(flips),
+        min_judged,
     });
 }
 
@@ -496,20 +778,70 @@ fn bpf_sigkill_at_random_points_leaks_nothing() {
 }
 
 #[test]
-fn nftables_policy_swaps_leak_nothing() {
+fn nftables_policy_swaps_leak_nothing_and_flip_verdicts_at_once() {
+    use Swap::*;
     policy_swaps(
         "nftables",
+        Rules,
+        20,
+        200,
+        "verdict flips: rules",
+        (1000, 150),
+    );
+    policy_swaps(
+        "nftables",
+        SetElement,
+        20,
+        200,
+        "verdict flips: a set element",
+        (1000, 150),
+    );
+    policy_swaps(
+        "nftables",
+        Rules,
         100,
         500,
         "policy swaps (table content replaced)",
+        (100, 50),
     );
-    policy_swaps("nftables", 1000, 10_000, "soak: policy updates");
+    policy_swaps(
+        "nftables",
+        Rules,
+        1000,
+        10_000,
+        "soak: policy updates",
+        (10, 50),
+    );
 }
 
 #[test]
-fn bpf_policy_swaps_leak_nothing() {
-    policy_swaps("bpf", 100, 500, "policy swaps (slot switches)");
-    policy_swaps("bpf", 1000, 10_000, "soak: policy updates");
+fn bpf_policy_swaps_leak_nothing_and_flip_verdicts_at_once() {
+    use Swap::*;
+    policy_swaps(
+        "bpf",
+        Rules,
+        20,
+        200,
+        "verdict flips: rules (slot switches)",
+        (1000, 150),
+    );
+    policy_swaps(
+        "bpf",
+        SetElement,
+        20,
+        200,
+        "verdict flips: a set element (in place, new epoch)",
+        (1000, 150),
+    );
+    policy_swaps(
+        "bpf",
+        Rules,
+        100,
+        500,
+        "policy swaps (slot switches)",
+        (100, 50),
+    );
+    policy_swaps("bpf", Rules, 1000, 10_000, "soak: policy updates", (10, 50));
 }
 
 /// A policy that needs conntrack: new flows only from the consumer to ALLOWED, replies

@@ -294,6 +294,7 @@ impl Engine {
         let (generation, secs, summary) = self.record(result, started, false)?;
         tracing::info!(
             generation,
+            digest = %format!("{:016x}", compiled.policy.digest()),
             tables = compiled.policy.tables.len(),
             rules = compiled.policy.rule_count(),
             apply_ms = secs * 1e3,

@@ -385,11 +385,23 @@ fn reliability() -> Result<()> {
     rows.sort_by_key(|r| (r["fault"].to_string(), r["backend"].to_string()));
     let n = |r: &serde_json::Value, k: &str| r["counts"][k].as_u64().unwrap_or(0);
     let mut md = String::from(
-        "| fault | backend | load held | allowed sent | allowed lost (baseline) | denied sent | denied delivered | in force again |\n|---|---|---|---:|---:|---:|---:|---:|\n",
+        "| fault | backend | load held | allowed sent | allowed lost (baseline) | denied sent | denied delivered | flipped destination: judged by the policy in force (in transition), wrong | in force again |\n|---|---|---|---:|---:|---:|---:|---:|---:|\n",
     );
     for r in &rows {
+        let f = &r["flips"];
+        let flips = if f.is_object() {
+            let k = |k: &str| f[k].as_u64().unwrap_or(0);
+            format!(
+                "{} ({}), **{}**",
+                k("judged_allowed") + k("judged_denied"),
+                k("in_transition"),
+                k("delivered_denied") + k("lost_allowed")
+            )
+        } else {
+            "–".to_string()
+        };
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} ({}) | {} | **{}** | {} |\n",
+            "| {} | {} | {} | {} | {} ({}) | {} | **{}** | {flips} | {} |\n",
             r["fault"].as_str().unwrap_or_default(),
             r["backend"].as_str().unwrap_or_default(),
             r["load"].as_str().unwrap_or_default(),
@@ -510,7 +522,12 @@ fn fuzz(args: &[String]) -> Result<()> {
             .env_remove("RUSTC")
             .env_remove("CARGO");
         println!("fuzzing {t} for {secs} s");
-        run(c).with_context(|| {
+        let outcome = run(c);
+        // libFuzzer ends the process with `exit` at its time limit: the datapath target's last
+        // scratch datapath is never dropped. Its pins and slot metadata go here, not on the
+        // next run (`tests/paths.rs` holds every exited process to leaving nothing behind).
+        sweep_dead_probes();
+        outcome.with_context(|| {
             format!(
                 "fuzz target {t} found a failure: the input is in {}/artifacts/{t}; fix it and keep the input in tests/fuzz/seeds/{t}",
                 fuzz_dir.display()
@@ -518,6 +535,40 @@ fn fuzz(args: &[String]) -> Result<()> {
         })?;
     }
     Ok(())
+}
+
+/// Remove the probe pin directories (`/sys/fs/bpf/pwprobe-<pid>-<n>`) and their metadata
+/// (`/run/peerwall/sys/fs/bpf/pwprobe-<pid>-<n>`) of processes that no longer exist. Unpinning
+/// a link detaches its program; the maps go with their last reference.
+fn sweep_dead_probes() {
+    for parent in ["/sys/fs/bpf", "/run/peerwall/sys/fs/bpf"] {
+        for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let dead = name
+                .strip_prefix("pwprobe-")
+                .and_then(|r| r.split('-').next())
+                .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+                .is_some_and(|pid| !Path::new("/proc").join(pid).exists());
+            if dead {
+                if let Err(err) = remove_tree(&e.path()) {
+                    eprintln!("warning: removing {}: {err}", e.path().display());
+                }
+            }
+        }
+    }
+}
+
+/// `rm -r` that also works on bpffs (which has no `rmdir` of non-empty directories either).
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    for e in std::fs::read_dir(dir)?.flatten() {
+        let p = e.path();
+        if e.file_type()?.is_dir() {
+            remove_tree(&p)?;
+        } else {
+            std::fs::remove_file(&p)?;
+        }
+    }
+    std::fs::remove_dir(dir)
 }
 
 /// Nightly cargo `verb` on the eBPF crate, for its own target (build-std), as aya-build

@@ -346,6 +346,26 @@ impl fmt::Display for NatTarget {
 }
 
 impl Policy {
+    /// A short fingerprint of what this policy enforces (its tables; not the observed ones),
+    /// logged with each apply so that which policy a host holds, and since when, can be read
+    /// from its log: equal for equal policies, in any process of the same build. FNV-1a (64
+    /// bit) over the tables' `Debug` text, which holds no hash-ordered collection.
+    pub fn digest(&self) -> u64 {
+        struct Fnv(u64);
+        impl std::fmt::Write for Fnv {
+            fn write_str(&mut self, s: &str) -> std::fmt::Result {
+                for b in s.bytes() {
+                    self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+                }
+                Ok(())
+            }
+        }
+        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
+        // Writing into the hasher cannot fail.
+        let _ = std::fmt::Write::write_fmt(&mut h, format_args!("{:?}", self.tables));
+        h.0
+    }
+
     /// The destination rewrites between ingress and the forward hook: NAT rules of the
     /// enforced tables (applied by nftables) and of the observed ones.
     pub fn dst_rewrites(&self) -> (Vec<nat::DstRewrite>, Vec<nat::Unexpressed>) {

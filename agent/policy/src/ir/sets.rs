@@ -239,6 +239,26 @@ spec:
     }
 
     #[test]
+    fn the_digest_tells_policies_apart_by_what_they_enforce() {
+        let p = policy();
+        assert_eq!(
+            p.digest(),
+            policy().digest(),
+            "equal policies, equal digests"
+        );
+        let mut q = p.clone();
+        q.edit_set("t", "pods", &[SetOp::Add(host("10.0.0.7"))])
+            .unwrap();
+        assert_ne!(p.digest(), q.digest(), "one set element apart");
+        q.edit_set("t", "pods", &[SetOp::Remove(host("10.0.0.7"))])
+            .unwrap();
+        assert_eq!(p.digest(), q.digest(), "the element removed again");
+        let mut r = p.clone();
+        r.observed = r.tables.clone();
+        assert_eq!(p.digest(), r.digest(), "observed tables are not enforced");
+    }
+
+    #[test]
     fn an_edit_changes_the_set_and_every_rule_that_names_it() {
         let mut p = policy();
         assert_eq!(verdict(&p, "10.0.0.7"), crate::ir::VerdictAction::Drop);
