@@ -297,10 +297,29 @@ fn nftables_allow_all_survives_the_agents_drift_repair_and_new_policies() {
             .unwrap();
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     };
+    // Drift made by hand (the block's table deleted), then waited for until the agent has
+    // repaired it: the repair is the marker that the agent acted in the meantime, so what
+    // holds after it held through a repair (a fixed sleep would pass with a stalled agent).
+    let repairs = || {
+        metric(&t.gateway, "peerwall_drift_repairs_total")
+            .and_then(|l| l.rsplit(' ').next().and_then(|v| v.parse::<u64>().ok()))
+            .unwrap_or(0)
+    };
+    let drift_then_repair = |what: &str| {
+        let before = repairs();
+        let o = in_ns(&t.gateway, "nft", &["delete", "table", "ip", "table_name"]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        wait_until(what, 10, || {
+            repairs() > before
+                && in_ns(&t.gateway, "nft", &["list", "table", "ip", "table_name"])
+                    .status
+                    .success()
+        });
+    };
     switch("on");
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "switch on");
-    // Many drift checks later (50 ms each), and after a policy change, still on.
-    std::thread::sleep(Duration::from_millis(600));
+    // Through a drift repair, and after a policy change, still on.
+    drift_then_repair("the agent to repair the deleted table with the switch on");
     assert!(
         ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
         "repaired away"
@@ -329,7 +348,7 @@ fn nftables_allow_all_survives_the_agents_drift_repair_and_new_policies() {
     wait_until("the switch reported off", 10, || {
         metric(&t.gateway, "peerwall_allow_all").is_some_and(|l| l.ends_with(" 0"))
     });
-    std::thread::sleep(Duration::from_millis(300));
+    drift_then_repair("the agent to repair the deleted table with the switch off");
     assert!(
         !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
         "still enforced"

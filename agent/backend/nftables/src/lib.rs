@@ -410,7 +410,17 @@ impl<R: Runner> NftBackend<R> {
         let listing = self.nft.list_ruleset_terse()?;
         let on = switch::is_on(&listing);
         if on != self.allow_all {
-            // The switch was flipped: what was applied gains or loses its accepts. Not drift.
+            // The switch was flipped: what was applied gains or loses its accepts. Not drift,
+            // except a table deleted meanwhile (recreated by the same plan, and reported: a
+            // repair is a repair, whichever tick it falls on).
+            let missing: Vec<Drift> = self
+                .applied
+                .iter()
+                .filter(|(name, t)| listing.table(t.family, name).is_none())
+                .map(|(name, _)| Drift::Missing {
+                    table: name.clone(),
+                })
+                .collect();
             let desired: Vec<RenderedTable> = self
                 .applied
                 .values()
@@ -429,7 +439,7 @@ impl<R: Runner> NftBackend<R> {
                 self.snapshots.insert(t.name.clone(), snap);
                 self.applied.insert(t.name.clone(), t);
             }
-            return Ok(Vec::new());
+            return Ok(missing);
         }
         let drift = self.drift_in(&listing, full)?;
         if drift.is_empty() {
