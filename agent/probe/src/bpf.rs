@@ -625,10 +625,55 @@ impl BpfProbe {
         })
     }
 
+    /// [`frame_verdict`](Self::frame_verdict) of `frame` with the verdict cache on, right after
+    /// `first` went through on the same CPU until the cache served it (at most three times:
+    /// a flow's first packet changes its conntrack state, which lapses the verdict it cached),
+    /// from a flushed flow table and caches: the path a live gateway takes for a known flow's
+    /// later packets, whose headers the datapath reads by hand before it looks the flow up
+    /// (`known_flow_v4`). Returns what `first` did the first time and what `frame` did;
+    /// `frame`'s verdict is `None` when a cached verdict served it (the datapath records no
+    /// classification then).
+    pub fn frame_verdict_after(
+        &mut self,
+        first: &[u8],
+        frame: &[u8],
+        iif: &str,
+        oif: Option<&str>,
+    ) -> Result<(FrameRun, FrameRun), ProbeError> {
+        self.backend.flush_verdicts()?;
+        self.backend.set_probe_cache(true)?;
+        let runs = (|| {
+            let _on = StayOnCpu::on(Some(0))?;
+            let a = self.frame_verdict(first, iif, oif)?;
+            if a.verdict.is_some() {
+                for _ in 0..2 {
+                    if self.run_frame(first, iif, oif)?.verdict.is_none() {
+                        break;
+                    }
+                }
+            }
+            let b = self.run_frame(frame, iif, oif)?;
+            Ok((a, b))
+        })();
+        self.backend.set_probe_cache(false)?;
+        runs
+    }
+
     /// What a frame the datapath was given raw did: the tc action it returned and, when it
     /// classified the frame, its verdict. No flow is known beforehand (the flow table is
     /// flushed), so the conntrack state is the one of a flow's first packet.
     pub fn frame_verdict(
+        &mut self,
+        frame: &[u8],
+        iif: &str,
+        oif: Option<&str>,
+    ) -> Result<FrameRun, ProbeError> {
+        self.backend.flush_flows()?;
+        self.run_frame(frame, iif, oif)
+    }
+
+    /// One run of `frame` on whatever flows and caches the datapath holds.
+    fn run_frame(
         &mut self,
         frame: &[u8],
         iif: &str,
@@ -642,7 +687,6 @@ impl BpfProbe {
         };
         let iif_idx = idx(iif)?;
         let oif_idx = oif.map(idx).transpose()?.unwrap_or(0);
-        self.backend.flush_flows()?;
         let (rec, ret, _) = self.test_run(frame, oif.is_some(), iif_idx, oif_idx)?;
         let verdict = match rec {
             None => None,

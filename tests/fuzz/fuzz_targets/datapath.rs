@@ -2,7 +2,10 @@
 //! fragmented, with IPv6 extension chains and odd ICMP) through the real tc program under
 //! BPF_PROG_TEST_RUN, with seeded random policies in its maps; the verdict must equal the
 //! reference evaluator's on the packet `ir::frame::read_frame` says the frame is, and frames
-//! it calls not IP or malformed must be passed or dropped unclassified. Needs root (bpf).
+//! it calls not IP or malformed must be passed or dropped unclassified. Each frame runs twice:
+//! as a flow's first packet (no state), and with the verdict cache on right after its
+//! undamaged form went through (the known-flow path, which reads headers by hand before the
+//! flow lookup). Needs root (bpf).
 #![no_main]
 
 use std::sync::{Mutex, OnceLock};
@@ -12,7 +15,7 @@ use peerwall_fuzz::{policies, FrameInput};
 use peerwall_policy::ir::frame::{read_frame, FrameView, ETH_HLEN};
 use peerwall_policy::ir::{evaluate, Policy, VerdictAction};
 use peerwall_policy::testgen::IFACES;
-use peerwall_probe::bpf::{tc_action, BpfProbe};
+use peerwall_probe::bpf::{tc_action, BpfProbe, FrameRun};
 
 /// Policies run, each loaded once into its own datapath.
 const POLICIES: usize = 4;
@@ -65,6 +68,73 @@ fn ip_header_cut_short(frame: &[u8]) -> bool {
     frame.len() < ETH_HLEN + fixed
 }
 
+/// What the datapath did with `frame` (`run`) against what it should have: the reference
+/// evaluator on the packet `read_frame` says the frame is. `cached`: the run followed the
+/// flow's first packet with the verdict cache on, so a verdict served from the cache has no
+/// record (`run.verdict` is `None`) and only its tc action is held to the reference.
+fn check(
+    policy: &Policy,
+    frame: &[u8],
+    iif: &str,
+    oif: Option<&str>,
+    run: &FrameRun,
+    cached: bool,
+) {
+    let path = if cached { "known flow" } else { "first packet" };
+    match read_frame(frame, Some(iif), oif) {
+        FrameView::NotIp => {
+            assert_eq!(
+                run.verdict, None,
+                "{path}: not IP but classified: {frame:02x?}"
+            );
+            assert_eq!(
+                run.tc_action,
+                tc_action::OK,
+                "{path}: not IP but not passed"
+            );
+        }
+        FrameView::Malformed(why) => {
+            assert_eq!(
+                run.verdict, None,
+                "{path}: malformed ({why}) but classified: {frame:02x?}"
+            );
+            assert_eq!(
+                run.tc_action,
+                tc_action::SHOT,
+                "{path}: malformed ({why}) but not dropped: {frame:02x?}"
+            );
+        }
+        FrameView::PortlessFragment => {
+            assert!(
+                cached || run.verdict.is_some(),
+                "a later fragment was not classified"
+            );
+        }
+        FrameView::Packet(p) => {
+            let want = evaluate(policy, &p);
+            if run.verdict.is_some() || !cached {
+                assert_eq!(
+                    run.verdict.as_ref(),
+                    Some(&want),
+                    "{path}: datapath and reference disagree on {p:?} (frame {frame:02x?})"
+                );
+            }
+            let ok = match want.verdict {
+                VerdictAction::Accept => run.tc_action == tc_action::OK,
+                VerdictAction::Drop => run.tc_action == tc_action::SHOT,
+                VerdictAction::Reject => {
+                    run.tc_action == tc_action::REDIRECT || run.tc_action == tc_action::SHOT
+                }
+            };
+            assert!(
+                ok,
+                "{path}: {:?} but tc action {} on {p:?} (frame {frame:02x?})",
+                want.verdict, run.tc_action
+            );
+        }
+    }
+}
+
 fuzz_target!(
     init: {
         // Loading and verifying the datapaths takes seconds: not part of any input's time.
@@ -76,47 +146,19 @@ fuzz_target!(
     let mut all = loaded().lock().expect("lock");
     let n = all.len();
     let l = &mut all[usize::from(input.policy) % n];
-    let run = match l.probe.frame_verdict(&frame, iif, oif) {
-        Ok(run) => run,
-        // Documented refusal: BPF_PROG_TEST_RUN refuses (EINVAL) a frame whose IP header is
-        // shorter than its fixed part, so those (malformed: dropped) cannot be checked here.
+    // Documented refusal: BPF_PROG_TEST_RUN refuses (EINVAL) a frame whose IP header is
+    // shorter than its fixed part, so those (malformed: dropped) cannot be checked here.
+    match l.probe.frame_verdict(&frame, iif, oif) {
+        Ok(run) => check(&l.policy, &frame, iif, oif, &run, false),
         Err(_) if ip_header_cut_short(&frame) => return,
         Err(e) => panic!("BPF_PROG_TEST_RUN on {frame:02x?}: {e}"),
-    };
-    match read_frame(&frame, Some(iif), oif) {
-        FrameView::NotIp => {
-            assert_eq!(run.verdict, None, "not IP but classified: {frame:02x?}");
-            assert_eq!(run.tc_action, tc_action::OK, "not IP but not passed");
-        }
-        FrameView::Malformed(why) => {
-            assert_eq!(
-                run.verdict, None,
-                "malformed ({why}) but classified: {frame:02x?}"
-            );
-            assert_eq!(
-                run.tc_action,
-                tc_action::SHOT,
-                "malformed ({why}) but not dropped"
-            );
-        }
-        FrameView::PortlessFragment => {
-            assert!(run.verdict.is_some(), "a later fragment was not classified");
-        }
-        FrameView::Packet(p) => {
-            let want = evaluate(&l.policy, &p);
-            assert_eq!(
-                run.verdict.as_ref(),
-                Some(&want),
-                "datapath and reference disagree on {p:?} (frame {frame:02x?})"
-            );
-            let ok = match want.verdict {
-                VerdictAction::Accept => run.tc_action == tc_action::OK,
-                VerdictAction::Drop => run.tc_action == tc_action::SHOT,
-                VerdictAction::Reject => {
-                    run.tc_action == tc_action::REDIRECT || run.tc_action == tc_action::SHOT
-                }
-            };
-            assert!(ok, "{:?} but tc action {}", want.verdict, run.tc_action);
-        }
+    }
+    // The known-flow path: the frame undamaged first (classified, its verdict cached), then
+    // the damaged one, which the cache must serve only when it is the same flow's packet.
+    let first = input.undamaged();
+    match l.probe.frame_verdict_after(&first, &frame, iif, oif) {
+        Ok((_, run)) => check(&l.policy, &frame, iif, oif, &run, true),
+        Err(_) if ip_header_cut_short(&first) => {}
+        Err(e) => panic!("BPF_PROG_TEST_RUN on {first:02x?} then {frame:02x?}: {e}"),
     }
 });

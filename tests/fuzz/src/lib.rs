@@ -18,12 +18,37 @@ pub enum Ext {
 /// The transport header.
 #[derive(Arbitrary, Debug, Clone, Copy)]
 pub enum L4 {
-    Tcp { flags: u8 },
+    Tcp {
+        flags: u8,
+    },
     Udp,
     /// SCTP's common header and the first chunk's header.
-    Sctp { chunk: u8 },
-    Icmp { kind: u8, code: u8 },
+    Sctp {
+        chunk: u8,
+    },
+    Icmp {
+        kind: u8,
+        code: u8,
+    },
     Other(u8),
+}
+
+/// A header field overwritten after the frame is built (the flow's later packet damaged in
+/// the fields a cached verdict must not be served past).
+#[derive(Arbitrary, Debug, Clone, Copy)]
+pub enum Damage {
+    /// IPv4 total length / IPv6 payload length (see [`odd_len`]).
+    Length(u16),
+    /// IPv4 header length (low nibble of the first byte).
+    Ihl(u8),
+    /// IP version (high nibble of the first byte).
+    Version(u8),
+    /// IPv4 flags and fragment offset.
+    Fragment(u16),
+    /// IPv4 protocol / IPv6 next header.
+    Protocol(u8),
+    /// TCP flags (the transport header's 14th byte, whatever the protocol).
+    TcpFlags(u8),
 }
 
 /// A frame as fuzz input: a well-formed shape, then the damage done to it.
@@ -44,10 +69,13 @@ pub struct FrameInput {
     pub v4_frag: u16,
     /// IPv4 header length in words, when not 5.
     pub v4_ihl: Option<u8>,
-    /// IP total / payload length, when not the real one.
+    /// IP total / payload length, when not the real one: below 0x8000, a length from 0 to 63
+    /// (around the headers' own sizes, where the checks are); above, any.
     pub ip_len: Option<u16>,
     /// Another EtherType.
     pub ethertype: Option<u16>,
+    /// A header field the datapath's known-flow path reads by hand, overwritten.
+    pub damage: Option<Damage>,
     /// Cut the frame to this many bytes (at least the Ethernet header).
     pub truncate: Option<u16>,
     /// Bytes XORed into the frame.
@@ -64,6 +92,18 @@ fn addr(six: bool, i: u8) -> Vec<u8> {
     }
 }
 
+/// Ethernet header length.
+const ETH: usize = 14;
+
+/// The length field [`FrameInput::ip_len`] asks for.
+fn odd_len(v: u16) -> u16 {
+    if v < 0x8000 {
+        v % 64
+    } else {
+        v
+    }
+}
+
 const PORTS: [u16; 8] = [40000, 80, 1024, 79, 81, 443, 22, 5000];
 
 impl FrameInput {
@@ -72,6 +112,20 @@ impl FrameInput {
         let iif = IFACES[usize::from(self.iif) % IFACES.len()];
         let oif = (self.oif % 4 != 3).then(|| IFACES[usize::from(self.oif % 4) % IFACES.len()]);
         (iif, oif)
+    }
+
+    /// [`frame`](Self::frame) before the damage (bytes flipped, cut short): the packet a
+    /// flow's first one may have been.
+    pub fn undamaged(&self) -> Vec<u8> {
+        FrameInput {
+            flips: Vec::new(),
+            damage: None,
+            truncate: None,
+            l4: self.l4,
+            ext: self.ext.clone(),
+            ..*self
+        }
+        .frame()
     }
 
     /// The frame: Ethernet, IP (extension headers for IPv6), transport header, 8 bytes of
@@ -158,7 +212,7 @@ impl FrameInput {
                 }
             }
             let first = chain.first().map_or(proto, kind);
-            let plen = self.ip_len.unwrap_or((ext.len() + l4.len()) as u16);
+            let plen = self.ip_len.map_or((ext.len() + l4.len()) as u16, odd_len);
             ip.extend_from_slice(&[0x60, 0, 0, 0]);
             ip.extend_from_slice(&plen.to_be_bytes());
             ip.extend_from_slice(&[first, 64]);
@@ -168,7 +222,7 @@ impl FrameInput {
         } else {
             let ihl = self.v4_ihl.map_or(5, |v| v % 16);
             let opts = usize::from(ihl.saturating_sub(5)) * 4;
-            let tot = self.ip_len.unwrap_or((20 + opts + l4.len()) as u16);
+            let tot = self.ip_len.map_or((20 + opts + l4.len()) as u16, odd_len);
             ip.extend_from_slice(&[0x40 | ihl, 0]);
             ip.extend_from_slice(&tot.to_be_bytes());
             ip.extend_from_slice(&[0, 1]);
@@ -178,6 +232,7 @@ impl FrameInput {
             ip.extend_from_slice(&addr(false, self.dst));
             ip.extend_from_slice(&vec![1u8; opts]);
         }
+        let l4_at = ETH + ip.len();
         ip.extend_from_slice(&l4);
         let et = self
             .ethertype
@@ -188,6 +243,24 @@ impl FrameInput {
         for &(at, x) in self.flips.iter().take(4) {
             let n = f.len();
             f[usize::from(at) % n] ^= x;
+        }
+        let vihl = f.get(ETH).copied().unwrap_or(0);
+        let mut put = |at: usize, bytes: &[u8]| {
+            if let Some(d) = f.get_mut(at..at + bytes.len()) {
+                d.copy_from_slice(bytes);
+            }
+        };
+        match (self.damage, self.six) {
+            (None, _) => {}
+            (Some(Damage::Length(v)), false) => put(ETH + 2, &odd_len(v).to_be_bytes()),
+            (Some(Damage::Length(v)), true) => put(ETH + 4, &odd_len(v).to_be_bytes()),
+            (Some(Damage::Ihl(v)), _) => put(ETH, &[(vihl & 0xf0) | (v & 0x0f)]),
+            (Some(Damage::Version(v)), _) => put(ETH, &[(vihl & 0x0f) | (v << 4)]),
+            (Some(Damage::Fragment(v)), false) => put(ETH + 6, &v.to_be_bytes()),
+            (Some(Damage::Fragment(_)), true) => {}
+            (Some(Damage::Protocol(v)), false) => put(ETH + 9, &[v]),
+            (Some(Damage::Protocol(v)), true) => put(ETH + 6, &[v]),
+            (Some(Damage::TcpFlags(v)), _) => put(l4_at + 13, &[v]),
         }
         if let Some(t) = self.truncate {
             f.truncate(usize::from(t).max(14));
