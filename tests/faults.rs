@@ -489,6 +489,11 @@ impl Gateway {
     }
 
     fn spawn_with(&mut self, extra: &[&str]) {
+        self.spawn_binary(&peerwall(), extra);
+    }
+
+    /// The agent of the `peerwall` binary at `bin`.
+    fn spawn_binary(&mut self, bin: &Path, extra: &[&str]) {
         let mut args: Vec<String> = vec![
             "--log-format".into(),
             "json".into(),
@@ -507,7 +512,9 @@ impl Gateway {
         ];
         args.extend(extra.iter().map(|a| a.to_string()));
         let log = std::fs::File::create(self.log()).expect("agent log");
-        let child = peerwall_nsenter(&self.t.gateway)
+        let child = std::process::Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.t.gateway.name()))
+            .arg(bin)
             .arg("agent")
             .args(&args)
             .stdout(std::process::Stdio::null())
@@ -548,7 +555,9 @@ impl Gateway {
         match self.backend {
             "nftables" => {
                 // What a fresh apply of variant `v` produces, in a scratch namespace.
-                let file = self.dir.join("check.yaml");
+                // Beside the policy directory, not in it: the agent would read it as a second
+                // object with the same table.
+                let file = self.dir.with_extension("check.yaml");
                 std::fs::write(&file, policy(v, self.swap)).expect("write");
                 let scratch = NetNs::new("pwt-ref").expect("netns");
                 let o = peerwall_in(&scratch, &["apply", "-f", &file.to_string_lossy()]);
@@ -608,6 +617,7 @@ impl Drop for Gateway {
             .output();
         let _ = std::fs::remove_dir_all(&self.dir);
         let _ = std::fs::remove_file(self.log());
+        let _ = std::fs::remove_file(self.dir.with_extension("check.yaml"));
     }
 }
 
@@ -1057,4 +1067,264 @@ fn nftables_boot_window_is_nothing_until_the_first_apply() {
 #[test]
 fn bpf_boot_window_is_nothing_until_the_first_apply() {
     boot_window("bpf");
+}
+
+/// Whether the gateway forwards at all (off: as while its node is down and its pod gone).
+fn forwarding(g: &Gateway, on: bool) {
+    let v = format!("net.ipv4.ip_forward={}", u8::from(on));
+    let o = in_ns(&g.t.gateway, "sysctl", &["-qw", &v]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A node reboot while a consumer keeps sending: the gateway stops forwarding, the agent dies
+/// and the kernel state goes (nftables tables, conntrack, bpffs pins and their /run metadata);
+/// then the node comes back in the order a Liqo gateway pod starts: its init container (the
+/// boot policy, `peerwall boot --peer a`, when `boot`), Liqo's containers (forwarding on), the
+/// agent (`--boot-peer a` when `boot`). The configuration is the faults policy in the table the
+/// controller names for peer `a`, the one the boot policy waits for. Denied datagrams delivered
+/// in the whole run are what got through between forwarding and the first apply.
+fn reboot(backend: &'static str, boot: bool) {
+    let mut g = Gateway::new(backend);
+    let config = policy(0, Swap::Rules).replace("    name: faults\n", "    name: peerwall_a\n");
+    std::fs::write(g.dir.join("faults.yaml"), config).expect("write");
+    let agent_args: &[&str] = if boot { &["--boot-peer", "a"] } else { &[] };
+    g.spawn_with(agent_args);
+    g.wait_enforced();
+    let base = baseline(&g, Duration::from_secs(5));
+    let s = Stream::start(&g.t, Duration::from_millis(1));
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(500));
+    // Down: nothing forwarded, the agent gone, the kernel state with it.
+    forwarding(&g, false);
+    g.kill();
+    for (cmd, args) in [
+        ("nft", &["flush", "ruleset"][..]),
+        ("conntrack", &["-F"][..]),
+    ] {
+        let o = in_ns(&g.t.gateway, cmd, args);
+        assert!(
+            o.status.success(),
+            "{cmd}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let o = std::process::Command::new(peerwall())
+        .args(["delete", "--backend", "bpf", "--pin-dir", &g.pins])
+        .output()
+        .expect("delete");
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(
+        !Path::new(&g.pins).exists()
+            && !Path::new("/run/peerwall")
+                .join(g.pins.trim_start_matches('/'))
+                .exists(),
+        "the pins of {} outlived the reboot",
+        g.pins
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    // Up, in the pod's order.
+    if boot {
+        let o = std::process::Command::new(peerwall())
+            .args(["boot", "--peer", "a", "--netns", g.t.gateway.name()])
+            .output()
+            .expect("boot");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    forwarding(&g, true);
+    let up = Instant::now();
+    g.spawn_with(agent_args);
+    let applied = loop {
+        if !applies(&g.log()).is_empty() {
+            break up.elapsed();
+        }
+        assert!(
+            up.elapsed() < Duration::from_secs(60),
+            "the restarted agent never applied"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    std::thread::sleep(Duration::from_millis(1000));
+    let secs = started.elapsed().as_secs();
+    let counts = s.finish();
+    // Afterwards: the configuration alone, allowed traffic flowing again.
+    let after = baseline(&g, Duration::from_secs(2));
+    assert_eq!(
+        after.denied_got, 0,
+        "{backend}: denied delivered once in force: {after:?}"
+    );
+    let row = Row {
+        fault: if boot {
+            "node reboot: kernel state gone, boot policy first".into()
+        } else {
+            "node reboot: kernel state gone, no boot policy (the window)".into()
+        },
+        backend,
+        load: "forwarding off 0.5 s, tables, conntrack and pins removed, then init container, forwarding, agent; 1000 + 1000 datagrams/s".into(),
+        planned: secs * RATE,
+        counts,
+        baseline_lost: base.allowed_lost(),
+        recover_ms: Some(applied.as_millis() as u64),
+        flips: None,
+        min_judged: (0, 0),
+    };
+    record(&row);
+    let c = &row.counts;
+    c.assert_flowed(row.planned, &row.fault);
+    if boot {
+        assert_eq!(
+            c.denied_got, 0,
+            "{backend}: denied datagrams crossed the gateway between its boot and the first apply: {c:?}"
+        );
+    } else {
+        // The control: without the boot policy the window is real, so the check above can fail.
+        assert!(
+            c.denied_got > 0,
+            "{backend}: no denied datagram got through even without the boot policy: the reboot made no window to close: {c:?}"
+        );
+    }
+}
+
+#[test]
+fn nftables_reboot_is_guarded_from_boot_to_the_first_apply() {
+    reboot("nftables", false);
+    reboot("nftables", true);
+}
+
+#[test]
+fn bpf_reboot_is_guarded_from_boot_to_the_first_apply() {
+    reboot("bpf", false);
+    reboot("bpf", true);
+}
+
+/// `bpftool map show pinned` of the gateway's map `name`, as JSON.
+fn pinned_map(g: &Gateway, name: &str) -> serde_json::Value {
+    let o = std::process::Command::new("bpftool")
+        .args(["-j", "map", "show", "pinned"])
+        .arg(Path::new(&g.pins).join(name))
+        .output()
+        .expect("bpftool");
+    assert!(
+        o.status.success(),
+        "bpftool: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).expect("bpftool json")
+}
+
+/// The previous release's `peerwall` (`tests/previous-release` names its commit): built by
+/// `cargo xtask setup` into the cache, or given as `$PEERWALL_PREVIOUS`.
+fn previous_peerwall() -> PathBuf {
+    if let Some(p) = std::env::var_os("PEERWALL_PREVIOUS") {
+        return PathBuf::from(p);
+    }
+    let commit =
+        std::fs::read_to_string(repo("tests/previous-release")).expect("tests/previous-release");
+    let cache = std::env::var_os("PEERWALL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/root".into()))
+                .join(".cache")
+                .join("peerwall")
+        });
+    let bin = cache
+        .join(format!("previous-{}", &commit.trim()[..12]))
+        .join("peerwall");
+    assert!(
+        bin.exists(),
+        "{} is missing: `cargo xtask setup` builds the previous release",
+        bin.display()
+    );
+    bin
+}
+
+/// A rolling update while traffic flows: the previous release's agent enforces (its pins, its
+/// nftables table), gets SIGTERM as a DaemonSet update sends it (enforcement stays), and this
+/// release's agent starts on the same pin directory and policy; then a policy change shows the
+/// new agent steers what it adopted. No denied datagram delivered, allowed lost within the
+/// baseline, and the kernel holds exactly the final policy.
+fn upgrade(backend: &'static str) {
+    let old = previous_peerwall();
+    let mut g = Gateway::new(backend);
+    g.spawn_binary(&old, &[]);
+    g.wait_enforced();
+    let secs = 6;
+    let base = baseline(&g, Duration::from_secs(secs));
+    let s = Stream::start(&g.t, Duration::from_millis(1));
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_millis(1500));
+    // The established flows' table as the previous release pinned it.
+    let flows_before = (backend == "bpf").then(|| pinned_map(&g, "FLOWS")["id"].clone());
+    if let Some(mut a) = g.agent.take() {
+        // SAFETY: kill(2) on our own child's pid (not reaped yet, so not reused).
+        unsafe { libc::kill(a.0.id() as i32, libc::SIGTERM) };
+        let status = a.0.wait().expect("wait");
+        assert!(
+            status.success(),
+            "the previous agent did not stop cleanly on SIGTERM: {status}"
+        );
+    }
+    g.spawn();
+    let v = 1;
+    // Started, adopted: now a change only this agent can make.
+    std::thread::sleep(Duration::from_millis(1500));
+    g.write(v);
+    let changed = Instant::now();
+    let mut recover = None;
+    while changed.elapsed() < Duration::from_secs(30) {
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.assert_state_is(v))).is_ok() {
+            recover = Some(changed.elapsed());
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        recover.is_some(),
+        "{backend}: the new agent never applied the change; its log:\n{}",
+        std::fs::read_to_string(g.log()).unwrap_or_default()
+    );
+    if let Some(rest) = Duration::from_secs(secs).checked_sub(started.elapsed()) {
+        std::thread::sleep(rest);
+    }
+    let counts = s.finish();
+    if let Some(before) = flows_before {
+        // Adopted: the connection state is the same map, not a new empty one.
+        assert_eq!(
+            pinned_map(&g, "FLOWS")["id"],
+            before,
+            "the upgrade replaced the established flows' table (connection state lost)"
+        );
+        // Migrated: the maps a flood inserts into have this release's per-CPU LRU lists,
+        // whatever the previous release pinned.
+        for m in ["FLOWS_NEW", "VERDICTS4", "VERDICTS6"] {
+            assert_eq!(
+                pinned_map(&g, m)["flags"],
+                2,
+                "{m} after the upgrade is not this release's map (BPF_F_NO_COMMON_LRU)"
+            );
+        }
+    }
+    check(&Row {
+        fault: "upgrade: the previous release's agent replaced by this one".into(),
+        backend,
+        load: format!(
+            "agent of {} stopped (SIGTERM), this one started on its pins and table, then a policy change; 1000 + 1000 datagrams/s",
+            &std::fs::read_to_string(repo("tests/previous-release")).expect("commit").trim()[..8]
+        ),
+        planned: secs * RATE,
+        counts,
+        baseline_lost: base.allowed_lost(),
+        recover_ms: recover.map(|d| d.as_millis() as u64),
+        flips: None,
+        min_judged: (0, 0),
+    });
+}
+
+#[test]
+fn nftables_upgrade_from_the_previous_release_under_traffic() {
+    upgrade("nftables");
+}
+
+#[test]
+fn bpf_upgrade_from_the_previous_release_under_traffic() {
+    upgrade("bpf");
 }

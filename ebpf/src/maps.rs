@@ -8,7 +8,7 @@ use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdicts4,
     DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord, ProtoKey,
     RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS, CPU_VERDICT_SETS, HOOK_SLOTS, MAX_CHAINS,
-    MAX_RULES,
+    MAX_RULES, NO_COMMON_LRU,
 };
 
 use crate::parse::Pkt;
@@ -24,10 +24,6 @@ pub(crate) const FLOWS_MAX: u32 = 1 << 16;
 pub(crate) const FLOW_IDLE_NS: u64 = 600_000_000_000;
 /// `BPF_F_NO_PREALLOC`: hash maps sized for millions of hosts take memory as entries come.
 pub(crate) const NO_PREALLOC: u32 = 1;
-/// `BPF_F_NO_COMMON_LRU`: an LRU hash whose free and LRU lists are per CPU (each CPU evicts
-/// among the entries it inserted, without the shared list's lock). For the maps a flood of new
-/// flows inserts into on every packet: the flows not replied yet and the verdict caches.
-pub(crate) const NO_COMMON_LRU: u32 = 1 << 1;
 
 macro_rules! slot_maps {
     ($src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident, $oif:ident,

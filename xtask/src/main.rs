@@ -16,6 +16,7 @@
 mod cycles;
 mod docs;
 mod image;
+mod previous;
 mod sizes;
 
 use std::path::{Path, PathBuf};
@@ -280,6 +281,7 @@ fn setup() -> Result<()> {
     setup_build()?;
     kube_build()?;
     image::images()?;
+    previous::ensure(&root(), &cache_dir(), step)?;
     println!("setup done");
     Ok(())
 }
@@ -357,6 +359,7 @@ fn check_cycles() -> Result<()> {
 /// Run the fault tests and write their figures into docs/reliability.md (section `faults`).
 fn reliability() -> Result<()> {
     setup_build()?;
+    previous::ensure(&root(), &cache_dir(), step)?;
     let rows_dir = target_dir().join("tmp").join("reliability");
     let _ = std::fs::remove_dir_all(&rows_dir);
     let mut t = cargo();

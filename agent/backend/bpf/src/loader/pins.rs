@@ -53,8 +53,10 @@ pub(super) fn pin_link<E: std::fmt::Display>(
 }
 
 /// Unpin verdict caches pinned by an older peerwall whose entries have another layout
-/// (`CachedVerdict` grew a field): the new object would otherwise reuse them, and the verifier
-/// refuse its reads past their end. Caches only: dropping one costs each flow one
+/// (`CachedVerdict` grew a field: the new object would otherwise reuse them, and the verifier
+/// refuse its reads past their end) or another definition (flags: a cache pinned before it
+/// had per-CPU LRU lists would be adopted as it is, and a flood of new flows would contend on
+/// its shared list until the next reboot). Caches only: dropping one costs each flow one
 /// classification. Programs still attached keep the old map until they are replaced. Returns
 /// the pins removed.
 pub(super) fn drop_stale_caches(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
@@ -77,7 +79,10 @@ pub(super) fn drop_stale_caches(pin_dir: &Path) -> Result<Vec<String>, BpfError>
         let info = MapData::from_pin(&path)
             .and_then(|d| d.info())
             .map_err(map_err(name))?;
-        if info.value_size() != value || info.key_size() != key as u32 {
+        if info.value_size() != value
+            || info.key_size() != key as u32
+            || info.map_flags() != peerwall_common::NO_COMMON_LRU
+        {
             std::fs::remove_file(&path).map_err(|source| BpfError::Io {
                 path: path.clone(),
                 source,

@@ -1,0 +1,70 @@
+//! The previous release's `peerwall`, for the upgrade fault (`tests/faults.rs`): the commit
+//! `tests/previous-release` names, built once into the cache as
+//! `<cache>/previous-<12 hex>/peerwall` (its sources and build tree are removed afterwards).
+//! The test finds it there, or at `$PEERWALL_PREVIOUS`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::docs::Step;
+
+/// Build the previous release unless the cache holds it; returns the binary.
+pub fn ensure(root: &Path, cache: &Path, step: Step) -> Result<PathBuf> {
+    let named = root.join("tests").join("previous-release");
+    let commit =
+        std::fs::read_to_string(&named).with_context(|| format!("reading {}", named.display()))?;
+    let commit = commit.trim();
+    if commit.len() < 12 || !commit.bytes().all(|b| b.is_ascii_hexdigit()) {
+        bail!("{}: {commit:?} is not a commit id", named.display());
+    }
+    let dir = cache.join(format!("previous-{}", &commit[..12]));
+    let bin = dir.join("peerwall");
+    if bin.exists() {
+        return Ok(bin);
+    }
+    let known = Command::new("git")
+        .current_dir(root)
+        .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
+        .status()
+        .context("running git")?;
+    if !known.success() {
+        bail!(
+            "the previous release {commit} is not in this clone (a shallow clone?): `git fetch --unshallow`, or set PEERWALL_PREVIOUS to its peerwall binary"
+        );
+    }
+    let src = dir.join("src");
+    let _ = std::fs::remove_dir_all(&src);
+    std::fs::create_dir_all(&src)?;
+    let tar = dir.join("src.tar");
+    let mut archive = Command::new("git");
+    archive
+        .current_dir(root)
+        .args(["archive", "--format=tar", "-o"])
+        .arg(&tar)
+        .arg(commit);
+    step(&format!("git archive {}", &commit[..12]), archive)?;
+    let mut untar = Command::new("tar");
+    untar.arg("-xf").arg(&tar).arg("-C").arg(&src);
+    step("unpacking the previous release", untar)?;
+    println!(
+        "building the previous release {} for the upgrade test (a few minutes, once)",
+        &commit[..12]
+    );
+    let target = dir.join("target");
+    let mut build = Command::new("cargo");
+    build
+        .current_dir(&src)
+        .args(["build", "--release", "--locked", "-p", "peerwall"])
+        .env("CARGO_TARGET_DIR", &target)
+        .env_remove("RUSTC")
+        .env_remove("CARGO");
+    step(&format!("building peerwall {}", &commit[..12]), build)?;
+    std::fs::copy(target.join("release").join("peerwall"), &bin)
+        .with_context(|| format!("copying the previous release to {}", bin.display()))?;
+    let _ = std::fs::remove_dir_all(&src);
+    let _ = std::fs::remove_dir_all(&target);
+    let _ = std::fs::remove_file(&tar);
+    Ok(bin)
+}
