@@ -374,12 +374,18 @@ fn reliability() -> Result<()> {
         "1",
     ]);
     run(t)?;
+    // The event flood through the API server (minutes per backend: PEERWALL_FLOOD_MINUTES).
+    kube_build()?;
+    let mut flood = cargo();
+    flood.args(["bench", "-p", "peerwall", "--bench", "events"]);
+    run(flood)?;
     let mut rows: Vec<serde_json::Value> = Vec::new();
     for e in std::fs::read_dir(&rows_dir)
         .with_context(|| format!("reading {}", rows_dir.display()))?
         .flatten()
     {
-        if e.path().extension().is_none_or(|x| x != "json") {
+        let flood_row = e.file_name().to_string_lossy().starts_with("flood-");
+        if e.path().extension().is_none_or(|x| x != "json") || flood_row {
             continue;
         }
         let text = std::fs::read_to_string(e.path())?;
@@ -446,9 +452,59 @@ fn reliability() -> Result<()> {
             new = format!("{}{start}\n{}{}", &new[..a], boot.concat(), &new[b..]);
         }
     }
+    let flood = flood_table(&rows_dir)?;
+    let (start, end) = ("<!-- flood:start -->", "<!-- flood:end -->");
+    if let (Some(a), Some(b)) = (new.find(start), new.find(end)) {
+        new = format!("{}{start}\n{flood}{}", &new[..a], &new[b..]);
+    }
     std::fs::write(&path, new)?;
-    print!("{md}");
+    print!("{md}{flood}");
     Ok(())
+}
+
+/// The event flood's rows (`agent/benches/events`) as a table.
+fn flood_table(rows_dir: &Path) -> Result<String> {
+    let mut md = String::from(
+        "| backend | flood | pods | samples | controller MiB (first → last quarter; slope) | agent MiB (first → last quarter; slope) | one pod to first packet, ms (first → last quarter; slope) | address no pod has reached |\n|---|---|---:|---:|---:|---:|---:|---|\n",
+    );
+    let mut files: Vec<PathBuf> = std::fs::read_dir(rows_dir)?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with("flood-"))
+        })
+        .collect();
+    files.sort();
+    for f in files {
+        let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&f)?)
+            .with_context(|| format!("{}", f.display()))?;
+        let pair = |k: &str, per: &str| {
+            format!(
+                "{:.1} → {:.1}; {:+.2}/min",
+                r[k][0].as_f64().unwrap_or(0.0),
+                r[k][1].as_f64().unwrap_or(0.0),
+                r[per].as_f64().unwrap_or(0.0)
+            )
+        };
+        md.push_str(&format!(
+            "| {} | {} API writes in {} min | {} | {} | {} | {} | {} | {} |\n",
+            r["backend"].as_str().unwrap_or_default(),
+            r["writes"],
+            r["minutes"],
+            r["pods_at_start"],
+            r["samples"].as_array().map_or(0, Vec::len),
+            pair("controller_mib", "controller_mib_per_min"),
+            pair("agent_mib", "agent_mib_per_min"),
+            pair("pod_ms", "pod_ms_per_min"),
+            if r["stranger_reached"].as_bool().unwrap_or(true) {
+                "**yes**"
+            } else {
+                "no"
+            },
+        ));
+    }
+    Ok(md)
 }
 
 /// cargo-fuzz in the cache, installed once per version.
