@@ -550,6 +550,20 @@ impl Gateway {
         }
     }
 
+    /// How long until the kernel holds exactly variant `v` (None: not within 30 s).
+    fn until_state_is(&self, v: usize) -> Option<Duration> {
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            let holds =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.assert_state_is(v)));
+            if holds.is_ok() {
+                return Some(started.elapsed());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// The kernel holds exactly variant `v`.
     fn assert_state_is(&self, v: usize) {
         match self.backend {
@@ -750,16 +764,8 @@ fn policy_swaps(
         }
     }
     let (counts, flip_sent, flip_got) = s.finish_flipping();
-    let settled = Instant::now();
     // The last write is in force once the agent has seen it.
-    let mut recover = None;
-    while settled.elapsed() < Duration::from_secs(30) {
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.assert_state_is(v))).is_ok() {
-            recover = Some(settled.elapsed());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let recover = g.until_state_is(v);
     assert!(recover.is_some(), "the final policy never came into force");
     let flips = judge(&applies(&g.log()), &flip_sent, &flip_got);
     check(&Row {
@@ -1268,15 +1274,7 @@ fn upgrade(backend: &'static str) {
     // Started, adopted: now a change only this agent can make.
     std::thread::sleep(Duration::from_millis(1500));
     g.write(v);
-    let changed = Instant::now();
-    let mut recover = None;
-    while changed.elapsed() < Duration::from_secs(30) {
-        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| g.assert_state_is(v))).is_ok() {
-            recover = Some(changed.elapsed());
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let recover = g.until_state_is(v);
     assert!(
         recover.is_some(),
         "{backend}: the new agent never applied the change; its log:\n{}",

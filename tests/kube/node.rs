@@ -14,6 +14,18 @@ use peerwall::k8s::gateways::netns::pod_netns;
 use crate::common::*;
 use peerwall_testkit::node::Node;
 
+#[path = "churn.rs"]
+mod churn;
+
+/// Gateway-pod recreations under a stream, per backend (`PEERWALL_CHURN`, default 25: 50 on
+/// the node in all).
+fn churn_times() -> usize {
+    std::env::var("PEERWALL_CHURN")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(25)
+}
+
 /// The consumer ("peer") cluster id; unique per run so pin directories never collide.
 fn peer_id() -> String {
     format!("consumer-{}", std::process::id())
@@ -716,20 +728,18 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     });
     assert_matrix(&consumer, &web, &db, "nftables after an agent restart");
 
-    // Gateway pod recreated: a new namespace, enforced again.
-    node.kubectl_ok(&[
-        "-n",
-        &format!("liqo-tenant-{peer}"),
-        "delete",
-        "pod",
-        "-l",
-        "networking.liqo.io/component=gateway",
-        "--wait=false",
-    ]);
-    let (gw2, took) = bring_up_gateway(&node, &consumer, &peer, &gw_key, "nftables", Some(&gw.uid));
-    eprintln!(
-        "nftables: recreated gateway enforced {} ms after its namespace appeared",
-        took.as_millis()
+    // Gateway pod recreated again and again under a stream: each new namespace enforced, the
+    // private pod never reached.
+    let gw2 = churn::churn(
+        &node,
+        &consumer,
+        &peer,
+        &gw_key,
+        "nftables",
+        gw,
+        &web,
+        &db,
+        churn_times(),
     );
     assert_matrix(
         &consumer,
@@ -789,19 +799,16 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     assert_matrix(&consumer, &web, &db, "bpf");
     let pins = pins_of(&peer);
     assert_eq!(pins.len(), 1, "one pin directory per gateway: {pins:?}");
-    node.kubectl_ok(&[
-        "-n",
-        &format!("liqo-tenant-{peer}"),
-        "delete",
-        "pod",
-        "-l",
-        "networking.liqo.io/component=gateway",
-        "--wait=false",
-    ]);
-    let (_gw4, took) = bring_up_gateway(&node, &consumer, &peer, &gw_key, "bpf", Some(&gw3.uid));
-    eprintln!(
-        "bpf: recreated gateway enforced {} ms after its namespace appeared",
-        took.as_millis()
+    let _gw4 = churn::churn(
+        &node,
+        &consumer,
+        &peer,
+        &gw_key,
+        "bpf",
+        gw3,
+        &web,
+        &db,
+        churn_times(),
     );
     assert_matrix(
         &consumer,

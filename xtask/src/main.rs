@@ -357,11 +357,20 @@ fn check_cycles() -> Result<()> {
 }
 
 /// Run the fault tests and write their figures into docs/reliability.md (section `faults`).
-fn reliability() -> Result<()> {
+fn reliability(args: &[String]) -> Result<()> {
+    let rows_dir = target_dir().join("tmp").join("reliability");
+    // `--report`: write the tables from the rows the last run left, running nothing.
+    if !args.iter().any(|a| a == "--report") {
+        run_reliability(&rows_dir)?;
+    }
+    report_reliability(&rows_dir)
+}
+
+/// Every fault, the node's gateway churn and the event flood; their rows go to `rows_dir`.
+fn run_reliability(rows_dir: &Path) -> Result<()> {
     setup_build()?;
     previous::ensure(&root(), &cache_dir(), step)?;
-    let rows_dir = target_dir().join("tmp").join("reliability");
-    let _ = std::fs::remove_dir_all(&rows_dir);
+    let _ = std::fs::remove_dir_all(rows_dir);
     let mut t = cargo();
     t.args([
         "test",
@@ -374,18 +383,37 @@ fn reliability() -> Result<()> {
         "1",
     ]);
     run(t)?;
+    // Gateway-pod churn on the real node (the node test, images first).
+    setup()?;
+    let mut node = cargo();
+    node.args([
+        "test",
+        "-p",
+        "peerwall",
+        "--test",
+        "kube",
+        "--",
+        "--exact",
+        "node::daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node",
+    ]);
+    run(node)?;
     // The event flood through the API server (minutes per backend: PEERWALL_FLOOD_MINUTES).
     kube_build()?;
     let mut flood = cargo();
     flood.args(["bench", "-p", "peerwall", "--bench", "events"]);
-    run(flood)?;
+    run(flood)
+}
+
+/// docs/reliability.md's tables from the rows in `rows_dir`.
+fn report_reliability(rows_dir: &Path) -> Result<()> {
     let mut rows: Vec<serde_json::Value> = Vec::new();
-    for e in std::fs::read_dir(&rows_dir)
+    for e in std::fs::read_dir(rows_dir)
         .with_context(|| format!("reading {}", rows_dir.display()))?
         .flatten()
     {
-        let flood_row = e.file_name().to_string_lossy().starts_with("flood-");
-        if e.path().extension().is_none_or(|x| x != "json") || flood_row {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let other = name.starts_with("flood-") || name.starts_with("churn-");
+        if e.path().extension().is_none_or(|x| x != "json") || other {
             continue;
         }
         let text = std::fs::read_to_string(e.path())?;
@@ -440,7 +468,7 @@ fn reliability() -> Result<()> {
         }
     }
     // The boot window, one line per backend, as measured.
-    let mut boot: Vec<String> = std::fs::read_dir(&rows_dir)?
+    let mut boot: Vec<String> = std::fs::read_dir(rows_dir)?
         .flatten()
         .filter(|e| e.file_name().to_string_lossy().starts_with("boot-"))
         .filter_map(|e| std::fs::read_to_string(e.path()).ok())
@@ -452,7 +480,12 @@ fn reliability() -> Result<()> {
             new = format!("{}{start}\n{}{}", &new[..a], boot.concat(), &new[b..]);
         }
     }
-    let flood = flood_table(&rows_dir)?;
+    let churn = churn_table(rows_dir)?;
+    let (start, end) = ("<!-- churn:start -->", "<!-- churn:end -->");
+    if let (Some(a), Some(b)) = (new.find(start), new.find(end)) {
+        new = format!("{}{start}\n{churn}{}", &new[..a], &new[b..]);
+    }
+    let flood = flood_table(rows_dir)?;
     let (start, end) = ("<!-- flood:start -->", "<!-- flood:end -->");
     if let (Some(a), Some(b)) = (new.find(start), new.find(end)) {
         new = format!("{}{start}\n{flood}{}", &new[..a], &new[b..]);
@@ -460,6 +493,36 @@ fn reliability() -> Result<()> {
     std::fs::write(&path, new)?;
     print!("{md}{flood}");
     Ok(())
+}
+
+/// The gateway-pod churn's rows (`tests/kube/churn.rs`) as a table.
+fn churn_table(rows_dir: &Path) -> Result<String> {
+    let mut md = String::from(
+        "| backend | gateway pods recreated | datagrams sent to each pod | offloaded pod received | private pod received | new namespace → enforced, ms (median, max) |\n|---|---:|---:|---:|---:|---:|\n",
+    );
+    for backend in ["bpf", "nftables"] {
+        let f = rows_dir.join(format!("churn-{backend}.json"));
+        let Ok(text) = std::fs::read_to_string(&f) else {
+            continue;
+        };
+        let r: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}", f.display()))?;
+        let mut ms: Vec<u64> = r["enforced_ms"]
+            .as_array()
+            .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+            .unwrap_or_default();
+        ms.sort_unstable();
+        md.push_str(&format!(
+            "| {backend} | {} | {} | {} | **{}** | {}, {} |\n",
+            r["recreations"],
+            r["sent_each"],
+            r["offloaded_received"],
+            r["private_received"],
+            ms.get(ms.len() / 2).copied().unwrap_or(0),
+            ms.last().copied().unwrap_or(0),
+        ));
+    }
+    Ok(md)
 }
 
 /// The event flood's rows (`agent/benches/events`) as a table.
@@ -778,7 +841,7 @@ fn main() -> Result<()> {
             run(c)
         }
         Some("fuzz") => fuzz(&args[1..]),
-        Some("reliability") => reliability(),
+        Some("reliability") => reliability(&args[1..]),
         Some("bench-netpol") => {
             setup_build()?;
             let mut c = cargo();
@@ -808,7 +871,7 @@ fn main() -> Result<()> {
             eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
             eprintln!("  bench-control  100k offloaded pods through kube-apiserver, controller and agent: one pod, churn, restart, RSS (root)");
             eprintln!("  bench-netpol  1000 NetworkPolicies over 10k pods: the tier, compile, full apply and one label change per backend (root)");
-            eprintln!("  reliability  the fault tests (tests/faults.rs), then their table in docs/reliability.md (root)");
+            eprintln!("  reliability  the fault tests (tests/faults.rs), the real node's gateway churn, the event flood (agent/benches/events), then their tables in docs/reliability.md; --report: the tables only, from the last run's rows (root)");
             eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 60 s each by default; findings land in tests/fuzz/artifacts (root)");
             eprintln!("  crd    regenerate deploy/base/crd.yaml from the Rust types");
             eprintln!("  docs   check the README's and docs/ links, build the book (mdbook) into <target>/book");

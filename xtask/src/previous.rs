@@ -24,12 +24,25 @@ pub fn ensure(root: &Path, cache: &Path, step: Step) -> Result<PathBuf> {
     if bin.exists() {
         return Ok(bin);
     }
-    let known = Command::new("git")
-        .current_dir(root)
-        .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
-        .status()
-        .context("running git")?;
-    if !known.success() {
+    let known = || {
+        Command::new("git")
+            .current_dir(root)
+            .args(["cat-file", "-e", &format!("{commit}^{{commit}}")])
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if !known() {
+        // A shallow clone lacks the history: fetch it from where the clone came from.
+        let _ = Command::new("git")
+            .current_dir(root)
+            .args(["fetch", "--quiet", "--unshallow"])
+            .status();
+        let _ = Command::new("git")
+            .current_dir(root)
+            .args(["fetch", "--quiet", "origin", commit])
+            .status();
+    }
+    if !known() {
         bail!(
             "the previous release {commit} is not in this clone (a shallow clone?): `git fetch --unshallow`, or set PEERWALL_PREVIOUS to its peerwall binary"
         );

@@ -20,6 +20,7 @@
 #[path = "../doc/mod.rs"]
 mod doc;
 
+mod agent;
 mod cluster;
 mod probe;
 
@@ -34,7 +35,8 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher;
 use kube::Client;
 
-use cluster::{pod_ip, ApiServer, Proc};
+use agent::{free_port, get, start_agent, Agent};
+use cluster::{pod_ip, ApiServer};
 use probe::Gateway;
 
 fn env_usize(name: &str, default: usize) -> usize {
@@ -42,34 +44,6 @@ fn env_usize(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
-}
-
-/// A free local port, never one handed out before in this run (a port given back by the
-/// OS could otherwise go to two processes, and one would answer for the other).
-fn free_port() -> u16 {
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    loop {
-        let p = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let mut given = GIVEN.lock().expect("ports");
-        if !given.contains(&p) {
-            given.push(p);
-            return p;
-        }
-    }
-}
-
-/// `GET path` on a local HTTP endpoint; the body, if it answered.
-fn get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(addr).ok()?;
-    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(c, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
-    let mut out = String::new();
-    c.read_to_string(&mut out).ok()?;
-    Some(out)
 }
 
 fn percentile(v: &[Duration], p: f64) -> Duration {
@@ -165,39 +139,6 @@ struct Row {
     restart: Duration,
     first_sync: Duration,
     agent_rss: f64,
-}
-
-struct Agent {
-    proc: Proc,
-    metrics: String,
-}
-
-fn start_agent(server: &ApiServer, gw: &Gateway, backend: &str, pins: &str, name: &str) -> Agent {
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let selector = format!("peerwall.io/remote-cluster-id={}", cluster::PEER);
-    let proc = server.peerwall(
-        name,
-        &[
-            "agent",
-            "--source",
-            "kube",
-            "--netns",
-            gw.gw.name(),
-            "--backend",
-            backend,
-            "--selector",
-            &selector,
-            "--host",
-            "bench",
-            "--pin-dir",
-            pins,
-            "--metrics-addr",
-            &metrics,
-            "--interval-ms",
-            "200",
-        ],
-    );
-    Agent { proc, metrics }
 }
 
 fn wait_ready(a: &mut Agent, limit: Duration) -> Duration {

@@ -14,6 +14,8 @@
 //! [`judge`]). One JSON row per backend goes to `$CARGO_TARGET_TMPDIR/reliability/` for
 //! docs/reliability.md.
 
+#[path = "../control/agent.rs"]
+mod agent;
 #[path = "../control/cluster.rs"]
 mod cluster;
 #[path = "../control/probe.rs"]
@@ -27,6 +29,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::Client;
 use serde_json::json;
 
+use agent::{free_port, get, start_agent, Agent};
 use cluster::{pod_ip, ApiServer, Proc};
 use probe::Gateway;
 
@@ -46,24 +49,6 @@ fn env_u64(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// A local port nobody listens on (the agent's metrics).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn get(addr: &str, path: &str) -> Option<String> {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(addr).ok()?;
-    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    write!(c, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
-    let mut out = String::new();
-    c.read_to_string(&mut out).ok()?;
-    Some(out)
-}
-
 /// Resident memory now (VmRSS), MiB.
 fn rss_mib(p: &Proc) -> f64 {
     std::fs::read_to_string(format!("/proc/{}/status", p.child.id()))
@@ -73,34 +58,6 @@ fn rss_mib(p: &Proc) -> f64 {
         .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         .unwrap_or(0.0)
         / 1024.0
-}
-
-fn start_agent(server: &ApiServer, gw: &Gateway, backend: &str, pins: &str) -> (Proc, String) {
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let selector = format!("peerwall.io/remote-cluster-id={}", cluster::PEER);
-    let proc = server.peerwall(
-        &format!("agent-{backend}"),
-        &[
-            "agent",
-            "--source",
-            "kube",
-            "--netns",
-            gw.gw.name(),
-            "--backend",
-            backend,
-            "--selector",
-            &selector,
-            "--host",
-            "bench",
-            "--pin-dir",
-            pins,
-            "--metrics-addr",
-            &metrics,
-            "--interval-ms",
-            "200",
-        ],
-    );
-    (proc, metrics)
 }
 
 /// One sample of the run.
@@ -241,7 +198,10 @@ async fn run(
     let minutes = env_u64("PEERWALL_FLOOD_MINUTES", 10);
     let gw = Gateway::new();
     let pins = format!("/sys/fs/bpf/pwflood{}", std::process::id());
-    let (agent, metrics) = start_agent(server, &gw, backend, &pins);
+    let Agent {
+        proc: agent,
+        metrics,
+    } = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}"));
     let started = Instant::now();
     while !get(&metrics, "/readyz").is_some_and(|b| b.ends_with("\r\n\r\nready\n")) {
         assert!(

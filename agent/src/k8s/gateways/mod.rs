@@ -9,8 +9,9 @@
 //!    entered the namespace), driven by its own Kubernetes source ([`super::agent`]) that
 //!    selects only that gateway's peer (`peerwall.io/remote-cluster-id=<peer>`);
 //! 4. stops it when the pod goes (bpf: its pins, under `<pin-dir>/gateways/<peer>_<uid8>`, are
-//!    removed) and starts a new one when the pod is recreated (new UID, new namespace) or its
-//!    sandbox is (same UID, new namespace).
+//!    removed once the pod's network namespace is gone, not before: a terminating pod still
+//!    forwards through its tunnel during its grace period) and starts a new one when the pod
+//!    is recreated (new UID, new namespace) or its sandbox is (same UID, new namespace).
 //!
 //! Restarting the agent changes nothing in force: nftables tables stay in the pods'
 //! namespaces and are replaced atomically by the next apply; bpf programs stay attached
@@ -86,11 +87,16 @@ struct Supervisor {
     /// Gateway pods wanted (by UID) and when each was first seen, for the "enforced after"
     /// log field.
     seen: BTreeMap<String, (Instant, GatewayPod)>,
+    /// Gateways whose pod is going (deleted, terminating) while its network namespace still
+    /// forwards: their bpf datapath stays attached until the namespace is gone (pin name → the
+    /// namespace's path and identity).
+    draining: BTreeMap<String, (PathBuf, Option<(u64, u64)>)>,
 }
 
 impl Supervisor {
     /// Bring the workers in line with the gateway pods on the node.
     fn sync(&mut self, pods: &[Arc<Pod>]) {
+        self.drain();
         let mut wanted: BTreeMap<String, GatewayPod> = BTreeMap::new();
         let mut skipped = BTreeMap::new();
         for p in pods {
@@ -281,17 +287,51 @@ impl Supervisor {
             }
         }
         if gone {
-            let pins = self.settings.gateway_pins().join(w.gateway.pin_name());
-            remove_pins(&pins);
-            handles::remove(Path::new(handles::HANDLES), &w.gateway.pin_name());
+            // A deleted pod's namespace forwards until its sandbox is torn down (the grace
+            // period: the tunnel is still up, the peer still sends). Unpinning the links now
+            // would detach the programs from traffic that still flows; nftables' tables stay
+            // with the namespace by themselves.
+            if w.ns_id.is_some() && netns::netns_id(&w.ns_path) == w.ns_id {
+                tracing::info!(gateway = %w.gateway.name, peer = %w.gateway.peer, "gateway pod going: its datapath stays attached until its network namespace is gone");
+                self.draining
+                    .insert(w.gateway.pin_name(), (w.ns_path.clone(), w.ns_id));
+            } else {
+                self.forget(&w.gateway.pin_name());
+            }
         }
         tracing::info!(gateway = %w.gateway.name, peer = %w.gateway.peer, pod_gone = gone, "stopped enforcing inside gateway pod");
+    }
+
+    /// Remove a gone gateway's pins and handle.
+    fn forget(&self, pin_name: &str) {
+        remove_pins(&self.settings.gateway_pins().join(pin_name));
+        handles::remove(Path::new(handles::HANDLES), pin_name);
+    }
+
+    /// Forget the draining gateways whose network namespace is gone.
+    fn drain(&mut self) {
+        let gone: Vec<String> = self
+            .draining
+            .iter()
+            .filter(|(_, (path, id))| netns::netns_id(path) != *id)
+            .map(|(name, _)| name.clone())
+            .collect();
+        for name in gone {
+            self.draining.remove(&name);
+            tracing::info!(pins = %name, "gateway network namespace gone: its datapath removed");
+            self.forget(&name);
+        }
     }
 
     /// Remove pin directories of gateways that are not on this node any more (the agent was
     /// down when they went). Gateways seen but not started yet keep theirs, for adoption.
     fn collect_garbage(&self) {
-        let keep: BTreeSet<String> = self.seen.values().map(|(_, g)| g.pin_name()).collect();
+        let keep: BTreeSet<String> = self
+            .seen
+            .values()
+            .map(|(_, g)| g.pin_name())
+            .chain(self.draining.keys().cloned())
+            .collect();
         let Ok(dir) = std::fs::read_dir(self.settings.gateway_pins()) else {
             return;
         };
@@ -378,6 +418,7 @@ pub fn run(
             skipped: BTreeMap::new(),
             failed: BTreeMap::new(),
             seen: BTreeMap::new(),
+            draining: BTreeMap::new(),
         };
         let mut first = true;
         while !stop.is_set() {

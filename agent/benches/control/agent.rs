@@ -1,0 +1,77 @@
+//! The processes under test: a free port for their metrics, `GET` on it, and the agent
+//! enforcing the bench peer's gateway configuration in a gateway namespace.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use crate::cluster::{self, ApiServer, Proc};
+use crate::probe::Gateway;
+
+/// A free local port, never one handed out before in this run (a port given back by the
+/// OS could otherwise go to two processes, and one would answer for the other).
+pub fn free_port() -> u16 {
+    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+    loop {
+        let p = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut given = GIVEN.lock().expect("ports");
+        if !given.contains(&p) {
+            given.push(p);
+            return p;
+        }
+    }
+}
+
+/// `GET path` on a local HTTP endpoint; the body, if it answered.
+pub fn get(addr: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).ok()?;
+    c.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(c, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
+    let mut out = String::new();
+    c.read_to_string(&mut out).ok()?;
+    Some(out)
+}
+
+/// An agent and where its metrics are served.
+pub struct Agent {
+    pub proc: Proc,
+    pub metrics: String,
+}
+
+/// `peerwall agent --source kube --netns GW` for the bench peer, with `backend` and `pins`.
+pub fn start_agent(
+    server: &ApiServer,
+    gw: &Gateway,
+    backend: &str,
+    pins: &str,
+    name: &str,
+) -> Agent {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let selector = format!("peerwall.io/remote-cluster-id={}", cluster::PEER);
+    let proc = server.peerwall(
+        name,
+        &[
+            "agent",
+            "--source",
+            "kube",
+            "--netns",
+            gw.gw.name(),
+            "--backend",
+            backend,
+            "--selector",
+            &selector,
+            "--host",
+            "bench",
+            "--pin-dir",
+            pins,
+            "--metrics-addr",
+            &metrics,
+            "--interval-ms",
+            "200",
+        ],
+    );
+    Agent { proc, metrics }
+}
