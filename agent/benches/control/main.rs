@@ -267,7 +267,8 @@ async fn measure(
     let agent_rss = agent_rss_before.max(again.proc.peak_rss_mib());
     println!("{backend}: restart in force after {} ms", ms(restart));
     drop(again);
-    let _ = std::fs::remove_dir_all(&pins);
+    // Pins and their slot metadata under /run (a plain remove_dir_all leaves the latter).
+    let _ = peerwall_backend_select::installed::forget_pins(std::path::Path::new(&pins));
     Row {
         backend,
         dir_one_pod: Vec::new(),
@@ -385,7 +386,8 @@ async fn measure_dir(
         ms(percentile(&out, 0.99))
     );
     drop(agent);
-    let _ = std::fs::remove_dir_all(&pins);
+    // Pins and their slot metadata under /run (a plain remove_dir_all leaves the latter).
+    let _ = peerwall_backend_select::installed::forget_pins(std::path::Path::new(&pins));
     out
 }
 

@@ -253,7 +253,8 @@ async fn run(
     let stranger_reached = gw.arrival(stranger).is_some();
     gw.probe(&[]);
     drop(agent);
-    let _ = std::fs::remove_dir_all(&pins);
+    // Pins and their slot metadata under /run (a plain remove_dir_all leaves the latter).
+    let _ = peerwall_backend_select::installed::forget_pins(std::path::Path::new(&pins));
     let pts = |f: fn(&Sample) -> f64| -> Vec<(f64, f64)> {
         samples.iter().map(|s| (s.minute, f(s))).collect()
     };
