@@ -75,3 +75,16 @@ pub fn start_agent(
     );
     Agent { proc, metrics }
 }
+
+/// The backends to measure: `PEERWALL_BENCH_BACKENDS` (comma-separated), both by default.
+pub fn backends() -> Vec<&'static str> {
+    std::env::var("PEERWALL_BENCH_BACKENDS")
+        .unwrap_or_else(|_| "nftables,bpf".into())
+        .split(',')
+        .filter_map(|b| match b.trim() {
+            "nftables" => Some("nftables"),
+            "bpf" => Some("bpf"),
+            _ => None,
+        })
+        .collect()
+}

@@ -401,15 +401,7 @@ fn main() {
         pods >= 1501,
         "PEERWALL_BENCH_PODS: at least 1501 (each backend deletes 500 of them)"
     );
-    let backends: Vec<&'static str> = std::env::var("PEERWALL_BENCH_BACKENDS")
-        .unwrap_or_else(|_| "nftables,bpf".into())
-        .split(',')
-        .filter_map(|b| match b.trim() {
-            "nftables" => Some("nftables"),
-            "bpf" => Some("bpf"),
-            _ => None,
-        })
-        .collect();
+    let backends = agent::backends();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -281,15 +281,7 @@ fn main() {
         "the event flood needs root (network namespaces)"
     );
     let pods = env_u64("PEERWALL_FLOOD_PODS", 10_000) as u32;
-    let backends: Vec<&'static str> = std::env::var("PEERWALL_BENCH_BACKENDS")
-        .unwrap_or_else(|_| "nftables,bpf".into())
-        .split(',')
-        .filter_map(|b| match b.trim() {
-            "nftables" => Some("nftables"),
-            "bpf" => Some("bpf"),
-            _ => None,
-        })
-        .collect();
+    let backends = agent::backends();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
