@@ -185,7 +185,7 @@ impl AddrSet {
 /// in it and are gone, and the ones that are new. Both sorted; a range never in both. This is
 /// exactly what a backend holding the canonical ranges must delete and add, so a one-address
 /// edit of a 100k-address set costs the backend one or two elements, not a diff of the set.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct RangeEdit {
     /// Canonical ranges no longer in the set.
     pub removed: std::collections::BTreeSet<AddrRange>,

@@ -20,7 +20,7 @@ pub use eval::{
 pub use sets::{SetChange, SetEditError, SetOp};
 
 /// The whole compiled policy of a host.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Hash)]
 pub struct Policy {
     /// Tables, sorted by (name, family).
     pub tables: Vec<Table>,
@@ -70,7 +70,7 @@ impl TableFamily {
 }
 
 /// One table.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct Table {
     /// nftables table name.
     pub name: String,
@@ -88,7 +88,7 @@ pub struct Table {
 }
 
 /// A named set.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct NamedSet {
     /// Set name.
     pub name: String,
@@ -100,7 +100,7 @@ pub struct NamedSet {
 }
 
 /// Contents of a named set.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub enum SetElements {
     /// Addresses of one family.
     Addr(AddrSet),
@@ -159,7 +159,7 @@ impl Hook {
 }
 
 /// A base chain.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct Chain {
     /// Name.
     pub name: String,
@@ -176,7 +176,7 @@ pub struct Chain {
 }
 
 /// A rule: all matches must hold, then the action runs.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct Rule {
     /// Name (unique in its chain).
     pub name: String,
@@ -200,7 +200,7 @@ pub struct RuleId {
 }
 
 /// A single-field match with its own negation.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub struct Match {
     /// `neq`.
     pub negate: bool,
@@ -227,7 +227,7 @@ pub enum IfDir {
 }
 
 /// Where a set of values came from: inline in the rule, or a named table set.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub enum Source {
     /// Written in the rule; `count` is how many values the user wrote.
     Inline {
@@ -240,7 +240,7 @@ pub enum Source {
 
 /// What a match tests. Each test holds only on packets where the field exists:
 /// an address test only on packets of its family, a port test only on TCP, UDP and SCTP.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub enum Test {
     /// Source or destination address in a set.
     Addr {
@@ -276,7 +276,7 @@ pub enum Test {
 }
 
 /// What a rule does.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub enum Action {
     /// Decides a verdict.
     Verdict(VerdictAction),
@@ -303,7 +303,7 @@ impl Action {
 }
 
 /// NAT action.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, Hash)]
 pub enum NatAction {
     /// Destination NAT.
     Dnat(NatTarget),
@@ -314,7 +314,7 @@ pub enum NatAction {
 }
 
 /// Where a NAT rule translates to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum NatTarget {
     /// One address.
     Addr(std::net::IpAddr),
@@ -348,22 +348,13 @@ impl fmt::Display for NatTarget {
 impl Policy {
     /// A short fingerprint of what this policy enforces (its tables; not the observed ones),
     /// logged with each apply so that which policy a host holds, and since when, can be read
-    /// from its log: equal for equal policies, in any process of the same build. FNV-1a (64
-    /// bit) over the tables' `Debug` text, which holds no hash-ordered collection.
+    /// from its log: equal for equal policies, in any process of the same build (SipHash with
+    /// fixed keys over the tables' derived `Hash`, a fraction of the compile's cost).
     pub fn digest(&self) -> u64 {
-        struct Fnv(u64);
-        impl std::fmt::Write for Fnv {
-            fn write_str(&mut self, s: &str) -> std::fmt::Result {
-                for b in s.bytes() {
-                    self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-                }
-                Ok(())
-            }
-        }
-        let mut h = Fnv(0xcbf2_9ce4_8422_2325);
-        // Writing into the hasher cannot fail.
-        let _ = std::fmt::Write::write_fmt(&mut h, format_args!("{:?}", self.tables));
-        h.0
+        use std::hash::{Hash, Hasher};
+        let mut h = std::hash::DefaultHasher::new();
+        self.tables.hash(&mut h);
+        h.finish()
     }
 
     /// The destination rewrites between ingress and the forward hook: NAT rules of the
