@@ -28,8 +28,8 @@ struct Loaded {
 fn loaded() -> &'static Mutex<Vec<Loaded>> {
     static L: OnceLock<Mutex<Vec<Loaded>>> = OnceLock::new();
     L.get_or_init(|| {
+        // Pins of earlier runs whose process is gone are swept by `BpfProbe::new`.
         let parent = peerwall_backend_bpf::loader::ensure_bpffs().expect("bpffs (run as root)");
-        remove_stale_probes(&parent);
         let ifaces: Vec<String> = IFACES.iter().map(|s| s.to_string()).collect();
         let v = policies(POLICIES)
             .into_iter()
@@ -40,22 +40,6 @@ fn loaded() -> &'static Mutex<Vec<Loaded>> {
             .collect();
         Mutex::new(v)
     })
-}
-
-/// libFuzzer exits without dropping statics: pins of earlier runs whose process is gone.
-fn remove_stale_probes(parent: &std::path::Path) {
-    for e in std::fs::read_dir(parent).into_iter().flatten().flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let Some(pid) = name
-            .strip_prefix("pwprobe-")
-            .and_then(|r| r.split('-').next())
-        else {
-            continue;
-        };
-        if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
-            let _ = peerwall_backend_bpf::loader::remove_pins(&e.path());
-        }
-    }
 }
 
 /// An IPv4 or IPv6 frame too short for the fixed IP header.
