@@ -22,7 +22,9 @@ use peerwall_backend_bpf::loader::ensure_bpffs;
 use peerwall_intent::types::*;
 use peerwall_policy::compile::compile;
 use peerwall_policy::ir::{self, CtState, Packet, Policy, Verdict};
-use peerwall_policy::testgen::{as_yaml, objects, random_packet, random_specs, run_table, IFACES};
+use peerwall_policy::testgen::{
+    as_yaml, dispatch_table, objects, random_packet, random_specs, run_table, IFACES,
+};
 use peerwall_probe::bpf::BpfProbe;
 use peerwall_probe::{NftProbe, ProbeError};
 use rand::rngs::StdRng;
@@ -269,7 +271,7 @@ fn merged_rule_runs_equal_reference() {
                 &policy,
                 peerwall_backend_nftables::RenderOptions {
                     force_counters: true,
-                    events: None,
+                    ..Default::default()
                 },
             )
             .iter()
@@ -277,6 +279,62 @@ fn merged_rule_runs_equal_reference() {
         })
         .count();
     assert!(merged >= 20, "only {merged} of 50 policies merge a run");
+}
+
+/// Policies with long runs of address lookups, which the nftables backend dispatches through a
+/// verdict map to one chain per class of addresses: the kernel's verdict and deciding rule (its
+/// counters, added up over the classes that copy it) equal the reference's.
+#[test]
+fn dispatched_runs_equal_reference() {
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 12);
+    let packets = env_num("PEERWALL_DIFF_PACKETS", 25) * 2;
+    let tables = |rng: &mut StdRng| {
+        (0..rng.random_range(1..3))
+            .map(|i| dispatch_table(rng, ["t0", "t1"][i]))
+            .collect()
+    };
+    let cases = run_with(
+        &[Engine::Nftables],
+        "dispatched runs",
+        policies,
+        packets,
+        tables,
+    );
+    assert_eq!(cases, policies * packets);
+    // The generator makes runs the backend dispatches, with classes of several rules.
+    let mut rng = StdRng::seed_from_u64(7);
+    let (mut dispatched, mut shared) = (0, 0);
+    for _ in 0..50 {
+        let specs = tables(&mut rng);
+        let policy = compile(&objects(&specs)).expect("compiles").policy;
+        let rendered = peerwall_backend_nftables::render_policy(
+            &policy,
+            peerwall_backend_nftables::RenderOptions {
+                force_counters: true,
+                ..Default::default()
+            },
+        );
+        if rendered.iter().any(|t| !t.regular.is_empty()) {
+            dispatched += 1;
+        }
+        let copies = rendered
+            .iter()
+            .flat_map(|t| &t.rules)
+            .filter(|r| r.chain.starts_with("__pw_k"))
+            .count();
+        let originals: usize = rendered.iter().map(|t| t.regular.len()).sum();
+        if copies > originals {
+            shared += 1;
+        }
+    }
+    assert!(
+        dispatched >= 35,
+        "only {dispatched} of 50 policies dispatch a run"
+    );
+    assert!(
+        shared >= 20,
+        "only {shared} of 50 policies have classes of several rules"
+    );
 }
 
 #[test]

@@ -406,6 +406,99 @@ pub fn run_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
     }
 }
 
+/// A table whose chains hold long runs (8-14 rules) that each look the destination (or, in
+/// some chains, the source) address up in a list of addresses from the packet pools, with
+/// random further matches, verdicts and counters, broken now and then by a rule without that
+/// lookup, and a catch-all: what the nftables backend dispatches through a verdict map
+/// (addresses in several lists make classes of several rules). Inet tables mix IPv4 and IPv6
+/// rules.
+pub fn dispatch_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
+    let family = *pick(
+        rng,
+        &[TableFamily::Ipv4, TableFamily::Inet, TableFamily::Ipv6],
+    );
+    let chains = (0..rng.random_range(1..3))
+        .map(|ci| {
+            let position = if rng.random_bool(0.75) {
+                MatchPosition::Dst
+            } else {
+                MatchPosition::Src
+            };
+            let mut rules: Vec<FilterRule> = (0..rng.random_range(8..15))
+                .map(|ri| {
+                    let six = match family {
+                        TableFamily::Ipv6 => true,
+                        TableFamily::Inet => rng.random_bool(0.3),
+                        _ => false,
+                    };
+                    let mut m = Vec::new();
+                    // One rule in twenty breaks the run.
+                    if !rng.random_bool(0.05) {
+                        let n = rng.random_range(1..6);
+                        let value = (0..n).map(|_| addr(rng, six)).collect::<Vec<_>>().join(",");
+                        m.push(Match {
+                            op: Some(MatchOperation::Eq),
+                            ip: Some(MatchIp {
+                                value,
+                                position: Some(position),
+                            }),
+                            ..Match::default()
+                        });
+                    }
+                    for _ in 0..rng.random_range(0..2) {
+                        m.push(random_match(rng, six, &[]));
+                    }
+                    FilterRule {
+                        name: Some(format!("d{ri}")),
+                        r#match: m,
+                        action: Some(*pick(
+                            rng,
+                            &[
+                                FilterAction::Accept,
+                                FilterAction::Accept,
+                                FilterAction::Drop,
+                                FilterAction::Reject,
+                            ],
+                        )),
+                        value: None,
+                        counter: Some(rng.random_bool(0.8)),
+                    }
+                })
+                .collect();
+            rules.push(FilterRule {
+                name: Some("rest".into()),
+                r#match: Vec::new(),
+                action: Some(*pick(rng, &[FilterAction::Accept, FilterAction::Drop])),
+                value: None,
+                counter: Some(true),
+            });
+            Chain {
+                name: Some(format!("c{ci}")),
+                rules: RulesSet {
+                    filter_rules: Some(rules),
+                    ..RulesSet::default()
+                },
+                type_: Some(ChainType::Filter),
+                policy: Some(ChainPolicy::Accept),
+                hook: Some(*pick(
+                    rng,
+                    &[ChainHook::Forward, ChainHook::Forward, ChainHook::Input],
+                )),
+                priority: Some(ci),
+            }
+        })
+        .collect();
+    FirewallConfigurationSpec {
+        table: Table {
+            name: Some(name.into()),
+            family: Some(family),
+            chains,
+            sets: Vec::new(),
+        },
+        audit: false,
+    }
+}
+
 /// A random packet (forwarded 80%, else to the gateway), of any ct state.
 pub fn random_packet(rng: &mut StdRng) -> Packet {
     let six = rng.random_bool(0.35);

@@ -1,7 +1,8 @@
 //! The nftables backend (default), in flow order:
 //!
 //! - [`model`]: typed tables, sets, chains, rules, expressions and transaction commands;
-//! - [`render`]: IR → the model, one table per FirewallConfiguration; [`text`] for humans;
+//! - [`render`]: IR → the model, one table per FirewallConfiguration ([`dispatch`]: long runs
+//!   of address lookups as one verdict-map jump); [`text`] for humans;
 //! - [`mod@plan`]: pure diff of models: unchanged structure → set element add/delete
 //!   (O(changes)); changed structure → the table is recreated in the same transaction;
 //! - [`runner`]: who executes a transaction: the `nft` process ([`Nft`], the only place the
@@ -13,6 +14,7 @@
 //!   of it; [`error`] and [`report`]: what a call gives back.
 
 pub mod conntrack;
+pub mod dispatch;
 pub mod error;
 pub mod events;
 pub mod json;
@@ -219,7 +221,8 @@ impl<R: Runner> NftBackend<R> {
     /// Make `policy` the policy in force when it differs from the last one applied only by
     /// `changes`: one transaction deleting and adding just the changed elements, nothing
     /// listed or diffed. Falls back to [`apply`](Self::apply) when a change does not fit what
-    /// is in the kernel (a table not applied yet, a set that would render differently now).
+    /// is in the kernel (a table not applied yet, a set that would render differently now, a
+    /// set that decides a dispatch map: [`dispatch`]).
     pub fn update_sets(
         &mut self,
         policy: &ir::Policy,
@@ -234,6 +237,7 @@ impl<R: Runner> NftBackend<R> {
             let hash = render::renders_as_hash(contents);
             let fits = self.applied.get(&c.table).is_some_and(|t| {
                 t.family == c.family
+                    && !t.dispatch_sources.contains(&c.set)
                     && t.sets.iter().any(|s| {
                         s.name == c.set
                             && s.interval != hash

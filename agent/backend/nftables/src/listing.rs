@@ -228,6 +228,49 @@ impl Listing {
                 out.push(counter(rule, c));
             }
         }
+        self.in_base_chains(out)
+    }
+
+    /// Counters of rules in dispatch class chains ([`crate::dispatch`]) counted in the base
+    /// chain they came from, each rule's copies added up: the counters the rules would have
+    /// without dispatch. A class chain `__pw_k<run>_…` belongs to the chain whose rule looks up
+    /// the run's map `__pw_v<run>_…`.
+    fn in_base_chains(&self, counters: Vec<RuleCounter>) -> Vec<RuleCounter> {
+        let run_of = |name: &str, kind: char| -> Option<String> {
+            let rest = name
+                .strip_prefix(model::AUTO_SET_PREFIX)?
+                .strip_prefix(kind)?;
+            rest.split_once('_').map(|(run, _)| run.to_string())
+        };
+        let base: BTreeMap<(String, String), String> = self
+            .rules
+            .iter()
+            .flat_map(|r| {
+                r.lookups.iter().filter_map(move |l| {
+                    run_of(l, 'v').map(|run| ((r.table.clone(), run), r.chain.clone()))
+                })
+            })
+            .collect();
+        let mut out: Vec<RuleCounter> = Vec::with_capacity(counters.len());
+        let mut at: BTreeMap<(String, String, String), usize> = BTreeMap::new();
+        for mut c in counters {
+            if let Some(chain) =
+                run_of(&c.chain, 'k').and_then(|run| base.get(&(c.table.clone(), run)))
+            {
+                c.chain = chain.clone();
+            }
+            match at.entry((c.table.clone(), c.chain.clone(), c.rule.clone())) {
+                std::collections::btree_map::Entry::Occupied(e) => {
+                    let x = &mut out[*e.get()];
+                    x.packets += c.packets;
+                    x.bytes += c.bytes;
+                }
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(out.len());
+                    out.push(c);
+                }
+            }
+        }
         out
     }
 

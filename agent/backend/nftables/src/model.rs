@@ -54,6 +54,12 @@ pub struct Table {
     pub sets: Vec<Set>,
     /// Base chains, in IR order (by name).
     pub chains: Vec<Chain>,
+    /// Regular chains that a dispatch map jumps to ([`crate::dispatch`]), each with the base
+    /// chain whose rules it holds (their counters count there).
+    pub regular: Vec<Regular>,
+    /// Sets whose contents decide a dispatch map's elements: a change to one of them is
+    /// rendered again rather than edited in place. Follows from the rest (not compared).
+    pub dispatch_sources: Vec<String>,
     /// Rules, in order.
     pub rules: Vec<Rule>,
     /// The table's event rate limit: a named limit object ([`EVENT_LIMIT`]) that every log
@@ -81,6 +87,7 @@ impl Table {
             && self.family == other.family
             && self.owner == other.owner
             && self.chains == other.chains
+            && self.regular == other.regular
             && self.rules == other.rules
             && self.event_limit == other.event_limit
             && self.sets.len() == other.sets.len()
@@ -89,6 +96,7 @@ impl Table {
                     && a.key == b.key
                     && a.interval == b.interval
                     && a.counter == b.counter
+                    && a.verdict_map == b.verdict_map
                     && (!a.is_merged() && !b.is_merged() || a == b)
             })
     }
@@ -155,6 +163,9 @@ pub struct Set {
     /// Each element's comment, in the order of `elements` (a merged rule's set: the name of
     /// the rule the element stands for); empty for other sets.
     pub comments: Vec<String>,
+    /// A verdict map (`type ipv4_addr : verdict`): its elements are [`Element::Jump`], an
+    /// address and the chain it jumps to ([`crate::dispatch`]).
+    pub verdict_map: bool,
 }
 
 impl Set {
@@ -180,6 +191,35 @@ pub enum Element {
     PortRange(u16, u16),
     /// A concatenation (an element of a merged rule's set).
     Tuple(Tuple),
+    /// An element of a verdict map: an address and the chain its packets jump to.
+    Jump(IpAddr, ClassChain),
+}
+
+/// A regular chain a dispatch map jumps to: one class of addresses of one dispatched run of
+/// rules ([`crate::dispatch`]). Named by the run and by a hash of which of its rules the class
+/// holds, so that an address joining an existing class is one map element.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClassChain {
+    /// The run, numbered in table order.
+    pub run: u32,
+    /// Hash of the rules (positions in the run) the class holds.
+    pub class: u64,
+}
+
+impl ClassChain {
+    /// The chain's name: `__pw_k<run>_<class>`.
+    pub fn name(self) -> String {
+        format!("{AUTO_SET_PREFIX}k{}_{:016x}", self.run, self.class)
+    }
+}
+
+/// A regular chain of a table and the base chain its rules came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Regular {
+    /// Its name ([`ClassChain::name`]).
+    pub name: String,
+    /// The base chain whose rules it holds.
+    pub base: String,
 }
 
 /// Which fields a merged rule's set key concatenates, always in this order: destination and
@@ -447,6 +487,13 @@ pub enum Expr {
     Masquerade,
     /// `limit name "…"`: stops the rule when the named limit is exceeded.
     LimitRef(String),
+    /// `ip daddr vmap @map`: jump to the chain the map gives for the key, if any.
+    Vmap {
+        /// What is looked up.
+        key: Key,
+        /// The verdict map's name.
+        map: String,
+    },
     /// `log prefix "…" group N` (NFLOG: the packet goes to the listener of group N).
     Log {
         /// Prefix (what the event reader decodes: [`crate::events`]).

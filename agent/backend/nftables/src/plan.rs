@@ -185,6 +185,7 @@ mod tests {
                     .collect(),
                 counter: false,
                 comments: Vec::new(),
+                verdict_map: false,
             }],
             chains: vec![Chain {
                 name: "c".into(),
@@ -193,6 +194,8 @@ mod tests {
                 priority: prio,
                 policy: Policy::Accept,
             }],
+            regular: vec![],
+            dispatch_sources: vec![],
             rules: vec![],
             event_limit: None,
         }

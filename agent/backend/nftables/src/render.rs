@@ -30,6 +30,9 @@ pub struct RenderOptions {
     pub force_counters: bool,
     /// Report events through NFLOG ([`crate::events`]); None: no log rules.
     pub events: Option<EventOptions>,
+    /// Keep long runs of address lookups as they are instead of dispatching them through a
+    /// verdict map ([`crate::dispatch`]): what the benchmark compares dispatch against.
+    pub linear: bool,
 }
 
 /// How events are logged.
@@ -115,6 +118,7 @@ fn addr_set(name: String, set: &AddrSet) -> Set {
             elements,
             counter: false,
             comments: Vec::new(),
+            verdict_map: false,
         }
     } else {
         Set {
@@ -124,6 +128,7 @@ fn addr_set(name: String, set: &AddrSet) -> Set {
             elements: addr_elems(set),
             counter: false,
             comments: Vec::new(),
+            verdict_map: false,
         }
     }
 }
@@ -354,6 +359,7 @@ fn merged_rule(
         elements,
         counter: m.counter,
         comments,
+        verdict_map: false,
     });
     exprs.push(Expr::Match {
         negate: false,
@@ -383,6 +389,7 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
                 elements: port_elems(p),
                 counter: false,
                 comments: Vec::new(),
+                verdict_map: false,
             },
         })
         .collect();
@@ -453,7 +460,7 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
             }
         }
     }
-    Table {
+    let mut table = Table {
         name: t.name.clone(),
         family: t.family,
         owner: sanitize_owner(&t.origin.0),
@@ -463,12 +470,18 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
             .iter()
             .map(|c| chain_of(c, t.audit && c.kind == ir::ChainKind::Filter))
             .collect(),
+        regular: Vec::new(),
+        dispatch_sources: Vec::new(),
         rules,
         event_limit: opts.events.map(|e| EventLimit {
             rate: e.rate,
             burst: e.burst,
         }),
+    };
+    if !opts.linear {
+        crate::dispatch::dispatch(&mut table);
     }
+    table
 }
 
 fn sanitize_owner(s: &str) -> String {

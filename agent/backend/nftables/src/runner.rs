@@ -263,9 +263,11 @@ impl FakeState {
             .into_iter()
             .filter_map(|c| c.get("add").cloned())
             .map(|mut o| {
-                if let Some(set) = o.get_mut("set").and_then(Value::as_object_mut) {
-                    if !elements {
-                        set.remove("elem");
+                for kind in ["set", "map"] {
+                    if let Some(set) = o.get_mut(kind).and_then(Value::as_object_mut) {
+                        if !elements {
+                            set.remove("elem");
+                        }
                     }
                 }
                 o

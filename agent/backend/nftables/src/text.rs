@@ -20,6 +20,7 @@ fn element(e: &Element) -> String {
         Element::AddrRange(a, b) => format!("{a}-{b}"),
         Element::Port(p) => p.to_string(),
         Element::PortRange(a, b) => format!("{a}-{b}"),
+        Element::Jump(a, to) => format!("{a} : jump {}", to.name()),
         Element::Tuple(t) => t
             .parts()
             .iter()
@@ -117,6 +118,7 @@ fn stmt(e: &Expr) -> String {
         }
         Expr::Masquerade => "masquerade".into(),
         Expr::LimitRef(name) => format!("limit name {name:?}"),
+        Expr::Vmap { key: k, map } => format!("{} vmap @{map}", key(k)),
         Expr::Log { prefix, group } => format!("log prefix {prefix:?} group {group}"),
     }
 }
@@ -136,28 +138,10 @@ pub fn foreign_table_text(t: &Table) -> String {
 fn text_of(t: &Table, marker: bool) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "table {} {} {{", t.family.nft(), t.name);
-    for s in &t.sets {
-        let _ = writeln!(out, "\tset {} {{", s.name);
-        let _ = writeln!(out, "\t\ttype {}", s.key.nft());
-        if s.interval {
-            let _ = writeln!(out, "\t\tflags interval");
-        }
-        if s.counter {
-            let _ = writeln!(out, "\t\tcounter");
-        }
-        if !s.elements.is_empty() {
-            let items: Vec<String> = if s.is_merged() {
-                s.elements
-                    .iter()
-                    .zip(&s.comments)
-                    .map(|(e, c)| format!("{} comment {c:?}", element(e)))
-                    .collect()
-            } else {
-                s.elements.iter().map(element).collect()
-            };
-            let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
-        }
-        let _ = writeln!(out, "\t}}");
+    // Each object after what it names: sets, the event limit, the chains the maps jump to
+    // (with their rules), the maps, the base chains.
+    for s in t.sets.iter().filter(|s| !s.verdict_map) {
+        set_text(&mut out, s);
     }
     if let Some(l) = &t.event_limit {
         let _ = writeln!(
@@ -167,6 +151,14 @@ fn text_of(t: &Table, marker: bool) -> String {
             l.rate,
             l.burst
         );
+    }
+    for c in &t.regular {
+        let _ = writeln!(out, "\tchain {} {{", c.name);
+        rules_text(&mut out, t, &c.name);
+        let _ = writeln!(out, "\t}}");
+    }
+    for s in t.sets.iter().filter(|s| s.verdict_map) {
+        set_text(&mut out, s);
     }
     for c in &t.chains {
         let _ = writeln!(out, "\tchain {} {{", c.name);
@@ -181,13 +173,7 @@ fn text_of(t: &Table, marker: bool) -> String {
                 Policy::Drop => "drop",
             }
         );
-        for r in t.rules.iter().filter(|r| r.chain == c.name) {
-            let mut line: Vec<String> = r.exprs.iter().map(stmt).collect();
-            if !r.comment.is_empty() {
-                line.push(format!("comment {:?}", r.comment));
-            }
-            let _ = writeln!(out, "\t\t{}", line.join(" "));
-        }
+        rules_text(&mut out, t, &c.name);
         let _ = writeln!(out, "\t}}");
     }
     if marker {
@@ -199,4 +185,40 @@ fn text_of(t: &Table, marker: bool) -> String {
     }
     let _ = writeln!(out, "}}");
     out
+}
+
+fn rules_text(out: &mut String, t: &Table, chain: &str) {
+    for r in t.rules.iter().filter(|r| r.chain == chain) {
+        let mut line: Vec<String> = r.exprs.iter().map(stmt).collect();
+        if !r.comment.is_empty() {
+            line.push(format!("comment {:?}", r.comment));
+        }
+        let _ = writeln!(out, "\t\t{}", line.join(" "));
+    }
+}
+
+fn set_text(out: &mut String, s: &crate::model::Set) {
+    let kind = if s.verdict_map { "map" } else { "set" };
+    let value = if s.verdict_map { " : verdict" } else { "" };
+    let _ = writeln!(out, "\t{kind} {} {{", s.name);
+    let _ = writeln!(out, "\t\ttype {}{value}", s.key.nft());
+    if s.interval {
+        let _ = writeln!(out, "\t\tflags interval");
+    }
+    if s.counter {
+        let _ = writeln!(out, "\t\tcounter");
+    }
+    if !s.elements.is_empty() {
+        let items: Vec<String> = if s.is_merged() {
+            s.elements
+                .iter()
+                .zip(&s.comments)
+                .map(|(e, c)| format!("{} comment {c:?}", element(e)))
+                .collect()
+        } else {
+            s.elements.iter().map(element).collect()
+        };
+        let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
+    }
+    let _ = writeln!(out, "\t}}");
 }

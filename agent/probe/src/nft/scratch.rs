@@ -147,7 +147,7 @@ impl NftProbe {
             policy,
             render::RenderOptions {
                 force_counters: true,
-                events: None,
+                ..render::RenderOptions::default()
             },
         ))?;
         // Only probes may move the counters: whatever the scratch gateway itself sends (echo

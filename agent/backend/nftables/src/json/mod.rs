@@ -97,8 +97,10 @@ fn create(t: &Table) -> Vec<Value> {
 pub fn digest(t: &Table) -> String {
     let mut h = fnv::FnvHasher::default();
     for mut c in body(t) {
-        if let Some(set) = c.pointer_mut("/add/set").and_then(Value::as_object_mut) {
-            set.remove("elem");
+        for kind in ["/add/set", "/add/map"] {
+            if let Some(set) = c.pointer_mut(kind).and_then(Value::as_object_mut) {
+                set.remove("elem");
+            }
         }
         std::hash::Hasher::write(&mut h, c.to_string().as_bytes());
     }
@@ -114,7 +116,19 @@ fn body(t: &Table) -> Vec<Value> {
         json!({"add": {"rule": {"family": fam, "table": t.name, "chain": MARKER_CHAIN,
             "comment": format!("{MARKER_PREFIX}{}", t.owner), "expr": [{"counter": null}]}}}),
     ];
-    cmds.extend(t.sets.iter().map(|s| json!({"add": {"set": set(t, s)}})));
+    // Regular chains before the maps whose elements jump to them.
+    cmds.extend(
+        t.regular
+            .iter()
+            .map(|c| json!({"add": {"chain": {"family": fam, "table": t.name, "name": c.name}}})),
+    );
+    cmds.extend(t.sets.iter().map(|s| {
+        if s.verdict_map {
+            json!({"add": {"map": set(t, s)}})
+        } else {
+            json!({"add": {"set": set(t, s)}})
+        }
+    }));
     if let Some(l) = &t.event_limit {
         cmds.push(json!({"add": {"limit": {"family": fam, "table": t.name,
             "name": model::EVENT_LIMIT, "rate": l.rate, "per": "second", "burst": l.burst}}}));
@@ -139,6 +153,9 @@ fn set(t: &Table, s: &Set) -> Value {
         many => json!(many),
     };
     let mut v = json!({"family": t.family.nft(), "table": t.name, "name": s.name, "type": ty});
+    if s.verdict_map {
+        v["map"] = json!("verdict");
+    }
     if s.interval {
         v["flags"] = json!(["interval"]);
     }
@@ -209,6 +226,7 @@ pub fn element(e: &Element) -> Value {
                 TuplePart::Elem(e) => element(e),
             })
             .collect::<Vec<_>>()}),
+        Element::Jump(a, to) => json!([a.to_string(), {"jump": {"target": to.name()}}]),
     }
 }
 
@@ -306,6 +324,7 @@ pub fn expr(e: &Expr) -> Value {
         }
         Expr::Masquerade => json!({"masquerade": null}),
         Expr::LimitRef(name) => json!({ "limit": name }),
+        Expr::Vmap { key: k, map } => json!({"vmap": {"key": key(k), "data": format!("@{map}")}}),
         Expr::Log { prefix, group } => json!({"log": {"prefix": prefix, "group": group}}),
     }
 }

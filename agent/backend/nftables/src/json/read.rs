@@ -1,6 +1,6 @@
 //! libnftables JSON (`nft -j list …`) read into the typed [`Listing`]: the only place a
-//! listing's JSON is interpreted. Objects of kinds the backend has no use for (maps,
-//! flowtables, named counters, limits) are skipped; a malformed object of a kind it reads is
+//! listing's JSON is interpreted. Verdict maps are read as sets. Objects of kinds the backend
+//! has no use for (flowtables, named counters, limits) are skipped; a malformed object of a kind it reads is
 //! an error naming the object, never silently a default.
 
 use serde_json::Value;
@@ -31,7 +31,8 @@ pub fn listing(objects: &[Value]) -> Result<Listing, NftError> {
                 name: text(inner, "name", kind)?,
             }),
             "chain" => out.chains.push(chain(inner)?),
-            "set" => out.sets.push(set(inner)?),
+            // A verdict map is read as a set: its elements (address and jump) compared as text.
+            "set" | "map" => out.sets.push(set(inner)?),
             "rule" => out.rules.push(rule(inner)?),
             _ => {}
         }
@@ -144,7 +145,13 @@ fn rule(r: &Value) -> Result<ListedRule, NftError> {
     let statements: &[Value] = r["expr"].as_array().map(Vec::as_slice).unwrap_or(&[]);
     let lookups = statements
         .iter()
-        .filter_map(|e| e.get("match")?["right"].as_str()?.strip_prefix('@'))
+        .filter_map(|e| {
+            e.get("match")
+                .map(|m| &m["right"])
+                .or_else(|| e.get("vmap").map(|m| &m["data"]))?
+                .as_str()?
+                .strip_prefix('@')
+        })
         .map(str::to_string)
         .collect();
     let logs = statements

@@ -121,8 +121,15 @@ fn a_malformed_object_is_an_error_naming_it() {
         .remove("chain");
     let e = read::listing(&k).expect_err("no chain").to_string();
     assert!(e.contains("rule.chain") && e.contains("deny-rest"), "{e}");
-    // Kinds the backend does not read are skipped, whatever they hold.
+    // Kinds the backend does not read are skipped, whatever they hold; a map is read (as a
+    // set: dispatch maps are peerwall's), so a malformed one is an error.
+    let mut k = kernel(0);
+    k.push(json!({"flowtable": {"weird": true}}));
+    assert!(read::listing(&k).is_ok());
     let mut k = kernel(0);
     k.push(json!({"map": {"weird": true}}));
-    assert!(read::listing(&k).is_ok());
+    let e = read::listing(&k)
+        .expect_err("a map without family")
+        .to_string();
+    assert!(e.contains("set.family") && e.contains("weird"), "{e}");
 }
