@@ -651,3 +651,141 @@ fn a_run_of_rules_becomes_one_set_lookup_with_the_same_verdicts() {
     assert!(!c.iter().any(|c| c.rule == "r2"), "{c:?}");
     drop(listeners);
 }
+
+/// A long run of rules that each look the destination up in a named set (the shape of the
+/// NetworkPolicy tier) is dispatched through a verdict map to one chain per class of
+/// addresses: real connections get the reference's verdict, the counters name the deciding
+/// rules, the kernel's map elements are what was applied (drift), and an address joining an
+/// existing class is two elements in place (its set's and the map's), a new class a new table.
+#[test]
+fn a_long_run_of_set_lookups_is_dispatched_with_the_same_verdicts() {
+    use peerwall_policy::ir::{self, VerdictAction};
+    let t = Topology::new();
+    // s<i> for rule r<i> (port 8000+i); 10.20.1.2 in s0-s4, 10.20.1.3 in s5, 10.20.9.9 in s0
+    // only (so that the class "s0 alone" exists), 10.20.3.1 (`extra`) where the test puts it.
+    let doc = |extra: &[usize]| {
+        let mut y = String::from(
+            "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: np, namespace: liqo-tenant-cluster1}\nspec:\n  table:\n    name: np\n    family: IPV4\n    sets:\n",
+        );
+        for i in 0..10 {
+            let mut members: Vec<&str> = Vec::new();
+            if i < 5 {
+                members.push("10.20.1.2");
+            }
+            if i == 5 {
+                members.push("10.20.1.3");
+            }
+            if i == 0 {
+                members.push("10.20.9.9");
+            }
+            if extra.contains(&i) {
+                members.push("10.20.3.1");
+            }
+            let elems: String = members.iter().map(|m| format!("{{key: {m}}},")).collect();
+            y.push_str(&format!(
+                "      - {{name: s{i}, keyType: ipv4_addr, elements: [{elems}]}}\n"
+            ));
+        }
+        y.push_str("    chains:\n      - name: fwd\n        hook: forward\n        policy: accept\n        priority: 0\n        type: filter\n        rules:\n          filterRules:\n");
+        for i in 0..10 {
+            y.push_str(&format!(
+                "            - name: r{i}\n              action: accept\n              match:\n                - op: eq\n                  ip: {{value: \"@s{i}\", position: dst}}\n                - op: eq\n                  proto: {{value: tcp}}\n                - op: eq\n                  port: {{value: \"{}\", position: dst}}\n",
+                8000 + i
+            ));
+        }
+        y.push_str(&format!(
+            "            - name: deny\n              action: drop\n              match:\n                - op: eq\n                  dev: {{value: {TUNNEL}, position: in}}\n"
+        ));
+        let objs = peerwall_intent::load::parse_all(&y, "test").expect("parses");
+        compile::compile(&objs.objects).expect("compiles").policy
+    };
+    let pods = ["10.20.1.2", "10.20.1.3", "10.20.3.1"];
+    // Both edges of the class of 10.20.1.2 (r0-r4), r5's port, r7's, one no rule names.
+    let ports: Vec<u16> = vec![7999, 8000, 8004, 8005, 8007, 8009];
+    let mut listeners = Vec::new();
+    for pod in pods {
+        for p in &ports {
+            listeners.push(Listener::tcp(&t.provider, pod, *p));
+        }
+    }
+    let grid = |policy: &ir::Policy| {
+        let mut accepted = 0;
+        for pod in pods {
+            for p in &ports {
+                let pkt = ir::Packet {
+                    src: "10.10.1.67".parse().unwrap(),
+                    dst: pod.parse().unwrap(),
+                    proto: ir::eval::proto::TCP,
+                    sport: 40000,
+                    dport: *p,
+                    iif: Some(TUNNEL.into()),
+                    oif: Some(GENEVE.into()),
+                    ct_state: ir::CtState::New,
+                };
+                let want = ir::eval::evaluate(policy, &pkt).verdict == VerdictAction::Accept;
+                accepted += usize::from(want);
+                assert_eq!(
+                    tcp_connects(&t.consumer, "10.10.1.67", pod, *p),
+                    want,
+                    "{pod}:{p} (reference: {})",
+                    if want { "accept" } else { "drop" }
+                );
+            }
+        }
+        accepted
+    };
+    let policy = doc(&[]);
+    let mut b = NftBackend::new(Nft::in_netns(t.gateway.name()));
+    b.apply(&policy).expect("apply");
+    let listing = nft_list(&t.gateway, &["list", "table", "ip", "np"]);
+    assert!(
+        listing.contains("ip daddr vmap @__pw_v0_4")
+            && listing.contains("type ipv4_addr : verdict"),
+        "{listing}"
+    );
+    assert!(
+        !listing.contains("ip daddr @s3"),
+        "the run is gone from fwd: {listing}"
+    );
+    assert_eq!(grid(&policy), 3, "the grid covers both verdicts");
+    assert_eq!(
+        b.drift_check(true).unwrap(),
+        Vec::<Drift>::new(),
+        "map elements too"
+    );
+    // The deciding rules counted, in their chain, copies added up.
+    let c = b.counters().unwrap();
+    for r in ["r0", "r4", "r5"] {
+        assert!(
+            c.iter()
+                .any(|c| c.rule == r && c.chain == "fwd" && c.packets >= 2),
+            "{r}: {c:?}"
+        );
+    }
+    assert!(!c.iter().any(|c| c.chain.starts_with("__pw_")), "{c:?}");
+
+    // 10.20.3.1 joins s0: the class of 10.20.9.9, one set and one map element.
+    let joined = doc(&[0]);
+    let r = b.apply(&joined).expect("apply");
+    assert!(r.recreated.is_empty(), "{r:?}");
+    assert_eq!(r.element_changes, 2, "{r:?}");
+    assert_eq!(grid(&joined), 4);
+    assert_eq!(b.drift_check(true).unwrap(), Vec::<Drift>::new());
+
+    // ... and s7 too: a class no address had, a new chain: the table is recreated.
+    let new_class = doc(&[0, 7]);
+    let r = b.apply(&new_class).expect("apply");
+    assert_eq!(r.recreated, ["np"], "{r:?}");
+    assert_eq!(grid(&new_class), 5);
+    assert_eq!(b.drift_check(true).unwrap(), Vec::<Drift>::new());
+
+    // A map element removed behind the agent's back is drift.
+    Nft::in_netns(t.gateway.name())
+        .apply_text("delete element ip np __pw_v0_4 { 10.20.1.3 }\n")
+        .unwrap();
+    assert_eq!(
+        b.drift_check(true).unwrap(),
+        vec![Drift::Modified { table: "np".into() }]
+    );
+    drop(listeners);
+}
