@@ -129,6 +129,17 @@ fn main() {
         .iter()
         .map(|ch| ch.rules.filter_rules.as_ref().map_or(0, Vec::len))
         .collect();
+    // What nftables makes of it: the ingress chain's run of lookups dispatched to classes.
+    let rendered = peerwall_backend_nftables::render_policy(&policy, Default::default());
+    let classes: usize = rendered.iter().map(|t| t.regular.len()).sum();
+    let copies = rendered
+        .iter()
+        .flat_map(|t| &t.rules)
+        .filter(|r| t_is_class(&r.chain))
+        .count();
+    println!(
+        "nftables: {classes} address classes holding {copies} rule copies (dispatch, `RenderOptions::linear` off)"
+    );
     println!(
         "tier: {} sets, {elements} elements, rules per chain {rules:?}; tier {} ms, compile {} ms",
         sets,
@@ -234,7 +245,7 @@ fn main() {
     let mut md = String::new();
     md.push_str("## NetworkPolicies at scale (`cargo xtask bench-netpol`)\n\n");
     md.push_str(&format!(
-        "{pods} pods ({remote} on the peer's virtual node) in {NAMESPACES} namespaces, {policies} NetworkPolicies (ingress from a namespace selector and a pod selector, on a named port); medians of {rounds} rounds. The tier for the peer: {sets} sets holding {elements} addresses (identical address lists shared), {} rules in its ingress chain. In process, no API server: the controller's tier computation and the agent's compile and apply, in a scratch gateway namespace; `bench-control` measures the API server and watch path for pod addresses.\n\n",
+        "{pods} pods ({remote} on the peer's virtual node) in {NAMESPACES} namespaces, {policies} NetworkPolicies (ingress from a namespace selector and a pod selector, on a named port); medians of {rounds} rounds. The tier for the peer: {sets} sets holding {elements} addresses (identical address lists shared), {} rules in its ingress chain (on nftables, a verdict map dispatches them to {classes} classes of addresses holding {copies} rule copies). In process, no API server: the controller's tier computation and the agent's compile and apply, in a scratch gateway namespace; `bench-control` measures the API server and watch path for pod addresses.\n\n",
         rules.first().copied().unwrap_or(0)
     ));
     md.push_str("| step | time (ms) |\n|---|---:|\n");
@@ -262,4 +273,9 @@ fn main() {
     ));
     print!("{md}");
     doc::write_section("netpol", md.trim_end()).expect("write docs/bench.md");
+}
+
+/// A dispatch class chain's name (`__pw_k…`).
+fn t_is_class(chain: &str) -> bool {
+    chain.starts_with("__pw_k")
 }

@@ -19,6 +19,9 @@ pub(crate) enum Datapath {
     TcEmpty,
     TcHash,
     PeerwallNft,
+    /// peerwall nftables with address dispatch off (`RenderOptions::linear`): every rule of a
+    /// long run of lookups looked up in turn. Only where dispatch changes the rendering.
+    PeerwallNftLinear,
     PeerwallBpf,
     /// peerwall bpf on a gateway whose kernel conntrack is on (Liqo's remapping NAT), as
     /// `ConntrackOnly`: the same baseline the nftables row has.
@@ -34,12 +37,13 @@ pub(crate) enum Datapath {
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 13] = [
+    pub(crate) const ALL: [Datapath; 14] = [
         Datapath::None,
         Datapath::ConntrackOnly,
         Datapath::TcEmpty,
         Datapath::TcHash,
         Datapath::PeerwallNft,
+        Datapath::PeerwallNftLinear,
         Datapath::PeerwallBpf,
         Datapath::PeerwallBpfConntrack,
         Datapath::PeerwallXdp,
@@ -56,6 +60,7 @@ impl Datapath {
             Datapath::TcEmpty => "limit: empty tcx program",
             Datapath::TcHash => "limit: tcx, one hash lookup",
             Datapath::PeerwallNft => "peerwall nftables",
+            Datapath::PeerwallNftLinear => "peerwall nftables, no address dispatch",
             Datapath::PeerwallBpf => "peerwall bpf (tcx)",
             Datapath::PeerwallBpfConntrack => "peerwall bpf (tcx), conntrack on",
             Datapath::PeerwallXdp => "peerwall bpf + XDP",
@@ -382,6 +387,30 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
                 &["apply", "-f", &file.to_string_lossy()],
             );
         }
+        Datapath::PeerwallNftLinear => {
+            let yaml = serde_yaml::to_string(&p.fwc).expect("yaml");
+            let objs = peerwall_intent::load::parse_all(&yaml, "bench").expect("parses");
+            let policy = peerwall_policy::compile::compile(&objs.objects)
+                .expect("compiles")
+                .policy;
+            let render = |linear| {
+                peerwall_backend_nftables::render_policy(
+                    &policy,
+                    peerwall_backend_nftables::RenderOptions {
+                        linear,
+                        ..Default::default()
+                    },
+                )
+            };
+            let linear = render(true);
+            if linear == render(false) {
+                return None;
+            }
+            let mut b = peerwall_backend_nftables::NftBackend::new(
+                peerwall_backend_nftables::Nft::in_netns(lab.gw.name()),
+            );
+            b.apply_rendered(linear).expect("apply");
+        }
         Datapath::PeerwallBpf | Datapath::PeerwallXdp => {
             std::fs::write(&file, serde_yaml::to_string(&p.fwc).expect("yaml")).expect("write");
             let pins = lab.pins();
@@ -490,7 +519,7 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
 pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
     match dp {
         Datapath::None => {}
-        Datapath::PeerwallNft => {
+        Datapath::PeerwallNft | Datapath::PeerwallNftLinear => {
             in_ns(&lab.gw, peerwall_bin(), &["delete"]);
         }
         Datapath::PeerwallNftEvents | Datapath::PeerwallBpfEvents => {
