@@ -51,7 +51,8 @@ pub fn start_agent(
 ) -> Agent {
     let metrics = format!("127.0.0.1:{}", free_port());
     let selector = format!("peerwall.io/remote-cluster-id={}", cluster::PEER);
-    let proc = server.peerwall(
+    // JSON lines with the engine's applies (debug): what `trace` splits samples by.
+    let proc = server.peerwall_logging(
         name,
         &[
             "agent",
@@ -71,7 +72,10 @@ pub fn start_agent(
             &metrics,
             "--interval-ms",
             "200",
+            "--log-format",
+            "json",
         ],
+        "info,peerwall::engine=debug,kube=warn",
     );
     Agent { proc, metrics }
 }

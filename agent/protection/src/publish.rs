@@ -40,6 +40,9 @@ fn reached(seen: &str, written: &str) -> bool {
 struct Entry {
     /// What the API shows, and whether every host applied that version.
     observed: Option<(Version, Slice)>,
+    /// The spec generation `observed` was read at: a new version of the same generation
+    /// (a host writing its status) holds the same addresses, which are not read again.
+    generation: Option<i64>,
     applied: bool,
     /// Our write, until the API shows it: the version it got (`None` while in flight).
     written: Option<(Option<Version>, Slice)>,
@@ -156,12 +159,15 @@ impl PeerSlices {
         }
     }
 
-    /// The API shows `slice` at `version`, applied by every host or not. `content` is read
-    /// only when the version is new.
+    /// The API shows `slice` at `version` (of spec `generation`, when the API counts them),
+    /// applied by every host or not. `content` is read only when the version is new and its
+    /// generation too: status writes (every host's condition) move the version alone, and at
+    /// 100 slices of 1000 addresses reading them again held the next pod back by 0.3 s.
     pub fn observe(
         &mut self,
         name: &str,
         version: &str,
+        generation: Option<i64>,
         applied: bool,
         content: impl FnOnce() -> Slice,
     ) {
@@ -171,15 +177,31 @@ impl PeerSlices {
             if e.observed.as_ref().is_some_and(|(v, _)| v == version) {
                 return;
             }
+            let same_spec = generation.is_some() && e.generation == generation;
+            if let (true, Some(o)) = (same_spec, e.observed.as_mut()) {
+                o.0 = version.to_string();
+                let caught_up = e
+                    .written
+                    .as_ref()
+                    .is_some_and(|(w, _)| w.as_deref().is_some_and(|w| reached(version, w)));
+                if caught_up {
+                    let old = e.effective().cloned();
+                    e.written = None;
+                    self.replace_effective(name, old, false);
+                }
+                return;
+            }
         }
         let old = self.entries.get(name).and_then(Entry::effective).cloned();
         let e = self.entries.entry(name.to_string()).or_insert(Entry {
             observed: None,
+            generation: None,
             applied,
             written: None,
             seen: true,
         });
         e.observed = Some((version.to_string(), content()));
+        e.generation = generation;
         if let Some((Some(w), _)) = &e.written {
             if reached(version, w) {
                 e.written = None;
@@ -333,6 +355,7 @@ impl PeerSlices {
             }
             let e = self.entries.entry(name.clone()).or_insert(Entry {
                 observed: None,
+                generation: None,
                 applied: true,
                 written: None,
                 seen: true,

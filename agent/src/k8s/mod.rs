@@ -147,6 +147,8 @@ pub async fn client() -> anyhow::Result<kube::Client> {
 pub struct Changes {
     /// Woken on every event (coalesced).
     pub notify: tokio::sync::Notify,
+    /// A second wake-up, for a second consumer of the same events (a `Notify` wakes one).
+    pub notify_also: tokio::sync::Notify,
     count: std::sync::atomic::AtomicU64,
     /// Watches whose last answer was an error (the API server unreachable, for example).
     failing: std::sync::atomic::AtomicU64,
@@ -156,6 +158,7 @@ impl Changes {
     fn bump(&self) {
         self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.notify.notify_one();
+        self.notify_also.notify_one();
     }
 
     /// Events seen so far.
@@ -243,11 +246,33 @@ where
         + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
 {
+    cache_trimmed(api, wc, dyntype, changed, |_| {})
+}
+
+/// [`cache`], each object passed through `trim` before it is stored (fields nothing reads
+/// dropped: a 100k-pod cache of whole pods is gigabytes).
+pub fn cache_trimmed<K>(
+    api: kube::Api<K>,
+    wc: kube::runtime::watcher::Config,
+    dyntype: K::DynamicType,
+    changed: std::sync::Arc<Changes>,
+    trim: fn(&mut K),
+) -> kube::runtime::reflector::Store<K>
+where
+    K: kube::Resource
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
+{
     use futures::StreamExt;
     use kube::runtime::WatchStreamExt;
     let writer = kube::runtime::reflector::store::Writer::new(dyntype);
     let reader = writer.as_reader();
-    let stream = kube::runtime::reflector(writer, kube::runtime::watcher(api, wc))
+    let stream = kube::runtime::reflector(writer, kube::runtime::watcher(api, wc).modify(trim))
         .default_backoff()
         .scan(false, move |failing, ev| {
             if let Err(e) = &ev {

@@ -47,6 +47,43 @@ pub fn pod_ips(p: &Pod) -> Vec<IpAddr> {
     ips
 }
 
+/// Drop what neither [`cluster`] nor the protection index reads from a pod before it is cached:
+/// managed fields, annotations, owners, volumes, every container field but its name and
+/// ports, every status field but the phase and addresses. The controller caches every pod of
+/// the cluster (100k pods: gigabytes whole).
+pub fn trim_pod(p: &mut Pod) {
+    let m = &mut p.metadata;
+    m.managed_fields = None;
+    m.annotations = None;
+    m.owner_references = None;
+    m.finalizers = None;
+    m.generate_name = None;
+    if let Some(spec) = p.spec.as_mut() {
+        let kept = k8s_openapi::api::core::v1::PodSpec {
+            node_name: spec.node_name.take(),
+            containers: std::mem::take(&mut spec.containers)
+                .into_iter()
+                .map(|c| k8s_openapi::api::core::v1::Container {
+                    name: c.name,
+                    ports: c.ports,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        };
+        *spec = kept;
+    }
+    if let Some(st) = p.status.as_mut() {
+        let kept = k8s_openapi::api::core::v1::PodStatus {
+            phase: st.phase.take(),
+            pod_ip: st.pod_ip.take(),
+            pod_ips: st.pod_ips.take(),
+            ..Default::default()
+        };
+        *st = kept;
+    }
+}
+
 /// Whether a pod is gone for traffic (finished, or being deleted).
 fn gone(p: &Pod) -> bool {
     let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());

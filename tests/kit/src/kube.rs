@@ -105,11 +105,16 @@ impl ApiServer {
     /// A peerwall subcommand talking to this server, its log in the run directory; stopped
     /// (SIGTERM) on drop.
     pub fn peerwall(&self, name: &str, args: &[&str]) -> Proc {
+        self.peerwall_logging(name, args, "info,kube=warn")
+    }
+
+    /// [`peerwall`](Self::peerwall) with its own log filter (`PEERWALL_LOG`).
+    pub fn peerwall_logging(&self, name: &str, args: &[&str], filter: &str) -> Proc {
         let log = self.dir.join(format!("{name}.log"));
         let child = Command::new(&self.peerwall)
             .args(args)
             .env("KUBECONFIG", &self.kubeconfig)
-            .env("PEERWALL_LOG", "info,kube=warn")
+            .env("PEERWALL_LOG", filter)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).expect("log file"))

@@ -52,6 +52,8 @@ fn pod(peer: &str, name: &str, ip: IpAddr) -> Pod {
 #[derive(Clone, Debug)]
 struct Obj {
     version: u64,
+    /// Spec generation: moved by writes of the slice, not by status (`applied`) writes.
+    generation: i64,
     slice: Slice,
     applied: bool,
 }
@@ -87,7 +89,13 @@ impl Sim {
             s.begin_sync();
             for ((p, name), o) in cache {
                 if p == peer {
-                    s.observe(name, &o.version.to_string(), o.applied, || o.slice.clone());
+                    s.observe(
+                        name,
+                        &o.version.to_string(),
+                        Some(o.generation),
+                        o.applied,
+                        || o.slice.clone(),
+                    );
                 }
             }
             s.end_sync();
@@ -120,10 +128,15 @@ impl Sim {
             }
         }
         self.version += 1;
+        let generation = self
+            .truth
+            .get(&(peer.to_string(), s.name.clone()))
+            .map_or(1, |o| o.generation + 1);
         self.truth.insert(
             (peer.to_string(), s.name.clone()),
             Obj {
                 version: self.version,
+                generation,
                 slice: s.clone(),
                 applied: false,
             },
@@ -219,10 +232,13 @@ fn random_interleavings_keep_reuse_gated_slices_bounded_and_converge() {
                     }
                 }
                 5 => {
-                    // Agents apply what they were given.
+                    // Agents apply what they were given (a status write: a new version of
+                    // the same generation).
                     for o in sim.truth.values_mut() {
-                        if rng.random_bool(0.5) {
+                        if rng.random_bool(0.5) && !o.applied {
                             o.applied = true;
+                            sim.version += 1;
+                            o.version = sim.version;
                         }
                     }
                     sim.snapshot();
@@ -247,7 +263,11 @@ fn random_interleavings_keep_reuse_gated_slices_bounded_and_converge() {
         // Quiet: the cache catches up, agents apply, every peer reconciles until nothing is left.
         for _ in 0..10 {
             for o in sim.truth.values_mut() {
-                o.applied = true;
+                if !o.applied {
+                    o.applied = true;
+                    sim.version += 1;
+                    o.version = sim.version;
+                }
             }
             sim.snapshot();
             sim.cache_at = sim.history.len() - 1;
@@ -303,6 +323,8 @@ fn one_pod_at_100k_writes_one_slice_and_reads_nothing_else() {
     // The cache shows the writes, agents apply them.
     for o in sim.truth.values_mut() {
         o.applied = true;
+        sim.version += 1;
+        o.version = sim.version;
     }
     sim.snapshot();
     sim.cache_at = sim.history.len() - 1;
@@ -354,6 +376,7 @@ fn an_edit_by_someone_else_is_repaired() {
     o.slice.addresses.insert(IpAddr::from([192, 168, 0, 1]));
     sim.version += 1;
     o.version = sim.version;
+    o.generation += 1;
     sim.snapshot();
     sim.cache_at = sim.history.len() - 1;
     let plan = reconcile(&mut sim, &mut pb, "alpha");

@@ -121,6 +121,8 @@ struct Agent {
     /// After a failed apply: when to try the round again, and the wait that led there
     /// (doubling up to [`RETRY_MAX`]). Nothing else would start a round until the API changes.
     retry: Option<(std::time::Instant, Duration)>,
+    /// Conditions being written in the background.
+    writer: report::Writer,
 }
 
 /// Longest wait between two attempts at a failing apply.
@@ -631,6 +633,7 @@ pub fn run(
             } else {
                 tokio::task::block_in_place(|| engine.maintain());
             }
+            agent.pump().await;
             // Not ready while the API server is away (what is in force stays in force).
             engine.set_source_connected(changed.connected());
             // The switch flipped: the conditions say so at the next round.
@@ -825,6 +828,7 @@ impl Agent {
             ignored: BTreeMap::new(),
             backend,
             retry: None,
+            writer: report::Writer::default(),
         }
     }
 }

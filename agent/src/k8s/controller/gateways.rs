@@ -81,9 +81,14 @@ pub(super) fn sync_published(pb: &mut Publisher, ctx: &Ctx) {
         slices.begin_sync();
         for o in objs {
             let version = o.resource_version().unwrap_or_default();
-            slices.observe(&o.name_any(), &version, applied_everywhere(&o), || {
-                slice_of(&o)
-            });
+            let generation = o.metadata.generation;
+            slices.observe(
+                &o.name_any(),
+                &version,
+                generation,
+                applied_everywhere(&o),
+                || slice_of(&o),
+            );
         }
         slices.end_sync();
     }
@@ -151,6 +156,36 @@ pub(super) fn published_configs(ctx: &Ctx) -> BTreeMap<String, (bool, BTreeSet<I
     out
 }
 
+/// The fast loop: only `peer`'s slices (the addresses pods bring and take away).
+pub(super) async fn reconcile_slices(
+    ns: Arc<Namespace>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, ReconcileError> {
+    let Some(peer) = ns.labels().get(crate::k8s::REMOTE_CLUSTER_ID).cloned() else {
+        return Ok(Action::await_change());
+    };
+    if ns.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    let who = protection::Peer {
+        id: peer.clone(),
+        tenant_namespace: ns.name_any(),
+        sources: per_peer(&ctx, protection::configuration_sources)
+            .remove(&peer)
+            .unwrap_or_default(),
+    };
+    let held = publish_slices(&ns, &who, &ctx).await?;
+    Ok(if held > 0 {
+        // An address is waiting for another tenant to release it.
+        Action::requeue(Duration::from_millis(500))
+    } else {
+        Action::await_change()
+    })
+}
+
+/// The whole peer: its slices first (nothing to write when the fast loop already did), then
+/// what is read from the whole cluster: the gateway configuration, the NetworkPolicy tier,
+/// the offloaded namespaces' policies, the companions.
 pub(super) async fn reconcile_gateway(
     ns: Arc<Namespace>,
     ctx: Arc<Ctx>,
