@@ -318,6 +318,10 @@ pub fn run(
         };
         let covered = super::coverage::run(client.clone(), coverage, ctx.metrics.clone());
         let stopped = stop.wait();
+        // The two loops on tasks of their own: polled together in one task, a pass of the
+        // second (CPU over every pod) would hold the first back anyway.
+        let slices = tokio::spawn(slices);
+        let gateways = tokio::spawn(gateways);
         tokio::select! {
             _ = slices => {},
             _ = gateways => {},

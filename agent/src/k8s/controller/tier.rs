@@ -62,7 +62,7 @@ pub(super) async fn publish_tier(
     audit: bool,
 ) -> Result<(), ReconcileError> {
     let ns_name = ns.name_any();
-    let tier = netpol::tier::tier(cluster, &peer.id, audit);
+    let tier = tokio::task::block_in_place(|| netpol::tier::tier(cluster, &peer.id, audit));
     let problems = unreadable
         .iter()
         .map(|u| {
