@@ -277,9 +277,14 @@ fn main() {
     let cp: Vec<ControlRow> = Datapath::ALL
         .iter()
         .filter(|d| {
+            // Dispatch off is a rendering compared on the data plane only (its control
+            // plane is peerwall nftables').
             !matches!(
                 d,
-                Datapath::None | Datapath::PeerwallXdp | Datapath::PeerwallBpfConntrack
+                Datapath::None
+                    | Datapath::PeerwallXdp
+                    | Datapath::PeerwallBpfConntrack
+                    | Datapath::PeerwallNftLinear
             ) && !d.is_limit()
                 && d.without_events().is_none()
         })

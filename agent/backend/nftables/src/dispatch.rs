@@ -14,7 +14,7 @@
 //! (the set update path re-renders, [`crate::NftBackend::update_sets`]); a new class is a new
 //! chain, and the table is recreated in one transaction. Runs shorter than [`MIN_RUN`] stay
 //! as they are, and so does a run whose classes would copy too many rules
-//! ([`within_budget`]).
+//! (`within_budget`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hasher;

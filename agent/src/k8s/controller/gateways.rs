@@ -156,31 +156,40 @@ pub(super) fn published_configs(ctx: &Ctx) -> BTreeMap<String, (bool, BTreeSet<I
     out
 }
 
+/// The peer a tenant namespace stands for, unless it is being deleted.
+fn tenant_peer(ns: &Namespace, ctx: &Ctx) -> Option<protection::Peer> {
+    let peer = ns.labels().get(crate::k8s::REMOTE_CLUSTER_ID)?.clone();
+    if ns.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    Some(protection::Peer {
+        tenant_namespace: ns.name_any(),
+        sources: per_peer(ctx, protection::configuration_sources)
+            .remove(&peer)
+            .unwrap_or_default(),
+        id: peer,
+    })
+}
+
+/// Requeued while an address waits for another tenant to release it.
+fn after_slices(held: usize) -> Action {
+    if held > 0 {
+        Action::requeue(Duration::from_millis(500))
+    } else {
+        Action::await_change()
+    }
+}
+
 /// The fast loop: only `peer`'s slices (the addresses pods bring and take away).
 pub(super) async fn reconcile_slices(
     ns: Arc<Namespace>,
     ctx: Arc<Ctx>,
 ) -> Result<Action, ReconcileError> {
-    let Some(peer) = ns.labels().get(crate::k8s::REMOTE_CLUSTER_ID).cloned() else {
+    let Some(who) = tenant_peer(&ns, &ctx) else {
         return Ok(Action::await_change());
-    };
-    if ns.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
-    let who = protection::Peer {
-        id: peer.clone(),
-        tenant_namespace: ns.name_any(),
-        sources: per_peer(&ctx, protection::configuration_sources)
-            .remove(&peer)
-            .unwrap_or_default(),
     };
     let held = publish_slices(&ns, &who, &ctx).await?;
-    Ok(if held > 0 {
-        // An address is waiting for another tenant to release it.
-        Action::requeue(Duration::from_millis(500))
-    } else {
-        Action::await_change()
-    })
+    Ok(after_slices(held))
 }
 
 /// The whole peer: its slices first (nothing to write when the fast loop already did), then
@@ -190,20 +199,10 @@ pub(super) async fn reconcile_gateway(
     ns: Arc<Namespace>,
     ctx: Arc<Ctx>,
 ) -> Result<Action, ReconcileError> {
-    let Some(peer) = ns.labels().get(crate::k8s::REMOTE_CLUSTER_ID).cloned() else {
+    let Some(who) = tenant_peer(&ns, &ctx) else {
         return Ok(Action::await_change());
     };
-    if ns.metadata.deletion_timestamp.is_some() {
-        return Ok(Action::await_change());
-    }
-    let ns_name = ns.name_any();
-    let who = protection::Peer {
-        id: peer.clone(),
-        tenant_namespace: ns_name.clone(),
-        sources: per_peer(&ctx, protection::configuration_sources)
-            .remove(&peer)
-            .unwrap_or_default(),
-    };
+    let (peer, ns_name) = (who.id.clone(), who.tenant_namespace.clone());
     // Addresses first, as slices: the configuration that takes them comes after, so a set
     // never misses addresses it had.
     let held = publish_slices(&ns, &who, &ctx).await?;
@@ -242,12 +241,7 @@ pub(super) async fn reconcile_gateway(
     publish_tier(&ns, &who, &ctx, &view, declared.exceptions.settings.audit).await?;
     refresh_offloaded(&peer, &ctx, &declared.exceptions).await?;
     publish_companions(&ctx, &view).await?;
-    Ok(if held > 0 {
-        // An address is waiting for another tenant to release it.
-        Action::requeue(Duration::from_millis(500))
-    } else {
-        Action::await_change()
-    })
+    Ok(after_slices(held))
 }
 
 /// Write the slices of `peer`'s sets that the changes since its last pass touch (O(changed
