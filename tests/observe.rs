@@ -318,6 +318,12 @@ fn nftables_allow_all_survives_the_agents_drift_repair_and_new_policies() {
     };
     switch("on");
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "switch on");
+    // The agent takes the switch in first (re-planning its tables with it): a table deleted
+    // while it does so is recreated by that transaction, not by a repair, and the marker below
+    // would never come.
+    wait_until("the switch noticed", 10, || {
+        metric(&t.gateway, "peerwall_allow_all").is_some_and(|l| l.ends_with(" 1"))
+    });
     // Through a drift repair, and after a policy change, still on.
     drift_then_repair("the agent to repair the deleted table with the switch on");
     assert!(
