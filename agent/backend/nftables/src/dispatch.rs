@@ -29,66 +29,81 @@ use crate::model::{
 /// Shortest run worth a map: below it, the rules' own lookups cost about as much.
 pub const MIN_RUN: usize = 8;
 
-/// Where a rule looks its dispatch address up: the statement, the family, the set (None: one
-/// address, `ip daddr 10.0.0.1`).
+/// What a rule's dispatch lookup selects: a host set (by name) or one address.
+#[derive(Clone, Debug)]
+enum Selects {
+    Set(String),
+    One(IpAddr),
+}
+
+/// Where a rule looks its dispatch address up: the statement, the family, what it selects.
 #[derive(Clone, Debug)]
 struct Anchor {
     expr: usize,
     family: IpFamily,
-    set: Option<String>,
-    one: Option<IpAddr>,
+    selects: Selects,
 }
 
 impl Anchor {
     /// The addresses the lookup selects.
-    fn addrs<'a>(&'a self, sets: &'a HashMap<&str, Vec<IpAddr>>) -> &'a [IpAddr] {
-        match (&self.set, &self.one) {
-            (Some(n), _) => sets.get(n.as_str()).map(Vec::as_slice).unwrap_or(&[]),
-            (None, Some(a)) => std::slice::from_ref(a),
-            (None, None) => &[],
+    fn addrs<'a>(&'a self, sets: &HostSets<'a>) -> Vec<IpAddr> {
+        match &self.selects {
+            Selects::Set(n) => sets
+                .get(n.as_str())
+                .map(|s| {
+                    s.elements
+                        .iter()
+                        .filter_map(|e| match e {
+                            Element::Addr(a) => Some(*a),
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            Selects::One(a) => vec![*a],
+        }
+    }
+
+    fn set(&self) -> Option<&String> {
+        match &self.selects {
+            Selects::Set(n) => Some(n),
+            Selects::One(_) => None,
         }
     }
 }
 
-/// Sets whose elements are single addresses (hash sets): name → their addresses.
-fn host_sets(t: &Table) -> HashMap<&str, Vec<IpAddr>> {
+/// Sets whose elements are single addresses (hash sets), by name; their addresses are read only
+/// for the runs dispatched.
+type HostSets<'a> = HashMap<&'a str, &'a Set>;
+
+fn host_sets(t: &Table) -> HostSets<'_> {
     t.sets
         .iter()
         .filter(|s| !s.interval && !s.verdict_map && !s.is_merged())
         .filter(|s| matches!(s.key, KeyType::Ipv4Addr | KeyType::Ipv6Addr))
-        .filter_map(|s| {
-            let addrs: Option<Vec<IpAddr>> = s
-                .elements
-                .iter()
-                .map(|e| match e {
-                    Element::Addr(a) => Some(*a),
-                    _ => None,
-                })
-                .collect();
-            addrs.map(|a| (s.name.as_str(), a))
-        })
+        .filter(|s| s.elements.iter().all(|e| matches!(e, Element::Addr(_))))
+        .map(|s| (s.name.as_str(), s))
         .collect()
 }
 
 /// The first positive test of the rule's source (or destination) address against a host set
 /// or one address.
-fn anchor(r: &Rule, source: bool, sets: &HashMap<&str, Vec<IpAddr>>) -> Option<Anchor> {
+fn anchor(r: &Rule, source: bool, sets: &HostSets<'_>) -> Option<Anchor> {
     r.exprs.iter().enumerate().find_map(|(i, e)| match e {
         Expr::Match {
             negate: false,
             left: Key::Addr { family, source: s },
             right,
         } if *s == source => {
-            let (set, one) = match right {
-                Right::SetRef(n) if sets.contains_key(n.as_str()) => (Some(n.clone()), None),
-                Right::Element(Element::Addr(a)) => (None, Some(*a)),
+            let selects = match right {
+                Right::SetRef(n) if sets.contains_key(n.as_str()) => Selects::Set(n.clone()),
+                Right::Element(Element::Addr(a)) => Selects::One(*a),
                 _ => return None,
             };
             Some(Anchor {
                 expr: i,
                 family: *family,
-                set,
-                one,
+                selects,
             })
         }
         _ => None,
@@ -101,19 +116,15 @@ fn runs(
     rules: &[usize],
     all: &[Rule],
     source: bool,
-    sets: &HashMap<&str, Vec<IpAddr>>,
+    sets: &HostSets<'_>,
 ) -> Vec<Vec<(usize, Anchor)>> {
     let mut out = Vec::new();
     let mut cur: Vec<(usize, Anchor)> = Vec::new();
     for &ri in rules {
         match anchor(&all[ri], source, sets) {
             Some(a) => cur.push((ri, a)),
-            None => {
-                if cur.len() >= MIN_RUN {
-                    out.push(std::mem::take(&mut cur));
-                }
-                cur.clear();
-            }
+            None if cur.len() >= MIN_RUN => out.push(std::mem::take(&mut cur)),
+            None => cur.clear(),
         }
     }
     if cur.len() >= MIN_RUN {
@@ -150,7 +161,7 @@ fn render_run(
     run_no: u32,
     run: &[(usize, Anchor)],
     all: &[Rule],
-    sets: &HashMap<&str, Vec<IpAddr>>,
+    sets: &HostSets<'_>,
     chain: &str,
     source: bool,
 ) -> Option<Rendered> {
@@ -169,7 +180,7 @@ fn render_run(
                 continue;
             }
             for addr in a.addrs(sets) {
-                by_addr.entry(*addr).or_default().push(pos as u32);
+                by_addr.entry(addr).or_default().push(pos as u32);
             }
         }
         if !run.iter().any(|(_, a)| a.family == family) {
@@ -266,7 +277,7 @@ pub fn dispatch(t: &mut Table) {
             run_no += 1;
             replaced.insert(run[0].0, r.map_rules);
             dropped.extend(run.iter().skip(1).map(|(ri, _)| *ri));
-            sources.extend(run.iter().filter_map(|(_, a)| a.set.clone()));
+            sources.extend(run.iter().filter_map(|(_, a)| a.set().cloned()));
             maps.extend(r.maps);
             regular.extend(r.regular);
             class_rules.extend(r.class_rules);
