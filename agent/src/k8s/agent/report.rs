@@ -155,7 +155,16 @@ impl Agent {
             .is_some_and(|h| h.is_finished())
         {
             if let Some(h) = self.writer.running.take() {
-                let done = h.await.unwrap_or_default();
+                let done = match h.await {
+                    Ok(done) => done,
+                    Err(e) => {
+                        // The batch died: what it held is prepared again at the next round.
+                        tracing::warn!(error = %e, "status writes interrupted");
+                        let queued = &self.writer.queued;
+                        self.writer.in_flight.retain(|k, _| queued.contains_key(k));
+                        Vec::new()
+                    }
+                };
                 for (key, outcome, written) in done {
                     if self.writer.in_flight.get(&key) == Some(&outcome)
                         && !self.writer.queued.contains_key(&key)
