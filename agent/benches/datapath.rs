@@ -140,13 +140,24 @@ pub(crate) fn run_ns(
     frame: &[u8],
     ctx: &[u8],
 ) -> (f64, u32) {
+    run_repeat(prog, frame, ctx, REPEAT)
+}
+
+/// `frame` through `prog` `repeat` times in one BPF_PROG_TEST_RUN: (kernel-measured mean ns
+/// per run, return value).
+pub(crate) fn run_repeat(
+    prog: &aya::programs::SchedClassifier,
+    frame: &[u8],
+    ctx: &[u8],
+    repeat: u32,
+) -> (f64, u32) {
     let mut out = vec![0u8; frame.len() + 64];
     let r = prog
         .test_run(TestRunOptions {
             data_in: Some(frame),
             data_out: Some(&mut out),
             ctx_in: Some(ctx),
-            repeat: REPEAT,
+            repeat,
             ..TestRunOptions::default()
         })
         .expect("BPF_PROG_TEST_RUN");

@@ -528,6 +528,26 @@ pub(crate) fn remember(action: u8) {
     }
 }
 
+/// Make the cached verdicts of flow `k`'s packets stale without removing them (see
+/// [`forget`]): a new generation of their sets is all it takes, since no verdict is served
+/// under another. For a flow conntrack did not know (its first accept), whose packets rarely
+/// have a verdict cached at all: the removal is a locked hash-bucket walk, which a flood of
+/// new flows would otherwise pay on every packet.
+#[inline(never)]
+pub(crate) fn outdate(k: &FlowKey) {
+    match k.proto {
+        IPPROTO_ICMP => {
+            bump(set_of(k, 8));
+            bump(set_of(k, 0));
+        }
+        IPPROTO_ICMPV6 => {
+            bump(set_of(k, 128));
+            bump(set_of(k, 129));
+        }
+        _ => bump(set_of(k, 0)),
+    }
+}
+
 /// Forget the cached verdicts of the packets of flow `k` (both echo types for ICMP): a
 /// commit changed their conntrack state. Their `VERDICTS4`/`VERDICTS6` entries go first, then
 /// their sets' generations move on, which makes the copies on every CPU stale, and any verdict

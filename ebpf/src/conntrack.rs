@@ -6,7 +6,7 @@
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use peerwall_common::{ct, family, FlowKey, FlowState};
 
-use crate::cache::forget;
+use crate::cache::{forget, outdate};
 use crate::flow::{
     flow_key, icmp_is_error, icmp_is_reply, icmp_keyed, reverse, sctp_chunk_opens, tcp_flags_valid,
 };
@@ -199,10 +199,11 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
 }
 
 /// A new flow, not replied yet: into `FLOWS_NEW`; packets of the other direction are replies
-/// from now on (their cached verdicts are forgotten).
+/// from now on, so their cached verdicts are made stale, after the insert: a classification
+/// that reads the new generation then also finds the flow (the other order let a reply
+/// classified in between cache its old state under the new generation).
 #[inline(always)]
 fn insert_new(k: &FlowKey, now: u64) {
-    forget(&reverse(k));
     let _ = FLOWS_NEW.insert(
         k,
         &FlowState {
@@ -213,4 +214,5 @@ fn insert_new(k: &FlowKey, now: u64) {
         },
         0,
     );
+    outdate(&reverse(k));
 }

@@ -13,7 +13,7 @@ use peerwall_common::flags;
 use peerwall_netns::NetNs;
 use peerwall_policy::ir::Policy;
 
-use crate::{median, run_ns};
+use crate::{median, run_ns, run_repeat};
 
 /// Rounds: more than the main table's, since the parts are differences of close numbers.
 const ROUNDS: usize = 21;
@@ -26,14 +26,65 @@ fn rounds() -> usize {
         .unwrap_or(ROUNDS)
 }
 
+/// New flows run through every variant per round, each a test run of its own; over the rounds
+/// and variants, more than `FLOWS_NEW` holds, so that its inserts evict as in a flood.
+const NEW_FLOWS: usize = 16_384;
+
 /// One row of the breakdown.
 pub struct Part {
     /// What runs.
     pub what: &'static str,
-    /// Median ns per packet.
+    /// Median ns per packet, the same packet every run.
     pub ns: f64,
+    /// Median ns per packet when every packet is a new flow.
+    pub new_ns: f64,
     /// Verdict as expected (accept).
     pub ok: bool,
+}
+
+/// Packets of flows never seen before: `frame` with its source address (in 10.128.0.0/9) and
+/// port changed, a different pair for every packet of the run (a counter, which the tables'
+/// hashes spread as well as random draws would). The classifier reads no checksum.
+struct NewFlows {
+    frame: Vec<u8>,
+    next: u32,
+}
+
+impl NewFlows {
+    fn new(frame: &[u8]) -> Self {
+        Self {
+            frame: frame.to_vec(),
+            next: 0,
+        }
+    }
+
+    /// The next packet.
+    fn next_frame(&mut self) -> &[u8] {
+        let (host, port) = (self.next / 60_000, 1024 + (self.next % 60_000) as u16);
+        self.next += 1;
+        // Ethernet (14) + IPv4 source (12..16); the TCP source port right after the header.
+        let a = 0x0a80_0000 | (host & 0x007f_ffff);
+        self.frame[26..30].copy_from_slice(&a.to_be_bytes());
+        self.frame[34..36].copy_from_slice(&port.to_be_bytes());
+        &self.frame
+    }
+}
+
+/// [`NEW_FLOWS`] packets of new flows through `prog`, each in a test run of its own: (mean
+/// ns, every run returned 0).
+fn per_new_flow(
+    prog: &aya::programs::SchedClassifier,
+    flows: &mut NewFlows,
+    c: &[u8],
+) -> (f64, bool) {
+    let mut total = 0.0;
+    let mut ok = true;
+    for _ in 0..NEW_FLOWS {
+        let (t, ret) = run_repeat(prog, flows.next_frame(), c, 1);
+        total += t;
+        ok &= ret == 0;
+    }
+    (total / NEW_FLOWS as f64, ok)
 }
 
 /// `__sk_buff` context: the packet arrived on `ifindex` (no probe marker).
@@ -123,7 +174,7 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
         let addrs: Vec<Ipv4Addr> = hosts.iter().map(Ipv4Net::network).collect();
         b.fill_bare_hash(&addrs).expect("bare hash");
         let variants: [(&'static str, u32); 8] = [
-            ("classifier, a known flow (cached verdict)", 0),
+            ("classifier as deployed (verdict cache on)", 0),
             (
                 "classifier, classifying in full (no verdict cache)",
                 flags::DIAG_NO_CACHE,
@@ -141,7 +192,9 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
                 flags::DIAG_NO_FIB | flags::DIAG_NO_CT | flags::DIAG_NO_CHAINS,
             ),
         ];
+        let mut flows = NewFlows::new(&frame);
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
+        let mut fresh: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
         let mut ok = vec![true; variants.len() + 3];
         for _ in 0..rounds() {
             for (i, (_, diag)) in variants.iter().enumerate() {
@@ -149,20 +202,27 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
                 let (t, ret) = run_ns(b.tc_program().expect("tc"), &frame, &c);
                 ok[i] &= ret == 0;
                 samples[i].push(t);
+                let (t, all) = per_new_flow(b.tc_program().expect("tc"), &mut flows, &c);
+                ok[i] &= all;
+                fresh[i].push(t);
             }
             b.set_diagnostic_flags(0).expect("flags");
             let base = variants.len();
             for (j, prog) in [
-                b.empty_program().map(|p| run_ns(p, &frame, &c)),
-                b.hash_program().map(|p| run_ns(p, &frame, &c)),
-                b.bare_program().map(|p| run_ns(p, &frame, &c)),
+                b.empty_program()
+                    .map(|p| (run_ns(p, &frame, &c), per_new_flow(p, &mut flows, &c))),
+                b.hash_program()
+                    .map(|p| (run_ns(p, &frame, &c), per_new_flow(p, &mut flows, &c))),
+                b.bare_program()
+                    .map(|p| (run_ns(p, &frame, &c), per_new_flow(p, &mut flows, &c))),
             ]
             .into_iter()
             .enumerate()
             {
-                let (t, ret) = prog.expect("baseline program");
-                ok[base + j] &= ret == 0;
+                let ((t, ret), (tn, all)) = prog.expect("baseline program");
+                ok[base + j] &= ret == 0 && all;
                 samples[base + j].push(t);
+                fresh[base + j].push(tn);
             }
         }
         drop(b);
@@ -173,10 +233,12 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
         ]);
         names
             .zip(samples)
+            .zip(fresh)
             .zip(ok)
-            .map(|((what, s), ok)| Part {
+            .map(|(((what, s), f), ok)| Part {
                 what,
                 ns: median(s),
+                new_ns: median(f),
                 ok,
             })
             .collect()
@@ -188,6 +250,7 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
 pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
     // Row 1: the full classification every variant removes one part from.
     let full = parts.get(1).map_or(0.0, |p| p.ns);
+    let full_new = parts.get(1).map_or(0.0, |p| p.new_ns);
     let date = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
         .output()
@@ -198,19 +261,25 @@ pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
         "## Where the classifier's time goes (`cargo xtask bench breakdown`)\n\nGenerated on {date} (kernel {}). Absolute numbers drift between runs on this VM; the ratios within one run are what to read.\n\n",
         kernel.trim()
     );
-    md.push_str(&format!("{prefixes} destination hosts, {rules} rules, the same forwarded TCP packet every run (a known flow after the first), BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. The first row is what a packet of a known flow costs: its verdict comes from the per-flow cache (the addresses, ports and protocol read straight from the headers, then this CPU's own verdict cache: an array read, no hashing). The second is a full classification (the verdict cache off: FIB, conntrack, every chain), what the first packet of a flow pays; each variant below it removes one part of that work with the datapath's benchmark-only flags, and *cost* is what the part adds (full − variant). The limits are what no tc datapath can beat. Median of {} interleaved rounds of 200k runs.\n\n| program | ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|\n", rounds()));
+    md.push_str(&format!("{prefixes} destination hosts, {rules} rules, BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. Two kinds of traffic: *the same packet* (a forwarded TCP SYN) every run, 200k runs per measurement, so every table it touches is in the CPU's caches; and *every packet a new flow*: {NEW_FLOWS} packets per round, each of a flow never seen before in the run (source address and port changed), each in a test run of its own, as a flood of new flows arrives: the tables they touch (conntrack, verdict caches) are cold, and once `FLOWS_NEW` is full, each insert evicts.\n\nThe first row is the datapath as deployed. For the same packet, a known flow: its verdict comes from the per-flow cache (the addresses, ports and protocol read straight from the headers, then this CPU's own verdict cache: an array read, no hashing). For new flows: both verdict-cache levels looked up and missed, the full classification, the conntrack insert. The second row is a full classification with the verdict cache off (FIB, conntrack, every chain), what the first packet of a flow pays; each variant below it removes one part of that work with the datapath's benchmark-only flags, and *cost* is what the part adds (full − variant). The limits are what no tc datapath can beat; in the new-flow column they also show what a test run of one packet costs by itself (its timer). Medians of {} interleaved rounds.\n\n| program | same packet ns/pkt | cost of the part | ratio to full | every packet a new flow ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|---:|---:|---:|\n", rounds()));
     for (i, p) in parts.iter().enumerate() {
-        let cost = if (2..8).contains(&i) {
-            format!("{:.0}", full - p.ns)
-        } else {
-            "–".into()
+        let cost = |full: f64, ns: f64| {
+            if (2..8).contains(&i) {
+                format!("{:.0}", full - ns)
+            } else {
+                "–".into()
+            }
         };
         md.push_str(&format!(
-            "| {}{} | {:.1} | {cost} | {:.2} |\n",
+            "| {}{} | {:.1} | {} | {:.2} | {:.1} | {} | {:.2} |\n",
             p.what,
             if p.ok { "" } else { " (unexpected verdict)" },
             p.ns,
-            p.ns / full
+            cost(full, p.ns),
+            p.ns / full,
+            p.new_ns,
+            cost(full_new, p.new_ns),
+            p.new_ns / full_new
         ));
     }
     md
