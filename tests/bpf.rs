@@ -133,6 +133,28 @@ fn upgrade_replaces_verdict_caches_of_an_older_layout() {
         ],
     );
     assert!(made.status.success(), "bpftool map create: {made:?}");
+    // The table of flows not replied yet as releases before the array pinned it: an LRU hash
+    // of flow keys (40 bytes) to states (16).
+    let old_new = pins.0.join("FLOWS_NEW");
+    let made = sh(
+        "bpftool",
+        &[
+            "map",
+            "create",
+            old_new.to_str().unwrap_or_default(),
+            "type",
+            "lru_hash",
+            "key",
+            "40",
+            "value",
+            "16",
+            "entries",
+            "1024",
+            "name",
+            "FLOWS_NEW",
+        ],
+    );
+    assert!(made.status.success(), "bpftool map create: {made:?}");
     let value_size = |name: &str| {
         bpftool_json(&["map", "show", "pinned", &format!("{}/{name}", pins.arg())])["bytes_value"]
             .as_u64()
@@ -148,6 +170,25 @@ fn upgrade_replaces_verdict_caches_of_an_older_layout() {
         value_size("VERDICT_GENS"),
         Some(4),
         "the generations are pinned beside the caches"
+    );
+    let flows_new = bpftool_json(&[
+        "map",
+        "show",
+        "pinned",
+        &format!("{}/FLOWS_NEW", pins.arg()),
+    ]);
+    assert_eq!(
+        (
+            flows_new["type"].as_str(),
+            flows_new["bytes_value"].as_u64(),
+            flows_new["max_entries"].as_u64()
+        ),
+        (
+            Some("array"),
+            Some(64),
+            Some(u64::from(peerwall_common::NEW_FLOW_SLOTS))
+        ),
+        "the old FLOWS_NEW is replaced by this release's direct-mapped table: {flows_new}"
     );
 }
 

@@ -1293,13 +1293,23 @@ fn upgrade(backend: &'static str) {
         );
         // Migrated: the maps a flood inserts into have this release's per-CPU LRU lists,
         // whatever the previous release pinned.
-        for m in ["FLOWS_NEW", "VERDICTS4", "VERDICTS6"] {
+        for m in ["VERDICTS4", "VERDICTS6"] {
             assert_eq!(
                 pinned_map(&g, m)["flags"],
                 2,
                 "{m} after the upgrade is not this release's map (BPF_F_NO_COMMON_LRU)"
             );
         }
+        // The flows not replied yet: this release's direct-mapped array of 64-byte slots.
+        let new_flows = pinned_map(&g, "FLOWS_NEW");
+        assert_eq!(
+            (
+                new_flows["type"].as_str(),
+                new_flows["bytes_value"].as_u64()
+            ),
+            (Some("array"), Some(64)),
+            "FLOWS_NEW after the upgrade is not this release's table: {new_flows}"
+        );
     }
     check(&Row {
         fault: "upgrade: the previous release's agent replaced by this one".into(),

@@ -52,3 +52,81 @@ pub struct FlowState {
     /// Zero.
     pub _pad: [u8; 6],
 }
+
+/// Slots of `FLOWS_NEW` when the loader is not told otherwise (a power of two).
+pub const NEW_FLOW_SLOTS: u32 = 1 << 16;
+
+/// One slot of `FLOWS_NEW`, the flows not replied yet: a direct-mapped array indexed by
+/// [`new_flow_slot`] (eBPF twin: `ebpf/src/conntrack.rs`). A new flow takes its slot
+/// whatever was there, as an LRU would evict the oldest: both forget unanswered flows under a
+/// flood; the array does it with one cache line written instead of a hash bucket, an LRU list
+/// and the evicted entry's bucket. 64 bytes, one cache line; an empty slot is all zero
+/// (`key.family` 0, which no flow has).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NewFlowSlot {
+    /// The flow, original direction.
+    pub key: FlowKey,
+    /// Zero.
+    pub _pad: [u8; 8],
+    /// Its state (`replied` always 0 here).
+    pub state: FlowState,
+}
+
+impl NewFlowSlot {
+    /// An empty slot.
+    pub const EMPTY: NewFlowSlot = NewFlowSlot {
+        key: FlowKey {
+            src: [0; 16],
+            dst: [0; 16],
+            sport: [0; 2],
+            dport: [0; 2],
+            proto: 0,
+            family: 0,
+            _pad: [0; 2],
+        },
+        _pad: [0; 8],
+        state: FlowState {
+            last_seen_ns: 0,
+            replied: 0,
+            ended: 0,
+            _pad: [0; 6],
+        },
+    };
+}
+
+/// The 40 bytes of `k` as ten native-endian words (what [`new_flow_slot`] hashes and the
+/// datapath compares).
+#[inline(always)]
+pub fn flow_words(k: &FlowKey) -> [u32; 10] {
+    let w = |b: &[u8], i: usize| u32::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+    [
+        w(&k.src, 0),
+        w(&k.src, 4),
+        w(&k.src, 8),
+        w(&k.src, 12),
+        w(&k.dst, 0),
+        w(&k.dst, 4),
+        w(&k.dst, 8),
+        w(&k.dst, 12),
+        u32::from_ne_bytes([k.sport[0], k.sport[1], k.dport[0], k.dport[1]]),
+        u32::from_ne_bytes([k.proto, k.family, k._pad[0], k._pad[1]]),
+    ]
+}
+
+/// The `FLOWS_NEW` slot of flow `k` in a table of `mask + 1` slots (a power of two). A
+/// multiplicative hash of the key's words, each word rotated differently so that swapping
+/// addresses or ports gives another slot; not keyed: a sender who knows an unanswered flow's
+/// five-tuple can evict it by sending a colliding one, which its flood does to every
+/// unanswered flow anyway (as with an LRU); a replied flow lives in `FLOWS`, out of reach.
+#[inline(always)]
+pub fn new_flow_slot(k: &FlowKey, mask: u32) -> u32 {
+    let w = flow_words(k);
+    let mut x: u32 = 0;
+    let mut i = 0;
+    while i < 10 {
+        x = (x ^ w[i].rotate_left(i as u32 * 3)).wrapping_mul(0x9e37_79b1);
+        i += 1;
+    }
+    (x ^ (x >> 16)) & mask
+}

@@ -49,6 +49,7 @@ mod pod {
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for VerdictKey4 {}
     unsafe impl aya::Pod for FlowState {}
+    unsafe impl aya::Pod for NewFlowSlot {}
     unsafe impl aya::Pod for CachedVerdict {}
     unsafe impl aya::Pod for CpuVerdicts4 {}
     unsafe impl aya::Pod for ProbeRecord {}

@@ -38,6 +38,8 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<CpuVerdict4>(), 64);
     assert_eq!(size_of::<CpuVerdicts4>(), 128);
     assert_eq!(size_of::<FlowState>(), 16);
+    assert_eq!(size_of::<NewFlowSlot>(), 64);
+    assert_eq!(core::mem::offset_of!(NewFlowSlot, state), 48);
     assert_eq!(size_of::<ProbeRecord>(), 24);
     assert_eq!(size_of::<FlowEvent>(), 88);
     assert_eq!(size_of::<EventConfig>(), 16);
@@ -105,4 +107,45 @@ fn bitmap_first() {
     b.set(65);
     assert_eq!(b.first(), Some(65));
     assert!(b.get(700) && !b.get(64));
+}
+
+#[test]
+fn new_flow_slots_spread_and_tell_directions_apart() {
+    let k = |a: u8, b: u8, sport: u16| FlowKey {
+        src: [10, 0, 0, a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        dst: [10, 0, 1, b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        sport: sport.to_be_bytes(),
+        dport: 80u16.to_be_bytes(),
+        proto: 6,
+        family: 1,
+        _pad: [0; 2],
+    };
+    let mask = NEW_FLOW_SLOTS - 1;
+    // Within the table, and the same key always in the same slot.
+    assert!(new_flow_slot(&k(1, 2, 40000), mask) <= mask);
+    assert_eq!(
+        new_flow_slot(&k(1, 2, 40000), mask),
+        new_flow_slot(&k(1, 2, 40000), mask)
+    );
+    // A flow and its reverse: different slots (the datapath looks both up).
+    let f = k(1, 2, 40000);
+    let r = FlowKey {
+        src: f.dst,
+        dst: f.src,
+        sport: f.dport,
+        dport: f.sport,
+        ..f
+    };
+    assert_ne!(new_flow_slot(&f, mask), new_flow_slot(&r, mask));
+    // 4096 flows differing in source port only land in nearly as many slots.
+    let mut seen = [false; NEW_FLOW_SLOTS as usize];
+    let mut distinct = 0;
+    for p in 0..4096u16 {
+        let s = new_flow_slot(&k(1, 2, 30000 + p), mask) as usize;
+        if !seen[s] {
+            seen[s] = true;
+            distinct += 1;
+        }
+    }
+    assert!(distinct > 3900, "{distinct} slots for 4096 flows");
 }

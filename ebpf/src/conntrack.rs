@@ -1,16 +1,17 @@
-//! Connection tracking: flows keyed by their original direction in two LRU tables, replied
-//! flows in `FLOWS` and the others in `FLOWS_NEW` (a flow moves over with its first reply, so
-//! a flood of new flows never evicts an established one); the state of a packet (new,
+//! Connection tracking: flows keyed by their original direction in two tables, replied flows
+//! in `FLOWS` (an LRU hash) and the others in `FLOWS_NEW` (a direct-mapped array: a new flow
+//! takes its slot) — a flow moves over with its first reply, so a flood of new flows never
+//! evicts an established one; the state of a packet (new,
 //! established, related, invalid) and the commit after an accept.
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
-use peerwall_common::{ct, family, FlowKey, FlowState};
+use peerwall_common::{ct, family, flow_words, new_flow_slot, FlowKey, FlowState, NewFlowSlot};
 
 use crate::cache::{forget, outdate};
 use crate::flow::{
     flow_key, icmp_is_error, icmp_is_reply, icmp_keyed, reverse, sctp_chunk_opens, tcp_flags_valid,
 };
-use crate::maps::{FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK};
+use crate::maps::{new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK};
 use crate::parse::{
     parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
     IPPROTO_TCP,
@@ -20,7 +21,35 @@ use crate::parse::{
 #[inline(always)]
 fn lookup(k: &FlowKey) -> Option<&FlowState> {
     // SAFETY: read-only lookups of plain data.
-    unsafe { FLOWS.get(k).or_else(|| FLOWS_NEW.get(k)) }
+    match unsafe { FLOWS.get(k) } {
+        Some(st) => Some(st),
+        // SAFETY: a slot of a successful lookup; other CPUs may rewrite it meanwhile, which
+        // at worst makes this lookup miss or see another new flow's state (not replied,
+        // fresh: what any slot holds).
+        None => new_slot(k).map(|s| unsafe { &(*s).state }),
+    }
+}
+
+/// `FLOWS_NEW`'s slot holding flow `k`, if it does.
+#[inline(always)]
+fn new_slot(k: &FlowKey) -> Option<*mut NewFlowSlot> {
+    let s = FLOWS_NEW.get_ptr_mut(new_flow_slot(k, new_flow_mask()))?;
+    // SAFETY: pointer from a successful lookup.
+    same_flow(unsafe { &(*s).key }, k).then_some(s)
+}
+
+/// Whether two flow keys are equal, as ten word compares (a derived `==` compares byte by
+/// byte).
+#[inline(always)]
+fn same_flow(a: &FlowKey, b: &FlowKey) -> bool {
+    let (x, y) = (flow_words(a), flow_words(b));
+    let mut diff = 0;
+    let mut i = 0;
+    while i < 10 {
+        diff |= x[i] ^ y[i];
+        i += 1;
+    }
+    diff == 0
 }
 
 #[inline(always)]
@@ -156,9 +185,9 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
         // An expired flow starts over, not replied yet.
         let _ = FLOWS.remove(&k);
     }
-    if let Some(st) = FLOWS_NEW.get_ptr_mut(&k) {
+    if let Some(s) = new_slot(&k) {
         // SAFETY: pointer from a successful lookup; an expired one starts over as it is.
-        unsafe { (*st).last_seen_ns = now };
+        unsafe { (*s).state.last_seen_ns = now };
         return;
     }
     let r = reverse(&k);
@@ -172,10 +201,13 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
         // An expired flow of the other direction: this packet starts a new one.
         let _ = FLOWS.remove(&r);
     }
-    if let Some(st) = FLOWS_NEW.get_ptr_mut(&r) {
-        // SAFETY: pointer from a successful lookup.
-        let st = unsafe { *st };
-        let _ = FLOWS_NEW.remove(&r);
+    if let Some(s) = new_slot(&r) {
+        // SAFETY: pointer from a successful lookup; the slot is emptied (the flow moves).
+        let st = unsafe {
+            let st = (*s).state;
+            *s = NewFlowSlot::EMPTY;
+            st
+        };
         if fresh(&st, now) {
             // The first reply: the flow is established and moves to the table a flood of
             // new flows cannot evict from.
@@ -202,17 +234,25 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
 /// from now on, so their cached verdicts are made stale, after the insert: a classification
 /// that reads the new generation then also finds the flow (the other order let a reply
 /// classified in between cache its old state under the new generation).
+/// The flow takes its slot of `FLOWS_NEW` whatever was there (`NewFlowSlot`: a flood forgets
+/// unanswered flows, as an LRU would).
 #[inline(always)]
 fn insert_new(k: &FlowKey, now: u64) {
-    let _ = FLOWS_NEW.insert(
-        k,
-        &FlowState {
-            last_seen_ns: now,
-            replied: 0,
-            ended: 0,
-            _pad: [0; 6],
-        },
-        0,
-    );
+    if let Some(s) = FLOWS_NEW.get_ptr_mut(new_flow_slot(k, new_flow_mask())) {
+        // SAFETY: pointer from a successful lookup; a racing write of another CPU to the same
+        // slot can leave a mix of two keys, which matches no flow (a miss, as an eviction).
+        unsafe {
+            *s = NewFlowSlot {
+                key: *k,
+                _pad: [0; 8],
+                state: FlowState {
+                    last_seen_ns: now,
+                    replied: 0,
+                    ended: 0,
+                    _pad: [0; 6],
+                },
+            };
+        }
+    }
     outdate(&reverse(k));
 }

@@ -6,9 +6,9 @@ use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
 use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdicts4,
-    DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, PortKeyData, ProbeRecord, ProtoKey,
-    RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS, CPU_VERDICT_SETS, HOOK_SLOTS, MAX_CHAINS,
-    MAX_RULES, NO_COMMON_LRU,
+    DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, NewFlowSlot, PortKeyData,
+    ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS, CPU_VERDICT_SETS,
+    HOOK_SLOTS, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU,
 };
 
 use crate::parse::Pkt;
@@ -105,15 +105,32 @@ pub(crate) static IFACES: HashMap<u32, IfaceInfo> = HashMap::pinned(1024, 0);
 pub(crate) fn has_views(cfg: &Config) -> bool {
     cfg.flags & flags::views(cfg.active & 1) != 0
 }
+/// `BPF_F_MMAPABLE`: an array's values start page-aligned, so each 64-byte value is one cache
+/// line.
+const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// Connection tracking in two tables (`conntrack.rs`): replied flows here, flows not replied
 /// yet in `FLOWS_NEW`. A flood of new flows (a SYN flood, a spray of sources or ports) churns
 /// `FLOWS_NEW` only: the LRU never evicts an established flow to make room for one that may
 /// never be answered (conntrack's early drop of unassured entries, made structural).
 #[map]
 pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLOWS_MAX, 0);
+/// Direct-mapped ([`peerwall_common::NewFlowSlot`], `conntrack.rs`): a flood's insert is one
+/// cache line written. Page-aligned values (`BPF_F_MMAPABLE`), so each slot is one line.
 #[map]
-pub(crate) static FLOWS_NEW: LruHashMap<FlowKey, FlowState> =
-    LruHashMap::pinned(FLOWS_MAX, NO_COMMON_LRU);
+pub(crate) static FLOWS_NEW: Array<NewFlowSlot> = Array::pinned(NEW_FLOW_SLOTS, BPF_F_MMAPABLE);
+/// `FLOWS_NEW`'s slot count less one (a power of two less one): set by the loader (which may
+/// size the table otherwise, `--flow-table-size`); read-only data the verifier sees as a
+/// constant.
+#[unsafe(no_mangle)]
+static NEW_FLOW_MASK: u32 = NEW_FLOW_SLOTS - 1;
+
+/// [`NEW_FLOW_MASK`], as loaded.
+#[inline(always)]
+pub(crate) fn new_flow_mask() -> u32 {
+    // SAFETY: a plain read of a static; volatile, so that the value the loader wrote into the
+    // object is read rather than the one compiled in.
+    unsafe { core::ptr::read_volatile(&NEW_FLOW_MASK) }
+}
 /// Verdicts reused for the next packets of a flow (`cache.rs`), per family: IPv4 under a 16-byte
 /// key, hashed by every packet of a known flow. Separate from `FLOWS`: a flood of denied flows
 /// evicts cached verdicts, never connection state.
@@ -128,8 +145,6 @@ pub(crate) static VERDICTS6: LruHashMap<FlowKey, CachedVerdict> =
 /// these pins, so a commit by one invalidates what all of them cached.
 #[map]
 pub(crate) static VERDICT_GENS: Array<u32> = Array::pinned(CPU_VERDICT_SETS, 0);
-/// `BPF_F_MMAPABLE`: the array's values start page-aligned, so each way is one cache line.
-const BPF_F_MMAPABLE: u32 = 1 << 10;
 /// The per-CPU first level of the IPv4 verdict cache (`cache.rs`), a region of
 /// `CPU_VERDICT_SETS` per CPU: the loader sizes it for the machine's possible CPUs. Not pinned
 /// (a cache of this program's; its size is the machine's).

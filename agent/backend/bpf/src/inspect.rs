@@ -136,15 +136,28 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
     let m: BpfHashMap<MapData, ProtoKey, Bitmap> =
         BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
     entries.push((n, m.keys().count()));
-    let mut flows = 0;
-    for table in [map::FLOWS, map::FLOWS_NEW] {
-        // A datapath pinned by a release before the split has no FLOWS_NEW yet.
-        if table == map::FLOWS_NEW && !pin_dir.join(table).exists() {
-            continue;
+    let m: BpfHashMap<MapData, peerwall_common::FlowKey, peerwall_common::FlowState> =
+        BpfHashMap::try_from(Map::LruHashMap(open(pin_dir, map::FLOWS)?))
+            .map_err(map_err(map::FLOWS))?;
+    let mut flows = m.keys().count();
+    // Flows not replied yet: the occupied slots of FLOWS_NEW (a datapath pinned by a release
+    // before the split has none; one before the array, an LRU hash, replaced at its next load).
+    let path = pin_dir.join(map::FLOWS_NEW);
+    if path.exists() {
+        match MapData::from_pin(&path).map_err(map_err(map::FLOWS_NEW))? {
+            d if matches!(
+                d.info().map(|i| i.map_type()),
+                Ok(Ok(aya::maps::MapType::Array))
+            ) =>
+            {
+                flows += crate::loader::occupied_new_flow_slots(&d)?.len();
+            }
+            d => {
+                let m: BpfHashMap<MapData, peerwall_common::FlowKey, peerwall_common::FlowState> =
+                    BpfHashMap::try_from(Map::LruHashMap(d)).map_err(map_err(map::FLOWS_NEW))?;
+                flows += m.keys().count();
+            }
         }
-        let m: BpfHashMap<MapData, peerwall_common::FlowKey, peerwall_common::FlowState> =
-            BpfHashMap::try_from(Map::LruHashMap(open(pin_dir, table)?)).map_err(map_err(table))?;
-        flows += m.keys().count();
     }
     let hn = format!("{}{s}", map::HOOKS);
     let hooks_map: Array<MapData, HookChains> =

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use peerwall_backend::Flow;
-use peerwall_common::{family, map, FlowKey, FlowState, VerdictKey4};
+use peerwall_common::{family, map, FlowKey, FlowState, NewFlowSlot, VerdictKey4};
 use peerwall_policy::ir::eval::proto;
 
 use super::{map_err, BpfError, Datapath};
@@ -101,24 +101,50 @@ fn verdict_sets_of(k: &FlowKey) -> Vec<u32> {
         .collect()
 }
 
-/// The conntrack tables: replied flows, then flows not replied yet.
-pub const FLOW_TABLES: [&str; 2] = [map::FLOWS, map::FLOWS_NEW];
-
+/// The conntrack tables: replied flows in `FLOWS` (an LRU hash), flows not replied yet in
+/// `FLOWS_NEW` (a direct-mapped array of [`NewFlowSlot`]s, indexed by
+/// [`peerwall_common::new_flow_slot`]).
 impl Datapath {
+    /// The occupied slots of `FLOWS_NEW`: (index, slot).
+    pub(crate) fn new_flow_slots(&mut self) -> Result<Vec<(u32, NewFlowSlot)>, BpfError> {
+        match self.map(map::FLOWS_NEW)? {
+            aya::maps::Map::Array(d) => occupied_new_flow_slots(d),
+            _ => Err(BpfError::MissingMap(map::FLOWS_NEW.to_string())),
+        }
+    }
+
+    /// Write slot `i` of `FLOWS_NEW`.
+    pub(crate) fn set_new_flow_slot(&mut self, i: u32, s: NewFlowSlot) -> Result<(), BpfError> {
+        let mut m: Array<&mut MapData, NewFlowSlot> =
+            Array::try_from(self.map(map::FLOWS_NEW)?).map_err(map_err(map::FLOWS_NEW))?;
+        m.set(i, s, 0).map_err(map_err(map::FLOWS_NEW))
+    }
+
+    /// The slot count of `FLOWS_NEW` less one: what the datapath masks its index with.
+    pub(crate) fn new_flow_mask(&mut self) -> Result<u32, BpfError> {
+        let m: Array<&mut MapData, NewFlowSlot> =
+            Array::try_from(self.map(map::FLOWS_NEW)?).map_err(map_err(map::FLOWS_NEW))?;
+        Ok(m.len().saturating_sub(1))
+    }
+
     /// Every live flow of the datapath's tables (established and not yet replied), by
     /// original direction.
     pub fn flows(&mut self) -> Result<Vec<Flow>, BpfError> {
         let mut out = Vec::new();
-        for table in FLOW_TABLES {
-            let m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
-                BpfHashMap::try_from(self.map(table)?).map_err(map_err(table))?;
-            out.extend(
-                m.iter()
-                    .filter_map(Result::ok)
-                    .filter(|(_, st)| st.ended == 0)
-                    .filter_map(|(k, _)| flow_of(&k)),
-            );
-        }
+        let m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+            BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+        out.extend(
+            m.iter()
+                .filter_map(Result::ok)
+                .filter(|(_, st)| st.ended == 0)
+                .filter_map(|(k, _)| flow_of(&k)),
+        );
+        out.extend(
+            self.new_flow_slots()?
+                .into_iter()
+                .filter(|(_, s)| s.state.ended == 0)
+                .filter_map(|(_, s)| flow_of(&s.key)),
+        );
         Ok(out)
     }
 
@@ -127,20 +153,38 @@ impl Datapath {
     pub fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BpfError> {
         let mut sets = Vec::new();
         let mut ended = 0;
-        for table in FLOW_TABLES {
+        {
             let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
-                BpfHashMap::try_from(self.map(table)?).map_err(map_err(table))?;
+                BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
             for f in flows {
                 let k = key_of(f);
                 let Ok(mut st) = m.get(&k, 0) else {
                     continue;
                 };
                 st.ended = 1;
-                m.insert(k, st, 0).map_err(map_err(table))?;
+                m.insert(k, st, 0).map_err(map_err(map::FLOWS))?;
                 ended += 1;
                 sets.extend(verdict_sets_of(&k));
                 sets.extend(verdict_sets_of(&reverse(&k)));
             }
+        }
+        let mask = self.new_flow_mask()?;
+        for f in flows {
+            let k = key_of(f);
+            let i = peerwall_common::new_flow_slot(&k, mask);
+            let m: Array<&mut MapData, NewFlowSlot> =
+                Array::try_from(self.map(map::FLOWS_NEW)?).map_err(map_err(map::FLOWS_NEW))?;
+            let Ok(mut s) = m.get(&i, 0) else {
+                continue;
+            };
+            if s.key != k {
+                continue;
+            }
+            s.state.ended = 1;
+            self.set_new_flow_slot(i, s)?;
+            ended += 1;
+            sets.extend(verdict_sets_of(&k));
+            sets.extend(verdict_sets_of(&reverse(&k)));
         }
         if sets.is_empty() {
             return Ok(0);
@@ -156,4 +200,53 @@ impl Datapath {
         }
         Ok(ended)
     }
+}
+
+/// The occupied slots of a `FLOWS_NEW` array, read in one go from its memory mapped into this
+/// process (the datapath creates it `BPF_F_MMAPABLE`): a table of 65536 slots read one lookup
+/// at a time would take a syscall each, which the agent pays while it ends the flows a policy
+/// change no longer allows. (index, slot).
+pub(crate) fn occupied_new_flow_slots(d: &MapData) -> Result<Vec<(u32, NewFlowSlot)>, BpfError> {
+    use std::os::fd::{AsFd, AsRawFd};
+    let err = |e: std::io::Error| BpfError::Io {
+        path: map::FLOWS_NEW.into(),
+        source: e,
+    };
+    let info = d.info().map_err(map_err(map::FLOWS_NEW))?;
+    let slots = info.max_entries() as usize;
+    let slot = std::mem::size_of::<NewFlowSlot>();
+    if info.value_size() as usize != slot {
+        return Err(BpfError::MissingMap(map::FLOWS_NEW.to_string()));
+    }
+    let len = slots * slot;
+    if len == 0 {
+        return Ok(Vec::new());
+    }
+    // SAFETY: a shared read-only mapping of the map's fd, `len` bytes (its values: an mmapable
+    // array maps them from offset 0); unmapped below, never written through.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            d.fd().as_fd().as_raw_fd(),
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(err(std::io::Error::last_os_error()));
+    }
+    let mut out = Vec::new();
+    for i in 0..slots {
+        // SAFETY: within the mapping; the slot may be written by the datapath meanwhile, so it
+        // is copied with a volatile read of plain data (any bit pattern is a valid slot).
+        let s = unsafe { std::ptr::read_volatile((p as *const NewFlowSlot).add(i)) };
+        if s.key.family != 0 {
+            out.push((i as u32, s));
+        }
+    }
+    // SAFETY: the mapping made above, not used after this.
+    unsafe { libc::munmap(p, len) };
+    Ok(out)
 }

@@ -12,6 +12,7 @@ mod attach;
 mod baseline;
 mod entries;
 mod flows;
+pub(crate) use flows::occupied_new_flow_slots;
 mod host;
 mod pins;
 mod probe;
@@ -141,8 +142,11 @@ impl Datapath {
             path: pin_dir.to_path_buf(),
             source,
         })?;
-        for p in pins::drop_stale_caches(pin_dir)? {
-            tracing::info!(pin = %p, "dropped a verdict cache of an older layout");
+        // FLOWS_NEW is direct-mapped: its slot count a power of two, the mask the datapath
+        // indexes with set to match.
+        let new_slots = flows.map_or(peerwall_common::NEW_FLOW_SLOTS, new_flow_slots);
+        for p in pins::drop_stale_caches(pin_dir, new_slots)? {
+            tracing::info!(pin = %p, "dropped a cache or new-flow table of another layout");
         }
         let ncpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Io {
             path: "/sys/devices/system/cpu/possible".into(),
@@ -150,10 +154,12 @@ impl Datapath {
         })?;
         let mut loader = EbpfLoader::new();
         loader.default_map_pin_directory(pin_dir);
+        let new_mask = new_slots - 1;
         if let Some(n) = flows {
             loader.map_max_entries(map::FLOWS, n);
-            loader.map_max_entries(map::FLOWS_NEW, n);
+            loader.map_max_entries(map::FLOWS_NEW, new_slots);
         }
+        loader.override_global(NEW_FLOW_MASK, &new_mask, true);
         // The per-CPU verdict cache: a region of sets per possible CPU.
         loader.map_max_entries(
             map::VERDICTS4_CPU,
@@ -515,4 +521,13 @@ impl Datapath {
         }
         Ok(out)
     }
+}
+
+/// The datapath's global holding `FLOWS_NEW`'s slot count less one.
+const NEW_FLOW_MASK: &str = "NEW_FLOW_MASK";
+
+/// `FLOWS_NEW`'s slot count for a flow table of `n` entries: the power of two at or above it
+/// (at least 2, at most 2^24).
+fn new_flow_slots(n: u32) -> u32 {
+    n.clamp(2, 1 << 24).next_power_of_two()
 }

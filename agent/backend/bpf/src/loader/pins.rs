@@ -57,9 +57,17 @@ pub(super) fn pin_link<E: std::fmt::Display>(
 /// refuse its reads past their end) or another definition (flags: a cache pinned before it
 /// had per-CPU LRU lists would be adopted as it is, and a flood of new flows would contend on
 /// its shared list until the next reboot). Caches only: dropping one costs each flow one
-/// classification. Programs still attached keep the old map until they are replaced. Returns
-/// the pins removed.
-pub(super) fn drop_stale_caches(pin_dir: &Path) -> Result<Vec<String>, BpfError> {
+/// classification. Programs still attached keep the old map until they are replaced.
+///
+/// Also the table of flows not replied yet (`FLOWS_NEW`) when it is not this release's
+/// direct-mapped array of `new_flow_slots` slots (an older peerwall pinned an LRU hash; or
+/// another `--flow-table-size`, whose slots the datapath's index would not match): those flows
+/// had no answer yet; an answer arriving after the swap is classified as a new flow of its
+/// own. The established flows' table is never dropped. Returns the pins removed.
+pub(super) fn drop_stale_caches(
+    pin_dir: &Path,
+    new_flow_slots: u32,
+) -> Result<Vec<String>, BpfError> {
     let value = std::mem::size_of::<peerwall_common::CachedVerdict>() as u32;
     let mut removed = Vec::new();
     for (name, key) in [
@@ -83,6 +91,21 @@ pub(super) fn drop_stale_caches(pin_dir: &Path) -> Result<Vec<String>, BpfError>
             || info.key_size() != key as u32
             || info.map_flags() != peerwall_common::NO_COMMON_LRU
         {
+            std::fs::remove_file(&path).map_err(|source| BpfError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            removed.push(path.display().to_string());
+        }
+    }
+    let path = pin_dir.join(map::FLOWS_NEW);
+    if path.exists() {
+        let info = MapData::from_pin(&path)
+            .and_then(|d| d.info())
+            .map_err(map_err(map::FLOWS_NEW))?;
+        let array = matches!(info.map_type(), Ok(aya::maps::MapType::Array));
+        let slot = std::mem::size_of::<peerwall_common::NewFlowSlot>() as u32;
+        if !array || info.value_size() != slot || info.max_entries() != new_flow_slots {
             std::fs::remove_file(&path).map_err(|source| BpfError::Io {
                 path: path.clone(),
                 source,

@@ -11,18 +11,12 @@ use super::{map_err, BpfError, Datapath, TC_PROGRAM};
 
 impl Datapath {
     /// Insert a conntrack flow (probe engine: reproduce established/related states), in the
-    /// table the datapath keeps it in: `FLOWS` when replied, `FLOWS_NEW` otherwise.
+    /// table the datapath keeps it in: `FLOWS` when replied, else its slot of `FLOWS_NEW`.
     pub fn insert_flow(
         &mut self,
         key: peerwall_common::FlowKey,
         replied: bool,
     ) -> Result<(), BpfError> {
-        let table = if replied { map::FLOWS } else { map::FLOWS_NEW };
-        let mut m: aya::maps::HashMap<
-            &mut MapData,
-            peerwall_common::FlowKey,
-            peerwall_common::FlowState,
-        > = aya::maps::HashMap::try_from(self.map(table)?).map_err(map_err(table))?;
         // Monotonic clock of the kernel (bpf_ktime_get_ns).
         let mut ts = libc::timespec {
             tv_sec: 0,
@@ -31,35 +25,50 @@ impl Datapath {
         // SAFETY: clock_gettime writes into `ts`.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
         let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
-        m.insert(
-            key,
-            peerwall_common::FlowState {
-                last_seen_ns: now,
-                replied: u8::from(replied),
-                ended: 0,
-                _pad: [0; 6],
-            },
-            0,
-        )
-        .map_err(map_err(table))
+        let state = peerwall_common::FlowState {
+            last_seen_ns: now,
+            replied: u8::from(replied),
+            ended: 0,
+            _pad: [0; 6],
+        };
+        if !replied {
+            let i = peerwall_common::new_flow_slot(&key, self.new_flow_mask()?);
+            return self.set_new_flow_slot(
+                i,
+                peerwall_common::NewFlowSlot {
+                    key,
+                    _pad: [0; 8],
+                    state,
+                },
+            );
+        }
+        let mut m: aya::maps::HashMap<
+            &mut MapData,
+            peerwall_common::FlowKey,
+            peerwall_common::FlowState,
+        > = aya::maps::HashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+        m.insert(key, state, 0).map_err(map_err(map::FLOWS))
     }
 
     /// Forget every conntrack flow (both tables).
     pub fn flush_flows(&mut self) -> Result<(), BpfError> {
-        for table in [map::FLOWS, map::FLOWS_NEW] {
+        {
             let mut m: aya::maps::HashMap<
                 &mut MapData,
                 peerwall_common::FlowKey,
                 peerwall_common::FlowState,
-            > = aya::maps::HashMap::try_from(self.map(table)?).map_err(map_err(table))?;
+            > = aya::maps::HashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
             let keys: Vec<peerwall_common::FlowKey> = m.keys().filter_map(Result::ok).collect();
             for k in keys {
                 match m.remove(&k) {
                     // Evicted by the LRU since it was listed: gone either way.
                     Ok(()) | Err(aya::maps::MapError::KeyNotFound) => {}
-                    Err(e) => return Err(map_err(table)(e)),
+                    Err(e) => return Err(map_err(map::FLOWS)(e)),
                 }
             }
+        }
+        for (i, _) in self.new_flow_slots()? {
+            self.set_new_flow_slot(i, peerwall_common::NewFlowSlot::EMPTY)?;
         }
         Ok(())
     }
