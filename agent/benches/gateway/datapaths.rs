@@ -22,6 +22,10 @@ pub(crate) enum Datapath {
     /// peerwall nftables with address dispatch off (`RenderOptions::linear`): every rule of a
     /// long run of lookups looked up in turn. Only where dispatch changes the rendering.
     PeerwallNftLinear,
+    /// peerwall nftables beside Liqo's remapping NAT chains (as `ConntrackOnly`): on new flows
+    /// the NAT hooks' work is the gateway's, whatever filters; the row `PeerwallBpfConntrack`
+    /// is compared with.
+    PeerwallNftConntrack,
     PeerwallBpf,
     /// peerwall bpf on a gateway whose kernel conntrack is on (Liqo's remapping NAT), as
     /// `ConntrackOnly`: the same baseline the nftables row has.
@@ -37,13 +41,14 @@ pub(crate) enum Datapath {
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 14] = [
+    pub(crate) const ALL: [Datapath; 15] = [
         Datapath::None,
         Datapath::ConntrackOnly,
         Datapath::TcEmpty,
         Datapath::TcHash,
         Datapath::PeerwallNft,
         Datapath::PeerwallNftLinear,
+        Datapath::PeerwallNftConntrack,
         Datapath::PeerwallBpf,
         Datapath::PeerwallBpfConntrack,
         Datapath::PeerwallXdp,
@@ -61,6 +66,7 @@ impl Datapath {
             Datapath::TcHash => "limit: tcx, one hash lookup",
             Datapath::PeerwallNft => "peerwall nftables",
             Datapath::PeerwallNftLinear => "peerwall nftables, no address dispatch",
+            Datapath::PeerwallNftConntrack => "peerwall nftables, conntrack on (Liqo's NAT)",
             Datapath::PeerwallBpf => "peerwall bpf (tcx)",
             Datapath::PeerwallBpfConntrack => "peerwall bpf (tcx), conntrack on",
             Datapath::PeerwallXdp => "peerwall bpf + XDP",
@@ -434,6 +440,10 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             install(lab, Datapath::ConntrackOnly, p)?;
             install(lab, Datapath::PeerwallBpf, p)?;
         }
+        Datapath::PeerwallNftConntrack => {
+            install(lab, Datapath::ConntrackOnly, p)?;
+            install(lab, Datapath::PeerwallNft, p)?;
+        }
         // The events agent is timed to its policy in force by a stream to a denied address
         // from the peer's range; a policy that depends on the source has no such address.
         Datapath::PeerwallNftEvents | Datapath::PeerwallBpfEvents if p.sources.is_some() => {
@@ -536,6 +546,10 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
         }
         Datapath::PeerwallBpfConntrack => {
             uninstall(lab, Datapath::PeerwallBpf);
+            uninstall(lab, Datapath::ConntrackOnly);
+        }
+        Datapath::PeerwallNftConntrack => {
+            uninstall(lab, Datapath::PeerwallNft);
             uninstall(lab, Datapath::ConntrackOnly);
         }
         Datapath::LiqoNft => {

@@ -72,11 +72,12 @@ impl Traffic {
 ///
 /// `TcHash` is the limit: a tcx program that looks the destination up in one hash and drops
 /// what it does not find, no state, no flow tables: what dropping a flood can cost at least.
-pub(crate) const FLOOD_DATAPATHS: [Datapath; 6] = [
+pub(crate) const FLOOD_DATAPATHS: [Datapath; 7] = [
     Datapath::None,
     Datapath::ConntrackOnly,
     Datapath::TcHash,
     Datapath::PeerwallNft,
+    Datapath::PeerwallNftConntrack,
     Datapath::PeerwallBpf,
     Datapath::PeerwallBpfConntrack,
 ];
@@ -385,18 +386,19 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
         Traffic::SynAllowed,
         Traffic::CycledAllowed,
     ] {
+        // Both beside Liqo's NAT chains (conntrack on): the gateway they would both run in.
         if let Some(p) = paired(
             rows,
             traffic,
             Datapath::PeerwallBpfConntrack,
-            Datapath::PeerwallNft,
+            Datapath::PeerwallNftConntrack,
         ) {
             // A filter that cost nothing would run at the conntrack-on gateway's rate.
             let bound = paired(
                 rows,
                 traffic,
                 Datapath::ConntrackOnly,
-                Datapath::PeerwallNft,
+                Datapath::PeerwallNftConntrack,
             )
             .map_or("–".to_string(), |b| b.to_string());
             goals.push_str(&format!(
@@ -423,7 +425,10 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
     let peerwall = |dp: Datapath| {
         matches!(
             dp,
-            Datapath::PeerwallNft | Datapath::PeerwallBpf | Datapath::PeerwallBpfConntrack
+            Datapath::PeerwallNft
+                | Datapath::PeerwallNftConntrack
+                | Datapath::PeerwallBpf
+                | Datapath::PeerwallBpfConntrack
         )
     };
     let lost: u64 = rows
@@ -437,7 +442,11 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
         verdict(lost == 0)
     ));
     let mut worst: Option<(String, Paired)> = None;
-    for r in main.iter().filter(|r| r.dp == Datapath::PeerwallNft) {
+    // Beside Liqo's NAT chains, as the baseline is: the same gateway with and without it.
+    for r in main
+        .iter()
+        .filter(|r| r.dp == Datapath::PeerwallNftConntrack)
+    {
         if let Some(b) = find_row(main, &r.policy, Datapath::ConntrackOnly) {
             let p = Paired::rows(r, b, true);
             if worst.as_ref().is_none_or(|(_, w)| p.median < w.median) {
@@ -468,8 +477,9 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
          |---|---|---:|---:|---:|---:|---:|---:|\n{t}\n\
          Goals (issue \"fast for the traffic an attacker chooses\"), as this run measured them:\n\n\
          *Best possible* is what a filter costing nothing would reach here, measured in the \
-         same rounds: for bpf ÷ nftables with conntrack on, the conntrack-on gateway without \
-         a filter ÷ nftables; \
+         same rounds: for bpf ÷ nftables with conntrack on (both beside Liqo's NAT chains, \
+         whose per-connection work is the gateway's whatever filters), the conntrack-on \
+         gateway without a filter ÷ nftables; \
          for dropping a flood, the limit program (one hash lookup, no state) ÷ no filter.\n\n\
          | goal | target | measured (spread) | best possible (measured) | |\n|---|---:|---:|---:|---|\n{goals}"
     )

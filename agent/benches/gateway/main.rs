@@ -284,6 +284,7 @@ fn main() {
                 Datapath::None
                     | Datapath::PeerwallXdp
                     | Datapath::PeerwallBpfConntrack
+                    | Datapath::PeerwallNftConntrack
                     | Datapath::PeerwallNftLinear
             ) && !d.is_limit()
                 && d.without_events().is_none()
