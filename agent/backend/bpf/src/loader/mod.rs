@@ -531,3 +531,21 @@ const NEW_FLOW_MASK: &str = "NEW_FLOW_MASK";
 fn new_flow_slots(n: u32) -> u32 {
     n.clamp(2, 1 << 24).next_power_of_two()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::new_flow_slots;
+
+    #[test]
+    fn new_flow_tables_are_powers_of_two_at_or_above_the_size_asked() {
+        assert_eq!(new_flow_slots(1024), 1024);
+        assert_eq!(new_flow_slots(1000), 1024);
+        assert_eq!(new_flow_slots(65_537), 131_072);
+        assert_eq!(new_flow_slots(0), 2);
+        assert_eq!(new_flow_slots(u32::MAX), 1 << 24);
+        assert_eq!(
+            peerwall_common::NEW_FLOW_SLOTS,
+            new_flow_slots(peerwall_common::NEW_FLOW_SLOTS)
+        );
+    }
+}
