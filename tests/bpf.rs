@@ -105,56 +105,39 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "detached");
 }
 
-/// An upgrade over pins of a peerwall whose cached verdicts had another layout: the load
-/// replaces the old caches (the verifier would refuse the new program's reads past their end)
-/// and keeps everything else pinned.
+/// An upgrade over pins of a peerwall whose cached verdicts and table of new flows had another
+/// layout: the load replaces them (the verifier would refuse the new program's accesses to
+/// them) and keeps everything else pinned.
 #[test]
 fn upgrade_replaces_verdict_caches_of_an_older_layout() {
     require_root();
     let pins = Pins::new("upgrade");
     std::fs::create_dir_all(&pins.0).expect("pin dir");
-    let old = pins.0.join("VERDICTS4");
-    let made = sh(
-        "bpftool",
-        &[
-            "map",
-            "create",
-            old.to_str().unwrap_or_default(),
-            "type",
-            "lru_hash",
-            "key",
-            "16",
-            "value",
-            "32",
-            "entries",
-            "1024",
-            "name",
-            "VERDICTS4",
-        ],
-    );
-    assert!(made.status.success(), "bpftool map create: {made:?}");
-    // The table of flows not replied yet as releases before the array pinned it: an LRU hash
-    // of flow keys (40 bytes) to states (16).
-    let old_new = pins.0.join("FLOWS_NEW");
-    let made = sh(
-        "bpftool",
-        &[
-            "map",
-            "create",
-            old_new.to_str().unwrap_or_default(),
-            "type",
-            "lru_hash",
-            "key",
-            "40",
-            "value",
-            "16",
-            "entries",
-            "1024",
-            "name",
-            "FLOWS_NEW",
-        ],
-    );
-    assert!(made.status.success(), "bpftool map create: {made:?}");
+    // A verdict cache of an older layout (32-byte verdicts), and the table of flows not replied
+    // yet as releases before the array pinned it: an LRU hash of flow keys (40 bytes) to
+    // states (16).
+    for (name, key, value) in [("VERDICTS4", "16", "32"), ("FLOWS_NEW", "40", "16")] {
+        let path = pins.0.join(name);
+        let made = sh(
+            "bpftool",
+            &[
+                "map",
+                "create",
+                path.to_str().unwrap_or_default(),
+                "type",
+                "lru_hash",
+                "key",
+                key,
+                "value",
+                value,
+                "entries",
+                "1024",
+                "name",
+                name,
+            ],
+        );
+        assert!(made.status.success(), "bpftool map create {name}: {made:?}");
+    }
     let value_size = |name: &str| {
         bpftool_json(&["map", "show", "pinned", &format!("{}/{name}", pins.arg())])["bytes_value"]
             .as_u64()

@@ -533,55 +533,15 @@ fn a_route_change_reaches_a_live_flow_within_a_cached_verdicts_lifetime() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// Delete every entry of a pinned map, as a user would with bpftool.
+/// Delete every entry of a pinned map, as a user would with bpftool; an array (`FLOWS_NEW`,
+/// direct-mapped) has no entries to delete: its occupied slots are written with zeros.
 fn flush(pins: &Pins, map: &str) {
     let path = format!("{}/{map}", pins.arg());
-    // An array (`FLOWS_NEW`, direct-mapped) has no entries to delete: its slots are emptied.
     let array = bpftool_json(&["map", "show", "pinned", &path])["type"] == "array";
-    let hex = |b: &serde_json::Value| {
-        b.as_str()
-            .unwrap_or("0")
-            .trim_start_matches("0x")
-            .to_string()
-    };
-    for e in bpftool_json(&["map", "dump", "pinned", &path])
-        .as_array()
-        .cloned()
-        .unwrap_or_default()
-    {
-        if array {
-            let value: Vec<String> = e["value"]
-                .as_array()
-                .expect("value bytes")
-                .iter()
-                .map(hex)
-                .collect();
-            if value.iter().all(|b| b.trim_start_matches('0').is_empty()) {
-                continue;
-            }
-            let key: Vec<String> = e["key"]
-                .as_array()
-                .expect("key bytes")
-                .iter()
-                .map(hex)
-                .collect();
-            let zeros = vec!["0".to_string(); value.len()];
-            let mut args = vec!["map", "update", "pinned", path.as_str(), "key", "hex"];
-            args.extend(key.iter().map(String::as_str));
-            args.push("value");
-            args.push("hex");
-            args.extend(zeros.iter().map(String::as_str));
-            let o = sh("bpftool", &args);
-            assert!(
-                o.status.success(),
-                "bpftool {args:?}: {}",
-                String::from_utf8_lossy(&o.stderr)
-            );
-            continue;
-        }
-        let key: Vec<String> = e["key"]
-            .as_array()
-            .expect("key bytes")
+    // A key's or value's bytes as bpftool prints them, in hex without the prefix.
+    let bytes = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .expect("bytes")
             .iter()
             .map(|b| {
                 b.as_str()
@@ -589,9 +549,32 @@ fn flush(pins: &Pins, map: &str) {
                     .trim_start_matches("0x")
                     .to_string()
             })
-            .collect();
-        let mut args = vec!["map", "delete", "pinned", path.as_str(), "key", "hex"];
+            .collect()
+    };
+    for e in bpftool_json(&["map", "dump", "pinned", &path])
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+    {
+        let key = bytes(&e["key"]);
+        let value = bytes(&e["value"]);
+        let zeros = vec!["0".to_string(); value.len()];
+        let mut args = vec![
+            "map",
+            if array { "update" } else { "delete" },
+            "pinned",
+            path.as_str(),
+            "key",
+            "hex",
+        ];
         args.extend(key.iter().map(String::as_str));
+        if array {
+            if value.iter().all(|b| b.trim_start_matches('0').is_empty()) {
+                continue;
+            }
+            args.extend(["value", "hex"]);
+            args.extend(zeros.iter().map(String::as_str));
+        }
         let o = sh("bpftool", &args);
         assert!(
             o.status.success(),

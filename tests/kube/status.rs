@@ -50,8 +50,9 @@ async fn status_shows_each_peers_protection() {
     let name = obj.name_any();
     api.create(&PostParams::default(), &obj).await.unwrap();
     applied(&api, &name, "gw-status").await;
-    // Dropped packets, summarized into Events by the agent every second.
-    let rows = eventually("drops in the status", Duration::from_secs(30), || async {
+    // Dropped packets, summarized into Events by the agent every second. Generous: the kube
+    // tests run two at a time beside their API servers, and this took 30 s once under load.
+    let rows = eventually("drops in the status", Duration::from_secs(90), || async {
         let _ = ping(&t.consumer, "10.10.1.67", "10.20.1.2");
         let (ok, rows) = status(&server);
         assert!(!ok, "a peer without configuration: non-zero exit");
