@@ -18,10 +18,11 @@ pub const MAX_HOOK_CHAINS: usize = 16;
 pub const HOOKS: u32 = 5;
 
 /// `BPF_F_NO_COMMON_LRU`: an LRU hash whose free and LRU lists are per CPU (each CPU evicts
-/// among the entries it inserted, without the shared list's lock). The flags of the maps a
-/// flood of new flows inserts into on every packet: the flows not replied yet (`FLOWS_NEW`) and
-/// the verdict caches (`VERDICTS4`, `VERDICTS6`). The loader drops a pinned cache whose flags
-/// differ (pinned by an older peerwall), as it does one whose entries have another size.
+/// among the entries it inserted, without the shared list's lock). The flags of the verdict
+/// caches a flood of new flows may insert into (`VERDICTS4`, `VERDICTS6`); the flows not
+/// replied yet (`FLOWS_NEW`) are a direct-mapped array, no LRU at all. The loader drops a pinned
+/// cache whose flags differ (pinned by an older peerwall), as it does one whose entries have
+/// another size.
 pub const NO_COMMON_LRU: u32 = 1 << 1;
 
 /// Map names: the pin names, and the identifiers of the eBPF side's statics (aya names a map

@@ -120,11 +120,22 @@ impl Datapath {
         m.set(i, s, 0).map_err(map_err(map::FLOWS_NEW))
     }
 
-    /// The slot count of `FLOWS_NEW` less one: what the datapath masks its index with.
-    pub(crate) fn new_flow_mask(&mut self) -> Result<u32, BpfError> {
-        let m: Array<&mut MapData, NewFlowSlot> =
+    /// Put flow `key` into its slot of `FLOWS_NEW` (the slot the datapath indexes: the key's
+    /// hash under the table's size less one), whatever was there.
+    pub(crate) fn put_new_flow(&mut self, key: FlowKey, state: FlowState) -> Result<(), BpfError> {
+        let mut m: Array<&mut MapData, NewFlowSlot> =
             Array::try_from(self.map(map::FLOWS_NEW)?).map_err(map_err(map::FLOWS_NEW))?;
-        Ok(m.len().saturating_sub(1))
+        let i = peerwall_common::new_flow_slot(&key, m.len().saturating_sub(1));
+        m.set(
+            i,
+            NewFlowSlot {
+                key,
+                _pad: [0; 8],
+                state,
+            },
+            0,
+        )
+        .map_err(map_err(map::FLOWS_NEW))
     }
 
     /// Every live flow of the datapath's tables (established and not yet replied), by
@@ -168,12 +179,12 @@ impl Datapath {
                 sets.extend(verdict_sets_of(&reverse(&k)));
             }
         }
-        let mask = self.new_flow_mask()?;
+        let mut m: Array<&mut MapData, NewFlowSlot> =
+            Array::try_from(self.map(map::FLOWS_NEW)?).map_err(map_err(map::FLOWS_NEW))?;
+        let mask = m.len().saturating_sub(1);
         for f in flows {
             let k = key_of(f);
             let i = peerwall_common::new_flow_slot(&k, mask);
-            let m: Array<&mut MapData, NewFlowSlot> =
-                Array::try_from(self.map(map::FLOWS_NEW)?).map_err(map_err(map::FLOWS_NEW))?;
             let Ok(mut s) = m.get(&i, 0) else {
                 continue;
             };
@@ -181,7 +192,7 @@ impl Datapath {
                 continue;
             }
             s.state.ended = 1;
-            self.set_new_flow_slot(i, s)?;
+            m.set(i, s, 0).map_err(map_err(map::FLOWS_NEW))?;
             ended += 1;
             sets.extend(verdict_sets_of(&k));
             sets.extend(verdict_sets_of(&reverse(&k)));

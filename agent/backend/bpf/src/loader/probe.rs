@@ -32,15 +32,7 @@ impl Datapath {
             _pad: [0; 6],
         };
         if !replied {
-            let i = peerwall_common::new_flow_slot(&key, self.new_flow_mask()?);
-            return self.set_new_flow_slot(
-                i,
-                peerwall_common::NewFlowSlot {
-                    key,
-                    _pad: [0; 8],
-                    state,
-                },
-            );
+            return self.put_new_flow(key, state);
         }
         let mut m: aya::maps::HashMap<
             &mut MapData,
