@@ -510,3 +510,182 @@ fn agent_attaches_to_interfaces_that_appear_later() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Replies allowed only as established; the consumer may open flows towards 10.20.1.2.
+const STATEFUL: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: seen, namespace: default}
+spec:
+  table:
+    name: seen
+    family: INET
+    chains:
+    - name: stateful
+      type: filter
+      hook: forward
+      priority: 0
+      policy: drop
+      rules:
+        filterRules:
+        - name: replies
+          action: accept
+          match:
+          - {op: eq, ctstate: {value: [established, related]}}
+        - name: to_offloaded
+          action: accept
+          match:
+          - {op: eq, dev: {value: liqo-tunnel, position: in}}
+          - {op: eq, ip: {value: 10.20.1.2, position: dst}}
+"#;
+
+/// `FLOW_SEEN`'s entry (u16) at `slot`, with bpftool.
+fn seen_entry(pins: &Pins, slot: u32) -> u16 {
+    let map = format!("{}/FLOW_SEEN", pins.arg());
+    let key: Vec<String> = slot.to_le_bytes().iter().map(|b| b.to_string()).collect();
+    let mut args = vec!["map", "lookup", "pinned", map.as_str(), "key"];
+    args.extend(key.iter().map(String::as_str));
+    let v = bpftool_json(&args);
+    let b: Vec<u8> = v["value"]
+        .as_array()
+        .expect("bytes")
+        .iter()
+        .map(|b| {
+            u8::from_str_radix(b.as_str().unwrap_or("0").trim_start_matches("0x"), 16).unwrap_or(0)
+        })
+        .collect();
+    u16::from_le_bytes([b[0], b[1]])
+}
+
+/// Conntrack's shortcut for unknown flows (`FLOW_SEEN`: a packet whose entry is idle is new
+/// without a lookup in the flow tables) is armed only while every attached program keeps the
+/// entries, and stamps the flows already tracked when it is armed again: an established
+/// flow's reply, allowed only as established, passes throughout.
+#[test]
+fn conntracks_shortcut_is_armed_only_while_every_program_keeps_it() {
+    use std::net::UdpSocket;
+    let t = Topology::new();
+    let pins = Pins::new("seen");
+    let file = std::env::temp_dir().join(format!("pw-seen-{}.yaml", std::process::id()));
+    std::fs::write(&file, STATEFUL).unwrap();
+    apply_bpf(&t.gateway, &pins, &[], &file);
+    let armed = |pins: &Pins| config_flags(pins) & peerwall_common::flags::FLOW_SEEN != 0;
+    assert!(
+        armed(&pins),
+        "armed after the first apply: every link is this object's"
+    );
+    let c = t
+        .consumer
+        .run_in(|| UdpSocket::bind(("10.10.1.67", 5000)))
+        .unwrap()
+        .unwrap();
+    let p = t
+        .provider
+        .run_in(|| UdpSocket::bind(("10.20.1.2", 7000)))
+        .unwrap()
+        .unwrap();
+    for s in [&c, &p] {
+        s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+            .unwrap();
+    }
+    let mut buf = [0u8; 16];
+    // The provider's datagram towards the consumer: a reply, allowed only as established.
+    let reply_passes = |what: &str| {
+        p.send_to(what.as_bytes(), ("10.10.1.67", 5000)).unwrap();
+        let mut b = [0u8; 16];
+        matches!(c.recv(&mut b), Ok(n) if &b[..n] == what.as_bytes())
+    };
+    // Unsolicited, it is new: dropped (the check below can fail).
+    assert!(
+        !reply_passes("early"),
+        "a new flow from the provider passed"
+    );
+    // The consumer opens the flow; the provider's answers pass from then on.
+    c.send_to(b"hello", ("10.20.1.2", 7000)).unwrap();
+    assert!(
+        p.recv(&mut buf).is_ok(),
+        "the consumer's datagram was not forwarded"
+    );
+    assert!(
+        reply_passes("r1"),
+        "the reply of an established flow was dropped"
+    );
+    // The flow's entry (shared by both directions) holds a recent stamp.
+    let key = peerwall_backend_bpf::loader::key_of(&peerwall_backend::Flow {
+        src: "10.10.1.67".parse().unwrap(),
+        dst: "10.20.1.2".parse().unwrap(),
+        proto: 17,
+        sport: 5000,
+        dport: 7000,
+    });
+    let slot = peerwall_common::flow_seen_slot(&key, peerwall_common::FLOW_SEEN_SLOTS - 1);
+    let now = peerwall_common::flow_seen_stamp(clock_monotonic_ns());
+    let stamp = seen_entry(&pins, slot);
+    assert!(
+        now.wrapping_sub(stamp) <= 2,
+        "FLOW_SEEN[{slot}] = {stamp}, now {now}"
+    );
+    // A program of another load (its own FLOW_SEEN) attached through this pin directory, as
+    // an older release's adopted link would be: the next apply disarms the shortcut.
+    ip(
+        &t.gateway,
+        &[
+            "link",
+            "add",
+            "liqo.foreign1",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "pwforeign1",
+        ],
+    );
+    ip(&t.gateway, &["link", "set", "liqo.foreign1", "up"]);
+    let other = Pins::new("seen-other");
+    apply_bpf(
+        &t.gateway,
+        &other,
+        &["--interfaces", "liqo.foreign1"],
+        &file,
+    );
+    std::fs::rename(
+        other.0.join("links/tc-liqo:foreign1"),
+        pins.0.join("links/tc-liqo:foreign1"),
+    )
+    .unwrap();
+    apply_bpf(&t.gateway, &pins, &[], &file);
+    assert!(!armed(&pins), "armed beside a program that does not stamp");
+    assert!(
+        reply_passes("r2"),
+        "the reply was dropped with the shortcut off"
+    );
+    // The flow's entry lost (as under a program that does not stamp), the foreign link gone:
+    // arming again stamps the tracked flows first, so the reply, first after the verdict
+    // cache's second, is still known.
+    let map = format!("{}/FLOW_SEEN", pins.arg());
+    let k: Vec<String> = slot.to_le_bytes().iter().map(|b| b.to_string()).collect();
+    let mut args = vec!["map", "update", "pinned", map.as_str(), "key"];
+    args.extend(k.iter().map(String::as_str));
+    args.extend(["value", "0", "0"]);
+    must("bpftool", &args);
+    assert_eq!(seen_entry(&pins, slot), 0);
+    std::fs::remove_file(pins.0.join("links/tc-liqo:foreign1")).unwrap();
+    apply_bpf(&t.gateway, &pins, &[], &file);
+    assert!(armed(&pins), "not armed again once every link stamps");
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    assert!(
+        reply_passes("r3"),
+        "the established flow's reply was dropped after the shortcut was armed again"
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
+/// `CLOCK_MONOTONIC` in ns (`bpf_ktime_get_ns`).
+fn clock_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}

@@ -1310,6 +1310,17 @@ fn upgrade(backend: &'static str) {
             (Some("array"), Some(64)),
             "FLOWS_NEW after the upgrade is not this release's table: {new_flows}"
         );
+        // The programs still attached are the previous release's (adopted with their links):
+        // they do not keep FLOW_SEEN, so conntrack's shortcut for unknown flows stays off.
+        let o = peerwall_nsenter(&g.t.gateway)
+            .args(["inspect", "--pin-dir", &g.pins, "--output", "json"])
+            .output()
+            .expect("inspect");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("inspect json");
+        assert_eq!(
+            v["flow_seen"], false,
+            "the shortcut is armed beside the previous release's programs: {v}"
+        );
     }
     check(&Row {
         fault: "upgrade: the previous release's agent replaced by this one".into(),

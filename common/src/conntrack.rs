@@ -130,3 +130,64 @@ pub fn new_flow_slot(k: &FlowKey, mask: u32) -> u32 {
     }
     (x ^ (x >> 16)) & mask
 }
+
+/// Entries of `FLOW_SEEN` (a power of two): 256 KiB of `u16`, small enough to stay in a
+/// CPU's cache while the flow tables (several MiB) do not.
+pub const FLOW_SEEN_SLOTS: u32 = 1 << 17;
+
+/// A `FLOW_SEEN` stamp counts units of 2^30 ns (1.07 s) of `bpf_ktime_get_ns`, modulo 2^16
+/// (19.5 hours): wider than any gap the datapath compares it over.
+pub const FLOW_SEEN_SHIFT: u32 = 30;
+
+/// The `FLOW_SEEN` entry of flow `k` *and of its reply* (table of `mask + 1` entries, a power
+/// of two): each endpoint (address and port) is hashed alone and the two hashes are added, so
+/// swapping the endpoints gives the same entry. eBPF twin: `ebpf/src/conntrack.rs`
+/// (`note_seen`, the `ct_state` shortcut).
+#[inline(always)]
+pub fn flow_seen_slot(k: &FlowKey, mask: u32) -> u32 {
+    let w = flow_words(k);
+    let ports = w[8].to_ne_bytes();
+    let end = |a: u32, b: u32, c: u32, d: u32, port: u32| {
+        let mut x: u32 = port.wrapping_mul(0x85eb_ca6b);
+        for v in [a, b, c, d] {
+            x = (x ^ v).wrapping_mul(0x9e37_79b1);
+            x ^= x >> 15;
+        }
+        x
+    };
+    let s = end(
+        w[0],
+        w[1],
+        w[2],
+        w[3],
+        u32::from(u16::from_ne_bytes([ports[0], ports[1]])),
+    );
+    let d = end(
+        w[4],
+        w[5],
+        w[6],
+        w[7],
+        u32::from(u16::from_ne_bytes([ports[2], ports[3]])),
+    );
+    let mut x = s.wrapping_add(d) ^ w[9].wrapping_mul(0xc2b2_ae35);
+    x = x.wrapping_mul(0x9e37_79b1);
+    (x ^ (x >> 16)) & mask
+}
+
+/// The `FLOW_SEEN` stamp of time `now_ns` (`bpf_ktime_get_ns`).
+#[inline(always)]
+pub const fn flow_seen_stamp(now_ns: u64) -> u16 {
+    (now_ns >> FLOW_SEEN_SHIFT) as u16
+}
+
+/// Whether every flow whose `FLOW_SEEN` entry holds `stamp` is older than `idle_ns` at
+/// `now_ns`, so that conntrack can know none of them without looking. Every write of a flow's
+/// `last_seen_ns` also writes its entry (with the same clock, so the entry is never older than
+/// any flow it covers by more than a unit, lost to a race of two CPUs writing it), and the
+/// answer is yes only past `idle_ns` plus two units: a stamp can be too new (another flow
+/// wrote it, or 2^16 units ago) and then the datapath merely looks, never too old.
+#[inline(always)]
+pub const fn flow_seen_idle(stamp: u16, now_ns: u64, idle_ns: u64) -> bool {
+    let age = flow_seen_stamp(now_ns).wrapping_sub(stamp) as u64;
+    age > (idle_ns >> FLOW_SEEN_SHIFT) + 2
+}

@@ -72,6 +72,10 @@ pub mod map {
     /// Flows not replied yet (conntrack's unassured entries): a flood of new flows evicts
     /// only these, never a flow in [`FLOWS`], which holds the replied ones.
     pub const FLOWS_NEW: &str = "FLOWS_NEW";
+    /// When a flow was last written, per [`crate::flow_seen_slot`] (both directions of a flow
+    /// share one entry): a packet whose entry is idle longer than flows live is known to no
+    /// flow without a lookup in [`FLOWS`] or [`FLOWS_NEW`] ([`crate::flags::FLOW_SEEN`]).
+    pub const FLOW_SEEN: &str = "FLOW_SEEN";
     /// Per-flow verdict cache, IPv4 ([`crate::VerdictKey4`] keys).
     pub const VERDICTS4: &str = "VERDICTS4";
     /// Per-flow verdict cache, IPv6 ([`crate::FlowKey`] keys).
@@ -168,6 +172,10 @@ pub mod flags {
     /// With [`PROBE`]: probe packets are cached and served from the verdict cache like
     /// traffic, the input interface taken from the control block (tests of the cache only).
     pub const PROBE_CACHE: u32 = 1 << 6;
+    /// `FLOW_SEEN` holds an entry for every live flow (the loader set it after stamping the
+    /// flows already there, with every attached program one that keeps the entries): a packet
+    /// whose entry is idle is a new flow without looking in the flow tables.
+    pub const FLOW_SEEN: u32 = 1 << 7;
     /// Benchmark breakdown only (`cargo xtask bench`): these skip one part of the work each,
     /// to measure what it costs. They change verdicts; the agent never sets them.
     /// No FIB lookup: every packet taken as forwarded, output interface unknown.

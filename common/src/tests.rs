@@ -149,3 +149,73 @@ fn new_flow_slots_spread_and_tell_directions_apart() {
     }
     assert!(distinct > 3900, "{distinct} slots for 4096 flows");
 }
+
+#[test]
+fn a_flow_and_its_reply_share_their_seen_entry_and_flows_spread() {
+    let k = |a: u8, b: u8, sport: u16, dport: u16| FlowKey {
+        src: [10, 0, 0, a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        dst: [10, 0, 1, b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        sport: sport.to_be_bytes(),
+        dport: dport.to_be_bytes(),
+        proto: 17,
+        family: 1,
+        _pad: [0; 2],
+    };
+    let mask = FLOW_SEEN_SLOTS - 1;
+    let f = k(1, 2, 40000, 53);
+    let r = FlowKey {
+        src: f.dst,
+        dst: f.src,
+        sport: f.dport,
+        dport: f.sport,
+        ..f
+    };
+    assert_eq!(flow_seen_slot(&f, mask), flow_seen_slot(&r, mask));
+    assert!(flow_seen_slot(&f, mask) <= mask);
+    // Another protocol, or the ports crossed over (not a reply): another entry.
+    assert_ne!(
+        flow_seen_slot(&f, mask),
+        flow_seen_slot(&FlowKey { proto: 6, ..f }, mask)
+    );
+    assert_ne!(
+        flow_seen_slot(&f, mask),
+        flow_seen_slot(&k(1, 2, 53, 40000), mask)
+    );
+    // A flood's flows (source port and address sprayed) land in nearly as many entries.
+    let mut seen = [false; FLOW_SEEN_SLOTS as usize];
+    let mut distinct = 0;
+    for i in 0..8192u32 {
+        let s = flow_seen_slot(
+            &k((i % 250) as u8, 2, 20000 + (i / 250) as u16 * 97, 80),
+            mask,
+        ) as usize;
+        if !seen[s] {
+            seen[s] = true;
+            distinct += 1;
+        }
+    }
+    assert!(distinct > 7900, "{distinct} entries for 8192 flows");
+}
+
+#[test]
+fn a_seen_entry_is_idle_only_past_the_flows_lifetime_and_its_margin() {
+    let unit = 1u64 << FLOW_SEEN_SHIFT;
+    let idle = 600_000_000_000u64;
+    let t = 5_000 * unit + 123;
+    let stamp = flow_seen_stamp(t);
+    // A flow written at `t` is live until `t + idle`: never idle before.
+    assert!(!flow_seen_idle(stamp, t, idle));
+    assert!(!flow_seen_idle(stamp, t + idle, idle));
+    assert!(!flow_seen_idle(stamp, t + idle + unit, idle));
+    // Past its lifetime and the margin: idle.
+    assert!(flow_seen_idle(stamp, t + idle + 4 * unit, idle));
+    // A stamp written a unit late (a race of two CPUs) stays not idle as long.
+    assert!(!flow_seen_idle(stamp.wrapping_add(1), t + idle, idle));
+    // Across the 16-bit wrap.
+    let late = (1u64 << (16 + FLOW_SEEN_SHIFT)) - unit;
+    let s = flow_seen_stamp(late);
+    assert!(!flow_seen_idle(s, late + idle, idle));
+    assert!(flow_seen_idle(s, late + idle + 4 * unit, idle));
+    // Zero (never written) at a boot younger than the lifetime: not idle (the datapath looks).
+    assert!(!flow_seen_idle(0, idle / 2, idle));
+}

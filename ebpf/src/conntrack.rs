@@ -5,13 +5,16 @@
 //! established, related, invalid) and the commit after an accept.
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
-use peerwall_common::{ct, family, flow_words, new_flow_slot, FlowKey, FlowState, NewFlowSlot};
+use peerwall_common::{
+    ct, family, flow_seen_idle, flow_seen_slot, flow_seen_stamp, flow_words, new_flow_slot,
+    FlowKey, FlowState, NewFlowSlot, FLOW_SEEN_SLOTS,
+};
 
 use crate::cache::{forget, outdate};
 use crate::flow::{
     flow_key, icmp_is_error, icmp_is_reply, icmp_keyed, reverse, sctp_chunk_opens, tcp_flags_valid,
 };
-use crate::maps::{new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK};
+use crate::maps::{new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, FLOW_SEEN, WORK};
 use crate::parse::{
     parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
     IPPROTO_TCP,
@@ -66,6 +69,30 @@ pub(crate) const CT_NO_WRITE: u32 = 1 << 16;
 /// expired): [`ct_commit`] of its first accept inserts it without looking again.
 pub(crate) const CT_UNKNOWN: u32 = 1 << 17;
 
+/// Bit of [`ct_state`]'s result, with [`CT_UNKNOWN`]: the flow was found unknown by its
+/// `FLOW_SEEN` entry alone, without looking in the tables, where expired entries of it may
+/// remain: the commit of its first accept looks (and clears them) before inserting.
+pub(crate) const CT_NOT_LOOKED: u32 = 1 << 18;
+
+/// Note that flow `k` (either direction) was written at `now`: with every `last_seen_ns`.
+/// Not inlined: the hash's words would add to each caller's stack frame.
+#[inline(never)]
+fn note_seen(k: &FlowKey, now: u64) {
+    if let Some(s) = FLOW_SEEN.get_ptr_mut(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1)) {
+        // SAFETY: pointer from a successful lookup; a racing CPU writes a time as recent.
+        unsafe { *s = flow_seen_stamp(now) };
+    }
+}
+
+/// Whether no flow with `k`'s `FLOW_SEEN` entry (either direction) can still be live.
+#[inline(always)]
+fn seen_idle(k: &FlowKey, now: u64) -> bool {
+    match FLOW_SEEN.get(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1)) {
+        Some(s) => flow_seen_idle(*s, now, FLOW_IDLE_NS),
+        None => false,
+    }
+}
+
 /// Timestamps are refreshed at most this often: idle expiry is off by at most this much.
 pub(crate) const FLOW_REFRESH_NS: u64 = 1_000_000_000;
 
@@ -81,7 +108,7 @@ fn unchanged(st: &FlowState, now: u64) -> u32 {
 /// Conntrack state of the packet (low byte), with [`CT_NO_WRITE`] when accepting it needs no
 /// conntrack write.
 #[inline(never)]
-pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
+pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt, seen_on: bool) -> u32 {
     let now = unsafe { bpf_ktime_get_ns() };
     if p.proto == IPPROTO_TCP && p.has_ports && !tcp_flags_valid(p.tcp_flags) {
         return ct::INVALID;
@@ -116,6 +143,10 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
         };
     }
     let k = flow_key(p);
+    // No flow of this entry is live: new, as if both tables had been looked up and missed.
+    if seen_on && seen_idle(&k, now) {
+        return new_or_invalid(p, is_icmp, ct::NEW | CT_UNKNOWN | CT_NOT_LOOKED);
+    }
     let mut seen = false;
     if let Some(st) = lookup(&k) {
         seen = true;
@@ -146,17 +177,23 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt) -> u32 {
             return ct::ESTABLISHED | same;
         }
     }
+    new_or_invalid(
+        p,
+        is_icmp,
+        if seen { ct::NEW } else { ct::NEW | CT_UNKNOWN },
+    )
+}
+
+/// A packet of no live flow: `new` (the state with its bits), unless it cannot start one.
+#[inline(never)]
+fn new_or_invalid(p: &Pkt, is_icmp: bool, new: u32) -> u32 {
     if is_icmp && icmp_is_reply(p) {
         return ct::INVALID;
     }
     if p.proto == IPPROTO_SCTP && p.has_ports && !sctp_chunk_opens(p.sctp_chunk) {
         return ct::INVALID;
     }
-    if seen {
-        ct::NEW
-    } else {
-        ct::NEW | CT_UNKNOWN
-    }
+    new
 }
 
 /// After an accept: create the flow (new, in `FLOWS_NEW`), refresh it, or note its first
@@ -180,6 +217,7 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
         if fresh(unsafe { &*st }, now) {
             // SAFETY: as above.
             unsafe { (*st).last_seen_ns = now };
+            note_seen(&k, now);
             return;
         }
         // An expired flow starts over, not replied yet.
@@ -188,6 +226,7 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
     if let Some(s) = new_slot(&k) {
         // SAFETY: pointer from a successful lookup; an expired one starts over as it is.
         unsafe { (*s).state.last_seen_ns = now };
+        note_seen(&k, now);
         return;
     }
     let r = reverse(&k);
@@ -196,6 +235,7 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
         if fresh(unsafe { &*st }, now) {
             // SAFETY: as above.
             unsafe { (*st).last_seen_ns = now };
+            note_seen(&k, now);
             return;
         }
         // An expired flow of the other direction: this packet starts a new one.
@@ -220,6 +260,7 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
                 },
                 0,
             );
+            note_seen(&k, now);
             // The original direction is established from now on.
             forget(&r);
             return;
@@ -238,6 +279,9 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
 /// unanswered flows, as an LRU would).
 #[inline(always)]
 fn insert_new(k: &FlowKey, now: u64) {
+    // The entry first: a packet of the other direction that reads it after the flow is in
+    // its slot then looks the flow up.
+    note_seen(k, now);
     if let Some(s) = FLOWS_NEW.get_ptr_mut(new_flow_slot(k, new_flow_mask())) {
         // SAFETY: pointer from a successful lookup; a racing write of another CPU to the same
         // slot can leave a mix of two keys, which matches no flow (a miss, as an eviction).

@@ -8,7 +8,7 @@ use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdicts4,
     DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, NewFlowSlot, PortKeyData,
     ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS, CPU_VERDICT_SETS,
-    HOOK_SLOTS, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU,
+    FLOW_SEEN_SLOTS, HOOK_SLOTS, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU,
 };
 
 use crate::parse::Pkt;
@@ -118,6 +118,13 @@ pub(crate) static FLOWS: LruHashMap<FlowKey, FlowState> = LruHashMap::pinned(FLO
 /// cache line written. Page-aligned values (`BPF_F_MMAPABLE`), so each slot is one line.
 #[map]
 pub(crate) static FLOWS_NEW: Array<NewFlowSlot> = Array::pinned(NEW_FLOW_SLOTS, BPF_F_MMAPABLE);
+/// When a flow was last written ([`peerwall_common::flow_seen_slot`]: a flow and its replies
+/// share an entry; [`peerwall_common::flow_seen_stamp`] units): `conntrack.rs` writes it with
+/// every `last_seen_ns`, and with [`peerwall_common::flags::FLOW_SEEN`] a packet whose entry is
+/// idle longer than flows live is a new flow without a lookup in `FLOWS` or `FLOWS_NEW` (cold
+/// misses in tables of several MiB: a flood of denied new flows paid them on every packet).
+#[map]
+pub(crate) static FLOW_SEEN: Array<u16> = Array::pinned(FLOW_SEEN_SLOTS, 0);
 /// `FLOWS_NEW`'s slot count less one (a power of two less one): set by the loader (which may
 /// size the table otherwise, `--flow-table-size`); read-only data the verifier sees as a
 /// constant.

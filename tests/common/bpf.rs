@@ -113,3 +113,20 @@ pub fn bpf_agent(ns: &NetNs, pins: &Pins, dir: &std::path::Path, interval_ms: u3
     ];
     spawn_agent(ns, &args)
 }
+
+/// `CONFIG.flags` (`peerwall_common::flags`), read with bpftool.
+pub fn config_flags(pins: &Pins) -> u32 {
+    let map = format!("{}/CONFIG", pins.arg());
+    let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
+    let bytes: Vec<u8> = v["value"]
+        .as_array()
+        .expect("bytes")
+        .iter()
+        .skip(4)
+        .take(4)
+        .map(|b| {
+            u8::from_str_radix(b.as_str().unwrap_or("0").trim_start_matches("0x"), 16).unwrap_or(0)
+        })
+        .collect();
+    u32::from_le_bytes(bytes.try_into().expect("4 bytes of flags"))
+}

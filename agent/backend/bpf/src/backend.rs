@@ -163,6 +163,8 @@ impl BpfBackend {
         for t in targets {
             self.datapath.attach(t, self.xdp)?;
         }
+        // Conntrack's shortcut for unknown flows, once every attached program keeps it.
+        self.datapath.arm_flow_seen()?;
         Ok(report)
     }
 

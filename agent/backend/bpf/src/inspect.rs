@@ -83,6 +83,9 @@ pub struct Inspection {
     pub chains: Vec<ChainState>,
     /// Tracked flows.
     pub flows: usize,
+    /// Conntrack's shortcut for unknown flows is armed (`FLOW_SEEN`: off while a program that
+    /// does not keep it, an older release's, is attached here).
+    pub flow_seen: bool,
     /// Destination rewrites of the live slot (`VIEW<s>`): `ifindex N: FROM -> TO`.
     pub views: Vec<String>,
 }
@@ -258,6 +261,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         hooks,
         chains,
         flows,
+        flow_seen: cfg.flags & peerwall_common::flags::FLOW_SEEN != 0,
         views,
     })
 }
@@ -265,12 +269,17 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
 /// Text rendering of an inspection.
 pub fn text(i: &Inspection) -> String {
     let mut s = format!(
-        "pins {}\nactive slot {}{}\nattached {}\nflows {}\n",
+        "pins {}\nactive slot {}{}\nattached {}\nflows {} (unknown flows known without a lookup: {})\n",
         i.pin_dir,
         i.active_slot,
         if i.allow_all { "  ALLOW-ALL IS ON" } else { "" },
         i.attached.join(" "),
-        i.flows
+        i.flows,
+        if i.flow_seen {
+            "on"
+        } else {
+            "off, a program attached here does not keep FLOW_SEEN"
+        }
     );
     for (m, n) in &i.entries {
         s.push_str(&format!("map {m}: {n} entries\n"));

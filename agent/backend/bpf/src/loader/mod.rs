@@ -12,10 +12,12 @@ mod attach;
 mod baseline;
 mod entries;
 mod flows;
+pub use flows::key_of;
 pub(crate) use flows::occupied_new_flow_slots;
 mod host;
 mod pins;
 mod probe;
+mod seen;
 mod slots;
 
 use entries::*;
@@ -105,6 +107,9 @@ pub struct Datapath {
     /// What the policy applied last does not get from the datapath ([`diagnostics`]): a set
     /// update changes no rule, so it reports these again instead of walking the rules.
     diagnostics: Vec<String>,
+    /// The pinned links [`Datapath::arm_flow_seen`] found all stamping `FLOW_SEEN`, when it
+    /// armed the shortcut (checked again when they change).
+    seen_checked: Option<Vec<PathBuf>>,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -172,6 +177,7 @@ impl Datapath {
             slots: [None, None],
             active: 0,
             diagnostics: Vec::new(),
+            seen_checked: None,
         };
         b.active = b.config()?.active & 1;
         Ok(b)

@@ -17,14 +17,9 @@ impl Datapath {
         key: peerwall_common::FlowKey,
         replied: bool,
     ) -> Result<(), BpfError> {
-        // Monotonic clock of the kernel (bpf_ktime_get_ns).
-        let mut ts = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        // SAFETY: clock_gettime writes into `ts`.
-        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        let now = super::seen::ktime_ns();
+        // Its FLOW_SEEN entry first, as the datapath stamps it.
+        self.note_seen(&key, now)?;
         let state = peerwall_common::FlowState {
             last_seen_ns: now,
             replied: u8::from(replied),
