@@ -689,3 +689,121 @@ fn clock_monotonic_ns() -> u64 {
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
+
+/// The bytes of a plain-data kernel struct (no padding: `peerwall_common`'s layouts).
+fn bytes_of<T: Copy>(v: &T) -> Vec<String> {
+    // SAFETY: `T` is one of peerwall_common's `repr(C)` plain-data map types, read as bytes.
+    let b = unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) };
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// `bpftool map update pinned PINS/MAP key hex K value hex V`.
+fn map_update(pins: &Pins, name: &str, key: &[String], value: &[String]) {
+    let map = format!("{}/{name}", pins.arg());
+    let mut args = vec!["map", "update", "pinned", map.as_str(), "key", "hex"];
+    args.extend(key.iter().map(String::as_str));
+    args.extend(["value", "hex"]);
+    args.extend(value.iter().map(String::as_str));
+    must("bpftool", &args);
+}
+
+/// A flow conntrack forgot long ago (expired entries of it in both tables, both directions)
+/// starts again while its `FLOW_SEEN` entry is idle: the shortcut inserts it without looking,
+/// and neither the lookups nor the commit of its reply let the expired entries hide it: the
+/// reply, allowed only as established, passes, and again once the verdict cache has expired
+/// (the flow moved to the established table).
+#[test]
+fn a_flow_started_again_past_expired_entries_of_itself_is_known() {
+    use peerwall_common::{FlowState, NewFlowSlot};
+    use std::net::UdpSocket;
+    let t = Topology::new();
+    let pins = Pins::new("stale");
+    let file = std::env::temp_dir().join(format!("pw-stale-{}.yaml", std::process::id()));
+    std::fs::write(&file, STATEFUL).unwrap();
+    apply_bpf(&t.gateway, &pins, &[], &file);
+    assert!(config_flags(&pins) & peerwall_common::flags::FLOW_SEEN != 0);
+    let flow = peerwall_backend::Flow {
+        src: "10.10.1.67".parse().unwrap(),
+        dst: "10.20.1.2".parse().unwrap(),
+        proto: 17,
+        sport: 5001,
+        dport: 7001,
+    };
+    let k = peerwall_backend_bpf::loader::key_of(&flow);
+    let r = peerwall_backend_bpf::loader::key_of(&peerwall_backend::Flow {
+        src: flow.dst,
+        dst: flow.src,
+        sport: flow.dport,
+        dport: flow.sport,
+        ..flow
+    });
+    // Expired: last seen at boot (1 ns), the lifetime long past.
+    let expired = FlowState {
+        last_seen_ns: 1,
+        replied: 1,
+        ended: 0,
+        _pad: [0; 6],
+    };
+    for key in [&k, &r] {
+        map_update(&pins, "FLOWS", &bytes_of(key), &bytes_of(&expired));
+    }
+    let slot = |key: &peerwall_common::FlowKey| {
+        peerwall_common::new_flow_slot(key, peerwall_common::NEW_FLOW_SLOTS - 1)
+    };
+    map_update(
+        &pins,
+        "FLOWS_NEW",
+        &bytes_of(&slot(&r)),
+        &bytes_of(&NewFlowSlot {
+            key: r,
+            _pad: [0; 8],
+            state: FlowState {
+                replied: 0,
+                ..expired
+            },
+        }),
+    );
+    // Its FLOW_SEEN entry idle (whatever the machine's uptime).
+    let seen = peerwall_common::flow_seen_slot(&k, peerwall_common::FLOW_SEEN_SLOTS - 1);
+    let idle = peerwall_common::flow_seen_stamp(clock_monotonic_ns()).wrapping_sub(
+        (peerwall_common::FLOW_IDLE_NS >> peerwall_common::FLOW_SEEN_SHIFT) as u16 + 4,
+    );
+    map_update(&pins, "FLOW_SEEN", &bytes_of(&seen), &bytes_of(&idle));
+    let c = t
+        .consumer
+        .run_in(|| UdpSocket::bind(("10.10.1.67", 5001)))
+        .unwrap()
+        .unwrap();
+    let p = t
+        .provider
+        .run_in(|| UdpSocket::bind(("10.20.1.2", 7001)))
+        .unwrap()
+        .unwrap();
+    for s in [&c, &p] {
+        s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+            .unwrap();
+    }
+    let reply_passes = |what: &str| {
+        p.send_to(what.as_bytes(), ("10.10.1.67", 5001)).unwrap();
+        let mut b = [0u8; 16];
+        matches!(c.recv(&mut b), Ok(n) if &b[..n] == what.as_bytes())
+    };
+    // Expired entries make no flow: the provider's datagram is new, and dropped.
+    assert!(!reply_passes("early"), "an expired flow let a new one in");
+    let mut buf = [0u8; 16];
+    c.send_to(b"hello", ("10.20.1.2", 7001)).unwrap();
+    assert!(
+        p.recv(&mut buf).is_ok(),
+        "the consumer's datagram was not forwarded"
+    );
+    assert!(
+        reply_passes("r1"),
+        "the reply was dropped: expired entries hid the flow"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    assert!(
+        reply_passes("r2"),
+        "the reply past the verdict cache was dropped: the flow was not established"
+    );
+    let _ = std::fs::remove_file(&file);
+}

@@ -218,6 +218,7 @@ fn main() {
                         // A first packet: no cached verdict, no conntrack entry either way
                         // (flows flushed, none written), so every lookup misses.
                         b.flush_flows().expect("flush conntrack");
+                        b.forget_flow_seen().expect("FLOW_SEEN");
                         b.set_diagnostic_flags(
                             peerwall_common::flags::DIAG_NO_CACHE
                                 | peerwall_common::flags::DIAG_NO_CT_COMMIT,
@@ -349,7 +350,9 @@ fn main() {
 fn breakdown_section() {
     let bd_hosts = hosts(1_000, 44);
     let bd_frame = frame_to(bd_hosts[500].network());
-    let parts = breakdown::run(policy(&bd_hosts, 64), bd_hosts, bd_frame);
+    // No host of the policy: its chain's policy drops it.
+    let denied = frame_to(Ipv4Addr::new(10, 255, 255, 254));
+    let parts = breakdown::run(policy(&bd_hosts, 64), bd_hosts, bd_frame, denied);
     let bd = breakdown::markdown(&parts, 1_000, 64);
     doc::write_section("breakdown", bd.trim_end()).expect("write docs/bench.md");
     print!("\n{bd}");

@@ -131,6 +131,10 @@ pub fn new_flow_slot(k: &FlowKey, mask: u32) -> u32 {
     (x ^ (x >> 16)) & mask
 }
 
+/// A flow the datapath has not seen for this long is gone (its entry may linger in the table
+/// until reused or evicted, but no packet finds it live).
+pub const FLOW_IDLE_NS: u64 = 600_000_000_000;
+
 /// Entries of `FLOW_SEEN` (a power of two): 256 KiB of `u16`, small enough to stay in a
 /// CPU's cache while the flow tables (several MiB) do not.
 pub const FLOW_SEEN_SLOTS: u32 = 1 << 17;
@@ -145,7 +149,13 @@ pub const FLOW_SEEN_SHIFT: u32 = 30;
 /// (`note_seen`, the `ct_state` shortcut).
 #[inline(always)]
 pub fn flow_seen_slot(k: &FlowKey, mask: u32) -> u32 {
-    let w = flow_words(k);
+    flow_seen_slot_of_words(&flow_words(k), mask)
+}
+
+/// [`flow_seen_slot`] of a key given as its [`flow_words`] (the datapath's known-flow path
+/// builds them from the headers, without a [`FlowKey`]).
+#[inline(always)]
+pub fn flow_seen_slot_of_words(w: &[u32; 10], mask: u32) -> u32 {
     let ports = w[8].to_ne_bytes();
     let end = |a: u32, b: u32, c: u32, d: u32, port: u32| {
         let mut x: u32 = port.wrapping_mul(0x85eb_ca6b);

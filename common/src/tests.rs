@@ -200,7 +200,7 @@ fn a_flow_and_its_reply_share_their_seen_entry_and_flows_spread() {
 #[test]
 fn a_seen_entry_is_idle_only_past_the_flows_lifetime_and_its_margin() {
     let unit = 1u64 << FLOW_SEEN_SHIFT;
-    let idle = 600_000_000_000u64;
+    let idle = FLOW_IDLE_NS;
     let t = 5_000 * unit + 123;
     let stamp = flow_seen_stamp(t);
     // A flow written at `t` is live until `t + idle`: never idle before.

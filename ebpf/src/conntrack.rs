@@ -6,7 +6,8 @@
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use peerwall_common::{
-    ct, family, flow_seen_idle, flow_seen_slot, flow_seen_stamp, flow_words, new_flow_slot,
+    ct, family, flow_seen_idle, flow_seen_slot, flow_seen_slot_of_words, flow_seen_stamp,
+    flow_words, new_flow_slot,
     FlowKey, FlowState, NewFlowSlot, FLOW_SEEN_SLOTS,
 };
 
@@ -20,16 +21,18 @@ use crate::parse::{
     IPPROTO_TCP,
 };
 
-/// A flow's state, wherever it is: the established table first.
+/// A flow's state, wherever it is: the established table first, unless its entry there has
+/// expired (a flow started again since is in `FLOWS_NEW`: the `FLOW_SEEN` shortcut inserts it
+/// there without clearing what expired).
 #[inline(always)]
-fn lookup(k: &FlowKey) -> Option<&FlowState> {
+fn lookup(k: &FlowKey, now: u64) -> Option<&FlowState> {
     // SAFETY: read-only lookups of plain data.
     match unsafe { FLOWS.get(k) } {
-        Some(st) => Some(st),
+        Some(st) if fresh(st, now) => Some(st),
         // SAFETY: a slot of a successful lookup; other CPUs may rewrite it meanwhile, which
         // at worst makes this lookup miss or see another new flow's state (not replied,
         // fresh: what any slot holds).
-        None => new_slot(k).map(|s| unsafe { &(*s).state }),
+        _ => new_slot(k).map(|s| unsafe { &(*s).state }),
     }
 }
 
@@ -69,11 +72,6 @@ pub(crate) const CT_NO_WRITE: u32 = 1 << 16;
 /// expired): [`ct_commit`] of its first accept inserts it without looking again.
 pub(crate) const CT_UNKNOWN: u32 = 1 << 17;
 
-/// Bit of [`ct_state`]'s result, with [`CT_UNKNOWN`]: the flow was found unknown by its
-/// `FLOW_SEEN` entry alone, without looking in the tables, where expired entries of it may
-/// remain: the commit of its first accept looks (and clears them) before inserting.
-pub(crate) const CT_NOT_LOOKED: u32 = 1 << 18;
-
 /// Note that flow `k` (either direction) was written at `now`: with every `last_seen_ns`.
 /// Not inlined: the hash's words would add to each caller's stack frame.
 #[inline(never)]
@@ -87,7 +85,13 @@ fn note_seen(k: &FlowKey, now: u64) {
 /// Whether no flow with `k`'s `FLOW_SEEN` entry (either direction) can still be live.
 #[inline(always)]
 fn seen_idle(k: &FlowKey, now: u64) -> bool {
-    match FLOW_SEEN.get(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1)) {
+    no_live_flow(&flow_words(k), now)
+}
+
+/// [`seen_idle`] of a key given as its words ([`peerwall_common::flow_words`]).
+#[inline(always)]
+pub(crate) fn no_live_flow(words: &[u32; 10], now: u64) -> bool {
+    match FLOW_SEEN.get(flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1)) {
         Some(s) => flow_seen_idle(*s, now, FLOW_IDLE_NS),
         None => false,
     }
@@ -132,7 +136,8 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt, seen_on: bool) -> u
         }
         let k = flow_key(inner);
         let live = |st: &FlowState| fresh(st, now) && st.ended == 0;
-        let known = lookup(&k).is_some_and(live) || lookup(&reverse(&k)).is_some_and(live);
+        let known =
+            lookup(&k, now).is_some_and(live) || lookup(&reverse(&k), now).is_some_and(live);
         return if known { ct::RELATED } else { ct::INVALID };
     }
     if is_icmp && !icmp_keyed(p) {
@@ -144,11 +149,13 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt, seen_on: bool) -> u
     }
     let k = flow_key(p);
     // No flow of this entry is live: new, as if both tables had been looked up and missed.
+    // Expired entries of the flow (either direction) may remain in them: lookups and commits
+    // pass over those (`lookup`, `ct_commit`), so its commit inserts it without looking.
     if seen_on && seen_idle(&k, now) {
-        return new_or_invalid(p, is_icmp, ct::NEW | CT_UNKNOWN | CT_NOT_LOOKED);
+        return new_or_invalid(p, is_icmp, ct::NEW | CT_UNKNOWN);
     }
     let mut seen = false;
-    if let Some(st) = lookup(&k) {
+    if let Some(st) = lookup(&k, now) {
         seen = true;
         if fresh(st, now) {
             if st.ended != 0 {
@@ -162,7 +169,7 @@ pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt, seen_on: bool) -> u
             return state | unchanged(st, now);
         }
     }
-    if let Some(st) = lookup(&reverse(&k)) {
+    if let Some(st) = lookup(&reverse(&k), now) {
         seen = true;
         if fresh(st, now) {
             if st.ended != 0 {
@@ -224,10 +231,15 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
         let _ = FLOWS.remove(&k);
     }
     if let Some(s) = new_slot(&k) {
-        // SAFETY: pointer from a successful lookup; an expired one starts over as it is.
-        unsafe { (*s).state.last_seen_ns = now };
-        note_seen(&k, now);
-        return;
+        // SAFETY: pointer from a successful lookup.
+        if fresh(unsafe { &(*s).state }, now) {
+            // SAFETY: as above.
+            unsafe { (*s).state.last_seen_ns = now };
+            note_seen(&k, now);
+            return;
+        }
+        // Expired: a new packet takes the slot again below; a reply goes on to the flow it
+        // answers (refreshing this one would leave that flow unreplied).
     }
     let r = reverse(&k);
     if let Some(st) = FLOWS.get_ptr_mut(&r) {

@@ -53,7 +53,7 @@ use peerwall_common::{ct, flags, PROBE_MAGIC};
 
 use crate::cache::{cache_on, cached_verdict, direct_cache, known_flow_v4, remember, MISS};
 use crate::classify::{classify, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
-use crate::conntrack::{ct_commit, ct_state, CT_NOT_LOOKED, CT_NO_WRITE, CT_UNKNOWN};
+use crate::conntrack::{ct_commit, ct_state, CT_NO_WRITE, CT_UNKNOWN};
 use crate::events::note_outcome;
 use crate::maps::{allow_all, config, has_views, WORK};
 use crate::parse::{parse, Parse, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
@@ -148,7 +148,6 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let state = tracked & 0xff;
     let commit = tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0;
     let unknown = tracked & CT_UNKNOWN != 0;
-    let looked = tracked & CT_NOT_LOOKED == 0;
     let r = if probe {
         let cb = ctx.cb();
         Route {
@@ -161,7 +160,6 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             commit,
             cache,
             unknown,
-            looked,
         }
     } else {
         let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
@@ -179,7 +177,6 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             commit,
             cache,
             unknown,
-            looked,
         }
     };
     // SAFETY: as above.
@@ -213,7 +210,7 @@ fn finish_tc(ctx: &TcContext, probe: bool, flags: u32) -> i32 {
         ACT_ACCEPT => {
             if let Some(w) = WORK.get(0) {
                 if w.r.commit {
-                    ct_commit(&w.p, w.r.state, w.r.unknown && w.r.looked);
+                    ct_commit(&w.p, w.r.state, w.r.unknown);
                 }
             }
             TC_ACT_OK
@@ -280,7 +277,6 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         commit: false,
         cache,
         unknown: tracked & CT_UNKNOWN != 0,
-        looked: tracked & CT_NOT_LOOKED == 0,
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };

@@ -21,7 +21,7 @@ pub(crate) const TRIE_MAX: u32 = 4 << 20;
 pub(crate) const PORT_TRIE_MAX: u32 = 1 << 16;
 pub(crate) const HASH_MAX: u32 = 1 << 14;
 pub(crate) const FLOWS_MAX: u32 = 1 << 16;
-pub(crate) const FLOW_IDLE_NS: u64 = 600_000_000_000;
+pub(crate) use peerwall_common::FLOW_IDLE_NS;
 /// `BPF_F_NO_PREALLOC`: hash maps sized for millions of hosts take memory as entries come.
 pub(crate) const NO_PREALLOC: u32 = 1;
 

@@ -58,9 +58,6 @@ pub(crate) struct Route {
     /// its commit inserts without looking again, and an accept is not cached (the flow's next
     /// packet, known by then, is): a flood of new flows costs no verdict-cache insert.
     pub(crate) unknown: bool,
-    /// With `unknown`: found so by looking in both tables, which the commit then skips (not
-    /// by `FLOW_SEEN` alone, [`crate::conntrack::CT_NOT_LOOKED`]).
-    pub(crate) looked: bool,
 }
 
 /// Where the kernel will send the packet: (path, oif).

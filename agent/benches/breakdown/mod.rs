@@ -39,6 +39,8 @@ pub struct Part {
     pub ns: f64,
     /// Median ns per packet when every packet is a new flow.
     pub new_ns: f64,
+    /// Median ns per packet when every packet is a new flow the policy denies.
+    pub denied_ns: f64,
     /// Verdict as expected (accept).
     pub ok: bool,
 }
@@ -72,18 +74,19 @@ impl NewFlows {
 }
 
 /// [`NEW_FLOWS`] packets of new flows through `prog`, each in a test run of its own: (mean
-/// ns, every run returned 0).
+/// ns, every run returned `expect`).
 fn per_new_flow(
     prog: &aya::programs::SchedClassifier,
     flows: &mut NewFlows,
     c: &[u8],
+    expect: u32,
 ) -> (f64, bool) {
     let mut total = 0.0;
     let mut ok = true;
     for _ in 0..NEW_FLOWS {
         let (t, ret) = run_repeat(prog, flows.next_frame(), c, 1);
         total += t;
-        ok &= ret == 0;
+        ok &= ret == expect;
     }
     (total / NEW_FLOWS as f64, ok)
 }
@@ -160,11 +163,16 @@ pub fn load_routed(pin: &std::path::Path, policy: &Policy) -> (Datapath, [u8; 19
         .find(|h| h.name == "liqo-tunnel")
         .map_or(0, |h| h.ifindex);
     b.apply(policy, &ifaces).expect("apply");
+    // As the agent does once its programs are attached (none here: nothing to check).
+    assert!(b.arm_flow_seen().expect("FLOW_SEEN"), "shortcut armed");
     (b, ctx(tunnel))
 }
 
-/// Run the breakdown for `policy` (which accepts `frame`) over `hosts`.
-pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
+/// tc's verdict for a dropped packet.
+const TC_ACT_SHOT: u32 = 2;
+
+/// Run the breakdown for `policy` (which accepts `frame` and drops `denied`) over `hosts`.
+pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>, denied: Vec<u8>) -> Vec<Part> {
     let ns = routed_namespace();
     ns.run_in(move || {
         let root = peerwall_backend_bpf::loader::ensure_bpffs().expect("bpffs");
@@ -174,60 +182,101 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
         b.fill_bare(&hosts).expect("bare trie");
         let addrs: Vec<Ipv4Addr> = hosts.iter().map(Ipv4Net::network).collect();
         b.fill_bare_hash(&addrs).expect("bare hash");
-        let variants: [(&'static str, u32); 8] = [
-            ("classifier as deployed (verdict cache on)", 0),
+        // (row, diagnostic flags, conntrack's FLOW_SEEN shortcut on).
+        let variants: [(&'static str, u32, bool); 9] = [
+            ("classifier as deployed (verdict cache on)", 0, true),
             (
                 "classifier, classifying in full (no verdict cache)",
                 flags::DIAG_NO_CACHE,
+                true,
             ),
-            ("  without the FIB lookup", flags::DIAG_NO_FIB),
-            ("  without the conntrack write", flags::DIAG_NO_CT_COMMIT),
-            ("  without conntrack (lookup and write)", flags::DIAG_NO_CT),
-            ("  without rule counters", flags::DIAG_NO_COUNTERS),
+            ("  without the FIB lookup", flags::DIAG_NO_FIB, true),
+            (
+                "  without the conntrack write",
+                flags::DIAG_NO_CT_COMMIT,
+                true,
+            ),
+            (
+                "  without conntrack (lookup and write)",
+                flags::DIAG_NO_CT,
+                true,
+            ),
+            (
+                "  without the FLOW_SEEN shortcut (both flow tables looked up)",
+                flags::DIAG_NO_CACHE,
+                false,
+            ),
+            ("  without rule counters", flags::DIAG_NO_COUNTERS, true),
             (
                 "  without the chains (parse, FIB, conntrack)",
                 flags::DIAG_NO_CHAINS,
+                true,
             ),
             (
                 "  parse only (no FIB, conntrack, chains)",
                 flags::DIAG_NO_FIB | flags::DIAG_NO_CT | flags::DIAG_NO_CHAINS,
+                true,
             ),
         ];
         let mut flows = NewFlows::new(&frame);
+        let mut denied_flows = NewFlows::new(&denied);
         let mut samples: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
         let mut fresh: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
+        let mut dropped: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
         let mut ok = vec![true; variants.len() + 3];
         for _ in 0..rounds() {
-            for (i, (_, diag)) in variants.iter().enumerate() {
+            for (i, (_, diag, seen)) in variants.iter().enumerate() {
                 b.set_diagnostic_flags(*diag).expect("flags");
+                b.set_flow_seen(*seen).expect("flags");
                 let (t, ret) = run_ns(b.tc_program().expect("tc"), &frame, &c);
                 ok[i] &= ret == 0;
                 samples[i].push(t);
-                let (t, all) = per_new_flow(b.tc_program().expect("tc"), &mut flows, &c);
+                let (t, all) = per_new_flow(b.tc_program().expect("tc"), &mut flows, &c, 0);
                 ok[i] &= all;
                 fresh[i].push(t);
+                // A gateway whose tracked flows are few (not the allowed flood just measured,
+                // which stamped most of FLOW_SEEN): none, every entry idle.
+                b.flush_flows().expect("flush conntrack");
+                b.forget_flow_seen().expect("FLOW_SEEN");
+                // Without the chains nothing drops: those accept.
+                let drops = diag & flags::DIAG_NO_CHAINS == 0;
+                let (t, all) = per_new_flow(
+                    b.tc_program().expect("tc"),
+                    &mut denied_flows,
+                    &c,
+                    if drops { TC_ACT_SHOT } else { 0 },
+                );
+                ok[i] &= all;
+                dropped[i].push(t);
             }
             b.set_diagnostic_flags(0).expect("flags");
+            b.set_flow_seen(true).expect("flags");
             let base = variants.len();
-            for (j, prog) in [
-                b.empty_program()
-                    .map(|p| (run_ns(p, &frame, &c), per_new_flow(p, &mut flows, &c))),
-                b.hash_program()
-                    .map(|p| (run_ns(p, &frame, &c), per_new_flow(p, &mut flows, &c))),
-                b.bare_program()
-                    .map(|p| (run_ns(p, &frame, &c), per_new_flow(p, &mut flows, &c))),
-            ]
-            .into_iter()
-            .enumerate()
-            {
-                let ((t, ret), (tn, all)) = prog.expect("baseline program");
+            type Limit = fn(
+                &mut Datapath,
+            ) -> Result<
+                &mut aya::programs::SchedClassifier,
+                peerwall_backend_bpf::loader::BpfError,
+            >;
+            let limits: [Limit; 3] = [
+                Datapath::empty_program,
+                Datapath::hash_program,
+                Datapath::bare_program,
+            ];
+            for (j, limit) in limits.into_iter().enumerate() {
+                let p = limit(&mut b).expect("baseline program");
+                let (t, ret) = run_ns(p, &frame, &c);
+                let (tn, all) = per_new_flow(p, &mut flows, &c, 0);
+                // The limits pass everything; only their cost is compared.
+                let (td, _) = per_new_flow(p, &mut denied_flows, &c, 0);
                 ok[base + j] &= ret == 0 && all;
                 samples[base + j].push(t);
                 fresh[base + j].push(tn);
+                dropped[base + j].push(td);
             }
         }
         drop(b);
-        let names = variants.iter().map(|(n, _)| *n).chain([
+        let names = variants.iter().map(|(n, _, _)| *n).chain([
             "limit: a tc program that does nothing",
             "limit: one hash lookup on the destination",
             "one LPM lookup on the destination (bare)",
@@ -235,11 +284,13 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>) -> Vec<Part> {
         names
             .zip(samples)
             .zip(fresh)
+            .zip(dropped)
             .zip(ok)
-            .map(|(((what, s), f), ok)| Part {
+            .map(|((((what, s), f), d), ok)| Part {
                 what,
                 ns: median(s),
                 new_ns: median(f),
+                denied_ns: median(d),
                 ok,
             })
             .collect()
@@ -252,6 +303,7 @@ pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
     // Row 1: the full classification every variant removes one part from.
     let full = parts.get(1).map_or(0.0, |p| p.ns);
     let full_new = parts.get(1).map_or(0.0, |p| p.new_ns);
+    let full_denied = parts.get(1).map_or(0.0, |p| p.denied_ns);
     let date = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
         .output()
@@ -262,17 +314,17 @@ pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
         "## Where the classifier's time goes (`cargo xtask bench breakdown`)\n\nGenerated on {date} (kernel {}). Absolute numbers drift between runs on this VM; the ratios within one run are what to read.\n\n",
         kernel.trim()
     );
-    md.push_str(&format!("{prefixes} destination hosts, {rules} rules, BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. Two kinds of traffic: *the same packet* (a forwarded TCP SYN) every run, 200k runs per measurement, so every table it touches is in the CPU's caches; and *every packet a new flow*: {NEW_FLOWS} packets per round, each of a flow never seen before in the run (source address and port changed), each in a test run of its own, as a flood of new flows arrives: the tables they touch (conntrack, verdict caches) are cold, and once `FLOWS_NEW` is full, each new flow takes the slot of another.\n\nThe first row is the datapath as deployed. For the same packet, a known flow: its verdict comes from the per-flow cache (the addresses, ports and protocol read straight from the headers, then this CPU's own verdict cache: an array read, no hashing). For new flows: both verdict-cache levels looked up and missed, the full classification, the conntrack insert. The second row is a full classification with the verdict cache off (FIB, conntrack, every chain), what the first packet of a flow pays; each variant below it removes one part of that work with the datapath's benchmark-only flags, and *cost* is what the part adds (full − variant). The limits are what no tc datapath can beat; in the new-flow column they also show what a test run of one packet costs by itself (its timer). Medians of {} interleaved rounds.\n\n| program | same packet ns/pkt | cost of the part | ratio to full | every packet a new flow ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|---:|---:|---:|\n", rounds()));
+    md.push_str(&format!("{prefixes} destination hosts, {rules} rules, BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. Two kinds of traffic: *the same packet* (a forwarded TCP SYN) every run, 200k runs per measurement, so every table it touches is in the CPU's caches; and *every packet a new flow*: {NEW_FLOWS} packets per round, each of a flow never seen before in the run (source address and port changed), each in a test run of its own, as a flood of new flows arrives: the tables they touch (conntrack, verdict caches) are cold, and once `FLOWS_NEW` is full, each new flow takes the slot of another; and *every packet a new flow the policy denies* (to an address no rule accepts), the same flood towards a denied destination, on a gateway whose flow tables are otherwise empty (flushed before each measurement, so conntrack's `FLOW_SEEN` entries are idle as they are where few flows live).\n\nThe first row is the datapath as deployed. For the same packet, a known flow: its verdict comes from the per-flow cache (the addresses, ports and protocol read straight from the headers, then this CPU's own verdict cache: an array read, no hashing). For new flows: both verdict-cache levels looked up and missed, the full classification, the conntrack insert. The second row is a full classification with the verdict cache off (FIB, conntrack, every chain), what the first packet of a flow pays; each variant below it removes one part of that work with the datapath's benchmark-only flags, and *cost* is what the part adds (full − variant); the `FLOW_SEEN` row turns a shortcut off instead, so its cost is negative where the shortcut saves time (a packet whose entry says no live flow can have it skips both flow tables; an accepted one looks them up at its commit, a denied one never). The limits are what no tc datapath can beat; in the new-flow column they also show what a test run of one packet costs by itself (its timer). Medians of {} interleaved rounds.\n\n| program | same packet ns/pkt | cost of the part | ratio to full | every packet a new flow ns/pkt | cost of the part | ratio to full | every packet a new denied flow ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds()));
     for (i, p) in parts.iter().enumerate() {
         let cost = |full: f64, ns: f64| {
-            if (2..8).contains(&i) {
+            if (2..parts.len().saturating_sub(3)).contains(&i) {
                 format!("{:.0}", full - ns)
             } else {
                 "–".into()
             }
         };
         md.push_str(&format!(
-            "| {}{} | {:.1} | {} | {:.2} | {:.1} | {} | {:.2} |\n",
+            "| {}{} | {:.1} | {} | {:.2} | {:.1} | {} | {:.2} | {:.1} | {} | {:.2} |\n",
             p.what,
             if p.ok { "" } else { " (unexpected verdict)" },
             p.ns,
@@ -280,7 +332,10 @@ pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
             p.ns / full,
             p.new_ns,
             cost(full_new, p.new_ns),
-            p.new_ns / full_new
+            p.new_ns / full_new,
+            p.denied_ns,
+            cost(full_denied, p.denied_ns),
+            p.denied_ns / full_denied
         ));
     }
     md

@@ -93,6 +93,36 @@ impl Datapath {
         self.set_config(c)
     }
 
+    /// Turn conntrack's `FLOW_SEEN` shortcut on or off without the checks of
+    /// [`arm_flow_seen`](Self::arm_flow_seen) (no program is attached in the benchmarks; off
+    /// measures what the shortcut saves).
+    pub fn set_flow_seen(&mut self, on: bool) -> Result<(), BpfError> {
+        let mut c = self.config()?;
+        if on {
+            c.flags |= peerwall_common::flags::FLOW_SEEN;
+        } else {
+            c.flags &= !peerwall_common::flags::FLOW_SEEN;
+        }
+        self.set_config(c)
+    }
+
+    /// Make every `FLOW_SEEN` entry idle, as on a gateway whose flows are long gone; only
+    /// right after [`flush_flows`](Self::flush_flows) (an idle entry hides any flow still
+    /// tracked under it). The benchmark's first packet then finds its flow unknown by its
+    /// entry, as the first packet of a new connection does.
+    pub fn forget_flow_seen(&mut self) -> Result<(), BpfError> {
+        let idle = peerwall_common::flow_seen_stamp(super::seen::ktime_ns()).wrapping_sub(
+            (peerwall_common::FLOW_IDLE_NS >> peerwall_common::FLOW_SEEN_SHIFT) as u16 + 4,
+        );
+        let mut m: aya::maps::Array<&mut MapData, u16> =
+            aya::maps::Array::try_from(self.map(map::FLOW_SEEN)?)
+                .map_err(map_err(map::FLOW_SEEN))?;
+        for i in 0..m.len() {
+            m.set(i, idle, 0).map_err(map_err(map::FLOW_SEEN))?;
+        }
+        Ok(())
+    }
+
     /// Fill the baseline's trie with IPv4 prefixes.
     pub fn fill_bare(&mut self, prefixes: &[ipnet::Ipv4Net]) -> Result<(), BpfError> {
         let mut m: LpmTrie<&mut MapData, [u8; 4], u32> =
