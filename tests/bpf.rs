@@ -511,48 +511,13 @@ fn agent_attaches_to_interfaces_that_appear_later() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// Replies allowed only as established; the consumer may open flows towards 10.20.1.2.
-const STATEFUL: &str = r#"apiVersion: networking.liqo.io/v1beta1
-kind: FirewallConfiguration
-metadata: {name: seen, namespace: default}
-spec:
-  table:
-    name: seen
-    family: INET
-    chains:
-    - name: stateful
-      type: filter
-      hook: forward
-      priority: 0
-      policy: drop
-      rules:
-        filterRules:
-        - name: replies
-          action: accept
-          match:
-          - {op: eq, ctstate: {value: [established, related]}}
-        - name: to_offloaded
-          action: accept
-          match:
-          - {op: eq, dev: {value: liqo-tunnel, position: in}}
-          - {op: eq, ip: {value: 10.20.1.2, position: dst}}
-"#;
-
 /// `FLOW_SEEN`'s entry (u16) at `slot`, with bpftool.
 fn seen_entry(pins: &Pins, slot: u32) -> u16 {
     let map = format!("{}/FLOW_SEEN", pins.arg());
     let key: Vec<String> = slot.to_le_bytes().iter().map(|b| b.to_string()).collect();
     let mut args = vec!["map", "lookup", "pinned", map.as_str(), "key"];
     args.extend(key.iter().map(String::as_str));
-    let v = bpftool_json(&args);
-    let b: Vec<u8> = v["value"]
-        .as_array()
-        .expect("bytes")
-        .iter()
-        .map(|b| {
-            u8::from_str_radix(b.as_str().unwrap_or("0").trim_start_matches("0x"), 16).unwrap_or(0)
-        })
-        .collect();
+    let b = value_bytes(&bpftool_json(&args)["value"]);
     u16::from_le_bytes([b[0], b[1]])
 }
 
@@ -562,7 +527,6 @@ fn seen_entry(pins: &Pins, slot: u32) -> u16 {
 /// flow's reply, allowed only as established, passes throughout.
 #[test]
 fn conntracks_shortcut_is_armed_only_while_every_program_keeps_it() {
-    use std::net::UdpSocket;
     let t = Topology::new();
     let pins = Pins::new("seen");
     let file = std::env::temp_dir().join(format!("pw-seen-{}.yaml", std::process::id()));
@@ -573,40 +537,16 @@ fn conntracks_shortcut_is_armed_only_while_every_program_keeps_it() {
         armed(&pins),
         "armed after the first apply: every link is this object's"
     );
-    let c = t
-        .consumer
-        .run_in(|| UdpSocket::bind(("10.10.1.67", 5000)))
-        .unwrap()
-        .unwrap();
-    let p = t
-        .provider
-        .run_in(|| UdpSocket::bind(("10.20.1.2", 7000)))
-        .unwrap()
-        .unwrap();
-    for s in [&c, &p] {
-        s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
-            .unwrap();
-    }
-    let mut buf = [0u8; 16];
-    // The provider's datagram towards the consumer: a reply, allowed only as established.
-    let reply_passes = |what: &str| {
-        p.send_to(what.as_bytes(), ("10.10.1.67", 5000)).unwrap();
-        let mut b = [0u8; 16];
-        matches!(c.recv(&mut b), Ok(n) if &b[..n] == what.as_bytes())
-    };
-    // Unsolicited, it is new: dropped (the check below can fail).
+    let flow = UdpFlow::open(&t, 5000, 7000);
+    // Unsolicited, the provider's datagram is new: dropped (the check below can fail).
     assert!(
-        !reply_passes("early"),
+        !flow.reply_passes("early"),
         "a new flow from the provider passed"
     );
     // The consumer opens the flow; the provider's answers pass from then on.
-    c.send_to(b"hello", ("10.20.1.2", 7000)).unwrap();
+    flow.start();
     assert!(
-        p.recv(&mut buf).is_ok(),
-        "the consumer's datagram was not forwarded"
-    );
-    assert!(
-        reply_passes("r1"),
+        flow.reply_passes("r1"),
         "the reply of an established flow was dropped"
     );
     // The flow's entry (shared by both directions) holds a recent stamp.
@@ -655,25 +595,20 @@ fn conntracks_shortcut_is_armed_only_while_every_program_keeps_it() {
     apply_bpf(&t.gateway, &pins, &[], &file);
     assert!(!armed(&pins), "armed beside a program that does not stamp");
     assert!(
-        reply_passes("r2"),
+        flow.reply_passes("r2"),
         "the reply was dropped with the shortcut off"
     );
     // The flow's entry lost (as under a program that does not stamp), the foreign link gone:
     // arming again stamps the tracked flows first, so the reply, first after the verdict
     // cache's second, is still known.
-    let map = format!("{}/FLOW_SEEN", pins.arg());
-    let k: Vec<String> = slot.to_le_bytes().iter().map(|b| b.to_string()).collect();
-    let mut args = vec!["map", "update", "pinned", map.as_str(), "key"];
-    args.extend(k.iter().map(String::as_str));
-    args.extend(["value", "0", "0"]);
-    must("bpftool", &args);
+    map_update(&pins, "FLOW_SEEN", &bytes_of(&slot), &bytes_of(&0u16));
     assert_eq!(seen_entry(&pins, slot), 0);
     std::fs::remove_file(pins.0.join("links/tc-liqo:foreign1")).unwrap();
     apply_bpf(&t.gateway, &pins, &[], &file);
     assert!(armed(&pins), "not armed again once every link stamps");
     std::thread::sleep(std::time::Duration::from_millis(1300));
     assert!(
-        reply_passes("r3"),
+        flow.reply_passes("r3"),
         "the established flow's reply was dropped after the shortcut was armed again"
     );
     let _ = std::fs::remove_file(&file);
@@ -715,7 +650,6 @@ fn map_update(pins: &Pins, name: &str, key: &[String], value: &[String]) {
 #[test]
 fn a_flow_started_again_past_expired_entries_of_itself_is_known() {
     use peerwall_common::{FlowState, NewFlowSlot};
-    use std::net::UdpSocket;
     let t = Topology::new();
     let pins = Pins::new("stale");
     let file = std::env::temp_dir().join(format!("pw-stale-{}.yaml", std::process::id()));
@@ -769,41 +703,71 @@ fn a_flow_started_again_past_expired_entries_of_itself_is_known() {
         (peerwall_common::FLOW_IDLE_NS >> peerwall_common::FLOW_SEEN_SHIFT) as u16 + 4,
     );
     map_update(&pins, "FLOW_SEEN", &bytes_of(&seen), &bytes_of(&idle));
-    let c = t
-        .consumer
-        .run_in(|| UdpSocket::bind(("10.10.1.67", 5001)))
-        .unwrap()
-        .unwrap();
-    let p = t
-        .provider
-        .run_in(|| UdpSocket::bind(("10.20.1.2", 7001)))
-        .unwrap()
-        .unwrap();
-    for s in [&c, &p] {
-        s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
-            .unwrap();
-    }
-    let reply_passes = |what: &str| {
-        p.send_to(what.as_bytes(), ("10.10.1.67", 5001)).unwrap();
-        let mut b = [0u8; 16];
-        matches!(c.recv(&mut b), Ok(n) if &b[..n] == what.as_bytes())
-    };
+    let flow = UdpFlow::open(&t, 5001, 7001);
     // Expired entries make no flow: the provider's datagram is new, and dropped.
-    assert!(!reply_passes("early"), "an expired flow let a new one in");
-    let mut buf = [0u8; 16];
-    c.send_to(b"hello", ("10.20.1.2", 7001)).unwrap();
     assert!(
-        p.recv(&mut buf).is_ok(),
-        "the consumer's datagram was not forwarded"
+        !flow.reply_passes("early"),
+        "an expired flow let a new one in"
     );
+    flow.start();
     assert!(
-        reply_passes("r1"),
+        flow.reply_passes("r1"),
         "the reply was dropped: expired entries hid the flow"
     );
     std::thread::sleep(std::time::Duration::from_millis(1300));
     assert!(
-        reply_passes("r2"),
+        flow.reply_passes("r2"),
         "the reply past the verdict cache was dropped: the flow was not established"
     );
     let _ = std::fs::remove_file(&file);
+}
+
+/// A UDP flow from the consumer (10.10.1.67) to the provider (10.20.1.2) through the gateway,
+/// both ends bound.
+struct UdpFlow {
+    c: std::net::UdpSocket,
+    p: std::net::UdpSocket,
+    cport: u16,
+    pport: u16,
+}
+
+impl UdpFlow {
+    fn open(t: &Topology, cport: u16, pport: u16) -> Self {
+        use std::net::UdpSocket;
+        let c = t
+            .consumer
+            .run_in(move || UdpSocket::bind(("10.10.1.67", cport)))
+            .unwrap()
+            .unwrap();
+        let p = t
+            .provider
+            .run_in(move || UdpSocket::bind(("10.20.1.2", pport)))
+            .unwrap()
+            .unwrap();
+        for s in [&c, &p] {
+            s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+                .unwrap();
+        }
+        Self { c, p, cport, pport }
+    }
+
+    /// The consumer's datagram, which opens the flow; it must reach the provider.
+    fn start(&self) {
+        let mut buf = [0u8; 16];
+        self.c.send_to(b"hello", ("10.20.1.2", self.pport)).unwrap();
+        assert!(
+            self.p.recv(&mut buf).is_ok(),
+            "the consumer's datagram was not forwarded"
+        );
+    }
+
+    /// Whether the provider's datagram `what`, a reply once the flow started (the policy
+    /// accepts it only as established), reaches the consumer.
+    fn reply_passes(&self, what: &str) -> bool {
+        self.p
+            .send_to(what.as_bytes(), ("10.10.1.67", self.cport))
+            .unwrap();
+        let mut b = [0u8; 16];
+        matches!(self.c.recv(&mut b), Ok(n) if &b[..n] == what.as_bytes())
+    }
 }

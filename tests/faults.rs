@@ -860,36 +860,9 @@ fn bpf_policy_swaps_leak_nothing_and_flip_verdicts_at_once() {
     policy_swaps("bpf", Rules, 1000, 10_000, "soak: policy updates", (10, 50));
 }
 
-/// A policy that needs conntrack: new flows only from the consumer to ALLOWED, replies
-/// (provider → consumer) only as established.
-const STATEFUL: &str = r#"apiVersion: networking.liqo.io/v1beta1
-kind: FirewallConfiguration
-metadata: {name: faults, namespace: default}
-spec:
-  table:
-    name: faults
-    family: INET
-    chains:
-    - name: stateful
-      type: filter
-      hook: forward
-      priority: 0
-      policy: drop
-      rules:
-        filterRules:
-        - name: replies
-          action: accept
-          match:
-          - {op: eq, ctstate: {value: [established, related]}}
-        - name: to_offloaded
-          action: accept
-          match:
-          - {op: eq, dev: {value: liqo-tunnel, position: in}}
-          - {op: eq, ip: {value: 10.20.1.2, position: dst}}
-"#;
-
 /// One replied flow, then `flood` new flows, then one more reply on the first flow: is it
-/// still established? Also the agent's fill metric at the end.
+/// still established? Also the agent's fill metric at the end. The policy (`STATEFUL`) needs
+/// conntrack: new flows only from the consumer to ALLOWED, replies only as established.
 fn reply_after_flood(size: &str, flood: u32) -> (bool, String) {
     let mut g = Gateway::new("bpf");
     std::fs::write(g.dir.join("faults.yaml"), STATEFUL).expect("write");

@@ -111,15 +111,7 @@ fn bitmap_first() {
 
 #[test]
 fn new_flow_slots_spread_and_tell_directions_apart() {
-    let k = |a: u8, b: u8, sport: u16| FlowKey {
-        src: [10, 0, 0, a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        dst: [10, 0, 1, b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        sport: sport.to_be_bytes(),
-        dport: 80u16.to_be_bytes(),
-        proto: 6,
-        family: 1,
-        _pad: [0; 2],
-    };
+    let k = |a: u8, b: u8, sport: u16| v4_key(a, b, sport, 80, 6);
     let mask = NEW_FLOW_SLOTS - 1;
     // Within the table, and the same key always in the same slot.
     assert!(new_flow_slot(&k(1, 2, 40000), mask) <= mask);
@@ -129,47 +121,22 @@ fn new_flow_slots_spread_and_tell_directions_apart() {
     );
     // A flow and its reverse: different slots (the datapath looks both up).
     let f = k(1, 2, 40000);
-    let r = FlowKey {
-        src: f.dst,
-        dst: f.src,
-        sport: f.dport,
-        dport: f.sport,
-        ..f
-    };
+    let r = reply_of(&f);
     assert_ne!(new_flow_slot(&f, mask), new_flow_slot(&r, mask));
     // 4096 flows differing in source port only land in nearly as many slots.
-    let mut seen = [false; NEW_FLOW_SLOTS as usize];
-    let mut distinct = 0;
-    for p in 0..4096u16 {
-        let s = new_flow_slot(&k(1, 2, 30000 + p), mask) as usize;
-        if !seen[s] {
-            seen[s] = true;
-            distinct += 1;
-        }
-    }
+    let distinct = distinct_slots(
+        NEW_FLOW_SLOTS as usize,
+        (0..4096u16).map(|p| new_flow_slot(&k(1, 2, 30000 + p), mask)),
+    );
     assert!(distinct > 3900, "{distinct} slots for 4096 flows");
 }
 
 #[test]
 fn a_flow_and_its_reply_share_their_seen_entry_and_flows_spread() {
-    let k = |a: u8, b: u8, sport: u16, dport: u16| FlowKey {
-        src: [10, 0, 0, a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        dst: [10, 0, 1, b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
-        sport: sport.to_be_bytes(),
-        dport: dport.to_be_bytes(),
-        proto: 17,
-        family: 1,
-        _pad: [0; 2],
-    };
+    let k = |a: u8, b: u8, sport: u16, dport: u16| v4_key(a, b, sport, dport, 17);
     let mask = FLOW_SEEN_SLOTS - 1;
     let f = k(1, 2, 40000, 53);
-    let r = FlowKey {
-        src: f.dst,
-        dst: f.src,
-        sport: f.dport,
-        dport: f.sport,
-        ..f
-    };
+    let r = reply_of(&f);
     assert_eq!(flow_seen_slot(&f, mask), flow_seen_slot(&r, mask));
     assert!(flow_seen_slot(&f, mask) <= mask);
     // Another protocol, or the ports crossed over (not a reply): another entry.
@@ -182,18 +149,15 @@ fn a_flow_and_its_reply_share_their_seen_entry_and_flows_spread() {
         flow_seen_slot(&k(1, 2, 53, 40000), mask)
     );
     // A flood's flows (source port and address sprayed) land in nearly as many entries.
-    let mut seen = [false; FLOW_SEEN_SLOTS as usize];
-    let mut distinct = 0;
-    for i in 0..8192u32 {
-        let s = flow_seen_slot(
-            &k((i % 250) as u8, 2, 20000 + (i / 250) as u16 * 97, 80),
-            mask,
-        ) as usize;
-        if !seen[s] {
-            seen[s] = true;
-            distinct += 1;
-        }
-    }
+    let distinct = distinct_slots(
+        FLOW_SEEN_SLOTS as usize,
+        (0..8192u32).map(|i| {
+            flow_seen_slot(
+                &k((i % 250) as u8, 2, 20000 + (i / 250) as u16 * 97, 80),
+                mask,
+            )
+        }),
+    );
     assert!(distinct > 7900, "{distinct} entries for 8192 flows");
 }
 
@@ -218,4 +182,44 @@ fn a_seen_entry_is_idle_only_past_the_flows_lifetime_and_its_margin() {
     assert!(flow_seen_idle(s, late + idle + 4 * unit, idle));
     // Zero (never written) at a boot younger than the lifetime: not idle (the datapath looks).
     assert!(!flow_seen_idle(0, idle / 2, idle));
+}
+
+/// An IPv4 flow key from 10.0.0.a:sport to 10.0.1.b:dport.
+fn v4_key(a: u8, b: u8, sport: u16, dport: u16, proto: u8) -> FlowKey {
+    FlowKey {
+        src: [10, 0, 0, a, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        dst: [10, 0, 1, b, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+        sport: sport.to_be_bytes(),
+        dport: dport.to_be_bytes(),
+        proto,
+        family: 1,
+        _pad: [0; 2],
+    }
+}
+
+/// How many distinct slots `slots` takes in a table of up to 2^17 (no allocation: the crate is
+/// `no_std`).
+fn distinct_slots(n: usize, slots: impl Iterator<Item = u32>) -> usize {
+    let mut seen = [0u64; (1 << 17) / 64];
+    assert!(n <= 1 << 17);
+    let mut distinct = 0;
+    for s in slots {
+        let (w, b) = (s as usize / 64, 1u64 << (s % 64));
+        if seen[w] & b == 0 {
+            seen[w] |= b;
+            distinct += 1;
+        }
+    }
+    distinct
+}
+
+/// The key of `k`'s replies.
+fn reply_of(k: &FlowKey) -> FlowKey {
+    FlowKey {
+        src: k.dst,
+        dst: k.src,
+        sport: k.dport,
+        dport: k.sport,
+        ..*k
+    }
 }

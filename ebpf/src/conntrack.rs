@@ -7,8 +7,7 @@
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use peerwall_common::{
     ct, family, flow_seen_idle, flow_seen_slot, flow_seen_slot_of_words, flow_seen_stamp,
-    flow_words, new_flow_slot,
-    FlowKey, FlowState, NewFlowSlot, FLOW_SEEN_SLOTS,
+    flow_words, new_flow_slot, FlowKey, FlowState, NewFlowSlot, FLOW_SEEN_SLOTS,
 };
 
 use crate::cache::{forget, outdate};

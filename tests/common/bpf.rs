@@ -75,16 +75,7 @@ pub fn counted(pins: &Pins, slot: u64, index: u32) -> u64 {
         .expect("per-cpu values")
         .iter()
         .map(|c| {
-            let bytes: Vec<u8> = c["value"]
-                .as_array()
-                .expect("bytes")
-                .iter()
-                .take(8)
-                .map(|b| {
-                    u8::from_str_radix(b.as_str().unwrap_or("0").trim_start_matches("0x"), 16)
-                        .unwrap_or(0)
-                })
-                .collect();
+            let bytes: Vec<u8> = value_bytes(&c["value"]).into_iter().take(8).collect();
             u64::from_le_bytes(bytes.try_into().unwrap_or([0; 8]))
         })
         .sum()
@@ -114,19 +105,21 @@ pub fn bpf_agent(ns: &NetNs, pins: &Pins, dir: &std::path::Path, interval_ms: u3
     spawn_agent(ns, &args)
 }
 
+/// The bytes of a value bpftool prints as `["0x01", ...]`.
+pub fn value_bytes(v: &serde_json::Value) -> Vec<u8> {
+    v.as_array()
+        .expect("bytes")
+        .iter()
+        .map(|b| {
+            u8::from_str_radix(b.as_str().unwrap_or("0").trim_start_matches("0x"), 16).unwrap_or(0)
+        })
+        .collect()
+}
+
 /// `CONFIG.flags` (`peerwall_common::flags`), read with bpftool.
 pub fn config_flags(pins: &Pins) -> u32 {
     let map = format!("{}/CONFIG", pins.arg());
     let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
-    let bytes: Vec<u8> = v["value"]
-        .as_array()
-        .expect("bytes")
-        .iter()
-        .skip(4)
-        .take(4)
-        .map(|b| {
-            u8::from_str_radix(b.as_str().unwrap_or("0").trim_start_matches("0x"), 16).unwrap_or(0)
-        })
-        .collect();
-    u32::from_le_bytes(bytes.try_into().expect("4 bytes of flags"))
+    let b = value_bytes(&v["value"]);
+    u32::from_le_bytes([b[4], b[5], b[6], b[7]])
 }

@@ -543,3 +543,31 @@ pub fn wait_until(what: &str, secs: u64, cond: impl FnMut() -> bool) {
         "timed out after {secs} s waiting for: {what}"
     );
 }
+
+/// A forward chain that drops by default, accepts replies (established, related) and lets
+/// the consumer, through the tunnel, open flows to 10.20.1.2: replies pass only as established.
+pub const STATEFUL: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: faults, namespace: default}
+spec:
+  table:
+    name: faults
+    family: INET
+    chains:
+    - name: stateful
+      type: filter
+      hook: forward
+      priority: 0
+      policy: drop
+      rules:
+        filterRules:
+        - name: replies
+          action: accept
+          match:
+          - {op: eq, ctstate: {value: [established, related]}}
+        - name: to_offloaded
+          action: accept
+          match:
+          - {op: eq, dev: {value: liqo-tunnel, position: in}}
+          - {op: eq, ip: {value: 10.20.1.2, position: dst}}
+"#;
