@@ -29,7 +29,6 @@ use peerwall_common::{
 };
 
 use crate::classify::{ACT_ACCEPT, ACT_DROP};
-use crate::conntrack::no_live_flow;
 use crate::events::note_cached;
 use crate::flow::{flow_key, icmp_keyed, tcp_flags_valid};
 use crate::maps::{
@@ -37,6 +36,7 @@ use crate::maps::{
     WORK,
 };
 use crate::parse::{Pkt, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
+use crate::seen::no_live_flow_v4;
 
 /// Cached verdicts are timed in jiffies: the verifier inlines `bpf_jiffies64` into one load,
 /// where a nanosecond clock is a helper call that every packet of a known flow would pay. A
@@ -391,27 +391,15 @@ pub(crate) fn known_flow_v4(ctx: &TcContext, l3: usize, iif: u32, epoch: u32, fl
     // A flow conntrack cannot know (its FLOW_SEEN entry idle) has no verdict cached in the
     // shared table either (those are of tracked flows, and live a second): a new flow skips
     // that lookup, a cold miss under a flood. Skipping it is never wrong, only slower.
-    if flags & peerwall_common::flags::FLOW_SEEN != 0 {
-        let flow = [
-            words[0],
-            0,
-            0,
-            0,
-            words[1],
-            0,
-            0,
-            0,
-            words[2],
-            u32::from_ne_bytes([proto, family::V4, 0, 0]),
-        ];
-        // SAFETY: no arguments.
-        if no_live_flow(&flow, unsafe { bpf_ktime_get_ns() }) {
-            if let Some(w) = WORK.get_ptr_mut(0) {
-                // SAFETY: per-CPU slot of a successful lookup.
-                unsafe { (*w).looked_up = true };
-            }
-            return MISS;
+    // SAFETY: no arguments.
+    if flags & peerwall_common::flags::FLOW_SEEN != 0
+        && no_live_flow_v4(words, unsafe { bpf_ktime_get_ns() })
+    {
+        if let Some(w) = WORK.get_ptr_mut(0) {
+            // SAFETY: per-CPU slot of a successful lookup.
+            unsafe { (*w).looked_up = true };
         }
+        return MISS;
     }
     // SAFETY: the transmute is between two 16-byte plain-data types.
     let k: VerdictKey4 = unsafe { core::mem::transmute::<[u32; 4], VerdictKey4>(words) };

@@ -5,20 +5,18 @@
 //! established, related, invalid) and the commit after an accept.
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
-use peerwall_common::{
-    ct, family, flow_seen_idle, flow_seen_slot, flow_seen_slot_of_words, flow_seen_stamp,
-    flow_words, new_flow_slot, FlowKey, FlowState, NewFlowSlot, FLOW_SEEN_SLOTS,
-};
+use peerwall_common::{ct, family, flow_words, new_flow_slot, FlowKey, FlowState, NewFlowSlot};
 
 use crate::cache::{forget, outdate};
 use crate::flow::{
     flow_key, icmp_is_error, icmp_is_reply, icmp_keyed, reverse, sctp_chunk_opens, tcp_flags_valid,
 };
-use crate::maps::{new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, FLOW_SEEN, WORK};
+use crate::maps::{new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK};
 use crate::parse::{
     parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
     IPPROTO_TCP,
 };
+use crate::seen::{note_seen, seen_idle};
 
 /// A flow's state, wherever it is: the established table first, unless its entry there has
 /// expired (a flow started again since is in `FLOWS_NEW`: the `FLOW_SEEN` shortcut inserts it
@@ -67,34 +65,11 @@ pub(crate) fn fresh(st: &FlowState, now: u64) -> bool {
 /// lookup and write are skipped. The state itself is the low byte.
 pub(crate) const CT_NO_WRITE: u32 = 1 << 16;
 
-/// Bit of [`ct_state`]'s result: the flow is in neither table, in neither direction (not even
-/// expired): [`ct_commit`] of its first accept inserts it without looking again.
+/// Bit of [`ct_state`]'s result: the flow is live in neither table, in neither direction (its
+/// `FLOW_SEEN` entry idle, or the lookups found nothing live): [`ct_commit`] of its first
+/// accept inserts it without looking again. Expired entries of it may remain; [`lookup`] and
+/// [`ct_commit`] pass over them.
 pub(crate) const CT_UNKNOWN: u32 = 1 << 17;
-
-/// Note that flow `k` (either direction) was written at `now`: with every `last_seen_ns`.
-/// Not inlined: the hash's words would add to each caller's stack frame.
-#[inline(never)]
-fn note_seen(k: &FlowKey, now: u64) {
-    if let Some(s) = FLOW_SEEN.get_ptr_mut(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1)) {
-        // SAFETY: pointer from a successful lookup; a racing CPU writes a time as recent.
-        unsafe { *s = flow_seen_stamp(now) };
-    }
-}
-
-/// Whether no flow with `k`'s `FLOW_SEEN` entry (either direction) can still be live.
-#[inline(always)]
-fn seen_idle(k: &FlowKey, now: u64) -> bool {
-    no_live_flow(&flow_words(k), now)
-}
-
-/// [`seen_idle`] of a key given as its words ([`peerwall_common::flow_words`]).
-#[inline(always)]
-pub(crate) fn no_live_flow(words: &[u32; 10], now: u64) -> bool {
-    match FLOW_SEEN.get(flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1)) {
-        Some(s) => flow_seen_idle(*s, now, FLOW_IDLE_NS),
-        None => false,
-    }
-}
 
 /// Timestamps are refreshed at most this often: idle expiry is off by at most this much.
 pub(crate) const FLOW_REFRESH_NS: u64 = 1_000_000_000;
@@ -204,7 +179,7 @@ fn new_or_invalid(p: &Pkt, is_icmp: bool, new: u32) -> u32 {
 
 /// After an accept: create the flow (new, in `FLOWS_NEW`), refresh it, or note its first
 /// reply (established: the flow moves to `FLOWS`). `unknown`: [`ct_state`] found the flow
-/// nowhere, so there is nothing to look up again.
+/// live nowhere ([`CT_UNKNOWN`]), so there is nothing to look up again.
 #[inline(never)]
 pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
     let now = unsafe { bpf_ktime_get_ns() };

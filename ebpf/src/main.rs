@@ -24,7 +24,7 @@
 //! packet got, and an IPv4 TCP or UDP packet finds it by reading 12 header bytes straight into
 //! the cache key before anything is parsed (`known_flow_v4`).
 //!
-//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`], [`flow`], [`conntrack`], [`classify`],
+//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`], [`flow`], [`conntrack`], [`seen`], [`classify`],
 //! [`route`], [`reject`], [`events`]; the program entries (tc and XDP) are here; [`bare`] is
 //! the benchmark's baseline.
 #![no_std]
@@ -45,6 +45,7 @@ mod maps;
 mod parse;
 mod reject;
 mod route;
+mod seen;
 mod view;
 use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::macros::{classifier, xdp};

@@ -1,0 +1,57 @@
+//! `FLOW_SEEN`: when a flow (either direction) was last written, per hash of the pair
+//! ([`peerwall_common::flow_seen_slot`]). Conntrack writes the stamp with every `last_seen_ns`
+//! (`conntrack.rs`); a packet whose stamp is idle belongs to no live flow, so conntrack and the
+//! known-flow path (`cache.rs`) skip their lookups for it, under
+//! [`peerwall_common::flags::FLOW_SEEN`].
+
+use peerwall_common::{
+    family, flow_seen_idle, flow_seen_slot, flow_seen_slot_of_words, flow_seen_stamp, flow_words,
+    FlowKey, FLOW_SEEN_SLOTS,
+};
+
+use crate::maps::{FLOW_IDLE_NS, FLOW_SEEN};
+
+/// Note that flow `k` (either direction) was written at `now`: with every `last_seen_ns`.
+/// Not inlined: the hash's words would add to each caller's stack frame.
+#[inline(never)]
+pub(crate) fn note_seen(k: &FlowKey, now: u64) {
+    if let Some(s) = FLOW_SEEN.get_ptr_mut(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1)) {
+        // SAFETY: pointer from a successful lookup; a racing CPU writes a time as recent.
+        unsafe { *s = flow_seen_stamp(now) };
+    }
+}
+
+/// Whether no flow with `k`'s `FLOW_SEEN` entry (either direction) can still be live.
+#[inline(always)]
+pub(crate) fn seen_idle(k: &FlowKey, now: u64) -> bool {
+    no_live_flow(&flow_words(k), now)
+}
+
+/// [`seen_idle`] of a key given as its words ([`peerwall_common::flow_words`]).
+#[inline(always)]
+fn no_live_flow(words: &[u32; 10], now: u64) -> bool {
+    match FLOW_SEEN.get(flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1)) {
+        Some(s) => flow_seen_idle(*s, now, FLOW_IDLE_NS),
+        None => false,
+    }
+}
+
+/// [`seen_idle`] of an IPv4 flow given as the known-flow path's key words (source, destination,
+/// the ports as in the headers, then the protocol in the low byte).
+#[inline(always)]
+pub(crate) fn no_live_flow_v4(k: [u32; 4], now: u64) -> bool {
+    let proto = k[3].to_ne_bytes()[0];
+    let words = [
+        k[0],
+        0,
+        0,
+        0,
+        k[1],
+        0,
+        0,
+        0,
+        k[2],
+        u32::from_ne_bytes([proto, family::V4, 0, 0]),
+    ];
+    no_live_flow(&words, now)
+}
