@@ -537,6 +537,12 @@ fn conntracks_shortcut_is_armed_only_while_every_program_keeps_it() {
         armed(&pins),
         "armed after the first apply: every link is this object's"
     );
+    // ICMP echo keeps its identifier in the same field both ways: its reply, accepted only as
+    // established, must find the request's stamp.
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "the echo reply was dropped: its FLOW_SEEN entry is not the request's"
+    );
     let flow = UdpFlow::open(&t, 5000, 7000);
     // Unsolicited, the provider's datagram is new: dropped (the check below can fail).
     assert!(

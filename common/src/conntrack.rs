@@ -144,9 +144,10 @@ pub const FLOW_SEEN_SLOTS: u32 = 1 << 17;
 pub const FLOW_SEEN_SHIFT: u32 = 30;
 
 /// The `FLOW_SEEN` entry of flow `k` *and of its reply* (table of `mask + 1` entries, a power
-/// of two): each endpoint (address and port) is hashed alone and the two hashes are added, so
-/// swapping the endpoints gives the same entry. eBPF twin: `ebpf/src/conntrack.rs`
-/// (`note_seen`, the `ct_state` shortcut).
+/// of two): the two addresses are hashed alone and added, and so are the two ports, so that
+/// swapping the addresses gives the same entry whether the ports swap with them (TCP, UDP,
+/// SCTP) or stay (ICMP echo keeps its identifier in `sport` both ways). eBPF twin:
+/// `ebpf/src/seen.rs`.
 #[inline(always)]
 pub fn flow_seen_slot(k: &FlowKey, mask: u32) -> u32 {
     flow_seen_slot_of_words(&flow_words(k), mask)
@@ -156,30 +157,20 @@ pub fn flow_seen_slot(k: &FlowKey, mask: u32) -> u32 {
 /// builds them from the headers, without a [`FlowKey`]).
 #[inline(always)]
 pub fn flow_seen_slot_of_words(w: &[u32; 10], mask: u32) -> u32 {
-    let ports = w[8].to_ne_bytes();
-    let end = |a: u32, b: u32, c: u32, d: u32, port: u32| {
-        let mut x: u32 = port.wrapping_mul(0x85eb_ca6b);
+    let addr = |a: u32, b: u32, c: u32, d: u32| {
+        let mut x: u32 = 0x2545_f491;
         for v in [a, b, c, d] {
             x = (x ^ v).wrapping_mul(0x9e37_79b1);
             x ^= x >> 15;
         }
         x
     };
-    let s = end(
-        w[0],
-        w[1],
-        w[2],
-        w[3],
-        u32::from(u16::from_ne_bytes([ports[0], ports[1]])),
-    );
-    let d = end(
-        w[4],
-        w[5],
-        w[6],
-        w[7],
-        u32::from(u16::from_ne_bytes([ports[2], ports[3]])),
-    );
-    let mut x = s.wrapping_add(d) ^ w[9].wrapping_mul(0xc2b2_ae35);
+    let ports = w[8].to_ne_bytes();
+    let p = u32::from(u16::from_ne_bytes([ports[0], ports[1]]))
+        .wrapping_add(u32::from(u16::from_ne_bytes([ports[2], ports[3]])));
+    let mut x = addr(w[0], w[1], w[2], w[3]).wrapping_add(addr(w[4], w[5], w[6], w[7]))
+        ^ p.wrapping_mul(0x85eb_ca6b)
+        ^ w[9].wrapping_mul(0xc2b2_ae35);
     x = x.wrapping_mul(0x9e37_79b1);
     (x ^ (x >> 16)) & mask
 }

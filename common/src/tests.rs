@@ -139,12 +139,29 @@ fn a_flow_and_its_reply_share_their_seen_entry_and_flows_spread() {
     let r = reply_of(&f);
     assert_eq!(flow_seen_slot(&f, mask), flow_seen_slot(&r, mask));
     assert!(flow_seen_slot(&f, mask) <= mask);
-    // Another protocol, or the ports crossed over (not a reply): another entry.
+    // ICMP echo: the identifier stays in `sport` both ways (the datapath's `reverse`).
+    let echo = v4_key(1, 2, 777, 0, 1);
+    let echo_reply = FlowKey {
+        src: echo.dst,
+        dst: echo.src,
+        ..echo
+    };
+    assert_eq!(
+        flow_seen_slot(&echo, mask),
+        flow_seen_slot(&echo_reply, mask)
+    );
+    // Another protocol, or another port: another entry.
     assert_ne!(
         flow_seen_slot(&f, mask),
         flow_seen_slot(&FlowKey { proto: 6, ..f }, mask)
     );
     assert_ne!(
+        flow_seen_slot(&f, mask),
+        flow_seen_slot(&k(1, 2, 40001, 53), mask)
+    );
+    // The ports crossed over share it (the price of ICMP's symmetry): a stamp there is only
+    // ever too recent, which makes the datapath look, never miss a flow.
+    assert_eq!(
         flow_seen_slot(&f, mask),
         flow_seen_slot(&k(1, 2, 53, 40000), mask)
     );
