@@ -527,16 +527,8 @@ fn seen_entry(pins: &Pins, slot: u32) -> u16 {
 /// flow's reply, allowed only as established, passes throughout.
 #[test]
 fn conntracks_shortcut_is_armed_only_while_every_program_keeps_it() {
-    let t = Topology::new();
-    let pins = Pins::new("seen");
-    let file = std::env::temp_dir().join(format!("pw-seen-{}.yaml", std::process::id()));
-    std::fs::write(&file, STATEFUL).unwrap();
-    apply_bpf(&t.gateway, &pins, &[], &file);
-    let armed = |pins: &Pins| config_flags(pins) & peerwall_common::flags::FLOW_SEEN != 0;
-    assert!(
-        armed(&pins),
-        "armed after the first apply: every link is this object's"
-    );
+    let (t, pins, file) = stateful_gateway("seen");
+    let armed = flow_seen_armed;
     // ICMP echo keeps its identifier in the same field both ways: its reply, accepted only as
     // established, must find the request's stamp.
     assert!(
@@ -656,12 +648,7 @@ fn map_update(pins: &Pins, name: &str, key: &[String], value: &[String]) {
 #[test]
 fn a_flow_started_again_past_expired_entries_of_itself_is_known() {
     use peerwall_common::{FlowState, NewFlowSlot};
-    let t = Topology::new();
-    let pins = Pins::new("stale");
-    let file = std::env::temp_dir().join(format!("pw-stale-{}.yaml", std::process::id()));
-    std::fs::write(&file, STATEFUL).unwrap();
-    apply_bpf(&t.gateway, &pins, &[], &file);
-    assert!(config_flags(&pins) & peerwall_common::flags::FLOW_SEEN != 0);
+    let (t, pins, file) = stateful_gateway("stale");
     let flow = peerwall_backend::Flow {
         src: "10.10.1.67".parse().unwrap(),
         dst: "10.20.1.2".parse().unwrap(),
@@ -705,9 +692,8 @@ fn a_flow_started_again_past_expired_entries_of_itself_is_known() {
     );
     // Its FLOW_SEEN entry idle (whatever the machine's uptime).
     let seen = peerwall_common::flow_seen_slot(&k, peerwall_common::FLOW_SEEN_SLOTS - 1);
-    let idle = peerwall_common::flow_seen_stamp(clock_monotonic_ns()).wrapping_sub(
-        (peerwall_common::FLOW_IDLE_NS >> peerwall_common::FLOW_SEEN_SHIFT) as u16 + 4,
-    );
+    let idle =
+        peerwall_common::flow_seen_idle_stamp(clock_monotonic_ns(), peerwall_common::FLOW_IDLE_NS);
     map_update(&pins, "FLOW_SEEN", &bytes_of(&seen), &bytes_of(&idle));
     let flow = UdpFlow::open(&t, 5001, 7001);
     // Expired entries make no flow: the provider's datagram is new, and dropped.
@@ -776,4 +762,24 @@ impl UdpFlow {
         let mut b = [0u8; 16];
         matches!(self.c.recv(&mut b), Ok(n) if &b[..n] == what.as_bytes())
     }
+}
+
+/// Whether conntrack's `FLOW_SEEN` shortcut is armed (`CONFIG.flags`).
+fn flow_seen_armed(pins: &Pins) -> bool {
+    config_flags(pins) & peerwall_common::flags::FLOW_SEEN != 0
+}
+
+/// A gateway enforcing [`STATEFUL`] with the bpf backend (`peerwall apply`), its policy file;
+/// the shortcut armed after the apply (every link is this object's).
+fn stateful_gateway(tag: &str) -> (Topology, Pins, std::path::PathBuf) {
+    let t = Topology::new();
+    let pins = Pins::new(tag);
+    let file = std::env::temp_dir().join(format!("pw-{tag}-{}.yaml", std::process::id()));
+    std::fs::write(&file, STATEFUL).unwrap();
+    apply_bpf(&t.gateway, &pins, &[], &file);
+    assert!(
+        flow_seen_armed(&pins),
+        "armed after the first apply: every link is this object's"
+    );
+    (t, pins, file)
 }

@@ -181,6 +181,14 @@ pub const fn flow_seen_stamp(now_ns: u64) -> u16 {
     (now_ns >> FLOW_SEEN_SHIFT) as u16
 }
 
+/// A stamp that [`flow_seen_idle`] finds idle at `now_ns` for flows of lifetime `idle_ns`: what
+/// an entry no live flow covers may be set to (benchmarks and tests, after emptying the
+/// tables).
+#[inline(always)]
+pub const fn flow_seen_idle_stamp(now_ns: u64, idle_ns: u64) -> u16 {
+    flow_seen_stamp(now_ns).wrapping_sub((idle_ns >> FLOW_SEEN_SHIFT) as u16 + 4)
+}
+
 /// Whether every flow whose `FLOW_SEEN` entry holds `stamp` is older than `idle_ns` at
 /// `now_ns`, so that conntrack can know none of them without looking. Every write of a flow's
 /// `last_seen_ns` also writes its entry (with the same clock, so the entry is never older than

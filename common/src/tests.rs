@@ -197,6 +197,8 @@ fn a_seen_entry_is_idle_only_past_the_flows_lifetime_and_its_margin() {
     let s = flow_seen_stamp(late);
     assert!(!flow_seen_idle(s, late + idle, idle));
     assert!(flow_seen_idle(s, late + idle + 4 * unit, idle));
+    // The stamp an entry no flow covers may be set to is idle.
+    assert!(flow_seen_idle(flow_seen_idle_stamp(t, idle), t, idle));
     // Zero (never written) at a boot younger than the lifetime: not idle (the datapath looks).
     assert!(!flow_seen_idle(0, idle / 2, idle));
 }

@@ -111,8 +111,9 @@ impl Datapath {
     /// tracked under it). The benchmark's first packet then finds its flow unknown by its
     /// entry, as the first packet of a new connection does.
     pub fn forget_flow_seen(&mut self) -> Result<(), BpfError> {
-        let idle = peerwall_common::flow_seen_stamp(super::seen::ktime_ns()).wrapping_sub(
-            (peerwall_common::FLOW_IDLE_NS >> peerwall_common::FLOW_SEEN_SHIFT) as u16 + 4,
+        let idle = peerwall_common::flow_seen_idle_stamp(
+            super::seen::ktime_ns(),
+            peerwall_common::FLOW_IDLE_NS,
         );
         let mut m: aya::maps::Array<&mut MapData, u16> =
             aya::maps::Array::try_from(self.map(map::FLOW_SEEN)?)

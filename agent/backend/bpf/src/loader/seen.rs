@@ -36,18 +36,31 @@ pub(crate) fn ktime_ns() -> u64 {
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
-/// The map ids of the program behind a pinned link.
-fn link_program_maps(pin: &std::path::Path) -> Option<Vec<u32>> {
+/// The program id behind a pinned link.
+fn link_program(pin: &std::path::Path) -> Option<u32> {
     let link = PinnedLink::from_pin(pin).ok()?;
-    let prog = aya::programs::links::FdLink::from(link)
-        .info()
-        .ok()?
-        .program_id();
-    aya::programs::loaded_programs()
-        .filter_map(Result::ok)
-        .find(|p| p.id() == prog)?
-        .map_ids()
-        .ok()?
+    Some(
+        aya::programs::links::FdLink::from(link)
+            .info()
+            .ok()?
+            .program_id(),
+    )
+}
+
+/// The map ids of the programs `ids` (one walk of the loaded programs; None for a program that
+/// is gone or unreadable).
+fn program_maps(ids: &[Option<u32>]) -> Vec<Option<Vec<u32>>> {
+    let mut maps = std::collections::HashMap::new();
+    for p in aya::programs::loaded_programs().filter_map(Result::ok) {
+        if ids.contains(&Some(p.id())) {
+            if let Ok(Some(m)) = p.map_ids() {
+                maps.insert(p.id(), m);
+            }
+        }
+    }
+    ids.iter()
+        .map(|id| id.and_then(|id| maps.get(&id).cloned()))
+        .collect()
 }
 
 impl Datapath {
@@ -78,7 +91,8 @@ impl Datapath {
             aya::maps::Map::Array(d) => d.info().map_err(map_err(map::FLOW_SEEN))?.id(),
             _ => return Err(BpfError::MissingMap(map::FLOW_SEEN.to_string())),
         };
-        let programs: Vec<Option<Vec<u32>>> = pins.iter().map(|p| link_program_maps(p)).collect();
+        let ids: Vec<Option<u32>> = pins.iter().map(|p| link_program(p)).collect();
+        let programs = program_maps(&ids);
         let on = all_stamp(&programs, ours);
         if on && !armed {
             // Every attached program stamps from now on; the flows from before are stamped
