@@ -23,7 +23,8 @@ use peerwall_intent::types::*;
 use peerwall_policy::compile::compile;
 use peerwall_policy::ir::{self, CtState, Packet, Policy, Verdict};
 use peerwall_policy::testgen::{
-    as_yaml, dispatch_table, objects, random_packet, random_specs, run_table, IFACES,
+    as_yaml, dispatch_table, long_table, objects, random_packet, random_specs, rule_position,
+    run_table, IFACES,
 };
 use peerwall_probe::bpf::BpfProbe;
 use peerwall_probe::{NftProbe, ProbeError};
@@ -115,14 +116,41 @@ fn mismatch(engine: Engine, specs: &[FirewallConfigurationSpec], pkt: &Packet) -
     }
 }
 
-/// Drop tables, chains, rules and matches while the mismatch persists.
+/// How long [`shrink`] may take.
+const SHRINK_FOR: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Drop tables, chains, rules and matches while the mismatch persists: halves of a chain's
+/// rules first, then quarters and so on (long chains shrink in a few rounds, each of which
+/// loads the datapath once per candidate), then single tables, chains, rules and matches; for
+/// at most [`SHRINK_FOR`], after which the smallest reproducer so far is the answer.
 fn shrink(
     engine: Engine,
     mut specs: Vec<FirewallConfigurationSpec>,
     pkt: &Packet,
 ) -> Vec<FirewallConfigurationSpec> {
+    let deadline = std::time::Instant::now() + SHRINK_FOR;
     loop {
         let mut candidates: Vec<Vec<FirewallConfigurationSpec>> = Vec::new();
+        for t in 0..specs.len() {
+            for ch in 0..specs[t].table.chains.len() {
+                let n = specs[t].table.chains[ch]
+                    .rules
+                    .filter_rules
+                    .as_ref()
+                    .map_or(0, Vec::len);
+                let mut block = n / 2;
+                while block >= 2 {
+                    for start in (0..n).step_by(block) {
+                        let mut c = specs.clone();
+                        if let Some(rs) = c[t].table.chains[ch].rules.filter_rules.as_mut() {
+                            rs.drain(start..(start + block).min(rs.len()));
+                        }
+                        candidates.push(c);
+                    }
+                    block /= 2;
+                }
+            }
+        }
         for t in 0..specs.len() {
             let mut c = specs.clone();
             c.remove(t);
@@ -148,10 +176,20 @@ fn shrink(
                 }
             }
         }
-        match candidates
-            .into_iter()
-            .find(|c| mismatch(engine, c, pkt).is_some())
-        {
+        let mut smaller = None;
+        for c in candidates {
+            if std::time::Instant::now() > deadline {
+                eprintln!(
+                    "shrinking stopped after {SHRINK_FOR:?}: the reproducer may not be minimal"
+                );
+                return specs;
+            }
+            if mismatch(engine, &c, pkt).is_some() {
+                smaller = Some(c);
+                break;
+            }
+        }
+        match smaller {
             Some(smaller) => specs = smaller,
             None => return specs,
         }
@@ -343,6 +381,56 @@ fn bpf_datapath_equals_reference() {
     let packets = env_num("PEERWALL_DIFF_PACKETS", 25) * 2;
     let cases = run(&[Engine::Bpf], "bpf", policies, packets);
     // Untracked and UDP-invalid packets are outside what the datapath can be asked about.
+    assert!(
+        cases * 10 >= policies * packets * 7,
+        "{cases} of {}",
+        policies * packets
+    );
+}
+
+/// Chains of 40 to 200 rules: the bpf datapath evaluates chains of up to 64 rules with a
+/// one-word body and longer ones over the whole bitmap, and both give the reference's verdict,
+/// chain and rule, also when served from the verdict cache; the generator decides packets both
+/// before and past the 64th rule.
+#[test]
+fn bpf_long_chains_equal_reference() {
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 12) * 2;
+    let packets = env_num("PEERWALL_DIFF_PACKETS", 25) * 2;
+    let tables = |rng: &mut StdRng| -> Vec<FirewallConfigurationSpec> {
+        (0..rng.random_range(1..3))
+            .map(|i| long_table(rng, ["t0", "t1"][i]))
+            .collect()
+    };
+    // Where the generator's packets are decided: by rules on both sides of the 64th.
+    let mut rng = StdRng::seed_from_u64(7);
+    let (mut before, mut past) = (0, 0);
+    for _ in 0..50 {
+        let policy = compile(&objects(&tables(&mut rng)))
+            .expect("compiles")
+            .policy;
+        for _ in 0..40 {
+            let v = ir::evaluate(&policy, &random_packet(&mut rng));
+            match v.rule.as_deref().and_then(rule_position) {
+                Some(i) if i >= 64 => past += 1,
+                Some(_) => before += 1,
+                None => {}
+            }
+        }
+    }
+    eprintln!(
+        "long chains: of 2000 packets, {before} decided before the 64th rule, {past} past it"
+    );
+    assert!(
+        before >= 100 && past >= 100,
+        "decided before the 64th rule {before}, past it {past} (of 2000)"
+    );
+    let cases = run_with(
+        &[Engine::Bpf, Engine::BpfCached],
+        "long chains",
+        policies,
+        packets,
+        tables,
+    );
     assert!(
         cases * 10 >= policies * packets * 7,
         "{cases} of {}",

@@ -39,15 +39,24 @@ pub(crate) struct Query {
     pub(crate) p: Pkt,
 }
 
-/// acc &= b; whether any bit is left. A missing bitmap allows no rule.
+/// Chains of at most this many rules take the one-word body of the evaluation: their rules'
+/// bits all lie in the first word, and a bit past a chain's rules could only name a rule it
+/// does not have (its policy decides then), so each step ANDs and scans one word of the 16 (a
+/// chain of 64 rules reads 8 bytes of each bitmap instead of 128). Two bodies with a constant
+/// word count each, not one with a count read from the map: the verifier would walk a bounded
+/// loop of unknown length once per possible count.
+pub(crate) const ONE_WORD_RULES: u32 = 64;
+
+/// acc &= b over the first `NW` words; whether any bit is left. A missing bitmap allows no
+/// rule.
 #[inline(always)]
-pub(crate) fn step(acc: &mut Bitmap, b: Option<&Bitmap>) -> bool {
+pub(crate) fn step<const NW: usize>(acc: &mut Bitmap, b: Option<&Bitmap>) -> bool {
     let Some(b) = b else {
         return false;
     };
     let mut any = 0u64;
     let mut i = 0;
-    while i < WORDS {
+    while i < NW {
         acc.w[i] &= b.w[i];
         any |= acc.w[i];
         i += 1;
@@ -55,9 +64,13 @@ pub(crate) fn step(acc: &mut Bitmap, b: Option<&Bitmap>) -> bool {
     any != 0
 }
 
-/// acc &= (lookup ^ neg) | any; a missing lookup is an empty bitmap.
+/// acc &= (lookup ^ neg) | any over the first `NW` words; a missing lookup is an empty bitmap.
 #[inline(always)]
-pub(crate) fn step_masked(acc: &mut Bitmap, l: Option<&Bitmap>, m: Option<&DimMasks>) -> bool {
+pub(crate) fn step_masked<const NW: usize>(
+    acc: &mut Bitmap,
+    l: Option<&Bitmap>,
+    m: Option<&DimMasks>,
+) -> bool {
     let Some(m) = m else {
         return false;
     };
@@ -65,14 +78,14 @@ pub(crate) fn step_masked(acc: &mut Bitmap, l: Option<&Bitmap>, m: Option<&DimMa
     let mut i = 0;
     match l {
         Some(b) => {
-            while i < WORDS {
+            while i < NW {
                 acc.w[i] &= (b.w[i] ^ m.neg.w[i]) | m.any.w[i];
                 any |= acc.w[i];
                 i += 1;
             }
         }
         None => {
-            while i < WORDS {
+            while i < NW {
                 acc.w[i] &= m.neg.w[i] | m.any.w[i];
                 any |= acc.w[i];
                 i += 1;
@@ -80,6 +93,19 @@ pub(crate) fn step_masked(acc: &mut Bitmap, l: Option<&Bitmap>, m: Option<&DimMa
         }
     }
     any != 0
+}
+
+/// The lowest bit set in the first `NW` words of `acc`.
+#[inline(always)]
+pub(crate) fn first_of<const NW: usize>(acc: &Bitmap) -> Option<u32> {
+    let mut i = 0;
+    while i < NW {
+        if acc.w[i] != 0 {
+            return Some(i as u32 * 64 + acc.w[i].trailing_zeros());
+        }
+        i += 1;
+    }
+    None
 }
 
 pub(crate) fn addr_data(chain: u32, p: &Pkt, addr: &[u8; 16]) -> AddrKeyData {
@@ -115,7 +141,15 @@ macro_rules! slot_eval {
         /// Run one chain; the outcome goes to `SCRATCH` (action, deciding rule or NO_RULE).
         #[inline(never)]
         fn $name(q: &Query) -> u32 {
-            let (mut action, idx) = $name::run(q);
+            let small = match $chains.get(q.chain) {
+                Some(info) => info.rules <= ONE_WORD_RULES,
+                None => true,
+            };
+            let (mut action, idx) = if small {
+                $name::run::<1>(q)
+            } else {
+                $name::run::<WORDS>(q)
+            };
             if let Some(sc) = SCRATCH.get_ptr_mut(0) {
                 // An audited chain's drop or reject: the chain accepts; the first one is kept.
                 if action == ACT_AUDIT_DROP || action == ACT_AUDIT_REJECT {
@@ -161,7 +195,7 @@ macro_rules! slot_eval {
             /// map reference a constant the verifier resolves, and the lookups share one
             /// accumulator on the stack.
             #[inline(always)]
-            pub(super) fn run(q: &Query) -> (u8, u32) {
+            pub(super) fn run<const NW: usize>(q: &Query) -> (u8, u32) {
                 let chain = q.chain;
                 let Some(info) = $chains.get(chain) else {
                     return (ACT_DROP, NO_RULE);
@@ -193,7 +227,11 @@ macro_rules! slot_eval {
                 };
                 // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
                 let acc = unsafe { &mut *accp };
-                acc.w = first.w;
+                let mut i = 0;
+                while i < NW {
+                    acc.w[i] = first.w[i];
+                    i += 1;
+                }
                 let cons = info.constrained;
                 let done = 'dims: {
                     if cons & constrained::IIF != 0 {
@@ -203,7 +241,7 @@ macro_rules! slot_eval {
                         };
                         let ib = unsafe { $iif.get(&ik) }
                             .or_else(|| unsafe { $iif.get(&IfKey { chain, ifindex: 0 }) });
-                        if !step(acc, ib) {
+                        if !step::<NW>(acc, ib) {
                             break 'dims true;
                         }
                     }
@@ -214,17 +252,17 @@ macro_rules! slot_eval {
                         };
                         let ob = unsafe { $oif.get(&ok) }
                             .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
-                        if !step(acc, ob) {
+                        if !step::<NW>(acc, ob) {
                             break 'dims true;
                         }
                     }
                     if cons & constrained::CT != 0
-                        && !step(acc, $ct.get(chain * ct::SLOTS + q.state))
+                        && !step::<NW>(acc, $ct.get(chain * ct::SLOTS + q.state))
                     {
                         break 'dims true;
                     }
                     if cons & constrained::SRC != 0
-                        && !step_masked(
+                        && !step_masked::<NW>(
                             acc,
                             // SAFETY: read-only lookup of plain data.
                             unsafe { $srch.get(&addr_data(chain, &q.p, &q.p.src)) }
@@ -235,7 +273,7 @@ macro_rules! slot_eval {
                         break 'dims true;
                     }
                     if cons & constrained::DST != 0
-                        && !step_masked(
+                        && !step_masked::<NW>(
                             acc,
                             // SAFETY: read-only lookup of plain data.
                             unsafe { $dsth.get(&addr_data(chain, &q.p, &q.p.dst)) }
@@ -247,7 +285,7 @@ macro_rules! slot_eval {
                     }
                     if q.p.has_ports {
                         if cons & constrained::SPORT != 0
-                            && !step_masked(
+                            && !step_masked::<NW>(
                                 acc,
                                 $sport.get(port_key(chain, q.p.sport)),
                                 $masks.get(chain * 4 + dim::SPORT),
@@ -256,7 +294,7 @@ macro_rules! slot_eval {
                             break 'dims true;
                         }
                         if cons & constrained::DPORT != 0
-                            && !step_masked(
+                            && !step_masked::<NW>(
                                 acc,
                                 $dport.get(port_key(chain, q.p.dport)),
                                 $masks.get(chain * 4 + dim::DPORT),
@@ -267,15 +305,12 @@ macro_rules! slot_eval {
                     }
                     false
                 };
-                let rule = if done { None } else { acc.first() };
+                let rule = if done { None } else { first_of::<NW>(acc) };
                 let (action, idx) = match rule {
-                    Some(r) if (r as u32) < nrules => {
-                        let r = r as u32;
-                        match $rules.get(chain * MAX_RULES as u32 + r) {
-                            Some(ri) => (ri.action, r),
-                            None => (ACT_DROP, r),
-                        }
-                    }
+                    Some(r) if r < nrules => match $rules.get(chain * MAX_RULES as u32 + r) {
+                        Some(ri) => (ri.action, r),
+                        None => (ACT_DROP, r),
+                    },
                     _ => (policy, NO_RULE),
                 };
                 let slot = if idx == NO_RULE {

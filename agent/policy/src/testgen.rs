@@ -13,6 +13,9 @@ use crate::compile::PolicyObject;
 use crate::ir::{self, eval::proto, Origin, Packet};
 use peerwall_intent::types::*;
 
+mod long;
+pub use long::{long_table, rule_position};
+
 /// Interface names policies and packets use.
 pub const IFACES: [&str; 3] = ["liqo-tunnel", "liqo.abcdefghij", "liqo.zyxwvutsrq"];
 
