@@ -336,7 +336,7 @@ fn main() {
         let hi = v.iter().cloned().fold(0.0, f64::max);
         hi / lo
     };
-    md.push_str(&format!("\nReading the table: a known flow costs a read of its 12 header bytes, its set's generation and one read of this CPU's own verdict cache (an array, no hashing; one hash lookup in `VERDICTS4` when that misses) whatever the policy, so it is flat in prefixes and rules (largest / smallest across the table: {:.2}×); the first packet pays the full classification, flat too ({:.2}×: bitmaps are ANDed word by word, 1023 rules are 16 words, and hosts are looked up in an exact-match hash before the trie), while the bare program's LPM lookup grows with the trie. The ratios therefore fall as the bare lookup gets more expensive.\n", spread(|r| r.known_ns), spread(|r| r.first_ns)));
+    md.push_str(&format!("\nReading the table: a known flow costs a read of its 12 header bytes, its set's generation and one read of this CPU's own verdict cache (an array, no hashing; one hash lookup in `VERDICTS4` when that misses) whatever the policy, so it is flat in prefixes and rules (largest / smallest across the table: {:.2}×); the first packet pays the full classification, flat in prefixes and within {:.2}× overall (bitmaps are ANDed word by word, one word for a chain of up to 64 rules and 16 for 1023, which is what the 1023-rule rows pay more; hosts are looked up in an exact-match hash before the trie), while the bare program's LPM lookup grows with the trie. The ratios therefore fall as the bare lookup gets more expensive.\n", spread(|r| r.known_ns), spread(|r| r.first_ns)));
     doc::write_section("datapath", md.trim_end()).expect("write docs/bench.md");
     print!("{md}");
     breakdown_section();
