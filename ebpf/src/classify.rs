@@ -44,7 +44,9 @@ pub(crate) struct Query {
 /// does not have (its policy decides then), so each step ANDs and scans one word of the 16 (a
 /// chain of 64 rules reads 8 bytes of each bitmap instead of 128). Two bodies with a constant
 /// word count each, not one with a count read from the map: the verifier would walk a bounded
-/// loop of unknown length once per possible count.
+/// loop of unknown length once per possible count. [`chain_step`] picks the body by the
+/// chain's rule count, and each is a function of its own, so the stack holds one of them
+/// (inlined side by side, their frames added up past the 512 bytes XDP's call chain has).
 pub(crate) const ONE_WORD_RULES: u32 = 64;
 
 /// acc &= b over the first `NW` words; whether any bit is left. A missing bitmap allows no
@@ -138,18 +140,12 @@ pub(crate) fn port_key(chain: u32, port: u16) -> Key<PortKeyData> {
 macro_rules! slot_eval {
     ($name:ident, $src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident,
      $oif:ident, $ct:ident, $masks:ident, $chains:ident, $rules:ident, $counters:ident) => {
-        /// Run one chain; the outcome goes to `SCRATCH` (action, deciding rule or NO_RULE).
+        /// Run one chain over the first `NW` bitmap words; the outcome goes to `SCRATCH`
+        /// (action, deciding rule or NO_RULE). One function per word count, each with its body
+        /// inlined: the caller picks one, so the call chain's stack holds one body's frame.
         #[inline(never)]
-        fn $name(q: &Query) -> u32 {
-            let small = match $chains.get(q.chain) {
-                Some(info) => info.rules <= ONE_WORD_RULES,
-                None => true,
-            };
-            let (mut action, idx) = if small {
-                $name::run::<1>(q)
-            } else {
-                $name::run::<WORDS>(q)
-            };
+        fn $name<const NW: usize>(q: &Query) -> u32 {
+            let (mut action, idx) = $name::run::<NW>(q);
             if let Some(sc) = SCRATCH.get_ptr_mut(0) {
                 // An audited chain's drop or reject: the chain accepts; the first one is kept.
                 if action == ACT_AUDIT_DROP || action == ACT_AUDIT_REJECT {
@@ -227,10 +223,14 @@ macro_rules! slot_eval {
                 };
                 // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
                 let acc = unsafe { &mut *accp };
-                let mut i = 0;
-                while i < NW {
-                    acc.w[i] = first.w[i];
-                    i += 1;
+                if NW == WORDS {
+                    acc.w = first.w;
+                } else {
+                    let mut i = 0;
+                    while i < NW {
+                        acc.w[i] = first.w[i];
+                        i += 1;
+                    }
                 }
                 let cons = info.constrained;
                 let done = 'dims: {
@@ -406,11 +406,18 @@ extern "C" fn chain_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
         return 1;
     }
     lc.q.chain = hc.chains[i];
-    if lc.slot == 0 {
-        eval0(&lc.q);
+    let info = if lc.slot == 0 {
+        CHAINS0.get(lc.q.chain)
     } else {
-        eval1(&lc.q);
-    }
+        CHAINS1.get(lc.q.chain)
+    };
+    let one = info.is_none_or(|c| c.rules <= ONE_WORD_RULES);
+    match (lc.slot == 0, one) {
+        (true, true) => eval0::<1>(&lc.q),
+        (true, false) => eval0::<WORDS>(&lc.q),
+        (false, true) => eval1::<1>(&lc.q),
+        (false, false) => eval1::<WORDS>(&lc.q),
+    };
     let a = match SCRATCH.get(0) {
         Some(sc) => sc.action,
         None => ACT_DROP as u32,
