@@ -31,8 +31,14 @@ impl Bitmap {
 
     /// The lowest set bit.
     pub fn first(&self) -> Option<usize> {
+        self.first_within::<WORDS>()
+    }
+
+    /// The lowest set bit among the first `NW` words (a chain of at most `NW * 64` rules).
+    #[inline(always)]
+    pub fn first_within<const NW: usize>(&self) -> Option<usize> {
         let mut i = 0;
-        while i < WORDS {
+        while i < NW {
             if self.w[i] != 0 {
                 return Some(i * 64 + self.w[i].trailing_zeros() as usize);
             }

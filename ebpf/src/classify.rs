@@ -97,19 +97,6 @@ pub(crate) fn step_masked<const NW: usize>(
     any != 0
 }
 
-/// The lowest bit set in the first `NW` words of `acc`.
-#[inline(always)]
-pub(crate) fn first_of<const NW: usize>(acc: &Bitmap) -> Option<u32> {
-    let mut i = 0;
-    while i < NW {
-        if acc.w[i] != 0 {
-            return Some(i as u32 * 64 + acc.w[i].trailing_zeros());
-        }
-        i += 1;
-    }
-    None
-}
-
 pub(crate) fn addr_data(chain: u32, p: &Pkt, addr: &[u8; 16]) -> AddrKeyData {
     AddrKeyData {
         chain: chain.to_be_bytes(),
@@ -305,12 +292,15 @@ macro_rules! slot_eval {
                     }
                     false
                 };
-                let rule = if done { None } else { first_of::<NW>(acc) };
+                let rule = if done { None } else { acc.first_within::<NW>() };
                 let (action, idx) = match rule {
-                    Some(r) if r < nrules => match $rules.get(chain * MAX_RULES as u32 + r) {
-                        Some(ri) => (ri.action, r),
-                        None => (ACT_DROP, r),
-                    },
+                    Some(r) if (r as u32) < nrules => {
+                        let r = r as u32;
+                        match $rules.get(chain * MAX_RULES as u32 + r) {
+                            Some(ri) => (ri.action, r),
+                            None => (ACT_DROP, r),
+                        }
+                    }
                     _ => (policy, NO_RULE),
                 };
                 let slot = if idx == NO_RULE {
