@@ -467,30 +467,33 @@ fn agent_attaches_to_interfaces_that_appear_later() {
     );
     // A new provider node joins: a new Geneve interface on the gateway.
     let extra = NetNs::new("pwt-new").unwrap();
-    veth(&t.gateway, "liqo.newnode123", &extra, "eth0");
-    ip(&extra, &["addr", "add", "10.20.9.9/32", "dev", "eth0"]);
-    ip(&extra, &["addr", "add", "10.20.9.10/32", "dev", "eth0"]);
-    ip(
-        &t.gateway,
-        &["addr", "add", "169.254.9.1/32", "dev", "liqo.newnode123"],
-    );
-    ip(&extra, &["route", "add", "169.254.9.1", "dev", "eth0"]);
-    ip(
-        &extra,
-        &[
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.9.1",
-            "dev",
-            "eth0",
-        ],
-    );
-    ip(
-        &t.gateway,
-        &["route", "add", "10.20.9.0/24", "dev", "liqo.newnode123"],
-    );
+    let wire = || {
+        veth(&t.gateway, "liqo.newnode123", &extra, "eth0");
+        ip(&extra, &["addr", "add", "10.20.9.9/32", "dev", "eth0"]);
+        ip(&extra, &["addr", "add", "10.20.9.10/32", "dev", "eth0"]);
+        ip(
+            &t.gateway,
+            &["addr", "add", "169.254.9.1/32", "dev", "liqo.newnode123"],
+        );
+        ip(&extra, &["route", "add", "169.254.9.1", "dev", "eth0"]);
+        ip(
+            &extra,
+            &[
+                "route",
+                "add",
+                "default",
+                "via",
+                "169.254.9.1",
+                "dev",
+                "eth0",
+            ],
+        );
+        ip(
+            &t.gateway,
+            &["route", "add", "10.20.9.0/24", "dev", "liqo.newnode123"],
+        );
+    };
+    wire();
     for _ in 0..100 {
         if attached("tc-liqo:newnode123") {
             break;
@@ -507,6 +510,30 @@ fn agent_attaches_to_interfaces_that_appear_later() {
         "the wildcard rule in force on the new interface",
         10,
         || ping(&extra, "10.20.9.10", "10.10.1.67") && !ping(&extra, "10.20.9.9", "10.10.1.67"),
+    );
+    // The interface deleted and created again under its name (a restarted tunnel or node
+    // link): the kernel detached the link pinned for the earlier device, whose pin stays.
+    // The agent must attach to the new device, not take the pin for enforcement.
+    let pin = pins.0.join("links/tc-liqo:newnode123");
+    let before = peerwall_backend_bpf::loader::link_state(&pin).unwrap();
+    ip(&t.gateway, &["link", "del", "liqo.newnode123"]);
+    assert_eq!(
+        peerwall_backend_bpf::loader::link_state(&pin)
+            .unwrap()
+            .ifindex,
+        None,
+        "the kernel detached the link of the deleted device"
+    );
+    wire();
+    wait_until(
+        "the wildcard rule in force on the interface created again",
+        10,
+        || ping(&extra, "10.20.9.10", "10.10.1.67") && !ping(&extra, "10.20.9.9", "10.10.1.67"),
+    );
+    let after = peerwall_backend_bpf::loader::link_state(&pin).unwrap();
+    assert!(
+        after.id != before.id && after.ifindex.is_some(),
+        "a new link filters the new device: {before:?} → {after:?}"
     );
     std::fs::remove_dir_all(&dir).ok();
 }

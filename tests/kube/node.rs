@@ -376,7 +376,8 @@ fn nft_table_in(gw_netns: &Path, peer: &str) -> bool {
 }
 
 /// Whether the bpf datapath is attached inside the gateway pod: the agent pins a tcx link per
-/// interface it attached to, under this gateway's pin directory.
+/// interface it attached to, under this gateway's pin directory, and the kernel says that
+/// link filters a device (a pin outlives its device).
 fn bpf_attached_in(peer: &str, uid: &str) -> bool {
     let dir = peerwall::k8s::gateways::pods::GatewayPod {
         uid: uid.to_string(),
@@ -384,10 +385,10 @@ fn bpf_attached_in(peer: &str, uid: &str) -> bool {
         peer: peer.to_string(),
     }
     .pin_name();
-    Path::new("/sys/fs/bpf/peerwall/gateways")
+    let pin = Path::new("/sys/fs/bpf/peerwall/gateways")
         .join(dir)
-        .join("links/tc-liqo-tunnel")
-        .exists()
+        .join("links/tc-liqo-tunnel");
+    peerwall_backend_bpf::loader::link_state(&pin).is_ok_and(|s| s.ifindex.is_some())
 }
 
 fn pins_of(peer: &str) -> Vec<String> {

@@ -111,6 +111,13 @@ pub fn forget_pins(pin_dir: &Path) -> Result<Vec<String>, BackendError> {
     remove(BackendKind::Bpf, pin_dir)
 }
 
+/// Whether a datapath pinned in `pin_dir` still filters a device that exists, in any network
+/// namespace ([`loader::filters_a_device`]): its pins must stay while it does (removing a
+/// link pin detaches the program from traffic still flowing).
+pub fn still_filtering(pin_dir: &Path) -> bool {
+    loader::filters_a_device(pin_dir)
+}
+
 /// Turn the emergency switch of what `kind` installed here on (every packet passes) or off.
 pub fn set_switch(kind: BackendKind, pin_dir: &Path, on: bool) -> Result<(), BackendError> {
     let name = kind.name();

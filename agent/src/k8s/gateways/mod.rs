@@ -291,13 +291,10 @@ impl Supervisor {
             // period: the tunnel is still up, the peer still sends). Unpinning the links now
             // would detach the programs from traffic that still flows; nftables' tables stay
             // with the namespace by themselves.
-            if w.ns_id.is_some() && netns::netns_id(&w.ns_path) == w.ns_id {
-                tracing::info!(gateway = %w.gateway.name, peer = %w.gateway.peer, "gateway pod going: its datapath stays attached until its network namespace is gone");
-                self.draining
-                    .insert(w.gateway.pin_name(), (w.ns_path.clone(), w.ns_id));
-            } else {
-                self.forget(&w.gateway.pin_name());
-            }
+            // Drained on the next tick when nothing of it filters a device any more.
+            tracing::info!(gateway = %w.gateway.name, peer = %w.gateway.peer, "gateway pod going: its datapath stays attached until its network namespace is gone");
+            self.draining
+                .insert(w.gateway.pin_name(), (w.ns_path.clone(), w.ns_id));
         }
         tracing::info!(gateway = %w.gateway.name, peer = %w.gateway.peer, pod_gone = gone, "stopped enforcing inside gateway pod");
     }
@@ -308,12 +305,20 @@ impl Supervisor {
         handles::remove(Path::new(handles::HANDLES), pin_name);
     }
 
-    /// Forget the draining gateways whose network namespace is gone.
+    /// Forget the draining gateways that are gone: no link of theirs filters a device any
+    /// more (the kernel detaches a link when its device goes with the namespace) and the
+    /// namespace they were enforced in is gone, or unknown. The namespace alone is not
+    /// enough: it is reached through one process of the pod, which may exit before the
+    /// others (a container killed first) while the tunnel still forwards.
     fn drain(&mut self) {
+        let pins = self.settings.gateway_pins();
         let gone: Vec<String> = self
             .draining
             .iter()
-            .filter(|(_, (path, id))| netns::netns_id(path) != *id)
+            .filter(|(name, (path, id))| {
+                let ns_gone = id.is_none() || netns::netns_id(path) != *id;
+                ns_gone && !peerwall_backend_select::installed::still_filtering(&pins.join(name))
+            })
             .map(|(name, _)| name.clone())
             .collect();
         for name in gone {
@@ -324,8 +329,10 @@ impl Supervisor {
     }
 
     /// Remove pin directories of gateways that are not on this node any more (the agent was
-    /// down when they went). Gateways seen but not started yet keep theirs, for adoption.
-    fn collect_garbage(&self) {
+    /// down when they went). Gateways seen but not started yet keep theirs, for adoption; a
+    /// datapath that still filters a device (a pod terminating while the agent restarted)
+    /// drains first.
+    fn collect_garbage(&mut self) {
         let keep: BTreeSet<String> = self
             .seen
             .values()
@@ -337,7 +344,13 @@ impl Supervisor {
         };
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().to_string();
-            if !keep.contains(&name) {
+            if keep.contains(&name) {
+                continue;
+            }
+            if peerwall_backend_select::installed::still_filtering(&e.path()) {
+                tracing::info!(pins = %e.path().display(), "pins of a gateway no longer on this node still filter a device: kept until it is gone");
+                self.draining.insert(name, (PathBuf::new(), None));
+            } else {
                 tracing::info!(pins = %e.path().display(), "removing pins of a gateway no longer on this node");
                 remove_pins(&e.path());
                 handles::remove(Path::new(handles::HANDLES), &name);

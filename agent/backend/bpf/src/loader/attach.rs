@@ -6,6 +6,7 @@ use aya::programs::tc::{TcAttachOptions, TcAttachType};
 use aya::programs::{SchedClassifier, Xdp, XdpMode};
 
 use super::host::HostIface;
+use super::linkinfo::link_state;
 use super::pins::{attached_in, link_pin_name, pin_link};
 use super::{BpfError, Datapath, TC_L3_PROGRAM, TC_PROGRAM, XDP_PROGRAM};
 
@@ -49,22 +50,59 @@ impl Datapath {
     pub fn prepare(&mut self, ifaces: &[&HostIface], xdp: bool) -> Result<(), BpfError> {
         let links = self.pin_dir.join("links");
         for iface in ifaces {
-            if !links.join(link_pin_name("tc", &iface.name)).exists() {
+            let live = self.tc_link_live(iface);
+            if !live {
                 let _: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
             }
-            let xdp_pinned = links.join(link_pin_name("xdp", &iface.name)).exists();
+            let xdp_pinned = live && links.join(link_pin_name("xdp", &iface.name)).exists();
             if xdp && iface.l2_len == 14 && !xdp_pinned {
                 let _: &mut Xdp = self.loaded(XDP_PROGRAM)?;
             }
         }
         Ok(())
     }
+    /// Whether the tc link pinned for `iface` runs on it: the link filters the device with
+    /// this ifindex and the device's tcx ingress runs the link's program, in this network
+    /// namespace. A pin alone proves nothing: an interface deleted and created again under
+    /// its name (a restarted tunnel, a replaced pod sandbox whose pins are adopted) leaves a
+    /// pin whose link the kernel detached, or that filters the old namespace's device.
+    fn tc_link_live(&self, iface: &HostIface) -> bool {
+        let pin = self
+            .pin_dir
+            .join("links")
+            .join(link_pin_name("tc", &iface.name));
+        let Ok(state) = link_state(&pin) else {
+            return false;
+        };
+        state.ifindex == Some(iface.ifindex)
+            && SchedClassifier::query_tcx(&iface.name, TcAttachType::Ingress)
+                .is_ok_and(|(_, progs)| progs.iter().any(|p| p.id() == state.prog_id))
+    }
+
     /// Attach the tc program (tcx ingress) to an interface, and XDP when asked; pin the links.
-    /// An interface that already has a pinned link keeps it (adoption without a gap).
+    /// An interface whose pinned link runs on it keeps it (adoption without a gap); pins left
+    /// by an earlier device of that name are replaced.
     pub fn attach(&mut self, iface: &HostIface, xdp: bool) -> Result<(), BpfError> {
         self.register_ifaces(std::slice::from_ref(iface))?;
         let links = self.pin_dir.join("links");
         let tc_pin = links.join(link_pin_name("tc", &iface.name));
+        if tc_pin.exists() && !self.tc_link_live(iface) {
+            // The device this name had is gone (or lives in another namespace): its links
+            // go with their pins, the new device gets its own.
+            let xdp_pin = links.join(link_pin_name("xdp", &iface.name));
+            for pin in [&tc_pin, &xdp_pin] {
+                match std::fs::remove_file(pin) {
+                    Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                        return Err(BpfError::Io {
+                            path: pin.to_path_buf(),
+                            source: e,
+                        })
+                    }
+                    _ => {}
+                }
+            }
+            tracing::warn!(interface = %iface.name, ifindex = iface.ifindex, "interface created again under its name: the pinned link filtered the earlier device; attaching to this one");
+        }
         if !tc_pin.exists() {
             let prog: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
             let attach_err = |what: String| move |source| BpfError::Program { what, source };

@@ -15,6 +15,8 @@ mod flows;
 pub use flows::key_of;
 pub(crate) use flows::occupied_new_flow_slots;
 mod host;
+mod linkinfo;
+pub use linkinfo::{filters_a_device, link_state, LinkState};
 mod pins;
 mod probe;
 mod seen;

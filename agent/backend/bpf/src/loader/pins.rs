@@ -14,11 +14,15 @@ pub fn link_pin_name(kind: &str, ifname: &str) -> String {
     format!("{kind}-{}", ifname.replace('.', ":"))
 }
 
-/// Attached programs of a pin directory, as `kind:interface`, from its pinned links.
+/// Attached programs of a pin directory, as `kind:interface`, from its pinned links whose
+/// device still exists (a link whose interface was deleted is pinned but filters nothing).
 pub fn attached_in(pin_dir: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(pin_dir.join("links"))
         .map(|d| {
             d.filter_map(|e| e.ok())
+                .filter(|e| {
+                    super::linkinfo::link_state(&e.path()).is_ok_and(|s| s.ifindex.is_some())
+                })
                 .filter_map(|e| {
                     let n = e.file_name().to_string_lossy().into_owned();
                     parse_link_pin_name(&n).map(|(k, i)| format!("{k}:{i}"))
