@@ -510,6 +510,10 @@ fn a_slice_change_touches_only_its_elements() {
         .update_sets(sliced.policy(), &changes)
         .expect("update");
     assert_eq!(report.element_changes, 1, "{report:?}");
+    assert!(
+        report.over_netlink,
+        "one address: no nft process {report:?}"
+    );
     assert!(report.recreated.is_empty());
     std::thread::sleep(std::time::Duration::from_millis(300));
     monitor.kill().ok();
@@ -527,6 +531,46 @@ fn a_slice_change_touches_only_its_elements() {
     assert!(
         ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
         "passes at once"
+    );
+    assert_eq!(backend.drift().unwrap(), Vec::<Drift>::new());
+
+    // It leaves again: one element deleted (over netlink), its packets stop at once.
+    let now: Vec<_> = slices
+        .iter()
+        .map(|s| {
+            if s.name == changed[0].name {
+                changed[0].clone()
+            } else {
+                s.clone()
+            }
+        })
+        .collect();
+    let back = protection::layout("offloaded", &now, &sets.offloaded);
+    assert_eq!(back.len(), 1, "one slice rewritten");
+    let back =
+        check_slice(&decode(protection::address_set_object(&peer, &back[0])).address_sets[0])
+            .unwrap();
+    let (changes, issue) = sliced.update(&back.origin, Some(&back));
+    assert!(issue.is_none());
+    let report = backend
+        .update_sets(sliced.policy(), &changes)
+        .expect("update");
+    assert_eq!(
+        (report.element_changes, report.over_netlink),
+        (1, true),
+        "{report:?}"
+    );
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
+        "gone at once"
+    );
+    let listed = nft_list(
+        &t.gateway,
+        &["list", "set", "inet", "peerwall_a", "offloaded"],
+    );
+    assert!(
+        !listed.contains("10.20.1.3") && listed.contains("10.20.1.2"),
+        "{listed}"
     );
     assert_eq!(backend.drift().unwrap(), Vec::<Drift>::new());
 

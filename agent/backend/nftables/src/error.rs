@@ -21,6 +21,15 @@ pub enum NftError {
         /// nft's message.
         stderr: String,
     },
+    /// The kernel refused a batch sent over netlink (nothing of it applied), or the socket
+    /// failed.
+    #[error("{action} failed: {source}")]
+    Netlink {
+        /// What was attempted.
+        action: String,
+        /// The kernel's errno, or the socket's error.
+        source: std::io::Error,
+    },
     /// nft printed JSON we could not read.
     #[error("could not parse `nft -j` output: {0}")]
     Parse(#[from] serde_json::Error),

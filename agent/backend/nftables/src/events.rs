@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -161,7 +161,6 @@ impl Names {
 }
 
 // Netlink and nfnetlink_log constants (linux/netlink.h, linux/netfilter/nfnetlink_log.h).
-const NETLINK_NETFILTER: i32 = 12;
 const NFNL_SUBSYS_ULOG: u16 = 4;
 const NFULNL_MSG_PACKET: u16 = 0;
 const NFULNL_MSG_CONFIG: u16 = 1;
@@ -177,7 +176,6 @@ const NFULA_IFINDEX_OUTDEV: u16 = 5;
 const NFULA_PAYLOAD: u16 = 9;
 const NFULA_PREFIX: u16 = 10;
 const NFULA_CT_INFO: u16 = 19;
-const NLMSG_ERROR: u16 = 2;
 /// Bytes of each packet copied to user space: IPv6 header + TCP ports, with room.
 const COPY_RANGE: u32 = 128;
 
@@ -342,29 +340,23 @@ fn parse_packet(body: &[u8]) -> Option<Logged> {
     })
 }
 
-fn attr(buf: &mut Vec<u8>, ty: u16, data: &[u8]) {
-    let len = 4 + data.len();
-    buf.extend_from_slice(&(len as u16).to_ne_bytes());
-    buf.extend_from_slice(&ty.to_ne_bytes());
-    buf.extend_from_slice(data);
-    buf.resize((buf.len() + 3) & !3, 0);
-}
-
-/// A config message for `group` with the given attributes.
-fn config_message(group: u16, seq: u32, body: &[u8]) -> Vec<u8> {
-    let mut m = Vec::with_capacity(20 + body.len());
-    let len = (20 + body.len()) as u32;
-    m.extend_from_slice(&len.to_ne_bytes());
-    m.extend_from_slice(&((NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG).to_ne_bytes());
-    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16;
-    m.extend_from_slice(&flags.to_ne_bytes());
-    m.extend_from_slice(&seq.to_ne_bytes());
-    m.extend_from_slice(&0u32.to_ne_bytes());
-    // nfgenmsg: family AF_UNSPEC, version 0, res_id = group (BE).
-    m.extend_from_slice(&[0, 0]);
-    m.extend_from_slice(&group.to_be_bytes());
-    m.extend_from_slice(body);
-    m
+/// A config message for `group` with the given attributes (type, payload).
+fn config_message(group: u16, seq: u32, attrs: &[(u16, &[u8])]) -> Vec<u8> {
+    use crate::netlink::message::{Writer, NLM_F_ACK, NLM_F_REQUEST};
+    let mut w = Writer::new();
+    // nfgenmsg: family AF_UNSPEC, res_id = the group.
+    let m = w.begin_msg(
+        (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG,
+        NLM_F_REQUEST | NLM_F_ACK,
+        seq,
+        0,
+        group,
+    );
+    for (ty, data) in attrs {
+        w.attr(*ty, data);
+    }
+    w.end_msg(m);
+    w.into_bytes()
 }
 
 /// The NFLOG listener of one group, in the network namespace it was made in.
@@ -385,21 +377,9 @@ impl Nflog {
     /// group: a second one gets EBUSY). `interval`: at most one event per flow, kind and rule
     /// in it.
     pub fn bind(group: u16, names: Names, interval: Duration) -> Result<Self, EventError> {
-        // SAFETY: plain socket(2); result checked.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-                NETLINK_NETFILTER,
-            )
-        };
-        if fd < 0 {
-            return Err(io("opening a netfilter netlink socket")(
-                std::io::Error::last_os_error(),
-            ));
-        }
-        // SAFETY: a fresh descriptor we own.
-        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        let sock = crate::netlink::socket::netfilter_socket()
+            .map_err(io("opening a netfilter netlink socket"))?;
+        let fd = sock.as_raw_fd();
         // A large receive buffer absorbs bursts up to the limits; beyond it the kernel drops
         // log messages (ENOBUFS on our side), never packets.
         let size: libc::c_int = 4 << 20;
@@ -421,19 +401,21 @@ impl Nflog {
             limiter: FlowLimiter::new(interval, 16_384),
             buf: vec![0; 1 << 16],
         };
-        let mut bind = Vec::new();
-        attr(&mut bind, NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]);
-        me.request(group, 1, &bind, "binding the NFLOG group")?;
-        let mut mode = Vec::new();
+        me.request(
+            group,
+            1,
+            &[(NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND])],
+            "binding the NFLOG group",
+        )?;
         let mut m = COPY_RANGE.to_be_bytes().to_vec();
         m.extend_from_slice(&[NFULNL_COPY_PACKET, 0]);
-        attr(&mut mode, NFULA_CFG_MODE, &m);
-        attr(
-            &mut mode,
-            NFULA_CFG_FLAGS,
-            &NFULNL_CFG_F_CONNTRACK.to_be_bytes(),
-        );
-        me.request(group, 2, &mode, "setting the NFLOG copy mode")?;
+        let flags = NFULNL_CFG_F_CONNTRACK.to_be_bytes();
+        me.request(
+            group,
+            2,
+            &[(NFULA_CFG_MODE, &m), (NFULA_CFG_FLAGS, &flags)],
+            "setting the NFLOG copy mode",
+        )?;
         Ok(me)
     }
 
@@ -442,10 +424,10 @@ impl Nflog {
         &mut self,
         group: u16,
         seq: u32,
-        body: &[u8],
+        attrs: &[(u16, &[u8])],
         what: &'static str,
     ) -> Result<(), EventError> {
-        let msg = config_message(group, seq, body);
+        let msg = config_message(group, seq, attrs);
         // SAFETY: zeroed sockaddr_nl is valid; pid 0 is the kernel.
         let mut addr: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
         addr.nl_family = libc::AF_NETLINK as u16;
@@ -468,13 +450,12 @@ impl Nflog {
             let Some(got) = got else {
                 return Err(io(what)(std::io::Error::from(std::io::ErrorKind::TimedOut)));
             };
-            let b = &self.buf[..got];
-            if b.len() >= 20 && u16::from_ne_bytes([b[4], b[5]]) == NLMSG_ERROR {
-                let err = i32::from_ne_bytes([b[16], b[17], b[18], b[19]]);
-                if err == 0 {
+            let answers = crate::netlink::message::answers(&self.buf[..got]).unwrap_or_default();
+            if let Some(a) = answers.iter().find(|a| a.seq == seq) {
+                if a.error == 0 {
                     return Ok(());
                 }
-                return Err(io(what)(std::io::Error::from_raw_os_error(-err)));
+                return Err(io(what)(std::io::Error::from_raw_os_error(-a.error)));
             }
         }
     }

@@ -21,6 +21,7 @@ pub mod json;
 pub mod listing;
 pub mod merge;
 pub mod model;
+pub mod netlink;
 pub mod plan;
 pub mod render;
 pub mod report;
@@ -276,6 +277,8 @@ impl<R: Runner> NftBackend<R> {
             dels.extend(adds);
             report.element_changes = dels.iter().map(model::Command::element_count).sum();
             if !dels.is_empty() {
+                report.over_netlink = self.nft.edits_elements_over_netlink()
+                    && netlink::element_edits(&dels).is_some();
                 self.nft.transaction(&dels)?;
                 report.changed = true;
             }

@@ -15,6 +15,9 @@ pub struct ApplyReport {
     pub kept: Vec<String>,
     /// Set element additions and deletions sent.
     pub element_changes: usize,
+    /// The element changes went straight over netlink, without the `nft` process
+    /// ([`crate::netlink`]).
+    pub over_netlink: bool,
     /// Whether anything was sent to the kernel.
     pub changed: bool,
 }
@@ -30,10 +33,11 @@ impl std::fmt::Display for ApplyReport {
         };
         write!(
             f,
-            "created or recreated {}; updated {} ({} element changes); kept {}; removed {}",
+            "created or recreated {}; updated {} ({} element changes{}); kept {}; removed {}",
             list(&self.recreated),
             list(&self.updated),
             self.element_changes,
+            if self.over_netlink { ", netlink" } else { "" },
             list(&self.kept),
             list(&self.deleted)
         )

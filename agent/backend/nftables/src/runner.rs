@@ -30,6 +30,11 @@ pub trait Runner: Send + std::fmt::Debug {
     /// The kernel's connection tracking of the same network namespace; None where there is
     /// no kernel (the in-memory one).
     fn conntrack(&self) -> Option<crate::conntrack::Conntrack>;
+    /// Whether [`transaction`](Self::transaction) sends the element edits
+    /// [`crate::netlink::element_edits`] takes straight over netlink.
+    fn edits_elements_over_netlink(&self) -> bool {
+        false
+    }
 }
 
 /// How to invoke `nft`: in this network namespace or in a named one.
@@ -104,7 +109,16 @@ impl Nft {
 }
 
 impl Runner for Nft {
+    fn edits_elements_over_netlink(&self) -> bool {
+        true
+    }
+
+    /// Element edits of address hash sets over netlink ([`crate::netlink`]), everything else
+    /// through `nft -j -f`.
     fn transaction(&self, cmds: &[Command<'_>]) -> Result<(), NftError> {
+        if let Some(edits) = crate::netlink::element_edits(cmds) {
+            return crate::netlink::apply(self.netns.as_deref(), &edits);
+        }
         self.apply_json(&json::document(cmds))
     }
 

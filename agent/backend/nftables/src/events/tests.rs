@@ -19,10 +19,15 @@ fn prefixes_are_short_whatever_the_names_and_name_their_kind() {
     assert_eq!(parse_prefix("other"), None);
 }
 
-fn nlattr(ty: u16, data: &[u8]) -> Vec<u8> {
-    let mut b = Vec::new();
-    attr(&mut b, ty, data);
-    b
+/// A logged packet's message (family IPv4, group 5) with `attrs`.
+fn packet_message(attrs: &[(u16, &[u8])]) -> Vec<u8> {
+    let mut w = crate::netlink::message::Writer::new();
+    let m = w.begin_msg(NFNL_SUBSYS_ULOG << 8, 0, 0, 2, 5);
+    for (ty, data) in attrs {
+        w.attr(*ty, data);
+    }
+    w.end_msg(m);
+    w.into_bytes()
 }
 
 #[test]
@@ -33,19 +38,13 @@ fn a_logged_packet_is_decoded_from_its_netlink_message() {
     ip.extend_from_slice(&40000u16.to_be_bytes());
     ip.extend_from_slice(&80u16.to_be_bytes());
     ip.extend_from_slice(&[0; 16]);
-    let mut body = Vec::new();
-    body.extend(nlattr(NFULA_PREFIX, b"pw:d:00112233445566ff\0"));
-    body.extend(nlattr(NFULA_IFINDEX_INDEV, &7u32.to_be_bytes()));
-    body.extend(nlattr(NFULA_IFINDEX_OUTDEV, &9u32.to_be_bytes()));
-    body.extend(nlattr(NFULA_CT_INFO, &2u32.to_be_bytes()));
-    body.extend(nlattr(NFULA_PAYLOAD, &ip));
-    let mut msg = Vec::new();
-    let len = (20 + body.len()) as u32;
-    msg.extend_from_slice(&len.to_ne_bytes());
-    msg.extend_from_slice(&(NFNL_SUBSYS_ULOG << 8).to_ne_bytes());
-    msg.extend_from_slice(&[0; 10]);
-    msg.extend_from_slice(&[2, 0, 0, 5]);
-    msg.extend_from_slice(&body);
+    let msg = packet_message(&[
+        (NFULA_PREFIX, b"pw:d:00112233445566ff\0"),
+        (NFULA_IFINDEX_INDEV, &7u32.to_be_bytes()),
+        (NFULA_IFINDEX_OUTDEV, &9u32.to_be_bytes()),
+        (NFULA_CT_INFO, &2u32.to_be_bytes()),
+        (NFULA_PAYLOAD, &ip),
+    ]);
     // Two messages in one datagram.
     let mut two = msg.clone();
     two.extend_from_slice(&msg);

@@ -1,0 +1,316 @@
+//! nfnetlink messages for set element edits, as bytes: one batch (`NFNL_MSG_BATCH_BEGIN`,
+//! one `NFT_MSG_NEWSETELEM` / `NFT_MSG_DELSETELEM` per set and chunk, `NFNL_MSG_BATCH_END`)
+//! that the kernel applies as one transaction, and the acknowledgements it answers with.
+//! Pure: bytes in, bytes out (`include/uapi/linux/netfilter/nf_tables.h`,
+//! `include/uapi/linux/netfilter/nfnetlink.h`, `include/uapi/linux/netlink.h`).
+//!
+//! Byte order: netlink headers and attribute headers are host order; `nfgenmsg.res_id` and
+//! the element keys (addresses) are network order. Attributes are padded to 4 bytes.
+
+/// `struct nlmsghdr`: 16 bytes.
+const NLMSG_HDRLEN: usize = 16;
+/// `NLMSG_ERROR`: an acknowledgement (error 0) or an error.
+pub const NLMSG_ERROR: u16 = 2;
+pub(crate) const NLM_F_REQUEST: u16 = 0x1;
+pub(crate) const NLM_F_ACK: u16 = 0x4;
+const NLM_F_CREATE: u16 = 0x400;
+const NLA_F_NESTED: u16 = 0x8000;
+/// `NFNL_MSG_BATCH_BEGIN` / `_END`.
+const BATCH_BEGIN: u16 = 0x10;
+const BATCH_END: u16 = 0x11;
+/// `NFNL_SUBSYS_NFTABLES`.
+const SUBSYS_NFTABLES: u16 = 10;
+/// `NFT_MSG_NEWSETELEM` / `NFT_MSG_DELSETELEM`.
+const MSG_NEWSETELEM: u16 = 12;
+const MSG_DELSETELEM: u16 = 14;
+/// `enum nft_set_elem_list_attributes`.
+const SET_ELEM_LIST_TABLE: u16 = 1;
+const SET_ELEM_LIST_SET: u16 = 2;
+const SET_ELEM_LIST_ELEMENTS: u16 = 3;
+/// `NFTA_LIST_ELEM`, `NFTA_SET_ELEM_KEY`, `NFTA_DATA_VALUE`.
+const LIST_ELEM: u16 = 1;
+const SET_ELEM_KEY: u16 = 1;
+const DATA_VALUE: u16 = 1;
+
+/// Elements per message: a nested attribute's length is 16 bits (an IPv6 element takes 28
+/// bytes).
+pub const CHUNK: usize = 1024;
+
+/// `NFPROTO_*` of a table family.
+pub fn nfproto(family: peerwall_policy::ir::TableFamily) -> u8 {
+    use peerwall_policy::ir::TableFamily;
+    match family {
+        TableFamily::Inet => 1,
+        TableFamily::Ip => 2,
+        TableFamily::Ip6 => 10,
+    }
+}
+
+/// Elements of one set to add or delete.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ElementEdit<'a> {
+    /// `NFPROTO_*` of the table.
+    pub family: u8,
+    /// Table name.
+    pub table: &'a str,
+    /// Set name.
+    pub set: &'a str,
+    /// Add (`true`) or delete.
+    pub add: bool,
+    /// The elements' keys, network order (4 bytes for IPv4 addresses, 16 for IPv6).
+    pub keys: Vec<Vec<u8>>,
+}
+
+/// Netlink messages being written (this module's batches, the NFLOG listener's requests).
+pub(crate) struct Writer {
+    buf: Vec<u8>,
+}
+
+impl Writer {
+    pub(crate) fn new() -> Self {
+        Self { buf: Vec::new() }
+    }
+    pub(crate) fn into_bytes(self) -> Vec<u8> {
+        self.buf
+    }
+    fn put_u16(&mut self, v: u16) {
+        self.buf.extend_from_slice(&v.to_ne_bytes());
+    }
+    fn pad(&mut self) {
+        while !self.buf.len().is_multiple_of(4) {
+            self.buf.push(0);
+        }
+    }
+    /// Start a message with its `nfgenmsg` header; returns where its length goes.
+    pub(crate) fn begin_msg(
+        &mut self,
+        kind: u16,
+        flags: u16,
+        seq: u32,
+        family: u8,
+        res_id: u16,
+    ) -> usize {
+        let at = self.buf.len();
+        self.buf.extend_from_slice(&0u32.to_ne_bytes());
+        self.put_u16(kind);
+        self.put_u16(flags);
+        self.buf.extend_from_slice(&seq.to_ne_bytes());
+        self.buf.extend_from_slice(&0u32.to_ne_bytes());
+        // struct nfgenmsg: family, version (NFNETLINK_V0), res_id (network order).
+        self.buf.push(family);
+        self.buf.push(0);
+        self.buf.extend_from_slice(&res_id.to_be_bytes());
+        at
+    }
+    pub(crate) fn end_msg(&mut self, at: usize) {
+        let len = (self.buf.len() - at) as u32;
+        self.buf[at..at + 4].copy_from_slice(&len.to_ne_bytes());
+    }
+    fn begin_attr(&mut self, kind: u16) -> usize {
+        let at = self.buf.len();
+        self.put_u16(0);
+        self.put_u16(kind);
+        at
+    }
+    /// Close an attribute: its length excludes the padding that follows.
+    fn end_attr(&mut self, at: usize) {
+        let len = (self.buf.len() - at) as u16;
+        self.buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
+        self.pad();
+    }
+    pub(crate) fn attr(&mut self, kind: u16, payload: &[u8]) {
+        let at = self.begin_attr(kind);
+        self.buf.extend_from_slice(payload);
+        self.end_attr(at);
+    }
+    fn attr_str(&mut self, kind: u16, s: &str) {
+        let at = self.begin_attr(kind);
+        self.buf.extend_from_slice(s.as_bytes());
+        self.buf.push(0);
+        self.end_attr(at);
+    }
+}
+
+/// The batch for `edits`, its messages numbered from `seq`: the bytes, and the sequence
+/// numbers of the messages the kernel acknowledges (every edit message; not the batch's
+/// begin and end).
+pub fn batch(edits: &[ElementEdit<'_>], seq: u32) -> (Vec<u8>, Vec<u32>) {
+    let mut w = Writer::new();
+    let mut next = seq;
+    let begin = w.begin_msg(BATCH_BEGIN, NLM_F_REQUEST, next, 0, SUBSYS_NFTABLES);
+    w.end_msg(begin);
+    let mut acked = Vec::new();
+    for e in edits {
+        let (kind, flags) = if e.add {
+            (MSG_NEWSETELEM, NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK)
+        } else {
+            (MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
+        };
+        for chunk in e.keys.chunks(CHUNK) {
+            next = next.wrapping_add(1);
+            let m = w.begin_msg((SUBSYS_NFTABLES << 8) | kind, flags, next, e.family, 0);
+            w.attr_str(SET_ELEM_LIST_TABLE, e.table);
+            w.attr_str(SET_ELEM_LIST_SET, e.set);
+            let list = w.begin_attr(SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED);
+            for key in chunk {
+                let el = w.begin_attr(LIST_ELEM | NLA_F_NESTED);
+                let k = w.begin_attr(SET_ELEM_KEY | NLA_F_NESTED);
+                w.attr(DATA_VALUE, &key[1..]);
+                w.end_attr(k);
+                w.end_attr(el);
+            }
+            w.end_attr(list);
+            w.end_msg(m);
+            acked.push(next);
+        }
+    }
+    next = next.wrapping_add(1);
+    let end = w.begin_msg(BATCH_END, NLM_F_REQUEST, next, 0, SUBSYS_NFTABLES);
+    w.end_msg(end);
+    (w.buf, acked)
+}
+
+/// An `NLMSG_ERROR` answer: the sequence number of the message it answers, and its error
+/// (0: acknowledged; else a negative errno).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Answer {
+    /// Sequence number of the message answered.
+    pub seq: u32,
+    /// 0, or `-errno`.
+    pub error: i32,
+}
+
+/// The `NLMSG_ERROR` answers in a datagram read from the socket (other messages skipped);
+/// None when the datagram is cut short.
+pub fn answers(buf: &[u8]) -> Option<Vec<Answer>> {
+    let mut out = Vec::new();
+    let mut at = 0;
+    while at + NLMSG_HDRLEN <= buf.len() {
+        let len = u32::from_ne_bytes(buf[at..at + 4].try_into().ok()?) as usize;
+        let kind = u16::from_ne_bytes(buf[at + 4..at + 6].try_into().ok()?);
+        if len < NLMSG_HDRLEN || at + len > buf.len() {
+            return None;
+        }
+        if kind == NLMSG_ERROR {
+            // struct nlmsgerr: int error, then the header of the message answered.
+            let body = &buf[at + NLMSG_HDRLEN..at + len];
+            if body.len() < 4 + NLMSG_HDRLEN {
+                return None;
+            }
+            let error = i32::from_ne_bytes(body[0..4].try_into().ok()?);
+            let seq = u32::from_ne_bytes(body[4 + 8..4 + 12].try_into().ok()?);
+            out.push(Answer { seq, error });
+        }
+        at += (len + 3) & !3;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn u16_at(b: &[u8], at: usize) -> u16 {
+        u16::from_ne_bytes([b[at], b[at + 1]])
+    }
+    fn u32_at(b: &[u8], at: usize) -> u32 {
+        u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
+    }
+
+    #[test]
+    fn one_element_added_is_begin_one_message_end() {
+        let edit = ElementEdit {
+            family: 1,
+            table: "t",
+            set: "offloaded",
+            add: true,
+            keys: vec![vec![10, 20, 1, 3]],
+        };
+        let (b, acked) = batch(&[edit], 100);
+        assert_eq!(acked, vec![101]);
+        // Begin: 20 bytes, subsystem in network order.
+        assert_eq!(u32_at(&b, 0), 20);
+        assert_eq!(u16_at(&b, 4), BATCH_BEGIN);
+        assert_eq!(&b[18..20], &[0, 10]);
+        // The element message.
+        let m = 20;
+        let len = u32_at(&b, m) as usize;
+        assert_eq!(u16_at(&b, m + 4), (10 << 8) | 12);
+        assert_eq!(u16_at(&b, m + 6), NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK);
+        assert_eq!(u32_at(&b, m + 8), 101);
+        assert_eq!(b[m + 16], 1, "family inet");
+        // Table "t\0": 4 + 2 bytes, padded to 8.
+        assert_eq!(u16_at(&b, m + 20), 6);
+        assert_eq!(u16_at(&b, m + 22), SET_ELEM_LIST_TABLE);
+        assert_eq!(&b[m + 24..m + 26], b"t\0");
+        // Set "offloaded\0": 4 + 10 bytes, padded to 16.
+        assert_eq!(u16_at(&b, m + 28), 14);
+        assert_eq!(&b[m + 32..m + 42], b"offloaded\0");
+        // Elements > element > key > value (4 bytes): 4 + 4 + 4 + 8.
+        let l = m + 44;
+        assert_eq!(u16_at(&b, l), 20);
+        assert_eq!(u16_at(&b, l + 2), SET_ELEM_LIST_ELEMENTS | NLA_F_NESTED);
+        assert_eq!(u16_at(&b, l + 4), 16);
+        assert_eq!(u16_at(&b, l + 8), 12);
+        assert_eq!(u16_at(&b, l + 12), 8);
+        assert_eq!(u16_at(&b, l + 14), DATA_VALUE);
+        assert_eq!(&b[l + 16..l + 20], &[10, 20, 1, 3]);
+        assert_eq!(len, 64);
+        // End.
+        assert_eq!(u16_at(&b, m + len + 4), BATCH_END);
+        assert_eq!(u32_at(&b, m + len + 8), 102);
+        assert_eq!(b.len(), m + len + 20);
+    }
+
+    #[test]
+    fn deletes_carry_no_create_flag_and_large_edits_are_chunked() {
+        let keys: Vec<Vec<u8>> = (0..CHUNK as u32 + 1)
+            .map(|i| i.to_be_bytes().to_vec())
+            .collect();
+        let edit = ElementEdit {
+            family: 2,
+            table: "t",
+            set: "s",
+            add: false,
+            keys,
+        };
+        let (b, acked) = batch(&[edit], u32::MAX);
+        assert_eq!(acked, vec![0, 1], "two messages, numbered across the wrap");
+        let m = 20;
+        assert_eq!(u16_at(&b, m + 4), (10 << 8) | 14);
+        assert_eq!(u16_at(&b, m + 6), NLM_F_REQUEST | NLM_F_ACK);
+        let first = u32_at(&b, m) as usize;
+        assert_eq!(first, 16 + 4 + 8 + 8 + 4 + CHUNK * 16);
+        let second = u32_at(&b, m + first) as usize;
+        assert_eq!(second, 16 + 4 + 8 + 8 + 4 + 16);
+    }
+
+    #[test]
+    fn answers_read_acks_and_errors() {
+        let mut d = Vec::new();
+        for (seq, error) in [(7u32, 0i32), (8, -2)] {
+            d.extend_from_slice(&36u32.to_ne_bytes());
+            d.extend_from_slice(&NLMSG_ERROR.to_ne_bytes());
+            d.extend_from_slice(&0u16.to_ne_bytes());
+            d.extend_from_slice(&[0; 8]);
+            d.extend_from_slice(&error.to_ne_bytes());
+            // The answered header: len, type, flags, seq, pid.
+            d.extend_from_slice(&[0; 8]);
+            d.extend_from_slice(&seq.to_ne_bytes());
+            d.extend_from_slice(&[0; 4]);
+        }
+        assert_eq!(
+            answers(&d),
+            Some(vec![
+                Answer { seq: 7, error: 0 },
+                Answer { seq: 8, error: -2 }
+            ])
+        );
+        assert_eq!(answers(&d[..10]), Some(vec![]), "no whole header: nothing");
+        assert_eq!(
+            answers(&d[..30]),
+            None,
+            "a message longer than the datagram"
+        );
+    }
+}
