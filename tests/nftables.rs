@@ -505,19 +505,19 @@ fn a_slice_change_touches_only_its_elements() {
         .expect("nft monitor");
     std::thread::sleep(std::time::Duration::from_millis(300));
     let (changes, issue) = sliced.update(&next.origin, Some(&next));
+    let result = backend.update_sets(sliced.policy(), &changes);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // Stopped before any assertion: a failing one must not leave it running.
+    monitor.kill().ok();
+    let out = monitor.wait_with_output().unwrap();
     assert!(issue.is_none());
-    let report = backend
-        .update_sets(sliced.policy(), &changes)
-        .expect("update");
+    let report = result.expect("update");
     assert_eq!(report.element_changes, 1, "{report:?}");
     assert!(
         report.over_netlink,
         "one address: no nft process {report:?}"
     );
     assert!(report.recreated.is_empty());
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    monitor.kill().ok();
-    let out = monitor.wait_with_output().unwrap();
     let events = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = events
         .lines()

@@ -155,7 +155,7 @@ pub fn batch(edits: &[ElementEdit<'_>], seq: u32) -> (Vec<u8>, Vec<u32>) {
             for key in chunk {
                 let el = w.begin_attr(LIST_ELEM | NLA_F_NESTED);
                 let k = w.begin_attr(SET_ELEM_KEY | NLA_F_NESTED);
-                w.attr(DATA_VALUE, &key[1..]);
+                w.attr(DATA_VALUE, key);
                 w.end_attr(k);
                 w.end_attr(el);
             }
