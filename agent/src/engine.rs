@@ -114,6 +114,9 @@ pub struct Boot {
     tunnel: String,
     /// Released: the boot table is gone from the kernel and never comes back.
     released: bool,
+    /// The backend was asked to hold it until it filters the tunnel
+    /// ([`peerwall_backend::Backend::hold_boot`]).
+    held: bool,
 }
 
 impl Boot {
@@ -132,6 +135,7 @@ impl Boot {
             superseded_by: crate::protection::table_name(peer),
             tunnel: opts.tunnel,
             released: false,
+            held: false,
         })
     }
 }
@@ -176,6 +180,27 @@ impl Engine {
         p.tables
             .sort_by(|x, y| (&x.name, x.family).cmp(&(&y.name, y.family)));
         std::borrow::Cow::Owned(p)
+    }
+
+    /// Before the first apply (as soon as the enforcer exists, and again before each apply
+    /// until it worked): have the backend put the boot policy in force where nothing of
+    /// peerwall's enforces yet ([`peerwall_backend::Backend::hold_boot`]). Asked once; a
+    /// failure is logged and asked again at the next apply.
+    pub fn hold_boot(&mut self) {
+        let Some(b) = self.boot.as_mut().filter(|b| !b.released && !b.held) else {
+            return;
+        };
+        match self.backend.hold_boot(&b.policy, &b.tunnel) {
+            Ok(held) => {
+                b.held = true;
+                if held {
+                    tracing::info!(tunnel = %b.tunnel, "boot policy held in nftables until the datapath filters the tunnel");
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "could not hold the boot policy: a tunnel created before the datapath attaches to it is not filtered until then (retrying)")
+            }
+        }
     }
 
     /// Once the policy in force supersedes the boot tables: release them (bpf: once the
@@ -289,6 +314,7 @@ impl Engine {
             self.warned.clone_from(&compiled.warnings);
         }
         self.last_env = Some(self.backend.environment());
+        self.hold_boot();
         let policy = self.with_boot_tables(self.as_enforced(&compiled.policy));
         let result = self.backend.apply(&policy);
         let (generation, secs, summary) = self.record(result, started, false)?;

@@ -110,11 +110,15 @@ impl Consumer {
         wg_pubkey(&self.key)
     }
 
-    /// Point the tunnel at the (new) gateway pod.
+    /// Point the tunnel at the (new) gateway pod, with a fresh session: the peer is removed
+    /// first, so its handshake goes out at once rather than after WireGuard's retry timer
+    /// (5 s) that a handshake to the gone gateway started — which would hide the first
+    /// seconds of a new gateway from the stream.
     fn connect(&self, gateway_ip: &str, gateway_key: &str) {
         let keyfile = std::env::temp_dir().join(format!("{}.key", self.tunnel));
         std::fs::write(&keyfile, &self.key).unwrap();
         let t = self.tunnel.as_str();
+        let _ = in_ns(&self.ns, "wg", &["set", t, "peer", gateway_key, "remove"]);
         let out = in_ns(
             &self.ns,
             "wg",
@@ -375,6 +379,18 @@ fn nft_table_in(gw_netns: &Path, peer: &str) -> bool {
     String::from_utf8_lossy(&out.stdout).contains(&peerwall::protection::table_name(peer))
 }
 
+/// Whether the gateway's boot table (`peerwall boot`, or the agent holding the boot policy) is
+/// in force inside the gateway pod.
+fn boot_table_in(gw_netns: &Path, peer: &str) -> bool {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", gw_netns.display()))
+        .args(["nft", "list", "tables"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .contains(&peerwall::protection::boot::boot_table_name(peer))
+}
+
 /// Whether the bpf datapath is attached inside the gateway pod: the agent pins a tcx link per
 /// interface it attached to, under this gateway's pin directory, and the kernel says that
 /// link filters a device (a pin outlives its device).
@@ -448,36 +464,50 @@ fn bring_up_gateway(
         "nftables" => nft_table_in(ns, peer),
         _ => bpf_attached_in(peer, uid),
     };
-    let (uid, netns, took) = wait(
-        "peerwall to enforce inside the new gateway pod",
-        Duration::from_secs(60),
+    // As a peer does: the consumer connects as soon as the gateway runs with its tunnel,
+    // whether peerwall enforces there yet or not (the boot policy must cover that window;
+    // the churn's stream counts what reaches the private pod meanwhile).
+    // When enforcement was first seen (checked in both waits, so the time is not the
+    // tunnel's).
+    let first = std::cell::Cell::new(None);
+    let seen = |pods: &[(String, PathBuf)]| {
+        if first.get().is_none() && pods.iter().any(|(u, ns)| enforced(ns, u)) {
+            first.set(Some(t0.elapsed()));
+        }
+    };
+    let (uid, netns, ip) = wait(
+        "the gateway pod to run with liqo-tunnel",
+        Duration::from_secs(90),
         || {
-            current()
-                .into_iter()
-                .find(|(u, ns)| enforced(ns, u))
-                .map(|(u, ns)| (u, ns, t0.elapsed()))
-        },
-    );
-    let (_, ip) = wait("the gateway pod to run", Duration::from_secs(90), || {
-        pod(node, &tenant, "networking.liqo.io/component=gateway")
-    });
-    wait(
-        "liqo-tunnel in the gateway pod",
-        Duration::from_secs(30),
-        || {
+            let pods = current();
+            seen(&pods);
+            let (uid, ip) = pod(node, &tenant, "networking.liqo.io/component=gateway")?;
+            let (_, ns) = pods.into_iter().find(|(u, _)| *u == uid)?;
             Command::new("nsenter")
-                .arg(format!("--net={}", netns.display()))
+                .arg(format!("--net={}", ns.display()))
                 .args(["ip", "link", "show", "liqo-tunnel"])
                 .output()
                 .unwrap()
                 .status
                 .success()
-                .then_some(())
+                .then_some((uid, ns, ip))
         },
     );
     plumb_gateway(node, &netns);
     let gw_pub = wg_pubkey(key);
     consumer.connect(&ip, &gw_pub);
+    let netns = wait(
+        "peerwall to enforce inside the new gateway pod",
+        Duration::from_secs(60),
+        || {
+            let pods = current();
+            seen(&pods);
+            pods.into_iter()
+                .find(|(u, ns)| *u == uid && enforced(ns, u))
+                .map(|(_, ns)| ns)
+        },
+    );
+    let took = first.get().unwrap_or_else(|| t0.elapsed());
     (Gateway { uid, netns }, took)
 }
 
@@ -571,6 +601,10 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     eprintln!(
         "nftables: enforced {} ms after the gateway pod's namespace appeared",
         took.as_millis()
+    );
+    assert!(
+        !boot_table_in(&gw.netns, &peer),
+        "the peer's table replaced the boot table in the same transaction"
     );
     assert_matrix(&consumer, &web, &db, "nftables");
     wait(
@@ -796,6 +830,13 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     assert!(
         !nft_table_in(&gw3.netns, &peer),
         "a fresh gateway has no nftables table of peerwall's"
+    );
+    // The boot policy held the tunnel in nftables until the datapath filtered it: gone once
+    // it does.
+    wait(
+        "the boot table released once bpf filters the tunnel",
+        Duration::from_secs(10),
+        || (!boot_table_in(&gw3.netns, &peer)).then_some(()),
     );
     assert_matrix(&consumer, &web, &db, "bpf");
     let pins = pins_of(&peer);

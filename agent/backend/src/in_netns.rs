@@ -215,4 +215,11 @@ impl Backend for InNetns {
             b.release_boot(&table, &tunnel)
         })
     }
+
+    fn hold_boot(&mut self, boot: &Policy, tunnel: &str) -> Result<bool, BackendError> {
+        let (boot, tunnel) = (boot.clone(), tunnel.to_string());
+        self.call_backend("holding the boot policy", move |b| {
+            b.hold_boot(&boot, &tunnel)
+        })
+    }
 }

@@ -179,4 +179,17 @@ pub trait Backend: Send {
         let _ = (table, tunnel);
         Ok(true)
     }
+
+    /// Put a gateway's boot policy in force now, by means that hold for a tunnel created
+    /// later, where nothing of peerwall's enforces yet (a new gateway: before the first apply,
+    /// which waits for the policy source). nftables: the boot table alone, replaced by the
+    /// first apply. bpf attaches to interfaces that exist, so until an interface matching
+    /// `tunnel` is attached (its program verified, at the next interface poll) the boot policy
+    /// goes in as an nftables table too, which [`release_boot`](Self::release_boot) lets go
+    /// once the tunnel is attached. Ok(true): held now; Ok(false): nothing to do (peerwall
+    /// already enforces here, or the backend holds nothing).
+    fn hold_boot(&mut self, boot: &Policy, tunnel: &str) -> Result<bool, BackendError> {
+        let _ = (boot, tunnel);
+        Ok(false)
+    }
 }

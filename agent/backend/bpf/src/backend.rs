@@ -18,12 +18,31 @@ use crate::maps::Iface;
 /// The backend's name, as `--backend` spells it.
 pub const NAME: &str = "bpf";
 
+/// Puts a gateway's boot policy in force through nftables ([`Backend::hold_boot`]): Ok(true)
+/// when it did, Ok(false) when peerwall's tables already enforce there. Given by whoever
+/// builds the backend (this crate does not render nftables).
+pub type BootHolder = Box<dyn FnMut(&Policy) -> Result<bool, BackendError> + Send>;
+
+/// An optional [`BootHolder`], shown by name in debug output.
+struct Holder(Option<BootHolder>);
+
+impl fmt::Debug for Holder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Some(BootHolder)"
+        } else {
+            "None"
+        })
+    }
+}
+
 /// The loaded datapath and where it attaches.
 #[derive(Debug)]
 pub struct BpfBackend {
     datapath: Datapath,
     patterns: Vec<String>,
     xdp: bool,
+    boot_holder: Holder,
 }
 
 impl BpfBackend {
@@ -57,7 +76,31 @@ impl BpfBackend {
             datapath,
             patterns,
             xdp,
+            boot_holder: Holder(None),
         })
+    }
+
+    /// How [`Backend::hold_boot`] puts a boot policy in force while the tunnel is not
+    /// attached (without one it holds nothing).
+    pub fn set_boot_holder(&mut self, holder: BootHolder) {
+        self.boot_holder = Holder(Some(holder));
+    }
+
+    /// Whether an interface matching `tunnel` (a name, or a prefix ending in `*`) is attached.
+    fn tunnel_attached(&self, tunnel: &str) -> bool {
+        // Attached entries read `kind:interface`.
+        let attached: Vec<loader::HostIface> = self
+            .attached()
+            .into_iter()
+            .filter_map(|a| {
+                a.split_once(':').map(|(_, name)| loader::HostIface {
+                    name: name.to_string(),
+                    ifindex: 0,
+                    l2_len: 0,
+                })
+            })
+            .collect();
+        !loader::matching(&attached, &[tunnel.to_string()]).is_empty()
     }
 
     /// Interfaces the datapath is attached to.
@@ -106,20 +149,7 @@ impl BpfBackend {
     /// Delete the boot table `table` once an interface matching `tunnel` is attached
     /// (false: not yet).
     pub fn release_boot_table(&mut self, table: &str, tunnel: &str) -> Result<bool, BpfError> {
-        // Attached entries read `kind:interface`.
-        let pattern = [tunnel.to_string()];
-        let attached: Vec<loader::HostIface> = self
-            .attached()
-            .into_iter()
-            .filter_map(|a| {
-                a.split_once(':').map(|(_, name)| loader::HostIface {
-                    name: name.to_string(),
-                    ifindex: 0,
-                    l2_len: 0,
-                })
-            })
-            .collect();
-        if loader::matching(&attached, &pattern).is_empty() {
+        if !self.tunnel_attached(tunnel) {
             return Ok(false);
         }
         let out = std::process::Command::new("nft")
@@ -266,6 +296,16 @@ impl Backend for BpfBackend {
     fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendError> {
         self.release_boot_table(table, tunnel)
             .map_err(failed("releasing the boot table"))
+    }
+
+    fn hold_boot(&mut self, boot: &Policy, tunnel: &str) -> Result<bool, BackendError> {
+        if self.tunnel_attached(tunnel) {
+            return Ok(false);
+        }
+        match self.boot_holder.0.as_mut() {
+            Some(hold) => hold(boot),
+            None => Ok(false),
+        }
     }
 
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {

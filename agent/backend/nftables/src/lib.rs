@@ -515,6 +515,21 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
             .map_err(BackendError::host(NAME, "updating sets"))
     }
 
+    /// Where peerwall enforces nothing yet: the boot policy alone, at once (its rules match
+    /// the tunnel by name, so they hold for a tunnel created later); the next apply replaces
+    /// it in one transaction. Where peerwall's tables are already in force: nothing.
+    fn hold_boot(&mut self, boot: &ir::Policy, _tunnel: &str) -> Result<bool, BackendError> {
+        let owned = self
+            .owned_tables()
+            .map_err(BackendError::host(NAME, "reading peerwall's tables"))?;
+        if !owned.is_empty() {
+            return Ok(false);
+        }
+        self.apply(boot)
+            .map_err(BackendError::host(NAME, "holding the boot policy"))?;
+        Ok(true)
+    }
+
     fn adopt(&mut self, policy: &ir::Policy) -> Result<(), BackendError> {
         self.adopt_unchanged(policy)
             .map(drop)

@@ -146,6 +146,20 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
             }),
     )
     .map_err(BackendError::host(NAME, "turning events on or off"))?;
+    // Until the tunnel is attached, a gateway's boot policy holds as `peerwall boot` puts it:
+    // an nftables table matching the tunnel by name, unless peerwall's tables are here already.
+    b.set_boot_holder(Box::new(|boot| {
+        if !installed::nft_tables()?.is_empty() {
+            return Ok(false);
+        }
+        NftBackend::new(Nft::host())
+            .apply(boot)
+            .map_err(BackendError::host(
+                NAME,
+                "holding the boot policy in nftables",
+            ))?;
+        Ok(true)
+    }));
     Ok(b)
 }
 

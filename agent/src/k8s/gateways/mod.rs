@@ -231,6 +231,9 @@ impl Supervisor {
                 let mut engine = crate::engine::Engine::new(enforcer, metrics)
                     .audit_all(audit)
                     .with_boot(boot);
+                // At once, not after the policy source's first listing: the tunnel may come
+                // up meanwhile.
+                engine.hold_boot();
                 if events {
                     if let Err(e) = engine.start_events() {
                         tracing::error!(error = %e, "no events from this gateway");
