@@ -517,6 +517,7 @@ fn a_slice_change_touches_only_its_elements() {
         report.over_netlink,
         "one address: no nft process {report:?}"
     );
+    assert_eq!(peerwall_backend_nftables::netlink::fallbacks(), 0);
     assert!(report.recreated.is_empty());
     let events = String::from_utf8_lossy(&out.stdout);
     let lines: Vec<&str> = events
@@ -560,6 +561,7 @@ fn a_slice_change_touches_only_its_elements() {
         (1, true),
         "{report:?}"
     );
+    assert_eq!(peerwall_backend_nftables::netlink::fallbacks(), 0);
     assert!(
         !ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
         "gone at once"
@@ -832,4 +834,77 @@ fn a_long_run_of_set_lookups_is_dispatched_with_the_same_verdicts() {
         vec![Drift::Modified { table: "np".into() }]
     );
     drop(listeners);
+}
+
+/// An interval set (a run of addresses too long for a hash set) edited in place over netlink,
+/// as `nft` would write it: a range split by an address leaving it, merged again, and a range
+/// of its own beside; packets follow each edit, the kernel lists the ranges `nft` would, and
+/// drift detection agrees with what was applied.
+#[test]
+fn an_interval_set_is_edited_in_place_over_netlink() {
+    use peerwall_policy::ir::{AddrRange, AddrSet, IpFamily, SetElements};
+    let t = Topology::new();
+    let dir = std::env::temp_dir().join(format!("pw-interval-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("iv.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: iv, namespace: t}\nspec:\n  table:\n    name: peerwall_iv\n    family: INET\n    sets:\n      - {name: blocked, keyType: ipv4_addr, elements: [{key: 10.20.1.0/27}]}\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: to_blocked, action: drop, match: [{op: eq, ip: {value: '@blocked', position: dst}}]}\n",
+    )
+    .unwrap();
+    let objs = peerwall_intent::load::load_paths(&[f]).expect("loads");
+    let mut policy = compile::compile(&objs).expect("compiles").policy;
+    std::fs::remove_dir_all(&dir).ok();
+    let mut b = NftBackend::new(Nft::in_netns(t.gateway.name()));
+    b.apply(&policy).expect("apply");
+    let list = || {
+        nft_list(
+            &t.gateway,
+            &["list", "set", "inet", "peerwall_iv", "blocked"],
+        )
+    };
+    assert!(list().contains("flags interval"), "{}", list());
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "blocked");
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.3.1"),
+        "not in the set"
+    );
+    let base: u128 = 0x0a14_0100;
+    let ranges = |rs: &[(u128, u128)]| {
+        SetElements::Addr(AddrSet::from_ranges(
+            IpFamily::V4,
+            rs.iter().map(|(lo, hi)| AddrRange {
+                lo: base + lo,
+                hi: base + hi,
+            }),
+        ))
+    };
+    let mut step = |rs: &[(u128, u128)], listed: &str, what: &str| {
+        policy.tables[0].sets[0].elements = ranges(rs);
+        let r = b.apply(&policy).expect(what);
+        assert_eq!(r.updated, vec!["peerwall_iv"], "{what}: {r:?}");
+        assert!(r.over_netlink, "{what}: {r:?}");
+        assert_eq!(peerwall_backend_nftables::netlink::fallbacks(), 0, "{what}");
+        let l = list();
+        assert!(l.contains(listed), "{what}: {l}");
+        assert_eq!(b.drift().unwrap(), Vec::<Drift>::new(), "{what}");
+    };
+    // 10.20.1.2 leaves: [.0-.31] becomes [.0-.1] and [.3-.31].
+    step(
+        &[(0, 1), (3, 31)],
+        "10.20.1.0/31, 10.20.1.3-10.20.1.31",
+        "split",
+    );
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "left the set");
+    // It comes back, and 10.20.3.1 joins as a range of its own.
+    step(
+        &[(0, 31), (0x201, 0x201)],
+        "10.20.1.0/27, 10.20.3.1",
+        "merge",
+    );
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "back in the set"
+    );
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.3.1"), "joined");
 }

@@ -369,26 +369,28 @@ fn plumb_gateway(node: &Node, gw_netns: &Path) -> String {
     pid
 }
 
-/// Whether peerwall's table is in force inside the gateway pod (nftables backend).
-fn nft_table_in(gw_netns: &Path, peer: &str) -> bool {
+/// Whether the nftables table `inet <name>` exists inside the gateway pod.
+fn nft_table_named(gw_netns: &Path, name: &str) -> bool {
     let out = Command::new("nsenter")
         .arg(format!("--net={}", gw_netns.display()))
         .args(["nft", "list", "tables"])
         .output()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout).contains(&peerwall::protection::table_name(peer))
+    let want = format!("table inet {name}");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == want)
+}
+
+/// Whether peerwall's table is in force inside the gateway pod (nftables backend).
+fn nft_table_in(gw_netns: &Path, peer: &str) -> bool {
+    nft_table_named(gw_netns, &peerwall::protection::table_name(peer))
 }
 
 /// Whether the gateway's boot table (`peerwall boot`, or the agent holding the boot policy) is
 /// in force inside the gateway pod.
 fn boot_table_in(gw_netns: &Path, peer: &str) -> bool {
-    let out = Command::new("nsenter")
-        .arg(format!("--net={}", gw_netns.display()))
-        .args(["nft", "list", "tables"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .contains(&peerwall::protection::boot::boot_table_name(peer))
+    nft_table_named(gw_netns, &peerwall::protection::boot::boot_table_name(peer))
 }
 
 /// Whether the bpf datapath is attached inside the gateway pod: the agent pins a tcx link per

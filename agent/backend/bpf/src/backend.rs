@@ -193,6 +193,17 @@ impl BpfBackend {
         for t in targets {
             self.datapath.attach(t, self.xdp)?;
         }
+        // A pattern nothing matches yet waits for its interface (a gateway's tunnel comes up
+        // after the pod's namespace, where the agent starts): verify both tc entries now, so
+        // the interface poll that finds it attaches at once instead of running the verifier
+        // (seconds) while only the boot policy holds the tunnel.
+        if self
+            .patterns
+            .iter()
+            .any(|p| loader::matching(&host, std::slice::from_ref(p)).is_empty())
+        {
+            self.datapath.preload_tc()?;
+        }
         // Conntrack's shortcut for unknown flows, once every attached program keeps it.
         self.datapath.arm_flow_seen()?;
         Ok(report)

@@ -28,6 +28,7 @@ pub mod report;
 pub mod runner;
 pub mod switch;
 pub mod text;
+mod update;
 
 use std::collections::BTreeMap;
 
@@ -144,10 +145,12 @@ impl<R: Runner> NftBackend<R> {
             .collect();
         let kernel = listing.kernel_tables();
         let plan = plan::plan(&self.applied, &desired, &kernel, &[])?;
+        let mut report = plan.report;
         if !plan.commands.is_empty() {
+            report.over_netlink = self.nft.edits_elements_over_netlink()
+                && netlink::element_edits(&plan.commands).is_some();
             self.nft.transaction(&plan.commands)?;
         }
-        let report = plan.report;
         for name in &report.deleted {
             self.applied.remove(name);
             self.snapshots.remove(name);
@@ -217,89 +220,6 @@ impl<R: Runner> NftBackend<R> {
         let applied: Vec<RenderedTable> = self.applied.values().cloned().collect();
         self.names.set_tables(&applied);
         Ok(adopted)
-    }
-
-    /// Make `policy` the policy in force when it differs from the last one applied only by
-    /// `changes`: one transaction deleting and adding just the changed elements, nothing
-    /// listed or diffed. Falls back to [`apply`](Self::apply) when a change does not fit what
-    /// is in the kernel (a table not applied yet, a set that would render differently now, a
-    /// set that decides a dispatch map: [`dispatch`]).
-    pub fn update_sets(
-        &mut self,
-        policy: &ir::Policy,
-        changes: &[ir::SetChange],
-    ) -> Result<ApplyReport, NftError> {
-        self.last_change = Some(std::time::Instant::now());
-        let mut edits = Vec::new();
-        for c in changes {
-            let Some(contents) = policy.addr_set(&c.table, &c.set) else {
-                return self.apply(policy);
-            };
-            let hash = render::renders_as_hash(contents);
-            let fits = self.applied.get(&c.table).is_some_and(|t| {
-                t.family == c.family
-                    && !t.dispatch_sources.contains(&c.set)
-                    && t.sets.iter().any(|s| {
-                        s.name == c.set
-                            && s.interval != hash
-                            && s.key == model::KeyType::of(c.addr_family)
-                    })
-            });
-            if !fits {
-                return self.apply(policy);
-            }
-            let (gone, new) = render::edit_elements(c.addr_family, &c.edit, hash);
-            edits.push((c.table.clone(), c.set.clone(), gone, new));
-        }
-        let mut report = ApplyReport::default();
-        {
-            let mut dels = Vec::new();
-            let mut adds = Vec::new();
-            for (table, set, gone, new) in &edits {
-                let Some(t) = self.applied.get(table) else {
-                    continue;
-                };
-                if !gone.is_empty() {
-                    dels.push(model::Command::DeleteElements {
-                        table: t,
-                        set,
-                        elements: gone.clone(),
-                    });
-                }
-                if !new.is_empty() {
-                    adds.push(model::Command::AddElements {
-                        table: t,
-                        set,
-                        elements: new.clone(),
-                    });
-                }
-            }
-            dels.extend(adds);
-            report.element_changes = dels.iter().map(model::Command::element_count).sum();
-            if !dels.is_empty() {
-                report.over_netlink = self.nft.edits_elements_over_netlink()
-                    && netlink::element_edits(&dels).is_some();
-                self.nft.transaction(&dels)?;
-                report.changed = true;
-            }
-        }
-        for (table, set, gone, new) in edits {
-            if let Some(s) = self
-                .applied
-                .get_mut(&table)
-                .and_then(|t| t.sets.iter_mut().find(|s| s.name == set))
-            {
-                if !gone.is_empty() {
-                    let gone: std::collections::HashSet<&model::Element> = gone.iter().collect();
-                    s.elements.retain(|e| !gone.contains(e));
-                }
-                s.elements.extend(new);
-            }
-            if !report.updated.contains(&table) {
-                report.updated.push(table);
-            }
-        }
-        Ok(report)
     }
 
     /// The names of the tables peerwall owns in this namespace (whoever applied them).

@@ -117,7 +117,12 @@ impl Runner for Nft {
     /// through `nft -j -f`.
     fn transaction(&self, cmds: &[Command<'_>]) -> Result<(), NftError> {
         if let Some(edits) = crate::netlink::element_edits(cmds) {
-            return crate::netlink::apply(self.netns.as_deref(), &edits);
+            match crate::netlink::apply(self.netns.as_deref(), &edits) {
+                Ok(()) => return Ok(()),
+                // `nft` is the authority on what the kernel takes: a batch refused here goes
+                // to it (the kernel applied none of it), and is counted.
+                Err(e) => crate::netlink::fell_back(&e),
+            }
         }
         self.apply_json(&json::document(cmds))
     }

@@ -61,6 +61,13 @@ impl Datapath {
         }
         Ok(())
     }
+    /// Load (verify) both tc entries, Ethernet and L3, for interfaces not there yet.
+    pub fn preload_tc(&mut self) -> Result<(), BpfError> {
+        let _: &mut SchedClassifier = self.loaded(TC_PROGRAM)?;
+        let _: &mut SchedClassifier = self.loaded(TC_L3_PROGRAM)?;
+        Ok(())
+    }
+
     /// Whether the tc link pinned for `iface` runs on it: the link filters the device with
     /// this ifindex and the device's tcx ingress runs the link's program, in this network
     /// namespace. A pin alone proves nothing: an interface deleted and created again under

@@ -31,6 +31,9 @@ const SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const LIST_ELEM: u16 = 1;
 const SET_ELEM_KEY: u16 = 1;
 const DATA_VALUE: u16 = 1;
+/// `NFTA_SET_ELEM_FLAGS` (network-order u32) and `NFT_SET_ELEM_INTERVAL_END`.
+const SET_ELEM_FLAGS: u16 = 3;
+const ELEM_INTERVAL_END: u32 = 1;
 
 /// Elements per message: a nested attribute's length is 16 bits (an IPv6 element takes 28
 /// bytes).
@@ -46,6 +49,17 @@ pub fn nfproto(family: peerwall_policy::ir::TableFamily) -> u8 {
     }
 }
 
+/// One kernel set element: its key, network order (4 bytes for IPv4 addresses, 16 for
+/// IPv6), and whether it ends an interval (`NFT_SET_ELEM_INTERVAL_END`: an interval set holds
+/// the range `[lo, hi]` as the element `lo` and the end element `hi + 1`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Key {
+    /// The key's bytes.
+    pub bytes: Vec<u8>,
+    /// An interval's end.
+    pub end: bool,
+}
+
 /// Elements of one set to add or delete.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ElementEdit<'a> {
@@ -57,8 +71,8 @@ pub struct ElementEdit<'a> {
     pub set: &'a str,
     /// Add (`true`) or delete.
     pub add: bool,
-    /// The elements' keys, network order (4 bytes for IPv4 addresses, 16 for IPv6).
-    pub keys: Vec<Vec<u8>>,
+    /// The elements.
+    pub keys: Vec<Key>,
 }
 
 /// Netlink messages being written (this module's batches, the NFLOG listener's requests).
@@ -155,8 +169,11 @@ pub fn batch(edits: &[ElementEdit<'_>], seq: u32) -> (Vec<u8>, Vec<u32>) {
             for key in chunk {
                 let el = w.begin_attr(LIST_ELEM | NLA_F_NESTED);
                 let k = w.begin_attr(SET_ELEM_KEY | NLA_F_NESTED);
-                w.attr(DATA_VALUE, key);
+                w.attr(DATA_VALUE, &key.bytes);
                 w.end_attr(k);
+                if key.end {
+                    w.attr(SET_ELEM_FLAGS, &ELEM_INTERVAL_END.to_be_bytes());
+                }
                 w.end_attr(el);
             }
             w.end_attr(list);
@@ -224,7 +241,10 @@ mod tests {
             table: "t",
             set: "offloaded",
             add: true,
-            keys: vec![vec![10, 20, 1, 3]],
+            keys: vec![Key {
+                bytes: vec![10, 20, 1, 3],
+                end: false,
+            }],
         };
         let (b, acked) = batch(&[edit], 100);
         assert_eq!(acked, vec![101]);
@@ -264,8 +284,11 @@ mod tests {
 
     #[test]
     fn deletes_carry_no_create_flag_and_large_edits_are_chunked() {
-        let keys: Vec<Vec<u8>> = (0..CHUNK as u32 + 1)
-            .map(|i| i.to_be_bytes().to_vec())
+        let keys: Vec<Key> = (0..CHUNK as u32 + 1)
+            .map(|i| Key {
+                bytes: i.to_be_bytes().to_vec(),
+                end: false,
+            })
             .collect();
         let edit = ElementEdit {
             family: 2,
@@ -283,6 +306,37 @@ mod tests {
         assert_eq!(first, 16 + 4 + 8 + 8 + 4 + CHUNK * 16);
         let second = u32_at(&b, m + first) as usize;
         assert_eq!(second, 16 + 4 + 8 + 8 + 4 + 16);
+    }
+
+    #[test]
+    fn an_interval_end_carries_its_flag() {
+        let edit = ElementEdit {
+            family: 1,
+            table: "t",
+            set: "s",
+            add: true,
+            keys: vec![
+                Key {
+                    bytes: vec![10, 0, 0, 5],
+                    end: false,
+                },
+                Key {
+                    bytes: vec![10, 0, 0, 10],
+                    end: true,
+                },
+            ],
+        };
+        let (b, _) = batch(&[edit], 1);
+        // Elements list at 20 + 20 + 8 + 8: start (16 bytes), end (16 + flags 8).
+        let l = 20 + 20 + 8 + 8;
+        assert_eq!(u16_at(&b, l), 4 + 16 + 24);
+        let end = l + 4 + 16;
+        assert_eq!(u16_at(&b, end), 24);
+        // Element header, key header, value header, the value, then the flags.
+        assert_eq!(&b[end + 12..end + 16], &[10, 0, 0, 10]);
+        assert_eq!(u16_at(&b, end + 16), 8);
+        assert_eq!(u16_at(&b, end + 18), SET_ELEM_FLAGS);
+        assert_eq!(&b[end + 20..end + 24], &[0, 0, 0, 1], "network order");
     }
 
     #[test]

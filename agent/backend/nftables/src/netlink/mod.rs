@@ -1,9 +1,12 @@
 //! Set element edits straight over netlink: the controller's path for one pod (an address
 //! joining or leaving a slice) is one or two elements, which the `nft` process makes cost
 //! milliseconds to tens of milliseconds beside 100k elements (its start and its cache of the
-//! table). The same batch over a netlink socket costs the kernel's work alone. Only edits of
-//! hash sets of addresses go this way ([`element_edits`]); everything else, and what does not
-//! fit, stays with `nft`.
+//! table). The same batch over a netlink socket costs the kernel's work alone. Edits of plain
+//! address sets go this way ([`element_edits`]): hash sets element by element, interval sets
+//! as `nft` writes them (a range `[lo, hi]` is the element `lo` and the interval end
+//! `hi + 1`; ranges from the first address or to the last, which `nft` writes with extra
+//! elements and annotations, stay with it); everything else, and what does not fit, stays
+//! with `nft`.
 
 pub mod message;
 pub mod socket;
@@ -15,9 +18,10 @@ use crate::model::{Command, Element};
 /// socket's send buffer).
 pub const MAX_ELEMENTS: usize = 4096;
 
-/// The commands as netlink element edits, when every one of them adds or deletes single
-/// addresses of a hash set (not an interval set) and they are at most [`MAX_ELEMENTS`];
-/// None otherwise.
+/// The commands as netlink element edits, when every one of them adds or deletes addresses
+/// of a plain address set (single addresses of a hash set; ranges of an interval set, neither
+/// from the first address nor to the last) and they make at most [`MAX_ELEMENTS`] kernel
+/// elements; None otherwise.
 pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdit<'a>>> {
     let mut out = Vec::new();
     let mut total = 0;
@@ -35,24 +39,30 @@ pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdi
             } => (*table, *set, elements, false),
             _ => return None,
         };
-        // An interval set takes each range as a start and an end element, which only `nft`
-        // writes here.
         // Sets whose elements carry counters or comments (a merged rule's) or verdicts are
         // not edited in place anyway.
-        let plain = |s: &&crate::model::Set| {
-            !s.interval && !s.counter && !s.verdict_map && s.comments.is_empty()
-        };
-        if !table.sets.iter().filter(plain).any(|s| s.name == set) {
-            return None;
-        }
-        let keys = elements
+        let interval = table
+            .sets
             .iter()
-            .map(|e| match e {
-                Element::Addr(std::net::IpAddr::V4(a)) => Some(a.octets().to_vec()),
-                Element::Addr(std::net::IpAddr::V6(a)) => Some(a.octets().to_vec()),
-                _ => None,
-            })
-            .collect::<Option<Vec<_>>>()?;
+            .find(|s| s.name == set && !s.counter && !s.verdict_map && s.comments.is_empty())?
+            .interval;
+        let mut keys = Vec::new();
+        for e in elements {
+            let (lo, hi, v4) = range_of(e)?;
+            if !interval {
+                if lo != hi {
+                    return None;
+                }
+                keys.push(key(lo, v4, false));
+                continue;
+            }
+            let top = if v4 { u32::MAX as u128 } else { u128::MAX };
+            if lo == 0 || hi == top {
+                return None;
+            }
+            keys.push(key(lo, v4, false));
+            keys.push(key(hi + 1, v4, true));
+        }
         total += keys.len();
         out.push(message::ElementEdit {
             family: message::nfproto(table.family),
@@ -63,6 +73,55 @@ pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdi
         });
     }
     (!out.is_empty() && total <= MAX_ELEMENTS).then_some(out)
+}
+
+/// An address element as an inclusive range (lowest, highest, IPv4).
+fn range_of(e: &Element) -> Option<(u128, u128, bool)> {
+    use peerwall_policy::ir::addr::addr_to_u128;
+    let (lo, hi, v4) = match e {
+        Element::Addr(a) => (addr_to_u128(a), addr_to_u128(a), a.is_ipv4()),
+        Element::AddrRange(a, b) if a.is_ipv4() == b.is_ipv4() => {
+            (addr_to_u128(a), addr_to_u128(b), a.is_ipv4())
+        }
+        Element::Prefix(a, len) => {
+            let bits: u32 = if a.is_ipv4() { 32 } else { 128 };
+            let host = bits.checked_sub(u32::from(*len))?;
+            let mask = if host == 128 {
+                u128::MAX
+            } else {
+                (1u128 << host) - 1
+            };
+            let lo = addr_to_u128(a) & !mask;
+            (lo, lo | mask, a.is_ipv4())
+        }
+        _ => return None,
+    };
+    (lo <= hi).then_some((lo, hi, v4))
+}
+
+/// A key of `v` (4 bytes for IPv4, 16 for IPv6, network order).
+fn key(v: u128, v4: bool, end: bool) -> message::Key {
+    let bytes = if v4 {
+        (v as u32).to_be_bytes().to_vec()
+    } else {
+        v.to_be_bytes().to_vec()
+    };
+    message::Key { bytes, end }
+}
+
+/// Batches refused over netlink and sent through `nft` instead, in this process.
+static FALLBACKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many batches went to `nft` after netlink refused them, in this process (0 unless the
+/// kernel and this module disagree on an element; tests hold it to 0).
+pub fn fallbacks() -> u64 {
+    FALLBACKS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Count and log a batch netlink refused, before `nft` gets it.
+pub(crate) fn fell_back(e: &NftError) {
+    FALLBACKS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    tracing::warn!(error = %e, "set element edit refused over netlink; sending it through nft");
 }
 
 /// Apply `edits` as one kernel transaction in `netns` (None: this thread's namespace).
@@ -120,6 +179,13 @@ mod tests {
         }
     }
 
+    fn k(bytes: &[u8], end: bool) -> message::Key {
+        message::Key {
+            bytes: bytes.to_vec(),
+            end,
+        }
+    }
+
     #[test]
     fn addresses_of_a_hash_set_go_over_netlink() {
         let t = table(false);
@@ -134,6 +200,9 @@ mod tests {
             add(&t, vec![Element::Addr(a)]),
         ];
         let edits = element_edits(&cmds).expect("netlink");
+        let mut v6 = [0u8; 16];
+        v6[0] = 0xfd;
+        v6[15] = 1;
         assert_eq!(
             edits,
             vec![
@@ -142,24 +211,52 @@ mod tests {
                     table: "peerwall_a",
                     set: "offloaded",
                     add: false,
-                    keys: vec![b"\xfd\0\0\0\0\0\0\0\0\0\0\0\0\0\0\x01".to_vec()],
+                    keys: vec![k(&v6, false)],
                 },
                 message::ElementEdit {
                     family: 1,
                     table: "peerwall_a",
                     set: "offloaded",
                     add: true,
-                    keys: vec![vec![10, 20, 1, 3]],
+                    keys: vec![k(&[10, 20, 1, 3], false)],
                 },
             ]
         );
     }
 
     #[test]
-    fn interval_sets_other_sets_prefixes_and_large_edits_stay_with_nft() {
+    fn ranges_of_an_interval_set_are_a_start_and_an_end_as_nft_writes_them() {
+        let t = table(true);
+        let cmds = [add(
+            &t,
+            vec![
+                Element::Addr("10.20.1.3".parse().unwrap()),
+                Element::Prefix("10.20.0.0".parse().unwrap(), 16),
+                Element::AddrRange("10.0.0.5".parse().unwrap(), "10.0.0.9".parse().unwrap()),
+            ],
+        )];
+        let edits = element_edits(&cmds).expect("netlink");
+        assert_eq!(
+            edits[0].keys,
+            vec![
+                k(&[10, 20, 1, 3], false),
+                k(&[10, 20, 1, 4], true),
+                k(&[10, 20, 0, 0], false),
+                k(&[10, 21, 0, 0], true),
+                k(&[10, 0, 0, 5], false),
+                k(&[10, 0, 0, 10], true),
+            ]
+        );
+        // From the first address or to the last: nft adds and annotates elements of its own.
+        let low = Element::Prefix("0.0.0.0".parse().unwrap(), 8);
+        let top = Element::Prefix("255.255.255.0".parse().unwrap(), 24);
+        assert!(element_edits(&[add(&t, vec![low])]).is_none());
+        assert!(element_edits(&[add(&t, vec![top])]).is_none());
+    }
+
+    #[test]
+    fn other_sets_hash_set_ranges_and_large_edits_stay_with_nft() {
         let a = Element::Addr("10.20.1.3".parse().unwrap());
-        let interval = table(true);
-        assert!(element_edits(&[add(&interval, vec![a])]).is_none());
         let hash = table(false);
         let other = Command::AddElements {
             table: &hash,
@@ -167,6 +264,12 @@ mod tests {
             elements: vec![a],
         };
         assert!(element_edits(&[other]).is_none(), "a set the table lacks");
+        let mut counted = table(false);
+        counted.sets[0].counter = true;
+        assert!(
+            element_edits(&[add(&counted, vec![a])]).is_none(),
+            "a merged rule's set"
+        );
         let prefix = Element::Prefix("10.20.0.0".parse().unwrap(), 16);
         assert!(element_edits(&[add(&hash, vec![prefix])]).is_none());
         assert!(element_edits(&[add(&hash, vec![a; MAX_ELEMENTS + 1])]).is_none());
