@@ -349,6 +349,11 @@ impl Engine {
         let Some(before) = self.enforced.replace(policy.clone()) else {
             return;
         };
+        // A change that only lets more through (a pod offloaded) ends nothing: the
+        // connections are not listed.
+        if crate::revoke::only_widened(&before, policy) {
+            return;
+        }
         let started = Instant::now();
         let result = self.backend.flows().and_then(|flows| {
             let gone = crate::revoke::no_longer_allowed(&before, policy, &flows);

@@ -73,6 +73,101 @@ pub fn no_longer_allowed(before: &Policy, after: &Policy, flows: &[Flow]) -> Vec
         .collect()
 }
 
+/// Whether `after` only widens what `before` accepts: the same tables, chains and rules,
+/// except address sets that only gained addresses, each tested only by accept rules of filter
+/// chains, positively (`eq @set`). Then no packet `before` accepted is refused `after` (a
+/// rule that matches more accepts more; every other rule is as it was), so no connection can
+/// have lost its allowance and none needs judging: the agent skips listing them (an `nft`
+/// agent's `conntrack -L`, tens of milliseconds) for the commonest change, a pod offloaded.
+pub fn only_widened(before: &Policy, after: &Policy) -> bool {
+    before.tables.len() == after.tables.len()
+        && before
+            .tables
+            .iter()
+            .zip(&after.tables)
+            .all(|(b, a)| table_only_widened(b, a))
+}
+
+fn table_only_widened(b: &ir::Table, a: &ir::Table) -> bool {
+    let bare = |t: &ir::Table| ir::Table {
+        sets: Vec::new(),
+        chains: Vec::new(),
+        ..t.clone()
+    };
+    bare(b) == bare(a)
+        && b.sets.len() == a.sets.len()
+        && b.sets.iter().zip(&a.sets).all(|(bs, as_)| {
+            bs.name == as_.name
+                && bs.from_slices == as_.from_slices
+                && match (&bs.elements, &as_.elements) {
+                    (ir::SetElements::Addr(x), ir::SetElements::Addr(y)) => covers(y, x),
+                    (x, y) => x == y,
+                }
+        })
+        && b.chains.len() == a.chains.len()
+        && b.chains
+            .iter()
+            .zip(&a.chains)
+            .all(|(bc, ac)| chain_only_widened(bc, ac))
+}
+
+fn chain_only_widened(b: &ir::Chain, a: &ir::Chain) -> bool {
+    let bare = |c: &ir::Chain| ir::Chain {
+        rules: Vec::new(),
+        ..c.clone()
+    };
+    bare(b) == bare(a)
+        && b.rules.len() == a.rules.len()
+        && b.rules.iter().zip(&a.rules).all(|(br, ar)| {
+            let accepting = a.kind == ir::ChainKind::Filter
+                && ar.action == ir::Action::Verdict(VerdictAction::Accept);
+            br.name == ar.name
+                && br.action == ar.action
+                && br.counter == ar.counter
+                && br.matches.len() == ar.matches.len()
+                && br
+                    .matches
+                    .iter()
+                    .zip(&ar.matches)
+                    .all(|(bm, am)| bm == am || (accepting && !am.negate && match_widened(bm, am)))
+        })
+}
+
+/// The same test of a named address set, on the same side, whose addresses only grew.
+fn match_widened(b: &ir::Match, a: &ir::Match) -> bool {
+    match (&b.test, &a.test) {
+        (
+            Test::Addr {
+                dir: bd,
+                set: bs,
+                source: bsrc,
+            },
+            Test::Addr {
+                dir: ad,
+                set: as_,
+                source: asrc,
+            },
+        ) => {
+            b.negate == a.negate
+                && bd == ad
+                && bsrc == asrc
+                && matches!(asrc, ir::Source::Named(_))
+                && covers(as_, bs)
+        }
+        _ => false,
+    }
+}
+
+/// Whether `outer` holds every address of `inner` (canonical ranges: each range of `inner`
+/// lies within one of `outer`'s).
+fn covers(outer: &ir::AddrSet, inner: &ir::AddrSet) -> bool {
+    outer.family() == inner.family()
+        && inner
+            .ranges()
+            .iter()
+            .all(|r| outer.ranges().iter().any(|o| o.lo <= r.lo && r.hi <= o.hi))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -151,36 +246,36 @@ mod tests {
         assert!(no_longer_allowed(&one, &one, &flows).is_empty());
     }
 
+    /// The controller's gateway configuration for peer `a` with `pods` offloaded.
+    fn gateway(pods: &[&str]) -> Policy {
+        let s = PeerSets {
+            offloaded: pods.iter().map(|p| p.parse().unwrap()).collect(),
+            ..Default::default()
+        };
+        let spec = gateway_spec(
+            "a",
+            &[],
+            &s,
+            &Options {
+                tunnel: "liqo-tunnel*".into(),
+                block_leaf_to_leaf: false,
+                audit: false,
+                liqo_ping_port: crate::protection::LIQO_PING_PORT,
+                own_namespace_only: false,
+            },
+        );
+        let doc = serde_json::json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
+            "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
+        let obj =
+            peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
+                .unwrap();
+        peerwall_policy::compile::compile(&[obj]).unwrap().policy
+    }
+
     /// Provider protection: an offloaded pod leaving the `offloaded` set ends what its peer's
     /// pods opened to it through the tunnel; what our pods opened towards the peer stays.
     #[test]
     fn a_pod_leaving_the_offloaded_set_ends_its_flows_from_the_tunnel() {
-        let gateway = |pods: &[&str]| {
-            let s = PeerSets {
-                offloaded: pods.iter().map(|p| p.parse().unwrap()).collect(),
-                ..Default::default()
-            };
-            let spec = gateway_spec(
-                "a",
-                &[],
-                &s,
-                &Options {
-                    tunnel: "liqo-tunnel*".into(),
-                    block_leaf_to_leaf: false,
-                    audit: false,
-                    liqo_ping_port: crate::protection::LIQO_PING_PORT,
-                    own_namespace_only: false,
-                },
-            );
-            let doc = serde_json::json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
-                "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
-            let obj = peerwall_intent::load::object_from_json(
-                doc,
-                peerwall_intent::load::Group::Peerwall,
-            )
-            .unwrap();
-            peerwall_policy::compile::compile(&[obj]).unwrap().policy
-        };
         let flow = |src: &str, dst: &str| Flow {
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),
@@ -196,5 +291,55 @@ mod tests {
             flow("10.20.3.1", "10.10.1.67"),
         ];
         assert_eq!(no_longer_allowed(&before, &after, &flows), vec![flows[0]]);
+    }
+
+    /// A pod offloaded (an address joining `offloaded`, tested by the accept rule
+    /// `to_offloaded` only) widens; a pod leaving does not, nor does an address joining a
+    /// set a drop rule tests (the spoofing check's sources), nor a rule changed.
+    #[test]
+    fn only_an_accepting_set_that_grew_skips_the_judgement() {
+        let one = gateway(&["10.20.1.2"]);
+        let two = gateway(&["10.20.1.2", "10.20.1.3"]);
+        assert!(only_widened(&one, &two), "a pod offloaded");
+        // What the judgement would have found: nothing, for flows of every kind.
+        let flows: Vec<Flow> = ["10.10.1.67", "10.20.1.2", "10.20.1.3", "10.20.9.9"]
+            .iter()
+            .flat_map(|s| {
+                ["10.20.1.2", "10.20.1.3", "10.10.1.67"].map(|d| Flow {
+                    src: s.parse().unwrap(),
+                    dst: d.parse().unwrap(),
+                    proto: 6,
+                    sport: 40000,
+                    dport: 80,
+                })
+            })
+            .collect();
+        assert!(no_longer_allowed(&one, &two, &flows).is_empty());
+        assert!(only_widened(&two, &two), "nothing changed");
+        assert!(!only_widened(&two, &one), "a pod gone");
+        // Adjacent addresses merge into one range: still only grown.
+        let three = gateway(&["10.20.1.2", "10.20.1.3", "10.20.1.4"]);
+        assert!(only_widened(&two, &three));
+        // The same growth in a set a drop rule tests refuses more.
+        let dropping = |p: &Policy| {
+            let mut p = p.clone();
+            for r in p
+                .tables
+                .iter_mut()
+                .flat_map(|t| &mut t.chains)
+                .flat_map(|c| &mut c.rules)
+            {
+                r.action = ir::Action::Verdict(VerdictAction::Drop);
+            }
+            p
+        };
+        assert!(
+            !only_widened(&dropping(&one), &dropping(&two)),
+            "a drop rule that matches more"
+        );
+        let mut renamed = two.clone();
+        renamed.tables[0].chains[0].rules[0].name.push('x');
+        assert!(!only_widened(&two, &renamed), "a rule changed");
+        assert!(!only_widened(&one, &Policy::default()), "a table gone");
     }
 }
