@@ -10,7 +10,7 @@ impl<R: Runner> NftBackend<R> {
     /// `changes`: one transaction deleting and adding just the changed elements, nothing
     /// listed or diffed. Falls back to [`apply`](Self::apply) when a change does not fit what
     /// is in the kernel (a table not applied yet, a set that would render differently now, a
-    /// set that decides a dispatch map: [`dispatch`]).
+    /// set that decides a dispatch map: [`crate::dispatch`]).
     pub fn update_sets(
         &mut self,
         policy: &ir::Policy,
