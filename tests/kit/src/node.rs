@@ -109,6 +109,23 @@ impl Node {
             let tail: Vec<&str> = text.lines().rev().take(15).collect();
             s += &format!("---- {f} (last lines, newest first)\n{}\n", tail.join("\n"));
         }
+        // Disk space where the node keeps its pods and images (a full disk fails pods in ways
+        // the logs above only hint at).
+        if let Ok(out) = Command::new("df")
+            .arg("-h")
+            .arg("-i")
+            .arg(&self.dir)
+            .output()
+        {
+            s += &format!(
+                "---- df -h -i {}\n{}",
+                self.dir.display(),
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+        if let Ok(out) = Command::new("df").arg("-h").arg(&self.dir).output() {
+            s += &format!("{}\n", String::from_utf8_lossy(&out.stdout));
+        }
         for args in [
             vec!["get", "pods", "-A", "-o", "wide"],
             vec![
