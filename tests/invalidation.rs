@@ -6,6 +6,10 @@
 //!   slice update (`update_sets`, the controller's path for one pod): at once (a new epoch);
 //! - a route change (the output interface a chain tests) and a flow's conntrack entry going
 //!   away (evicted or flushed): within the cached verdict's lifetime, at most one second.
+//!
+//! New flows' paths (forwarded or delivered to the gateway) come from the agent's mirror of the
+//! local routing table (`LOCAL`) rather than a FIB lookup: an address added or removed, or a
+//! route that makes the mirror inexact, must reach it within the route watcher's reaction.
 
 mod common;
 
@@ -663,6 +667,170 @@ fn a_cached_verdict_does_not_outlive_its_flows_conntrack_entry() {
         late.is_empty(),
         "answers delivered longer than a cached verdict lives after their flow's entry went (seconds after): {:?}",
         after(&stamps, flushed)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `n` datagrams from pod1 to `to`, each from a socket of its own (a new flow: no cached
+/// verdict, no conntrack entry), 10 ms apart; how many `rx` received.
+fn new_flows(t: &Topology, to: std::net::SocketAddr, rx: &UdpSocket, n: usize) -> usize {
+    t.consumer
+        .run_in(move || -> std::io::Result<()> {
+            for _ in 0..n {
+                UdpSocket::bind(("10.10.1.67", 0))?.send_to(b"peerwall-mirror", to)?;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Ok(())
+        })
+        .expect("consumer")
+        .expect("send");
+    std::thread::sleep(Duration::from_millis(100));
+    rx.set_nonblocking(true).expect("nonblocking");
+    let mut buf = [0u8; 64];
+    let mut got = 0;
+    while rx.recv(&mut buf).is_ok() {
+        got += 1;
+    }
+    got
+}
+
+/// `ROUTES[0].families` (`peerwall_common::routes`): the families whose path the mirror
+/// decides now (a lease that has run out counts as none).
+fn mirrored_families(pins: &Pins) -> u32 {
+    let map = format!("{}/ROUTES", pins.arg());
+    let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
+    let b = value_bytes(&v["value"]);
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+/// The `LOCAL` key of an IPv4 host address, as bpftool's byte arguments: prefix length
+/// 64 + 32 (LE), chain 0, family 4 (BE), the address (16 bytes).
+fn local_key(a: [u8; 4]) -> Vec<String> {
+    let mut k = vec![96u8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 4];
+    k.extend_from_slice(&a);
+    k.resize(4 + 24, 0);
+    k.iter().map(u8::to_string).collect()
+}
+
+/// How long the route watcher may take to bring the mirror in step with a routing change (it
+/// reacts to rtnetlink's notifications; its resync without one is every 5 s), plus scheduling
+/// slack on this 2-core VM.
+const MIRROR_REACTION: Duration = Duration::from_millis(300);
+
+/// The local-address mirror (`agent/backend/bpf/src/routing`) answers a new flow's path
+/// without a FIB lookup. The datapath reads it (an entry written by hand turns a forwarded
+/// destination into a local one), an address the gateway takes as its own moves its new
+/// flows from the forward hook's chains to the input hook's at once, and back when it goes;
+/// a route that makes the mirror inexact (a blackhole) withdraws it.
+#[test]
+fn a_routing_change_reaches_the_local_address_mirror_at_once() {
+    let t = Topology::new();
+    let pins = Pins::new("mirror");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-mirror-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("mirror.yaml"),
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: mirror, namespace: t}\nspec:\n  table:\n    name: mirror\n    family: IPV4\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: pod2, action: drop, match: [{op: eq, ip: {value: 10.20.1.2, position: dst}}]}\n      - name: in\n        type: filter\n        hook: input\n        policy: accept\n        rules:\n          filterRules:\n            - {name: local9999, action: drop, match: [{op: eq, proto: {value: udp}}, {op: eq, port: {value: '9999', position: dst}}]}\n",
+    )
+    .unwrap();
+    let _agent = bpf_agent(&t.gateway, &pins, &dir, 20);
+    let up = poll(10, || {
+        pins.0.join("links/tc-liqo-tunnel").exists() && mirrored_families(&pins) & 1 != 0
+    });
+    assert!(up, "the agent enforces, IPv4 paths from the mirror");
+    let bind = |ns: &peerwall_netns::NetNs, a: &'static str| {
+        ns.run_in(move || UdpSocket::bind(a))
+            .expect("namespace")
+            .expect("bind")
+    };
+    let pod2 = bind(&t.provider, "10.20.1.2:7777");
+    let pod3 = bind(&t.provider, "10.20.1.3:7777");
+    let pod3_9999 = bind(&t.provider, "10.20.1.3:9999");
+    let to = |a: &str| a.parse::<std::net::SocketAddr>().expect("address");
+    assert_eq!(
+        new_flows(&t, to("10.20.1.3:7777"), &pod3, 10),
+        10,
+        "forwarded"
+    );
+    assert_eq!(
+        new_flows(&t, to("10.20.1.3:9999"), &pod3_9999, 10),
+        10,
+        "forwarded, input chains not run"
+    );
+    assert_eq!(
+        new_flows(&t, to("10.20.1.2:7777"), &pod2, 10),
+        0,
+        "the forward chain drops pod2's"
+    );
+
+    // The datapath reads the mirror: pod3 written in by hand is local to it, so its input
+    // chain drops what the kernel would forward.
+    let map = format!("{}/LOCAL", pins.arg());
+    let key = local_key([10, 20, 1, 3]);
+    let mut args = vec!["map", "update", "pinned", map.as_str(), "key"];
+    args.extend(key.iter().map(String::as_str));
+    args.extend(["value", "1", "0", "0", "0"]);
+    ok(sh("bpftool", &args));
+    assert_eq!(
+        new_flows(&t, to("10.20.1.3:9999"), &pod3_9999, 10),
+        0,
+        "pod3 taken as local"
+    );
+    let mut args = vec!["map", "delete", "pinned", map.as_str(), "key"];
+    args.extend(key.iter().map(String::as_str));
+    ok(sh("bpftool", &args));
+    assert_eq!(
+        new_flows(&t, to("10.20.1.3:9999"), &pod3_9999, 10),
+        10,
+        "pod3 forwarded again"
+    );
+
+    // pod2's address becomes the gateway's own: its new flows reach the gateway (input path,
+    // accepted), no longer the forward chain's drop.
+    ip(&t.gateway, &["addr", "add", "10.20.1.2/32", "dev", "lo"]);
+    let local = bind(&t.gateway, "10.20.1.2:7777");
+    std::thread::sleep(MIRROR_REACTION);
+    assert_eq!(
+        new_flows(&t, to("10.20.1.2:7777"), &local, 20),
+        20,
+        "delivered to the gateway"
+    );
+    let dump = bpftool_json(&["map", "dump", "pinned", &map]);
+    let keys: Vec<Vec<u8>> = dump
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| value_bytes(&e["key"]))
+        .collect();
+    assert!(
+        keys.iter()
+            .any(|k| k[12..16] == [10, 20, 1, 2] && k[0] == 96),
+        "LOCAL holds the new address: {keys:?}"
+    );
+    ip(&t.gateway, &["addr", "del", "10.20.1.2/32", "dev", "lo"]);
+    drop(local);
+    std::thread::sleep(MIRROR_REACTION);
+    assert_eq!(
+        new_flows(&t, to("10.20.1.2:7777"), &pod2, 20),
+        0,
+        "forwarded, dropped again"
+    );
+    assert_eq!(
+        new_flows(&t, to("10.20.1.3:7777"), &pod3, 10),
+        10,
+        "pod3 still forwarded"
+    );
+
+    // A blackhole route: destinations the FIB would call unroutable; the mirror withdraws.
+    ip(&t.gateway, &["route", "add", "blackhole", "10.99.0.0/16"]);
+    assert!(
+        poll(2, || mirrored_families(&pins) & 1 == 0),
+        "the mirror is withdrawn under a blackhole route"
+    );
+    ip(&t.gateway, &["route", "del", "blackhole", "10.99.0.0/16"]);
+    assert!(
+        poll(2, || mirrored_families(&pins) & 1 != 0),
+        "and back once it goes"
     );
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -206,7 +206,7 @@ fn main() {
                 for &r in &rule_counts {
                     let pin = root.join(format!("pwbench-{}-{n}-{r}", std::process::id()));
                     let _pins = breakdown::Pins(pin.clone());
-                    let (mut b, c) = breakdown::load_routed(&pin, &policy(&prefixes, r));
+                    let (mut b, c, _routes) = breakdown::load_routed(&pin, &policy(&prefixes, r));
                     b.fill_bare(&prefixes).expect("bare trie");
                     let (mut known, mut first, mut bare) = (Vec::new(), Vec::new(), Vec::new());
                     let mut ok = true;

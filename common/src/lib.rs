@@ -46,6 +46,7 @@ mod pod {
     unsafe impl aya::Pod for Counter {}
     unsafe impl aya::Pod for Config {}
     unsafe impl aya::Pod for IfaceInfo {}
+    unsafe impl aya::Pod for RouteMirror {}
     unsafe impl aya::Pod for FlowKey {}
     unsafe impl aya::Pod for VerdictKey4 {}
     unsafe impl aya::Pod for FlowState {}

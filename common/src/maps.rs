@@ -96,6 +96,15 @@ pub mod map {
     pub const EVENT_CONF: &str = "EVENT_CONF";
     /// Per-flow event state ([`crate::EventFlow`]).
     pub const EVENT_FLOWS: &str = "EVENT_FLOWS";
+    /// The gateway's local destinations, mirrored from its local routing table
+    /// ([`crate::AddrKeyData`] keys, chain 0; value 1): the packets the kernel delivers to the
+    /// gateway itself rather than forwards. Read only when [`ROUTES`] vouches for the mirror.
+    pub const LOCAL: &str = "LOCAL";
+    /// `ROUTES[0]`: a [`crate::RouteMirror`], set by the agent's route watcher when
+    /// the namespace's routing makes the [`LOCAL`] mirror exact (every other destination is
+    /// forwarded): the datapath then answers "forwarded or delivered?" from the mirror instead
+    /// of a FIB lookup.
+    pub const ROUTES: &str = "ROUTES";
     /// The benchmark's bare lookup table.
     pub const BARE: &str = "BARE";
     /// The benchmark's one-hash-lookup table.
@@ -191,14 +200,65 @@ pub mod flags {
     /// No verdict cache: every packet classified as the first of its flow. Any other
     /// diagnostic flag implies it (they measure the parts of a full classification).
     pub const DIAG_NO_CACHE: u32 = 1 << 13;
+    /// Some chain of slot 0 tests the output interface (`OIF_TESTED0 << 1` for slot 1): the
+    /// datapath needs the FIB's answer for it, and never takes the local-address mirror's
+    /// ([`crate::routes`]).
+    pub const OIF_TESTED0: u32 = 1 << 14;
+    /// The output-interface bit of `slot`.
+    pub const fn oif_tested(slot: u32) -> u32 {
+        OIF_TESTED0 << (slot & 1)
+    }
+    /// The FIB answers every packet's path, never the local-address mirror.
+    pub const DIAG_NO_MIRROR: u32 = 1 << 16;
     /// Every diagnostic flag.
-    pub const DIAG_ALL: u32 = DIAG_NO_FIB
+    pub const DIAG_ALL: u32 = DIAG_NO_MIRROR
+        | DIAG_NO_FIB
         | DIAG_NO_CT
         | DIAG_NO_CT_COMMIT
         | DIAG_NO_COUNTERS
         | DIAG_NO_CHAINS
         | DIAG_NO_CACHE;
 }
+
+/// [`RouteMirror::families`] bits: for which families the `LOCAL` mirror decides a packet's
+/// path.
+///
+/// The agent sets a family's bit only while, in the gateway's namespace, every destination of
+/// that family is either in the local routing table (delivered to the gateway) or forwarded:
+/// the local table is looked up first, no rule or route ends a lookup unroutable
+/// (blackhole, unreachable, prohibit, nexthop objects), main holds a live default route and a
+/// selector-free rule reaches it, no other table delivers locally, and forwarding is on.
+/// There, a FIB lookup's only other answer (the output interface) matters to no chain when no
+/// chain tests it ([`flags::oif_tested`]) and no event reports it ([`flags::EVENTS`]).
+pub mod routes {
+    /// IPv4 destinations.
+    pub const V4: u32 = 1;
+    /// IPv6 destinations.
+    pub const V6: u32 = 2;
+    /// How long a lease ([`crate::RouteMirror::until_ns`]) holds.
+    pub const LEASE_NS: u64 = 2_000_000_000;
+    /// How often the watcher renews it.
+    pub const RENEW_NS: u64 = 500_000_000;
+}
+
+/// `ROUTES[0]`: the route watcher's lease on the `LOCAL` mirror.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteMirror {
+    /// [`routes`] bits: the families whose path the mirror decides.
+    pub families: u32,
+    /// Zero.
+    pub _pad: u32,
+    /// `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`) until which the lease holds: the
+    /// watcher renews it every [`routes::RENEW_NS`]; an agent that dies without clearing it
+    /// leaves a mirror that stops being used within [`routes::LEASE_NS`], nobody keeping it
+    /// current any more.
+    pub until_ns: u64,
+}
+
+/// Entries of the `LOCAL` trie (local addresses, broadcast and multicast prefixes of the
+/// gateway: a handful per interface).
+pub const LOCAL_MAX: u32 = 4096;
 
 /// Marker in `skb->cb[0]` of probe packets (with [`flags::PROBE`] set).
 pub const PROBE_MAGIC: u32 = 0x7077_7072; // "pwpr"

@@ -166,7 +166,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
         let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
             (PATH_FORWARD, 0)
         } else {
-            route(ctx, p, ifindex)
+            route(ctx, &cfg, p, ifindex)
         };
         Route {
             epoch: cfg.active,
@@ -266,7 +266,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
             return Ok(xdp_action::XDP_PASS);
         }
     }
-    let (path, oif) = route(ctx, p, ifindex);
+    let (path, oif) = route(ctx, &cfg, p, ifindex);
     let tracked = ct_state(ctx, l2 & 0xff, p, cfg.flags & flags::FLOW_SEEN != 0);
     let r = Route {
         epoch: cfg.active,

@@ -347,7 +347,8 @@ pub fn tcp_connects(ns: &NetNs, src: &str, dst: &str, port: u16) -> bool {
 
 /// A small "consumer → gateway → provider" topology:
 /// consumer ns (pods 10.10.1.67, 10.10.1.68, fd10::67) —liqo-tunnel— gateway ns —liqo.abcdefghij—
-/// provider ns (pods 10.20.1.2, 10.20.1.3, 10.20.3.1, fd20::2).
+/// provider ns (pods 10.20.1.2, 10.20.1.3, 10.20.3.1, fd20::2); the gateway's default routes
+/// lead to the provider.
 pub struct Topology {
     pub consumer: NetNs,
     pub gateway: NetNs,
@@ -431,6 +432,11 @@ impl Topology {
             ],
         );
         ip(&gateway, &["route", "add", "10.10.0.0/16", "dev", TUNNEL]);
+        // A gateway pod has default routes (through its pod network): every destination is
+        // routable, and the bpf datapath answers new flows' paths from its local-address
+        // mirror rather than a FIB lookup.
+        ip(&gateway, &["route", "add", "default", "dev", GENEVE]);
+        ip(&gateway, &["-6", "route", "add", "default", "dev", GENEVE]);
         ip(&consumer, &["route", "add", "fd10::1", "dev", "eth0"]);
         ip(
             &consumer,

@@ -9,6 +9,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use peerwall_backend_bpf::loader::{host_ifaces, remove_pins, Datapath};
 use peerwall_backend_bpf::maps::Iface;
+use peerwall_backend_bpf::routing::watch::RouteWatch;
 use peerwall_common::flags;
 use peerwall_netns::NetNs;
 use peerwall_policy::ir::Policy;
@@ -120,6 +121,17 @@ pub fn routed_namespace() -> NetNs {
         &["link", "set", "liqo-tunnel", "up"],
         &["link", "set", "liqo.abcdefghij", "up"],
         &["addr", "add", "192.168.77.1/30", "dev", "liqo.abcdefghij"],
+        // A gateway pod's default route (its pod network), without which some destinations
+        // would be unroutable and the local-address mirror would not decide their path.
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "192.168.77.2",
+            "dev",
+            "liqo.abcdefghij",
+        ],
         &[
             "route",
             "add",
@@ -147,7 +159,7 @@ impl Drop for Pins {
 
 /// In the routed namespace: load the datapath pinned at `pin`, register the namespace's
 /// interfaces and apply `policy`; returns it with the tunnel's `__sk_buff` context.
-pub fn load_routed(pin: &std::path::Path, policy: &Policy) -> (Datapath, [u8; 192]) {
+pub fn load_routed(pin: &std::path::Path, policy: &Policy) -> (Datapath, [u8; 192], RouteWatch) {
     let mut b = Datapath::load(pin).expect("load");
     let host = host_ifaces().expect("interfaces");
     b.register_ifaces(&host).expect("interfaces");
@@ -165,7 +177,9 @@ pub fn load_routed(pin: &std::path::Path, policy: &Policy) -> (Datapath, [u8; 19
     b.apply(policy, &ifaces).expect("apply");
     // As the agent does once its programs are attached (none here: nothing to check).
     assert!(b.arm_flow_seen().expect("FLOW_SEEN"), "shortcut armed");
-    (b, ctx(tunnel))
+    // And its route watcher: new flows' paths from the local-address mirror.
+    let routes = RouteWatch::start(pin).expect("route watcher");
+    (b, ctx(tunnel), routes)
 }
 
 /// tc's verdict for a dropped packet.
@@ -178,19 +192,28 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>, denied: Vec<u8>)
         let root = peerwall_backend_bpf::loader::ensure_bpffs().expect("bpffs");
         let pin = root.join(format!("pwbench-bd-{}", std::process::id()));
         let _pins = Pins(pin.clone());
-        let (mut b, c) = load_routed(&pin, &policy);
+        let (mut b, c, _routes) = load_routed(&pin, &policy);
         b.fill_bare(&hosts).expect("bare trie");
         let addrs: Vec<Ipv4Addr> = hosts.iter().map(Ipv4Net::network).collect();
         b.fill_bare_hash(&addrs).expect("bare hash");
         // (row, diagnostic flags, conntrack's FLOW_SEEN shortcut on).
-        let variants: [(&'static str, u32, bool); 9] = [
+        let variants: [(&'static str, u32, bool); 10] = [
             ("classifier as deployed (verdict cache on)", 0, true),
             (
                 "classifier, classifying in full (no verdict cache)",
                 flags::DIAG_NO_CACHE,
                 true,
             ),
-            ("  without the FIB lookup", flags::DIAG_NO_FIB, true),
+            (
+                "  the FIB lookup instead of the local-address mirror",
+                flags::DIAG_NO_CACHE | flags::DIAG_NO_MIRROR,
+                true,
+            ),
+            (
+                "  without the FIB lookup or the mirror",
+                flags::DIAG_NO_FIB,
+                true,
+            ),
             (
                 "  without the conntrack write",
                 flags::DIAG_NO_CT_COMMIT,
@@ -314,7 +337,7 @@ pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
         "## Where the classifier's time goes (`cargo xtask bench breakdown`)\n\nGenerated on {date} (kernel {}). Absolute numbers drift between runs on this VM; the ratios within one run are what to read.\n\n",
         kernel.trim()
     );
-    md.push_str(&format!("{prefixes} destination hosts, {rules} rules, BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. Two kinds of traffic: *the same packet* (a forwarded TCP SYN) every run, 200k runs per measurement, so every table it touches is in the CPU's caches; and *every packet a new flow*: {NEW_FLOWS} packets per round, each of a flow never seen before in the run (source address and port changed), each in a test run of its own, as a flood of new flows arrives: the tables they touch (conntrack, verdict caches) are cold, and once `FLOWS_NEW` is full, each new flow takes the slot of another; and *every packet a new flow the policy denies* (to an address no rule accepts), the same flood towards a denied destination, on a gateway whose flow tables are otherwise empty (flushed before each measurement, so conntrack's `FLOW_SEEN` entries are idle as they are where few flows live).\n\nThe first row is the datapath as deployed. For the same packet, a known flow: its verdict comes from the per-flow cache (the addresses, ports and protocol read straight from the headers, then this CPU's own verdict cache: an array read, no hashing). For new flows: both verdict-cache levels looked up and missed, the full classification, the conntrack insert. The second row is a full classification with the verdict cache off (FIB, conntrack, every chain), what the first packet of a flow pays; each variant below it removes one part of that work with the datapath's benchmark-only flags, and *cost* is what the part adds (full − variant); the `FLOW_SEEN` row turns a shortcut off instead, so its cost is negative where the shortcut saves time (a packet whose entry says no live flow can have it skips both flow tables; an accepted one looks them up at its commit, a denied one never). The limits are what no tc datapath can beat; in the new-flow column they also show what a test run of one packet costs by itself (its timer). Medians of {} interleaved rounds.\n\n| program | same packet ns/pkt | cost of the part | ratio to full | every packet a new flow ns/pkt | cost of the part | ratio to full | every packet a new denied flow ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds()));
+    md.push_str(&format!("{prefixes} destination hosts, {rules} rules, BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on and a route for the destinations, so the FIB lookup is real. Two kinds of traffic: *the same packet* (a forwarded TCP SYN) every run, 200k runs per measurement, so every table it touches is in the CPU's caches; and *every packet a new flow*: {NEW_FLOWS} packets per round, each of a flow never seen before in the run (source address and port changed), each in a test run of its own, as a flood of new flows arrives: the tables they touch (conntrack, verdict caches) are cold, and once `FLOWS_NEW` is full, each new flow takes the slot of another; and *every packet a new flow the policy denies* (to an address no rule accepts), the same flood towards a denied destination, on a gateway whose flow tables are otherwise empty (flushed before each measurement, so conntrack's `FLOW_SEEN` entries are idle as they are where few flows live).\n\nThe first row is the datapath as deployed. For the same packet, a known flow: its verdict comes from the per-flow cache (the addresses, ports and protocol read straight from the headers, then this CPU's own verdict cache: an array read, no hashing). For new flows: both verdict-cache levels looked up and missed, the full classification, the conntrack insert. The second row is a full classification with the verdict cache off (FIB, conntrack, every chain), what the first packet of a flow pays; each variant below it removes one part of that work with the datapath's benchmark-only flags, and *cost* is what the part adds (full − variant); the mirror row and the `FLOW_SEEN` row turn a shortcut off instead (the first answers the packet's path from a FIB lookup rather than the agent's mirror of the local routing table, `LOCAL`), so its cost is negative where the shortcut saves time (a packet whose entry says no live flow can have it skips both flow tables; an accepted one looks them up at its commit, a denied one never). The limits are what no tc datapath can beat; in the new-flow column they also show what a test run of one packet costs by itself (its timer). Medians of {} interleaved rounds.\n\n| program | same packet ns/pkt | cost of the part | ratio to full | every packet a new flow ns/pkt | cost of the part | ratio to full | every packet a new denied flow ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds()));
     for (i, p) in parts.iter().enumerate() {
         let cost = |full: f64, ns: f64| {
             if (2..parts.len().saturating_sub(3)).contains(&i) {

@@ -14,6 +14,7 @@ use peerwall_policy::ir::Policy;
 
 use crate::loader::{self, BpfApplyReport, BpfError, Datapath};
 use crate::maps::Iface;
+use crate::routing::watch::RouteWatch;
 
 /// The backend's name, as `--backend` spells it.
 pub const NAME: &str = "bpf";
@@ -43,6 +44,9 @@ pub struct BpfBackend {
     patterns: Vec<String>,
     xdp: bool,
     boot_holder: Holder,
+    /// The local-address mirror's watcher, started by the first apply (in the namespace the
+    /// backend serves); dropping it withdraws the mirror.
+    routes: Option<RouteWatch>,
 }
 
 impl BpfBackend {
@@ -77,6 +81,7 @@ impl BpfBackend {
             patterns,
             xdp,
             boot_holder: Holder(None),
+            routes: None,
         })
     }
 
@@ -206,6 +211,16 @@ impl BpfBackend {
         }
         // Conntrack's shortcut for unknown flows, once every attached program keeps it.
         self.datapath.arm_flow_seen()?;
+        // New flows' paths from the local-address mirror where the routing allows it. Without
+        // the watcher the FIB answers, as exactly and a little slower: not a failure.
+        if self.routes.is_none() {
+            match RouteWatch::start(self.datapath.pin_dir()) {
+                Ok(w) => self.routes = Some(w),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no local-address mirror: every new flow's path from the FIB")
+                }
+            }
+        }
         Ok(report)
     }
 
@@ -224,6 +239,7 @@ impl BpfBackend {
 
     /// Detach and remove every pin of the datapath.
     pub fn delete(&mut self) -> Result<Vec<String>, BpfError> {
+        self.routes = None;
         loader::remove_pins(self.datapath.pin_dir())
     }
 

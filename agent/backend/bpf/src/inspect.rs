@@ -88,6 +88,9 @@ pub struct Inspection {
     pub flow_seen: bool,
     /// Destination rewrites of the live slot (`VIEW<s>`): `ifindex N: FROM -> TO`.
     pub views: Vec<String>,
+    /// Where new flows' paths come from, per family: the local-address mirror (`LOCAL`,
+    /// `ROUTES`) or the FIB, and why.
+    pub paths: Vec<String>,
 }
 
 fn action_name(a: u8) -> &'static str {
@@ -263,7 +266,47 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         flows,
         flow_seen: cfg.flags & peerwall_common::flags::FLOW_SEEN != 0,
         views,
+        paths: paths(pin_dir, &cfg),
     })
+}
+
+/// Per family, where the datapath takes new flows' paths from (`route.rs`'s conditions).
+fn paths(pin_dir: &Path, cfg: &peerwall_common::Config) -> Vec<String> {
+    use peerwall_common::{flags, routes, RouteMirror};
+    let lease = open(pin_dir, map::ROUTES)
+        .ok()
+        .and_then(|d| Array::<MapData, RouteMirror>::try_from(Map::Array(d)).ok())
+        .and_then(|a| a.get(&0, 0).ok());
+    let local = open(pin_dir, map::LOCAL)
+        .ok()
+        .and_then(|d| LpmTrie::<MapData, AddrKeyData, u32>::try_from(Map::LpmTrie(d)).ok())
+        .map_or(0, |t| t.keys().count());
+    let now = crate::routing::watch::monotonic_ns();
+    [("IPv4", routes::V4), ("IPv6", routes::V6)]
+        .into_iter()
+        .map(|(name, bit)| {
+            let why = match lease {
+                None => Some("no mirror pinned"),
+                Some(_) if cfg.flags & flags::oif_tested(cfg.active & 1) != 0 => {
+                    Some("a chain tests the output interface")
+                }
+                Some(_) if cfg.flags & flags::EVENTS != 0 => {
+                    Some("events name the output interface")
+                }
+                Some(l) if l.families & bit == 0 => {
+                    Some("the routing does not allow the mirror (the agent's log says why)")
+                }
+                Some(l) if l.until_ns <= now => Some("the lease ran out (no agent renews it)"),
+                Some(_) => None,
+            };
+            match why {
+                None => format!(
+                    "{name} from the local-address mirror ({local} local prefixes, both families)"
+                ),
+                Some(w) => format!("{name} from the FIB: {w}"),
+            }
+        })
+        .collect()
 }
 
 /// Text rendering of an inspection.
@@ -281,6 +324,9 @@ pub fn text(i: &Inspection) -> String {
             "off, a program attached here does not keep FLOW_SEEN"
         }
     );
+    for p in &i.paths {
+        s.push_str(&format!("paths {p}\n"));
+    }
     for (m, n) in &i.entries {
         s.push_str(&format!("map {m}: {n} entries\n"));
     }

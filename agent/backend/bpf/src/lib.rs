@@ -5,6 +5,8 @@
 //!   [`peerwall_backend::Backend`] the CLI and the agent drive;
 //! - [`inspect`]: `peerwall inspect`, decoding what is pinned; [`view`]: the
 //!   `compile --backend bpf` view of map contents;
+//! - [`routing`]: the local-address mirror that spares new flows a FIB lookup, and its
+//!   route watcher;
 //! - [`meta`]: the names behind a slot's chain ids and rule bits; [`error`]: [`BpfError`];
 //!   [`events`]: the datapath's ring of drops and flows.
 
@@ -15,6 +17,7 @@ pub mod inspect;
 pub mod loader;
 pub mod maps;
 pub mod meta;
+pub mod routing;
 pub mod view;
 
 pub use backend::BpfBackend;

@@ -238,6 +238,13 @@ pub fn views(policy: &ir::Policy, ifaces: &[Iface]) -> Vec<ViewEntry> {
 }
 
 impl BpfPolicy {
+    /// Whether some chain tests the output interface (the datapath then needs the FIB's).
+    pub fn tests_oif(&self) -> bool {
+        self.chains
+            .iter()
+            .any(|c| c.info().constrained & peerwall_common::constrained::OIF != 0)
+    }
+
     /// Total trie entries (for sizing and reporting).
     pub fn prefix_count(&self) -> usize {
         self.chains.iter().map(|c| c.src.len() + c.dst.len()).sum()

@@ -390,19 +390,32 @@ impl Datapath {
             let views = format!("{}{s}", map::VIEW);
             n += sync_views(self.map(&views)?, &views, &new.views)?;
         }
-        // Packets skip the view lookup of a slot without views.
+        // Packets skip the view lookup of a slot without views, and may take the local-address
+        // mirror's path instead of the FIB's when no chain of the slot tests the output
+        // interface (`routing`).
         let mut c = self.config()?;
         let bit = peerwall_common::flags::views(slot);
-        let want = if new.views.is_empty() {
+        let mut want = if new.views.is_empty() {
             c.flags & !bit
         } else {
             c.flags | bit
         };
+        // Raised before the chains change, lowered after: a live slot written in place never
+        // runs a chain testing the interface without it.
+        let oif = peerwall_common::flags::oif_tested(slot);
+        if new.tests_oif() {
+            want |= oif;
+        }
         if want != c.flags {
             c.flags = want;
             self.set_config(c)?;
         }
         n += self.write_chains(&s, old, new)?;
+        let mut c = self.config()?;
+        if !new.tests_oif() && c.flags & oif != 0 {
+            c.flags &= !oif;
+            self.set_config(c)?;
+        }
         if old.is_none() {
             self.zero_counters(slot)?;
         }
