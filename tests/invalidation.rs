@@ -821,6 +821,27 @@ fn a_routing_change_reaches_the_local_address_mirror_at_once() {
         "pod3 still forwarded"
     );
 
+    // A one-shot `peerwall apply` on the agent's pins leaves the agent's lease and mirror as
+    // they are (its own watcher stands by while the lease holds), also when it exits.
+    let owner = |pins: &Pins| {
+        let map = format!("{}/ROUTES", pins.arg());
+        let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
+        value_bytes(&v["value"])[4..8].to_vec()
+    };
+    let held_by = owner(&pins);
+    apply_bpf(&t.gateway, &pins, &[], &dir.join("mirror.yaml"));
+    assert_eq!(
+        mirrored_families(&pins) & 1,
+        1,
+        "the lease holds through a one-shot apply"
+    );
+    assert_eq!(owner(&pins), held_by, "held by the agent");
+    assert_eq!(
+        new_flows(&t, to("10.20.1.2:7777"), &pod2, 10),
+        0,
+        "still enforced"
+    );
+
     // A blackhole route: destinations the FIB would call unroutable; the mirror withdraws.
     ip(&t.gateway, &["route", "add", "blackhole", "10.99.0.0/16"]);
     assert!(

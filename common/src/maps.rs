@@ -247,8 +247,9 @@ pub mod routes {
 pub struct RouteMirror {
     /// [`routes`] bits: the families whose path the mirror decides.
     pub families: u32,
-    /// Zero.
-    pub _pad: u32,
+    /// Which watcher holds the lease (a token of its own, never 0): another one leaves the
+    /// maps alone while the lease holds, and takes over once it runs out.
+    pub owner: u32,
     /// `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`) until which the lease holds: the
     /// watcher renews it every [`routes::RENEW_NS`]; an agent that dies without clearing it
     /// leaves a mirror that stops being used within [`routes::LEASE_NS`], nobody keeping it

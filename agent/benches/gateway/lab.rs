@@ -104,6 +104,9 @@ impl Lab {
         );
         ip(&gw, &["route", "add", "10.0.0.0/8", "via", "172.31.0.2"]);
         ip(&gw, &["route", "add", "172.16.0.0/12", "via", "172.30.0.2"]);
+        // A gateway pod's default route (its pod network): the bpf agent's local-address
+        // mirror answers new flows' paths where every destination is routable.
+        ip(&gw, &["route", "add", "default", "via", "172.31.0.2"]);
         for (k, v) in [
             ("net.ipv4.ip_forward", "1"),
             ("net.ipv4.conf.all.rp_filter", "0"),

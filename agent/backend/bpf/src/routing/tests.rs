@@ -319,3 +319,24 @@ fn dump_requests_name_their_family() {
         20
     );
 }
+
+#[test]
+fn local_keys_read_back_as_the_prefixes_written() {
+    use crate::loader::addr_key;
+    for p in [
+        "10.244.0.7/32",
+        "127.0.0.0/8",
+        "fe80::/64",
+        "ff00::/8",
+        "::1/128",
+    ] {
+        assert_eq!(watch::prefix_of(&addr_key(0, &net(p))), Some(net(p)), "{p}");
+    }
+    // Another chain's key, or host bits set: not the watcher's.
+    assert_eq!(watch::prefix_of(&addr_key(3, &net("10.0.0.0/8"))), None);
+    let mut k = addr_key(0, &net("10.0.0.0/8"));
+    let mut d = k.data();
+    d.addr[3] = 1;
+    k = aya::maps::lpm_trie::Key::new(k.prefix_len(), d);
+    assert_eq!(watch::prefix_of(&k), None);
+}

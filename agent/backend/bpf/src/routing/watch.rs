@@ -4,7 +4,9 @@
 //! re-reads the whole state after every notification (a few dumps, well under a millisecond
 //! on a gateway) and every [`RESYNC`] anyway, and renews the lease every
 //! [`routes::RENEW_NS`]. Changing the mirror's prefixes, it first withdraws the lease, so the
-//! datapath asks the FIB while the trie is rewritten; stopping, it withdraws it for good.
+//! datapath asks the FIB while the trie is rewritten; stopping, it withdraws it for good. A
+//! second process on the same pins (a one-shot `peerwall apply` beside the agent) leaves the
+//! maps to the lease's holder while the lease holds, and takes over once it runs out.
 //!
 //! The sockets are opened in the namespace of the thread that calls [`RouteWatch::start`]
 //! (a netlink socket stays in the namespace it was made in), and the watcher's thread reads
@@ -89,7 +91,8 @@ fn watch(events: &Socket, dump: &Socket, state: &mut Mirror, stop: &AtomicBool) 
                 true
             }
         };
-        if changed || synced.elapsed() >= RESYNC {
+        // Not holding the maps: another watcher's lease; take them over once it runs out.
+        if changed || synced.elapsed() >= RESYNC || !state.holding {
             if let Err(e) = state.sync(dump) {
                 tracing::warn!(error = %e, "cannot read the routing state: the datapath asks the FIB");
                 let _ = state.withdraw();
@@ -104,12 +107,14 @@ fn watch(events: &Socket, dump: &Socket, state: &mut Mirror, stop: &AtomicBool) 
     }
 }
 
-/// The maps and what was last written to them.
+/// The maps, the token this watcher writes its lease under, and what it last logged.
 struct Mirror {
     local: LpmTrie<MapData, AddrKeyData, u32>,
     lease: Array<MapData, RouteMirror>,
-    written: BTreeSet<IpNet>,
+    token: u32,
     families: u32,
+    /// The last sync wrote the maps (no other watcher held them).
+    holding: bool,
     /// Why each family was last closed (None: open), for logging changes only.
     last: [Option<Option<Closed>>; 2],
 }
@@ -126,24 +131,30 @@ impl Mirror {
             LpmTrie::try_from(Map::LpmTrie(open(map::LOCAL)?)).map_err(map_err(map::LOCAL))?;
         let lease =
             Array::try_from(Map::Array(open(map::ROUTES)?)).map_err(map_err(map::ROUTES))?;
-        let mut m = Self {
+        Ok(Self {
             local,
             lease,
-            written: BTreeSet::new(),
+            token: (std::process::id().rotate_left(16) ^ monotonic_ns() as u32) | 1,
             families: 0,
+            holding: false,
             last: [None, None],
-        };
-        // Whatever an earlier agent left: withdrawn until this one has read the state.
-        m.withdraw()?;
-        let stale: Vec<_> = m.local.keys().filter_map(Result::ok).collect();
-        for k in stale {
-            let _ = m.local.remove(&k);
-        }
-        Ok(m)
+        })
     }
 
-    /// Read the routing state and write the mirror.
+    /// Whether another watcher (a second process on the same pins) holds a live lease: this
+    /// one then leaves the maps alone until it runs out or is withdrawn.
+    fn someone_else_holds(&self) -> Result<bool, BpfError> {
+        let l = self.lease.get(&0, 0).map_err(map_err(map::ROUTES))?;
+        Ok(l.owner != self.token && l.families != 0 && l.until_ns > monotonic_ns())
+    }
+
+    /// Read the routing state and write the mirror (unless another watcher holds it).
     fn sync(&mut self, dump: &Socket) -> Result<(), BpfError> {
+        self.holding = false;
+        if self.someone_else_holds()? {
+            return Ok(());
+        }
+        self.holding = true;
         let mut families = 0;
         let mut want = BTreeSet::new();
         for (family, bit) in [(Family::V4, routes::V4), (Family::V6, routes::V6)] {
@@ -158,17 +169,23 @@ impl Mirror {
                 want.extend(prefixes);
             }
         }
-        if want != self.written {
+        // What the trie holds, read back rather than remembered: whatever wrote it last (an
+        // earlier agent, a hand with bpftool) is corrected here.
+        let keys: Vec<_> = self.local.keys().filter_map(Result::ok).collect();
+        let have: BTreeSet<IpNet> = keys.iter().filter_map(prefix_of).collect();
+        if have != want || keys.len() != have.len() {
             self.withdraw()?;
-            for gone in self.written.difference(&want) {
-                let _ = self.local.remove(&addr_key(0, gone));
+            for k in keys
+                .iter()
+                .filter(|k| prefix_of(k).is_none_or(|p| !want.contains(&p)))
+            {
+                let _ = self.local.remove(k);
             }
-            for new in want.difference(&self.written) {
+            for new in want.difference(&have) {
                 self.local
                     .insert(&addr_key(0, new), 1, 0)
                     .map_err(map_err(map::LOCAL))?;
             }
-            self.written = want;
         }
         self.families = families;
         self.renew()
@@ -176,9 +193,12 @@ impl Mirror {
 
     /// Write the lease for the families open now, for [`routes::LEASE_NS`] from now.
     fn renew(&mut self) -> Result<(), BpfError> {
+        if self.someone_else_holds()? {
+            return Ok(());
+        }
         let lease = RouteMirror {
             families: self.families,
-            _pad: 0,
+            owner: self.token,
             until_ns: if self.families == 0 {
                 0
             } else {
@@ -188,8 +208,11 @@ impl Mirror {
         self.lease.set(0, lease, 0).map_err(map_err(map::ROUTES))
     }
 
-    /// No family's path from the mirror.
+    /// No family's path from the mirror (only a lease of this watcher's own is withdrawn).
     fn withdraw(&mut self) -> Result<(), BpfError> {
+        if self.someone_else_holds()? {
+            return Ok(());
+        }
         self.lease
             .set(0, RouteMirror::default(), 0)
             .map_err(map_err(map::ROUTES))
@@ -209,6 +232,27 @@ impl Mirror {
         }
         self.last[i] = Some(now);
     }
+}
+
+/// The prefix a `LOCAL` key stands for (None: not one the watcher writes).
+pub(crate) fn prefix_of(k: &aya::maps::lpm_trie::Key<AddrKeyData>) -> Option<IpNet> {
+    let d = k.data();
+    let len = k
+        .prefix_len()
+        .checked_sub(peerwall_common::ADDR_KEY_FIXED_BITS)?;
+    if d.chain != [0; 4] {
+        return None;
+    }
+    let addr: std::net::IpAddr = match u32::from_be_bytes(d.family) {
+        f if f == u32::from(peerwall_common::family::V4) => {
+            std::net::Ipv4Addr::new(d.addr[0], d.addr[1], d.addr[2], d.addr[3]).into()
+        }
+        f if f == u32::from(peerwall_common::family::V6) => std::net::Ipv6Addr::from(d.addr).into(),
+        _ => return None,
+    };
+    let net = IpNet::new(addr, u8::try_from(len).ok()?).ok()?;
+    // A key with host bits set is not one the watcher wrote.
+    (net.trunc() == net && addr_key(0, &net).data().addr == d.addr).then_some(net)
 }
 
 /// Routes, rules and forwarding of `family`.
