@@ -843,10 +843,24 @@ fn a_routing_change_reaches_the_local_address_mirror_at_once() {
     );
 
     // A blackhole route: destinations the FIB would call unroutable; the mirror withdraws.
+    let paths = |pins: &Pins| {
+        let o = peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    assert!(
+        paths(&pins).contains("paths IPv4 from the local-address mirror"),
+        "inspect says where paths come from: {}",
+        paths(&pins)
+    );
     ip(&t.gateway, &["route", "add", "blackhole", "10.99.0.0/16"]);
     assert!(
         poll(2, || mirrored_families(&pins) & 1 == 0),
         "the mirror is withdrawn under a blackhole route"
+    );
+    assert!(
+        paths(&pins).contains("paths IPv4 from the FIB: the routing does not allow the mirror"),
+        "{}",
+        paths(&pins)
     );
     ip(&t.gateway, &["route", "del", "blackhole", "10.99.0.0/16"]);
     assert!(
