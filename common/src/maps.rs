@@ -250,7 +250,8 @@ pub struct RouteMirror {
     /// Which watcher holds the lease (a token of its own, never 0): another one leaves the
     /// maps alone while the lease holds, and takes over once it runs out.
     pub owner: u32,
-    /// `CLOCK_MONOTONIC` nanoseconds (`bpf_ktime_get_ns`) until which the lease holds: the
+    /// `CLOCK_MONOTONIC` nanoseconds until which the lease holds (the datapath reads the
+    /// coarse clock, `bpf_ktime_get_coarse_ns`, at most a tick behind): the
     /// watcher renews it every [`routes::RENEW_NS`]; an agent that dies without clearing it
     /// leaves a mirror that stops being used within [`routes::LEASE_NS`], nobody keeping it
     /// current any more.

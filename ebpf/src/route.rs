@@ -6,7 +6,7 @@
 
 use core::mem::size_of;
 
-use aya_ebpf::helpers::generated::{bpf_fib_lookup, bpf_ktime_get_ns};
+use aya_ebpf::helpers::generated::{bpf_fib_lookup, bpf_ktime_get_coarse_ns};
 use aya_ebpf::EbpfContext;
 use peerwall_common::{family, flags, routes, Config};
 
@@ -102,8 +102,10 @@ fn mirrored_path(p: &Pkt) -> u32 {
     if p.family == family::V6 && (strict6(&p.dst) || strict6(&p.src)) {
         return NO_MIRROR;
     }
+    // The coarse clock (the last tick's time, no clock-source read): the lease is seconds
+    // long, a tick late is nothing to it.
     // SAFETY: a helper without arguments.
-    if unsafe { bpf_ktime_get_ns() } >= lease.until_ns {
+    if unsafe { bpf_ktime_get_coarse_ns() } >= lease.until_ns {
         return NO_MIRROR;
     }
     if LOCAL.get(&addr_key(0, p, &p.dst)).is_some() {
