@@ -2,7 +2,7 @@
 //! namespace's routing. It subscribes to rtnetlink's link, address, route, rule, netconf and
 //! nexthop notifications before its first dump (nothing changes unseen between the two), then
 //! re-reads the whole state after every notification (a few dumps, well under a millisecond
-//! on a gateway) and every [`RESYNC`] anyway, and renews the lease every
+//! on a gateway) and every 5 s anyway, and renews the lease every
 //! [`routes::RENEW_NS`]. Changing the mirror's prefixes, it first withdraws the lease, so the
 //! datapath asks the FIB while the trie is rewritten; stopping, it withdraws it for good. A
 //! second process on the same pins (a one-shot `peerwall apply` beside the agent) leaves the
@@ -82,6 +82,8 @@ impl Drop for RouteWatch {
 /// stop.
 fn watch(events: &Socket, dump: &Socket, state: &mut Mirror, stop: &AtomicBool) {
     let mut synced = Instant::now();
+    let mut renewed = Instant::now();
+    let renew_every = Duration::from_nanos(routes::RENEW_NS);
     while !stop.load(Ordering::Relaxed) {
         let changed = match events.drain(TICK_MS) {
             Ok(n) => n > 0,
@@ -98,8 +100,12 @@ fn watch(events: &Socket, dump: &Socket, state: &mut Mirror, stop: &AtomicBool) 
                 let _ = state.withdraw();
             }
             synced = Instant::now();
-        } else if let Err(e) = state.renew() {
-            tracing::warn!(error = %e, "cannot renew the route mirror's lease");
+            renewed = synced;
+        } else if renewed.elapsed() >= renew_every {
+            if let Err(e) = state.renew() {
+                tracing::warn!(error = %e, "cannot renew the route mirror's lease");
+            }
+            renewed = Instant::now();
         }
     }
     if let Err(e) = state.withdraw() {
