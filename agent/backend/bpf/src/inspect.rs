@@ -281,7 +281,7 @@ fn paths(pin_dir: &Path, cfg: &peerwall_common::Config) -> Vec<String> {
         .ok()
         .and_then(|d| LpmTrie::<MapData, AddrKeyData, u32>::try_from(Map::LpmTrie(d)).ok())
         .map_or(0, |t| t.keys().count());
-    let now = crate::routing::watch::monotonic_ns();
+    let now = crate::loader::ktime_ns();
     [("IPv4", routes::V4), ("IPv6", routes::V6)]
         .into_iter()
         .map(|(name, bit)| {

@@ -31,6 +31,7 @@ use pins::pin_link;
 pub use pins::{
     attached_in, link_pin_name, parse_link_pin_name, remove_pins, set_allow_all_pinned,
 };
+pub(crate) use seen::ktime_ns;
 
 use std::path::{Path, PathBuf};
 

@@ -29,7 +29,7 @@ use peerwall_common::{map, routes, AddrKeyData, RouteMirror};
 use super::rtnl::{self, Message};
 use super::{mirror, Closed, Family, Snapshot};
 use crate::error::map_err;
-use crate::loader::addr_key;
+use crate::loader::{addr_key, ktime_ns as monotonic_ns};
 use crate::BpfError;
 
 /// A full re-read even without notifications (one missed would otherwise last).
@@ -279,17 +279,6 @@ fn snapshot(dump: &Socket, family: Family) -> io::Result<Snapshot> {
         }
     }
     Ok(s)
-}
-
-/// `CLOCK_MONOTONIC`, the clock of `bpf_ktime_get_ns`.
-pub(crate) fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a valid timespec the call writes.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// A `NETLINK_ROUTE` socket of the calling thread's namespace.
