@@ -7,9 +7,8 @@ use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
 use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdicts4,
     DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, NewFlowSlot, PortKeyData,
-    ProbeRecord, ProtoKey, RouteMirror, RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS,
-    CPU_VERDICT_SETS, FLOW_SEEN_SLOTS, HOOK_SLOTS, LOCAL_MAX, MAX_CHAINS, MAX_RULES,
-    NEW_FLOW_SLOTS, NO_COMMON_LRU,
+    ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS, CPU_VERDICT_SETS,
+    FLOW_SEEN_SLOTS, HOOK_SLOTS, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU,
 };
 
 use crate::parse::Pkt;
@@ -87,15 +86,6 @@ slot_maps!(
 #[map]
 pub(crate) static CONFIG: Array<Config> = Array::pinned(1, 0);
 
-/// The gateway's local destinations (`route.rs`), mirrored by the agent from the namespace's
-/// local routing table: chain 0, prefix length 64 + the prefix's.
-#[map]
-pub(crate) static LOCAL: LpmTrie<AddrKeyData, u32> = LpmTrie::pinned(LOCAL_MAX, 0);
-
-/// `ROUTES[0]`: for which families [`LOCAL`] decides a packet's path, and until when
-/// ([`peerwall_common::RouteMirror`]).
-#[map]
-pub(crate) static ROUTES: Array<RouteMirror> = Array::pinned(1, 0);
 /// Emergency switch, separate so that one bpftool command flips it:
 /// `bpftool map update pinned /sys/fs/bpf/peerwall/ALLOW_ALL key 0 0 0 0 value 1 0 0 0`.
 #[map]

@@ -2,16 +2,15 @@
 //! gateway itself, so the right hooks run. A FIB lookup answers both; when no chain of the live
 //! slot tests the output interface and no event reports it, the agent's mirror of the local
 //! routing table answers the first alone, in one trie lookup, wherever it vouches for the
-//! mirror (`ROUTES`, [`peerwall_common::routes`]).
+//! mirror ([`crate::local`]).
 
 use core::mem::size_of;
 
-use aya_ebpf::helpers::generated::{bpf_fib_lookup, bpf_ktime_get_coarse_ns};
+use aya_ebpf::helpers::generated::bpf_fib_lookup;
 use aya_ebpf::EbpfContext;
-use peerwall_common::{family, flags, routes, Config};
+use peerwall_common::{family, flags, Config};
 
-use crate::classify::addr_key;
-use crate::maps::{LOCAL, ROUTES};
+use crate::local::{local_destination, IS_LOCAL, NOT_LOCAL};
 use crate::parse::Pkt;
 
 /// Kernel layout of `struct bpf_fib_lookup` (64 bytes), unions flattened.
@@ -71,56 +70,13 @@ pub(crate) struct Route {
 pub(crate) fn route<C: EbpfContext>(ctx: &C, cfg: &Config, p: &Pkt, iif: u32) -> (u32, u32) {
     if cfg.flags & (flags::oif_tested(cfg.active & 1) | flags::EVENTS | flags::DIAG_NO_MIRROR) == 0
     {
-        let path = mirrored_path(p);
-        if path != NO_MIRROR {
-            return (path, 0);
+        match local_destination(p) {
+            IS_LOCAL => return (PATH_INPUT, 0),
+            NOT_LOCAL => return (PATH_FORWARD, 0),
+            _ => {}
         }
     }
     fib_route(ctx, p, iif)
-}
-
-/// [`mirrored_path`]: the mirror does not decide this packet's path.
-const NO_MIRROR: u32 = u32::MAX;
-
-/// The path from the local-address mirror, when it holds for the packet's family, else
-/// [`NO_MIRROR`]. A call of its own: its key stays off the callers' stacks.
-#[inline(never)]
-fn mirrored_path(p: &Pkt) -> u32 {
-    let bit = if p.family == family::V4 {
-        routes::V4
-    } else {
-        routes::V6
-    };
-    let Some(lease) = ROUTES.get(0) else {
-        return NO_MIRROR;
-    };
-    if lease.families & bit == 0 {
-        return NO_MIRROR;
-    }
-    // Link-local, multicast and loopback IPv6 addresses, source or destination, are never
-    // forwarded: the FIB says so before any table (`rt6_need_strict`), and so does it here.
-    if p.family == family::V6 && (strict6(&p.dst) || strict6(&p.src)) {
-        return NO_MIRROR;
-    }
-    // The coarse clock (the last tick's time, no clock-source read): the lease is seconds
-    // long, a tick late is nothing to it.
-    // SAFETY: a helper without arguments.
-    if unsafe { bpf_ktime_get_coarse_ns() } >= lease.until_ns {
-        return NO_MIRROR;
-    }
-    if LOCAL.get(&addr_key(0, p, &p.dst)).is_some() {
-        PATH_INPUT
-    } else {
-        PATH_FORWARD
-    }
-}
-
-/// IPv6 multicast (ff00::/8), link-local (fe80::/10) or loopback (::1).
-#[inline(always)]
-fn strict6(a: &[u8; 16]) -> bool {
-    a[0] == 0xff
-        || (a[0] == 0xfe && a[1] & 0xc0 == 0x80)
-        || (a[..15].iter().all(|b| *b == 0) && a[15] == 1)
 }
 
 /// [`route`] by the kernel's FIB.

@@ -1,0 +1,77 @@
+//! The local-address mirror (`LOCAL`, `ROUTES`): whether a packet's destination is the
+//! gateway's own, from the agent's copy of the namespace's local routing table, under the
+//! agent's lease ([`peerwall_common::RouteMirror`]). [`crate::route`] takes its answer for a
+//! packet's path instead of a FIB lookup where the lease holds.
+
+use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
+use aya_ebpf::macros::map;
+use aya_ebpf::maps::lpm_trie::Key;
+use aya_ebpf::maps::{Array, LpmTrie};
+use peerwall_common::{family, routes, AddrKeyData, RouteMirror, ADDR_KEY_FIXED_BITS, LOCAL_MAX};
+
+use crate::parse::Pkt;
+
+/// The gateway's local destinations, mirrored by the agent from the namespace's local routing
+/// table: chain 0, prefix length 64 + the prefix's.
+#[map]
+pub(crate) static LOCAL: LpmTrie<AddrKeyData, u32> = LpmTrie::pinned(LOCAL_MAX, 0);
+
+/// `ROUTES[0]`: for which families [`LOCAL`] decides a packet's path, and until when.
+#[map]
+pub(crate) static ROUTES: Array<RouteMirror> = Array::pinned(1, 0);
+
+/// [`local_destination`]: delivered to the gateway.
+pub(crate) const IS_LOCAL: u32 = 1;
+/// [`local_destination`]: forwarded.
+pub(crate) const NOT_LOCAL: u32 = 0;
+/// [`local_destination`]: the mirror does not decide this packet (the FIB does).
+pub(crate) const UNDECIDED: u32 = u32::MAX;
+
+/// Whether the packet's destination is the gateway's own, when the mirror holds for its
+/// family, else [`UNDECIDED`]. A call of its own: its key stays off the callers' stacks.
+#[inline(never)]
+pub(crate) fn local_destination(p: &Pkt) -> u32 {
+    let (bit, bits) = if p.family == family::V4 {
+        (routes::V4, 32)
+    } else {
+        (routes::V6, 128)
+    };
+    let Some(lease) = ROUTES.get(0) else {
+        return UNDECIDED;
+    };
+    if lease.families & bit == 0 {
+        return UNDECIDED;
+    }
+    // Link-local, multicast and loopback IPv6 addresses, source or destination, are never
+    // forwarded: the FIB says so before any table (`rt6_need_strict`), and so does it here.
+    if p.family == family::V6 && (strict6(&p.dst) || strict6(&p.src)) {
+        return UNDECIDED;
+    }
+    // The coarse clock (the last tick's time, no clock-source read): the lease is seconds
+    // long, a tick late is nothing to it.
+    // SAFETY: a helper without arguments.
+    if unsafe { bpf_ktime_get_coarse_ns() } >= lease.until_ns {
+        return UNDECIDED;
+    }
+    let key = Key::new(
+        ADDR_KEY_FIXED_BITS + bits,
+        AddrKeyData {
+            chain: [0; 4],
+            family: (p.family as u32).to_be_bytes(),
+            addr: p.dst,
+        },
+    );
+    if LOCAL.get(&key).is_some() {
+        IS_LOCAL
+    } else {
+        NOT_LOCAL
+    }
+}
+
+/// IPv6 multicast (ff00::/8), link-local (fe80::/10) or loopback (::1).
+#[inline(always)]
+fn strict6(a: &[u8; 16]) -> bool {
+    a[0] == 0xff
+        || (a[0] == 0xfe && a[1] & 0xc0 == 0x80)
+        || (a[..15].iter().all(|b| *b == 0) && a[15] == 1)
+}
