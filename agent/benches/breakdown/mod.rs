@@ -142,10 +142,12 @@ pub fn routed_namespace() -> NetNs {
             "dev",
             "liqo.abcdefghij",
         ],
-        // Liqo's policy routing (its RouteConfigurations: rules by input interface, by mark
-        // and by destination, each to a table of its own), so that a FIB lookup walks the
-        // rules a gateway has: none of them routes the benchmark's destinations, which fall
-        // through to main.
+        // Liqo's policy routing (its RouteConfigurations, liqotech/liqo
+        // docs/architecture/network/routeconfiguration.md: a gateway's `-extcidr` and
+        // `-gw-node` rules by input interface `liqo-tunnel`, `-service-nodeport-routing` by
+        // fwmark and destination, `<peer>-gw-ext` by destination, each to a table of its own),
+        // so that a FIB lookup walks the rules a gateway has: none of them routes the
+        // benchmark's destinations, which fall through to main.
         &[
             "route",
             "add",

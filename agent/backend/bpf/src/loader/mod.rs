@@ -404,7 +404,8 @@ impl Datapath {
         // Raised before the chains change, lowered after: a live slot written in place never
         // runs a chain testing the interface without it.
         let oif = peerwall_common::flags::oif_tested(slot);
-        if new.tests_oif() {
+        let tests_oif = new.tests_oif();
+        if tests_oif {
             want |= oif;
         }
         if want != c.flags {
@@ -413,7 +414,7 @@ impl Datapath {
         }
         n += self.write_chains(&s, old, new)?;
         let mut c = self.config()?;
-        if !new.tests_oif() && c.flags & oif != 0 {
+        if !tests_oif && c.flags & oif != 0 {
             c.flags &= !oif;
             self.set_config(c)?;
         }
