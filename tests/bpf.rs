@@ -442,6 +442,83 @@ fn reject_answers_with_port_unreachable_from_tc() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Single ports are looked up in the exact-match maps (`DPORTH<s>`), ranges in the tries: a
+/// single port inside a range carries the range's rules too, so the lowest rule still decides.
+#[test]
+fn single_ports_come_from_the_exact_match_map_and_ranges_from_the_trie() {
+    let t = Topology::new();
+    let pins = Pins::new("ports");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-ports-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("ports.yaml");
+    std::fs::write(
+        &f,
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: p, namespace: t}\nspec:\n  table:\n    name: ports\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: open-7104, action: accept, match: [{op: eq, port: {value: '7104', position: dst}}]}\n            - {name: no-7000, action: drop, match: [{op: eq, port: {value: '7000', position: dst}}]}\n            - {name: no-7100-7107, action: drop, match: [{op: eq, port: {value: '7100-7107', position: dst}}]}\n",
+    )
+    .unwrap();
+    let ports = [7000u16, 7001, 7103, 7104, 7108];
+    let _servers: Vec<Listener> = ports
+        .iter()
+        .map(|p| Listener::tcp(&t.provider, "10.20.1.2", *p))
+        .collect();
+    for p in ports {
+        assert!(
+            tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", p),
+            "baseline: port {p}"
+        );
+    }
+    apply_bpf(&t.gateway, &pins, &[], &f);
+    let reached: Vec<(u16, bool)> = ports
+        .iter()
+        .map(|p| (*p, tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", *p)))
+        .collect();
+    assert_eq!(
+        reached,
+        vec![
+            (7000, false),
+            (7001, true),
+            (7103, false),
+            (7104, true),
+            (7108, true)
+        ],
+        "single port dropped, range dropped, the single port inside the range accepted"
+    );
+    // Where they live: the two single ports in the exact-match map, only the range's prefixes
+    // (shorter than 16 port bits) in the trie.
+    let slot = active_slot(&pins);
+    let dump = |m: &str| {
+        bpftool_json(&[
+            "map",
+            "dump",
+            "pinned",
+            &format!("{}/{m}{slot}", pins.arg()),
+        ])
+    };
+    let singles = dump("DPORTH");
+    let singles = singles.as_array().unwrap();
+    let port_of = |e: &serde_json::Value| -> u16 {
+        let b = |i: usize| {
+            u8::from_str_radix(e["key"][i].as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+        };
+        u16::from_be_bytes([b(4), b(5)])
+    };
+    let mut found: Vec<u16> = singles.iter().map(port_of).collect();
+    found.sort();
+    assert_eq!(found, vec![7000, 7104], "{singles:?}");
+    let trie = dump("DPORT");
+    let trie = trie.as_array().unwrap();
+    assert!(!trie.is_empty(), "the range's prefixes are in the trie");
+    for e in trie {
+        // LPM key: prefix length (u32, host order), then chain (4) and port (2).
+        let b = |i: usize| {
+            u8::from_str_radix(e["key"][i].as_str().unwrap().trim_start_matches("0x"), 16).unwrap()
+        };
+        let len = u32::from_ne_bytes([b(0), b(1), b(2), b(3)]);
+        assert!(len < 32 + 16, "no single port in the trie: {e}");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn agent_attaches_to_interfaces_that_appear_later() {
     let t = Topology::new();

@@ -195,8 +195,18 @@ pub const fn flow_seen_idle_stamp(now_ns: u64, idle_ns: u64) -> u16 {
 /// any flow it covers by more than a unit, lost to a race of two CPUs writing it), and the
 /// answer is yes only past `idle_ns` plus two units: a stamp can be too new (another flow
 /// wrote it, or 2^16 units ago) and then the datapath merely looks, never too old.
+///
+/// A stamp *ahead* of `now_ns` (another CPU wrote it with a clock read after this one's, or
+/// `now_ns` is a coarse clock, up to a tick behind the precise one stamps are written with)
+/// wraps to an age just short of 2^16 units: the last [`FLOW_SEEN_AHEAD`] units of the range
+/// count as live, never as idle.
 #[inline(always)]
 pub const fn flow_seen_idle(stamp: u16, now_ns: u64, idle_ns: u64) -> bool {
     let age = flow_seen_stamp(now_ns).wrapping_sub(stamp) as u64;
-    age > (idle_ns >> FLOW_SEEN_SHIFT) + 2
+    age > (idle_ns >> FLOW_SEEN_SHIFT) + 2 && age < (1 << 16) - FLOW_SEEN_AHEAD
 }
+
+/// How many units a `FLOW_SEEN` stamp may be ahead of the clock it is compared with and still
+/// count as live ([`flow_seen_idle`]): far more than a race between CPUs or a coarse clock's
+/// lag (a tick, milliseconds) can put it ahead.
+pub const FLOW_SEEN_AHEAD: u64 = 4;

@@ -192,6 +192,19 @@ fn a_seen_entry_is_idle_only_past_the_flows_lifetime_and_its_margin() {
     assert!(flow_seen_idle(stamp, t + idle + 4 * unit, idle));
     // A stamp written a unit late (a race of two CPUs) stays not idle as long.
     assert!(!flow_seen_idle(stamp.wrapping_add(1), t + idle, idle));
+    // A stamp ahead of the clock it is compared with (another CPU's later clock read, or a
+    // coarse clock a tick behind): live, not idle.
+    assert!(!flow_seen_idle(stamp.wrapping_add(1), t, idle));
+    assert!(!flow_seen_idle(
+        stamp.wrapping_add(FLOW_SEEN_AHEAD as u16),
+        t,
+        idle
+    ));
+    assert!(flow_seen_idle(
+        stamp.wrapping_add(FLOW_SEEN_AHEAD as u16 + 1),
+        t,
+        idle
+    ));
     // Across the 16-bit wrap.
     let late = (1u64 << (16 + FLOW_SEEN_SHIFT)) - unit;
     let s = flow_seen_stamp(late);

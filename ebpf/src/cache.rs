@@ -19,9 +19,11 @@
 //! otherwise: TCP with valid flags, UDP, ICMP echo (its type in the key), never fragments or
 //! ICMP errors.
 
-use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_jiffies64, bpf_ktime_get_ns};
+use aya_ebpf::helpers::generated::{
+    bpf_get_smp_processor_id, bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns,
+};
 use aya_ebpf::macros::map;
-use aya_ebpf::maps::Array;
+use aya_ebpf::maps::{Array, PerCpuArray};
 use aya_ebpf::programs::TcContext;
 use peerwall_common::{
     ct, family, flags, fold_key6, verdict_set, CachedVerdict, Config, CpuVerdict4, CpuVerdicts4,
@@ -94,6 +96,35 @@ fn ttl() -> u32 {
     // the product stays far below 2^64; the division truncates, erring short.
     let hz = dj.saturating_sub(1) * 1_000_000 / (dns / 1000);
     (hz.saturating_sub(1) as u32).clamp(TTL_UNCALIBRATED, 10_000)
+}
+
+/// Jiffies a [`ttl`] measured on this CPU is reused for (`TTL_NOW`) before it is measured
+/// again: every lower bound of HZ stays one, so reusing one is never wrong, and measuring
+/// costs two clock reads on the path that caches a verdict, which a flood of denied new flows
+/// takes for every packet. 64 jiffies: a quarter second at most (HZ ≥ 250 on gateways; 0.64 s
+/// at HZ 100), so the measurement still tightens within seconds of a load.
+const TTL_REUSE: u32 = 64;
+
+/// Per CPU: the last [`ttl`] measured on this CPU (0 before the first) and when (jiffies).
+#[map]
+static TTL_NOW: PerCpuArray<[u32; 2]> = PerCpuArray::with_max_entries(1, 0);
+
+/// [`ttl`], measured at most once per [`TTL_REUSE`] jiffies on this CPU, at `now` (jiffies).
+#[inline(always)]
+fn ttl_reused(now: u32) -> u16 {
+    let Some(c) = TTL_NOW.get_ptr_mut(0) else {
+        return ttl() as u16;
+    };
+    // SAFETY: per-CPU slot of a successful lookup; only this CPU's programs use it.
+    unsafe {
+        let [t, at] = *c;
+        if t != 0 && now.wrapping_sub(at) < TTL_REUSE {
+            return t as u16;
+        }
+        let t = ttl();
+        *c = [t, now];
+        t as u16
+    }
 }
 
 /// [`cached_verdict`]'s answer when the packet must be classified.
@@ -242,12 +273,14 @@ pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u
     let looked_up = unsafe {
         let l = (*w).looked_up;
         (*w).looked_up = false;
-        (*w).gen = packet_gen(&(*w).p);
         l
     };
     if looked_up {
+        // `known_flow_v4` noted the generation of the same key.
         return MISS;
     }
+    // SAFETY: as above.
+    unsafe { (*w).gen = packet_gen(&(*w).p) };
     // SAFETY: as above.
     let w = unsafe { &*w };
     match lookup(&w.p) {
@@ -390,15 +423,14 @@ pub(crate) fn known_flow_v4(ctx: &TcContext, l3: usize, iif: u32, epoch: u32, fl
     }
     // A flow conntrack cannot know (its FLOW_SEEN entry idle) has no verdict cached in the
     // shared table either (those are of tracked flows, and live a second): a new flow skips
-    // that lookup, a cold miss under a flood. Skipping it is never wrong, only slower.
+    // that lookup, a cold miss under a flood. Skipping it is never wrong, only slower. The
+    // coarse clock (no clock-source read) is up to a tick behind the one stamps are written
+    // with, which can only make an entry look younger (`flow_seen_idle`): never idle early.
     // SAFETY: no arguments.
     if flags & peerwall_common::flags::FLOW_SEEN != 0
-        && no_live_flow_v4(words, unsafe { bpf_ktime_get_ns() })
+        && no_live_flow_v4(words, unsafe { bpf_ktime_get_coarse_ns() })
     {
-        if let Some(w) = WORK.get_ptr_mut(0) {
-            // SAFETY: per-CPU slot of a successful lookup.
-            unsafe { (*w).looked_up = true };
-        }
+        looked_up(gen, true);
         return MISS;
     }
     // SAFETY: the transmute is between two 16-byte plain-data types.
@@ -418,12 +450,25 @@ pub(crate) fn known_flow_v4(ctx: &TcContext, l3: usize, iif: u32, epoch: u32, fl
         _ => MISS,
     };
     if a == MISS {
-        if let Some(w) = WORK.get_ptr_mut(0) {
-            // SAFETY: per-CPU slot of a successful lookup.
-            unsafe { (*w).looked_up = true };
-        }
+        looked_up(gen, false);
     }
     a
+}
+
+/// Note in `WORK` that [`known_flow_v4`] looked the packet up and found nothing to serve: the
+/// generation `gen` it read for the packet's set (before the packet's conntrack state, as
+/// [`remember`] needs it), and whether its `FLOW_SEEN` entry was idle (`idle`: conntrack then
+/// knows the flow is new without reading the entry again).
+#[inline(always)]
+fn looked_up(gen: u32, idle: bool) {
+    if let Some(w) = WORK.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot of a successful lookup.
+        unsafe {
+            (*w).looked_up = true;
+            (*w).gen = gen;
+            (*w).seen_idle = idle;
+        }
+    }
 }
 
 /// Whether way `e` holds the key whose words are `words`.
@@ -499,11 +544,13 @@ pub(crate) fn remember(action: u8) {
         return;
     };
     let k = flow_key(&w.p);
+    let at = stamp();
+    let ttl = ttl_reused(at);
     let v = CachedVerdict {
         epoch: r.epoch,
         ifindex: r.iif,
-        at: stamp(),
-        ttl: ttl() as u16,
+        at,
+        ttl,
         action,
         counted: sc.steps as u8,
         state: r.state as u8,

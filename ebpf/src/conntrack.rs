@@ -84,13 +84,26 @@ fn unchanged(st: &FlowState, now: u64) -> u32 {
 }
 
 /// Conntrack state of the packet (low byte), with [`CT_NO_WRITE`] when accepting it needs no
-/// conntrack write.
+/// conntrack write. `seen_on`: the `FLOW_SEEN` shortcut is on; `known_idle`: the known-flow
+/// path already found the packet's entry idle (an IPv4 TCP or UDP packet, whose key it read).
 #[inline(never)]
-pub(crate) fn ct_state<S: Source>(s: &S, l3: usize, p: &Pkt, seen_on: bool) -> u32 {
-    let now = unsafe { bpf_ktime_get_ns() };
+pub(crate) fn ct_state<S: Source>(
+    s: &S,
+    l3: usize,
+    p: &Pkt,
+    seen_on: bool,
+    known_idle: bool,
+) -> u32 {
     if p.proto == IPPROTO_TCP && p.has_ports && !tcp_flags_valid(p.tcp_flags) {
         return ct::INVALID;
     }
+    // The known-flow path read this TCP or UDP packet's FLOW_SEEN entry and found it idle:
+    // new, as below, without even a clock read (the first packet of a flood's every flow).
+    if seen_on && known_idle {
+        return new_or_invalid(p, false, ct::NEW | CT_UNKNOWN);
+    }
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
     let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
     if is_icmp && icmp_is_error(p) {
         // Quoted packet: its flow, seen from the quoting side, is the reverse.

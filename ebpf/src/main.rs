@@ -118,7 +118,10 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
         bad => {
             // `known_flow_v4`'s note is for this packet only.
             // SAFETY: as above.
-            unsafe { (*w).looked_up = false };
+            unsafe {
+                (*w).looked_up = false;
+                (*w).seen_idle = false;
+            }
             return if bad == Parse::NotIp {
                 Ok(TC_ACT_OK)
             } else {
@@ -142,10 +145,19 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             return Ok(TC_ACT_SHOT);
         }
     }
+    // `known_flow_v4` found the packet's FLOW_SEEN entry idle (read once, for this packet).
+    // SAFETY: as above.
+    let seen_idle = unsafe { core::mem::take(&mut (*w).seen_idle) };
     let tracked = if diag & flags::DIAG_NO_CT != 0 {
         ct::NEW | CT_NO_WRITE
     } else {
-        ct_state(ctx, l2 & 0xff, p, cfg.flags & flags::FLOW_SEEN != 0)
+        ct_state(
+            ctx,
+            l2 & 0xff,
+            p,
+            cfg.flags & flags::FLOW_SEEN != 0,
+            seen_idle,
+        )
     };
     let state = tracked & 0xff;
     let commit = tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0;
@@ -268,7 +280,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         }
     }
     let (path, oif) = route(ctx, &cfg, p, ifindex);
-    let tracked = ct_state(ctx, l2 & 0xff, p, cfg.flags & flags::FLOW_SEEN != 0);
+    let tracked = ct_state(ctx, l2 & 0xff, p, cfg.flags & flags::FLOW_SEEN != 0, false);
     let r = Route {
         epoch: cfg.active,
         path,

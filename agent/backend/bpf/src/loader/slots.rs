@@ -9,7 +9,8 @@ use peerwall_common::{map, Bitmap, ChainInfo, DimMasks, HookChains, RuleInfo};
 
 use super::entries::{
     addr_entries, chain_entries, ct_entries, hook_entries, host_entries, if_entries, mask_entries,
-    port_entries, proto_entries, rule_entries, sync_array, sync_hash, sync_trie,
+    port_entries, proto_entries, rule_entries, single_port_entries, sync_array, sync_hash,
+    sync_trie,
 };
 use super::BpfError;
 use crate::maps::{BpfPolicy, ChainMaps};
@@ -69,9 +70,10 @@ fn hosts(
     )
 }
 
-/// The per-dimension lookup maps: addresses (prefixes in tries, hosts in the exact-match
-/// hashes the datapath consults first), ports, family+protocol, interfaces, conntrack states.
-pub(super) const LOOKUPS: [SlotMap; 9] = [
+/// The per-dimension lookup maps: addresses and ports (prefixes in tries; hosts and single
+/// ports in the exact-match hashes the datapath consults first), family+protocol, interfaces,
+/// conntrack states.
+pub(super) const LOOKUPS: [SlotMap; 11] = [
     SlotMap {
         prefix: map::SRC,
         sync: |m, name, old, new| prefixes(m, name, old, new, src),
@@ -107,6 +109,28 @@ pub(super) const LOOKUPS: [SlotMap; 9] = [
                 name,
                 old.map(|o| port_entries(o, |c| &c.dport)),
                 port_entries(new, |c| &c.dport),
+            )
+        },
+    },
+    SlotMap {
+        prefix: map::SPORTH,
+        sync: |m, name, old, new| {
+            sync_hash(
+                m,
+                name,
+                old.map(|o| single_port_entries(o, |c| &c.sport)),
+                single_port_entries(new, |c| &c.sport),
+            )
+        },
+    },
+    SlotMap {
+        prefix: map::DPORTH,
+        sync: |m, name, old, new| {
+            sync_hash(
+                m,
+                name,
+                old.map(|o| single_port_entries(o, |c| &c.dport)),
+                single_port_entries(new, |c| &c.dport),
             )
         },
     },
