@@ -24,7 +24,7 @@
 //! packet got, and an IPv4 TCP or UDP packet finds it by reading 12 header bytes straight into
 //! the cache key before anything is parsed (`known_flow_v4`).
 //!
-//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`], [`flow`], [`conntrack`], [`seen`], [`classify`],
+//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`], [`seen`], [`classify`],
 //! [`route`] (with the local-address mirror, [`local`]), [`reject`], [`events`]; the program entries (tc and XDP) are here; [`bare`] is
 //! the benchmark's baseline.
 #![no_std]
@@ -47,6 +47,7 @@ mod parse;
 mod reject;
 mod route;
 mod seen;
+mod ttl;
 mod view;
 use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::macros::{classifier, xdp};
