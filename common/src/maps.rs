@@ -41,12 +41,6 @@ pub mod map {
     pub const SPORT: &str = "SPORT";
     /// Destination port trie (per slot).
     pub const DPORT: &str = "DPORT";
-    /// Source single-port hash (per slot): full-length port prefixes, looked up before
-    /// [`SPORT`].
-    pub const SPORTH: &str = "SPORTH";
-    /// Destination single-port hash (per slot): full-length port prefixes, looked up before
-    /// [`DPORT`].
-    pub const DPORTH: &str = "DPORTH";
     /// Family + protocol hash (per slot).
     pub const PROTO: &str = "PROTO";
     /// Input interface hash (per slot).

@@ -9,9 +9,9 @@ use peerwall_common::{
 };
 
 use crate::maps::{
-    ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DPORTH0, DPORTH1, DST0,
-    DST1, DSTH0, DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, LAST, MASKS0, MASKS1, OIF0, OIF1, PROTO0,
-    PROTO1, RULES0, RULES1, SCRATCH, SPORT0, SPORT1, SPORTH0, SPORTH1, SRC0, SRC1, SRCH0, SRCH1,
+    ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DST0, DST1, DSTH0,
+    DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, LAST, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0,
+    RULES1, SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1,
 };
 use crate::parse::Pkt;
 use crate::route::{Route, PATH_FORWARD};
@@ -113,24 +113,19 @@ pub(crate) fn addr_key(chain: u32, p: &Pkt, addr: &[u8; 16]) -> Key<AddrKeyData>
     )
 }
 
-pub(crate) fn port_data(chain: u32, port: u16) -> PortKeyData {
-    PortKeyData {
-        chain: chain.to_be_bytes(),
-        port: port.to_be_bytes(),
-        _pad: [0; 2],
-    }
-}
-
 pub(crate) fn port_key(chain: u32, port: u16) -> Key<PortKeyData> {
     Key::new(
         peerwall_common::PORT_KEY_FIXED_BITS + 16,
-        port_data(chain, port),
+        PortKeyData {
+            chain: chain.to_be_bytes(),
+            port: port.to_be_bytes(),
+            _pad: [0; 2],
+        },
     )
 }
 
 macro_rules! slot_eval {
-    ($name:ident, $src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident,
-     $sporth:ident, $dporth:ident, $proto:ident, $iif:ident,
+    ($name:ident, $src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident,
      $oif:ident, $ct:ident, $masks:ident, $chains:ident, $rules:ident, $counters:ident) => {
         /// Run one chain over the first `NW` bitmap words; the outcome goes to `SCRATCH`
         /// (action, deciding rule or NO_RULE). One function per word count, each with its body
@@ -279,9 +274,7 @@ macro_rules! slot_eval {
                         if cons & constrained::SPORT != 0
                             && !step_masked::<NW>(
                                 acc,
-                                // SAFETY: read-only lookup of plain data.
-                                unsafe { $sporth.get(&port_data(chain, q.p.sport)) }
-                                    .or_else(|| $sport.get(port_key(chain, q.p.sport))),
+                                $sport.get(port_key(chain, q.p.sport)),
                                 $masks.get(chain * 4 + dim::SPORT),
                             )
                         {
@@ -290,9 +283,7 @@ macro_rules! slot_eval {
                         if cons & constrained::DPORT != 0
                             && !step_masked::<NW>(
                                 acc,
-                                // SAFETY: read-only lookup of plain data.
-                                unsafe { $dporth.get(&port_data(chain, q.p.dport)) }
-                                    .or_else(|| $dport.get(port_key(chain, q.p.dport))),
+                                $dport.get(port_key(chain, q.p.dport)),
                                 $masks.get(chain * 4 + dim::DPORT),
                             )
                         {
@@ -334,12 +325,12 @@ macro_rules! slot_eval {
 }
 
 slot_eval!(
-    eval0, SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, SPORTH0, DPORTH0, PROTO0, IIF0, OIF0, CT0,
-    MASKS0, CHAINS0, RULES0, COUNTERS0
+    eval0, SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0,
+    RULES0, COUNTERS0
 );
 slot_eval!(
-    eval1, SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, SPORTH1, DPORTH1, PROTO1, IIF1, OIF1, CT1,
-    MASKS1, CHAINS1, RULES1, COUNTERS1
+    eval1, SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1,
+    RULES1, COUNTERS1
 );
 
 /// Record the outcome of the packet in `LAST` (what `peerwall verdict --engine bpf` reads).

@@ -26,8 +26,7 @@ pub(crate) use peerwall_common::FLOW_IDLE_NS;
 pub(crate) const NO_PREALLOC: u32 = 1;
 
 macro_rules! slot_maps {
-    ($src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $sporth:ident, $dporth:ident,
-     $proto:ident, $iif:ident, $oif:ident,
+    ($src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident, $oif:ident,
      $ct:ident, $masks:ident, $chains:ident, $rules:ident, $hooks:ident, $counters:ident) => {
         #[map]
         pub(crate) static $src: LpmTrie<AddrKeyData, Bitmap> = LpmTrie::pinned(TRIE_MAX, 0);
@@ -45,14 +44,6 @@ macro_rules! slot_maps {
         pub(crate) static $sport: LpmTrie<PortKeyData, Bitmap> = LpmTrie::pinned(PORT_TRIE_MAX, 0);
         #[map]
         pub(crate) static $dport: LpmTrie<PortKeyData, Bitmap> = LpmTrie::pinned(PORT_TRIE_MAX, 0);
-        // Single ports (/16 port prefixes, what almost every rule and NetworkPolicy names)
-        // likewise, in hashes consulted first; the tries keep only ranges' prefixes.
-        #[map]
-        pub(crate) static $sporth: HashMap<PortKeyData, Bitmap> =
-            HashMap::pinned(PORT_TRIE_MAX, NO_PREALLOC);
-        #[map]
-        pub(crate) static $dporth: HashMap<PortKeyData, Bitmap> =
-            HashMap::pinned(PORT_TRIE_MAX, NO_PREALLOC);
         #[map]
         pub(crate) static $proto: HashMap<ProtoKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
         #[map]
@@ -84,12 +75,12 @@ pub(crate) static VIEW0: LpmTrie<AddrKeyData, ViewTarget> = LpmTrie::pinned(VIEW
 pub(crate) static VIEW1: LpmTrie<AddrKeyData, ViewTarget> = LpmTrie::pinned(VIEW_MAX, 0);
 
 slot_maps!(
-    SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, SPORTH0, DPORTH0, PROTO0, IIF0, OIF0, CT0, MASKS0,
-    CHAINS0, RULES0, HOOKS0, COUNTERS0
+    SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0, RULES0,
+    HOOKS0, COUNTERS0
 );
 slot_maps!(
-    SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, SPORTH1, DPORTH1, PROTO1, IIF1, OIF1, CT1, MASKS1,
-    CHAINS1, RULES1, HOOKS1, COUNTERS1
+    SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1, RULES1,
+    HOOKS1, COUNTERS1
 );
 
 #[map]

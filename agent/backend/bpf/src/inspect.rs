@@ -132,14 +132,10 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
             BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
         entries.push((n, m.keys().count()));
     }
-    for (name, single) in [(map::SPORT, map::SPORTH), (map::DPORT, map::DPORTH)] {
+    for name in [map::SPORT, map::DPORT] {
         let n = format!("{name}{s}");
         let m: LpmTrie<MapData, PortKeyData, Bitmap> =
             LpmTrie::try_from(Map::LpmTrie(open(pin_dir, &n)?)).map_err(map_err(&n))?;
-        entries.push((n, m.keys().count()));
-        let n = format!("{single}{s}");
-        let m: BpfHashMap<MapData, PortKeyData, Bitmap> =
-            BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
         entries.push((n, m.keys().count()));
     }
     let n = format!("{}{s}", map::PROTO);

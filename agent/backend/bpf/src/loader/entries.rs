@@ -138,8 +138,6 @@ pub(super) fn host_entries(
         .collect()
 }
 
-/// Trie entries of a port dimension: the prefixes of ranges (single ports are in the
-/// exact-match map, [`single_port_entries`]).
 pub(super) fn port_entries(
     p: &BpfPolicy,
     f: fn(&ChainMaps) -> &Vec<(u16, u8, Bitmap)>,
@@ -147,32 +145,10 @@ pub(super) fn port_entries(
     p.chains
         .iter()
         .flat_map(|c| {
-            f(c).iter()
-                .filter(|(_, l, _)| *l < 16)
-                .map(move |(port, l, b)| {
-                    let k = port_key(c.id, *port, *l);
-                    (bytes_of(&k), (k, *b))
-                })
-        })
-        .collect()
-}
-
-/// Exact-match entries of a port dimension: its single ports (/16 prefixes). A single port's
-/// bitmap already carries the rules of every range holding it, so "single-port map, else
-/// trie" is the trie's answer, as for hosts.
-pub(super) fn single_port_entries(
-    p: &BpfPolicy,
-    f: fn(&ChainMaps) -> &Vec<(u16, u8, Bitmap)>,
-) -> HashMap<KeyBytes, (PortKeyData, Bitmap)> {
-    p.chains
-        .iter()
-        .flat_map(|c| {
-            f(c).iter()
-                .filter(|(_, l, _)| *l == 16)
-                .map(move |(port, l, b)| {
-                    let k = port_key(c.id, *port, *l).data();
-                    (bytes_of(&k), (k, *b))
-                })
+            f(c).iter().map(move |(port, l, b)| {
+                let k = port_key(c.id, *port, *l);
+                (bytes_of(&k), (k, *b))
+            })
         })
         .collect()
 }

@@ -9,8 +9,7 @@ use peerwall_common::{map, Bitmap, ChainInfo, DimMasks, HookChains, RuleInfo};
 
 use super::entries::{
     addr_entries, chain_entries, ct_entries, hook_entries, host_entries, if_entries, mask_entries,
-    port_entries, proto_entries, rule_entries, single_port_entries, sync_array, sync_hash,
-    sync_trie,
+    port_entries, proto_entries, rule_entries, sync_array, sync_hash, sync_trie,
 };
 use super::BpfError;
 use crate::maps::{BpfPolicy, ChainMaps};
@@ -70,10 +69,9 @@ fn hosts(
     )
 }
 
-/// The per-dimension lookup maps: addresses and ports (prefixes in tries; hosts and single
-/// ports in the exact-match hashes the datapath consults first), family+protocol, interfaces,
-/// conntrack states.
-pub(super) const LOOKUPS: [SlotMap; 11] = [
+/// The per-dimension lookup maps: addresses (prefixes in tries, hosts in the exact-match
+/// hashes the datapath consults first), ports, family+protocol, interfaces, conntrack states.
+pub(super) const LOOKUPS: [SlotMap; 9] = [
     SlotMap {
         prefix: map::SRC,
         sync: |m, name, old, new| prefixes(m, name, old, new, src),
@@ -109,28 +107,6 @@ pub(super) const LOOKUPS: [SlotMap; 11] = [
                 name,
                 old.map(|o| port_entries(o, |c| &c.dport)),
                 port_entries(new, |c| &c.dport),
-            )
-        },
-    },
-    SlotMap {
-        prefix: map::SPORTH,
-        sync: |m, name, old, new| {
-            sync_hash(
-                m,
-                name,
-                old.map(|o| single_port_entries(o, |c| &c.sport)),
-                single_port_entries(new, |c| &c.sport),
-            )
-        },
-    },
-    SlotMap {
-        prefix: map::DPORTH,
-        sync: |m, name, old, new| {
-            sync_hash(
-                m,
-                name,
-                old.map(|o| single_port_entries(o, |c| &c.dport)),
-                single_port_entries(new, |c| &c.dport),
             )
         },
     },
