@@ -420,11 +420,10 @@ fn promote(
     } else {
         return;
     };
-    s.ways[i] = CpuVerdict4 {
-        key: *k,
-        v: *v,
-        _pad: [0; 12],
-    };
+    // Key and verdict only: the way's padding is zero in map memory and never written (as a
+    // whole struct, the way would be built on the stack with a byte-wise `memset` of it).
+    s.ways[i].key = *k;
+    s.ways[i].v = *v;
 }
 
 /// Cache `action`, which `classify` just gave `WORK`'s packet, when the packet and the path

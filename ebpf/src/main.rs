@@ -25,7 +25,7 @@
 //! the cache key before anything is parsed (`known_flow_v4`).
 //!
 //! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`], [`seen`], [`classify`],
-//! [`route`] (with the local-address mirror, [`local`]), [`reject`], [`events`]; the program entries (tc and XDP) are here; [`bare`] is
+//! [`route`] (with the local-address mirror, [`local`]), [`reject`], [`events`], [`mem`] (zeroing a word at a time); the program entries (tc and XDP) are here; [`bare`] is
 //! the benchmark's baseline.
 #![no_std]
 // BPF inline assembly: the known-flow path's unaligned 32-bit packet loads (`cache.rs`).
@@ -43,6 +43,7 @@ mod events;
 mod flow;
 mod local;
 mod maps;
+mod mem;
 mod parse;
 mod reject;
 mod route;

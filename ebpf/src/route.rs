@@ -11,6 +11,7 @@ use aya_ebpf::EbpfContext;
 use peerwall_common::{family, flags, Config};
 
 use crate::local::{local_destination, IS_LOCAL, NOT_LOCAL};
+use crate::mem::zero;
 use crate::parse::Pkt;
 
 /// Kernel layout of `struct bpf_fib_lookup` (64 bytes), unions flattened.
@@ -82,25 +83,25 @@ pub(crate) fn route<C: EbpfContext>(ctx: &C, cfg: &Config, p: &Pkt, iif: u32) ->
 /// [`route`] by the kernel's FIB.
 #[inline(never)]
 fn fib_route<C: EbpfContext>(ctx: &C, p: &Pkt, iif: u32) -> (u32, u32) {
-    let mut f = FibParams {
-        family: if p.family == family::V4 {
-            AF_INET
-        } else {
-            AF_INET6
-        },
-        l4_protocol: p.proto,
-        sport: p.sport.to_be(),
-        dport: p.dport.to_be(),
-        tot_len: 0,
-        ifindex: iif,
-        flowinfo: 0,
-        src: p.src,
-        dst: p.dst,
-        vlan_proto: 0,
-        vlan_tci: 0,
-        smac: [0; 6],
-        dmac: [0; 6],
+    // Zeroed a word at a time, then the fields the lookup reads (as one struct literal, its
+    // MAC addresses would be zeroed by a byte-wise `memset`: `mem.rs`).
+    let mut f = core::mem::MaybeUninit::<FibParams>::uninit();
+    // SAFETY: a stack slot of the right size and alignment; all-zero is a valid `FibParams`.
+    let mut f = unsafe {
+        zero(f.as_mut_ptr());
+        f.assume_init()
     };
+    f.family = if p.family == family::V4 {
+        AF_INET
+    } else {
+        AF_INET6
+    };
+    f.l4_protocol = p.proto;
+    f.sport = p.sport.to_be();
+    f.dport = p.dport.to_be();
+    f.ifindex = iif;
+    f.src = p.src;
+    f.dst = p.dst;
     // SAFETY: `f` has the kernel's layout and size; the context pointer is the program's own.
     let rc = unsafe {
         bpf_fib_lookup(
