@@ -49,6 +49,19 @@ pub(crate) struct Query {
 /// (inlined side by side, their frames added up past the 512 bytes XDP's call chain has).
 pub(crate) const ONE_WORD_RULES: u32 = 64;
 
+/// `to = *from`, all 16 words, volatile: as an assignment LLVM calls the linked `memmove`,
+/// which copies a byte per iteration (128 for a bitmap, on every chain of more than 64 rules),
+/// and inlined as plain words it spills them to a stack frame the call chain has no room for.
+#[inline(never)]
+fn copy_bitmap(to: &mut Bitmap, from: &Bitmap) {
+    let mut i = 0;
+    while i < WORDS {
+        // SAFETY: both in bounds, of valid memory (references).
+        unsafe { core::ptr::write_volatile(&mut to.w[i], core::ptr::read_volatile(&from.w[i])) };
+        i += 1;
+    }
+}
+
 /// acc &= b over the first `NW` words; whether any bit is left. A missing bitmap allows no
 /// rule.
 #[inline(always)]
@@ -211,7 +224,7 @@ macro_rules! slot_eval {
                 // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
                 let acc = unsafe { &mut *accp };
                 if NW == WORDS {
-                    acc.w = first.w;
+                    copy_bitmap(acc, first);
                 } else {
                     let mut i = 0;
                     while i < NW {
