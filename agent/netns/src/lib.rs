@@ -28,6 +28,16 @@ pub enum NetnsError {
         /// Its stderr.
         stderr: String,
     },
+    /// An address was added but the kernel did not install its local route in time.
+    #[error("{address} on {dev}: no local route after {waited_ms} ms")]
+    NotLocal {
+        /// Address with prefix length.
+        address: String,
+        /// Device.
+        dev: String,
+        /// How long we waited.
+        waited_ms: u128,
+    },
     /// Entering the namespace failed.
     #[error("entering network namespace {name}: {source}")]
     Enter {
@@ -93,6 +103,36 @@ impl NetNs {
         let mut full = vec!["-n", self.name.as_str()];
         full.extend_from_slice(args);
         run("ip", &full)
+    }
+
+    /// Add `address` (with its prefix length) to `dev` without duplicate address detection,
+    /// and return once packets to it are delivered locally.
+    ///
+    /// For IPv6 the kernel inserts an address's local route from its addrconf workqueue, even
+    /// with `nodad`: `ip addr add` returns before it, and a packet sent in that window is
+    /// routed as if the address did not exist. IPv4 inserts it within the request.
+    pub fn add_local_address(&self, address: &str, dev: &str) -> Result<(), NetnsError> {
+        const PATIENCE: std::time::Duration = std::time::Duration::from_secs(5);
+        if !address.contains(':') {
+            return self.ip(&["addr", "add", address, "dev", dev]).map(|_| ());
+        }
+        self.ip(&["addr", "add", address, "dev", dev, "nodad"])?;
+        let host = address.split('/').next().unwrap_or(address);
+        let started = std::time::Instant::now();
+        loop {
+            let out = self.ip(&["-6", "route", "show", "table", "local", host, "dev", dev])?;
+            if !out.stdout.iter().all(u8::is_ascii_whitespace) {
+                return Ok(());
+            }
+            if started.elapsed() > PATIENCE {
+                return Err(NetnsError::NotLocal {
+                    address: address.to_string(),
+                    dev: dev.to_string(),
+                    waited_ms: started.elapsed().as_millis(),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
     }
 
     /// `ip netns exec NAME PROGRAM ARGS...`.

@@ -327,8 +327,7 @@ impl NftProbe {
                 ])?;
             }
             _ => {
-                self.gw
-                    .ip(&["addr", "add", &local_prefix, "dev", "lo", "nodad"])?;
+                self.gw.add_local_address(&local_prefix, "lo")?;
             }
         }
         self.gw.ip(&["route", "replace", &s, "dev", &iif])?;

@@ -87,7 +87,7 @@ impl NftProbe {
         }
         outside.sysctl("net.ipv6.conf.default.addr_gen_mode", "1")?;
         gw.ip(&["addr", "add", &format!("{GW_V4}/32"), "dev", "lo"])?;
-        gw.ip(&["addr", "add", &format!("{GW_V6}/128"), "dev", "lo", "nodad"])?;
+        gw.add_local_address(&format!("{GW_V6}/128"), "lo")?;
         let mut names: Vec<String> = ifnames.to_vec();
         names.sort();
         names.dedup();
