@@ -351,15 +351,16 @@ impl Engine {
         };
         // A change that only lets more through (a pod offloaded) ends nothing: the
         // connections are not listed.
-        if crate::revoke::only_widened(&before, policy) {
+        let Some(why) = crate::revoke::narrowing(&before, policy) else {
             return;
-        }
+        };
         let started = Instant::now();
         let result = self.backend.flows().and_then(|flows| {
             let gone = crate::revoke::no_longer_allowed(&before, policy, &flows);
             tracing::debug!(
                 tracked = flows.len(),
                 ending = gone.len(),
+                %why,
                 "judging tracked connections after a policy change"
             );
             self.backend.end_flows(&gone).map(|n| (flows.len(), n))
@@ -435,12 +436,15 @@ impl Engine {
             return Ok(());
         }
         let policy = self.with_boot_tables(self.as_enforced(policy));
+        let backend_started = Instant::now();
         let result = self.backend.update_sets(&policy, changes);
+        let backend_secs = backend_started.elapsed().as_secs_f64();
         let (generation, secs, summary) = self.record(result, started, true)?;
         tracing::debug!(
             generation,
             sets = changes.len(),
             apply_ms = secs * 1e3,
+            backend_ms = backend_secs * 1e3,
             %summary,
             "set elements updated"
         );

@@ -7,7 +7,8 @@
 //! - **after**: that apply → the first probe packet at the pod (0 when the packet came before
 //!   the log line).
 //!
-//! For the slowest samples, also what the agent logged meanwhile (status writes, drift
+//! For the slowest samples, also what the agent logged meanwhile (until the first packet, or
+//! the apply's line when it came later) (status writes, drift
 //! checks, other applies): what held the sample back.
 
 use std::net::Ipv4Addr;
@@ -89,6 +90,8 @@ pub struct Split {
     pub controller: Option<Duration>,
     pub agent: Option<Duration>,
     pub after: Option<Duration>,
+    /// When the apply that put it in force ended (its log line).
+    pub applied: Option<Instant>,
 }
 
 impl Split {
@@ -119,6 +122,7 @@ pub fn split(s: Sample, slices: &[SliceSeen], log: &[LogLine]) -> Split {
             .zip(applied)
             .map(|(x, a)| a.saturating_duration_since(x)),
         after: applied.map(|a| s.first.saturating_duration_since(a)),
+        applied,
     }
 }
 
@@ -135,7 +139,11 @@ pub fn slowest(splits: &[Split], log: &[LogLine], n: usize) -> Vec<String> {
         .map(|s| {
             let during: Vec<String> = log
                 .iter()
-                .filter(|l| l.at >= s.sample.t0 && l.at <= s.sample.first)
+                // Up to the first packet, or to the apply's line when that came after it.
+                .filter(|l| {
+                    l.at >= s.sample.t0
+                        && l.at <= s.applied.map_or(s.sample.first, |a| a.max(s.sample.first))
+                })
                 .map(|l| {
                     format!(
                         "+{:.1} ms {} {}",

@@ -17,8 +17,11 @@ impl<R: Runner> NftBackend<R> {
         changes: &[ir::SetChange],
     ) -> Result<ApplyReport, NftError> {
         self.last_change = Some(std::time::Instant::now());
+        // One transaction writes every deletion before every addition: each set's edits
+        // composed first, or a later edit deletes a range only an earlier one adds.
+        let changes = ir::compose(changes);
         let mut edits = Vec::new();
-        for c in changes {
+        for c in &changes {
             let Some(contents) = policy.addr_set(&c.table, &c.set) else {
                 return self.apply(policy);
             };

@@ -17,7 +17,7 @@ pub use addr::{AddrRange, AddrSet, IpFamily, PortSet, RangeEdit};
 pub use eval::{
     evaluate, evaluate_at_ingress, AuditHit, CtState, Packet, PacketPath, Verdict, VerdictAction,
 };
-pub use sets::{SetChange, SetEditError, SetOp};
+pub use sets::{compose, SetChange, SetEditError, SetOp};
 
 /// The whole compiled policy of a host.
 #[derive(Clone, Debug, Default, PartialEq, Hash)]

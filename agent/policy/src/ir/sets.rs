@@ -31,6 +31,28 @@ pub struct SetChange {
     pub edit: RangeEdit,
 }
 
+/// `changes` as one change per set, in the order each set first appears: the edits of one
+/// set composed in sequence ([`RangeEdit::then`]). Each change of a batch is relative to the
+/// set as the one before it left it (one per slice a round saw move), so a backend that writes
+/// all deletions before all additions (one kernel transaction) must take them composed: the
+/// second of two edits of one range deletes a range the first only adds. Sets whose edits
+/// cancel out are left out.
+pub fn compose(changes: &[SetChange]) -> Vec<SetChange> {
+    let mut out: Vec<SetChange> = Vec::new();
+    for c in changes {
+        let same = |o: &&mut SetChange| {
+            (&o.table, o.family, &o.set, o.addr_family)
+                == (&c.table, c.family, &c.set, c.addr_family)
+        };
+        match out.iter_mut().find(same) {
+            Some(o) => o.edit.then(c.edit.clone()),
+            None => out.push(c.clone()),
+        }
+    }
+    out.retain(|c| !c.edit.is_empty());
+    out
+}
+
 /// Why a set could not be edited (nothing changed).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SetEditError {
@@ -181,6 +203,41 @@ impl Policy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn changes_of_one_set_compose_in_order() {
+        let r = |lo: u128, hi: u128| AddrRange { lo, hi };
+        let mut set = AddrSet::from_ranges(IpFamily::V4, [r(0, 9)]);
+        let change = |set: &str, edit| SetChange {
+            table: "t".into(),
+            family: TableFamily::Inet,
+            set: set.into(),
+            addr_family: IpFamily::V4,
+            edit,
+        };
+        // Two pods appended to one block, a third leaving it, each a change of its own.
+        let first = set.insert_range(r(10, 10));
+        let other = change("other", AddrSet::empty(IpFamily::V4).insert_range(r(7, 7)));
+        let second = set.insert_range(r(11, 11));
+        let third = set.remove_range(r(4, 4));
+        let composed = compose(&[
+            change("pods", first),
+            other.clone(),
+            change("pods", second),
+            change("pods", third),
+        ]);
+        // One change for the block: [0-9] replaced by [0-3] and [5-11]; never a deletion of
+        // [0-10] or [0-11], which only the changes themselves add.
+        let mut want = RangeEdit::default();
+        want.removed.insert(r(0, 9));
+        want.added.extend([r(0, 3), r(5, 11)]);
+        assert_eq!(composed, vec![change("pods", want), other]);
+        assert_eq!(set.ranges(), &[r(0, 3), r(5, 11)]);
+        // An address that comes and goes within the batch changes nothing.
+        let came = set.insert_range(r(20, 20));
+        let went = set.remove_range(r(20, 20));
+        assert!(compose(&[change("pods", came), change("pods", went)]).is_empty());
+    }
     use crate::compile;
     use crate::ir::eval::{evaluate, proto, CtState, Packet};
 
