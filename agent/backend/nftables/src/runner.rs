@@ -41,18 +41,31 @@ pub trait Runner: Send + std::fmt::Debug {
 #[derive(Clone, Debug, Default)]
 pub struct Nft {
     netns: Option<String>,
+    /// The netlink socket of element edits, kept open between them.
+    netlink: NetlinkSession,
+}
+
+/// A [`crate::netlink::Session`] a `&self` runner can use; a clone starts without a socket.
+#[derive(Debug, Default)]
+struct NetlinkSession(std::sync::Mutex<Option<crate::netlink::Session>>);
+
+impl Clone for NetlinkSession {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
 }
 
 impl Nft {
     /// `nft` in the current network namespace.
     pub fn host() -> Self {
-        Self { netns: None }
+        Self::default()
     }
 
     /// `nft` in the named network namespace (`ip netns exec`).
     pub fn in_netns(name: &str) -> Self {
         Self {
             netns: Some(name.to_string()),
+            netlink: NetlinkSession::default(),
         }
     }
 
@@ -117,7 +130,17 @@ impl Runner for Nft {
     /// through `nft -j -f`.
     fn transaction(&self, cmds: &[Command<'_>]) -> Result<(), NftError> {
         if let Some(edits) = crate::netlink::element_edits(cmds) {
-            match crate::netlink::apply(self.netns.as_deref(), &edits) {
+            let applied = {
+                let mut session = self
+                    .netlink
+                    .0
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                session
+                    .get_or_insert_with(|| crate::netlink::Session::new(self.netns.as_deref()))
+                    .apply(&edits)
+            };
+            match applied {
                 Ok(()) => return Ok(()),
                 // `nft` is the authority on what the kernel takes: a batch refused here goes
                 // to it (the kernel applied none of it), and is counted.

@@ -107,10 +107,14 @@ impl Socket {
             let got = answers(&buf[..n as usize])
                 .ok_or_else(|| std::io::Error::other("netlink answer cut short"))?;
             for Answer { seq, error } in got {
+                // Only this batch's answers count (a kept socket may hold none other, but a
+                // stray one must not fail or complete this batch).
+                if !waiting.remove(&seq) {
+                    continue;
+                }
                 if error != 0 {
                     return Err(std::io::Error::from_raw_os_error(-error));
                 }
-                waiting.remove(&seq);
             }
         }
         Ok(())
