@@ -22,7 +22,9 @@ mod doc;
 
 mod agent;
 mod cluster;
+mod floor;
 mod probe;
+mod report;
 mod trace;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -133,6 +135,8 @@ struct Row {
     dir_one_pod: Vec<Duration>,
     /// Medians of the one-pod samples' parts: controller, agent, after ([`trace`]).
     parts: [Option<Duration>; 3],
+    /// The API server's floor beside the samples: a write seen by a watch ([`floor`]).
+    floor: Vec<Duration>,
     /// The slowest one-pod samples, split, with the agent's log meanwhile.
     slowest: Vec<String>,
     one_pod: Vec<Duration>,
@@ -194,6 +198,9 @@ async fn measure(
     let log = Arc::new(Mutex::new(Vec::new()));
     let watch = watch_slices(rt_client, log.clone());
     tokio::time::sleep(Duration::from_secs(1)).await;
+    // After the agent's first conditions and the controller's reaction to them have settled,
+    // as for the samples that follow.
+    let floor = floor::write_seen(rt_client, 20).await;
     // One pod at a time.
     let samples = env_usize("PEERWALL_BENCH_SAMPLES", 40);
     let mut one_pod = Vec::new();
@@ -291,9 +298,14 @@ async fn measure(
     drop(again);
     // Pins and their slot metadata under /run (a plain remove_dir_all leaves the latter).
     let _ = peerwall_backend_select::installed::forget_pins(std::path::Path::new(&pins));
+    println!(
+        "{backend}: the API server's floor, a write seen by a watch: p50 {} ms",
+        ms(percentile(&floor, 0.5))
+    );
     Row {
         backend,
         dir_one_pod: Vec::new(),
+        floor,
         parts: [
             trace::median_of(&splits, |s| s.controller),
             trace::median_of(&splits, |s| s.agent),
@@ -469,7 +481,7 @@ fn main() {
         }
         let controller_rss = controller.peak_rss_mib();
         drop(controller);
-        report(
+        report::report(
             pods,
             controller_sync,
             controller_rss,
@@ -477,148 +489,4 @@ fn main() {
             backends.len() == 2,
         );
     });
-}
-
-fn verdict(ok: bool) -> &'static str {
-    if ok {
-        "meets"
-    } else {
-        "misses"
-    }
-}
-
-fn report(pods: u32, controller_sync: Duration, controller_rss: f64, rows: &[Row], write: bool) {
-    let mut md = String::new();
-    md.push_str(&format!(
-        "## Control plane at scale (`cargo xtask bench-control`)\n\n\
-         Real etcd + kube-apiserver v1.20 on loopback, {pods} offloaded pods of one peer, \
-         `peerwall controller` publishing them as AddressSet slices (1000 addresses each), one \
-         agent (`--source kube --netns`) enforcing the peer's gateway configuration; UDP probe \
-         streams through the gateway, stamped at the receiver. Controller: all {pods} addresses \
-         published {:.2} s after start; peak RSS {:.0} MiB.\n\n",
-        controller_sync.as_secs_f64(),
-        controller_rss
-    ));
-    md.push_str("| | target | ");
-    for r in rows {
-        md.push_str(&format!("{} | ", r.backend));
-    }
-    md.push_str("\n|---|---|");
-    for _ in rows {
-        md.push_str("---|");
-    }
-    md.push('\n');
-    let line = |md: &mut String, what: &str, target: &str, f: &dyn Fn(&Row) -> String| {
-        md.push_str(&format!("| {what} | {target} | "));
-        for r in rows {
-            md.push_str(&format!("{} | ", f(r)));
-        }
-        md.push('\n');
-    };
-    line(
-        &mut md,
-        "one pod → first packet, p50 (ms)",
-        "≤ 10",
-        &|r| {
-            let v = percentile(&r.one_pod, 0.5);
-            format!("{} ({})", ms(v), verdict(v <= Duration::from_millis(10)))
-        },
-    );
-    line(
-        &mut md,
-        "one pod → first packet, p99 (ms)",
-        "≤ 50",
-        &|r| {
-            let v = percentile(&r.one_pod, 0.99);
-            format!("{} ({})", ms(v), verdict(v <= Duration::from_millis(50)))
-        },
-    );
-    line(
-        &mut md,
-        "one pod, medians of its parts: controller / agent / after the apply (ms)",
-        "",
-        &|r| {
-            let part = |d: Option<Duration>| d.map_or("–".to_string(), ms);
-            format!(
-                "{} / {} / {}",
-                part(r.parts[0]),
-                part(r.parts[1]),
-                part(r.parts[2])
-            )
-        },
-    );
-    line(
-        &mut md,
-        "one pod → first packet, directory source, p50 / p99 (ms)",
-        "p50 ≤ 5",
-        &|r| {
-            let v = percentile(&r.dir_one_pod, 0.5);
-            format!(
-                "{} / {} ({})",
-                ms(v),
-                ms(percentile(&r.dir_one_pod, 0.99)),
-                verdict(v <= Duration::from_millis(5))
-            )
-        },
-    );
-    line(
-        &mut md,
-        "churn 1000 pods/10 s: new pod p50 / p99 (ms)",
-        "all enforced",
-        &|r| {
-            format!(
-                "{} / {}, {} of 500 never reached",
-                ms(percentile(&r.churn_adds, 0.5)),
-                ms(percentile(&r.churn_adds, 0.99)),
-                r.churn_missing
-            )
-        },
-    );
-    line(
-        &mut md,
-        "churn: deleted pods reached after their removal was reported applied",
-        "0",
-        &|r| {
-            format!(
-                "{} (of {} removals whose report the watch saw, {} deleted)",
-                r.violations, r.removals_checked, r.removals
-            )
-        },
-    );
-    line(
-        &mut md,
-        "agent restart → full sync in force (ms)",
-        "≤ 1000",
-        &|r| {
-            format!(
-                "{} ({})",
-                ms(r.restart),
-                verdict(r.restart <= Duration::from_secs(1))
-            )
-        },
-    );
-    line(&mut md, "agent first start → in force (ms)", "", &|r| {
-        ms(r.first_sync)
-    });
-    line(&mut md, "agent peak RSS (MiB)", "≤ 100", &|r| {
-        format!("{:.0} ({})", r.agent_rss, verdict(r.agent_rss <= 100.0))
-    });
-    md.push_str(
-        "\nThe slowest one-pod samples, split where the bench can see (controller: status written → \
-         the slice holding the address seen by a watch; agent: → the end of the apply that put it \
-         in force, from the agent's JSON log; after: → the first packet), with what the agent \
-         logged meanwhile:\n\n",
-    );
-    for r in rows {
-        for s in &r.slowest {
-            md.push_str(&format!("- {}: {s}\n", r.backend));
-        }
-    }
-    print!("\n{md}");
-    if write {
-        let p = doc::write_section("control", md.trim_end()).expect("write docs/bench.md");
-        println!("wrote {}", p.display());
-    } else {
-        println!("(one backend only: docs/bench.md not rewritten)");
-    }
 }
