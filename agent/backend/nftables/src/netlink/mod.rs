@@ -131,7 +131,6 @@ pub(crate) fn fell_back(e: &NftError) {
 /// the transaction destroy work), 3 to 15 ms on a busy gateway per pod offloaded. The socket
 /// stays in the namespace it was opened in (`netns`, or the opening thread's); after any
 /// failure it is closed, so no answer of a failed batch is read as one of the next.
-#[derive(Default)]
 pub struct Session {
     netns: Option<String>,
     sock: Option<socket::Socket>,
@@ -184,12 +183,6 @@ impl Session {
         self.sock = Some(sock);
         Ok(())
     }
-}
-
-/// Apply `edits` as one kernel transaction in `netns` (None: this thread's namespace), on a
-/// socket of its own.
-pub fn apply(netns: Option<&str>, edits: &[message::ElementEdit<'_>]) -> Result<(), NftError> {
-    Session::new(netns).apply(edits)
 }
 
 #[cfg(test)]
