@@ -126,6 +126,20 @@ fn audit_then_enforce(backend: &str) {
         .status
         .success()
     });
+    if backend == "nftables" {
+        // The agent's NFLOG instance flushes within 10 ms (the kernel's own table: group,
+        // port, queue, copy mode, copy range, flush timeout in 1/100 s, users), not after the
+        // kernel's default second, which made every event of light traffic a second late.
+        let o = in_ns(&t.gateway, "cat", &["/proc/net/netfilter/nfnetlink_log"]);
+        let table = String::from_utf8_lossy(&o.stdout).to_string();
+        let ours: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .filter(|f: &Vec<&str>| f.first() == Some(&"6120"))
+            .collect();
+        assert_eq!(ours.len(), 1, "{table}");
+        assert_eq!((ours[0][4], ours[0][5]), ("128", "1"), "{table}");
+    }
 
     // Audited: the packets the block would drop pass, and each flow shows as a would-drop of
     // drop_traffic.

@@ -247,11 +247,12 @@ impl Engine {
         Ok(())
     }
 
-    /// What the backend's events say was dropped since `since` ([`crate::events::EventLog::summarize`]).
-    pub fn drop_summary(&self, since: std::time::SystemTime) -> Vec<crate::events::DropSummary> {
+    /// What the backend's events say was dropped since the last call
+    /// ([`crate::events::EventLog::take_drop_summary`]).
+    pub fn drop_summary(&self) -> Vec<crate::events::DropSummary> {
         self.metrics
             .lock()
-            .map(|m| m.events.summarize(since, DROP_SUMMARY_PER_TABLE))
+            .map(|mut m| m.events.take_drop_summary(DROP_SUMMARY_PER_TABLE))
             .unwrap_or_default()
     }
 

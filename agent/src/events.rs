@@ -12,6 +12,11 @@ pub const EVENT_LOG_SIZE: usize = 4096;
 /// across many policy changes).
 pub const MAX_DROP_SERIES: usize = 4096;
 
+/// (rule, verdict, source, destination) pairs counted between two drop summaries at most:
+/// beyond, new pairs wait for the next period (the summary reports the largest five per
+/// table anyway).
+pub const MAX_PENDING_DROPS: usize = 4096;
+
 /// Drop counts by (table, chain, rule, verdict).
 pub type DropCounts = BTreeMap<(String, String, String, &'static str), u64>;
 
@@ -30,6 +35,9 @@ pub struct EventLog {
     ring: VecDeque<(u64, Event)>,
     /// Packets dropped, rejected or audited per rule, as the events counted them.
     pub drops: DropCounts,
+    /// Packets dropped per (rule, verdict, source, destination) since the last
+    /// [`EventLog::take_drop_summary`].
+    pending: BTreeMap<DropKey, u64>,
     /// Whether events are being read.
     pub on: bool,
 }
@@ -44,8 +52,12 @@ impl EventLog {
                 e.rule.clone().unwrap_or_else(|| "policy".into()),
                 v,
             );
+            let pending = (key.0.clone(), key.1.clone(), key.2.clone(), v, e.src, e.dst);
             if self.drops.contains_key(&key) || self.drops.len() < MAX_DROP_SERIES {
                 *self.drops.entry(key).or_default() += e.packets;
+            }
+            if self.pending.contains_key(&pending) || self.pending.len() < MAX_PENDING_DROPS {
+                *self.pending.entry(pending).or_default() += e.packets;
             }
         }
         let n = NUMBERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
@@ -107,20 +119,15 @@ pub struct DropSummary {
 }
 
 impl EventLog {
-    /// The drops of the events since `since`, by (rule, verdict, source, destination), the
-    /// `per_table` largest of each table: bounded whatever the traffic.
-    pub fn summarize(&self, since: std::time::SystemTime, per_table: usize) -> Vec<DropSummary> {
-        let mut sums: BTreeMap<DropKey, u64> = BTreeMap::new();
-        for (_, e) in self.ring.iter().filter(|(_, e)| e.time >= since) {
-            let Some(v) = e.verdict.drop_label() else {
-                continue;
-            };
-            let rule = e.rule.clone().unwrap_or_else(|| "policy".into());
-            *sums
-                .entry((e.table.clone(), e.chain.clone(), rule, v, e.src, e.dst))
-                .or_default() += e.packets;
-        }
-        let mut all: Vec<DropSummary> = sums
+    /// The drops counted since the last call, by (rule, verdict, source, destination), the
+    /// `per_table` largest of each table; the count starts again from zero.
+    ///
+    /// Counted as events arrive, not by packet time: a backend may deliver an event well
+    /// after its packet (NFLOG batches in the kernel), and a window of packet times misses
+    /// every event that arrives after its window closed. Nor is it read from the ring, which a
+    /// long period of drops overruns.
+    pub fn take_drop_summary(&mut self, per_table: usize) -> Vec<DropSummary> {
+        let mut all: Vec<DropSummary> = std::mem::take(&mut self.pending)
             .into_iter()
             .map(
                 |((table, chain, rule, verdict, src, dst), packets)| DropSummary {
@@ -199,15 +206,43 @@ mod tests {
         assert_eq!(log.drops.len(), 2);
         let (text, _) = log.ndjson_after(all[1].0);
         assert_eq!(text.lines().count(), 1);
-        let s = log.summarize(std::time::UNIX_EPOCH, 5);
-        assert_eq!(s.len(), 2);
-        assert_eq!((s[0].packets, s[1].packets), (3, 2));
-        assert!(log
-            .summarize(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1), 5)
-            .is_empty());
         for _ in 0..EVENT_LOG_SIZE + 10 {
             log.push(ev(EventKind::Drop, Some("r"), 1));
         }
         assert_eq!(log.after(0).0.len(), EVENT_LOG_SIZE);
+    }
+
+    /// A summary holds what arrived since the previous one, whatever the packets' times (NFLOG
+    /// delivers a packet's event up to a second late), each packet once, even when the ring
+    /// overran in between.
+    #[test]
+    fn drop_summaries_count_each_arrival_once_whatever_its_packet_time() {
+        let mut log = EventLog::default();
+        log.push(ev(EventKind::Drop, Some("r"), 3));
+        log.push(ev(EventKind::AuditDrop, None, 2));
+        log.push(ev(EventKind::Accept, Some("ok"), 1));
+        let s = log.take_drop_summary(5);
+        assert_eq!(s.len(), 2);
+        assert_eq!((s[0].packets, s[1].packets), (3, 2));
+        assert_eq!((s[0].verdict, s[1].verdict), ("drop", "audit"));
+        assert!(log.take_drop_summary(5).is_empty(), "counted once");
+        // Arrives after the summary, stamped long before it.
+        log.push(ev(EventKind::Drop, Some("r"), 1));
+        let s = log.take_drop_summary(5);
+        assert_eq!((s.len(), s[0].packets), (1, 1));
+        for _ in 0..EVENT_LOG_SIZE + 10 {
+            log.push(ev(EventKind::Drop, Some("r"), 1));
+        }
+        let s = log.take_drop_summary(5);
+        assert_eq!(s[0].packets as usize, EVENT_LOG_SIZE + 10);
+        // The largest five pairs of a table.
+        for i in 0..8u8 {
+            let mut e = ev(EventKind::Drop, Some("r"), u64::from(i) + 1);
+            e.src = std::net::IpAddr::from([10, 0, 1, i]);
+            log.push(e);
+        }
+        let s = log.take_drop_summary(5);
+        let packets: Vec<u64> = s.iter().map(|d| d.packets).collect();
+        assert_eq!(packets, [8, 7, 6, 5, 4]);
     }
 }

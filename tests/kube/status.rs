@@ -50,20 +50,58 @@ async fn status_shows_each_peers_protection() {
     let name = obj.name_any();
     api.create(&PostParams::default(), &obj).await.unwrap();
     applied(&api, &name, "gw-status").await;
-    // Dropped packets, summarized into Events by the agent every second. Generous: the kube
-    // tests run two at a time beside their API servers, and this took 30 s once under load.
-    let rows = eventually("drops in the status", Duration::from_secs(90), || async {
-        let _ = ping(&t.consumer, "10.10.1.67", "10.20.1.2");
-        let (ok, rows) = status(&server);
-        assert!(!ok, "a peer without configuration: non-zero exit");
-        let a = rows
-            .as_array()?
+    // One denied ping. Its drop reaches the status exactly once, whenever the kernel delivers
+    // its event (the agent summarizes events as they arrive, every second here), and the
+    // rule's own counter agrees.
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
+    let cluster1 = |rows: &serde_json::Value| {
+        rows.as_array()?
             .iter()
-            .find(|r| r["peer"] == "cluster1")?
-            .clone();
-        (a["drops"].as_u64()? > 0).then_some(rows)
-    })
+            .find(|r| r["peer"] == "cluster1")
+            .cloned()
+    };
+    let rows = eventually(
+        "the drop in the status",
+        Duration::from_secs(30),
+        || async {
+            let (ok, rows) = status(&server);
+            assert!(!ok, "a peer without configuration: non-zero exit");
+            (cluster1(&rows)?["drops"].as_u64()? > 0).then_some(rows)
+        },
+    )
     .await;
+    let counter = || {
+        let o = in_ns(
+            &t.gateway,
+            "nft",
+            &["list", "chain", "ip", "table_name", "filter_chain_name"],
+        );
+        String::from_utf8_lossy(&o.stdout).to_string()
+    };
+    assert!(counter().contains("counter packets 1 "), "{}", counter());
+    assert_eq!(cluster1(&rows).unwrap()["drops"], 1, "{rows}");
+    // Two more at once (two flows): a summary of two packets, whose Event is not folded into
+    // the first one's series (that would count 1 × 2).
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2")));
+        }
+    });
+    let rows = eventually(
+        "three drops in the status",
+        Duration::from_secs(30),
+        || async {
+            let (_, rows) = status(&server);
+            (cluster1(&rows)?["drops"].as_u64()? >= 3).then_some(rows)
+        },
+    )
+    .await;
+    assert!(counter().contains("counter packets 3 "), "{}", counter());
+    // Three more summary periods: still three, none summarized twice.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for rows in [&rows, &status(&server).1] {
+        assert_eq!(cluster1(rows).unwrap()["drops"], 3, "{rows}");
+    }
     let rows = rows.as_array().unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     let a = rows.iter().find(|r| r["peer"] == "cluster1").unwrap();

@@ -9,6 +9,7 @@ pub mod coverage;
 pub mod gateways;
 pub mod netpol;
 pub mod protection_policies;
+pub mod recorder;
 pub mod snapshot;
 pub mod status;
 pub mod trust;

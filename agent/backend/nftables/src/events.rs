@@ -166,6 +166,7 @@ const NFULNL_MSG_PACKET: u16 = 0;
 const NFULNL_MSG_CONFIG: u16 = 1;
 const NFULA_CFG_CMD: u16 = 1;
 const NFULA_CFG_MODE: u16 = 2;
+const NFULA_CFG_TIMEOUT: u16 = 4;
 const NFULA_CFG_FLAGS: u16 = 6;
 const NFULNL_CFG_CMD_BIND: u8 = 1;
 const NFULNL_COPY_PACKET: u8 = 2;
@@ -178,6 +179,11 @@ const NFULA_PREFIX: u16 = 10;
 const NFULA_CT_INFO: u16 = 19;
 /// Bytes of each packet copied to user space: IPv6 header + TCP ports, with room.
 const COPY_RANGE: u32 = 128;
+/// How long the kernel may hold logged packets to batch them, in hundredths of a second.
+/// Its default (100: one second) delays every event of light traffic by up to a second;
+/// 10 ms keeps events prompt, and floods still travel in full batches (the kernel sends a
+/// batch as soon as its buffer or queue threshold fills).
+const FLUSH_TIMEOUT_CS: u32 = 1;
 
 /// One logged packet, decoded (pure: [`parse_messages`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -410,11 +416,16 @@ impl Nflog {
         let mut m = COPY_RANGE.to_be_bytes().to_vec();
         m.extend_from_slice(&[NFULNL_COPY_PACKET, 0]);
         let flags = NFULNL_CFG_F_CONNTRACK.to_be_bytes();
+        let flush = FLUSH_TIMEOUT_CS.to_be_bytes();
         me.request(
             group,
             2,
-            &[(NFULA_CFG_MODE, &m), (NFULA_CFG_FLAGS, &flags)],
-            "setting the NFLOG copy mode",
+            &[
+                (NFULA_CFG_MODE, &m),
+                (NFULA_CFG_FLAGS, &flags),
+                (NFULA_CFG_TIMEOUT, &flush),
+            ],
+            "setting the NFLOG copy mode and flush timeout",
         )?;
         Ok(me)
     }

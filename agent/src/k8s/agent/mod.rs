@@ -36,10 +36,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::k8s::recorder::Recorder;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::{reflector, watcher};
 use kube::Resource;
 use serde_json::json;
@@ -604,14 +605,13 @@ pub fn run(
         let mut agent = Agent::new(client, api, settings, engine.backend_name());
         agent.release_unselected(&watches.configs).await;
         let mut dirty = true;
-        let mut summarized = (std::time::Instant::now(), std::time::SystemTime::now());
+        let mut summarized = std::time::Instant::now();
         while !stop.is_set() {
             if let Some(period) = agent.settings.drop_summary {
-                if summarized.0.elapsed() >= period {
-                    let since = summarized.1;
-                    summarized = (std::time::Instant::now(), std::time::SystemTime::now());
+                if summarized.elapsed() >= period {
+                    summarized = std::time::Instant::now();
                     agent
-                        .publish_drops(&watches.configs.state(), engine.drop_summary(since), period)
+                        .publish_drops(&watches.configs.state(), engine.drop_summary(), period)
                         .await;
                 }
             }

@@ -7,9 +7,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::k8s::recorder::Recorder;
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::Resource;
 use serde_json::json;
 

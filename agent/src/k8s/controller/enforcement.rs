@@ -52,7 +52,7 @@ pub(super) fn applied_somewhere(obj: &DynamicObject) -> bool {
 /// condition is taken back once a host applies the configuration.
 pub(super) async fn watch_enforcement(ctx: Arc<Ctx>, grace: Duration) {
     use protection::enforcement::{Enforcement, Reported, CONTROLLER_HOST};
-    let recorder = kube::runtime::events::Recorder::new(
+    let recorder = crate::k8s::recorder::Recorder::new(
         ctx.client.clone(),
         kube::runtime::events::Reporter {
             controller: "peerwall-controller".into(),

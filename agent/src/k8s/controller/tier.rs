@@ -190,7 +190,7 @@ pub(super) async fn report_policy(
     else {
         return;
     };
-    let recorder = kube::runtime::events::Recorder::new(
+    let recorder = crate::k8s::recorder::Recorder::new(
         ctx.client.clone(),
         kube::runtime::events::Reporter {
             controller: "peerwall-controller".into(),
