@@ -78,7 +78,8 @@ pub fn no_longer_allowed(before: &Policy, after: &Policy, flows: &[Flow]) -> Vec
 /// chains, positively (`eq @set`). Then no packet `before` accepted is refused `after` (a
 /// rule that matches more accepts more; every other rule is as it was), so no connection can
 /// have lost its allowance and none needs judging: the agent skips listing them (an `nft`
-/// agent's `conntrack -L`, tens of milliseconds) for the commonest change, a pod offloaded.
+/// agent's ctnetlink dump, a walk of the kernel's whole connection hash) for the commonest
+/// change, a pod offloaded.
 pub fn only_widened(before: &Policy, after: &Policy) -> bool {
     narrowing(before, after).is_none()
 }

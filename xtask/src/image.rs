@@ -1,8 +1,9 @@
 //! `cargo xtask image`: OCI images built here, without a container engine.
 //!
 //! - `peerwall:<version>` (`docker.io/library/peerwall`, what `deploy/` names): the release `peerwall` binary over the Debian packages it runs
-//!   (`nft` for the nftables backend, `conntrack` to end connections a NetworkPolicy change no
-//!   longer allows, `ip`, the C runtime), entrypoint `peerwall`.
+//!   (`nft` for the nftables backend, `conntrack` for `peerwall verdict --probe` and for
+//!   operators (the agent reads and ends connections over ctnetlink itself), `ip`, the C
+//!   runtime), entrypoint `peerwall`.
 //! - `peerwall.local/pause:<kube version>`: the pod sandbox, the static `pause` binary compiled
 //!   from the Kubernetes source tree by `kube-build`.
 //! - `peerwall.local/lab-gateway:1`: what the real-node test runs as a Liqo-shaped gateway pod

@@ -1,16 +1,17 @@
-//! The kernel's connection tracking as the nftables backend reads and ends it: the
-//! `conntrack` tool (conntrack-tools) in the backend's network namespace, and the namespace's
-//! `nf_conntrack_tcp_loose` switch. Listing parsing is pure ([`parse_listing`]).
+//! The kernel's connection tracking as the nftables backend reads and ends it: ctnetlink on a
+//! socket in the backend's network namespace ([`crate::netlink::ctnetlink`]: one walk of the
+//! kernel's table per listing, one lookup per deletion), and the namespace's
+//! `nf_conntrack_tcp_loose` switch.
 
-use std::net::IpAddr;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use peerwall_backend::Flow;
-use peerwall_policy::ir::eval::proto;
 
 use crate::error::NftError;
+use crate::netlink::ctnetlink;
+use crate::netlink::socket::Socket;
 
-/// How to run `conntrack`: in this network namespace or in a named one.
+/// How to reach the kernel's conntrack: in this network namespace or in a named one.
 #[derive(Clone, Debug, Default)]
 pub struct Conntrack {
     netns: Option<String>,
@@ -19,57 +20,45 @@ pub struct Conntrack {
 /// The switch that lets conntrack pick up a TCP connection from a packet other than a SYN.
 const TCP_LOOSE: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_loose";
 
+/// Connections deleted per datagram: each answer is a buffer of its own in the socket's
+/// receive queue (about 1 KiB of its 208 KiB default), and an ICMP connection takes four
+/// requests; 32 keep the answers of one datagram within the queue (256 overran it: ENOBUFS).
+const DELETES_PER_SEND: usize = 32;
+
+/// `ENOENT`: no such connection (already gone, or an ICMP request type it was not).
+const ENOENT: i32 = 2;
+
 impl Conntrack {
-    /// `conntrack` in `netns` (None: this one).
+    /// Conntrack in `netns` (None: this one).
     pub fn new(netns: Option<String>) -> Self {
         Self { netns }
     }
 
-    fn command(&self) -> Command {
-        match &self.netns {
-            Some(ns) => {
-                let mut c = Command::new("ip");
-                c.args(["netns", "exec", ns, "conntrack"]);
-                c
-            }
-            None => Command::new("conntrack"),
-        }
+    fn socket(&self, action: &str) -> Result<Socket, NftError> {
+        Socket::open(self.netns.as_deref()).map_err(netlink(action))
     }
 
-    /// Run `conntrack args`: Ok(stdout) on success, Ok(None) when it found nothing to act on.
-    fn run(&self, args: &[&str]) -> Result<Option<String>, NftError> {
-        let out = self
-            .command()
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|source| NftError::Spawn {
-                program: "conntrack (the conntrack package)".into(),
-                source,
-            })?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        if out.status.success() {
-            return Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()));
-        }
-        if stderr.contains("0 flow entries") || stderr.contains("No such file") {
-            return Ok(None);
-        }
-        Err(NftError::Failed {
-            action: format!("conntrack {}", args.join(" ")),
-            status: out.status.to_string(),
-            stderr: stderr.trim().to_string(),
-        })
-    }
-
-    /// Every tracked connection of both families.
+    /// Every tracked connection of both families (one dump).
     pub fn list(&self) -> Result<Vec<Flow>, NftError> {
+        const ACTION: &str = "listing tracked connections (ctnetlink dump)";
+        let sock = self.socket(ACTION)?;
+        sock.send(&ctnetlink::dump_request(1))
+            .map_err(netlink(ACTION))?;
+        let mut buf = vec![0u8; 64 * 1024];
         let mut flows = Vec::new();
-        for family in ["ipv4", "ipv6"] {
-            if let Some(text) = self.run(&["-L", "-f", family])? {
-                flows.extend(parse_listing(&text));
+        loop {
+            let n = sock.recv(&mut buf).map_err(netlink(ACTION))?;
+            let part = ctnetlink::parse_dump(&buf[..n]).ok_or_else(|| {
+                netlink(ACTION)(std::io::Error::other("netlink answer cut short"))
+            })?;
+            if let Some(e) = part.error {
+                return Err(netlink(ACTION)(std::io::Error::from_raw_os_error(-e)));
+            }
+            flows.extend(part.flows);
+            if part.done {
+                return Ok(flows);
             }
         }
-        Ok(flows)
     }
 
     /// Stop conntrack from picking up TCP connections mid-stream in this namespace, so that
@@ -102,105 +91,46 @@ impl Conntrack {
 
     /// Delete these connections' entries (mid-stream pickup off first); how many existed.
     pub fn end(&self, flows: &[Flow]) -> Result<usize, NftError> {
+        const ACTION: &str = "ending tracked connections (ctnetlink delete)";
         if flows.is_empty() {
             return Ok(0);
         }
         self.no_pickup()?;
-        let mut ended = 0;
-        for f in flows {
-            let (src, dst) = (f.src.to_string(), f.dst.to_string());
-            let (sport, dport) = (f.sport.to_string(), f.dport.to_string());
-            let family = if f.src.is_ipv6() { "ipv6" } else { "ipv4" };
-            let mut args = vec!["-D", "-f", family, "-s", &src, "-d", &dst];
-            let name = proto_name(f.proto);
-            match f.proto {
-                proto::TCP | proto::UDP | proto::SCTP => {
-                    args.extend(["-p", name, "--sport", &sport, "--dport", &dport]);
+        let sock = self.socket(ACTION)?;
+        let mut ended = std::collections::BTreeSet::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut seq = 1u32;
+        for (c, chunk) in flows.chunks(DELETES_PER_SEND).enumerate() {
+            let (bytes, sent) = ctnetlink::delete_requests(chunk, seq);
+            seq = seq.wrapping_add(sent.len() as u32);
+            sock.send(&bytes).map_err(netlink(ACTION))?;
+            let mut waiting: std::collections::BTreeMap<u32, usize> = sent.into_iter().collect();
+            while !waiting.is_empty() {
+                let n = sock.recv(&mut buf).map_err(netlink(ACTION))?;
+                let answers = crate::netlink::message::answers(&buf[..n]).ok_or_else(|| {
+                    netlink(ACTION)(std::io::Error::other("netlink answer cut short"))
+                })?;
+                for a in answers {
+                    let Some(i) = waiting.remove(&a.seq) else {
+                        continue;
+                    };
+                    match -a.error {
+                        0 => {
+                            ended.insert(c * DELETES_PER_SEND + i);
+                        }
+                        ENOENT => {}
+                        e => return Err(netlink(ACTION)(std::io::Error::from_raw_os_error(e))),
+                    }
                 }
-                proto::ICMP => args.extend(["-p", name, "--icmp-id", &sport]),
-                proto::ICMPV6 => args.extend(["-p", name, "--icmpv6-id", &sport]),
-                _ => {}
-            }
-            if self.run(&args)?.is_some() {
-                ended += 1;
             }
         }
-        Ok(ended)
+        Ok(ended.len())
     }
 }
 
-fn proto_name(p: u8) -> &'static str {
-    match p {
-        proto::TCP => "tcp",
-        proto::UDP => "udp",
-        proto::SCTP => "sctp",
-        proto::ICMP => "icmp",
-        proto::ICMPV6 => "icmpv6",
-        _ => "",
-    }
-}
-
-/// The connections in `conntrack -L` output, by their original direction (the first `src=`,
-/// `dst=`, `sport=`/`dport=` or ICMP `id=` of each line; the protocol number is the second
-/// field).
-pub fn parse_listing(text: &str) -> Vec<Flow> {
-    text.lines()
-        .filter_map(|line| {
-            let mut words = line.split_whitespace();
-            words.next()?;
-            let proto: u8 = words.next()?.parse().ok()?;
-            let first = |key: &str| {
-                line.split_whitespace()
-                    .find_map(|w| w.strip_prefix(key))
-                    .map(str::to_string)
-            };
-            let src: IpAddr = first("src=")?.parse().ok()?;
-            let dst: IpAddr = first("dst=")?.parse().ok()?;
-            let port = |key: &str| first(key).and_then(|v| v.parse::<u16>().ok());
-            let (sport, dport) = match proto {
-                proto::ICMP | proto::ICMPV6 => (port("id=")?, 0),
-                _ => (port("sport=").unwrap_or(0), port("dport=").unwrap_or(0)),
-            };
-            Some(Flow {
-                src,
-                dst,
-                proto,
-                sport,
-                dport,
-            })
-        })
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listings_give_the_original_direction() {
-        let text = "\
-tcp      6 431999 ESTABLISHED src=10.10.1.68 dst=10.20.1.3 sport=40000 dport=8080 src=10.20.1.3 dst=10.10.1.68 sport=8080 dport=40000 [ASSURED] mark=0 use=1
-icmp     1 29 src=10.0.0.1 dst=10.0.0.2 type=8 code=0 id=4660 src=10.0.0.2 dst=10.0.0.1 type=0 code=0 id=4660 mark=0 use=1
-sctp     132 119 ESTABLISHED src=fd00::1 dst=fd01::2 sport=1024 dport=5000 src=fd01::2 dst=fd00::1 sport=5000 dport=1024 [ASSURED] mark=0 use=1
-conntrack v1.4.7 (conntrack-tools): 3 flow entries have been shown.
-";
-        let flows = parse_listing(text);
-        assert_eq!(flows.len(), 3);
-        assert_eq!(
-            flows[0],
-            Flow {
-                src: "10.10.1.68".parse().unwrap(),
-                dst: "10.20.1.3".parse().unwrap(),
-                proto: 6,
-                sport: 40000,
-                dport: 8080,
-            }
-        );
-        assert_eq!(
-            (flows[1].proto, flows[1].sport, flows[1].dport),
-            (1, 4660, 0)
-        );
-        assert_eq!(flows[2].src, "fd00::1".parse::<IpAddr>().unwrap());
-        assert_eq!((flows[2].proto, flows[2].dport), (132, 5000));
+fn netlink(action: &str) -> impl FnOnce(std::io::Error) -> NftError + '_ {
+    move |source| NftError::Netlink {
+        action: action.to_string(),
+        source,
     }
 }

@@ -120,14 +120,14 @@ impl Writer {
         let len = (self.buf.len() - at) as u32;
         self.buf[at..at + 4].copy_from_slice(&len.to_ne_bytes());
     }
-    fn begin_attr(&mut self, kind: u16) -> usize {
+    pub(crate) fn begin_attr(&mut self, kind: u16) -> usize {
         let at = self.buf.len();
         self.put_u16(0);
         self.put_u16(kind);
         at
     }
     /// Close an attribute: its length excludes the padding that follows.
-    fn end_attr(&mut self, at: usize) {
+    pub(crate) fn end_attr(&mut self, at: usize) {
         let len = (self.buf.len() - at) as u16;
         self.buf[at..at + 2].copy_from_slice(&len.to_ne_bytes());
         self.pad();

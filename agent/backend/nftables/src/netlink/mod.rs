@@ -7,7 +7,10 @@
 //! `hi + 1`; ranges from the first address or to the last, which `nft` writes with extra
 //! elements and annotations, stay with it); everything else, and what does not fit, stays
 //! with `nft`.
+//!
+//! Connections go the same way ([`ctnetlink`]): listed in one dump, ended one request each.
 
+pub mod ctnetlink;
 pub mod message;
 pub mod socket;
 

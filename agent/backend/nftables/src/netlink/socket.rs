@@ -80,6 +80,32 @@ impl Socket {
         })
     }
 
+    /// Send `bytes` whole.
+    pub fn send(&self, bytes: &[u8]) -> std::io::Result<()> {
+        // SAFETY: `bytes` is a live buffer of the length passed.
+        let sent = unsafe { libc::send(self.0.as_raw_fd(), bytes.as_ptr().cast(), bytes.len(), 0) };
+        if sent < 0 {
+            return Err(last_error());
+        }
+        if sent as usize != bytes.len() {
+            return Err(std::io::Error::other(format!(
+                "netlink took {sent} of {} bytes",
+                bytes.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Receive one datagram into `buf` (waiting at most the socket's answer time); its length.
+    pub fn recv(&self, buf: &mut [u8]) -> std::io::Result<usize> {
+        // SAFETY: `buf` is a live, writable buffer of the length passed.
+        let n = unsafe { libc::recv(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            return Err(last_error());
+        }
+        Ok(n as usize)
+    }
+
     /// Send `batch` and wait for the answers to the messages numbered `acked`: Ok when each
     /// was acknowledged; the first error otherwise (the kernel then applied none of the
     /// batch).
