@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::listing::Listing;
+use crate::netlink::message::attrs;
 
 use peerwall_backend::{Event, EventError, EventKind, EventSource, FlowLimiter, IfNames};
 use peerwall_policy::ir::CtState;
@@ -210,23 +211,6 @@ pub struct Logged {
     pub dport: u16,
     /// IP total length.
     pub len: u64,
-}
-
-fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
-        let ty = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
-        if len < 4 || len > b.len() {
-            return None;
-        }
-        let data = &b[4..len];
-        let next = (len + 3) & !3;
-        b = if next >= b.len() { &[] } else { &b[next..] };
-        Some((ty, data))
-    })
 }
 
 fn be32(d: &[u8]) -> Option<u32> {

@@ -16,7 +16,7 @@ use std::net::IpAddr;
 use peerwall_backend::Flow;
 use peerwall_policy::ir::eval::proto;
 
-use super::message::{Writer, NLM_F_ACK, NLM_F_REQUEST};
+use super::message::{attrs, Writer, NLM_F_ACK, NLM_F_REQUEST};
 
 /// `NFNL_SUBSYS_CTNETLINK`.
 const SUBSYS_CTNETLINK: u16 = 1;
@@ -115,24 +115,6 @@ pub fn parse_dump(buf: &[u8]) -> Option<DumpPart> {
         at += (len + 3) & !3;
     }
     Some(part)
-}
-
-/// Attributes (type without flags, payload) of a buffer.
-fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
-    std::iter::from_fn(move || {
-        if b.len() < 4 {
-            return None;
-        }
-        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
-        let ty = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
-        if len < 4 || len > b.len() {
-            return None;
-        }
-        let data = &b[4..len];
-        let next = (len + 3) & !3;
-        b = if next >= b.len() { &[] } else { &b[next..] };
-        Some((ty, data))
-    })
 }
 
 fn attr(b: &[u8], ty: u16) -> Option<&[u8]> {

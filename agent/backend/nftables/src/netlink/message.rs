@@ -145,6 +145,25 @@ impl Writer {
     }
 }
 
+/// The attributes of a buffer (type without its flags, payload), up to the first one that
+/// does not fit.
+pub(crate) fn attrs(mut b: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if b.len() < 4 {
+            return None;
+        }
+        let len = u16::from_ne_bytes([b[0], b[1]]) as usize;
+        let ty = u16::from_ne_bytes([b[2], b[3]]) & 0x3fff;
+        if len < 4 || len > b.len() {
+            return None;
+        }
+        let data = &b[4..len];
+        let next = (len + 3) & !3;
+        b = if next >= b.len() { &[] } else { &b[next..] };
+        Some((ty, data))
+    })
+}
+
 /// The batch for `edits`, its messages numbered from `seq`: the bytes, and the sequence
 /// numbers of the messages the kernel acknowledges (every edit message; not the batch's
 /// begin and end).

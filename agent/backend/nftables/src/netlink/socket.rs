@@ -110,17 +110,7 @@ impl Socket {
     /// was acknowledged; the first error otherwise (the kernel then applied none of the
     /// batch).
     pub fn transact(&self, batch: &[u8], acked: &[u32]) -> std::io::Result<()> {
-        // SAFETY: `batch` is a live buffer of the length passed.
-        let sent = unsafe { libc::send(self.0.as_raw_fd(), batch.as_ptr().cast(), batch.len(), 0) };
-        if sent < 0 {
-            return Err(last_error());
-        }
-        if sent as usize != batch.len() {
-            return Err(std::io::Error::other(format!(
-                "netlink took {sent} of the batch's {} bytes",
-                batch.len()
-            )));
-        }
+        self.send(batch)?;
         let mut waiting: std::collections::BTreeSet<u32> = acked.iter().copied().collect();
         let mut buf = vec![0u8; 64 * 1024];
         while !waiting.is_empty() {
