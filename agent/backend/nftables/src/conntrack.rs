@@ -25,9 +25,6 @@ const TCP_LOOSE: &str = "/proc/sys/net/netfilter/nf_conntrack_tcp_loose";
 /// requests; 32 keep the answers of one datagram within the queue (256 overran it: ENOBUFS).
 const DELETES_PER_SEND: usize = 32;
 
-/// `ENOENT`: no such connection (already gone, or an ICMP request type it was not).
-const ENOENT: i32 = 2;
-
 impl Conntrack {
     /// Conntrack in `netns` (None: this one).
     pub fn new(netns: Option<String>) -> Self {
@@ -118,7 +115,9 @@ impl Conntrack {
                         0 => {
                             ended.insert(c * DELETES_PER_SEND + i);
                         }
-                        ENOENT => {}
+                        // No such connection: already gone, or an ICMP request type it
+                        // was not.
+                        libc::ENOENT => {}
                         e => return Err(netlink(ACTION)(std::io::Error::from_raw_os_error(e))),
                     }
                 }
