@@ -1273,6 +1273,14 @@ fn upgrade(backend: &'static str) {
                 "{m} after the upgrade is not this release's map (BPF_F_NO_COMMON_LRU)"
             );
         }
+        // The per-flow event state: this release's, with each flow's latest packet (the
+        // previous release pinned 24-byte entries, which this release's programs could not
+        // use and its reader would not find the ends of bursts in).
+        assert_eq!(
+            pinned_map(&g, "EVENT_FLOWS")["bytes_value"].as_u64(),
+            Some(std::mem::size_of::<peerwall_common::EventFlow>() as u64),
+            "EVENT_FLOWS after the upgrade is not this release's table"
+        );
         // The flows not replied yet: this release's direct-mapped array of 64-byte slots.
         let new_flows = pinned_map(&g, "FLOWS_NEW");
         assert_eq!(

@@ -194,6 +194,45 @@ fn audit_then_enforce(backend: &str) {
         )
         .is_empty()
     });
+    // A burst of five denied pings in one flow, then silence: the first is reported at once,
+    // the other four once the flow has been quiet for an interval (no later packet would
+    // carry them), so the flow's events add up to exactly the five packets sent.
+    let icmp_drops = || -> u64 {
+        of_flow(
+            &observe(&t.gateway, &["--verdict", "drop"]),
+            "drop",
+            "10.10.1.67",
+        )
+        .iter()
+        .filter(|e| e["proto"] == 1)
+        .map(|e| e["packets"].as_u64().unwrap())
+        .sum()
+    };
+    std::thread::sleep(Duration::from_millis(2500));
+    let before = icmp_drops();
+    let burst = in_ns(
+        &t.consumer,
+        "ping",
+        &[
+            "-c",
+            "5",
+            "-i",
+            "0.1",
+            "-W",
+            "1",
+            "-I",
+            "10.10.1.67",
+            "10.20.1.2",
+        ],
+    );
+    let out = String::from_utf8_lossy(&burst.stdout);
+    assert!(out.contains("5 packets transmitted, 0 received"), "{out}");
+    wait_until("the whole burst in events", 5, || {
+        icmp_drops() == before + 5
+    });
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(icmp_drops(), before + 5, "each packet in exactly one event");
+
     let metrics = in_ns(&t.gateway, "curl", &["-s", "http://127.0.0.1:9090/metrics"]);
     let metrics = String::from_utf8_lossy(&metrics.stdout);
     assert!(

@@ -73,14 +73,36 @@ pub struct EventConfig {
 }
 
 /// Per-flow event state (`EVENT_FLOWS`, LRU, keyed by [`crate::FlowKey`] with the kind in `_pad[0]`
-/// and the chain id in `_pad[1]`).
+/// and the chain id in `_pad[1]`). eBPF twin: the same struct, written by `ebpf/src/events.rs`
+/// (`note`) for every packet it counts; read by user space (`agent/backend/bpf/src/events.rs`),
+/// which sends the packets counted since the last event of a flow that went quiet (the end of
+/// a burst: no later packet would report them) and deletes its entry. Host byte order; 56
+/// bytes, no implicit padding (`_pad` makes the tail explicit).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EventFlow {
-    /// When the flow's last event was sent (0: never).
+    /// When the flow's last event was sent (0: never), `bpf_ktime_get_ns`.
     pub last_ns: u64,
     /// Packets since.
     pub packets: u64,
     /// Bytes since.
     pub bytes: u64,
+    /// When the latest of them was counted, `bpf_ktime_get_ns`.
+    pub seen_ns: u64,
+    /// The latest one's input ifindex.
+    pub iif: u32,
+    /// Its output ifindex (0: unknown).
+    pub oif: u32,
+    /// Rule index in the chain, or [`event::POLICY`].
+    pub rule: u32,
+    /// [`crate::Config::active`] when it was counted (which slot's names apply).
+    pub epoch: u32,
+    /// Source port (ICMP: echo id), host order, as in [`FlowEvent`].
+    pub sport: u16,
+    /// Destination port (ICMP: type), host order, as in [`FlowEvent`].
+    pub dport: u16,
+    /// [`crate::ct`] state number.
+    pub state: u8,
+    /// Zero.
+    pub _pad: [u8; 3],
 }

@@ -43,7 +43,7 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<ProbeRecord>(), 24);
     assert_eq!(size_of::<FlowEvent>(), 88);
     assert_eq!(size_of::<EventConfig>(), 16);
-    assert_eq!(size_of::<EventFlow>(), 24);
+    assert_eq!(size_of::<EventFlow>(), 56);
 }
 
 #[test]

@@ -117,6 +117,15 @@ pub(crate) fn note(s: &Said) {
                 last_ns: 0,
                 packets: 0,
                 bytes: 0,
+                seen_ns: 0,
+                iif: 0,
+                oif: 0,
+                rule: 0,
+                epoch: 0,
+                sport: 0,
+                dport: 0,
+                state: 0,
+                _pad: [0; 3],
             };
             if EVENT_FLOWS.insert(&k, &fresh, 0).is_err() {
                 return;
@@ -127,10 +136,25 @@ pub(crate) fn note(s: &Said) {
             }
         }
     };
+    let (sport, dport) = if p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6 {
+        (p.icmp_id, p.icmp_type as u16)
+    } else {
+        (p.sport, p.dport)
+    };
     // SAFETY: value of a successful lookup; plain integers, races between CPUs only lose counts.
     let f = unsafe { &mut *f };
     f.packets += 1;
     f.bytes += len;
+    // The latest packet, for the event user space sends if the flow goes quiet before its
+    // next one is due.
+    f.seen_ns = now;
+    f.iif = s.iif;
+    f.oif = s.oif;
+    f.rule = s.rule;
+    f.epoch = s.epoch;
+    f.sport = sport;
+    f.dport = dport;
+    f.state = s.state as u8;
     if f.last_ns != 0 && now.wrapping_sub(f.last_ns) < conf.flow_interval_ns {
         return;
     }
@@ -139,11 +163,6 @@ pub(crate) fn note(s: &Said) {
     }
     let Some(mut e) = EVENTS.reserve::<FlowEvent>(0) else {
         return;
-    };
-    let (sport, dport) = if p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6 {
-        (p.icmp_id, p.icmp_type as u16)
-    } else {
-        (p.sport, p.dport)
     };
     e.write(FlowEvent {
         ts_ns: now,

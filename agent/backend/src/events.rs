@@ -297,13 +297,17 @@ struct FlowCount {
     last: Option<SystemTime>,
     packets: u64,
     bytes: u64,
+    /// The flow's latest packet not reported yet: the event [`FlowLimiter::flush`] sends with
+    /// the counts since the last one when the flow has gone quiet.
+    latest: Option<Event>,
 }
 
 /// At most one event per flow, kind and rule per `interval`, the packets in between counted
-/// into the next one; at most `capacity` flows remembered (when full, the flows quiet for an
-/// interval are forgotten, and if that is not enough, all: amortized O(1)), so memory is
-/// bounded whatever the traffic. What nftables events go through (the bpf datapath
-/// does the same in the kernel).
+/// into the next one, or, when the flow goes quiet, into one [`flush`](Self::flush) sends an
+/// interval after its last event: every packet is counted in exactly one event. At most
+/// `capacity` flows remembered (when full, the flows quiet for an interval are forgotten, and
+/// if that is not enough, all: amortized O(1)), so memory is bounded whatever the traffic.
+/// What nftables events go through (the bpf datapath does the same in the kernel).
 #[derive(Debug)]
 pub struct FlowLimiter {
     interval: Duration,
@@ -332,6 +336,7 @@ impl FlowLimiter {
             last: None,
             packets: 0,
             bytes: 0,
+            latest: None,
         });
         f.packets += e.packets;
         f.bytes += e.bytes;
@@ -341,6 +346,7 @@ impl FlowLimiter {
                 .is_ok_and(|since| since >= self.interval)
         });
         if !due {
+            f.latest = Some(e);
             return None;
         }
         e.packets = f.packets;
@@ -348,7 +354,34 @@ impl FlowLimiter {
         f.last = Some(e.time);
         f.packets = 0;
         f.bytes = 0;
+        f.latest = None;
         Some(e)
+    }
+
+    /// The events of the flows quiet for an interval since their last event with packets
+    /// counted since it (the end of a burst, which no later packet would report): each is the
+    /// flow's latest packet with those counts. Call it about every interval; O(flows).
+    pub fn flush(&mut self, now: SystemTime) -> Vec<Event> {
+        let interval = self.interval;
+        let mut out = Vec::new();
+        for f in self.flows.values_mut() {
+            let quiet = f
+                .last
+                .is_some_and(|l| now.duration_since(l).is_ok_and(|d| d >= interval));
+            if !quiet || f.packets == 0 {
+                continue;
+            }
+            let Some(mut e) = f.latest.take() else {
+                continue;
+            };
+            e.packets = f.packets;
+            e.bytes = f.bytes;
+            f.last = Some(e.time);
+            f.packets = 0;
+            f.bytes = 0;
+            out.push(e);
+        }
+        out
     }
 
     /// Make room: forget the flows with no event for an interval, or all of them.

@@ -15,6 +15,8 @@ use peerwall_policy::ir::CtState;
 
 use crate::meta::{meta_path, SlotMeta};
 
+mod bursts;
+
 /// Event settings of the datapath (`EVENT_CONF` and the `EVENTS`/`FLOW_LOG` flags).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EventSettings {
@@ -71,6 +73,10 @@ pub struct BpfEvents {
     metas: [Option<(SystemTime, SlotMeta)>; 2],
     /// Wall clock minus CLOCK_MONOTONIC (what `bpf_ktime_get_ns` counts).
     offset: Duration,
+    /// The ends of bursts (None: a datapath without per-flow state of this layout), and
+    /// when to look for them next (CLOCK_MONOTONIC).
+    bursts: Option<bursts::Bursts>,
+    next_bursts: Duration,
 }
 
 fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> EventError {
@@ -110,6 +116,8 @@ impl BpfEvents {
             ifnames: IfNames::here()?,
             metas: [None, None],
             offset: wall.saturating_sub(monotonic()),
+            bursts: bursts::Bursts::open(pin_dir),
+            next_bursts: Duration::ZERO,
         })
     }
 
@@ -199,17 +207,33 @@ impl BpfEvents {
     }
 }
 
+impl BpfEvents {
+    /// The ends of bursts ([`bursts`]), when it is time to look.
+    fn ends_of_bursts(&mut self, out: &mut Vec<Event>) {
+        let now = monotonic();
+        let Some(b) = self.bursts.as_mut() else {
+            return;
+        };
+        if now < self.next_bursts {
+            return;
+        }
+        self.next_bursts = now + b.period();
+        let raw = b.take(now.as_nanos().min(u64::MAX as u128) as u64);
+        out.extend(raw.iter().filter_map(|f| self.event(f)));
+    }
+}
+
 impl EventSource for BpfEvents {
     fn next_batch(&mut self, timeout: Duration) -> Result<Vec<Event>, EventError> {
         let mut out = Vec::new();
         self.drain(&mut out);
-        if !out.is_empty() {
-            return Ok(out);
+        if out.is_empty() {
+            use std::os::fd::AsFd;
+            peerwall_backend::events::wait_readable(self.ring.as_fd(), timeout)
+                .map_err(io("waiting for bpf events"))?;
+            self.drain(&mut out);
         }
-        use std::os::fd::AsFd;
-        peerwall_backend::events::wait_readable(self.ring.as_fd(), timeout)
-            .map_err(io("waiting for bpf events"))?;
-        self.drain(&mut out);
+        self.ends_of_bursts(&mut out);
         Ok(out)
     }
 }

@@ -355,6 +355,9 @@ pub struct Nflog {
     names: Names,
     ifnames: IfNames,
     limiter: FlowLimiter,
+    /// Ends of bursts are looked for every half interval ([`FlowLimiter::flush`]).
+    flush_every: Duration,
+    next_flush: SystemTime,
     buf: Vec<u8>,
 }
 
@@ -389,6 +392,8 @@ impl Nflog {
             names,
             ifnames,
             limiter: FlowLimiter::new(interval, 16_384),
+            flush_every: interval / 2,
+            next_flush: SystemTime::now(),
             buf: vec![0; 1 << 16],
         };
         me.request(
@@ -521,6 +526,11 @@ impl EventSource for Nflog {
             if out.len() >= 1024 {
                 break;
             }
+        }
+        let now = SystemTime::now();
+        if now >= self.next_flush {
+            out.extend(self.limiter.flush(now));
+            self.next_flush = now + self.flush_every;
         }
         Ok(out)
     }

@@ -162,6 +162,33 @@ fn one_or_set(mut elements: Vec<Element>) -> Right {
     }
 }
 
+/// Whether `e` is the guard [`match_exprs`] puts in front of a port match.
+fn is_port_guard(e: &Expr) -> bool {
+    matches!(e, Expr::Match { negate: false, left: Key::L4Proto, right: Right::Protos(p) } if p.as_slice() == PORT_PROTOS)
+}
+
+/// Leave out each port guard that an earlier protocol match of the same rule implies
+/// (`meta l4proto udp meta l4proto { tcp, udp, sctp } th dport 8080` reads the protocol
+/// twice, the second time in an anonymous set): a packet that reaches the guard already
+/// passed a test only port-carrying protocols pass.
+fn drop_implied_port_guards(exprs: &mut Vec<Expr>) {
+    let mut implied = false;
+    exprs.retain(|e| {
+        if is_port_guard(e) {
+            return !implied;
+        }
+        if let Expr::Match {
+            negate: false,
+            left: Key::L4Proto,
+            right: Right::Protos(p),
+        } = e
+        {
+            implied |= !p.is_empty() && p.iter().all(|x| PORT_PROTOS.contains(x));
+        }
+        true
+    });
+}
+
 /// The statements of one IR match. Inline lists of more than one address become a named set
 /// of the table (`sets` grows; `auto_name` names it).
 fn match_exprs(m: &ir::Match, sets: &mut Vec<Set>, auto_name: impl Fn() -> String) -> Vec<Expr> {
@@ -346,6 +373,7 @@ fn merged_rule(
             right: Right::Protos(PORT_PROTOS.to_vec()),
         });
     }
+    drop_implied_port_guards(&mut exprs);
     let name = format!("{AUTO_SET_PREFIX}m{ci}_{first}");
     let (elements, comments) = m
         .elements
@@ -421,6 +449,7 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
                     format!("{AUTO_SET_PREFIX}{ci}_{ri}_{mi}")
                 }));
             }
+            drop_implied_port_guards(&mut exprs);
             let verdict = r.action.verdict();
             let kind = verdict.map(|v| EventKind::of(v, audited));
             if let (Some(ev), Some(kind)) = (&opts.events, kind) {
@@ -538,6 +567,52 @@ mod tests {
         assert!(!run.interval && run.elements.len() == 8);
         assert!(addr_set("s".into(), &set(&["10.0.0.0/27"])).interval);
         assert!(!addr_set("s".into(), &AddrSet::from_nets(IpFamily::V4, [])).interval);
+    }
+
+    fn proto(negate: bool, p: &[u8]) -> Expr {
+        Expr::Match {
+            negate,
+            left: Key::L4Proto,
+            right: Right::Protos(p.to_vec()),
+        }
+    }
+
+    fn dport() -> Expr {
+        Expr::Match {
+            negate: false,
+            left: Key::Port { source: false },
+            right: Right::Element(Element::Port(8080)),
+        }
+    }
+
+    #[test]
+    fn a_port_guard_goes_only_where_an_earlier_protocol_match_implies_it() {
+        use ir::eval::proto::{ICMP, TCP, UDP};
+        let guard = || proto(false, &PORT_PROTOS);
+        let kept = |mut v: Vec<Expr>| {
+            drop_implied_port_guards(&mut v);
+            v
+        };
+        // `meta l4proto udp` before: the guard reads the protocol a second time for nothing.
+        assert_eq!(
+            kept(vec![proto(false, &[UDP]), guard(), dport()]),
+            [proto(false, &[UDP]), dport()]
+        );
+        assert_eq!(
+            kept(vec![proto(false, &[TCP, UDP]), guard(), dport()]),
+            [proto(false, &[TCP, UDP]), dport()]
+        );
+        // Nothing before, a protocol that carries no ports, a negated test, or the test after
+        // the guard: it stays.
+        for v in [
+            vec![guard(), dport()],
+            vec![proto(false, &[UDP, ICMP]), guard(), dport()],
+            vec![proto(true, &[UDP]), guard(), dport()],
+            vec![guard(), dport(), proto(false, &[UDP])],
+            vec![proto(false, &[]), guard(), dport()],
+        ] {
+            assert_eq!(kept(v.clone()), v);
+        }
     }
 
     #[test]

@@ -36,6 +36,35 @@ fn one_event_per_flow_and_interval_carries_the_packets_in_between() {
 }
 
 #[test]
+fn the_end_of_a_burst_is_reported_once_the_flow_is_quiet() {
+    let mut l = FlowLimiter::new(Duration::from_secs(1), 100);
+    let at = |ms: u64| UNIX_EPOCH + Duration::from_millis(ms);
+    // Ten packets in 900 ms: one event at once, nine counted and waiting.
+    assert_eq!(l.offer(ev(EventKind::Drop, 0, 1000)).unwrap().packets, 1);
+    for t in 1..10 {
+        assert!(l.offer(ev(EventKind::Drop, t * 100, 1000)).is_none());
+    }
+    // Another flow whose one packet was reported: nothing waits for it.
+    assert!(l.offer(ev(EventKind::Drop, 0, 1001)).is_some());
+    // Not quiet for an interval yet: nothing.
+    assert!(l.flush(at(999)).is_empty());
+    let rest = l.flush(at(1000));
+    assert_eq!(rest.len(), 1, "{rest:?}");
+    assert_eq!(
+        (rest[0].sport, rest[0].packets, rest[0].bytes),
+        (1000, 9, 540)
+    );
+    // The latest packet's time: when the burst ended.
+    assert_eq!(rest[0].time, at(900));
+    // Sent once.
+    assert!(l.flush(at(5000)).is_empty());
+    // The flow's next packet, an interval after the remainder's, is reported at once with
+    // only itself.
+    assert_eq!(l.offer(ev(EventKind::Drop, 1900, 1000)).unwrap().packets, 1);
+    // Every packet counted exactly once: 1 + 9 + 1 events' packets for 11 packets.
+}
+
+#[test]
 fn memory_stays_bounded_under_a_flood_of_new_flows() {
     let mut l = FlowLimiter::new(Duration::from_secs(1), 64);
     for i in 0..10_000u16 {

@@ -67,7 +67,8 @@ pub(super) fn pin_link<E: std::fmt::Display>(
 /// direct-mapped array of `new_flow_slots` slots (an older peerwall pinned an LRU hash; or
 /// another `--flow-table-size`, whose slots the datapath's index would not match): those flows
 /// had no answer yet; an answer arriving after the swap is classified as a new flow of its
-/// own. The established flows' table is never dropped. Returns the pins removed.
+/// own. And the per-flow event state (`EVENT_FLOWS`) of another layout. The established
+/// flows' table is never dropped. Returns the pins removed.
 pub(super) fn drop_stale_caches(
     pin_dir: &Path,
     new_flow_slots: u32,
@@ -95,6 +96,21 @@ pub(super) fn drop_stale_caches(
             || info.key_size() != key as u32
             || info.map_flags() != peerwall_common::NO_COMMON_LRU
         {
+            std::fs::remove_file(&path).map_err(|source| BpfError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            removed.push(path.display().to_string());
+        }
+    }
+    // The per-flow event state, when an older peerwall pinned it with fewer fields
+    // (`EventFlow` grew the latest packet's): dropping it costs each flow an early event.
+    let path = pin_dir.join(map::EVENT_FLOWS);
+    if path.exists() {
+        let info = MapData::from_pin(&path)
+            .and_then(|d| d.info())
+            .map_err(map_err(map::EVENT_FLOWS))?;
+        if info.value_size() as usize != std::mem::size_of::<peerwall_common::EventFlow>() {
             std::fs::remove_file(&path).map_err(|source| BpfError::Io {
                 path: path.clone(),
                 source,
