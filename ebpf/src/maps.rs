@@ -21,8 +21,15 @@ pub(crate) const TRIE_MAX: u32 = 4 << 20;
 pub(crate) const PORT_TRIE_MAX: u32 = 1 << 16;
 pub(crate) const HASH_MAX: u32 = 1 << 14;
 pub(crate) const FLOWS_MAX: u32 = 1 << 16;
+/// Host entries of the address dimensions' hash maps. Their entries come with the policy, but
+/// the kernel allocates a hash map's buckets up front, 16 bytes per power-of-two slot: at
+/// `TRIE_MAX` the four host maps of a datapath (two dimensions, two slots) took 256 MiB of
+/// the agent's memory before any policy, per gateway pod, so a gateway's recreation (old and
+/// new datapath at once) overran the DaemonSet's 512 MiB limit. 1M hosts: 16 MiB each.
+pub(crate) const HOST_MAX: u32 = 1 << 20;
 pub(crate) use peerwall_common::FLOW_IDLE_NS;
-/// `BPF_F_NO_PREALLOC`: hash maps sized for millions of hosts take memory as entries come.
+/// `BPF_F_NO_PREALLOC`: a hash map's entries take memory as they come (its buckets do not:
+/// see [`HOST_MAX`]).
 pub(crate) const NO_PREALLOC: u32 = 1;
 
 macro_rules! slot_maps {
@@ -36,10 +43,10 @@ macro_rules! slot_maps {
         // exact-match lookup is O(1) where the trie walks its depth, and the tries stay small.
         #[map]
         pub(crate) static $srch: HashMap<AddrKeyData, Bitmap> =
-            HashMap::pinned(TRIE_MAX, NO_PREALLOC);
+            HashMap::pinned(HOST_MAX, NO_PREALLOC);
         #[map]
         pub(crate) static $dsth: HashMap<AddrKeyData, Bitmap> =
-            HashMap::pinned(TRIE_MAX, NO_PREALLOC);
+            HashMap::pinned(HOST_MAX, NO_PREALLOC);
         #[map]
         pub(crate) static $sport: LpmTrie<PortKeyData, Bitmap> = LpmTrie::pinned(PORT_TRIE_MAX, 0);
         #[map]
