@@ -145,20 +145,19 @@ pub(crate) fn note(s: &Said) {
     let f = unsafe { &mut *f };
     f.packets += 1;
     f.bytes += len;
-    // The latest packet, for the event user space sends if the flow goes quiet before its
-    // next one is due.
-    f.seen_ns = now;
-    f.iif = s.iif;
-    f.oif = s.oif;
-    f.rule = s.rule;
-    f.epoch = s.epoch;
-    f.sport = sport;
-    f.dport = dport;
-    f.state = s.state as u8;
-    if f.last_ns != 0 && now.wrapping_sub(f.last_ns) < conf.flow_interval_ns {
-        return;
-    }
-    if !take_token(now, conf) {
+    if (f.last_ns != 0 && now.wrapping_sub(f.last_ns) < conf.flow_interval_ns)
+        || !take_token(now, conf)
+    {
+        // Counted, not reported: the latest packet, for the event user space sends if the
+        // flow goes quiet before its next one is due (a sent event leaves nothing to keep).
+        f.seen_ns = now;
+        f.iif = s.iif;
+        f.oif = s.oif;
+        f.rule = s.rule;
+        f.epoch = s.epoch;
+        f.sport = sport;
+        f.dport = dport;
+        f.state = s.state as u8;
         return;
     }
     let Some(mut e) = EVENTS.reserve::<FlowEvent>(0) else {
