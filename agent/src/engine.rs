@@ -222,7 +222,15 @@ impl Engine {
             .first()
             .map(|t| t.name.clone())
             .unwrap_or_default();
-        match self.backend.release_boot(&table, &b.tunnel) {
+        // The node's CNI chain's boot table too, where it put one in the pod's sandbox.
+        let released = [table.as_str(), crate::protection::boot::NODE_BOOT_TABLE]
+            .into_iter()
+            .try_fold(true, |all, t| {
+                Ok::<_, peerwall_backend::BackendError>(
+                    self.backend.release_boot(t, &b.tunnel)? && all,
+                )
+            });
+        match released {
             Ok(true) => {
                 b.released = true;
                 tracing::info!(boot = %table, by = %b.superseded_by, "boot policy released: the peer's gateway configuration is in force");

@@ -11,6 +11,7 @@
 //! [`lab`], the gateway lab.
 
 pub mod cli;
+pub mod cni;
 pub mod dir;
 pub mod engine;
 pub mod events;

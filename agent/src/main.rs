@@ -5,6 +5,11 @@ use peerwall::cli::{self, Cli, LogFormat};
 use tracing_subscriber::EnvFilter;
 
 fn main() {
+    // Copied into the container runtime's CNI directory, the binary is `peerwall-boot`, the
+    // chained plugin that puts a gateway's boot policy in force at its sandbox's creation.
+    if peerwall::cni::plugin::invoked_as_plugin() {
+        std::process::exit(peerwall::cni::plugin::main());
+    }
     let args = Cli::parse();
     let filter = EnvFilter::try_from_env("PEERWALL_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     // Colour only for a terminal: logs written to files and pipes carry no escape codes.

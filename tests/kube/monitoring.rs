@@ -14,9 +14,11 @@ use crate::support::*;
 const SCRAPE_LABELS: [&str; 3] = ["instance", "job", "le"];
 
 /// What only the DaemonSet's agent (`--gateway-pods`) exports: the `gateway` label on every
-/// series and the `peerwall_gateways` gauge. An agent enforcing in one namespace has neither;
+/// series and the `peerwall_gateways` gauge (and, with `--cni-boot`,
+/// `peerwall_cni_boot_chained`). An agent enforcing in one namespace has none;
 /// `node.rs` checks the queries against the real DaemonSet.
 const GATEWAY_MODE: (&str, &str) = ("gateway", "peerwall_gateways");
+const CNI_BOOT: &str = "peerwall_cni_boot_chained";
 
 /// The metrics of several `/metrics` texts together.
 fn merged(texts: &[String]) -> BTreeMap<String, BTreeSet<String>> {
@@ -36,6 +38,7 @@ pub(crate) fn live_problems(texts: &[String], gateway_mode: bool) -> Vec<String>
     let mut metrics = merged(texts);
     if !gateway_mode {
         metrics.entry(GATEWAY_MODE.1.to_string()).or_default();
+        metrics.entry(CNI_BOOT.to_string()).or_default();
         for labels in metrics.values_mut() {
             labels.insert(GATEWAY_MODE.0.to_string());
         }

@@ -14,6 +14,8 @@ use peerwall::k8s::gateways::netns::pod_netns;
 use crate::common::*;
 use peerwall_testkit::node::Node;
 
+#[path = "agent_down.rs"]
+mod agent_down;
 #[path = "churn.rs"]
 mod churn;
 
@@ -393,6 +395,12 @@ fn boot_table_in(gw_netns: &Path, peer: &str) -> bool {
     nft_table_named(gw_netns, &peerwall::protection::boot::boot_table_name(peer))
 }
 
+/// Whether the node's CNI chain's boot table (`peerwall-boot`) is in force inside the gateway
+/// pod.
+fn node_boot_table_in(gw_netns: &Path) -> bool {
+    nft_table_named(gw_netns, peerwall::protection::boot::NODE_BOOT_TABLE)
+}
+
 /// Whether the bpf datapath is attached inside the gateway pod: the agent pins a tcx link per
 /// interface it attached to, under this gateway's pin directory, and the kernel says that
 /// link filters a device (a pin outlives its device).
@@ -434,6 +442,20 @@ fn bring_up_gateway(
     key: &str,
     backend: &str,
     old: Option<&str>,
+) -> (Gateway, Duration) {
+    bring_up(node, consumer, peer, key, backend, old, true)
+}
+
+/// [`bring_up_gateway`]; without `agent`, no agent runs: return once the consumer is
+/// connected (the duration is then 0).
+fn bring_up(
+    node: &Node,
+    consumer: &Consumer,
+    peer: &str,
+    key: &str,
+    backend: &str,
+    old: Option<&str>,
+    agent: bool,
 ) -> (Gateway, Duration) {
     let tenant = format!("liqo-tenant-{peer}");
     // The new gateway pods (not `old`) with their sandbox's network namespace. A sandbox can
@@ -498,6 +520,9 @@ fn bring_up_gateway(
     plumb_gateway(node, &netns);
     let gw_pub = wg_pubkey(key);
     consumer.connect(&ip, &gw_pub);
+    if !agent {
+        return (Gateway { uid, netns }, Duration::ZERO);
+    }
     let netns = wait(
         "peerwall to enforce inside the new gateway pod",
         Duration::from_secs(60),
@@ -784,6 +809,16 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         &db,
         "nftables after the gateway pod was recreated",
     );
+    // A gateway pod born while no agent runs on the node: peerwall-boot guards it.
+    let gw2 = agent_down::gateway_born_without_agent(
+        &node, &consumer, &peer, &gw_key, "nftables", gw2, &web, &db,
+    );
+    assert_matrix(
+        &consumer,
+        &web,
+        &db,
+        "nftables after a gateway was born without an agent",
+    );
 
     // ---- bpf: the same DaemonSet with --backend=bpf, a fresh gateway.
     delete_gateway(&node, &peer);
@@ -843,7 +878,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     assert_matrix(&consumer, &web, &db, "bpf");
     let pins = pins_of(&peer);
     assert_eq!(pins.len(), 1, "one pin directory per gateway: {pins:?}");
-    let _gw4 = churn::churn(
+    let gw4 = churn::churn(
         &node,
         &consumer,
         &peer,
@@ -859,6 +894,15 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         &web,
         &db,
         "bpf after the gateway pod was recreated",
+    );
+    let _gw5 = agent_down::gateway_born_without_agent(
+        &node, &consumer, &peer, &gw_key, "bpf", gw4, &web, &db,
+    );
+    assert_matrix(
+        &consumer,
+        &web,
+        &db,
+        "bpf after a gateway was born without an agent",
     );
     wait(
         "the deleted gateway's pins removed",
@@ -898,6 +942,13 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         "--ignore-not-found",
         "--timeout=120s",
     ]);
+    // The DaemonSet's deletion took peerwall-boot out of the node's CNI chain (a gateway
+    // created after peerwall is gone is not held by a boot policy no agent would release).
+    wait(
+        "peerwall-boot out of the CNI chain after the uninstall",
+        Duration::from_secs(30),
+        || (!agent_down::chained() && !Path::new(agent_down::PLUGIN).exists()).then_some(()),
+    );
     let left = node.kubectl(&["get", "crd", "-o", "name"]);
     assert!(
         !String::from_utf8_lossy(&left.stdout).contains("peerwall.io"),

@@ -58,8 +58,15 @@ start apiserver "$BIN/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
   --service-cluster-ip-range=10.96.0.0/24 --authorization-mode=Node,RBAC --allow-privileged=true \
   --kubelet-preferred-address-types=InternalIP
 
-# containerd: its own root, state and socket; pod namespaces mounted under its state dir.
-cat > "$R/cni/10-pods.conflist" <<C
+# containerd: its own root, state and socket; pod namespaces mounted under its state dir. CNI
+# at the standard paths (/opt/cni/bin, /etc/cni/net.d), which deploy/'s DaemonSet mounts to
+# chain peerwall-boot (--cni-boot); Debian's plugins linked in from /usr/lib/cni. stop-node.sh
+# removes what is added here.
+mkdir -p /opt/cni/bin /etc/cni/net.d
+for p in bridge host-local portmap loopback; do
+  [ -e "/opt/cni/bin/$p" ] || { ln -s "/usr/lib/cni/$p" "/opt/cni/bin/$p"; echo "/opt/cni/bin/$p" >> "$R/cni/added"; }
+done
+cat > /etc/cni/net.d/10-pods.conflist <<C
 {"cniVersion": "0.4.0", "name": "pods", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
    "ipam": {"type": "host-local", "dataDir": "$R/cni-ipam", "ranges": [[{"subnet": "10.244.0.0/24"}]],
@@ -78,8 +85,8 @@ state = "$R/containerd/state"
   # This machine refuses negative oom_score_adj even to root; keep pods at or above containerd's.
   restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
-    conf_dir = "$R/cni"
+    bin_dir = "/opt/cni/bin"
+    conf_dir = "/etc/cni/net.d"
   [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
     runtime_type = "io.containerd.runc.v2"
 C

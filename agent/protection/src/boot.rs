@@ -10,6 +10,11 @@
 //! - the agent (`--boot-peer ID`) keeps it in its policy until its policy holds the
 //!   controller's table for that peer ([`super::table_name`]), then lets it go in the same
 //!   step that puts that table in force: there is no moment with neither.
+//! - the node's CNI chain (`peerwall-boot`, installed by the DaemonSet with `--cni-boot`) puts
+//!   the same policy in force as [`NODE_BOOT_TABLE`] when a gateway pod's sandbox is created,
+//!   before any container of it runs, whether an agent runs on the node or not. It cannot know
+//!   the peer there (Liqo names it only in the containers' flags), so its table is not named
+//!   after one; the agent that enforces in the pod lets it go as it lets its own go.
 
 use peerwall_intent::types as api;
 use serde_json::{json, Value};
@@ -28,6 +33,25 @@ pub fn boot_spec(peer: &str, opts: &Options) -> api::FirewallConfigurationSpec {
     spec.table.name = Some(boot_table_name(peer));
     spec.audit = false;
     spec
+}
+
+/// The boot table the node's CNI chain puts in force in a gateway pod's sandbox (no peer in
+/// its name, and a hyphen, which the names of peers' tables never hold: `peerwall_<peer>`,
+/// `peerwall_boot_<peer>`).
+pub const NODE_BOOT_TABLE: &str = "peerwall-boot";
+
+/// The boot configuration the node's CNI chain puts in force, for a gateway whose peer it
+/// does not know: [`boot_spec`] in [`NODE_BOOT_TABLE`] (nothing is allowed in it, so no peer
+/// shows through).
+pub fn node_boot_object(opts: &Options) -> Value {
+    let mut spec = boot_spec("node", opts);
+    spec.table.name = Some(NODE_BOOT_TABLE.into());
+    json!({
+        "apiVersion": peerwall_intent::load::API_VERSION,
+        "kind": peerwall_intent::load::KIND,
+        "metadata": {"name": "peerwall-boot", "namespace": "peerwall-boot"},
+        "spec": spec,
+    })
 }
 
 /// [`boot_spec`] as a FirewallConfiguration object (never written to the API: the init
@@ -113,5 +137,27 @@ mod tests {
             v("169.254.18.1", 6, 22, CtState::New, None),
             VerdictAction::Drop
         );
+    }
+
+    /// The CNI chain's table holds the same verdicts under a name no peer's boot table, nor
+    /// any peer's table, can take.
+    #[test]
+    fn the_node_boot_table_is_the_boot_policy_under_a_name_no_peer_takes() {
+        let load = |v| {
+            let obj =
+                peerwall_intent::load::object_from_json(v, peerwall_intent::load::Group::Peerwall)
+                    .unwrap();
+            peerwall_policy::compile::compile(&[obj]).unwrap().policy
+        };
+        let node = load(node_boot_object(&default_options()));
+        let peer = load(boot_object("node", &default_options()));
+        assert_eq!(node.tables[0].name, NODE_BOOT_TABLE);
+        for id in ["node", "a", "_", "boot", "-boot", "boot-"] {
+            assert_ne!(boot_table_name(id), NODE_BOOT_TABLE);
+            assert_ne!(table_name(id), NODE_BOOT_TABLE);
+        }
+        let mut renamed = node.clone();
+        renamed.tables[0].name = peer.tables[0].name.clone();
+        assert_eq!(renamed, peer);
     }
 }

@@ -281,6 +281,17 @@ pub enum Command {
         #[arg(long)]
         netns: Option<String>,
     },
+    /// Take `peerwall-boot` out of this node's CNI chain and remove its binary (what the
+    /// DaemonSet's agent does with `--cni-boot` when peerwall is uninstalled; for a node whose
+    /// agent could not).
+    CniRemove {
+        /// The container runtime's CNI configuration directory.
+        #[arg(long, default_value = "/etc/cni/net.d")]
+        cni_conf_dir: PathBuf,
+        /// The container runtime's CNI binary directory.
+        #[arg(long, default_value = "/opt/cni/bin")]
+        cni_bin_dir: PathBuf,
+    },
     /// Remove what peerwall installed here: its nftables tables and (bpf) its pinned links
     /// (detaching the programs) and maps; whichever is found, or only --backend's.
     Delete {
@@ -362,7 +373,7 @@ pub enum Command {
     },
     /// Keep a source of FirewallConfigurations enforced on this host (runs until SIGINT/SIGTERM;
     /// enforcement stays in place after it stops).
-    Agent(AgentArgs),
+    Agent(Box<AgentArgs>),
     /// Provider and consumer protection (one per cluster): a default-deny gateway
     /// FirewallConfiguration per peer allowing only offloaded pods, and a NetworkPolicy per
     /// offloaded namespace. Runs until SIGINT/SIGTERM.
@@ -569,6 +580,12 @@ pub struct AgentArgs {
     /// `--gateway-pods`: the node's procfs (the pods' processes; mounted by `hostPID`).
     #[arg(long, default_value = "/proc")]
     pub proc: PathBuf,
+    /// `--gateway-pods`: chain `peerwall-boot` into the node's CNI configuration, so a new
+    /// gateway pod's boot policy is in force from its sandbox's creation, before its
+    /// containers, even while no agent runs on the node. Taken out again when the agent's
+    /// DaemonSet or namespace is deleted.
+    #[command(flatten)]
+    pub cni: CniArgs,
     /// `kube` source: this host's name in status conditions and finalizers
     /// (default: $NODE_NAME, $POD_NAME or the hostname).
     #[arg(long)]
@@ -606,6 +623,38 @@ pub struct AgentArgs {
     /// Who may steer this agent's gateways.
     #[command(flatten)]
     pub trust: TrustArgs,
+}
+
+/// The node's CNI chain (`--cni-boot`).
+#[derive(clap::Args, Debug, Clone)]
+pub struct CniArgs {
+    /// Chain `peerwall-boot` into the node's CNI configuration (`--gateway-pods`).
+    #[arg(long, requires = "gateway_pods")]
+    pub cni_boot: bool,
+    /// The container runtime's CNI binary directory, as mounted (same path as on the node).
+    #[arg(long, default_value = "/opt/cni/bin")]
+    pub cni_bin_dir: PathBuf,
+    /// The container runtime's CNI configuration directory, as mounted.
+    #[arg(long, default_value = "/etc/cni/net.d")]
+    pub cni_conf_dir: PathBuf,
+    /// Pods whose name starts with one of these get the boot policy at their sandbox's
+    /// creation (Liqo names its gateway Deployments `gw-<name>`), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "gw-")]
+    pub cni_pod_prefixes: Vec<String>,
+}
+
+impl CniArgs {
+    /// The installer's settings, when asked for.
+    pub fn settings(&self, proc: &std::path::Path) -> Option<crate::cni::install::Settings> {
+        self.cni_boot.then(|| crate::cni::install::Settings {
+            bin_dir: self.cni_bin_dir.clone(),
+            conf_dir: self.cni_conf_dir.clone(),
+            pod_name_prefixes: self.cni_pod_prefixes.clone(),
+            // The runtime's shim, whose child the agent is: in the node's mount namespace,
+            // where the runtime runs CNI plugins (PID 1 may refuse even root its links).
+            host_mnt: proc.join(format!("{}/ns/mnt", std::os::unix::process::parent_id())),
+        })
+    }
 }
 
 /// Who may steer a gateway (`--source kube`): the namespaces gateway objects are taken from and
@@ -878,6 +927,24 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             liqo_ping_port,
             netns,
         } => host::boot(&peer, tunnel_interface, liqo_ping_port, netns),
+        Command::CniRemove {
+            cni_conf_dir,
+            cni_bin_dir,
+        } => {
+            let s = crate::cni::install::Settings {
+                bin_dir: cni_bin_dir,
+                conf_dir: cni_conf_dir,
+                pod_name_prefixes: Vec::new(),
+                host_mnt: PathBuf::from("/proc/1/ns/mnt"),
+            };
+            let files = crate::cni::install::uninstall(&s).map_err(runtime)?;
+            out(&format!(
+                "peerwall-boot: out of {} ({} changed), {} removed\n",
+                s.conf_dir.display(),
+                files.len(),
+                s.binary().display()
+            ))
+        }
         Command::Inspect { at, output } => host::inspect(&at, output),
         Command::AllowAll { state, backend, at } => host::allow_all(state, backend, &at),
         Command::Counters {
@@ -890,7 +957,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
         Command::Status { minutes, output } => status(minutes, output),
         Command::SidecarPatch(a) => sidecar::sidecar_patch(a),
         Command::Lab { backend, keep } => serve::lab(backend, keep),
-        Command::Agent(a) => serve::agent(a),
+        Command::Agent(a) => serve::agent(*a),
         Command::Controller {
             tunnel_interface,
             block_leaf_to_leaf,

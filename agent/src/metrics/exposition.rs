@@ -297,6 +297,12 @@ impl Exposition for GatewayMetrics {
             "# HELP peerwall_gateways Liqo gateway pods enforced in on this node.\n# TYPE peerwall_gateways gauge\npeerwall_gateways {}\n",
             self.gateways.len()
         );
+        if let Some(chained) = self.cni_boot {
+            s.push_str(&format!(
+                "# HELP peerwall_cni_boot_chained Whether peerwall-boot is in the node's CNI chain (--cni-boot): new gateway pods get their boot policy at sandbox creation.\n# TYPE peerwall_cni_boot_chained gauge\npeerwall_cni_boot_chained {}\n",
+                u8::from(chained)
+            ));
+        }
         if sets.is_empty() {
             sets.push(
                 AgentMetrics::default()

@@ -82,6 +82,8 @@ pub struct GatewayMetrics {
     pub gateways: std::collections::BTreeMap<String, Shared>,
     /// The agent runs with events on: `/events` answers (empty) before the first gateway.
     pub events: bool,
+    /// With `--cni-boot`: whether `peerwall-boot` is in the node's CNI chain.
+    pub cni_boot: Option<bool>,
 }
 
 /// Shared metrics.

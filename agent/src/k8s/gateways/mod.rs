@@ -17,6 +17,7 @@
 //! namespaces and are replaced atomically by the next apply; bpf programs stay attached
 //! through their pinned links and the new enforcer adopts the pins.
 
+pub mod cni;
 pub mod handles;
 pub mod netns;
 pub mod pods;
@@ -57,6 +58,8 @@ pub struct Settings {
     pub drop_summary: Option<Duration>,
     /// Who may steer the gateways ([`super::trust`]).
     pub trust: super::trust::Trust,
+    /// The node's CNI chain (`--cni-boot`).
+    pub cni: Option<crate::cni::install::Settings>,
 }
 
 impl Settings {
@@ -412,6 +415,12 @@ pub fn run(
     stop: Arc<Shutdown>,
 ) -> anyhow::Result<()> {
     let rt = super::runtime()?;
+    // Chained first, before the API server is reached: it guards gateways created while the
+    // agent cannot enforce.
+    let mut chain = settings.cni.clone().map(cni::Chain::new);
+    if let Some(c) = chain.as_mut() {
+        c.tick(&metrics);
+    }
     rt.block_on(async move {
         let client = super::client().await?;
         let changed = Arc::new(super::Changes::default());
@@ -453,6 +462,9 @@ pub fn run(
             for peer in before.difference(&after) {
                 release_peer(&client, &sup.settings.node, peer).await;
             }
+            if let Some(c) = chain.as_mut() {
+                tokio::task::block_in_place(|| c.tick(&metrics));
+            }
             tokio::select! {
                 _ = stop.wait() => break,
                 _ = tokio::time::timeout(TICK, changed.notify.notified()) => {}
@@ -462,6 +474,9 @@ pub fn run(
         for (_, w) in std::mem::take(&mut sup.workers) {
             w.stop.trigger();
             let _ = tokio::task::block_in_place(|| w.thread.join());
+        }
+        if let Some(c) = &chain {
+            c.on_exit(&client).await;
         }
         tracing::info!("agent stopping; enforcement stays in place inside the gateway pods");
         Ok(())

@@ -1,0 +1,167 @@
+//! A gateway pod created while no agent runs on the node (the agent OOM-killed, crash-looping,
+//! being upgraded): `--cni-boot`'s `peerwall-boot` puts the boot policy in force in the pod's
+//! sandbox before its containers run, so the peer reaches nothing through the new gateway,
+//! offloaded or not, until an agent is back; then the offloaded pod is reached again and the
+//! node's boot table is gone. The stream and counting are the churn's (`churn::Stream`).
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::churn::Stream;
+use super::*;
+
+/// The node's CNI configuration (xtask/kube/start-node.sh) and the plugin's binary.
+pub(super) const CONFLIST: &str = "/etc/cni/net.d/10-pods.conflist";
+pub(super) const PLUGIN: &str = "/opt/cni/bin/peerwall-boot";
+
+/// Whether the node's CNI chain holds `peerwall-boot`, with its binary.
+pub(super) fn chained() -> bool {
+    std::fs::read_to_string(CONFLIST).is_ok_and(|t| t.contains("\"peerwall-boot\""))
+        && Path::new(PLUGIN).exists()
+}
+
+/// Packets `liqo-tunnel` received in the gateway's namespace (`/proc/net/dev` follows the
+/// reader's network namespace; `/sys/class/net` would not).
+fn tunnel_rx(gw_netns: &Path) -> u64 {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", gw_netns.display()))
+        .args(["cat", "/proc/net/dev"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| {
+            let (name, stats) = l.split_once(':')?;
+            (name.trim() == "liqo-tunnel")
+                .then(|| stats.split_whitespace().nth(1)?.parse().ok())
+                .flatten()
+        })
+        .unwrap_or(0)
+}
+
+/// Take the agent off the node (a nodeSelector no node has: its pod is deleted gracefully, as
+/// in a rolling update), recreate the gateway pod under the stream, check nothing crosses it,
+/// bring the agent back; returns the new gateway.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn gateway_born_without_agent(
+    node: &Node,
+    consumer: &Consumer,
+    peer: &str,
+    key: &str,
+    backend: &str,
+    gw: Gateway,
+    web: &(String, String),
+    db: &(String, String),
+) -> Gateway {
+    assert!(chained(), "{backend}: the DaemonSet chained peerwall-boot");
+    let cons = PathBuf::from(format!("/run/netns/{}", consumer.ns.name()));
+    let web_ns = pod_netns(Path::new("/proc"), &web.0).expect("web pod namespace");
+    let db_ns = pod_netns(Path::new("/proc"), &db.0).expect("db pod namespace");
+    let stream = Stream::start(&cons, (&web_ns, &web.1), (&db_ns, &db.1));
+    // The stream flows through the enforced gateway first: the sensitivity of the counts.
+    wait(
+        &format!("{backend}: the stream through the enforced gateway"),
+        Duration::from_secs(30),
+        || (stream.web.load(Ordering::Relaxed) > 20).then_some(()),
+    );
+    node.kubectl_ok(&[
+        "-n",
+        "peerwall-system",
+        "patch",
+        "ds",
+        "peerwall-agent",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"nodeSelector":{"peerwall.io/no-such-node":"true"}}}}}"#,
+    ]);
+    let off = Instant::now();
+    wait("the agent off the node", Duration::from_secs(90), || {
+        if off.elapsed() > Duration::from_secs(20) {
+            force_delete_exited_agents(node);
+        }
+        let out = agent_pods(node, "jsonpath={.items[*].metadata.name}");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .is_empty()
+            .then_some(())
+    });
+    assert!(
+        chained(),
+        "{backend}: an agent leaving the node (DaemonSet kept) keeps peerwall-boot chained"
+    );
+    node.kubectl_ok(&[
+        "-n",
+        &format!("liqo-tenant-{peer}"),
+        "delete",
+        "pod",
+        "-l",
+        "networking.liqo.io/component=gateway",
+        "--wait=false",
+    ]);
+    let (next, _) = bring_up(node, consumer, peer, key, backend, Some(&gw.uid), false);
+    assert!(
+        node_boot_table_in(&next.netns),
+        "{backend}: the new gateway's sandbox got the node boot table"
+    );
+    // The old gateway's last datagrams arrive; then the new one carries the stream alone,
+    // once the consumer's WireGuard session with it is up: 400 packets through its tunnel
+    // (2 s of the stream).
+    std::thread::sleep(Duration::from_millis(500));
+    let (web0, rx0) = (stream.web.load(Ordering::Relaxed), tunnel_rx(&next.netns));
+    let rx1 = wait(
+        &format!("{backend}: the stream through the new gateway's tunnel"),
+        Duration::from_secs(30),
+        || {
+            let rx = tunnel_rx(&next.netns);
+            (rx > rx0 + 400).then_some(rx)
+        },
+    );
+    let web1 = stream.web.load(Ordering::Relaxed);
+    assert_eq!(
+        (web1 - web0, stream.db.load(Ordering::Relaxed)),
+        (0, 0),
+        "{backend}: with no agent on the node, nothing new crosses a gateway born then (offloaded, private)"
+    );
+    // The agent back: it enforces in the new gateway and lets the node boot table go.
+    node.kubectl_ok(&[
+        "-n",
+        "peerwall-system",
+        "patch",
+        "ds",
+        "peerwall-agent",
+        "--type=json",
+        "-p",
+        r#"[{"op":"remove","path":"/spec/template/spec/nodeSelector/peerwall.io~1no-such-node"}]"#,
+    ]);
+    wait(
+        &format!("{backend}: the agent back, enforcing in the gateway born without it"),
+        Duration::from_secs(90),
+        || match backend {
+            "nftables" => nft_table_in(&next.netns, peer).then_some(()),
+            _ => bpf_attached_in(peer, &next.uid).then_some(()),
+        },
+    );
+    wait(
+        &format!("{backend}: the node boot table released"),
+        Duration::from_secs(30),
+        || (!node_boot_table_in(&next.netns)).then_some(()),
+    );
+    let before = stream.web.load(Ordering::Relaxed);
+    wait(
+        &format!("{backend}: the stream to the offloaded pod through the gateway again"),
+        Duration::from_secs(30),
+        || (stream.web.load(Ordering::Relaxed) > before + 20).then_some(()),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        stream.db.load(Ordering::Relaxed),
+        0,
+        "{backend}: the private pod was never reached"
+    );
+    eprintln!(
+        "{backend}: gateway born without an agent: tunnel received {} packets, offloaded +0, private 0; agent back, offloaded reached",
+        rx1 - rx0
+    );
+    drop(stream);
+    next
+}
