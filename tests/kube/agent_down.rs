@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::churn::Stream;
+use super::churn::{delete_gateway_pod, Stream};
 use super::*;
 
 /// The node's CNI configuration (xtask/kube/start-node.sh) and the plugin's binary.
@@ -19,6 +19,41 @@ pub(super) const PLUGIN: &str = "/opt/cni/bin/peerwall-boot";
 pub(super) fn chained() -> bool {
     std::fs::read_to_string(CONFLIST).is_ok_and(|t| t.contains("\"peerwall-boot\""))
         && Path::new(PLUGIN).exists()
+}
+
+/// A pod's log, followed from now until [`Followed::finish`] (a pod being deleted takes its
+/// log with it).
+pub(super) struct Followed {
+    child: std::process::Child,
+    path: PathBuf,
+}
+
+/// Follow the agent pod `pod`'s log.
+pub(super) fn follow_logs(node: &Node, pod: &str) -> Followed {
+    let path = node.dir.join(format!("{pod}.log"));
+    let out = std::fs::File::create(&path).expect("log file");
+    let child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", node.ns))
+        .arg(peerwall_testkit::kube::kube_bin_dir().join("kubectl"))
+        .arg(format!("--kubeconfig={}", node.kubeconfig.display()))
+        .args(["-n", "peerwall-system", "logs", "-f", pod])
+        .stdout(out)
+        .spawn()
+        .expect("kubectl logs -f");
+    Followed { child, path }
+}
+
+impl Followed {
+    /// What was logged, once the pod's log ended (or 30 s).
+    pub(super) fn finish(mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        std::fs::read_to_string(&self.path).unwrap_or_default()
+    }
 }
 
 /// Packets `liqo-tunnel` received in the gateway's namespace (`/proc/net/dev` follows the
@@ -38,6 +73,20 @@ fn tunnel_rx(gw_netns: &Path) -> u64 {
                 .flatten()
         })
         .unwrap_or(0)
+}
+
+/// Patch the agent DaemonSet (`kubectl patch --type=TYPE`).
+fn patch_agents(node: &Node, kind: &str, patch: &str) {
+    node.kubectl_ok(&[
+        "-n",
+        "peerwall-system",
+        "patch",
+        "ds",
+        "peerwall-agent",
+        &format!("--type={kind}"),
+        "-p",
+        patch,
+    ]);
 }
 
 /// Take the agent off the node (a nodeSelector no node has: its pod is deleted gracefully, as
@@ -65,15 +114,13 @@ pub(super) fn gateway_born_without_agent(
         Duration::from_secs(30),
         || (stream.web.load(Ordering::Relaxed) > 20).then_some(()),
     );
-    node.kubectl_ok(&[
-        "-n",
-        "peerwall-system",
-        "patch",
-        "ds",
-        "peerwall-agent",
-        "-p",
+    let agent = agent_pods(node, "jsonpath={.items[0].metadata.name}");
+    let last_words = follow_logs(node, String::from_utf8_lossy(&agent.stdout).trim());
+    patch_agents(
+        node,
+        "merge",
         r#"{"spec":{"template":{"spec":{"nodeSelector":{"peerwall.io/no-such-node":"true"}}}}}"#,
-    ]);
+    );
     let off = Instant::now();
     wait("the agent off the node", Duration::from_secs(90), || {
         if off.elapsed() > Duration::from_secs(20) {
@@ -85,19 +132,16 @@ pub(super) fn gateway_born_without_agent(
             .is_empty()
             .then_some(())
     });
+    let said = last_words.finish();
     assert!(
-        chained(),
-        "{backend}: an agent leaving the node (DaemonSet kept) keeps peerwall-boot chained"
+        chained() && said.contains("peerwall-boot stays in the CNI chain"),
+        "{backend}: an agent leaving the node (DaemonSet kept) keeps peerwall-boot chained; it said: {}",
+        said.lines()
+            .filter(|l| l.contains("peerwall-boot") || l.contains("uninstall"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
-    node.kubectl_ok(&[
-        "-n",
-        &format!("liqo-tenant-{peer}"),
-        "delete",
-        "pod",
-        "-l",
-        "networking.liqo.io/component=gateway",
-        "--wait=false",
-    ]);
+    delete_gateway_pod(node, peer);
     let (next, _) = bring_up(node, consumer, peer, key, backend, Some(&gw.uid), false);
     assert!(
         node_boot_table_in(&next.netns),
@@ -123,16 +167,11 @@ pub(super) fn gateway_born_without_agent(
         "{backend}: with no agent on the node, nothing new crosses a gateway born then (offloaded, private)"
     );
     // The agent back: it enforces in the new gateway and lets the node boot table go.
-    node.kubectl_ok(&[
-        "-n",
-        "peerwall-system",
-        "patch",
-        "ds",
-        "peerwall-agent",
-        "--type=json",
-        "-p",
+    patch_agents(
+        node,
+        "json",
         r#"[{"op":"remove","path":"/spec/template/spec/nodeSelector/peerwall.io~1no-such-node"}]"#,
-    ]);
+    );
     wait(
         &format!("{backend}: the agent back, enforcing in the gateway born without it"),
         Duration::from_secs(90),

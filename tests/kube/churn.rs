@@ -123,6 +123,19 @@ impl Drop for Stream {
     }
 }
 
+/// Delete the gateway pod (its Deployment creates the next one), not waiting for it to go.
+pub(super) fn delete_gateway_pod(node: &Node, peer: &str) {
+    node.kubectl_ok(&[
+        "-n",
+        &format!("liqo-tenant-{peer}"),
+        "delete",
+        "pod",
+        "-l",
+        "networking.liqo.io/component=gateway",
+        "--wait=false",
+    ]);
+}
+
 /// What a churn run measured (a row of docs/reliability.md).
 #[derive(Debug, serde::Serialize)]
 struct ChurnRow {
@@ -157,15 +170,7 @@ pub(super) fn churn(
     let mut enforced_ms = Vec::new();
     let started = Instant::now();
     for i in 0..times {
-        node.kubectl_ok(&[
-            "-n",
-            &format!("liqo-tenant-{peer}"),
-            "delete",
-            "pod",
-            "-l",
-            "networking.liqo.io/component=gateway",
-            "--wait=false",
-        ]);
+        delete_gateway_pod(node, peer);
         let (next, took) = bring_up_gateway(node, consumer, peer, key, backend, Some(&gw.uid));
         enforced_ms.push(took.as_millis() as u64);
         gw = next;

@@ -31,8 +31,8 @@ done
 ip netns del "$NS" 2>/dev/null
 # The node's CNI files (start-node.sh) and what the DaemonSet's --cni-boot left, if it was
 # not uninstalled.
-rm -f /etc/cni/net.d/10-pods.conflist /etc/cni/net.d/.10-pods.conflist.peerwall-tmp \
-  /opt/cni/bin/peerwall-boot /opt/cni/bin/.peerwall-boot.peerwall-tmp
+rm -f /etc/cni/net.d/10-pods.conflist /etc/cni/net.d/.10-pods.conflist.peerwall-tmp-* \
+  /opt/cni/bin/peerwall-boot /opt/cni/bin/.peerwall-boot.peerwall-tmp-* /opt/cni/bin/.peerwall-boot.lock
 [ -f "$R/cni/added" ] && xargs -r rm -f < "$R/cni/added"
 rmdir /etc/cni/net.d /etc/cni /opt/cni/bin /opt/cni 2>/dev/null
 rm -rf "$R"

@@ -90,9 +90,27 @@ impl Settings {
     }
 }
 
+/// The node's lock over peerwall's CNI files, held while they are read and written: an
+/// ending agent and its successor never interleave their edits (released when dropped).
+fn lock(s: &Settings) -> Result<std::fs::File, InstallError> {
+    let path = s.bin_dir.join(".peerwall-boot.lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(io("opening the lock", &path))?;
+    // SAFETY: flock(2) on a descriptor this function owns.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) } != 0 {
+        return Err(io("locking", &path)(std::io::Error::last_os_error()));
+    }
+    Ok(f)
+}
+
 /// Copy this binary in as the plugin (when it differs), check it runs on the node, and chain
 /// it. Returns the configuration file it is chained in.
 pub fn install(s: &Settings) -> Result<PathBuf, InstallError> {
+    let _held = lock(s)?;
     let me = std::env::current_exe().map_err(io("locating", Path::new("/proc/self/exe")))?;
     let bin = s.binary();
     let ours = std::fs::read(&me).map_err(io("reading", &me))?;
@@ -100,12 +118,18 @@ pub fn install(s: &Settings) -> Result<PathBuf, InstallError> {
         write_atomically(&bin, &ours, 0o755)?;
     }
     check_on_node(s)?;
-    keep(s).map(|(file, _)| file)
+    chain_in(s).map(|(file, _)| file)
 }
 
 /// Chain the plugin into the file in force if it is not there (a network plugin rewrote its
 /// file, or another file came first). Returns the file and whether it was written.
 pub fn keep(s: &Settings) -> Result<(PathBuf, bool), InstallError> {
+    let _held = lock(s)?;
+    chain_in(s)
+}
+
+/// [`keep`] under the lock.
+fn chain_in(s: &Settings) -> Result<(PathBuf, bool), InstallError> {
     let bin = s.binary();
     if !bin.exists() {
         return Err(io("finding the plugin", &bin)(std::io::Error::from(
@@ -130,6 +154,7 @@ pub fn keep(s: &Settings) -> Result<(PathBuf, bool), InstallError> {
 /// Take the plugin out of every configuration file, then remove its binary (in that order:
 /// a chain naming a missing binary fails every sandbox). Returns the files changed.
 pub fn uninstall(s: &Settings) -> Result<Vec<PathBuf>, InstallError> {
+    let _held = lock(s)?;
     let mut changed = Vec::new();
     for e in std::fs::read_dir(&s.conf_dir)
         .map_err(io("reading", &s.conf_dir))?
@@ -242,9 +267,12 @@ fn run_on_node(s: &Settings, cmd: &mut std::process::Command) -> Result<String, 
 /// runtime reads either the old file or the new one, never half of one.
 fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallError> {
     let dir = path.parent().unwrap_or(Path::new("."));
+    // Per process: two agents on a node (one ending, one starting) never share a half-written
+    // file.
     let tmp = dir.join(format!(
-        ".{}.peerwall-tmp",
-        path.file_name().unwrap_or_default().to_string_lossy()
+        ".{}.peerwall-tmp-{}",
+        path.file_name().unwrap_or_default().to_string_lossy(),
+        std::process::id()
     ));
     let mut f = std::fs::File::create(&tmp).map_err(io("writing", &tmp))?;
     f.write_all(bytes).map_err(io("writing", &tmp))?;
@@ -253,4 +281,93 @@ fn write_atomically(path: &Path, bytes: &[u8], mode: u32) -> Result<(), InstallE
         .map_err(io("writing", &tmp))?;
     std::fs::rename(&tmp, path).map_err(io("renaming into", path))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A node's CNI directories in a temporary directory (removed at the end).
+    struct Dirs(PathBuf);
+
+    impl Dirs {
+        fn new(name: &str) -> (Self, Settings) {
+            let root =
+                std::env::temp_dir().join(format!("peerwall-cni-{name}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&root);
+            let s = Settings {
+                bin_dir: root.join("bin"),
+                conf_dir: root.join("net.d"),
+                pod_name_prefixes: vec!["gw-".into()],
+                host_mnt: PathBuf::from("/proc/self/ns/mnt"),
+            };
+            std::fs::create_dir_all(&s.bin_dir).unwrap();
+            std::fs::create_dir_all(&s.conf_dir).unwrap();
+            (Self(root), s)
+        }
+    }
+
+    impl Drop for Dirs {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    const BRIDGE: &str =
+        r#"{"cniVersion": "0.4.0", "name": "pods", "plugins": [{"type": "bridge"}]}"#;
+
+    #[test]
+    fn keep_chains_once_and_uninstall_takes_out_then_removes_the_binary() {
+        let (_d, s) = Dirs::new("keep");
+        let conf = s.conf_dir.join("10-pods.conflist");
+        std::fs::write(&conf, BRIDGE).unwrap();
+        std::fs::write(s.conf_dir.join("99-later.conflist"), BRIDGE).unwrap();
+        // No binary: nothing is chained (a chain naming a missing binary fails every pod).
+        assert!(matches!(keep(&s), Err(InstallError::Io { .. })));
+        assert!(!chained_now(&s));
+        std::fs::write(s.binary(), b"plugin").unwrap();
+        assert_eq!(keep(&s).unwrap(), (conf.clone(), true));
+        assert_eq!(keep(&s).unwrap(), (conf.clone(), false));
+        assert!(chained_now(&s));
+        let text = std::fs::read_to_string(&conf).unwrap();
+        assert!(text.contains("\"peerwall-boot\"") && text.contains("\"gw-\""));
+        // Only the file in force is chained; no temporary file is left behind.
+        assert_eq!(
+            std::fs::read_to_string(s.conf_dir.join("99-later.conflist")).unwrap(),
+            BRIDGE
+        );
+        let names: Vec<String> = std::fs::read_dir(&s.conf_dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        // A network plugin rewrites its file: chained again.
+        std::fs::write(&conf, BRIDGE).unwrap();
+        assert!(!chained_now(&s));
+        assert_eq!(keep(&s).unwrap(), (conf.clone(), true));
+        assert_eq!(uninstall(&s).unwrap(), vec![conf.clone()]);
+        assert!(!s.binary().exists());
+        let back: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&conf).unwrap()).unwrap();
+        assert_eq!(
+            back,
+            serde_json::from_str::<serde_json::Value>(BRIDGE).unwrap()
+        );
+        // Nothing left to take out.
+        assert_eq!(uninstall(&s).unwrap(), Vec::<PathBuf>::new());
+    }
+
+    #[test]
+    fn the_check_refuses_the_agents_own_mount_namespace() {
+        let (_d, s) = Dirs::new("own");
+        std::fs::write(s.binary(), b"plugin").unwrap();
+        let e = check_on_node(&s).unwrap_err().to_string();
+        assert!(e.contains("the agent's own mount namespace"), "{e}");
+        let empty = Settings {
+            conf_dir: s.conf_dir.join("none"),
+            ..s.clone()
+        };
+        assert!(keep(&empty).unwrap_err().to_string().contains("reading"));
+    }
 }

@@ -93,16 +93,21 @@ impl Chain {
 
 /// Why peerwall is being uninstalled from this node, if it is: the agent's namespace or
 /// DaemonSet is deleted or being deleted, or the API server refuses the agent's credentials
-/// (its ServiceAccount or role is gone). Anything uncertain (the API server unreachable)
-/// keeps the chain: it fails closed.
+/// (`kubectl delete -k deploy/` removes the ServiceAccount and roles before the agents get
+/// their signal). Anything else (the API server unreachable) keeps the chain: it fails
+/// closed.
 async fn uninstalling(client: &kube::Client) -> Option<String> {
     let ns = std::env::var("POD_NAMESPACE").ok()?;
     let gone = |e: &kube::Error| match e {
-        kube::Error::Api(a) if a.code == 404 => Some("deleted"),
-        kube::Error::Api(a) if a.code == 401 || a.code == 403 => {
-            Some("the API server refuses the agent's credentials (ServiceAccount or role deleted)")
+        kube::Error::Api(a) if a.code == 404 => Some("deleted".to_string()),
+        kube::Error::Api(a) if a.code == 401 || a.code == 403 => Some(format!(
+            "the API server refuses the agent's credentials ({}: ServiceAccount or role deleted)",
+            a.code
+        )),
+        _ => {
+            tracing::info!(error = %e, "uninstall check not answered: peerwall-boot kept");
+            None
         }
-        _ => None,
     };
     match Api::<Namespace>::all(client.clone()).get(&ns).await {
         Ok(n) if n.metadata.deletion_timestamp.is_some() => {
