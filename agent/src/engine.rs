@@ -119,19 +119,22 @@ pub struct Boot {
     held: bool,
 }
 
+/// A boot FirewallConfiguration ([`crate::protection::boot`]'s objects) compiled: what the
+/// agent holds, `peerwall boot` and the CNI plugin put in force.
+pub fn boot_policy(obj: serde_json::Value) -> anyhow::Result<peerwall_policy::ir::Policy> {
+    let obj = peerwall_intent::load::object_from_json(obj, peerwall_intent::load::Group::Peerwall)
+        .context("reading the boot policy")?;
+    Ok(compile::compile(&[obj])
+        .context("compiling the boot policy")?
+        .policy)
+}
+
 impl Boot {
     /// The boot policy of `peer`'s gateway (default tunnel and tunnel check).
     pub fn for_peer(peer: &str) -> anyhow::Result<Self> {
         let opts = crate::protection::boot::default_options();
-        let obj = peerwall_intent::load::object_from_json(
-            crate::protection::boot::boot_object(peer, &opts),
-            peerwall_intent::load::Group::Peerwall,
-        )
-        .context("reading the boot policy")?;
         Ok(Self {
-            policy: compile::compile(&[obj])
-                .context("compiling the boot policy")?
-                .policy,
+            policy: boot_policy(crate::protection::boot::boot_object(peer, &opts))?,
             superseded_by: crate::protection::table_name(peer),
             tunnel: opts.tunnel,
             released: false,

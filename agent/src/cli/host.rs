@@ -103,13 +103,7 @@ pub(super) fn boot(
         liqo_ping_port,
         ..crate::protection::boot::default_options()
     };
-    let obj = peerwall_intent::load::object_from_json(
-        crate::protection::boot::boot_object(peer, &opts),
-        peerwall_intent::load::Group::Peerwall,
-    )
-    .map_err(input)?;
-    let compiled = peerwall_policy::compile::compile(&[obj])
-        .context("the boot policy does not compile")
+    let policy = crate::engine::boot_policy(crate::protection::boot::boot_object(peer, &opts))
         .map_err(input)?;
     if let Some(ns) = &netns {
         scope::enter_netns(ns)?;
@@ -131,7 +125,7 @@ pub(super) fn boot(
         None,
     )
     .map_err(runtime)?;
-    apply_with(b.as_mut(), &compiled.policy)
+    apply_with(b.as_mut(), &policy)
 }
 
 /// `peerwall delete`: removes what it finds (or, with `--backend`, that backend's part).

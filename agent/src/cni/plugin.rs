@@ -155,14 +155,9 @@ pub fn main() -> i32 {
 /// The node boot policy in force in the network namespace at `netns`, through nftables,
 /// unless peerwall already enforces there (a repeated ADD).
 fn put_boot_in_force(netns: &str) -> anyhow::Result<()> {
-    let obj = peerwall_intent::load::object_from_json(
-        crate::protection::boot::node_boot_object(&crate::protection::boot::default_options()),
-        peerwall_intent::load::Group::Peerwall,
-    )
-    .context("reading the boot policy")?;
-    let policy = peerwall_policy::compile::compile(&[obj])
-        .context("compiling the boot policy")?
-        .policy;
+    let policy = crate::engine::boot_policy(crate::protection::boot::node_boot_object(
+        &crate::protection::boot::default_options(),
+    ))?;
     let f = std::fs::File::open(netns).with_context(|| format!("opening {netns}"))?;
     // SAFETY: setns on a valid namespace descriptor; this process has one thread.
     if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
