@@ -116,3 +116,110 @@ fn an_interval_set_stays_exact_through_pod_churn() {
     assert!(edits > 100, "the churn edited the set ({edits} rounds)");
     assert_eq!(b.drift().unwrap(), Vec::<Drift>::new());
 }
+
+/// The kernel's declared size of `inet peerwall_grow pods`.
+fn listed_size(ns: &NetNs) -> Option<usize> {
+    let o = in_ns(ns, "nft", &["list", "set", "inet", "peerwall_grow", "pods"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("size "))
+        .and_then(|n| n.trim().parse().ok())
+}
+
+/// A hash set declares a size (the kernel's fixed-size hash, the faster lookup), and pods
+/// added and removed one at a time through the in-place path carry it across its size both
+/// ways: within it, one element over netlink; at the edge, the table recreated with the next
+/// size, never an element the kernel refuses.
+#[test]
+fn a_hash_set_grows_and_shrinks_across_its_declared_size() {
+    require_root();
+    let ns = NetNs::new("pwx-grow").expect("netns");
+    let dir = std::env::temp_dir().join(format!("pw-grow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("grow.yaml");
+    let addr = |i: u128| 0x0a21_0000u128 + 2 * i;
+    let elements: String = (0..30)
+        .map(|i| {
+            let a = std::net::Ipv4Addr::from(addr(i) as u32);
+            format!("{{key: {a}}}, ")
+        })
+        .collect();
+    std::fs::write(
+        &f,
+        format!("apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: grow, namespace: t}}\nspec:\n  table:\n    name: peerwall_grow\n    family: INET\n    sets:\n      - {{name: pods, keyType: ipv4_addr, elements: [{elements}]}}\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: drop\n        rules:\n          filterRules:\n            - {{name: to_pods, action: accept, match: [{{op: eq, ip: {{value: '@pods', position: dst}}}}]}}\n"),
+    )
+    .unwrap();
+    let objs = peerwall_intent::load::load_paths(&[f]).expect("loads");
+    std::fs::remove_dir_all(&dir).ok();
+    let mut policy = compile::compile(&objs).expect("compiles").policy;
+    let mut b = NftBackend::new(Nft::in_netns(ns.name()));
+    b.apply(&policy).expect("apply");
+    let SetElements::Addr(mut set) = policy.tables[0].sets[0].elements.clone() else {
+        panic!("an address set");
+    };
+    assert_eq!(listed_size(&ns), Some(64), "30 pods: room for 64");
+    let one = |i: u128| AddrRange {
+        lo: addr(i),
+        hi: addr(i),
+    };
+    let fallbacks = peerwall_backend_nftables::netlink::fallbacks();
+    let mut n: u128 = 30;
+    let mut recreated = Vec::new();
+    // Up to 70 pods (across 32 and 64), then down to 20.
+    let steps = (0..40).map(|_| true).chain((0..50).map(|_| false));
+    for grow in steps {
+        let edit = if grow {
+            n += 1;
+            set.insert_range(one(n - 1))
+        } else {
+            n -= 1;
+            set.remove_range(one(n))
+        };
+        let changes = vec![SetChange {
+            table: "peerwall_grow".into(),
+            family: policy.tables[0].family,
+            set: "pods".into(),
+            addr_family: IpFamily::V4,
+            edit,
+        }];
+        policy.tables[0].sets[0].elements = SetElements::Addr(set.clone());
+        let report = b
+            .update_sets(&policy, &changes)
+            .unwrap_or_else(|e| panic!("{n} pods: {e}"));
+        let size = peerwall_backend_nftables::model::capacity_for(n as usize);
+        assert_eq!(listed_size(&ns), Some(size), "{n} pods: {report:?}");
+        if report.recreated.is_empty() {
+            assert!(report.over_netlink, "{n} pods: {report:?}");
+        } else {
+            recreated.push(n);
+        }
+        let want = AddrSet::nft_elements(&set).join(", ");
+        let o = in_ns(
+            &ns,
+            "nft",
+            &["list", "set", "inet", "peerwall_grow", "pods"],
+        );
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let mut got: Vec<&str> = text
+            .split_once("elements = {")
+            .map(|(_, rest)| rest.split('}').next().unwrap_or(""))
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+            .collect();
+        got.sort_unstable();
+        let mut want: Vec<&str> = want.split(", ").filter(|e| !e.is_empty()).collect();
+        want.sort_unstable();
+        assert_eq!(got, want, "{n} pods");
+    }
+    // The size changes where the element count crosses a power of two: 33 and 65 pods on the
+    // way up, 64 and 32 on the way down; every other edit was one element in place.
+    assert_eq!(recreated, [33, 65, 64, 32], "where the table was recreated");
+    assert_eq!(
+        peerwall_backend_nftables::netlink::fallbacks(),
+        fallbacks,
+        "the kernel refused an element edit"
+    );
+    assert_eq!(b.drift().unwrap(), Vec::<Drift>::new());
+}

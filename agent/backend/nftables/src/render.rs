@@ -72,6 +72,12 @@ pub fn renders_as_hash(set: &AddrSet) -> bool {
     runs_are_short && total <= HASH_MAX_ELEMENTS
 }
 
+/// How many elements a set that [`renders_as_hash`] has: its addresses.
+pub fn hash_len(set: &AddrSet) -> usize {
+    let total: u128 = set.ranges().iter().map(|r| r.hi - r.lo + 1).sum();
+    usize::try_from(total).unwrap_or(usize::MAX)
+}
+
 /// The elements that edit `edit` removes from and adds to a rendered address set (`hash`:
 /// expanded into single addresses, as [`renders_as_hash`] sets are), net of each other.
 pub fn edit_elements(

@@ -202,6 +202,9 @@ fn set_text(out: &mut String, s: &crate::model::Set) {
     let value = if s.verdict_map { " : verdict" } else { "" };
     let _ = writeln!(out, "\t{kind} {} {{", s.name);
     let _ = writeln!(out, "\t\ttype {}{value}", s.key.nft());
+    if let Some(size) = s.capacity() {
+        let _ = writeln!(out, "\t\tsize {size}");
+    }
     if s.interval {
         let _ = writeln!(out, "\t\tflags interval");
     }

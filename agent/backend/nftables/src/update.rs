@@ -26,6 +26,9 @@ impl<R: Runner> NftBackend<R> {
                 return self.apply(policy);
             };
             let hash = render::renders_as_hash(contents);
+            // A hash set's declared size follows its element count: an edit that changes
+            // it recreates the set (the kernel refuses elements beyond the size).
+            let capacity = hash.then(|| model::capacity_for(render::hash_len(contents)));
             let fits = self.applied.get(&c.table).is_some_and(|t| {
                 t.family == c.family
                     && !t.dispatch_sources.contains(&c.set)
@@ -33,6 +36,7 @@ impl<R: Runner> NftBackend<R> {
                         s.name == c.set
                             && s.interval != hash
                             && s.key == model::KeyType::of(c.addr_family)
+                            && s.capacity() == capacity
                     })
             });
             if !fits {

@@ -159,6 +159,9 @@ fn set(t: &Table, s: &Set) -> Value {
     if s.interval {
         v["flags"] = json!(["interval"]);
     }
+    if let Some(size) = s.capacity() {
+        v["size"] = json!(size);
+    }
     if s.counter {
         v["stmt"] = json!([{"counter": null}]);
     }
