@@ -185,9 +185,10 @@ impl Set {
     /// when the set declares a size, the resizable `nft_rhash` otherwise. A lookup in the
     /// fixed-size hash is a one-word hash and a bucket walk; in `nft_rhash` it is the
     /// rhashtable's keyed hash and compare callbacks. The NetworkPolicy tier, which looks an
-    /// address up in several sets per packet, forwarded 0.71 of the conntrack-on gateway's
-    /// rate with sizes declared against 0.56 without (`cargo xtask bench-gateway`, 1000
-    /// NetworkPolicies, three interleaved rounds each).
+    /// address up in about eight sets per packet, forwarded 0.72 (0.69–0.75) of the
+    /// conntrack-on gateway's rate with sizes declared against 0.67 (0.66–0.70) without
+    /// (`cargo xtask bench-gateway`'s 1000-NetworkPolicy rows, six rounds of each, the two
+    /// builds alternating).
     pub fn capacity(&self) -> Option<usize> {
         (!self.interval && !self.counter).then(|| capacity_for(self.elements.len()))
     }
@@ -661,7 +662,10 @@ mod tests {
             rules: vec![],
             event_limit: None,
         };
-        assert!(t(20).same_structure(&t(32)), "20 and 32 elements: both size 64");
+        assert!(
+            t(20).same_structure(&t(32)),
+            "20 and 32 elements: both size 64"
+        );
         assert!(!t(32).same_structure(&t(33)), "33 elements need size 128");
     }
 }
