@@ -33,6 +33,34 @@ fn listed(ns: &NetNs) -> String {
         .join(", ")
 }
 
+/// Apply, in `ns`, a FirewallConfiguration whose table `peerwall_<name>` has one IPv4 set
+/// `set` holding `elements` (YAML items) and a forward chain accepting packets to it: the
+/// compiled policy, the backend that applied it and the set's contents.
+fn one_set_applied(
+    ns: &NetNs,
+    name: &str,
+    set: &str,
+    elements: &str,
+) -> (peerwall_policy::ir::Policy, NftBackend<Nft>, AddrSet) {
+    let dir = std::env::temp_dir().join(format!("pw-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &f,
+        format!("apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: {name}, namespace: t}}\nspec:\n  table:\n    name: peerwall_{name}\n    family: INET\n    sets:\n      - {{name: {set}, keyType: ipv4_addr, elements: [{elements}]}}\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: drop\n        rules:\n          filterRules:\n            - {{name: to_{set}, action: accept, match: [{{op: eq, ip: {{value: '@{set}', position: dst}}}}]}}\n"),
+    )
+    .unwrap();
+    let objs = peerwall_intent::load::load_paths(&[f]).expect("loads");
+    std::fs::remove_dir_all(&dir).ok();
+    let policy = compile::compile(&objs).expect("compiles").policy;
+    let mut b = NftBackend::new(Nft::in_netns(ns.name()));
+    b.apply(&policy).expect("apply");
+    let SetElements::Addr(contents) = policy.tables[0].sets[0].elements.clone() else {
+        panic!("an address set");
+    };
+    (policy, b, contents)
+}
+
 /// A pod population offloaded in one block (one interval), then churned as `bench-control`
 /// does: new pods after the block, pods of the block deleted, several changes per round.
 /// After every round the kernel lists exactly the canonical ranges, no batch was refused, and
@@ -41,22 +69,8 @@ fn listed(ns: &NetNs) -> String {
 fn an_interval_set_stays_exact_through_pod_churn() {
     require_root();
     let ns = NetNs::new("pwx-churn").expect("netns");
-    let dir = std::env::temp_dir().join(format!("pw-churn-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("churn.yaml");
-    std::fs::write(
-        &f,
-        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: churn, namespace: t}\nspec:\n  table:\n    name: peerwall_churn\n    family: INET\n    sets:\n      - {name: offloaded, keyType: ipv4_addr, elements: [{key: 10.32.0.0-10.32.19.135}]}\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: drop\n        rules:\n          filterRules:\n            - {name: to_offloaded, action: accept, match: [{op: eq, ip: {value: '@offloaded', position: dst}}]}\n",
-    )
-    .unwrap();
-    let objs = peerwall_intent::load::load_paths(&[f]).expect("loads");
-    std::fs::remove_dir_all(&dir).ok();
-    let mut policy = compile::compile(&objs).expect("compiles").policy;
-    let mut b = NftBackend::new(Nft::in_netns(ns.name()));
-    b.apply(&policy).expect("apply");
-    let SetElements::Addr(mut set) = policy.tables[0].sets[0].elements.clone() else {
-        panic!("an address set");
-    };
+    let (mut policy, mut b, mut set) =
+        one_set_applied(&ns, "churn", "offloaded", "{key: 10.32.0.0-10.32.19.135}");
     assert_eq!(set.ranges().len(), 1, "one block");
     assert_eq!(listed(&ns), "10.32.0.0-10.32.19.135");
     let seed = std::env::var("PEERWALL_SEED")
@@ -134,29 +148,11 @@ fn listed_size(ns: &NetNs) -> Option<usize> {
 fn a_hash_set_grows_and_shrinks_across_its_declared_size() {
     require_root();
     let ns = NetNs::new("pwx-grow").expect("netns");
-    let dir = std::env::temp_dir().join(format!("pw-grow-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("grow.yaml");
     let addr = |i: u128| 0x0a21_0000u128 + 2 * i;
     let elements: String = (0..30)
-        .map(|i| {
-            let a = std::net::Ipv4Addr::from(addr(i) as u32);
-            format!("{{key: {a}}}, ")
-        })
+        .map(|i| format!("{{key: {}}}, ", std::net::Ipv4Addr::from(addr(i) as u32)))
         .collect();
-    std::fs::write(
-        &f,
-        format!("apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: grow, namespace: t}}\nspec:\n  table:\n    name: peerwall_grow\n    family: INET\n    sets:\n      - {{name: pods, keyType: ipv4_addr, elements: [{elements}]}}\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: drop\n        rules:\n          filterRules:\n            - {{name: to_pods, action: accept, match: [{{op: eq, ip: {{value: '@pods', position: dst}}}}]}}\n"),
-    )
-    .unwrap();
-    let objs = peerwall_intent::load::load_paths(&[f]).expect("loads");
-    std::fs::remove_dir_all(&dir).ok();
-    let mut policy = compile::compile(&objs).expect("compiles").policy;
-    let mut b = NftBackend::new(Nft::in_netns(ns.name()));
-    b.apply(&policy).expect("apply");
-    let SetElements::Addr(mut set) = policy.tables[0].sets[0].elements.clone() else {
-        panic!("an address set");
-    };
+    let (mut policy, mut b, mut set) = one_set_applied(&ns, "grow", "pods", &elements);
     assert_eq!(listed_size(&ns), Some(64), "30 pods: room for 64");
     let one = |i: u128| AddrRange {
         lo: addr(i),
