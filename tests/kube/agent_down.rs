@@ -28,15 +28,17 @@ pub(super) struct Followed {
     path: PathBuf,
 }
 
-/// Follow the agent pod `pod`'s log.
-pub(super) fn follow_logs(node: &Node, pod: &str) -> Followed {
+/// Follow the log of the agent pod now on the node.
+pub(super) fn follow_agent_logs(node: &Node) -> Followed {
+    let agent = agent_pods(node, "jsonpath={.items[0].metadata.name}");
+    let pod = String::from_utf8_lossy(&agent.stdout).trim().to_string();
     let path = node.dir.join(format!("{pod}.log"));
     let out = std::fs::File::create(&path).expect("log file");
     let child = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{}", node.ns))
         .arg(peerwall_testkit::kube::kube_bin_dir().join("kubectl"))
         .arg(format!("--kubeconfig={}", node.kubeconfig.display()))
-        .args(["-n", "peerwall-system", "logs", "-f", pod])
+        .args(["-n", "peerwall-system", "logs", "-f", &pod])
         .stdout(out)
         .spawn()
         .expect("kubectl logs -f");
@@ -53,6 +55,20 @@ impl Followed {
         let _ = self.child.kill();
         let _ = self.child.wait();
         std::fs::read_to_string(&self.path).unwrap_or_default()
+    }
+
+    /// The ending agent said it keeps peerwall-boot chained, and it is chained (`what`: the
+    /// occasion); otherwise its own words on the matter.
+    pub(super) fn assert_kept_chained(self, what: &str) {
+        let said = self.finish();
+        assert!(
+            said.contains("peerwall-boot stays in the CNI chain") && chained(),
+            "{what} keeps peerwall-boot chained; the ending agent said: {}",
+            said.lines()
+                .filter(|l| l.contains("peerwall-boot") || l.contains("uninstall"))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
     }
 }
 
@@ -114,8 +130,7 @@ pub(super) fn gateway_born_without_agent(
         Duration::from_secs(30),
         || (stream.web.load(Ordering::Relaxed) > 20).then_some(()),
     );
-    let agent = agent_pods(node, "jsonpath={.items[0].metadata.name}");
-    let last_words = follow_logs(node, String::from_utf8_lossy(&agent.stdout).trim());
+    let last_words = follow_agent_logs(node);
     patch_agents(
         node,
         "merge",
@@ -132,15 +147,9 @@ pub(super) fn gateway_born_without_agent(
             .is_empty()
             .then_some(())
     });
-    let said = last_words.finish();
-    assert!(
-        chained() && said.contains("peerwall-boot stays in the CNI chain"),
-        "{backend}: an agent leaving the node (DaemonSet kept) keeps peerwall-boot chained; it said: {}",
-        said.lines()
-            .filter(|l| l.contains("peerwall-boot") || l.contains("uninstall"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    last_words.assert_kept_chained(&format!(
+        "{backend}: an agent leaving the node (DaemonSet kept)"
+    ));
     delete_gateway_pod(node, peer);
     let (next, _) = bring_up(node, consumer, peer, key, backend, Some(&gw.uid), false);
     assert!(

@@ -763,9 +763,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
 
     // Agent restarted: what is in force stays in force while it is away. Its last words are
     // followed: a restart is not an uninstall, peerwall-boot stays chained.
-    let old_agent = agent_pods(&node, "jsonpath={.items[0].metadata.name}");
-    let last_words =
-        agent_down::follow_logs(&node, String::from_utf8_lossy(&old_agent.stdout).trim());
+    let last_words = agent_down::follow_agent_logs(&node);
     node.kubectl_ok(&[
         "-n",
         "peerwall-system",
@@ -793,15 +791,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         (String::from_utf8_lossy(&out.stdout).trim() == "true").then_some(())
     });
     assert_matrix(&consumer, &web, &db, "nftables after an agent restart");
-    let said = last_words.finish();
-    assert!(
-        said.contains("peerwall-boot stays in the CNI chain") && agent_down::chained(),
-        "an agent restart keeps peerwall-boot chained; the old agent said: {}",
-        said.lines()
-            .filter(|l| l.contains("peerwall-boot") || l.contains("uninstall"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    last_words.assert_kept_chained("an agent restart");
 
     // Gateway pod recreated again and again under a stream: each new namespace enforced, the
     // private pod never reached.

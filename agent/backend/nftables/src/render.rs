@@ -68,14 +68,17 @@ fn addr_elems(set: &AddrSet) -> Vec<Element> {
 /// of hosts) rather than an interval set. O(ranges), no allocation.
 pub fn renders_as_hash(set: &AddrSet) -> bool {
     let runs_are_short = set.ranges().iter().all(|r| r.hi - r.lo < HASH_RUN_MAX);
-    let total: u128 = set.ranges().iter().map(|r| r.hi - r.lo + 1).sum();
-    runs_are_short && total <= HASH_MAX_ELEMENTS
+    runs_are_short && addresses(set) <= HASH_MAX_ELEMENTS
+}
+
+/// How many addresses `set` holds.
+fn addresses(set: &AddrSet) -> u128 {
+    set.ranges().iter().map(|r| r.hi - r.lo + 1).sum()
 }
 
 /// How many elements a set that [`renders_as_hash`] has: its addresses.
 pub fn hash_len(set: &AddrSet) -> usize {
-    let total: u128 = set.ranges().iter().map(|r| r.hi - r.lo + 1).sum();
-    usize::try_from(total).unwrap_or(usize::MAX)
+    usize::try_from(addresses(set)).unwrap_or(usize::MAX)
 }
 
 /// The elements that edit `edit` removes from and adds to a rendered address set (`hash`:
