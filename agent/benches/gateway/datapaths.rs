@@ -417,24 +417,10 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             );
             b.apply_rendered(linear).expect("apply");
         }
+        // As deployed: under the agent, whose route watcher keeps the local-address mirror.
         Datapath::PeerwallBpf | Datapath::PeerwallXdp => {
-            std::fs::write(&file, serde_yaml::to_string(&p.fwc).expect("yaml")).expect("write");
-            let pins = lab.pins();
-            let mut args = vec![
-                "apply",
-                "--backend",
-                "bpf",
-                "--pin-dir",
-                &pins,
-                "--interfaces",
-                TUNNEL,
-            ];
-            if dp == Datapath::PeerwallXdp {
-                args.push("--xdp");
-            }
-            let f = file.to_string_lossy().into_owned();
-            args.extend(["-f", &f]);
-            nsenter(&lab.gw, peerwall_bin(), &args);
+            let agent = deployed::bpf_agent(lab, p, dp == Datapath::PeerwallXdp);
+            *lab.agent.borrow_mut() = Some(agent);
         }
         Datapath::PeerwallBpfConntrack => {
             install(lab, Datapath::ConntrackOnly, p)?;
@@ -450,7 +436,7 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             return None;
         }
         Datapath::PeerwallNftEvents | Datapath::PeerwallBpfEvents => {
-            let agent = EventsAgent::start(lab, dp, p);
+            let agent = events_agent(lab, dp, p);
             let load = started.elapsed();
             *lab.agent.borrow_mut() = Some(agent);
             return Some(load);
@@ -538,6 +524,16 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
             uninstall(lab, dp.without_events().unwrap_or(dp));
         }
         Datapath::PeerwallBpf | Datapath::PeerwallXdp | Datapath::TcEmpty | Datapath::TcHash => {
+            // The row was what it says only if the mirror held through it. The agent leaves
+            // its policy in force when it stops (fail closed): delete it.
+            if let Some(agent) = lab.agent.borrow_mut().take() {
+                assert!(
+                    deployed::mirror_answers(lab),
+                    "{}: the local-address mirror lapsed during the measurement",
+                    dp.label()
+                );
+                drop(agent);
+            }
             nsenter(
                 &lab.gw,
                 peerwall_bin(),

@@ -6,45 +6,28 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use super::control::{time_until_enforced, Agent};
+use super::deployed::{policy_dir, METRICS_ADDR};
 use super::*;
 
-/// Where the agent serves `/metrics` and `/events`, inside the gateway's own network namespace.
-const METRICS_ADDR: &str = "127.0.0.1:9464";
-
-/// A running agent with events on, and what it has reported.
-pub(crate) struct EventsAgent {
-    _agent: Agent,
-}
-
-impl EventsAgent {
-    /// Start the agent on `p` (a directory source) and wait until the policy is in force.
-    pub(crate) fn start(lab: &Lab, dp: Datapath, p: &Policy) -> Self {
-        let dir = lab.dir.join("events-policies");
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("dir");
-        std::fs::write(
-            dir.join("gateway.yaml"),
-            serde_yaml::to_string(&p.fwc).expect("yaml"),
-        )
-        .expect("write");
-        let backend = match dp {
-            Datapath::PeerwallBpfEvents => "bpf",
-            _ => "nftables",
-        };
-        let mut agent = None;
-        time_until_enforced(lab, Ipv4Addr::new(10, 64, 0, 9), || {
-            agent = Some(Agent::spawn(
-                lab,
-                &dir,
-                backend,
-                METRICS_ADDR,
-                &["--events", "--events-addr", METRICS_ADDR],
-            ));
-        });
-        EventsAgent {
-            _agent: agent.expect("the agent started"),
-        }
-    }
+/// Start `peerwall agent --events` on `p` (a directory source) and wait until the policy is in
+/// force.
+pub(crate) fn events_agent(lab: &Lab, dp: Datapath, p: &Policy) -> Agent {
+    let dir = policy_dir(lab, "events-policies", p);
+    let backend = match dp {
+        Datapath::PeerwallBpfEvents => "bpf",
+        _ => "nftables",
+    };
+    let mut agent = None;
+    time_until_enforced(lab, Ipv4Addr::new(10, 64, 0, 9), || {
+        agent = Some(Agent::spawn(
+            lab,
+            &dir,
+            backend,
+            METRICS_ADDR,
+            &["--events", "--events-addr", METRICS_ADDR],
+        ));
+    });
+    agent.expect("the agent started")
 }
 
 /// How many events the agent in the gateway has read so far (its `/events` mark).

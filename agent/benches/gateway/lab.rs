@@ -14,8 +14,9 @@ pub(crate) struct Lab {
     pub(crate) gw_mac: [u8; 6],
     pub(crate) snd_mac: [u8; 6],
     pub(crate) dir: PathBuf,
-    /// The agent of a datapath that runs one (the events rows), stopped on uninstall.
-    pub(crate) agent: std::cell::RefCell<Option<EventsAgent>>,
+    /// The agent of a datapath that runs under one (the bpf and events rows: `deployed.rs`),
+    /// stopped on uninstall.
+    pub(crate) agent: std::cell::RefCell<Option<control::Agent>>,
 }
 
 pub(crate) fn mac_of(ns: &NetNs, dev: &str) -> [u8; 6] {

@@ -5,7 +5,7 @@
 //! forwarding regimes that last seconds (sampled every 100 ms with nothing installed: runs of
 //! ~200 k pps and runs of ~290 k pps), so the ratio of two such windows can be off by a third
 //! whatever the datapaths do. Here peerwall's datapath stays installed exactly as its row
-//! measured it (`peerwall apply --backend bpf`), and a limit program is attached with tcx *in
+//! measured it (under `peerwall agent --backend bpf`), and a limit program is attached with tcx *in
 //! front of* it for some windows: the limit passes every allowed packet (`TC_ACT_OK`, tcx's
 //! `TCX_PASS`), which ends tcx's walk, so in those windows a packet costs what the limit costs
 //! alone. The windows of a cycle are bpf, limit, limit, bpf (the two limits swap places every

@@ -46,6 +46,7 @@ mod np_cluster;
 
 mod control;
 mod datapaths;
+mod deployed;
 mod events;
 mod floods;
 mod lab;
@@ -312,7 +313,7 @@ fn main() {
         "Generated on {} (kernel {}, {} cores); data plane {data_secs} s, {repeats} interleaved rounds per policy (every datapath installed afresh and measured once per round: {} ms after {} ms warm-up, allowed then denied), seed {seed}.\n\n",
         date.trim(), uname.trim(), std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), window.as_millis(), warmup.as_millis()
     ));
-    md.push_str("Sender → gateway → receiver network namespaces over veth; 64-byte UDP from one AF_PACKET sender on one core (the whole path runs on that core, so rate = 1 / CPU cost per packet). Every datapath enforces the same policy: the controller's provider-protection configuration (default deny on `liqo-tunnel`, allow the consumer's N offloaded pods) or a mixed policy of 64 rules. *Allowed*: destinations drawn from the N pods, figure = packets forwarded per second. *Denied*: destinations outside them, figure = packets taken in and dropped per second. Ratios are to the no-filter gateway forwarding the same frames in the same round, then the median over the rounds (spread = min–max of the rounds' ratios). *Filter ns/pkt* = 1/pps − 1/pps(no filter) from the medians, the CPU the filter adds to each allowed packet.\n\n");
+    md.push_str("Sender → gateway → receiver network namespaces over veth; 64-byte UDP from one AF_PACKET sender on one core (the whole path runs on that core, so rate = 1 / CPU cost per packet). Every datapath enforces the same policy: the controller's provider-protection configuration (default deny on `liqo-tunnel`, allow the consumer's N offloaded pods) or a mixed policy of 64 rules. *Allowed*: destinations drawn from the N pods, figure = packets forwarded per second. *Denied*: destinations outside them, figure = packets taken in and dropped per second. Ratios are to the no-filter gateway forwarding the same frames in the same round, then the median over the rounds (spread = min–max of the rounds' ratios). *Filter ns/pkt* = 1/pps − 1/pps(no filter) from the medians, the CPU the filter adds to each allowed packet. peerwall's bpf rows run as a gateway runs them, under `peerwall agent` (`--source dir:`), whose route watcher keeps the local-address mirror that new flows take their path from (`peerwall inspect` must say so before and after every window; `peerwall apply` would leave them to a FIB lookup); their *load* is from the agent's start until its policy and mirror are in force.\n\n");
     md.push_str("![gateway benchmark](bench-gateway.svg)\n\n");
     md.push_str("| policy | datapath | allowed: ratio (spread) | allowed pps | filter ns/pkt | denied: ratio (spread) | denied pps | load |\n|---|---|---:|---:|---:|---:|---:|---:|\n");
     for r in &rows {
