@@ -105,7 +105,10 @@ pub(crate) struct Agent {
 }
 
 impl Agent {
-    /// `peerwall agent --source dir:DIR` in the gateway, its output discarded.
+    /// `peerwall agent --source dir:DIR` in the gateway, its output discarded. It gets SIGTERM
+    /// when the benchmark's thread that started it ends, however it ends (a benchmark stopped
+    /// with a signal skips every `Drop`), so that no agent outlives its run and takes CPU from
+    /// the next one.
     pub(crate) fn spawn(
         lab: &Lab,
         dir: &std::path::Path,
@@ -113,8 +116,9 @@ impl Agent {
         metrics: &str,
         extra: &[&str],
     ) -> Self {
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", lab.gw.name()))
+        use std::os::unix::process::CommandExt as _;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{}", lab.gw.name()))
             .arg(peerwall_bin())
             .args(["agent", "--source", &format!("dir:{}", dir.display())])
             .args(["--backend", backend, "--pin-dir", &lab.pins()])
@@ -122,9 +126,18 @@ impl Agent {
             .args(extra)
             .env("PEERWALL_LOG", "warn")
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("agent");
+            .stderr(Stdio::null());
+        // SAFETY: prctl(2) is async-signal-safe and only sets the child's parent-death signal,
+        // which nsenter's exec of the agent keeps.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("agent");
         Agent { child }
     }
 
