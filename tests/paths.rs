@@ -279,6 +279,10 @@ fn verdict_with_the_bpf_engine_leaves_nothing_behind() {
 /// Nothing the tests before this one ran (cargo runs test binaries one after another, this one
 /// late) left pins or slot metadata behind: every peerwall-made entry of bpffs and of
 /// `/run/peerwall` whose name carries a process id belongs to a process still running.
+///
+/// `cargo xtask test` passes the time the run started (`PEERWALL_TESTS_SINCE`, Unix seconds):
+/// an entry last changed before it is not this run's (an interrupted benchmark on the same
+/// machine, say) and is named on stderr instead. Without it, every entry counts.
 #[test]
 fn no_exited_process_left_pins_or_metadata_behind() {
     require_root();
@@ -287,15 +291,29 @@ fn no_exited_process_left_pins_or_metadata_behind() {
             .filter(|d| d.len() >= 2)
             .any(|pid| Path::new("/proc").join(pid).exists())
     };
-    let mut left = Vec::new();
+    let since = std::env::var("PEERWALL_TESTS_SINCE")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(|s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s));
+    let (mut left, mut older) = (Vec::new(), Vec::new());
     for dir in ["/sys/fs/bpf", "/run/peerwall/sys/fs/bpf"] {
         for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let ours = name.starts_with("pw") || name.starts_with("peerwall-");
-            if ours && name.bytes().any(|b| b.is_ascii_digit()) && !alive(&name) {
-                left.push(format!("{dir}/{name}"));
+            if !ours || !name.bytes().any(|b| b.is_ascii_digit()) || alive(&name) {
+                continue;
+            }
+            let changed = e.metadata().and_then(|m| m.modified()).ok();
+            match (since, changed) {
+                (Some(since), Some(changed)) if changed < since => {
+                    older.push(format!("{dir}/{name}"))
+                }
+                _ => left.push(format!("{dir}/{name}")),
             }
         }
+    }
+    if !older.is_empty() {
+        eprintln!("left by exited processes before this run started (not counted): {older:?}");
     }
     assert!(left.is_empty(), "left behind by exited processes: {left:?}");
 }

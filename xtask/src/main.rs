@@ -323,8 +323,14 @@ fn test(extra: &[String]) -> Result<()> {
     // The README and the book: links resolve, every page is in the book, mdbook builds it.
     docs::build(&root(), &cache_dir(), &target_dir().join("book"), step)?;
     let mut t = cargo();
+    // Leak checks count only what this run left (an interrupted benchmark's pins are not).
+    let since = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .context("the clock is before 1970")?
+        .as_secs();
     t.args(["test", "--workspace", "--exclude", "peerwall-ebpf"])
-        .args(extra);
+        .args(extra)
+        .env("PEERWALL_TESTS_SINCE", since.to_string());
     run(t)?;
     // A bounded run of every fuzz target (a long one by hand: `cargo xtask fuzz TARGET 3600`).
     if extra.is_empty() {

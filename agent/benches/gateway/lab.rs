@@ -1,6 +1,6 @@
 //! The benchmark topology: sender, gateway and receiver namespaces over veth.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use peerwall_netns::NetNs;
@@ -120,6 +120,7 @@ impl Lab {
         rcv.sysctl("net.ipv4.ip_forward", "0").expect("sysctl");
         let gw_mac = mac_of(&gw, TUNNEL);
         peerwall_backend_bpf::loader::ensure_bpffs().expect("bpffs");
+        sweep_interrupted_runs();
         let dir = std::env::temp_dir().join(format!("peerwall-bench-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("tmp dir");
@@ -136,6 +137,32 @@ impl Lab {
 
     pub(crate) fn pins(&self) -> String {
         format!("/sys/fs/bpf/peerwall-bench-{}", std::process::id())
+    }
+}
+
+/// Pins (and their /run metadata) of benchmark runs that were killed before their lab's drop:
+/// removed, so they hold no kernel memory and no leak check counts them.
+fn sweep_interrupted_runs() {
+    let meta = Path::new(peerwall_backend_bpf::inspect::META_ROOT).join("sys/fs/bpf");
+    let mut names: Vec<String> = ["/sys/fs/bpf", &meta.to_string_lossy()]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).into_iter().flatten().flatten())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names.dedup();
+    for name in names {
+        let Some(pid) = name.strip_prefix("peerwall-bench-") else {
+            continue;
+        };
+        if pid.parse::<u32>().is_err() || Path::new("/proc").join(pid).exists() {
+            continue;
+        }
+        let pins = Path::new("/sys/fs/bpf").join(&name);
+        match peerwall_backend_bpf::loader::remove_pins(&pins) {
+            Ok(_) => eprintln!("removed the pins of interrupted run {pid}"),
+            Err(err) => eprintln!("could not remove the pins of interrupted run {pid}: {err}"),
+        }
     }
 }
 
