@@ -417,6 +417,19 @@ fn bpf_attached_in(peer: &str, uid: &str) -> bool {
     peerwall_backend_bpf::loader::link_state(&pin).is_ok_and(|s| s.ifindex.is_some())
 }
 
+/// The handles (`/run/peerwall/gateways/<peer>_<uid>.json`) the agent keeps for `peer`'s
+/// gateways on this node.
+fn handles_of(peer: &str) -> Vec<String> {
+    std::fs::read_dir(peerwall::k8s::gateways::handles::HANDLES)
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().to_string())
+                .filter(|n| n.starts_with(&format!("{peer}_")) && n.ends_with(".json"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn pins_of(peer: &str) -> Vec<String> {
     std::fs::read_dir("/sys/fs/bpf/peerwall/gateways")
         .map(|d| {
@@ -918,6 +931,13 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         "the last gateway's pins removed",
         Duration::from_secs(30),
         || pins_of(&peer).is_empty().then_some(()),
+    );
+    // Nor handles: `peerwall inspect --gateway` must not list gateways that are gone (the
+    // nftables phase's went while the agent was down, and left no pins to sweep them with).
+    wait(
+        "no handle of the peer's gateways left",
+        Duration::from_secs(30),
+        || handles_of(&peer).is_empty().then_some(()),
     );
 
     // docs/runbook.md's uninstall, as written: the controller first (it would write the

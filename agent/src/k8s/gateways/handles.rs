@@ -38,6 +38,28 @@ pub fn remove(dir: &Path, name: &str) {
     let _ = std::fs::remove_file(dir.join(format!("{name}.json")));
 }
 
+/// Names of the handles under `dir` that no gateway accounts for any more: not in `keep` (the
+/// gateways this node sees or drains) and without a pin directory under `pins` (those are
+/// removed with their pins). An nftables gateway has no pins, so its handle is found only here
+/// when its pod went while the agent was down.
+pub fn orphans(dir: &Path, pins: &Path, keep: &std::collections::BTreeSet<String>) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = entries
+        .flatten()
+        .filter_map(|e| {
+            let file = e.file_name().to_string_lossy().into_owned();
+            file.strip_suffix(".json")
+                .filter(|n| !n.starts_with('.'))
+                .map(str::to_string)
+        })
+        .filter(|name| !keep.contains(name) && !pins.join(name).exists())
+        .collect();
+    out.sort();
+    out
+}
+
 /// The handles of `peer`'s gateways recorded under `dir`.
 pub fn of_peer(dir: &Path, peer: &str) -> Vec<Handle> {
     let Ok(entries) = std::fs::read_dir(dir) else {
@@ -106,5 +128,28 @@ mod tests {
         remove(&dir, "a_1");
         assert!(of_peer(&dir, "a").is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn orphans_are_handles_neither_kept_nor_pinned() {
+        let root = std::env::temp_dir().join(format!("pw-orphans-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (dir, pins) = (root.join("handles"), root.join("pins"));
+        let h = |peer: &str, uid: &str| Handle {
+            peer: peer.into(),
+            pod: format!("liqo-tenant-{peer}/gw"),
+            uid: uid.into(),
+            pins: pins.join(format!("{peer}_{uid}")),
+        };
+        for (peer, uid) in [("a", "1"), ("b", "2"), ("c", "3")] {
+            write(&dir, &format!("{peer}_{uid}"), &h(peer, uid)).unwrap();
+        }
+        // b's pins are still there (the pin sweep removes them with the handle); a is kept.
+        std::fs::create_dir_all(pins.join("b_2")).unwrap();
+        std::fs::write(dir.join(".d_4.tmp"), b"{}").unwrap();
+        let keep = ["a_1".to_string()].into_iter().collect();
+        assert_eq!(orphans(&dir, &pins, &keep), vec!["c_3".to_string()]);
+        assert!(orphans(&root.join("none"), &pins, &keep).is_empty());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -334,10 +334,10 @@ impl Supervisor {
         }
     }
 
-    /// Remove pin directories of gateways that are not on this node any more (the agent was
-    /// down when they went). Gateways seen but not started yet keep theirs, for adoption; a
-    /// datapath that still filters a device (a pod terminating while the agent restarted)
-    /// drains first.
+    /// Remove pin directories and handles of gateways that are not on this node any more (the
+    /// agent was down when they went). Gateways seen but not started yet keep theirs, for
+    /// adoption; a datapath that still filters a device (a pod terminating while the agent
+    /// restarted) drains first.
     fn collect_garbage(&mut self) {
         let keep: BTreeSet<String> = self
             .seen
@@ -345,10 +345,8 @@ impl Supervisor {
             .map(|(_, g)| g.pin_name())
             .chain(self.draining.keys().cloned())
             .collect();
-        let Ok(dir) = std::fs::read_dir(self.settings.gateway_pins()) else {
-            return;
-        };
-        for e in dir.flatten() {
+        let pinned = std::fs::read_dir(self.settings.gateway_pins());
+        for e in pinned.into_iter().flatten().flatten() {
             let name = e.file_name().to_string_lossy().to_string();
             if keep.contains(&name) {
                 continue;
@@ -361,6 +359,12 @@ impl Supervisor {
                 remove_pins(&e.path());
                 handles::remove(Path::new(handles::HANDLES), &name);
             }
+        }
+        // Handles of gateways that went while the agent was down and left no pins (nftables).
+        let dir = Path::new(handles::HANDLES);
+        for name in handles::orphans(dir, &self.settings.gateway_pins(), &keep) {
+            tracing::info!(handle = %name, "removing the handle of a gateway no longer on this node");
+            handles::remove(dir, &name);
         }
     }
 }
