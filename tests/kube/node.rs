@@ -417,21 +417,9 @@ fn bpf_attached_in(peer: &str, uid: &str) -> bool {
     peerwall_backend_bpf::loader::link_state(&pin).is_ok_and(|s| s.ifindex.is_some())
 }
 
-/// The handles (`/run/peerwall/gateways/<peer>_<uid>.json`) the agent keeps for `peer`'s
-/// gateways on this node.
-fn handles_of(peer: &str) -> Vec<String> {
-    std::fs::read_dir(peerwall::k8s::gateways::handles::HANDLES)
-        .map(|d| {
-            d.flatten()
-                .map(|e| e.file_name().to_string_lossy().to_string())
-                .filter(|n| n.starts_with(&format!("{peer}_")) && n.ends_with(".json"))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-fn pins_of(peer: &str) -> Vec<String> {
-    std::fs::read_dir("/sys/fs/bpf/peerwall/gateways")
+/// Entries of `dir` named for one of `peer`'s gateways (`<peer>_<uid>…`).
+fn named_for(dir: &str, peer: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
         .map(|d| {
             d.flatten()
                 .map(|e| e.file_name().to_string_lossy().to_string())
@@ -439,6 +427,18 @@ fn pins_of(peer: &str) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// The handles (`/run/peerwall/gateways/<peer>_<uid>.json`) the agent keeps for `peer`'s
+/// gateways on this node.
+fn handles_of(peer: &str) -> Vec<String> {
+    let mut h = named_for(peerwall::k8s::gateways::handles::HANDLES, peer);
+    h.retain(|n| n.ends_with(".json"));
+    h
+}
+
+fn pins_of(peer: &str) -> Vec<String> {
+    named_for("/sys/fs/bpf/peerwall/gateways", peer)
 }
 
 struct Gateway {
