@@ -68,9 +68,15 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
     namespace(&client, "local", json!({})).await;
     pod(&client, "app-a", "web", "10.200.0.5", json!({}), None).await;
     pod(&client, "app-a", "db", "10.200.0.6", json!({}), None).await;
+    namespace(
+        &client,
+        "offloaded-b",
+        json!({"liqo.io/remote-cluster-id": "b"}),
+    )
+    .await;
     pod(
         &client,
-        "local",
+        "offloaded-b",
         "shadow-b",
         "10.200.0.7",
         json!({"liqo.io/remote-cluster-id": "b", "liqo.io/managed-by": "shadowpod"}),

@@ -12,6 +12,7 @@ mod controller;
 mod deploy;
 mod e2e;
 mod liqo;
+mod membership;
 mod monitoring;
 mod node;
 mod outage;

@@ -300,16 +300,13 @@ impl DesiredIndex {
             }
             return out;
         }
-        // Offloaded to us by a consumer: labeled, or in a namespace the consumer owns.
-        let owner = pod
-            .labels
-            .get(REMOTE_CLUSTER_ID)
-            .map(String::as_str)
-            .or_else(|| {
-                self.namespaces
-                    .get(&pod.namespace)
-                    .and_then(offloaded_namespace_owner)
-            });
+        // Offloaded to us by a consumer: in a namespace the consumer owns.
+        let owner = super::peers::offloaded_by(
+            &pod.labels,
+            self.namespaces
+                .get(&pod.namespace)
+                .and_then(offloaded_namespace_owner),
+        );
         if let Some(o) = owner.filter(|o| self.peers.contains(*o)) {
             out.extend(
                 pod.ips

@@ -66,6 +66,22 @@ pub fn offloaded_namespace_owner(ns: &Namespace) -> Option<&str> {
     ns.labels.get(REMOTE_CLUSTER_ID).map(String::as_str)
 }
 
+/// The consumer a pod was offloaded by: the owner of its namespace ([`offloaded_namespace_owner`]).
+/// The namespace decides, because only who may label Namespaces (a cluster-scoped verb) can
+/// make one a consumer's; a pod's own `liqo.io/remote-cluster-id` label (anyone who may create
+/// a pod can set it) may only narrow: a pod labelled with another peer belongs to no peer, and
+/// a pod in a namespace without an owner belongs to none whatever it is labelled.
+pub fn offloaded_by<'a>(
+    pod_labels: &BTreeMap<String, String>,
+    namespace_owner: Option<&'a str>,
+) -> Option<&'a str> {
+    let owner = namespace_owner?;
+    match pod_labels.get(REMOTE_CLUSTER_ID) {
+        Some(claimed) if claimed != owner => None,
+        _ => Some(owner),
+    }
+}
+
 /// Address sets for every peer, from one snapshot.
 pub fn sets(world: &World) -> BTreeMap<String, PeerSets> {
     let ns_owner: BTreeMap<&str, Option<&str>> = world
@@ -109,12 +125,11 @@ pub fn sets(world: &World) -> BTreeMap<String, PeerSets> {
             }
             continue;
         }
-        // Offloaded to us by a consumer: labeled, or in a namespace the consumer owns.
-        let owner = pod
-            .labels
-            .get(REMOTE_CLUSTER_ID)
-            .map(String::as_str)
-            .or_else(|| ns_owner.get(pod.namespace.as_str()).copied().flatten());
+        // Offloaded to us by a consumer: in a namespace the consumer owns.
+        let owner = offloaded_by(
+            &pod.labels,
+            ns_owner.get(pod.namespace.as_str()).copied().flatten(),
+        );
         if let Some(s) = owner.and_then(|o| out.get_mut(o)) {
             s.offloaded.extend(pod.ips.iter().copied());
         }

@@ -85,14 +85,25 @@ fn world() -> World {
                 &[(TENANT_NAMESPACE, "true"), (REMOTE_CLUSTER_ID, "b")],
             ),
             ns("app-a", &[(REMOTE_CLUSTER_ID, "a")]),
+            ns("app-b", &[(REMOTE_CLUSTER_ID, "b")]),
             ns("local", &[]),
         ],
         pods: vec![
             pod("app-a", "web", "10.200.0.5"),
             pod("app-a", "web6", "fd00::5"),
+            pod("app-b", "shadow", "10.200.0.6"),
+            // A pod label never moves a pod to a peer its namespace's owner is not.
             Pod {
                 labels: labels(&[(REMOTE_CLUSTER_ID, "b")]),
-                ..pod("local", "shadow", "10.200.0.6")
+                ..pod("local", "claims-b", "10.200.0.16")
+            },
+            Pod {
+                labels: labels(&[(REMOTE_CLUSTER_ID, "b")]),
+                ..pod("app-a", "claims-b", "10.200.0.17")
+            },
+            Pod {
+                labels: labels(&[(REMOTE_CLUSTER_ID, "a")]),
+                ..pod("app-a", "says-a", "10.200.0.18")
             },
             pod("local", "plain", "10.200.0.7"),
             pod("liqo-tenant-a", "gateway", "10.200.0.8"),
@@ -179,7 +190,10 @@ fn remote_pods_are_listed_by_the_address_the_forward_hook_sees() {
 #[test]
 fn sets_follow_namespaces_labels_and_virtual_nodes() {
     let s = sets(&world());
-    assert_eq!(s["a"].offloaded, ips(&["10.200.0.5", "fd00::5"]));
+    assert_eq!(
+        s["a"].offloaded,
+        ips(&["10.200.0.5", "10.200.0.18", "fd00::5"])
+    );
     assert_eq!(s["b"].offloaded, ips(&["10.200.0.6"]));
     assert_eq!(s["a"].remote, ips(&["10.99.0.1"]));
     assert_eq!(s["b"].elsewhere, ips(&["10.99.0.1"]));

@@ -27,7 +27,8 @@ pub struct Pod {
     pub node: Option<String>,
     /// `status.podIPs` (or `status.podIP`).
     pub ips: Vec<IpAddr>,
-    /// Phase Succeeded/Failed, or being deleted: its IP may already belong to someone else.
+    /// Phase Succeeded/Failed: its IP may already belong to someone else. A pod being deleted
+    /// is not gone (it keeps its address through its grace period).
     pub gone: bool,
 }
 

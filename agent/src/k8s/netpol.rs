@@ -30,8 +30,17 @@ pub fn policy(p: &np::NetworkPolicy) -> Result<netpol::NetworkPolicy, Unreadable
     }
 }
 
-/// The addresses of a pod (`status.podIPs`, else `status.podIP`).
+/// The addresses a pod owns (`status.podIPs`, else `status.podIP`): none for a hostNetwork
+/// pod, whose status carries its node's address. Whoever may create a pod may ask for the
+/// host's network; were its address a pod's, a selector or an offloaded namespace would put
+/// the node itself (every port of it, every other hostNetwork pod on it) in an allowlist.
+/// NetworkPolicy does not apply to such pods either (the API reference: "hostNetwork pods
+/// ... are not selected by pod selectors"), so without addresses they are neither isolated
+/// nor allowed anywhere.
 pub fn pod_ips(p: &Pod) -> Vec<IpAddr> {
+    if p.spec.as_ref().and_then(|s| s.host_network) == Some(true) {
+        return Vec::new();
+    }
     let status = p.status.as_ref();
     let mut ips: Vec<IpAddr> = status
         .and_then(|s| s.pod_ips.as_ref())
@@ -61,6 +70,7 @@ pub fn trim_pod(p: &mut Pod) {
     if let Some(spec) = p.spec.as_mut() {
         let kept = k8s_openapi::api::core::v1::PodSpec {
             node_name: spec.node_name.take(),
+            host_network: spec.host_network.take(),
             containers: std::mem::take(&mut spec.containers)
                 .into_iter()
                 .map(|c| k8s_openapi::api::core::v1::Container {
@@ -84,10 +94,13 @@ pub fn trim_pod(p: &mut Pod) {
     }
 }
 
-/// Whether a pod is gone for traffic (finished, or being deleted).
-fn gone(p: &Pod) -> bool {
+/// Whether a pod is gone for traffic: finished (`Succeeded`/`Failed`: its sandbox and address
+/// are released, and the address may already be another pod's). A pod being deleted is not
+/// gone: it keeps its address, and serves, through its grace period, so it stays what it was
+/// (selected, isolated, allowed) until it finishes or its object is removed.
+pub fn gone(p: &Pod) -> bool {
     let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-    p.metadata.deletion_timestamp.is_some() || matches!(phase, Some("Succeeded" | "Failed"))
+    matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 /// The cluster as NetworkPolicies see it: virtual nodes (`liqo.io/type=virtual-node`) tell
@@ -191,4 +204,69 @@ pub fn cluster<'a>(
         }
     }
     (c, bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, extra_spec: serde_json::Value, meta: serde_json::Value, phase: &str) -> Pod {
+        let mut spec = json!({"containers": [{"name": "c"}]});
+        spec.as_object_mut()
+            .unwrap()
+            .extend(extra_spec.as_object().unwrap().clone());
+        let mut metadata = json!({"name": name, "namespace": "app", "labels": {"app": "x"}});
+        metadata
+            .as_object_mut()
+            .unwrap()
+            .extend(meta.as_object().unwrap().clone());
+        serde_json::from_value(json!({
+            "metadata": metadata,
+            "spec": spec,
+            "status": {"phase": phase, "podIP": "10.1.0.1", "podIPs": [{"ip": "10.1.0.1"}]},
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn host_network_pods_own_no_address_and_survive_trimming() {
+        let mut p = pod("h", json!({"hostNetwork": true}), json!({}), "Running");
+        trim_pod(&mut p);
+        assert!(
+            pod_ips(&p).is_empty(),
+            "the node's address is not the pod's"
+        );
+        let (c, _) = cluster([], [], [&p], [], &BTreeMap::new());
+        assert!(
+            c.pods.is_empty(),
+            "neither selected nor allowed: {:?}",
+            c.pods
+        );
+        let plain = pod("p", json!({}), json!({}), "Running");
+        assert_eq!(pod_ips(&plain), vec!["10.1.0.1".parse::<IpAddr>().unwrap()]);
+    }
+
+    #[test]
+    fn a_pod_being_deleted_keeps_its_place_until_it_finishes() {
+        let deleting = pod(
+            "d",
+            json!({}),
+            json!({"deletionTimestamp": "2026-01-01T00:00:00Z"}),
+            "Running",
+        );
+        let finished = pod("f", json!({}), json!({}), "Succeeded");
+        let failed = pod("x", json!({}), json!({}), "Failed");
+        assert!(!gone(&deleting));
+        assert!(gone(&finished) && gone(&failed));
+        let (c, _) = cluster(
+            [],
+            [],
+            [&deleting, &finished, &failed],
+            [],
+            &BTreeMap::new(),
+        );
+        let names: Vec<&str> = c.pods.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["d"]);
+    }
 }

@@ -160,9 +160,7 @@ fn remaps(ctx: &Ctx) -> BTreeMap<String, Vec<protection::Remap>> {
 
 /// The protection view of a pod.
 pub(crate) fn pod_info(p: &Pod) -> protection::Pod {
-    let status = p.status.as_ref();
     let ips = super::netpol::pod_ips(p);
-    let phase = status.and_then(|s| s.phase.as_deref());
     protection::Pod {
         namespace: p.namespace().unwrap_or_default(),
         name: p.name_any(),
@@ -174,8 +172,7 @@ pub(crate) fn pod_info(p: &Pod) -> protection::Pod {
             .unwrap_or_default(),
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         ips,
-        gone: p.metadata.deletion_timestamp.is_some()
-            || matches!(phase, Some("Succeeded" | "Failed")),
+        gone: super::netpol::gone(p),
     }
 }
 
