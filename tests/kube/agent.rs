@@ -180,6 +180,42 @@ async fn agent_applies_reports_status_and_cleans_up() {
     })
     .await;
 
+    // A misspelt field (`ctState` for `ctstate`): the CRD keeps it instead of pruning it, so
+    // the agent refuses the object with a did-you-mean. Pruned (the CRD before it preserved
+    // unknown fields), the accept rule below lost its state test and accepted every packet
+    // from 10.10.1.67 before the drop: the blocked ping passed.
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(json!({"spec": {"table": {"chains": [{
+        "name": "filter_chain_name", "type": "filter", "hook": "forward", "priority": 0, "policy": "accept",
+        "rules": {"filterRules": [
+            {"name": "replies", "action": "accept", "match": [
+                {"op": "eq", "ip": {"value": "10.10.1.67", "position": "src"}, "ctState": {"value": ["established"]}}]},
+            {"name": "drop_traffic", "action": "drop", "match": [
+                {"op": "eq", "ip": {"value": "10.10.1.67", "position": "src"}},
+                {"op": "eq", "ip": {"value": "10.20.1.2", "position": "dst"}}]}]}}]}}})))
+        .await
+        .unwrap();
+    let stored = api.get(&name).await.unwrap();
+    assert_eq!(
+        stored.data["spec"]["table"]["chains"][0]["rules"]["filterRules"][0]["match"][0]["ctState"],
+        json!({"value": ["established"]}),
+        "the API server kept the unknown field"
+    );
+    let (_, msg, _, _) = eventually(
+        "the Error condition on the misspelt field",
+        Duration::from_secs(20),
+        || async {
+            let c = condition(&api, &name, "gw-test").await?;
+            (c.0 == "Error" && c.2 == c.3 && c.1.contains("ctState")).then_some(c)
+        },
+    )
+    .await;
+    assert!(
+        msg.contains("spec.table.chains[0].rules.filterRules[0].match[0]")
+            && msg.contains("did you mean `ctstate`"),
+        "{msg}"
+    );
+    assert_thesis_block_enforced(&t.consumer);
+
     // Someone deletes the table: the agent restores it.
     in_ns(&t.gateway, "nft", &["delete", "table", "inet", &table]);
     eventually("drift repair", Duration::from_secs(10), || async {

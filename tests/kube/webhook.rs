@@ -104,6 +104,25 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("policy"), "{err}");
+    // A misspelt field reaches the webhook (the CRD keeps unknown fields instead of pruning
+    // them before admission) and is refused with a did-you-mean.
+    let mut misspelt = thesis_block();
+    misspelt["metadata"]["name"] = json!("misspelt");
+    misspelt["spec"]["table"]["chains"][0]["rules"]["filterRules"][0]["match"][0]["ctState"] =
+        json!({"value": ["established"]});
+    let refused = api
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(misspelt).unwrap(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("spec.table.chains[0].rules.filterRules[0].match[0]")
+            && refused.contains("did you mean `ctstate`"),
+        "{refused}"
+    );
     // Every shape Liqo creates, as a peerwall object (only the apiVersion changed), is admitted
     // and stored as written: peerwall's schema takes Liqo's objects whole.
     for (file, mut obj) in liqo_shapes() {
@@ -145,6 +164,28 @@ async fn webhook_refuses_invalid_objects_through_the_api_server() {
     pp.create(&PostParams::default(), &policy("good", "TCP"))
         .await
         .unwrap();
+    // A misspelt ProtectionPolicy field (`prots`: pruned, the opening covered every port).
+    let pp_dyn: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &peerwall::k8s::protection_policies::resource(),
+    );
+    let refused = pp_dyn
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
+                "metadata": {"name": "misspelt"},
+                "spec": {"open": [{"name": "metrics", "from": ["PeerPods"], "podSelector": {},
+                                   "prots": [{"protocol": "TCP", "port": 9090}]}]}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("spec.open[0]") && refused.contains("did you mean `ports`"),
+        "{refused}"
+    );
 
     // Certificate rotation: new connections get the new certificate without a restart, and
     // the API server keeps calling the webhook.

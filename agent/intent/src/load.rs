@@ -350,6 +350,21 @@ pub fn object_from_json(value: serde_json::Value, group: Group) -> Result<Policy
     object_from(value, &origin, group)
 }
 
+/// A ProtectionPolicy's `spec` as the API server stores it (or a file holds it): unknown
+/// fields (the CRD keeps them, so that a misspelt field is refused here instead of pruned
+/// into a wider policy) and mistyped values are refused with their field path below `spec`
+/// and the did-you-mean message of [`explain`]. `Err((path, given, message))`: `given` is the
+/// unknown field or value when the message names one.
+pub fn protection_spec_from_json(
+    spec: serde_json::Value,
+) -> Result<crate::ProtectionPolicySpec, (String, String, String)> {
+    serde_path_to_error::deserialize(spec).map_err(|e| {
+        let message = e.inner().to_string();
+        let given = message.split('`').nth(1).unwrap_or_default().to_string();
+        (e.path().to_string(), given, explain(&message))
+    })
+}
+
 /// Parse every FirewallConfiguration in a YAML stream. `origin` names the stream in errors.
 pub fn parse_documents(text: &str, origin: &str) -> Result<Vec<PolicyObject>, LoadError> {
     Ok(parse_all(text, origin)?.objects)

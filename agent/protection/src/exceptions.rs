@@ -215,6 +215,20 @@ fn ports(path: &str, list: &[api::PortSpec]) -> Result<Vec<PortRange>, Invalid> 
     Ok(out)
 }
 
+/// Decode a ProtectionPolicy's `spec` as stored ([`peerwall_intent::load::protection_spec_from_json`]):
+/// an unknown or mistyped field is [`Invalid`] with its path, like any other problem.
+pub fn decode(spec: serde_json::Value) -> Result<ProtectionPolicySpec, Invalid> {
+    peerwall_intent::load::protection_spec_from_json(spec).map_err(|(path, given, why)| Invalid {
+        path: if path == "." {
+            "spec".into()
+        } else {
+            format!("spec.{path}")
+        },
+        value: format!("{given:?}"),
+        why,
+    })
+}
+
 /// Check one ProtectionPolicy: the first problem, with its field path, or what it says.
 pub fn check(name: &str, spec: &ProtectionPolicySpec) -> Result<Checked, Invalid> {
     let mut peers = BTreeSet::new();

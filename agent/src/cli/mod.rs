@@ -810,11 +810,37 @@ fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
     Ok(sliced.compiled().clone())
 }
 
+/// Marks every object node of a schema `x-kubernetes-preserve-unknown-fields`: the API server
+/// then keeps a field the schema does not name instead of pruning it, so the webhook and the
+/// agents (whose readers refuse unknown fields, with a did-you-mean) see a misspelt `ctState`
+/// and refuse the object. Pruned, it was silently gone, and a match entry that lost its
+/// condition matched more (everything from the tunnel).
+fn preserve_unknown_fields(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(o) => {
+            // Objects with named properties only: a map (`additionalProperties`) keeps
+            // every key already.
+            if o.get("type").and_then(|t| t.as_str()) == Some("object")
+                && o.contains_key("properties")
+            {
+                o.insert(
+                    "x-kubernetes-preserve-unknown-fields".into(),
+                    serde_json::Value::Bool(true),
+                );
+            }
+            o.values_mut().for_each(preserve_unknown_fields);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(preserve_unknown_fields),
+        _ => {}
+    }
+}
+
 /// The CRD as YAML.
 ///
 /// Schema `default`s derived from `#[serde(default)]` are removed: the API server would apply
 /// them (and v1.20 rejects an empty-string default as "null"), while peerwall's loader already
-/// treats absent fields, and validation reports them with their path.
+/// treats absent fields, and validation reports them with their path. Unknown fields of
+/// `spec` are kept ([`preserve_unknown_fields`]).
 pub fn crd_yaml() -> anyhow::Result<String> {
     use kube::CustomResourceExt;
     fn strip_defaults(v: &mut serde_json::Value) {
@@ -836,6 +862,11 @@ pub fn crd_yaml() -> anyhow::Result<String> {
         let mut v = serde_json::to_value(&crd)?;
         if let Some(versions) = v.pointer_mut("/spec/versions") {
             strip_defaults(versions);
+            for version in versions.as_array_mut().into_iter().flatten() {
+                if let Some(spec) = version.pointer_mut("/schema/openAPIV3Schema/properties/spec") {
+                    preserve_unknown_fields(spec);
+                }
+            }
         }
         docs.push(serde_yaml::to_string(&v)?);
     }

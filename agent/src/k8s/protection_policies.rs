@@ -9,20 +9,48 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::runtime::reflector::Store;
 use kube::{Client, ResourceExt};
 use peerwall_intent::protection::{PeerStatus, ProtectionPolicyStatus};
-use peerwall_intent::ProtectionPolicy;
 
 use crate::netpol;
 use crate::protection::exceptions::{self, Checked, Invalid};
 
 const STATUS_MANAGER: &str = "peerwall-controller/protection-policies";
 
+/// The ProtectionPolicy resource, read untyped: a policy whose spec does not decode (an
+/// unknown field the CRD kept instead of pruning it) is one refused policy with its field
+/// path, never a watch that cannot decode the list.
+pub fn resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            peerwall_intent::load::GROUP,
+            peerwall_intent::load::VERSION,
+            peerwall_intent::load::PROTECTION_POLICY_KIND,
+        ),
+        "protectionpolicies",
+    )
+}
+
+/// A stored ProtectionPolicy's spec, decoded ([`exceptions::decode`]) and checked.
+pub fn check_object(obj: &DynamicObject) -> Result<Checked, Invalid> {
+    let spec = obj
+        .data
+        .get("spec")
+        .cloned()
+        .unwrap_or(serde_json::Value::Object(Default::default()));
+    exceptions::check(&obj.name_any(), &exceptions::decode(spec)?)
+}
+
+/// The status the controller last wrote on `obj`, if it reads.
+fn status_in(obj: &DynamicObject) -> Option<ProtectionPolicyStatus> {
+    serde_json::from_value(obj.data.get("status")?.clone()).ok()
+}
+
 /// The policies in force, from the cache.
 pub struct InForce {
-    store: Store<ProtectionPolicy>,
+    store: Store<DynamicObject>,
     /// Per policy name: the generation and the checked form of its last version that validated.
     last_good: Mutex<BTreeMap<String, (i64, Checked)>>,
 }
@@ -30,7 +58,7 @@ pub struct InForce {
 /// One policy as the controller reads it.
 pub struct Read {
     /// The object.
-    pub object: Arc<ProtectionPolicy>,
+    pub object: Arc<DynamicObject>,
     /// Its current generation's problem, if it does not validate.
     pub invalid: Option<Invalid>,
     /// What is in force of it: the current generation, or the last good one.
@@ -39,7 +67,7 @@ pub struct Read {
 
 impl InForce {
     /// Over `store`.
-    pub fn new(store: Store<ProtectionPolicy>) -> Self {
+    pub fn new(store: Store<DynamicObject>) -> Self {
         Self {
             store,
             last_good: Mutex::new(BTreeMap::new()),
@@ -67,7 +95,7 @@ impl InForce {
             .map(|object| {
                 let name = object.name_any();
                 let generation = object.metadata.generation.unwrap_or_default();
-                match exceptions::check(&name, &object.spec) {
+                match check_object(&object) {
                     Ok(c) => {
                         last.insert(name, (generation, c.clone()));
                         Read {
@@ -144,7 +172,7 @@ pub async fn write_status(
     defaults: exceptions::Settings,
     view: impl Fn() -> (Vec<String>, netpol::Cluster),
 ) {
-    let api: Api<ProtectionPolicy> = Api::all(client);
+    let api: Api<DynamicObject> = Api::all_with(client, &resource());
     let mut written: BTreeMap<String, ProtectionPolicyStatus> = BTreeMap::new();
     loop {
         tokio::time::sleep(Duration::from_secs(2)).await;
@@ -168,7 +196,8 @@ pub async fn write_status(
         for r in &reads {
             let name = r.object.name_any();
             let status = status_of(r, &peers);
-            if r.object.status.as_ref() == Some(&status) && written.get(&name) == Some(&status) {
+            if status_in(&r.object).as_ref() == Some(&status) && written.get(&name) == Some(&status)
+            {
                 continue;
             }
             if let Some(e) = &r.invalid {

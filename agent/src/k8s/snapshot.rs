@@ -151,22 +151,16 @@ impl Snapshot {
                     .as_str()
                     .unwrap_or_default()
                     .to_string();
-                let spec: peerwall_intent::ProtectionPolicySpec =
-                    read(v.get("spec").cloned().unwrap_or(Value::Null), at).map_err(
-                        |e| match e {
-                            SnapshotError::Document { at, message } => SnapshotError::Document {
-                                at,
-                                message: format!("ProtectionPolicy {name}: spec.{message}"),
-                            },
-                            other => other,
-                        },
-                    )?;
-                let checked = protection::exceptions::check(&name, &spec).map_err(|e| {
-                    SnapshotError::Document {
+                let spec = v
+                    .get("spec")
+                    .cloned()
+                    .unwrap_or(Value::Object(Default::default()));
+                let checked = protection::exceptions::decode(spec)
+                    .and_then(|spec| protection::exceptions::check(&name, &spec))
+                    .map_err(|e| SnapshotError::Document {
                         at: at.to_string(),
                         message: format!("ProtectionPolicy {name}: {e}"),
-                    }
-                })?;
+                    })?;
                 self.protection_policies.push(checked);
             }
             // Other kinds may share the files: the controller does not read them.

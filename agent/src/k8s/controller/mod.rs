@@ -401,9 +401,9 @@ impl Ctx {
             ),
             network_policies: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
             protection_policies: Arc::new(super::protection_policies::InForce::new(super::cache(
-                Api::all(client.clone()),
+                Api::all_with(client.clone(), &super::protection_policies::resource()),
                 wc(),
-                (),
+                super::protection_policies::resource(),
                 changed.clone(),
             ))),
             reported: std::sync::Mutex::new(BTreeSet::new()),

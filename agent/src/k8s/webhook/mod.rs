@@ -144,14 +144,7 @@ fn check_protection_policy(obj: &DynamicObject) -> Result<(), String> {
             name.len()
         ));
     }
-    let spec = obj
-        .data
-        .get("spec")
-        .cloned()
-        .unwrap_or(serde_json::Value::Object(Default::default()));
-    let spec: peerwall_intent::ProtectionPolicySpec = serde_path_to_error::deserialize(spec)
-        .map_err(|e| format!("{which}: spec.{}: {}", e.path(), e.inner()))?;
-    crate::protection::exceptions::check(&name, &spec)
+    super::protection_policies::check_object(obj)
         .map(|_| ())
         .map_err(|e| format!("{which}: {e}"))
 }
