@@ -223,7 +223,7 @@ impl Agent {
             }
             _ => {
                 let input = p.enforce.clone();
-                let s = settle(p);
+                let s = settle(p, &self.last_good);
                 (input, s)
             }
         }

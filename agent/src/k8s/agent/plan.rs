@@ -88,6 +88,40 @@ pub struct Plan {
     pub deleting: BTreeSet<String>,
 }
 
+/// Table names the controller derives for its own objects: protection (`peerwall_<peer>`, its
+/// boot twin `peerwall_boot_<peer>`), the NetworkPolicy tier (`pwnp_<peer>`) and the node's
+/// boot table (`peerwall-boot`).
+pub fn reserved_table(name: &str) -> bool {
+    name.starts_with("peerwall_")
+        || name.starts_with(peerwall_netpol::tier::TABLE_PREFIX)
+        || name == crate::protection::boot::NODE_BOOT_TABLE
+}
+
+/// Whether `key` (`namespace/name`) names one of the controller's own objects: the names it
+/// writes in a tenant namespace. The name is the identity the agent can check: another
+/// object cannot take it while the controller's exists, and the controller takes it back
+/// (server-side apply, forced) when someone writes it.
+pub fn controllers_key(key: &str) -> bool {
+    let name = key.rsplit('/').next().unwrap_or_default();
+    name == crate::protection::GATEWAY_CONFIG || name == peerwall_netpol::tier::TIER_CONFIG
+}
+
+/// Why `obj` (under `key`) may not be enforced as written: a table name reserved for the
+/// controller's objects ([`reserved_table`]) in an object that is not one of them. Such a
+/// table would replace a peer's protection or its NetworkPolicy tier.
+pub fn reserved_by_controller(key: &str, obj: &PolicyObject) -> Option<String> {
+    let table = obj.spec.table.name.as_deref().unwrap_or_default();
+    (reserved_table(table) && !controllers_key(key)).then(|| {
+        format!(
+            "spec.table.name: {table:?}: reserved for peerwall's controller (tables named \
+             `peerwall_*`, `pwnp_*` and `peerwall-boot` come only from its `{}` and `{}` \
+             objects); name the table otherwise",
+            crate::protection::GATEWAY_CONFIG,
+            peerwall_netpol::tier::TIER_CONFIG
+        )
+    })
+}
+
 /// Decide what to enforce from the observed objects and the last good specs; forget the last
 /// good spec of objects that are gone, re-created or being deleted.
 pub fn plan(observed: &[Observed], last_good: &mut BTreeMap<String, Good>) -> Plan {
@@ -103,13 +137,23 @@ pub fn plan(observed: &[Observed], last_good: &mut BTreeMap<String, Good>) -> Pl
             p.deleting.insert(o.key.clone());
             continue;
         }
-        match &o.checked {
+        let checked = match &o.checked {
+            Ok(obj) => match reserved_by_controller(&o.key, obj) {
+                Some(why) => Err(why),
+                None => Ok(obj),
+            },
+            Err(msg) => Err(msg.clone()),
+        };
+        match checked {
             Ok(obj) => {
                 p.enforce.insert(o.key.clone(), obj.clone());
                 p.current.insert(o.key.clone());
             }
             Err(msg) => {
-                let kept = last_good.get(&o.key).filter(|g| g.uid == o.uid);
+                let kept = last_good
+                    .get(&o.key)
+                    .filter(|g| g.uid == o.uid)
+                    .filter(|g| reserved_by_controller(&o.key, &g.object).is_none());
                 let note = match kept {
                     Some(g) => {
                         p.enforce.insert(o.key.clone(), g.object.clone());
@@ -128,11 +172,12 @@ pub fn plan(observed: &[Observed], last_good: &mut BTreeMap<String, Good>) -> Pl
 }
 
 /// What a whole-policy compilation made of a plan: the objects it refused (key, message
-/// reported in status) and the compiled policy of the rest.
+/// reported in status, and the last good spec kept in force instead, if any) and the compiled
+/// policy of the rest.
 #[derive(Clone, Debug, Default)]
 pub struct Settled {
-    /// Refused keys with their status message.
-    pub refused: Vec<(String, String)>,
+    /// Refused keys with their status message and what stays in force of them.
+    pub refused: Vec<(String, String, Option<PolicyObject>)>,
     /// The policy of everything else.
     pub compiled: compile::Compiled,
 }
@@ -140,9 +185,16 @@ pub struct Settled {
 impl Settled {
     /// Take the refusals into `p` (also when this result is reused for an unchanged plan).
     pub fn mark(&self, p: &mut Plan) {
-        for (k, msg) in &self.refused {
-            p.enforce.remove(k);
+        for (k, msg, kept) in &self.refused {
             p.current.remove(k);
+            match kept {
+                Some(o) => {
+                    p.enforce.insert(k.clone(), o.clone());
+                }
+                None => {
+                    p.enforce.remove(k);
+                }
+            }
             p.refused.insert(k.clone(), msg.clone());
         }
     }
@@ -150,10 +202,25 @@ impl Settled {
 
 /// Leave out the objects a whole-policy compilation refuses (for example two objects claiming
 /// one table) until the rest compiles; returns the refusals and the compiled rest.
-pub fn settle(p: &mut Plan) -> Settled {
+///
+/// On a clash the incumbent wins: an object whose table was in force for it (its last good
+/// spec names the same table) is compiled first and keeps the name, whatever the keys' order;
+/// the newcomer is refused, and keeps its own last good spec in force when it has one that
+/// compiles beside the rest. Nobody takes a table from another by choosing a name that sorts
+/// first.
+pub fn settle(p: &mut Plan, last_good: &BTreeMap<String, Good>) -> Settled {
+    let table = |o: &PolicyObject| o.spec.table.name.clone();
+    let holds = |k: &str, o: &PolicyObject| {
+        last_good
+            .get(k)
+            .is_some_and(|g| table(&g.object) == table(o))
+    };
     let mut out = Settled::default();
     loop {
-        let objs: Vec<PolicyObject> = p.enforce.values().cloned().collect();
+        let mut order: Vec<(&String, &PolicyObject)> = p.enforce.iter().collect();
+        // Stable: incumbents first, each group in key order.
+        order.sort_by_key(|(k, o)| !holds(k, o));
+        let objs: Vec<PolicyObject> = order.into_iter().map(|(_, o)| o.clone()).collect();
         let e = match compile::compile(&objs) {
             Ok(compiled) => {
                 out.compiled = compiled;
@@ -162,18 +229,37 @@ pub fn settle(p: &mut Plan) -> Settled {
             Err(e) => e,
         };
         let before = p.enforce.len();
-        let round: Vec<(String, String)> = e
+        let mut fell_back = false;
+        let round: Vec<(String, String, Option<PolicyObject>)> = e
             .objects
             .iter()
-            .map(|oe| (oe.origin.clone(), format!("{oe} (not applied)")))
-            .filter(|(k, _)| p.enforce.contains_key(k))
+            .filter(|oe| p.enforce.contains_key(&oe.origin))
+            .map(|oe| {
+                let k = oe.origin.clone();
+                // Its last good spec, unless that is what was just refused.
+                let kept = last_good
+                    .get(&k)
+                    .filter(|g| Some(&g.object) != p.enforce.get(&k))
+                    .filter(|g| reserved_by_controller(&k, &g.object).is_none());
+                match kept {
+                    Some(g) => {
+                        fell_back = true;
+                        let msg = format!(
+                            "{oe} (not applied; generation {} stays in force)",
+                            g.generation
+                        );
+                        (k, msg, Some(g.object.clone()))
+                    }
+                    None => (k, format!("{oe} (not applied)"), None),
+                }
+            })
             .collect();
         let step = Settled {
             refused: if round.is_empty() {
                 // Nothing attributable: refuse everything rather than loop.
                 p.enforce
                     .keys()
-                    .map(|k| (k.clone(), format!("{e} (not applied)")))
+                    .map(|k| (k.clone(), format!("{e} (not applied)"), None))
                     .collect()
             } else {
                 round
@@ -181,8 +267,12 @@ pub fn settle(p: &mut Plan) -> Settled {
             compiled: Default::default(),
         };
         step.mark(p);
-        out.refused.extend(step.refused);
-        if p.enforce.len() == before || p.enforce.is_empty() {
+        // A key refused again after its fallback is refused for good (its last message).
+        for r in step.refused {
+            out.refused.retain(|(k, _, _)| k != &r.0);
+            out.refused.push(r);
+        }
+        if (p.enforce.len() == before && !fell_back) || p.enforce.is_empty() {
             return out;
         }
     }
@@ -305,11 +395,113 @@ mod tests {
             ],
             &mut good,
         );
-        let refused = settle(&mut p).refused;
+        let refused = settle(&mut p, &good).refused;
         assert_eq!(refused.len(), 1, "{refused:?}");
         assert_eq!(refused[0].0, "ns/b");
         assert!(refused[0].1.contains("spec.table.name"), "{refused:?}");
         assert_eq!(p.enforce.keys().collect::<Vec<_>>(), ["ns/a", "ns/c"]);
+    }
+
+    /// Applied once: the agent remembers it as the last good spec of its key.
+    fn applied(good: &mut BTreeMap<String, Good>, o: &Observed) {
+        good.insert(
+            o.key.clone(),
+            Good {
+                uid: o.uid.clone(),
+                generation: o.generation,
+                object: o.checked.clone().unwrap(),
+            },
+        );
+    }
+
+    #[test]
+    fn a_newcomer_never_takes_a_table_in_force_whatever_its_name_sorts() {
+        let mut good = BTreeMap::new();
+        let holder = observed(
+            "z-holder",
+            "uz",
+            1,
+            Ok(object("z-holder", "shared", "drop")),
+        );
+        applied(&mut good, &holder);
+        // "a-new" sorts first: by key order alone it would take the table.
+        let newcomer = observed("a-new", "ua", 1, Ok(object("a-new", "shared", "accept")));
+        let mut p = plan(&[newcomer.clone(), holder.clone()], &mut good);
+        let refused = settle(&mut p, &good).refused;
+        assert_eq!(refused.len(), 1, "{refused:?}");
+        assert_eq!(refused[0].0, "ns/a-new");
+        assert_eq!(
+            p.enforce["ns/z-holder"].spec.table.chains[0].policy,
+            holder.checked.as_ref().unwrap().spec.table.chains[0].policy
+        );
+        assert!(
+            p.refused["ns/a-new"].contains("spec.table.name"),
+            "{:?}",
+            p.refused
+        );
+        // A newcomer that had its own table before keeps it in force.
+        let before = observed("a-new", "ua", 1, Ok(object("a-new", "mine", "accept")));
+        applied(&mut good, &before);
+        let renamed = observed("a-new", "ua", 2, Ok(object("a-new", "shared", "accept")));
+        let mut p = plan(&[renamed, holder.clone()], &mut good);
+        let s = settle(&mut p, &good);
+        assert_eq!(s.refused.len(), 1, "{:?}", s.refused);
+        assert_eq!(
+            p.enforce["ns/a-new"].spec.table.name.as_deref(),
+            Some("mine")
+        );
+        assert_eq!(
+            p.enforce["ns/z-holder"].spec.table.name.as_deref(),
+            Some("shared")
+        );
+        assert!(
+            p.refused["ns/a-new"].contains("generation 1 stays in force"),
+            "{:?}",
+            p.refused
+        );
+        assert!(!p.current.contains("ns/a-new"));
+        // The cached result marks a second plan the same way.
+        let renamed = observed("a-new", "ua", 2, Ok(object("a-new", "shared", "accept")));
+        let mut p2 = plan(&[renamed, holder], &mut good);
+        s.mark(&mut p2);
+        assert_eq!(
+            p2.enforce["ns/a-new"].spec.table.name.as_deref(),
+            Some("mine")
+        );
+    }
+
+    #[test]
+    fn the_controllers_table_names_come_only_from_its_objects() {
+        let mut good = BTreeMap::new();
+        for table in ["peerwall_a", "peerwall_boot_a", "pwnp_a", "peerwall-boot"] {
+            let squatter = observed("aaa", "u1", 1, Ok(object("aaa", table, "accept")));
+            let p = plan(&[squatter], &mut good);
+            assert!(p.enforce.is_empty(), "{table}");
+            assert!(
+                p.refused["ns/aaa"].contains("reserved for peerwall's controller"),
+                "{:?}",
+                p.refused
+            );
+        }
+        for name in [
+            crate::protection::GATEWAY_CONFIG,
+            peerwall_netpol::tier::TIER_CONFIG,
+        ] {
+            let own = observed(name, "u2", 1, Ok(object(name, "peerwall_a", "drop")));
+            let p = plan(&[own], &mut good);
+            assert_eq!(p.enforce.len(), 1, "{name}");
+        }
+        // Any other name is anyone's.
+        let p = plan(
+            &[observed(
+                "x",
+                "u3",
+                1,
+                Ok(object("x", "peerwallx", "accept")),
+            )],
+            &mut good,
+        );
+        assert_eq!(p.enforce.len(), 1);
     }
 
     #[test]
