@@ -429,6 +429,12 @@ pub enum Command {
         /// What the agents take: the webhook refuses the rest with the reason.
         #[command(flatten)]
         trust: TrustArgs,
+        /// The user peerwall's controller writes as: only it may write the controller's
+        /// objects (`peerwall-gateway`, `peerwall-networkpolicy`), tables named
+        /// `peerwall_*`/`pwnp_*`/`peerwall-boot`, and AddressSets filling its objects' sets.
+        /// Default: `system:serviceaccount:$POD_NAMESPACE:peerwall-controller`.
+        #[arg(long)]
+        controller_user: Option<String>,
     },
 }
 
@@ -1020,7 +1026,8 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             tls_key,
             issue,
             trust,
-        } => serve::webhook(listen, tls_cert.zip(tls_key), issue, trust),
+            controller_user,
+        } => serve::webhook(listen, tls_cert.zip(tls_key), issue, trust, controller_user),
     }
 }
 

@@ -192,8 +192,16 @@ pub(super) fn webhook(
     files: Option<(PathBuf, PathBuf)>,
     issue: IssueArgs,
     trust: TrustArgs,
+    controller: Option<String>,
 ) -> Result<(), CliError> {
     let stop = stop_flag()?;
+    let controller = controller.unwrap_or_else(|| {
+        format!(
+            "system:serviceaccount:{}:{}",
+            own_namespace(),
+            crate::k8s::webhook::CONTROLLER_SERVICE_ACCOUNT
+        )
+    });
     let tls = match files {
         Some((cert, key)) => crate::k8s::webhook::Tls::Files { cert, key },
         None => crate::k8s::webhook::Tls::Issued(issue.issue(&own_namespace())),
@@ -203,6 +211,7 @@ pub(super) fn webhook(
             listen,
             tls,
             trust: trust.trust(),
+            controller,
         },
         stop,
     )

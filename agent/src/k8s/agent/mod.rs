@@ -28,7 +28,8 @@ mod report;
 mod slices;
 
 pub use plan::{
-    finalizer, plan, settle, Good, Observed, Outcome, Plan, Settled, SWITCH_ON_MESSAGE,
+    controllers_key, finalizer, plan, reserved_table, settle, Good, Observed, Outcome, Plan,
+    Settled, SWITCH_ON_MESSAGE,
 };
 pub use slices::{SliceObserved, Slices};
 

@@ -24,14 +24,60 @@ pub use serve::{run, Settings, Tls};
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
-/// What admission knows beyond the object: who may steer a gateway, and the Liqo tenant
-/// namespaces as last listed.
+/// The ServiceAccount peerwall's controller runs as (`deploy/base/controller.yaml`).
+pub const CONTROLLER_SERVICE_ACCOUNT: &str = "peerwall-controller";
+
+/// What admission knows beyond the object: who may steer a gateway, the Liqo tenant
+/// namespaces as last listed, and who the controller is.
 #[derive(Clone, Debug)]
 pub struct Judge {
     /// The agents' trust ([`super::trust`]): the webhook refuses what they would ignore.
     pub trust: super::trust::Trust,
     /// Tenant namespaces and their peers.
     pub tenants: super::trust::Tenants,
+    /// The user the controller writes as (`system:serviceaccount:<ns>:peerwall-controller`):
+    /// the identity the API server authenticated, which no label or field of an object can
+    /// claim.
+    pub controller: String,
+}
+
+/// What only the controller may write, by identity: its objects (by name), the tables it
+/// derives (by name), the sets of its objects (AddressSets naming them). `None` when `obj`
+/// is none of these or `user` is the controller.
+fn controllers_only(
+    judge: &Judge,
+    user: Option<&str>,
+    kind: &str,
+    obj: &DynamicObject,
+) -> Option<String> {
+    if user == Some(judge.controller.as_str()) {
+        return None;
+    }
+    let key = super::key_of(obj);
+    let who = user.unwrap_or("an unauthenticated user");
+    let what = if kind == peerwall_intent::load::ADDRESS_SET_KIND {
+        let target = obj
+            .data
+            .pointer("/spec/firewallConfiguration")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        super::agent::controllers_key(target)
+            .then(|| format!("it fills a set of the controller's {target}"))?
+    } else if super::agent::controllers_key(&key) {
+        "it is one of the controller's objects".to_string()
+    } else {
+        let table = obj
+            .data
+            .pointer("/spec/table/name")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default();
+        super::agent::reserved_table(table)
+            .then(|| format!("spec.table.name {table:?} is reserved for the controller's tables"))?
+    };
+    Some(format!(
+        "{key}: {what}: only peerwall's controller ({}) writes it, not {who}",
+        judge.controller
+    ))
 }
 
 /// Whether `obj` is meant for an agent's gateway or host (`peerwall.io/target`, the label every
@@ -78,6 +124,17 @@ pub fn review(body: &[u8], judge: &Judge) -> serde_json::Value {
     if req.kind.group != peerwall_intent::load::GROUP {
         tracing::debug!(group = %req.kind.group, name = %req.name, "not peerwall's: admitted");
         return to_json(resp);
+    }
+    if let (Operation::Create | Operation::Update, Some(obj)) = (&req.operation, &req.object) {
+        if let Some(why) = controllers_only(
+            judge,
+            req.user_info.username.as_deref(),
+            &req.kind.kind,
+            obj,
+        ) {
+            tracing::info!(object = %super::key_of(obj), reason = %why, "refused");
+            return to_json(resp.deny(why));
+        }
     }
     let resp = match (&req.operation, &req.object) {
         (Operation::Create | Operation::Update, Some(obj))
@@ -186,6 +243,7 @@ mod tests {
 
     fn judge() -> Judge {
         Judge {
+            controller: "system:serviceaccount:peerwall-system:peerwall-controller".into(),
             trust: crate::k8s::trust::Trust::default_for("peerwall-system"),
             tenants: crate::k8s::trust::Tenants::from([(
                 "liqo-tenant-a".to_string(),
@@ -306,5 +364,121 @@ mod tests {
     fn garbage_is_refused() {
         let r = review(b"{\"kind\": 1}", &judge());
         assert_eq!(r["response"]["allowed"], false);
+    }
+}
+
+#[cfg(test)]
+mod identity_tests {
+    use super::*;
+
+    const CONTROLLER: &str = "system:serviceaccount:peerwall-system:peerwall-controller";
+
+    /// A review of `kind` `name` in `liqo-tenant-a` with `spec`, written by `user`, labelled
+    /// as the controller labels its objects (a label anyone can set).
+    fn review_by(user: &str, kind: &str, name: &str, spec: serde_json::Value) -> serde_json::Value {
+        let resource = if kind == "AddressSet" {
+            "addresssets"
+        } else {
+            "firewallconfigurations"
+        };
+        let body = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "u-1",
+                "kind": {"group": "peerwall.io", "version": "v1alpha1", "kind": kind},
+                "resource": {"group": "peerwall.io", "version": "v1alpha1", "resource": resource},
+                "operation": "CREATE",
+                "userInfo": {"username": user},
+                "name": name,
+                "namespace": "liqo-tenant-a",
+                "object": {
+                    "apiVersion": "peerwall.io/v1alpha1",
+                    "kind": kind,
+                    "metadata": {"name": name, "namespace": "liqo-tenant-a", "labels": {
+                        "app.kubernetes.io/managed-by": "peerwall",
+                        "peerwall.io/target": "gateway", "peerwall.io/remote-cluster-id": "a"}},
+                    "spec": spec,
+                },
+            },
+        });
+        review(
+            body.to_string().as_bytes(),
+            &Judge {
+                controller: CONTROLLER.into(),
+                trust: crate::k8s::trust::Trust::default_for("peerwall-system"),
+                tenants: crate::k8s::trust::Tenants::from([(
+                    "liqo-tenant-a".to_string(),
+                    "a".to_string(),
+                )]),
+            },
+        )
+    }
+
+    fn refusal(r: &serde_json::Value) -> Option<String> {
+        (r["response"]["allowed"] == false).then(|| {
+            r["response"]["status"]["message"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+    }
+
+    #[test]
+    fn only_the_controllers_identity_writes_its_objects_tables_and_sets() {
+        let table = |name: &str| serde_json::json!({"table": {"name": name, "family": "INET", "chains": []}});
+        let slice = serde_json::json!({"firewallConfiguration": "peerwall-gateway", "set": "offloaded", "addresses": ["10.0.0.1"]});
+        let user = "system:serviceaccount:liqo-tenant-a:someone";
+        // The controller label is no exemption: the writer's identity decides.
+        for (kind, name, spec, what) in [
+            (
+                "FirewallConfiguration",
+                "peerwall-gateway",
+                table("peerwall_a"),
+                "one of the controller's objects",
+            ),
+            (
+                "FirewallConfiguration",
+                "aaa",
+                table("peerwall_a"),
+                "reserved for the controller's tables",
+            ),
+            (
+                "FirewallConfiguration",
+                "aaa",
+                table("pwnp_a"),
+                "reserved for the controller's tables",
+            ),
+            (
+                "AddressSet",
+                "extra",
+                slice.clone(),
+                "fills a set of the controller's peerwall-gateway",
+            ),
+        ] {
+            let msg = refusal(&review_by(user, kind, name, spec.clone()))
+                .unwrap_or_else(|| panic!("{kind} {name} admitted"));
+            assert!(
+                msg.contains(what) && msg.contains(user) && msg.contains(CONTROLLER),
+                "{msg}"
+            );
+            assert_eq!(
+                refusal(&review_by(CONTROLLER, kind, name, spec)),
+                None,
+                "{kind} {name} from the controller"
+            );
+        }
+        // Anyone's own names and sets.
+        assert_eq!(
+            refusal(&review_by(
+                user,
+                "FirewallConfiguration",
+                "aaa",
+                table("mine")
+            )),
+            None
+        );
+        let own = serde_json::json!({"firewallConfiguration": "mine", "set": "s", "addresses": []});
+        assert_eq!(refusal(&review_by(user, "AddressSet", "s1", own)), None);
     }
 }

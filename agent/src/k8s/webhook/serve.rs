@@ -31,6 +31,8 @@ pub struct Settings {
     pub tls: Tls,
     /// What the agents take (the webhook refuses the rest).
     pub trust: Trust,
+    /// The user the controller writes as ([`super::Judge::controller`]).
+    pub controller: String,
 }
 
 /// Where the serving certificate comes from.
@@ -50,6 +52,7 @@ pub enum Tls {
 /// What a request needs besides its body.
 struct State {
     trust: Trust,
+    controller: String,
     tenants: Option<reflector::Store<Namespace>>,
 }
 
@@ -63,6 +66,7 @@ impl State {
         Judge {
             trust: self.trust.clone(),
             tenants,
+            controller: self.controller.clone(),
         }
     }
 }
@@ -255,6 +259,7 @@ pub fn run(settings: Settings, stop: Arc<crate::shutdown::Shutdown>) -> anyhow::
         };
         let state = Arc::new(State {
             trust: settings.trust.clone(),
+            controller: settings.controller.clone(),
             tenants,
         });
         let listener = tokio::net::TcpListener::bind(settings.listen)
