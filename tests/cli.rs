@@ -361,3 +361,62 @@ fn every_command_the_docs_show_exists() {
         );
     }
 }
+
+/// A host command without the privileges it needs says which, exits non-zero, and changes
+/// nothing: never "nothing to delete" for "not allowed to look" (before: a warning, then
+/// "nothing to delete: found no nftables table …", exit 0, the table still there), and no
+/// advice a non-root user cannot follow (mounting bpffs).
+#[test]
+fn host_commands_without_privileges_say_which_and_change_nothing() {
+    require_root();
+    let ns = NetNs::new("pwx-cli-priv").expect("netns");
+    let bin = peerwall();
+    let o = peerwall_in(
+        &ns,
+        &[
+            "apply",
+            "-f",
+            &repo("examples/thesis-block.yaml").to_string_lossy(),
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let tables =
+        || String::from_utf8_lossy(&in_ns(&ns, "nft", &["list", "tables"]).stdout).to_string();
+    assert!(tables().contains("table_name"), "{}", tables());
+    for cmd in [
+        &["delete"][..],
+        &["counters"],
+        &["allow-all", "on"],
+        &["inspect"],
+    ] {
+        let mut args = vec![
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            bin.to_str().unwrap(),
+        ];
+        args.extend_from_slice(cmd);
+        let o = in_ns(&ns, "setpriv", &args);
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert_eq!(o.status.code(), Some(1), "{cmd:?}: {out}{err}");
+        assert!(
+            err.contains(&format!("peerwall {}: not permitted", cmd[0]))
+                && err.contains("CAP_NET_ADMIN")
+                && err.contains("root"),
+            "{cmd:?}: {err}"
+        );
+        assert!(
+            !out.contains("nothing to delete") && !err.contains("mount"),
+            "{cmd:?}: {out}{err}"
+        );
+    }
+    assert!(
+        tables().contains("table_name"),
+        "the table stays: {}",
+        tables()
+    );
+}

@@ -117,3 +117,50 @@ fn connections_are_listed_per_namespace_and_ended_exactly() {
     assert_eq!(listed(&other).len(), 5, "the other namespace untouched");
     assert_eq!(b.flows().expect("listing").len(), 501);
 }
+
+/// The agent in a container: the runtime mounts `/proc/sys` read-only, so the mid-stream
+/// pickup switch cannot be written. Ending connections still works there (it failed before
+/// anything was deleted: `writing /proc/sys/net/netfilter/nf_conntrack_tcp_loose`). The
+/// ending runs in a child process of this test binary in a mount namespace whose
+/// `/proc/sys` is a read-only bind, as a container's is.
+#[test]
+fn connections_end_where_proc_sys_is_read_only() {
+    require_root();
+    let ns = tracked("pwx-ct-ro");
+    udp(&ns, "127.0.0.1", "127.0.0.2", 21000, 20);
+    assert_eq!(listed(&ns).len(), 20);
+    let exe = std::env::current_exe().unwrap();
+    let script =
+        "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys /proc/sys \
+                  && ! sh -c 'echo 0 > /proc/sys/net/netfilter/nf_conntrack_tcp_loose' 2>/dev/null \
+                  && exec \"$0\" --ignored --exact end_in_child --nocapture";
+    let o = std::process::Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .arg(&exe)
+        .env("PWX_CT_NETNS", ns.name())
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}\n{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(out.contains("ended 10"), "{out}");
+    assert_eq!(listed(&ns).len(), 10, "ten ended, ten left");
+}
+
+/// The child of [`connections_end_where_proc_sys_is_read_only`] (ignored: it runs only
+/// there, in its read-only mount namespace).
+#[test]
+#[ignore]
+fn end_in_child() {
+    let ns =
+        std::env::var("PWX_CT_NETNS").expect("run by connections_end_where_proc_sys_is_read_only");
+    let mut b = NftBackend::new(Nft::in_netns(&ns));
+    let end: Vec<Flow> = (21000..21010)
+        .map(|p| flow("127.0.0.1", "127.0.0.2", 17, p, 9))
+        .collect();
+    let ended = b.end_flows(&end).expect("ending with /proc/sys read-only");
+    println!("ended {ended}");
+}

@@ -43,7 +43,8 @@ impl HostArgs {
 
     /// Enter the host's bpffs, then the network namespace (in that order: the namespace file
     /// is then opened in the host's mount namespace); where the command acts, resolved.
-    fn enter(&self, create: bool) -> Result<Self, CliError> {
+    fn enter(&self, command: &str, create: bool) -> Result<Self, CliError> {
+        super::privileges::require(command, false)?;
         let at = self.resolved()?;
         scope::host_bpffs(&at.pin_dir, create)?;
         if let Some(ns) = &at.netns {
@@ -69,9 +70,10 @@ pub(super) fn apply(
     };
     match backend {
         BackendKind::Bpf => {
-            at.enter(true)?;
+            at.enter("apply", true)?;
         }
         BackendKind::Nftables => {
+            super::privileges::require("apply", at.netns.is_none())?;
             if let Some(ns) = &at.netns {
                 scope::enter_netns(ns)?;
             }
@@ -131,7 +133,7 @@ pub(super) fn boot(
 /// `peerwall delete`: removes what it finds (or, with `--backend`, that backend's part).
 /// Finding nothing is said, not an error: the host is as asked.
 pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), CliError> {
-    let at = at.enter(false)?;
+    let at = at.enter("delete", false)?;
     let found = peerwall_backend_select::installed(&at.pin_dir);
     let chosen: Vec<BackendKind> = found
         .backends()
@@ -161,7 +163,7 @@ pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), 
 
 /// `peerwall inspect`.
 pub(super) fn inspect(at: &HostArgs, output: Output) -> Result<(), CliError> {
-    let at = at.enter(false)?;
+    let at = at.enter("inspect", false)?;
     backends_to_act_on(Some(BackendKind::Bpf), &at.pin_dir, "inspect")?;
     let i = peerwall_backend_bpf::inspect::inspect(&at.pin_dir)
         .with_context(|| format!("pinned datapath in {}", at.pin_dir.display()))
@@ -181,7 +183,7 @@ pub(super) fn allow_all(
     backend: Option<BackendKind>,
     at: &HostArgs,
 ) -> Result<(), CliError> {
-    let at = at.enter(false)?;
+    let at = at.enter("allow-all", false)?;
     let on = state == OnOff::On;
     for b in backends_to_act_on(backend, &at.pin_dir, "switch")? {
         peerwall_backend_select::installed::set_switch(b, &at.pin_dir, on).map_err(runtime)?;
@@ -204,7 +206,7 @@ pub(super) fn counters(
     at: &HostArgs,
     output: Output,
 ) -> Result<(), CliError> {
-    let at = at.enter(false)?;
+    let at = at.enter("counters", false)?;
     let mut counters = Vec::new();
     for b in backends_to_act_on(backend, &at.pin_dir, "count")? {
         counters

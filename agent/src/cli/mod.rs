@@ -8,6 +8,7 @@
 mod cluster;
 mod host;
 mod observe;
+mod privileges;
 mod render;
 mod scope;
 mod serve;

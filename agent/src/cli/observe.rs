@@ -166,6 +166,7 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
         }
         tracing::info!(agent = %a.agent, "no agent answers; reading from the kernel");
     }
+    super::privileges::require("observe", false)?;
     super::scope::host_bpffs(&a.pin_dir, false)?;
     if let Some(ns) = &a.netns {
         super::scope::enter_netns(ns)?;

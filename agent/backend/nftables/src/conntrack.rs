@@ -86,13 +86,25 @@ impl Conntrack {
         }
     }
 
-    /// Delete these connections' entries (mid-stream pickup off first); how many existed.
+    /// Delete these connections' entries (mid-stream pickup off first, where this process
+    /// may write the switch); how many existed.
+    ///
+    /// The switch is a file under `/proc/sys`, which container runtimes mount read-only in an
+    /// unprivileged container (the DaemonSet's agent, the sidecar): there it cannot be
+    /// written, and the deletion goes on without it (a warning says so once) — ending the
+    /// entries is what revokes; the switch only makes a later mid-stream segment `invalid`
+    /// instead of `new` for the policy in force to judge.
     pub fn end(&self, flows: &[Flow]) -> Result<usize, NftError> {
         const ACTION: &str = "ending tracked connections (ctnetlink delete)";
         if flows.is_empty() {
             return Ok(0);
         }
-        self.no_pickup()?;
+        if let Err(e) = self.no_pickup() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                tracing::warn!(error = %e, "conntrack may pick connections up mid-stream here (the switch is read-only in this container); ending them anyway");
+            });
+        }
         let sock = self.socket(ACTION)?;
         let mut ended = std::collections::BTreeSet::new();
         let mut buf = vec![0u8; 64 * 1024];
