@@ -420,3 +420,74 @@ fn host_commands_without_privileges_say_which_and_change_nothing() {
         tables()
     );
 }
+
+/// A multi-document file with a near-miss `kind` or `apiVersion`: named with its line and a
+/// did-you-mean, exit 2 (before: skipped silently, exit 0); read on past with
+/// `--skip-unknown-kinds`, which names what it skipped.
+#[test]
+fn near_miss_kinds_are_refused_unless_skipped() {
+    let dir = std::env::temp_dir().join(format!("pwx-near-miss-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = std::fs::read_to_string(repo("examples/thesis-block.yaml")).unwrap();
+    for (typo, says) in [
+        (
+            "kind: FirewallConfigration",
+            "did you mean `FirewallConfiguration`?",
+        ),
+        (
+            "apiVersion: networking.liqo.io/v1alpha1",
+            "did you mean networking.liqo.io/v1beta1?",
+        ),
+    ] {
+        let bad = good
+            .replace(
+                "kind: FirewallConfiguration",
+                if typo.starts_with("kind") {
+                    typo
+                } else {
+                    "kind: FirewallConfiguration"
+                },
+            )
+            .replace(
+                "apiVersion: networking.liqo.io/v1beta1",
+                if typo.starts_with("apiVersion") {
+                    typo
+                } else {
+                    "apiVersion: networking.liqo.io/v1beta1"
+                },
+            )
+            .replace("name: block-pod1-pod2", "name: second")
+            .replace("name: table_name", "name: second_table");
+        let f = dir.join("two.yaml");
+        std::fs::write(&f, format!("{good}---\n{bad}")).unwrap();
+        let f = f.to_string_lossy().to_string();
+        let o = Command::new(peerwall())
+            .args(["compile", "-f", &f])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{typo}: {err}");
+        assert!(
+            err.contains("(document 2)") && err.contains(says),
+            "{typo}: {err}"
+        );
+        let o = Command::new(peerwall())
+            .args(["compile", "-f", &f, "--skip-unknown-kinds"])
+            .output()
+            .unwrap();
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert!(o.status.success(), "{typo}: {err}");
+        assert!(
+            out.contains("table_name") && !out.contains("second_table"),
+            "{out}"
+        );
+        assert!(
+            err.contains("skipped") && err.contains(says),
+            "{typo}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -133,7 +133,9 @@ impl DirState {
                             path: path.clone(),
                             source,
                         })
-                        .and_then(|text| load::parse_all(&text, &path.display().to_string()));
+                        .and_then(|text| load::parse_all(&text, &path.display().to_string()))
+                        // A near miss is an error here too: the file stays as last read.
+                        .and_then(|l| l.refuse_near_misses().map(|()| l));
                     match parsed {
                         Ok(l) => {
                             next.insert(path.clone(), (*stamp, l));

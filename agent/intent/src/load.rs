@@ -43,6 +43,24 @@ pub struct Loaded {
     pub address_sets: Vec<AddressSetObject>,
     /// Where each object was read: origin (`namespace/name`) → `file:line` of its document.
     pub sources: std::collections::BTreeMap<String, String>,
+    /// Documents that look meant to be peerwall's or Liqo's objects but were not read (a
+    /// near-miss `kind` or `apiVersion`): `file:line` and why. [`Loaded::refuse_near_misses`]
+    /// turns them into an error; a caller that skips them says so.
+    pub near_misses: Vec<(String, String)>,
+}
+
+impl Loaded {
+    /// The first near miss as an error (the others are in `near_misses`).
+    pub fn refuse_near_misses(&self) -> Result<(), LoadError> {
+        match self.near_misses.first() {
+            None => Ok(()),
+            Some((origin, why)) => Err(LoadError::NearMiss {
+                origin: origin.clone(),
+                why: why.clone(),
+                more: self.near_misses.len() - 1,
+            }),
+        }
+    }
 }
 /// Origin prefix of objects of Liqo's group.
 pub const LIQO_ORIGIN_PREFIX: &str = "liqo:";
@@ -110,6 +128,16 @@ pub enum LoadError {
         /// File and document.
         origin: String,
     },
+    /// A document that looks meant to be one of ours, not read ([`near_miss`]).
+    #[error("{origin}: {why}; not read{}", if *more > 0 { format!(" ({more} more such documents)") } else { String::new() })]
+    NearMiss {
+        /// File and document.
+        origin: String,
+        /// The near-miss field and what is read.
+        why: String,
+        /// How many more there are.
+        more: usize,
+    },
     /// No FirewallConfiguration or AddressSet in the input.
     #[error(
         "no FirewallConfiguration ({API_VERSION} or {LIQO_API_VERSION}) or AddressSet found in {0}"
@@ -163,8 +191,63 @@ fn object_from_value(
             out.address_sets.push(a);
             Ok(())
         }
-        // Other manifests (Namespaces, Pods, ...) may share a file: they are not ours.
-        _ => Ok(()),
+        // Other manifests (Namespaces, Pods, ...) may share a file: they are not ours; a
+        // near miss of ours is noted.
+        _ => {
+            if let Some(why) = near_miss(api_version.as_deref(), kind.as_deref()) {
+                out.near_misses.push((origin.to_string(), why));
+            }
+            Ok(())
+        }
+    }
+}
+
+/// The kinds the loader reads, with the apiVersions that carry them.
+const READ_KINDS: [(&str, &[&str]); 2] = [
+    (KIND, &[API_VERSION, LIQO_API_VERSION]),
+    (ADDRESS_SET_KIND, &[API_VERSION]),
+];
+
+/// Why a document the loader does not read looks meant to be one it reads: a `kind` a
+/// near miss of FirewallConfiguration or AddressSet (case, at most two edits) under a group
+/// the loader knows or a near one, or one of those kinds under another version of its group
+/// or a near-miss group. `None`: someone else's manifest (a Namespace, a Pod, Liqo's other
+/// kinds, peerwall's ProtectionPolicies, which the controller reads).
+pub fn near_miss(api_version: Option<&str>, kind: Option<&str>) -> Option<String> {
+    let (api_version, kind) = (api_version.unwrap_or_default(), kind.unwrap_or_default());
+    let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+    let near_group = [GROUP, LIQO_GROUP]
+        .iter()
+        .find(|g| edit_distance(&group.to_ascii_lowercase(), g) <= 2)
+        .copied();
+    let accepted = |k: &str| {
+        READ_KINDS
+            .iter()
+            .find(|(r, _)| *r == k)
+            .map(|(_, v)| v.join(" or "))
+            .unwrap_or_default()
+    };
+    let kinds: Vec<String> = READ_KINDS.iter().map(|(k, _)| k.to_string()).collect();
+    match did_you_mean(kind, &kinds) {
+        // Exactly one of ours, under an apiVersion the loader does not read it at.
+        Some(k) if k == kind => (near_group.is_some() || api_version.is_empty()).then(|| {
+            format!(
+                "apiVersion `{api_version}` of a {kind}: did you mean {}? (a {kind} is read at {})",
+                match near_group {
+                    Some(g) if g == LIQO_GROUP && k == KIND => LIQO_API_VERSION,
+                    _ => API_VERSION,
+                },
+                accepted(k)
+            )
+        }),
+        // A near-miss kind, under a group of ours or a near one.
+        Some(k) => near_group.map(|_| {
+            format!(
+                "kind `{kind}`: did you mean `{k}`? (read at {})",
+                accepted(k)
+            )
+        }),
+        None => None,
     }
 }
 
@@ -475,9 +558,12 @@ pub fn load_paths_all(paths: &[PathBuf]) -> Result<Loaded, LoadError> {
             out.objects.extend(more.objects);
             out.address_sets.extend(more.address_sets);
             out.sources.extend(more.sources);
+            out.near_misses.extend(more.near_misses);
         }
     }
     if out.objects.is_empty() && out.address_sets.is_empty() {
+        // Nothing read, but something nearly: that is the better answer.
+        out.refuse_near_misses()?;
         let mut names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
         // Directories are read one level deep: say which were not.
         let subdirs: Vec<String> = paths
@@ -519,6 +605,74 @@ mod tests {
             "unknown field `typ` (accepted: `value`, `position`)"
         );
         assert_eq!(explain("invalid type: string"), "invalid type: string");
+    }
+
+    #[test]
+    fn near_miss_kinds_and_api_versions_are_named_and_others_pass() {
+        let doc = |api: &str, kind: &str| {
+            format!("apiVersion: {api}\nkind: {kind}\nmetadata: {{name: x, namespace: n}}\nspec: {{table: {{name: t, family: INET, chains: []}}}}\n")
+        };
+        let good = doc(API_VERSION, KIND);
+        for (api, kind, says) in [
+            (
+                API_VERSION,
+                "FirewallConfigration",
+                "did you mean `FirewallConfiguration`?",
+            ),
+            (
+                API_VERSION,
+                "firewallconfiguration",
+                "did you mean `FirewallConfiguration`?",
+            ),
+            (
+                "peerwall.io/v1beta1",
+                KIND,
+                "did you mean peerwall.io/v1alpha1?",
+            ),
+            (
+                "networking.liqo.io/v1alpha1",
+                KIND,
+                "did you mean networking.liqo.io/v1beta1?",
+            ),
+            (
+                "peerwal.io/v1alpha1",
+                KIND,
+                "did you mean peerwall.io/v1alpha1?",
+            ),
+            (API_VERSION, "AdressSet", "did you mean `AddressSet`?"),
+            (
+                "networking.liqo.io/v1beta1",
+                ADDRESS_SET_KIND,
+                "a AddressSet is read at peerwall.io/v1alpha1",
+            ),
+        ] {
+            let text = format!("{good}---\n{}", doc(api, kind));
+            let l = parse_all(&text, "f.yaml").unwrap();
+            assert_eq!(l.objects.len(), 1, "{api} {kind}");
+            assert_eq!(l.near_misses.len(), 1, "{api} {kind}");
+            let e = l.refuse_near_misses().unwrap_err().to_string();
+            assert!(
+                e.starts_with("f.yaml:6 (document 2): ") && e.contains(says),
+                "{e}"
+            );
+        }
+        // Other manifests are not near misses.
+        for (api, kind) in [
+            ("v1", "Namespace"),
+            ("v1", "Pod"),
+            ("networking.liqo.io/v1beta1", "Configuration"),
+            ("networking.liqo.io/v1beta1", "GatewayServer"),
+            (API_VERSION, PROTECTION_POLICY_KIND),
+            ("networking.k8s.io/v1", "NetworkPolicy"),
+            ("example.com/v1", "FirewallConfigurations"),
+        ] {
+            let l = parse_all(&format!("{good}---\n{}", doc(api, kind)), "f").unwrap();
+            assert!(
+                l.near_misses.is_empty(),
+                "{api} {kind}: {:?}",
+                l.near_misses
+            );
+        }
     }
 
     #[test]

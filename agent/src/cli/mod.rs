@@ -77,6 +77,12 @@ pub struct Cli {
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// Read on past documents whose `kind` or `apiVersion` is a near miss of peerwall's or
+    /// Liqo's (`FirewallConfigration`, `peerwall.io/v1beta1`), naming each on stderr. Without
+    /// it such a document is an error (exit 2): a policy file that silently lost an object
+    /// enforces less than it says.
+    #[arg(long, global = true)]
+    pub skip_unknown_kinds: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -785,6 +791,7 @@ fn default_host() -> String {
 
 fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
     let loaded = load::load_paths_all(files).map_err(input)?;
+    near_misses(&loaded)?;
     // Errors and warnings name the file and line each object was read from.
     let at = |origin: &str| loaded.sources.get(origin).cloned();
     let compiled =
@@ -934,7 +941,27 @@ pub fn error_text(e: &anyhow::Error) -> String {
 }
 
 /// Run a parsed command line.
+/// `--skip-unknown-kinds`, as given (read by every command that loads files).
+static SKIP_UNKNOWN_KINDS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// Near misses ([`load::Loaded::near_misses`]) refused, or named and skipped with
+/// `--skip-unknown-kinds`.
+fn near_misses(loaded: &load::Loaded) -> Result<(), CliError> {
+    if SKIP_UNKNOWN_KINDS.get().copied().unwrap_or(false) {
+        for (origin, why) in &loaded.near_misses {
+            tracing::warn!(document = %origin, "{why}; skipped (--skip-unknown-kinds)");
+        }
+        return Ok(());
+    }
+    loaded.refuse_near_misses().map_err(|e| {
+        input(anyhow::anyhow!(
+            "{e} (--skip-unknown-kinds reads on past such documents)"
+        ))
+    })
+}
+
 pub fn run(cli: Cli) -> Result<(), CliError> {
+    let _ = SKIP_UNKNOWN_KINDS.set(cli.skip_unknown_kinds);
     match cli.command {
         Command::Compile {
             files,
