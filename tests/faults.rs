@@ -931,7 +931,7 @@ fn bpf_policy_swaps_leak_nothing_and_flip_verdicts_at_once() {
 /// One replied flow, then `flood` new flows, then one more reply on the first flow: is it
 /// still established? Also the agent's fill metric at the end. The policy (`STATEFUL`) needs
 /// conntrack: new flows only from the consumer to ALLOWED, replies only as established.
-fn reply_after_flood(size: &str, flood: u32) -> (bool, String) {
+fn reply_after_flood(size: &str, flood: u32) -> (bool, String, u32) {
     let mut g = Gateway::new("bpf");
     std::fs::write(g.dir.join("faults.yaml"), STATEFUL).expect("write");
     // Replies come back through the Geneve-named interface: attach there too.
@@ -980,6 +980,7 @@ fn reply_after_flood(size: &str, flood: u32) -> (bool, String) {
     }
     // A flood of new flows from other ports (60000 destination ports per source socket).
     let mut flooder = None;
+    let mut sent = 0u32;
     for i in 0..flood {
         if i % 60_000 == 0 {
             flooder = Some(
@@ -990,7 +991,11 @@ fn reply_after_flood(size: &str, flood: u32) -> (bool, String) {
             );
         }
         if let Some(f) = &flooder {
-            let _ = f.send_to(b"flood", (ALLOWED, 1024 + (i % 60_000) as u16));
+            if f.send_to(b"flood", (ALLOWED, 1024 + (i % 60_000) as u16))
+                .is_ok()
+            {
+                sent += 1;
+            }
         }
     }
     // Flows that come back: batches of new flows each sent again past the verdict cache's
@@ -1022,7 +1027,7 @@ fn reply_after_flood(size: &str, flood: u32) -> (bool, String) {
         &["-s", "-m", "2", "http://127.0.0.1:9090/metrics"],
     );
     let m = String::from_utf8_lossy(&o.stdout).into_owned();
-    (survived, m)
+    (survived, m, sent)
 }
 
 #[test]
@@ -1033,7 +1038,24 @@ fn bpf_established_flows_survive_a_flood_of_new_flows() {
     // and its reply, allowed only as established, passes. (With one table for both, the
     // LRU evicts the idle established flow and its reply is dropped as new.)
     let flood = 210_000;
-    let (survived, m) = reply_after_flood("1024", flood);
+    let (survived, m, sent) = reply_after_flood("1024", flood);
+    assert_eq!(sent, flood, "every datagram of the flood was sent");
+    // The flood reached the datapath: its new flows were classified there (each hit the
+    // accept rule `to_offloaded`), at least half of them; else the table was never churned
+    // and the established flow's survival proves nothing.
+    let classified: u64 = m
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix(
+                "peerwall_rule_packets_total{table=\"faults\",chain=\"stateful\",rule=\"to_offloaded\"} ",
+            )
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no counter of to_offloaded in:\n{m}"));
+    assert!(
+        classified >= u64::from(flood) / 2,
+        "only {classified} of {flood} flood datagrams reached the datapath"
+    );
     assert!(
         survived,
         "the established flow was evicted by {flood} new flows: its reply was dropped as new"
