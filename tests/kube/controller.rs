@@ -964,4 +964,56 @@ async fn protection_policies_are_merged_followed_and_reported_per_peer() {
         np_has("prometheus", false),
     )
     .await;
+    // A peer id that matches no peer (a typo): said in status and in a Warning Event, not
+    // admitted silently with fewer peers than written.
+    let mut typo = policy(json!(9090), "TCP");
+    typo["metadata"]["name"] = json!("typo-peer");
+    typo["spec"]["peers"] = json!(["p1", "p2-typo"]);
+    pp.create(
+        &PostParams::default(),
+        &serde_json::from_value(typo).unwrap(),
+    )
+    .await
+    .unwrap();
+    let status = eventually(
+        "the unknown peer in status",
+        Duration::from_secs(30),
+        || {
+            let pp = pp.clone();
+            async move {
+                let s = pp.get("typo-peer").await.ok()?.status?;
+                (!s.unknown_peers.is_empty()).then_some(s)
+            }
+        },
+    )
+    .await;
+    assert_eq!(status.unknown_peers, ["p2-typo"], "{status:?}");
+    assert_eq!(status.peers.len(), 1, "p1 still takes it: {status:?}");
+    assert!(
+        status
+            .summary
+            .as_deref()
+            .unwrap_or_default()
+            .contains("no such peer: p2-typo"),
+        "{status:?}"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::all(client.clone());
+    eventually("an UnknownPeers event", Duration::from_secs(20), || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("UnknownPeers")
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.note
+                            .as_deref()
+                            .unwrap_or_default()
+                            .contains("\"p2-typo\"")
+                })
+                .then_some(())
+        }
+    })
+    .await;
 }

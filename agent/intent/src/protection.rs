@@ -179,6 +179,10 @@ pub struct ProtectionPolicyStatus {
     /// Per peer it applies to: what it became there.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub peers: Vec<PeerStatus>,
+    /// Names in `spec.peers` that match no peer now (no Liqo tenant namespace labelled with
+    /// that cluster id): a misspelt id applies to nobody.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unknown_peers: Vec<String>,
 }
 
 /// What a ProtectionPolicy became for one peer.

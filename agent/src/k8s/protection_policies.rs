@@ -141,8 +141,15 @@ fn status_of(
         error,
         summary: None,
         peers: vec![],
+        unknown_peers: vec![],
     };
     if let Some((_, c)) = &r.in_force {
+        out.unknown_peers = c
+            .peers
+            .iter()
+            .filter(|p| !peers.contains_key(*p))
+            .cloned()
+            .collect();
         for (peer, by_policy) in peers {
             if !c.applies_to(peer) {
                 continue;
@@ -156,12 +163,50 @@ fn status_of(
             });
         }
     }
-    out.summary = Some(match (&r.invalid, out.peers.len()) {
+    let summary = match (&r.invalid, out.peers.len()) {
         (Some(_), _) if r.in_force.is_none() => "invalid".into(),
         (Some(_), n) => format!("{n} (previous generation; current invalid)"),
         (None, n) => n.to_string(),
+    };
+    out.summary = Some(if out.unknown_peers.is_empty() {
+        summary
+    } else {
+        format!("{summary} (no such peer: {})", out.unknown_peers.join(", "))
     });
     out
+}
+
+/// A Warning Event `UnknownPeers` on a policy whose `spec.peers` names clusters that are not
+/// peers (once per change of that list).
+async fn warn_unknown_peers(client: &Client, obj: &DynamicObject, unknown: &[String]) {
+    let recorder = crate::k8s::recorder::Recorder::new(
+        client.clone(),
+        kube::runtime::events::Reporter {
+            controller: "peerwall-controller".into(),
+            instance: None,
+        },
+    );
+    let ev = kube::runtime::events::Event {
+        type_: kube::runtime::events::EventType::Warning,
+        reason: "UnknownPeers".into(),
+        note: Some(
+            format!(
+                "spec.peers names {} that match no peer (no Liqo tenant namespace labelled liqo.io/remote-cluster-id with that id): it applies to no such cluster",
+                unknown.iter().map(|p| format!("{p:?}")).collect::<Vec<_>>().join(", ")
+            )
+            .chars()
+            .take(1000)
+            .collect(),
+        ),
+        action: "Resolve".into(),
+        secondary: None,
+    };
+    if let Err(e) = recorder
+        .publish(&ev, &kube::Resource::object_ref(obj, &resource()))
+        .await
+    {
+        tracing::warn!(policy = %obj.name_any(), error = %e, "could not publish the event");
+    }
 }
 
 /// Every 2 s: each policy's status (what it became for each peer it applies to, or why it is
@@ -172,6 +217,7 @@ pub async fn write_status(
     defaults: exceptions::Settings,
     view: impl Fn() -> (Vec<String>, netpol::Cluster),
 ) {
+    let api_client = client.clone();
     let api: Api<DynamicObject> = Api::all_with(client, &resource());
     let mut written: BTreeMap<String, ProtectionPolicyStatus> = BTreeMap::new();
     loop {
@@ -204,6 +250,12 @@ pub async fn write_status(
                 if written.get(&name).map(|s| &s.error) != Some(&status.error) {
                     tracing::warn!(policy = %name, error = %e, "ProtectionPolicy refused");
                 }
+            }
+            if !status.unknown_peers.is_empty()
+                && written.get(&name).map(|s| &s.unknown_peers) != Some(&status.unknown_peers)
+            {
+                tracing::warn!(policy = %name, unknown = ?status.unknown_peers, "ProtectionPolicy names peers that do not exist");
+                warn_unknown_peers(&api_client, &r.object, &status.unknown_peers).await;
             }
             let body = serde_json::json!({
                 "apiVersion": peerwall_intent::load::API_VERSION,
