@@ -170,6 +170,52 @@ fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `peerwall agent` on the directory `policy` in the gateway with `backend` (its log in
+/// `dir/agent.log`), once in force: a pod nobody offloaded (10.20.3.1) stops answering the peer.
+fn dir_agent<'a>(
+    t: &'a Topology,
+    backend: &'a str,
+    dir: &std::path::Path,
+    policy: &std::path::Path,
+    tag: &str,
+) -> (Agent, Installed<'a>) {
+    let installed = Installed::new(backend, t.gateway.name(), tag);
+    let mut args: Vec<String> = vec![
+        "--source".into(),
+        format!("dir:{}", policy.display()),
+        "--backend".into(),
+        backend.into(),
+        "--interval-ms".into(),
+        "50".into(),
+    ];
+    if backend == "bpf" {
+        args.extend(["--pin-dir".into(), installed.pins.clone()]);
+    }
+    let log = std::fs::File::create(dir.join("agent.log")).unwrap();
+    let agent = Agent(
+        peerwall_nsenter(&t.gateway)
+            .arg("agent")
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    assert!(
+        poll(20, || !ping(&t.consumer, "10.10.1.67", "10.20.3.1")),
+        "{backend}: the agent enforces the gateway configuration"
+    );
+    (agent, installed)
+}
+
+/// The controller's output in `from` replaces the files of the agent's directory `policy`.
+fn replace_with(policy: &std::path::Path, from: &std::path::Path) {
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), policy.join(e.file_name())).unwrap();
+    }
+}
+
 /// Revocation in provider protection: a pod leaving the peer's `offloaded` set (its slice
 /// rewritten without it, as the controller does when the pod is deleted or relabelled) ends
 /// the connection the peer's pod holds open to it, through a running agent, on both backends;
@@ -199,34 +245,7 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
             .unwrap()
             .push(pod("db", "10.20.1.3"));
         let policy = controller_output_of(&dir, &snap, "two");
-        let installed = Installed::new(backend, t.gateway.name(), "revoke");
-        let pins = installed.pins.clone();
-        let mut args: Vec<String> = vec![
-            "--source".into(),
-            format!("dir:{}", policy.display()),
-            "--backend".into(),
-            backend.into(),
-            "--interval-ms".into(),
-            "50".into(),
-        ];
-        if backend == "bpf" {
-            args.extend(["--pin-dir".into(), pins.clone()]);
-        }
-        let log = std::fs::File::create(dir.join("agent.log")).unwrap();
-        let agent = Agent(
-            peerwall_nsenter(&t.gateway)
-                .arg("agent")
-                .args(&args)
-                .stdout(std::process::Stdio::null())
-                .stderr(log)
-                .spawn()
-                .unwrap(),
-        );
-        // In force once a pod nobody offloaded (10.20.3.1) stops answering the peer.
-        assert!(
-            poll(20, || !ping(&t.consumer, "10.10.1.67", "10.20.3.1")),
-            "{backend}: the agent enforces the gateway configuration"
-        );
+        let (agent, installed) = dir_agent(&t, backend, &dir, &policy, "revoke");
         assert!(
             tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.3", 8080),
             "{backend}: the offloaded pod answers under the agent"
@@ -245,11 +264,7 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
             );
         }
         // db leaves: the slices the controller writes for one pod replace the directory's.
-        let one = controller_output_of(&dir, &snapshot(), "one");
-        for e in std::fs::read_dir(&one).unwrap() {
-            let e = e.unwrap();
-            std::fs::copy(e.path(), policy.join(e.file_name())).unwrap();
-        }
+        replace_with(&policy, &controller_output_of(&dir, &snapshot(), "one"));
         assert!(
             poll(20, || !tcp_connects(
                 &t.consumer,
@@ -276,6 +291,57 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
         );
         // The agent leaves its policy in force when killed: `installed` takes it out.
         drop((to_db, to_web, udp_db, agent, installed));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Revocation by a ProtectionPolicy closing: closings refuse connections in state `new`, so
+/// once the agent has ended the connection, its next segment from the tunnel (`invalid`
+/// without its conntrack entry) must not reach an accept rule that has no state test
+/// (`to_offloaded`): the gateway drops invalid packets from the tunnel first. Before that
+/// rule the ended connection kept carrying data and the agent counted it as ended.
+#[test]
+fn a_closing_ends_the_connections_it_refuses_on_both_backends() {
+    let t = Topology::new();
+    let _web = Listener::tcp_echo(&t.provider, "10.20.1.2", 8080);
+    for backend in ["nftables", "bpf"] {
+        let dir = std::env::temp_dir().join(format!(
+            "pw-protection-close-{}-{backend}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let policy = controller_output(&dir);
+        let (agent, installed) = dir_agent(&t, backend, &dir, &policy, "close");
+        let mut to_web = Session::tcp(&t.consumer, "10.10.1.67", "10.20.1.2", 8080)
+            .unwrap_or_else(|| panic!("{backend}: connects to web"));
+        assert!(
+            to_web.echoes("before", std::time::Duration::from_secs(3)),
+            "{backend}"
+        );
+        // A ProtectionPolicy closes 8080 to the peer's tunnel.
+        let mut snap = snapshot();
+        snap["items"].as_array_mut().unwrap().push(json!({
+            "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
+            "metadata": {"name": "no-http"},
+            "spec": {"peers": ["a"], "close": [{"name": "http", "ports": [{"protocol": "TCP", "port": 8080}]}]}}));
+        replace_with(&policy, &controller_output_of(&dir, &snap, "closed"));
+        assert!(
+            poll(20, || !tcp_connects(
+                &t.consumer,
+                "10.10.1.67",
+                "10.20.1.2",
+                8080
+            )),
+            "{backend}: new connections to 8080 are refused"
+        );
+        assert!(
+            !to_web.echoes("after", std::time::Duration::from_secs(3)),
+            "{backend}: the closed connection still carries data; agent: {}\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
+            String::from_utf8_lossy(&in_ns(&t.gateway, "nft", &["list", "ruleset"]).stdout),
+        );
+        drop((to_web, agent, installed));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

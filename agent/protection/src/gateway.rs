@@ -301,8 +301,8 @@ pub fn close_rules(c: &exceptions::Close) -> Vec<(String, Vec<api::Match>)> {
 /// and tests may pass the addresses inline. What `d` declares (consumer protection by
 /// namespace, ProtectionPolicies) is inline; its switches are the ones in force.
 ///
-/// Order of the forward chain: spoofed sources, closings, leaf-to-leaf, offloaded pods,
-/// openings, our pods (by namespace, or all of them), replies, default deny.
+/// Order of the forward chain: invalid packets, spoofed sources, closings, leaf-to-leaf,
+/// offloaded pods, openings, our pods (by namespace, or all of them), replies, default deny.
 pub fn gateway_spec_with(
     peer: &str,
     sources: &[ipnet::IpNet],
@@ -344,7 +344,14 @@ pub fn gateway_spec_with(
             ]
         })
         .collect();
-    let mut rules = Vec::new();
+    // First of all: a packet from the tunnel that conntrack calls invalid (a segment of a
+    // connection peerwall ended, which no accept rule without a state test may take as new;
+    // a reply to nothing) reaches no accept rule.
+    let mut rules = vec![rule(
+        "invalid".into(),
+        api::FilterAction::Drop,
+        vec![ctstate(vec![api::CtState::Invalid])],
+    )];
     // Anti-spoofing: from the tunnel, only the peer's own CIDRs (both families: a family the
     // peer has no CIDR of has no legitimate source at all).
     if !sources.is_empty() {

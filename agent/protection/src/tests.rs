@@ -227,7 +227,8 @@ fn gateway_spec_is_valid_and_default_denies() {
         assert_eq!(t.name, "peerwall_a_1");
         let rules = &t.chains[0].rules;
         assert_eq!(rules.last().unwrap().name, "default_deny");
-        assert_eq!(rules.len(), if leaf { 8 } else { 6 });
+        assert_eq!(rules.len(), if leaf { 9 } else { 7 });
+        assert_eq!(rules[0].name, "invalid");
         assert_eq!(rules[rules.len() - 2].name, "replies");
     }
 }
@@ -297,6 +298,12 @@ fn spoofed_sources_from_the_tunnel_are_dropped_first() {
     assert_eq!(
         verdict("fd10::5", "fd20::2", t, CtState::New),
         (VerdictAction::Drop, "spoofed6".into())
+    );
+    // Invalid from the tunnel (a segment of a connection that was ended): dropped before any
+    // allowance, even towards an offloaded pod and from an allowed source.
+    assert_eq!(
+        verdict("10.10.1.5", "10.20.1.2", t, CtState::Invalid),
+        (VerdictAction::Drop, "invalid".into())
     );
     // Not from the tunnel: not this chain's business.
     assert_eq!(
