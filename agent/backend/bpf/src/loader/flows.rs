@@ -161,42 +161,50 @@ impl Datapath {
 
     /// Mark `flows` ended and make the verdicts cached for either direction stale; how many
     /// of them the table held.
+    ///
+    /// `FLOWS_NEW` first, then `FLOWS`: the datapath moves a flow from the first to the
+    /// second on its first reply (copying its state, `ended` included). Read the other way, a
+    /// flow that moved between the two passes was in neither when looked at, and stayed open.
+    /// In this order every interleaving ends it: marked in its slot before the move (the move
+    /// copies the mark), or found in `FLOWS` after it.
     pub fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BpfError> {
         let mut sets = Vec::new();
-        let mut ended = 0;
+        let mut found = std::collections::BTreeSet::new();
         {
-            let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
-                BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
-            for f in flows {
+            let mut m: Array<&mut MapData, NewFlowSlot> =
+                Array::try_from(self.map(map::FLOWS_NEW)?).map_err(map_err(map::FLOWS_NEW))?;
+            let mask = m.len().saturating_sub(1);
+            for (n, f) in flows.iter().enumerate() {
                 let k = key_of(f);
-                let Ok(mut st) = m.get(&k, 0) else {
+                let i = peerwall_common::new_flow_slot(&k, mask);
+                let Ok(mut s) = m.get(&i, 0) else {
                     continue;
                 };
-                st.ended = 1;
-                m.insert(k, st, 0).map_err(map_err(map::FLOWS))?;
-                ended += 1;
+                if s.key != k {
+                    continue;
+                }
+                s.state.ended = 1;
+                m.set(i, s, 0).map_err(map_err(map::FLOWS_NEW))?;
+                found.insert(n);
                 sets.extend(verdict_sets_of(&k));
                 sets.extend(verdict_sets_of(&reverse(&k)));
             }
         }
-        let mut m: Array<&mut MapData, NewFlowSlot> =
-            Array::try_from(self.map(map::FLOWS_NEW)?).map_err(map_err(map::FLOWS_NEW))?;
-        let mask = m.len().saturating_sub(1);
-        for f in flows {
+        let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+            BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+        for (n, f) in flows.iter().enumerate() {
             let k = key_of(f);
-            let i = peerwall_common::new_flow_slot(&k, mask);
-            let Ok(mut s) = m.get(&i, 0) else {
+            let Ok(mut st) = m.get(&k, 0) else {
                 continue;
             };
-            if s.key != k {
-                continue;
-            }
-            s.state.ended = 1;
-            m.set(i, s, 0).map_err(map_err(map::FLOWS_NEW))?;
-            ended += 1;
+            st.ended = 1;
+            m.insert(k, st, 0).map_err(map_err(map::FLOWS))?;
+            found.insert(n);
             sets.extend(verdict_sets_of(&k));
             sets.extend(verdict_sets_of(&reverse(&k)));
         }
+        drop(m);
+        let ended = found.len();
         if sets.is_empty() {
             return Ok(0);
         }
