@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::ResourceExt;
 use serde_json::json;
@@ -1016,4 +1016,141 @@ async fn protection_policies_are_merged_followed_and_reported_per_peer() {
         }
     })
     .await;
+}
+
+/// A pod on `node` with `labels` in `ns`, Ready (no kubelet: its status written directly).
+async fn ready_pod(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    labels: serde_json::Value,
+) {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let p: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "registry.invalid/x"}]},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &p).await.unwrap();
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}]}})),
+    )
+    .await
+    .unwrap();
+}
+
+/// "Enforced" is decided from live hosts only: an `Applied` condition of a host that runs no
+/// gateway of the peer (an agent deleted, a gateway moved away) is taken out of the status,
+/// and once the gateway moves to a node without an agent, the peer is `NotEnforced` although
+/// the old node's agent had applied it. Before, such conditions stayed forever and the
+/// configuration counted as enforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conditions_of_hosts_without_the_gateway_do_not_count() {
+    let server = api_server();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let _controller = server.peerwall(
+        "controller",
+        &[
+            "controller",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--unprotected-grace-secs",
+            "2",
+        ],
+    );
+    namespace(&client, "peerwall-system", json!({})).await;
+    namespace(&client, "liqo-tenant-p1", tenant_labels("p1")).await;
+    ready_pod(
+        &client,
+        "peerwall-system",
+        "agent-n1",
+        "n1",
+        json!({"app.kubernetes.io/name": "peerwall-agent"}),
+    )
+    .await;
+    let gw_labels =
+        json!({"networking.liqo.io/component": "gateway", "networking.liqo.io/active": "true"});
+    ready_pod(&client, "liqo-tenant-p1", "gw-p1", "n1", gw_labels.clone()).await;
+    let api = fwc_api(&client, "liqo-tenant-p1");
+    let o = eventually("the gateway configuration", Duration::from_secs(20), || {
+        let api = api.clone();
+        async move { api.get_opt("peerwall-gateway").await.ok().flatten() }
+    })
+    .await;
+    let generation = o.metadata.generation.unwrap();
+    // What n1's agent and an agent that is gone (n-gone) once wrote.
+    let applied = |host: &str| {
+        json!({"host": host, "type": "Applied", "status": "True",
+            "lastTransitionTime": "2026-11-28T00:00:00Z", "observedGeneration": generation})
+    };
+    api.patch_status(
+        "peerwall-gateway",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"conditions": [applied("n-gone"), applied("n1")]}})),
+    )
+    .await
+    .unwrap();
+    let hosts = |o: &DynamicObject| -> Vec<(String, String)> {
+        o.data
+            .pointer("/status/conditions")
+            .and_then(|c| c.as_array())
+            .into_iter()
+            .flatten()
+            .map(|c| {
+                (
+                    c["host"].as_str().unwrap_or_default().to_string(),
+                    c["type"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    };
+    let conds = eventually(
+        "the gone host's condition removed",
+        Duration::from_secs(20),
+        || {
+            let api = api.clone();
+            async move {
+                let o = api.get("peerwall-gateway").await.ok()?;
+                let h = hosts(&o);
+                (!h.iter().any(|(x, _)| x == "n-gone")).then_some(h)
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        conds,
+        [("n1".to_string(), "Applied".to_string())],
+        "n1 runs the gateway with an agent: enforced"
+    );
+    // The gateway moves to n2, where no agent runs: n1's Applied no longer speaks for it.
+    Api::<Pod>::namespaced(client.clone(), "liqo-tenant-p1")
+        .delete(
+            "gw-p1",
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    ready_pod(&client, "liqo-tenant-p1", "gw-p1-moved", "n2", gw_labels).await;
+    let conds = eventually(
+        "NotEnforced once the gateway moved",
+        Duration::from_secs(30),
+        || {
+            let api = api.clone();
+            async move {
+                let o = api.get("peerwall-gateway").await.ok()?;
+                let h = hosts(&o);
+                (h == [("peerwall-controller".to_string(), "NotEnforced".to_string())]).then_some(h)
+            }
+        },
+    )
+    .await;
+    assert_eq!(conds.len(), 1);
 }

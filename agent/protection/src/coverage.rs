@@ -99,9 +99,54 @@ impl Coverage {
     }
 }
 
+/// Where each namespace's gateways are enforced now: the nodes of its scheduled gateway pods
+/// that a peerwall container of their own (sidecar) or a ready agent on their node covers.
+/// Both modes report conditions with `host` = the node's name, so these are the hosts whose
+/// `Applied` conditions speak for a gateway that exists; any other host's condition is stale
+/// (an agent deleted, a gateway moved away, a node gone).
+pub fn live_hosts(
+    gateways: &[GatewayPod],
+    agent_nodes: &BTreeSet<String>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for g in gateways {
+        let Some(node) = &g.node else { continue };
+        if g.sidecar || agent_nodes.contains(node) {
+            out.entry(g.namespace.clone())
+                .or_default()
+                .insert(node.clone());
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn live_hosts_are_the_covered_gateways_nodes() {
+        let agents: BTreeSet<String> = ["n1".to_string()].into();
+        let mut other = gw("b", "n3", false);
+        other.namespace = "liqo-tenant-b".into();
+        let live = live_hosts(
+            &[
+                gw("covered", "n1", false),
+                gw("bare", "n2", false),
+                gw("side", "n4", true),
+                other,
+            ],
+            &agents,
+        );
+        assert_eq!(
+            live.get("liqo-tenant-a").cloned().unwrap_or_default(),
+            ["n1".to_string(), "n4".to_string()].into()
+        );
+        assert!(
+            !live.contains_key("liqo-tenant-b"),
+            "n3 has no agent: {live:?}"
+        );
+    }
 
     fn gw(name: &str, node: &str, sidecar: bool) -> GatewayPod {
         GatewayPod {

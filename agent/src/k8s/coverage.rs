@@ -3,7 +3,7 @@
 //! stays without enforcement past the grace period gets a Warning Event
 //! (`reason: Unprotected`), a log line and `peerwall_controller_unprotected_gateways`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +15,7 @@ use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 
 use crate::metrics::ControllerMetrics;
-use crate::protection::coverage::{Coverage, GatewayPod};
+use crate::protection::coverage::{live_hosts, Coverage, GatewayPod};
 
 /// How the controller tells covered gateways from uncovered ones.
 #[derive(Clone, Debug)]
@@ -28,6 +28,12 @@ pub struct Settings {
     /// starting on a new node, a gateway moving).
     pub grace: Duration,
 }
+
+/// Where each tenant namespace's gateways are enforced now ([`live_hosts`]), as coverage last
+/// saw it: `None` until it has looked, and while the cluster runs neither an agent pod nor a
+/// gateway pod (agents run as host processes: no host can be told live or gone, so every
+/// host's condition counts).
+pub type LiveHosts = Arc<std::sync::Mutex<Option<BTreeMap<String, BTreeSet<String>>>>>;
 
 /// How often coverage is compared.
 const EVERY: Duration = Duration::from_secs(2);
@@ -59,6 +65,7 @@ pub async fn run(
     client: Client,
     settings: Settings,
     metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
+    live: LiveHosts,
 ) {
     let quiet = Arc::new(super::Changes::default());
     let cache = |selector: &str| -> Store<Pod> {
@@ -97,6 +104,10 @@ pub async fn run(
         let pods = gateways.state();
         let gws: Vec<GatewayPod> = pods.iter().map(|p| gateway(p)).collect();
         let f = coverage.observe(Instant::now(), &gws, &agent_nodes);
+        let any = !gws.is_empty() || !agents.state().is_empty();
+        if let Ok(mut l) = live.lock() {
+            *l = any.then(|| live_hosts(&gws, &agent_nodes));
+        }
         if let Ok(mut m) = metrics.lock() {
             m.unprotected_gateways = f.unprotected as u64;
         }

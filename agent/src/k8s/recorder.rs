@@ -180,9 +180,11 @@ impl Recorder {
 
     /// A new Event (as kube-runtime and client-go name it: the object's name and the time).
     fn event(&self, ev: &Event, regarding: &ObjectReference, now: Timestamp) -> K8sEvent {
+        // A cluster-scoped object's reference may carry an empty namespace: `default` too.
         let namespace = regarding
             .namespace
             .clone()
+            .filter(|n| !n.is_empty())
             .unwrap_or_else(|| "default".into());
         let base = regarding
             .name

@@ -300,7 +300,8 @@ pub fn run(
             }
             futures::future::ready(())
         });
-        let enforced = watch_enforcement(ctx.clone(), coverage.grace);
+        let live: super::coverage::LiveHosts = Default::default();
+        let enforced = watch_enforcement(ctx.clone(), coverage.grace, live.clone());
         let statuses = {
             let c = ctx.clone();
             super::protection_policies::write_status(
@@ -313,7 +314,7 @@ pub fn run(
                 },
             )
         };
-        let covered = super::coverage::run(client.clone(), coverage, ctx.metrics.clone());
+        let covered = super::coverage::run(client.clone(), coverage, ctx.metrics.clone(), live);
         let stopped = stop.wait();
         // The two loops on tasks of their own: polled together in one task, a pass of the
         // second (CPU over every pod) would hold the first back anyway.
