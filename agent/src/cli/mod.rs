@@ -854,7 +854,7 @@ fn preserve_unknown_fields(v: &mut serde_json::Value) {
 /// Schema `default`s derived from `#[serde(default)]` are removed: the API server would apply
 /// them (and v1.20 rejects an empty-string default as "null"), while peerwall's loader already
 /// treats absent fields, and validation reports them with their path. Unknown fields of
-/// `spec` are kept ([`preserve_unknown_fields`]).
+/// `spec` are kept (`preserve_unknown_fields`).
 pub fn crd_yaml() -> anyhow::Result<String> {
     use kube::CustomResourceExt;
     fn strip_defaults(v: &mut serde_json::Value) {

@@ -113,6 +113,14 @@ impl Recorder {
         regarding: &ObjectReference,
     ) -> Result<(), kube::Error> {
         let now = Timestamp::now();
+        if regarding
+            .namespace
+            .as_deref()
+            .unwrap_or_default()
+            .is_empty()
+        {
+            return self.publish_cluster_scoped(ev, regarding, now).await;
+        }
         let key = EventKey::of(ev, regarding);
         // The lock is never held across a call to the API server: the agent writes the
         // conditions (and their Events) of many objects at once.
@@ -176,6 +184,58 @@ impl Recorder {
             }
         }
         series.insert(key, w);
+    }
+
+    /// An Event about a cluster-scoped object (a ProtectionPolicy), through the core `v1` API
+    /// into `default`: API servers before 1.22 refuse an `events.k8s.io/v1` Event whose
+    /// regarding object has no namespace ("involvedObject.namespace: does not match
+    /// event.namespace"), while the core API takes it in `default`; both APIs read it. One
+    /// Event per occurrence (such events are rare: a policy's status change).
+    async fn publish_cluster_scoped(
+        &self,
+        ev: &Event,
+        regarding: &ObjectReference,
+        now: Timestamp,
+    ) -> Result<(), kube::Error> {
+        use k8s_openapi::api::core::v1::{Event as CoreEvent, EventSource};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let base = regarding
+            .name
+            .as_deref()
+            .unwrap_or(&self.reporter.controller);
+        let mut involved = regarding.clone();
+        involved.namespace = None;
+        let event = CoreEvent {
+            metadata: ObjectMeta {
+                namespace: Some("default".into()),
+                name: Some(format!("{base}.{:x}", now.as_nanosecond())),
+                ..Default::default()
+            },
+            involved_object: involved,
+            reason: Some(ev.reason.clone()),
+            message: ev.note.clone(),
+            type_: Some(type_name(ev.type_).into()),
+            action: Some(ev.action.clone()),
+            count: Some(1),
+            first_timestamp: Some(Time(now)),
+            last_timestamp: Some(Time(now)),
+            source: Some(EventSource {
+                component: Some(self.reporter.controller.clone()),
+                host: None,
+            }),
+            reporting_component: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            ..Default::default()
+        };
+        Api::<CoreEvent>::namespaced(self.client.clone(), "default")
+            .create(&PostParams::default(), &event)
+            .await
+            .map(|_| ())
     }
 
     /// A new Event (as kube-runtime and client-go name it: the object's name and the time).
