@@ -190,20 +190,21 @@ impl Datapath {
                 sets.extend(verdict_sets_of(&reverse(&k)));
             }
         }
-        let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
-            BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
-        for (n, f) in flows.iter().enumerate() {
-            let k = key_of(f);
-            let Ok(mut st) = m.get(&k, 0) else {
-                continue;
-            };
-            st.ended = 1;
-            m.insert(k, st, 0).map_err(map_err(map::FLOWS))?;
-            found.insert(n);
-            sets.extend(verdict_sets_of(&k));
-            sets.extend(verdict_sets_of(&reverse(&k)));
+        {
+            let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+                BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+            for (n, f) in flows.iter().enumerate() {
+                let k = key_of(f);
+                let Ok(mut st) = m.get(&k, 0) else {
+                    continue;
+                };
+                st.ended = 1;
+                m.insert(k, st, 0).map_err(map_err(map::FLOWS))?;
+                found.insert(n);
+                sets.extend(verdict_sets_of(&k));
+                sets.extend(verdict_sets_of(&reverse(&k)));
+            }
         }
-        drop(m);
         let ended = found.len();
         if sets.is_empty() {
             return Ok(0);
