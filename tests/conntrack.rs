@@ -164,3 +164,36 @@ fn end_in_child() {
     let ended = b.end_flows(&end).expect("ending with /proc/sys read-only");
     println!("ended {ended}");
 }
+
+/// A connection whose destination NAT rewrote (Liqo's remapping in a gateway): listed as the
+/// forward hook saw it, by the address it reaches (127.0.0.2:7, not 127.0.0.9:9), which is
+/// what the policy judges, and ended by that view (the deletion names its original tuple).
+/// Before, the listing gave the pre-DNAT tuple: a policy about the real pod never matched it,
+/// and such connections were never revoked.
+#[test]
+fn a_rewritten_connection_is_listed_as_the_filter_saw_it_and_ended() {
+    require_root();
+    let ns = tracked("pwx-ct-nat");
+    let o = in_ns(
+        &ns,
+        "nft",
+        &["add table ip pwxnat; add chain ip pwxnat out { type nat hook output priority -100; }; add rule ip pwxnat out ip daddr 127.0.0.9 udp dport 9 dnat to 127.0.0.2:7"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let o = in_ns(
+        &ns,
+        "python3",
+        &["-c", "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\ns.bind(('127.0.0.1', 23000))\ns.sendto(b'x', ('127.0.0.9', 9))\n"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(listed(&ns).len(), 1, "{:?}", listed(&ns));
+    let mut b = NftBackend::new(Nft::in_netns(ns.name()));
+    let flows = b.flows().expect("listing");
+    assert_eq!(
+        flows,
+        [flow("127.0.0.1", "127.0.0.2", 17, 23000, 7)],
+        "as the filter saw it"
+    );
+    assert_eq!(b.end_flows(&flows).expect("ending"), 1);
+    assert!(listed(&ns).is_empty(), "{:?}", listed(&ns));
+}

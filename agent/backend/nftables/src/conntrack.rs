@@ -36,7 +36,7 @@ impl Conntrack {
     }
 
     /// Every tracked connection of both families (one dump).
-    pub fn list(&self) -> Result<Vec<Flow>, NftError> {
+    pub fn list(&self) -> Result<Vec<ctnetlink::Tracked>, NftError> {
         const ACTION: &str = "listing tracked connections (ctnetlink dump)";
         let sock = self.socket(ACTION)?;
         sock.send(&ctnetlink::dump_request(1))

@@ -76,6 +76,10 @@ pub struct NftBackend<R: Runner = Nft> {
     names: events::Names,
     /// The emergency switch as last seen in the kernel ([`switch`]).
     allow_all: bool,
+    /// The connections [`Backend::flows`] listed last, by the forward hook's view it returned
+    /// (what the policy judges) → the original tuple a deletion names: they differ where
+    /// DNAT rewrote the destination (Liqo's remapping).
+    listed: std::collections::HashMap<peerwall_backend::Flow, peerwall_backend::Flow>,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -90,6 +94,7 @@ impl<R: Runner> NftBackend<R> {
             events: None,
             names: events::Names::default(),
             allow_all: false,
+            listed: std::collections::HashMap::new(),
         }
     }
 
@@ -468,22 +473,35 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         NftBackend::counters(self).map_err(BackendError::host(NAME, "reading rule counters"))
     }
 
+    /// Each connection's original direction as the forward hook saw it (the destination
+    /// after DNAT), which is what the rules judged and what a policy change is judged on: a
+    /// connection to a remapped address is judged by the pod it reaches.
     fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
-        match self.nft.conntrack() {
-            Some(ct) => ct
-                .list()
-                .map_err(BackendError::host(NAME, "listing connections")),
-            None => Ok(Vec::new()),
-        }
+        let Some(ct) = self.nft.conntrack() else {
+            return Ok(Vec::new());
+        };
+        let tracked = ct
+            .list()
+            .map_err(BackendError::host(NAME, "listing connections"))?;
+        self.listed = tracked
+            .iter()
+            .filter(|t| t.seen != t.orig)
+            .map(|t| (t.seen, t.orig))
+            .collect();
+        Ok(tracked.into_iter().map(|t| t.seen).collect())
     }
 
+    /// Ends connections as [`Self::flows`] listed them: a rewritten one by its original tuple.
     fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
-        match self.nft.conntrack() {
-            Some(ct) => ct
-                .end(flows)
-                .map_err(BackendError::host(NAME, "ending connections")),
-            None => Ok(0),
-        }
+        let Some(ct) = self.nft.conntrack() else {
+            return Ok(0);
+        };
+        let orig: Vec<peerwall_backend::Flow> = flows
+            .iter()
+            .map(|f| self.listed.get(f).copied().unwrap_or(*f))
+            .collect();
+        ct.end(&orig)
+            .map_err(BackendError::host(NAME, "ending connections"))
     }
 
     /// The kernel's conntrack table of the current network namespace (`nf_conntrack_count`

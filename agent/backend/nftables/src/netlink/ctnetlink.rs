@@ -30,6 +30,9 @@ const NLM_F_DUMP: u16 = 0x300;
 pub const NLMSG_DONE: u16 = 3;
 /// `CTA_TUPLE_ORIG`; in a tuple `CTA_TUPLE_IP`, `CTA_TUPLE_PROTO`.
 const CTA_TUPLE_ORIG: u16 = 1;
+/// `CTA_TUPLE_REPLY`: the reply direction, NAT applied (its source is the original
+/// destination after DNAT).
+const CTA_TUPLE_REPLY: u16 = 2;
 const CTA_TUPLE_IP: u16 = 1;
 const CTA_TUPLE_PROTO: u16 = 2;
 /// `CTA_IP_V4_SRC` .. `CTA_IP_V6_DST`.
@@ -78,12 +81,24 @@ pub fn dump_request(seq: u32) -> Vec<u8> {
 /// What one datagram of a dump held.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DumpPart {
-    /// Connections, by their original tuple.
-    pub flows: Vec<Flow>,
+    /// Connections.
+    pub flows: Vec<Tracked>,
     /// The dump ended (`NLMSG_DONE`).
     pub done: bool,
     /// The kernel refused the dump (`-errno`).
     pub error: Option<i32>,
+}
+
+/// A connection as conntrack keys it and as the forward hook saw its first packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tracked {
+    /// The original tuple, as the packet that opened it arrived (before any DNAT): what a
+    /// deletion names.
+    pub orig: Flow,
+    /// Its original direction as the forward hook saw it: the source before SNAT (the
+    /// original source) and the destination after DNAT (the reply's source). Equal to `orig`
+    /// when nothing rewrote the destination (or no reply tuple came).
+    pub seen: Flow,
 }
 
 /// The connections in one datagram of a dump; None when it is cut short.
@@ -106,7 +121,7 @@ pub fn parse_dump(buf: &[u8]) -> Option<DumpPart> {
                 }
             }
             k if k == (SUBSYS_CTNETLINK << 8) | MSG_CT_NEW => {
-                if let Some(f) = body.get(NFGENMSG_LEN..).and_then(flow_of) {
+                if let Some(f) = body.get(NFGENMSG_LEN..).and_then(tracked_of) {
                     part.flows.push(f);
                 }
             }
@@ -133,10 +148,27 @@ fn addr(d: &[u8]) -> Option<IpAddr> {
     }
 }
 
-/// A connection's original direction, from its attributes (as `conntrack -L` shows it:
-/// ICMP's identifier as the source port, destination port 0).
-fn flow_of(body: &[u8]) -> Option<Flow> {
-    let tuple = attr(body, CTA_TUPLE_ORIG)?;
+/// A connection from its attributes: the original tuple and the forward hook's view of it.
+fn tracked_of(body: &[u8]) -> Option<Tracked> {
+    let orig = flow_of(attr(body, CTA_TUPLE_ORIG)?)?;
+    let seen = match attr(body, CTA_TUPLE_REPLY).and_then(flow_of) {
+        Some(reply) => Flow {
+            dst: reply.src,
+            // ICMP: the identifier stays the source port, no destination port.
+            dport: match orig.proto {
+                proto::ICMP | proto::ICMPV6 => 0,
+                _ => reply.sport,
+            },
+            ..orig
+        },
+        None => orig,
+    };
+    Some(Tracked { orig, seen })
+}
+
+/// A tuple's flow, from its attributes (as `conntrack -L` shows it: ICMP's identifier as the
+/// source port, destination port 0).
+fn flow_of(tuple: &[u8]) -> Option<Flow> {
     let ip = attr(tuple, CTA_TUPLE_IP)?;
     let (src, dst) = match (attr(ip, CTA_IP_V4_SRC), attr(ip, CTA_IP_V4_DST)) {
         (Some(s), Some(d)) => (addr(s)?, addr(d)?),
@@ -282,7 +314,11 @@ mod tests {
         for (_, i) in &sent {
             want.push(flows[*i]);
         }
-        assert_eq!(part.flows, want);
+        assert_eq!(part.flows.iter().map(|t| t.orig).collect::<Vec<_>>(), want);
+        assert!(
+            part.flows.iter().all(|t| t.seen == t.orig),
+            "no reply tuple: as sent"
+        );
         assert!(!part.done && part.error.is_none());
     }
 
