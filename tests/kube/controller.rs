@@ -712,17 +712,12 @@ async fn controller_with_peer_and_shop() -> (ApiServer, kube::Client, Proc) {
     (server, client, controller)
 }
 
-/// A peer's gateway configuration that no host applies is reported as not enforced once the
-/// grace period is over (a `NotEnforced` condition of host `peerwall-controller`, a Warning
-/// Event, `peerwall_controller_unenforced_peers`), and the condition goes once an agent
-/// applies it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_gateway_configuration_no_host_applies_is_reported_not_enforced() {
-    use k8s_openapi::api::core::v1::Event;
+/// An API server with peerwall's CRDs and a controller whose grace periods are 2 s.
+async fn controller_with_short_grace() -> (ApiServer, kube::Client, Proc) {
     let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
-    let _controller = server.peerwall(
+    let controller = server.peerwall(
         "controller",
         &[
             "controller",
@@ -732,6 +727,17 @@ async fn a_gateway_configuration_no_host_applies_is_reported_not_enforced() {
             "2",
         ],
     );
+    (server, client, controller)
+}
+
+/// A peer's gateway configuration that no host applies is reported as not enforced once the
+/// grace period is over (a `NotEnforced` condition of host `peerwall-controller`, a Warning
+/// Event, `peerwall_controller_unenforced_peers`), and the condition goes once an agent
+/// applies it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_configuration_no_host_applies_is_reported_not_enforced() {
+    use k8s_openapi::api::core::v1::Event;
+    let (server, client, _controller) = controller_with_short_grace().await;
     namespace(&client, "liqo-tenant-p1", tenant_labels("p1")).await;
     let api = fwc_api(&client, "liqo-tenant-p1");
     let controller_condition = |o: &DynamicObject| {
@@ -1050,19 +1056,7 @@ async fn ready_pod(
 /// configuration counted as enforced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditions_of_hosts_without_the_gateway_do_not_count() {
-    let server = api_server();
-    let client = server.client().await;
-    install_crd(&client).await;
-    let _controller = server.peerwall(
-        "controller",
-        &[
-            "controller",
-            "--metrics-addr",
-            "127.0.0.1:0",
-            "--unprotected-grace-secs",
-            "2",
-        ],
-    );
+    let (_server, client, _controller) = controller_with_short_grace().await;
     namespace(&client, "peerwall-system", json!({})).await;
     namespace(&client, "liqo-tenant-p1", tenant_labels("p1")).await;
     ready_pod(
