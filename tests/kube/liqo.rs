@@ -224,18 +224,20 @@ async fn installing_peerwall_leaves_liqo_crd_and_objects_alone() {
         refusal.contains("firewallconfigurations.peerwall.io"),
         "{refusal}"
     );
-    // ... except the controller's own objects, admitted before the webhook serves (deploy/
-    // installs the webhook configuration before its certificate exists): protection is never
-    // held back by the install order.
+    // ... the controller's label included: no label exempts an object from the webhook
+    // (anyone may set one; before, this object was admitted unreviewed). The controller
+    // retries until the webhook serves, while each gateway's boot policy holds.
     let mut generated = thesis_block();
     generated["metadata"]["name"] = json!("peerwall-gateway");
     generated["metadata"]["labels"] = json!({"app.kubernetes.io/managed-by": "peerwall"});
-    ours.create(
-        &PostParams::default(),
-        &serde_json::from_value(generated).unwrap(),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("the controller's object refused while the webhook is down: {e}"));
+    let refused = ours
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(generated).unwrap(),
+        )
+        .await
+        .expect_err("an object labelled as the controller's is reviewed like any other");
+    assert!(refused.to_string().contains("peerwall"), "{refused}");
     // ... and never stand in Liqo's way: every shape is created again and updated.
     let again = create_liqo_shapes(&client, "-2").await;
     for (ns, name) in &again {
