@@ -36,7 +36,8 @@ pub(crate) fn liqo_shapes() -> Vec<(String, serde_json::Value)> {
         .collect()
 }
 
-/// Remove peerwall's extension fields from a CRD schema (what Liqo's own CRD lacks).
+/// Remove peerwall's extension fields from a CRD schema (what Liqo's own CRD lacks), and its
+/// keeping of unknown fields.
 pub(crate) fn strip_extensions(v: &mut serde_json::Value) {
     if let Some(o) = v.as_object_mut() {
         if let Some(props) = o.get_mut("properties").and_then(|p| p.as_object_mut()) {
@@ -52,6 +53,8 @@ pub(crate) fn strip_extensions(v: &mut serde_json::Value) {
         }
         o.remove("x-kubernetes-list-type");
         o.remove("x-kubernetes-list-map-keys");
+        // Liqo's schema prunes unknown fields (peerwall's keeps them to refuse them).
+        o.remove("x-kubernetes-preserve-unknown-fields");
         for (_, child) in o.iter_mut() {
             strip_extensions(child);
         }

@@ -44,7 +44,13 @@ impl HostArgs {
     /// Enter the host's bpffs, then the network namespace (in that order: the namespace file
     /// is then opened in the host's mount namespace); where the command acts, resolved.
     fn enter(&self, command: &str, create: bool) -> Result<Self, CliError> {
-        super::privileges::require(command, false)?;
+        super::privileges::require(
+            command,
+            super::privileges::Needs {
+                bpf: create || self.pin_dir.exists(),
+                netns: self.netns.is_some() || self.gateway.is_some(),
+            },
+        )?;
         let at = self.resolved()?;
         scope::host_bpffs(&at.pin_dir, create)?;
         if let Some(ns) = &at.netns {
@@ -73,7 +79,13 @@ pub(super) fn apply(
             at.enter("apply", true)?;
         }
         BackendKind::Nftables => {
-            super::privileges::require("apply", at.netns.is_none())?;
+            super::privileges::require(
+                "apply",
+                super::privileges::Needs {
+                    bpf: false,
+                    netns: at.netns.is_some(),
+                },
+            )?;
             if let Some(ns) = &at.netns {
                 scope::enter_netns(ns)?;
             }

@@ -166,7 +166,13 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
         }
         tracing::info!(agent = %a.agent, "no agent answers; reading from the kernel");
     }
-    super::privileges::require("observe", false)?;
+    super::privileges::require(
+        "observe",
+        super::privileges::Needs {
+            bpf: a.pin_dir.exists(),
+            netns: a.netns.is_some(),
+        },
+    )?;
     super::scope::host_bpffs(&a.pin_dir, false)?;
     if let Some(ns) = &a.netns {
         super::scope::enter_netns(ns)?;

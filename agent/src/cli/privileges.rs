@@ -7,10 +7,19 @@ use super::CliError;
 
 /// `CAP_NET_ADMIN`: nftables tables, tc/tcx attachments, conntrack.
 const CAP_NET_ADMIN: u32 = 12;
-/// `CAP_SYS_ADMIN`: bpf before `CAP_BPF`, mount namespaces, setns.
+/// `CAP_SYS_ADMIN`: bpf before `CAP_BPF`, entering another network or mount namespace.
 const CAP_SYS_ADMIN: u32 = 21;
 /// `CAP_BPF`: bpf maps and programs (pins).
 const CAP_BPF: u32 = 39;
+
+/// What a host command touches besides nftables in its own network namespace.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct Needs {
+    /// A bpf datapath: pinned (its pin directory exists) or asked for (`--backend bpf`).
+    pub bpf: bool,
+    /// Another network namespace (`--netns`, `--gateway`).
+    pub netns: bool,
+}
 
 /// The effective capability set from a `/proc/<pid>/status` text.
 fn effective(status: &str) -> Option<u64> {
@@ -20,33 +29,29 @@ fn effective(status: &str) -> Option<u64> {
         .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
 }
 
-/// What a host command lacks of what it needs, by name (empty: nothing). `nftables_only`:
-/// a command that touches nftables alone, in the namespace it runs in.
-fn missing(eff: u64, nftables_only: bool) -> Vec<&'static str> {
+/// What a host command lacks of what it `needs`, by name (empty: nothing).
+fn missing(eff: u64, needs: Needs) -> Vec<&'static str> {
     let has = |c: u32| eff & (1u64 << c) != 0;
     let mut out = Vec::new();
     if !has(CAP_NET_ADMIN) {
         out.push("CAP_NET_ADMIN (nftables tables, tc links, conntrack)");
     }
-    if nftables_only {
-        return out;
-    }
-    if !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
+    if needs.bpf && !has(CAP_BPF) && !has(CAP_SYS_ADMIN) {
         out.push("CAP_BPF or CAP_SYS_ADMIN (the bpf datapath's pins)");
     }
-    if !has(CAP_SYS_ADMIN) {
-        out.push("CAP_SYS_ADMIN (the host's bpffs and --netns)");
+    if needs.netns && !has(CAP_SYS_ADMIN) {
+        out.push("CAP_SYS_ADMIN (entering another network namespace)");
     }
     out
 }
 
-/// Refuse `command` (exit 1, before it looks at anything) unless this process holds what a
-/// host command needs: root, or `CAP_NET_ADMIN`, `CAP_BPF` and `CAP_SYS_ADMIN`
-/// (`nftables_only`: `CAP_NET_ADMIN`).
-pub(super) fn require(command: &str, nftables_only: bool) -> Result<(), CliError> {
+/// Refuse `command` (exit 1, before it looks at anything) unless this process holds what it
+/// `needs`: `CAP_NET_ADMIN`, plus `CAP_BPF` (or `CAP_SYS_ADMIN`) for a bpf datapath and
+/// `CAP_SYS_ADMIN` for another network namespace. Root holds them all.
+pub(super) fn require(command: &str, needs: Needs) -> Result<(), CliError> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     let lacking = match effective(&status) {
-        Some(eff) => missing(eff, nftables_only),
+        Some(eff) => missing(eff, needs),
         None => vec!["its capabilities could not be read from /proc/self/status"],
     };
     if lacking.is_empty() {
@@ -65,19 +70,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn capabilities_are_read_and_named() {
+    fn capabilities_are_read_and_named_as_needed() {
+        let all = Needs {
+            bpf: true,
+            netns: true,
+        };
         let root = "Name:\tx\nCapEff:\t000001ffffffffff\n";
         assert_eq!(effective(root), Some(0x1ff_ffff_ffff));
-        assert!(missing(0x1ff_ffff_ffff, false).is_empty());
+        assert!(missing(0x1ff_ffff_ffff, all).is_empty());
         let user = "CapEff:\t0000000000000000\n";
-        let m = missing(effective(user).unwrap(), false);
-        assert_eq!(missing(0, true).len(), 1);
-        assert!(missing(1 << CAP_NET_ADMIN, true).is_empty());
+        let m = missing(effective(user).unwrap(), all);
         assert_eq!(m.len(), 3, "{m:?}");
         assert!(m[0].starts_with("CAP_NET_ADMIN"));
-        // NET_ADMIN and BPF without SYS_ADMIN: the bpffs and --netns still need it.
-        let m = missing((1 << CAP_NET_ADMIN) | (1 << CAP_BPF), false);
-        assert_eq!(m, ["CAP_SYS_ADMIN (the host's bpffs and --netns)"]);
+        // nftables in its own namespace (the nftables sidecar): NET_ADMIN is enough.
+        assert!(missing(1 << CAP_NET_ADMIN, Needs::default()).is_empty());
+        assert_eq!(missing(0, Needs::default()).len(), 1);
+        // The bpf sidecar (NET_ADMIN, BPF, PERFMON): its own pins, no other namespace.
+        let sidecar = (1 << CAP_NET_ADMIN) | (1 << CAP_BPF);
+        assert!(missing(
+            sidecar,
+            Needs {
+                bpf: true,
+                netns: false
+            }
+        )
+        .is_empty());
+        assert_eq!(
+            missing(sidecar, all),
+            ["CAP_SYS_ADMIN (entering another network namespace)"]
+        );
         assert_eq!(effective("Name:\tx\n"), None);
     }
 }
