@@ -491,7 +491,7 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         Ok(tracked.into_iter().map(|t| t.seen).collect())
     }
 
-    /// Ends connections as [`Self::flows`] listed them: a rewritten one by its original tuple.
+    /// Ends connections as `flows` listed them: a rewritten one by its original tuple.
     fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
         let Some(ct) = self.nft.conntrack() else {
             return Ok(0);
