@@ -25,6 +25,19 @@ async fn set_is(client: &kube::Client, tenant: &str, want: &[&str], what: &str) 
     .await;
 }
 
+/// Create `pod` and give it `ip`, Running (no kubelet: its status written directly).
+async fn running(api: &Api<Pod>, pod: &Pod, ip: &str) {
+    api.create(&PostParams::default(), pod).await.unwrap();
+    let name = pod.metadata.name.as_deref().unwrap();
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})),
+    )
+    .await
+    .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_namespaces_owner_puts_its_pods_in_a_peers_set() {
     let server = api_server();
@@ -74,14 +87,7 @@ async fn only_a_namespaces_owner_puts_its_pods_in_a_peers_set() {
         "spec": {"hostNetwork": true, "containers": [{"name": "c", "image": "registry.invalid/app"}]},
     }))
     .unwrap();
-    api.create(&PostParams::default(), &host).await.unwrap();
-    api.patch_status(
-        "hostnet",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Running", "podIP": "192.168.77.1", "podIPs": [{"ip": "192.168.77.1"}]}})),
-    )
-    .await
-    .unwrap();
+    running(&api, &host, "192.168.77.1").await;
     // b's own pod, created last: once b's set holds exactly it, every earlier pod was seen.
     pod(&client, "app-b", "own", "10.200.1.1", json!({}), None).await;
     set_is(
@@ -106,14 +112,7 @@ async fn only_a_namespaces_owner_puts_its_pods_in_a_peers_set() {
         "spec": {"containers": [{"name": "c", "image": "registry.invalid/app"}]},
     }))
     .unwrap();
-    api.create(&PostParams::default(), &leaving).await.unwrap();
-    api.patch_status(
-        "leaving",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Running", "podIP": "10.200.0.9", "podIPs": [{"ip": "10.200.0.9"}]}})),
-    )
-    .await
-    .unwrap();
+    running(&api, &leaving, "10.200.0.9").await;
     set_is(
         &client,
         "liqo-tenant-a",
