@@ -170,7 +170,8 @@ fn provider_protection_both_engines() {
 /// The controller's own gateway policy (`protection::gateway_spec`, what `peerwall controller`
 /// writes for a peer), judged by all three engines: replies to connections the provider side
 /// opened pass before the default deny; the consumer still opens nothing but what it
-/// offloaded, through any of Liqo's tunnels (`liqo-tunnel`, `liqo-tunnel1`, …).
+/// offloaded, through any of Liqo's tunnels (`liqo-tunnel`, `liqo-tunnel1`, …). Without
+/// Liqo's `Configuration` of the peer (sources unknown) nothing from the tunnel is forwarded.
 #[test]
 fn controller_policy_passes_replies_on_all_engines() {
     use peerwall::protection::{gateway_object, Options, Peer, PeerSets, DEFAULT_TUNNEL};
@@ -187,10 +188,10 @@ fn controller_policy_passes_replies_on_all_engines() {
         liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
         own_namespace_only: false,
     };
-    let peer = Peer {
+    let mut peer = Peer {
         id: "cluster1".into(),
         tenant_namespace: "liqo-tenant-cluster1".into(),
-        sources: Vec::new(),
+        sources: vec!["10.10.0.0/16".parse().unwrap()],
     };
     let doc = gateway_object(&peer, &sets, &opts);
     let dir = std::env::temp_dir().join(format!("pw-cli-ctrl-{}", std::process::id()));
@@ -234,6 +235,25 @@ fn controller_policy_passes_replies_on_all_engines() {
             both_engines(&f, &p, &expected);
         }
     }
+    // Before Liqo's Configuration of the peer is known: nothing from the tunnel is forwarded,
+    // not the replies, not what it offloaded; Liqo's tunnel check to the gateway passes.
+    peer.sources.clear();
+    std::fs::write(&file, gateway_object(&peer, &sets, &opts).to_string()).unwrap();
+    for (pkt, _, _) in cases {
+        let mut p = vec!["--iif", "liqo-tunnel", "--oif", "liqo.abcdefghij"];
+        p.extend(pkt.split_whitespace());
+        both_engines(
+            &f,
+            &p,
+            r#"{"verdict":"drop","table":"peerwall_cluster1","chain":"from_peer","rule":"no_liqo_configuration"}"#,
+        );
+    }
+    let ping = "--iif liqo-tunnel --src 169.254.18.1 --dst 169.254.18.2 --proto udp --dport 12345";
+    both_engines(
+        &f,
+        &ping.split_whitespace().collect::<Vec<_>>(),
+        r#"{"verdict":"accept","table":"peerwall_cluster1","chain":"to_gateway","rule":"liqo_tunnel_check"}"#,
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

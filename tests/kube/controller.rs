@@ -275,46 +275,14 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
 /// Configuration exists the controller can only list the reflected address.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn remote_pods_behind_a_remapped_cidr_are_listed_by_their_tunnel_address() {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let server = api_server();
     let client = server.client().await;
     install_crd(&client).await;
-    // Liqo's Configuration resource: the fields the controller reads (Liqo's own CRD is
-    // `deployments/liqo/charts/liqo-crds/crds/networking.liqo.io_configurations.yaml`).
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({
-            "metadata": {"name": "configurations.networking.liqo.io"},
-            "spec": {
-                "group": "networking.liqo.io",
-                "scope": "Namespaced",
-                "names": {"plural": "configurations", "singular": "configuration",
-                          "kind": "Configuration", "listKind": "ConfigurationList"},
-                "versions": [{"name": "v1beta1", "served": true, "storage": true,
-                    "subresources": {"status": {}},
-                    "schema": {"openAPIV3Schema": {"type": "object",
-                        "x-kubernetes-preserve-unknown-fields": true}}}],
-            },
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
     let configs: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         "liqo-tenant-a",
         &peerwall::k8s::liqo_configuration_resource(),
     );
-    eventually(
-        "Liqo's Configuration to be served",
-        Duration::from_secs(20),
-        || {
-            let configs = configs.clone();
-            async move { configs.list(&Default::default()).await.ok().map(|_| ()) }
-        },
-    )
-    .await;
     let metrics_addr = format!("127.0.0.1:{}", free_port());
     let _controller = server.peerwall(
         "controller",

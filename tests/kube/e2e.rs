@@ -61,10 +61,43 @@ async fn offloaded_pod_is_reachable_through_its_consumers_tunnel_only() {
         "default deny on b's tunnel"
     );
 
-    // Consumer a offloads a namespace with one pod.
+    // Consumer a offloads a namespace with one pod, before Liqo's Configuration of a is
+    // there: a's sources cannot be checked, so nothing from a's tunnel passes, and `status`
+    // says so. (Liqo creates the Configuration before the gateways: in a real peering this
+    // window only exists when the controller has not read it yet.)
     namespace(&client, "app-a", json!({"liqo.io/remote-cluster-id": "a"})).await;
-    let started = Instant::now();
     pod(&client, "app-a", "web", pod_ip, json!({}), None).await;
+    eventually(
+        "the pod in a's offloaded set",
+        Duration::from_secs(20),
+        || async {
+            gateway_set(&client, "liqo-tenant-a", "offloaded")
+                .await?
+                .contains(pod_ip)
+                .then_some(())
+        },
+    )
+    .await;
+    applied(
+        &fwc_api(&client, "liqo-tenant-a"),
+        "peerwall-gateway",
+        "gw-a",
+    )
+    .await;
+    assert!(
+        !ping(&ta.consumer, "10.10.1.67", pod_ip),
+        "no Liqo Configuration of a: a's tunnel stays closed, even towards a's own pod"
+    );
+    let (_, rows) = crate::status::status(&server);
+    let row_a = rows
+        .as_array()
+        .and_then(|r| r.iter().find(|r| r["peer"] == "a"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(row_a["tunnel_closed"], true, "{rows}");
+    let started = Instant::now();
+    liqo_configuration(&client, "a", &["10.10.0.0/16"]).await;
+    liqo_configuration(&client, "b", &["10.10.0.0/16"]).await;
     eventually(
         "the pod to be reachable through a's tunnel",
         Duration::from_secs(10),
@@ -95,7 +128,10 @@ async fn offloaded_pod_is_reachable_through_its_consumers_tunnel_only() {
         },
     )
     .await;
-    eprintln!("offloaded pod reachable after {:?}", started.elapsed());
+    eprintln!(
+        "offloaded pod reachable {:?} after Liqo's Configuration appeared",
+        started.elapsed()
+    );
     assert!(
         !ping(&tb.consumer, "10.10.1.67", pod_ip),
         "b's tunnel still denies a's pod"
@@ -150,6 +186,7 @@ async fn network_policies_hold(backend: &str) {
     let _web = Listener::tcp(&t.provider, "10.20.1.2", 8080);
     let _db = Listener::tcp_echo(&t.provider, "10.20.1.3", 8080);
     namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
+    liqo_configuration(&client, "a", &["10.10.0.0/16"]).await;
     namespace(&client, "app-a", json!({"liqo.io/remote-cluster-id": "a"})).await;
     pod(
         &client,

@@ -241,6 +241,7 @@ async fn monitoring_queries_use_exported_metrics() {
         ],
     );
     namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
+    liqo_configuration(&client, "a", &["10.10.0.0/16"]).await;
     applied(
         &fwc_api(&client, "liqo-tenant-a"),
         "peerwall-gateway",

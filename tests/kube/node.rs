@@ -230,8 +230,9 @@ spec:
     )
 }
 
-/// The cluster as Liqo leaves it: the peer's tenant namespace, a namespace it offloaded with
-/// one pod, and a private namespace with another.
+/// The cluster as Liqo leaves it: the peer's tenant namespace with its network
+/// `Configuration` (the consumer's pods are 10.71.0.0/16), a namespace it offloaded with one
+/// pod, and a private namespace with another.
 fn cluster_yaml(peer: &str) -> String {
     format!(
         r#"apiVersion: v1
@@ -239,6 +240,16 @@ kind: Namespace
 metadata:
   name: liqo-tenant-{peer}
   labels: {{liqo.io/tenant-namespace: "true", liqo.io/remote-cluster-id: {peer}}}
+---
+apiVersion: networking.liqo.io/v1beta1
+kind: Configuration
+metadata:
+  name: {peer}
+  namespace: liqo-tenant-{peer}
+  labels: {{liqo.io/remote-cluster-id: {peer}}}
+spec:
+  remote:
+    cidr: {{pod: [10.71.0.0/16], external: []}}
 ---
 apiVersion: v1
 kind: Namespace
@@ -593,6 +604,14 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     let peer = peer_id();
     // deploy/ as shipped (the image it names was imported), and nothing else: the webhook
     // issues its own certificate and writes its CA into its configuration.
+    // Liqo is installed: its Configuration CRD is there before peerwall's controller starts.
+    node.apply(&crate::support::liqo_configuration_crd().to_string());
+    node.kubectl_ok(&[
+        "wait",
+        "--for=condition=Established",
+        "--timeout=60s",
+        "crd/configurations.networking.liqo.io",
+    ]);
     node.kubectl_ok(&["apply", "-k", &repo("deploy").to_string_lossy()]);
     wait("the webhook ready", Duration::from_secs(120), || {
         let o = node.kubectl(&[

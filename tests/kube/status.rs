@@ -10,7 +10,7 @@ use crate::common::*;
 use crate::support::*;
 
 /// `peerwall status --output json` (exit status, parsed rows).
-fn status(server: &ApiServer) -> (bool, serde_json::Value) {
+pub(crate) fn status(server: &ApiServer) -> (bool, serde_json::Value) {
     let o = std::process::Command::new(peerwall())
         .args(["status", "--output", "json", "--minutes", "5"])
         .env("KUBECONFIG", &server.kubeconfig)

@@ -40,8 +40,9 @@ where
 }
 
 /// peerwall's CRDs (`deploy/base/crd.yaml`: FirewallConfiguration and AddressSet), established and
-/// served.
+/// served, and Liqo's `Configuration` ([`install_liqo_configuration_crd`]).
 pub(crate) async fn install_crd(client: &Client) {
+    install_liqo_configuration_crd(client).await;
     use serde::Deserialize;
     let text = std::fs::read_to_string(repo("deploy/base/crd.yaml")).unwrap();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -70,6 +71,76 @@ pub(crate) async fn install_crd(client: &Client) {
         async move { fwc.list(&Default::default()).await.ok().map(|_| ()) }
     })
     .await;
+}
+
+/// Liqo's `Configuration` CRD (`networking.liqo.io/v1beta1`): a schema that keeps every field
+/// (Liqo's own CRD is
+/// `deployments/liqo/charts/liqo-crds/crds/networking.liqo.io_configurations.yaml`; the
+/// controller reads `spec.remote.cidr` and `status.remote.cidr`).
+pub(crate) fn liqo_configuration_crd() -> serde_json::Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "configurations.networking.liqo.io"},
+        "spec": {
+            "group": "networking.liqo.io",
+            "scope": "Namespaced",
+            "names": {"plural": "configurations", "singular": "configuration",
+                      "kind": "Configuration", "listKind": "ConfigurationList"},
+            "versions": [{"name": "v1beta1", "served": true, "storage": true,
+                "subresources": {"status": {}},
+                "schema": {"openAPIV3Schema": {"type": "object",
+                    "x-kubernetes-preserve-unknown-fields": true}}}],
+        },
+    })
+}
+
+/// Liqo's `Configuration` resource (`networking.liqo.io/v1beta1`), served: the fields the
+/// controller reads (Liqo's own CRD is
+/// `deployments/liqo/charts/liqo-crds/crds/networking.liqo.io_configurations.yaml`), as a
+/// cluster running Liqo has it. Installed before the controller starts, as in a cluster where
+/// Liqo runs (the controller otherwise looks again every 30 s).
+pub(crate) async fn install_liqo_configuration_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let crd = serde_json::from_value(liqo_configuration_crd()).unwrap();
+    match crds.create(&PostParams::default(), &crd).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("Liqo's Configuration CRD: {e}"),
+    }
+    let configs: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &peerwall::k8s::liqo_configuration_resource(),
+    );
+    eventually(
+        "Liqo's Configuration to be served",
+        Duration::from_secs(20),
+        || {
+            let configs = configs.clone();
+            async move { configs.list(&Default::default()).await.ok().map(|_| ()) }
+        },
+    )
+    .await;
+}
+
+/// Liqo's `Configuration` of `peer` in its tenant namespace: the peer's pod CIDRs (`pod`) as
+/// Liqo writes them when the peering's network is set up, before its gateways exist
+/// (`pkg/liqoctl/network/handler.go`, `RunConnect` → `initNetworkConfigs`). Until it exists
+/// peerwall drops everything from the peer's tunnel.
+pub(crate) async fn liqo_configuration(client: &Client, peer: &str, pod: &[&str]) {
+    let configs: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &format!("liqo-tenant-{peer}"),
+        &peerwall::k8s::liqo_configuration_resource(),
+    );
+    let cfg: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "networking.liqo.io/v1beta1",
+        "kind": "Configuration",
+        "metadata": {"name": peer, "labels": {"liqo.io/remote-cluster-id": peer}},
+        "spec": {"remote": {"cidr": {"pod": pod, "external": []}}},
+    }))
+    .unwrap();
+    configs.create(&PostParams::default(), &cfg).await.unwrap();
 }
 
 pub(crate) fn fwc_api(client: &Client, ns: &str) -> Api<DynamicObject> {

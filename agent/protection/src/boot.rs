@@ -1,7 +1,8 @@
 //! The boot policy of a gateway: the controller's gateway configuration for a peer with
 //! nothing allowed yet (no offloaded pod, none of ours, no exception), in a table of its own,
-//! `peerwall_boot_<peer>`. From the tunnel it lets through replies and Liqo's tunnel check
-//! only.
+//! `peerwall_boot_<peer>`. Nothing from the tunnel is forwarded (no peer CIDRs are known yet,
+//! [`super::NO_CONFIGURATION_RULE`]); the gateway itself takes Liqo's tunnel check and replies
+//! to what it opened.
 //!
 //! It closes the window between a gateway pod's start and the first apply of its agent:
 //! - the sidecar's init container (`peerwall boot --peer ID`) puts it in force (nftables:
@@ -82,7 +83,7 @@ mod tests {
     use super::*;
     use peerwall_policy::ir::{evaluate, CtState, Packet, VerdictAction};
 
-    /// From the tunnel: nothing new reaches any pod, replies and Liqo's tunnel check pass;
+    /// From the tunnel: nothing reaches any pod, not even a reply; Liqo's tunnel check passes;
     /// the table is apart from the controller's.
     #[test]
     fn the_boot_policy_denies_everything_new_from_the_tunnel() {
@@ -121,7 +122,7 @@ mod tests {
         );
         assert_eq!(
             v("10.20.1.2", 6, 80, CtState::Established, fwd),
-            VerdictAction::Accept
+            VerdictAction::Drop
         );
         assert_eq!(
             v(

@@ -142,6 +142,10 @@ pub(crate) fn inline_set(name: String, ips: &BTreeSet<IpAddr>, v6: bool) -> api:
 /// Name of the gateway configuration's set of the peer's source CIDRs (`sources`, `sources6`).
 pub const SOURCES_SET: &str = "sources";
 
+/// Name of the gateway configuration's rule that drops everything from the peer's tunnel while
+/// Liqo's `Configuration` of the peer (its CIDRs, hence anti-spoofing) is not known.
+pub const NO_CONFIGURATION_RULE: &str = "no_liqo_configuration";
+
 /// An inline set of the CIDRs of one family (never filled from AddressSets).
 pub(crate) fn cidr_set(name: String, cidrs: &[ipnet::IpNet], v6: bool) -> api::Set {
     let keys = cidrs
@@ -301,7 +305,8 @@ pub fn close_rules(c: &exceptions::Close) -> Vec<(String, Vec<api::Match>)> {
 /// and tests may pass the addresses inline. What `d` declares (consumer protection by
 /// namespace, ProtectionPolicies) is inline; its switches are the ones in force.
 ///
-/// Order of the forward chain: invalid packets, spoofed sources, closings, leaf-to-leaf,
+/// Order of the forward chain: invalid packets, spoofed sources (everything, while `sources`
+/// is empty: Liqo's `Configuration` not seen), closings, leaf-to-leaf,
 /// offloaded pods, openings, our pods (by namespace, or all of them), replies, default deny.
 pub fn gateway_spec_with(
     peer: &str,
@@ -353,8 +358,19 @@ pub fn gateway_spec_with(
         vec![ctstate(vec![api::CtState::Invalid])],
     )];
     // Anti-spoofing: from the tunnel, only the peer's own CIDRs (both families: a family the
-    // peer has no CIDR of has no legitimate source at all).
-    if !sources.is_empty() {
+    // peer has no CIDR of has no legitimate source at all). Before Liqo's `Configuration` of
+    // the peer is seen its CIDRs are unknown, so no source can be told from a spoofed one:
+    // everything from the tunnel is dropped (Liqo's tunnel check goes to the gateway itself,
+    // the input chain, and still passes). Liqo creates the Configuration and waits for its
+    // status before it creates the gateways (`pkg/liqoctl/network/handler.go`, `RunConnect`
+    // → `initNetworkConfigs`), so a peering that carries traffic has one.
+    if sources.is_empty() {
+        rules.push(rule(
+            NO_CONFIGURATION_RULE.into(),
+            api::FilterAction::Drop,
+            vec![],
+        ));
+    } else {
         for (sfx, v6) in [("", false), ("6", true)] {
             sets.push(cidr_set(format!("{SOURCES_SET}{sfx}"), sources, v6));
             rules.push(rule(

@@ -19,7 +19,7 @@ pub struct Peer {
     pub tenant_namespace: String,
     /// The source CIDRs its packets may carry through the tunnel (its pod and external
     /// CIDRs, its own and as seen here: [`crate::configuration_sources`]). Empty: not known (no
-    /// `Configuration` yet), sources are not checked.
+    /// `Configuration` yet): nothing from its tunnel passes ([`crate::NO_CONFIGURATION_RULE`]).
     pub sources: Vec<ipnet::IpNet>,
 }
 

@@ -206,7 +206,7 @@ fn gateway_spec_is_valid_and_default_denies() {
         let s = &sets(&world())["a"];
         let spec = gateway_spec(
             "a-1",
-            &[],
+            &["10.10.0.0/16".parse().unwrap()],
             s,
             &Options {
                 tunnel: "liqo-tunnel".into(),
@@ -227,8 +227,9 @@ fn gateway_spec_is_valid_and_default_denies() {
         assert_eq!(t.name, "peerwall_a_1");
         let rules = &t.chains[0].rules;
         assert_eq!(rules.last().unwrap().name, "default_deny");
-        assert_eq!(rules.len(), if leaf { 9 } else { 7 });
+        assert_eq!(rules.len(), if leaf { 11 } else { 9 });
         assert_eq!(rules[0].name, "invalid");
+        assert_eq!(rules[1].name, "spoofed");
         assert_eq!(rules[rules.len() - 2].name, "replies");
     }
 }
@@ -310,20 +311,79 @@ fn spoofed_sources_from_the_tunnel_are_dropped_first() {
         verdict("10.99.1.5", "10.20.1.2", "eth0", CtState::New).0,
         VerdictAction::Accept
     );
-    // No Configuration yet: no source check, the pod is reachable as before.
-    let plain = gateway_spec(
-        "a",
-        &[],
-        &s,
-        &Options {
-            tunnel: "liqo-tunnel".into(),
-            block_leaf_to_leaf: false,
-            audit: false,
-            liqo_ping_port: LIQO_PING_PORT,
-            own_namespace_only: false,
-        },
+}
+
+/// Before Liqo's `Configuration` of the peer is seen its sources cannot be checked, so nothing
+/// from its tunnel is forwarded: not new connections to its offloaded pods, not replies, from
+/// any source, counted on `no_liqo_configuration`. Liqo's tunnel check (to the gateway itself)
+/// still passes, and what does not come from the tunnel is not this chain's business.
+#[test]
+fn without_liqo_configuration_nothing_from_the_tunnel_is_forwarded() {
+    use peerwall_policy::ir::{evaluate, CtState, Packet, VerdictAction};
+    let s = PeerSets {
+        offloaded: ips(&["10.20.1.2", "fd20::2"]),
+        remote: ips(&["10.10.9.20"]),
+        ..Default::default()
+    };
+    let policy = compiled_gateway(&[], &s);
+    let verdict =
+        |src: &str, dst: &str, iif: &str, oif: Option<&str>, proto: u8, dport: u16, ct| {
+            let v = evaluate(
+                &policy,
+                &Packet {
+                    src: src.parse().unwrap(),
+                    dst: dst.parse().unwrap(),
+                    proto,
+                    sport: 40000,
+                    dport,
+                    iif: Some(iif.into()),
+                    oif: oif.map(Into::into),
+                    ct_state: ct,
+                },
+            );
+            (v.verdict, v.rule.unwrap_or_default())
+        };
+    let (t, fwd) = ("liqo-tunnel", Some("liqo.x"));
+    let closed = (VerdictAction::Drop, NO_CONFIGURATION_RULE.to_string());
+    for ct in [CtState::New, CtState::Established, CtState::Related] {
+        assert_eq!(verdict("10.10.1.5", "10.20.1.2", t, fwd, 6, 80, ct), closed);
+        assert_eq!(verdict("fd10::5", "fd20::2", t, fwd, 6, 80, ct), closed);
+        // Towards our own pods the peer runs: closed too.
+        assert_eq!(
+            verdict("10.10.9.20", "10.20.1.9", t, fwd, 17, 53, ct),
+            closed
+        );
+    }
+    // The invalid rule still comes first.
+    assert_eq!(
+        verdict("10.10.1.5", "10.20.1.2", t, fwd, 6, 80, CtState::Invalid).1,
+        "invalid"
     );
-    assert!(!serde_json::to_string(&plain).unwrap().contains("spoofed"));
+    // Liqo's tunnel check, to the gateway itself.
+    assert_eq!(
+        verdict(
+            "169.254.18.1",
+            "169.254.18.2",
+            t,
+            None,
+            17,
+            LIQO_PING_PORT,
+            CtState::New
+        )
+        .0,
+        VerdictAction::Accept
+    );
+    // Not from the tunnel.
+    assert_eq!(
+        verdict("10.99.1.5", "10.20.1.2", "eth0", fwd, 6, 80, CtState::New).0,
+        VerdictAction::Accept
+    );
+    // Once the CIDRs are known the rule is gone and the pod is reachable from them.
+    let known = compiled_gateway(&["10.10.0.0/16".parse().unwrap()], &s);
+    assert!(known.tables[0].chains[0]
+        .rules
+        .iter()
+        .all(|r| r.name != NO_CONFIGURATION_RULE));
 }
 
 /// The gateway itself, as data: from the tunnel only Liqo's tunnel check and replies

@@ -66,6 +66,20 @@ pub struct PeerStatus {
     /// Enforced: at least one host applies the current generation of every configuration,
     /// none errs, and the controller does not report it unenforced.
     pub enforced: bool,
+    /// The controller has not seen Liqo's `Configuration` of the peer, so its gateway
+    /// configuration drops everything from the tunnel (no source can be checked yet).
+    pub tunnel_closed: bool,
+}
+
+/// Whether a gateway configuration holds the rule that closes the tunnel while Liqo's
+/// `Configuration` is unknown ([`crate::protection::NO_CONFIGURATION_RULE`]).
+fn closes_tunnel(c: &serde_json::Value) -> bool {
+    c["spec"]["table"]["chains"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|ch| ch["rules"]["filterRules"].as_array().into_iter().flatten())
+        .any(|r| r["name"].as_str() == Some(crate::protection::NO_CONFIGURATION_RULE))
 }
 
 /// The count at the start of a summary note ("gw-1: dropped 12 packets from …").
@@ -111,6 +125,7 @@ pub fn summarize(
             would_drops: 0,
             last_error: None,
             enforced: !mine.is_empty(),
+            tunnel_closed: mine.iter().any(|c| closes_tunnel(c)),
         };
         let mut error_time: Option<(i64, String)> = None;
         for c in &mine {
@@ -205,6 +220,9 @@ pub fn render(rows: &[PeerStatus], window_minutes: u64) -> String {
         let enforced = match (&r.not_enforced, r.configurations.is_empty(), r.enforced) {
             (_, true, _) => "no configuration".to_string(),
             (Some(_), _, _) => "NOT ENFORCED".to_string(),
+            (None, _, true) if r.tunnel_closed => {
+                "yes, tunnel closed (no Liqo Configuration)".to_string()
+            }
             (None, _, true) => "yes".to_string(),
             (None, _, false) => "no".to_string(),
         };
@@ -328,6 +346,46 @@ mod tests {
             "spec": {"table": {"name": "t"}},
             "status": {"conditions": conditions},
         })
+    }
+
+    /// A gateway configuration built before Liqo's `Configuration` of the peer was seen
+    /// closes the tunnel, and the status says so; one with the peer's CIDRs does not.
+    #[test]
+    fn a_closed_tunnel_is_named() {
+        use crate::protection as p;
+        let applied = json!([{"host": "n1", "type": "Applied", "status": "True", "observedGeneration": 1, "backend": "nftables"}]);
+        let opts = p::boot::default_options();
+        let mut configs = Vec::new();
+        for (peer, sources) in [("a", vec![]), ("b", vec!["10.10.0.0/16".parse().unwrap()])] {
+            let who = p::Peer {
+                id: peer.into(),
+                tenant_namespace: format!("liqo-tenant-{peer}"),
+                sources,
+            };
+            let mut c = p::gateway_object(&who, &Default::default(), &opts);
+            c["metadata"]["generation"] = json!(1);
+            c["status"] = json!({"conditions": applied.clone()});
+            configs.push(c);
+        }
+        let tenants = BTreeMap::from([
+            ("liqo-tenant-a".to_string(), "a".to_string()),
+            ("liqo-tenant-b".to_string(), "b".to_string()),
+        ]);
+        let rows = summarize(&tenants, &configs, &[], 0);
+        assert!(rows[0].tunnel_closed && rows[0].enforced);
+        assert!(!rows[1].tunnel_closed && rows[1].enforced);
+        let out = render(&rows, 15);
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("a ")
+                    && l.contains("yes, tunnel closed (no Liqo Configuration)")),
+            "{out}"
+        );
+        assert!(
+            out.lines()
+                .any(|l| l.starts_with("b ") && l.contains(" yes ")),
+            "{out}"
+        );
     }
 
     #[test]

@@ -220,7 +220,8 @@ fn compiled(policies: &[Checked], own_namespace_only: bool) -> peerwall_policy::
         remote: ["10.10.9.20".parse().unwrap()].into(),
         ..Default::default()
     };
-    let spec = gateway_spec_with("a", &[], &s, &opts, &d);
+    // The peer's Configuration is known (its pods, and our pods it runs, are in 10/8).
+    let spec = gateway_spec_with("a", &["10.0.0.0/8".parse().unwrap()], &s, &opts, &d);
     let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
         "metadata": {"name": "g", "namespace": "liqo-tenant-a"}, "spec": spec});
     let obj = peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
