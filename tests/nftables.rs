@@ -404,7 +404,7 @@ fn controller_gateway_policy_protects_both_sides() {
         let peer = Peer {
             id: "a".into(),
             tenant_namespace: "liqo-tenant-a".into(),
-            sources: Vec::new(),
+            sources: vec!["10.10.0.0/16".parse().unwrap()],
         };
         let doc = gateway_object(&peer, &sets, &opts);
         let obj =

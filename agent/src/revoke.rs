@@ -306,7 +306,7 @@ mod tests {
         };
         let spec = gateway_spec(
             "a",
-            &[],
+            &["10.10.0.0/16".parse().unwrap()],
             &s,
             &Options {
                 tunnel: "liqo-tunnel*".into(),

@@ -512,7 +512,8 @@ pub fn sliced_peer() -> (
         Peer {
             id: "a".into(),
             tenant_namespace: "liqo-tenant-a".into(),
-            sources: Vec::new(),
+            // The topology's consumer pods (Liqo's Configuration of peer a).
+            sources: vec!["10.10.0.0/16".parse().unwrap()],
         },
         Options {
             tunnel: TUNNEL.into(),

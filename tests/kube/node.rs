@@ -234,6 +234,7 @@ spec:
 /// `Configuration` (the consumer's pods are 10.71.0.0/16), a namespace it offloaded with one
 /// pod, and a private namespace with another.
 fn cluster_yaml(peer: &str) -> String {
+    let configuration = peerwall_testkit::liqo::configuration(peer, &["10.71.0.0/16"]);
     format!(
         r#"apiVersion: v1
 kind: Namespace
@@ -241,16 +242,7 @@ metadata:
   name: liqo-tenant-{peer}
   labels: {{liqo.io/tenant-namespace: "true", liqo.io/remote-cluster-id: {peer}}}
 ---
-apiVersion: networking.liqo.io/v1beta1
-kind: Configuration
-metadata:
-  name: {peer}
-  namespace: liqo-tenant-{peer}
-  labels: {{liqo.io/remote-cluster-id: {peer}}}
-spec:
-  remote:
-    cidr: {{pod: [10.71.0.0/16], external: []}}
----
+{configuration}---
 apiVersion: v1
 kind: Namespace
 metadata:
@@ -605,7 +597,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     // deploy/ as shipped (the image it names was imported), and nothing else: the webhook
     // issues its own certificate and writes its CA into its configuration.
     // Liqo is installed: its Configuration CRD is there before peerwall's controller starts.
-    node.apply(&crate::support::liqo_configuration_crd().to_string());
+    node.apply(peerwall_testkit::liqo::CONFIGURATION_CRD);
     node.kubectl_ok(&[
         "wait",
         "--for=condition=Established",

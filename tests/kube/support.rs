@@ -73,26 +73,9 @@ pub(crate) async fn install_crd(client: &Client) {
     .await;
 }
 
-/// Liqo's `Configuration` CRD (`networking.liqo.io/v1beta1`): a schema that keeps every field
-/// (Liqo's own CRD is
-/// `deployments/liqo/charts/liqo-crds/crds/networking.liqo.io_configurations.yaml`; the
-/// controller reads `spec.remote.cidr` and `status.remote.cidr`).
+/// Liqo's `Configuration` CRD ([`peerwall_testkit::liqo::CONFIGURATION_CRD`]) as JSON.
 pub(crate) fn liqo_configuration_crd() -> serde_json::Value {
-    json!({
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": "configurations.networking.liqo.io"},
-        "spec": {
-            "group": "networking.liqo.io",
-            "scope": "Namespaced",
-            "names": {"plural": "configurations", "singular": "configuration",
-                      "kind": "Configuration", "listKind": "ConfigurationList"},
-            "versions": [{"name": "v1beta1", "served": true, "storage": true,
-                "subresources": {"status": {}},
-                "schema": {"openAPIV3Schema": {"type": "object",
-                    "x-kubernetes-preserve-unknown-fields": true}}}],
-        },
-    })
+    serde_yaml::from_str(peerwall_testkit::liqo::CONFIGURATION_CRD).unwrap()
 }
 
 /// Liqo's `Configuration` resource (`networking.liqo.io/v1beta1`), served: the fields the
@@ -133,13 +116,8 @@ pub(crate) async fn liqo_configuration(client: &Client, peer: &str, pod: &[&str]
         &format!("liqo-tenant-{peer}"),
         &peerwall::k8s::liqo_configuration_resource(),
     );
-    let cfg: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "networking.liqo.io/v1beta1",
-        "kind": "Configuration",
-        "metadata": {"name": peer, "labels": {"liqo.io/remote-cluster-id": peer}},
-        "spec": {"remote": {"cidr": {"pod": pod, "external": []}}},
-    }))
-    .unwrap();
+    let cfg: DynamicObject =
+        serde_yaml::from_str(&peerwall_testkit::liqo::configuration(peer, pod)).unwrap();
     configs.create(&PostParams::default(), &cfg).await.unwrap();
 }
 

@@ -1,5 +1,6 @@
 //! The cluster side: a real etcd + kube-apiserver on loopback (Debian's v1.20 build from the
-//! cache), peerwall's CRDs, a Liqo tenant with an offloaded namespace, pods with addresses,
+//! cache), peerwall's CRDs and Liqo's `Configuration` CRD, a Liqo tenant with its
+//! `Configuration` and an offloaded namespace, pods with addresses,
 //! and peerwall processes with their peak memory.
 
 use std::net::Ipv4Addr;
@@ -31,6 +32,20 @@ pub fn api_server() -> ApiServer {
         "{}",
         String::from_utf8_lossy(&crd.stderr)
     );
+    // Liqo is installed: its Configuration CRD is there before peerwall's controller starts.
+    let liqo_crd = server.dir.join("liqo-configuration-crd.yaml");
+    std::fs::write(&liqo_crd, peerwall_testkit::liqo::CONFIGURATION_CRD).expect("CRD file");
+    let liqo = server
+        .kubectl()
+        .args(["apply", "-f"])
+        .arg(&liqo_crd)
+        .output()
+        .expect("kubectl");
+    assert!(
+        liqo.status.success(),
+        "{}",
+        String::from_utf8_lossy(&liqo.stderr)
+    );
     let wait = server
         .kubectl()
         .args([
@@ -38,6 +53,7 @@ pub fn api_server() -> ApiServer {
             "--for=condition=Established",
             "crd/firewallconfigurations.peerwall.io",
             "crd/addresssets.peerwall.io",
+            "crd/configurations.networking.liqo.io",
         ])
         .output()
         .expect("kubectl");
@@ -74,6 +90,21 @@ pub async fn peering(client: &Client) {
         .await
         .expect("namespace");
     }
+    // Liqo's Configuration of the peer: its pods are the probe sender's range.
+    let configs: Api<kube::api::DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        TENANT,
+        &peerwall::k8s::liqo_configuration_resource(),
+    );
+    let cfg = serde_yaml::from_str(&peerwall_testkit::liqo::configuration(
+        PEER,
+        &[crate::probe::SENDER_CIDR],
+    ))
+    .expect("Liqo's Configuration");
+    configs
+        .create(&PostParams::default(), &cfg)
+        .await
+        .expect("Liqo's Configuration");
     // The default service account is not needed: the ServiceAccount admission is off.
 }
 

@@ -352,7 +352,7 @@ async fn measure_dir(
     let peer = Peer {
         id: cluster::PEER.into(),
         tenant_namespace: cluster::TENANT.into(),
-        sources: Vec::new(),
+        sources: vec![probe::SENDER_CIDR.parse().expect("CIDR")],
     };
     let opts = Options {
         tunnel: protection::DEFAULT_TUNNEL.into(),

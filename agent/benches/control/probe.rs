@@ -14,6 +14,8 @@ use peerwall_netns::NetNs;
 
 /// Pod addresses (routed to the receiver).
 pub const POD_CIDR: &str = "10.32.0.0/11";
+/// The sender's range (the peer's pod CIDR in Liqo's `Configuration`).
+pub const SENDER_CIDR: &str = "172.16.0.0/16";
 const PORT: u16 = 9999;
 
 /// First and last arrival per destination.

@@ -209,7 +209,7 @@ pub(crate) fn control_plane(lab: &Lab, dp: Datapath, n: usize, seed: u64) -> Con
             let next = Policy {
                 fwc: fwc_doc(protection::gateway_spec(
                     "bench",
-                    &[],
+                    &[crate::traffic::SOURCES.parse().expect("CIDR")],
                     &sets,
                     &Options {
                         tunnel: TUNNEL.into(),

@@ -144,7 +144,7 @@ pub(crate) fn protection_policy(n: usize, seed: u64) -> Policy {
     };
     let spec = protection::gateway_spec(
         "bench",
-        &[],
+        &[crate::traffic::SOURCES.parse().expect("CIDR")],
         &sets,
         &Options {
             tunnel: TUNNEL.into(),

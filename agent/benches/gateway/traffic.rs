@@ -12,6 +12,10 @@ use rand::{Rng, SeedableRng};
 
 use super::*;
 
+/// The sources of the generated traffic unless a policy names its own: the peer's pod CIDR in
+/// the gateway configuration's source check (Liqo's `Configuration`).
+pub(crate) const SOURCES: &str = "172.16.0.0/16";
+
 pub(crate) fn checksum(b: &[u8]) -> u16 {
     let mut sum = 0u32;
     for c in b.chunks(2) {
@@ -304,6 +308,7 @@ pub(crate) fn frames_for(
             .map(|(i, &(d, port))| {
                 let src = match srcs {
                     Some(s) => s[i % s.len()],
+                    // In SOURCES.
                     None => Ipv4Addr::from(0xac10_0000 | rng.random_range(1..0xfffeu32)),
                 };
                 frame(

@@ -460,3 +460,55 @@ fn ip_blocks_name_a_remapped_peer_by_the_addresses_seen_here() {
     );
     assert!(!allowed("10.2.0.1", "10.3.0.1"), "y/a: nothing else");
 }
+
+/// Where Liqo remaps a peer CIDR that overlaps ours (peer1's 10.1.0.0/16 is our namespace x's
+/// range; seen here as 10.71.0.0/16), the gateway's source check passes a peer pod carrying
+/// the numbers of our local pod x/b. x/a admits x/b and y/c (on the peer): from the tunnel,
+/// y/c gets in, the peer's pod posing as x/b does not (x/b's own traffic to x/a never
+/// crosses the gateway, so the tier has no business admitting its address from there).
+#[test]
+fn a_peer_pod_cannot_pose_as_a_local_pod_behind_an_overlapping_remap() {
+    let mut p = policy("x", "from-b-and-y-c", sel(&[("pod", "a")]));
+    p.ingress = Some(vec![Rule {
+        peers: vec![
+            Peer::Pods {
+                namespaces: None,
+                pods: Some(sel(&[("pod", "b")])),
+            },
+            Peer::Pods {
+                namespaces: Some(sel(&[("ns", "y")])),
+                pods: Some(sel(&[("pod", "c")])),
+            },
+        ],
+        ports: vec![],
+    }]);
+    let mut c = cluster(vec![p]);
+    c.remaps.insert(
+        "peer1".into(),
+        vec![Remap {
+            real: "10.1.0.0/16".parse().unwrap(),
+            seen: "10.71.0.0/16".parse().unwrap(),
+        }],
+    );
+    let ir = compiled(&c);
+    let from_tunnel = |src: &str| {
+        let pkt = peerwall_policy::ir::Packet {
+            src: src.parse().unwrap(),
+            dst: "10.1.0.1".parse().unwrap(),
+            proto: 6,
+            sport: 40000,
+            dport: 80,
+            iif: Some("liqo-tunnel".into()),
+            oif: Some("liqo.abcdefghij".into()),
+            ct_state: peerwall_policy::ir::CtState::New,
+        };
+        peerwall_policy::ir::evaluate(&ir, &pkt).verdict
+            == peerwall_policy::ir::VerdictAction::Accept
+    };
+    assert!(from_tunnel("10.2.0.3"), "y/c, on the peer, is admitted");
+    assert!(
+        !from_tunnel("10.1.0.2"),
+        "the peer's pod with x/b's numbers does not pass as x/b"
+    );
+    assert!(!from_tunnel("10.2.0.2"), "y/b is not admitted");
+}

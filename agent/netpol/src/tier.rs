@@ -434,10 +434,20 @@ impl ChainBuilder<'_> {
                 .collect();
             // The far end of the unnamed clauses: None is anyone. Blocks name addresses as
             // seen here: for a local pod the far end is the peer's, as its gateway sees them
-            // (`through_remaps`); for a pod running on the peer, ours.
+            // (`through_remaps`); for a pod running on the peer, ours. Selected pods count
+            // only on the other side of the gateway from the own pods: a local pod's traffic
+            // with another local pod (or a pod on the peer with another there) never crosses
+            // it, and where Liqo remaps a peer CIDR that overlaps ours, a local pod's address
+            // is also a peer address the source check passes: in a local pod's far set it
+            // would let the peer's pod holding those numbers pose as ours.
             let far_all = |remote_own: bool| {
                 (!any_peer).then(|| {
-                    let mut a = self.addrs_of(&far_pods);
+                    let across: BTreeSet<usize> = far_pods
+                        .iter()
+                        .copied()
+                        .filter(|&i| self.pods[i].peer.is_some() != remote_own)
+                        .collect();
+                    let mut a = self.addrs_of(&across);
                     for b in &blocks {
                         let v4 = b.cidr.addr().is_ipv4();
                         for r in block_ranges(b) {
@@ -465,21 +475,18 @@ impl ChainBuilder<'_> {
                     })
                     .collect(),
             };
-            // With remapped CIDRs and blocks, a policy's local pods and its pods on the peer
-            // see the blocks differently: one rule each.
+            // A policy's local pods and its pods on the peer meet different far ends (the
+            // other side's pods; with remapped CIDRs, blocks seen differently): one rule each.
             let split = !self.remaps.is_empty() && !blocks.is_empty();
-            let groups: Vec<(BTreeSet<usize>, bool)> = if split {
-                let (remote, local): (BTreeSet<usize>, BTreeSet<usize>) =
-                    own.iter().partition(|&&i| self.pods[i].peer.is_some());
-                [(local, false), (remote, true)]
-                    .into_iter()
-                    .filter(|(g, _)| !g.is_empty())
-                    .collect()
-            } else {
-                vec![(own.clone(), false)]
-            };
+            let (remote, local): (BTreeSet<usize>, BTreeSet<usize>) =
+                own.iter().partition(|&&i| self.pods[i].peer.is_some());
+            let groups: Vec<(BTreeSet<usize>, bool)> = [(local, false), (remote, true)]
+                .into_iter()
+                .filter(|(g, _)| !g.is_empty())
+                .collect();
+            let named_apart = split || groups.len() > 1;
             let far_local = far_all(false);
-            let far_remote = if split { far_all(true) } else { None };
+            let far_remote = far_all(true);
             let far_of = |remote_own: bool| {
                 if remote_own {
                     far_remote.clone()
@@ -499,7 +506,10 @@ impl ChainBuilder<'_> {
                         ),
                         (Dir::Egress, Some(only)) => {
                             let mut a = Addrs::default();
-                            for &i in only {
+                            let across = only
+                                .iter()
+                                .filter(|&&i| self.pods[i].peer.is_some() != *remote_own);
+                            for &i in across {
                                 let selected = any_peer
                                     || far_pods.contains(&i)
                                     || self.pods[i].local_ips().iter().any(in_block);
@@ -527,7 +537,7 @@ impl ChainBuilder<'_> {
                         }
                         let fam = if v4 { "" } else { "6" };
                         let d = self.dir.word().chars().next().unwrap_or('x');
-                        let part = if *remote_own && split { "r" } else { "" };
+                        let part = if *remote_own && named_apart { "r" } else { "" };
                         let mut m = vec![in_set(
                             &self.set(format!("{d}{pi}_{ri}_{ci}{part}_own{fam}"), own_keys, v4),
                             self.dir.own(),

@@ -313,6 +313,89 @@ fn spoofed_sources_from_the_tunnel_are_dropped_first() {
     );
 }
 
+/// Where Liqo remaps a peer CIDR that overlaps ours, the peer's own range (its sources in the
+/// forward hook) equals ours, so the source check cannot tell a peer's pod from one of ours.
+/// It need not: from the tunnel, no rule grants anything for being one of our pods here. A
+/// packet from peer `a`'s tunnel carrying the address of any of our pods that does not run on
+/// `a` gets exactly the verdict of an address of `a` that no pod holds, towards every pod and
+/// for every state; only our pod running on `a` (by the address its packets carry, 10.200.4.9)
+/// is let further (`from_own_pods`).
+#[test]
+fn posing_as_one_of_our_pods_from_a_remapped_peer_grants_nothing() {
+    use peerwall_policy::ir::{evaluate, CtState, Packet};
+    let mut w = world();
+    w.pods.push(Pod {
+        node: Some("liqo-c".into()),
+        ..pod("local", "remapped-on-a", "10.71.4.9")
+    });
+    let body = json!({
+        "spec": {"remote": {"cidr": {"pod": ["10.200.0.0/16"], "external": ["10.70.0.0/16"]}}},
+        "status": {"remote": {"cidr": {"pod": ["10.71.0.0/16"], "external": ["10.72.0.0/16"]}}},
+    });
+    let peer_labels = labels(&[(REMOTE_CLUSTER_ID, "a")]);
+    let (_, remaps) = configuration_remaps(&peer_labels, &body).unwrap();
+    let (_, sources) = configuration_sources(&peer_labels, &body).unwrap();
+    w.remaps.insert("a".into(), remaps);
+    let s = sets(&w);
+    assert!(s["a"]
+        .remote
+        .contains(&"10.200.4.9".parse::<IpAddr>().unwrap()));
+    let policy = compiled_gateway(&sources, &s["a"]);
+    let verdict = |src: IpAddr, dst: IpAddr, proto: u8, ct: CtState| {
+        let v = evaluate(
+            &policy,
+            &Packet {
+                src,
+                dst,
+                proto,
+                sport: 40000,
+                dport: 80,
+                iif: Some("liqo-tunnel".into()),
+                oif: Some("liqo.x".into()),
+                ct_state: ct,
+            },
+        );
+        (v.verdict, v.rule)
+    };
+    let nobody: IpAddr = "10.200.77.77".parse().unwrap();
+    let ours_here: Vec<IpAddr> = w
+        .pods
+        .iter()
+        .filter(|p| p.node.is_none())
+        .flat_map(|p| p.ips.clone())
+        .filter(IpAddr::is_ipv4)
+        .collect();
+    assert!(ours_here.len() > 5, "{ours_here:?}");
+    let mut dsts = ours_here.clone();
+    dsts.push("10.200.4.9".parse().unwrap());
+    let mut compared = 0;
+    for &src in &ours_here {
+        assert!(
+            sources.iter().any(|c| c.contains(&src)),
+            "{src}: inside the peer's own range, so the source check passes it"
+        );
+        for &dst in &dsts {
+            for proto in [6, 17] {
+                for ct in [CtState::New, CtState::Established, CtState::Related] {
+                    assert_eq!(
+                        verdict(src, dst, proto, ct),
+                        verdict(nobody, dst, proto, ct),
+                        "{src} -> {dst} proto {proto} {ct:?}: posing as our pod changes the verdict"
+                    );
+                    compared += 1;
+                }
+            }
+        }
+    }
+    assert!(compared > 100);
+    // Sensitive: our pod on `a` is let further than an unknown address of `a`.
+    let local: IpAddr = "10.200.0.7".parse().unwrap();
+    assert_ne!(
+        verdict("10.200.4.9".parse().unwrap(), local, 6, CtState::New),
+        verdict(nobody, local, 6, CtState::New)
+    );
+}
+
 /// Before Liqo's `Configuration` of the peer is seen its sources cannot be checked, so nothing
 /// from its tunnel is forwarded: not new connections to its offloaded pods, not replies, from
 /// any source, counted on `no_liqo_configuration`. Liqo's tunnel check (to the gateway itself)

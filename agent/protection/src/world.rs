@@ -54,6 +54,7 @@ pub struct World {
     /// its tenant namespace.
     pub remaps: BTreeMap<String, Vec<Remap>>,
     /// Per peer: the source CIDRs its packets may carry through the tunnel
-    /// ([`crate::configuration_sources`]); a peer without any is not checked for spoofing.
+    /// ([`crate::configuration_sources`]); a peer without any gets nothing through its tunnel
+    /// ([`crate::NO_CONFIGURATION_RULE`]).
     pub sources: BTreeMap<String, Vec<ipnet::IpNet>>,
 }

@@ -1,9 +1,10 @@
 //! What peerwall's tests and benchmarks share, written once: [`kube`] (a real API server on
 //! loopback and peerwall processes against it), [`node`] (a real kubelet node running peerwall's
-//! images) and [`NetNs`] (network namespaces that clean
+//! images), [`liqo`] (Liqo's objects peerwall reads) and [`NetNs`] (network namespaces that clean
 //! up after themselves). Test code: failures panic with what went wrong.
 
 pub mod kube;
+pub mod liqo;
 pub mod node;
 
 use std::path::PathBuf;
