@@ -179,6 +179,18 @@ fn dir_agent<'a>(
     policy: &std::path::Path,
     tag: &str,
 ) -> (Agent, Installed<'a>) {
+    dir_agent_with(t, backend, dir, policy, tag, &[])
+}
+
+/// [`dir_agent`] with `extra` flags.
+fn dir_agent_with<'a>(
+    t: &'a Topology,
+    backend: &'a str,
+    dir: &std::path::Path,
+    policy: &std::path::Path,
+    tag: &str,
+    extra: &[&str],
+) -> (Agent, Installed<'a>) {
     let installed = Installed::new(backend, t.gateway.name(), tag);
     let mut args: Vec<String> = vec![
         "--source".into(),
@@ -188,6 +200,7 @@ fn dir_agent<'a>(
         "--interval-ms".into(),
         "50".into(),
     ];
+    args.extend(extra.iter().map(|a| a.to_string()));
     if backend == "bpf" {
         args.extend(["--pin-dir".into(), installed.pins.clone()]);
     }
@@ -342,6 +355,204 @@ fn a_closing_ends_the_connections_it_refuses_on_both_backends() {
             String::from_utf8_lossy(&in_ns(&t.gateway, "nft", &["list", "ruleset"]).stdout),
         );
         drop((to_web, agent, installed));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Both ends of a UDP exchange in their namespaces: each sends a datagram every 50 ms to the
+/// other from a fixed port and counts what it receives (in `<dir>/<name>.rx`).
+struct Chatter {
+    _p: Agent,
+    rx: std::path::PathBuf,
+}
+
+impl Chatter {
+    const SCRIPT: &'static str = r#"
+import os, socket, sys, threading, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+dst, out = (sys.argv[3], int(sys.argv[4])), sys.argv[5]
+n = 0
+def rx():
+    global n
+    while True:
+        try:
+            s.recv(64)
+        except OSError:
+            continue
+        n += 1
+        with open(out + ".tmp", "w") as f:
+            f.write(str(n))
+        os.replace(out + ".tmp", out)
+threading.Thread(target=rx, daemon=True).start()
+while True:
+    try:
+        s.sendto(b"x", dst)
+    except OSError:
+        pass
+    time.sleep(0.05)
+"#;
+
+    fn start(ns: &NetNs, from: (&str, u16), to: (&str, u16), rx: std::path::PathBuf) -> Self {
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", ns.name(), "python3", "-c", Self::SCRIPT])
+            .args([from.0, &from.1.to_string(), to.0, &to.1.to_string()])
+            .arg(&rx)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Self {
+            _p: Agent(child),
+            rx,
+        }
+    }
+
+    fn received(&self) -> u64 {
+        std::fs::read_to_string(&self.rx)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+/// A connection the agent ends stays ended whichever side speaks next, for as long as either
+/// keeps sending: a UDP exchange between the peer's pod and an offloaded pod (both sending all
+/// along), closed by a ProtectionPolicy; the pod's datagrams keep going out (our side is not
+/// filtered) and once created a conntrack entry whose original direction was ours, so that the
+/// peer's datagrams passed as its replies (nftables: deleting the entry was all revocation
+/// did). Now none of the peer's datagrams reaches the pod again, through more than the ended
+/// table's timeout (2 s here) and conntrack's UDP timeouts (shortened to 2 and 3 s), on both
+/// backends; on nftables the table holds the connection while they send and lets it go once
+/// both are quiet.
+#[test]
+fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
+    let t = Topology::new();
+    for (k, v) in [
+        ("net.netfilter.nf_conntrack_udp_timeout", "2"),
+        ("net.netfilter.nf_conntrack_udp_timeout_stream", "3"),
+    ] {
+        let _ = in_ns(&t.gateway, "modprobe", &["nf_conntrack"]);
+        t.gateway.sysctl(k, v).expect("conntrack timeout");
+    }
+    for backend in ["nftables", "bpf"] {
+        let dir = std::env::temp_dir().join(format!(
+            "pw-protection-ended-{}-{backend}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let policy = controller_output(&dir);
+        let (agent, installed) = dir_agent_with(
+            &t,
+            backend,
+            &dir,
+            &policy,
+            "ended",
+            &["--ended-connection-secs", "2"],
+        );
+        // The peer's pod speaks first: the connection is the peer's (what the closing ends).
+        let peer = Chatter::start(
+            &t.consumer,
+            ("10.10.1.67", 5000),
+            ("10.20.1.2", 6000),
+            dir.join("peer.rx"),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let pod = Chatter::start(
+            &t.provider,
+            ("10.20.1.2", 6000),
+            ("10.10.1.67", 5000),
+            dir.join("pod.rx"),
+        );
+        assert!(
+            poll(10, || pod.received() > 10 && peer.received() > 10),
+            "{backend}: the exchange flows both ways ({} / {})",
+            pod.received(),
+            peer.received()
+        );
+        // A ProtectionPolicy closes UDP 6000 to the peer's tunnel.
+        let mut snap = snapshot();
+        snap["items"].as_array_mut().unwrap().push(json!({
+            "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
+            "metadata": {"name": "no-6000"},
+            "spec": {"peers": ["a"], "close": [{"name": "udp", "ports": [{"protocol": "UDP", "port": 6000}]}]}}));
+        replace_with(&policy, &controller_output_of(&dir, &snap, "closed"));
+        assert!(
+            poll(20, || {
+                let before = pod.received();
+                std::thread::sleep(std::time::Duration::from_millis(600));
+                pod.received() == before
+            }),
+            "{backend}: the closing ends the exchange"
+        );
+        let ended_at = pod.received();
+        let sent_before = peer.received();
+        let dropped = || {
+            let o = in_ns(
+                &t.gateway,
+                "nft",
+                &["-j", "list", "table", "inet", "peerwall-ended"],
+            );
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap_or_default();
+            v["nftables"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|i| i["rule"]["comment"] == "ended4")
+                .flat_map(|i| i["rule"]["expr"].as_array().cloned().unwrap_or_default())
+                .filter_map(|e| e["counter"]["packets"].as_u64())
+                .sum::<u64>()
+        };
+        let dropped_before = dropped();
+        // Both keep sending, through every timeout involved.
+        std::thread::sleep(std::time::Duration::from_secs(8));
+        if backend == "bpf" {
+            // Our side is not filtered: the pod's datagrams still reach the peer, and still
+            // do not bring the connection back.
+            assert!(
+                peer.received() > sent_before,
+                "{backend}: the pod keeps sending"
+            );
+        } else {
+            // Both sides' datagrams meet the ended table (20 a second each way for 8 s).
+            let n = dropped() - dropped_before;
+            assert!(n > 200, "{backend}: the ended table dropped {n} datagrams");
+        }
+        let nft_ended = || {
+            String::from_utf8_lossy(
+                &in_ns(
+                    &t.gateway,
+                    "nft",
+                    &["list", "set", "inet", "peerwall-ended", "ended4"],
+                )
+                .stdout,
+            )
+            .into_owned()
+        };
+        assert_eq!(
+            pod.received(),
+            ended_at,
+            "{backend}: the peer's datagrams reach the pod again once the pod spoke; agent: {}\nended: {}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
+            nft_ended(),
+        );
+        if backend == "nftables" {
+            let held = nft_ended();
+            assert!(
+                held.contains("10.20.1.2 . 10.10.1.67 . 6000 . 5000 . udp")
+                    && held.contains("10.10.1.67 . 10.20.1.2 . 5000 . 6000 . udp"),
+                "both orientations held while both send: {held}"
+            );
+            drop((pod, peer));
+            assert!(
+                poll(10, || !nft_ended().contains("10.10.1.67")),
+                "the elements expire once both are quiet: {}",
+                nft_ended()
+            );
+        }
+        drop((agent, installed));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -39,6 +39,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         backend,
         bpf,
         interval_ms,
+        ended_connection_secs,
         metrics_addr,
         events_addr,
         events,
@@ -52,6 +53,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
     let events = events.settings();
     let settings = peerwall_backend_select::Settings {
         events,
+        ended_secs: (ended_connection_secs > 0).then_some(ended_connection_secs),
         ..bpf.settings(backend)
     };
     let stop = stop_flag()?;

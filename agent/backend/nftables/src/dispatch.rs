@@ -235,6 +235,7 @@ fn render_run(
             counter: false,
             comments: Vec::new(),
             verdict_map: true,
+            timeout: None,
         });
         out.map_rules.push(Rule {
             chain: chain.to_string(),

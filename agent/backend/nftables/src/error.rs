@@ -49,4 +49,7 @@ pub enum NftError {
         /// Name.
         name: String,
     },
+    /// A policy names a table the backend keeps for itself.
+    #[error("table {0} is the one peerwall keeps ended connections in; rename the FirewallConfiguration's table")]
+    Reserved(String),
 }

@@ -9,12 +9,14 @@
 //!   model becomes libnftables JSON, see [`json`]) or an in-memory fake ([`FakeNft`]);
 //! - [`NftBackend`]: checks ownership, applies one transaction, snapshots what it applied,
 //!   detects and repairs drift (someone deleted or edited our table), reads rule counters;
+//! - [`ended`]: the table that keeps the connections the backend ended ended;
 //! - [`listing`]: what `nft -j list` says, as typed objects (parsed by [`json::read`], called by
 //!   the runners only): ownership, counters, drift, the switch and adoption are questions asked
 //!   of it; [`error`] and [`report`]: what a call gives back.
 
 pub mod conntrack;
 pub mod dispatch;
+pub mod ended;
 pub mod error;
 pub mod events;
 pub mod json;
@@ -80,6 +82,9 @@ pub struct NftBackend<R: Runner = Nft> {
     /// (what the policy judges) → the original tuple a deletion names: they differ where
     /// DNAT rewrote the destination (Liqo's remapping).
     listed: std::collections::HashMap<peerwall_backend::Flow, peerwall_backend::Flow>,
+    /// Connections this backend ends stay ended for this many seconds after their last packet
+    /// ([`ended`]); None: they are only deleted from conntrack.
+    ended: Option<u32>,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -95,7 +100,15 @@ impl<R: Runner> NftBackend<R> {
             names: events::Names::default(),
             allow_all: false,
             listed: std::collections::HashMap::new(),
+            ended: None,
         }
+    }
+
+    /// Keep the connections [`Backend::end_flows`] ends ended for `secs` seconds after their
+    /// last packet, whichever side sends ([`ended`]); None: only delete them from conntrack.
+    pub fn with_ended_connections(mut self, secs: Option<u32>) -> Self {
+        self.ended = secs;
+        self
     }
 
     /// Whether the emergency switch was on at the last apply or drift check.
@@ -144,10 +157,17 @@ impl<R: Runner> NftBackend<R> {
         let listing = self.nft.list_ruleset_terse()?;
         // The emergency switch stays on through new policies.
         self.allow_all = switch::is_on(&listing);
-        let desired: Vec<RenderedTable> = desired
+        let mut desired: Vec<RenderedTable> = desired
             .into_iter()
             .map(|t| switch::with_switch(t, self.allow_all))
             .collect();
+        // With any policy in force (none: nothing to keep ended, and no table left behind).
+        if let Some(secs) = self.ended.filter(|_| !desired.is_empty()) {
+            if desired.iter().any(|t| t.name == ended::ENDED_TABLE) {
+                return Err(NftError::Reserved(ended::ENDED_TABLE.into()));
+            }
+            desired.push(switch::with_switch(ended::table(secs), self.allow_all));
+        }
         let kernel = listing.kernel_tables();
         let plan = plan::plan(&self.applied, &desired, &kernel, &[])?;
         let mut report = plan.report;
@@ -411,9 +431,13 @@ fn same_elements(full: Option<&Listing>, t: &Table) -> bool {
         .and_then(|l| l.of_table(t.family, &t.name))
         .map(|l| l.elements())
         .unwrap_or_default();
+    // The packet path edits the elements of timeout sets (the ended table's): never drift.
+    let mut listed = listed;
+    listed.retain(|set, _| !ended::is_dynamic(t, set));
     let applied: BTreeMap<String, Vec<String>> = t
         .sets
         .iter()
+        .filter(|s| s.timeout.is_none())
         .map(|s| (s.name.clone(), json::element_texts(s)))
         .collect();
     listed == applied
@@ -500,6 +524,25 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
             .iter()
             .map(|f| self.listed.get(f).copied().unwrap_or(*f))
             .collect();
+        // Into the ended table first (as the forward hook sees them), so that no packet
+        // between the deletion and the insert re-opens them.
+        if let Some(t) = self.applied.get(ended::ENDED_TABLE) {
+            let edits = ended::elements(flows);
+            let cmds: Vec<model::Command<'_>> = edits
+                .iter()
+                .map(|(set, elements)| model::Command::AddElements {
+                    table: t,
+                    set,
+                    elements: elements.clone(),
+                })
+                .collect();
+            if !cmds.is_empty() {
+                // Full (its capacity) or gone: these connections are only deleted.
+                if let Err(e) = self.nft.transaction(&cmds) {
+                    tracing::warn!(error = %e, connections = flows.len(), "could not keep ended connections in the ended table: they are only deleted from conntrack");
+                }
+            }
+        }
         ct.end(&orig)
             .map_err(BackendError::host(NAME, "ending connections"))
     }

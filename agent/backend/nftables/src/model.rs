@@ -170,6 +170,10 @@ pub struct Set {
     /// A verdict map (`type ipv4_addr : verdict`): its elements are [`Element::Jump`], an
     /// address and the chain it jumps to ([`crate::dispatch`]).
     pub verdict_map: bool,
+    /// `flags dynamic, timeout; timeout N s`: elements expire N seconds after they were added
+    /// or last refreshed by an [`Expr::Update`]; the packet path edits them, so they are never
+    /// compared for drift ([`crate::ended`]). None for every policy set.
+    pub timeout: Option<u32>,
 }
 
 impl Set {
@@ -497,6 +501,14 @@ pub enum Expr {
         key: Key,
         /// The verdict map's name.
         map: String,
+    },
+    /// `update @set { key }`: refresh the timeout of the packet's element of a timeout set
+    /// ([`Set::timeout`]).
+    Update {
+        /// The set's name.
+        set: String,
+        /// The packet's element.
+        key: Key,
     },
     /// `log prefix "…" group N` (NFLOG: the packet goes to the listener of group N).
     Log {

@@ -186,6 +186,7 @@ mod tests {
                 counter: false,
                 comments: Vec::new(),
                 verdict_map: false,
+                timeout: None,
             }],
             chains: vec![Chain {
                 name: "c".into(),

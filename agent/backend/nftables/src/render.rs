@@ -128,6 +128,7 @@ fn addr_set(name: String, set: &AddrSet) -> Set {
             counter: false,
             comments: Vec::new(),
             verdict_map: false,
+            timeout: None,
         }
     } else {
         Set {
@@ -138,6 +139,7 @@ fn addr_set(name: String, set: &AddrSet) -> Set {
             counter: false,
             comments: Vec::new(),
             verdict_map: false,
+            timeout: None,
         }
     }
 }
@@ -397,6 +399,7 @@ fn merged_rule(
         counter: m.counter,
         comments,
         verdict_map: false,
+        timeout: None,
     });
     exprs.push(Expr::Match {
         negate: false,
@@ -427,6 +430,7 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
                 counter: false,
                 comments: Vec::new(),
                 verdict_map: false,
+                timeout: None,
             },
         })
         .collect();

@@ -13,7 +13,7 @@ use crate::model::{
     DIGEST_PREFIX, MARKER_CHAIN, MARKER_PREFIX,
 };
 
-fn element(e: &Element) -> String {
+pub(crate) fn element(e: &Element) -> String {
     match e {
         Element::Addr(a) => a.to_string(),
         Element::Prefix(a, len) => format!("{a}/{len}"),
@@ -119,6 +119,7 @@ fn stmt(e: &Expr) -> String {
         Expr::Masquerade => "masquerade".into(),
         Expr::LimitRef(name) => format!("limit name {name:?}"),
         Expr::Vmap { key: k, map } => format!("{} vmap @{map}", key(k)),
+        Expr::Update { set, key: k } => format!("update @{set} {{ {} }}", key(k)),
         Expr::Log { prefix, group } => format!("log prefix {prefix:?} group {group}"),
     }
 }
@@ -207,6 +208,10 @@ fn set_text(out: &mut String, s: &crate::model::Set) {
     }
     if s.interval {
         let _ = writeln!(out, "\t\tflags interval");
+    }
+    if let Some(secs) = s.timeout {
+        let _ = writeln!(out, "\t\tflags dynamic,timeout");
+        let _ = writeln!(out, "\t\ttimeout {secs}s");
     }
     if s.counter {
         let _ = writeln!(out, "\t\tcounter");

@@ -69,6 +69,10 @@ pub struct Settings {
     /// bpf: refuse to open when no interface matches now (a one-shot `peerwall apply`, which
     /// must attach somewhere; the agent instead waits for interfaces to appear).
     pub must_attach: bool,
+    /// nftables: connections it ends stay ended for this many seconds after their last
+    /// packet, whichever side sends ([`peerwall_backend_nftables::ended`]); None: they are
+    /// only deleted from conntrack (one-shot commands, which end nothing).
+    pub ended_secs: Option<u32>,
 }
 
 impl Settings {
@@ -82,9 +86,17 @@ impl Settings {
             flows: None,
             events: None,
             must_attach: false,
+            ended_secs: None,
         }
     }
 }
+
+/// How long the nftables backend keeps a connection it ended ended after its last packet, by
+/// default ([`Settings::ended_secs`]).
+pub const DEFAULT_ENDED_SECS: u32 = peerwall_backend_nftables::ended::DEFAULT_TIMEOUT_SECS;
+
+/// The table the nftables backend keeps ended connections in: no policy may name it.
+pub const ENDED_TABLE: &str = peerwall_backend_nftables::ended::ENDED_TABLE;
 
 /// Open the backend `s` describes, in the current network namespace or, with `netns`, in a
 /// named one from a thread that entered it ([`InNetns`]; a name under `/run/netns` or a path
@@ -107,7 +119,7 @@ pub fn open(s: &Settings, netns: Option<&str>) -> Result<Box<dyn Backend>, Backe
 }
 
 fn nftables(s: &Settings) -> NftBackend {
-    let b = NftBackend::new(Nft::host());
+    let b = NftBackend::new(Nft::host()).with_ended_connections(s.ended_secs);
     match s.events {
         Some(e) => b.with_events(peerwall_backend_nftables::EventOptions {
             group: e.nflog_group,

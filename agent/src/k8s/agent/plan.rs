@@ -111,6 +111,12 @@ pub fn controllers_key(key: &str) -> bool {
 /// table would replace a peer's protection or its NetworkPolicy tier.
 pub fn reserved_by_controller(key: &str, obj: &PolicyObject) -> Option<String> {
     let table = obj.spec.table.name.as_deref().unwrap_or_default();
+    if table == peerwall_backend_select::ENDED_TABLE {
+        return Some(format!(
+            "spec.table.name: {table:?}: reserved for the table where the agent keeps the \
+             connections it ended (nobody's object may name it); name the table otherwise"
+        ));
+    }
     (reserved_table(table) && !controllers_key(key)).then(|| {
         format!(
             "spec.table.name: {table:?}: reserved for peerwall's controller (tables named \
@@ -490,6 +496,15 @@ mod tests {
             let own = observed(name, "u2", 1, Ok(object(name, "peerwall_a", "drop")));
             let p = plan(&[own], &mut good);
             assert_eq!(p.enforce.len(), 1, "{name}");
+            // The table of ended connections is nobody's, not even the controller's.
+            let ended = observed(name, "u3", 1, Ok(object(name, "peerwall-ended", "drop")));
+            let p = plan(&[ended], &mut good);
+            assert!(p.enforce.is_empty(), "{name}");
+            assert!(
+                p.refused[&format!("ns/{name}")].contains("connections it ended"),
+                "{:?}",
+                p.refused
+            );
         }
         // Any other name is anyone's.
         let p = plan(

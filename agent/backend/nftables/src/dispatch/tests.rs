@@ -19,6 +19,7 @@ fn host_set(name: &str, addrs: &[String]) -> Set {
         counter: false,
         comments: Vec::new(),
         verdict_map: false,
+        timeout: None,
     }
 }
 

@@ -159,6 +159,12 @@ fn set(t: &Table, s: &Set) -> Value {
     if s.interval {
         v["flags"] = json!(["interval"]);
     }
+    if let Some(secs) = s.timeout {
+        // nft marks it `dynamic` itself once a rule updates it (and 1.0.6 takes no
+        // `dynamic` in JSON).
+        v["flags"] = json!(["timeout"]);
+        v["timeout"] = json!(secs);
+    }
     if let Some(size) = s.capacity() {
         v["size"] = json!(size);
     }
@@ -328,6 +334,9 @@ pub fn expr(e: &Expr) -> Value {
         Expr::Masquerade => json!({"masquerade": null}),
         Expr::LimitRef(name) => json!({ "limit": name }),
         Expr::Vmap { key: k, map } => json!({"vmap": {"key": key(k), "data": format!("@{map}")}}),
+        Expr::Update { set, key: k } => {
+            json!({"set": {"op": "update", "elem": key(k), "set": format!("@{set}")}})
+        }
         Expr::Log { prefix, group } => json!({"log": {"prefix": prefix, "group": group}}),
     }
 }

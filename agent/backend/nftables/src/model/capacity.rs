@@ -17,6 +17,9 @@ impl Set {
     /// (`cargo xtask bench-gateway`'s 1000-NetworkPolicy rows, six rounds of each, the two
     /// builds alternating).
     pub fn capacity(&self) -> Option<usize> {
+        if self.timeout.is_some() {
+            return Some(crate::ended::CAPACITY);
+        }
         (!self.interval && !self.counter).then(|| capacity_for(self.elements.len()))
     }
 }
@@ -50,6 +53,7 @@ mod tests {
             counter,
             comments: Vec::new(),
             verdict_map: false,
+            timeout: None,
         }
     }
 

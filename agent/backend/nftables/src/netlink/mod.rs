@@ -47,7 +47,13 @@ pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdi
         let interval = table
             .sets
             .iter()
-            .find(|s| s.name == set && !s.counter && !s.verdict_map && s.comments.is_empty())?
+            .find(|s| {
+                s.name == set
+                    && !s.counter
+                    && !s.verdict_map
+                    && s.comments.is_empty()
+                    && s.timeout.is_none()
+            })?
             .interval;
         let mut keys = Vec::new();
         for e in elements {
@@ -207,6 +213,7 @@ mod tests {
                 counter: false,
                 comments: vec![],
                 verdict_map: false,
+                timeout: None,
             }],
             chains: vec![],
             regular: vec![],
