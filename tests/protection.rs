@@ -359,64 +359,6 @@ fn a_closing_ends_the_connections_it_refuses_on_both_backends() {
     }
 }
 
-/// Both ends of a UDP exchange in their namespaces: each sends a datagram every 50 ms to the
-/// other from a fixed port and counts what it receives (in `<dir>/<name>.rx`).
-struct Chatter {
-    _p: Agent,
-    rx: std::path::PathBuf,
-}
-
-impl Chatter {
-    const SCRIPT: &'static str = r#"
-import os, socket, sys, threading, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind((sys.argv[1], int(sys.argv[2])))
-dst, out = (sys.argv[3], int(sys.argv[4])), sys.argv[5]
-n = 0
-def rx():
-    global n
-    while True:
-        try:
-            s.recv(64)
-        except OSError:
-            continue
-        n += 1
-        with open(out + ".tmp", "w") as f:
-            f.write(str(n))
-        os.replace(out + ".tmp", out)
-threading.Thread(target=rx, daemon=True).start()
-while True:
-    try:
-        s.sendto(b"x", dst)
-    except OSError:
-        pass
-    time.sleep(0.05)
-"#;
-
-    fn start(ns: &NetNs, from: (&str, u16), to: (&str, u16), rx: std::path::PathBuf) -> Self {
-        let child = std::process::Command::new("ip")
-            .args(["netns", "exec", ns.name(), "python3", "-c", Self::SCRIPT])
-            .args([from.0, &from.1.to_string(), to.0, &to.1.to_string()])
-            .arg(&rx)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        Self {
-            _p: Agent(child),
-            rx,
-        }
-    }
-
-    fn received(&self) -> u64 {
-        std::fs::read_to_string(&self.rx)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
 /// A connection the agent ends stays ended whichever side speaks next, for as long as either
 /// keeps sending: a UDP exchange between the peer's pod and an offloaded pod (both sending all
 /// along), closed by a ProtectionPolicy; the pod's datagrams keep going out (our side is not
@@ -424,8 +366,9 @@ while True:
 /// peer's datagrams passed as its replies (nftables: deleting the entry was all revocation
 /// did). Now none of the peer's datagrams reaches the pod again, through more than the ended
 /// table's timeout (2 s here) and conntrack's UDP timeouts (shortened to 2 and 3 s), on both
-/// backends; on nftables the table holds the connection while they send and lets it go once
-/// both are quiet.
+/// backends; the closing taken back, the exchange resumes (the agent lets the connection go);
+/// on nftables the table holds the connection while they send and lets it go once both are
+/// quiet.
 #[test]
 fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
     let t = Topology::new();
@@ -454,14 +397,14 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
         );
         // The peer's pod speaks first: the connection is the peer's (what the closing ends).
         let peer = Chatter::start(
-            &t.consumer,
+            &format!("/run/netns/{}", t.consumer.name()),
             ("10.10.1.67", 5000),
             ("10.20.1.2", 6000),
             dir.join("peer.rx"),
         );
         std::thread::sleep(std::time::Duration::from_millis(300));
         let pod = Chatter::start(
-            &t.provider,
+            &format!("/run/netns/{}", t.provider.name()),
             ("10.20.1.2", 6000),
             ("10.10.1.67", 5000),
             dir.join("pod.rx"),
@@ -538,6 +481,7 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
             std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
             nft_ended(),
         );
+        let mut peer = peer;
         if backend == "nftables" {
             let held = nft_ended();
             assert!(
@@ -545,13 +489,49 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
                     && held.contains("10.10.1.67 . 10.20.1.2 . 5000 . 6000 . udp"),
                 "both orientations held while both send: {held}"
             );
-            drop((pod, peer));
+            // The peer falls quiet: its orientation expires after the timeout, the pod's
+            // stays while the pod sends.
+            drop(peer);
             assert!(
-                poll(10, || !nft_ended().contains("10.10.1.67")),
-                "the elements expire once both are quiet: {}",
+                poll(10, || !nft_ended()
+                    .contains("10.20.1.2 . 10.10.1.67 . 6000 . 5000 . udp")),
+                "the quiet side's element expires: {}",
+                nft_ended()
+            );
+            assert!(
+                nft_ended().contains("10.10.1.67 . 10.20.1.2 . 5000 . 6000 . udp"),
+                "the sending side's element is kept: {}",
+                nft_ended()
+            );
+            peer = Chatter::start(
+                &format!("/run/netns/{}", t.consumer.name()),
+                ("10.10.1.67", 5000),
+                ("10.20.1.2", 6000),
+                dir.join("peer2.rx"),
+            );
+            std::thread::sleep(std::time::Duration::from_secs(2));
+            assert_eq!(
+                pod.received(),
+                ended_at,
+                "{backend}: the peer speaking again after its element expired is still refused"
+            );
+        }
+        // The closing taken back: the policy allows the exchange again and the agent lets
+        // the ended connection go (both sides still sending, it would stay ended otherwise).
+        replace_with(&policy, &controller_output_of(&dir, &snapshot(), "open"));
+        assert!(
+            poll(20, || pod.received() > ended_at + 10),
+            "{backend}: the exchange resumes once the policy allows it again; agent: {}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
+        );
+        if backend == "nftables" {
+            assert!(
+                !nft_ended().contains("10.10.1.67"),
+                "released: {}",
                 nft_ended()
             );
         }
+        drop((pod, peer));
         drop((agent, installed));
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -358,6 +358,9 @@ impl Engine {
         {
             return;
         }
+        // Connections kept ended that the policy allows again are let go (a closing taken
+        // back, a pod offloaded again): their next packet is judged afresh.
+        self.release_allowed(policy);
         let Some(before) = self.enforced.replace(policy.clone()) else {
             return;
         };
@@ -391,6 +394,27 @@ impl Engine {
             Err(e) => {
                 self.update(|m| m.flow_end_errors += 1);
                 tracing::warn!(error = %e, "could not end the connections the policy no longer allows; they last until they close or expire");
+            }
+        }
+    }
+
+    /// Let go of the ended connections `policy` allows again ([`crate::revoke::allowed_again`]).
+    fn release_allowed(&mut self, policy: &peerwall_policy::ir::Policy) {
+        let result = self.backend.ended_flows().and_then(|ended| {
+            let back = crate::revoke::allowed_again(policy, &ended);
+            if back.is_empty() {
+                return Ok(0);
+            }
+            self.backend.release_flows(&back)
+        });
+        match result {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                released = n,
+                "ended connections the policy allows again were let go"
+            ),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not let go of ended connections the policy allows again; they stay ended until both sides are quiet")
             }
         }
     }

@@ -73,6 +73,20 @@ pub fn no_longer_allowed(before: &Policy, after: &Policy, flows: &[Flow]) -> Vec
         .collect()
 }
 
+/// The `ended` connections `after` allows again: their first packet accepted from every input
+/// interface the policy names and from anywhere else (where they came from is not known, so a
+/// connection one input would still refuse stays ended: fail closed).
+pub fn allowed_again(after: &Policy, ended: &[Flow]) -> Vec<Flow> {
+    let mut inputs = BTreeSet::from([ELSEWHERE.to_string()]);
+    named_inputs(after, &mut inputs);
+    ended
+        .iter()
+        .filter(|f| f.src.is_ipv4() == f.dst.is_ipv4())
+        .filter(|f| inputs.iter().all(|i| allows(after, f, i)))
+        .copied()
+        .collect()
+}
+
 /// Whether `after` only widens what `before` accepts: the same tables, chains and rules,
 /// except address sets that only gained addresses, each tested only by accept rules of filter
 /// chains, positively (`eq @set`). Then no packet `before` accepted is refused `after` (a

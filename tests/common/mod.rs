@@ -578,3 +578,64 @@ spec:
           - {op: eq, dev: {value: liqo-tunnel, position: in}}
           - {op: eq, ip: {value: 10.20.1.2, position: dst}}
 "#;
+
+/// One end of a UDP exchange, in the network namespace at `netns` (a path: `/run/netns/<name>`,
+/// `/proc/<pid>/ns/net`): it sends a datagram every 50 ms to the other end from a fixed port
+/// and counts what it receives (in the file `rx`).
+pub struct Chatter {
+    _p: Agent,
+    rx: std::path::PathBuf,
+}
+
+impl Chatter {
+    const SCRIPT: &'static str = r#"
+import os, socket, sys, threading, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.bind((sys.argv[1], int(sys.argv[2])))
+dst, out = (sys.argv[3], int(sys.argv[4])), sys.argv[5]
+n = 0
+def rx():
+    global n
+    while True:
+        try:
+            s.recv(64)
+        except OSError:
+            continue
+        n += 1
+        with open(out + ".tmp", "w") as f:
+            f.write(str(n))
+        os.replace(out + ".tmp", out)
+threading.Thread(target=rx, daemon=True).start()
+while True:
+    try:
+        s.sendto(b"x", dst)
+    except OSError:
+        pass
+    time.sleep(0.05)
+"#;
+
+    pub fn start(netns: &str, from: (&str, u16), to: (&str, u16), rx: std::path::PathBuf) -> Self {
+        let child = std::process::Command::new("nsenter")
+            .arg(format!("--net={netns}"))
+            .args(["python3", "-c", Self::SCRIPT])
+            .args([from.0, &from.1.to_string(), to.0, &to.1.to_string()])
+            .arg(&rx)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Self {
+            _p: Agent(child),
+            rx,
+        }
+    }
+
+    /// Datagrams received so far.
+    pub fn received(&self) -> u64 {
+        std::fs::read_to_string(&self.rx)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}

@@ -589,6 +589,83 @@ fn assert_matrix(consumer: &Consumer, web: &(String, String), db: &(String, Stri
     );
 }
 
+/// Revocation where the agent runs in a container (the DaemonSet's gateway-pod mode,
+/// `/proc/sys` read-only there): the consumer's pod and the offloaded web pod keep a UDP
+/// exchange going on `port` from both sides; a ProtectionPolicy closes the port to the peer;
+/// the agent ends the exchange, and none of the consumer's datagrams reaches the web pod again
+/// for 10 s while both keep sending, with conntrack's UDP timeouts in the gateway shortened to
+/// 2 and 3 s (the side nobody filters, the web pod, re-opened it before). The policy is
+/// deleted afterwards.
+fn a_closing_ends_an_exchange_for_good(
+    node: &Node,
+    consumer: &Consumer,
+    peer: &str,
+    web: &(String, String),
+    gw: &Gateway,
+    port: u16,
+    what: &str,
+) {
+    for (k, v) in [
+        ("net.netfilter.nf_conntrack_udp_timeout", "2"),
+        ("net.netfilter.nf_conntrack_udp_timeout_stream", "3"),
+    ] {
+        let o = Command::new("nsenter")
+            .arg(format!("--net={}", gw.netns.display()))
+            .args(["sysctl", "-q", "-w", &format!("{k}={v}")])
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{k}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let web_ns = pod_netns(Path::new("/proc"), &web.0).expect("web pod namespace");
+    let rx = |n: &str| {
+        node.dir
+            .join(format!("{what}-{port}-{n}.rx").replace(' ', "-"))
+    };
+    // The consumer speaks first: the connection is the peer's.
+    let theirs = Chatter::start(
+        &format!("/run/netns/{}", consumer.ns.name()),
+        (CONSUMER_POD, 5000),
+        (&web.1, port),
+        rx("consumer"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let ours = Chatter::start(
+        &web_ns.to_string_lossy(),
+        (&web.1, port),
+        (CONSUMER_POD, 5000),
+        rx("web"),
+    );
+    wait(
+        &format!("{what}: the exchange flowing both ways"),
+        Duration::from_secs(20),
+        || (ours.received() > 10 && theirs.received() > 10).then_some(()),
+    );
+    node.apply(&format!(
+        "apiVersion: peerwall.io/v1alpha1\nkind: ProtectionPolicy\nmetadata: {{name: close-{port}}}\nspec: {{peers: [\"{peer}\"], close: [{{name: udp, ports: [{{protocol: UDP, port: {port}}}]}}]}}\n"
+    ));
+    wait(
+        &format!("{what}: the closing to end the exchange"),
+        Duration::from_secs(60),
+        || {
+            let before = ours.received();
+            std::thread::sleep(Duration::from_millis(800));
+            (ours.received() == before).then_some(())
+        },
+    );
+    let ended_at = ours.received();
+    std::thread::sleep(Duration::from_secs(10));
+    assert_eq!(
+        ours.received(),
+        ended_at,
+        "{what}: the consumer's datagrams reach the web pod again while both keep sending"
+    );
+    node.kubectl_ok(&["delete", "protectionpolicy", &format!("close-{port}")]);
+}
+
 #[test]
 fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     require_root();
@@ -658,6 +735,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         "the peer's table replaced the boot table in the same transaction"
     );
     assert_matrix(&consumer, &web, &db, "nftables");
+    a_closing_ends_an_exchange_for_good(&node, &consumer, &peer, &web, &gw, 6000, "nftables");
     wait(
         "the agent's Applied condition",
         Duration::from_secs(30),
@@ -903,6 +981,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         || (!boot_table_in(&gw3.netns, &peer)).then_some(()),
     );
     assert_matrix(&consumer, &web, &db, "bpf");
+    a_closing_ends_an_exchange_for_good(&node, &consumer, &peer, &web, &gw3, 6001, "bpf");
     let pins = pins_of(&peer);
     assert_eq!(pins.len(), 1, "one pin directory per gateway: {pins:?}");
     let gw4 = churn::churn(

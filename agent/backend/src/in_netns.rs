@@ -190,6 +190,17 @@ impl Backend for InNetns {
         self.call_backend("ending connections", move |b| b.end_flows(&flows))
     }
 
+    fn ended_flows(&mut self) -> Result<Vec<crate::Flow>, BackendError> {
+        self.call_backend("listing ended connections", |b| b.ended_flows())
+    }
+
+    fn release_flows(&mut self, flows: &[crate::Flow]) -> Result<usize, BackendError> {
+        let flows = flows.to_vec();
+        self.call_backend("releasing ended connections", move |b| {
+            b.release_flows(&flows)
+        })
+    }
+
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
         // Made on the namespace's thread (NFLOG and interface-name sockets belong to the
         // namespace they are made in), read from any.

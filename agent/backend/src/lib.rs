@@ -147,6 +147,18 @@ pub trait Backend: Send {
     /// only the policy in force decides anew. Returns how many were found and ended.
     fn end_flows(&mut self, flows: &[Flow]) -> Result<usize, BackendError>;
 
+    /// The connections this backend keeps ended ([`end_flows`](Self::end_flows): their packets
+    /// dropped, either way, while either side sends), by the tuple they were ended by.
+    fn ended_flows(&mut self) -> Result<Vec<Flow>, BackendError> {
+        Ok(Vec::new())
+    }
+
+    /// Let these ended connections go: their next packet is judged afresh by the policy in
+    /// force (a change allows them again). Returns how many were held.
+    fn release_flows(&mut self, _flows: &[Flow]) -> Result<usize, BackendError> {
+        Ok(0)
+    }
+
     /// Where the events of what is in force come from (drops, rejects, would-drops, and with
     /// the flow log accepted flows; [`events`]). Call it on the backend's own thread (inside its
     /// network namespace); the source may then be read from any thread. Err([`EventError::Off`])

@@ -140,6 +140,16 @@ impl BpfBackend {
         self.datapath.end_flows(flows)
     }
 
+    /// The flows kept ended ([`BpfBackend::end_flows`]).
+    pub fn ended_flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BpfError> {
+        self.datapath.ended_flows()
+    }
+
+    /// Forget these ended flows: their next packet is judged afresh.
+    pub fn release_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BpfError> {
+        self.datapath.release_flows(flows)
+    }
+
     /// The flow table's (entries, capacity).
     pub fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BpfError> {
         let (entries, capacity) = self.datapath.flow_table()?;
@@ -313,6 +323,14 @@ impl Backend for BpfBackend {
 
     fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
         BpfBackend::end_flows(self, flows).map_err(failed("ending connections"))
+    }
+
+    fn ended_flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
+        BpfBackend::ended_flows(self).map_err(failed("listing ended connections"))
+    }
+
+    fn release_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
+        BpfBackend::release_flows(self, flows).map_err(failed("releasing ended connections"))
     }
 
     /// At tc ingress, before prerouting's DNAT.

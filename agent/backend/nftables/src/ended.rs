@@ -119,7 +119,7 @@ pub fn table(timeout_secs: u32) -> Table {
 }
 
 /// Whether the table keeps connections of protocol `proto` (its key has ports).
-fn keeps(proto: u8) -> bool {
+pub fn keeps(proto: u8) -> bool {
     matches!(proto, 6 | 17 | 132)
 }
 

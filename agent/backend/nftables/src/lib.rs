@@ -85,6 +85,9 @@ pub struct NftBackend<R: Runner = Nft> {
     /// Connections this backend ends stay ended for this many seconds after their last packet
     /// ([`ended`]); None: they are only deleted from conntrack.
     ended: Option<u32>,
+    /// The connections put into the ended table, and when: what a change that allows them
+    /// again releases ([`Backend::release_flows`]). Bounded as the table is.
+    ended_flows: std::collections::HashMap<peerwall_backend::Flow, std::time::Instant>,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -101,6 +104,7 @@ impl<R: Runner> NftBackend<R> {
             allow_all: false,
             listed: std::collections::HashMap::new(),
             ended: None,
+            ended_flows: std::collections::HashMap::new(),
         }
     }
 
@@ -121,6 +125,20 @@ impl<R: Runner> NftBackend<R> {
     pub fn with_events(mut self, ev: EventOptions) -> Self {
         self.events = Some(ev);
         self
+    }
+
+    /// Keep the record of ended connections within what the ended table holds: the oldest
+    /// records go first (their elements have most likely expired; one still held is then
+    /// released only when both its sides have been quiet for the timeout).
+    fn bound_ended_flows(&mut self) {
+        let cap = ended::CAPACITY / 2;
+        if self.ended_flows.len() <= cap {
+            return;
+        }
+        let mut by_age: Vec<std::time::Instant> = self.ended_flows.values().copied().collect();
+        by_age.sort_unstable();
+        let cut = by_age[self.ended_flows.len() - cap];
+        self.ended_flows.retain(|_, t| *t >= cut);
     }
 
     fn snapshot(listing: &Listing, family: ir::TableFamily, name: &str) -> Listing {
@@ -538,13 +556,59 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
                 .collect();
             if !cmds.is_empty() {
                 // Full (its capacity) or gone: these connections are only deleted.
-                if let Err(e) = self.nft.transaction(&cmds) {
-                    tracing::warn!(error = %e, connections = flows.len(), "could not keep ended connections in the ended table: they are only deleted from conntrack");
+                match self.nft.transaction(&cmds) {
+                    Ok(()) => {
+                        let now = std::time::Instant::now();
+                        self.ended_flows.extend(
+                            flows
+                                .iter()
+                                .filter(|f| ended::keeps(f.proto))
+                                .map(|f| (*f, now)),
+                        );
+                        self.bound_ended_flows();
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, connections = flows.len(), "could not keep ended connections in the ended table: they are only deleted from conntrack");
+                    }
                 }
             }
         }
         ct.end(&orig)
             .map_err(BackendError::host(NAME, "ending connections"))
+    }
+
+    fn ended_flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
+        Ok(self.ended_flows.keys().copied().collect())
+    }
+
+    fn release_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
+        let held: Vec<peerwall_backend::Flow> = flows
+            .iter()
+            .filter(|f| self.ended_flows.remove(f).is_some())
+            .copied()
+            .collect();
+        let Some(t) = self.applied.get(ended::ENDED_TABLE) else {
+            return Ok(0);
+        };
+        let edits = ended::elements(&held);
+        let delete = |set: &str, elements: &[model::Element]| {
+            let cmd = model::Command::DeleteElements {
+                table: t,
+                set,
+                elements: elements.to_vec(),
+            };
+            self.nft.transaction(std::slice::from_ref(&cmd)).is_ok()
+        };
+        // Each set at once; where an element expired meanwhile (nft refuses to delete what is
+        // not there, and the whole transaction with it), one element at a time.
+        for (set, elements) in &edits {
+            if !delete(set, elements) {
+                for e in elements {
+                    let _ = delete(set, std::slice::from_ref(e));
+                }
+            }
+        }
+        Ok(held.len())
     }
 
     /// The kernel's conntrack table of the current network namespace (`nf_conntrack_count`

@@ -159,6 +159,85 @@ impl Datapath {
         Ok(out)
     }
 
+    /// The flows marked ended ([`end_flows`](Self::end_flows)) that the tables still hold,
+    /// by original direction.
+    pub fn ended_flows(&mut self) -> Result<Vec<Flow>, BpfError> {
+        let mut out = Vec::new();
+        let m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+            BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+        out.extend(
+            m.iter()
+                .filter_map(Result::ok)
+                .filter(|(_, st)| st.ended != 0)
+                .filter_map(|(k, _)| flow_of(&k)),
+        );
+        out.extend(
+            self.new_flow_slots()?
+                .into_iter()
+                .filter(|(_, s)| s.state.ended != 0)
+                .filter_map(|(_, s)| flow_of(&s.key)),
+        );
+        Ok(out)
+    }
+
+    /// Forget the ended flows among `flows` (their next packet is new to the datapath, judged
+    /// afresh) and make the verdicts cached for either direction stale; how many were held.
+    pub fn release_flows(&mut self, flows: &[Flow]) -> Result<usize, BpfError> {
+        let mut sets = Vec::new();
+        let mut found = std::collections::BTreeSet::new();
+        {
+            let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+                BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+            for (n, f) in flows.iter().enumerate() {
+                let k = key_of(f);
+                if m.get(&k, 0).is_ok_and(|st| st.ended != 0) && m.remove(&k).is_ok() {
+                    found.insert(n);
+                    sets.extend(verdict_sets_of(&k));
+                    sets.extend(verdict_sets_of(&reverse(&k)));
+                }
+            }
+        }
+        {
+            let mut m: Array<&mut MapData, NewFlowSlot> =
+                Array::try_from(self.map(map::FLOWS_NEW)?).map_err(map_err(map::FLOWS_NEW))?;
+            let mask = m.len().saturating_sub(1);
+            for (n, f) in flows.iter().enumerate() {
+                let k = key_of(f);
+                let i = peerwall_common::new_flow_slot(&k, mask);
+                let Ok(s) = m.get(&i, 0) else {
+                    continue;
+                };
+                if s.key != k || s.state.ended == 0 {
+                    continue;
+                }
+                m.set(i, NewFlowSlot::EMPTY, 0)
+                    .map_err(map_err(map::FLOWS_NEW))?;
+                found.insert(n);
+                sets.extend(verdict_sets_of(&k));
+                sets.extend(verdict_sets_of(&reverse(&k)));
+            }
+        }
+        self.outdate(sets)?;
+        Ok(found.len())
+    }
+
+    /// Make the verdicts cached for `sets` stale (a new generation each).
+    fn outdate(&mut self, mut sets: Vec<u32>) -> Result<(), BpfError> {
+        if sets.is_empty() {
+            return Ok(());
+        }
+        let mut gens: Array<&mut MapData, u32> =
+            Array::try_from(self.map(map::VERDICT_GENS)?).map_err(map_err(map::VERDICT_GENS))?;
+        sets.sort_unstable();
+        sets.dedup();
+        for s in sets {
+            let g = gens.get(&s, 0).map_err(map_err(map::VERDICT_GENS))?;
+            gens.set(s, g.wrapping_add(1), 0)
+                .map_err(map_err(map::VERDICT_GENS))?;
+        }
+        Ok(())
+    }
+
     /// Mark `flows` ended and make the verdicts cached for either direction stale; how many
     /// of them the table held.
     ///
@@ -209,15 +288,7 @@ impl Datapath {
         if sets.is_empty() {
             return Ok(0);
         }
-        let mut gens: Array<&mut MapData, u32> =
-            Array::try_from(self.map(map::VERDICT_GENS)?).map_err(map_err(map::VERDICT_GENS))?;
-        sets.sort_unstable();
-        sets.dedup();
-        for s in sets {
-            let g = gens.get(&s, 0).map_err(map_err(map::VERDICT_GENS))?;
-            gens.set(s, g.wrapping_add(1), 0)
-                .map_err(map_err(map::VERDICT_GENS))?;
-        }
+        self.outdate(sets)?;
         Ok(ended)
     }
 }
