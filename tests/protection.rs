@@ -489,6 +489,11 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
                     && held.contains("10.10.1.67 . 10.20.1.2 . 5000 . 6000 . udp"),
                 "both orientations held while both send: {held}"
             );
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            assert!(
+                !log.contains("refused over netlink"),
+                "the ended connection went in over netlink: {log}"
+            );
             // The peer falls quiet: its orientation expires after the timeout, the pod's
             // stays while the pod sends.
             drop(peer);

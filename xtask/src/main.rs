@@ -63,7 +63,7 @@ const CARGO_FUZZ_VERSION: &str = "0.13.2";
 
 /// The fuzz targets (`tests/fuzz/fuzz_targets`) and CI's bounded run of each, in seconds.
 const FUZZ_TARGETS: [&str; 2] = ["policy", "datapath"];
-const FUZZ_CI_SECS: u64 = 60;
+const FUZZ_CI_SECS: u64 = 30;
 
 fn root() -> PathBuf {
     // xtask lives in <root>/xtask.
@@ -880,7 +880,7 @@ fn main() -> Result<()> {
             eprintln!("  bench-control  100k offloaded pods through kube-apiserver, controller and agent: one pod, churn, restart, RSS (root)");
             eprintln!("  bench-netpol  1000 NetworkPolicies over 10k pods: the tier, compile, full apply and one label change per backend (root)");
             eprintln!("  reliability  the fault tests (tests/faults.rs), the real node's gateway churn, the event flood (agent/benches/events), then their tables in docs/reliability.md; --report: the tables only, from the last run's rows (root)");
-            eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 60 s each by default; findings land in tests/fuzz/artifacts (root)");
+            eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 30 s each by default; findings land in tests/fuzz/artifacts (root)");
             eprintln!("  crd    regenerate deploy/base/crd.yaml from the Rust types");
             eprintln!("  docs   check the README's and docs/ links, build the book (mdbook) into <target>/book");
             eprintln!("  cycles  report modules of a crate that import each other");

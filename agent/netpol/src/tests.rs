@@ -430,20 +430,8 @@ fn ip_blocks_name_a_remapped_peer_by_the_addresses_seen_here() {
     };
     assert!(judged("x/a"));
     assert!(!judged("x/b"));
-    let allowed = |src: &str, dst: &str| {
-        let pkt = peerwall_policy::ir::Packet {
-            src: src.parse().unwrap(),
-            dst: dst.parse().unwrap(),
-            proto: 6,
-            sport: 40000,
-            dport: 80,
-            iif: Some("liqo.abcdefghij".into()),
-            oif: Some("liqo-tunnel".into()),
-            ct_state: peerwall_policy::ir::CtState::New,
-        };
-        peerwall_policy::ir::evaluate(&ir, &pkt).verdict
-            == peerwall_policy::ir::VerdictAction::Accept
-    };
+    let allowed =
+        |src: &str, dst: &str| tcp80_accepted(&ir, src, dst, "liqo.abcdefghij", "liqo-tunnel");
     // The peer's pod seen here at 10.71.9.10 is 10.20.9.10 at its gateway.
     assert!(
         allowed("10.1.0.1", "10.20.9.10"),
@@ -491,24 +479,34 @@ fn a_peer_pod_cannot_pose_as_a_local_pod_behind_an_overlapping_remap() {
         }],
     );
     let ir = compiled(&c);
-    let from_tunnel = |src: &str| {
-        let pkt = peerwall_policy::ir::Packet {
-            src: src.parse().unwrap(),
-            dst: "10.1.0.1".parse().unwrap(),
-            proto: 6,
-            sport: 40000,
-            dport: 80,
-            iif: Some("liqo-tunnel".into()),
-            oif: Some("liqo.abcdefghij".into()),
-            ct_state: peerwall_policy::ir::CtState::New,
-        };
-        peerwall_policy::ir::evaluate(&ir, &pkt).verdict
-            == peerwall_policy::ir::VerdictAction::Accept
-    };
+    let from_tunnel =
+        |src: &str| tcp80_accepted(&ir, src, "10.1.0.1", "liqo-tunnel", "liqo.abcdefghij");
     assert!(from_tunnel("10.2.0.3"), "y/c, on the peer, is admitted");
     assert!(
         !from_tunnel("10.1.0.2"),
         "the peer's pod with x/b's numbers does not pass as x/b"
     );
     assert!(!from_tunnel("10.2.0.2"), "y/b is not admitted");
+}
+
+/// Whether `ir` accepts a new TCP connection to port 80 from `src` to `dst`, in through `iif`
+/// and out through `oif`.
+fn tcp80_accepted(
+    ir: &peerwall_policy::ir::Policy,
+    src: &str,
+    dst: &str,
+    iif: &str,
+    oif: &str,
+) -> bool {
+    let pkt = peerwall_policy::ir::Packet {
+        src: src.parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        proto: 6,
+        sport: 40000,
+        dport: 80,
+        iif: Some(iif.into()),
+        oif: Some(oif.into()),
+        ct_state: peerwall_policy::ir::CtState::New,
+    };
+    peerwall_policy::ir::evaluate(ir, &pkt).verdict == peerwall_policy::ir::VerdictAction::Accept
 }

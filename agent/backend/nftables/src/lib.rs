@@ -86,7 +86,7 @@ pub struct NftBackend<R: Runner = Nft> {
     /// ([`ended`]); None: they are only deleted from conntrack.
     ended: Option<u32>,
     /// The connections put into the ended table, and when: what a change that allows them
-    /// again releases ([`Backend::release_flows`]). Bounded as the table is.
+    /// again releases ([`peerwall_backend::Backend::release_flows`]). Bounded as the table is.
     ended_flows: std::collections::HashMap<peerwall_backend::Flow, std::time::Instant>,
 }
 
@@ -108,7 +108,7 @@ impl<R: Runner> NftBackend<R> {
         }
     }
 
-    /// Keep the connections [`Backend::end_flows`] ends ended for `secs` seconds after their
+    /// Keep the connections [`peerwall_backend::Backend::end_flows`] ends ended for `secs` seconds after their
     /// last packet, whichever side sends ([`ended`]); None: only delete them from conntrack.
     pub fn with_ended_connections(mut self, secs: Option<u32>) -> Self {
         self.ended = secs;

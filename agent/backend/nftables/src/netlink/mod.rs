@@ -15,7 +15,7 @@ pub mod message;
 pub mod socket;
 
 use crate::error::NftError;
-use crate::model::{Command, Element};
+use crate::model::{Command, Element, TuplePart};
 
 /// Element changes above this go through `nft` (a batch this size is well within a
 /// socket's send buffer).
@@ -44,19 +44,18 @@ pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdi
         };
         // Sets whose elements carry counters or comments (a merged rule's) or verdicts are
         // not edited in place anyway.
-        let interval = table
+        let found = table
             .sets
             .iter()
-            .find(|s| {
-                s.name == set
-                    && !s.counter
-                    && !s.verdict_map
-                    && s.comments.is_empty()
-                    && s.timeout.is_none()
-            })?
-            .interval;
+            .find(|s| s.name == set && !s.counter && !s.verdict_map && s.comments.is_empty())?;
+        let interval = found.interval;
         let mut keys = Vec::new();
         for e in elements {
+            // A timeout set's elements are single tuples (the ended table's connections).
+            if found.timeout.is_some() {
+                keys.push(tuple_key(e)?);
+                continue;
+            }
             let (lo, hi, v4) = range_of(e)?;
             if !interval {
                 if lo != hi {
@@ -106,6 +105,29 @@ fn range_of(e: &Element) -> Option<(u128, u128, bool)> {
         _ => return None,
     };
     (lo <= hi).then_some((lo, hi, v4))
+}
+
+/// The key of a concatenation of single values, as nft lays it out: each field in network
+/// order, padded with zeros to a multiple of 4 bytes (addresses 4 or 16, ports 2 + 2, the
+/// protocol 1 + 3). None for a part that is a range or prefix.
+fn tuple_key(e: &Element) -> Option<message::Key> {
+    let Element::Tuple(t) = e else {
+        return None;
+    };
+    let mut bytes = Vec::new();
+    for p in t.parts() {
+        match p {
+            TuplePart::Proto(n) => bytes.extend([n, 0, 0, 0]),
+            TuplePart::Elem(Element::Port(p)) => {
+                bytes.extend(p.to_be_bytes());
+                bytes.extend([0, 0]);
+            }
+            TuplePart::Elem(Element::Addr(std::net::IpAddr::V4(a))) => bytes.extend(a.octets()),
+            TuplePart::Elem(Element::Addr(std::net::IpAddr::V6(a))) => bytes.extend(a.octets()),
+            TuplePart::Elem(_) => return None,
+        }
+    }
+    Some(message::Key { bytes, end: false })
 }
 
 /// A key of `v` (4 bytes for IPv4, 16 for IPv6, network order).
@@ -199,6 +221,36 @@ mod tests {
     use super::*;
     use crate::model::{KeyType, Set, Table};
     use peerwall_policy::ir::TableFamily;
+
+    /// The ended table's elements go over netlink, laid out as nft concatenates: destination,
+    /// source, destination port, source port, protocol, each padded to 4 bytes.
+    #[test]
+    fn an_ended_connection_is_one_concatenated_key() {
+        let t = crate::ended::table(600);
+        let flow = peerwall_backend::Flow {
+            src: "10.10.1.67".parse().unwrap(),
+            dst: "10.20.1.2".parse().unwrap(),
+            proto: 17,
+            sport: 5000,
+            dport: 6000,
+        };
+        let elements = crate::ended::elements(&[flow]);
+        let cmds: Vec<Command<'_>> = elements
+            .iter()
+            .map(|(set, e)| Command::AddElements {
+                table: &t,
+                set,
+                elements: e.clone(),
+            })
+            .collect();
+        let edits = element_edits(&cmds).expect("over netlink");
+        assert_eq!(edits[0].set, "ended4");
+        assert_eq!(
+            edits[0].keys[0].bytes,
+            [10, 20, 1, 2, 10, 10, 1, 67, 0x17, 0x70, 0, 0, 0x13, 0x88, 0, 0, 17, 0, 0, 0]
+        );
+        assert_eq!(edits[0].keys.len(), 2, "both orientations");
+    }
 
     fn table(interval: bool) -> Table {
         Table {
