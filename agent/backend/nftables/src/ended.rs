@@ -23,7 +23,8 @@ use peerwall_backend::Flow;
 use peerwall_policy::ir::{ChainKind, Hook, IpFamily, TableFamily};
 
 use crate::model::{
-    AddrPart, Chain, Columns, Element, Expr, Key, KeyType, Policy, Right, Rule, Set, Table, Tuple,
+    AddrPart, Chain, Columns, Command, Element, Expr, Key, KeyType, Policy, Right, Rule, Set,
+    Table, Tuple,
 };
 
 /// The table of ended connections (a hyphen: no peer's table is named so).
@@ -37,8 +38,8 @@ pub const ENDED_OWNER: &str = "peerwall:ended-connections";
 pub const DEFAULT_TIMEOUT_SECS: u32 = 600;
 
 /// Elements each family's set holds at most (two per connection): an end that does not fit is
-/// only deleted from conntrack, as before this table.
-pub const CAPACITY: usize = 1 << 16;
+/// only deleted from conntrack.
+pub const CAPACITY: usize = crate::model::TIMEOUT_SET_CAPACITY;
 
 /// The chain (forward hook, before the policies' chains at 0).
 const CHAIN: &str = "ended";
@@ -152,6 +153,68 @@ pub fn elements(flows: &[Flow]) -> Vec<(String, Vec<Element>)> {
         }
     }
     out
+}
+
+/// The commands that add (or delete) `flows`' elements to (from) table `t`'s sets.
+pub fn commands<'a>(
+    t: &'a Table,
+    edits: &'a [(String, Vec<Element>)],
+    add: bool,
+) -> Vec<Command<'a>> {
+    edits
+        .iter()
+        .map(|(set, elements)| {
+            if add {
+                Command::AddElements {
+                    table: t,
+                    set,
+                    elements: elements.clone(),
+                }
+            } else {
+                Command::DeleteElements {
+                    table: t,
+                    set,
+                    elements: elements.clone(),
+                }
+            }
+        })
+        .collect()
+}
+
+/// The connections put into the table, and when: what a change that allows them again lets
+/// go. Bounded as the table is: the oldest records go first (their elements most likely
+/// expired; one still held is then let go only once both its sides have been quiet).
+#[derive(Debug, Default)]
+pub struct Kept(std::collections::HashMap<Flow, std::time::Instant>);
+
+impl Kept {
+    /// Record `flows` as put into the table now.
+    pub fn record(&mut self, flows: &[Flow]) {
+        let now = std::time::Instant::now();
+        self.0
+            .extend(flows.iter().filter(|f| keeps(f.proto)).map(|f| (*f, now)));
+        let cap = CAPACITY / 2;
+        if self.0.len() > cap {
+            let mut by_age: Vec<std::time::Instant> = self.0.values().copied().collect();
+            by_age.sort_unstable();
+            let cut = by_age[self.0.len() - cap];
+            self.0.retain(|_, t| *t >= cut);
+        }
+    }
+
+    /// The recorded connections.
+    pub fn flows(&self) -> Vec<Flow> {
+        self.0.keys().copied().collect()
+    }
+
+    /// Forget those of `flows` that were recorded; returns them.
+    pub fn take(&mut self, flows: &[Flow]) -> Vec<Flow> {
+        flows
+            .iter()
+            .filter(|f| self.0.remove(f).is_some())
+            .copied()
+            .collect()
+    }
 }
 
 /// Whether `set` of table `table` is one whose elements the packet path edits.

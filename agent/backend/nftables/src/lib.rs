@@ -14,6 +14,9 @@
 //!   the runners only): ownership, counters, drift, the switch and adoption are questions asked
 //!   of it; [`error`] and [`report`]: what a call gives back.
 
+// size: the backend itself: its state (what it applied, snapshots, the connections it keeps
+// ended) and the Backend face over it; every concern it drives lives in its own module.
+
 pub mod conntrack;
 pub mod dispatch;
 pub mod ended;
@@ -85,9 +88,8 @@ pub struct NftBackend<R: Runner = Nft> {
     /// Connections this backend ends stay ended for this many seconds after their last packet
     /// ([`ended`]); None: they are only deleted from conntrack.
     ended: Option<u32>,
-    /// The connections put into the ended table, and when: what a change that allows them
-    /// again releases ([`peerwall_backend::Backend::release_flows`]). Bounded as the table is.
-    ended_flows: std::collections::HashMap<peerwall_backend::Flow, std::time::Instant>,
+    /// The connections put into the ended table.
+    kept: ended::Kept,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -104,7 +106,7 @@ impl<R: Runner> NftBackend<R> {
             allow_all: false,
             listed: std::collections::HashMap::new(),
             ended: None,
-            ended_flows: std::collections::HashMap::new(),
+            kept: ended::Kept::default(),
         }
     }
 
@@ -125,20 +127,6 @@ impl<R: Runner> NftBackend<R> {
     pub fn with_events(mut self, ev: EventOptions) -> Self {
         self.events = Some(ev);
         self
-    }
-
-    /// Keep the record of ended connections within what the ended table holds: the oldest
-    /// records go first (their elements have most likely expired; one still held is then
-    /// released only when both its sides have been quiet for the timeout).
-    fn bound_ended_flows(&mut self) {
-        let cap = ended::CAPACITY / 2;
-        if self.ended_flows.len() <= cap {
-            return;
-        }
-        let mut by_age: Vec<std::time::Instant> = self.ended_flows.values().copied().collect();
-        by_age.sort_unstable();
-        let cut = by_age[self.ended_flows.len() - cap];
-        self.ended_flows.retain(|_, t| *t >= cut);
     }
 
     fn snapshot(listing: &Listing, family: ir::TableFamily, name: &str) -> Listing {
@@ -546,30 +534,12 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         // between the deletion and the insert re-opens them.
         if let Some(t) = self.applied.get(ended::ENDED_TABLE) {
             let edits = ended::elements(flows);
-            let cmds: Vec<model::Command<'_>> = edits
-                .iter()
-                .map(|(set, elements)| model::Command::AddElements {
-                    table: t,
-                    set,
-                    elements: elements.clone(),
-                })
-                .collect();
-            if !cmds.is_empty() {
-                // Full (its capacity) or gone: these connections are only deleted.
-                match self.nft.transaction(&cmds) {
-                    Ok(()) => {
-                        let now = std::time::Instant::now();
-                        self.ended_flows.extend(
-                            flows
-                                .iter()
-                                .filter(|f| ended::keeps(f.proto))
-                                .map(|f| (*f, now)),
-                        );
-                        self.bound_ended_flows();
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, connections = flows.len(), "could not keep ended connections in the ended table: they are only deleted from conntrack");
-                    }
+            let cmds = ended::commands(t, &edits, true);
+            // Full (its capacity) or gone: these connections are only deleted.
+            match self.nft.transaction(&cmds) {
+                Ok(()) => self.kept.record(flows),
+                Err(e) => {
+                    tracing::warn!(error = %e, connections = flows.len(), "could not keep ended connections in the ended table: they are only deleted from conntrack");
                 }
             }
         }
@@ -578,33 +548,27 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
     }
 
     fn ended_flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
-        Ok(self.ended_flows.keys().copied().collect())
+        Ok(self.kept.flows())
     }
 
     fn release_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
-        let held: Vec<peerwall_backend::Flow> = flows
-            .iter()
-            .filter(|f| self.ended_flows.remove(f).is_some())
-            .copied()
-            .collect();
+        let held = self.kept.take(flows);
         let Some(t) = self.applied.get(ended::ENDED_TABLE) else {
             return Ok(0);
         };
-        let edits = ended::elements(&held);
-        let delete = |set: &str, elements: &[model::Element]| {
-            let cmd = model::Command::DeleteElements {
-                table: t,
-                set,
-                elements: elements.to_vec(),
-            };
-            self.nft.transaction(std::slice::from_ref(&cmd)).is_ok()
-        };
         // Each set at once; where an element expired meanwhile (nft refuses to delete what is
         // not there, and the whole transaction with it), one element at a time.
+        let edits = ended::elements(&held);
         for (set, elements) in &edits {
-            if !delete(set, elements) {
+            let one = [(set.clone(), elements.clone())];
+            if self
+                .nft
+                .transaction(&ended::commands(t, &one, false))
+                .is_err()
+            {
                 for e in elements {
-                    let _ = delete(set, std::slice::from_ref(e));
+                    let single = [(set.clone(), vec![*e])];
+                    let _ = self.nft.transaction(&ended::commands(t, &single, false));
                 }
             }
         }

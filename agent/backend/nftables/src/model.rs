@@ -3,12 +3,15 @@
 //! the IR, planning ([`mod@crate::plan`]) diffs it as types, and only a [`crate::Runner`] turns it
 //! into libnftables JSON ([`crate::json`]) or keeps it in memory ([`crate::FakeNft`]).
 
+// size: one vocabulary, type by type (table, set, element, chain, rule, key, statement,
+// command): the renderers, the planner and both runners read all of it together.
+
 use std::net::IpAddr;
 
 use peerwall_policy::ir::{ChainKind, CtState, Hook, IpFamily, NatTarget, TableFamily};
 
 mod capacity;
-pub use capacity::{capacity_for, MIN_CAPACITY};
+pub use capacity::{capacity_for, MIN_CAPACITY, TIMEOUT_SET_CAPACITY};
 
 /// Name of the marker chain that identifies tables owned by peerwall: a regular (hookless,
 /// never run) chain whose one rule's comment names the owner.
@@ -170,9 +173,8 @@ pub struct Set {
     /// A verdict map (`type ipv4_addr : verdict`): its elements are [`Element::Jump`], an
     /// address and the chain it jumps to ([`crate::dispatch`]).
     pub verdict_map: bool,
-    /// `flags dynamic, timeout; timeout N s`: elements expire N seconds after they were added
-    /// or last refreshed by an [`Expr::Update`]; the packet path edits them, so they are never
-    /// compared for drift ([`crate::ended`]). None for every policy set.
+    /// `flags timeout; timeout N s`: elements expire N s after their last [`Expr::Update`]
+    /// (the ended table's sets; None for every policy set).
     pub timeout: Option<u32>,
 }
 
@@ -502,8 +504,7 @@ pub enum Expr {
         /// The verdict map's name.
         map: String,
     },
-    /// `update @set { key }`: refresh the timeout of the packet's element of a timeout set
-    /// ([`Set::timeout`]).
+    /// `update @set { key }`: refresh the packet's element of a [`Set::timeout`] set.
     Update {
         /// The set's name.
         set: String,

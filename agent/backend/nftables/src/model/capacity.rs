@@ -18,7 +18,7 @@ impl Set {
     /// builds alternating).
     pub fn capacity(&self) -> Option<usize> {
         if self.timeout.is_some() {
-            return Some(crate::ended::CAPACITY);
+            return Some(TIMEOUT_SET_CAPACITY);
         }
         (!self.interval && !self.counter).then(|| capacity_for(self.elements.len()))
     }
@@ -32,6 +32,10 @@ impl Set {
 pub fn capacity_for(n: usize) -> usize {
     n.saturating_mul(2).next_power_of_two().max(MIN_CAPACITY)
 }
+
+/// The size of a set whose elements the packet path refreshes and expires ([`Set::timeout`]):
+/// fixed, as elements come and go without the agent.
+pub const TIMEOUT_SET_CAPACITY: usize = 1 << 16;
 
 /// The smallest size a hash set declares ([`capacity_for`]).
 pub const MIN_CAPACITY: usize = 64;
