@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 use crate::support::*;
@@ -23,19 +23,6 @@ async fn set_is(client: &kube::Client, tenant: &str, want: &[&str], what: &str) 
         (gateway_set(client, tenant, "offloaded").await? == want).then_some(())
     })
     .await;
-}
-
-/// Create `pod` and give it `ip`, Running (no kubelet: its status written directly).
-async fn running(api: &Api<Pod>, pod: &Pod, ip: &str) {
-    api.create(&PostParams::default(), pod).await.unwrap();
-    let name = pod.metadata.name.as_deref().unwrap();
-    api.patch_status(
-        name,
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}})),
-    )
-    .await
-    .unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

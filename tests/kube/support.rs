@@ -159,8 +159,13 @@ pub(crate) async fn pod(
     let p: Pod =
         serde_json::from_value(json!({"metadata": {"name": name, "labels": labels}, "spec": spec}))
             .unwrap();
-    api.create(&PostParams::default(), &p).await.unwrap();
-    // No kubelet: the pod's IP is set through the status subresource.
+    running(&api, &p, ip).await;
+}
+
+/// Create `pod` and give it `ip`, Running (no kubelet: its status written directly).
+pub(crate) async fn running(api: &Api<Pod>, pod: &Pod, ip: &str) {
+    api.create(&PostParams::default(), pod).await.unwrap();
+    let name = pod.metadata.name.as_deref().unwrap();
     api.patch_status(
         name,
         &PatchParams::default(),

@@ -8,6 +8,7 @@
 pub mod error;
 pub mod events;
 pub mod in_netns;
+pub mod kept;
 
 use serde::Serialize;
 
@@ -16,6 +17,7 @@ use peerwall_policy::ir::{Policy, SetChange};
 pub use error::{BackendError, Fault, Report};
 pub use events::{Event, EventError, EventFilter, EventKind, EventSource, FlowLimiter, IfNames};
 pub use in_netns::{InNetns, InNetnsError};
+pub use kept::Kept;
 
 /// Packet and byte counts of one rule (`table/chain/rule`), as either backend reads them.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]

@@ -47,6 +47,9 @@ pub struct BpfBackend {
     /// The local-address mirror's watcher, started by the first apply (in the namespace the
     /// backend serves); dropping it withdraws the mirror.
     routes: Option<RouteWatch>,
+    /// The flows this backend ended: what a change that allows them again lets go, without
+    /// walking the flow tables on every policy change.
+    kept: peerwall_backend::Kept,
 }
 
 impl BpfBackend {
@@ -82,6 +85,7 @@ impl BpfBackend {
             xdp,
             boot_holder: Holder(None),
             routes: None,
+            kept: peerwall_backend::Kept::new(1 << 16),
         })
     }
 
@@ -137,17 +141,20 @@ impl BpfBackend {
 
     /// End these flows (invalid both ways, cached verdicts stale); how many were found.
     pub fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BpfError> {
-        self.datapath.end_flows(flows)
+        let n = self.datapath.end_flows(flows)?;
+        self.kept.record(flows.iter().copied());
+        Ok(n)
     }
 
-    /// The flows kept ended ([`BpfBackend::end_flows`]).
-    pub fn ended_flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BpfError> {
-        self.datapath.ended_flows()
+    /// The flows this backend ended ([`BpfBackend::end_flows`]), as recorded.
+    pub fn ended_flows(&self) -> Vec<peerwall_backend::Flow> {
+        self.kept.flows()
     }
 
     /// Forget these ended flows: their next packet is judged afresh.
     pub fn release_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BpfError> {
-        self.datapath.release_flows(flows)
+        let held = self.kept.take(flows);
+        self.datapath.release_flows(&held)
     }
 
     /// The flow table's (entries, capacity).
@@ -326,7 +333,7 @@ impl Backend for BpfBackend {
     }
 
     fn ended_flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
-        BpfBackend::ended_flows(self).map_err(failed("listing ended connections"))
+        Ok(BpfBackend::ended_flows(self))
     }
 
     fn release_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {

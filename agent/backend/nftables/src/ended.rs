@@ -181,42 +181,6 @@ pub fn commands<'a>(
         .collect()
 }
 
-/// The connections put into the table, and when: what a change that allows them again lets
-/// go. Bounded as the table is: the oldest records go first (their elements most likely
-/// expired; one still held is then let go only once both its sides have been quiet).
-#[derive(Debug, Default)]
-pub struct Kept(std::collections::HashMap<Flow, std::time::Instant>);
-
-impl Kept {
-    /// Record `flows` as put into the table now.
-    pub fn record(&mut self, flows: &[Flow]) {
-        let now = std::time::Instant::now();
-        self.0
-            .extend(flows.iter().filter(|f| keeps(f.proto)).map(|f| (*f, now)));
-        let cap = CAPACITY / 2;
-        if self.0.len() > cap {
-            let mut by_age: Vec<std::time::Instant> = self.0.values().copied().collect();
-            by_age.sort_unstable();
-            let cut = by_age[self.0.len() - cap];
-            self.0.retain(|_, t| *t >= cut);
-        }
-    }
-
-    /// The recorded connections.
-    pub fn flows(&self) -> Vec<Flow> {
-        self.0.keys().copied().collect()
-    }
-
-    /// Forget those of `flows` that were recorded; returns them.
-    pub fn take(&mut self, flows: &[Flow]) -> Vec<Flow> {
-        flows
-            .iter()
-            .filter(|f| self.0.remove(f).is_some())
-            .copied()
-            .collect()
-    }
-}
-
 /// Whether `set` of table `table` is one whose elements the packet path edits.
 pub fn is_dynamic(t: &Table, set: &str) -> bool {
     t.sets.iter().any(|s| s.name == set && s.timeout.is_some())

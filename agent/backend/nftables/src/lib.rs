@@ -89,7 +89,7 @@ pub struct NftBackend<R: Runner = Nft> {
     /// ([`ended`]); None: they are only deleted from conntrack.
     ended: Option<u32>,
     /// The connections put into the ended table.
-    kept: ended::Kept,
+    kept: peerwall_backend::Kept,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -106,7 +106,7 @@ impl<R: Runner> NftBackend<R> {
             allow_all: false,
             listed: std::collections::HashMap::new(),
             ended: None,
-            kept: ended::Kept::default(),
+            kept: peerwall_backend::Kept::new(ended::CAPACITY / 2),
         }
     }
 
@@ -537,7 +537,9 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
             let cmds = ended::commands(t, &edits, true);
             // Full (its capacity) or gone: these connections are only deleted.
             match self.nft.transaction(&cmds) {
-                Ok(()) => self.kept.record(flows),
+                Ok(()) => self
+                    .kept
+                    .record(flows.iter().filter(|f| ended::keeps(f.proto)).copied()),
                 Err(e) => {
                     tracing::warn!(error = %e, connections = flows.len(), "could not keep ended connections in the ended table: they are only deleted from conntrack");
                 }
@@ -559,15 +561,11 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         // Each set at once; where an element expired meanwhile (nft refuses to delete what is
         // not there, and the whole transaction with it), one element at a time.
         let edits = ended::elements(&held);
-        for (set, elements) in &edits {
-            let one = [(set.clone(), elements.clone())];
-            if self
-                .nft
-                .transaction(&ended::commands(t, &one, false))
-                .is_err()
-            {
-                for e in elements {
-                    let single = [(set.clone(), vec![*e])];
+        for edit in &edits {
+            let all = ended::commands(t, std::slice::from_ref(edit), false);
+            if self.nft.transaction(&all).is_err() {
+                for e in &edit.1 {
+                    let single = [(edit.0.clone(), vec![*e])];
                     let _ = self.nft.transaction(&ended::commands(t, &single, false));
                 }
             }

@@ -141,30 +141,19 @@ impl Datapath {
     /// Every live flow of the datapath's tables (established and not yet replied), by
     /// original direction.
     pub fn flows(&mut self) -> Result<Vec<Flow>, BpfError> {
-        self.flows_marked(false)
-    }
-
-    /// The flows marked ended ([`end_flows`](Self::end_flows)) that the tables still hold,
-    /// by original direction.
-    pub fn ended_flows(&mut self) -> Result<Vec<Flow>, BpfError> {
-        self.flows_marked(true)
-    }
-
-    /// The flows of both tables whose `ended` mark is `ended`.
-    fn flows_marked(&mut self, ended: bool) -> Result<Vec<Flow>, BpfError> {
         let mut out = Vec::new();
         let m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
             BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
         out.extend(
             m.iter()
                 .filter_map(Result::ok)
-                .filter(|(_, st)| (st.ended != 0) == ended)
+                .filter(|(_, st)| st.ended == 0)
                 .filter_map(|(k, _)| flow_of(&k)),
         );
         out.extend(
             self.new_flow_slots()?
                 .into_iter()
-                .filter(|(_, s)| (s.state.ended != 0) == ended)
+                .filter(|(_, s)| s.state.ended == 0)
                 .filter_map(|(_, s)| flow_of(&s.key)),
         );
         Ok(out)
