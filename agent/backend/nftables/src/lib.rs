@@ -90,6 +90,9 @@ pub struct NftBackend<R: Runner = Nft> {
     ended: Option<u32>,
     /// The connections put into the ended table.
     kept: peerwall_backend::Kept,
+    /// The ended table is in force: created by the first connection ended (a gateway that
+    /// never ends one pays nothing for it), or found in the kernel at an apply.
+    ended_in_use: bool,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -107,6 +110,7 @@ impl<R: Runner> NftBackend<R> {
             listed: std::collections::HashMap::new(),
             ended: None,
             kept: peerwall_backend::Kept::new(ended::CAPACITY / 2),
+            ended_in_use: false,
         }
     }
 
@@ -167,8 +171,15 @@ impl<R: Runner> NftBackend<R> {
             .into_iter()
             .map(|t| switch::with_switch(t, self.allow_all))
             .collect();
-        // With any policy in force (none: nothing to keep ended, and no table left behind).
-        if let Some(secs) = self.ended.filter(|_| !desired.is_empty()) {
+        // Once in use, with any policy in force (none: nothing to keep ended, and no table
+        // left behind).
+        self.ended_in_use |= listing
+            .table(ir::TableFamily::Inet, ended::ENDED_TABLE)
+            .is_some();
+        if let Some(secs) = self
+            .ended
+            .filter(|_| self.ended_in_use && !desired.is_empty())
+        {
             if desired.iter().any(|t| t.name == ended::ENDED_TABLE) {
                 return Err(NftError::Reserved(ended::ENDED_TABLE.into()));
             }
@@ -530,6 +541,19 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
             .iter()
             .map(|f| self.listed.get(f).copied().unwrap_or(*f))
             .collect();
+        // The ended table comes into force with the first connection to keep ended.
+        if self.ended.is_some() && !self.ended_in_use && !flows.is_empty() {
+            self.ended_in_use = true;
+            let current: Vec<RenderedTable> = self
+                .applied
+                .values()
+                .filter(|t| t.name != ended::ENDED_TABLE)
+                .cloned()
+                .collect();
+            if let Err(e) = self.apply_rendered(current) {
+                tracing::warn!(error = %e, "could not create the ended table: ended connections are only deleted from conntrack");
+            }
+        }
         // Into the ended table first (as the forward hook sees them), so that no packet
         // between the deletion and the insert re-opens them.
         if let Some(t) = self.applied.get(ended::ENDED_TABLE) {
