@@ -135,6 +135,11 @@ pub fn new_flow_slot(k: &FlowKey, mask: u32) -> u32 {
 /// until reused or evicted, but no packet finds it live).
 pub const FLOW_IDLE_NS: u64 = 600_000_000_000;
 
+/// The longest an ended flow may stay ended after its last packet (the datapath's
+/// `ENDED_IDLE_NS`, set by the loader): 12 hours, well inside what a `FLOW_SEEN` stamp can
+/// tell apart (2^16 units, [`FLOW_SEEN_SHIFT`]).
+pub const ENDED_IDLE_MAX_NS: u64 = 12 * 3600 * 1_000_000_000;
+
 /// Entries of `FLOW_SEEN` (a power of two): 256 KiB of `u16`, small enough to stay in a
 /// CPU's cache while the flow tables (several MiB) do not.
 pub const FLOW_SEEN_SLOTS: u32 = 1 << 17;

@@ -11,7 +11,7 @@ use crate::cache::{forget, outdate};
 use crate::flow::{
     flow_key, icmp_is_error, icmp_is_reply, icmp_keyed, reverse, sctp_chunk_opens, tcp_flags_valid,
 };
-use crate::maps::{new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK};
+use crate::maps::{ended_idle_ns, new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK};
 use crate::mem::zero;
 use crate::parse::{
     parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
@@ -21,16 +21,16 @@ use crate::seen::{note_seen, seen_idle};
 
 /// A flow's state, wherever it is: the established table first, unless its entry there has
 /// expired (a flow started again since is in `FLOWS_NEW`: the `FLOW_SEEN` shortcut inserts it
-/// there without clearing what expired).
+/// there without clearing what expired). A pointer: an ended flow's packets refresh it.
 #[inline(always)]
-fn lookup(k: &FlowKey, now: u64) -> Option<&FlowState> {
-    // SAFETY: read-only lookups of plain data.
-    match unsafe { FLOWS.get(k) } {
-        Some(st) if fresh(st, now) => Some(st),
+fn lookup(k: &FlowKey, now: u64) -> Option<*mut FlowState> {
+    match FLOWS.get_ptr_mut(k) {
+        // SAFETY: pointer from a successful lookup.
+        Some(st) if fresh(unsafe { &*st }, now) => Some(st),
         // SAFETY: a slot of a successful lookup; other CPUs may rewrite it meanwhile, which
         // at worst makes this lookup miss or see another new flow's state (not replied,
         // fresh: what any slot holds).
-        _ => new_slot(k).map(|s| unsafe { &(*s).state }),
+        _ => new_slot(k).map(|s| unsafe { &raw mut (*s).state }),
     }
 }
 
@@ -56,9 +56,28 @@ fn same_flow(a: &FlowKey, b: &FlowKey) -> bool {
     diff == 0
 }
 
+/// Whether a flow is live: seen within [`FLOW_IDLE_NS`], or, once user space ended it, within
+/// the loader's [`ended_idle_ns`].
 #[inline(always)]
 pub(crate) fn fresh(st: &FlowState, now: u64) -> bool {
-    now.wrapping_sub(st.last_seen_ns) < FLOW_IDLE_NS
+    let idle = if st.ended != 0 {
+        ended_idle_ns()
+    } else {
+        FLOW_IDLE_NS
+    };
+    now.wrapping_sub(st.last_seen_ns) < idle
+}
+
+/// A packet of an ended flow, either way: `invalid`, and the flow stays ended as long as
+/// either side keeps sending (its time and `FLOW_SEEN` entry refreshed, as an accept's commit
+/// would: otherwise the mark lapsed a fixed time after the end and the next packet of our
+/// side started the flow again, the peer's then passing as its replies).
+#[inline(always)]
+fn hold_ended(st: *mut FlowState, k: &FlowKey, now: u64) -> u32 {
+    // SAFETY: pointer from a successful lookup.
+    unsafe { (*st).last_seen_ns = now };
+    note_seen(k, now);
+    ct::INVALID
 }
 
 /// Bit of [`ct_state`]'s result: an accept changes nothing worth writing (the flow's timestamp
@@ -123,7 +142,8 @@ pub(crate) fn ct_state<S: Source>(
             return ct::INVALID;
         }
         let k = flow_key(inner);
-        let live = |st: &FlowState| fresh(st, now) && st.ended == 0;
+        // SAFETY: pointers from successful lookups.
+        let live = |st: *mut FlowState| unsafe { fresh(&*st, now) && (*st).ended == 0 };
         let known =
             lookup(&k, now).is_some_and(live) || lookup(&reverse(&k), now).is_some_and(live);
         return if known { ct::RELATED } else { ct::INVALID };
@@ -143,11 +163,13 @@ pub(crate) fn ct_state<S: Source>(
         return new_or_invalid(p, is_icmp, ct::NEW | CT_UNKNOWN);
     }
     let mut seen = false;
-    if let Some(st) = lookup(&k, now) {
+    if let Some(ptr) = lookup(&k, now) {
         seen = true;
+        // SAFETY: pointer from a successful lookup.
+        let st = unsafe { &*ptr };
         if fresh(st, now) {
             if st.ended != 0 {
-                return ct::INVALID;
+                return hold_ended(ptr, &k, now);
             }
             let state = if st.replied != 0 {
                 ct::ESTABLISHED
@@ -157,11 +179,13 @@ pub(crate) fn ct_state<S: Source>(
             return state | unchanged(st, now);
         }
     }
-    if let Some(st) = lookup(&reverse(&k), now) {
+    if let Some(ptr) = lookup(&reverse(&k), now) {
         seen = true;
+        // SAFETY: pointer from a successful lookup.
+        let st = unsafe { &*ptr };
         if fresh(st, now) {
             if st.ended != 0 {
-                return ct::INVALID;
+                return hold_ended(ptr, &k, now);
             }
             // A reply: the commit marks the flow replied, unless it already is.
             let same = if st.replied != 0 {

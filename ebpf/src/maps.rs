@@ -146,6 +146,32 @@ pub(crate) fn new_flow_mask() -> u32 {
     // object is read rather than the one compiled in.
     unsafe { core::ptr::read_volatile(&NEW_FLOW_MASK) }
 }
+
+/// How long a flow user space ended stays ended after its last packet, either way, ns (the
+/// agent's `--ended-connection-secs`, at most [`peerwall_common::ENDED_IDLE_MAX_NS`]; 0: an
+/// ended flow is gone at once): set by the loader, like [`NEW_FLOW_MASK`]. Every packet of an
+/// ended flow refreshes it (`conntrack.rs`), so it stays ended while either side sends.
+#[unsafe(no_mangle)]
+static ENDED_IDLE_NS: u64 = FLOW_IDLE_NS;
+
+/// [`ENDED_IDLE_NS`], as loaded.
+#[inline(always)]
+pub(crate) fn ended_idle_ns() -> u64 {
+    // SAFETY: as in `new_flow_mask`.
+    unsafe { core::ptr::read_volatile(&ENDED_IDLE_NS) }
+}
+
+/// How long any flow of a `FLOW_SEEN` entry can stay live after its last write: the longer
+/// of the two lifetimes.
+#[inline(always)]
+pub(crate) fn seen_horizon_ns() -> u64 {
+    let ended = ended_idle_ns();
+    if ended > FLOW_IDLE_NS {
+        ended
+    } else {
+        FLOW_IDLE_NS
+    }
+}
 /// Verdicts reused for the next packets of a flow (`cache.rs`), per family: IPv4 under a 16-byte
 /// key, hashed by every packet of a known flow. Separate from `FLOWS`: a flood of denied flows
 /// evicts cached verdicts, never connection state.

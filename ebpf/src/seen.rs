@@ -9,7 +9,7 @@ use peerwall_common::{
     FlowKey, FLOW_SEEN_SLOTS,
 };
 
-use crate::maps::{FLOW_IDLE_NS, FLOW_SEEN};
+use crate::maps::{seen_horizon_ns, FLOW_SEEN};
 
 /// Note that flow `k` (either direction) was written at `now`: with every `last_seen_ns`.
 /// Not inlined: the hash's words would add to each caller's stack frame.
@@ -31,7 +31,7 @@ pub(crate) fn seen_idle(k: &FlowKey, now: u64) -> bool {
 #[inline(always)]
 fn no_live_flow(words: &[u32; 10], now: u64) -> bool {
     match FLOW_SEEN.get(flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1)) {
-        Some(s) => flow_seen_idle(*s, now, FLOW_IDLE_NS),
+        Some(s) => flow_seen_idle(*s, now, seen_horizon_ns()),
         None => false,
     }
 }

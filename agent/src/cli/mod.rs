@@ -612,11 +612,12 @@ pub struct AgentArgs {
     /// How often the source is checked (and nftables drift repaired).
     #[arg(long, default_value_t = 200)]
     pub interval_ms: u64,
-    /// nftables backend: a connection the agent ends (a policy change no longer allows it)
-    /// stays ended, whichever side sends next, until both sides have been quiet this long
-    /// (table `inet peerwall-ended`; the bpf datapath keeps its ended flows as long); 0: only
-    /// delete it from conntrack, so the side nobody filters can open it again.
-    #[arg(long, default_value_t = peerwall_backend_select::DEFAULT_ENDED_SECS)]
+    /// A connection the agent ends (a policy change no longer allows it) stays ended,
+    /// whichever side sends next, until both sides have been quiet this long (nftables: table
+    /// `inet peerwall-ended`; bpf: the flow's `ended` mark, at most 43200); 0: only delete it
+    /// from the connection table, so the side nobody filters can open it again.
+    #[arg(long, default_value_t = peerwall_backend_select::DEFAULT_ENDED_SECS,
+          value_parser = clap::value_parser!(u32).range(0..=43200))]
     pub ended_connection_secs: u32,
     /// Where `/metrics`, `/healthz` and `/readyz` are served (what Prometheus scrapes).
     #[arg(long, default_value = DEFAULT_METRICS_ADDR)]

@@ -53,7 +53,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
     let events = events.settings();
     let settings = peerwall_backend_select::Settings {
         events,
-        ended_secs: (ended_connection_secs > 0).then_some(ended_connection_secs),
+        ended_secs: Some(ended_connection_secs),
         ..bpf.settings(backend)
     };
     let stop = stop_flag()?;

@@ -12,7 +12,7 @@ use peerwall_backend::{
 };
 use peerwall_policy::ir::Policy;
 
-use crate::loader::{self, BpfApplyReport, BpfError, Datapath};
+use crate::loader::{self, BpfApplyReport, BpfError, Datapath, LoadOptions};
 use crate::maps::Iface;
 use crate::routing::watch::RouteWatch;
 
@@ -56,20 +56,19 @@ impl BpfBackend {
     /// Load (or adopt) the datapath pinned in `pin_dir`; attach to interfaces matching
     /// `patterns` (names, or prefixes ending in `*`), with XDP too when `xdp`.
     pub fn load(pin_dir: &Path, patterns: Vec<String>, xdp: bool) -> Result<Self, BpfError> {
-        Self::load_sized(pin_dir, patterns, xdp, None)
+        Self::load_with(pin_dir, patterns, xdp, &LoadOptions::default())
     }
 
-    /// [`load`](Self::load) with a flow table of `flows` entries when it is created
-    /// ([`Datapath::load_sized`]).
-    pub fn load_sized(
+    /// [`load`](Self::load) as `opts` says ([`Datapath::load_with`]).
+    pub fn load_with(
         pin_dir: &Path,
         patterns: Vec<String>,
         xdp: bool,
-        flows: Option<u32>,
+        opts: &LoadOptions,
     ) -> Result<Self, BpfError> {
         loader::ensure_bpffs()?;
-        let mut datapath = Datapath::load_sized(pin_dir, flows)?;
-        if let Some(want) = flows {
+        let mut datapath = Datapath::load_with(pin_dir, opts)?;
+        if let Some(want) = opts.flows {
             let (_, capacity) = datapath.flow_table()?;
             if capacity != want {
                 tracing::warn!(

@@ -69,9 +69,11 @@ pub struct Settings {
     /// bpf: refuse to open when no interface matches now (a one-shot `peerwall apply`, which
     /// must attach somewhere; the agent instead waits for interfaces to appear).
     pub must_attach: bool,
-    /// nftables: connections it ends stay ended for this many seconds after their last
-    /// packet, whichever side sends ([`peerwall_backend_nftables::ended`]); None: they are
-    /// only deleted from conntrack (one-shot commands, which end nothing).
+    /// Connections the backend ends stay ended until neither side has sent for this many
+    /// seconds: nftables in its ended table ([`peerwall_backend_nftables::ended`]), bpf by its
+    /// flows' `ended` mark ([`loader::LoadOptions::ended_secs`]). 0: they are only deleted
+    /// from the connection table, so the next packet of either side starts over. None: the
+    /// default for bpf, no table for nftables (one-shot commands, which end nothing).
     pub ended_secs: Option<u32>,
 }
 
@@ -119,7 +121,7 @@ pub fn open(s: &Settings, netns: Option<&str>) -> Result<Box<dyn Backend>, Backe
 }
 
 fn nftables(s: &Settings) -> NftBackend {
-    let b = NftBackend::new(Nft::host()).with_ended_connections(s.ended_secs);
+    let b = NftBackend::new(Nft::host()).with_ended_connections(s.ended_secs.filter(|&n| n > 0));
     match s.events {
         Some(e) => b.with_events(peerwall_backend_nftables::EventOptions {
             group: e.nflog_group,
@@ -141,13 +143,21 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
             ));
         }
     }
-    let mut b =
-        BpfBackend::load_sized(&s.pin_dir, s.interfaces.clone(), s.xdp, s.flows).map_err(|e| {
-            BackendError::host(NAME, "loading the datapath")(LoadError {
-                pin_dir: s.pin_dir.clone(),
-                source: e,
-            })
-        })?;
+    let mut b = BpfBackend::load_with(
+        &s.pin_dir,
+        s.interfaces.clone(),
+        s.xdp,
+        &loader::LoadOptions {
+            flows: s.flows,
+            ended_secs: s.ended_secs.unwrap_or(DEFAULT_ENDED_SECS),
+        },
+    )
+    .map_err(|e| {
+        BackendError::host(NAME, "loading the datapath")(LoadError {
+            pin_dir: s.pin_dir.clone(),
+            source: e,
+        })
+    })?;
     b.set_events(
         s.events
             .map(|e| peerwall_backend_bpf::events::EventSettings {

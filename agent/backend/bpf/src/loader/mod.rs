@@ -130,13 +130,24 @@ const IN_PLACE_LIMIT: usize = 256;
 impl Datapath {
     /// Load the object with its maps pinned in `pin_dir` (reusing maps already pinned there).
     pub fn load(pin_dir: &Path) -> Result<Self, BpfError> {
-        Self::load_sized(pin_dir, None)
+        Self::load_with(pin_dir, &LoadOptions::default())
     }
 
-    /// [`load`](Self::load) with a flow table (`FLOWS`, the datapath's conntrack) of `flows`
-    /// entries instead of the default 65536. The size is the map's when it is created: a
-    /// table already pinned keeps its own (see [`flow_table`](Self::flow_table)).
+    /// [`load`](Self::load) with a flow table of `flows` entries ([`LoadOptions::flows`]).
     pub fn load_sized(pin_dir: &Path, flows: Option<u32>) -> Result<Self, BpfError> {
+        Self::load_with(
+            pin_dir,
+            &LoadOptions {
+                flows,
+                ..LoadOptions::default()
+            },
+        )
+    }
+
+    /// [`load`](Self::load) as `opts` says (the flow table's size when it is created, how long
+    /// ended flows stay ended).
+    pub fn load_with(pin_dir: &Path, opts: &LoadOptions) -> Result<Self, BpfError> {
+        let flows = opts.flows;
         // The nearest directory that exists must be on bpffs (the rest is created there, e.g.
         // `<pin-dir>/gateways/<peer>_<uid8>` of the gateway-pod mode).
         let existing = pin_dir
@@ -168,6 +179,8 @@ impl Datapath {
             loader.map_max_entries(map::FLOWS_NEW, new_slots);
         }
         loader.override_global(NEW_FLOW_MASK, &new_mask, true);
+        let ended_idle = opts.ended_idle_ns();
+        loader.override_global(ENDED_IDLE_NS, &ended_idle, true);
         // The per-CPU verdict cache: a region of sets per possible CPU.
         loader.map_max_entries(
             map::VERDICTS4_CPU,
@@ -548,6 +561,39 @@ impl Datapath {
 
 /// The datapath's global holding `FLOWS_NEW`'s slot count less one.
 const NEW_FLOW_MASK: &str = "NEW_FLOW_MASK";
+
+/// The datapath's global holding how long an ended flow stays ended after its last packet.
+const ENDED_IDLE_NS: &str = "ENDED_IDLE_NS";
+
+/// How [`Datapath::load_with`] loads the object.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadOptions {
+    /// The flow table (`FLOWS`, the datapath's conntrack) has this many entries instead of the
+    /// default 65536. The size is the map's when it is created: a table already pinned keeps
+    /// its own (see [`Datapath::flow_table`]).
+    pub flows: Option<u32>,
+    /// A flow user space ended ([`Datapath::end_flows`]) stays ended until neither side has
+    /// sent for this long (the agent's `--ended-connection-secs`; 0: it is gone at once, and
+    /// its next packet is judged as a new flow's); at most 12 hours
+    /// ([`peerwall_common::ENDED_IDLE_MAX_NS`]).
+    pub ended_secs: u32,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        Self {
+            flows: None,
+            ended_secs: (peerwall_common::FLOW_IDLE_NS / 1_000_000_000) as u32,
+        }
+    }
+}
+
+impl LoadOptions {
+    /// [`ended_secs`](Self::ended_secs) in nanoseconds, within the datapath's bound.
+    fn ended_idle_ns(&self) -> u64 {
+        (u64::from(self.ended_secs) * 1_000_000_000).min(peerwall_common::ENDED_IDLE_MAX_NS)
+    }
+}
 
 /// `FLOWS_NEW`'s slot count for a flow table of `n` entries: the power of two at or above it
 /// (at least 2, at most 2^24).
