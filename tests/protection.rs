@@ -191,6 +191,20 @@ fn dir_agent_with<'a>(
     tag: &str,
     extra: &[&str],
 ) -> (Agent, Installed<'a>) {
+    dir_agent_in(t, backend, dir, policy, tag, extra, false)
+}
+
+/// As [`dir_agent_with`]; with `read_only_proc_sys`, the agent sees `/proc/sys` read-only, as
+/// in the DaemonSet's and the sidecar's containers.
+fn dir_agent_in<'a>(
+    t: &'a Topology,
+    backend: &'a str,
+    dir: &std::path::Path,
+    policy: &std::path::Path,
+    tag: &str,
+    extra: &[&str],
+    read_only_proc_sys: bool,
+) -> (Agent, Installed<'a>) {
     let installed = Installed::new(backend, t.gateway.name(), tag);
     let mut args: Vec<String> = vec![
         "--source".into(),
@@ -205,9 +219,23 @@ fn dir_agent_with<'a>(
         args.extend(["--pin-dir".into(), installed.pins.clone()]);
     }
     let log = std::fs::File::create(dir.join("agent.log")).unwrap();
-    let agent = Agent(
+    let mut cmd = if read_only_proc_sys {
+        let mut c = std::process::Command::new("unshare");
+        c.args(["--mount", "--propagation", "private", "sh", "-c"])
+            .arg(
+                "mount --bind /proc/sys /proc/sys && mount -o remount,bind,ro /proc/sys /proc/sys \
+                 && exec \"$@\"",
+            )
+            .arg("sh")
+            .arg("nsenter")
+            .arg(format!("--net=/run/netns/{}", t.gateway.name()))
+            .arg(peerwall());
+        c
+    } else {
         peerwall_nsenter(&t.gateway)
-            .arg("agent")
+    };
+    let agent = Agent(
+        cmd.arg("agent")
             .args(&args)
             .stdout(std::process::Stdio::null())
             .stderr(log)
@@ -534,6 +562,123 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
                 !nft_ended().contains("10.10.1.67"),
                 "released: {}",
                 nft_ended()
+            );
+        }
+        drop((pod, peer));
+        drop((agent, installed));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// A TCP connection a closing ends stays ended after its mark lapses: both sides keep
+/// writing, their retransmissions back off past `--ended-connection-secs 1`, and the next
+/// segment of either side, which no conntrack entry or mark covers any more, opens nothing
+/// (no pickup mid-stream): the peer's data never reaches the pod again. On nftables where the
+/// agent can switch conntrack's pickup off, with `/proc/sys` read-only as in a container
+/// (the ended table's `mid_stream` rule), and on bpf.
+#[test]
+fn a_tcp_connection_ended_stays_ended_after_its_mark_lapses() {
+    let t = Topology::new();
+    let _ = in_ns(&t.gateway, "modprobe", &["nf_conntrack"]);
+    for (i, (backend, read_only)) in [("nftables", false), ("nftables", true), ("bpf", false)]
+        .into_iter()
+        .enumerate()
+    {
+        // A port of its own per case: nothing of the last case's connection is met again.
+        let port = 5000 + i as u16;
+        let case = format!(
+            "{backend}{}",
+            if read_only {
+                " (read-only /proc/sys)"
+            } else {
+                ""
+            }
+        );
+        // Pickup on, as the kernel starts: only the agent may switch it off.
+        t.gateway
+            .sysctl("net.netfilter.nf_conntrack_tcp_loose", "1")
+            .expect("tcp_loose");
+        let dir = std::env::temp_dir().join(format!(
+            "pw-protection-tcp-{}-{backend}-{read_only}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let policy = controller_output(&dir);
+        let (agent, installed) = dir_agent_in(
+            &t,
+            backend,
+            &dir,
+            &policy,
+            "tcp",
+            &["--ended-connection-secs", "1"],
+            read_only,
+        );
+        let pod = Chatter::start_tcp(
+            &format!("/run/netns/{}", t.provider.name()),
+            true,
+            ("10.20.1.2", 6000),
+            ("10.10.1.67", port),
+            dir.join("pod.rx"),
+        );
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let peer = Chatter::start_tcp(
+            &format!("/run/netns/{}", t.consumer.name()),
+            false,
+            ("10.10.1.67", port),
+            ("10.20.1.2", 6000),
+            dir.join("peer.rx"),
+        );
+        assert!(
+            poll(10, || pod.received() > 10 && peer.received() > 10),
+            "{case}: the connection carries data both ways ({} / {})",
+            pod.received(),
+            peer.received()
+        );
+        let mut snap = snapshot();
+        snap["items"].as_array_mut().unwrap().push(json!({
+            "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
+            "metadata": {"name": "no-6000"},
+            "spec": {"peers": ["a"], "close": [{"name": "tcp", "ports": [{"protocol": "TCP", "port": 6000}]}]}}));
+        replace_with(&policy, &controller_output_of(&dir, &snap, "closed"));
+        assert!(
+            poll(20, || {
+                let before = pod.received();
+                std::thread::sleep(std::time::Duration::from_millis(600));
+                pod.received() == before
+            }),
+            "{case}: the closing ends the connection"
+        );
+        let ended_at = pod.received();
+        // Retransmissions back off (0.2, 0.4, 0.8, 1.6, 3.2 s, …): the mark lapses in the
+        // gaps, and the segments after them find nothing.
+        std::thread::sleep(std::time::Duration::from_secs(12));
+        let log = || std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+        assert_eq!(
+            pod.received(),
+            ended_at,
+            "{case}: the peer's data reaches the pod again after a gap; agent: {}\nconntrack: {}",
+            log(),
+            String::from_utf8_lossy(&in_ns(&t.gateway, "conntrack", &["-L", "-p", "tcp"]).stdout),
+        );
+        if read_only {
+            let table = String::from_utf8_lossy(
+                &in_ns(
+                    &t.gateway,
+                    "nft",
+                    &["list", "table", "inet", "peerwall-ended"],
+                )
+                .stdout,
+            )
+            .into_owned();
+            assert!(
+                table.contains("mid_stream"),
+                "{case}: the ended table holds the mid-stream rule: {table}"
+            );
+            assert!(
+                log().contains("mid-stream pickup stays on"),
+                "{case}: the agent could not switch pickup off: {}",
+                log()
             );
         }
         drop((pod, peer));

@@ -10,6 +10,7 @@ use peerwall_common::{ct, family, flow_words, new_flow_slot, FlowKey, FlowState,
 use crate::cache::{forget, outdate};
 use crate::flow::{
     flow_key, icmp_is_error, icmp_is_reply, icmp_keyed, reverse, sctp_chunk_opens, tcp_flags_valid,
+    tcp_opens,
 };
 use crate::maps::{ended_idle_ns, new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK};
 use crate::mem::zero;
@@ -203,9 +204,15 @@ pub(crate) fn ct_state<S: Source>(
     )
 }
 
-/// A packet of no live flow: `new` (the state with its bits), unless it cannot start one.
+/// A packet of no live flow: `new` (the state with its bits), unless it cannot start one: a
+/// TCP segment other than a SYN is never picked up mid-stream (an ended flow's segment, once
+/// its mark lapsed, would otherwise start it again in our direction, and the peer's segments
+/// would pass as its replies).
 #[inline(never)]
 fn new_or_invalid(p: &Pkt, is_icmp: bool, new: u32) -> u32 {
+    if p.proto == IPPROTO_TCP && p.has_ports && !tcp_opens(p.tcp_flags) {
+        return ct::INVALID;
+    }
     if is_icmp && icmp_is_reply(p) {
         return ct::INVALID;
     }

@@ -50,6 +50,13 @@ pub(crate) fn tcp_flags_valid(flags: u8) -> bool {
     matches!(f, TCP_SYN | 0x12 | TCP_RST | 0x14 | 0x11 | TCP_ACK)
 }
 
+/// Whether a TCP segment of no known flow opens one: a SYN alone among FIN, SYN, RST and ACK
+/// (no pickup mid-stream). Twin of `peerwall_policy::ir::frame::tcp_opens`.
+#[inline(always)]
+pub(crate) fn tcp_opens(flags: u8) -> bool {
+    flags & (TCP_FIN | TCP_SYN | TCP_RST | TCP_ACK) == TCP_SYN
+}
+
 /// SCTP chunks a flow can start with (conntrack's `sctp_new`): INIT, INIT ACK, HEARTBEAT,
 /// HEARTBEAT ACK, SHUTDOWN, SHUTDOWN ACK, ERROR, COOKIE ECHO. Twin of
 /// `peerwall_policy::ir::frame::sctp_chunk_opens`.

@@ -631,7 +631,79 @@ while True:
         }
     }
 
-    /// Datagrams received so far.
+    const TCP_SCRIPT: &'static str = r#"
+import os, socket, sys, threading, time
+mode, addr, port, peer, pport, out = sys.argv[1:7]
+if mode == "listen":
+    l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind((addr, int(port)))
+    l.listen(1)
+    s, _ = l.accept()
+else:
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((addr, int(port)))
+        try:
+            s.connect((peer, int(pport)))
+            break
+        except OSError:
+            s.close()
+            time.sleep(0.1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+n = 0
+def rx():
+    global n
+    while True:
+        try:
+            d = s.recv(64)
+        except OSError:
+            return
+        if not d:
+            return
+        n += len(d)
+        with open(out + ".tmp", "w") as f:
+            f.write(str(n))
+        os.replace(out + ".tmp", out)
+threading.Thread(target=rx, daemon=True).start()
+while True:
+    try:
+        s.send(b"x")
+    except OSError:
+        pass
+    time.sleep(0.05)
+"#;
+
+    /// One end of a TCP connection, in the network namespace at `netns`: with `listen`, it
+    /// accepts one connection on `from`; otherwise it connects from `from` to `to` (retrying
+    /// until the other end listens). Either end then writes a byte every 50 ms (no Nagle
+    /// delay) and counts the bytes it receives (in the file `rx`).
+    pub fn start_tcp(
+        netns: &str,
+        listen: bool,
+        from: (&str, u16),
+        to: (&str, u16),
+        rx: std::path::PathBuf,
+    ) -> Self {
+        let child = std::process::Command::new("nsenter")
+            .arg(format!("--net={netns}"))
+            .args(["python3", "-c", Self::TCP_SCRIPT])
+            .arg(if listen { "listen" } else { "connect" })
+            .args([from.0, &from.1.to_string(), to.0, &to.1.to_string()])
+            .arg(&rx)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        Self {
+            _p: Agent(child),
+            rx,
+        }
+    }
+
+    /// Datagrams (TCP: bytes) received so far.
     pub fn received(&self) -> u64 {
         std::fs::read_to_string(&self.rx)
             .ok()

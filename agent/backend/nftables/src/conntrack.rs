@@ -60,19 +60,21 @@ impl Conntrack {
 
     /// Stop conntrack from picking up TCP connections mid-stream in this namespace, so that
     /// an ended connection's next segment is `invalid`, not the start of a new one.
-    fn no_pickup(&self) -> Result<(), NftError> {
-        let io = |source| NftError::Spawn {
-            program: TCP_LOOSE.into(),
-            source,
-        };
+    pub(crate) fn no_pickup(&self) -> Result<(), NftError> {
         match &self.netns {
-            None => std::fs::write(TCP_LOOSE, "0").map_err(io),
+            None => std::fs::write(TCP_LOOSE, "0").map_err(|source| NftError::Sysctl {
+                path: TCP_LOOSE.into(),
+                source,
+            }),
             Some(ns) => {
                 let out = Command::new("ip")
                     .args(["netns", "exec", ns, "sh", "-c"])
                     .arg(format!("echo 0 > {TCP_LOOSE}"))
                     .output()
-                    .map_err(io)?;
+                    .map_err(|source| NftError::Spawn {
+                        program: "ip".into(),
+                        source,
+                    })?;
                 if out.status.success() {
                     Ok(())
                 } else {

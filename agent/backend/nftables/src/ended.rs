@@ -20,7 +20,7 @@
 use std::net::IpAddr;
 
 use peerwall_backend::Flow;
-use peerwall_policy::ir::{ChainKind, Hook, IpFamily, TableFamily};
+use peerwall_policy::ir::{ChainKind, CtState, Hook, IpFamily, TableFamily};
 
 use crate::model::{
     AddrPart, Chain, Columns, Command, Element, Expr, Key, KeyType, Policy, Right, Rule, Set,
@@ -40,6 +40,9 @@ pub const DEFAULT_TIMEOUT_SECS: u32 = 600;
 /// Elements each family's set holds at most (two per connection): an end that does not fit is
 /// only deleted from conntrack.
 pub const CAPACITY: usize = crate::model::TIMEOUT_SET_CAPACITY;
+
+/// The comment of the rule that drops TCP connections conntrack picks up mid-stream.
+pub const MID_STREAM: &str = "mid_stream";
 
 /// The chain (forward hook, before the policies' chains at 0).
 const CHAIN: &str = "ended";
@@ -80,7 +83,7 @@ pub fn table(timeout_secs: u32) -> Table {
             timeout: Some(timeout_secs.max(1)),
         })
         .collect();
-    let rules = families
+    let rules: Vec<Rule> = families
         .iter()
         .map(|&f| Rule {
             chain: CHAIN.into(),
@@ -100,6 +103,29 @@ pub fn table(timeout_secs: u32) -> Table {
             ],
         })
         .collect();
+    // No connection is picked up mid-stream: where `nf_conntrack_tcp_loose` is read-only
+    // (a container) and stays on, a segment of a connection ended here once its elements
+    // expired would otherwise start it again in its sender's direction (what the kernel
+    // makes `invalid` where the switch is off, as the datapath does: no `new` matches then).
+    let mut rules = rules;
+    rules.push(Rule {
+        chain: CHAIN.into(),
+        comment: MID_STREAM.into(),
+        exprs: vec![
+            Expr::Match {
+                negate: false,
+                left: Key::CtState,
+                right: Right::CtStates(vec![CtState::New]),
+            },
+            Expr::Match {
+                negate: true,
+                left: Key::TcpOpenFlags,
+                right: Right::Syn,
+            },
+            Expr::Counter,
+            Expr::Drop,
+        ],
+    });
     Table {
         name: ENDED_TABLE.into(),
         family: TableFamily::Inet,
@@ -232,5 +258,12 @@ mod tests {
             "{text}"
         );
         assert!(is_dynamic(&t, "ended6") && !is_dynamic(&t, "other"));
+        // No TCP connection is picked up mid-stream (a SYN alone opens one).
+        assert!(
+            text.contains(
+                "ct state { new } tcp flags & (fin | syn | rst | ack) != syn counter drop comment \"mid_stream\""
+            ),
+            "{text}"
+        );
     }
 }

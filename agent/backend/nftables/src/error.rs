@@ -30,6 +30,14 @@ pub enum NftError {
         /// The kernel's errno, or the socket's error.
         source: std::io::Error,
     },
+    /// A conntrack setting under `/proc/sys` could not be written (read-only in a container).
+    #[error("could not write {path}: {source}")]
+    Sysctl {
+        /// The file.
+        path: String,
+        /// Cause.
+        source: std::io::Error,
+    },
     /// nft printed JSON we could not read.
     #[error("could not parse `nft -j` output: {0}")]
     Parse(#[from] serde_json::Error),

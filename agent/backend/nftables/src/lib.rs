@@ -91,8 +91,11 @@ pub struct NftBackend<R: Runner = Nft> {
     /// The connections put into the ended table.
     kept: peerwall_backend::Kept,
     /// The ended table is in force: created by the first connection ended (a gateway that
-    /// never ends one pays nothing for it), or found in the kernel at an apply.
+    /// never ends one pays nothing for it), or found in the kernel at an apply, or at once
+    /// where conntrack's mid-stream pickup cannot be switched off (its `mid_stream` rule).
     ended_in_use: bool,
+    /// Whether the first apply with a policy tried switching mid-stream pickup off.
+    pickup_checked: bool,
 }
 
 impl<R: Runner> NftBackend<R> {
@@ -111,6 +114,7 @@ impl<R: Runner> NftBackend<R> {
             ended: None,
             kept: peerwall_backend::Kept::new(ended::CAPACITY / 2),
             ended_in_use: false,
+            pickup_checked: false,
         }
     }
 
@@ -171,6 +175,18 @@ impl<R: Runner> NftBackend<R> {
             .into_iter()
             .map(|t| switch::with_switch(t, self.allow_all))
             .collect();
+        // The agent (which ends connections), before its first policy: no TCP connection
+        // picked up mid-stream (conntrack makes such a segment `invalid`, as the reference
+        // and the bpf datapath do). Where the switch is read-only (a container), the ended
+        // table's `mid_stream` rule drops them instead, so the table is in force from the
+        // start. One-shot commands leave the namespace's switch as it is.
+        if !self.pickup_checked && self.ended.is_some() && !desired.is_empty() {
+            self.pickup_checked = true;
+            if let Some(Err(e)) = self.nft.conntrack().map(|ct| ct.no_pickup()) {
+                tracing::info!(error = %e, "conntrack's mid-stream pickup stays on here (read-only switch): the ended table drops what it would pick up");
+                self.ended_in_use = true;
+            }
+        }
         // Once in use, with any policy in force (none: nothing to keep ended, and no table
         // left behind).
         self.ended_in_use |= listing

@@ -422,6 +422,9 @@ pub enum Key {
     CtState,
     /// `tcp flags` (MSS clamping runs on SYNs only).
     TcpFlags,
+    /// `tcp flags & (fin | syn | rst | ack)`: the flags conntrack opens a connection by (with
+    /// [`Right::Syn`], `!=`: a segment that cannot open one).
+    TcpOpenFlags,
     /// A concatenation of keys (`meta l4proto . ip daddr . th dport`): a merged rule's lookup.
     Tuple(Columns),
 }

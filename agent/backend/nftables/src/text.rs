@@ -57,6 +57,7 @@ fn key(k: &Key) -> String {
         Key::OifName => "oifname".into(),
         Key::CtState => "ct state".into(),
         Key::TcpFlags => "tcp flags".into(),
+        Key::TcpOpenFlags => "tcp flags & (fin | syn | rst | ack)".into(),
         Key::Tuple(c) => c.keys().iter().map(key).collect::<Vec<_>>().join(" . "),
     }
 }

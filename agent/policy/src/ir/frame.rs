@@ -16,7 +16,10 @@
 //!   match no port, which the reference evaluator cannot express, so the fuzzer only checks
 //!   that they are classified; for ICMP the type reads as 0.
 //! - **Conntrack**, for a packet of no known flow: TCP with a flag combination conntrack
-//!   refuses (`tcp_valid_flags`), ICMP errors (whose quoted flow is unknown) and ICMP replies
+//!   refuses (`tcp_valid_flags`) or that cannot open a connection (anything but a SYN: no
+//!   connection is picked up mid-stream, as conntrack with `nf_conntrack_tcp_loose=0`, which
+//!   peerwall sets, so that no segment of a connection ended or forgotten starts it again in
+//!   the other direction), ICMP errors (whose quoted flow is unknown) and ICMP replies
 //!   (echo, timestamp, information, address mask) are `invalid`, as is SCTP whose first chunk
 //!   cannot open an association (DATA, SACK, ABORT, COOKIE ACK, SHUTDOWN COMPLETE, anything
 //!   unknown: conntrack's `sctp_new` refuses them); everything else is `new`.
@@ -133,6 +136,13 @@ pub fn tcp_flags_valid(flags: u8) -> bool {
     matches!(flags & 0x17, 0x02 | 0x12 | 0x04 | 0x14 | 0x11 | 0x10)
 }
 
+/// Whether a TCP segment of no known connection opens one: a SYN (not with ACK, RST or FIN;
+/// URG, PSH, ECE and CWR aside), the only segment conntrack's `tcp_new` starts an entry with
+/// when it picks nothing up mid-stream (`nf_conntrack_tcp_loose=0`).
+pub fn tcp_opens(flags: u8) -> bool {
+    flags & 0x17 == 0x02
+}
+
 /// Conntrack state of an ICMP packet of type `t` (ICMP or ICMPv6 by protocol number) when no
 /// flow is known: errors quote an unknown flow, replies answer nothing.
 fn icmp_state(proto_num: u8, t: u8) -> CtState {
@@ -191,7 +201,7 @@ pub fn read_frame(frame: &[u8], iif: Option<&str>, oif: Option<&str>) -> FrameVi
                 };
                 sport = u16::from_be_bytes([t[0], t[1]]);
                 dport = u16::from_be_bytes([t[2], t[3]]);
-                if !tcp_flags_valid(t[13]) {
+                if !tcp_flags_valid(t[13]) || !tcp_opens(t[13]) {
                     ct_state = CtState::Invalid;
                 }
             }
@@ -317,6 +327,24 @@ mod tests {
             packet(read_frame(&v4(6, 0, &t), None, None)).ct_state,
             CtState::Invalid
         );
+    }
+
+    #[test]
+    fn no_tcp_connection_is_picked_up_mid_stream() {
+        let state = |flags: u8| {
+            let mut t = SYN;
+            t[13] = flags;
+            packet(read_frame(&v4(6, 0, &t), None, None)).ct_state
+        };
+        // A SYN opens, with ECN's bits or PSH too.
+        for f in [0x02, 0xc2, 0x0a] {
+            assert_eq!(state(f), CtState::New, "flags {f:#x}");
+        }
+        // An ACK, a data segment, a SYN-ACK, a FIN-ACK or an RST of no known connection
+        // (conntrack with tcp_loose=0: `tcp_new` refuses all but a SYN).
+        for f in [0x10, 0x18, 0x12, 0x11, 0x04, 0x14] {
+            assert_eq!(state(f), CtState::Invalid, "flags {f:#x}");
+        }
     }
 
     #[test]

@@ -256,6 +256,8 @@ fn key(k: &Key) -> Value {
         Key::OifName => json!({"meta": {"key": "oifname"}}),
         Key::CtState => json!({"ct": {"key": "state"}}),
         Key::TcpFlags => json!({"payload": {"protocol": "tcp", "field": "flags"}}),
+        Key::TcpOpenFlags => json!({"&": [{"payload": {"protocol": "tcp", "field": "flags"}},
+            ["fin", "syn", "rst", "ack"]]}),
         Key::Tuple(c) => json!({"concat": c.keys().iter().map(key).collect::<Vec<_>>()}),
     }
 }
