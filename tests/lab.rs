@@ -37,9 +37,10 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
     assert!(!out.contains("UNEXPECTED"), "{out}");
     // Per consumer 18 pairs (7 per pod: the 4 offloaded pods, the provider's local one and
     // its two monitoring pods; the provider-initiated pair; each consumer's offloaded pod
-    // calling this consumer home), the provider's pod running on consumer c both ways, and
-    // consumer a's spoofed source: 57 per backend.
-    assert_eq!(out.matches(" || ").count(), 2 * 57, "{out}");
+    // calling this consumer home), the provider's pod running on consumer c both ways,
+    // consumer a's spoofed source and consumer c's pod posing as the provider's pod local/twin: 58
+    // per backend.
+    assert_eq!(out.matches(" || ").count(), 2 * 58, "{out}");
     // Consumer c's pod CIDR is the provider's own, remapped by Liqo's NAT in c's gateway: the
     // provider reaches c's pod by its remapped address and gets the replies (the bpf datapath
     // classifies them on the addresses the forward hook sees), and the provider's pod running
@@ -72,6 +73,10 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
         "OK    +++ | [provider offloaded-by-c] -> [consumer c pod (call home)] || 10.20.4.10 -> 10.71.9.10",
         "FAIL  --- | [provider offloaded-by-a] -> [consumer b pod (call home)] || 10.20.1.10 -> 10.30.1.10",
         "FAIL  --- | [provider offloaded-by-b] -> [consumer a pod (call home)] || 10.20.2.10 -> 10.10.1.10",
+        // c's CIDR is the provider's own: a pod of c sending from the provider's local pod's
+        // address passes anti-spoofing, but is not that pod, which the NetworkPolicy of c's
+        // offloaded pod admits by label (c's own pods by block).
+        "FAIL  --- | [consumer c pod posing as provider local/twin 10.20.3.11] -> [provider offloaded-by-c] || 10.20.3.11 -> 10.20.4.10",
         // Anti-spoofing: Liqo's WireGuard takes any source from the peer; the firewall does not.
         "FAIL  --- | [consumer a spoofed source 10.99.1.10] -> [provider offloaded-by-a] || 10.99.1.10 -> 10.20.1.10",
     ] {

@@ -3,7 +3,8 @@
 //! gateway pod runs wireguard-go (`liqo-tunnel`) and gets a Geneve-named link to the node; a
 //! consumer on the far side of the tunnel sends packets through it. The DaemonSet's agent must
 //! enforce inside the gateway pod: offloaded pod reachable, non-offloaded dropped, provider →
-//! consumer with its replies, for both backends, across gateway recreation and agent restart.
+//! consumer with its replies, for both backends, across gateway recreation and agent restart;
+//! then in sidecar mode (`deploy/sidecar/`, `peerwall sidecar-patch`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
@@ -18,6 +19,8 @@ use peerwall_testkit::node::Node;
 mod agent_down;
 #[path = "churn.rs"]
 mod churn;
+#[path = "sidecar_node.rs"]
+mod sidecar_node;
 
 /// Gateway-pod recreations under a stream, per backend (`PEERWALL_CHURN`; default 10, about
 /// 15 s each on the CI machine; `cargo xtask reliability` runs 25, 50 on the node in all).
@@ -1029,6 +1032,9 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         Duration::from_secs(30),
         || handles_of(&peer).is_empty().then_some(()),
     );
+
+    // ---- sidecar mode: no DaemonSet, peerwall inside the gateway pod (docs/deploy.md).
+    sidecar_node::sidecar_mode(&node, &consumer, &peer, &gw_key, &web, &db);
 
     // docs/runbook.md's uninstall, as written: the controller first (it would write the
     // objects again), then peerwall's objects (the agents remove what they enforced and

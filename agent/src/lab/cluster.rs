@@ -18,6 +18,11 @@ pub(super) struct Consumer {
     pub(super) hosts_ours: Option<&'static str>,
     /// An address outside its CIDR it sends from (anti-spoofing's probe).
     pub(super) spoofed: Option<&'static str>,
+    /// One of the provider's local pods' addresses, inside this consumer's CIDR where it
+    /// overlaps the provider's: it sends from it, posing as that pod (which a NetworkPolicy
+    /// admits by label where the consumer's own pods are not). No probe reaches that pod, so
+    /// the address can live on the consumer's side.
+    pub(super) poses_as: Option<&'static str>,
     pub(super) pods: [&'static str; 2],
     pub(super) underlay: (&'static str, &'static str),
     pub(super) geneve: &'static str,
@@ -38,6 +43,7 @@ pub(super) fn consumers() -> Vec<Consumer> {
             remapped: None,
             hosts_ours: None,
             spoofed: Some("10.99.1.10"),
+            poses_as: None,
         },
         Consumer {
             name: "b",
@@ -50,6 +56,7 @@ pub(super) fn consumers() -> Vec<Consumer> {
             remapped: None,
             hosts_ours: None,
             spoofed: None,
+            poses_as: None,
         },
         // Same pod CIDR as the provider: Liqo remaps it to 10.71.0.0/16 here.
         Consumer {
@@ -63,6 +70,7 @@ pub(super) fn consumers() -> Vec<Consumer> {
             remapped: Some("10.71.0.0/16"),
             hosts_ours: Some("10.20.9.20"),
             spoofed: None,
+            poses_as: Some(TWIN_POD),
         },
     ]
 }
@@ -105,6 +113,8 @@ impl Consumer {
 }
 
 pub(super) const LOCAL_POD: &str = "10.20.3.10";
+/// A second local pod (`local/twin`), which no probe reaches: what consumer c poses as.
+pub(super) const TWIN_POD: &str = "10.20.3.11";
 /// A provider service the lab's ProtectionPolicy opens to consumer a (TCP 8080).
 pub(super) const OPENED_POD: &str = "10.20.5.10";
 /// A provider pod beside it that no policy opens.
@@ -275,6 +285,7 @@ pub fn lab_world(extra: &[(&str, &str)]) -> protection::World {
     });
     w.pods
         .push(pod("local".into(), "local-0".into(), LOCAL_POD));
+    w.pods.push(pod("local".into(), "twin".into(), TWIN_POD));
     w.namespaces.push(protection::Namespace {
         name: "monitoring".into(),
         labels: Default::default(),
@@ -420,6 +431,9 @@ pub fn lab_cluster() -> Result<netpol::Cluster> {
             cluster.pods.push(p);
         }
     }
+    cluster
+        .pods
+        .push(pod("local", "twin", TWIN_POD, None, None));
     let mut local = pod("local", "local-0", LOCAL_POD, None, None);
     local.labels = labels(&[("app", "local")]);
     cluster.pods.push(local);
@@ -476,6 +490,25 @@ pub fn lab_cluster() -> Result<netpol::Cluster> {
                     ports: Vec::new(),
                 },
             ]),
+        },
+        // c's offloaded pod admits c's pods by block (as seen here: remapped) and the
+        // provider's local pod `twin` by label: a pod of c posing as it (its address is in
+        // c's CIDR too) is not it.
+        NetworkPolicy {
+            namespace: "app-c".into(),
+            name: "web-0-from-c-and-local".into(),
+            pod_selector: selector(&[("app", "web-0")]),
+            ingress: Some(vec![Rule {
+                peers: vec![
+                    block("10.71.9.0/24", &[]),
+                    Peer::Pods {
+                        namespaces: Some(selector(&[("kubernetes.io/metadata.name", "local")])),
+                        pods: Some(selector(&[("app", "twin")])),
+                    },
+                ],
+                ports: Vec::new(),
+            }]),
+            egress: None,
         },
         NetworkPolicy {
             namespace: "local".into(),

@@ -220,7 +220,13 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
         &format!("{}:51820", c.underlay.0),
         "0.0.0.0/0",
     )?;
-    for p in c.pods.iter().chain(&c.hosts_ours).chain(&c.spoofed) {
+    for p in c
+        .pods
+        .iter()
+        .chain(&c.hosts_ours)
+        .chain(&c.spoofed)
+        .chain(&c.poses_as)
+    {
         cns.ip(&["addr", "add", &format!("{p}/32"), "dev", &cdev])?;
     }
     cns.ip(&["link", "set", &cdev, "up"])?;
@@ -499,6 +505,23 @@ fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Result<Vec<Pai
                 c.offloaded[0].clone(),
                 true,
                 false,
+            )?;
+        }
+        // Posing: a pod of the consumer sending from a local pod's address (in its own CIDR
+        // where it overlaps ours), towards its own offloaded pod whose NetworkPolicy admits
+        // that local pod by label: what comes through the tunnel is never a local pod.
+        if let Some(posed) = c.poses_as {
+            add(
+                format!(
+                    "consumer {} pod posing as provider local/twin {posed}",
+                    c.name
+                ),
+                cns.name(),
+                posed,
+                format!("provider offloaded-by-{}", c.name),
+                c.offloaded[0].clone(),
+                true,
+                true,
             )?;
         }
         // Connections the provider opens get their replies back through the tunnel; the
