@@ -29,9 +29,16 @@ fn objects(dir: &str) -> Vec<DynamicObject> {
     use serde::Deserialize;
     serde_yaml::Deserializer::from_str(&kustomize(dir))
         .map(|doc| serde_yaml::Value::deserialize(doc).unwrap())
-        // kubectl 1.20's kustomize renders a comment-only document as `{}`.
-        .filter(|v| !v.is_null() && v.as_mapping().is_none_or(|m| !m.is_empty()))
-        .map(|v| serde_yaml::from_value(v).unwrap())
+        .filter(|v| !v.is_null())
+        .map(|v| {
+            // An empty document (what kubectl 1.20's kustomize left of a `$patch: delete`)
+            // makes `kubectl apply -k` refuse the whole install.
+            assert!(
+                v.as_mapping().is_none_or(|m| !m.is_empty()),
+                "{dir} renders an empty document: `kubectl apply -k {dir}` refuses it"
+            );
+            serde_yaml::from_value(v).unwrap()
+        })
         .collect()
 }
 

@@ -70,7 +70,7 @@ pub(crate) fn strip_extensions(v: &mut serde_json::Value) {
 /// extensions (derived from peerwall's CRD, whose spec mirrors Liqo's field for field).
 pub(crate) async fn install_liqo_crd(client: &Client) {
     use serde::Deserialize;
-    let text = std::fs::read_to_string(repo("deploy/base/crd.yaml")).unwrap();
+    let text = std::fs::read_to_string(repo("deploy/common/crd.yaml")).unwrap();
     // The first document: FirewallConfiguration.
     let mut crd =
         serde_json::Value::deserialize(serde_yaml::Deserializer::from_str(&text).next().unwrap())

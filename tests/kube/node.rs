@@ -592,12 +592,13 @@ fn assert_matrix(consumer: &Consumer, web: &(String, String), db: &(String, Stri
     );
 }
 
-/// Revocation where the agent runs in a container (the DaemonSet's gateway-pod mode,
-/// `/proc/sys` read-only there): the consumer's pod and the offloaded web pod keep a UDP
-/// exchange going on `port` from both sides; a ProtectionPolicy closes the port to the peer;
-/// the agent ends the exchange, and none of the consumer's datagrams reaches the web pod again
-/// for 10 s while both keep sending, with conntrack's UDP timeouts in the gateway shortened to
-/// 2 and 3 s (the side nobody filters, the web pod, re-opened it before). The policy is
+/// Revocation where the agent runs in a container (`/proc/sys` read-only there): the
+/// consumer's pod and the offloaded web pod keep a UDP exchange and a TCP connection going on
+/// `port` from both sides; a ProtectionPolicy closes the port (both protocols) to the peer;
+/// the agent ends both, and none of the consumer's datagrams or bytes reaches the web pod
+/// again for 10 s while both keep sending, with conntrack's UDP timeouts in the gateway
+/// shortened to 2 and 3 s (the side nobody filters, the web pod, re-opened the exchange
+/// before; the TCP connection's retransmissions meet no pickup mid-stream). The policy is
 /// deleted afterwards.
 fn a_closing_ends_an_exchange_for_good(
     node: &Node,
@@ -642,29 +643,50 @@ fn a_closing_ends_an_exchange_for_good(
         (CONSUMER_POD, 5000),
         rx("web"),
     );
-    wait(
-        &format!("{what}: the exchange flowing both ways"),
-        Duration::from_secs(20),
-        || (ours.received() > 10 && theirs.received() > 10).then_some(()),
+    let ours_tcp = Chatter::start_tcp(
+        &web_ns.to_string_lossy(),
+        true,
+        (&web.1, port),
+        (CONSUMER_POD, 5001),
+        rx("web-tcp"),
     );
-    node.apply(&format!(
-        "apiVersion: peerwall.io/v1alpha1\nkind: ProtectionPolicy\nmetadata: {{name: close-{port}}}\nspec: {{peers: [\"{peer}\"], close: [{{name: udp, ports: [{{protocol: UDP, port: {port}}}]}}]}}\n"
-    ));
+    std::thread::sleep(Duration::from_millis(300));
+    let theirs_tcp = Chatter::start_tcp(
+        &format!("/run/netns/{}", consumer.ns.name()),
+        false,
+        (CONSUMER_POD, 5001),
+        (&web.1, port),
+        rx("consumer-tcp"),
+    );
     wait(
-        &format!("{what}: the closing to end the exchange"),
-        Duration::from_secs(60),
+        &format!("{what}: the exchange and the connection flowing both ways"),
+        Duration::from_secs(20),
         || {
-            let before = ours.received();
-            std::thread::sleep(Duration::from_millis(800));
-            (ours.received() == before).then_some(())
+            (ours.received() > 10
+                && theirs.received() > 10
+                && ours_tcp.received() > 10
+                && theirs_tcp.received() > 10)
+                .then_some(())
         },
     );
-    let ended_at = ours.received();
+    node.apply(&format!(
+        "apiVersion: peerwall.io/v1alpha1\nkind: ProtectionPolicy\nmetadata: {{name: close-{port}}}\nspec: {{peers: [\"{peer}\"], close: [{{name: udp, ports: [{{protocol: UDP, port: {port}}}]}}, {{name: tcp, ports: [{{protocol: TCP, port: {port}}}]}}]}}\n"
+    ));
+    wait(
+        &format!("{what}: the closing to end the exchange and the connection"),
+        Duration::from_secs(60),
+        || {
+            let before = (ours.received(), ours_tcp.received());
+            std::thread::sleep(Duration::from_millis(800));
+            (before == (ours.received(), ours_tcp.received())).then_some(())
+        },
+    );
+    let ended_at = (ours.received(), ours_tcp.received());
     std::thread::sleep(Duration::from_secs(10));
     assert_eq!(
-        ours.received(),
+        (ours.received(), ours_tcp.received()),
         ended_at,
-        "{what}: the consumer's datagrams reach the web pod again while both keep sending"
+        "{what}: the consumer's datagrams or bytes reach the web pod again while both keep sending"
     );
     node.kubectl_ok(&["delete", "protectionpolicy", &format!("close-{port}")]);
 }

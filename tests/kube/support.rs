@@ -39,12 +39,12 @@ where
     }
 }
 
-/// peerwall's CRDs (`deploy/base/crd.yaml`: FirewallConfiguration and AddressSet), established and
+/// peerwall's CRDs (`deploy/common/crd.yaml`: FirewallConfiguration and AddressSet), established and
 /// served, and Liqo's `Configuration` ([`install_liqo_configuration_crd`]).
 pub(crate) async fn install_crd(client: &Client) {
     install_liqo_configuration_crd(client).await;
     use serde::Deserialize;
-    let text = std::fs::read_to_string(repo("deploy/base/crd.yaml")).unwrap();
+    let text = std::fs::read_to_string(repo("deploy/common/crd.yaml")).unwrap();
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let crd = CustomResourceDefinition::deserialize(doc).unwrap();

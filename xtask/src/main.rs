@@ -5,7 +5,7 @@
 //!   `test` run it themselves, so a fresh machine needs no separate step.
 //! - `test`: setup, formatting and lint checks, then every test (unit, then integration tests
 //!   that build their own network namespaces; run as root).
-//! - `crd`: regenerate `deploy/base/crd.yaml` from the Rust types.
+//! - `crd`: regenerate `deploy/common/crd.yaml` from the Rust types.
 //! - `kube-build` / `kube-up`: the Kubernetes components (built from Debian's source package into
 //!   a version-keyed cache); a kube-apiserver started on loopback, for the tests and by hand.
 //!   `xtask/kube/start-node.sh` runs a whole one-node cluster (kubelet, containerd) in a netns.
@@ -806,7 +806,7 @@ fn crd() -> Result<()> {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let path = root().join("deploy/base/crd.yaml");
+    let path = root().join("deploy/common/crd.yaml");
     std::fs::write(&path, out.stdout).with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {}", path.display());
     Ok(())
@@ -881,7 +881,7 @@ fn main() -> Result<()> {
             eprintln!("  bench-netpol  1000 NetworkPolicies over 10k pods: the tier, compile, full apply and one label change per backend (root)");
             eprintln!("  reliability  the fault tests (tests/faults.rs), the real node's gateway churn, the event flood (agent/benches/events), then their tables in docs/reliability.md; --report: the tables only, from the last run's rows (root)");
             eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 30 s each by default; findings land in tests/fuzz/artifacts (root)");
-            eprintln!("  crd    regenerate deploy/base/crd.yaml from the Rust types");
+            eprintln!("  crd    regenerate deploy/common/crd.yaml from the Rust types");
             eprintln!("  docs   check the README's and docs/ links, build the book (mdbook) into <target>/book");
             eprintln!("  cycles  report modules of a crate that import each other");
             eprintln!("  sizes  report files over 600 lines and functions over 120 without a stated reason");

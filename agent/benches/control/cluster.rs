@@ -24,7 +24,7 @@ pub fn api_server() -> ApiServer {
     let crd = server
         .kubectl()
         .args(["apply", "-f"])
-        .arg(peerwall_testkit::repo_root().join("deploy/base/crd.yaml"))
+        .arg(peerwall_testkit::repo_root().join("deploy/common/crd.yaml"))
         .output()
         .expect("kubectl");
     assert!(

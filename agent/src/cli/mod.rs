@@ -1110,11 +1110,11 @@ fn status(minutes: u64, output: Output) -> Result<(), CliError> {
 mod tests {
     #[test]
     fn committed_crd_matches_the_types() {
-        let committed = include_str!("../../../deploy/base/crd.yaml");
+        let committed = include_str!("../../../deploy/common/crd.yaml");
         assert_eq!(
             super::crd_yaml().unwrap(),
             committed,
-            "deploy/base/crd.yaml is stale: run `cargo xtask crd`"
+            "deploy/common/crd.yaml is stale: run `cargo xtask crd`"
         );
     }
 }

@@ -708,7 +708,7 @@ impl Watches {
                 Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
             match api.list_metadata(&ListParams::default().limit(1)).await {
                 Err(kube::Error::Api(e)) if e.code == 404 => {
-                    tracing::warn!("peerwall's AddressSet CRD is not installed: sets fill from their inline elements only (apply deploy/base/crd.yaml)");
+                    tracing::warn!("peerwall's AddressSet CRD is not installed: sets fill from their inline elements only (apply deploy/common/crd.yaml)");
                     None
                 }
                 listed => {

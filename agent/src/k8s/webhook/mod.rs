@@ -24,7 +24,7 @@ pub use serve::{run, Settings, Tls};
 use kube::api::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 
-/// The ServiceAccount peerwall's controller runs as (`deploy/base/controller.yaml`).
+/// The ServiceAccount peerwall's controller runs as (`deploy/common/controller.yaml`).
 pub const CONTROLLER_SERVICE_ACCOUNT: &str = "peerwall-controller";
 
 /// What admission knows beyond the object: who may steer a gateway, the Liqo tenant
