@@ -249,6 +249,33 @@ fn dir_agent_in<'a>(
     (agent, installed)
 }
 
+/// A ProtectionPolicy closes `proto` port 6000 to peer a's tunnel (the controller's output for
+/// it replaces the agent's directory `policy`); returns what `pod` had received once nothing
+/// more arrives.
+fn close_6000(
+    policy: &std::path::Path,
+    dir: &std::path::Path,
+    proto: &str,
+    pod: &Chatter,
+    case: &str,
+) -> u64 {
+    let mut snap = snapshot();
+    snap["items"].as_array_mut().unwrap().push(json!({
+        "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
+        "metadata": {"name": "no-6000"},
+        "spec": {"peers": ["a"], "close": [{"name": proto.to_lowercase(), "ports": [{"protocol": proto, "port": 6000}]}]}}));
+    replace_with(policy, &controller_output_of(dir, &snap, "closed"));
+    assert!(
+        poll(20, || {
+            let before = pod.received();
+            std::thread::sleep(std::time::Duration::from_millis(600));
+            pod.received() == before
+        }),
+        "{case}: the closing ends the exchange"
+    );
+    pod.received()
+}
+
 /// The controller's output in `from` replaces the files of the agent's directory `policy`.
 fn replace_with(policy: &std::path::Path, from: &std::path::Path) {
     for e in std::fs::read_dir(from).unwrap() {
@@ -444,21 +471,7 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
             peer.received()
         );
         // A ProtectionPolicy closes UDP 6000 to the peer's tunnel.
-        let mut snap = snapshot();
-        snap["items"].as_array_mut().unwrap().push(json!({
-            "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
-            "metadata": {"name": "no-6000"},
-            "spec": {"peers": ["a"], "close": [{"name": "udp", "ports": [{"protocol": "UDP", "port": 6000}]}]}}));
-        replace_with(&policy, &controller_output_of(&dir, &snap, "closed"));
-        assert!(
-            poll(20, || {
-                let before = pod.received();
-                std::thread::sleep(std::time::Duration::from_millis(600));
-                pod.received() == before
-            }),
-            "{backend}: the closing ends the exchange"
-        );
-        let ended_at = pod.received();
+        let ended_at = close_6000(&policy, &dir, "UDP", &pod, backend);
         let sent_before = peer.received();
         let dropped = || {
             let o = in_ns(
@@ -635,21 +648,7 @@ fn a_tcp_connection_ended_stays_ended_after_its_mark_lapses() {
             pod.received(),
             peer.received()
         );
-        let mut snap = snapshot();
-        snap["items"].as_array_mut().unwrap().push(json!({
-            "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
-            "metadata": {"name": "no-6000"},
-            "spec": {"peers": ["a"], "close": [{"name": "tcp", "ports": [{"protocol": "TCP", "port": 6000}]}]}}));
-        replace_with(&policy, &controller_output_of(&dir, &snap, "closed"));
-        assert!(
-            poll(20, || {
-                let before = pod.received();
-                std::thread::sleep(std::time::Duration::from_millis(600));
-                pod.received() == before
-            }),
-            "{case}: the closing ends the connection"
-        );
-        let ended_at = pod.received();
+        let ended_at = close_6000(&policy, &dir, "TCP", &pod, &case);
         // Retransmissions back off (0.2, 0.4, 0.8, 1.6, 3.2 s, …): the mark lapses in the
         // gaps, and the segments after them find nothing.
         std::thread::sleep(std::time::Duration::from_secs(12));

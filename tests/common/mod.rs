@@ -615,9 +615,23 @@ while True:
 "#;
 
     pub fn start(netns: &str, from: (&str, u16), to: (&str, u16), rx: std::path::PathBuf) -> Self {
+        Self::spawn(netns, Self::SCRIPT, None, from, to, rx)
+    }
+
+    /// `script` run by python3 in `netns` with its arguments: the mode (if any), both ends and
+    /// the file it counts into.
+    fn spawn(
+        netns: &str,
+        script: &str,
+        mode: Option<&str>,
+        from: (&str, u16),
+        to: (&str, u16),
+        rx: std::path::PathBuf,
+    ) -> Self {
         let child = std::process::Command::new("nsenter")
             .arg(format!("--net={netns}"))
-            .args(["python3", "-c", Self::SCRIPT])
+            .args(["python3", "-c", script])
+            .args(mode)
             .args([from.0, &from.1.to_string(), to.0, &to.1.to_string()])
             .arg(&rx)
             .stdin(std::process::Stdio::null())
@@ -686,21 +700,8 @@ while True:
         to: (&str, u16),
         rx: std::path::PathBuf,
     ) -> Self {
-        let child = std::process::Command::new("nsenter")
-            .arg(format!("--net={netns}"))
-            .args(["python3", "-c", Self::TCP_SCRIPT])
-            .arg(if listen { "listen" } else { "connect" })
-            .args([from.0, &from.1.to_string(), to.0, &to.1.to_string()])
-            .arg(&rx)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        Self {
-            _p: Agent(child),
-            rx,
-        }
+        let mode = if listen { "listen" } else { "connect" };
+        Self::spawn(netns, Self::TCP_SCRIPT, Some(mode), from, to, rx)
     }
 
     /// Datagrams (TCP: bytes) received so far.

@@ -168,6 +168,9 @@ pub struct BpfProbe {
     ifindex: HashMap<String, u32>,
     pin_dir: PathBuf,
     marker: u32,
+    /// TCP connections a conversation opened since the flows were last reset, either way
+    /// (source, destination, ports): their next segments are ACKs, the first a SYN.
+    opened: std::collections::HashSet<(std::net::IpAddr, std::net::IpAddr, u16, u16)>,
 }
 
 impl Drop for BpfProbe {
@@ -243,6 +246,7 @@ impl BpfProbe {
             ifindex: ifaces.iter().map(|i| (i.name.clone(), i.ifindex)).collect(),
             pin_dir,
             marker: std::process::id().wrapping_mul(2_246_822_519),
+            opened: Default::default(),
             backend: {
                 backend.set_probe_mode()?;
                 backend
@@ -422,6 +426,7 @@ impl BpfProbe {
 
     /// Forget every flow and cached verdict (before a [`conversation`](Self::conversation)).
     pub fn reset_flows(&mut self) -> Result<(), ProbeError> {
+        self.opened.clear();
         self.backend.flush_flows()?;
         Ok(self.backend.flush_verdicts()?)
     }
@@ -429,8 +434,9 @@ impl BpfProbe {
     /// Run `steps` in order with the verdict cache on, as a live gateway would: conntrack and
     /// the caches carry over from one packet to the next, and from the conversation before (no
     /// state is prepared: a packet's state is whatever the ones before it left). Each runs on the CPU
-    /// given with it (the caller's is restored after). Packets are shaped as a flow's
-    /// established packets (TCP: ACK without SYN). Returns, per step, the tc action and
+    /// given with it (the caller's is restored after). A TCP connection's first segment in
+    /// either direction since [`reset_flows`](Self::reset_flows) is a SYN, the rest ACKs
+    /// (the datapath picks no connection up mid-stream). Returns, per step, the tc action and
     /// whether the datapath classified the packet (false: a cached verdict served it).
     pub fn conversation(
         &mut self,
@@ -455,8 +461,15 @@ impl BpfProbe {
         for (cpu, pkt) in steps {
             let _on = StayOnCpu::on(Some(*cpu))?;
             let (iif, oif) = (idx(self, &pkt.iif)?, idx(self, &pkt.oif)?);
+            // A TCP connection opens with a SYN (none is picked up mid-stream); every segment
+            // after it, either way, is an ACK.
+            let fresh = pkt.proto == proto::TCP
+                && !self
+                    .opened
+                    .contains(&(pkt.dst, pkt.src, pkt.dport, pkt.sport))
+                && self.opened.insert((pkt.src, pkt.dst, pkt.sport, pkt.dport));
             let shape = Shape {
-                tcp_ack: pkt.proto == proto::TCP,
+                tcp_ack: pkt.proto == proto::TCP && !fresh,
                 ..Shape::default()
             };
             let ip = packet::build_ip(pkt, self.marker, shape);
