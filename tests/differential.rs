@@ -272,7 +272,7 @@ fn run_with(
 
 #[test]
 fn nftables_kernel_equals_reference() {
-    let policies = env_num("PEERWALL_DIFF_POLICIES", 12);
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 8);
     let packets = env_num("PEERWALL_DIFF_PACKETS", 25);
     let cases = run(&[Engine::Nftables], "nftables", policies, packets);
     assert_eq!(cases, policies * packets);
@@ -284,7 +284,7 @@ fn nftables_kernel_equals_reference() {
 /// the bpf datapath's too.
 #[test]
 fn merged_rule_runs_equal_reference() {
-    let policies = env_num("PEERWALL_DIFF_POLICIES", 12);
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 8);
     let packets = env_num("PEERWALL_DIFF_PACKETS", 25);
     let runs = |rng: &mut StdRng| {
         (0..rng.random_range(1..3))
@@ -324,7 +324,7 @@ fn merged_rule_runs_equal_reference() {
 /// counters, added up over the classes that copy it) equal the reference's.
 #[test]
 fn dispatched_runs_equal_reference() {
-    let policies = env_num("PEERWALL_DIFF_POLICIES", 12);
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 8);
     let packets = env_num("PEERWALL_DIFF_PACKETS", 25) * 2;
     let tables = |rng: &mut StdRng| {
         (0..rng.random_range(1..3))

@@ -22,13 +22,14 @@ mod churn;
 #[path = "sidecar_node.rs"]
 mod sidecar_node;
 
-/// Gateway-pod recreations under a stream, per backend (`PEERWALL_CHURN`; default 10, about
-/// 15 s each on the CI machine; `cargo xtask reliability` runs 25, 50 on the node in all).
+/// Gateway-pod recreations under a stream, per backend (`PEERWALL_CHURN`; default 5, about
+/// 15 s each on the CI machine, which also runs the sidecar phase; `cargo xtask reliability`
+/// runs 25, 50 on the node in all).
 fn churn_times() -> usize {
     std::env::var("PEERWALL_CHURN")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(10)
+        .unwrap_or(5)
 }
 
 /// The consumer ("peer") cluster id; unique per run so pin directories never collide.

@@ -402,7 +402,7 @@ fn run_reliability(rows_dir: &Path) -> Result<()> {
         "--exact",
         "node::daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node",
     ])
-    // 25 gateway-pod recreations per backend (CI runs 10).
+    // 25 gateway-pod recreations per backend (CI runs 5).
     .env("PEERWALL_CHURN", "25");
     run(node)?;
     // The event flood through the API server (minutes per backend: PEERWALL_FLOOD_MINUTES).
