@@ -115,9 +115,7 @@ impl Drop for Installed<'_> {
 #[test]
 fn spoofed_sources_from_the_tunnel_are_dropped_and_counted_on_both_backends() {
     let t = Topology::new();
-    let dir = std::env::temp_dir().join(format!("pw-protection-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("gateway");
     let policy = controller_output(&dir);
     let spec = std::fs::read_to_string(policy.join("peerwall-gateway.yaml")).unwrap();
     assert!(spec.contains("spoofed"), "{spec}");
@@ -276,11 +274,23 @@ fn close_6000(
     pod.received()
 }
 
+/// An empty scratch directory of this test process, `pw-protection-<pid>-<tag>`.
+fn scratch(tag: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("pw-protection-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 /// The controller's output in `from` replaces the files of the agent's directory `policy`.
+/// Each file is written beside the directory and renamed into it, so the agent never reads one
+/// half written (a truncated FirewallConfiguration is a policy without it).
 fn replace_with(policy: &std::path::Path, from: &std::path::Path) {
+    let staging = policy.with_extension("staging");
     for e in std::fs::read_dir(from).unwrap() {
         let e = e.unwrap();
-        std::fs::copy(e.path(), policy.join(e.file_name())).unwrap();
+        std::fs::copy(e.path(), &staging).unwrap();
+        std::fs::rename(&staging, policy.join(e.file_name())).unwrap();
     }
 }
 
@@ -295,12 +305,7 @@ fn a_pod_leaving_the_offloaded_set_ends_the_connections_to_it_on_both_backends()
     let _b = Listener::tcp_echo(&t.provider, "10.20.1.3", 8080);
     let _b_udp = udp_echo(&t.provider, "10.20.1.3", 9090);
     for backend in ["nftables", "bpf"] {
-        let dir = std::env::temp_dir().join(format!(
-            "pw-protection-revoke-{}-{backend}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch(&format!("revoke-{backend}"));
         // The controller's output for two offloaded pods.
         let mut snap = snapshot();
         let pod = |name: &str, ip: &str| {
@@ -373,12 +378,7 @@ fn a_closing_ends_the_connections_it_refuses_on_both_backends() {
     let t = Topology::new();
     let _web = Listener::tcp_echo(&t.provider, "10.20.1.2", 8080);
     for backend in ["nftables", "bpf"] {
-        let dir = std::env::temp_dir().join(format!(
-            "pw-protection-close-{}-{backend}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch(&format!("close-{backend}"));
         let policy = controller_output(&dir);
         let (agent, installed) = dir_agent(&t, backend, &dir, &policy, "close");
         let mut to_web = Session::tcp(&t.consumer, "10.10.1.67", "10.20.1.2", 8080)
@@ -435,12 +435,7 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
         t.gateway.sysctl(k, v).expect("conntrack timeout");
     }
     for backend in ["nftables", "bpf"] {
-        let dir = std::env::temp_dir().join(format!(
-            "pw-protection-ended-{}-{backend}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch(&format!("ended-{backend}"));
         let policy = controller_output(&dir);
         let (agent, installed) = dir_agent_with(
             &t,
@@ -611,12 +606,7 @@ fn a_tcp_connection_ended_stays_ended_after_its_mark_lapses() {
         t.gateway
             .sysctl("net.netfilter.nf_conntrack_tcp_loose", "1")
             .expect("tcp_loose");
-        let dir = std::env::temp_dir().join(format!(
-            "pw-protection-tcp-{}-{backend}-{read_only}",
-            std::process::id()
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = scratch(&format!("tcp-{backend}-{read_only}"));
         let policy = controller_output(&dir);
         let (agent, installed) = dir_agent_in(
             &t,
@@ -692,9 +682,7 @@ fn a_tcp_connection_ended_stays_ended_after_its_mark_lapses() {
 #[test]
 fn the_gateway_takes_only_liqos_tunnel_check_from_the_tunnel_on_both_backends() {
     let t = Topology::new();
-    let dir = std::env::temp_dir().join(format!("pw-protection-input-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("input");
     let policy = controller_output_of(&dir, &snapshot(), "policy");
     // A TCP service and Liqo's tunnel check (UDP echo on 12345) on the gateway's tunnel address.
     let _svc = Listener::tcp(&t.gateway, "169.254.0.1", 2222);
@@ -828,9 +816,7 @@ fn nft_tables(t: &Topology) -> String {
 #[test]
 fn a_gateway_is_filtered_from_boot_until_its_configuration_is_in_force_on_both_backends() {
     let t = Topology::new();
-    let dir = std::env::temp_dir().join(format!("pw-protection-boot-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
+    let dir = scratch("boot");
     let published = controller_output(&dir);
     // What the agent has before the controller's configuration reaches it: a user's object
     // for this gateway that decides nothing about the peer (with the kube source, possibly

@@ -579,59 +579,87 @@ spec:
           - {op: eq, ip: {value: 10.20.1.2, position: dst}}
 "#;
 
-/// One end of a UDP exchange, in the network namespace at `netns` (a path: `/run/netns/<name>`,
-/// `/proc/<pid>/ns/net`): it sends a datagram every 50 ms to the other end from a fixed port
-/// and counts what it receives (in the file `rx`).
+/// One end of a UDP exchange or a TCP connection, in the network namespace at `netns` (a path:
+/// `/run/netns/<name>`, `/proc/<pid>/ns/net`): it sends to the other end every 50 ms from a
+/// fixed port and counts what it receives (in the file `rx`).
 pub struct Chatter {
     _p: Agent,
     rx: std::path::PathBuf,
 }
 
 impl Chatter {
+    /// One end, by mode: `udp` (bound to the first address, sending to the second), `listen`
+    /// (TCP: accepts one connection) or `connect` (TCP: connects, retrying until the other end
+    /// listens); it sends a byte every 50 ms and counts the bytes it receives.
     const SCRIPT: &'static str = r#"
 import os, socket, sys, threading, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind((sys.argv[1], int(sys.argv[2])))
-dst, out = (sys.argv[3], int(sys.argv[4])), sys.argv[5]
+mode, addr, port, peer, pport, out = sys.argv[1:7]
+dst = (peer, int(pport))
+if mode == "udp":
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, int(port)))
+    send = lambda: s.sendto(b"x", dst)
+else:
+    if mode == "listen":
+        l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        l.bind((addr, int(port)))
+        l.listen(1)
+        s, _ = l.accept()
+    else:
+        while True:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((addr, int(port)))
+            try:
+                s.connect(dst)
+                break
+            except OSError:
+                s.close()
+                time.sleep(0.1)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    send = lambda: s.send(b"x")
 n = 0
 def rx():
     global n
     while True:
         try:
-            s.recv(64)
+            d = s.recv(64)
         except OSError:
-            continue
-        n += 1
+            if mode == "udp":
+                continue
+            return
+        if not d:
+            return
+        n += len(d)
         with open(out + ".tmp", "w") as f:
             f.write(str(n))
         os.replace(out + ".tmp", out)
 threading.Thread(target=rx, daemon=True).start()
 while True:
     try:
-        s.sendto(b"x", dst)
+        send()
     except OSError:
         pass
     time.sleep(0.05)
 "#;
 
     pub fn start(netns: &str, from: (&str, u16), to: (&str, u16), rx: std::path::PathBuf) -> Self {
-        Self::spawn(netns, Self::SCRIPT, None, from, to, rx)
+        Self::spawn(netns, "udp", from, to, rx)
     }
 
-    /// `script` run by python3 in `netns` with its arguments: the mode (if any), both ends and
-    /// the file it counts into.
+    /// [`Self::SCRIPT`] run by python3 in `netns` in `mode`, with both ends and the file it
+    /// counts into.
     fn spawn(
         netns: &str,
-        script: &str,
-        mode: Option<&str>,
+        mode: &str,
         from: (&str, u16),
         to: (&str, u16),
         rx: std::path::PathBuf,
     ) -> Self {
         let child = std::process::Command::new("nsenter")
             .arg(format!("--net={netns}"))
-            .args(["python3", "-c", script])
-            .args(mode)
+            .args(["python3", "-c", Self::SCRIPT, mode])
             .args([from.0, &from.1.to_string(), to.0, &to.1.to_string()])
             .arg(&rx)
             .stdin(std::process::Stdio::null())
@@ -645,50 +673,6 @@ while True:
         }
     }
 
-    const TCP_SCRIPT: &'static str = r#"
-import os, socket, sys, threading, time
-mode, addr, port, peer, pport, out = sys.argv[1:7]
-if mode == "listen":
-    l = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    l.bind((addr, int(port)))
-    l.listen(1)
-    s, _ = l.accept()
-else:
-    while True:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind((addr, int(port)))
-        try:
-            s.connect((peer, int(pport)))
-            break
-        except OSError:
-            s.close()
-            time.sleep(0.1)
-s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-n = 0
-def rx():
-    global n
-    while True:
-        try:
-            d = s.recv(64)
-        except OSError:
-            return
-        if not d:
-            return
-        n += len(d)
-        with open(out + ".tmp", "w") as f:
-            f.write(str(n))
-        os.replace(out + ".tmp", out)
-threading.Thread(target=rx, daemon=True).start()
-while True:
-    try:
-        s.send(b"x")
-    except OSError:
-        pass
-    time.sleep(0.05)
-"#;
-
     /// One end of a TCP connection, in the network namespace at `netns`: with `listen`, it
     /// accepts one connection on `from`; otherwise it connects from `from` to `to` (retrying
     /// until the other end listens). Either end then writes a byte every 50 ms (no Nagle
@@ -701,7 +685,7 @@ while True:
         rx: std::path::PathBuf,
     ) -> Self {
         let mode = if listen { "listen" } else { "connect" };
-        Self::spawn(netns, Self::TCP_SCRIPT, Some(mode), from, to, rx)
+        Self::spawn(netns, mode, from, to, rx)
     }
 
     /// Datagrams (TCP: bytes) received so far.
