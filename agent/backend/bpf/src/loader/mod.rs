@@ -136,17 +136,6 @@ impl Datapath {
         Self::load_with(pin_dir, &LoadOptions::default())
     }
 
-    /// [`load`](Self::load) with a flow table of `flows` entries ([`LoadOptions::flows`]).
-    pub fn load_sized(pin_dir: &Path, flows: Option<u32>) -> Result<Self, BpfError> {
-        Self::load_with(
-            pin_dir,
-            &LoadOptions {
-                flows,
-                ..LoadOptions::default()
-            },
-        )
-    }
-
     /// [`load`](Self::load) as `opts` says (the flow table's size when it is created, how long
     /// ended flows stay ended).
     pub fn load_with(pin_dir: &Path, opts: &LoadOptions) -> Result<Self, BpfError> {
