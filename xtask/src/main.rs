@@ -4,7 +4,8 @@
 //!   rustup components, bpf-linker, the Kubernetes binaries). Idempotent; run as root. `lab` and
 //!   `test` run it themselves, so a fresh machine needs no separate step.
 //! - `test`: setup, formatting and lint checks, then every test (unit, then integration tests
-//!   that build their own network namespaces; run as root).
+//!   that build their own network namespaces; run as root), two test binaries at a time where
+//!   they allow it (`lanes.rs`).
 //! - `crd`: regenerate `deploy/common/crd.yaml` from the Rust types.
 //! - `kube-build` / `kube-up`: the Kubernetes components (built from Debian's source package into
 //!   a version-keyed cache); a kube-apiserver started on loopback, for the tests and by hand.
@@ -16,6 +17,7 @@
 mod cycles;
 mod docs;
 mod image;
+mod lanes;
 mod previous;
 mod sizes;
 
@@ -331,7 +333,19 @@ fn test(extra: &[String]) -> Result<()> {
     t.args(["test", "--workspace", "--exclude", "peerwall-ebpf"])
         .args(extra)
         .env("PEERWALL_TESTS_SINCE", since.to_string());
-    run(t)?;
+    if !extra.is_empty() {
+        // A chosen subset (`cargo xtask test -p peerwall --test kube`): as cargo runs it.
+        return run(t);
+    }
+    // Every test binary, two at a time where they allow it (lanes.rs); the doc tests first.
+    let mut doc = cargo();
+    doc.args(["test", "--workspace", "--exclude", "peerwall-ebpf", "--doc"]);
+    run(doc)?;
+    lanes::run(
+        t,
+        &target_dir().join("tmp").join("test-logs"),
+        &[("PEERWALL_TESTS_SINCE", since.to_string())],
+    )?;
     // A bounded run of every fuzz target (a long one by hand: `cargo xtask fuzz TARGET 3600`).
     if extra.is_empty() {
         fuzz(&[])?;
