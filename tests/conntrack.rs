@@ -197,3 +197,159 @@ fn a_rewritten_connection_is_listed_as_the_filter_saw_it_and_ended() {
     assert_eq!(b.end_flows(&flows).expect("ending"), 1);
     assert!(listed(&ns).is_empty(), "{:?}", listed(&ns));
 }
+
+/// A gateway whose kernel tracks connections as a Liqo gateway's does (a NAT rule, as in
+/// Liqo's remapping tables), enforcing [`STATEFUL`] (and its IPv6 twin) with the bpf backend reading `conntrack`
+/// (`--bpf-conntrack kernel` or `own`).
+fn bpf_gateway(tag: &str, conntrack: &str) -> (Topology, common::bpf::Pins, std::path::PathBuf) {
+    let t = Topology::new();
+    let o = in_ns(
+        &t.gateway,
+        "nft",
+        // A NAT rule per family (a chain alone does not make the kernel track, and a rule
+        // tracks its own family only): remappings of addresses no packet here has.
+        &["add table inet pwxnat; add chain inet pwxnat pre { type nat hook prerouting priority -100; }; add rule inet pwxnat pre ip daddr 192.0.2.1 dnat ip to 192.0.2.2; add rule inet pwxnat pre ip6 daddr 2001:db8::1 dnat ip6 to 2001:db8::2"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let pins = common::bpf::Pins::new(tag);
+    let file = std::env::temp_dir().join(format!("pw-{tag}-{}.yaml", std::process::id()));
+    // STATEFUL, and the provider pod's IPv6 address open from the tunnel too.
+    let policy = format!(
+        "{STATEFUL}        - name: to_offloaded6\n          action: accept\n          match:\n          - {{op: eq, dev: {{value: liqo-tunnel, position: in}}}}\n          - {{op: eq, ip: {{value: fd20::2, position: dst}}}}\n"
+    );
+    std::fs::write(&file, policy).unwrap();
+    common::bpf::apply_bpf(&t.gateway, &pins, &["--bpf-conntrack", conntrack], &file);
+    (t, pins, file)
+}
+
+/// A UDP exchange between the consumer and the provider pod through the gateway: whether the
+/// provider's datagram `what` (accepted only as a reply) reaches the consumer.
+fn provider_answers(
+    c: &std::net::UdpSocket,
+    p: &std::net::UdpSocket,
+    consumer: (&str, u16),
+    what: &str,
+) -> bool {
+    p.send_to(what.as_bytes(), consumer).unwrap();
+    let mut b = [0u8; 32];
+    matches!(c.recv(&mut b), Ok(n) if &b[..n] == what.as_bytes())
+}
+
+/// Entries of the datapath's own established-flows table.
+fn own_flows(pins: &common::bpf::Pins) -> usize {
+    let v = common::bpf::bpftool_json(&[
+        "map",
+        "dump",
+        "pinned",
+        pins.0.join("FLOWS").to_str().unwrap(),
+    ]);
+    v.as_array().map_or(0, Vec::len)
+}
+
+/// `--bpf-conntrack kernel`: the datapath takes TCP and UDP state from the kernel's table,
+/// in both families: a provider pod's datagram passes as a reply only while the kernel holds
+/// the connection the consumer opened (deleted with the `conntrack` tool, the next one is a
+/// new flow and dropped), a TCP connection opens through it, and the datapath's own tables
+/// stay empty: one table, the kernel's. The same exchange with `own` fills the own table
+/// (the emptiness check can fail).
+#[test]
+fn bpf_reads_the_kernels_connection_table() {
+    require_root();
+    use std::net::UdpSocket;
+    let (t, pins, file) = bpf_gateway("kct", "kernel");
+    let flags = common::bpf::bpftool_json(&[
+        "map",
+        "lookup",
+        "pinned",
+        pins.0.join("CONFIG").to_str().unwrap(),
+        "key",
+        "0",
+        "0",
+        "0",
+        "0",
+    ]);
+    let bytes: Vec<u8> = flags["value"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| u8::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).unwrap())
+        .collect();
+    let f = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    assert!(f & peerwall_common::flags::KERNEL_CT != 0, "flags {f:#x}");
+    for (consumer, provider, port) in [
+        ("10.10.1.67", "10.20.1.2", 7101u16),
+        ("fd10::67", "fd20::2", 7102),
+    ] {
+        let c = t
+            .consumer
+            .run_in(move || UdpSocket::bind((consumer, port)))
+            .unwrap()
+            .unwrap();
+        let p = t
+            .provider
+            .run_in(move || UdpSocket::bind((provider, port)))
+            .unwrap()
+            .unwrap();
+        for s in [&c, &p] {
+            s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+                .unwrap();
+        }
+        let v6 = consumer.contains(':');
+        if !v6 {
+            assert!(
+                !provider_answers(&c, &p, (consumer, port), "early"),
+                "a new flow from the provider passed"
+            );
+        }
+        c.send_to(b"open", (provider, port)).unwrap();
+        let mut b = [0u8; 8];
+        assert!(
+            p.recv(&mut b).is_ok(),
+            "{consumer}: the consumer's datagram was not forwarded"
+        );
+        assert!(
+            provider_answers(&c, &p, (consumer, port), "r1"),
+            "{consumer}: the reply was dropped; the gateway's conntrack: {}",
+            String::from_utf8_lossy(&in_ns(&t.gateway, "conntrack", &["-L", "-f", "ipv6"]).stdout)
+        );
+        // Past the verdict cache's lifetime: classified again, established from the kernel.
+        std::thread::sleep(std::time::Duration::from_millis(1300));
+        assert!(
+            provider_answers(&c, &p, (consumer, port), "r2"),
+            "{consumer}: the reply past the cache was dropped"
+        );
+        if !v6 {
+            let d = in_ns(
+                &t.gateway,
+                "conntrack",
+                &["-D", "-p", "udp", "--orig-port-dst", &port.to_string()],
+            );
+            assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+            std::thread::sleep(std::time::Duration::from_millis(1300));
+            assert!(
+                !provider_answers(&c, &p, (consumer, port), "r3"),
+                "the kernel's entry was deleted, and the provider's datagram still passed as a reply"
+            );
+        }
+    }
+    let _srv = Listener::tcp(&t.provider, "10.20.1.2", 7103);
+    assert!(
+        tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", 7103),
+        "a TCP connection did not open"
+    );
+    assert_eq!(
+        own_flows(&pins),
+        0,
+        "the datapath's own table holds TCP or UDP flows"
+    );
+    let _ = std::fs::remove_file(&file);
+
+    let (t, pins, file) = bpf_gateway("kct-own", "own");
+    let _srv = Listener::tcp(&t.provider, "10.20.1.2", 7103);
+    assert!(tcp_connects(&t.consumer, "10.10.1.67", "10.20.1.2", 7103));
+    assert!(
+        own_flows(&pins) > 0,
+        "own tables: the connection is in FLOWS"
+    );
+    let _ = std::fs::remove_file(&file);
+}

@@ -6,13 +6,14 @@
 //! The `user` feature adds `aya::Pod` impls for user space.
 //!
 //! One module per concern, as `ebpf/src`: [`maps`], [`classify`], [`view`], [`conntrack`],
-//! [`cache`], [`probe`], [`events`]; everything is re-exported here.
+//! [`cache`], [`probe`], [`events`], [`kfunc`]; everything is re-exported here.
 #![no_std]
 
 pub mod cache;
 pub mod classify;
 pub mod conntrack;
 pub mod events;
+pub mod kfunc;
 pub mod maps;
 pub mod probe;
 pub mod view;

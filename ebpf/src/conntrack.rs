@@ -12,7 +12,10 @@ use crate::flow::{
     flow_key, icmp_is_error, icmp_is_reply, icmp_keyed, reverse, sctp_chunk_opens, tcp_flags_valid,
     tcp_opens,
 };
-use crate::maps::{ended_idle_ns, new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK};
+use crate::kernel_ct::{found_state, kernel_tracks, CtLookup, Kernel};
+use crate::maps::{
+    ended_idle_ns, kernel_ct_on, new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK,
+};
 use crate::mem::zero;
 use crate::parse::{
     parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
@@ -92,6 +95,15 @@ pub(crate) const CT_NO_WRITE: u32 = 1 << 16;
 /// [`ct_commit`] pass over them.
 pub(crate) const CT_UNKNOWN: u32 = 1 << 17;
 
+/// Bit of [`ct_state`]'s result: the kernel's table holds the flow (`kernel_ct.rs`); the
+/// commit of an accept only keeps the verdict caches right.
+pub(crate) const CT_KERNEL: u32 = 1 << 18;
+
+/// Bit of [`ct_state`]'s result, with [`CT_KERNEL`]: the packet is the first reply the
+/// kernel sees for its connection (the original direction's cached verdict, of a `new`
+/// flow, goes stale with it).
+pub(crate) const CT_FIRST_REPLY: u32 = 1 << 19;
+
 /// Timestamps are refreshed at most this often: idle expiry is off by at most this much.
 pub(crate) const FLOW_REFRESH_NS: u64 = 1_000_000_000;
 
@@ -108,7 +120,7 @@ fn unchanged(st: &FlowState, now: u64) -> u32 {
 /// conntrack write. `seen_on`: the `FLOW_SEEN` shortcut is on; `known_idle`: the known-flow
 /// path already found the packet's entry idle (an IPv4 TCP or UDP packet, whose key it read).
 #[inline(never)]
-pub(crate) fn ct_state<S: Source>(
+pub(crate) fn ct_state<S: Source + CtLookup>(
     s: &S,
     l3: usize,
     p: &Pkt,
@@ -141,6 +153,12 @@ pub(crate) fn ct_state<S: Source>(
         };
         if !matches!(parse(s, q, fam, inner), Parse::Ok) {
             return ct::INVALID;
+        }
+        // Where the kernel tracks the quoted flow, its table says whether it is known (an
+        // ended flow is not: user space deleted it there).
+        if kernel_ct_on() && kernel_tracks(inner) {
+            let found = crate::kernel_ct::lookup(s, inner, ip, false) != Kernel::Missing;
+            return if found { ct::RELATED } else { ct::INVALID };
         }
         let k = flow_key(inner);
         // SAFETY: pointers from successful lookups.
@@ -204,6 +222,74 @@ pub(crate) fn ct_state<S: Source>(
     )
 }
 
+/// The state of a TCP or UDP packet from the kernel's table (`kernel_ct.rs`), after the ended
+/// marks user space set.
+/// The program entries call it instead of [`ct_state`] where [`kernel_tracks`] the packet
+/// (one call frame less: the verifier bounds the frames of a call chain together).
+#[inline(never)]
+pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool) -> u32 {
+    if p.proto == IPPROTO_TCP && !tcp_flags_valid(p.tcp_flags) {
+        return ct::INVALID;
+    }
+    let Some(w) = WORK.get_ptr_mut(0) else {
+        return ct::INVALID;
+    };
+    let found = crate::kernel_ct::lookup(ctx, p, w, true);
+    if ended_mark(&flow_key(p), seen_on) {
+        return ct::INVALID;
+    }
+    match found {
+        Kernel::Missing => new_or_invalid(p, false, ct::NEW | CT_UNKNOWN | CT_KERNEL),
+        Kernel::Reply { replied: false } => ct::ESTABLISHED | CT_KERNEL | CT_FIRST_REPLY,
+        f => found_state(f) | CT_KERNEL,
+    }
+}
+
+/// Whether user space ended flow `k` (either direction) and the mark is live: then the packet
+/// holds it (`hold_ended`). Only `FLOWS` holds marks where the kernel tracks the flow; its
+/// `FLOW_SEEN` entry, when idle, says there is none without a lookup.
+#[inline(never)]
+fn ended_mark(k: &FlowKey, seen_on: bool) -> bool {
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    if seen_on && seen_idle(k, now) {
+        return false;
+    }
+    let held = |st: *mut FlowState| {
+        // SAFETY: pointer from a successful lookup.
+        let live = unsafe { (*st).ended != 0 && fresh(&*st, now) };
+        if live {
+            hold_ended(st, k, now);
+        }
+        live
+    };
+    if FLOWS.get_ptr_mut(k).is_some_and(held) {
+        return true;
+    }
+    FLOWS.get_ptr_mut(&reverse(k)).is_some_and(held)
+}
+
+/// The commit of an accepted packet the kernel's table tracks: its `FLOW_SEEN` entry (the
+/// known-flow path looks a live flow's verdict up), the cached verdicts of the other
+/// direction stale once our side opened the flow, the original direction's once the first
+/// reply came. Called instead of [`ct_commit`], for `WORK`'s packet: no argument lives in the
+/// caller's frame across the call (the verifier bounds a call chain's frames together).
+#[inline(never)]
+pub(crate) fn kernel_commit() {
+    let Some(w) = WORK.get(0) else {
+        return;
+    };
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let k = flow_key(&w.p);
+    note_seen(&k, now);
+    if w.r.state == ct::NEW && w.r.unknown {
+        outdate(&reverse(&k));
+    } else if w.r.first_reply {
+        forget(&reverse(&k));
+    }
+}
+
 /// A packet of no live flow: `new` (the state with its bits), unless it cannot start one: a
 /// TCP segment other than a SYN is never picked up mid-stream (an ended flow's segment, once
 /// its mark lapsed, would otherwise start it again in our direction, and the peer's segments
@@ -227,6 +313,7 @@ fn new_or_invalid(p: &Pkt, is_icmp: bool, new: u32) -> u32 {
 /// live nowhere ([`CT_UNKNOWN`]), so there is nothing to look up again.
 #[inline(never)]
 pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
+    // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
     if state == ct::INVALID || state == ct::RELATED || (is_icmp && !icmp_keyed(p)) {

@@ -24,7 +24,7 @@
 //! packet got, and an IPv4 TCP or UDP packet finds it by reading 12 header bytes straight into
 //! the cache key before anything is parsed (`known_flow_v4`).
 //!
-//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`], [`seen`], [`classify`],
+//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`], [`classify`],
 //! [`route`] (with the local-address mirror, [`local`]), [`reject`], [`events`], [`mem`] (zeroing a word at a time); the program entries (tc and XDP) are here; [`bare`] is
 //! the benchmark's baseline.
 #![no_std]
@@ -41,6 +41,7 @@ mod classify;
 mod conntrack;
 mod events;
 mod flow;
+mod kernel_ct;
 mod local;
 mod maps;
 mod mem;
@@ -57,9 +58,12 @@ use peerwall_common::{ct, flags, PROBE_MAGIC};
 
 use crate::cache::{cache_on, cached_verdict, direct_cache, known_flow_v4, remember, MISS};
 use crate::classify::{classify, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
-use crate::conntrack::{ct_commit, ct_state, CT_NO_WRITE, CT_UNKNOWN};
+use crate::conntrack::{
+    ct_commit, ct_state, kernel_commit, kernel_state, CT_FIRST_REPLY, CT_NO_WRITE, CT_UNKNOWN,
+};
 use crate::events::note_outcome;
-use crate::maps::{allow_all, config, has_views, WORK};
+use crate::kernel_ct::kernel_tracks;
+use crate::maps::{allow_all, config, has_views, kernel_ct_on, WORK};
 use crate::parse::{parse, Parse, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
 use crate::reject::reject;
 use crate::route::{route, Route, PATH_FORWARD};
@@ -132,9 +136,13 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
         }
     }
     let probe = cfg.flags & flags::PROBE != 0 && ctx.cb()[0] == PROBE_MAGIC;
-    if has_views(&cfg) {
-        forward_view(p, if probe { ctx.cb()[3] } else { ifindex }, cfg.active & 1);
-    }
+    let viewed = has_views(&cfg)
+        // SAFETY: as above; `wire_dst` is not the packet `p` points at.
+        && forward_view(p, if probe { ctx.cb()[3] } else { ifindex }, cfg.active & 1, unsafe {
+            &raw mut (*w).wire_dst
+        });
+    // SAFETY: as above.
+    unsafe { (*w).viewed = viewed };
     let diag = cfg.flags & flags::DIAG_ALL;
     let cache = cache_on(&cfg);
     if cache {
@@ -152,6 +160,8 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let seen_idle = unsafe { core::mem::take(&mut (*w).seen_idle) };
     let tracked = if diag & flags::DIAG_NO_CT != 0 {
         ct::NEW | CT_NO_WRITE
+    } else if kernel_ct_on() && kernel_tracks(p) {
+        kernel_state(ctx, p, cfg.flags & flags::FLOW_SEEN != 0)
     } else {
         ct_state(
             ctx,
@@ -164,6 +174,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let state = tracked & 0xff;
     let commit = tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0;
     let unknown = tracked & CT_UNKNOWN != 0;
+    let first_reply = tracked & CT_FIRST_REPLY != 0;
     let r = if probe {
         let cb = ctx.cb();
         Route {
@@ -176,6 +187,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             commit,
             cache,
             unknown,
+            first_reply,
         }
     } else {
         let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
@@ -193,6 +205,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             commit,
             cache,
             unknown,
+            first_reply,
         }
     };
     // SAFETY: as above.
@@ -226,7 +239,11 @@ fn finish_tc(ctx: &TcContext, probe: bool, flags: u32) -> i32 {
         ACT_ACCEPT => {
             if let Some(w) = WORK.get(0) {
                 if w.r.commit {
-                    ct_commit(&w.p, w.r.state, w.r.unknown);
+                    if kernel_ct_on() && kernel_tracks(&w.p) {
+                        kernel_commit();
+                    } else {
+                        ct_commit(&w.p, w.r.state, w.r.unknown);
+                    }
                 }
             }
             TC_ACT_OK
@@ -268,9 +285,13 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         Parse::Bad => return Err(()),
         Parse::Ok => {}
     }
-    if has_views(&cfg) {
-        forward_view(p, ifindex, cfg.active & 1);
-    }
+    // SAFETY: as above; `wire_dst` is not the packet `p` points at.
+    let viewed = has_views(&cfg)
+        && forward_view(p, ifindex, cfg.active & 1, unsafe {
+            &raw mut (*w).wire_dst
+        });
+    // SAFETY: as above.
+    unsafe { (*w).viewed = viewed };
     let cache = cache_on(&cfg);
     if cache {
         let a = cached_verdict(ifindex, cfg.active, false, cfg.flags);
@@ -282,7 +303,12 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         }
     }
     let (path, oif) = route(ctx, &cfg, p, ifindex);
-    let tracked = ct_state(ctx, l2 & 0xff, p, cfg.flags & flags::FLOW_SEEN != 0, false);
+    let seen_on = cfg.flags & flags::FLOW_SEEN != 0;
+    let tracked = if kernel_ct_on() && kernel_tracks(p) {
+        kernel_state(ctx, p, seen_on)
+    } else {
+        ct_state(ctx, l2 & 0xff, p, seen_on, false)
+    };
     let r = Route {
         epoch: cfg.active,
         path,
@@ -293,6 +319,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         commit: false,
         cache,
         unknown: tracked & CT_UNKNOWN != 0,
+        first_reply: false,
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };

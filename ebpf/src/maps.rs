@@ -147,6 +147,30 @@ pub(crate) fn new_flow_mask() -> u32 {
     unsafe { core::ptr::read_volatile(&NEW_FLOW_MASK) }
 }
 
+/// 1 where the kernel's connection table is read for TCP and UDP (`kernel_ct.rs`) instead of
+/// this program's own tables; set by the loader, which resolved the conntrack kfuncs then
+/// (`loader/kfunc.rs`). The verifier sees it as a constant: the other mode's code is dead.
+#[unsafe(no_mangle)]
+static KERNEL_CT: u32 = 0;
+
+/// `offsetof(struct nf_conn, status)` in this kernel (from its BTF), set with [`KERNEL_CT`].
+#[unsafe(no_mangle)]
+static NF_CONN_STATUS_OFF: u32 = 0;
+
+/// Whether [`KERNEL_CT`] is on, as loaded.
+#[inline(always)]
+pub(crate) fn kernel_ct_on() -> bool {
+    // SAFETY: as in `new_flow_mask`.
+    unsafe { core::ptr::read_volatile(&KERNEL_CT) != 0 }
+}
+
+/// [`NF_CONN_STATUS_OFF`], as loaded.
+#[inline(always)]
+pub(crate) fn nf_conn_status_off() -> u32 {
+    // SAFETY: as in `new_flow_mask`.
+    unsafe { core::ptr::read_volatile(&NF_CONN_STATUS_OFF) }
+}
+
 /// How long a flow user space ended stays ended after its last packet, either way, ns (the
 /// agent's `--ended-connection-secs`, at most [`peerwall_common::ENDED_IDLE_MAX_NS`]; 0: an
 /// ended flow is gone at once): set by the loader, like [`NEW_FLOW_MASK`]. Every packet of an
@@ -221,6 +245,14 @@ pub(crate) struct Work {
     /// The packet's `VERDICT_GENS` generation, read before its conntrack state is: what
     /// `remember` stamps its verdict with.
     pub(crate) gen: u32,
+    /// The kernel conntrack lookup's tuple and options (`kernel_ct.rs`): kfunc arguments
+    /// must be memory the verifier can size, and the stack has no room to spare.
+    pub(crate) ct_tuple: crate::kernel_ct::SockTuple,
+    pub(crate) ct_opts: crate::kernel_ct::CtOpts,
+    /// The packet's destination on the wire, when `view.rs` rewrote the parsed one
+    /// (`viewed`): the kernel's conntrack knows the connection by it.
+    pub(crate) wire_dst: [u8; 16],
+    pub(crate) viewed: bool,
 }
 
 /// Per-CPU buffer where `reject` builds its ICMP answer (too large for the stack).

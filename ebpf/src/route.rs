@@ -63,6 +63,10 @@ pub(crate) struct Route {
     /// its commit inserts without looking again, and an accept is not cached (the flow's next
     /// packet, known by then, is): a flood of new flows costs no verdict-cache insert.
     pub(crate) unknown: bool,
+    /// The kernel's table saw no reply of the flow before this packet, a reply
+    /// ([`crate::conntrack::CT_FIRST_REPLY`]): its commit makes the other direction's cached
+    /// verdict stale.
+    pub(crate) first_reply: bool,
 }
 
 /// Where the kernel will send the packet: (path, oif); oif 0 when the mirror answered (no

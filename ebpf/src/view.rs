@@ -7,9 +7,11 @@ use crate::classify::addr_key;
 use crate::maps::{VIEW0, VIEW1};
 use crate::parse::Pkt;
 
-/// Rewrite `p.dst` if a `VIEW` entry of `slot` covers it on interface `iif`.
+/// Rewrite `p.dst` if a `VIEW` entry of `slot` covers it on interface `iif`; the destination
+/// on the wire then goes to `wire` (the kernel's conntrack knows a connection by it,
+/// `kernel_ct.rs`). Whether it rewrote.
 #[inline(never)]
-pub(crate) fn forward_view(p: &mut Pkt, iif: u32, slot: u32) {
+pub(crate) fn forward_view(p: &mut Pkt, iif: u32, slot: u32, wire: *mut [u8; 16]) -> bool {
     // The address-dimension key with the input ifindex in the chain field.
     let key = addr_key(iif, p, &p.dst);
     let hit = if slot == 0 {
@@ -18,8 +20,10 @@ pub(crate) fn forward_view(p: &mut Pkt, iif: u32, slot: u32) {
         VIEW1.get(&key)
     };
     let Some(t) = hit else {
-        return;
+        return false;
     };
+    // SAFETY: `wire` is per-CPU scratch of the caller's successful lookup, not `p`.
+    unsafe { *wire = p.dst };
     // Bits of the destination kept: beyond the rewritten prefix.
     let len = t.prefix_len.min(128) as usize;
     let mut i = 0;
@@ -35,4 +39,5 @@ pub(crate) fn forward_view(p: &mut Pkt, iif: u32, slot: u32) {
         p.dst[i] = (t.to[i] & !keep) | (p.dst[i] & keep);
         i += 1;
     }
+    true
 }

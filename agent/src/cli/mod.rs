@@ -117,6 +117,11 @@ pub struct BpfOpts {
     /// effect when the table is created (a fresh pin directory).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
     pub flow_table_size: Option<u32>,
+    /// Whose connection table TCP and UDP packets take their state from: `kernel` reads the
+    /// kernel's (the `bpf_skb_ct_lookup` kfunc; one table where the kernel tracks connections
+    /// anyway, as on a Liqo gateway with its NAT), `own` keeps the datapath's own tables.
+    #[arg(long, value_enum, default_value_t = BpfConntrack::Own)]
+    pub bpf_conntrack: BpfConntrack,
     /// Where maps and links are pinned.
     #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
     pub pin_dir: PathBuf,
@@ -130,9 +135,22 @@ impl BpfOpts {
             interfaces: self.interfaces.clone(),
             xdp: self.xdp,
             flows: self.flow_table_size,
+            conntrack: match self.bpf_conntrack {
+                BpfConntrack::Kernel => peerwall_backend_bpf::loader::Conntrack::Kernel,
+                BpfConntrack::Own => peerwall_backend_bpf::loader::Conntrack::Own,
+            },
             ..peerwall_backend_select::Settings::new(kind)
         }
     }
+}
+
+/// `--bpf-conntrack`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum BpfConntrack {
+    /// The kernel's connection table (fails to load where the kernel lacks the kfuncs).
+    Kernel,
+    /// The datapath's own tables.
+    Own,
 }
 
 /// on / off.

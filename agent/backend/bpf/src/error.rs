@@ -38,6 +38,10 @@ pub enum BpfError {
         /// Cause.
         source: aya::maps::MapError,
     },
+    /// The kernel's connection table was asked for (`--bpf-conntrack kernel`) and this
+    /// kernel does not offer it, or the object's kfunc calls could not be resolved.
+    #[error("the kernel's connection table for the bpf datapath: {0}")]
+    KernelConntrack(String),
     /// A map missing from the object.
     #[error("map {0} is missing from the eBPF object")]
     MissingMap(String),

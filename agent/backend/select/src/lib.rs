@@ -75,6 +75,8 @@ pub struct Settings {
     /// from the connection table, so the next packet of either side starts over. None: the
     /// default for bpf, no table for nftables (one-shot commands, which end nothing).
     pub ended_secs: Option<u32>,
+    /// bpf: whose connection table TCP and UDP use ([`loader::Conntrack`]).
+    pub conntrack: loader::Conntrack,
 }
 
 impl Settings {
@@ -89,6 +91,7 @@ impl Settings {
             events: None,
             must_attach: false,
             ended_secs: None,
+            conntrack: loader::Conntrack::Own,
         }
     }
 }
@@ -150,6 +153,7 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
         &loader::LoadOptions {
             flows: s.flows,
             ended_secs: s.ended_secs.unwrap_or(DEFAULT_ENDED_SECS),
+            conntrack: s.conntrack,
         },
     )
     .map_err(|e| {

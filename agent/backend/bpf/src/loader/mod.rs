@@ -17,9 +17,12 @@ pub(crate) use flows::occupied_new_flow_slots;
 mod host;
 mod linkinfo;
 mod options;
+pub use kfunc::KernelCt;
 pub use linkinfo::{filters_a_device, link_state, LinkState};
-pub use options::LoadOptions;
-use options::ENDED_IDLE_NS;
+pub use options::{Conntrack, LoadOptions};
+use options::{ENDED_IDLE_NS, KERNEL_CT, NF_CONN_STATUS_OFF};
+mod btf;
+pub mod kfunc;
 mod pins;
 mod probe;
 mod seen;
@@ -116,6 +119,8 @@ pub struct Datapath {
     /// The pinned links [`Datapath::arm_flow_seen`] found all stamping `FLOW_SEEN`, when it
     /// armed the shortcut (checked again when they change).
     seen_checked: Option<Vec<PathBuf>>,
+    /// Whose connection table the program reads for TCP and UDP.
+    conntrack: KernelCt,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -125,6 +130,12 @@ impl std::fmt::Debug for Datapath {
             .field("active", &self.active)
             .finish()
     }
+}
+
+/// What this kernel offers the datapath of its conntrack, read from its BTF once per process.
+fn kernel_ct() -> &'static KernelCt {
+    static PROBED: std::sync::OnceLock<KernelCt> = std::sync::OnceLock::new();
+    PROBED.get_or_init(KernelCt::probe)
 }
 
 /// Changes at most this many entries in place; more go through the idle slot.
@@ -173,12 +184,28 @@ impl Datapath {
         loader.override_global(NEW_FLOW_MASK, &new_mask, true);
         let ended_idle = opts.ended_idle_ns();
         loader.override_global(ENDED_IDLE_NS, &ended_idle, true);
+        // The kernel's connection table, or the datapath's own: the kfunc calls resolved (or
+        // made dead) in a copy of the object either way.
+        let kernel = match opts.conntrack {
+            Conntrack::Own => KernelCt::Own("chosen (--bpf-conntrack own)".into()),
+            Conntrack::Auto | Conntrack::Kernel => kernel_ct().clone(),
+        };
+        if let (Conntrack::Kernel, KernelCt::Own(why)) = (opts.conntrack, &kernel) {
+            return Err(BpfError::KernelConntrack(why.clone()));
+        }
+        let object =
+            kfunc::patch(OBJECT, &kernel).map_err(|e| BpfError::KernelConntrack(e.to_string()))?;
+        let (on, status_off) = kernel
+            .kfuncs()
+            .map_or((0u32, 0u32), |k| (1, k.status_offset));
+        loader.override_global(KERNEL_CT, &on, true);
+        loader.override_global(NF_CONN_STATUS_OFF, &status_off, true);
         // The per-CPU verdict cache: a region of sets per possible CPU.
         loader.map_max_entries(
             map::VERDICTS4_CPU,
             (ncpus as u32).saturating_mul(peerwall_common::CPU_VERDICT_SETS),
         );
-        let ebpf = loader.load(OBJECT)?;
+        let ebpf = loader.load(&object)?;
         let mut b = Self {
             ebpf,
             pin_dir: pin_dir.to_path_buf(),
@@ -186,9 +213,29 @@ impl Datapath {
             active: 0,
             diagnostics: Vec::new(),
             seen_checked: None,
+            conntrack: KernelCt::Own(String::new()),
         };
-        b.active = b.config()?.active & 1;
+        let mut c = b.config()?;
+        b.active = c.active & 1;
+        // For `inspect`: which table this program reads (the program reads its global).
+        let flag = peerwall_common::flags::KERNEL_CT;
+        let want = if on != 0 {
+            c.flags | flag
+        } else {
+            c.flags & !flag
+        };
+        if want != c.flags {
+            c.flags = want;
+            b.set_config(c)?;
+        }
+        b.conntrack = kernel;
         Ok(b)
+    }
+
+    /// Whose connection table the loaded program reads for TCP and UDP (and, for its own,
+    /// why not the kernel's).
+    pub fn conntrack(&self) -> &KernelCt {
+        &self.conntrack
     }
 
     /// Fill of the established flows' table (`FLOWS`, the one whose overflow costs

@@ -1,0 +1,20 @@
+//! Kernel functions the datapath calls (kfuncs), by made-up helper numbers: the program calls
+//! `call <number>`, and the loader rewrites each such call into a call of the kernel function
+//! (its BTF id), or into `r0 = 0` where the kernel lacks it
+//! (`peerwall_backend_bpf::loader::kfunc`). Far above every real helper number.
+
+/// `bpf_skb_ct_lookup(struct __sk_buff *, struct bpf_sock_tuple *, u32, struct bpf_ct_opts *,
+/// u32) -> struct nf_conn *` (tc).
+pub const CT_LOOKUP_SKB: u32 = 0x7eb0_0001;
+/// `bpf_xdp_ct_lookup(struct xdp_md *, ...)`, the same for XDP.
+pub const CT_LOOKUP_XDP: u32 = 0x7eb0_0002;
+/// `bpf_ct_release(struct nf_conn *)`: every connection a lookup returns is released.
+pub const CT_RELEASE: u32 = 0x7eb0_0003;
+
+/// `bpf_ct_opts.dir` of a lookup that matched the connection's reply tuple
+/// (`IP_CT_DIR_REPLY`).
+pub const CT_DIR_REPLY: u8 = 1;
+/// `IPS_SEEN_REPLY` in `nf_conn.status`: a packet was seen in the reply direction.
+pub const IPS_SEEN_REPLY: u64 = 1 << 1;
+/// `IPS_EXPECTED`: the connection was expected (a helper's related connection).
+pub const IPS_EXPECTED: u64 = 1 << 0;
