@@ -64,7 +64,7 @@ use crate::conntrack::{
 use crate::events::note_outcome;
 use crate::kernel_ct::kernel_tracks;
 use crate::maps::{allow_all, config, has_views, kernel_ct_on, WORK};
-use crate::parse::{parse, Parse, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
+use crate::parse::{parse, Parse, Pkt, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
 use crate::reject::reject;
 use crate::route::{route, Route, PATH_FORWARD};
 use crate::view::forward_view;
@@ -158,19 +158,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     // `known_flow_v4` found the packet's FLOW_SEEN entry idle (read once, for this packet).
     // SAFETY: as above.
     let seen_idle = unsafe { core::mem::take(&mut (*w).seen_idle) };
-    let tracked = if diag & flags::DIAG_NO_CT != 0 {
-        ct::NEW | CT_NO_WRITE
-    } else if kernel_ct_on() && kernel_tracks(p) {
-        kernel_state(ctx, p, cfg.flags & flags::FLOW_SEEN != 0)
-    } else {
-        ct_state(
-            ctx,
-            l2 & 0xff,
-            p,
-            cfg.flags & flags::FLOW_SEEN != 0,
-            seen_idle,
-        )
-    };
+    let tracked = tracked_state(ctx, l2, p, cfg.flags, seen_idle);
     let state = tracked & 0xff;
     let commit = tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0;
     let unknown = tracked & CT_UNKNOWN != 0;
@@ -215,6 +203,20 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     }
     classify_work();
     Ok(finish_tc(ctx, probe, cfg.flags))
+}
+
+/// The packet's conntrack state with its bits: from the kernel's table where it tracks the
+/// packet's flow, else from the datapath's own (none under the benchmark's `DIAG_NO_CT`).
+#[inline(always)]
+fn tracked_state(ctx: &TcContext, l2: usize, p: &Pkt, flags: u32, seen_idle: bool) -> u32 {
+    let seen_on = flags & flags::FLOW_SEEN != 0;
+    if flags & flags::DIAG_NO_CT != 0 {
+        ct::NEW | CT_NO_WRITE
+    } else if kernel_ct_on() && kernel_tracks(p) {
+        kernel_state(ctx, p, seen_on)
+    } else {
+        ct_state(ctx, l2 & 0xff, p, seen_on, seen_idle)
+    }
 }
 
 /// Classify the packet in `WORK`.

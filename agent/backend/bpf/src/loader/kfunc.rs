@@ -51,6 +51,12 @@ impl KernelCt {
         }
     }
 
+    /// [`probe`](Self::probe), once per process.
+    pub fn probed() -> &'static Self {
+        static PROBED: std::sync::OnceLock<KernelCt> = std::sync::OnceLock::new();
+        PROBED.get_or_init(Self::probe)
+    }
+
     /// What `btf` (vmlinux's) offers.
     pub fn from_btf(btf: &KernelBtf) -> Self {
         let ids = || -> Result<CtKfuncs, BtfError> {

@@ -19,8 +19,8 @@ mod linkinfo;
 mod options;
 pub use kfunc::KernelCt;
 pub use linkinfo::{filters_a_device, link_state, LinkState};
+use options::ENDED_IDLE_NS;
 pub use options::{Conntrack, LoadOptions};
-use options::{ENDED_IDLE_NS, KERNEL_CT, NF_CONN_STATUS_OFF};
 mod btf;
 pub mod kfunc;
 mod pins;
@@ -132,12 +132,6 @@ impl std::fmt::Debug for Datapath {
     }
 }
 
-/// What this kernel offers the datapath of its conntrack, read from its BTF once per process.
-fn kernel_ct() -> &'static KernelCt {
-    static PROBED: std::sync::OnceLock<KernelCt> = std::sync::OnceLock::new();
-    PROBED.get_or_init(KernelCt::probe)
-}
-
 /// Changes at most this many entries in place; more go through the idle slot.
 const IN_PLACE_LIMIT: usize = 256;
 
@@ -174,6 +168,7 @@ impl Datapath {
             path: "/sys/devices/system/cpu/possible".into(),
             source,
         })?;
+        let mut ct_globals = [0u32; 2];
         let mut loader = EbpfLoader::new();
         loader.default_map_pin_directory(pin_dir);
         let new_mask = new_slots - 1;
@@ -184,22 +179,9 @@ impl Datapath {
         loader.override_global(NEW_FLOW_MASK, &new_mask, true);
         let ended_idle = opts.ended_idle_ns();
         loader.override_global(ENDED_IDLE_NS, &ended_idle, true);
-        // The kernel's connection table, or the datapath's own: the kfunc calls resolved (or
-        // made dead) in a copy of the object either way.
-        let kernel = match opts.conntrack {
-            Conntrack::Own => KernelCt::Own("chosen (--bpf-conntrack own)".into()),
-            Conntrack::Auto | Conntrack::Kernel => kernel_ct().clone(),
-        };
-        if let (Conntrack::Kernel, KernelCt::Own(why)) = (opts.conntrack, &kernel) {
-            return Err(BpfError::KernelConntrack(why.clone()));
-        }
-        let object =
-            kfunc::patch(OBJECT, &kernel).map_err(|e| BpfError::KernelConntrack(e.to_string()))?;
-        let (on, status_off) = kernel
-            .kfuncs()
-            .map_or((0u32, 0u32), |k| (1, k.status_offset));
-        loader.override_global(KERNEL_CT, &on, true);
-        loader.override_global(NF_CONN_STATUS_OFF, &status_off, true);
+        // The kernel's connection table, or the datapath's own (`options.rs`).
+        let (object, kernel) = options::conntrack_object(opts, &mut loader, &mut ct_globals)?;
+        let on = kernel.kfuncs().is_some();
         // The per-CPU verdict cache: a region of sets per possible CPU.
         loader.map_max_entries(
             map::VERDICTS4_CPU,
@@ -219,11 +201,7 @@ impl Datapath {
         b.active = c.active & 1;
         // For `inspect`: which table this program reads (the program reads its global).
         let flag = peerwall_common::flags::KERNEL_CT;
-        let want = if on != 0 {
-            c.flags | flag
-        } else {
-            c.flags & !flag
-        };
+        let want = if on { c.flags | flag } else { c.flags & !flag };
         if want != c.flags {
             c.flags = want;
             b.set_config(c)?;

@@ -2,11 +2,14 @@
 //! stay ended, whose connection table TCP and UDP use) and the globals the loader writes into
 //! the object for them.
 
+use super::kfunc::KernelCt;
+use crate::error::BpfError;
+
 /// The datapath's global holding how long an ended flow stays ended after its last packet.
 pub(super) const ENDED_IDLE_NS: &str = "ENDED_IDLE_NS";
 /// The datapath's globals of the kernel-conntrack mode (`ebpf/src/kernel_ct.rs`).
-pub(super) const KERNEL_CT: &str = "KERNEL_CT";
-pub(super) const NF_CONN_STATUS_OFF: &str = "NF_CONN_STATUS_OFF";
+const KERNEL_CT: &str = "KERNEL_CT";
+const NF_CONN_STATUS_OFF: &str = "NF_CONN_STATUS_OFF";
 
 /// Whose connection table the datapath reads for TCP and UDP.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -53,4 +56,28 @@ impl LoadOptions {
     pub(super) fn ended_idle_ns(&self) -> u64 {
         (u64::from(self.ended_secs) * 1_000_000_000).min(peerwall_common::ENDED_IDLE_MAX_NS)
     }
+}
+
+/// The object to load for `opts.conntrack`, its kfunc calls resolved (or made dead): the
+/// kernel's connection table, or the datapath's own; its globals for it go into `loader`
+/// (which borrows them: `globals` must outlive it).
+pub(super) fn conntrack_object<'a>(
+    opts: &LoadOptions,
+    loader: &mut aya::EbpfLoader<'a>,
+    globals: &'a mut [u32; 2],
+) -> Result<(Vec<u8>, KernelCt), BpfError> {
+    let kernel = match opts.conntrack {
+        Conntrack::Own => KernelCt::Own("chosen (--bpf-conntrack own)".into()),
+        Conntrack::Auto | Conntrack::Kernel => KernelCt::probed().clone(),
+    };
+    if let (Conntrack::Kernel, KernelCt::Own(why)) = (opts.conntrack, &kernel) {
+        return Err(BpfError::KernelConntrack(why.clone()));
+    }
+    let object = super::kfunc::patch(super::OBJECT, &kernel)
+        .map_err(|e| BpfError::KernelConntrack(e.to_string()))?;
+    *globals = kernel.kfuncs().map_or([0, 0], |k| [1, k.status_offset]);
+    let [on, status_off] = &*globals;
+    loader.override_global(KERNEL_CT, on, true);
+    loader.override_global(NF_CONN_STATUS_OFF, status_off, true);
+    Ok((object, kernel))
 }
