@@ -421,7 +421,7 @@ fn a_closing_ends_the_connections_it_refuses_on_both_backends() {
 /// peer's datagrams passed as its replies (nftables: deleting the entry was all revocation
 /// did). Now none of the peer's datagrams reaches the pod again, through more than the ended
 /// table's timeout (2 s here) and conntrack's UDP timeouts (shortened to 2 and 3 s), on both
-/// backends; the closing taken back, the exchange resumes (the agent lets the connection go);
+/// backends (bpf with its own tables and reading the kernel's); the closing taken back, the exchange resumes (the agent lets the connection go);
 /// on nftables the table holds the connection while they send and lets it go once both are
 /// quiet.
 #[test]
@@ -434,17 +434,27 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
         let _ = in_ns(&t.gateway, "modprobe", &["nf_conntrack"]);
         t.gateway.sysctl(k, v).expect("conntrack timeout");
     }
-    for backend in ["nftables", "bpf"] {
-        let dir = scratch(&format!("ended-{backend}"));
+    // bpf reading the kernel's connection table (`--bpf-conntrack kernel`) last: the NAT
+    // rule that makes the gateway's kernel track (as Liqo's remapping does) stays.
+    for case in ["nftables", "bpf", "bpf-kernel"] {
+        let backend = if case == "nftables" {
+            "nftables"
+        } else {
+            "bpf"
+        };
+        let mut extra = vec!["--ended-connection-secs", "2"];
+        if case == "bpf-kernel" {
+            let o = in_ns(
+                &t.gateway,
+                "nft",
+                &["add table ip pwxnat; add chain ip pwxnat pre { type nat hook prerouting priority -100; }; add rule ip pwxnat pre ip daddr 192.0.2.1 dnat to 192.0.2.2"],
+            );
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            extra.extend(["--bpf-conntrack", "kernel"]);
+        }
+        let dir = scratch(&format!("ended-{case}"));
         let policy = controller_output(&dir);
-        let (agent, installed) = dir_agent_with(
-            &t,
-            backend,
-            &dir,
-            &policy,
-            "ended",
-            &["--ended-connection-secs", "2"],
-        );
+        let (agent, installed) = dir_agent_with(&t, backend, &dir, &policy, "ended", &extra);
         // The peer's pod speaks first: the connection is the peer's (what the closing ends).
         let peer = Chatter::start(
             &format!("/run/netns/{}", t.consumer.name()),
@@ -461,12 +471,12 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
         );
         assert!(
             poll(10, || pod.received() > 10 && peer.received() > 10),
-            "{backend}: the exchange flows both ways ({} / {})",
+            "{case}: the exchange flows both ways ({} / {})",
             pod.received(),
             peer.received()
         );
         // A ProtectionPolicy closes UDP 6000 to the peer's tunnel.
-        let ended_at = close_6000(&policy, &dir, "UDP", &pod, backend);
+        let ended_at = close_6000(&policy, &dir, "UDP", &pod, case);
         let sent_before = peer.received();
         let dropped = || {
             let o = in_ns(
@@ -492,12 +502,12 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
             // do not bring the connection back.
             assert!(
                 peer.received() > sent_before,
-                "{backend}: the pod keeps sending"
+                "{case}: the pod keeps sending"
             );
         } else {
             // Both sides' datagrams meet the ended table (20 a second each way for 8 s).
             let n = dropped() - dropped_before;
-            assert!(n > 200, "{backend}: the ended table dropped {n} datagrams");
+            assert!(n > 200, "{case}: the ended table dropped {n} datagrams");
         }
         let nft_ended = || {
             String::from_utf8_lossy(
@@ -513,7 +523,7 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
         assert_eq!(
             pod.received(),
             ended_at,
-            "{backend}: the peer's datagrams reach the pod again once the pod spoke; agent: {}\nended: {}",
+            "{case}: the peer's datagrams reach the pod again once the pod spoke; agent: {}\nended: {}",
             std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
             nft_ended(),
         );
@@ -554,7 +564,7 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
             assert_eq!(
                 pod.received(),
                 ended_at,
-                "{backend}: the peer speaking again after its element expired is still refused"
+                "{case}: the peer speaking again after its element expired is still refused"
             );
         }
         // The closing taken back: the policy allows the exchange again and the agent lets
@@ -562,7 +572,7 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
         replace_with(&policy, &controller_output_of(&dir, &snapshot(), "open"));
         assert!(
             poll(20, || pod.received() > ended_at + 10),
-            "{backend}: the exchange resumes once the policy allows it again; agent: {}",
+            "{case}: the exchange resumes once the policy allows it again; agent: {}",
             std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
         );
         if backend == "nftables" {

@@ -24,6 +24,29 @@ pub const NAME: &str = "bpf";
 /// builds the backend (this crate does not render nftables).
 pub type BootHolder = Box<dyn FnMut(&Policy) -> Result<bool, BackendError> + Send>;
 
+/// The kernel's connection table of the backend's namespace, as the kernel-conntrack mode
+/// lists and ends its TCP and UDP connections ([`BpfBackend::set_kernel_table`]): given by
+/// whoever builds the backend (ctnetlink lives with the nftables backend).
+pub trait KernelTable: Send {
+    /// Every connection the kernel tracks, as the forward hook sees it (after its NAT).
+    fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError>;
+    /// Delete these connections from the kernel's table; how many it held.
+    fn end(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError>;
+}
+
+/// An optional [`KernelTable`], shown by name in debug output.
+struct Table(Option<Box<dyn KernelTable>>);
+
+impl fmt::Debug for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "Some(KernelTable)"
+        } else {
+            "None"
+        })
+    }
+}
+
 /// An optional [`BootHolder`], shown by name in debug output.
 struct Holder(Option<BootHolder>);
 
@@ -50,6 +73,8 @@ pub struct BpfBackend {
     /// The flows this backend ended: what a change that allows them again lets go, without
     /// walking the flow tables on every policy change.
     kept: peerwall_backend::Kept,
+    /// The kernel's connection table, where the datapath reads it (kernel-conntrack mode).
+    kernel_table: Table,
 }
 
 impl BpfBackend {
@@ -85,6 +110,7 @@ impl BpfBackend {
             boot_holder: Holder(None),
             routes: None,
             kept: peerwall_backend::Kept::new(1 << 16),
+            kernel_table: Table(None),
         })
     }
 
@@ -92,6 +118,31 @@ impl BpfBackend {
     /// attached (without one it holds nothing).
     pub fn set_boot_holder(&mut self, holder: BootHolder) {
         self.boot_holder = Holder(Some(holder));
+    }
+
+    /// How the backend lists and ends the kernel's connections where the datapath reads the
+    /// kernel's table (without one, listing or ending connections there fails: revocation
+    /// must not pass over them).
+    pub fn set_kernel_table(&mut self, table: Box<dyn KernelTable>) {
+        self.kernel_table = Table(Some(table));
+    }
+
+    /// Whether TCP and UDP connections live in the kernel's table (kernel-conntrack mode).
+    fn kernel_tracks(&self) -> bool {
+        self.datapath.conntrack().kfuncs().is_some()
+    }
+
+    /// The kernel's table, where the datapath reads it.
+    fn kernel_table(&mut self) -> Result<Option<&mut Box<dyn KernelTable>>, BpfError> {
+        if !self.kernel_tracks() {
+            return Ok(None);
+        }
+        match self.kernel_table.0.as_mut() {
+            Some(t) => Ok(Some(t)),
+            None => Err(BpfError::KernelConntrack(
+                "the datapath reads the kernel's connection table, and this backend was given no way to list or end its connections".into(),
+            )),
+        }
     }
 
     /// Whether an interface matching `tunnel` (a name, or a prefix ending in `*`) is attached.
@@ -134,13 +185,46 @@ impl fmt::Display for BpfApplyReport {
 
 impl BpfBackend {
     /// The flows the datapath tracks, by original direction.
-    pub fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BpfError> {
-        self.datapath.flows()
+    pub fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
+        let mut out = self
+            .datapath
+            .flows()
+            .map_err(failed("listing connections"))?;
+        if let Some(t) = self
+            .kernel_table()
+            .map_err(failed("listing the kernel's connections"))?
+        {
+            // The kernel's TCP and UDP connections; the datapath's own tables hold the rest.
+            out.retain(|f| !kernel_proto(f));
+            out.extend(t.flows()?.into_iter().filter(kernel_proto));
+        }
+        Ok(out)
     }
 
-    /// End these flows (invalid both ways, cached verdicts stale); how many were found.
-    pub fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BpfError> {
-        let n = self.datapath.end_flows(flows)?;
+    /// End these flows (invalid both ways, cached verdicts stale); how many were found. Where
+    /// the kernel tracks TCP and UDP, those are marked ended in the datapath first, then
+    /// deleted from the kernel's table: no packet between the two starts them again.
+    pub fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
+        let (kernel, own): (Vec<_>, Vec<_>) = if self.kernel_tracks() {
+            flows.iter().copied().partition(kernel_proto)
+        } else {
+            (Vec::new(), flows.to_vec())
+        };
+        let mut n = self
+            .datapath
+            .end_flows(&own)
+            .map_err(failed("ending connections"))?;
+        if !kernel.is_empty() {
+            self.datapath
+                .mark_ended(&kernel)
+                .map_err(failed("marking connections ended"))?;
+            if let Some(t) = self
+                .kernel_table()
+                .map_err(failed("ending the kernel's connections"))?
+            {
+                n += t.end(&kernel)?;
+            }
+        }
         self.kept.record(flows.iter().copied());
         Ok(n)
     }
@@ -324,11 +408,11 @@ impl Backend for BpfBackend {
     }
 
     fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
-        BpfBackend::flows(self).map_err(failed("listing connections"))
+        BpfBackend::flows(self)
     }
 
     fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
-        BpfBackend::end_flows(self, flows).map_err(failed("ending connections"))
+        BpfBackend::end_flows(self, flows)
     }
 
     fn ended_flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
@@ -392,4 +476,11 @@ impl Backend for BpfBackend {
             })
             .unwrap_or_default()
     }
+}
+
+/// Whether the kernel's table holds `f` in the kernel-conntrack mode (TCP and UDP; the
+/// datapath keeps ICMP and SCTP in its own tables).
+fn kernel_proto(f: &peerwall_backend::Flow) -> bool {
+    f.proto == peerwall_policy::ir::eval::proto::TCP
+        || f.proto == peerwall_policy::ir::eval::proto::UDP
 }

@@ -5,6 +5,7 @@
 //! Nothing above this crate names a backend's own types.
 
 pub mod installed;
+mod kernel_table;
 
 use std::path::PathBuf;
 
@@ -172,6 +173,9 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
             }),
     )
     .map_err(BackendError::host(NAME, "turning events on or off"))?;
+    // Where the datapath reads the kernel's connection table, revocation lists and ends the
+    // kernel's connections.
+    b.set_kernel_table(Box::new(kernel_table::CtTable::default()));
     // Until the tunnel is attached, a gateway's boot policy holds as `peerwall boot` puts it:
     // an nftables table matching the tunnel by name, unless peerwall's tables are here already.
     b.set_boot_holder(Box::new(|boot| {

@@ -320,3 +320,49 @@ pub(crate) fn occupied_new_flow_slots(d: &MapData) -> Result<Vec<(u32, NewFlowSl
     unsafe { libc::munmap(p, len) };
     Ok(out)
 }
+
+impl Datapath {
+    /// Mark `flows`, which the kernel's connection table holds (the kernel-conntrack mode:
+    /// TCP and UDP), ended in `FLOWS`: the datapath finds the mark before it asks the kernel,
+    /// so after user space deletes the kernel's entry, neither side's next packet starts the
+    /// flow again (`ebpf/src/conntrack.rs`, `ended_mark`). Each mark gets its `FLOW_SEEN`
+    /// stamp (the datapath looks for marks only where the stamp is live) and the verdicts
+    /// cached for either direction go stale.
+    pub fn mark_ended(&mut self, flows: &[Flow]) -> Result<(), BpfError> {
+        if flows.is_empty() {
+            return Ok(());
+        }
+        let now = super::seen::ktime_ns();
+        let mut sets = Vec::new();
+        let mut seen_slots = Vec::new();
+        {
+            let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+                BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+            for f in flows {
+                let k = key_of(f);
+                let st = FlowState {
+                    last_seen_ns: now,
+                    replied: 1,
+                    ended: 1,
+                    _pad: [0; 6],
+                };
+                m.insert(k, st, 0).map_err(map_err(map::FLOWS))?;
+                seen_slots.push(peerwall_common::flow_seen_slot(
+                    &k,
+                    peerwall_common::FLOW_SEEN_SLOTS - 1,
+                ));
+                sets.extend(verdict_sets_of(&k));
+                sets.extend(verdict_sets_of(&reverse(&k)));
+            }
+        }
+        {
+            let mut seen: Array<&mut MapData, u16> =
+                Array::try_from(self.map(map::FLOW_SEEN)?).map_err(map_err(map::FLOW_SEEN))?;
+            let stamp = peerwall_common::flow_seen_stamp(now);
+            for i in seen_slots {
+                seen.set(i, stamp, 0).map_err(map_err(map::FLOW_SEEN))?;
+            }
+        }
+        self.outdate(sets)
+    }
+}
