@@ -246,8 +246,9 @@ fn own_flows(pins: &common::bpf::Pins) -> usize {
     v.as_array().map_or(0, Vec::len)
 }
 
-/// `--bpf-conntrack kernel`: the datapath takes TCP and UDP state from the kernel's table,
-/// in both families: a provider pod's datagram passes as a reply only while the kernel holds
+/// `--bpf-conntrack auto` where the kernel tracks both families (`kernel` where it tracks
+/// none is refused, `auto` there keeps the own tables): the datapath takes TCP and UDP state
+/// from the kernel's table, in both families: a provider pod's datagram passes as a reply only while the kernel holds
 /// the connection the consumer opened (deleted with the `conntrack` tool, the next one is a
 /// new flow and dropped), a TCP connection opens through it, and the datapath's own tables
 /// stay empty: one table, the kernel's. The same exchange with `own` fills the own table
@@ -256,7 +257,15 @@ fn own_flows(pins: &common::bpf::Pins) -> usize {
 fn bpf_reads_the_kernels_connection_table() {
     require_root();
     use std::net::UdpSocket;
-    let (t, pins, file) = bpf_gateway("kct", "kernel");
+    let (t, pins, file) = bpf_gateway("kct", "auto");
+    let shown = common::bpf::peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    for f in ["IPv4", "IPv6"] {
+        assert!(
+            shown.contains(&format!("conntrack {f} TCP and UDP: the kernel's table")),
+            "auto chose the kernel's table where it tracks: {shown}"
+        );
+    }
     let flags = common::bpf::bpftool_json(&[
         "map",
         "lookup",
@@ -275,7 +284,10 @@ fn bpf_reads_the_kernels_connection_table() {
         .map(|b| u8::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).unwrap())
         .collect();
     let f = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
-    assert!(f & peerwall_common::flags::KERNEL_CT != 0, "flags {f:#x}");
+    assert!(
+        f & peerwall_common::flags::KERNEL_CT4 != 0 && f & peerwall_common::flags::KERNEL_CT6 != 0,
+        "flags {f:#x}"
+    );
     for (consumer, provider, port) in [
         ("10.10.1.67", "10.20.1.2", 7101u16),
         ("fd10::67", "fd20::2", 7102),
@@ -343,6 +355,46 @@ fn bpf_reads_the_kernels_connection_table() {
         "the datapath's own table holds TCP or UDP flows"
     );
     let _ = std::fs::remove_file(&file);
+
+    // Where the kernel tracks nothing, `kernel` is refused with the reason and `auto` keeps
+    // the datapath's own tables.
+    let bare = Topology::new();
+    let bare_pins = common::bpf::Pins::new("kct-bare");
+    std::fs::write(&file, STATEFUL).unwrap();
+    let refused = common::bpf::peerwall_net(
+        &bare.gateway,
+        &[
+            "apply",
+            "--backend",
+            "bpf",
+            "--pin-dir",
+            bare_pins.arg(),
+            "--bpf-conntrack",
+            "kernel",
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    );
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && why.contains("tracks no connections"),
+        "{why}"
+    );
+    common::bpf::apply_bpf(
+        &bare.gateway,
+        &bare_pins,
+        &["--bpf-conntrack", "auto"],
+        &file,
+    );
+    let shown =
+        common::bpf::peerwall_net(&bare.gateway, &["inspect", "--pin-dir", bare_pins.arg()]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout)
+            .contains("conntrack IPv4 TCP and UDP: the datapath's own tables"),
+        "{}",
+        String::from_utf8_lossy(&shown.stdout)
+    );
+    drop((bare, bare_pins));
 
     let (t, pins, file) = bpf_gateway("kct-own", "own");
     let _srv = Listener::tcp(&t.provider, "10.20.1.2", 7103);

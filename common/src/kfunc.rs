@@ -18,3 +18,8 @@ pub const CT_DIR_REPLY: u8 = 1;
 pub const IPS_SEEN_REPLY: u64 = 1 << 1;
 /// `IPS_EXPECTED`: the connection was expected (a helper's related connection).
 pub const IPS_EXPECTED: u64 = 1 << 0;
+
+/// `KERNEL_CT`'s bit for IPv4: its TCP and UDP take their state from the kernel's table.
+pub const KERNEL_CT_V4: u32 = 1;
+/// `KERNEL_CT`'s bit for IPv6.
+pub const KERNEL_CT_V6: u32 = 2;

@@ -210,9 +210,11 @@ pub mod flags {
     }
     /// The FIB answers every packet's path, never the local-address mirror.
     pub const DIAG_NO_MIRROR: u32 = 1 << 16;
-    /// The loaded program reads the kernel's connection table for TCP and UDP: set by the
-    /// loader for `inspect` (the program itself reads its `KERNEL_CT` global).
-    pub const KERNEL_CT: u32 = 1 << 17;
+    /// The loaded program reads the kernel's connection table for IPv4 TCP and UDP: set by
+    /// the loader for `inspect` (the program itself reads its `KERNEL_CT` global).
+    pub const KERNEL_CT4: u32 = 1 << 17;
+    /// The same for IPv6.
+    pub const KERNEL_CT6: u32 = 1 << 18;
     /// Every diagnostic flag.
     pub const DIAG_ALL: u32 = DIAG_NO_MIRROR
         | DIAG_NO_FIB

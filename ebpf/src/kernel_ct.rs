@@ -26,10 +26,11 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 use core::ffi::c_void;
 use peerwall_common::kfunc::{
     CT_DIR_REPLY, CT_LOOKUP_SKB, CT_LOOKUP_XDP, CT_RELEASE, IPS_EXPECTED, IPS_SEEN_REPLY,
+    KERNEL_CT_V4, KERNEL_CT_V6,
 };
 use peerwall_common::{ct, family};
 
-use crate::maps::{nf_conn_status_off, Work};
+use crate::maps::{kernel_ct_families, nf_conn_status_off, Work};
 use crate::parse::Pkt;
 
 /// `struct bpf_sock_tuple`: IPv4 uses the first 12 bytes (saddr, daddr, sport, dport), IPv6
@@ -103,10 +104,18 @@ pub(crate) enum Kernel {
     Reply { replied: bool },
 }
 
-/// Whether the kernel's table holds `p`'s connection (TCP or UDP with ports only).
+/// Whether the kernel's table holds `p`'s connection: TCP or UDP with ports, of a family the
+/// loader found the kernel tracking (`KERNEL_CT`).
 #[inline(always)]
 pub(crate) fn kernel_tracks(p: &Pkt) -> bool {
-    p.has_ports && (p.proto == crate::parse::IPPROTO_TCP || p.proto == crate::parse::IPPROTO_UDP)
+    let bit = if p.family == family::V4 {
+        KERNEL_CT_V4
+    } else {
+        KERNEL_CT_V6
+    };
+    kernel_ct_families() & bit != 0
+        && p.has_ports
+        && (p.proto == crate::parse::IPPROTO_TCP || p.proto == crate::parse::IPPROTO_UDP)
 }
 
 /// Look `p`'s connection up in the kernel's table (`p`: a TCP or UDP packet with ports);

@@ -147,9 +147,11 @@ pub(crate) fn new_flow_mask() -> u32 {
     unsafe { core::ptr::read_volatile(&NEW_FLOW_MASK) }
 }
 
-/// 1 where the kernel's connection table is read for TCP and UDP (`kernel_ct.rs`) instead of
-/// this program's own tables; set by the loader, which resolved the conntrack kfuncs then
-/// (`loader/kfunc.rs`). The verifier sees it as a constant: the other mode's code is dead.
+/// The families whose TCP and UDP take their state from the kernel's connection table
+/// (`kernel_ct.rs`) instead of this program's own tables: bit 0 IPv4, bit 1 IPv6
+/// ([`peerwall_common::kfunc::KERNEL_CT_V4`], `_V6`); set by the loader, which resolved the
+/// conntrack kfuncs then (`loader/kfunc.rs`). The verifier sees it as a constant: with 0
+/// the kernel path is dead code.
 #[unsafe(no_mangle)]
 static KERNEL_CT: u32 = 0;
 
@@ -157,11 +159,17 @@ static KERNEL_CT: u32 = 0;
 #[unsafe(no_mangle)]
 static NF_CONN_STATUS_OFF: u32 = 0;
 
-/// Whether [`KERNEL_CT`] is on, as loaded.
+/// Whether [`KERNEL_CT`] is on for any family, as loaded.
 #[inline(always)]
 pub(crate) fn kernel_ct_on() -> bool {
+    kernel_ct_families() != 0
+}
+
+/// [`KERNEL_CT`], as loaded.
+#[inline(always)]
+pub(crate) fn kernel_ct_families() -> u32 {
     // SAFETY: as in `new_flow_mask`.
-    unsafe { core::ptr::read_volatile(&KERNEL_CT) != 0 }
+    unsafe { core::ptr::read_volatile(&KERNEL_CT) }
 }
 
 /// [`NF_CONN_STATUS_OFF`], as loaded.

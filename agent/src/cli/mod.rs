@@ -119,7 +119,10 @@ pub struct BpfOpts {
     pub flow_table_size: Option<u32>,
     /// Whose connection table TCP and UDP packets take their state from: `kernel` reads the
     /// kernel's (the `bpf_skb_ct_lookup` kfunc; one table where the kernel tracks connections
-    /// anyway, as on a Liqo gateway with its NAT), `own` keeps the datapath's own tables.
+    /// anyway, as on a Liqo gateway with its NAT), `own` keeps the datapath's own tables,
+    /// `auto` reads the kernel's for each family the kernel tracks in the namespace when the
+    /// datapath loads (and the kfuncs are there), its own otherwise. `peerwall inspect` shows
+    /// which.
     #[arg(long, value_enum, default_value_t = BpfConntrack::Own)]
     pub bpf_conntrack: BpfConntrack,
     /// Where maps and links are pinned.
@@ -136,8 +139,9 @@ impl BpfOpts {
             xdp: self.xdp,
             flows: self.flow_table_size,
             conntrack: match self.bpf_conntrack {
-                BpfConntrack::Kernel => peerwall_backend_bpf::loader::Conntrack::Kernel,
-                BpfConntrack::Own => peerwall_backend_bpf::loader::Conntrack::Own,
+                BpfConntrack::Kernel => peerwall_backend_select::Conntrack::Kernel,
+                BpfConntrack::Own => peerwall_backend_select::Conntrack::Own,
+                BpfConntrack::Auto => peerwall_backend_select::Conntrack::Auto,
             },
             ..peerwall_backend_select::Settings::new(kind)
         }
@@ -147,8 +151,11 @@ impl BpfOpts {
 /// `--bpf-conntrack`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum BpfConntrack {
-    /// The kernel's connection table (fails to load where the kernel lacks the kfuncs).
+    /// The kernel's connection table (fails to load where the kernel lacks the kfuncs or
+    /// tracks no family here).
     Kernel,
+    /// The kernel's for the families it tracks here, where it offers the kfuncs.
+    Auto,
     /// The datapath's own tables.
     Own,
 }

@@ -127,9 +127,15 @@ impl BpfBackend {
         self.kernel_table = Table(Some(table));
     }
 
-    /// Whether TCP and UDP connections live in the kernel's table (kernel-conntrack mode).
+    /// Whether any connections live in the kernel's table (kernel-conntrack mode).
     fn kernel_tracks(&self) -> bool {
-        self.datapath.conntrack().kfuncs().is_some()
+        self.datapath.kernel_holds(false, 6) || self.datapath.kernel_holds(true, 6)
+    }
+
+    /// Whether the kernel's table holds `f`'s connection (TCP and UDP of a family the
+    /// datapath reads from the kernel; ICMP and SCTP stay in its own tables).
+    fn kernel_holds(&self, f: &peerwall_backend::Flow) -> bool {
+        self.datapath.kernel_holds(f.src.is_ipv6(), f.proto)
     }
 
     /// The kernel's table, where the datapath reads it.
@@ -195,8 +201,12 @@ impl BpfBackend {
             .map_err(failed("listing the kernel's connections"))?
         {
             // The kernel's TCP and UDP connections; the datapath's own tables hold the rest.
-            out.retain(|f| !kernel_proto(f));
-            out.extend(t.flows()?.into_iter().filter(kernel_proto));
+            let kernel = t.flows()?;
+            let datapath = &self.datapath;
+            let holds =
+                |f: &peerwall_backend::Flow| datapath.kernel_holds(f.src.is_ipv6(), f.proto);
+            out.retain(|f| !holds(f));
+            out.extend(kernel.into_iter().filter(holds));
         }
         Ok(out)
     }
@@ -205,11 +215,8 @@ impl BpfBackend {
     /// the kernel tracks TCP and UDP, those are marked ended in the datapath first, then
     /// deleted from the kernel's table: no packet between the two starts them again.
     pub fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
-        let (kernel, own): (Vec<_>, Vec<_>) = if self.kernel_tracks() {
-            flows.iter().copied().partition(kernel_proto)
-        } else {
-            (Vec::new(), flows.to_vec())
-        };
+        let (kernel, own): (Vec<_>, Vec<_>) =
+            flows.iter().copied().partition(|f| self.kernel_holds(f));
         let mut n = self
             .datapath
             .end_flows(&own)
@@ -476,11 +483,4 @@ impl Backend for BpfBackend {
             })
             .unwrap_or_default()
     }
-}
-
-/// Whether the kernel's table holds `f` in the kernel-conntrack mode (TCP and UDP; the
-/// datapath keeps ICMP and SCTP in its own tables).
-fn kernel_proto(f: &peerwall_backend::Flow) -> bool {
-    f.proto == peerwall_policy::ir::eval::proto::TCP
-        || f.proto == peerwall_policy::ir::eval::proto::UDP
 }

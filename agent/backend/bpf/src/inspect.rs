@@ -86,6 +86,9 @@ pub struct Inspection {
     /// Conntrack's shortcut for unknown flows is armed (`FLOW_SEEN`: off while a program that
     /// does not keep it, an older release's, is attached here).
     pub flow_seen: bool,
+    /// Whose connection table TCP and UDP take their state from, per family: `kernel`
+    /// (`--bpf-conntrack`) or `own`.
+    pub conntrack: Vec<String>,
     /// Destination rewrites of the live slot (`VIEW<s>`): `ifindex N: FROM -> TO`.
     pub views: Vec<String>,
     /// Where new flows' paths come from, per family: the local-address mirror (`LOCAL`,
@@ -265,6 +268,20 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         chains,
         flows,
         flow_seen: cfg.flags & peerwall_common::flags::FLOW_SEEN != 0,
+        conntrack: [
+            ("IPv4", peerwall_common::flags::KERNEL_CT4),
+            ("IPv6", peerwall_common::flags::KERNEL_CT6),
+        ]
+        .iter()
+        .map(|(f, bit)| {
+            let whose = if cfg.flags & bit != 0 {
+                "the kernel's table"
+            } else {
+                "the datapath's own tables"
+            };
+            format!("{f} TCP and UDP: {whose}")
+        })
+        .collect(),
         views,
         paths: paths(pin_dir, &cfg),
     })
@@ -324,6 +341,9 @@ pub fn text(i: &Inspection) -> String {
             "off, a program attached here does not keep FLOW_SEEN"
         }
     );
+    for c in &i.conntrack {
+        s.push_str(&format!("conntrack {c}\n"));
+    }
     for p in &i.paths {
         s.push_str(&format!("paths {p}\n"));
     }

@@ -11,6 +11,9 @@ use peerwall_backend_nftables::conntrack::Conntrack;
 
 const NAME: &str = peerwall_backend_bpf::backend::NAME;
 
+/// `IPPROTO_UDP`.
+const UDP: u8 = 17;
+
 /// ctnetlink in this namespace; a rewritten connection (Liqo's remapping NAT) is listed as
 /// the forward hook sees it and ended by its original tuple.
 #[derive(Debug, Default)]
@@ -43,4 +46,43 @@ impl KernelTable for CtTable {
             .end(&orig)
             .map_err(BackendError::host(NAME, "ending the kernel's connections"))
     }
+}
+
+/// Whether the kernel tracks connections of a family in this namespace (a NAT rule or a
+/// conntrack match of that family makes it; a Liqo gateway's remapping does): a datagram
+/// from a socket of its own over loopback, then whether ctnetlink lists it (the entry is
+/// deleted again). IPv4 with `v6` false, IPv6 with it true; false where loopback cannot
+/// carry it (down, or without the family's address).
+pub fn tracks(v6: bool) -> bool {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
+    let lo: IpAddr = if v6 {
+        Ipv6Addr::LOCALHOST.into()
+    } else {
+        Ipv4Addr::LOCALHOST.into()
+    };
+    let Ok(sock) = UdpSocket::bind((lo, 0)) else {
+        return false;
+    };
+    let Ok(from) = sock.local_addr() else {
+        return false;
+    };
+    // The discard port: nobody answers, the entry is made by the datagram alone.
+    if sock.send_to(b"peerwall", (lo, 9)).is_err() {
+        return false;
+    }
+    let probe = Flow {
+        src: lo,
+        dst: lo,
+        proto: UDP,
+        sport: from.port(),
+        dport: 9,
+    };
+    let ct = Conntrack::default();
+    let found = ct
+        .list()
+        .is_ok_and(|all| all.iter().any(|t| t.orig == probe));
+    if found {
+        let _ = ct.end(&[probe]);
+    }
+    found
 }

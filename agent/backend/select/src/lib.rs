@@ -76,8 +76,8 @@ pub struct Settings {
     /// from the connection table, so the next packet of either side starts over. None: the
     /// default for bpf, no table for nftables (one-shot commands, which end nothing).
     pub ended_secs: Option<u32>,
-    /// bpf: whose connection table TCP and UDP use ([`loader::Conntrack`]).
-    pub conntrack: loader::Conntrack,
+    /// bpf: whose connection table TCP and UDP use.
+    pub conntrack: Conntrack,
 }
 
 impl Settings {
@@ -92,7 +92,48 @@ impl Settings {
             events: None,
             must_attach: false,
             ended_secs: None,
-            conntrack: loader::Conntrack::Own,
+            conntrack: Conntrack::Own,
+        }
+    }
+}
+
+/// Whose connection table the bpf datapath reads for TCP and UDP (`--bpf-conntrack`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Conntrack {
+    /// The kernel's, for the families it tracks in the namespace when the datapath loads;
+    /// loading fails where it tracks none or lacks the kfuncs.
+    Kernel,
+    /// The kernel's for the families it tracks there, where it offers the kfuncs; the
+    /// datapath's own otherwise.
+    Auto,
+    /// The datapath's own.
+    #[default]
+    Own,
+}
+
+impl Conntrack {
+    /// What the loader is asked for, with the families the kernel tracks in this namespace
+    /// ([`kernel_table::tracks`]).
+    fn load(self) -> Result<loader::Conntrack, loader::BpfError> {
+        let found = || loader::Conntrack::Kernel {
+            v4: kernel_table::tracks(false),
+            v6: kernel_table::tracks(true),
+        };
+        match self {
+            Self::Own => Ok(loader::Conntrack::Own),
+            Self::Auto if loader::KernelCt::probed().kfuncs().is_none() => {
+                Ok(loader::Conntrack::Own)
+            }
+            Self::Auto => Ok(found()),
+            Self::Kernel => match found() {
+                loader::Conntrack::Kernel {
+                    v4: false,
+                    v6: false,
+                } => Err(loader::BpfError::KernelConntrack(
+                    "--bpf-conntrack kernel: the kernel tracks no connections in this namespace (no NAT or conntrack rule of either family)".into(),
+                )),
+                k => Ok(k),
+            },
         }
     }
 }
@@ -154,7 +195,12 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
         &loader::LoadOptions {
             flows: s.flows,
             ended_secs: s.ended_secs.unwrap_or(DEFAULT_ENDED_SECS),
-            conntrack: s.conntrack,
+            conntrack: s.conntrack.load().map_err(|e| {
+                BackendError::host(NAME, "choosing the connection table")(LoadError {
+                    pin_dir: s.pin_dir.clone(),
+                    source: e,
+                })
+            })?,
         },
     )
     .map_err(|e| {

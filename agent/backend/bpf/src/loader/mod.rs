@@ -121,6 +121,9 @@ pub struct Datapath {
     seen_checked: Option<Vec<PathBuf>>,
     /// Whose connection table the program reads for TCP and UDP.
     conntrack: KernelCt,
+    /// The families whose TCP and UDP it reads from the kernel's table
+    /// ([`peerwall_common::kfunc::KERNEL_CT_V4`], `_V6`).
+    kernel_families: u32,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -180,8 +183,8 @@ impl Datapath {
         let ended_idle = opts.ended_idle_ns();
         loader.override_global(ENDED_IDLE_NS, &ended_idle, true);
         // The kernel's connection table, or the datapath's own (`options.rs`).
-        let (object, kernel) = options::conntrack_object(opts, &mut loader, &mut ct_globals)?;
-        let on = kernel.kfuncs().is_some();
+        let (object, kernel, families) =
+            options::conntrack_object(opts, &mut loader, &mut ct_globals)?;
         // The per-CPU verdict cache: a region of sets per possible CPU.
         loader.map_max_entries(
             map::VERDICTS4_CPU,
@@ -196,17 +199,25 @@ impl Datapath {
             diagnostics: Vec::new(),
             seen_checked: None,
             conntrack: KernelCt::Own(String::new()),
+            kernel_families: 0,
         };
         let mut c = b.config()?;
         b.active = c.active & 1;
         // For `inspect`: which table this program reads (the program reads its global).
-        let flag = peerwall_common::flags::KERNEL_CT;
-        let want = if on { c.flags | flag } else { c.flags & !flag };
+        use peerwall_common::{flags, kfunc};
+        let mut want = c.flags & !(flags::KERNEL_CT4 | flags::KERNEL_CT6);
+        if families & kfunc::KERNEL_CT_V4 != 0 {
+            want |= flags::KERNEL_CT4;
+        }
+        if families & kfunc::KERNEL_CT_V6 != 0 {
+            want |= flags::KERNEL_CT6;
+        }
         if want != c.flags {
             c.flags = want;
             b.set_config(c)?;
         }
         b.conntrack = kernel;
+        b.kernel_families = families;
         Ok(b)
     }
 
@@ -214,6 +225,17 @@ impl Datapath {
     /// why not the kernel's).
     pub fn conntrack(&self) -> &KernelCt {
         &self.conntrack
+    }
+
+    /// Whether the kernel's table holds connections of this family and protocol here (TCP
+    /// and UDP of a family the datapath reads from the kernel).
+    pub fn kernel_holds(&self, v6: bool, proto: u8) -> bool {
+        let bit = if v6 {
+            peerwall_common::kfunc::KERNEL_CT_V6
+        } else {
+            peerwall_common::kfunc::KERNEL_CT_V4
+        };
+        self.kernel_families & bit != 0 && (proto == 6 || proto == 17)
     }
 
     /// Fill of the established flows' table (`FLOWS`, the one whose overflow costs

@@ -14,14 +14,12 @@ const NF_CONN_STATUS_OFF: &str = "NF_CONN_STATUS_OFF";
 /// Whose connection table the datapath reads for TCP and UDP.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Conntrack {
-    /// The kernel's where its conntrack kfuncs are there, else its own.
-    #[default]
-    Auto,
-    /// The kernel's (`bpf_skb_ct_lookup`): one table for the kernel and the filter, where
-    /// the kernel tracks connections (a Liqo gateway: its NAT). Loading fails without the
-    /// kfuncs.
-    Kernel,
+    /// The kernel's (`bpf_skb_ct_lookup`) for the families it tracks here (`v4`, `v6`: the
+    /// caller found it tracking them, e.g. a Liqo gateway's NAT), the datapath's own for the
+    /// others: one table per connection. Loading fails without the kfuncs.
+    Kernel { v4: bool, v6: bool },
     /// The datapath's own tables (`FLOWS`, `FLOWS_NEW`), as where the kernel tracks nothing.
+    #[default]
     Own,
 }
 
@@ -65,19 +63,35 @@ pub(super) fn conntrack_object<'a>(
     opts: &LoadOptions,
     loader: &mut aya::EbpfLoader<'a>,
     globals: &'a mut [u32; 2],
-) -> Result<(Vec<u8>, KernelCt), BpfError> {
-    let kernel = match opts.conntrack {
-        Conntrack::Own => KernelCt::Own("chosen (--bpf-conntrack own)".into()),
-        Conntrack::Auto | Conntrack::Kernel => KernelCt::probed().clone(),
+) -> Result<(Vec<u8>, KernelCt, u32), BpfError> {
+    let (kernel, families) = match opts.conntrack {
+        Conntrack::Own => (KernelCt::Own("chosen (--bpf-conntrack own)".into()), 0),
+        Conntrack::Kernel {
+            v4: false,
+            v6: false,
+        } => (
+            KernelCt::Own(
+                "the kernel tracks no connections here (no NAT or conntrack rule)".into(),
+            ),
+            0,
+        ),
+        Conntrack::Kernel { v4, v6 } => {
+            let k = KernelCt::probed().clone();
+            if let KernelCt::Own(why) = &k {
+                return Err(BpfError::KernelConntrack(why.clone()));
+            }
+            let bits = u32::from(v4) * peerwall_common::kfunc::KERNEL_CT_V4
+                | u32::from(v6) * peerwall_common::kfunc::KERNEL_CT_V6;
+            (k, bits)
+        }
     };
-    if let (Conntrack::Kernel, KernelCt::Own(why)) = (opts.conntrack, &kernel) {
-        return Err(BpfError::KernelConntrack(why.clone()));
-    }
     let object = super::kfunc::patch(super::OBJECT, &kernel)
         .map_err(|e| BpfError::KernelConntrack(e.to_string()))?;
-    *globals = kernel.kfuncs().map_or([0, 0], |k| [1, k.status_offset]);
+    *globals = kernel
+        .kfuncs()
+        .map_or([0, 0], |k| [families, k.status_offset]);
     let [on, status_off] = &*globals;
     loader.override_global(KERNEL_CT, on, true);
     loader.override_global(NF_CONN_STATUS_OFF, status_off, true);
-    Ok((object, kernel))
+    Ok((object, kernel, families))
 }
