@@ -276,8 +276,8 @@ fn verdict_with_the_bpf_engine_leaves_nothing_behind() {
     assert!(new.is_empty(), "left behind: {new:?}");
 }
 
-/// Nothing the tests before this one ran (`cargo xtask test` runs this binary last and alone,
-/// `xtask/src/lanes.rs`) left pins or slot metadata behind: every peerwall-made entry of bpffs and of
+/// Nothing the tests before this one ran (cargo runs test binaries one after another, this one
+/// late) left pins or slot metadata behind: every peerwall-made entry of bpffs and of
 /// `/run/peerwall` whose name carries a process id belongs to a process still running.
 ///
 /// `cargo xtask test` passes the time the run started (`PEERWALL_TESTS_SINCE`, Unix seconds):

@@ -4,8 +4,7 @@
 //!   rustup components, bpf-linker, the Kubernetes binaries). Idempotent; run as root. `lab` and
 //!   `test` run it themselves, so a fresh machine needs no separate step.
 //! - `test`: setup, formatting and lint checks, then every test (unit, then integration tests
-//!   that build their own network namespaces; run as root), two test binaries at a time where
-//!   they allow it (`lanes.rs`).
+//!   that build their own network namespaces; run as root).
 //! - `crd`: regenerate `deploy/common/crd.yaml` from the Rust types.
 //! - `kube-build` / `kube-up`: the Kubernetes components (built from Debian's source package into
 //!   a version-keyed cache); a kube-apiserver started on loopback, for the tests and by hand.
@@ -17,7 +16,6 @@
 mod cycles;
 mod docs;
 mod image;
-mod lanes;
 mod previous;
 mod sizes;
 
@@ -282,8 +280,10 @@ fn setup_build() -> Result<()> {
 fn setup() -> Result<()> {
     setup_build()?;
     kube_build()?;
+    // The previous release before the images: it builds in the same target directory, and
+    // the images' build of this release then links its own `release/peerwall` last.
+    previous::ensure(&root(), &cache_dir(), &target_dir(), step)?;
     image::images()?;
-    previous::ensure(&root(), &cache_dir(), step)?;
     println!("setup done");
     Ok(())
 }
@@ -333,19 +333,7 @@ fn test(extra: &[String]) -> Result<()> {
     t.args(["test", "--workspace", "--exclude", "peerwall-ebpf"])
         .args(extra)
         .env("PEERWALL_TESTS_SINCE", since.to_string());
-    if !extra.is_empty() {
-        // A chosen subset (`cargo xtask test -p peerwall --test kube`): as cargo runs it.
-        return run(t);
-    }
-    // Every test binary, two at a time where they allow it (lanes.rs); the doc tests first.
-    let mut doc = cargo();
-    doc.args(["test", "--workspace", "--exclude", "peerwall-ebpf", "--doc"]);
-    run(doc)?;
-    lanes::run(
-        t,
-        &target_dir().join("tmp").join("test-logs"),
-        &[("PEERWALL_TESTS_SINCE", since.to_string())],
-    )?;
+    run(t)?;
     // A bounded run of every fuzz target (a long one by hand: `cargo xtask fuzz TARGET 3600`).
     if extra.is_empty() {
         fuzz(&[])?;
@@ -389,7 +377,7 @@ fn reliability(args: &[String]) -> Result<()> {
 /// Every fault, the node's gateway churn and the event flood; their rows go to `rows_dir`.
 fn run_reliability(rows_dir: &Path) -> Result<()> {
     setup_build()?;
-    previous::ensure(&root(), &cache_dir(), step)?;
+    previous::ensure(&root(), &cache_dir(), &target_dir(), step)?;
     let _ = std::fs::remove_dir_all(rows_dir);
     let mut t = cargo();
     t.args([

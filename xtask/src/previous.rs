@@ -1,6 +1,7 @@
 //! The previous release's `peerwall`, for the upgrade fault (`tests/faults.rs`): the commit
 //! `tests/previous-release` names, built once into the cache as
-//! `<cache>/previous-<12 hex>/peerwall` (its sources and build tree are removed afterwards).
+//! `<cache>/previous-<12 hex>/peerwall` (its sources are removed afterwards; it builds in the
+//! project's target directory, sharing the dependencies' builds with the current release).
 //! The test finds it there, or at `$PEERWALL_PREVIOUS`.
 
 use std::path::{Path, PathBuf};
@@ -10,8 +11,12 @@ use anyhow::{bail, Context, Result};
 
 use crate::docs::Step;
 
-/// Build the previous release unless the cache holds it; returns the binary.
-pub fn ensure(root: &Path, cache: &Path, step: Step) -> Result<PathBuf> {
+/// Build the previous release unless the cache holds it; returns the binary. It builds in the
+/// project's own target directory (`target`), with the same profile: the dependencies both
+/// releases share (most of them, and the slowest to build) are compiled once for the two.
+/// Run it before the current release is built, which then links its own binary over the
+/// previous one's at `release/peerwall`.
+pub fn ensure(root: &Path, cache: &Path, target: &Path, step: Step) -> Result<PathBuf> {
     let named = root.join("tests").join("previous-release");
     let commit =
         std::fs::read_to_string(&named).with_context(|| format!("reading {}", named.display()))?;
@@ -65,19 +70,17 @@ pub fn ensure(root: &Path, cache: &Path, step: Step) -> Result<PathBuf> {
         "building the previous release {} for the upgrade test (a few minutes, once)",
         &commit[..12]
     );
-    let target = dir.join("target");
     let mut build = Command::new("cargo");
     build
         .current_dir(&src)
         .args(["build", "--release", "--locked", "-p", "peerwall"])
-        .env("CARGO_TARGET_DIR", &target)
+        .env("CARGO_TARGET_DIR", target)
         .env_remove("RUSTC")
         .env_remove("CARGO");
     step(&format!("building peerwall {}", &commit[..12]), build)?;
     std::fs::copy(target.join("release").join("peerwall"), &bin)
         .with_context(|| format!("copying the previous release to {}", bin.display()))?;
     let _ = std::fs::remove_dir_all(&src);
-    let _ = std::fs::remove_dir_all(&target);
     let _ = std::fs::remove_file(&tar);
     Ok(bin)
 }

@@ -221,23 +221,6 @@ impl Datapath {
         Ok(b)
     }
 
-    /// Whose connection table the loaded program reads for TCP and UDP (and, for its own,
-    /// why not the kernel's).
-    pub fn conntrack(&self) -> &KernelCt {
-        &self.conntrack
-    }
-
-    /// Whether the kernel's table holds connections of this family and protocol here (TCP
-    /// and UDP of a family the datapath reads from the kernel).
-    pub fn kernel_holds(&self, v6: bool, proto: u8) -> bool {
-        let bit = if v6 {
-            peerwall_common::kfunc::KERNEL_CT_V6
-        } else {
-            peerwall_common::kfunc::KERNEL_CT_V4
-        };
-        self.kernel_families & bit != 0 && (proto == 6 || proto == 17)
-    }
-
     /// Fill of the established flows' table (`FLOWS`, the one whose overflow costs
     /// connections): (live entries, capacity). Counting walks the keys (one syscall each;
     /// about 30 ms for a full table of 65536), so call it seldom.

@@ -80,8 +80,8 @@ pub(super) fn conntrack_object<'a>(
             if let KernelCt::Own(why) = &k {
                 return Err(BpfError::KernelConntrack(why.clone()));
             }
-            let bits = u32::from(v4) * peerwall_common::kfunc::KERNEL_CT_V4
-                | u32::from(v6) * peerwall_common::kfunc::KERNEL_CT_V6;
+            let bits = (u32::from(v4) * peerwall_common::kfunc::KERNEL_CT_V4)
+                | (u32::from(v6) * peerwall_common::kfunc::KERNEL_CT_V6);
             (k, bits)
         }
     };
@@ -94,4 +94,23 @@ pub(super) fn conntrack_object<'a>(
     loader.override_global(KERNEL_CT, on, true);
     loader.override_global(NF_CONN_STATUS_OFF, status_off, true);
     Ok((object, kernel, families))
+}
+
+impl super::Datapath {
+    /// Whose connection table the loaded program reads for TCP and UDP (and, for its own,
+    /// why not the kernel's).
+    pub fn conntrack(&self) -> &KernelCt {
+        &self.conntrack
+    }
+
+    /// Whether the kernel's table holds connections of this family and protocol here (TCP
+    /// and UDP of a family the datapath reads from the kernel).
+    pub fn kernel_holds(&self, v6: bool, proto: u8) -> bool {
+        let bit = if v6 {
+            peerwall_common::kfunc::KERNEL_CT_V6
+        } else {
+            peerwall_common::kfunc::KERNEL_CT_V4
+        };
+        self.kernel_families & bit != 0 && (proto == 6 || proto == 17)
+    }
 }
