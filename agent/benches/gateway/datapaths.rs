@@ -30,6 +30,9 @@ pub(crate) enum Datapath {
     /// peerwall bpf on a gateway whose kernel conntrack is on (Liqo's remapping NAT), as
     /// `ConntrackOnly`: the same baseline the nftables row has.
     PeerwallBpfConntrack,
+    /// The same gateway, the bpf datapath reading the kernel's connection table for TCP and
+    /// UDP (`--bpf-conntrack kernel`) instead of keeping its own: one table, the kernel's.
+    PeerwallBpfKernelCt,
     PeerwallXdp,
     /// `peerwall agent --events` over the nftables / bpf datapath: the same policy, every drop
     /// reported (NFLOG / ring buffer, rate-limited) and read by the running agent.
@@ -41,7 +44,7 @@ pub(crate) enum Datapath {
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 15] = [
+    pub(crate) const ALL: [Datapath; 16] = [
         Datapath::None,
         Datapath::ConntrackOnly,
         Datapath::TcEmpty,
@@ -51,6 +54,7 @@ impl Datapath {
         Datapath::PeerwallNftConntrack,
         Datapath::PeerwallBpf,
         Datapath::PeerwallBpfConntrack,
+        Datapath::PeerwallBpfKernelCt,
         Datapath::PeerwallXdp,
         Datapath::PeerwallNftEvents,
         Datapath::PeerwallBpfEvents,
@@ -69,6 +73,7 @@ impl Datapath {
             Datapath::PeerwallNftConntrack => "peerwall nftables, conntrack on (Liqo's NAT)",
             Datapath::PeerwallBpf => "peerwall bpf (tcx)",
             Datapath::PeerwallBpfConntrack => "peerwall bpf (tcx), conntrack on",
+            Datapath::PeerwallBpfKernelCt => "peerwall bpf (tcx), conntrack on, the kernel's table",
             Datapath::PeerwallXdp => "peerwall bpf + XDP",
             Datapath::PeerwallNftEvents => "peerwall nftables, agent --events",
             Datapath::PeerwallBpfEvents => "peerwall bpf (tcx), agent --events",
@@ -419,7 +424,17 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
         }
         // As deployed: under the agent, whose route watcher keeps the local-address mirror.
         Datapath::PeerwallBpf | Datapath::PeerwallXdp => {
-            let agent = deployed::bpf_agent(lab, p, dp == Datapath::PeerwallXdp);
+            let extra: &[&str] = if dp == Datapath::PeerwallXdp {
+                &["--xdp"]
+            } else {
+                &[]
+            };
+            let agent = deployed::bpf_agent(lab, p, extra);
+            *lab.agent.borrow_mut() = Some(agent);
+        }
+        Datapath::PeerwallBpfKernelCt => {
+            install(lab, Datapath::ConntrackOnly, p)?;
+            let agent = deployed::bpf_agent(lab, p, &["--bpf-conntrack", "kernel"]);
             *lab.agent.borrow_mut() = Some(agent);
         }
         Datapath::PeerwallBpfConntrack => {
@@ -540,7 +555,7 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
                 &["delete", "--backend", "bpf", "--pin-dir", &lab.pins()],
             );
         }
-        Datapath::PeerwallBpfConntrack => {
+        Datapath::PeerwallBpfConntrack | Datapath::PeerwallBpfKernelCt => {
             uninstall(lab, Datapath::PeerwallBpf);
             uninstall(lab, Datapath::ConntrackOnly);
         }

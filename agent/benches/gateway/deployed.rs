@@ -56,9 +56,8 @@ pub(crate) fn mirror_answers(lab: &Lab) -> bool {
 /// `peerwall agent --backend bpf` enforcing `p` in the gateway (with `--xdp` when asked),
 /// once its policy is in force and the mirror answers: the agent starts its route watcher
 /// after its first apply has attached the programs.
-pub(crate) fn bpf_agent(lab: &Lab, p: &Policy, xdp: bool) -> Agent {
+pub(crate) fn bpf_agent(lab: &Lab, p: &Policy, extra: &[&str]) -> Agent {
     let dir = policy_dir(lab, "bpf-policies", p);
-    let extra: &[&str] = if xdp { &["--xdp"] } else { &[] };
     let agent = Agent::spawn(lab, &dir, "bpf", METRICS_ADDR, extra);
     let started = Instant::now();
     while !mirror_answers(lab) {

@@ -72,7 +72,7 @@ impl Traffic {
 ///
 /// `TcHash` is the limit: a tcx program that looks the destination up in one hash and drops
 /// what it does not find, no state, no flow tables: what dropping a flood can cost at least.
-pub(crate) const FLOOD_DATAPATHS: [Datapath; 7] = [
+pub(crate) const FLOOD_DATAPATHS: [Datapath; 8] = [
     Datapath::None,
     Datapath::ConntrackOnly,
     Datapath::TcHash,
@@ -80,6 +80,7 @@ pub(crate) const FLOOD_DATAPATHS: [Datapath; 7] = [
     Datapath::PeerwallNftConntrack,
     Datapath::PeerwallBpf,
     Datapath::PeerwallBpfConntrack,
+    Datapath::PeerwallBpfKernelCt,
 ];
 
 /// One datapath under one kind of traffic, every round.
@@ -257,8 +258,13 @@ pub(crate) fn floods(
                     (filters && !traffic.allowed()).then(|| DeniedGuard::install(lab, BESIDE_SRC));
                 let (fwd, taken, sent, seen) =
                     window(lab, &frames, traffic, beside_to, warmup, win);
-                let prog = matches!(dp, Datapath::PeerwallBpf | Datapath::PeerwallBpfConntrack)
-                    .then(|| program_ns(lab, &frames, traffic, beside_to));
+                let prog = matches!(
+                    dp,
+                    Datapath::PeerwallBpf
+                        | Datapath::PeerwallBpfConntrack
+                        | Datapath::PeerwallBpfKernelCt
+                )
+                .then(|| program_ns(lab, &frames, traffic, beside_to));
                 uninstall(lab, dp);
                 let rate = match guard {
                     None => fwd,
@@ -407,9 +413,34 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
                 verdict(p.median >= 1.3)
             ));
         }
+        // The bpf datapath reading the kernel's table (one connection table, not two).
+        if let Some(p) = paired(
+            rows,
+            traffic,
+            Datapath::PeerwallBpfKernelCt,
+            Datapath::PeerwallNftConntrack,
+        ) {
+            let bound = paired(
+                rows,
+                traffic,
+                Datapath::ConntrackOnly,
+                Datapath::PeerwallNftConntrack,
+            );
+            let near = bound.as_ref().is_some_and(|b| p.median >= 0.95 * b.median);
+            goals.push_str(&format!(
+                "| {}: bpf reading the kernel's table ÷ nftables, conntrack on for both | ≥ 1.0, and ≥ 0.95 × the bound | {p} | {} | {} |\n",
+                traffic.label(),
+                bound.map_or("–".to_string(), |b| b.to_string()),
+                verdict(p.median >= 1.0 && near)
+            ));
+        }
     }
     for traffic in [Traffic::NewDenied, Traffic::SynDenied] {
-        for dp in [Datapath::PeerwallBpf, Datapath::PeerwallBpfConntrack] {
+        for dp in [
+            Datapath::PeerwallBpf,
+            Datapath::PeerwallBpfConntrack,
+            Datapath::PeerwallBpfKernelCt,
+        ] {
             if let Some(p) = paired(rows, traffic, dp, Datapath::None) {
                 let bound = paired(rows, traffic, Datapath::TcHash, Datapath::None)
                     .map_or("–".to_string(), |b| b.to_string());
@@ -429,6 +460,7 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
                 | Datapath::PeerwallNftConntrack
                 | Datapath::PeerwallBpf
                 | Datapath::PeerwallBpfConntrack
+                | Datapath::PeerwallBpfKernelCt
         )
     };
     let lost: u64 = rows

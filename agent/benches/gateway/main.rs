@@ -285,6 +285,7 @@ fn main() {
                 Datapath::None
                     | Datapath::PeerwallXdp
                     | Datapath::PeerwallBpfConntrack
+                    | Datapath::PeerwallBpfKernelCt
                     | Datapath::PeerwallNftConntrack
                     | Datapath::PeerwallNftLinear
             ) && !d.is_limit()
