@@ -39,6 +39,7 @@ mod bare;
 mod cache;
 mod classify;
 mod conntrack;
+mod ct_args;
 mod events;
 mod flow;
 mod kernel_ct;

@@ -255,8 +255,8 @@ pub(crate) struct Work {
     pub(crate) gen: u32,
     /// The kernel conntrack lookup's tuple and options (`kernel_ct.rs`): kfunc arguments
     /// must be memory the verifier can size, and the stack has no room to spare.
-    pub(crate) ct_tuple: crate::kernel_ct::SockTuple,
-    pub(crate) ct_opts: crate::kernel_ct::CtOpts,
+    pub(crate) ct_tuple: crate::ct_args::SockTuple,
+    pub(crate) ct_opts: crate::ct_args::CtOpts,
     /// The packet's destination on the wire, when `view.rs` rewrote the parsed one
     /// (`viewed`): the kernel's conntrack knows the connection by it.
     pub(crate) wire_dst: [u8; 16],
