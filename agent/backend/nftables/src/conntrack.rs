@@ -147,3 +147,16 @@ fn netlink(action: &str) -> impl FnOnce(std::io::Error) -> NftError + '_ {
         source,
     }
 }
+
+/// Connections as the forward hook sees them (what a policy judges), with the original tuple
+/// of each one NAT rewrote (what its deletion must name): seen → original.
+pub fn as_seen(
+    tracked: Vec<ctnetlink::Tracked>,
+) -> (Vec<Flow>, std::collections::HashMap<Flow, Flow>) {
+    let rewritten = tracked
+        .iter()
+        .filter(|t| t.seen != t.orig)
+        .map(|t| (t.seen, t.orig))
+        .collect();
+    (tracked.into_iter().map(|t| t.seen).collect(), rewritten)
+}

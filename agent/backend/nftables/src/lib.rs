@@ -540,12 +540,9 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         let tracked = ct
             .list()
             .map_err(BackendError::host(NAME, "listing connections"))?;
-        self.listed = tracked
-            .iter()
-            .filter(|t| t.seen != t.orig)
-            .map(|t| (t.seen, t.orig))
-            .collect();
-        Ok(tracked.into_iter().map(|t| t.seen).collect())
+        let (seen, rewritten) = conntrack::as_seen(tracked);
+        self.listed = rewritten;
+        Ok(seen)
     }
 
     /// Ends connections as `flows` listed them: a rewritten one by its original tuple.

@@ -29,12 +29,9 @@ impl KernelTable for CtTable {
             .ct
             .list()
             .map_err(BackendError::host(NAME, "listing the kernel's connections"))?;
-        self.listed = tracked
-            .iter()
-            .filter(|t| t.seen != t.orig)
-            .map(|t| (t.seen, t.orig))
-            .collect();
-        Ok(tracked.into_iter().map(|t| t.seen).collect())
+        let (seen, rewritten) = peerwall_backend_nftables::conntrack::as_seen(tracked);
+        self.listed = rewritten;
+        Ok(seen)
     }
 
     fn end(&mut self, flows: &[Flow]) -> Result<usize, BackendError> {

@@ -238,15 +238,3 @@ mod tests {
         }
     }
 }
-
-#[cfg(test)]
-mod dump {
-    /// `PWX_PATCHED=FILE cargo test -p peerwall-backend-bpf -- --ignored dump_patched`.
-    #[test]
-    #[ignore]
-    fn dump_patched() {
-        let out = std::env::var("PWX_PATCHED").unwrap();
-        let p = super::patch(super::super::OBJECT, &super::KernelCt::probe()).unwrap();
-        std::fs::write(out, p).unwrap();
-    }
-}
