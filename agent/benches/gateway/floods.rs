@@ -134,8 +134,10 @@ fn program_ns(lab: &Lab, frames: &Arc<Vec<Vec<u8>>>, traffic: Traffic, beside_to
 }
 
 /// The flow that was there before the flood: one allowed UDP flow, one packet every
-/// millisecond from another CPU, counted at the receiver (`pwbeside` in its prerouting).
-const BESIDE_SRC: Ipv4Addr = Ipv4Addr::new(172, 20, 0, 1);
+/// millisecond from another CPU, counted at the receiver (`pwbeside` in its prerouting). Its
+/// source is a peer pod's (inside `traffic::SOURCES`, which the gateway configuration's source
+/// check admits; checked in `floods`), one the floods never use (they draw below .255.254).
+const BESIDE_SRC: Ipv4Addr = Ipv4Addr::new(172, 16, 255, 254);
 const BESIDE_SPORT: u16 = 4242;
 
 fn beside_counter_install(lab: &Lab) {
@@ -243,6 +245,11 @@ pub(crate) fn floods(
     seed: u64,
     wanted: impl Fn(Datapath) -> bool,
 ) -> Vec<FloodRow> {
+    let peer: ipnet::Ipv4Net = crate::traffic::SOURCES.parse().expect("CIDR");
+    assert!(
+        peer.contains(&BESIDE_SRC),
+        "the flow beside comes from {BESIDE_SRC}, outside the peer's pods {peer}: the policy drops it"
+    );
     beside_counter_install(lab);
     let beside_to = p.allowed[0].0;
     let mut rows: Vec<FloodRow> = Vec::new();
