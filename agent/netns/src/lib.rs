@@ -177,6 +177,46 @@ impl NetNs {
     }
 }
 
+/// This thread inside a namespace ([`NetNs::enter`]); back in the namespace it came from on
+/// drop.
+#[derive(Debug)]
+pub struct Entered {
+    back: File,
+}
+
+impl Drop for Entered {
+    fn drop(&mut self) {
+        // SAFETY: setns on a valid namespace fd affects only this thread. Failing to return
+        // cannot be reported from drop; the thread would stay inside, so it is stopped rather
+        // than left to act in the wrong namespace.
+        if unsafe { libc::setns(self.back.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            panic!(
+                "could not return to the thread's network namespace: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+impl NetNs {
+    /// Move the calling thread into this namespace until the guard is dropped (then back).
+    /// For a syscall whose namespace is the caller's (BPF_PROG_TEST_RUN runs a tc program on
+    /// the caller's namespace's loopback device); only this thread moves.
+    pub fn enter(&self) -> Result<Entered, NetnsError> {
+        let err = |source| NetnsError::Enter {
+            name: self.name.clone(),
+            source,
+        };
+        let back = File::open("/proc/thread-self/ns/net").map_err(err)?;
+        let target = File::open(format!("/run/netns/{}", self.name)).map_err(err)?;
+        // SAFETY: setns on a valid namespace fd affects only this thread.
+        if unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+            return Err(err(std::io::Error::last_os_error()));
+        }
+        Ok(Entered { back })
+    }
+}
+
 impl Drop for NetNs {
     fn drop(&mut self) {
         let _ = Command::new("ip")

@@ -6,7 +6,10 @@
 //! instead of a FIB lookup, and the deciding chain and rule are recorded in the per-CPU `LAST`
 //! map. Interface names get private indexes; nothing is attached to any interface.
 //! Conntrack states are made real by writing flows into `FLOWS` and shaping the packet, as the
-//! nftables engine does with `conntrack -I`.
+//! nftables engine does with `conntrack -I`. With the kernel's connection table
+//! ([`BpfProbe::with_kernel_conntrack`]) TCP and UDP flows are written into the kernel's table of
+//! a scratch namespace with `conntrack -I` instead, and every test run happens inside it (the
+//! kfunc looks the connection up in the namespace of the run's device).
 
 // size: the bpf probe engine: building the probe packet, running it through BPF_PROG_TEST_RUN,
 // decoding the result; split candidates are its frame builder and decoder.
@@ -171,6 +174,15 @@ pub struct BpfProbe {
     /// TCP connections a conversation opened since the flows were last reset, either way
     /// (source, destination, ports): their next segments are ACKs, the first a SYN.
     opened: std::collections::HashSet<(std::net::IpAddr, std::net::IpAddr, u16, u16)>,
+    /// The kernel's connection table, when the datapath reads it for TCP and UDP.
+    kernel: Option<KernelTable>,
+}
+
+/// The namespace whose kernel connection table a kernel-conntrack probe writes and runs in.
+struct KernelTable {
+    ns: peerwall_netns::NetNs,
+    /// Entries were written since the table was last flushed.
+    dirty: bool,
 }
 
 impl Drop for BpfProbe {
@@ -197,6 +209,11 @@ fn key(src: &std::net::IpAddr, dst: &std::net::IpAddr, p: u8, sport: u16, dport:
         family: family_code(peerwall_policy::ir::IpFamily::of(src)),
         _pad: [0; 2],
     }
+}
+
+/// The protocols whose state a kernel-conntrack datapath takes from the kernel's table.
+fn kernel_proto(p: u8) -> bool {
+    p == proto::TCP || p == proto::UDP
 }
 
 /// Remove the scratch datapaths of probe processes that are gone without cleaning up (killed,
@@ -226,6 +243,31 @@ impl BpfProbe {
         ifnames: &[String],
         parent: &std::path::Path,
     ) -> Result<Self, ProbeError> {
+        Self::load(policy, ifnames, parent, None)
+    }
+
+    /// [`new`](Self::new), the datapath reading the kernel's connection table for TCP and UDP
+    /// (`--bpf-conntrack kernel`), in a scratch network namespace of its own.
+    pub fn with_kernel_conntrack(
+        policy: &Policy,
+        ifnames: &[String],
+        parent: &std::path::Path,
+    ) -> Result<Self, ProbeError> {
+        let ns = peerwall_netns::NetNs::new("pwct")?;
+        Self::load(
+            policy,
+            ifnames,
+            parent,
+            Some(KernelTable { ns, dirty: false }),
+        )
+    }
+
+    fn load(
+        policy: &Policy,
+        ifnames: &[String],
+        parent: &std::path::Path,
+        kernel: Option<KernelTable>,
+    ) -> Result<Self, ProbeError> {
         sweep(parent);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let pin_dir = parent.join(format!("pwprobe-{}-{n}", std::process::id()));
@@ -240,13 +282,22 @@ impl BpfProbe {
                 ifindex: IFINDEX_BASE + i as u32,
             })
             .collect();
-        let mut backend = Datapath::load(&pin_dir)?;
+        let opts = loader::LoadOptions {
+            conntrack: if kernel.is_some() {
+                loader::Conntrack::Kernel { v4: true, v6: true }
+            } else {
+                loader::Conntrack::Own
+            },
+            ..loader::LoadOptions::default()
+        };
+        let mut backend = Datapath::load_with(&pin_dir, &opts)?;
         let mut probe = Self {
             bp: BpfPolicy::default(),
             ifindex: ifaces.iter().map(|i| (i.name.clone(), i.ifindex)).collect(),
             pin_dir,
             marker: std::process::id().wrapping_mul(2_246_822_519),
             opened: Default::default(),
+            kernel,
             backend: {
                 backend.set_probe_mode()?;
                 backend
@@ -284,8 +335,25 @@ impl BpfProbe {
             proto::ICMP
         };
         let mut shape = Shape::default();
+        self.flush_kernel_table()?;
         match pkt.ct_state {
             CtState::New => {}
+            CtState::Established if self.kernel.is_some() && kernel_proto(pkt.proto) => {
+                shape.tcp_ack = pkt.proto == proto::TCP;
+                // Either way round: the kernel finds a reply by its reply tuple.
+                let reply = marker & (1 << 30) != 0;
+                let (s, d, sp, dp) = if reply {
+                    (&pkt.dst, &pkt.src, pkt.dport, pkt.sport)
+                } else {
+                    (&pkt.src, &pkt.dst, pkt.sport, pkt.dport)
+                };
+                self.kernel_insert(pkt.proto, (s, d, sp, dp), !reply || pkt.proto == proto::TCP)?;
+            }
+            CtState::Related if self.kernel.is_some() && pkt.proto == icmp => {
+                shape.icmp_error = true;
+                let (qs, qd) = packet::related_inner_ports(marker);
+                self.kernel_insert(proto::UDP, (&pkt.dst, &pkt.src, qs, qd), false)?;
+            }
             CtState::Established => match pkt.proto {
                 proto::TCP => {
                     shape.tcp_ack = true;
@@ -331,6 +399,45 @@ impl BpfProbe {
         Ok(shape)
     }
 
+    /// Empty the kernel's connection table of a kernel-conntrack probe if anything was written.
+    fn flush_kernel_table(&mut self) -> Result<(), ProbeError> {
+        if let Some(k) = self.kernel.as_mut().filter(|k| k.dirty) {
+            k.ns.exec("conntrack", &["-F"])?;
+            k.dirty = false;
+        }
+        Ok(())
+    }
+
+    /// Write one connection into the kernel's table (`conntrack -I`), as `(source,
+    /// destination, source port, destination port)` of its original direction; `replied`:
+    /// the kernel saw its reply (a TCP connection is then established).
+    fn kernel_insert(
+        &mut self,
+        p: u8,
+        (s, d, sp, dp): (&std::net::IpAddr, &std::net::IpAddr, u16, u16),
+        replied: bool,
+    ) -> Result<(), ProbeError> {
+        let Some(k) = self.kernel.as_mut() else {
+            return Err(ProbeError::Unsupported(
+                "the kernel's connection table is not this probe's".into(),
+            ));
+        };
+        let (s, d, sp, dp) = (s.to_string(), d.to_string(), sp.to_string(), dp.to_string());
+        let name = if p == proto::TCP { "tcp" } else { "udp" };
+        let mut args = vec![
+            "-I", "-s", &s, "-d", &d, "-p", name, "--sport", &sp, "--dport", &dp, "-t", "120",
+        ];
+        if p == proto::TCP {
+            args.extend(["--state", "ESTABLISHED"]);
+        }
+        if replied {
+            args.extend(["-u", "SEEN_REPLY,ASSURED"]);
+        }
+        k.dirty = true;
+        k.ns.exec("conntrack", &args)?;
+        Ok(())
+    }
+
     /// Run the tc program on the packet with BPF_PROG_TEST_RUN (probe mode: the interfaces
     /// and path come in the skb's control block); returns the datapath's record of the
     /// decision, the run's result and the frame it left (an ICMP answer for reject).
@@ -372,6 +479,11 @@ impl BpfProbe {
             ctx[48 + i * 4..52 + i * 4].copy_from_slice(&v.to_ne_bytes());
         }
         let before = self.last_records()?;
+        // The kernel's table is the one of the run's device, this thread's namespace's loopback.
+        let _inside = match &self.kernel {
+            Some(k) => Some(k.ns.enter()?),
+            None => None,
+        };
         let mut out = vec![0u8; frame.len() + 256];
         let result = self
             .backend
