@@ -669,8 +669,9 @@ fn fuzz(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Remove the probe pin directories (`/sys/fs/bpf/pwprobe-<pid>-<n>`) and their metadata
-/// (`/run/peerwall/sys/fs/bpf/pwprobe-<pid>-<n>`) of processes that no longer exist. Unpinning
+/// Remove the probe pin directories (`/sys/fs/bpf/pwprobe-<pid>-<n>`), their metadata
+/// (`/run/peerwall/sys/fs/bpf/pwprobe-<pid>-<n>`) and the kernel-conntrack probes' namespaces
+/// (`pwct-<pid>-<n>`) of processes that no longer exist. Unpinning
 /// a link detaches its program; the maps go with their last reference.
 fn sweep_dead_probes() {
     for parent in ["/sys/fs/bpf", "/run/peerwall/sys/fs/bpf"] {
@@ -685,6 +686,21 @@ fn sweep_dead_probes() {
                 if let Err(err) = remove_tree(&e.path()) {
                     eprintln!("warning: removing {}: {err}", e.path().display());
                 }
+            }
+        }
+    }
+    // The kernel-conntrack probes' scratch namespaces (`pwct-<pid>-<n>`).
+    for e in std::fs::read_dir("/run/netns").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let dead = name
+            .strip_prefix("pwct-")
+            .and_then(|r| r.split('-').next())
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .is_some_and(|pid| !Path::new("/proc").join(pid).exists());
+        if dead {
+            let deleted = Command::new("ip").args(["netns", "del", &name]).status();
+            if !deleted.is_ok_and(|s| s.success()) {
+                eprintln!("warning: deleting network namespace {name}");
             }
         }
     }

@@ -216,6 +216,28 @@ fn kernel_proto(p: u8) -> bool {
     p == proto::TCP || p == proto::UDP
 }
 
+/// Prefix of a kernel-conntrack probe's namespace (`pwct-<pid>-<n>`).
+const KERNEL_NS_PREFIX: &str = "pwct";
+
+/// Delete the namespaces of kernel-conntrack probes whose process is gone (ended by `exit`, as a
+/// fuzzer does, their namespaces were never dropped).
+fn sweep_namespaces() {
+    for e in std::fs::read_dir("/run/netns").into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(KERNEL_NS_PREFIX)
+            .and_then(|r| r.strip_prefix('-'))
+            .and_then(|r| r.split('-').next())
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        if !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = peerwall_netns::run("ip", &["netns", "del", &name]);
+        }
+    }
+}
+
 /// Remove the scratch datapaths of probe processes that are gone without cleaning up (killed,
 /// or ended by `exit` as a fuzzer does): `pwprobe-<pid>-<n>` in `parent` whose process no
 /// longer exists, with their slot metadata.
@@ -253,7 +275,8 @@ impl BpfProbe {
         ifnames: &[String],
         parent: &std::path::Path,
     ) -> Result<Self, ProbeError> {
-        let ns = peerwall_netns::NetNs::new("pwct")?;
+        sweep_namespaces();
+        let ns = peerwall_netns::NetNs::new(KERNEL_NS_PREFIX)?;
         Self::load(
             policy,
             ifnames,

@@ -5,7 +5,9 @@
 //! it calls not IP or malformed must be passed or dropped unclassified. Each frame runs twice:
 //! as a flow's first packet (no state), and with the verdict cache on right after its
 //! undamaged form went through (the known-flow path, which reads headers by hand before the
-//! flow lookup). Needs root (bpf).
+//! flow lookup). Every policy is loaded twice: with the datapath's own connection tables and
+//! reading the kernel's (`--bpf-conntrack kernel`, in a scratch namespace whose table is empty,
+//! so every frame's TCP or UDP tuple goes to the kernel's lookup). Needs root (bpf).
 #![no_main]
 
 use std::sync::{Mutex, OnceLock};
@@ -17,7 +19,7 @@ use peerwall_policy::ir::{evaluate, Policy, VerdictAction};
 use peerwall_policy::testgen::IFACES;
 use peerwall_probe::bpf::{tc_action, BpfProbe, FrameRun};
 
-/// Policies run, each loaded once into its own datapath.
+/// Policies run, each loaded into two datapaths (own connection tables, the kernel's).
 const POLICIES: usize = 4;
 
 struct Loaded {
@@ -33,9 +35,20 @@ fn loaded() -> &'static Mutex<Vec<Loaded>> {
         let ifaces: Vec<String> = IFACES.iter().map(|s| s.to_string()).collect();
         let v = policies(POLICIES)
             .into_iter()
-            .map(|policy| Loaded {
-                probe: BpfProbe::new(&policy, &ifaces, &parent).expect("loading the datapath"),
-                policy,
+            .flat_map(|policy| {
+                let own = BpfProbe::new(&policy, &ifaces, &parent).expect("loading the datapath");
+                let kernel = BpfProbe::with_kernel_conntrack(&policy, &ifaces, &parent)
+                    .expect("loading the datapath reading the kernel's connection table");
+                [
+                    Loaded {
+                        probe: own,
+                        policy: policy.clone(),
+                    },
+                    Loaded {
+                        probe: kernel,
+                        policy,
+                    },
+                ]
             })
             .collect();
         Mutex::new(v)
@@ -129,6 +142,7 @@ fuzz_target!(
     let (iif, oif) = input.ifaces();
     let mut all = loaded().lock().expect("lock");
     let n = all.len();
+    // Each input on a policy's two datapaths in turn, by its low bit.
     let l = &mut all[usize::from(input.policy) % n];
     // Documented refusal: BPF_PROG_TEST_RUN refuses (EINVAL) a frame whose IP header is
     // shorter than its fixed part, so those (malformed: dropped) cannot be checked here.
