@@ -4,12 +4,15 @@
 //! Traffic from A to B is allowed when A's egress allows it and B's ingress allows it. A pod
 //! is isolated for a direction when a policy of its namespace selects it and covers that
 //! direction; an isolated pod allows what any rule of any selecting policy matches (a union);
-//! a pod no policy isolates allows everything in that direction. A rule matches when one of
+//! a pod no policy isolates allows everything in that direction. ClusterNetworkPolicies
+//! ([`crate::cnp`]) decide each direction first (Admin tier) and last (Baseline tier, only
+//! for a pod no NetworkPolicy isolates), from the API reference of `v1alpha2`. A rule matches when one of
 //! its peers and one of its ports match (an empty list: all). Policies are stateful: replies
 //! of an allowed connection pass (the tier's first rule); this module judges first packets.
 
 use std::net::IpAddr;
 
+use super::cnp::{self, ClusterNetworkPolicy};
 use super::{Cluster, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule};
 
 /// The first packet of a connection: its addresses as the gateway sees them, IP protocol
@@ -47,12 +50,29 @@ pub enum Side {
         /// `namespace/name` of each.
         policies: Vec<String>,
     },
+    /// Decided by rule `rule` (index in its direction's list) of ClusterNetworkPolicy
+    /// `policy` of `tier`: accepted or denied. (A `Pass` decides nothing: the next tier does;
+    /// one in the Baseline tier leaves the default.)
+    Cluster {
+        /// The tier.
+        tier: cnp::Tier,
+        /// The policy's name.
+        policy: String,
+        /// Index of the rule.
+        rule: usize,
+        /// Accept (true) or Deny.
+        accept: bool,
+    },
 }
 
 impl Side {
     /// Whether this direction lets the packet through.
     pub fn allows(&self) -> bool {
-        !matches!(self, Self::Denied { .. })
+        match self {
+            Self::Denied { .. } => false,
+            Self::Cluster { accept, .. } => *accept,
+            _ => true,
+        }
     }
 }
 
@@ -137,17 +157,15 @@ fn isolating<'a>(
     v
 }
 
-fn side(
+/// The NetworkPolicies' outcome for `pod` in one direction.
+fn np_side(
     cluster: &Cluster,
-    pod: Option<&Pod>,
+    pod: &Pod,
     rules_of: fn(&NetworkPolicy) -> Option<&Vec<Rule>>,
     far: Option<&Pod>,
     far_ip: IpAddr,
     flow: &Flow<'_>,
 ) -> Side {
-    let Some(pod) = pod else {
-        return Side::NotIsolated;
-    };
     let policies = isolating(cluster, pod, rules_of);
     if policies.is_empty() {
         return Side::NotIsolated;
@@ -172,6 +190,119 @@ fn side(
     }
 }
 
+/// Whether a ClusterNetworkPolicy `peer` matches the far end (`pod` when it is a pod, `ip` its
+/// address as the gateway sees it). `networks` name addresses as this cluster sees them, as
+/// `ipBlock`s do; a peer peerwall does not enforce matches everything in a `Deny` or `Pass`
+/// rule and nothing in an `Accept` (the API's fail-closed reading).
+fn cnp_peer_matches(
+    cluster: &Cluster,
+    peer: &cnp::Peer,
+    action: cnp::Action,
+    pod: Option<&Pod>,
+    ip: IpAddr,
+) -> bool {
+    match peer {
+        cnp::Peer::Unsupported(_) => action != cnp::Action::Accept,
+        cnp::Peer::Networks(nets) => nets.iter().any(|n| {
+            let block = Peer::Block(super::IpBlock {
+                cidr: *n,
+                except: Vec::new(),
+            });
+            peer_matches(cluster, "", &block, pod, ip)
+        }),
+        _ => pod
+            .is_some_and(|p| cnp::peer_selects_pod(peer, p, cluster.namespaces.get(&p.namespace))),
+    }
+}
+
+/// The first rule of `rules` matching the far end, with its index.
+fn cnp_first<'a>(
+    cluster: &Cluster,
+    rules: &'a [cnp::Rule],
+    far: Option<&Pod>,
+    far_ip: IpAddr,
+    flow: &Flow<'_>,
+) -> Option<(usize, &'a cnp::Rule)> {
+    rules.iter().enumerate().find(|(_, r)| {
+        r.peers
+            .iter()
+            .any(|p| cnp_peer_matches(cluster, p, r.action, far, far_ip))
+            && (r.ports.is_empty() || r.ports.iter().any(|p| port_matches(p, flow)))
+    })
+}
+
+/// One ClusterNetworkPolicy tier for `pod` in one direction: Some(decision) when an `Accept`
+/// or `Deny` rule decided, None when no rule matched or a `Pass` did.
+fn cnp_tier(
+    cluster: &Cluster,
+    tier: cnp::Tier,
+    pod: &Pod,
+    rules_of: fn(&ClusterNetworkPolicy) -> &Vec<cnp::Rule>,
+    far: Option<&Pod>,
+    far_ip: IpAddr,
+    flow: &Flow<'_>,
+) -> Option<Side> {
+    let ns = cluster.namespaces.get(&pod.namespace);
+    for p in cnp::order(cluster.cluster_policies.iter(), tier) {
+        if !p.selects(pod, ns) {
+            continue;
+        }
+        if let Some((i, r)) = cnp_first(cluster, rules_of(p), far, far_ip, flow) {
+            return match r.action {
+                cnp::Action::Pass => None,
+                a => Some(Side::Cluster {
+                    tier,
+                    policy: p.name.clone(),
+                    rule: i,
+                    accept: a == cnp::Action::Accept,
+                }),
+            };
+        }
+    }
+    None
+}
+
+/// One direction of `pod`: the Admin tier, the NetworkPolicies, the Baseline tier, the
+/// default.
+fn side(
+    cluster: &Cluster,
+    pod: Option<&Pod>,
+    rules_of: fn(&NetworkPolicy) -> Option<&Vec<Rule>>,
+    cnp_rules_of: fn(&ClusterNetworkPolicy) -> &Vec<cnp::Rule>,
+    far: Option<&Pod>,
+    far_ip: IpAddr,
+    flow: &Flow<'_>,
+) -> Side {
+    let Some(pod) = pod else {
+        return Side::NotIsolated;
+    };
+    if let Some(s) = cnp_tier(
+        cluster,
+        cnp::Tier::Admin,
+        pod,
+        cnp_rules_of,
+        far,
+        far_ip,
+        flow,
+    ) {
+        return s;
+    }
+    let np = np_side(cluster, pod, rules_of, far, far_ip, flow);
+    if np != Side::NotIsolated {
+        return np;
+    }
+    cnp_tier(
+        cluster,
+        cnp::Tier::Baseline,
+        pod,
+        cnp_rules_of,
+        far,
+        far_ip,
+        flow,
+    )
+    .unwrap_or(Side::NotIsolated)
+}
+
 /// The NetworkPolicy decision for the first packet of `flow`.
 pub fn decide(cluster: &Cluster, flow: &Flow<'_>) -> Decision {
     Decision {
@@ -179,6 +310,7 @@ pub fn decide(cluster: &Cluster, flow: &Flow<'_>) -> Decision {
             cluster,
             flow.src_pod,
             |p| p.egress.as_ref(),
+            |p| &p.egress,
             flow.dst_pod,
             flow.dst,
             flow,
@@ -187,6 +319,7 @@ pub fn decide(cluster: &Cluster, flow: &Flow<'_>) -> Decision {
             cluster,
             flow.dst_pod,
             |p| p.ingress.as_ref(),
+            |p| &p.ingress,
             flow.src_pod,
             flow.src,
             flow,

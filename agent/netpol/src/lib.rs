@@ -7,6 +7,7 @@
 //! No kube types here: the edges convert API objects (the agent's `k8s::netpol`).
 
 pub mod api;
+pub mod cnp;
 pub mod companion;
 pub mod eval;
 pub mod read;
@@ -280,6 +281,8 @@ pub struct Cluster {
     pub pods: Vec<Pod>,
     /// Policies.
     pub policies: Vec<NetworkPolicy>,
+    /// ClusterNetworkPolicies (both tiers).
+    pub cluster_policies: Vec<cnp::ClusterNetworkPolicy>,
     /// Per peer: how its CIDRs that overlap ours are seen here (Liqo's `Configuration`).
     /// A policy's `ipBlock` names addresses as seen here; a peer's gateway sees that peer's
     /// own ones.

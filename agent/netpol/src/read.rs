@@ -31,7 +31,7 @@ pub struct Unreadable {
     pub why: String,
 }
 
-fn selector(s: &api::LabelSelector, path: &str) -> Result<crate::Selector, String> {
+pub(crate) fn selector(s: &api::LabelSelector, path: &str) -> Result<crate::Selector, String> {
     let mut out = crate::Selector {
         labels: s.match_labels.clone().unwrap_or_default(),
         exprs: Vec::new(),

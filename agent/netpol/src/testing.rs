@@ -83,6 +83,7 @@ pub fn cluster(policies: Vec<NetworkPolicy>) -> Cluster {
             .collect(),
         pods,
         policies,
+        cluster_policies: Vec::new(),
         remaps: Default::default(),
     }
 }
@@ -226,6 +227,89 @@ pub fn random_cluster(rng: &mut StdRng) -> Cluster {
         c.policies.push(p);
     }
     c
+}
+
+/// Random ClusterNetworkPolicies (zero to three): either tier, priorities that tie (so name
+/// order counts), every subject and peer kind, `networks`, peers peerwall does not enforce
+/// (fail closed), ports by number, range and name, every action.
+pub fn random_cluster_policies(rng: &mut StdRng) -> Vec<cnp::ClusterNetworkPolicy> {
+    let ns_sel = |rng: &mut StdRng| random_selector(rng, "ns", &["x", "y", "z"]);
+    let pod_sel = |rng: &mut StdRng| random_selector(rng, "pod", &["a", "b", "c"]);
+    let rules = |rng: &mut StdRng, egress: bool| -> Vec<cnp::Rule> {
+        (0..rng.random_range(0..4))
+            .map(|i| cnp::Rule {
+                name: format!("r{i}"),
+                action: [cnp::Action::Accept, cnp::Action::Deny, cnp::Action::Pass]
+                    [rng.random_range(0..3)],
+                peers: (0..rng.random_range(1..3))
+                    .map(|_| match rng.random_range(0..if egress { 5 } else { 3 }) {
+                        0 => cnp::Peer::Namespaces(ns_sel(rng)),
+                        1 => cnp::Peer::Pods {
+                            namespaces: ns_sel(rng),
+                            pods: pod_sel(rng),
+                        },
+                        2 if rng.random_bool(0.2) => cnp::Peer::Unsupported("spec.x: test".into()),
+                        2 => cnp::Peer::Namespaces(ns_sel(rng)),
+                        3 => {
+                            cnp::Peer::Networks(vec![["10.0.0.0/8", "10.2.0.0/16", "10.1.0.0/30"]
+                                [rng.random_range(0..3)]
+                            .parse()
+                            .unwrap()])
+                        }
+                        _ => cnp::Peer::Unsupported("spec.x.nodes: test".into()),
+                    })
+                    .collect(),
+                ports: (0..rng.random_range(0..3))
+                    .flat_map(|_| match rng.random_range(0..5) {
+                        0 => vec![Port {
+                            protocol: Protocol::Tcp,
+                            ports: Ports::Range(80, 80),
+                        }],
+                        1 => vec![Port {
+                            protocol: Protocol::Udp,
+                            ports: Ports::Range(81, 8081),
+                        }],
+                        2 => vec![Port {
+                            protocol: Protocol::Sctp,
+                            ports: Ports::All,
+                        }],
+                        // `destinationNamedPort`: one named port per protocol.
+                        _ => [Protocol::Tcp, Protocol::Udp, Protocol::Sctp]
+                            .into_iter()
+                            .map(|protocol| Port {
+                                protocol,
+                                ports: Ports::Named(
+                                    ["serve-81-tcp", "serve-81-sctp"][rng.random_range(0..2)]
+                                        .into(),
+                                ),
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+            })
+            .collect()
+    };
+    (0..rng.random_range(0..4))
+        .map(|i| cnp::ClusterNetworkPolicy {
+            name: format!("cnp{i}"),
+            tier: if rng.random_bool(0.5) {
+                cnp::Tier::Admin
+            } else {
+                cnp::Tier::Baseline
+            },
+            priority: rng.random_range(0..3),
+            subject: if rng.random_bool(0.5) {
+                cnp::Subject::Namespaces(ns_sel(rng))
+            } else {
+                cnp::Subject::Pods {
+                    namespaces: ns_sel(rng),
+                    pods: pod_sel(rng),
+                }
+            },
+            ingress: rules(rng, false),
+            egress: rules(rng, true),
+        })
+        .collect()
 }
 
 /// The tier as the agent would enforce it: the FirewallConfiguration loaded and compiled.

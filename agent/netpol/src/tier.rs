@@ -21,6 +21,7 @@ use std::net::IpAddr;
 
 use peerwall_intent::types as api;
 
+use super::cnp;
 use super::{Cluster, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule};
 
 /// Prefix of the tier's table names.
@@ -320,6 +321,90 @@ fn rule_name(policy: &NetworkPolicy, dir: Dir, rule: usize, clause: usize, v4: b
     format!("{head}{tail}")
 }
 
+/// A ClusterNetworkPolicy rule's name: `admin:` or `baseline:`, the policy (cluster-scoped, no
+/// `/`, so no NetworkPolicy's `namespace/name` can begin so), direction and rule index.
+fn cnp_rule_name(
+    tier: cnp::Tier,
+    policy: &str,
+    dir: Dir,
+    rule: usize,
+    clause: usize,
+    v4: bool,
+) -> String {
+    let mut tail = format!(":{}[{rule}]", dir.word());
+    if clause > 0 {
+        tail.push_str(&format!(".{clause}"));
+    }
+    if !v4 {
+        tail.push_str(":v6");
+    }
+    let mut head = format!("{}:{policy}", tier.name().to_lowercase());
+    let max = 120 - tail.len();
+    if head.len() > max {
+        head.truncate(max);
+    }
+    format!("{head}{tail}")
+}
+
+/// The name of an inlined rule of a `Pass` (`pass` then `then`), unique in the chain through
+/// `n` when the two names do not fit together.
+fn pass_rule_name(pass: &api::FilterRule, then: &api::FilterRule, n: &mut usize) -> String {
+    let a = pass.name.as_deref().unwrap_or_default();
+    let b = then.name.as_deref().unwrap_or_default();
+    let full = format!("{a} > {b}");
+    if full.len() <= 120 {
+        return full;
+    }
+    *n += 1;
+    let tail = format!(" #{n}");
+    let mut head = full;
+    let mut cut = 120 - tail.len();
+    while !head.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    head.truncate(cut);
+    format!("{head}{tail}")
+}
+
+/// A ClusterNetworkPolicy rule as the NetworkPolicy rule shape the chain builder emits: its
+/// pod and namespace peers as pod peers, its networks as blocks; None when it can match
+/// nothing (an `Accept` whose every peer is one peerwall does not enforce). A peer peerwall
+/// does not enforce in a `Deny` or `Pass` rule matches everyone (no peer: any).
+fn cnp_as_rule(r: &cnp::Rule) -> Option<Rule> {
+    let mut peers = Vec::new();
+    for p in &r.peers {
+        match p {
+            cnp::Peer::Namespaces(sel) => peers.push(Peer::Pods {
+                namespaces: Some(sel.clone()),
+                pods: None,
+            }),
+            cnp::Peer::Pods { namespaces, pods } => peers.push(Peer::Pods {
+                namespaces: Some(namespaces.clone()),
+                pods: Some(pods.clone()),
+            }),
+            cnp::Peer::Networks(nets) => {
+                peers.extend(nets.iter().map(|n| {
+                    Peer::Block(super::IpBlock {
+                        cidr: *n,
+                        except: Vec::new(),
+                    })
+                }));
+            }
+            cnp::Peer::Unsupported(_) if r.action == cnp::Action::Accept => {}
+            cnp::Peer::Unsupported(_) => {
+                return Some(Rule {
+                    peers: Vec::new(),
+                    ports: r.ports.clone(),
+                })
+            }
+        }
+    }
+    (!peers.is_empty()).then(|| Rule {
+        peers,
+        ports: r.ports.clone(),
+    })
+}
+
 /// Builds one chain's sets and rules.
 struct ChainBuilder<'a> {
     dir: Dir,
@@ -398,8 +483,7 @@ impl ChainBuilder<'_> {
         out
     }
 
-    // size: one policy's rules, clauses and address sets share the set naming and the local/remote
-    // split; cut apart, each piece would carry all of that state.
+    /// One NetworkPolicy's accept rules; the pods it isolates go to `isolated`.
     fn policy(
         &mut self,
         pi: usize,
@@ -421,9 +505,40 @@ impl ChainBuilder<'_> {
             return;
         }
         isolated.push((pi, own.clone()));
+        let d = self.dir.word().chars().next().unwrap_or('x');
         for (ri, rule) in rules.iter().enumerate() {
+            let dir = self.dir;
+            let name = |ci: usize, v4: bool| rule_name(policy, dir, ri, ci, v4);
+            let out = self.rule_rules(
+                &format!("{d}{pi}_{ri}"),
+                &own,
+                &policy.namespace,
+                rule,
+                &name,
+                api::FilterAction::Accept,
+            );
+            self.rules.extend(out);
+        }
+    }
+
+    // size: one rule's clauses and address sets share the set naming and the local/remote
+    // split; cut apart, each piece would carry all of that state.
+    /// The filter rules of one policy rule (`rule`, of a policy in namespace `ns`, over the
+    /// policy's pods `own`) with `action`: one per own group (local, on the peer), port clause
+    /// and family. `tag` prefixes its sets' names, `name` names a rule by clause and family.
+    fn rule_rules(
+        &mut self,
+        tag: &str,
+        own: &BTreeSet<usize>,
+        ns: &str,
+        rule: &Rule,
+        name: &dyn Fn(usize, bool) -> String,
+        action: api::FilterAction,
+    ) -> Vec<api::FilterRule> {
+        let mut out = Vec::new();
+        {
             let any_peer = rule.peers.is_empty();
-            let far_pods = self.peer_pods(&policy.namespace, &rule.peers);
+            let far_pods = self.peer_pods(ns, &rule.peers);
             let blocks: Vec<&super::IpBlock> = rule
                 .peers
                 .iter()
@@ -536,15 +651,14 @@ impl ChainBuilder<'_> {
                             continue;
                         }
                         let fam = if v4 { "" } else { "6" };
-                        let d = self.dir.word().chars().next().unwrap_or('x');
                         let part = if *remote_own && named_apart { "r" } else { "" };
                         let mut m = vec![in_set(
-                            &self.set(format!("{d}{pi}_{ri}_{ci}{part}_own{fam}"), own_keys, v4),
+                            &self.set(format!("{tag}_{ci}{part}_own{fam}"), own_keys, v4),
                             self.dir.own(),
                         )];
                         if let Some(keys) = far_keys {
                             m.push(in_set(
-                                &self.set(format!("{d}{pi}_{ri}_{ci}{part}_far{fam}"), keys, v4),
+                                &self.set(format!("{tag}_{ci}{part}_far{fam}"), keys, v4),
                                 self.dir.far(),
                             ));
                         }
@@ -573,15 +687,15 @@ impl ChainBuilder<'_> {
                                 }));
                             }
                         }
-                        let mut name = rule_name(policy, self.dir, ri, ci, v4);
+                        let mut name = name(ci, v4);
                         if !part.is_empty() {
                             // The rule for the policy's pods on the peer.
                             name.push_str(":peer");
                         }
-                        self.rules.push(api::FilterRule {
+                        out.push(api::FilterRule {
                             name: Some(name),
                             r#match: m,
-                            action: Some(api::FilterAction::Accept),
+                            action: Some(action),
                             value: None,
                             counter: None,
                         });
@@ -589,12 +703,65 @@ impl ChainBuilder<'_> {
                 }
             }
         }
+        out
     }
 
+    /// The rules of the ClusterNetworkPolicies of `tier` for this chain's direction, in the
+    /// order they are consulted: per policy rule, its action and filter rules (a `Deny`'s
+    /// drop, an `Accept`'s or a `Pass`'s accept).
+    fn cnp_rules(&mut self, tier: cnp::Tier) -> Vec<(cnp::Action, Vec<api::FilterRule>)> {
+        let cluster = self.cluster;
+        let mut out = Vec::new();
+        let d = self.dir.word().chars().next().unwrap_or('x');
+        let t = if tier == cnp::Tier::Admin { 'a' } else { 'b' };
+        for (k, p) in cnp::order(cluster.cluster_policies.iter(), tier)
+            .into_iter()
+            .enumerate()
+        {
+            let rules = match self.dir {
+                Dir::Ingress => &p.ingress,
+                Dir::Egress => &p.egress,
+            };
+            if rules.is_empty() {
+                continue;
+            }
+            let own: BTreeSet<usize> = (0..self.pods.len())
+                .filter(|&i| {
+                    p.selects(
+                        self.pods[i],
+                        cluster.namespaces.get(&self.pods[i].namespace),
+                    )
+                })
+                .collect();
+            if own.is_empty() {
+                continue;
+            }
+            for (ri, r) in rules.iter().enumerate() {
+                let Some(rule) = cnp_as_rule(r) else {
+                    continue;
+                };
+                let dir = self.dir;
+                let name = |ci: usize, v4: bool| cnp_rule_name(tier, &p.name, dir, ri, ci, v4);
+                let action = if r.action == cnp::Action::Deny {
+                    api::FilterAction::Drop
+                } else {
+                    api::FilterAction::Accept
+                };
+                let frs =
+                    self.rule_rules(&format!("{d}{t}{k}_{ri}"), &own, "", &rule, &name, action);
+                out.push((r.action, frs));
+            }
+        }
+        out
+    }
+
+    // size: the chain's order in one place: replies, the Admin tier (each `Pass` followed by
+    // the later tiers for what it matched), the NetworkPolicies, the Baseline tier.
     fn build(
         mut self,
         policies: &[&NetworkPolicy],
     ) -> (api::Chain, Vec<api::Set>, Vec<Unenforced>) {
+        let admin = self.cnp_rules(cnp::Tier::Admin);
         self.rules.push(api::FilterRule {
             name: Some("replies".into()),
             r#match: vec![eq(api::Match {
@@ -640,6 +807,42 @@ impl ChainBuilder<'_> {
                 });
             }
         }
+        // The chain in tier order: replies, Admin, NetworkPolicies, Baseline. A `Pass` of the
+        // Admin tier sends what it matches to the later tiers: their rules follow it, each
+        // joined with the Pass's matches, then the default (accept) for the rest of it; the
+        // Admin rules after it then never see those packets.
+        let mut np = std::mem::take(&mut self.rules);
+        let replies = np.remove(0);
+        let baseline: Vec<api::FilterRule> = self
+            .cnp_rules(cnp::Tier::Baseline)
+            .into_iter()
+            .flat_map(|(_, frs)| frs)
+            .collect();
+        let mut rules = vec![replies];
+        let mut n = 0;
+        for (action, frs) in admin {
+            if action != cnp::Action::Pass {
+                rules.extend(frs);
+                continue;
+            }
+            for pass in frs {
+                for then in np.iter().chain(&baseline) {
+                    let mut m = pass.r#match.clone();
+                    m.extend(then.r#match.iter().cloned());
+                    rules.push(api::FilterRule {
+                        name: Some(pass_rule_name(&pass, then, &mut n)),
+                        r#match: m,
+                        action: then.action,
+                        value: None,
+                        counter: None,
+                    });
+                }
+                rules.push(pass);
+            }
+        }
+        rules.append(&mut np);
+        rules.extend(baseline);
+        self.rules = rules;
         let chain = api::Chain {
             name: Some(self.dir.word().into()),
             type_: Some(api::ChainType::Filter),
