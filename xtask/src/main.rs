@@ -690,7 +690,11 @@ fn sweep_dead_probes() {
         }
     }
     // The kernel-conntrack probes' scratch namespaces (`pwct-<pid>-<n>`).
-    for e in std::fs::read_dir("/run/netns").into_iter().flatten().flatten() {
+    for e in std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let name = e.file_name().to_string_lossy().into_owned();
         let dead = name
             .strip_prefix("pwct-")

@@ -222,7 +222,11 @@ const KERNEL_NS_PREFIX: &str = "pwct";
 /// Delete the namespaces of kernel-conntrack probes whose process is gone (ended by `exit`, as a
 /// fuzzer does, their namespaces were never dropped).
 fn sweep_namespaces() {
-    for e in std::fs::read_dir("/run/netns").into_iter().flatten().flatten() {
+    for e in std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let name = e.file_name().to_string_lossy().into_owned();
         let Some(pid) = name
             .strip_prefix(KERNEL_NS_PREFIX)
