@@ -662,6 +662,7 @@ fn offloaded_pods_call_home_and_nowhere_else() {
             policy_of("offload-a2", "a", home_a),
             policy_of("offload-b", "b", &home_b),
         ],
+        cluster_policies: Vec::new(),
         remaps: Default::default(),
     };
     let c = build(&home_a);

@@ -373,8 +373,13 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t = Output::Text)]
         output: Output,
     },
-    /// Print the FirewallConfiguration CRD (YAML) generated from the Rust types.
-    Crd,
+    /// Print peerwall's CRDs (YAML) generated from the Rust types.
+    Crd {
+        /// Print the ClusterNetworkPolicy CRD (policy.networking.k8s.io/v1alpha2) instead, as
+        /// the controller installs it where the cluster has none.
+        #[arg(long)]
+        cluster_network_policy: bool,
+    },
     /// Every peer's protection at a glance, from the API server (KUBECONFIG or in-cluster):
     /// enforced or not, on which hosts and backends, generation, audit, drops in the last
     /// minutes (agents with --events), the last error.
@@ -888,17 +893,23 @@ fn preserve_unknown_fields(v: &mut serde_json::Value) {
 /// treats absent fields, and validation reports them with their path. Unknown fields of
 /// `spec` are kept (`preserve_unknown_fields`).
 pub fn crd_yaml() -> anyhow::Result<String> {
-    use kube::CustomResourceExt;
-    fn strip_defaults(v: &mut serde_json::Value) {
-        match v {
-            serde_json::Value::Object(o) => {
-                o.remove("default");
-                o.values_mut().for_each(strip_defaults);
-            }
-            serde_json::Value::Array(a) => a.iter_mut().for_each(strip_defaults),
-            _ => {}
+    crd_docs()
+}
+
+/// Remove every schema `default` (see [`crd_yaml`]).
+pub fn strip_defaults(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(o) => {
+            o.remove("default");
+            o.values_mut().for_each(strip_defaults);
         }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_defaults),
+        _ => {}
     }
+}
+
+fn crd_docs() -> anyhow::Result<String> {
+    use kube::CustomResourceExt;
     let mut docs = Vec::new();
     for crd in [
         peerwall_intent::FirewallConfiguration::crd(),
@@ -1050,7 +1061,15 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             output,
         } => host::counters(backend, &at, output),
         Command::Observe(a) => observe::observe(a),
-        Command::Crd => out(&crd_yaml().map_err(runtime)?),
+        Command::Crd {
+            cluster_network_policy: false,
+        } => out(&crd_yaml().map_err(runtime)?),
+        Command::Crd {
+            cluster_network_policy: true,
+        } => out(&crate::k8s::cluster_policy_crd::crd()
+            .map_err(anyhow::Error::from)
+            .and_then(|c| Ok(serde_yaml::to_string(&c)?))
+            .map_err(runtime)?),
         Command::Status { minutes, output } => status(minutes, output),
         Command::SidecarPatch(a) => sidecar::sidecar_patch(a),
         Command::Lab { backend, keep } => serve::lab(backend, keep),

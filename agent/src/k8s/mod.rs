@@ -4,6 +4,7 @@
 //! between the API server and them.
 
 pub mod agent;
+pub mod cluster_policy_crd;
 pub mod controller;
 pub mod coverage;
 pub mod gateways;
@@ -85,6 +86,16 @@ pub fn liqo_configuration_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(load::LIQO_GROUP, load::LIQO_VERSION, "Configuration"),
         "configurations",
+    )
+}
+
+/// ClusterNetworkPolicies (`policy.networking.k8s.io/v1alpha2`, cluster-scoped), read by the
+/// controller into each peer's tier.
+pub fn cluster_network_policy_resource() -> ApiResource {
+    use peerwall_netpol::cnp::api as cnp;
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(cnp::GROUP, cnp::VERSION, cnp::KIND),
+        cnp::PLURAL,
     )
 }
 

@@ -89,6 +89,7 @@ fn cluster() -> Cluster {
             pod("app-a", "web", "10.20.1.10", &[("app", "prometheus")], None),
         ],
         policies: vec![],
+        cluster_policies: vec![],
         remaps: Default::default(),
     }
 }

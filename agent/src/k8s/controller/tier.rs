@@ -26,13 +26,14 @@ use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-/// The cluster as NetworkPolicies see it, from the caches; the policies that do not read;
-/// every NetworkPolicy object (for Events and companions).
-/// The cluster as NetworkPolicies see it, what of them does not read, and the objects.
+/// The cluster as NetworkPolicies and ClusterNetworkPolicies see it, from the caches; the
+/// NetworkPolicies that do not read; every NetworkPolicy object (for Events and companions);
+/// what of the ClusterNetworkPolicies is refused or not enforced as written (the object, why).
 pub(super) type NetpolView = (
     netpol::Cluster,
     Vec<crate::k8s::netpol::Unreadable>,
     Vec<Arc<NetworkPolicy>>,
+    Vec<(Arc<DynamicObject>, String)>,
 );
 
 pub(super) fn netpol_view(ctx: &Ctx) -> NetpolView {
@@ -42,14 +43,32 @@ pub(super) fn netpol_view(ctx: &Ctx) -> NetpolView {
         ctx.pods.state(),
         ctx.network_policies.state(),
     );
-    let (cluster, unreadable) = crate::k8s::netpol::cluster(
+    let (mut cluster, unreadable) = crate::k8s::netpol::cluster(
         namespaces.iter().map(AsRef::as_ref),
         nodes.iter().map(AsRef::as_ref),
         pods.iter().map(AsRef::as_ref),
         policies.iter().map(AsRef::as_ref),
         &remaps(ctx),
     );
-    (cluster, unreadable, policies)
+    let mut cnp_problems = Vec::new();
+    for obj in ctx
+        .cluster_policies
+        .get()
+        .map(kube::runtime::reflector::Store::state)
+        .unwrap_or_default()
+    {
+        let read = serde_json::to_value(obj.as_ref())
+            .map_err(|e| e.to_string())
+            .and_then(|v| netpol::cnp::read::policy_json(v).map_err(|u| u.why));
+        match read {
+            Ok(r) => {
+                cnp_problems.extend(r.unenforced.into_iter().map(|why| (obj.clone(), why)));
+                cluster.cluster_policies.push(r.policy);
+            }
+            Err(why) => cnp_problems.push((obj.clone(), format!("{why} (the policy is left out)"))),
+        }
+    }
+    (cluster, unreadable, policies, cnp_problems)
 }
 
 /// Keep `peer`'s NetworkPolicy tier ([`netpol::tier`]) in place, and report once what of the
@@ -58,9 +77,12 @@ pub(super) async fn publish_tier(
     ns: &Namespace,
     peer: &protection::Peer,
     ctx: &Ctx,
-    (cluster, unreadable, policies): &NetpolView,
+    (cluster, unreadable, policies, cnp_problems): &NetpolView,
     audit: bool,
 ) -> Result<(), ReconcileError> {
+    for (obj, why) in cnp_problems {
+        report_object(ctx, obj, "clusternetworkpolicy", why).await;
+    }
     let ns_name = ns.name_any();
     let tier = tokio::task::block_in_place(|| netpol::tier::tier(cluster, &peer.id, audit));
     let problems = unreadable
@@ -104,7 +126,7 @@ pub(super) async fn publish_tier(
 /// policy, so deleting that policy removes it too.
 pub(super) async fn publish_companions(
     ctx: &Ctx,
-    (cluster, _, policies): &NetpolView,
+    (cluster, _, policies, _): &NetpolView,
 ) -> Result<(), ReconcileError> {
     let (desired, too_large) = netpol::companion::companions(cluster, |_| false);
     for (policy, why) in too_large {
@@ -175,12 +197,7 @@ pub(super) async fn report_policy(
     key: &str,
     why: &str,
 ) {
-    let first = ctx
-        .reported
-        .lock()
-        .map(|mut r| r.insert(format!("{key}\n{why}")))
-        .unwrap_or(false);
-    if !first {
+    if !first_report(ctx, key, why) {
         return;
     }
     tracing::warn!(networkpolicy = key, "{why}");
@@ -190,6 +207,35 @@ pub(super) async fn report_policy(
     else {
         return;
     };
+    not_enforced_event(ctx, &p.object_ref(&()), key, why).await;
+}
+
+/// [`report_policy`] for a watched object of another kind (`kind`, for the log).
+async fn report_object(ctx: &Ctx, obj: &DynamicObject, kind: &str, why: &str) {
+    let key = format!("{kind}/{}", obj.name_any());
+    if !first_report(ctx, &key, why) {
+        return;
+    }
+    tracing::warn!(object = %key, "{why}");
+    let resource = crate::k8s::cluster_network_policy_resource();
+    not_enforced_event(ctx, &obj.object_ref(&resource), &key, why).await;
+}
+
+/// Whether `why` about `key` is reported for the first time (then it is noted).
+fn first_report(ctx: &Ctx, key: &str, why: &str) -> bool {
+    ctx.reported
+        .lock()
+        .map(|mut r| r.insert(format!("{key}\n{why}")))
+        .unwrap_or(false)
+}
+
+/// A Warning Event `NotEnforced` on the object `reference`.
+async fn not_enforced_event(
+    ctx: &Ctx,
+    reference: &k8s_openapi::api::core::v1::ObjectReference,
+    key: &str,
+    why: &str,
+) {
     let recorder = crate::k8s::recorder::Recorder::new(
         ctx.client.clone(),
         kube::runtime::events::Reporter {
@@ -204,7 +250,7 @@ pub(super) async fn report_policy(
         action: "Enforce".into(),
         secondary: None,
     };
-    if let Err(e) = recorder.publish(&ev, &p.object_ref(&())).await {
-        tracing::warn!(networkpolicy = key, error = %e, "could not publish the event");
+    if let Err(e) = recorder.publish(&ev, reference).await {
+        tracing::warn!(object = key, error = %e, "could not publish the event");
     }
 }
