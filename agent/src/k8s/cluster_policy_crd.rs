@@ -51,8 +51,9 @@ pub struct ClusterNetworkPolicySpec {
 /// Status written by implementations.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, JsonSchema)]
 pub struct ClusterNetworkPolicyStatus {
-    /// Conditions (`type` is the list's key).
+    /// Conditions (`type` is the list's key: each implementation applies its own entries).
     #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 

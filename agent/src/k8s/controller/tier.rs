@@ -83,6 +83,7 @@ pub(super) async fn publish_tier(
     for (obj, why) in cnp_problems {
         report_object(ctx, obj, "clusternetworkpolicy", why).await;
     }
+    publish_cnp_status(ctx, cnp_problems).await;
     let ns_name = ns.name_any();
     let tier = tokio::task::block_in_place(|| netpol::tier::tier(cluster, &peer.id, audit));
     let problems = unreadable
@@ -187,6 +188,76 @@ pub(super) async fn publish_companions(
         }
     }
     Ok(())
+}
+
+/// Condition type peerwall writes on each ClusterNetworkPolicy.
+pub const CNP_CONDITION: &str = "Accepted";
+
+/// The `Accepted` condition of every ClusterNetworkPolicy: `True` (reason `Accepted`) when it is
+/// enforced as written, `False` (reason `NotEnforced`, the reasons as its message) when it was
+/// refused or a part of it fails closed. Written by server-side apply of this one entry of the
+/// conditions (a list keyed by `type`), only when it changes: what other implementations write
+/// stays.
+async fn publish_cnp_status(ctx: &Ctx, problems: &[(Arc<DynamicObject>, String)]) {
+    let Some(store) = ctx.cluster_policies.get() else {
+        return;
+    };
+    let resource = crate::k8s::cluster_network_policy_resource();
+    let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &resource);
+    for obj in store.state() {
+        let name = obj.name_any();
+        let whys: Vec<&str> = problems
+            .iter()
+            .filter(|(o, _)| o.name_any() == name)
+            .map(|(_, w)| w.as_str())
+            .collect();
+        let (status, reason, message) = if whys.is_empty() {
+            (
+                "True",
+                "Accepted",
+                "enforced by peerwall on the gateways of every peer".to_string(),
+            )
+        } else {
+            ("False", "NotEnforced", whys.join("; "))
+        };
+        let generation = obj.metadata.generation.unwrap_or_default();
+        let current = obj.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == CNP_CONDITION);
+        let same = current.is_some_and(|c| {
+            c["status"] == status
+                && c["reason"] == reason
+                && c["message"] == message.as_str()
+                && c["observedGeneration"] == generation
+        });
+        if same {
+            continue;
+        }
+        let body = json!({
+            "apiVersion": format!("{}/{}", resource.group, resource.version),
+            "kind": resource.kind,
+            "status": {"conditions": [{
+                "type": CNP_CONDITION,
+                "status": status,
+                "reason": reason,
+                "message": message.chars().take(32768).collect::<String>(),
+                "observedGeneration": generation,
+                "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            }]},
+        });
+        let params = kube::api::PatchParams::apply("peerwall-controller").force();
+        match api
+            .patch_status(&name, &params, &kube::api::Patch::Apply(&body))
+            .await
+        {
+            Ok(_) => tracing::info!(clusternetworkpolicy = %name, status, "condition written"),
+            Err(e) => {
+                tracing::warn!(clusternetworkpolicy = %name, error = %e, "could not write the Accepted condition")
+            }
+        }
+    }
 }
 
 /// One Warning Event on the NetworkPolicy `key` (`namespace/name`) and a log line, once per
