@@ -1,9 +1,11 @@
-//! NetworkPolicies across the gateway, through the real binary: random cluster snapshots
-//! (namespaces, local and remote pods with named ports, NetworkPolicies of every shape) judged
+//! NetworkPolicies and ClusterNetworkPolicies across the gateway, through the real binary:
+//! random cluster snapshots (namespaces, local and remote pods with named ports,
+//! NetworkPolicies of every shape, ClusterNetworkPolicies of both tiers) judged
 //! with `peerwall verdict --cluster --matrix` by the reference evaluator and by both kernels
 //! (nftables in a scratch namespace, the eBPF datapath under BPF_PROG_TEST_RUN): the three
 //! truth tables must be equal. The reference is held to the NetworkPolicy semantics by the
-//! unit tests of `netpol` (`the_tier_gives_the_semantics_verdict_for_every_crossing_pair`).
+//! unit tests of `netpol` (`the_tier_gives_the_semantics_verdict_for_every_crossing_pair`,
+//! and `..._with_cluster_policies` for both tiers).
 
 mod common;
 
@@ -124,7 +126,70 @@ fn snapshot(rng: &mut StdRng) -> String {
             "metadata": {"name": format!("p{i}"), "namespace": ns}, "spec": spec}),
         );
     }
+    items.extend(cluster_policies(rng));
     serde_yaml::to_string(&json!({"apiVersion": "v1", "kind": "List", "items": items})).unwrap()
+}
+
+/// Zero to three random ClusterNetworkPolicies (v1alpha2): either tier, tying priorities, every
+/// subject, peer and action, ports by number, range and name, a peer peerwall does not enforce.
+fn cluster_policies(rng: &mut StdRng) -> Vec<Value> {
+    let rules = |rng: &mut StdRng, peers_key: &str| -> Value {
+        let egress = peers_key == "to";
+        let list: Vec<Value> = (0..rng.random_range(1..3))
+            .map(|_| {
+                let peers: Vec<Value> = (0..rng.random_range(1..3))
+                    .map(|_| match rng.random_range(0..if egress { 5 } else { 3 }) {
+                        0 => json!({"namespaces": selector(rng, "ns", &["x", "y", "z"])}),
+                        1 => json!({"pods": {"namespaceSelector": selector(rng, "ns", &["x", "y", "z"]),
+                                             "podSelector": selector(rng, "pod", &["a", "b", "c"])}}),
+                        2 => json!({"pods": {"namespaceSelector": {},
+                                             "podSelector": selector(rng, "pod", &["a", "b", "c"])}}),
+                        3 => {
+                            let net = ["10.0.0.0/8", "10.2.0.0/16", "10.1.0.0/30"]
+                                [rng.random_range(0..3)];
+                            json!({"networks": [net]})
+                        }
+                        _ => json!({"domainNames": ["example.com"]}),
+                    })
+                    .collect();
+                let action = ["Accept", "Deny", "Pass"][rng.random_range(0..3)];
+                let mut r = json!({"action": action, peers_key: peers});
+                if rng.random_bool(0.6) {
+                    r["protocols"] = json!([match rng.random_range(0..4) {
+                        0 => json!({"tcp": {"destinationPort": {"number": 80}}}),
+                        1 => json!({"udp": {"destinationPort": {"range": {"start": 81, "end": 8081}}}}),
+                        2 => json!({"sctp": {"destinationPort": {"number": 81}}}),
+                        _ => json!({"destinationNamedPort": "serve-81-tcp"}),
+                    }]);
+                }
+                r
+            })
+            .collect();
+        Value::from(list)
+    };
+    (0..rng.random_range(0..4))
+        .map(|i| {
+            let subject = if rng.random_bool(0.5) {
+                json!({"namespaces": selector(rng, "ns", &["x", "y", "z"])})
+            } else {
+                json!({"pods": {"namespaceSelector": selector(rng, "ns", &["x", "y", "z"]),
+                                "podSelector": selector(rng, "pod", &["a", "b", "c"])}})
+            };
+            let mut spec = json!({
+                "tier": if rng.random_bool(0.5) { "Admin" } else { "Baseline" },
+                "priority": rng.random_range(0..3),
+                "subject": subject,
+            });
+            if rng.random_bool(0.7) {
+                spec["ingress"] = rules(rng, "from");
+            }
+            if rng.random_bool(0.7) {
+                spec["egress"] = rules(rng, "to");
+            }
+            json!({"apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+                   "metadata": {"name": format!("cnp{i}")}, "spec": spec})
+        })
+        .collect()
 }
 
 fn matrix(dir: &std::path::Path, engine: &str) -> Vec<Value> {

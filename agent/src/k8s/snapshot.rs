@@ -55,6 +55,8 @@ pub struct Snapshot {
     pub configurations: Vec<Value>,
     /// peerwall's ProtectionPolicies, checked.
     pub protection_policies: Vec<protection::exceptions::Checked>,
+    /// ClusterNetworkPolicies (`policy.networking.k8s.io/v1alpha2`), as JSON.
+    pub cluster_policies: Vec<Value>,
 }
 
 fn files(path: &Path) -> Result<Vec<PathBuf>, SnapshotError> {
@@ -108,6 +110,7 @@ impl Snapshot {
             && s.pods.is_empty()
             && s.policies.is_empty()
             && s.configurations.is_empty()
+            && s.cluster_policies.is_empty()
         {
             let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
             return Err(SnapshotError::Empty(names.join(", ")));
@@ -125,7 +128,15 @@ impl Snapshot {
         let api = v["apiVersion"].as_str().unwrap_or_default().to_string();
         let kind = v["kind"].as_str().unwrap_or_default().to_string();
         match (api.as_str(), kind.as_str()) {
-            (_, "List") | (_, "NamespaceList" | "NodeList" | "PodList" | "NetworkPolicyList") => {
+            (_, "List")
+            | (
+                _,
+                "NamespaceList"
+                | "NodeList"
+                | "PodList"
+                | "NetworkPolicyList"
+                | "ClusterNetworkPolicyList",
+            ) => {
                 if let Some(items) = v["items"].as_array() {
                     for (i, item) in items.iter().enumerate() {
                         let mut item = item.clone();
@@ -146,6 +157,9 @@ impl Snapshot {
             ("v1", "Pod") => self.pods.push(read(v, at)?),
             ("networking.k8s.io/v1", "NetworkPolicy") => self.policies.push(read(v, at)?),
             ("networking.liqo.io/v1beta1", "Configuration") => self.configurations.push(v),
+            ("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy") => {
+                self.cluster_policies.push(v)
+            }
             (peerwall_intent::load::API_VERSION, peerwall_intent::load::PROTECTION_POLICY_KIND) => {
                 let name = v["metadata"]["name"]
                     .as_str()
@@ -217,15 +231,36 @@ impl Snapshot {
         }
     }
 
-    /// The snapshot as NetworkPolicies see it, and the policies that could not be read.
+    /// The snapshot as NetworkPolicies and ClusterNetworkPolicies see it, and the policies
+    /// that could not be read (a ClusterNetworkPolicy's part that fails closed among them, as
+    /// `clusternetworkpolicy/<name>`).
     pub fn cluster(&self) -> (netpol::Cluster, Vec<super::netpol::Unreadable>) {
-        super::netpol::cluster(
+        let (mut cluster, mut unreadable) = super::netpol::cluster(
             &self.namespaces,
             &self.nodes,
             &self.pods,
             &self.policies,
             &self.remaps(),
-        )
+        );
+        for v in &self.cluster_policies {
+            match netpol::cnp::read::policy_json(v.clone()) {
+                Ok(r) => {
+                    let key = format!("clusternetworkpolicy/{}", r.policy.name);
+                    unreadable.extend(r.unenforced.into_iter().map(|why| {
+                        super::netpol::Unreadable {
+                            policy: key.clone(),
+                            why: format!("{why} (fails closed)"),
+                        }
+                    }));
+                    cluster.cluster_policies.push(r.policy);
+                }
+                Err(mut u) => {
+                    u.policy = format!("clusternetworkpolicy/{}", u.policy);
+                    unreadable.push(u);
+                }
+            }
+        }
+        (cluster, unreadable)
     }
 }
 
