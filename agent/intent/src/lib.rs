@@ -9,6 +9,7 @@ pub mod changes;
 pub mod labels;
 pub mod load;
 pub mod protection;
+pub mod tiers;
 pub mod types;
 
 use std::fmt;

@@ -36,10 +36,10 @@ pub fn table_name(peer: &str) -> String {
     format!("{TABLE_PREFIX}{clean}")
 }
 
-/// Priorities of the tier's chains (protection's chain runs at 0).
-pub const INGRESS_PRIORITY: i32 = 10;
+/// Priorities of the tier's chains ([`peerwall_intent::tiers`]: after protection's).
+pub const INGRESS_PRIORITY: i32 = peerwall_intent::tiers::POLICY_INGRESS;
 /// See [`INGRESS_PRIORITY`].
-pub const EGRESS_PRIORITY: i32 = 20;
+pub const EGRESS_PRIORITY: i32 = peerwall_intent::tiers::POLICY_EGRESS;
 
 /// What the tier cannot enforce as written, for the policy's Events and the log; those parts
 /// allow nothing (fail closed).

@@ -467,7 +467,7 @@ pub fn gateway_spec_with(
                     name: Some("from_peer".into()),
                     type_: Some(api::ChainType::Filter),
                     hook: Some(api::ChainHook::Forward),
-                    priority: Some(0),
+                    priority: Some(peerwall_intent::tiers::PROTECTION),
                     policy: Some(api::ChainPolicy::Accept),
                     rules: api::RulesSet {
                         filter_rules: Some(rules),
@@ -524,7 +524,7 @@ pub(crate) fn to_gateway_chain(
         name: Some("to_gateway".into()),
         type_: Some(api::ChainType::Filter),
         hook: Some(api::ChainHook::Input),
-        priority: Some(0),
+        priority: Some(peerwall_intent::tiers::PROTECTION),
         policy: Some(api::ChainPolicy::Accept),
         rules: api::RulesSet {
             filter_rules: Some(rules),
