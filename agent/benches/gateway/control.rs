@@ -102,10 +102,13 @@ pub(crate) fn time_until_enforced(lab: &Lab, dst: Ipv4Addr, action: impl FnOnce(
 
 pub(crate) struct Agent {
     pub(crate) child: Child,
+    /// Its warnings and errors (`PEERWALL_LOG=warn`), removed on drop.
+    log: std::path::PathBuf,
 }
 
 impl Agent {
-    /// `peerwall agent --source dir:DIR` in the gateway, its output discarded. It gets SIGTERM
+    /// `peerwall agent --source dir:DIR` in the gateway, its warnings and errors kept in a file
+    /// ([`Agent::log_tail`]) for a failure's message. It gets SIGTERM
     /// when the benchmark's thread that started it ends, however it ends (a benchmark stopped
     /// with a signal skips every `Drop`), so that no agent outlives its run and takes CPU from
     /// the next one.
@@ -125,8 +128,16 @@ impl Agent {
             .args(["--interfaces", TUNNEL, "--metrics-addr", metrics])
             .args(extra)
             .env("PEERWALL_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stdout(Stdio::null());
+        let log = std::env::temp_dir().join(format!(
+            "peerwall-bench-agent-{}-{}.log",
+            std::process::id(),
+            AGENTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ));
+        match std::fs::File::create(&log) {
+            Ok(f) => cmd.stderr(f),
+            Err(_) => cmd.stderr(Stdio::null()),
+        };
         // SAFETY: prctl(2) is async-signal-safe and only sets the child's parent-death signal,
         // which nsenter's exec of the agent keeps.
         unsafe {
@@ -138,7 +149,14 @@ impl Agent {
             });
         }
         let child = cmd.spawn().expect("agent");
-        Agent { child }
+        Agent { child, log }
+    }
+
+    /// The last lines the agent logged (warnings and errors).
+    pub(crate) fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
     pub(crate) fn peak_rss_kib(&self) -> u64 {
@@ -156,8 +174,12 @@ impl Drop for Agent {
         // SAFETY: kill(2) on our own child.
         unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
+
+/// Agents started by this process (their log files' names).
+static AGENTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
 pub(crate) struct ControlRow {
     pub(crate) dp: Datapath,

@@ -429,17 +429,23 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             } else {
                 &[]
             };
-            let agent = deployed::bpf_agent(lab, p, extra);
+            let agent = deployed::bpf_agent(lab, p, extra)?;
             *lab.agent.borrow_mut() = Some(agent);
         }
         Datapath::PeerwallBpfKernelCt => {
             install(lab, Datapath::ConntrackOnly, p)?;
-            let agent = deployed::bpf_agent(lab, p, &["--bpf-conntrack", "kernel"]);
+            let Some(agent) = deployed::bpf_agent(lab, p, &["--bpf-conntrack", "kernel"]) else {
+                uninstall(lab, Datapath::ConntrackOnly);
+                return None;
+            };
             *lab.agent.borrow_mut() = Some(agent);
         }
         Datapath::PeerwallBpfConntrack => {
             install(lab, Datapath::ConntrackOnly, p)?;
-            install(lab, Datapath::PeerwallBpf, p)?;
+            if install(lab, Datapath::PeerwallBpf, p).is_none() {
+                uninstall(lab, Datapath::ConntrackOnly);
+                return None;
+            }
         }
         Datapath::PeerwallNftConntrack => {
             install(lab, Datapath::ConntrackOnly, p)?;

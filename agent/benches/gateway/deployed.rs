@@ -53,20 +53,42 @@ pub(crate) fn mirror_answers(lab: &Lab) -> bool {
     })
 }
 
+/// What a datapath's backend refused to enforce in this run (policy, datapath, the agent's
+/// error), for the results page: such a row is left out, not measured on a stale policy.
+pub(crate) static REFUSED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
 /// `peerwall agent --backend bpf` enforcing `p` in the gateway (with `--xdp` when asked),
 /// once its policy is in force and the mirror answers: the agent starts its route watcher
-/// after its first apply has attached the programs.
-pub(crate) fn bpf_agent(lab: &Lab, p: &Policy, extra: &[&str]) -> Agent {
+/// after its first apply has attached the programs. None when the agent refused the policy
+/// (its error noted in [`REFUSED`]).
+pub(crate) fn bpf_agent(lab: &Lab, p: &Policy, extra: &[&str]) -> Option<Agent> {
     let dir = policy_dir(lab, "bpf-policies", p);
     let agent = Agent::spawn(lab, &dir, "bpf", METRICS_ADDR, extra);
     let started = Instant::now();
     while !mirror_answers(lab) {
+        let log = agent.log_tail();
+        if let Some(line) = log.lines().find(|l| l.contains("apply failed")) {
+            let why = line.split("error=").nth(1).unwrap_or(line).to_string();
+            eprintln!("{}: the bpf agent refused the policy: {why}", p.name);
+            if let Ok(mut r) = REFUSED.lock() {
+                r.push(format!(
+                    "{}, peerwall bpf{}: {why}",
+                    p.name,
+                    if extra.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", extra.join(" "))
+                    }
+                ));
+            }
+            return None;
+        }
         assert!(
             started.elapsed() < Duration::from_secs(120),
-            "the bpf agent's local-address mirror never answered IPv4 paths: {}",
-            inspect(lab).unwrap_or_default()
+            "the bpf agent's local-address mirror never answered IPv4 paths: {}\nthe agent's log:\n{log}",
+            inspect(lab).unwrap_or_default(),
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    agent
+    Some(agent)
 }

@@ -343,6 +343,17 @@ fn main() {
                 .unwrap_or_else(|| "–".into())
         ));
     }
+    let refused = deployed::REFUSED
+        .lock()
+        .map(|r| r.clone())
+        .unwrap_or_default();
+    if !refused.is_empty() {
+        md.push_str("\nRows left out because the backend refused the policy (the agent kept its previous one and said why):\n\n");
+        let mut seen = std::collections::BTreeSet::new();
+        for r in refused.iter().filter(|r| seen.insert(r.as_str())) {
+            md.push_str(&format!("- {r}\n"));
+        }
+    }
     md.push_str(&limits_section(&rows, &names));
     md.push_str(&floods_section(&flood_rows, &rows, &flood_policy.name));
     md.push_str(&format!("\nControl plane at {cp_n} offloaded pods, measured with probe streams through the gateway (one packet every 200 µs). *Full sync*: from starting the agent (peerwall) or the loading command (others) until a stream to a denied address stops passing, i.e. the whole policy is in force. *One more pod*: from the change until a stream to the new pod's address passes; peerwall through `peerwall agent --source dir:` polling every 20 ms (re-parse, validate and compile all {cp_n} addresses, then the backend's incremental update: one set element or one map entry), the others through their own incremental command (`nft insert rule`, `iptables -I`, `ipset add`).\n\n| datapath | full sync | one more pod | agent peak RSS |\n|---|---:|---:|---:|\n"));
