@@ -896,18 +896,6 @@ pub fn crd_yaml() -> anyhow::Result<String> {
     crd_docs()
 }
 
-/// Remove every schema `default` (see [`crd_yaml`]).
-pub fn strip_defaults(v: &mut serde_json::Value) {
-    match v {
-        serde_json::Value::Object(o) => {
-            o.remove("default");
-            o.values_mut().for_each(strip_defaults);
-        }
-        serde_json::Value::Array(a) => a.iter_mut().for_each(strip_defaults),
-        _ => {}
-    }
-}
-
 fn crd_docs() -> anyhow::Result<String> {
     use kube::CustomResourceExt;
     let mut docs = Vec::new();
@@ -918,7 +906,7 @@ fn crd_docs() -> anyhow::Result<String> {
     ] {
         let mut v = serde_json::to_value(&crd)?;
         if let Some(versions) = v.pointer_mut("/spec/versions") {
-            strip_defaults(versions);
+            crate::k8s::schema::strip_defaults(versions);
             for version in versions.as_array_mut().into_iter().flatten() {
                 if let Some(spec) = version.pointer_mut("/schema/openAPIV3Schema/properties/spec") {
                     preserve_unknown_fields(spec);

@@ -226,7 +226,7 @@ pub fn crd() -> Result<
     use kube::CustomResourceExt;
     let mut v = serde_json::to_value(ClusterNetworkPolicy::crd())?;
     if let Some(versions) = v.pointer_mut("/spec/versions") {
-        crate::cli::strip_defaults(versions);
+        super::schema::strip_defaults(versions);
     }
     v["metadata"]["annotations"] = serde_json::json!({
         "api-approved.kubernetes.io": "https://github.com/kubernetes-sigs/network-policy-api/pull/300",

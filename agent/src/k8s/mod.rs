@@ -11,6 +11,7 @@ pub mod gateways;
 pub mod netpol;
 pub mod protection_policies;
 pub mod recorder;
+pub mod schema;
 pub mod snapshot;
 pub mod status;
 pub mod trust;
