@@ -500,36 +500,8 @@ fn reqwest_like_get(addr: &str, path: &str) -> Option<String> {
 /// remote pods and disappears with the need; the user's policy is never modified.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn companion_policies_follow_remote_pods() {
-    use k8s_openapi::api::core::v1::Node;
     let (_server, client, _controller) = controller_with_peer_and_shop().await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "liqo-p1", "labels": {
-                "liqo.io/type": "virtual-node", "liqo.io/remote-cluster-id": "p1"}}}))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    pod(
-        &client,
-        "shop",
-        "web",
-        "10.10.0.5",
-        json!({"app": "web"}),
-        Some("worker"),
-    )
-    .await;
-    pod(
-        &client,
-        "shop",
-        "api",
-        "10.20.0.7",
-        json!({"app": "api"}),
-        Some("liqo-p1"),
-    )
-    .await;
+    web_here_api_on_p1(&client).await;
     let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), "shop");
     let user: NetworkPolicy = serde_json::from_value(json!({
         "metadata": {"name": "web-from-api", "namespace": "shop"},
@@ -663,6 +635,40 @@ async fn sctp_policies_reach_the_tier_like_tcp_ones() {
         "{}",
         controller.log()
     );
+}
+
+/// Peer `p1`'s virtual node, `shop/web` (app=web, 10.10.0.5) running here and `shop/api`
+/// (app=api, 10.20.0.7) running on `p1`.
+async fn web_here_api_on_p1(client: &kube::Client) {
+    use k8s_openapi::api::core::v1::Node;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "liqo-p1", "labels": {
+                "liqo.io/type": "virtual-node", "liqo.io/remote-cluster-id": "p1"}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    pod(
+        client,
+        "shop",
+        "web",
+        "10.10.0.5",
+        json!({"app": "web"}),
+        Some("worker"),
+    )
+    .await;
+    pod(
+        client,
+        "shop",
+        "api",
+        "10.20.0.7",
+        json!({"app": "api"}),
+        Some("liqo-p1"),
+    )
+    .await;
 }
 
 /// A server with peerwall's CRDs, a running controller, peer `p1`'s tenant namespace and an
@@ -1125,37 +1131,10 @@ async fn conditions_of_hosts_without_the_gateway_do_not_count() {
 /// NotEnforced Event naming the field.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_network_policies_reach_the_tier_in_tier_order() {
-    use k8s_openapi::api::core::v1::{Event, Node};
+    use k8s_openapi::api::core::v1::Event;
     use kube::api::ApiResource;
     let (_server, client, controller) = controller_with_peer_and_shop().await;
-    let nodes: Api<Node> = Api::all(client.clone());
-    nodes
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "liqo-p1", "labels": {
-                "liqo.io/type": "virtual-node", "liqo.io/remote-cluster-id": "p1"}}}))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    pod(
-        &client,
-        "shop",
-        "web",
-        "10.10.0.5",
-        json!({"app": "web"}),
-        Some("worker"),
-    )
-    .await;
-    pod(
-        &client,
-        "shop",
-        "api",
-        "10.20.0.7",
-        json!({"app": "api"}),
-        Some("liqo-p1"),
-    )
-    .await;
+    web_here_api_on_p1(&client).await;
     let resource = ApiResource::from_gvk_with_plural(
         &kube::api::GroupVersionKind::gvk(
             "policy.networking.k8s.io",

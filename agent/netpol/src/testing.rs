@@ -312,6 +312,51 @@ pub fn random_cluster_policies(rng: &mut StdRng) -> Vec<cnp::ClusterNetworkPolic
         .collect()
 }
 
+/// Every crossing pair of `c`'s pods and every probe: the semantics' decision ([`decide`]) and
+/// whether the compiled tier `ir` accepts the first packet, for `check` to hold together.
+/// Returns the number of cases.
+pub fn crossing_cases(
+    c: &Cluster,
+    ir: &peerwall_policy::ir::Policy,
+    mut check: impl FnMut(&Pod, &Pod, u8, u16, &crate::eval::Decision, &peerwall_policy::ir::Verdict),
+) -> usize {
+    let mut n = 0;
+    for from in &c.pods {
+        for to in &c.pods {
+            // Only pairs with one end on the peer cross its gateway.
+            if from.peer.is_some() == to.peer.is_some() {
+                continue;
+            }
+            for (proto, dport) in PROBES {
+                let dport = if proto == 1 { 0 } else { dport };
+                let f = Flow {
+                    src: from.ips[0],
+                    dst: to.ips[0],
+                    proto,
+                    dport,
+                    src_pod: Some(from),
+                    dst_pod: Some(to),
+                };
+                let want = crate::eval::decide(c, &f);
+                let pkt = peerwall_policy::ir::Packet {
+                    src: f.src,
+                    dst: f.dst,
+                    proto,
+                    sport: 40000,
+                    dport,
+                    iif: Some("liqo-tunnel".into()),
+                    oif: Some("liqo.abcdefghij".into()),
+                    ct_state: peerwall_policy::ir::CtState::New,
+                };
+                let got = peerwall_policy::ir::evaluate(ir, &pkt);
+                check(from, to, proto, dport, &want, &got);
+                n += 1;
+            }
+        }
+    }
+    n
+}
+
 /// The tier as the agent would enforce it: the FirewallConfiguration loaded and compiled.
 pub fn compiled(c: &Cluster) -> peerwall_policy::ir::Policy {
     let t = tier::tier(c, "peer1", false);

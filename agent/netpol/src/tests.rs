@@ -183,46 +183,17 @@ fn the_tier_gives_the_semantics_verdict_for_every_crossing_pair() {
     for _ in 0..300 {
         let c = random_cluster(&mut rng);
         let ir = compiled(&c);
-        for from in &c.pods {
-            for to in &c.pods {
-                // Only pairs with one end on the peer cross its gateway.
-                if from.peer.is_some() == to.peer.is_some() {
-                    continue;
-                }
-                for (proto, dport) in PROBES {
-                    let f = Flow {
-                        src: from.ips[0],
-                        dst: to.ips[0],
-                        proto,
-                        dport: if proto == 1 { 0 } else { dport },
-                        src_pod: Some(from),
-                        dst_pod: Some(to),
-                    };
-                    let want = decide(&c, &f);
-                    let pkt = peerwall_policy::ir::Packet {
-                        src: f.src,
-                        dst: f.dst,
-                        proto,
-                        sport: 40000,
-                        dport: f.dport,
-                        iif: Some("liqo-tunnel".into()),
-                        oif: Some("liqo.abcdefghij".into()),
-                        ct_state: peerwall_policy::ir::CtState::New,
-                    };
-                    let got = peerwall_policy::ir::evaluate(&ir, &pkt);
-                    let accepted = got.verdict == peerwall_policy::ir::VerdictAction::Accept;
-                    assert_eq!(
-                        accepted,
-                        want.allowed(),
-                        "{} -> {} proto {proto} port {dport}: semantics {want:?}, tier {got:?}\npolicies {:#?}",
-                        from.key(),
-                        to.key(),
-                        c.policies
-                    );
-                    checked += 1;
-                }
-            }
-        }
+        checked += crossing_cases(&c, &ir, |from, to, proto, dport, want, got| {
+            let accepted = got.verdict == peerwall_policy::ir::VerdictAction::Accept;
+            assert_eq!(
+                accepted,
+                want.allowed(),
+                "{} -> {} proto {proto} port {dport}: semantics {want:?}, tier {got:?}\npolicies {:#?}",
+                from.key(),
+                to.key(),
+                c.policies
+            );
+        });
     }
     assert!(checked > 10_000, "{checked}");
 }

@@ -186,52 +186,23 @@ fn the_tier_gives_the_semantics_verdict_with_cluster_policies() {
         }
         c.cluster_policies = random_cluster_policies(&mut rng);
         let ir = compiled(&c);
-        for from in &c.pods {
-            for to in &c.pods {
-                if from.peer.is_some() == to.peer.is_some() {
-                    continue;
-                }
-                for (proto, dport) in PROBES {
-                    let dport = if proto == 1 { 0 } else { dport };
-                    let f = crate::eval::Flow {
-                        src: from.ips[0],
-                        dst: to.ips[0],
-                        proto,
-                        dport,
-                        src_pod: Some(from),
-                        dst_pod: Some(to),
-                    };
-                    let want = decide(&c, &f);
-                    if matches!(want.ingress, Side::Cluster { .. })
-                        || matches!(want.egress, Side::Cluster { .. })
-                    {
-                        decided += 1;
-                    }
-                    let pkt = peerwall_policy::ir::Packet {
-                        src: f.src,
-                        dst: f.dst,
-                        proto,
-                        sport: 40000,
-                        dport,
-                        iif: Some("liqo-tunnel".into()),
-                        oif: Some("liqo.abcdefghij".into()),
-                        ct_state: peerwall_policy::ir::CtState::New,
-                    };
-                    let got = peerwall_policy::ir::evaluate(&ir, &pkt);
-                    let accepted = got.verdict == peerwall_policy::ir::VerdictAction::Accept;
-                    assert_eq!(
-                        accepted,
-                        want.allowed(),
-                        "{} -> {} proto {proto} port {dport}: semantics {want:?}, tier {got:?}\npolicies {:#?}\ncluster policies {:#?}",
-                        from.key(),
-                        to.key(),
-                        c.policies,
-                        c.cluster_policies
-                    );
-                    checked += 1;
-                }
+        checked += crossing_cases(&c, &ir, |from, to, proto, dport, want, got| {
+            if matches!(want.ingress, Side::Cluster { .. })
+                || matches!(want.egress, Side::Cluster { .. })
+            {
+                decided += 1;
             }
-        }
+            let accepted = got.verdict == peerwall_policy::ir::VerdictAction::Accept;
+            assert_eq!(
+                accepted,
+                want.allowed(),
+                "{} -> {} proto {proto} port {dport}: semantics {want:?}, tier {got:?}\npolicies {:#?}\ncluster policies {:#?}",
+                from.key(),
+                to.key(),
+                c.policies,
+                c.cluster_policies
+            );
+        });
     }
     assert!(checked > 10_000, "{checked}");
     assert!(
