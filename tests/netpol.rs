@@ -307,3 +307,69 @@ fn the_example_cluster_matrix() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("both run locally"));
 }
+
+/// The shipped admin example (`examples/admin/`, ClusterNetworkPolicies over the example
+/// cluster): an Admin Deny, an Admin Pass to an allowing and to an isolating NetworkPolicy, and
+/// a Baseline Deny, each with the verdict every engine gives and the trace naming the tier,
+/// policy and rule that decided.
+#[test]
+fn the_admin_example_explains_each_tier() {
+    require_root();
+    let cases = [
+        (
+            "frontend/shell",
+            "backend/api",
+            "8080",
+            "drop",
+            "Admin tier: denied by ClusterNetworkPolicy no-shell-to-backend, rule 0",
+        ),
+        (
+            "frontend/web",
+            "backend/api",
+            "8080",
+            "accept",
+            "NetworkPolicies: allowed by backend/api-from-web, rule 0",
+        ),
+        (
+            "frontend/web",
+            "backend/db",
+            "5432",
+            "drop",
+            "NetworkPolicies: isolated by backend/db-from-api and no rule allows it: denied",
+        ),
+        (
+            "backend/api",
+            "frontend/web",
+            "8080",
+            "drop",
+            "Baseline tier: denied by ClusterNetworkPolicy frontend-closed-by-default, rule 0",
+        ),
+    ];
+    for engine in ["reference", "nftables", "bpf"] {
+        for (from, to, dport, verdict, last) in cases {
+            let o = std::process::Command::new(peerwall())
+                .args(["verdict", "--cluster"])
+                .arg(repo("examples/cluster"))
+                .arg(repo("examples/admin"))
+                .args(["--from", from, "--to", to, "--dport", dport, "--trace"])
+                .args(["--engine", engine, "--output", "json"])
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(
+                v["verdict"]["verdict"], verdict,
+                "{engine} {from} -> {to}: {v}"
+            );
+            let steps = &v["trace"]["ingress"]["steps"];
+            let text = steps.to_string();
+            assert!(
+                steps.as_array().unwrap().last().unwrap() == last,
+                "{engine} {from} -> {to}: {text}"
+            );
+            if last.starts_with("NetworkPolicies") {
+                assert!(text.contains("Admin tier: passed on by ClusterNetworkPolicy frontend-to-namespace-owners"), "{text}");
+            }
+        }
+    }
+}

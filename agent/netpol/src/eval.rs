@@ -231,8 +231,23 @@ fn cnp_first<'a>(
     })
 }
 
-/// One ClusterNetworkPolicy tier for `pod` in one direction: Some(decision) when an `Accept`
-/// or `Deny` rule decided, None when no rule matched or a `Pass` did.
+/// What one ClusterNetworkPolicy tier did with a direction of a pod.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TierOutcome {
+    /// An `Accept` or `Deny` rule decided ([`Side::Cluster`]).
+    Decided(Side),
+    /// Rule `rule` of policy `policy` passed to the next tier.
+    Passed {
+        /// The policy.
+        policy: String,
+        /// Index of the rule.
+        rule: usize,
+    },
+    /// No rule of a policy selecting the pod matched.
+    NoMatch,
+}
+
+/// One ClusterNetworkPolicy tier for `pod` in one direction.
 fn cnp_tier(
     cluster: &Cluster,
     tier: cnp::Tier,
@@ -241,7 +256,7 @@ fn cnp_tier(
     far: Option<&Pod>,
     far_ip: IpAddr,
     flow: &Flow<'_>,
-) -> Option<Side> {
+) -> TierOutcome {
     let ns = cluster.namespaces.get(&pod.namespace);
     for p in cnp::order(cluster.cluster_policies.iter(), tier) {
         if !p.selects(pod, ns) {
@@ -249,8 +264,11 @@ fn cnp_tier(
         }
         if let Some((i, r)) = cnp_first(cluster, rules_of(p), far, far_ip, flow) {
             return match r.action {
-                cnp::Action::Pass => None,
-                a => Some(Side::Cluster {
+                cnp::Action::Pass => TierOutcome::Passed {
+                    policy: p.name.clone(),
+                    rule: i,
+                },
+                a => TierOutcome::Decided(Side::Cluster {
                     tier,
                     policy: p.name.clone(),
                     rule: i,
@@ -259,24 +277,30 @@ fn cnp_tier(
             };
         }
     }
-    None
+    TierOutcome::NoMatch
 }
 
-/// One direction of `pod`: the Admin tier, the NetworkPolicies, the Baseline tier, the
-/// default.
-fn side(
+/// Every step of one direction of `pod`, in order: the Admin tier's outcome, then (unless it
+/// decided) the NetworkPolicies', then (unless they decided) the Baseline tier's. The last
+/// step decides; a Baseline step that decides nothing leaves the default (allowed).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// A ClusterNetworkPolicy tier.
+    Tier(cnp::Tier, TierOutcome),
+    /// The NetworkPolicies.
+    NetworkPolicies(Side),
+}
+
+fn steps(
     cluster: &Cluster,
-    pod: Option<&Pod>,
+    pod: &Pod,
     rules_of: fn(&NetworkPolicy) -> Option<&Vec<Rule>>,
     cnp_rules_of: fn(&ClusterNetworkPolicy) -> &Vec<cnp::Rule>,
     far: Option<&Pod>,
     far_ip: IpAddr,
     flow: &Flow<'_>,
-) -> Side {
-    let Some(pod) = pod else {
-        return Side::NotIsolated;
-    };
-    if let Some(s) = cnp_tier(
+) -> Vec<Step> {
+    let admin = cnp_tier(
         cluster,
         cnp::Tier::Admin,
         pod,
@@ -284,14 +308,19 @@ fn side(
         far,
         far_ip,
         flow,
-    ) {
-        return s;
+    );
+    let decided = matches!(admin, TierOutcome::Decided(_));
+    let mut out = vec![Step::Tier(cnp::Tier::Admin, admin)];
+    if decided {
+        return out;
     }
     let np = np_side(cluster, pod, rules_of, far, far_ip, flow);
-    if np != Side::NotIsolated {
-        return np;
+    let isolated = np != Side::NotIsolated;
+    out.push(Step::NetworkPolicies(np));
+    if isolated {
+        return out;
     }
-    cnp_tier(
+    let base = cnp_tier(
         cluster,
         cnp::Tier::Baseline,
         pod,
@@ -299,30 +328,98 @@ fn side(
         far,
         far_ip,
         flow,
-    )
-    .unwrap_or(Side::NotIsolated)
+    );
+    out.push(Step::Tier(cnp::Tier::Baseline, base));
+    out
 }
 
-/// The NetworkPolicy decision for the first packet of `flow`.
-pub fn decide(cluster: &Cluster, flow: &Flow<'_>) -> Decision {
-    Decision {
-        egress: side(
+/// The steps of both directions of `flow` (egress of the source, ingress of the destination;
+/// empty for an end that is not a pod of the cluster: it is open).
+pub fn trace(cluster: &Cluster, flow: &Flow<'_>) -> (Vec<Step>, Vec<Step>) {
+    let egress = flow.src_pod.map_or_else(Vec::new, |pod| {
+        steps(
             cluster,
-            flow.src_pod,
+            pod,
             |p| p.egress.as_ref(),
             |p| &p.egress,
             flow.dst_pod,
             flow.dst,
             flow,
-        ),
-        ingress: side(
+        )
+    });
+    let ingress = flow.dst_pod.map_or_else(Vec::new, |pod| {
+        steps(
             cluster,
-            flow.dst_pod,
+            pod,
             |p| p.ingress.as_ref(),
             |p| &p.ingress,
             flow.src_pod,
             flow.src,
             flow,
-        ),
+        )
+    });
+    (egress, ingress)
+}
+
+impl Step {
+    /// One line for a person: which tier, what it did, which policy and rule.
+    pub fn describe(&self) -> String {
+        match self {
+            Step::Tier(
+                t,
+                TierOutcome::Decided(Side::Cluster {
+                    policy,
+                    rule,
+                    accept,
+                    ..
+                }),
+            ) => {
+                format!(
+                    "{} tier: {} by ClusterNetworkPolicy {policy}, rule {rule}",
+                    t.name(),
+                    if *accept { "accepted" } else { "denied" }
+                )
+            }
+            Step::Tier(t, TierOutcome::Decided(other)) => format!("{} tier: {other:?}", t.name()),
+            Step::Tier(t, TierOutcome::Passed { policy, rule }) => format!(
+                "{} tier: passed on by ClusterNetworkPolicy {policy}, rule {rule}",
+                t.name()
+            ),
+            Step::Tier(cnp::Tier::Admin, TierOutcome::NoMatch) => {
+                "Admin tier: no rule matches".to_string()
+            }
+            Step::Tier(cnp::Tier::Baseline, TierOutcome::NoMatch) => {
+                "Baseline tier: no rule matches; the default allows".to_string()
+            }
+            Step::NetworkPolicies(Side::NotIsolated) => {
+                "NetworkPolicies: none isolates the pod".to_string()
+            }
+            Step::NetworkPolicies(Side::Allowed { policy, rule }) => {
+                format!("NetworkPolicies: allowed by {policy}, rule {rule}")
+            }
+            Step::NetworkPolicies(Side::Denied { policies }) => format!(
+                "NetworkPolicies: isolated by {} and no rule allows it: denied",
+                policies.join(", ")
+            ),
+            Step::NetworkPolicies(other) => format!("NetworkPolicies: {other:?}"),
+        }
+    }
+}
+
+/// The side the steps of one direction come to.
+fn outcome(steps: &[Step]) -> Side {
+    match steps.last() {
+        Some(Step::Tier(_, TierOutcome::Decided(s))) | Some(Step::NetworkPolicies(s)) => s.clone(),
+        _ => Side::NotIsolated,
+    }
+}
+
+/// The decision for the first packet of `flow`: both directions, each through the Admin
+/// tier, the NetworkPolicies and the Baseline tier ([`trace`]).
+pub fn decide(cluster: &Cluster, flow: &Flow<'_>) -> Decision {
+    let (egress, ingress) = trace(cluster, flow);
+    Decision {
+        egress: outcome(&egress),
+        ingress: outcome(&ingress),
     }
 }

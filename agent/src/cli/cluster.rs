@@ -213,10 +213,47 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
                 if from.peer.is_some() { from.key() } else { to.key() }
             ))
         })?;
-        let v = judge(policy, &[pkt], a.engine)?
+        let v = judge(policy, std::slice::from_ref(&pkt), a.engine)?
             .pop()
             .ok_or_else(|| runtime(anyhow::anyhow!("the engine gave no verdict")))?;
-        return print_verdict(&v, a.output);
+        if !a.trace {
+            return print_verdict(&v, a.output);
+        }
+        let flow = netpol::eval::Flow {
+            src: pkt.src,
+            dst: pkt.dst,
+            proto: pkt.proto,
+            dport: pkt.dport,
+            src_pod: Some(from),
+            dst_pod: Some(to),
+        };
+        let (egress, ingress) = netpol::eval::trace(&cluster, &flow);
+        let lines = |steps: &[netpol::eval::Step]| -> Vec<String> {
+            steps.iter().map(netpol::eval::Step::describe).collect()
+        };
+        return match a.output {
+            Output::Json => out(&format!(
+                "{}\n",
+                serde_json::json!({
+                    "verdict": v,
+                    "trace": {
+                        "egress": {"pod": from.key(), "steps": lines(&egress)},
+                        "ingress": {"pod": to.key(), "steps": lines(&ingress)},
+                    },
+                })
+            )),
+            Output::Text => {
+                print_verdict(&v, a.output)?;
+                let mut text = String::new();
+                for (dir, pod, steps) in [("egress", from, &egress), ("ingress", to, &ingress)] {
+                    text.push_str(&format!("{dir} of {}:\n", pod.key()));
+                    for l in lines(steps) {
+                        text.push_str(&format!("  {l}\n"));
+                    }
+                }
+                out(&text)
+            }
+        };
     }
     // Pods on a peer the controller writes nothing for cross no gateway peerwall enforces in.
     let unmanaged: std::collections::BTreeSet<&str> = cluster

@@ -548,6 +548,11 @@ pub struct VerdictArgs {
     /// (`--proto`/`--dport`, or TCP, UDP and SCTP on ports 80 and 81 as the e2e suite probes).
     #[arg(long, requires = "cluster", conflicts_with_all = ["from", "to"])]
     pub matrix: bool,
+    /// `--cluster` with `--from`/`--to`: after the verdict, how each direction was decided (the
+    /// source's egress, the destination's ingress: the Admin tier, the NetworkPolicies, the
+    /// Baseline tier, each with the policy and rule that acted).
+    #[arg(long, requires = "cluster", conflicts_with = "matrix")]
+    pub trace: bool,
     /// Input interface (e.g. liqo-tunnel).
     #[arg(long, required_unless_present = "cluster", conflicts_with = "cluster")]
     pub iif: Option<String>,
