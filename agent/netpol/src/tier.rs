@@ -554,19 +554,22 @@ impl ChainBuilder<'_> {
             // with another local pod (or a pod on the peer with another there) never crosses
             // it, and where Liqo remaps a peer CIDR that overlaps ours, a local pod's address
             // is also a peer address the source check passes: in a local pod's far set it
-            // would let the peer's pod holding those numbers pose as ours.
-            let far_all = |remote_own: bool| {
+            // would let the peer's pod holding those numbers pose as ours. Without remapped
+            // CIDRs every address names one pod and the source check keeps the peer to its
+            // own: the policy's pods, wherever they run, meet every selected pod in one rule
+            // (`None`), which is half the rules of a policy with pods on both sides.
+            let far_all = |remote_own: Option<bool>| {
                 (!any_peer).then(|| {
                     let across: BTreeSet<usize> = far_pods
                         .iter()
                         .copied()
-                        .filter(|&i| self.pods[i].peer.is_some() != remote_own)
+                        .filter(|&i| remote_own.is_none_or(|r| self.pods[i].peer.is_some() != r))
                         .collect();
                     let mut a = self.addrs_of(&across);
                     for b in &blocks {
                         let v4 = b.cidr.addr().is_ipv4();
                         for r in block_ranges(b) {
-                            if remote_own {
+                            if remote_own == Some(true) {
                                 a.side(v4).insert(r);
                             } else {
                                 a.side(v4).extend(through_remaps(r, v4, self.remaps));
@@ -595,19 +598,24 @@ impl ChainBuilder<'_> {
             let split = !self.remaps.is_empty() && !blocks.is_empty();
             let (remote, local): (BTreeSet<usize>, BTreeSet<usize>) =
                 own.iter().partition(|&&i| self.pods[i].peer.is_some());
-            let groups: Vec<(BTreeSet<usize>, bool)> = [(local, false), (remote, true)]
-                .into_iter()
-                .filter(|(g, _)| !g.is_empty())
-                .collect();
+            let groups: Vec<(BTreeSet<usize>, Option<bool>)> = if self.remaps.is_empty() {
+                vec![(own.clone(), None)]
+            } else {
+                [(local, Some(false)), (remote, Some(true))]
+                    .into_iter()
+                    .filter(|(g, _)| !g.is_empty())
+                    .collect()
+            };
             let named_apart = split || groups.len() > 1;
-            let far_local = far_all(false);
-            let far_remote = far_all(true);
-            let far_of = |remote_own: bool| {
-                if remote_own {
-                    far_remote.clone()
-                } else {
-                    far_local.clone()
-                }
+            // Each group's far end, computed once.
+            let fars: Vec<(Option<bool>, Option<Addrs>)> = groups
+                .iter()
+                .map(|(_, side)| (*side, far_all(*side)))
+                .collect();
+            let far_of = |remote_own: Option<bool>| {
+                fars.iter()
+                    .find(|(side, _)| *side == remote_own)
+                    .and_then(|(_, a)| a.clone())
             };
             let clauses = clauses(&rule.ports, self.pods, &resolve_on);
             for (own_group, remote_own) in &groups {
@@ -621,9 +629,9 @@ impl ChainBuilder<'_> {
                         ),
                         (Dir::Egress, Some(only)) => {
                             let mut a = Addrs::default();
-                            let across = only
-                                .iter()
-                                .filter(|&&i| self.pods[i].peer.is_some() != *remote_own);
+                            let across = only.iter().filter(|&&i| {
+                                remote_own.is_none_or(|r| self.pods[i].peer.is_some() != r)
+                            });
                             for &i in across {
                                 let selected = any_peer
                                     || far_pods.contains(&i)
@@ -651,7 +659,11 @@ impl ChainBuilder<'_> {
                             continue;
                         }
                         let fam = if v4 { "" } else { "6" };
-                        let part = if *remote_own && named_apart { "r" } else { "" };
+                        let part = if *remote_own == Some(true) && named_apart {
+                            "r"
+                        } else {
+                            ""
+                        };
                         let mut m = vec![in_set(
                             &self.set(format!("{tag}_{ci}{part}_own{fam}"), own_keys, v4),
                             self.dir.own(),
