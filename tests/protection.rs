@@ -414,6 +414,101 @@ fn a_closing_ends_the_connections_it_refuses_on_both_backends() {
     }
 }
 
+/// Liqo's `gw-notrack` FirewallConfiguration (its chart's
+/// `deployments/liqo/templates/liqo-notrack-firewallconfiguration.yaml`, installed with
+/// `networking.notrack.enabled`), as Liqo's firewall controller writes it in every gateway:
+/// UDP to or from the Geneve port (6091) skips conntrack at raw priority, on any interface, so
+/// a peer's datagram through the tunnel to an offloaded pod's port 6091 is `untracked`, never
+/// `new`. Before the closings tested `untracked` too, nftables let such datagrams past a
+/// ProtectionPolicy closing UDP 6091 (to `to_offloaded`, which accepts without a state test).
+/// Here, on both backends: the peer's stream to 6091 echoes before the closing (the path
+/// works), stops once the closing is in force, and a stream to a port the closing leaves open
+/// keeps echoing; on nftables Liqo's notrack counter shows the closed port's datagrams went
+/// untracked (bpf drops them at tc, before netfilter sees them).
+#[test]
+fn liqos_notrack_on_the_geneve_port_opens_no_closing_on_both_backends() {
+    let t = Topology::new();
+    let o = in_ns(
+        &t.gateway,
+        "nft",
+        &["add table ip liqo-notrack-geneve; \
+           add chain ip liqo-notrack-geneve prerouting { type filter hook prerouting priority -300; policy accept; }; \
+           add rule ip liqo-notrack-geneve prerouting udp dport 6091 counter notrack; \
+           add rule ip liqo-notrack-geneve prerouting udp sport 6091 counter notrack; \
+           add chain ip liqo-notrack-geneve output { type filter hook output priority -300; policy accept; }; \
+           add rule ip liqo-notrack-geneve output udp dport 6091 counter notrack; \
+           add rule ip liqo-notrack-geneve output udp sport 6091 counter notrack"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // Datagrams Liqo's prerouting rule took out of conntrack towards port 6091.
+    let untracked = || -> u64 {
+        let o = in_ns(
+            &t.gateway,
+            "nft",
+            &["list", "chain", "ip", "liqo-notrack-geneve", "prerouting"],
+        );
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        let line = text
+            .lines()
+            .find(|l| l.contains("udp dport 6091"))
+            .unwrap_or_else(|| panic!("Liqo's notrack rule: {text}"));
+        let mut words = line.split_whitespace();
+        words.find(|w| *w == "packets");
+        words.next().and_then(|n| n.parse().ok()).unwrap_or(0)
+    };
+    let _geneve_port = udp_echo(&t.provider, "10.20.1.2", 6091);
+    let _other_port = udp_echo(&t.provider, "10.20.1.2", 6092);
+    let echoes = |sport: u16, port: u16| {
+        Session::udp(&t.consumer, "10.10.1.67", sport, "10.20.1.2", port)
+            .is_some_and(|mut s| s.echoes("pwcheck", std::time::Duration::from_secs(2)))
+    };
+    let mut sport = 7000;
+    let mut next = || {
+        sport += 1;
+        sport
+    };
+    for backend in ["nftables", "bpf"] {
+        let dir = scratch(&format!("notrack-{backend}"));
+        let policy = controller_output(&dir);
+        let (agent, installed) = dir_agent(&t, backend, &dir, &policy, "notrack");
+        assert!(
+            poll(5, || echoes(next(), 6091)),
+            "{backend}: the peer's pod reaches port 6091 before the closing"
+        );
+        let mut snap = snapshot();
+        snap["items"].as_array_mut().unwrap().push(json!({
+            "apiVersion": "peerwall.io/v1alpha1", "kind": "ProtectionPolicy",
+            "metadata": {"name": "no-6091"},
+            "spec": {"peers": ["a"], "close": [{"name": "geneve-port", "ports": [{"protocol": "UDP", "port": 6091}]}]}}));
+        replace_with(&policy, &controller_output_of(&dir, &snap, "closed"));
+        assert!(
+            poll(20, || !echoes(next(), 6091)),
+            "{backend}: the closing of UDP 6091 holds; agent: {}\n{}",
+            std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default(),
+            String::from_utf8_lossy(&in_ns(&t.gateway, "nft", &["list", "ruleset"]).stdout),
+        );
+        let before = untracked();
+        for _ in 0..3 {
+            assert!(
+                !echoes(next(), 6091),
+                "{backend}: a datagram to the closed port came back"
+            );
+        }
+        if backend == "nftables" {
+            assert!(
+                untracked() > before,
+                "{backend}: Liqo's notrack rule saw the datagrams to 6091 (they were untracked)"
+            );
+        }
+        assert!(
+            echoes(next(), 6092),
+            "{backend}: a port the closing leaves open still echoes"
+        );
+        drop((agent, installed));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// A connection the agent ends stays ended whichever side speaks next, for as long as either
 /// keeps sending: a UDP exchange between the peer's pod and an offloaded pod (both sending all
 /// along), closed by a ProtectionPolicy; the pod's datagrams keep going out (our side is not

@@ -276,14 +276,20 @@ pub fn open_rules(o: &exceptions::Open) -> Vec<(String, Vec<api::Match>)> {
 }
 
 /// The gateway rules (name, matches after the tunnel's) of a closing: new connections towards
-/// the peer's offloaded pods on its ports (replies never match: they are not new).
+/// the peer's offloaded pods on its ports (replies never match: they are not new), and packets
+/// conntrack does not track at all. Liqo's `gw-notrack` FirewallConfiguration (its chart's
+/// `templates/liqo-notrack-firewallconfiguration.yaml`, `networking.notrack.enabled`) takes
+/// every UDP packet to or from the Geneve port out of conntrack in the gateway, whatever its
+/// interface: a peer's datagram to port 6091 is `untracked`, never `new`, and a closing that
+/// tested `new` alone let it through to `to_offloaded`. The bpf datapath never sees the state
+/// `untracked` (it classifies before netfilter): there the packet is `new`.
 pub fn close_rules(c: &exceptions::Close) -> Vec<(String, Vec<api::Match>)> {
     let mut out = Vec::new();
     for v6 in [false, true] {
         let sfx = if v6 { "6" } else { "" };
         for (group, ports) in port_groups(&c.closing.ports) {
             let mut m = vec![
-                ctstate(vec![api::CtState::New]),
+                ctstate(vec![api::CtState::New, api::CtState::Untracked]),
                 in_set(format!("offloaded{sfx}"), api::MatchPosition::Dst),
             ];
             m.extend(ports);

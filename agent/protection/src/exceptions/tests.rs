@@ -366,6 +366,19 @@ fn a_closing_drops_new_connections_to_offloaded_pods_but_not_replies() {
         .0,
         VerdictAction::Accept
     );
+    // A packet conntrack does not track (Liqo's `gw-notrack` takes the Geneve port's UDP out
+    // of conntrack on every interface) is refused as a new one is, not let to `to_offloaded`.
+    assert_eq!(
+        verdict(
+            &policy,
+            "10.10.1.5",
+            "10.20.1.10",
+            6,
+            22,
+            CtState::Untracked
+        ),
+        (VerdictAction::Drop, "close.no-ssh.ssh.tcp".into())
+    );
 }
 
 /// The offloaded namespaces' NetworkPolicy with an opening for offloaded pods, judged by the
