@@ -5,6 +5,7 @@
 //! `kube` feature the spec is also a Kubernetes custom resource (`peerwall.io/v1alpha1`).
 //! Next in the flow: `peerwall-policy` validates and lowers these objects into the policy IR.
 
+pub mod binding;
 pub mod changes;
 pub mod labels;
 pub mod load;

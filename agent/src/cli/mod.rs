@@ -613,6 +613,13 @@ pub struct AgentArgs {
     /// objects by itself.
     #[arg(long)]
     pub observe: Vec<String>,
+    /// `kube` source: the Liqo entity this agent stands beside, `Pod:<namespace>/<name>` (a
+    /// gateway pod), `Node:<name>` (a fabric node) or `InternalNode:<name>`. Where the cluster serves Liqo's
+    /// FirewallConfigurationBindings (liqotech/liqo PR #3290), Liqo's FirewallConfigurations
+    /// (`--liqo-selector`, `--observe`) count only while a binding names them and this
+    /// target, as Liqo applies them. `--gateway-pods` sets it for each gateway.
+    #[arg(long, value_parser = peerwall_intent::binding::Target::parse, conflicts_with = "gateway_pods")]
+    pub liqo_target: Option<peerwall_intent::binding::Target>,
     /// Enforce in this named network namespace (`ip netns` name, e.g. a gateway's) instead
     /// of the agent's own; the agent's API connection and endpoints stay where it runs.
     #[arg(long, conflicts_with = "gateway_pods")]

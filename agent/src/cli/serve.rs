@@ -30,6 +30,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         selector,
         liqo_selector,
         observe,
+        liqo_target,
         host,
         netns,
         gateway_pods,
@@ -152,6 +153,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                         None => Ok(o.clone()),
                     })
                     .collect::<Result<_, _>>()?,
+                liqo_target,
                 host: host.unwrap_or_else(default_host),
                 interval,
                 // An agent for one peer (a gateway sidecar) answers only for that peer's

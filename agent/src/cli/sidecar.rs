@@ -54,12 +54,19 @@ pub fn container(image: &str, backend: BackendKind) -> Value {
         // Liqo's NAT objects of this gateway, read only: the datapath classifies at ingress.
         args.push("--observe=networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-unique={{ .ClusterID }}".into());
         args.push("--observe=networking.liqo.io/firewall-category=gateway,networking.liqo.io/firewall-subcategory=ip-mapping".into());
+        // Where Liqo binds its configurations (FirewallConfigurationBinding), those bound to
+        // this gateway pod.
+        args.push("--liqo-target=Pod:$(POD_NAMESPACE)/$(POD_NAME)".into());
     }
     json!({
         "name": CONTAINER,
         "image": image,
         "args": args,
-        "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+        "env": [
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        ],
         "ports": [{"name": "pw-metrics", "containerPort": 9095, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": 9095}},
         "securityContext": {"capabilities": {"drop": ["ALL"], "add": ["NET_ADMIN", "BPF", "PERFMON"]}},

@@ -61,6 +61,19 @@ pub fn resource_of(group: Group) -> ApiResource {
     )
 }
 
+/// Liqo's FirewallConfigurationBinding resource (`firewallconfigurationbindings.networking.liqo.io`,
+/// liqotech/liqo PR #3290): which gateway pod or node applies a Liqo FirewallConfiguration.
+pub fn liqo_binding_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            load::LIQO_GROUP,
+            load::LIQO_VERSION,
+            "FirewallConfigurationBinding",
+        ),
+        "firewallconfigurationbindings",
+    )
+}
+
 /// peerwall's AddressSet resource (`addresssets.peerwall.io`): slices of named sets.
 pub fn address_set_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(

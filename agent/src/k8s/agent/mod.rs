@@ -62,6 +62,11 @@ pub struct Settings {
     /// Label selectors of Liqo's FirewallConfigurations Liqo's own firewall controller keeps in
     /// force where this agent enforces: read only, for the NAT the datapath must see through.
     pub observe: Vec<String>,
+    /// The Liqo entity whose firewall this agent stands beside (its gateway pod): where the
+    /// cluster serves Liqo's FirewallConfigurationBindings, Liqo's objects (`liqo_selector`,
+    /// `observe`) count only while a live binding names them and this target
+    /// ([`peerwall_intent::binding`]).
+    pub liqo_target: Option<peerwall_intent::binding::Target>,
     /// This host's name (condition `host`, finalizer, field manager).
     pub host: String,
     /// Drift-check period.
@@ -602,7 +607,7 @@ pub fn run(
         let client = super::client().await?;
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
         let changed = Arc::new(super::Changes::default());
-        let watches = Watches::start(&client, &api, &settings, &changed).await?;
+        let mut watches = Watches::start(&client, &api, &settings, &changed).await?;
         let mut agent = Agent::new(client, api, settings, engine.backend_name());
         agent.release_unselected(&watches.configs).await;
         let mut dirty = true;
@@ -661,6 +666,14 @@ struct Watches {
     liqo: Option<reflector::Store<DynamicObject>>,
     slices: Option<reflector::Store<DynamicObject>>,
     observed: Vec<reflector::Store<DynamicObject>>,
+    /// Liqo's FirewallConfigurationBindings and the target they must name (none where Liqo
+    /// serves no bindings, or no target is known: Liqo's objects count by their labels).
+    bindings: Option<(
+        reflector::Store<DynamicObject>,
+        peerwall_intent::binding::Target,
+    )>,
+    /// Bindings already reported unreadable (each once).
+    unreadable: std::collections::BTreeSet<String>,
 }
 
 impl Watches {
@@ -757,30 +770,77 @@ impl Watches {
             }
             observed.push(r);
         }
+        let bindings = match &settings.liqo_target {
+            Some(target) if liqo.is_some() || !observed.is_empty() => {
+                liqo_bindings(client, changed)
+                    .await?
+                    .map(|r| (r, target.clone()))
+            }
+            _ => None,
+        };
         Ok(Self {
             tenants,
             configs,
             liqo,
             slices,
             observed,
+            bindings,
+            unreadable: Default::default(),
         })
     }
 
     /// The FirewallConfigurations of a round: peerwall's, Liqo's enforced ones, and Liqo's
-    /// observed ones marked as such.
-    fn objects(&self) -> Vec<Arc<DynamicObject>> {
+    /// observed ones marked as such; Liqo's only where in force at the target.
+    fn objects(&mut self) -> Vec<Arc<DynamicObject>> {
+        let bound = self.bound();
+        let here = |o: &Arc<DynamicObject>| {
+            bound.as_ref().is_none_or(|b| {
+                b.contains(&(
+                    o.metadata.namespace.clone().unwrap_or_default(),
+                    o.metadata.name.clone().unwrap_or_default(),
+                ))
+            })
+        };
         let mut objects = self.configs.state();
         if let Some(r) = &self.liqo {
-            objects.extend(r.state().into_iter().map(|o| tagged(o, Group::Liqo)));
+            objects.extend(
+                r.state()
+                    .into_iter()
+                    .filter(here)
+                    .map(|o| tagged(o, Group::Liqo)),
+            );
         }
         for r in &self.observed {
             objects.extend(
                 r.state()
                     .into_iter()
+                    .filter(here)
                     .map(|o| Arc::new(super::mark_observed(&tagged(o, Group::Liqo)))),
             );
         }
         objects
+    }
+
+    /// The Liqo configurations (`namespace`, `name`) the bindings keep in force at the target;
+    /// None where Liqo's objects count by their labels alone.
+    fn bound(&mut self) -> Option<std::collections::BTreeSet<(String, String)>> {
+        let (store, target) = self.bindings.as_ref()?;
+        let mut read = Vec::new();
+        for o in store.state() {
+            let v = match serde_json::to_value(o.as_ref()) {
+                Ok(v) => v,
+                Err(_) => continue,
+            };
+            match peerwall_intent::binding::read(&v) {
+                Ok(b) => read.push(b),
+                Err(e) => {
+                    if self.unreadable.insert(e.object.clone()) {
+                        tracing::warn!(error = %e, "a Liqo FirewallConfigurationBinding is unreadable: it binds nothing here");
+                    }
+                }
+            }
+        }
+        Some(peerwall_intent::binding::in_force_at(&read, target))
     }
 
     /// The peer of every Liqo tenant namespace.
@@ -795,6 +855,34 @@ impl Watches {
     fn slices(&self) -> Vec<Arc<DynamicObject>> {
         self.slices.as_ref().map(|r| r.state()).unwrap_or_default()
     }
+}
+
+/// The watch of Liqo's FirewallConfigurationBindings, listed once; None where Liqo serves none
+/// (a Liqo before liqotech/liqo PR #3290 applies what its labels select, and so does peerwall)
+/// or this agent may not read them (the same, with a warning naming the missing permission).
+async fn liqo_bindings(
+    client: &kube::Client,
+    changed: &Arc<super::Changes>,
+) -> anyhow::Result<Option<reflector::Store<DynamicObject>>> {
+    let resource = super::liqo_binding_resource();
+    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    match api.list_metadata(&ListParams::default().limit(1)).await {
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            tracing::info!("Liqo serves no FirewallConfigurationBindings: Liqo's FirewallConfigurations count by their labels");
+            return Ok(None);
+        }
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::warn!(error = %e.message, "cannot list Liqo's FirewallConfigurationBindings (grant list and watch on firewallconfigurationbindings.networking.liqo.io, deploy/common/rbac.yaml): Liqo's FirewallConfigurations count by their labels");
+            return Ok(None);
+        }
+        _ => {}
+    }
+    let r = super::cache(api, watcher::Config::default(), resource, changed.clone());
+    tracing::info!("Liqo's FirewallConfigurations count where a FirewallConfigurationBinding names this gateway");
+    r.wait_until_ready()
+        .await
+        .context("the watch of Liqo's FirewallConfigurationBindings ended before its first list")?;
+    Ok(Some(r))
 }
 
 impl Agent {

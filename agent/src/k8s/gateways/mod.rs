@@ -211,6 +211,11 @@ impl Supervisor {
             } else {
                 Vec::new()
             },
+            // Liqo's gateway binds the configurations it applies to its own pod.
+            liqo_target: g
+                .name
+                .split_once('/')
+                .map(|(ns, name)| peerwall_intent::binding::Target::pod(ns, name)),
             host: s.node.clone(),
             interval: s.interval,
             scope: Some(peer_sel),
