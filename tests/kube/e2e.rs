@@ -340,3 +340,329 @@ async fn network_policies_hold(backend: &str) {
         !ping(&t.consumer, "10.10.1.67", "10.20.1.3")
     });
 }
+
+/// ClusterNetworkPolicies hold across the tunnel on both backends, through the real API server
+/// and the controller: the provider's pod `shop/cart` runs on consumer a (a Liqo virtual node;
+/// its packets come through a's tunnel from its address there) and reaches the provider's
+/// `shop/api` and `shop/db`, which a NetworkPolicy isolates (only `app=api` may reach it).
+/// Each case is checked before the ClusterNetworkPolicies (the path works, or the
+/// NetworkPolicy refuses) and after, by real TCP connections:
+/// - an Admin Deny: api 8080, open before, refused (api 9001 stays open);
+/// - an Admin Accept over the NetworkPolicy's isolation: db 5432 and 5434, refused before,
+///   open;
+/// - a Pass: db 5433, passed on by a higher-priority Admin policy to the NetworkPolicy, which
+///   refuses it where the Accept would have taken it;
+/// - a Baseline Deny: api 9000 (no NetworkPolicy isolates api) refused, and open again once a
+///   NetworkPolicy selects api and allows it (Baseline acts only where none isolates).
+/// `peerwall verdict --cluster --trace` on the cluster as `kubectl get` shows it names the tier,
+/// policy and rule that decided each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_network_policies_hold_across_the_tunnel_on_both_backends() {
+    for backend in ["nftables", "bpf"] {
+        cluster_network_policies_hold(backend).await;
+    }
+}
+
+async fn cluster_network_policies_hold(backend: &str) {
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+    let t = Topology::new();
+    let pins = BpfPins {
+        dir: format!(
+            "/sys/fs/bpf/peerwall-kube-cnp-{}-{backend}",
+            std::process::id()
+        ),
+        ns: t.gateway.name().to_string(),
+    };
+    let server = api_server();
+    let client = server.client().await;
+    install_crd(&client).await;
+    let extra: Vec<&str> = if backend == "bpf" {
+        vec!["--backend", "bpf", "--pin-dir", &pins.dir]
+    } else {
+        vec![]
+    };
+    let _agent = agent_with(
+        &server,
+        &t.gateway,
+        "gw",
+        "peerwall.io/target=gateway,peerwall.io/remote-cluster-id=a",
+        &extra,
+    );
+    let _controller = server.peerwall(
+        "controller",
+        &["controller", "--metrics-addr", "127.0.0.1:0"],
+    );
+    let (api_ip, db_ip, cart_ip) = ("10.20.1.3", "10.20.3.1", "10.10.1.68");
+    let _listeners: Vec<Listener> = [
+        (api_ip, 8080),
+        (api_ip, 9000),
+        (api_ip, 9001),
+        (db_ip, 5432),
+        (db_ip, 5433),
+        (db_ip, 5434),
+    ]
+    .into_iter()
+    .map(|(ip, port)| Listener::tcp(&t.provider, ip, port))
+    .collect();
+    namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
+    liqo_configuration(&client, "a", &["10.10.0.0/16"]).await;
+    let nodes: Api<Node> = Api::all(client.clone());
+    nodes
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "liqo-a", "labels": {
+                "liqo.io/type": "virtual-node", "liqo.io/remote-cluster-id": "a"}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    namespace(&client, "shop", json!({})).await;
+    pod(
+        &client,
+        "shop",
+        "api",
+        api_ip,
+        json!({"app": "api"}),
+        Some("worker"),
+    )
+    .await;
+    pod(
+        &client,
+        "shop",
+        "db",
+        db_ip,
+        json!({"app": "db"}),
+        Some("worker"),
+    )
+    .await;
+    pod(
+        &client,
+        "shop",
+        "cart",
+        cart_ip,
+        json!({"app": "cart"}),
+        Some("liqo-a"),
+    )
+    .await;
+    let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), "shop");
+    let np = |name: &str, app: &str, from: serde_json::Value| -> NetworkPolicy {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "shop"},
+            "spec": {"podSelector": {"matchLabels": {"app": app}}, "ingress": [from]}}))
+        .unwrap()
+    };
+    nps.create(
+        &PostParams::default(),
+        &np(
+            "db-from-api",
+            "db",
+            json!({"from": [{"podSelector": {"matchLabels": {"app": "api"}}}]}),
+        ),
+    )
+    .await
+    .unwrap();
+    let connects = |dst: &'static str, port: u16| {
+        let c = t.consumer.name().to_string();
+        move || {
+            let o = Command::new("ip")
+                .args(["netns", "exec", &c, "timeout", "3", "socat", "-T", "1", "-"])
+                .arg(format!(
+                    "TCP4:{dst}:{port},bind={cart_ip},connect-timeout=1"
+                ))
+                .output();
+            o.is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok"))
+        }
+    };
+    // Before: cart reaches api on every port (its own pod on a: protection lets it through),
+    // and the NetworkPolicy keeps it from db.
+    wait_until(
+        &format!("{backend}: cart reaches api"),
+        30,
+        connects(api_ip, 8080),
+    );
+    for port in [9000, 9001] {
+        wait_until(
+            &format!("{backend}: cart reaches api:{port}"),
+            10,
+            connects(api_ip, port),
+        );
+    }
+    for port in [5432, 5433, 5434] {
+        wait_until(
+            &format!("{backend}: the NetworkPolicy isolates db:{port}"),
+            30,
+            || !connects(db_ip, port)(),
+        );
+    }
+    // The ClusterNetworkPolicies (their CRD installed by the controller).
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(
+            "policy.networking.k8s.io",
+            "v1alpha2",
+            "ClusterNetworkPolicy",
+        ),
+        "clusternetworkpolicies",
+    );
+    let cnps: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    eventually(
+        "the ClusterNetworkPolicy CRD",
+        Duration::from_secs(90),
+        || {
+            let cnps = cnps.clone();
+            async move { cnps.list(&Default::default()).await.ok() }
+        },
+    )
+    .await;
+    let subject = |app: &str| {
+        json!({"pods": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}},
+                        "podSelector": {"matchLabels": {"app": app}}}})
+    };
+    let cart = json!([{"pods": {"namespaceSelector": {}, "podSelector": {"matchLabels": {"app": "cart"}}}}]);
+    let tcp = |port: u16| json!([{"tcp": {"destinationPort": {"number": port}}}]);
+    for (name, spec) in [
+        (
+            "db-5433-to-owners",
+            json!({"tier": "Admin", "priority": 10, "subject": subject("db"),
+            "ingress": [{"name": "owners-decide", "action": "Pass", "from": cart, "protocols": tcp(5433)}]}),
+        ),
+        (
+            "cart-reaches-db",
+            json!({"tier": "Admin", "priority": 20, "subject": subject("db"),
+            "ingress": [{"name": "cart", "action": "Accept", "from": cart}]}),
+        ),
+        (
+            "no-cart-to-api-8080",
+            json!({"tier": "Admin", "priority": 30, "subject": subject("api"),
+            "ingress": [{"name": "http", "action": "Deny", "from": cart, "protocols": tcp(8080)}]}),
+        ),
+        (
+            "api-9000-closed-by-default",
+            json!({"tier": "Baseline", "priority": 100, "subject": subject("api"),
+            "ingress": [{"name": "9000", "action": "Deny", "from": [{"namespaces": {}}], "protocols": tcp(9000)}]}),
+        ),
+    ] {
+        let obj: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "policy.networking.k8s.io/v1alpha2", "kind": "ClusterNetworkPolicy",
+            "metadata": {"name": name}, "spec": spec}))
+        .unwrap();
+        cnps.create(&PostParams::default(), &obj).await.unwrap();
+    }
+    wait_until(
+        &format!("{backend}: the Admin Deny refuses api:8080"),
+        30,
+        || !connects(api_ip, 8080)(),
+    );
+    wait_until(
+        &format!("{backend}: the Admin Accept opens db:5432 over the NetworkPolicy"),
+        30,
+        connects(db_ip, 5432),
+    );
+    assert!(connects(db_ip, 5434)(), "{backend}: Admin Accept, db:5434");
+    assert!(
+        !connects(db_ip, 5433)(),
+        "{backend}: the Pass leaves db:5433 to the NetworkPolicy, which refuses it"
+    );
+    assert!(
+        !connects(api_ip, 9000)(),
+        "{backend}: the Baseline Deny, api:9000 (no NetworkPolicy isolates api)"
+    );
+    assert!(
+        connects(api_ip, 9001)(),
+        "{backend}: api:9001, named by no policy"
+    );
+    // `verdict --cluster --trace` on the cluster as it is.
+    let snapshot = server
+        .kubectl()
+        .args([
+            "get",
+            "namespaces,nodes,pods,networkpolicies,configurations.networking.liqo.io,clusternetworkpolicies.policy.networking.k8s.io",
+            "-A",
+            "-o",
+            "yaml",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        snapshot.status.success(),
+        "{}",
+        String::from_utf8_lossy(&snapshot.stderr)
+    );
+    let file = std::env::temp_dir().join(format!("pw-cnp-{}-{backend}.yaml", std::process::id()));
+    std::fs::write(&file, &snapshot.stdout).unwrap();
+    for (to, port, verdict, step) in [
+        (
+            "shop/api",
+            8080,
+            "drop",
+            "Admin tier: denied by ClusterNetworkPolicy no-cart-to-api-8080, rule 0",
+        ),
+        (
+            "shop/db",
+            5432,
+            "accept",
+            "Admin tier: accepted by ClusterNetworkPolicy cart-reaches-db, rule 0",
+        ),
+        (
+            "shop/db",
+            5433,
+            "drop",
+            "NetworkPolicies: isolated by shop/db-from-api and no rule allows it: denied",
+        ),
+        (
+            "shop/api",
+            9000,
+            "drop",
+            "Baseline tier: denied by ClusterNetworkPolicy api-9000-closed-by-default, rule 0",
+        ),
+    ] {
+        let o = Command::new(peerwall())
+            .args(["verdict", "--cluster"])
+            .arg(&file)
+            .args([
+                "--from",
+                "shop/cart",
+                "--to",
+                to,
+                "--dport",
+                &port.to_string(),
+            ])
+            .args(["--trace", "--output", "json"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["verdict"]["verdict"], verdict, "{to}:{port}: {v}");
+        let steps = v["trace"]["ingress"]["steps"].to_string();
+        assert!(steps.contains(step), "{to}:{port}: {steps}");
+        if port == 5433 {
+            assert!(
+                steps.contains("Admin tier: passed on by ClusterNetworkPolicy db-5433-to-owners"),
+                "{steps}"
+            );
+        }
+    }
+    let _ = std::fs::remove_file(&file);
+    // A NetworkPolicy selects api and allows 9000 from cart: the Baseline no longer applies.
+    nps.create(
+        &PostParams::default(),
+        &np(
+            "api-from-cart",
+            "api",
+            json!({"from": [{"podSelector": {"matchLabels": {"app": "cart"}}}],
+                   "ports": [{"protocol": "TCP", "port": 9000}]}),
+        ),
+    )
+    .await
+    .unwrap();
+    wait_until(
+        &format!("{backend}: a NetworkPolicy opens what the Baseline closed"),
+        30,
+        connects(api_ip, 9000),
+    );
+    assert!(
+        !connects(api_ip, 8080)(),
+        "{backend}: the Admin Deny stays first"
+    );
+}
