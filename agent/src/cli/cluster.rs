@@ -32,7 +32,18 @@ fn opts() -> Options {
 }
 
 /// `peerwall compile --cluster`.
-pub(super) fn compile(paths: &[PathBuf], output: CompileOutput) -> Result<(), CliError> {
+pub(super) fn compile(
+    paths: &[PathBuf],
+    backend: BackendKind,
+    output: CompileOutput,
+) -> Result<(), CliError> {
+    if backend == BackendKind::Bpf && output != CompileOutput::Text {
+        return Err(input(anyhow::anyhow!(
+            "--backend bpf renders what the bpf backend loads (--output text); --output yaml and \
+             json print the controller's objects, which both backends enforce alike: leave \
+             --backend out"
+        )));
+    }
     let s = load(paths)?;
     let o = snapshot::output(&s, &opts());
     for u in &o.unenforced {
@@ -59,6 +70,11 @@ pub(super) fn compile(paths: &[PathBuf], output: CompileOutput) -> Result<(), Cl
             for (peer, objs) in &o.enforced {
                 let compiled = compile_objects(objs)?;
                 text.push_str(&format!("# the gateway of peer {peer}\n"));
+                if backend == BackendKind::Bpf {
+                    let view = super::render::bpf_view(&compiled)?;
+                    text.push_str(&peerwall_backend_bpf::view::text(&view));
+                    continue;
+                }
                 for t in nftables::render_policy(&compiled, RenderOptions::default()) {
                     text.push_str(&text::table_text(&t));
                 }
@@ -167,6 +183,17 @@ fn packet(
 // size: argument checks, then one judgement per engine; each step names the flag it reads.
 /// `peerwall verdict --cluster`.
 pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
+    if !a.matrix && (a.from.is_none() || a.to.is_none()) {
+        let lacking: Vec<&str> = [("--from", a.from.is_none()), ("--to", a.to.is_none())]
+            .into_iter()
+            .filter_map(|(flag, absent)| absent.then_some(flag))
+            .collect();
+        return Err(input(anyhow::anyhow!(
+            "verdict --cluster judges between two pods (--from NS/NAME --to NS/NAME) or all \
+             pairs (--matrix): this lacks {}",
+            lacking.join(" and ")
+        )));
+    }
     let s = load(&a.cluster)?;
     let o = snapshot::output(&s, &opts());
     for u in &o.unenforced {

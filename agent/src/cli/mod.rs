@@ -531,7 +531,7 @@ impl IssueArgs {
 #[derive(clap::Args, Debug)]
 pub struct VerdictArgs {
     /// YAML files or directories of FirewallConfigurations.
-    #[arg(short = 'f', long = "file", num_args = 1.., required_unless_present = "cluster", conflicts_with = "cluster")]
+    #[arg(short = 'f', long = "file", num_args = 1.., conflicts_with = "cluster")]
     pub files: Vec<PathBuf>,
     /// A cluster snapshot (`kubectl get -o yaml` of Namespaces, Nodes, Pods,
     /// NetworkPolicies, Liqo's Configurations; files or directories): judge by what the
@@ -539,10 +539,10 @@ pub struct VerdictArgs {
     #[arg(long, num_args = 1..)]
     pub cluster: Vec<PathBuf>,
     /// `--cluster`: the source pod, `NAMESPACE/NAME`.
-    #[arg(long, requires = "cluster", required_unless_present_any = ["matrix", "files"])]
+    #[arg(long, requires = "cluster")]
     pub from: Option<String>,
     /// `--cluster`: the destination pod, `NAMESPACE/NAME`.
-    #[arg(long, requires = "cluster", required_unless_present_any = ["matrix", "files"])]
+    #[arg(long, requires = "cluster")]
     pub to: Option<String>,
     /// `--cluster`: the truth table of every pod pair that crosses a gateway, per probe
     /// (`--proto`/`--dport`, or TCP, UDP and SCTP on ports 80 and 81 as the e2e suite probes).
@@ -554,16 +554,16 @@ pub struct VerdictArgs {
     #[arg(long, requires = "cluster", conflicts_with = "matrix")]
     pub trace: bool,
     /// Input interface (e.g. liqo-tunnel).
-    #[arg(long, required_unless_present = "cluster", conflicts_with = "cluster")]
+    #[arg(long, conflicts_with = "cluster")]
     pub iif: Option<String>,
     /// Output interface; without it the packet is addressed to the gateway itself.
     #[arg(long, conflicts_with = "cluster")]
     pub oif: Option<String>,
     /// Source address.
-    #[arg(long, required_unless_present = "cluster", conflicts_with = "cluster")]
+    #[arg(long, conflicts_with = "cluster")]
     pub src: Option<IpAddr>,
     /// Destination address.
-    #[arg(long, required_unless_present = "cluster", conflicts_with = "cluster")]
+    #[arg(long, conflicts_with = "cluster")]
     pub dst: Option<IpAddr>,
     /// Protocol (default tcp).
     #[arg(long, value_enum)]
@@ -1012,7 +1012,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             backend,
             output,
         } => match (cluster.is_empty(), output) {
-            (false, _) => cluster::compile(&cluster, output),
+            (false, _) => cluster::compile(&cluster, backend, output),
             (true, CompileOutput::Yaml) => Err(input(anyhow::anyhow!(
                 "--output yaml prints a cluster's objects: use it with --cluster"
             ))),

@@ -16,6 +16,21 @@ pub(super) fn compile(
 
 fn compile_bpf(files: &[PathBuf], output: Output) -> Result<(), CliError> {
     let compiled = load_and_compile(files)?;
+    let view = bpf_view(&compiled.policy)?;
+    match output {
+        Output::Json => out(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&view).map_err(runtime)?
+        )),
+        Output::Text => out(&peerwall_backend_bpf::view::text(&view)),
+    }
+}
+
+/// What the bpf backend loads for `policy` on this host's interfaces (its rules left to an
+/// nftables enforcer named in warnings).
+pub(super) fn bpf_view(
+    policy: &peerwall_policy::ir::Policy,
+) -> Result<peerwall_backend_bpf::view::PolicyView, CliError> {
     let ifaces = peerwall_backend_bpf::loader::host_ifaces()
         .context("listing interfaces")
         .map_err(runtime)?;
@@ -26,18 +41,11 @@ fn compile_bpf(files: &[PathBuf], output: Output) -> Result<(), CliError> {
             ifindex: i.ifindex,
         })
         .collect();
-    let bp = peerwall_backend_bpf::maps::compile(&compiled.policy, &ifaces).map_err(input)?;
-    for note in peerwall_backend_bpf::maps::left_to_nftables(&compiled.policy) {
+    let bp = peerwall_backend_bpf::maps::compile(policy, &ifaces).map_err(input)?;
+    for note in peerwall_backend_bpf::maps::left_to_nftables(policy) {
         tracing::warn!("{note}");
     }
-    let view = peerwall_backend_bpf::view::describe(&bp);
-    match output {
-        Output::Json => out(&format!(
-            "{}\n",
-            serde_json::to_string_pretty(&view).map_err(runtime)?
-        )),
-        Output::Text => out(&peerwall_backend_bpf::view::text(&view)),
-    }
+    Ok(peerwall_backend_bpf::view::describe(&bp))
 }
 
 fn compile_nftables(files: &[PathBuf], output: Output) -> Result<(), CliError> {

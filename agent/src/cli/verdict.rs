@@ -18,12 +18,21 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
         output,
         ..
     } = a;
-    let missing = |flag: &str| input(anyhow::anyhow!("{flag} is required without --cluster"));
-    let iif = iif.ok_or_else(|| missing("--iif"))?;
-    let (src, dst) = (
-        src.ok_or_else(|| missing("--src"))?,
-        dst.ok_or_else(|| missing("--dst"))?,
-    );
+    let lacking: Vec<&str> = [
+        ("-f/--file", files.is_empty()),
+        ("--iif", iif.is_none()),
+        ("--src", src.is_none()),
+        ("--dst", dst.is_none()),
+    ]
+    .into_iter()
+    .filter_map(|(flag, absent)| absent.then_some(flag))
+    .collect();
+    let (Some(iif), Some(src), Some(dst)) = (iif, src, dst) else {
+        return Err(input(anyhow::anyhow!("{}", modes(&lacking))));
+    };
+    if files.is_empty() {
+        return Err(input(anyhow::anyhow!("{}", modes(&lacking))));
+    }
     let p = p.unwrap_or(ProtoArg::Tcp);
     let dport = dport.unwrap_or(80);
     // Linux interface names are at most 15 bytes (IFNAMSIZ 16 with the NUL): a longer one
@@ -123,4 +132,14 @@ pub(super) fn print_verdict(verdict: &ir::Verdict, output: Output) -> Result<(),
             out(&format!("{} ({by}{audit})\n", verdict.verdict.as_str()))
         }
     }
+}
+
+/// What `verdict` needs in each of its modes, and what this call lacks for the packet mode.
+pub(super) fn modes(lacking: &[&str]) -> String {
+    format!(
+        "verdict judges either a packet against FirewallConfigurations (-f FILES --iif IF --src \
+         ADDR --dst ADDR [--oif IF --proto P --dport N]) or pods of a cluster snapshot \
+         (--cluster SNAPSHOT --from NS/NAME --to NS/NAME, or --matrix); for a packet this lacks {}",
+        lacking.join(", ")
+    )
 }
