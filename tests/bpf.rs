@@ -60,7 +60,24 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
     assert_eq!(dump("DSTH"), 1, "one /32 host in DSTH");
     assert_eq!(dump("DST"), 0, "no prefix in the DST trie");
     // Rule 0 of chain 0 (drop_traffic) counted the dropped ping.
-    assert!(counted(&pins, slot, 0) >= 1);
+    let before = counted(&pins, slot, 0);
+    assert!(before >= 1);
+    // The same policy applied again by a new process: the live slot already holds it (its
+    // recorded digest), so nothing switches and the counters go on (as nftables keeps its).
+    apply_bpf(&t.gateway, &pins, &[], &repo("examples/thesis-block.yaml"));
+    assert_eq!(
+        active_slot(&pins),
+        slot,
+        "an identical policy switches nothing"
+    );
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "still enforced"
+    );
+    assert!(
+        counted(&pins, slot, 0) > before,
+        "the counter goes on from {before}"
+    );
     // `peerwall inspect` decodes the same pins, with names.
     let o = peerwall_net(
         &t.gateway,
@@ -222,6 +239,41 @@ fn restarted_agent_adopts_pinned_state_and_switches_policy() {
     assert!(
         !ping(&t.consumer, "10.10.1.67", "10.20.9.9"),
         "default deny holds"
+    );
+    // The same policy again: no switch.
+    let slot = active_slot(&pins);
+    apply_bpf(&t.gateway, &pins, &["--xdp"], &f);
+    assert_eq!(
+        active_slot(&pins),
+        slot,
+        "an identical policy switches nothing"
+    );
+    // The pins removed by hand (the digest of the live slot's contents stays in /run) and
+    // the same policy applied: new maps, which the old digest does not describe, are written
+    // and enforce (a digest not bound to its maps would leave them empty).
+    let digest = peerwall_backend_bpf::meta::digest_path(&pins.0, slot as u32);
+    assert!(digest.exists(), "{}", digest.display());
+    // 10.20.3.2: a provider pod nobody offloaded.
+    ip(&t.provider, &["addr", "add", "10.20.3.2/32", "dev", "eth0"]);
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.3.2"),
+        "not offloaded"
+    );
+    std::fs::remove_dir_all(&pins.0).unwrap();
+    assert!(digest.exists(), "the digest outlives the pins");
+    assert!(
+        poll(5, || ping(&t.consumer, "10.10.1.67", "10.20.3.2")),
+        "detached: {:?}",
+        sh("bpftool", &["net", "list"])
+    );
+    apply_bpf(&t.gateway, &pins, &["--xdp"], &f);
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.3.2"),
+        "default deny holds over new pins"
+    );
+    assert!(
+        tcp_connects(&t.consumer, "10.10.1.67", "10.20.3.1", 8080),
+        "the offloaded pod over new pins"
     );
     std::fs::remove_dir_all(&dir).ok();
 }

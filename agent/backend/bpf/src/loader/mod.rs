@@ -324,6 +324,23 @@ impl Datapath {
         let diagnostics = diagnostics(policy);
         let prefixes = new.prefix_count();
         let active = self.active as usize;
+        let digest = crate::meta::digest(&new);
+        // Opened over pins whose live slot already holds these very contents (a CLI `apply`
+        // again, a restarted agent): nothing to write, counters and cached verdicts stay.
+        if self.slots[active].is_none()
+            && crate::meta::read_digest(&self.pin_dir, self.active)
+                == Some(self.slot_digest(self.active, &digest)?)
+        {
+            self.slots[active] = Some(new);
+            self.diagnostics.clone_from(&diagnostics);
+            return Ok(BpfApplyReport {
+                active: self.active,
+                entries_changed: 0,
+                switched: false,
+                prefixes,
+                diagnostics,
+            });
+        }
         if let Some(live) = &self.slots[active] {
             if only_trie_entries_differ(live, &new) {
                 let changes = count_changes(live, &new);
@@ -336,6 +353,8 @@ impl Datapath {
                     self.set_config(c)?;
                     self.slots[active] = Some(new);
                     self.diagnostics.clone_from(&diagnostics);
+                    let d = self.slot_digest(self.active, &digest)?;
+                    crate::meta::write_digest(&self.pin_dir, self.active, &d);
                     return Ok(BpfApplyReport {
                         active: self.active,
                         entries_changed: n,
@@ -356,6 +375,8 @@ impl Datapath {
         self.active = idle;
         self.slots[idle as usize] = Some(new);
         self.diagnostics.clone_from(&diagnostics);
+        let d = self.slot_digest(idle, &digest)?;
+        crate::meta::write_digest(&self.pin_dir, idle, &d);
         Ok(BpfApplyReport {
             active: idle,
             entries_changed: n,
@@ -382,6 +403,8 @@ impl Datapath {
         let Some(delta) = maps::set_delta(live, policy, changes) else {
             return Ok(None);
         };
+        // The slot's contents change: its digest no longer names them.
+        crate::meta::clear_digest(&self.pin_dir, self.active)?;
         let n = write_addr_changes(&mut self.ebpf, &self.active.to_string(), &delta)?;
         let mut c = self.config()?;
         c.active = c.active.wrapping_add(2);
@@ -419,6 +442,7 @@ impl Datapath {
         old: Option<&BpfPolicy>,
         new: &BpfPolicy,
     ) -> Result<usize, BpfError> {
+        crate::meta::clear_digest(&self.pin_dir, slot)?;
         self.write_names(slot, new);
         let s = slot.to_string();
         let mut n = self.write_lookups(&s, old, new)?;
@@ -457,6 +481,18 @@ impl Datapath {
             self.zero_counters(slot)?;
         }
         Ok(n)
+    }
+
+    /// `digest` bound to this instance of `slot`'s maps (its `HOOKS` map's kernel id, never
+    /// reused while the machine runs): pins removed and created anew never match a digest the
+    /// old ones left in `/run`.
+    fn slot_digest(&mut self, slot: u32, digest: &str) -> Result<String, BpfError> {
+        let name = format!("{}{slot}", map::HOOKS);
+        let id = match self.map(&name)? {
+            aya::maps::Map::Array(d) => d.info().map_err(map_err(map::HOOKS))?.id(),
+            _ => return Err(BpfError::MissingMap(name)),
+        };
+        Ok(format!("{id}:{digest}"))
     }
 
     /// Names for `peerwall inspect`; the maps alone hold only ids. Best effort: a read-only
