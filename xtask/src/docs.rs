@@ -1,7 +1,7 @@
 //! `cargo xtask docs`: the documentation as a book (mdbook, installed from crates into the
 //! cache), after checking that every relative link of the README and of `docs/` points at a
-//! file that exists (and, inside a page, at a heading it has) and that every page is in the
-//! book's summary.
+//! file that exists (and, inside a page, at a heading it has), that every repository path they
+//! name in code exists, and that every page is in the book's summary.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -107,7 +107,84 @@ fn broken(root: &Path, page: &Path) -> Result<Vec<String>> {
     Ok(out)
 }
 
-/// Check the README's and the book's links, and that `SUMMARY.md` lists every page.
+/// Where repository paths begin: a word of a page that starts with one of these names a file
+/// or directory of the repository.
+const REPO_DIRS: [&str; 9] = [
+    "agent/",
+    "ebpf/",
+    "common/",
+    "xtask/",
+    "tests/",
+    "deploy/",
+    "examples/",
+    "docs/",
+    ".ci/",
+];
+
+/// The repository path a word of a page names, if it names one: starting with one of
+/// [`REPO_DIRS`], without a trailing `:line`, punctuation or `/`, and with no placeholder
+/// (`<peer>`, `*`, `{a,b}`, `$VAR`, `…`) that makes it a pattern rather than a path.
+fn repo_path(word: &str) -> Option<&str> {
+    let w = word.trim_start_matches(['(', '[', '"', '\'', '`']);
+    if !REPO_DIRS.iter().any(|d| w.starts_with(d)) {
+        return None;
+    }
+    let w = w.trim_end_matches(['.', ',', ';', ')', ']', '"', '\'', '`', ':']);
+    let w = match w.rsplit_once(':') {
+        Some((p, line)) if line.chars().all(|c| c.is_ascii_digit()) => p,
+        _ => w,
+    };
+    if w.contains(['<', '*', '{', '$', '…', '|']) {
+        return None;
+    }
+    Some(w.trim_end_matches('/'))
+}
+
+/// Repository paths a page names (in code spans and code blocks) that do not exist, as
+/// `page: path (no such file)`.
+fn dead_paths(root: &Path, page: &Path) -> Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(page).with_context(|| format!("reading {}", page.display()))?;
+    let shown = page
+        .strip_prefix(root)
+        .unwrap_or(page)
+        .display()
+        .to_string();
+    let mut out = BTreeSet::new();
+    let mut code = false;
+    for l in text.lines() {
+        if l.starts_with("```") {
+            code = !code;
+            continue;
+        }
+        // In a code block every word; in prose, the words of code spans.
+        let words: Vec<&str> = if code {
+            l.split_whitespace().collect()
+        } else {
+            l.split('`')
+                .skip(1)
+                .step_by(2)
+                .flat_map(str::split_whitespace)
+                .collect()
+        };
+        // `kubectl … deploy/<name>` names a Deployment, not the directory.
+        let kubectl = l.contains("kubectl");
+        for w in words {
+            if kubectl && w.starts_with("deploy/") {
+                continue;
+            }
+            if let Some(p) = repo_path(w) {
+                if !root.join(p).exists() {
+                    out.insert(format!("{shown}: {p} (no such file)"));
+                }
+            }
+        }
+    }
+    Ok(out.into_iter().collect())
+}
+
+/// Check the README's and the book's links and the repository paths they name, and that
+/// `SUMMARY.md` lists every page.
 pub fn check(root: &Path) -> Result<()> {
     let docs = root.join("docs");
     let mut pages = vec![root.join("README.md")];
@@ -121,6 +198,7 @@ pub fn check(root: &Path) -> Result<()> {
     let mut problems = Vec::new();
     for p in &pages {
         problems.extend(broken(root, p)?);
+        problems.extend(dead_paths(root, p)?);
     }
     let summary = std::fs::read_to_string(docs.join("SUMMARY.md")).context("docs/SUMMARY.md")?;
     let listed: BTreeSet<String> = links(&summary).into_iter().collect();
@@ -200,6 +278,31 @@ mod tests {
         let text = "# A b\n```\n](x.md)\n```\nsee [x](y.md#a-b) and `](z)`\n";
         assert_eq!(links(text), vec!["y.md#a-b".to_string()]);
         assert!(anchors(text).contains("a-b"));
+    }
+
+    /// A path a page names in code that does not exist is reported (a planted one); patterns,
+    /// line suffixes and prose are not paths.
+    #[test]
+    fn dead_paths_are_found() {
+        let dir = std::env::temp_dir().join(format!("xtask-paths-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("agent/src")).unwrap();
+        std::fs::write(dir.join("agent/src/lib.rs"), "").unwrap();
+        std::fs::write(
+            dir.join("a.md"),
+            "see `agent/src/lib.rs:12`, `agent/src/gone.rs` and tests/kube.rs\n\
+             `agent/src/<crate>/x.rs`, `tests/*.rs`, `kubectl logs deploy/peerwall-webhook`\n\
+             ```sh\ncat agent/src/lib.rs tests/missing.rs\n```\n",
+        )
+        .unwrap();
+        let found = dead_paths(&dir, &dir.join("a.md")).unwrap();
+        assert_eq!(
+            found,
+            vec![
+                "a.md: agent/src/gone.rs (no such file)".to_string(),
+                "a.md: tests/missing.rs (no such file)".to_string()
+            ]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     /// A page linking to a missing file or heading is reported; fixed, it is not.
