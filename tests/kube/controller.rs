@@ -1132,27 +1132,9 @@ async fn conditions_of_hosts_without_the_gateway_do_not_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_network_policies_reach_the_tier_in_tier_order() {
     use k8s_openapi::api::core::v1::Event;
-    use kube::api::ApiResource;
     let (_server, client, controller) = controller_with_peer_and_shop().await;
     web_here_api_on_p1(&client).await;
-    let resource = ApiResource::from_gvk_with_plural(
-        &kube::api::GroupVersionKind::gvk(
-            "policy.networking.k8s.io",
-            "v1alpha2",
-            "ClusterNetworkPolicy",
-        ),
-        "clusternetworkpolicies",
-    );
-    let cnps: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    eventually(
-        "the ClusterNetworkPolicy CRD, installed by the controller",
-        Duration::from_secs(90),
-        || {
-            let cnps = cnps.clone();
-            async move { cnps.list(&Default::default()).await.ok() }
-        },
-    )
-    .await;
+    let cnps = cluster_network_policies(&client).await;
     let create = |name: &str, spec: serde_json::Value| {
         let cnps = cnps.clone();
         let obj: DynamicObject = serde_json::from_value(json!({

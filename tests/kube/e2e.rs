@@ -142,6 +142,59 @@ async fn offloaded_pod_is_reachable_through_its_consumers_tunnel_only() {
     );
 }
 
+/// Peer a's gateway (a [`Topology`]) enforced by an agent of one backend, with the controller,
+/// on an API server of its own. Dropped in field order: processes, then the server, the pins
+/// and the namespaces.
+struct PeerGateway {
+    _controller: Proc,
+    _agent: Proc,
+    client: kube::Client,
+    server: ApiServer,
+    _pins: BpfPins,
+    t: Topology,
+}
+
+impl PeerGateway {
+    /// `backend`'s agent for peer a's gateway objects; `tag` names its pin directory.
+    async fn start(backend: &str, tag: &str) -> Self {
+        let t = Topology::new();
+        let pins = BpfPins {
+            dir: format!(
+                "/sys/fs/bpf/peerwall-kube-{tag}-{}-{backend}",
+                std::process::id()
+            ),
+            ns: t.gateway.name().to_string(),
+        };
+        let server = api_server();
+        let client = server.client().await;
+        install_crd(&client).await;
+        let extra: Vec<&str> = if backend == "bpf" {
+            vec!["--backend", "bpf", "--pin-dir", &pins.dir]
+        } else {
+            vec![]
+        };
+        let agent = agent_with(
+            &server,
+            &t.gateway,
+            "gw",
+            "peerwall.io/target=gateway,peerwall.io/remote-cluster-id=a",
+            &extra,
+        );
+        let controller = server.peerwall(
+            "controller",
+            &["controller", "--metrics-addr", "127.0.0.1:0"],
+        );
+        Self {
+            _controller: controller,
+            _agent: agent,
+            client,
+            server,
+            _pins: pins,
+            t,
+        }
+    }
+}
+
 /// A provider's own NetworkPolicies hold for traffic from its consumer's tunnel, on both
 /// backends, through the real API server: created, edited, a pod relabelled, each changing
 /// packets through the gateway. The consumer's pods are addresses here (ipBlock).
@@ -156,33 +209,8 @@ async fn network_policies_hold(backend: &str) {
     use k8s_openapi::api::core::v1::Pod;
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use kube::api::{Api, Patch, PatchParams, PostParams};
-    let t = Topology::new();
-    let pins = BpfPins {
-        dir: format!(
-            "/sys/fs/bpf/peerwall-kube-np-{}-{backend}",
-            std::process::id()
-        ),
-        ns: t.gateway.name().to_string(),
-    };
-    let server = api_server();
-    let client = server.client().await;
-    install_crd(&client).await;
-    let extra: Vec<&str> = if backend == "bpf" {
-        vec!["--backend", "bpf", "--pin-dir", &pins.dir]
-    } else {
-        vec![]
-    };
-    let _agent = agent_with(
-        &server,
-        &t.gateway,
-        "gw",
-        "peerwall.io/target=gateway,peerwall.io/remote-cluster-id=a",
-        &extra,
-    );
-    let _controller = server.peerwall(
-        "controller",
-        &["controller", "--metrics-addr", "127.0.0.1:0"],
-    );
+    let g = PeerGateway::start(backend, "np").await;
+    let (t, client) = (&g.t, g.client.clone());
     let _web = Listener::tcp(&t.provider, "10.20.1.2", 8080);
     let _db = Listener::tcp_echo(&t.provider, "10.20.1.3", 8080);
     namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
@@ -366,34 +394,9 @@ async fn cluster_network_policies_hold_across_the_tunnel_on_both_backends() {
 async fn cluster_network_policies_hold(backend: &str) {
     use k8s_openapi::api::core::v1::Node;
     use k8s_openapi::api::networking::v1::NetworkPolicy;
-    use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
-    let t = Topology::new();
-    let pins = BpfPins {
-        dir: format!(
-            "/sys/fs/bpf/peerwall-kube-cnp-{}-{backend}",
-            std::process::id()
-        ),
-        ns: t.gateway.name().to_string(),
-    };
-    let server = api_server();
-    let client = server.client().await;
-    install_crd(&client).await;
-    let extra: Vec<&str> = if backend == "bpf" {
-        vec!["--backend", "bpf", "--pin-dir", &pins.dir]
-    } else {
-        vec![]
-    };
-    let _agent = agent_with(
-        &server,
-        &t.gateway,
-        "gw",
-        "peerwall.io/target=gateway,peerwall.io/remote-cluster-id=a",
-        &extra,
-    );
-    let _controller = server.peerwall(
-        "controller",
-        &["controller", "--metrics-addr", "127.0.0.1:0"],
-    );
+    use kube::api::{Api, DynamicObject, PostParams};
+    let g = PeerGateway::start(backend, "cnp").await;
+    let (t, client) = (&g.t, g.client.clone());
     let (api_ip, db_ip, cart_ip) = ("10.20.1.3", "10.20.3.1", "10.10.1.68");
     let _listeners: Vec<Listener> = [
         (api_ip, 8080),
@@ -497,24 +500,7 @@ async fn cluster_network_policies_hold(backend: &str) {
         );
     }
     // The ClusterNetworkPolicies (their CRD installed by the controller).
-    let resource = ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk(
-            "policy.networking.k8s.io",
-            "v1alpha2",
-            "ClusterNetworkPolicy",
-        ),
-        "clusternetworkpolicies",
-    );
-    let cnps: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-    eventually(
-        "the ClusterNetworkPolicy CRD",
-        Duration::from_secs(90),
-        || {
-            let cnps = cnps.clone();
-            async move { cnps.list(&Default::default()).await.ok() }
-        },
-    )
-    .await;
+    let cnps = cluster_network_policies(&client).await;
     let subject = |app: &str| {
         json!({"pods": {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}},
                         "podSelector": {"matchLabels": {"app": app}}}})
@@ -573,7 +559,8 @@ async fn cluster_network_policies_hold(backend: &str) {
         "{backend}: api:9001, named by no policy"
     );
     // `verdict --cluster --trace` on the cluster as it is.
-    let snapshot = server
+    let snapshot = g
+        .server
         .kubectl()
         .args([
             "get",

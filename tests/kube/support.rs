@@ -441,3 +441,27 @@ impl Drop for BpfPins {
 pub(crate) fn nft_tables(ns: &NetNs) -> String {
     String::from_utf8_lossy(&in_ns(ns, "nft", &["list", "tables"]).stdout).into_owned()
 }
+
+/// ClusterNetworkPolicies (`policy.networking.k8s.io/v1alpha2`), once the server serves them
+/// (the controller installs their CRD where there is none).
+pub(crate) async fn cluster_network_policies(client: &Client) -> Api<DynamicObject> {
+    let resource = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk(
+            "policy.networking.k8s.io",
+            "v1alpha2",
+            "ClusterNetworkPolicy",
+        ),
+        "clusternetworkpolicies",
+    );
+    let cnps: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+    eventually(
+        "the ClusterNetworkPolicy CRD, installed by the controller",
+        Duration::from_secs(90),
+        || {
+            let cnps = cnps.clone();
+            async move { cnps.list(&Default::default()).await.ok() }
+        },
+    )
+    .await;
+    cnps
+}
