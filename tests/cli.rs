@@ -596,3 +596,26 @@ fn each_mode_says_what_it_needs_and_compile_cluster_honours_the_backend() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("leave --backend out"));
 }
+
+/// Output into a pipe whose reader has gone (`| head`) ends quietly: exit 0, nothing on stderr
+/// (it printed "error: writing to stdout: Broken pipe", exit 1).
+#[test]
+fn a_closed_pipe_ends_output_quietly() {
+    let mut child = Command::new(peerwall())
+        .args(["compile", "--cluster"])
+        .arg(repo("examples/cluster"))
+        .args(["--output", "yaml"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The reader goes before the first write.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !err.contains("Broken pipe") && !err.contains("error"),
+        "{err}"
+    );
+    assert_eq!(o.status.code(), Some(0), "{err}");
+}

@@ -22,6 +22,14 @@ fn main() {
         LogFormat::Text => builder.init(),
     }
     if let Err(e) = cli::run(args) {
+        // The reader went away (`| head`): what it wanted it has; nothing to report.
+        let closed_pipe = e.error().chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+        });
+        if closed_pipe {
+            std::process::exit(0);
+        }
         eprintln!("error: {}", cli::error_text(e.error()));
         std::process::exit(e.exit_code());
     }
