@@ -418,6 +418,48 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
+    /// docs/metrics.md lists every metric family the agent (both modes) and the controller
+    /// expose, each with its type and its help text word for word, and nothing else.
+    #[test]
+    fn the_metrics_page_lists_every_metric_as_exposed() {
+        let page = include_str!("../../../docs/metrics.md");
+        let node = GatewayMetrics {
+            cni_boot: Some(true),
+            ..Default::default()
+        };
+        let text = [
+            node.render(),
+            AgentMetrics::default().render(),
+            ControllerMetrics::default().render(),
+        ]
+        .concat();
+        let mut exposed = std::collections::BTreeSet::new();
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("# HELP ") else {
+                continue;
+            };
+            let (name, help) = rest.split_once(' ').unwrap();
+            let kind = text
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("# TYPE {name} ")))
+                .unwrap();
+            let row = format!("| `{name}` | {kind} |");
+            let found = page.lines().find(|l| l.starts_with(&row));
+            let row = found.unwrap_or_else(|| panic!("docs/metrics.md has no row {row}"));
+            assert!(
+                row.ends_with(&format!("| {help} |")),
+                "{name}: {help:?} / {row}"
+            );
+            exposed.insert(name.to_string());
+        }
+        let listed: std::collections::BTreeSet<String> = page
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `"))
+            .filter_map(|l| l.split_once('`').map(|(n, _)| n.to_string()))
+            .collect();
+        assert_eq!(listed, exposed);
+    }
+
     #[test]
     fn renders_prometheus_text() {
         let mut m = AgentMetrics {
