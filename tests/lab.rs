@@ -37,10 +37,10 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
     assert!(!out.contains("UNEXPECTED"), "{out}");
     // Per consumer 18 pairs (7 per pod: the 4 offloaded pods, the provider's local one and
     // its two monitoring pods; the provider-initiated pair; each consumer's offloaded pod
-    // calling this consumer home), the provider's pod running on consumer c both ways,
-    // consumer a's spoofed source and consumer c's pod posing as the provider's pod local/twin: 58
-    // per backend.
-    assert_eq!(out.matches(" || ").count(), 2 * 58, "{out}");
+    // calling this consumer home), the provider's pod running on consumer c both ways and
+    // towards local/cache, consumer a's spoofed source and consumer c's pod posing as
+    // the provider's pod local/twin: 59 per backend.
+    assert_eq!(out.matches(" || ").count(), 2 * 59, "{out}");
     // Consumer c's pod CIDR is the provider's own, remapped by Liqo's NAT in c's gateway: the
     // provider reaches c's pod by its remapped address and gets the replies (the bpf datapath
     // classifies them on the addresses the forward hook sees), and the provider's pod running
@@ -50,7 +50,14 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
     // and an ingress rule naming the remote pod on c by label.
     for row in [
         "OK    +++ | [provider local] -> [provider pod on consumer c] || 10.20.3.10 -> 10.71.9.20",
-        "MIXED -+- | [provider pod on consumer c] -> [provider local] || 10.20.9.20 -> 10.20.3.10",
+        // The lab's ClusterNetworkPolicies (`lab_cluster_policies`): `local-from-ours` lets
+        // only HTTP in from the provider's pod on c; the Admin tier accepts its UDP 9090 too
+        // (`ours-echo-home`, over the NetworkPolicy's isolation), hands its HTTP to the
+        // NetworkPolicies (`ours-http-to-owners`, a Pass) before denying the rest
+        // (`ours-nothing-else`).
+        "MIXED -++ | [provider pod on consumer c] -> [provider local] || 10.20.9.20 -> 10.20.3.10",
+        // No NetworkPolicy isolates local/cache: the Baseline tier's default refuses HTTP.
+        "MIXED +-+ | [provider pod on consumer c] -> [provider local/cache] || 10.20.9.20 -> 10.20.3.12",
         "FAIL  --- | [consumer c pod 10.20.9.10] -> [provider local] || 10.20.9.10 -> 10.20.3.10",
         "OK    +++ | [consumer c pod 10.20.9.10] -> [provider offloaded-by-c] || 10.20.9.10 -> 10.20.4.10",
         "MIXED -+- | [consumer a pod 10.10.1.10] -> [provider offloaded-by-a] || 10.10.1.10 -> 10.20.1.11",
@@ -64,7 +71,9 @@ fn lab_matrices_are_expected_and_equal_for_both_backends() {
         "FAIL  --- | [consumer a pod 10.10.1.10] -> [provider monitoring/grafana] || 10.10.1.10 -> 10.20.5.11",
         "FAIL  --- | [consumer b pod 10.30.1.10] -> [provider monitoring/prometheus (opened to a)] || 10.30.1.10 -> 10.20.5.10",
         "FAIL  --- | [consumer b pod 10.30.1.11] -> [provider offloaded-by-b] || 10.30.1.11 -> 10.20.2.10",
-        "MIXED -++ | [provider local] -> [consumer a pod] || 10.20.3.10 -> 10.10.1.10",
+        // `local-egress` lets local-0 send TCP 8080 and UDP 9090 to a's pods; the Admin tier
+        // denies the UDP (`no-echo-to-a`).
+        "MIXED -+- | [provider local] -> [consumer a pod] || 10.20.3.10 -> 10.10.1.10",
         "FAIL  --- | [provider local] -> [consumer c pod] || 10.20.3.10 -> 10.71.9.10",
         // Call home: the NetworkPolicy the controller keeps in an offloaded namespace lets its
         // pods reach their own consumer (by the address seen here when remapped), and not

@@ -9,6 +9,9 @@ use crate::{netpol, protection};
 pub(super) use super::consumers::{consumers, Consumer, PROVIDER_CIDR, TWIN_POD};
 
 pub(super) const LOCAL_POD: &str = "10.20.3.10";
+/// A provider pod in `local` that no NetworkPolicy isolates (`local/cache`): the Baseline
+/// tier of the lab's ClusterNetworkPolicies decides for it.
+pub(super) const CACHE_POD: &str = "10.20.3.12";
 /// A provider service the lab's ProtectionPolicy opens to consumer a (TCP 8080).
 pub(super) const OPENED_POD: &str = "10.20.5.10";
 /// A provider pod beside it that no policy opens.
@@ -180,6 +183,7 @@ pub fn lab_world(extra: &[(&str, &str)]) -> protection::World {
     w.pods
         .push(pod("local".into(), "local-0".into(), LOCAL_POD));
     w.pods.push(pod("local".into(), "twin".into(), TWIN_POD));
+    w.pods.push(pod("local".into(), "cache".into(), CACHE_POD));
     w.namespaces.push(protection::Namespace {
         name: "monitoring".into(),
         labels: Default::default(),
@@ -328,6 +332,9 @@ pub fn lab_cluster() -> Result<netpol::Cluster> {
     cluster
         .pods
         .push(pod("local", "twin", TWIN_POD, None, None));
+    cluster
+        .pods
+        .push(pod("local", "cache", CACHE_POD, None, None));
     let mut local = pod("local", "local-0", LOCAL_POD, None, None);
     local.labels = labels(&[("app", "local")]);
     cluster.pods.push(local);
@@ -426,7 +433,119 @@ pub fn lab_cluster() -> Result<netpol::Cluster> {
     }
     let offloaded = offloaded_policies(&cluster)?;
     cluster.policies.extend(offloaded);
+    cluster.cluster_policies = lab_cluster_policies();
     Ok(cluster)
+}
+
+/// The provider admin's ClusterNetworkPolicies in the lab, one per tier behaviour, each
+/// visible in a row of the matrix:
+/// - an Admin Deny over a NetworkPolicy's allowance: `local/local-0`'s egress NetworkPolicy
+///   lets it echo (UDP 9090) to a's pods; `no-echo-to-a` denies it;
+/// - an Admin Accept over a NetworkPolicy's isolation: `local-0` takes only HTTP from the
+///   provider's pod on c (`local-from-ours`); `ours-echo-home` accepts its UDP 9090 too;
+/// - a Pass: `ours-http-to-owners` hands HTTP from that pod to the NetworkPolicies, before
+///   `ours-nothing-else` denies everything else it sends to `local-0` (ICMP);
+/// - a Baseline Deny where no NetworkPolicy isolates: `local/cache` refuses HTTP from everyone
+///   by default (`cache-closed-by-default`), the provider's pod on c included.
+pub fn lab_cluster_policies() -> Vec<netpol::cnp::ClusterNetworkPolicy> {
+    use netpol::cnp::{Action, ClusterNetworkPolicy, Peer, Rule, Subject, Tier};
+    use netpol::{Port, Ports, Protocol, Selector};
+    let sel = |kv: &[(&str, &str)]| Selector {
+        labels: kv
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        exprs: Vec::new(),
+    };
+    let pods_of = |ns: &str, app: &str| Subject::Pods {
+        namespaces: sel(&[("kubernetes.io/metadata.name", ns)]),
+        pods: sel(&[("app", app)]),
+    };
+    let ours = || Peer::Pods {
+        namespaces: Selector::default(),
+        pods: sel(&[("app", "ours")]),
+    };
+    let port = |protocol, n| Port {
+        protocol,
+        ports: Ports::Range(n, n),
+    };
+    let rule = |name: &str, action, peers, ports| Rule {
+        name: name.into(),
+        action,
+        peers,
+        ports,
+    };
+    let policy = |name: &str, tier, priority, subject, ingress, egress| ClusterNetworkPolicy {
+        name: name.into(),
+        tier,
+        priority,
+        subject,
+        ingress,
+        egress,
+    };
+    let a_pods = "10.10.1.0/24".parse().map(|n| vec![n]).unwrap_or_default();
+    vec![
+        policy(
+            "ours-http-to-owners",
+            Tier::Admin,
+            10,
+            pods_of("local", "local"),
+            vec![rule(
+                "http",
+                Action::Pass,
+                vec![ours()],
+                vec![port(Protocol::Tcp, 8080)],
+            )],
+            Vec::new(),
+        ),
+        policy(
+            "ours-echo-home",
+            Tier::Admin,
+            20,
+            pods_of("local", "local"),
+            vec![rule(
+                "echo",
+                Action::Accept,
+                vec![ours()],
+                vec![port(Protocol::Udp, 9090)],
+            )],
+            Vec::new(),
+        ),
+        policy(
+            "no-echo-to-a",
+            Tier::Admin,
+            30,
+            pods_of("local", "local"),
+            Vec::new(),
+            vec![rule(
+                "echo",
+                Action::Deny,
+                vec![Peer::Networks(a_pods)],
+                vec![port(Protocol::Udp, 9090)],
+            )],
+        ),
+        policy(
+            "ours-nothing-else",
+            Tier::Admin,
+            40,
+            pods_of("local", "local"),
+            vec![rule("all", Action::Deny, vec![ours()], Vec::new())],
+            Vec::new(),
+        ),
+        policy(
+            "cache-closed-by-default",
+            Tier::Baseline,
+            100,
+            pods_of("local", "cache"),
+            vec![rule(
+                "http",
+                Action::Deny,
+                vec![Peer::Namespaces(Selector::default())],
+                vec![port(Protocol::Tcp, 8080)],
+            )],
+            Vec::new(),
+        ),
+    ]
 }
 
 /// The NetworkPolicy the controller keeps in each consumer's offloaded namespace

@@ -49,7 +49,7 @@ use peerwall_netns::NetNs;
 use crate::protection;
 
 use cluster::{
-    consumers, gateway_policy, Consumer, LOCAL_POD, NEW_POD, OPENED_POD, PROVIDER_CIDR,
+    consumers, gateway_policy, Consumer, CACHE_POD, LOCAL_POD, NEW_POD, OPENED_POD, PROVIDER_CIDR,
     UNOPENED_POD,
 };
 pub use cluster::{
@@ -144,7 +144,7 @@ fn run_backend(backend: &'static str, bin: &Path, keep: bool, reg: &Registry) ->
 fn provider_node(lab: &mut Lab, cs: &[Consumer]) -> Result<NetNs> {
     let node = lab.netns("node")?;
     node.ip(&["link", "set", "lo", "up"])?;
-    let mut pods: Vec<&str> = vec![LOCAL_POD, OPENED_POD, UNOPENED_POD];
+    let mut pods: Vec<&str> = vec![LOCAL_POD, CACHE_POD, OPENED_POD, UNOPENED_POD];
     for c in cs {
         pods.extend(c.offloaded.iter().map(String::as_str));
     }
@@ -569,6 +569,16 @@ fn pairs(cs: &[Consumer], consumer_ns: &[NetNs], node: &NetNs) -> Result<Vec<Pai
                 format!("provider pod on consumer {}", c.name),
                 c.seen(ours)?,
                 false,
+                true,
+            )?;
+            // A pod of its namespace no NetworkPolicy isolates: the Baseline tier decides.
+            add(
+                format!("provider pod on consumer {}", c.name),
+                cns.name(),
+                ours,
+                "provider local/cache".into(),
+                CACHE_POD.into(),
+                true,
                 true,
             )?;
         }
