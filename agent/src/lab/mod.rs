@@ -30,6 +30,7 @@
 
 // size: the lab's steps (node, tunnels, agents, the matrix, the live offload) in the order they
 // run; infrastructure, cluster data and probes are in the modules beside it.
+mod admin;
 mod cluster;
 mod consumers;
 mod infra;
