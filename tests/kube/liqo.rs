@@ -82,7 +82,17 @@ pub(crate) async fn install_liqo_crd(client: &Client) {
     crd["spec"]["names"]["categories"] = json!(["liqo"]);
     crd["spec"]["versions"][0]["name"] = json!("v1beta1");
     strip_extensions(&mut crd["spec"]["versions"][0]["schema"]);
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let liqo = peerwall::k8s::resource_of(peerwall_intent::load::Group::Liqo);
+    create_as_liqo_chart(client, crd, Api::all_with(client.clone(), &liqo)).await;
+}
+
+/// Create `crd` as Liqo's chart would (field manager "liqo-chart"), untyped: k8s-openapi's
+/// schema type reads `default: ""` as no default. Returns once `served` lists.
+async fn create_as_liqo_chart(client: &Client, crd: serde_json::Value, served: Api<DynamicObject>) {
+    let api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::api::ApiResource::erase::<CustomResourceDefinition>(&()),
+    );
     let pp = PostParams {
         field_manager: Some("liqo-chart".into()),
         ..Default::default()
@@ -90,14 +100,12 @@ pub(crate) async fn install_liqo_crd(client: &Client) {
     api.create(&pp, &serde_json::from_value(crd).unwrap())
         .await
         .unwrap();
-    let liqo = peerwall::k8s::resource_of(peerwall_intent::load::Group::Liqo);
-    let fwc: Api<DynamicObject> = Api::all_with(client.clone(), &liqo);
     eventually(
         "Liqo's resource to be served",
         Duration::from_secs(20),
         || {
-            let fwc = fwc.clone();
-            async move { fwc.list(&Default::default()).await.ok().map(|_| ()) }
+            let served = served.clone();
+            async move { served.list(&Default::default()).await.ok().map(|_| ()) }
         },
     )
     .await;
@@ -123,27 +131,7 @@ pub(crate) async fn install_liqo_binding_crd(client: &Client) {
         ["properties"]["firewallConfigurationRef"]["properties"]["name"];
     assert_eq!(name["default"], "", "{name}");
     name.as_object_mut().unwrap().remove("default");
-    let api: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &kube::api::ApiResource::erase::<CustomResourceDefinition>(&()),
-    );
-    let pp = PostParams {
-        field_manager: Some("liqo-chart".into()),
-        ..Default::default()
-    };
-    api.create(&pp, &serde_json::from_value(crd).unwrap())
-        .await
-        .unwrap();
-    let bindings = binding_api(client, None);
-    eventually(
-        "Liqo's bindings to be served",
-        Duration::from_secs(20),
-        || {
-            let b = bindings.clone();
-            async move { b.list(&Default::default()).await.ok().map(|_| ()) }
-        },
-    )
-    .await;
+    create_as_liqo_chart(client, crd, binding_api(client, None)).await;
 }
 
 /// Liqo's FirewallConfigurationBindings, of namespace `ns` or all.
@@ -476,9 +464,13 @@ async fn liqo_objects_count_only_where_a_binding_names_the_gateway() {
         "gw-cluster-b-6d5f7c8b9-zz9wq",
     )
     .await;
+    // Bound to this pod, but not selected (a fabric object): a binding only narrows what the
+    // selector picks, it never brings in another object.
+    bind(&client, pod_ns, "cluster-b-masquerade-bypass", pod_ns, pod).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let tables = nft_tables(&t.gateway);
     assert!(!tables.contains("remap-externalcidr"), "{tables}");
+    assert!(!tables.contains("masquerade-bypass"), "{tables}");
     // Bound here too: in force.
     bind(&client, pod_ns, "cluster-b-remap-externalcidr", pod_ns, pod).await;
     eventually(
