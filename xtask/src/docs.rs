@@ -143,9 +143,92 @@ fn repo_path(word: &str) -> Option<&str> {
     Some(w.trim_end_matches('/'))
 }
 
-/// Repository paths a page names (in code spans and code blocks) that do not exist, as
-/// `page: path (no such file)`.
-fn dead_paths(root: &Path, page: &Path) -> Result<Vec<String>> {
+/// What a clean clone of the repository holds: its tracked files and their directories, and
+/// the places a `.gitignore` names literally because a tool writes them
+/// (`tests/fuzz/artifacts`). A path that exists only in this working tree (an untracked file)
+/// is not in it: CI runs on a clean clone. Outside a git checkout (a source archive), every
+/// file present counts as tracked.
+pub struct CleanClone {
+    /// `None` outside a git checkout.
+    tracked: Option<BTreeSet<String>>,
+    root: PathBuf,
+}
+
+impl CleanClone {
+    /// The clone `root` is the top of, from `git ls-files`.
+    pub fn of(root: &Path) -> Result<Self> {
+        let tracked = if root.join(".git").exists() {
+            let out = Command::new("git")
+                .arg("-C")
+                .arg(root)
+                .args(["ls-files", "-z"])
+                .output()
+                .context("running git ls-files")?;
+            if !out.status.success() {
+                bail!(
+                    "git ls-files in {}: {}",
+                    root.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                );
+            }
+            let mut tracked = BTreeSet::new();
+            for f in String::from_utf8_lossy(&out.stdout).split('\0') {
+                let mut p = f;
+                while !p.is_empty() && tracked.insert(p.to_string()) {
+                    p = p.rsplit_once('/').map(|(d, _)| d).unwrap_or("");
+                }
+            }
+            Some(tracked)
+        } else {
+            None
+        };
+        Ok(Self {
+            tracked,
+            root: root.to_path_buf(),
+        })
+    }
+
+    /// Whether `path` is tracked, or in a place a `.gitignore` of one of its directories names
+    /// literally (written by a tool, named by the docs as where output goes).
+    fn holds(&self, path: &str) -> bool {
+        let tracked = match &self.tracked {
+            Some(t) => t.contains(path),
+            None => self.root.join(path).exists(),
+        };
+        tracked || self.ignored(path)
+    }
+
+    fn ignored(&self, path: &str) -> bool {
+        let mut dir = "";
+        loop {
+            let rest = path
+                .strip_prefix(dir)
+                .unwrap_or(path)
+                .trim_start_matches('/');
+            let ignore =
+                std::fs::read_to_string(self.root.join(dir).join(".gitignore")).unwrap_or_default();
+            for line in ignore.lines().map(str::trim) {
+                let name = line.trim_start_matches('/').trim_end_matches('/');
+                if !name.is_empty()
+                    && !line.starts_with('#')
+                    && (rest == name || rest.starts_with(&format!("{name}/")))
+                {
+                    return true;
+                }
+            }
+            match rest.split_once('/') {
+                Some((next, _)) => {
+                    dir = &path[..dir.len() + usize::from(!dir.is_empty()) + next.len()]
+                }
+                None => return false,
+            }
+        }
+    }
+}
+
+/// Repository paths a page names (in code spans and code blocks) that a clean clone does not
+/// hold, as `page: path (no such file)`.
+fn dead_paths(root: &Path, page: &Path, clone: &CleanClone) -> Result<Vec<String>> {
     let text =
         std::fs::read_to_string(page).with_context(|| format!("reading {}", page.display()))?;
     let shown = page
@@ -177,7 +260,7 @@ fn dead_paths(root: &Path, page: &Path) -> Result<Vec<String>> {
                 continue;
             }
             if let Some(p) = repo_path(w) {
-                if !root.join(p).exists() {
+                if !clone.holds(p) {
                     out.insert(format!("{shown}: {p} (no such file)"));
                 }
             }
@@ -198,10 +281,11 @@ pub fn check(root: &Path) -> Result<()> {
         .collect();
     in_docs.sort();
     pages.extend(in_docs.iter().cloned());
+    let clone = CleanClone::of(root)?;
     let mut problems = Vec::new();
     for p in &pages {
         problems.extend(broken(root, p)?);
-        problems.extend(dead_paths(root, p)?);
+        problems.extend(dead_paths(root, p, &clone)?);
     }
     let summary = std::fs::read_to_string(docs.join("SUMMARY.md")).context("docs/SUMMARY.md")?;
     let listed: BTreeSet<String> = links(&summary).into_iter().collect();
@@ -283,27 +367,51 @@ mod tests {
         assert!(anchors(text).contains("a-b"));
     }
 
-    /// A path a page names in code that does not exist is reported (a planted one); patterns,
-    /// line suffixes and prose are not paths.
+    /// A path a page names in code that a clean clone does not hold is reported (a planted
+    /// one, and a file that exists here but is not tracked); a place git ignores is not, nor
+    /// are patterns, line suffixes and prose.
     #[test]
     fn dead_paths_are_found() {
         let dir = std::env::temp_dir().join(format!("xtask-paths-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("agent/src")).unwrap();
         std::fs::write(dir.join("agent/src/lib.rs"), "").unwrap();
+        std::fs::write(dir.join("agent/src/untracked.rs"), "").unwrap();
+        std::fs::write(dir.join(".gitignore"), "/tests/out\n").unwrap();
+        let git = |args: &[&str]| {
+            let s = Command::new("git")
+                .arg("-C")
+                .arg(&dir)
+                .args(args)
+                .status()
+                .unwrap();
+            assert!(s.success(), "git {args:?}");
+        };
+        git(&["init", "-q"]);
+        git(&["add", "agent/src/lib.rs", ".gitignore"]);
         std::fs::write(
             dir.join("a.md"),
             "see `agent/src/lib.rs:12`, `agent/src/gone.rs` and tests/kube.rs\n\
              `agent/src/<crate>/x.rs`, `tests/*.rs`, `kubectl logs deploy/peerwall-webhook`\n\
+             `agent/src/untracked.rs`, `tests/out/`, `agent/`\n\
              ```sh\ncat agent/src/lib.rs tests/missing.rs\n```\n",
         )
         .unwrap();
-        let found = dead_paths(&dir, &dir.join("a.md")).unwrap();
+        let clone = CleanClone::of(&dir).unwrap();
+        let found = dead_paths(&dir, &dir.join("a.md"), &clone).unwrap();
         assert_eq!(
             found,
             vec![
                 "a.md: agent/src/gone.rs (no such file)".to_string(),
+                "a.md: agent/src/untracked.rs (no such file)".to_string(),
                 "a.md: tests/missing.rs (no such file)".to_string()
             ]
+        );
+        // A source archive: what is there is what the archive holds.
+        std::fs::remove_dir_all(dir.join(".git")).unwrap();
+        let archive = CleanClone::of(&dir).unwrap();
+        assert_eq!(
+            dead_paths(&dir, &dir.join("a.md"), &archive).unwrap().len(),
+            2
         );
         std::fs::remove_dir_all(&dir).unwrap();
     }
