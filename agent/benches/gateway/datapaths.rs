@@ -18,6 +18,10 @@ pub(crate) enum Datapath {
     ConntrackOnly,
     TcEmpty,
     TcHash,
+    /// The one-hash-lookup limit on a gateway whose kernel conntrack is on (Liqo's remapping
+    /// NAT, as `ConntrackOnly`): what any tc program doing as little costs there, the bound
+    /// for the conntrack-on bpf rows.
+    TcHashConntrack,
     PeerwallNft,
     /// peerwall nftables with address dispatch off (`RenderOptions::linear`): every rule of a
     /// long run of lookups looked up in turn. Only where dispatch changes the rendering.
@@ -68,6 +72,7 @@ impl Datapath {
             Datapath::ConntrackOnly => "no filter, conntrack on (Liqo's remapping NAT)",
             Datapath::TcEmpty => "limit: empty tcx program",
             Datapath::TcHash => "limit: tcx, one hash lookup",
+            Datapath::TcHashConntrack => "limit: tcx, one hash lookup, conntrack on",
             Datapath::PeerwallNft => "peerwall nftables",
             Datapath::PeerwallNftLinear => "peerwall nftables, no address dispatch",
             Datapath::PeerwallNftConntrack => "peerwall nftables, conntrack on (Liqo's NAT)",
@@ -97,7 +102,10 @@ impl Datapath {
     pub(crate) fn is_limit(self) -> bool {
         matches!(
             self,
-            Datapath::TcEmpty | Datapath::TcHash | Datapath::ConntrackOnly
+            Datapath::TcEmpty
+                | Datapath::TcHash
+                | Datapath::TcHashConntrack
+                | Datapath::ConntrackOnly
         )
     }
 }
@@ -373,7 +381,11 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
         }
         // A hash of destinations cannot tell a denied pair from an allowed one when the
         // policy depends on the source too: no such limit there.
-        Datapath::TcHash if p.sources.is_some() => return None,
+        Datapath::TcHash | Datapath::TcHashConntrack if p.sources.is_some() => return None,
+        Datapath::TcHashConntrack => {
+            install(lab, Datapath::ConntrackOnly, p)?;
+            install(lab, Datapath::TcHash, p)?;
+        }
         Datapath::TcEmpty | Datapath::TcHash => {
             let pins = std::path::PathBuf::from(lab.pins());
             let allowed: Vec<Ipv4Addr> = p.allowed.iter().map(|(a, _)| *a).collect();
@@ -560,6 +572,10 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
                 peerwall_bin(),
                 &["delete", "--backend", "bpf", "--pin-dir", &lab.pins()],
             );
+        }
+        Datapath::TcHashConntrack => {
+            uninstall(lab, Datapath::TcHash);
+            uninstall(lab, Datapath::ConntrackOnly);
         }
         Datapath::PeerwallBpfConntrack | Datapath::PeerwallBpfKernelCt => {
             uninstall(lab, Datapath::PeerwallBpf);

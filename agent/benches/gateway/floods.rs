@@ -72,10 +72,11 @@ impl Traffic {
 ///
 /// `TcHash` is the limit: a tcx program that looks the destination up in one hash and drops
 /// what it does not find, no state, no flow tables: what dropping a flood can cost at least.
-pub(crate) const FLOOD_DATAPATHS: [Datapath; 8] = [
+pub(crate) const FLOOD_DATAPATHS: [Datapath; 9] = [
     Datapath::None,
     Datapath::ConntrackOnly,
     Datapath::TcHash,
+    Datapath::TcHashConntrack,
     Datapath::PeerwallNft,
     Datapath::PeerwallNftConntrack,
     Datapath::PeerwallBpf,
