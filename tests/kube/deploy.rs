@@ -256,7 +256,7 @@ async fn dry_run(dir: &str) {
 }
 
 /// `kubectl --kubeconfig … ARGS` against `server`, with `stdin`; must succeed.
-fn kubectl(server: &ApiServer, args: &[&str], stdin: Option<&str>) -> String {
+pub(crate) fn kubectl(server: &ApiServer, args: &[&str], stdin: Option<&str>) -> String {
     use std::io::Write;
     let mut c = std::process::Command::new(kube_bin_dir().join("kubectl"));
     c.arg("--kubeconfig")

@@ -888,6 +888,21 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         status.contains(&peer) && status.contains("(nftables)"),
         "{status}"
     );
+    // Its components' part, as deploy/ runs them on this node: each works, each says so.
+    for (part, said) in [
+        ("agents", "1/1 ready"),
+        ("peerwall-controller", "1/1 ready"),
+        ("peerwall-webhook", "2/2 ready"),
+        ("webhook registration", "caBundle set"),
+        ("crd FirewallConfiguration", "v1alpha1 served"),
+    ] {
+        assert!(
+            status
+                .lines()
+                .any(|l| l.starts_with(part) && l.contains(" ok ") && l.contains(said)),
+            "{part}: {said} not in:\n{status}"
+        );
+    }
 
     // Agent restarted: what is in force stays in force while it is away. Its last words are
     // followed: a restart is not an uninstall, peerwall-boot stays chained.

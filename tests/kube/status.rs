@@ -9,21 +9,134 @@ use serde_json::json;
 use crate::common::*;
 use crate::support::*;
 
-/// `peerwall status --output json` (exit status, parsed rows).
+/// `peerwall status --output json` (exit status, parsed peers).
 pub(crate) fn status(server: &ApiServer) -> (bool, serde_json::Value) {
+    let (code, v) = status_json(server);
+    (code == Some(0), v["peers"].clone())
+}
+
+/// `peerwall status --output json` (exit code, the whole output: components and peers).
+fn status_json(server: &ApiServer) -> (Option<i32>, serde_json::Value) {
     let o = std::process::Command::new(peerwall())
         .args(["status", "--output", "json", "--minutes", "5"])
         .env("KUBECONFIG", &server.kubeconfig)
         .output()
         .unwrap();
-    let rows = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
         panic!(
             "status output: {e}\n{}\n{}",
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         )
     });
-    (o.status.success(), rows)
+    (o.status.code(), v)
+}
+
+/// The health `peerwall status` gave the component `name`.
+fn health_of(v: &serde_json::Value, name: &str) -> String {
+    v["components"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["name"] == name))
+        .map(|c| c["health"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_else(|| panic!("no component {name} in {v}"))
+}
+
+/// The user's report, on a real API server: `deploy/` applied as shipped, nothing running it
+/// (no node, and no workload controller: the DaemonSet schedules no pod, the Deployments have
+/// no ready replica, the webhook never wrote its CA). `status` says each of those, names no peer,
+/// and exits 3 (a finding, not "could not ask": 1). Before the install, every part is
+/// missing; with a bad kubeconfig context, it could not ask at all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_says_what_of_a_half_installed_cluster_does_not_run() {
+    let server = api_server();
+    let (code, before) = status_json(&server);
+    assert_eq!(code, Some(3), "{before}");
+    assert_eq!(health_of(&before, "agents"), "error", "{before}");
+    assert_eq!(health_of(&before, "peerwall-controller"), "error");
+    assert_eq!(health_of(&before, "crd FirewallConfiguration"), "error");
+    crate::deploy::kubectl(
+        &server,
+        &["apply", "-k", &repo("deploy").to_string_lossy()],
+        None,
+    );
+    // This controller-manager runs no workload controllers: no pod exists, as where nothing
+    // can run them.
+    let (_, v) = status_json(&server);
+    let (code, _) = status_json(&server);
+    assert_eq!(code, Some(3), "{v}");
+    for (name, health) in [
+        ("agents", "error"),
+        ("peerwall-controller", "error"),
+        ("peerwall-webhook", "error"),
+        ("webhook registration", "error"),
+        ("crd FirewallConfiguration", "ok"),
+        ("crd AddressSet", "ok"),
+        ("crd ProtectionPolicy", "ok"),
+    ] {
+        assert_eq!(health_of(&v, name), health, "{name}: {v}");
+    }
+    assert_eq!(v["peers"], json!([]), "{v}");
+    let o = std::process::Command::new(peerwall())
+        .args(["status"])
+        .env("KUBECONFIG", &server.kubeconfig)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    for said in [
+        "0/0: no agent pods",
+        "0/1 ready",
+        "0/2 ready",
+        "no caBundle",
+        "no Liqo tenant namespace",
+    ] {
+        assert!(text.contains(said), "{said:?} not in:\n{text}");
+    }
+    assert_eq!(o.status.code(), Some(3));
+    // The same binary as a kubectl plugin: `kubectl peerwall status`.
+    let plugins = server.dir.join("plugins");
+    std::fs::create_dir_all(&plugins).unwrap();
+    std::os::unix::fs::symlink(peerwall(), plugins.join("kubectl-peerwall")).unwrap();
+    let path = format!(
+        "{}:{}",
+        plugins.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let o = std::process::Command::new(kube_bin_dir().join("kubectl"))
+        .args(["peerwall", "status"])
+        .env("KUBECONFIG", &server.kubeconfig)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("0/0: no agent pods"),
+        "kubectl peerwall status: {text}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_eq!(o.status.code(), Some(3));
+    // --kubeconfig and --context as kubectl's: a context the file lacks cannot ask (1).
+    let o = std::process::Command::new(peerwall())
+        .args(["status", "--kubeconfig"])
+        .arg(&server.kubeconfig)
+        .args(["--context", "no-such-context"])
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("no-such-context"), "{err}");
+    let o = std::process::Command::new(peerwall())
+        .args(["status", "--kubeconfig"])
+        .arg(&server.kubeconfig)
+        .env_remove("KUBECONFIG")
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
 }
 
 /// Peer cluster1's gateway configuration enforced by an agent with events: `status` says it is
@@ -113,6 +226,51 @@ async fn status_shows_each_peers_protection() {
         json!([{"host": "gw-status", "backend": "nftables", "state": "Applied", "current": true, "message": null}])
     );
     assert_eq!(a["generation"], 1);
+    // `kubectl get` says where each configuration is and how it stands (the CRD's printer
+    // columns, as deploy/common/crd.yaml ships them).
+    let got = crate::deploy::kubectl(
+        &server,
+        &["get", "pwfc", "-n", "liqo-tenant-cluster1"],
+        None,
+    );
+    let header: Vec<&str> = got
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "PEER",
+            "TARGET",
+            "AUDIT",
+            "GENERATION",
+            "HOST",
+            "STATE",
+            "AGE"
+        ],
+        "{got}"
+    );
+    // AUDIT is blank: the field is left out when off.
+    let line = got.lines().nth(1).unwrap_or_default();
+    let row: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        row[..6],
+        [
+            name.as_str(),
+            "cluster1",
+            "gateway",
+            "1",
+            "gw-status",
+            "Applied"
+        ],
+        "{got}"
+    );
+    // The agent runs outside Kubernetes here (no DaemonSet): named, a warning.
+    let (_, all) = status_json(&server);
+    assert_eq!(health_of(&all, "agents"), "warning", "{all}");
     let other = rows.iter().find(|r| r["peer"] == "other").unwrap();
     assert_eq!(other["enforced"], false);
     assert_eq!(other["configurations"], json!([]));

@@ -40,6 +40,12 @@ where
         status = "FirewallConfigurationStatus",
         shortname = "pwfc",
         category = "peerwall",
+        printcolumn = r#"{"name":"Peer","type":"string","jsonPath":".metadata.labels.peerwall\\.io/remote-cluster-id"}"#,
+        printcolumn = r#"{"name":"Target","type":"string","jsonPath":".metadata.labels.peerwall\\.io/target"}"#,
+        printcolumn = r#"{"name":"Audit","type":"boolean","jsonPath":".spec.audit"}"#,
+        printcolumn = r#"{"name":"Generation","type":"integer","jsonPath":".metadata.generation"}"#,
+        printcolumn = r#"{"name":"Host","type":"string","jsonPath":".status.conditions[0].host","description":"The first host that reports on it (kubectl get -o yaml: every host's condition)"}"#,
+        printcolumn = r#"{"name":"State","type":"string","jsonPath":".status.conditions[0].type"}"#,
         printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
     )
 )]

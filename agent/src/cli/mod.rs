@@ -36,6 +36,9 @@ pub enum CliError {
     Input(anyhow::Error),
     /// Anything else: exit 1.
     Runtime(anyhow::Error),
+    /// The command worked and found something wrong (`status`: a component down, a peer not
+    /// enforced): exit 3.
+    Finding(anyhow::Error),
 }
 
 impl CliError {
@@ -44,13 +47,14 @@ impl CliError {
         match self {
             Self::Input(_) => 2,
             Self::Runtime(_) => 1,
+            Self::Finding(_) => 3,
         }
     }
 
     /// The underlying error.
     pub fn error(&self) -> &anyhow::Error {
         match self {
-            Self::Input(e) | Self::Runtime(e) => e,
+            Self::Input(e) | Self::Runtime(e) | Self::Finding(e) => e,
         }
     }
 }
@@ -83,6 +87,13 @@ pub struct Cli {
     /// enforces less than it says.
     #[arg(long, global = true)]
     pub skip_unknown_kinds: bool,
+    /// The kubeconfig file of the commands that ask the API server (as kubectl's
+    /// `--kubeconfig`; default: KUBECONFIG, then ~/.kube/config, then in-cluster).
+    #[arg(long, global = true, value_name = "FILE")]
+    pub kubeconfig: Option<std::path::PathBuf>,
+    /// The kubeconfig context to use (as kubectl's `--context`; default: its current context).
+    #[arg(long, global = true, value_name = "NAME")]
+    pub context: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -1005,6 +1016,7 @@ fn near_misses(loaded: &load::Loaded) -> Result<(), CliError> {
 
 pub fn run(cli: Cli) -> Result<(), CliError> {
     let _ = SKIP_UNKNOWN_KINDS.set(cli.skip_unknown_kinds);
+    crate::k8s::connect_with(cli.kubeconfig, cli.context);
     match cli.command {
         Command::Compile {
             files,
@@ -1110,44 +1122,67 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
     }
 }
 
-/// `peerwall status`: fetch, summarize, print. Exit status 1 when a peer is not enforced, so
-/// scripts and probes can use it.
+/// `peerwall status`: fetch, summarize, print: the install's components, then every peer.
+/// Exit status: 0 when every component works and every peer is enforced, 3 when not (a
+/// finding: scripts and probes tell it from 1, the API server could not be asked).
 fn status(minutes: u64, output: Output) -> Result<(), CliError> {
-    let rows = crate::k8s::runtime()
+    use crate::k8s::status::components::{self, Health};
+    let (peers, install) = crate::k8s::runtime()
         .and_then(|rt| {
             rt.block_on(async {
                 let client = crate::k8s::client().await?;
-                crate::k8s::status::fetch(&client).await
+                let peers = crate::k8s::status::fetch(&client).await?;
+                let install = crate::k8s::status::fetch_install(&client).await?;
+                anyhow::Ok((peers, install))
             })
         })
         .map_err(runtime)?;
-    let (tenants, configs, events) = rows;
+    let (tenants, configs, events) = peers;
     let since = crate::k8s::webhook::certs::now() - (minutes * 60) as i64;
     let rows = crate::k8s::status::summarize(&tenants, &configs, &events, since);
+    let mut reporting: Vec<String> = rows
+        .iter()
+        .flat_map(|r| r.hosts.iter())
+        .filter(|h| h.state != "NotEnforced")
+        .map(|h| h.host.clone())
+        .collect();
+    reporting.sort();
+    reporting.dedup();
+    let parts = components::check(&install, &reporting);
     match output {
         Output::Text => {
+            let mut text = components::render(&parts);
+            text.push('\n');
             if rows.is_empty() {
-                out("no Liqo tenant namespace: no peer to protect\n")?;
+                text.push_str("no Liqo tenant namespace: no peer to protect\n");
             } else {
-                out(&crate::k8s::status::render(&rows, minutes))?;
+                text.push_str(&crate::k8s::status::render(&rows, minutes));
             }
+            out(&text)?;
         }
         Output::Json => out(&format!(
             "{}\n",
-            serde_json::to_string_pretty(&rows)
-                .context("rendering JSON")
-                .map_err(runtime)?
+            serde_json::to_string_pretty(&serde_json::json!({
+                "components": parts,
+                "peers": rows,
+            }))
+            .context("rendering JSON")
+            .map_err(runtime)?
         ))?,
     }
-    if rows.iter().all(|r| r.enforced) {
-        Ok(())
-    } else {
-        Err(CliError::Runtime(anyhow::anyhow!(
-            "{} of {} peers not enforced",
-            rows.iter().filter(|r| !r.enforced).count(),
-            rows.len()
-        )))
+    let broken = parts.iter().filter(|c| c.health == Health::Error).count();
+    let unenforced = rows.iter().filter(|r| !r.enforced).count();
+    if broken == 0 && unenforced == 0 {
+        return Ok(());
     }
+    let mut what = Vec::new();
+    if broken > 0 {
+        what.push(format!("{broken} component(s) not working"));
+    }
+    if unenforced > 0 {
+        what.push(format!("{unenforced} of {} peers not enforced", rows.len()));
+    }
+    Err(CliError::Finding(anyhow::anyhow!("{}", what.join(", "))))
 }
 
 #[cfg(test)]

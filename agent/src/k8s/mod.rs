@@ -162,9 +162,39 @@ pub fn key_of(obj: &DynamicObject) -> String {
 /// A client from the in-cluster service account or `KUBECONFIG` / `~/.kube/config`.
 pub async fn client() -> anyhow::Result<kube::Client> {
     use anyhow::Context;
-    kube::Client::try_default()
+    let (file, context) = CONNECTION.get().cloned().unwrap_or_default();
+    if file.is_none() && context.is_none() {
+        return kube::Client::try_default()
+            .await
+            .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)");
+    }
+    let kubeconfig = match &file {
+        Some(f) => kube::config::Kubeconfig::read_from(f)
+            .with_context(|| format!("reading --kubeconfig {}", f.display()))?,
+        None => kube::config::Kubeconfig::read()
+            .context("reading the kubeconfig (KUBECONFIG or ~/.kube/config) for --context")?,
+    };
+    let options = kube::config::KubeConfigOptions {
+        context: context.clone(),
+        ..Default::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &options)
         .await
-        .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")
+        .with_context(|| match &context {
+            Some(c) => format!("using kubeconfig context {c:?}"),
+            None => "using the kubeconfig's current context".to_string(),
+        })?;
+    kube::Client::try_from(config).context("connecting to the Kubernetes API")
+}
+
+/// The kubeconfig file and context `--kubeconfig` and `--context` named, if any.
+static CONNECTION: std::sync::OnceLock<(Option<std::path::PathBuf>, Option<String>)> =
+    std::sync::OnceLock::new();
+
+/// Make [`client`] connect with this kubeconfig file and context (the CLI's `--kubeconfig` and
+/// `--context`; None: as kubectl defaults). Once per process; later calls change nothing.
+pub fn connect_with(kubeconfig: Option<std::path::PathBuf>, context: Option<String>) {
+    let _ = CONNECTION.set((kubeconfig, context));
 }
 
 /// Change signal shared by reflector caches: a wake-up for whoever waits, and a counter that

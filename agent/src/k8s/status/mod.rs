@@ -2,7 +2,13 @@
 //! peer's Liqo tenant namespace, its gateway configurations and their per-host conditions
 //! (written by the agents, with their backend), the controller's `NotEnforced` condition, and
 //! the Events agents publish (`Dropped`/`Rejected`/`WouldDrop` summaries, `Ignored`). Pure:
-//! [`summarize`] takes plain data; the CLI fetches it ([`fetch`]).
+//! [`summarize`] takes plain data; the CLI fetches it ([`fetch`]). Before the peers, whether
+//! each component of the install works ([`components`]).
+
+pub mod components;
+mod fetch;
+
+pub use fetch::{fetch, fetch_install};
 
 use std::collections::BTreeMap;
 
@@ -184,13 +190,38 @@ pub fn summarize(
         if s.last_error.is_none() {
             s.last_error = error_time.map(|(_, n)| n);
         }
+        s.hosts = merge_hosts(std::mem::take(&mut s.hosts));
         out.push(s);
+    }
+    out
+}
+
+/// One entry per host: a host reports once per configuration of the peer, and the peer is
+/// current on it only where every one of them is; its error, if any, is the one kept.
+fn merge_hosts(hosts: Vec<Host>) -> Vec<Host> {
+    let mut out: Vec<Host> = Vec::new();
+    for h in hosts {
+        match out.iter_mut().find(|o| o.host == h.host) {
+            None => out.push(h),
+            Some(o) => {
+                o.current &= h.current;
+                if o.backend.is_none() {
+                    o.backend = h.backend;
+                }
+                if h.state != "Applied" && o.state == "Applied" {
+                    o.state = h.state;
+                    o.message = h.message;
+                }
+            }
+        }
     }
     out
 }
 
 /// The table `peerwall status` prints.
 pub fn render(rows: &[PeerStatus], window_minutes: u64) -> String {
+    // Errors in full below the table: a message is never cut.
+    let mut notes: Vec<String> = Vec::new();
     let mut t = vec![[
         "PEER".to_string(),
         "ENFORCED".into(),
@@ -229,7 +260,7 @@ pub fn render(rows: &[PeerStatus], window_minutes: u64) -> String {
         let current: Vec<String> = r
             .hosts
             .iter()
-            .filter(|h| h.current)
+            .filter(|h| h.current && h.state == "Applied")
             .map(|h| h.host.clone())
             .collect();
         t.push([
@@ -249,10 +280,13 @@ pub fn render(rows: &[PeerStatus], window_minutes: u64) -> String {
             } else {
                 r.drops.to_string()
             },
-            r.last_error
-                .clone()
-                .or_else(|| r.not_enforced.clone())
-                .map_or("–".into(), |e| e.chars().take(120).collect()),
+            match r.last_error.clone().or_else(|| r.not_enforced.clone()) {
+                Some(e) => {
+                    notes.push(format!("[{}] {}: {e}", notes.len() + 1, r.peer));
+                    format!("[{}] below", notes.len())
+                }
+                None => "–".into(),
+            },
         ]);
     }
     let widths: Vec<usize> = (0..7)
@@ -268,69 +302,14 @@ pub fn render(rows: &[PeerStatus], window_minutes: u64) -> String {
         out.push_str(line.join("  ").trim_end());
         out.push('\n');
     }
+    if !notes.is_empty() {
+        out.push('\n');
+        for n in notes {
+            out.push_str(&n);
+            out.push('\n');
+        }
+    }
     out
-}
-
-/// Everything [`summarize`] needs, from the API server.
-pub async fn fetch(
-    client: &kube::Client,
-) -> anyhow::Result<(
-    BTreeMap<String, String>,
-    Vec<serde_json::Value>,
-    Vec<EventInfo>,
-)> {
-    use anyhow::Context;
-    use k8s_openapi::api::core::v1::Namespace;
-    use k8s_openapi::api::events::v1::Event;
-    use kube::api::{Api, DynamicObject, ListParams};
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let tenants = super::tenants_of(
-        namespaces
-            .list(&ListParams::default().labels(&format!("{}=true", super::TENANT_NAMESPACE)))
-            .await
-            .context("listing Liqo's tenant namespaces")?
-            .items
-            .iter(),
-    );
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
-    let configs = api
-        .list(&ListParams::default().labels(super::DEFAULT_SELECTOR))
-        .await
-        .context("listing peerwall's gateway FirewallConfigurations (is the CRD installed?)")?
-        .items
-        .into_iter()
-        .map(|o| serde_json::to_value(o).unwrap_or_default())
-        .collect();
-    let events: Api<Event> = Api::all(client.clone());
-    let events = events
-        .list(&ListParams::default())
-        .await
-        .context("listing Events")?
-        .items
-        .into_iter()
-        .filter_map(|e| {
-            let r = e.regarding.as_ref()?;
-            if r.kind.as_deref() != Some("FirewallConfiguration") {
-                return None;
-            }
-            let time = e
-                .series
-                .as_ref()
-                .map(|s| s.last_observed_time.0)
-                .or(e.event_time.as_ref().map(|t| t.0))
-                .or(e.deprecated_last_timestamp.as_ref().map(|t| t.0))
-                .map(|t| t.as_second());
-            Some(EventInfo {
-                reason: e.reason.clone().unwrap_or_default(),
-                namespace: r.namespace.clone().unwrap_or_default(),
-                name: r.name.clone().unwrap_or_default(),
-                note: e.note.clone().unwrap_or_default(),
-                time,
-                count: e.series.as_ref().map_or(1, |s| s.count.max(1) as u64),
-            })
-        })
-        .collect();
-    Ok((tenants, configs, events))
 }
 
 #[cfg(test)]
@@ -460,6 +439,42 @@ mod tests {
         assert!(text.contains("n1 [old generation] (nftables)"), "{text}");
         assert!(text.contains("no configuration"), "{text}");
         assert!(text.contains("24 (+7 would-drop)"), "{text}");
+    }
+
+    /// A host reporting on two configurations of one peer is one host, current only if both
+    /// are; a long error is printed whole, below the table.
+    #[test]
+    fn each_host_once_and_errors_in_full() {
+        let tenants = BTreeMap::from([("liqo-tenant-a".to_string(), "a".to_string())]);
+        let mut second = config(
+            "a",
+            4,
+            json!([{"host": "n1", "type": "Applied", "status": "True", "observedGeneration": 3, "backend": "nftables"}]),
+        );
+        second["metadata"]["name"] = json!("peerwall-netpol");
+        let long = format!(
+            "spec.table.chains[0].rules.filterRules[0].match[0].ip.value: {}",
+            "x".repeat(300)
+        );
+        let configs = vec![
+            config(
+                "a",
+                2,
+                json!([{"host": "n1", "type": "Applied", "status": "True", "observedGeneration": 2, "backend": "nftables"},
+                       {"host": "n2", "type": "Error", "status": "True", "observedGeneration": 2, "backend": "nftables", "message": long}]),
+            ),
+            second,
+        ];
+        let rows = summarize(&tenants, &configs, &[], 0);
+        let hosts: Vec<&str> = rows[0].hosts.iter().map(|h| h.host.as_str()).collect();
+        assert_eq!(hosts, ["n1", "n2"], "{rows:?}");
+        assert!(
+            !rows[0].hosts[0].current,
+            "n1 is behind on the second configuration"
+        );
+        let out = render(&rows, 15);
+        assert!(out.contains("(0/2 hosts current)"), "{out}");
+        assert!(out.contains(&format!("[1] a: {long}")), "{out}");
     }
 
     #[test]
