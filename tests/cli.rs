@@ -619,3 +619,38 @@ fn a_closed_pipe_ends_output_quietly() {
     );
     assert_eq!(o.status.code(), Some(0), "{err}");
 }
+
+/// `peerwall version` and `--version` name this release (Cargo.toml's version, which the image
+/// tag in deploy/ matches: tests/kube/deploy.rs) and the commit the binary was built from.
+#[test]
+fn version_names_the_release_and_the_commit() {
+    let head = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .current_dir(repo(""))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let o = Command::new(peerwall())
+        .args(["version", "--output", "json"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{o:?}");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"), "{v}");
+    let commit = v["commit"].as_str().unwrap();
+    match &head {
+        // Built here: this checkout's HEAD.
+        Some(h) => assert_eq!(commit, h, "the commit is not HEAD"),
+        None => assert_eq!(commit, "unknown"),
+    }
+    for args in [&["version"][..], &["--version"][..]] {
+        let o = Command::new(peerwall()).args(args).output().unwrap();
+        let text = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(
+            text.trim(),
+            format!("peerwall {} (commit {commit})", env!("CARGO_PKG_VERSION")),
+            "{args:?}"
+        );
+    }
+}

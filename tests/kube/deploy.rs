@@ -117,6 +117,12 @@ fn shipped_manifests_leave_nothing_unprotected_or_exposed() {
     };
     assert_eq!(images(&default), images(&sidecar));
     assert_eq!(images(&default).len(), 1, "{:?}", images(&default));
+    // The image of this release: tagged with the version `peerwall version` prints.
+    assert_eq!(
+        images(&default).into_iter().collect::<Vec<_>>(),
+        [format!("peerwall:{}", env!("CARGO_PKG_VERSION"))],
+        "deploy/ names another release's image than Cargo.toml's version"
+    );
     // No manual TLS step: the webhook issues its own certificate (no mounted Secret, no
     // cert-manager annotation), with API access for it.
     let wh = args_of(&default, "Deployment", "peerwall-webhook");

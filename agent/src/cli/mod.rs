@@ -67,11 +67,20 @@ fn runtime<E: Into<anyhow::Error>>(e: E) -> CliError {
     CliError::Runtime(e.into())
 }
 
+/// This build's version and the commit it was built from, as `--version` and `peerwall
+/// version` print it.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("PEERWALL_GIT_COMMIT"),
+    ")"
+);
+
 /// peerwall: a gateway firewall for Liqo multi-cluster peering.
 #[derive(Parser, Debug)]
 #[command(
     name = "peerwall",
-    version,
+    version = VERSION,
     about = "A gateway firewall for Liqo peerings: filters what crosses each peer's tunnel, in \
              nftables or eBPF, from FirewallConfigurations, the NetworkPolicies you already \
              write and what peerwall derives from offloaded pods.",
@@ -390,6 +399,13 @@ pub enum Command {
         /// the controller installs it where the cluster has none.
         #[arg(long)]
         cluster_network_policy: bool,
+    },
+    /// This build's version and the git commit it was built from (`--output json` for
+    /// scripts). The image of a release is tagged with the version (deploy/ names it).
+    Version {
+        /// Output format.
+        #[arg(long, value_enum, default_value_t = Output::Text)]
+        output: Output,
     },
     /// Every peer's protection at a glance, from the API server (KUBECONFIG or in-cluster):
     /// enforced or not, on which hosts and backends, generation, audit, drops in the last
@@ -1083,6 +1099,16 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             .and_then(|c| Ok(serde_yaml::to_string(&c)?))
             .map_err(runtime)?),
         Command::Status { minutes, output } => status(minutes, output),
+        Command::Version { output } => match output {
+            Output::Text => out(&format!("peerwall {VERSION}\n")),
+            Output::Json => out(&format!(
+                "{}\n",
+                serde_json::json!({
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "commit": env!("PEERWALL_GIT_COMMIT"),
+                })
+            )),
+        },
         Command::SidecarPatch(a) => sidecar::sidecar_patch(a),
         Command::Lab { backend, keep } => serve::lab(backend, keep),
         Command::Agent(a) => serve::agent(*a),
