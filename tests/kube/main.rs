@@ -16,5 +16,6 @@ mod membership;
 mod monitoring;
 mod node;
 mod outage;
+mod size;
 mod status;
 mod webhook;

@@ -10,6 +10,7 @@ pub mod changes;
 pub mod labels;
 pub mod load;
 pub mod protection;
+pub mod size;
 pub mod tiers;
 pub mod types;
 

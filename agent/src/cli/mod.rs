@@ -870,6 +870,15 @@ fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
     near_misses(&loaded)?;
     // Errors and warnings name the file and line each object was read from.
     let at = |origin: &str| loaded.sources.get(origin).cloned();
+    // Compiles, but may not be storable in the API server (a warning: local files may stay
+    // local).
+    for o in &loaded.objects {
+        let bytes = serde_json::to_vec(&o.spec).map_or(0, |v| v.len());
+        if let Some(w) = peerwall_intent::size::size_warning(bytes) {
+            let file = at(&o.origin.to_string()).unwrap_or_default();
+            tracing::warn!(object = %o.origin, file, "{w}");
+        }
+    }
     let compiled =
         compile::compile(&loaded.objects).map_err(|e| input(anyhow::anyhow!(e.located(at))))?;
     for (origin, w) in &compiled.warnings {
