@@ -21,9 +21,19 @@ pub trait Exposition {
     }
 }
 
+/// `peerwall_build_info`: the release and commit of the process exposing it, first in every
+/// exposition (one sample; the label values change only with the binary).
+fn build_info() -> String {
+    format!(
+        "# HELP peerwall_build_info The peerwall release and the commit this process was built from (always 1).\n# TYPE peerwall_build_info gauge\npeerwall_build_info{{version=\"{}\",commit=\"{}\"}} 1\n",
+        env!("CARGO_PKG_VERSION"),
+        env!("PEERWALL_GIT_COMMIT")
+    )
+}
+
 impl Exposition for AgentMetrics {
     fn render(&self) -> String {
-        AgentMetrics::render(self)
+        build_info() + &AgentMetrics::render(self)
     }
 
     fn events_after(&self, after: u64) -> Option<(String, u64)> {
@@ -293,10 +303,11 @@ impl Exposition for GatewayMetrics {
                 sets.push(m.families(&format!("gateway=\"{}\",", esc(peer))));
             }
         }
-        let mut s = format!(
+        let mut s = build_info();
+        s.push_str(&format!(
             "# HELP peerwall_gateways Liqo gateway pods enforced in on this node.\n# TYPE peerwall_gateways gauge\npeerwall_gateways {}\n",
             self.gateways.len()
-        );
+        ));
         if let Some(chained) = self.cni_boot {
             s.push_str(&format!(
                 "# HELP peerwall_cni_boot_chained Whether peerwall-boot is in the node's CNI chain (--cni-boot): new gateway pods get their boot policy at sandbox creation.\n# TYPE peerwall_cni_boot_chained gauge\npeerwall_cni_boot_chained {}\n",
@@ -335,7 +346,7 @@ fn esc(v: &str) -> String {
 
 impl Exposition for ControllerMetrics {
     fn render(&self) -> String {
-        let mut s = String::new();
+        let mut s = build_info();
         for (name, kind, help, v) in [
             (
                 "peerwall_controller_peers",
@@ -458,6 +469,23 @@ mod tests {
             .filter_map(|l| l.split_once('`').map(|(n, _)| n.to_string()))
             .collect();
         assert_eq!(listed, exposed);
+    }
+
+    /// Every process names its release and commit, as `peerwall version` does.
+    #[test]
+    fn every_exposition_names_the_release() {
+        let line = format!(
+            "peerwall_build_info{{version=\"{}\",commit=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            env!("PEERWALL_GIT_COMMIT")
+        );
+        for text in [
+            GatewayMetrics::default().render(),
+            Exposition::render(&AgentMetrics::default()),
+            ControllerMetrics::default().render(),
+        ] {
+            assert!(text.lines().any(|l| l == line), "{text}");
+        }
     }
 
     #[test]
