@@ -99,6 +99,39 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
             .any(|a| a == "tc:liqo.abcdefghij"),
         "{v}"
     );
+    // The kernel memory it reports is what bpftool says of each pinned map.
+    let (mut bytes, mut maps) = (0u64, 0u64);
+    for e in std::fs::read_dir(&pins.0).unwrap().flatten() {
+        if !e.file_type().unwrap().is_file() {
+            continue;
+        }
+        let o = std::process::Command::new("bpftool")
+            .args(["-j", "map", "show", "pinned"])
+            .arg(e.path())
+            .output()
+            .unwrap();
+        if !o.status.success() {
+            continue; // a pinned program or link
+        }
+        let m: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        bytes += m["bytes_memlock"].as_u64().unwrap();
+        maps += 1;
+    }
+    assert!(bytes > 0 && maps > 10, "{bytes} bytes in {maps} maps");
+    assert_eq!(
+        (v["memory"]["bytes"].as_u64(), v["memory"]["maps"].as_u64()),
+        (Some(bytes), Some(maps)),
+        "{}",
+        v["memory"]
+    );
+    let text = peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    eprintln!(
+        "{}",
+        text.lines()
+            .find(|l| l.starts_with("kernel memory"))
+            .unwrap_or("")
+    );
     // Emergency switch: everything passes, then enforcement is back.
     ok(peerwall_net(
         &t.gateway,

@@ -94,6 +94,8 @@ pub struct Inspection {
     /// Where new flows' paths come from, per family: the local-address mirror (`LOCAL`,
     /// `ROUTES`) or the FIB, and why.
     pub paths: Vec<String>,
+    /// The kernel memory its pinned maps hold.
+    pub memory: crate::memory::PinnedMemory,
 }
 
 fn action_name(a: u8) -> &'static str {
@@ -284,6 +286,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         .collect(),
         views,
         paths: paths(pin_dir, &cfg),
+        memory: crate::memory::pinned_memory(pin_dir)?,
     })
 }
 
@@ -341,6 +344,10 @@ pub fn text(i: &Inspection) -> String {
             "off, a program attached here does not keep FLOW_SEEN"
         }
     );
+    s.push_str(&format!(
+        "kernel memory {}\n",
+        crate::memory::text(&i.memory)
+    ));
     for c in &i.conntrack {
         s.push_str(&format!("conntrack {c}\n"));
     }

@@ -16,6 +16,7 @@ pub mod events;
 pub mod inspect;
 pub mod loader;
 pub mod maps;
+pub mod memory;
 pub mod meta;
 pub mod routing;
 pub mod view;
