@@ -17,7 +17,7 @@ use super::components::{
 };
 use super::EventInfo;
 
-/// Everything [`summarize`] needs, from the API server.
+/// Everything [`super::summarize`] needs, from the API server.
 pub async fn fetch(
     client: &kube::Client,
 ) -> anyhow::Result<(
