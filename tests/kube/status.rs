@@ -32,6 +32,19 @@ fn status_json(server: &ApiServer) -> (Option<i32>, serde_json::Value) {
     (o.status.code(), v)
 }
 
+/// `peerwall status` as text (exit code, stdout).
+fn status_text(server: &ApiServer) -> (Option<i32>, String) {
+    let o = std::process::Command::new(peerwall())
+        .args(["status"])
+        .env("KUBECONFIG", &server.kubeconfig)
+        .output()
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+    )
+}
+
 /// The health `peerwall status` gave the component `name`.
 fn health_of(v: &serde_json::Value, name: &str) -> String {
     v["components"]
@@ -76,12 +89,7 @@ async fn status_says_what_of_a_half_installed_cluster_does_not_run() {
         assert_eq!(health_of(&v, name), health, "{name}: {v}");
     }
     assert_eq!(v["peers"], json!([]), "{v}");
-    let o = std::process::Command::new(peerwall())
-        .args(["status"])
-        .env("KUBECONFIG", &server.kubeconfig)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+    let (code, text) = status_text(&server);
     for said in [
         "0/0: no agent pods",
         "0/1 ready",
@@ -91,7 +99,7 @@ async fn status_says_what_of_a_half_installed_cluster_does_not_run() {
     ] {
         assert!(text.contains(said), "{said:?} not in:\n{text}");
     }
-    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(code, Some(3));
     // The same binary as a kubectl plugin: `kubectl peerwall status`.
     let plugins = server.dir.join("plugins");
     std::fs::create_dir_all(&plugins).unwrap();
@@ -275,12 +283,7 @@ async fn status_shows_each_peers_protection() {
     assert_eq!(other["enforced"], false);
     assert_eq!(other["configurations"], json!([]));
     // The text table says the same.
-    let o = std::process::Command::new(peerwall())
-        .args(["status"])
-        .env("KUBECONFIG", &server.kubeconfig)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&o.stdout);
+    let (_, text) = status_text(&server);
     assert!(
         text.contains("gw-status (nftables)") && text.contains("no configuration"),
         "{text}"
