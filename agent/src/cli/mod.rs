@@ -1222,6 +1222,14 @@ fn status(minutes: u64, output: Output) -> Result<(), CliError> {
 
 #[cfg(test)]
 mod tests {
+    /// clap's own consistency checks over every subcommand: a global flag (`--context`,
+    /// `--kubeconfig`) that a subcommand also defined would panic at parse time.
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
+
     #[test]
     fn committed_crd_matches_the_types() {
         let committed = include_str!("../../../deploy/common/crd.yaml");
