@@ -1167,7 +1167,7 @@ fn status(minutes: u64, output: Output) -> Result<(), CliError> {
             rt.block_on(async {
                 let client = crate::k8s::client().await?;
                 let peers = crate::k8s::status::fetch(&client).await?;
-                let install = crate::k8s::status::fetch_install(&client).await?;
+                let install = crate::k8s::status::fetch_install(&client, peers.0.keys()).await?;
                 anyhow::Ok((peers, install))
             })
         })
@@ -1178,7 +1178,6 @@ fn status(minutes: u64, output: Output) -> Result<(), CliError> {
     let mut reporting: Vec<String> = rows
         .iter()
         .flat_map(|r| r.hosts.iter())
-        .filter(|h| h.state != "NotEnforced")
         .map(|h| h.host.clone())
         .collect();
     reporting.sort();

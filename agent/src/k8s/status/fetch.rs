@@ -179,8 +179,12 @@ async fn deployment(client: &kube::Client, name: &str) -> anyhow::Result<Found<W
     })
 }
 
-/// Everything [`super::components::check`] needs, from the API server.
-pub async fn fetch_install(client: &kube::Client) -> anyhow::Result<Install> {
+/// Everything [`super::components::check`] needs, from the API server; `tenant_namespaces`:
+/// Liqo's tenant namespaces (as [`fetch`] listed them), where sidecars run.
+pub async fn fetch_install(
+    client: &kube::Client,
+    tenant_namespaces: impl Iterator<Item = &String>,
+) -> anyhow::Result<Install> {
     let ds: Api<DaemonSet> = Api::namespaced(client.clone(), INSTALL_NAMESPACE);
     let agents = match found(
         ds.get_opt(AGENT_DAEMONSET).await,
@@ -200,15 +204,9 @@ pub async fn fetch_install(client: &kube::Client) -> anyhow::Result<Install> {
         Found::Unknown(why) => Found::Unknown(why),
     };
     // Sidecars: the peerwall containers of the pods in Liqo's tenant namespaces.
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    let tenants = namespaces
-        .list(&ListParams::default().labels(&format!("{}=true", crate::k8s::TENANT_NAMESPACE)))
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default();
     let mut gateway_pods = Vec::new();
-    for ns in tenants.iter().filter_map(|n| n.metadata.name.clone()) {
-        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    for ns in tenant_namespaces {
+        let api: Api<Pod> = Api::namespaced(client.clone(), ns);
         gateway_pods.extend(
             api.list(&ListParams::default())
                 .await
