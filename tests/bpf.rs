@@ -158,6 +158,158 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
 /// An upgrade over pins of a peerwall whose cached verdicts and table of new flows had another
 /// layout: the load replaces them (the verifier would refuse the new program's accesses to
 /// them) and keeps everything else pinned.
+/// A gateway that tracks connections as a Liqo gateway does (a NAT rule) holds at most 16 MiB
+/// of pinned kernel memory with the default sizes, and a policy with more hosts than the
+/// exact-match maps hold still decides every one of them: the hosts past the capacity are
+/// looked up in the trie.
+#[test]
+fn a_gateway_holds_16_mib_and_hosts_past_the_host_table_still_match() {
+    let t = Topology::new();
+    let o = in_ns(
+        &t.gateway,
+        "nft",
+        &["add table ip pwxnat; add chain ip pwxnat pre { type nat hook prerouting priority -100; }; add rule ip pwxnat pre ip daddr 192.0.2.1 dnat to 192.0.2.2"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // One more provider pod, 10.20.5.5.
+    ip(&t.provider, &["addr", "add", "10.20.5.5/32", "dev", "eth0"]);
+    // 1023 hosts in 10.0.0.0/16 (odd addresses: no two merge into a prefix) sort before the
+    // provider pods: with room for 1024, 10.20.1.2 is the last host in the exact-match map and
+    // 10.20.5.5 (and 100 more) go to the trie.
+    let mut elements: Vec<String> = (0..1023u32)
+        .map(|i| format!("10.0.{}.{}", i / 128, 2 * (i % 128) + 1))
+        .collect();
+    elements.extend(["10.20.1.2".to_string(), "10.20.5.5".to_string()]);
+    elements.extend((0..100u32).map(|i| format!("10.30.0.{}", 2 * i + 1)));
+    let yaml = format!(
+        r#"apiVersion: peerwall.io/v1alpha1
+kind: FirewallConfiguration
+metadata: {{name: many-hosts, namespace: liqo-tenant-cluster1}}
+spec:
+  table:
+    name: peerwall_cluster1
+    family: INET
+    sets:
+      - name: offloaded
+        keyType: ipv4_addr
+        elements: [{}]
+    chains:
+      - name: from_consumer
+        type: filter
+        hook: forward
+        priority: 0
+        policy: accept
+        rules:
+          filterRules:
+            - name: to_offloaded_pods
+              action: accept
+              match:
+                - {{op: eq, dev: {{value: liqo-tunnel, position: in}}}}
+                - {{op: eq, ip: {{value: "@offloaded", position: dst}}}}
+            - name: default_deny
+              action: drop
+              match:
+                - {{op: eq, dev: {{value: liqo-tunnel, position: in}}}}
+"#,
+        elements
+            .iter()
+            .map(|e| format!("{{key: {e}}}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let file = std::env::temp_dir().join(format!("pw-many-hosts-{}.yaml", std::process::id()));
+    std::fs::write(&file, yaml).unwrap();
+    let pins = Pins::new("hosts");
+    apply_bpf(
+        &t.gateway,
+        &pins,
+        &["--bpf-conntrack", "auto", "--host-table-size", "1024"],
+        &file,
+    );
+    // In the exact-match map, past it (in the trie), and outside the set.
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "a host in DSTH"
+    );
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.5.5"),
+        "a host in the trie"
+    );
+    assert!(
+        !ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
+        "outside the set"
+    );
+    let o = peerwall_net(
+        &t.gateway,
+        &["inspect", "--pin-dir", pins.arg(), "--output", "json"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let slot = v["active_slot"].as_u64().unwrap();
+    let dsth = v["host_maps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == format!("DSTH{slot}"))
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        (dsth["hosts"].as_u64(), dsth["capacity"].as_u64()),
+        (Some(1024), Some(1024))
+    );
+    let trie = v["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e[0] == format!("DST{slot}"))
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        trie[1], 101,
+        "the hosts past the map are in the trie: {trie}"
+    );
+    let text = peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains(&format!(
+            "hosts DSTH{slot} is full (1024 hosts, --host-table-size)"
+        )),
+        "{text}"
+    );
+    assert!(
+        text.contains("conntrack IPv4 TCP and UDP: the kernel's table"),
+        "{text}"
+    );
+    // The default sizes on a gateway that tracks connections.
+    ok(peerwall_net(
+        &t.gateway,
+        &["delete", "--backend", "bpf", "--pin-dir", pins.arg()],
+    ));
+    let default = Pins::new("hosts-default");
+    apply_bpf(&t.gateway, &default, &["--bpf-conntrack", "auto"], &file);
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.5.5"),
+        "default sizes"
+    );
+    let o = peerwall_net(
+        &t.gateway,
+        &["inspect", "--pin-dir", default.arg(), "--output", "json"],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let bytes = v["memory"]["bytes"].as_u64().unwrap();
+    let text = peerwall_net(&t.gateway, &["inspect", "--pin-dir", default.arg()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    // docs/ebpf.md quotes this line.
+    eprintln!(
+        "{}",
+        text.lines()
+            .find(|l| l.starts_with("kernel memory"))
+            .unwrap_or("")
+    );
+    assert!(bytes <= 16 << 20, "{}", v["memory"]);
+    let _ = std::fs::remove_file(&file);
+}
+
 #[test]
 fn upgrade_replaces_verdict_caches_of_an_older_layout() {
     require_root();

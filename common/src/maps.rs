@@ -10,6 +10,10 @@ pub const WORDS: usize = MAX_RULES / 64;
 
 /// Chains in a policy (all tables).
 pub const MAX_CHAINS: u32 = 64;
+/// Hosts each exact-match host map (`SRCH<s>`, `DSTH<s>`) holds unless the loader is told
+/// otherwise: the kernel allocates a hash map's buckets up front (16 bytes per host), four
+/// maps per datapath, one datapath per gateway.
+pub const HOST_TABLE_DEFAULT: u32 = 1 << 14;
 
 /// Filter chains on one hook for one family.
 pub const MAX_HOOK_CHAINS: usize = 16;

@@ -27,7 +27,7 @@ pub(crate) static EVENTS: RingBuf = RingBuf::pinned(256 * 1024, 0);
 pub(crate) static EVENT_CONF: Array<EventConfig> = Array::pinned(1, 0);
 /// Flows with recent events; LRU, so a flood of new flows evicts old state, bounded memory.
 #[map]
-pub(crate) static EVENT_FLOWS: LruHashMap<FlowKey, EventFlow> = LruHashMap::pinned(1 << 14, 0);
+pub(crate) static EVENT_FLOWS: LruHashMap<FlowKey, EventFlow> = LruHashMap::pinned(1 << 12, 0);
 
 /// Per-CPU token bucket: tokens scaled by 1e9 (one token = one event).
 #[repr(C)]

@@ -19,14 +19,16 @@ use crate::route::Route;
 /// Prefix entries of the address dimensions (no preallocation: memory follows the policy).
 pub(crate) const TRIE_MAX: u32 = 4 << 20;
 pub(crate) const PORT_TRIE_MAX: u32 = 1 << 16;
-pub(crate) const HASH_MAX: u32 = 1 << 14;
+/// Entries of the per-chain keyed maps (protocols, interfaces): a handful per chain, taken as
+/// they come (`NO_PREALLOC`), so their memory follows the policy.
+pub(crate) const HASH_MAX: u32 = 1 << 12;
 pub(crate) const FLOWS_MAX: u32 = 1 << 16;
-/// Host entries of the address dimensions' hash maps. Their entries come with the policy, but
-/// the kernel allocates a hash map's buckets up front, 16 bytes per power-of-two slot: at
-/// `TRIE_MAX` the four host maps of a datapath (two dimensions, two slots) took 256 MiB of
-/// the agent's memory before any policy, per gateway pod, so a gateway's recreation (old and
-/// new datapath at once) overran the DaemonSet's 512 MiB limit. 1M hosts: 16 MiB each.
-pub(crate) const HOST_MAX: u32 = 1 << 20;
+/// Host entries of the address dimensions' hash maps by default (the loader's
+/// `--host-table-size` changes it). Their entries come with the policy, but the kernel
+/// allocates a hash map's buckets up front, 16 bytes per power-of-two slot, four maps per
+/// datapath (two dimensions, two slots) and one datapath per gateway: at 1M hosts they were
+/// 64 MiB of every gateway's 121. Hosts past it go into the tries (the loader's `layout.rs`).
+pub(crate) const HOST_MAX: u32 = peerwall_common::HOST_TABLE_DEFAULT;
 pub(crate) use peerwall_common::FLOW_IDLE_NS;
 /// `BPF_F_NO_PREALLOC`: a hash map's entries take memory as they come (its buckets do not:
 /// see [`HOST_MAX`]).
@@ -52,11 +54,12 @@ macro_rules! slot_maps {
         #[map]
         pub(crate) static $dport: LpmTrie<PortKeyData, Bitmap> = LpmTrie::pinned(PORT_TRIE_MAX, 0);
         #[map]
-        pub(crate) static $proto: HashMap<ProtoKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
+        pub(crate) static $proto: HashMap<ProtoKey, Bitmap> =
+            HashMap::pinned(HASH_MAX, NO_PREALLOC);
         #[map]
-        pub(crate) static $iif: HashMap<IfKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
+        pub(crate) static $iif: HashMap<IfKey, Bitmap> = HashMap::pinned(HASH_MAX, NO_PREALLOC);
         #[map]
-        pub(crate) static $oif: HashMap<IfKey, Bitmap> = HashMap::pinned(HASH_MAX, 0);
+        pub(crate) static $oif: HashMap<IfKey, Bitmap> = HashMap::pinned(HASH_MAX, NO_PREALLOC);
         #[map]
         pub(crate) static $ct: Array<Bitmap> = Array::pinned(MAX_CHAINS * ct::SLOTS, 0);
         #[map]
@@ -207,7 +210,9 @@ pub(crate) fn seen_horizon_ns() -> u64 {
 /// Verdicts reused for the next packets of a flow (`cache.rs`), per family: IPv4 under a 16-byte
 /// key, hashed by every packet of a known flow. Separate from `FLOWS`: a flood of denied flows
 /// evicts cached verdicts, never connection state.
-pub(crate) const VERDICTS_MAX: u32 = 1 << 16;
+/// 16384 flows each (an LRU hash is preallocated: ~2 MiB per family per gateway); a flow
+/// past them pays the full classification, not a wrong verdict.
+pub(crate) const VERDICTS_MAX: u32 = 1 << 14;
 #[map]
 pub(crate) static VERDICTS4: LruHashMap<VerdictKey4, CachedVerdict> =
     LruHashMap::pinned(VERDICTS_MAX, NO_COMMON_LRU);

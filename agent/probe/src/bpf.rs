@@ -38,6 +38,9 @@ const TC_ACT_REDIRECT: u32 = 7;
 /// First private interface index.
 const IFINDEX_BASE: u32 = 1000;
 
+/// Hosts per exact-match map of the scratch datapath.
+const PROBE_HOSTS: u32 = 1;
+
 impl From<BpfError> for ProbeError {
     fn from(e: BpfError) -> Self {
         ProbeError::Bpf(e)
@@ -315,6 +318,10 @@ impl BpfProbe {
             } else {
                 loader::Conntrack::Own
             },
+            // Room for one host per map: a policy of more (most differential tests' and fuzz
+            // cases' with hosts: their pools are small) has hosts in both the exact-match maps
+            // and the tries, so the reference judges both lookups (`loader/layout.rs`).
+            hosts: Some(PROBE_HOSTS),
             ..loader::LoadOptions::default()
         };
         let mut backend = Datapath::load_with(&pin_dir, &opts)?;

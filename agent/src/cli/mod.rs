@@ -132,11 +132,19 @@ pub struct BpfOpts {
     /// Also attach the XDP early-drop program on Ethernet interfaces.
     #[arg(long)]
     pub xdp: bool,
-    /// Entries of the datapath's flow table (its conntrack; default 65536). When it is full,
-    /// the least recently used flow is evicted and its next packet is classified as new. Takes
-    /// effect when the table is created (a fresh pin directory).
+    /// Entries of the datapath's flow table (its conntrack; default 65536, or 8192 where it
+    /// reads the kernel's table, which then holds the TCP and UDP connections). When it is
+    /// full, the least recently used flow is evicted and its next packet is classified as new.
+    /// Takes effect when the table is created (a fresh pin directory).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
     pub flow_table_size: Option<u32>,
+    /// Hosts (/32, /128 addresses) each exact-match map of the datapath holds (default 16384;
+    /// four maps, whose buckets the kernel allocates up front: 16 bytes per host). A policy
+    /// with more hosts in a direction still works: the rest are looked up in the prefix tries,
+    /// more slowly (`peerwall inspect` shows how many). Takes effect when the maps are created
+    /// (a fresh pin directory).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
+    pub host_table_size: Option<u32>,
     /// Whose connection table TCP and UDP packets take their state from: `kernel` reads the
     /// kernel's (the `bpf_skb_ct_lookup` kfunc; one table where the kernel tracks connections
     /// anyway, as on a Liqo gateway with its NAT), `own` keeps the datapath's own tables,
@@ -158,6 +166,7 @@ impl BpfOpts {
             interfaces: self.interfaces.clone(),
             xdp: self.xdp,
             flows: self.flow_table_size,
+            hosts: self.host_table_size,
             conntrack: match self.bpf_conntrack {
                 BpfConntrack::Kernel => peerwall_backend_select::Conntrack::Kernel,
                 BpfConntrack::Own => peerwall_backend_select::Conntrack::Own,

@@ -96,6 +96,19 @@ pub struct Inspection {
     pub paths: Vec<String>,
     /// The kernel memory its pinned maps hold.
     pub memory: crate::memory::PinnedMemory,
+    /// The live slot's exact-match host maps: hosts past their capacity are in the tries.
+    pub host_maps: Vec<HostMap>,
+}
+
+/// An exact-match host map of the live slot.
+#[derive(Clone, Debug, Serialize)]
+pub struct HostMap {
+    /// Pin name (`SRCH1`).
+    pub name: String,
+    /// Hosts it holds.
+    pub hosts: usize,
+    /// Hosts it can hold (`--host-table-size` when it was created).
+    pub capacity: u32,
 }
 
 fn action_name(a: u8) -> &'static str {
@@ -127,15 +140,24 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         .unwrap_or_default();
     let s = slot.to_string();
     let mut entries = Vec::new();
+    let mut host_maps = Vec::new();
     for (name, hosts) in [(map::SRC, map::SRCH), (map::DST, map::DSTH)] {
         let n = format!("{name}{s}");
         let m: LpmTrie<MapData, AddrKeyData, Bitmap> =
             LpmTrie::try_from(Map::LpmTrie(open(pin_dir, &n)?)).map_err(map_err(&n))?;
         entries.push((n, m.keys().count()));
         let n = format!("{hosts}{s}");
+        let d = open(pin_dir, &n)?;
+        let capacity = d.info().map_err(map_err(&n))?.max_entries();
         let m: BpfHashMap<MapData, AddrKeyData, Bitmap> =
-            BpfHashMap::try_from(Map::HashMap(open(pin_dir, &n)?)).map_err(map_err(&n))?;
-        entries.push((n, m.keys().count()));
+            BpfHashMap::try_from(Map::HashMap(d)).map_err(map_err(&n))?;
+        let count = m.keys().count();
+        host_maps.push(HostMap {
+            name: n.clone(),
+            hosts: count,
+            capacity,
+        });
+        entries.push((n, count));
     }
     for name in [map::SPORT, map::DPORT] {
         let n = format!("{name}{s}");
@@ -287,6 +309,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         views,
         paths: paths(pin_dir, &cfg),
         memory: crate::memory::pinned_memory(pin_dir)?,
+        host_maps,
     })
 }
 
@@ -356,6 +379,14 @@ pub fn text(i: &Inspection) -> String {
     }
     for (m, n) in &i.entries {
         s.push_str(&format!("map {m}: {n} entries\n"));
+    }
+    for h in &i.host_maps {
+        if h.hosts >= h.capacity as usize {
+            s.push_str(&format!(
+                "hosts {} is full ({} hosts, --host-table-size): the policy's further hosts are looked up in the trie, more slowly\n",
+                h.name, h.capacity
+            ));
+        }
     }
     for v in &i.views {
         s.push_str(&format!("view {v}\n"));

@@ -245,6 +245,20 @@ impl BpfPolicy {
             .any(|c| c.info().constrained & peerwall_common::constrained::OIF != 0)
     }
 
+    /// Hosts (full-length prefixes) of the source (`src`) or destination address dimension,
+    /// over every chain: what the exact-match maps must hold ([`crate::loader::Layout`]).
+    pub fn host_count(&self, src: bool) -> usize {
+        self.chains
+            .iter()
+            .map(|c| {
+                let v = if src { &c.src } else { &c.dst };
+                v.iter()
+                    .filter(|(n, _)| n.prefix_len() == n.max_prefix_len())
+                    .count()
+            })
+            .sum()
+    }
+
     /// Total trie entries (for sizing and reporting).
     pub fn prefix_count(&self) -> usize {
         self.chains.iter().map(|c| c.src.len() + c.dst.len()).sum()

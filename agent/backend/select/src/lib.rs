@@ -65,6 +65,8 @@ pub struct Settings {
     pub xdp: bool,
     /// bpf: flow table entries, when it is created.
     pub flows: Option<u32>,
+    /// bpf: hosts each exact-match host map holds, when it is created.
+    pub hosts: Option<u32>,
     /// Events to report; None: none.
     pub events: Option<EventSettings>,
     /// bpf: refuse to open when no interface matches now (a one-shot `peerwall apply`, which
@@ -89,6 +91,7 @@ impl Settings {
             interfaces: Vec::new(),
             xdp: false,
             flows: None,
+            hosts: None,
             events: None,
             must_attach: false,
             ended_secs: None,
@@ -194,6 +197,7 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
         s.xdp,
         &loader::LoadOptions {
             flows: s.flows,
+            hosts: s.hosts,
             ended_secs: s.ended_secs.unwrap_or(DEFAULT_ENDED_SECS),
             conntrack: s.conntrack.load().map_err(|e| {
                 BackendError::host(NAME, "choosing the connection table")(LoadError {

@@ -96,46 +96,15 @@ pub fn port_key(chain: u32, port: u16, len: u8) -> Key<PortKeyData> {
 
 pub(super) type KeyBytes = Vec<u8>;
 
-pub(super) fn bytes_of<T: Pod>(v: &T) -> Vec<u8> {
-    // SAFETY: Pod types are plain bytes.
-    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
-        .to_vec()
-}
-
-/// A full-length prefix: one host, kept in the exact-match map.
+/// A full-length prefix: one host.
 pub(super) fn is_host(n: &IpNet) -> bool {
     n.prefix_len() == n.max_prefix_len()
 }
 
-/// Trie entries of an address dimension (`hosts`: only hosts, otherwise only the rest).
-pub(super) fn addr_entries(
-    p: &BpfPolicy,
-    f: fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>,
-    hosts: bool,
-) -> HashMap<KeyBytes, (Key<AddrKeyData>, Bitmap)> {
-    p.chains
-        .iter()
-        .flat_map(|c| {
-            f(c).iter()
-                .filter(move |(n, _)| is_host(n) == hosts)
-                .map(move |(n, b)| {
-                    let k = addr_key(c.id, n);
-                    (bytes_of(&k), (k, *b))
-                })
-        })
-        .collect()
-}
-
-/// Exact-match entries of an address dimension: its hosts. A host's bitmap already carries
-/// the rules of every enclosing prefix, so "host map, else trie" is the trie's answer.
-pub(super) fn host_entries(
-    p: &BpfPolicy,
-    f: fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>,
-) -> HashMap<KeyBytes, (AddrKeyData, Bitmap)> {
-    addr_entries(p, f, true)
-        .into_values()
-        .map(|(k, b)| (bytes_of(&k.data()), (k.data(), b)))
-        .collect()
+pub(super) fn bytes_of<T: Pod>(v: &T) -> Vec<u8> {
+    // SAFETY: Pod types are plain bytes.
+    unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), std::mem::size_of::<T>()) }
+        .to_vec()
 }
 
 pub(super) fn port_entries(
@@ -405,7 +374,8 @@ fn absent(e: &aya::maps::MapError) -> bool {
 }
 
 /// Write address-entry changes into the maps of one slot (`slot` as a map-name suffix): hosts
-/// to the exact-match maps, other prefixes to the tries. Upserts first, deletions after, so an
+/// to the exact-match maps, other prefixes to the tries (so only while every host fits the
+/// exact-match maps: `Layout::fits` in `layout.rs`). Upserts first, deletions after, so an
 /// address whose entry moves from a host to an enclosing prefix (or back) is never without
 /// one. Returns the entries written or deleted.
 pub(super) fn write_addr_changes(

@@ -10,17 +10,19 @@
 mod attach;
 #[cfg(feature = "bench")]
 mod baseline;
+mod counters;
 mod entries;
 mod flows;
 pub use flows::key_of;
 pub(crate) use flows::occupied_new_flow_slots;
 mod host;
+mod layout;
 mod linkinfo;
 mod names;
 mod options;
 pub use kfunc::KernelCt;
 pub use linkinfo::{filters_a_device, link_state, LinkState};
-use options::ENDED_IDLE_NS;
+use options::{new_flow_slots, ENDED_IDLE_NS, NEW_FLOW_MASK};
 pub use options::{Conntrack, LoadOptions};
 mod btf;
 pub mod kfunc;
@@ -32,6 +34,7 @@ mod slots;
 use entries::*;
 pub use entries::{addr_key, port_key};
 pub use host::{ensure_bpffs, host_ifaces, is_bpffs, matching, HostIface};
+pub use layout::Layout;
 use peerwall_common::map;
 #[cfg(feature = "bench")]
 use pins::pin_link;
@@ -42,9 +45,9 @@ pub(crate) use seen::ktime_ns;
 
 use std::path::{Path, PathBuf};
 
-use aya::maps::{Array, HashMap as BpfHashMap, MapData, PerCpuArray};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use aya::{Ebpf, EbpfLoader};
-use peerwall_common::{Config, Counter, IfaceInfo, MAX_RULES};
+use peerwall_common::{Config, IfaceInfo};
 
 use crate::maps::{self, BpfPolicy, Iface};
 use peerwall_policy::ir;
@@ -125,6 +128,8 @@ pub struct Datapath {
     /// The families whose TCP and UDP it reads from the kernel's table
     /// ([`peerwall_common::kfunc::KERNEL_CT_V4`], `_V6`).
     kernel_families: u32,
+    /// How many hosts the exact-match maps hold (the rest go into the tries).
+    layout: Layout,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -162,12 +167,6 @@ impl Datapath {
             path: pin_dir.to_path_buf(),
             source,
         })?;
-        // FLOWS_NEW is direct-mapped: its slot count a power of two, the mask the datapath
-        // indexes with set to match.
-        let new_slots = flows.map_or(peerwall_common::NEW_FLOW_SLOTS, new_flow_slots);
-        for p in pins::drop_stale_caches(pin_dir, new_slots)? {
-            tracing::info!(pin = %p, "dropped a cache or new-flow table of another layout");
-        }
         let ncpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Io {
             path: "/sys/devices/system/cpu/possible".into(),
             source,
@@ -175,17 +174,30 @@ impl Datapath {
         let mut ct_globals = [0u32; 2];
         let mut loader = EbpfLoader::new();
         loader.default_map_pin_directory(pin_dir);
+        // The kernel's connection table, or the datapath's own (`options.rs`).
+        let (object, kernel, families) =
+            options::conntrack_object(opts, &mut loader, &mut ct_globals)?;
+        // Where the kernel holds TCP and UDP, the own tables hold little (`options.rs`).
+        let flows = flows.or((families != 0).then_some(options::KERNEL_MODE_FLOWS));
+        // FLOWS_NEW is direct-mapped: its slot count a power of two, the mask the datapath
+        // indexes with set to match.
+        let new_slots = flows.map_or(peerwall_common::NEW_FLOW_SLOTS, new_flow_slots);
+        for p in pins::drop_stale_caches(pin_dir, new_slots)? {
+            tracing::info!(pin = %p, "dropped a cache or new-flow table of another layout");
+        }
         let new_mask = new_slots - 1;
         if let Some(n) = flows {
             loader.map_max_entries(map::FLOWS, n);
             loader.map_max_entries(map::FLOWS_NEW, new_slots);
         }
+        if let Some(n) = opts.hosts {
+            for name in layout::HOST_MAPS {
+                loader.map_max_entries(name, n);
+            }
+        }
         loader.override_global(NEW_FLOW_MASK, &new_mask, true);
         let ended_idle = opts.ended_idle_ns();
         loader.override_global(ENDED_IDLE_NS, &ended_idle, true);
-        // The kernel's connection table, or the datapath's own (`options.rs`).
-        let (object, kernel, families) =
-            options::conntrack_object(opts, &mut loader, &mut ct_globals)?;
         // The per-CPU verdict cache: a region of sets per possible CPU.
         loader.map_max_entries(
             map::VERDICTS4_CPU,
@@ -201,7 +213,9 @@ impl Datapath {
             seen_checked: None,
             conntrack: KernelCt::Own(String::new()),
             kernel_families: 0,
+            layout: Layout { hosts: 0 },
         };
+        b.layout = b.read_layout()?;
         let mut c = b.config()?;
         b.active = c.active & 1;
         // For `inspect`: which table this program reads (the program reads its global).
@@ -343,7 +357,9 @@ impl Datapath {
             });
         }
         if let Some(live) = &self.slots[active] {
-            if only_trie_entries_differ(live, &new) {
+            // In place only while no host moves between a host map and a trie.
+            let fits = self.layout.fits(live) && self.layout.fits(&new);
+            if fits && only_trie_entries_differ(live, &new) {
                 let changes = count_changes(live, &new);
                 if changes <= IN_PLACE_LIMIT {
                     let live = live.clone();
@@ -404,6 +420,21 @@ impl Datapath {
         let Some(delta) = maps::set_delta(live, policy, changes) else {
             return Ok(None);
         };
+        // In place only while every host, those added included, fits the host maps.
+        let added = |src: bool| {
+            let dir = if src { ir::Dir::Src } else { ir::Dir::Dst };
+            delta
+                .iter()
+                .filter(|c| c.dir == dir && c.value.is_some() && is_host(&c.net))
+                .count()
+        };
+        let cap = self.layout.hosts as usize;
+        if [true, false]
+            .into_iter()
+            .any(|src| live.host_count(src) + added(src) > cap)
+        {
+            return Ok(None);
+        }
         // The slot's contents change: its digest no longer names them.
         crate::meta::clear_digest(&self.pin_dir, self.active)?;
         let n = write_addr_changes(&mut self.ebpf, &self.active.to_string(), &delta)?;
@@ -515,101 +546,9 @@ impl Datapath {
         let mut n = 0;
         for spec in specs {
             let name = format!("{}{s}", spec.prefix);
-            n += (spec.sync)(self.map(&name)?, &name, old, new)?;
+            let layout = self.layout;
+            n += (spec.sync)(self.map(&name)?, &name, old, new, layout)?;
         }
         Ok(n)
-    }
-
-    fn zero_counters(&mut self, slot: u32) -> Result<(), BpfError> {
-        let name = format!("{}{slot}", map::COUNTERS);
-        let mut m: PerCpuArray<&mut MapData, Counter> =
-            PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
-        let ncpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Io {
-            path: "/sys/devices/system/cpu/possible".into(),
-            source,
-        })?;
-        let len = m.len();
-        for i in 0..len {
-            let zero = aya::maps::PerCpuValues::try_from(vec![Counter::default(); ncpus]).map_err(
-                |source| BpfError::Io {
-                    path: PathBuf::from(&name),
-                    source,
-                },
-            )?;
-            m.set(i, zero, 0).map_err(map_err(&name))?;
-        }
-        Ok(())
-    }
-
-    /// Packets and bytes per rule (and per chain policy) of the live slot, summed over CPUs.
-    pub fn counters(&mut self) -> Result<Vec<peerwall_backend::RuleCounter>, BpfError> {
-        // Names only: the live policy's address entries (100k at scale) are not copied.
-        let Some(chains) = self.policy().map(|p| {
-            p.chains
-                .iter()
-                .map(|c| Named {
-                    id: c.id,
-                    table: c.table.clone(),
-                    chain: c.chain.clone(),
-                    rules: c.rules.clone(),
-                })
-                .collect::<Vec<_>>()
-        }) else {
-            return Ok(Vec::new());
-        };
-        let name = format!("{}{}", map::COUNTERS, self.active);
-        let m: PerCpuArray<&mut MapData, Counter> =
-            PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
-        let mut out = Vec::new();
-        for c in &chains {
-            let mut read = |idx: u32, rule: String| -> Result<(), BpfError> {
-                let v = m
-                    .get(&(c.id * MAX_RULES as u32 + idx), 0)
-                    .map_err(map_err(&name))?;
-                let (packets, bytes) = v
-                    .iter()
-                    .fold((0, 0), |(p, b), x| (p + x.packets, b + x.bytes));
-                out.push(peerwall_backend::RuleCounter {
-                    table: c.table.clone(),
-                    chain: c.chain.clone(),
-                    rule,
-                    packets,
-                    bytes,
-                });
-                Ok(())
-            };
-            for (i, r) in c.rules.iter().enumerate() {
-                read(i as u32, r.name.clone())?;
-            }
-            read(MAX_RULES as u32 - 1, "(policy)".into())?;
-        }
-        Ok(out)
-    }
-}
-
-/// The datapath's global holding `FLOWS_NEW`'s slot count less one.
-const NEW_FLOW_MASK: &str = "NEW_FLOW_MASK";
-
-/// `FLOWS_NEW`'s slot count for a flow table of `n` entries: the power of two at or above it
-/// (at least 2, at most 2^24).
-fn new_flow_slots(n: u32) -> u32 {
-    n.clamp(2, 1 << 24).next_power_of_two()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::new_flow_slots;
-
-    #[test]
-    fn new_flow_tables_are_powers_of_two_at_or_above_the_size_asked() {
-        assert_eq!(new_flow_slots(1024), 1024);
-        assert_eq!(new_flow_slots(1000), 1024);
-        assert_eq!(new_flow_slots(65_537), 131_072);
-        assert_eq!(new_flow_slots(0), 2);
-        assert_eq!(new_flow_slots(u32::MAX), 1 << 24);
-        assert_eq!(
-            peerwall_common::NEW_FLOW_SLOTS,
-            new_flow_slots(peerwall_common::NEW_FLOW_SLOTS)
-        );
     }
 }

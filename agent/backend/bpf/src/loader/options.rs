@@ -37,7 +37,15 @@ pub struct LoadOptions {
     pub ended_secs: u32,
     /// Whose connection table TCP and UDP packets take their state from.
     pub conntrack: Conntrack,
+    /// The exact-match host maps (`SRCH<s>`, `DSTH<s>`) hold this many hosts each instead of
+    /// the default [`peerwall_common::HOST_TABLE_DEFAULT`]; hosts past it are looked up in the tries
+    /// (`layout.rs`). Like the flow table, the size of a map when it is created.
+    pub hosts: Option<u32>,
 }
+
+/// The flow table's entries by default where the kernel's table holds TCP and UDP: the own
+/// tables then hold ICMP and SCTP flows and the marks of ended connections only.
+pub const KERNEL_MODE_FLOWS: u32 = 1 << 13;
 
 impl Default for LoadOptions {
     fn default() -> Self {
@@ -45,6 +53,7 @@ impl Default for LoadOptions {
             flows: None,
             ended_secs: (peerwall_common::FLOW_IDLE_NS / 1_000_000_000) as u32,
             conntrack: Conntrack::Own,
+            hosts: None,
         }
     }
 }
@@ -112,5 +121,32 @@ impl super::Datapath {
             peerwall_common::kfunc::KERNEL_CT_V4
         };
         self.kernel_families & bit != 0 && (proto == 6 || proto == 17)
+    }
+}
+
+/// The datapath's global holding `FLOWS_NEW`'s slot count less one.
+pub(super) const NEW_FLOW_MASK: &str = "NEW_FLOW_MASK";
+
+/// `FLOWS_NEW`'s slot count for a flow table of `n` entries: the power of two at or above it
+/// (at least 2, at most 2^24).
+pub(super) fn new_flow_slots(n: u32) -> u32 {
+    n.clamp(2, 1 << 24).next_power_of_two()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_flow_slots;
+
+    #[test]
+    fn new_flow_tables_are_powers_of_two_at_or_above_the_size_asked() {
+        assert_eq!(new_flow_slots(1024), 1024);
+        assert_eq!(new_flow_slots(1000), 1024);
+        assert_eq!(new_flow_slots(65_537), 131_072);
+        assert_eq!(new_flow_slots(0), 2);
+        assert_eq!(new_flow_slots(u32::MAX), 1 << 24);
+        assert_eq!(
+            peerwall_common::NEW_FLOW_SLOTS,
+            new_flow_slots(peerwall_common::NEW_FLOW_SLOTS)
+        );
     }
 }

@@ -8,15 +8,16 @@ use ipnet::IpNet;
 use peerwall_common::{map, Bitmap, ChainInfo, DimMasks, HookChains, RuleInfo};
 
 use super::entries::{
-    addr_entries, chain_entries, ct_entries, hook_entries, host_entries, if_entries, mask_entries,
-    port_entries, proto_entries, rule_entries, sync_array, sync_hash, sync_trie,
+    chain_entries, ct_entries, hook_entries, if_entries, mask_entries, port_entries, proto_entries,
+    rule_entries, sync_array, sync_hash, sync_trie,
 };
+use super::layout::{Addresses, Layout};
 use super::BpfError;
 use crate::maps::{BpfPolicy, ChainMaps};
 
-/// Brings one map (its handle and pin name) from `old`'s contents to `new`'s; returns the
-/// entries written or deleted.
-type Sync = fn(&mut Map, &str, Option<&BpfPolicy>, &BpfPolicy) -> Result<usize, BpfError>;
+/// Brings one map (its handle and pin name) from `old`'s contents to `new`'s, hosts placed as
+/// the layout says; returns the entries written or deleted.
+type Sync = fn(&mut Map, &str, Option<&BpfPolicy>, &BpfPolicy, Layout) -> Result<usize, BpfError>;
 
 /// One per-slot map: the prefix of its name (`<prefix><slot>`) and how to sync it.
 pub(super) struct SlotMap {
@@ -26,9 +27,6 @@ pub(super) struct SlotMap {
     pub(super) sync: Sync,
 }
 
-/// The addresses of one dimension of every chain (source or destination).
-type Addresses = fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>;
-
 fn src(c: &ChainMaps) -> &Vec<(IpNet, Bitmap)> {
     &c.src
 }
@@ -37,19 +35,20 @@ fn dst(c: &ChainMaps) -> &Vec<(IpNet, Bitmap)> {
     &c.dst
 }
 
-/// An address dimension's prefixes, in its trie.
+/// An address dimension's prefixes (and the hosts the exact-match map has no room for), in
+/// its trie.
 fn prefixes(
     m: &mut Map,
     name: &str,
-    old: Option<&BpfPolicy>,
-    new: &BpfPolicy,
+    (old, new): (Option<&BpfPolicy>, &BpfPolicy),
+    layout: Layout,
     dim: Addresses,
 ) -> Result<usize, BpfError> {
     sync_trie(
         m,
         name,
-        old.map(|o| addr_entries(o, dim, false)),
-        addr_entries(new, dim, false),
+        old.map(|o| layout.trie_entries(o, dim)),
+        layout.trie_entries(new, dim),
     )
 }
 
@@ -57,15 +56,15 @@ fn prefixes(
 fn hosts(
     m: &mut Map,
     name: &str,
-    old: Option<&BpfPolicy>,
-    new: &BpfPolicy,
+    (old, new): (Option<&BpfPolicy>, &BpfPolicy),
+    layout: Layout,
     dim: Addresses,
 ) -> Result<usize, BpfError> {
     sync_hash(
         m,
         name,
-        old.map(|o| host_entries(o, dim)),
-        host_entries(new, dim),
+        old.map(|o| layout.host_entries(o, dim)),
+        layout.host_entries(new, dim),
     )
 }
 
@@ -74,23 +73,23 @@ fn hosts(
 pub(super) const LOOKUPS: [SlotMap; 9] = [
     SlotMap {
         prefix: map::SRC,
-        sync: |m, name, old, new| prefixes(m, name, old, new, src),
+        sync: |m, name, old, new, l| prefixes(m, name, (old, new), l, src),
     },
     SlotMap {
         prefix: map::SRCH,
-        sync: |m, name, old, new| hosts(m, name, old, new, src),
+        sync: |m, name, old, new, l| hosts(m, name, (old, new), l, src),
     },
     SlotMap {
         prefix: map::DST,
-        sync: |m, name, old, new| prefixes(m, name, old, new, dst),
+        sync: |m, name, old, new, l| prefixes(m, name, (old, new), l, dst),
     },
     SlotMap {
         prefix: map::DSTH,
-        sync: |m, name, old, new| hosts(m, name, old, new, dst),
+        sync: |m, name, old, new, l| hosts(m, name, (old, new), l, dst),
     },
     SlotMap {
         prefix: map::SPORT,
-        sync: |m, name, old, new| {
+        sync: |m, name, old, new, _| {
             sync_trie(
                 m,
                 name,
@@ -101,7 +100,7 @@ pub(super) const LOOKUPS: [SlotMap; 9] = [
     },
     SlotMap {
         prefix: map::DPORT,
-        sync: |m, name, old, new| {
+        sync: |m, name, old, new, _| {
             sync_trie(
                 m,
                 name,
@@ -112,11 +111,11 @@ pub(super) const LOOKUPS: [SlotMap; 9] = [
     },
     SlotMap {
         prefix: map::PROTO,
-        sync: |m, name, old, new| sync_hash(m, name, old.map(proto_entries), proto_entries(new)),
+        sync: |m, name, old, new, _| sync_hash(m, name, old.map(proto_entries), proto_entries(new)),
     },
     SlotMap {
         prefix: map::IIF,
-        sync: |m, name, old, new| {
+        sync: |m, name, old, new, _| {
             sync_hash(
                 m,
                 name,
@@ -127,7 +126,7 @@ pub(super) const LOOKUPS: [SlotMap; 9] = [
     },
     SlotMap {
         prefix: map::OIF,
-        sync: |m, name, old, new| {
+        sync: |m, name, old, new, _| {
             sync_hash(
                 m,
                 name,
@@ -141,7 +140,7 @@ pub(super) const LOOKUPS: [SlotMap; 9] = [
 /// The conntrack-state map; arrays reset unused slots to their empty value.
 pub(super) const CT: SlotMap = SlotMap {
     prefix: map::CT,
-    sync: |m, name, old, new| {
+    sync: |m, name, old, new, _| {
         sync_array(m, name, old.map(ct_entries), ct_entries(new), Bitmap::EMPTY)
     },
 };
@@ -150,7 +149,7 @@ pub(super) const CT: SlotMap = SlotMap {
 pub(super) const CHAINS: [SlotMap; 4] = [
     SlotMap {
         prefix: map::MASKS,
-        sync: |m, name, old, new| {
+        sync: |m, name, old, new, _| {
             sync_array(
                 m,
                 name,
@@ -165,7 +164,7 @@ pub(super) const CHAINS: [SlotMap; 4] = [
     },
     SlotMap {
         prefix: map::RULES,
-        sync: |m, name, old, new| {
+        sync: |m, name, old, new, _| {
             sync_array(
                 m,
                 name,
@@ -181,7 +180,7 @@ pub(super) const CHAINS: [SlotMap; 4] = [
     },
     SlotMap {
         prefix: map::CHAINS,
-        sync: |m, name, old, new| {
+        sync: |m, name, old, new, _| {
             sync_array(
                 m,
                 name,
@@ -198,7 +197,7 @@ pub(super) const CHAINS: [SlotMap; 4] = [
     },
     SlotMap {
         prefix: map::HOOKS,
-        sync: |m, name, old, new| {
+        sync: |m, name, old, new, _| {
             sync_array(
                 m,
                 name,

@@ -1,0 +1,77 @@
+//! The rule counters of a slot (`COUNTERS<s>`, per CPU): zeroed when a slot is written whole,
+//! read summed over CPUs with the chain and rule names the policy gave them.
+
+use std::path::PathBuf;
+
+use aya::maps::{MapData, PerCpuArray};
+use peerwall_common::{map, Counter, MAX_RULES};
+
+use super::{map_err, BpfError, Named};
+
+impl super::Datapath {
+    pub(super) fn zero_counters(&mut self, slot: u32) -> Result<(), BpfError> {
+        let name = format!("{}{slot}", map::COUNTERS);
+        let mut m: PerCpuArray<&mut MapData, Counter> =
+            PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
+        let ncpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Io {
+            path: "/sys/devices/system/cpu/possible".into(),
+            source,
+        })?;
+        let len = m.len();
+        for i in 0..len {
+            let zero = aya::maps::PerCpuValues::try_from(vec![Counter::default(); ncpus]).map_err(
+                |source| BpfError::Io {
+                    path: PathBuf::from(&name),
+                    source,
+                },
+            )?;
+            m.set(i, zero, 0).map_err(map_err(&name))?;
+        }
+        Ok(())
+    }
+
+    /// Packets and bytes per rule (and per chain policy) of the live slot, summed over CPUs.
+    pub fn counters(&mut self) -> Result<Vec<peerwall_backend::RuleCounter>, BpfError> {
+        // Names only: the live policy's address entries (100k at scale) are not copied.
+        let Some(chains) = self.policy().map(|p| {
+            p.chains
+                .iter()
+                .map(|c| Named {
+                    id: c.id,
+                    table: c.table.clone(),
+                    chain: c.chain.clone(),
+                    rules: c.rules.clone(),
+                })
+                .collect::<Vec<_>>()
+        }) else {
+            return Ok(Vec::new());
+        };
+        let name = format!("{}{}", map::COUNTERS, self.active);
+        let m: PerCpuArray<&mut MapData, Counter> =
+            PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
+        let mut out = Vec::new();
+        for c in &chains {
+            let mut read = |idx: u32, rule: String| -> Result<(), BpfError> {
+                let v = m
+                    .get(&(c.id * MAX_RULES as u32 + idx), 0)
+                    .map_err(map_err(&name))?;
+                let (packets, bytes) = v
+                    .iter()
+                    .fold((0, 0), |(p, b), x| (p + x.packets, b + x.bytes));
+                out.push(peerwall_backend::RuleCounter {
+                    table: c.table.clone(),
+                    chain: c.chain.clone(),
+                    rule,
+                    packets,
+                    bytes,
+                });
+                Ok(())
+            };
+            for (i, r) in c.rules.iter().enumerate() {
+                read(i as u32, r.name.clone())?;
+            }
+            read(MAX_RULES as u32 - 1, "(policy)".into())?;
+        }
+        Ok(out)
+    }
+}
