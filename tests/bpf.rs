@@ -310,6 +310,108 @@ spec:
     let _ = std::fs::remove_file(&file);
 }
 
+/// The rule counters hold what the policy has (one per rule and per chain policy, chains one
+/// after another), and a policy with more than the table holds is still enforced in full:
+/// the rules past it are not counted, and `apply` and `inspect` say so.
+#[test]
+fn rules_past_the_counter_table_are_enforced_and_reported_not_counted() {
+    let t = Topology::new();
+    // 100 rules; rule 5 drops 10.20.1.3, rule 90 (past a table of 64) drops 10.20.1.2.
+    let rules: String = (0..100u32)
+        .map(|i| {
+            let dst = match i {
+                5 => "10.20.1.3".to_string(),
+                90 => "10.20.1.2".to_string(),
+                _ => format!("10.99.0.{i}"),
+            };
+            format!(
+                "            - {{name: r{i}, action: drop, match: [{{op: eq, ip: {{value: {dst}, position: dst}}}}]}}\n"
+            )
+        })
+        .collect();
+    // A chain of one rule: its counters come first (chains are numbered in name order: 0, and
+    // its policy at 1), the long chain's after them (rule r at 2 + r), so the table of 64 ends
+    // at its rule 61.
+    let yaml = format!(
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: counted, namespace: liqo-tenant-cluster1}}\nspec:\n  table:\n    name: t\n    family: IPV4\n    chains:\n      - name: early\n        type: filter\n        hook: forward\n        priority: -10\n        policy: accept\n        rules:\n          filterRules:\n            - {{name: seen, action: accept, match: [{{op: eq, ip: {{value: 10.20.3.1, position: dst}}}}]}}\n      - name: long\n        type: filter\n        hook: forward\n        priority: 0\n        policy: accept\n        rules:\n          filterRules:\n{rules}"
+    );
+    let file = std::env::temp_dir().join(format!("pw-counted-{}.yaml", std::process::id()));
+    std::fs::write(&file, yaml).unwrap();
+    let pins = Pins::new("counted");
+    let o = peerwall_net(
+        &t.gateway,
+        &[
+            "apply",
+            "--backend",
+            "bpf",
+            "--pin-dir",
+            pins.arg(),
+            "--counter-table-size",
+            "64",
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    );
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("the policy has 103 counters (a rule or chain policy each) and the counter table holds 64"),
+        "{out}"
+    );
+    // Both drops hold, counted or not; the rest passes.
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.3"), "rule 5");
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "rule 90");
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.3.1"), "the policy");
+    let o = peerwall_net(
+        &t.gateway,
+        &["inspect", "--pin-dir", pins.arg(), "--output", "json"],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let chain = |name: &str| {
+        v["chains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == format!("t/{name}"))
+            .cloned()
+            .unwrap()
+    };
+    let early = chain("early");
+    assert!(
+        early["rules"][0]["packets"].as_u64().unwrap() >= 1,
+        "{early}"
+    );
+    assert!(early["policy_packets"].as_u64().unwrap() >= 1, "{early}");
+    let c = chain("long");
+    let rules = &c["rules"];
+    assert!(rules[5]["packets"].as_u64().unwrap() >= 1, "{}", rules[5]);
+    assert_eq!(rules[61]["packets"], 0, "{}", rules[61]);
+    assert!(rules[62]["packets"].is_null(), "{}", rules[62]);
+    assert!(rules[90]["packets"].is_null(), "{}", rules[90]);
+    assert!(c["policy_packets"].is_null(), "{c}");
+    let text = peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.lines()
+            .any(|l| l.contains(" r90 ") && l.contains("not counted (past the counter table")),
+        "{text}"
+    );
+    // The kernel's maps: 64 counters per slot, whatever the CPUs.
+    let slot = v["active_slot"].as_u64().unwrap();
+    let m = bpftool_json(&[
+        "map",
+        "show",
+        "pinned",
+        &format!("{}/COUNTERS{slot}", pins.arg()),
+    ]);
+    assert_eq!(m["max_entries"], 64, "{m}");
+    let _ = std::fs::remove_file(&file);
+}
+
 #[test]
 fn upgrade_replaces_verdict_caches_of_an_older_layout() {
     require_root();

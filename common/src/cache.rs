@@ -57,7 +57,7 @@ pub struct CachedVerdict {
     pub state: u8,
     /// [`crate::ActionCode`] of the first would-drop on the path (`AuditDrop`, `AuditReject`), or 0.
     pub audit: u8,
-    /// `COUNTERS` indices (of the epoch's slot; chain × [`crate::MAX_RULES`] + rule, below 2^16) of
+    /// `COUNTERS` indices (of the epoch's slot, below 2^16: [`crate::ChainInfo::counters`]) of
     /// the rules, or chain policies, that decided in each chain on the path.
     pub counters: [u16; CACHED_COUNTERS],
     /// Output ifindex of the packet it was computed for (reported in events).

@@ -143,7 +143,13 @@ pub struct ChainInfo {
     /// [`ActionCode`] of the policy (Accept or Drop).
     pub policy: u8,
     /// Zero.
-    pub _pad: [u8; 3],
+    pub _pad: u8,
+    /// Index in `COUNTERS` of rule 0's counter: rule `r` counts at `counters + r`, the policy at
+    /// `counters + rules` (chains in id order, each after the one before: the table holds what
+    /// the policy has, not 1024 per chain; the last index is at most 64 × 1024 − 1). An index
+    /// past the table's end counts nothing. In what was padding before 0.2.0, so the struct
+    /// keeps its 12 bytes and maps pinned by 0.1.0 stay readable.
+    pub counters: u16,
     /// [`constrained`] bits: dimensions some rule of the chain tests. The datapath skips the
     /// lookups of the others (their bitmaps would allow every rule).
     pub constrained: u32,

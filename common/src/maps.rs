@@ -10,6 +10,23 @@ pub const WORDS: usize = MAX_RULES / 64;
 
 /// Chains in a policy (all tables).
 pub const MAX_CHAINS: u32 = 64;
+/// Counters per slot unless the loader is told otherwise (`--counter-table-size`): one per rule
+/// and one per chain policy. Per CPU: 128 KiB per CPU per slot. Rules past them are not
+/// counted (the apply report says so).
+pub const COUNTERS_DEFAULT: u32 = 1 << 13;
+/// The most counters a policy can have: every chain full.
+pub const MAX_COUNTERS: u32 = MAX_CHAINS * MAX_RULES as u32;
+
+/// An `OWNERS` value: the chain and rule counting at an index (`chain << 16 | rule`; the
+/// chain's policy as rule `0xffff`).
+pub const fn counter_owner(chain: u32, rule: Option<u32>) -> u32 {
+    let r = match rule {
+        Some(r) => r & 0xffff,
+        None => 0xffff,
+    };
+    (chain << 16) | r
+}
+
 /// Hosts each exact-match host map (`SRCH<s>`, `DSTH<s>`) holds unless the loader is told
 /// otherwise: the kernel allocates a hash map's buckets up front (16 bytes per host), four
 /// maps per datapath, one datapath per gateway.
@@ -63,6 +80,8 @@ pub mod map {
     pub const HOOKS: &str = "HOOKS";
     /// Per-CPU rule counters (per slot).
     pub const COUNTERS: &str = "COUNTERS";
+    /// Who counts at each `COUNTERS` index (per slot): [`crate::counter_owner`].
+    pub const OWNERS: &str = "OWNERS";
     /// Destination rewrites of prerouting's NAT by input interface (per slot).
     pub const VIEW: &str = "VIEW";
     /// Live slot and flags.
@@ -140,8 +159,9 @@ pub mod family {
     pub const V6: u8 = 6;
 }
 
-/// Packet and byte counts (per CPU). Index in `COUNTERS`: `chain * MAX_RULES + rule`; the
-/// policy of a chain counts at `chain * MAX_RULES + MAX_RULES - 1`.
+/// Packet and byte counts (per CPU). Index in `COUNTERS`: [`crate::ChainInfo::counters`] plus
+/// the rule, the policy after the chain's rules; who counts at an index is in `OWNERS`
+/// ([`counter_owner`]).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counter {

@@ -145,7 +145,7 @@ macro_rules! slot_eval {
         /// inlined: the caller picks one, so the call chain's stack holds one body's frame.
         #[inline(never)]
         fn $name<const NW: usize>(q: &Query) -> u32 {
-            let (mut action, idx) = $name::run::<NW>(q);
+            let (mut action, idx, counter) = $name::run::<NW>(q);
             if let Some(sc) = SCRATCH.get_ptr_mut(0) {
                 // An audited chain's drop or reject: the chain accepts; the first one is kept.
                 if action == ACT_AUDIT_DROP || action == ACT_AUDIT_REJECT {
@@ -160,12 +160,6 @@ macro_rules! slot_eval {
                     }
                     action = ACT_ACCEPT;
                 }
-                let counter = q.chain * MAX_RULES as u32
-                    + if idx == NO_RULE {
-                        MAX_RULES as u32 - 1
-                    } else {
-                        idx
-                    };
                 // SAFETY: per-CPU slot of a successful lookup.
                 unsafe {
                     (*sc).action = action as u32;
@@ -191,13 +185,14 @@ macro_rules! slot_eval {
             /// map reference a constant the verifier resolves, and the lookups share one
             /// accumulator on the stack.
             #[inline(always)]
-            pub(super) fn run<const NW: usize>(q: &Query) -> (u8, u32) {
+            pub(super) fn run<const NW: usize>(q: &Query) -> (u8, u32, u32) {
                 let chain = q.chain;
                 let Some(info) = $chains.get(chain) else {
-                    return (ACT_DROP, NO_RULE);
+                    return (ACT_DROP, NO_RULE, NO_RULE);
                 };
                 let policy = info.policy;
                 let nrules = info.rules;
+                let base = info.counters as u32;
                 let pk = ProtoKey {
                     chain,
                     family: q.p.family,
@@ -214,12 +209,12 @@ macro_rules! slot_eval {
                 };
                 let found = unsafe { $proto.get(&pk) }.or_else(|| unsafe { $proto.get(&other) });
                 let Some(first) = found else {
-                    return (policy, NO_RULE);
+                    return (policy, NO_RULE, base.wrapping_add(nrules));
                 };
                 // The accumulator lives in per-CPU map memory: whatever path led here, the
                 // verifier sees the same state afterwards and prunes.
                 let Some(accp) = ACC.get_ptr_mut(0) else {
-                    return (ACT_DROP, NO_RULE);
+                    return (ACT_DROP, NO_RULE, NO_RULE);
                 };
                 // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
                 let acc = unsafe { &mut *accp };
@@ -316,22 +311,18 @@ macro_rules! slot_eval {
                     }
                     _ => (policy, NO_RULE),
                 };
-                let slot = if idx == NO_RULE {
-                    MAX_RULES as u32 - 1
-                } else {
-                    idx
-                };
+                let counter = base.wrapping_add(if idx == NO_RULE { nrules } else { idx });
                 if !q.count {
-                    return (action, idx);
+                    return (action, idx, counter);
                 }
-                if let Some(c) = $counters.get_ptr_mut(chain * MAX_RULES as u32 + slot) {
+                if let Some(c) = $counters.get_ptr_mut(counter) {
                     // SAFETY: per-CPU slot of a successful lookup.
                     unsafe {
                         (*c).packets += 1;
                         (*c).bytes += q.p.len as u64;
                     }
                 }
-                (action, idx)
+                (action, idx, counter)
             }
         }
     };

@@ -9,15 +9,15 @@ use aya_ebpf::helpers::generated::{bpf_ktime_get_ns, bpf_loop};
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, LruHashMap, PerCpuArray, RingBuf};
 use peerwall_common::{
-    ct, event, CachedVerdict, EventConfig, EventFlow, FlowEvent, FlowKey, CACHED_COUNTERS,
-    MAX_RULES,
+    counter_owner, ct, event, CachedVerdict, EventConfig, EventFlow, FlowEvent, FlowKey,
+    CACHED_COUNTERS,
 };
 
 use crate::classify::{
     Outcome, ACT_ACCEPT, ACT_AUDIT_DROP, ACT_AUDIT_REJECT, ACT_DROP, ACT_REJECT,
 };
 use crate::flow::flow_key;
-use crate::maps::{SCRATCH, WORK};
+use crate::maps::{OWNERS0, OWNERS1, SCRATCH, WORK};
 use crate::parse::{IPPROTO_ICMP, IPPROTO_ICMPV6};
 
 /// 256 KiB: about 2900 events waiting for the reader.
@@ -61,16 +61,18 @@ fn take_token(now: u64, conf: &EventConfig) -> bool {
     true
 }
 
-/// `COUNTERS` index → (chain, rule or [`event::POLICY`]).
+/// `COUNTERS` index of epoch `epoch`'s slot → (chain, rule or [`event::POLICY`]), as its
+/// `OWNERS` entry says.
 #[inline(always)]
-pub(crate) fn decode_counter(c: u32) -> (u32, u32) {
-    let slot = c % MAX_RULES as u32;
-    let rule = if slot == MAX_RULES as u32 - 1 {
-        event::POLICY
+pub(crate) fn decode_counter(c: u32, epoch: u32) -> (u32, u32) {
+    let owner = if epoch & 1 == 0 {
+        OWNERS0.get(c)
     } else {
-        slot
+        OWNERS1.get(c)
     };
-    (c / MAX_RULES as u32, rule)
+    let o = owner.copied().unwrap_or(counter_owner(u32::MAX, None));
+    let rule = o & 0xffff;
+    (o >> 16, if rule == 0xffff { event::POLICY } else { rule })
 }
 
 /// The event kind of a final action, or of a would-drop's audit code.
@@ -244,7 +246,7 @@ extern "C" fn flow_log_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     let Some(sc) = SCRATCH.get(0) else {
         return 1;
     };
-    let (chain, rule) = decode_counter(sc.trail[i]);
+    let (chain, rule) = decode_counter(sc.trail[i], c.epoch);
     note(&Said {
         kind: event::ACCEPT,
         chain,
@@ -308,7 +310,7 @@ pub(crate) fn note_cached(v: &CachedVerdict, epoch: u32, audits: bool) {
     if step >= CACHED_COUNTERS {
         return;
     }
-    let (chain, rule) = decode_counter(v.counters[step] as u32);
+    let (chain, rule) = decode_counter(v.counters[step] as u32, epoch);
     note(&Said {
         kind,
         chain,

@@ -7,8 +7,9 @@ use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
 use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdicts4,
     DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, NewFlowSlot, PortKeyData,
-    ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS, CPU_VERDICT_SETS,
-    FLOW_SEEN_SLOTS, HOOK_SLOTS, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU,
+    ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT,
+    CPU_VERDICT_SETS, FLOW_SEEN_SLOTS, HOOK_SLOTS, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS,
+    NO_COMMON_LRU,
 };
 
 use crate::parse::Pkt;
@@ -36,7 +37,8 @@ pub(crate) const NO_PREALLOC: u32 = 1;
 
 macro_rules! slot_maps {
     ($src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident, $oif:ident,
-     $ct:ident, $masks:ident, $chains:ident, $rules:ident, $hooks:ident, $counters:ident) => {
+     $ct:ident, $masks:ident, $chains:ident, $rules:ident, $hooks:ident, $counters:ident,
+     $owners:ident) => {
         #[map]
         pub(crate) static $src: LpmTrie<AddrKeyData, Bitmap> = LpmTrie::pinned(TRIE_MAX, 0);
         #[map]
@@ -72,7 +74,11 @@ macro_rules! slot_maps {
         pub(crate) static $hooks: Array<HookChains> = Array::pinned(HOOK_SLOTS, 0);
         #[map]
         pub(crate) static $counters: PerCpuArray<Counter> =
-            PerCpuArray::pinned(MAX_CHAINS * MAX_RULES as u32, 0);
+            PerCpuArray::pinned(COUNTERS_DEFAULT, 0);
+        /// Who counts at each `COUNTERS` index ([`peerwall_common::counter_owner`]): what
+        /// an event of a cached verdict names. Sized with `COUNTERS` by the loader.
+        #[map]
+        pub(crate) static $owners: Array<u32> = Array::pinned(COUNTERS_DEFAULT, 0);
     };
 }
 
@@ -86,11 +92,11 @@ pub(crate) static VIEW1: LpmTrie<AddrKeyData, ViewTarget> = LpmTrie::pinned(VIEW
 
 slot_maps!(
     SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0, RULES0,
-    HOOKS0, COUNTERS0
+    HOOKS0, COUNTERS0, OWNERS0
 );
 slot_maps!(
     SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1, RULES1,
-    HOOKS1, COUNTERS1
+    HOOKS1, COUNTERS1, OWNERS1
 );
 
 #[map]

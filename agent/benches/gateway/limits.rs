@@ -124,13 +124,16 @@ impl Drop for Fronts {
     }
 }
 
-/// Packets peerwall's pinned datapath has counted so far (every rule and chain policy).
+/// Packets peerwall's pinned datapath has counted so far (every rule and chain policy the
+/// counter table holds).
 fn datapath_packets(lab: &Lab) -> u64 {
     let i = peerwall_backend_bpf::inspect::inspect(std::path::Path::new(&lab.pins()))
         .expect("inspecting the datapath");
     i.chains
         .iter()
-        .map(|c| c.policy_packets + c.rules.iter().map(|r| r.packets).sum::<u64>())
+        .map(|c| {
+            c.policy_packets.unwrap_or(0) + c.rules.iter().filter_map(|r| r.packets).sum::<u64>()
+        })
         .sum()
 }
 

@@ -145,6 +145,12 @@ pub struct BpfOpts {
     /// (a fresh pin directory).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
     pub host_table_size: Option<u32>,
+    /// Rule counters of the datapath (default 8192: one per rule and one per chain policy, per
+    /// CPU, 16 bytes each). Rules past them are enforced but not counted (`peerwall apply`
+    /// and the agent's log say so). Takes effect when the maps are created (a fresh pin
+    /// directory).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(64..=65_536))]
+    pub counter_table_size: Option<u32>,
     /// Whose connection table TCP and UDP packets take their state from: `kernel` reads the
     /// kernel's (the `bpf_skb_ct_lookup` kfunc; one table where the kernel tracks connections
     /// anyway, as on a Liqo gateway with its NAT), `own` keeps the datapath's own tables,
@@ -167,6 +173,7 @@ impl BpfOpts {
             xdp: self.xdp,
             flows: self.flow_table_size,
             hosts: self.host_table_size,
+            counters: self.counter_table_size,
             conntrack: match self.bpf_conntrack {
                 BpfConntrack::Kernel => peerwall_backend_select::Conntrack::Kernel,
                 BpfConntrack::Own => peerwall_backend_select::Conntrack::Own,

@@ -43,10 +43,10 @@ pub struct RuleState {
     pub name: String,
     /// accept / drop / reject.
     pub action: &'static str,
-    /// Packets (all CPUs).
-    pub packets: u64,
+    /// Packets (all CPUs); None: past the counter table, not counted.
+    pub packets: Option<u64>,
     /// Bytes (all CPUs).
-    pub bytes: u64,
+    pub bytes: Option<u64>,
 }
 
 /// One chain's state.
@@ -58,8 +58,8 @@ pub struct ChainState {
     pub name: String,
     /// Policy.
     pub policy: &'static str,
-    /// Packets decided by the policy.
-    pub policy_packets: u64,
+    /// Packets decided by the policy (None: past the counter table, not counted).
+    pub policy_packets: Option<u64>,
     /// Rules.
     pub rules: Vec<RuleState>,
 }
@@ -204,10 +204,17 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
     let kn = format!("{}{s}", map::COUNTERS);
     let counters: PerCpuArray<MapData, Counter> =
         PerCpuArray::try_from(Map::PerCpuArray(open(pin_dir, &kn)?)).map_err(map_err(&kn))?;
-    let count = |idx: u32| -> Result<(u64, u64), BpfError> {
+    // Past the table's end: the rule is enforced, not counted.
+    let capacity = counters.len();
+    let count = |idx: u32| -> Result<(Option<u64>, Option<u64>), BpfError> {
+        if idx >= capacity {
+            return Ok((None, None));
+        }
         let v = counters.get(&idx, 0).map_err(map_err(&kn))?;
-        Ok(v.iter()
-            .fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes)))
+        let (p, b) = v
+            .iter()
+            .fold((0, 0), |(p, b), c| (p + c.packets, b + c.bytes));
+        Ok((Some(p), Some(b)))
     };
     let names = ["prerouting", "input", "forward", "output", "postrouting"];
     let mut hooks = Vec::new();
@@ -235,7 +242,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         for r in 0..info.rules {
             let idx = id * MAX_RULES as u32 + r;
             let ri = rules_map.get(&idx, 0).map_err(map_err(&rn))?;
-            let (packets, bytes) = count(idx)?;
+            let (packets, bytes) = count(u32::from(info.counters) + r)?;
             rules.push(RuleState {
                 index: r,
                 name: cm
@@ -246,7 +253,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
                 bytes,
             });
         }
-        let (policy_packets, _) = count(id * MAX_RULES as u32 + MAX_RULES as u32 - 1)?;
+        let (policy_packets, _) = count(u32::from(info.counters) + info.rules)?;
         chains.push(ChainState {
             id,
             name: cm.map_or(format!("#{id}"), |c| format!("{}/{}", c.table, c.chain)),
@@ -396,14 +403,24 @@ pub fn text(i: &Inspection) -> String {
     }
     for c in &i.chains {
         s.push_str(&format!(
-            "chain {} {} policy {} ({} packets)\n",
-            c.id, c.name, c.policy, c.policy_packets
+            "chain {} {} policy {} ({})\n",
+            c.id,
+            c.name,
+            c.policy,
+            c.policy_packets
+                .map_or("not counted".to_string(), |p| format!("{p} packets"))
         ));
         for r in &c.rules {
-            s.push_str(&format!(
-                "  {:>4} {:<24} {:<7} {:>10} packets {:>12} bytes\n",
-                r.index, r.name, r.action, r.packets, r.bytes
-            ));
+            match (r.packets, r.bytes) {
+                (Some(p), Some(b)) => s.push_str(&format!(
+                    "  {:>4} {:<24} {:<7} {:>10} packets {:>12} bytes\n",
+                    r.index, r.name, r.action, p, b
+                )),
+                _ => s.push_str(&format!(
+                    "  {:>4} {:<24} {:<7} not counted (past the counter table: --counter-table-size)\n",
+                    r.index, r.name, r.action
+                )),
+            }
         }
     }
     s
@@ -416,12 +433,15 @@ impl Inspection {
         let mut out = Vec::new();
         for c in &self.chains {
             let (table, chain) = c.name.split_once('/').unwrap_or(("", &c.name));
-            out.extend(c.rules.iter().map(|r| peerwall_backend::RuleCounter {
-                table: table.to_string(),
-                chain: chain.to_string(),
-                rule: r.name.clone(),
-                packets: r.packets,
-                bytes: r.bytes,
+            // A rule not counted has no counter to report.
+            out.extend(c.rules.iter().filter_map(|r| {
+                Some(peerwall_backend::RuleCounter {
+                    table: table.to_string(),
+                    chain: chain.to_string(),
+                    rule: r.name.clone(),
+                    packets: r.packets?,
+                    bytes: r.bytes?,
+                })
             }));
         }
         out

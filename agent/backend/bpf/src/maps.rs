@@ -146,6 +146,9 @@ pub struct ChainMaps {
     pub oif: Vec<(u32, Bitmap)>,
     /// ct state number → rules.
     pub ct: [Bitmap; 5],
+    /// Index in `COUNTERS` of rule 0's counter ([`ChainInfo::counters`]): the chains' counters
+    /// one after another in id order, each chain's rules then its policy.
+    pub counters: u32,
 }
 
 impl ChainMaps {
@@ -175,7 +178,8 @@ impl ChainMaps {
         ChainInfo {
             rules: self.rules.len() as u32,
             policy: action_code_in(self.policy, self.audit),
-            _pad: [0; 3],
+            _pad: 0,
+            counters: self.counters as u16,
             constrained: bits,
         }
     }
@@ -259,6 +263,11 @@ impl BpfPolicy {
             .sum()
     }
 
+    /// Counters the policy has: one per rule and one per chain policy.
+    pub fn counter_count(&self) -> u32 {
+        self.chains.iter().map(|c| c.rules.len() as u32 + 1).sum()
+    }
+
     /// Total trie entries (for sizing and reporting).
     pub fn prefix_count(&self) -> usize {
         self.chains.iter().map(|c| c.src.len() + c.dst.len()).sum()
@@ -320,7 +329,13 @@ pub fn compile(policy: &ir::Policy, ifaces: &[Iface]) -> Result<BpfPolicy, BpfCo
                 });
             }
             ids.insert((t.name.as_str(), c.name.as_str()), id);
-            chains.push(chain_maps(id, t, c, ifaces));
+            let mut cm = chain_maps(id, t, c, ifaces);
+            // After the chains before it: their rules and policies.
+            cm.counters = chains
+                .iter()
+                .map(|c: &ChainMaps| c.rules.len() as u32 + 1)
+                .sum();
+            chains.push(cm);
         }
     }
     let mut hooks = vec![

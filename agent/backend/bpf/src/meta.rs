@@ -110,8 +110,8 @@ pub fn digest(policy: &crate::maps::BpfPolicy) -> String {
     for c in &policy.chains {
         let _ = write!(
             h,
-            "chain {} {} {} {:?} {:?} {} {:?} {:?} {:?};",
-            c.id, c.table, c.chain, c.hook, c.policy, c.audit, c.rules, c.masks, c.ct
+            "chain {} {} {} {:?} {:?} {} {:?} {:?} {:?} {};",
+            c.id, c.table, c.chain, c.hook, c.policy, c.audit, c.rules, c.masks, c.ct, c.counters
         );
         set(&mut h, "proto", &c.proto);
         set(&mut h, "src", &c.src);

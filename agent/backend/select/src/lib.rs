@@ -67,6 +67,8 @@ pub struct Settings {
     pub flows: Option<u32>,
     /// bpf: hosts each exact-match host map holds, when it is created.
     pub hosts: Option<u32>,
+    /// bpf: rule counters per slot, when they are created.
+    pub counters: Option<u32>,
     /// Events to report; None: none.
     pub events: Option<EventSettings>,
     /// bpf: refuse to open when no interface matches now (a one-shot `peerwall apply`, which
@@ -92,6 +94,7 @@ impl Settings {
             xdp: false,
             flows: None,
             hosts: None,
+            counters: None,
             events: None,
             must_attach: false,
             ended_secs: None,
@@ -198,6 +201,7 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
         &loader::LoadOptions {
             flows: s.flows,
             hosts: s.hosts,
+            counters: s.counters,
             ended_secs: s.ended_secs.unwrap_or(DEFAULT_ENDED_SECS),
             conntrack: s.conntrack.load().map_err(|e| {
                 BackendError::host(NAME, "choosing the connection table")(LoadError {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use aya::maps::{MapData, PerCpuArray};
-use peerwall_common::{map, Counter, MAX_RULES};
+use peerwall_common::{map, Counter};
 
 use super::{map_err, BpfError, Named};
 
@@ -37,7 +37,7 @@ impl super::Datapath {
             p.chains
                 .iter()
                 .map(|c| Named {
-                    id: c.id,
+                    counters: c.counters,
                     table: c.table.clone(),
                     chain: c.chain.clone(),
                     rules: c.rules.clone(),
@@ -47,14 +47,18 @@ impl super::Datapath {
             return Ok(Vec::new());
         };
         let name = format!("{}{}", map::COUNTERS, self.active);
+        let capacity = self.layout.counters;
         let m: PerCpuArray<&mut MapData, Counter> =
             PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
         let mut out = Vec::new();
         for c in &chains {
             let mut read = |idx: u32, rule: String| -> Result<(), BpfError> {
-                let v = m
-                    .get(&(c.id * MAX_RULES as u32 + idx), 0)
-                    .map_err(map_err(&name))?;
+                // Past the table: enforced, not counted (the apply report said so).
+                let at = c.counters + idx;
+                if at >= capacity {
+                    return Ok(());
+                }
+                let v = m.get(&at, 0).map_err(map_err(&name))?;
                 let (packets, bytes) = v
                     .iter()
                     .fold((0, 0), |(p, b), x| (p + x.packets, b + x.bytes));
@@ -70,7 +74,7 @@ impl super::Datapath {
             for (i, r) in c.rules.iter().enumerate() {
                 read(i as u32, r.name.clone())?;
             }
-            read(MAX_RULES as u32 - 1, "(policy)".into())?;
+            read(c.rules.len() as u32, "(policy)".into())?;
         }
         Ok(out)
     }

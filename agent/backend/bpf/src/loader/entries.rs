@@ -193,6 +193,22 @@ pub(super) fn rule_entries(p: &BpfPolicy) -> BTreeMap<u32, RuleInfo> {
         .collect()
 }
 
+/// Who counts at each `COUNTERS` index the table holds (below `capacity`): each chain's
+/// rules, then its policy.
+pub(super) fn owner_entries(p: &BpfPolicy, capacity: u32) -> BTreeMap<u32, u32> {
+    p.chains
+        .iter()
+        .flat_map(|c| {
+            let rules = c.rules.len() as u32;
+            (0..=rules).map(move |r| {
+                let who = (r < rules).then_some(r);
+                (c.counters + r, peerwall_common::counter_owner(c.id, who))
+            })
+        })
+        .filter(|(i, _)| *i < capacity)
+        .collect()
+}
+
 pub(super) fn chain_entries(p: &BpfPolicy) -> BTreeMap<u32, ChainInfo> {
     p.chains.iter().map(|c| (c.id, c.info())).collect()
 }

@@ -24,15 +24,20 @@ use crate::maps::{BpfPolicy, ChainMaps};
 
 /// The exact-match host maps of both slots, by pin name (`<SRCH|DSTH><slot>`).
 pub(super) const HOST_MAPS: [&str; 4] = ["SRCH0", "SRCH1", "DSTH0", "DSTH1"];
+/// The counters of both slots and who counts at each index (`<COUNTERS|OWNERS><slot>`).
+pub(super) const COUNTER_MAPS: [&str; 4] = ["COUNTERS0", "COUNTERS1", "OWNERS0", "OWNERS1"];
 
 /// The address entries of one dimension of every chain (source or destination).
 pub(super) type Addresses = fn(&ChainMaps) -> &Vec<(IpNet, Bitmap)>;
 
-/// The capacity of the exact-match host maps the datapath was loaded with.
+/// The capacities of the maps the datapath was loaded with whose size is a memory choice.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// Hosts each `SRCH<s>` / `DSTH<s>` map holds (its `max_entries`).
     pub hosts: u32,
+    /// Counters each `COUNTERS<s>` (and `OWNERS<s>`) map holds: rules at indices past it are
+    /// not counted.
+    pub counters: u32,
 }
 
 /// The hosts of dimension `f` of every chain, in key order.
@@ -108,7 +113,17 @@ impl super::Datapath {
             };
             hosts = hosts.min(info.max_entries());
         }
-        Ok(Layout { hosts })
+        let mut counters = u32::MAX;
+        for name in COUNTER_MAPS {
+            let info = match self.map(name)? {
+                aya::maps::Map::PerCpuArray(d) | aya::maps::Map::Array(d) => {
+                    d.info().map_err(map_err(name))?
+                }
+                _ => return Err(BpfError::MissingMap(name.to_string())),
+            };
+            counters = counters.min(info.max_entries());
+        }
+        Ok(Layout { hosts, counters })
     }
 
     /// How many hosts the exact-match maps hold.
@@ -161,6 +176,7 @@ mod tests {
             iif: Vec::new(),
             oif: Vec::new(),
             ct: [Bitmap::EMPTY; 5],
+            counters: 0,
         };
         BpfPolicy {
             chains: vec![c],
@@ -173,7 +189,10 @@ mod tests {
         let p = policy(10);
         let src: Addresses = |c| &c.src;
         for cap in [0, 3, 10, 64] {
-            let l = Layout { hosts: cap };
+            let l = Layout {
+                hosts: cap,
+                counters: 0,
+            };
             let hash = l.host_entries(&p, src);
             let trie = l.trie_entries(&p, src);
             assert_eq!(hash.len(), 10.min(cap as usize), "cap {cap}");
@@ -212,6 +231,11 @@ mod tests {
             .flat_map(|b| (0..2).map(move |s| format!("{b}{s}")))
             .collect();
         assert_eq!(HOST_MAPS.to_vec(), want);
+        let want: Vec<String> = [map::COUNTERS, map::OWNERS]
+            .iter()
+            .flat_map(|b| (0..2).map(move |s| format!("{b}{s}")))
+            .collect();
+        assert_eq!(COUNTER_MAPS.to_vec(), want);
     }
 
     #[test]
@@ -219,7 +243,10 @@ mod tests {
         let p = policy(20);
         let mut q = p.clone();
         q.chains[0].src.reverse();
-        let l = Layout { hosts: 7 };
+        let l = Layout {
+            hosts: 7,
+            counters: 0,
+        };
         let src: Addresses = |c| &c.src;
         let keys = |p: &BpfPolicy| {
             let mut k: Vec<_> = l.host_entries(p, src).into_keys().collect();

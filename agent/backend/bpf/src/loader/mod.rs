@@ -105,7 +105,8 @@ pub fn diagnostics(policy: &ir::Policy) -> Vec<String> {
 
 /// A chain's identity and rules (what counters are reported under).
 struct Named {
-    id: u32,
+    /// Index of its rule 0's counter.
+    counters: u32,
     table: String,
     chain: String,
     rules: Vec<maps::RuleMeta>,
@@ -195,6 +196,11 @@ impl Datapath {
                 loader.map_max_entries(name, n);
             }
         }
+        if let Some(n) = opts.counters {
+            for name in layout::COUNTER_MAPS {
+                loader.map_max_entries(name, n);
+            }
+        }
         loader.override_global(NEW_FLOW_MASK, &new_mask, true);
         let ended_idle = opts.ended_idle_ns();
         loader.override_global(ENDED_IDLE_NS, &ended_idle, true);
@@ -213,7 +219,10 @@ impl Datapath {
             seen_checked: None,
             conntrack: KernelCt::Own(String::new()),
             kernel_families: 0,
-            layout: Layout { hosts: 0 },
+            layout: Layout {
+                hosts: 0,
+                counters: 0,
+            },
         };
         b.layout = b.read_layout()?;
         let mut c = b.config()?;
@@ -336,7 +345,14 @@ impl Datapath {
         ifaces: &[Iface],
     ) -> Result<BpfApplyReport, BpfError> {
         let new = maps::compile(policy, ifaces)?;
-        let diagnostics = diagnostics(policy);
+        let mut diagnostics = diagnostics(policy);
+        let counters = new.counter_count();
+        if counters > self.layout.counters {
+            diagnostics.push(format!(
+                "the policy has {counters} counters (a rule or chain policy each) and the counter table holds {}: the rules past it are enforced but not counted (--counter-table-size)",
+                self.layout.counters
+            ));
+        }
         let prefixes = new.prefix_count();
         let active = self.active as usize;
         let digest = crate::meta::digest(&new);

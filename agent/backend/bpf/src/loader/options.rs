@@ -41,6 +41,10 @@ pub struct LoadOptions {
     /// the default [`peerwall_common::HOST_TABLE_DEFAULT`]; hosts past it are looked up in the tries
     /// (`layout.rs`). Like the flow table, the size of a map when it is created.
     pub hosts: Option<u32>,
+    /// The rule counters (`COUNTERS<s>`, per CPU) hold this many instead of the default
+    /// [`peerwall_common::COUNTERS_DEFAULT`]: one per rule and one per chain policy, in chain
+    /// order; rules past it are enforced, not counted. The size of the maps when created.
+    pub counters: Option<u32>,
 }
 
 /// The flow table's entries by default where the kernel's table holds TCP and UDP: the own
@@ -54,6 +58,7 @@ impl Default for LoadOptions {
             ended_secs: (peerwall_common::FLOW_IDLE_NS / 1_000_000_000) as u32,
             conntrack: Conntrack::Own,
             hosts: None,
+            counters: None,
         }
     }
 }

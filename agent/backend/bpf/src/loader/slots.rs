@@ -8,8 +8,8 @@ use ipnet::IpNet;
 use peerwall_common::{map, Bitmap, ChainInfo, DimMasks, HookChains, RuleInfo};
 
 use super::entries::{
-    chain_entries, ct_entries, hook_entries, if_entries, mask_entries, port_entries, proto_entries,
-    rule_entries, sync_array, sync_hash, sync_trie,
+    chain_entries, ct_entries, hook_entries, if_entries, mask_entries, owner_entries, port_entries,
+    proto_entries, rule_entries, sync_array, sync_hash, sync_trie,
 };
 use super::layout::{Addresses, Layout};
 use super::BpfError;
@@ -145,8 +145,9 @@ pub(super) const CT: SlotMap = SlotMap {
     },
 };
 
-/// Chain descriptions: per-dimension masks, rules, chains, and last the hooks that reach them.
-pub(super) const CHAINS: [SlotMap; 4] = [
+/// Chain descriptions: per-dimension masks, rules, who counts where, chains, and last the hooks
+/// that reach them.
+pub(super) const CHAINS: [SlotMap; 5] = [
     SlotMap {
         prefix: map::MASKS,
         sync: |m, name, old, new, _| {
@@ -179,6 +180,18 @@ pub(super) const CHAINS: [SlotMap; 4] = [
         },
     },
     SlotMap {
+        prefix: map::OWNERS,
+        sync: |m, name, old, new, l| {
+            sync_array(
+                m,
+                name,
+                old.map(|o| owner_entries(o, l.counters)),
+                owner_entries(new, l.counters),
+                peerwall_common::counter_owner(u32::MAX, None),
+            )
+        },
+    },
+    SlotMap {
         prefix: map::CHAINS,
         sync: |m, name, old, new, _| {
             sync_array(
@@ -189,7 +202,8 @@ pub(super) const CHAINS: [SlotMap; 4] = [
                 ChainInfo {
                     rules: 0,
                     policy: peerwall_common::ActionCode::Drop as u8,
-                    _pad: [0; 3],
+                    _pad: 0,
+                    counters: 0,
                     constrained: 0,
                 },
             )

@@ -411,5 +411,6 @@ pub(super) fn chain_maps(
         iif: iface_entries(IfDir::In),
         oif: iface_entries(IfDir::Out),
         ct: ct_bits,
+        counters: 0,
     }
 }
