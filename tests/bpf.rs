@@ -220,11 +220,31 @@ spec:
     let file = std::env::temp_dir().join(format!("pw-many-hosts-{}.yaml", std::process::id()));
     std::fs::write(&file, yaml).unwrap();
     let pins = Pins::new("hosts");
-    apply_bpf(
+    let o = peerwall_net(
         &t.gateway,
-        &pins,
-        &["--bpf-conntrack", "auto", "--host-table-size", "1024"],
-        &file,
+        &[
+            "apply",
+            "--backend",
+            "bpf",
+            "--pin-dir",
+            pins.arg(),
+            "--bpf-conntrack",
+            "auto",
+            "--host-table-size",
+            "1024",
+            "-f",
+            file.to_str().unwrap(),
+        ],
+    );
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{out}");
+    assert!(
+        out.contains("the policy has 1125 destination hosts and the host maps hold 1024"),
+        "{out}"
     );
     // In the exact-match map, past it (in the trie), and outside the set.
     assert!(

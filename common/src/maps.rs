@@ -30,7 +30,7 @@ pub const fn counter_owner(chain: u32, rule: Option<u32>) -> u32 {
 /// Hosts each exact-match host map (`SRCH<s>`, `DSTH<s>`) holds unless the loader is told
 /// otherwise: the kernel allocates a hash map's buckets up front (16 bytes per host), four
 /// maps per datapath, one datapath per gateway.
-pub const HOST_TABLE_DEFAULT: u32 = 1 << 14;
+pub const HOST_TABLE_DEFAULT: u32 = 1 << 16;
 
 /// Filter chains on one hook for one family.
 pub const MAX_HOOK_CHAINS: usize = 16;

@@ -74,10 +74,26 @@ pub fn start_agent(
             "200",
             "--log-format",
             "json",
+            // Room for every pod's address, as the operator of a cluster this size sets it
+            // (the default holds 65536): changes then stay in place.
+            "--host-table-size",
+            &host_table().to_string(),
         ],
         "info,peerwall::engine=debug,kube=warn",
     );
     Agent { proc, metrics }
+}
+
+/// Hosts per exact-match map for the run's pods (`PEERWALL_BENCH_PODS`, as `main.rs` reads
+/// it): twice as many, a power of two.
+fn host_table() -> u32 {
+    let pods: u32 = std::env::var("PEERWALL_BENCH_PODS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    pods.saturating_mul(2)
+        .clamp(1024, 1 << 24)
+        .next_power_of_two()
 }
 
 /// The backends to measure: `PEERWALL_BENCH_BACKENDS` (comma-separated), both by default.

@@ -138,10 +138,11 @@ pub struct BpfOpts {
     /// Takes effect when the table is created (a fresh pin directory).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
     pub flow_table_size: Option<u32>,
-    /// Hosts (/32, /128 addresses) each exact-match map of the datapath holds (default 16384;
+    /// Hosts (/32, /128 addresses) each exact-match map of the datapath holds (default 65536;
     /// four maps, whose buckets the kernel allocates up front: 16 bytes per host). A policy
     /// with more hosts in a direction still works: the rest are looked up in the prefix tries,
-    /// more slowly (`peerwall inspect` shows how many). Takes effect when the maps are created
+    /// more slowly, and every change is written into the idle slot whole (`apply` and
+    /// `peerwall inspect` say so). Takes effect when the maps are created
     /// (a fresh pin directory).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1024..=16_777_216))]
     pub host_table_size: Option<u32>,

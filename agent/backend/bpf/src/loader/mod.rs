@@ -81,7 +81,8 @@ pub struct BpfApplyReport {
     pub switched: bool,
     /// Trie prefixes in the policy.
     pub prefixes: usize,
-    /// What of the policy the datapath does not enforce ([`diagnostics`]).
+    /// What of the policy the datapath does not enforce ([`diagnostics`]), and what it holds
+    /// only in part (hosts past the host maps, rules past the counter table): warnings.
     pub diagnostics: Vec<String>,
 }
 
@@ -346,6 +347,15 @@ impl Datapath {
     ) -> Result<BpfApplyReport, BpfError> {
         let new = maps::compile(policy, ifaces)?;
         let mut diagnostics = diagnostics(policy);
+        for (dim, src) in [("source", true), ("destination", false)] {
+            let hosts = new.host_count(src);
+            if hosts > self.layout.hosts as usize {
+                diagnostics.push(format!(
+                    "the policy has {hosts} {dim} hosts and the host maps hold {}: the rest are looked up in the tries, and every change is written into the idle slot whole (--host-table-size)",
+                    self.layout.hosts
+                ));
+            }
+        }
         let counters = new.counter_count();
         if counters > self.layout.counters {
             diagnostics.push(format!(
