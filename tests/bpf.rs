@@ -220,28 +220,8 @@ spec:
     let file = std::env::temp_dir().join(format!("pw-many-hosts-{}.yaml", std::process::id()));
     std::fs::write(&file, yaml).unwrap();
     let pins = Pins::new("hosts");
-    let o = peerwall_net(
-        &t.gateway,
-        &[
-            "apply",
-            "--backend",
-            "bpf",
-            "--pin-dir",
-            pins.arg(),
-            "--bpf-conntrack",
-            "auto",
-            "--host-table-size",
-            "1024",
-            "-f",
-            file.to_str().unwrap(),
-        ],
-    );
-    let out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{out}");
+    let extra = ["--bpf-conntrack", "auto", "--host-table-size", "1024"];
+    let out = apply_bpf_said(&t.gateway, &pins, &extra, &file);
     assert!(
         out.contains("the policy has 1125 destination hosts and the host maps hold 1024"),
         "{out}"
@@ -358,26 +338,7 @@ fn rules_past_the_counter_table_are_enforced_and_reported_not_counted() {
     let file = std::env::temp_dir().join(format!("pw-counted-{}.yaml", std::process::id()));
     std::fs::write(&file, yaml).unwrap();
     let pins = Pins::new("counted");
-    let o = peerwall_net(
-        &t.gateway,
-        &[
-            "apply",
-            "--backend",
-            "bpf",
-            "--pin-dir",
-            pins.arg(),
-            "--counter-table-size",
-            "64",
-            "-f",
-            file.to_str().unwrap(),
-        ],
-    );
-    let out = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "{out}");
+    let out = apply_bpf_said(&t.gateway, &pins, &["--counter-table-size", "64"], &file);
     assert!(
         out.contains("the policy has 103 counters (a rule or chain policy each) and the counter table holds 64"),
         "{out}"

@@ -36,10 +36,22 @@ pub fn peerwall_net(ns: &NetNs, args: &[&str]) -> std::process::Output {
 
 /// `peerwall apply --backend bpf --pin-dir PINS [EXTRA...] -f FILE` in the namespace; must succeed.
 pub fn apply_bpf(ns: &NetNs, pins: &Pins, extra: &[&str], file: &std::path::Path) {
+    apply_bpf_said(ns, pins, extra, file);
+}
+
+/// [`apply_bpf`], returning what the command printed (stdout, then stderr: its warnings).
+pub fn apply_bpf_said(ns: &NetNs, pins: &Pins, extra: &[&str], file: &std::path::Path) -> String {
     let mut args = vec!["apply", "--backend", "bpf", "--pin-dir", pins.arg()];
     args.extend_from_slice(extra);
     args.extend(["-f", file.to_str().unwrap_or_default()]);
-    ok(peerwall_net(ns, &args));
+    let o = peerwall_net(ns, &args);
+    let out = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "{out}");
+    out
 }
 
 pub fn ok(o: std::process::Output) {
