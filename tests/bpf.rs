@@ -79,12 +79,7 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
         "the counter goes on from {before}"
     );
     // `peerwall inspect` decodes the same pins, with names.
-    let o = peerwall_net(
-        &t.gateway,
-        &["inspect", "--pin-dir", pins.arg(), "--output", "json"],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = inspect_json(&t.gateway, &pins);
     assert_eq!(v["chains"][0]["name"], "table_name/filter_chain_name");
     assert_eq!(v["chains"][0]["rules"][0]["name"], "drop_traffic");
     assert!(
@@ -123,14 +118,6 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
         (Some(bytes), Some(maps)),
         "{}",
         v["memory"]
-    );
-    let text = peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
-    let text = String::from_utf8_lossy(&text.stdout);
-    eprintln!(
-        "{}",
-        text.lines()
-            .find(|l| l.starts_with("kernel memory"))
-            .unwrap_or("")
     );
     // Emergency switch: everything passes, then enforcement is back.
     ok(peerwall_net(
@@ -239,12 +226,7 @@ spec:
         !ping(&t.consumer, "10.10.1.67", "10.20.1.3"),
         "outside the set"
     );
-    let o = peerwall_net(
-        &t.gateway,
-        &["inspect", "--pin-dir", pins.arg(), "--output", "json"],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = inspect_json(&t.gateway, &pins);
     let slot = v["active_slot"].as_u64().unwrap();
     let dsth = v["host_maps"]
         .as_array()
@@ -291,11 +273,7 @@ spec:
         ping(&t.consumer, "10.10.1.67", "10.20.5.5"),
         "default sizes"
     );
-    let o = peerwall_net(
-        &t.gateway,
-        &["inspect", "--pin-dir", default.arg(), "--output", "json"],
-    );
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = inspect_json(&t.gateway, &default);
     let bytes = v["memory"]["bytes"].as_u64().unwrap();
     let text = peerwall_net(&t.gateway, &["inspect", "--pin-dir", default.arg()]);
     let text = String::from_utf8_lossy(&text.stdout);
@@ -347,11 +325,7 @@ fn rules_past_the_counter_table_are_enforced_and_reported_not_counted() {
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.3"), "rule 5");
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "rule 90");
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.3.1"), "the policy");
-    let o = peerwall_net(
-        &t.gateway,
-        &["inspect", "--pin-dir", pins.arg(), "--output", "json"],
-    );
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let v = inspect_json(&t.gateway, &pins);
     let chain = |name: &str| {
         v["chains"]
             .as_array()

@@ -39,6 +39,16 @@ pub fn apply_bpf(ns: &NetNs, pins: &Pins, extra: &[&str], file: &std::path::Path
     apply_bpf_said(ns, pins, extra, file);
 }
 
+/// `peerwall inspect --output json` of the datapath pinned in `pins`.
+pub fn inspect_json(ns: &NetNs, pins: &Pins) -> serde_json::Value {
+    let o = peerwall_net(
+        ns,
+        &["inspect", "--pin-dir", pins.arg(), "--output", "json"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    serde_json::from_slice(&o.stdout).expect("inspect json")
+}
+
 /// [`apply_bpf`], returning what the command printed (stdout, then stderr: its warnings).
 pub fn apply_bpf_said(ns: &NetNs, pins: &Pins, extra: &[&str], file: &std::path::Path) -> String {
     let mut args = vec!["apply", "--backend", "bpf", "--pin-dir", pins.arg()];
