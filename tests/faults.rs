@@ -931,27 +931,42 @@ fn bpf_policy_swaps_leak_nothing_and_flip_verdicts_at_once() {
 /// One replied flow, then `flood` new flows, then one more reply on the first flow: is it
 /// still established? Also the agent's fill metric at the end. The policy (`STATEFUL`) needs
 /// conntrack: new flows only from the consumer to ALLOWED, replies only as established.
-fn reply_after_flood(size: &str, flood: u32) -> (bool, String, u32) {
-    let mut g = Gateway::new("bpf");
-    std::fs::write(g.dir.join("faults.yaml"), STATEFUL).expect("write");
-    // Replies come back through the Geneve-named interface: attach there too.
-    g.spawn_with(&["--flow-table-size", size, "--interfaces", "liqo.*"]);
-    let metrics = |g: &Gateway| {
-        let o = in_ns(
-            &g.t.gateway,
-            "curl",
-            &["-s", "-m", "2", "http://127.0.0.1:9090/metrics"],
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    };
+/// The agent's metrics page, from inside the gateway.
+fn metrics(g: &Gateway) -> String {
+    let o = in_ns(
+        &g.t.gateway,
+        "curl",
+        &["-s", "-m", "2", "http://127.0.0.1:9090/metrics"],
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Wait until the bpf agent has applied its first policy.
+fn wait_applied(g: &Gateway) {
     let started = Instant::now();
-    while !metrics(&g).contains("peerwall_policy_generation{backend=\"bpf\"} 1") {
+    while !metrics(g).contains("peerwall_policy_generation{backend=\"bpf\"} 1") {
         assert!(
             started.elapsed() < Duration::from_secs(60),
             "the agent never applied"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A bpf gauge of the metrics page `m`.
+fn bpf_gauge(m: &str, name: &str) -> u64 {
+    m.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name}{{backend=\"bpf\"}} ")))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{m}"))
+}
+
+fn reply_after_flood(size: &str, flood: u32) -> (bool, String, u32) {
+    let mut g = Gateway::new("bpf");
+    std::fs::write(g.dir.join("faults.yaml"), STATEFUL).expect("write");
+    // Replies come back through the Geneve-named interface: attach there too.
+    g.spawn_with(&["--flow-table-size", size, "--interfaces", "liqo.*"]);
+    wait_applied(&g);
     let rx = bind_receiver(&g.t, ALLOWED);
     rx.set_read_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
@@ -1030,6 +1045,69 @@ fn reply_after_flood(size: &str, flood: u32) -> (bool, String, u32) {
     (survived, m, sent)
 }
 
+/// Where the bpf datapath reads the kernel's connection table (the kernel tracks here, as a
+/// Liqo gateway's NAT makes it), the fill gauges report that table, where the connections are:
+/// not the datapath's own table, which then holds ICMP, SCTP and ended marks only.
+#[test]
+fn bpf_reading_the_kernels_table_reports_its_fill() {
+    let mut g = Gateway::new("bpf");
+    let o = in_ns(
+        &g.t.gateway,
+        "nft",
+        &["add table ip pwxnat; add chain ip pwxnat pre { type nat hook prerouting priority -100; }; add rule ip pwxnat pre ip daddr 192.0.2.1 dnat to 192.0.2.2"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    std::fs::write(g.dir.join("faults.yaml"), STATEFUL).expect("write");
+    g.spawn_with(&["--bpf-conntrack", "kernel", "--interfaces", "liqo.*"]);
+    wait_applied(&g);
+    // One datagram through the gateway: a connection in the kernel's table.
+    let rx = bind_receiver(&g.t, ALLOWED);
+    rx.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("timeout");
+    let tx =
+        g.t.consumer
+            .run_in(|| UdpSocket::bind(("10.10.1.67", 5556)))
+            .expect("consumer")
+            .expect("bind");
+    let mut buf = [0u8; 64];
+    let started = Instant::now();
+    loop {
+        tx.send_to(b"hello", (ALLOWED, PORT)).expect("send");
+        if rx.recv_from(&mut buf).is_ok() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the datagram never got through"
+        );
+    }
+    let max = in_ns(
+        &g.t.gateway,
+        "cat",
+        &["/proc/sys/net/netfilter/nf_conntrack_max"],
+    );
+    let max: u64 = String::from_utf8_lossy(&max.stdout)
+        .trim()
+        .parse()
+        .expect("nf_conntrack_max");
+    // The gauges are read every few seconds.
+    let started = Instant::now();
+    loop {
+        let m = metrics(&g);
+        if m.contains("peerwall_conntrack_entries{backend=\"bpf\"}")
+            && bpf_gauge(&m, "peerwall_conntrack_entries") >= 1
+        {
+            assert_eq!(bpf_gauge(&m, "peerwall_conntrack_capacity"), max, "{m}");
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "no connection counted:\n{m}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 #[test]
 fn bpf_established_flows_survive_a_flood_of_new_flows() {
     // A flow table of 1024 entries under 210000 new flows, 205 times its size: the flood
@@ -1060,15 +1138,9 @@ fn bpf_established_flows_survive_a_flood_of_new_flows() {
         survived,
         "the established flow was evicted by {flood} new flows: its reply was dropped as new"
     );
-    let gauge = |m: &str, name: &str| {
-        m.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}{{backend=\"bpf\"}} ")))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no {name} in:\n{m}"))
-    };
     // The gauges count the established flows' table: the flood is not in it.
-    assert_eq!(gauge(&m, "peerwall_conntrack_capacity"), 1024);
-    let entries = gauge(&m, "peerwall_conntrack_entries");
+    assert_eq!(bpf_gauge(&m, "peerwall_conntrack_capacity"), 1024);
+    let entries = bpf_gauge(&m, "peerwall_conntrack_entries");
     assert!(
         (1..=16).contains(&entries),
         "{entries} established flows counted after a flood of new ones"

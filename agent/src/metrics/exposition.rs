@@ -160,7 +160,7 @@ impl AgentMetrics {
             Family::new(
                 "peerwall_conntrack_entries",
                 "gauge",
-                "Flows in the connection-tracking table the datapath relies on (bpf: its flow table; nftables: the kernel's conntrack of the namespace).",
+                "Flows in the connection-tracking table the datapath relies on (bpf: its flow table, or the kernel's conntrack of the namespace where it reads that for TCP and UDP; nftables: the kernel's conntrack of the namespace).",
             )
             .with_all(
                 self.conntrack

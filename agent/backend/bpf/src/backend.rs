@@ -247,8 +247,21 @@ impl BpfBackend {
         self.datapath.release_flows(&held)
     }
 
-    /// The flow table's (entries, capacity).
+    /// The connection table's (entries, capacity): the kernel's where the datapath reads it,
+    /// else the flow table's.
     pub fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BpfError> {
+        // Where the datapath reads the kernel's table, TCP and UDP connections live there and
+        // its fill is what runs out (the own table then holds ICMP, SCTP and ended marks).
+        if self.datapath.kernel_holds(false, 6) || self.datapath.kernel_holds(true, 6) {
+            let read = |k: &str| {
+                std::fs::read_to_string(format!("/proc/sys/net/netfilter/{k}"))
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            };
+            if let Some(fill) = read("nf_conntrack_count").zip(read("nf_conntrack_max")) {
+                return Ok(Some(fill));
+            }
+        }
         let (entries, capacity) = self.datapath.flow_table()?;
         Ok(Some((entries, u64::from(capacity))))
     }
