@@ -961,22 +961,40 @@ fn bpf_gauge(m: &str, name: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {name} in:\n{m}"))
 }
 
-fn reply_after_flood(size: &str, flood: u32) -> (bool, String, u32) {
+/// A bpf agent (`extra` arguments) enforcing [`STATEFUL`] on a gateway (whose kernel tracks
+/// connections, with `nat`, as a Liqo gateway's NAT makes it), once it applied; the provider
+/// pod's receiver and the consumer's socket (from port `port`).
+fn stateful_agent(extra: &[&str], nat: bool, port: u16) -> (Gateway, UdpSocket, UdpSocket) {
     let mut g = Gateway::new("bpf");
+    if nat {
+        let o = in_ns(
+            &g.t.gateway,
+            "nft",
+            &["add table ip pwxnat; add chain ip pwxnat pre { type nat hook prerouting priority -100; }; add rule ip pwxnat pre ip daddr 192.0.2.1 dnat to 192.0.2.2"],
+        );
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
     std::fs::write(g.dir.join("faults.yaml"), STATEFUL).expect("write");
     // Replies come back through the Geneve-named interface: attach there too.
-    g.spawn_with(&["--flow-table-size", size, "--interfaces", "liqo.*"]);
+    let mut args = extra.to_vec();
+    args.extend(["--interfaces", "liqo.*"]);
+    g.spawn_with(&args);
     wait_applied(&g);
     let rx = bind_receiver(&g.t, ALLOWED);
     rx.set_read_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
     let tx =
         g.t.consumer
-            .run_in(|| UdpSocket::bind(("10.10.1.67", 5555)))
+            .run_in(move || UdpSocket::bind(("10.10.1.67", port)))
             .expect("consumer")
             .expect("bind");
     tx.set_read_timeout(Some(Duration::from_millis(300)))
         .expect("timeout");
+    (g, rx, tx)
+}
+
+fn reply_after_flood(size: &str, flood: u32) -> (bool, String, u32) {
+    let (g, rx, tx) = stateful_agent(&["--flow-table-size", size], false, 5555);
     // The flow, opened by the consumer and answered: established (once the agent applied).
     let mut buf = [0u8; 64];
     let started = Instant::now();
@@ -1050,25 +1068,8 @@ fn reply_after_flood(size: &str, flood: u32) -> (bool, String, u32) {
 /// not the datapath's own table, which then holds ICMP, SCTP and ended marks only.
 #[test]
 fn bpf_reading_the_kernels_table_reports_its_fill() {
-    let mut g = Gateway::new("bpf");
-    let o = in_ns(
-        &g.t.gateway,
-        "nft",
-        &["add table ip pwxnat; add chain ip pwxnat pre { type nat hook prerouting priority -100; }; add rule ip pwxnat pre ip daddr 192.0.2.1 dnat to 192.0.2.2"],
-    );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    std::fs::write(g.dir.join("faults.yaml"), STATEFUL).expect("write");
-    g.spawn_with(&["--bpf-conntrack", "kernel", "--interfaces", "liqo.*"]);
-    wait_applied(&g);
+    let (g, rx, tx) = stateful_agent(&["--bpf-conntrack", "kernel"], true, 5556);
     // One datagram through the gateway: a connection in the kernel's table.
-    let rx = bind_receiver(&g.t, ALLOWED);
-    rx.set_read_timeout(Some(Duration::from_millis(300)))
-        .expect("timeout");
-    let tx =
-        g.t.consumer
-            .run_in(|| UdpSocket::bind(("10.10.1.67", 5556)))
-            .expect("consumer")
-            .expect("bind");
     let mut buf = [0u8; 64];
     let started = Instant::now();
     loop {
