@@ -24,7 +24,8 @@ pub fn report(
         "## Control plane at scale (`cargo xtask bench-control`)\n\n\
          Real etcd + kube-apiserver v1.20 on loopback, {pods} offloaded pods of one peer, \
          `peerwall controller` publishing them as AddressSet slices (1000 addresses each), one \
-         agent (`--source kube --netns`) enforcing the peer's gateway configuration; UDP probe \
+         agent (`--source kube --netns`, bpf's host maps sized for the pods with \
+         `--host-table-size`) enforcing the peer's gateway configuration; UDP probe \
          streams through the gateway, stamped at the receiver. Controller: all {pods} addresses \
          published {:.2} s after start; peak RSS {:.0} MiB.\n\n",
         controller_sync.as_secs_f64(),
