@@ -269,11 +269,12 @@ fn the_example_cluster_matrix() {
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(
             String::from_utf8_lossy(&o.stdout),
-            "TCP/8080\n-\tbackend/api\tbackend/db\tfrontend/shell\tfrontend/web\n\
-             backend/api\t-\t-\tX\t.\n\
-             backend/db\t-\t-\tX\t.\n\
-             frontend/shell\tX\tX\t-\t-\n\
-             frontend/web\t.\tX\t-\t-\n\n",
+            "TCP/8080\n\
+             -               backend/api  backend/db  frontend/shell  frontend/web\n\
+             backend/api     -            -           X               .\n\
+             backend/db      -            -           X               .\n\
+             frontend/shell  X            X           -               -\n\
+             frontend/web    .            X           -               -\n\n",
             "{engine}"
         );
     }

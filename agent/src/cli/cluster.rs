@@ -340,31 +340,63 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
             ))
         }
         Output::Text => {
-            // As the e2e suite prints its truth tables: `.` allowed, `X` denied; `-` for
-            // pairs that do not cross a gateway.
+            let keys: Vec<String> = pods.iter().map(|p| p.key()).collect();
             let mut text = String::new();
             for (pi, probe) in probes.iter().enumerate() {
-                text.push_str(&format!("{}\n-", probe.label()));
-                for p in &pods {
-                    text.push_str(&format!("\t{}", p.key()));
-                }
-                text.push('\n');
-                for (fi, from) in pods.iter().enumerate() {
-                    text.push_str(&from.key());
-                    for ti in 0..pods.len() {
-                        let mark = match cells.get(&(pi, fi, ti)) {
-                            None => "-",
-                            Some(v) if v.verdict == ir::VerdictAction::Accept => ".",
-                            Some(_) => "X",
-                        };
-                        text.push('\t');
-                        text.push_str(mark);
+                text.push_str(&truth_table(&probe.label(), &keys, |fi, ti| {
+                    match cells.get(&(pi, fi, ti)) {
+                        None => "-",
+                        Some(v) if v.verdict == ir::VerdictAction::Accept => ".",
+                        Some(_) => "X",
                     }
-                    text.push('\n');
-                }
-                text.push('\n');
+                }));
             }
             out(&text)
         }
+    }
+}
+
+/// One probe's truth table as the Kubernetes e2e suite prints its own: `.` allowed, `X`
+/// denied, `-` for pairs that do not cross a gateway; rows are sources, columns
+/// destinations, each column as wide as its pod's name (and two spaces), so it reads aligned
+/// whatever the names.
+fn truth_table(
+    label: &str,
+    keys: &[String],
+    mark: impl Fn(usize, usize) -> &'static str,
+) -> String {
+    let first = keys.iter().map(String::len).max().unwrap_or(0).max(1) + 2;
+    let row = |head: &str, cells: Vec<&str>| {
+        let mut line = format!("{head:<first$}");
+        for (i, c) in cells.iter().enumerate() {
+            let w = keys[i].len() + 2;
+            line.push_str(&format!("{c:<w$}"));
+        }
+        format!("{}\n", line.trim_end())
+    };
+    let mut text = format!("{label}\n");
+    text.push_str(&row("-", keys.iter().map(String::as_str).collect()));
+    for (fi, from) in keys.iter().enumerate() {
+        text.push_str(&row(from, (0..keys.len()).map(|ti| mark(fi, ti)).collect()));
+    }
+    text.push('\n');
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::truth_table;
+
+    #[test]
+    fn truth_tables_are_aligned_whatever_the_names() {
+        let keys = vec!["a/x".to_string(), "frontend/shell".to_string()];
+        let t = truth_table("TCP/80", &keys, |f, t| if f == t { "-" } else { "X" });
+        assert_eq!(
+            t,
+            "TCP/80\n\
+             -               a/x  frontend/shell\n\
+             a/x             -    X\n\
+             frontend/shell  X    -\n\n"
+        );
     }
 }
