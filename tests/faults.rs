@@ -967,12 +967,7 @@ fn bpf_gauge(m: &str, name: &str) -> u64 {
 fn stateful_agent(extra: &[&str], nat: bool, port: u16) -> (Gateway, UdpSocket, UdpSocket) {
     let mut g = Gateway::new("bpf");
     if nat {
-        let o = in_ns(
-            &g.t.gateway,
-            "nft",
-            &["add table ip pwxnat; add chain ip pwxnat pre { type nat hook prerouting priority -100; }; add rule ip pwxnat pre ip daddr 192.0.2.1 dnat to 192.0.2.2"],
-        );
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        track_connections(&g.t.gateway);
     }
     std::fs::write(g.dir.join("faults.yaml"), STATEFUL).expect("write");
     // Replies come back through the Geneve-named interface: attach there too.

@@ -539,12 +539,7 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
         };
         let mut extra = vec!["--ended-connection-secs", "2"];
         if case == "bpf-kernel" {
-            let o = in_ns(
-                &t.gateway,
-                "nft",
-                &["add table ip pwxnat; add chain ip pwxnat pre { type nat hook prerouting priority -100; }; add rule ip pwxnat pre ip daddr 192.0.2.1 dnat to 192.0.2.2"],
-            );
-            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            track_connections(&t.gateway);
             extra.extend(["--bpf-conntrack", "kernel"]);
         }
         let dir = scratch(&format!("ended-{case}"));

@@ -51,6 +51,18 @@ pub fn must(program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// Make the kernel of `ns` track IPv4 connections as a Liqo gateway's does: a NAT rule (Liqo's
+/// remapping tables hold such rules), here one rewriting an address no packet has. A chain
+/// alone does not turn tracking on.
+pub fn track_connections(ns: &NetNs) {
+    let o = in_ns(
+        ns,
+        "nft",
+        &["add table ip pwxnat; add chain ip pwxnat pre { type nat hook prerouting priority -100; }; add rule ip pwxnat pre ip daddr 192.0.2.1 dnat to 192.0.2.2"],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// `ip netns exec NS PROGRAM ARGS` (output whatever the status).
 pub fn in_ns(ns: &NetNs, program: &str, args: &[&str]) -> Output {
     let mut full = vec!["netns", "exec", ns.name(), program];
