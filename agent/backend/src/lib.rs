@@ -5,6 +5,7 @@
 //! The CLI and the agent drive both through this trait only, as `Box<dyn Backend>`
 //! (`peerwall-backend-select` opens one by name).
 
+pub mod conntrack_fill;
 pub mod error;
 pub mod events;
 pub mod in_netns;
@@ -14,6 +15,7 @@ use serde::Serialize;
 
 use peerwall_policy::ir::{Policy, SetChange};
 
+pub use conntrack_fill::kernel_conntrack_fill;
 pub use error::{BackendError, Fault, Report};
 pub use events::{Event, EventError, EventFilter, EventKind, EventSource, FlowLimiter, IfNames};
 pub use in_netns::{InNetns, InNetnsError};

@@ -253,12 +253,7 @@ impl BpfBackend {
         // Where the datapath reads the kernel's table, TCP and UDP connections live there and
         // its fill is what runs out (the own table then holds ICMP, SCTP and ended marks).
         if self.datapath.kernel_holds(false, 6) || self.datapath.kernel_holds(true, 6) {
-            let read = |k: &str| {
-                std::fs::read_to_string(format!("/proc/sys/net/netfilter/{k}"))
-                    .ok()
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-            };
-            if let Some(fill) = read("nf_conntrack_count").zip(read("nf_conntrack_max")) {
+            if let Some(fill) = peerwall_backend::kernel_conntrack_fill() {
                 return Ok(Some(fill));
             }
         }

@@ -613,12 +613,7 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
     /// The kernel's conntrack table of the current network namespace (`nf_conntrack_count`
     /// of `nf_conntrack_max`); None before conntrack is loaded.
     fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendError> {
-        let read = |k: &str| {
-            std::fs::read_to_string(format!("/proc/sys/net/netfilter/{k}"))
-                .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
-        Ok(read("nf_conntrack_count").zip(read("nf_conntrack_max")))
+        Ok(peerwall_backend::kernel_conntrack_fill())
     }
 
     fn drift(&mut self) -> Result<Vec<Drift>, BackendError> {

@@ -6,7 +6,17 @@ use std::path::PathBuf;
 use aya::maps::{MapData, PerCpuArray};
 use peerwall_common::{map, Counter};
 
-use super::{map_err, BpfError, Named};
+use super::{map_err, BpfError};
+use crate::maps::RuleMeta;
+
+/// A chain's identity and rules (what counters are reported under).
+struct Named {
+    /// Index of its rule 0's counter.
+    counters: u32,
+    table: String,
+    chain: String,
+    rules: Vec<RuleMeta>,
+}
 
 impl super::Datapath {
     pub(super) fn zero_counters(&mut self, slot: u32) -> Result<(), BpfError> {

@@ -40,8 +40,14 @@ pub struct Layout {
     pub counters: u32,
 }
 
-/// The hosts of dimension `f` of every chain, in key order.
-fn hosts_in_order(p: &BpfPolicy, f: Addresses) -> Vec<(KeyBytes, Key<AddrKeyData>, Bitmap)> {
+/// The hosts of dimension `f` of every chain, in key order where more than `cap` (then the
+/// order decides which fit); as they come otherwise (every one fits: no sort on the common
+/// path, which policy changes take).
+fn hosts_in_order(
+    p: &BpfPolicy,
+    f: Addresses,
+    cap: u32,
+) -> Vec<(KeyBytes, Key<AddrKeyData>, Bitmap)> {
     let mut all: Vec<_> = p
         .chains
         .iter()
@@ -52,7 +58,9 @@ fn hosts_in_order(p: &BpfPolicy, f: Addresses) -> Vec<(KeyBytes, Key<AddrKeyData
             })
         })
         .collect();
-    all.sort_by(|a, b| a.0.cmp(&b.0));
+    if all.len() > cap as usize {
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+    }
     all
 }
 
@@ -73,7 +81,7 @@ impl Layout {
         p: &BpfPolicy,
         f: Addresses,
     ) -> HashMap<KeyBytes, (AddrKeyData, Bitmap)> {
-        hosts_in_order(p, f)
+        hosts_in_order(p, f, self.hosts)
             .into_iter()
             .take(self.hosts as usize)
             .map(|(kb, k, b)| (kb, (k.data(), b)))
@@ -93,11 +101,21 @@ impl Layout {
                 (bytes_of(&k), (k, *b))
             })
         });
-        let spilled = hosts_in_order(p, f)
-            .into_iter()
-            .skip(self.hosts as usize)
-            .map(|(_, k, b)| (bytes_of(&k), (k, b)));
-        prefixes.chain(spilled).collect()
+        let mut out: HashMap<_, _> = prefixes.collect();
+        let hosts: usize = p
+            .chains
+            .iter()
+            .map(|c| f(c).iter().filter(|(n, _)| is_host(n)).count())
+            .sum();
+        if hosts > self.hosts as usize {
+            out.extend(
+                hosts_in_order(p, f, self.hosts)
+                    .into_iter()
+                    .skip(self.hosts as usize)
+                    .map(|(_, k, b)| (bytes_of(&k), (k, b))),
+            );
+        }
+        out
     }
 }
 
@@ -126,7 +144,7 @@ impl super::Datapath {
         Ok(Layout { hosts, counters })
     }
 
-    /// How many hosts the exact-match maps hold.
+    /// How many hosts the exact-match maps and how many counters the counter table hold.
     pub fn layout(&self) -> Layout {
         self.layout
     }

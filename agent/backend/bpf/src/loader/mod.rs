@@ -104,15 +104,6 @@ pub fn diagnostics(policy: &ir::Policy) -> Vec<String> {
     out
 }
 
-/// A chain's identity and rules (what counters are reported under).
-struct Named {
-    /// Index of its rule 0's counter.
-    counters: u32,
-    table: String,
-    chain: String,
-    rules: Vec<maps::RuleMeta>,
-}
-
 /// The loaded datapath.
 pub struct Datapath {
     ebpf: Ebpf,
@@ -130,7 +121,8 @@ pub struct Datapath {
     /// The families whose TCP and UDP it reads from the kernel's table
     /// ([`peerwall_common::kfunc::KERNEL_CT_V4`], `_V6`).
     kernel_families: u32,
-    /// How many hosts the exact-match maps hold (the rest go into the tries).
+    /// How many hosts the exact-match maps hold (the rest go into the tries) and how many
+    /// counters the counter table holds.
     layout: Layout,
 }
 
