@@ -52,8 +52,9 @@ pub fn must(program: &str, args: &[&str]) -> String {
 }
 
 /// Make the kernel of `ns` track IPv4 connections as a Liqo gateway's does: a NAT rule (Liqo's
-/// remapping tables hold such rules), here one rewriting an address no packet has. A chain
-/// alone does not turn tracking on.
+/// remapping writes such rules into the gateway's FirewallConfiguration, liqotech/liqo
+/// `pkg/liqo-controller-manager/networking/external-network/remapping/cidr.go`), here one
+/// rewriting an address no packet has. A chain alone does not turn tracking on.
 pub fn track_connections(ns: &NetNs) {
     let o = in_ns(
         ns,
