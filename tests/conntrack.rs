@@ -202,6 +202,13 @@ fn a_rewritten_connection_is_listed_as_the_filter_saw_it_and_ended() {
 /// Liqo's remapping tables), enforcing [`STATEFUL`] (and its IPv6 twin) with the bpf backend reading `conntrack`
 /// (`--bpf-conntrack kernel` or `own`).
 fn bpf_gateway(tag: &str, conntrack: &str) -> (Topology, common::bpf::Pins, std::path::PathBuf) {
+    let t = nat_topology();
+    let (pins, file) = apply_stateful(&t, tag, conntrack);
+    (t, pins, file)
+}
+
+/// A topology whose gateway's kernel tracks connections of both families (a NAT rule each).
+fn nat_topology() -> Topology {
     let t = Topology::new();
     let o = in_ns(
         &t.gateway,
@@ -211,6 +218,16 @@ fn bpf_gateway(tag: &str, conntrack: &str) -> (Topology, common::bpf::Pins, std:
         &["add table inet pwxnat; add chain inet pwxnat pre { type nat hook prerouting priority -100; }; add rule inet pwxnat pre ip daddr 192.0.2.1 dnat ip to 192.0.2.2; add rule inet pwxnat pre ip6 daddr 2001:db8::1 dnat ip6 to 2001:db8::2"],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    t
+}
+
+/// [`STATEFUL`] and its IPv6 twin applied to `t`'s gateway with the bpf backend reading
+/// `conntrack`: the pins and the policy file.
+fn apply_stateful(
+    t: &Topology,
+    tag: &str,
+    conntrack: &str,
+) -> (common::bpf::Pins, std::path::PathBuf) {
     let pins = common::bpf::Pins::new(tag);
     let file = std::env::temp_dir().join(format!("pw-{tag}-{}.yaml", std::process::id()));
     // STATEFUL, and the provider pod's IPv6 address open from the tunnel too.
@@ -219,7 +236,7 @@ fn bpf_gateway(tag: &str, conntrack: &str) -> (Topology, common::bpf::Pins, std:
     );
     std::fs::write(&file, policy).unwrap();
     common::bpf::apply_bpf(&t.gateway, &pins, &["--bpf-conntrack", conntrack], &file);
-    (t, pins, file)
+    (pins, file)
 }
 
 /// A UDP exchange between the consumer and the provider pod through the gateway: whether the
@@ -402,6 +419,81 @@ fn bpf_reads_the_kernels_connection_table() {
     assert!(
         own_flows(&pins) > 0,
         "own tables: the connection is in FLOWS"
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
+/// Where the datapath reads the kernel's table, a connection the kernel tracked before the
+/// datapath was attached keeps flowing: `apply` sweeps the kernel's table into `FLOW_SEEN`
+/// (`agent/backend/bpf/src/sweep.rs`), without which the datapath would take the reply's idle
+/// entry for "no connection" and judge it new (the policy accepts the provider's datagrams
+/// only as replies). `inspect` shows the sweep's vouch, bpftool the pinned `CT_SWEPT`; a
+/// datagram of a flow the kernel does not hold is still dropped.
+#[test]
+fn bpf_kernel_table_connections_from_before_the_datapath_keep_flowing() {
+    require_root();
+    use std::net::UdpSocket;
+    let t = nat_topology();
+    let (consumer, provider, port) = ("10.10.1.67", "10.20.1.2", 7111u16);
+    let bind = |ns: &NetNs, ip: &'static str, port: u16| {
+        let s = ns
+            .run_in(move || UdpSocket::bind((ip, port)))
+            .unwrap()
+            .unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+            .unwrap();
+        s
+    };
+    let (c, p) = (
+        bind(&t.consumer, consumer, port),
+        bind(&t.provider, provider, port),
+    );
+    // No filter yet: the consumer opens the flow, the kernel tracks it.
+    c.send_to(b"open", (provider, port)).unwrap();
+    let mut b = [0u8; 8];
+    assert!(
+        p.recv(&mut b).is_ok(),
+        "the consumer's datagram was not forwarded"
+    );
+    let (pins, file) = apply_stateful(&t, "kct-before", "kernel");
+    assert!(
+        provider_answers(&c, &p, (consumer, port), "r1"),
+        "the reply of a connection from before the datapath was dropped; the gateway's conntrack: {}",
+        String::from_utf8_lossy(&in_ns(&t.gateway, "conntrack", &["-L"]).stdout)
+    );
+    let shown = common::bpf::peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+    let shown = String::from_utf8_lossy(&shown.stdout);
+    assert!(
+        shown.contains(
+            "conntrack IPv4 TCP and UDP: the kernel's table, its connections stamped for"
+        ),
+        "{shown}"
+    );
+    let swept = common::bpf::bpftool_json(&[
+        "map",
+        "lookup",
+        "pinned",
+        pins.0.join("CT_SWEPT").to_str().unwrap(),
+        "key",
+        "0",
+        "0",
+        "0",
+        "0",
+    ]);
+    assert!(
+        swept["value"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|b| b.as_str() != Some("0x00"))),
+        "CT_SWEPT: {swept}"
+    );
+    // A flow the consumer never opened: dropped.
+    let (c2, p2) = (
+        bind(&t.consumer, consumer, port + 1),
+        bind(&t.provider, provider, port + 1),
+    );
+    assert!(
+        !provider_answers(&c2, &p2, (consumer, port + 1), "new"),
+        "a new flow from the provider passed"
     );
     let _ = std::fs::remove_file(&file);
 }

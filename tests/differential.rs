@@ -614,6 +614,110 @@ fn bpf_kernel_conntrack_reads_the_state_the_kernel_holds() {
     }
 }
 
+/// The kernel-conntrack datapath spares the kernel's lookup for a packet whose `FLOW_SEEN`
+/// entry is idle only while the agent's sweep vouches for the kernel's table: with
+/// `ESTABLISHED_DIFFERS`, a connection written into the kernel's table after the sweep (its
+/// entry idle) is judged new (accepted: the lookup was skipped); once a sweep stamped it, it is
+/// established (dropped); after the emergency switch voided the vouch, the same unswept
+/// connection is found by asking the kernel (dropped) without any sweep.
+#[test]
+fn bpf_kernel_conntrack_skips_the_kernel_only_where_the_sweep_vouches() {
+    require_root();
+    let objs = peerwall_intent::load::parse_documents(ESTABLISHED_DIFFERS, "differs")
+        .expect("policy parses");
+    let policy = compile(&objs).expect("policy compiles").policy;
+    let parent = ensure_bpffs().expect("bpffs");
+    let mut probe =
+        BpfProbe::with_kernel_conntrack(&policy, &ifnames(), &parent).expect("datapath loads");
+    let pkt = Packet {
+        src: "10.0.0.10".parse().expect("ip"),
+        dst: "10.1.0.6".parse().expect("ip"),
+        proto: ir::eval::proto::UDP,
+        sport: 40000,
+        dport: 8080,
+        iif: Some(IFACES[1].to_string()),
+        oif: Some(IFACES[0].to_string()),
+        ct_state: CtState::New,
+    };
+    let established = Packet {
+        ct_state: CtState::Established,
+        ..pkt.clone()
+    };
+    assert_eq!(
+        ir::evaluate(&policy, &pkt).verdict,
+        ir::VerdictAction::Accept
+    );
+    assert_eq!(
+        ir::evaluate(&policy, &established).verdict,
+        ir::VerdictAction::Drop
+    );
+    const OK: u32 = 0;
+    const SHOT: u32 = 2;
+    // The connection, replied, as the kernel would hold it; each phase starts from no
+    // datapath state and every FLOW_SEEN entry idle.
+    let write_connection = |probe: &mut BpfProbe| {
+        let ns = probe.kernel_ns().expect("kernel-conntrack probe");
+        let _ = ns.exec("conntrack", &["-F"]);
+        ns.exec(
+            "conntrack",
+            &[
+                "-I",
+                "-s",
+                "10.0.0.10",
+                "-d",
+                "10.1.0.6",
+                "-p",
+                "udp",
+                "--sport",
+                "40000",
+                "--dport",
+                "8080",
+                "-t",
+                "120",
+                "-u",
+                "SEEN_REPLY,ASSURED",
+            ],
+        )
+        .expect("conntrack -I");
+        probe.reset_flows().expect("reset");
+        probe.datapath().forget_flow_seen().expect("FLOW_SEEN idle");
+    };
+    let run = |probe: &mut BpfProbe| probe.conversation(&[(0, pkt.clone())]).expect("runs")[0];
+
+    // The load swept; the connection came after it and nothing stamped its entry.
+    let until = probe.datapath().kernel_swept_until().expect("CT_SWEPT");
+    assert!(until > 0, "the probe's load swept the kernel's table");
+    write_connection(&mut probe);
+    assert_eq!(
+        run(&mut probe),
+        (OK, true),
+        "an idle entry under the sweep's vouch: new, the kernel not asked"
+    );
+
+    // A sweep stamps it: established, as the kernel holds it.
+    write_connection(&mut probe);
+    probe.sweep_kernel_table().expect("sweep");
+    assert_eq!(run(&mut probe), (SHOT, true), "swept: established");
+
+    // The switch voids the vouch (the program zeroes it under the switch): the kernel is
+    // asked again, no sweep needed to see the connection.
+    write_connection(&mut probe);
+    probe.datapath().set_allow_all(true).expect("switch on");
+    assert_eq!(run(&mut probe).0, OK, "the switch lets it through");
+    probe.datapath().set_allow_all(false).expect("switch off");
+    assert_eq!(
+        probe.datapath().kernel_swept_until().expect("CT_SWEPT"),
+        0,
+        "a packet under the switch voided the sweep's vouch"
+    );
+    probe.reset_flows().expect("reset");
+    assert_eq!(
+        run(&mut probe),
+        (SHOT, true),
+        "no vouch: the kernel's state"
+    );
+}
+
 #[test]
 fn bpf_verdict_cache_follows_conntrack_across_cpus() {
     let (policy, mut probe) = established_differs_probe();

@@ -99,6 +99,10 @@ pub mod map {
     /// share one entry): a packet whose entry is idle longer than flows live is known to no
     /// flow without a lookup in [`FLOWS`] or [`FLOWS_NEW`] ([`crate::flags::FLOW_SEEN`]).
     pub const FLOW_SEEN: &str = "FLOW_SEEN";
+    /// `CT_SWEPT[0]`: until when (`bpf_ktime_get_ns`) [`FLOW_SEEN`] also covers every
+    /// connection of the kernel's table (the agent's sweep stamped them), so that the
+    /// kernel-conntrack mode skips the kernel's lookup for a packet whose entry is idle.
+    pub const CT_SWEPT: &str = "CT_SWEPT";
     /// Per-flow verdict cache, IPv4 ([`crate::VerdictKey4`] keys).
     pub const VERDICTS4: &str = "VERDICTS4";
     /// Per-flow verdict cache, IPv6 ([`crate::FlowKey`] keys).

@@ -21,7 +21,7 @@ use crate::parse::{
     parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
     IPPROTO_TCP,
 };
-use crate::seen::{note_seen, seen_idle};
+use crate::seen::{kernel_swept, note_seen, seen_idle};
 
 /// A flow's state, wherever it is: the established table first, unless its entry there has
 /// expired (a flow started again since is in `FLOWS_NEW`: the `FLOW_SEEN` shortcut inserts it
@@ -226,35 +226,56 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// marks user space set.
 /// The program entries call it instead of [`ct_state`] where [`kernel_tracks`] the packet
 /// (one call frame less: the verifier bounds the frames of a call chain together).
+///
+/// Under the `FLOW_SEEN` shortcut (`seen_on`), a packet whose entry is idle is new without
+/// asking the kernel (`known_idle`: the known-flow path already found it idle), while the
+/// agent's sweep vouches for the kernel's table (`CT_SWEPT`): every accept of this datapath
+/// stamps its flow's entry ([`kernel_commit`]), and the sweep stamped the entry of every
+/// connection the kernel's table held (`agent/backend/bpf/src/loader/seen.rs`), so an idle
+/// entry covers no connection either table holds. A denied flood then costs no lookup in the kernel's table,
+/// which is what it cost before (a cold miss in a large hash table, per packet).
 #[inline(never)]
-pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool) -> u32 {
+pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_idle: bool) -> u32 {
     if p.proto == IPPROTO_TCP && !tcp_flags_valid(p.tcp_flags) {
         return ct::INVALID;
+    }
+    let unknown = ct::NEW | CT_UNKNOWN | CT_KERNEL;
+    if seen_on && unknown_to_both(p, known_idle) {
+        return new_or_invalid(p, false, unknown);
     }
     let Some(w) = WORK.get_ptr_mut(0) else {
         return ct::INVALID;
     };
     let found = crate::kernel_ct::lookup(ctx, p, w, true);
-    if ended_mark(&flow_key(p), seen_on) {
+    if ended_mark(&flow_key(p)) {
         return ct::INVALID;
     }
     match found {
-        Kernel::Missing => new_or_invalid(p, false, ct::NEW | CT_UNKNOWN | CT_KERNEL),
+        Kernel::Missing => new_or_invalid(p, false, unknown),
         Kernel::Reply { replied: false } => ct::ESTABLISHED | CT_KERNEL | CT_FIRST_REPLY,
         f => found_state(f) | CT_KERNEL,
     }
 }
 
-/// Whether user space ended flow `k` (either direction) and the mark is live: then the packet
-/// holds it (`hold_ended`). Only `FLOWS` holds marks where the kernel tracks the flow; its
-/// `FLOW_SEEN` entry, when idle, says there is none without a lookup.
+/// Whether neither this datapath nor the kernel's table can hold `p`'s connection: the sweep
+/// vouches for the kernel's table and the flow's `FLOW_SEEN` entry is idle (`known_idle`: the
+/// known-flow path found it so). Not inlined: the flow key's words stay off the frame that
+/// calls the kernel's lookup (the verifier bounds a call chain's frames together).
 #[inline(never)]
-fn ended_mark(k: &FlowKey, seen_on: bool) -> bool {
+fn unknown_to_both(p: &Pkt, known_idle: bool) -> bool {
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
-    if seen_on && seen_idle(k, now) {
-        return false;
-    }
+    kernel_swept(now) && (known_idle || seen_idle(&flow_key(p), now))
+}
+
+/// Whether user space ended flow `k` (either direction) and the mark is live: then the packet
+/// holds it (`hold_ended`). Only `FLOWS` holds marks where the kernel tracks the flow. Asked
+/// only where the flow's `FLOW_SEEN` entry is live ([`kernel_state`]: marking a flow ended
+/// stamps it).
+#[inline(never)]
+fn ended_mark(k: &FlowKey) -> bool {
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
     let held = |st: *mut FlowState| {
         // SAFETY: pointer from a successful lookup.
         let live = unsafe { (*st).ended != 0 && fresh(&*st, now) };

@@ -95,6 +95,8 @@ pub fn peerwall_tc_l3(ctx: TcContext) -> i32 {
 fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let cfg = config();
     if allow_all(&cfg) {
+        // Connections start unstamped meanwhile: the agent's sweep vouches for none of them.
+        crate::seen::void_sweep();
         return Ok(TC_ACT_OK);
     }
     // SAFETY: the skb pointer is the program's context.
@@ -214,7 +216,7 @@ fn tracked_state(ctx: &TcContext, l2: usize, p: &Pkt, flags: u32, seen_idle: boo
     if flags & flags::DIAG_NO_CT != 0 {
         ct::NEW | CT_NO_WRITE
     } else if kernel_ct_on() && kernel_tracks(p) {
-        kernel_state(ctx, p, seen_on)
+        kernel_state(ctx, p, seen_on, seen_idle)
     } else {
         ct_state(ctx, l2 & 0xff, p, seen_on, seen_idle)
     }
@@ -308,7 +310,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     let (path, oif) = route(ctx, &cfg, p, ifindex);
     let seen_on = cfg.flags & flags::FLOW_SEEN != 0;
     let tracked = if kernel_ct_on() && kernel_tracks(p) {
-        kernel_state(ctx, p, seen_on)
+        kernel_state(ctx, p, seen_on, false)
     } else {
         ct_state(ctx, l2 & 0xff, p, seen_on, false)
     };

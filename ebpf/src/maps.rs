@@ -142,6 +142,14 @@ pub(crate) static FLOWS_NEW: Array<NewFlowSlot> = Array::pinned(NEW_FLOW_SLOTS, 
 /// misses in tables of several MiB: a flood of denied new flows paid them on every packet).
 #[map]
 pub(crate) static FLOW_SEEN: Array<u16> = Array::pinned(FLOW_SEEN_SLOTS, 0);
+/// `CT_SWEPT[0]`: until when (`bpf_ktime_get_ns`) `FLOW_SEEN` also covers every connection
+/// the kernel's table holds, so that an idle entry there spares the kernel-table lookup
+/// (`conntrack.rs`, `kernel_state`). The agent stamps the entries of the kernel's
+/// connections and then writes this (`agent/backend/bpf/src/loader/seen.rs`); the program
+/// zeroes it while the emergency switch lets connections start unstamped. Zero, or past: every
+/// packet the kernel tracks asks the kernel, as exact and slower.
+#[map]
+pub(crate) static CT_SWEPT: Array<u64> = Array::pinned(1, 0);
 /// `FLOWS_NEW`'s slot count less one (a power of two less one): set by the loader (which may
 /// size the table otherwise, `--flow-table-size`); read-only data the verifier sees as a
 /// constant.

@@ -9,7 +9,7 @@ use peerwall_common::{
     FlowKey, FLOW_SEEN_SLOTS,
 };
 
-use crate::maps::{seen_horizon_ns, FLOW_SEEN};
+use crate::maps::{seen_horizon_ns, CT_SWEPT, FLOW_SEEN};
 
 /// Note that flow `k` (either direction) was written at `now`: with every `last_seen_ns`.
 /// Not inlined: the hash's words would add to each caller's stack frame.
@@ -54,4 +54,28 @@ pub(crate) fn no_live_flow_v4(k: [u32; 4], now: u64) -> bool {
         u32::from_ne_bytes([proto, family::V4, 0, 0]),
     ];
     no_live_flow(&words, now)
+}
+
+/// Whether the agent's last sweep still vouches, at `now`, that every connection of the
+/// kernel's table has its `FLOW_SEEN` entry stamped (`CT_SWEPT`).
+#[inline(always)]
+pub(crate) fn kernel_swept(now: u64) -> bool {
+    CT_SWEPT.get(0).is_some_and(|until| *until > now)
+}
+
+/// The emergency switch is on: connections start without any stamp, so the sweep's vouch
+/// lapses now (the agent sweeps again once the switch is off). Not inlined: a leaf the
+/// switch's path alone calls (inlined, it changed how the compiler laid out the entry's
+/// frames past the verifier's bound on a call chain's stack).
+#[inline(never)]
+pub(crate) fn void_sweep() {
+    if let Some(until) = CT_SWEPT.get_ptr_mut(0) {
+        // SAFETY: pointer from a successful lookup; written only when set (a flood under the
+        // switch reads it).
+        unsafe {
+            if *until != 0 {
+                *until = 0;
+            }
+        }
+    }
 }

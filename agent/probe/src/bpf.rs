@@ -338,6 +338,13 @@ impl BpfProbe {
             },
         };
         probe.backend.apply(policy, &ifaces)?;
+        if probe.kernel.is_some() {
+            // As an agent's first apply: the shortcut armed (no program is attached, so none
+            // can miss a stamp), then the kernel's table swept (`kernel_insert` sweeps again
+            // after each connection it writes, as the agent's upkeep would find it).
+            probe.backend.arm_flow_seen()?;
+            probe.sweep_kernel_table()?;
+        }
         probe.bp = probe.backend.policy().cloned().unwrap_or_default();
         // Verify the program now, so a verifier failure is reported as such.
         probe.backend.tc_program()?;
@@ -469,6 +476,29 @@ impl BpfProbe {
         }
         k.dirty = true;
         k.ns.exec("conntrack", &args)?;
+        self.sweep_kernel_table()
+    }
+
+    /// The namespace whose connection table a kernel-conntrack probe reads (None: the probe
+    /// keeps connections in the datapath's own tables).
+    pub fn kernel_ns(&self) -> Option<&peerwall_netns::NetNs> {
+        self.kernel.as_ref().map(|k| &k.ns)
+    }
+
+    /// The loaded datapath (tests: its maps and switches).
+    pub fn datapath(&mut self) -> &mut Datapath {
+        &mut self.backend
+    }
+
+    /// The agent's sweep of the kernel's table (`peerwall_backend_bpf::sweep`), in the
+    /// probe's namespace: every connection there stamped into `FLOW_SEEN` and vouched for.
+    pub fn sweep_kernel_table(&mut self) -> Result<(), ProbeError> {
+        let Some(k) = self.kernel.as_ref() else {
+            return Ok(());
+        };
+        let _inside = k.ns.enter()?;
+        let mut table = peerwall_backend_select::CtTable::default();
+        peerwall_backend_bpf::sweep::sweep(&mut self.backend, &mut table)?;
         Ok(())
     }
 

@@ -53,6 +53,9 @@ pub enum ProbeError {
     /// The bpf datapath failed.
     #[error(transparent)]
     Bpf(peerwall_backend_bpf::loader::BpfError),
+    /// The backend layer failed (the kernel-conntrack probe's sweep of the kernel's table).
+    #[error(transparent)]
+    Backend(#[from] peerwall_backend::BackendError),
     /// Output of `ip` was not understood.
     #[error("could not read interface {0} from `ip -j link`")]
     Link(String),

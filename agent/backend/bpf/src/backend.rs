@@ -138,6 +138,17 @@ impl BpfBackend {
         self.datapath.kernel_holds(f.src.is_ipv6(), f.proto)
     }
 
+    /// The datapath and, where it reads the kernel's table and was given a way to list it,
+    /// that table (`sweep.rs`).
+    pub(crate) fn sweep_parts(&mut self) -> (&mut Datapath, Option<&mut dyn KernelTable>) {
+        let kernel = self.kernel_tracks();
+        let table = match self.kernel_table.0.as_mut() {
+            Some(t) if kernel => Some(t.as_mut() as &mut dyn KernelTable),
+            _ => None,
+        };
+        (&mut self.datapath, table)
+    }
+
     /// The kernel's table, where the datapath reads it.
     fn kernel_table(&mut self) -> Result<Option<&mut Box<dyn KernelTable>>, BpfError> {
         if !self.kernel_tracks() {
@@ -324,8 +335,11 @@ impl BpfBackend {
         {
             self.datapath.preload_tc()?;
         }
-        // Conntrack's shortcut for unknown flows, once every attached program keeps it.
+        // Conntrack's shortcut for unknown flows, once every attached program keeps it; where
+        // the datapath reads the kernel's table, the shortcut covers its connections once
+        // they are stamped (`sweep.rs`: the first apply sweeps, and upkeep keeps it current).
         self.datapath.arm_flow_seen()?;
+        self.sweep_if_due();
         // New flows' paths from the local-address mirror where the routing allows it. Without
         // the watcher the FIB answers, as exactly and a little slower: not a failure.
         if self.routes.is_none() {
@@ -424,6 +438,13 @@ impl Backend for BpfBackend {
 
     fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
         BpfBackend::flows(self)
+    }
+
+    /// Nothing of the bpf datapath drifts (its pins are its state); its upkeep is the sweep of
+    /// the kernel's table where it reads it (`sweep.rs`).
+    fn repair(&mut self) -> Result<Vec<peerwall_backend::Drift>, BackendError> {
+        self.sweep_if_due();
+        Ok(Vec::new())
     }
 
     fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {

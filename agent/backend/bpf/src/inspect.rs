@@ -289,6 +289,7 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
     }
     views.sort();
     let attached = attached_in(pin_dir);
+    let swept = kernel_swept(pin_dir);
     Ok(Inspection {
         pin_dir: pin_dir.display().to_string(),
         active_slot: slot,
@@ -305,10 +306,13 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         ]
         .iter()
         .map(|(f, bit)| {
-            let whose = if cfg.flags & bit != 0 {
-                "the kernel's table"
+            let whose = if cfg.flags & bit == 0 {
+                "the datapath's own tables".to_string()
             } else {
-                "the datapath's own tables"
+                match swept {
+                    Some(s) if s > 0 => format!("the kernel's table, its connections stamped for {s} s more (the agent's sweep: new flows known without asking the kernel)"),
+                    _ => "the kernel's table, not swept (every packet asks the kernel: run the agent, or apply again)".to_string(),
+                }
             };
             format!("{f} TCP and UDP: {whose}")
         })
@@ -357,6 +361,15 @@ fn paths(pin_dir: &Path, cfg: &peerwall_common::Config) -> Vec<String> {
             }
         })
         .collect()
+}
+
+/// How many seconds the agent's last sweep of the kernel's table still vouches for (`CT_SWEPT`,
+/// `sweep.rs`); 0 when lapsed, None when unreadable (a datapath pinned before the sweep).
+fn kernel_swept(pin_dir: &Path) -> Option<u64> {
+    let m: Array<MapData, u64> =
+        Array::try_from(Map::Array(open(pin_dir, map::CT_SWEPT).ok()?)).ok()?;
+    let until = m.get(&0, 0).ok()?;
+    Some(until.saturating_sub(crate::loader::ktime_ns()) / 1_000_000_000)
 }
 
 /// Text rendering of an inspection.

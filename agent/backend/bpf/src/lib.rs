@@ -19,6 +19,7 @@ pub mod maps;
 pub mod memory;
 pub mod meta;
 pub mod routing;
+pub mod sweep;
 pub mod view;
 
 pub use backend::BpfBackend;

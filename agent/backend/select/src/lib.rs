@@ -14,6 +14,7 @@ use peerwall_backend_bpf::{loader, BpfBackend};
 use peerwall_backend_nftables::{Nft, NftBackend};
 
 pub use installed::{installed, Installed};
+pub use kernel_table::CtTable;
 
 /// A backend, by the name `--backend` takes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

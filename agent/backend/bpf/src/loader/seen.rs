@@ -114,6 +114,47 @@ impl Datapath {
         Ok(on)
     }
 
+    /// Stamp the entries of `flows` (the kernel's connections, as the forward hook sees them)
+    /// and vouch for the kernel's table until their stamps could go idle (`CT_SWEPT`): the
+    /// kernel-conntrack mode then skips the kernel's lookup for packets whose entry is idle.
+    /// `flows` must be a listing taken after the previous vouch was read (the caller's sweep).
+    pub fn stamp_kernel_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<(), BpfError> {
+        let now = ktime_ns();
+        let keys: Vec<FlowKey> = flows.iter().map(super::flows::key_of).collect();
+        self.stamp(&keys, now)?;
+        let mut m: Array<&mut MapData, u64> =
+            Array::try_from(self.map(map::CT_SWEPT)?).map_err(map_err(map::CT_SWEPT))?;
+        m.set(0, now + peerwall_common::FLOW_IDLE_NS, 0)
+            .map_err(map_err(map::CT_SWEPT))
+    }
+
+    /// Whether conntrack's `FLOW_SEEN` shortcut is armed ([`Datapath::arm_flow_seen`]).
+    pub fn flow_seen_armed(&mut self) -> Result<bool, BpfError> {
+        Ok(self.config()?.flags & flags::FLOW_SEEN != 0)
+    }
+
+    /// Until when (`bpf_ktime_get_ns`) the last sweep vouches for the kernel's table; 0: not.
+    pub fn kernel_swept_until(&mut self) -> Result<u64, BpfError> {
+        let m: Array<&mut MapData, u64> =
+            Array::try_from(self.map(map::CT_SWEPT)?).map_err(map_err(map::CT_SWEPT))?;
+        m.get(&0, 0).map_err(map_err(map::CT_SWEPT))
+    }
+
+    /// Write stamp `now_ns` into the entries of `keys` (each entry once).
+    fn stamp(&mut self, keys: &[FlowKey], now_ns: u64) -> Result<(), BpfError> {
+        let mut m: Array<&mut MapData, u16> =
+            Array::try_from(self.map(map::FLOW_SEEN)?).map_err(map_err(map::FLOW_SEEN))?;
+        let mask = m.len().saturating_sub(1);
+        let mut slots: Vec<u32> = keys.iter().map(|k| flow_seen_slot(k, mask)).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        for i in slots {
+            m.set(i, flow_seen_stamp(now_ns), 0)
+                .map_err(map_err(map::FLOW_SEEN))?;
+        }
+        Ok(())
+    }
+
     /// Stamp the entry of every flow in both tables (now: at least as recent as each flow).
     fn stamp_live_flows(&mut self) -> Result<(), BpfError> {
         let now = ktime_ns();
@@ -123,17 +164,7 @@ impl Datapath {
             m.keys().filter_map(Result::ok).collect()
         };
         keys.extend(self.new_flow_slots()?.into_iter().map(|(_, s)| s.key));
-        let mut m: Array<&mut MapData, u16> =
-            Array::try_from(self.map(map::FLOW_SEEN)?).map_err(map_err(map::FLOW_SEEN))?;
-        let mask = m.len().saturating_sub(1);
-        let mut slots: Vec<u32> = keys.iter().map(|k| flow_seen_slot(k, mask)).collect();
-        slots.sort_unstable();
-        slots.dedup();
-        for i in slots {
-            m.set(i, flow_seen_stamp(now), 0)
-                .map_err(map_err(map::FLOW_SEEN))?;
-        }
-        Ok(())
+        self.stamp(&keys, now)
     }
 }
 
