@@ -288,6 +288,42 @@ fn bad_values_exit_2_with_field_paths() {
         ),
         "{err}"
     );
+    // Every type and enum error of a file in one run, each at its line (rules 0 and 2 of
+    // the first document, the chain of the second; rule 1 is fine).
+    let doc = |name: &str, chain: &str| {
+        format!("apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: {name}}}\nspec:\n  table:\n    name: {name}\n    family: IPV4\n    chains:\n{chain}")
+    };
+    let rules = "    - name: c\n      type: filter\n      hook: forward\n      policy: accept\n      rules:\n        filterRules:\n        - name: r0\n          action: dorp\n        - name: r1\n          action: drop\n        - name: r2\n          action: drop\n          mtach: []\n";
+    let typed = "    - name: c\n      type: filter\n      hook: forward\n      priority: high\n      policy: accept\n";
+    std::fs::write(
+        &bad,
+        format!("{}---\n{}", doc("one", rules), doc("two", typed)),
+    )
+    .unwrap();
+    let o = Command::new(peerwall())
+        .args(["compile", "-f", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    let f = bad.to_str().unwrap();
+    for (line, doc, path) in [
+        (
+            16,
+            1,
+            "spec.table.chains[0].rules.filterRules[0].action: unknown value `dorp`",
+        ),
+        (
+            21,
+            1,
+            "spec.table.chains[0].rules.filterRules[2].mtach: unknown field `mtach`",
+        ),
+        (34, 2, "spec.table.chains[0].priority: "),
+    ] {
+        let want = format!("{f}:{line} (document {doc}): {path}");
+        assert!(err.contains(&want), "{want}\n{err}");
+    }
+    assert!(err.contains("3 errors"), "{err}");
     std::fs::write(&bad, "not: [valid").unwrap();
     let o = Command::new(peerwall())
         .args(["compile", "-f", bad.to_str().unwrap()])

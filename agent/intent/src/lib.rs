@@ -9,6 +9,7 @@ pub mod binding;
 pub mod changes;
 pub mod labels;
 pub mod load;
+pub mod located;
 pub mod protection;
 pub mod size;
 pub mod tiers;

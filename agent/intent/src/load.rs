@@ -138,6 +138,10 @@ pub enum LoadError {
         /// How many more there are.
         more: usize,
     },
+    /// Several errors of one input, each with its place (every field error of every
+    /// document, [`crate::located`]).
+    #[error("{} errors:\n{}", .0.len(), .0.iter().map(|e| format!("  {e}")).collect::<Vec<_>>().join("\n"))]
+    Many(Vec<LoadError>),
     /// No FirewallConfiguration or AddressSet in the input.
     #[error(
         "no FirewallConfiguration ({API_VERSION} or {LIQO_API_VERSION}) or AddressSet found in {0}"
@@ -160,10 +164,72 @@ fn head(value: &serde_yaml::Value) -> (Option<String>, Option<String>) {
     }
 }
 
+/// Where a document (or a List's item) is in its stream: for errors at their real lines.
+struct Place<'a> {
+    /// The whole stream.
+    text: &'a str,
+    /// The stream's name (a file).
+    file: &'a str,
+    /// The document's index in the stream, and whether the stream has several.
+    doc: usize,
+    several: bool,
+    /// The object's path in its document (`items[3]` in a List).
+    at: Vec<crate::located::Seg>,
+}
+
+impl Place<'_> {
+    /// Every field error of the object at this place as `T` reads it, each at its line; the
+    /// error `first` (the one reading stopped at) when they cannot be found again.
+    fn field_errors<T: serde::de::DeserializeOwned>(&self, first: LoadError) -> Vec<LoadError> {
+        use crate::located::{field_errors, line_of, Seg};
+        let Some(value) = serde_yaml::Deserializer::from_str(self.text)
+            .nth(self.doc)
+            .and_then(|d| serde_yaml::Value::deserialize(d).ok())
+        else {
+            return vec![first];
+        };
+        let mut object = &value;
+        for seg in &self.at {
+            let next = match seg {
+                Seg::Key(k) => object.get(k.as_str()),
+                Seg::Index(i) => object.get(*i),
+            };
+            match next {
+                Some(n) => object = n,
+                None => return vec![first],
+            }
+        }
+        let found = field_errors::<T>(object, explain);
+        if found.is_empty() {
+            return vec![first];
+        }
+        found
+            .into_iter()
+            .map(|e| {
+                let full: Vec<Seg> = self.at.iter().chain(&e.path).cloned().collect();
+                let line =
+                    line_of(self.text, self.doc, &full).map_or(String::new(), |l| format!(":{l}"));
+                let doc = if self.several {
+                    format!(" (document {})", self.doc + 1)
+                } else {
+                    String::new()
+                };
+                LoadError::Field {
+                    origin: format!("{}{line}{doc}", self.file),
+                    path: e.shown,
+                    message: e.message,
+                }
+            })
+            .collect()
+    }
+}
+
 fn object_from_value(
     value: serde_yaml::Value,
     origin: &str,
+    place: &Place,
     out: &mut Loaded,
+    errors: &mut Vec<LoadError>,
 ) -> Result<(), LoadError> {
     let (api_version, kind) = head(&value);
     let group = api_version.as_deref().and_then(Group::of_api_version);
@@ -173,22 +239,48 @@ fn object_from_value(
         | (Some(Group::Peerwall), Some("AddressSetList")) => {
             if let Some(items) = value.get("items").and_then(|v| v.as_sequence()) {
                 for (i, item) in items.iter().enumerate() {
-                    object_from_value(item.clone(), &format!("{origin} items[{i}]"), out)?;
+                    let mut at = place.at.clone();
+                    at.extend([
+                        crate::located::Seg::Key("items".into()),
+                        crate::located::Seg::Index(i),
+                    ]);
+                    let item_place = Place { at, ..*place };
+                    object_from_value(
+                        item.clone(),
+                        &format!("{origin} items[{i}]"),
+                        &item_place,
+                        out,
+                        errors,
+                    )?;
                 }
             }
             Ok(())
         }
         (Some(group), Some(KIND)) => {
             // Liqo's schema is peerwall's without the extensions: one reader for both.
-            let o = object_from(value, origin, group)?;
-            out.sources.insert(o.origin.0.clone(), origin.to_string());
-            out.objects.push(o);
+            match object_from(value, origin, group) {
+                Ok(o) => {
+                    out.sources.insert(o.origin.0.clone(), origin.to_string());
+                    out.objects.push(o);
+                }
+                Err(e @ LoadError::Field { .. }) => {
+                    errors.extend(place.field_errors::<Document>(e))
+                }
+                Err(e) => errors.push(e),
+            }
             Ok(())
         }
         (Some(Group::Peerwall), Some(ADDRESS_SET_KIND)) => {
-            let a = address_set_from(value, origin)?;
-            out.sources.insert(a.origin.0.clone(), origin.to_string());
-            out.address_sets.push(a);
+            match address_set_from(value, origin) {
+                Ok(a) => {
+                    out.sources.insert(a.origin.0.clone(), origin.to_string());
+                    out.address_sets.push(a);
+                }
+                Err(e @ LoadError::Field { .. }) => {
+                    errors.extend(place.field_errors::<SliceDocument>(e))
+                }
+                Err(e) => errors.push(e),
+            }
             Ok(())
         }
         // Other manifests (Namespaces, Pods, ...) may share a file: they are not ours; a
@@ -491,6 +583,7 @@ pub fn document_lines(text: &str) -> Vec<usize> {
 /// stream (a file) in errors, each document as `origin:LINE` of its first line of content.
 pub fn parse_all(text: &str, origin: &str) -> Result<Loaded, LoadError> {
     let mut out = Loaded::default();
+    let mut errors = Vec::new();
     let lines = document_lines(text);
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let doc_origin = match lines.get(i) {
@@ -505,9 +598,21 @@ pub fn parse_all(text: &str, origin: &str) -> Result<Loaded, LoadError> {
         if value.is_null() {
             continue;
         }
-        object_from_value(value, &doc_origin, &mut out)?;
+        let place = Place {
+            text,
+            file: origin,
+            doc: i,
+            several: lines.len() > 1,
+            at: Vec::new(),
+        };
+        object_from_value(value, &doc_origin, &place, &mut out, &mut errors)?;
     }
-    Ok(out)
+    // Every object's field errors, each at its line; the others as they came.
+    match errors.len() {
+        0 => Ok(out),
+        1 => Err(errors.remove(0)),
+        _ => Err(LoadError::Many(errors)),
+    }
 }
 
 fn yaml_files(dir: &Path) -> Result<Vec<PathBuf>, LoadError> {
