@@ -309,6 +309,83 @@ fn the_example_cluster_matrix() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("both run locally"));
 }
 
+/// `verdict --cluster` with an address for a peer's pod the snapshot does not hold (what a
+/// provider asks about a consumer's pods): judged as the gateway sees it, on every engine. On
+/// the example (this cluster the consumer, provider1's pods in 10.20.0.0/16): frontend/shell's
+/// egress opens the provider's range, so an unknown pod there is reached; an address of a pod
+/// the snapshot holds is that pod (backend/db, excepted); the consumer protection keeps a
+/// provider pod that is not offloaded from frontend/web, where the offloaded backend/api
+/// passes. A peer that is not in the snapshot is refused with the ones that are.
+#[test]
+fn the_example_cluster_judges_a_peers_pod_by_its_address() {
+    require_root();
+    let cases = [
+        ("frontend/shell", "10.20.7.7", "80", "accept"),
+        ("frontend/shell", "10.20.1.11", "5432", "drop"),
+        ("10.20.7.7", "frontend/web", "8080", "drop"),
+        ("10.20.1.10", "frontend/web", "8080", "accept"),
+    ];
+    for engine in ["reference", "nftables", "bpf"] {
+        for (from, to, dport, verdict) in cases {
+            let o = std::process::Command::new(peerwall())
+                .args(["verdict", "--cluster"])
+                .arg(repo("examples/cluster"))
+                .args(["--from", from, "--to", to, "--dport", dport])
+                .args(["--engine", engine, "--output", "json"])
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(v["verdict"], verdict, "{engine} {from} -> {to}: {v}");
+        }
+    }
+    // The trace names the address, not a pod of this cluster.
+    let o = std::process::Command::new(peerwall())
+        .args(["verdict", "--cluster"])
+        .arg(repo("examples/cluster"))
+        .args([
+            "--from",
+            "10.20.7.7",
+            "--to",
+            "frontend/web",
+            "--dport",
+            "8080",
+        ])
+        .args(["--peer", "provider1", "--trace"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains(
+            "egress of 10.20.7.7 (a pod of peer provider1):\n  not a pod of this cluster"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.starts_with("drop (rule peerwall_provider1/from_peer/default_deny)"),
+        "{text}"
+    );
+    let o = std::process::Command::new(peerwall())
+        .args(["verdict", "--cluster"])
+        .arg(repo("examples/cluster"))
+        .args([
+            "--from",
+            "10.20.7.7",
+            "--to",
+            "frontend/web",
+            "--peer",
+            "nope",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--peer \"nope\": no such peer in the snapshot (peers: provider1)"),
+        "{err}"
+    );
+}
+
 /// The shipped admin example (`examples/admin/`, ClusterNetworkPolicies over the example
 /// cluster): an Admin Deny, an Admin Pass to an allowing and to an isolating NetworkPolicy, and
 /// a Baseline Deny, each with the verdict every engine gives and the trace naming the tier,

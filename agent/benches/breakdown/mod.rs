@@ -7,7 +7,7 @@
 use std::net::Ipv4Addr;
 
 use ipnet::Ipv4Net;
-use peerwall_backend_bpf::loader::{host_ifaces, remove_pins, Datapath};
+use peerwall_backend_bpf::loader::{host_ifaces, remove_pins, Conntrack, Datapath, LoadOptions};
 use peerwall_backend_bpf::maps::Iface;
 use peerwall_backend_bpf::routing::watch::RouteWatch;
 use peerwall_common::flags;
@@ -201,7 +201,16 @@ impl Drop for Pins {
 /// In the routed namespace: load the datapath pinned at `pin`, register the namespace's
 /// interfaces and apply `policy`; returns it with the tunnel's `__sk_buff` context.
 pub fn load_routed(pin: &std::path::Path, policy: &Policy) -> (Datapath, [u8; 192], RouteWatch) {
-    let mut b = Datapath::load(pin).expect("load");
+    load_routed_with(pin, policy, &LoadOptions::default())
+}
+
+/// [`load_routed`] as `opts` says.
+fn load_routed_with(
+    pin: &std::path::Path,
+    policy: &Policy,
+    opts: &LoadOptions,
+) -> (Datapath, [u8; 192], RouteWatch) {
+    let mut b = Datapath::load_with(pin, opts).expect("load");
     let host = host_ifaces().expect("interfaces");
     b.register_ifaces(&host).expect("interfaces");
     let ifaces: Vec<Iface> = host
@@ -282,12 +291,36 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>, denied: Vec<u8>)
                 true,
             ),
         ];
+        // The same policy on a datapath reading the kernel's connection table for IPv4 TCP
+        // and UDP (`--bpf-conntrack kernel`), its own pins: with the sweep's vouch (as the
+        // agent keeps it) and without (every packet asks the kernel).
+        let kpin = root.join(format!("pwbench-bd-kct-{}", std::process::id()));
+        let _kpins = Pins(kpin.clone());
+        let kopts = LoadOptions {
+            conntrack: Conntrack::Kernel {
+                v4: true,
+                v6: false,
+            },
+            ..LoadOptions::default()
+        };
+        let (mut k, _, _kroutes) = load_routed_with(&kpin, &policy, &kopts);
+        let kernel_rows: [(&'static str, bool); 2] = [
+            (
+                "classifier as deployed, reading the kernel's table (the sweep vouching)",
+                true,
+            ),
+            (
+                "  the kernel asked for every packet (no sweep's vouch)",
+                false,
+            ),
+        ];
+        let extra = 3 + kernel_rows.len();
         let mut flows = NewFlows::new(&frame);
         let mut denied_flows = NewFlows::new(&denied);
-        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
-        let mut fresh: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
-        let mut dropped: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + 3];
-        let mut ok = vec![true; variants.len() + 3];
+        let mut samples: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + extra];
+        let mut fresh: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + extra];
+        let mut dropped: Vec<Vec<f64>> = vec![Vec::new(); variants.len() + extra];
+        let mut ok = vec![true; variants.len() + extra];
         for _ in 0..rounds() {
             for (i, (_, diag, seen)) in variants.iter().enumerate() {
                 b.set_diagnostic_flags(*diag).expect("flags");
@@ -338,13 +371,43 @@ pub fn run(policy: Policy, hosts: Vec<Ipv4Net>, frame: Vec<u8>, denied: Vec<u8>)
                 fresh[base + j].push(tn);
                 dropped[base + j].push(td);
             }
+            for (j, (_, vouched)) in kernel_rows.iter().enumerate() {
+                let i = base + 3 + j;
+                if *vouched {
+                    // The agent's sweep of a table with nothing to stamp: the vouch alone.
+                    k.stamp_kernel_flows(&[]).expect("sweep");
+                } else {
+                    k.forget_kernel_sweep().expect("no sweep");
+                }
+                let (t, ret) = run_ns(k.tc_program().expect("tc"), &frame, &c);
+                ok[i] &= ret == 0;
+                samples[i].push(t);
+                let (t, all) = per_new_flow(k.tc_program().expect("tc"), &mut flows, &c, 0);
+                ok[i] &= all;
+                fresh[i].push(t);
+                k.flush_flows().expect("flush conntrack");
+                k.forget_flow_seen().expect("FLOW_SEEN");
+                let (t, all) = per_new_flow(
+                    k.tc_program().expect("tc"),
+                    &mut denied_flows,
+                    &c,
+                    TC_ACT_SHOT,
+                );
+                ok[i] &= all;
+                dropped[i].push(t);
+            }
         }
         drop(b);
-        let names = variants.iter().map(|(n, _, _)| *n).chain([
-            "limit: a tc program that does nothing",
-            "limit: one hash lookup on the destination",
-            "one LPM lookup on the destination (bare)",
-        ]);
+        drop(k);
+        let names = variants
+            .iter()
+            .map(|(n, _, _)| *n)
+            .chain([
+                "limit: a tc program that does nothing",
+                "limit: one hash lookup on the destination",
+                "one LPM lookup on the destination (bare)",
+            ])
+            .chain(kernel_rows.iter().map(|(n, _)| *n));
         names
             .zip(samples)
             .zip(fresh)
@@ -379,9 +442,14 @@ pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
         kernel.trim()
     );
     md.push_str(&format!("{prefixes} destination hosts, {rules} rules, BPF_PROG_TEST_RUN *without* probe mode from a network namespace with forwarding on, a default route, a route for the destinations and policy-routing rules by input interface, mark and destination (each to a table of its own), as a Liqo gateway pod has: the packet's path comes from the agent's mirror of the local routing table (`LOCAL`, kept by its route watcher, running here), and where a row asks for it, from a real FIB lookup. Two kinds of traffic: *the same packet* (a forwarded TCP SYN) every run, 200k runs per measurement, so every table it touches is in the CPU's caches; and *every packet a new flow*: {NEW_FLOWS} packets per round, each of a flow never seen before in the run (source address and port changed), each in a test run of its own, as a flood of new flows arrives: the tables they touch (conntrack, verdict caches) are cold, and once `FLOWS_NEW` is full, each new flow takes the slot of another; and *every packet a new flow the policy denies* (to an address no rule accepts), the same flood towards a denied destination, on a gateway whose flow tables are otherwise empty (flushed before each measurement, so conntrack's `FLOW_SEEN` entries are idle as they are where few flows live).\n\nThe first row is the datapath as deployed. For the same packet, a known flow: its verdict comes from the per-flow cache (the addresses, ports and protocol read straight from the headers, then this CPU's own verdict cache: an array read, no hashing). For new flows: both verdict-cache levels looked up and missed, the full classification, the conntrack insert. The second row is a full classification with the verdict cache off (the path, conntrack, every chain), what the first packet of a flow pays; each variant below it removes one part of that work with the datapath's benchmark-only flags, and *cost* is what the part adds (full − variant); the mirror row and the `FLOW_SEEN` row turn a shortcut off instead (the first takes the packet's path from a FIB lookup rather than the mirror), so their cost is negative where the shortcut saves time (a packet whose entry says no live flow can have it skips both flow tables; an accepted one looks them up at its commit, a denied one never). The limits are what no tc datapath can beat; in the new-flow column they also show what a test run of one packet costs by itself (its timer). Medians of {} interleaved rounds.\n\n| program | same packet ns/pkt | cost of the part | ratio to full | every packet a new flow ns/pkt | cost of the part | ratio to full | every packet a new denied flow ns/pkt | cost of the part | ratio to full |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", rounds()));
+    // The variants' rows: after the two full rows, before the limits (then the kernel-table rows).
+    let variants_end = parts
+        .iter()
+        .position(|p| p.what.starts_with("limit:"))
+        .unwrap_or(parts.len());
     for (i, p) in parts.iter().enumerate() {
         let cost = |full: f64, ns: f64| {
-            if (2..parts.len().saturating_sub(3)).contains(&i) {
+            if (2..variants_end).contains(&i) {
                 format!("{:.0}", full - ns)
             } else {
                 "–".into()
@@ -413,6 +481,22 @@ pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
             fib.ns / full,
             fib.new_ns / full_new,
             fib.denied_ns / full_denied
+        ));
+    }
+    // Reading the kernel's table (`--bpf-conntrack kernel`): what the sweep's vouch saves.
+    if let (Some(k), Some(asked)) = (
+        by("classifier as deployed, reading the kernel's table"),
+        by("the kernel asked for every packet"),
+    ) {
+        md.push_str(&format!(
+            "
+The last two rows load the datapath reading the kernel's connection table for IPv4 TCP and UDP (`--bpf-conntrack kernel`), its conntrack lookup the `bpf_skb_ct_lookup` kfunc, in the same namespace: as deployed (the agent's sweep vouching that every connection the kernel holds is stamped in `FLOW_SEEN`, so a packet whose entry is idle is new without asking the kernel), and without the vouch (the kernel asked for every packet, as before the sweep). Their same-packet column does not describe a gateway: BPF_PROG_TEST_RUN passes no packet on to netfilter, so the kernel never holds the flow, and each repeat is the first packet of a flow that the kernel is asked about (on a gateway the kernel holds it after its first packet, and its next ones are served from the verdict cache). The vouch makes a new denied flow {:.2}× as fast ({:.0} against {:.0} ns/pkt), a new allowed flow {:.2}×; against the datapath's own tables (first row): {:.2}× the own tables' cost for a new denied flow, {:.2}× for a new allowed one.\n",
+            asked.denied_ns / k.denied_ns,
+            k.denied_ns,
+            asked.denied_ns,
+            asked.new_ns / k.new_ns,
+            k.denied_ns / parts[0].denied_ns,
+            k.new_ns / parts[0].new_ns,
         ));
     }
     md

@@ -365,6 +365,13 @@ pub(crate) fn netpol_policy(policies: usize, seed: u64) -> Policy {
 /// Install a datapath with a policy in the gateway; returns the load time.
 pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
     let file = lab.dir.join("policy.yaml");
+    // Every window starts from empty connection tables, the kernel's as the datapath's own
+    // (new pins): the floods of the rows before leave hundreds of thousands of entries in the
+    // gateway's kernel table, which the kernel-table row would otherwise inherit (its sweep
+    // stamps them all, and every packet then asks the kernel), and no other row would.
+    for family in ["ipv4", "ipv6"] {
+        in_ns(&lab.gw, "conntrack", &["-F", "-f", family]);
+    }
     let started = Instant::now();
     match dp {
         Datapath::None => {}

@@ -126,6 +126,59 @@ impl Probe {
     }
 }
 
+/// How a pod is named in messages: `namespace/name`, or the address of a peer's pod the
+/// snapshot does not hold ([`address_end`]).
+fn name(p: &netpol::Pod) -> String {
+    if p.namespace.is_empty() {
+        p.name.clone()
+    } else {
+        p.key()
+    }
+}
+
+/// A peer's pod the snapshot does not hold, by its address as this cluster sees it: the
+/// gateway sees the peer's own address (a remapped CIDR's address is translated back). Not a
+/// member of any namespace here, so no pod or namespace selector of this cluster selects it
+/// (only `ipBlock`s and the peer's protection decide).
+fn address_end(ip: IpAddr, peer: &str, cluster: &netpol::Cluster) -> netpol::Pod {
+    let real = cluster
+        .remaps
+        .get(peer)
+        .and_then(|rs| rs.iter().find_map(|r| r.to_real(ip)))
+        .unwrap_or(ip);
+    netpol::Pod {
+        namespace: String::new(),
+        name: format!("{ip} (a pod of peer {peer})"),
+        labels: BTreeMap::new(),
+        ips: vec![real],
+        local_ips: vec![ip],
+        ports: Vec::new(),
+        peer: Some(peer.to_string()),
+    }
+}
+
+/// The peer an address endpoint is behind: `--peer`, or the snapshot's only peer.
+fn address_peer<'a>(
+    flag: &str,
+    ip: IpAddr,
+    given: Option<&'a str>,
+    peers: &'a BTreeMap<String, ir::Policy>,
+) -> Result<&'a str, CliError> {
+    let known: Vec<&str> = peers.keys().map(String::as_str).collect();
+    match given {
+        Some(p) if peers.contains_key(p) => Ok(p),
+        Some(p) => Err(input(anyhow::anyhow!(
+            "--peer {p:?}: no such peer in the snapshot (peers: {})",
+            known.join(", ")
+        ))),
+        None if known.len() == 1 => Ok(known[0]),
+        None => Err(input(anyhow::anyhow!(
+            "{flag} {ip}: an address is a pod of a peer; name the peer with --peer (peers in the snapshot: {})",
+            if known.is_empty() { "none".to_string() } else { known.join(", ") }
+        ))),
+    }
+}
+
 /// The packet from `from` to `to` through the gateway of the remote one's peer; the peer, or
 /// why the pair does not cross a gateway.
 fn packet(
@@ -139,15 +192,15 @@ fn packet(
         (Some(_), Some(_)) => {
             return Err(format!(
                 "{} and {} both run on peers: their traffic does not cross this cluster's gateways",
-                from.key(),
-                to.key()
+                name(from),
+                name(to)
             ))
         }
         (None, None) => {
             return Err(format!(
                 "{} and {} both run locally: their traffic does not cross a gateway",
-                from.key(),
-                to.key()
+                name(from),
+                name(to)
             ))
         }
         (Some(p), None) | (None, Some(p)) => p.clone(),
@@ -155,7 +208,7 @@ fn packet(
     let src = from.ips[0];
     let dst = to
         .ip_like(src)
-        .ok_or_else(|| format!("{} has no address of {}'s family", to.key(), from.key()))?;
+        .ok_or_else(|| format!("{} has no address of {}'s family", name(to), name(from)))?;
     let (iif, oif) = if from.peer.is_some() {
         (TUNNEL, GENEVE)
     } else {
@@ -215,29 +268,38 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
         .iter()
         .map(|(peer, objs)| Ok((peer.clone(), compile_objects(objs)?)))
         .collect::<Result<_, CliError>>()?;
-    let pod = |key: &str, flag: &str| -> Result<&netpol::Pod, CliError> {
+    // A pod of the snapshot, or a peer's pod by its address (then not in the snapshot).
+    let pod = |key: &str, flag: &str| -> Result<(netpol::Pod, bool), CliError> {
+        if let Ok(ip) = key.parse::<IpAddr>() {
+            if let Some(p) = cluster.pods.iter().find(|p| p.local_ips().contains(&ip)) {
+                return Ok((p.clone(), true));
+            }
+            let peer = address_peer(flag, ip, a.peer.as_deref(), &policies)?;
+            return Ok((address_end(ip, peer, &cluster), false));
+        }
         if !key.contains('/') {
             return Err(input(anyhow::anyhow!(
-                "{flag} {key:?}: name a pod as NAMESPACE/NAME"
+                "{flag} {key:?}: name a pod as NAMESPACE/NAME, or a peer's pod by its address"
             )));
         }
-        cluster.pod(key).ok_or_else(|| {
+        cluster.pod(key).cloned().map(|p| (p, true)).ok_or_else(|| {
             input(anyhow::anyhow!(
                 "{flag} {key:?}: no such pod with an address in the snapshot"
             ))
         })
     };
     if !a.matrix {
-        let (from, to) = (
+        let ((from, from_known), (to, to_known)) = (
             pod(a.from.as_deref().unwrap_or_default(), "--from")?,
             pod(a.to.as_deref().unwrap_or_default(), "--to")?,
         );
+        let (from, to) = (&from, &to);
         let (peer, pkt) = packet(from, to, probes[0], a.sport, a.ct_state.state())
             .map_err(|e| input(anyhow::anyhow!(e)))?;
         let policy = policies.get(&peer).ok_or_else(|| {
             input(anyhow::anyhow!(
                 "{} runs on peer {peer}, which has no tenant namespace in the snapshot (label liqo.io/tenant-namespace=true, liqo.io/remote-cluster-id={peer})",
-                if from.peer.is_some() { from.key() } else { to.key() }
+                if from.peer.is_some() { name(from) } else { name(to) }
             ))
         })?;
         let v = judge(policy, std::slice::from_ref(&pkt), a.engine)?
@@ -251,8 +313,8 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
             dst: pkt.dst,
             proto: pkt.proto,
             dport: pkt.dport,
-            src_pod: Some(from),
-            dst_pod: Some(to),
+            src_pod: from_known.then_some(from),
+            dst_pod: to_known.then_some(to),
         };
         let (egress, ingress) = netpol::eval::trace(&cluster, &flow);
         let lines = |steps: &[netpol::eval::Step]| -> Vec<String> {
@@ -264,8 +326,8 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
                 serde_json::json!({
                     "verdict": v,
                     "trace": {
-                        "egress": {"pod": from.key(), "steps": lines(&egress)},
-                        "ingress": {"pod": to.key(), "steps": lines(&ingress)},
+                        "egress": {"pod": name(from), "steps": lines(&egress)},
+                        "ingress": {"pod": name(to), "steps": lines(&ingress)},
                     },
                 })
             )),
@@ -273,8 +335,14 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
                 print_verdict(&v, a.output)?;
                 let mut text = String::new();
                 for (dir, pod, steps) in [("egress", from, &egress), ("ingress", to, &ingress)] {
-                    text.push_str(&format!("{dir} of {}:\n", pod.key()));
-                    for l in lines(steps) {
+                    text.push_str(&format!("{dir} of {}:\n", name(pod)));
+                    let steps = lines(steps);
+                    if steps.is_empty() && pod.namespace.is_empty() {
+                        text.push_str(
+                            "  not a pod of this cluster: none of its policies applies\n",
+                        );
+                    }
+                    for l in steps {
                         text.push_str(&format!("  {l}\n"));
                     }
                 }

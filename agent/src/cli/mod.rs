@@ -582,12 +582,19 @@ pub struct VerdictArgs {
     /// controller writes for it, between pods named with --from/--to, or --matrix.
     #[arg(long, num_args = 1..)]
     pub cluster: Vec<PathBuf>,
-    /// `--cluster`: the source pod, `NAMESPACE/NAME`.
+    /// `--cluster`: the source pod, `NAMESPACE/NAME`, or the address of a peer's pod the
+    /// snapshot does not hold (as this cluster sees it; the provider asking about a consumer's
+    /// pod), behind the peer `--peer` names.
     #[arg(long, requires = "cluster")]
     pub from: Option<String>,
-    /// `--cluster`: the destination pod, `NAMESPACE/NAME`.
+    /// `--cluster`: the destination pod, `NAMESPACE/NAME`, or a peer's pod's address (as
+    /// `--from`).
     #[arg(long, requires = "cluster")]
     pub to: Option<String>,
+    /// `--cluster` with an address in `--from` or `--to`: the peer (its cluster id) whose pod
+    /// has it; needed where the snapshot has several peers.
+    #[arg(long, requires = "cluster", conflicts_with = "matrix")]
+    pub peer: Option<String>,
     /// `--cluster`: the truth table of every pod pair that crosses a gateway, per probe
     /// (`--proto`/`--dport`, or TCP, UDP and SCTP on ports 80 and 81 as the e2e suite probes).
     #[arg(long, requires = "cluster", conflicts_with_all = ["from", "to"])]

@@ -133,6 +133,15 @@ impl Datapath {
         Ok(self.config()?.flags & flags::FLOW_SEEN != 0)
     }
 
+    /// Withdraw the last sweep's vouch (`CT_SWEPT` zero, as the emergency switch's packets
+    /// leave it): every packet the kernel tracks asks the kernel (the breakdown benchmark's
+    /// row without the sweep).
+    pub fn forget_kernel_sweep(&mut self) -> Result<(), BpfError> {
+        let mut m: Array<&mut MapData, u64> =
+            Array::try_from(self.map(map::CT_SWEPT)?).map_err(map_err(map::CT_SWEPT))?;
+        m.set(0, 0, 0).map_err(map_err(map::CT_SWEPT))
+    }
+
     /// Until when (`bpf_ktime_get_ns`) the last sweep vouches for the kernel's table; 0: not.
     pub fn kernel_swept_until(&mut self) -> Result<u64, BpfError> {
         let m: Array<&mut MapData, u64> =
