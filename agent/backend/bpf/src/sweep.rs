@@ -37,8 +37,9 @@ pub fn due(until_ns: u64, now_ns: u64) -> bool {
 /// (unconditionally); how many connections were listed.
 pub fn sweep(datapath: &mut Datapath, table: &mut dyn KernelTable) -> Result<usize, BackendError> {
     let flows = table.flows()?;
+    let keys: Vec<_> = flows.iter().map(crate::loader::key_of).collect();
     datapath
-        .stamp_kernel_flows(&flows)
+        .stamp_kernel_flows(&keys)
         .map_err(BackendError::host(
             NAME,
             "stamping the kernel's connections",

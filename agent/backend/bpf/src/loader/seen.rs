@@ -114,14 +114,14 @@ impl Datapath {
         Ok(on)
     }
 
-    /// Stamp the entries of `flows` (the kernel's connections, as the forward hook sees them)
-    /// and vouch for the kernel's table until their stamps could go idle (`CT_SWEPT`): the
-    /// kernel-conntrack mode then skips the kernel's lookup for packets whose entry is idle.
-    /// `flows` must be a listing taken after the previous vouch was read (the caller's sweep).
-    pub fn stamp_kernel_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<(), BpfError> {
+    /// Stamp the entries of `keys` (the kernel's connections, as the forward hook sees them:
+    /// [`super::key_of`]) and vouch for the kernel's table until their stamps could go idle
+    /// (`CT_SWEPT`): the kernel-conntrack mode then skips the kernel's lookup for packets whose
+    /// entry is idle. `keys` must be of a listing taken after the previous vouch was read (the
+    /// caller's sweep, `sweep.rs`).
+    pub fn stamp_kernel_flows(&mut self, keys: &[FlowKey]) -> Result<(), BpfError> {
         let now = ktime_ns();
-        let keys: Vec<FlowKey> = flows.iter().map(super::flows::key_of).collect();
-        self.stamp(&keys, now)?;
+        self.stamp(keys, now)?;
         let mut m: Array<&mut MapData, u64> =
             Array::try_from(self.map(map::CT_SWEPT)?).map_err(map_err(map::CT_SWEPT))?;
         m.set(0, now + peerwall_common::FLOW_IDLE_NS, 0)
