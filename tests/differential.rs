@@ -558,12 +558,23 @@ spec:
 
 /// `ESTABLISHED_DIFFERS` compiled, and the bpf datapath loaded with it for the probe (root).
 fn established_differs_probe() -> (ir::Policy, BpfProbe) {
+    established_differs(false)
+}
+
+/// [`established_differs_probe`], the datapath reading the kernel's connection table where
+/// `kernel` (`--bpf-conntrack kernel`, in the probe's namespace).
+fn established_differs(kernel: bool) -> (ir::Policy, BpfProbe) {
     require_root();
     let objs = peerwall_intent::load::parse_documents(ESTABLISHED_DIFFERS, "differs")
         .expect("policy parses");
     let policy = compile(&objs).expect("policy compiles").policy;
     let parent = ensure_bpffs().expect("bpffs");
-    let probe = BpfProbe::new(&policy, &ifnames(), &parent).expect("datapath loads");
+    let probe = if kernel {
+        BpfProbe::with_kernel_conntrack(&policy, &ifnames(), &parent)
+    } else {
+        BpfProbe::new(&policy, &ifnames(), &parent)
+    }
+    .expect("datapath loads");
     (policy, probe)
 }
 
@@ -574,13 +585,7 @@ fn established_differs_probe() -> (ir::Policy, BpfProbe) {
 /// miss a misread state where its policies do not tell the states apart; this one cannot.
 #[test]
 fn bpf_kernel_conntrack_reads_the_state_the_kernel_holds() {
-    require_root();
-    let objs = peerwall_intent::load::parse_documents(ESTABLISHED_DIFFERS, "differs")
-        .expect("policy parses");
-    let policy = compile(&objs).expect("policy compiles").policy;
-    let parent = ensure_bpffs().expect("bpffs");
-    let mut probe =
-        BpfProbe::with_kernel_conntrack(&policy, &ifnames(), &parent).expect("datapath loads");
+    let (policy, mut probe) = established_differs(true);
     for proto in [ir::eval::proto::UDP, ir::eval::proto::TCP] {
         for (src, dst) in [("10.0.0.10", "10.1.0.6"), ("fd00::10", "fd01::6")] {
             for ct_state in [CtState::Established, CtState::New] {
@@ -622,13 +627,7 @@ fn bpf_kernel_conntrack_reads_the_state_the_kernel_holds() {
 /// connection is found by asking the kernel (dropped) without any sweep.
 #[test]
 fn bpf_kernel_conntrack_skips_the_kernel_only_where_the_sweep_vouches() {
-    require_root();
-    let objs = peerwall_intent::load::parse_documents(ESTABLISHED_DIFFERS, "differs")
-        .expect("policy parses");
-    let policy = compile(&objs).expect("policy compiles").policy;
-    let parent = ensure_bpffs().expect("bpffs");
-    let mut probe =
-        BpfProbe::with_kernel_conntrack(&policy, &ifnames(), &parent).expect("datapath loads");
+    let (policy, mut probe) = established_differs(true);
     let pkt = Packet {
         src: "10.0.0.10".parse().expect("ip"),
         dst: "10.1.0.6".parse().expect("ip"),

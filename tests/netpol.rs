@@ -251,6 +251,16 @@ fn random_snapshots_give_the_same_truth_table_on_every_engine() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `peerwall verdict --cluster examples/cluster ARGS`.
+fn example_verdict(args: &[&str]) -> std::process::Output {
+    std::process::Command::new(peerwall())
+        .args(["verdict", "--cluster"])
+        .arg(repo("examples/cluster"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 /// The shipped example: the truth table its comments promise, on every engine (the offloaded
 /// backend reaches frontend/web only because the example's ProtectionPolicy opens it:
 /// consumer protection keeps it in its namespace otherwise).
@@ -258,14 +268,9 @@ fn random_snapshots_give_the_same_truth_table_on_every_engine() {
 fn the_example_cluster_matrix() {
     require_root();
     for engine in ["reference", "nftables", "bpf"] {
-        let o = std::process::Command::new(peerwall())
-            .args(["verdict", "--cluster"])
-            .arg(repo("examples/cluster"))
-            .args([
-                "--matrix", "--proto", "tcp", "--dport", "8080", "--engine", engine,
-            ])
-            .output()
-            .unwrap();
+        let o = example_verdict(&[
+            "--matrix", "--proto", "tcp", "--dport", "8080", "--engine", engine,
+        ]);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
         assert_eq!(
             String::from_utf8_lossy(&o.stdout),
@@ -279,32 +284,22 @@ fn the_example_cluster_matrix() {
         );
     }
     // One pair, named: the deciding rule names the policy.
-    let o = std::process::Command::new(peerwall())
-        .args(["verdict", "--cluster"])
-        .arg(repo("examples/cluster"))
-        .args([
-            "--from",
-            "frontend/shell",
-            "--to",
-            "backend/db",
-            "--dport",
-            "5432",
-            "--output",
-            "json",
-        ])
-        .output()
-        .unwrap();
+    let o = example_verdict(&[
+        "--from",
+        "frontend/shell",
+        "--to",
+        "backend/db",
+        "--dport",
+        "5432",
+        "--output",
+        "json",
+    ]);
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
         r#"{"verdict":"drop","table":"pwnp_provider1","chain":"ingress","rule":"backend/db-from-api:ingress isolated"}"#
     );
     // Pods that do not cross a gateway are refused with the reason.
-    let o = std::process::Command::new(peerwall())
-        .args(["verdict", "--cluster"])
-        .arg(repo("examples/cluster"))
-        .args(["--from", "frontend/shell", "--to", "frontend/web"])
-        .output()
-        .unwrap();
+    let o = example_verdict(&["--from", "frontend/shell", "--to", "frontend/web"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("both run locally"));
 }
@@ -327,33 +322,27 @@ fn the_example_cluster_judges_a_peers_pod_by_its_address() {
     ];
     for engine in ["reference", "nftables", "bpf"] {
         for (from, to, dport, verdict) in cases {
-            let o = std::process::Command::new(peerwall())
-                .args(["verdict", "--cluster"])
-                .arg(repo("examples/cluster"))
-                .args(["--from", from, "--to", to, "--dport", dport])
-                .args(["--engine", engine, "--output", "json"])
-                .output()
-                .unwrap();
+            let o = example_verdict(&[
+                "--from", from, "--to", to, "--dport", dport, "--engine", engine, "--output",
+                "json",
+            ]);
             assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
             let v: Value = serde_json::from_slice(&o.stdout).unwrap();
             assert_eq!(v["verdict"], verdict, "{engine} {from} -> {to}: {v}");
         }
     }
     // The trace names the address, not a pod of this cluster.
-    let o = std::process::Command::new(peerwall())
-        .args(["verdict", "--cluster"])
-        .arg(repo("examples/cluster"))
-        .args([
-            "--from",
-            "10.20.7.7",
-            "--to",
-            "frontend/web",
-            "--dport",
-            "8080",
-        ])
-        .args(["--peer", "provider1", "--trace"])
-        .output()
-        .unwrap();
+    let o = example_verdict(&[
+        "--from",
+        "10.20.7.7",
+        "--to",
+        "frontend/web",
+        "--dport",
+        "8080",
+        "--peer",
+        "provider1",
+        "--trace",
+    ]);
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
         text.contains(
@@ -365,19 +354,14 @@ fn the_example_cluster_judges_a_peers_pod_by_its_address() {
         text.starts_with("drop (rule peerwall_provider1/from_peer/default_deny)"),
         "{text}"
     );
-    let o = std::process::Command::new(peerwall())
-        .args(["verdict", "--cluster"])
-        .arg(repo("examples/cluster"))
-        .args([
-            "--from",
-            "10.20.7.7",
-            "--to",
-            "frontend/web",
-            "--peer",
-            "nope",
-        ])
-        .output()
-        .unwrap();
+    let o = example_verdict(&[
+        "--from",
+        "10.20.7.7",
+        "--to",
+        "frontend/web",
+        "--peer",
+        "nope",
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
