@@ -231,9 +231,9 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// asking the kernel (`known_idle`: the known-flow path already found it idle), while the
 /// agent's sweep vouches for the kernel's table (`CT_SWEPT`): every accept of this datapath
 /// stamps its flow's entry ([`kernel_commit`]), and the sweep stamped the entry of every
-/// connection the kernel's table held (`agent/backend/bpf/src/loader/seen.rs`), so an idle
-/// entry covers no connection either table holds. A denied flood then costs no lookup in the kernel's table,
-/// which is what it cost before (a cold miss in a large hash table, per packet).
+/// connection the kernel's table held (`agent/backend/bpf/src/sweep.rs`), so an idle entry
+/// covers no connection either table holds. A denied flood then costs no lookup in the
+/// kernel's table (a cold miss in a large hash table, per packet, before the sweep).
 #[inline(never)]
 pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_idle: bool) -> u32 {
     if p.proto == IPPROTO_TCP && !tcp_flags_valid(p.tcp_flags) {
@@ -247,7 +247,7 @@ pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_i
         return ct::INVALID;
     };
     let found = crate::kernel_ct::lookup(ctx, p, w, true);
-    if ended_mark(&flow_key(p)) {
+    if ended_mark(&flow_key(p), seen_on) {
         return ct::INVALID;
     }
     match found {
@@ -269,13 +269,16 @@ fn unknown_to_both(p: &Pkt, known_idle: bool) -> bool {
 }
 
 /// Whether user space ended flow `k` (either direction) and the mark is live: then the packet
-/// holds it (`hold_ended`). Only `FLOWS` holds marks where the kernel tracks the flow. Asked
-/// only where the flow's `FLOW_SEEN` entry is live ([`kernel_state`]: marking a flow ended
-/// stamps it).
+/// holds it (`hold_ended`). Only `FLOWS` holds marks where the kernel tracks the flow; its
+/// `FLOW_SEEN` entry, when idle, says there is none without a lookup (marking a flow ended
+/// stamps it; no sweep is needed for that: the marks are this datapath's own).
 #[inline(never)]
-fn ended_mark(k: &FlowKey) -> bool {
+fn ended_mark(k: &FlowKey, seen_on: bool) -> bool {
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
+    if seen_on && seen_idle(k, now) {
+        return false;
+    }
     let held = |st: *mut FlowState| {
         // SAFETY: pointer from a successful lookup.
         let live = unsafe { (*st).ended != 0 && fresh(&*st, now) };
