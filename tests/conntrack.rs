@@ -283,24 +283,7 @@ fn bpf_reads_the_kernels_connection_table() {
             "auto chose the kernel's table where it tracks: {shown}"
         );
     }
-    let flags = common::bpf::bpftool_json(&[
-        "map",
-        "lookup",
-        "pinned",
-        pins.0.join("CONFIG").to_str().unwrap(),
-        "key",
-        "0",
-        "0",
-        "0",
-        "0",
-    ]);
-    let bytes: Vec<u8> = flags["value"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| u8::from_str_radix(b.as_str().unwrap().trim_start_matches("0x"), 16).unwrap())
-        .collect();
-    let f = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    let f = common::bpf::config_flags(&pins);
     assert!(
         f & peerwall_common::flags::KERNEL_CT4 != 0 && f & peerwall_common::flags::KERNEL_CT6 != 0,
         "flags {f:#x}"
@@ -469,23 +452,8 @@ fn bpf_kernel_table_connections_from_before_the_datapath_keep_flowing() {
         ),
         "{shown}"
     );
-    let swept = common::bpf::bpftool_json(&[
-        "map",
-        "lookup",
-        "pinned",
-        pins.0.join("CT_SWEPT").to_str().unwrap(),
-        "key",
-        "0",
-        "0",
-        "0",
-        "0",
-    ]);
-    assert!(
-        swept["value"]
-            .as_array()
-            .is_some_and(|v| v.iter().any(|b| b.as_str() != Some("0x00"))),
-        "CT_SWEPT: {swept}"
-    );
+    let swept = common::bpf::entry0(&pins, "CT_SWEPT");
+    assert!(swept.iter().any(|b| *b != 0), "CT_SWEPT: {swept:?}");
     // A flow the consumer never opened: dropped.
     let (c2, p2) = (
         bind(&t.consumer, consumer, port + 1),

@@ -103,12 +103,16 @@ pub fn counted(pins: &Pins, slot: u64, index: u32) -> u64 {
         .sum()
 }
 
+/// The bytes of entry 0 of the pinned array `name` (`CONFIG`, `CT_SWEPT`), read with bpftool.
+pub fn entry0(pins: &Pins, name: &str) -> Vec<u8> {
+    let map = format!("{}/{name}", pins.arg());
+    let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
+    value_bytes(&v["value"])
+}
+
 /// The live slot: bit 0 of `CONFIG.active` (the rest counts policy changes).
 pub fn active_slot(pins: &Pins) -> u64 {
-    let map = format!("{}/CONFIG", pins.arg());
-    let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
-    let first = v["value"][0].as_str().unwrap_or("0x00");
-    u64::from_str_radix(first.trim_start_matches("0x"), 16).unwrap_or(9) & 1
+    u64::from(entry0(pins, "CONFIG")[0] & 1)
 }
 
 /// A `peerwall agent --backend bpf` over the YAML files of `dir` in `ns`'s network, polling
@@ -140,8 +144,6 @@ pub fn value_bytes(v: &serde_json::Value) -> Vec<u8> {
 
 /// `CONFIG.flags` (`peerwall_common::flags`), read with bpftool.
 pub fn config_flags(pins: &Pins) -> u32 {
-    let map = format!("{}/CONFIG", pins.arg());
-    let v = bpftool_json(&["map", "lookup", "pinned", &map, "key", "0", "0", "0", "0"]);
-    let b = value_bytes(&v["value"]);
+    let b = entry0(pins, "CONFIG");
     u32::from_le_bytes([b[4], b[5], b[6], b[7]])
 }
