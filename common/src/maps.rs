@@ -103,6 +103,11 @@ pub mod map {
     /// connection of the kernel's table (the agent's sweep stamped them), so that the
     /// kernel-conntrack mode skips the kernel's lookup for a packet whose entry is idle.
     pub const CT_SWEPT: &str = "CT_SWEPT";
+    /// `ENDED_UNTIL[0]`: until when (`bpf_ktime_get_ns`) a flow user space ended may still
+    /// hold its mark in [`FLOWS`]: past it, the kernel-conntrack mode looks for no mark.
+    /// User space moves it before it writes marks, the datapath with every packet that holds
+    /// one.
+    pub const ENDED_UNTIL: &str = "ENDED_UNTIL";
     /// Per-flow verdict cache, IPv4 ([`crate::VerdictKey4`] keys).
     pub const VERDICTS4: &str = "VERDICTS4";
     /// Per-flow verdict cache, IPv6 ([`crate::FlowKey`] keys).

@@ -14,7 +14,8 @@ use crate::flow::{
 };
 use crate::kernel_ct::{found_state, kernel_tracks, CtLookup, Kernel};
 use crate::maps::{
-    ended_idle_ns, kernel_ct_on, new_flow_mask, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK,
+    ended_idle_ns, kernel_ct_on, new_flow_mask, ENDED_UNTIL, FLOWS, FLOWS_NEW, FLOW_IDLE_NS,
+    WORK,
 };
 use crate::mem::zero;
 use crate::parse::{
@@ -234,20 +235,27 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// connection the kernel's table held (`agent/backend/bpf/src/sweep.rs`), so an idle entry
 /// covers no connection either table holds. A denied flood then costs no lookup in the
 /// kernel's table (a cold miss in a large hash table, per packet, before the sweep).
+///
+/// The clock is read once, here, for every step of the packet and its commit (`Work::now`): a
+/// clock read costs as much as a cached map lookup in a VM.
 #[inline(never)]
 pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_idle: bool) -> u32 {
+    let Some(w) = WORK.get_ptr_mut(0) else {
+        return ct::INVALID;
+    };
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: per-CPU scratch of a successful lookup.
+    unsafe { (*w).now = now };
     if p.proto == IPPROTO_TCP && !tcp_flags_valid(p.tcp_flags) {
         return ct::INVALID;
     }
     let unknown = ct::NEW | CT_UNKNOWN | CT_KERNEL;
-    if seen_on && unknown_to_both(p, known_idle) {
+    if seen_on && unknown_to_both(p, known_idle, now) {
         return new_or_invalid(p, false, unknown);
     }
-    let Some(w) = WORK.get_ptr_mut(0) else {
-        return ct::INVALID;
-    };
     let found = crate::kernel_ct::lookup(ctx, p, w, true);
-    if ended_mark(&flow_key(p), seen_on) {
+    if ended_mark(&flow_key(p), seen_on, now) {
         return ct::INVALID;
     }
     match found {
@@ -262,20 +270,21 @@ pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_i
 /// known-flow path found it so). Not inlined: the flow key's words stay off the frame that
 /// calls the kernel's lookup (the verifier bounds a call chain's frames together).
 #[inline(never)]
-fn unknown_to_both(p: &Pkt, known_idle: bool) -> bool {
-    // SAFETY: no arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
+fn unknown_to_both(p: &Pkt, known_idle: bool, now: u64) -> bool {
     kernel_swept(now) && (known_idle || seen_idle(&flow_key(p), now))
 }
 
 /// Whether user space ended flow `k` (either direction) and the mark is live: then the packet
-/// holds it (`hold_ended`). Only `FLOWS` holds marks where the kernel tracks the flow; its
-/// `FLOW_SEEN` entry, when idle, says there is none without a lookup (marking a flow ended
-/// stamps it; no sweep is needed for that: the marks are this datapath's own).
+/// holds it (`hold_ended`). Only `FLOWS` holds marks where the kernel tracks the flow. Two
+/// checks spare its lookups: past `ENDED_UNTIL` no mark is live at all (nothing was ended
+/// lately: the case of every packet between policy changes), and the flow's `FLOW_SEEN`
+/// entry, when idle, says it has none (marking a flow ended stamps it; no sweep is needed
+/// for that: the marks are this datapath's own).
 #[inline(never)]
-fn ended_mark(k: &FlowKey, seen_on: bool) -> bool {
-    // SAFETY: no arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
+fn ended_mark(k: &FlowKey, seen_on: bool, now: u64) -> bool {
+    if !ENDED_UNTIL.get(0).is_some_and(|until| *until > now) {
+        return false;
+    }
     if seen_on && seen_idle(k, now) {
         return false;
     }
@@ -284,6 +293,7 @@ fn ended_mark(k: &FlowKey, seen_on: bool) -> bool {
         let live = unsafe { (*st).ended != 0 && fresh(&*st, now) };
         if live {
             hold_ended(st, k, now);
+            marks_live_past(now.wrapping_add(ended_idle_ns()));
         }
         live
     };
@@ -291,6 +301,22 @@ fn ended_mark(k: &FlowKey, seen_on: bool) -> bool {
         return true;
     }
     FLOWS.get_ptr_mut(&reverse(k)).is_some_and(held)
+}
+
+/// A mark a packet just held lives until `until` at least: `ENDED_UNTIL` moves on to it (a
+/// write only when it grows, as each packet of an ended flow refreshes its mark).
+#[inline(never)]
+fn marks_live_past(until: u64) {
+    if let Some(u) = ENDED_UNTIL.get_ptr_mut(0) {
+        // SAFETY: pointer from a successful lookup; another CPU's racing write is of a time
+        // as late, give or take the moment between their clock reads (its packet held a
+        // mark too, and the next packet of either moves it on again).
+        unsafe {
+            if *u < until {
+                *u = until;
+            }
+        }
+    }
 }
 
 /// The commit of an accepted packet the kernel's table tracks: its `FLOW_SEEN` entry (the
@@ -303,8 +329,8 @@ pub(crate) fn kernel_commit() {
     let Some(w) = WORK.get(0) else {
         return;
     };
-    // SAFETY: no arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
+    // The clock as `kernel_state` read it for this packet.
+    let now = w.now;
     let k = flow_key(&w.p);
     note_seen(&k, now);
     if w.r.state == ct::NEW && w.r.unknown {

@@ -150,6 +150,15 @@ pub(crate) static FLOW_SEEN: Array<u16> = Array::pinned(FLOW_SEEN_SLOTS, 0);
 /// packet the kernel tracks asks the kernel, as exact and slower.
 #[map]
 pub(crate) static CT_SWEPT: Array<u64> = Array::pinned(1, 0);
+/// `ENDED_UNTIL[0]`: until when (`bpf_ktime_get_ns`) a flow user space ended may still be
+/// marked so in `FLOWS` (its mark lives [`ended_idle_ns`] past its last packet). User space
+/// moves it past the marks' lifetime before it writes them (`loader/flows.rs`,
+/// `mark_ended`); every packet that holds a mark moves it on (`conntrack.rs`, `ended_mark`).
+/// Past it, the kernel-conntrack mode knows without looking that no mark is live: a packet
+/// whose `FLOW_SEEN` entry is live (every entry is, under a flood of accepted new flows)
+/// then spares `FLOWS`' two lookups.
+#[map]
+pub(crate) static ENDED_UNTIL: Array<u64> = Array::pinned(1, 0);
 /// `FLOWS_NEW`'s slot count less one (a power of two less one): set by the loader (which may
 /// size the table otherwise, `--flow-table-size`); read-only data the verifier sees as a
 /// constant.
@@ -280,6 +289,9 @@ pub(crate) struct Work {
     /// (`viewed`): the kernel's conntrack knows the connection by it.
     pub(crate) wire_dst: [u8; 16],
     pub(crate) viewed: bool,
+    /// The clock read once for a packet the kernel's table tracks (`conntrack.rs`,
+    /// `kernel_state`), which its commit stamps `FLOW_SEEN` with (`kernel_commit`).
+    pub(crate) now: u64,
 }
 
 /// Per-CPU buffer where `reject` builds its ICMP answer (too large for the stack).

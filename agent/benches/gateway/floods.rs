@@ -50,6 +50,17 @@ impl Traffic {
         }
     }
 
+    /// The name `PEERWALL_BENCH_TRAFFIC` selects it by.
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            Traffic::NewAllowed => "new-allowed",
+            Traffic::NewDenied => "new-denied",
+            Traffic::SynAllowed => "syn-allowed",
+            Traffic::SynDenied => "syn-denied",
+            Traffic::CycledAllowed => "cycled",
+        }
+    }
+
     fn allowed(self) -> bool {
         matches!(
             self,
@@ -254,7 +265,12 @@ pub(crate) fn floods(
     beside_counter_install(lab);
     let beside_to = p.allowed[0].0;
     let mut rows: Vec<FloodRow> = Vec::new();
-    for traffic in Traffic::ALL {
+    // `PEERWALL_BENCH_TRAFFIC=new-allowed,syn-denied,...`: some floods only (a partial run).
+    let kinds: Option<Vec<String>> = std::env::var("PEERWALL_BENCH_TRAFFIC")
+        .ok()
+        .map(|v| v.split(',').map(|x| x.trim().to_lowercase()).collect());
+    let chosen = |t: Traffic| kinds.as_ref().is_none_or(|k| k.iter().any(|x| x == t.key()));
+    for traffic in Traffic::ALL.into_iter().filter(|&t| chosen(t)) {
         let frames = frames_of(lab, p, traffic, seed);
         for round in 0..repeats {
             for dp in FLOOD_DATAPATHS.into_iter().filter(|&d| wanted(d)) {

@@ -37,7 +37,8 @@
 //! peak RSS. Settings: PEERWALL_BENCH_REPEATS (5), PEERWALL_BENCH_WINDOW_MS (1000),
 //! PEERWALL_BENCH_SIZES (10,1000,10000,100000), PEERWALL_SEED (1), and for bpf against the
 //! limits in alternating windows (`limits.rs`) PEERWALL_BENCH_LIMIT_CYCLES (6 per round; 0:
-//! none) and PEERWALL_BENCH_LIMIT_WINDOW_MS (400).
+//! none) and PEERWALL_BENCH_LIMIT_WINDOW_MS (400); PEERWALL_BENCH_TRAFFIC (the floods by
+//! name: new-allowed, new-denied, syn-allowed, syn-denied, cycled; all when unset).
 
 #[path = "../doc/mod.rs"]
 mod doc;
@@ -373,7 +374,7 @@ fn main() {
         doc::write_section("events", ev.trim_end()).expect("write docs/bench.md");
         print!("{ev}");
     }
-    if only.is_some() {
+    if only.is_some() || std::env::var_os("PEERWALL_BENCH_TRAFFIC").is_some() {
         print!("{md}");
         return;
     }

@@ -333,6 +333,8 @@ impl Datapath {
             return Ok(());
         }
         let now = super::seen::ktime_ns();
+        // Before any mark: the datapath looks for marks only until `ENDED_UNTIL`.
+        self.marks_live_until(now.saturating_add(self.ended_idle_ns))?;
         let mut sets = Vec::new();
         let mut seen_slots = Vec::new();
         {
@@ -364,5 +366,39 @@ impl Datapath {
             }
         }
         self.outdate(sets)
+    }
+
+    /// Move `ENDED_UNTIL` on to `until` unless it is later already: until then the
+    /// kernel-conntrack mode looks for marks (`ebpf/src/conntrack.rs`, `ended_mark`).
+    fn marks_live_until(&mut self, until: u64) -> Result<(), BpfError> {
+        let mut m: Array<&mut MapData, u64> =
+            Array::try_from(self.map(map::ENDED_UNTIL)?).map_err(map_err(map::ENDED_UNTIL))?;
+        let now = m.get(&0, 0).map_err(map_err(map::ENDED_UNTIL))?;
+        if now >= until {
+            return Ok(());
+        }
+        m.set(0, until, 0).map_err(map_err(map::ENDED_UNTIL))
+    }
+
+    /// Until when (`bpf_ktime_get_ns`) the datapath looks for marks of ended flows
+    /// (`ENDED_UNTIL`); 0: never since its pins were made.
+    pub fn marks_live_until_ns(&mut self) -> Result<u64, BpfError> {
+        let m: Array<&mut MapData, u64> =
+            Array::try_from(self.map(map::ENDED_UNTIL)?).map_err(map_err(map::ENDED_UNTIL))?;
+        m.get(&0, 0).map_err(map_err(map::ENDED_UNTIL))
+    }
+
+    /// `ENDED_UNTIL` was made at this load beside pinned flow tables (a datapath of 0.1.0):
+    /// any mark they hold may be live for as long as marks live, so it covers that long.
+    pub(super) fn cover_pinned_marks(&mut self) -> Result<(), BpfError> {
+        let any = {
+            let m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
+                BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
+            m.keys().next().is_some()
+        };
+        if !any {
+            return Ok(());
+        }
+        self.marks_live_until(super::seen::ktime_ns().saturating_add(self.ended_idle_ns))
     }
 }

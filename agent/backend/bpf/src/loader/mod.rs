@@ -124,6 +124,9 @@ pub struct Datapath {
     /// How many hosts the exact-match maps hold (the rest go into the tries) and how many
     /// counters the counter table holds.
     layout: Layout,
+    /// How long a flow user space ended stays ended after its last packet, ns (the program's
+    /// `ENDED_IDLE_NS`, as loaded).
+    ended_idle_ns: u64,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -202,6 +205,8 @@ impl Datapath {
             map::VERDICTS4_CPU,
             (ncpus as u32).saturating_mul(peerwall_common::CPU_VERDICT_SETS),
         );
+        // Pins of a datapath from before `ENDED_UNTIL` may hold marks it does not cover.
+        let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();
         let ebpf = loader.load(&object)?;
         let mut b = Self {
             ebpf,
@@ -216,7 +221,11 @@ impl Datapath {
                 hosts: 0,
                 counters: 0,
             },
+            ended_idle_ns: ended_idle,
         };
+        if ended_until_new {
+            b.cover_pinned_marks()?;
+        }
         b.layout = b.read_layout()?;
         let mut c = b.config()?;
         b.active = c.active & 1;
