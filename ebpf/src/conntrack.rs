@@ -4,7 +4,7 @@
 //! evicts an established one; the state of a packet (new,
 //! established, related, invalid) and the commit after an accept.
 
-use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
+use aya_ebpf::helpers::generated::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns};
 use peerwall_common::{ct, family, flow_words, new_flow_slot, FlowKey, FlowState, NewFlowSlot};
 
 use crate::cache::{forget, outdate};
@@ -236,22 +236,33 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// covers no connection either table holds. A denied flood then costs no lookup in the
 /// kernel's table (a cold miss in a large hash table, per packet, before the sweep).
 ///
-/// The clock is read once, here, for every step of the packet and its commit (`Work::now`): a
-/// clock read costs as much as a cached map lookup in a VM.
+/// The clock is read at most once, here, for every step of the packet and its commit
+/// (`Work::now`; a clock read costs as much as a cached map lookup in a VM), and not at all for
+/// a packet the known-flow path found idle: that path judged the entry idle by the coarse
+/// clock, and the vouch is checked by a later read of the same clock. That is sound whatever
+/// the clock: an entry the sweep stamped at `t` is idle only after `t + FLOW_IDLE_NS`, which
+/// is when its vouch ends, so no clock reading finds both.
 #[inline(never)]
 pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_idle: bool) -> u32 {
     let Some(w) = WORK.get_ptr_mut(0) else {
         return ct::INVALID;
     };
-    // SAFETY: no arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
+    // Not read yet: the commit reads the clock itself.
     // SAFETY: per-CPU scratch of a successful lookup.
-    unsafe { (*w).now = now };
+    unsafe { (*w).now = 0 };
     if p.proto == IPPROTO_TCP && !tcp_flags_valid(p.tcp_flags) {
         return ct::INVALID;
     }
     let unknown = ct::NEW | CT_UNKNOWN | CT_KERNEL;
-    if seen_on && unknown_to_both(p, known_idle, now) {
+    // SAFETY: no arguments.
+    if seen_on && known_idle && kernel_swept(unsafe { bpf_ktime_get_coarse_ns() }) {
+        return new_or_invalid(p, false, unknown);
+    }
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    // SAFETY: as above.
+    unsafe { (*w).now = now };
+    if seen_on && !known_idle && unknown_to_both(p, now) {
         return new_or_invalid(p, false, unknown);
     }
     let found = crate::kernel_ct::lookup(ctx, p, w, true);
@@ -266,12 +277,12 @@ pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_i
 }
 
 /// Whether neither this datapath nor the kernel's table can hold `p`'s connection: the sweep
-/// vouches for the kernel's table and the flow's `FLOW_SEEN` entry is idle (`known_idle`: the
-/// known-flow path found it so). Not inlined: the flow key's words stay off the frame that
-/// calls the kernel's lookup (the verifier bounds a call chain's frames together).
+/// vouches for the kernel's table and the flow's `FLOW_SEEN` entry is idle. Not inlined: the
+/// flow key's words stay off the frame that calls the kernel's lookup (the verifier bounds a
+/// call chain's frames together).
 #[inline(never)]
-fn unknown_to_both(p: &Pkt, known_idle: bool, now: u64) -> bool {
-    kernel_swept(now) && (known_idle || seen_idle(&flow_key(p), now))
+fn unknown_to_both(p: &Pkt, now: u64) -> bool {
+    kernel_swept(now) && seen_idle(&flow_key(p), now)
 }
 
 /// Whether user space ended flow `k` (either direction) and the mark is live: then the packet
@@ -329,8 +340,13 @@ pub(crate) fn kernel_commit() {
     let Some(w) = WORK.get(0) else {
         return;
     };
-    // The clock as `kernel_state` read it for this packet.
-    let now = w.now;
+    // The clock as `kernel_state` read it for this packet, if it did.
+    let now = if w.now != 0 {
+        w.now
+    } else {
+        // SAFETY: no arguments.
+        unsafe { bpf_ktime_get_ns() }
+    };
     let k = flow_key(&w.p);
     note_seen(&k, now);
     if w.r.state == ct::NEW && w.r.unknown {
