@@ -20,49 +20,7 @@ pub use peerwall_testkit::kube::{ApiServer, Proc};
 
 /// A real API server with peerwall's CRDs established, running this build's peerwall.
 pub fn api_server() -> ApiServer {
-    let server = ApiServer::start(env!("CARGO_BIN_EXE_peerwall"));
-    let crd = server
-        .kubectl()
-        .args(["apply", "-f"])
-        .arg(peerwall_testkit::repo_root().join("deploy/common/crd.yaml"))
-        .output()
-        .expect("kubectl");
-    assert!(
-        crd.status.success(),
-        "{}",
-        String::from_utf8_lossy(&crd.stderr)
-    );
-    // Liqo is installed: its Configuration CRD is there before peerwall's controller starts.
-    let liqo_crd = server.dir.join("liqo-configuration-crd.yaml");
-    std::fs::write(&liqo_crd, peerwall_testkit::liqo::CONFIGURATION_CRD).expect("CRD file");
-    let liqo = server
-        .kubectl()
-        .args(["apply", "-f"])
-        .arg(&liqo_crd)
-        .output()
-        .expect("kubectl");
-    assert!(
-        liqo.status.success(),
-        "{}",
-        String::from_utf8_lossy(&liqo.stderr)
-    );
-    let wait = server
-        .kubectl()
-        .args([
-            "wait",
-            "--for=condition=Established",
-            "crd/firewallconfigurations.peerwall.io",
-            "crd/addresssets.peerwall.io",
-            "crd/configurations.networking.liqo.io",
-        ])
-        .output()
-        .expect("kubectl");
-    assert!(
-        wait.status.success(),
-        "{}",
-        String::from_utf8_lossy(&wait.stderr)
-    );
-    server
+    ApiServer::start_with_crds(env!("CARGO_BIN_EXE_peerwall"))
 }
 
 /// A client that waits long for big lists (100k pods).

@@ -82,6 +82,41 @@ impl ApiServer {
         me
     }
 
+    /// [`start`](Self::start), then peerwall's CRDs and Liqo's `Configuration` CRD applied
+    /// and established (Liqo is installed before peerwall's controller starts).
+    pub fn start_with_crds(peerwall: impl Into<PathBuf>) -> Self {
+        let server = Self::start(peerwall);
+        let liqo_crd = server.dir.join("liqo-configuration-crd.yaml");
+        std::fs::write(&liqo_crd, crate::liqo::CONFIGURATION_CRD).expect("CRD file");
+        let kubectl = |args: &[&str], file: Option<&Path>| {
+            let mut c = server.kubectl();
+            c.args(args);
+            if let Some(f) = file {
+                c.arg(f);
+            }
+            let out = c.output().expect("kubectl");
+            assert!(
+                out.status.success(),
+                "kubectl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        let crds = crate::repo_root().join("deploy/common/crd.yaml");
+        kubectl(&["apply", "-f"], Some(&crds));
+        kubectl(&["apply", "-f"], Some(&liqo_crd));
+        kubectl(
+            &[
+                "wait",
+                "--for=condition=Established",
+                "crd/firewallconfigurations.peerwall.io",
+                "crd/addresssets.peerwall.io",
+                "crd/configurations.networking.liqo.io",
+            ],
+            None,
+        );
+        server
+    }
+
     /// The client configuration of its kubeconfig.
     pub async fn config(&self) -> kube::Config {
         let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).expect("kubeconfig");

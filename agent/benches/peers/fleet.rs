@@ -1,0 +1,247 @@
+//! The node's gateways: per peer a gateway network namespace (`liqo-tunnel` in from the
+//! peer's side, `liqo.peerNN` out to the pods, a NAT rule as Liqo's remapping makes the kernel
+//! track connections), a sender behind the tunnel and a receiver that answers for every pod
+//! address; the gateway pod's sandbox, a process in the gateway namespace placed in the
+//! cgroup the kubelet would make for the pod (`pod<uid>`), which is how the agent finds the
+//! namespace (`agent/src/k8s/gateways/netns.rs`; no kubelet runs here); and one probe thread
+//! each way for all gateways: to an allowed pod and to an address no pod has, every 2 ms.
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use peerwall_netns::NetNs;
+
+/// Pod addresses (routed to each receiver).
+pub const POD_CIDR: &str = "10.32.0.0/11";
+/// Each peer's pod range as Liqo's `Configuration` states it (the senders' range).
+pub const SENDER_CIDR: &str = "172.16.0.0/16";
+/// No pod has it: every gateway's policy drops it from the tunnel.
+pub const DENIED: Ipv4Addr = Ipv4Addr::new(10, 63, 255, 254);
+const PORT: u16 = 9999;
+const PERIOD: Duration = Duration::from_millis(2);
+
+/// What the receivers saw of one gateway's probes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Seen {
+    /// The last datagram to [`DENIED`] that got through.
+    pub denied_last: Option<Instant>,
+    /// The first datagram to the allowed pod since the last denied one got through.
+    pub allowed_since: Option<Instant>,
+}
+
+impl Seen {
+    /// Enforced at: the allowed pod reached after the denied address last was, once the
+    /// denied address stayed unreached for `quiet`.
+    pub fn enforced(&self, quiet: Duration) -> Option<Instant> {
+        let at = self.allowed_since?;
+        self.denied_last
+            .is_none_or(|d| d.elapsed() >= quiet)
+            .then_some(at)
+    }
+}
+
+/// One gateway: its three namespaces and its pod's sandbox.
+pub struct Gateway {
+    pub snd: NetNs,
+    pub gw: NetNs,
+    pub rcv: NetNs,
+    /// The pod's sandbox process, once [`Gateway::sandbox`] made it.
+    sandbox: Option<(Child, PathBuf)>,
+    /// The pod this gateway forwards to (one of its peer's offloaded pods).
+    pub allowed: Ipv4Addr,
+}
+
+fn ok(r: Result<std::process::Output, peerwall_netns::NetnsError>) {
+    let o = r.expect("setting up a gateway");
+    assert!(
+        o.status.success(),
+        "setting up a gateway: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+impl Gateway {
+    pub fn new(i: usize, allowed: Ipv4Addr) -> Self {
+        let snd = NetNs::new(&format!("pwpeer{i}-s")).expect("netns");
+        let gw = NetNs::new(&format!("pwpeer{i}-g")).expect("netns");
+        let rcv = NetNs::new(&format!("pwpeer{i}-r")).expect("netns");
+        let geneve = format!("liqo.peer{i:02}");
+        let link = |a: &NetNs, an: &str, b: &NetNs, bn: &str| {
+            ok(a.ip(&[
+                "link", "add", an, "type", "veth", "peer", "name", bn, "netns", b.name(),
+            ]));
+            ok(a.ip(&["link", "set", an, "up"]));
+            ok(b.ip(&["link", "set", bn, "up"]));
+        };
+        link(&snd, "eth0", &gw, "liqo-tunnel");
+        link(&gw, &geneve, &rcv, "eth0");
+        ok(snd.ip(&["addr", "add", "172.16.0.1/30", "dev", "eth0"]));
+        ok(gw.ip(&["addr", "add", "172.16.0.2/30", "dev", "liqo-tunnel"]));
+        ok(gw.ip(&["addr", "add", "172.31.1.1/30", "dev", &geneve]));
+        ok(rcv.ip(&["addr", "add", "172.31.1.2/30", "dev", "eth0"]));
+        ok(snd.ip(&["route", "add", "default", "via", "172.16.0.2"]));
+        ok(gw.ip(&["route", "add", POD_CIDR, "via", "172.31.1.2"]));
+        ok(rcv.ip(&["route", "add", "default", "via", "172.31.1.1"]));
+        ok(rcv.ip(&["route", "add", "local", POD_CIDR, "dev", "lo"]));
+        gw.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
+        for ns in [&gw, &rcv] {
+            for k in ["all", "default"] {
+                ns.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")
+                    .expect("sysctl");
+            }
+        }
+        // Liqo's remapping: a NAT rule, so the gateway's kernel tracks connections.
+        let nat = "table ip liqo-remap { chain pre { type nat hook prerouting priority dstnat; ip daddr 10.99.0.0/16 dnat to 10.32.0.1; }; }";
+        ok(gw.exec("nft", &[nat]));
+        Gateway {
+            snd,
+            gw,
+            rcv,
+            sandbox: None,
+            allowed,
+        }
+    }
+
+    /// Start the gateway pod's sandbox: a process in the gateway namespace, in the cgroup
+    /// `pod<uid>` under `cgroups` (cgroup v1 `pids`), as the kubelet would place it.
+    pub fn sandbox(&mut self, cgroups: &Path, uid: &str) {
+        let dir = cgroups.join(format!("pod{uid}"));
+        std::fs::create_dir_all(&dir).expect("the pod's cgroup");
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.gw.name()))
+            .args(["sleep", "100000"])
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("the sandbox");
+        std::fs::write(dir.join("cgroup.procs"), child.id().to_string())
+            .expect("the sandbox into the pod's cgroup");
+        self.sandbox = Some((child, dir));
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Some((mut c, dir)) = self.sandbox.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// A UDP socket on `port` in the namespace `ns`: the calling thread enters it (the probe
+/// threads, which own themselves, make one socket per gateway this way; a socket stays in
+/// the namespace it was made in).
+fn socket_in(ns: &str, port: u16) -> UdpSocket {
+    let file = std::fs::File::open(format!("/run/netns/{ns}")).expect("netns");
+    // SAFETY: setns on a valid namespace fd affects only the calling thread.
+    let rc = unsafe { libc::setns(file.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(rc, 0, "setns: {}", std::io::Error::last_os_error());
+    UdpSocket::bind(("0.0.0.0", port)).expect("bind")
+}
+
+/// The probes of every gateway: one sender thread, one receiver thread.
+pub struct Probes {
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Probes {
+    pub fn start(gws: &[Gateway]) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(vec![Seen::default(); gws.len()]));
+        let rcv: Vec<String> = gws.iter().map(|g| g.rcv.name().to_string()).collect();
+        let snd: Vec<(String, Ipv4Addr)> = gws
+            .iter()
+            .map(|g| (g.snd.name().to_string(), g.allowed))
+            .collect();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let receiver = {
+            let (stop, seen) = (stop.clone(), seen.clone());
+            std::thread::spawn(move || {
+                let socks: Vec<UdpSocket> = rcv
+                    .iter()
+                    .map(|n| {
+                        let s = socket_in(n, PORT);
+                        s.set_nonblocking(true).expect("nonblocking");
+                        s
+                    })
+                    .collect();
+                let _ = ready_tx.send(());
+                let mut buf = [0u8; 64];
+                while !stop.load(Ordering::Relaxed) {
+                    for (i, s) in socks.iter().enumerate() {
+                        while let Ok((n, _)) = s.recv_from(&mut buf) {
+                            if n < 4 {
+                                continue;
+                            }
+                            let dst = Ipv4Addr::new(buf[0], buf[1], buf[2], buf[3]);
+                            let now = Instant::now();
+                            if let Ok(mut v) = seen.lock() {
+                                let e = &mut v[i];
+                                if dst == DENIED {
+                                    e.denied_last = Some(now);
+                                    e.allowed_since = None;
+                                } else if e.allowed_since.is_none() {
+                                    e.allowed_since = Some(now);
+                                }
+                            }
+                        }
+                    }
+                    std::thread::sleep(Duration::from_micros(500));
+                }
+            })
+        };
+        ready_rx
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the receivers bound");
+        let sender = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let socks: Vec<(UdpSocket, Ipv4Addr)> = snd
+                    .iter()
+                    .map(|(n, a)| (socket_in(n, 0), *a))
+                    .collect();
+                while !stop.load(Ordering::Relaxed) {
+                    for (s, allowed) in &socks {
+                        for dst in [*allowed, DENIED] {
+                            let _ = s.send_to(&dst.octets(), SocketAddrV4::new(dst, PORT));
+                        }
+                    }
+                    std::thread::sleep(PERIOD);
+                }
+            })
+        };
+        Probes {
+            seen,
+            stop,
+            threads: vec![receiver, sender],
+        }
+    }
+
+    /// Forget what was seen of gateway `i` (a measurement starts).
+    pub fn reset(&self, i: usize) {
+        if let Ok(mut v) = self.seen.lock() {
+            v[i] = Seen::default();
+        }
+    }
+
+    pub fn of(&self, i: usize) -> Seen {
+        self.seen.lock().map(|v| v[i]).unwrap_or_default()
+    }
+}
+
+impl Drop for Probes {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
