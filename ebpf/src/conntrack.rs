@@ -14,8 +14,7 @@ use crate::flow::{
 };
 use crate::kernel_ct::{found_state, kernel_tracks, CtLookup, Kernel};
 use crate::maps::{
-    ended_idle_ns, kernel_ct_on, new_flow_mask, ENDED_UNTIL, FLOWS, FLOWS_NEW, FLOW_IDLE_NS,
-    WORK,
+    ended_idle_ns, kernel_ct_on, new_flow_mask, ENDED_UNTIL, FLOWS, FLOWS_NEW, FLOW_IDLE_NS, WORK,
 };
 use crate::mem::zero;
 use crate::parse::{

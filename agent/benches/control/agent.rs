@@ -1,28 +1,12 @@
 //! The processes under test: a free port for their metrics, `GET` on it, and the agent
 //! enforcing the bench peer's gateway configuration in a gateway namespace.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::cluster::{self, ApiServer, Proc};
 use crate::probe::Gateway;
 
-/// A free local port, never one handed out before in this run (a port given back by the
-/// OS could otherwise go to two processes, and one would answer for the other).
-pub fn free_port() -> u16 {
-    static GIVEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
-    loop {
-        let p = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let mut given = GIVEN.lock().expect("ports");
-        if !given.contains(&p) {
-            given.push(p);
-            return p;
-        }
-    }
-}
+pub use peerwall_testkit::kube::free_port;
 
 /// `GET path` on a local HTTP endpoint; the body, if it answered.
 pub fn get(addr: &str, path: &str) -> Option<String> {

@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
@@ -32,38 +32,7 @@ pub async fn client(server: &ApiServer) -> Client {
 
 /// The tenant namespace of the peer and the namespace it offloaded.
 pub async fn peering(client: &Client) {
-    let ns: Api<Namespace> = Api::all(client.clone());
-    for (name, labels) in [
-        (
-            TENANT,
-            json!({"liqo.io/tenant-namespace": "true", "liqo.io/remote-cluster-id": PEER}),
-        ),
-        (OFFLOADED, json!({"liqo.io/remote-cluster-id": PEER})),
-    ] {
-        let body = json!({"metadata": {"name": name, "labels": labels}});
-        ns.create(
-            &PostParams::default(),
-            &serde_json::from_value(body).expect("ns"),
-        )
-        .await
-        .expect("namespace");
-    }
-    // Liqo's Configuration of the peer: its pods are the probe sender's range.
-    let configs: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        TENANT,
-        &peerwall::k8s::liqo_configuration_resource(),
-    );
-    let cfg = serde_yaml::from_str(&peerwall_testkit::liqo::configuration(
-        PEER,
-        &[crate::probe::SENDER_CIDR],
-    ))
-    .expect("Liqo's Configuration");
-    configs
-        .create(&PostParams::default(), &cfg)
-        .await
-        .expect("Liqo's Configuration");
-    // The default service account is not needed: the ServiceAccount admission is off.
+    crate::tenant::peering(client, PEER, TENANT, OFFLOADED, crate::probe::SENDER_CIDR).await;
 }
 
 /// Pod number `i`'s address.
@@ -127,17 +96,5 @@ pub async fn offload_many(client: &Client, range: std::ops::Range<u32>) -> Durat
 
 /// Addresses of the `offloaded` set over all published slices.
 pub async fn published(client: &Client) -> usize {
-    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        TENANT,
-        &peerwall::k8s::address_set_resource(),
-    );
-    let Ok(list) = api.list(&Default::default()).await else {
-        return 0;
-    };
-    list.items
-        .iter()
-        .filter(|o| o.data["spec"]["set"] == "offloaded")
-        .map(|o| o.data["spec"]["addresses"].as_array().map_or(0, Vec::len))
-        .sum()
+    crate::published::offloaded(client, Some(TENANT)).await
 }

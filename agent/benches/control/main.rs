@@ -24,7 +24,13 @@ mod agent;
 mod cluster;
 mod floor;
 mod probe;
+#[path = "../shared/published.rs"]
+mod published;
 mod report;
+#[path = "../shared/tenant.rs"]
+mod tenant;
+#[path = "../shared/topology.rs"]
+mod topology;
 mod trace;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -12,10 +12,7 @@ use std::time::{Duration, Instant};
 
 use peerwall_netns::NetNs;
 
-/// Pod addresses (routed to the receiver).
-pub const POD_CIDR: &str = "10.32.0.0/11";
-/// The sender's range (the peer's pod CIDR in Liqo's `Configuration`).
-pub const SENDER_CIDR: &str = "172.16.0.0/16";
+pub use crate::topology::SENDER_CIDR;
 const PORT: u16 = 9999;
 
 /// First and last arrival per destination.
@@ -33,10 +30,6 @@ pub struct Gateway {
     threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-fn ok(r: Result<std::process::Output, peerwall_netns::NetnsError>) {
-    r.expect("setting up the gateway");
-}
-
 /// Run `f` on a new thread inside `ns` (sockets it opens live there).
 fn spawn_in(ns: &NetNs, f: impl FnOnce() + Send + 'static) -> std::thread::JoinHandle<()> {
     let file = std::fs::File::open(format!("/run/netns/{}", ns.name())).expect("netns");
@@ -50,42 +43,8 @@ fn spawn_in(ns: &NetNs, f: impl FnOnce() + Send + 'static) -> std::thread::JoinH
 
 impl Gateway {
     pub fn new() -> Self {
-        let snd = NetNs::new("pwctl-snd").expect("netns");
-        let gw = NetNs::new("pwctl-gw").expect("netns");
-        let rcv = NetNs::new("pwctl-rcv").expect("netns");
-        let link = |a: &NetNs, an: &str, b: &NetNs, bn: &str| {
-            ok(a.ip(&[
-                "link",
-                "add",
-                an,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                bn,
-                "netns",
-                b.name(),
-            ]));
-            ok(a.ip(&["link", "set", an, "up"]));
-            ok(b.ip(&["link", "set", bn, "up"]));
-        };
-        link(&snd, "eth0", &gw, "liqo-tunnel");
-        link(&gw, "liqo.bench00", &rcv, "eth0");
-        ok(snd.ip(&["addr", "add", "172.16.0.1/30", "dev", "eth0"]));
-        ok(gw.ip(&["addr", "add", "172.16.0.2/30", "dev", "liqo-tunnel"]));
-        ok(gw.ip(&["addr", "add", "172.16.1.1/30", "dev", "liqo.bench00"]));
-        ok(rcv.ip(&["addr", "add", "172.16.1.2/30", "dev", "eth0"]));
-        ok(snd.ip(&["route", "add", "default", "via", "172.16.0.2"]));
-        ok(gw.ip(&["route", "add", POD_CIDR, "via", "172.16.1.2"]));
-        ok(rcv.ip(&["route", "add", "default", "via", "172.16.1.1"]));
-        ok(rcv.ip(&["route", "add", "local", POD_CIDR, "dev", "lo"]));
-        gw.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
-        for ns in [&gw, &rcv] {
-            for k in ["all", "default"] {
-                ns.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")
-                    .expect("sysctl");
-            }
-        }
+        let crate::topology::Topology { snd, gw, rcv } =
+            crate::topology::Topology::new("pwctl", "liqo.bench00");
         let stop = Arc::new(AtomicBool::new(false));
         let targets = Arc::new(Mutex::new(Vec::<Ipv4Addr>::new()));
         let arrivals: Arrivals = Arc::default();

@@ -20,6 +20,12 @@ mod agent;
 mod cluster;
 #[path = "../control/probe.rs"]
 mod probe;
+#[path = "../shared/published.rs"]
+mod published;
+#[path = "../shared/tenant.rs"]
+mod tenant;
+#[path = "../shared/topology.rs"]
+mod topology;
 
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};

@@ -269,7 +269,11 @@ pub(crate) fn floods(
     let kinds: Option<Vec<String>> = std::env::var("PEERWALL_BENCH_TRAFFIC")
         .ok()
         .map(|v| v.split(',').map(|x| x.trim().to_lowercase()).collect());
-    let chosen = |t: Traffic| kinds.as_ref().is_none_or(|k| k.iter().any(|x| x == t.key()));
+    let chosen = |t: Traffic| {
+        kinds
+            .as_ref()
+            .is_none_or(|k| k.iter().any(|x| x == t.key()))
+    };
     for traffic in Traffic::ALL.into_iter().filter(|&t| chosen(t)) {
         let frames = frames_of(lab, p, traffic, seed);
         for round in 0..repeats {

@@ -16,10 +16,7 @@ use std::time::{Duration, Instant};
 
 use peerwall_netns::NetNs;
 
-/// Pod addresses (routed to each receiver).
-pub const POD_CIDR: &str = "10.32.0.0/11";
-/// Each peer's pod range as Liqo's `Configuration` states it (the senders' range).
-pub const SENDER_CIDR: &str = "172.16.0.0/16";
+pub use crate::topology::SENDER_CIDR;
 /// No pod has it: every gateway's policy drops it from the tunnel.
 pub const DENIED: Ipv4Addr = Ipv4Addr::new(10, 63, 255, 254);
 const PORT: u16 = 9999;
@@ -56,48 +53,13 @@ pub struct Gateway {
     pub allowed: Ipv4Addr,
 }
 
-fn ok(r: Result<std::process::Output, peerwall_netns::NetnsError>) {
-    let o = r.expect("setting up a gateway");
-    assert!(
-        o.status.success(),
-        "setting up a gateway: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
 impl Gateway {
     pub fn new(i: usize, allowed: Ipv4Addr) -> Self {
-        let snd = NetNs::new(&format!("pwpeer{i}-s")).expect("netns");
-        let gw = NetNs::new(&format!("pwpeer{i}-g")).expect("netns");
-        let rcv = NetNs::new(&format!("pwpeer{i}-r")).expect("netns");
-        let geneve = format!("liqo.peer{i:02}");
-        let link = |a: &NetNs, an: &str, b: &NetNs, bn: &str| {
-            ok(a.ip(&[
-                "link", "add", an, "type", "veth", "peer", "name", bn, "netns", b.name(),
-            ]));
-            ok(a.ip(&["link", "set", an, "up"]));
-            ok(b.ip(&["link", "set", bn, "up"]));
-        };
-        link(&snd, "eth0", &gw, "liqo-tunnel");
-        link(&gw, &geneve, &rcv, "eth0");
-        ok(snd.ip(&["addr", "add", "172.16.0.1/30", "dev", "eth0"]));
-        ok(gw.ip(&["addr", "add", "172.16.0.2/30", "dev", "liqo-tunnel"]));
-        ok(gw.ip(&["addr", "add", "172.31.1.1/30", "dev", &geneve]));
-        ok(rcv.ip(&["addr", "add", "172.31.1.2/30", "dev", "eth0"]));
-        ok(snd.ip(&["route", "add", "default", "via", "172.16.0.2"]));
-        ok(gw.ip(&["route", "add", POD_CIDR, "via", "172.31.1.2"]));
-        ok(rcv.ip(&["route", "add", "default", "via", "172.31.1.1"]));
-        ok(rcv.ip(&["route", "add", "local", POD_CIDR, "dev", "lo"]));
-        gw.sysctl("net.ipv4.ip_forward", "1").expect("sysctl");
-        for ns in [&gw, &rcv] {
-            for k in ["all", "default"] {
-                ns.sysctl(&format!("net.ipv4.conf.{k}.rp_filter"), "0")
-                    .expect("sysctl");
-            }
-        }
+        let crate::topology::Topology { snd, gw, rcv } =
+            crate::topology::Topology::new(&format!("pwpeer{i}"), &format!("liqo.peer{i:02}"));
         // Liqo's remapping: a NAT rule, so the gateway's kernel tracks connections.
         let nat = "table ip liqo-remap { chain pre { type nat hook prerouting priority dstnat; ip daddr 10.99.0.0/16 dnat to 10.32.0.1; }; }";
-        ok(gw.exec("nft", &[nat]));
+        gw.exec("nft", &[nat]).expect("Liqo's NAT");
         Gateway {
             snd,
             gw,
@@ -204,10 +166,8 @@ impl Probes {
         let sender = {
             let stop = stop.clone();
             std::thread::spawn(move || {
-                let socks: Vec<(UdpSocket, Ipv4Addr)> = snd
-                    .iter()
-                    .map(|(n, a)| (socket_in(n, 0), *a))
-                    .collect();
+                let socks: Vec<(UdpSocket, Ipv4Addr)> =
+                    snd.iter().map(|(n, a)| (socket_in(n, 0), *a)).collect();
                 while !stop.load(Ordering::Relaxed) {
                     for (s, allowed) in &socks {
                         for dst in [*allowed, DENIED] {

@@ -21,17 +21,23 @@
 #[path = "../doc/mod.rs"]
 mod doc;
 mod fleet;
+#[path = "../shared/published.rs"]
+mod published;
+#[path = "../shared/tenant.rs"]
+mod tenant;
+#[path = "../shared/topology.rs"]
+mod topology;
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
 
 use fleet::{Gateway, Probes};
-use peerwall_testkit::kube::{ApiServer, Proc};
+use peerwall_testkit::kube::{free_port, ApiServer, Proc};
 
 /// This node's name (the gateway pods' `spec.nodeName`, the agent's `--host`).
 const NODE: &str = "bench-node";
@@ -62,34 +68,8 @@ fn pod_ip(i: usize, j: usize) -> std::net::Ipv4Addr {
 
 /// Peer `i`: its tenant with Liqo's `Configuration`, its offloaded namespace and `pods` pods.
 async fn peering(client: &Client, i: usize, pods: usize) {
-    let ns: Api<Namespace> = Api::all(client.clone());
     let offloaded = format!("offloaded-{}", peer(i));
-    for (name, labels) in [
-        (
-            tenant(i),
-            json!({"liqo.io/tenant-namespace": "true", "liqo.io/remote-cluster-id": peer(i)}),
-        ),
-        (offloaded.clone(), json!({"liqo.io/remote-cluster-id": peer(i)})),
-    ] {
-        let body = json!({"metadata": {"name": name, "labels": labels}});
-        ns.create(&PostParams::default(), &serde_json::from_value(body).expect("ns"))
-            .await
-            .expect("namespace");
-    }
-    let configs: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &tenant(i),
-        &peerwall::k8s::liqo_configuration_resource(),
-    );
-    let cfg = serde_yaml::from_str(&peerwall_testkit::liqo::configuration(
-        &peer(i),
-        &[fleet::SENDER_CIDR],
-    ))
-    .expect("Liqo's Configuration");
-    configs
-        .create(&PostParams::default(), &cfg)
-        .await
-        .expect("Liqo's Configuration");
+    tenant::peering(client, &peer(i), &tenant(i), &offloaded, fleet::SENDER_CIDR).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), &offloaded);
     futures::stream::iter(0..pods)
         .map(|j| {
@@ -116,23 +96,14 @@ async fn peering(client: &Client, i: usize, pods: usize) {
         .await;
 }
 
-/// Addresses of every peer's `offloaded` set over all published slices.
-async fn published(client: &Client) -> usize {
-    let api: Api<DynamicObject> =
-        Api::all_with(client.clone(), &peerwall::k8s::address_set_resource());
-    let Ok(list) = api.list(&Default::default()).await else {
-        return 0;
-    };
-    list.items
-        .iter()
-        .filter(|o| o.data["spec"]["set"] == "offloaded")
-        .map(|o| o.data["spec"]["addresses"].as_array().map_or(0, Vec::len))
-        .sum()
-}
-
 /// Gateway pod of peer `i`, scheduled here, its sandbox started in `gw`'s namespace; returns
 /// when it is Running (the moment measured from).
-async fn gateway_pod(client: &Client, i: usize, gw: &mut Gateway, cgroups: &std::path::Path) -> Instant {
+async fn gateway_pod(
+    client: &Client,
+    i: usize,
+    gw: &mut Gateway,
+    cgroups: &std::path::Path,
+) -> Instant {
     let api: Api<Pod> = Api::namespaced(client.clone(), &tenant(i));
     let name = format!("gw-{}", peer(i));
     let body = json!({
@@ -142,7 +113,10 @@ async fn gateway_pod(client: &Client, i: usize, gw: &mut Gateway, cgroups: &std:
             "args": [format!("--remote-cluster-id={}", peer(i))]}]},
     });
     let pod = api
-        .create(&PostParams::default(), &serde_json::from_value(body).expect("pod"))
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(body).expect("pod"),
+        )
         .await
         .expect("the gateway pod");
     let uid = pod.metadata.uid.expect("a UID");
@@ -158,7 +132,10 @@ async fn gateway_pod(client: &Client, i: usize, gw: &mut Gateway, cgroups: &std:
 async fn delete_gateway_pod(client: &Client, i: usize) {
     let api: Api<Pod> = Api::namespaced(client.clone(), &tenant(i));
     let _ = api
-        .delete(&format!("gw-{}", peer(i)), &DeleteParams::default().grace_period(0))
+        .delete(
+            &format!("gw-{}", peer(i)),
+            &DeleteParams::default().grace_period(0),
+        )
         .await;
 }
 
@@ -206,7 +183,11 @@ struct Row {
 
 /// `kernel memory …` as `peerwall inspect` prints it for the first gateway's pins.
 fn gateway_memory(pins: &std::path::Path, gw: &Gateway) -> Option<String> {
-    let dir = std::fs::read_dir(pins.join("gateways")).ok()?.flatten().next()?.path();
+    let dir = std::fs::read_dir(pins.join("gateways"))
+        .ok()?
+        .flatten()
+        .next()?
+        .path();
     let out = gw
         .gw
         .exec(
@@ -251,10 +232,9 @@ fn measure(
         "--metrics-addr",
         &metrics,
     ];
+    // Both backends: the agent keeps its gateways' handles there.
     let pins_arg = pins.to_string_lossy().to_string();
-    if backend == "bpf" {
-        args.extend(["--pin-dir", &pins_arg]);
-    }
+    args.extend(["--pin-dir", &pins_arg]);
     for i in 0..=n {
         probes.reset(i);
     }
@@ -294,27 +274,11 @@ fn measure(
     }
 }
 
-/// A free local port, never one handed out before in this run.
-fn free_port() -> u16 {
-    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    loop {
-        let p = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .expect("a free port");
-        let mut given = GIVEN.lock().expect("ports");
-        if !given.contains(&p) {
-            given.push(p);
-            return p;
-        }
-    }
-}
-
 fn ms(d: Duration) -> String {
     format!("{:.0} ms", d.as_secs_f64() * 1000.0)
 }
 
-fn report(rows: &[Row], pods: usize, setup: Duration) -> String {
+fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> String {
     let date = std::process::Command::new("date")
         .args(["-u", "+%Y-%m-%d %H:%M UTC"])
         .output()
@@ -322,7 +286,7 @@ fn report(rows: &[Row], pods: usize, setup: Duration) -> String {
         .unwrap_or_default();
     let mut md = String::from("## Many peers on one node (`cargo xtask bench-peers`)\n\n");
     md.push_str(&format!(
-        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod beside them turning Running. Setting up the peers took {:.0} s.\n\n",
+        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`, stopped once it published every peer's configuration and addresses (peak RSS {controller_rss:.0} MiB), so that what is measured is the node's agent; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod beside them turning Running. Setting up the peers took {:.0} s.\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         setup.as_secs_f64()
     ));
@@ -400,7 +364,7 @@ fn main() {
     let controller = server.peerwall("controller", &["controller", "--metrics-addr", &cmetrics]);
     let want = (largest + 1) * pods;
     let deadline = Instant::now() + PATIENCE;
-    while rt.block_on(published(&client)) < want {
+    while rt.block_on(published::offloaded(&client, None)) < want {
         assert!(
             Instant::now() < deadline,
             "the controller did not publish every peer's pods:\n{}",
@@ -410,14 +374,18 @@ fn main() {
     }
     let setup = setup_started.elapsed();
     eprintln!("{} peers of {pods} pods set up in {setup:?}", largest + 1);
+    // What the agents need is published; the controller goes, so that what is measured is the
+    // node's agent (the controller reacts to every status the agents write, and at this scale
+    // it took more than one of the 2 cores doing so: bench-control measures it).
+    let controller_rss = controller.peak_rss_mib();
+    drop(controller);
     let mut rows = Vec::new();
     for &n in &sizes {
         for b in &backends {
             rows.push(measure(&rt, &server, &client, b, n));
         }
     }
-    drop(controller);
-    let md = report(&rows, pods, setup);
+    let md = report(&rows, pods, setup, controller_rss);
     print!("{md}");
     let full = std::env::var_os("PEERWALL_BENCH_PEERS").is_none()
         && std::env::var_os("PEERWALL_BENCH_BACKENDS").is_none();

@@ -105,6 +105,24 @@ impl NetNs {
         run("ip", &full)
     }
 
+    /// A veth pair, both ends up: `name` here, `peer` in `other`.
+    pub fn veth(&self, name: &str, other: &NetNs, peer: &str) -> Result<(), NetnsError> {
+        self.ip(&[
+            "link",
+            "add",
+            name,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            peer,
+            "netns",
+            other.name(),
+        ])?;
+        self.ip(&["link", "set", name, "up"])?;
+        other.ip(&["link", "set", peer, "up"]).map(|_| ())
+    }
+
     /// Add `address` (with its prefix length) to `dev` without duplicate address detection,
     /// and return once packets to it are delivered locally.
     ///

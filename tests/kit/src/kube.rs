@@ -32,6 +32,23 @@ pub fn port_free(p: u16) -> bool {
     TcpListener::bind(("127.0.0.1", p)).is_ok()
 }
 
+/// A free loopback port, never one handed out before in this process (a port given back by
+/// the OS could otherwise go to two processes, and one would answer for the other).
+pub fn free_port() -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    loop {
+        let p = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let mut given = GIVEN.lock().expect("ports");
+        if !given.contains(&p) {
+            given.push(p);
+            return p;
+        }
+    }
+}
+
 /// etcd + kube-apiserver + kube-controller-manager on loopback; stopped on drop.
 pub struct ApiServer {
     /// Run directory: logs, pid files, certificates.

@@ -104,6 +104,19 @@ pub fn diagnostics(policy: &ir::Policy) -> Vec<String> {
     out
 }
 
+/// Give the heap memory the load freed back to the system. aya's loader parses the kernel's
+/// BTF for every load (`EbpfLoader::new`: tens of MiB, freed with the loader), on the thread
+/// that loads; in the gateway-pod mode each gateway loads on a thread of its own, and glibc
+/// keeps what a thread's arena freed, so the agent grew by that much per gateway (`cargo
+/// xtask bench-peers`).
+fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only hands free heap pages back; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The loaded datapath.
 pub struct Datapath {
     ebpf: Ebpf,
@@ -208,6 +221,8 @@ impl Datapath {
         // Pins of a datapath from before `ENDED_UNTIL` may hold marks it does not cover.
         let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();
         let ebpf = loader.load(&object)?;
+        drop(loader);
+        return_freed_memory();
         let mut b = Self {
             ebpf,
             pin_dir: pin_dir.to_path_buf(),
