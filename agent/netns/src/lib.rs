@@ -107,6 +107,14 @@ impl NetNs {
 
     /// A veth pair, both ends up: `name` here, `peer` in `other`.
     pub fn veth(&self, name: &str, other: &NetNs, peer: &str) -> Result<(), NetnsError> {
+        self.veth_down(name, other, peer)?;
+        self.ip(&["link", "set", name, "up"])?;
+        other.ip(&["link", "set", peer, "up"]).map(|_| ())
+    }
+
+    /// [`veth`](Self::veth) with both ends left down (to set what must be set before a link
+    /// comes up, such as `addrgenmode`).
+    pub fn veth_down(&self, name: &str, other: &NetNs, peer: &str) -> Result<(), NetnsError> {
         self.ip(&[
             "link",
             "add",
@@ -118,9 +126,8 @@ impl NetNs {
             peer,
             "netns",
             other.name(),
-        ])?;
-        self.ip(&["link", "set", name, "up"])?;
-        other.ip(&["link", "set", peer, "up"]).map(|_| ())
+        ])
+        .map(|_| ())
     }
 
     /// Add `address` (with its prefix length) to `dev` without duplicate address detection,

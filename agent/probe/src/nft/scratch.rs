@@ -95,18 +95,7 @@ impl NftProbe {
         let mut peers = Vec::new();
         for (i, name) in names.iter().enumerate() {
             let peer = format!("pwv{i}");
-            gw.ip(&[
-                "link",
-                "add",
-                name,
-                "type",
-                "veth",
-                "peer",
-                "name",
-                &peer,
-                "netns",
-                outside.name(),
-            ])?;
+            gw.veth_down(name, &outside, &peer)?;
             gw.ip(&["link", "set", name, "addrgenmode", "none"])?;
             outside.ip(&["link", "set", &peer, "addrgenmode", "none"])?;
             gw.ip(&["link", "set", name, "up"])?;
