@@ -380,14 +380,6 @@ impl Datapath {
         m.set(0, until, 0).map_err(map_err(map::ENDED_UNTIL))
     }
 
-    /// Until when (`bpf_ktime_get_ns`) the datapath looks for marks of ended flows
-    /// (`ENDED_UNTIL`); 0: never since its pins were made.
-    pub fn marks_live_until_ns(&mut self) -> Result<u64, BpfError> {
-        let m: Array<&mut MapData, u64> =
-            Array::try_from(self.map(map::ENDED_UNTIL)?).map_err(map_err(map::ENDED_UNTIL))?;
-        m.get(&0, 0).map_err(map_err(map::ENDED_UNTIL))
-    }
-
     /// `ENDED_UNTIL` was made at this load beside pinned flow tables (a datapath of 0.1.0):
     /// any mark they hold may be live for as long as marks live, so it covers that long.
     pub(super) fn cover_pinned_marks(&mut self) -> Result<(), BpfError> {
