@@ -256,6 +256,13 @@ fn measure(
     let memory = (backend == "bpf")
         .then(|| gateway_memory(&pins, &gws[0]))
         .flatten();
+    // Kept for reading where the time went (`PEERWALL_BENCH_LOGS=<dir>`).
+    if let Some(dir) = std::env::var_os("PEERWALL_BENCH_LOGS") {
+        let to = std::path::Path::new(&dir).join(format!("agent-{backend}-{n}.log"));
+        if let Err(e) = std::fs::copy(agent.log_path(), &to) {
+            eprintln!("could not keep the agent's log in {}: {e}", to.display());
+        }
+    }
     drop(agent);
     for i in 0..=n {
         rt.block_on(delete_gateway_pod(client, i));

@@ -1,8 +1,6 @@
 //! The rule counters of a slot (`COUNTERS<s>`, per CPU): zeroed when a slot is written whole,
 //! read summed over CPUs with the chain and rule names the policy gave them.
 
-use std::path::PathBuf;
-
 use aya::maps::{MapData, PerCpuArray};
 use peerwall_common::{map, Counter};
 
@@ -21,23 +19,11 @@ struct Named {
 impl super::Datapath {
     pub(super) fn zero_counters(&mut self, slot: u32) -> Result<(), BpfError> {
         let name = format!("{}{slot}", map::COUNTERS);
-        let mut m: PerCpuArray<&mut MapData, Counter> =
-            PerCpuArray::try_from(self.map(&name)?).map_err(map_err(&name))?;
         let ncpus = aya::util::nr_cpus().map_err(|(_, source)| BpfError::Io {
             path: "/sys/devices/system/cpu/possible".into(),
             source,
         })?;
-        let len = m.len();
-        for i in 0..len {
-            let zero = aya::maps::PerCpuValues::try_from(vec![Counter::default(); ncpus]).map_err(
-                |source| BpfError::Io {
-                    path: PathBuf::from(&name),
-                    source,
-                },
-            )?;
-            m.set(i, zero, 0).map_err(map_err(&name))?;
-        }
-        Ok(())
+        super::batch::zero_percpu_array::<Counter>(self.map(&name)?, &name, ncpus)
     }
 
     /// Packets and bytes per rule (and per chain policy) of the live slot, summed over CPUs.

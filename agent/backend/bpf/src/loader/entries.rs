@@ -320,30 +320,24 @@ pub(super) fn sync_array<V: Pod + PartialEq>(
     new: BTreeMap<u32, V>,
     empty: V,
 ) -> Result<usize, BpfError> {
+    let Some(old) = old else {
+        // Arrays cannot be emptied: reset every slot a previous policy might have used (in one
+        // system call, `batch.rs`).
+        super::batch::fill_array(map, name, |i| new.get(&i).copied().unwrap_or(empty))?;
+        return Ok(new.len());
+    };
     let mut m: Array<&mut MapData, V> = Array::try_from(map).map_err(map_err(name))?;
     let mut n = 0;
-    match old {
-        Some(old) => {
-            for i in old.keys() {
-                if !new.contains_key(i) {
-                    m.set(*i, empty, 0).map_err(map_err(name))?;
-                    n += 1;
-                }
-            }
-            for (i, v) in &new {
-                if old.get(i) != Some(v) {
-                    m.set(*i, *v, 0).map_err(map_err(name))?;
-                    n += 1;
-                }
-            }
+    for i in old.keys() {
+        if !new.contains_key(i) {
+            m.set(*i, empty, 0).map_err(map_err(name))?;
+            n += 1;
         }
-        None => {
-            // Arrays cannot be emptied: reset every slot a previous policy might have used.
-            for i in 0..m.len() {
-                let v = new.get(&i).copied().unwrap_or(empty);
-                m.set(i, v, 0).map_err(map_err(name))?;
-            }
-            n += new.len();
+    }
+    for (i, v) in &new {
+        if old.get(i) != Some(v) {
+            m.set(*i, *v, 0).map_err(map_err(name))?;
+            n += 1;
         }
     }
     Ok(n)

@@ -8,6 +8,7 @@
 //! so enforcement has no gap.
 
 mod attach;
+mod batch;
 #[cfg(feature = "bench")]
 mod baseline;
 mod counters;

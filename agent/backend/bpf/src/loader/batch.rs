@@ -1,0 +1,142 @@
+//! Writing a whole array map in one system call (`BPF_MAP_UPDATE_BATCH`, Linux 5.6) instead
+//! of one `BPF_MAP_UPDATE_ELEM` per index. A slot written whole resets every index of its
+//! arrays (`RULES<s>` alone has 65536) and zeroes its per-CPU counters: about 83,000 system
+//! calls per load, one by one, which a node with dozens of gateways pays per gateway (`cargo
+//! xtask bench-peers`). Kernels without batch operations on arrays get the loop.
+
+use std::os::fd::{AsFd, AsRawFd};
+
+use aya::maps::{Map, MapData};
+use aya::Pod;
+
+use super::{map_err, BpfError};
+
+/// `BPF_MAP_UPDATE_BATCH` (`include/uapi/linux/bpf.h`, `enum bpf_cmd`).
+const BPF_MAP_UPDATE_BATCH: libc::c_long = 26;
+
+/// The `batch` member of the kernel's `union bpf_attr` (`include/uapi/linux/bpf.h`): every
+/// field native-endian, pointers as u64, no padding between fields (two u32 after four u64,
+/// then two u64). The kernel reads only the first `size_of` bytes it is given.
+#[repr(C)]
+#[derive(Default)]
+struct BatchAttr {
+    in_batch: u64,
+    out_batch: u64,
+    keys: u64,
+    values: u64,
+    /// In: how many elements; out: how many the kernel updated.
+    count: u32,
+    map_fd: u32,
+    elem_flags: u64,
+    flags: u64,
+}
+
+/// Write `values` (already laid out as the kernel expects them, `per_elem` bytes each) at
+/// indices `0..count` of the array behind `fd`. Any failure (a kernel without batch updates
+/// on arrays answers EINVAL or ENOTSUPP) leaves the caller to write one index at a time, which
+/// names the index that fails.
+fn update_batch(
+    fd: std::os::fd::BorrowedFd<'_>,
+    count: u32,
+    values: &[u8],
+    per_elem: usize,
+) -> Result<(), std::io::Error> {
+    if values.len() != per_elem * count as usize {
+        return Err(std::io::Error::from(std::io::ErrorKind::InvalidInput));
+    }
+    let keys: Vec<u32> = (0..count).collect();
+    let mut attr = BatchAttr {
+        keys: keys.as_ptr() as u64,
+        values: values.as_ptr() as u64,
+        count,
+        map_fd: fd.as_raw_fd() as u32,
+        ..Default::default()
+    };
+    // SAFETY: `attr` is the kernel's batch attribute; its pointers point into `keys` and
+    // `values`, which outlive the call and hold `count` elements each; the kernel only reads
+    // them (and writes `attr.count`).
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            BPF_MAP_UPDATE_BATCH,
+            &mut attr as *mut BatchAttr,
+            std::mem::size_of::<BatchAttr>() as u32,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The bytes of `v` (a `Pod`: no padding the kernel could see uninitialised).
+fn bytes_of<V: Pod>(v: &V) -> &[u8] {
+    // SAFETY: `V: Pod` is plain old data of `size_of::<V>()` bytes.
+    unsafe { std::slice::from_raw_parts((v as *const V).cast::<u8>(), std::mem::size_of::<V>()) }
+}
+
+/// Set every index of the array map `map` (`name`): `value(i)` at index `i`.
+pub(super) fn fill_array<V: Pod>(
+    map: &mut Map,
+    name: &str,
+    value: impl Fn(u32) -> V,
+) -> Result<(), BpfError> {
+    // The typed view checks the value size against the map's.
+    let len = aya::maps::Array::<&mut MapData, V>::try_from(&mut *map)
+        .map_err(map_err(name))?
+        .len();
+    let mut values = Vec::with_capacity(len as usize * std::mem::size_of::<V>());
+    for i in 0..len {
+        values.extend_from_slice(bytes_of(&value(i)));
+    }
+    if let Map::Array(data) = &*map {
+        match update_batch(data.fd().as_fd(), len, &values, std::mem::size_of::<V>()) {
+            Ok(()) => return Ok(()),
+            Err(e) => tracing::debug!(map = name, error = %e, "no batch update: one index at a time"),
+        }
+    }
+    let mut typed: aya::maps::Array<&mut MapData, V> =
+        aya::maps::Array::try_from(&mut *map).map_err(map_err(name))?;
+    for i in 0..len {
+        typed.set(i, value(i), 0).map_err(map_err(name))?;
+    }
+    Ok(())
+}
+
+/// Zero every index of the per-CPU array map `map` (`name`) of `V` on each of `ncpus`
+/// possible CPUs.
+pub(super) fn zero_percpu_array<V: Pod + Default>(
+    map: &mut Map,
+    name: &str,
+    ncpus: usize,
+) -> Result<(), BpfError> {
+    let len = {
+        let typed: aya::maps::PerCpuArray<&mut MapData, V> =
+            aya::maps::PerCpuArray::try_from(&mut *map).map_err(map_err(name))?;
+        typed.len()
+    };
+    // The kernel lays a per-CPU value out as one 8-byte-aligned copy per possible CPU.
+    let per_cpu = std::mem::size_of::<V>().next_multiple_of(8);
+    let per_elem = per_cpu * ncpus;
+    let values = vec![0u8; per_elem * len as usize];
+    if let Map::PerCpuArray(data) = &*map {
+        match update_batch(data.fd().as_fd(), len, &values, per_elem) {
+            Ok(()) => return Ok(()),
+            Err(e) => tracing::debug!(map = name, error = %e, "no batch update: one index at a time"),
+        }
+    }
+    let mut typed: aya::maps::PerCpuArray<&mut MapData, V> =
+        aya::maps::PerCpuArray::try_from(&mut *map).map_err(map_err(name))?;
+    for i in 0..len {
+        let zero =
+            aya::maps::PerCpuValues::try_from(vec![V::default(); ncpus]).map_err(|source| {
+                BpfError::Io {
+                    path: name.into(),
+                    source,
+                }
+            })?;
+        typed.set(i, zero, 0).map_err(map_err(name))?;
+    }
+    Ok(())
+}
