@@ -284,6 +284,16 @@ where
     rx
 }
 
+/// How the agent's watches list: from the API server's watch cache (`resourceVersion=0`), as
+/// client-go's informers and the kubelet do, not read through to etcd. Every gateway of every
+/// node lists at start, and a read through decodes every object of the kind in etcd to filter
+/// by label: 50 gateways starting on one node kept a 2-core API server busy for 19 s
+/// (`cargo xtask bench-peers`). The watch goes on from the listed version, so a list a moment
+/// old only delays what the watch then delivers.
+pub fn watch_config() -> kube::runtime::watcher::Config {
+    kube::runtime::watcher::Config::default().any_semantic()
+}
+
 /// A reflector cache of `api` (filtered by `wc`), kept up to date by a spawned task that
 /// signals `changed` on every event; watch errors are logged and retried with backoff.
 pub fn cache<K>(
@@ -384,7 +394,7 @@ pub async fn tenant_namespaces(
     use anyhow::Context;
     let r = cache(
         kube::Api::all(client.clone()),
-        kube::runtime::watcher::Config::default().labels(&format!("{TENANT_NAMESPACE}=true")),
+        watch_config().labels(&format!("{TENANT_NAMESPACE}=true")),
         (),
         changed,
     );

@@ -42,7 +42,7 @@ use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Reporter};
-use kube::runtime::{reflector, watcher};
+use kube::runtime::reflector;
 use kube::Resource;
 use serde_json::json;
 
@@ -532,10 +532,12 @@ impl Agent {
     /// between runs, or their labels did) are not enforced here any more: release them, or
     /// their deletion would hang forever.
     async fn release_unselected(&self, selected: &reflector::Store<DynamicObject>) {
+        // From the watch cache, as the watches list (`super::watch_config`).
         let lp = match &self.settings.scope {
             Some(sel) => kube::api::ListParams::default().labels(sel),
-            None => Default::default(),
-        };
+            None => kube::api::ListParams::default(),
+        }
+        .match_any();
         let all = match self.api.list(&lp).await {
             Ok(l) => l.items,
             Err(e) => {
@@ -690,7 +692,7 @@ impl Watches {
         };
         let configs = super::cache(
             api.clone(),
-            watcher::Config::default().labels(&settings.selector),
+            super::watch_config().labels(&settings.selector),
             super::fwc_resource(),
             changed.clone(),
         );
@@ -704,7 +706,7 @@ impl Watches {
                 let liqo = super::resource_of(Group::Liqo);
                 let r = super::cache(
                     Api::<DynamicObject>::all_with(client.clone(), &liqo),
-                    watcher::Config::default().labels(sel),
+                    super::watch_config().labels(sel),
                     liqo,
                     changed.clone(),
                 );
@@ -727,7 +729,7 @@ impl Watches {
                 listed => {
                     let r = super::cache(
                         api,
-                        watcher::Config::default().labels(&settings.selector),
+                        super::watch_config().labels(&settings.selector),
                         super::address_set_resource(),
                         changed.clone(),
                     );
@@ -758,7 +760,7 @@ impl Watches {
             };
             let r = super::cache(
                 api,
-                watcher::Config::default().labels(sel),
+                super::watch_config().labels(sel),
                 liqo,
                 changed.clone(),
             );
@@ -877,7 +879,7 @@ async fn liqo_bindings(
         }
         _ => {}
     }
-    let r = super::cache(api, watcher::Config::default(), resource, changed.clone());
+    let r = super::cache(api, super::watch_config(), resource, changed.clone());
     tracing::info!("Liqo's FirewallConfigurations count where a FirewallConfigurationBinding names this gateway");
     r.wait_until_ready()
         .await

@@ -30,7 +30,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::runtime::watcher;
 
 use crate::metrics::{AgentMetrics, GatewayMetrics};
 use crate::shutdown::Shutdown;
@@ -75,6 +74,7 @@ struct Worker {
     ns_id: Option<(u64, u64)>,
     stop: Arc<Shutdown>,
     thread: std::thread::JoinHandle<anyhow::Result<()>>,
+    started: Instant,
 }
 
 /// What the supervisor tracks between ticks.
@@ -143,7 +143,20 @@ impl Supervisor {
         for uid in stale {
             if let Some(w) = self.workers.remove(&uid) {
                 let gone = !wanted.contains_key(&uid);
-                self.stop(w, gone);
+                let g = w.gateway.clone();
+                if let Some(msg) = self.stop(w, gone) {
+                    // Retried a second later, logged when the reason changes.
+                    if self.failed.get(&uid).map(|(m, _)| m) != Some(&msg) {
+                        tracing::error!(gateway = %g.name, peer = %g.peer, error = %msg, "enforcing in gateway pod failed (retrying every second)");
+                    }
+                    self.failed.insert(uid, (msg, Instant::now()));
+                }
+            }
+        }
+        // A gateway enforcing for a while is past its last failure: the next one is logged.
+        for (uid, w) in &self.workers {
+            if w.started.elapsed() > Duration::from_secs(10) {
+                self.failed.remove(uid);
             }
         }
         for (uid, g) in wanted {
@@ -163,7 +176,6 @@ impl Supervisor {
             };
             match self.start(&g, ns_path) {
                 Ok(w) => {
-                    self.failed.remove(&uid);
                     self.workers.insert(uid, w);
                 }
                 Err(e) => {
@@ -183,6 +195,11 @@ impl Supervisor {
         netns::pod_netns(&self.settings.proc, &g.uid)
     }
 
+    /// Start enforcing in `g`'s namespace: a thread of its own opens the enforcer there (bpf:
+    /// creates the maps; its first apply verifies the programs), holds the boot policy and
+    /// runs the gateway's agent. Opening on that thread, not here, lets the gateways of a node
+    /// load side by side while this loop goes on to the next pod: one by one, the last of 50
+    /// bpf gateways waited for the 49 loads before it (`cargo xtask bench-peers`).
     fn start(&mut self, g: &GatewayPod, ns_path: PathBuf) -> anyhow::Result<Worker> {
         let s = &self.settings;
         let pins = s.gateway_pins().join(g.pin_name());
@@ -191,26 +208,19 @@ impl Supervisor {
             pin_dir: pins.clone(),
             ..s.backend.clone()
         };
-        let enforcer = peerwall_backend_select::open(&backend, Some(&ns_path.to_string_lossy()))
-            .with_context(|| format!("starting the enforcer in {}", ns_path.display()))?;
         let metrics = Arc::new(Mutex::new(AgentMetrics {
-            backend: enforcer.name(),
+            backend: backend.kind.name(),
             ..Default::default()
         }));
         if let Ok(mut m) = self.metrics.lock() {
             m.gateways.insert(g.peer.clone(), metrics.clone());
         }
         let peer_sel = format!("{}={}", super::PEER, g.peer);
-        let agent = super::agent::Settings {
+        let mut agent = super::agent::Settings {
             selector: format!("{},{peer_sel}", s.selector),
             liqo_selector: None,
-            // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath
-            // classifies at ingress and needs the rewrites.
-            observe: if enforcer.classifies_before_nat() {
-                pods::observed_selectors(&g.peer)
-            } else {
-                Vec::new()
-            },
+            // Set once the enforcer is open (it says whether it classifies before NAT).
+            observe: Vec::new(),
             // Liqo's gateway binds the configurations it applies to its own pod.
             liqo_target: g
                 .name
@@ -232,16 +242,34 @@ impl Supervisor {
                 |e| tracing::error!(peer = %g.peer, error = %e, "the boot policy does not compile"),
             )
             .ok();
+        let handle = handles::Handle {
+            peer: g.peer.clone(),
+            pod: g.name.clone(),
+            uid: g.uid.clone(),
+            pins: pins.clone(),
+        };
+        let (pin_name, gateway, peer) = (g.pin_name(), g.name.clone(), g.peer.clone());
+        let ns = ns_path.to_string_lossy().into_owned();
         let thread = std::thread::Builder::new()
             .name(format!("gw-{}", g.pin_name()))
             .spawn(move || {
                 let _e = span.enter();
+                let enforcer = peerwall_backend_select::open(&backend, Some(&ns))
+                    .with_context(|| format!("starting the enforcer in {ns}"))?;
+                // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath
+                // classifies at ingress and needs the rewrites.
+                if enforcer.classifies_before_nat() {
+                    agent.observe = pods::observed_selectors(&peer);
+                }
                 let mut engine = crate::engine::Engine::new(enforcer, metrics)
                     .audit_all(audit)
                     .with_boot(boot);
                 // At once, not after the policy source's first listing: the tunnel may come
                 // up meanwhile.
                 engine.hold_boot();
+                if let Err(e) = handles::write(Path::new(handles::HANDLES), &pin_name, &handle) {
+                    tracing::warn!(gateway = %gateway, error = %e, "could not record the gateway for `peerwall … --gateway`");
+                }
                 if events {
                     if let Err(e) = engine.start_events() {
                         tracing::error!(error = %e, "no events from this gateway");
@@ -259,35 +287,27 @@ impl Supervisor {
             ms_since_pod_seen = after.unwrap_or_default() as u64,
             "enforcing inside gateway pod"
         );
-        let handle = handles::Handle {
-            peer: g.peer.clone(),
-            pod: g.name.clone(),
-            uid: g.uid.clone(),
-            pins: pins.clone(),
-        };
-        if let Err(e) = handles::write(Path::new(handles::HANDLES), &g.pin_name(), &handle) {
-            tracing::warn!(gateway = %g.name, error = %e, "could not record the gateway for `peerwall … --gateway`");
-        }
         Ok(Worker {
             gateway: g.clone(),
             ns_path,
             ns_id,
             stop,
             thread,
+            started: Instant::now(),
         })
     }
 
     /// Stop a worker; when its pod is gone, remove its bpf pins (nftables state went with the
     /// pod's namespace).
-    fn stop(&mut self, w: Worker, gone: bool) {
+    /// Returns how its thread ended, if with an error (an enforcer that could not open, an
+    /// agent that failed).
+    fn stop(&mut self, w: Worker, gone: bool) -> Option<String> {
         w.stop.trigger();
-        match w.thread.join() {
-            Ok(Err(e)) => {
-                tracing::warn!(gateway = %w.gateway.name, error = %format!("{e:#}"), "gateway agent ended with an error")
-            }
-            Err(_) => tracing::error!(gateway = %w.gateway.name, "gateway agent panicked"),
-            Ok(Ok(())) => {}
-        }
+        let failure = match w.thread.join() {
+            Ok(Err(e)) => Some(format!("{e:#}")),
+            Err(_) => Some("the gateway's thread panicked".to_string()),
+            Ok(Ok(())) => None,
+        };
         let others = self
             .workers
             .values()
@@ -308,6 +328,7 @@ impl Supervisor {
                 .insert(w.gateway.pin_name(), (w.ns_path.clone(), w.ns_id));
         }
         tracing::info!(gateway = %w.gateway.name, peer = %w.gateway.peer, pod_gone = gone, "stopped enforcing inside gateway pod");
+        failure
     }
 
     /// Remove a gone gateway's pins and handle.
@@ -433,17 +454,13 @@ pub fn run(
     rt.block_on(async move {
         let client = super::client().await?;
         let changed = Arc::new(super::Changes::default());
-        // Listed from the API server's watch cache (indexed by node), as the kubelet lists its
-        // pods, not read through to etcd: every node's agent lists at start, and a read
-        // through scans every pod of the cluster (19 s at 51 000 pods on the bench's API
-        // server, `cargo xtask bench-peers`). The watch goes on from the listed version, so
-        // a list a moment old only delays what the watch then delivers.
+        // From the watch cache (`super::watch_config`): a read through to etcd scans every
+        // pod of the cluster (19 s at 51 000 pods on the bench's API server).
         let pods = super::cache(
             Api::<Pod>::all(client.clone()),
-            watcher::Config::default()
+            super::watch_config()
                 .labels(&settings.gateway_selector)
-                .fields(&format!("spec.nodeName={}", settings.node))
-                .any_semantic(),
+                .fields(&format!("spec.nodeName={}", settings.node)),
             (),
             changed.clone(),
         );
