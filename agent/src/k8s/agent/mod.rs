@@ -534,8 +534,8 @@ impl Agent {
     async fn release_unselected(&self, selected: &reflector::Store<DynamicObject>) {
         // From the watch cache, as the watches list (`super::watch_config`).
         let lp = match &self.settings.scope {
-            Some(sel) => kube::api::ListParams::default().labels(sel),
-            None => kube::api::ListParams::default(),
+            Some(sel) => ListParams::default().labels(sel),
+            None => ListParams::default(),
         }
         .match_any();
         let all = match self.api.list(&lp).await {
@@ -721,7 +721,7 @@ impl Watches {
         let slices = {
             let api =
                 Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
-            match api.list_metadata(&ListParams::default().limit(1)).await {
+            match api.list_metadata(&super::probe_params(Some(&settings.selector))).await {
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     tracing::warn!("peerwall's AddressSet CRD is not installed: sets fill from their inline elements only (apply deploy/common/crd.yaml)");
                     None
@@ -747,7 +747,7 @@ impl Watches {
             let liqo = super::resource_of(Group::Liqo);
             let api = Api::<DynamicObject>::all_with(client.clone(), &liqo);
             // Without Liqo's CRD there is no Liqo NAT to observe.
-            let listable = match api.list_metadata(&ListParams::default().limit(1)).await {
+            let listable = match api.list_metadata(&super::probe_params(Some(sel))).await {
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     tracing::warn!(selector = %sel, "Liqo's FirewallConfiguration CRD is not installed: no Liqo NAT to observe");
                     continue;
@@ -868,7 +868,7 @@ async fn liqo_bindings(
 ) -> anyhow::Result<Option<reflector::Store<DynamicObject>>> {
     let resource = super::liqo_binding_resource();
     let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
-    match api.list_metadata(&ListParams::default().limit(1)).await {
+    match api.list_metadata(&super::probe_params(None)).await {
         Err(kube::Error::Api(e)) if e.code == 404 => {
             tracing::info!("Liqo serves no FirewallConfigurationBindings: Liqo's FirewallConfigurations count by their labels");
             return Ok(None);
