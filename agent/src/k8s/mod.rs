@@ -289,9 +289,13 @@ where
 /// node lists at start, and a read through decodes every object of the kind in etcd to filter
 /// by label: 50 gateways starting on one node kept a 2-core API server busy for 19 s
 /// (`cargo xtask bench-peers`). The watch goes on from the listed version, so a list a moment
-/// old only delays what the watch then delivers.
+/// old only delays what the watch then delivers. Unpaged: kube-rs sends `resourceVersion=0`
+/// only without a `limit` (the watch cache ignores limits), and its watcher pages by 500 by
+/// default, which made `any_semantic` alone a read through to etcd after all.
 pub fn watch_config() -> kube::runtime::watcher::Config {
-    kube::runtime::watcher::Config::default().any_semantic()
+    let mut wc = kube::runtime::watcher::Config::default().any_semantic();
+    wc.page_size = None;
+    wc
 }
 
 /// The list that asks whether a kind is served at all (404 when its CRD is not installed),
