@@ -436,3 +436,74 @@ async fn a_failed_apply_is_retried_without_an_api_change() {
     .await;
     assert_thesis_block_enforced(&t.consumer);
 }
+
+/// The API server's count of lists it read through to etcd, of custom resources and of
+/// namespaces (`etcd_request_duration_seconds_count{operation="list"}`).
+fn etcd_lists(server: &ApiServer) -> u64 {
+    let out = server
+        .kubectl()
+        .args(["get", "--raw", "/metrics"])
+        .output()
+        .expect("kubectl get --raw /metrics");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with("etcd_request_duration_seconds_count{operation=\"list\""))
+        .filter(|l| l.contains("unstructured.Unstructured") || l.contains("core.Namespace"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Every gateway of every node lists at start: from the API server's watch cache, never read
+/// through to etcd, where a label-selected list decodes every object of the kind (50 gateways
+/// starting kept a 2-core API server busy for 12 s, `cargo xtask bench-peers`). Seen in the
+/// API server's own etcd counters: a kube-rs watcher pages by default, and a paged list
+/// silently loses `resourceVersion=0`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_lists_from_the_watch_cache_not_etcd() {
+    let t = Topology::new();
+    let server = api_server();
+    let client = server.client().await;
+    install_crd(&client).await;
+    tenant_namespace(&client, "cluster1").await;
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
+    let name = obj.name_any();
+    api.create(&PostParams::default(), &obj).await.unwrap();
+    // The watch caches of the new kinds fill (their own list from etcd) before counting.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = etcd_lists(&server);
+    // Sensitivity: a list without resourceVersion=0 is counted.
+    let out = server
+        .kubectl()
+        .args([
+            "get",
+            "firewallconfigurations.peerwall.io",
+            "-A",
+            "--chunk-size=10",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let counted = etcd_lists(&server);
+    assert!(
+        counted > before,
+        "a read through is not counted: {before} → {counted}"
+    );
+    let _agent = agent(&server, &t.gateway, "gw-test", "peerwall.io/target=gateway");
+    applied(&api, &name, "gw-test").await;
+    assert_thesis_block_enforced(&t.consumer);
+    assert_eq!(
+        etcd_lists(&server),
+        counted,
+        "the agent read lists through to etcd"
+    );
+}

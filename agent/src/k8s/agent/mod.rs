@@ -721,7 +721,10 @@ impl Watches {
         let slices = {
             let api =
                 Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
-            match api.list_metadata(&super::probe_params(Some(&settings.selector))).await {
+            match api
+                .list_metadata(&super::probe_params(Some(&settings.selector)))
+                .await
+            {
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     tracing::warn!("peerwall's AddressSet CRD is not installed: sets fill from their inline elements only (apply deploy/common/crd.yaml)");
                     None

@@ -93,7 +93,9 @@ pub(super) fn fill_array<V: Pod>(
     if let Map::Array(data) = &*map {
         match update_batch(data.fd().as_fd(), len, &values, std::mem::size_of::<V>()) {
             Ok(()) => return Ok(()),
-            Err(e) => tracing::debug!(map = name, error = %e, "no batch update: one index at a time"),
+            Err(e) => {
+                tracing::debug!(map = name, error = %e, "no batch update: one index at a time")
+            }
         }
     }
     let mut typed: aya::maps::Array<&mut MapData, V> =
@@ -123,7 +125,9 @@ pub(super) fn zero_percpu_array<V: Pod + Default>(
     if let Map::PerCpuArray(data) = &*map {
         match update_batch(data.fd().as_fd(), len, &values, per_elem) {
             Ok(()) => return Ok(()),
-            Err(e) => tracing::debug!(map = name, error = %e, "no batch update: one index at a time"),
+            Err(e) => {
+                tracing::debug!(map = name, error = %e, "no batch update: one index at a time")
+            }
         }
     }
     let mut typed: aya::maps::PerCpuArray<&mut MapData, V> =

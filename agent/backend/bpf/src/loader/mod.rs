@@ -8,9 +8,9 @@
 //! so enforcement has no gap.
 
 mod attach;
-mod batch;
 #[cfg(feature = "bench")]
 mod baseline;
+mod batch;
 mod counters;
 mod entries;
 mod flows;
