@@ -18,6 +18,7 @@
 //! through their pinned links and the new enforcer adopts the pins.
 
 pub mod cni;
+pub mod gate;
 pub mod handles;
 pub mod netns;
 pub mod pods;
@@ -94,6 +95,8 @@ struct Supervisor {
     /// forwards: their bpf datapath stays attached until the namespace is gone (pin name → the
     /// namespace's path and identity).
     draining: BTreeMap<String, (PathBuf, Option<(u64, u64)>)>,
+    /// Turns to load a bpf datapath ([`gate`]).
+    gate: Arc<gate::Gate>,
 }
 
 impl Supervisor {
@@ -249,11 +252,15 @@ impl Supervisor {
             pins: pins.clone(),
         };
         let (pin_name, gateway, peer) = (g.pin_name(), g.name.clone(), g.peer.clone());
+        // bpf loads take turns; an nftables gateway opens in milliseconds.
+        let gate = (backend.kind == peerwall_backend_select::BackendKind::Bpf)
+            .then(|| self.gate.clone());
         let ns = ns_path.to_string_lossy().into_owned();
         let thread = std::thread::Builder::new()
             .name(format!("gw-{}", g.pin_name()))
             .spawn(move || {
                 let _e = span.enter();
+                let turn = gate.map(|g| g.wait(gate::LONGEST_WAIT));
                 let enforcer = peerwall_backend_select::open(&backend, Some(&ns))
                     .with_context(|| format!("starting the enforcer in {ns}"))?;
                 // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath
@@ -263,7 +270,8 @@ impl Supervisor {
                 }
                 let mut engine = crate::engine::Engine::new(enforcer, metrics)
                     .audit_all(audit)
-                    .with_boot(boot);
+                    .with_boot(boot)
+                    .hold_until_first_apply(turn);
                 // At once, not after the policy source's first listing: the tunnel may come
                 // up meanwhile.
                 engine.hold_boot();
@@ -476,6 +484,7 @@ pub fn run(
             failed: BTreeMap::new(),
             seen: BTreeMap::new(),
             draining: BTreeMap::new(),
+            gate: gate::Gate::per_cpu(),
         };
         let mut first = true;
         while !stop.is_set() {
