@@ -53,7 +53,10 @@ impl Gate {
         while *busy >= self.turns {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                tracing::warn!(waited_secs = longest.as_secs(), "loading a gateway's datapath without waiting longer for the others");
+                tracing::warn!(
+                    waited_secs = longest.as_secs(),
+                    "loading a gateway's datapath without waiting longer for the others"
+                );
                 return Turn { gate: None };
             }
             busy = match self.freed.wait_timeout(busy, left) {

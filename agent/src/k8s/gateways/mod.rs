@@ -253,8 +253,8 @@ impl Supervisor {
         };
         let (pin_name, gateway, peer) = (g.pin_name(), g.name.clone(), g.peer.clone());
         // bpf loads take turns; an nftables gateway opens in milliseconds.
-        let gate = (backend.kind == peerwall_backend_select::BackendKind::Bpf)
-            .then(|| self.gate.clone());
+        let gate =
+            (backend.kind == peerwall_backend_select::BackendKind::Bpf).then(|| self.gate.clone());
         let ns = ns_path.to_string_lossy().into_owned();
         let thread = std::thread::Builder::new()
             .name(format!("gw-{}", g.pin_name()))
