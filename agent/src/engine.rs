@@ -133,6 +133,16 @@ pub fn boot_policy(obj: serde_json::Value) -> anyhow::Result<peerwall_policy::ir
 }
 
 impl Boot {
+    /// Put this boot policy in force through `backend` now
+    /// ([`peerwall_backend::Backend::hold_boot`]: only where nothing of peerwall's enforces
+    /// yet), before an engine exists (a bpf gateway waiting for its turn to load).
+    pub fn hold_in(
+        &self,
+        backend: &mut dyn peerwall_backend::Backend,
+    ) -> Result<bool, peerwall_backend::BackendError> {
+        backend.hold_boot(&self.policy, &self.tunnel)
+    }
+
     /// The boot policy of `peer`'s gateway (default tunnel and tunnel check).
     pub fn for_peer(peer: &str) -> anyhow::Result<Self> {
         let opts = crate::protection::boot::default_options();

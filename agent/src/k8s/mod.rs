@@ -288,8 +288,12 @@ where
 /// client-go's informers and the kubelet do, not read through to etcd. Every gateway of every
 /// node lists at start, and a read through decodes every object of the kind in etcd to filter
 /// by label: 50 gateways starting on one node kept a 2-core API server busy for 19 s
-/// (`cargo xtask bench-peers`). The watch goes on from the listed version, so a list a moment
-/// old only delays what the watch then delivers. Unpaged: kube-rs sends `resourceVersion=0`
+/// (`cargo xtask bench-peers`). A list from the cache is as old as the cache's lag behind etcd
+/// (milliseconds), and the watch goes on from the listed version, delivering every later
+/// change in order: an address removed just before a gateway starts stays allowed no longer
+/// than a removal that reaches a running gateway through its watch, and connections opened
+/// meanwhile are ended as for any change (`revoke`). The boot policy holds until that first
+/// apply. Unpaged: kube-rs sends `resourceVersion=0`
 /// only without a `limit` (the watch cache ignores limits), and its watcher pages by 500 by
 /// default, which made `any_semantic` alone a read through to etcd after all.
 pub fn watch_config() -> kube::runtime::watcher::Config {

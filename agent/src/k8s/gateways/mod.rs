@@ -260,6 +260,14 @@ impl Supervisor {
             .name(format!("gw-{}", g.pin_name()))
             .spawn(move || {
                 let _e = span.enter();
+                // A bpf gateway may wait for its turn: its boot policy goes in first, as the
+                // nftables table the bpf backend would hold it in, unless a datapath pinned
+                // for it still filters (a restarted agent: what is in force stays).
+                if let (Some(_), Some(b)) = (&gate, &boot) {
+                    if !peerwall_backend_select::installed::still_filtering(&backend.pin_dir) {
+                        hold_boot_early(b, &backend, &ns);
+                    }
+                }
                 let turn = gate.map(|g| g.wait(gate::LONGEST_WAIT));
                 let enforcer = peerwall_backend_select::open(&backend, Some(&ns))
                     .with_context(|| format!("starting the enforcer in {ns}"))?;
@@ -400,6 +408,23 @@ impl Supervisor {
             tracing::info!(handle = %name, "removing the handle of a gateway no longer on this node");
             handles::remove(dir, &name);
         }
+    }
+}
+
+/// Put `boot` in force in the namespace `ns` through an nftables enforcer, as the bpf backend
+/// holds it until its datapath filters the tunnel (and releases it then, by name).
+fn hold_boot_early(boot: &crate::engine::Boot, s: &peerwall_backend_select::Settings, ns: &str) {
+    let nft = peerwall_backend_select::Settings {
+        kind: peerwall_backend_select::BackendKind::Nftables,
+        events: None,
+        ..s.clone()
+    };
+    let held =
+        peerwall_backend_select::open(&nft, Some(ns)).and_then(|mut b| boot.hold_in(b.as_mut()));
+    match held {
+        Ok(true) => tracing::info!("boot policy held in nftables while the gateway waits for its turn to load the datapath"),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not hold the boot policy before loading the datapath (held once it is loaded)"),
     }
 }
 
