@@ -76,6 +76,21 @@ fn bytes_of<V: Pod>(v: &V) -> &[u8] {
     unsafe { std::slice::from_raw_parts((v as *const V).cast::<u8>(), std::mem::size_of::<V>()) }
 }
 
+/// Write `values` to indices `0..len` of `map`, an array or per-CPU array, in one system
+/// call; false where the kernel cannot (the caller then writes one index at a time).
+fn batched(map: &Map, name: &str, len: u32, values: &[u8], per_elem: usize) -> bool {
+    let (Map::Array(data) | Map::PerCpuArray(data)) = map else {
+        return false;
+    };
+    match update_batch(data.fd().as_fd(), len, values, per_elem) {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::debug!(map = name, error = %e, "no batch update: one index at a time");
+            false
+        }
+    }
+}
+
 /// Set every index of the array map `map` (`name`): `value(i)` at index `i`.
 pub(super) fn fill_array<V: Pod>(
     map: &mut Map,
@@ -90,13 +105,8 @@ pub(super) fn fill_array<V: Pod>(
     for i in 0..len {
         values.extend_from_slice(bytes_of(&value(i)));
     }
-    if let Map::Array(data) = &*map {
-        match update_batch(data.fd().as_fd(), len, &values, std::mem::size_of::<V>()) {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                tracing::debug!(map = name, error = %e, "no batch update: one index at a time")
-            }
-        }
+    if batched(map, name, len, &values, std::mem::size_of::<V>()) {
+        return Ok(());
     }
     let mut typed: aya::maps::Array<&mut MapData, V> =
         aya::maps::Array::try_from(&mut *map).map_err(map_err(name))?;
@@ -113,22 +123,16 @@ pub(super) fn zero_percpu_array<V: Pod + Default>(
     name: &str,
     ncpus: usize,
 ) -> Result<(), BpfError> {
-    let len = {
-        let typed: aya::maps::PerCpuArray<&mut MapData, V> =
-            aya::maps::PerCpuArray::try_from(&mut *map).map_err(map_err(name))?;
-        typed.len()
-    };
+    // The typed view checks the value size against the map's.
+    let len = aya::maps::PerCpuArray::<&mut MapData, V>::try_from(&mut *map)
+        .map_err(map_err(name))?
+        .len();
     // The kernel lays a per-CPU value out as one 8-byte-aligned copy per possible CPU.
     let per_cpu = std::mem::size_of::<V>().next_multiple_of(8);
     let per_elem = per_cpu * ncpus;
     let values = vec![0u8; per_elem * len as usize];
-    if let Map::PerCpuArray(data) = &*map {
-        match update_batch(data.fd().as_fd(), len, &values, per_elem) {
-            Ok(()) => return Ok(()),
-            Err(e) => {
-                tracing::debug!(map = name, error = %e, "no batch update: one index at a time")
-            }
-        }
+    if batched(map, name, len, &values, per_elem) {
+        return Ok(());
     }
     let mut typed: aya::maps::PerCpuArray<&mut MapData, V> =
         aya::maps::PerCpuArray::try_from(&mut *map).map_err(map_err(name))?;
