@@ -567,6 +567,105 @@ async fn companion_policies_follow_remote_pods() {
     .await;
 }
 
+/// A CNI that enforces ClusterNetworkPolicy itself sees remote pods as bare addresses: an Admin
+/// Accept naming them by label does not match there, and a NetworkPolicy isolating the local
+/// pod then refuses what the Admin tier accepts. The controller keeps a companion beside that
+/// NetworkPolicy (the conjunction of both selectors, the remote pods as ipBlocks with the
+/// rule's ports), owned by it, and removes it when the ClusterNetworkPolicy goes. Where no
+/// NetworkPolicy isolates, none is written (it would isolate the pod).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_accepts_of_remote_pods_get_a_companion_where_a_networkpolicy_isolates() {
+    let (_server, client, _controller) = controller_with_peer_and_shop().await;
+    web_here_api_on_p1(&client).await;
+    let cnps = cluster_network_policies(&client).await;
+    let cnp: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "policy.networking.k8s.io/v1alpha2",
+        "kind": "ClusterNetworkPolicy",
+        "metadata": {"name": "metrics-from-api"},
+        "spec": {"tier": "Admin", "priority": 20,
+                 "subject": {"namespaces": {"matchLabels": {"kubernetes.io/metadata.name": "shop"}}},
+                 "ingress": [{"action": "Accept",
+                              "from": [{"pods": {"namespaceSelector": {},
+                                                 "podSelector": {"matchLabels": {"app": "api"}}}}],
+                              "protocols": [{"tcp": {"destinationPort": {"number": 9090}}}]}]},
+    }))
+    .unwrap();
+    cnps.create(&PostParams::default(), &cnp).await.unwrap();
+    let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), "shop");
+    let ours = move |nps: Api<NetworkPolicy>| async move {
+        nps.list(
+            &kube::api::ListParams::default()
+                .labels("peerwall.io/companion-of-clusternetworkpolicy=metrics-from-api"),
+        )
+        .await
+        .ok()
+        .map(|l| l.items)
+    };
+    // Nothing isolates shop/web yet: no companion, even once the tier has the accept.
+    eventually(
+        "the tier with the admin accept",
+        Duration::from_secs(60),
+        || {
+            let api = fwc_api(&client, "liqo-tenant-p1");
+            async move {
+                let t = api.get_opt("peerwall-networkpolicy").await.ok().flatten()?;
+                t.data["spec"]
+                    .to_string()
+                    .contains("admin:metrics-from-api")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    assert_eq!(ours(nps.clone()).await.unwrap().len(), 0);
+    // A NetworkPolicy isolates shop/web for ingress (TCP 8080 from anyone).
+    let np: NetworkPolicy = serde_json::from_value(json!({
+        "metadata": {"name": "web-in", "namespace": "shop"},
+        "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                 "ingress": [{"ports": [{"protocol": "TCP", "port": 8080}]}]}}))
+    .unwrap();
+    let np = nps.create(&PostParams::default(), &np).await.unwrap();
+    let companion = eventually("the companion", Duration::from_secs(30), || {
+        let nps = nps.clone();
+        async move { ours(nps).await?.into_iter().next() }
+    })
+    .await;
+    let spec = serde_json::to_value(&companion.spec).unwrap();
+    assert_eq!(spec["podSelector"], json!({"matchLabels": {"app": "web"}}));
+    assert_eq!(spec["policyTypes"], json!(["Ingress"]));
+    assert_eq!(
+        spec["ingress"],
+        json!([{"from": [{"ipBlock": {"cidr": "10.20.0.7/32"}}],
+                "ports": [{"protocol": "TCP", "port": 9090}]}])
+    );
+    assert_eq!(companion.labels()["peerwall.io/companion-of"], "web-in");
+    // The name docs/clusternetworkpolicy.md shows.
+    assert_eq!(
+        companion.name_any(),
+        "peerwall-cnp-metrics-from-api-for-web-in-bc810e0131944690"
+    );
+    let owners = companion
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    assert_eq!(owners[0].uid, np.uid().unwrap());
+    // The ClusterNetworkPolicy gone: so is the companion; the user's policy stays as written.
+    cnps.delete("metrics-from-api", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the companion to go", Duration::from_secs(30), || {
+        let nps = nps.clone();
+        async move { ours(nps).await?.is_empty().then_some(()) }
+    })
+    .await;
+    assert_eq!(
+        nps.get("web-in").await.unwrap().metadata.generation,
+        Some(1)
+    );
+}
+
 /// SCTP ports are enforced like TCP and UDP ones: an SCTP policy reaches the tier as an
 /// `sctp` protocol match with its port, and nothing reports it as not enforced.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,7 +29,8 @@ pub fn name(policy: &str) -> String {
     n
 }
 
-fn selector_json(s: &Selector) -> Value {
+/// A label selector as the API writes it.
+pub(crate) fn selector_json(s: &Selector) -> Value {
     let mut v = json!({});
     if !s.labels.is_empty() {
         v["matchLabels"] = json!(s.labels);
@@ -92,8 +93,14 @@ fn remote_peers<'a>(cluster: &'a Cluster, ns: &str, rule: &Rule) -> Vec<&'a Pod>
         .collect()
 }
 
-/// The companion rules of one direction's rules.
-fn rules(cluster: &Cluster, ns: &str, rules: &[Rule], egress: bool) -> Vec<Value> {
+/// The companion rules of one direction's rules (of a policy in `ns`): for each rule naming
+/// remote pods, those pods' addresses as `ipBlock`s with its ports.
+pub(crate) fn direction_rules(
+    cluster: &Cluster,
+    ns: &str,
+    rules: &[Rule],
+    egress: bool,
+) -> Vec<Value> {
     let key = if egress { "to" } else { "from" };
     let mut out = Vec::new();
     for rule in rules {
@@ -178,30 +185,19 @@ pub fn companion(cluster: &Cluster, policy: &NetworkPolicy) -> Result<Option<Val
     let ingress = policy
         .ingress
         .as_ref()
-        .map(|r| rules(cluster, &policy.namespace, r, false))
+        .map(|r| direction_rules(cluster, &policy.namespace, r, false))
         .unwrap_or_default();
     let egress = policy
         .egress
         .as_ref()
-        .map(|r| rules(cluster, &policy.namespace, r, true))
+        .map(|r| direction_rules(cluster, &policy.namespace, r, true))
         .unwrap_or_default();
     if ingress.is_empty() && egress.is_empty() {
         return Ok(None);
     }
-    let addresses: usize = ingress
-        .iter()
-        .chain(&egress)
-        .map(|r| {
-            r["from"]
-                .as_array()
-                .or(r["to"].as_array())
-                .map_or(0, Vec::len)
-        })
-        .sum();
+    let addresses = address_count(ingress.iter().chain(&egress));
     if addresses > MAX_ADDRESSES {
-        return Err(format!(
-            "its companion for the CNI would list {addresses} remote pod addresses (at most {MAX_ADDRESSES}): not written, so a label-aware CNI may still drop what it allows towards remote pods"
-        ));
+        return Err(too_many(addresses));
     }
     let mut types = Vec::new();
     let mut spec = json!({"podSelector": selector_json(&policy.pod_selector)});
@@ -239,6 +235,34 @@ pub fn companion_label(name: &str) -> String {
     v
 }
 
+/// How many addresses companion rules list.
+fn address_count<'a>(rules: impl Iterator<Item = &'a Value>) -> usize {
+    rules
+        .map(|r| {
+            r["from"]
+                .as_array()
+                .or(r["to"].as_array())
+                .map_or(0, Vec::len)
+        })
+        .sum()
+}
+
+fn too_many(addresses: usize) -> String {
+    format!(
+        "its companion for the CNI would list {addresses} remote pod addresses (at most {MAX_ADDRESSES}): not written, so a label-aware CNI may still drop what it allows towards remote pods"
+    )
+}
+
+/// A companion NetworkPolicy and the user's NetworkPolicy it stands beside (its owner, in the
+/// same namespace).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Companion {
+    /// `metadata.name` of the user's NetworkPolicy.
+    pub owner: String,
+    /// The companion object (a `networking.k8s.io/v1` NetworkPolicy, without owner reference).
+    pub object: Value,
+}
+
 /// Whether a NetworkPolicy named `name` with `labels` is a companion peerwall keeps.
 pub fn is_companion(labels: &BTreeMap<String, String>) -> bool {
     labels
@@ -249,19 +273,52 @@ pub fn is_companion(labels: &BTreeMap<String, String>) -> bool {
 }
 
 /// Every companion of `cluster`'s policies (their own companions and peerwall's policies
-/// aside), and the policies whose companion is too large.
+/// aside): those of the NetworkPolicies' rules, and those of the Admin ClusterNetworkPolicies'
+/// accepts for the pods a NetworkPolicy isolates ([`crate::cnp::companion`]); and the
+/// policies (`namespace/name`) whose companion is too large, with why. Two companions never
+/// share a name: where they would, the NetworkPolicy's own is kept.
 pub fn companions(
     cluster: &Cluster,
     is_ours: impl Fn(&NetworkPolicy) -> bool,
-) -> (Vec<Value>, Vec<(String, String)>) {
-    let mut out = Vec::new();
+) -> (Vec<Companion>, Vec<(String, String)>) {
+    let mut out: Vec<Companion> = Vec::new();
     let mut too_large = Vec::new();
-    for p in cluster.policies.iter().filter(|p| !is_ours(p)) {
+    let users = || cluster.policies.iter().filter(|p| !is_ours(p));
+    for p in users() {
         match companion(cluster, p) {
-            Ok(Some(c)) => out.push(c),
+            Ok(Some(object)) => out.push(Companion {
+                owner: p.name.clone(),
+                object,
+            }),
             Ok(None) => {}
             Err(why) => too_large.push((format!("{}/{}", p.namespace, p.name), why)),
         }
+    }
+    let key = |c: &Companion| {
+        (
+            c.object["metadata"]["namespace"].to_string(),
+            c.object["metadata"]["name"].to_string(),
+        )
+    };
+    let taken: std::collections::BTreeSet<_> = out.iter().map(key).collect();
+    for c in crate::cnp::companion::companions(cluster, users()) {
+        if taken.contains(&key(&c)) {
+            continue;
+        }
+        let addresses = address_count(
+            ["ingress", "egress"]
+                .iter()
+                .filter_map(|d| c.object["spec"][*d].as_array())
+                .flatten(),
+        );
+        if addresses > MAX_ADDRESSES {
+            let ns = c.object["metadata"]["namespace"]
+                .as_str()
+                .unwrap_or_default();
+            too_large.push((format!("{ns}/{}", c.owner), too_many(addresses)));
+            continue;
+        }
+        out.push(c);
     }
     (out, too_large)
 }

@@ -247,13 +247,14 @@ fn external_addresses_meet_ip_blocks_only() {
 
 /// The cluster as a label-aware CNI sees it: only local pods are pods (remote ones are bare
 /// addresses), and the policies are the user's plus peerwall's companions.
-fn cni_view(c: &Cluster) -> Cluster {
+pub(crate) fn cni_view(c: &Cluster) -> Cluster {
     let (companions, too_large) = companion::companions(c, |_| false);
     assert!(too_large.is_empty());
     let mut v = c.clone();
     v.pods.retain(|p| p.peer.is_none());
     for comp in companions {
-        v.policies.push(crate::read::policy_json(comp).unwrap());
+        v.policies
+            .push(crate::read::policy_json(comp.object).unwrap());
     }
     v
 }

@@ -356,7 +356,7 @@ pub fn output(snapshot: &Snapshot, opts: &Options) -> Output {
         }
     }
     let (companions, too_large) = netpol::companion::companions(&cluster, |_| false);
-    out.objects.extend(companions);
+    out.objects.extend(companions.into_iter().map(|c| c.object));
     out.unenforced.extend(
         too_large
             .into_iter()

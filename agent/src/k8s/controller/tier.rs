@@ -135,7 +135,11 @@ pub(super) async fn publish_companions(
     }
     let key = |ns: &str, name: &str| format!("{ns}/{name}");
     let mut wanted = BTreeSet::new();
-    for mut body in desired {
+    for netpol::companion::Companion {
+        owner,
+        object: mut body,
+    } in desired
+    {
         let ns = body["metadata"]["namespace"]
             .as_str()
             .unwrap_or_default()
@@ -150,6 +154,7 @@ pub(super) async fn publish_companions(
             .find(|p| p.namespace().as_deref() == Some(&ns) && p.name_any() == name);
         let same = current.is_some_and(|c| {
             netpol::companion::is_companion(c.labels())
+                && has_labels(c.labels(), &body)
                 && serde_json::to_value(&c.spec).ok().as_ref() == body.get("spec")
         });
         if same {
@@ -158,7 +163,7 @@ pub(super) async fn publish_companions(
         // Owned by the user's policy it stands beside.
         let owner = policies.iter().find(|p| {
             p.namespace().as_deref() == Some(&ns)
-                && netpol::companion::name(&p.name_any()) == name
+                && p.name_any() == owner
                 && !netpol::companion::is_companion(p.labels())
         });
         if let Some(u) = owner {
@@ -188,6 +193,18 @@ pub(super) async fn publish_companions(
         }
     }
     Ok(())
+}
+
+/// Whether `labels` hold every label of the object `body` (others' labels may be there too).
+fn has_labels(
+    labels: &std::collections::BTreeMap<String, String>,
+    body: &serde_json::Value,
+) -> bool {
+    body["metadata"]["labels"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str())
 }
 
 /// Condition type peerwall writes on each ClusterNetworkPolicy.
