@@ -23,7 +23,6 @@
 //! its namespace, selected as it would be if it ran here.
 
 pub mod api;
-pub mod companion;
 pub mod read;
 #[cfg(test)]
 mod tests;

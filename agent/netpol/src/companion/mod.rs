@@ -9,6 +9,10 @@
 //! companion selects only pods the user's policy already isolates, so it isolates nothing new.
 //! The user's object is never modified.
 
+pub mod admin;
+#[cfg(test)]
+mod tests;
+
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
@@ -274,7 +278,7 @@ pub fn is_companion(labels: &BTreeMap<String, String>) -> bool {
 
 /// Every companion of `cluster`'s policies (their own companions and peerwall's policies
 /// aside): those of the NetworkPolicies' rules, and those of the Admin ClusterNetworkPolicies'
-/// accepts for the pods a NetworkPolicy isolates ([`crate::cnp::companion`]); and the
+/// accepts for the pods a NetworkPolicy isolates ([`admin`]); and the
 /// policies (`namespace/name`) whose companion is too large, with why. Two companions never
 /// share a name: where they would, the NetworkPolicy's own is kept.
 pub fn companions(
@@ -301,7 +305,7 @@ pub fn companions(
         )
     };
     let taken: std::collections::BTreeSet<_> = out.iter().map(key).collect();
-    for c in crate::cnp::companion::companions(cluster, users()) {
+    for c in admin::companions(cluster, users()) {
         if taken.contains(&key(&c)) {
             continue;
         }

@@ -21,8 +21,10 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::{Action, ClusterNetworkPolicy, Peer as CnpPeer, Subject, Tier};
-use crate::companion::{direction_rules, selector_json, Companion, COMPANION_OF};
+use super::{direction_rules, selector_json, Companion, COMPANION_OF};
+use crate::cnp::{
+    order, Action, ClusterNetworkPolicy, Peer as CnpPeer, Rule as CnpRule, Subject, Tier,
+};
 use crate::{Cluster, NetworkPolicy, Peer, Rule, Selector};
 
 /// Label naming the ClusterNetworkPolicy a companion carries the `Accept` rules of.
@@ -89,7 +91,7 @@ fn as_peers(peer: &CnpPeer) -> Vec<Peer> {
 
 /// The `Accept` rules of one direction as NetworkPolicy rules (rules left with no peer it
 /// enforces dropped: an empty peer list would mean everyone).
-fn accepts(rules: &[super::Rule]) -> Vec<Rule> {
+fn accepts(rules: &[CnpRule]) -> Vec<Rule> {
     rules
         .iter()
         .filter(|r| r.action == Action::Accept)
@@ -144,8 +146,8 @@ fn companion(cluster: &Cluster, np: &NetworkPolicy, cnp: &ClusterNetworkPolicy) 
             "namespace": np.namespace,
             "labels": {
                 peerwall_intent::labels::MANAGED_BY: peerwall_intent::labels::MANAGER,
-                COMPANION_OF: crate::companion::companion_label(&np.name),
-                COMPANION_OF_CLUSTER_POLICY: crate::companion::companion_label(&cnp.name),
+                COMPANION_OF: super::companion_label(&np.name),
+                COMPANION_OF_CLUSTER_POLICY: super::companion_label(&cnp.name),
             },
         },
         "spec": spec,
@@ -158,7 +160,7 @@ pub fn companions<'a>(
     cluster: &'a Cluster,
     policies: impl Iterator<Item = &'a NetworkPolicy>,
 ) -> Vec<Companion> {
-    let admin = super::order(cluster.cluster_policies.iter(), Tier::Admin);
+    let admin = order(cluster.cluster_policies.iter(), Tier::Admin);
     let mut out = BTreeMap::new();
     for np in policies {
         for cnp in &admin {
