@@ -859,6 +859,45 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
             .any(|l| l.contains(&db.1) && l.contains("drop")),
         "the drops to the non-offloaded pod observed: {seen}"
     );
+    // The same drops from every agent of the cluster, through the API server, in time order
+    // and with the pods behind the addresses (docs/observe.md), where an operator runs it.
+    let observe_all = |args: &[&str]| {
+        let o = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", node.ns))
+            .arg(peerwall())
+            .args(["observe", "--all-agents", "--since", "10m"])
+            .args(args)
+            .env("KUBECONFIG", &node.kubeconfig)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&o.stdout).into_owned();
+        assert!(
+            o.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        text
+    };
+    let named = observe_all(&["--to-pod", "private/db"]);
+    // What docs/observe.md shows.
+    eprintln!("peerwall observe --all-agents --since 10m --to-pod private/db\n{named}");
+    assert!(
+        named
+            .lines()
+            .any(|l| l.contains(&format!("{}:80 (private/db)", db.1)) && l.contains("drop")),
+        "the drops to private/db, named, from every agent: {named}"
+    );
+    let json = observe_all(&["--to-pod", "private/db", "--output", "json"]);
+    let first: serde_json::Value =
+        serde_json::from_str(json.lines().next().unwrap_or("{}")).unwrap();
+    assert_eq!(first["dst_pod"], "private/db", "{json}");
+    assert_eq!(first["protocol"], "tcp", "{json}");
+    assert!(
+        first["node"].as_str().is_some_and(|n| !n.is_empty()),
+        "{json}"
+    );
+    // The filter by pod holds: every event shown is towards private/db.
+    assert!(named.lines().all(|l| l.contains("(private/db)")), "{named}");
     let counted = exec(&["counters", "--gateway", &peer]);
     assert!(
         counted.contains("peerwall-gateway") || counted.contains("packets"),

@@ -186,18 +186,37 @@ impl Event {
 
     /// One line of text, as `peerwall observe` prints it.
     pub fn text(&self) -> String {
-        let proto = match self.proto {
+        self.text_named(None, None)
+    }
+
+    /// The protocol as `text` and the JSON of a cluster-wide `observe` name it: `tcp`, `udp`,
+    /// `icmp`, `icmpv6`, `sctp`, else `proto-<number>`.
+    pub fn protocol_name(&self) -> String {
+        match self.proto {
             1 => "icmp".to_string(),
             6 => "tcp".to_string(),
             17 => "udp".to_string(),
             58 => "icmpv6".to_string(),
+            132 => "sctp".to_string(),
             p => format!("proto-{p}"),
-        };
+        }
+    }
+
+    /// [`Self::text`] with the pods behind the addresses, where known: `10.10.1.67:40312
+    /// (shop/cart)`.
+    pub fn text_named(&self, src_name: Option<&str>, dst_name: Option<&str>) -> String {
+        let proto = self.protocol_name();
         let ports = matches!(self.proto, 6 | 17);
-        let ep = |a: &IpAddr, p: u16| match (ports, a) {
-            (true, IpAddr::V6(_)) => format!("[{a}]:{p}"),
-            (true, IpAddr::V4(_)) => format!("{a}:{p}"),
-            (false, _) => a.to_string(),
+        let ep = |a: &IpAddr, p: u16, name: Option<&str>| {
+            let at = match (ports, a) {
+                (true, IpAddr::V6(_)) => format!("[{a}]:{p}"),
+                (true, IpAddr::V4(_)) => format!("{a}:{p}"),
+                (false, _) => a.to_string(),
+            };
+            match name {
+                Some(n) => format!("{at} ({n})"),
+                None => at,
+            }
         };
         let ct = self.ct_state.map_or("-", |c| c.nft());
         let ifs = match (self.iif.as_str(), self.oif.as_str()) {
@@ -211,8 +230,8 @@ impl Event {
             format_time(self.time),
             self.verdict.as_str(),
             proto,
-            ep(&self.src, self.sport),
-            ep(&self.dst, self.dport),
+            ep(&self.src, self.sport, src_name),
+            ep(&self.dst, self.dport, dst_name),
             ifs,
             ct,
             self.rule_path(),

@@ -54,6 +54,107 @@ pub struct ObserveArgs {
     /// Without --follow: how long to wait for events.
     #[arg(long, default_value_t = 1000)]
     pub wait_ms: u64,
+    /// Every agent of the cluster, through the API server (each asked as `kubectl exec …
+    /// peerwall observe` would: needs `pods/exec` in peerwall-system, and in Liqo's tenant
+    /// namespaces for sidecars), in time order, with the pods behind the addresses.
+    #[arg(long)]
+    pub all_agents: bool,
+    /// With --all-agents: only events whose source is this pod (`namespace/name`).
+    #[arg(long, requires = "all_agents", value_name = "NAMESPACE/NAME")]
+    pub from_pod: Option<String>,
+    /// With --all-agents: only events whose destination is this pod (`namespace/name`).
+    #[arg(long, requires = "all_agents", value_name = "NAMESPACE/NAME")]
+    pub to_pod: Option<String>,
+    /// With --all-agents: only events with a pod of this namespace at either end.
+    #[arg(long, requires = "all_agents")]
+    pub namespace: Option<String>,
+    /// With --all-agents: only events of this peer's tables (its cluster id).
+    #[arg(long, requires = "all_agents")]
+    pub peer: Option<String>,
+    /// With --all-agents: prefixes of the tunnel interfaces (which end of an event is remote).
+    #[arg(
+        long = "tunnel",
+        requires = "all_agents",
+        default_value = "liqo-tunnel"
+    )]
+    pub tunnels: Vec<String>,
+}
+
+/// `peerwall observe --all-agents`: each agent asked through the API server, the events
+/// merged in time order with the pods' names.
+fn all_agents(a: &ObserveArgs) -> Result<(), CliError> {
+    for (flag, v) in [("--from-pod", &a.from_pod), ("--to-pod", &a.to_pod)] {
+        if let Some(v) = v {
+            if v.split_once('/')
+                .is_none_or(|(ns, n)| ns.is_empty() || n.is_empty())
+            {
+                return Err(input(anyhow::anyhow!(
+                    "{flag} {v:?}: expected namespace/name"
+                )));
+            }
+        }
+    }
+    if a.kernel {
+        return Err(input(anyhow::anyhow!(
+            "--all-agents asks the agents, --kernel reads this host's kernel: choose one"
+        )));
+    }
+    let mut agent_args = vec!["--output".to_string(), "json".to_string()];
+    for (flag, v) in [
+        ("--verdict", &a.verdict),
+        ("--rule", &a.rule),
+        ("--since", &a.since),
+    ] {
+        if let Some(v) = v {
+            agent_args.extend([flag.to_string(), v.clone()]);
+        }
+    }
+    if a.follow {
+        agent_args.push("--follow".into());
+    }
+    let opts = crate::k8s::observe::Options {
+        agent_args,
+        follow: a.follow,
+        filter: crate::k8s::observe::names::PodFilter {
+            from_pod: a.from_pod.clone(),
+            to_pod: a.to_pod.clone(),
+            namespace: a.namespace.clone(),
+            peer: a.peer.clone(),
+        },
+        tunnels: a.tunnels.clone(),
+    };
+    let output = a.output;
+    crate::k8s::runtime()
+        .and_then(|rt| {
+            rt.block_on(async {
+                let client = crate::k8s::client().await?;
+                crate::k8s::observe::run(&client, &opts, |s| {
+                    let line = match output {
+                        Output::Text => format!(
+                            "{:<16} {}",
+                            s.node,
+                            s.event.text_named(s.src_pod, s.dst_pod)
+                        ),
+                        Output::Json => {
+                            let mut v = serde_json::to_value(s.event)?;
+                            v["node"] = s.node.into();
+                            v["protocol"] = s.event.protocol_name().into();
+                            v["src_pod"] = s.src_pod.into();
+                            v["dst_pod"] = s.dst_pod.into();
+                            v["peer"] =
+                                crate::k8s::observe::names::table_peer(&s.event.table).into();
+                            v.to_string()
+                        }
+                    };
+                    let mut o = std::io::stdout().lock();
+                    o.write_all(format!("{line}\n").as_bytes())
+                        .and_then(|_| o.flush())
+                        .context("writing to stdout")
+                })
+                .await
+            })
+        })
+        .map_err(runtime)
 }
 
 /// `30s`, `5m`, `2h`, `1d` → duration.
@@ -136,6 +237,9 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
         },
     };
     filter.check().map_err(input)?;
+    if a.all_agents {
+        return all_agents(&a);
+    }
     if !a.kernel {
         if let Some((events, mut next)) = fetch(&a.agent, 0)? {
             let show = |events: Vec<Event>| -> Result<(), CliError> {

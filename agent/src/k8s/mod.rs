@@ -9,6 +9,7 @@ pub mod controller;
 pub mod coverage;
 pub mod gateways;
 pub mod netpol;
+pub mod observe;
 pub mod protection_policies;
 pub mod recorder;
 pub mod schema;

@@ -175,10 +175,35 @@ pub trait ProgramLoad {
     fn ensure_loaded(&mut self) -> Result<(), aya::programs::ProgramError>;
 }
 
+/// How often a verification interrupted by a signal is started again. The verifier gives up
+/// with EAGAIN when a signal is pending for the loading thread (`do_check` in the kernel's
+/// `verifier.c`), e.g. SIGCHLD of a child process where a handler is installed; libbpf retries
+/// a load on EAGAIN too (`sys_bpf_prog_load`).
+const INTERRUPTED_LOADS: usize = 20;
+
+/// `load` again while it fails with EAGAIN.
+fn load_retrying(
+    mut load: impl FnMut() -> Result<(), aya::programs::ProgramError>,
+) -> Result<(), aya::programs::ProgramError> {
+    let mut tries = 0;
+    loop {
+        match load() {
+            Err(aya::programs::ProgramError::LoadError { io_error, .. })
+                if io_error.kind() == std::io::ErrorKind::WouldBlock
+                    && tries < INTERRUPTED_LOADS =>
+            {
+                tries += 1;
+                tracing::debug!(tries, "program verification interrupted by a signal: again");
+            }
+            r => return r,
+        }
+    }
+}
+
 impl ProgramLoad for SchedClassifier {
     fn ensure_loaded(&mut self) -> Result<(), aya::programs::ProgramError> {
         if self.fd().is_err() {
-            self.load()?;
+            load_retrying(|| self.load())?;
         }
         Ok(())
     }
@@ -187,8 +212,50 @@ impl ProgramLoad for SchedClassifier {
 impl ProgramLoad for Xdp {
     fn ensure_loaded(&mut self) -> Result<(), aya::programs::ProgramError> {
         if self.fd().is_err() {
-            self.load()?;
+            load_retrying(|| self.load())?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn eagain() -> aya::programs::ProgramError {
+        aya::programs::ProgramError::LoadError {
+            io_error: std::io::Error::from_raw_os_error(11),
+            verifier_log: aya_obj::VerifierLog::new(String::new()),
+        }
+    }
+
+    #[test]
+    fn an_interrupted_verification_is_started_again_a_bounded_number_of_times() {
+        let mut calls = 0;
+        let r = load_retrying(|| {
+            calls += 1;
+            if calls < 3 {
+                Err(eagain())
+            } else {
+                Ok(())
+            }
+        });
+        assert!(r.is_ok());
+        assert_eq!(calls, 3);
+        let mut calls = 0;
+        let r = load_retrying(|| {
+            calls += 1;
+            Err(eagain())
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, INTERRUPTED_LOADS + 1);
+        // Any other error is final at once.
+        let mut calls = 0;
+        let r = load_retrying(|| {
+            calls += 1;
+            Err(aya::programs::ProgramError::AlreadyLoaded)
+        });
+        assert!(r.is_err());
+        assert_eq!(calls, 1);
     }
 }
