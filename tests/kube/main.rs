@@ -18,4 +18,5 @@ mod node;
 mod outage;
 mod size;
 mod status;
+mod try_page;
 mod webhook;
