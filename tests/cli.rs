@@ -689,3 +689,67 @@ fn version_names_the_release_and_the_commit() {
         );
     }
 }
+
+/// A release is named alike everywhere: CHANGELOG.md's newest section is Cargo.toml's version
+/// (unreleased, or released with its tag and commit), each released section names tag
+/// `v<version>` and its commit, the tag (where this clone has it) points at that commit, and
+/// `tests/previous-release` (what the upgrade test starts from) is the newest released commit.
+#[test]
+fn releases_are_named_alike_in_the_changelog_the_tags_and_the_upgrade_test() {
+    let log = std::fs::read_to_string(repo("CHANGELOG.md")).unwrap();
+    let sections: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("## ")).collect();
+    assert_eq!(
+        sections[0].split_whitespace().next(),
+        Some(env!("CARGO_PKG_VERSION")),
+        "CHANGELOG.md's newest section is not Cargo.toml's version: {sections:?}"
+    );
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(repo(""))
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let mut released = Vec::new();
+    for s in &sections {
+        let (version, rest) = s.split_once(' ').unwrap();
+        if rest == "(unreleased)" {
+            assert_eq!(
+                version,
+                sections[0].split(' ').next().unwrap(),
+                "only the newest may be unreleased"
+            );
+            continue;
+        }
+        // `(date, tag v<version>, commit <hex>)`
+        let inner = rest.trim_start_matches('(').trim_end_matches(')');
+        let parts: Vec<&str> = inner.split(", ").collect();
+        assert_eq!(
+            parts.len(),
+            3,
+            "{s}: expected (date, tag v{version}, commit <hex>)"
+        );
+        assert_eq!(parts[1], format!("tag v{version}"), "{s}");
+        let commit = parts[2].strip_prefix("commit ").unwrap();
+        assert!(
+            commit.len() >= 12 && commit.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{s}"
+        );
+        if let Some(tagged) = git(&["rev-parse", &format!("v{version}^{{commit}}")]) {
+            assert!(
+                tagged.starts_with(commit),
+                "tag v{version} is {tagged}, CHANGELOG.md says {commit}"
+            );
+        }
+        released.push(commit.to_string());
+    }
+    let previous = std::fs::read_to_string(repo("tests/previous-release")).unwrap();
+    assert!(
+        previous.trim().starts_with(&released[0]),
+        "tests/previous-release is {}, the newest release in CHANGELOG.md {}",
+        previous.trim(),
+        released[0]
+    );
+}
