@@ -753,3 +753,70 @@ fn releases_are_named_alike_in_the_changelog_the_tags_and_the_upgrade_test() {
         released[0]
     );
 }
+
+/// A controller that cannot reach the API server says so first, with the reason, and retries
+/// with a growing delay (not "controller started" while nothing works); a SIGTERM meanwhile
+/// ends it at once, as Kubernetes stops a pod.
+#[test]
+fn a_controller_without_its_api_server_says_so_and_stops_when_told() {
+    let dir = std::env::temp_dir().join(format!("peerwall-noapi-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Nothing listens on a port just freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: t, cluster: {{server: \"https://127.0.0.1:{port}\", insecure-skip-tls-verify: true}}}}]\nusers: [{{name: a, user: {{token: x}}}}]\ncontexts: [{{name: t, context: {{cluster: t, user: a}}}}]\ncurrent-context: t\n"
+        ),
+    )
+    .unwrap();
+    let log = dir.join("controller.log");
+    let mut child = Command::new(peerwall())
+        .args([
+            "controller",
+            "--metrics-addr",
+            "127.0.0.1:0",
+            "--kubeconfig",
+        ])
+        .arg(&kubeconfig)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(3500));
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let start = std::time::Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(5),
+            "the controller did not stop on SIGTERM"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(status.success(), "{status:?}\n{text}");
+    let warned: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("cannot reach the API server"))
+        .collect();
+    // 1 s, then 2 s: two or three attempts in 3.5 s, not a storm.
+    assert!((2..=3).contains(&warned.len()), "{text}");
+    assert!(
+        warned[0].contains("retry_in_secs=1") && warned[1].contains("retry_in_secs=2"),
+        "{text}"
+    );
+    assert!(!text.contains("controller started"), "{text}");
+    assert!(text.contains("controller stopping"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

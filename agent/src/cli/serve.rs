@@ -186,7 +186,7 @@ pub(super) fn controller(
     let bound = crate::metrics::serve(metrics_addr, metrics.clone())
         .with_context(|| format!("serving metrics on {metrics_addr}"))
         .map_err(runtime)?;
-    tracing::info!(metrics = %bound, "controller started");
+    tracing::info!(metrics = %bound, "metrics served; reaching the API server");
     crate::k8s::controller::run(opts, coverage, metrics, stop).map_err(runtime)
 }
 

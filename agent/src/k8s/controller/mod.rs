@@ -240,13 +240,30 @@ pub fn run(
 ) -> anyhow::Result<()> {
     super::runtime()?.block_on(async move {
         let client = super::client().await?;
+        // Until it reaches the API server and its caches are synced, a stop ends it at once.
+        tokio::select! {
+            r = reach(&client) => r,
+            _ = stop.wait() => {
+                tracing::info!("controller stopping");
+                return Ok(());
+            }
+        }
         let changed = Arc::new(super::Changes::default());
         let publisher = Arc::new(std::sync::Mutex::new(Publisher::new()));
         let pods_listed = feed_pods(&client, &changed, &publisher);
         let ctx = Arc::new(Ctx::watching(&client, &changed, opts, metrics, publisher));
         // Nothing is published before every pod was listed: a cold cache never empties a set.
-        ctx.synced(pods_listed).await?;
-        optional::watch_optional_kinds(&ctx, &client, &changed).await?;
+        let synced = async {
+            ctx.synced(pods_listed).await?;
+            optional::watch_optional_kinds(&ctx, &client, &changed).await
+        };
+        tokio::select! {
+            r = synced => r?,
+            _ = stop.wait() => {
+                tracing::info!("controller stopping");
+                return Ok(());
+            }
+        }
         tracing::info!("caches synced; reconciling");
         ctx.count(|m| m.ready = true);
         // Every cache change re-reconciles all peers (coalesced by Notify, then debounced),
@@ -336,6 +353,26 @@ pub fn run(
         tracing::info!("controller stopping");
         Ok(())
     })
+}
+
+/// Reach the API server before anything else, each failure reported with the server's answer
+/// and retried (1 s, doubling to 30 s): without this the watches retried behind a "started"
+/// line, and nothing said why nothing happened.
+async fn reach(client: &Client) {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        match client.apiserver_version().await {
+            Ok(v) => {
+                tracing::info!(server = %v.git_version, "controller started: API server reached");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, retry_in_secs = delay.as_secs(), "cannot reach the API server");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
 }
 
 /// The pod watch feeding the publisher's desired sets pod by pod; the receiver turns true once
