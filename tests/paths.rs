@@ -95,10 +95,11 @@ fn bpf_apply_under_ip_netns_exec_keeps_enforcing_and_delete_finds_it() {
     );
     assert!(pins.meta().join("slot1.json").exists() || pins.meta().join("slot0.json").exists());
 
-    // `inspect` and `counters` find it from the same kind of shell.
-    let out = ok(&t.gateway, &["inspect", "--pin-dir", &pins.arg()]);
+    // `inspect` and `counters` find it from the same kind of shell, without --pin-dir: the
+    // apply recorded this namespace's pins (docs/cli.md).
+    let out = ok(&t.gateway, &["inspect"]);
     assert!(out.contains("tc:liqo-tunnel"), "{out}");
-    let out = ok(&t.gateway, &["counters", "--pin-dir", &pins.arg()]);
+    let out = ok(&t.gateway, &["counters"]);
     let denied = out
         .lines()
         .find(|l| l.starts_with("peerwall_cluster1/from_consumer/default_deny\t"))

@@ -51,10 +51,18 @@ impl HostArgs {
                 netns: self.netns.is_some() || self.gateway.is_some(),
             },
         )?;
-        let at = self.resolved()?;
+        let mut at = self.resolved()?;
         scope::host_bpffs(&at.pin_dir, create)?;
         if let Some(ns) = &at.netns {
             scope::enter_netns(ns)?;
+        }
+        if !create && self.gateway.is_none() {
+            // No --pin-dir: the pins this namespace's last apply left, if elsewhere.
+            let found = super::pins::resolve(&at.pin_dir);
+            if found != at.pin_dir {
+                scope::host_bpffs(&found, false)?;
+                at.pin_dir = found;
+            }
         }
         Ok(at)
     }
@@ -100,7 +108,12 @@ pub(super) fn apply(
     // A process that applied nothing yet keeps what is installed and unchanged (and its
     // counters).
     b.adopt(&compiled.policy).map_err(runtime)?;
-    apply_with(b.as_mut(), &compiled.policy)
+    apply_with(b.as_mut(), &compiled.policy)?;
+    if backend == BackendKind::Bpf {
+        // Later commands in this namespace find these pins without --pin-dir.
+        super::pins::remember(&bpf.pin_dir);
+    }
+    Ok(())
 }
 
 /// `peerwall boot`: the boot policy of `peer`'s gateway ([`crate::protection::boot`]) in

@@ -8,6 +8,7 @@
 mod cluster;
 mod host;
 mod observe;
+mod pins;
 mod privileges;
 mod render;
 mod scope;

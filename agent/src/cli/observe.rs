@@ -281,6 +281,12 @@ pub(super) fn observe(a: ObserveArgs) -> Result<(), CliError> {
     if let Some(ns) = &a.netns {
         super::scope::enter_netns(ns)?;
     }
+    // No --pin-dir: the pins this namespace's last apply left, if elsewhere.
+    let a = ObserveArgs {
+        pin_dir: super::pins::resolve(&a.pin_dir),
+        ..a
+    };
+    super::scope::host_bpffs(&a.pin_dir, false)?;
     let found = super::scope::backends_to_act_on(a.backend, &a.pin_dir, "observe")?;
     let backend = match found.as_slice() {
         [one] => *one,
