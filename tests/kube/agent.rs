@@ -474,9 +474,17 @@ async fn agent_lists_from_the_watch_cache_not_etcd() {
     let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
     let name = obj.name_any();
     api.create(&PostParams::default(), &obj).await.unwrap();
-    // The watch caches of the new kinds fill (their own list from etcd) before counting.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let before = etcd_lists(&server);
+    // The watch caches of the new kinds fill (their own list from etcd) before counting: the
+    // counter settles (unchanged over a second) first, however loaded the machine.
+    let mut before = etcd_lists(&server);
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = etcd_lists(&server);
+        if now == before {
+            break;
+        }
+        before = now;
+    }
     // Sensitivity: a list without resourceVersion=0 is counted.
     let out = server
         .kubectl()

@@ -679,81 +679,88 @@ struct Watches {
 }
 
 impl Watches {
+    /// Every watch started at once and their first lists awaited together: one round trip to
+    /// the API server before a new gateway's first apply, not one per kind after another
+    /// (`cargo xtask bench-peers`: a gateway starting beside 50 others).
     async fn start(
         client: &kube::Client,
         api: &Api<DynamicObject>,
         settings: &Settings,
         changed: &Arc<super::Changes>,
     ) -> anyhow::Result<Self> {
-        let tenants = if settings.trust.tenant_namespaces {
-            Some(super::tenant_namespaces(client, changed.clone()).await?)
-        } else {
-            None
-        };
-        let configs = super::cache(
-            api.clone(),
-            super::watch_config().labels(&settings.selector),
-            super::fwc_resource(),
-            changed.clone(),
-        );
-        tracing::info!(selector = %settings.selector, host = %settings.host, "watching FirewallConfigurations");
-        configs
-            .wait_until_ready()
-            .await
-            .context("the FirewallConfiguration watch ended before its first list")?;
-        let liqo = match &settings.liqo_selector {
-            Some(sel) => {
-                let liqo = super::resource_of(Group::Liqo);
-                let r = super::cache(
-                    Api::<DynamicObject>::all_with(client.clone(), &liqo),
-                    super::watch_config().labels(sel),
-                    liqo,
-                    changed.clone(),
-                );
-                tracing::info!(selector = %sel, "also enforcing Liqo's FirewallConfigurations (read only)");
-                r.wait_until_ready()
+        let tenants = async {
+            if settings.trust.tenant_namespaces {
+                super::tenant_namespaces(client, changed.clone())
                     .await
-                    .context("the watch of Liqo's FirewallConfigurations ended before its first list (is Liqo's CRD installed?)")?;
-                Some(r)
+                    .map(Some)
+            } else {
+                Ok(None)
             }
-            None => None,
         };
-        let slices = {
+        let configs = async {
+            let r = super::cache(
+                api.clone(),
+                super::watch_config().labels(&settings.selector),
+                super::fwc_resource(),
+                changed.clone(),
+            );
+            tracing::info!(selector = %settings.selector, host = %settings.host, "watching FirewallConfigurations");
+            r.wait_until_ready()
+                .await
+                .context("the FirewallConfiguration watch ended before its first list")?;
+            anyhow::Ok(r)
+        };
+        let liqo = async {
+            let Some(sel) = &settings.liqo_selector else {
+                return Ok(None);
+            };
+            let liqo = super::resource_of(Group::Liqo);
+            let r = super::cache(
+                Api::<DynamicObject>::all_with(client.clone(), &liqo),
+                super::watch_config().labels(sel),
+                liqo,
+                changed.clone(),
+            );
+            tracing::info!(selector = %sel, "also enforcing Liqo's FirewallConfigurations (read only)");
+            r.wait_until_ready()
+                .await
+                .context("the watch of Liqo's FirewallConfigurations ended before its first list (is Liqo's CRD installed?)")?;
+            anyhow::Ok(Some(r))
+        };
+        let slices = async {
             let api =
                 Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
-            match api
+            let listed = match api
                 .list_metadata(&super::probe_params(Some(&settings.selector)))
                 .await
             {
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     tracing::warn!("peerwall's AddressSet CRD is not installed: sets fill from their inline elements only (apply deploy/common/crd.yaml)");
-                    None
+                    return Ok(None);
                 }
-                listed => {
-                    let r = super::cache(
-                        api,
-                        super::watch_config().labels(&settings.selector),
-                        super::address_set_resource(),
-                        changed.clone(),
-                    );
-                    if listed.is_ok() {
-                        r.wait_until_ready()
-                            .await
-                            .context("the AddressSet watch ended before its first list")?;
-                    }
-                    Some(r)
-                }
+                listed => listed.is_ok(),
+            };
+            let r = super::cache(
+                api,
+                super::watch_config().labels(&settings.selector),
+                super::address_set_resource(),
+                changed.clone(),
+            );
+            if listed {
+                r.wait_until_ready()
+                    .await
+                    .context("the AddressSet watch ended before its first list")?;
             }
+            anyhow::Ok(Some(r))
         };
-        let mut observed = Vec::new();
-        for sel in &settings.observe {
+        let observed = futures::future::try_join_all(settings.observe.iter().map(|sel| async move {
             let liqo = super::resource_of(Group::Liqo);
             let api = Api::<DynamicObject>::all_with(client.clone(), &liqo);
             // Without Liqo's CRD there is no Liqo NAT to observe.
             let listable = match api.list_metadata(&super::probe_params(Some(sel))).await {
                 Err(kube::Error::Api(e)) if e.code == 404 => {
                     tracing::warn!(selector = %sel, "Liqo's FirewallConfiguration CRD is not installed: no Liqo NAT to observe");
-                    continue;
+                    return Ok(None);
                 }
                 Err(e) => {
                     tracing::warn!(selector = %sel, error = %e, "Liqo's FirewallConfigurations cannot be listed yet; their NAT is taken into account once they can");
@@ -773,16 +780,27 @@ impl Watches {
                     "the watch of Liqo's FirewallConfigurations ended before its first list",
                 )?;
             }
-            observed.push(r);
-        }
-        let bindings = match &settings.liqo_target {
-            Some(target) if liqo.is_some() || !observed.is_empty() => {
-                liqo_bindings(client, changed)
-                    .await?
-                    .map(|r| (r, target.clone()))
+            anyhow::Ok(Some(r))
+        }));
+        // Bindings matter where Liqo's objects do (enforced or observed); where Liqo serves
+        // none, this finds out with one probe.
+        let bindings = async {
+            match &settings.liqo_target {
+                Some(target)
+                    if settings.liqo_selector.is_some() || !settings.observe.is_empty() =>
+                {
+                    Ok(liqo_bindings(client, changed)
+                        .await?
+                        .map(|r| (r, target.clone())))
+                }
+                _ => anyhow::Ok(None),
             }
-            _ => None,
         };
+        let (tenants, configs, liqo, slices, observed, bindings) =
+            tokio::try_join!(tenants, configs, liqo, slices, observed, bindings)?;
+        let observed: Vec<_> = observed.into_iter().flatten().collect();
+        // As before: no Liqo object enforced or observed after all, no bindings to follow.
+        let bindings = bindings.filter(|_| liqo.is_some() || !observed.is_empty());
         Ok(Self {
             tenants,
             configs,
