@@ -727,61 +727,13 @@ impl Watches {
                 .context("the watch of Liqo's FirewallConfigurations ended before its first list (is Liqo's CRD installed?)")?;
             anyhow::Ok(Some(r))
         };
-        let slices = async {
-            let api =
-                Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
-            let listed = match api
-                .list_metadata(&super::probe_params(Some(&settings.selector)))
-                .await
-            {
-                Err(kube::Error::Api(e)) if e.code == 404 => {
-                    tracing::warn!("peerwall's AddressSet CRD is not installed: sets fill from their inline elements only (apply deploy/common/crd.yaml)");
-                    return Ok(None);
-                }
-                listed => listed.is_ok(),
-            };
-            let r = super::cache(
-                api,
-                super::watch_config().labels(&settings.selector),
-                super::address_set_resource(),
-                changed.clone(),
-            );
-            if listed {
-                r.wait_until_ready()
-                    .await
-                    .context("the AddressSet watch ended before its first list")?;
-            }
-            anyhow::Ok(Some(r))
-        };
-        let observed = futures::future::try_join_all(settings.observe.iter().map(|sel| async move {
-            let liqo = super::resource_of(Group::Liqo);
-            let api = Api::<DynamicObject>::all_with(client.clone(), &liqo);
-            // Without Liqo's CRD there is no Liqo NAT to observe.
-            let listable = match api.list_metadata(&super::probe_params(Some(sel))).await {
-                Err(kube::Error::Api(e)) if e.code == 404 => {
-                    tracing::warn!(selector = %sel, "Liqo's FirewallConfiguration CRD is not installed: no Liqo NAT to observe");
-                    return Ok(None);
-                }
-                Err(e) => {
-                    tracing::warn!(selector = %sel, error = %e, "Liqo's FirewallConfigurations cannot be listed yet; their NAT is taken into account once they can");
-                    false
-                }
-                Ok(_) => true,
-            };
-            let r = super::cache(
-                api,
-                super::watch_config().labels(sel),
-                liqo,
-                changed.clone(),
-            );
-            tracing::info!(selector = %sel, "observing Liqo's FirewallConfigurations for their NAT (read only)");
-            if listable {
-                r.wait_until_ready().await.context(
-                    "the watch of Liqo's FirewallConfigurations ended before its first list",
-                )?;
-            }
-            anyhow::Ok(Some(r))
-        }));
+        let slices = address_sets(client, settings, changed);
+        let observed = futures::future::try_join_all(
+            settings
+                .observe
+                .iter()
+                .map(|sel| observe_liqo(client, sel, changed)),
+        );
         // Bindings matter where Liqo's objects do (enforced or observed); where Liqo serves
         // none, this finds out with one probe.
         let bindings = async {
@@ -878,6 +830,72 @@ impl Watches {
     fn slices(&self) -> Vec<Arc<DynamicObject>> {
         self.slices.as_ref().map(|r| r.state()).unwrap_or_default()
     }
+}
+
+/// peerwall's AddressSets of this host, watched (None where the CRD is not installed).
+async fn address_sets(
+    client: &kube::Client,
+    settings: &Settings,
+    changed: &Arc<super::Changes>,
+) -> anyhow::Result<Option<reflector::Store<DynamicObject>>> {
+    let api = Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
+    let listed = match api
+        .list_metadata(&super::probe_params(Some(&settings.selector)))
+        .await
+    {
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            tracing::warn!("peerwall's AddressSet CRD is not installed: sets fill from their inline elements only (apply deploy/common/crd.yaml)");
+            return Ok(None);
+        }
+        listed => listed.is_ok(),
+    };
+    let r = super::cache(
+        api,
+        super::watch_config().labels(&settings.selector),
+        super::address_set_resource(),
+        changed.clone(),
+    );
+    if listed {
+        r.wait_until_ready()
+            .await
+            .context("the AddressSet watch ended before its first list")?;
+    }
+    Ok(Some(r))
+}
+
+/// Liqo's FirewallConfigurations of selector `sel`, watched for their NAT (None where Liqo's
+/// CRD is not installed: no Liqo NAT to observe).
+async fn observe_liqo(
+    client: &kube::Client,
+    sel: &str,
+    changed: &Arc<super::Changes>,
+) -> anyhow::Result<Option<reflector::Store<DynamicObject>>> {
+    let liqo = super::resource_of(Group::Liqo);
+    let api = Api::<DynamicObject>::all_with(client.clone(), &liqo);
+    let listable = match api.list_metadata(&super::probe_params(Some(sel))).await {
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            tracing::warn!(selector = %sel, "Liqo's FirewallConfiguration CRD is not installed: no Liqo NAT to observe");
+            return Ok(None);
+        }
+        Err(e) => {
+            tracing::warn!(selector = %sel, error = %e, "Liqo's FirewallConfigurations cannot be listed yet; their NAT is taken into account once they can");
+            false
+        }
+        Ok(_) => true,
+    };
+    let r = super::cache(
+        api,
+        super::watch_config().labels(sel),
+        liqo,
+        changed.clone(),
+    );
+    tracing::info!(selector = %sel, "observing Liqo's FirewallConfigurations for their NAT (read only)");
+    if listable {
+        r.wait_until_ready()
+            .await
+            .context("the watch of Liqo's FirewallConfigurations ended before its first list")?;
+    }
+    Ok(Some(r))
 }
 
 /// The watch of Liqo's FirewallConfigurationBindings, listed once; None where Liqo serves none

@@ -240,31 +240,11 @@ pub fn run(
 ) -> anyhow::Result<()> {
     super::runtime()?.block_on(async move {
         let client = super::client().await?;
-        // Until it reaches the API server and its caches are synced, a stop ends it at once.
-        tokio::select! {
-            r = reach(&client) => r,
-            _ = stop.wait() => {
-                tracing::info!("controller stopping");
-                return Ok(());
-            }
-        }
         let changed = Arc::new(super::Changes::default());
-        let publisher = Arc::new(std::sync::Mutex::new(Publisher::new()));
-        let pods_listed = feed_pods(&client, &changed, &publisher);
-        let ctx = Arc::new(Ctx::watching(&client, &changed, opts, metrics, publisher));
-        // Nothing is published before every pod was listed: a cold cache never empties a set.
-        let synced = async {
-            ctx.synced(pods_listed).await?;
-            optional::watch_optional_kinds(&ctx, &client, &changed).await
+        let Some(ctx) = started(&client, &changed, opts, metrics, &stop).await? else {
+            tracing::info!("controller stopping");
+            return Ok(());
         };
-        tokio::select! {
-            r = synced => r?,
-            _ = stop.wait() => {
-                tracing::info!("controller stopping");
-                return Ok(());
-            }
-        }
-        tracing::info!("caches synced; reconciling");
         ctx.count(|m| m.ready = true);
         // Every cache change re-reconciles all peers (coalesced by Notify, then debounced),
         // in two loops: the slices (the addresses a new pod brings: O(changes), milliseconds)
@@ -353,6 +333,32 @@ pub fn run(
         tracing::info!("controller stopping");
         Ok(())
     })
+}
+
+/// The controller's context once it reached the API server and its caches are synced (nothing
+/// is published before every pod was listed: a cold cache never empties a set); None when a
+/// stop came first, which ends the wait at once.
+async fn started(
+    client: &Client,
+    changed: &Arc<super::Changes>,
+    opts: Options,
+    metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
+    stop: &crate::shutdown::Shutdown,
+) -> anyhow::Result<Option<Arc<Ctx>>> {
+    let setup = async {
+        reach(client).await;
+        let publisher = Arc::new(std::sync::Mutex::new(Publisher::new()));
+        let pods_listed = feed_pods(client, changed, &publisher);
+        let ctx = Arc::new(Ctx::watching(client, changed, opts, metrics, publisher));
+        ctx.synced(pods_listed).await?;
+        optional::watch_optional_kinds(&ctx, client, changed).await?;
+        tracing::info!("caches synced; reconciling");
+        anyhow::Ok(ctx)
+    };
+    tokio::select! {
+        r = setup => r.map(Some),
+        _ = stop.wait() => Ok(None),
+    }
 }
 
 /// Reach the API server before anything else, each failure reported with the server's answer
