@@ -371,3 +371,19 @@ pub fn compiled(c: &Cluster) -> peerwall_policy::ir::Policy {
         .unwrap_or_else(|e| panic!("the tier compiles: {e}"))
         .policy
 }
+
+/// x's pods isolated for ingress by a NetworkPolicy allowing only y/a on TCP 80.
+pub fn np_x_from_ya() -> NetworkPolicy {
+    let mut p = policy("x", "from-ya", Selector::default());
+    p.ingress = Some(vec![Rule {
+        peers: vec![Peer::Pods {
+            namespaces: Some(sel(&[("ns", "y")])),
+            pods: Some(sel(&[("pod", "a")])),
+        }],
+        ports: vec![Port {
+            protocol: Protocol::Tcp,
+            ports: Ports::Range(80, 80),
+        }],
+    }]);
+    p
+}

@@ -34,22 +34,6 @@ fn ns_subject(ns: &str) -> Subject {
     Subject::Namespaces(sel(&[("ns", ns)]))
 }
 
-/// x's pods isolated for ingress by a NetworkPolicy allowing only y/a on TCP 80.
-fn np_x_from_ya() -> NetworkPolicy {
-    let mut p = policy("x", "from-ya", Selector::default());
-    p.ingress = Some(vec![Rule {
-        peers: vec![crate::Peer::Pods {
-            namespaces: Some(sel(&[("ns", "y")])),
-            pods: Some(sel(&[("pod", "a")])),
-        }],
-        ports: vec![Port {
-            protocol: Protocol::Tcp,
-            ports: Ports::Range(80, 80),
-        }],
-    }]);
-    p
-}
-
 fn allowed(c: &Cluster, from: &str, to: &str) -> bool {
     decide(c, &flow(c, from, to, 6, 80)).allowed()
 }

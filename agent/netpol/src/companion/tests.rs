@@ -119,18 +119,7 @@ fn companions_let_a_cni_enforcing_cluster_policies_allow_what_the_admin_tier_acc
 fn a_companion_selects_only_pods_a_networkpolicy_already_isolates() {
     // x's pods isolated for ingress (from y/a on TCP 80); an Admin accept of every remote pod of
     // namespace y for x's pods labelled pod=a.
-    let mut np = policy("x", "from-ya", Selector::default());
-    np.ingress = Some(vec![Rule {
-        peers: vec![crate::Peer::Pods {
-            namespaces: Some(sel(&[("ns", "y")])),
-            pods: Some(sel(&[("pod", "a")])),
-        }],
-        ports: vec![Port {
-            protocol: Protocol::Tcp,
-            ports: Ports::Range(80, 80),
-        }],
-    }]);
-    let mut c = cluster(vec![np]);
+    let mut c = cluster(vec![np_x_from_ya()]);
     let mut p = ClusterNetworkPolicy {
         name: "remote-y".into(),
         tier: Tier::Admin,
