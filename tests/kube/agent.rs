@@ -515,3 +515,65 @@ async fn agent_lists_from_the_watch_cache_not_etcd() {
         "the agent read lists through to etcd"
     );
 }
+
+/// An object that carries this host's finalizer but is no longer selected here (its labels
+/// changed while the agent was away) is released when the agent starts again: otherwise its
+/// deletion would hang forever. The release comes after the agent's first round (it keeps no
+/// new gateway behind its boot policy), and the object it still selects keeps its finalizer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_releases_objects_it_no_longer_selects() {
+    let t = Topology::new();
+    let server = api_server();
+    let client = server.client().await;
+    install_crd(&client).await;
+    tenant_namespace(&client, "cluster1").await;
+    let api = fwc_api(&client, "liqo-tenant-cluster1");
+    let mut kept = thesis_block();
+    kept["metadata"]["name"] = json!("kept");
+    kept["spec"]["table"]["name"] = json!("kept_table");
+    for o in [thesis_block(), kept] {
+        let obj: DynamicObject = serde_json::from_value(o).unwrap();
+        api.create(&PostParams::default(), &obj).await.unwrap();
+    }
+    let name = thesis_block()["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let finalizer = "peerwall.io/agent-gw-test";
+    let has = |o: &DynamicObject| o.finalizers().iter().any(|f| f == finalizer);
+    {
+        let _agent = agent(&server, &t.gateway, "gw-test", "peerwall.io/target=gateway");
+        applied(&api, &name, "gw-test").await;
+        applied(&api, "kept", "gw-test").await;
+        assert!(has(&api.get(&name).await.unwrap()));
+    }
+    // While the agent is away, the object stops being selected here.
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"peerwall.io/target": "elsewhere"}}})),
+    )
+    .await
+    .unwrap();
+    assert!(
+        has(&api.get(&name).await.unwrap()),
+        "still held before the restart"
+    );
+    let _agent = agent(&server, &t.gateway, "gw-test", "peerwall.io/target=gateway");
+    eventually(
+        "the stale finalizer released",
+        Duration::from_secs(30),
+        || async { (!has(&api.get(&name).await.ok()?)).then_some(()) },
+    )
+    .await;
+    assert!(
+        has(&api.get("kept").await.unwrap()),
+        "the selected one stays held"
+    );
+    // And its deletion completes.
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
+    eventually("the object to be gone", Duration::from_secs(20), || async {
+        api.get_opt(&name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+}

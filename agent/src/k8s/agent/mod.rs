@@ -611,7 +611,9 @@ pub fn run(
         let changed = Arc::new(super::Changes::default());
         let mut watches = Watches::start(&client, &api, &settings, &changed).await?;
         let mut agent = Agent::new(client, api, settings, engine.backend_name());
-        agent.release_unselected(&watches.configs).await;
+        // Stale finalizers are released after the first round: their list is no reason to
+        // keep a new gateway behind its boot policy one more round trip.
+        let mut released = false;
         let mut dirty = true;
         let mut summarized = std::time::Instant::now();
         while !stop.is_set() {
@@ -638,6 +640,10 @@ pub fn run(
                         &watches.tenants(),
                     )
                     .await;
+                if !released {
+                    agent.release_unselected(&watches.configs).await;
+                    released = true;
+                }
             } else {
                 tokio::task::block_in_place(|| engine.maintain());
             }
