@@ -12,6 +12,7 @@ use crate::TARGET;
 use crate::TARGET_GATEWAY;
 
 use crate::exceptions;
+use crate::index::Kind;
 use crate::peers::Peer;
 use crate::peers::PeerSets;
 use peerwall_intent::types as api;
@@ -342,16 +343,16 @@ pub fn gateway_spec_with(
             counter: None,
         }
     };
-    let mut names = vec![("offloaded", &s.offloaded), ("remote", &s.remote)];
+    let mut names = vec![(Kind::Offloaded, &s.offloaded), (Kind::Remote, &s.remote)];
     if settings.block_leaf_to_leaf {
-        names.push(("elsewhere", &s.elsewhere));
+        names.push((Kind::Elsewhere, &s.elsewhere));
     }
     let mut sets: Vec<api::Set> = names
         .iter()
-        .flat_map(|(name, ips)| {
+        .flat_map(|(kind, ips)| {
             [
-                set_of(name.to_string(), ips, false),
-                set_of(format!("{name}6"), ips, true),
+                set_of(kind.base_name().to_string(), ips, false),
+                set_of(kind.v6_name(), ips, true),
             ]
         })
         .collect();

@@ -40,10 +40,15 @@ impl Kind {
         }
     }
 
+    /// The IPv6 set's name (the IPv4 one's, ending in `6`).
+    pub fn v6_name(self) -> String {
+        format!("{}6", self.base_name())
+    }
+
     /// The name of the set holding `ip` ([`super::set_contents`]'s naming).
     pub fn set_name(self, ip: IpAddr) -> String {
         if ip.is_ipv6() {
-            format!("{}6", self.base_name())
+            self.v6_name()
         } else {
             self.base_name().to_string()
         }

@@ -478,7 +478,7 @@ impl Publisher {
                             .into_iter()
                             .map(|ip| (*k, ip)),
                     );
-                    for set in [k.base_name().to_string(), format!("{}6", k.base_name())] {
+                    for set in [k.base_name().to_string(), k.v6_name()] {
                         all.extend(
                             published
                                 .map(|p| p.members(&set))

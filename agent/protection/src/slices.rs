@@ -8,6 +8,7 @@ use crate::TARGET;
 use crate::TARGET_GATEWAY;
 
 use crate::gateway::Options;
+use crate::index::Kind;
 use crate::peers::Peer;
 use crate::peers::PeerSets;
 use crate::GATEWAY_CONFIG;
@@ -18,21 +19,21 @@ use std::net::IpAddr;
 
 /// The names of the sets of a gateway configuration, each with the addresses of `s` it holds.
 pub fn set_contents<'a>(s: &'a PeerSets, opts: &Options) -> Vec<(String, BTreeSet<IpAddr>)> {
-    let mut names: Vec<(&str, &'a BTreeSet<IpAddr>)> =
-        vec![("offloaded", &s.offloaded), ("remote", &s.remote)];
+    let mut names: Vec<(Kind, &'a BTreeSet<IpAddr>)> =
+        vec![(Kind::Offloaded, &s.offloaded), (Kind::Remote, &s.remote)];
     if opts.block_leaf_to_leaf {
-        names.push(("elsewhere", &s.elsewhere));
+        names.push((Kind::Elsewhere, &s.elsewhere));
     }
     names
         .into_iter()
-        .flat_map(|(name, ips)| {
+        .flat_map(|(kind, ips)| {
             [
                 (
-                    name.to_string(),
+                    kind.base_name().to_string(),
                     ips.iter().filter(|i| i.is_ipv4()).copied().collect(),
                 ),
                 (
-                    format!("{name}6"),
+                    kind.v6_name(),
                     ips.iter().filter(|i| i.is_ipv6()).copied().collect(),
                 ),
             ]

@@ -134,10 +134,10 @@ pub(super) fn published_configs(ctx: &Ctx) -> BTreeMap<String, (bool, BTreeSet<I
             .into_iter()
             .flatten()
             .filter(|s| {
-                matches!(
-                    s.get("name").and_then(|n| n.as_str()),
-                    Some("offloaded" | "offloaded6")
-                )
+                s.get("name")
+                    .and_then(|n| n.as_str())
+                    .and_then(crate::protection::index::Kind::of_set)
+                    .is_some_and(|(kind, _)| kind == crate::protection::index::Kind::Offloaded)
             })
             .flat_map(|s| {
                 s.get("elements")
