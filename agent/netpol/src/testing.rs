@@ -387,3 +387,13 @@ pub fn np_x_from_ya() -> NetworkPolicy {
     }]);
     p
 }
+
+/// A ClusterNetworkPolicy rule: `action` for every pod of the namespaces labelled `ns=<ns>`.
+pub fn from_ns(action: cnp::Action, ns: &str) -> cnp::Rule {
+    cnp::Rule {
+        name: String::new(),
+        action,
+        peers: vec![cnp::Peer::Namespaces(sel(&[("ns", ns)]))],
+        ports: Vec::new(),
+    }
+}

@@ -21,15 +21,6 @@ fn cnp(name: &str, tier: Tier, priority: u32, subject: Subject) -> ClusterNetwor
     }
 }
 
-fn from_ns(action: Action, ns: &str) -> CnpRule {
-    CnpRule {
-        name: String::new(),
-        action,
-        peers: vec![Peer::Namespaces(sel(&[("ns", ns)]))],
-        ports: Vec::new(),
-    }
-}
-
 fn ns_subject(ns: &str) -> Subject {
     Subject::Namespaces(sel(&[("ns", ns)]))
 }

@@ -4,19 +4,10 @@
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::cnp::{Action, ClusterNetworkPolicy, Peer, Rule as CnpRule, Subject, Tier};
+use crate::cnp::{Action, ClusterNetworkPolicy, Peer, Subject, Tier};
 use crate::eval::{decide, Flow};
 use crate::testing::*;
 use crate::*;
-
-fn from_ns(action: Action, ns: &str) -> CnpRule {
-    CnpRule {
-        name: String::new(),
-        action,
-        peers: vec![Peer::Namespaces(sel(&[("ns", ns)]))],
-        ports: Vec::new(),
-    }
-}
 
 /// Whether a rule of `c`'s ClusterNetworkPolicies in one direction can match `addr` as a bare
 /// address, as a CNI sees a remote pod: a `networks` peer covering it, or a peer the reference
