@@ -103,8 +103,31 @@ fn accepts(rules: &[CnpRule]) -> Vec<Rule> {
         .collect()
 }
 
-/// The companion of the pair (`np`, `cnp`), None when it would carry no rule.
-fn companion(cluster: &Cluster, np: &NetworkPolicy, cnp: &ClusterNetworkPolicy) -> Option<Value> {
+/// An Admin ClusterNetworkPolicy with its companion rules per direction (ingress, egress),
+/// computed once: its peers name namespaces explicitly, so the rules are the same beside every
+/// NetworkPolicy (only the selector and the namespace differ).
+struct Admin<'a> {
+    cnp: &'a ClusterNetworkPolicy,
+    rules: [Vec<Value>; 2],
+}
+
+impl<'a> Admin<'a> {
+    fn new(cluster: &Cluster, cnp: &'a ClusterNetworkPolicy) -> Self {
+        // The namespace only matters to a peer without a namespace selector: none here.
+        let of = |rules: &[CnpRule], egress| direction_rules(cluster, "", &accepts(rules), egress);
+        Self {
+            cnp,
+            rules: [of(&cnp.ingress, false), of(&cnp.egress, true)],
+        }
+    }
+}
+
+/// The companion of the pair (`np`, `admin`), None when it would carry no rule.
+fn companion(cluster: &Cluster, np: &NetworkPolicy, admin: &Admin<'_>) -> Option<Value> {
+    let cnp = admin.cnp;
+    if admin.rules.iter().all(Vec::is_empty) {
+        return None;
+    }
     let ns_labels = cluster.namespaces.get(&np.namespace)?;
     let pods = match &cnp.subject {
         Subject::Namespaces(ns) => ns.matches(ns_labels).then(Selector::default)?,
@@ -115,15 +138,11 @@ fn companion(cluster: &Cluster, np: &NetworkPolicy, cnp: &ClusterNetworkPolicy) 
     let selector = both(&np.pod_selector, &pods)?;
     let mut spec = json!({"podSelector": selector_json(&selector)});
     let mut types = Vec::new();
-    for (egress, isolates, rules) in [
-        (false, np.ingress.is_some(), &cnp.ingress),
-        (true, np.egress.is_some(), &cnp.egress),
+    for (egress, isolates, out) in [
+        (false, np.ingress.is_some(), &admin.rules[0]),
+        (true, np.egress.is_some(), &admin.rules[1]),
     ] {
-        if !isolates {
-            continue;
-        }
-        let out = direction_rules(cluster, &np.namespace, &accepts(rules), egress);
-        if out.is_empty() {
+        if !isolates || out.is_empty() {
             continue;
         }
         let (kind, key) = if egress {
@@ -132,7 +151,7 @@ fn companion(cluster: &Cluster, np: &NetworkPolicy, cnp: &ClusterNetworkPolicy) 
             ("Ingress", "ingress")
         };
         types.push(kind);
-        spec[key] = Value::Array(out);
+        spec[key] = Value::Array(out.clone());
     }
     if types.is_empty() {
         return None;
@@ -160,13 +179,16 @@ pub fn companions<'a>(
     cluster: &'a Cluster,
     policies: impl Iterator<Item = &'a NetworkPolicy>,
 ) -> Vec<Companion> {
-    let admin = order(cluster.cluster_policies.iter(), Tier::Admin);
+    let admin: Vec<Admin<'_>> = order(cluster.cluster_policies.iter(), Tier::Admin)
+        .into_iter()
+        .map(|cnp| Admin::new(cluster, cnp))
+        .collect();
     let mut out = BTreeMap::new();
     for np in policies {
-        for cnp in &admin {
-            if let Some(object) = companion(cluster, np, cnp) {
+        for a in &admin {
+            if let Some(object) = companion(cluster, np, a) {
                 out.insert(
-                    (np.namespace.clone(), name(&np.name, &cnp.name)),
+                    (np.namespace.clone(), name(&np.name, &a.cnp.name)),
                     Companion {
                         owner: np.name.clone(),
                         object,
