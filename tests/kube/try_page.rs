@@ -81,8 +81,17 @@ fn the_try_page_works_as_written() {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(dir.join("examples")).unwrap();
     let _stop = Started(dir.clone());
+    // The page's API port: etcd takes it + 10000 and + 10001 (`cargo xtask kube-up`), so
+    // all three free and below the kernel's ephemeral range.
+    let api_port = loop {
+        let p = 20000 + rand::random::<u16>() % 2700;
+        let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+        if free(p) && free(p + 10000) && free(p + 10001) {
+            break p;
+        }
+    };
     let ports = [
-        (16443, free_port()),
+        (16443, api_port),
         (16444, free_port()),
         (16445, free_port()),
     ];

@@ -2,10 +2,11 @@
 # Carried from the shared recipe (docs/kube-apiserver.md); used by `cargo xtask kube-build` / `kube-up` and tests/kube.rs.
 # Starts etcd + kube-apiserver (+ kube-controller-manager for namespace deletion and garbage
 # collection) on 127.0.0.1 with fresh certificates. Prints the kubeconfig path when ready.
-# Usage: start-apiserver.sh BIN_DIR RUN_DIR [API_PORT]   Stop: kill $(cat RUN_DIR/*.pid)
+# Usage: start-apiserver.sh BIN_DIR RUN_DIR [API_PORT [ETCD_PORT]]   Stop: kill $(cat RUN_DIR/*.pid)
+# etcd listens on ETCD_PORT (default API_PORT+10000) and the next port.
 set -euo pipefail
 BIN=${1:?BIN_DIR}; R=${2:?RUN_DIR}; PORT=${3:-16443}
-ETCD=$((PORT + 10000)); PEER=$((PORT + 10001))
+ETCD=${4:-$((PORT + 10000))}; PEER=$((ETCD + 1))
 mkdir -p "$R/pki"; rm -rf "$R/etcd-data"; P="$R/pki"
 o() { openssl "$@" 2>/dev/null; }
 o req -x509 -newkey rsa:2048 -nodes -keyout "$P/ca.key" -out "$P/ca.crt" -days 365 -subj /CN=test-ca

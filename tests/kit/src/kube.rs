@@ -60,7 +60,7 @@ pub struct ApiServer {
 }
 
 impl ApiServer {
-    /// Start one on a free port (API server P, etcd P+10000 and P+10001); `peerwall`: the
+    /// Start one on free ports below the ephemeral range (API server, etcd and its peer port); `peerwall`: the
     /// binary [`ApiServer::peerwall`] runs against it.
     pub fn start(peerwall: impl Into<PathBuf>) -> Self {
         let bin = kube_bin_dir();
@@ -69,10 +69,14 @@ impl ApiServer {
             "no kube-apiserver in {}: run `cargo xtask setup` (or `cargo xtask kube-build`)",
             bin.display()
         );
-        let port = loop {
-            let p = 20000 + (rand::random::<u16>() % 5000) * 2;
-            if port_free(p) && port_free(p + 10000) && port_free(p + 10001) {
-                break p;
+        // All three below the kernel's ephemeral range (32768 and up by default): a port
+        // there can be taken between this check and etcd's bind by any outgoing connection of
+        // the tests running beside (seen: etcd never came up, "context deadline exceeded").
+        let (port, etcd) = loop {
+            let p = 20000 + (rand::random::<u16>() % 6000) * 2;
+            let e = 10000 + (rand::random::<u16>() % 6000) * 2;
+            if port_free(p) && port_free(e) && port_free(e + 1) {
+                break (p, e);
             }
         };
         let dir = std::env::temp_dir().join(format!("peerwall-kube-{}-{port}", std::process::id()));
@@ -88,6 +92,7 @@ impl ApiServer {
             .arg(&bin)
             .arg(&me.dir)
             .arg(port.to_string())
+            .arg(etcd.to_string())
             .output()
             .expect("running start-apiserver.sh");
         assert!(
