@@ -6,7 +6,7 @@
 mod common;
 
 use common::*;
-use peerwall_backend::{Backend, Flow};
+use peerwall_backend::{Flow, Observe, Revoke};
 use peerwall_backend_nftables::{Nft, NftBackend};
 
 /// A namespace whose own traffic is tracked (an output-hook rule that uses conntrack).

@@ -118,7 +118,7 @@ pub struct Boot {
     /// Released: the boot table is gone from the kernel and never comes back.
     released: bool,
     /// The backend was asked to hold it until it filters the tunnel
-    /// ([`peerwall_backend::Backend::hold_boot`]).
+    /// ([`peerwall_backend::HoldBoot::hold_boot`]).
     held: bool,
 }
 
@@ -134,11 +134,11 @@ pub fn boot_policy(obj: serde_json::Value) -> anyhow::Result<peerwall_policy::ir
 
 impl Boot {
     /// Put this boot policy in force through `backend` now
-    /// ([`peerwall_backend::Backend::hold_boot`]: only where nothing of peerwall's enforces
+    /// ([`peerwall_backend::HoldBoot::hold_boot`]: only where nothing of peerwall's enforces
     /// yet), before an engine exists (a bpf gateway waiting for its turn to load).
     pub fn hold_in(
         &self,
-        backend: &mut dyn peerwall_backend::Backend,
+        backend: &mut dyn peerwall_backend::HoldBoot,
     ) -> Result<bool, peerwall_backend::BackendError> {
         backend.hold_boot(&self.policy, &self.tunnel)
     }
@@ -207,7 +207,7 @@ impl Engine {
 
     /// Before the first apply (as soon as the enforcer exists, and again before each apply
     /// until it worked): have the backend put the boot policy in force where nothing of
-    /// peerwall's enforces yet ([`peerwall_backend::Backend::hold_boot`]). Asked once; a
+    /// peerwall's enforces yet ([`peerwall_backend::HoldBoot::hold_boot`]). Asked once; a
     /// failure is logged and asked again at the next apply.
     pub fn hold_boot(&mut self) {
         let Some(b) = self.boot.as_mut().filter(|b| !b.released && !b.held) else {

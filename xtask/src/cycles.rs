@@ -237,6 +237,41 @@ fn strongly_connected(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<Str
     s.out
 }
 
+/// The backend crates only `peerwall-backend-select` may name above the backend layer
+/// (docs/layout.md).
+pub const BACKEND_CRATES: [&str; 2] = ["peerwall_backend_nftables", "peerwall_backend_bpf"];
+
+/// Lines of the binary crate's `src` that name a backend crate ([`BACKEND_CRATES`]) outside
+/// `src/<allowed>/` (the lab, which writes Liqo's own tables and reads its pins), as
+/// `path:line: text`; comments aside.
+pub fn backend_crates_named(src: &Path, allowed: &str) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)?.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p != src.join(allowed) {
+                    stack.push(p);
+                }
+                continue;
+            }
+            if p.extension().is_none_or(|x| x != "rs") {
+                continue;
+            }
+            let code = std::fs::read_to_string(&p)?;
+            for (i, line) in code.lines().enumerate() {
+                let t = line.trim_start();
+                if !t.starts_with("//") && BACKEND_CRATES.iter().any(|c| t.contains(c)) {
+                    out.push(format!("{}:{}: {}", p.display(), i + 1, t));
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// Every crate's `src` under `root` (a `Cargo.toml` beside it), fuzz targets left out.
 pub fn crate_sources(root: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
@@ -270,6 +305,28 @@ mod tests {
             g.entry(a.to_string()).or_default().insert(b.to_string());
         }
         g
+    }
+
+    #[test]
+    fn a_backend_crate_named_outside_the_lab_is_reported() {
+        let dir = std::env::temp_dir().join(format!("xtask-layer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("lab")).expect("mkdir");
+        std::fs::create_dir_all(dir.join("cli")).expect("mkdir");
+        std::fs::write(
+            dir.join("lab/mod.rs"),
+            "use peerwall_backend_bpf::loader;\n",
+        )
+        .expect("w");
+        std::fs::write(
+            dir.join("cli/render.rs"),
+            "// peerwall_backend_bpf in a comment\nuse peerwall_backend_select::X;\nfn f() { peerwall_backend_nftables::g() }\n",
+        )
+        .expect("w");
+        let found = backend_crates_named(&dir, "lab").expect("reads");
+        let _ = std::fs::remove_dir_all(&dir);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].ends_with("cli/render.rs:3: fn f() { peerwall_backend_nftables::g() }"));
     }
 
     #[test]

@@ -354,8 +354,15 @@ fn check_cycles() -> Result<()> {
             found.push(format!("{}: {}", krate.display(), c.join(" <-> ")));
         }
     }
+    let named = cycles::backend_crates_named(&root().join("agent/src"), "lab")?;
+    if !named.is_empty() {
+        bail!(
+            "the binary names a backend crate outside lab/ (go through peerwall-backend-select: `open`, `rendering`, `installed`; docs/layout.md):\n  {}",
+            named.join("\n  ")
+        );
+    }
     if found.is_empty() {
-        println!("module cycles: none");
+        println!("module cycles: none; backend crates named only through peerwall-backend-select");
         return Ok(());
     }
     bail!(

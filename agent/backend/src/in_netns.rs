@@ -10,8 +10,8 @@ use std::sync::mpsc;
 use peerwall_policy::ir::Policy;
 
 use crate::{
-    Backend, BackendError, Drift, EventError, EventSource, Fault, HostInterface, Report,
-    RuleCounter,
+    Backend, BackendError, Drift, Enforce, EventError, EventSource, Fault, HoldBoot, HostInterface,
+    Observe, Report, Revoke, RuleCounter,
 };
 
 /// Why a call into another namespace failed before the backend could answer.
@@ -133,7 +133,7 @@ impl InNetns {
     }
 }
 
-impl Backend for InNetns {
+impl Enforce for InNetns {
     fn name(&self) -> &'static str {
         self.name
     }
@@ -161,16 +161,28 @@ impl Backend for InNetns {
         self.call_backend("deleting", |b| b.delete())
     }
 
+    fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
+        self.call_backend("repairing drift", |b| b.repair())
+    }
+
+    fn environment(&self) -> Vec<HostInterface> {
+        // A namespace whose thread is gone has no interfaces to follow.
+        self.call(|b| b.environment()).unwrap_or_default()
+    }
+
+    fn classifies_before_nat(&self) -> bool {
+        // Fixed per backend; a namespace whose thread is gone answers as nftables would.
+        self.call(|b| b.classifies_before_nat()).unwrap_or(false)
+    }
+}
+
+impl Observe for InNetns {
     fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendError> {
         self.call_backend("reading rule counters", |b| b.counters())
     }
 
     fn drift(&mut self) -> Result<Vec<Drift>, BackendError> {
         self.call_backend("reading drift", |b| b.drift())
-    }
-
-    fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
-        self.call_backend("repairing drift", |b| b.repair())
     }
 
     fn allow_all(&mut self) -> Result<bool, BackendError> {
@@ -185,6 +197,17 @@ impl Backend for InNetns {
         self.call_backend("listing connections", |b| b.flows())
     }
 
+    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
+        // Made on the namespace's thread (NFLOG and interface-name sockets belong to the
+        // namespace they are made in), read from any.
+        self.call(|b| b.events()).map_err(|e| EventError::Io {
+            what: "opening the event source in the enforcer's namespace",
+            source: std::io::Error::other(e.to_string()),
+        })?
+    }
+}
+
+impl Revoke for InNetns {
     fn end_flows(&mut self, flows: &[crate::Flow]) -> Result<usize, BackendError> {
         let flows = flows.to_vec();
         self.call_backend("ending connections", move |b| b.end_flows(&flows))
@@ -200,26 +223,9 @@ impl Backend for InNetns {
             b.release_flows(&flows)
         })
     }
+}
 
-    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
-        // Made on the namespace's thread (NFLOG and interface-name sockets belong to the
-        // namespace they are made in), read from any.
-        self.call(|b| b.events()).map_err(|e| EventError::Io {
-            what: "opening the event source in the enforcer's namespace",
-            source: std::io::Error::other(e.to_string()),
-        })?
-    }
-
-    fn environment(&self) -> Vec<HostInterface> {
-        // A namespace whose thread is gone has no interfaces to follow.
-        self.call(|b| b.environment()).unwrap_or_default()
-    }
-
-    fn classifies_before_nat(&self) -> bool {
-        // Fixed per backend; a namespace whose thread is gone answers as nftables would.
-        self.call(|b| b.classifies_before_nat()).unwrap_or(false)
-    }
-
+impl HoldBoot for InNetns {
     fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendError> {
         let (table, tunnel) = (table.to_string(), tunnel.to_string());
         self.call_backend("releasing the boot table", move |b| {

@@ -1,5 +1,5 @@
-//! The connections a backend ended and keeps ended ([`crate::Backend::end_flows`]), recorded
-//! so that a change that allows them again can let them go ([`crate::Backend::release_flows`])
+//! The connections a backend ended and keeps ended ([`crate::Revoke::end_flows`]), recorded
+//! so that a change that allows them again can let them go ([`crate::Revoke::release_flows`])
 //! without walking the datapath's tables. Bounded: past `cap` records the oldest go first
 //! (those most likely expired in the kernel already; one still held is then only let go once
 //! both its sides have been quiet).

@@ -52,7 +52,7 @@ pub enum Drift {
 }
 
 /// A tracked connection by its original direction (the packet that opened it): what
-/// [`Backend::flows`] lists and [`Backend::end_flows`] ends. ICMP echo: the identifier in
+/// [`Observe::flows`] lists and [`Revoke::end_flows`] ends. ICMP echo: the identifier in
 /// `sport`, 0 in `dport`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Flow {
@@ -77,14 +77,13 @@ pub struct HostInterface {
     pub ifindex: u32,
 }
 
-/// An enforcer of the policy IR in one network namespace: the one face of every backend
-/// (object-safe; each backend's typed reports and errors travel as [`Report`] and
-/// [`BackendError`]).
+/// Putting the policy IR in force in one network namespace: what the agent's engine and
+/// `peerwall apply` drive.
 ///
-/// Contract: [`Backend::apply`] makes `policy` the whole policy in force, in one step that
+/// Contract: [`Enforce::apply`] makes `policy` the whole policy in force, in one step that
 /// either happens completely or leaves the previous policy in force; applying the same policy
 /// twice changes nothing in the kernel.
-pub trait Backend: Send {
+pub trait Enforce: Send {
     /// `nftables` or `bpf`.
     fn name(&self) -> &'static str;
 
@@ -95,7 +94,7 @@ pub trait Backend: Send {
     /// applied only by `changes` (named address sets edited in place,
     /// [`Policy::edit_set`]): a backend that can change just those elements in the kernel
     /// does so, in O(changes); the default applies `policy` whole. Same contract as
-    /// [`Backend::apply`].
+    /// [`Enforce::apply`].
     fn update_sets(
         &mut self,
         policy: &Policy,
@@ -116,16 +115,34 @@ pub trait Backend: Send {
     /// Remove everything this backend installed; returns what was removed.
     fn delete(&mut self) -> Result<Vec<String>, BackendError>;
 
+    /// Restore what drifted; returns what was repaired. Called periodically by the agent.
+    fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
+        Ok(Vec::new())
+    }
+
+    /// The part of the host outside the policy that the backend follows (bpf: the
+    /// interfaces it resolves and attaches to). When it changes, the caller applies again.
+    fn environment(&self) -> Vec<HostInterface> {
+        Vec::new()
+    }
+
+    /// Whether the datapath classifies packets before the host's NAT (bpf: at ingress,
+    /// before prerouting's DNAT), and so needs the NAT tables in force (Liqo's remapping) to
+    /// classify on the addresses the forward hook would see. nftables' forward hook sees
+    /// through NAT by itself: false.
+    fn classifies_before_nat(&self) -> bool {
+        false
+    }
+}
+
+/// Reading what is in force: counters, drift, the emergency switch, the connections tracked
+/// and the events (the agent's metrics and `/events`, `peerwall status`, `observe`).
+pub trait Observe {
     /// Rule counters of what is in force.
     fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendError>;
 
     /// What in the kernel differs from what was applied (backends that cannot drift: none).
     fn drift(&mut self) -> Result<Vec<Drift>, BackendError> {
-        Ok(Vec::new())
-    }
-
-    /// Restore what drifted; returns what was repaired. Called periodically by the agent.
-    fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
         Ok(Vec::new())
     }
 
@@ -146,6 +163,18 @@ pub trait Backend: Send {
     /// namespace; bpf: its flow table), by original direction.
     fn flows(&mut self) -> Result<Vec<Flow>, BackendError>;
 
+    /// Where the events of what is in force come from (drops, rejects, would-drops, and with
+    /// the flow log accepted flows; [`events`]). Call it on the backend's own thread (inside its
+    /// network namespace); the source may then be read from any thread. Err([`EventError::Off`])
+    /// when the backend was built without events.
+    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
+        Err(EventError::Off)
+    }
+}
+
+/// Ending connections the policy no longer allows (the agent's revocation), and letting
+/// them go again.
+pub trait Revoke {
     /// End these connections: every later packet of them, either way, is `ct state invalid`
     /// and none starts them again mid-stream (a TCP packet other than a SYN opens no flow), so
     /// only the policy in force decides anew. Returns how many were found and ended.
@@ -162,29 +191,11 @@ pub trait Backend: Send {
     fn release_flows(&mut self, _flows: &[Flow]) -> Result<usize, BackendError> {
         Ok(0)
     }
+}
 
-    /// Where the events of what is in force come from (drops, rejects, would-drops, and with
-    /// the flow log accepted flows; [`events`]). Call it on the backend's own thread (inside its
-    /// network namespace); the source may then be read from any thread. Err([`EventError::Off`])
-    /// when the backend was built without events.
-    fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
-        Err(EventError::Off)
-    }
-
-    /// The part of the host outside the policy that the backend follows (bpf: the
-    /// interfaces it resolves and attaches to). When it changes, the caller applies again.
-    fn environment(&self) -> Vec<HostInterface> {
-        Vec::new()
-    }
-
-    /// Whether the datapath classifies packets before the host's NAT (bpf: at ingress,
-    /// before prerouting's DNAT), and so needs the NAT tables in force (Liqo's remapping) to
-    /// classify on the addresses the forward hook would see. nftables' forward hook sees
-    /// through NAT by itself: false.
-    fn classifies_before_nat(&self) -> bool {
-        false
-    }
-
+/// A gateway's boot policy (`peerwall boot`): held before the first apply, let go once the
+/// policy in force supersedes it.
+pub trait HoldBoot {
     /// Let a gateway's boot table go (`peerwall boot`: an nftables table denying what comes
     /// from the tunnel until the agent's policy is in force), now that the policy applied last
     /// supersedes it. Ok(true): gone (or never there); Ok(false): not yet, ask again later
@@ -209,3 +220,12 @@ pub trait Backend: Send {
         Ok(false)
     }
 }
+
+/// An enforcer of the policy IR in one network namespace: the one face of every backend,
+/// object-safe (each backend's typed reports and errors travel as [`Report`] and
+/// [`BackendError`]), made of what its callers need, each a trait of its own ([`Enforce`],
+/// [`Observe`], [`Revoke`], [`HoldBoot`]); a caller that needs one part takes
+/// `&mut dyn Observe` (say), which a `&mut dyn Backend` becomes.
+pub trait Backend: Enforce + Observe + Revoke + HoldBoot {}
+
+impl<T: Enforce + Observe + Revoke + HoldBoot + ?Sized> Backend for T {}

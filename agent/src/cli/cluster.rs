@@ -70,14 +70,11 @@ pub(super) fn compile(
             for (peer, objs) in &o.enforced {
                 let compiled = compile_objects(objs)?;
                 text.push_str(&format!("# the gateway of peer {peer}\n"));
-                if backend == BackendKind::Bpf {
-                    let view = super::render::bpf_view(&compiled)?;
-                    text.push_str(&peerwall_backend_bpf::view::text(&view));
-                    continue;
-                }
-                for t in nftables::render_policy(&compiled, RenderOptions::default()) {
-                    text.push_str(&text::table_text(&t));
-                }
+                text.push_str(&super::render::rendered(
+                    &compiled,
+                    backend,
+                    peerwall_backend_select::rendering::Format::Text,
+                )?);
             }
             out(&text)
         }

@@ -13,7 +13,7 @@ pub struct HostArgs {
     #[arg(long)]
     pub netns: Option<String>,
     /// Where the bpf datapath's maps and links are pinned.
-    #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
+    #[arg(long, default_value = peerwall_backend_select::PIN_DIR)]
     pub pin_dir: PathBuf,
     /// In the DaemonSet's agent pod: act inside the gateway pod of this peer on this node (its
     /// network namespace and pins, as the agent recorded them), e.g. `kubectl -n
@@ -190,16 +190,14 @@ pub(super) fn delete(backend: Option<BackendKind>, at: &HostArgs) -> Result<(), 
 pub(super) fn inspect(at: &HostArgs, output: Output) -> Result<(), CliError> {
     let at = at.enter("inspect", false)?;
     backends_to_act_on(Some(BackendKind::Bpf), &at.pin_dir, "inspect")?;
-    let i = peerwall_backend_bpf::inspect::inspect(&at.pin_dir)
+    let format = match output {
+        Output::Json => peerwall_backend_select::rendering::Format::Json,
+        Output::Text => peerwall_backend_select::rendering::Format::Text,
+    };
+    let printed = peerwall_backend_select::installed::inspect(&at.pin_dir, format)
         .with_context(|| format!("pinned datapath in {}", at.pin_dir.display()))
         .map_err(runtime)?;
-    match output {
-        Output::Json => out(&format!(
-            "{}\n",
-            serde_json::to_string(&i).map_err(runtime)?
-        )),
-        Output::Text => out(&peerwall_backend_bpf::inspect::text(&i)),
-    }
+    out(&printed)
 }
 
 /// `peerwall allow-all`: flips the switch of every backend installed here (or the one asked).

@@ -23,8 +23,7 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use peerwall_backend::Backend;
-use peerwall_backend_nftables::{self as nftables, text, RenderOptions};
+use peerwall_backend::Enforce;
 use peerwall_intent::load;
 use peerwall_policy::compile::{self, Compiled};
 use peerwall_policy::ir::{self, eval::proto, CtState, Packet};
@@ -162,7 +161,7 @@ pub struct BpfOpts {
     #[arg(long, value_enum, default_value_t = BpfConntrack::Own)]
     pub bpf_conntrack: BpfConntrack,
     /// Where maps and links are pinned.
-    #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
+    #[arg(long, default_value = peerwall_backend_select::PIN_DIR)]
     pub pin_dir: PathBuf,
 }
 
@@ -1002,7 +1001,7 @@ fn out(s: &str) -> Result<(), CliError> {
 /// The one apply path of every backend: make `policy` the whole policy in force and log what
 /// changed. A policy the backend cannot take is bad input (exit 2); a failure of the host,
 /// exit 1.
-fn apply_with(b: &mut dyn Backend, policy: &ir::Policy) -> Result<(), CliError> {
+fn apply_with(b: &mut dyn Enforce, policy: &ir::Policy) -> Result<(), CliError> {
     let name = b.name();
     match b.apply(policy) {
         Ok(report) => {

@@ -43,7 +43,7 @@ pub struct ObserveArgs {
     #[arg(long, value_enum)]
     pub backend: Option<BackendKind>,
     /// Kernel mode, bpf: where the datapath is pinned.
-    #[arg(long, default_value = peerwall_backend_bpf::loader::PIN_DIR)]
+    #[arg(long, default_value = peerwall_backend_select::PIN_DIR)]
     pub pin_dir: PathBuf,
     /// Kernel mode: the network namespace to read in (`ip netns` name or a path).
     #[arg(long)]

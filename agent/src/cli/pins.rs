@@ -13,7 +13,7 @@ pub const REMEMBERED: &str = "/run/peerwall/pin-dirs";
 
 /// The default pin directory.
 fn default_dir() -> &'static Path {
-    Path::new(peerwall_backend_bpf::loader::PIN_DIR)
+    Path::new(peerwall_backend_select::PIN_DIR)
 }
 
 /// The identity of the network namespace this thread is in.

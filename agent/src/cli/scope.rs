@@ -13,7 +13,6 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, Context};
-use peerwall_backend_bpf::loader;
 
 use super::{input, runtime, BackendKind, CliError};
 
@@ -94,7 +93,7 @@ fn outer_mount_ns() -> Option<u32> {
 /// `create`: the command pins (apply); without it, a host without bpffs simply has nothing
 /// pinned.
 pub(super) fn host_bpffs(pin_dir: &Path, create: bool) -> Result<(), CliError> {
-    if loader::is_bpffs(existing_ancestor(pin_dir)) {
+    if peerwall_backend_select::is_bpffs(existing_ancestor(pin_dir)) {
         return Ok(());
     }
     let Some(outer) = outer_mount_ns() else {
@@ -109,7 +108,7 @@ pub(super) fn host_bpffs(pin_dir: &Path, create: bool) -> Result<(), CliError> {
          with them",
         existing_ancestor(pin_dir).display()
     );
-    if !create && !loader::is_bpffs(existing_ancestor(&host_view)) {
+    if !create && !peerwall_backend_select::is_bpffs(existing_ancestor(&host_view)) {
         // The host has no bpffs: nothing is pinned anywhere, nothing to find there.
         return Ok(());
     }

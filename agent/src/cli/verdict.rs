@@ -90,9 +90,7 @@ pub(super) fn judge(
                 .collect()
         }
         VerdictEngine::Bpf => {
-            let parent = peerwall_backend_bpf::loader::ensure_bpffs()
-                .context("bpf filesystem")
-                .map_err(runtime)?;
+            let parent = peerwall_backend_select::ensure_bpffs().map_err(runtime)?;
             let mut probe =
                 probe::bpf::BpfProbe::new(policy, &probe::interfaces_of(packets), &parent)
                     .context("loading the eBPF datapath")

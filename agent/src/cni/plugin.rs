@@ -166,17 +166,8 @@ fn put_boot_in_force(netns: &str) -> anyhow::Result<()> {
             std::io::Error::last_os_error()
         ));
     }
-    let mut nft =
-        peerwall_backend_nftables::NftBackend::new(peerwall_backend_nftables::Nft::host());
-    if !nft
-        .owned_tables()
-        .context("reading nftables (is `nft` installed on the node?)")?
-        .is_empty()
-    {
-        return Ok(());
-    }
-    nft.apply(&policy)
-        .context("applying the boot table (is `nft` installed on the node?)")?;
+    peerwall_backend_select::installed::hold_boot_in_nftables(&policy)
+        .context("putting the boot table in force (is `nft` installed on the node?)")?;
     Ok(())
 }
 

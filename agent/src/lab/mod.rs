@@ -339,7 +339,7 @@ fn start_agent(
     }
     let pins = PathBuf::from(format!("/sys/fs/bpf/pwlab-{tag}-{}", c.name));
     if backend == "bpf" {
-        peerwall_backend_bpf::loader::ensure_bpffs()?;
+        peerwall_backend_select::ensure_bpffs()?;
         if let Ok(mut g) = lab.reg.lock() {
             g.push(Undo::Pins(pins.clone()));
         }

@@ -1,5 +1,5 @@
 //! [`BpfBackend`]: the bpf datapath ([`Datapath`], the loaded object and its pins) as a
-//! [`Backend`]. One apply path for the CLI and the agent:
+//! [`Backend`](peerwall_backend::Backend). One apply path for the CLI and the agent:
 //! resolve the host's interfaces in the maps, write the policy (in place or through the idle
 //! slot), then attach to the interfaces the patterns pick — maps first, so a newly attached
 //! interface never sees an empty policy.
@@ -8,7 +8,8 @@ use std::fmt;
 use std::path::Path;
 
 use peerwall_backend::{
-    Backend, BackendError, EventError, EventSource, Fault, HostInterface, Report, RuleCounter,
+    BackendError, Enforce, EventError, EventSource, Fault, HoldBoot, HostInterface, Observe,
+    Report, Revoke, RuleCounter,
 };
 use peerwall_policy::ir::Policy;
 
@@ -19,7 +20,7 @@ use crate::routing::watch::RouteWatch;
 /// The backend's name, as `--backend` spells it.
 pub const NAME: &str = "bpf";
 
-/// Puts a gateway's boot policy in force through nftables ([`Backend::hold_boot`]): Ok(true)
+/// Puts a gateway's boot policy in force through nftables ([`HoldBoot::hold_boot`]): Ok(true)
 /// when it did, Ok(false) when peerwall's tables already enforce there. Given by whoever
 /// builds the backend (this crate does not render nftables).
 pub type BootHolder = Box<dyn FnMut(&Policy) -> Result<bool, BackendError> + Send>;
@@ -114,7 +115,7 @@ impl BpfBackend {
         })
     }
 
-    /// How [`Backend::hold_boot`] puts a boot policy in force while the tunnel is not
+    /// How [`HoldBoot::hold_boot`] puts a boot policy in force while the tunnel is not
     /// attached (without one it holds nothing).
     pub fn set_boot_holder(&mut self, holder: BootHolder) {
         self.boot_holder = Holder(Some(holder));
@@ -393,7 +394,7 @@ fn failed(action: &'static str) -> impl FnOnce(BpfError) -> BackendError {
     }
 }
 
-impl Backend for BpfBackend {
+impl Enforce for BpfBackend {
     fn name(&self) -> &'static str {
         NAME
     }
@@ -424,6 +425,35 @@ impl Backend for BpfBackend {
         BpfBackend::delete(self).map_err(failed("removing the pins"))
     }
 
+    /// Nothing of the bpf datapath drifts (its pins are its state); its upkeep is the sweep of
+    /// the kernel's table where it reads it (`sweep.rs`).
+    fn repair(&mut self) -> Result<Vec<peerwall_backend::Drift>, BackendError> {
+        self.sweep_if_due();
+        Ok(Vec::new())
+    }
+
+    fn environment(&self) -> Vec<HostInterface> {
+        // An interface list that cannot be read is treated as unchanged (empty): the next
+        // apply reports the error.
+        loader::host_ifaces()
+            .map(|v| {
+                v.into_iter()
+                    .map(|i| HostInterface {
+                        name: i.name,
+                        ifindex: i.ifindex,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// At tc ingress, before prerouting's DNAT.
+    fn classifies_before_nat(&self) -> bool {
+        true
+    }
+}
+
+impl Observe for BpfBackend {
     fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendError> {
         BpfBackend::counters(self).map_err(failed("reading rule counters"))
     }
@@ -438,45 +468,6 @@ impl Backend for BpfBackend {
 
     fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
         BpfBackend::flows(self)
-    }
-
-    /// Nothing of the bpf datapath drifts (its pins are its state); its upkeep is the sweep of
-    /// the kernel's table where it reads it (`sweep.rs`).
-    fn repair(&mut self) -> Result<Vec<peerwall_backend::Drift>, BackendError> {
-        self.sweep_if_due();
-        Ok(Vec::new())
-    }
-
-    fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
-        BpfBackend::end_flows(self, flows)
-    }
-
-    fn ended_flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
-        Ok(BpfBackend::ended_flows(self))
-    }
-
-    fn release_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
-        BpfBackend::release_flows(self, flows).map_err(failed("releasing ended connections"))
-    }
-
-    /// At tc ingress, before prerouting's DNAT.
-    fn classifies_before_nat(&self) -> bool {
-        true
-    }
-
-    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendError> {
-        self.release_boot_table(table, tunnel)
-            .map_err(failed("releasing the boot table"))
-    }
-
-    fn hold_boot(&mut self, boot: &Policy, tunnel: &str) -> Result<bool, BackendError> {
-        if self.tunnel_attached(tunnel) {
-            return Ok(false);
-        }
-        match self.boot_holder.0.as_mut() {
-            Some(hold) => hold(boot),
-            None => Ok(false),
-        }
     }
 
     fn events(&mut self) -> Result<Box<dyn EventSource>, EventError> {
@@ -497,19 +488,35 @@ impl Backend for BpfBackend {
             self.datapath.pin_dir(),
         )?))
     }
+}
 
-    fn environment(&self) -> Vec<HostInterface> {
-        // An interface list that cannot be read is treated as unchanged (empty): the next
-        // apply reports the error.
-        loader::host_ifaces()
-            .map(|v| {
-                v.into_iter()
-                    .map(|i| HostInterface {
-                        name: i.name,
-                        ifindex: i.ifindex,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default()
+impl Revoke for BpfBackend {
+    fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
+        BpfBackend::end_flows(self, flows)
+    }
+
+    fn ended_flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError> {
+        Ok(BpfBackend::ended_flows(self))
+    }
+
+    fn release_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
+        BpfBackend::release_flows(self, flows).map_err(failed("releasing ended connections"))
+    }
+}
+
+impl HoldBoot for BpfBackend {
+    fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendError> {
+        self.release_boot_table(table, tunnel)
+            .map_err(failed("releasing the boot table"))
+    }
+
+    fn hold_boot(&mut self, boot: &Policy, tunnel: &str) -> Result<bool, BackendError> {
+        if self.tunnel_attached(tunnel) {
+            return Ok(false);
+        }
+        match self.boot_holder.0.as_mut() {
+            Some(hold) => hold(boot),
+            None => Ok(false),
+        }
     }
 }

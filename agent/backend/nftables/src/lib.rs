@@ -81,7 +81,7 @@ pub struct NftBackend<R: Runner = Nft> {
     names: events::Names,
     /// The emergency switch as last seen in the kernel ([`switch`]).
     allow_all: bool,
-    /// The connections [`Backend::flows`] listed last, by the forward hook's view it returned
+    /// The connections [`Observe::flows`](peerwall_backend::Observe::flows) listed last, by the forward hook's view it returned
     /// (what the policy judges) → the original tuple a deletion names: they differ where
     /// DNAT rewrote the destination (Liqo's remapping).
     listed: std::collections::HashMap<peerwall_backend::Flow, peerwall_backend::Flow>,
@@ -118,7 +118,7 @@ impl<R: Runner> NftBackend<R> {
         }
     }
 
-    /// Keep the connections [`peerwall_backend::Backend::end_flows`] ends ended for `secs` seconds after their
+    /// Keep the connections [`peerwall_backend::Revoke::end_flows`] ends ended for `secs` seconds after their
     /// last packet, whichever side sends ([`ended`]); None: only delete them from conntrack.
     pub fn with_ended_connections(mut self, secs: Option<u32>) -> Self {
         self.ended = secs;
@@ -131,7 +131,7 @@ impl<R: Runner> NftBackend<R> {
     }
 
     /// Also log events (drops, rejects, would-drops; with `flow_log` accepted flows) to NFLOG
-    /// group `ev.group`, read back by [`peerwall_backend::Backend::events`].
+    /// group `ev.group`, read back by [`peerwall_backend::Observe::events`].
     pub fn with_events(mut self, ev: EventOptions) -> Self {
         self.events = Some(ev);
         self
@@ -476,7 +476,7 @@ fn same_elements(full: Option<&Listing>, t: &Table) -> bool {
     listed == applied
 }
 
-impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
+impl<R: Runner> peerwall_backend::Enforce for NftBackend<R> {
     fn name(&self) -> &'static str {
         NAME
     }
@@ -497,21 +497,6 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
             .map_err(BackendError::host(NAME, "updating sets"))
     }
 
-    /// Where peerwall enforces nothing yet: the boot policy alone, at once (its rules match
-    /// the tunnel by name, so they hold for a tunnel created later); the next apply replaces
-    /// it in one transaction. Where peerwall's tables are already in force: nothing.
-    fn hold_boot(&mut self, boot: &ir::Policy, _tunnel: &str) -> Result<bool, BackendError> {
-        let owned = self
-            .owned_tables()
-            .map_err(BackendError::host(NAME, "reading peerwall's tables"))?;
-        if !owned.is_empty() {
-            return Ok(false);
-        }
-        self.apply(boot)
-            .map_err(BackendError::host(NAME, "holding the boot policy"))?;
-        Ok(true)
-    }
-
     fn adopt(&mut self, policy: &ir::Policy) -> Result<(), BackendError> {
         self.adopt_unchanged(policy)
             .map(drop)
@@ -526,8 +511,28 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
             .map_err(BackendError::host(NAME, "deleting peerwall's tables"))
     }
 
+    fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
+        NftBackend::repair(self).map_err(BackendError::host(NAME, "repairing drift"))
+    }
+}
+
+impl<R: Runner> peerwall_backend::Observe for NftBackend<R> {
     fn counters(&mut self) -> Result<Vec<RuleCounter>, BackendError> {
         NftBackend::counters(self).map_err(BackendError::host(NAME, "reading rule counters"))
+    }
+
+    fn drift(&mut self) -> Result<Vec<Drift>, BackendError> {
+        NftBackend::drift(self).map_err(BackendError::host(NAME, "reading drift"))
+    }
+
+    fn allow_all(&mut self) -> Result<bool, BackendError> {
+        Ok(self.allow_all)
+    }
+
+    /// The kernel's conntrack table of the current network namespace (`nf_conntrack_count`
+    /// of `nf_conntrack_max`); None before conntrack is loaded.
+    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendError> {
+        Ok(peerwall_backend::kernel_conntrack_fill())
     }
 
     /// Each connection's original direction as the forward hook saw it (the destination
@@ -545,6 +550,16 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         Ok(seen)
     }
 
+    fn events(
+        &mut self,
+    ) -> Result<Box<dyn peerwall_backend::EventSource>, peerwall_backend::EventError> {
+        let ev = self.events.ok_or(peerwall_backend::EventError::Off)?;
+        let src = events::Nflog::bind(ev.group, self.names.clone(), EVENT_INTERVAL)?;
+        Ok(Box::new(src))
+    }
+}
+
+impl<R: Runner> peerwall_backend::Revoke for NftBackend<R> {
     /// Ends connections as `flows` listed them: a rewritten one by its original tuple.
     fn end_flows(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError> {
         let Some(ct) = self.nft.conntrack() else {
@@ -609,31 +624,22 @@ impl<R: Runner> peerwall_backend::Backend for NftBackend<R> {
         }
         Ok(held.len())
     }
+}
 
-    /// The kernel's conntrack table of the current network namespace (`nf_conntrack_count`
-    /// of `nf_conntrack_max`); None before conntrack is loaded.
-    fn conntrack(&mut self) -> Result<Option<(u64, u64)>, BackendError> {
-        Ok(peerwall_backend::kernel_conntrack_fill())
-    }
-
-    fn drift(&mut self) -> Result<Vec<Drift>, BackendError> {
-        NftBackend::drift(self).map_err(BackendError::host(NAME, "reading drift"))
-    }
-
-    fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
-        NftBackend::repair(self).map_err(BackendError::host(NAME, "repairing drift"))
-    }
-
-    fn allow_all(&mut self) -> Result<bool, BackendError> {
-        Ok(self.allow_all)
-    }
-
-    fn events(
-        &mut self,
-    ) -> Result<Box<dyn peerwall_backend::EventSource>, peerwall_backend::EventError> {
-        let ev = self.events.ok_or(peerwall_backend::EventError::Off)?;
-        let src = events::Nflog::bind(ev.group, self.names.clone(), EVENT_INTERVAL)?;
-        Ok(Box::new(src))
+impl<R: Runner> peerwall_backend::HoldBoot for NftBackend<R> {
+    /// Where peerwall enforces nothing yet: the boot policy alone, at once (its rules match
+    /// the tunnel by name, so they hold for a tunnel created later); the next apply replaces
+    /// it in one transaction. Where peerwall's tables are already in force: nothing.
+    fn hold_boot(&mut self, boot: &ir::Policy, _tunnel: &str) -> Result<bool, BackendError> {
+        let owned = self
+            .owned_tables()
+            .map_err(BackendError::host(NAME, "reading peerwall's tables"))?;
+        if !owned.is_empty() {
+            return Ok(false);
+        }
+        self.apply(boot)
+            .map_err(BackendError::host(NAME, "holding the boot policy"))?;
+        Ok(true)
     }
 }
 

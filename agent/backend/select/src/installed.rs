@@ -207,3 +207,34 @@ pub fn events(
         }
     }
 }
+
+/// What the bpf datapath pinned in `pin_dir` holds (`peerwall inspect`): its programs and
+/// links, maps and their fill, slots, counters, printed in `format` (JSON: one object).
+pub fn inspect(pin_dir: &Path, format: crate::rendering::Format) -> Result<String, BackendError> {
+    let name = BackendKind::Bpf.name();
+    let i = inspect::inspect(pin_dir)
+        .map_err(BackendError::host(name, "reading the pinned datapath"))?;
+    match format {
+        crate::rendering::Format::Text => Ok(inspect::text(&i)),
+        crate::rendering::Format::Json => serde_json::to_string(&i)
+            .map(|s| format!("{s}\n"))
+            .map_err(BackendError::host(name, "writing JSON")),
+    }
+}
+
+/// Put `boot` in force as an nftables table here, unless peerwall's tables are here already
+/// (its policy, or the boot table of an earlier call): the boot policy `peerwall boot` and the
+/// CNI plugin install, and what the bpf backend holds until its tunnel is attached.
+/// Ok(true): put in force now.
+pub fn hold_boot_in_nftables(boot: &peerwall_policy::ir::Policy) -> Result<bool, BackendError> {
+    if !nft_tables()?.is_empty() {
+        return Ok(false);
+    }
+    NftBackend::new(Nft::host())
+        .apply(boot)
+        .map_err(BackendError::host(
+            peerwall_backend_nftables::NAME,
+            "holding the boot policy in nftables",
+        ))?;
+    Ok(true)
+}

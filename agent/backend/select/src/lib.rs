@@ -6,6 +6,7 @@
 
 pub mod installed;
 mod kernel_table;
+pub mod rendering;
 
 use std::path::PathBuf;
 
@@ -145,6 +146,22 @@ impl Conntrack {
     }
 }
 
+/// Where the bpf backend pins its maps and links unless told otherwise (`--pin-dir`).
+pub const PIN_DIR: &str = loader::PIN_DIR;
+
+/// Whether `path` is on a bpf filesystem (where pins can go).
+pub fn is_bpffs(path: &std::path::Path) -> bool {
+    loader::is_bpffs(path)
+}
+
+/// The bpf filesystem's mount point, mounted first where it is not.
+pub fn ensure_bpffs() -> Result<PathBuf, BackendError> {
+    loader::ensure_bpffs().map_err(BackendError::host(
+        peerwall_backend_bpf::backend::NAME,
+        "mounting the bpf filesystem",
+    ))
+}
+
 /// How long the nftables backend keeps a connection it ended ended after its last packet, by
 /// default ([`Settings::ended_secs`]).
 pub const DEFAULT_ENDED_SECS: u32 = peerwall_backend_nftables::ended::DEFAULT_TIMEOUT_SECS;
@@ -233,18 +250,7 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
     b.set_kernel_table(Box::new(kernel_table::CtTable::default()));
     // Until the tunnel is attached, a gateway's boot policy holds as `peerwall boot` puts it:
     // an nftables table matching the tunnel by name, unless peerwall's tables are here already.
-    b.set_boot_holder(Box::new(|boot| {
-        if !installed::nft_tables()?.is_empty() {
-            return Ok(false);
-        }
-        NftBackend::new(Nft::host())
-            .apply(boot)
-            .map_err(BackendError::host(
-                NAME,
-                "holding the boot policy in nftables",
-            ))?;
-        Ok(true)
-    }));
+    b.set_boot_holder(Box::new(installed::hold_boot_in_nftables));
     Ok(b)
 }
 
