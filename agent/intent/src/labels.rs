@@ -12,3 +12,16 @@ pub const PEER: &str = "peerwall.io/remote-cluster-id";
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 /// Its value.
 pub const MANAGER: &str = "peerwall";
+
+/// The labels of every object a peer's gateway enforces (its configurations and their
+/// slices): [`TARGET`] = [`TARGET_GATEWAY`], [`PEER`] = `peer`, [`MANAGED_BY`] = [`MANAGER`].
+pub fn for_gateway(peer: &str) -> std::collections::BTreeMap<String, String> {
+    [
+        (TARGET, TARGET_GATEWAY),
+        (PEER, peer),
+        (MANAGED_BY, MANAGER),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}

@@ -10,6 +10,7 @@ pub mod changes;
 pub mod labels;
 pub mod load;
 pub mod located;
+pub mod object;
 pub mod protection;
 pub mod size;
 pub mod tiers;

@@ -893,17 +893,13 @@ pub fn object(
     peer: &str,
     spec: &api::FirewallConfigurationSpec,
 ) -> serde_json::Value {
-    use peerwall_intent::labels::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
-    serde_json::json!({
-        "apiVersion": peerwall_intent::load::API_VERSION,
-        "kind": peerwall_intent::load::KIND,
-        "metadata": {
-            "name": TIER_CONFIG,
-            "namespace": tenant_namespace,
-            "labels": { TARGET: TARGET_GATEWAY, PEER: peer, MANAGED_BY: MANAGER },
-        },
-        "spec": spec,
-    })
+    peerwall_intent::object::object(
+        peerwall_intent::load::KIND,
+        tenant_namespace,
+        TIER_CONFIG,
+        &peerwall_intent::labels::for_gateway(peer),
+        spec,
+    )
 }
 
 /// One set for each distinct content, one rule for each distinct match: rules whose

@@ -18,7 +18,7 @@
 //!   after one; the agent that enforces in the pod lets it go as it lets its own go.
 
 use peerwall_intent::types as api;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{gateway_spec, table_name, Options, PeerSets};
 
@@ -47,23 +47,24 @@ pub const NODE_BOOT_TABLE: &str = "peerwall-boot";
 pub fn node_boot_object(opts: &Options) -> Value {
     let mut spec = boot_spec("node", opts);
     spec.table.name = Some(NODE_BOOT_TABLE.into());
-    json!({
-        "apiVersion": peerwall_intent::load::API_VERSION,
-        "kind": peerwall_intent::load::KIND,
-        "metadata": {"name": "peerwall-boot", "namespace": "peerwall-boot"},
-        "spec": spec,
-    })
+    boot_shell(spec)
 }
 
 /// [`boot_spec`] as a FirewallConfiguration object (never written to the API: the init
 /// container and the agent compile it locally).
 pub fn boot_object(peer: &str, opts: &Options) -> Value {
-    json!({
-        "apiVersion": peerwall_intent::load::API_VERSION,
-        "kind": peerwall_intent::load::KIND,
-        "metadata": {"name": "peerwall-boot", "namespace": "peerwall-boot"},
-        "spec": boot_spec(peer, opts),
-    })
+    boot_shell(boot_spec(peer, opts))
+}
+
+/// A boot spec as a FirewallConfiguration object (`peerwall-boot/peerwall-boot`, no labels).
+fn boot_shell(spec: api::FirewallConfigurationSpec) -> Value {
+    peerwall_intent::object::object(
+        peerwall_intent::load::KIND,
+        "peerwall-boot",
+        "peerwall-boot",
+        &Default::default(),
+        spec,
+    )
 }
 
 /// The options the boot policy is built with when none are given: the tunnel of every Liqo

@@ -5,18 +5,12 @@
 use crate::namespaces;
 
 use crate::GATEWAY_CONFIG;
-use crate::MANAGED_BY;
-use crate::MANAGER;
-use crate::PEER;
-use crate::TARGET;
-use crate::TARGET_GATEWAY;
 
 use crate::exceptions;
 use crate::index::Kind;
 use crate::peers::Peer;
 use crate::peers::PeerSets;
 use peerwall_intent::types as api;
-use serde_json::json;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -549,18 +543,11 @@ pub fn gateway_object(peer: &Peer, s: &PeerSets, opts: &Options) -> Value {
 
 /// [`gateway_object`] with what `d` declares ([`gateway_spec_with`]).
 pub fn gateway_object_with(peer: &Peer, s: &PeerSets, opts: &Options, d: &Declared) -> Value {
-    json!({
-        "apiVersion": peerwall_intent::load::API_VERSION,
-        "kind": peerwall_intent::load::KIND,
-        "metadata": {
-            "name": GATEWAY_CONFIG,
-            "namespace": peer.tenant_namespace,
-            "labels": {
-                TARGET: TARGET_GATEWAY,
-                PEER: peer.id,
-                MANAGED_BY: MANAGER,
-            },
-        },
-        "spec": gateway_spec_with(&peer.id, &peer.sources, s, opts, d),
-    })
+    peerwall_intent::object::object(
+        peerwall_intent::load::KIND,
+        &peer.tenant_namespace,
+        GATEWAY_CONFIG,
+        &peerwall_intent::labels::for_gateway(&peer.id),
+        gateway_spec_with(&peer.id, &peer.sources, s, opts, d),
+    )
 }

@@ -1,18 +1,11 @@
 //! The address sets as AddressSet slices: their contents, names and layout (O(changes)
 //! per pod), and the objects the controller writes.
 
-use crate::MANAGED_BY;
-use crate::MANAGER;
-use crate::PEER;
-use crate::TARGET;
-use crate::TARGET_GATEWAY;
-
 use crate::gateway::Options;
 use crate::index::Kind;
 use crate::peers::Peer;
 use crate::peers::PeerSets;
 use crate::GATEWAY_CONFIG;
-use serde_json::json;
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -122,23 +115,17 @@ pub fn peer_slices(s: &PeerSets, opts: &Options) -> Vec<Slice> {
 /// An AddressSet as the controller publishes it (in the peer's tenant namespace, with the
 /// gateway configuration's labels so that the peer's agents select it).
 pub fn address_set_object(peer: &Peer, slice: &Slice) -> Value {
-    json!({
-        "apiVersion": peerwall_intent::load::API_VERSION,
-        "kind": peerwall_intent::load::ADDRESS_SET_KIND,
-        "metadata": {
-            "name": slice.name,
-            "namespace": peer.tenant_namespace,
-            "labels": {
-                TARGET: TARGET_GATEWAY,
-                PEER: peer.id,
-                MANAGED_BY: MANAGER,
-                SET_LABEL: slice.set,
-            },
+    let mut labels = peerwall_intent::labels::for_gateway(&peer.id);
+    labels.insert(SET_LABEL.into(), slice.set.clone());
+    peerwall_intent::object::object(
+        peerwall_intent::load::ADDRESS_SET_KIND,
+        &peer.tenant_namespace,
+        &slice.name,
+        &labels,
+        peerwall_intent::types::AddressSetSpec {
+            firewall_configuration: GATEWAY_CONFIG.into(),
+            set: slice.set.clone(),
+            addresses: slice.addresses.iter().map(ToString::to_string).collect(),
         },
-        "spec": {
-            "firewallConfiguration": GATEWAY_CONFIG,
-            "set": slice.set,
-            "addresses": slice.addresses.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        },
-    })
+    )
 }

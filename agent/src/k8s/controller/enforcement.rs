@@ -4,8 +4,8 @@
 use kube::Resource;
 use kube::ResourceExt;
 
-use super::Ctx;
-use super::FIELD_MANAGER;
+use super::context::Ctx;
+use super::publish::FIELD_MANAGER;
 use super::GATEWAY_CONFIG;
 use crate::protection;
 use kube::api::Api;

@@ -1,43 +1,26 @@
 //! Each peer's gateway FirewallConfiguration and its AddressSet slices: the tenant namespaces'
 //! reconcile, the publisher synced with what the API shows, only the slices that changed written.
 
-use kube::ResourceExt;
-
-use super::api_error;
-use super::enforcement::applied_everywhere;
-use super::exceptions_for;
-use super::labels_of;
-use super::offloaded::refresh_offloaded;
-use super::owner_ref;
-use super::per_peer;
-use super::remaps;
-use super::server_side_apply;
-use super::tier::netpol_view;
-use super::tier::publish_companions;
-use super::tier::publish_tier;
-use super::Ctx;
-use super::ReconcileError;
-use super::FIELD_MANAGER;
-use super::GATEWAY_CONFIG;
-use super::MANAGED_BY;
-use super::MANAGER;
-use super::PEER;
-use super::TARGET;
-use super::TARGET_GATEWAY;
-use crate::protection;
-use crate::protection::publish::Publisher;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::Api;
-use kube::api::DeleteParams;
-use kube::api::DynamicObject;
-use kube::api::Patch;
-use kube::api::PatchParams;
-use kube::runtime::controller::Action;
-use std::collections::BTreeMap;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, DynamicObject};
+use kube::runtime::controller::Action;
+use kube::ResourceExt;
+use peerwall_intent::types::{AddressSet, FirewallConfiguration};
+
+use super::context::{exceptions_for, labels_of, per_peer, remaps, Ctx};
+use super::enforcement::applied_everywhere;
+use super::offloaded::refresh_offloaded;
+use super::publish::{api_error, apply, owned_by_namespace, publish, typed, ReconcileError, Seen};
+use super::tier::{netpol_view, publish_companions, publish_tier};
+use super::GATEWAY_CONFIG;
+use crate::k8s::PEER;
+use crate::protection;
+use crate::protection::publish::Publisher;
 
 /// The namespaces, virtual nodes and remaps the sets depend on (few objects: read whole at
 /// every pass; the index re-derives only when they changed).
@@ -218,23 +201,16 @@ pub(super) async fn reconcile_gateway(
         (view, declared)
     });
     // The addresses live in the slices; the configuration declares the sets.
-    let mut body = protection::gateway_object_with(&who, &Default::default(), &ctx.opts, &declared);
-    let current = ctx
+    let body = protection::gateway_object_with(&who, &Default::default(), &ctx.opts, &declared);
+    let object: FirewallConfiguration = typed(body, Some(owned_by_namespace(&ns)))?;
+    let seen = ctx
         .configs
         .state()
         .into_iter()
-        .find(|c| c.name_any() == GATEWAY_CONFIG && c.namespace().as_deref() == Some(&ns_name));
-    let up_to_date = current.as_ref().is_some_and(|c| {
-        c.data.get("spec") == body.get("spec")
-            && c.labels().get(PEER) == Some(&peer)
-            && c.labels().get(TARGET).map(String::as_str) == Some(TARGET_GATEWAY)
-            && c.labels().get(MANAGED_BY).map(String::as_str) == Some(MANAGER)
-    });
-    if !up_to_date {
-        body["metadata"]["ownerReferences"] = owner_ref(&ns);
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(ctx.client.clone(), &ns_name, &crate::k8s::fwc_resource());
-        server_side_apply(&api, &ns_name, GATEWAY_CONFIG, &body).await?;
+        .find(|c| c.name_any() == GATEWAY_CONFIG && c.namespace().as_deref() == Some(&ns_name))
+        .map(|c| Seen::of_dynamic(&c));
+    let api = Api::namespaced(ctx.client.clone(), &ns_name);
+    if publish(&api, seen.as_ref(), &object).await? {
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer, "gateway configuration updated");
     }
@@ -253,11 +229,7 @@ pub(super) async fn publish_slices(
     ctx: &Ctx,
 ) -> Result<usize, ReconcileError> {
     let ns_name = &peer.tenant_namespace;
-    let api: Api<DynamicObject> = Api::namespaced_with(
-        ctx.client.clone(),
-        ns_name,
-        &crate::k8s::address_set_resource(),
-    );
+    let api: Api<AddressSet> = Api::namespaced(ctx.client.clone(), ns_name);
     let plan = {
         let mut pb = ctx.publisher();
         sync_context(&mut pb, ctx);
@@ -279,16 +251,11 @@ pub(super) async fn publish_slices(
         plan
     };
     for slice in &plan.writes {
-        let mut body = protection::address_set_object(peer, slice);
-        body["metadata"]["ownerReferences"] = owner_ref(ns);
-        let written = api
-            .patch(
-                &slice.name,
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(&body),
-            )
-            .await;
-        match written {
+        let object: AddressSet = typed(
+            protection::address_set_object(peer, slice),
+            Some(owned_by_namespace(ns)),
+        )?;
+        match apply(&api, &object).await {
             Ok(obj) => {
                 let version = obj.resource_version().unwrap_or_default();
                 ctx.publisher()
@@ -296,7 +263,7 @@ pub(super) async fn publish_slices(
                     .written(&slice.name, version);
                 ctx.count(|m| m.slice_writes += 1);
             }
-            Err(source) => {
+            Err(e) => {
                 // Whatever was not written is planned again from the API's view.
                 let mut pb = ctx.publisher();
                 let slices = pb.slices_mut(&peer.id);
@@ -304,7 +271,7 @@ pub(super) async fn publish_slices(
                 for s in failed {
                     slices.write_failed(&s.name);
                 }
-                return Err(api_error("applying", ns_name, &slice.name)(source));
+                return Err(e);
             }
         }
     }
@@ -326,3 +293,7 @@ pub(super) async fn publish_slices(
     }
     Ok(plan.held)
 }
+
+#[cfg(test)]
+#[path = "gateways/tests.rs"]
+mod tests;

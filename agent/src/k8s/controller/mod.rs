@@ -16,35 +16,37 @@
 //! full resync: nothing is published before every pod was listed, then the first pass compares
 //! every desired address with every published one, and stale addresses disappear.
 
+use context::Ctx;
 use enforcement::watch_enforcement;
 use gateways::{reconcile_gateway, reconcile_slices};
 use offloaded::reconcile_namespace;
+pub use publish::ReconcileError;
 use tier::netpol_view;
 
+mod context;
 mod enforcement;
+#[cfg(test)]
+mod fake_api;
 mod gateways;
 mod offloaded;
 mod optional;
+mod publish;
 mod tier;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject};
 use kube::runtime::controller::{Action, Config as CtrlConfig, Controller};
-use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use serde_json::json;
 
-use super::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
+use super::{MANAGED_BY, MANAGER};
 use crate::metrics::ControllerMetrics;
-use crate::netpol;
 use crate::protection::publish::Publisher;
 use crate::protection::{self, Options};
 
@@ -52,115 +54,8 @@ pub use crate::protection::GATEWAY_CONFIG;
 
 pub use crate::protection::NETWORK_POLICY;
 
-const FIELD_MANAGER: &str = "peerwall-controller";
-
 /// How long reconciles wait for more events before a pass (one pass serves them all).
 const DEBOUNCE: Duration = Duration::from_millis(2);
-
-/// Why a reconcile failed (retried with backoff).
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    /// The API server refused a write.
-    #[error("{action} {object}: {source}")]
-    Api {
-        /// What was attempted.
-        action: &'static str,
-        /// Which object.
-        object: String,
-        /// Cause.
-        source: kube::Error,
-    },
-}
-
-struct Ctx {
-    client: Client,
-    namespaces: Store<Namespace>,
-    nodes: Store<Node>,
-    configs: Store<DynamicObject>,
-    /// peerwall's AddressSets (the slices of the gateway configurations' sets).
-    slices: Store<DynamicObject>,
-    /// Liqo's `Configuration`s (read only): how each peer's CIDRs are remapped here. Set once
-    /// they can be listed (Liqo's CRD installed, RBAC in place).
-    liqo_configs: std::sync::OnceLock<Store<DynamicObject>>,
-    /// ClusterNetworkPolicies (read only). Set once they can be listed (the CRD of
-    /// sigs.k8s.io/network-policy-api installed, RBAC in place).
-    cluster_policies: std::sync::OnceLock<Store<DynamicObject>>,
-    opts: Options,
-    metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
-    /// Desired sets (fed pod by pod by the pod watch), published slices, the reuse gate.
-    publisher: Arc<std::sync::Mutex<Publisher>>,
-    /// Every pod (labels, addresses, container ports) and every NetworkPolicy: the input of
-    /// each peer's NetworkPolicy tier.
-    pods: Store<Pod>,
-    network_policies: Store<NetworkPolicy>,
-    /// ProtectionPolicies (the last good version of each).
-    protection_policies: Arc<super::protection_policies::InForce>,
-    /// Problems with NetworkPolicies already reported (policy and reason), so each gets one
-    /// Event and one log line.
-    reported: std::sync::Mutex<BTreeSet<String>>,
-}
-
-impl Ctx {
-    fn count(&self, f: impl FnOnce(&mut ControllerMetrics)) {
-        if let Ok(mut m) = self.metrics.lock() {
-            f(&mut m);
-        }
-    }
-
-    fn publisher(&self) -> std::sync::MutexGuard<'_, Publisher> {
-        // A panic while holding the lock leaves a state no worse than a restart would see
-        // after the next sync.
-        self.publisher
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-fn labels_of(m: &BTreeMap<String, String>) -> BTreeMap<String, String> {
-    m.clone()
-}
-
-/// Reads one of Liqo's `Configuration`s (its labels and body): the peer and what it says.
-type ConfigurationReader<T> =
-    fn(&BTreeMap<String, String>, &serde_json::Value) -> Option<(String, T)>;
-
-/// What `read` finds in each of Liqo's `Configuration`s, by peer.
-fn per_peer<T>(ctx: &Ctx, read: ConfigurationReader<T>) -> BTreeMap<String, T> {
-    ctx.liqo_configs
-        .get()
-        .map(Store::state)
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|c| {
-            let body = serde_json::to_value(c.as_ref()).ok()?;
-            read(&labels_of(c.labels()), &body)
-        })
-        .collect()
-}
-
-/// Each peer's pod and external CIDRs as seen here (Liqo's `Configuration`s).
-fn homes(ctx: &Ctx) -> BTreeMap<String, Vec<ipnet::IpNet>> {
-    per_peer(ctx, protection::configuration_cidrs)
-}
-
-/// What the ProtectionPolicies say for `peer` (provider pods selected in `cluster`).
-fn exceptions_for(
-    ctx: &Ctx,
-    peer: &str,
-    cluster: &netpol::Cluster,
-) -> protection::exceptions::ForPeer {
-    protection::exceptions::for_peer(
-        &ctx.protection_policies.checked(),
-        peer,
-        ctx.opts.settings(),
-        cluster,
-    )
-}
-
-/// How each peer's CIDRs are remapped here (Liqo's `Configuration`s).
-fn remaps(ctx: &Ctx) -> BTreeMap<String, Vec<protection::Remap>> {
-    per_peer(ctx, protection::configuration_remaps)
-}
 
 /// The protection view of a pod.
 pub(crate) fn pod_info(p: &Pod) -> protection::Pod {
@@ -178,48 +73,6 @@ pub(crate) fn pod_info(p: &Pod) -> protection::Pod {
         ips,
         gone: super::netpol::gone(p),
     }
-}
-
-fn owner_ref(ns: &Namespace) -> serde_json::Value {
-    json!([{
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "name": ns.name_any(),
-        "uid": ns.uid().unwrap_or_default(),
-    }])
-}
-
-fn api_error<'a>(
-    action: &'static str,
-    ns: &'a str,
-    name: &'a str,
-) -> impl FnOnce(kube::Error) -> ReconcileError + 'a {
-    move |source| ReconcileError::Api {
-        action,
-        object: format!("{ns}/{name}"),
-        source,
-    }
-}
-
-/// Server-side apply of `body` as the controller's field manager (forcing ownership of the
-/// fields it sets, so a hand edit of them is reverted).
-async fn server_side_apply<K>(
-    api: &Api<K>,
-    ns: &str,
-    name: &str,
-    body: &serde_json::Value,
-) -> Result<(), ReconcileError>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(body),
-    )
-    .await
-    .map(|_| ())
-    .map_err(api_error("applying", ns, name))
 }
 
 fn error_policy<K>(obj: Arc<K>, err: &ReconcileError, ctx: Arc<Ctx>) -> Action
@@ -407,90 +260,4 @@ fn feed_pods(
             }
         },
     )
-}
-
-impl Ctx {
-    /// The controller's caches, each watching its kind (every change notifies `changed`).
-    fn watching(
-        client: &Client,
-        changed: &Arc<super::Changes>,
-        opts: Options,
-        metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
-        publisher: Arc<std::sync::Mutex<Publisher>>,
-    ) -> Self {
-        let wc = watcher::Config::default;
-        Ctx {
-            namespaces: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
-            nodes: super::cache(
-                Api::all(client.clone()),
-                wc().labels(&format!("{}=virtual-node", super::NODE_TYPE)),
-                (),
-                changed.clone(),
-            ),
-            configs: super::cache(
-                Api::all_with(client.clone(), &super::fwc_resource()),
-                wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
-                super::fwc_resource(),
-                changed.clone(),
-            ),
-            slices: super::cache(
-                Api::all_with(client.clone(), &super::address_set_resource()),
-                wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
-                super::address_set_resource(),
-                changed.clone(),
-            ),
-            liqo_configs: std::sync::OnceLock::new(),
-            cluster_policies: std::sync::OnceLock::new(),
-            pods: super::cache_trimmed(
-                Api::all(client.clone()),
-                wc(),
-                (),
-                changed.clone(),
-                super::netpol::trim_pod,
-            ),
-            network_policies: super::cache(Api::all(client.clone()), wc(), (), changed.clone()),
-            protection_policies: Arc::new(super::protection_policies::InForce::new(super::cache(
-                Api::all_with(client.clone(), &super::protection_policies::resource()),
-                wc(),
-                super::protection_policies::resource(),
-                changed.clone(),
-            ))),
-            reported: std::sync::Mutex::new(BTreeSet::new()),
-            client: client.clone(),
-            opts,
-            metrics,
-            publisher,
-        }
-    }
-
-    /// Wait until every cache has listed its kind once (the pods through `pods_listed`).
-    async fn synced(
-        &self,
-        mut pods_listed: tokio::sync::watch::Receiver<bool>,
-    ) -> anyhow::Result<()> {
-        pods_listed
-            .wait_for(|l| *l)
-            .await
-            .context("the pods watch ended before its first list")?;
-        for (what, ready) in [
-            ("namespaces", self.namespaces.wait_until_ready().await),
-            ("nodes", self.nodes.wait_until_ready().await),
-            (
-                "firewallconfigurations",
-                self.configs.wait_until_ready().await,
-            ),
-            ("addresssets", self.slices.wait_until_ready().await),
-            ("pods", self.pods.wait_until_ready().await),
-            (
-                "networkpolicies",
-                self.network_policies.wait_until_ready().await,
-            ),
-        ] {
-            ready.with_context(|| format!("the {what} watch ended before its first list"))?;
-        }
-        self.protection_policies
-            .ready()
-            .await
-            .context("the protectionpolicies watch ended before its first list (is peerwall's CRD installed? kubectl apply -k deploy/)")
-    }
 }

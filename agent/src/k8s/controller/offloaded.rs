@@ -1,28 +1,20 @@
 //! The NetworkPolicy of each offloaded namespace (`peerwall-offloaded`): created with the
 //! namespace, following its consumer's CIDRs and ProtectionPolicies, removed when it stops being one.
 
-use k8s_openapi::api::networking::v1::NetworkPolicy;
+use std::sync::Arc;
 
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams};
+use kube::runtime::controller::Action;
 use kube::ResourceExt;
 
-use super::api_error;
-use super::exceptions_for;
-use super::homes;
-use super::labels_of;
-use super::owner_ref;
-use super::server_side_apply;
-use super::Ctx;
-use super::ReconcileError;
-use super::MANAGED_BY;
-use super::MANAGER;
+use super::context::{exceptions_for, homes, labels_of, Ctx};
+use super::publish::{api_error, apply, owned_by_namespace, publish, typed, ReconcileError, Seen};
 use super::NETWORK_POLICY;
+use crate::k8s::{MANAGED_BY, MANAGER};
 use crate::netpol;
 use crate::protection;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::Api;
-use kube::api::DeleteParams;
-use kube::runtime::controller::Action;
-use std::sync::Arc;
 
 /// Keep the NetworkPolicies of `peer`'s offloaded namespaces following its CIDRs (they
 /// change with Liqo's `Configuration`, which the namespace reconcile does not watch) and its
@@ -45,20 +37,21 @@ pub(super) async fn refresh_offloaded(
         {
             continue;
         }
-        let mut body = protection::offloaded_network_policy(&info.name, peer, &home, &open);
-        let current = policies.iter().find(|p| {
-            p.namespace().as_deref() == Some(info.name.as_str()) && p.name_any() == NETWORK_POLICY
-        });
         // Absent: the namespace reconcile creates it.
-        let Some(current) = current else { continue };
-        if serde_json::to_value(&current.spec).ok().as_ref() == body.get("spec") {
+        let Some(current) = policies.iter().find(|p| {
+            p.namespace().as_deref() == Some(info.name.as_str()) && p.name_any() == NETWORK_POLICY
+        }) else {
             continue;
+        };
+        let object: NetworkPolicy = typed(
+            protection::offloaded_network_policy(&info.name, peer, &home, &open),
+            Some(owned_by_namespace(&ns)),
+        )?;
+        let api = Api::namespaced(ctx.client.clone(), &info.name);
+        if publish(&api, Some(&Seen::of(current.as_ref())), &object).await? {
+            ctx.count(|m| m.network_policy_writes += 1);
+            tracing::info!(namespace = %info.name, peer, "offloaded namespace's NetworkPolicy follows its consumer's CIDRs and ProtectionPolicies");
         }
-        body["metadata"]["ownerReferences"] = owner_ref(&ns);
-        let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &info.name);
-        server_side_apply(&api, &info.name, NETWORK_POLICY, &body).await?;
-        ctx.count(|m| m.network_policy_writes += 1);
-        tracing::info!(namespace = %info.name, peer, "offloaded namespace's NetworkPolicy follows its consumer's CIDRs and ProtectionPolicies");
     }
     Ok(())
 }
@@ -79,14 +72,16 @@ pub(super) async fn reconcile_namespace(
             // The NetworkPolicy takes the openings' selectors only: no pod addresses needed.
             let exceptions = exceptions_for(&ctx, &consumer, &netpol::Cluster::default());
             let open: Vec<_> = exceptions.for_offloaded().collect();
-            let mut body = protection::offloaded_network_policy(
-                &name,
-                &consumer,
-                &homes(&ctx).remove(&consumer).unwrap_or_default(),
-                &open,
-            );
-            body["metadata"]["ownerReferences"] = owner_ref(&ns);
-            server_side_apply(&api, &name, NETWORK_POLICY, &body).await?;
+            let object: NetworkPolicy = typed(
+                protection::offloaded_network_policy(
+                    &name,
+                    &consumer,
+                    &homes(&ctx).remove(&consumer).unwrap_or_default(),
+                    &open,
+                ),
+                Some(owned_by_namespace(&ns)),
+            )?;
+            apply(&api, &object).await?;
             ctx.count(|m| m.network_policy_writes += 1);
         }
         _ => {
@@ -108,3 +103,7 @@ pub(super) async fn reconcile_namespace(
     }
     Ok(Action::await_change())
 }
+
+#[cfg(test)]
+#[path = "offloaded/tests.rs"]
+mod tests;

@@ -1,30 +1,20 @@
 //! Each peer's NetworkPolicy tier and the companion NetworkPolicies a label-aware CNI needs,
 //! from one view of the cluster per pass; policies peerwall cannot enforce reported once.
 
-use kube::Resource;
-
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-
-use kube::ResourceExt;
-
-use super::api_error;
-use super::owner_ref;
-use super::remaps;
-use super::server_side_apply;
-use super::Ctx;
-use super::ReconcileError;
-use super::PEER;
-use super::TARGET;
-use super::TARGET_GATEWAY;
-use crate::netpol;
-use crate::protection;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::Api;
-use kube::api::DeleteParams;
-use kube::api::DynamicObject;
-use serde_json::json;
 use std::collections::BTreeSet;
 use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::api::{Api, DeleteParams, DynamicObject};
+use kube::{Resource, ResourceExt};
+use peerwall_intent::types::FirewallConfiguration;
+use serde_json::json;
+
+use super::context::{remaps, Ctx};
+use super::publish::{api_error, owned_by_namespace, publish, typed, ReconcileError, Seen};
+use crate::netpol;
+use crate::protection;
 
 /// The cluster as NetworkPolicies and ClusterNetworkPolicies see it, from the caches; the
 /// NetworkPolicies that do not read; every NetworkPolicy object (for Events and companions);
@@ -102,20 +92,20 @@ pub(super) async fn publish_tier(
     for (policy, why) in problems {
         report_policy(ctx, policies, &policy, &why).await;
     }
-    let mut body = netpol::tier::object(&peer.tenant_namespace, &peer.id, &tier.spec);
-    let current = ctx.configs.state().into_iter().find(|c| {
-        c.name_any() == netpol::tier::TIER_CONFIG && c.namespace().as_deref() == Some(&ns_name)
-    });
-    let up_to_date = current.as_ref().is_some_and(|c| {
-        c.data.get("spec") == body.get("spec")
-            && c.labels().get(PEER) == Some(&peer.id)
-            && c.labels().get(TARGET).map(String::as_str) == Some(TARGET_GATEWAY)
-    });
-    if !up_to_date {
-        body["metadata"]["ownerReferences"] = owner_ref(ns);
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(ctx.client.clone(), &ns_name, &crate::k8s::fwc_resource());
-        server_side_apply(&api, &ns_name, netpol::tier::TIER_CONFIG, &body).await?;
+    let object: FirewallConfiguration = typed(
+        netpol::tier::object(&peer.tenant_namespace, &peer.id, &tier.spec),
+        Some(owned_by_namespace(ns)),
+    )?;
+    let seen = ctx
+        .configs
+        .state()
+        .into_iter()
+        .find(|c| {
+            c.name_any() == netpol::tier::TIER_CONFIG && c.namespace().as_deref() == Some(&ns_name)
+        })
+        .map(|c| Seen::of_dynamic(&c));
+    let api = Api::namespaced(ctx.client.clone(), &ns_name);
+    if publish(&api, seen.as_ref(), &object).await? {
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer.id, "NetworkPolicy tier updated");
     }
@@ -135,46 +125,40 @@ pub(super) async fn publish_companions(
     }
     let key = |ns: &str, name: &str| format!("{ns}/{name}");
     let mut wanted = BTreeSet::new();
-    for netpol::companion::Companion {
-        owner,
-        object: mut body,
-    } in desired
-    {
-        let ns = body["metadata"]["namespace"]
+    for netpol::companion::Companion { owner, object } in desired {
+        let ns = object["metadata"]["namespace"]
             .as_str()
             .unwrap_or_default()
             .to_string();
-        let name = body["metadata"]["name"]
+        let name = object["metadata"]["name"]
             .as_str()
             .unwrap_or_default()
             .to_string();
         wanted.insert(key(&ns, &name));
-        let current = policies
-            .iter()
-            .find(|p| p.namespace().as_deref() == Some(&ns) && p.name_any() == name);
-        let same = current.is_some_and(|c| {
-            netpol::companion::is_companion(c.labels())
-                && has_labels(c.labels(), &body)
-                && serde_json::to_value(&c.spec).ok().as_ref() == body.get("spec")
-        });
-        if same {
-            continue;
-        }
         // Owned by the user's policy it stands beside.
         let owner = policies.iter().find(|p| {
             p.namespace().as_deref() == Some(&ns)
                 && p.name_any() == owner
                 && !netpol::companion::is_companion(p.labels())
         });
-        if let Some(u) = owner {
-            body["metadata"]["ownerReferences"] = json!([{
+        let owners = owner.map(|u| {
+            json!([{
                 "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
                 "name": u.name_any(), "uid": u.uid().unwrap_or_default(),
-            }]);
-        }
+            }])
+        });
+        let object: NetworkPolicy = typed(object, owners)?;
+        // Seen only where it is a companion: a policy under this name (peerwall's, by its
+        // prefix) that is not one is taken over.
+        let seen = policies
+            .iter()
+            .find(|p| p.namespace().as_deref() == Some(&ns) && p.name_any() == name)
+            .filter(|c| netpol::companion::is_companion(c.labels()))
+            .map(|c| Seen::of(c.as_ref()));
         let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-        server_side_apply(&api, &ns, &name, &body).await?;
-        tracing::info!(networkpolicy = %key(&ns, &name), "CNI companion written");
+        if publish(&api, seen.as_ref(), &object).await? {
+            tracing::info!(networkpolicy = %key(&ns, &name), "CNI companion written");
+        }
     }
     for p in policies
         .iter()
@@ -193,18 +177,6 @@ pub(super) async fn publish_companions(
         }
     }
     Ok(())
-}
-
-/// Whether `labels` hold every label of the object `body` (others' labels may be there too).
-fn has_labels(
-    labels: &std::collections::BTreeMap<String, String>,
-    body: &serde_json::Value,
-) -> bool {
-    body["metadata"]["labels"]
-        .as_object()
-        .into_iter()
-        .flatten()
-        .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str())
 }
 
 /// Condition type peerwall writes on each ClusterNetworkPolicy.
@@ -264,7 +236,7 @@ async fn publish_cnp_status(ctx: &Ctx, problems: &[(Arc<DynamicObject>, String)]
                 "lastTransitionTime": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             }]},
         });
-        let params = kube::api::PatchParams::apply("peerwall-controller").force();
+        let params = kube::api::PatchParams::apply(super::publish::FIELD_MANAGER).force();
         match api
             .patch_status(&name, &params, &kube::api::Patch::Apply(&body))
             .await

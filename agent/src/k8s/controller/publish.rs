@@ -1,0 +1,162 @@
+//! How the controller writes: every object it keeps (gateway configurations, the NetworkPolicy
+//! tier, AddressSet slices, offloaded namespaces' NetworkPolicies, CNI companions) goes through
+//! [`publish`]: read into the API's own type (so a field the type does not know fails here,
+//! before the API server could prune it), compared with what the cache shows ([`Seen`]: the
+//! spec and peerwall's labels; nothing is written when they already say it), written by
+//! server-side apply as the controller's field manager ([`apply`]).
+//!
+//! The pure crates build these objects as JSON (they hold no kube types); reads stay untyped
+//! where they are ([`Seen::of_dynamic`]): a FirewallConfiguration edited by hand into
+//! something this version cannot parse must still be seen, and overwritten.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::{Resource, ResourceExt};
+use serde_json::{json, Value};
+
+/// The field manager of every write of the controller.
+pub(super) const FIELD_MANAGER: &str = "peerwall-controller";
+
+/// Why a reconcile failed (retried with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The API server refused a write.
+    #[error("{action} {object}: {source}")]
+    Api {
+        /// What was attempted.
+        action: &'static str,
+        /// Which object.
+        object: String,
+        /// Cause.
+        source: kube::Error,
+    },
+    /// An object the controller built does not read as its kind (a bug: nothing is written).
+    #[error("building {object}: {source}")]
+    Object {
+        /// Which object.
+        object: String,
+        /// Cause.
+        source: serde_json::Error,
+    },
+}
+
+/// The error of `action` on the object `ns/name`.
+pub(super) fn api_error<'a>(
+    action: &'static str,
+    ns: &'a str,
+    name: &'a str,
+) -> impl FnOnce(kube::Error) -> ReconcileError + 'a {
+    move |source| ReconcileError::Api {
+        action,
+        object: format!("{ns}/{name}"),
+        source,
+    }
+}
+
+/// An owner reference to the namespace `ns` (a peer's tenant namespace, an offloaded
+/// namespace): deleting it deletes what the controller wrote for it.
+pub(super) fn owned_by_namespace(ns: &Namespace) -> Value {
+    json!([{
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "name": ns.name_any(),
+        "uid": ns.uid().unwrap_or_default(),
+    }])
+}
+
+/// `body` (an object the pure crates built, with `owners` as its owner references) read as a
+/// `K`.
+pub(super) fn typed<K: serde::de::DeserializeOwned>(
+    mut body: Value,
+    owners: Option<Value>,
+) -> Result<K, ReconcileError> {
+    if let Some(o) = owners {
+        body["metadata"]["ownerReferences"] = o;
+    }
+    let object = format!(
+        "{}/{}",
+        body["metadata"]["namespace"].as_str().unwrap_or_default(),
+        body["metadata"]["name"].as_str().unwrap_or_default()
+    );
+    serde_json::from_value(body).map_err(|source| ReconcileError::Object { object, source })
+}
+
+/// What the cache shows of an object: its labels and spec.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(super) struct Seen {
+    labels: BTreeMap<String, String>,
+    spec: Option<Value>,
+}
+
+impl Seen {
+    /// An object of a kind read untyped.
+    pub(super) fn of_dynamic(o: &DynamicObject) -> Self {
+        Self {
+            labels: o.labels().clone(),
+            spec: o.data.get("spec").cloned(),
+        }
+    }
+
+    /// An object of a typed kind.
+    pub(super) fn of<K: Resource + serde::Serialize>(o: &K) -> Self {
+        Self {
+            labels: o.labels().clone(),
+            spec: serde_json::to_value(o)
+                .ok()
+                .and_then(|v| v.get("spec").cloned()),
+        }
+    }
+
+    /// Whether it already says what `object` says: the same spec, and every label of
+    /// `object` (others' labels may be there too).
+    fn says<K: Resource + serde::Serialize>(&self, object: &K) -> bool {
+        let spec = serde_json::to_value(object)
+            .ok()
+            .and_then(|v| v.get("spec").cloned());
+        spec.is_some()
+            && self.spec == spec
+            && object
+                .labels()
+                .iter()
+                .all(|(k, v)| self.labels.get(k) == Some(v))
+    }
+}
+
+/// Write `object` unless `seen` already says it ([`Seen::says`]); returns whether it wrote.
+pub(super) async fn publish<K>(
+    api: &Api<K>,
+    seen: Option<&Seen>,
+    object: &K,
+) -> Result<bool, ReconcileError>
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    if seen.is_some_and(|s| s.says(object)) {
+        return Ok(false);
+    }
+    apply(api, object).await?;
+    Ok(true)
+}
+
+/// Server-side apply of `object` as the controller's field manager (forcing ownership of the
+/// fields it sets, so a hand edit of them is reverted); the object as the API server keeps it.
+pub(super) async fn apply<K>(api: &Api<K>, object: &K) -> Result<K, ReconcileError>
+where
+    K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let ns = object.namespace().unwrap_or_default();
+    let name = object.name_any();
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(object),
+    )
+    .await
+    .map_err(api_error("applying", &ns, &name))
+}
+
+#[cfg(test)]
+#[path = "publish/tests.rs"]
+mod tests;
