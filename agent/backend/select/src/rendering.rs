@@ -107,29 +107,8 @@ mod tests {
     use super::*;
 
     fn policy() -> Policy {
-        let yaml = r#"
-apiVersion: networking.liqo.io/v1beta1
-kind: FirewallConfiguration
-metadata: {name: t}
-spec:
-  table:
-    name: t
-    family: INET
-    chains:
-      - name: fwd
-        type: filter
-        hook: forward
-        priority: 0
-        policy: drop
-        rules:
-          filterRules:
-            - name: web
-              action: accept
-              match:
-                - op: eq
-                  ip: {value: 10.0.0.0/8, position: dst}
-"#;
-        let objects = peerwall_intent::load::parse_documents(yaml, "test").expect("parses");
+        let yaml = include_str!("../../../../examples/provider-protection.yaml");
+        let objects = peerwall_intent::load::parse_documents(yaml, "example").expect("parses");
         peerwall_policy::compile::compile(&objects)
             .expect("compiles")
             .policy
@@ -138,8 +117,8 @@ spec:
     #[test]
     fn nftables_prints_its_table_as_nft_lists_it_and_as_nft_json_commands() {
         let r = render(&policy(), BackendKind::Nftables, Format::Text).expect("renders");
-        assert!(r.text.contains("table inet t {"), "{}", r.text);
-        assert!(r.text.contains("ip daddr 10.0.0.0/8"), "{}", r.text);
+        assert!(r.text.contains("table inet peerwall_cluster1 {"), "{}", r.text);
+        assert!(r.text.contains("10.20.1.2"), "{}", r.text);
         assert!(r.notes.is_empty());
         let j = render(&policy(), BackendKind::Nftables, Format::Json).expect("renders");
         let doc: serde_json::Value = serde_json::from_str(&j.text).expect("JSON");
