@@ -10,7 +10,7 @@
 //! policy and applied whole; when only AddressSets change, each changed slice is merged into
 //! the compiled policy in place and the backend changes just those set elements (O(changes):
 //! a pod added to a 100k-pod set is one element). An invalid change is logged and not applied:
-//! the last good policy (or slice) stays in force. The engine's upkeep (nftables drift repair,
+//! the last good policy (or slice) stays in force. The enforcement's upkeep (nftables drift repair,
 //! counters) runs on every quiet tick.
 
 use std::collections::BTreeMap;
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use anyhow::Context;
 
-use crate::engine::{EnforceError, Engine};
+use crate::enforcement::{EnforceError, Enforcement};
 use peerwall_intent::load::{self, Loaded};
 use peerwall_intent::{Origin, PolicyObject};
 use peerwall_policy::compile;
@@ -218,7 +218,7 @@ fn enforce(
     state: &mut DirState,
     touched: &[PathBuf],
     observed: Vec<PolicyObject>,
-    engine: &mut Engine,
+    enforcement: &mut Enforcement,
     env_changed: bool,
 ) -> Result<(), EnforceError> {
     let started = Instant::now();
@@ -235,11 +235,11 @@ fn enforce(
             }
             set_changes.extend(c);
         }
-        let r = engine
+        let r = enforcement
             .update_sets(sliced.policy(), &set_changes, started)
             .or_else(|e| {
                 tracing::warn!(error = %e, "set update failed; applying the whole policy");
-                engine.apply_compiled(sliced.compiled(), started)
+                enforcement.apply_compiled(sliced.compiled(), started)
             });
         if r.is_err() {
             state.sliced = None;
@@ -248,7 +248,7 @@ fn enforce(
         return r;
     }
     let compiled = compile::compile(&objects).map_err(|e| {
-        engine.count_invalid();
+        enforcement.count_invalid();
         EnforceError::Invalid(e)
     })?;
     let slices: Vec<CheckedSlice> = state.slices.values().cloned().collect();
@@ -256,7 +256,7 @@ fn enforce(
     for (origin, i) in &issues {
         tracing::error!(slice = %origin, error = %i, "AddressSet not applied");
     }
-    engine.apply_compiled(sliced.compiled(), started)?;
+    enforcement.apply_compiled(sliced.compiled(), started)?;
     state.sliced = Some(sliced);
     state.objects = Some(objects);
     Ok(())
@@ -267,7 +267,7 @@ fn enforce(
 pub fn run(
     dir: &Path,
     observed: &[PathBuf],
-    engine: &mut Engine,
+    enforcement: &mut Enforcement,
     interval: Duration,
     stop: Arc<crate::shutdown::Shutdown>,
 ) -> anyhow::Result<()> {
@@ -288,7 +288,7 @@ pub fn run(
         for o in observed {
             fp.extend(fingerprint(o).with_context(|| format!("reading {}", o.display()))?);
         }
-        let env_changed = engine.environment_changed();
+        let env_changed = enforcement.environment_changed();
         // A notified change is complete (closed or renamed in); one only the poll found is
         // read once the directory looked the same on two polls in a row, so a file caught
         // half-written by a non-atomic editor is not reported as invalid.
@@ -310,7 +310,7 @@ pub fn run(
                 .and_then(|touched| Ok((touched, observed_objects(observed)?)));
             match read {
                 Ok((touched, seen)) => {
-                    match enforce(&mut state, &touched, seen, engine, env_changed) {
+                    match enforce(&mut state, &touched, seen, enforcement, env_changed) {
                         Ok(()) => {}
                         Err(EnforceError::Invalid(e)) => tracing::error!(
                             error = %e,
@@ -322,7 +322,7 @@ pub fn run(
                     }
                 }
                 Err(e) => {
-                    engine.count_invalid();
+                    enforcement.count_invalid();
                     tracing::error!(error = %e, "invalid policy not applied; previous policy stays")
                 }
             }
@@ -331,7 +331,7 @@ pub fn run(
             // Upkeep on quiet ticks (and at least once an interval under a stream of
             // notifications), not right after a notification that changed nothing: a writer's
             // temporary file announces the rename that follows, which must not wait for it.
-            engine.maintain();
+            enforcement.maintain();
             last_upkeep = Instant::now();
         }
         notified = match &watch {

@@ -5,7 +5,7 @@
 //! interface and network namespaces) → `peerwall-backend-nftables` / `peerwall-backend-bpf` →
 //! the kernel (`ebpf/`). `peerwall-probe` asks real kernels for verdicts.
 //!
-//! Here: [`cli`] (commands), [`engine`] (the enforcement engine and the directory source),
+//! Here: [`cli`] (commands), [`enforcement`] (the enforcement engine and the directory source),
 //! [`k8s`] (the Kubernetes edge: agent watch source, controller, webhook) over the pure
 //! [`protection`] decisions, [`metrics`], [`events`] (what the datapath did, for `observe`), and
 //! [`lab`], the gateway lab.
@@ -13,7 +13,7 @@
 pub mod cli;
 pub mod cni;
 pub mod dir;
-pub mod engine;
+pub mod enforcement;
 pub mod events;
 pub mod k8s;
 pub mod lab;

@@ -2,7 +2,7 @@
 //! force allowed before the change and refuses after it, whichever tier refuses it now (a pod
 //! that left a NetworkPolicy's peers, or provider protection's `offloaded` set: deleted,
 //! relabelled, its address reused). Pure: policies and flows in, flows out; the agent lists
-//! and ends them through the backend ([`crate::engine`]).
+//! and ends them through the backend ([`crate::enforcement`]).
 //!
 //! Judged by the reference evaluator, for the flow's original direction as a new, forwarded
 //! packet (Liqo's NAT in front, as the policy observes it), once for each input interface the

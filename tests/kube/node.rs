@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use peerwall::k8s::gateways::netns::pod_netns;
+use peerwall::k8s::gateway_pods::netns::pod_netns;
 
 use crate::common::*;
 use peerwall_testkit::node::Node;
@@ -412,7 +412,7 @@ fn node_boot_table_in(gw_netns: &Path) -> bool {
 /// interface it attached to, under this gateway's pin directory, and the kernel says that
 /// link filters a device (a pin outlives its device).
 fn bpf_attached_in(peer: &str, uid: &str) -> bool {
-    let dir = peerwall::k8s::gateways::pods::GatewayPod {
+    let dir = peerwall::k8s::gateway_pods::pods::GatewayPod {
         uid: uid.to_string(),
         name: String::new(),
         peer: peer.to_string(),
@@ -439,7 +439,7 @@ fn named_for(dir: &str, peer: &str) -> Vec<String> {
 /// The handles (`/run/peerwall/gateways/<peer>_<uid>.json`) the agent keeps for `peer`'s
 /// gateways on this node.
 fn handles_of(peer: &str) -> Vec<String> {
-    let mut h = named_for(peerwall::k8s::gateways::handles::HANDLES, peer);
+    let mut h = named_for(peerwall::k8s::gateway_pods::handles::HANDLES, peer);
     h.retain(|n| n.ends_with(".json"));
     h
 }

@@ -28,8 +28,8 @@ impl HostArgs {
         let Some(peer) = &self.gateway else {
             return Ok(self.clone());
         };
-        let (ns, pins) = crate::k8s::gateways::handles::resolve(
-            std::path::Path::new(crate::k8s::gateways::handles::HANDLES),
+        let (ns, pins) = crate::k8s::gateway_pods::handles::resolve(
+            std::path::Path::new(crate::k8s::gateway_pods::handles::HANDLES),
             std::path::Path::new("/proc"),
             peer,
         )
@@ -130,7 +130,7 @@ pub(super) fn boot(
         liqo_ping_port,
         ..crate::protection::boot::default_options()
     };
-    let policy = crate::engine::boot_policy(crate::protection::boot::boot_object(peer, &opts))
+    let policy = crate::enforcement::boot_policy(crate::protection::boot::boot_object(peer, &opts))
         .map_err(input)?;
     if let Some(ns) = &netns {
         scope::enter_netns(ns)?;

@@ -482,7 +482,7 @@ pub enum Command {
         #[arg(long, default_value = "0.0.0.0:9091")]
         metrics_addr: std::net::SocketAddr,
         /// Coverage check: label selector of Liqo's active gateway pods.
-        #[arg(long, default_value = crate::k8s::gateways::pods::GATEWAY_SELECTOR)]
+        #[arg(long, default_value = crate::k8s::gateway_pods::pods::GATEWAY_SELECTOR)]
         gateway_selector: String,
         /// Coverage check: label selector of peerwall's agent pods (the DaemonSet's).
         #[arg(long, default_value = "app.kubernetes.io/name=peerwall-agent")]
@@ -642,7 +642,7 @@ pub struct AgentArgs {
     /// Policy source: `dir:PATH` (a directory of YAML files, polled) or `kube` (watch the
     /// API server: in-cluster service account or KUBECONFIG).
     #[arg(long)]
-    pub source: crate::engine::PolicySource,
+    pub source: crate::enforcement::PolicySource,
     /// `kube` source: label selector of peerwall's FirewallConfigurations
     /// (`firewallconfigurations.peerwall.io`) this host enforces; add
     /// `peerwall.io/remote-cluster-id=<peer>` to take one peer's gateway objects only.
@@ -681,7 +681,7 @@ pub struct AgentArgs {
     #[arg(long)]
     pub gateway_pods: bool,
     /// `--gateway-pods`: label selector of Liqo's gateway pods.
-    #[arg(long, default_value = crate::k8s::gateways::pods::GATEWAY_SELECTOR)]
+    #[arg(long, default_value = crate::k8s::gateway_pods::pods::GATEWAY_SELECTOR)]
     pub gateway_selector: String,
     /// `--gateway-pods`: the node's procfs (the pods' processes; mounted by `hostPID`).
     #[arg(long, default_value = "/proc")]
@@ -857,7 +857,7 @@ pub const DEFAULT_EVENTS_ADDR: &str = "127.0.0.1:9978";
 pub const DEFAULT_NFLOG_GROUP: u16 = 6120;
 
 impl EventArgs {
-    /// The engine's settings; None when events are off.
+    /// The backend's event settings; None when events are off.
     pub fn settings(&self) -> Option<peerwall_backend_select::EventSettings> {
         (self.events || self.flow_log).then_some(peerwall_backend_select::EventSettings {
             flow_log: self.flow_log,

@@ -59,7 +59,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
     };
     let stop = stop_flag()?;
     if gateway_pods {
-        if source != crate::engine::PolicySource::Kube {
+        if source != crate::enforcement::PolicySource::Kube {
             return Err(CliError::Input(anyhow::anyhow!(
                 "--gateway-pods needs --source kube (gateway pods are found through the API server)"
             )));
@@ -76,8 +76,8 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
         .with_context(|| format!("serving metrics on {metrics_addr} and events on {events_addr}"))
         .map_err(runtime)?;
         tracing::info!(backend = %backend, metrics = %bound, events = ?events_at, "agent started in gateway-pod mode");
-        return crate::k8s::gateways::run(
-            crate::k8s::gateways::Settings {
+        return crate::k8s::gateway_pods::run(
+            crate::k8s::gateway_pods::Settings {
                 node: host.unwrap_or_else(default_host),
                 gateway_selector,
                 selector,
@@ -112,22 +112,22 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
     tracing::info!(?source, backend = name, metrics = %bound, events = ?events_at, "agent started");
     let boot = boot_peer
         .as_deref()
-        .map(crate::engine::Boot::for_peer)
+        .map(crate::enforcement::Boot::for_peer)
         .transpose()
         .context("compiling the boot policy")
         .map_err(runtime)?;
-    let mut engine = crate::engine::Engine::new(enforcer, metrics)
+    let mut enforcement = crate::enforcement::Enforcement::new(enforcer, metrics)
         .audit_all(audit)
         .with_boot(boot);
     if events.is_some() {
-        engine
+        enforcement
             .start_events()
             .context("reading the backend's events")
             .map_err(runtime)?;
     }
     let interval = std::time::Duration::from_millis(interval_ms);
     match source {
-        crate::engine::PolicySource::Dir(dir) => {
+        crate::enforcement::PolicySource::Dir(dir) => {
             let mut observed = Vec::new();
             for o in &observe {
                 match o.strip_prefix("dir:") {
@@ -139,9 +139,9 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                     }
                 }
             }
-            crate::dir::run(&dir, &observed, &mut engine, interval, stop)
+            crate::dir::run(&dir, &observed, &mut enforcement, interval, stop)
         }
-        crate::engine::PolicySource::Kube => crate::k8s::agent::run(
+        crate::enforcement::PolicySource::Kube => crate::k8s::agent::run(
             crate::k8s::agent::Settings {
                 liqo_selector,
                 observe: observe
@@ -166,7 +166,7 @@ pub(super) fn agent(a: AgentArgs) -> Result<(), CliError> {
                 drop_summary: events_on.then_some(drop_summary),
                 trust,
             },
-            &mut engine,
+            &mut enforcement,
             stop,
         ),
     }

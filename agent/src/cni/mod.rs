@@ -3,7 +3,7 @@
 //! sandbox, before any of its containers runs, whether an agent runs on the node or not (its
 //! agent down, restarting, killed for memory, or being upgraded). The agent that then
 //! enforces in the pod lets it go once the peer's configuration is in force
-//! ([`crate::engine`]).
+//! ([`crate::enforcement`]).
 //!
 //! - [`chain`]: the node's CNI configuration with the plugin chained, or taken out (pure);
 //! - [`plugin`]: the plugin itself, as the runtime runs it;

@@ -155,7 +155,7 @@ pub fn main() -> i32 {
 /// The node boot policy in force in the network namespace at `netns`, through nftables,
 /// unless peerwall already enforces there (a repeated ADD).
 fn put_boot_in_force(netns: &str) -> anyhow::Result<()> {
-    let policy = crate::engine::boot_policy(crate::protection::boot::node_boot_object(
+    let policy = crate::enforcement::boot_policy(crate::protection::boot::node_boot_object(
         &crate::protection::boot::default_options(),
     ))?;
     let f = std::fs::File::open(netns).with_context(|| format!("opening {netns}"))?;

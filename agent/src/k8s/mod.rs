@@ -7,8 +7,8 @@ pub mod agent;
 pub mod cluster_policy_crd;
 pub mod controller;
 pub mod coverage;
-pub mod gateways;
-pub mod netpol;
+pub mod gateway_pods;
+pub mod model;
 pub mod observe;
 pub mod protection_policies;
 pub mod recorder;
@@ -308,7 +308,7 @@ pub fn watch_config() -> kube::runtime::watcher::Config {
 /// through to etcd: the API server (1.20 here) does not page custom resources, so that read
 /// decoded every object of the kind, once per gateway (5 of the 12 CPU seconds the API
 /// server spent while 50 gateways started, `cargo xtask bench-peers`).
-pub fn probe_params(selector: Option<&str>) -> kube::api::ListParams {
+pub fn list_check_params(selector: Option<&str>) -> kube::api::ListParams {
     let lp = kube::api::ListParams::default().match_any();
     match selector {
         Some(s) => lp.labels(s),

@@ -234,8 +234,8 @@ impl Snapshot {
     /// The snapshot as NetworkPolicies and ClusterNetworkPolicies see it, and the policies
     /// that could not be read (a ClusterNetworkPolicy's part that fails closed among them, as
     /// `clusternetworkpolicy/<name>`).
-    pub fn cluster(&self) -> (netpol::Cluster, Vec<super::netpol::Unreadable>) {
-        let (mut cluster, mut unreadable) = super::netpol::cluster(
+    pub fn cluster(&self) -> (netpol::Cluster, Vec<super::model::Unreadable>) {
+        let (mut cluster, mut unreadable) = super::model::cluster(
             &self.namespaces,
             &self.nodes,
             &self.pods,
@@ -247,7 +247,7 @@ impl Snapshot {
                 Ok(r) => {
                     let key = format!("clusternetworkpolicy/{}", r.policy.name);
                     unreadable.extend(r.unenforced.into_iter().map(|why| {
-                        super::netpol::Unreadable {
+                        super::model::Unreadable {
                             policy: key.clone(),
                             why: format!("{why} (fails closed)"),
                         }

@@ -247,7 +247,7 @@ pub fn controller_slices(
 
 // size: data: the lab's pods and policies as a user would write them.
 /// The provider's own NetworkPolicies in the lab, and the pods they select, as the controller
-/// reads them ([`crate::k8s::netpol::cluster`] builds the same from the API server): the pods
+/// reads them ([`crate::k8s::model::cluster`] builds the same from the API server): the pods
 /// of [`lab_world`] with labels and container ports (`http` 8080/TCP, `echo` 9090/UDP), the
 /// provider's pod running on consumer c as a remote pod of namespace `local`, and
 /// - `app-a/web-1-http`: web-1 takes its named port `http` from consumer a's pod 10.10.1.10
@@ -456,7 +456,7 @@ fn offloaded_policies(cluster: &netpol::Cluster) -> Result<Vec<netpol::NetworkPo
             protection::offloaded_network_policy(&format!("app-{}", c.name), c.name, &home, &open);
         let np: k8s_openapi::api::networking::v1::NetworkPolicy =
             serde_json::from_value(doc).context("the offloaded namespace's NetworkPolicy")?;
-        out.push(crate::k8s::netpol::policy(&np).map_err(|u| {
+        out.push(crate::k8s::model::policy(&np).map_err(|u| {
             anyhow::anyhow!("the NetworkPolicy {} does not read: {}", u.policy, u.why)
         })?);
     }

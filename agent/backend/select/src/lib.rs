@@ -129,7 +129,7 @@ impl Conntrack {
         };
         match self {
             Self::Own => Ok(loader::Conntrack::Own),
-            Self::Auto if loader::KernelCt::probed().kfuncs().is_none() => {
+            Self::Auto if loader::KernelCt::detected().kfuncs().is_none() => {
                 Ok(loader::Conntrack::Own)
             }
             Self::Auto => Ok(found()),

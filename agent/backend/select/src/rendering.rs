@@ -3,7 +3,7 @@
 //! no backend's types. nftables: its tables as `nft list` prints them, or the JSON commands
 //! `nft -j -f` takes; bpf: the map contents it would load on this host's interfaces.
 
-use peerwall_backend_bpf::{loader, maps, view};
+use peerwall_backend_bpf::{describe, loader, maps};
 use peerwall_backend_nftables::{self as nftables, RenderOptions};
 use peerwall_policy::ir::Policy;
 
@@ -88,9 +88,9 @@ fn bpf(policy: &Policy, format: Format) -> Result<Rendering, RenderError> {
             ifindex: i.ifindex,
         })
         .collect();
-    let described = view::describe(&maps::compile(policy, &ifaces)?);
+    let described = describe::describe(&maps::compile(policy, &ifaces)?);
     let text = match format {
-        Format::Text => view::text(&described),
+        Format::Text => describe::text(&described),
         Format::Json => format!("{}\n", serde_json::to_string_pretty(&described)?),
     };
     Ok(Rendering {
@@ -117,7 +117,11 @@ mod tests {
     #[test]
     fn nftables_prints_its_table_as_nft_lists_it_and_as_nft_json_commands() {
         let r = render(&policy(), BackendKind::Nftables, Format::Text).expect("renders");
-        assert!(r.text.contains("table inet peerwall_cluster1 {"), "{}", r.text);
+        assert!(
+            r.text.contains("table inet peerwall_cluster1 {"),
+            "{}",
+            r.text
+        );
         assert!(r.text.contains("10.20.1.2"), "{}", r.text);
         assert!(r.notes.is_empty());
         let j = render(&policy(), BackendKind::Nftables, Format::Json).expect("renders");

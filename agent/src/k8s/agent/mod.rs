@@ -4,7 +4,7 @@
 //! 1. [`plan`] (pure): each object is decoded and validated with [`super::check`]; valid objects
 //!    are enforced, an invalid object keeps its last good spec in force (or none), objects being
 //!    deleted are left out.
-//! 2. The whole set is compiled into one policy and applied by the [`Engine`] (one nft
+//! 2. The whole set is compiled into one policy and applied by the [`Enforcement`] (one nft
 //!    transaction, or one bpf map sync). Objects the compiler refuses together (two objects
 //!    claiming one table) are left out and reported.
 //! 3. Each object gets this host's condition (`Applied` or `Error` with the message) through
@@ -13,7 +13,7 @@
 //!    every transition, and this host's finalizer: it is removed once the object's table is gone
 //!    from the kernel.
 //!
-//! Between rounds the engine repairs drift (nftables) and follows new interfaces (bpf).
+//! Between rounds the enforcement repairs drift (nftables) and follows new interfaces (bpf).
 //!
 //! Opt-in (`--liqo-selector`): Liqo's own FirewallConfigurations (`networking.liqo.io`) picked
 //! by that selector are enforced too, read only: peerwall writes no status, finalizer or label
@@ -46,7 +46,7 @@ use kube::runtime::reflector;
 use kube::Resource;
 use serde_json::json;
 
-use crate::engine::Engine;
+use crate::enforcement::Enforcement;
 use peerwall_intent::load::Group;
 use peerwall_intent::types::{ConditionType, FirewallConfigurationStatusCondition};
 use peerwall_policy::compile::PolicyObject;
@@ -123,7 +123,7 @@ struct Agent {
     /// Objects ignored because their namespace may not steer this gateway: the reason, by key
     /// and `(uid, generation)` (one warning Event per change).
     ignored: BTreeMap<String, (String, i64, String)>,
-    /// The engine's backend, reported in the conditions.
+    /// The enforcement's backend, reported in the conditions.
     backend: &'static str,
     /// After a failed apply: when to try the round again, and the wait that led there
     /// (doubling up to [`RETRY_MAX`]). Nothing else would start a round until the API changes.
@@ -149,13 +149,13 @@ fn slice_report_key(key: &str) -> String {
 impl Agent {
     async fn round(
         &mut self,
-        engine: &mut Engine,
+        enforcement: &mut Enforcement,
         objects: Vec<Arc<DynamicObject>>,
         slice_objects: Vec<Arc<DynamicObject>>,
         tenants: &super::trust::Tenants,
     ) {
         let started = std::time::Instant::now();
-        self.switch_reported = engine.switch_on();
+        self.switch_reported = enforcement.switch_on();
         let objects = self.admit(objects, tenants, &super::fwc_resource()).await;
         let slice_objects = self
             .admit(slice_objects, tenants, &super::address_set_resource())
@@ -165,7 +165,7 @@ impl Agent {
         let mut p = plan(&observed, &mut self.last_good);
         let settled = self.settle(&mut p);
         let desired: Vec<PolicyObject> = p.enforce.values().cloned().collect();
-        let result = self.enforce(engine, &desired, &settled.1, &slice_changes, started);
+        let result = self.enforce(enforcement, &desired, &settled.1, &slice_changes, started);
         self.settled = Some(settled);
         self.remember(&result, desired, &observed, &p);
         self.report_slices(&slice_objects, &result).await;
@@ -239,7 +239,7 @@ impl Agent {
     /// and the host are unchanged, else the whole policy with every slice merged.
     fn enforce(
         &mut self,
-        engine: &mut Engine,
+        enforcement: &mut Enforcement,
         desired: &[PolicyObject],
         settled: &Settled,
         slice_changes: &[(
@@ -247,10 +247,10 @@ impl Agent {
             Option<peerwall_policy::sliced::CheckedSlice>,
         )],
         started: std::time::Instant,
-    ) -> Result<(), crate::engine::EnforceError> {
+    ) -> Result<(), crate::enforcement::EnforceError> {
         let rules_unchanged = self.enforced.as_deref() == Some(desired);
         match self.sliced.as_mut() {
-            Some(sliced) if rules_unchanged && !engine.environment_changed() => {
+            Some(sliced) if rules_unchanged && !enforcement.environment_changed() => {
                 let mut changes = Vec::new();
                 for (origin, slice) in slice_changes {
                     let (c, issue) = sliced.update(origin, slice.as_ref());
@@ -262,11 +262,11 @@ impl Agent {
                 }
                 let sliced = &*sliced;
                 tokio::task::block_in_place(|| {
-                    engine
+                    enforcement
                         .update_sets(sliced.policy(), &changes, started)
                         .or_else(|e| {
                             tracing::warn!(error = %e, "set update failed; applying the whole policy");
-                            engine.apply_compiled(sliced.compiled(), started)
+                            enforcement.apply_compiled(sliced.compiled(), started)
                         })
                 })
             }
@@ -274,7 +274,7 @@ impl Agent {
                 let (sliced, issues) = Sliced::new(settled.compiled.clone(), &self.slices.merged());
                 self.slice_issues = issues;
                 let r = tokio::task::block_in_place(|| {
-                    engine.apply_compiled(sliced.compiled(), started)
+                    enforcement.apply_compiled(sliced.compiled(), started)
                 });
                 self.sliced = Some(sliced);
                 r
@@ -286,7 +286,7 @@ impl Agent {
     /// nothing known (the next round applies everything again).
     fn remember(
         &mut self,
-        result: &Result<(), crate::engine::EnforceError>,
+        result: &Result<(), crate::enforcement::EnforceError>,
         desired: Vec<PolicyObject>,
         observed: &[Observed],
         p: &Plan,
@@ -332,7 +332,7 @@ impl Agent {
         objects: &[Arc<DynamicObject>],
         observed: &[Observed],
         p: &Plan,
-        result: &Result<(), crate::engine::EnforceError>,
+        result: &Result<(), crate::enforcement::EnforceError>,
     ) {
         let by_key: BTreeMap<String, &Arc<DynamicObject>> =
             objects.iter().map(|o| (super::key_of(o), o)).collect();
@@ -379,7 +379,7 @@ impl Agent {
     async fn report_slices(
         &mut self,
         slice_objects: &[Arc<DynamicObject>],
-        result: &Result<(), crate::engine::EnforceError>,
+        result: &Result<(), crate::enforcement::EnforceError>,
     ) {
         let present: std::collections::BTreeSet<String> = slice_objects
             .iter()
@@ -601,7 +601,7 @@ fn tagged(obj: Arc<DynamicObject>, group: Group) -> Arc<DynamicObject> {
 /// Run the Kubernetes source until `stop` is set.
 pub fn run(
     settings: Settings,
-    engine: &mut Engine,
+    enforcement: &mut Enforcement,
     stop: Arc<crate::shutdown::Shutdown>,
 ) -> anyhow::Result<()> {
     let rt = super::runtime()?;
@@ -610,7 +610,7 @@ pub fn run(
         let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
         let changed = Arc::new(super::Changes::default());
         let mut watches = Watches::start(&client, &api, &settings, &changed).await?;
-        let mut agent = Agent::new(client, api, settings, engine.backend_name());
+        let mut agent = Agent::new(client, api, settings, enforcement.backend_name());
         // Stale finalizers are released after the first round: their list is no reason to
         // keep a new gateway behind its boot policy one more round trip.
         let mut released = false;
@@ -621,20 +621,20 @@ pub fn run(
                 if summarized.elapsed() >= period {
                     summarized = std::time::Instant::now();
                     agent
-                        .publish_drops(&watches.configs.state(), engine.drop_summary(), period)
+                        .publish_drops(&watches.configs.state(), enforcement.drop_summary(), period)
                         .await;
                 }
             }
             let retry_due = agent
                 .retry
                 .is_some_and(|(at, _)| std::time::Instant::now() >= at);
-            if dirty || retry_due || engine.environment_changed() {
+            if dirty || retry_due || enforcement.environment_changed() {
                 // Debounce: let a burst of events settle into one round (short: a round that
                 // only moves slices costs O(changes)).
                 tokio::time::sleep(DEBOUNCE).await;
                 agent
                     .round(
-                        engine,
+                        enforcement,
                         watches.objects(),
                         watches.slices(),
                         &watches.tenants(),
@@ -645,13 +645,13 @@ pub fn run(
                     released = true;
                 }
             } else {
-                tokio::task::block_in_place(|| engine.maintain());
+                tokio::task::block_in_place(|| enforcement.maintain());
             }
             agent.pump().await;
             // Not ready while the API server is away (what is in force stays in force).
-            engine.set_source_connected(changed.connected());
+            enforcement.set_source_connected(changed.connected());
             // The switch flipped: the conditions say so at the next round.
-            let switch_moved = engine.switch_on() != agent.switch_reported;
+            let switch_moved = enforcement.switch_on() != agent.switch_reported;
             dirty = tokio::select! {
                 _ = stop.wait() => break,
                 woke = tokio::time::timeout(agent.settings.interval, changed.notify.notified()) => {
@@ -846,7 +846,7 @@ async fn address_sets(
 ) -> anyhow::Result<Option<reflector::Store<DynamicObject>>> {
     let api = Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
     let listed = match api
-        .list_metadata(&super::probe_params(Some(&settings.selector)))
+        .list_metadata(&super::list_check_params(Some(&settings.selector)))
         .await
     {
         Err(kube::Error::Api(e)) if e.code == 404 => {
@@ -878,7 +878,10 @@ async fn observe_liqo(
 ) -> anyhow::Result<Option<reflector::Store<DynamicObject>>> {
     let liqo = super::resource_of(Group::Liqo);
     let api = Api::<DynamicObject>::all_with(client.clone(), &liqo);
-    let listable = match api.list_metadata(&super::probe_params(Some(sel))).await {
+    let listable = match api
+        .list_metadata(&super::list_check_params(Some(sel)))
+        .await
+    {
         Err(kube::Error::Api(e)) if e.code == 404 => {
             tracing::warn!(selector = %sel, "Liqo's FirewallConfiguration CRD is not installed: no Liqo NAT to observe");
             return Ok(None);
@@ -913,7 +916,7 @@ async fn liqo_bindings(
 ) -> anyhow::Result<Option<reflector::Store<DynamicObject>>> {
     let resource = super::liqo_binding_resource();
     let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
-    match api.list_metadata(&super::probe_params(None)).await {
+    match api.list_metadata(&super::list_check_params(None)).await {
         Err(kube::Error::Api(e)) if e.code == 404 => {
             tracing::info!("Liqo serves no FirewallConfigurationBindings: Liqo's FirewallConfigurations count by their labels");
             return Ok(None);

@@ -148,7 +148,7 @@ impl Ctx {
                 wc(),
                 (),
                 changed.clone(),
-                crate::k8s::netpol::trim_pod,
+                crate::k8s::model::trim_pod,
             ),
             network_policies: crate::k8s::cache(
                 Api::all(client.clone()),

@@ -18,20 +18,20 @@
 
 use context::Ctx;
 use enforcement::watch_enforcement;
-use gateways::{reconcile_gateway, reconcile_slices};
 use offloaded::reconcile_namespace;
+use policies::netpol_view;
 pub use publish::ReconcileError;
-use tier::netpol_view;
+use tenants::{reconcile_gateway, reconcile_slices};
 
 mod context;
 mod enforcement;
 #[cfg(test)]
 mod fake_api;
-mod gateways;
 mod offloaded;
 mod optional;
+mod policies;
 mod publish;
-mod tier;
+mod tenants;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -59,7 +59,7 @@ const DEBOUNCE: Duration = Duration::from_millis(2);
 
 /// The protection view of a pod.
 pub(crate) fn pod_info(p: &Pod) -> protection::Pod {
-    let ips = super::netpol::pod_ips(p);
+    let ips = super::model::pod_ips(p);
     protection::Pod {
         namespace: p.namespace().unwrap_or_default(),
         name: p.name_any(),
@@ -71,7 +71,7 @@ pub(crate) fn pod_info(p: &Pod) -> protection::Pod {
             .unwrap_or_default(),
         node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
         ips,
-        gone: super::netpol::gone(p),
+        gone: super::model::gone(p),
     }
 }
 

@@ -43,7 +43,7 @@ pub struct CtKfuncs {
 
 impl KernelCt {
     /// What this kernel offers: its vmlinux BTF read once.
-    pub fn probe() -> Self {
+    pub fn detect() -> Self {
         match KernelBtf::vmlinux() {
             Err(e) => Self::Own(format!("no kernel BTF (/sys/kernel/btf/vmlinux: {e})")),
             Ok(Err(e)) => Self::Own(format!("the kernel's BTF is unreadable: {e}")),
@@ -51,10 +51,10 @@ impl KernelCt {
         }
     }
 
-    /// [`probe`](Self::probe), once per process.
-    pub fn probed() -> &'static Self {
-        static PROBED: std::sync::OnceLock<KernelCt> = std::sync::OnceLock::new();
-        PROBED.get_or_init(Self::probe)
+    /// [`detect`](Self::detect), once per process.
+    pub fn detected() -> &'static Self {
+        static DETECTED: std::sync::OnceLock<KernelCt> = std::sync::OnceLock::new();
+        DETECTED.get_or_init(Self::detect)
     }
 
     /// What `btf` (vmlinux's) offers.

@@ -90,7 +90,7 @@ pub(super) fn conntrack_object<'a>(
             0,
         ),
         Conntrack::Kernel { v4, v6 } => {
-            let k = KernelCt::probed().clone();
+            let k = KernelCt::detected().clone();
             if let KernelCt::Own(why) = &k {
                 return Err(BpfError::KernelConntrack(why.clone()));
             }

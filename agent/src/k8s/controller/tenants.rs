@@ -15,8 +15,8 @@ use peerwall_intent::types::{AddressSet, FirewallConfiguration};
 use super::context::{exceptions_for, labels_of, per_peer, remaps, Ctx};
 use super::enforcement::applied_everywhere;
 use super::offloaded::refresh_offloaded;
+use super::policies::{netpol_view, publish_companions, publish_tier};
 use super::publish::{api_error, apply, owned_by_namespace, publish, typed, ReconcileError, Seen};
-use super::tier::{netpol_view, publish_companions, publish_tier};
 use super::GATEWAY_CONFIG;
 use crate::k8s::PEER;
 use crate::protection;
@@ -295,5 +295,5 @@ pub(super) async fn publish_slices(
 }
 
 #[cfg(test)]
-#[path = "gateways/tests.rs"]
+#[path = "tenants/tests.rs"]
 mod tests;

@@ -21,7 +21,7 @@ use crate::protection;
 /// what of the ClusterNetworkPolicies is refused or not enforced as written (the object, why).
 pub(super) type NetpolView = (
     netpol::Cluster,
-    Vec<crate::k8s::netpol::Unreadable>,
+    Vec<crate::k8s::model::Unreadable>,
     Vec<Arc<NetworkPolicy>>,
     Vec<(Arc<DynamicObject>, String)>,
 );
@@ -33,7 +33,7 @@ pub(super) fn netpol_view(ctx: &Ctx) -> NetpolView {
         ctx.pods.state(),
         ctx.network_policies.state(),
     );
-    let (mut cluster, unreadable) = crate::k8s::netpol::cluster(
+    let (mut cluster, unreadable) = crate::k8s::model::cluster(
         namespaces.iter().map(AsRef::as_ref),
         nodes.iter().map(AsRef::as_ref),
         pods.iter().map(AsRef::as_ref),

@@ -1,4 +1,4 @@
-//! The enforcement engine every policy source shares ([`Engine`]: compile, apply through any
+//! The enforcement every policy source shares ([`Enforcement`]: compile, apply through any
 //! backend (`Box<dyn Backend>`, opened by `peerwall_backend_select::open`), metrics, logs). The sources: the directory ([`crate::dir`]) and Kubernetes
 //! ([`crate::k8s::agent`]).
 
@@ -41,7 +41,7 @@ fn pump(mut source: Box<dyn EventSource>, metrics: crate::metrics::Shared) {
     let spawned = std::thread::Builder::new()
         .name("events".into())
         .spawn(move || loop {
-            // Only this thread still holds the metrics: the engine is gone, so is its source.
+            // Only this thread still holds the metrics: the enforcement is gone, so is its source.
             if std::sync::Arc::strong_count(&metrics) == 1 {
                 return;
             }
@@ -83,7 +83,7 @@ pub enum EnforceError {
 }
 
 /// Compile-and-apply with metrics and logs: the part every policy source shares.
-pub struct Engine {
+pub struct Enforcement {
     backend: Box<dyn Backend>,
     /// `--audit`: every table is enforced in audit mode, whatever its objects say.
     audit_all: bool,
@@ -102,11 +102,11 @@ pub struct Engine {
     /// A gateway's boot policy, kept in force until the policy holds its peer's table.
     boot: Option<Boot>,
     /// Held until the first apply is done, whatever its outcome (a gateway's turn to load
-    /// its datapath, `k8s::gateways::gate`).
+    /// its datapath, `k8s::gateway_pods::gate`).
     until_first_apply: Option<Box<dyn Send>>,
 }
 
-/// A gateway's boot policy ([`crate::protection::boot`]) as the engine keeps it.
+/// A gateway's boot policy ([`crate::protection::boot`]) as the enforcement keeps it.
 pub struct Boot {
     /// The boot tables, compiled.
     policy: peerwall_policy::ir::Policy,
@@ -135,7 +135,7 @@ pub fn boot_policy(obj: serde_json::Value) -> anyhow::Result<peerwall_policy::ir
 impl Boot {
     /// Put this boot policy in force through `backend` now
     /// ([`peerwall_backend::HoldBoot::hold_boot`]: only where nothing of peerwall's enforces
-    /// yet), before an engine exists (a bpf gateway waiting for its turn to load).
+    /// yet), before an enforcement is opened (a bpf gateway waiting for its turn to load).
     pub fn hold_in(
         &self,
         backend: &mut dyn peerwall_backend::HoldBoot,
@@ -156,8 +156,8 @@ impl Boot {
     }
 }
 
-impl Engine {
-    /// An engine over a backend, reporting into `metrics`.
+impl Enforcement {
+    /// An enforcement over a backend, reporting into `metrics`.
     pub fn new(backend: Box<dyn Backend>, metrics: crate::metrics::Shared) -> Self {
         Self {
             backend,

@@ -240,7 +240,7 @@ impl Supervisor {
         let (events, audit) = (s.backend.events.is_some(), s.audit);
         let span = tracing::info_span!("gateway", peer = %g.peer, pod = %g.name);
         // Until the peer's configuration is in force, its boot policy is.
-        let boot = crate::engine::Boot::for_peer(&g.peer)
+        let boot = crate::enforcement::Boot::for_peer(&g.peer)
             .map_err(
                 |e| tracing::error!(peer = %g.peer, error = %e, "the boot policy does not compile"),
             )
@@ -276,22 +276,22 @@ impl Supervisor {
                 if enforcer.classifies_before_nat() {
                     agent.observe = pods::observed_selectors(&peer);
                 }
-                let mut engine = crate::engine::Engine::new(enforcer, metrics)
+                let mut enforcement = crate::enforcement::Enforcement::new(enforcer, metrics)
                     .audit_all(audit)
                     .with_boot(boot)
                     .hold_until_first_apply(turn);
                 // At once, not after the policy source's first listing: the tunnel may come
                 // up meanwhile.
-                engine.hold_boot();
+                enforcement.hold_boot();
                 if let Err(e) = handles::write(Path::new(handles::HANDLES), &pin_name, &handle) {
                     tracing::warn!(gateway = %gateway, error = %e, "could not record the gateway for `peerwall … --gateway`");
                 }
                 if events {
-                    if let Err(e) = engine.start_events() {
+                    if let Err(e) = enforcement.start_events() {
                         tracing::error!(error = %e, "no events from this gateway");
                     }
                 }
-                super::agent::run(agent, &mut engine, worker_stop)
+                super::agent::run(agent, &mut enforcement, worker_stop)
             })
             .context("starting the gateway's agent thread")?;
         let after = self.seen.get(&g.uid).map(|(t, _)| t.elapsed().as_millis());
@@ -413,7 +413,11 @@ impl Supervisor {
 
 /// Put `boot` in force in the namespace `ns` through an nftables enforcer, as the bpf backend
 /// holds it until its datapath filters the tunnel (and releases it then, by name).
-fn hold_boot_early(boot: &crate::engine::Boot, s: &peerwall_backend_select::Settings, ns: &str) {
+fn hold_boot_early(
+    boot: &crate::enforcement::Boot,
+    s: &peerwall_backend_select::Settings,
+    ns: &str,
+) {
     let nft = peerwall_backend_select::Settings {
         kind: peerwall_backend_select::BackendKind::Nftables,
         events: None,
