@@ -6,7 +6,8 @@
 //! The `user` feature adds `aya::Pod` impls for user space.
 //!
 //! One module per concern, as `ebpf/src`: [`maps`], [`classify`], [`view`], [`conntrack`],
-//! [`cache`], [`probe`], [`events`], [`kfunc`]; everything is re-exported here.
+//! [`cache`], [`probe`], [`events`], [`kfunc`]; each item (not `kfunc`'s, which only the
+//! loader and the datapath's kfunc calls name) is re-exported here by name.
 #![no_std]
 
 pub mod cache;
@@ -18,13 +19,27 @@ pub mod maps;
 pub mod probe;
 pub mod view;
 
-pub use cache::*;
-pub use classify::*;
-pub use conntrack::*;
-pub use events::*;
-pub use maps::*;
-pub use probe::*;
-pub use view::*;
+pub use cache::{
+    fold_key6, verdict_set, CachedVerdict, CpuVerdict4, CpuVerdicts4, VerdictKey4, CACHED_COUNTERS,
+    CPU_VERDICT_SETS, CPU_VERDICT_SET_BITS, CPU_VERDICT_WAYS,
+};
+pub use classify::{
+    constrained, dim, ActionCode, AddrKeyData, Bitmap, ChainInfo, DimMasks, HookChains, IfKey,
+    PortKeyData, ProtoKey, RuleInfo, ADDR_KEY_FIXED_BITS, PORT_KEY_FIXED_BITS,
+};
+pub use conntrack::{
+    ct, flow_seen_idle, flow_seen_idle_stamp, flow_seen_slot, flow_seen_slot_of_words,
+    flow_seen_stamp, flow_words, new_flow_slot, FlowKey, FlowState, NewFlowSlot, ENDED_IDLE_MAX_NS,
+    FLOW_IDLE_NS, FLOW_SEEN_AHEAD, FLOW_SEEN_SHIFT, FLOW_SEEN_SLOTS, NEW_FLOW_SLOTS,
+};
+pub use events::{event, EventConfig, EventFlow, FlowEvent};
+pub use maps::{
+    counter_owner, family, flags, hook, map, routes, Config, Counter, IfaceInfo, RouteMirror,
+    COUNTERS_DEFAULT, HOOKS, HOOK_SLOTS, HOST_TABLE_DEFAULT, LOCAL_MAX, MAX_CHAINS, MAX_COUNTERS,
+    MAX_HOOK_CHAINS, MAX_RULES, NO_COMMON_LRU, PROBE_MAGIC, WORDS,
+};
+pub use probe::ProbeRecord;
+pub use view::ViewTarget;
 
 #[cfg(feature = "user")]
 mod pod {

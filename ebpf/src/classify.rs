@@ -14,7 +14,8 @@ use crate::maps::{
     RULES1, SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1,
 };
 use crate::parse::Pkt;
-use crate::route::{Route, PATH_FORWARD};
+use crate::route::PATH_FORWARD;
+use crate::work::Route;
 
 // Classification.
 

@@ -6,39 +6,16 @@
 //! bucket per CPU). When the ring buffer is full the event is lost, never the packet.
 
 use aya_ebpf::helpers::generated::{bpf_ktime_get_ns, bpf_loop};
-use aya_ebpf::macros::map;
-use aya_ebpf::maps::{Array, LruHashMap, PerCpuArray, RingBuf};
 use peerwall_common::{
-    counter_owner, ct, event, CachedVerdict, EventConfig, EventFlow, FlowEvent, FlowKey,
-    CACHED_COUNTERS,
+    counter_owner, ct, event, CachedVerdict, EventConfig, EventFlow, FlowEvent, CACHED_COUNTERS,
 };
 
 use crate::classify::{
     Outcome, ACT_ACCEPT, ACT_AUDIT_DROP, ACT_AUDIT_REJECT, ACT_DROP, ACT_REJECT,
 };
 use crate::flow::flow_key;
-use crate::maps::{OWNERS0, OWNERS1, SCRATCH, WORK};
+use crate::maps::{EVENTS, EVENT_BUCKET, EVENT_CONF, EVENT_FLOWS, OWNERS0, OWNERS1, SCRATCH, WORK};
 use crate::parse::{IPPROTO_ICMP, IPPROTO_ICMPV6};
-
-/// 256 KiB: about 2900 events waiting for the reader.
-#[map]
-pub(crate) static EVENTS: RingBuf = RingBuf::pinned(256 * 1024, 0);
-#[map]
-pub(crate) static EVENT_CONF: Array<EventConfig> = Array::pinned(1, 0);
-/// Flows with recent events; LRU, so a flood of new flows evicts old state, bounded memory.
-#[map]
-pub(crate) static EVENT_FLOWS: LruHashMap<FlowKey, EventFlow> = LruHashMap::pinned(1 << 12, 0);
-
-/// Per-CPU token bucket: tokens scaled by 1e9 (one token = one event).
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct Bucket {
-    pub(crate) tokens: u64,
-    pub(crate) last_ns: u64,
-}
-
-#[map]
-pub(crate) static EVENT_BUCKET: PerCpuArray<Bucket> = PerCpuArray::with_max_entries(1, 0);
 
 const TOKEN: u64 = 1_000_000_000;
 

@@ -31,8 +31,9 @@ use peerwall_common::kfunc::{
 use peerwall_common::{ct, family};
 
 use crate::ct_args::{CtOpts, SockTuple};
-use crate::maps::{kernel_ct_families, nf_conn_status_off, Work};
+use crate::maps::{kernel_ct_families, nf_conn_status_off};
 use crate::parse::Pkt;
+use crate::work::Work;
 
 /// `sizeof(struct bpf_ct_opts)` as this kernel's kfunc checks it.
 const OPTS_SZ: u32 = 16;

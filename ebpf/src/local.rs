@@ -4,21 +4,11 @@
 //! packet's path instead of a FIB lookup where the lease holds.
 
 use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
-use aya_ebpf::macros::map;
 use aya_ebpf::maps::lpm_trie::Key;
-use aya_ebpf::maps::{Array, LpmTrie};
-use peerwall_common::{family, routes, AddrKeyData, RouteMirror, ADDR_KEY_FIXED_BITS, LOCAL_MAX};
+use peerwall_common::{family, routes, AddrKeyData, ADDR_KEY_FIXED_BITS};
 
+use crate::maps::{LOCAL, ROUTES};
 use crate::parse::Pkt;
-
-/// The gateway's local destinations, mirrored by the agent from the namespace's local routing
-/// table: chain 0, prefix length 64 + the prefix's.
-#[map]
-pub(crate) static LOCAL: LpmTrie<AddrKeyData, u32> = LpmTrie::pinned(LOCAL_MAX, 0);
-
-/// `ROUTES[0]`: for which families [`LOCAL`] decides a packet's path, and until when.
-#[map]
-pub(crate) static ROUTES: Array<RouteMirror> = Array::pinned(1, 0);
 
 /// [`local_destination`]: delivered to the gateway.
 pub(crate) const IS_LOCAL: u32 = 1;

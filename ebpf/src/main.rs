@@ -52,6 +52,7 @@ mod route;
 mod seen;
 mod ttl;
 mod view;
+mod work;
 use aya_ebpf::bindings::{xdp_action, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::macros::{classifier, xdp};
 use aya_ebpf::programs::{TcContext, XdpContext};
@@ -67,8 +68,9 @@ use crate::kernel_ct::kernel_tracks;
 use crate::maps::{allow_all, config, has_views, kernel_ct_on, WORK};
 use crate::parse::{parse, Parse, Pkt, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
 use crate::reject::reject;
-use crate::route::{route, Route, PATH_FORWARD};
+use crate::route::{route, PATH_FORWARD};
 use crate::view::forward_view;
+use crate::work::Route;
 
 // Program entries.
 

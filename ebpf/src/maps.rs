@@ -1,19 +1,20 @@
-//! Maps: the two policy slots, configuration, conntrack, per-CPU scratch space and the probe
-//! record. Names are the pin names under the pin directory (README, "The eBPF backend"); their
-//! key and value layouts are `peerwall-common`'s.
+//! Every map of the datapath, declared here and nowhere else (the benchmark's `bare` programs
+//! keep their own): the two policy slots, configuration, conntrack, per-CPU scratch space, the
+//! probe record, events, the local routing table's mirror, the clock measurements. Names are
+//! the pin names under the pin directory (README, "The eBPF backend"); their key and value
+//! layouts are `peerwall-common`'s, but for the kernel-only per-CPU state ([`Bucket`]).
 
 use aya_ebpf::macros::map;
-use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray};
+use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf};
 use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdicts4,
-    DimMasks, FlowKey, FlowState, HookChains, IfKey, IfaceInfo, NewFlowSlot, PortKeyData,
-    ProbeRecord, ProtoKey, RuleInfo, VerdictKey4, ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT,
-    CPU_VERDICT_SETS, FLOW_SEEN_SLOTS, HOOK_SLOTS, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS,
-    NO_COMMON_LRU,
+    DimMasks, EventConfig, EventFlow, FlowKey, FlowState, HookChains, IfKey, IfaceInfo,
+    NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror, RuleInfo, VerdictKey4,
+    ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT, CPU_VERDICT_SETS, FLOW_SEEN_SLOTS, HOOK_SLOTS,
+    LOCAL_MAX, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU,
 };
 
-use crate::parse::Pkt;
-use crate::route::Route;
+use crate::work::Work;
 
 // Maps. Names are the pin names under /sys/fs/bpf/peerwall/ (see README, "The eBPF backend").
 
@@ -264,36 +265,6 @@ pub(crate) static SCRATCH: PerCpuArray<Scratch> = PerCpuArray::with_max_entries(
 #[map]
 pub(crate) static WORK: PerCpuArray<Work> = PerCpuArray::with_max_entries(1, 0);
 
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct Work {
-    pub(crate) p: Pkt,
-    /// The packet quoted by an ICMP error.
-    pub(crate) inner: Pkt,
-    pub(crate) r: Route,
-    /// Set by `known_flow_v4` when it looked this packet's key up and found nothing to serve,
-    /// so that the full path does not look it up again; cleared when read.
-    pub(crate) looked_up: bool,
-    /// Set with `looked_up` when `known_flow_v4` found the packet's `FLOW_SEEN` entry idle:
-    /// conntrack then knows the flow is new without reading it again. Cleared when read (or
-    /// when the packet does not parse).
-    pub(crate) seen_idle: bool,
-    /// The packet's `VERDICT_GENS` generation, read before its conntrack state is: what
-    /// `remember` stamps its verdict with.
-    pub(crate) gen: u32,
-    /// The kernel conntrack lookup's tuple and options (`kernel_ct.rs`): kfunc arguments
-    /// must be memory the verifier can size, and the stack has no room to spare.
-    pub(crate) ct_tuple: crate::ct_args::SockTuple,
-    pub(crate) ct_opts: crate::ct_args::CtOpts,
-    /// The packet's destination on the wire, when `view.rs` rewrote the parsed one
-    /// (`viewed`): the kernel's conntrack knows the connection by it.
-    pub(crate) wire_dst: [u8; 16],
-    pub(crate) viewed: bool,
-    /// The clock read once for a packet the kernel's table tracks (`conntrack.rs`,
-    /// `kernel_state`), which its commit stamps `FLOW_SEEN` with (`kernel_commit`).
-    pub(crate) now: u64,
-}
-
 /// Per-CPU buffer where `reject` builds its ICMP answer (too large for the stack).
 #[map]
 pub(crate) static REJECT_BUF: PerCpuArray<[u8; 96]> = PerCpuArray::with_max_entries(1, 0);
@@ -330,3 +301,49 @@ pub(crate) fn config() -> Config {
         },
     }
 }
+
+// Events (`events.rs`): the ring the agent reads, its settings, the flows with recent events
+// and each CPU's token bucket.
+
+/// 256 KiB: about 2900 events waiting for the reader.
+#[map]
+pub(crate) static EVENTS: RingBuf = RingBuf::pinned(256 * 1024, 0);
+#[map]
+pub(crate) static EVENT_CONF: Array<EventConfig> = Array::pinned(1, 0);
+/// Flows with recent events; LRU, so a flood of new flows evicts old state, bounded memory.
+#[map]
+pub(crate) static EVENT_FLOWS: LruHashMap<FlowKey, EventFlow> = LruHashMap::pinned(1 << 12, 0);
+
+/// Per-CPU token bucket: tokens scaled by 1e9 (one token = one event).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Bucket {
+    pub(crate) tokens: u64,
+    pub(crate) last_ns: u64,
+}
+
+#[map]
+pub(crate) static EVENT_BUCKET: PerCpuArray<Bucket> = PerCpuArray::with_max_entries(1, 0);
+
+// The local routing table's mirror (`local.rs`).
+
+/// The gateway's local destinations, mirrored by the agent from the namespace's local routing
+/// table: chain 0, prefix length 64 + the prefix's.
+#[map]
+pub(crate) static LOCAL: LpmTrie<AddrKeyData, u32> = LpmTrie::pinned(LOCAL_MAX, 0);
+
+/// `ROUTES[0]`: for which families [`LOCAL`] decides a packet's path, and until when.
+#[map]
+pub(crate) static ROUTES: Array<RouteMirror> = Array::pinned(1, 0);
+
+// The clock measurements of `ttl.rs`.
+
+/// The first (nanoseconds, jiffies) sample of [`crate::ttl::ttl`]'s measurement of HZ. Pinned, so that a
+/// restarted agent keeps the measurement (`bpf_ktime_get_ns` and jiffies both count from boot,
+/// and pins do not outlive a boot).
+#[map]
+pub(crate) static CLOCKS: Array<[u64; 2]> = Array::pinned(1, 0);
+
+/// Per CPU: the last [`crate::ttl::ttl`] measured on this CPU (0 before the first) and when (jiffies).
+#[map]
+pub(crate) static TTL_NOW: PerCpuArray<[u32; 2]> = PerCpuArray::with_max_entries(1, 0);

@@ -44,31 +44,6 @@ pub(crate) const PATH_INPUT: u32 = 0;
 /// The packet is forwarded: prerouting, forward, postrouting.
 pub(crate) const PATH_FORWARD: u32 = 1;
 
-/// Path of a packet, the interfaces the chains see, and how to evaluate it.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct Route {
-    /// Policy epoch (`Config::active`); bit 0 is the slot.
-    pub(crate) epoch: u32,
-    pub(crate) path: u32,
-    pub(crate) iif: u32,
-    pub(crate) oif: u32,
-    pub(crate) state: u32,
-    pub(crate) count: bool,
-    /// Write conntrack after an accept (off only under the benchmark's diagnostic flags).
-    pub(crate) commit: bool,
-    /// Cache the verdict (`cache.rs`): off in probe mode and under diagnostic flags.
-    pub(crate) cache: bool,
-    /// Conntrack knows the flow in neither table nor direction ([`crate::conntrack::CT_UNKNOWN`]):
-    /// its commit inserts without looking again, and an accept is not cached (the flow's next
-    /// packet, known by then, is): a flood of new flows costs no verdict-cache insert.
-    pub(crate) unknown: bool,
-    /// The kernel's table saw no reply of the flow before this packet, a reply
-    /// ([`crate::conntrack::CT_FIRST_REPLY`]): its commit makes the other direction's cached
-    /// verdict stale.
-    pub(crate) first_reply: bool,
-}
-
 /// Where the kernel will send the packet: (path, oif); oif 0 when the mirror answered (no
 /// chain tests it, no event names it).
 #[inline(always)]

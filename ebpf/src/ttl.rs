@@ -1,9 +1,8 @@
 //! How long a cached verdict lives (`cache.rs`): its stamp and its lifetime, in jiffies, at
 //! most one second at whatever HZ the kernel runs.
 
+use crate::maps::{CLOCKS, TTL_NOW};
 use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns};
-use aya_ebpf::macros::map;
-use aya_ebpf::maps::{Array, PerCpuArray};
 
 /// Cached verdicts are timed in jiffies: the verifier inlines `bpf_jiffies64` into one load,
 /// where a nanosecond clock is a helper call that every packet of a known flow would pay. A
@@ -17,12 +16,6 @@ pub(crate) const TTL_UNCALIBRATED: u32 = 100;
 /// How long [`ttl`] measures before it trusts its HZ (a lower bound that tightens as the
 /// measurement grows: after 50 ms, 88% of HZ 250; after a second, HZ − 1).
 pub(crate) const CALIBRATION_NS: u64 = 50_000_000;
-
-/// The first (nanoseconds, jiffies) sample of [`ttl`]'s measurement of HZ. Pinned, so that a
-/// restarted agent keeps the measurement (`bpf_ktime_get_ns` and jiffies both count from boot,
-/// and pins do not outlive a boot).
-#[map]
-pub(crate) static CLOCKS: Array<[u64; 2]> = Array::pinned(1, 0);
 
 /// Now, in jiffies (low 32 bits: compared wrapping).
 #[inline(always)]
@@ -69,10 +62,6 @@ fn ttl() -> u32 {
 /// takes for every packet. 64 jiffies: a quarter second at most (HZ ≥ 250 on gateways; 0.64 s
 /// at HZ 100), so the measurement still tightens within seconds of a load.
 const TTL_REUSE: u32 = 64;
-
-/// Per CPU: the last [`ttl`] measured on this CPU (0 before the first) and when (jiffies).
-#[map]
-static TTL_NOW: PerCpuArray<[u32; 2]> = PerCpuArray::with_max_entries(1, 0);
 
 /// [`ttl`], measured at most once per [`TTL_REUSE`] jiffies on this CPU, at `now` (jiffies).
 #[inline(always)]

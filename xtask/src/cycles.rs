@@ -242,7 +242,7 @@ fn strongly_connected(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<Str
 pub const BACKEND_CRATES: [&str; 2] = ["peerwall_backend_nftables", "peerwall_backend_bpf"];
 
 /// Lines of the binary crate's `src` that name a backend crate ([`BACKEND_CRATES`]) outside
-/// `src/<allowed>/` (the lab, which writes Liqo's own tables and reads its pins), as
+/// the module `allowed` (`src/<allowed>.rs` and `src/<allowed>/`: the lab, which writes Liqo's own tables and reads its pins), as
 /// `path:line: text`; comments aside.
 pub fn backend_crates_named(src: &Path, allowed: &str) -> Result<Vec<String>> {
     let mut out = Vec::new();
@@ -256,7 +256,7 @@ pub fn backend_crates_named(src: &Path, allowed: &str) -> Result<Vec<String>> {
                 }
                 continue;
             }
-            if p.extension().is_none_or(|x| x != "rs") {
+            if p.extension().is_none_or(|x| x != "rs") || p == src.join(format!("{allowed}.rs")) {
                 continue;
             }
             let code = std::fs::read_to_string(&p)?;
@@ -313,11 +313,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("lab")).expect("mkdir");
         std::fs::create_dir_all(dir.join("cli")).expect("mkdir");
-        std::fs::write(
-            dir.join("lab/mod.rs"),
-            "use peerwall_backend_bpf::loader;\n",
-        )
-        .expect("w");
+        for lab in ["lab.rs", "lab/liqo.rs"] {
+            std::fs::write(dir.join(lab), "use peerwall_backend_bpf::loader;\n").expect("w");
+        }
         std::fs::write(
             dir.join("cli/render.rs"),
             "// peerwall_backend_bpf in a comment\nuse peerwall_backend_select::X;\nfn f() { peerwall_backend_nftables::g() }\n",

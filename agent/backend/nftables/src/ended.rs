@@ -236,7 +236,7 @@ mod tests {
         assert_eq!(e.len(), 2);
         assert_eq!(e[0].0, "ended4");
         assert_eq!(e[0].1.len(), 2, "ICMP is left out");
-        let text: Vec<String> = e[0].1.iter().map(crate::text::element).collect();
+        let text: Vec<String> = e[0].1.iter().map(crate::model::Element::text).collect();
         assert_eq!(
             text,
             [

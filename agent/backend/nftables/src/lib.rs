@@ -22,6 +22,7 @@ pub mod dispatch;
 pub mod ended;
 pub mod error;
 pub mod events;
+pub mod expr;
 pub mod json;
 pub mod listing;
 pub mod merge;

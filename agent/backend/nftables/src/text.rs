@@ -6,124 +6,7 @@
 
 use std::fmt::Write as _;
 
-use peerwall_policy::ir::NatTarget;
-
-use crate::model::{
-    family_keyword, proto_keyword, Element, Expr, Key, Policy, RejectType, Right, Table, TuplePart,
-    DIGEST_PREFIX, MARKER_CHAIN, MARKER_PREFIX,
-};
-
-pub(crate) fn element(e: &Element) -> String {
-    match e {
-        Element::Addr(a) => a.to_string(),
-        Element::Prefix(a, len) => format!("{a}/{len}"),
-        Element::AddrRange(a, b) => format!("{a}-{b}"),
-        Element::Port(p) => p.to_string(),
-        Element::PortRange(a, b) => format!("{a}-{b}"),
-        Element::Jump(a, to) => format!("{a} : jump {}", to.name()),
-        Element::Tuple(t) => t
-            .parts()
-            .iter()
-            .map(|p| match p {
-                TuplePart::Proto(n) => proto_name(*n),
-                TuplePart::Elem(e) => element(e),
-            })
-            .collect::<Vec<_>>()
-            .join(" . "),
-    }
-}
-
-fn braces(items: Vec<String>) -> String {
-    format!("{{ {} }}", items.join(", "))
-}
-
-fn proto_name(p: u8) -> String {
-    proto_keyword(p).map_or(p.to_string(), str::to_string)
-}
-
-fn key(k: &Key) -> String {
-    let dir = |source: bool, s: &str, d: &str| if source { s } else { d }.to_string();
-    match k {
-        Key::Addr { family, source } => {
-            format!(
-                "{} {}",
-                family_keyword(*family),
-                dir(*source, "saddr", "daddr")
-            )
-        }
-        Key::Port { source } => format!("th {}", dir(*source, "sport", "dport")),
-        Key::L4Proto => "meta l4proto".into(),
-        Key::IifName => "iifname".into(),
-        Key::OifName => "oifname".into(),
-        Key::CtState => "ct state".into(),
-        Key::TcpFlags => "tcp flags".into(),
-        Key::TcpOpenFlags => "tcp flags & (fin | syn | rst | ack)".into(),
-        Key::Tuple(c) => c.keys().iter().map(key).collect::<Vec<_>>().join(" . "),
-    }
-}
-
-fn right(r: &Right) -> String {
-    match r {
-        Right::SetRef(n) => format!("@{n}"),
-        Right::Element(e) => element(e),
-        Right::Elements(es) => braces(es.iter().map(element).collect()),
-        Right::Protos(ps) => match ps.as_slice() {
-            [one] => proto_name(*one),
-            many => braces(many.iter().map(|p| proto_name(*p)).collect()),
-        },
-        Right::IfName(n) => format!("{n:?}"),
-        Right::CtStates(s) => braces(s.iter().map(|s| s.nft().to_string()).collect()),
-        Right::Syn => "syn".into(),
-    }
-}
-
-fn stmt(e: &Expr) -> String {
-    match e {
-        Expr::Match {
-            negate,
-            left,
-            right: r,
-        } => {
-            let op = if *negate { " != " } else { " " };
-            format!("{}{op}{}", key(left), right(r))
-        }
-        Expr::Counter => "counter".into(),
-        Expr::Accept => "accept".into(),
-        Expr::Drop => "drop".into(),
-        Expr::Reject(t) => format!(
-            "reject with {} port-unreachable",
-            match t {
-                RejectType::Icmp => "icmp",
-                RejectType::Icmpv6 => "icmpv6",
-                RejectType::Icmpx => "icmpx",
-            }
-        ),
-        Expr::CtMarkSet(v) => format!("ct mark set {v}"),
-        Expr::MetaMarkFromCtMark => "meta mark set ct mark".into(),
-        Expr::MssSet(Some(v)) => format!("tcp option maxseg size set {v}"),
-        Expr::MssSet(None) => "tcp option maxseg size set rt mtu".into(),
-        Expr::Notrack => "notrack".into(),
-        Expr::Nat {
-            destination,
-            family,
-            target,
-        } => {
-            let kind = if *destination { "dnat" } else { "snat" };
-            let fam = family
-                .map(|f| format!(" {}", family_keyword(f)))
-                .unwrap_or_default();
-            match target {
-                NatTarget::Addr(a) => format!("{kind}{fam} to {a}"),
-                NatTarget::Prefix(n) => format!("{kind}{fam} prefix to {n}"),
-            }
-        }
-        Expr::Masquerade => "masquerade".into(),
-        Expr::LimitRef(name) => format!("limit name {name:?}"),
-        Expr::Vmap { key: k, map } => format!("{} vmap @{map}", key(k)),
-        Expr::Update { set, key: k } => format!("update @{set} {{ {} }}", key(k)),
-        Expr::Log { prefix, group } => format!("log prefix {prefix:?} group {group}"),
-    }
-}
+use crate::model::{Element, Expr, Policy, Table, DIGEST_PREFIX, MARKER_CHAIN, MARKER_PREFIX};
 
 /// nft text for one table.
 pub fn table_text(t: &Table) -> String {
@@ -191,7 +74,7 @@ fn text_of(t: &Table, marker: bool) -> String {
 
 fn rules_text(out: &mut String, t: &Table, chain: &str) {
     for r in t.rules.iter().filter(|r| r.chain == chain) {
-        let mut line: Vec<String> = r.exprs.iter().map(stmt).collect();
+        let mut line: Vec<String> = r.exprs.iter().map(Expr::text).collect();
         if !r.comment.is_empty() {
             line.push(format!("comment {:?}", r.comment));
         }
@@ -222,10 +105,10 @@ fn set_text(out: &mut String, s: &crate::model::Set) {
             s.elements
                 .iter()
                 .zip(&s.comments)
-                .map(|(e, c)| format!("{} comment {c:?}", element(e)))
+                .map(|(e, c)| format!("{} comment {c:?}", e.text()))
                 .collect()
         } else {
-            s.elements.iter().map(element).collect()
+            s.elements.iter().map(Element::text).collect()
         };
         let _ = writeln!(out, "\t\telements = {{ {} }}", items.join(", "));
     }

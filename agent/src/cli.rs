@@ -1255,7 +1255,7 @@ mod tests {
 
     #[test]
     fn committed_crd_matches_the_types() {
-        let committed = include_str!("../../../deploy/common/crd.yaml");
+        let committed = include_str!("../../deploy/common/crd.yaml");
         assert_eq!(
             super::crd_yaml().unwrap(),
             committed,

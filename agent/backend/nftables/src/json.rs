@@ -8,11 +8,11 @@ pub mod read;
 
 use serde_json::{json, Value};
 
-use peerwall_policy::ir::{CtState, NatTarget, TableFamily};
+use peerwall_policy::ir::TableFamily;
 
 use crate::model::{
-    self, family_keyword, proto_keyword, Chain, Command, Element, Expr, Key, Policy, RejectType,
-    Right, Rule, Set, Table, TuplePart, DIGEST_PREFIX, MARKER_CHAIN, MARKER_PREFIX,
+    self, Chain, Command, Element, Expr, Policy, Rule, Set, Table, DIGEST_PREFIX, MARKER_CHAIN,
+    MARKER_PREFIX,
 };
 
 /// A whole transaction as one nft JSON document.
@@ -68,7 +68,7 @@ fn table_obj(family: TableFamily, name: &str) -> Value {
 
 fn element_obj(t: &Table, set: &str, elements: &[Element]) -> Value {
     json!({"element": {"family": t.family.nft(), "table": t.name, "name": set,
-        "elem": elements.iter().map(element).collect::<Vec<_>>()}})
+        "elem": elements.iter().map(Element::json).collect::<Vec<_>>()}})
 }
 
 /// What `t`'s creating commands add, read as a listing (no handles, no counter values): what
@@ -184,10 +184,10 @@ pub fn set_elements(s: &Set) -> Vec<Value> {
         s.elements
             .iter()
             .zip(&s.comments)
-            .map(|(e, c)| json!({"elem": {"val": element(e), "comment": c}}))
+            .map(|(e, c)| json!({"elem": {"val": e.json(), "comment": c}}))
             .collect()
     } else {
-        s.elements.iter().map(element).collect()
+        s.elements.iter().map(Element::json).collect()
     }
 }
 
@@ -211,134 +211,10 @@ fn rule(t: &Table, r: &Rule) -> Value {
 
 fn rule_obj(family: &str, table: &str, r: &Rule) -> Value {
     let mut v = json!({"family": family, "table": table, "chain": r.chain,
-        "expr": r.exprs.iter().map(expr).collect::<Vec<_>>()});
+        "expr": r.exprs.iter().map(Expr::json).collect::<Vec<_>>()});
     // A chain policy's log rule has no name.
     if !r.comment.is_empty() {
         v["comment"] = json!(r.comment);
     }
     v
-}
-
-/// One element or value.
-pub fn element(e: &Element) -> Value {
-    match e {
-        Element::Addr(a) => json!(a.to_string()),
-        Element::Prefix(a, len) => json!({"prefix": {"addr": a.to_string(), "len": len}}),
-        Element::AddrRange(a, b) => json!({"range": [a.to_string(), b.to_string()]}),
-        Element::Port(p) => json!(p),
-        Element::PortRange(a, b) => json!({"range": [a, b]}),
-        Element::Tuple(t) => json!({"concat": t
-            .parts()
-            .iter()
-            .map(|p| match p {
-                TuplePart::Proto(n) => proto_name(*n),
-                TuplePart::Elem(e) => element(e),
-            })
-            .collect::<Vec<_>>()}),
-        Element::Jump(a, to) => json!([a.to_string(), {"jump": {"target": to.name()}}]),
-    }
-}
-
-fn proto_name(p: u8) -> Value {
-    proto_keyword(p).map_or(json!(p), |k| json!(k))
-}
-
-fn key(k: &Key) -> Value {
-    let field = |source: bool, s: &str, d: &str| if source { s } else { d }.to_string();
-    match k {
-        Key::Addr { family, source } => json!({"payload": {"protocol": family_keyword(*family),
-            "field": field(*source, "saddr", "daddr")}}),
-        Key::Port { source } => {
-            json!({"payload": {"protocol": "th", "field": field(*source, "sport", "dport")}})
-        }
-        Key::L4Proto => json!({"meta": {"key": "l4proto"}}),
-        Key::IifName => json!({"meta": {"key": "iifname"}}),
-        Key::OifName => json!({"meta": {"key": "oifname"}}),
-        Key::CtState => json!({"ct": {"key": "state"}}),
-        Key::TcpFlags => json!({"payload": {"protocol": "tcp", "field": "flags"}}),
-        Key::TcpOpenFlags => json!({"&": [{"payload": {"protocol": "tcp", "field": "flags"}},
-            ["fin", "syn", "rst", "ack"]]}),
-        Key::Tuple(c) => json!({"concat": c.keys().iter().map(key).collect::<Vec<_>>()}),
-    }
-}
-
-fn right(r: &Right) -> Value {
-    match r {
-        Right::SetRef(n) => json!(format!("@{n}")),
-        Right::Element(e) => element(e),
-        Right::Elements(es) => json!({"set": es.iter().map(element).collect::<Vec<_>>()}),
-        Right::Protos(ps) => match ps.as_slice() {
-            [one] => proto_name(*one),
-            many => json!({"set": many.iter().map(|p| proto_name(*p)).collect::<Vec<_>>()}),
-        },
-        Right::IfName(n) => json!(n),
-        Right::CtStates(states) => {
-            json!({"set": states.iter().map(|s| CtState::nft(*s)).collect::<Vec<_>>()})
-        }
-        Right::Syn => json!("syn"),
-    }
-}
-
-/// One statement.
-pub fn expr(e: &Expr) -> Value {
-    match e {
-        Expr::Match {
-            negate,
-            left,
-            right: r,
-        } => {
-            let op = match (left, negate) {
-                (Key::TcpFlags, _) => "in",
-                (_, true) => "!=",
-                (_, false) => "==",
-            };
-            json!({"match": {"op": op, "left": key(left), "right": right(r)}})
-        }
-        Expr::Counter => json!({"counter": null}),
-        Expr::Accept => json!({"accept": null}),
-        Expr::Drop => json!({"drop": null}),
-        Expr::Reject(t) => json!({"reject": {"type": match t {
-            RejectType::Icmp => "icmp",
-            RejectType::Icmpv6 => "icmpv6",
-            RejectType::Icmpx => "icmpx",
-        }, "expr": "port-unreachable"}}),
-        Expr::CtMarkSet(v) => json!({"mangle": {"key": {"ct": {"key": "mark"}}, "value": v}}),
-        Expr::MetaMarkFromCtMark => {
-            json!({"mangle": {"key": {"meta": {"key": "mark"}}, "value": {"ct": {"key": "mark"}}}})
-        }
-        Expr::MssSet(v) => {
-            let value = match v {
-                Some(mss) => json!(mss),
-                None => json!({"rt": {"key": "mtu"}}),
-            };
-            json!({"mangle": {"key": {"tcp option": {"name": "maxseg", "field": "size"}}, "value": value}})
-        }
-        Expr::Notrack => json!({"notrack": null}),
-        Expr::Nat {
-            destination,
-            family,
-            target,
-        } => {
-            let mut stmt = match target {
-                NatTarget::Addr(a) => json!({"addr": a.to_string()}),
-                // `snat ip prefix to 10.0.0.0/16` (NF_NAT_RANGE_NETMAP).
-                NatTarget::Prefix(n) => json!({
-                    "addr": {"prefix": {"addr": n.network().to_string(), "len": n.prefix_len()}},
-                    "flags": "netmap",
-                    "type_flags": "prefix",
-                }),
-            };
-            if let Some(f) = family {
-                stmt["family"] = json!(family_keyword(*f));
-            }
-            json!({ if *destination { "dnat" } else { "snat" }: stmt })
-        }
-        Expr::Masquerade => json!({"masquerade": null}),
-        Expr::LimitRef(name) => json!({ "limit": name }),
-        Expr::Vmap { key: k, map } => json!({"vmap": {"key": key(k), "data": format!("@{map}")}}),
-        Expr::Update { set, key: k } => {
-            json!({"set": {"op": "update", "elem": key(k), "set": format!("@{set}")}})
-        }
-        Expr::Log { prefix, group } => json!({"log": {"prefix": prefix, "group": group}}),
-    }
 }

@@ -1,0 +1,82 @@
+//! The verdict cache's keys: which packets are cached, the key of each family, the set a key
+//! falls in and that set's generation.
+
+use peerwall_common::{family, fold_key6, verdict_set, CpuVerdict4, FlowKey, VerdictKey4};
+
+use crate::flow::{flow_key, icmp_keyed, tcp_flags_valid};
+use crate::maps::VERDICT_GENS;
+use crate::parse::{Pkt, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
+
+/// Whether a parsed packet's verdict may be cached, and the byte its key adds: the ICMP echo
+/// type (0 for TCP and UDP). None when it is never cached.
+#[inline(always)]
+pub(super) fn cacheable(p: &Pkt) -> Option<u8> {
+    match p.proto {
+        IPPROTO_TCP if p.has_ports && tcp_flags_valid(p.tcp_flags) => Some(0),
+        IPPROTO_UDP if p.has_ports => Some(0),
+        IPPROTO_ICMP | IPPROTO_ICMPV6 if icmp_keyed(p) => Some(p.icmp_type),
+        _ => None,
+    }
+}
+
+/// The `VERDICTS4` key of an IPv4 flow key with `extra` (the ICMP echo type, or 0).
+#[inline(always)]
+pub(super) fn key4(k: &FlowKey, extra: u8) -> VerdictKey4 {
+    VerdictKey4 {
+        src: [k.src[0], k.src[1], k.src[2], k.src[3]],
+        dst: [k.dst[0], k.dst[1], k.dst[2], k.dst[3]],
+        sport: k.sport,
+        dport: k.dport,
+        proto: k.proto,
+        icmp_type: extra,
+        _pad: [0; 2],
+    }
+}
+
+/// The `VERDICTS6` key of an IPv6 flow key with `extra` (the ICMP echo type, or 0).
+#[inline(always)]
+pub(super) fn key6(k: &FlowKey, extra: u8) -> FlowKey {
+    let mut c = *k;
+    c._pad[0] = extra;
+    c
+}
+
+/// The verdict-cache set of flow key `k` with `extra` (see [`verdict_set`]).
+#[inline(always)]
+pub(super) fn set_of(k: &FlowKey, extra: u8) -> u32 {
+    if k.family == family::V4 {
+        verdict_set(key4(k, extra).words())
+    } else {
+        verdict_set(fold_key6(&key6(k, extra)))
+    }
+}
+
+/// The current generation of verdict-cache set `set`.
+#[inline(always)]
+pub(super) fn gen_of(set: u32) -> u32 {
+    match VERDICT_GENS.get_ptr(set) {
+        // SAFETY: pointer from a successful lookup; other CPUs write it atomically.
+        Some(g) => unsafe { core::ptr::read_volatile(g) },
+        None => 0,
+    }
+}
+
+/// The current generation of parsed packet `p`'s set (0 when it is never cached). Not
+/// inlined: its key copies stay out of the frame of [`cached_verdict`], whose callees (events)
+/// add to it.
+#[inline(never)]
+pub(super) fn packet_gen(p: &Pkt) -> u32 {
+    match cacheable(p) {
+        Some(extra) => gen_of(set_of(&flow_key(p), extra)),
+        None => 0,
+    }
+}
+
+/// Whether way `e` holds the key whose words are `words`.
+#[inline(always)]
+pub(super) fn same_key(e: &CpuVerdict4, words: &[u32; 4]) -> bool {
+    // SAFETY: the key is the first 16 bytes of a way, which is 4-aligned (its `CachedVerdict`
+    // holds u32s), so it reads as four aligned words.
+    let kw = unsafe { &*(core::ptr::addr_of!(e.key) as *const [u32; 4]) };
+    kw[0] == words[0] && kw[1] == words[1] && kw[2] == words[2] && kw[3] == words[3]
+}

@@ -1,0 +1,122 @@
+//! Storing verdicts: every cacheable verdict into the shared level ([`remember`]), and into
+//! this CPU's level when one is served ([`promote`]).
+
+use aya_ebpf::helpers::generated::bpf_get_smp_processor_id;
+use peerwall_common::{
+    ct, family, verdict_set, CachedVerdict, CpuVerdict4, CpuVerdicts4, VerdictKey4,
+    CACHED_COUNTERS, CPU_VERDICT_SETS,
+};
+
+use super::key::{cacheable, key4, key6, same_key};
+use crate::classify::{ACT_ACCEPT, ACT_DROP};
+use crate::flow::flow_key;
+use crate::maps::{SCRATCH, VERDICTS4, VERDICTS4_CPU, VERDICTS6, WORK};
+use crate::ttl::{stamp, ttl_reused};
+
+/// Copy the verdict `v` that `VERDICTS4` just served for key `k` into this CPU's set `s`: into
+/// the way holding the same key, or else a way that no longer serves (empty, expired, of an
+/// older generation `gen` or policy `epoch`). A set whose two ways still serve other flows is
+/// left alone: with three flows taking turns in two ways, replacing the older way would make
+/// every packet of all three miss; keeping them, two of the three hit until their verdicts
+/// expire (at most a second), and the third goes on being served from `VERDICTS4`.
+#[inline(always)]
+pub(super) fn promote(
+    s: &mut CpuVerdicts4,
+    words: &[u32; 4],
+    k: &VerdictKey4,
+    v: &CachedVerdict,
+    gen: u32,
+    epoch: u32,
+) {
+    let now = stamp();
+    let serving = |e: &CpuVerdict4| {
+        e.v.gen == gen && e.v.epoch == epoch && now.wrapping_sub(e.v.at) < e.v.ttl as u32
+    };
+    let i = if same_key(&s.ways[0], words) {
+        0
+    } else if same_key(&s.ways[1], words) {
+        1
+    } else if !serving(&s.ways[0]) {
+        0
+    } else if !serving(&s.ways[1]) {
+        1
+    } else {
+        return;
+    };
+    // Key and verdict only: the way's padding is zero in map memory and never written (as a
+    // whole struct, the way would be built on the stack with a byte-wise `memset` of it).
+    s.ways[i].key = *k;
+    s.ways[i].v = *v;
+}
+
+/// Cache `action`, which `classify` just gave `WORK`'s packet, when the packet and the path
+/// allow it.
+#[inline(never)]
+pub(crate) fn remember(action: u8) {
+    if action != ACT_ACCEPT && action != ACT_DROP {
+        return;
+    }
+    let (Some(w), Some(sc)) = (WORK.get(0), SCRATCH.get(0)) else {
+        return;
+    };
+    let r = &w.r;
+    if !r.cache || (r.state != ct::NEW && r.state != ct::ESTABLISHED) {
+        return;
+    }
+    // The first accepted packet of a flow conntrack never saw: its commit creates the flow,
+    // and the flow's next packet, known then, is cached. A flood of new flows, each one
+    // packet, then inserts nothing into the verdict caches.
+    if r.unknown && action == ACT_ACCEPT {
+        return;
+    }
+    if sc.steps as usize > CACHED_COUNTERS {
+        return;
+    }
+    let Some(extra) = cacheable(&w.p) else {
+        return;
+    };
+    let k = flow_key(&w.p);
+    let at = stamp();
+    let ttl = ttl_reused(at);
+    let v = CachedVerdict {
+        epoch: r.epoch,
+        ifindex: r.iif,
+        at,
+        ttl,
+        action,
+        counted: sc.steps as u8,
+        state: r.state as u8,
+        audit: sc.audit as u8,
+        counters: [
+            sc.trail[0] as u16,
+            sc.trail[1] as u16,
+            sc.trail[2] as u16,
+            sc.trail[3] as u16,
+        ],
+        oif: r.oif,
+        audit_step: sc.audit_step as u8,
+        _pad: 0,
+        gen: w.gen,
+    };
+    if w.p.family == family::V4 {
+        let key = key4(&k, extra);
+        if r.unknown {
+            // A drop for a flow conntrack never saw (denied flows never become known): into
+            // this CPU's first level only, where a free way takes it and a flood finds none,
+            // never the shared LRU a flood would churn on every packet.
+            // SAFETY: the transmute is between two 16-byte plain-data types.
+            let words: [u32; 4] = unsafe { core::mem::transmute::<VerdictKey4, [u32; 4]>(key) };
+            // SAFETY: no arguments.
+            let cpu = unsafe { bpf_get_smp_processor_id() };
+            let set = verdict_set(words);
+            if let Some(s) = VERDICTS4_CPU.get_ptr_mut(cpu.wrapping_mul(CPU_VERDICT_SETS) | set) {
+                // SAFETY: this CPU's own set, of a successful lookup.
+                promote(unsafe { &mut *s }, &words, &key, &v, w.gen, r.epoch);
+            }
+            return;
+        }
+        let _ = VERDICTS4.insert(&key, &v, 0);
+    } else {
+        let _ = VERDICTS6.insert(&key6(&k, extra), &v, 0);
+    }
+}

@@ -1,0 +1,62 @@
+//! The per-packet working state the parts of the datapath hand each other, kept in the
+//! per-CPU `WORK` map (`maps.rs`): the parsed packet, its route, what the verdict cache and
+//! conntrack found, the kernel conntrack lookup's arguments. Kernel-only: user space never
+//! reads it.
+
+use crate::parse::Pkt;
+
+/// Everything known about the packet under classification (`WORK`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Work {
+    pub(crate) p: Pkt,
+    /// The packet quoted by an ICMP error.
+    pub(crate) inner: Pkt,
+    pub(crate) r: Route,
+    /// Set by `known_flow_v4` when it looked this packet's key up and found nothing to serve,
+    /// so that the full path does not look it up again; cleared when read.
+    pub(crate) looked_up: bool,
+    /// Set with `looked_up` when `known_flow_v4` found the packet's `FLOW_SEEN` entry idle:
+    /// conntrack then knows the flow is new without reading it again. Cleared when read (or
+    /// when the packet does not parse).
+    pub(crate) seen_idle: bool,
+    /// The packet's `VERDICT_GENS` generation, read before its conntrack state is: what
+    /// `remember` stamps its verdict with.
+    pub(crate) gen: u32,
+    /// The kernel conntrack lookup's tuple and options (`kernel_ct.rs`): kfunc arguments
+    /// must be memory the verifier can size, and the stack has no room to spare.
+    pub(crate) ct_tuple: crate::ct_args::SockTuple,
+    pub(crate) ct_opts: crate::ct_args::CtOpts,
+    /// The packet's destination on the wire, when `view.rs` rewrote the parsed one
+    /// (`viewed`): the kernel's conntrack knows the connection by it.
+    pub(crate) wire_dst: [u8; 16],
+    pub(crate) viewed: bool,
+    /// The clock read once for a packet the kernel's table tracks (`conntrack.rs`,
+    /// `kernel_state`), which its commit stamps `FLOW_SEEN` with (`kernel_commit`).
+    pub(crate) now: u64,
+}
+
+/// Path of a packet, the interfaces the chains see, and how to evaluate it.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Route {
+    /// Policy epoch (`Config::active`); bit 0 is the slot.
+    pub(crate) epoch: u32,
+    pub(crate) path: u32,
+    pub(crate) iif: u32,
+    pub(crate) oif: u32,
+    pub(crate) state: u32,
+    pub(crate) count: bool,
+    /// Write conntrack after an accept (off only under the benchmark's diagnostic flags).
+    pub(crate) commit: bool,
+    /// Cache the verdict (`cache.rs`): off in probe mode and under diagnostic flags.
+    pub(crate) cache: bool,
+    /// Conntrack knows the flow in neither table nor direction ([`crate::conntrack::CT_UNKNOWN`]):
+    /// its commit inserts without looking again, and an accept is not cached (the flow's next
+    /// packet, known by then, is): a flood of new flows costs no verdict-cache insert.
+    pub(crate) unknown: bool,
+    /// The kernel's table saw no reply of the flow before this packet, a reply
+    /// ([`crate::conntrack::CT_FIRST_REPLY`]): its commit makes the other direction's cached
+    /// verdict stale.
+    pub(crate) first_reply: bool,
+}
