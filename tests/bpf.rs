@@ -4,14 +4,12 @@
 //! restart, the emergency switch, and the verifier at the largest policy size. What invalidates
 //! the datapath's caches is `invalidation.rs`.
 
-mod common;
-
 use std::process::{Child, Command, Stdio};
 
-use common::bpf::*;
-use common::*;
 use peerwall_backend_bpf::loader::Datapath;
 use peerwall_backend_bpf::maps::Iface;
+use peerwall_testkit::bpf::*;
+use peerwall_testkit::prelude::*;
 
 #[test]
 fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
@@ -947,20 +945,9 @@ fn conntracks_shortcut_is_armed_only_while_every_program_keeps_it() {
     );
     // A program of another load (its own FLOW_SEEN) attached through this pin directory, as
     // an older release's adopted link would be: the next apply disarms the shortcut.
-    ip(
-        &t.gateway,
-        &[
-            "link",
-            "add",
-            "liqo.foreign1",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "pwforeign1",
-        ],
-    );
-    ip(&t.gateway, &["link", "set", "liqo.foreign1", "up"]);
+    t.gateway
+        .veth("liqo.foreign1", &t.gateway, "pwforeign1")
+        .expect("veth");
     let other = Pins::new("seen-other");
     apply_bpf(
         &t.gateway,

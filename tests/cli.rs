@@ -2,9 +2,7 @@
 //! examples, JSON output,
 //! exit codes, field-path errors; `compile` prints sets, not rule-per-address.
 
-mod common;
-
-use common::*;
+use peerwall_testkit::prelude::*;
 use std::process::Command;
 
 fn verdict(files: &[&str], extra: &[&str]) -> (Option<i32>, String, String) {
@@ -362,7 +360,7 @@ fn compile_uses_sets_not_rule_per_address() {
 /// a command this binary has: `peerwall <command> --help` answers.
 #[test]
 fn every_command_the_docs_show_exists() {
-    let root = common::repo("");
+    let root = peerwall_testkit::repo("");
     let mut pages = vec![root.join("README.md")];
     for e in std::fs::read_dir(root.join("docs"))
         .expect("docs/")

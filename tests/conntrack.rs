@@ -3,11 +3,9 @@
 //! namespace, and it ends exactly the connections it is given, thousands at once, as the
 //! `conntrack` tool then lists them.
 
-mod common;
-
-use common::*;
 use peerwall_backend::{Flow, Observe, Revoke};
 use peerwall_backend_nftables::{Nft, NftBackend};
+use peerwall_testkit::prelude::*;
 
 /// A namespace whose own traffic is tracked (an output-hook rule that uses conntrack).
 fn tracked(tag: &str) -> NetNs {
@@ -201,7 +199,10 @@ fn a_rewritten_connection_is_listed_as_the_filter_saw_it_and_ended() {
 /// A gateway whose kernel tracks connections as a Liqo gateway's does (a NAT rule, as in
 /// Liqo's remapping tables), enforcing [`STATEFUL`] (and its IPv6 twin) with the bpf backend reading `conntrack`
 /// (`--bpf-conntrack kernel` or `own`).
-fn bpf_gateway(tag: &str, conntrack: &str) -> (Topology, common::bpf::Pins, std::path::PathBuf) {
+fn bpf_gateway(
+    tag: &str,
+    conntrack: &str,
+) -> (Topology, peerwall_testkit::bpf::Pins, std::path::PathBuf) {
     let t = nat_topology();
     let (pins, file) = apply_stateful(&t, tag, conntrack);
     (t, pins, file)
@@ -227,15 +228,15 @@ fn apply_stateful(
     t: &Topology,
     tag: &str,
     conntrack: &str,
-) -> (common::bpf::Pins, std::path::PathBuf) {
-    let pins = common::bpf::Pins::new(tag);
+) -> (peerwall_testkit::bpf::Pins, std::path::PathBuf) {
+    let pins = peerwall_testkit::bpf::Pins::new(tag);
     let file = std::env::temp_dir().join(format!("pw-{tag}-{}.yaml", std::process::id()));
     // STATEFUL, and the provider pod's IPv6 address open from the tunnel too.
     let policy = format!(
         "{STATEFUL}        - name: to_offloaded6\n          action: accept\n          match:\n          - {{op: eq, dev: {{value: liqo-tunnel, position: in}}}}\n          - {{op: eq, ip: {{value: fd20::2, position: dst}}}}\n"
     );
     std::fs::write(&file, policy).unwrap();
-    common::bpf::apply_bpf(&t.gateway, &pins, &["--bpf-conntrack", conntrack], &file);
+    peerwall_testkit::bpf::apply_bpf(&t.gateway, &pins, &["--bpf-conntrack", conntrack], &file);
     (pins, file)
 }
 
@@ -253,8 +254,8 @@ fn provider_answers(
 }
 
 /// Entries of the datapath's own established-flows table.
-fn own_flows(pins: &common::bpf::Pins) -> usize {
-    let v = common::bpf::bpftool_json(&[
+fn own_flows(pins: &peerwall_testkit::bpf::Pins) -> usize {
+    let v = peerwall_testkit::bpf::bpftool_json(&[
         "map",
         "dump",
         "pinned",
@@ -275,7 +276,8 @@ fn bpf_reads_the_kernels_connection_table() {
     require_root();
     use std::net::UdpSocket;
     let (t, pins, file) = bpf_gateway("kct", "auto");
-    let shown = common::bpf::peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+    let shown =
+        peerwall_testkit::bpf::peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
     let shown = String::from_utf8_lossy(&shown.stdout);
     for f in ["IPv4", "IPv6"] {
         assert!(
@@ -283,7 +285,7 @@ fn bpf_reads_the_kernels_connection_table() {
             "auto chose the kernel's table where it tracks: {shown}"
         );
     }
-    let f = common::bpf::config_flags(&pins);
+    let f = peerwall_testkit::bpf::config_flags(&pins);
     assert!(
         f & peerwall_common::flags::KERNEL_CT4 != 0 && f & peerwall_common::flags::KERNEL_CT6 != 0,
         "flags {f:#x}"
@@ -359,9 +361,9 @@ fn bpf_reads_the_kernels_connection_table() {
     // Where the kernel tracks nothing, `kernel` is refused with the reason and `auto` keeps
     // the datapath's own tables.
     let bare = Topology::new();
-    let bare_pins = common::bpf::Pins::new("kct-bare");
+    let bare_pins = peerwall_testkit::bpf::Pins::new("kct-bare");
     std::fs::write(&file, STATEFUL).unwrap();
-    let refused = common::bpf::peerwall_net(
+    let refused = peerwall_testkit::bpf::peerwall_net(
         &bare.gateway,
         &[
             "apply",
@@ -380,14 +382,16 @@ fn bpf_reads_the_kernels_connection_table() {
         !refused.status.success() && why.contains("tracks no connections"),
         "{why}"
     );
-    common::bpf::apply_bpf(
+    peerwall_testkit::bpf::apply_bpf(
         &bare.gateway,
         &bare_pins,
         &["--bpf-conntrack", "auto"],
         &file,
     );
-    let shown =
-        common::bpf::peerwall_net(&bare.gateway, &["inspect", "--pin-dir", bare_pins.arg()]);
+    let shown = peerwall_testkit::bpf::peerwall_net(
+        &bare.gateway,
+        &["inspect", "--pin-dir", bare_pins.arg()],
+    );
     assert!(
         String::from_utf8_lossy(&shown.stdout)
             .contains("conntrack IPv4 TCP and UDP: the datapath's own tables"),
@@ -444,7 +448,8 @@ fn bpf_kernel_table_connections_from_before_the_datapath_keep_flowing() {
         "the reply of a connection from before the datapath was dropped; the gateway's conntrack: {}",
         String::from_utf8_lossy(&in_ns(&t.gateway, "conntrack", &["-L"]).stdout)
     );
-    let shown = common::bpf::peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+    let shown =
+        peerwall_testkit::bpf::peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
     let shown = String::from_utf8_lossy(&shown.stdout);
     assert!(
         shown.contains(
@@ -452,7 +457,7 @@ fn bpf_kernel_table_connections_from_before_the_datapath_keep_flowing() {
         ),
         "{shown}"
     );
-    let swept = common::bpf::entry0(&pins, "CT_SWEPT");
+    let swept = peerwall_testkit::bpf::entry0(&pins, "CT_SWEPT");
     assert!(swept.iter().any(|b| *b != 0), "CT_SWEPT: {swept:?}");
     // A flow the consumer never opened: dropped.
     let (c2, p2) = (

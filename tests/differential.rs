@@ -15,9 +15,6 @@
 //! `PEERWALL_DIFF_PACKETS` scale it. A mismatch is shrunk to a minimal policy and printed as
 //! FirewallConfiguration YAML with the packet.
 
-mod common;
-
-use common::require_root;
 use peerwall_backend_bpf::loader::ensure_bpffs;
 use peerwall_intent::types::*;
 use peerwall_policy::compile::compile;
@@ -28,6 +25,7 @@ use peerwall_policy::testgen::{
 };
 use peerwall_probe::bpf::BpfProbe;
 use peerwall_probe::{NftProbe, ProbeError};
+use peerwall_testkit::require_root;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

@@ -6,15 +6,13 @@
 //! kernel holding exactly the final policy at the end. Each run's figures are written to
 //! `$CARGO_TARGET_TMPDIR/reliability/` for `cargo xtask reliability` (docs/reliability.md).
 
-mod common;
-
 use std::net::UdpSocket;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::*;
+use peerwall_testkit::prelude::*;
 use rand::{Rng, SeedableRng};
 
 const ALLOWED: &str = "10.20.1.2";
@@ -506,7 +504,7 @@ struct Gateway {
     dir: PathBuf,
     backend: &'static str,
     pins: String,
-    agent: Option<Agent>,
+    agent: Option<Proc>,
     swap: Swap,
 }
 
@@ -589,14 +587,13 @@ impl Gateway {
             .stderr(log)
             .spawn()
             .expect("peerwall agent");
-        self.agent = Some(Agent(child));
+        self.agent = Some(Proc::killed_on_drop(child));
     }
 
     /// SIGKILL: no cleanup, no goodbye.
     fn kill(&mut self) {
         if let Some(mut a) = self.agent.take() {
-            let _ = a.0.kill();
-            let _ = a.0.wait();
+            a.kill();
         }
     }
 
@@ -1393,8 +1390,8 @@ fn upgrade(backend: &'static str) {
     let flows_before = (backend == "bpf").then(|| pinned_map(&g, "FLOWS")["id"].clone());
     if let Some(mut a) = g.agent.take() {
         // SAFETY: kill(2) on our own child's pid (not reaped yet, so not reused).
-        unsafe { libc::kill(a.0.id() as i32, libc::SIGTERM) };
-        let status = a.0.wait().expect("wait");
+        unsafe { libc::kill(a.child.id() as i32, libc::SIGTERM) };
+        let status = a.child.wait().expect("wait");
         assert!(
             status.success(),
             "the previous agent did not stop cleanly on SIGTERM: {status}"

@@ -11,14 +11,12 @@
 //! local routing table (`LOCAL`) rather than a FIB lookup: an address added or removed, or a
 //! route that makes the mirror inexact, must reach it within the route watcher's reaction.
 
-mod common;
-
 use std::net::UdpSocket;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::bpf::*;
-use common::*;
+use peerwall_testkit::bpf::*;
+use peerwall_testkit::prelude::*;
 
 /// A FirewallConfiguration dropping forwarded packets to `@blocked` (with `extra_rule`, a second
 /// rule dropping packets to 10.20.1.2, which changes the chain's rules).
@@ -349,7 +347,7 @@ struct Sliced {
     peer: peerwall::protection::Peer,
     sets: peerwall::protection::PeerSets,
     slices: Vec<peerwall::protection::Slice>,
-    _agent: Agent,
+    _agent: Proc,
 }
 
 impl Sliced {

@@ -3,9 +3,7 @@
 //! NetworkPolicies (with a consumer whose pod CIDR overlaps the provider's, behind Liqo's
 //! remapping NAT), the live offload.
 
-mod common;
-
-use common::{peerwall, require_root};
+use peerwall_testkit::{peerwall, require_root};
 use std::process::Command;
 
 #[test]

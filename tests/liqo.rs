@@ -4,15 +4,13 @@
 //! names (listing, counters, drift, idempotent re-apply); accepted by the bpf backend, which
 //! says which rules it leaves to nftables.
 
-mod common;
-
 use std::path::PathBuf;
 
-use common::*;
 use peerwall_backend_bpf::maps::{self as bpf, Iface};
 use peerwall_backend_nftables::{render, Nft, NftBackend};
 use peerwall_intent::load;
 use peerwall_policy::compile::{self, PolicyObject};
+use peerwall_testkit::prelude::*;
 
 /// Every Liqo shape with what its nftables rendering must say, and whether a gateway enforces
 /// it (gateway objects are applied together, as in one gateway; fabric objects run on nodes,

@@ -4,13 +4,11 @@
 //! judged by every engine, decoded by `inspect`, enforced by the agent; on both backends. Names
 //! the API refuses are refused up front with the field path and the value, and change nothing.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use common::*;
 use peerwall_backend_nftables::{Drift, Nft, NftBackend};
+use peerwall_testkit::prelude::*;
 use serde_json::json;
 
 /// The words nftables' scanner (`src/scanner.l`) returns as keywords rather than strings, in

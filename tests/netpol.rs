@@ -7,9 +7,7 @@
 //! unit tests of `netpol` (`the_tier_gives_the_semantics_verdict_for_every_crossing_pair`,
 //! and `..._with_cluster_policies` for both tiers).
 
-mod common;
-
-use common::*;
+use peerwall_testkit::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};

@@ -1,11 +1,9 @@
 //! The nftables backend against real kernels: packets through veth pairs named like Liqo's
 //! gateway interfaces, rules visible in `nft list`, atomic updates, ownership, drift repair.
 
-mod common;
-
-use common::*;
 use peerwall_backend_nftables::{Drift, Nft, NftBackend};
 use peerwall_policy::compile;
+use peerwall_testkit::prelude::*;
 
 fn nft_list(ns: &NetNs, args: &[&str]) -> String {
     let mut full = vec!["nft"];
@@ -279,17 +277,6 @@ fn drift_is_detected_and_repaired() {
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "restored");
 }
 
-/// `peerwall agent --source dir:` in a gateway namespace, killed on drop.
-fn wait_for(mut cond: impl FnMut() -> bool) -> bool {
-    for _ in 0..100 {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    false
-}
-
 #[test]
 fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
     let t = Topology::new();
@@ -306,9 +293,9 @@ fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let _agent = Agent(child);
+    let _agent = Proc::killed_on_drop(child);
     let listed = |t: &Topology| nft_list(&t.gateway, &["list", "ruleset"]);
-    assert!(wait_for(|| listed(&t).contains("drop_traffic")), "applied");
+    assert!(poll(5, || listed(&t).contains("drop_traffic")), "applied");
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
     // A bad edit is not applied: the last good policy stays.
     std::fs::write(
@@ -324,7 +311,7 @@ fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
             .lines()
             .any(|l| l.starts_with("peerwall_invalid_policies_total") && !l.ends_with(" 0"))
     };
-    assert!(wait_for(refused), "the agent saw the bad edit");
+    assert!(poll(5, refused), "the agent saw the bad edit");
     assert!(
         !ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
         "still enforced"
@@ -336,7 +323,7 @@ fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
     )
     .unwrap();
     assert!(
-        wait_for(|| listed(&t).contains("ip daddr 10.20.1.3")),
+        poll(5, || listed(&t).contains("ip daddr 10.20.1.3")),
         "updated"
     );
     assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
@@ -370,11 +357,10 @@ fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
     Nft::in_netns(t.gateway.name())
         .apply_text("delete table ip table_name\n")
         .unwrap();
-    assert!(wait_for(|| listed(&t).contains("drop_traffic")), "repaired");
+    assert!(poll(5, || listed(&t).contains("drop_traffic")), "repaired");
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.3"));
-    assert!(wait_for(
-        || get("/metrics").contains("peerwall_drift_repairs_total 1")
-    ));
+    assert!(poll(5, || get("/metrics")
+        .contains("peerwall_drift_repairs_total 1")));
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -2,13 +2,11 @@
 //! (`--events`) enforcing a FirewallConfiguration inside a gateway namespace, `peerwall observe`
 //! reading its events, through the agent and straight from the kernel.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use peerwall_testkit::prelude::*;
 
 /// The thesis's block (10.10.1.67 → 10.20.1.2 dropped by `drop_traffic`), audited or not.
 fn block(audit: bool) -> String {
@@ -45,7 +43,7 @@ fn backend_args(backend: &str, pins: &Option<Pins>) -> Vec<String> {
     v
 }
 
-fn start_agent(ns: &NetNs, backend: &str, pins: &Option<Pins>, dir: &Path) -> Agent {
+fn start_agent(ns: &NetNs, backend: &str, pins: &Option<Pins>, dir: &Path) -> Proc {
     let mut args = backend_args(backend, pins);
     args.extend(
         [

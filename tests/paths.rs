@@ -4,9 +4,7 @@
 //! `apply` keeps unchanged tables and their counters; nothing is left behind in /run or bpffs;
 //! the errors a user meets first name the file, line and value, once each.
 
-mod common;
-
-use common::*;
+use peerwall_testkit::prelude::*;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -4,9 +4,7 @@
 //! `Configuration` gives that peer, and counts it; a pod leaving the `offloaded` set ends the
 //! connections to it.
 
-mod common;
-
-use common::*;
+use peerwall_testkit::prelude::*;
 use serde_json::{json, Value};
 
 /// The consumer `a` as the provider's API server holds it: its tenant namespace, the namespace
@@ -176,7 +174,7 @@ fn dir_agent<'a>(
     dir: &std::path::Path,
     policy: &std::path::Path,
     tag: &str,
-) -> (Agent, Installed<'a>) {
+) -> (Proc, Installed<'a>) {
     dir_agent_with(t, backend, dir, policy, tag, &[])
 }
 
@@ -188,7 +186,7 @@ fn dir_agent_with<'a>(
     policy: &std::path::Path,
     tag: &str,
     extra: &[&str],
-) -> (Agent, Installed<'a>) {
+) -> (Proc, Installed<'a>) {
     dir_agent_in(t, backend, dir, policy, tag, extra, false)
 }
 
@@ -202,7 +200,7 @@ fn dir_agent_in<'a>(
     tag: &str,
     extra: &[&str],
     read_only_proc_sys: bool,
-) -> (Agent, Installed<'a>) {
+) -> (Proc, Installed<'a>) {
     let installed = Installed::new(backend, t.gateway.name(), tag);
     let mut args: Vec<String> = vec![
         "--source".into(),
@@ -232,7 +230,7 @@ fn dir_agent_in<'a>(
     } else {
         peerwall_nsenter(&t.gateway)
     };
-    let agent = Agent(
+    let agent = Proc::killed_on_drop(
         cmd.arg("agent")
             .args(&args)
             .stdout(std::process::Stdio::null())
@@ -794,7 +792,7 @@ fn the_gateway_takes_only_liqos_tunnel_check_from_the_tunnel_on_both_backends() 
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let _udp = Agent(udp);
+    let _udp = Proc::killed_on_drop(udp);
     let udp_answers = || {
         let mut c = std::process::Command::new("ip");
         c.args([
@@ -975,7 +973,7 @@ spec:
         }
         let log =
             std::fs::File::create(dir.join(format!("agent-{backend}-{boot_peer}.log"))).unwrap();
-        Agent(
+        Proc::killed_on_drop(
             peerwall_nsenter(&t.gateway)
                 .arg("agent")
                 .args(&args)

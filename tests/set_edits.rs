@@ -4,12 +4,10 @@
 //! (a refused batch falls back to `nft`, then to a whole apply: correct, but tens to hundreds
 //! of milliseconds per pod).
 
-mod common;
-
-use common::*;
 use peerwall_backend_nftables::{Drift, Nft, NftBackend};
 use peerwall_policy::compile;
 use peerwall_policy::ir::{AddrRange, AddrSet, IpFamily, SetChange, SetElements};
+use peerwall_testkit::prelude::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

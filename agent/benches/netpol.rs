@@ -154,20 +154,8 @@ fn main() {
         ("bpf", BackendKind::Bpf),
     ] {
         let ns = NetNs::new("pwbnp").expect("namespace");
-        ns.ip(&[
-            "link",
-            "add",
-            "liqo-tunnel",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "liqo.bench00001",
-        ])
-        .expect("links");
-        ns.ip(&["link", "set", "liqo-tunnel", "up"]).expect("up");
-        ns.ip(&["link", "set", "liqo.bench00001", "up"])
-            .expect("up");
+        ns.veth("liqo-tunnel", &ns, "liqo.bench00001")
+            .expect("links");
         let pins = peerwall_backend_bpf::loader::ensure_bpffs()
             .expect("bpffs")
             .join(format!("pwbnp-{}", std::process::id()));

@@ -166,18 +166,7 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
     gw.sysctl("net.ipv4.ip_forward", "1")?;
     gw.sysctl("net.ipv4.conf.all.rp_filter", "0")?;
     // Underlay between the consumer's gateway and ours, and the tunnel over it.
-    cns.ip(&[
-        "link",
-        "add",
-        "underlay",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "underlay",
-        "netns",
-        gw.name(),
-    ])?;
+    cns.veth("underlay", &gw, "underlay")?;
     cns.ip(&[
         "addr",
         "add",
@@ -192,8 +181,6 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
         "dev",
         "underlay",
     ])?;
-    cns.ip(&["link", "set", "underlay", "up"])?;
-    gw.ip(&["link", "set", "underlay", "up"])?;
     let cdev = format!("wg-{}", c.name);
     let (cpriv, cpub) = wg_keys()?;
     let (gpriv, gpub) = wg_keys()?;
@@ -236,22 +223,9 @@ fn connect(lab: &mut Lab, c: &Consumer, node: &NetNs, work: &Path) -> Result<(Ne
     gw.ip(&["link", "set", "liqo-tunnel", "up"])?;
     // Geneve-named veth towards the provider node.
     let node_end = format!("gw{}0", c.name);
-    gw.ip(&[
-        "link",
-        "add",
-        c.geneve,
-        "type",
-        "veth",
-        "peer",
-        "name",
-        &node_end,
-        "netns",
-        node.name(),
-    ])?;
+    gw.veth(c.geneve, node, &node_end)?;
     gw.ip(&["addr", "add", &format!("{}/32", c.link.0), "dev", c.geneve])?;
     node.ip(&["addr", "add", &format!("{}/32", c.link.1), "dev", &node_end])?;
-    gw.ip(&["link", "set", c.geneve, "up"])?;
-    node.ip(&["link", "set", &node_end, "up"])?;
     gw.ip(&["route", "add", c.link.1, "dev", c.geneve])?;
     // Routing by input interface, as Liqo's RouteConfigurations do (the consumer's CIDR may
     // be the provider's own): from a node, the peer's CIDR goes to the tunnel (`<cfg>-gw-ext`:

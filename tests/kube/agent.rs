@@ -6,8 +6,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::common::*;
 use crate::support::*;
+use peerwall_testkit::prelude::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
@@ -18,7 +18,7 @@ async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
     };
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let _agent = agent_with(
         &server,
         &t.gateway,
@@ -89,7 +89,7 @@ async fn agent_applies_reports_status_and_cleans_up() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let _agent = agent(&server, &t.gateway, "gw-test", "peerwall.io/target=gateway");
     tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
@@ -256,7 +256,7 @@ async fn objects_from_other_namespaces_are_ignored(backend: &str) {
     };
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let host = format!("gw-trust-{backend}");
     let mut extra = vec!["--backend", backend];
     if backend == "bpf" {
@@ -355,7 +355,7 @@ async fn packet_changing_rules_are_refused_unless_enabled() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let _agent = agent(&server, &t.gateway, "gw-nat", "peerwall.io/target=gateway");
     tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
@@ -395,7 +395,7 @@ async fn a_failed_apply_is_retried_without_an_api_change() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let _agent = agent(
         &server,
         &t.gateway,
@@ -468,7 +468,7 @@ async fn agent_lists_from_the_watch_cache_not_etcd() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
     let obj: DynamicObject = serde_json::from_value(thesis_block()).unwrap();
@@ -525,7 +525,7 @@ async fn a_restarted_agent_releases_objects_it_no_longer_selects() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     tenant_namespace(&client, "cluster1").await;
     let api = fwc_api(&client, "liqo-tenant-cluster1");
     let mut kept = thesis_block();

@@ -21,7 +21,7 @@ use crate::support::*;
 async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let metrics_addr = format!("127.0.0.1:{}", free_port());
     let controller_args = [
         "controller",
@@ -277,7 +277,7 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
 async fn remote_pods_behind_a_remapped_cidr_are_listed_by_their_tunnel_address() {
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let configs: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         "liqo-tenant-a",
@@ -370,7 +370,7 @@ async fn a_gateway_without_an_agent_on_its_node_is_reported() {
     use k8s_openapi::api::core::v1::Event;
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let metrics_addr = format!("127.0.0.1:{}", free_port());
     let _controller = server.peerwall(
         "controller",
@@ -775,7 +775,7 @@ async fn web_here_api_on_p1(client: &kube::Client) {
 async fn controller_with_peer_and_shop() -> (ApiServer, kube::Client, Proc) {
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let controller = server.peerwall(
         "controller",
         &["controller", "--metrics-addr", "127.0.0.1:0"],
@@ -789,7 +789,7 @@ async fn controller_with_peer_and_shop() -> (ApiServer, kube::Client, Proc) {
 async fn controller_with_short_grace() -> (ApiServer, kube::Client, Proc) {
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let controller = server.peerwall(
         "controller",
         &[

@@ -6,8 +6,8 @@ use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::common::*;
 use crate::support::*;
+use peerwall_testkit::prelude::*;
 
 /// `kubectl kustomize DIR` with the real kubectl: the objects of an install, as YAML text.
 pub(crate) fn kustomize(dir: &str) -> String {
@@ -198,7 +198,7 @@ async fn deploy_manifests_pass_server_side_dry_run() {
 async fn dry_run(dir: &str) {
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let target_ns = "peerwall-system".to_string();
     // Dry runs persist nothing, so the namespace the others live in must exist for real.
     namespace(&client, &target_ns, json!({})).await;

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
-use crate::common::*;
 use crate::support::*;
+use peerwall_testkit::prelude::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offloaded_pod_is_reachable_through_its_consumers_tunnel_only() {
@@ -16,7 +16,7 @@ async fn offloaded_pod_is_reachable_through_its_consumers_tunnel_only() {
     let tb = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let _agent_a = agent(
         &server,
         &ta.gateway,
@@ -167,7 +167,7 @@ impl PeerGateway {
         };
         let server = api_server();
         let client = server.client().await;
-        install_crd(&client).await;
+        server.install_crds();
         let extra: Vec<&str> = if backend == "bpf" {
             vec!["--backend", "bpf", "--pin-dir", &pins.dir]
         } else {

@@ -10,8 +10,8 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::{Client, ResourceExt};
 use serde_json::json;
 
-use crate::common::*;
 use crate::support::*;
+use peerwall_testkit::prelude::*;
 
 /// Every FirewallConfiguration shape Liqo creates (`examples/liqo/`), as JSON, with owner
 /// references dropped (their owners, Liqo's Configurations, do not exist on a test server and
@@ -335,7 +335,7 @@ async fn agent_enforces_liqo_objects_only_on_request_and_read_only() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     install_liqo_crd(&client).await;
     create_liqo_shapes(&client, "").await;
     let versions = liqo_versions(&client).await;
@@ -406,7 +406,7 @@ async fn liqo_objects_count_only_where_a_binding_names_the_gateway() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     install_liqo_crd(&client).await;
     install_liqo_binding_crd(&client).await;
     create_liqo_shapes(&client, "").await;

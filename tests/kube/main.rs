@@ -3,8 +3,6 @@
 //! provider-protection controller, agent status/finalizer, and the end-to-end promise (a pod
 //! offloaded by consumer A becomes reachable through A's tunnel and only A's).
 
-#[path = "../common/mod.rs"]
-mod common;
 mod support;
 
 mod agent;

@@ -29,7 +29,7 @@ async fn set_is(client: &kube::Client, tenant: &str, want: &[&str], what: &str) 
 async fn only_a_namespaces_owner_puts_its_pods_in_a_peers_set() {
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let mut controller = server.peerwall("controller", &["controller"]);
     tenant_namespace(&client, "a").await;
     tenant_namespace(&client, "b").await;

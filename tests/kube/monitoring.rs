@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use promql_parser::parser::{self, Expr, LabelModifier};
 
-use crate::common::*;
 use crate::support::*;
+use peerwall_testkit::prelude::*;
 
 /// Labels Prometheus adds to every scraped series, and the histogram bucket label.
 const SCRAPE_LABELS: [&str; 3] = ["instance", "job", "le"];
@@ -217,7 +217,7 @@ async fn monitoring_queries_use_exported_metrics() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let ctl_addr = format!("127.0.0.1:{}", free_port());
     let _controller = server.peerwall("controller", &["controller", "--metrics-addr", &ctl_addr]);
     let agent_addr = format!("127.0.0.1:{}", free_port());

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use peerwall::k8s::gateway_pods::netns::pod_netns;
 
-use crate::common::*;
 use peerwall_testkit::node::Node;
+use peerwall_testkit::prelude::*;
 
 #[path = "agent_down.rs"]
 mod agent_down;

@@ -9,8 +9,8 @@ use kube::api::{Patch, PatchParams, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::common::*;
 use crate::support::*;
+use peerwall_testkit::prelude::*;
 
 /// The agent's `/readyz` and `/metrics`, at the address its log names.
 fn agent_get(agent: &Proc, path: &str) -> (u16, String) {
@@ -79,7 +79,7 @@ async fn agent_keeps_enforcing_through_an_api_server_outage_and_resyncs() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let agent = agent(
         &server,
         &t.gateway,
@@ -196,7 +196,7 @@ async fn controller_never_empties_a_set_through_an_api_server_outage() {
 
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let metrics = format!("127.0.0.1:{}", free_port());
     let controller = server.peerwall("controller", &["controller", "--metrics-addr", &metrics]);
     namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;

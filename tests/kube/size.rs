@@ -1,7 +1,7 @@
 //! Object size: what `peerwall compile` warns of is what the real API server then refuses.
 
-use crate::common::*;
 use crate::support::*;
+use peerwall_testkit::prelude::*;
 
 /// A FirewallConfiguration whose one set holds `n` addresses.
 fn with_addresses(name: &str, n: u32) -> String {
@@ -64,7 +64,7 @@ fn kubectl_stdin(server: &ApiServer, args: &[&str], yaml: &str) -> (bool, String
 async fn compile_warns_of_the_sizes_the_api_server_refuses() {
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     namespace(&client, "sized", serde_json::json!({})).await;
     let dir = server.dir.join("sized");
     std::fs::create_dir_all(&dir).unwrap();

@@ -6,8 +6,8 @@ use kube::api::{DynamicObject, PostParams};
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::common::*;
 use crate::support::*;
+use peerwall_testkit::prelude::*;
 
 /// `peerwall status --output json` (exit status, parsed peers).
 pub(crate) fn status(server: &ApiServer) -> (bool, serde_json::Value) {
@@ -156,7 +156,7 @@ async fn status_shows_each_peers_protection() {
     let t = Topology::new();
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let _agent = agent_with(
         &server,
         &t.gateway,

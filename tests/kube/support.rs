@@ -3,107 +3,23 @@
 //! conditions, certificates.
 
 use std::collections::BTreeSet;
-use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::Client;
 use serde_json::json;
 
-use crate::common::*;
+use peerwall_testkit::prelude::*;
 
-pub(crate) use peerwall_testkit::kube::{kube_bin_dir, ApiServer, Proc};
+pub(crate) use peerwall_testkit::kube::{free_port, kube_bin_dir, ApiServer, Proc};
+pub(crate) use peerwall_testkit::wait::eventually;
 
 /// A real API server for one test, running this build's peerwall.
 pub(crate) fn api_server() -> ApiServer {
     ApiServer::start(peerwall())
-}
-
-/// Poll `f` until it returns Some, or panic naming `what`.
-pub(crate) async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// peerwall's CRDs (`deploy/common/crd.yaml`: FirewallConfiguration and AddressSet), established and
-/// served, and Liqo's `Configuration` ([`install_liqo_configuration_crd`]).
-pub(crate) async fn install_crd(client: &Client) {
-    install_liqo_configuration_crd(client).await;
-    use serde::Deserialize;
-    let text = std::fs::read_to_string(repo("deploy/common/crd.yaml")).unwrap();
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let crd = CustomResourceDefinition::deserialize(doc).unwrap();
-        let name = crd.metadata.name.clone().unwrap();
-        api.create(&PostParams::default(), &crd).await.unwrap();
-        eventually("the CRD to be established", Duration::from_secs(20), || {
-            let (api, name) = (api.clone(), name.clone());
-            async move {
-                let c = api.get(&name).await.ok()?;
-                let ok = c
-                    .status?
-                    .conditions?
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                ok.then_some(())
-            }
-        })
-        .await;
-    }
-    // Discovery of the new resource lags establishment a little.
-    let fwc = fwc_api(client, "default");
-    eventually("the resource to be served", Duration::from_secs(20), || {
-        let fwc = fwc.clone();
-        async move { fwc.list(&Default::default()).await.ok().map(|_| ()) }
-    })
-    .await;
-}
-
-/// Liqo's `Configuration` CRD ([`peerwall_testkit::liqo::CONFIGURATION_CRD`]) as JSON.
-pub(crate) fn liqo_configuration_crd() -> serde_json::Value {
-    serde_yaml::from_str(peerwall_testkit::liqo::CONFIGURATION_CRD).unwrap()
-}
-
-/// Liqo's `Configuration` resource (`networking.liqo.io/v1beta1`), served: the fields the
-/// controller reads (Liqo's own CRD is
-/// `deployments/liqo/charts/liqo-crds/crds/networking.liqo.io_configurations.yaml`), as a
-/// cluster running Liqo has it. Installed before the controller starts, as in a cluster where
-/// Liqo runs (the controller otherwise looks again every 30 s).
-pub(crate) async fn install_liqo_configuration_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let crd = serde_json::from_value(liqo_configuration_crd()).unwrap();
-    match crds.create(&PostParams::default(), &crd).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => panic!("Liqo's Configuration CRD: {e}"),
-    }
-    let configs: Api<DynamicObject> = Api::all_with(
-        client.clone(),
-        &peerwall::k8s::liqo_configuration_resource(),
-    );
-    eventually(
-        "Liqo's Configuration to be served",
-        Duration::from_secs(20),
-        || {
-            let configs = configs.clone();
-            async move { configs.list(&Default::default()).await.ok().map(|_| ()) }
-        },
-    )
-    .await;
 }
 
 /// Liqo's `Configuration` of `peer` in its tenant namespace: the peer's pod CIDRs (`pod`) as
@@ -367,14 +283,6 @@ pub(crate) fn served_serial(addr: &str) -> String {
         .output()
         .unwrap();
     String::from_utf8_lossy(&o.stdout).trim().to_string()
-}
-
-pub(crate) fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// The thesis's example (a Liqo object) as a peerwall object for gateways of peer `cluster1`:

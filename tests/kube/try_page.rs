@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::common::{peerwall, repo};
 use crate::support::free_port;
+use peerwall_testkit::{peerwall, repo};
 
 /// Stops what the page started, whatever happens to the test.
 struct Started(PathBuf);

@@ -16,7 +16,7 @@ use crate::support::*;
 async fn webhook_refuses_invalid_objects_through_the_api_server() {
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     let ca = webhook_certs(&server.dir);
     let port = free_port();
     let listen = format!("127.0.0.1:{port}");
@@ -300,7 +300,7 @@ async fn create_in(client: &kube::Client, ns: &str, obj: serde_json::Value) -> O
 async fn webhook_issues_and_rotates_its_own_certificate() {
     let server = api_server();
     let client = server.client().await;
-    install_crd(&client).await;
+    server.install_crds();
     namespace(&client, "peerwall-system", json!({})).await;
     namespace(&client, "team-x", json!({})).await;
     tenant_namespace(&client, "cluster1").await;

@@ -107,20 +107,10 @@ fn ctx(ifindex: u32) -> [u8; 192] {
 /// Programs run in it see a real FIB lookup.
 pub fn routed_namespace() -> NetNs {
     let ns = NetNs::new("pwbench-bd").expect("namespace");
+    ns.veth("liqo-tunnel", &ns, "liqo.abcdefghij")
+        .expect("veth");
     for args in [
         &["link", "set", "lo", "up"][..],
-        &[
-            "link",
-            "add",
-            "liqo-tunnel",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "liqo.abcdefghij",
-        ],
-        &["link", "set", "liqo-tunnel", "up"],
-        &["link", "set", "liqo.abcdefghij", "up"],
         &["addr", "add", "192.168.77.1/30", "dev", "liqo.abcdefghij"],
         // A gateway pod's default route (its pod network), without which some destinations
         // would be unroutable and the local-address mirror would not decide their path.

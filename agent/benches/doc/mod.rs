@@ -1,11 +1,11 @@
 //! docs/bench.md holds one section per benchmark, between `<!-- NAME:start -->` and
 //! `<!-- NAME:end -->`; each benchmark rewrites only its own.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// `docs/` of the repository.
 pub fn docs_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs")
+    peerwall_testkit::repo("docs")
 }
 
 /// Replace (or append) section `name` of docs/bench.md with `content`.

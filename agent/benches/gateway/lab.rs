@@ -33,31 +33,7 @@ impl Lab {
         let snd = NetNs::new("pwb-snd").expect("netns");
         let gw = NetNs::new("pwb-gw").expect("netns");
         let rcv = NetNs::new("pwb-rcv").expect("netns");
-        let link = |a: &NetNs, an: &str, b: &NetNs, bn: &str| {
-            run(
-                "ip",
-                &[
-                    "link",
-                    "add",
-                    "pwbtmp0",
-                    "netns",
-                    a.name(),
-                    "type",
-                    "veth",
-                    "peer",
-                    "name",
-                    "pwbtmp1",
-                    "netns",
-                    b.name(),
-                ],
-            );
-            a.ip(&["link", "set", "pwbtmp0", "name", an])
-                .expect("rename");
-            b.ip(&["link", "set", "pwbtmp1", "name", bn])
-                .expect("rename");
-            a.ip(&["link", "set", an, "up"]).expect("up");
-            b.ip(&["link", "set", bn, "up"]).expect("up");
-        };
+        let link = |a: &NetNs, an: &str, b: &NetNs, bn: &str| a.veth(an, b, bn).expect("veth");
         link(&snd, "eth0", &gw, TUNNEL);
         link(&gw, GENEVE, &rcv, "eth0");
         let ip = |ns: &NetNs, args: &[&str]| {

@@ -3,11 +3,13 @@
 //! `xtask/kube/start-apiserver.sh` and stopped on drop; peerwall processes against it.
 
 use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use kube::Client;
+
+pub use crate::proc::Proc;
 
 /// The Kubernetes release the tests run against.
 pub const KUBE_VERSION: &str = "1.20.2";
@@ -108,35 +110,45 @@ impl ApiServer {
     /// and established (Liqo is installed before peerwall's controller starts).
     pub fn start_with_crds(peerwall: impl Into<PathBuf>) -> Self {
         let server = Self::start(peerwall);
-        let liqo_crd = server.dir.join("liqo-configuration-crd.yaml");
+        server.install_crds();
+        server
+    }
+
+    /// peerwall's CRDs (`deploy/common/crd.yaml`) and Liqo's `Configuration` CRD
+    /// ([`crate::liqo::CONFIGURATION_CRD`]) installed as a user installs them (`kubectl apply`),
+    /// established, and served (a FirewallConfiguration list answers: discovery lags
+    /// establishment a little). The one way tests and benchmarks install them.
+    pub fn install_crds(&self) {
+        let liqo_crd = self.dir.join("liqo-configuration-crd.yaml");
         std::fs::write(&liqo_crd, crate::liqo::CONFIGURATION_CRD).expect("CRD file");
-        let kubectl = |args: &[&str], file: Option<&Path>| {
-            let mut c = server.kubectl();
-            c.args(args);
-            if let Some(f) = file {
-                c.arg(f);
-            }
-            let out = c.output().expect("kubectl");
-            assert!(
+        let crds = crate::repo("deploy/common/crd.yaml");
+        let kubectl = |args: &[&str]| {
+            let out = self.kubectl().args(args).output().expect("kubectl");
+            (
                 out.status.success(),
-                "kubectl {args:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
         };
-        let crds = crate::repo_root().join("deploy/common/crd.yaml");
-        kubectl(&["apply", "-f"], Some(&crds));
-        kubectl(&["apply", "-f"], Some(&liqo_crd));
-        kubectl(
-            &[
+        for f in [&crds, &liqo_crd] {
+            let f = f.to_str().expect("UTF-8 path");
+            let (ok, err) = kubectl(&["apply", "-f", f]);
+            assert!(ok, "kubectl apply -f {f}: {err}");
+            let (ok, err) = kubectl(&[
                 "wait",
                 "--for=condition=Established",
-                "crd/firewallconfigurations.peerwall.io",
-                "crd/addresssets.peerwall.io",
-                "crd/configurations.networking.liqo.io",
-            ],
-            None,
+                "--timeout=60s",
+                "-f",
+                f,
+            ]);
+            assert!(ok, "kubectl wait Established -f {f}: {err}");
+        }
+        let served = crate::wait::poll(20, || {
+            kubectl(&["get", "firewallconfigurations.peerwall.io", "-A"]).0
+        });
+        assert!(
+            served,
+            "FirewallConfigurations are not served 20 s after their CRD"
         );
-        server
     }
 
     /// The client configuration of its kubeconfig.
@@ -177,7 +189,7 @@ impl ApiServer {
             .stderr(std::fs::File::create(&log).expect("log file"))
             .spawn()
             .expect("starting peerwall");
-        Proc { child, log }
+        Proc::logged(child, log)
     }
 }
 
@@ -193,64 +205,5 @@ impl Drop for ApiServer {
         }
         std::thread::sleep(Duration::from_millis(200));
         let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A child process, terminated on drop; its log is printed when a test fails.
-pub struct Proc {
-    /// The process.
-    pub child: Child,
-    /// Its stderr.
-    pub log: PathBuf,
-}
-
-impl Proc {
-    /// Its log so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Where its log is.
-    pub fn log_path(&self) -> &Path {
-        &self.log
-    }
-
-    /// SIGTERM, then SIGKILL after 5 s.
-    pub fn stop(&mut self) {
-        // SAFETY: kill(2) on our own child.
-        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Peak resident memory (VmHWM), MiB.
-    pub fn peak_rss_mib(&self) -> f64 {
-        std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
-            .and_then(|v| {
-                v.split_whitespace()
-                    .next()
-                    .and_then(|n| n.parse::<f64>().ok())
-            })
-            .unwrap_or(0.0)
-            / 1024.0
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.stop();
-        if std::thread::panicking() {
-            eprintln!("---- {} ----\n{}", self.log.display(), self.log());
-        }
     }
 }

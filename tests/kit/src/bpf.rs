@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use peerwall_backend_bpf::loader;
 
-use super::{peerwall, sh, spawn_agent, Agent, NetNs};
+use crate::net::{sh, spawn_agent};
+use crate::proc::Proc;
+use crate::{peerwall, NetNs};
 
 /// A private pin directory under bpffs, removed (with its links) on drop.
 pub struct Pins(pub PathBuf);
@@ -117,7 +119,7 @@ pub fn active_slot(pins: &Pins) -> u64 {
 
 /// A `peerwall agent --backend bpf` over the YAML files of `dir` in `ns`'s network, polling
 /// every `interval_ms`; killed on drop.
-pub fn bpf_agent(ns: &NetNs, pins: &Pins, dir: &std::path::Path, interval_ms: u32) -> Agent {
+pub fn bpf_agent(ns: &NetNs, pins: &Pins, dir: &std::path::Path, interval_ms: u32) -> Proc {
     let args = [
         "--backend".to_string(),
         "bpf".into(),

@@ -1,35 +1,11 @@
-//! Shared helpers for the integration tests: namespaces that clean up on drop (also on panic),
-//! veth plumbing, the peerwall binary, and traffic probes that run inside namespaces.
-#![allow(dead_code)]
+//! Networks the integration tests build and the traffic they send: commands inside namespaces,
+//! veth plumbing, the consumer → gateway → provider [`Topology`], listeners, sessions and
+//! echoes, pings and connects, and fixtures of the policies they enforce.
 
-use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
 
-pub use peerwall_netns::NetNs;
-
-pub mod bpf;
-
-/// Fail loudly when not root: these tests exist to touch real kernels.
-pub fn require_root() {
-    // SAFETY: geteuid has no preconditions.
-    let uid = unsafe { libc::geteuid() };
-    assert_eq!(
-        uid, 0,
-        "integration tests need root (network namespaces, nftables): run them as root"
-    );
-}
-
-/// Path of the built `peerwall` binary.
-pub fn peerwall() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_peerwall"))
-}
-
-/// Path of a file under the repository root.
-pub fn repo(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(rel)
-}
+use crate::proc::Proc;
+use crate::{peerwall, require_root, NetNs};
 
 /// Run a command, returning its output whatever the status.
 pub fn sh(program: &str, args: &[&str]) -> Output {
@@ -81,25 +57,8 @@ pub fn peerwall_in(ns: &NetNs, args: &[&str]) -> Output {
 
 /// A veth pair between two namespaces with the given names, both up.
 pub fn veth(a: &NetNs, a_name: &str, b: &NetNs, b_name: &str) {
-    must(
-        "ip",
-        &[
-            "-n",
-            a.name(),
-            "link",
-            "add",
-            a_name,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            b_name,
-            "netns",
-            b.name(),
-        ],
-    );
-    must("ip", &["-n", a.name(), "link", "set", a_name, "up"]);
-    must("ip", &["-n", b.name(), "link", "set", b_name, "up"]);
+    a.veth(a_name, b, b_name)
+        .unwrap_or_else(|e| panic!("veth {a_name} - {b_name}: {e}"));
 }
 
 /// `ip -n NS ARGS` that must succeed.
@@ -118,18 +77,8 @@ pub fn peerwall_nsenter(ns: &NetNs) -> std::process::Command {
     c
 }
 
-/// A background `peerwall agent`, killed when dropped (also on panic).
-pub struct Agent(pub std::process::Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// `peerwall agent ARGS` in the namespace's network, its output discarded.
-pub fn spawn_agent(ns: &NetNs, args: &[String]) -> Agent {
+pub fn spawn_agent(ns: &NetNs, args: &[String]) -> Proc {
     let child = peerwall_nsenter(ns)
         .arg("agent")
         .args(args)
@@ -137,7 +86,7 @@ pub fn spawn_agent(ns: &NetNs, args: &[String]) -> Agent {
         .stderr(Stdio::null())
         .spawn()
         .expect("peerwall agent");
-    Agent(child)
+    Proc::killed_on_drop(child)
 }
 
 /// One ping from `src` to `dst` inside `ns`; true when answered.
@@ -334,7 +283,7 @@ impl Drop for Session {
 
 /// A UDP echo on `addr:port` inside `ns` (every datagram back to its sender), stopped when
 /// dropped.
-pub fn udp_echo(ns: &NetNs, addr: &str, port: u16) -> Agent {
+pub fn udp_echo(ns: &NetNs, addr: &str, port: u16) -> Proc {
     let child = Command::new("ip")
         .args(["netns", "exec", ns.name(), "socat"])
         .arg(format!("UDP4-RECVFROM:{port},bind={addr},fork"))
@@ -344,7 +293,7 @@ pub fn udp_echo(ns: &NetNs, addr: &str, port: u16) -> Agent {
         .stderr(Stdio::null())
         .spawn()
         .expect("socat");
-    Agent(child)
+    Proc::killed_on_drop(child)
 }
 
 /// Whether a TCP connection from `src` to `dst:port` inside `ns` completes within a second.
@@ -512,11 +461,11 @@ pub fn wg_key() -> (String, String) {
 /// offloaded pods (10.21.0.0 upwards, every third address: no two adjacent) plus 10.20.1.2,
 /// the topology's pod that answers.
 pub fn sliced_peer() -> (
-    peerwall::protection::Peer,
-    peerwall::protection::Options,
-    peerwall::protection::PeerSets,
+    peerwall_protection::Peer,
+    peerwall_protection::Options,
+    peerwall_protection::PeerSets,
 ) {
-    use peerwall::protection::{Options, Peer, PeerSets};
+    use peerwall_protection::{Options, Peer, PeerSets};
     let mut offloaded: std::collections::BTreeSet<std::net::IpAddr> = (0..3000u32)
         .map(|i| std::net::IpAddr::V4(std::net::Ipv4Addr::from(0x0a15_0000 + i * 3)))
         .collect();
@@ -532,7 +481,7 @@ pub fn sliced_peer() -> (
             tunnel: TUNNEL.into(),
             block_leaf_to_leaf: false,
             audit: false,
-            liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
+            liqo_ping_port: peerwall_protection::LIQO_PING_PORT,
             own_namespace_only: false,
         },
         PeerSets {
@@ -540,28 +489,6 @@ pub fn sliced_peer() -> (
             ..Default::default()
         },
     )
-}
-
-/// Poll `cond` every 100 ms for up to `secs` seconds; whether it came true.
-pub fn poll(secs: u64, mut cond: impl FnMut() -> bool) -> bool {
-    let start = std::time::Instant::now();
-    loop {
-        if cond() {
-            return true;
-        }
-        if start.elapsed() >= std::time::Duration::from_secs(secs) {
-            return false;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
-/// [`poll`], panicking with `what` when `cond` never came true.
-pub fn wait_until(what: &str, secs: u64, cond: impl FnMut() -> bool) {
-    assert!(
-        poll(secs, cond),
-        "timed out after {secs} s waiting for: {what}"
-    );
 }
 
 /// A forward chain that drops by default, accepts replies (established, related) and lets
@@ -596,7 +523,7 @@ spec:
 /// `/run/netns/<name>`, `/proc/<pid>/ns/net`): it sends to the other end every 50 ms from a
 /// fixed port and counts what it receives (in the file `rx`).
 pub struct Chatter {
-    _p: Agent,
+    _p: Proc,
     rx: std::path::PathBuf,
 }
 
@@ -681,7 +608,7 @@ while True:
             .spawn()
             .unwrap();
         Self {
-            _p: Agent(child),
+            _p: Proc::killed_on_drop(child),
             rx,
         }
     }
