@@ -388,12 +388,12 @@ impl Enforcement {
         };
         // A change that only lets more through (a pod offloaded) ends nothing: the
         // connections are not listed.
-        let Some(why) = crate::revoke::narrowing(&before, policy) else {
+        let Some(why) = peerwall_backend::revoke::narrowing(&before, policy) else {
             return;
         };
         let started = Instant::now();
         let result = self.backend.flows().and_then(|flows| {
-            let gone = crate::revoke::no_longer_allowed(&before, policy, &flows);
+            let gone = peerwall_backend::revoke::no_longer_allowed(&before, policy, &flows);
             tracing::debug!(
                 tracked = flows.len(),
                 ending = gone.len(),
@@ -420,10 +420,10 @@ impl Enforcement {
         }
     }
 
-    /// Let go of the ended connections `policy` allows again ([`crate::revoke::allowed_again`]).
+    /// Let go of the ended connections `policy` allows again ([`peerwall_backend::revoke::allowed_again`]).
     fn release_allowed(&mut self, policy: &peerwall_policy::ir::Policy) {
         let result = self.backend.ended_flows().and_then(|ended| {
-            let back = crate::revoke::allowed_again(policy, &ended);
+            let back = peerwall_backend::revoke::allowed_again(policy, &ended);
             if back.is_empty() {
                 return Ok(0);
             }

@@ -20,5 +20,4 @@ pub mod lab;
 pub mod metrics;
 pub use peerwall_netpol as netpol;
 pub use peerwall_protection as protection;
-pub mod revoke;
 pub mod shutdown;

@@ -10,6 +10,7 @@ pub mod error;
 pub mod events;
 pub mod in_netns;
 pub mod kept;
+pub mod revoke;
 
 use serde::Serialize;
 

@@ -2,7 +2,7 @@
 //! force allowed before the change and refuses after it, whichever tier refuses it now (a pod
 //! that left a NetworkPolicy's peers, or provider protection's `offloaded` set: deleted,
 //! relabelled, its address reused). Pure: policies and flows in, flows out; the agent lists
-//! and ends them through the backend ([`crate::enforcement`]).
+//! and ends them through the backend ([`crate::Revoke`]).
 //!
 //! Judged by the reference evaluator, for the flow's original direction as a new, forwarded
 //! packet (Liqo's NAT in front, as the policy observes it), once for each input interface the
@@ -13,7 +13,7 @@
 
 use std::collections::BTreeSet;
 
-use peerwall_backend::Flow;
+use crate::Flow;
 use peerwall_policy::ir::{self, CtState, IfDir, Packet, Policy, Test, VerdictAction};
 
 /// An interface name no policy names (a packet from a node, not from a tunnel).
@@ -237,10 +237,10 @@ fn covers(outer: &ir::AddrSet, inner: &ir::AddrSet) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::netpol::{
+    use peerwall_netpol::{
         Cluster, IpBlock, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule, Selector,
     };
-    use crate::protection::{gateway_spec, Options, PeerSets};
+    use peerwall_protection::{gateway_spec, Options, PeerSets};
 
     fn cluster(from: &[&str]) -> Cluster {
         let pod = |ns: &str, name: &str, ip: &str, peer: Option<&str>| Pod {
@@ -326,7 +326,7 @@ mod tests {
                 tunnel: "liqo-tunnel*".into(),
                 block_leaf_to_leaf: false,
                 audit: false,
-                liqo_ping_port: crate::protection::LIQO_PING_PORT,
+                liqo_ping_port: peerwall_protection::LIQO_PING_PORT,
                 own_namespace_only: false,
             },
         );
