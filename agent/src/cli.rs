@@ -69,12 +69,7 @@ fn runtime<E: Into<anyhow::Error>>(e: E) -> CliError {
 
 /// This build's version and the commit it was built from, as `--version` and `peerwall
 /// version` print it.
-pub const VERSION: &str = concat!(
-    env!("CARGO_PKG_VERSION"),
-    " (commit ",
-    env!("PEERWALL_GIT_COMMIT"),
-    ")"
-);
+pub const VERSION: &str = peerwall_enforce::VERSION;
 
 /// peerwall: a gateway firewall for Liqo multi-cluster peering.
 #[derive(Parser, Debug)]
@@ -1138,7 +1133,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 "{}\n",
                 serde_json::json!({
                     "version": env!("CARGO_PKG_VERSION"),
-                    "commit": env!("PEERWALL_GIT_COMMIT"),
+                    "commit": peerwall_enforce::GIT_COMMIT,
                 })
             )),
         },

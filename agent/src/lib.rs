@@ -5,19 +5,15 @@
 //! interface and network namespaces) → `peerwall-backend-nftables` / `peerwall-backend-bpf` →
 //! the kernel (`ebpf/`). `peerwall-probe` asks real kernels for verdicts.
 //!
-//! Here: [`cli`] (commands), [`enforcement`] (the enforcement engine and the directory source),
-//! [`k8s`] (the Kubernetes edge: agent watch source, controller, webhook) over the pure
-//! [`protection`] decisions, [`metrics`], [`events`] (what the datapath did, for `observe`), and
-//! [`lab`], the gateway lab.
+//! Here: [`cli`] (commands) and [`lab`] (the gateway lab), over two crates re-exported by their
+//! old names: `peerwall-enforce` ([`enforcement`], [`dir`], [`metrics`], [`events`],
+//! [`shutdown`], [`cni`]) and `peerwall-kube` ([`k8s`]: the agent's watch source, the
+//! controller, the webhook) over the pure [`protection`] and [`netpol`] decisions.
 
 pub mod cli;
-pub mod cni;
-pub mod dir;
-pub mod enforcement;
-pub mod events;
-pub mod k8s;
 pub mod lab;
-pub mod metrics;
+
+pub use peerwall_enforce::{cni, dir, enforcement, events, metrics, shutdown};
+pub use peerwall_kube as k8s;
 pub use peerwall_netpol as netpol;
 pub use peerwall_protection as protection;
-pub mod shutdown;

@@ -354,10 +354,13 @@ fn check_cycles() -> Result<()> {
             found.push(format!("{}: {}", krate.display(), c.join(" <-> ")));
         }
     }
-    let named = cycles::backend_crates_named(&root().join("agent/src"), "lab")?;
+    let mut named = Vec::new();
+    for src in ["agent/src", "agent/kube/src", "agent/enforce/src"] {
+        named.extend(cycles::backend_crates_named(&root().join(src), "lab")?);
+    }
     if !named.is_empty() {
         bail!(
-            "the binary names a backend crate outside lab/ (go through peerwall-backend-select: `open`, `rendering`, `installed`; docs/layout.md):\n  {}",
+            "the binary, peerwall-kube or peerwall-enforce names a backend crate (the binary: outside lab/) (go through peerwall-backend-select: `open`, `rendering`, `installed`; docs/layout.md):\n  {}",
             named.join("\n  ")
         );
     }

@@ -3,7 +3,7 @@
 //! track connections), a sender behind the tunnel and a receiver that answers for every pod
 //! address; the gateway pod's sandbox, a process in the gateway namespace placed in the
 //! cgroup the kubelet would make for the pod (`pod<uid>`), which is how the agent finds the
-//! namespace (`agent/src/k8s/gateway_pods/netns.rs`; no kubelet runs here); and one probe thread
+//! namespace (`agent/kube/src/gateway_pods/netns.rs`; no kubelet runs here); and one probe thread
 //! each way for all gateways: to an allowed pod and to an address no pod has, every 2 ms.
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};

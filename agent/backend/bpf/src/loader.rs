@@ -53,7 +53,7 @@ use peerwall_common::{Config, IfaceInfo};
 use crate::maps::{self, BpfPolicy, Iface};
 use peerwall_policy::ir;
 
-/// The eBPF object, built by `agent/build.rs` from `ebpf/`.
+/// The eBPF object, built by `agent/backend/bpf/build.rs` from `ebpf/`.
 pub static OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/peerwall"));
 
 /// Default pin directory.

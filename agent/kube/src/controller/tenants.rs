@@ -1,0 +1,299 @@
+//! Each peer's gateway FirewallConfiguration and its AddressSet slices: the tenant namespaces'
+//! reconcile, the publisher synced with what the API shows, only the slices that changed written.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, DeleteParams, DynamicObject};
+use kube::runtime::controller::Action;
+use kube::ResourceExt;
+use peerwall_intent::types::{AddressSet, FirewallConfiguration};
+
+use super::context::{exceptions_for, labels_of, per_peer, remaps, Ctx};
+use super::enforcement::applied_everywhere;
+use super::offloaded::refresh_offloaded;
+use super::policies::{netpol_view, publish_companions, publish_tier};
+use super::publish::{api_error, apply, owned_by_namespace, publish, typed, ReconcileError, Seen};
+use super::GATEWAY_CONFIG;
+use crate::protection;
+use crate::protection::publish::Publisher;
+use crate::PEER;
+
+/// The namespaces, virtual nodes and remaps the sets depend on (few objects: read whole at
+/// every pass; the index re-derives only when they changed).
+pub(super) fn sync_context(pb: &mut Publisher, ctx: &Ctx) {
+    let namespaces = ctx
+        .namespaces
+        .state()
+        .iter()
+        .map(|n| protection::Namespace {
+            name: n.name_any(),
+            labels: labels_of(n.labels()),
+        })
+        .collect();
+    let nodes = ctx
+        .nodes
+        .state()
+        .iter()
+        .map(|n| protection::Node {
+            name: n.name_any(),
+            labels: labels_of(n.labels()),
+        })
+        .collect();
+    pb.desired.set_context(namespaces, nodes, remaps(ctx));
+}
+
+/// What the API shows of every peer's slices and gateway configuration. A slice's addresses
+/// are read only when its version is new to the publisher.
+pub(super) fn sync_published(pb: &mut Publisher, ctx: &Ctx) {
+    let mut by_peer: BTreeMap<String, Vec<Arc<DynamicObject>>> = pb
+        .published_peers()
+        .into_iter()
+        .map(|p| (p, vec![]))
+        .collect();
+    for obj in ctx.slices.state() {
+        if let Some(peer) = obj.labels().get(PEER) {
+            by_peer.entry(peer.clone()).or_default().push(obj);
+        }
+    }
+    for (peer, objs) in by_peer {
+        let slices = pb.slices_mut(&peer);
+        slices.begin_sync();
+        for o in objs {
+            let version = o.resource_version().unwrap_or_default();
+            let generation = o.metadata.generation;
+            slices.observe(
+                &o.name_any(),
+                &version,
+                generation,
+                applied_everywhere(&o),
+                || slice_of(&o),
+            );
+        }
+        slices.end_sync();
+    }
+    pb.observe_configs(published_configs(ctx));
+}
+
+/// A published slice as the layout sees it.
+pub(super) fn slice_of(obj: &DynamicObject) -> protection::Slice {
+    protection::Slice {
+        name: obj.name_any(),
+        set: obj
+            .data
+            .pointer("/spec/set")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string(),
+        addresses: obj
+            .data
+            .pointer("/spec/addresses")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter_map(|a| a.as_str().and_then(|a| a.parse().ok()))
+            .collect(),
+    }
+}
+
+/// Each peer's gateway configuration as the API shows it: applied everywhere or not, and the
+/// offloaded addresses listed inline (older controllers published them there).
+pub(super) fn published_configs(ctx: &Ctx) -> BTreeMap<String, (bool, BTreeSet<IpAddr>)> {
+    let mut out = BTreeMap::new();
+    for c in ctx.configs.state() {
+        if c.name_any() != GATEWAY_CONFIG {
+            continue;
+        }
+        let Some(peer) = c.labels().get(PEER) else {
+            continue;
+        };
+        let offloaded: BTreeSet<IpAddr> = c
+            .data
+            .pointer("/spec/table/sets")
+            .and_then(|v| v.as_array())
+            .into_iter()
+            .flatten()
+            .filter(|s| {
+                s.get("name")
+                    .and_then(|n| n.as_str())
+                    .and_then(crate::protection::index::Kind::of_set)
+                    .is_some_and(|(kind, _)| kind == crate::protection::index::Kind::Offloaded)
+            })
+            .flat_map(|s| {
+                s.get("elements")
+                    .and_then(|e| e.as_array())
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .filter_map(|e| {
+                e.get("key")
+                    .and_then(|k| k.as_str())
+                    .and_then(|k| k.parse().ok())
+            })
+            .collect();
+        out.insert(peer.clone(), (applied_everywhere(&c), offloaded));
+    }
+    out
+}
+
+/// The peer a tenant namespace stands for, unless it is being deleted.
+fn tenant_peer(ns: &Namespace, ctx: &Ctx) -> Option<protection::Peer> {
+    let peer = ns.labels().get(crate::REMOTE_CLUSTER_ID)?.clone();
+    if ns.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    Some(protection::Peer {
+        tenant_namespace: ns.name_any(),
+        sources: per_peer(ctx, protection::configuration_sources)
+            .remove(&peer)
+            .unwrap_or_default(),
+        id: peer,
+    })
+}
+
+/// Requeued while an address waits for another tenant to release it.
+fn after_slices(held: usize) -> Action {
+    if held > 0 {
+        Action::requeue(Duration::from_millis(500))
+    } else {
+        Action::await_change()
+    }
+}
+
+/// The fast loop: only `peer`'s slices (the addresses pods bring and take away).
+pub(super) async fn reconcile_slices(
+    ns: Arc<Namespace>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, ReconcileError> {
+    let Some(who) = tenant_peer(&ns, &ctx) else {
+        return Ok(Action::await_change());
+    };
+    let held = publish_slices(&ns, &who, &ctx).await?;
+    Ok(after_slices(held))
+}
+
+/// The whole peer: its slices first (nothing to write when the fast loop already did), then
+/// what is read from the whole cluster: the gateway configuration, the NetworkPolicy tier,
+/// the offloaded namespaces' policies, the companions.
+pub(super) async fn reconcile_gateway(
+    ns: Arc<Namespace>,
+    ctx: Arc<Ctx>,
+) -> Result<Action, ReconcileError> {
+    let Some(who) = tenant_peer(&ns, &ctx) else {
+        return Ok(Action::await_change());
+    };
+    let (peer, ns_name) = (who.id.clone(), who.tenant_namespace.clone());
+    // Addresses first, as slices: the configuration that takes them comes after, so a set
+    // never misses addresses it had.
+    let held = publish_slices(&ns, &who, &ctx).await?;
+    // One view of pods and NetworkPolicies serves the declared sets, the tier and the
+    // companions.
+    // CPU over every pod (~0.1 s at 100k): off the runtime's workers' async duty meanwhile.
+    let (view, declared) = tokio::task::block_in_place(|| {
+        let view = netpol_view(&ctx);
+        let declared = protection::Declared {
+            namespaces: protection::namespaces::namespace_sets(&view.0, &peer),
+            exceptions: exceptions_for(&ctx, &peer, &view.0),
+        };
+        (view, declared)
+    });
+    // The addresses live in the slices; the configuration declares the sets.
+    let body = protection::gateway_object_with(&who, &Default::default(), &ctx.opts, &declared);
+    let object: FirewallConfiguration = typed(body, Some(owned_by_namespace(&ns)))?;
+    let seen = ctx
+        .configs
+        .state()
+        .into_iter()
+        .find(|c| c.name_any() == GATEWAY_CONFIG && c.namespace().as_deref() == Some(&ns_name))
+        .map(|c| Seen::of_dynamic(&c));
+    let api = Api::namespaced(ctx.client.clone(), &ns_name);
+    if publish(&api, seen.as_ref(), &object).await? {
+        ctx.count(|m| m.gateway_writes += 1);
+        tracing::info!(peer = %peer, "gateway configuration updated");
+    }
+    publish_tier(&ns, &who, &ctx, &view, declared.exceptions.settings.audit).await?;
+    refresh_offloaded(&peer, &ctx, &declared.exceptions).await?;
+    publish_companions(&ctx, &view).await?;
+    Ok(after_slices(held))
+}
+
+/// Write the slices of `peer`'s sets that the changes since its last pass touch (O(changed
+/// addresses): [`Publisher::plan`]), and delete slices that are empty and whose emptying
+/// every host has applied. Returns how many offloaded addresses the reuse gate holds back.
+pub(super) async fn publish_slices(
+    ns: &Namespace,
+    peer: &protection::Peer,
+    ctx: &Ctx,
+) -> Result<usize, ReconcileError> {
+    let ns_name = &peer.tenant_namespace;
+    let api: Api<AddressSet> = Api::namespaced(ctx.client.clone(), ns_name);
+    let plan = {
+        let mut pb = ctx.publisher();
+        sync_context(&mut pb, ctx);
+        sync_published(&mut pb, ctx);
+        let plan = pb.plan(&peer.id, &ctx.opts);
+        let wanted: u64 = pb
+            .desired
+            .peers()
+            .iter()
+            .map(|p| pb.desired.len(p, protection::index::Kind::Offloaded) as u64)
+            .sum();
+        let held = pb.held_back() as u64;
+        let peers = pb.desired.peers().len() as u64;
+        ctx.count(|m| {
+            m.peers = peers;
+            m.offloaded_addresses = wanted.saturating_sub(held);
+            m.held_back_addresses = held;
+        });
+        plan
+    };
+    for slice in &plan.writes {
+        let object: AddressSet = typed(
+            protection::address_set_object(peer, slice),
+            Some(owned_by_namespace(ns)),
+        )?;
+        match apply(&api, &object).await {
+            Ok(obj) => {
+                let version = obj.resource_version().unwrap_or_default();
+                ctx.publisher()
+                    .slices_mut(&peer.id)
+                    .written(&slice.name, version);
+                ctx.count(|m| m.slice_writes += 1);
+            }
+            Err(e) => {
+                // Whatever was not written is planned again from the API's view.
+                let mut pb = ctx.publisher();
+                let slices = pb.slices_mut(&peer.id);
+                let failed = plan.writes.iter().skip_while(|s| s.name != slice.name);
+                for s in failed {
+                    slices.write_failed(&s.name);
+                }
+                return Err(e);
+            }
+        }
+    }
+    if !plan.writes.is_empty() {
+        tracing::debug!(peer = %peer.id, slices = plan.writes.len(), held_back = plan.held, "address sets updated");
+    }
+    let set_names: Vec<String> = protection::set_contents(&Default::default(), &ctx.opts)
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    let deletable = ctx.publisher().slices_mut(&peer.id).deletable(&set_names);
+    for name in deletable {
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => ctx.count(|m| m.slice_deletes += 1),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => return Err(api_error("deleting", ns_name, &name)(source)),
+        }
+        ctx.publisher().slices_mut(&peer.id).deleted(&name);
+    }
+    Ok(plan.held)
+}
+
+#[cfg(test)]
+#[path = "tenants/tests.rs"]
+mod tests;
