@@ -43,12 +43,10 @@ pub(super) async fn refresh_offloaded(
         }) else {
             continue;
         };
-        let object: NetworkPolicy = typed(
-            protection::offloaded_network_policy(&info.name, peer, &home, &open),
-            Some(owned_by_namespace(&ns)),
-        )?;
-        let api = Api::namespaced(ctx.client.clone(), &info.name);
-        if publish(&api, Some(&Seen::of(current.as_ref())), &object).await? {
+        let body = protection::offloaded_network_policy(&info.name, peer, &home, &open);
+        let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &info.name);
+        let seen = Seen::of(current.as_ref());
+        if publish(&api, Some(&seen), body, Some(owned_by_namespace(&ns))).await? {
             ctx.count(|m| m.network_policy_writes += 1);
             tracing::info!(namespace = %info.name, peer, "offloaded namespace's NetworkPolicy follows its consumer's CIDRs and ProtectionPolicies");
         }

@@ -12,7 +12,7 @@ use peerwall_intent::types::FirewallConfiguration;
 use serde_json::json;
 
 use super::context::{remaps, Ctx};
-use super::publish::{api_error, owned_by_namespace, publish, typed, ReconcileError, Seen};
+use super::publish::{api_error, owned_by_namespace, publish, ReconcileError, Seen};
 use crate::netpol;
 use crate::protection;
 
@@ -92,10 +92,7 @@ pub(super) async fn publish_tier(
     for (policy, why) in problems {
         report_policy(ctx, policies, &policy, &why).await;
     }
-    let object: FirewallConfiguration = typed(
-        netpol::tier::object(&peer.tenant_namespace, &peer.id, &tier.spec),
-        Some(owned_by_namespace(ns)),
-    )?;
+    let body = netpol::tier::object(&peer.tenant_namespace, &peer.id, &tier.spec);
     let seen = ctx
         .configs
         .state()
@@ -104,8 +101,8 @@ pub(super) async fn publish_tier(
             c.name_any() == netpol::tier::TIER_CONFIG && c.namespace().as_deref() == Some(&ns_name)
         })
         .map(|c| Seen::of_dynamic(&c));
-    let api = Api::namespaced(ctx.client.clone(), &ns_name);
-    if publish(&api, seen.as_ref(), &object).await? {
+    let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
+    if publish(&api, seen.as_ref(), body, Some(owned_by_namespace(ns))).await? {
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer.id, "NetworkPolicy tier updated");
     }
@@ -147,7 +144,6 @@ pub(super) async fn publish_companions(
                 "name": u.name_any(), "uid": u.uid().unwrap_or_default(),
             }])
         });
-        let object: NetworkPolicy = typed(object, owners)?;
         // Seen only where it is a companion: a policy under this name (peerwall's, by its
         // prefix) that is not one is taken over.
         let seen = policies
@@ -156,7 +152,7 @@ pub(super) async fn publish_companions(
             .filter(|c| netpol::companion::is_companion(c.labels()))
             .map(|c| Seen::of(c.as_ref()));
         let api: Api<NetworkPolicy> = Api::namespaced(ctx.client.clone(), &ns);
-        if publish(&api, seen.as_ref(), &object).await? {
+        if publish(&api, seen.as_ref(), object, owners).await? {
             tracing::info!(networkpolicy = %key(&ns, &name), "CNI companion written");
         }
     }

@@ -122,21 +122,41 @@ impl Seen {
                 .iter()
                 .all(|(k, v)| self.labels.get(k) == Some(v))
     }
+
+    /// [`says`](Self::says) of an object as the pure crates built it (JSON): the steady
+    /// state's check, without reading the object into its type.
+    fn says_built(&self, body: &Value) -> bool {
+        body.get("spec").is_some()
+            && self.spec.as_ref() == body.get("spec")
+            && body["metadata"]["labels"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .all(|(k, v)| self.labels.get(k).map(String::as_str) == v.as_str())
+    }
 }
 
-/// Write `object` unless `seen` already says it ([`Seen::says`]); returns whether it wrote.
+/// Write `body` (an object the pure crates built, owned by `owners`) as a `K` unless `seen`
+/// already says it; returns whether it wrote. Nothing is converted when the cache shows the
+/// object as built (every pass that changes nothing); otherwise it is read into `K`
+/// ([`typed`]), compared again in that form, and written.
 pub(super) async fn publish<K>(
     api: &Api<K>,
     seen: Option<&Seen>,
-    object: &K,
+    body: Value,
+    owners: Option<Value>,
 ) -> Result<bool, ReconcileError>
 where
     K: Resource + Clone + serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    if seen.is_some_and(|s| s.says(object)) {
+    if seen.is_some_and(|s| s.says_built(&body)) {
         return Ok(false);
     }
-    apply(api, object).await?;
+    let object: K = typed(body, owners)?;
+    if seen.is_some_and(|s| s.says(&object)) {
+        return Ok(false);
+    }
+    apply(api, &object).await?;
     Ok(true)
 }
 

@@ -202,15 +202,14 @@ pub(super) async fn reconcile_gateway(
     });
     // The addresses live in the slices; the configuration declares the sets.
     let body = protection::gateway_object_with(&who, &Default::default(), &ctx.opts, &declared);
-    let object: FirewallConfiguration = typed(body, Some(owned_by_namespace(&ns)))?;
     let seen = ctx
         .configs
         .state()
         .into_iter()
         .find(|c| c.name_any() == GATEWAY_CONFIG && c.namespace().as_deref() == Some(&ns_name))
         .map(|c| Seen::of_dynamic(&c));
-    let api = Api::namespaced(ctx.client.clone(), &ns_name);
-    if publish(&api, seen.as_ref(), &object).await? {
+    let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
+    if publish(&api, seen.as_ref(), body, Some(owned_by_namespace(&ns))).await? {
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer, "gateway configuration updated");
     }

@@ -22,12 +22,13 @@ fn tenant() -> Namespace {
     .expect("namespace")
 }
 
+/// The gateway configuration as the pure crate builds it.
+fn built() -> Value {
+    crate::protection::gateway_object(&peer(), &Default::default(), &opts())
+}
+
 fn gateway() -> FirewallConfiguration {
-    typed(
-        crate::protection::gateway_object(&peer(), &Default::default(), &opts()),
-        Some(owned_by_namespace(&tenant())),
-    )
-    .expect("reads as a FirewallConfiguration")
+    typed(built(), Some(owned_by_namespace(&tenant()))).expect("reads as a FirewallConfiguration")
 }
 
 /// What the API server would show after `object` was applied, as the controller's cache reads
@@ -48,7 +49,14 @@ async fn an_object_the_cache_already_shows_is_not_written_again() {
     let seen = shown(&object, |v| {
         v["metadata"]["labels"]["team"] = json!("net");
     });
-    assert!(!publish(&api, Some(&seen), &object).await.expect("publish"));
+    assert!(!publish(
+        &api,
+        Some(&seen),
+        built(),
+        Some(owned_by_namespace(&tenant()))
+    )
+    .await
+    .expect("publish"));
     assert!(requests.lock().expect("log").is_empty());
 }
 
@@ -77,9 +85,14 @@ async fn a_changed_spec_a_removed_label_or_no_object_is_written_by_server_side_a
         let (client, requests) = fake_api::client();
         let api: Api<FirewallConfiguration> = Api::namespaced(client, "liqo-tenant-alpha");
         assert!(
-            publish(&api, seen.as_ref(), &object)
-                .await
-                .expect("publish"),
+            publish(
+                &api,
+                seen.as_ref(),
+                built(),
+                Some(owned_by_namespace(&tenant()))
+            )
+            .await
+            .expect("publish"),
             "{case}"
         );
         let requests = requests.lock().expect("log").clone();
