@@ -147,7 +147,7 @@ fn tier_block_ranges(b: &IpBlock) -> Vec<String> {
         .table
         .sets
         .iter()
-        .find(|s| s.name.ends_with("_far"))
+        .find(|s| s.name.starts_with("far_"))
         .unwrap();
     far.elements.iter().map(|e| e.key.clone()).collect()
 }

@@ -142,6 +142,83 @@ impl<R: Runner> NftBackend<R> {
         listing.table(family, name).unwrap_or_default()
     }
 
+    /// Whether the ended-connections table is in use and `desired` takes its name.
+    fn reserved_clash(&self, desired: &[RenderedTable]) -> Result<(), NftError> {
+        let in_use = self.ended.is_some() && self.ended_in_use && !desired.is_empty();
+        if in_use && desired.iter().any(|t| t.name == ended::ENDED_TABLE) {
+            return Err(NftError::Reserved(ended::ENDED_TABLE.into()));
+        }
+        Ok(())
+    }
+
+    /// The tables installed for the policy's `desired` (checked by [`Self::reserved_clash`]):
+    /// each with the emergency switch as last read (`allow_all`), and the ended-connections
+    /// table where it is in use (true: added, last).
+    fn complete(&self, desired: Vec<RenderedTable>) -> (Vec<RenderedTable>, bool) {
+        let mut desired: Vec<RenderedTable> = desired
+            .into_iter()
+            .map(|t| switch::with_switch(t, self.allow_all))
+            .collect();
+        let mut added = false;
+        if let Some(secs) = self
+            .ended
+            .filter(|_| self.ended_in_use && !desired.is_empty())
+        {
+            desired.push(switch::with_switch(ended::table(secs), self.allow_all));
+            added = true;
+        }
+        (desired, added)
+    }
+
+    /// Apply `desired` when it changes only set elements of the tables this process applied
+    /// (the same tables, each of the same structure, [`plan::elements_only`]): one transaction
+    /// planned from what was applied, without listing the kernel (at a thousand
+    /// NetworkPolicies the listing costs far more than the change) nor snapshotting it after
+    /// (a snapshot holds no elements). `Err(desired)` when the change is more than that, when
+    /// nothing changes (the full path checks the kernel still holds the tables) or when the
+    /// kernel refuses the transaction (a table deleted or replaced behind this process's
+    /// back): the full path lists the kernel and plans against it.
+    fn apply_elements_only(
+        &mut self,
+        desired: Vec<RenderedTable>,
+    ) -> Result<ApplyReport, Vec<RenderedTable>> {
+        // A reserved name: the full path reports it.
+        if self.applied.is_empty() || self.reserved_clash(&desired).is_err() {
+            return Err(desired);
+        }
+        let (completed, added) = self.complete(desired);
+        let report = match plan::elements_only(&self.applied, &completed) {
+            Some(plan) if !plan.commands.is_empty() => {
+                let mut report = plan.report;
+                report.over_netlink = self.nft.edits_elements_over_netlink()
+                    && netlink::element_edits(&plan.commands).is_some();
+                match self.nft.transaction(&plan.commands) {
+                    Ok(()) => Some(report),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "element changes refused; planning against the kernel");
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
+        match report {
+            Some(report) => {
+                for t in completed {
+                    self.applied.insert(t.name.clone(), t);
+                }
+                Ok(report)
+            }
+            None => {
+                let mut back = completed;
+                if added {
+                    back.pop();
+                }
+                Err(back)
+            }
+        }
+    }
+
     /// The runner.
     pub fn nft(&self) -> &R {
         &self.nft
@@ -169,13 +246,16 @@ impl<R: Runner> NftBackend<R> {
         // What the first apply writes is known: the first element comparison waits its turn
         // instead of blocking the changes that follow a start.
         self.last_full_check.get_or_insert(now);
+        // A change of set elements only (a pod relabelled, created or deleted under a
+        // NetworkPolicy tier whose sets are named by their selectors): planned from what
+        // this process applied, the kernel not listed.
+        let desired = match self.apply_elements_only(desired) {
+            Ok(report) => return Ok(report),
+            Err(desired) => desired,
+        };
         let listing = self.nft.list_ruleset_terse()?;
         // The emergency switch stays on through new policies.
         self.allow_all = switch::is_on(&listing);
-        let mut desired: Vec<RenderedTable> = desired
-            .into_iter()
-            .map(|t| switch::with_switch(t, self.allow_all))
-            .collect();
         // The agent (which ends connections), before its first policy: no TCP connection
         // picked up mid-stream (conntrack makes such a segment `invalid`, as the reference
         // and the bpf datapath do). Where the switch is read-only (a container), the ended
@@ -193,15 +273,8 @@ impl<R: Runner> NftBackend<R> {
         self.ended_in_use |= listing
             .table(ir::TableFamily::Inet, ended::ENDED_TABLE)
             .is_some();
-        if let Some(secs) = self
-            .ended
-            .filter(|_| self.ended_in_use && !desired.is_empty())
-        {
-            if desired.iter().any(|t| t.name == ended::ENDED_TABLE) {
-                return Err(NftError::Reserved(ended::ENDED_TABLE.into()));
-            }
-            desired.push(switch::with_switch(ended::table(secs), self.allow_all));
-        }
+        self.reserved_clash(&desired)?;
+        let (desired, _) = self.complete(desired);
         let kernel = listing.kernel_tables();
         let plan = plan::plan(&self.applied, &desired, &kernel, &[])?;
         let mut report = plan.report;

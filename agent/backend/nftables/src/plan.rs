@@ -59,6 +59,36 @@ pub fn element_commands<'a>(new: &'a Table, old: &Table) -> Vec<Command<'a>> {
     dels
 }
 
+/// The transaction turning `applied` into `desired` when that changes set elements only: the
+/// same tables, each of the same structure ([`Table::same_structure`]). Planned from `applied`
+/// alone (the kernel is assumed to hold it, and a transaction on a table that is gone fails
+/// whole); None for any other change, which [`plan`] decides against the kernel.
+pub fn elements_only<'a>(
+    applied: &BTreeMap<String, Table>,
+    desired: &'a [Table],
+) -> Option<Plan<'a>> {
+    if desired.len() != applied.len() {
+        return None;
+    }
+    let mut plan = Plan::default();
+    for t in desired {
+        let old = applied.get(&t.name)?;
+        if !old.same_structure(t) {
+            return None;
+        }
+        let cmds = element_commands(t, old);
+        if cmds.is_empty() {
+            plan.report.kept.push(t.name.clone());
+        } else {
+            plan.report.element_changes += cmds.iter().map(Command::element_count).sum::<usize>();
+            plan.commands.extend(cmds);
+            plan.report.updated.push(t.name.clone());
+        }
+    }
+    plan.report.changed = !plan.commands.is_empty();
+    Some(plan)
+}
+
 /// Plan the transaction turning `applied` (what this process installed, by table name) into
 /// `desired`, given the tables in the kernel (`kernel`). Tables named in `trusted` are ours even
 /// if their marker was removed (drift repair).

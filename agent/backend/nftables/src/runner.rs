@@ -188,6 +188,7 @@ struct FakeState {
     tables: BTreeMap<(&'static str, String), Table>,
     foreign: BTreeSet<(String, String)>,
     transactions: usize,
+    listings: usize,
 }
 
 fn failed(action: &str, why: &str) -> NftError {
@@ -359,6 +360,11 @@ impl FakeNft {
         self.with(|s| s.transactions)
     }
 
+    /// Rulesets listed so far (terse or whole).
+    pub fn listings(&self) -> usize {
+        self.with(|s| s.listings)
+    }
+
     /// Names of the tables in the fake kernel (ours and foreign).
     pub fn tables(&self) -> Vec<String> {
         self.with(|s| {
@@ -393,11 +399,17 @@ impl Runner for FakeNft {
     }
 
     fn list_ruleset_terse(&self) -> Result<Listing, NftError> {
-        self.with(|s| s.ruleset(false))
+        self.with(|s| {
+            s.listings += 1;
+            s.ruleset(false)
+        })
     }
 
     fn list_ruleset(&self) -> Result<Listing, NftError> {
-        self.with(|s| s.ruleset(true))
+        self.with(|s| {
+            s.listings += 1;
+            s.ruleset(true)
+        })
     }
 
     fn list_set(&self, family: &str, table: &str, set: &str) -> Result<Listing, NftError> {

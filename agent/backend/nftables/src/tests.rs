@@ -56,6 +56,43 @@ fn a_pod_more_is_one_element_in_place() {
 }
 
 #[test]
+fn an_element_change_is_planned_from_what_was_applied_without_listing_the_kernel() {
+    let mut b = NftBackend::new(FakeNft::new());
+    b.apply(&policy(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]))
+        .unwrap();
+    let (listed, sent) = (b.nft().listings(), b.nft().transactions());
+    let r = b
+        .apply(&policy(&[("a", &["10.0.0.7"]), ("b", &["10.0.0.2"])]))
+        .unwrap();
+    assert_eq!(
+        (r.updated.clone(), r.kept.clone()),
+        (vec!["a".into()], vec!["b".into()])
+    );
+    assert_eq!(r.element_changes, 2, "{r:?}");
+    assert_eq!(b.nft().listings(), listed, "the kernel is not listed");
+    assert_eq!(b.nft().transactions(), sent + 1);
+    let t = b.nft().table(ir::TableFamily::Inet, "a").unwrap();
+    assert_eq!(format!("{:?}", t.sets[0].elements), "[Addr(10.0.0.7)]");
+    // What it applied is what the next change is planned from.
+    b.apply(&policy(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]))
+        .unwrap();
+    assert_eq!(b.nft().transactions(), sent + 2);
+    assert!(b.drift().unwrap().is_empty());
+}
+
+#[test]
+fn an_element_change_to_a_table_gone_behind_our_back_recreates_it() {
+    let mut b = NftBackend::new(FakeNft::new());
+    b.apply(&policy(&[("a", &["10.0.0.1"])])).unwrap();
+    b.nft().delete_behind_our_back(ir::TableFamily::Inet, "a");
+    let r = b
+        .apply(&policy(&[("a", &["10.0.0.1", "10.0.0.7"])]))
+        .unwrap();
+    assert_eq!(r.recreated, ["a"], "{r:?}");
+    assert_eq!(pods(&b, "a"), 2);
+}
+
+#[test]
 fn foreign_tables_are_refused_and_nothing_changes() {
     let fake = FakeNft::new();
     fake.add_foreign(ir::TableFamily::Inet, "a");

@@ -1,0 +1,87 @@
+//! The pods whose traffic crosses a gateway, indexed for selectors: by namespace, and within
+//! it by *label class* (the pods whose labels are identical: a Deployment's replicas, a Job's
+//! pods). A selector is matched once per class, not once per pod, which is what makes the
+//! tier's cost follow the number of distinct label sets rather than of pods.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use super::super::{Cluster, Peer, Pod, Selector};
+
+/// The pods of one namespace with one set of labels (indexes into [`Index::pods`]).
+struct Class<'a> {
+    labels: &'a BTreeMap<String, String>,
+    pods: Vec<usize>,
+}
+
+/// Pods by namespace and label class.
+pub(super) struct Index<'a> {
+    /// The crossing pods; every index of this module points into it.
+    pub(super) pods: Vec<&'a Pod>,
+    by_ns: HashMap<&'a str, Vec<Class<'a>>>,
+}
+
+impl<'a> Index<'a> {
+    pub(super) fn new(pods: Vec<&'a Pod>) -> Self {
+        let mut by_ns: HashMap<&str, Vec<Class>> = HashMap::new();
+        let mut class_of: HashMap<(&str, &BTreeMap<String, String>), usize> = HashMap::new();
+        for (i, p) in pods.iter().enumerate() {
+            let classes = by_ns.entry(p.namespace.as_str()).or_default();
+            let k = *class_of
+                .entry((p.namespace.as_str(), &p.labels))
+                .or_insert_with(|| {
+                    classes.push(Class {
+                        labels: &p.labels,
+                        pods: Vec::new(),
+                    });
+                    classes.len() - 1
+                });
+            classes[k].pods.push(i);
+        }
+        Self { pods, by_ns }
+    }
+
+    /// The pods of namespace `ns` that `sel` selects.
+    pub(super) fn selected(&self, ns: &str, sel: &Selector) -> BTreeSet<usize> {
+        self.by_ns
+            .get(ns)
+            .into_iter()
+            .flatten()
+            .filter(|c| sel.matches(c.labels))
+            .flat_map(|c| c.pods.iter().copied())
+            .collect()
+    }
+
+    /// The pods the pod peers of a policy in `ns` select (its `ipBlock`s select none here).
+    pub(super) fn peer_pods(&self, cluster: &Cluster, ns: &str, peers: &[Peer]) -> BTreeSet<usize> {
+        let mut out = BTreeSet::new();
+        for peer in peers {
+            let Peer::Pods { namespaces, pods } = peer else {
+                continue;
+            };
+            // The namespaces the peer can select: its policy's, or those its selector matches
+            // ([`Cluster::peer_selects_pod`], one namespace at a time).
+            let candidates: Vec<&Vec<Class>> = match namespaces {
+                None => self.by_ns.get(ns).into_iter().collect(),
+                Some(sel) => self
+                    .by_ns
+                    .iter()
+                    .filter(|(n, _)| {
+                        cluster
+                            .namespaces
+                            .get(**n)
+                            .is_some_and(|labels| sel.matches(labels))
+                    })
+                    .map(|(_, v)| v)
+                    .collect(),
+            };
+            for classes in candidates {
+                for c in classes {
+                    if pods.as_ref().is_none_or(|s| s.matches(c.labels)) {
+                        out.extend(c.pods.iter().copied());
+                    }
+                }
+            }
+        }
+        out
+    }
+}

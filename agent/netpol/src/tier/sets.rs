@@ -1,0 +1,217 @@
+//! The tier's named sets: address lists as set keys ([`Addrs`]), and one set per
+//! *definition* ([`Registry`]).
+//!
+//! A set is named after what decides its contents (the selector, the peers, the side of the
+//! gateway, a named port), never after a policy's position or the addresses it holds, as
+//! Calico names its ipsets after their selectors. So a pod relabelled, created or deleted
+//! changes the elements of the sets whose selectors it enters or leaves and nothing else of
+//! the table: the backends apply that as element changes (nftables' plan keeps a table whose
+//! structure is unchanged), not as a new table. Rules that select by the same definition
+//! share its set, which is computed once.
+
+use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
+
+use peerwall_intent::types as api;
+
+/// An address as a number of its family.
+pub(super) fn to_u128(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+/// An address range of one family, as a set element key.
+fn range_key(lo: u128, hi: u128, v4: bool) -> String {
+    let show = |v: u128| -> IpAddr {
+        if v4 {
+            IpAddr::V4(std::net::Ipv4Addr::from(v as u32))
+        } else {
+            IpAddr::V6(std::net::Ipv6Addr::from(v))
+        }
+    };
+    if lo == hi {
+        show(lo).to_string()
+    } else {
+        format!("{}-{}", show(lo), show(hi))
+    }
+}
+
+/// Addresses of one family: single addresses and ranges, as set keys (sorted, unique).
+#[derive(Clone, Default)]
+pub(super) struct Addrs {
+    v4: BTreeSet<(u128, u128)>,
+    v6: BTreeSet<(u128, u128)>,
+}
+
+impl Addrs {
+    pub(super) fn add_ip(&mut self, ip: IpAddr) {
+        let v = to_u128(ip);
+        self.side(ip.is_ipv4()).insert((v, v));
+    }
+    pub(super) fn side(&mut self, v4: bool) -> &mut BTreeSet<(u128, u128)> {
+        if v4 {
+            &mut self.v4
+        } else {
+            &mut self.v6
+        }
+    }
+    fn of(&self, v4: bool) -> &BTreeSet<(u128, u128)> {
+        if v4 {
+            &self.v4
+        } else {
+            &self.v6
+        }
+    }
+    /// Set keys, overlapping entries merged (an nftables interval set refuses overlaps).
+    pub(super) fn keys(&self, v4: bool) -> Vec<String> {
+        let mut merged: Vec<(u128, u128)> = Vec::new();
+        for &(lo, hi) in self.of(v4) {
+            match merged.last_mut() {
+                Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+                _ => merged.push((lo, hi)),
+            }
+        }
+        merged
+            .into_iter()
+            .map(|(lo, hi)| range_key(lo, hi, v4))
+            .collect()
+    }
+}
+
+/// What a set holds: the pods a policy applies to, or the far end of its rules.
+#[derive(Clone, Copy)]
+pub(super) enum Role {
+    /// The policy's own pods (a chain's `own` position; also the isolation drops).
+    Own,
+    /// A rule's peers (the `far` position).
+    Far,
+}
+
+impl Role {
+    fn word(self) -> &'static str {
+        match self {
+            Self::Own => "own",
+            Self::Far => "far",
+        }
+    }
+}
+
+/// The set names of one definition, IPv4 then IPv6; None where that family holds nothing
+/// (the rule that would look it up could match nothing, and is left out).
+pub(super) type Names = [Option<String>; 2];
+
+/// The tier's sets by definition: each definition's addresses computed once, its sets named
+/// `<role>[6]_<64-bit FNV-1a of the definition>`. The name is a function of the definition
+/// alone, so it survives every change of contents and of the policies around it; two
+/// definitions whose hashes collide (policies are written by namespace users, and FNV is no
+/// defence against a chosen collision) are told apart by the full definition kept beside
+/// each name, the later one suffixed: a set is never shared by two definitions.
+#[derive(Default)]
+pub(super) struct Registry {
+    by_def: HashMap<String, Names>,
+    owner: HashMap<String, String>,
+    sets: Vec<api::Set>,
+}
+
+/// 64-bit FNV-1a: stable across processes, releases and platforms (the controller's names
+/// must not change when it restarts or is upgraded, or every gateway's table would be rebuilt).
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+impl Registry {
+    /// The names of `def`'s sets, if they were made already.
+    pub(super) fn known(&self, def: &str) -> Option<&Names> {
+        self.by_def.get(def)
+    }
+
+    /// Make `def`'s sets from `addrs` (a family without addresses gets none).
+    pub(super) fn add(&mut self, role: Role, def: String, addrs: &Addrs) -> Names {
+        let hash = fnv1a(&def);
+        let names = [true, false].map(|v4| {
+            let keys = addrs.keys(v4);
+            if keys.is_empty() {
+                return None;
+            }
+            let fam = if v4 { "" } else { "6" };
+            let base = format!("{}{fam}_{hash:016x}", role.word());
+            let mut name = base.clone();
+            let mut n = 1;
+            while self.owner.contains_key(&name) {
+                n += 1;
+                name = format!("{base}_{n}");
+            }
+            self.owner.insert(name.clone(), format!("{def}|{fam}"));
+            self.sets.push(api::Set {
+                from_address_sets: false,
+                name: name.clone(),
+                key_type: Some(if v4 {
+                    api::SetDataType::Ipv4Addr
+                } else {
+                    api::SetDataType::Ipv6Addr
+                }),
+                data_type: None,
+                elements: keys
+                    .into_iter()
+                    .map(|key| api::SetElement { key, data: None })
+                    .collect(),
+            });
+            Some(name)
+        });
+        self.by_def.insert(def, names.clone());
+        names
+    }
+
+    /// The sets made, in the order they were first used.
+    pub(super) fn into_sets(self) -> Vec<api::Set> {
+        self.sets
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn one(ip: &str) -> Addrs {
+        let mut a = Addrs::default();
+        a.add_ip(ip.parse().unwrap());
+        a
+    }
+
+    #[test]
+    fn a_definition_names_its_sets_whatever_they_hold() {
+        let mut a = Registry::default();
+        let mut b = Registry::default();
+        let x = a.add(Role::Far, "far|team=t1".into(), &one("10.0.0.1"));
+        let y = b.add(Role::Far, "far|team=t1".into(), &one("10.0.0.2"));
+        assert_eq!(x, y);
+        assert!(x[0].as_deref().is_some_and(|n| n.starts_with("far_")));
+        assert_eq!(x[1], None, "no IPv6 address, no IPv6 set");
+    }
+
+    #[test]
+    fn colliding_hashes_never_share_a_set() {
+        let mut r = Registry::default();
+        let x = r.add(Role::Own, "a".into(), &one("10.0.0.1"));
+        let base = format!("own_{:016x}", fnv1a("a"));
+        assert_eq!(x[0].as_deref(), Some(base.as_str()));
+        // A second definition on the same name, as a chosen collision would put it (the
+        // memo forgotten, so the registry meets the name as taken by another definition).
+        r.by_def.clear();
+        let y = r.add(Role::Own, "a".into(), &one("10.0.0.2"));
+        assert_eq!(y[0].as_deref(), Some(format!("{base}_2").as_str()));
+        assert_eq!(r.into_sets().len(), 2);
+    }
+
+    #[test]
+    fn fnv1a_is_the_published_function() {
+        // Test vectors of the FNV reference (draft-eastlake-fnv).
+        assert_eq!(fnv1a(""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a("a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(fnv1a("foobar"), 0x8594_4171_f739_67e8);
+    }
+}

@@ -1,0 +1,97 @@
+//! The tier's structure under label changes: a pod entering or leaving selectors changes the
+//! elements of the sets those selectors define, never the sets' names or the chains, so the
+//! backends apply it as element changes.
+
+use std::collections::BTreeSet;
+use std::net::IpAddr;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::super::testing::*;
+use super::super::Cluster;
+use super::tier;
+
+/// Every pod of `c` twice (a second replica with the same labels), so that a relabel rarely
+/// empties a selector.
+fn with_replicas(c: &mut Cluster) {
+    let replicas: Vec<_> = c
+        .pods
+        .iter()
+        .map(|p| {
+            let mut r = p.clone();
+            r.name = format!("{}-2", p.name);
+            r.ips = p
+                .ips
+                .iter()
+                .map(|ip| match ip {
+                    IpAddr::V4(a) => {
+                        let [x, y, z, w] = a.octets();
+                        IpAddr::from([x, y, z, w + 100])
+                    }
+                    v6 => *v6,
+                })
+                .collect();
+            r
+        })
+        .collect();
+    c.pods.extend(replicas);
+}
+
+fn names(t: &peerwall_intent::types::Table) -> BTreeSet<String> {
+    t.sets.iter().map(|s| s.name.clone()).collect()
+}
+
+#[test]
+fn a_relabelled_pod_changes_set_elements_and_nothing_else() {
+    let mut rng = StdRng::seed_from_u64(58);
+    let (mut tries, mut same_sets, mut elements_changed) = (0, 0, 0);
+    for round in 0..400 {
+        let mut c = random_cluster(&mut rng);
+        if round % 2 == 0 {
+            c.cluster_policies = random_cluster_policies(&mut rng);
+        }
+        with_replicas(&mut c);
+        let before = tier(&c, "peer1", false).spec.table;
+        let k = rng.random_range(0..c.pods.len());
+        let was = c.pods[k].labels.get("pod").cloned().unwrap_or_default();
+        let others: Vec<&str> = ["a", "b", "c"].into_iter().filter(|v| *v != was).collect();
+        let to = others[rng.random_range(0..others.len())];
+        c.pods[k].labels.insert("pod".into(), to.into());
+        let after = tier(&c, "peer1", false).spec.table;
+        tries += 1;
+        // A selector emptied or filled adds or removes its sets and the rules over them.
+        if names(&before) != names(&after) {
+            continue;
+        }
+        same_sets += 1;
+        assert_eq!(
+            serde_json::to_value(&before.chains).unwrap(),
+            serde_json::to_value(&after.chains).unwrap(),
+            "pod {} relabelled pod={to}: the chains changed with the same sets",
+            c.pods[k].key()
+        );
+        if before.sets != after.sets {
+            elements_changed += 1;
+        }
+    }
+    // Most relabels keep every set (the name follows the definition, not the contents or the
+    // sharing of equal contents), and many of them move addresses between sets.
+    assert!(
+        same_sets * 10 >= tries * 7 && elements_changed * 4 >= same_sets,
+        "{tries} relabels: {same_sets} kept every set, {elements_changed} of them changed elements"
+    );
+}
+
+#[test]
+fn a_set_is_named_by_its_selector_not_by_its_policys_place() {
+    let mut c = random_cluster(&mut StdRng::seed_from_u64(3));
+    let before = names(&tier(&c, "peer1", false).spec.table);
+    // A policy sorting before every other, selecting nothing here: every other name stays.
+    let mut p = policy("a-first", "np", sel(&[("pod", "nobody")]));
+    p.ingress = Some(vec![]);
+    c.policies.push(p);
+    let after = names(&tier(&c, "peer1", false).spec.table);
+    assert!(!before.is_empty());
+    assert_eq!(before, after);
+}
