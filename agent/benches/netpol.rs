@@ -7,8 +7,11 @@
 //! - **compile**: the tier's FirewallConfiguration to the policy IR (what the agent does);
 //! - **full apply**: the compiled tier into an empty namespace, per backend;
 //! - **one label change**: a remote pod relabelled so that it leaves one policy's peers and
-//!   joins another's: tier + compile + apply of the result, per backend (the API server's and
-//!   the watches' share is not in it: `bench-control` measures that path for pod addresses);
+//!   joins another's: tier + compile + apply of the result, per backend, the apply as the
+//!   agent's kube source makes it (the sets whose inline elements alone changed edited in
+//!   place and the backend's set update; the whole policy where more changed). The API
+//!   server's and the watches' share is not in it: `bench-control` measures that path for pod
+//!   addresses;
 //! - **limit**: the smallest kernel change nftables can make, one element added to one set
 //!   by `nft` in the same namespace, measured in the same run.
 //!
@@ -23,6 +26,7 @@ use std::time::{Duration, Instant};
 use peerwall::netpol::{self, Cluster, Protocol};
 use peerwall_backend_select::{BackendKind, Settings};
 use peerwall_netns::NetNs;
+use peerwall_policy::sliced::Sliced;
 
 #[path = "shared/np_cluster.rs"]
 mod np_cluster;
@@ -45,20 +49,24 @@ fn ms(d: Duration) -> String {
     format!("{:.1}", d.as_secs_f64() * 1e3)
 }
 
-/// The tier's FirewallConfiguration compiled to the IR, as the agent compiles it.
-fn compile(
+/// The tier's FirewallConfiguration as the agent reads it.
+fn objects(
     spec: &peerwall_intent::types::FirewallConfigurationSpec,
-) -> peerwall_policy::ir::Policy {
+) -> Vec<peerwall_intent::PolicyObject> {
     let doc = serde_json::json!({
         "apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
         "metadata": {"name": netpol::tier::TIER_CONFIG, "namespace": "liqo-tenant-p1"},
         "spec": spec,
     });
-    let obj = peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
-        .expect("the tier loads");
-    peerwall_policy::compile::compile(&[obj])
-        .expect("the tier compiles")
-        .policy
+    vec![
+        peerwall_intent::load::object_from_json(doc, peerwall_intent::load::Group::Peerwall)
+            .expect("the tier loads"),
+    ]
+}
+
+/// The tier's FirewallConfiguration compiled to the IR, as the agent compiles it.
+fn compile(objs: &[peerwall_intent::PolicyObject]) -> peerwall_policy::compile::Compiled {
+    peerwall_policy::compile::compile(objs).expect("the tier compiles")
 }
 
 /// Peak resident memory of this process so far, MiB.
@@ -117,12 +125,14 @@ fn main() {
         let t = netpol::tier::tier(&c, PEER, false);
         tier_times.push(t0.elapsed());
         let t1 = Instant::now();
-        let _ = compile(&t.spec);
+        let _ = compile(&objects(&t.spec));
         compile_times.push(t1.elapsed());
         spec = Some(t.spec);
     }
     let spec = spec.expect("one round");
-    let policy = compile(&spec);
+    let objs = objects(&spec);
+    let compiled = compile(&objs);
+    let policy = compiled.policy.clone();
     let sets = spec.table.sets.len();
     let elements: usize = spec.table.sets.iter().map(|s| s.elements.len()).sum();
     let rules: Vec<usize> = spec
@@ -180,17 +190,31 @@ fn main() {
             let t0 = Instant::now();
             e.apply(&policy).expect("full apply");
             full.push(t0.elapsed());
-            // One label change: controller (tier) + agent (compile, apply).
+            // One label change: controller (tier) + agent (compile, then what its kube
+            // source does: the inline elements that alone changed edited in place, and the
+            // backend's set update; the whole policy where more changed).
             let mut changed = c.clone();
             relabel(&mut changed, r);
             let t1 = Instant::now();
             let t = netpol::tier::tier(&changed, PEER, false);
-            let p = compile(&t.spec);
+            let new_objs = objects(&t.spec);
+            let new_compiled = compile(&new_objs);
+            // What the agent holds in force (outside the time: it keeps it between rounds).
+            let (mut sliced, _) = Sliced::new(compiled.clone(), &[]);
             let t2 = Instant::now();
-            let report = e.apply(&p).expect("apply after the label change");
+            let edits = peerwall_intent::elements::inline_element_changes(&objs, &new_objs)
+                .and_then(|sets| sliced.replace_inline(&new_compiled, &sets));
+            let report = match edits {
+                Some(changes) => e
+                    .update_sets(sliced.policy(), &changes)
+                    .expect("set update after the label change"),
+                None => e
+                    .apply(&new_compiled.policy)
+                    .expect("apply after the label change"),
+            };
             change_apply.push(t2.elapsed());
-            change_as = report.summary;
             change_total.push(t1.elapsed());
+            change_as = report.summary;
             // Back to the original for the next round.
             e.apply(&policy).expect("restore");
         }

@@ -7,6 +7,7 @@
 
 pub mod binding;
 pub mod changes;
+pub mod elements;
 pub mod labels;
 pub mod load;
 pub mod located;

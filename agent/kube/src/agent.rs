@@ -235,8 +235,9 @@ impl Agent {
         }
     }
 
-    /// Put `desired` in force: only the slices' elements in place (O(changes)) when the rules
-    /// and the host are unchanged, else the whole policy with every slice merged.
+    /// Put `desired` in force: only set elements in place (O(changes)) when the rules and the
+    /// host are unchanged (the slices' elements, and inline elements that alone changed), else
+    /// the whole policy with every slice merged.
     fn enforce(
         &mut self,
         enforcement: &mut Enforcement,
@@ -248,10 +249,22 @@ impl Agent {
         )],
         started: std::time::Instant,
     ) -> Result<(), crate::enforcement::EnforceError> {
-        let rules_unchanged = self.enforced.as_deref() == Some(desired);
-        match self.sliced.as_mut() {
-            Some(sliced) if rules_unchanged && !enforcement.environment_changed() => {
-                let mut changes = Vec::new();
+        // Objects that changed only inline set elements (a NetworkPolicy tier after a pod
+        // relabel) are edited in place like slices; anything else applies the whole policy.
+        let inline = match (self.sliced.as_mut(), self.enforced.as_deref()) {
+            (Some(sliced), Some(old)) if !enforcement.environment_changed() => {
+                peerwall_intent::elements::inline_element_changes(old, desired).and_then(|sets| {
+                    if sets.is_empty() {
+                        Some(Vec::new())
+                    } else {
+                        sliced.replace_inline(&settled.compiled, &sets)
+                    }
+                })
+            }
+            _ => None,
+        };
+        match (self.sliced.as_mut(), inline) {
+            (Some(sliced), Some(mut changes)) => {
                 for (origin, slice) in slice_changes {
                     let (c, issue) = sliced.update(origin, slice.as_ref());
                     changes.extend(c);
@@ -270,7 +283,7 @@ impl Agent {
                         })
                 })
             }
-            _ => {
+            (_, _) => {
                 let (sliced, issues) = Sliced::new(settled.compiled.clone(), &self.slices.merged());
                 self.slice_issues = issues;
                 let r = tokio::task::block_in_place(|| {

@@ -361,6 +361,55 @@ impl Sliced {
         (self.edit(&table, &set, &ops).into_iter().collect(), None)
     }
 
+    /// Take the new inline elements of `sets` (object origin, set name) from `new`, the
+    /// compilation of objects that differ from this one's only there
+    /// ([`peerwall_intent::elements::inline_element_changes`]): each set edited in place, with
+    /// the changes to make in the kernel. None, with nothing changed, when a set is not an
+    /// address set of both compilations, takes slices, or changes family, or when the
+    /// compilations' warnings differ: then the caller compiles and applies the whole policy.
+    pub fn replace_inline(
+        &mut self,
+        new: &Compiled,
+        sets: &[(Origin, String)],
+    ) -> Option<Vec<SetChange>> {
+        if new.warnings != self.compiled.warnings {
+            return None;
+        }
+        let mut edits = Vec::new();
+        for (origin, set) in sets {
+            let table = self
+                .compiled
+                .policy
+                .tables
+                .iter()
+                .find(|t| t.origin == *origin)?;
+            if self
+                .members
+                .contains_key(&(table.name.clone(), set.clone()))
+            {
+                return None;
+            }
+            let was = self.compiled.policy.addr_set(&table.name, set)?;
+            let now = new.policy.addr_set(&table.name, set)?;
+            if was.family() != now.family() {
+                return None;
+            }
+            let (added, removed) = sorted_diff(was.ranges(), now.ranges());
+            let ops: Vec<SetOp> = removed
+                .into_iter()
+                .map(SetOp::Remove)
+                .chain(added.into_iter().map(SetOp::Add))
+                .collect();
+            edits.push((table.name.clone(), set.clone(), ops));
+        }
+        Some(
+            edits
+                .into_iter()
+                .filter_map(|(table, set, ops)| self.edit(&table, &set, &ops))
+                .collect(),
+        )
+    }
+
     /// Take a merged slice's addresses out of its set.
     fn withdraw(&mut self, origin: &Origin) -> Vec<SetChange> {
         let Some(old) = self.merged.remove(origin) else {

@@ -194,3 +194,64 @@ proptest! {
         }
     }
 }
+
+/// [`FWC`] with `fixed` holding `elements` and a rule testing it (so the rule holds a copy).
+fn with_fixed(elements: &[String]) -> Compiled {
+    let elems: String = elements
+        .iter()
+        .map(|e| format!("{{key: \"{e}\"}},"))
+        .collect();
+    let doc = FWC
+        .replace("elements: [{key: 10.9.0.1}]", &format!("elements: [{elems}]"))
+        .replace(
+            "          action: accept\n",
+            "          action: accept\n        - name: from_fixed\n          match: [{op: eq, ip: {value: \"@fixed\", position: src}}]\n          action: accept\n",
+        );
+    compile::compile(&peerwall_intent::load::parse_documents(&doc, "t").unwrap()).unwrap()
+}
+
+proptest! {
+    /// An inline set edited in place ends as the whole compilation of the new objects would
+    /// have it, the rule's copy included, and the changes turn the old contents into the new.
+    #[test]
+    fn inline_elements_replaced_in_place_equal_a_full_compilation(
+        old in proptest::collection::vec(0u8..12, 1..8),
+        new in proptest::collection::vec(0u8..12, 1..8),
+    ) {
+        let item = |k: &u8| match k {
+            0..=7 => format!("10.9.0.{k}"),
+            8 => "10.9.0.0/30".to_string(),
+            9 => "10.9.0.4-10.9.0.6".to_string(),
+            _ => format!("10.9.1.{k}"),
+        };
+        let old: Vec<String> = old.iter().map(item).collect();
+        let new: Vec<String> = new.iter().map(item).collect();
+        let slices = [slice("a", "pods", &["10.0.1.1"])];
+        let (mut s, _) = Sliced::new(with_fixed(&old), &slices);
+        let before = s.policy().addr_set("gw", "fixed").unwrap().clone();
+        let changes = s
+            .replace_inline(&with_fixed(&new), &[(Origin("tenant/gw".into()), "fixed".into())])
+            .unwrap();
+        let (full, _) = Sliced::new(with_fixed(&new), &slices);
+        prop_assert_eq!(s.policy(), full.policy());
+        // The changes, applied to the old contents, give the new.
+        let mut ranges: std::collections::BTreeSet<AddrRange> = before.ranges().iter().copied().collect();
+        for c in &changes {
+            for r in &c.edit.removed {
+                prop_assert!(ranges.remove(r));
+            }
+            ranges.extend(c.edit.added.iter().copied());
+        }
+        let want: Vec<AddrRange> = full.policy().addr_set("gw", "fixed").unwrap().ranges().to_vec();
+        prop_assert_eq!(ranges.into_iter().collect::<Vec<_>>(), want);
+    }
+}
+
+#[test]
+fn a_set_slices_fill_is_not_replaced_inline() {
+    let (mut s, _) = Sliced::new(compiled(), &[]);
+    assert_eq!(
+        s.replace_inline(&compiled(), &[(Origin("tenant/gw".into()), "pods".into())]),
+        None
+    );
+}
