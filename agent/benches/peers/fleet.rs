@@ -33,11 +33,13 @@ pub struct Seen {
 
 impl Seen {
     /// Enforced at: the allowed pod reached after the denied address last was, once the
-    /// denied address stayed unreached for `quiet`.
+    /// allowed pod has been reached for `quiet` with the denied address unreached meanwhile
+    /// (a denied datagram resets `allowed_since`). Not sooner: the two datagrams of one round
+    /// arrive one after the other, and between them the allowed one alone would look like a
+    /// policy in force.
     pub fn enforced(&self, quiet: Duration) -> Option<Instant> {
         let at = self.allowed_since?;
-        self.denied_last
-            .is_none_or(|d| d.elapsed() >= quiet)
+        (at.elapsed() >= quiet && self.denied_last.is_none_or(|d| d.elapsed() >= quiet))
             .then_some(at)
     }
 }
@@ -137,8 +139,28 @@ impl Probes {
                     .collect();
                 let _ = ready_tx.send(());
                 let mut buf = [0u8; 64];
+                // Blocked in poll(2) until a probe arrives (a harness that polled each socket
+                // in a loop would keep a core of the node it measures busy).
+                let mut fds: Vec<libc::pollfd> = socks
+                    .iter()
+                    .map(|s| libc::pollfd {
+                        fd: std::os::fd::AsRawFd::as_raw_fd(s),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    })
+                    .collect();
                 while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: `fds` holds valid descriptors of sockets that outlive the call.
+                    let ready =
+                        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 50) };
+                    if ready <= 0 {
+                        continue;
+                    }
                     for (i, s) in socks.iter().enumerate() {
+                        if fds[i].revents == 0 {
+                            continue;
+                        }
+                        fds[i].revents = 0;
                         while let Ok((n, _)) = s.recv_from(&mut buf) {
                             if n < 4 {
                                 continue;
@@ -156,7 +178,6 @@ impl Probes {
                             }
                         }
                     }
-                    std::thread::sleep(Duration::from_micros(500));
                 }
             })
         };

@@ -168,12 +168,54 @@ fn wait_enforced(probes: &Probes, which: &[usize], since: Instant, agent: &Proc)
     }
 }
 
+/// The longest the agent is given to settle before "one more gateway" is measured.
+const SETTLE_MAX: Duration = Duration::from_secs(30);
+
+/// Busy and total CPU time of the node so far (`/proc/stat`'s `cpu` line, clock ticks).
+fn node_cpu() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal …
+    let idle = f.get(3).copied().unwrap_or(0) + f.get(4).copied().unwrap_or(0);
+    let total: u64 = f.iter().take(8).sum();
+    (total.saturating_sub(idle), total)
+}
+
+/// Wait until the node has settled after the agent started its gateways (their first rounds,
+/// the status they write through the API server): its CPUs busy under a third over a second
+/// (the probes behind every tunnel included), at most [`SETTLE_MAX`]. Returns how long that
+/// took and how busy the node was over its last second.
+fn settle() -> (Duration, f64) {
+    let began = Instant::now();
+    let mut last = node_cpu();
+    let mut busy = 1.0;
+    while began.elapsed() < SETTLE_MAX {
+        std::thread::sleep(Duration::from_secs(1));
+        let now = node_cpu();
+        busy = now.0.saturating_sub(last.0) as f64 / now.1.saturating_sub(last.1).max(1) as f64;
+        last = now;
+        if busy < 1.0 / 3.0 {
+            break;
+        }
+    }
+    (began.elapsed(), busy)
+}
+
 /// One measurement's results.
 struct Row {
     backend: String,
     n: usize,
     /// Agent start → each of the N gateways enforced (sorted).
     start: Vec<Duration>,
+    /// All enforced → the agent settled ([`settle`]).
+    settled: Duration,
     /// One more gateway Running → enforced.
     one_more: Duration,
     rss_mib: f64,
@@ -248,6 +290,13 @@ fn measure(
         start.last().copied().unwrap_or_default(),
         start.first().copied().unwrap_or_default()
     );
+    // "Beside N running": once the agent has settled after starting them (their first
+    // rounds, status writes and stale-finalizer releases done), not in the middle of that.
+    let (settled, busy) = settle();
+    eprintln!(
+        "{backend:>8} N={n:<3} node settled {settled:?} after the last gateway ({:.0}% busy)",
+        busy * 100.0
+    );
     probes.reset(n);
     let at = rt.block_on(gateway_pod(client, n, &mut gws[n], &cgroups));
     let one_more = wait_enforced(&probes, &[n], at, &agent)[0];
@@ -275,6 +324,7 @@ fn measure(
         backend: backend.to_string(),
         n,
         start,
+        settled,
         one_more,
         rss_mib,
         memory,
@@ -293,20 +343,21 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
         .unwrap_or_default();
     let mut md = String::from("## Many peers on one node (`cargo xtask bench-peers`)\n\n");
     md.push_str(&format!(
-        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`, stopped once it published every peer's configuration and addresses (peak RSS {controller_rss:.0} MiB), so that what is measured is the node's agent; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod beside them turning Running. Setting up the peers took {:.0} s.\n\n",
+        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`, stopped once it published every peer's configuration and addresses (peak RSS {controller_rss:.0} MiB), so that what is measured is the node's agent; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod beside them turning Running, once the node has settled after the agent started them (their first rounds and the status they write through the API server: the node's CPUs under a third busy over a second, the probes included, at most 30 s; *settled*: how long after the last gateway was enforced). Setting up the peers took {:.0} s.\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         setup.as_secs_f64()
     ));
-    md.push_str("| backend | gateways N | start → first enforced | start → median | start → all enforced | one more gateway | agent peak RSS | kernel memory of one gateway |\n|---|---:|---:|---:|---:|---:|---:|---|\n");
+    md.push_str("| backend | gateways N | start → first enforced | start → median | start → all enforced | settled | one more gateway | agent peak RSS | kernel memory of one gateway |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
     for r in rows {
         let mid = r.start.get(r.start.len() / 2).copied().unwrap_or_default();
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {:.0} MiB | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.0} MiB | {} |\n",
             r.backend,
             r.n,
             ms(r.start.first().copied().unwrap_or_default()),
             ms(mid),
             ms(r.start.last().copied().unwrap_or_default()),
+            ms(r.settled),
             ms(r.one_more),
             r.rss_mib,
             r.memory.as_deref().unwrap_or("–"),
