@@ -93,6 +93,25 @@ fn an_element_change_to_a_table_gone_behind_our_back_recreates_it() {
 }
 
 #[test]
+fn a_tick_lists_the_ruleset_once_for_drift_and_counters() {
+    use peerwall_backend::{Enforce, Observe};
+    let mut b = NftBackend::new(FakeNft::new());
+    NftBackend::apply(&mut b, &policy(&[("a", &["10.0.0.1"])])).unwrap();
+    let listed = b.nft().listings();
+    // What the agent's maintenance does each tick.
+    assert!(Enforce::repair(&mut b).unwrap().is_empty());
+    let counters = Observe::counters(&mut b).unwrap();
+    assert!(!counters.is_empty());
+    assert_eq!(b.nft().listings(), listed + 1, "one listing for both");
+    // After a change, the counters list the kernel again.
+    NftBackend::apply(&mut b, &policy(&[("a", &["10.0.0.1"]), ("b", &[])])).unwrap();
+    let listed = b.nft().listings();
+    let after = Observe::counters(&mut b).unwrap();
+    assert_eq!(b.nft().listings(), listed + 1);
+    assert!(after.len() > counters.len(), "{after:?}");
+}
+
+#[test]
 fn foreign_tables_are_refused_and_nothing_changes() {
     let fake = FakeNft::new();
     fake.add_foreign(ir::TableFamily::Inet, "a");
