@@ -452,7 +452,12 @@ impl ChainBuilder<'_> {
     ) -> Vec<api::FilterRule> {
         let mut out = Vec::new();
         let any_peer = rule.peers.is_empty();
-        let far_pods = self.peer_pods(ns, &rule.peers);
+        // The pods the peers select, found only when a set not made yet or a named port needs
+        // them (rules repeating a definition find its sets made).
+        let far_cell = std::cell::OnceCell::new();
+        let far_pods = |b: &Self| -> &BTreeSet<usize> {
+            far_cell.get_or_init(|| b.peer_pods(ns, &rule.peers))
+        };
         let blocks: Vec<&super::IpBlock> = rule
             .peers
             .iter()
@@ -489,7 +494,7 @@ impl ChainBuilder<'_> {
         // own: the policy's pods, wherever they run, meet every selected pod in one rule
         // (`None`), which is half the rules of a policy with pods on both sides.
         let far_all = |b: &Self, remote_own: Option<bool>| {
-            let across: BTreeSet<usize> = far_pods
+            let across: BTreeSet<usize> = far_pods(b)
                 .iter()
                 .copied()
                 .filter(|&i| remote_own.is_none_or(|r| b.pods[i].peer.is_some() != r))
@@ -516,7 +521,7 @@ impl ChainBuilder<'_> {
             Dir::Egress => (0..self.pods.len())
                 .filter(|i| {
                     any_peer
-                        || far_pods.contains(i)
+                        || far_pods(self).contains(i)
                         || self.pods[*i].local_ips().iter().any(in_block)
                 })
                 .collect(),
@@ -567,7 +572,7 @@ impl ChainBuilder<'_> {
                             });
                             for &i in across {
                                 let selected = any_peer
-                                    || far_pods.contains(&i)
+                                    || far_pods(b).contains(&i)
                                     || b.pods[i].local_ips().iter().any(in_block);
                                 if selected {
                                     for ip in &b.pods[i].ips {

@@ -9,7 +9,7 @@
 //! structure is unchanged), not as a new table. Rules that select by the same definition
 //! share its set, which is computed once.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 
 use peerwall_intent::types as api;
@@ -106,12 +106,13 @@ pub(super) type Names = [Option<String>; 2];
 /// `<role>[6]_<64-bit FNV-1a of the definition>`. The name is a function of the definition
 /// alone, so it survives every change of contents and of the policies around it; two
 /// definitions whose hashes collide (policies are written by namespace users, and FNV is no
-/// defence against a chosen collision) are told apart by the full definition kept beside
-/// each name, the later one suffixed: a set is never shared by two definitions.
+/// defence against a chosen collision) are told apart by the full definition each name is
+/// kept under, the later one suffixed: a set is never shared by two definitions.
 #[derive(Default)]
 pub(super) struct Registry {
     by_def: HashMap<String, Names>,
-    owner: HashMap<String, String>,
+    /// Every name given out.
+    taken: HashSet<String>,
     sets: Vec<api::Set>,
 }
 
@@ -141,11 +142,10 @@ impl Registry {
             let base = format!("{}{fam}_{hash:016x}", role.word());
             let mut name = base.clone();
             let mut n = 1;
-            while self.owner.contains_key(&name) {
+            while !self.taken.insert(name.clone()) {
                 n += 1;
                 name = format!("{base}_{n}");
             }
-            self.owner.insert(name.clone(), format!("{def}|{fam}"));
             self.sets.push(api::Set {
                 from_address_sets: false,
                 name: name.clone(),
