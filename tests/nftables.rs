@@ -278,6 +278,41 @@ fn drift_is_detected_and_repaired() {
 }
 
 #[test]
+fn the_ruleset_generation_gates_the_drift_check_and_hides_no_change() {
+    use peerwall_backend_nftables::Runner;
+    let t = Topology::new();
+    let policy = compile_file("examples/thesis-block.yaml");
+    let nft = Nft::in_netns(t.gateway.name());
+    let mut b = NftBackend::new(Nft::in_netns(t.gateway.name()));
+    b.apply(&policy).unwrap();
+    // The kernel's generation, read over netlink in the gateway's namespace, stands while
+    // nothing is committed (traffic and counters are no commit) and moves at any commit.
+    let g = nft.generation().expect("NFT_MSG_GETGEN answers");
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"));
+    assert_eq!(nft.generation(), Some(g));
+    assert!(b.repair().unwrap().is_empty());
+    assert!(b.repair().unwrap().is_empty());
+    assert_eq!(nft.generation(), Some(g), "a drift check commits nothing");
+    // A commit behind our back between two ticks: found by the next one.
+    nft.apply_text("flush chain ip table_name filter_chain_name\n")
+        .unwrap();
+    assert_ne!(nft.generation(), Some(g));
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "flushed");
+    assert_eq!(
+        b.repair().unwrap(),
+        vec![Drift::Modified {
+            table: "table_name".into()
+        }]
+    );
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "repaired");
+    // The same for an edit of nothing but a table another program owns: no drift of ours.
+    nft.apply_text("add table ip someone_else\n").unwrap();
+    assert!(b.repair().unwrap().is_empty());
+    assert!(b.repair_full().unwrap().is_empty());
+    assert!(b.repair_full().unwrap().is_empty());
+}
+
+#[test]
 fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
     let t = Topology::new();
     let dir = std::env::temp_dir().join(format!("pw-agent-{}", std::process::id()));

@@ -69,6 +69,11 @@ fn pump(mut source: Box<dyn EventSource>, metrics: crate::metrics::Shared) {
 /// How often the connection-tracking fill is read (`peerwall_conntrack_entries`).
 pub const CONNTRACK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// How often the rule counters are read (`peerwall_rule_packets_total`), and after every
+/// apply: on nftables each read lists the ruleset (an `nft` process), which at every tick of
+/// 50 gateways was most of a node's idle CPU; a scrape every 15 s or more sees no difference.
+pub const COUNTERS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// At most this many drop summaries (Kubernetes Events) per table and period.
 pub const DROP_SUMMARY_PER_TABLE: usize = 5;
 
@@ -97,6 +102,8 @@ pub struct Enforcement {
     backend_warned: Vec<String>,
     /// When the connection-tracking fill was last read.
     conntrack_read: Option<std::time::Instant>,
+    /// When the rule counters were last read, and the policy generation they were read at.
+    counters_read: Option<(std::time::Instant, u64)>,
     /// The policy in force, to judge which connections a change ends
     /// ([`crate::revoke`]).
     enforced: Option<peerwall_policy::ir::Policy>,
@@ -169,6 +176,7 @@ impl Enforcement {
             warned: Vec::new(),
             backend_warned: Vec::new(),
             conntrack_read: None,
+            counters_read: None,
             enforced: None,
             boot: None,
             until_first_apply: None,
@@ -543,8 +551,15 @@ impl Enforcement {
             Ok(_) => {}
             Err(e) => tracing::error!(error = %format!("{e:#}"), "drift repair failed"),
         }
-        if let Ok(rules) = self.backend.counters() {
-            self.update(|m| m.rules = rules);
+        let generation = self.metrics.lock().map(|m| m.generation).unwrap_or(0);
+        if self
+            .counters_read
+            .is_none_or(|(t, g)| g != generation || t.elapsed() >= COUNTERS_EVERY)
+        {
+            self.counters_read = Some((std::time::Instant::now(), generation));
+            if let Ok(rules) = self.backend.counters() {
+                self.update(|m| m.rules = rules);
+            }
         }
         // Counting the bpf flow table walks its keys: every CONNTRACK_EVERY at most.
         if self

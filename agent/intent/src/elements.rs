@@ -12,23 +12,27 @@ use crate::{Origin, PolicyObject};
 /// declarations. None for any other difference, and for an element change of a set that
 /// `AddressSet` slices also fill or of a map (its elements carry verdicts or data): the whole
 /// policy is applied then. Empty: nothing differs.
-pub fn inline_element_changes(
-    old: &[PolicyObject],
-    new: &[PolicyObject],
+pub fn inline_element_changes<'a>(
+    old: impl IntoIterator<Item = &'a PolicyObject>,
+    new: impl IntoIterator<Item = &'a PolicyObject>,
 ) -> Option<Vec<(Origin, String)>> {
-    if old.len() != new.len() {
-        return None;
-    }
+    let (mut old, mut new) = (old.into_iter(), new.into_iter());
     let mut out = Vec::new();
-    for (o, n) in old.iter().zip(new) {
-        if o.origin != n.origin || o.role != n.role {
-            return None;
-        }
-        for set in changed_sets(&o.spec, &n.spec)? {
-            out.push((n.origin.clone(), set));
+    loop {
+        match (old.next(), new.next()) {
+            (None, None) => return Some(out),
+            (Some(o), Some(n)) => {
+                if o.origin != n.origin || o.role != n.role {
+                    return None;
+                }
+                for set in changed_sets(&o.spec, &n.spec)? {
+                    out.push((n.origin.clone(), set));
+                }
+            }
+            // One more object on either side.
+            _ => return None,
         }
     }
-    Some(out)
 }
 
 /// The names of the sets of `new` whose elements alone differ from `old`'s.

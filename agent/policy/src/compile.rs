@@ -9,6 +9,7 @@ mod chain;
 pub mod errors;
 mod matches;
 mod names;
+mod patch;
 mod rules;
 mod sets;
 pub mod values;
@@ -22,6 +23,8 @@ use matches::TableCx;
 use names::check_identifier;
 use peerwall_intent::types as api;
 use sets::lower_sets;
+
+pub use patch::patch_elements;
 
 pub use peerwall_intent::PolicyObject;
 

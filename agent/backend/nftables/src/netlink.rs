@@ -11,6 +11,7 @@
 //! Connections go the same way ([`ctnetlink`]): listed in one dump, ended one request each.
 
 pub mod ctnetlink;
+pub mod generation;
 pub mod message;
 pub mod socket;
 
@@ -213,6 +214,40 @@ impl Session {
             })?;
         self.sock = Some(sock);
         Ok(())
+    }
+}
+
+impl Session {
+    /// The ruleset's generation in the session's namespace ([`generation`]).
+    pub fn generation(&mut self) -> Result<u32, NftError> {
+        let action = || "netlink: reading the ruleset generation".to_string();
+        let err = |source| NftError::Netlink {
+            action: action(),
+            source,
+        };
+        let sock = match self.sock.take() {
+            Some(s) => s,
+            None => socket::Socket::open(self.netns.as_deref()).map_err(err)?,
+        };
+        let seq = self.seq;
+        self.seq = seq.wrapping_add(1);
+        sock.send(&generation::request(seq)).map_err(err)?;
+        let mut buf = vec![0u8; 8192];
+        // A kept socket holds no other answer, but a stray one is read past (a few at most).
+        for _ in 0..16 {
+            let n = sock.recv(&mut buf).map_err(err)?;
+            match generation::answer(&buf[..n], seq) {
+                Some(Ok(id)) => {
+                    self.sock = Some(sock);
+                    return Ok(id);
+                }
+                Some(Err(errno)) => return Err(err(std::io::Error::from_raw_os_error(-errno))),
+                None => {}
+            }
+        }
+        Err(err(std::io::Error::other(
+            "no answer to the generation request",
+        )))
     }
 }
 

@@ -35,6 +35,12 @@ pub trait Runner: Send + std::fmt::Debug {
     fn edits_elements_over_netlink(&self) -> bool {
         false
     }
+    /// The ruleset's generation ([`crate::netlink::generation`]): it moves with every
+    /// committed transaction of the namespace. None when it cannot be read (then every drift
+    /// check lists the ruleset).
+    fn generation(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// How to invoke `nft`: in this network namespace or in a named one.
@@ -172,6 +178,22 @@ impl Runner for Nft {
     fn conntrack(&self) -> Option<crate::conntrack::Conntrack> {
         Some(crate::conntrack::Conntrack::new(self.netns.clone()))
     }
+
+    /// Over the element edits' netlink socket: one request, no process.
+    fn generation(&self) -> Option<u32> {
+        let mut session = self
+            .netlink
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        session
+            .get_or_insert_with(|| crate::netlink::Session::new(self.netns.as_deref()))
+            .generation()
+            .map_err(
+                |e| tracing::debug!(error = %e, "no ruleset generation: the drift check lists"),
+            )
+            .ok()
+    }
 }
 
 /// An in-memory nftables for tests: applies typed transactions all-or-nothing with nft's
@@ -189,6 +211,8 @@ struct FakeState {
     foreign: BTreeSet<(String, String)>,
     transactions: usize,
     listings: usize,
+    /// The ruleset's generation: one more at every committed transaction, ours or another's.
+    generation: u32,
 }
 
 fn failed(action: &str, why: &str) -> NftError {
@@ -334,6 +358,7 @@ impl FakeNft {
     /// Put a table that is not peerwall's into the kernel.
     pub fn add_foreign(&self, family: TableFamily, name: &str) {
         self.with(|s| {
+            s.generation += 1;
             s.foreign
                 .insert((family.nft().to_string(), name.to_string()))
         });
@@ -341,12 +366,16 @@ impl FakeNft {
 
     /// Someone else deletes a table.
     pub fn delete_behind_our_back(&self, family: TableFamily, name: &str) {
-        self.with(|s| s.tables.remove(&(family.nft(), name.to_string())));
+        self.with(|s| {
+            s.generation += 1;
+            s.tables.remove(&(family.nft(), name.to_string()))
+        });
     }
 
     /// Someone else flushes a set.
     pub fn flush_set_behind_our_back(&self, family: TableFamily, table: &str, set: &str) {
         self.with(|s| {
+            s.generation += 1;
             if let Some(t) = s.tables.get_mut(&(family.nft(), table.to_string())) {
                 for st in t.sets.iter_mut().filter(|st| st.name == set) {
                     st.elements.clear();
@@ -386,6 +415,10 @@ impl Runner for FakeNft {
         None
     }
 
+    fn generation(&self) -> Option<u32> {
+        Some(self.with(|s| s.generation))
+    }
+
     fn transaction(&self, cmds: &[Command<'_>]) -> Result<(), NftError> {
         self.with(|s| {
             s.transactions += 1;
@@ -393,6 +426,7 @@ impl Runner for FakeNft {
             for c in cmds {
                 next.run(c)?;
             }
+            next.generation += 1;
             *s = next;
             Ok(())
         })

@@ -112,6 +112,54 @@ fn a_tick_lists_the_ruleset_once_for_drift_and_counters() {
 }
 
 #[test]
+fn a_drift_check_lists_nothing_while_the_ruleset_generation_stands() {
+    let mut b = NftBackend::new(FakeNft::new());
+    b.apply(&policy(&[("a", &["10.0.0.1"])])).unwrap();
+    // Our own apply moved the generation: the first check lists, the next ones do not.
+    let listed = b.nft().listings();
+    assert!(b.repair().unwrap().is_empty());
+    assert_eq!(b.nft().listings(), listed + 1);
+    for _ in 0..3 {
+        assert!(b.repair().unwrap().is_empty());
+    }
+    assert_eq!(b.nft().listings(), listed + 1, "nothing committed since");
+    // A check of set elements is not vouched for by one of the structure alone...
+    assert!(b.repair_full().unwrap().is_empty());
+    let listed = b.nft().listings();
+    assert!(b.repair_full().unwrap().is_empty());
+    assert!(b.repair().unwrap().is_empty());
+    assert_eq!(
+        b.nft().listings(),
+        listed,
+        "...but by an earlier one of elements"
+    );
+    // Anyone's commit moves the generation: a foreign table, then a flushed set, found.
+    b.nft().add_foreign(ir::TableFamily::Inet, "liqo-nat");
+    assert!(b.repair().unwrap().is_empty());
+    assert_eq!(b.nft().listings(), listed + 1);
+    b.nft()
+        .flush_set_behind_our_back(ir::TableFamily::Inet, "a", "pods");
+    assert_eq!(
+        b.repair_full().unwrap(),
+        [Drift::Modified { table: "a".into() }]
+    );
+    assert_eq!(pods(&b, "a"), 1);
+    // A set update of ours, then the check lists once more.
+    let listed = b.nft().listings();
+    b.apply(&policy(&[("a", &["10.0.0.1", "10.0.0.2"])]))
+        .unwrap();
+    assert!(b.repair().unwrap().is_empty());
+    assert!(b.repair().unwrap().is_empty());
+    assert!(
+        b.nft().listings() <= listed + 2,
+        "one check's listing after the apply"
+    );
+    b.nft().delete_behind_our_back(ir::TableFamily::Inet, "a");
+    assert_eq!(b.repair().unwrap(), [Drift::Missing { table: "a".into() }]);
+    assert_eq!(pods(&b, "a"), 2);
+}
+
+#[test]
 fn foreign_tables_are_refused_and_nothing_changes() {
     let fake = FakeNft::new();
     fake.add_foreign(ir::TableFamily::Inet, "a");

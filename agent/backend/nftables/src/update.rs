@@ -17,7 +17,7 @@ impl<R: Runner> NftBackend<R> {
         changes: &[ir::SetChange],
     ) -> Result<ApplyReport, NftError> {
         self.last_change = Some(std::time::Instant::now());
-        self.quiet_listing = None;
+        self.changing();
         // One transaction writes every deletion before every addition: each set's edits
         // composed first, or a later edit deletes a range only an earlier one adds.
         let changes = ir::compose(changes);

@@ -512,3 +512,46 @@ fn numeric_fields_at_and_past_their_limits() {
         );
     }
 }
+
+proptest::proptest! {
+    /// A compilation patched where only a set's inline elements changed equals the whole
+    /// compilation of the new objects (the rule's copy of the set included), and it is made
+    /// whenever neither side has an error or a warning: the agent's fast path is taken for
+    /// every such change, and never hides what the whole compilation would refuse or warn of.
+    #[test]
+    fn a_patched_compilation_equals_the_whole_one(
+        old in proptest::collection::vec(0u8..14, 0..8),
+        new in proptest::collection::vec(0u8..14, 0..8),
+    ) {
+        let item = |k: &u8| match k {
+            0..=7 => format!("10.9.0.{k}"),
+            8 => "10.9.0.0/30".to_string(),
+            9 => "10.9.0.4-10.9.0.6".to_string(),
+            // Warned of: a CIDR with host bits.
+            10 => "10.9.0.1/30".to_string(),
+            // Refused: not an address, or the other family.
+            11 => "10.9.0.300".to_string(),
+            12 => "fd00::1".to_string(),
+            _ => format!("10.9.1.{k}"),
+        };
+        let doc = |v: &[u8]| {
+            let e: Vec<String> = v.iter().map(|k| format!("{{\"key\": \"{}\"}}", item(k))).collect();
+            objects(&with_set(&format!("[{}]", e.join(","))))
+        };
+        let (old_objs, new_objs) = (doc(&old), doc(&new));
+        let Ok(before) = compile(&old_objs) else { return Ok(()); };
+        let sets = [(old_objs[0].origin.clone(), "s".to_string())];
+        let refs: Vec<&PolicyObject> = new_objs.iter().collect();
+        let patched = patch_elements(&before, &refs, &sets);
+        let whole = compile(&new_objs);
+        match (&patched, &whole) {
+            (Some(p), Ok(w)) => proptest::prop_assert_eq!(p, w),
+            (Some(_), Err(e)) => proptest::prop_assert!(false, "patched what the whole refuses: {e}"),
+            (None, Ok(w)) => proptest::prop_assert!(
+                !w.warnings.is_empty() || !before.warnings.is_empty(),
+                "not patched: {old:?} -> {new:?}"
+            ),
+            (None, Err(_)) => {}
+        }
+    }
+}
