@@ -181,9 +181,9 @@ fn a_netpol_change_reaches_the_kernel_as_a_full_recompute_would() {
             // then edited in place in the kernel; the whole compiled and applied otherwise.
             let changed_sets = peerwall_intent::elements::inline_element_changes(&objs, &new_objs);
             let refs: Vec<&peerwall_intent::PolicyObject> = new_objs.iter().collect();
-            let patched = changed_sets
-                .as_ref()
-                .and_then(|sets| peerwall_policy::compile::patch_elements(&compiled, &refs, sets));
+            let patched = changed_sets.as_ref().and_then(|sets| {
+                peerwall_policy::compile::patch_elements(compiled.clone(), &refs, sets)
+            });
             if elements_only {
                 assert!(
                     patched.is_some(),

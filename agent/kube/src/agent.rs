@@ -236,9 +236,7 @@ impl Agent {
                     input.values(),
                     new.iter().copied(),
                 )
-                .and_then(|sets| {
-                    peerwall_policy::compile::patch_elements(&s.compiled, &new, &sets)
-                });
+                .and_then(|sets| peerwall_policy::compile::patch_elements(s.compiled, &new, &sets));
                 if let Some(compiled) = patched {
                     let settled = Settled {
                         refused: Vec::new(),

@@ -529,11 +529,11 @@ impl ChainBuilder<'_> {
         // A policy's local pods and its pods on the peer meet different far ends (the
         // other side's pods; with remapped CIDRs, blocks seen differently): one rule each.
         let split = !self.remaps.is_empty() && !blocks.is_empty();
-        let (remote, local): (BTreeSet<usize>, BTreeSet<usize>) =
-            own.iter().partition(|&&i| self.pods[i].peer.is_some());
         let groups: Vec<(BTreeSet<usize>, Option<bool>)> = if self.remaps.is_empty() {
             vec![(own.clone(), None)]
         } else {
+            let (remote, local): (BTreeSet<usize>, BTreeSet<usize>) =
+                own.iter().partition(|&&i| self.pods[i].peer.is_some());
             [(local, Some(false)), (remote, Some(true))]
                 .into_iter()
                 .filter(|(g, _)| !g.is_empty())

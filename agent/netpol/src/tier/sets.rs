@@ -24,17 +24,37 @@ pub(super) fn to_u128(ip: IpAddr) -> u128 {
 
 /// An address range of one family, as a set element key.
 fn range_key(lo: u128, hi: u128, v4: bool) -> String {
-    let show = |v: u128| -> IpAddr {
+    let show = |out: &mut String, v: u128| {
         if v4 {
-            IpAddr::V4(std::net::Ipv4Addr::from(v as u32))
+            push_v4(out, v as u32);
         } else {
-            IpAddr::V6(std::net::Ipv6Addr::from(v))
+            use std::fmt::Write;
+            let _ = write!(out, "{}", std::net::Ipv6Addr::from(v));
         }
     };
-    if lo == hi {
-        show(lo).to_string()
-    } else {
-        format!("{}-{}", show(lo), show(hi))
+    let mut out = String::with_capacity(if v4 { 31 } else { 79 });
+    show(&mut out, lo);
+    if lo != hi {
+        out.push('-');
+        show(&mut out, hi);
+    }
+    out
+}
+
+/// `a.b.c.d` as `Ipv4Addr`'s `Display` writes it, without the formatting machinery: a tier
+/// writes every address of its sets (20,000 at 1,000 policies) on each computation.
+fn push_v4(out: &mut String, v: u32) {
+    for (i, b) in v.to_be_bytes().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        if b >= 100 {
+            out.push(char::from(b'0' + b / 100));
+        }
+        if b >= 10 {
+            out.push(char::from(b'0' + (b / 10) % 10));
+        }
+        out.push(char::from(b'0' + b % 10));
     }
 }
 
@@ -180,6 +200,22 @@ mod tests {
         let mut a = Addrs::default();
         a.add_ip(ip.parse().unwrap());
         a
+    }
+
+    #[test]
+    fn addresses_are_written_as_their_display_writes_them() {
+        let mut v: u32 = 0x0102_0304;
+        for _ in 0..20_000 {
+            let a = std::net::Ipv4Addr::from(v);
+            assert_eq!(range_key(u128::from(v), u128::from(v), true), a.to_string());
+            v = v.wrapping_mul(2_654_435_761).wrapping_add(12_345);
+        }
+        for a in ["0.0.0.0", "255.255.255.255", "10.0.9.100", "100.10.1.0"] {
+            let n = u128::from(u32::from(a.parse::<std::net::Ipv4Addr>().unwrap()));
+            assert_eq!(range_key(n, n, true), a);
+        }
+        assert_eq!(range_key(1, 2, true), "0.0.0.1-0.0.0.2");
+        assert_eq!(range_key(1, 2, false), "::1-::2");
     }
 
     #[test]

@@ -9,7 +9,8 @@ use super::sets::{key_of, lower_elements};
 use super::{Compiled, Cx};
 use crate::ir::SetElements;
 
-/// The compilation of `new`, from `old`, the compilation of objects that differ from `new`
+/// The compilation of `new`, from `old` (taken: a copy of 20,000 addresses would cost more
+/// than the patch), the compilation of objects that differ from `new`
 /// only in the inline elements of `sets` (as [`peerwall_intent::elements::inline_element_changes`]
 /// finds them): each of those sets parsed and validated as [`super::compile`] does, its
 /// contents replaced in a copy of `old` (the set and every rule's copy of it).
@@ -19,13 +20,13 @@ use crate::ir::SetElements;
 /// with a warning of the object (its paths may name elements that moved), a set that is not
 /// an address set of its table's family, a table not enforced here (observed).
 pub fn patch_elements(
-    old: &Compiled,
+    old: Compiled,
     new: &[&PolicyObject],
     sets: &[(Origin, String)],
 ) -> Option<Compiled> {
-    let mut out = old.clone();
+    let mut out = old;
     for (origin, name) in sets {
-        if old.warnings.iter().any(|(o, _)| o == origin) {
+        if out.warnings.iter().any(|(o, _)| o == origin) {
             return None;
         }
         let obj = new.iter().find(|o| &o.origin == origin)?;

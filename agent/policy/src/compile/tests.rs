@@ -542,7 +542,7 @@ proptest::proptest! {
         let Ok(before) = compile(&old_objs) else { return Ok(()); };
         let sets = [(old_objs[0].origin.clone(), "s".to_string())];
         let refs: Vec<&PolicyObject> = new_objs.iter().collect();
-        let patched = patch_elements(&before, &refs, &sets);
+        let patched = patch_elements(before.clone(), &refs, &sets);
         let whole = compile(&new_objs);
         match (&patched, &whole) {
             (Some(p), Ok(w)) => proptest::prop_assert_eq!(p, w),
