@@ -216,6 +216,58 @@ async fn agent_applies_reports_status_and_cleans_up() {
     );
     assert_thesis_block_enforced(&t.consumer);
 
+    // The blocked destination in a named set; then an edit of that set's elements alone
+    // (what a NetworkPolicy tier's relabel is), one of them invalid: the agent validates just
+    // the changed set (`check_since`) and refuses it as the whole validation would, with the
+    // element's path and value, the last good spec in force.
+    let with_set = |elements: Vec<&str>| {
+        let elements: Vec<serde_json::Value> =
+            elements.into_iter().map(|e| json!({"key": e})).collect();
+        json!({"spec": {"table": {
+            "sets": [{"name": "blocked", "keyType": "ipv4_addr", "elements": elements}],
+            "chains": [{"name": "filter_chain_name", "type": "filter", "hook": "forward",
+                "priority": 0, "policy": "accept", "rules": {"filterRules": [
+                    {"name": "drop_traffic", "action": "drop", "match": [
+                        {"op": "eq", "ip": {"value": "10.10.1.67", "position": "src"}},
+                        {"op": "eq", "ip": {"value": "@blocked", "position": "dst"}}]}]}}]}}})
+    };
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(with_set(vec!["10.20.1.2"])),
+    )
+    .await
+    .unwrap();
+    eventually("Applied with the set", Duration::from_secs(20), || async {
+        let c = condition(&api, &name, "gw-test").await?;
+        (c.0 == "Applied" && c.2 == c.3).then_some(())
+    })
+    .await;
+    assert_thesis_block_enforced(&t.consumer);
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(with_set(vec!["10.20.1.2", "10.20.1.300"])),
+    )
+    .await
+    .unwrap();
+    let (_, msg, _, _) = eventually(
+        "the Error condition on the set element",
+        Duration::from_secs(20),
+        || async {
+            let c = condition(&api, &name, "gw-test").await?;
+            (c.0 == "Error" && c.2 == c.3).then_some(c)
+        },
+    )
+    .await;
+    assert!(
+        msg.contains("spec.table.sets[0].elements[1].key")
+            && msg.contains("10.20.1.300")
+            && msg.contains("stays in force"),
+        "{msg}"
+    );
+    assert_thesis_block_enforced(&t.consumer);
+
     // Someone deletes the table: the agent restores it.
     in_ns(&t.gateway, "nft", &["delete", "table", "inet", &table]);
     eventually("drift repair", Duration::from_secs(10), || async {

@@ -452,7 +452,8 @@ impl Agent {
         self.send_reports(pending).await;
     }
 
-    /// [`super::check`] of an object, reused while its uid and generation stay the same.
+    /// [`super::check`] of an object, reused while its uid and generation stay the same
+    /// ([`super::check_since`] the version before).
     fn check(&mut self, o: &DynamicObject) -> Result<PolicyObject, String> {
         let key = super::key_of(o);
         let uid = o.metadata.uid.clone().unwrap_or_default();
@@ -462,8 +463,13 @@ impl Agent {
                 return r.clone();
             }
         }
-        let r = super::check(o)
-            .map(|(po, _)| po)
+        // The last version that passed, for a change of set elements only.
+        let prior = self
+            .checks
+            .get(&key)
+            .filter(|(u, _, _)| *u == uid)
+            .and_then(|(_, _, r)| r.as_ref().ok());
+        let r = super::check_since(o, prior)
             .map_err(|e| e.to_string())
             .and_then(|po| {
                 // Liqo's objects are Liqo's: its own controller applies their NAT anyway.

@@ -145,12 +145,25 @@ pub fn mark_observed(obj: &DynamicObject) -> DynamicObject {
 /// Convert a watched object into compilation input (field-path errors as the loader gives).
 pub fn to_policy_object(obj: &DynamicObject) -> Result<PolicyObject, load::LoadError> {
     let group = group_of(obj);
-    let v = serde_json::to_value(obj).map_err(|e| load::LoadError::Field {
-        origin: key_of(obj),
-        path: ".".into(),
-        message: e.to_string(),
-    })?;
-    let mut po = load::object_from_json(v, group)?;
+    // The spec read where the watch left it; the whole object, copied, only for the field
+    // path of a refusal.
+    let fast = match (&obj.metadata.name, obj.data.get("spec")) {
+        (Some(name), Some(spec)) => {
+            load::object_from_spec(obj.metadata.namespace.as_deref(), name, spec, group)
+        }
+        _ => None,
+    };
+    let mut po = match fast {
+        Some(po) => po,
+        None => {
+            let v = serde_json::to_value(obj).map_err(|e| load::LoadError::Field {
+                origin: key_of(obj),
+                path: ".".into(),
+                message: e.to_string(),
+            })?;
+            load::object_from_json(v, group)?
+        }
+    };
     let labels = obj.metadata.labels.as_ref();
     if labels.and_then(|l| l.get(OBSERVED)).map(String::as_str) == Some("true") {
         po.role = peerwall_intent::Role::Observe;
@@ -411,6 +424,29 @@ pub fn check(obj: &DynamicObject) -> Result<(PolicyObject, Vec<String>), CheckEr
     let po = to_policy_object(obj)?;
     let warnings = peerwall_policy::compile::validate(&po)?;
     Ok((po, warnings.iter().map(|w| w.to_string()).collect()))
+}
+
+/// [`check`] of an object whose earlier version `prior` passed it: where only inline set
+/// elements changed (a NetworkPolicy tier after a pod relabel), only those sets are
+/// validated, with the errors and field paths the whole validation gives (at 20,000
+/// elements, the whole costs tens of milliseconds per change); anything else is validated
+/// whole. Warnings are not returned.
+pub fn check_since(
+    obj: &DynamicObject,
+    prior: Option<&PolicyObject>,
+) -> Result<PolicyObject, CheckError> {
+    let po = to_policy_object(obj)?;
+    let only_elements = prior
+        .and_then(|old| peerwall_intent::elements::inline_element_changes([old], [&po]))
+        .and_then(|sets| {
+            let names: Vec<String> = sets.into_iter().map(|(_, s)| s).collect();
+            peerwall_policy::compile::validate_sets(&po, &names)
+        });
+    match only_elements {
+        Some(r) => r?,
+        None => drop(peerwall_policy::compile::validate(&po)?),
+    }
+    Ok(po)
 }
 
 /// A watch of Liqo's tenant namespaces (labelled [`TENANT_NAMESPACE`]`=true`), listed once:

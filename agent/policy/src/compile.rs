@@ -24,7 +24,7 @@ use names::check_identifier;
 use peerwall_intent::types as api;
 use sets::lower_sets;
 
-pub use patch::patch_elements;
+pub use patch::{patch_elements, validate_sets};
 
 pub use peerwall_intent::PolicyObject;
 

@@ -5,9 +5,11 @@
 
 use peerwall_intent::{Origin, PolicyObject};
 
+use peerwall_intent::types as api;
+
 use super::sets::{key_of, lower_elements};
-use super::{Compiled, Cx};
-use crate::ir::SetElements;
+use super::{Compiled, Cx, ObjectErrors};
+use crate::ir::{SetElements, TableFamily};
 
 /// The compilation of `new`, from `old` (taken: a copy of 20,000 addresses would cost more
 /// than the patch), the compilation of objects that differ from `new`
@@ -54,4 +56,52 @@ pub fn patch_elements(
         out.policy.replace_set(&table_name, name, &now).ok()?;
     }
     Some(out)
+}
+
+/// [`super::validate`] of `obj`, for an object that differs from one already found valid only
+/// in the inline elements of `sets`: those sets' elements checked, with the errors (and field
+/// paths, in the same order) the whole validation gives. None where the sets alone cannot
+/// decide it (a set missing, without a key type, or in a table of a family this cannot
+/// read): the caller validates the whole object.
+pub fn validate_sets(obj: &PolicyObject, sets: &[String]) -> Option<Result<(), ObjectErrors>> {
+    let t = &obj.spec.table;
+    let family = match t.family? {
+        api::TableFamily::Inet => TableFamily::Inet,
+        api::TableFamily::Ipv4 => TableFamily::Ip,
+        api::TableFamily::Ipv6 => TableFamily::Ip6,
+        _ => return None,
+    };
+    let mut cx = Cx {
+        errors: Vec::new(),
+        warnings: Vec::new(),
+    };
+    let mut found = 0;
+    for (i, set) in t.sets.iter().enumerate() {
+        if !sets.contains(&set.name) {
+            continue;
+        }
+        found += 1;
+        let (fam, key_name) = key_of(set.key_type?);
+        if fam.is_some_and(|f| !family.sees(f)) {
+            return None;
+        }
+        lower_elements(
+            &mut cx,
+            &format!("spec.table.sets[{i}]"),
+            set,
+            fam,
+            key_name,
+        );
+    }
+    if found != sets.len() {
+        return None;
+    }
+    Some(if cx.errors.is_empty() {
+        Ok(())
+    } else {
+        Err(ObjectErrors {
+            origin: obj.origin.0.clone(),
+            errors: cx.errors,
+        })
+    })
 }

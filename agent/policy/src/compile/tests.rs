@@ -555,3 +555,31 @@ proptest::proptest! {
         }
     }
 }
+
+proptest::proptest! {
+    /// Validating only the sets whose elements changed, on an object whose earlier version
+    /// was valid, refuses exactly what validating the whole refuses, with the same errors in
+    /// the same order.
+    #[test]
+    fn validating_the_changed_sets_refuses_what_the_whole_does(
+        new in proptest::collection::vec(0u8..14, 0..8),
+    ) {
+        let item = |k: &u8| match k {
+            0..=7 => format!("10.9.0.{k}"),
+            8 => "10.9.0.0/30".to_string(),
+            9 => "10.9.0.4-10.9.0.6".to_string(),
+            10 => "10.9.0.1/30".to_string(),
+            11 => "10.9.0.300".to_string(),
+            12 => "fd00::1".to_string(),
+            _ => "not an address".to_string(),
+        };
+        let e: Vec<String> = new.iter().map(|k| format!("{{\"key\": \"{}\"}}", item(k))).collect();
+        let objs = objects(&with_set(&format!("[{}]", e.join(","))));
+        let quick = validate_sets(&objs[0], &["s".to_string()]).expect("decided by the set");
+        let whole = validate(&objs[0]);
+        proptest::prop_assert_eq!(
+            quick.map_err(|e| e.to_string()),
+            whole.map(drop).map_err(|e| e.to_string())
+        );
+    }
+}
