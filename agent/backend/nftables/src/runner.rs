@@ -127,6 +127,18 @@ impl Nft {
     }
 }
 
+impl Nft {
+    /// `f` on the kept netlink session of this namespace (opened on first use).
+    fn session<T>(&self, f: impl FnOnce(&mut crate::netlink::Session) -> T) -> T {
+        let mut session = self
+            .netlink
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        f(session.get_or_insert_with(|| crate::netlink::Session::new(self.netns.as_deref())))
+    }
+}
+
 impl Runner for Nft {
     fn edits_elements_over_netlink(&self) -> bool {
         true
@@ -136,16 +148,7 @@ impl Runner for Nft {
     /// through `nft -j -f`.
     fn transaction(&self, cmds: &[Command<'_>]) -> Result<(), NftError> {
         if let Some(edits) = crate::netlink::element_edits(cmds) {
-            let applied = {
-                let mut session = self
-                    .netlink
-                    .0
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                session
-                    .get_or_insert_with(|| crate::netlink::Session::new(self.netns.as_deref()))
-                    .apply(&edits)
-            };
+            let applied = self.session(|s| s.apply(&edits));
             match applied {
                 Ok(()) => return Ok(()),
                 // `nft` is the authority on what the kernel takes: a batch refused here goes
@@ -181,14 +184,7 @@ impl Runner for Nft {
 
     /// Over the element edits' netlink socket: one request, no process.
     fn generation(&self) -> Option<u32> {
-        let mut session = self
-            .netlink
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        session
-            .get_or_insert_with(|| crate::netlink::Session::new(self.netns.as_deref()))
-            .generation()
+        self.session(crate::netlink::Session::generation)
             .map_err(
                 |e| tracing::debug!(error = %e, "no ruleset generation: the drift check lists"),
             )

@@ -513,6 +513,20 @@ fn numeric_fields_at_and_past_their_limits() {
     }
 }
 
+/// A set element of the element proptests: addresses, a CIDR, a range; warned of: a CIDR
+/// with host bits; refused: not an address, or of the other family.
+fn item(k: &u8) -> String {
+    match k {
+        0..=7 => format!("10.9.0.{k}"),
+        8 => "10.9.0.0/30".to_string(),
+        9 => "10.9.0.4-10.9.0.6".to_string(),
+        10 => "10.9.0.1/30".to_string(),
+        11 => "10.9.0.300".to_string(),
+        12 => "fd00::1".to_string(),
+        _ => "not an address".to_string(),
+    }
+}
+
 proptest::proptest! {
     /// A compilation patched where only a set's inline elements changed equals the whole
     /// compilation of the new objects (the rule's copy of the set included), and it is made
@@ -523,17 +537,6 @@ proptest::proptest! {
         old in proptest::collection::vec(0u8..14, 0..8),
         new in proptest::collection::vec(0u8..14, 0..8),
     ) {
-        let item = |k: &u8| match k {
-            0..=7 => format!("10.9.0.{k}"),
-            8 => "10.9.0.0/30".to_string(),
-            9 => "10.9.0.4-10.9.0.6".to_string(),
-            // Warned of: a CIDR with host bits.
-            10 => "10.9.0.1/30".to_string(),
-            // Refused: not an address, or the other family.
-            11 => "10.9.0.300".to_string(),
-            12 => "fd00::1".to_string(),
-            _ => format!("10.9.1.{k}"),
-        };
         let doc = |v: &[u8]| {
             let e: Vec<String> = v.iter().map(|k| format!("{{\"key\": \"{}\"}}", item(k))).collect();
             objects(&with_set(&format!("[{}]", e.join(","))))
@@ -564,15 +567,6 @@ proptest::proptest! {
     fn validating_the_changed_sets_refuses_what_the_whole_does(
         new in proptest::collection::vec(0u8..14, 0..8),
     ) {
-        let item = |k: &u8| match k {
-            0..=7 => format!("10.9.0.{k}"),
-            8 => "10.9.0.0/30".to_string(),
-            9 => "10.9.0.4-10.9.0.6".to_string(),
-            10 => "10.9.0.1/30".to_string(),
-            11 => "10.9.0.300".to_string(),
-            12 => "fd00::1".to_string(),
-            _ => "not an address".to_string(),
-        };
         let e: Vec<String> = new.iter().map(|k| format!("{{\"key\": \"{}\"}}", item(k))).collect();
         let objs = objects(&with_set(&format!("[{}]", e.join(","))));
         let quick = validate_sets(&objs[0], &["s".to_string()]).expect("decided by the set");
