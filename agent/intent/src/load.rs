@@ -16,7 +16,12 @@ use super::types::{AddressSetSpec, FirewallConfigurationSpec};
 use crate::{AddressSetObject, Origin, PolicyObject};
 
 mod hints;
+mod json;
+
 pub use hints::{explain, near_miss};
+pub use json::{
+    address_set_from_json, object_from_json, object_from_spec, protection_spec_from_json,
+};
 
 /// peerwall's group.
 pub const GROUP: &str = "peerwall.io";
@@ -378,75 +383,6 @@ fn address_set_from<'de, D: serde::Deserializer<'de>>(
         origin: Origin(format!("{namespace}/{name}")),
         namespace,
         spec: doc.spec,
-    })
-}
-
-/// `namespace/name` of an object as the API server sends it, keyed as `group` keys them.
-fn json_origin(value: &serde_json::Value, group: Group) -> String {
-    let field = |p: &str, default: &'static str| {
-        value
-            .pointer(p)
-            .and_then(|v| v.as_str())
-            .unwrap_or(default)
-            .to_string()
-    };
-    group.origin(
-        &field("/metadata/namespace", "default"),
-        &field("/metadata/name", "?"),
-    )
-}
-
-/// One AddressSet as the API server sends it (origin `namespace/name`).
-pub fn address_set_from_json(value: serde_json::Value) -> Result<AddressSetObject, LoadError> {
-    let origin = json_origin(&value, Group::Peerwall);
-    address_set_from(value, &origin)
-}
-
-/// One FirewallConfiguration of `group` as the API server sends it (a watch event, an
-/// admission review): the same field-path errors as files, origin `namespace/name` (Liqo's
-/// marked `liqo:`). `apiVersion` and `kind` are not checked: the caller knows the resource.
-pub fn object_from_json(value: serde_json::Value, group: Group) -> Result<PolicyObject, LoadError> {
-    let origin = json_origin(&value, group);
-    // Read first without tracking field paths (a third of the time at 20,000 set elements,
-    // a NetworkPolicy tier's size): the same `Deserialize`, so the same object or the same
-    // refusal; only a refusal is read again, for the path of the field it names.
-    match <Document as serde::Deserialize>::deserialize(&value) {
-        Ok(fc) => document_object(fc, &origin, group),
-        Err(_) => object_from(value, &origin, group),
-    }
-}
-
-/// [`object_from_json`] for an object whose metadata a watch already read (a
-/// `DynamicObject`): the spec read where it lies, nothing copied first (at 20,000 set
-/// elements, a copy of the object costs what reading it does). None when the spec does not
-/// read: the caller reads the whole object with [`object_from_json`], whose refusal names the
-/// field.
-pub fn object_from_spec(
-    namespace: Option<&str>,
-    name: &str,
-    spec: &serde_json::Value,
-    group: Group,
-) -> Option<PolicyObject> {
-    let spec = <FirewallConfigurationSpec as serde::Deserialize>::deserialize(spec).ok()?;
-    Some(PolicyObject {
-        origin: Origin(group.origin(namespace.unwrap_or("default"), name)),
-        spec,
-        role: crate::Role::Enforce,
-    })
-}
-
-/// A ProtectionPolicy's `spec` as the API server stores it (or a file holds it): unknown
-/// fields (the CRD keeps them, so that a misspelt field is refused here instead of pruned
-/// into a wider policy) and mistyped values are refused with their field path below `spec`
-/// and the did-you-mean message of [`explain`]. `Err((path, given, message))`: `given` is the
-/// unknown field or value when the message names one.
-pub fn protection_spec_from_json(
-    spec: serde_json::Value,
-) -> Result<crate::ProtectionPolicySpec, (String, String, String)> {
-    serde_path_to_error::deserialize(spec).map_err(|e| {
-        let message = e.inner().to_string();
-        let given = message.split('`').nth(1).unwrap_or_default().to_string();
-        (e.path().to_string(), given, explain(&message))
     })
 }
 
