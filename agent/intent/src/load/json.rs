@@ -31,8 +31,8 @@ pub fn address_set_from_json(value: serde_json::Value) -> Result<AddressSetObjec
 /// marked `liqo:`). `apiVersion` and `kind` are not checked: the caller knows the resource.
 pub fn object_from_json(value: serde_json::Value, group: Group) -> Result<PolicyObject, LoadError> {
     let origin = json_origin(&value, group);
-    // Read first without tracking field paths (a third of the time at 20,000 set elements,
-    // a NetworkPolicy tier's size): the same `Deserialize`, so the same object or the same
+    // Read first without tracking field paths (tracking costs per field, and a NetworkPolicy
+    // tier has 20,000 set elements): the same `Deserialize`, so the same object or the same
     // refusal; only a refusal is read again, for the path of the field it names.
     match <Document as serde::Deserialize>::deserialize(&value) {
         Ok(fc) => document_object(fc, &origin, group),
