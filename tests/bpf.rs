@@ -892,14 +892,17 @@ fn agent_attaches_to_interfaces_that_appear_later() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// `FLOW_SEEN`'s entry (u16) at `slot`, with bpftool.
+/// `FLOW_SEEN`'s stamp (u16) of `slot`, with bpftool: the lane of its entry
+/// ([`peerwall_common::seen_line_of`]: 32 stamps to an entry).
 fn seen_entry(pins: &Pins, slot: u32) -> u16 {
     let map = format!("{}/FLOW_SEEN", pins.arg());
-    let key: Vec<String> = slot.to_le_bytes().iter().map(|b| b.to_string()).collect();
+    let (line, lane) = peerwall_common::seen_line_of(slot);
+    let key: Vec<String> = line.to_le_bytes().iter().map(|b| b.to_string()).collect();
     let mut args = vec!["map", "lookup", "pinned", map.as_str(), "key"];
     args.extend(key.iter().map(String::as_str));
     let b = value_bytes(&bpftool_json(&args)["value"]);
-    u16::from_le_bytes([b[0], b[1]])
+    assert_eq!(b.len(), 64, "a FLOW_SEEN entry holds 32 stamps");
+    u16::from_le_bytes([b[2 * lane], b[2 * lane + 1]])
 }
 
 /// Conntrack's shortcut for unknown flows (`FLOW_SEEN`: a packet whose entry is idle is new
@@ -969,7 +972,7 @@ fn conntracks_shortcut_is_armed_only_while_every_program_keeps_it() {
     // The flow's entry lost (as under a program that does not stamp), the foreign link gone:
     // arming again stamps the tracked flows first, so the reply, first after the verdict
     // cache's second, is still known.
-    map_update(&pins, "FLOW_SEEN", &bytes_of(&slot), &bytes_of(&0u16));
+    set_seen_entry(&pins, slot, 0);
     assert_eq!(seen_entry(&pins, slot), 0);
     std::fs::remove_file(pins.0.join("links/tc-liqo:foreign1")).unwrap();
     apply_bpf(&t.gateway, &pins, &[], &file);
@@ -998,6 +1001,20 @@ fn bytes_of<T: Copy>(v: &T) -> Vec<String> {
     // SAFETY: `T` is one of peerwall_common's `repr(C)` plain-data map types, read as bytes.
     let b = unsafe { std::slice::from_raw_parts((v as *const T).cast::<u8>(), size_of::<T>()) };
     b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Write `stamp` into `FLOW_SEEN`'s slot `slot` with bpftool: its entry read, the lane
+/// changed, the entry written back (nothing else runs meanwhile in these tests).
+fn set_seen_entry(pins: &Pins, slot: u32, stamp: u16) {
+    let map = format!("{}/FLOW_SEEN", pins.arg());
+    let (line, lane) = peerwall_common::seen_line_of(slot);
+    let key: Vec<String> = line.to_le_bytes().iter().map(|b| b.to_string()).collect();
+    let mut args = vec!["map", "lookup", "pinned", map.as_str(), "key"];
+    args.extend(key.iter().map(String::as_str));
+    let mut b = value_bytes(&bpftool_json(&args)["value"]);
+    b[2 * lane..2 * lane + 2].copy_from_slice(&stamp.to_le_bytes());
+    let value: Vec<String> = b.iter().map(|x| format!("{x:02x}")).collect();
+    map_update(pins, "FLOW_SEEN", &bytes_of(&line), &value);
 }
 
 /// `bpftool map update pinned PINS/MAP key hex K value hex V`.
@@ -1064,7 +1081,7 @@ fn a_flow_started_again_past_expired_entries_of_itself_is_known() {
     let seen = peerwall_common::flow_seen_slot(&k, peerwall_common::FLOW_SEEN_SLOTS - 1);
     let idle =
         peerwall_common::flow_seen_idle_stamp(clock_monotonic_ns(), peerwall_common::FLOW_IDLE_NS);
-    map_update(&pins, "FLOW_SEEN", &bytes_of(&seen), &bytes_of(&idle));
+    set_seen_entry(&pins, seen, idle);
     let flow = UdpFlow::open(&t, 5001, 7001);
     // Expired entries make no flow: the provider's datagram is new, and dropped.
     assert!(

@@ -140,9 +140,38 @@ pub const FLOW_IDLE_NS: u64 = 600_000_000_000;
 /// tell apart (2^16 units, [`FLOW_SEEN_SHIFT`]).
 pub const ENDED_IDLE_MAX_NS: u64 = 12 * 3600 * 1_000_000_000;
 
-/// Entries of `FLOW_SEEN` (a power of two): 256 KiB of `u16`, small enough to stay in a
-/// CPU's cache while the flow tables (several MiB) do not.
+/// Stamps of `FLOW_SEEN` (a power of two), [`FLOW_SEEN_LANES`] to a map entry: 256 KiB of
+/// `u16`, small enough to stay in a CPU's cache while the flow tables (several MiB) do not.
+/// (As an array of single `u16` values it took 1 MiB: an array map rounds each value up to 8
+/// bytes, and under a flood of new flows the datapath's read of that entry was its costliest
+/// instruction, a cache miss per packet.)
 pub const FLOW_SEEN_SLOTS: u32 = 1 << 17;
+
+/// Stamps per `FLOW_SEEN` entry ([`SeenLine`]): one 64-byte cache line.
+pub const FLOW_SEEN_LANES: u32 = 32;
+
+/// Entries of the `FLOW_SEEN` map: [`FLOW_SEEN_SLOTS`] stamps, [`FLOW_SEEN_LANES`] to an entry.
+pub const FLOW_SEEN_LINES: u32 = FLOW_SEEN_SLOTS / FLOW_SEEN_LANES;
+
+/// One `FLOW_SEEN` map entry: the stamps of [`FLOW_SEEN_LANES`] consecutive slots, slot `s` at
+/// entry `s / 32`, lane `s % 32` ([`seen_line_of`]). 64 bytes, no padding; the map is
+/// `BPF_F_MMAPABLE`, so its values start page-aligned and each entry is one cache line. Stamps
+/// are written one `u16` at a time, in place (the datapath through its lookup's pointer, user
+/// space through the map's memory mapped into it), never as a whole entry: a whole-entry write
+/// could put back an older stamp that another CPU had just renewed. eBPF twin:
+/// `ebpf/src/seen.rs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeenLine {
+    /// The stamps ([`flow_seen_stamp`]).
+    pub stamps: [u16; FLOW_SEEN_LANES as usize],
+}
+
+/// The `FLOW_SEEN` entry and lane of stamp slot `slot` ([`flow_seen_slot`]).
+#[inline(always)]
+pub const fn seen_line_of(slot: u32) -> (u32, usize) {
+    (slot / FLOW_SEEN_LANES, (slot % FLOW_SEEN_LANES) as usize)
+}
 
 /// A `FLOW_SEEN` stamp counts units of 2^30 ns (1.07 s) of `bpf_ktime_get_ns`, modulo 2^16
 /// (19.5 hours): wider than any gap the datapath compares it over.

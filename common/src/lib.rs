@@ -29,8 +29,9 @@ pub use classify::{
 };
 pub use conntrack::{
     ct, flow_seen_idle, flow_seen_idle_stamp, flow_seen_slot, flow_seen_slot_of_words,
-    flow_seen_stamp, flow_words, new_flow_slot, FlowKey, FlowState, NewFlowSlot, ENDED_IDLE_MAX_NS,
-    FLOW_IDLE_NS, FLOW_SEEN_AHEAD, FLOW_SEEN_SHIFT, FLOW_SEEN_SLOTS, NEW_FLOW_SLOTS,
+    flow_seen_stamp, flow_words, new_flow_slot, seen_line_of, FlowKey, FlowState, NewFlowSlot,
+    SeenLine, ENDED_IDLE_MAX_NS, FLOW_IDLE_NS, FLOW_SEEN_AHEAD, FLOW_SEEN_LANES, FLOW_SEEN_LINES,
+    FLOW_SEEN_SHIFT, FLOW_SEEN_SLOTS, NEW_FLOW_SLOTS,
 };
 pub use events::{event, EventConfig, EventFlow, FlowEvent};
 pub use maps::{
@@ -47,6 +48,7 @@ mod pod {
     // SAFETY: all these types are repr(C), Copy, made only of integers and byte arrays, with
     // explicit padding fields: every bit pattern is valid.
     unsafe impl aya::Pod for Bitmap {}
+    unsafe impl aya::Pod for SeenLine {}
     unsafe impl aya::Pod for AddrKeyData {}
     unsafe impl aya::Pod for PortKeyData {}
     unsafe impl aya::Pod for ProtoKey {}

@@ -9,8 +9,8 @@ use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf};
 use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdicts4,
     DimMasks, EventConfig, EventFlow, FlowKey, FlowState, HookChains, IfKey, IfaceInfo,
-    NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror, RuleInfo, VerdictKey4,
-    ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT, CPU_VERDICT_SETS, FLOW_SEEN_SLOTS, HOOK_SLOTS,
+    NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror, RuleInfo, SeenLine, VerdictKey4,
+    ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT, CPU_VERDICT_SETS, FLOW_SEEN_LINES, HOOK_SLOTS,
     LOCAL_MAX, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU,
 };
 
@@ -142,7 +142,9 @@ pub(crate) static FLOWS_NEW: Array<NewFlowSlot> = Array::pinned(NEW_FLOW_SLOTS, 
 /// idle longer than flows live is a new flow without a lookup in `FLOWS` or `FLOWS_NEW` (cold
 /// misses in tables of several MiB: a flood of denied new flows paid them on every packet).
 #[map]
-pub(crate) static FLOW_SEEN: Array<u16> = Array::pinned(FLOW_SEEN_SLOTS, 0);
+/// [`peerwall_common::FLOW_SEEN_LANES`] stamps to an entry ([`SeenLine`]), page-aligned (`BPF_F_MMAPABLE`): one
+/// cache line each, and user space writes stamps in place through the map's memory.
+pub(crate) static FLOW_SEEN: Array<SeenLine> = Array::pinned(FLOW_SEEN_LINES, BPF_F_MMAPABLE);
 /// `CT_SWEPT[0]`: until when (`bpf_ktime_get_ns`) `FLOW_SEEN` also covers every connection
 /// the kernel's table holds, so that an idle entry there spares the kernel-table lookup
 /// (`conntrack.rs`, `kernel_state`). The agent stamps the entries of the kernel's

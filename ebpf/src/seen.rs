@@ -6,7 +6,7 @@
 
 use peerwall_common::{
     family, flow_seen_idle, flow_seen_slot, flow_seen_slot_of_words, flow_seen_stamp, flow_words,
-    FlowKey, FLOW_SEEN_SLOTS,
+    seen_line_of, FlowKey, FLOW_SEEN_LANES, FLOW_SEEN_SLOTS,
 };
 
 use crate::maps::{seen_horizon_ns, CT_SWEPT, FLOW_SEEN};
@@ -15,10 +15,24 @@ use crate::maps::{seen_horizon_ns, CT_SWEPT, FLOW_SEEN};
 /// Not inlined: the hash's words would add to each caller's stack frame.
 #[inline(never)]
 pub(crate) fn note_seen(k: &FlowKey, now: u64) {
-    if let Some(s) = FLOW_SEEN.get_ptr_mut(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1)) {
-        // SAFETY: pointer from a successful lookup; a racing CPU writes a time as recent.
+    if let Some(s) = stamp_at(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1)) {
+        // SAFETY: a lane of an entry of a successful lookup; a racing CPU writes a time as
+        // recent.
         unsafe { *s = flow_seen_stamp(now) };
     }
+}
+
+/// The stamp of slot `slot`, in place: its entry's lane ([`seen_line_of`]).
+#[inline(always)]
+fn stamp_at(slot: u32) -> Option<*mut u16> {
+    let (line, lane) = seen_line_of(slot);
+    let l = FLOW_SEEN.get_ptr_mut(line)?;
+    // SAFETY: `lane` < FLOW_SEEN_LANES (masked again for the verifier), within the entry.
+    Some(unsafe {
+        (&raw mut (*l).stamps)
+            .cast::<u16>()
+            .add(lane & (FLOW_SEEN_LANES as usize - 1))
+    })
 }
 
 /// Whether no flow with `k`'s `FLOW_SEEN` entry (either direction) can still be live.
@@ -30,8 +44,9 @@ pub(crate) fn seen_idle(k: &FlowKey, now: u64) -> bool {
 /// [`seen_idle`] of a key given as its words ([`peerwall_common::flow_words`]).
 #[inline(always)]
 fn no_live_flow(words: &[u32; 10], now: u64) -> bool {
-    match FLOW_SEEN.get(flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1)) {
-        Some(s) => flow_seen_idle(*s, now, seen_horizon_ns()),
+    match stamp_at(flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1)) {
+        // SAFETY: a lane of an entry of a successful lookup.
+        Some(s) => flow_seen_idle(unsafe { *s }, now, seen_horizon_ns()),
         None => false,
     }
 }

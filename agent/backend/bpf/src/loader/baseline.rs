@@ -115,12 +115,7 @@ impl Datapath {
             super::seen::ktime_ns(),
             peerwall_common::FLOW_IDLE_NS,
         );
-        let mut m: aya::maps::Array<&mut MapData, u16> =
-            aya::maps::Array::try_from(self.map(map::FLOW_SEEN)?)
-                .map_err(map_err(map::FLOW_SEEN))?;
-        for i in 0..m.len() {
-            m.set(i, idle, 0).map_err(map_err(map::FLOW_SEEN))?;
-        }
+        self.seen_stamps()?.fill(idle);
         Ok(())
     }
 

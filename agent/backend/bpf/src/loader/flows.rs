@@ -358,11 +358,10 @@ impl Datapath {
             }
         }
         {
-            let mut seen: Array<&mut MapData, u16> =
-                Array::try_from(self.map(map::FLOW_SEEN)?).map_err(map_err(map::FLOW_SEEN))?;
+            let seen = self.seen_stamps()?;
             let stamp = peerwall_common::flow_seen_stamp(now);
             for i in seen_slots {
-                seen.set(i, stamp, 0).map_err(map_err(map::FLOW_SEEN))?;
+                seen.set(i, stamp);
             }
         }
         self.outdate(sets)

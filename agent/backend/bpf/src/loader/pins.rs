@@ -67,8 +67,8 @@ pub(super) fn pin_link<E: std::fmt::Display>(
 /// direct-mapped array of `new_flow_slots` slots (an older peerwall pinned an LRU hash; or
 /// another `--flow-table-size`, whose slots the datapath's index would not match): those flows
 /// had no answer yet; an answer arriving after the swap is classified as a new flow of its
-/// own. And the per-flow event state (`EVENT_FLOWS`) of another layout. The established
-/// flows' table is never dropped. Returns the pins removed.
+/// own. And the per-flow event state (`EVENT_FLOWS`) and conntrack's `FLOW_SEEN` stamps of
+/// another layout. The established flows' table is never dropped. Returns the pins removed.
 pub(super) fn drop_stale_caches(
     pin_dir: &Path,
     new_flow_slots: u32,
@@ -126,6 +126,24 @@ pub(super) fn drop_stale_caches(
         let array = matches!(info.map_type(), Ok(aya::maps::MapType::Array));
         let slot = std::mem::size_of::<peerwall_common::NewFlowSlot>() as u32;
         if !array || info.value_size() != slot || info.max_entries() != new_flow_slots {
+            std::fs::remove_file(&path).map_err(|source| BpfError::Io {
+                path: path.clone(),
+                source,
+            })?;
+            removed.push(path.display().to_string());
+        }
+    }
+    // `FLOW_SEEN` of an older peerwall: one `u16` per entry, not mapped (`SeenLine`). Its
+    // programs, while still attached, keep their own copy: the shortcut stays off until none
+    // is (`seen.rs`, `arm_flow_seen`).
+    let path = pin_dir.join(map::FLOW_SEEN);
+    if path.exists() {
+        let info = MapData::from_pin(&path)
+            .and_then(|d| d.info())
+            .map_err(map_err(map::FLOW_SEEN))?;
+        if info.value_size() as usize != std::mem::size_of::<peerwall_common::SeenLine>()
+            || info.max_entries() != peerwall_common::FLOW_SEEN_LINES
+        {
             std::fs::remove_file(&path).map_err(|source| BpfError::Io {
                 path: path.clone(),
                 source,

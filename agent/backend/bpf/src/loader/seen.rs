@@ -12,9 +12,100 @@
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use aya::programs::links::PinnedLink;
-use peerwall_common::{flags, flow_seen_slot, flow_seen_stamp, map, FlowKey, FlowState};
+use peerwall_common::{
+    flags, flow_seen_slot, flow_seen_stamp, map, seen_line_of, FlowKey, FlowState, SeenLine,
+    FLOW_SEEN_SLOTS,
+};
 
 use super::{map_err, BpfError, Datapath};
+
+/// `FLOW_SEEN`'s stamps mapped into this process (the datapath creates the map
+/// `BPF_F_MMAPABLE`), each written in place as one `u16` store. An entry holds the stamps of
+/// 32 slots ([`SeenLine`]), which the datapath renews on other CPUs meanwhile: a map update
+/// would write the whole entry back, and could put an older stamp over one just renewed, after
+/// which a live flow's packet would look new.
+pub(crate) struct SeenStamps {
+    lines: *mut SeenLine,
+    count: usize,
+}
+
+impl SeenStamps {
+    /// Map `d`, `FLOW_SEEN`, read-write.
+    pub(crate) fn map(d: &MapData) -> Result<Self, BpfError> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let info = d.info().map_err(map_err(map::FLOW_SEEN))?;
+        if info.value_size() as usize != std::mem::size_of::<SeenLine>()
+            || info.max_entries() as u64 * peerwall_common::FLOW_SEEN_LANES as u64
+                != FLOW_SEEN_SLOTS as u64
+        {
+            return Err(BpfError::MissingMap(map::FLOW_SEEN.to_string()));
+        }
+        let count = info.max_entries() as usize;
+        let len = count * std::mem::size_of::<SeenLine>();
+        // SAFETY: a shared read-write mapping of the map's fd, `len` bytes (its values: an
+        // mmapable array maps them from offset 0); unmapped on drop, accessed only through
+        // volatile `u16` reads and writes below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                d.fd().as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(BpfError::Io {
+                path: map::FLOW_SEEN.into(),
+                source: std::io::Error::last_os_error(),
+            });
+        }
+        Ok(Self {
+            lines: p.cast(),
+            count,
+        })
+    }
+
+    /// The stamp of slot `slot` ([`flow_seen_slot`] with mask `FLOW_SEEN_SLOTS - 1`), in place.
+    fn lane(&self, slot: u32) -> *mut u16 {
+        let (line, lane) = seen_line_of(slot & (FLOW_SEEN_SLOTS - 1));
+        debug_assert!((line as usize) < self.count);
+        // SAFETY: `line` < FLOW_SEEN_LINES = `count` (checked at `map`), `lane` < 32: within
+        // the mapping.
+        unsafe {
+            (&raw mut (*self.lines.add(line as usize)).stamps)
+                .cast::<u16>()
+                .add(lane)
+        }
+    }
+
+    /// Write `stamp` into slot `slot`.
+    pub(crate) fn set(&self, slot: u32, stamp: u16) {
+        // SAFETY: a `u16` of the mapping (`lane`), aligned (entries are 64 bytes, page-aligned).
+        unsafe { std::ptr::write_volatile(self.lane(slot), stamp) }
+    }
+
+    /// Write `stamp` into every slot (the benchmarks' baseline).
+    #[cfg(feature = "bench")]
+    pub(crate) fn fill(&self, stamp: u16) {
+        for slot in 0..FLOW_SEEN_SLOTS {
+            self.set(slot, stamp);
+        }
+    }
+}
+
+impl Drop for SeenStamps {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `map`, not used after this.
+        unsafe {
+            libc::munmap(
+                self.lines.cast(),
+                self.count * std::mem::size_of::<SeenLine>(),
+            )
+        };
+    }
+}
 
 /// Whether the shortcut may be armed: every attached program uses `ours` (the `FLOW_SEEN`
 /// map's id) among its maps. `programs`: per pinned link, its program's map ids (None: the
@@ -67,11 +158,20 @@ impl Datapath {
     /// Stamp flow `key`'s `FLOW_SEEN` entry at `now_ns` (user space writing a flow: the
     /// probe engine).
     pub(crate) fn note_seen(&mut self, key: &FlowKey, now_ns: u64) -> Result<(), BpfError> {
-        let mut m: Array<&mut MapData, u16> =
-            Array::try_from(self.map(map::FLOW_SEEN)?).map_err(map_err(map::FLOW_SEEN))?;
-        let i = flow_seen_slot(key, m.len().saturating_sub(1));
-        m.set(i, flow_seen_stamp(now_ns), 0)
-            .map_err(map_err(map::FLOW_SEEN))
+        let m = self.seen_stamps()?;
+        m.set(
+            flow_seen_slot(key, FLOW_SEEN_SLOTS - 1),
+            flow_seen_stamp(now_ns),
+        );
+        Ok(())
+    }
+
+    /// `FLOW_SEEN`'s stamps, mapped for writing in place.
+    pub(crate) fn seen_stamps(&mut self) -> Result<SeenStamps, BpfError> {
+        match self.map(map::FLOW_SEEN)? {
+            aya::maps::Map::Array(d) => SeenStamps::map(d),
+            _ => Err(BpfError::MissingMap(map::FLOW_SEEN.to_string())),
+        }
     }
 
     /// Turn the shortcut on when it is sound, off when it is not (see the module). Cheap when
@@ -151,15 +251,10 @@ impl Datapath {
 
     /// Write stamp `now_ns` into the entries of `keys` (each entry once).
     fn stamp(&mut self, keys: &[FlowKey], now_ns: u64) -> Result<(), BpfError> {
-        let mut m: Array<&mut MapData, u16> =
-            Array::try_from(self.map(map::FLOW_SEEN)?).map_err(map_err(map::FLOW_SEEN))?;
-        let mask = m.len().saturating_sub(1);
-        let mut slots: Vec<u32> = keys.iter().map(|k| flow_seen_slot(k, mask)).collect();
-        slots.sort_unstable();
-        slots.dedup();
-        for i in slots {
-            m.set(i, flow_seen_stamp(now_ns), 0)
-                .map_err(map_err(map::FLOW_SEEN))?;
+        let m = self.seen_stamps()?;
+        let stamp = flow_seen_stamp(now_ns);
+        for k in keys {
+            m.set(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1), stamp);
         }
         Ok(())
     }
