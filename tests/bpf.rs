@@ -365,10 +365,15 @@ fn upgrade_replaces_verdict_caches_of_an_older_layout() {
     require_root();
     let pins = Pins::new("upgrade");
     std::fs::create_dir_all(&pins.0).expect("pin dir");
-    // A verdict cache of an older layout (32-byte verdicts), and the table of flows not replied
-    // yet as releases before the array pinned it: an LRU hash of flow keys (40 bytes) to
-    // states (16).
-    for (name, key, value) in [("VERDICTS4", "16", "32"), ("FLOWS_NEW", "40", "16")] {
+    // A verdict cache of an older layout (32-byte verdicts), the table of flows not replied
+    // yet as releases before the array pinned it (an LRU hash of flow keys, 40 bytes, to
+    // states, 16), and conntrack's FLOW_SEEN as releases before its entries of 32 stamps
+    // pinned it (an array of 131072 single u16 stamps).
+    for (name, kind, key, value, entries) in [
+        ("VERDICTS4", "lru_hash", "16", "32", "1024"),
+        ("FLOWS_NEW", "lru_hash", "40", "16", "1024"),
+        ("FLOW_SEEN", "array", "4", "2", "131072"),
+    ] {
         let path = pins.0.join(name);
         let made = sh(
             "bpftool",
@@ -377,13 +382,13 @@ fn upgrade_replaces_verdict_caches_of_an_older_layout() {
                 "create",
                 path.to_str().unwrap_or_default(),
                 "type",
-                "lru_hash",
+                kind,
                 "key",
                 key,
                 "value",
                 value,
                 "entries",
-                "1024",
+                entries,
                 "name",
                 name,
             ],
@@ -424,6 +429,17 @@ fn upgrade_replaces_verdict_caches_of_an_older_layout() {
             Some(u64::from(peerwall_common::NEW_FLOW_SLOTS))
         ),
         "the old FLOWS_NEW is replaced by this release's direct-mapped table: {flows_new}"
+    );
+    let seen = bpftool_json(&[
+        "map",
+        "show",
+        "pinned",
+        &format!("{}/FLOW_SEEN", pins.arg()),
+    ]);
+    assert_eq!(
+        (seen["bytes_value"].as_u64(), seen["max_entries"].as_u64()),
+        (Some(64), Some(u64::from(peerwall_common::FLOW_SEEN_LINES))),
+        "the old FLOW_SEEN is replaced by entries of 32 stamps: {seen}"
     );
 }
 

@@ -85,73 +85,55 @@ pub(super) fn drop_stale_caches(
             std::mem::size_of::<peerwall_common::FlowKey>(),
         ),
     ] {
-        let path = pin_dir.join(name);
-        if !path.exists() {
-            continue;
-        }
-        let info = MapData::from_pin(&path)
-            .and_then(|d| d.info())
-            .map_err(map_err(name))?;
-        if info.value_size() != value
-            || info.key_size() != key as u32
-            || info.map_flags() != peerwall_common::NO_COMMON_LRU
-        {
-            std::fs::remove_file(&path).map_err(|source| BpfError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            removed.push(path.display().to_string());
-        }
+        drop_pin_unless(pin_dir, name, &mut removed, |info| {
+            info.value_size() == value
+                && info.key_size() == key as u32
+                && info.map_flags() == peerwall_common::NO_COMMON_LRU
+        })?;
     }
     // The per-flow event state, when an older peerwall pinned it with fewer fields
     // (`EventFlow` grew the latest packet's): dropping it costs each flow an early event.
-    let path = pin_dir.join(map::EVENT_FLOWS);
-    if path.exists() {
-        let info = MapData::from_pin(&path)
-            .and_then(|d| d.info())
-            .map_err(map_err(map::EVENT_FLOWS))?;
-        if info.value_size() as usize != std::mem::size_of::<peerwall_common::EventFlow>() {
-            std::fs::remove_file(&path).map_err(|source| BpfError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            removed.push(path.display().to_string());
-        }
-    }
-    let path = pin_dir.join(map::FLOWS_NEW);
-    if path.exists() {
-        let info = MapData::from_pin(&path)
-            .and_then(|d| d.info())
-            .map_err(map_err(map::FLOWS_NEW))?;
-        let array = matches!(info.map_type(), Ok(aya::maps::MapType::Array));
-        let slot = std::mem::size_of::<peerwall_common::NewFlowSlot>() as u32;
-        if !array || info.value_size() != slot || info.max_entries() != new_flow_slots {
-            std::fs::remove_file(&path).map_err(|source| BpfError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            removed.push(path.display().to_string());
-        }
-    }
+    drop_pin_unless(pin_dir, map::EVENT_FLOWS, &mut removed, |info| {
+        info.value_size() as usize == std::mem::size_of::<peerwall_common::EventFlow>()
+    })?;
+    drop_pin_unless(pin_dir, map::FLOWS_NEW, &mut removed, |info| {
+        matches!(info.map_type(), Ok(aya::maps::MapType::Array))
+            && info.value_size() as usize == std::mem::size_of::<peerwall_common::NewFlowSlot>()
+            && info.max_entries() == new_flow_slots
+    })?;
     // `FLOW_SEEN` of an older peerwall: one `u16` per entry, not mapped (`SeenLine`). Its
     // programs, while still attached, keep their own copy: the shortcut stays off until none
     // is (`seen.rs`, `arm_flow_seen`).
-    let path = pin_dir.join(map::FLOW_SEEN);
-    if path.exists() {
-        let info = MapData::from_pin(&path)
-            .and_then(|d| d.info())
-            .map_err(map_err(map::FLOW_SEEN))?;
-        if info.value_size() as usize != std::mem::size_of::<peerwall_common::SeenLine>()
-            || info.max_entries() != peerwall_common::FLOW_SEEN_LINES
-        {
-            std::fs::remove_file(&path).map_err(|source| BpfError::Io {
-                path: path.clone(),
-                source,
-            })?;
-            removed.push(path.display().to_string());
-        }
-    }
+    drop_pin_unless(pin_dir, map::FLOW_SEEN, &mut removed, |info| {
+        info.value_size() as usize == std::mem::size_of::<peerwall_common::SeenLine>()
+            && info.max_entries() == peerwall_common::FLOW_SEEN_LINES
+    })?;
     Ok(removed)
+}
+
+/// Remove the pin of map `name` under `pin_dir`, if there is one and `fits` refuses its
+/// definition; the path removed goes to `removed`.
+fn drop_pin_unless(
+    pin_dir: &Path,
+    name: &str,
+    removed: &mut Vec<String>,
+    fits: impl Fn(&aya::maps::MapInfo) -> bool,
+) -> Result<(), BpfError> {
+    let path = pin_dir.join(name);
+    if !path.exists() {
+        return Ok(());
+    }
+    let info = MapData::from_pin(&path)
+        .and_then(|d| d.info())
+        .map_err(map_err(name))?;
+    if !fits(&info) {
+        std::fs::remove_file(&path).map_err(|source| BpfError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        removed.push(path.display().to_string());
+    }
+    Ok(())
 }
 
 /// Remove every pin under `pin_dir` (links first: that detaches the programs), then the dir
