@@ -395,10 +395,9 @@ fn upgrade_replaces_verdict_caches_of_an_older_layout() {
         );
         assert!(made.status.success(), "bpftool map create {name}: {made:?}");
     }
-    let value_size = |name: &str| {
-        bpftool_json(&["map", "show", "pinned", &format!("{}/{name}", pins.arg())])["bytes_value"]
-            .as_u64()
-    };
+    let show =
+        |name: &str| bpftool_json(&["map", "show", "pinned", &format!("{}/{name}", pins.arg())]);
+    let value_size = |name: &str| show(name)["bytes_value"].as_u64();
     assert_eq!(value_size("VERDICTS4"), Some(32));
     let mut b = Datapath::load(&pins.0).expect("the new object loads over the old pins");
     b.tc_program().expect("and its program verifies");
@@ -411,12 +410,7 @@ fn upgrade_replaces_verdict_caches_of_an_older_layout() {
         Some(4),
         "the generations are pinned beside the caches"
     );
-    let flows_new = bpftool_json(&[
-        "map",
-        "show",
-        "pinned",
-        &format!("{}/FLOWS_NEW", pins.arg()),
-    ]);
+    let flows_new = show("FLOWS_NEW");
     assert_eq!(
         (
             flows_new["type"].as_str(),
@@ -430,12 +424,7 @@ fn upgrade_replaces_verdict_caches_of_an_older_layout() {
         ),
         "the old FLOWS_NEW is replaced by this release's direct-mapped table: {flows_new}"
     );
-    let seen = bpftool_json(&[
-        "map",
-        "show",
-        "pinned",
-        &format!("{}/FLOW_SEEN", pins.arg()),
-    ]);
+    let seen = show("FLOW_SEEN");
     assert_eq!(
         (seen["bytes_value"].as_u64(), seen["max_entries"].as_u64()),
         (Some(64), Some(u64::from(peerwall_common::FLOW_SEEN_LINES))),
