@@ -683,9 +683,30 @@ fn verifier_accepts_the_largest_policy() {
     }];
     let report = b.apply(&policy, &ifaces).expect("apply");
     assert_eq!(report.prefixes, 16 * 1023);
-    b.tc_program().expect("the verifier accepts the tc program");
-    b.tc_l3_program()
-        .expect("the verifier accepts the tc program of L3 devices");
+    // Every gateway verifies its programs when it starts (50 on a node verify 100 programs),
+    // so the verifier's work is bounded here, in the instructions it walked (deterministic,
+    // unlike its time): the datapath's bulk is in global functions, each checked once on its
+    // own. Walked as static functions, once per call site and caller state, it was 430,000
+    // instructions per program (over a second of verification each).
+    const VERIFIED_BUDGET: u32 = 80_000;
+    let tc = b
+        .tc_program()
+        .expect("the verifier accepts the tc program")
+        .info()
+        .unwrap()
+        .verified_instruction_count()
+        .expect("the kernel reports verified instructions");
+    let l3 = b
+        .tc_l3_program()
+        .expect("the verifier accepts the tc program of L3 devices")
+        .info()
+        .unwrap()
+        .verified_instruction_count()
+        .expect("the kernel reports verified instructions");
+    assert!(
+        tc <= VERIFIED_BUDGET && l3 <= VERIFIED_BUDGET,
+        "the verifier walked {tc} (tc) and {l3} (tc, L3) instructions, over {VERIFIED_BUDGET}"
+    );
     // And it decides: the last rule of the last chain.
     let pkt = peerwall_policy::ir::Packet {
         src: "10.3.254.9".parse().unwrap(),

@@ -11,7 +11,7 @@ use peerwall_common::{
 use crate::maps::{
     ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DST0, DST1, DSTH0,
     DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, LAST, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0,
-    RULES1, SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1,
+    RULES1, SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1, WORK,
 };
 use crate::parse::Pkt;
 use crate::route::PATH_FORWARD;
@@ -377,15 +377,42 @@ pub(crate) fn hooks_of(slot: u32, idx: u32) -> Option<&'static HookChains> {
     }
 }
 
-/// State shared with the per-chain callback of `bpf_loop`.
+/// State shared with the per-chain callback of `bpf_loop`; the query itself is in `WORK`
+/// (`Work::q`), where the chain bodies read it.
 #[repr(C)]
 pub(crate) struct LoopCtx {
-    pub(crate) q: Query,
     pub(crate) slot: u32,
     /// Index into `HOOKS`.
     pub(crate) hook_idx: u32,
     /// Set when a chain refused the packet.
     pub(crate) refused: u32,
+}
+
+/// The chain bodies, as global functions: the verifier checks a global function once, on
+/// its own, not once per call site and caller state as it does a static one. Called from the
+/// `bpf_loop` callback of each of the four hooks (and of each program entry), the static
+/// bodies were most of the instructions the verifier walked (each load of a gateway's program
+/// took over a second, `cargo xtask bench-peers`). No arguments: each reads the query from
+/// `WORK`, where [`classify`] wrote it once for all the packet's chains.
+macro_rules! global_chain_body {
+    ($($sym:ident => $eval:ident, $nw:expr;)*) => {
+        $(
+            #[unsafe(no_mangle)]
+            #[inline(never)]
+            pub extern "C" fn $sym() -> u32 {
+                match WORK.get(0) {
+                    Some(w) => $eval::<{ $nw }>(&w.q),
+                    None => 0,
+                }
+            }
+        )*
+    };
+}
+global_chain_body! {
+    pw_chain0_one => eval0, 1;
+    pw_chain0_all => eval0, WORDS;
+    pw_chain1_one => eval1, 1;
+    pw_chain1_all => eval1, WORDS;
 }
 
 /// One iteration: evaluate chain `index` of the hook. The verifier checks this body once per
@@ -400,18 +427,23 @@ extern "C" fn chain_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     if i >= MAX_HOOK_CHAINS {
         return 1;
     }
-    lc.q.chain = hc.chains[i];
+    let chain = hc.chains[i];
+    let Some(w) = WORK.get_ptr_mut(0) else {
+        return 1;
+    };
+    // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
+    unsafe { (*w).q.chain = chain };
     let info = if lc.slot == 0 {
-        CHAINS0.get(lc.q.chain)
+        CHAINS0.get(chain)
     } else {
-        CHAINS1.get(lc.q.chain)
+        CHAINS1.get(chain)
     };
     let one = info.is_none_or(|c| c.rules <= ONE_WORD_RULES);
     match (lc.slot == 0, one) {
-        (true, true) => eval0::<1>(&lc.q),
-        (true, false) => eval0::<WORDS>(&lc.q),
-        (false, true) => eval1::<1>(&lc.q),
-        (false, false) => eval1::<WORDS>(&lc.q),
+        (true, true) => pw_chain0_one(),
+        (true, false) => pw_chain0_all(),
+        (false, true) => pw_chain1_one(),
+        (false, false) => pw_chain1_all(),
     };
     let a = match SCRATCH.get(0) {
         Some(sc) => sc.action,
@@ -424,10 +456,10 @@ extern "C" fn chain_step(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     0
 }
 
-/// Run every chain of `hk` for the packet; false when the packet was refused.
+/// Run every chain of `hk` for the packet in `WORK`; false when the packet was refused.
 #[inline(always)]
-pub(crate) fn run_hook(slot: u32, hk: u32, q: &mut Query) -> bool {
-    let fidx = if q.p.family == family::V4 { 0 } else { 1 };
+pub(crate) fn run_hook(slot: u32, hk: u32, family: u8) -> bool {
+    let fidx = if family == family::V4 { 0 } else { 1 };
     let hook_idx = hk * 2 + fidx;
     let count = match hooks_of(slot, hook_idx) {
         Some(hc) => hc.count.min(MAX_HOOK_CHAINS as u32),
@@ -437,7 +469,6 @@ pub(crate) fn run_hook(slot: u32, hk: u32, q: &mut Query) -> bool {
         return true;
     }
     let mut lc = LoopCtx {
-        q: *q,
         slot,
         hook_idx,
         refused: 0,
@@ -476,25 +507,33 @@ pub(crate) fn classify(route: &Route, p: &Pkt) -> u32 {
             (*sc).audit = 0;
         }
     }
-    let mut q = Query {
-        count,
-        chain: 0,
-        iif,
-        oif: 0,
-        state,
-        p: *p,
+    let Some(w) = WORK.get_ptr_mut(0) else {
+        return 0;
     };
-    if !run_hook(slot, hook::PREROUTING, &mut q) {
+    // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
+    unsafe {
+        (*w).q = Query {
+            count,
+            chain: 0,
+            iif,
+            oif: 0,
+            state,
+            p: *p,
+        };
+    }
+    let family = p.family;
+    if !run_hook(slot, hook::PREROUTING, family) {
         return 0;
     }
     if path == PATH_FORWARD {
-        q.oif = oif;
-        if !run_hook(slot, hook::FORWARD, &mut q) {
+        // SAFETY: as above.
+        unsafe { (*w).q.oif = oif };
+        if !run_hook(slot, hook::FORWARD, family) {
             return 0;
         }
-        let _ = run_hook(slot, hook::POSTROUTING, &mut q);
+        let _ = run_hook(slot, hook::POSTROUTING, family);
     } else {
-        let _ = run_hook(slot, hook::INPUT, &mut q);
+        let _ = run_hook(slot, hook::INPUT, family);
     }
     0
 }

@@ -41,9 +41,22 @@ fn lookup(k: &FlowKey, now: u64) -> Option<*mut FlowState> {
 /// `FLOWS_NEW`'s slot holding flow `k`, if it does.
 #[inline(always)]
 fn new_slot(k: &FlowKey) -> Option<*mut NewFlowSlot> {
-    let s = FLOWS_NEW.get_ptr_mut(new_flow_slot(k, new_flow_mask()))?;
+    let s = FLOWS_NEW.get_ptr_mut(new_slot_index(k))?;
     // SAFETY: pointer from a successful lookup.
     same_flow(unsafe { &(*s).key }, k).then_some(s)
+}
+
+/// The index of flow `k`'s slot in `FLOWS_NEW` (its hash). A global function:
+/// the verifier checks the hash once, not at each of conntrack's lookups and inserts; `k` is
+/// never null (the verifier requires the test of a global function's pointer argument).
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn new_slot_index(k: *const FlowKey) -> u32 {
+    // SAFETY: a valid key or null.
+    match unsafe { k.as_ref() } {
+        Some(k) => new_flow_slot(k, new_flow_mask()),
+        None => u32::MAX,
+    }
 }
 
 /// Whether two flow keys are equal, as ten word compares (a derived `==` compares byte by
@@ -333,11 +346,13 @@ fn marks_live_past(until: u64) {
 /// known-flow path looks a live flow's verdict up), the cached verdicts of the other
 /// direction stale once our side opened the flow, the original direction's once the first
 /// reply came. Called instead of [`ct_commit`], for `WORK`'s packet: no argument lives in the
-/// caller's frame across the call (the verifier bounds a call chain's frames together).
+/// caller's frame across the call (the verifier bounds a call chain's frames together). A
+/// global function: the verifier checks it once.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn kernel_commit() {
+pub extern "C" fn kernel_commit() -> u32 {
     let Some(w) = WORK.get(0) else {
-        return;
+        return 0;
     };
     // The clock as `kernel_state` read it for this packet, if it did.
     let now = if w.now != 0 {
@@ -353,6 +368,7 @@ pub(crate) fn kernel_commit() {
     } else if w.r.first_reply {
         forget(&reverse(&k));
     }
+    0
 }
 
 /// A packet of no live flow: `new` (the state with its bits), unless it cannot start one: a
@@ -375,19 +391,26 @@ fn new_or_invalid(p: &Pkt, is_icmp: bool, new: u32) -> u32 {
 
 /// After an accept: create the flow (new, in `FLOWS_NEW`), refresh it, or note its first
 /// reply (established: the flow moves to `FLOWS`). `unknown`: [`ct_state`] found the flow
-/// live nowhere ([`CT_UNKNOWN`]), so there is nothing to look up again.
+/// live nowhere ([`CT_UNKNOWN`]), so there is nothing to look up again. For `WORK`'s packet;
+/// a global function: the verifier checks it once.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
+pub extern "C" fn ct_commit(state: u32, unknown: u32) -> u32 {
+    let unknown = unknown != 0;
+    let Some(w) = WORK.get(0) else {
+        return 0;
+    };
+    let p = &w.p;
     // SAFETY: no arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let is_icmp = p.proto == IPPROTO_ICMP || p.proto == IPPROTO_ICMPV6;
     if state == ct::INVALID || state == ct::RELATED || (is_icmp && !icmp_keyed(p)) {
-        return;
+        return 0;
     }
     let k = flow_key(p);
     if unknown && state == ct::NEW {
         insert_new(&k, now);
-        return;
+        return 0;
     }
     // The packet's own direction, established or not.
     if let Some(st) = FLOWS.get_ptr_mut(&k) {
@@ -396,7 +419,7 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
             // SAFETY: as above.
             unsafe { (*st).last_seen_ns = now };
             note_seen(&k, now);
-            return;
+            return 0;
         }
         // An expired flow starts over, not replied yet.
         let _ = FLOWS.remove(&k);
@@ -407,7 +430,7 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
             // SAFETY: as above.
             unsafe { (*s).state.last_seen_ns = now };
             note_seen(&k, now);
-            return;
+            return 0;
         }
         // Expired: a new packet takes the slot again below; a reply goes on to the flow it
         // answers (refreshing this one would leave that flow unreplied).
@@ -419,7 +442,7 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
             // SAFETY: as above.
             unsafe { (*st).last_seen_ns = now };
             note_seen(&k, now);
-            return;
+            return 0;
         }
         // An expired flow of the other direction: this packet starts a new one.
         let _ = FLOWS.remove(&r);
@@ -447,12 +470,13 @@ pub(crate) fn ct_commit(p: &Pkt, state: u32, unknown: bool) {
             note_seen(&k, now);
             // The original direction is established from now on.
             forget(&r);
-            return;
+            return 0;
         }
     }
     if state == ct::NEW {
         insert_new(&k, now);
     }
+    0
 }
 
 /// A new flow, not replied yet: into `FLOWS_NEW`; packets of the other direction are replies
@@ -466,7 +490,7 @@ fn insert_new(k: &FlowKey, now: u64) {
     // The entry first: a packet of the other direction that reads it after the flow is in
     // its slot then looks the flow up.
     note_seen(k, now);
-    if let Some(s) = FLOWS_NEW.get_ptr_mut(new_flow_slot(k, new_flow_mask())) {
+    if let Some(s) = FLOWS_NEW.get_ptr_mut(new_slot_index(k)) {
         // SAFETY: pointer from a successful lookup; a racing write of another CPU to the same
         // slot can leave a mix of two keys, which matches no flow (a miss, as an eviction).
         // Zeroed a word at a time, then the key and the time (`mem.rs`: a whole new slot

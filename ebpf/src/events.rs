@@ -10,9 +10,7 @@ use peerwall_common::{
     counter_owner, ct, event, CachedVerdict, EventConfig, EventFlow, FlowEvent, CACHED_COUNTERS,
 };
 
-use crate::classify::{
-    Outcome, ACT_ACCEPT, ACT_AUDIT_DROP, ACT_AUDIT_REJECT, ACT_DROP, ACT_REJECT,
-};
+use crate::classify::{ACT_ACCEPT, ACT_AUDIT_DROP, ACT_AUDIT_REJECT, ACT_DROP, ACT_REJECT};
 use crate::flow::flow_key;
 use crate::maps::{EVENTS, EVENT_BUCKET, EVENT_CONF, EVENT_FLOWS, OWNERS0, OWNERS1, SCRATCH, WORK};
 use crate::parse::{IPPROTO_ICMP, IPPROTO_ICMPV6};
@@ -65,6 +63,7 @@ pub(crate) fn kind_of(action: u32) -> u8 {
 }
 
 /// What an event says beyond the packet in `WORK`.
+#[repr(C)]
 pub(crate) struct Said {
     pub(crate) kind: u8,
     pub(crate) chain: u32,
@@ -75,11 +74,17 @@ pub(crate) struct Said {
     pub(crate) epoch: u32,
 }
 
-/// Count `WORK`'s packet in its flow's event state and send an event when one is due.
+/// Count `WORK`'s packet in its flow's event state and send an event when one is due. A
+/// global function: the verifier checks it once, not at each of its callers'
+/// calls; `s` is never null (the verifier requires the test of a global function's pointer
+/// argument).
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn note(s: &Said) {
-    let (Some(w), Some(conf)) = (WORK.get(0), EVENT_CONF.get(0)) else {
-        return;
+pub extern "C" fn note(s: *const Said) -> u32 {
+    // SAFETY: a valid `Said` or null.
+    let (Some(s), Some(w), Some(conf)) = (unsafe { s.as_ref() }, WORK.get(0), EVENT_CONF.get(0))
+    else {
+        return 0;
     };
     let p = &w.p;
     // One state per flow, kind and chain (chain ids are below 64).
@@ -107,11 +112,11 @@ pub(crate) fn note(s: &Said) {
                 _pad: [0; 3],
             };
             if EVENT_FLOWS.insert(&k, &fresh, 0).is_err() {
-                return;
+                return 0;
             }
             match EVENT_FLOWS.get_ptr_mut(&k) {
                 Some(f) => f,
-                None => return,
+                None => return 0,
             }
         }
     };
@@ -137,10 +142,10 @@ pub(crate) fn note(s: &Said) {
         f.sport = sport;
         f.dport = dport;
         f.state = s.state as u8;
-        return;
+        return 0;
     }
     let Some(mut e) = EVENTS.reserve::<FlowEvent>(0) else {
-        return;
+        return 0;
     };
     e.write(FlowEvent {
         ts_ns: now,
@@ -165,16 +170,20 @@ pub(crate) fn note(s: &Said) {
     f.last_ns = now;
     f.packets = 0;
     f.bytes = 0;
+    0
 }
 
-/// The event of a classified packet (`WORK`, outcome `out`), if the flags ask for one.
+/// The event of a classified packet (`WORK`, its outcome in `SCRATCH`), if the flags ask
+/// for one. A global function: the verifier checks it once.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn note_outcome(flags: u32, out: &Outcome) {
+pub extern "C" fn note_outcome(flags: u32) -> u32 {
     if flags & peerwall_common::flags::EVENTS == 0 {
-        return;
+        return 0;
     }
+    let out = &crate::classify::outcome();
     let Some(w) = WORK.get(0) else {
-        return;
+        return 0;
     };
     let r = &w.r;
     if out.action != ACT_ACCEPT || out.audit != 0 {
@@ -196,6 +205,7 @@ pub(crate) fn note_outcome(flags: u32, out: &Outcome) {
     if flags & peerwall_common::flags::FLOW_LOG != 0 && r.state == ct::NEW && out.has_chain {
         flow_log(out.action, out.audit != 0);
     }
+    0
 }
 
 /// What the flow log's per-chain callback needs.

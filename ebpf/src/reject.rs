@@ -48,9 +48,12 @@ pub(crate) fn load_quote(ctx: &TcContext, l2: usize, dst: &mut [u8]) -> bool {
 
 /// Turn the packet into an ICMP (ICMPv6) port-unreachable quoting it and send it back out of
 /// the interface it came in on, as nftables' `reject` does. Packets the kernel would not answer
-/// (ICMP errors, non-first fragments, IPv4 with options) are dropped silently.
+/// (ICMP errors, non-first fragments, IPv4 with options) are dropped silently. A global
+/// function: the verifier checks it once.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn reject(ctx: &TcContext) -> i32 {
+pub extern "C" fn reject(skb: *mut aya_ebpf::bindings::__sk_buff) -> i32 {
+    let ctx = &TcContext::new(skb);
     let Some(w) = WORK.get(0) else {
         return TC_ACT_SHOT;
     };

@@ -12,14 +12,22 @@ use peerwall_common::{
 use crate::maps::{seen_horizon_ns, CT_SWEPT, FLOW_SEEN};
 
 /// Note that flow `k` (either direction) was written at `now`: with every `last_seen_ns`.
-/// Not inlined: the hash's words would add to each caller's stack frame.
+/// Not inlined: the hash's words would add to each caller's stack frame. A global function
+///: the verifier checks it once, not at each of conntrack's calls; `k` is never
+/// null (the verifier requires the test of a global function's pointer argument).
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn note_seen(k: &FlowKey, now: u64) {
+pub extern "C" fn note_seen(k: *const FlowKey, now: u64) -> u32 {
+    // SAFETY: a valid key or null.
+    let Some(k) = (unsafe { k.as_ref() }) else {
+        return 0;
+    };
     if let Some(s) = stamp_at(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1)) {
         // SAFETY: a lane of an entry of a successful lookup; a racing CPU writes a time as
         // recent.
         unsafe { *s = flow_seen_stamp(now) };
     }
+    0
 }
 
 /// The stamp of slot `slot`, in place: its entry's lane ([`seen_line_of`]).

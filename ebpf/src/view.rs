@@ -24,20 +24,50 @@ pub(crate) fn forward_view(p: &mut Pkt, iif: u32, slot: u32, wire: *mut [u8; 16]
     };
     // SAFETY: `wire` is per-CPU scratch of the caller's successful lookup, not `p`.
     unsafe { *wire = p.dst };
-    // Bits of the destination kept: beyond the rewritten prefix.
-    let len = t.prefix_len.min(128) as usize;
+    // The rewritten prefix's bits come from `to`, the rest from the destination: a mask of
+    // `len` leading ones per 64-bit half, in network order. Two halves, not 16 bytes each
+    // with its own test of `len`: the verifier walked every split of `len` those tests made
+    // (24,000 instructions of one program's load), these make four.
+    let len = t.prefix_len.min(128);
+    let hi_len = len.min(64);
+    let (m_hi, m_lo) = (leading_ones(hi_len), leading_ones(len - hi_len));
+    let (to_hi, to_lo) = halves(&t.to);
+    let (d_hi, d_lo) = halves(&p.dst);
+    let hi = ((to_hi & m_hi) | (d_hi & !m_hi)).to_be_bytes();
+    let lo = ((to_lo & m_lo) | (d_lo & !m_lo)).to_be_bytes();
     let mut i = 0;
-    while i < 16 {
-        let bit0 = i * 8;
-        let keep: u8 = if bit0 + 8 <= len {
-            0
-        } else if bit0 >= len {
-            0xff
-        } else {
-            0xffu8 >> (len - bit0)
-        };
-        p.dst[i] = (t.to[i] & !keep) | (p.dst[i] & keep);
+    while i < 8 {
+        p.dst[i] = hi[i];
+        p.dst[i + 8] = lo[i];
         i += 1;
     }
     true
+}
+
+/// A 64-bit mask of `n` (at most 64) leading ones.
+#[inline(always)]
+fn leading_ones(n: u32) -> u64 {
+    if n == 0 {
+        0
+    } else {
+        u64::MAX << (64 - n.min(64))
+    }
+}
+
+/// An address's two 64-bit halves, read in network order.
+#[inline(always)]
+fn halves(a: &[u8; 16]) -> (u64, u64) {
+    let h = |o: usize| {
+        u64::from_be_bytes([
+            a[o],
+            a[o + 1],
+            a[o + 2],
+            a[o + 3],
+            a[o + 4],
+            a[o + 5],
+            a[o + 6],
+            a[o + 7],
+        ])
+    };
+    (h(0), h(8))
 }

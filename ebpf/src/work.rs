@@ -31,6 +31,9 @@ pub(crate) struct Work {
     /// (`viewed`): the kernel's conntrack knows the connection by it.
     pub(crate) wire_dst: [u8; 16],
     pub(crate) viewed: bool,
+    /// The query the chain bodies evaluate (`classify.rs`): they are global functions, which
+    /// read it here rather than take it as an argument.
+    pub(crate) q: crate::classify::Query,
     /// The clock read once for a packet the kernel's table tracks (`conntrack.rs`,
     /// `kernel_state`), which its commit stamps `FLOW_SEEN` with (`kernel_commit`).
     pub(crate) now: u64,

@@ -29,8 +29,15 @@ fn bump(set: u32) {
 /// under another. For a flow conntrack did not know (its first accept), whose packets rarely
 /// have a verdict cached at all: the removal is a locked hash-bucket walk, which a flood of
 /// new flows would otherwise pay on every packet.
+///
+/// A global function: the verifier checks it once; `k` is never null.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn outdate(k: &FlowKey) {
+pub extern "C" fn outdate(k: *const FlowKey) -> u32 {
+    // SAFETY: a valid key or null.
+    let Some(k) = (unsafe { k.as_ref() }) else {
+        return 0;
+    };
     match k.proto {
         IPPROTO_ICMP => {
             bump(set_of(k, 8));
@@ -42,6 +49,7 @@ pub(crate) fn outdate(k: &FlowKey) {
         }
         _ => bump(set_of(k, 0)),
     }
+    0
 }
 
 /// Forget the cached verdicts of the packets of flow `k` (both echo types for ICMP): a
@@ -49,8 +57,15 @@ pub(crate) fn outdate(k: &FlowKey) {
 /// their sets' generations move on, which makes the copies on every CPU stale, and any verdict
 /// whose classification read the old state: one that reads the new generation finds the
 /// entries already gone.
+///
+/// A global function: the verifier checks it once; `k` is never null.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn forget(k: &FlowKey) {
+pub extern "C" fn forget(k: *const FlowKey) -> u32 {
+    // SAFETY: a valid key or null.
+    let Some(k) = (unsafe { k.as_ref() }) else {
+        return 0;
+    };
     let icmp = match k.proto {
         IPPROTO_ICMP => Some((8, 0)),
         IPPROTO_ICMPV6 => Some((128, 129)),
@@ -72,4 +87,5 @@ pub(crate) fn forget(k: &FlowKey) {
         }
         None => remove(0),
     }
+    0
 }

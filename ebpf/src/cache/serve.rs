@@ -1,6 +1,7 @@
 //! Serving cached verdicts: the fast path of known IPv4 flows ([`known_flow_v4`], before the
 //! full parse) and the full path's lookup ([`cached_verdict`]).
 
+use aya_ebpf::bindings::__sk_buff;
 use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_coarse_ns};
 use aya_ebpf::programs::TcContext;
 use peerwall_common::{
@@ -72,8 +73,13 @@ fn serve(
 /// [`MISS`] (at once when [`known_flow_v4`] already looked the same key up). Notes the
 /// packet's generation in `WORK` either way, for [`remember`]: the caller classifies after
 /// this, so it is read before the packet's conntrack state.
+///
+/// A global function: the verifier checks it once, not once per
+/// program entry and caller state; `count_accepts` is 0 or 1.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn cached_verdict(iif: u32, epoch: u32, count_accepts: bool, flags: u32) -> u32 {
+pub extern "C" fn cached_verdict(iif: u32, epoch: u32, count_accepts: u32, flags: u32) -> u32 {
+    let count_accepts = count_accepts != 0;
     let Some(w) = WORK.get_ptr_mut(0) else {
         return MISS;
     };
@@ -162,10 +168,21 @@ unsafe fn load_u32(p: usize) -> u32 {
 /// not on a gateway's fast path anyway (README, "XDP").
 ///
 /// Not inlined: its stack stays out of the entry's frame, which the full path's calls add to.
+///
+/// A global function, checked by the verifier once on its own: `l3`
+/// is then any value below 256 to it, which the bounds check below covers.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn known_flow_v4(ctx: &TcContext, l3: usize, iif: u32, epoch: u32, flags: u32) -> u32 {
+pub extern "C" fn known_flow_v4(
+    skb: *mut __sk_buff,
+    l3: u32,
+    iif: u32,
+    epoch: u32,
+    flags: u32,
+) -> u32 {
+    let ctx = TcContext::new(skb);
     let (data, end) = (ctx.data(), ctx.data_end());
-    let ip = data + (l3 & 0xff);
+    let ip = data + (l3 & 0xff) as usize;
     // The IP header and the first 14 bytes of TCP (to its flags) or 8 of UDP.
     if ip + 28 > end {
         return MISS;

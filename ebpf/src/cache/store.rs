@@ -50,30 +50,32 @@ pub(super) fn promote(
 }
 
 /// Cache `action`, which `classify` just gave `WORK`'s packet, when the packet and the path
-/// allow it.
+/// allow it. A global function: the verifier checks it once.
+#[unsafe(no_mangle)]
 #[inline(never)]
-pub(crate) fn remember(action: u8) {
+pub extern "C" fn remember(action: u32) -> u32 {
+    let action = action as u8;
     if action != ACT_ACCEPT && action != ACT_DROP {
-        return;
+        return 0;
     }
     let (Some(w), Some(sc)) = (WORK.get(0), SCRATCH.get(0)) else {
-        return;
+        return 0;
     };
     let r = &w.r;
     if !r.cache || (r.state != ct::NEW && r.state != ct::ESTABLISHED) {
-        return;
+        return 0;
     }
     // The first accepted packet of a flow conntrack never saw: its commit creates the flow,
     // and the flow's next packet, known then, is cached. A flood of new flows, each one
     // packet, then inserts nothing into the verdict caches.
     if r.unknown && action == ACT_ACCEPT {
-        return;
+        return 0;
     }
     if sc.steps as usize > CACHED_COUNTERS {
-        return;
+        return 0;
     }
     let Some(extra) = cacheable(&w.p) else {
-        return;
+        return 0;
     };
     let k = flow_key(&w.p);
     let at = stamp();
@@ -113,10 +115,11 @@ pub(crate) fn remember(action: u8) {
                 // SAFETY: this CPU's own set, of a successful lookup.
                 promote(unsafe { &mut *s }, &words, &key, &v, w.gen, r.epoch);
             }
-            return;
+            return 0;
         }
         let _ = VERDICTS4.insert(&key, &v, 0);
     } else {
         let _ = VERDICTS6.insert(&key6(&k, extra), &v, 0);
     }
+    0
 }
