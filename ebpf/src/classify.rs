@@ -27,7 +27,8 @@ pub(crate) const ACT_AUDIT_DROP: u8 = ActionCode::AuditDrop as u8;
 pub(crate) const ACT_AUDIT_REJECT: u8 = ActionCode::AuditReject as u8;
 pub(crate) const NO_RULE: u32 = u32::MAX;
 
-/// Inputs of one chain evaluation.
+/// Inputs of one chain evaluation besides the packet, which the chain bodies read from `WORK`
+/// (`Work::p`) too.
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub(crate) struct Query {
@@ -37,7 +38,6 @@ pub(crate) struct Query {
     pub(crate) iif: u32,
     pub(crate) oif: u32,
     pub(crate) state: u32,
-    pub(crate) p: Pkt,
 }
 
 /// Chains of at most this many rules take the one-word body of the evaluation: their rules'
@@ -145,8 +145,8 @@ macro_rules! slot_eval {
         /// (action, deciding rule or NO_RULE). One function per word count, each with its body
         /// inlined: the caller picks one, so the call chain's stack holds one body's frame.
         #[inline(never)]
-        fn $name<const NW: usize>(q: &Query) -> u32 {
-            let (mut action, idx, counter) = $name::run::<NW>(q);
+        fn $name<const NW: usize>(q: &Query, p: &Pkt) -> u32 {
+            let (mut action, idx, counter) = $name::run::<NW>(q, p);
             if let Some(sc) = SCRATCH.get_ptr_mut(0) {
                 // An audited chain's drop or reject: the chain accepts; the first one is kept.
                 if action == ACT_AUDIT_DROP || action == ACT_AUDIT_REJECT {
@@ -186,7 +186,7 @@ macro_rules! slot_eval {
             /// map reference a constant the verifier resolves, and the lookups share one
             /// accumulator on the stack.
             #[inline(always)]
-            pub(super) fn run<const NW: usize>(q: &Query) -> (u8, u32, u32) {
+            pub(super) fn run<const NW: usize>(q: &Query, p: &Pkt) -> (u8, u32, u32) {
                 let chain = q.chain;
                 let Some(info) = $chains.get(chain) else {
                     return (ACT_DROP, NO_RULE, NO_RULE);
@@ -196,15 +196,15 @@ macro_rules! slot_eval {
                 let base = info.counters as u32;
                 let pk = ProtoKey {
                     chain,
-                    family: q.p.family,
-                    proto: q.p.proto,
+                    family: p.family,
+                    proto: p.proto,
                     _pad: [0; 2],
                 };
                 // SAFETY: read-only lookups of plain data.
                 // Protocols no rule names share the family's "other" entry (`_pad[0] = 1`).
                 let other = ProtoKey {
                     chain,
-                    family: q.p.family,
+                    family: p.family,
                     proto: 0,
                     _pad: [1, 0],
                 };
@@ -261,8 +261,8 @@ macro_rules! slot_eval {
                         && !step_masked::<NW>(
                             acc,
                             // SAFETY: read-only lookup of plain data.
-                            unsafe { $srch.get(&addr_data(chain, &q.p, &q.p.src)) }
-                                .or_else(|| $src.get(addr_key(chain, &q.p, &q.p.src))),
+                            unsafe { $srch.get(&addr_data(chain, p, &p.src)) }
+                                .or_else(|| $src.get(addr_key(chain, p, &p.src))),
                             $masks.get(chain * 4 + dim::SRC),
                         )
                     {
@@ -272,18 +272,18 @@ macro_rules! slot_eval {
                         && !step_masked::<NW>(
                             acc,
                             // SAFETY: read-only lookup of plain data.
-                            unsafe { $dsth.get(&addr_data(chain, &q.p, &q.p.dst)) }
-                                .or_else(|| $dst.get(addr_key(chain, &q.p, &q.p.dst))),
+                            unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) }
+                                .or_else(|| $dst.get(addr_key(chain, p, &p.dst))),
                             $masks.get(chain * 4 + dim::DST),
                         )
                     {
                         break 'dims true;
                     }
-                    if q.p.has_ports {
+                    if p.has_ports {
                         if cons & constrained::SPORT != 0
                             && !step_masked::<NW>(
                                 acc,
-                                $sport.get(port_key(chain, q.p.sport)),
+                                $sport.get(port_key(chain, p.sport)),
                                 $masks.get(chain * 4 + dim::SPORT),
                             )
                         {
@@ -292,7 +292,7 @@ macro_rules! slot_eval {
                         if cons & constrained::DPORT != 0
                             && !step_masked::<NW>(
                                 acc,
-                                $dport.get(port_key(chain, q.p.dport)),
+                                $dport.get(port_key(chain, p.dport)),
                                 $masks.get(chain * 4 + dim::DPORT),
                             )
                         {
@@ -320,7 +320,7 @@ macro_rules! slot_eval {
                     // SAFETY: per-CPU slot of a successful lookup.
                     unsafe {
                         (*c).packets += 1;
-                        (*c).bytes += q.p.len as u64;
+                        (*c).bytes += p.len as u64;
                     }
                 }
                 (action, idx, counter)
@@ -401,7 +401,7 @@ macro_rules! global_chain_body {
             #[inline(never)]
             pub extern "C" fn $sym() -> u32 {
                 match WORK.get(0) {
-                    Some(w) => $eval::<{ $nw }>(&w.q),
+                    Some(w) => $eval::<{ $nw }>(&w.q, &w.p),
                     None => 0,
                 }
             }
@@ -485,9 +485,10 @@ pub(crate) fn run_hook(slot: u32, hk: u32, family: u8) -> bool {
     lc.refused == 0
 }
 
-/// Evaluate the packet's path: (prerouting, forward, postrouting) or (prerouting, input).
+/// Evaluate `WORK`'s packet on its path: (prerouting, forward, postrouting) or (prerouting,
+/// input).
 #[inline(never)]
-pub(crate) fn classify(route: &Route, p: &Pkt) -> u32 {
+pub(crate) fn classify(route: &Route) -> u32 {
     let (slot, path, iif, oif, state, count) = (
         route.epoch & 1,
         route.path,
@@ -518,10 +519,10 @@ pub(crate) fn classify(route: &Route, p: &Pkt) -> u32 {
             iif,
             oif: 0,
             state,
-            p: *p,
         };
     }
-    let family = p.family;
+    // SAFETY: as above.
+    let family = unsafe { (*w).p.family };
     if !run_hook(slot, hook::PREROUTING, family) {
         return 0;
     }

@@ -290,7 +290,7 @@ pub extern "C" fn ct_state_tc(skb: *mut __sk_buff, l2: u32, seen_on: u32, seen_i
 #[unsafe(no_mangle)]
 pub extern "C" fn classify_work() -> u32 {
     match WORK.get(0) {
-        Some(w) => classify(&w.r, &w.p),
+        Some(w) => classify(&w.r),
         None => 0,
     }
 }
