@@ -29,6 +29,12 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
         links.contains(&"tc-liqo:abcdefghij".to_string()),
         "{links:?}"
     );
+    // An Ethernet device (the veth named like Geneve's) runs the entry of every device type,
+    // which reads its 14-byte header length from the kernel (the WireGuard test: 0).
+    assert_eq!(
+        linked_program(&pins.0, "tc-liqo:abcdefghij"),
+        "peerwall_tc_any"
+    );
     let slot = active_slot(&pins);
     let chains = bpftool_json(&[
         "map",
@@ -640,7 +646,12 @@ fn enforced_on_a_real_wireguard_tunnel() {
     assert!(up, "tunnel carries traffic before any policy");
     let pins = Pins::new("wg");
     apply_bpf(&gateway, &pins, &[], &repo("examples/thesis-block.yaml"));
-    // liqo-tunnel is an L3 (no Ethernet header) device: the datapath reads IP at offset 0.
+    // liqo-tunnel is an L3 (no Ethernet header) device: the entry attached to it, the one
+    // of every device type, reads the IP header at offset 0 (the kernel's `mac_len`).
+    assert_eq!(
+        linked_program(&pins.0, &format!("tc-{TUNNEL}")),
+        "peerwall_tc_any"
+    );
     assert!(
         !ping(&consumer, "10.10.1.67", "10.20.1.2"),
         "dropped inside the tunnel"
@@ -706,6 +717,20 @@ fn verifier_accepts_the_largest_policy() {
     assert!(
         tc <= VERIFIED_BUDGET && l3 <= VERIFIED_BUDGET,
         "the verifier walked {tc} (tc) and {l3} (tc, L3) instructions, over {VERIFIED_BUDGET}"
+    );
+    // This kernel (6.18) offers the cast of the entry for every device type, which is then
+    // the one attached: it verifies within the same budget.
+    assert!(b.tc_any(), "the entry for every device type is chosen here");
+    let any = b
+        .tc_any_program()
+        .expect("the verifier accepts the tc program of every device type")
+        .info()
+        .unwrap()
+        .verified_instruction_count()
+        .expect("the kernel reports verified instructions");
+    assert!(
+        any <= VERIFIED_BUDGET,
+        "the verifier walked {any} instructions of the entry for every device type, over {VERIFIED_BUDGET}"
     );
     // And it decides: the last rule of the last chain.
     let pkt = peerwall_policy::ir::Packet {

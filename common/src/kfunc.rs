@@ -10,6 +10,9 @@ pub const CT_LOOKUP_SKB: u32 = 0x7eb0_0001;
 pub const CT_LOOKUP_XDP: u32 = 0x7eb0_0002;
 /// `bpf_ct_release(struct nf_conn *)`: every connection a lookup returns is released.
 pub const CT_RELEASE: u32 = 0x7eb0_0003;
+/// `bpf_cast_to_kern_ctx(void *) -> struct sk_buff *` (tc): the kernel's own `sk_buff` of the
+/// program's context, read for its `mac_len` (the tc entry of every device type).
+pub const CAST_TO_KERN_CTX: u32 = 0x7eb0_0004;
 
 /// `bpf_ct_opts.dir` of a lookup that matched the connection's reply tuple
 /// (`IP_CT_DIR_REPLY`).

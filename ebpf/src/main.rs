@@ -35,7 +35,8 @@
 //! load) to under 50,000 (`tests/bpf.rs`, `verifier_accepts_the_largest_policy`, bounds it).
 //!
 //! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`], [`classify`],
-//! [`route`] (with the local-address mirror, [`local`]), [`reject`], [`events`], [`mem`] (zeroing a word at a time); the program entries (tc and XDP) are here; [`bare`] is
+//! [`route`] (with the local-address mirror, [`local`]), [`reject`], [`l2`] (the tc entry
+//! of every device type), [`events`], [`mem`] (zeroing a word at a time); the program entries (tc and XDP) are here; [`bare`] is
 //! the benchmark's baseline.
 #![no_std]
 // BPF inline assembly: the known-flow path's unaligned 32-bit packet loads (`cache.rs`).
@@ -53,6 +54,7 @@ mod ct_args;
 mod events;
 mod flow;
 mod kernel_ct;
+mod l2;
 mod local;
 mod maps;
 mod mem;
@@ -93,8 +95,23 @@ pub fn peerwall_tc(ctx: TcContext) -> i32 {
     }
 }
 
+/// tc entry for every device type: the IP header follows the link-layer header the kernel
+/// measured (`l2.rs`). What the loader attaches where the kernel offers the cast it needs, so
+/// that a gateway verifies one tc program, not one per device type.
+#[classifier]
+pub fn peerwall_tc_any(ctx: TcContext) -> i32 {
+    let Some(l2) = crate::l2::mac_len(ctx.skb.skb) else {
+        return TC_ACT_SHOT;
+    };
+    match try_tc(&ctx, (l2 & 0xff) as usize) {
+        Ok(v) => v,
+        Err(()) => TC_ACT_SHOT,
+    }
+}
+
 /// tc entry for devices without a link-layer header (WireGuard, TUN): the packet starts with
-/// the IP header. The loader picks the entry by device type, so no packet pays a lookup.
+/// the IP header. The loader picks the entry by device type (where it cannot attach
+/// [`peerwall_tc_any`]), so no packet pays a lookup.
 #[classifier]
 pub fn peerwall_tc_l3(ctx: TcContext) -> i32 {
     match try_tc(&ctx, 0) {

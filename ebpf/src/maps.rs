@@ -201,6 +201,18 @@ pub(crate) fn kernel_ct_families() -> u32 {
     unsafe { core::ptr::read_volatile(&KERNEL_CT) }
 }
 
+/// `offsetof(struct sk_buff, mac_len)` in this kernel (from its BTF), for the tc entry of
+/// every device type (`l2.rs`); set where the kernel offers `bpf_cast_to_kern_ctx`.
+#[unsafe(no_mangle)]
+static SKB_MAC_LEN_OFF: u32 = 0;
+
+/// [`SKB_MAC_LEN_OFF`], as loaded.
+#[inline(always)]
+pub(crate) fn skb_mac_len_off() -> u32 {
+    // SAFETY: as in `new_flow_mask`.
+    unsafe { core::ptr::read_volatile(&SKB_MAC_LEN_OFF) }
+}
+
 /// [`NF_CONN_STATUS_OFF`], as loaded.
 #[inline(always)]
 pub(crate) fn nf_conn_status_off() -> u32 {

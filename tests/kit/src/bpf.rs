@@ -87,6 +87,18 @@ pub fn bpftool_json(args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&o.stdout).expect("bpftool json")
 }
 
+/// The name of the program a pinned link (`<pins>/links/<link>`) runs, read with bpftool.
+pub fn linked_program(pins: &std::path::Path, link: &str) -> String {
+    let pin = pins.join("links").join(link);
+    let l = bpftool_json(&["link", "show", "pinned", pin.to_str().expect("UTF-8 path")]);
+    let id = l["prog_id"]
+        .as_u64()
+        .expect("the link's prog_id")
+        .to_string();
+    let p = bpftool_json(&["prog", "show", "id", id.as_str()]);
+    p["name"].as_str().expect("the program's name").to_string()
+}
+
 /// Packets counted at `COUNTERS<slot>[index]`, summed over CPUs, read with bpftool.
 pub fn counted(pins: &Pins, slot: u64, index: u32) -> u64 {
     let map = format!("{}/COUNTERS{slot}", pins.arg());

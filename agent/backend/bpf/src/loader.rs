@@ -62,6 +62,9 @@ pub const PIN_DIR: &str = "/sys/fs/bpf/peerwall";
 pub const TC_PROGRAM: &str = "peerwall_tc";
 /// The tc entry for devices without a link-layer header (WireGuard, TUN).
 pub const TC_L3_PROGRAM: &str = "peerwall_tc_l3";
+/// The tc entry for every device type (its link-layer header's length from the kernel's
+/// `sk_buff`): what is attached where the kernel offers `bpf_cast_to_kern_ctx`.
+pub const TC_ANY_PROGRAM: &str = "peerwall_tc_any";
 /// Name of the XDP program in the object.
 pub const XDP_PROGRAM: &str = "peerwall_xdp";
 
@@ -141,6 +144,9 @@ pub struct Datapath {
     /// How long a flow user space ended stays ended after its last packet, ns (the program's
     /// `ENDED_IDLE_NS`, as loaded).
     ended_idle_ns: u64,
+    /// Whether the tc entry for every device type ([`TC_ANY_PROGRAM`]) can load here: then
+    /// it is the one attached, and a gateway verifies one tc program instead of two.
+    tc_any: bool,
 }
 
 impl std::fmt::Debug for Datapath {
@@ -182,11 +188,11 @@ impl Datapath {
             path: "/sys/devices/system/cpu/possible".into(),
             source,
         })?;
-        let mut ct_globals = [0u32; 2];
+        let mut ct_globals = [0u32; 3];
         let mut loader = EbpfLoader::new();
         loader.default_map_pin_directory(pin_dir);
         // The kernel's connection table, or the datapath's own (`options.rs`).
-        let (object, kernel, families) =
+        let (object, kernel, families, tc_any) =
             options::conntrack_object(opts, &mut loader, &mut ct_globals)?;
         // Where the kernel holds TCP and UDP, the own tables hold little (`options.rs`).
         let flows = flows.or((families != 0).then_some(options::KERNEL_MODE_FLOWS));
@@ -238,6 +244,7 @@ impl Datapath {
                 counters: 0,
             },
             ended_idle_ns: ended_idle,
+            tc_any,
         };
         if ended_until_new {
             b.cover_pinned_marks()?;

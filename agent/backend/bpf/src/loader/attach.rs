@@ -8,14 +8,19 @@ use aya::programs::{SchedClassifier, Xdp, XdpMode};
 use super::host::HostIface;
 use super::linkinfo::link_state;
 use super::pins::{attached_in, link_pin_name, pin_link};
-use super::{BpfError, Datapath, TC_L3_PROGRAM, TC_PROGRAM, XDP_PROGRAM};
+use super::{BpfError, Datapath, TC_ANY_PROGRAM, TC_L3_PROGRAM, TC_PROGRAM, XDP_PROGRAM};
 
-/// The tc entry for an interface: by its link-layer header length.
-fn tc_entry(iface: &HostIface) -> &'static str {
-    if iface.l2_len == 0 {
-        TC_L3_PROGRAM
-    } else {
-        TC_PROGRAM
+impl Datapath {
+    /// The tc entry for an interface: the one for every device type where the kernel offers
+    /// it, else by the device's link-layer header length.
+    fn tc_entry(&self, iface: &HostIface) -> &'static str {
+        if self.tc_any {
+            TC_ANY_PROGRAM
+        } else if iface.l2_len == 0 {
+            TC_L3_PROGRAM
+        } else {
+            TC_PROGRAM
+        }
     }
 }
 
@@ -52,7 +57,7 @@ impl Datapath {
         for iface in ifaces {
             let live = self.tc_link_live(iface);
             if !live {
-                let _: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
+                let _: &mut SchedClassifier = self.loaded(self.tc_entry(iface))?;
             }
             let xdp_pinned = live && links.join(link_pin_name("xdp", &iface.name)).exists();
             if xdp && iface.l2_len == 14 && !xdp_pinned {
@@ -61,8 +66,13 @@ impl Datapath {
         }
         Ok(())
     }
-    /// Load (verify) both tc entries, Ethernet and L3, for interfaces not there yet.
+    /// Load (verify) the tc entries interfaces not there yet need: the one for every device
+    /// type, or both, Ethernet and L3, where the kernel does not offer it.
     pub fn preload_tc(&mut self) -> Result<(), BpfError> {
+        if self.tc_any {
+            let _: &mut SchedClassifier = self.loaded(TC_ANY_PROGRAM)?;
+            return Ok(());
+        }
         let _: &mut SchedClassifier = self.loaded(TC_PROGRAM)?;
         let _: &mut SchedClassifier = self.loaded(TC_L3_PROGRAM)?;
         Ok(())
@@ -111,7 +121,7 @@ impl Datapath {
             tracing::warn!(interface = %iface.name, ifindex = iface.ifindex, "interface created again under its name: the pinned link filtered the earlier device; attaching to this one");
         }
         if !tc_pin.exists() {
-            let prog: &mut SchedClassifier = self.loaded(tc_entry(iface))?;
+            let prog: &mut SchedClassifier = self.loaded(self.tc_entry(iface))?;
             let attach_err = |what: String| move |source| BpfError::Program { what, source };
             let id = prog
                 .attach_with_options(

@@ -1,4 +1,5 @@
-//! Kernel functions (kfuncs) the datapath calls: the kernel's conntrack lookup and release.
+//! Kernel functions (kfuncs) the datapath calls: the kernel's conntrack lookup and release,
+//! and the cast to the kernel's `sk_buff` of the tc entry for every device type ([`KernCtx`]).
 //!
 //! The eBPF program calls each as a helper with a made-up number
 //! ([`peerwall_common::kfunc`]): `call <magic>`, an instruction no relocation touches. Before
@@ -12,7 +13,7 @@
 //! needs the module's BTF fd in the program's `fd_array`, which aya 0.14 does not pass: such a
 //! kernel gets the datapath's own flow tables, and `peerwall inspect` says why.
 
-use peerwall_common::kfunc::{CT_LOOKUP_SKB, CT_LOOKUP_XDP, CT_RELEASE};
+use peerwall_common::kfunc::{CAST_TO_KERN_CTX, CT_LOOKUP_SKB, CT_LOOKUP_XDP, CT_RELEASE};
 
 use super::btf::{BtfError, KernelBtf};
 
@@ -41,20 +42,51 @@ pub struct CtKfuncs {
     pub status_offset: u32,
 }
 
-impl KernelCt {
-    /// What this kernel offers: its vmlinux BTF read once.
-    pub fn detect() -> Self {
-        match KernelBtf::vmlinux() {
-            Err(e) => Self::Own(format!("no kernel BTF (/sys/kernel/btf/vmlinux: {e})")),
-            Ok(Err(e)) => Self::Own(format!("the kernel's BTF is unreadable: {e}")),
-            Ok(Ok(btf)) => Self::from_btf(&btf),
-        }
+/// The tc entry for every device type reads the kernel's `sk_buff` of its packet
+/// (`ebpf/src/l2.rs`): `bpf_cast_to_kern_ctx`'s BTF id in vmlinux and
+/// `offsetof(struct sk_buff, mac_len)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernCtx {
+    pub cast: u32,
+    pub mac_len_offset: u32,
+}
+
+impl KernCtx {
+    /// What `btf` (vmlinux's) offers; None before the cast (6.3) or without the member.
+    pub fn from_btf(btf: &KernelBtf) -> Option<Self> {
+        Some(Self {
+            cast: btf.func_id("bpf_cast_to_kern_ctx").ok()?,
+            mac_len_offset: btf.member_offset("sk_buff", "mac_len").ok()?,
+        })
     }
 
-    /// [`detect`](Self::detect), once per process.
+    /// [`from_btf`](Self::from_btf) of this kernel, read once per process.
+    pub fn detected() -> Option<Self> {
+        detected().1
+    }
+}
+
+/// What this kernel offers, its vmlinux BTF read once per process (the parsed BTF is dropped
+/// afterwards: it is tens of MiB).
+fn detected() -> &'static (KernelCt, Option<KernCtx>) {
+    static DETECTED: std::sync::OnceLock<(KernelCt, Option<KernCtx>)> = std::sync::OnceLock::new();
+    DETECTED.get_or_init(|| match KernelBtf::vmlinux() {
+        Err(e) => (
+            KernelCt::Own(format!("no kernel BTF (/sys/kernel/btf/vmlinux: {e})")),
+            None,
+        ),
+        Ok(Err(e)) => (
+            KernelCt::Own(format!("the kernel's BTF is unreadable: {e}")),
+            None,
+        ),
+        Ok(Ok(btf)) => (KernelCt::from_btf(&btf), KernCtx::from_btf(&btf)),
+    })
+}
+
+impl KernelCt {
+    /// What this kernel offers, its vmlinux BTF read once per process.
     pub fn detected() -> &'static Self {
-        static DETECTED: std::sync::OnceLock<KernelCt> = std::sync::OnceLock::new();
-        DETECTED.get_or_init(Self::detect)
+        &detected().0
     }
 
     /// What `btf` (vmlinux's) offers.
@@ -94,17 +126,18 @@ pub enum PatchError {
     Missing(u32),
 }
 
-/// `obj` with every kfunc call of the datapath resolved as `ct` says. Each magic number must
-/// be called at least once (an object built without them is not this datapath).
-pub fn patch(obj: &[u8], ct: &KernelCt) -> Result<Vec<u8>, PatchError> {
+/// `obj` with every kfunc call of the datapath resolved as `ct` and `kern` say. Each magic
+/// number must be called at least once (an object built without them is not this datapath).
+pub fn patch(obj: &[u8], ct: &KernelCt, kern: Option<KernCtx>) -> Result<Vec<u8>, PatchError> {
     let k = ct.kfuncs();
     let calls = [
         (CT_LOOKUP_SKB, k.map(|k| k.skb_lookup)),
         (CT_LOOKUP_XDP, k.map(|k| k.xdp_lookup)),
         (CT_RELEASE, k.map(|k| k.release)),
+        (CAST_TO_KERN_CTX, kern.map(|k| k.cast)),
     ];
     let mut out = obj.to_vec();
-    let mut seen = [0usize; 3];
+    let mut seen = [0usize; 4];
     for (start, len) in code_sections(obj)? {
         let code = &mut out[start..start + len];
         for insn in code.chunks_exact_mut(8) {
@@ -213,17 +246,24 @@ mod tests {
             release: 13,
             status_offset: 128,
         });
-        let patched = patch(obj, &kernel).expect("every kfunc is called");
+        let kern = Some(KernCtx {
+            cast: 14,
+            mac_len_offset: 120,
+        });
+        let patched = patch(obj, &kernel, kern).expect("every kfunc is called");
         assert_eq!(patched.len(), obj.len());
         assert!(patched != obj, "calls were rewritten");
         // Patched once, nothing is left to patch.
         assert!(matches!(
-            patch(&patched, &kernel),
+            patch(&patched, &kernel, kern),
             Err(PatchError::Missing(_))
         ));
-        let own = patch(obj, &KernelCt::Own("test".into())).expect("patched to r0 = 0");
-        assert!(matches!(patch(&own, &kernel), Err(PatchError::Missing(_))));
-        assert!(patch(b"not elf", &kernel).is_err());
+        let own = patch(obj, &KernelCt::Own("test".into()), None).expect("patched to r0 = 0");
+        assert!(matches!(
+            patch(&own, &kernel, kern),
+            Err(PatchError::Missing(_))
+        ));
+        assert!(patch(b"not elf", &kernel, kern).is_err());
     }
 
     #[test]

@@ -10,6 +10,8 @@ pub(super) const ENDED_IDLE_NS: &str = "ENDED_IDLE_NS";
 /// The datapath's globals of the kernel-conntrack mode (`ebpf/src/kernel_ct.rs`).
 const KERNEL_CT: &str = "KERNEL_CT";
 const NF_CONN_STATUS_OFF: &str = "NF_CONN_STATUS_OFF";
+/// The tc entry of every device type's global (`ebpf/src/l2.rs`).
+const SKB_MAC_LEN_OFF: &str = "SKB_MAC_LEN_OFF";
 
 /// Whose connection table the datapath reads for TCP and UDP.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -71,13 +73,14 @@ impl LoadOptions {
 }
 
 /// The object to load for `opts.conntrack`, its kfunc calls resolved (or made dead): the
-/// kernel's connection table, or the datapath's own; its globals for it go into `loader`
-/// (which borrows them: `globals` must outlive it).
+/// kernel's connection table, or the datapath's own, and the cast of the tc entry for every
+/// device type (`tc_any`: whether this kernel offers it); its globals for them go into
+/// `loader` (which borrows them: `globals` must outlive it).
 pub(super) fn conntrack_object<'a>(
     opts: &LoadOptions,
     loader: &mut aya::EbpfLoader<'a>,
-    globals: &'a mut [u32; 2],
-) -> Result<(Vec<u8>, KernelCt, u32), BpfError> {
+    globals: &'a mut [u32; 3],
+) -> Result<(Vec<u8>, KernelCt, u32, bool), BpfError> {
     let (kernel, families) = match opts.conntrack {
         Conntrack::Own => (KernelCt::Own("chosen (--bpf-conntrack own)".into()), 0),
         Conntrack::Kernel {
@@ -99,15 +102,18 @@ pub(super) fn conntrack_object<'a>(
             (k, bits)
         }
     };
-    let object = super::kfunc::patch(super::OBJECT, &kernel)
+    let kern = super::kfunc::KernCtx::detected();
+    let object = super::kfunc::patch(super::OBJECT, &kernel, kern)
         .map_err(|e| BpfError::KernelConntrack(e.to_string()))?;
-    *globals = kernel
+    let [on, status_off] = kernel
         .kfuncs()
         .map_or([0, 0], |k| [families, k.status_offset]);
-    let [on, status_off] = &*globals;
+    *globals = [on, status_off, kern.map_or(0, |k| k.mac_len_offset)];
+    let [on, status_off, mac_len_off] = &*globals;
     loader.override_global(KERNEL_CT, on, true);
     loader.override_global(NF_CONN_STATUS_OFF, status_off, true);
-    Ok((object, kernel, families))
+    loader.override_global(SKB_MAC_LEN_OFF, mac_len_off, true);
+    Ok((object, kernel, families, kern.is_some()))
 }
 
 impl super::Datapath {

@@ -65,6 +65,17 @@ impl Datapath {
         self.loaded(TC_PROGRAM)
     }
 
+    /// The tc entry for every device type, loaded (verified); an error where the kernel
+    /// does not offer the cast it needs.
+    pub fn tc_any_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
+        self.loaded(super::TC_ANY_PROGRAM)
+    }
+
+    /// Whether the tc entry for every device type is the one attached here.
+    pub fn tc_any(&self) -> bool {
+        self.tc_any
+    }
+
     /// The tc entry for devices without a link-layer header, loaded (verified).
     pub fn tc_l3_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
         self.loaded(super::TC_L3_PROGRAM)
