@@ -15,7 +15,7 @@ use crate::maps::{
 };
 use crate::parse::Pkt;
 use crate::route::PATH_FORWARD;
-use crate::work::Route;
+use crate::work::{Query, Route};
 
 // Classification.
 
@@ -26,19 +26,6 @@ pub(crate) const ACT_REJECT: u8 = ActionCode::Reject as u8;
 pub(crate) const ACT_AUDIT_DROP: u8 = ActionCode::AuditDrop as u8;
 pub(crate) const ACT_AUDIT_REJECT: u8 = ActionCode::AuditReject as u8;
 pub(crate) const NO_RULE: u32 = u32::MAX;
-
-/// Inputs of one chain evaluation besides the packet, which the chain bodies read from `WORK`
-/// (`Work::p`) too.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct Query {
-    /// Count packets in the rule counters (tc always; XDP only for what it drops).
-    pub(crate) count: bool,
-    pub(crate) chain: u32,
-    pub(crate) iif: u32,
-    pub(crate) oif: u32,
-    pub(crate) state: u32,
-}
 
 /// Chains of at most this many rules take the one-word body of the evaluation: their rules'
 /// bits all lie in the first word, and a bit past a chain's rules could only name a rule it

@@ -33,7 +33,7 @@ pub(crate) struct Work {
     pub(crate) viewed: bool,
     /// The query the chain bodies evaluate (`classify.rs`): they are global functions, which
     /// read it here rather than take it as an argument.
-    pub(crate) q: crate::classify::Query,
+    pub(crate) q: Query,
     /// The clock read once for a packet the kernel's table tracks (`conntrack.rs`,
     /// `kernel_state`), which its commit stamps `FLOW_SEEN` with (`kernel_commit`).
     pub(crate) now: u64,
@@ -62,4 +62,17 @@ pub(crate) struct Route {
     /// ([`crate::conntrack::CT_FIRST_REPLY`]): its commit makes the other direction's cached
     /// verdict stale.
     pub(crate) first_reply: bool,
+}
+
+/// Inputs of one chain evaluation besides the packet, which the chain bodies read from `WORK`
+/// (`Work::p`) too.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct Query {
+    /// Count packets in the rule counters (tc always; XDP only for what it drops).
+    pub(crate) count: bool,
+    pub(crate) chain: u32,
+    pub(crate) iif: u32,
+    pub(crate) oif: u32,
+    pub(crate) state: u32,
 }

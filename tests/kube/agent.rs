@@ -489,20 +489,21 @@ async fn a_failed_apply_is_retried_without_an_api_change() {
     assert_thesis_block_enforced(&t.consumer);
 }
 
+/// What `kubectl args` printed, which must succeed.
+fn kubectl_out(server: &ApiServer, args: &[&str]) -> String {
+    let out = server.kubectl().args(args).output().expect("kubectl");
+    assert!(
+        out.status.success(),
+        "kubectl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// The API server's count of lists it read through to etcd, of custom resources and of
 /// namespaces (`etcd_request_duration_seconds_count{operation="list"}`).
 fn etcd_lists(server: &ApiServer) -> u64 {
-    let out = server
-        .kubectl()
-        .args(["get", "--raw", "/metrics"])
-        .output()
-        .expect("kubectl get --raw /metrics");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
+    kubectl_out(server, &["get", "--raw", "/metrics"])
         .lines()
         .filter(|l| l.starts_with("etcd_request_duration_seconds_count{operation=\"list\""))
         .filter(|l| l.contains("unstructured.Unstructured") || l.contains("core.Namespace"))
@@ -514,31 +515,15 @@ fn etcd_lists(server: &ApiServer) -> u64 {
 /// first request for a kind creates its watch cache (apiextensions-apiserver builds a kind's
 /// storage lazily), which fills with a list from etcd of its own.
 fn warm_watch_caches(server: &ApiServer) {
-    let out = server
-        .kubectl()
-        .args(["get", "crd", "-o", "jsonpath={.items[*].metadata.name}"])
-        .output()
-        .expect("kubectl get crd");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let kinds = String::from_utf8_lossy(&out.stdout)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(",");
+    let kinds = kubectl_out(
+        server,
+        &["get", "crd", "-o", "jsonpath={.items[*].metadata.name}"],
+    )
+    .split_whitespace()
+    .collect::<Vec<_>>()
+    .join(",");
     assert!(!kinds.is_empty(), "no custom resource kinds served");
-    let out = server
-        .kubectl()
-        .args(["get", kinds.as_str(), "-A"])
-        .output()
-        .expect("kubectl get every custom kind");
-    assert!(
-        out.status.success(),
-        "kubectl get {kinds} -A: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    kubectl_out(server, &["get", kinds.as_str(), "-A"]);
 }
 
 /// Every gateway of every node lists at start: from the API server's watch cache, never read
@@ -574,20 +559,14 @@ async fn agent_lists_from_the_watch_cache_not_etcd() {
         before = now;
     }
     // Sensitivity: a list without resourceVersion=0 is counted.
-    let out = server
-        .kubectl()
-        .args([
+    kubectl_out(
+        &server,
+        &[
             "get",
             "firewallconfigurations.peerwall.io",
             "-A",
             "--chunk-size=10",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        ],
     );
     let counted = etcd_lists(&server);
     assert!(

@@ -62,8 +62,7 @@ pub const PIN_DIR: &str = "/sys/fs/bpf/peerwall";
 pub const TC_PROGRAM: &str = "peerwall_tc";
 /// The tc entry for devices without a link-layer header (WireGuard, TUN).
 pub const TC_L3_PROGRAM: &str = "peerwall_tc_l3";
-/// The tc entry for every device type (its link-layer header's length from the kernel's
-/// `sk_buff`): what is attached where the kernel offers `bpf_cast_to_kern_ctx`.
+/// The tc entry for every device type (`ebpf/src/l2.rs`), where the kernel offers its kfunc.
 pub const TC_ANY_PROGRAM: &str = "peerwall_tc_any";
 /// Name of the XDP program in the object.
 pub const XDP_PROGRAM: &str = "peerwall_xdp";
@@ -108,19 +107,6 @@ pub fn diagnostics(policy: &ir::Policy) -> Vec<String> {
     out
 }
 
-/// Give the heap memory the load freed back to the system. aya's loader parses the kernel's
-/// BTF for every load (`EbpfLoader::new`: tens of MiB, freed with the loader), on the thread
-/// that loads; in the gateway-pod mode each gateway loads on a thread of its own, and glibc
-/// keeps what a thread's arena freed, so the agent grew by that much per gateway (`cargo
-/// xtask bench-peers`).
-fn return_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: malloc_trim only hands free heap pages back; it touches no live allocation.
-    unsafe {
-        libc::malloc_trim(0);
-    }
-}
-
 /// The loaded datapath.
 pub struct Datapath {
     ebpf: Ebpf,
@@ -144,8 +130,7 @@ pub struct Datapath {
     /// How long a flow user space ended stays ended after its last packet, ns (the program's
     /// `ENDED_IDLE_NS`, as loaded).
     ended_idle_ns: u64,
-    /// Whether the tc entry for every device type ([`TC_ANY_PROGRAM`]) can load here: then
-    /// it is the one attached, and a gateway verifies one tc program instead of two.
+    /// Whether [`TC_ANY_PROGRAM`] loads here: then every device gets it (one tc program).
     tc_any: bool,
 }
 
@@ -229,7 +214,7 @@ impl Datapath {
         let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();
         let ebpf = loader.load(&object)?;
         drop(loader);
-        return_freed_memory();
+        btf::return_freed_memory();
         let mut b = Self {
             ebpf,
             pin_dir: pin_dir.to_path_buf(),

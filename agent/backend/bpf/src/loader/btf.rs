@@ -152,6 +152,19 @@ impl KernelBtf {
     }
 }
 
+/// Give the heap memory the load freed back to the system. aya's loader parses the kernel's
+/// BTF for every load (`EbpfLoader::new`: tens of MiB, freed with the loader), on the thread
+/// that loads; in the gateway-pod mode each gateway loads on a thread of its own, and glibc
+/// keeps what a thread's arena freed, so the agent grew by that much per gateway (`cargo
+/// xtask bench-peers`).
+pub(super) fn return_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only hands free heap pages back; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
