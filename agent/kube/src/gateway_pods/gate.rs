@@ -1,5 +1,5 @@
 //! How many gateways of a node load their bpf datapath at once: as many as the node has CPUs.
-//! A load is CPU-bound (the verifier, about 0.7 s per program) and briefly holds tens of MiB of
+//! A load is CPU-bound (creating the maps, the verifier) and briefly holds tens of MiB of
 //! the kernel's parsed BTF; all at once, 50 gateways after a node's reboot each waited for all
 //! 50 loads (the first enforced after 16 s) and the agent peaked at 613 MiB (`cargo xtask
 //! bench-peers`). In turns, the first gateways enforce after one load and the last no later
