@@ -354,13 +354,18 @@ impl Counts {
     }
 }
 
-/// One "policy applied" line of the agent's JSON log: when (ns since the Unix epoch, taken
-/// after the kernel took the policy), how long the apply took, and which variant it was (by
-/// the policy's digest: the first apply's is variant 0's, the one the agent started with).
+/// One "policy applied" line of the agent's JSON log: when (ns since the Unix epoch, the
+/// line's time: after the kernel took the policy), when the apply started (its `started_at`:
+/// before the kernel changed), and which variant it was (by the policy's digest: the first
+/// apply's is variant 0's, the one the agent started with).
+///
+/// The start is the agent's own reading of the wall clock, not the line's time less
+/// `apply_ms`: a loaded machine may pause the agent for milliseconds between the apply and its
+/// log line, which would put such an estimate after the kernel's change.
 #[derive(Debug, Clone, Copy)]
 struct Applied {
     at: i64,
-    took: i64,
+    started: i64,
     variant: usize,
 }
 
@@ -372,11 +377,15 @@ fn applies(log: &Path) -> Vec<Applied> {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter(|v| v["fields"]["message"] == "policy applied")
         .map(|v| {
-            let at = chrono::DateTime::parse_from_rfc3339(v["timestamp"].as_str().unwrap_or(""))
-                .unwrap_or_else(|e| panic!("log timestamp {}: {e}", v["timestamp"]))
-                .timestamp_nanos_opt()
-                .expect("timestamp in range");
-            let took = (v["fields"]["apply_ms"].as_f64().expect("apply_ms") * 1e6) as i64;
+            let time = |t: &serde_json::Value| {
+                chrono::DateTime::parse_from_rfc3339(t.as_str().unwrap_or(""))
+                    .unwrap_or_else(|e| panic!("log time {t}: {e}"))
+                    .timestamp_nanos_opt()
+                    .expect("timestamp in range")
+            };
+            let at = time(&v["timestamp"]);
+            let started = time(&v["fields"]["started_at"]);
+            assert!(started <= at, "an apply logged before it started: {v}");
             let digest = v["fields"]["digest"].as_str().expect("digest").to_string();
             let variant = match digests.iter().position(|d| *d == digest) {
                 Some(i) => i,
@@ -386,7 +395,11 @@ fn applies(log: &Path) -> Vec<Applied> {
                 }
             };
             assert!(variant < 2, "an apply of neither variant: {v}");
-            Applied { at, took, variant }
+            Applied {
+                at,
+                started,
+                variant,
+            }
         })
         .collect()
 }
@@ -398,8 +411,8 @@ struct Flipped {
     sent: u64,
     /// Applies logged while the stream ran.
     applies: u64,
-    /// Sent while an apply was under way (from its start, as the agent measures it, to its log
-    /// line, with a millisecond either side), or delivered only after the next apply started
+    /// Sent while an apply was under way (from its logged start to its log line, with a
+    /// millisecond either side), or delivered only after the next apply started
     /// (its verdict was taken somewhere between its send and its receipt): either verdict is
     /// right.
     in_transition: u64,
@@ -415,6 +428,19 @@ struct Flipped {
     delivered_denied: u64,
     /// Lost although the policy in force allowed them (stale, or the stream's own loss).
     lost_allowed: u64,
+    /// The first datagram delivered although denied, placed among the applies around it.
+    first_stale: Option<Stale>,
+}
+
+/// Where a stale delivery sat (times in µs relative to its send): the apply in force (its log
+/// line and its start), the next apply's start, and the datagram's receipt.
+#[derive(Debug, serde::Serialize)]
+struct Stale {
+    datagram: u64,
+    received_us: i64,
+    in_force_logged_us: i64,
+    in_force_started_us: i64,
+    next_started_us: Option<i64>,
 }
 
 /// Judge each FLIP datagram (send times `sent`, numbers received `got` with their kernel
@@ -441,7 +467,7 @@ fn judge(applied: &[Applied], sent: &[i64], got: &[(u64, i64)]) -> Flipped {
     for (i, &at) in sent.iter().enumerate() {
         // The last apply done before this datagram left, and the next one.
         let k = applied.partition_point(|a| a.at + MARGIN <= at);
-        let next_started = applied.get(k).map(|a| a.at - a.took - MARGIN);
+        let next_started = applied.get(k).map(|a| a.started - MARGIN);
         let Some(in_force) = k.checked_sub(1).map(|k| applied[k]) else {
             panic!("a FLIP datagram sent before the agent's first apply");
         };
@@ -464,6 +490,16 @@ fn judge(applied: &[Applied], sent: &[i64], got: &[(u64, i64)]) -> Flipped {
         } else {
             j.judged_denied += 1;
             j.delivered_denied += u64::from(delivered);
+            if let (Some(r), None) = (received, &j.first_stale) {
+                let us = |t: i64| (t - at) / 1000;
+                j.first_stale = Some(Stale {
+                    datagram: i as u64,
+                    received_us: us(r),
+                    in_force_logged_us: us(in_force.at),
+                    in_force_started_us: us(in_force.started),
+                    next_started_us: next_started.map(us),
+                });
+            }
         }
     }
     j
@@ -833,6 +869,17 @@ fn policy_swaps(
     let recover = g.until_state_is(v);
     assert!(recover.is_some(), "the final policy never came into force");
     let flips = judge(&applies(&g.log()), &flip_sent, &flip_got);
+    if flips.delivered_denied > 0 {
+        // The agent's log beside the row's report, for the applies around a stale delivery.
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reliability");
+        let _ = std::fs::create_dir_all(&dir);
+        let keep = dir.join(format!("{backend}-stale-{}.log", std::process::id()));
+        let _ = std::fs::copy(g.log(), &keep);
+        eprintln!(
+            "a stale delivery: the agent's log is kept at {}",
+            keep.display()
+        );
+    }
     check(&Row {
         fault: fault.into(),
         backend,

@@ -88,6 +88,18 @@ pub enum EnforceError {
     Apply(#[from] BackendError),
 }
 
+/// A successful apply as [`Enforcement::record`] counted it.
+struct Recorded {
+    generation: u64,
+    /// From the start of the change (its compilation) to the kernel's answer.
+    secs: f64,
+    /// When the change started, by the wall clock (RFC 3339): the kernel changed after it,
+    /// and before the log line that reports it, so a reader of the log can bound the moment
+    /// of the change even when the agent was paused before logging.
+    started_at: String,
+    summary: peerwall_backend::Report,
+}
+
 /// Compile-and-apply with metrics and logs: the part every policy source shares.
 pub struct Enforcement {
     backend: Box<dyn Backend>,
@@ -360,13 +372,19 @@ impl Enforcement {
         let result = self.backend.apply(&policy);
         // Applied or refused: the datapath is loaded (or failed to), the turn given back.
         self.until_first_apply.take();
-        let (generation, secs, summary) = self.record(result, started, false)?;
+        let Recorded {
+            generation,
+            secs,
+            started_at,
+            summary,
+        } = self.record(result, started, false)?;
         tracing::info!(
             generation,
             digest = %format!("{:016x}", compiled.policy.digest()),
             tables = compiled.policy.tables.len(),
             rules = compiled.policy.rule_count(),
             apply_ms = secs * 1e3,
+            started_at = %started_at,
             %summary,
             "policy applied"
         );
@@ -450,14 +468,14 @@ impl Enforcement {
         }
     }
 
-    /// Count an apply's outcome in the metrics: on success the new generation, its latency
-    /// and the backend's summary; on failure the error.
+    /// Count an apply's outcome in the metrics: on success the new generation, its latency,
+    /// when it started and the backend's summary; on failure the error.
     fn record(
         &mut self,
         result: Result<peerwall_backend::Report, BackendError>,
         started: Instant,
         sets_only: bool,
-    ) -> Result<(u64, f64, peerwall_backend::Report), EnforceError> {
+    ) -> Result<Recorded, EnforceError> {
         match result {
             Ok(summary) => {
                 // Once per change, not once per apply: a pod churn re-applies many times a
@@ -473,7 +491,12 @@ impl Enforcement {
                     self.backend_warned.clone_from(&summary.warnings);
                 }
                 self.generation += 1;
-                let secs = started.elapsed().as_secs_f64();
+                // The wall clock first: a pause between the two readings moves the start
+                // earlier, never later than the kernel's change.
+                let now = chrono::Utc::now();
+                let took = started.elapsed();
+                let secs = took.as_secs_f64();
+                let started_at = now - chrono::TimeDelta::from_std(took).unwrap_or_default();
                 let generation = self.generation;
                 self.update(|m| {
                     m.generation = generation;
@@ -481,7 +504,12 @@ impl Enforcement {
                     m.set_updates += u64::from(sets_only);
                     m.observe_apply(secs);
                 });
-                Ok((generation, secs, summary))
+                Ok(Recorded {
+                    generation,
+                    secs,
+                    started_at: started_at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                    summary,
+                })
             }
             Err(e) => {
                 self.update(|m| m.apply_errors += 1);
@@ -506,11 +534,17 @@ impl Enforcement {
         let backend_started = Instant::now();
         let result = self.backend.update_sets(&policy, changes);
         let backend_secs = backend_started.elapsed().as_secs_f64();
-        let (generation, secs, summary) = self.record(result, started, true)?;
+        let Recorded {
+            generation,
+            secs,
+            started_at,
+            summary,
+        } = self.record(result, started, true)?;
         tracing::debug!(
             generation,
             sets = changes.len(),
             apply_ms = secs * 1e3,
+            started_at = %started_at,
             backend_ms = backend_secs * 1e3,
             %summary,
             "set elements updated"
