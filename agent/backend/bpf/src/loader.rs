@@ -28,6 +28,7 @@ pub use options::{Conntrack, LoadOptions};
 mod btf;
 pub mod kfunc;
 mod pins;
+mod pool;
 mod probe;
 mod seen;
 mod slots;
@@ -47,7 +48,7 @@ pub(crate) use seen::ktime_ns;
 use std::path::{Path, PathBuf};
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
-use aya::{Ebpf, EbpfLoader};
+use aya::Ebpf;
 use peerwall_common::{Config, IfaceInfo};
 
 use crate::maps::{self, BpfPolicy, Iface};
@@ -173,14 +174,20 @@ impl Datapath {
             path: "/sys/devices/system/cpu/possible".into(),
             source,
         })?;
-        let mut ct_globals = [0u32; 3];
-        let mut loader = EbpfLoader::new();
-        loader.default_map_pin_directory(pin_dir);
-        // The kernel's connection table, or the datapath's own (`options.rs`).
-        let (object, kernel, families, tc_any) =
-            options::conntrack_object(opts, &mut loader, &mut ct_globals)?;
+        // The kernel's connection table, or the datapath's own (`options.rs`); the loader
+        // is a kept one (`pool.rs`) where it needs no kernel BTF, for loads of this shape.
+        let (kernel, families) = options::kernel_table(opts)?;
         // Where the kernel holds TCP and UDP, the own tables hold little (`options.rs`).
         let flows = flows.or((families != 0).then_some(options::KERNEL_MODE_FLOWS));
+        let shape = pool::Shape {
+            flows,
+            hosts: opts.hosts,
+            counters: opts.counters,
+        };
+        let mut pooled = pool::take(shape, OBJECT);
+        let loader = &mut pooled.loader;
+        loader.default_map_pin_directory(pin_dir);
+        let (object, tc_any) = options::conntrack_object(&kernel, families, loader)?;
         // FLOWS_NEW is direct-mapped: its slot count a power of two, the mask the datapath
         // indexes with set to match.
         let new_slots = flows.map_or(peerwall_common::NEW_FLOW_SLOTS, new_flow_slots);
@@ -202,9 +209,9 @@ impl Datapath {
                 loader.map_max_entries(name, n);
             }
         }
-        loader.override_global(NEW_FLOW_MASK, &new_mask, true);
+        loader.override_global(NEW_FLOW_MASK, pool::global_u32(new_mask), true);
         let ended_idle = opts.ended_idle_ns();
-        loader.override_global(ENDED_IDLE_NS, &ended_idle, true);
+        loader.override_global(ENDED_IDLE_NS, pool::global_u64(ended_idle), true);
         // The per-CPU verdict cache: a region of sets per possible CPU.
         loader.map_max_entries(
             map::VERDICTS4_CPU,
@@ -213,7 +220,7 @@ impl Datapath {
         // Pins of a datapath from before `ENDED_UNTIL` may hold marks it does not cover.
         let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();
         let ebpf = loader.load(&object)?;
-        drop(loader);
+        pooled.give_back();
         btf::return_freed_memory();
         let mut b = Self {
             ebpf,

@@ -72,16 +72,11 @@ impl LoadOptions {
     }
 }
 
-/// The object to load for `opts.conntrack`, its kfunc calls resolved (or made dead): the
-/// kernel's connection table, or the datapath's own, and the cast of the tc entry for every
-/// device type (`tc_any`: whether this kernel offers it); its globals for them go into
-/// `loader` (which borrows them: `globals` must outlive it).
-pub(super) fn conntrack_object<'a>(
-    opts: &LoadOptions,
-    loader: &mut aya::EbpfLoader<'a>,
-    globals: &'a mut [u32; 3],
-) -> Result<(Vec<u8>, KernelCt, u32, bool), BpfError> {
-    let (kernel, families) = match opts.conntrack {
+/// Whose connection table `opts.conntrack` asks for: the kernel's (with the families whose TCP
+/// and UDP the datapath reads from it, [`peerwall_common::kfunc::KERNEL_CT_V4`], `_V6`) or the
+/// datapath's own (families 0, and why).
+pub(super) fn kernel_table(opts: &LoadOptions) -> Result<(KernelCt, u32), BpfError> {
+    Ok(match opts.conntrack {
         Conntrack::Own => (KernelCt::Own("chosen (--bpf-conntrack own)".into()), 0),
         Conntrack::Kernel {
             v4: false,
@@ -101,19 +96,32 @@ pub(super) fn conntrack_object<'a>(
                 | (u32::from(v6) * peerwall_common::kfunc::KERNEL_CT_V6);
             (k, bits)
         }
-    };
+    })
+}
+
+/// The object to load for the connection table `kernel` (reading `families` from it), its
+/// kfunc calls resolved (or made dead), and the cast of the tc entry for every device type
+/// (`tc_any`: whether this kernel offers it); its globals for them go into `loader`.
+pub(super) fn conntrack_object(
+    kernel: &KernelCt,
+    families: u32,
+    loader: &mut aya::EbpfLoader<'static>,
+) -> Result<(Vec<u8>, bool), BpfError> {
     let kern = super::kfunc::KernCtx::detected();
-    let object = super::kfunc::patch(super::OBJECT, &kernel, kern)
+    let object = super::kfunc::patch(super::OBJECT, kernel, kern)
         .map_err(|e| BpfError::KernelConntrack(e.to_string()))?;
     let [on, status_off] = kernel
         .kfuncs()
         .map_or([0, 0], |k| [families, k.status_offset]);
-    *globals = [on, status_off, kern.map_or(0, |k| k.mac_len_offset)];
-    let [on, status_off, mac_len_off] = &*globals;
-    loader.override_global(KERNEL_CT, on, true);
-    loader.override_global(NF_CONN_STATUS_OFF, status_off, true);
-    loader.override_global(SKB_MAC_LEN_OFF, mac_len_off, true);
-    Ok((object, kernel, families, kern.is_some()))
+    let global = super::pool::global_u32;
+    loader.override_global(KERNEL_CT, global(on), true);
+    loader.override_global(NF_CONN_STATUS_OFF, global(status_off), true);
+    loader.override_global(
+        SKB_MAC_LEN_OFF,
+        global(kern.map_or(0, |k| k.mac_len_offset)),
+        true,
+    );
+    Ok((object, kern.is_some()))
 }
 
 impl super::Datapath {
