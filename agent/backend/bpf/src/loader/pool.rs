@@ -75,23 +75,22 @@ impl Pooled {
 /// uses (a few: flags, offsets, a mask, a timeout).
 pub(super) fn global_u32(v: u32) -> &'static u32 {
     static VALUES: Mutex<Vec<&'static u32>> = Mutex::new(Vec::new());
-    let mut values = VALUES.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(&r) = values.iter().find(|&&r| *r == v) {
-        return r;
-    }
-    let r: &'static u32 = Box::leak(Box::new(v));
-    values.push(r);
-    r
+    intern(&VALUES, v)
 }
 
 /// [`global_u32`] for 64-bit globals.
 pub(super) fn global_u64(v: u64) -> &'static u64 {
     static VALUES: Mutex<Vec<&'static u64>> = Mutex::new(Vec::new());
-    let mut values = VALUES.lock().unwrap_or_else(PoisonError::into_inner);
+    intern(&VALUES, v)
+}
+
+/// `v` from `values`, or leaked once and added there.
+fn intern<T: PartialEq>(values: &Mutex<Vec<&'static T>>, v: T) -> &'static T {
+    let mut values = values.lock().unwrap_or_else(PoisonError::into_inner);
     if let Some(&r) = values.iter().find(|&&r| *r == v) {
         return r;
     }
-    let r: &'static u64 = Box::leak(Box::new(v));
+    let r: &'static T = Box::leak(Box::new(v));
     values.push(r);
     r
 }
@@ -149,7 +148,11 @@ fn core_relocations(o: &[u8]) -> Option<u32> {
         if size < 8 || u16_at(off)? != 0xeb9f {
             return None;
         }
-        return if hdr_len >= 32 { u32_at(off + 28) } else { Some(0) };
+        return if hdr_len >= 32 {
+            u32_at(off + 28)
+        } else {
+            Some(0)
+        };
     }
     Some(0)
 }
