@@ -374,20 +374,15 @@ impl Enforcement {
         let result = self.backend.apply(&policy);
         // Applied or refused: the datapath is loaded (or failed to), the turn given back.
         self.until_first_apply.take();
-        let Recorded {
-            generation,
-            secs,
-            started_at,
-            summary,
-        } = self.record(result, started, false)?;
+        let r = self.record(result, started, false)?;
         tracing::info!(
-            generation,
+            generation = r.generation,
             digest = %format!("{:016x}", compiled.policy.digest()),
             tables = compiled.policy.tables.len(),
             rules = compiled.policy.rule_count(),
-            apply_ms = secs * 1e3,
-            started_at = %started_at,
-            %summary,
+            apply_ms = r.secs * 1e3,
+            started_at = %r.started_at,
+            summary = %r.summary,
             "policy applied"
         );
         self.end_revoked(&policy);
@@ -461,19 +456,14 @@ impl Enforcement {
         let backend_started = Instant::now();
         let result = self.backend.update_sets(&policy, changes);
         let backend_secs = backend_started.elapsed().as_secs_f64();
-        let Recorded {
-            generation,
-            secs,
-            started_at,
-            summary,
-        } = self.record(result, started, true)?;
+        let r = self.record(result, started, true)?;
         tracing::debug!(
-            generation,
+            generation = r.generation,
             sets = changes.len(),
-            apply_ms = secs * 1e3,
-            started_at = %started_at,
+            apply_ms = r.secs * 1e3,
+            started_at = %r.started_at,
             backend_ms = backend_secs * 1e3,
-            %summary,
+            summary = %r.summary,
             "set elements updated"
         );
         self.end_revoked(&policy);
