@@ -866,8 +866,8 @@ fn policy_swaps(
     }
     let (counts, flip_sent, flip_got) = s.finish_flipping();
     // The last write is in force once the agent has seen it.
-    let recover = g.until_state_is(v);
-    assert!(recover.is_some(), "the final policy never came into force");
+    // Judged first: the applies of the stream are all logged by now, and a run whose final
+    // state is wrong reports its stale deliveries too.
     let flips = judge(&applies(&g.log()), &flip_sent, &flip_got);
     if flips.delivered_denied > 0 {
         // The agent's log beside the row's report, for the applies around a stale delivery.
@@ -880,6 +880,11 @@ fn policy_swaps(
             keep.display()
         );
     }
+    let recover = g.until_state_is(v);
+    assert!(
+        recover.is_some(),
+        "the final policy never came into force; the flips: {flips:?}"
+    );
     check(&Row {
         fault: fault.into(),
         backend,
