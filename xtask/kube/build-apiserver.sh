@@ -3,17 +3,19 @@
 # Builds a real kube-apiserver (and kube-controller-manager) v1.20.2 from Debian bookworm's
 # `kubernetes` source package (upstream tree with vendored Go deps; no Go module proxy used).
 # Usage: build-apiserver.sh OUT_DIR     (about 4 minutes on 2 cores, 1.4 GB peak memory, 2.2 GB disk)
-# Result: OUT_DIR/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kube-proxy,kubectl}
-# (the tests run `kubectl apply -k deploy/` with the client of the server's version) and
+# Result: OUT_DIR/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kube-proxy} and
+# OUT_DIR/kubectl, the client of the server's version (the tests run `kubectl apply -k deploy/`),
+# taken from Debian's own binary package of the same source (kubernetes-client, v1.20.2), which
+# saves building it; and
 # OUT_DIR/pause, the pod sandbox binary compiled statically from build/pause/linux/pause.c. Idempotent: builds only
 # the binaries that are missing.
 set -euo pipefail
 OUT=${1:?usage: build-apiserver.sh OUT_DIR}
 WHAT=""
-for b in kube-apiserver kube-controller-manager kubectl kube-scheduler kubelet kube-proxy; do
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy; do
   [ -x "$OUT/$b" ] || WHAT="$WHAT cmd/$b"
 done
-[ -n "$WHAT" ] || [ ! -x "$OUT/pause" ] || exit 0
+[ -n "$WHAT" ] || [ ! -x "$OUT/pause" ] || [ ! -x "$OUT/kubectl" ] || exit 0
 W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 mkdir -p "$OUT" "$W/apt/lists/partial" "$W/src"
 export DEBIAN_FRONTEND=noninteractive
@@ -43,6 +45,16 @@ if [ -n "$WHAT" ]; then
   (cd "$K" && GOCACHE="$W/gocache" GOPROXY=off KUBE_GIT_VERSION=v1.20.2 KUBE_GIT_TREE_STATE=clean \
     make WHAT="${WHAT# }" GOLDFLAGS="-s -w" >/dev/null)
   for b in $WHAT; do cp "$K/_output/bin/${b#cmd/}" "$OUT/"; done
+fi
+# kubectl: Debian's binary package, unpacked here (not installed: another kubectl may own
+# /usr/bin/kubectl), checked to be the server's version.
+if [ ! -x "$OUT/kubectl" ]; then
+  (cd "$W" && { apt-get download kubernetes-client >/dev/null 2>&1 ||
+    { apt-get update -qq && apt-get download kubernetes-client >/dev/null; }; })
+  dpkg-deb -x "$W"/kubernetes-client_*.deb "$W/kc"
+  V=$("$W/kc/usr/bin/kubectl" version --client)
+  case "$V" in *'GitVersion:"v1.20.2"'*) ;; *) echo "Debian's kubernetes-client is not v1.20.2: $V" >&2; exit 1 ;; esac
+  cp "$W/kc/usr/bin/kubectl" "$OUT/kubectl"
 fi
 # The pod sandbox ("pause") binary from the same tree, static, for the pause image.
 if [ ! -x "$OUT/pause" ]; then

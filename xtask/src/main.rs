@@ -82,8 +82,14 @@ fn cargo() -> Command {
 /// One step of installing what the project needs: its output (apt's, cargo's, the build
 /// scripts') goes to `<cache>/setup.log`, the terminal gets one line. On failure the end of
 /// the log is shown.
-fn step(what: &str, mut c: Command) -> Result<()> {
-    let log_path = cache_dir().join("setup.log");
+fn step(what: &str, c: Command) -> Result<()> {
+    step_logged("setup.log", what, c)
+}
+
+/// [`step`] with its own log in the cache: a step that runs beside others keeps its output
+/// (and the end shown on failure) apart from theirs.
+fn step_logged(log_name: &str, what: &str, mut c: Command) -> Result<()> {
+    let log_path = cache_dir().join(log_name);
     std::fs::create_dir_all(cache_dir())?;
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -279,10 +285,24 @@ fn setup_build() -> Result<()> {
 /// images the real-node test runs.
 fn setup() -> Result<()> {
     setup_build()?;
-    kube_build()?;
-    // The previous release before the images: it builds in the same target directory, and
-    // the images' build of this release then links its own `release/peerwall` last.
-    previous::ensure(&root(), &cache_dir(), &target_dir(), step)?;
+    // apt first, alone (one dpkg lock): what the image builds need.
+    image::ensure_tools()?;
+    // The Kubernetes build (Go) beside the Rust builds (cargo): on 2 cores each leaves the
+    // other the gaps of its serial parts (links, the largest crates).
+    std::thread::scope(|s| -> Result<()> {
+        let kube = s.spawn(kube_build);
+        let rust = (|| -> Result<()> {
+            // The previous release before this one: it builds in the same target directory,
+            // and this release's build then links its own `release/peerwall` last.
+            previous::ensure(&root(), &cache_dir(), &target_dir(), step)?;
+            image::build_release()
+        })();
+        let kube = kube
+            .join()
+            .map_err(|_| anyhow::anyhow!("the Kubernetes build's thread panicked"))?;
+        rust.and(kube)
+    })?;
+    // The images need the pause binary from the Kubernetes build.
     image::images()?;
     println!("setup done");
     Ok(())
@@ -807,7 +827,11 @@ fn kube_build() -> Result<()> {
     let mut c = Command::new("bash");
     c.arg(root().join("xtask/kube/build-apiserver.sh"))
         .arg(&out);
-    step(&format!("Kubernetes {KUBE_VERSION} binaries"), c)
+    step_logged(
+        "kube-build.log",
+        &format!("Kubernetes {KUBE_VERSION} binaries"),
+        c,
+    )
 }
 
 /// Start etcd + kube-apiserver + kube-controller-manager on loopback; prints the kubeconfig.
