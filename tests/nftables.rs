@@ -312,6 +312,37 @@ fn the_ruleset_generation_gates_the_drift_check_and_hides_no_change() {
     assert!(b.repair_full().unwrap().is_empty());
 }
 
+/// A table deleted over netlink (the bpf backend's boot table, once its tunnel is attached):
+/// gone from `nft list tables` with its rules (the ping it dropped passes), a second delete
+/// finds none, and another table of the same name in another family stays.
+#[test]
+fn a_table_deleted_over_netlink_is_gone_and_a_missing_one_is_said() {
+    use peerwall_backend_nftables::netlink::Session;
+    let t = Topology::new();
+    let nft = Nft::in_netns(t.gateway.name());
+    nft.apply_text(
+        "table inet pw_boot_x {\n chain f {\n type filter hook forward priority 0; policy drop;\n }\n}\ntable ip pw_boot_x {\n}\n",
+    )
+    .unwrap();
+    assert!(!ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "held");
+    let mut s = Session::new(Some(t.gateway.name()));
+    assert!(s.delete_table(1, "pw_boot_x").unwrap(), "it was there");
+    let tables = nft_list(&t.gateway, &["list", "tables"]);
+    assert!(!tables.contains("inet pw_boot_x"), "{tables}");
+    assert!(
+        tables.contains("ip pw_boot_x"),
+        "the other family's stays: {tables}"
+    );
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
+        "its rules went with it"
+    );
+    assert!(!s.delete_table(1, "pw_boot_x").unwrap(), "none left");
+    // The kept socket still works after the kernel's "no such table".
+    assert!(s.delete_table(2, "pw_boot_x").unwrap());
+    assert!(!nft_list(&t.gateway, &["list", "tables"]).contains("pw_boot_x"));
+}
+
 #[test]
 fn agent_keeps_a_directory_enforced_and_the_last_good_policy_on_bad_input() {
     let t = Topology::new();

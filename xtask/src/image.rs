@@ -62,8 +62,7 @@ pub fn images_dir() -> Result<PathBuf> {
     Ok(PathBuf::from(&meta[start..start + end]).join("images"))
 }
 
-/// mmdebstrap and umoci, from apt.
-pub fn ensure_tools() -> Result<()> {
+fn ensure_tools() -> Result<()> {
     let missing = ["mmdebstrap", "umoci"]
         .iter()
         .any(|t| Command::new(t).arg("--version").output().is_err());
@@ -191,18 +190,13 @@ fn build(img: &Image, out: &Path) -> Result<PathBuf> {
     Ok(archive)
 }
 
-/// The release binary the agent's image carries.
-pub fn build_release() -> Result<()> {
-    let mut c = cargo();
-    c.args(["build", "--release", "-p", "peerwall"]);
-    run(c)
-}
-
 /// Build every image (the release binary first).
 pub fn images() -> Result<()> {
     ensure_tools()?;
     crate::kube_build()?;
-    build_release()?;
+    let mut c = cargo();
+    c.args(["build", "--release", "-p", "peerwall"]);
+    run(c)?;
     let out = images_dir()?;
     std::fs::create_dir_all(&out)?;
     let release = out.parent().context("target dir")?.join("release/peerwall");

@@ -285,24 +285,10 @@ fn setup_build() -> Result<()> {
 /// images the real-node test runs.
 fn setup() -> Result<()> {
     setup_build()?;
-    // apt first, alone (one dpkg lock): what the image builds need.
-    image::ensure_tools()?;
-    // The Kubernetes build (Go) beside the Rust builds (cargo): on 2 cores each leaves the
-    // other the gaps of its serial parts (links, the largest crates).
-    std::thread::scope(|s| -> Result<()> {
-        let kube = s.spawn(kube_build);
-        let rust = (|| -> Result<()> {
-            // The previous release before this one: it builds in the same target directory,
-            // and this release's build then links its own `release/peerwall` last.
-            previous::ensure(&root(), &cache_dir(), &target_dir(), step)?;
-            image::build_release()
-        })();
-        let kube = kube
-            .join()
-            .map_err(|_| anyhow::anyhow!("the Kubernetes build's thread panicked"))?;
-        rust.and(kube)
-    })?;
-    // The images need the pause binary from the Kubernetes build.
+    kube_build()?;
+    // The previous release before the images: it builds in the same target directory (in the
+    // dev profile, whose dependencies the tests' build then reuses).
+    previous::ensure(&root(), &cache_dir(), &target_dir(), step)?;
     image::images()?;
     println!("setup done");
     Ok(())
@@ -799,9 +785,10 @@ fn kube_bin_dir() -> PathBuf {
     cache_dir().join(format!("kube-{KUBE_VERSION}"))
 }
 
-/// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl
-/// and the pause binary from Debian's source package into the version-keyed cache (about 9
-/// minutes, once; only missing binaries are built).
+/// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy and the
+/// pause binary from Debian's source package into the version-keyed cache, with kubectl from
+/// Debian's binary package of the same source (about 12 minutes, once; only missing binaries
+/// are built).
 fn kube_build() -> Result<()> {
     let out = kube_bin_dir();
     let missing: Vec<&str> = [
@@ -820,7 +807,7 @@ fn kube_build() -> Result<()> {
         return Ok(());
     }
     println!(
-        "building {} {KUBE_VERSION} from Debian's source into {} (a few minutes, once)",
+        "building {} {KUBE_VERSION} from Debian's source (kubectl: Debian's kubernetes-client) into {} (about 12 minutes, once; its log: kube-build.log in the cache)",
         missing.join(", "),
         out.display()
     );

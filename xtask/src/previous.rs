@@ -1,7 +1,8 @@
 //! The previous release's `peerwall`, for the upgrade fault (`tests/faults.rs`): the commit
 //! `tests/previous-release` names, built once into the cache as
 //! `<cache>/previous-<12 hex>/peerwall` (its sources are removed afterwards; it builds in the
-//! project's target directory, sharing the dependencies' builds with the current release).
+//! project's target directory in the dev profile, sharing the dependencies' builds with the
+//! tests).
 //! The test finds it there, or at `$PEERWALL_PREVIOUS`.
 
 use std::path::{Path, PathBuf};
@@ -11,11 +12,17 @@ use anyhow::{bail, Context, Result};
 
 use crate::docs::Step;
 
+/// `[profile.dev] debug` of this workspace's Cargo.toml (a unit test holds them together).
+const DEV_DEBUG: &str = "line-tables-only";
+
 /// Build the previous release unless the cache holds it; returns the binary. It builds in the
-/// project's own target directory (`target`), with the same profile: the dependencies both
-/// releases share (most of them, and the slowest to build) are compiled once for the two.
-/// Run it before the current release is built, which then links its own binary over the
-/// previous one's at `release/peerwall`.
+/// project's own target directory (`target`), in the dev profile as this workspace sets it
+/// (`[profile.dev]` in Cargo.toml: debug line tables only), so the dependencies both releases
+/// share (most of them, and the slowest to build) are compiled once, for it and for the
+/// tests' build; the upgrade test needs its behaviour, not its speed (the datapath it leaves
+/// is the kernel's: nftables, or the eBPF object its build script builds optimized). Run it
+/// before the tests are built, which then link this release's own `debug/peerwall` over the
+/// previous one's.
 pub fn ensure(root: &Path, cache: &Path, target: &Path, step: Step) -> Result<PathBuf> {
     let named = root.join("tests").join("previous-release");
     let commit =
@@ -73,14 +80,32 @@ pub fn ensure(root: &Path, cache: &Path, target: &Path, step: Step) -> Result<Pa
     let mut build = Command::new("cargo");
     build
         .current_dir(&src)
-        .args(["build", "--release", "--locked", "-p", "peerwall"])
+        .args(["build", "--locked", "-p", "peerwall"])
+        // This workspace's dev profile, which that release's Cargo.toml may not set: the
+        // same settings, the same compiled dependencies.
+        .env("CARGO_PROFILE_DEV_DEBUG", DEV_DEBUG)
         .env("CARGO_TARGET_DIR", target)
         .env_remove("RUSTC")
         .env_remove("CARGO");
     step(&format!("building peerwall {}", &commit[..12]), build)?;
-    std::fs::copy(target.join("release").join("peerwall"), &bin)
+    std::fs::copy(target.join("debug").join("peerwall"), &bin)
         .with_context(|| format!("copying the previous release to {}", bin.display()))?;
     let _ = std::fs::remove_dir_all(&src);
     let _ = std::fs::remove_file(&tar);
     Ok(bin)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_previous_release_builds_with_this_workspaces_dev_profile() {
+        let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.toml");
+        let text = std::fs::read_to_string(manifest).unwrap();
+        let dev = text.split("[profile.dev]").nth(1).expect("[profile.dev]");
+        let section = dev.split("\n[").next().unwrap();
+        assert!(
+            section.contains(&format!("debug = \"{}\"", super::DEV_DEBUG)),
+            "Cargo.toml's [profile.dev] is not what the previous release builds with:{section}"
+        );
+    }
 }

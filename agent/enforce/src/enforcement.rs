@@ -158,11 +158,16 @@ impl Boot {
     /// Put this boot policy in force through `backend` now
     /// ([`peerwall_backend::HoldBoot::hold_boot`]: only where nothing of peerwall's enforces
     /// yet), before an enforcement is opened (a bpf gateway waiting for its turn to load).
+    /// Once that worked (held now, or peerwall's tables already enforce), the enforcement
+    /// given this boot asks no backend again ([`Enforcement::hold_boot`]): its answer would be
+    /// the same, at the cost of listing the ruleset once more.
     pub fn hold_in(
-        &self,
+        &mut self,
         backend: &mut dyn peerwall_backend::HoldBoot,
     ) -> Result<bool, peerwall_backend::BackendError> {
-        backend.hold_boot(&self.policy, &self.tunnel)
+        let held = backend.hold_boot(&self.policy, &self.tunnel)?;
+        self.held = true;
+        Ok(held)
     }
 
     /// The boot policy of `peer`'s gateway (default tunnel and tunnel check).

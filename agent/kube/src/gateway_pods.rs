@@ -240,7 +240,7 @@ impl Supervisor {
         let (events, audit) = (s.backend.events.is_some(), s.audit);
         let span = tracing::info_span!("gateway", peer = %g.peer, pod = %g.name);
         // Until the peer's configuration is in force, its boot policy is.
-        let boot = crate::enforcement::Boot::for_peer(&g.peer)
+        let mut boot = crate::enforcement::Boot::for_peer(&g.peer)
             .map_err(
                 |e| tracing::error!(peer = %g.peer, error = %e, "the boot policy does not compile"),
             )
@@ -263,7 +263,7 @@ impl Supervisor {
                 // A bpf gateway may wait for its turn: its boot policy goes in first, as the
                 // nftables table the bpf backend would hold it in, unless a datapath pinned
                 // for it still filters (a restarted agent: what is in force stays).
-                if let (Some(_), Some(b)) = (&gate, &boot) {
+                if let (Some(_), Some(b)) = (&gate, boot.as_mut()) {
                     if !peerwall_backend_select::installed::still_filtering(&backend.pin_dir) {
                         hold_boot_early(b, &backend, &ns);
                     }
@@ -414,7 +414,7 @@ impl Supervisor {
 /// Put `boot` in force in the namespace `ns` through an nftables enforcer, as the bpf backend
 /// holds it until its datapath filters the tunnel (and releases it then, by name).
 fn hold_boot_early(
-    boot: &crate::enforcement::Boot,
+    boot: &mut crate::enforcement::Boot,
     s: &peerwall_backend_select::Settings,
     ns: &str,
 ) {

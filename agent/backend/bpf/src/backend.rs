@@ -20,10 +20,16 @@ use crate::routing::watch::RouteWatch;
 /// The backend's name, as `--backend` spells it.
 pub const NAME: &str = "bpf";
 
-/// Puts a gateway's boot policy in force through nftables ([`HoldBoot::hold_boot`]): Ok(true)
-/// when it did, Ok(false) when peerwall's tables already enforce there. Given by whoever
-/// builds the backend (this crate does not render nftables).
-pub type BootHolder = Box<dyn FnMut(&Policy) -> Result<bool, BackendError> + Send>;
+/// Where a gateway's boot policy holds until its tunnel is attached: nftables tables
+/// ([`HoldBoot`]). Given by whoever builds the backend (this crate neither renders nor
+/// writes nftables).
+pub trait BootTables: Send {
+    /// Put `boot` in force: Ok(true) when it did, Ok(false) when peerwall's tables already
+    /// enforce here.
+    fn hold(&mut self, boot: &Policy) -> Result<bool, BackendError>;
+    /// Delete the inet table `table`, there or not.
+    fn release(&mut self, table: &str) -> Result<(), BackendError>;
+}
 
 /// The kernel's connection table of the backend's namespace, as the kernel-conntrack mode
 /// lists and ends its TCP and UDP connections ([`BpfBackend::set_kernel_table`]): given by
@@ -48,13 +54,13 @@ impl fmt::Debug for Table {
     }
 }
 
-/// An optional [`BootHolder`], shown by name in debug output.
-struct Holder(Option<BootHolder>);
+/// The optional [`BootTables`], shown by name in debug output.
+struct Boots(Option<Box<dyn BootTables>>);
 
-impl fmt::Debug for Holder {
+impl fmt::Debug for Boots {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(if self.0.is_some() {
-            "Some(BootHolder)"
+            "Some(BootTables)"
         } else {
             "None"
         })
@@ -67,7 +73,7 @@ pub struct BpfBackend {
     datapath: Datapath,
     patterns: Vec<String>,
     xdp: bool,
-    boot_holder: Holder,
+    boot_tables: Boots,
     /// The local-address mirror's watcher, started by the first apply (in the namespace the
     /// backend serves); dropping it withdraws the mirror.
     routes: Option<RouteWatch>,
@@ -108,17 +114,18 @@ impl BpfBackend {
             datapath,
             patterns,
             xdp,
-            boot_holder: Holder(None),
+            boot_tables: Boots(None),
             routes: None,
             kept: peerwall_backend::Kept::new(1 << 16),
             kernel_table: Table(None),
         })
     }
 
-    /// How [`HoldBoot::hold_boot`] puts a boot policy in force while the tunnel is not
-    /// attached (without one it holds nothing).
-    pub fn set_boot_holder(&mut self, holder: BootHolder) {
-        self.boot_holder = Holder(Some(holder));
+    /// Where [`HoldBoot::hold_boot`] puts a boot policy in force while the tunnel is not
+    /// attached, and [`HoldBoot::release_boot`] lets it go (without them, the backend holds
+    /// and releases nothing).
+    pub fn set_boot_tables(&mut self, tables: Box<dyn BootTables>) {
+        self.boot_tables = Boots(Some(tables));
     }
 
     /// How the backend lists and ends the kernel's connections where the datapath reads the
@@ -280,26 +287,14 @@ impl BpfBackend {
 
     /// Delete the boot table `table` once an interface matching `tunnel` is attached
     /// (false: not yet).
-    pub fn release_boot_table(&mut self, table: &str, tunnel: &str) -> Result<bool, BpfError> {
+    pub fn release_boot_table(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendError> {
         if !self.tunnel_attached(tunnel) {
             return Ok(false);
         }
-        let out = std::process::Command::new("nft")
-            .args(["delete", "table", "inet", table])
-            .output()
-            .map_err(|e| BpfError::BootTable {
-                table: table.into(),
-                message: format!("running nft: {e}"),
-            })?;
-        let said = String::from_utf8_lossy(&out.stderr);
-        if out.status.success() || said.contains("No such file or directory") {
-            Ok(true)
-        } else {
-            Err(BpfError::BootTable {
-                table: table.into(),
-                message: said.trim().to_string(),
-            })
+        if let Some(t) = self.boot_tables.0.as_mut() {
+            t.release(table)?;
         }
+        Ok(true)
     }
 
     /// Make `policy` the whole policy in force, then attach to the interfaces the patterns
@@ -507,15 +502,14 @@ impl Revoke for BpfBackend {
 impl HoldBoot for BpfBackend {
     fn release_boot(&mut self, table: &str, tunnel: &str) -> Result<bool, BackendError> {
         self.release_boot_table(table, tunnel)
-            .map_err(failed("releasing the boot table"))
     }
 
     fn hold_boot(&mut self, boot: &Policy, tunnel: &str) -> Result<bool, BackendError> {
         if self.tunnel_attached(tunnel) {
             return Ok(false);
         }
-        match self.boot_holder.0.as_mut() {
-            Some(hold) => hold(boot),
+        match self.boot_tables.0.as_mut() {
+            Some(t) => t.hold(boot),
             None => Ok(false),
         }
     }

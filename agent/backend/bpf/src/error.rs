@@ -8,14 +8,6 @@ use crate::maps;
 /// Failures of the bpf backend.
 #[derive(Debug, thiserror::Error)]
 pub enum BpfError {
-    /// The nftables boot table could not be removed.
-    #[error("removing the boot table {table}: {message}")]
-    BootTable {
-        /// Table name.
-        table: String,
-        /// What nft said.
-        message: String,
-    },
     /// bpffs is not mounted where pins go.
     #[error("{0} is not on a bpf filesystem: mount it with `mount -t bpf bpf /sys/fs/bpf`")]
     NoBpffs(PathBuf),

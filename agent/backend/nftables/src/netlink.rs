@@ -8,12 +8,14 @@
 //! elements and annotations, stay with it); everything else, and what does not fit, stays
 //! with `nft`.
 //!
-//! Connections go the same way ([`ctnetlink`]): listed in one dump, ended one request each.
+//! Connections go the same way ([`ctnetlink`]): listed in one dump, ended one request each;
+//! and a table is deleted the same way ([`table`]).
 
 pub mod ctnetlink;
 pub mod generation;
 pub mod message;
 pub mod socket;
+pub mod table;
 
 use crate::error::NftError;
 use crate::model::{Command, Element, TuplePart};
@@ -248,6 +250,35 @@ impl Session {
         Err(err(std::io::Error::other(
             "no answer to the generation request",
         )))
+    }
+}
+
+impl Session {
+    /// Delete the table `name` of `family` (`NFPROTO_*`) in the session's namespace, as one
+    /// transaction ([`table`]): Ok(true) when it was there, Ok(false) when there was none.
+    pub fn delete_table(&mut self, family: u8, name: &str) -> Result<bool, NftError> {
+        let err = |source| NftError::Netlink {
+            action: format!("netlink: deleting table {name}"),
+            source,
+        };
+        let sock = match self.sock.take() {
+            Some(s) => s,
+            None => socket::Socket::open(self.netns.as_deref()).map_err(err)?,
+        };
+        let (batch, acked) = table::delete(family, name, self.seq);
+        self.seq = self.seq.wrapping_add(3);
+        match sock.transact(&batch, &[acked]) {
+            Ok(()) => {
+                self.sock = Some(sock);
+                Ok(true)
+            }
+            // The kernel answered that no such table is here: the socket holds nothing more.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => {
+                self.sock = Some(sock);
+                Ok(false)
+            }
+            Err(e) => Err(err(e)),
+        }
     }
 }
 

@@ -4,6 +4,7 @@
 //! commands that act on it (remove, flip the switch, read counters) whatever backend it is.
 //! Nothing above this crate names a backend's own types.
 
+mod boot_tables;
 pub mod installed;
 mod kernel_table;
 pub mod rendering;
@@ -249,8 +250,9 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
     // kernel's connections.
     b.set_kernel_table(Box::new(kernel_table::CtTable::default()));
     // Until the tunnel is attached, a gateway's boot policy holds as `peerwall boot` puts it:
-    // an nftables table matching the tunnel by name, unless peerwall's tables are here already.
-    b.set_boot_holder(Box::new(installed::hold_boot_in_nftables));
+    // an nftables table matching the tunnel by name, unless peerwall's tables are here already;
+    // deleted over netlink once the tunnel is attached.
+    b.set_boot_tables(Box::new(boot_tables::NftBootTables::default()));
     Ok(b)
 }
 

@@ -137,7 +137,7 @@ impl Writer {
         self.buf.extend_from_slice(payload);
         self.end_attr(at);
     }
-    fn attr_str(&mut self, kind: u16, s: &str) {
+    pub(crate) fn attr_str(&mut self, kind: u16, s: &str) {
         let at = self.begin_attr(kind);
         self.buf.extend_from_slice(s.as_bytes());
         self.buf.push(0);
