@@ -243,13 +243,14 @@ pub fn answers(buf: &[u8]) -> Option<Vec<Answer>> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
-    fn u16_at(b: &[u8], at: usize) -> u16 {
+    /// A host-order u16 / u32 of a message at `at` (the netlink modules' tests read with these).
+    pub(in crate::netlink) fn u16_at(b: &[u8], at: usize) -> u16 {
         u16::from_ne_bytes([b[at], b[at + 1]])
     }
-    fn u32_at(b: &[u8], at: usize) -> u32 {
+    pub(in crate::netlink) fn u32_at(b: &[u8], at: usize) -> u32 {
         u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
     }
 

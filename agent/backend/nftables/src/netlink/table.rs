@@ -49,14 +49,8 @@ pub fn delete(family: u8, name: &str, seq: u32) -> (Vec<u8>, u32) {
 
 #[cfg(test)]
 mod tests {
+    use super::super::message::tests::{u16_at, u32_at};
     use super::*;
-
-    fn u16_at(b: &[u8], at: usize) -> u16 {
-        u16::from_ne_bytes([b[at], b[at + 1]])
-    }
-    fn u32_at(b: &[u8], at: usize) -> u32 {
-        u32::from_ne_bytes(b[at..at + 4].try_into().unwrap())
-    }
 
     #[test]
     fn a_delete_is_begin_one_deltable_end() {
