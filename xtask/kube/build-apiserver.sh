@@ -2,7 +2,7 @@
 # Carried from the shared recipe (docs/kube-apiserver.md); used by `cargo xtask kube-build` / `kube-up` and tests/kube.rs.
 # Builds a real kube-apiserver (and kube-controller-manager) v1.20.2 from Debian bookworm's
 # `kubernetes` source package (upstream tree with vendored Go deps; no Go module proxy used).
-# Usage: build-apiserver.sh OUT_DIR     (about 12 minutes on 2 cores, 1.4 GB peak memory, 2.2 GB disk)
+# Usage: build-apiserver.sh OUT_DIR     (about 14 minutes on 2 cores, 1.4 GB peak memory, 2.2 GB disk)
 # Result: OUT_DIR/{kube-apiserver,kube-controller-manager,kube-scheduler,kubelet,kube-proxy} and
 # OUT_DIR/kubectl, the client of the server's version (the tests run `kubectl apply -k deploy/`),
 # taken from Debian's own binary package of the same source (kubernetes-client, v1.20.2), which

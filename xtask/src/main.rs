@@ -86,8 +86,8 @@ fn step(what: &str, c: Command) -> Result<()> {
     step_logged("setup.log", what, c)
 }
 
-/// [`step`] with its own log in the cache: a step that runs beside others keeps its output
-/// (and the end shown on failure) apart from theirs.
+/// [`step`] with its own log in the cache: the Kubernetes build's output (and the end shown
+/// on failure) apart from the other steps'.
 fn step_logged(log_name: &str, what: &str, mut c: Command) -> Result<()> {
     let log_path = cache_dir().join(log_name);
     std::fs::create_dir_all(cache_dir())?;
@@ -787,7 +787,7 @@ fn kube_bin_dir() -> PathBuf {
 
 /// Build kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kube-proxy and the
 /// pause binary from Debian's source package into the version-keyed cache, with kubectl from
-/// Debian's binary package of the same source (about 12 minutes, once; only missing binaries
+/// Debian's binary package of the same source (about 14 minutes, once; only missing binaries
 /// are built).
 fn kube_build() -> Result<()> {
     let out = kube_bin_dir();
@@ -807,7 +807,7 @@ fn kube_build() -> Result<()> {
         return Ok(());
     }
     println!(
-        "building {} {KUBE_VERSION} from Debian's source (kubectl: Debian's kubernetes-client) into {} (about 12 minutes, once; its log: kube-build.log in the cache)",
+        "building {} {KUBE_VERSION} from Debian's source (kubectl: Debian's kubernetes-client) into {} (about 14 minutes, once; its log: kube-build.log in the cache)",
         missing.join(", "),
         out.display()
     );
