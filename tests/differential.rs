@@ -530,6 +530,133 @@ fn bpf_verdict_cache_equals_full_classification() {
     );
 }
 
+/// Drops cached by destination (`ebpf/src/cache/dest.rs`): for random policies, a new IPv4
+/// TCP or UDP flow, then seven more towards the same destination through the same interfaces
+/// from other sources and ports, each new to conntrack, in one conversation with the cache on
+/// (as a flood arrives). Each gets the reference's verdict, whether the datapath classified
+/// it or served a drop its destination's first flow left; and drops are served so (the test
+/// means something). A chain whose outcome read the source or a port, served by destination,
+/// is what this catches: the siblings' sources and ports are drawn like any packet's.
+#[test]
+fn bpf_drops_cached_by_destination_equal_reference() {
+    require_root();
+    let seed = env_num("PEERWALL_SEED", rand::random::<u32>() as u64);
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 12);
+    let flows = env_num("PEERWALL_DIFF_PACKETS", 25);
+    eprintln!("by destination: PEERWALL_SEED={seed} policies={policies} flows={flows}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let parent = ensure_bpffs().expect("bpffs");
+    let (mut cases, mut served, mut drops) = (0u64, 0u64, 0u64);
+    let gateway = peerwall_intent::load::parse_documents(GATEWAY_BY_DESTINATION, "gateway")
+        .expect("policy parses");
+    for round in 0..policies + 1 {
+        // The first round a gateway's policy, the others random ones.
+        let specs = if round == 0 {
+            gateway.iter().map(|o| o.spec.clone()).collect()
+        } else {
+            random_specs(&mut rng)
+        };
+        let policy = compile(&objects(&specs))
+            .unwrap_or_else(|e| panic!("generator made an invalid policy: {e}"))
+            .policy;
+        let mut probe = BpfProbe::new(&policy, &ifnames(), &parent).expect("datapath loads");
+        for _ in 0..flows {
+            let first = loop {
+                let mut p = random_packet(&mut rng);
+                p.ct_state = CtState::New;
+                if p.src.is_ipv4() && matches!(p.proto, ir::eval::proto::TCP | ir::eval::proto::UDP)
+                {
+                    break p;
+                }
+            };
+            let mut conv = vec![(0u32, first.clone())];
+            while conv.len() < 8 {
+                let other = random_packet(&mut rng);
+                let sib = Packet {
+                    src: other.src,
+                    sport: other.sport.wrapping_add(conv.len() as u16),
+                    dport: other.dport,
+                    ..first.clone()
+                };
+                let fresh = conv
+                    .iter()
+                    .all(|(_, p)| (p.src, p.sport, p.dport) != (sib.src, sib.sport, sib.dport));
+                if sib.src.is_ipv4() && sib.src != sib.dst && fresh {
+                    conv.push((0, sib));
+                }
+            }
+            probe.reset_flows().expect("reset");
+            let got = probe.conversation(&conv).expect("conversation runs");
+            for ((_, pkt), (action, classified)) in conv.iter().zip(&got) {
+                let want = ir::evaluate(&policy, pkt).verdict;
+                let agrees = match want {
+                    ir::VerdictAction::Accept => *action == 0,
+                    ir::VerdictAction::Drop => *action == 2,
+                    _ => *action != 0,
+                };
+                if !agrees {
+                    let yaml: Vec<String> = specs
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| as_yaml(i, s))
+                        .collect();
+                    panic!(
+                        "MISMATCH (PEERWALL_SEED={seed}) by destination\nconversation {conv:?}\npacket {pkt:?}\nreference {want:?}\ntc action {action} (classified: {classified})\npolicy:\n{}",
+                        yaml.join("---\n")
+                    );
+                }
+                cases += 1;
+                if want == ir::VerdictAction::Drop {
+                    drops += 1;
+                    served += u64::from(!classified);
+                }
+            }
+        }
+    }
+    eprintln!(
+        "by destination: {cases} flows, {drops} dropped, {served} of them served by destination"
+    );
+    assert!(
+        served * 10 >= drops,
+        "{served} of {drops} dropped new flows were served by destination"
+    );
+}
+
+/// A provider's gateway: replies pass, the tunnel reaches its peer's pods (10.1.0.0/29), and
+/// one admin rule lets 10.0.0.10 reach 10.1.0.12 on port 22: every other new flow is dropped,
+/// by its destination alone except towards 10.1.0.12, where the source and port decide.
+const GATEWAY_BY_DESTINATION: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: gateway, namespace: default}
+spec:
+  table:
+    name: gateway
+    family: INET
+    chains:
+    - name: forward
+      type: filter
+      hook: forward
+      priority: 0
+      policy: drop
+      rules:
+        filterRules:
+        - name: replies
+          action: accept
+          match:
+          - {op: eq, ctstate: {value: [established, related]}}
+        - name: to_pods
+          action: accept
+          match:
+          - {op: eq, dev: {value: liqo-tunnel, position: in}}
+          - {op: eq, ip: {value: 10.1.0.0/29, position: dst}}
+        - name: admin
+          action: accept
+          match:
+          - {op: eq, ip: {value: 10.0.0.10, position: src}}
+          - {op: eq, ip: {value: 10.1.0.12, position: dst}}
+          - {op: eq, port: {value: '22', position: dst}}
+"#;
+
 /// New flows from the consumer are accepted; established ones from 10.0.0.10 are not (a
 /// verdict that changes when the flow's reply arrives).
 const ESTABLISHED_DIFFERS: &str = r#"apiVersion: networking.liqo.io/v1beta1
