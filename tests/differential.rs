@@ -548,10 +548,12 @@ fn bpf_drops_cached_by_destination_equal_reference() {
     let mut rng = StdRng::seed_from_u64(seed);
     let parent = ensure_bpffs().expect("bpffs");
     let (mut cases, mut served, mut drops) = (0u64, 0u64, 0u64);
+    let gateway = peerwall_intent::load::parse_documents(GATEWAY_BY_DESTINATION, "gateway")
+        .expect("policy parses");
     for round in 0..policies + 1 {
         // The first round a gateway's policy, the others random ones.
         let specs = if round == 0 {
-            vec![gateway_by_destination()]
+            gateway.iter().map(|o| o.spec.clone()).collect()
         } else {
             random_specs(&mut rng)
         };
@@ -621,36 +623,53 @@ fn bpf_drops_cached_by_destination_equal_reference() {
     );
 }
 
-/// The controller's gateway configuration for a peer (`protection::gateway_spec`): from the
-/// tunnel, sources outside the peer's CIDR (10.0.0.0/24) are dropped first (anti-spoofing),
-/// the peer reaches its offloaded pods (10.1.0.1-7) and our pods running there
-/// (10.0.0.9-15) reach anything; replies pass, every other new flow is dropped. So the source
-/// is part of every tunnel packet's verdict: one word of the chain, which a drop cached by
-/// destination keeps.
-fn gateway_by_destination() -> FirewallConfigurationSpec {
-    let hosts = |net: [u8; 3], from: u8, to: u8| {
-        (from..=to)
-            .map(|h| std::net::IpAddr::from([net[0], net[1], net[2], h]))
-            .collect()
-    };
-    let sets = peerwall_protection::PeerSets {
-        offloaded: hosts([10, 1, 0], 1, 7),
-        remote: hosts([10, 0, 0], 9, 15),
-        ..Default::default()
-    };
-    peerwall_protection::gateway_spec(
-        "diff",
-        &["10.0.0.0/24".parse().expect("CIDR")],
-        &sets,
-        &peerwall_protection::Options {
-            tunnel: IFACES[0].into(),
-            block_leaf_to_leaf: false,
-            audit: false,
-            liqo_ping_port: peerwall_protection::LIQO_PING_PORT,
-            own_namespace_only: false,
-        },
-    )
-}
+/// A provider's gateway, shaped like the controller's (`protection::gateway_spec`): from the
+/// tunnel, sources outside the peer's CIDR (10.0.0.0/24) are dropped first, the peer's pods
+/// reach theirs (10.1.0.0/29), the peer's own pods (10.0.0.8/29) reach anything, and one admin
+/// rule lets 10.0.0.10 reach 10.1.0.12 on port 22; replies pass, every other new flow is
+/// dropped. So the source is part of every tunnel packet's verdict (one word of the chain,
+/// which a drop cached by destination keeps), and towards 10.1.0.12 the port too.
+const GATEWAY_BY_DESTINATION: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: gateway, namespace: default}
+spec:
+  table:
+    name: gateway
+    family: INET
+    chains:
+    - name: forward
+      type: filter
+      hook: forward
+      priority: 0
+      policy: drop
+      rules:
+        filterRules:
+        - name: replies
+          action: accept
+          match:
+          - {op: eq, ctstate: {value: [established, related]}}
+        - name: spoofed
+          action: drop
+          match:
+          - {op: eq, dev: {value: liqo-tunnel, position: in}}
+          - {op: neq, ip: {value: 10.0.0.0/24, position: src}}
+        - name: to_pods
+          action: accept
+          match:
+          - {op: eq, dev: {value: liqo-tunnel, position: in}}
+          - {op: eq, ip: {value: 10.1.0.0/29, position: dst}}
+        - name: from_own_pods
+          action: accept
+          match:
+          - {op: eq, dev: {value: liqo-tunnel, position: in}}
+          - {op: eq, ip: {value: 10.0.0.8/29, position: src}}
+        - name: admin
+          action: accept
+          match:
+          - {op: eq, ip: {value: 10.0.0.10, position: src}}
+          - {op: eq, ip: {value: 10.1.0.12, position: dst}}
+          - {op: eq, port: {value: '22', position: dst}}
+"#;
 
 /// New flows from the consumer are accepted; established ones from 10.0.0.10 are not (a
 /// verdict that changes when the flow's reply arrives).

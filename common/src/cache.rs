@@ -82,16 +82,6 @@ pub const CPU_VERDICT_SET_BITS: u32 = 11;
 /// Ways of a [`CpuVerdicts4`] set.
 pub const CPU_VERDICT_WAYS: usize = 2;
 
-/// Sets per CPU of `DEST4_CPU`, the per-CPU table of drops cached by destination
-/// (`ebpf/src/cache/dest.rs`): 1024 destinations (64 KiB) per CPU.
-pub const DEST_SETS: u32 = 512;
-
-/// The `DEST4_CPU` set of a destination key's words (see [`verdict_set`]).
-#[inline(always)]
-pub fn dest_set(words: [u32; 4]) -> u32 {
-    verdict_set(words) % DEST_SETS
-}
-
 /// The set of the verdict caches a flow key falls in: the per-CPU cache's set, and its
 /// generation's index in `VERDICT_GENS`. `words` are the key's 16 bytes as native-endian 32-bit
 /// words (a [`VerdictKey4`], or an IPv6 key folded by [`fold_key6`]). A multiplicative hash:
@@ -139,11 +129,11 @@ pub struct CpuVerdict4 {
     pub key: VerdictKey4,
     /// Its verdict.
     pub v: CachedVerdict,
-    /// In `DEST4_CPU`, a drop cached by destination (`ebpf/src/cache/dest.rs`) whose one chain
-    /// read the source: that chain's index plus one (0: no chain read it), and the low and
-    /// high halves of the source lookup's word there (the rules the source allows, after the
-    /// chain's masks), which another packet's source must give for the drop to be its own.
-    /// Zero in `VERDICTS4_CPU`.
+    /// A drop cached by destination (`ebpf/src/cache/dest.rs`) whose one chain read the
+    /// source: that chain's index plus one (0: no chain read it), and the low and high halves
+    /// of the source lookup's word there (the rules the source allows, after the chain's
+    /// masks), which another packet's source must give for the drop to be its own. Unused
+    /// (any value) in a flow's way.
     pub src: [u32; 3],
 }
 

@@ -20,8 +20,8 @@ pub mod probe;
 pub mod view;
 
 pub use cache::{
-    dest_set, fold_key6, verdict_set, CachedVerdict, CpuVerdict4, CpuVerdicts4, VerdictKey4,
-    CACHED_COUNTERS, CPU_VERDICT_SETS, CPU_VERDICT_SET_BITS, CPU_VERDICT_WAYS, DEST_SETS,
+    fold_key6, verdict_set, CachedVerdict, CpuVerdict4, CpuVerdicts4, VerdictKey4, CACHED_COUNTERS,
+    CPU_VERDICT_SETS, CPU_VERDICT_SET_BITS, CPU_VERDICT_WAYS,
 };
 pub use classify::{
     constrained, dim, ActionCode, AddrKeyData, Bitmap, ChainInfo, DimMasks, HookChains, IfKey,

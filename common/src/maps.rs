@@ -116,7 +116,6 @@ pub mod map {
     /// region of [`crate::CPU_VERDICT_SETS`] per CPU). Not pinned: each loaded program has its
     /// own, sized for the machine's CPUs.
     pub const VERDICTS4_CPU: &str = "VERDICTS4_CPU";
-    pub const DEST4_CPU: &str = "DEST4_CPU";
     /// Verdict-cache generations, one per set ([`crate::verdict_set`]): conntrack bumps a
     /// flow's when a commit changes its state, and a cached verdict holds only under the
     /// generation it was computed in.

@@ -267,12 +267,6 @@ pub(crate) static VERDICT_GENS: Array<u32> = Array::pinned(CPU_VERDICT_SETS, 0);
 #[map]
 pub(crate) static VERDICTS4_CPU: Array<CpuVerdicts4> =
     Array::with_max_entries(CPU_VERDICT_SETS, BPF_F_MMAPABLE);
-/// Drops cached by destination (`cache/dest.rs`), a region of `DEST_SETS` per CPU, sized by
-/// the loader as `VERDICTS4_CPU`: apart from the flows' own ways, so that neither evicts the
-/// other. Not pinned.
-#[map]
-pub(crate) static DEST4_CPU: Array<CpuVerdicts4> =
-    Array::with_max_entries(peerwall_common::DEST_SETS, BPF_F_MMAPABLE);
 #[map]
 pub(crate) static LAST: PerCpuArray<ProbeRecord> = PerCpuArray::pinned(1, 0);
 /// Per-CPU result of the chain being evaluated. Results live in map memory, not on the stack,

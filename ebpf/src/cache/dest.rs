@@ -30,27 +30,24 @@
 //! verdicts (at most a second, `ttl.rs`). Each packet served is counted in the same rules and
 //! reported as its classification would have been ([`super::serve`]).
 //!
-//! Entries live in a per-CPU table of their own (`DEST4_CPU`, two ways per set as the flows'
-//! first level, `VERDICTS4_CPU`), so that neither kind evicts the other: a flood that repeats
-//! its flows (a SYN sent again, a client retrying) is still served by the flows' own drops
-//! before any parsing (`known_flow_v4`), and one that never repeats a flow by its
-//! destination's. Their key's byte [`DEST_KEY`] is never set in a flow's key.
+//! Entries live in the per-CPU first level of the IPv4 verdict cache (`VERDICTS4_CPU`) beside
+//! the flows' own: their key's padding byte [`DEST_KEY`] is never set in a flow's key, and a
+//! way that serves a flow is never taken for one ([`super::store::promote`]).
 
 use peerwall_common::{
-    ct, dest_set, family, CachedVerdict, Config, CpuVerdict4, VerdictKey4, CPU_VERDICT_WAYS,
-    DEST_SETS,
+    ct, family, verdict_set, CachedVerdict, Config, CpuVerdict4, CPU_VERDICT_SETS, CPU_VERDICT_WAYS,
 };
 
 use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_coarse_ns};
 
-use super::key::{cacheable, same_key};
+use super::key::{cacheable, gen_of, same_key};
 use super::serve::{serve, MISS};
+use super::store::promote;
 use crate::classify::{src_lookup, src_word};
 use crate::local::mirror_token;
-use crate::maps::{Scratch, DEST4_CPU, MASKS0, MASKS1, ROUTES, SRC0, SRC1, SRCH0, SRCH1, WORK};
+use crate::maps::{Scratch, MASKS0, MASKS1, ROUTES, SRC0, SRC1, SRCH0, SRCH1, VERDICTS4_CPU, WORK};
 use crate::parse::Pkt;
 use crate::route::mirror_on;
-use crate::ttl::stamp;
 use crate::work::Route;
 
 /// The key byte that marks a destination's entry (a flow's key has 0 there).
@@ -134,7 +131,7 @@ pub extern "C" fn dest_verdict(iif: u32, epoch: u32, state: u32, probe: u32, fla
     let words = dest_words(p, extra, state);
     // SAFETY: no arguments.
     let cpu = unsafe { bpf_get_smp_processor_id() };
-    let Some(s) = DEST4_CPU.get(cpu.wrapping_mul(DEST_SETS) + dest_set(words)) else {
+    let Some(s) = VERDICTS4_CPU.get(cpu.wrapping_mul(CPU_VERDICT_SETS) | verdict_set(words)) else {
         return MISS;
     };
     let mut i = 0;
@@ -171,7 +168,8 @@ fn same_source(e: &CpuVerdict4, slot: u32, p: &Pkt) -> bool {
 /// Cache drop `v`, which classification gave `WORK`'s packet on route `r`, for the packet's
 /// destination, when it is one: an IPv4 packet conntrack does not know, whose path a token
 /// names and whose chains all decided by its destination and at most one source word
-/// (`sc`, what classification noted). Whether it was cached.
+/// (`sc`, what classification noted). Whether it was cached (the caller then caches nothing
+/// under the flow's own key).
 #[inline(always)]
 pub(super) fn remember_dest(p: &Pkt, r: &Route, sc: &Scratch, v: &CachedVerdict) -> bool {
     if sc.wide != 0 || r.token == 0 || p.family != family::V4 || !unknown_flow(r.state, r.unknown) {
@@ -181,33 +179,22 @@ pub(super) fn remember_dest(p: &Pkt, r: &Route, sc: &Scratch, v: &CachedVerdict)
         return false;
     };
     let words = dest_words(p, extra, r.state);
+    let set = verdict_set(words);
     // SAFETY: no arguments.
     let cpu = unsafe { bpf_get_smp_processor_id() };
-    let Some(s) = DEST4_CPU.get_ptr_mut(cpu.wrapping_mul(DEST_SETS) + dest_set(words)) else {
+    let Some(s) = VERDICTS4_CPU.get_ptr_mut(cpu.wrapping_mul(CPU_VERDICT_SETS) | set) else {
         return false;
     };
-    // SAFETY: this CPU's own set (no other CPU writes it), of a successful lookup.
-    let s = unsafe { &mut *s };
-    let now = stamp();
-    // A way that serves no more (empty, expired, of another policy or path) is taken first,
-    // then the older of two that still serve.
-    let serving = |e: &CpuVerdict4| {
-        e.v.epoch == r.epoch && e.v.gen == r.token && now.wrapping_sub(e.v.at) < e.v.ttl as u32
-    };
-    let older0 = (s.ways[0].v.at.wrapping_sub(s.ways[1].v.at) as i32) <= 0;
-    let i = if same_key(&s.ways[0], &words) {
-        0
-    } else if same_key(&s.ways[1], &words) || !serving(&s.ways[1]) {
-        1
-    } else if !serving(&s.ways[0]) || older0 {
-        0
-    } else {
-        1
-    };
+    let mut d = *v;
+    d.gen = r.token;
     // SAFETY: the transmute is between two 16-byte plain-data types.
-    s.ways[i].key = unsafe { core::mem::transmute::<[u32; 4], VerdictKey4>(words) };
-    s.ways[i].v = *v;
-    s.ways[i].v.gen = r.token;
-    s.ways[i].src = [sc.src_chain, sc.src_word as u32, (sc.src_word >> 32) as u32];
+    let key = unsafe { core::mem::transmute::<[u32; 4], peerwall_common::VerdictKey4>(words) };
+    // SAFETY: this CPU's own set, of a successful lookup.
+    let s = unsafe { &mut *s };
+    if let Some(i) = promote(s, &words, &key, &d, gen_of(set), r.epoch) {
+        if i < CPU_VERDICT_WAYS {
+            s.ways[i].src = [sc.src_chain, sc.src_word as u32, (sc.src_word >> 32) as u32];
+        }
+    }
     true
 }

@@ -105,10 +105,8 @@ pub extern "C" fn remember(action: u32) -> u32 {
         _pad: 0,
         gen: w.gen,
     };
-    // Also under the flow's own key, below: a flood that repeats its flows is served before
-    // any parsing.
-    if by_dest {
-        let _ = remember_dest(&w.p, r, sc, &v);
+    if by_dest && remember_dest(&w.p, r, sc, &v) {
+        return 0;
     }
     if r.state != ct::NEW && r.state != ct::ESTABLISHED {
         return 0;

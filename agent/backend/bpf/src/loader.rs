@@ -217,10 +217,6 @@ impl Datapath {
             map::VERDICTS4_CPU,
             (ncpus as u32).saturating_mul(peerwall_common::CPU_VERDICT_SETS),
         );
-        loader.map_max_entries(
-            map::DEST4_CPU,
-            (ncpus as u32).saturating_mul(peerwall_common::DEST_SETS),
-        );
         // Pins of a datapath from before `ENDED_UNTIL` may hold marks it does not cover.
         let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();
         let ebpf = loader.load(&object)?;

@@ -109,13 +109,12 @@ impl Datapath {
         }
         flush::<peerwall_common::VerdictKey4>(self, map::VERDICTS4)?;
         flush::<peerwall_common::FlowKey>(self, map::VERDICTS6)?;
-        for name in [map::VERDICTS4_CPU, map::DEST4_CPU] {
-            let mut m: aya::maps::Array<&mut MapData, peerwall_common::CpuVerdicts4> =
-                aya::maps::Array::try_from(self.map(name)?).map_err(map_err(name))?;
-            for i in 0..m.len() {
-                m.set(i, peerwall_common::CpuVerdicts4::default(), 0)
-                    .map_err(map_err(name))?;
-            }
+        let name = map::VERDICTS4_CPU;
+        let mut m: aya::maps::Array<&mut MapData, peerwall_common::CpuVerdicts4> =
+            aya::maps::Array::try_from(self.map(name)?).map_err(map_err(name))?;
+        for i in 0..m.len() {
+            m.set(i, peerwall_common::CpuVerdicts4::default(), 0)
+                .map_err(map_err(name))?;
         }
         Ok(())
     }
