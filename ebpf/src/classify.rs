@@ -262,15 +262,14 @@ macro_rules! slot_eval {
                         }
                     }
                     if cons & constrained::SRC != 0 {
-                        let (l, m) = src_lookup(&$srch, &$src, &$masks, chain, p);
-                        // A chain of one word: the source's part of its outcome is that word
-                        // (`cache/dest.rs` holds it beside a drop cached by destination).
-                        if NW == 1 {
-                            note_src(chain, src_word(l, m));
-                        } else {
-                            wide = true;
-                        }
-                        if !step_masked::<NW>(acc, l, m) {
+                        wide = true;
+                        if !step_masked::<NW>(
+                            acc,
+                            // SAFETY: read-only lookup of plain data.
+                            unsafe { $srch.get(&addr_data(chain, p, &p.src)) }
+                                .or_else(|| $src.get(addr_key(chain, p, &p.src))),
+                            $masks.get(chain * 4 + dim::SRC),
+                        ) {
                             break 'dims true;
                         }
                     }
@@ -338,58 +337,13 @@ slot_eval!(
     RULES1, COUNTERS1
 );
 
-/// Note in `SCRATCH` that a chain's outcome depended on the output interface, a port, or the
-/// source beyond what [`note_src`] keeps: the packet's verdict is then not its destination's
-/// (`cache/dest.rs`).
+/// Note in `SCRATCH` that a chain's outcome depended on the output interface, the source or a
+/// port: the packet's verdict is then not its destination's (`cache/dest.rs`).
 #[inline(always)]
 fn note_wide() {
     if let Some(sc) = SCRATCH.get_ptr_mut(0) {
         // SAFETY: per-CPU slot of a successful lookup.
         unsafe { (*sc).wide = 1 };
-    }
-}
-
-/// Note in `SCRATCH` that chain `chain` (of one word) read the source and got `word` from it:
-/// the first such chain on the path is kept; a second one makes the verdict wide.
-#[inline(always)]
-fn note_src(chain: u32, word: u64) {
-    if let Some(sc) = SCRATCH.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot of a successful lookup.
-        unsafe {
-            if (*sc).src_chain == 0 {
-                (*sc).src_chain = chain + 1;
-                (*sc).src_word = word;
-            } else {
-                (*sc).wide = 1;
-            }
-        }
-    }
-}
-
-/// The source dimension of `chain` for packet `p` in one slot's maps: the host hash, else the
-/// trie, and the chain's source masks.
-#[inline(always)]
-pub(crate) fn src_lookup(
-    hosts: &'static aya_ebpf::maps::HashMap<AddrKeyData, Bitmap>,
-    trie: &'static aya_ebpf::maps::LpmTrie<AddrKeyData, Bitmap>,
-    masks: &'static aya_ebpf::maps::Array<DimMasks>,
-    chain: u32,
-    p: &Pkt,
-) -> (Option<&'static Bitmap>, Option<&'static DimMasks>) {
-    // SAFETY: read-only lookup of plain data.
-    let l = unsafe { hosts.get(&addr_data(chain, p, &p.src)) }
-        .or_else(|| trie.get(addr_key(chain, p, &p.src)));
-    (l, masks.get(chain * 4 + dim::SRC))
-}
-
-/// The first word of what a source lookup `l` allows under masks `m` (what [`step_masked`]
-/// ANDs in; 0 without masks, where the chain's policy decides).
-#[inline(always)]
-pub(crate) fn src_word(l: Option<&Bitmap>, m: Option<&DimMasks>) -> u64 {
-    match (l, m) {
-        (_, None) => 0,
-        (Some(b), Some(m)) => (b.w[0] ^ m.neg.w[0]) | m.any.w[0],
-        (None, Some(m)) => m.neg.w[0] | m.any.w[0],
     }
 }
 
@@ -562,7 +516,6 @@ pub(crate) fn classify(route: &Route) -> u32 {
             (*sc).steps = 0;
             (*sc).audit = 0;
             (*sc).wide = 0;
-            (*sc).src_chain = 0;
         }
     }
     let Some(w) = WORK.get_ptr_mut(0) else {

@@ -304,14 +304,9 @@ pub(crate) struct Scratch {
     pub(crate) audit_chain: u32,
     pub(crate) audit_rule: u32,
     pub(crate) audit_step: u32,
-    /// Nonzero when a chain's outcome read the output interface or a port, or the source in a
-    /// chain of more than one word or in a second chain (`classify.rs`): the verdict is not one
-    /// of the destination and that one source word (`cache/dest.rs`).
+    /// Nonzero when a chain's outcome read the output interface, the source or a port
+    /// (`classify.rs`): the verdict is not one of the destination alone (`cache/dest.rs`).
     pub(crate) wide: u32,
-    /// The one chain whose outcome read the source, plus one (0: none), and the source
-    /// lookup's word there.
-    pub(crate) src_chain: u32,
-    pub(crate) src_word: u64,
 }
 
 pub(crate) fn config() -> Config {

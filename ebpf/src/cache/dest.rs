@@ -4,11 +4,10 @@
 //! A flood of new flows towards a destination no rule accepts (the traffic an attacker
 //! chooses: sources and ports changing with every packet) finds no verdict under its own key,
 //! and its classification (the path, every chain) is most of what the datapath spends on it.
-//! But where every chain on the path decided without reading the output interface or a port,
-//! and at most one chain (of at most 64 rules, one bitmap word) read the source
-//! (`classify.rs`, `Scratch::wide`: those dimensions come last, so a chain whose rules the
-//! destination's own lookup already excluded never reads them), the verdict is a function of
-//! what this entry's key and checks hold:
+//! But where every chain on the path decided without reading the output interface, the source
+//! or a port (`classify.rs`, `Scratch::wide`: those dimensions come last, so a chain whose
+//! rules the destination's own lookup already excluded never reads them), the verdict is a
+//! function of what this entry's key and checks hold:
 //!
 //! - the input interface (`CachedVerdict::ifindex`), the policy (`epoch`), the protocol and
 //!   ICMP type, the destination (after the NAT view, as the chains read it), the conntrack
@@ -17,13 +16,7 @@
 //!   the destination under one lease of it (`CachedVerdict::gen` holds the lease's
 //!   [`crate::local::mirror_token`]; a mirror change withdraws the lease, and a FIB-decided path
 //!   caches nothing), or, in probe mode, the probe's own path and output interface
-//!   ([`probe_token`]);
-//! - the source, where one chain read it: the word its source lookup gave there
-//!   (`CpuVerdict4::src`), which a packet's own source must give again (one lookup in that
-//!   chain's source maps, where its classification would have made every lookup of the path).
-//!   A gateway's anti-spoofing rule (`saddr != @sources`, before every accept) makes the
-//!   source part of every tunnel packet's verdict: every source of the peer's CIDRs gives the
-//!   same word.
+//!   ([`probe_token`]).
 //!
 //! Only drops are cached so (a drop commits nothing to conntrack), only for packets conntrack
 //! does not know (new and unknown, or invalid), and they live as long as other cached
@@ -35,7 +28,7 @@
 //! way that serves a flow is never taken for one ([`super::store::promote`]).
 
 use peerwall_common::{
-    ct, family, verdict_set, CachedVerdict, Config, CpuVerdict4, CPU_VERDICT_SETS, CPU_VERDICT_WAYS,
+    ct, family, verdict_set, CachedVerdict, Config, CPU_VERDICT_SETS, CPU_VERDICT_WAYS,
 };
 
 use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_coarse_ns};
@@ -43,9 +36,8 @@ use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_coars
 use super::key::{cacheable, gen_of, same_key};
 use super::serve::{serve, MISS};
 use super::store::promote;
-use crate::classify::{src_lookup, src_word};
 use crate::local::mirror_token;
-use crate::maps::{Scratch, MASKS0, MASKS1, ROUTES, SRC0, SRC1, SRCH0, SRCH1, VERDICTS4_CPU, WORK};
+use crate::maps::{ROUTES, VERDICTS4_CPU, WORK};
 use crate::parse::Pkt;
 use crate::route::mirror_on;
 use crate::work::Route;
@@ -138,7 +130,7 @@ pub extern "C" fn dest_verdict(iif: u32, epoch: u32, state: u32, probe: u32, fla
     while i < CPU_VERDICT_WAYS {
         let e = &s.ways[i];
         if same_key(e, &words) {
-            if e.v.gen == token && same_source(e, epoch & 1, p) {
+            if e.v.gen == token {
                 return serve(&e.v, iif, epoch, true, flags, p.len as u64);
             }
             return MISS;
@@ -148,31 +140,13 @@ pub extern "C" fn dest_verdict(iif: u32, epoch: u32, state: u32, probe: u32, fla
     MISS
 }
 
-/// Whether packet `p`'s source gives the word that the one chain of way `e` that read the
-/// source got (true when none did), in slot `slot`'s maps.
-#[inline(always)]
-fn same_source(e: &CpuVerdict4, slot: u32, p: &Pkt) -> bool {
-    let [chain1, lo, hi] = e.src;
-    if chain1 == 0 {
-        return true;
-    }
-    let chain = chain1 - 1;
-    let (l, m) = if slot == 0 {
-        src_lookup(&SRCH0, &SRC0, &MASKS0, chain, p)
-    } else {
-        src_lookup(&SRCH1, &SRC1, &MASKS1, chain, p)
-    };
-    src_word(l, m) == (lo as u64 | (hi as u64) << 32)
-}
-
 /// Cache drop `v`, which classification gave `WORK`'s packet on route `r`, for the packet's
 /// destination, when it is one: an IPv4 packet conntrack does not know, whose path a token
-/// names and whose chains all decided by its destination and at most one source word
-/// (`sc`, what classification noted). Whether it was cached (the caller then caches nothing
-/// under the flow's own key).
+/// names and whose chains all decided by its destination (`wide`: one of them did not).
+/// Whether it was cached (the caller then caches nothing under the flow's own key).
 #[inline(always)]
-pub(super) fn remember_dest(p: &Pkt, r: &Route, sc: &Scratch, v: &CachedVerdict) -> bool {
-    if sc.wide != 0 || r.token == 0 || p.family != family::V4 || !unknown_flow(r.state, r.unknown) {
+pub(super) fn remember_dest(p: &Pkt, r: &Route, wide: bool, v: &CachedVerdict) -> bool {
+    if wide || r.token == 0 || p.family != family::V4 || !unknown_flow(r.state, r.unknown) {
         return false;
     }
     let Some(extra) = cacheable(p) else {
@@ -190,11 +164,6 @@ pub(super) fn remember_dest(p: &Pkt, r: &Route, sc: &Scratch, v: &CachedVerdict)
     // SAFETY: the transmute is between two 16-byte plain-data types.
     let key = unsafe { core::mem::transmute::<[u32; 4], peerwall_common::VerdictKey4>(words) };
     // SAFETY: this CPU's own set, of a successful lookup.
-    let s = unsafe { &mut *s };
-    if let Some(i) = promote(s, &words, &key, &d, gen_of(set), r.epoch) {
-        if i < CPU_VERDICT_WAYS {
-            s.ways[i].src = [sc.src_chain, sc.src_word as u32, (sc.src_word >> 32) as u32];
-        }
-    }
+    promote(unsafe { &mut *s }, &words, &key, &d, gen_of(set), r.epoch);
     true
 }

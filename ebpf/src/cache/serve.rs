@@ -267,7 +267,7 @@ pub extern "C" fn known_flow_v4(
             if a != MISS {
                 if let Some(s) = near {
                     // SAFETY: this CPU's own set, of a successful lookup.
-                    let _ = promote(unsafe { &mut *s }, &words, &k, v, gen, epoch);
+                    promote(unsafe { &mut *s }, &words, &k, v, gen, epoch);
                 }
             }
             a

@@ -19,8 +19,7 @@ use crate::ttl::{stamp, ttl_reused};
 /// older generation `gen` or policy `epoch`). A set whose two ways still serve other flows is
 /// left alone: with three flows taking turns in two ways, replacing the older way would make
 /// every packet of all three miss; keeping them, two of the three hit until their verdicts
-/// expire (at most a second), and the third goes on being served from `VERDICTS4`. The way
-/// written, if any.
+/// expire (at most a second), and the third goes on being served from `VERDICTS4`.
 #[inline(always)]
 pub(super) fn promote(
     s: &mut CpuVerdicts4,
@@ -29,7 +28,7 @@ pub(super) fn promote(
     v: &CachedVerdict,
     gen: u32,
     epoch: u32,
-) -> Option<usize> {
+) {
     let now = stamp();
     let serving = |e: &CpuVerdict4| {
         e.v.gen == gen && e.v.epoch == epoch && now.wrapping_sub(e.v.at) < e.v.ttl as u32
@@ -43,13 +42,12 @@ pub(super) fn promote(
     } else if !serving(&s.ways[1]) {
         1
     } else {
-        return None;
+        return;
     };
-    // Key and verdict only (as a whole struct, the way would be built on the stack with a
-    // byte-wise `memset` of it); a flow's way leaves `src` as it was, unread.
+    // Key and verdict only: the way's padding is zero in map memory and never written (as a
+    // whole struct, the way would be built on the stack with a byte-wise `memset` of it).
     s.ways[i].key = *k;
     s.ways[i].v = *v;
-    Some(i)
 }
 
 /// Cache `action`, which `classify` just gave `WORK`'s packet, when the packet and the path
@@ -105,7 +103,7 @@ pub extern "C" fn remember(action: u32) -> u32 {
         _pad: 0,
         gen: w.gen,
     };
-    if by_dest && remember_dest(&w.p, r, sc, &v) {
+    if by_dest && remember_dest(&w.p, r, sc.wide != 0, &v) {
         return 0;
     }
     if r.state != ct::NEW && r.state != ct::ESTABLISHED {
@@ -124,7 +122,7 @@ pub extern "C" fn remember(action: u32) -> u32 {
             let set = verdict_set(words);
             if let Some(s) = VERDICTS4_CPU.get_ptr_mut(cpu.wrapping_mul(CPU_VERDICT_SETS) | set) {
                 // SAFETY: this CPU's own set, of a successful lookup.
-                let _ = promote(unsafe { &mut *s }, &words, &key, &v, w.gen, r.epoch);
+                promote(unsafe { &mut *s }, &words, &key, &v, w.gen, r.epoch);
             }
             return 0;
         }
