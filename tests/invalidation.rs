@@ -326,57 +326,6 @@ fn a_policy_change_reaches_a_live_flow_at_once() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// New flows towards a destination the policy drops are served by its destination's cached
-/// drop (`ebpf/src/cache/dest.rs`) after the first: when a policy change in place (a set
-/// element removed) opens the destination, the next new flow passes, without waiting for
-/// that drop's lifetime to run out.
-#[test]
-fn a_policy_change_reaches_a_destinations_cached_drop_at_once() {
-    let t = Topology::new();
-    let pins = Pins::new("cachedest");
-    let dir = std::env::temp_dir().join(format!("pw-bpf-cachedest-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("c.yaml");
-    let write = |blocked: &[&str]| {
-        let tmp = dir.join("c.tmp");
-        std::fs::write(&tmp, blocked_policy(blocked, false)).unwrap();
-        std::fs::rename(&tmp, &f).unwrap();
-    };
-    write(&["10.20.9.9", "10.20.1.2"]);
-    let _agent = bpf_agent(&t.gateway, &pins, &dir, 20);
-    let pod2 = t
-        .provider
-        .run_in(|| UdpSocket::bind(("10.20.1.2", 7777)))
-        .expect("provider")
-        .expect("bind");
-    let to: std::net::SocketAddr = "10.20.1.2:7777".parse().expect("address");
-    let up = poll(10, || {
-        pins.0.join("links/tc-liqo-tunnel").exists() && mirrored_families(&pins) & 1 != 0
-    });
-    assert!(up, "the agent enforces, IPv4 paths from the mirror");
-    // Every flow from one CPU: its first-level cache holds the destination's drop.
-    let cpu0 = Some(0);
-    assert_eq!(new_flows_from(&t, to, &pod2, 20, cpu0), 0, "pod2 blocked");
-    // Once the datapath has measured HZ (`ebpf/src/ttl.rs`; until then a verdict lives 100
-    // jiffies, which the change below may outlast), a drop cached now serves for a second.
-    std::thread::sleep(Duration::from_millis(1200));
-    assert_eq!(
-        new_flows_from(&t, to, &pod2, 5, cpu0),
-        0,
-        "pod2 still blocked"
-    );
-    let before = epoch(&pins);
-    write(&["10.20.9.9"]);
-    let applied = poll(5, || epoch(&pins) != before);
-    assert!(applied, "the set element removal applied");
-    assert_eq!(
-        new_flows_from(&t, to, &pod2, 10, cpu0),
-        10,
-        "every new flow after the change passes"
-    );
-    std::fs::remove_dir_all(&dir).ok();
-}
-
 /// Every entry of a pinned map, as comparable text.
 fn entries(pins: &Pins, map: &str) -> std::collections::BTreeSet<String> {
     let path = format!("{}/{map}", pins.arg());
@@ -723,28 +672,8 @@ fn a_cached_verdict_does_not_outlive_its_flows_conntrack_entry() {
 /// `n` datagrams from pod1 to `to`, each from a socket of its own (a new flow: no cached
 /// verdict, no conntrack entry), 10 ms apart; how many `rx` received.
 fn new_flows(t: &Topology, to: std::net::SocketAddr, rx: &UdpSocket, n: usize) -> usize {
-    new_flows_from(t, to, rx, n, None)
-}
-
-/// [`new_flows`], sent from CPU `cpu` when one is given: the per-CPU caches then see them all.
-fn new_flows_from(
-    t: &Topology,
-    to: std::net::SocketAddr,
-    rx: &UdpSocket,
-    n: usize,
-    cpu: Option<usize>,
-) -> usize {
     t.consumer
         .run_in(move || -> std::io::Result<()> {
-            if let Some(cpu) = cpu {
-                // SAFETY: a zeroed cpu_set_t with one bit set, for this thread.
-                let ok = unsafe {
-                    let mut set: libc::cpu_set_t = std::mem::zeroed();
-                    libc::CPU_SET(cpu, &mut set);
-                    libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-                };
-                assert!(ok, "pinned to CPU {cpu}");
-            }
             for _ in 0..n {
                 UdpSocket::bind(("10.10.1.67", 0))?.send_to(b"peerwall-mirror", to)?;
                 std::thread::sleep(Duration::from_millis(10));
@@ -855,20 +784,12 @@ fn a_routing_change_reaches_the_local_address_mirror_at_once() {
     );
 
     // pod2's address becomes the gateway's own: its new flows reach the gateway (input path,
-    // accepted), no longer the forward chain's drop, which its destination's cached drop
-    // (`ebpf/src/cache/dest.rs`) served until the mirror changed: dropped just before, well
-    // within that drop's lifetime of a second.
-    // From one CPU, whose first-level cache holds the drop.
-    assert_eq!(
-        new_flows_from(&t, to("10.20.1.2:7777"), &pod2, 10, Some(0)),
-        0,
-        "the forward chain still drops pod2's"
-    );
+    // accepted), no longer the forward chain's drop.
     ip(&t.gateway, &["addr", "add", "10.20.1.2/32", "dev", "lo"]);
     let local = bind(&t.gateway, "10.20.1.2:7777");
     std::thread::sleep(MIRROR_REACTION);
     assert_eq!(
-        new_flows_from(&t, to("10.20.1.2:7777"), &local, 20, Some(0)),
+        new_flows(&t, to("10.20.1.2:7777"), &local, 20),
         20,
         "delivered to the gateway"
     );

@@ -19,20 +19,14 @@
 //! otherwise: TCP with valid flags, UDP, ICMP echo (its type in the key), never fragments or
 //! ICMP errors.
 //!
-//! A drop of a flow conntrack does not know that the policy gave by its destination alone is
-//! cached for the destination ([`dest`]): a flood of new flows towards it is served.
-//!
 //! One concern per file: [`key`] (what is cached and under which key), [`serve`] (the two
-//! lookups), [`store`] (writing verdicts), [`invalidate`] (making them stale), [`dest`]
-//! (verdicts by destination).
+//! lookups), [`store`] (writing verdicts), [`invalidate`] (making them stale).
 
-mod dest;
 mod invalidate;
 mod key;
 mod serve;
 mod store;
 
-pub(crate) use dest::{dest_verdict, probe_token, unknown_flow};
 pub(crate) use invalidate::{forget, outdate};
 pub(crate) use serve::{cache_on, cached_verdict, direct_cache, known_flow_v4, MISS};
 pub(crate) use store::remember;

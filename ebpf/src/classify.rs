@@ -216,11 +216,6 @@ macro_rules! slot_eval {
                     }
                 }
                 let cons = info.constrained;
-                // Whether the outcome depends on a dimension a destination's verdict does not
-                // name (`cache/dest.rs`): the output interface, the source, the ports. Those
-                // come last, so a chain that no rule of the packet's destination can match
-                // decides before any of them is read.
-                let mut wide = false;
                 let done = 'dims: {
                     if cons & constrained::IIF != 0 {
                         let ik = IfKey {
@@ -233,8 +228,30 @@ macro_rules! slot_eval {
                             break 'dims true;
                         }
                     }
+                    if cons & constrained::OIF != 0 {
+                        let ok = IfKey {
+                            chain,
+                            ifindex: q.oif,
+                        };
+                        let ob = unsafe { $oif.get(&ok) }
+                            .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
+                        if !step::<NW>(acc, ob) {
+                            break 'dims true;
+                        }
+                    }
                     if cons & constrained::CT != 0
                         && !step::<NW>(acc, $ct.get(chain * ct::SLOTS + q.state))
+                    {
+                        break 'dims true;
+                    }
+                    if cons & constrained::SRC != 0
+                        && !step_masked::<NW>(
+                            acc,
+                            // SAFETY: read-only lookup of plain data.
+                            unsafe { $srch.get(&addr_data(chain, p, &p.src)) }
+                                .or_else(|| $src.get(addr_key(chain, p, &p.src))),
+                            $masks.get(chain * 4 + dim::SRC),
+                        )
                     {
                         break 'dims true;
                     }
@@ -249,50 +266,24 @@ macro_rules! slot_eval {
                     {
                         break 'dims true;
                     }
-                    if cons & constrained::OIF != 0 {
-                        wide = true;
-                        let ok = IfKey {
-                            chain,
-                            ifindex: q.oif,
-                        };
-                        let ob = unsafe { $oif.get(&ok) }
-                            .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
-                        if !step::<NW>(acc, ob) {
-                            break 'dims true;
-                        }
-                    }
-                    if cons & constrained::SRC != 0 {
-                        wide = true;
-                        if !step_masked::<NW>(
-                            acc,
-                            // SAFETY: read-only lookup of plain data.
-                            unsafe { $srch.get(&addr_data(chain, p, &p.src)) }
-                                .or_else(|| $src.get(addr_key(chain, p, &p.src))),
-                            $masks.get(chain * 4 + dim::SRC),
-                        ) {
-                            break 'dims true;
-                        }
-                    }
                     if p.has_ports {
-                        if cons & constrained::SPORT != 0 {
-                            wide = true;
-                            if !step_masked::<NW>(
+                        if cons & constrained::SPORT != 0
+                            && !step_masked::<NW>(
                                 acc,
                                 $sport.get(port_key(chain, p.sport)),
                                 $masks.get(chain * 4 + dim::SPORT),
-                            ) {
-                                break 'dims true;
-                            }
+                            )
+                        {
+                            break 'dims true;
                         }
-                        if cons & constrained::DPORT != 0 {
-                            wide = true;
-                            if !step_masked::<NW>(
+                        if cons & constrained::DPORT != 0
+                            && !step_masked::<NW>(
                                 acc,
                                 $dport.get(port_key(chain, p.dport)),
                                 $masks.get(chain * 4 + dim::DPORT),
-                            ) {
-                                break 'dims true;
-                            }
+                            )
+                        {
+                            break 'dims true;
                         }
                     }
                     false
@@ -309,9 +300,6 @@ macro_rules! slot_eval {
                     _ => (policy, NO_RULE),
                 };
                 let counter = base.wrapping_add(if idx == NO_RULE { nrules } else { idx });
-                if wide {
-                    note_wide();
-                }
                 if !q.count {
                     return (action, idx, counter);
                 }
@@ -336,16 +324,6 @@ slot_eval!(
     eval1, SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1,
     RULES1, COUNTERS1
 );
-
-/// Note in `SCRATCH` that a chain's outcome depended on the output interface, the source or a
-/// port: the packet's verdict is then not its destination's (`cache/dest.rs`).
-#[inline(always)]
-fn note_wide() {
-    if let Some(sc) = SCRATCH.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot of a successful lookup.
-        unsafe { (*sc).wide = 1 };
-    }
-}
 
 /// Record the outcome of the packet in `LAST` (what `peerwall verdict --engine bpf` reads).
 pub(crate) fn record(out: &Outcome) {
@@ -515,7 +493,6 @@ pub(crate) fn classify(route: &Route) -> u32 {
             (*sc).has_chain = 0;
             (*sc).steps = 0;
             (*sc).audit = 0;
-            (*sc).wide = 0;
         }
     }
     let Some(w) = WORK.get_ptr_mut(0) else {

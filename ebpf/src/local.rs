@@ -18,34 +18,31 @@ pub(crate) const NOT_LOCAL: u32 = 0;
 pub(crate) const UNDECIDED: u32 = u32::MAX;
 
 /// Whether the packet's destination is the gateway's own, when the mirror holds for its
-/// family, else [`UNDECIDED`]; in the high 32 bits, the lease's [`mirror_token`] read before
-/// the mirror was. A call of its own: its key stays off the callers' stacks.
+/// family, else [`UNDECIDED`]. A call of its own: its key stays off the callers' stacks.
 #[inline(never)]
-pub(crate) fn local_destination(p: &Pkt) -> u64 {
-    let token = |lease: &peerwall_common::RouteMirror| (mirror_token(lease) as u64) << 32;
+pub(crate) fn local_destination(p: &Pkt) -> u32 {
     let (bit, bits) = if p.family == family::V4 {
         (routes::V4, 32)
     } else {
         (routes::V6, 128)
     };
     let Some(lease) = ROUTES.get(0) else {
-        return UNDECIDED as u64;
+        return UNDECIDED;
     };
     if lease.families & bit == 0 {
-        return UNDECIDED as u64;
+        return UNDECIDED;
     }
     // Link-local, multicast and loopback IPv6 addresses, source or destination, are never
     // forwarded: the FIB says so before any table (`rt6_need_strict`), and so does it here.
     if p.family == family::V6 && (strict6(&p.dst) || strict6(&p.src)) {
-        return UNDECIDED as u64;
+        return UNDECIDED;
     }
     // The coarse clock (the last tick's time, no clock-source read): the lease is seconds
     // long, a tick late is nothing to it.
     // SAFETY: a helper without arguments.
     if unsafe { bpf_ktime_get_coarse_ns() } >= lease.until_ns {
-        return UNDECIDED as u64;
+        return UNDECIDED;
     }
-    let token = token(lease);
     let key = Key::new(
         ADDR_KEY_FIXED_BITS + bits,
         AddrKeyData {
@@ -55,21 +52,10 @@ pub(crate) fn local_destination(p: &Pkt) -> u64 {
         },
     );
     if LOCAL.get(&key).is_some() {
-        token | IS_LOCAL as u64
+        IS_LOCAL
     } else {
-        token | NOT_LOCAL as u64
+        NOT_LOCAL
     }
-}
-
-/// What names the mirror's contents while `lease` holds: the low 32 bits of its end. The
-/// watcher withdraws the lease before it changes the mirror and writes a new one after
-/// (`agent/backend/bpf/src/routing/watch.rs`), each ending `LEASE_NS` after it was written, so
-/// two leases at most `LEASE_NS` plus a cached verdict's lifetime apart (3 s, below the 4.3 s
-/// at which 32 bits of nanoseconds wrap) never share a token. 0 is no token (nothing is
-/// cached under it): a lease whose low bits are 0 has none.
-#[inline(always)]
-pub(crate) fn mirror_token(lease: &peerwall_common::RouteMirror) -> u32 {
-    lease.until_ns as u32
 }
 
 /// IPv6 multicast (ff00::/8), link-local (fe80::/10) or loopback (::1).

@@ -70,10 +70,7 @@ use aya_ebpf::macros::{classifier, xdp};
 use aya_ebpf::programs::{TcContext, XdpContext};
 use peerwall_common::{ct, flags, PROBE_MAGIC};
 
-use crate::cache::{
-    cache_on, cached_verdict, dest_verdict, direct_cache, known_flow_v4, probe_token, remember,
-    unknown_flow, MISS,
-};
+use crate::cache::{cache_on, cached_verdict, direct_cache, known_flow_v4, remember, MISS};
 use crate::classify::{classify, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
 use crate::conntrack::{
     ct_commit, ct_state, kernel_commit, kernel_state, CT_FIRST_REPLY, CT_NO_WRITE, CT_UNKNOWN,
@@ -198,20 +195,6 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let commit = tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0;
     let unknown = tracked & CT_UNKNOWN != 0;
     let first_reply = tracked & CT_FIRST_REPLY != 0;
-    // A flow conntrack does not know, towards a destination whose drop is cached: served
-    // before its path is looked for (`cache/dest.rs`).
-    let token = if probe {
-        probe_token(ctx.cb()[1], ctx.cb()[2])
-    } else {
-        0
-    };
-    if cache && ethertype == ETH_P_IP && unknown_flow(state, unknown) {
-        let iif = if probe { ctx.cb()[3] } else { ifindex };
-        let a = dest_verdict(iif, cfg.active, state, token, cfg.flags);
-        if a == ACT_DROP as u32 {
-            return Ok(TC_ACT_SHOT);
-        }
-    }
     let r = if probe {
         let cb = ctx.cb();
         Route {
@@ -225,11 +208,10 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             cache,
             unknown,
             first_reply,
-            token,
         }
     } else {
-        let (path, oif, token) = if diag & flags::DIAG_NO_FIB != 0 {
-            (PATH_FORWARD, 0, 0)
+        let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
+            (PATH_FORWARD, 0)
         } else {
             route(ctx, &cfg, p, ifindex)
         };
@@ -244,7 +226,6 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             cache,
             unknown,
             first_reply,
-            token,
         }
     };
     // SAFETY: as above.
@@ -409,8 +390,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
             return Ok(xdp_action::XDP_PASS);
         }
     }
-    // XDP caches no drop by destination (`token` 0): it counts no accepts.
-    let (path, oif, _) = route(ctx, &cfg, p, ifindex);
+    let (path, oif) = route(ctx, &cfg, p, ifindex);
     let seen_on = cfg.flags & flags::FLOW_SEEN != 0;
     let tracked = if kernel_ct_on() && kernel_tracks(p) {
         kernel_state(ctx, p, seen_on, false)
@@ -428,7 +408,6 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         cache,
         unknown: tracked & CT_UNKNOWN != 0,
         first_reply: false,
-        token: 0,
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };

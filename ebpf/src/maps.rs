@@ -304,9 +304,6 @@ pub(crate) struct Scratch {
     pub(crate) audit_chain: u32,
     pub(crate) audit_rule: u32,
     pub(crate) audit_step: u32,
-    /// Nonzero when a chain's outcome read the output interface, the source or a port
-    /// (`classify.rs`): the verdict is not one of the destination alone (`cache/dest.rs`).
-    pub(crate) wide: u32,
 }
 
 pub(crate) fn config() -> Config {

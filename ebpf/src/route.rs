@@ -44,29 +44,19 @@ pub(crate) const PATH_INPUT: u32 = 0;
 /// The packet is forwarded: prerouting, forward, postrouting.
 pub(crate) const PATH_FORWARD: u32 = 1;
 
-/// Where the kernel will send the packet: (path, oif, token); oif 0 when the mirror answered
-/// (no chain tests it, no event names it), and then `token` names the mirror's contents
-/// ([`crate::local::mirror_token`]; 0 when the FIB answered).
+/// Where the kernel will send the packet: (path, oif); oif 0 when the mirror answered (no
+/// chain tests it, no event names it).
 #[inline(always)]
-pub(crate) fn route<C: EbpfContext>(ctx: &C, cfg: &Config, p: &Pkt, iif: u32) -> (u32, u32, u32) {
-    if mirror_on(cfg) {
-        let d = local_destination(p);
-        let token = (d >> 32) as u32;
-        match d as u32 {
-            IS_LOCAL => return (PATH_INPUT, 0, token),
-            NOT_LOCAL => return (PATH_FORWARD, 0, token),
+pub(crate) fn route<C: EbpfContext>(ctx: &C, cfg: &Config, p: &Pkt, iif: u32) -> (u32, u32) {
+    if cfg.flags & (flags::oif_tested(cfg.active & 1) | flags::EVENTS | flags::DIAG_NO_MIRROR) == 0
+    {
+        match local_destination(p) {
+            IS_LOCAL => return (PATH_INPUT, 0),
+            NOT_LOCAL => return (PATH_FORWARD, 0),
             _ => {}
         }
     }
-    let (path, oif) = fib_route(ctx, p, iif);
-    (path, oif, 0)
-}
-
-/// Whether [`route`] asks the mirror before the FIB: no chain of the live slot tests the
-/// output interface and no event reports it.
-#[inline(always)]
-pub(crate) fn mirror_on(cfg: &Config) -> bool {
-    cfg.flags & (flags::oif_tested(cfg.active & 1) | flags::EVENTS | flags::DIAG_NO_MIRROR) == 0
+    fib_route(ctx, p, iif)
 }
 
 /// [`route`] by the kernel's FIB.

@@ -62,9 +62,6 @@ pub(crate) struct Route {
     /// ([`crate::conntrack::CT_FIRST_REPLY`]): its commit makes the other direction's cached
     /// verdict stale.
     pub(crate) first_reply: bool,
-    /// What found the path, when a drop cached by destination may rely on it
-    /// (`cache/dest.rs`): the local-address mirror's lease, or the probe's path; 0 otherwise.
-    pub(crate) token: u32,
 }
 
 /// Inputs of one chain evaluation besides the packet, which the chain bodies read from `WORK`

@@ -26,7 +26,7 @@ pub(crate) const MISS: u32 = u32::MAX;
 /// counting the packet in the rules that decided it and reporting its event (accepts only when
 /// `count_accepts`: XDP leaves them to tc); or [`MISS`] when `v` no longer holds.
 #[inline(always)]
-pub(super) fn serve(
+fn serve(
     v: &CachedVerdict,
     iif: u32,
     epoch: u32,

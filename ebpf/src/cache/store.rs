@@ -7,7 +7,6 @@ use peerwall_common::{
     CACHED_COUNTERS, CPU_VERDICT_SETS,
 };
 
-use super::dest::{remember_dest, unknown_flow};
 use super::key::{cacheable, key4, key6, same_key};
 use crate::classify::{ACT_ACCEPT, ACT_DROP};
 use crate::flow::flow_key;
@@ -63,18 +62,16 @@ pub extern "C" fn remember(action: u32) -> u32 {
         return 0;
     };
     let r = &w.r;
-    if !r.cache || sc.steps as usize > CACHED_COUNTERS {
-        return 0;
-    }
-    // A drop for a flow conntrack does not know may be its destination's (`dest.rs`).
-    let by_dest = action == ACT_DROP && unknown_flow(r.state, r.unknown);
-    if !by_dest && r.state != ct::NEW && r.state != ct::ESTABLISHED {
+    if !r.cache || (r.state != ct::NEW && r.state != ct::ESTABLISHED) {
         return 0;
     }
     // The first accepted packet of a flow conntrack never saw: its commit creates the flow,
     // and the flow's next packet, known then, is cached. A flood of new flows, each one
     // packet, then inserts nothing into the verdict caches.
     if r.unknown && action == ACT_ACCEPT {
+        return 0;
+    }
+    if sc.steps as usize > CACHED_COUNTERS {
         return 0;
     }
     let Some(extra) = cacheable(&w.p) else {
@@ -103,12 +100,6 @@ pub extern "C" fn remember(action: u32) -> u32 {
         _pad: 0,
         gen: w.gen,
     };
-    if by_dest && remember_dest(&w.p, r, sc.wide != 0, &v) {
-        return 0;
-    }
-    if r.state != ct::NEW && r.state != ct::ESTABLISHED {
-        return 0;
-    }
     if w.p.family == family::V4 {
         let key = key4(&k, extra);
         if r.unknown {
