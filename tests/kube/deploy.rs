@@ -183,6 +183,15 @@ fn shipped_manifests_leave_nothing_unprotected_or_exposed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deploy_manifests_pass_server_side_dry_run() {
+    // One API server for every install: a dry run persists nothing, so each install meets the
+    // server as if it were the first.
+    let server = api_server();
+    let client = server.client().await;
+    server.install_crds();
+    let target_ns = "peerwall-system".to_string();
+    // The namespace the others live in must exist for real.
+    namespace(&client, &target_ns, json!({})).await;
+    let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
     for dir in [
         "deploy",
         "deploy/sidecar",
@@ -191,18 +200,11 @@ async fn deploy_manifests_pass_server_side_dry_run() {
         "deploy/gateway-nodes",
         "deploy/cert-manager",
     ] {
-        dry_run(dir).await;
+        dry_run(&client, &discovery, &target_ns, dir).await;
     }
 }
 
-async fn dry_run(dir: &str) {
-    let server = api_server();
-    let client = server.client().await;
-    server.install_crds();
-    let target_ns = "peerwall-system".to_string();
-    // Dry runs persist nothing, so the namespace the others live in must exist for real.
-    namespace(&client, &target_ns, json!({})).await;
-    let discovery = kube::Discovery::new(client.clone()).run().await.unwrap();
+async fn dry_run(client: &kube::Client, discovery: &kube::Discovery, target_ns: &str, dir: &str) {
     let mut kinds = BTreeSet::new();
     let file = dir;
     for obj in objects(dir) {
@@ -221,7 +223,7 @@ async fn dry_run(dir: &str) {
                 .resolve_gvk(&gvk)
                 .unwrap_or_else(|| panic!("{file}: unknown kind {gvk:?}"));
             let api: Api<DynamicObject> = if caps.scope == kube::discovery::Scope::Namespaced {
-                let ns = obj.namespace().unwrap_or_else(|| target_ns.clone());
+                let ns = obj.namespace().unwrap_or_else(|| target_ns.to_string());
                 Api::namespaced_with(client.clone(), &ns, &ar)
             } else {
                 Api::all_with(client.clone(), &ar)
@@ -229,7 +231,7 @@ async fn dry_run(dir: &str) {
             let mut obj = obj;
             if caps.scope == kube::discovery::Scope::Namespaced && obj.metadata.namespace.is_none()
             {
-                obj.metadata.namespace = Some(target_ns.clone());
+                obj.metadata.namespace = Some(target_ns.to_string());
             }
             let name = obj.name_any();
             let pp = PatchParams::apply("peerwall-test").dry_run();
