@@ -149,15 +149,7 @@ async fn agent_keeps_enforcing_through_an_api_server_outage_and_resyncs() {
     // The agent's watches retry with kube-runtime's default backoff (800 ms doubling, jittered,
     // up to 30 s): after an outage of 5 s and more plus the server's restart, the next try may
     // come most of 30 s after the server is back. Bounded by that, not by `applied`'s 20 s.
-    eventually(
-        &format!("{name}: Applied on gw-outage after the outage"),
-        Duration::from_secs(45),
-        || async {
-            let (t, _, observed, generation) = condition(&api, &name, "gw-outage").await?;
-            (t == "Applied" && observed == generation).then_some(())
-        },
-    )
-    .await;
+    applied_within(&api, &name, "gw-outage", Duration::from_secs(45)).await;
     assert!(
         ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
         "pod2 open again"

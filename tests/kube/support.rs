@@ -185,14 +185,20 @@ pub(crate) async fn condition(
 }
 
 pub(crate) async fn applied(api: &Api<DynamicObject>, name: &str, host: &str) {
-    eventually(
-        &format!("{name}: Applied on {host}"),
-        Duration::from_secs(20),
-        || async {
-            let (t, _, observed, generation) = condition(api, name, host).await?;
-            (t == "Applied" && observed == generation).then_some(())
-        },
-    )
+    applied_within(api, name, host, Duration::from_secs(20)).await
+}
+
+/// [`applied`], waiting up to `bound`.
+pub(crate) async fn applied_within(
+    api: &Api<DynamicObject>,
+    name: &str,
+    host: &str,
+    bound: Duration,
+) {
+    eventually(&format!("{name}: Applied on {host}"), bound, || async {
+        let (t, _, observed, generation) = condition(api, name, host).await?;
+        (t == "Applied" && observed == generation).then_some(())
+    })
     .await
 }
 
