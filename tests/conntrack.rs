@@ -211,6 +211,12 @@ fn bpf_gateway(
 /// A topology whose gateway's kernel tracks connections of both families (a NAT rule each).
 fn nat_topology() -> Topology {
     let t = Topology::new();
+    nat_topology_rule(&t);
+    t
+}
+
+/// The NAT rules of [`nat_topology`] (table `inet pwxnat`).
+fn nat_topology_rule(t: &Topology) {
     let o = in_ns(
         &t.gateway,
         "nft",
@@ -219,7 +225,6 @@ fn nat_topology() -> Topology {
         &["add table inet pwxnat; add chain inet pwxnat pre { type nat hook prerouting priority -100; }; add rule inet pwxnat pre ip daddr 192.0.2.1 dnat ip to 192.0.2.2; add rule inet pwxnat pre ip6 daddr 2001:db8::1 dnat ip6 to 2001:db8::2"],
     );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    t
 }
 
 /// [`STATEFUL`] and its IPv6 twin applied to `t`'s gateway with the bpf backend reading
@@ -253,6 +258,31 @@ fn provider_answers(
     matches!(c.recv(&mut b), Ok(n) if &b[..n] == what.as_bytes())
 }
 
+/// A UDP socket of the consumer's pod on `consumer`:`port` and one of the provider's pod on
+/// `provider`:`port`, each waiting at most 500 ms for a datagram.
+fn sockets(
+    t: &Topology,
+    consumer: &'static str,
+    provider: &'static str,
+    port: u16,
+) -> (std::net::UdpSocket, std::net::UdpSocket) {
+    let c = t
+        .consumer
+        .run_in(move || std::net::UdpSocket::bind((consumer, port)))
+        .unwrap()
+        .unwrap();
+    let p = t
+        .provider
+        .run_in(move || std::net::UdpSocket::bind((provider, port)))
+        .unwrap()
+        .unwrap();
+    for s in [&c, &p] {
+        s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
+            .unwrap();
+    }
+    (c, p)
+}
+
 /// Entries of the datapath's own established-flows table.
 fn own_flows(pins: &peerwall_testkit::bpf::Pins) -> usize {
     let v = peerwall_testkit::bpf::bpftool_json(&[
@@ -274,7 +304,6 @@ fn own_flows(pins: &peerwall_testkit::bpf::Pins) -> usize {
 #[test]
 fn bpf_reads_the_kernels_connection_table() {
     require_root();
-    use std::net::UdpSocket;
     let (t, pins, file) = bpf_gateway("kct", "auto");
     let shown =
         peerwall_testkit::bpf::peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
@@ -294,20 +323,7 @@ fn bpf_reads_the_kernels_connection_table() {
         ("10.10.1.67", "10.20.1.2", 7101u16),
         ("fd10::67", "fd20::2", 7102),
     ] {
-        let c = t
-            .consumer
-            .run_in(move || UdpSocket::bind((consumer, port)))
-            .unwrap()
-            .unwrap();
-        let p = t
-            .provider
-            .run_in(move || UdpSocket::bind((provider, port)))
-            .unwrap()
-            .unwrap();
-        for s in [&c, &p] {
-            s.set_read_timeout(Some(std::time::Duration::from_millis(500)))
-                .unwrap();
-        }
+        let (c, p) = sockets(&t, consumer, provider, port);
         let v6 = consumer.contains(':');
         if !v6 {
             assert!(
@@ -469,4 +485,119 @@ fn bpf_kernel_table_connections_from_before_the_datapath_keep_flowing() {
         "a new flow from the provider passed"
     );
     let _ = std::fs::remove_file(&file);
+}
+
+/// Where the datapath reads the kernel's table, the kernel keeps tracking when what made it
+/// track goes. The agent (its default `--bpf-conntrack auto`) takes the kernel's table beside
+/// a NAT rule (as Liqo's remapping) and holds tracking on with a table of its own
+/// (`peerwall-conntrack`: one `ct state` rule in a chain no hook runs). Liqo's NAT table
+/// deleted, a new flow's reply still passes; that table deleted by hand, the agent's upkeep
+/// puts it back. The check's sensitivity: the agent stopped and the table deleted, the kernel
+/// tracks nothing and the next flow's reply is judged new and dropped (the policy accepts the
+/// provider's datagrams only as replies). `peerwall delete` removes the table with the
+/// datapath.
+#[test]
+fn bpf_kernel_table_keeps_the_kernel_tracking_when_the_nat_goes() {
+    require_root();
+    use std::time::{Duration, Instant};
+    let t = nat_topology();
+    let pins = peerwall_testkit::bpf::Pins::new("kct-hold");
+    let dir = std::env::temp_dir().join(format!("pw-kct-hold-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("policy.yaml"), STATEFUL).unwrap();
+    let hold = |family: &str| {
+        let o = in_ns(
+            &t.gateway,
+            "nft",
+            &["list", "table", family, "peerwall-conntrack"],
+        );
+        o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ct state invalid")
+    };
+    let until = |what: &str, f: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while !f() {
+            assert!(Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let agent = peerwall_testkit::bpf::bpf_agent(&t.gateway, &pins, &dir, 100);
+    until("the agent never held the kernel's tracking on", &|| {
+        hold("ip") && hold("ip6")
+    });
+    let shown =
+        peerwall_testkit::bpf::peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+    assert!(
+        String::from_utf8_lossy(&shown.stdout)
+            .contains("conntrack IPv4 TCP and UDP: the kernel's table"),
+        "the agent's default reads the kernel's table where it tracks: {}",
+        String::from_utf8_lossy(&shown.stdout)
+    );
+    let (consumer, provider) = ("10.10.1.67", "10.20.1.2");
+    let exchange = |port: u16, what: &str| {
+        let (c, p) = sockets(&t, consumer, provider, port);
+        c.send_to(b"open", (provider, port)).unwrap();
+        let mut b = [0u8; 8];
+        assert!(
+            p.recv(&mut b).is_ok(),
+            "{port}: the consumer's datagram was not forwarded"
+        );
+        provider_answers(&c, &p, (consumer, port), what)
+    };
+    // What made the kernel track goes.
+    let nat_gone = || {
+        let d = in_ns(&t.gateway, "nft", &["delete", "table", "inet", "pwxnat"]);
+        assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+    };
+    nat_gone();
+    assert!(
+        exchange(7121, "r1"),
+        "Liqo's NAT gone, the reply was dropped: the kernel stopped tracking; its conntrack: {}",
+        String::from_utf8_lossy(&in_ns(&t.gateway, "conntrack", &["-L"]).stdout)
+    );
+    let d = in_ns(
+        &t.gateway,
+        "nft",
+        &["delete", "table", "ip", "peerwall-conntrack"],
+    );
+    assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+    until("the agent's upkeep did not put the table back", &|| {
+        hold("ip")
+    });
+    assert!(
+        exchange(7122, "r2"),
+        "the table is back, the reply was dropped"
+    );
+    // Sensitivity: the agent stopped (what it holds stays), then the table deleted.
+    drop(agent);
+    assert!(hold("ip"), "the table went with the agent");
+    let d = in_ns(
+        &t.gateway,
+        "nft",
+        &["delete", "table", "ip", "peerwall-conntrack"],
+    );
+    assert!(d.status.success(), "{}", String::from_utf8_lossy(&d.stderr));
+    assert!(
+        !exchange(7123, "r3"),
+        "the kernel tracks nothing, and the reply still passed: the check cannot fail"
+    );
+    // `peerwall delete` takes the table away with the datapath: the kernel tracking again
+    // (a NAT rule), `apply` holds it on, `delete` removes both.
+    nat_topology_rule(&t);
+    let file = dir.join("policy.yaml");
+    peerwall_testkit::bpf::apply_bpf(&t.gateway, &pins, &["--bpf-conntrack", "auto"], &file);
+    assert!(hold("ip"), "apply did not hold the kernel's tracking on");
+    let gone = peerwall_testkit::bpf::peerwall_net(
+        &t.gateway,
+        &["delete", "--backend", "bpf", "--pin-dir", pins.arg()],
+    );
+    assert!(
+        gone.status.success(),
+        "{}",
+        String::from_utf8_lossy(&gone.stderr)
+    );
+    assert!(
+        !hold("ip") && !hold("ip6"),
+        "delete left the table keeping the kernel tracking"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -151,9 +151,10 @@ pub struct BpfOpts {
     /// kernel's (the `bpf_skb_ct_lookup` kfunc; one table where the kernel tracks connections
     /// anyway, as on a Liqo gateway with its NAT), `own` keeps the datapath's own tables,
     /// `auto` reads the kernel's for each family the kernel tracks in the namespace when the
-    /// datapath loads (and the kfuncs are there), its own otherwise. `peerwall inspect` shows
-    /// which.
-    #[arg(long, value_enum, default_value_t = BpfConntrack::Own)]
+    /// datapath loads (and the kfuncs are there), its own otherwise. Where it reads the
+    /// kernel's, it keeps the kernel tracking (nftables table `peerwall-conntrack`, never
+    /// run). `peerwall inspect` shows which.
+    #[arg(long, value_enum, default_value_t = BpfConntrack::Auto)]
     pub bpf_conntrack: BpfConntrack,
     /// Where maps and links are pinned.
     #[arg(long, default_value = peerwall_backend_select::PIN_DIR)]

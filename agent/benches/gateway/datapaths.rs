@@ -459,12 +459,15 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             };
             *lab.agent.borrow_mut() = Some(agent);
         }
+        // The datapath's own tables beside the kernel's (`--bpf-conntrack own`; the default,
+        // `auto`, reads the kernel's table there: the row after it).
         Datapath::PeerwallBpfConntrack => {
             install(lab, Datapath::ConntrackOnly, p)?;
-            if install(lab, Datapath::PeerwallBpf, p).is_none() {
+            let Some(agent) = deployed::bpf_agent(lab, p, &["--bpf-conntrack", "own"]) else {
                 uninstall(lab, Datapath::ConntrackOnly);
                 return None;
-            }
+            };
+            *lab.agent.borrow_mut() = Some(agent);
         }
         Datapath::PeerwallNftConntrack => {
             install(lab, Datapath::ConntrackOnly, p)?;

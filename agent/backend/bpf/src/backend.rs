@@ -31,6 +31,10 @@ pub trait BootTables: Send {
     fn release(&mut self, table: &str) -> Result<(), BackendError>;
 }
 
+/// The nftables table (family `ip` and/or `ip6`) that keeps the kernel tracking connections
+/// where the datapath reads the kernel's table ([`KernelTable::keep_tracking`]).
+pub const KEEP_TRACKING_TABLE: &str = "peerwall-conntrack";
+
 /// The kernel's connection table of the backend's namespace, as the kernel-conntrack mode
 /// lists and ends its TCP and UDP connections ([`BpfBackend::set_kernel_table`]): given by
 /// whoever builds the backend (ctnetlink lives with the nftables backend).
@@ -39,6 +43,9 @@ pub trait KernelTable: Send {
     fn flows(&mut self) -> Result<Vec<peerwall_backend::Flow>, BackendError>;
     /// Delete these connections from the kernel's table; how many it held.
     fn end(&mut self, flows: &[peerwall_backend::Flow]) -> Result<usize, BackendError>;
+    /// Make sure the kernel keeps tracking IPv4 (`v4`) and IPv6 (`v6`) connections in this
+    /// namespace, whatever else stops using conntrack there; the families it had to act for.
+    fn keep_tracking(&mut self, v4: bool, v6: bool) -> Result<Vec<&'static str>, BackendError>;
 }
 
 /// An optional [`KernelTable`], shown by name in debug output.
@@ -168,6 +175,36 @@ impl BpfBackend {
                 "the datapath reads the kernel's connection table, and this backend was given no way to list or end its connections".into(),
             )),
         }
+    }
+
+    /// Where the datapath reads the kernel's table for a family, make sure the kernel keeps
+    /// tracking that family here (`peerwall_backend_select::tracking`): the datapath's choice
+    /// was made when it loaded, from what used conntrack then (the boot table's replies rule
+    /// among them), and without tracking every packet would look new to it. Returns the
+    /// families whose table it had to create.
+    fn keep_tracking(&mut self) -> Result<Vec<&'static str>, BackendError> {
+        let (v4, v6) = (
+            self.datapath.kernel_holds(false, 6),
+            self.datapath.kernel_holds(true, 6),
+        );
+        if !v4 && !v6 {
+            return Ok(Vec::new());
+        }
+        let Some(t) = self.kernel_table.0.as_mut() else {
+            return Err(failed("keeping the kernel tracking connections")(
+                BpfError::KernelConntrack(
+                    "the datapath reads the kernel's connection table, and this backend was given no way to keep the kernel tracking".into(),
+                ),
+            ));
+        };
+        let created = t.keep_tracking(v4, v6)?;
+        if !created.is_empty() {
+            tracing::info!(
+                families = ?created,
+                "the kernel's connection tracking held on for the datapath that reads its table"
+            );
+        }
+        Ok(created)
     }
 
     /// Whether an interface matching `tunnel` (a name, or a prefix ending in `*`) is attached.
@@ -395,12 +432,14 @@ impl Enforce for BpfBackend {
     }
 
     fn apply(&mut self, policy: &Policy) -> Result<Report, BackendError> {
-        BpfBackend::apply(self, policy)
+        let report = BpfBackend::apply(self, policy)
             .map(|r| Report {
                 summary: format!("{r} attached={:?}", self.attached()),
                 warnings: r.diagnostics,
             })
-            .map_err(failed("applying"))
+            .map_err(failed("applying"))?;
+        self.keep_tracking()?;
+        Ok(report)
     }
 
     fn update_sets(
@@ -420,11 +459,18 @@ impl Enforce for BpfBackend {
         BpfBackend::delete(self).map_err(failed("removing the pins"))
     }
 
-    /// Nothing of the bpf datapath drifts (its pins are its state); its upkeep is the sweep of
-    /// the kernel's table where it reads it (`sweep.rs`).
+    /// Nothing of the bpf datapath drifts (its pins are its state); where it reads the
+    /// kernel's table, its upkeep is the sweep of that table (`sweep.rs`) and the kernel's
+    /// tracking held on ([`BpfBackend::keep_tracking`]).
     fn repair(&mut self) -> Result<Vec<peerwall_backend::Drift>, BackendError> {
         self.sweep_if_due();
-        Ok(Vec::new())
+        Ok(self
+            .keep_tracking()?
+            .into_iter()
+            .map(|family| peerwall_backend::Drift::Missing {
+                table: format!("{family} {KEEP_TRACKING_TABLE}"),
+            })
+            .collect())
     }
 
     fn environment(&self) -> Vec<HostInterface> {

@@ -91,12 +91,19 @@ pub fn installed(pin_dir: &Path) -> Installed {
 }
 
 /// Remove what `kind` installed here (bpf: the datapath pinned in `pin_dir`, detached with
-/// its pins). Returns what was removed.
+/// its pins, and the table that kept the kernel tracking connections for it,
+/// [`crate::tracking`]). Returns what was removed.
 pub fn remove(kind: BackendKind, pin_dir: &Path) -> Result<Vec<String>, BackendError> {
     let name = kind.name();
     match kind {
         BackendKind::Bpf => {
-            loader::remove_pins(pin_dir).map_err(BackendError::host(name, "removing the pins"))
+            let gone = loader::remove_pins(pin_dir)
+                .map_err(BackendError::host(name, "removing the pins"))?;
+            // Not a failure of the removal: the datapath is gone either way.
+            if let Err(e) = crate::tracking::Tracking::default().release() {
+                tracing::warn!(error = %e, "could not delete the table that kept the kernel tracking connections");
+            }
+            Ok(gone)
         }
         BackendKind::Nftables => NftBackend::new(Nft::host())
             .delete_all()
@@ -105,10 +112,14 @@ pub fn remove(kind: BackendKind, pin_dir: &Path) -> Result<Vec<String>, BackendE
 }
 
 /// Remove a datapath pinned in `pin_dir` (detached, its pins and slot metadata gone), whatever
-/// backend runs now: gateway-pod mode cleans up after the gateways that left. Nothing pinned
-/// there is not an error.
+/// backend runs now: gateway-pod mode cleans up after the gateways that left (the table that
+/// kept their kernel tracking went with their namespace; this one's is not theirs). Nothing
+/// pinned there is not an error.
 pub fn forget_pins(pin_dir: &Path) -> Result<Vec<String>, BackendError> {
-    remove(BackendKind::Bpf, pin_dir)
+    loader::remove_pins(pin_dir).map_err(BackendError::host(
+        BackendKind::Bpf.name(),
+        "removing the pins",
+    ))
 }
 
 /// Whether a datapath pinned in `pin_dir` still filters a device that exists, in any network

@@ -21,6 +21,8 @@ pub struct CtTable {
     ct: Conntrack,
     /// The last listing's rewritten connections: as seen → original tuple.
     listed: HashMap<Flow, Flow>,
+    /// What keeps the kernel tracking ([`crate::tracking`]).
+    tracking: crate::tracking::Tracking,
 }
 
 impl KernelTable for CtTable {
@@ -42,6 +44,10 @@ impl KernelTable for CtTable {
         self.ct
             .end(&orig)
             .map_err(BackendError::host(NAME, "ending the kernel's connections"))
+    }
+
+    fn keep_tracking(&mut self, v4: bool, v6: bool) -> Result<Vec<&'static str>, BackendError> {
+        self.tracking.keep(v4, v6)
     }
 }
 

@@ -8,6 +8,7 @@ mod boot_tables;
 pub mod installed;
 mod kernel_table;
 pub mod rendering;
+pub mod tracking;
 
 use std::path::PathBuf;
 

@@ -117,6 +117,13 @@ pub fn reserved_by_controller(key: &str, obj: &PolicyObject) -> Option<String> {
              connections it ended (nobody's object may name it); name the table otherwise"
         ));
     }
+    if table == peerwall_backend_select::tracking::TABLE {
+        return Some(format!(
+            "spec.table.name: {table:?}: reserved for the table that keeps the kernel \
+             tracking connections where the bpf datapath reads its table (nobody's object may \
+             name it); name the table otherwise"
+        ));
+    }
     (reserved_table(table) && !controllers_key(key)).then(|| {
         format!(
             "spec.table.name: {table:?}: reserved for peerwall's controller (tables named \
@@ -496,15 +503,21 @@ mod tests {
             let own = observed(name, "u2", 1, Ok(object(name, "peerwall_a", "drop")));
             let p = plan(&[own], &mut good);
             assert_eq!(p.enforce.len(), 1, "{name}");
-            // The table of ended connections is nobody's, not even the controller's.
-            let ended = observed(name, "u3", 1, Ok(object(name, "peerwall-ended", "drop")));
-            let p = plan(&[ended], &mut good);
-            assert!(p.enforce.is_empty(), "{name}");
-            assert!(
-                p.refused[&format!("ns/{name}")].contains("connections it ended"),
-                "{:?}",
-                p.refused
-            );
+            // The table of ended connections, and the one that keeps the kernel tracking for
+            // the bpf datapath, are nobody's, not even the controller's.
+            for (table, why) in [
+                ("peerwall-ended", "connections it ended"),
+                ("peerwall-conntrack", "keeps the kernel tracking"),
+            ] {
+                let o = observed(name, "u3", 1, Ok(object(name, table, "drop")));
+                let p = plan(&[o], &mut good);
+                assert!(p.enforce.is_empty(), "{name} {table}");
+                assert!(
+                    p.refused[&format!("ns/{name}")].contains(why),
+                    "{:?}",
+                    p.refused
+                );
+            }
         }
         // Any other name is anyone's.
         let p = plan(
