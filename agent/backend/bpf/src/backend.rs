@@ -461,7 +461,7 @@ impl Enforce for BpfBackend {
 
     /// Nothing of the bpf datapath drifts (its pins are its state); where it reads the
     /// kernel's table, its upkeep is the sweep of that table (`sweep.rs`) and the kernel's
-    /// tracking held on ([`BpfBackend::keep_tracking`]).
+    /// tracking held on (the table [`KEEP_TRACKING_TABLE`], put back when gone: drift).
     fn repair(&mut self) -> Result<Vec<peerwall_backend::Drift>, BackendError> {
         self.sweep_if_due();
         Ok(self
