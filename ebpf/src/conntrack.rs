@@ -75,6 +75,14 @@ fn same_flow(a: &FlowKey, b: &FlowKey) -> bool {
 
 /// Whether a flow is live: seen within [`FLOW_IDLE_NS`], or, once user space ended it, within
 /// the loader's [`ended_idle_ns`].
+///
+/// A `last_seen_ns` *after* `now` is live: another CPU wrote it with a clock it read after
+/// this packet read `now` (the kernel's lookup lies between them). As a wrapped difference it
+/// read as 2^64 ns old, so an ended flow's mark, refreshed by our side's packets on the other
+/// CPU, looked lapsed to the peer's packet, which then passed as a reply of the connection our
+/// side started again (and its verdict was cached for up to a second): `tests/protection.rs`,
+/// `an_ended_connection_stays_ended_whichever_side_sends_on_both_backends`, failed so in
+/// about half its runs on bpf reading the kernel's table.
 #[inline(always)]
 pub(crate) fn fresh(st: &FlowState, now: u64) -> bool {
     let idle = if st.ended != 0 {
@@ -82,7 +90,7 @@ pub(crate) fn fresh(st: &FlowState, now: u64) -> bool {
     } else {
         FLOW_IDLE_NS
     };
-    now.wrapping_sub(st.last_seen_ns) < idle
+    now.saturating_sub(st.last_seen_ns) < idle
 }
 
 /// A packet of an ended flow, either way: `invalid`, and the flow stays ended as long as
