@@ -157,6 +157,10 @@ impl Enforce for InNetns {
         self.call_backend("adopting", move |b| b.adopt(&p))
     }
 
+    fn warm_up(&mut self) -> Result<(), BackendError> {
+        self.call_backend("warming up", |b| b.warm_up())
+    }
+
     fn delete(&mut self) -> Result<Vec<String>, BackendError> {
         self.call_backend("deleting", |b| b.delete())
     }

@@ -113,6 +113,13 @@ pub trait Enforce: Send {
         Ok(())
     }
 
+    /// Do now the part of the first apply that needs no policy and is slow (bpf: verify the
+    /// programs interfaces will run), so that work on a node's shared CPUs can be scheduled
+    /// apart from the wait for the policy source (`gateway_pods::gate`). The default: nothing.
+    fn warm_up(&mut self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Remove everything this backend installed; returns what was removed.
     fn delete(&mut self) -> Result<Vec<String>, BackendError>;
 

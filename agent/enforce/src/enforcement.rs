@@ -123,9 +123,6 @@ pub struct Enforcement {
     enforced: Option<peerwall_policy::ir::Policy>,
     /// A gateway's boot policy, kept in force until the policy holds its peer's table.
     boot: Option<Boot>,
-    /// Held until the first apply is done, whatever its outcome (a gateway's turn to load
-    /// its datapath, `k8s::gateway_pods::gate`).
-    until_first_apply: Option<Box<dyn Send>>,
 }
 
 /// A gateway's boot policy ([`crate::protection::boot`]) as the enforcement keeps it.
@@ -198,14 +195,7 @@ impl Enforcement {
             counters_read: None,
             enforced: None,
             boot: None,
-            until_first_apply: None,
         }
-    }
-
-    /// Keep `held` until the first apply is done (success or failure), then drop it.
-    pub fn hold_until_first_apply(mut self, held: impl Send + 'static) -> Self {
-        self.until_first_apply = Some(Box::new(held));
-        self
     }
 
     /// Keep `boot` in force until the policy holds the table that supersedes it, then let it
@@ -377,8 +367,6 @@ impl Enforcement {
         self.hold_boot();
         let policy = self.with_boot_tables(self.as_enforced(&compiled.policy));
         let result = self.backend.apply(&policy);
-        // Applied or refused: the datapath is loaded (or failed to), the turn given back.
-        self.until_first_apply.take();
         let r = self.record(result, started, false)?;
         tracing::info!(
             generation = r.generation,

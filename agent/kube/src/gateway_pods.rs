@@ -269,8 +269,15 @@ impl Supervisor {
                     }
                 }
                 let turn = gate.map(|g| g.wait(gate::LONGEST_WAIT));
-                let enforcer = peerwall_backend_select::open(&backend, Some(&ns))
+                let mut enforcer = peerwall_backend_select::open(&backend, Some(&ns))
                     .with_context(|| format!("starting the enforcer in {ns}"))?;
+                // The verifier now, in the turn; the policy source's listing after it, out of
+                // the turn (it waits on the API server, not on this node's CPUs). A failure
+                // here is the first apply's to report: it loads again.
+                if let Err(e) = enforcer.warm_up() {
+                    tracing::warn!(error = %format!("{e:#}"), "could not verify the datapath before the policy arrived; the first apply tries again");
+                }
+                drop(turn);
                 // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath
                 // classifies at ingress and needs the rewrites.
                 if enforcer.classifies_before_nat() {
@@ -278,8 +285,7 @@ impl Supervisor {
                 }
                 let mut enforcement = crate::enforcement::Enforcement::new(enforcer, metrics)
                     .audit_all(audit)
-                    .with_boot(boot)
-                    .hold_until_first_apply(turn);
+                    .with_boot(boot);
                 // At once, not after the policy source's first listing: the tunnel may come
                 // up meanwhile.
                 enforcement.hold_boot();

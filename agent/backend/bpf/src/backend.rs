@@ -455,6 +455,18 @@ impl Enforce for BpfBackend {
             .map_err(failed("updating sets"))
     }
 
+    /// Verify the programs the interfaces matching the patterns need (or will need) before
+    /// any policy is known: the first apply then fills maps and attaches.
+    fn warm_up(&mut self) -> Result<(), BackendError> {
+        let host = loader::host_ifaces()
+            .map_err(BpfError::ListInterfaces)
+            .map_err(failed("listing the interfaces"))?;
+        let targets = loader::matching(&host, &self.patterns);
+        self.datapath
+            .warm_up(&targets, self.xdp)
+            .map_err(failed("verifying the programs"))
+    }
+
     fn delete(&mut self) -> Result<Vec<String>, BackendError> {
         BpfBackend::delete(self).map_err(failed("removing the pins"))
     }

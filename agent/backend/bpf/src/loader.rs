@@ -219,7 +219,13 @@ impl Datapath {
         );
         // Pins of a datapath from before `ENDED_UNTIL` may hold marks it does not cover.
         let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();
+        let started = std::time::Instant::now();
         let ebpf = loader.load(&object)?;
+        // Maps created or adopted from their pins (programs load later, on first use).
+        tracing::debug!(
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "datapath object loaded"
+        );
         pooled.give_back();
         btf::return_freed_memory();
         let mut b = Self {

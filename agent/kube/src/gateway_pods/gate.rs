@@ -5,8 +5,9 @@
 //! bench-peers`). In turns, the first gateways enforce after one load and the last no later
 //! than before.
 //!
-//! A turn lasts from opening the enforcer to its first apply (where the verifier runs). A turn
-//! that never ends (a gateway whose policy source cannot list) must not stall the others: a
+//! A turn lasts from opening the enforcer to its programs verified (`Enforce::warm_up`), not
+//! to its first apply: that waits for the policy source's first listing, which waits on the
+//! API server, not on this node's CPUs. A turn that never ends must not stall the others: a
 //! gateway waits at most [`LONGEST_WAIT`], then loads anyway.
 
 use std::sync::{Arc, Condvar, Mutex};
