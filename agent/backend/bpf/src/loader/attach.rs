@@ -236,35 +236,24 @@ fn load_retrying(
     }
 }
 
-impl ProgramLoad for SchedClassifier {
-    fn ensure_loaded(&mut self) -> Result<Option<u32>, aya::programs::ProgramError> {
-        if self.fd().is_ok() {
-            return Ok(None);
+/// [`ProgramLoad`] for program types whose `load` takes no arguments (aya gives them no
+/// common trait for `fd`, `load` and `info`).
+macro_rules! program_load {
+    ($($ty:ty),*) => {$(
+        impl ProgramLoad for $ty {
+            fn ensure_loaded(&mut self) -> Result<Option<u32>, aya::programs::ProgramError> {
+                if self.fd().is_ok() {
+                    return Ok(None);
+                }
+                load_retrying(|| self.load())?;
+                let info = self.info().ok();
+                Ok(Some(info.and_then(|i| i.verified_instruction_count()).unwrap_or(0)))
+            }
         }
-        load_retrying(|| self.load())?;
-        Ok(Some(
-            self.info()
-                .ok()
-                .and_then(|i| i.verified_instruction_count())
-                .unwrap_or(0),
-        ))
-    }
+    )*};
 }
 
-impl ProgramLoad for Xdp {
-    fn ensure_loaded(&mut self) -> Result<Option<u32>, aya::programs::ProgramError> {
-        if self.fd().is_ok() {
-            return Ok(None);
-        }
-        load_retrying(|| self.load())?;
-        Ok(Some(
-            self.info()
-                .ok()
-                .and_then(|i| i.verified_instruction_count())
-                .unwrap_or(0),
-        ))
-    }
-}
+program_load!(SchedClassifier, Xdp);
 
 #[cfg(test)]
 mod tests {
