@@ -221,11 +221,8 @@ impl Datapath {
         let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();
         let started = std::time::Instant::now();
         let ebpf = loader.load(&object)?;
-        // Maps created or adopted from their pins (programs load later, on first use).
-        tracing::debug!(
-            ms = started.elapsed().as_secs_f64() * 1e3,
-            "datapath object loaded"
-        );
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(ms, "datapath object loaded (its maps)");
         pooled.give_back();
         btf::return_freed_memory();
         let mut b = Self {
