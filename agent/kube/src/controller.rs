@@ -19,7 +19,7 @@
 use context::Ctx;
 use enforcement::watch_enforcement;
 use offloaded::reconcile_namespace;
-use policies::netpol_view;
+use policies::{shared_view, ClusterOf};
 pub use publish::ReconcileError;
 use tenants::{reconcile_gateway, reconcile_slices};
 
@@ -29,6 +29,7 @@ mod enforcement;
 mod fake_api;
 mod offloaded;
 mod optional;
+mod pod_facts;
 mod policies;
 mod publish;
 mod tenants;
@@ -164,7 +165,8 @@ pub fn run(
                 ctx.opts.settings(),
                 move || {
                     let peers = c.publisher().desired.peers().iter().cloned().collect();
-                    (peers, netpol_view(&c).0)
+                    let view = tokio::task::block_in_place(|| shared_view(&c));
+                    (peers, ClusterOf(view))
                 },
             )
         };
@@ -201,8 +203,15 @@ async fn started(
     let setup = async {
         reach(client).await;
         let publisher = Arc::new(std::sync::Mutex::new(Publisher::new()));
-        let pods_listed = feed_pods(client, changed, &publisher);
-        let ctx = Arc::new(Ctx::watching(client, changed, opts, metrics, publisher));
+        let pods = Arc::new(pod_facts::PodFactsIndex::default());
+        let pods_listed = feed_pods(client, changed, &publisher, &pods);
+        let ctx = Arc::new(Ctx::watching(
+            client,
+            changed,
+            opts,
+            metrics,
+            (publisher, pods),
+        ));
         ctx.synced(pods_listed).await?;
         optional::watch_optional_kinds(&ctx, client, changed).await?;
         tracing::info!("caches synced; reconciling");
@@ -234,19 +243,22 @@ async fn reach(client: &Client) {
     }
 }
 
-/// The pod watch feeding the publisher's desired sets pod by pod; the receiver turns true once
-/// every pod was listed.
+/// The one pod watch: it feeds the publisher's desired sets and the NetworkPolicy tier's
+/// [`pod_facts::PodFactsIndex`] pod by pod (neither keeps the objects); the receiver turns
+/// true once every pod was listed.
 fn feed_pods(
     client: &Client,
     changed: &Arc<super::Changes>,
     publisher: &Arc<std::sync::Mutex<Publisher>>,
+    facts: &Arc<pod_facts::PodFactsIndex>,
 ) -> tokio::sync::watch::Receiver<bool> {
-    let pb = publisher.clone();
+    let (pb, facts) = (publisher.clone(), facts.clone());
     super::feed(
         Api::<Pod>::all(client.clone()),
         watcher::Config::default(),
         changed.clone(),
         move |ev| {
+            facts.apply(&ev);
             let mut pb = pb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match ev {
                 watcher::Event::Init => pb.desired.begin_relist(),

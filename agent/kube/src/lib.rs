@@ -231,7 +231,7 @@ pub struct Changes {
 }
 
 impl Changes {
-    fn bump(&self) {
+    pub(crate) fn bump(&self) {
         self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.notify.notify_one();
         self.notify_also.notify_one();

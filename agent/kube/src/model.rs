@@ -56,41 +56,49 @@ pub fn pod_ips(p: &Pod) -> Vec<IpAddr> {
     ips
 }
 
-/// Drop what neither [`cluster`] nor the protection index reads from a pod before it is cached:
-/// managed fields, annotations, owners, volumes, every container field but its name and
-/// ports, every status field but the phase and addresses. The controller caches every pod of
-/// the cluster (100k pods: gigabytes whole).
-pub fn trim_pod(p: &mut Pod) {
-    let m = &mut p.metadata;
-    m.managed_fields = None;
-    m.annotations = None;
-    m.owner_references = None;
-    m.finalizers = None;
-    m.generate_name = None;
-    if let Some(spec) = p.spec.as_mut() {
-        let kept = k8s_openapi::api::core::v1::PodSpec {
-            node_name: spec.node_name.take(),
-            host_network: spec.host_network.take(),
-            containers: std::mem::take(&mut spec.containers)
-                .into_iter()
-                .map(|c| k8s_openapi::api::core::v1::Container {
-                    name: c.name,
-                    ports: c.ports,
-                    ..Default::default()
+/// What the NetworkPolicy tier reads of a pod, and no more: the controller keeps this for
+/// every pod of the cluster (one watch, [`PodFacts::of`] on each event), not the object.
+/// A whole `Pod` is kilobytes even trimmed (k8s-openapi's `PodSpec` holds every field
+/// inline); 100k of them, twice during a relist, were most of the controller's memory.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodFacts {
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    /// `spec.nodeName`: a virtual node's name places the pod on a peer.
+    pub node: Option<String>,
+    /// [`pod_ips`]: none for a hostNetwork pod.
+    pub ips: Vec<IpAddr>,
+    /// The containers' ports that read (named ports resolve against these).
+    pub ports: Vec<netpol::ContainerPort>,
+    /// [`gone`]: finished, its address released.
+    pub gone: bool,
+}
+
+impl PodFacts {
+    pub fn of(p: &Pod) -> Self {
+        let ports = p
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .flat_map(|c| c.ports.iter().flatten())
+            .filter_map(|cp| {
+                Some(netpol::ContainerPort {
+                    name: cp.name.clone(),
+                    protocol: peerwall_netpol::read::protocol(cp.protocol.as_deref(), "").ok()?,
+                    port: u16::try_from(cp.container_port).ok()?,
                 })
-                .collect(),
-            ..Default::default()
-        };
-        *spec = kept;
-    }
-    if let Some(st) = p.status.as_mut() {
-        let kept = k8s_openapi::api::core::v1::PodStatus {
-            phase: st.phase.take(),
-            pod_ip: st.pod_ip.take(),
-            pod_ips: st.pod_ips.take(),
-            ..Default::default()
-        };
-        *st = kept;
+            })
+            .collect();
+        PodFacts {
+            namespace: p.namespace().unwrap_or_default(),
+            name: p.name_any(),
+            labels: p.labels().clone(),
+            node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
+            ips: pod_ips(p),
+            ports,
+            gone: gone(p),
+        }
     }
 }
 
@@ -109,7 +117,7 @@ pub fn gone(p: &Pod) -> bool {
 pub fn cluster<'a>(
     namespaces: impl IntoIterator<Item = &'a Namespace>,
     nodes: impl IntoIterator<Item = &'a Node>,
-    pods: impl IntoIterator<Item = &'a Pod>,
+    pods: impl IntoIterator<Item = &'a PodFacts>,
     policies: impl IntoIterator<Item = &'a np::NetworkPolicy>,
     remaps: &BTreeMap<String, Vec<Remap>>,
 ) -> (Cluster, Vec<Unreadable>) {
@@ -134,21 +142,16 @@ pub fn cluster<'a>(
         c.namespaces.insert(n.name_any(), labels);
     }
     for p in pods {
-        if gone(p) {
+        if p.gone {
             continue;
         }
-        let peer = p
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.as_ref())
-            .and_then(|n| vnode_peer.get(n))
-            .cloned();
+        let peer = p.node.as_ref().and_then(|n| vnode_peer.get(n)).cloned();
         let r = peer
             .as_ref()
             .and_then(|x| remaps.get(x))
             .map_or(&[][..], Vec::as_slice);
-        let local_ips = pod_ips(p);
-        let ips: Vec<IpAddr> = local_ips
+        let ips: Vec<IpAddr> = p
+            .ips
             .iter()
             .map(|ip| r.iter().find_map(|m| m.to_real(*ip)).unwrap_or(*ip))
             .collect();
@@ -157,34 +160,20 @@ pub fn cluster<'a>(
         }
         // A namespace named by a pod but absent from what was read (a partial snapshot):
         // known by its name label, as the API server labels every namespace.
-        let ns = p.namespace().unwrap_or_default();
-        c.namespaces
-            .entry(ns.clone())
-            .or_insert_with(|| BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), ns.clone())]));
-        let ports = p
-            .spec
-            .iter()
-            .flat_map(|s| s.containers.iter())
-            .flat_map(|c| c.ports.iter().flatten())
-            .filter_map(|cp| {
-                Some(netpol::ContainerPort {
-                    name: cp.name.clone(),
-                    protocol: peerwall_netpol::read::protocol(cp.protocol.as_deref(), "").ok()?,
-                    port: u16::try_from(cp.container_port).ok()?,
-                })
-            })
-            .collect();
+        c.namespaces.entry(p.namespace.clone()).or_insert_with(|| {
+            BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), p.namespace.clone())])
+        });
         c.pods.push(netpol::Pod {
-            namespace: p.namespace().unwrap_or_default(),
-            name: p.name_any(),
-            labels: p.labels().clone(),
-            local_ips: if local_ips == ips {
+            namespace: p.namespace.clone(),
+            name: p.name.clone(),
+            labels: p.labels.clone(),
+            local_ips: if p.ips == ips {
                 Vec::new()
             } else {
-                local_ips
+                p.ips.clone()
             },
             ips,
-            ports,
+            ports: p.ports.clone(),
             peer,
         });
     }
@@ -230,13 +219,14 @@ mod tests {
     }
 
     #[test]
-    fn host_network_pods_own_no_address_and_survive_trimming() {
-        let mut p = pod("h", json!({"hostNetwork": true}), json!({}), "Running");
-        trim_pod(&mut p);
-        assert!(
-            pod_ips(&p).is_empty(),
-            "the node's address is not the pod's"
-        );
+    fn host_network_pods_own_no_address_in_what_the_controller_keeps() {
+        let p = PodFacts::of(&pod(
+            "h",
+            json!({"hostNetwork": true}),
+            json!({}),
+            "Running",
+        ));
+        assert!(p.ips.is_empty(), "the node's address is not the pod's");
         let (c, _) = cluster([], [], [&p], [], &BTreeMap::new());
         assert!(
             c.pods.is_empty(),
@@ -259,13 +249,8 @@ mod tests {
         let failed = pod("x", json!({}), json!({}), "Failed");
         assert!(!gone(&deleting));
         assert!(gone(&finished) && gone(&failed));
-        let (c, _) = cluster(
-            [],
-            [],
-            [&deleting, &finished, &failed],
-            [],
-            &BTreeMap::new(),
-        );
+        let facts = [&deleting, &finished, &failed].map(PodFacts::of);
+        let (c, _) = cluster([], [], &facts, [], &BTreeMap::new());
         let names: Vec<&str> = c.pods.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["d"]);
     }

@@ -211,12 +211,14 @@ async fn warn_unknown_peers(client: &Client, obj: &DynamicObject, unknown: &[Str
 
 /// Every 2 s: each policy's status (what it became for each peer it applies to, or why it is
 /// refused), written when it changed. `peers` lists the peers now; `cluster` the cluster.
-pub async fn write_status(
+pub async fn write_status<V>(
     client: Client,
     policies: Arc<InForce>,
     defaults: exceptions::Settings,
-    view: impl Fn() -> (Vec<String>, netpol::Cluster),
-) {
+    view: impl Fn() -> (Vec<String>, V),
+) where
+    V: std::ops::Deref<Target = netpol::Cluster>,
+{
     let api_client = client.clone();
     let api: Api<DynamicObject> = Api::all_with(client, &resource());
     let mut written: BTreeMap<String, ProtectionPolicyStatus> = BTreeMap::new();

@@ -235,10 +235,12 @@ impl Snapshot {
     /// that could not be read (a ClusterNetworkPolicy's part that fails closed among them, as
     /// `clusternetworkpolicy/<name>`).
     pub fn cluster(&self) -> (netpol::Cluster, Vec<super::model::Unreadable>) {
+        let pods: Vec<super::model::PodFacts> =
+            self.pods.iter().map(super::model::PodFacts::of).collect();
         let (mut cluster, mut unreadable) = super::model::cluster(
             &self.namespaces,
             &self.nodes,
-            &self.pods,
+            &pods,
             &self.policies,
             &self.remaps(),
         );

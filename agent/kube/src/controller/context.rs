@@ -7,13 +7,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use anyhow::Context;
-use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Node};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DynamicObject};
 use kube::runtime::reflector::Store;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 
+use super::pod_facts::PodFactsIndex;
 use crate::metrics::ControllerMetrics;
 use crate::netpol;
 use crate::protection::publish::Publisher;
@@ -38,10 +39,14 @@ pub(super) struct Ctx {
     pub(super) metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
     /// Desired sets (fed pod by pod by the pod watch), published slices, the reuse gate.
     pub(super) publisher: Arc<std::sync::Mutex<Publisher>>,
-    /// Every pod (labels, addresses, container ports) and every NetworkPolicy: the input of
-    /// each peer's NetworkPolicy tier.
-    pub(super) pods: Store<Pod>,
+    /// Every pod (labels, addresses, container ports: [`crate::model::PodFacts`]) and every
+    /// NetworkPolicy: the input of each peer's NetworkPolicy tier.
+    pub(super) pods: Arc<PodFactsIndex>,
     pub(super) network_policies: Store<NetworkPolicy>,
+    /// Every cache's change counter, and the view of the cluster computed at a count
+    /// ([`super::policies::shared_view`]): the peers of one pass share one view.
+    pub(super) changes: Arc<crate::Changes>,
+    pub(super) view: std::sync::Mutex<Option<(u64, Arc<super::policies::NetpolView>)>>,
     /// ProtectionPolicies (the last good version of each).
     pub(super) protection_policies: Arc<crate::protection_policies::InForce>,
     /// Problems with NetworkPolicies already reported (policy and reason), so each gets one
@@ -112,13 +117,14 @@ pub(super) fn remaps(ctx: &Ctx) -> BTreeMap<String, Vec<protection::Remap>> {
 }
 
 impl Ctx {
-    /// The controller's caches, each watching its kind (every change notifies `changed`).
+    /// The controller's caches, each watching its kind (every change notifies `changed`); the
+    /// pods come from the watch that feeds `publisher` and `pods`.
     pub(super) fn watching(
         client: &Client,
         changed: &Arc<crate::Changes>,
         opts: Options,
         metrics: Arc<std::sync::Mutex<ControllerMetrics>>,
-        publisher: Arc<std::sync::Mutex<Publisher>>,
+        (publisher, pods): (Arc<std::sync::Mutex<Publisher>>, Arc<PodFactsIndex>),
     ) -> Self {
         let wc = watcher::Config::default;
         Ctx {
@@ -143,13 +149,9 @@ impl Ctx {
             ),
             liqo_configs: std::sync::OnceLock::new(),
             cluster_policies: std::sync::OnceLock::new(),
-            pods: crate::cache_trimmed(
-                Api::all(client.clone()),
-                wc(),
-                (),
-                changed.clone(),
-                crate::model::trim_pod,
-            ),
+            pods,
+            changes: changed.clone(),
+            view: std::sync::Mutex::new(None),
             network_policies: crate::cache(Api::all(client.clone()), wc(), (), changed.clone()),
             protection_policies: Arc::new(crate::protection_policies::InForce::new(crate::cache(
                 Api::all_with(client.clone(), &crate::protection_policies::resource()),
@@ -182,7 +184,6 @@ impl Ctx {
                 self.configs.wait_until_ready().await,
             ),
             ("addresssets", self.slices.wait_until_ready().await),
-            ("pods", self.pods.wait_until_ready().await),
             (
                 "networkpolicies",
                 self.network_policies.wait_until_ready().await,
@@ -203,6 +204,8 @@ pub(super) struct Writers {
     pub namespaces: kube::runtime::reflector::store::Writer<Namespace>,
     pub network_policies: kube::runtime::reflector::store::Writer<NetworkPolicy>,
     pub configs: kube::runtime::reflector::store::Writer<DynamicObject>,
+    /// The context's change counter, moved by every write below as a watch moves it.
+    pub changes: Arc<crate::Changes>,
 }
 
 #[cfg(test)]
@@ -211,12 +214,14 @@ impl Writers {
     pub fn namespace(&mut self, ns: Namespace) {
         self.namespaces
             .apply_watcher_event(&watcher::Event::Apply(ns));
+        self.changes.bump();
     }
 
     /// Put `np` in the NetworkPolicies' cache.
     pub fn network_policy(&mut self, np: NetworkPolicy) {
         self.network_policies
             .apply_watcher_event(&watcher::Event::Apply(np));
+        self.changes.bump();
     }
 }
 
@@ -230,6 +235,7 @@ impl Ctx {
         let namespaces = Writer::<Namespace>::default();
         let network_policies = Writer::<NetworkPolicy>::default();
         let configs = Writer::<DynamicObject>::new(crate::fwc_resource());
+        let changes = Arc::new(crate::Changes::default());
         let ctx = Ctx {
             namespaces: namespaces.as_reader(),
             nodes: Writer::default().as_reader(),
@@ -240,7 +246,9 @@ impl Ctx {
             opts: crate::protection::boot::default_options(),
             metrics: Arc::default(),
             publisher: Arc::new(std::sync::Mutex::new(Publisher::new())),
-            pods: Writer::default().as_reader(),
+            pods: Arc::default(),
+            changes: changes.clone(),
+            view: std::sync::Mutex::new(None),
             network_policies: network_policies.as_reader(),
             protection_policies: Arc::new(crate::protection_policies::InForce::new(dynamic(
                 crate::protection_policies::resource(),
@@ -254,6 +262,7 @@ impl Ctx {
                 namespaces,
                 network_policies,
                 configs,
+                changes,
             },
         )
     }

@@ -15,7 +15,7 @@ use peerwall_intent::types::{AddressSet, FirewallConfiguration};
 use super::context::{exceptions_for, labels_of, per_peer, remaps, Ctx};
 use super::enforcement::applied_everywhere;
 use super::offloaded::refresh_offloaded;
-use super::policies::{netpol_view, publish_companions, publish_tier};
+use super::policies::{publish_companions, publish_tier, shared_view};
 use super::publish::{api_error, apply, owned_by_namespace, publish, typed, ReconcileError, Seen};
 use super::GATEWAY_CONFIG;
 use crate::protection;
@@ -193,7 +193,7 @@ pub(super) async fn reconcile_gateway(
     // companions.
     // CPU over every pod (~0.1 s at 100k): off the runtime's workers' async duty meanwhile.
     let (view, declared) = tokio::task::block_in_place(|| {
-        let view = netpol_view(&ctx);
+        let view = shared_view(&ctx);
         let declared = protection::Declared {
             namespaces: protection::namespaces::namespace_sets(&view.0, &peer),
             exceptions: exceptions_for(&ctx, &peer, &view.0),

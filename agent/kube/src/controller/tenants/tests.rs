@@ -62,3 +62,51 @@ async fn a_peers_pass_writes_its_gateway_and_tier_once_and_nothing_when_nothing_
     assert!(second.is_empty(), "{second:?}");
     assert_eq!(ctx.metrics.lock().expect("metrics").gateway_writes, 2);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_peers_of_a_pass_share_one_view_and_any_change_makes_the_next_pass_read_anew() {
+    use crate::controller::policies::shared_view;
+    let (client, _requests) = fake_api::client();
+    let (ctx, mut w) = Ctx::for_tests(client);
+    w.namespace(tenant());
+    let first = shared_view(&ctx);
+    assert!(
+        Arc::ptr_eq(&first, &shared_view(&ctx)),
+        "nothing changed: the same view"
+    );
+    // A namespace relabelled: the next view shows it.
+    let mut relabelled = tenant();
+    relabelled
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("team".into(), "blue".into());
+    w.namespace(relabelled);
+    let second = shared_view(&ctx);
+    assert!(!Arc::ptr_eq(&first, &second));
+    assert_eq!(
+        second.0.namespaces["liqo-tenant-alpha"]
+            .get("team")
+            .map(String::as_str),
+        Some("blue")
+    );
+    // A pod through the watch's feed: seen by the next view too.
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": {"name": "p", "namespace": "app", "labels": {"app": "x"}},
+        "spec": {"containers": [{"name": "c"}]},
+        "status": {"phase": "Running", "podIP": "10.0.0.9"},
+    }))
+    .expect("pod");
+    ctx.pods.apply(&kube::runtime::watcher::Event::Apply(pod));
+    w.changes.bump();
+    let third = shared_view(&ctx);
+    assert_eq!(
+        third
+            .0
+            .pods
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>(),
+        ["p"]
+    );
+}
