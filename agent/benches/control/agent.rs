@@ -63,7 +63,7 @@ pub fn start_agent(
             "--host-table-size",
             &host_table().to_string(),
         ],
-        "info,peerwall::engine=debug,kube=warn",
+        "info,peerwall_enforce::enforcement=debug,kube=warn",
     );
     Agent { proc, metrics }
 }

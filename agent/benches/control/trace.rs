@@ -3,7 +3,8 @@
 //! - **controller**: the pod's status written → the first slice version holding its address,
 //!   seen by the bench's watch;
 //! - **agent**: that slice seen → the end of the agent's apply that put it in force (its
-//!   `set elements updated` / `policy applied` log line, `--log-format json`, debug level);
+//!   `set elements updated` / `policy applied` log line, `--log-format json`, debug level for
+//!   `peerwall_enforce::enforcement`);
 //! - **after**: that apply → the first probe packet at the pod (0 when the packet came before
 //!   the log line).
 //!
