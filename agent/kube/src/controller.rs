@@ -19,9 +19,10 @@
 use context::Ctx;
 use enforcement::watch_enforcement;
 use offloaded::reconcile_namespace;
-use policies::{shared_view, ClusterOf};
+use policies::shared_view;
 pub use publish::ReconcileError;
 use tenants::{reconcile_gateway, reconcile_slices};
+use view::ClusterOf;
 
 mod context;
 mod enforcement;
@@ -33,6 +34,7 @@ mod pod_facts;
 mod policies;
 mod publish;
 mod tenants;
+mod view;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -46,7 +46,7 @@ pub(super) struct Ctx {
     /// Every cache's change counter, and the view of the cluster computed at a count
     /// ([`super::policies::shared_view`]): the peers of one pass share one view.
     pub(super) changes: Arc<crate::Changes>,
-    pub(super) view: std::sync::Mutex<Option<(u64, Arc<super::policies::NetpolView>)>>,
+    pub(super) view: super::view::SharedView,
     /// ProtectionPolicies (the last good version of each).
     pub(super) protection_policies: Arc<crate::protection_policies::InForce>,
     /// Problems with NetworkPolicies already reported (policy and reason), so each gets one
@@ -151,7 +151,7 @@ impl Ctx {
             cluster_policies: std::sync::OnceLock::new(),
             pods,
             changes: changed.clone(),
-            view: std::sync::Mutex::new(None),
+            view: Default::default(),
             network_policies: crate::cache(Api::all(client.clone()), wc(), (), changed.clone()),
             protection_policies: Arc::new(crate::protection_policies::InForce::new(crate::cache(
                 Api::all_with(client.clone(), &crate::protection_policies::resource()),
@@ -248,7 +248,7 @@ impl Ctx {
             publisher: Arc::new(std::sync::Mutex::new(Publisher::new())),
             pods: Arc::default(),
             changes: changes.clone(),
-            view: std::sync::Mutex::new(None),
+            view: Default::default(),
             network_policies: network_policies.as_reader(),
             protection_policies: Arc::new(crate::protection_policies::InForce::new(dynamic(
                 crate::protection_policies::resource(),

@@ -13,51 +13,17 @@ use serde_json::json;
 
 use super::context::{remaps, Ctx};
 use super::publish::{api_error, owned_by_namespace, publish, ReconcileError, Seen};
+use super::view::NetpolView;
 use crate::netpol;
 use crate::protection;
-
-/// The cluster as NetworkPolicies and ClusterNetworkPolicies see it, from the caches; the
-/// NetworkPolicies that do not read; every NetworkPolicy object (for Events and companions);
-/// what of the ClusterNetworkPolicies is refused or not enforced as written (the object, why).
-pub(super) type NetpolView = (
-    netpol::Cluster,
-    Vec<crate::model::Unreadable>,
-    Vec<Arc<NetworkPolicy>>,
-    Vec<(Arc<DynamicObject>, String)>,
-);
-
-/// The cluster of a shared view ([`shared_view`]).
-pub(super) struct ClusterOf(pub Arc<NetpolView>);
-
-impl std::ops::Deref for ClusterOf {
-    type Target = netpol::Cluster;
-    fn deref(&self) -> &netpol::Cluster {
-        &self.0 .0
-    }
-}
 
 /// The view of the cluster as the caches stand now, shared: computed once per change of any
 /// cache ([`crate::Changes`]) and handed to every peer's pass meanwhile. Each peer's pass
 /// used to compute its own, so a pass over N peers read every pod N times, and N views could
-/// be alive at once (a node of 50 peers: gigabytes). The count is read before the caches, so
-/// a view is never older than the count it is kept under: a change after it moves the count,
-/// and the next pass computes anew. Whoever asks while a view is computed waits for it.
+/// be alive at once (a node of 50 peers: gigabytes). The count is read before the caches: a
+/// change after it moves the count, and the next pass computes anew.
 pub(super) fn shared_view(ctx: &Ctx) -> Arc<NetpolView> {
-    let mut slot = ctx
-        .view
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let count = ctx.changes.count();
-    if let Some((at, view)) = slot.as_ref() {
-        if *at == count {
-            return view.clone();
-        }
-    }
-    // The old view goes before the new one is computed: never two alive here.
-    *slot = None;
-    let view = Arc::new(netpol_view(ctx));
-    *slot = Some((count, view.clone()));
-    view
+    ctx.view.at(ctx.changes.count(), || netpol_view(ctx))
 }
 
 fn netpol_view(ctx: &Ctx) -> NetpolView {
