@@ -1,13 +1,15 @@
 //! `peerwall controller`: provider and consumer protection, kept in place on the API server.
 //!
 //! The pod watch feeds an index of every peer's desired address sets event by event
-//! ([`protection::index`]: a pod event costs its own addresses, no pod objects are cached).
+//! ([`crate::protection::index`]: a pod event costs its own addresses) and the few facts of
+//! each pod the NetworkPolicy tier reads ([`crate::model::PodFacts`]); no pod objects are
+//! cached.
 //! Reflectors cache namespaces, virtual nodes and peerwall's own objects. Two kube-runtime
 //! controllers reconcile the stable objects, never individual pod events:
 //! - tenant namespaces (one per peer cluster) → the peer's gateway FirewallConfiguration and
 //!   its AddressSet slices, re-reconciled for every peer whenever something changed
 //!   (debounced, so an event storm becomes one pass). A pass writes only the slices the
-//!   changed addresses touch ([`protection::publish`]: O(changes), the IP-reuse gate applied
+//!   changed addresses touch ([`crate::protection::publish`]: O(changes), the IP-reuse gate applied
 //!   to each new address);
 //! - namespaces → a NetworkPolicy for each offloaded namespace, removed when it stops being one.
 //!
@@ -36,7 +38,6 @@ mod publish;
 mod tenants;
 mod view;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,8 +51,9 @@ use kube::{Client, Resource, ResourceExt};
 
 use super::{MANAGED_BY, MANAGER};
 use crate::metrics::ControllerMetrics;
+use crate::model::PodFacts;
 use crate::protection::publish::Publisher;
-use crate::protection::{self, Options};
+use crate::protection::Options;
 
 pub use crate::protection::GATEWAY_CONFIG;
 
@@ -59,24 +61,6 @@ pub use crate::protection::NETWORK_POLICY;
 
 /// How long reconciles wait for more events before a pass (one pass serves them all).
 const DEBOUNCE: Duration = Duration::from_millis(2);
-
-/// The protection view of a pod.
-pub(crate) fn pod_info(p: &Pod) -> protection::Pod {
-    let ips = super::model::pod_ips(p);
-    protection::Pod {
-        namespace: p.namespace().unwrap_or_default(),
-        name: p.name_any(),
-        // The sets read only this label of a pod; the index keeps no more.
-        labels: p
-            .labels()
-            .get(super::REMOTE_CLUSTER_ID)
-            .map(|v| BTreeMap::from([(super::REMOTE_CLUSTER_ID.to_string(), v.clone())]))
-            .unwrap_or_default(),
-        node: p.spec.as_ref().and_then(|s| s.node_name.clone()),
-        ips,
-        gone: super::model::gone(p),
-    }
-}
 
 fn error_policy<K>(obj: Arc<K>, err: &ReconcileError, ctx: Arc<Ctx>) -> Action
 where
@@ -260,17 +244,26 @@ fn feed_pods(
         watcher::Config::default(),
         changed.clone(),
         move |ev| {
-            facts.apply(&ev);
             let mut pb = pb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             match ev {
-                watcher::Event::Init => pb.desired.begin_relist(),
-                watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
-                    pb.desired.upsert_pod(pod_info(&p))
+                watcher::Event::Init => {
+                    facts.begin_relist();
+                    pb.desired.begin_relist();
                 }
-                watcher::Event::Delete(p) => pb
-                    .desired
-                    .remove_pod(&p.namespace().unwrap_or_default(), &p.name_any()),
-                watcher::Event::InitDone => pb.desired.end_relist(),
+                watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
+                    let f = PodFacts::of(&p);
+                    pb.desired.upsert_pod(f.protection());
+                    facts.upsert(f);
+                }
+                watcher::Event::Delete(p) => {
+                    let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
+                    pb.desired.remove_pod(&ns, &name);
+                    facts.remove(&ns, &name);
+                }
+                watcher::Event::InitDone => {
+                    facts.end_relist();
+                    pb.desired.end_relist();
+                }
             }
         },
     )

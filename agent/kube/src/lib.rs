@@ -353,33 +353,11 @@ where
         + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
 {
-    cache_trimmed(api, wc, dyntype, changed, |_| {})
-}
-
-/// [`cache`], each object passed through `trim` before it is stored (fields nothing reads
-/// dropped: a 100k-pod cache of whole pods is gigabytes).
-pub fn cache_trimmed<K>(
-    api: kube::Api<K>,
-    wc: kube::runtime::watcher::Config,
-    dyntype: K::DynamicType,
-    changed: std::sync::Arc<Changes>,
-    trim: fn(&mut K),
-) -> kube::runtime::reflector::Store<K>
-where
-    K: kube::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
-{
     use futures::StreamExt;
     use kube::runtime::WatchStreamExt;
     let writer = kube::runtime::reflector::store::Writer::new(dyntype);
     let reader = writer.as_reader();
-    let stream = kube::runtime::reflector(writer, kube::runtime::watcher(api, wc).modify(trim))
+    let stream = kube::runtime::reflector(writer, kube::runtime::watcher(api, wc))
         .default_backoff()
         .scan(false, move |failing, ev| {
             if let Err(e) = &ev {

@@ -100,6 +100,22 @@ impl PodFacts {
             gone: gone(p),
         }
     }
+
+    /// The pod as the protection sets read it: only its peer label of all its labels.
+    pub fn protection(&self) -> crate::protection::Pod {
+        crate::protection::Pod {
+            namespace: self.namespace.clone(),
+            name: self.name.clone(),
+            labels: self
+                .labels
+                .get(super::REMOTE_CLUSTER_ID)
+                .map(|v| BTreeMap::from([(super::REMOTE_CLUSTER_ID.to_string(), v.clone())]))
+                .unwrap_or_default(),
+            node: self.node.clone(),
+            ips: self.ips.clone(),
+            gone: self.gone,
+        }
+    }
 }
 
 /// Whether a pod is gone for traffic: finished (`Succeeded`/`Failed`: its sandbox and address

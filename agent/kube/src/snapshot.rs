@@ -210,7 +210,11 @@ impl Snapshot {
                     labels: n.labels().clone(),
                 })
                 .collect(),
-            pods: self.pods.iter().map(super::controller::pod_info).collect(),
+            pods: self
+                .pods
+                .iter()
+                .map(|p| super::model::PodFacts::of(p).protection())
+                .collect(),
             virtual_nodes: self
                 .nodes
                 .iter()

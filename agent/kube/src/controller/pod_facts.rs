@@ -6,10 +6,6 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::watcher;
-use kube::ResourceExt;
-
 use crate::model::PodFacts;
 
 type Key = (String, String);
@@ -28,32 +24,39 @@ pub(crate) struct PodFactsIndex {
 }
 
 impl PodFactsIndex {
-    /// Take one event of the pod watch.
-    pub(crate) fn apply(&self, ev: &watcher::Event<Pod>) {
-        let mut k = self.known.write().unwrap_or_else(PoisonError::into_inner);
-        let key = |p: &Pod| (p.namespace().unwrap_or_default(), p.name_any());
-        match ev {
-            watcher::Event::Init => k.relist = Some(BTreeMap::new()),
-            watcher::Event::InitApply(p) => {
-                let facts = Arc::new(PodFacts::of(p));
-                // An InitApply outside a relist (never sent by kube's watcher) is a plain update.
-                match k.relist.as_mut() {
-                    Some(r) => r.insert(key(p), facts),
-                    None => k.pods.insert(key(p), facts),
-                };
-            }
-            watcher::Event::Apply(p) => {
-                k.pods.insert(key(p), Arc::new(PodFacts::of(p)));
-            }
-            watcher::Event::Delete(p) => {
-                k.pods.remove(&key(p));
-            }
-            watcher::Event::InitDone => {
-                if let Some(listed) = k.relist.take() {
-                    k.pods = listed;
-                }
-            }
+    /// A full list begins (the watch restarted): the pods upserted until [`Self::end_relist`]
+    /// replace the known ones then; until then the last full state is served.
+    pub(crate) fn begin_relist(&self) {
+        self.write().relist = Some(BTreeMap::new());
+    }
+
+    /// The full list is complete: pods not in it are gone.
+    pub(crate) fn end_relist(&self) {
+        let mut k = self.write();
+        if let Some(listed) = k.relist.take() {
+            k.pods = listed;
         }
+    }
+
+    /// A pod added or changed (into the relist under way, if any).
+    pub(crate) fn upsert(&self, facts: PodFacts) {
+        let mut k = self.write();
+        let key = (facts.namespace.clone(), facts.name.clone());
+        let facts = Arc::new(facts);
+        match k.relist.as_mut() {
+            Some(r) => r.insert(key, facts),
+            None => k.pods.insert(key, facts),
+        };
+    }
+
+    /// A pod deleted.
+    pub(crate) fn remove(&self, namespace: &str, name: &str) {
+        let key = (namespace.to_string(), name.to_string());
+        let mut k = self.write();
+        if let Some(r) = k.relist.as_mut() {
+            r.remove(&key);
+        }
+        k.pods.remove(&key);
     }
 
     /// The pods known now, in namespace and name order (shared, not copied).
@@ -61,20 +64,26 @@ impl PodFactsIndex {
         let k = self.known.read().unwrap_or_else(PoisonError::into_inner);
         k.pods.values().cloned().collect()
     }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Known> {
+        self.known.write().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
     use serde_json::json;
 
-    fn pod(name: &str, app: &str) -> Pod {
-        serde_json::from_value(json!({
+    fn pod(name: &str, app: &str) -> PodFacts {
+        let p: Pod = serde_json::from_value(json!({
             "metadata": {"name": name, "namespace": "ns", "labels": {"app": app}},
             "spec": {"containers": [{"name": "c"}]},
             "status": {"phase": "Running", "podIP": "10.0.0.1"},
         }))
-        .unwrap()
+        .unwrap();
+        PodFacts::of(&p)
     }
 
     fn names(i: &PodFactsIndex) -> Vec<(String, String)> {
@@ -87,24 +96,24 @@ mod tests {
     #[test]
     fn events_update_delete_and_a_relist_replaces_only_when_complete() {
         let i = PodFactsIndex::default();
-        i.apply(&watcher::Event::Apply(pod("a", "x")));
-        i.apply(&watcher::Event::Apply(pod("b", "x")));
-        i.apply(&watcher::Event::Apply(pod("a", "y")));
+        i.upsert(pod("a", "x"));
+        i.upsert(pod("b", "x"));
+        i.upsert(pod("a", "y"));
         assert_eq!(
             names(&i),
             [("a".into(), "y".into()), ("b".into(), "x".into())]
         );
-        i.apply(&watcher::Event::Delete(pod("b", "x")));
+        i.remove("ns", "b");
         assert_eq!(names(&i), [("a".into(), "y".into())]);
         // A relist: `a` is gone and `c` new, but only once the list is complete.
-        i.apply(&watcher::Event::Init);
-        i.apply(&watcher::Event::InitApply(pod("c", "z")));
+        i.begin_relist();
+        i.upsert(pod("c", "z"));
         assert_eq!(
             names(&i),
             [("a".into(), "y".into())],
             "the last full state served"
         );
-        i.apply(&watcher::Event::InitDone);
+        i.end_relist();
         assert_eq!(names(&i), [("c".into(), "z".into())]);
     }
 }

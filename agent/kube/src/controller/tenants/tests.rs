@@ -97,7 +97,7 @@ async fn the_peers_of_a_pass_share_one_view_and_any_change_makes_the_next_pass_r
         "status": {"phase": "Running", "podIP": "10.0.0.9"},
     }))
     .expect("pod");
-    ctx.pods.apply(&kube::runtime::watcher::Event::Apply(pod));
+    ctx.pods.upsert(crate::model::PodFacts::of(&pod));
     w.changes.bump();
     let third = shared_view(&ctx);
     assert_eq!(
