@@ -3,8 +3,8 @@
 //! of it sees that version. A pod's address crosses two of these before any packet can pass
 //! (its status to the controller, the controller's slice to the agent), so twice this floor
 //! plus the agent's part bounds from below what the one-pod samples could reach with a
-//! controller that costs nothing (its slice, 1000 addresses, is a larger write than this
-//! one). Watched by label, as the bench watches the slices: a field-selected watch of the
+//! controller that costs nothing (its slice, up to `SLICE_FILL` addresses, is a larger write
+//! than this one). Watched by label, as the bench watches the slices: a field-selected watch of the
 //! same object measured 12–26 ms.
 
 use std::collections::BTreeMap;

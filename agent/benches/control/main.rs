@@ -79,6 +79,26 @@ pub(crate) struct SliceSeen {
     applied: Option<i64>,
 }
 
+/// Wait until the agent has reported every slice applied at its generation (its first
+/// conditions, one status write per slice, are a burst of writes the API server serves
+/// before the samples' own), at most `limit`; how long that took.
+async fn settle(log: &Mutex<Vec<SliceSeen>>, limit: Duration) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let done = log.lock().is_ok_and(|l| {
+            let mut latest: BTreeMap<&str, &SliceSeen> = BTreeMap::new();
+            for s in l.iter() {
+                latest.insert(&s.name, s);
+            }
+            !latest.is_empty() && latest.values().all(|s| s.applied == Some(s.generation))
+        });
+        if done || t0.elapsed() >= limit {
+            return t0.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// Record every version of the tenant's slices.
 fn watch_slices(client: &Client, log: Arc<Mutex<Vec<SliceSeen>>>) -> tokio::task::JoinHandle<()> {
     let api: Api<DynamicObject> = Api::namespaced_with(
@@ -203,6 +223,11 @@ async fn measure(
     let clock = trace::Clock::now();
     let log = Arc::new(Mutex::new(Vec::new()));
     let watch = watch_slices(rt_client, log.clone());
+    let settled = settle(&log, Duration::from_secs(120)).await;
+    println!(
+        "{backend}: every slice's Applied condition at its generation {} ms after the watch began",
+        ms(settled)
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     // Floor writes in two blocks, before and after the samples (after the agent's first
     // conditions and the controller's reaction to them have settled): one block alone once

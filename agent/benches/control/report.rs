@@ -23,13 +23,14 @@ pub fn report(
     md.push_str(&format!(
         "## Control plane at scale (`cargo xtask bench-control`)\n\n\
          Real etcd + kube-apiserver v1.20 on loopback, {pods} offloaded pods of one peer, \
-         `peerwall controller` publishing them as AddressSet slices (1000 addresses each), one \
+         `peerwall controller` publishing them as AddressSet slices ({fill} addresses each), one \
          agent (`--source kube --netns`, bpf's host maps sized for the pods with \
          `--host-table-size`) enforcing the peer's gateway configuration; UDP probe \
          streams through the gateway, stamped at the receiver. Controller: all {pods} addresses \
          published {:.2} s after start; peak RSS {:.0} MiB.\n\n",
         controller_sync.as_secs_f64(),
-        controller_rss
+        controller_rss,
+        fill = peerwall::protection::SLICE_FILL,
     ));
     md.push_str("| | target | ");
     for r in rows {

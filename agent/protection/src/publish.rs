@@ -18,9 +18,8 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::IpAddr;
 
-use peerwall_intent::types::MAX_SLICE_ADDRESSES;
-
 use super::index::{Changes, DesiredIndex, Kind};
+use super::slices::Room;
 use super::{slice_name, Options, Slice};
 
 /// A version of an object as the API reports it (`metadata.resourceVersion`).
@@ -302,6 +301,21 @@ impl PeerSlices {
                 }
             }
         }
+        // The set's slices with room, after the removals (what they hold from here on is
+        // counted by `room` itself).
+        let mut room = Room::new(
+            self.entries
+                .iter()
+                .filter_map(|(n, e)| {
+                    let s = work.get(n).or(e.effective())?;
+                    (s.set == set).then(|| (n.clone(), s.addresses.len()))
+                })
+                .chain(
+                    work.iter()
+                        .filter(|(n, s)| s.set == set && !self.entries.contains_key(*n))
+                        .map(|(n, s)| (n.clone(), s.addresses.len())),
+                ),
+        );
         for ip in add {
             match place.get(ip).map(Vec::as_slice) {
                 Some([]) | None => {}
@@ -317,28 +331,17 @@ impl PeerSlices {
                     continue;
                 }
             }
-            let sizes = self
-                .entries
-                .iter()
-                .filter_map(|(n, e)| {
-                    let s = work.get(n).or(e.effective())?;
-                    (s.set == set).then_some((n, s.addresses.len()))
-                })
-                .chain(
-                    work.iter()
-                        .filter(|(n, s)| s.set == set && !self.entries.contains_key(*n))
-                        .map(|(n, s)| (n, s.addresses.len())),
-                );
-            let room = sizes
-                .filter(|(_, len)| *len < MAX_SLICE_ADDRESSES)
-                .min_by_key(|(_, len)| *len)
-                .map(|(n, _)| n.clone());
-            let name = room.unwrap_or_else(|| {
-                (0..)
-                    .map(|i| slice_name(set, i))
-                    .find(|n| !self.entries.contains_key(n) && !work.contains_key(n))
-                    .unwrap_or_default()
-            });
+            let name = match room.take() {
+                Some(n) => n,
+                None => {
+                    let n = (0..)
+                        .map(|i| slice_name(set, i))
+                        .find(|n| !self.entries.contains_key(n) && !work.contains_key(n))
+                        .unwrap_or_default();
+                    room.opened(n.clone());
+                    n
+                }
+            };
             let mut s = current(&work, &self.entries, &name).unwrap_or(Slice {
                 name: name.clone(),
                 set: set.to_string(),

@@ -34,6 +34,16 @@ pub fn set_contents<'a>(s: &'a PeerSets, opts: &Options) -> Vec<(String, BTreeSe
         .collect()
 }
 
+/// How many addresses the controller puts in one slice before it starts another: the most
+/// the API accepts ([`peerwall_intent::types::MAX_SLICE_ADDRESSES`]). Every pod added or
+/// removed rewrites its whole slice through the API server, so a smaller slice is a cheaper
+/// write (Kubernetes' EndpointSlice controller fills to 100). Measured end to end with
+/// `cargo xtask bench-control` at 100k pods, slices of 100 were slower than slices of 1000 on
+/// every row: each slice is also an object the agent reports a condition on, lists, merges and
+/// (in a directory) watches, and ten times as many of them cost more than the smaller writes
+/// saved.
+pub const SLICE_FILL: usize = peerwall_intent::types::MAX_SLICE_ADDRESSES;
+
 /// Label naming the set an AddressSet fills (besides `spec.set`, for selection).
 pub const SET_LABEL: &str = "peerwall.io/set";
 
@@ -53,13 +63,48 @@ pub fn slice_name(set: &str, n: usize) -> String {
     format!("{GATEWAY_CONFIG}-{set}-{n:04}")
 }
 
+/// The slices with room (fewer than [`SLICE_FILL`] addresses), emptiest first, ties by key:
+/// where the next new address goes. Each choice is O(log slices), so placing n addresses over
+/// a set of s slices costs O(n log s), not O(n s) (at 100k pods there are 1000 slices).
+pub(crate) struct Room<K: Ord + Clone>(BTreeSet<(usize, K)>);
+
+impl<K: Ord + Clone> Room<K> {
+    /// The slices of `sizes` (key, addresses held) that have room.
+    pub(crate) fn new(sizes: impl IntoIterator<Item = (K, usize)>) -> Self {
+        Self(
+            sizes
+                .into_iter()
+                .filter(|(_, len)| *len < SLICE_FILL)
+                .map(|(k, len)| (len, k))
+                .collect(),
+        )
+    }
+
+    /// The slice the next address goes to, counted with it; `None` when every slice is full
+    /// (the caller opens a new one).
+    pub(crate) fn take(&mut self) -> Option<K> {
+        let (len, k) = self.0.pop_first()?;
+        if len + 1 < SLICE_FILL {
+            self.0.insert((len + 1, k.clone()));
+        }
+        Some(k)
+    }
+
+    /// A new slice `k`, opened with one address.
+    pub(crate) fn opened(&mut self, k: K) {
+        if 1 < SLICE_FILL {
+            self.0.insert((1, k));
+        }
+    }
+}
+
 /// Lay the `desired` addresses of set `set` over its `current` slices, EndpointSlice style:
 /// an address that left is taken out of its slice, an address that stays never moves, a new
-/// address fills the slice with the most room or a new slice. Returns only the slices whose
-/// content changes (an emptied slice comes back empty: the caller deletes it once every agent
-/// has applied its removal). A change of k addresses rewrites at most k slices.
+/// address fills the slice with the most room (below [`SLICE_FILL`]) or a new slice. Returns
+/// only the slices whose content changes (an emptied slice comes back empty: the caller
+/// deletes it once every agent has applied its removal). A change of k addresses rewrites at
+/// most k slices.
 pub fn layout(set: &str, current: &[Slice], desired: &BTreeSet<IpAddr>) -> Vec<Slice> {
-    use peerwall_intent::types::MAX_SLICE_ADDRESSES;
     let mut slices: Vec<Slice> = current.to_vec();
     let mut changed: BTreeSet<usize> = BTreeSet::new();
     let mut placed: BTreeSet<IpAddr> = BTreeSet::new();
@@ -75,14 +120,9 @@ pub fn layout(set: &str, current: &[Slice], desired: &BTreeSet<IpAddr>) -> Vec<S
     }
     let mut new: Vec<IpAddr> = desired.difference(&placed).copied().collect();
     new.reverse();
+    let mut room = Room::new(slices.iter().map(|s| s.addresses.len()).enumerate());
     while let Some(a) = new.pop() {
-        let room = slices
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| s.addresses.len() < MAX_SLICE_ADDRESSES)
-            .min_by_key(|(_, s)| s.addresses.len())
-            .map(|(i, _)| i);
-        let i = match room {
+        let i = match room.take() {
             Some(i) => i,
             None => {
                 let used: BTreeSet<&str> = slices.iter().map(|s| s.name.as_str()).collect();
@@ -94,6 +134,7 @@ pub fn layout(set: &str, current: &[Slice], desired: &BTreeSet<IpAddr>) -> Vec<S
                     set: set.to_string(),
                     addresses: BTreeSet::new(),
                 });
+                room.opened(slices.len() - 1);
                 slices.len() - 1
             }
         };

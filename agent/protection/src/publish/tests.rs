@@ -5,7 +5,7 @@
 //! desired sets, and a change of one address writes one slice.
 
 use super::*;
-use crate::{Namespace, Pod};
+use crate::{Namespace, Pod, SLICE_FILL};
 use rand::{Rng, SeedableRng};
 
 const PEERS: [&str; 3] = ["alpha", "beta", "gamma"];
@@ -255,7 +255,7 @@ fn random_interleavings_keep_reuse_gated_slices_bounded_and_converge() {
             }
             for ((_, name), o) in &sim.truth {
                 assert!(
-                    o.slice.addresses.len() <= MAX_SLICE_ADDRESSES,
+                    o.slice.addresses.len() <= SLICE_FILL,
                     "seed {seed} step {step}: {name} over the bound"
                 );
             }
@@ -315,11 +315,8 @@ fn one_pod_at_100k_writes_one_slice_and_reads_nothing_else() {
         ));
     }
     let first = reconcile(&mut sim, &mut pb, "alpha");
-    assert_eq!(first.writes.len(), 100);
-    assert!(first
-        .writes
-        .iter()
-        .all(|s| s.addresses.len() == MAX_SLICE_ADDRESSES));
+    assert_eq!(first.writes.len(), 100_000 / SLICE_FILL);
+    assert!(first.writes.iter().all(|s| s.addresses.len() == SLICE_FILL));
     // The cache shows the writes, agents apply them.
     for o in sim.truth.values_mut() {
         o.applied = true;
@@ -346,7 +343,7 @@ fn one_pod_at_100k_writes_one_slice_and_reads_nothing_else() {
     pb.desired.remove_pod("offloaded-alpha", "p4242");
     let plan = reconcile(&mut sim, &mut pb, "alpha");
     assert_eq!(plan.writes.len(), 1);
-    assert_eq!(plan.writes[0].addresses.len(), MAX_SLICE_ADDRESSES - 1);
+    assert_eq!(plan.writes[0].addresses.len(), SLICE_FILL - 1);
     assert!(!plan.writes[0].addresses.contains(&gone));
     // The next pod fills the slice with the most room.
     let ip2: IpAddr = "10.200.0.2".parse().unwrap();
