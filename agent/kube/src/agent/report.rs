@@ -57,6 +57,11 @@ impl Agent {
         resource: &kube::api::ApiResource,
     ) -> Option<PendingReport> {
         let key = key.to_string();
+        // Reported already: nothing to read from the object (every round passes every slice
+        // here, and reading a condition back from JSON is the costly part).
+        if self.reported.get(&key) == Some(&outcome) {
+            return None;
+        }
         let host = &self.settings.host;
         let existing = current_condition(obj, host);
         let backend = self.backend;
@@ -66,7 +71,7 @@ impl Agent {
                 && c.observed_generation == Some(outcome.generation)
                 && c.backend.as_deref() == Some(backend)
         });
-        if unchanged_in_api || self.reported.get(&key) == Some(&outcome) {
+        if unchanged_in_api {
             self.reported.insert(key, outcome);
             return None;
         }
