@@ -790,6 +790,55 @@ fn bpf_verdict_cache_follows_conntrack_across_cpus() {
     }
 }
 
+/// A flow's verdict, once in its CPU's own level of the verdict cache, is served from there:
+/// with the shared level emptied, its next packets are still not classified. The ways of a
+/// set are read only where their tags (`VERDICTS4_TAGS`) say one may hold the packet's key,
+/// so this fails if a way is written without its tag, or the tag is read wrong. And a flow
+/// that shares the set, never seen, is classified (its tag is not there).
+#[test]
+fn bpf_per_cpu_level_serves_without_the_shared_one() {
+    let (policy, mut probe) = established_differs_probe();
+    let flow = |sport: u16| Packet {
+        src: "10.0.0.10".parse().expect("ip"),
+        dst: "10.1.0.6".parse().expect("ip"),
+        proto: ir::eval::proto::UDP,
+        sport,
+        dport: 8080,
+        iif: Some(IFACES[1].to_string()),
+        oif: Some(IFACES[0].to_string()),
+        ct_state: CtState::New,
+    };
+    let first = flow(40000);
+    assert_eq!(
+        ir::evaluate(&policy, &first).verdict,
+        ir::VerdictAction::Accept
+    );
+    let set = BpfProbe::cpu_cache_set(&first).expect("IPv4 UDP");
+    let neighbour = (40001..u16::MAX)
+        .map(flow)
+        .find(|p| BpfProbe::cpu_cache_set(p) == Some(set))
+        .expect("a flow of the same set");
+    probe.reset_flows().expect("reset");
+    // The first packet makes the flow known, the second caches its verdict in the shared
+    // level, the third is served from there and copied into this CPU's level.
+    let got = probe
+        .conversation(&[(0, first.clone()), (0, first.clone()), (0, first.clone())])
+        .expect("conversation runs");
+    assert_eq!(got, vec![(0, true), (0, true), (0, false)]);
+    assert_eq!(probe.cpu_cached(&first).expect("read"), vec![0]);
+    probe
+        .forget_shared_verdicts()
+        .expect("flush the shared level");
+    let got = probe
+        .conversation(&[(0, first.clone()), (0, first.clone()), (0, neighbour)])
+        .expect("conversation runs");
+    assert_eq!(
+        got,
+        vec![(0, false), (0, false), (0, true)],
+        "served from the CPU's own level; the set's never-seen neighbour classified"
+    );
+}
+
 /// Three flows that fall in one set of the per-CPU verdict cache (two ways), taking turns on
 /// one CPU: the two that came first keep their ways while their verdicts serve, so their
 /// packets keep hitting the CPU's own cache; the third is served from `VERDICTS4` and does not

@@ -90,8 +90,43 @@ pub const CPU_VERDICT_WAYS: usize = 2;
 /// full-cache lookup, never a wrong verdict.
 #[inline(always)]
 pub fn verdict_set(words: [u32; 4]) -> u32 {
+    verdict_hash(words) >> (32 - CPU_VERDICT_SET_BITS)
+}
+
+/// The multiplicative hash whose top bits are [`verdict_set`] and whose next byte is
+/// [`verdict_tag`].
+#[inline(always)]
+fn verdict_hash(words: [u32; 4]) -> u32 {
     let x = words[0] ^ words[1].rotate_left(16) ^ words[2].rotate_left(8) ^ words[3];
-    x.wrapping_mul(0x9e37_79b1) >> (32 - CPU_VERDICT_SET_BITS)
+    x.wrapping_mul(0x9e37_79b1)
+}
+
+/// The tag of a flow key in its per-CPU set ([`CpuVerdictTags`]): the byte of the hash right
+/// below [`verdict_set`]'s bits, so that keys of one set differ in it as keys of the table do
+/// in their set.
+#[inline(always)]
+pub fn verdict_tag(words: [u32; 4]) -> u8 {
+    (verdict_hash(words) >> (32 - CPU_VERDICT_SET_BITS - 8)) as u8
+}
+
+/// Sets whose tags one [`CpuVerdictTags`] entry holds.
+pub const CPU_VERDICT_TAG_SETS: u32 = 32;
+
+/// `VERDICTS4_TAGS[i / CPU_VERDICT_TAG_SETS]`, `i = cpu * CPU_VERDICT_SETS + set`: the tags
+/// ([`verdict_tag`]) of the keys last written into the ways of [`CPU_VERDICT_TAG_SETS`]
+/// consecutive sets of `VERDICTS4_CPU`, set `i` at `tags[i % CPU_VERDICT_TAG_SETS]`, way `w` at
+/// `[w]`. A filter in front of the ways: a packet whose tag neither way carries skips the set,
+/// whose two ways are two cache lines, cold for a flow never seen; its tags are one line of 4
+/// KiB per CPU, which stays in the CPU's cache. Only a way's writer sets its tag, so a tag can
+/// be stale (the way expired, or was flushed) and cost a look, but a way whose key a packet
+/// carries has that key's tag unless user space flushed the tags alone: then the packet is
+/// classified, never served wrongly (the key compare decides). 64 bytes, no padding; the map is
+/// `BPF_F_MMAPABLE`, each entry one cache line. eBPF twin: `ebpf/src/cache/key.rs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CpuVerdictTags {
+    /// Per set, per way, the tag of the key written there (0 before any).
+    pub tags: [[u8; CPU_VERDICT_WAYS]; CPU_VERDICT_TAG_SETS as usize],
 }
 
 /// An IPv6 `VERDICTS6` key folded into the four words [`verdict_set`] takes.

@@ -20,8 +20,9 @@ pub mod probe;
 pub mod view;
 
 pub use cache::{
-    fold_key6, verdict_set, CachedVerdict, CpuVerdict4, CpuVerdicts4, VerdictKey4, CACHED_COUNTERS,
-    CPU_VERDICT_SETS, CPU_VERDICT_SET_BITS, CPU_VERDICT_WAYS,
+    fold_key6, verdict_set, verdict_tag, CachedVerdict, CpuVerdict4, CpuVerdictTags, CpuVerdicts4,
+    VerdictKey4, CACHED_COUNTERS, CPU_VERDICT_SETS, CPU_VERDICT_SET_BITS, CPU_VERDICT_TAG_SETS,
+    CPU_VERDICT_WAYS,
 };
 pub use classify::{
     constrained, dim, ActionCode, AddrKeyData, Bitmap, ChainInfo, DimMasks, HookChains, IfKey,
@@ -71,6 +72,7 @@ mod pod {
     unsafe impl aya::Pod for NewFlowSlot {}
     unsafe impl aya::Pod for CachedVerdict {}
     unsafe impl aya::Pod for CpuVerdicts4 {}
+    unsafe impl aya::Pod for CpuVerdictTags {}
     unsafe impl aya::Pod for ProbeRecord {}
 }
 

@@ -116,6 +116,9 @@ pub mod map {
     /// region of [`crate::CPU_VERDICT_SETS`] per CPU). Not pinned: each loaded program has its
     /// own, sized for the machine's CPUs.
     pub const VERDICTS4_CPU: &str = "VERDICTS4_CPU";
+    /// The tags of `VERDICTS4_CPU`'s ways ([`crate::CpuVerdictTags`], one entry per
+    /// [`crate::CPU_VERDICT_TAG_SETS`] sets). Not pinned, sized as `VERDICTS4_CPU`.
+    pub const VERDICTS4_TAGS: &str = "VERDICTS4_TAGS";
     /// Verdict-cache generations, one per set ([`crate::verdict_set`]): conntrack bumps a
     /// flow's when a commit changes its state, and a cached verdict holds only under the
     /// generation it was computed in.

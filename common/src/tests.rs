@@ -37,6 +37,7 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<CachedVerdict>(), 36);
     assert_eq!(size_of::<CpuVerdict4>(), 64);
     assert_eq!(size_of::<CpuVerdicts4>(), 128);
+    assert_eq!(size_of::<CpuVerdictTags>(), 64);
     assert_eq!(size_of::<FlowState>(), 16);
     assert_eq!(size_of::<NewFlowSlot>(), 64);
     assert_eq!(core::mem::offset_of!(NewFlowSlot, state), 48);
@@ -84,6 +85,28 @@ fn verdict_sets_cover_the_table_and_follow_the_key() {
         per_set.iter().max()
     );
     assert!(per_set.iter().filter(|&&n| n > 0).count() > 1200);
+    // Within a set, the tags tell the flows apart: of the pairs of these flows that share a
+    // set, about one in 256 shares a tag too (a tag is the hash's next byte).
+    let mut tags = [[0u8; 8]; CPU_VERDICT_SETS as usize];
+    let mut n = [0usize; CPU_VERDICT_SETS as usize];
+    for port in 0..4096u16 {
+        let mut f = k;
+        f.sport = (20000 + port).to_be_bytes();
+        let s = verdict_set(f.words()) as usize;
+        tags[s][n[s]] = verdict_tag(f.words());
+        n[s] += 1;
+    }
+    let (mut pairs, mut same) = (0u32, 0u32);
+    for (t, &len) in tags.iter().zip(&n) {
+        for i in 0..len {
+            for j in i + 1..len {
+                pairs += 1;
+                same += u32::from(t[i] == t[j]);
+            }
+        }
+    }
+    assert!(pairs > 2000, "{pairs}");
+    assert!(same * 64 < pairs, "{same} of {pairs} pairs share a tag");
     // IPv6: every byte of the key reaches the set.
     let k6 = FlowKey {
         src: [0xfd; 16],

@@ -7,11 +7,12 @@
 use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf};
 use peerwall_common::{
-    ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdicts4,
-    DimMasks, EventConfig, EventFlow, FlowKey, FlowState, HookChains, IfKey, IfaceInfo,
-    NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror, RuleInfo, SeenLine, VerdictKey4,
-    ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT, CPU_VERDICT_SETS, FLOW_SEEN_LINES, HOOK_SLOTS,
-    LOCAL_MAX, MAX_CHAINS, MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU,
+    ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdictTags,
+    CpuVerdicts4, DimMasks, EventConfig, EventFlow, FlowKey, FlowState, HookChains, IfKey,
+    IfaceInfo, NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror, RuleInfo, SeenLine,
+    VerdictKey4, ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT, CPU_VERDICT_SETS,
+    CPU_VERDICT_TAG_SETS, FLOW_SEEN_LINES, HOOK_SLOTS, LOCAL_MAX, MAX_CHAINS, MAX_RULES,
+    NEW_FLOW_SLOTS, NO_COMMON_LRU,
 };
 
 use crate::work::Work;
@@ -267,6 +268,11 @@ pub(crate) static VERDICT_GENS: Array<u32> = Array::pinned(CPU_VERDICT_SETS, 0);
 #[map]
 pub(crate) static VERDICTS4_CPU: Array<CpuVerdicts4> =
     Array::with_max_entries(CPU_VERDICT_SETS, BPF_F_MMAPABLE);
+/// The tags of `VERDICTS4_CPU`'s ways (`cache/key.rs`), one entry per `CPU_VERDICT_TAG_SETS`
+/// of its sets: the loader sizes it with `VERDICTS4_CPU`. Not pinned, for the same reason.
+#[map]
+pub(crate) static VERDICTS4_TAGS: Array<CpuVerdictTags> =
+    Array::with_max_entries(CPU_VERDICT_SETS / CPU_VERDICT_TAG_SETS, BPF_F_MMAPABLE);
 #[map]
 pub(crate) static LAST: PerCpuArray<ProbeRecord> = PerCpuArray::pinned(1, 0);
 /// Per-CPU result of the chain being evaluated. Results live in map memory, not on the stack,

@@ -657,6 +657,13 @@ impl BpfProbe {
         Ok(out)
     }
 
+    /// Forget the shared level of the verdict cache and keep every CPU's own (see
+    /// [`cpu_cached`](Self::cpu_cached)): a packet served after this was served by its CPU's
+    /// level.
+    pub fn forget_shared_verdicts(&mut self) -> Result<(), ProbeError> {
+        Ok(self.backend.flush_shared_verdicts()?)
+    }
+
     /// The set of the per-CPU verdict cache (`VERDICTS4_CPU`) that `pkt`'s flow falls in, for
     /// an IPv4 TCP or UDP packet (the only ones that cache has).
     pub fn cpu_cache_set(pkt: &Packet) -> Option<u32> {

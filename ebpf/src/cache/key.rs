@@ -1,10 +1,13 @@
 //! The verdict cache's keys: which packets are cached, the key of each family, the set a key
 //! falls in and that set's generation.
 
-use peerwall_common::{family, fold_key6, verdict_set, CpuVerdict4, FlowKey, VerdictKey4};
+use peerwall_common::{
+    family, fold_key6, verdict_set, CpuVerdict4, FlowKey, VerdictKey4, CPU_VERDICT_TAG_SETS,
+    CPU_VERDICT_WAYS,
+};
 
 use crate::flow::{flow_key, icmp_keyed, tcp_flags_valid};
-use crate::maps::VERDICT_GENS;
+use crate::maps::{VERDICTS4_TAGS, VERDICT_GENS};
 use crate::parse::{Pkt, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
 
 /// Whether a parsed packet's verdict may be cached, and the byte its key adds: the ICMP echo
@@ -79,4 +82,30 @@ pub(super) fn same_key(e: &CpuVerdict4, words: &[u32; 4]) -> bool {
     // holds u32s), so it reads as four aligned words.
     let kw = unsafe { &*(core::ptr::addr_of!(e.key) as *const [u32; 4]) };
     kw[0] == words[0] && kw[1] == words[1] && kw[2] == words[2] && kw[3] == words[3]
+}
+
+/// The tags of `VERDICTS4_CPU` entry `slot`'s ways (`cpu * CPU_VERDICT_SETS + set`), in place.
+#[inline(always)]
+pub(super) fn tags_at(slot: u32) -> Option<*mut [u8; CPU_VERDICT_WAYS]> {
+    let line = VERDICTS4_TAGS.get_ptr_mut(slot / CPU_VERDICT_TAG_SETS)?;
+    let lane = (slot % CPU_VERDICT_TAG_SETS) as usize;
+    // SAFETY: `lane` < CPU_VERDICT_TAG_SETS (masked again for the verifier), within the entry
+    // of a successful lookup.
+    Some(unsafe {
+        (&raw mut (*line).tags)
+            .cast::<[u8; CPU_VERDICT_WAYS]>()
+            .add(lane & (CPU_VERDICT_TAG_SETS as usize - 1))
+    })
+}
+
+/// Whether a way of `VERDICTS4_CPU` entry `slot` may hold a key of tag `tag`: no when neither
+/// way's tag is `tag` (then neither holds the key: its writer set the tag with it), yes when
+/// the tags cannot be read.
+#[inline(always)]
+pub(super) fn may_hold(slot: u32, tag: u8) -> bool {
+    match tags_at(slot) {
+        // SAFETY: a lane of an entry of a successful lookup; only this CPU writes it.
+        Some(t) => unsafe { (*t)[0] == tag || (*t)[1] == tag },
+        None => true,
+    }
 }

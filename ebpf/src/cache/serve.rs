@@ -5,11 +5,11 @@ use aya_ebpf::bindings::__sk_buff;
 use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_coarse_ns};
 use aya_ebpf::programs::TcContext;
 use peerwall_common::{
-    family, flags, verdict_set, CachedVerdict, Config, VerdictKey4, CACHED_COUNTERS,
+    family, flags, verdict_set, verdict_tag, CachedVerdict, Config, VerdictKey4, CACHED_COUNTERS,
     CPU_VERDICT_SETS, CPU_VERDICT_WAYS,
 };
 
-use super::key::{cacheable, gen_of, key4, key6, packet_gen, same_key};
+use super::key::{cacheable, gen_of, key4, key6, may_hold, packet_gen, same_key};
 use super::store::promote;
 use crate::classify::ACT_ACCEPT;
 use crate::events::note_cached;
@@ -228,8 +228,12 @@ pub extern "C" fn known_flow_v4(
     let gen = gen_of(set);
     // SAFETY: no arguments.
     let cpu = unsafe { bpf_get_smp_processor_id() };
-    let near = VERDICTS4_CPU.get_ptr_mut(cpu.wrapping_mul(CPU_VERDICT_SETS) | set);
-    if let Some(s) = near {
+    let slot = cpu.wrapping_mul(CPU_VERDICT_SETS) | set;
+    let near = VERDICTS4_CPU.get_ptr_mut(slot);
+    // The set's ways are read only where a tag says one may hold the key: a flow never seen
+    // (every packet of a flood of new flows) then costs the tags' line, which stays cached,
+    // not the two lines of the ways, which do not.
+    if let Some(s) = near.filter(|_| may_hold(slot, verdict_tag(words))) {
         let mut i = 0;
         while i < CPU_VERDICT_WAYS {
             // SAFETY: this CPU's own set (no other CPU writes it), of a successful lookup.
@@ -267,7 +271,7 @@ pub extern "C" fn known_flow_v4(
             if a != MISS {
                 if let Some(s) = near {
                     // SAFETY: this CPU's own set, of a successful lookup.
-                    promote(unsafe { &mut *s }, &words, &k, v, gen, epoch);
+                    promote(unsafe { &mut *s }, slot, &words, &k, v, gen, epoch);
                 }
             }
             a

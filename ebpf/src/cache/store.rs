@@ -1,19 +1,20 @@
 //! Storing verdicts: every cacheable verdict into the shared level ([`remember`]), and into
-//! this CPU's level when one is served ([`promote`]).
+//! this CPU's level, with its tag, when one is served ([`promote`]).
 
 use aya_ebpf::helpers::generated::bpf_get_smp_processor_id;
 use peerwall_common::{
-    ct, family, verdict_set, CachedVerdict, CpuVerdict4, CpuVerdicts4, VerdictKey4,
+    ct, family, verdict_set, verdict_tag, CachedVerdict, CpuVerdict4, CpuVerdicts4, VerdictKey4,
     CACHED_COUNTERS, CPU_VERDICT_SETS,
 };
 
-use super::key::{cacheable, key4, key6, same_key};
+use super::key::{cacheable, key4, key6, same_key, tags_at};
 use crate::classify::{ACT_ACCEPT, ACT_DROP};
 use crate::flow::flow_key;
 use crate::maps::{SCRATCH, VERDICTS4, VERDICTS4_CPU, VERDICTS6, WORK};
 use crate::ttl::{stamp, ttl_reused};
 
-/// Copy the verdict `v` that `VERDICTS4` just served for key `k` into this CPU's set `s`: into
+/// Copy the verdict `v` that `VERDICTS4` just served for key `k` into this CPU's set `s`
+/// (`VERDICTS4_CPU[slot]`), with its tag ([`tags_at`]): into
 /// the way holding the same key, or else a way that no longer serves (empty, expired, of an
 /// older generation `gen` or policy `epoch`). A set whose two ways still serve other flows is
 /// left alone: with three flows taking turns in two ways, replacing the older way would make
@@ -22,6 +23,7 @@ use crate::ttl::{stamp, ttl_reused};
 #[inline(always)]
 pub(super) fn promote(
     s: &mut CpuVerdicts4,
+    slot: u32,
     words: &[u32; 4],
     k: &VerdictKey4,
     v: &CachedVerdict,
@@ -47,6 +49,11 @@ pub(super) fn promote(
     // whole struct, the way would be built on the stack with a byte-wise `memset` of it).
     s.ways[i].key = *k;
     s.ways[i].v = *v;
+    if let Some(t) = tags_at(slot) {
+        // SAFETY: a lane of an entry of a successful lookup; only this CPU writes it. `i` is
+        // 0 or 1.
+        unsafe { (*t)[i & 1] = verdict_tag(*words) };
+    }
 }
 
 /// Cache `action`, which `classify` just gave `WORK`'s packet, when the packet and the path
@@ -111,9 +118,10 @@ pub extern "C" fn remember(action: u32) -> u32 {
             // SAFETY: no arguments.
             let cpu = unsafe { bpf_get_smp_processor_id() };
             let set = verdict_set(words);
-            if let Some(s) = VERDICTS4_CPU.get_ptr_mut(cpu.wrapping_mul(CPU_VERDICT_SETS) | set) {
+            let slot = cpu.wrapping_mul(CPU_VERDICT_SETS) | set;
+            if let Some(s) = VERDICTS4_CPU.get_ptr_mut(slot) {
                 // SAFETY: this CPU's own set, of a successful lookup.
-                promote(unsafe { &mut *s }, &words, &key, &v, w.gen, r.epoch);
+                promote(unsafe { &mut *s }, slot, &words, &key, &v, w.gen, r.epoch);
             }
             return 0;
         }

@@ -213,9 +213,11 @@ impl Datapath {
         let ended_idle = opts.ended_idle_ns();
         loader.override_global(ENDED_IDLE_NS, pool::global_u64(ended_idle), true);
         // The per-CPU verdict cache: a region of sets per possible CPU.
+        let cpu_sets = (ncpus as u32).saturating_mul(peerwall_common::CPU_VERDICT_SETS);
+        loader.map_max_entries(map::VERDICTS4_CPU, cpu_sets);
         loader.map_max_entries(
-            map::VERDICTS4_CPU,
-            (ncpus as u32).saturating_mul(peerwall_common::CPU_VERDICT_SETS),
+            map::VERDICTS4_TAGS,
+            cpu_sets / peerwall_common::CPU_VERDICT_TAG_SETS,
         );
         // Pins of a datapath from before `ENDED_UNTIL` may hold marks it does not cover.
         let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();

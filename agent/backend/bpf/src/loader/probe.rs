@@ -93,8 +93,10 @@ impl Datapath {
         self.set_config(c)
     }
 
-    /// Forget every cached verdict (both families).
-    pub fn flush_verdicts(&mut self) -> Result<(), BpfError> {
+    /// Forget the cached verdicts of the shared level (`VERDICTS4`, `VERDICTS6`) and keep
+    /// every CPU's own level: what a packet is served then comes from its CPU's level (the
+    /// cache's tests).
+    pub fn flush_shared_verdicts(&mut self) -> Result<(), BpfError> {
         fn flush<K: aya::Pod>(b: &mut Datapath, name: &str) -> Result<(), BpfError> {
             let mut m: aya::maps::HashMap<&mut MapData, K, peerwall_common::CachedVerdict> =
                 aya::maps::HashMap::try_from(b.map(name)?).map_err(map_err(name))?;
@@ -109,11 +111,24 @@ impl Datapath {
         }
         flush::<peerwall_common::VerdictKey4>(self, map::VERDICTS4)?;
         flush::<peerwall_common::FlowKey>(self, map::VERDICTS6)?;
+        Ok(())
+    }
+
+    /// Forget every cached verdict (both families).
+    pub fn flush_verdicts(&mut self) -> Result<(), BpfError> {
+        self.flush_shared_verdicts()?;
         let name = map::VERDICTS4_CPU;
         let mut m: aya::maps::Array<&mut MapData, peerwall_common::CpuVerdicts4> =
             aya::maps::Array::try_from(self.map(name)?).map_err(map_err(name))?;
         for i in 0..m.len() {
             m.set(i, peerwall_common::CpuVerdicts4::default(), 0)
+                .map_err(map_err(name))?;
+        }
+        let name = map::VERDICTS4_TAGS;
+        let mut m: aya::maps::Array<&mut MapData, peerwall_common::CpuVerdictTags> =
+            aya::maps::Array::try_from(self.map(name)?).map_err(map_err(name))?;
+        for i in 0..m.len() {
+            m.set(i, peerwall_common::CpuVerdictTags::default(), 0)
                 .map_err(map_err(name))?;
         }
         Ok(())
