@@ -109,6 +109,34 @@ pub fn verdict_tag(words: [u32; 4]) -> u8 {
     (verdict_hash(words) >> (32 - CPU_VERDICT_SET_BITS - 8)) as u8
 }
 
+/// Sets of the verdict cache whose marks one [`FreshLine`] holds.
+pub const VERDICT_FRESH_LANES: u32 = 16;
+
+/// `VERDICTS_FRESH[set / VERDICT_FRESH_LANES]`: per verdict-cache set ([`verdict_set`]), the
+/// latest time (`bpf_jiffies64`, low 32 bits) until which a verdict the datapath put into the
+/// shared level (`VERDICTS4`, `VERDICTS6`) for a key of that set may be served: its `at` plus
+/// its `ttl`. Past it, no entry of the set can be served, so a packet skips the shared level's
+/// lookup ([`verdict_may_serve`]); a flood of one-packet flows puts nothing there, and its
+/// every packet then skips a cold hash lookup. A mark only moves later, and one lost to a
+/// race, or a map that starts at zero (not pinned: a new program's starts empty), costs an
+/// entry its service, never a wrong verdict (the packet is classified). 64 bytes, no padding;
+/// `BPF_F_MMAPABLE`, one cache line an entry. eBPF twin: `ebpf/src/cache/fresh.rs`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FreshLine {
+    /// Per set, the mark (jiffies, low 32 bits).
+    pub until: [u32; VERDICT_FRESH_LANES as usize],
+}
+
+/// Whether a verdict-cache set marked `until` ([`FreshLine`]) may hold a verdict served at
+/// `now` (both jiffies, low 32 bits, compared wrapping): an entry is served while `now - at <
+/// ttl`, that is while `now` is before `at + ttl`. A mark more than 2^31 jiffies old (weeks)
+/// may read as ahead again, which only costs a lookup.
+#[inline(always)]
+pub const fn verdict_may_serve(until: u32, now: u32) -> bool {
+    (until.wrapping_sub(now) as i32) > 0
+}
+
 /// Sets whose tags one [`CpuVerdictTags`] entry holds.
 pub const CPU_VERDICT_TAG_SETS: u32 = 32;
 

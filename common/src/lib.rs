@@ -20,9 +20,9 @@ pub mod probe;
 pub mod view;
 
 pub use cache::{
-    fold_key6, verdict_set, verdict_tag, CachedVerdict, CpuVerdict4, CpuVerdictTags, CpuVerdicts4,
-    VerdictKey4, CACHED_COUNTERS, CPU_VERDICT_SETS, CPU_VERDICT_SET_BITS, CPU_VERDICT_TAG_SETS,
-    CPU_VERDICT_WAYS,
+    fold_key6, verdict_may_serve, verdict_set, verdict_tag, CachedVerdict, CpuVerdict4,
+    CpuVerdictTags, CpuVerdicts4, FreshLine, VerdictKey4, CACHED_COUNTERS, CPU_VERDICT_SETS,
+    CPU_VERDICT_SET_BITS, CPU_VERDICT_TAG_SETS, CPU_VERDICT_WAYS, VERDICT_FRESH_LANES,
 };
 pub use classify::{
     constrained, dim, ActionCode, AddrKeyData, Bitmap, ChainInfo, DimMasks, HookChains, IfKey,
@@ -73,6 +73,7 @@ mod pod {
     unsafe impl aya::Pod for CachedVerdict {}
     unsafe impl aya::Pod for CpuVerdicts4 {}
     unsafe impl aya::Pod for CpuVerdictTags {}
+    unsafe impl aya::Pod for FreshLine {}
     unsafe impl aya::Pod for ProbeRecord {}
 }
 

@@ -119,6 +119,9 @@ pub mod map {
     /// The tags of `VERDICTS4_CPU`'s ways ([`crate::CpuVerdictTags`], one entry per
     /// [`crate::CPU_VERDICT_TAG_SETS`] sets). Not pinned, sized as `VERDICTS4_CPU`.
     pub const VERDICTS4_TAGS: &str = "VERDICTS4_TAGS";
+    /// Per verdict-cache set, until when the shared level may serve a verdict of it
+    /// ([`crate::FreshLine`]). Not pinned: a new program's starts empty.
+    pub const VERDICTS_FRESH: &str = "VERDICTS_FRESH";
     /// Verdict-cache generations, one per set ([`crate::verdict_set`]): conntrack bumps a
     /// flow's when a commit changes its state, and a cached verdict holds only under the
     /// generation it was computed in.

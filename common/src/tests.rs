@@ -38,6 +38,7 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<CpuVerdict4>(), 64);
     assert_eq!(size_of::<CpuVerdicts4>(), 128);
     assert_eq!(size_of::<CpuVerdictTags>(), 64);
+    assert_eq!(size_of::<FreshLine>(), 64);
     assert_eq!(size_of::<FlowState>(), 16);
     assert_eq!(size_of::<NewFlowSlot>(), 64);
     assert_eq!(core::mem::offset_of!(NewFlowSlot, state), 48);
@@ -277,4 +278,17 @@ fn reply_of(k: &FlowKey) -> FlowKey {
         dport: k.sport,
         ..*k
     }
+}
+
+#[test]
+fn a_set_may_serve_until_its_mark_wrapping() {
+    // Served while now < at + ttl: at `until` itself no longer.
+    assert!(verdict_may_serve(1000, 999));
+    assert!(!verdict_may_serve(1000, 1000));
+    assert!(!verdict_may_serve(1000, 5000));
+    // Across the 32-bit wrap of jiffies.
+    assert!(verdict_may_serve(10, u32::MAX - 5));
+    assert!(!verdict_may_serve(u32::MAX - 5, 10));
+    // An empty map (0) says nothing may be served at a clock well past it.
+    assert!(!verdict_may_serve(0, 4_000_000));
 }

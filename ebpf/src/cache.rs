@@ -20,8 +20,10 @@
 //! ICMP errors.
 //!
 //! One concern per file: [`key`] (what is cached and under which key), [`serve`] (the two
-//! lookups), [`store`] (writing verdicts), [`invalidate`] (making them stale).
+//! lookups), [`store`] (writing verdicts), [`invalidate`] (making them stale), [`fresh`]
+//! (which sets of the shared level may still serve: a packet of a set none can skips it).
 
+mod fresh;
 mod invalidate;
 mod key;
 mod serve;
@@ -29,4 +31,4 @@ mod store;
 
 pub(crate) use invalidate::{forget, outdate};
 pub(crate) use serve::{cache_on, cached_verdict, direct_cache, known_flow_v4, MISS};
-pub(crate) use store::remember;
+pub(crate) use store::{mark_stored, remember};

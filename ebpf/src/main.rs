@@ -70,7 +70,9 @@ use aya_ebpf::macros::{classifier, xdp};
 use aya_ebpf::programs::{TcContext, XdpContext};
 use peerwall_common::{ct, flags, PROBE_MAGIC};
 
-use crate::cache::{cache_on, cached_verdict, direct_cache, known_flow_v4, remember, MISS};
+use crate::cache::{
+    cache_on, cached_verdict, direct_cache, known_flow_v4, mark_stored, remember, MISS,
+};
 use crate::classify::{classify, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
 use crate::conntrack::{
     ct_commit, ct_state, kernel_commit, kernel_state, CT_FIRST_REPLY, CT_NO_WRITE, CT_UNKNOWN,
@@ -322,7 +324,7 @@ pub extern "C" fn finish_tc(skb: *mut __sk_buff, probe: u32, flags: u32) -> i32 
         record(&out);
     }
     note_outcome(flags);
-    remember(out.action as u32);
+    mark_stored(remember(out.action as u32));
     match out.action {
         ACT_ACCEPT => {
             if let Some(w) = WORK.get(0) {
@@ -429,7 +431,7 @@ fn finish_xdp(flags: u32) -> u32 {
         unsafe { (*w).r.count = true };
     }
     classify_work();
-    remember(ACT_DROP as u32);
+    mark_stored(remember(ACT_DROP as u32));
     xdp_action::XDP_DROP
 }
 

@@ -8,11 +8,11 @@ use aya_ebpf::macros::map;
 use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf};
 use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdictTags,
-    CpuVerdicts4, DimMasks, EventConfig, EventFlow, FlowKey, FlowState, HookChains, IfKey,
-    IfaceInfo, NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror, RuleInfo, SeenLine,
-    VerdictKey4, ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT, CPU_VERDICT_SETS,
+    CpuVerdicts4, DimMasks, EventConfig, EventFlow, FlowKey, FlowState, FreshLine, HookChains,
+    IfKey, IfaceInfo, NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror, RuleInfo,
+    SeenLine, VerdictKey4, ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT, CPU_VERDICT_SETS,
     CPU_VERDICT_TAG_SETS, FLOW_SEEN_LINES, HOOK_SLOTS, LOCAL_MAX, MAX_CHAINS, MAX_RULES,
-    NEW_FLOW_SLOTS, NO_COMMON_LRU,
+    NEW_FLOW_SLOTS, NO_COMMON_LRU, VERDICT_FRESH_LANES,
 };
 
 use crate::work::Work;
@@ -268,6 +268,12 @@ pub(crate) static VERDICT_GENS: Array<u32> = Array::pinned(CPU_VERDICT_SETS, 0);
 #[map]
 pub(crate) static VERDICTS4_CPU: Array<CpuVerdicts4> =
     Array::with_max_entries(CPU_VERDICT_SETS, BPF_F_MMAPABLE);
+/// Per verdict-cache set, until when the shared level may serve a verdict of it
+/// (`cache/fresh.rs`). Not pinned: a new program's starts empty, which only costs the flows
+/// whose verdicts an older program cached one classification.
+#[map]
+pub(crate) static VERDICTS_FRESH: Array<FreshLine> =
+    Array::with_max_entries(CPU_VERDICT_SETS / VERDICT_FRESH_LANES, BPF_F_MMAPABLE);
 /// The tags of `VERDICTS4_CPU`'s ways (`cache/key.rs`), one entry per `CPU_VERDICT_TAG_SETS`
 /// of its sets: the loader sizes it with `VERDICTS4_CPU`. Not pinned, for the same reason.
 #[map]

@@ -64,13 +64,13 @@ pub(super) fn gen_of(set: u32) -> u32 {
     }
 }
 
-/// The current generation of parsed packet `p`'s set (0 when it is never cached). Not
-/// inlined: its key copies stay out of the frame of [`cached_verdict`], whose callees (events)
-/// add to it.
+/// The verdict-cache set of parsed packet `p` (0 when it is never cached). Not inlined: its
+/// key copies stay out of the frames of [`super::serve::cached_verdict`], whose callees
+/// (events) add to it, and of [`super::store::mark_stored`].
 #[inline(never)]
-pub(super) fn packet_gen(p: &Pkt) -> u32 {
+pub(super) fn packet_set(p: &Pkt) -> u32 {
     match cacheable(p) {
-        Some(extra) => gen_of(set_of(&flow_key(p), extra)),
+        Some(extra) => set_of(&flow_key(p), extra),
         None => 0,
     }
 }

@@ -9,7 +9,8 @@ use peerwall_common::{
     CPU_VERDICT_SETS, CPU_VERDICT_WAYS,
 };
 
-use super::key::{cacheable, gen_of, key4, key6, may_hold, packet_gen, same_key};
+use super::fresh::may_serve;
+use super::key::{cacheable, gen_of, key4, key6, may_hold, packet_set, same_key};
 use super::store::promote;
 use crate::classify::ACT_ACCEPT;
 use crate::events::note_cached;
@@ -94,9 +95,21 @@ pub extern "C" fn cached_verdict(iif: u32, epoch: u32, count_accepts: u32, flags
         return MISS;
     }
     // SAFETY: as above.
-    unsafe { (*w).gen = packet_gen(&(*w).p) };
+    let set = unsafe { packet_set(&(*w).p) };
+    // SAFETY: as above.
+    unsafe {
+        (*w).gen = if cacheable(&(*w).p).is_some() {
+            gen_of(set)
+        } else {
+            0
+        }
+    };
     // SAFETY: as above.
     let w = unsafe { &*w };
+    if !may_serve(set, stamp()) {
+        // No verdict of its set in the shared level can still be served.
+        return MISS;
+    }
     match lookup(&w.p) {
         Some(v) if v.gen == w.gen => serve(v, iif, epoch, count_accepts, flags, w.p.len as u64),
         _ => MISS,
@@ -260,6 +273,12 @@ pub extern "C" fn known_flow_v4(
         && no_live_flow_v4(words, unsafe { bpf_ktime_get_coarse_ns() })
     {
         looked_up(gen, true);
+        return MISS;
+    }
+    // No verdict of the set put into the shared level can still be served: none to look up
+    // (a flood of one-packet flows puts none there).
+    if !may_serve(set, stamp()) {
+        looked_up(gen, false);
         return MISS;
     }
     // SAFETY: the transmute is between two 16-byte plain-data types.

@@ -7,7 +7,8 @@ use peerwall_common::{
     CACHED_COUNTERS, CPU_VERDICT_SETS,
 };
 
-use super::key::{cacheable, key4, key6, same_key, tags_at};
+use super::fresh::extend;
+use super::key::{cacheable, key4, key6, packet_set, same_key, tags_at};
 use crate::classify::{ACT_ACCEPT, ACT_DROP};
 use crate::flow::flow_key;
 use crate::maps::{SCRATCH, VERDICTS4, VERDICTS4_CPU, VERDICTS6, WORK};
@@ -57,7 +58,9 @@ pub(super) fn promote(
 }
 
 /// Cache `action`, which `classify` just gave `WORK`'s packet, when the packet and the path
-/// allow it. A global function: the verifier checks it once.
+/// allow it. Returns until when (jiffies) the verdict it put into the shared level is served,
+/// for [`mark_stored`], or 0 when it put none there. A global function: the verifier checks it
+/// once.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn remember(action: u32) -> u32 {
@@ -128,6 +131,22 @@ pub extern "C" fn remember(action: u32) -> u32 {
         let _ = VERDICTS4.insert(&key, &v, 0);
     } else {
         let _ = VERDICTS6.insert(&key6(&k, extra), &v, 0);
+    }
+    at.wrapping_add(ttl as u32)
+}
+
+/// After [`remember`] put `WORK`'s packet's verdict into the shared level, served until
+/// `until` (its return, when not 0): the set's mark moves on ([`extend`]). Apart from
+/// [`remember`], whose frame the key copies would add to on the entries' call chains (the
+/// verifier bounds their frames together). A reader between the insert and the mark skips
+/// the lookup and classifies, which is safe. A global function: the verifier checks it once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn mark_stored(until: u32) -> u32 {
+    if until != 0 {
+        if let Some(w) = WORK.get(0) {
+            extend(packet_set(&w.p), until);
+        }
     }
     0
 }
