@@ -790,15 +790,10 @@ fn bpf_verdict_cache_follows_conntrack_across_cpus() {
     }
 }
 
-/// A flow's verdict, once in its CPU's own level of the verdict cache, is served from there:
-/// with the shared level emptied, its next packets are still not classified. The ways of a
-/// set are read only where their tags (`VERDICTS4_TAGS`) say one may hold the packet's key,
-/// so this fails if a way is written without its tag, or the tag is read wrong. And a flow
-/// that shares the set, never seen, is classified (its tag is not there).
-#[test]
-fn bpf_per_cpu_level_serves_without_the_shared_one() {
-    let (policy, mut probe) = established_differs_probe();
-    let flow = |sport: u16| Packet {
+/// A UDP flow from source port `sport` that `ESTABLISHED_DIFFERS` accepts while new (the
+/// verdict-cache tests' flows: they differ in the source port alone).
+fn cached_udp_flow(sport: u16) -> Packet {
+    Packet {
         src: "10.0.0.10".parse().expect("ip"),
         dst: "10.1.0.6".parse().expect("ip"),
         proto: ir::eval::proto::UDP,
@@ -807,7 +802,18 @@ fn bpf_per_cpu_level_serves_without_the_shared_one() {
         iif: Some(IFACES[1].to_string()),
         oif: Some(IFACES[0].to_string()),
         ct_state: CtState::New,
-    };
+    }
+}
+
+/// A flow's verdict, once in its CPU's own level of the verdict cache, is served from there:
+/// with the shared level emptied, its next packets are still not classified. The ways of a
+/// set are read only where their tags (`VERDICTS4_TAGS`) say one may hold the packet's key,
+/// so this fails if a way is written without its tag, or the tag is read wrong. And a flow
+/// that shares the set, never seen, is classified (its tag is not there).
+#[test]
+fn bpf_per_cpu_level_serves_without_the_shared_one() {
+    let (policy, mut probe) = established_differs_probe();
+    let flow = cached_udp_flow;
     let first = flow(40000);
     assert_eq!(
         ir::evaluate(&policy, &first).verdict,
@@ -847,16 +853,7 @@ fn bpf_per_cpu_level_serves_without_the_shared_one() {
 #[test]
 fn bpf_per_cpu_cache_keeps_serving_ways_when_a_third_flow_shares_the_set() {
     let (policy, mut probe) = established_differs_probe();
-    let flow = |sport: u16| Packet {
-        src: "10.0.0.10".parse().expect("ip"),
-        dst: "10.1.0.6".parse().expect("ip"),
-        proto: ir::eval::proto::UDP,
-        sport,
-        dport: 8080,
-        iif: Some(IFACES[1].to_string()),
-        oif: Some(IFACES[0].to_string()),
-        ct_state: CtState::New,
-    };
+    let flow = cached_udp_flow;
     // Three source ports whose flows share a set.
     let set = BpfProbe::cpu_cache_set(&flow(40000)).expect("IPv4 UDP");
     let same: Vec<Packet> = (40000..u16::MAX)

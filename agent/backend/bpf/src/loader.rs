@@ -215,10 +215,8 @@ impl Datapath {
         // The per-CPU verdict cache: a region of sets per possible CPU.
         let cpu_sets = (ncpus as u32).saturating_mul(peerwall_common::CPU_VERDICT_SETS);
         loader.map_max_entries(map::VERDICTS4_CPU, cpu_sets);
-        loader.map_max_entries(
-            map::VERDICTS4_TAGS,
-            cpu_sets / peerwall_common::CPU_VERDICT_TAG_SETS,
-        );
+        let tag_lines = cpu_sets / peerwall_common::CPU_VERDICT_TAG_SETS;
+        loader.map_max_entries(map::VERDICTS4_TAGS, tag_lines);
         // Pins of a datapath from before `ENDED_UNTIL` may hold marks it does not cover.
         let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();
         let started = std::time::Instant::now();

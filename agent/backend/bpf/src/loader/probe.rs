@@ -116,22 +116,17 @@ impl Datapath {
 
     /// Forget every cached verdict (both families).
     pub fn flush_verdicts(&mut self) -> Result<(), BpfError> {
+        fn zero<V: aya::Pod + Default>(b: &mut Datapath, name: &str) -> Result<(), BpfError> {
+            let mut m: aya::maps::Array<&mut MapData, V> =
+                aya::maps::Array::try_from(b.map(name)?).map_err(map_err(name))?;
+            for i in 0..m.len() {
+                m.set(i, V::default(), 0).map_err(map_err(name))?;
+            }
+            Ok(())
+        }
         self.flush_shared_verdicts()?;
-        let name = map::VERDICTS4_CPU;
-        let mut m: aya::maps::Array<&mut MapData, peerwall_common::CpuVerdicts4> =
-            aya::maps::Array::try_from(self.map(name)?).map_err(map_err(name))?;
-        for i in 0..m.len() {
-            m.set(i, peerwall_common::CpuVerdicts4::default(), 0)
-                .map_err(map_err(name))?;
-        }
-        let name = map::VERDICTS4_TAGS;
-        let mut m: aya::maps::Array<&mut MapData, peerwall_common::CpuVerdictTags> =
-            aya::maps::Array::try_from(self.map(name)?).map_err(map_err(name))?;
-        for i in 0..m.len() {
-            m.set(i, peerwall_common::CpuVerdictTags::default(), 0)
-                .map_err(map_err(name))?;
-        }
-        Ok(())
+        zero::<peerwall_common::CpuVerdicts4>(self, map::VERDICTS4_CPU)?;
+        zero::<peerwall_common::CpuVerdictTags>(self, map::VERDICTS4_TAGS)
     }
 
     /// The CPUs whose first-level verdict cache (`VERDICTS4_CPU`) holds a verdict for `k`
