@@ -50,6 +50,7 @@ fn changes() -> Vec<Change> {
             .pods
             .iter_mut()
             .filter(|p| p.peer.is_some())
+            .map(std::sync::Arc::make_mut)
             .nth(7)
             .expect("a remote pod");
         let old: usize = p.labels["tier"][1..].parse().unwrap_or(0);
@@ -61,6 +62,7 @@ fn changes() -> Vec<Change> {
             .pods
             .iter_mut()
             .filter(|p| p.peer.is_none())
+            .map(std::sync::Arc::make_mut)
             .nth(3)
             .expect("a local pod");
         let old: usize = p.labels["app"][1..].parse().unwrap_or(0);

@@ -90,7 +90,7 @@ fn relabel(c: &mut Cluster, k: usize) -> String {
         .filter(|&i| c.pods[i].peer.is_some())
         .collect();
     let i = remote[(k * 7919) % remote.len()];
-    let p = &mut c.pods[i];
+    let p = std::sync::Arc::make_mut(&mut c.pods[i]);
     let old: usize = p.labels["tier"][1..].parse().unwrap_or(0);
     p.labels
         .insert("tier".into(), format!("x{}", (old + 1) % 7));

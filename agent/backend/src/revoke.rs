@@ -256,7 +256,10 @@ mod tests {
             pods: vec![
                 pod("shop", "db", "10.20.1.3", Some("peer1")),
                 pod("shop", "web", "10.10.1.68", None),
-            ],
+            ]
+            .into_iter()
+            .map(std::sync::Arc::new)
+            .collect(),
             policies: vec![NetworkPolicy {
                 namespace: "shop".into(),
                 name: "db-in".into(),

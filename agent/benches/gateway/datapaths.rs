@@ -306,13 +306,13 @@ pub(crate) fn netpol_policy(policies: usize, seed: u64) -> Policy {
         .pods
         .iter()
         .filter(|p| p.peer.is_some())
-        .filter_map(v4)
+        .filter_map(|p| v4(p))
         .collect();
     let local: Vec<Ipv4Addr> = c
         .pods
         .iter()
         .filter(|p| p.peer.is_none())
-        .filter_map(v4)
+        .filter_map(|p| v4(p))
         .collect();
     let mut rng = StdRng::seed_from_u64(seed ^ 0x4e50);
     let (mut allowed, mut denied) = (Vec::new(), Vec::new());

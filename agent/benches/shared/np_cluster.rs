@@ -49,7 +49,7 @@ pub(crate) fn cluster(
             i / 250,
             i % 250 + 1
         );
-        c.pods.push(Pod {
+        c.pods.push(std::sync::Arc::new(Pod {
             namespace: format!("ns{}", i % NAMESPACES),
             name: format!("p{i}"),
             labels: labels(&[
@@ -64,7 +64,7 @@ pub(crate) fn cluster(
                 port: 8080,
             }],
             peer: remote.then(|| PEER.to_string()),
-        });
+        }));
     }
     let selector = |k: &str, v: String| Selector {
         labels: labels(&[(k, v)]),

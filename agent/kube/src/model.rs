@@ -127,17 +127,10 @@ pub fn gone(p: &Pod) -> bool {
     matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// The cluster as NetworkPolicies see it: virtual nodes (`liqo.io/type=virtual-node`) tell
-/// which pods run on which peer, and a remote pod is known by the address its packets carry
-/// through that peer's tunnel (`remaps`, from Liqo's `Configuration`s).
-pub fn cluster<'a>(
-    namespaces: impl IntoIterator<Item = &'a Namespace>,
-    nodes: impl IntoIterator<Item = &'a Node>,
-    pods: impl IntoIterator<Item = &'a PodFacts>,
-    policies: impl IntoIterator<Item = &'a np::NetworkPolicy>,
-    remaps: &BTreeMap<String, Vec<Remap>>,
-) -> (Cluster, Vec<Unreadable>) {
-    let vnode_peer: BTreeMap<String, String> = nodes
+/// The peer of each virtual node (`liqo.io/type=virtual-node`, named by its
+/// `liqo.io/remote-cluster-id` label): a pod on one of them runs on that peer.
+pub fn virtual_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> BTreeMap<String, String> {
+    nodes
         .into_iter()
         .filter(|n| n.labels().get(super::NODE_TYPE).map(String::as_str) == Some("virtual-node"))
         .filter_map(|n| {
@@ -145,71 +138,139 @@ pub fn cluster<'a>(
                 .get(super::REMOTE_CLUSTER_ID)
                 .map(|id| (n.name_any(), id.clone()))
         })
+        .collect()
+}
+
+/// A namespace's name and labels, with the name label the API server sets filled in.
+pub fn namespace_labels(n: &Namespace) -> (String, BTreeMap<String, String>) {
+    let mut labels = n.labels().clone();
+    labels
+        .entry(NAMESPACE_NAME_LABEL.to_string())
+        .or_insert_with(|| n.name_any());
+    (n.name_any(), labels)
+}
+
+/// The pod as NetworkPolicies see it, or None when it takes no part (finished, or without an
+/// address): on a virtual node (`vnode_peer`), it runs on that peer and is known by the
+/// address its packets carry through the peer's tunnel (`remaps`).
+pub fn derive(
+    p: &PodFacts,
+    vnode_peer: &BTreeMap<String, String>,
+    remaps: &BTreeMap<String, Vec<Remap>>,
+) -> Option<netpol::Pod> {
+    if p.gone {
+        return None;
+    }
+    let peer = p.node.as_ref().and_then(|n| vnode_peer.get(n)).cloned();
+    let r = peer
+        .as_ref()
+        .and_then(|x| remaps.get(x))
+        .map_or(&[][..], Vec::as_slice);
+    let ips: Vec<IpAddr> = p
+        .ips
+        .iter()
+        .map(|ip| r.iter().find_map(|m| m.to_real(*ip)).unwrap_or(*ip))
         .collect();
-    let mut c = Cluster {
-        remaps: remaps.clone(),
-        ..Cluster::default()
-    };
-    for n in namespaces {
-        let mut labels = n.labels().clone();
-        labels
-            .entry(NAMESPACE_NAME_LABEL.to_string())
-            .or_insert_with(|| n.name_any());
-        c.namespaces.insert(n.name_any(), labels);
+    if ips.is_empty() {
+        return None;
     }
-    for p in pods {
-        if p.gone {
-            continue;
-        }
-        let peer = p.node.as_ref().and_then(|n| vnode_peer.get(n)).cloned();
-        let r = peer
-            .as_ref()
-            .and_then(|x| remaps.get(x))
-            .map_or(&[][..], Vec::as_slice);
-        let ips: Vec<IpAddr> = p
-            .ips
-            .iter()
-            .map(|ip| r.iter().find_map(|m| m.to_real(*ip)).unwrap_or(*ip))
-            .collect();
-        if ips.is_empty() {
-            continue;
-        }
-        // A namespace named by a pod but absent from what was read (a partial snapshot):
-        // known by its name label, as the API server labels every namespace.
-        c.namespaces.entry(p.namespace.clone()).or_insert_with(|| {
-            BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), p.namespace.clone())])
-        });
-        c.pods.push(netpol::Pod {
-            namespace: p.namespace.clone(),
-            name: p.name.clone(),
-            labels: p.labels.clone(),
-            local_ips: if p.ips == ips {
-                Vec::new()
-            } else {
-                p.ips.clone()
-            },
-            ips,
-            ports: p.ports.clone(),
-            peer,
-        });
-    }
-    let mut bad = Vec::new();
-    // peerwall's own NetworkPolicies (the offloaded namespaces', the CNI companions) are for
-    // the CNI: the gateway enforces the users'.
+    Some(netpol::Pod {
+        namespace: p.namespace.clone(),
+        name: p.name.clone(),
+        labels: p.labels.clone(),
+        local_ips: if p.ips == ips {
+            Vec::new()
+        } else {
+            p.ips.clone()
+        },
+        ips,
+        ports: p.ports.clone(),
+        peer,
+    })
+}
+
+/// The users' NetworkPolicies, read ([`policy`]), and those that do not read. peerwall's own
+/// (the offloaded namespaces', the CNI companions) are for the CNI: the gateway enforces the
+/// users'.
+pub fn policies<'a>(
+    policies: impl IntoIterator<Item = &'a np::NetworkPolicy>,
+) -> (Vec<netpol::NetworkPolicy>, Vec<Unreadable>) {
     let ours = |p: &&np::NetworkPolicy| {
         p.labels()
             .get(crate::protection::MANAGED_BY)
             .map(String::as_str)
             == Some(crate::protection::MANAGER)
     };
+    let (mut good, mut bad) = (Vec::new(), Vec::new());
     for p in policies.into_iter().filter(|p| !ours(p)) {
         match policy(p) {
-            Ok(p) => c.policies.push(p),
+            Ok(p) => good.push(p),
             Err(e) => bad.push(e),
         }
     }
+    (good, bad)
+}
+
+/// The cluster from its parts: `namespaces` (name and labels, [`namespace_labels`]), the
+/// pods ([`derive`]d) and the namespaces they are in, the policies read, the remaps. A
+/// namespace named by a pod but absent from what was read (a partial snapshot) is known by
+/// its name label, as the API server labels every namespace.
+pub fn assemble<'a>(
+    namespaces: impl IntoIterator<Item = (String, BTreeMap<String, String>)>,
+    pods: Vec<std::sync::Arc<netpol::Pod>>,
+    pod_namespaces: impl IntoIterator<Item = &'a str>,
+    policies: Vec<netpol::NetworkPolicy>,
+    remaps: &BTreeMap<String, Vec<Remap>>,
+) -> Cluster {
+    let mut c = Cluster {
+        namespaces: namespaces.into_iter().collect(),
+        pods,
+        policies,
+        remaps: remaps.clone(),
+        ..Cluster::default()
+    };
+    for ns in pod_namespaces {
+        if !c.namespaces.contains_key(ns) {
+            c.namespaces.insert(
+                ns.to_string(),
+                BTreeMap::from([(NAMESPACE_NAME_LABEL.to_string(), ns.to_string())]),
+            );
+        }
+    }
+    c
+}
+
+/// The cluster as NetworkPolicies see it, computed in full: virtual nodes (`liqo.io/type=
+/// virtual-node`) tell which pods run on which peer, and a remote pod is known by the address
+/// its packets carry through that peer's tunnel (`remaps`, from Liqo's `Configuration`s).
+/// The controller keeps the same by difference ([`index::ClusterIndex`]); this is what it
+/// must equal.
+pub fn cluster<'a>(
+    namespaces: impl IntoIterator<Item = &'a Namespace>,
+    nodes: impl IntoIterator<Item = &'a Node>,
+    pods: impl IntoIterator<Item = &'a PodFacts>,
+    policies: impl IntoIterator<Item = &'a np::NetworkPolicy>,
+    remaps: &BTreeMap<String, Vec<Remap>>,
+) -> (Cluster, Vec<Unreadable>) {
+    let vnode_peer = virtual_nodes(nodes);
+    let derived: Vec<std::sync::Arc<netpol::Pod>> = pods
+        .into_iter()
+        .filter_map(|p| derive(p, &vnode_peer, remaps))
+        .map(std::sync::Arc::new)
+        .collect();
+    let pod_namespaces: Vec<String> = derived.iter().map(|p| p.namespace.clone()).collect();
+    let (read, bad) = self::policies(policies);
+    let c = assemble(
+        namespaces.into_iter().map(namespace_labels),
+        derived,
+        pod_namespaces.iter().map(String::as_str),
+        read,
+        remaps,
+    );
     (c, bad)
 }
+
+pub mod index;
 
 #[cfg(test)]
 mod tests {

@@ -88,6 +88,7 @@ fn remote_peers<'a>(cluster: &'a Cluster, ns: &str, rule: &Rule) -> Vec<&'a Pod>
     cluster
         .pods
         .iter()
+        .map(|p| &**p)
         .filter(|p| p.peer.is_some())
         .filter(|p| {
             rule.peers.iter().any(|peer| {
@@ -119,6 +120,7 @@ pub(crate) fn direction_rules(
             cluster
                 .pods
                 .iter()
+                .map(|p| &**p)
                 .filter(|p| p.peer.is_some())
                 .filter(|p| {
                     rule.peers.is_empty()

@@ -15,6 +15,7 @@ pub mod tier;
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
+use std::sync::Arc;
 
 /// A label selector (`matchLabels` and `matchExpressions`, ANDed). The empty selector
 /// selects everything.
@@ -277,8 +278,10 @@ impl Pod {
 pub struct Cluster {
     /// Namespace labels by name.
     pub namespaces: BTreeMap<String, BTreeMap<String, String>>,
-    /// Pods (with at least one address).
-    pub pods: Vec<Pod>,
+    /// Pods (with at least one address), each shared: the controller keeps them between
+    /// views and re-derives only those a change touches (`peerwall-kube`'s cluster index), so a
+    /// view is one pointer per pod, not a copy of every pod.
+    pub pods: Vec<Arc<Pod>>,
     /// Policies.
     pub policies: Vec<NetworkPolicy>,
     /// ClusterNetworkPolicies (both tiers).
@@ -317,7 +320,7 @@ impl Remap {
 impl Cluster {
     /// The pod named `namespace/name`.
     pub fn pod(&self, key: &str) -> Option<&Pod> {
-        self.pods.iter().find(|p| p.key() == key)
+        self.pods.iter().map(|p| &**p).find(|p| p.key() == key)
     }
 
     /// Whether the pods of `peer`'s namespace selection include `pod`, for a policy in
@@ -340,7 +343,7 @@ impl Cluster {
 
     /// The pods `policy` selects (its namespace, its pod selector).
     pub fn selected<'a>(&'a self, policy: &'a NetworkPolicy) -> impl Iterator<Item = &'a Pod> {
-        self.pods.iter().filter(move |p| {
+        self.pods.iter().map(|p| &**p).filter(move |p| {
             p.namespace == policy.namespace && policy.pod_selector.matches(&p.labels)
         })
     }

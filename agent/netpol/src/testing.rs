@@ -81,7 +81,7 @@ pub fn cluster(policies: Vec<NetworkPolicy>) -> Cluster {
                 )
             })
             .collect(),
-        pods,
+        pods: pods.into_iter().map(std::sync::Arc::new).collect(),
         policies,
         cluster_policies: Vec::new(),
         remaps: Default::default(),
@@ -204,7 +204,7 @@ pub fn random_rules(rng: &mut StdRng) -> Vec<Rule> {
 pub fn random_cluster(rng: &mut StdRng) -> Cluster {
     let mut c = cluster(Vec::new());
     // Some pods name their port differently (named ports resolve per pod).
-    for p in c.pods.iter_mut() {
+    for p in c.pods.iter_mut().map(std::sync::Arc::make_mut) {
         if rng.random_bool(0.3) {
             p.ports[1].port = 8081;
         }

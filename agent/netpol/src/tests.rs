@@ -96,7 +96,8 @@ fn named_ports_resolve_against_the_destination_pod() {
         "UDP"
     );
     // Another pod names another number.
-    c.pods.iter_mut().find(|p| p.key() == "y/b").unwrap().ports[1].port = 8081;
+    let b = c.pods.iter_mut().find(|p| p.key() == "y/b").unwrap();
+    std::sync::Arc::make_mut(b).ports[1].port = 8081;
     assert!(decide(&c, &flow(&c, "x/a", "y/b", 6, 8081)).allowed());
     assert!(!decide(&c, &flow(&c, "x/a", "y/b", 6, 81)).allowed());
 }
@@ -382,7 +383,7 @@ fn ip_blocks_name_a_remapped_peer_by_the_addresses_seen_here() {
     // A pod on the peer, seen here at 10.71.9.10 (its own address 10.20.9.10).
     let mut d = pod("y", "d", "10.20.9.10", &[("pod", "d")], Some("peer1"));
     d.local_ips = vec!["10.71.9.10".parse().unwrap()];
-    c.pods.push(d);
+    c.pods.push(std::sync::Arc::new(d));
     let ir = compiled(&c);
     // The judge agrees: x/a may reach it (seen here in the block), x/b may not.
     let judged = |from: &str| {

@@ -802,6 +802,7 @@ pub fn crossing<'a>(cluster: &'a Cluster, peer: &str) -> Vec<&'a Pod> {
     cluster
         .pods
         .iter()
+        .map(|p| &**p)
         .filter(|p| p.peer.as_deref().is_none_or(|x| x == peer))
         .collect()
 }
@@ -851,7 +852,14 @@ fn dedup_rules(chains: &mut [api::Chain]) {
 
 /// The NetworkPolicy tier of `peer`'s gateway.
 pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
-    let index = pods::Index::new(crossing(cluster, peer));
+    // Pods matter only to a policy's selectors: without any policy, indexing them (the tier's
+    // one pass over every pod) would build what nothing reads.
+    let pods = if cluster.policies.is_empty() && cluster.cluster_policies.is_empty() {
+        Vec::new()
+    } else {
+        crossing(cluster, peer)
+    };
+    let index = pods::Index::new(pods);
     let mut policies: Vec<&NetworkPolicy> = cluster.policies.iter().collect();
     policies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut registry = Registry::default();

@@ -614,12 +614,14 @@ fn offloaded_pods_call_home_and_nowhere_else() {
     use peerwall_netpol::testing::labels;
     use peerwall_netpol::{Cluster, Pod};
     use std::net::IpAddr;
-    let pod_at = |ns: &str, name: &str, ip: &str, l: &[(&str, &str)]| Pod {
-        namespace: ns.into(),
-        name: name.into(),
-        labels: labels(l),
-        ips: vec![ip.parse().unwrap()],
-        ..Default::default()
+    let pod_at = |ns: &str, name: &str, ip: &str, l: &[(&str, &str)]| {
+        std::sync::Arc::new(Pod {
+            namespace: ns.into(),
+            name: name.into(),
+            labels: labels(l),
+            ips: vec![ip.parse().unwrap()],
+            ..Default::default()
+        })
     };
     let home_a: Vec<ipnet::IpNet> = vec![
         "10.10.0.0/16".parse().unwrap(),
@@ -668,7 +670,7 @@ fn offloaded_pods_call_home_and_nowhere_else() {
     let c = build(&home_a);
     let p = c.pod("offload-a/p").unwrap();
     let to = |dst: &str, proto: u8, dport: u16| -> bool {
-        let pod = c.pods.iter().find(|x| x.key() == dst);
+        let pod = c.pods.iter().map(|x| &**x).find(|x| x.key() == dst);
         let ip: IpAddr = pod.map_or_else(|| dst.parse().unwrap(), |x| x.ips[0]);
         decide(
             &c,

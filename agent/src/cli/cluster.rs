@@ -269,7 +269,7 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
     let pod = |key: &str, flag: &str| -> Result<(netpol::Pod, bool), CliError> {
         if let Ok(ip) = key.parse::<IpAddr>() {
             if let Some(p) = cluster.pods.iter().find(|p| p.local_ips().contains(&ip)) {
-                return Ok((p.clone(), true));
+                return Ok(((**p).clone(), true));
             }
             let peer = address_peer(flag, ip, a.peer.as_deref(), &policies)?;
             return Ok((address_end(ip, peer, &cluster), false));
@@ -361,7 +361,7 @@ pub(super) fn verdict(a: VerdictArgs) -> Result<(), CliError> {
         );
     }
     // The matrix: every ordered pair that crosses a gateway, per probe, judged per peer.
-    let mut pods: Vec<&netpol::Pod> = cluster.pods.iter().collect();
+    let mut pods: Vec<&netpol::Pod> = cluster.pods.iter().map(|p| &**p).collect();
     pods.sort_by_key(|p| p.key());
     let mut cells: BTreeMap<(usize, usize, usize), ir::Verdict> = BTreeMap::new();
     for (peer, policy) in &policies {

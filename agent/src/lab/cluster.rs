@@ -311,9 +311,10 @@ pub fn lab_cluster() -> Result<netpol::Cluster> {
     };
     namespace("local");
     namespace("monitoring");
+    let mut push = |p: Pod| cluster.pods.push(std::sync::Arc::new(p));
     for c in consumers() {
         for (i, ip) in c.offloaded.iter().enumerate() {
-            cluster.pods.push(pod(
+            push(pod(
                 &format!("app-{}", c.name),
                 &format!("web-{i}"),
                 ip,
@@ -326,20 +327,16 @@ pub fn lab_cluster() -> Result<netpol::Cluster> {
         if let Some(ours) = c.hosts_ours {
             let mut p = pod("local", "ours", ours, c.seen(ours).ok(), Some(c.name));
             p.name = format!("ours-on-{}", c.name);
-            cluster.pods.push(p);
+            push(p);
         }
     }
-    cluster
-        .pods
-        .push(pod("local", "twin", TWIN_POD, None, None));
-    cluster
-        .pods
-        .push(pod("local", "cache", CACHE_POD, None, None));
+    push(pod("local", "twin", TWIN_POD, None, None));
+    push(pod("local", "cache", CACHE_POD, None, None));
     let mut local = pod("local", "local-0", LOCAL_POD, None, None);
     local.labels = labels(&[("app", "local")]);
-    cluster.pods.push(local);
+    push(local);
     for (name, ip) in MONITORING {
-        cluster.pods.push(pod("monitoring", name, ip, None, None));
+        push(pod("monitoring", name, ip, None, None));
     }
     let block = |cidr: &str, except: &[&str]| {
         Peer::Block(IpBlock {

@@ -1,18 +1,20 @@
 //! What the controller keeps of every pod for the NetworkPolicy tier ([`PodFacts`], a few
-//! fields, not the object), fed by the one pod watch that also feeds the publisher's sets.
+//! fields, not the object), fed by the one pod watch that also feeds the publisher's sets,
+//! and what NetworkPolicies see of each, kept by difference ([`ClusterIndex`]).
 //! A relist (the watch restarted) replaces the known pods only once it is complete: until
 //! then the last full state is served, as a reflector's store does.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, PoisonError, RwLock};
 
+use crate::model::index::{ClusterIndex, Key};
 use crate::model::PodFacts;
-
-type Key = (String, String);
+use crate::netpol;
+use crate::protection::Remap;
 
 #[derive(Debug, Default)]
 struct Known {
-    pods: BTreeMap<Key, Arc<PodFacts>>,
+    pods: ClusterIndex,
     /// The pods of a relist under way.
     relist: Option<BTreeMap<Key, Arc<PodFacts>>>,
 }
@@ -34,7 +36,7 @@ impl PodFactsIndex {
     pub(crate) fn end_relist(&self) {
         let mut k = self.write();
         if let Some(listed) = k.relist.take() {
-            k.pods = listed;
+            k.pods.replace_all(listed);
         }
     }
 
@@ -44,8 +46,10 @@ impl PodFactsIndex {
         let key = (facts.namespace.clone(), facts.name.clone());
         let facts = Arc::new(facts);
         match k.relist.as_mut() {
-            Some(r) => r.insert(key, facts),
-            None => k.pods.insert(key, facts),
+            Some(r) => {
+                r.insert(key, facts);
+            }
+            None => k.pods.upsert(facts),
         };
     }
 
@@ -56,13 +60,28 @@ impl PodFactsIndex {
         if let Some(r) = k.relist.as_mut() {
             r.remove(&key);
         }
-        k.pods.remove(&key);
+        k.pods.remove(namespace, name);
     }
 
     /// The pods known now, in namespace and name order (shared, not copied).
+    #[cfg(test)]
     pub(crate) fn snapshot(&self) -> Vec<Arc<PodFacts>> {
         let k = self.known.read().unwrap_or_else(PoisonError::into_inner);
-        k.pods.values().cloned().collect()
+        k.pods.facts().cloned().collect()
+    }
+
+    /// The pods as NetworkPolicies see them with the virtual nodes `vnodes` and the remaps
+    /// `remaps` (only the pods these changed are derived anew), and the namespaces they are
+    /// in; shared, not copied.
+    pub(crate) fn view(
+        &self,
+        vnodes: BTreeMap<String, String>,
+        remaps: &BTreeMap<String, Vec<Remap>>,
+    ) -> (Vec<Arc<netpol::Pod>>, Vec<String>) {
+        let mut k = self.write();
+        k.pods.set_context(vnodes, remaps);
+        let namespaces = k.pods.pod_namespaces().map(str::to_string).collect();
+        (k.pods.pods(), namespaces)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Known> {

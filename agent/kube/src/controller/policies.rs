@@ -27,18 +27,25 @@ pub(super) fn shared_view(ctx: &Ctx) -> Arc<NetpolView> {
 }
 
 fn netpol_view(ctx: &Ctx) -> NetpolView {
-    let (namespaces, nodes, pods, policies) = (
+    let (namespaces, nodes, policies) = (
         ctx.namespaces.state(),
         ctx.nodes.state(),
-        ctx.pods.snapshot(),
         ctx.network_policies.state(),
     );
-    let (mut cluster, unreadable) = crate::model::cluster(
-        namespaces.iter().map(AsRef::as_ref),
-        nodes.iter().map(AsRef::as_ref),
-        pods.iter().map(AsRef::as_ref),
-        policies.iter().map(AsRef::as_ref),
-        &remaps(ctx),
+    let remaps = remaps(ctx);
+    // The pods by difference: only those a pod event, a virtual node or a remap touched since
+    // the last view are derived anew.
+    let (pods, pod_namespaces) = ctx.pods.view(
+        crate::model::virtual_nodes(nodes.iter().map(AsRef::as_ref)),
+        &remaps,
+    );
+    let (read, unreadable) = crate::model::policies(policies.iter().map(AsRef::as_ref));
+    let mut cluster = crate::model::assemble(
+        namespaces.iter().map(|n| crate::model::namespace_labels(n)),
+        pods,
+        pod_namespaces.iter().map(String::as_str),
+        read,
+        &remaps,
     );
     let mut cnp_problems = Vec::new();
     for obj in ctx

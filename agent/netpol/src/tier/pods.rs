@@ -1,9 +1,16 @@
 //! The pods whose traffic crosses a gateway, indexed for selectors: by namespace, and within
 //! it by *label class* (the pods whose labels are identical: a Deployment's replicas, a Job's
 //! pods). A selector is matched once per class, not once per pod, which is what makes the
-//! tier's cost follow the number of distinct label sets rather than of pods.
+//! tier's cost follow the number of distinct label sets rather than of pods. Building it is
+//! the tier's one pass over every pod: a pod with the same namespace and labels as the one
+//! before it (replicas sort together by name) joins its class without hashing, and the rest
+//! hash with foldhash, not SipHash (the keys are the cluster's own labels, and the map lives
+//! for one tier computation).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+type ClassMap<'a> =
+    HashMap<(&'a str, &'a BTreeMap<String, String>), usize, foldhash::fast::RandomState>;
 
 use super::super::{Cluster, Peer, Pod, Selector};
 
@@ -17,25 +24,30 @@ struct Class<'a> {
 pub(super) struct Index<'a> {
     /// The crossing pods; every index of this module points into it.
     pub(super) pods: Vec<&'a Pod>,
-    by_ns: HashMap<&'a str, Vec<Class<'a>>>,
+    by_ns: HashMap<&'a str, Vec<Class<'a>>, foldhash::fast::RandomState>,
 }
 
 impl<'a> Index<'a> {
     pub(super) fn new(pods: Vec<&'a Pod>) -> Self {
-        let mut by_ns: HashMap<&str, Vec<Class>> = HashMap::new();
-        let mut class_of: HashMap<(&str, &BTreeMap<String, String>), usize> = HashMap::new();
+        let mut by_ns: HashMap<&str, Vec<Class>, foldhash::fast::RandomState> = HashMap::default();
+        let mut class_of = ClassMap::default();
+        // The class of the pod before: (namespace, labels, class number).
+        let mut last: Option<(&str, &BTreeMap<String, String>, usize)> = None;
         for (i, p) in pods.iter().enumerate() {
-            let classes = by_ns.entry(p.namespace.as_str()).or_default();
-            let k = *class_of
-                .entry((p.namespace.as_str(), &p.labels))
-                .or_insert_with(|| {
+            let ns = p.namespace.as_str();
+            let classes = by_ns.entry(ns).or_default();
+            let k = match last {
+                Some((n, l, k)) if n == ns && *l == p.labels => k,
+                _ => *class_of.entry((ns, &p.labels)).or_insert_with(|| {
                     classes.push(Class {
                         labels: &p.labels,
                         pods: Vec::new(),
                     });
                     classes.len() - 1
-                });
+                }),
+            };
             classes[k].pods.push(i);
+            last = Some((ns, &p.labels, k));
         }
         Self { pods, by_ns }
     }

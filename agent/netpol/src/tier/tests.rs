@@ -19,7 +19,7 @@ fn with_replicas(c: &mut Cluster) {
         .pods
         .iter()
         .map(|p| {
-            let mut r = p.clone();
+            let mut r = (**p).clone();
             r.name = format!("{}-2", p.name);
             r.ips = p
                 .ips
@@ -32,7 +32,7 @@ fn with_replicas(c: &mut Cluster) {
                     v6 => *v6,
                 })
                 .collect();
-            r
+            std::sync::Arc::new(r)
         })
         .collect();
     c.pods.extend(replicas);
@@ -57,7 +57,9 @@ fn a_relabelled_pod_changes_set_elements_and_nothing_else() {
         let was = c.pods[k].labels.get("pod").cloned().unwrap_or_default();
         let others: Vec<&str> = ["a", "b", "c"].into_iter().filter(|v| *v != was).collect();
         let to = others[rng.random_range(0..others.len())];
-        c.pods[k].labels.insert("pod".into(), to.into());
+        std::sync::Arc::make_mut(&mut c.pods[k])
+            .labels
+            .insert("pod".into(), to.into());
         let after = tier(&c, "peer1", false).spec.table;
         tries += 1;
         // A selector emptied or filled adds or removes its sets and the rules over them.

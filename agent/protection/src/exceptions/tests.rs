@@ -23,15 +23,21 @@ fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn pod(ns: &str, name: &str, ip: &str, l: &[(&str, &str)], peer: Option<&str>) -> Pod {
-    Pod {
+fn pod(
+    ns: &str,
+    name: &str,
+    ip: &str,
+    l: &[(&str, &str)],
+    peer: Option<&str>,
+) -> std::sync::Arc<Pod> {
+    std::sync::Arc::new(Pod {
         namespace: ns.into(),
         name: name.into(),
         labels: labels(l),
         ips: vec![ip.parse().unwrap()],
         peer: peer.map(str::to_string),
         ..Default::default()
-    }
+    })
 }
 
 /// A provider with `monitoring` (prometheus, grafana), `shop` (our namespace with a pod on

@@ -44,7 +44,10 @@ fn cluster() -> netpol::Cluster {
             pod("shop", "cart-b", "10.0.0.5", Some("cluster-b")),
             pod("shop", "db", "10.0.0.5", None),
             pod("shop", "web", "10.20.0.9", None),
-        ],
+        ]
+        .into_iter()
+        .map(std::sync::Arc::new)
+        .collect(),
         ..Default::default()
     }
 }
