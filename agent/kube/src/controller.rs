@@ -249,20 +249,28 @@ fn feed_pods(
                 watcher::Event::Init => {
                     facts.begin_relist();
                     pb.desired.begin_relist();
+                    true
                 }
                 watcher::Event::InitApply(p) | watcher::Event::Apply(p) => {
+                    // The publisher's pod is derived from the facts: facts unchanged (a status
+                    // update of a condition, a restart count) change neither, and wake no pass.
                     let f = PodFacts::of(&p);
-                    pb.desired.upsert_pod(f.protection());
-                    facts.upsert(f);
+                    let protection = f.protection();
+                    let changed = facts.upsert(f);
+                    if changed {
+                        pb.desired.upsert_pod(protection);
+                    }
+                    changed
                 }
                 watcher::Event::Delete(p) => {
                     let (ns, name) = (p.namespace().unwrap_or_default(), p.name_any());
                     pb.desired.remove_pod(&ns, &name);
-                    facts.remove(&ns, &name);
+                    facts.remove(&ns, &name)
                 }
                 watcher::Event::InitDone => {
                     facts.end_relist();
                     pb.desired.end_relist();
+                    true
                 }
             }
         },

@@ -263,15 +263,16 @@ impl Changes {
 }
 
 /// Every event of a watch of `api` (filtered by `wc`) handed to `on_event` in order, by a
-/// spawned task that signals `changed` after each; watch errors are logged and retried with
-/// backoff. No cache: the caller keeps what it needs (the controller's pod index keeps a few
+/// spawned task that signals `changed` after each that `on_event` says changed what the caller
+/// keeps (and when the watch starts or stops failing); watch errors are logged and retried
+/// with backoff. No cache: the caller keeps what it needs (the controller's pod index keeps a few
 /// fields of each pod, not the objects). The receiver turns true once the first full list
 /// has been delivered.
 pub fn feed<K>(
     api: kube::Api<K>,
     wc: kube::runtime::watcher::Config,
     changed: std::sync::Arc<Changes>,
-    mut on_event: impl FnMut(kube::runtime::watcher::Event<K>) + Send + 'static,
+    mut on_event: impl FnMut(kube::runtime::watcher::Event<K>) -> bool + Send + 'static,
 ) -> tokio::sync::watch::Receiver<bool>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
@@ -284,19 +285,27 @@ where
         .default_backoff()
         .scan(false, move |failing, ev| {
             let now = ev.is_err();
-            match ev {
-                Err(e) => tracing::warn!(error = %e, "watch error (retrying)"),
+            let read = match ev {
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch error (retrying)");
+                    false
+                }
                 Ok(ev) => {
                     let done = matches!(ev, Event::InitDone);
-                    on_event(ev);
+                    let read = on_event(ev);
                     if done {
                         listed.send_replace(true);
                     }
+                    read
                 }
-            }
+            };
             changed.set_failing(*failing, now);
+            // An event that changed nothing read (a pod's status update of a condition) wakes
+            // no pass; a watch failing or recovering does.
+            if read || *failing != now {
+                changed.bump();
+            }
             *failing = now;
-            changed.bump();
             futures::future::ready(Some(()))
         })
         .for_each(|()| futures::future::ready(()));

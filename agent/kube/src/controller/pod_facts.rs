@@ -40,27 +40,27 @@ impl PodFactsIndex {
         }
     }
 
-    /// A pod added or changed (into the relist under way, if any).
-    pub(crate) fn upsert(&self, facts: PodFacts) {
+    /// A pod added or changed (into the relist under way, if any); false when nothing the
+    /// controller reads of it changed, so that the event wakes nothing.
+    pub(crate) fn upsert(&self, facts: PodFacts) -> bool {
         let mut k = self.write();
         let key = (facts.namespace.clone(), facts.name.clone());
         let facts = Arc::new(facts);
         match k.relist.as_mut() {
             Some(r) => {
                 r.insert(key, facts);
+                true
             }
             None => k.pods.upsert(facts),
-        };
+        }
     }
 
-    /// A pod deleted.
-    pub(crate) fn remove(&self, namespace: &str, name: &str) {
+    /// A pod deleted; false when it was not known.
+    pub(crate) fn remove(&self, namespace: &str, name: &str) -> bool {
         let key = (namespace.to_string(), name.to_string());
         let mut k = self.write();
-        if let Some(r) = k.relist.as_mut() {
-            r.remove(&key);
-        }
-        k.pods.remove(namespace, name);
+        let listed = k.relist.as_mut().is_some_and(|r| r.remove(&key).is_some());
+        k.pods.remove(namespace, name) || listed
     }
 
     /// The pods known now, in namespace and name order (shared, not copied).
@@ -110,6 +110,23 @@ mod tests {
             .iter()
             .map(|p| (p.name.clone(), p.labels["app"].clone()))
             .collect()
+    }
+
+    /// What wakes the controller's passes: an event that changes nothing it keeps (the same
+    /// facts again, as a status update of a condition brings) does not.
+    #[test]
+    fn only_events_that_change_what_is_kept_say_so() {
+        let i = PodFactsIndex::default();
+        assert!(i.upsert(pod("a", "x")), "a new pod");
+        assert!(!i.upsert(pod("a", "x")), "the same facts again");
+        assert!(i.upsert(pod("a", "y")), "relabelled");
+        assert!(!i.remove("ns", "b"), "never known");
+        assert!(i.remove("ns", "a"));
+        // Within a relist every listed pod counts: the list replaces the known ones.
+        i.begin_relist();
+        assert!(i.upsert(pod("c", "z")));
+        i.end_relist();
+        assert!(!i.upsert(pod("c", "z")));
     }
 
     #[test]

@@ -36,11 +36,12 @@ pub struct ClusterIndex {
 }
 
 impl ClusterIndex {
-    /// A pod added or changed.
-    pub fn upsert(&mut self, facts: Arc<PodFacts>) {
+    /// A pod added or changed; false when its facts are those already known (a status update
+    /// of nothing the tier reads: a condition, a container's restart count).
+    pub fn upsert(&mut self, facts: Arc<PodFacts>) -> bool {
         let key = (facts.namespace.clone(), facts.name.clone());
         if self.facts.get(&key) == Some(&facts) {
-            return;
+            return false;
         }
         if let Some(old) = self.facts.insert(key.clone(), facts.clone()) {
             if old.node != facts.node {
@@ -54,15 +55,18 @@ impl ClusterIndex {
                 .insert(key.clone());
         }
         self.rederive(&key);
+        true
     }
 
-    /// A pod deleted.
-    pub fn remove(&mut self, namespace: &str, name: &str) {
+    /// A pod deleted; false when it was not known.
+    pub fn remove(&mut self, namespace: &str, name: &str) -> bool {
         let key = (namespace.to_string(), name.to_string());
-        if let Some(old) = self.facts.remove(&key) {
-            self.leave_node(&old.node, &key);
-            self.rederive(&key);
-        }
+        let Some(old) = self.facts.remove(&key) else {
+            return false;
+        };
+        self.leave_node(&old.node, &key);
+        self.rederive(&key);
+        true
     }
 
     /// Every pod at once (a relist completed): those absent are removed, the others upserted;
