@@ -31,6 +31,8 @@ use peerwall_policy::sliced::Sliced;
 
 #[path = "shared/np_cluster.rs"]
 mod np_cluster;
+#[path = "shared/np_view.rs"]
+mod np_view;
 
 use np_cluster::{cluster, NAMESPACES, PEER};
 
@@ -303,6 +305,20 @@ fn main() {
     }
     let limit = median(limit);
     let rss = peak_rss_mib();
+    // The controller's view after one pod change, both ways, at this cluster's size and at
+    // 100k pods (after the peak RSS above, which stays the tier's and the backends').
+    let views: Vec<(usize, Duration, Duration)> = [pods, 100_000]
+        .into_iter()
+        .map(|n| {
+            let (full, diff) = np_view::view_after_one_change(&c, n, rounds.max(5));
+            println!(
+                "view after one pod change at {n} pods: full {} ms, by difference {} ms",
+                ms(full),
+                ms(diff)
+            );
+            (n, full, diff)
+        })
+        .collect();
     let mut md = String::new();
     md.push_str("## NetworkPolicies at scale (`cargo xtask bench-netpol`)\n\n");
     md.push_str(&format!(
@@ -346,6 +362,15 @@ fn main() {
         rows.first()
             .map_or(0.0, |r| r.change_total.as_secs_f64() / limit.as_secs_f64().max(1e-9))
     ));
+    md.push_str("\nThe controller's view of the cluster (every pod as NetworkPolicies see it: its peer through its virtual node, its address through the peer's remaps) after one pod relabelled, computed in full over every pod's facts as before and by difference (`ClusterIndex`: that pod re-derived, the view one shared pointer per pod), the old view dropped in both; medians of at least 5 rounds, pods only (the NetworkPolicies are read alike by both):\n\n| pods | in full (ms) | by difference (ms) | in full ÷ by difference |\n|---:|---:|---:|---:|\n");
+    for (n, full, diff) in &views {
+        md.push_str(&format!(
+            "| {n} | {} | {} | {:.1} |\n",
+            ms(*full),
+            ms(*diff),
+            full.as_secs_f64() / diff.as_secs_f64().max(1e-9)
+        ));
+    }
     print!("{md}");
     doc::write_section("netpol", md.trim_end()).expect("write docs/bench.md");
 }

@@ -212,7 +212,7 @@ pub fn policies<'a>(
 }
 
 /// The cluster from its parts: `namespaces` (name and labels, [`namespace_labels`]), the
-/// pods ([`derive`]d) and the namespaces they are in, the policies read, the remaps. A
+/// pods ([`derive()`]d) and the namespaces they are in, the policies read, the remaps. A
 /// namespace named by a pod but absent from what was read (a partial snapshot) is known by
 /// its name label, as the API server labels every namespace.
 pub fn assemble<'a>(

@@ -26,7 +26,7 @@ pub struct ClusterIndex {
     /// [`Self::set_context`]: what every pod in `derived` was derived with.
     vnodes: BTreeMap<String, String>,
     remaps: BTreeMap<String, Vec<Remap>>,
-    /// [`derive`] of each pod that takes part (running, with an address).
+    /// [`derive()`] of each pod that takes part (running, with an address).
     derived: BTreeMap<Key, Arc<netpol::Pod>>,
     /// The pods (with facts) on each node, whatever the node is: a node turning virtual, or
     /// changing its peer, re-derives them.
