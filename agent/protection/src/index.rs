@@ -222,13 +222,7 @@ impl DesiredIndex {
         let Some(listed) = self.relist.take() else {
             return;
         };
-        let gone: Vec<PodKey> = self
-            .pods
-            .keys()
-            .filter(|k| !listed.contains_key(*k))
-            .cloned()
-            .collect();
-        for (ns, name) in gone {
+        for (ns, name) in absent_keys(self.pods.keys(), |k| listed.contains_key(k)) {
             self.remove_pod(&ns, &name);
         }
         for (_, pod) in listed {
@@ -352,6 +346,15 @@ impl DesiredIndex {
             }
         }
     }
+}
+
+/// The keys of `known` that the list lacks (`listed` says which it holds): what a completed
+/// relist removes.
+pub fn absent_keys<'a, K: Clone + 'a>(
+    known: impl IntoIterator<Item = &'a K>,
+    listed: impl Fn(&K) -> bool,
+) -> Vec<K> {
+    known.into_iter().filter(|k| !listed(k)).cloned().collect()
 }
 
 #[cfg(test)]

@@ -72,13 +72,9 @@ impl ClusterIndex {
     /// Every pod at once (a relist completed): those absent are removed, the others upserted;
     /// O(pods) once, each pod re-derived only where its facts changed.
     pub fn replace_all(&mut self, listed: BTreeMap<Key, Arc<PodFacts>>) {
-        let gone: Vec<Key> = self
-            .facts
-            .keys()
-            .filter(|k| !listed.contains_key(*k))
-            .cloned()
-            .collect();
-        for (ns, name) in gone {
+        for (ns, name) in
+            crate::protection::index::absent_keys(self.facts.keys(), |k| listed.contains_key(k))
+        {
             self.remove(&ns, &name);
         }
         for (_, f) in listed {
