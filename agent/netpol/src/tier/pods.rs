@@ -4,8 +4,9 @@
 //! tier's cost follow the number of distinct label sets rather than of pods. Building it is
 //! the tier's one pass over every pod: a pod with the same namespace and labels as the one
 //! before it (replicas sort together by name) joins its class without hashing, and the rest
-//! hash with foldhash, not SipHash (the keys are the cluster's own labels, and the map lives
-//! for one tier computation).
+//! hash with foldhash, not SipHash. Labels are written by whoever may create a pod, so the
+//! hasher stays seeded at random per process (foldhash's `RandomState`): a label cannot be
+//! crafted to collide, and the map lives for one tier computation.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
