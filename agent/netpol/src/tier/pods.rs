@@ -5,8 +5,9 @@
 //! the tier's one pass over every pod: a pod with the same namespace and labels as the one
 //! before it (replicas sort together by name) joins its class without hashing, and the rest
 //! hash with foldhash, not SipHash. Labels are written by whoever may create a pod, so the
-//! hasher stays seeded at random per process (foldhash's `RandomState`): a label cannot be
-//! crafted to collide, and the map lives for one tier computation.
+//! hasher stays seeded at random (foldhash's `RandomState`: a random seed per process and one
+//! per map). foldhash is only minimally DoS-resistant, which holds here: the map lives for
+//! one tier computation, and a pod's author cannot time the controller's maps to learn seeds.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
