@@ -36,7 +36,8 @@ pub const REMOTE_CLUSTER_ID: &str = "liqo.io/remote-cluster-id";
 /// [`REMOTE_CLUSTER_ID`] from `pkg/consts/namespace_mapping.go`, set by its tenant-namespace
 /// manager).
 pub const TENANT_NAMESPACE: &str = "liqo.io/tenant-namespace";
-/// Liqo's label on virtual nodes (`virtual-node`).
+/// Liqo's label on virtual nodes (`virtual-node`). Liqo: `pkg/consts/namespace_mapping.go`
+/// (`TypeLabel = "liqo.io/type"`, `TypeNode = "virtual-node"`, beside `RemoteClusterID`).
 pub const NODE_TYPE: &str = "liqo.io/type";
 /// Liqo's FirewallConfiguration label that routes objects to its enforcers (`gateway`,
 /// `fabric`; Liqo's `pkg/firewall/label.go`). peerwall never writes it: Liqo's gateway selects

@@ -128,7 +128,8 @@ pub fn gone(p: &Pod) -> bool {
 }
 
 /// The peer of each virtual node (`liqo.io/type=virtual-node`, named by its
-/// `liqo.io/remote-cluster-id` label): a pod on one of them runs on that peer.
+/// `liqo.io/remote-cluster-id` label; Liqo: `pkg/consts/namespace_mapping.go`, `TypeLabel`,
+/// `TypeNode`, `RemoteClusterID`): a pod on one of them runs on that peer.
 pub fn virtual_nodes<'a>(nodes: impl IntoIterator<Item = &'a Node>) -> BTreeMap<String, String> {
     nodes
         .into_iter()
