@@ -185,6 +185,7 @@ fn controller_policy_passes_replies_on_all_engines() {
         audit: false,
         liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
         own_namespace_only: false,
+        inline_budget: peerwall::protection::spill::INLINE_BUDGET,
     };
     let mut peer = Peer {
         id: "cluster1".into(),

@@ -451,6 +451,7 @@ fn controller_gateway_policy_protects_both_sides() {
             audit: false,
             liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
             own_namespace_only: false,
+            inline_budget: peerwall::protection::spill::INLINE_BUDGET,
         };
         let peer = Peer {
             id: "a".into(),

@@ -474,6 +474,11 @@ pub enum Command {
         /// reach only pods of their own namespace, plus what a ProtectionPolicy opens).
         #[arg(long)]
         consumer_reaches_every_namespace: bool,
+        /// Bytes of JSON a FirewallConfiguration the controller writes may take before its
+        /// largest address sets move into AddressSets (etcd takes at most 1.5 MiB per
+        /// request; lower it where etcd runs with a smaller `--max-request-bytes`).
+        #[arg(long, default_value_t = crate::protection::spill::INLINE_BUDGET)]
+        inline_budget_bytes: usize,
         /// Where `/metrics`, `/healthz` and `/readyz` are served.
         #[arg(long, default_value = "0.0.0.0:9091")]
         metrics_addr: std::net::SocketAddr,
@@ -1147,6 +1152,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
             audit,
             liqo_ping_port,
             consumer_reaches_every_namespace,
+            inline_budget_bytes,
             metrics_addr,
             gateway_selector,
             agent_selector,
@@ -1158,6 +1164,7 @@ pub fn run(cli: Cli) -> Result<(), CliError> {
                 audit,
                 liqo_ping_port,
                 own_namespace_only: !consumer_reaches_every_namespace,
+                inline_budget: inline_budget_bytes,
             },
             crate::k8s::coverage::Settings {
                 gateway_selector,

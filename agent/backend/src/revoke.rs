@@ -331,6 +331,7 @@ mod tests {
                 audit: false,
                 liqo_ping_port: peerwall_protection::LIQO_PING_PORT,
                 own_namespace_only: false,
+                inline_budget: peerwall_protection::spill::INLINE_BUDGET,
             },
         );
         let doc = serde_json::json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",

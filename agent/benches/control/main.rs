@@ -391,6 +391,7 @@ async fn measure_dir(
         audit: false,
         liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
         own_namespace_only: false,
+        inline_budget: peerwall_protection::spill::INLINE_BUDGET,
     };
     let write = |name: &str, v: serde_json::Value| {
         let tmp = dir.join(".next.tmp");

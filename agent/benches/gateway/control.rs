@@ -239,6 +239,7 @@ pub(crate) fn control_plane(lab: &Lab, dp: Datapath, n: usize, seed: u64) -> Con
                         audit: false,
                         liqo_ping_port: protection::LIQO_PING_PORT,
                         own_namespace_only: false,
+                        inline_budget: peerwall_protection::spill::INLINE_BUDGET,
                     },
                 )),
                 ..base

@@ -165,6 +165,7 @@ pub(crate) fn protection_policy(n: usize, seed: u64) -> Policy {
             audit: false,
             liqo_ping_port: peerwall::protection::LIQO_PING_PORT,
             own_namespace_only: false,
+            inline_budget: peerwall_protection::spill::INLINE_BUDGET,
         },
     );
     let pick = |rng: &mut StdRng, v: &[Ipv4Addr]| v[rng.random_range(0..v.len())];

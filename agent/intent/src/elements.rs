@@ -65,13 +65,15 @@ fn changed_sets(
             data_type,
             elements,
             from_address_sets,
+            address_sets,
         } = s;
-        if (name, key_type, data_type, from_address_sets)
+        if (name, key_type, data_type, from_address_sets, address_sets)
             != (
                 &was.name,
                 &was.key_type,
                 &was.data_type,
                 &was.from_address_sets,
+                &was.address_sets,
             )
         {
             return None;

@@ -521,6 +521,13 @@ pub struct Set {
     /// own.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub from_address_sets: bool,
+    /// Extension: how many `AddressSet`s fill this set (with `fromAddressSets: true`; written
+    /// by peerwall's controller, which publishes the slices before the configuration). An
+    /// agent that sees fewer keeps this configuration's previous generation in force and
+    /// reports why, so a set is never enforced while its addresses are on their way (a
+    /// NetworkPolicy's isolation set enforced empty would isolate nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address_sets: Option<u32>,
 }
 
 /// Set key type (upstream: integer, ipv4_addr, ipv4_cidr; extension: ipv6_addr, ipv6_cidr).

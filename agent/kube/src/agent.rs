@@ -163,6 +163,7 @@ impl Agent {
         let slice_changes = self.observe_slices(&slice_objects);
         let observed = self.observe(&objects);
         let mut p = plan(&observed, &mut self.last_good);
+        plan::hold_incomplete(&mut p, &observed, &self.slices.counts(), &self.last_good);
         let settled = self.settle(&mut p);
         let desired: Vec<PolicyObject> = p.enforce.values().cloned().collect();
         let result = self.enforce(enforcement, &desired, &settled.1, &slice_changes, started);

@@ -35,6 +35,7 @@ mod optional;
 mod pod_facts;
 mod policies;
 mod publish;
+mod storable;
 mod tenants;
 mod view;
 

@@ -202,6 +202,7 @@ pub fn random_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
             }),
             data_type: None,
             from_address_sets: false,
+            address_sets: None,
             elements: (0..n)
                 .map(|_| SetElement {
                     key: addr(rng, six),

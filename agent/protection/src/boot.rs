@@ -76,6 +76,7 @@ pub fn default_options() -> Options {
         audit: false,
         liqo_ping_port: super::LIQO_PING_PORT,
         own_namespace_only: true,
+        inline_budget: crate::spill::INLINE_BUDGET,
     }
 }
 

@@ -39,6 +39,10 @@ pub struct Options {
     /// Consumer protection by namespace: our pods a peer runs reach only their own
     /// namespace's pods here ([`namespaces`]); `false`: every pod here.
     pub own_namespace_only: bool,
+    /// How large the controller lets a configuration's JSON grow before it moves its largest
+    /// address sets into AddressSets ([`crate::spill`]; [`crate::spill::INLINE_BUDGET`] by
+    /// default).
+    pub inline_budget: usize,
 }
 
 impl Options {
@@ -97,6 +101,7 @@ pub(crate) fn addr_set(
 ) -> api::Set {
     api::Set {
         from_address_sets,
+        address_sets: None,
         name,
         key_type: Some(if v6 {
             api::SetDataType::Ipv6Addr

@@ -26,6 +26,7 @@ pub mod exceptions;
 pub mod index;
 pub mod namespaces;
 pub mod publish;
+pub mod spill;
 
 mod gateway;
 mod liqo;

@@ -47,15 +47,17 @@ pub const SLICE_FILL: usize = peerwall_intent::types::MAX_SLICE_ADDRESSES;
 /// Label naming the set an AddressSet fills (besides `spec.set`, for selection).
 pub const SET_LABEL: &str = "peerwall.io/set";
 
-/// One AddressSet slice of a gateway configuration's set.
+/// One AddressSet slice of a configuration's set: of addresses (the gateway configuration's
+/// pod sets), or of any element an AddressSet takes (`A = String`: addresses, CIDRs, ranges,
+/// the sets [`crate::spill`] moves out of a configuration).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Slice {
+pub struct Slice<A = IpAddr> {
     /// Object name.
     pub name: String,
     /// Set it fills.
     pub set: String,
     /// Addresses (at most [`peerwall_intent::types::MAX_SLICE_ADDRESSES`]).
-    pub addresses: BTreeSet<IpAddr>,
+    pub addresses: BTreeSet<A>,
 }
 
 /// Name of slice number `n` of set `set`.
@@ -105,20 +107,30 @@ impl<K: Ord + Clone> Room<K> {
 /// deletes it once every agent has applied its removal). A change of k addresses rewrites at
 /// most k slices.
 pub fn layout(set: &str, current: &[Slice], desired: &BTreeSet<IpAddr>) -> Vec<Slice> {
-    let mut slices: Vec<Slice> = current.to_vec();
+    layout_named(set, current, desired, |n| slice_name(set, n))
+}
+
+/// [`layout`] for elements of any type, a new slice number `n` named `name(n)`.
+pub fn layout_named<A: Ord + Clone>(
+    set: &str,
+    current: &[Slice<A>],
+    desired: &BTreeSet<A>,
+    name: impl Fn(usize) -> String,
+) -> Vec<Slice<A>> {
+    let mut slices: Vec<Slice<A>> = current.to_vec();
     let mut changed: BTreeSet<usize> = BTreeSet::new();
-    let mut placed: BTreeSet<IpAddr> = BTreeSet::new();
+    let mut placed: BTreeSet<A> = BTreeSet::new();
     for (i, sl) in slices.iter_mut().enumerate() {
         let before = sl.addresses.len();
         // An address listed twice (a lost race) stays in its first slice only.
         sl.addresses
             .retain(|a| desired.contains(a) && !placed.contains(a));
-        placed.extend(sl.addresses.iter().copied());
+        placed.extend(sl.addresses.iter().cloned());
         if sl.addresses.len() != before {
             changed.insert(i);
         }
     }
-    let mut new: Vec<IpAddr> = desired.difference(&placed).copied().collect();
+    let mut new: Vec<A> = desired.difference(&placed).cloned().collect();
     new.reverse();
     let mut room = Room::new(slices.iter().map(|s| s.addresses.len()).enumerate());
     while let Some(a) = new.pop() {
@@ -127,10 +139,10 @@ pub fn layout(set: &str, current: &[Slice], desired: &BTreeSet<IpAddr>) -> Vec<S
             None => {
                 let used: BTreeSet<&str> = slices.iter().map(|s| s.name.as_str()).collect();
                 let n = (0..)
-                    .find(|n| !used.contains(slice_name(set, *n).as_str()))
+                    .find(|n| !used.contains(name(*n).as_str()))
                     .unwrap_or_default();
                 slices.push(Slice {
-                    name: slice_name(set, n),
+                    name: name(n),
                     set: set.to_string(),
                     addresses: BTreeSet::new(),
                 });

@@ -214,6 +214,7 @@ fn gateway_spec_is_valid_and_default_denies() {
                 audit: false,
                 liqo_ping_port: LIQO_PING_PORT,
                 own_namespace_only: false,
+                inline_budget: crate::spill::INLINE_BUDGET,
             },
         );
         let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",
@@ -247,6 +248,7 @@ fn compiled_gateway(sources: &[ipnet::IpNet], s: &PeerSets) -> peerwall_policy::
             audit: false,
             liqo_ping_port: LIQO_PING_PORT,
             own_namespace_only: false,
+            inline_budget: crate::spill::INLINE_BUDGET,
         },
     );
     let doc = json!({"apiVersion": "peerwall.io/v1alpha1", "kind": "FirewallConfiguration",

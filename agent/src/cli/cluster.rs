@@ -28,6 +28,7 @@ fn opts() -> Options {
         audit: false,
         liqo_ping_port: crate::protection::LIQO_PING_PORT,
         own_namespace_only: true,
+        inline_budget: peerwall_protection::spill::INLINE_BUDGET,
     }
 }
 

@@ -208,6 +208,7 @@ fn lab_options() -> protection::Options {
         audit: false,
         liqo_ping_port: protection::LIQO_PING_PORT,
         own_namespace_only: true,
+        inline_budget: peerwall_protection::spill::INLINE_BUDGET,
     }
 }
 

@@ -483,6 +483,7 @@ pub fn sliced_peer() -> (
             audit: false,
             liqo_ping_port: peerwall_protection::LIQO_PING_PORT,
             own_namespace_only: false,
+            inline_budget: peerwall_protection::spill::INLINE_BUDGET,
         },
         PeerSets {
             offloaded,

@@ -184,6 +184,82 @@ pub fn plan(observed: &[Observed], last_good: &mut BTreeMap<String, Good>) -> Pl
     p
 }
 
+/// Why `obj` must wait: a set declaring how many AddressSets fill it (`addressSets`, which
+/// peerwall's controller writes after the slices themselves) while fewer are in force here
+/// (`counts`, by configuration key and set). The watches of configurations and slices are
+/// separate streams, so a configuration can arrive before the slices written ahead of it.
+pub fn waiting_for_slices(
+    key: &str,
+    obj: &PolicyObject,
+    counts: &BTreeMap<(String, String), u32>,
+) -> Option<String> {
+    let short: Vec<String> = obj
+        .spec
+        .table
+        .sets
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let want = s.address_sets?;
+            let seen = counts
+                .get(&(key.to_string(), s.name.clone()))
+                .copied()
+                .unwrap_or(0);
+            (seen < want).then(|| {
+                format!(
+                    "spec.table.sets[{i}] ({:?}): {want} AddressSets declared (addressSets), {seen} seen",
+                    s.name
+                )
+            })
+        })
+        .collect();
+    (!short.is_empty()).then(|| {
+        format!(
+            "waiting for the AddressSets of its sets: {}",
+            short.join("; ")
+        )
+    })
+}
+
+/// Hold back the current specs that wait for their slices ([`waiting_for_slices`]): the last
+/// good spec of the object stays in force meanwhile (none when it has none), and the object
+/// reports why. A set is never enforced with fewer slices than its writer published.
+pub fn hold_incomplete(
+    p: &mut Plan,
+    observed: &[Observed],
+    counts: &BTreeMap<(String, String), u32>,
+    last_good: &BTreeMap<String, Good>,
+) {
+    for o in observed {
+        if !p.current.contains(&o.key) {
+            continue;
+        }
+        let Some(why) = p
+            .enforce
+            .get(&o.key)
+            .and_then(|obj| waiting_for_slices(&o.key, obj, counts))
+        else {
+            continue;
+        };
+        p.current.remove(&o.key);
+        let kept = last_good.get(&o.key).filter(|g| g.uid == o.uid);
+        let note = match kept {
+            Some(g) => {
+                p.enforce.insert(o.key.clone(), g.object.clone());
+                format!(
+                    "{why} (not applied; generation {} stays in force)",
+                    g.generation
+                )
+            }
+            None => {
+                p.enforce.remove(&o.key);
+                format!("{why} (not applied)")
+            }
+        };
+        p.refused.insert(o.key.clone(), note);
+    }
+}
+
 /// What a whole-policy compilation made of a plan: the objects it refused (key, message
 /// reported in status, and the last good spec kept in force instead, if any) and the compiled
 /// policy of the rest.
@@ -360,6 +436,57 @@ mod tests {
             "{:?}",
             p.refused
         );
+    }
+
+    /// `object` with one set filled from `declared` AddressSets.
+    fn with_slices(name: &str, declared: u32) -> PolicyObject {
+        let mut o = object(name, "ta", "drop");
+        o.spec.table.sets.push(peerwall_intent::types::Set {
+            name: "pods".into(),
+            key_type: Some(peerwall_intent::types::SetDataType::Ipv4Addr),
+            from_address_sets: true,
+            address_sets: Some(declared),
+            ..Default::default()
+        });
+        o
+    }
+
+    #[test]
+    fn a_configuration_waits_for_the_slices_it_declares_and_its_last_good_stays() {
+        let counts = |n: u32| BTreeMap::from([(("ns/a".to_string(), "pods".to_string()), n)]);
+        let (v1, v2) = (with_slices("a", 1), with_slices("a", 3));
+        let mut good = BTreeMap::from([(
+            "ns/a".to_string(),
+            Good {
+                uid: "u1".into(),
+                generation: 1,
+                object: v1.clone(),
+            },
+        )]);
+        let obs = [observed("a", "u1", 2, Ok(v2.clone()))];
+        // Two of three slices seen: generation 1 stays, and the object says why.
+        let mut p = plan(&obs, &mut good);
+        hold_incomplete(&mut p, &obs, &counts(2), &good);
+        assert_eq!(p.enforce.get("ns/a"), Some(&v1));
+        assert!(p.current.is_empty());
+        let why = &p.refused["ns/a"];
+        assert!(
+            why.contains(
+                "spec.table.sets[0] (\"pods\"): 3 AddressSets declared (addressSets), 2 seen"
+            ) && why.contains("generation 1 stays in force"),
+            "{why}"
+        );
+        // All three: the current generation.
+        let mut p = plan(&obs, &mut good);
+        hold_incomplete(&mut p, &obs, &counts(3), &good);
+        assert_eq!(p.enforce.get("ns/a"), Some(&v2));
+        assert!(p.current.contains("ns/a") && p.refused.is_empty());
+        // Nothing good before and a slice missing: nothing of it is enforced.
+        let mut none = BTreeMap::new();
+        let mut p = plan(&obs, &mut none);
+        hold_incomplete(&mut p, &obs, &BTreeMap::new(), &none);
+        assert!(p.enforce.is_empty(), "{:?}", p.enforce.keys());
+        assert!(p.refused["ns/a"].ends_with("0 seen (not applied)"));
     }
 
     #[test]

@@ -8,11 +8,11 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Api, DeleteParams, DynamicObject};
 use kube::{Resource, ResourceExt};
-use peerwall_intent::types::FirewallConfiguration;
 use serde_json::json;
 
 use super::context::{remaps, Ctx};
-use super::publish::{api_error, owned_by_namespace, publish, ReconcileError, Seen};
+use super::publish::{api_error, publish, ReconcileError, Seen};
+use super::storable::publish_configuration;
 use super::view::NetpolView;
 use crate::netpol;
 use crate::protection;
@@ -81,7 +81,6 @@ pub(super) async fn publish_tier(
         report_object(ctx, obj, "clusternetworkpolicy", why).await;
     }
     publish_cnp_status(ctx, cnp_problems).await;
-    let ns_name = ns.name_any();
     let tier = tokio::task::block_in_place(|| netpol::tier::tier(cluster, &peer.id, audit));
     let problems = unreadable
         .iter()
@@ -99,17 +98,8 @@ pub(super) async fn publish_tier(
     for (policy, why) in problems {
         report_policy(ctx, policies, &policy, &why).await;
     }
-    let body = netpol::tier::object(&peer.tenant_namespace, &peer.id, &tier.spec);
-    let seen = ctx
-        .configs
-        .state()
-        .into_iter()
-        .find(|c| {
-            c.name_any() == netpol::tier::TIER_CONFIG && c.namespace().as_deref() == Some(&ns_name)
-        })
-        .map(|c| Seen::of_dynamic(&c));
-    let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
-    if publish(&api, seen.as_ref(), body, Some(owned_by_namespace(ns))).await? {
+    let labels = peerwall_intent::labels::for_gateway(&peer.id);
+    if publish_configuration(ctx, ns, netpol::tier::TIER_CONFIG, tier.spec, &labels).await? {
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer.id, "NetworkPolicy tier updated");
     }

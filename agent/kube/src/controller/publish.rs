@@ -32,6 +32,15 @@ pub enum ReconcileError {
         /// Cause.
         source: kube::Error,
     },
+    /// A configuration too large for etcd even with every address set moved into
+    /// AddressSets (its rules alone): not written; the previous one stays in force.
+    #[error("{object}: {bytes} bytes as JSON with every address set in AddressSets, more than etcd stores in one request ({max}); not written, the previous version stays in force", max = peerwall_intent::size::ETCD_REQUEST_MAX)]
+    TooLarge {
+        /// Which object.
+        object: String,
+        /// Its size.
+        bytes: usize,
+    },
     /// An object the controller built does not read as its kind (a bug: nothing is written).
     #[error("building {object}: {source}")]
     Object {

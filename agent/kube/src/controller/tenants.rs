@@ -10,13 +10,14 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject};
 use kube::runtime::controller::Action;
 use kube::ResourceExt;
-use peerwall_intent::types::{AddressSet, FirewallConfiguration};
+use peerwall_intent::types::AddressSet;
 
 use super::context::{exceptions_for, labels_of, per_peer, remaps, Ctx};
 use super::enforcement::applied_everywhere;
 use super::offloaded::refresh_offloaded;
 use super::policies::{publish_companions, publish_tier, shared_view};
-use super::publish::{api_error, apply, owned_by_namespace, publish, typed, ReconcileError, Seen};
+use super::publish::{api_error, apply, owned_by_namespace, typed, ReconcileError};
+use super::storable::publish_configuration;
 use super::GATEWAY_CONFIG;
 use crate::protection;
 use crate::protection::publish::Publisher;
@@ -55,6 +56,13 @@ pub(super) fn sync_published(pb: &mut Publisher, ctx: &Ctx) {
         .map(|p| (p, vec![]))
         .collect();
     for obj in ctx.slices.state() {
+        // Slices of sets moved out of a configuration are kept by `storable`.
+        if obj
+            .labels()
+            .contains_key(protection::spill::CONFIGURATION_LABEL)
+        {
+            continue;
+        }
         if let Some(peer) = obj.labels().get(PEER) {
             by_peer.entry(peer.clone()).or_default().push(obj);
         }
@@ -185,7 +193,7 @@ pub(super) async fn reconcile_gateway(
     let Some(who) = tenant_peer(&ns, &ctx) else {
         return Ok(Action::await_change());
     };
-    let (peer, ns_name) = (who.id.clone(), who.tenant_namespace.clone());
+    let peer = who.id.clone();
     // Addresses first, as slices: the configuration that takes them comes after, so a set
     // never misses addresses it had.
     let held = publish_slices(&ns, &who, &ctx).await?;
@@ -200,16 +208,18 @@ pub(super) async fn reconcile_gateway(
         };
         (view, declared)
     });
-    // The addresses live in the slices; the configuration declares the sets.
-    let body = protection::gateway_object_with(&who, &Default::default(), &ctx.opts, &declared);
-    let seen = ctx
-        .configs
-        .state()
-        .into_iter()
-        .find(|c| c.name_any() == GATEWAY_CONFIG && c.namespace().as_deref() == Some(&ns_name))
-        .map(|c| Seen::of_dynamic(&c));
-    let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
-    if publish(&api, seen.as_ref(), body, Some(owned_by_namespace(&ns))).await? {
+    // The pod sets' addresses live in the publisher's slices; the configuration declares the
+    // sets, and what is declared (per namespace, ProtectionPolicies) moves into slices of
+    // its own when the object would outgrow etcd.
+    let spec = protection::gateway_spec_with(
+        &peer,
+        &who.sources,
+        &Default::default(),
+        &ctx.opts,
+        &declared,
+    );
+    let labels = peerwall_intent::labels::for_gateway(&peer);
+    if publish_configuration(&ctx, &ns, GATEWAY_CONFIG, spec, &labels).await? {
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer, "gateway configuration updated");
     }

@@ -168,6 +168,7 @@ impl Registry {
             }
             self.sets.push(api::Set {
                 from_address_sets: false,
+                address_sets: None,
                 name: name.clone(),
                 key_type: Some(if v4 {
                     api::SetDataType::Ipv4Addr

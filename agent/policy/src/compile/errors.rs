@@ -100,6 +100,8 @@ pub enum Problem {
     RuleMixesFamilies,
     /// `fromAddressSets` on a set that does not hold addresses.
     SlicesNeedAddresses,
+    /// `addressSets` on a set that does not take address sets.
+    AddressSetsWithoutSlices(u32),
     /// An AddressSet holding more addresses than a slice may.
     TooManyAddresses {
         /// Addresses in it.
@@ -175,6 +177,10 @@ impl fmt::Display for Problem {
             Self::RuleMixesFamilies => write!(
                 f,
                 "the rule tests both IPv4 and IPv6 addresses and could never match; split it in two rules"
+            ),
+            Self::AddressSetsWithoutSlices(n) => write!(
+                f,
+                "{n}: counts the AddressSets of a set that takes them; set fromAddressSets: true, or remove addressSets"
             ),
             Self::SlicesNeedAddresses => write!(
                 f,

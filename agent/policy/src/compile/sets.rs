@@ -54,6 +54,12 @@ pub(super) fn lower_sets(cx: &mut Cx, table: &api::Table, family: TableFamily) -
                 Problem::SlicesNeedAddresses,
             );
         }
+        if let (Some(n), false) = (set.address_sets, set.from_address_sets) {
+            cx.err(
+                format!("{path}.addressSets"),
+                Problem::AddressSetsWithoutSlices(n),
+            );
+        }
         out.push(NamedSet {
             name: set.name.clone(),
             elements,

@@ -255,3 +255,27 @@ fn a_set_slices_fill_is_not_replaced_inline() {
         None
     );
 }
+
+#[test]
+fn a_slice_count_on_a_set_that_takes_no_slices_is_refused_naming_the_field() {
+    let bad = FWC.replace(
+        "      elements: [{key: 10.9.0.1}]",
+        "      elements: [{key: 10.9.0.1}]\n      addressSets: 2",
+    );
+    assert_ne!(bad, FWC);
+    let err = compile::compile(&peerwall_intent::load::parse_documents(&bad, "t").unwrap())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("spec.table.sets[1].addressSets") && err.contains("2: counts"),
+        "{err}"
+    );
+    // On the set that takes slices it is accepted.
+    let good = FWC.replace(
+        "      fromAddressSets: true\n",
+        "      fromAddressSets: true\n      addressSets: 2\n",
+    );
+    assert_ne!(good, FWC);
+    let c = compile::compile(&peerwall_intent::load::parse_documents(&good, "t").unwrap());
+    assert!(c.is_ok());
+}

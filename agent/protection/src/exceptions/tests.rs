@@ -217,6 +217,7 @@ fn compiled(policies: &[Checked], own_namespace_only: bool) -> peerwall_policy::
         audit: false,
         liqo_ping_port: LIQO_PING_PORT,
         own_namespace_only,
+        inline_budget: crate::spill::INLINE_BUDGET,
     };
     let d = Declared {
         namespaces: namespaces::namespace_sets(&c, "a"),

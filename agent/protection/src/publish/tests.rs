@@ -17,6 +17,7 @@ fn opts() -> Options {
         audit: false,
         liqo_ping_port: crate::LIQO_PING_PORT,
         own_namespace_only: false,
+        inline_budget: crate::spill::INLINE_BUDGET,
     }
 }
 

@@ -1,0 +1,214 @@
+//! The controller's configurations kept storable: a FirewallConfiguration the controller
+//! writes (a peer's gateway configuration, its NetworkPolicy tier) carries its address sets
+//! inline while the object stays small, and moves its largest sets into AddressSet slices
+//! when it would not. etcd takes at most 1.5 MiB per request
+//! ([`peerwall_intent::size::ETCD_REQUEST_MAX`]): an object written larger is refused, and the
+//! previous one stays in force. For a NetworkPolicy tier that is a silent accept: the pods a
+//! new policy isolates are not in the isolation sets of the tier still in force. A gateway's
+//! per-namespace sets of 100,000 pods are 2.2 MB as JSON.
+//!
+//! A moved set is declared `fromAddressSets: true` with `addressSets: n`, the number of slices
+//! that fill it. The controller writes the slices first and the configuration after; an agent
+//! that sees the configuration before all `n` slices keeps the configuration's previous
+//! generation in force (`peerwall agent`'s plan), so an isolation set is never enforced
+//! empty. Pure: the controller reads the slices and writes the objects.
+
+use std::collections::BTreeSet;
+
+use peerwall_intent::types as api;
+
+use crate::slices::Slice;
+
+/// How large the controller lets a configuration's JSON grow before it moves sets into
+/// slices: two thirds of etcd's request limit, leaving room for what the agents write into
+/// the object's status (one condition per host) and for the API server's metadata.
+pub const INLINE_BUDGET: usize = peerwall_intent::size::ETCD_REQUEST_MAX * 2 / 3;
+
+/// Label naming the configuration whose moved set a slice fills (the AddressSets of the
+/// gateway configuration's pod sets, which the address publisher keeps, carry none).
+pub const CONFIGURATION_LABEL: &str = "peerwall.io/configuration";
+
+/// A set moved out of a configuration: its name and elements (set keys as written inline:
+/// addresses, CIDRs, `a-b` ranges).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Moved {
+    /// Set name.
+    pub set: String,
+    /// Its elements.
+    pub elements: BTreeSet<String>,
+}
+
+/// Whether `set` holds addresses that may move into slices: address keys, no data, not
+/// filled from slices already.
+fn movable(set: &api::Set) -> bool {
+    matches!(
+        set.key_type,
+        Some(
+            api::SetDataType::Ipv4Addr
+                | api::SetDataType::Ipv6Addr
+                | api::SetDataType::Ipv4Cidr
+                | api::SetDataType::Ipv6Cidr
+        )
+    ) && set.data_type.is_none()
+        && !set.from_address_sets
+        && !set.elements.is_empty()
+        && set.elements.iter().all(|e| e.data.is_none())
+}
+
+/// The bytes a set's elements take in the configuration's JSON (`{"key":"…"},` each).
+fn elements_bytes(set: &api::Set) -> usize {
+    set.elements.iter().map(|e| e.key.len() + 11).sum()
+}
+
+/// Move the largest address sets of `spec` into slices while its JSON is larger than
+/// `budget`: each moved set is declared `fromAddressSets: true` without inline elements (its
+/// `addressSets` count is the caller's, once the slices are laid out). Returns the moved sets,
+/// largest first; nothing when the spec fits.
+pub fn spill(spec: &mut api::FirewallConfigurationSpec, budget: usize) -> Vec<Moved> {
+    let Ok(json) = serde_json::to_vec(&spec) else {
+        return Vec::new();
+    };
+    let mut size = json.len();
+    if size <= budget {
+        return Vec::new();
+    }
+    let mut order: Vec<(usize, usize)> = spec
+        .table
+        .sets
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| movable(s))
+        .map(|(i, s)| (elements_bytes(s), i))
+        .collect();
+    // Largest first; ties by position, so the choice is a function of the spec alone.
+    order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut moved = Vec::new();
+    for (bytes, i) in order {
+        if size <= budget {
+            break;
+        }
+        let set = &mut spec.table.sets[i];
+        let elements = std::mem::take(&mut set.elements);
+        set.from_address_sets = true;
+        size = size.saturating_sub(bytes);
+        moved.push(Moved {
+            set: set.name.clone(),
+            elements: elements.into_iter().map(|e| e.key).collect(),
+        });
+    }
+    moved
+}
+
+/// 32-bit FNV-1a (stable across processes and releases: slice names must not change when the
+/// controller restarts).
+fn fnv1a32(s: &str) -> u32 {
+    s.bytes().fold(0x811c_9dc5, |h, b| {
+        (h ^ u32::from(b)).wrapping_mul(0x0100_0193)
+    })
+}
+
+/// Name of slice `n` of set `set` of configuration `config`: a valid object name whatever
+/// the set is called (set names may hold `_`, `.` and capitals, and up to 63 characters of a
+/// namespace's name), told apart from every other set's by the hash of its exact name.
+pub fn slice_name(config: &str, set: &str, n: usize) -> String {
+    let mut readable: String = set
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(40)
+        .collect();
+    while readable.contains("--") {
+        readable = readable.replace("--", "-");
+    }
+    let readable = readable.trim_matches('-');
+    format!("{config}-{readable}-{:08x}-{n:04}", fnv1a32(set))
+}
+
+/// An AddressSet filling set `slice.set` of configuration `config` in `namespace`, with the
+/// configuration's `labels` (agents select slices as they select configurations) and
+/// [`CONFIGURATION_LABEL`].
+pub fn slice_object(
+    namespace: &str,
+    config: &str,
+    labels: &std::collections::BTreeMap<String, String>,
+    slice: &Slice<String>,
+) -> serde_json::Value {
+    let mut labels = labels.clone();
+    labels.insert(CONFIGURATION_LABEL.into(), config.into());
+    peerwall_intent::object::object(
+        peerwall_intent::load::ADDRESS_SET_KIND,
+        namespace,
+        &slice.name,
+        &labels,
+        api::AddressSetSpec {
+            firewall_configuration: config.into(),
+            set: slice.set.clone(),
+            addresses: slice.addresses.iter().cloned().collect(),
+        },
+    )
+}
+
+/// What keeping one moved set in slices takes, from what the API shows of them.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SetSlices {
+    /// Slices to write (new or changed, each holding addresses): before the configuration.
+    pub write: Vec<Slice<String>>,
+    /// Slices emptied: deleted after the configuration.
+    pub delete: Vec<String>,
+    /// How many slices hold the set's addresses afterwards: its `addressSets`.
+    pub count: u32,
+}
+
+/// The slices of `moved` (a set of configuration `config`) laid over `current`, its slices as
+/// the API shows them ([`crate::layout`]'s rules: an element that stays never moves, a change
+/// of k elements rewrites at most k slices).
+pub fn lay_out(config: &str, moved: &Moved, current: &[Slice<String>]) -> SetSlices {
+    let changed = crate::slices::layout_named(&moved.set, current, &moved.elements, |n| {
+        slice_name(config, &moved.set, n)
+    });
+    let mut holding: BTreeSet<&str> = current
+        .iter()
+        .filter(|s| !s.addresses.is_empty())
+        .map(|s| s.name.as_str())
+        .collect();
+    let mut out = SetSlices::default();
+    // An empty slice left behind (a deletion that failed) goes too.
+    out.delete.extend(
+        current
+            .iter()
+            .filter(|s| s.addresses.is_empty())
+            .map(|s| s.name.clone()),
+    );
+    for s in &changed {
+        if s.addresses.is_empty() {
+            holding.remove(s.name.as_str());
+            out.delete.push(s.name.clone());
+        } else {
+            holding.insert(s.name.as_str());
+        }
+    }
+    out.count = u32::try_from(holding.len()).unwrap_or(u32::MAX);
+    out.write = changed
+        .into_iter()
+        .filter(|s| !s.addresses.is_empty())
+        .collect();
+    out
+}
+
+/// Declare each moved set's slice count in `spec` (`addressSets`).
+pub fn declare(spec: &mut api::FirewallConfigurationSpec, counts: &[(String, u32)]) {
+    for set in &mut spec.table.sets {
+        if let Some((_, n)) = counts.iter().find(|(name, _)| *name == set.name) {
+            set.address_sets = Some(*n);
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "spill/tests.rs"]
+mod tests;

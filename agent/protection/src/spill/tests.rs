@@ -1,0 +1,171 @@
+use super::*;
+
+fn set(name: &str, n: usize, v6: bool) -> api::Set {
+    api::Set {
+        name: name.into(),
+        key_type: Some(if v6 {
+            api::SetDataType::Ipv6Addr
+        } else {
+            api::SetDataType::Ipv4Addr
+        }),
+        elements: (0..n)
+            .map(|i| api::SetElement {
+                key: if v6 {
+                    format!("fd00::{:x}", i + 1)
+                } else {
+                    format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255)
+                },
+                data: None,
+            })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+fn spec(sets: Vec<api::Set>) -> api::FirewallConfigurationSpec {
+    api::FirewallConfigurationSpec {
+        table: api::Table {
+            name: Some("t".into()),
+            sets,
+            ..Default::default()
+        },
+        audit: false,
+    }
+}
+
+fn json_len(s: &api::FirewallConfigurationSpec) -> usize {
+    serde_json::to_vec(s).unwrap().len()
+}
+
+#[test]
+fn a_configuration_that_fits_keeps_its_sets_inline() {
+    let mut s = spec(vec![set("own.a", 100, false), set("own6.a", 10, true)]);
+    let before = s.clone();
+    let fits = json_len(&s);
+    assert!(spill(&mut s, fits).is_empty());
+    assert_eq!(s, before);
+}
+
+#[test]
+fn the_largest_sets_move_out_until_the_configuration_fits() {
+    let mut s = spec(vec![
+        set("small", 10, false),
+        set("large", 5_000, false),
+        set("middle", 2_000, true),
+        api::Set {
+            name: "ports".into(),
+            key_type: Some(api::SetDataType::Integer),
+            elements: vec![api::SetElement {
+                key: "80".into(),
+                data: None,
+            }],
+            ..Default::default()
+        },
+    ]);
+    let before = s.clone();
+    let full = json_len(&s);
+    // A budget the large set alone brings it under.
+    let budget = full - elements_bytes(&before.table.sets[1]) + 100;
+    let moved = spill(&mut s, budget);
+    assert_eq!(moved.len(), 1, "{moved:?}");
+    assert_eq!(moved[0].set, "large");
+    let keys: BTreeSet<String> = before.table.sets[1]
+        .elements
+        .iter()
+        .map(|e| e.key.clone())
+        .collect();
+    assert_eq!(moved[0].elements, keys);
+    assert!(json_len(&s) <= budget, "{} > {budget}", json_len(&s));
+    let large = &s.table.sets[1];
+    assert!(large.from_address_sets && large.elements.is_empty());
+    assert_eq!(s.table.sets[0], before.table.sets[0]);
+    // A budget nothing but the elements meets: every address set moves, the ports stay.
+    let mut s = before.clone();
+    let moved = spill(&mut s, 1);
+    let names: Vec<&str> = moved.iter().map(|m| m.set.as_str()).collect();
+    assert_eq!(names, ["large", "middle", "small"]);
+    assert_eq!(s.table.sets[3], before.table.sets[3]);
+}
+
+#[test]
+fn the_size_estimate_is_the_json_the_api_server_stores() {
+    // What moving a set takes off, as counted, equals the JSON's shrinking (so the budget is
+    // met as measured, not as guessed).
+    for (n, v6) in [(1, false), (999, false), (1_500, true)] {
+        let ports = api::Set {
+            key_type: Some(api::SetDataType::Integer),
+            ..set("b", 3, false)
+        };
+        let mut s = spec(vec![set("a", n, v6), ports]);
+        let before = json_len(&s);
+        let bytes = elements_bytes(&s.table.sets[0]);
+        let moved = spill(&mut s, before - 1);
+        assert_eq!(moved[0].set, "a");
+        let after = json_len(&s);
+        // `"elements":[…],` replaced by `"fromAddressSets":true,`.
+        let shell =
+            r#""elements":[],"#.len() as isize - r#""fromAddressSets":true,"#.len() as isize;
+        assert_eq!(
+            (before - after) as isize,
+            bytes as isize - 1 + shell,
+            "{n} elements"
+        );
+    }
+}
+
+#[test]
+fn slices_are_laid_out_from_what_the_api_shows_and_counted() {
+    let m = Moved {
+        set: "own_0123".into(),
+        elements: (0..2_500)
+            .map(|i| format!("10.0.{}.{}", i / 256, i % 256))
+            .collect(),
+    };
+    let first = lay_out("cfg", &m, &[]);
+    assert_eq!(first.count, 3);
+    assert_eq!(first.write.len(), 3);
+    assert!(first.delete.is_empty());
+    assert!(first.write.iter().all(|s| s.addresses.len() <= 1000));
+    // Shown by the API: nothing to write again.
+    let again = lay_out("cfg", &m, &first.write);
+    assert_eq!(
+        again,
+        SetSlices {
+            write: vec![],
+            delete: vec![],
+            count: 3
+        }
+    );
+    // Most elements gone: the slices that empty are deleted, the rest counted.
+    let few = Moved {
+        set: m.set.clone(),
+        elements: first.write[0].addresses.iter().take(10).cloned().collect(),
+    };
+    let after = lay_out("cfg", &few, &first.write);
+    assert_eq!(after.count, 1);
+    assert_eq!(after.delete.len(), 2);
+    assert_eq!(after.write.len(), 1);
+    assert_eq!(after.write[0].addresses, few.elements);
+}
+
+#[test]
+fn slice_names_are_object_names_and_never_shared_by_two_sets() {
+    let sets = [
+        "own.a_b",
+        "own.a-b",
+        "OWN.A_B",
+        "own6.a-very-long-namespace-name-that-takes-up-most-of-the-sixty-three",
+        "far6_0123456789abcdef_2",
+    ];
+    let names: BTreeSet<String> = sets.iter().map(|s| slice_name("cfg", s, 7)).collect();
+    assert_eq!(names.len(), sets.len(), "{names:?}");
+    for n in &names {
+        assert!(n.len() <= 253, "{n}");
+        assert!(
+            n.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+            "{n}"
+        );
+        assert!(!n.contains("--") && n.ends_with("-0007"), "{n}");
+    }
+}
