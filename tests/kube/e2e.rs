@@ -157,6 +157,11 @@ struct PeerGateway {
 impl PeerGateway {
     /// `backend`'s agent for peer a's gateway objects; `tag` names its pin directory.
     async fn start(backend: &str, tag: &str) -> Self {
+        Self::start_with(backend, tag, &[]).await
+    }
+
+    /// [`Self::start`] with `controller_extra` on the controller's command line.
+    async fn start_with(backend: &str, tag: &str, controller_extra: &[&str]) -> Self {
         let t = Topology::new();
         let pins = BpfPins {
             dir: format!(
@@ -180,10 +185,9 @@ impl PeerGateway {
             "peerwall.io/target=gateway,peerwall.io/remote-cluster-id=a",
             &extra,
         );
-        let controller = server.peerwall(
-            "controller",
-            &["controller", "--metrics-addr", "127.0.0.1:0"],
-        );
+        let mut args = vec!["controller", "--metrics-addr", "127.0.0.1:0"];
+        args.extend_from_slice(controller_extra);
+        let controller = server.peerwall("controller", &args);
         Self {
             _controller: controller,
             _agent: agent,
@@ -652,4 +656,138 @@ async fn cluster_network_policies_hold(backend: &str) {
         !connects(api_ip, 8080)(),
         "{backend}: the Admin Deny stays first"
     );
+}
+
+/// Configurations too large for etcd hold as written: with a budget far below the objects'
+/// size (`--inline-budget-bytes`, as etcd's 1.5 MiB is to a tier of 100,000 pods), the
+/// controller moves the gateway configuration's and the NetworkPolicy tier's sets into
+/// AddressSets, counted in each set's `addressSets`; the agent enforces them whole. A
+/// NetworkPolicy isolating 201 pods (one reachable through the topology, 200 more that only
+/// grow its set) still refuses what it does not allow, on both backends: without the slices
+/// its isolation set would be empty and the pod open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sets_too_large_to_keep_inline_hold_from_address_sets_on_both_backends() {
+    for backend in ["nftables", "bpf"] {
+        sets_from_address_sets_hold(backend).await;
+    }
+}
+
+async fn sets_from_address_sets_hold(backend: &str) {
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use kube::api::{Api, ListParams, PostParams};
+    let g = PeerGateway::start_with(backend, "spill", &["--inline-budget-bytes", "1500"]).await;
+    let (t, client) = (&g.t, g.client.clone());
+    let _db = Listener::tcp_echo(&t.provider, "10.20.1.3", 8080);
+    namespace(&client, "liqo-tenant-a", tenant_labels("a")).await;
+    liqo_configuration(&client, "a", &["10.10.0.0/16"]).await;
+    namespace(&client, "app-a", json!({"liqo.io/remote-cluster-id": "a"})).await;
+    pod(
+        &client,
+        "app-a",
+        "db",
+        "10.20.1.3",
+        json!({"app": "db"}),
+        None,
+    )
+    .await;
+    let mut isolated = vec!["10.20.1.3".to_string()];
+    for i in 0..200 {
+        // Every other address: the tier writes a run of addresses as one range.
+        let ip = format!("10.20.{}.{}", 2 + i / 100, (i % 100) * 2 + 1);
+        pod(
+            &client,
+            "app-a",
+            &format!("db-{i}"),
+            &ip,
+            json!({"app": "db"}),
+            None,
+        )
+        .await;
+        isolated.push(ip);
+    }
+    let connects = |src: &'static str| {
+        let ns = t.consumer.name().to_string();
+        move || {
+            let o = Command::new("ip")
+                .args([
+                    "netns", "exec", &ns, "timeout", "3", "socat", "-T", "1", "-",
+                ])
+                .arg(format!("TCP4:10.20.1.3:8080,bind={src},connect-timeout=1"))
+                .output();
+            o.is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok"))
+        }
+    };
+    wait_until(
+        &format!("{backend}: the offloaded pod reachable"),
+        30,
+        connects("10.10.1.68"),
+    );
+    let nps: Api<NetworkPolicy> = Api::namespaced(client.clone(), "app-a");
+    nps.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({
+            "metadata": {"name": "db-ingress", "namespace": "app-a"},
+            "spec": {"podSelector": {"matchLabels": {"app": "db"}},
+                     "ingress": [{"from": [{"ipBlock": {"cidr": "10.10.1.67/32"}}],
+                                  "ports": [{"protocol": "TCP", "port": 8080}]}]}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    wait_until(
+        &format!("{backend}: 10.10.1.68 denied by the policy"),
+        30,
+        || !connects("10.10.1.68")(),
+    );
+    assert!(connects("10.10.1.67")(), "{backend}: the allowed source");
+    // What the API holds: the tier's largest set (the pods the policy isolates) moved out
+    // and counted, the small one (the allowed source) inline; the slices hold every pod the
+    // policy isolates.
+    let tiers = fwc_api(&client, "liqo-tenant-a");
+    let tier = tiers.get("peerwall-networkpolicy").await.unwrap();
+    let sets = tier.data["spec"]["table"]["sets"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let (moved, inline): (Vec<_>, Vec<_>) = sets.iter().partition(|s| s["fromAddressSets"] == true);
+    assert_eq!(moved.len(), 1, "{backend}: {sets:?}");
+    assert!(
+        moved[0]["addressSets"].as_u64() == Some(1) && moved[0].get("elements").is_none(),
+        "{backend}: {}",
+        moved[0]
+    );
+    assert!(
+        inline
+            .iter()
+            .any(|s| s["elements"][0]["key"] == "10.10.1.67"),
+        "{backend}: {inline:?}"
+    );
+    let slices = slice_api(&client, "liqo-tenant-a")
+        .list(&ListParams::default().labels("peerwall.io/configuration=peerwall-networkpolicy"))
+        .await
+        .unwrap();
+    let mut held: Vec<String> = slices
+        .items
+        .iter()
+        .flat_map(|o| o.data["spec"]["addresses"].as_array().unwrap().clone())
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    held.sort();
+    held.dedup();
+    for ip in &isolated {
+        assert!(
+            held.contains(ip),
+            "{backend}: {ip} in no slice of the tier: {held:?}"
+        );
+    }
+    // The gateway configuration's sets moved too (its rules alone outgrow the budget).
+    let gw = tiers.get("peerwall-gateway").await.unwrap();
+    let moved = gw.data["spec"]["table"]["sets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["addressSets"].as_u64().is_some())
+        .count();
+    assert!(moved > 0, "{backend}: {}", gw.data["spec"]["table"]["sets"]);
+    applied(&tiers, "peerwall-networkpolicy", "gw").await;
 }
