@@ -304,6 +304,17 @@ fn enforce(
     let mut objects = state.objects();
     objects.extend(observed);
     let changes = state.slice_changes(touched);
+    // A set declaring more slices than the directory holds waits for them (a writer copying
+    // a configuration and its slices in, in any order): the policy in force stays.
+    let counts = peerwall_policy::sliced::slice_counts(state.slices.values());
+    if let Some((o, why)) = objects.iter().find_map(|o| {
+        peerwall_policy::sliced::waiting_for_slices(&o.origin.0, o, &counts).map(|w| (o, w))
+    }) {
+        return Err(EnforceError::WaitingForSlices {
+            origin: o.origin.0.clone(),
+            why,
+        });
+    }
     let unchanged = state.objects.as_ref() == Some(&objects) && !env_changed;
     if let (true, Some(sliced)) = (unchanged, state.sliced.as_mut()) {
         let mut set_changes = Vec::new();

@@ -88,6 +88,15 @@ pub enum EnforceError {
     /// The kernel refused the policy; the previous one stays.
     #[error(transparent)]
     Apply(#[from] BackendError),
+    /// A configuration declares more AddressSets than are there yet; nothing was applied,
+    /// the previous policy stays.
+    #[error("{origin}: {why}; nothing applied, the previous policy stays in force")]
+    WaitingForSlices {
+        /// The configuration.
+        origin: String,
+        /// Which sets, how many declared and seen.
+        why: String,
+    },
 }
 
 /// A successful apply as [`Enforcement::record`] counted it.

@@ -85,6 +85,55 @@ pub fn check_slice(obj: &AddressSetObject) -> Result<CheckedSlice, ObjectErrors>
     })
 }
 
+/// How many slices fill each set, by `(configuration origin, set)`.
+pub fn slice_counts<'a>(
+    slices: impl IntoIterator<Item = &'a CheckedSlice>,
+) -> BTreeMap<(String, String), u32> {
+    let mut out: BTreeMap<(String, String), u32> = BTreeMap::new();
+    for s in slices {
+        *out.entry((s.target.0.clone(), s.set.clone())).or_default() += 1;
+    }
+    out
+}
+
+/// Why `obj` (under `key`, its `namespace/name`) must wait: a set declaring how many
+/// AddressSets fill it (`addressSets`, which peerwall's controller writes after the slices
+/// themselves) while fewer are in force (`counts`, [`slice_counts`]). Configurations and
+/// slices arrive by separate watches, so a configuration can come before the slices written
+/// ahead of it; enforcing it then would enforce a set without their addresses.
+pub fn waiting_for_slices(
+    key: &str,
+    obj: &peerwall_intent::PolicyObject,
+    counts: &BTreeMap<(String, String), u32>,
+) -> Option<String> {
+    let short: Vec<String> = obj
+        .spec
+        .table
+        .sets
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| {
+            let want = s.address_sets?;
+            let seen = counts
+                .get(&(key.to_string(), s.name.clone()))
+                .copied()
+                .unwrap_or(0);
+            (seen < want).then(|| {
+                format!(
+                    "spec.table.sets[{i}] ({:?}): {want} AddressSets declared (addressSets), {seen} seen",
+                    s.name
+                )
+            })
+        })
+        .collect();
+    (!short.is_empty()).then(|| {
+        format!(
+            "waiting for the AddressSets of its sets: {}",
+            short.join("; ")
+        )
+    })
+}
+
 /// Why a valid slice is not merged into any set (its addresses are left out).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum SliceIssue {

@@ -184,44 +184,8 @@ pub fn plan(observed: &[Observed], last_good: &mut BTreeMap<String, Good>) -> Pl
     p
 }
 
-/// Why `obj` must wait: a set declaring how many AddressSets fill it (`addressSets`, which
-/// peerwall's controller writes after the slices themselves) while fewer are in force here
-/// (`counts`, by configuration key and set). The watches of configurations and slices are
-/// separate streams, so a configuration can arrive before the slices written ahead of it.
-pub fn waiting_for_slices(
-    key: &str,
-    obj: &PolicyObject,
-    counts: &BTreeMap<(String, String), u32>,
-) -> Option<String> {
-    let short: Vec<String> = obj
-        .spec
-        .table
-        .sets
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| {
-            let want = s.address_sets?;
-            let seen = counts
-                .get(&(key.to_string(), s.name.clone()))
-                .copied()
-                .unwrap_or(0);
-            (seen < want).then(|| {
-                format!(
-                    "spec.table.sets[{i}] ({:?}): {want} AddressSets declared (addressSets), {seen} seen",
-                    s.name
-                )
-            })
-        })
-        .collect();
-    (!short.is_empty()).then(|| {
-        format!(
-            "waiting for the AddressSets of its sets: {}",
-            short.join("; ")
-        )
-    })
-}
-
-/// Hold back the current specs that wait for their slices ([`waiting_for_slices`]): the last
+/// Hold back the current specs that wait for their slices
+/// ([`peerwall_policy::sliced::waiting_for_slices`]): the last
 /// good spec of the object stays in force meanwhile (none when it has none), and the object
 /// reports why. A set is never enforced with fewer slices than its writer published.
 pub fn hold_incomplete(
@@ -237,7 +201,7 @@ pub fn hold_incomplete(
         let Some(why) = p
             .enforce
             .get(&o.key)
-            .and_then(|obj| waiting_for_slices(&o.key, obj, counts))
+            .and_then(|obj| peerwall_policy::sliced::waiting_for_slices(&o.key, obj, counts))
         else {
             continue;
         };

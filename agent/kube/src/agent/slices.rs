@@ -98,11 +98,7 @@ impl Slices {
     /// How many slices fill each set, by `(configuration key, set)`: the slices in force
     /// (valid ones, or an invalid one's last good addresses).
     pub fn counts(&self) -> BTreeMap<(String, String), u32> {
-        let mut out: BTreeMap<(String, String), u32> = BTreeMap::new();
-        for g in self.seen.values().filter_map(|s| s.good.as_ref()) {
-            *out.entry((g.target.0.clone(), g.set.clone())).or_default() += 1;
-        }
-        out
+        peerwall_policy::sliced::slice_counts(self.seen.values().filter_map(|s| s.good.as_ref()))
     }
 
     /// Why a slice's current generation is not valid, if it is not.

@@ -279,3 +279,32 @@ fn a_slice_count_on_a_set_that_takes_no_slices_is_refused_naming_the_field() {
     let c = compile::compile(&peerwall_intent::load::parse_documents(&good, "t").unwrap());
     assert!(c.is_ok());
 }
+
+#[test]
+fn a_configuration_waits_until_its_declared_slices_are_there() {
+    let yaml = FWC.replace(
+        "      fromAddressSets: true\n",
+        "      fromAddressSets: true\n      addressSets: 2\n",
+    );
+    let obj = peerwall_intent::load::parse_documents(&yaml, "t")
+        .unwrap()
+        .remove(0);
+    let key = obj.origin.0.clone();
+    assert_eq!(key, "tenant/gw");
+    let one = [slice("s1", "pods", &["10.0.0.2"])];
+    let why = waiting_for_slices(&key, &obj, &slice_counts(&one)).unwrap();
+    assert!(
+        why.contains(
+            r#"spec.table.sets[0] ("pods"): 2 AddressSets declared (addressSets), 1 seen"#
+        ),
+        "{why}"
+    );
+    // A slice of another set does not count for this one.
+    let other = [
+        slice("s1", "pods", &["10.0.0.2"]),
+        slice("s2", "fixed", &[]),
+    ];
+    assert!(waiting_for_slices(&key, &obj, &slice_counts(&other)).is_some());
+    let two = [slice("s1", "pods", &["10.0.0.2"]), slice("s2", "pods", &[])];
+    assert_eq!(waiting_for_slices(&key, &obj, &slice_counts(&two)), None);
+}
