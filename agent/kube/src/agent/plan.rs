@@ -162,23 +162,7 @@ pub fn plan(observed: &[Observed], last_good: &mut BTreeMap<String, Good>) -> Pl
                 p.enforce.insert(o.key.clone(), obj.clone());
                 p.current.insert(o.key.clone());
             }
-            Err(msg) => {
-                let kept = last_good
-                    .get(&o.key)
-                    .filter(|g| g.uid == o.uid)
-                    .filter(|g| reserved_by_controller(&o.key, &g.object).is_none());
-                let note = match kept {
-                    Some(g) => {
-                        p.enforce.insert(o.key.clone(), g.object.clone());
-                        format!(
-                            "{msg} (not applied; generation {} stays in force)",
-                            g.generation
-                        )
-                    }
-                    None => format!("{msg} (not applied)"),
-                };
-                p.refused.insert(o.key.clone(), note);
-            }
+            Err(msg) => refuse(&mut p, o, last_good, &msg),
         }
     }
     p
@@ -205,23 +189,33 @@ pub fn hold_incomplete(
         else {
             continue;
         };
-        p.current.remove(&o.key);
-        let kept = last_good.get(&o.key).filter(|g| g.uid == o.uid);
-        let note = match kept {
-            Some(g) => {
-                p.enforce.insert(o.key.clone(), g.object.clone());
-                format!(
-                    "{why} (not applied; generation {} stays in force)",
-                    g.generation
-                )
-            }
-            None => {
-                p.enforce.remove(&o.key);
-                format!("{why} (not applied)")
-            }
-        };
-        p.refused.insert(o.key.clone(), note);
+        refuse(p, o, last_good, &why);
     }
+}
+
+/// `o`'s current spec not enforced, for `why`: its last good spec stays in force instead
+/// (when it has one of the same object, not naming a table reserved for the controller), and
+/// the object reports both.
+fn refuse(p: &mut Plan, o: &Observed, last_good: &BTreeMap<String, Good>, why: &str) {
+    p.current.remove(&o.key);
+    let kept = last_good
+        .get(&o.key)
+        .filter(|g| g.uid == o.uid)
+        .filter(|g| reserved_by_controller(&o.key, &g.object).is_none());
+    let note = match kept {
+        Some(g) => {
+            p.enforce.insert(o.key.clone(), g.object.clone());
+            format!(
+                "{why} (not applied; generation {} stays in force)",
+                g.generation
+            )
+        }
+        None => {
+            p.enforce.remove(&o.key);
+            format!("{why} (not applied)")
+        }
+    };
+    p.refused.insert(o.key.clone(), note);
 }
 
 /// What a whole-policy compilation made of a plan: the objects it refused (key, message
