@@ -319,6 +319,10 @@ fn main() {
             (n, full, diff)
         })
         .collect();
+    let sizes: Vec<Stored> = [pods, 100_000]
+        .into_iter()
+        .map(|n| stored(n, policies))
+        .collect();
     let mut md = String::new();
     md.push_str("## NetworkPolicies at scale (`cargo xtask bench-netpol`)\n\n");
     md.push_str(&format!(
@@ -371,8 +375,90 @@ fn main() {
             full.as_secs_f64() / diff.as_secs_f64().max(1e-9)
         ));
     }
+    md.push_str(&format!(
+        "\nThe tier as the API server stores it (its FirewallConfiguration's JSON, {policies} policies), against etcd's request limit ({} bytes) and the controller's default budget for inline sets ({} bytes, `--inline-budget-bytes`): past the budget the controller moves the largest sets into AddressSets, counted in each set's `addressSets` (docs/intent.md).\n\n| pods | sets | addresses | inline (bytes) | fits etcd inline | sets moved | AddressSets | stored (bytes) | fits etcd |\n|---:|---:|---:|---:|---|---:|---:|---:|---|\n",
+        peerwall_intent::size::ETCD_REQUEST_MAX,
+        peerwall::protection::spill::INLINE_BUDGET
+    ));
+    let fits = |b: usize| {
+        if b <= peerwall_intent::size::ETCD_REQUEST_MAX {
+            "yes"
+        } else {
+            "**no**"
+        }
+    };
+    for s in &sizes {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            s.pods,
+            s.sets,
+            s.addresses,
+            s.inline,
+            fits(s.inline),
+            s.moved,
+            s.slices,
+            s.stored,
+            fits(s.stored)
+        ));
+    }
     print!("{md}");
     doc::write_section("netpol", md.trim_end()).expect("write docs/bench.md");
+}
+
+/// The tier of one cluster size as the API server stores it.
+struct Stored {
+    pods: usize,
+    sets: usize,
+    addresses: usize,
+    /// Its JSON with every set inline.
+    inline: usize,
+    /// Sets the controller moves into AddressSets at its default budget.
+    moved: usize,
+    /// The AddressSets they take (laid out from none).
+    slices: usize,
+    /// Its JSON once they are moved.
+    stored: usize,
+}
+
+/// The tier for `pods` pods and `policies` policies: its size inline, and as the controller
+/// stores it (the sets moved as `peerwall controller` moves them).
+fn stored(pods: usize, policies: usize) -> Stored {
+    let c = cluster(pods, policies, Protocol::Tcp, |i| i.is_multiple_of(5));
+    let mut spec = netpol::tier::tier(&c, PEER, false).spec;
+    let json = |s: &peerwall_intent::types::FirewallConfigurationSpec| {
+        serde_json::to_vec(s).map_or(0, |v| v.len())
+    };
+    let inline = json(&spec);
+    let (sets, addresses) = (
+        spec.table.sets.len(),
+        spec.table.sets.iter().map(|s| s.elements.len()).sum(),
+    );
+    let moved =
+        peerwall::protection::spill::spill(&mut spec, peerwall::protection::spill::INLINE_BUDGET);
+    let laid: Vec<_> = moved
+        .iter()
+        .map(|m| peerwall::protection::spill::lay_out(netpol::tier::TIER_CONFIG, m, &[]))
+        .collect();
+    let counts: Vec<(String, u32)> = moved
+        .iter()
+        .zip(&laid)
+        .map(|(m, l)| (m.set.clone(), l.count))
+        .collect();
+    peerwall::protection::spill::declare(&mut spec, &counts);
+    let s = Stored {
+        pods,
+        sets,
+        addresses,
+        inline,
+        moved: moved.len(),
+        slices: laid.iter().map(|l| l.write.len()).sum(),
+        stored: json(&spec),
+    };
+    println!(
+        "tier object at {pods} pods: {} bytes inline, {} sets moved into {} AddressSets, {} bytes stored",
+        s.inline, s.moved, s.slices, s.stored
+    );
+    s
 }
 
 /// A dispatch class chain's name (`__pw_k…`).
