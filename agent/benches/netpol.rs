@@ -437,7 +437,14 @@ fn stored(pods: usize, policies: usize) -> Stored {
         peerwall::protection::spill::spill(&mut spec, peerwall::protection::spill::INLINE_BUDGET);
     let laid: Vec<_> = moved
         .iter()
-        .map(|m| peerwall::protection::spill::lay_out(netpol::tier::TIER_CONFIG, m, &[]))
+        .map(|m| {
+            peerwall::protection::spill::lay_out(
+                netpol::tier::TIER_CONFIG,
+                m,
+                &[],
+                &Default::default(),
+            )
+        })
         .collect();
     let counts: Vec<(String, u32)> = moved
         .iter()

@@ -107,15 +107,23 @@ impl<K: Ord + Clone> Room<K> {
 /// deletes it once every agent has applied its removal). A change of k addresses rewrites at
 /// most k slices.
 pub fn layout(set: &str, current: &[Slice], desired: &BTreeSet<IpAddr>) -> Vec<Slice> {
-    layout_named(set, current, desired, |n| slice_name(set, n))
+    layout_named(
+        set,
+        current,
+        desired,
+        |n| slice_name(set, n),
+        &BTreeSet::new(),
+    )
 }
 
-/// [`layout`] for elements of any type, a new slice number `n` named `name(n)`.
+/// [`layout`] for elements of any type, a new slice number `n` named `name(n)`, never a
+/// name in `taken` (another set's slices).
 pub fn layout_named<A: Ord + Clone>(
     set: &str,
     current: &[Slice<A>],
     desired: &BTreeSet<A>,
     name: impl Fn(usize) -> String,
+    taken: &BTreeSet<String>,
 ) -> Vec<Slice<A>> {
     let mut slices: Vec<Slice<A>> = current.to_vec();
     let mut changed: BTreeSet<usize> = BTreeSet::new();
@@ -139,7 +147,10 @@ pub fn layout_named<A: Ord + Clone>(
             None => {
                 let used: BTreeSet<&str> = slices.iter().map(|s| s.name.as_str()).collect();
                 let n = (0..)
-                    .find(|n| !used.contains(name(*n).as_str()))
+                    .find(|n| {
+                        let candidate = name(*n);
+                        !used.contains(candidate.as_str()) && !taken.contains(&candidate)
+                    })
                     .unwrap_or_default();
                 slices.push(Slice {
                     name: name(n),

@@ -166,11 +166,24 @@ pub struct SetSlices {
 
 /// The slices of `moved` (a set of configuration `config`) laid over `current`, its slices as
 /// the API shows them ([`crate::layout`]'s rules: an element that stays never moves, a change
-/// of k elements rewrites at most k slices).
-pub fn lay_out(config: &str, moved: &Moved, current: &[Slice<String>]) -> SetSlices {
-    let changed = crate::slices::layout_named(&moved.set, current, &moved.elements, |n| {
-        slice_name(config, &moved.set, n)
-    });
+/// of k elements rewrites at most k slices). A new slice never takes a name in `taken`: the
+/// names of every other set's slices. Set names come from what users write (namespaces,
+/// policies' selectors), so two sets' slice names may meet (a long name cut short, a hash
+/// collision); a slice written under another set's name would take that set's addresses
+/// out of it.
+pub fn lay_out(
+    config: &str,
+    moved: &Moved,
+    current: &[Slice<String>],
+    taken: &BTreeSet<String>,
+) -> SetSlices {
+    let changed = crate::slices::layout_named(
+        &moved.set,
+        current,
+        &moved.elements,
+        |n| slice_name(config, &moved.set, n),
+        taken,
+    );
     let mut holding: BTreeSet<&str> = current
         .iter()
         .filter(|s| !s.addresses.is_empty())

@@ -4,7 +4,7 @@
 //! (`addressSets`); slices no longer needed are deleted after it. An agent that sees the
 //! configuration before its slices keeps the previous generation in force.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject};
@@ -71,11 +71,19 @@ pub(super) async fn publish_configuration(
     let ns_name = ns.name_any();
     let moved = spill::spill(&mut spec, ctx.opts.inline_budget);
     let mut current = current_slices(ctx, &ns_name, config);
+    // Every name in use: a new slice of one set never takes another's.
+    let mut taken: BTreeSet<String> = current.values().flatten().map(|s| s.name.clone()).collect();
     let slices: Api<AddressSet> = Api::namespaced(ctx.client.clone(), &ns_name);
     let mut counts = Vec::new();
     let mut delete = Vec::new();
     for m in &moved {
-        let laid = spill::lay_out(config, m, &current.remove(&m.set).unwrap_or_default());
+        let laid = spill::lay_out(
+            config,
+            m,
+            &current.remove(&m.set).unwrap_or_default(),
+            &taken,
+        );
+        taken.extend(laid.write.iter().map(|s| s.name.clone()));
         for s in &laid.write {
             let object: AddressSet = typed(
                 spill::slice_object(&ns_name, config, labels, s),

@@ -121,13 +121,13 @@ fn slices_are_laid_out_from_what_the_api_shows_and_counted() {
             .map(|i| format!("10.0.{}.{}", i / 256, i % 256))
             .collect(),
     };
-    let first = lay_out("cfg", &m, &[]);
+    let first = lay_out("cfg", &m, &[], &BTreeSet::new());
     assert_eq!(first.count, 3);
     assert_eq!(first.write.len(), 3);
     assert!(first.delete.is_empty());
     assert!(first.write.iter().all(|s| s.addresses.len() <= 1000));
     // Shown by the API: nothing to write again.
-    let again = lay_out("cfg", &m, &first.write);
+    let again = lay_out("cfg", &m, &first.write, &BTreeSet::new());
     assert_eq!(
         again,
         SetSlices {
@@ -141,7 +141,7 @@ fn slices_are_laid_out_from_what_the_api_shows_and_counted() {
         set: m.set.clone(),
         elements: first.write[0].addresses.iter().take(10).cloned().collect(),
     };
-    let after = lay_out("cfg", &few, &first.write);
+    let after = lay_out("cfg", &few, &first.write, &BTreeSet::new());
     assert_eq!(after.count, 1);
     assert_eq!(after.delete.len(), 2);
     assert_eq!(after.write.len(), 1);
@@ -168,4 +168,19 @@ fn slice_names_are_object_names_and_never_shared_by_two_sets() {
         );
         assert!(!n.contains("--") && n.ends_with("-0007"), "{n}");
     }
+}
+
+#[test]
+fn a_new_slice_never_takes_a_name_another_set_holds() {
+    let m = Moved {
+        set: "own.shop".into(),
+        elements: ["10.0.0.1".to_string()].into(),
+    };
+    // Another set's slice under the name this set's first slice would take (two names cut
+    // short alike, or a hash collision): this set writes under the next name.
+    let theirs = slice_name("cfg", &m.set, 0);
+    let laid = lay_out("cfg", &m, &[], &BTreeSet::from([theirs.clone()]));
+    assert_eq!(laid.write.len(), 1);
+    assert_eq!(laid.write[0].name, slice_name("cfg", &m.set, 1));
+    assert_ne!(laid.write[0].name, theirs);
 }
