@@ -112,6 +112,9 @@ pub struct ControllerMetrics {
     pub network_policy_removals: u64,
     /// Reconciles that failed (retried).
     pub reconcile_errors: u64,
+    /// Configurations not written: too large for etcd with every address set moved into
+    /// AddressSets (their previous version stays in force).
+    pub too_large: u64,
     /// Liqo gateway pods without enforcement (no ready agent on their node, no sidecar) for
     /// longer than the grace period.
     pub unprotected_gateways: u64,

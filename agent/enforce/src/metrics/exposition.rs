@@ -414,6 +414,12 @@ impl Exposition for ControllerMetrics {
                 "Reconciles that failed (retried with backoff).",
                 self.reconcile_errors,
             ),
+            (
+                "peerwall_controller_too_large_total",
+                "counter",
+                "FirewallConfigurations not written: larger than etcd stores (1.5 MiB) even with every address set moved into AddressSets; the previous version stays in force, and the controller's error names the object and its size.",
+                self.too_large,
+            ),
         ] {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {v}");
         }

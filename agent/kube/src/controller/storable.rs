@@ -107,6 +107,7 @@ pub(super) async fn publish_configuration(
     );
     let bytes = serde_json::to_vec(&body).map_or(0, |v| v.len());
     if bytes > peerwall_intent::size::ETCD_REQUEST_MAX {
+        ctx.count(|m| m.too_large += 1);
         return Err(ReconcileError::TooLarge {
             object: format!("{ns_name}/{config}"),
             bytes,
