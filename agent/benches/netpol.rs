@@ -433,8 +433,11 @@ fn stored(pods: usize, policies: usize) -> Stored {
         spec.table.sets.len(),
         spec.table.sets.iter().map(|s| s.elements.len()).sum(),
     );
-    let moved =
-        peerwall::protection::spill::spill(&mut spec, peerwall::protection::spill::INLINE_BUDGET);
+    let moved = peerwall::protection::spill::spill(
+        &mut spec,
+        peerwall::protection::spill::INLINE_BUDGET,
+        &Default::default(),
+    );
     let laid: Vec<_> = moved
         .iter()
         .map(|m| {

@@ -783,4 +783,40 @@ async fn sets_from_address_sets_hold(backend: &str) {
         .count();
     assert!(moved > 0, "{backend}: {}", gw.data["spec"]["table"]["sets"]);
     applied(&tiers, "peerwall-networkpolicy", "gw").await;
+    // The 200 pods gone: the tier fits again, its set comes back inline, and its slices are
+    // deleted once the host applied the tier that no longer takes them. The policy holds
+    // throughout.
+    for i in 0..200 {
+        delete_pod(&client, "app-a", &format!("db-{i}")).await;
+    }
+    let slices_of_tier = || async {
+        slice_api(&client, "liqo-tenant-a")
+            .list(&ListParams::default().labels("peerwall.io/configuration=peerwall-networkpolicy"))
+            .await
+            .ok()
+            .map(|l| l.items.len())
+    };
+    eventually(
+        "the tier's slices deleted",
+        Duration::from_secs(30),
+        || async { (slices_of_tier().await? == 0).then_some(()) },
+    )
+    .await;
+    let tier = tiers.get("peerwall-networkpolicy").await.unwrap();
+    let sets = tier.data["spec"]["table"]["sets"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        sets.iter().all(|s| s.get("fromAddressSets").is_none()
+            && s.get("addressSets").is_none()
+            && s["elements"].as_array().is_some_and(|e| !e.is_empty())),
+        "{backend}: {sets:?}"
+    );
+    applied(&tiers, "peerwall-networkpolicy", "gw").await;
+    assert!(
+        !connects("10.10.1.68")(),
+        "{backend}: the policy still refuses 10.10.1.68 with its set inline again"
+    );
+    assert!(connects("10.10.1.67")(), "{backend}: and allows 10.10.1.67");
 }

@@ -62,29 +62,40 @@ fn elements_bytes(set: &api::Set) -> usize {
 
 /// Move the largest address sets of `spec` into slices while its JSON is larger than
 /// `budget`: each moved set is declared `fromAddressSets: true` without inline elements (its
-/// `addressSets` count is the caller's, once the slices are laid out). Returns the moved sets,
-/// largest first; nothing when the spec fits.
-pub fn spill(spec: &mut api::FirewallConfigurationSpec, budget: usize) -> Vec<Moved> {
+/// `addressSets` count is the caller's, once the slices are laid out). Returns the moved sets;
+/// nothing when the spec fits.
+///
+/// `in_slices` names the sets already in slices. They stay there (moved first, whatever their
+/// size) unless the whole spec fits in three quarters of the budget: otherwise sets of about
+/// the same size would trade places as pods come and go, each swap a rewrite of the
+/// configuration and of both sets' slices.
+pub fn spill(
+    spec: &mut api::FirewallConfigurationSpec,
+    budget: usize,
+    in_slices: &BTreeSet<String>,
+) -> Vec<Moved> {
     let Ok(json) = serde_json::to_vec(&spec) else {
         return Vec::new();
     };
     let mut size = json.len();
-    if size <= budget {
+    let keep = in_slices.is_empty() || size <= budget / 4 * 3;
+    if size <= budget && keep {
         return Vec::new();
     }
-    let mut order: Vec<(usize, usize)> = spec
+    let mut order: Vec<(bool, usize, usize)> = spec
         .table
         .sets
         .iter()
         .enumerate()
         .filter(|(_, s)| movable(s))
-        .map(|(i, s)| (elements_bytes(s), i))
+        .map(|(i, s)| (!keep && in_slices.contains(&s.name), elements_bytes(s), i))
         .collect();
-    // Largest first; ties by position, so the choice is a function of the spec alone.
-    order.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    // Those staying in slices first, then the largest; ties by position, so the choice is a
+    // function of the spec and of what is in slices alone.
+    order.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
     let mut moved = Vec::new();
-    for (bytes, i) in order {
-        if size <= budget {
+    for (stays, bytes, i) in order {
+        if size <= budget && !stays {
             break;
         }
         let set = &mut spec.table.sets[i];

@@ -12,6 +12,7 @@ use kube::ResourceExt;
 use peerwall_intent::types::{AddressSet, FirewallConfiguration, FirewallConfigurationSpec};
 
 use super::context::Ctx;
+use super::enforcement::applied_everywhere;
 use super::publish::{api_error, apply, owned_by_namespace, publish, typed, ReconcileError, Seen};
 use crate::protection;
 use crate::protection::spill::{self, CONFIGURATION_LABEL};
@@ -69,12 +70,14 @@ pub(super) async fn publish_configuration(
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, ReconcileError> {
     let ns_name = ns.name_any();
-    let moved = spill::spill(&mut spec, ctx.opts.inline_budget);
     let mut current = current_slices(ctx, &ns_name, config);
+    let in_slices: BTreeSet<String> = current.keys().cloned().collect();
+    let moved = spill::spill(&mut spec, ctx.opts.inline_budget, &in_slices);
     // Every name in use: a new slice of one set never takes another's.
     let mut taken: BTreeSet<String> = current.values().flatten().map(|s| s.name.clone()).collect();
     let slices: Api<AddressSet> = Api::namespaced(ctx.client.clone(), &ns_name);
     let mut counts = Vec::new();
+    // Slices emptied: their addresses leave the set, which is what their deletion does.
     let mut delete = Vec::new();
     for m in &moved {
         let laid = spill::lay_out(
@@ -95,8 +98,11 @@ pub(super) async fn publish_configuration(
         delete.extend(laid.delete);
         counts.push((m.set.clone(), laid.count));
     }
-    // Sets back inline (or gone): their slices go once the configuration no longer takes them.
-    delete.extend(current.into_values().flatten().map(|s| s.name));
+    // Sets back inline (or gone): their slices hold addresses the configuration in force on
+    // a host may still take from them (a host waiting for another set's slices keeps the
+    // previous generation), so they go only once every host applied the configuration that
+    // no longer takes them.
+    let unneeded: Vec<String> = current.into_values().flatten().map(|s| s.name).collect();
     spill::declare(&mut spec, &counts);
     let body = peerwall_intent::object::object(
         peerwall_intent::load::KIND,
@@ -113,14 +119,19 @@ pub(super) async fn publish_configuration(
             bytes,
         });
     }
-    let seen = ctx
+    let stored = ctx
         .configs
         .state()
         .into_iter()
-        .find(|c| c.name_any() == config && c.namespace().as_deref() == Some(&ns_name))
-        .map(|c| Seen::of_dynamic(&c));
+        .find(|c| c.name_any() == config && c.namespace().as_deref() == Some(&ns_name));
+    let seen = stored.as_deref().map(Seen::of_dynamic);
     let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
     let wrote = publish(&api, seen.as_ref(), body, Some(owned_by_namespace(ns))).await?;
+    // Not written: the cache shows what was built; applied by every host, the slices it no
+    // longer takes can go (a host's condition wakes this pass again).
+    if !wrote && stored.as_deref().is_some_and(applied_everywhere) {
+        delete.extend(unneeded);
+    }
     for name in delete {
         match slices.delete(&name, &DeleteParams::default()).await {
             Ok(_) => ctx.count(|m| m.slice_deletes += 1),

@@ -42,7 +42,7 @@ fn a_configuration_that_fits_keeps_its_sets_inline() {
     let mut s = spec(vec![set("own.a", 100, false), set("own6.a", 10, true)]);
     let before = s.clone();
     let fits = json_len(&s);
-    assert!(spill(&mut s, fits).is_empty());
+    assert!(spill(&mut s, fits, &BTreeSet::new()).is_empty());
     assert_eq!(s, before);
 }
 
@@ -66,7 +66,7 @@ fn the_largest_sets_move_out_until_the_configuration_fits() {
     let full = json_len(&s);
     // A budget the large set alone brings it under.
     let budget = full - elements_bytes(&before.table.sets[1]) + 100;
-    let moved = spill(&mut s, budget);
+    let moved = spill(&mut s, budget, &BTreeSet::new());
     assert_eq!(moved.len(), 1, "{moved:?}");
     assert_eq!(moved[0].set, "large");
     let keys: BTreeSet<String> = before.table.sets[1]
@@ -81,7 +81,7 @@ fn the_largest_sets_move_out_until_the_configuration_fits() {
     assert_eq!(s.table.sets[0], before.table.sets[0]);
     // A budget nothing but the elements meets: every address set moves, the ports stay.
     let mut s = before.clone();
-    let moved = spill(&mut s, 1);
+    let moved = spill(&mut s, 1, &BTreeSet::new());
     let names: Vec<&str> = moved.iter().map(|m| m.set.as_str()).collect();
     assert_eq!(names, ["large", "middle", "small"]);
     assert_eq!(s.table.sets[3], before.table.sets[3]);
@@ -99,7 +99,7 @@ fn the_size_estimate_is_the_json_the_api_server_stores() {
         let mut s = spec(vec![set("a", n, v6), ports]);
         let before = json_len(&s);
         let bytes = elements_bytes(&s.table.sets[0]);
-        let moved = spill(&mut s, before - 1);
+        let moved = spill(&mut s, before - 1, &BTreeSet::new());
         assert_eq!(moved[0].set, "a");
         let after = json_len(&s);
         // `"elements":[…],` replaced by `"fromAddressSets":true,`.
@@ -183,4 +183,33 @@ fn a_new_slice_never_takes_a_name_another_set_holds() {
     assert_eq!(laid.write.len(), 1);
     assert_eq!(laid.write[0].name, slice_name("cfg", &m.set, 1));
     assert_ne!(laid.write[0].name, theirs);
+}
+
+#[test]
+fn sets_in_slices_stay_there_until_the_configuration_clearly_fits() {
+    let spec = spec(vec![set("a", 1_000, false), set("b", 1_001, false)]);
+    let full = json_len(&spec);
+    // Over budget by less than either set: the larger (b) moves.
+    let budget = full - 100;
+    let mut s = spec.clone();
+    let moved: Vec<String> = spill(&mut s, budget, &BTreeSet::new())
+        .into_iter()
+        .map(|m| m.set)
+        .collect();
+    assert_eq!(moved, ["b"]);
+    // a in slices (it was the larger before): a stays, b inline.
+    let mut s = spec.clone();
+    let moved: Vec<String> = spill(&mut s, budget, &BTreeSet::from(["a".to_string()]))
+        .into_iter()
+        .map(|m| m.set)
+        .collect();
+    assert_eq!(moved, ["a"]);
+    // Under budget but not under three quarters of it: a still stays.
+    let mut s = spec.clone();
+    let moved = spill(&mut s, full + 1, &BTreeSet::from(["a".to_string()]));
+    assert_eq!(moved.len(), 1);
+    // Under three quarters: back inline.
+    let mut s = spec.clone();
+    assert!(spill(&mut s, full * 4 / 3 + 8, &BTreeSet::from(["a".to_string()])).is_empty());
+    assert_eq!(s, spec);
 }
