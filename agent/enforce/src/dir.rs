@@ -429,6 +429,9 @@ pub fn run(
                             error = %e,
                             "invalid policy not applied; previous policy stays"
                         ),
+                        Err(e @ EnforceError::WaitingForSlices { .. }) => {
+                            tracing::warn!(error = %e, "waiting for AddressSets")
+                        }
                         Err(e) => {
                             tracing::error!(error = %e, "apply failed; previous policy stays")
                         }
