@@ -1,8 +1,9 @@
 //! The controller's FirewallConfigurations written so that etcd can store them: a spec whose
 //! JSON would outgrow the budget has its largest address sets moved into AddressSet slices
 //! ([`protection::spill`]), written before the configuration that counts them
-//! (`addressSets`); slices no longer needed are deleted after it. An agent that sees the
-//! configuration before its slices keeps the previous generation in force.
+//! (`addressSets`); emptied slices are deleted after it, and the slices of a set back inline
+//! once every host applied it. An agent that sees the configuration before its slices keeps
+//! the previous generation in force.
 
 use std::collections::{BTreeMap, BTreeSet};
 
