@@ -199,21 +199,6 @@ impl PeerGateway {
     }
 }
 
-/// Whether a TCP connection from `src` in `consumer` to `dst`:8080 opens and the listener
-/// there answers `ok`, as a check to call again.
-fn answers_on_8080(consumer: &NetNs, src: &'static str, dst: &'static str) -> impl Fn() -> bool {
-    let ns = consumer.name().to_string();
-    move || {
-        let o = Command::new("ip")
-            .args([
-                "netns", "exec", &ns, "timeout", "3", "socat", "-T", "1", "-",
-            ])
-            .arg(format!("TCP4:{dst}:8080,bind={src},connect-timeout=1"))
-            .output();
-        o.is_ok_and(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok"))
-    }
-}
-
 /// A provider's own NetworkPolicies hold for traffic from its consumer's tunnel, on both
 /// backends, through the real API server: created, edited, a pod relabelled, each changing
 /// packets through the gateway. The consumer's pods are addresses here (ipBlock).
@@ -253,7 +238,8 @@ async fn network_policies_hold(backend: &str) {
         None,
     )
     .await;
-    let connects = |src: &'static str, dst: &'static str| answers_on_8080(&t.consumer, src, dst);
+    let connects =
+        |src: &'static str, dst: &'static str| move || tcp_connects(&t.consumer, src, dst, 8080);
     // Offloaded and no policy yet: both consumer pods reach both pods.
     wait_until(
         "offloaded pods reachable",
@@ -709,7 +695,7 @@ async fn sets_from_address_sets_hold(backend: &str) {
         .await;
         isolated.push(ip);
     }
-    let connects = |src: &'static str| answers_on_8080(&t.consumer, src, "10.20.1.3");
+    let connects = |src: &'static str| move || tcp_connects(&t.consumer, src, "10.20.1.3", 8080);
     wait_until(
         &format!("{backend}: the offloaded pod reachable"),
         30,
