@@ -210,7 +210,7 @@ pub struct NetworkPolicy {
 }
 
 /// A container port of a pod.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct ContainerPort {
     /// `name`.
     pub name: Option<String>,

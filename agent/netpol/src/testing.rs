@@ -200,6 +200,44 @@ pub fn random_rules(rng: &mut StdRng) -> Vec<Rule> {
         .collect()
 }
 
+/// Every pod of `c` twice: a second replica with the same labels, its IPv4 address 100
+/// higher. With `rng`, each replica's port named `serve-81-tcp` is drawn again (81 or 8081),
+/// and three in ten run on the other side of the gateway: replicas alike in labels may resolve
+/// a named port to different numbers, and cross the gateway where their original does not.
+pub fn with_replicas(c: &mut Cluster, mut rng: Option<&mut StdRng>) {
+    let replicas: Vec<_> = c
+        .pods
+        .iter()
+        .map(|p| {
+            let mut r = (**p).clone();
+            r.name = format!("{}-2", p.name);
+            r.ips = p
+                .ips
+                .iter()
+                .map(|ip| match ip {
+                    std::net::IpAddr::V4(a) => {
+                        let [x, y, z, w] = a.octets();
+                        std::net::IpAddr::from([x, y, z, w + 100])
+                    }
+                    v6 => *v6,
+                })
+                .collect();
+            if let Some(rng) = rng.as_deref_mut() {
+                r.ports[1].port = if rng.random_bool(0.5) { 81 } else { 8081 };
+                // A Deployment partly offloaded: a replica on the other side of the gateway.
+                if rng.random_bool(0.3) {
+                    r.peer = match r.peer {
+                        Some(_) => None,
+                        None => Some("peer1".into()),
+                    };
+                }
+            }
+            std::sync::Arc::new(r)
+        })
+        .collect();
+    c.pods.extend(replicas);
+}
+
 /// The e2e shape with random named ports and one to four random policies.
 pub fn random_cluster(rng: &mut StdRng) -> Cluster {
     let mut c = cluster(Vec::new());

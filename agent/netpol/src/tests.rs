@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 
 use super::eval::{decide, Flow, Side};
 use super::testing::*;
@@ -193,6 +193,42 @@ fn the_tier_gives_the_semantics_verdict_for_every_crossing_pair() {
                 from.key(),
                 to.key(),
                 c.policies
+            );
+        });
+    }
+    assert!(checked > 10_000, "{checked}");
+}
+
+/// The same judge over replicas: pods alike in labels (one class of the tier's index) that
+/// resolve a named port to different numbers, or run on different sides of the gateway (which
+/// the tier tells apart where the peer has remapped CIDRs).
+#[test]
+fn the_tier_gives_the_semantics_verdict_for_replicas_differing_in_ports_or_side() {
+    let mut rng = StdRng::seed_from_u64(37);
+    let mut checked = 0;
+    for _ in 0..100 {
+        let mut c = random_cluster(&mut rng);
+        with_replicas(&mut c, Some(&mut rng));
+        // Half of them with a remapped peer CIDR (no pod in it): the tier then meets a
+        // policy's local pods and its pods on the peer in rules of their own.
+        if rng.random_bool(0.5) {
+            c.remaps.insert(
+                "peer1".into(),
+                vec![Remap {
+                    real: "10.200.0.0/16".parse().unwrap(),
+                    seen: "10.201.0.0/16".parse().unwrap(),
+                }],
+            );
+        }
+        let ir = compiled(&c);
+        checked += crossing_cases(&c, &ir, |from, to, proto, dport, want, got| {
+            let accepted = got.verdict == peerwall_policy::ir::VerdictAction::Accept;
+            assert_eq!(
+                accepted,
+                want.allowed(),
+                "{} -> {} proto {proto} port {dport}: semantics {want:?}, tier {got:?}",
+                from.key(),
+                to.key(),
             );
         });
     }

@@ -19,7 +19,7 @@
 // (`tier/sets.rs`) and the pod index (`tier/pods.rs`); its helpers are the file's first half.
 // The random judge test holds it whole.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use peerwall_intent::types as api;
@@ -30,6 +30,7 @@ use super::{Cluster, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule};
 mod pods;
 mod sets;
 
+use pods::Group;
 use sets::{to_u128, Addrs, Names, Registry, Role};
 
 /// Prefix of the tier's table names.
@@ -187,15 +188,15 @@ fn through_remaps(r: (u128, u128), v4: bool, remaps: &[super::Remap]) -> Vec<(u1
 /// the policy's pods (ingress) or the peers' (egress) it holds for.
 struct Clause {
     ports: Option<(Protocol, Option<(u16, u16)>)>,
-    /// For a named port: the pods (by index) whose name resolves to this number.
-    only: Option<BTreeSet<usize>>,
+    /// For a named port: the pods (by class) whose name resolves to this number.
+    only: Option<Group>,
     /// For a named port: what decides `only` (name, protocol, number), for set definitions.
     named: String,
 }
 
 /// The clauses of `ports` (empty: one clause, anything), named ports resolved against the
-/// pods at `dst` (indexes into `pods`).
-fn clauses(ports: &[Port], pods: &[&Pod], dst: &BTreeSet<usize>) -> Vec<Clause> {
+/// pods at `dst`, once per class.
+fn clauses(ports: &[Port], index: &pods::Index, dst: &Group) -> Vec<Clause> {
     if ports.is_empty() {
         return vec![Clause {
             ports: None,
@@ -217,16 +218,16 @@ fn clauses(ports: &[Port], pods: &[&Pod], dst: &BTreeSet<usize>) -> Vec<Clause> 
                 named: String::new(),
             }),
             Ports::Named(name) => {
-                let mut by_port: BTreeMap<u16, BTreeSet<usize>> = BTreeMap::new();
-                for &i in dst {
-                    if let Some(n) = pods[i].named_port(name, p.protocol) {
-                        by_port.entry(n).or_default().insert(i);
+                let mut by_port: BTreeMap<u16, Vec<u32>> = BTreeMap::new();
+                for k in dst.iter() {
+                    if let Some(n) = index.class(k).named_port(name, p.protocol) {
+                        by_port.entry(n).or_default().push(k);
                     }
                 }
-                for (n, idx) in by_port {
+                for (n, classes) in by_port {
                     out.push(Clause {
                         ports: Some((p.protocol, Some((n, n)))),
-                        only: Some(idx),
+                        only: Some(Group::of(classes)),
                         named: format!("{name}/{:?}={n}", p.protocol),
                     });
                 }
@@ -389,29 +390,26 @@ impl ChainBuilder<'_> {
         self.sets.add(role, def, &a)
     }
 
-    /// The addresses of the pods at `idx`.
-    fn addrs_of(&self, idx: &BTreeSet<usize>) -> Addrs {
+    /// The addresses of the pods of `group`.
+    fn addrs_of(&self, group: &Group) -> Addrs {
         let mut a = Addrs::default();
-        for &i in idx {
-            for ip in &self.pods[i].ips {
-                a.add_ip(*ip);
+        for k in group.iter() {
+            for &i in &self.index.class(k).pods {
+                for ip in &self.pods[i].ips {
+                    a.add_ip(*ip);
+                }
             }
         }
         a
     }
 
-    /// The pods (indexes) the pod peers of a policy in `ns` select.
-    fn peer_pods(&self, ns: &str, peers: &[Peer]) -> BTreeSet<usize> {
+    /// The pods the pod peers of a policy in `ns` select.
+    fn peer_pods(&self, ns: &str, peers: &[Peer]) -> Group {
         self.index.peer_pods(self.cluster, ns, peers)
     }
 
     /// One NetworkPolicy's accept rules; the pods it isolates go to `isolated`.
-    fn policy(
-        &mut self,
-        pi: usize,
-        policy: &NetworkPolicy,
-        isolated: &mut Vec<(usize, BTreeSet<usize>)>,
-    ) {
+    fn policy(&mut self, pi: usize, policy: &NetworkPolicy, isolated: &mut Vec<(usize, Group)>) {
         let Some(rules) = self.dir.rules(policy) else {
             return;
         };
@@ -444,7 +442,7 @@ impl ChainBuilder<'_> {
     fn rule_rules(
         &mut self,
         own_def: &str,
-        own: &BTreeSet<usize>,
+        own: &Group,
         ns: &str,
         rule: &Rule,
         name: &dyn Fn(usize, bool) -> String,
@@ -455,9 +453,8 @@ impl ChainBuilder<'_> {
         // The pods the peers select, found only when a set not made yet or a named port needs
         // them (rules repeating a definition find its sets made).
         let far_cell = std::cell::OnceCell::new();
-        let far_pods = |b: &Self| -> &BTreeSet<usize> {
-            far_cell.get_or_init(|| b.peer_pods(ns, &rule.peers))
-        };
+        let far_pods =
+            |b: &Self| -> &Group { far_cell.get_or_init(|| b.peer_pods(ns, &rule.peers)) };
         let blocks: Vec<&super::IpBlock> = rule
             .peers
             .iter()
@@ -494,11 +491,8 @@ impl ChainBuilder<'_> {
         // own: the policy's pods, wherever they run, meet every selected pod in one rule
         // (`None`), which is half the rules of a policy with pods on both sides.
         let far_all = |b: &Self, remote_own: Option<bool>| {
-            let across: BTreeSet<usize> = far_pods(b)
-                .iter()
-                .copied()
-                .filter(|&i| remote_own.is_none_or(|r| b.pods[i].peer.is_some() != r))
-                .collect();
+            let across =
+                far_pods(b).filter(|k| remote_own.is_none_or(|r| b.index.class(k).remote != r));
             let mut a = b.addrs_of(&across);
             for bl in &blocks {
                 let v4 = bl.cidr.addr().is_ipv4();
@@ -516,31 +510,32 @@ impl ChainBuilder<'_> {
         // for egress the pods the peers reach (by selector, or by an address in a block:
         // the address it is seen at here).
         let in_block = |ip: &IpAddr| blocks.iter().any(|b| b.contains(*ip));
-        let resolve_on: BTreeSet<usize> = match self.dir {
+        let resolve_on: Group = match self.dir {
             Dir::Ingress => own.clone(),
-            Dir::Egress => (0..self.pods.len())
-                .filter(|i| {
-                    any_peer
-                        || far_pods(self).contains(i)
-                        || self.pods[*i].local_ips().iter().any(in_block)
-                })
-                .collect(),
+            Dir::Egress => self.index.all(|k, c| {
+                any_peer
+                    || far_pods(self).contains(k)
+                    || (!blocks.is_empty()
+                        && c.pods
+                            .iter()
+                            .any(|&i| self.pods[i].local_ips().iter().any(in_block)))
+            }),
         };
         // A policy's local pods and its pods on the peer meet different far ends (the
         // other side's pods; with remapped CIDRs, blocks seen differently): one rule each.
         let split = !self.remaps.is_empty() && !blocks.is_empty();
-        let groups: Vec<(BTreeSet<usize>, Option<bool>)> = if self.remaps.is_empty() {
+        let groups: Vec<(Group, Option<bool>)> = if self.remaps.is_empty() {
             vec![(own.clone(), None)]
         } else {
-            let (remote, local): (BTreeSet<usize>, BTreeSet<usize>) =
-                own.iter().partition(|&&i| self.pods[i].peer.is_some());
+            let remote = own.filter(|k| self.index.class(k).remote);
+            let local = own.filter(|k| !self.index.class(k).remote);
             [(local, Some(false)), (remote, Some(true))]
                 .into_iter()
                 .filter(|(g, _)| !g.is_empty())
                 .collect()
         };
         let named_apart = split || groups.len() > 1;
-        let clauses = clauses(&rule.ports, self.pods, &resolve_on);
+        let clauses = clauses(&rule.ports, self.index, &resolve_on);
         for (own_group, remote_own) in &groups {
             let side = side_word(*remote_own);
             for (ci, c) in clauses.iter().enumerate() {
@@ -550,12 +545,12 @@ impl ChainBuilder<'_> {
                 // nothing: the group's own set (one set with its isolation's). A pod without
                 // it joining changes the definition, as one resolving it otherwise adds a
                 // clause.
-                let restricts = |only: &BTreeSet<usize>| !own_group.is_subset(only);
+                let restricts = |only: &Group| !own_group.is_subset(only);
                 let own_names = match (self.dir, &c.only) {
                     (Dir::Ingress, Some(only)) if restricts(only) => self.sets_of(
                         Role::Own,
                         format!("own|{own_def}|{side}|{}", c.named),
-                        |b| b.addrs_of(&only.intersection(own_group).copied().collect()),
+                        |b| b.addrs_of(&only.intersection(own_group)),
                     ),
                     _ => self.sets_of(Role::Own, format!("own|{own_def}|{side}|"), |b| {
                         b.addrs_of(own_group)
@@ -567,16 +562,17 @@ impl ChainBuilder<'_> {
                         format!("{far_def}|{side}|{}", c.named),
                         |b| {
                             let mut a = Addrs::default();
-                            let across = only.iter().filter(|&&i| {
-                                remote_own.is_none_or(|r| b.pods[i].peer.is_some() != r)
+                            let across = only.iter().filter(|&k| {
+                                remote_own.is_none_or(|r| b.index.class(k).remote != r)
                             });
-                            for &i in across {
-                                let selected = any_peer
-                                    || far_pods(b).contains(&i)
-                                    || b.pods[i].local_ips().iter().any(in_block);
-                                if selected {
-                                    for ip in &b.pods[i].ips {
-                                        a.add_ip(*ip);
+                            for k in across {
+                                let class_selected = any_peer || far_pods(b).contains(k);
+                                for &i in &b.index.class(k).pods {
+                                    let pod = b.pods[i];
+                                    if class_selected || pod.local_ips().iter().any(in_block) {
+                                        for ip in &pod.ips {
+                                            a.add_ip(*ip);
+                                        }
                                     }
                                 }
                             }
@@ -665,14 +661,13 @@ impl ChainBuilder<'_> {
             if rules.is_empty() {
                 continue;
             }
-            let own: BTreeSet<usize> = (0..self.pods.len())
-                .filter(|&i| {
-                    p.selects(
-                        self.pods[i],
-                        cluster.namespaces.get(&self.pods[i].namespace),
-                    )
+            // A class's pods share namespace and labels, all a subject reads.
+            let own = self.index.all(|_, c| {
+                c.pods.first().is_some_and(|&i| {
+                    let pod = self.pods[i];
+                    p.selects(pod, cluster.namespaces.get(&pod.namespace))
                 })
-                .collect();
+            });
             if own.is_empty() {
                 continue;
             }

@@ -4,6 +4,7 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+#[cfg(feature = "kube")]
 use super::FirewallConfigurationStatus;
 
 /// Most addresses one `AddressSet` holds (like an EndpointSlice's 1000 endpoints): an object

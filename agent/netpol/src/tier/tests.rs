@@ -3,40 +3,12 @@
 //! backends apply it as element changes.
 
 use std::collections::BTreeSet;
-use std::net::IpAddr;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::super::testing::*;
-use super::super::Cluster;
 use super::tier;
-
-/// Every pod of `c` twice (a second replica with the same labels), so that a relabel rarely
-/// empties a selector.
-fn with_replicas(c: &mut Cluster) {
-    let replicas: Vec<_> = c
-        .pods
-        .iter()
-        .map(|p| {
-            let mut r = (**p).clone();
-            r.name = format!("{}-2", p.name);
-            r.ips = p
-                .ips
-                .iter()
-                .map(|ip| match ip {
-                    IpAddr::V4(a) => {
-                        let [x, y, z, w] = a.octets();
-                        IpAddr::from([x, y, z, w + 100])
-                    }
-                    v6 => *v6,
-                })
-                .collect();
-            std::sync::Arc::new(r)
-        })
-        .collect();
-    c.pods.extend(replicas);
-}
 
 fn names(t: &peerwall_intent::types::Table) -> BTreeSet<String> {
     t.sets.iter().map(|s| s.name.clone()).collect()
@@ -51,7 +23,7 @@ fn a_relabelled_pod_changes_set_elements_and_nothing_else() {
         if round % 2 == 0 {
             c.cluster_policies = random_cluster_policies(&mut rng);
         }
-        with_replicas(&mut c);
+        with_replicas(&mut c, None);
         let before = tier(&c, "peer1", false).spec.table;
         let k = rng.random_range(0..c.pods.len());
         let was = c.pods[k].labels.get("pod").cloned().unwrap_or_default();
