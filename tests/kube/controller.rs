@@ -62,6 +62,40 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
         .collect();
     assert_eq!(rules.last().map(String::as_str), Some("default_deny"));
     assert!(rules.contains(&"leaf_to_leaf".to_string()), "{rules:?}");
+    // Someone with write access removes the default deny: the controller writes it back (a
+    // new generation of the spec is compared again, not taken for what it last wrote).
+    let last = rules.len() - 1;
+    fwc_api(&client, "liqo-tenant-a")
+        .patch(
+            "peerwall-gateway",
+            &PatchParams::default(),
+            &Patch::Json::<()>(
+                serde_json::from_value(json!([{
+                    "op": "remove",
+                    "path": format!("/spec/table/chains/0/rules/filterRules/{last}"),
+                }]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the default deny written back",
+        Duration::from_secs(20),
+        || async {
+            let gw = fwc_api(&client, "liqo-tenant-a")
+                .get("peerwall-gateway")
+                .await
+                .ok()?;
+            let names: Vec<&str> = gw.data["spec"]["table"]["chains"][0]["rules"]["filterRules"]
+                .as_array()?
+                .iter()
+                .filter_map(|r| r["name"].as_str())
+                .collect();
+            (names.last() == Some(&"default_deny")).then_some(())
+        },
+    )
+    .await;
 
     // Offloaded namespaces and labeled pods; pods without an IP yet are left out.
     namespace(&client, "app-a", json!({"liqo.io/remote-cluster-id": "a"})).await;

@@ -52,6 +52,9 @@ pub(super) struct Ctx {
     /// Problems with NetworkPolicies already reported (policy and reason), so each gets one
     /// Event and one log line.
     pub(super) reported: std::sync::Mutex<BTreeSet<String>>,
+    /// What the controller last wrote of each of its FirewallConfigurations, or found the
+    /// cache already showing ([`super::storable`]).
+    pub(super) written: std::sync::Mutex<super::storable::Written>,
 }
 
 impl Ctx {
@@ -59,6 +62,14 @@ impl Ctx {
         if let Ok(mut m) = self.metrics.lock() {
             f(&mut m);
         }
+    }
+
+    pub(super) fn written(&self) -> std::sync::MutexGuard<'_, super::storable::Written> {
+        // What it holds is a shortcut: a state left by a panic only sends a pass back to
+        // comparing with the cache.
+        self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     pub(super) fn publisher(&self) -> std::sync::MutexGuard<'_, Publisher> {
@@ -160,6 +171,7 @@ impl Ctx {
                 changed.clone(),
             ))),
             reported: std::sync::Mutex::new(BTreeSet::new()),
+            written: Default::default(),
             client: client.clone(),
             opts,
             metrics,
@@ -254,6 +266,7 @@ impl Ctx {
                 crate::protection_policies::resource(),
             ))),
             reported: std::sync::Mutex::new(BTreeSet::new()),
+            written: Default::default(),
             client,
         };
         (

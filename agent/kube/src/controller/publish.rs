@@ -9,6 +9,7 @@
 //! where they are ([`Seen::of_dynamic`]): a FirewallConfiguration edited by hand into
 //! something this version cannot parse must still be seen, and overwritten.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Namespace;
@@ -92,40 +93,52 @@ pub(super) fn typed<K: serde::de::DeserializeOwned>(
     serde_json::from_value(body).map_err(|source| ReconcileError::Object { object, source })
 }
 
-/// What the cache shows of an object: its labels and spec.
+/// What the cache shows of an object: its labels and spec, borrowed from the cache where it
+/// reads untyped (a NetworkPolicy tier's spec is 20,000 set elements: a copy of it costs what
+/// building it does).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub(super) struct Seen {
-    labels: BTreeMap<String, String>,
-    spec: Option<Value>,
+pub(super) struct Seen<'a> {
+    labels: Cow<'a, BTreeMap<String, String>>,
+    spec: Option<Cow<'a, Value>>,
 }
 
-impl Seen {
+impl<'a> Seen<'a> {
     /// An object of a kind read untyped.
-    pub(super) fn of_dynamic(o: &DynamicObject) -> Self {
+    pub(super) fn of_dynamic(o: &'a DynamicObject) -> Self {
         Self {
-            labels: o.labels().clone(),
-            spec: o.data.get("spec").cloned(),
+            labels: Cow::Borrowed(o.labels()),
+            spec: o.data.get("spec").map(Cow::Borrowed),
         }
     }
 
     /// An object of a typed kind.
-    pub(super) fn of<K: Resource + serde::Serialize>(o: &K) -> Self {
-        Self {
-            labels: o.labels().clone(),
+    pub(super) fn of<K: Resource + serde::Serialize>(o: &K) -> Seen<'static> {
+        Seen {
+            labels: Cow::Owned(o.labels().clone()),
             spec: serde_json::to_value(o)
                 .ok()
-                .and_then(|v| v.get("spec").cloned()),
+                .and_then(|mut v| v.get_mut("spec").map(Value::take))
+                .map(Cow::Owned),
+        }
+    }
+
+    /// The same, owning what it shows.
+    #[cfg(test)]
+    pub(super) fn into_owned(self) -> Seen<'static> {
+        Seen {
+            labels: Cow::Owned(self.labels.into_owned()),
+            spec: self.spec.map(|s| Cow::Owned(s.into_owned())),
         }
     }
 
     /// Whether it already says what `object` says: the same spec, and every label of
     /// `object` (others' labels may be there too).
-    fn says<K: Resource + serde::Serialize>(&self, object: &K) -> bool {
+    pub(super) fn says<K: Resource + serde::Serialize>(&self, object: &K) -> bool {
         let spec = serde_json::to_value(object)
             .ok()
             .and_then(|v| v.get("spec").cloned());
         spec.is_some()
-            && self.spec == spec
+            && self.spec.as_deref() == spec.as_ref()
             && object
                 .labels()
                 .iter()
@@ -136,7 +149,7 @@ impl Seen {
     /// state's check, without reading the object into its type.
     fn says_built(&self, body: &Value) -> bool {
         body.get("spec").is_some()
-            && self.spec.as_ref() == body.get("spec")
+            && self.spec.as_deref() == body.get("spec")
             && body["metadata"]["labels"]
                 .as_object()
                 .into_iter()
@@ -151,7 +164,7 @@ impl Seen {
 /// ([`typed`]), compared again in that form, and written.
 pub(super) async fn publish<K>(
     api: &Api<K>,
-    seen: Option<&Seen>,
+    seen: Option<&Seen<'_>>,
     body: Value,
     owners: Option<Value>,
 ) -> Result<bool, ReconcileError>

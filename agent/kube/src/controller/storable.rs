@@ -3,18 +3,20 @@
 //! ([`protection::spill`]), written before the configuration that counts them
 //! (`addressSets`); emptied slices are deleted after it, and the slices of a set back inline
 //! once every host applied it. An agent that sees the configuration before its slices keeps
-//! the previous generation in force.
+//! the previous generation in force. A configuration is serialized once per pass: its JSON
+//! gives its size and a digest ([`Written`]) that tells an unchanged pass from one to write.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject};
 use kube::ResourceExt;
 use peerwall_intent::types::{AddressSet, FirewallConfiguration, FirewallConfigurationSpec};
+use sha2::{Digest, Sha256};
 
 use super::context::Ctx;
 use super::enforcement::applied_everywhere;
-use super::publish::{api_error, apply, owned_by_namespace, publish, typed, ReconcileError, Seen};
+use super::publish::{api_error, apply, owned_by_namespace, typed, ReconcileError, Seen};
 use crate::protection;
 use crate::protection::spill::{self, CONFIGURATION_LABEL};
 
@@ -105,14 +107,22 @@ pub(super) async fn publish_configuration(
     // no longer takes them.
     let unneeded: Vec<String> = current.into_values().flatten().map(|s| s.name).collect();
     spill::declare(&mut spec, &counts);
-    let body = peerwall_intent::object::object(
-        peerwall_intent::load::KIND,
-        &ns_name,
-        config,
-        labels,
-        spec,
-    );
-    let bytes = serde_json::to_vec(&body).map_or(0, |v| v.len());
+    // The object as written: typed as it is (its spec is the API's own type already), its JSON
+    // what the request carries, so its size is exact.
+    let mut object = FirewallConfiguration::new(config, spec);
+    object.metadata.namespace = Some(ns_name.clone());
+    object.metadata.labels = (!labels.is_empty()).then(|| labels.clone());
+    object.metadata.owner_references = serde_json::from_value(owned_by_namespace(ns))
+        .map(Some)
+        .map_err(|source| ReconcileError::Object {
+            object: format!("{ns_name}/{config}"),
+            source,
+        })?;
+    let json = serde_json::to_vec(&object).map_err(|source| ReconcileError::Object {
+        object: format!("{ns_name}/{config}"),
+        source,
+    })?;
+    let bytes = json.len();
     if bytes > peerwall_intent::size::ETCD_REQUEST_MAX {
         ctx.count(|m| m.too_large += 1);
         return Err(ReconcileError::TooLarge {
@@ -120,14 +130,42 @@ pub(super) async fn publish_configuration(
             bytes,
         });
     }
+    let digest: [u8; 32] = Sha256::digest(&json).into();
+    drop(json);
     let stored = ctx
         .configs
         .state()
         .into_iter()
         .find(|c| c.name_any() == config && c.namespace().as_deref() == Some(&ns_name));
-    let seen = stored.as_deref().map(Seen::of_dynamic);
+    let key = (ns_name.clone(), config.to_string());
+    // The spec's generation (the hosts' conditions in the status do not change it), known
+    // only while the object carries every label the controller gives it (a gateway finds its
+    // configurations by them).
+    let version = stored
+        .as_deref()
+        .filter(|o| labels.iter().all(|(k, v)| o.labels().get(k) == Some(v)))
+        .and_then(|o| o.metadata.generation)
+        .map(|g| g.to_string());
     let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
-    let wrote = publish(&api, seen.as_ref(), body, Some(owned_by_namespace(ns))).await?;
+    let known = ctx.written().check(&key, version.as_deref(), &digest);
+    let wrote = match known {
+        Some(same) => !same,
+        // Not known at this generation (the controller started, the object was edited by
+        // someone else, the cache lags its last write): what the cache shows, compared.
+        None => {
+            let seen = stored.as_deref().map(Seen::of_dynamic);
+            let shows = seen.as_ref().is_some_and(|s| s.says(&object));
+            if shows {
+                ctx.written().remember(key.clone(), version.clone(), digest);
+            }
+            !shows
+        }
+    };
+    if wrote {
+        let after = apply(&api, &object).await?;
+        let generation = after.metadata.generation.map(|g| g.to_string());
+        ctx.written().remember(key, generation, digest);
+    }
     // Not written: the cache shows what was built; applied by every host, the slices it no
     // longer takes can go (a host's condition wakes this pass again).
     if !wrote && stored.as_deref().is_some_and(applied_everywhere) {
@@ -148,4 +186,68 @@ pub(super) async fn publish_configuration(
         );
     }
     Ok(wrote)
+}
+
+/// What the controller last wrote of each configuration (or found the cache already showing):
+/// the object's `metadata.generation` then and the SHA-256 of its JSON, by namespace and name.
+/// A pass whose object hashes alike, while the cache shows that generation and the labels,
+/// writes nothing and builds nothing more (a NetworkPolicy tier's spec is 20,000 set
+/// elements: read back into JSON and compared, it costs twice what the tier does). A
+/// cryptographic digest: the spec is built from what namespace users write, and a chosen
+/// collision would keep a stale policy in force.
+#[derive(Default)]
+pub(super) struct Written(HashMap<(String, String), (String, [u8; 32])>);
+
+impl Written {
+    /// Whether `key` at generation `version` is known, and then whether it holds `digest`.
+    fn check(
+        &self,
+        key: &(String, String),
+        version: Option<&str>,
+        digest: &[u8; 32],
+    ) -> Option<bool> {
+        let (v, d) = self.0.get(key)?;
+        (Some(v.as_str()) == version).then(|| d == digest)
+    }
+
+    fn remember(&mut self, key: (String, String), version: Option<String>, digest: [u8; 32]) {
+        match version {
+            Some(v) => {
+                self.0.insert(key, (v, digest));
+            }
+            None => {
+                self.0.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Written;
+
+    #[test]
+    fn a_pass_writes_nothing_only_at_the_generation_and_digest_it_wrote() {
+        let key = (
+            "liqo-tenant-p1".to_string(),
+            "peerwall-networkpolicy".to_string(),
+        );
+        let mut w = Written::default();
+        assert_eq!(w.check(&key, Some("3"), &[1; 32]), None, "nothing known");
+        w.remember(key.clone(), Some("3".into()), [1; 32]);
+        assert_eq!(w.check(&key, Some("3"), &[1; 32]), Some(true));
+        assert_eq!(
+            w.check(&key, Some("3"), &[2; 32]),
+            Some(false),
+            "a new spec"
+        );
+        assert_eq!(
+            w.check(&key, Some("4"), &[1; 32]),
+            None,
+            "edited by someone"
+        );
+        assert_eq!(w.check(&key, None, &[1; 32]), None, "gone from the cache");
+        w.remember(key.clone(), None, [1; 32]);
+        assert_eq!(w.check(&key, Some("3"), &[1; 32]), None, "forgotten");
+    }
 }

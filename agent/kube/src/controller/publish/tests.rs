@@ -33,11 +33,11 @@ fn gateway() -> FirewallConfiguration {
 
 /// What the API server would show after `object` was applied, as the controller's cache reads
 /// it (untyped), with `edit` done to it.
-fn shown(object: &FirewallConfiguration, edit: impl FnOnce(&mut Value)) -> Seen {
+fn shown(object: &FirewallConfiguration, edit: impl FnOnce(&mut Value)) -> Seen<'static> {
     let mut v = serde_json::to_value(object).expect("JSON");
     v["metadata"]["resourceVersion"] = json!("7");
     edit(&mut v);
-    Seen::of_dynamic(&serde_json::from_value::<DynamicObject>(v).expect("object"))
+    Seen::of_dynamic(&serde_json::from_value::<DynamicObject>(v).expect("object")).into_owned()
 }
 
 #[tokio::test]
