@@ -27,6 +27,7 @@ use peerwall_intent::types as api;
 use super::cnp;
 use super::{Cluster, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule};
 
+mod definition;
 mod pods;
 mod sets;
 
@@ -478,7 +479,11 @@ impl ChainBuilder<'_> {
         } else {
             ""
         };
-        let far_def = format!("far|{far_ns}|{:?}", rule.peers);
+        let mut far_def = String::with_capacity(160);
+        far_def.push_str("far|");
+        far_def.push_str(far_ns);
+        far_def.push('|');
+        definition::peers(&mut far_def, &rule.peers);
         // The far end of the unnamed clauses: None is anyone. Blocks name addresses as
         // seen here: for a local pod the far end is the peer's, as its gateway sees them
         // (`through_remaps`); for a pod running on the peer, ours. Selected pods count
@@ -824,7 +829,12 @@ pub fn object(
 
 /// What decides a NetworkPolicy's own pods: its namespace and pod selector.
 fn own_definition(p: &NetworkPolicy) -> String {
-    format!("np|{}|{:?}", p.namespace, p.pod_selector)
+    let mut out = String::with_capacity(96);
+    out.push_str("np|");
+    out.push_str(&p.namespace);
+    out.push('|');
+    definition::selector(&mut out, &p.pod_selector);
+    out
 }
 
 /// One rule for each distinct match: a rule that repeats an earlier one's matches and action
