@@ -69,13 +69,28 @@ pub(super) async fn publish_configuration(
     ctx: &Ctx,
     ns: &Namespace,
     config: &str,
-    mut spec: FirewallConfigurationSpec,
+    spec: FirewallConfigurationSpec,
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, ReconcileError> {
     let ns_name = ns.name_any();
     let mut current = current_slices(ctx, &ns_name, config);
     let in_slices: BTreeSet<String> = current.keys().cloned().collect();
-    let moved = spill::spill(&mut spec, ctx.opts.inline_budget, &in_slices);
+    // Nothing in slices: the object as it is, serialized once; within the budget (so is its
+    // spec, which is what `spill` measures), nothing moves and this JSON is the one written.
+    let (mut spec, mut json) = if in_slices.is_empty() {
+        let object = object_of(ns, config, spec, labels)?;
+        let json = to_json(&object, &ns_name, config)?;
+        (object.spec, Some(json))
+    } else {
+        (spec, None)
+    };
+    let moved = match &json {
+        Some(j) if j.len() <= ctx.opts.inline_budget => Vec::new(),
+        _ => {
+            json = None;
+            spill::spill(&mut spec, ctx.opts.inline_budget, &in_slices)
+        }
+    };
     // Every name in use: a new slice of one set never takes another's.
     let mut taken: BTreeSet<String> = current.values().flatten().map(|s| s.name.clone()).collect();
     let slices: Api<AddressSet> = Api::namespaced(ctx.client.clone(), &ns_name);
@@ -107,21 +122,11 @@ pub(super) async fn publish_configuration(
     // no longer takes them.
     let unneeded: Vec<String> = current.into_values().flatten().map(|s| s.name).collect();
     spill::declare(&mut spec, &counts);
-    // The object as written: typed as it is (its spec is the API's own type already), its JSON
-    // what the request carries, so its size is exact.
-    let mut object = FirewallConfiguration::new(config, spec);
-    object.metadata.namespace = Some(ns_name.clone());
-    object.metadata.labels = (!labels.is_empty()).then(|| labels.clone());
-    object.metadata.owner_references = serde_json::from_value(owned_by_namespace(ns))
-        .map(Some)
-        .map_err(|source| ReconcileError::Object {
-            object: format!("{ns_name}/{config}"),
-            source,
-        })?;
-    let json = serde_json::to_vec(&object).map_err(|source| ReconcileError::Object {
-        object: format!("{ns_name}/{config}"),
-        source,
-    })?;
+    let object = object_of(ns, config, spec, labels)?;
+    let json = match json {
+        Some(j) => j,
+        None => to_json(&object, &ns_name, config)?,
+    };
     let bytes = json.len();
     if bytes > peerwall_intent::size::ETCD_REQUEST_MAX {
         ctx.count(|m| m.too_large += 1);
@@ -186,6 +191,38 @@ pub(super) async fn publish_configuration(
         );
     }
     Ok(wrote)
+}
+
+/// The configuration as written: typed as it is (its spec is the API's own type already), in
+/// the tenant namespace `ns` that owns it.
+fn object_of(
+    ns: &Namespace,
+    config: &str,
+    spec: FirewallConfigurationSpec,
+    labels: &BTreeMap<String, String>,
+) -> Result<FirewallConfiguration, ReconcileError> {
+    let mut object = FirewallConfiguration::new(config, spec);
+    object.metadata.namespace = Some(ns.name_any());
+    object.metadata.labels = (!labels.is_empty()).then(|| labels.clone());
+    object.metadata.owner_references = serde_json::from_value(owned_by_namespace(ns))
+        .map(Some)
+        .map_err(|source| ReconcileError::Object {
+            object: format!("{}/{config}", ns.name_any()),
+            source,
+        })?;
+    Ok(object)
+}
+
+/// The JSON the request carries: its size is exact.
+fn to_json(
+    object: &FirewallConfiguration,
+    ns: &str,
+    config: &str,
+) -> Result<Vec<u8>, ReconcileError> {
+    serde_json::to_vec(object).map_err(|source| ReconcileError::Object {
+        object: format!("{ns}/{config}"),
+        source,
+    })
 }
 
 /// What the controller last wrote of each configuration (or found the cache already showing):
