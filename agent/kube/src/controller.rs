@@ -38,6 +38,7 @@ mod publish;
 mod storable;
 mod tenants;
 mod view;
+mod written;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -54,7 +54,7 @@ pub(super) struct Ctx {
     pub(super) reported: std::sync::Mutex<BTreeSet<String>>,
     /// What the controller last wrote of each of its FirewallConfigurations, or found the
     /// cache already showing ([`super::storable`]).
-    pub(super) written: std::sync::Mutex<super::storable::Written>,
+    pub(super) written: std::sync::Mutex<super::written::Written>,
 }
 
 impl Ctx {
@@ -64,7 +64,7 @@ impl Ctx {
         }
     }
 
-    pub(super) fn written(&self) -> std::sync::MutexGuard<'_, super::storable::Written> {
+    pub(super) fn written(&self) -> std::sync::MutexGuard<'_, super::written::Written> {
         // What it holds is a shortcut: a state left by a panic only sends a pass back to
         // comparing with the cache.
         self.written

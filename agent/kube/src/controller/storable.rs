@@ -6,7 +6,7 @@
 //! the previous generation in force. A configuration is serialized once per pass: its JSON
 //! gives its size and a digest ([`Written`]) that tells an unchanged pass from one to write.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject};
@@ -143,30 +143,9 @@ pub(super) async fn publish_configuration(
         .into_iter()
         .find(|c| c.name_any() == config && c.namespace().as_deref() == Some(&ns_name));
     let key = (ns_name.clone(), config.to_string());
-    // The spec's generation (the hosts' conditions in the status do not change it), known
-    // only while the object carries every label the controller gives it (a gateway finds its
-    // configurations by them).
-    let version = stored
-        .as_deref()
-        .filter(|o| labels.iter().all(|(k, v)| o.labels().get(k) == Some(v)))
-        .and_then(|o| o.metadata.generation)
-        .map(|g| g.to_string());
-    let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
-    let known = ctx.written().check(&key, version.as_deref(), &digest);
-    let wrote = match known {
-        Some(same) => !same,
-        // Not known at this generation (the controller started, the object was edited by
-        // someone else, the cache lags its last write): what the cache shows, compared.
-        None => {
-            let seen = stored.as_deref().map(Seen::of_dynamic);
-            let shows = seen.as_ref().is_some_and(|s| s.says(&object));
-            if shows {
-                ctx.written().remember(key.clone(), version.clone(), digest);
-            }
-            !shows
-        }
-    };
+    let wrote = !already_there(ctx, &key, stored.as_deref(), &object, digest);
     if wrote {
+        let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
         let after = apply(&api, &object).await?;
         let generation = after.metadata.generation.map(|g| g.to_string());
         ctx.written().remember(key, generation, digest);
@@ -191,6 +170,39 @@ pub(super) async fn publish_configuration(
         );
     }
     Ok(wrote)
+}
+
+/// Whether the object `stored` (as the cache shows it) already says `object`, whose JSON
+/// hashes to `digest`: known from what the controller wrote or saw at the spec's generation
+/// the cache shows, else compared (and then remembered).
+fn already_there(
+    ctx: &Ctx,
+    key: &(String, String),
+    stored: Option<&DynamicObject>,
+    object: &FirewallConfiguration,
+    digest: [u8; 32],
+) -> bool {
+    // The spec's generation (the hosts' conditions in the status do not change it), known
+    // only while the object carries every label the controller gives it (a gateway finds its
+    // configurations by them).
+    let labels = object.metadata.labels.clone().unwrap_or_default();
+    let version = stored
+        .filter(|o| labels.iter().all(|(k, v)| o.labels().get(k) == Some(v)))
+        .and_then(|o| o.metadata.generation)
+        .map(|g| g.to_string());
+    let known = ctx.written().check(key, version.as_deref(), &digest);
+    match known {
+        Some(same) => same,
+        // Not known at this generation (the controller started, the object was edited by
+        // someone else, the cache lags its last write): what the cache shows, compared.
+        None => {
+            let shows = stored.map(Seen::of_dynamic).is_some_and(|s| s.says(object));
+            if shows {
+                ctx.written().remember(key.clone(), version, digest);
+            }
+            shows
+        }
+    }
 }
 
 /// The configuration as written: typed as it is (its spec is the API's own type already), in
@@ -223,68 +235,4 @@ fn to_json(
         object: format!("{ns}/{config}"),
         source,
     })
-}
-
-/// What the controller last wrote of each configuration (or found the cache already showing):
-/// the object's `metadata.generation` then and the SHA-256 of its JSON, by namespace and name.
-/// A pass whose object hashes alike, while the cache shows that generation and the labels,
-/// writes nothing and builds nothing more (a NetworkPolicy tier's spec is 20,000 set
-/// elements: read back into JSON and compared, it costs twice what the tier does). A
-/// cryptographic digest: the spec is built from what namespace users write, and a chosen
-/// collision would keep a stale policy in force.
-#[derive(Default)]
-pub(super) struct Written(HashMap<(String, String), (String, [u8; 32])>);
-
-impl Written {
-    /// Whether `key` at generation `version` is known, and then whether it holds `digest`.
-    fn check(
-        &self,
-        key: &(String, String),
-        version: Option<&str>,
-        digest: &[u8; 32],
-    ) -> Option<bool> {
-        let (v, d) = self.0.get(key)?;
-        (Some(v.as_str()) == version).then(|| d == digest)
-    }
-
-    fn remember(&mut self, key: (String, String), version: Option<String>, digest: [u8; 32]) {
-        match version {
-            Some(v) => {
-                self.0.insert(key, (v, digest));
-            }
-            None => {
-                self.0.remove(&key);
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::Written;
-
-    #[test]
-    fn a_pass_writes_nothing_only_at_the_generation_and_digest_it_wrote() {
-        let key = (
-            "liqo-tenant-p1".to_string(),
-            "peerwall-networkpolicy".to_string(),
-        );
-        let mut w = Written::default();
-        assert_eq!(w.check(&key, Some("3"), &[1; 32]), None, "nothing known");
-        w.remember(key.clone(), Some("3".into()), [1; 32]);
-        assert_eq!(w.check(&key, Some("3"), &[1; 32]), Some(true));
-        assert_eq!(
-            w.check(&key, Some("3"), &[2; 32]),
-            Some(false),
-            "a new spec"
-        );
-        assert_eq!(
-            w.check(&key, Some("4"), &[1; 32]),
-            None,
-            "edited by someone"
-        );
-        assert_eq!(w.check(&key, None, &[1; 32]), None, "gone from the cache");
-        w.remember(key.clone(), None, [1; 32]);
-        assert_eq!(w.check(&key, Some("3"), &[1; 32]), None, "forgotten");
-    }
 }
