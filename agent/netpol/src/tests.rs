@@ -182,21 +182,36 @@ fn the_tier_gives_the_semantics_verdict_for_every_crossing_pair() {
     let mut rng = StdRng::seed_from_u64(31);
     let mut checked = 0;
     for _ in 0..300 {
-        let c = random_cluster(&mut rng);
-        let ir = compiled(&c);
-        checked += crossing_cases(&c, &ir, |from, to, proto, dport, want, got| {
-            let accepted = got.verdict == peerwall_policy::ir::VerdictAction::Accept;
-            assert_eq!(
-                accepted,
-                want.allowed(),
-                "{} -> {} proto {proto} port {dport}: semantics {want:?}, tier {got:?}\npolicies {:#?}",
-                from.key(),
-                to.key(),
-                c.policies
-            );
-        });
+        checked += judged(&random_cluster(&mut rng));
     }
     assert!(checked > 10_000, "{checked}");
+}
+
+/// The tier's verdict against the semantics' for every crossing pair and probe of `c`; how many.
+fn judged(c: &Cluster) -> usize {
+    let ir = compiled(c);
+    crossing_cases(c, &ir, |from, to, proto, dport, want, got| {
+        let accepted = got.verdict == peerwall_policy::ir::VerdictAction::Accept;
+        assert_eq!(
+            accepted,
+            want.allowed(),
+            "{} -> {} proto {proto} port {dport}: semantics {want:?}, tier {got:?}\npolicies {:#?}",
+            from.key(),
+            to.key(),
+            c.policies
+        );
+    })
+}
+
+/// peer1's CIDR `real` seen here as `seen` (Liqo's remapping).
+fn remap_peer1(c: &mut Cluster, real: &str, seen: &str) {
+    c.remaps.insert(
+        "peer1".into(),
+        vec![Remap {
+            real: real.parse().unwrap(),
+            seen: seen.parse().unwrap(),
+        }],
+    );
 }
 
 /// The same judge over replicas: pods alike in labels (one class of the tier's index) that
@@ -212,25 +227,9 @@ fn the_tier_gives_the_semantics_verdict_for_replicas_differing_in_ports_or_side(
         // Half of them with a remapped peer CIDR (no pod in it): the tier then meets a
         // policy's local pods and its pods on the peer in rules of their own.
         if rng.random_bool(0.5) {
-            c.remaps.insert(
-                "peer1".into(),
-                vec![Remap {
-                    real: "10.200.0.0/16".parse().unwrap(),
-                    seen: "10.201.0.0/16".parse().unwrap(),
-                }],
-            );
+            remap_peer1(&mut c, "10.200.0.0/16", "10.201.0.0/16");
         }
-        let ir = compiled(&c);
-        checked += crossing_cases(&c, &ir, |from, to, proto, dport, want, got| {
-            let accepted = got.verdict == peerwall_policy::ir::VerdictAction::Accept;
-            assert_eq!(
-                accepted,
-                want.allowed(),
-                "{} -> {} proto {proto} port {dport}: semantics {want:?}, tier {got:?}",
-                from.key(),
-                to.key(),
-            );
-        });
+        checked += judged(&c);
     }
     assert!(checked > 10_000, "{checked}");
 }
@@ -409,13 +408,7 @@ fn ip_blocks_name_a_remapped_peer_by_the_addresses_seen_here() {
         // y/a runs on the peer: its egress to 10.1.0.0/24 (our x pods) is ours as written.
         egress_to("peer-to-x", "y", "a", "10.1.0.0/24"),
     ]);
-    c.remaps.insert(
-        "peer1".into(),
-        vec![Remap {
-            real: "10.20.0.0/16".parse().unwrap(),
-            seen: "10.71.0.0/16".parse().unwrap(),
-        }],
-    );
+    remap_peer1(&mut c, "10.20.0.0/16", "10.71.0.0/16");
     // A pod on the peer, seen here at 10.71.9.10 (its own address 10.20.9.10).
     let mut d = pod("y", "d", "10.20.9.10", &[("pod", "d")], Some("peer1"));
     d.local_ips = vec!["10.71.9.10".parse().unwrap()];
@@ -480,13 +473,7 @@ fn a_peer_pod_cannot_pose_as_a_local_pod_behind_an_overlapping_remap() {
         ports: vec![],
     }]);
     let mut c = cluster(vec![p]);
-    c.remaps.insert(
-        "peer1".into(),
-        vec![Remap {
-            real: "10.1.0.0/16".parse().unwrap(),
-            seen: "10.71.0.0/16".parse().unwrap(),
-        }],
-    );
+    remap_peer1(&mut c, "10.1.0.0/16", "10.71.0.0/16");
     let ir = compiled(&c);
     let from_tunnel =
         |src: &str| tcp80_accepted(&ir, src, "10.1.0.1", "liqo-tunnel", "liqo.abcdefghij");

@@ -23,6 +23,16 @@ fn string(out: &mut String, s: &str) {
     }
 }
 
+/// `items` each written by `each`, separated by `, ` (as `Debug` separates them).
+fn list<T>(out: &mut String, items: impl IntoIterator<Item = T>, each: impl Fn(&mut String, T)) {
+    for (i, x) in items.into_iter().enumerate() {
+        if i > 0 {
+            out.push_str(", ");
+        }
+        each(out, x);
+    }
+}
+
 fn requirement(out: &mut String, r: &Requirement) {
     out.push_str("Requirement { key: ");
     string(out, &r.key);
@@ -34,33 +44,20 @@ fn requirement(out: &mut String, r: &Requirement) {
         Operator::DoesNotExist => "DoesNotExist",
     });
     out.push_str(", values: [");
-    for (i, v) in r.values.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        string(out, v);
-    }
+    list(out, &r.values, |o, v| string(o, v));
     out.push_str("] }");
 }
 
 /// A selector as `{:?}` writes it.
 pub(super) fn selector(out: &mut String, s: &Selector) {
     out.push_str("Selector { labels: {");
-    for (i, (k, v)) in s.labels.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        string(out, k);
-        out.push_str(": ");
-        string(out, v);
-    }
+    list(out, &s.labels, |o, (k, v)| {
+        string(o, k);
+        o.push_str(": ");
+        string(o, v);
+    });
     out.push_str("}, exprs: [");
-    for (i, r) in s.exprs.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
-        }
-        requirement(out, r);
-    }
+    list(out, &s.exprs, requirement);
     out.push_str("] }");
 }
 
@@ -78,24 +75,19 @@ fn optional(out: &mut String, s: Option<&Selector>) {
 /// A rule's peers as `{:?}` writes them.
 pub(super) fn peers(out: &mut String, peers: &[Peer]) {
     out.push('[');
-    for (i, p) in peers.iter().enumerate() {
-        if i > 0 {
-            out.push_str(", ");
+    list(out, peers, |out, p| match p {
+        Peer::Pods { namespaces, pods } => {
+            out.push_str("Pods { namespaces: ");
+            optional(out, namespaces.as_ref());
+            out.push_str(", pods: ");
+            optional(out, pods.as_ref());
+            out.push_str(" }");
         }
-        match p {
-            Peer::Pods { namespaces, pods } => {
-                out.push_str("Pods { namespaces: ");
-                optional(out, namespaces.as_ref());
-                out.push_str(", pods: ");
-                optional(out, pods.as_ref());
-                out.push_str(" }");
-            }
-            // Blocks are few: the derived text as it is.
-            Peer::Block(b) => {
-                let _ = write!(out, "Block({b:?})");
-            }
+        // Blocks are few: the derived text as it is.
+        Peer::Block(b) => {
+            let _ = write!(out, "Block({b:?})");
         }
-    }
+    });
     out.push(']');
 }
 
