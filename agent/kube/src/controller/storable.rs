@@ -147,8 +147,8 @@ pub(super) async fn publish_configuration(
     if wrote {
         let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
         let after = apply(&api, &object).await?;
-        let generation = after.metadata.generation.map(|g| g.to_string());
-        ctx.written().remember(key, generation, digest);
+        ctx.written()
+            .remember(key, version_of(&after.metadata), digest);
     }
     // Not written: the cache shows what was built; applied by every host, the slices it no
     // longer takes can go (a host's condition wakes this pass again).
@@ -182,14 +182,13 @@ fn already_there(
     object: &FirewallConfiguration,
     digest: [u8; 32],
 ) -> bool {
-    // The spec's generation (the hosts' conditions in the status do not change it), known
-    // only while the object carries every label the controller gives it (a gateway finds its
-    // configurations by them).
+    // The object's spec generation (the hosts' conditions in the status do not change it),
+    // known only while the object carries every label the controller gives it (a gateway
+    // finds its configurations by them).
     let labels = object.metadata.labels.clone().unwrap_or_default();
     let version = stored
         .filter(|o| labels.iter().all(|(k, v)| o.labels().get(k) == Some(v)))
-        .and_then(|o| o.metadata.generation)
-        .map(|g| g.to_string());
+        .and_then(|o| version_of(&o.metadata));
     let known = ctx.written().check(key, version.as_deref(), &digest);
     match known {
         Some(same) => same,
@@ -203,6 +202,13 @@ fn already_there(
             shows
         }
     }
+}
+
+/// Which object and which generation of its spec `meta` describes: `uid/generation`. The uid
+/// tells a configuration deleted and created again (its generation starts over) from the one
+/// the controller wrote.
+fn version_of(meta: &kube::api::ObjectMeta) -> Option<String> {
+    Some(format!("{}/{}", meta.uid.as_deref()?, meta.generation?))
 }
 
 /// The configuration as written: typed as it is (its spec is the API's own type already), in

@@ -5,17 +5,19 @@
 use std::collections::HashMap;
 
 /// What the controller last wrote of each configuration (or found the cache already showing):
-/// the object's `metadata.generation` then and the SHA-256 of its JSON, by namespace and name.
-/// A pass whose object hashes alike, while the cache shows that generation and the labels,
-/// writes nothing and builds nothing more (a NetworkPolicy tier's spec is 20,000 set
-/// elements: read back into JSON and compared, it costs twice what the tier does). A
-/// cryptographic digest: the spec is built from what namespace users write, and a chosen
-/// collision would keep a stale policy in force.
+/// the object's uid and spec generation then and the SHA-256 of its JSON, by namespace and
+/// name. A pass whose object hashes alike, while the cache shows that object at that
+/// generation with the labels, writes nothing and builds nothing more (a NetworkPolicy tier's
+/// spec is 20,000 set elements: read back into JSON and compared, it costs twice what the tier
+/// does). An edit by hand makes a new generation, a deletion and creation a new uid: both are
+/// compared again, and overwritten. A cryptographic digest: the spec is built from what
+/// namespace users write, and a chosen collision would keep a stale policy in force.
 #[derive(Default)]
 pub(super) struct Written(HashMap<(String, String), (String, [u8; 32])>);
 
 impl Written {
-    /// Whether `key` at generation `version` is known, and then whether it holds `digest`.
+    /// Whether `key` at `version` (uid and generation) is known, and then whether it holds
+    /// `digest`.
     pub(super) fn check(
         &self,
         key: &(String, String),
@@ -48,27 +50,32 @@ mod tests {
     use super::Written;
 
     #[test]
-    fn a_pass_writes_nothing_only_at_the_generation_and_digest_it_wrote() {
+    fn a_pass_writes_nothing_only_at_the_object_generation_and_digest_it_wrote() {
         let key = (
             "liqo-tenant-p1".to_string(),
             "peerwall-networkpolicy".to_string(),
         );
         let mut w = Written::default();
-        assert_eq!(w.check(&key, Some("3"), &[1; 32]), None, "nothing known");
-        w.remember(key.clone(), Some("3".into()), [1; 32]);
-        assert_eq!(w.check(&key, Some("3"), &[1; 32]), Some(true));
+        assert_eq!(w.check(&key, Some("u1/3"), &[1; 32]), None, "nothing known");
+        w.remember(key.clone(), Some("u1/3".into()), [1; 32]);
+        assert_eq!(w.check(&key, Some("u1/3"), &[1; 32]), Some(true));
         assert_eq!(
-            w.check(&key, Some("3"), &[2; 32]),
+            w.check(&key, Some("u1/3"), &[2; 32]),
             Some(false),
             "a new spec"
         );
         assert_eq!(
-            w.check(&key, Some("4"), &[1; 32]),
+            w.check(&key, Some("u1/4"), &[1; 32]),
             None,
             "edited by someone"
         );
+        assert_eq!(
+            w.check(&key, Some("u2/3"), &[1; 32]),
+            None,
+            "deleted and created again"
+        );
         assert_eq!(w.check(&key, None, &[1; 32]), None, "gone from the cache");
         w.remember(key.clone(), None, [1; 32]);
-        assert_eq!(w.check(&key, Some("3"), &[1; 32]), None, "forgotten");
+        assert_eq!(w.check(&key, Some("u1/3"), &[1; 32]), None, "forgotten");
     }
 }
