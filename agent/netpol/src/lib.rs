@@ -266,11 +266,20 @@ impl Pod {
 
     /// The port its container port `name` of `protocol` has.
     pub fn named_port(&self, name: &str, protocol: Protocol) -> Option<u16> {
-        self.ports
-            .iter()
-            .find(|p| p.protocol == protocol && p.name.as_deref() == Some(name))
-            .map(|p| p.port)
+        named_port_in(&self.ports, name, protocol)
     }
+}
+
+/// The number container port `name` of `protocol` has among `ports`.
+pub(crate) fn named_port_in(
+    ports: &[ContainerPort],
+    name: &str,
+    protocol: Protocol,
+) -> Option<u16> {
+    ports
+        .iter()
+        .find(|p| p.protocol == protocol && p.name.as_deref() == Some(name))
+        .map(|p| p.port)
 }
 
 /// What NetworkPolicies are evaluated against.

@@ -185,9 +185,13 @@ fn already_there(
     // The object's spec generation (the hosts' conditions in the status do not change it),
     // known only while the object carries every label the controller gives it (a gateway
     // finds its configurations by them).
-    let labels = object.metadata.labels.clone().unwrap_or_default();
     let version = stored
-        .filter(|o| labels.iter().all(|(k, v)| o.labels().get(k) == Some(v)))
+        .filter(|o| {
+            object
+                .labels()
+                .iter()
+                .all(|(k, v)| o.labels().get(k) == Some(v))
+        })
         .and_then(|o| version_of(&o.metadata));
     let known = ctx.written().check(key, version.as_deref(), &digest);
     match known {

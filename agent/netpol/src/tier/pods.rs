@@ -38,10 +38,7 @@ pub(super) struct Class<'a> {
 impl Class<'_> {
     /// The number its pods' container port `name` of `protocol` has.
     pub(super) fn named_port(&self, name: &str, protocol: Protocol) -> Option<u16> {
-        self.ports
-            .iter()
-            .find(|p| p.protocol == protocol && p.name.as_deref() == Some(name))
-            .map(|p| p.port)
+        super::super::named_port_in(self.ports, name, protocol)
     }
 }
 
