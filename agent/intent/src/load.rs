@@ -13,14 +13,15 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::types::{AddressSetSpec, FirewallConfigurationSpec};
-use crate::{AddressSetObject, Origin, PolicyObject};
+use crate::{AddressSetObject, PolicyObject};
 
 mod hints;
 mod json;
 
 pub use hints::{explain, near_miss};
 pub use json::{
-    address_set_from_json, object_from_json, object_from_spec, protection_spec_from_json,
+    address_set_from_json, address_set_with_spec, object_from_json, object_with_spec,
+    protection_spec_from_json,
 };
 
 /// peerwall's group.
@@ -342,16 +343,12 @@ fn document_object(fc: Document, origin: &str, group: Group) -> Result<PolicyObj
         .ok_or_else(|| LoadError::MissingName {
             origin: origin.to_string(),
         })?;
-    let ns = fc
-        .metadata
-        .namespace
-        .clone()
-        .unwrap_or_else(|| "default".to_string());
-    Ok(PolicyObject {
-        origin: Origin(group.origin(&ns, &name)),
-        spec: fc.spec,
-        role: crate::Role::Enforce,
-    })
+    Ok(object_with_spec(
+        fc.metadata.namespace.as_deref(),
+        &name,
+        fc.spec,
+        group,
+    ))
 }
 
 #[derive(Deserialize)]
@@ -375,15 +372,11 @@ fn address_set_from<'de, D: serde::Deserializer<'de>>(
     let name = doc.metadata.name.ok_or_else(|| LoadError::MissingName {
         origin: origin.to_string(),
     })?;
-    let namespace = doc
-        .metadata
-        .namespace
-        .unwrap_or_else(|| "default".to_string());
-    Ok(AddressSetObject {
-        origin: Origin(format!("{namespace}/{name}")),
-        namespace,
-        spec: doc.spec,
-    })
+    Ok(address_set_with_spec(
+        doc.metadata.namespace.as_deref(),
+        &name,
+        doc.spec,
+    ))
 }
 
 /// Parse every FirewallConfiguration in a YAML stream. `origin` names the stream in errors.

@@ -40,13 +40,14 @@ use std::time::Duration;
 use crate::recorder::Recorder;
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, ObjectMeta, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector;
 use kube::Resource;
 use serde_json::json;
 
 use crate::enforcement::Enforcement;
+use crate::watched::{Answer, ConfigObject, SliceObject, Watched};
 use peerwall_intent::load::Group;
 use peerwall_intent::types::{ConditionType, FirewallConfigurationStatusCondition};
 use peerwall_policy::compile::PolicyObject;
@@ -84,11 +85,11 @@ pub struct Settings {
 }
 
 /// This host's condition in `obj`'s status, if it has one that reads as a condition.
-fn current_condition(
-    obj: &DynamicObject,
+fn current_condition<S>(
+    obj: &Watched<S>,
     host: &str,
 ) -> Option<FirewallConfigurationStatusCondition> {
-    let conditions = obj.data.pointer("/status/conditions")?.as_array()?;
+    let conditions = obj.status.as_ref()?.pointer("/conditions")?.as_array()?;
     conditions
         .iter()
         .filter_map(|c| {
@@ -98,7 +99,8 @@ fn current_condition(
 }
 
 struct Agent {
-    api: Api<DynamicObject>,
+    /// peerwall's FirewallConfigurations, answers read without their spec.
+    api: Api<Answer>,
     recorder: Recorder,
     settings: Settings,
     finalizer: String,
@@ -150,8 +152,8 @@ impl Agent {
     async fn round(
         &mut self,
         enforcement: &mut Enforcement,
-        objects: Vec<Arc<DynamicObject>>,
-        slice_objects: Vec<Arc<DynamicObject>>,
+        objects: Vec<Arc<ConfigObject>>,
+        slice_objects: Vec<Arc<SliceObject>>,
         tenants: &super::trust::Tenants,
     ) {
         let started = std::time::Instant::now();
@@ -177,7 +179,7 @@ impl Agent {
     /// slices that changed.
     fn observe_slices(
         &mut self,
-        slice_objects: &[Arc<DynamicObject>],
+        slice_objects: &[Arc<SliceObject>],
     ) -> Vec<(
         peerwall_intent::Origin,
         Option<peerwall_policy::sliced::CheckedSlice>,
@@ -204,7 +206,7 @@ impl Agent {
     }
 
     /// The FirewallConfigurations as this round sees them, each checked (once per generation).
-    fn observe(&mut self, objects: &[Arc<DynamicObject>]) -> Vec<Observed> {
+    fn observe(&mut self, objects: &[Arc<ConfigObject>]) -> Vec<Observed> {
         let observed: Vec<Observed> = objects
             .iter()
             .map(|o| Observed {
@@ -359,12 +361,12 @@ impl Agent {
     /// per object: concurrently, not one after the other).
     async fn report_objects(
         &mut self,
-        objects: &[Arc<DynamicObject>],
+        objects: &[Arc<ConfigObject>],
         observed: &[Observed],
         p: &Plan,
         result: &Result<(), crate::enforcement::EnforceError>,
     ) {
-        let by_key: BTreeMap<String, &Arc<DynamicObject>> =
+        let by_key: BTreeMap<String, &Arc<ConfigObject>> =
             objects.iter().map(|o| (super::key_of(o), o)).collect();
         let apply_error = result.as_ref().err().map(ToString::to_string);
         let mut pending = Vec::new();
@@ -381,11 +383,11 @@ impl Agent {
             }
             if o.deleting {
                 if result.is_ok() {
-                    self.release(obj).await;
+                    self.release(&obj.metadata, &o.key).await;
                 }
                 continue;
             }
-            self.ensure_finalizer(obj).await;
+            self.ensure_finalizer(&obj.metadata, &o.key).await;
             let outcome = plan::outcome(
                 p.refused.get(&o.key).map(String::as_str),
                 apply_error.as_deref(),
@@ -408,7 +410,7 @@ impl Agent {
     /// generation) or `Error` (invalid, not mergeable, or the apply failed).
     async fn report_slices(
         &mut self,
-        slice_objects: &[Arc<DynamicObject>],
+        slice_objects: &[Arc<SliceObject>],
         result: &Result<(), crate::enforcement::EnforceError>,
     ) {
         let present: std::collections::BTreeSet<String> = slice_objects
@@ -455,7 +457,7 @@ impl Agent {
 
     /// [`super::check`] of an object, reused while its uid and generation stay the same
     /// ([`super::check_since`] the version before).
-    fn check(&mut self, o: &DynamicObject) -> Result<PolicyObject, String> {
+    fn check(&mut self, o: &ConfigObject) -> Result<PolicyObject, String> {
         let key = super::key_of(o);
         let uid = o.metadata.uid.clone().unwrap_or_default();
         let generation = o.metadata.generation.unwrap_or_default();
@@ -487,14 +489,14 @@ impl Agent {
     /// One Warning Event per drop summary on the object of its table (audit: Normal).
     async fn publish_drops(
         &self,
-        objects: &[Arc<DynamicObject>],
+        objects: &[Arc<ConfigObject>],
         drops: Vec<crate::events::DropSummary>,
         period: Duration,
     ) {
         for d in drops {
             let Some(obj) = objects
                 .iter()
-                .find(|o| o.data["spec"]["table"]["name"] == d.table.as_str())
+                .find(|o| o.table_name().as_deref() == Some(d.table.as_str()))
             else {
                 continue;
             };
@@ -530,51 +532,51 @@ impl Agent {
         }
     }
 
-    fn namespaced(&self, obj: &DynamicObject) -> Api<DynamicObject> {
+    fn namespaced(&self, meta: &ObjectMeta) -> Api<Answer> {
         Api::namespaced_with(
             self.api.clone().into_client(),
-            obj.metadata.namespace.as_deref().unwrap_or("default"),
+            meta.namespace.as_deref().unwrap_or("default"),
             &super::fwc_resource(),
         )
     }
 
     /// Set `metadata.finalizers` to `list` (merge patch guarded by the resourceVersion, so a
     /// concurrent change by someone else is not overwritten; the next round retries).
-    async fn set_finalizers(&self, obj: &DynamicObject, list: Vec<String>) {
+    async fn set_finalizers(&self, meta: &ObjectMeta, key: &str, list: Vec<String>) {
         let body = json!({ "metadata": {
             "finalizers": list,
-            "resourceVersion": obj.metadata.resource_version,
+            "resourceVersion": meta.resource_version,
         }});
-        let name = obj.metadata.name.clone().unwrap_or_default();
+        let name = meta.name.clone().unwrap_or_default();
         if let Err(e) = self
-            .namespaced(obj)
+            .namespaced(meta)
             .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
             .await
         {
-            tracing::debug!(object = %super::key_of(obj), error = %e, "finalizer update deferred");
+            tracing::debug!(object = %key, error = %e, "finalizer update deferred");
         }
     }
 
-    async fn ensure_finalizer(&self, obj: &DynamicObject) {
-        let list = obj.metadata.finalizers.clone().unwrap_or_default();
+    async fn ensure_finalizer(&self, meta: &ObjectMeta, key: &str) {
+        let list = meta.finalizers.clone().unwrap_or_default();
         if !list.contains(&self.finalizer) {
             let mut list = list;
             list.push(self.finalizer.clone());
-            self.set_finalizers(obj, list).await;
+            self.set_finalizers(meta, key, list).await;
         }
     }
 
     /// Objects that carry this host's finalizer but no longer match the selector (it changed
     /// between runs, or their labels did) are not enforced here any more: release them, or
     /// their deletion would hang forever.
-    async fn release_unselected(&self, selected: &reflector::Store<DynamicObject>) {
-        // From the watch cache, as the watches list (`super::watch_config`).
+    async fn release_unselected(&self, selected: &reflector::Store<ConfigObject>) {
+        // From the watch cache, as the watches list (`super::watch_config`); metadata only.
         let lp = match &self.settings.scope {
             Some(sel) => ListParams::default().labels(sel),
             None => ListParams::default(),
         }
         .match_any();
-        let all = match self.api.list(&lp).await {
+        let all = match self.api.list_metadata(&lp).await {
             Ok(l) => l.items,
             Err(e) => {
                 tracing::warn!(error = %e, "could not list FirewallConfigurations to release stale finalizers");
@@ -582,19 +584,23 @@ impl Agent {
             }
         };
         for obj in all {
-            let mine = obj
-                .metadata
+            let meta = &obj.metadata;
+            let mine = meta
                 .finalizers
                 .as_ref()
                 .is_some_and(|f| f.contains(&self.finalizer));
-            let key = super::key_of(&obj);
+            // peerwall's objects (the resource listed): keyed as `key_of` keys them.
+            let key = Group::Peerwall.origin(
+                meta.namespace.as_deref().unwrap_or_default(),
+                meta.name.as_deref().unwrap_or_default(),
+            );
             let still_selected = selected.state().iter().any(|o| super::key_of(o) == key);
             if mine && !still_selected {
                 tracing::info!(object = %key, "no longer selected here; releasing finalizer");
                 self.set_finalizers(
-                    &obj,
-                    obj.metadata
-                        .finalizers
+                    meta,
+                    &key,
+                    meta.finalizers
                         .clone()
                         .unwrap_or_default()
                         .into_iter()
@@ -606,12 +612,13 @@ impl Agent {
         }
     }
 
-    async fn release(&self, obj: &DynamicObject) {
-        let list = obj.metadata.finalizers.clone().unwrap_or_default();
+    async fn release(&self, meta: &ObjectMeta, key: &str) {
+        let list = meta.finalizers.clone().unwrap_or_default();
         if list.contains(&self.finalizer) {
-            tracing::info!(object = %super::key_of(obj), "table removed; releasing finalizer");
+            tracing::info!(object = %key, "table removed; releasing finalizer");
             self.set_finalizers(
-                obj,
+                meta,
+                key,
                 list.into_iter().filter(|f| *f != self.finalizer).collect(),
             )
             .await;
@@ -621,7 +628,7 @@ impl Agent {
 
 /// `obj` with its `apiVersion` set to `group`'s (list items may come without it), so that its
 /// key and decoding follow its group.
-fn tagged(obj: Arc<DynamicObject>, group: Group) -> Arc<DynamicObject> {
+fn tagged(obj: Arc<ConfigObject>, group: Group) -> Arc<ConfigObject> {
     if obj.types.is_some() {
         return obj;
     }
@@ -643,9 +650,9 @@ pub fn run(
     let rt = super::runtime()?;
     rt.block_on(async move {
         let client = super::client().await?;
-        let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
         let changed = Arc::new(super::Changes::default());
-        let mut watches = Watches::start(&client, &api, &settings, &changed).await?;
+        let mut watches = Watches::start(&client, &settings, &changed).await?;
+        let api = Api::all_with(client.clone(), &super::fwc_resource());
         let mut agent = Agent::new(client, api, settings, enforcement.backend_name());
         // Stale finalizers are released after the first round: their list is no reason to
         // keep a new gateway behind its boot policy one more round trip.
@@ -706,10 +713,10 @@ pub fn run(
 struct Watches {
     /// Liqo's tenant namespaces (when they may steer their peer's gateway).
     tenants: Option<reflector::Store<Namespace>>,
-    configs: reflector::Store<DynamicObject>,
-    liqo: Option<reflector::Store<DynamicObject>>,
-    slices: Option<reflector::Store<DynamicObject>>,
-    observed: Vec<reflector::Store<DynamicObject>>,
+    configs: reflector::Store<ConfigObject>,
+    liqo: Option<reflector::Store<ConfigObject>>,
+    slices: Option<reflector::Store<SliceObject>>,
+    observed: Vec<reflector::Store<ConfigObject>>,
     /// Liqo's FirewallConfigurationBindings and the target they must name (none where Liqo
     /// serves no bindings, or no target is known: Liqo's objects count by their labels).
     bindings: Option<(
@@ -726,7 +733,6 @@ impl Watches {
     /// (`cargo xtask bench-peers`: a gateway starting beside 50 others).
     async fn start(
         client: &kube::Client,
-        api: &Api<DynamicObject>,
         settings: &Settings,
         changed: &Arc<super::Changes>,
     ) -> anyhow::Result<Self> {
@@ -741,7 +747,7 @@ impl Watches {
         };
         let configs = async {
             let r = super::cache(
-                api.clone(),
+                Api::<ConfigObject>::all_with(client.clone(), &super::fwc_resource()),
                 super::watch_config().labels(&settings.selector),
                 super::fwc_resource(),
                 changed.clone(),
@@ -758,7 +764,7 @@ impl Watches {
             };
             let liqo = super::resource_of(Group::Liqo);
             let r = super::cache(
-                Api::<DynamicObject>::all_with(client.clone(), &liqo),
+                Api::<ConfigObject>::all_with(client.clone(), &liqo),
                 super::watch_config().labels(sel),
                 liqo,
                 changed.clone(),
@@ -808,9 +814,9 @@ impl Watches {
 
     /// The FirewallConfigurations of a round: peerwall's, Liqo's enforced ones, and Liqo's
     /// observed ones marked as such; Liqo's only where in force at the target.
-    fn objects(&mut self) -> Vec<Arc<DynamicObject>> {
+    fn objects(&mut self) -> Vec<Arc<ConfigObject>> {
         let bound = self.bound();
-        let here = |o: &Arc<DynamicObject>| {
+        let here = |o: &Arc<ConfigObject>| {
             bound.as_ref().is_none_or(|b| {
                 b.contains(&(
                     o.metadata.namespace.clone().unwrap_or_default(),
@@ -869,7 +875,7 @@ impl Watches {
     }
 
     /// The AddressSets of a round.
-    fn slices(&self) -> Vec<Arc<DynamicObject>> {
+    fn slices(&self) -> Vec<Arc<SliceObject>> {
         self.slices.as_ref().map(|r| r.state()).unwrap_or_default()
     }
 }
@@ -879,8 +885,8 @@ async fn address_sets(
     client: &kube::Client,
     settings: &Settings,
     changed: &Arc<super::Changes>,
-) -> anyhow::Result<Option<reflector::Store<DynamicObject>>> {
-    let api = Api::<DynamicObject>::all_with(client.clone(), &super::address_set_resource());
+) -> anyhow::Result<Option<reflector::Store<SliceObject>>> {
+    let api = Api::<SliceObject>::all_with(client.clone(), &super::address_set_resource());
     let listed = match api
         .list_metadata(&super::list_check_params(Some(&settings.selector)))
         .await
@@ -911,9 +917,9 @@ async fn observe_liqo(
     client: &kube::Client,
     sel: &str,
     changed: &Arc<super::Changes>,
-) -> anyhow::Result<Option<reflector::Store<DynamicObject>>> {
+) -> anyhow::Result<Option<reflector::Store<ConfigObject>>> {
     let liqo = super::resource_of(Group::Liqo);
-    let api = Api::<DynamicObject>::all_with(client.clone(), &liqo);
+    let api = Api::<ConfigObject>::all_with(client.clone(), &liqo);
     let listable = match api
         .list_metadata(&super::list_check_params(Some(sel)))
         .await
@@ -975,7 +981,7 @@ impl Agent {
     /// The agent of `settings.host`, before its first round.
     fn new(
         client: kube::Client,
-        api: Api<DynamicObject>,
+        api: Api<Answer>,
         settings: Settings,
         backend: &'static str,
     ) -> Self {

@@ -30,7 +30,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
+
+use crate::watched::Answer;
 
 use crate::metrics::{AgentMetrics, GatewayMetrics};
 use crate::shutdown::Shutdown;
@@ -448,10 +450,11 @@ fn remove_pins(dir: &std::path::Path) {
 
 /// Release this node's finalizer on a peer's objects once no gateway of that peer runs here.
 async fn release_peer(client: &kube::Client, node: &str, peer: &str) {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &super::fwc_resource());
+    let api: Api<Answer> = Api::all_with(client.clone(), &super::fwc_resource());
     let fin = super::agent::finalizer(node);
     let lp = kube::api::ListParams::default().labels(&format!("{}={peer}", super::PEER));
-    let Ok(list) = api.list(&lp).await else {
+    // Metadata only: a NetworkPolicy tier's spec is not needed to release a finalizer.
+    let Ok(list) = api.list_metadata(&lp).await else {
         return;
     };
     for obj in list.items {
@@ -467,8 +470,7 @@ async fn release_peer(client: &kube::Client, node: &str, peer: &str) {
             "finalizers": list.into_iter().filter(|f| *f != fin).collect::<Vec<_>>(),
             "resourceVersion": obj.metadata.resource_version,
         }});
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), &ns, &super::fwc_resource());
+        let api: Api<Answer> = Api::namespaced_with(client.clone(), &ns, &super::fwc_resource());
         if let Err(e) = api
             .patch(&name, &PatchParams::default(), &Patch::Merge(&body))
             .await

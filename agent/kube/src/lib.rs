@@ -22,6 +22,7 @@ pub mod schema;
 pub mod snapshot;
 pub mod status;
 pub mod trust;
+pub mod watched;
 pub mod webhook;
 
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -50,9 +51,9 @@ pub use crate::protection::{MANAGED_BY, MANAGER, PEER, TARGET, TARGET_GATEWAY};
 pub const DEFAULT_SELECTOR: &str = "peerwall.io/target=gateway";
 
 /// peerwall's FirewallConfiguration resource (`firewallconfigurations.peerwall.io`), for
-/// dynamic API access: objects are watched untyped and converted by the loader, so that an
-/// invalid object becomes a field-path error in its status instead of a watch that cannot
-/// deserialize.
+/// dynamic API access: objects are watched as [`watched::ConfigObject`] (the spec read into
+/// its type, kept as text where it does not read), so that an invalid object becomes a
+/// field-path error in its status instead of a watch that cannot deserialize.
 pub fn fwc_resource() -> ApiResource {
     resource_of(Group::Peerwall)
 }
@@ -92,14 +93,16 @@ pub fn address_set_resource() -> ApiResource {
 
 /// Decode and validate a watched AddressSet (field-path errors, as for files).
 pub fn check_slice(
-    obj: &DynamicObject,
+    obj: &watched::SliceObject,
 ) -> Result<peerwall_policy::sliced::CheckedSlice, CheckError> {
-    let v = serde_json::to_value(obj).map_err(|e| load::LoadError::Field {
-        origin: key_of(obj),
-        path: ".".into(),
-        message: e.to_string(),
-    })?;
-    let slice = load::address_set_from_json(v)?;
+    let slice = match (&obj.metadata.name, &obj.spec) {
+        (Some(name), watched::Spec::Read(spec)) => load::address_set_with_spec(
+            obj.metadata.namespace.as_deref(),
+            name,
+            peerwall_intent::AddressSetSpec::clone(spec),
+        ),
+        _ => load::address_set_from_json(whole(obj)?)?,
+    };
     Ok(peerwall_policy::sliced::check_slice(&slice)?)
 }
 
@@ -121,11 +124,55 @@ pub fn cluster_network_policy_resource() -> ApiResource {
     )
 }
 
+/// An object the agent reads (watched, or sent in an admission review): its metadata and
+/// `apiVersion`, which give its key and group.
+pub trait ApiObject {
+    /// Its `apiVersion`, if it came with one.
+    fn api_version_of(&self) -> Option<&str>;
+    /// Its metadata.
+    fn meta_of(&self) -> &kube::api::ObjectMeta;
+}
+
+impl ApiObject for DynamicObject {
+    fn api_version_of(&self) -> Option<&str> {
+        self.types.as_ref().map(|t| t.api_version.as_str())
+    }
+    fn meta_of(&self) -> &kube::api::ObjectMeta {
+        &self.metadata
+    }
+}
+
+impl<S> ApiObject for watched::Watched<S> {
+    fn api_version_of(&self) -> Option<&str> {
+        self.api_version()
+    }
+    fn meta_of(&self) -> &kube::api::ObjectMeta {
+        &self.metadata
+    }
+}
+
+impl<T: ApiObject + ?Sized> ApiObject for std::sync::Arc<T> {
+    fn api_version_of(&self) -> Option<&str> {
+        T::api_version_of(self)
+    }
+    fn meta_of(&self) -> &kube::api::ObjectMeta {
+        T::meta_of(self)
+    }
+}
+
+impl<T: ApiObject + ?Sized> ApiObject for &T {
+    fn api_version_of(&self) -> Option<&str> {
+        T::api_version_of(self)
+    }
+    fn meta_of(&self) -> &kube::api::ObjectMeta {
+        T::meta_of(self)
+    }
+}
+
 /// The group of a watched object (from its `apiVersion`; peerwall's when absent).
-pub fn group_of(obj: &DynamicObject) -> Group {
-    obj.types
-        .as_ref()
-        .and_then(|t| Group::of_api_version(&t.api_version))
+pub fn group_of(obj: &impl ApiObject) -> Group {
+    obj.api_version_of()
+        .and_then(Group::of_api_version)
         .unwrap_or(Group::Peerwall)
 }
 
@@ -134,7 +181,7 @@ pub fn group_of(obj: &DynamicObject) -> Group {
 pub const OBSERVED: &str = "peerwall.io/observed";
 
 /// The watched copy of `obj`, marked as observed.
-pub fn mark_observed(obj: &DynamicObject) -> DynamicObject {
+pub fn mark_observed(obj: &watched::ConfigObject) -> watched::ConfigObject {
     let mut o = obj.clone();
     o.metadata
         .labels
@@ -143,27 +190,30 @@ pub fn mark_observed(obj: &DynamicObject) -> DynamicObject {
     o
 }
 
+/// The whole object as JSON, for the loader's field-path refusal.
+fn whole<S: serde::Serialize>(
+    obj: &watched::Watched<S>,
+) -> Result<serde_json::Value, load::LoadError> {
+    obj.to_json().map_err(|e| load::LoadError::Field {
+        origin: key_of(obj),
+        path: ".".into(),
+        message: e.to_string(),
+    })
+}
+
 /// Convert a watched object into compilation input (field-path errors as the loader gives).
-pub fn to_policy_object(obj: &DynamicObject) -> Result<PolicyObject, load::LoadError> {
+pub fn to_policy_object(obj: &watched::ConfigObject) -> Result<PolicyObject, load::LoadError> {
     let group = group_of(obj);
-    // The spec read where the watch left it; the whole object, copied, only for the field
-    // path of a refusal.
-    let fast = match (&obj.metadata.name, obj.data.get("spec")) {
-        (Some(name), Some(spec)) => {
-            load::object_from_spec(obj.metadata.namespace.as_deref(), name, spec, group)
-        }
-        _ => None,
-    };
-    let mut po = match fast {
-        Some(po) => po,
-        None => {
-            let v = serde_json::to_value(obj).map_err(|e| load::LoadError::Field {
-                origin: key_of(obj),
-                path: ".".into(),
-                message: e.to_string(),
-            })?;
-            load::object_from_json(v, group)?
-        }
+    // The spec the watch read; the whole object, as JSON, only for the field path of a
+    // refusal.
+    let mut po = match (&obj.metadata.name, &obj.spec) {
+        (Some(name), watched::Spec::Read(spec)) => load::object_with_spec(
+            obj.metadata.namespace.as_deref(),
+            name,
+            peerwall_intent::FirewallConfigurationSpec::clone(spec),
+            group,
+        ),
+        _ => load::object_from_json(whole(obj)?, group)?,
     };
     let labels = obj.metadata.labels.as_ref();
     if labels.and_then(|l| l.get(OBSERVED)).map(String::as_str) == Some("true") {
@@ -173,10 +223,11 @@ pub fn to_policy_object(obj: &DynamicObject) -> Result<PolicyObject, load::LoadE
 }
 
 /// `namespace/name` of an object (Liqo's marked `liqo:`), the same key as its origin.
-pub fn key_of(obj: &DynamicObject) -> String {
+pub fn key_of(obj: &impl ApiObject) -> String {
+    let meta = obj.meta_of();
     group_of(obj).origin(
-        obj.metadata.namespace.as_deref().unwrap_or_default(),
-        obj.metadata.name.as_deref().unwrap_or_default(),
+        meta.namespace.as_deref().unwrap_or_default(),
+        meta.name.as_deref().unwrap_or_default(),
     )
 }
 
@@ -408,7 +459,7 @@ pub enum CheckError {
 /// The one validation both the agent and the admission webhook run on an object: decode it
 /// (field-path errors) and validate it (every problem, with its field path and value).
 /// Returns the object and its warnings.
-pub fn check(obj: &DynamicObject) -> Result<(PolicyObject, Vec<String>), CheckError> {
+pub fn check(obj: &watched::ConfigObject) -> Result<(PolicyObject, Vec<String>), CheckError> {
     let po = to_policy_object(obj)?;
     let warnings = peerwall_policy::compile::validate(&po)?;
     Ok((po, warnings.iter().map(|w| w.to_string()).collect()))
@@ -420,7 +471,7 @@ pub fn check(obj: &DynamicObject) -> Result<(PolicyObject, Vec<String>), CheckEr
 /// elements, the whole costs tens of milliseconds per change); anything else is validated
 /// whole. Warnings are not returned.
 pub fn check_since(
-    obj: &DynamicObject,
+    obj: &watched::ConfigObject,
     prior: Option<&PolicyObject>,
 ) -> Result<PolicyObject, CheckError> {
     let po = to_policy_object(obj)?;

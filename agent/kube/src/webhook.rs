@@ -107,6 +107,15 @@ fn steering(judge: &Judge, namespace: &str, obj: &DynamicObject) -> Result<(), S
         .map_err(|reason| format!("{}: {reason}", super::key_of(obj)))
 }
 
+/// The object under review read as the agent's watch reads it, so that the webhook and the
+/// agent decode a spec one way.
+fn read_as_watched<S: serde::de::DeserializeOwned>(
+    obj: &DynamicObject,
+) -> Result<crate::watched::Watched<S>, String> {
+    crate::watched::Watched::from_dynamic(obj)
+        .map_err(|e| format!("{}: unreadable: {e}", super::key_of(obj)))
+}
+
 /// Answer one AdmissionReview (JSON in, JSON out). Pure: the HTTP edge only moves bytes.
 pub fn review(body: &[u8], judge: &Judge) -> serde_json::Value {
     let parsed: Result<AdmissionReview<DynamicObject>, _> = serde_json::from_slice(body);
@@ -151,8 +160,8 @@ pub fn review(body: &[u8], judge: &Judge) -> serde_json::Value {
         (Operation::Create | Operation::Update, Some(obj))
             if req.kind.kind == peerwall_intent::load::ADDRESS_SET_KIND =>
         {
-            match super::check_slice(obj)
-                .map_err(|e| e.to_string())
+            match read_as_watched::<peerwall_intent::AddressSetSpec>(obj)
+                .and_then(|o| super::check_slice(&o).map_err(|e| e.to_string()))
                 .and_then(|_| steering(judge, &namespace, obj))
             {
                 Ok(()) => resp,
@@ -162,8 +171,8 @@ pub fn review(body: &[u8], judge: &Judge) -> serde_json::Value {
                 }
             }
         }
-        (Operation::Create | Operation::Update, Some(obj)) => match super::check(obj)
-            .map_err(|e| e.to_string())
+        (Operation::Create | Operation::Update, Some(obj)) => match read_as_watched(obj)
+            .and_then(|o| super::check(&o).map_err(|e| e.to_string()))
             .and_then(|(po, warnings)| {
                 judge
                     .trust

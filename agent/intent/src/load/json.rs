@@ -2,7 +2,7 @@
 //! with the same field-path errors as files.
 
 use super::{address_set_from, document_object, explain, object_from, Document, Group, LoadError};
-use crate::types::FirewallConfigurationSpec;
+use crate::types::{AddressSetSpec, FirewallConfigurationSpec};
 use crate::{AddressSetObject, Origin, PolicyObject};
 
 /// `namespace/name` of an object as the API server sends it, keyed as `group` keys them.
@@ -40,23 +40,35 @@ pub fn object_from_json(value: serde_json::Value, group: Group) -> Result<Policy
     }
 }
 
-/// [`object_from_json`] for an object whose metadata a watch already read (a
-/// `DynamicObject`): the spec read where it lies, nothing copied first (at 20,000 set
-/// elements, a copy of the object costs what reading it does). None when the spec does not
-/// read: the caller reads the whole object with [`object_from_json`], whose refusal names the
-/// field.
-pub fn object_from_spec(
+/// The object of a spec a watch already read into its type: what [`object_from_json`] gives
+/// for the same object (origin `namespace/name`, Liqo's marked `liqo:`; namespace `default`
+/// when absent).
+pub fn object_with_spec(
     namespace: Option<&str>,
     name: &str,
-    spec: &serde_json::Value,
+    spec: FirewallConfigurationSpec,
     group: Group,
-) -> Option<PolicyObject> {
-    let spec = <FirewallConfigurationSpec as serde::Deserialize>::deserialize(spec).ok()?;
-    Some(PolicyObject {
+) -> PolicyObject {
+    PolicyObject {
         origin: Origin(group.origin(namespace.unwrap_or("default"), name)),
         spec,
         role: crate::Role::Enforce,
-    })
+    }
+}
+
+/// The AddressSet of a spec a watch already read into its type: what
+/// [`address_set_from_json`] gives for the same object.
+pub fn address_set_with_spec(
+    namespace: Option<&str>,
+    name: &str,
+    spec: AddressSetSpec,
+) -> AddressSetObject {
+    let namespace = namespace.unwrap_or("default").to_string();
+    AddressSetObject {
+        origin: Origin(format!("{namespace}/{name}")),
+        namespace,
+        spec,
+    }
 }
 
 /// A ProtectionPolicy's `spec` as the API server stores it (or a file holds it): unknown

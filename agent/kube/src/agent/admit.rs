@@ -5,21 +5,22 @@
 
 use std::sync::Arc;
 
-use kube::api::{ApiResource, DynamicObject};
+use kube::api::ApiResource;
 use kube::runtime::events::{Event, EventType};
 use kube::Resource;
 
 use super::Agent;
+use crate::watched::Watched;
 use peerwall_intent::load::Group;
 
 impl Agent {
     /// The objects of `objects` this agent takes; the others are reported as ignored.
-    pub(super) async fn admit(
+    pub(super) async fn admit<S>(
         &mut self,
-        objects: Vec<Arc<DynamicObject>>,
+        objects: Vec<Arc<Watched<S>>>,
         tenants: &crate::trust::Tenants,
         resource: &ApiResource,
-    ) -> Vec<Arc<DynamicObject>> {
+    ) -> Vec<Arc<Watched<S>>> {
         let mut kept = Vec::with_capacity(objects.len());
         for o in objects {
             // Liqo's own objects are Liqo's to trust (`--liqo-selector`, `--observe`).
@@ -47,7 +48,7 @@ impl Agent {
 
     /// Report `obj` ignored for `reason` (once per generation and reason) and drop this
     /// host's finalizer from it.
-    async fn ignore(&mut self, obj: &DynamicObject, reason: String, resource: &ApiResource) {
+    async fn ignore<S>(&mut self, obj: &Watched<S>, reason: String, resource: &ApiResource) {
         let key = crate::key_of(obj);
         let uid = obj.metadata.uid.clone().unwrap_or_default();
         let generation = obj.metadata.generation.unwrap_or_default();
@@ -75,7 +76,7 @@ impl Agent {
         {
             tracing::warn!(object = %key, error = %e, "could not publish event");
         }
-        self.release(obj).await;
+        self.release(&obj.metadata, &key).await;
         self.ignored.insert(key, seen);
     }
 }

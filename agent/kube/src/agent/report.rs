@@ -9,13 +9,14 @@ use std::collections::BTreeMap;
 
 use crate::recorder::Recorder;
 use futures::StreamExt;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::Resource;
 use serde_json::json;
 
 use super::plan::Outcome;
 use super::{current_condition, Agent};
+use crate::watched::{Answer, Watched};
 use peerwall_intent::types::{
     ConditionType, FirewallConfigurationStatus, FirewallConfigurationStatusCondition,
 };
@@ -49,9 +50,9 @@ pub(super) struct PendingReport {
 impl Agent {
     /// The write `outcome` needs on `obj` (remembered under `key`), or none when the API or
     /// this agent already has it.
-    pub(super) fn prepare_report(
+    pub(super) fn prepare_report<S>(
         &mut self,
-        obj: &DynamicObject,
+        obj: &Watched<S>,
         outcome: Outcome,
         key: &str,
         resource: &kube::api::ApiResource,
@@ -212,7 +213,7 @@ async fn send(
     manager: &str,
     p: PendingReport,
 ) -> (String, Outcome, bool) {
-    let api: Api<DynamicObject> = Api::namespaced_with(client, &p.namespace, &p.resource);
+    let api: Api<Answer> = Api::namespaced_with(client, &p.namespace, &p.resource);
     let pp = PatchParams::apply(manager).force();
     let kind = match p.outcome.kind {
         ConditionType::Applied => "Applied",
