@@ -395,10 +395,8 @@ impl ChainBuilder<'_> {
     fn addrs_of(&self, group: &Group) -> Addrs {
         let mut a = Addrs::default();
         for k in group.iter() {
-            for &i in &self.index.class(k).pods {
-                for ip in &self.pods[i].ips {
-                    a.add_ip(*ip);
-                }
+            for ip in &self.index.class(k).ips {
+                a.add_ip(*ip);
             }
         }
         a
@@ -503,7 +501,7 @@ impl ChainBuilder<'_> {
                 let v4 = bl.cidr.addr().is_ipv4();
                 for r in block_ranges(bl) {
                     if remote_own == Some(true) {
-                        a.side(v4).insert(r);
+                        a.side(v4).push(r);
                     } else {
                         a.side(v4).extend(through_remaps(r, v4, b.remaps));
                     }

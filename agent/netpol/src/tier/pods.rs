@@ -33,6 +33,9 @@ pub(super) struct Class<'a> {
     /// Whether its pods run on the peer.
     pub(super) remote: bool,
     pub(super) pods: Vec<usize>,
+    /// Every address of its pods, side by side: a set's addresses are gathered from these
+    /// (one pass over contiguous memory), not pod by pod through each pod's record.
+    pub(super) ips: Vec<std::net::IpAddr>,
 }
 
 impl Class<'_> {
@@ -108,12 +111,15 @@ impl<'a> Index<'a> {
                         ports: &p.ports,
                         remote: p.peer.is_some(),
                         pods: Vec::new(),
+                        ips: Vec::new(),
                     });
                     by_ns.entry(shape.0).or_default().push(k);
                     k
                 }),
             };
-            classes[k as usize].pods.push(i);
+            let class = &mut classes[k as usize];
+            class.pods.push(i);
+            class.ips.extend_from_slice(&p.ips);
             last = Some((shape, k));
         }
         Self {

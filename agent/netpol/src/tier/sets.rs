@@ -9,7 +9,7 @@
 //! structure is unchanged), not as a new table. Rules that select by the same definition
 //! share its set, which is computed once.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use peerwall_intent::types as api;
@@ -58,36 +58,41 @@ fn push_v4(out: &mut String, v: u32) {
     }
 }
 
-/// Addresses of one family: single addresses and ranges, as set keys (sorted, unique).
+/// Addresses of both families: single addresses and ranges, in any order and with repeats,
+/// written as set keys by [`Addrs::keys`] (sorted, merged). Gathered into a list and sorted
+/// once: a set of 20,000 addresses is a sort, not 20,000 ordered inserts.
 #[derive(Clone, Default)]
 pub(super) struct Addrs {
-    v4: BTreeSet<(u128, u128)>,
-    v6: BTreeSet<(u128, u128)>,
+    v4: Vec<(u128, u128)>,
+    v6: Vec<(u128, u128)>,
 }
 
 impl Addrs {
     pub(super) fn add_ip(&mut self, ip: IpAddr) {
         let v = to_u128(ip);
-        self.side(ip.is_ipv4()).insert((v, v));
+        self.side(ip.is_ipv4()).push((v, v));
     }
-    pub(super) fn side(&mut self, v4: bool) -> &mut BTreeSet<(u128, u128)> {
+    pub(super) fn side(&mut self, v4: bool) -> &mut Vec<(u128, u128)> {
         if v4 {
             &mut self.v4
         } else {
             &mut self.v6
         }
     }
-    fn of(&self, v4: bool) -> &BTreeSet<(u128, u128)> {
+    fn of(&self, v4: bool) -> &[(u128, u128)] {
         if v4 {
             &self.v4
         } else {
             &self.v6
         }
     }
-    /// Set keys, overlapping entries merged (an nftables interval set refuses overlaps).
+    /// Set keys, sorted, overlapping and adjacent entries merged (an nftables interval set
+    /// refuses overlaps).
     pub(super) fn keys(&self, v4: bool) -> Vec<String> {
+        let mut sorted = self.of(v4).to_vec();
+        sorted.sort_unstable();
         let mut merged: Vec<(u128, u128)> = Vec::new();
-        for &(lo, hi) in self.of(v4) {
+        for &(lo, hi) in &sorted {
             match merged.last_mut() {
                 Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
                 _ => merged.push((lo, hi)),
@@ -217,6 +222,43 @@ mod tests {
         }
         assert_eq!(range_key(1, 2, true), "0.0.0.1-0.0.0.2");
         assert_eq!(range_key(1, 2, false), "::1-::2");
+    }
+
+    #[test]
+    fn keys_are_those_of_the_ordered_set_whatever_the_order_and_repeats() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(55);
+        for _ in 0..500 {
+            let mut a = Addrs::default();
+            let mut ordered = std::collections::BTreeSet::new();
+            for _ in 0..rng.random_range(0..60) {
+                // Few values, so that repeats, adjacent addresses and overlapping ranges occur.
+                let lo: u128 = rng.random_range(0..40);
+                let hi = if rng.random_bool(0.2) {
+                    lo + rng.random_range(0..6)
+                } else {
+                    lo
+                };
+                let v4 = rng.random_bool(0.7);
+                a.side(v4).push((lo, hi));
+                if v4 {
+                    ordered.insert((lo, hi));
+                }
+            }
+            // The keys as they were written from an ordered set (before the list).
+            let mut merged: Vec<(u128, u128)> = Vec::new();
+            for &(lo, hi) in &ordered {
+                match merged.last_mut() {
+                    Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+                    _ => merged.push((lo, hi)),
+                }
+            }
+            let expected: Vec<String> = merged
+                .into_iter()
+                .map(|(lo, hi)| range_key(lo, hi, true))
+                .collect();
+            assert_eq!(a.keys(true), expected);
+        }
     }
 
     #[test]
