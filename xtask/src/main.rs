@@ -897,6 +897,15 @@ fn main() -> Result<()> {
             setup_build()?;
             let mut c = cargo();
             c.args(["bench", "-p", "peerwall", "--bench", "netpol"]);
+            run(c)?;
+            // Then the same change through the API server, controller and agent (the
+            // release binary under test).
+            kube_build()?;
+            let mut c = cargo();
+            c.args(["build", "--release", "--bin", "peerwall"]);
+            run(c)?;
+            let mut c = cargo();
+            c.args(["bench", "-p", "peerwall", "--bench", "netpol_api"]);
             run(c)
         }
         Some("bench-control") => {
@@ -929,7 +938,7 @@ fn main() -> Result<()> {
             eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
             eprintln!("  bench-peers  N Liqo gateways on one node (1, 10, 50) under the gateway-pod agent: start → all enforced, one more gateway, RSS, kernel memory (root)");
             eprintln!("  bench-control  100k offloaded pods through kube-apiserver, controller and agent: one pod, churn, restart, RSS (root)");
-            eprintln!("  bench-netpol  1000 NetworkPolicies over 10k pods: the tier, compile, full apply and one label change per backend (root)");
+            eprintln!("  bench-netpol  1000 NetworkPolicies over 10k pods: the tier, compile, full apply and one label change per backend, in process, then through kube-apiserver, controller and agent (root)");
             eprintln!("  reliability  the fault tests (tests/faults.rs), the real node's gateway churn, the event flood (agent/benches/events), then their tables in docs/reliability.md; --report: the tables only, from the last run's rows (root)");
             eprintln!("  fuzz   [TARGET] [SECONDS]  the fuzz targets (policy, datapath), 30 s each by default; findings land in tests/fuzz/artifacts (root)");
             eprintln!("  crd    regenerate deploy/common/crd.yaml from the Rust types");

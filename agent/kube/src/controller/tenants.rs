@@ -194,9 +194,19 @@ pub(super) async fn reconcile_gateway(
         return Ok(Action::await_change());
     };
     let peer = who.id.clone();
+    let started = std::time::Instant::now();
+    let mut at = started;
+    // How long each step of the pass took (debug log): where a change waits.
+    let mut lap = || {
+        let now = std::time::Instant::now();
+        let ms = now.duration_since(at).as_secs_f64() * 1e3;
+        at = now;
+        ms
+    };
     // Addresses first, as slices: the configuration that takes them comes after, so a set
     // never misses addresses it had.
     let held = publish_slices(&ns, &who, &ctx).await?;
+    let slices_ms = lap();
     // One view of pods and NetworkPolicies serves the declared sets, the tier and the
     // companions.
     // CPU over every pod (~0.1 s at 100k): off the runtime's workers' async duty meanwhile.
@@ -208,6 +218,7 @@ pub(super) async fn reconcile_gateway(
         };
         (view, declared)
     });
+    let view_ms = lap();
     // The pod sets' addresses live in the publisher's slices; the configuration declares the
     // sets, and what is declared (per namespace, ProtectionPolicies) moves into slices of
     // its own when the object would outgrow etcd.
@@ -223,9 +234,24 @@ pub(super) async fn reconcile_gateway(
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer, "gateway configuration updated");
     }
+    let gateway_ms = lap();
     publish_tier(&ns, &who, &ctx, &view, declared.exceptions.settings.audit).await?;
+    let tier_ms = lap();
     refresh_offloaded(&peer, &ctx, &declared.exceptions).await?;
+    let offloaded_ms = lap();
     publish_companions(&ctx, &view).await?;
+    let companions_ms = lap();
+    tracing::debug!(
+        peer = %peer,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        slices_ms,
+        view_ms,
+        gateway_ms,
+        tier_ms,
+        offloaded_ms,
+        companions_ms,
+        "gateway pass"
+    );
     Ok(after_slices(held))
 }
 
