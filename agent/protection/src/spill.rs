@@ -20,9 +20,19 @@ use peerwall_intent::types as api;
 use crate::slices::Slice;
 
 /// How large the controller lets a configuration's JSON grow before it moves sets into
-/// slices: two thirds of etcd's request limit, leaving room for what the agents write into
-/// the object's status (one condition per host) and for the API server's metadata.
-pub const INLINE_BUDGET: usize = peerwall_intent::size::ETCD_REQUEST_MAX * 2 / 3;
+/// slices: 64 KiB. Every change of an inline set is a write of the whole object through the
+/// API server, and its cost grows with the object: at 10,000 pods and 1,000 NetworkPolicies
+/// (a 670 KB tier) one pod relabelled took 2.9–3.9 s from the label to the kernel (p50),
+/// against 0.10–0.18 s with this budget, where it is a write of the slice holding the pod
+/// (`cargo xtask bench-netpol`, docs/bench.md). The bound that matters for storage, etcd's
+/// request limit ([`WHOLE_OBJECT_BUDGET`]), is far above it.
+pub const INLINE_BUDGET: usize = 64 * 1024;
+
+/// The most a configuration's JSON may take and still be stored with room to spare: two
+/// thirds of etcd's request limit, leaving room for what the agents write into the object's
+/// status (one condition per host) and for the API server's metadata. The default budget
+/// before [`INLINE_BUDGET`]; the benchmark compares the two.
+pub const WHOLE_OBJECT_BUDGET: usize = peerwall_intent::size::ETCD_REQUEST_MAX * 2 / 3;
 
 /// Label naming the configuration whose moved set a slice fills (the AddressSets of the
 /// gateway configuration's pod sets, which the address publisher keeps, carry none).
