@@ -1,7 +1,7 @@
 //! The processes under test: a free port for their metrics, `GET` on it, and the agent
 //! enforcing the bench peer's gateway configuration in a gateway namespace.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::cluster::{self, ApiServer, Proc};
 use crate::probe::Gateway;
@@ -91,4 +91,20 @@ pub fn backends() -> Vec<&'static str> {
             _ => None,
         })
         .collect()
+}
+
+/// Wait for the agent's `/readyz` (its first full sync in force); how long that took.
+pub fn wait_ready(a: &mut Agent, limit: Duration) -> Duration {
+    let started = Instant::now();
+    loop {
+        if let Ok(Some(status)) = a.proc.child.try_wait() {
+            panic!("the agent exited ({status}) before it was ready");
+        }
+        // The body is "ready\n" or "not ready\n".
+        if get(&a.metrics, "/readyz").is_some_and(|b| b.ends_with("\r\n\r\nready\n")) {
+            return started.elapsed();
+        }
+        assert!(started.elapsed() < limit, "the agent never became ready");
+        std::thread::sleep(Duration::from_millis(2));
+    }
 }

@@ -27,6 +27,8 @@ mod probe;
 #[path = "../shared/published.rs"]
 mod published;
 mod report;
+#[path = "../shared/stats.rs"]
+mod stats;
 #[path = "../shared/tenant.rs"]
 mod tenant;
 #[path = "../shared/topology.rs"]
@@ -44,29 +46,11 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher;
 use kube::Client;
 
-use agent::{free_port, get, start_agent, Agent};
+use agent::{free_port, start_agent, wait_ready, Agent};
 use cluster::{pod_ip, ApiServer};
 use probe::Gateway;
 
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(v: &[Duration], p: f64) -> Duration {
-    let mut s = v.to_vec();
-    s.sort();
-    if s.is_empty() {
-        return Duration::ZERO;
-    }
-    s[((s.len() - 1) as f64 * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1}", d.as_secs_f64() * 1e3)
-}
+use stats::{env_usize, ms, percentile};
 
 /// A version of a slice as the watch saw it, and when.
 #[derive(Clone, Debug)]
@@ -174,21 +158,6 @@ struct Row {
     restart: Duration,
     first_sync: Duration,
     agent_rss: f64,
-}
-
-fn wait_ready(a: &mut Agent, limit: Duration) -> Duration {
-    let started = Instant::now();
-    loop {
-        if let Ok(Some(status)) = a.proc.child.try_wait() {
-            panic!("the agent exited ({status}) before it was ready");
-        }
-        // The body is "ready\n" or "not ready\n".
-        if get(&a.metrics, "/readyz").is_some_and(|b| b.ends_with("\r\n\r\nready\n")) {
-            return started.elapsed();
-        }
-        assert!(started.elapsed() < limit, "the agent never became ready");
-        std::thread::sleep(Duration::from_millis(2));
-    }
 }
 
 async fn measure(

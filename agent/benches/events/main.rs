@@ -15,6 +15,7 @@
 //! docs/reliability.md.
 
 #[path = "../control/agent.rs"]
+#[allow(dead_code)]
 mod agent;
 #[path = "../control/cluster.rs"]
 mod cluster;

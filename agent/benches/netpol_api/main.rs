@@ -37,6 +37,8 @@ mod probe;
 #[path = "../shared/published.rs"]
 #[allow(dead_code)]
 mod published;
+#[path = "../shared/stats.rs"]
+mod stats;
 #[path = "../shared/tenant.rs"]
 mod tenant;
 #[path = "../shared/topology.rs"]
@@ -54,26 +56,7 @@ use serde_json::json;
 /// Namespaces of the cluster (as `bench-netpol`'s).
 const NAMESPACES: usize = 100;
 
-
-fn env_usize(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn percentile(v: &[Duration], p: f64) -> Duration {
-    let mut s = v.to_vec();
-    s.sort();
-    if s.is_empty() {
-        return Duration::ZERO;
-    }
-    s[((s.len() - 1) as f64 * p).round() as usize]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1}", d.as_secs_f64() * 1e3)
-}
+use stats::{env_usize, ms, percentile};
 
 fn ns_name(n: usize) -> String {
     format!("np{n}")
@@ -170,21 +153,6 @@ struct Row {
     agent_rss: f64,
 }
 
-/// Wait for the agent's `/readyz` (its first full sync in force).
-fn wait_ready(a: &mut agent::Agent, limit: Duration) {
-    let started = Instant::now();
-    loop {
-        if let Ok(Some(status)) = a.proc.child.try_wait() {
-            panic!("the agent exited ({status}) before it was ready");
-        }
-        if agent::get(&a.metrics, "/readyz").is_some_and(|b| b.ends_with("\r\n\r\nready\n")) {
-            return;
-        }
-        assert!(started.elapsed() < limit, "the agent never became ready");
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Wait until `ip` is reached (true) or `limit` passes.
 async fn reached(gw: &probe::Gateway, ip: std::net::Ipv4Addr, limit: Duration) -> bool {
     let deadline = Instant::now() + limit;
@@ -207,7 +175,7 @@ async fn measure(
     let gw = probe::Gateway::new();
     let pins = format!("/sys/fs/bpf/pwnpapi{}", std::process::id());
     let mut agent = agent::start_agent(server, &gw, backend, &pins, &format!("agent-{backend}"));
-    tokio::task::block_in_place(|| wait_ready(&mut agent, Duration::from_secs(180)));
+    tokio::task::block_in_place(|| agent::wait_ready(&mut agent, Duration::from_secs(180)));
     // The policies hold: an isolated pod is not reached from the tunnel.
     let first = round * 1000 + 1;
     let isolated = cluster::pod_ip(first as u32);

@@ -23,6 +23,16 @@ fn good_spec() -> serde_json::Value {
     }]}})
 }
 
+/// The watched object's refusal, which must be the loader's for the same JSON.
+fn refused_as_the_loader(obj: &serde_json::Value, w: &ConfigObject) -> String {
+    let typed = crate::to_policy_object(w).expect_err("refused").to_string();
+    let loader = load::object_from_json(obj.clone(), Group::Peerwall)
+        .expect_err("refused")
+        .to_string();
+    assert_eq!(typed, loader);
+    typed
+}
+
 /// A watch line as the API server writes it (Go's `metav1.WatchEvent`: `type`, then
 /// `object`), read as kube's watcher reads it.
 fn watched(obj: &serde_json::Value) -> ConfigObject {
@@ -65,13 +75,7 @@ fn a_spec_that_does_not_read_is_kept_and_refused_with_its_field_path() {
         let w = watched(&obj);
         assert!(matches!(w.spec, Spec::Unread(_)), "{:?}", w.spec);
         assert_eq!(w.table_name().as_deref(), Some("t"));
-        let typed = crate::to_policy_object(&w)
-            .expect_err("refused")
-            .to_string();
-        let loader = load::object_from_json(obj.clone(), Group::Peerwall)
-            .expect_err("refused")
-            .to_string();
-        assert_eq!(typed, loader);
+        let typed = refused_as_the_loader(&obj, &w);
         assert!(typed.contains("spec.table.chains[0]"), "{typed}");
         assert_eq!(w.to_json().expect("json"), obj);
     }
@@ -87,14 +91,7 @@ fn an_object_without_spec_or_name_is_refused_as_the_loader_refuses_it() {
         .expect("metadata")
         .remove("name");
     for obj in [no_spec, no_name] {
-        let w = watched(&obj);
-        let typed = crate::to_policy_object(&w)
-            .expect_err("refused")
-            .to_string();
-        let loader = load::object_from_json(obj.clone(), Group::Peerwall)
-            .expect_err("refused")
-            .to_string();
-        assert_eq!(typed, loader);
+        refused_as_the_loader(&obj, &watched(&obj));
     }
 }
 
