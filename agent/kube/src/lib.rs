@@ -18,6 +18,7 @@ pub mod model;
 pub mod observe;
 pub mod protection_policies;
 pub mod recorder;
+pub mod reported;
 pub mod schema;
 pub mod snapshot;
 pub mod status;
@@ -287,6 +288,15 @@ impl Changes {
         self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.notify.notify_one();
         self.notify_also.notify_one();
+    }
+
+    /// An event that changed only an object's status ([`reported`]): wakes the first consumer,
+    /// and the second with `also`, without moving the count.
+    pub(crate) fn reported(&self, also: bool) {
+        self.notify.notify_one();
+        if also {
+            self.notify_also.notify_one();
+        }
     }
 
     /// Events seen so far.

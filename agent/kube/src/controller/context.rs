@@ -19,6 +19,7 @@ use crate::metrics::ControllerMetrics;
 use crate::netpol;
 use crate::protection::publish::Publisher;
 use crate::protection::{self, Options};
+use crate::reported::StatusReaders;
 use crate::{MANAGED_BY, MANAGER};
 
 /// The controller's shared state, one per process, handed to every reconcile.
@@ -146,17 +147,21 @@ impl Ctx {
                 (),
                 changed.clone(),
             ),
-            configs: crate::cache(
+            // The hosts report on these after every apply: a report wakes the loops that
+            // read it, and is no change to the NetworkPolicy view (`reported.rs`).
+            configs: crate::reported::cache(
                 Api::all_with(client.clone(), &crate::fwc_resource()),
                 wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
                 crate::fwc_resource(),
                 changed.clone(),
+                StatusReaders::Both,
             ),
-            slices: crate::cache(
+            slices: crate::reported::cache(
                 Api::all_with(client.clone(), &crate::address_set_resource()),
                 wc().labels(&format!("{MANAGED_BY}={MANAGER}")),
                 crate::address_set_resource(),
                 changed.clone(),
+                StatusReaders::Fast,
             ),
             liqo_configs: std::sync::OnceLock::new(),
             cluster_policies: std::sync::OnceLock::new(),
