@@ -424,25 +424,7 @@ where
         + 'static,
     K::DynamicType: std::hash::Hash + Eq + Clone + Send + Sync,
 {
-    use futures::StreamExt;
-    use kube::runtime::WatchStreamExt;
-    let writer = kube::runtime::reflector::store::Writer::new(dyntype);
-    let reader = writer.as_reader();
-    let stream = kube::runtime::reflector(writer, kube::runtime::watcher(api, wc))
-        .default_backoff()
-        .scan(false, move |failing, ev| {
-            if let Err(e) = &ev {
-                tracing::warn!(error = %e, "watch error (retrying)");
-            }
-            let now = ev.is_err();
-            changed.set_failing(*failing, now);
-            *failing = now;
-            changed.bump();
-            futures::future::ready(Some(()))
-        })
-        .for_each(|()| futures::future::ready(()));
-    tokio::spawn(stream);
-    reader
+    reported::cache(api, wc, dyntype, changed, None)
 }
 
 /// Build a multi-threaded runtime for a Kubernetes command.

@@ -1,6 +1,7 @@
-//! Caches of objects whose status the agents write (the controller's FirewallConfigurations
-//! and AddressSets): every host reports its conditions there after each apply, so most of
-//! their events change nothing but the status. Such an event wakes the loops that read the
+//! Reflector caches ([`cache`], behind [`crate::cache`]), and those of objects whose status the
+//! agents write (the controller's FirewallConfigurations and AddressSets): every host reports
+//! its conditions there after each apply, so most of their events change nothing but the
+//! status. Such an event wakes the loops that read the
 //! status, and no others, and leaves the change count alone: what was computed from the
 //! caches (the NetworkPolicy view) stays current, and a host's report does not start a pass
 //! over every pod.
@@ -39,15 +40,16 @@ pub fn status_only(old: &ObjectMeta, new: &ObjectMeta) -> bool {
         && old.deletion_timestamp == new.deletion_timestamp
 }
 
-/// [`crate::cache`] for a resource with a status subresource that others write: an event that
-/// changes only the status ([`status_only`], against the object the cache held) wakes
-/// `readers` without moving `changed`'s count; every other event is a change.
+/// [`crate::cache`], and for a resource with a status subresource that others write
+/// (`readers` given): an event that changes only the status ([`status_only`], against the
+/// object the cache held) wakes `readers` without moving `changed`'s count; every other event
+/// is a change.
 pub fn cache<K>(
     api: kube::Api<K>,
     wc: kube::runtime::watcher::Config,
     dyntype: K::DynamicType,
     changed: Arc<Changes>,
-    readers: StatusReaders,
+    readers: Option<StatusReaders>,
 ) -> kube::runtime::reflector::Store<K>
 where
     K: kube::Resource
@@ -72,7 +74,7 @@ where
         let (reader, only) = (reader.clone(), only.clone());
         kube::runtime::watcher(api, wc).map(move |ev| {
             let status = match &ev {
-                Ok(Event::Apply(obj)) => reader
+                Ok(Event::Apply(obj)) if readers.is_some() => reader
                     .get(&ObjectRef::from_obj_with(obj, dyntype.clone()))
                     .is_some_and(|old| status_only(old.meta(), obj.meta())),
                 _ => false,
@@ -92,7 +94,7 @@ where
             let status = !now && only.swap(false, Ordering::SeqCst) && *failing == now;
             *failing = now;
             if status {
-                changed.reported(readers == StatusReaders::Both);
+                changed.reported(readers == Some(StatusReaders::Both));
             } else {
                 changed.bump();
             }
