@@ -1,10 +1,9 @@
 //! Reflector caches ([`cache`], behind [`crate::cache`]), and those of objects whose status the
 //! agents write (the controller's FirewallConfigurations and AddressSets): every host reports
 //! its conditions there after each apply, so most of their events change nothing but the
-//! status. Such an event wakes the loops that read the
-//! status, and no others, and leaves the change count alone: what was computed from the
-//! caches (the NetworkPolicy view) stays current, and a host's report does not start a pass
-//! over every pod.
+//! status. Such an event wakes the loops that read the status, and no others, and leaves the
+//! change count alone: what was computed from the caches (the NetworkPolicy view) stays
+//! current, and a host's report does not start a pass over every pod.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
