@@ -287,6 +287,27 @@ spec:
     let _ = std::fs::remove_file(&file);
 }
 
+/// The datapath as the agent holds it open costs the kernel what its pins say, give or take
+/// its per-CPU scratch: no table of the object outside the pins (the benchmarks' baselines
+/// are one entry each; at their full size one preallocated hash alone held 80 MiB per gateway
+/// for as long as the agent ran, which `peerwall inspect` could not see).
+#[test]
+fn the_open_datapath_holds_no_memory_beyond_its_pins() {
+    let pins = Pins::new("held");
+    let mut b = Datapath::load(&pins.0).expect("load");
+    b.tc_program().expect("the program verifies");
+    let held = b.memory();
+    let pinned = peerwall_backend_bpf::memory::pinned_memory(&pins.0).expect("pins");
+    assert!(
+        pinned.bytes > 0 && held.bytes >= pinned.bytes,
+        "{held:?} {pinned:?}"
+    );
+    assert!(
+        held.bytes - pinned.bytes <= 1 << 20,
+        "maps held open beyond the pins: {held:?} against pinned {pinned:?}"
+    );
+}
+
 /// The rule counters hold what the policy has (one per rule and per chain policy, chains one
 /// after another), and a policy with more than the table holds is still enforced in full:
 /// the rules past it are not counted, and `apply` and `inspect` say so.

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use aya::programs::{TestRun, TestRunOptions};
 use ipnet::{IpNet, Ipv4Net};
-use peerwall_backend_bpf::loader::{ensure_bpffs, remove_pins, Datapath};
+use peerwall_backend_bpf::loader::{ensure_bpffs, remove_pins, Datapath, LoadOptions};
 use peerwall_backend_bpf::maps::Iface;
 use peerwall_policy::ir::{
     self, Action, AddrSet, Chain, ChainKind, Dir, Hook, IpFamily, Match, Origin, Policy, PortSet,
@@ -258,7 +258,7 @@ fn main() {
     // Control plane at 100k prefixes.
     let prefixes = hosts(100_000, 43);
     let pin = root.join(format!("pwbench-cp-{}", std::process::id()));
-    let mut b = Datapath::load(&pin).expect("load");
+    let mut b = Datapath::load_with(&pin, &LoadOptions::with_baselines()).expect("load");
     let p0 = policy(&prefixes, 64);
     let t = Instant::now();
     let full = b.apply(&p0, &ifaces()).expect("apply");

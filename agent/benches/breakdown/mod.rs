@@ -191,7 +191,7 @@ impl Drop for Pins {
 /// In the routed namespace: load the datapath pinned at `pin`, register the namespace's
 /// interfaces and apply `policy`; returns it with the tunnel's `__sk_buff` context.
 pub fn load_routed(pin: &std::path::Path, policy: &Policy) -> (Datapath, [u8; 192], RouteWatch) {
-    load_routed_with(pin, policy, &LoadOptions::default())
+    load_routed_with(pin, policy, &LoadOptions::with_baselines())
 }
 
 /// [`load_routed`] as `opts` says.

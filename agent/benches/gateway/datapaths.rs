@@ -399,7 +399,10 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             let allowed: Vec<Ipv4Addr> = p.allowed.iter().map(|(a, _)| *a).collect();
             lab.gw
                 .run_in(move || {
-                    let mut b = peerwall_backend_bpf::loader::Datapath::load(&pins)?;
+                    let mut b = peerwall_backend_bpf::loader::Datapath::load_with(
+                        &pins,
+                        &peerwall_backend_bpf::loader::LoadOptions::with_baselines(),
+                    )?;
                     if dp == Datapath::TcHash {
                         b.fill_bare_hash(&allowed)?;
                         b.attach_baseline("peerwall_hash", TUNNEL)

@@ -61,8 +61,11 @@ impl Fronts {
                 0,
                 "setns"
             );
-            let mut b = match peerwall_backend_bpf::loader::Datapath::load(&dir)
-                .and_then(|mut b| b.fill_bare_hash(&allowed).map(|()| b))
+            let mut b = match peerwall_backend_bpf::loader::Datapath::load_with(
+                &dir,
+                &peerwall_backend_bpf::loader::LoadOptions::with_baselines(),
+            )
+            .and_then(|mut b| b.fill_bare_hash(&allowed).map(|()| b))
             {
                 Ok(b) => b,
                 Err(e) => {

@@ -183,6 +183,7 @@ impl Datapath {
             flows,
             hosts: opts.hosts,
             counters: opts.counters,
+            baselines: opts.baselines,
         };
         let mut pooled = pool::take(shape, OBJECT);
         let loader = &mut pooled.loader;
@@ -208,6 +209,11 @@ impl Datapath {
             for name in layout::COUNTER_MAPS {
                 loader.map_max_entries(name, n);
             }
+        }
+        if !opts.baselines {
+            // The benchmarks' tables: one entry, not a preallocated million (`options.rs`).
+            loader.map_max_entries(map::BARE, 1);
+            loader.map_max_entries(map::BARE_HASH, 1);
         }
         loader.override_global(NEW_FLOW_MASK, pool::global_u32(new_mask), true);
         let ended_idle = opts.ended_idle_ns();
@@ -278,6 +284,12 @@ impl Datapath {
             BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
         let entries = flows.keys().filter(Result::is_ok).count() as u64;
         Ok((entries, capacity))
+    }
+
+    /// The kernel memory of every map this datapath's object holds open, pinned or not (the
+    /// pins alone are what `peerwall inspect` can see from outside the agent).
+    pub fn memory(&self) -> crate::memory::PinnedMemory {
+        crate::memory::of_maps(self.ebpf.maps())
     }
 
     /// Pin directory.

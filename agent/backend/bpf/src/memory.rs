@@ -60,6 +60,61 @@ pub fn pinned_memory(pin_dir: &Path) -> Result<PinnedMemory, BpfError> {
     Ok(m)
 }
 
+/// The memory of `maps` (name, map), by the same `memlock` figure: every map a loaded
+/// datapath holds, pinned or not ([`crate::loader::Datapath::memory`]).
+pub fn of_maps<'a>(maps: impl Iterator<Item = (&'a str, &'a aya::maps::Map)>) -> PinnedMemory {
+    use aya::maps::Map;
+    let mut m = PinnedMemory::default();
+    let mut all = Vec::new();
+    for (name, map) in maps {
+        let data = match map {
+            Map::Array(d)
+            | Map::PerCpuArray(d)
+            | Map::HashMap(d)
+            | Map::PerCpuHashMap(d)
+            | Map::LruHashMap(d)
+            | Map::PerCpuLruHashMap(d)
+            | Map::LpmTrie(d)
+            | Map::RingBuf(d)
+            | Map::ProgramArray(d) => d,
+            _ => continue,
+        };
+        if let Some(b) = memlock(data) {
+            m.bytes += b;
+            m.maps += 1;
+            all.push((name.to_string(), b));
+        }
+    }
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all.truncate(5);
+    m.largest = all;
+    m
+}
+
+/// The memory of every BPF map loaded on the node (all network namespaces, all owners, pinned
+/// or held only by a process's or a program's reference), by the same `memlock` figure: what
+/// a pin directory's sum cannot show, the maps nobody pinned (a program's per-CPU scratch, a
+/// table the agent created and holds open). Maps that go away while being read are skipped.
+pub fn node_memory() -> PinnedMemory {
+    let mut m = PinnedMemory::default();
+    let mut all = Vec::new();
+    for info in aya::maps::loaded_maps().flatten() {
+        let Ok(map) = MapData::from_id(info.id()) else {
+            continue;
+        };
+        if let Some(b) = memlock(&map) {
+            m.bytes += b;
+            m.maps += 1;
+            let name = info.name_as_str().unwrap_or("?").to_string();
+            all.push((name, b));
+        }
+    }
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all.truncate(5);
+    m.largest = all;
+    m
+}
+
 /// `12.3 MiB in 57 maps (largest: FLOWS_NEW 4.0 MiB, …)`.
 pub fn text(m: &PinnedMemory) -> String {
     let mib = |b: u64| b as f64 / (1024.0 * 1024.0);

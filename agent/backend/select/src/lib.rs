@@ -229,6 +229,7 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
                     source: e,
                 })
             })?,
+            baselines: false,
         },
     )
     .map_err(|e| {

@@ -47,6 +47,12 @@ pub struct LoadOptions {
     /// [`peerwall_common::COUNTERS_DEFAULT`]: one per rule and one per chain policy, in chain
     /// order; rules past it are enforced, not counted. The size of the maps when created.
     pub counters: Option<u32>,
+    /// The benchmarks' baseline tables (`BARE`, `BARE_HASH`, `ebpf/src/bare.rs`) at their
+    /// full size, for the baseline programs the benchmarks attach; otherwise one entry each.
+    /// They are part of the object, so every load creates them, and `BARE_HASH` is a
+    /// preallocated hash: at full size 80 MiB of kernel memory and 44 ms of the load, per
+    /// gateway and for as long as the datapath is open, for programs the agent never runs.
+    pub baselines: bool,
 }
 
 /// The flow table's entries by default where the kernel's table holds TCP and UDP: the own
@@ -61,11 +67,21 @@ impl Default for LoadOptions {
             conntrack: Conntrack::Own,
             hosts: None,
             counters: None,
+            baselines: false,
         }
     }
 }
 
 impl LoadOptions {
+    /// The defaults with the benchmarks' baseline tables at full size.
+    #[cfg(feature = "bench")]
+    pub fn with_baselines() -> Self {
+        Self {
+            baselines: true,
+            ..Self::default()
+        }
+    }
+
     /// [`ended_secs`](Self::ended_secs) in nanoseconds, within the datapath's bound.
     pub(super) fn ended_idle_ns(&self) -> u64 {
         (u64::from(self.ended_secs) * 1_000_000_000).min(peerwall_common::ENDED_IDLE_MAX_NS)

@@ -13,13 +13,15 @@ use std::sync::{Mutex, PoisonError};
 
 use aya::EbpfLoader;
 
-/// The map capacities a load sets (the flow tables', the exact-match maps', the counters'):
+/// The map capacities a load sets (the flow tables', the exact-match maps', the counters', the baselines'):
 /// what a loader keeps from one load to the next besides the settings every load repeats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Shape {
     pub flows: Option<u32>,
     pub hosts: Option<u32>,
     pub counters: Option<u32>,
+    /// The baseline tables at full size ([`super::LoadOptions::baselines`]).
+    pub baselines: bool,
 }
 
 /// Loaders between loads, with the shape of the loads that used them.
