@@ -70,8 +70,11 @@ macro_rules! slot_maps {
         pub(crate) static $masks: Array<DimMasks> = Array::pinned(MAX_CHAINS * 4, 0);
         #[map]
         pub(crate) static $chains: Array<ChainInfo> = Array::pinned(MAX_CHAINS, 0);
+        // Mmapable: a slot written whole is one copy into its 65536 entries, not a
+        // system call's update per entry (`loader/batch.rs`).
         #[map]
-        pub(crate) static $rules: Array<RuleInfo> = Array::pinned(MAX_CHAINS * MAX_RULES as u32, 0);
+        pub(crate) static $rules: Array<RuleInfo> =
+            Array::pinned(MAX_CHAINS * MAX_RULES as u32, BPF_F_MMAPABLE);
         #[map]
         pub(crate) static $hooks: Array<HookChains> = Array::pinned(HOOK_SLOTS, 0);
         #[map]
