@@ -19,6 +19,7 @@ pub(crate) use flows::occupied_new_flow_slots;
 mod host;
 mod layout;
 mod linkinfo;
+mod mapping;
 mod names;
 mod options;
 pub use kfunc::KernelCt;
@@ -174,10 +175,9 @@ impl Datapath {
             path: "/sys/devices/system/cpu/possible".into(),
             source,
         })?;
-        // The kernel's connection table, or the datapath's own (`options.rs`); the loader
-        // is a kept one (`pool.rs`) where it needs no kernel BTF, for loads of this shape.
+        // The kernel's connection table, or the datapath's own, whose tables then hold little
+        // (`options.rs`); the loader is a kept one (`pool.rs`) for loads of this shape.
         let (kernel, families) = options::kernel_table(opts)?;
-        // Where the kernel holds TCP and UDP, the own tables hold little (`options.rs`).
         let flows = flows.or((families != 0).then_some(options::KERNEL_MODE_FLOWS));
         let shape = pool::Shape {
             flows,
@@ -189,8 +189,7 @@ impl Datapath {
         let loader = &mut pooled.loader;
         loader.default_map_pin_directory(pin_dir);
         let (object, tc_any) = options::conntrack_object(&kernel, families, loader)?;
-        // FLOWS_NEW is direct-mapped: its slot count a power of two, the mask the datapath
-        // indexes with set to match.
+        // FLOWS_NEW is direct-mapped: a power of two of slots, the datapath's mask to match.
         let new_slots = flows.map_or(peerwall_common::NEW_FLOW_SLOTS, new_flow_slots);
         for p in pins::drop_stale_caches(pin_dir, new_slots)? {
             tracing::info!(pin = %p, "dropped a cache or new-flow table of another layout");
@@ -210,11 +209,7 @@ impl Datapath {
                 loader.map_max_entries(name, n);
             }
         }
-        if !opts.baselines {
-            // The benchmarks' tables: one entry, not a preallocated million (`options.rs`).
-            loader.map_max_entries(map::BARE, 1);
-            loader.map_max_entries(map::BARE_HASH, 1);
-        }
+        options::size_baselines(opts, loader);
         loader.override_global(NEW_FLOW_MASK, pool::global_u32(new_mask), true);
         let ended_idle = opts.ended_idle_ns();
         loader.override_global(ENDED_IDLE_NS, pool::global_u64(ended_idle), true);
@@ -284,12 +279,6 @@ impl Datapath {
             BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
         let entries = flows.keys().filter(Result::is_ok).count() as u64;
         Ok((entries, capacity))
-    }
-
-    /// The kernel memory of every map this datapath's object holds open, pinned or not (the
-    /// pins alone are what `peerwall inspect` can see from outside the agent).
-    pub fn memory(&self) -> crate::memory::PinnedMemory {
-        crate::memory::of_maps(self.ebpf.maps())
     }
 
     /// Pin directory.

@@ -116,22 +116,13 @@ fn mapped(data: &MapData, count: u32, values: &[u8], per_elem: usize) -> bool {
     if len == 0 {
         return true;
     }
-    // SAFETY: a shared writable mapping of the map's fd, `len` bytes (its values, from offset
-    // 0); unmapped below, written only within it.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            data.fd().as_fd().as_raw_fd(),
-            0,
-        )
+    let p = match super::mapping::map_values(data, len, true) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::debug!(error = %e, "no mapping of an mmapable array: a batch update instead");
+            return false;
+        }
     };
-    if p == libc::MAP_FAILED {
-        tracing::debug!(error = %std::io::Error::last_os_error(), "no mapping of an mmapable array: a batch update instead");
-        return false;
-    }
     let base = p.cast::<u8>();
     for (i, v) in values.chunks_exact(per_elem).enumerate() {
         // SAFETY: `i * stride + per_elem <= len`: within the mapping; `v` is `per_elem` bytes

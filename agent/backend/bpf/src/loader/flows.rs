@@ -277,11 +277,6 @@ impl Datapath {
 /// at a time would take a syscall each, which the agent pays while it ends the flows a policy
 /// change no longer allows. (index, slot).
 pub(crate) fn occupied_new_flow_slots(d: &MapData) -> Result<Vec<(u32, NewFlowSlot)>, BpfError> {
-    use std::os::fd::{AsFd, AsRawFd};
-    let err = |e: std::io::Error| BpfError::Io {
-        path: map::FLOWS_NEW.into(),
-        source: e,
-    };
     let info = d.info().map_err(map_err(map::FLOWS_NEW))?;
     let slots = info.max_entries() as usize;
     let slot = std::mem::size_of::<NewFlowSlot>();
@@ -292,21 +287,11 @@ pub(crate) fn occupied_new_flow_slots(d: &MapData) -> Result<Vec<(u32, NewFlowSl
     if len == 0 {
         return Ok(Vec::new());
     }
-    // SAFETY: a shared read-only mapping of the map's fd, `len` bytes (its values: an mmapable
-    // array maps them from offset 0); unmapped below, never written through.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            d.fd().as_fd().as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(err(std::io::Error::last_os_error()));
-    }
+    // Read-only, unmapped below.
+    let p = super::mapping::map_values(d, len, false).map_err(|source| BpfError::Io {
+        path: map::FLOWS_NEW.into(),
+        source,
+    })?;
     let mut out = Vec::new();
     for i in 0..slots {
         // SAFETY: within the mapping; the slot may be written by the datapath meanwhile, so it

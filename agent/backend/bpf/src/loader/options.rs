@@ -88,6 +88,15 @@ impl LoadOptions {
     }
 }
 
+/// The benchmarks' tables: one entry each unless `opts` asks for them
+/// ([`LoadOptions::baselines`]), not a preallocated million.
+pub(super) fn size_baselines(opts: &LoadOptions, loader: &mut aya::EbpfLoader<'static>) {
+    if !opts.baselines {
+        loader.map_max_entries(peerwall_common::map::BARE, 1);
+        loader.map_max_entries(peerwall_common::map::BARE_HASH, 1);
+    }
+}
+
 /// Whose connection table `opts.conntrack` asks for: the kernel's (with the families whose TCP
 /// and UDP the datapath reads from it, [`peerwall_common::kfunc::KERNEL_CT_V4`], `_V6`) or the
 /// datapath's own (families 0, and why).

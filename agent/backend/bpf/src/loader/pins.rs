@@ -205,3 +205,11 @@ pub fn set_allow_all_pinned(pin_dir: &Path, on: bool) -> Result<(), BpfError> {
     let mut m: Array<MapData, u32> = Array::try_from(map).map_err(map_err(map::ALLOW_ALL))?;
     m.set(0, u32::from(on), 0).map_err(map_err(map::ALLOW_ALL))
 }
+
+impl super::Datapath {
+    /// The kernel memory of every map this datapath's object holds open, pinned or not (the
+    /// pins alone are what `peerwall inspect` can see from outside the agent).
+    pub fn memory(&self) -> crate::memory::PinnedMemory {
+        crate::memory::of_maps(self.ebpf.maps())
+    }
+}

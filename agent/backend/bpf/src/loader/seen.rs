@@ -32,7 +32,6 @@ pub(crate) struct SeenStamps {
 impl SeenStamps {
     /// Map `d`, `FLOW_SEEN`, read-write.
     pub(crate) fn map(d: &MapData) -> Result<Self, BpfError> {
-        use std::os::fd::{AsFd, AsRawFd};
         let info = d.info().map_err(map_err(map::FLOW_SEEN))?;
         if info.value_size() as usize != std::mem::size_of::<SeenLine>()
             || info.max_entries() as u64 * peerwall_common::FLOW_SEEN_LANES as u64
@@ -42,25 +41,11 @@ impl SeenStamps {
         }
         let count = info.max_entries() as usize;
         let len = count * std::mem::size_of::<SeenLine>();
-        // SAFETY: a shared read-write mapping of the map's fd, `len` bytes (its values: an
-        // mmapable array maps them from offset 0); unmapped on drop, accessed only through
-        // volatile `u16` reads and writes below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_SHARED,
-                d.fd().as_fd().as_raw_fd(),
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(BpfError::Io {
-                path: map::FLOW_SEEN.into(),
-                source: std::io::Error::last_os_error(),
-            });
-        }
+        // Unmapped on drop, accessed only through volatile `u16` reads and writes below.
+        let p = super::mapping::map_values(d, len, true).map_err(|source| BpfError::Io {
+            path: map::FLOW_SEEN.into(),
+            source,
+        })?;
         Ok(Self {
             lines: p.cast(),
             count,
