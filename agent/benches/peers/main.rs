@@ -11,10 +11,12 @@
 //! - **start**: the agent started beside N running gateways → every gateway enforces its
 //!   peer's policy (per gateway, the first probe to its peer's pod that arrives after the last
 //!   probe to an address no pod has did; probes every 2 ms from behind each tunnel);
-//! - **one more gateway**: a gateway pod beside the N enforced ones becomes Running → it
-//!   enforces;
+//! - **one more gateway**: a gateway pod's sandbox (its network namespace) appears beside the
+//!   N enforced ones → it enforces;
 //! - the agent's peak RSS, and (bpf) the kernel memory one gateway's pinned maps hold, as
-//!   `peerwall inspect` reports it.
+//!   `peerwall inspect` reports it, and every BPF map on the node (pinned or not) per gateway:
+//!   the node's total with the N + 1 gateways enforcing less its total before the agent
+//!   started, over N + 1.
 //!
 //! Writes the `peers` section of docs/bench.md (a full run: every N and both backends).
 
@@ -120,9 +122,11 @@ async fn gateway_pod(
         .await
         .expect("the gateway pod");
     let uid = pod.metadata.uid.expect("a UID");
+    // From the sandbox's namespace appearing: the agent acts on the pod from then on, Running
+    // or not (the status below comes after, as a kubelet's would).
+    let at = Instant::now();
     gw.sandbox(cgroups, &uid);
     let status = json!({"status": {"phase": "Running", "podIP": "10.244.0.10"}});
-    let at = Instant::now();
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .expect("the gateway pod's status");
@@ -221,6 +225,10 @@ struct Row {
     rss_mib: f64,
     /// `peerwall inspect`'s kernel memory line of one gateway (bpf).
     memory: Option<String>,
+    /// Every BPF map on the node per gateway, bytes (bpf; see the module comment).
+    node_per_gateway: Option<u64>,
+    /// The datapath loads the agent made (bpf).
+    loads: Option<Loads>,
 }
 
 /// `kernel memory …` as `peerwall inspect` prints it for the first gateway's pins.
@@ -280,8 +288,14 @@ fn measure(
     for i in 0..=n {
         probes.reset(i);
     }
+    let maps_before = peerwall_backend_bpf::memory::node_memory();
     let started = Instant::now();
-    let agent = server.peerwall(&format!("agent-{backend}-{n}"), &args);
+    // The loader's debug lines say how long each gateway's maps and verification took.
+    let agent = server.peerwall_logging(
+        &format!("agent-{backend}-{n}"),
+        &args,
+        "info,kube=warn,peerwall_backend_bpf::loader=debug",
+    );
     let which: Vec<usize> = (0..n).collect();
     let mut start = wait_enforced(&probes, &which, started, &agent);
     start.sort();
@@ -302,6 +316,12 @@ fn measure(
     let one_more = wait_enforced(&probes, &[n], at, &agent)[0];
     eprintln!("{backend:>8} N={n:<3} one more gateway enforced {one_more:?}");
     let rss_mib = agent.peak_rss_mib();
+    let loads = (backend == "bpf")
+        .then(|| Loads::of(&std::fs::read_to_string(agent.log_path()).unwrap_or_default()));
+    let node_per_gateway = (backend == "bpf").then(|| {
+        let now = peerwall_backend_bpf::memory::node_memory();
+        now.bytes.saturating_sub(maps_before.bytes) / (n as u64 + 1)
+    });
     let memory = (backend == "bpf")
         .then(|| gateway_memory(&pins, &gws[0]))
         .flatten();
@@ -328,7 +348,55 @@ fn measure(
         one_more,
         rss_mib,
         memory,
+        node_per_gateway,
+        loads,
     }
+}
+
+/// How long the datapath's own loads took in the agent, from its loader's debug lines: the
+/// maps created (`datapath object loaded (its maps)`) and the programs verified (`program
+/// loaded (verified)`), each a list of milliseconds, one per gateway load.
+#[derive(Default)]
+struct Loads {
+    maps: Vec<f64>,
+    verified: Vec<f64>,
+}
+
+impl Loads {
+    fn of(log: &str) -> Self {
+        let ms = |l: &str| {
+            l.split_whitespace()
+                .find_map(|w| w.strip_prefix("ms="))
+                .and_then(|v| v.parse::<f64>().ok())
+        };
+        let mut out = Self::default();
+        for l in log.lines() {
+            if l.contains("datapath object loaded (its maps)") {
+                out.maps.extend(ms(l));
+            } else if l.contains("program loaded (verified)") {
+                out.verified.extend(ms(l));
+            }
+        }
+        out
+    }
+
+    fn median(v: &[f64]) -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// The least time N gateways' loads take on `cpus` CPUs, at the medians measured: each
+    /// gateway's maps and verification, one load per CPU at a time (a load runs on one
+    /// thread), so ⌈N ÷ CPUs⌉ loads one after the other.
+    fn floor(&self, n: usize, cpus: usize) -> Duration {
+        let per = Self::median(&self.maps) + Self::median(&self.verified);
+        Duration::from_secs_f64(per * n.div_ceil(cpus.max(1)) as f64 / 1000.0)
+    }
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20))
 }
 
 fn ms(d: Duration) -> String {
@@ -343,15 +411,15 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
         .unwrap_or_default();
     let mut md = String::from("## Many peers on one node (`cargo xtask bench-peers`)\n\n");
     md.push_str(&format!(
-        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`, stopped once it published every peer's configuration and addresses (peak RSS {controller_rss:.0} MiB), so that what is measured is the node's agent; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod beside them turning Running, once the node has settled after the agent started them (their first rounds and the status they write through the API server: the node's CPUs under a third busy over a second, the probes included, at most 30 s; *settled*: how long after the last gateway was enforced). Setting up the peers took {:.0} s.\n\n",
+        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`, stopped once it published every peer's configuration and addresses (peak RSS {controller_rss:.0} MiB), so that what is measured is the node's agent; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod's sandbox (its network namespace) appearing beside them (the agent acts on the pod from then on; its status turns Running just after), once the node has settled after the agent started them (their first rounds and the status they write through the API server: the node's CPUs under a third busy over a second, the probes included, at most 30 s; *settled*: how long after the last gateway was enforced). *Every BPF map on the node per gateway*: the `memlock` of all the node's maps (pinned or held open only, `bpftool map show`'s figure) with the N + 1 gateways enforcing, less before the agent started, over N + 1; *its pins*: what `peerwall inspect` counts for one gateway. Setting up the peers took {:.0} s.\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         setup.as_secs_f64()
     ));
-    md.push_str("| backend | gateways N | start → first enforced | start → median | start → all enforced | settled | one more gateway | agent peak RSS | kernel memory of one gateway |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    md.push_str("| backend | gateways N | start → first enforced | start → median | start → all enforced | settled | one more gateway | agent peak RSS | kernel memory of one gateway (its pins) | every BPF map on the node per gateway |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
     for r in rows {
         let mid = r.start.get(r.start.len() / 2).copied().unwrap_or_default();
         md.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {} | {:.0} MiB | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.0} MiB | {} | {} |\n",
             r.backend,
             r.n,
             ms(r.start.first().copied().unwrap_or_default()),
@@ -361,7 +429,24 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
             ms(r.one_more),
             r.rss_mib,
             r.memory.as_deref().unwrap_or("–"),
+            r.node_per_gateway.map_or("–".to_string(), mib),
         ));
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if rows.iter().any(|r| r.loads.is_some()) {
+        md.push_str(&format!("\nThe bpf datapath's own part of a gateway's start, from the agent's loader (each load in its own gateway's thread, {cpus} at a time, one per CPU): the median over the run's loads of creating the object's maps and of verifying its program, and the least time N such loads take on this node's CPUs (*floor*: their sum times ⌈N ÷ CPUs⌉, a load running on one CPU), against start → all enforced:\n\n| gateways N | loads | maps created (median) | program verified (median) | floor for N | start → all enforced |\n|---:|---:|---:|---:|---:|---:|\n"));
+        for r in rows {
+            let Some(l) = &r.loads else { continue };
+            md.push_str(&format!(
+                "| {} | {} | {:.1} ms | {:.1} ms | {} | {} |\n",
+                r.n,
+                l.verified.len(),
+                Loads::median(&l.maps),
+                Loads::median(&l.verified),
+                ms(l.floor(r.n, cpus)),
+                ms(r.start.last().copied().unwrap_or_default()),
+            ));
+        }
     }
     md.push_str("\nGoals (issue \"Scale where Liqo grows\"), as this run measured them:\n\n| goal | target | measured | |\n|---|---:|---:|---|\n");
     let largest = rows.iter().map(|r| r.n).max().unwrap_or(0);
@@ -389,6 +474,15 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
             r.rss_mib,
             verdict(r.rss_mib <= 200.0)
         ));
+        if let Some(b) = r.node_per_gateway {
+            md.push_str(&format!(
+                "| {} at N = {}: every BPF map on the node per gateway | ≤ 16 MiB | {} | {} |\n",
+                r.backend,
+                r.n,
+                mib(b),
+                verdict(b <= 16 << 20)
+            ));
+        }
     }
     md
 }
