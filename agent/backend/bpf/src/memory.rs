@@ -23,6 +23,13 @@ pub struct PinnedMemory {
     pub largest: Vec<(String, u64)>,
 }
 
+/// The five largest of `all` (name, bytes), largest first, names breaking ties.
+fn largest(mut all: Vec<(String, u64)>) -> Vec<(String, u64)> {
+    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    all.truncate(5);
+    all
+}
+
 /// `memlock` of a map, from its fd's fdinfo.
 fn memlock(map: &MapData) -> Option<u64> {
     let fd = map.fd().as_fd().as_raw_fd();
@@ -54,9 +61,7 @@ pub fn pinned_memory(pin_dir: &Path) -> Result<PinnedMemory, BpfError> {
             all.push((e.file_name().to_string_lossy().into_owned(), b));
         }
     }
-    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    all.truncate(5);
-    m.largest = all;
+    m.largest = largest(all);
     Ok(m)
 }
 
@@ -85,9 +90,7 @@ pub fn of_maps<'a>(maps: impl Iterator<Item = (&'a str, &'a aya::maps::Map)>) ->
             all.push((name.to_string(), b));
         }
     }
-    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    all.truncate(5);
-    m.largest = all;
+    m.largest = largest(all);
     m
 }
 
@@ -109,9 +112,7 @@ pub fn node_memory() -> PinnedMemory {
             all.push((name, b));
         }
     }
-    all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    all.truncate(5);
-    m.largest = all;
+    m.largest = largest(all);
     m
 }
 

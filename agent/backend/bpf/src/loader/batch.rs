@@ -92,9 +92,6 @@ fn batched(map: &Map, name: &str, len: u32, values: &[u8], per_elem: usize) -> b
     }
 }
 
-/// `BPF_F_MMAPABLE` (`include/uapi/linux/bpf.h`): an array whose values user space can map.
-const BPF_F_MMAPABLE: u32 = 1 << 10;
-
 /// Write `values` (`per_elem` bytes each, `count` of them) into the array behind `data` through
 /// its memory mapped into this process, where the map was created `BPF_F_MMAPABLE`: one copy,
 /// no system call per element (the batch update copies and updates index by index, 17 ms for
@@ -104,7 +101,7 @@ fn mapped(data: &MapData, count: u32, values: &[u8], per_elem: usize) -> bool {
     let Ok(info) = data.info() else {
         return false;
     };
-    if info.map_flags() & BPF_F_MMAPABLE == 0
+    if info.map_flags() & super::mapping::BPF_F_MMAPABLE == 0
         || info.max_entries() != count
         || info.value_size() as usize != per_elem
         || values.len() != per_elem * count as usize

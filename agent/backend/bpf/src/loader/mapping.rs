@@ -6,6 +6,9 @@ use std::os::fd::{AsFd, AsRawFd};
 
 use aya::maps::MapData;
 
+/// `BPF_F_MMAPABLE` (`include/uapi/linux/bpf.h`): an array whose values user space can map.
+pub(super) const BPF_F_MMAPABLE: u32 = 1 << 10;
+
 /// Map the first `len` bytes of the array behind `d`, shared, writable when `write`. The
 /// caller unmaps it (`libc::munmap(p, len)`) and accesses only those bytes.
 pub(super) fn map_values(

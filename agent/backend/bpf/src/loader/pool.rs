@@ -13,8 +13,9 @@ use std::sync::{Mutex, PoisonError};
 
 use aya::EbpfLoader;
 
-/// The map capacities a load sets (the flow tables', the exact-match maps', the counters', the baselines'):
-/// what a loader keeps from one load to the next besides the settings every load repeats.
+/// The map capacities a load sets (the flow tables', the exact-match maps', the counters', the
+/// baselines'): what a loader keeps from one load to the next besides the settings every load
+/// repeats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Shape {
     pub flows: Option<u32>,
