@@ -308,6 +308,71 @@ fn the_open_datapath_holds_no_memory_beyond_its_pins() {
     );
 }
 
+/// Where spares are kept (the gateway-pod mode), a gateway's load after another's takes the
+/// datapath made ready ahead: its maps come pinned under the gateway's own directory, none are
+/// left pinned where the spare was made, and it enforces like any other.
+#[test]
+fn a_new_gateway_takes_the_spare_datapath_and_enforces() {
+    use peerwall_backend_bpf::loader;
+    use peerwall_backend_select::{BackendKind, Settings};
+    let t = Topology::new();
+    // Dropped in reverse order: the gateways' pins, then the directories holding them.
+    let (gateways, spares) = (Pins::new("gateways"), Pins::new("spares"));
+    let (a, b) = (Pins(gateways.0.join("a")), Pins(gateways.0.join("b")));
+    peerwall_backend_select::keep_spare_datapaths(&spares.0, &gateways.0).expect("spares");
+    let settings = |pins: &Pins, ifaces: &[&str]| Settings {
+        pin_dir: pins.0.clone(),
+        interfaces: ifaces.iter().map(ToString::to_string).collect(),
+        ..Settings::new(BackendKind::Bpf)
+    };
+    // The first gateway loads its own; a spare is made once no load runs.
+    let taken = loader::spares_taken();
+    let _first = peerwall_backend_select::open(&settings(&a, &["pwt-none"]), None).expect("a");
+    assert_eq!(loader::spares_taken(), taken, "nothing to take yet");
+    assert!(poll(60, loader::spare_ready), "a spare is made");
+    let left: Vec<_> = std::fs::read_dir(&spares.0)
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a spare pins nothing: {left:?}");
+    // The next gateway, in its pod's namespace, takes it.
+    assert!(ping(&t.consumer, "10.10.1.67", "10.20.1.2"), "baseline");
+    let mut second = peerwall_backend_select::open(
+        &settings(&b, &["liqo-tunnel", "liqo.*"]),
+        Some(t.gateway.name()),
+    )
+    .expect("b");
+    assert_eq!(
+        loader::spares_taken(),
+        taken + 1,
+        "the second load took the spare"
+    );
+    let id = |p: &Pins| {
+        bpftool_json(&["map", "show", "pinned", &format!("{}/CONFIG", p.arg())])["id"].clone()
+    };
+    assert!(
+        id(&b).is_u64() && id(&a) != id(&b),
+        "maps of its own: {} {}",
+        id(&a),
+        id(&b)
+    );
+    let yaml = std::fs::read_to_string(repo("examples/thesis-block.yaml")).unwrap();
+    let objs = peerwall_intent::load::parse_documents(&yaml, "thesis").unwrap();
+    let policy = peerwall_policy::compile::compile(&objs).unwrap().policy;
+    second.apply(&policy).expect("apply");
+    assert_thesis_block_enforced(&t.consumer);
+    let v = inspect_json(&t.gateway, &b);
+    assert!(
+        v["attached"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "tc:liqo-tunnel"),
+        "{v}"
+    );
+    // And the next spare is made for the gateway after it.
+    assert!(poll(60, loader::spare_ready), "the next spare is made");
+}
+
 /// The rule counters hold what the policy has (one per rule and per chain policy, chains one
 /// after another), and a policy with more than the table holds is still enforced in full:
 /// the rules past it are not counted, and `apply` and `inspect` say so.

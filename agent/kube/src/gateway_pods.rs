@@ -513,6 +513,15 @@ pub fn run(
         pods.wait_until_ready()
             .await
             .context("the gateway pod watch ended before its first list")?;
+        // A bpf datapath made ready ahead for the next gateway (a new peer's), under
+        // `<pin-dir>/spares` while it loads.
+        if settings.backend.kind == peerwall_backend_select::BackendKind::Bpf {
+            let root = settings.backend.pin_dir.join("spares");
+            let serves = settings.gateway_pins();
+            if let Err(e) = peerwall_backend_select::keep_spare_datapaths(&root, &serves) {
+                tracing::warn!(error = %format!("{e:#}"), "no spare datapath: each new gateway loads its own");
+            }
+        }
         let mut sup = Supervisor {
             settings,
             metrics: metrics.clone(),

@@ -156,6 +156,20 @@ pub fn is_bpffs(path: &std::path::Path) -> bool {
     loader::is_bpffs(path)
 }
 
+/// Keep a bpf datapath made ready ahead for the bpf loads whose pin directory is under
+/// `serves`, its maps pinned under `root` while it loads: such a load then takes it when it
+/// fits, and the next is made once no load runs ([`loader::keep_spares`]; the gateway-pod
+/// mode, where a new peer's gateway would otherwise wait for its datapath to load and verify).
+pub fn keep_spare_datapaths(
+    root: &std::path::Path,
+    serves: &std::path::Path,
+) -> Result<(), BackendError> {
+    loader::keep_spares(root, serves).map_err(BackendError::host(
+        peerwall_backend_bpf::backend::NAME,
+        "removing an earlier agent's spare datapath",
+    ))
+}
+
 /// The bpf filesystem's mount point, mounted first where it is not.
 pub fn ensure_bpffs() -> Result<PathBuf, BackendError> {
     loader::ensure_bpffs().map_err(BackendError::host(

@@ -26,7 +26,7 @@ pub enum Conntrack {
 }
 
 /// How [`Datapath::load_with`](super::Datapath::load_with) loads the object.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LoadOptions {
     /// The flow table (`FLOWS`, the datapath's conntrack) has this many entries instead of the
     /// default 65536. The size is the map's when it is created: a table already pinned keeps
