@@ -41,6 +41,8 @@ impl Datapath {
                 source,
             })?;
         let started = std::time::Instant::now();
+        // A verification is a load's work too: no spare is made meanwhile (`spare.rs`).
+        let _loading = super::spare::Loading::start();
         let verified = prog.ensure_loaded().map_err(|source| BpfError::Program {
             what: format!("loading {name} (verifier)"),
             source,

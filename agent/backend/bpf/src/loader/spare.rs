@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use super::{BpfError, Datapath, LoadOptions};
 
-/// Loads running now ([`Loading`]): a spare is made only while none is, so it never delays a
-/// gateway's start.
+/// Loads running now ([`Loading`]: maps created or a program verified): a spare is made only
+/// once none has run for [`QUIET`], so it does not take a CPU from a gateway's start.
 static LOADING: AtomicUsize = AtomicUsize::new(0);
 
 /// The spares of this process (None: none are kept).
