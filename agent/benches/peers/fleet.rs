@@ -20,26 +20,46 @@ pub use crate::topology::SENDER_CIDR;
 /// No pod has it: every gateway's policy drops it from the tunnel.
 pub const DENIED: Ipv4Addr = Ipv4Addr::new(10, 63, 255, 254);
 const PORT: u16 = 9999;
-const PERIOD: Duration = Duration::from_millis(2);
+/// How often each gateway's probes are sent.
+pub const PERIOD: Duration = Duration::from_millis(2);
 
 /// What the receivers saw of one gateway's probes.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Seen {
     /// The last datagram to [`DENIED`] that got through.
     pub denied_last: Option<Instant>,
-    /// The first datagram to the allowed pod since the last denied one got through.
+    /// The first datagram to the allowed pod since the last denied one got through, or since
+    /// the last allowed ones were dropped.
     pub allowed_since: Option<Instant>,
+    /// Datagrams sent to the allowed pod, and those that reached it (since the last reset).
+    pub allowed_sent: u64,
+    pub allowed_got: u64,
+    /// [`Seen::allowed_lost`] when the last one reached it.
+    lost_mark: u64,
 }
 
+/// Datagrams to the allowed pod that may be on their way when one arrives (the sender counts
+/// each as it sends it): more missing than this since the previous arrival were dropped.
+const IN_FLIGHT: u64 = 2;
+
 impl Seen {
-    /// Enforced at: the allowed pod reached after the denied address last was, once the
-    /// allowed pod has been reached for `quiet` with the denied address unreached meanwhile
-    /// (a denied datagram resets `allowed_since`). Not sooner: the two datagrams of one round
-    /// arrive one after the other, and between them the allowed one alone would look like a
-    /// policy in force.
+    /// Datagrams to the allowed pod that did not reach it (one may still be on its way).
+    pub fn allowed_lost(&self) -> u64 {
+        self.allowed_sent.saturating_sub(self.allowed_got)
+    }
+
+    /// Enforced at: the allowed pod reached after the denied address last was and after the
+    /// last allowed datagrams were dropped, once the allowed pod has been reached for `quiet`
+    /// with the denied address unreached meanwhile (a denied datagram resets `allowed_since`)
+    /// and none sent to it since its last arrival was dropped (a boot policy dropping both
+    /// leaves no arrival to reset `allowed_since` by). Not sooner: the two datagrams of one
+    /// round arrive one after the other, and between them the allowed one alone would look
+    /// like a policy in force.
     pub fn enforced(&self, quiet: Duration) -> Option<Instant> {
         let at = self.allowed_since?;
-        (at.elapsed() >= quiet && self.denied_last.is_none_or(|d| d.elapsed() >= quiet))
+        (at.elapsed() >= quiet
+            && self.denied_last.is_none_or(|d| d.elapsed() >= quiet)
+            && self.allowed_lost() <= self.lost_mark + IN_FLIGHT)
             .then_some(at)
     }
 }
@@ -172,8 +192,19 @@ impl Probes {
                                 if dst == DENIED {
                                     e.denied_last = Some(now);
                                     e.allowed_since = None;
-                                } else if e.allowed_since.is_none() {
-                                    e.allowed_since = Some(now);
+                                } else {
+                                    // A run of arrivals starts here when nothing arrived
+                                    // since a denied one, or when datagrams sent since the
+                                    // previous arrival were dropped: the boot policy drops
+                                    // both, and the two of a round may fall either side of
+                                    // its start (then the allowed one alone looked enforced
+                                    // from that moment on).
+                                    e.allowed_got += 1;
+                                    let lost = e.allowed_lost();
+                                    if e.allowed_since.is_none() || lost > e.lost_mark + IN_FLIGHT {
+                                        e.allowed_since = Some(now);
+                                    }
+                                    e.lost_mark = lost;
                                 }
                             }
                         }
@@ -185,14 +216,19 @@ impl Probes {
             .recv_timeout(Duration::from_secs(10))
             .expect("the receivers bound");
         let sender = {
-            let stop = stop.clone();
+            let (stop, seen) = (stop.clone(), seen.clone());
             std::thread::spawn(move || {
                 let socks: Vec<(UdpSocket, Ipv4Addr)> =
                     snd.iter().map(|(n, a)| (socket_in(n, 0), *a)).collect();
                 while !stop.load(Ordering::Relaxed) {
-                    for (s, allowed) in &socks {
+                    for (i, (s, allowed)) in socks.iter().enumerate() {
                         for dst in [*allowed, DENIED] {
-                            let _ = s.send_to(&dst.octets(), SocketAddrV4::new(dst, PORT));
+                            let sent = s.send_to(&dst.octets(), SocketAddrV4::new(dst, PORT));
+                            if sent.is_ok() && dst != DENIED {
+                                if let Ok(mut v) = seen.lock() {
+                                    v[i].allowed_sent += 1;
+                                }
+                            }
                         }
                     }
                     std::thread::sleep(PERIOD);

@@ -220,8 +220,14 @@ struct Row {
     start: Vec<Duration>,
     /// All enforced → the agent settled ([`settle`]).
     settled: Duration,
-    /// One more gateway Running → enforced.
+    /// One more gateway's sandbox appearing → enforced.
     one_more: Duration,
+    /// Whether that gateway's load took the spare datapath the agent made ahead (bpf).
+    one_more_spare: Option<bool>,
+    /// Datagrams to each of the N gateways' allowed pod lost from the agent's start until
+    /// that gateway was enforced (sorted), and the one more gateway's from its sandbox on.
+    lost_start: Vec<u64>,
+    lost_one_more: u64,
     rss_mib: f64,
     /// `peerwall inspect`'s kernel memory line of one gateway (bpf).
     memory: Option<String>,
@@ -299,6 +305,8 @@ fn measure(
     let which: Vec<usize> = (0..n).collect();
     let mut start = wait_enforced(&probes, &which, started, &agent);
     start.sort();
+    let mut lost_start: Vec<u64> = which.iter().map(|&i| probes.of(i).allowed_lost()).collect();
+    lost_start.sort();
     eprintln!(
         "{backend:>8} N={n:<3} start → all enforced {:?} (first {:?})",
         start.last().copied().unwrap_or_default(),
@@ -312,9 +320,14 @@ fn measure(
         busy * 100.0
     );
     probes.reset(n);
+    let spares =
+        || Loads::spares_taken(&std::fs::read_to_string(agent.log_path()).unwrap_or_default());
+    let spares_before = spares();
     let at = rt.block_on(gateway_pod(client, n, &mut gws[n], &cgroups));
     let one_more = wait_enforced(&probes, &[n], at, &agent)[0];
-    eprintln!("{backend:>8} N={n:<3} one more gateway enforced {one_more:?}");
+    let one_more_spare = (backend == "bpf").then(|| spares() > spares_before);
+    let lost_one_more = probes.of(n).allowed_lost();
+    eprintln!("{backend:>8} N={n:<3} one more gateway enforced {one_more:?} (took the spare: {one_more_spare:?})");
     let rss_mib = agent.peak_rss_mib();
     let loads = (backend == "bpf")
         .then(|| Loads::of(&std::fs::read_to_string(agent.log_path()).unwrap_or_default()));
@@ -346,6 +359,9 @@ fn measure(
         start,
         settled,
         one_more,
+        one_more_spare,
+        lost_start,
+        lost_one_more,
         rss_mib,
         memory,
         node_per_gateway,
@@ -380,6 +396,13 @@ impl Loads {
         out
     }
 
+    /// How many loads took the spare datapath made ahead (`loader/spare.rs`).
+    fn spares_taken(log: &str) -> usize {
+        log.lines()
+            .filter(|l| l.contains("took the spare datapath"))
+            .count()
+    }
+
     fn median(v: &[f64]) -> f64 {
         let mut v = v.to_vec();
         v.sort_by(f64::total_cmp);
@@ -411,7 +434,7 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
         .unwrap_or_default();
     let mut md = String::from("## Many peers on one node (`cargo xtask bench-peers`)\n\n");
     md.push_str(&format!(
-        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`, stopped once it published every peer's configuration and addresses (peak RSS {controller_rss:.0} MiB), so that what is measured is the node's agent; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod's sandbox (its network namespace) appearing beside them (the agent acts on the pod from then on; its status turns Running just after), once the node has settled after the agent started them (their first rounds and the status they write through the API server: the node's CPUs under a third busy over a second, the probes included, at most 30 s; *settled*: how long after the last gateway was enforced). *Every BPF map on the node per gateway*: the `memlock` of all the node's maps (pinned or held open only, `bpftool map show`'s figure) with the N + 1 gateways enforcing, less before the agent started, over N + 1; *its pins*: what `peerwall inspect` counts for one gateway. Setting up the peers took {:.0} s.\n\n",
+        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`, stopped once it published every peer's configuration and addresses (peak RSS {controller_rss:.0} MiB), so that what is measured is the node's agent; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod's sandbox (its network namespace) appearing beside them (the agent acts on the pod from then on; its status turns Running just after); on bpf, whether its load took *the spare* datapath the agent makes ahead once no load runs (maps created, programs verified: a second gateway arriving before the next spare is made loads its own, which the loads' table below prices), once the node has settled after the agent started them (their first rounds and the status they write through the API server: the node's CPUs under a third busy over a second, the probes included, at most 30 s; *settled*: how long after the last gateway was enforced). *Every BPF map on the node per gateway*: the `memlock` of all the node's maps (pinned or held open only, `bpftool map show`'s figure) with the N + 1 gateways enforcing, less before the agent started, over N + 1; *its pins*: what `peerwall inspect` counts for one gateway. Setting up the peers took {:.0} s.\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         setup.as_secs_f64()
     ));
@@ -426,7 +449,11 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
             ms(mid),
             ms(r.start.last().copied().unwrap_or_default()),
             ms(r.settled),
-            ms(r.one_more),
+            match r.one_more_spare {
+                Some(true) => format!("{} (the spare)", ms(r.one_more)),
+                Some(false) => format!("{} (loaded its own)", ms(r.one_more)),
+                None => ms(r.one_more),
+            },
             r.rss_mib,
             r.memory.as_deref().unwrap_or("–"),
             r.node_per_gateway.map_or("–".to_string(), mib),
@@ -447,6 +474,21 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
                 ms(r.start.last().copied().unwrap_or_default()),
             ));
         }
+    }
+    md.push_str(&format!("\nAllowed traffic lost while the gateways start: datagrams to each gateway's allowed pod (one every {} ms per gateway, from behind its tunnel) that never reached it, from the agent's start until the gateway was enforced (what a node's reboot costs each gateway that comes back before the agent does: the boot policy drops its traffic until the agent enforces), and for the one more gateway from its sandbox appearing:\n\n| backend | gateways N | lost at the start, all gateways | per gateway, median | per gateway, most | one more gateway |\n|---|---:|---:|---:|---:|---:|\n", fleet::PERIOD.as_millis()));
+    for r in rows {
+        md.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            r.backend,
+            r.n,
+            r.lost_start.iter().sum::<u64>(),
+            r.lost_start
+                .get(r.lost_start.len() / 2)
+                .copied()
+                .unwrap_or(0),
+            r.lost_start.last().copied().unwrap_or(0),
+            r.lost_one_more,
+        ));
     }
     md.push_str("\nGoals (issue \"Scale where Liqo grows\"), as this run measured them:\n\n| goal | target | measured | |\n|---|---:|---:|---|\n");
     let largest = rows.iter().map(|r| r.n).max().unwrap_or(0);
