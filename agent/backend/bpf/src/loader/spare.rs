@@ -128,25 +128,36 @@ pub(super) fn take(pin_dir: &Path, opts: &LoadOptions) -> Option<Datapath> {
         }
         Err(e) => {
             tracing::warn!(error = %e, pins = %pin_dir.display(), "could not pin the spare datapath; loading one");
-            if let Err(e) = super::remove_pins(pin_dir) {
-                tracing::warn!(error = %e, pins = %pin_dir.display(), "could not remove the spare's pins");
-            }
             None
         }
     }
 }
 
-/// `d`'s maps pinned under `pin_dir` by the names in `pins`; `d` now lives there.
+/// `d`'s maps pinned under `pin_dir` by the names in `pins`; `d` now lives there. On failure
+/// the pins it made are removed again (and nothing else in `pin_dir`).
 fn pin_under(mut d: Datapath, pins: &[String], pin_dir: &Path) -> Result<Datapath, BpfError> {
     std::fs::create_dir_all(pin_dir.join("links")).map_err(|source| BpfError::Io {
         path: pin_dir.to_path_buf(),
         source,
     })?;
+    let mut made: Vec<PathBuf> = Vec::new();
     for name in pins {
         let path = pin_dir.join(name);
-        d.map(name)?
-            .pin(&path)
-            .map_err(|source| BpfError::Pin { path, source })?;
+        let pinned = d.map(name).and_then(|m| {
+            m.pin(&path).map_err(|source| BpfError::Pin {
+                path: path.clone(),
+                source,
+            })
+        });
+        if let Err(e) = pinned {
+            for p in &made {
+                if let Err(e) = std::fs::remove_file(p) {
+                    tracing::warn!(pin = %p.display(), error = %e, "could not remove a pin of the spare");
+                }
+            }
+            return Err(e);
+        }
+        made.push(path);
     }
     d.pin_dir = pin_dir.to_path_buf();
     Ok(d)
