@@ -29,17 +29,19 @@ pub struct Seen {
     /// The last datagram to [`DENIED`] that got through.
     pub denied_last: Option<Instant>,
     /// The first datagram to the allowed pod since the last denied one got through, or since
-    /// the last allowed ones were dropped.
+    /// allowed ones were dropped (a gap in their sequence numbers).
     pub allowed_since: Option<Instant>,
     /// Datagrams sent to the allowed pod, and those that reached it (since the last reset).
     pub allowed_sent: u64,
     pub allowed_got: u64,
-    /// [`Seen::allowed_lost`] when the last one reached it.
-    lost_mark: u64,
+    /// The sequence number of the last datagram sent to the allowed pod, and of the last one
+    /// that reached it (each datagram carries its own).
+    sent_seq: u64,
+    got_seq: u64,
 }
 
-/// Datagrams to the allowed pod that may be on their way when one arrives (the sender counts
-/// each as it sends it): more missing than this since the previous arrival were dropped.
+/// Datagrams to the allowed pod that may be on their way: more sent since the last one that
+/// arrived means they are being dropped, or the receiver has not read them yet.
 const IN_FLIGHT: u64 = 2;
 
 impl Seen {
@@ -51,15 +53,15 @@ impl Seen {
     /// Enforced at: the allowed pod reached after the denied address last was and after the
     /// last allowed datagrams were dropped, once the allowed pod has been reached for `quiet`
     /// with the denied address unreached meanwhile (a denied datagram resets `allowed_since`)
-    /// and none sent to it since its last arrival was dropped (a boot policy dropping both
-    /// leaves no arrival to reset `allowed_since` by). Not sooner: the two datagrams of one
-    /// round arrive one after the other, and between them the allowed one alone would look
-    /// like a policy in force.
+    /// and the datagrams to it have arrived up to the last few sent (a boot policy dropping
+    /// both leaves nothing to arrive; a receiver behind on a busy node only delays this).
+    /// Not sooner: the two datagrams of one round arrive one after the other, and between
+    /// them the allowed one alone would look like a policy in force.
     pub fn enforced(&self, quiet: Duration) -> Option<Instant> {
         let at = self.allowed_since?;
         (at.elapsed() >= quiet
             && self.denied_last.is_none_or(|d| d.elapsed() >= quiet)
-            && self.allowed_lost() <= self.lost_mark + IN_FLIGHT)
+            && self.sent_seq <= self.got_seq + IN_FLIGHT)
             .then_some(at)
     }
 }
@@ -186,6 +188,10 @@ impl Probes {
                                 continue;
                             }
                             let dst = Ipv4Addr::new(buf[0], buf[1], buf[2], buf[3]);
+                            let seq = buf
+                                .get(4..12)
+                                .and_then(|b| b.try_into().ok())
+                                .map_or(0, u64::from_le_bytes);
                             let now = Instant::now();
                             if let Ok(mut v) = seen.lock() {
                                 let e = &mut v[i];
@@ -194,17 +200,16 @@ impl Probes {
                                     e.allowed_since = None;
                                 } else {
                                     // A run of arrivals starts here when nothing arrived
-                                    // since a denied one, or when datagrams sent since the
-                                    // previous arrival were dropped: the boot policy drops
-                                    // both, and the two of a round may fall either side of
-                                    // its start (then the allowed one alone looked enforced
-                                    // from that moment on).
+                                    // since a denied one, or when datagrams before this one
+                                    // were dropped (the boot policy drops both probes, and
+                                    // without counting the pod's the last one before it
+                                    // looked enforced from then on).
                                     e.allowed_got += 1;
-                                    let lost = e.allowed_lost();
-                                    if e.allowed_since.is_none() || lost > e.lost_mark + IN_FLIGHT {
+                                    let gap = e.got_seq != 0 && seq > e.got_seq + 1;
+                                    if e.allowed_since.is_none() || gap {
                                         e.allowed_since = Some(now);
                                     }
-                                    e.lost_mark = lost;
+                                    e.got_seq = e.got_seq.max(seq);
                                 }
                             }
                         }
@@ -220,14 +225,21 @@ impl Probes {
             std::thread::spawn(move || {
                 let socks: Vec<(UdpSocket, Ipv4Addr)> =
                     snd.iter().map(|(n, a)| (socket_in(n, 0), *a)).collect();
+                // Each datagram to a pod carries its number (after the 4 address bytes).
+                let mut seqs = vec![1u64; socks.len()];
                 while !stop.load(Ordering::Relaxed) {
                     for (i, (s, allowed)) in socks.iter().enumerate() {
                         for dst in [*allowed, DENIED] {
-                            let sent = s.send_to(&dst.octets(), SocketAddrV4::new(dst, PORT));
+                            let mut msg = [0u8; 12];
+                            msg[..4].copy_from_slice(&dst.octets());
+                            msg[4..].copy_from_slice(&seqs[i].to_le_bytes());
+                            let sent = s.send_to(&msg, SocketAddrV4::new(dst, PORT));
                             if sent.is_ok() && dst != DENIED {
                                 if let Ok(mut v) = seen.lock() {
                                     v[i].allowed_sent += 1;
+                                    v[i].sent_seq = seqs[i];
                                 }
+                                seqs[i] += 1;
                             }
                         }
                     }
