@@ -845,6 +845,97 @@ fn bpf_per_cpu_level_serves_without_the_shared_one() {
     );
 }
 
+/// Accepted from 10.0.0.10 except UDP to port 9999, dropped in every state.
+const DROPS_9999: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: drops9999, namespace: default}
+spec:
+  table:
+    name: drops9999
+    family: INET
+    chains:
+    - name: forward
+      type: filter
+      hook: forward
+      priority: 0
+      policy: accept
+      rules:
+        filterRules:
+        - name: no_9999
+          action: drop
+          match:
+          - {op: eq, proto: {value: udp}}
+          - {op: eq, port: {value: "9999", position: dst}}
+"#;
+
+/// A drop of a flow conntrack never saw goes into this CPU's level of the verdict cache only
+/// where a way is free, which the datapath decides from the set's tags and hints without
+/// reading the ways (`VERDICTS4_TAGS`): a flow dropped twice is served its drop the second
+/// time when its set had room; where both ways serve accepted flows, the drop is not cached
+/// and neither flow is evicted. Fails if a drop takes a way that still serves (a hint read or
+/// written wrong) or if no drop is ever cached (a free way never found).
+#[test]
+fn bpf_a_dropped_new_flow_takes_only_a_free_way() {
+    require_root();
+    let objs = peerwall_intent::load::parse_documents(DROPS_9999, "drops9999").expect("parses");
+    let policy = compile(&objs).expect("policy compiles").policy;
+    let parent = ensure_bpffs().expect("bpffs");
+    let mut probe = BpfProbe::new(&policy, &ifnames(), &parent).expect("datapath loads");
+    let accepted = cached_udp_flow;
+    let dropped = |sport: u16| Packet {
+        dport: 9999,
+        ..cached_udp_flow(sport)
+    };
+    assert_eq!(
+        ir::evaluate(&policy, &dropped(50000)).verdict,
+        ir::VerdictAction::Drop
+    );
+    let set = BpfProbe::cpu_cache_set(&accepted(40000)).expect("IPv4 UDP");
+    let pair: Vec<Packet> = (40000..u16::MAX)
+        .map(accepted)
+        .filter(|p| BpfProbe::cpu_cache_set(p) == Some(set))
+        .take(2)
+        .collect();
+    let crowded = (40000..u16::MAX)
+        .map(dropped)
+        .find(|p| BpfProbe::cpu_cache_set(p) == Some(set))
+        .expect("a dropped flow of the same set");
+    let roomy = (40000..u16::MAX)
+        .map(dropped)
+        .find(|p| BpfProbe::cpu_cache_set(p) != Some(set))
+        .expect("a dropped flow of another set");
+    probe.reset_flows().expect("reset");
+    // Each accepted flow: known, cached in the shared level, served and copied into this
+    // CPU's level, which both ways of the set now serve.
+    let round: Vec<(u32, Packet)> = pair.iter().map(|p| (0, p.clone())).collect();
+    for _ in 0..3 {
+        probe.conversation(&round).expect("conversation runs");
+    }
+    for p in &pair {
+        assert_eq!(probe.cpu_cached(p).expect("read"), vec![0], "{p:?} held");
+    }
+    // The dropped flow in the crowded set: classified both times, cached nowhere, and the
+    // accepted flows keep their ways.
+    let got = probe
+        .conversation(&[(0, crowded.clone()), (0, crowded.clone())])
+        .expect("conversation runs");
+    assert_eq!(
+        got,
+        vec![(2, true), (2, true)],
+        "dropped, classified each time"
+    );
+    assert!(probe.cpu_cached(&crowded).expect("read").is_empty());
+    for p in &pair {
+        assert_eq!(probe.cpu_cached(p).expect("read"), vec![0], "{p:?} kept");
+    }
+    // The dropped flow in a set with room: its drop is cached and serves its next packet.
+    let got = probe
+        .conversation(&[(0, roomy.clone()), (0, roomy.clone())])
+        .expect("conversation runs");
+    assert_eq!(got, vec![(2, true), (2, false)], "the second drop served");
+    assert_eq!(probe.cpu_cached(&roomy).expect("read"), vec![0]);
+}
+
 /// Three flows that fall in one set of the per-CPU verdict cache (two ways), taking turns on
 /// one CPU: the two that came first keep their ways while their verdicts serve, so their
 /// packets keep hitting the CPU's own cache; the third is served from `VERDICTS4` and does not

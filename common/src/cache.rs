@@ -143,18 +143,53 @@ pub const CPU_VERDICT_TAG_SETS: u32 = 32;
 /// `VERDICTS4_TAGS[i / CPU_VERDICT_TAG_SETS]`, `i = cpu * CPU_VERDICT_SETS + set`: the tags
 /// ([`verdict_tag`]) of the keys last written into the ways of [`CPU_VERDICT_TAG_SETS`]
 /// consecutive sets of `VERDICTS4_CPU`, set `i` at `tags[i % CPU_VERDICT_TAG_SETS]`, way `w` at
-/// `[w]`. A filter in front of the ways: a packet whose tag neither way carries skips the set,
-/// whose two ways are two cache lines, cold for a flow never seen; its tags are one line of 4
-/// KiB per CPU, which stays in the CPU's cache. Only a way's writer sets its tag, so a tag can
-/// be stale (the way expired, or was flushed) and cost a look, but a way whose key a packet
-/// carries has that key's tag unless user space flushed the tags alone: then the packet is
-/// classified, never served wrongly (the key compare decides). 64 bytes, no padding; the map is
-/// `BPF_F_MMAPABLE`, each entry one cache line. eBPF twin: `ebpf/src/cache/key.rs`.
+/// `[w]`, and until when each way's verdict serves at most (`until`, [`verdict_until_hint`]).
+/// A filter in front of the ways: a packet whose tag neither way carries skips the set, whose
+/// two ways are two cache lines, cold for a flow never seen; its tags are one line of 8 KiB per
+/// CPU, which stays in the CPU's cache. And a drop of a flow never seen is written into a way
+/// only where the hints say one is free, without reading the ways (under a flood of new
+/// flows, reading them cost every packet two cold lines). Only a way's writer sets its tag and
+/// hint, so either can be stale (the way expired early by a new generation or policy, or was
+/// flushed) and cost a look or a verdict not cached, but a way whose key a packet carries has
+/// that key's tag unless user space flushed the tags alone: then the packet is classified,
+/// never served wrongly (the key compare decides). 128 bytes, no padding, tags in the first
+/// cache line and hints in the second; the map is `BPF_F_MMAPABLE`. eBPF twin:
+/// `ebpf/src/cache/key.rs`.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct CpuVerdictTags {
     /// Per set, per way, the tag of the key written there (0 before any).
     pub tags: [[u8; CPU_VERDICT_WAYS]; CPU_VERDICT_TAG_SETS as usize],
+    /// Per set, per way, [`verdict_until_hint`] of the verdict written there (0 before any).
+    pub until: [[u8; CPU_VERDICT_WAYS]; CPU_VERDICT_TAG_SETS as usize],
+}
+
+/// Jiffies per unit of a way's hint ([`verdict_until_hint`]): 16, so that the hint's byte
+/// spans 2,048 jiffies each way (two seconds at HZ 1000, twenty at HZ 100), past any cached
+/// verdict's lifetime (at most a second, `ebpf/src/ttl.rs`).
+pub const VERDICT_HINT_SHIFT: u32 = 4;
+
+/// The hint of a way whose verdict is served until `until` (jiffies, low 32 bits): `until` in
+/// units of [`VERDICT_HINT_SHIFT`], rounded up, as a byte, never 0 (0 is a way never written).
+/// Rounding up (and 0 moved to 1) only makes the hint later than `until`, so
+/// [`verdict_way_free`] never calls a way free while its verdict can serve.
+#[inline(always)]
+pub const fn verdict_until_hint(until: u32) -> u8 {
+    let h = (until.wrapping_add((1 << VERDICT_HINT_SHIFT) - 1) >> VERDICT_HINT_SHIFT) as u8;
+    if h == 0 {
+        1
+    } else {
+        h
+    }
+}
+
+/// Whether a way whose hint is `hint` may be written at `now` (jiffies) without evicting a
+/// verdict that still serves: never written (0), or its hint's unit is past (compared
+/// wrapping, so a way written more than 2,032 jiffies ago can look busy again: then a drop is
+/// not cached there, which costs only its next packet a classification).
+#[inline(always)]
+pub const fn verdict_way_free(hint: u8, now: u32) -> bool {
+    hint == 0 || (((now >> VERDICT_HINT_SHIFT) as u8).wrapping_sub(hint) as i8) > 0
 }
 
 /// An IPv6 `VERDICTS6` key folded into the four words [`verdict_set`] takes.

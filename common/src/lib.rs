@@ -20,9 +20,10 @@ pub mod probe;
 pub mod view;
 
 pub use cache::{
-    fold_key6, verdict_may_serve, verdict_set, verdict_tag, CachedVerdict, CpuVerdict4,
-    CpuVerdictTags, CpuVerdicts4, FreshLine, VerdictKey4, CACHED_COUNTERS, CPU_VERDICT_SETS,
-    CPU_VERDICT_SET_BITS, CPU_VERDICT_TAG_SETS, CPU_VERDICT_WAYS, VERDICT_FRESH_LANES,
+    fold_key6, verdict_may_serve, verdict_set, verdict_tag, verdict_until_hint, verdict_way_free,
+    CachedVerdict, CpuVerdict4, CpuVerdictTags, CpuVerdicts4, FreshLine, VerdictKey4,
+    CACHED_COUNTERS, CPU_VERDICT_SETS, CPU_VERDICT_SET_BITS, CPU_VERDICT_TAG_SETS,
+    CPU_VERDICT_WAYS, VERDICT_FRESH_LANES, VERDICT_HINT_SHIFT,
 };
 pub use classify::{
     constrained, dim, ActionCode, AddrKeyData, Bitmap, ChainInfo, DimMasks, HookChains, IfKey,

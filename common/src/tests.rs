@@ -37,7 +37,7 @@ fn layouts_have_no_implicit_padding() {
     assert_eq!(size_of::<CachedVerdict>(), 36);
     assert_eq!(size_of::<CpuVerdict4>(), 64);
     assert_eq!(size_of::<CpuVerdicts4>(), 128);
-    assert_eq!(size_of::<CpuVerdictTags>(), 64);
+    assert_eq!(size_of::<CpuVerdictTags>(), 128);
     assert_eq!(size_of::<FreshLine>(), 64);
     assert_eq!(size_of::<FlowState>(), 16);
     assert_eq!(size_of::<NewFlowSlot>(), 64);
@@ -291,4 +291,29 @@ fn a_set_may_serve_until_its_mark_wrapping() {
     assert!(!verdict_may_serve(u32::MAX - 5, 10));
     // An empty map (0) says nothing may be served at a clock well past it.
     assert!(!verdict_may_serve(0, 4_000_000));
+}
+
+#[test]
+fn a_way_is_free_only_once_its_verdict_no_longer_serves() {
+    // Every `until` around a few points, the 32-bit wrap among them, against every `now` from
+    // well before it to the hint's range: never free while `now < until` (the verdict may
+    // serve), always free within three units after it (two, and one more where the hint
+    // would be 0), and never written (0) is free.
+    for base in [0u32, 1000, 0x7fff_fff0, u32::MAX - 40] {
+        for du in 0..64u32 {
+            let until = base.wrapping_add(du);
+            let hint = verdict_until_hint(until);
+            assert_ne!(hint, 0, "until {until}");
+            for back in 1..=1800u32 {
+                let now = until.wrapping_sub(back);
+                assert!(!verdict_way_free(hint, now), "until {until}, now {now}");
+            }
+            for ahead in (3 << VERDICT_HINT_SHIFT)..(100 << VERDICT_HINT_SHIFT) {
+                let now = until.wrapping_add(ahead);
+                assert!(verdict_way_free(hint, now), "until {until}, now {now}");
+            }
+        }
+    }
+    assert!(verdict_way_free(0, 0));
+    assert!(verdict_way_free(0, 123_456));
 }

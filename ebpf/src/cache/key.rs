@@ -84,17 +84,25 @@ pub(super) fn same_key(e: &CpuVerdict4, words: &[u32; 4]) -> bool {
     kw[0] == words[0] && kw[1] == words[1] && kw[2] == words[2] && kw[3] == words[3]
 }
 
-/// The tags of `VERDICTS4_CPU` entry `slot`'s ways (`cpu * CPU_VERDICT_SETS + set`), in place.
+/// The lanes of `VERDICTS4_CPU` entry `slot` (`cpu * CPU_VERDICT_SETS + set`) in its
+/// `VERDICTS4_TAGS` entry, in place: its ways' tags and their hints ([`peerwall_common::CpuVerdictTags`]).
 #[inline(always)]
-pub(super) fn tags_at(slot: u32) -> Option<*mut [u8; CPU_VERDICT_WAYS]> {
+pub(super) fn lanes_at(
+    slot: u32,
+) -> Option<(*mut [u8; CPU_VERDICT_WAYS], *mut [u8; CPU_VERDICT_WAYS])> {
     let line = VERDICTS4_TAGS.get_ptr_mut(slot / CPU_VERDICT_TAG_SETS)?;
-    let lane = (slot % CPU_VERDICT_TAG_SETS) as usize;
+    let lane = (slot % CPU_VERDICT_TAG_SETS) as usize & (CPU_VERDICT_TAG_SETS as usize - 1);
     // SAFETY: `lane` < CPU_VERDICT_TAG_SETS (masked again for the verifier), within the entry
     // of a successful lookup.
     Some(unsafe {
-        (&raw mut (*line).tags)
-            .cast::<[u8; CPU_VERDICT_WAYS]>()
-            .add(lane & (CPU_VERDICT_TAG_SETS as usize - 1))
+        (
+            (&raw mut (*line).tags)
+                .cast::<[u8; CPU_VERDICT_WAYS]>()
+                .add(lane),
+            (&raw mut (*line).until)
+                .cast::<[u8; CPU_VERDICT_WAYS]>()
+                .add(lane),
+        )
     })
 }
 
@@ -103,9 +111,9 @@ pub(super) fn tags_at(slot: u32) -> Option<*mut [u8; CPU_VERDICT_WAYS]> {
 /// the tags cannot be read.
 #[inline(always)]
 pub(super) fn may_hold(slot: u32, tag: u8) -> bool {
-    match tags_at(slot) {
+    match lanes_at(slot) {
         // SAFETY: a lane of an entry of a successful lookup; only this CPU writes it.
-        Some(t) => unsafe { (*t)[0] == tag || (*t)[1] == tag },
+        Some((t, _)) => unsafe { (*t)[0] == tag || (*t)[1] == tag },
         None => true,
     }
 }
