@@ -77,16 +77,25 @@ pub fn peerwall_nsenter(ns: &NetNs) -> std::process::Command {
     c
 }
 
-/// `peerwall agent ARGS` in the namespace's network, its output discarded.
+/// `peerwall agent ARGS` in the namespace's network: its stdout discarded, its log (stderr)
+/// printed if the test fails.
 pub fn spawn_agent(ns: &NetNs, args: &[String]) -> Proc {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let log = std::env::temp_dir().join(format!(
+        "pw-agent-{}-{}-{n}.log",
+        ns.name(),
+        std::process::id()
+    ));
+    let file = std::fs::File::create(&log).expect("the agent's log file");
     let child = peerwall_nsenter(ns)
         .arg("agent")
         .args(args)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(file)
         .spawn()
         .expect("peerwall agent");
-    Proc::killed_on_drop(child)
+    Proc::killed_on_drop_logged(child, log)
 }
 
 /// One ping from `src` to `dst` inside `ns`; true when answered.

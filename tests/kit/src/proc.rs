@@ -44,6 +44,17 @@ impl Proc {
         }
     }
 
+    /// A process whose stderr goes to `log`, killed (SIGKILL) on drop: its log printed if a
+    /// test fails, removed otherwise (an agent whose end must leave what it enforces in place,
+    /// whose log says why it did not act when a test waits for it in vain).
+    pub fn killed_on_drop_logged(child: Child, log: PathBuf) -> Self {
+        Self {
+            child,
+            log: Some(log),
+            end: End::Kill,
+        }
+    }
+
     /// Its log so far (empty without one).
     pub fn log(&self) -> String {
         self.log
@@ -96,7 +107,16 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         match self.end {
-            End::Kill => self.kill(),
+            End::Kill => {
+                self.kill();
+                if let Some(l) = &self.log {
+                    if std::thread::panicking() {
+                        eprintln!("---- {} ----\n{}", l.display(), self.log());
+                    } else {
+                        let _ = std::fs::remove_file(l);
+                    }
+                }
+            }
             End::Stop => {
                 self.stop();
                 if std::thread::panicking() {
