@@ -107,23 +107,16 @@ impl Proc {
 impl Drop for Proc {
     fn drop(&mut self) {
         match self.end {
-            End::Kill => {
-                self.kill();
-                if let Some(l) = &self.log {
-                    if std::thread::panicking() {
-                        eprintln!("---- {} ----\n{}", l.display(), self.log());
-                    } else {
-                        let _ = std::fs::remove_file(l);
-                    }
-                }
-            }
-            End::Stop => {
-                self.stop();
-                if std::thread::panicking() {
-                    if let Some(l) = &self.log {
-                        eprintln!("---- {} ----\n{}", l.display(), self.log());
-                    }
-                }
+            End::Kill => self.kill(),
+            End::Stop => self.stop(),
+        }
+        if let Some(l) = &self.log {
+            if std::thread::panicking() {
+                eprintln!("---- {} ----\n{}", l.display(), self.log());
+            } else if self.end == End::Kill {
+                // A killed process's log is the kit's own file (`killed_on_drop_logged`); a
+                // stopped one's belongs to its caller.
+                let _ = std::fs::remove_file(l);
             }
         }
     }
