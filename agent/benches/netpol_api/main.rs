@@ -389,10 +389,8 @@ fn main() {
         // With the budget that keeps the tier's sets inline up to etcd's bound (a label change
         // rewrites the whole tier), then as deployed (the sets of pods in AddressSets: a label
         // change writes the slice holding the pod).
-        for budget in [
-            peerwall::protection::spill::WHOLE_OBJECT_BUDGET,
-            peerwall::protection::spill::INLINE_BUDGET,
-        ] {
+        let budgets = budgets();
+        for &budget in &budgets {
             let cmetrics = format!("127.0.0.1:{}", agent::free_port());
             let started = Instant::now();
             let budget_arg = budget.to_string();
@@ -445,6 +443,26 @@ fn main() {
             }
             drop(controller);
         }
-        report(pods, policies, controller_rss, &rows, backends.len() == 2);
+        report(
+            pods,
+            policies,
+            controller_rss,
+            &rows,
+            backends.len() == 2 && budgets.len() == 2,
+        );
     });
+}
+
+/// The controllers' `--inline-budget-bytes` measured in turn (`PEERWALL_BENCH_BUDGETS`:
+/// `whole`, `default` or both, the default): only a run of both writes docs/bench.md.
+fn budgets() -> Vec<usize> {
+    let wanted = std::env::var("PEERWALL_BENCH_BUDGETS").unwrap_or_else(|_| "whole,default".into());
+    wanted
+        .split(',')
+        .filter_map(|b| match b.trim() {
+            "whole" => Some(peerwall::protection::spill::WHOLE_OBJECT_BUDGET),
+            "default" => Some(peerwall::protection::spill::INLINE_BUDGET),
+            _ => None,
+        })
+        .collect()
 }

@@ -196,12 +196,6 @@ pub fn derive(
 pub fn policies<'a>(
     policies: impl IntoIterator<Item = &'a np::NetworkPolicy>,
 ) -> (Vec<netpol::NetworkPolicy>, Vec<Unreadable>) {
-    let ours = |p: &&np::NetworkPolicy| {
-        p.labels()
-            .get(crate::protection::MANAGED_BY)
-            .map(String::as_str)
-            == Some(crate::protection::MANAGER)
-    };
     let (mut good, mut bad) = (Vec::new(), Vec::new());
     for p in policies.into_iter().filter(|p| !ours(p)) {
         match policy(p) {
@@ -210,6 +204,14 @@ pub fn policies<'a>(
         }
     }
     (good, bad)
+}
+
+/// Whether a NetworkPolicy is peerwall's own (a companion): not a user's, not read.
+fn ours(p: &&np::NetworkPolicy) -> bool {
+    p.labels()
+        .get(crate::protection::MANAGED_BY)
+        .map(String::as_str)
+        == Some(crate::protection::MANAGER)
 }
 
 /// The cluster from its parts: `namespaces` (name and labels, [`namespace_labels`]), the
@@ -272,6 +274,8 @@ pub fn cluster<'a>(
 }
 
 pub mod index;
+mod reads;
+pub use reads::PolicyReads;
 
 #[cfg(test)]
 mod tests {

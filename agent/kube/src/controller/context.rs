@@ -48,6 +48,9 @@ pub(super) struct Ctx {
     /// ([`super::policies::shared_view`]): the peers of one pass share one view.
     pub(super) changes: Arc<crate::Changes>,
     pub(super) view: super::view::SharedView,
+    /// The NetworkPolicies as last read, per object version (each view reads only those that
+    /// changed).
+    pub(super) policy_reads: std::sync::Mutex<crate::model::PolicyReads>,
     /// ProtectionPolicies (the last good version of each).
     pub(super) protection_policies: Arc<crate::protection_policies::InForce>,
     /// Problems with NetworkPolicies already reported (policy and reason), so each gets one
@@ -168,6 +171,7 @@ impl Ctx {
             pods,
             changes: changed.clone(),
             view: Default::default(),
+            policy_reads: Default::default(),
             network_policies: crate::cache(Api::all(client.clone()), wc(), (), changed.clone()),
             protection_policies: Arc::new(crate::protection_policies::InForce::new(crate::cache(
                 Api::all_with(client.clone(), &crate::protection_policies::resource()),
@@ -266,6 +270,7 @@ impl Ctx {
             pods: Arc::default(),
             changes: changes.clone(),
             view: Default::default(),
+            policy_reads: Default::default(),
             network_policies: network_policies.as_reader(),
             protection_policies: Arc::new(crate::protection_policies::InForce::new(dynamic(
                 crate::protection_policies::resource(),

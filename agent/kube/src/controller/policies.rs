@@ -39,7 +39,11 @@ fn netpol_view(ctx: &Ctx) -> NetpolView {
         crate::model::virtual_nodes(nodes.iter().map(AsRef::as_ref)),
         &remaps,
     );
-    let (read, unreadable) = crate::model::policies(policies.iter().map(AsRef::as_ref));
+    let (read, unreadable) = ctx
+        .policy_reads
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .policies(policies.iter().map(AsRef::as_ref));
     let mut cluster = crate::model::assemble(
         namespaces.iter().map(|n| crate::model::namespace_labels(n)),
         pods,

@@ -21,7 +21,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{json, Value};
 
-use super::{direction_rules, selector_json, Companion, COMPANION_OF};
+use super::{direction_rules, selector_json, Companion, RemotePods, COMPANION_OF};
 use crate::cnp::{
     order, Action, ClusterNetworkPolicy, Peer as CnpPeer, Rule as CnpRule, Subject, Tier,
 };
@@ -112,9 +112,11 @@ struct Admin<'a> {
 }
 
 impl<'a> Admin<'a> {
-    fn new(cluster: &Cluster, cnp: &'a ClusterNetworkPolicy) -> Self {
+    fn new(cluster: &Cluster, remote: &RemotePods<'_>, cnp: &'a ClusterNetworkPolicy) -> Self {
         // The namespace only matters to a peer without a namespace selector: none here.
-        let of = |rules: &[CnpRule], egress| direction_rules(cluster, "", &accepts(rules), egress);
+        let of = |rules: &[CnpRule], egress| {
+            direction_rules(cluster, remote, "", &accepts(rules), egress)
+        };
         Self {
             cnp,
             rules: [of(&cnp.ingress, false), of(&cnp.egress, true)],
@@ -175,13 +177,14 @@ fn companion(cluster: &Cluster, np: &NetworkPolicy, admin: &Admin<'_>) -> Option
 
 /// The companions of every (NetworkPolicy, Admin ClusterNetworkPolicy) pair that needs one,
 /// each owned by its NetworkPolicy.
-pub fn companions<'a>(
+pub(crate) fn companions<'a>(
     cluster: &'a Cluster,
+    remote: &RemotePods<'_>,
     policies: impl Iterator<Item = &'a NetworkPolicy>,
 ) -> Vec<Companion> {
     let admin: Vec<Admin<'_>> = order(cluster.cluster_policies.iter(), Tier::Admin)
         .into_iter()
-        .map(|cnp| Admin::new(cluster, cnp))
+        .map(|cnp| Admin::new(cluster, remote, cnp))
         .collect();
     let mut out = BTreeMap::new();
     for np in policies {

@@ -180,3 +180,49 @@ fn a_companion_selects_only_pods_a_networkpolicy_already_isolates() {
         );
     }
 }
+
+/// The remote pods a rule's pod peers select, looked for by namespace ([`RemotePods`]), are
+/// exactly those a scan of every pod of the cluster finds, in the cluster's order: random
+/// clusters, every rule of every policy, from each policy's namespace and from another.
+#[test]
+fn remote_pods_by_namespace_are_those_a_scan_of_every_pod_finds() {
+    use crate::companion::RemotePods;
+    let mut rng = StdRng::seed_from_u64(5521);
+    let (mut rules, mut found) = (0, 0);
+    for _ in 0..400 {
+        let c = random_cluster(&mut rng);
+        let remote = RemotePods::of(&c);
+        for p in &c.policies {
+            let all = p.ingress.iter().chain(&p.egress).flatten();
+            for rule in all {
+                for ns in [p.namespace.as_str(), "y", "absent"] {
+                    let scan: Vec<&Pod> = c
+                        .pods
+                        .iter()
+                        .map(|p| &**p)
+                        .filter(|p| p.peer.is_some())
+                        .filter(|p| {
+                            rule.peers.iter().any(|peer| {
+                                matches!(peer, crate::Peer::Pods { .. })
+                                    && c.peer_selects_pod(ns, peer, p)
+                            })
+                        })
+                        .collect();
+                    let indexed = remote.selected_by(&c, ns, rule);
+                    assert_eq!(
+                        indexed.iter().map(|p| p.key()).collect::<Vec<_>>(),
+                        scan.iter().map(|p| p.key()).collect::<Vec<_>>(),
+                        "rule {rule:?} of a policy in {ns}"
+                    );
+                    rules += 1;
+                    found += usize::from(!scan.is_empty());
+                }
+            }
+        }
+    }
+    // The comparison meant something: many rules, and many that select remote pods.
+    assert!(
+        rules > 1000 && found > 200,
+        "{rules} rules, {found} selecting"
+    );
+}
