@@ -32,11 +32,13 @@ mod enforcement;
 mod fake_api;
 mod offloaded;
 mod optional;
+mod plans;
 mod pod_facts;
 mod policies;
 mod publish;
 mod storable;
 mod tenants;
+mod tiers;
 mod view;
 mod written;
 

@@ -279,12 +279,22 @@ pub struct Changes {
     /// A second wake-up, for a second consumer of the same events (a `Notify` wakes one).
     pub notify_also: tokio::sync::Notify,
     count: std::sync::atomic::AtomicU64,
+    /// Events that changed something other than the controller's own outputs ([`Changes::inputs`]).
+    inputs: std::sync::atomic::AtomicU64,
     /// Watches whose last answer was an error (the API server unreachable, for example).
     failing: std::sync::atomic::AtomicU64,
 }
 
 impl Changes {
     pub(crate) fn bump(&self) {
+        self.inputs
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.bump_output();
+    }
+
+    /// A change of one of the controller's own outputs (its FirewallConfigurations and
+    /// AddressSets, other than in their status): moves the count, not [`Changes::inputs`].
+    pub(crate) fn bump_output(&self) {
         self.count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         self.notify.notify_one();
         self.notify_also.notify_one();
@@ -302,6 +312,13 @@ impl Changes {
     /// Events seen so far.
     pub fn count(&self) -> u64 {
         self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Events seen so far that changed something other than the controller's own outputs:
+    /// what its view of the cluster (pods, namespaces, NetworkPolicies, remaps) is read from
+    /// moves this, and its own writes, echoed by its watches, do not.
+    pub fn inputs(&self) -> u64 {
+        self.inputs.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// Whether every watch answered its last request (false while the API server is away:

@@ -42,7 +42,9 @@ pub fn status_only(old: &ObjectMeta, new: &ObjectMeta) -> bool {
 /// [`crate::cache`], and for a resource with a status subresource that others write
 /// (`readers` given): an event that changes only the status ([`status_only`], against the
 /// object the cache held) wakes `readers` without moving `changed`'s count; every other event
-/// is a change.
+/// is a change. Those resources are the controller's own outputs (its FirewallConfigurations
+/// and AddressSets, which hosts report on): their changes move the count but not the inputs'
+/// ([`Changes::inputs`]).
 pub fn cache<K>(
     api: kube::Api<K>,
     wc: kube::runtime::watcher::Config,
@@ -94,6 +96,8 @@ where
             *failing = now;
             if status {
                 changed.reported(readers == Some(StatusReaders::Both));
+            } else if readers.is_some() {
+                changed.bump_output();
             } else {
                 changed.bump();
             }

@@ -198,6 +198,56 @@ pub fn lay_out(
     current: &[Slice<String>],
     taken: &BTreeSet<String>,
 ) -> SetSlices {
+    if holds_exactly(current, &moved.elements) {
+        // What laying out would find: every slice kept as it is, none written or deleted.
+        return SetSlices {
+            write: Vec::new(),
+            delete: Vec::new(),
+            count: u32::try_from(current.len()).unwrap_or(u32::MAX),
+        };
+    }
+    lay_out_changes(config, moved, current, taken)
+}
+
+/// Whether `current` already holds `desired` as laying out keeps it: every slice non-empty,
+/// every address of `desired` in exactly one slice, and no other address. Most sets of a
+/// configuration are so at every pass (a pod's relabel changes two of 170 in the NetworkPolicy
+/// tier at 1,000 policies); this walks them in order, allocating nothing, where laying out
+/// copies every slice and address (a sixth of the controller's pass, by perf).
+fn holds_exactly(current: &[Slice<String>], desired: &BTreeSet<String>) -> bool {
+    if current.iter().any(|s| s.addresses.is_empty())
+        || current.iter().map(|s| s.addresses.len()).sum::<usize>() != desired.len()
+    {
+        return false;
+    }
+    let mut next: Vec<_> = current
+        .iter()
+        .map(|s| s.addresses.iter().peekable())
+        .collect();
+    for d in desired {
+        // In exactly one slice: the one whose next address it is (each slice is sorted).
+        let mut found = 0;
+        for it in &mut next {
+            if it.peek() == Some(&d) {
+                it.next();
+                found += 1;
+            }
+        }
+        if found != 1 {
+            return false;
+        }
+    }
+    // The counts are equal and each address was taken once: nothing is left over.
+    next.iter_mut().all(|it| it.peek().is_none())
+}
+
+/// [`lay_out`] by laying the set's slices out ([`crate::slices::layout_named`]).
+fn lay_out_changes(
+    config: &str,
+    moved: &Moved,
+    current: &[Slice<String>],
+    taken: &BTreeSet<String>,
+) -> SetSlices {
     let changed = crate::slices::layout_named(
         &moved.set,
         current,

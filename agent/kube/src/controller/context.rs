@@ -59,6 +59,10 @@ pub(super) struct Ctx {
     /// What the controller last wrote of each of its FirewallConfigurations, or found the
     /// cache already showing ([`super::storable`]).
     pub(super) written: std::sync::Mutex<super::written::Written>,
+    /// The last plan of each configuration published ([`super::plans`]).
+    pub(super) plans: std::sync::Mutex<super::plans::Plans>,
+    /// The last NetworkPolicy tier of each peer, with the view it came from ([`super::tiers`]).
+    pub(super) tiers: std::sync::Mutex<super::tiers::Tiers>,
 }
 
 impl Ctx {
@@ -72,6 +76,14 @@ impl Ctx {
         // What it holds is a shortcut: a state left by a panic only sends a pass back to
         // comparing with the cache.
         self.written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn plans(&self) -> std::sync::MutexGuard<'_, super::plans::Plans> {
+        // A shortcut too: a state left by a panic serves only plans of the count they were
+        // computed at.
+        self.plans
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
@@ -172,6 +184,8 @@ impl Ctx {
             changes: changed.clone(),
             view: Default::default(),
             policy_reads: Default::default(),
+            plans: Default::default(),
+            tiers: Default::default(),
             network_policies: crate::cache(Api::all(client.clone()), wc(), (), changed.clone()),
             protection_policies: Arc::new(crate::protection_policies::InForce::new(crate::cache(
                 Api::all_with(client.clone(), &crate::protection_policies::resource()),
@@ -271,6 +285,8 @@ impl Ctx {
             changes: changes.clone(),
             view: Default::default(),
             policy_reads: Default::default(),
+            plans: Default::default(),
+            tiers: Default::default(),
             network_policies: network_policies.as_reader(),
             protection_policies: Arc::new(crate::protection_policies::InForce::new(dynamic(
                 crate::protection_policies::resource(),

@@ -17,13 +17,15 @@ use super::view::NetpolView;
 use crate::netpol;
 use crate::protection;
 
-/// The view of the cluster as the caches stand now, shared: computed once per change of any
-/// cache ([`crate::Changes`]) and handed to every peer's pass meanwhile. Each peer's pass
+/// The view of the cluster as the caches stand now, shared: computed once per change of a
+/// cache it reads ([`crate::Changes::inputs`]: not the controller's own FirewallConfigurations
+/// and AddressSets, whose echoes woke a pass that computed the same view again) and handed to
+/// every peer's pass meanwhile. Each peer's pass
 /// used to compute its own, so a pass over N peers read every pod N times, and N views could
 /// be alive at once (a node of 50 peers: gigabytes). The count is read before the caches: a
 /// change after it moves the count, and the next pass computes anew.
 pub(super) fn shared_view(ctx: &Ctx) -> Arc<NetpolView> {
-    ctx.view.at(ctx.changes.count(), || netpol_view(ctx))
+    ctx.view.at(ctx.changes.inputs(), || netpol_view(ctx))
 }
 
 fn netpol_view(ctx: &Ctx) -> NetpolView {
@@ -78,14 +80,30 @@ pub(super) async fn publish_tier(
     ns: &Namespace,
     peer: &protection::Peer,
     ctx: &Ctx,
-    (cluster, unreadable, policies, cnp_problems): &NetpolView,
+    view: &Arc<NetpolView>,
     audit: bool,
 ) -> Result<(), ReconcileError> {
+    let (cluster, unreadable, policies, cnp_problems) = &**view;
     for (obj, why) in cnp_problems {
         report_object(ctx, obj, "clusternetworkpolicy", why).await;
     }
     publish_cnp_status(ctx, cnp_problems).await;
-    let tier = tokio::task::block_in_place(|| netpol::tier::tier(cluster, &peer.id, audit));
+    let tiers = || {
+        ctx.tiers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    let kept = tiers().get(view, &peer.id, audit);
+    let (spec, unenforced) = match kept {
+        Some(parts) => parts,
+        None => {
+            // Computed outside the lock: other peers' passes go on meanwhile.
+            let t = tokio::task::block_in_place(|| netpol::tier::tier(cluster, &peer.id, audit));
+            let parts = (t.spec, t.unenforced);
+            tiers().keep(view, &peer.id, audit, parts.clone());
+            parts
+        }
+    };
     let problems = unreadable
         .iter()
         .map(|u| {
@@ -94,16 +112,12 @@ pub(super) async fn publish_tier(
                 format!("{} (the policy is left out)", u.why),
             )
         })
-        .chain(
-            tier.unenforced
-                .iter()
-                .map(|u| (u.policy.clone(), u.why.clone())),
-        );
+        .chain(unenforced.iter().map(|u| (u.policy.clone(), u.why.clone())));
     for (policy, why) in problems {
         report_policy(ctx, policies, &policy, &why).await;
     }
     let labels = peerwall_intent::labels::for_gateway(&peer.id);
-    if publish_configuration(ctx, ns, netpol::tier::TIER_CONFIG, tier.spec, &labels).await? {
+    if publish_configuration(ctx, ns, netpol::tier::TIER_CONFIG, spec, &labels).await? {
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer.id, "NetworkPolicy tier updated");
     }

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::context::Ctx;
 use super::enforcement::applied_everywhere;
+use super::plans::PlanKey;
 use super::publish::{api_error, apply, owned_by_namespace, typed, ReconcileError, Seen};
 use crate::protection;
 use crate::protection::spill::{self, CONFIGURATION_LABEL};
@@ -73,6 +74,132 @@ pub(super) async fn publish_configuration(
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, ReconcileError> {
     let ns_name = ns.name_any();
+    let plan = planned(ctx, ns, config, spec, labels)?;
+    let slices: Api<AddressSet> = Api::namespaced(ctx.client.clone(), &ns_name);
+    for s in &plan.write {
+        let object: AddressSet = typed(
+            spill::slice_object(&ns_name, config, labels, s),
+            Some(owned_by_namespace(ns)),
+        )?;
+        apply(&slices, &object).await?;
+        ctx.count(|m| m.slice_writes += 1);
+    }
+    let mut delete = plan.delete.clone();
+    if plan.bytes > peerwall_intent::size::ETCD_REQUEST_MAX {
+        ctx.count(|m| m.too_large += 1);
+        return Err(ReconcileError::TooLarge {
+            object: format!("{ns_name}/{config}"),
+            bytes: plan.bytes,
+        });
+    }
+    let stored = ctx
+        .configs
+        .state()
+        .into_iter()
+        .find(|c| c.name_any() == config && c.namespace().as_deref() == Some(&ns_name));
+    let key = (ns_name.clone(), config.to_string());
+    let wrote = !already_there(ctx, &key, stored.as_deref(), &plan.object, plan.digest);
+    if wrote {
+        let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
+        let after = apply(&api, &plan.object).await?;
+        ctx.written()
+            .remember(key, version_of(&after.metadata), plan.digest);
+    }
+    // Not written: the cache shows what was built; applied by every host, the slices it no
+    // longer takes can go (a host's condition wakes this pass again).
+    if !wrote && stored.as_deref().is_some_and(applied_everywhere) {
+        delete.extend(plan.unneeded.iter().cloned());
+    }
+    for name in delete {
+        match slices.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => ctx.count(|m| m.slice_deletes += 1),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(source) => return Err(api_error("deleting", &ns_name, &name)(source)),
+        }
+    }
+    if plan.moved > 0 && wrote {
+        tracing::info!(
+            configuration = %format!("{ns_name}/{config}"),
+            sets = plan.moved,
+            "sets too large to keep inline published as AddressSets"
+        );
+    }
+    Ok(wrote)
+}
+
+/// What publishing `spec` as `config` takes, from the caches alone: the last pass's plan when
+/// nothing the plan reads changed since ([`Plans`]), else [`plan`].
+fn planned(
+    ctx: &Ctx,
+    ns: &Namespace,
+    config: &str,
+    spec: FirewallConfigurationSpec,
+    labels: &BTreeMap<String, String>,
+) -> Result<std::sync::Arc<Plan>, ReconcileError> {
+    // Read before the caches: a change that lands meanwhile moves the count past this plan's.
+    let count = ctx.changes.count();
+    let key = PlanKey {
+        namespace: ns.name_any(),
+        namespace_uid: ns.uid().unwrap_or_default(),
+        config: config.to_string(),
+        labels: labels.clone(),
+    };
+    if let Some(p) = ctx.plans().get(&key, count, &spec) {
+        return Ok(p);
+    }
+    let input = spec.clone();
+    let p = std::sync::Arc::new(plan(ctx, ns, config, spec, labels)?);
+    ctx.plans().keep(key, count, input, p.clone());
+    Ok(p)
+}
+
+/// [`plan`]'s result: the slices to write and delete, the configuration to write, its
+/// JSON's size and digest.
+#[derive(Debug)]
+pub(super) struct Plan {
+    /// Slices to write, before the configuration.
+    write: Vec<protection::Slice<String>>,
+    /// Slices emptied: deleted after it.
+    delete: Vec<String>,
+    /// Slices of sets back inline (or gone): deleted once every host applied it.
+    unneeded: Vec<String>,
+    /// How many sets are in slices.
+    moved: usize,
+    object: FirewallConfiguration,
+    bytes: usize,
+    digest: [u8; 32],
+}
+
+#[cfg(test)]
+impl Plan {
+    /// A plan that writes nothing, of an empty configuration.
+    pub(super) fn for_tests() -> Self {
+        let spec: FirewallConfigurationSpec =
+            serde_json::from_value(serde_json::json!({"table": {"name": "t", "family": "INET"}}))
+                .expect("a spec");
+        Self {
+            write: Vec::new(),
+            delete: Vec::new(),
+            unneeded: Vec::new(),
+            moved: 0,
+            object: FirewallConfiguration::new("c", spec),
+            bytes: 0,
+            digest: [0; 32],
+        }
+    }
+}
+
+/// Lay `spec` out for storage against the slices the cache shows: which sets move into
+/// slices, each set's slices to write and delete, the configuration object and its JSON's
+/// digest. Reads the caches, writes nothing.
+fn plan(
+    ctx: &Ctx,
+    ns: &Namespace,
+    config: &str,
+    spec: FirewallConfigurationSpec,
+    labels: &BTreeMap<String, String>,
+) -> Result<Plan, ReconcileError> {
+    let ns_name = ns.name_any();
     let mut current = current_slices(ctx, &ns_name, config);
     let in_slices: BTreeSet<String> = current.keys().cloned().collect();
     // Nothing in slices: the object as it is, serialized once; within the budget (so is its
@@ -93,10 +220,7 @@ pub(super) async fn publish_configuration(
     };
     // Every name in use: a new slice of one set never takes another's.
     let mut taken: BTreeSet<String> = current.values().flatten().map(|s| s.name.clone()).collect();
-    let slices: Api<AddressSet> = Api::namespaced(ctx.client.clone(), &ns_name);
-    let mut counts = Vec::new();
-    // Slices emptied: their addresses leave the set, which is what their deletion does.
-    let mut delete = Vec::new();
+    let (mut write, mut delete, mut counts) = (Vec::new(), Vec::new(), Vec::new());
     for m in &moved {
         let laid = spill::lay_out(
             config,
@@ -105,14 +229,8 @@ pub(super) async fn publish_configuration(
             &taken,
         );
         taken.extend(laid.write.iter().map(|s| s.name.clone()));
-        for s in &laid.write {
-            let object: AddressSet = typed(
-                spill::slice_object(&ns_name, config, labels, s),
-                Some(owned_by_namespace(ns)),
-            )?;
-            apply(&slices, &object).await?;
-            ctx.count(|m| m.slice_writes += 1);
-        }
+        write.extend(laid.write);
+        // Slices emptied: their addresses leave the set, which is what their deletion does.
         delete.extend(laid.delete);
         counts.push((m.set.clone(), laid.count));
     }
@@ -127,49 +245,15 @@ pub(super) async fn publish_configuration(
         Some(j) => j,
         None => to_json(&object, &ns_name, config)?,
     };
-    let bytes = json.len();
-    if bytes > peerwall_intent::size::ETCD_REQUEST_MAX {
-        ctx.count(|m| m.too_large += 1);
-        return Err(ReconcileError::TooLarge {
-            object: format!("{ns_name}/{config}"),
-            bytes,
-        });
-    }
-    let digest: [u8; 32] = Sha256::digest(&json).into();
-    drop(json);
-    let stored = ctx
-        .configs
-        .state()
-        .into_iter()
-        .find(|c| c.name_any() == config && c.namespace().as_deref() == Some(&ns_name));
-    let key = (ns_name.clone(), config.to_string());
-    let wrote = !already_there(ctx, &key, stored.as_deref(), &object, digest);
-    if wrote {
-        let api: Api<FirewallConfiguration> = Api::namespaced(ctx.client.clone(), &ns_name);
-        let after = apply(&api, &object).await?;
-        ctx.written()
-            .remember(key, version_of(&after.metadata), digest);
-    }
-    // Not written: the cache shows what was built; applied by every host, the slices it no
-    // longer takes can go (a host's condition wakes this pass again).
-    if !wrote && stored.as_deref().is_some_and(applied_everywhere) {
-        delete.extend(unneeded);
-    }
-    for name in delete {
-        match slices.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => ctx.count(|m| m.slice_deletes += 1),
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(source) => return Err(api_error("deleting", &ns_name, &name)(source)),
-        }
-    }
-    if !moved.is_empty() && wrote {
-        tracing::info!(
-            configuration = %format!("{ns_name}/{config}"),
-            sets = moved.len(),
-            "sets too large to keep inline published as AddressSets"
-        );
-    }
-    Ok(wrote)
+    Ok(Plan {
+        write,
+        delete,
+        unneeded,
+        moved: moved.len(),
+        object,
+        bytes: json.len(),
+        digest: Sha256::digest(&json).into(),
+    })
 }
 
 /// Whether the object `stored` (as the cache shows it) already says `object`, whose JSON

@@ -4,6 +4,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::ObjectMeta;
 
 use super::status_only;
+use crate::Changes;
 
 fn meta() -> ObjectMeta {
     ObjectMeta {
@@ -97,4 +98,19 @@ fn without_a_generation_every_event_is_a_change() {
         ..meta()
     };
     assert!(!status_only(&old, &old.clone()));
+}
+
+#[test]
+fn the_controllers_own_outputs_move_the_count_and_not_the_inputs() {
+    let c = Changes::default();
+    c.bump();
+    assert_eq!((c.count(), c.inputs()), (1, 1), "a pod, a policy: both");
+    c.bump_output();
+    assert_eq!(
+        (c.count(), c.inputs()),
+        (2, 1),
+        "its own configuration echoed"
+    );
+    c.reported(true);
+    assert_eq!((c.count(), c.inputs()), (2, 1), "a host's report: neither");
 }

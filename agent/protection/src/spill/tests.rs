@@ -213,3 +213,85 @@ fn sets_in_slices_stay_there_until_the_configuration_clearly_fits() {
     assert!(spill(&mut s, full * 4 / 3 + 8, &BTreeSet::from(["a".to_string()])).is_empty());
     assert_eq!(s, spec);
 }
+
+/// A set its slices already hold exactly is answered without laying it out, and that answer
+/// is the one laying out gives: random slices (addresses missing, extra, listed twice, empty
+/// slices) against random desired sets, both ways compared.
+#[test]
+fn a_set_its_slices_already_hold_is_laid_out_as_laying_out_would() {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(77);
+    let addr = |i: u32| format!("10.0.{}.{}", i / 256, i % 256);
+    let (mut exact, mut tried) = (0, 0);
+    for _ in 0..3000 {
+        let n = rng.random_range(0..40u32);
+        let desired: BTreeSet<String> = (0..n).filter(|_| rng.random_bool(0.8)).map(addr).collect();
+        // Slices: the desired addresses dealt out, then perturbed (or not).
+        let k = rng.random_range(1..4usize);
+        let mut current: Vec<Slice<String>> = (0..k)
+            .map(|i| Slice {
+                name: format!("c-s-{i}"),
+                set: "s".into(),
+                addresses: BTreeSet::new(),
+            })
+            .collect();
+        for (j, a) in desired.iter().enumerate() {
+            current[j % k].addresses.insert(a.clone());
+        }
+        match rng.random_range(0..7) {
+            0 => {
+                let extra = addr(1000 + rng.random_range(0..5));
+                current[0].addresses.insert(extra);
+            }
+            1 => {
+                if let Some(a) = desired.iter().next() {
+                    let i = rng.random_range(0..k);
+                    current[i].addresses.insert(a.clone());
+                }
+            }
+            2 => {
+                if let Some(a) = desired.iter().last() {
+                    current.iter_mut().for_each(|s| {
+                        s.addresses.remove(a);
+                    });
+                }
+            }
+            // The same count, another content: one address in place of a desired one, or a
+            // desired one listed twice in place of another.
+            3 | 4 => {
+                if let Some(a) = desired.iter().last() {
+                    current.iter_mut().for_each(|s| {
+                        s.addresses.remove(a);
+                    });
+                    let instead = match (rng.random_bool(0.5), desired.iter().next()) {
+                        (true, Some(first)) if first != a => first.clone(),
+                        _ => addr(1000),
+                    };
+                    let i = rng.random_range(0..k);
+                    current[i].addresses.insert(instead);
+                }
+            }
+            _ => {}
+        }
+        let moved = Moved {
+            set: "s".into(),
+            elements: desired,
+        };
+        let taken = BTreeSet::new();
+        let fast = lay_out("c", &moved, &current, &taken);
+        let slow = lay_out_changes("c", &moved, &current, &taken);
+        assert_eq!(
+            (fast.write, fast.delete, fast.count),
+            (slow.write.clone(), slow.delete.clone(), slow.count),
+            "{current:?} for {:?}",
+            moved.elements
+        );
+        tried += 1;
+        if holds_exactly(&current, &moved.elements) {
+            exact += 1;
+            assert!(slow.write.is_empty() && slow.delete.is_empty());
+        }
+    }
+    // Both kinds of case were met many times.
+    assert!(exact > 500 && tried - exact > 500, "{exact} of {tried}");
+}
