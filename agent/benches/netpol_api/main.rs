@@ -19,7 +19,9 @@
 //! Beside the samples, the API server's floor (a write seen by a watch, `control/floor.rs`):
 //! a change crosses two such hops (the pod to the controller, the tier to the agent).
 //!
-//! Writes the `netpol-api` section of docs/bench.md.
+//! Writes the `netpol-api` section of docs/bench.md, when both backends
+//! (`PEERWALL_BENCH_BACKENDS`) and both budgets (`PEERWALL_BENCH_BUDGETS`: `whole`,
+//! `default`) were measured.
 
 #[path = "../control/agent.rs"]
 #[allow(dead_code)]

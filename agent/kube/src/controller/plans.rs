@@ -16,9 +16,46 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use peerwall_intent::types::FirewallConfigurationSpec;
+use peerwall_intent::types::{FirewallConfiguration, FirewallConfigurationSpec};
 
-use super::storable::Plan;
+/// A configuration's plan (`storable::plan`): the slices to write and delete, the configuration to write, its
+/// JSON's size and digest.
+#[derive(Debug)]
+pub(super) struct Plan {
+    /// Slices to write, before the configuration.
+    pub(super) write: Vec<crate::protection::Slice<String>>,
+    /// Slices emptied: deleted after it.
+    pub(super) delete: Vec<String>,
+    /// Slices of sets back inline (or gone): deleted once every host applied it.
+    pub(super) unneeded: Vec<String>,
+    /// How many sets are in slices.
+    pub(super) moved: usize,
+    /// The configuration to write.
+    pub(super) object: FirewallConfiguration,
+    /// Its JSON's size.
+    pub(super) bytes: usize,
+    /// Its JSON's SHA-256.
+    pub(super) digest: [u8; 32],
+}
+
+#[cfg(test)]
+impl Plan {
+    /// A plan that writes nothing, of an empty configuration.
+    pub(super) fn for_tests() -> Self {
+        let spec: FirewallConfigurationSpec =
+            serde_json::from_value(serde_json::json!({"table": {"name": "t", "family": "INET"}}))
+                .expect("a spec");
+        Self {
+            write: Vec::new(),
+            delete: Vec::new(),
+            unneeded: Vec::new(),
+            moved: 0,
+            object: FirewallConfiguration::new("c", spec),
+            bytes: 0,
+            digest: [0; 32],
+        }
+    }
+}
 
 /// Which configuration a plan is of, and what besides the spec and the caches it reads.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

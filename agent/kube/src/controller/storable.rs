@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use super::context::Ctx;
 use super::enforcement::applied_everywhere;
-use super::plans::PlanKey;
+use super::plans::{Plan, PlanKey};
 use super::publish::{api_error, apply, owned_by_namespace, typed, ReconcileError, Seen};
 use crate::protection;
 use crate::protection::spill::{self, CONFIGURATION_LABEL};
@@ -151,42 +151,6 @@ fn planned(
     let p = std::sync::Arc::new(plan(ctx, ns, config, spec, labels)?);
     ctx.plans().keep(key, count, input, p.clone());
     Ok(p)
-}
-
-/// [`plan`]'s result: the slices to write and delete, the configuration to write, its
-/// JSON's size and digest.
-#[derive(Debug)]
-pub(super) struct Plan {
-    /// Slices to write, before the configuration.
-    write: Vec<protection::Slice<String>>,
-    /// Slices emptied: deleted after it.
-    delete: Vec<String>,
-    /// Slices of sets back inline (or gone): deleted once every host applied it.
-    unneeded: Vec<String>,
-    /// How many sets are in slices.
-    moved: usize,
-    object: FirewallConfiguration,
-    bytes: usize,
-    digest: [u8; 32],
-}
-
-#[cfg(test)]
-impl Plan {
-    /// A plan that writes nothing, of an empty configuration.
-    pub(super) fn for_tests() -> Self {
-        let spec: FirewallConfigurationSpec =
-            serde_json::from_value(serde_json::json!({"table": {"name": "t", "family": "INET"}}))
-                .expect("a spec");
-        Self {
-            write: Vec::new(),
-            delete: Vec::new(),
-            unneeded: Vec::new(),
-            moved: 0,
-            object: FirewallConfiguration::new("c", spec),
-            bytes: 0,
-            digest: [0; 32],
-        }
-    }
 }
 
 /// Lay `spec` out for storage against the slices the cache shows: which sets move into
