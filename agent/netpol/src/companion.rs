@@ -120,15 +120,10 @@ impl<'a> RemotePods<'a> {
             };
             let candidates: Vec<&Vec<usize>> = match namespaces {
                 None => self.by_ns.get(ns).into_iter().collect(),
-                Some(sel) => self
+                Some(_) => self
                     .by_ns
                     .iter()
-                    .filter(|(n, _)| {
-                        cluster
-                            .namespaces
-                            .get(**n)
-                            .is_some_and(|labels| sel.matches(labels))
-                    })
+                    .filter(|(n, _)| cluster.peer_namespace_holds(ns, namespaces.as_ref(), n))
                     .map(|(_, v)| v)
                     .collect(),
             };

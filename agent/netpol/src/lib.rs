@@ -338,15 +338,28 @@ impl Cluster {
         match peer {
             Peer::Block(_) => false,
             Peer::Pods { namespaces, pods } => {
-                let ns_ok = match namespaces {
-                    None => pod.namespace == policy_ns,
-                    Some(sel) => self
-                        .namespaces
-                        .get(&pod.namespace)
-                        .is_some_and(|labels| sel.matches(labels)),
-                };
-                ns_ok && pods.as_ref().is_none_or(|s| s.matches(&pod.labels))
+                self.peer_namespace_holds(policy_ns, namespaces.as_ref(), &pod.namespace)
+                    && pods.as_ref().is_none_or(|s| s.matches(&pod.labels))
             }
+        }
+    }
+
+    /// The namespace half of [`peer_selects_pod`](Self::peer_selects_pod): whether a pod peer
+    /// with namespace selector `namespaces` (None: its policy's own), in a policy of
+    /// `policy_ns`, can select pods of namespace `ns`. The indexes by namespace (the tier's
+    /// classes, the companions' remote pods) ask it to narrow where they look.
+    pub fn peer_namespace_holds(
+        &self,
+        policy_ns: &str,
+        namespaces: Option<&Selector>,
+        ns: &str,
+    ) -> bool {
+        match namespaces {
+            None => ns == policy_ns,
+            Some(sel) => self
+                .namespaces
+                .get(ns)
+                .is_some_and(|labels| sel.matches(labels)),
         }
     }
 

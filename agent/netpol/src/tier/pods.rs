@@ -168,15 +168,10 @@ impl<'a> Index<'a> {
             // ([`Cluster::peer_selects_pod`], one namespace at a time).
             let candidates: Vec<&Vec<u32>> = match namespaces {
                 None => self.by_ns.get(ns).into_iter().collect(),
-                Some(sel) => self
+                Some(_) => self
                     .by_ns
                     .iter()
-                    .filter(|(n, _)| {
-                        cluster
-                            .namespaces
-                            .get(**n)
-                            .is_some_and(|labels| sel.matches(labels))
-                    })
+                    .filter(|(n, _)| cluster.peer_namespace_holds(ns, namespaces.as_ref(), n))
                     .map(|(_, v)| v)
                     .collect(),
             };
