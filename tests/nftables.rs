@@ -806,9 +806,10 @@ fn a_long_run_of_set_lookups_is_dispatched_with_the_same_verdicts() {
             listeners.push(Listener::tcp(&t.provider, pod, *p));
         }
     }
-    let grid = |policy: &ir::Policy| {
+    // Every pod's ports against the reference; the pods' accepted connections counted.
+    let grid_of = |policy: &ir::Policy, pods: &[&str]| {
         let mut accepted = 0;
-        for pod in pods {
+        for &pod in pods {
             for p in &ports {
                 let pkt = ir::Packet {
                     src: "10.10.1.67".parse().unwrap(),
@@ -832,6 +833,7 @@ fn a_long_run_of_set_lookups_is_dispatched_with_the_same_verdicts() {
         }
         accepted
     };
+    let grid = |policy: &ir::Policy| grid_of(policy, &pods);
     let policy = doc(&[]);
     let mut b = NftBackend::new(Nft::in_netns(t.gateway.name()));
     b.apply(&policy).expect("apply");
@@ -862,12 +864,102 @@ fn a_long_run_of_set_lookups_is_dispatched_with_the_same_verdicts() {
     }
     assert!(!c.iter().any(|c| c.chain.starts_with("__pw_")), "{c:?}");
 
+    // Where the map sends `addr`: the chain its element jumps to, as the kernel lists it.
+    let jump_of = |addr: &str| {
+        let map = nft_list(&t.gateway, &["list", "map", "ip", "np", "__pw_v0_4"]);
+        let at = map.find(&format!("{addr} : jump "))?;
+        let rest = &map[at + addr.len() + " : jump ".len()..];
+        let end = rest.find([',', ' ', '\n', '}']).unwrap_or(rest.len());
+        Some(rest[..end].to_string())
+    };
+    // Element edits of the set and the map go over netlink (an address joining, changing or
+    // leaving its class), none refused.
+    let in_place = |r: &peerwall_backend_nftables::ApplyReport, changes: usize, what: &str| {
+        assert!(r.recreated.is_empty(), "{what}: {r:?}");
+        assert_eq!(r.element_changes, changes, "{what}: {r:?}");
+        assert!(r.over_netlink, "{what}: {r:?}");
+        assert_eq!(peerwall_backend_nftables::netlink::fallbacks(), 0, "{what}");
+    };
+
     // 10.20.3.1 joins s0: the class of 10.20.9.9, one set and one map element.
     let joined = doc(&[0]);
     let r = b.apply(&joined).expect("apply");
-    assert!(r.recreated.is_empty(), "{r:?}");
-    assert_eq!(r.element_changes, 2, "{r:?}");
+    in_place(&r, 2, "joins");
     assert_eq!(grid(&joined), 4);
+    assert_eq!(b.drift_check(true).unwrap(), Vec::<Drift>::new());
+    assert_eq!(jump_of("10.20.3.1"), jump_of("10.20.9.9"));
+
+    // ... moves to s5 alone, the class of 10.20.1.3: its map element's jump changes (the
+    // element deleted and added in one transaction), its set element moves.
+    let moved = doc(&[5]);
+    let r = b.apply(&moved).expect("apply");
+    in_place(&r, 4, "changes class");
+    assert_eq!(grid_of(&moved, &["10.20.3.1"]), 1);
+    assert_eq!(b.drift_check(true).unwrap(), Vec::<Drift>::new());
+    assert!(jump_of("10.20.3.1").is_some());
+    assert_eq!(jump_of("10.20.3.1"), jump_of("10.20.1.3"));
+    assert_ne!(jump_of("10.20.3.1"), jump_of("10.20.9.9"));
+
+    // ... and leaves every set: no element left in the map.
+    let left = doc(&[]);
+    let r = b.apply(&left).expect("apply");
+    in_place(&r, 2, "leaves");
+    assert_eq!(grid_of(&left, &["10.20.3.1"]), 0);
+    assert_eq!(jump_of("10.20.3.1"), None);
+    assert_eq!(b.drift_check(true).unwrap(), Vec::<Drift>::new());
+
+    // The same three through the agent's slice path (`update_sets`: the sets' changes as
+    // AddressSets bring them, the map's elements derived from them, nothing rendered).
+    let pod: u128 = 0x0a14_0301;
+    let change = |policy: &ir::Policy, set: &str, add: bool| {
+        let set = policy.tables[0]
+            .sets
+            .iter()
+            .position(|s| s.name == set)
+            .expect("the set");
+        let ir::SetElements::Addr(mut contents) = policy.tables[0].sets[set].elements.clone()
+        else {
+            panic!("an address set");
+        };
+        let one = ir::AddrRange { lo: pod, hi: pod };
+        let edit = if add {
+            contents.insert_range(one)
+        } else {
+            contents.remove_range(one)
+        };
+        ir::SetChange {
+            table: policy.tables[0].name.clone(),
+            family: policy.tables[0].family,
+            set: policy.tables[0].sets[set].name.clone(),
+            addr_family: ir::IpFamily::V4,
+            edit,
+        }
+    };
+    let joined = doc(&[0]);
+    let r = b
+        .update_sets(&joined, &[change(&left, "s0", true)])
+        .expect("update");
+    in_place(&r, 2, "joins, slice path");
+    assert_eq!(grid_of(&joined, &["10.20.3.1"]), 1);
+    assert_eq!(jump_of("10.20.3.1"), jump_of("10.20.9.9"));
+    assert_eq!(b.drift_check(true).unwrap(), Vec::<Drift>::new());
+    let moved = doc(&[5]);
+    let r = b
+        .update_sets(
+            &moved,
+            &[change(&joined, "s0", false), change(&left, "s5", true)],
+        )
+        .expect("update");
+    in_place(&r, 4, "changes class, slice path");
+    assert_eq!(grid_of(&moved, &["10.20.3.1"]), 1);
+    assert_eq!(jump_of("10.20.3.1"), jump_of("10.20.1.3"));
+    assert_eq!(b.drift_check(true).unwrap(), Vec::<Drift>::new());
+    let r = b
+        .update_sets(&left, &[change(&moved, "s5", false)])
+        .expect("update");
+    in_place(&r, 2, "leaves, slice path");
+    assert_eq!(grid_of(&left, &["10.20.3.1"]), 0);
+    assert_eq!(jump_of("10.20.3.1"), None);
     assert_eq!(b.drift_check(true).unwrap(), Vec::<Drift>::new());
 
     // ... and s7 too: a class no address had, a new chain: the table is recreated.

@@ -10,9 +10,10 @@
 //! same counters (a rule's copies in several classes are added up by
 //! [`crate::listing::Listing::rule_counters`]), in one hash lookup instead of one per rule.
 //!
-//! Classes depend on set contents: an address joining an existing class is one map element
-//! (the set update path re-renders, [`crate::NftBackend::update_sets`]); a new class is a new
-//! chain, and the table is recreated in one transaction. Runs shorter than [`MIN_RUN`] stay
+//! Classes depend on set contents: an address joining, leaving or changing an existing class
+//! is one map element edited in place ([`edit`], on the set update path
+//! [`crate::NftBackend::update_sets`]); a new class is a new chain, and so is a class left
+//! without addresses gone: the table is rendered again and recreated in one transaction. Runs shorter than [`MIN_RUN`] stay
 //! as they are, and so does a run whose classes would copy too many rules
 //! (`within_budget`).
 
@@ -23,32 +24,28 @@ use std::net::IpAddr;
 use peerwall_policy::ir::IpFamily;
 
 use crate::model::{
-    ClassChain, Element, Expr, Key, KeyType, Regular, Right, Rule, Set, Table, AUTO_SET_PREFIX,
+    ClassChain, DispatchMap, Element, Expr, Key, KeyType, Lookup, Regular, Right, Rule, Set, Table,
+    AUTO_SET_PREFIX,
 };
+
+pub mod edit;
 
 /// Shortest run worth a map: below it, the rules' own lookups cost about as much.
 pub const MIN_RUN: usize = 8;
-
-/// What a rule's dispatch lookup selects: a host set (by name) or one address.
-#[derive(Clone, Debug)]
-enum Selects {
-    Set(String),
-    One(IpAddr),
-}
 
 /// Where a rule looks its dispatch address up: the statement, the family, what it selects.
 #[derive(Clone, Debug)]
 struct Anchor {
     expr: usize,
     family: IpFamily,
-    selects: Selects,
+    selects: Lookup,
 }
 
 impl Anchor {
     /// The addresses the lookup selects.
     fn addrs<'a>(&'a self, sets: &HostSets<'a>) -> Vec<IpAddr> {
         match &self.selects {
-            Selects::Set(n) => sets
+            Lookup::Set(n) => sets
                 .get(n.as_str())
                 .map(|s| {
                     s.elements
@@ -60,14 +57,14 @@ impl Anchor {
                         .collect()
                 })
                 .unwrap_or_default(),
-            Selects::One(a) => vec![*a],
+            Lookup::One(a) => vec![*a],
         }
     }
 
     fn set(&self) -> Option<&String> {
         match &self.selects {
-            Selects::Set(n) => Some(n),
-            Selects::One(_) => None,
+            Lookup::Set(n) => Some(n),
+            Lookup::One(_) => None,
         }
     }
 }
@@ -96,8 +93,8 @@ fn anchor(r: &Rule, source: bool, sets: &HostSets<'_>) -> Option<Anchor> {
             right,
         } if *s == source => {
             let selects = match right {
-                Right::SetRef(n) if sets.contains_key(n.as_str()) => Selects::Set(n.clone()),
-                Right::Element(Element::Addr(a)) => Selects::One(*a),
+                Right::SetRef(n) if sets.contains_key(n.as_str()) => Lookup::Set(n.clone()),
+                Right::Element(Element::Addr(a)) => Lookup::One(*a),
                 _ => return None,
             };
             Some(Anchor {
@@ -155,6 +152,7 @@ struct Rendered {
     maps: Vec<Set>,
     regular: Vec<Regular>,
     class_rules: Vec<Rule>,
+    dispatch_maps: Vec<DispatchMap>,
 }
 
 fn render_run(
@@ -170,6 +168,7 @@ fn render_run(
         maps: Vec::new(),
         regular: Vec::new(),
         class_rules: Vec::new(),
+        dispatch_maps: Vec::new(),
     };
     let mut copies = 0usize;
     for family in [IpFamily::V4, IpFamily::V6] {
@@ -196,6 +195,7 @@ fn render_run(
         }
         let mut elements = Vec::new();
         let mut names: HashMap<u64, &Vec<u32>> = HashMap::new();
+        let mut kept = BTreeMap::new();
         for (positions, addrs) in &classes {
             let cc = ClassChain {
                 run: run_no,
@@ -205,6 +205,7 @@ fn render_run(
             if names.insert(cc.class, positions).is_some() {
                 return None;
             }
+            kept.insert(positions.clone(), cc);
             let name = cc.name();
             out.regular.push(Regular {
                 name: name.clone(),
@@ -227,6 +228,14 @@ fn render_run(
                 IpFamily::V6 => 6,
             }
         );
+        out.dispatch_maps.push(DispatchMap {
+            map: map.clone(),
+            lookups: run
+                .iter()
+                .map(|(_, a)| (a.family == family).then(|| a.selects.clone()))
+                .collect(),
+            classes: kept,
+        });
         out.maps.push(Set {
             name: map.clone(),
             key: KeyType::of(family),
@@ -257,6 +266,7 @@ pub fn dispatch(t: &mut Table) {
     let mut maps = Vec::new();
     let mut regular = Vec::new();
     let mut class_rules = Vec::new();
+    let mut dispatch_maps = Vec::new();
     let mut run_no = 0u32;
     let mut sources = std::collections::BTreeSet::new();
     for c in &t.chains {
@@ -282,6 +292,7 @@ pub fn dispatch(t: &mut Table) {
             maps.extend(r.maps);
             regular.extend(r.regular);
             class_rules.extend(r.class_rules);
+            dispatch_maps.extend(r.dispatch_maps);
         }
     }
     if replaced.is_empty() {
@@ -300,6 +311,7 @@ pub fn dispatch(t: &mut Table) {
     t.sets.extend(maps);
     t.regular.extend(regular);
     t.dispatch_sources = sources.into_iter().collect();
+    t.dispatch_maps = dispatch_maps;
 }
 
 #[cfg(test)]

@@ -140,6 +140,7 @@ pub fn table(timeout_secs: u32) -> Table {
         }],
         regular: Vec::new(),
         dispatch_sources: Vec::new(),
+        dispatch_maps: Vec::new(),
         rules,
         event_limit: None,
     }

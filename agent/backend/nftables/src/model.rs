@@ -63,9 +63,12 @@ pub struct Table {
     /// Regular chains that a dispatch map jumps to ([`crate::dispatch`]), each with the base
     /// chain whose rules it holds (their counters count there).
     pub regular: Vec<Regular>,
-    /// Sets whose contents decide a dispatch map's elements: a change to one of them is
-    /// rendered again rather than edited in place. Follows from the rest (not compared).
+    /// Sets whose contents decide a dispatch map's elements: a change to one of them edits
+    /// the maps too ([`crate::dispatch::edit`]). Follows from the rest (not compared).
     pub dispatch_sources: Vec<String>,
+    /// The dispatch's maps, as their elements are edited in place. Follows from the rest (not
+    /// compared).
+    pub dispatch_maps: Vec<DispatchMap>,
     /// Rules, in order.
     pub rules: Vec<Rule>,
     /// The table's event rate limit: a named limit object ([`EVENT_LIMIT`]) that every log
@@ -221,6 +224,29 @@ impl ClassChain {
     pub fn name(self) -> String {
         format!("{AUTO_SET_PREFIX}k{}_{:016x}", self.run, self.class)
     }
+}
+
+/// What one rule of a dispatched run looks its address up in ([`crate::dispatch`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Lookup {
+    /// A host set, by name.
+    Set(String),
+    /// One address.
+    One(IpAddr),
+}
+
+/// One verdict map of the address dispatch, as [`crate::dispatch::edit`] edits its elements
+/// in place: what each rule of its run looks up, and the chain of each class of addresses
+/// it was rendered with.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DispatchMap {
+    /// The map's name.
+    pub map: String,
+    /// By position in the run: the rule's lookup, None where it is of the other family.
+    pub lookups: Vec<Option<Lookup>>,
+    /// Each class (the positions of the rules that select its addresses, ascending) and the
+    /// chain the map sends it to.
+    pub classes: std::collections::BTreeMap<Vec<u32>, ClassChain>,
 }
 
 /// A regular chain of a table and the base chain its rules came from.

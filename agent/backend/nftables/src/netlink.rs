@@ -5,8 +5,9 @@
 //! address sets go this way ([`element_edits`]): hash sets element by element, interval sets
 //! as `nft` writes them (a range `[lo, hi]` is the element `lo` and the interval end
 //! `hi + 1`; ranges from the first address or to the last, which `nft` writes with extra
-//! elements and annotations, stay with it); everything else, and what does not fit, stays
-//! with `nft`.
+//! elements and annotations, stay with it), and the address dispatch's verdict maps
+//! ([`crate::dispatch`]: an address joining, leaving or changing its class, the element with
+//! its jump); everything else, and what does not fit, stays with `nft`.
 //!
 //! Connections go the same way ([`ctnetlink`]): listed in one dump, ended one request each;
 //! and a table is deleted the same way ([`table`]).
@@ -17,6 +18,8 @@ pub mod message;
 pub mod socket;
 pub mod table;
 
+use peerwall_policy::ir::addr::addr_to_u128;
+
 use crate::error::NftError;
 use crate::model::{Command, Element, TuplePart};
 
@@ -26,8 +29,8 @@ pub const MAX_ELEMENTS: usize = 4096;
 
 /// The commands as netlink element edits, when every one of them adds or deletes addresses
 /// of a plain address set (single addresses of a hash set; ranges of an interval set, neither
-/// from the first address nor to the last) and they make at most [`MAX_ELEMENTS`] kernel
-/// elements; None otherwise.
+/// from the first address nor to the last) or elements of a verdict map (an address and the
+/// chain it jumps to) and they make at most [`MAX_ELEMENTS`] kernel elements; None otherwise.
 pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdit<'a>>> {
     let mut out = Vec::new();
     let mut total = 0;
@@ -45,15 +48,26 @@ pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdi
             } => (*table, *set, elements, false),
             _ => return None,
         };
-        // Sets whose elements carry counters or comments (a merged rule's) or verdicts are
-        // not edited in place anyway.
+        // Sets whose elements carry counters or comments (a merged rule's) are not edited in
+        // place anyway.
         let found = table
             .sets
             .iter()
-            .find(|s| s.name == set && !s.counter && !s.verdict_map && s.comments.is_empty())?;
+            .find(|s| s.name == set && !s.counter && s.comments.is_empty())?;
         let interval = found.interval;
         let mut keys = Vec::new();
         for e in elements {
+            // A verdict map's element: its address (a hash map's key), with the chain it
+            // jumps to when added; nothing else is one.
+            if found.verdict_map {
+                let Element::Jump(a, to) = e else {
+                    return None;
+                };
+                let mut k = key(addr_to_u128(a), a.is_ipv4(), false);
+                k.jump = add.then(|| to.name());
+                keys.push(k);
+                continue;
+            }
             // A timeout set's elements are single tuples (the ended table's connections).
             if found.timeout.is_some() {
                 keys.push(tuple_key(e)?);
@@ -88,7 +102,6 @@ pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdi
 
 /// An address element as an inclusive range (lowest, highest, IPv4).
 fn range_of(e: &Element) -> Option<(u128, u128, bool)> {
-    use peerwall_policy::ir::addr::addr_to_u128;
     let (lo, hi, v4) = match e {
         Element::Addr(a) => (addr_to_u128(a), addr_to_u128(a), a.is_ipv4()),
         Element::AddrRange(a, b) if a.is_ipv4() == b.is_ipv4() => {
@@ -130,7 +143,7 @@ fn tuple_key(e: &Element) -> Option<message::Key> {
             TuplePart::Elem(_) => return None,
         }
     }
-    Some(message::Key { bytes, end: false })
+    Some(message::Key::plain(bytes, false))
 }
 
 /// A key of `v` (4 bytes for IPv4, 16 for IPv6, network order).
@@ -140,7 +153,7 @@ fn key(v: u128, v4: bool, end: bool) -> message::Key {
     } else {
         v.to_be_bytes().to_vec()
     };
-    message::Key { bytes, end }
+    message::Key::plain(bytes, end)
 }
 
 /// Batches refused over netlink and sent through `nft` instead, in this process.
@@ -336,6 +349,7 @@ mod tests {
             chains: vec![],
             regular: vec![],
             dispatch_sources: vec![],
+            dispatch_maps: Vec::new(),
             rules: vec![],
             event_limit: None,
         }
@@ -350,10 +364,7 @@ mod tests {
     }
 
     fn k(bytes: &[u8], end: bool) -> message::Key {
-        message::Key {
-            bytes: bytes.to_vec(),
-            end,
-        }
+        message::Key::plain(bytes.to_vec(), end)
     }
 
     #[test]
@@ -422,6 +433,38 @@ mod tests {
         let top = Element::Prefix("255.255.255.0".parse().unwrap(), 24);
         assert!(element_edits(&[add(&t, vec![low])]).is_none());
         assert!(element_edits(&[add(&t, vec![top])]).is_none());
+    }
+
+    #[test]
+    fn a_verdict_maps_elements_go_over_netlink_with_their_jump_when_added() {
+        use crate::model::ClassChain;
+        let mut t = table(false);
+        t.sets[0].verdict_map = true;
+        let a: std::net::IpAddr = "10.20.1.3".parse().unwrap();
+        let (from, to) = (
+            ClassChain { run: 0, class: 1 },
+            ClassChain { run: 0, class: 2 },
+        );
+        // The address changes class: its element deleted, then added with the new jump.
+        let cmds = [
+            Command::DeleteElements {
+                table: &t,
+                set: "offloaded",
+                elements: vec![Element::Jump(a, from)],
+            },
+            add(&t, vec![Element::Jump(a, to)]),
+        ];
+        let edits = element_edits(&cmds).expect("netlink");
+        assert_eq!(edits[0].keys, vec![k(&[10, 20, 1, 3], false)]);
+        assert!(!edits[0].add);
+        let mut jumped = k(&[10, 20, 1, 3], false);
+        jumped.jump = Some(to.name());
+        assert_eq!(edits[1].keys, vec![jumped]);
+        // Anything but an address and its jump stays with nft.
+        assert!(element_edits(&[add(&t, vec![Element::Addr(a)])]).is_none());
+        let mut counted = t.clone();
+        counted.sets[0].counter = true;
+        assert!(element_edits(&[add(&counted, vec![Element::Jump(a, to)])]).is_none());
     }
 
     #[test]

@@ -227,6 +227,7 @@ mod tests {
             }],
             regular: vec![],
             dispatch_sources: vec![],
+            dispatch_maps: Vec::new(),
             rules: vec![],
             event_limit: None,
         }

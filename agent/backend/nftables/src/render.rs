@@ -514,6 +514,7 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
             .collect(),
         regular: Vec::new(),
         dispatch_sources: Vec::new(),
+        dispatch_maps: Vec::new(),
         rules,
         event_limit: opts.events.map(|e| EventLimit {
             rate: e.rate,

@@ -3,14 +3,16 @@
 
 use peerwall_policy::ir;
 
-use crate::{model, netlink, render, ApplyReport, NftBackend, NftError, Runner};
+use crate::{dispatch, model, netlink, render, ApplyReport, NftBackend, NftError, Runner};
 
 impl<R: Runner> NftBackend<R> {
     /// Make `policy` the policy in force when it differs from the last one applied only by
     /// `changes`: one transaction deleting and adding just the changed elements, nothing
-    /// listed or diffed. Falls back to [`apply`](Self::apply) when a change does not fit what
-    /// is in the kernel (a table not applied yet, a set that would render differently now, a
-    /// set that decides a dispatch map: [`crate::dispatch`]).
+    /// listed or diffed; where a changed set decides a dispatch map ([`crate::dispatch`]),
+    /// the map's elements of the addresses that changed too ([`dispatch::edit`]). Falls back
+    /// to [`apply`](Self::apply) when a change does not fit what is in the kernel (a table not
+    /// applied yet, a set that would render differently now, a dispatch class made or
+    /// emptied).
     pub fn update_sets(
         &mut self,
         policy: &ir::Policy,
@@ -32,7 +34,6 @@ impl<R: Runner> NftBackend<R> {
             let capacity = hash.then(|| model::capacity_for(render::hash_len(contents)));
             let fits = self.applied.get(&c.table).is_some_and(|t| {
                 t.family == c.family
-                    && !t.dispatch_sources.contains(&c.set)
                     && t.sets.iter().any(|s| {
                         s.name == c.set
                             && s.interval != hash
@@ -46,6 +47,29 @@ impl<R: Runner> NftBackend<R> {
             let (gone, new) = render::edit_elements(c.addr_family, &c.edit, hash);
             edits.push((c.table.clone(), c.set.clone(), gone, new));
         }
+        // The dispatch maps' elements that follow from the sets' edits, table by table.
+        let mut map_edits = Vec::new();
+        for (name, t) in &self.applied {
+            if t.dispatch_maps.is_empty() {
+                continue;
+            }
+            let sets: Vec<dispatch::edit::SetEdit<'_>> = edits
+                .iter()
+                .filter(|(table, ..)| table == name)
+                .map(|(_, set, gone, new)| dispatch::edit::SetEdit { set, gone, new })
+                .collect();
+            if sets.is_empty() {
+                continue;
+            }
+            let Some(maps) = dispatch::edit::map_edits(t, &sets) else {
+                return self.apply(policy);
+            };
+            map_edits.extend(
+                maps.into_iter()
+                    .map(|m| (name.clone(), m.map, m.gone, m.new)),
+            );
+        }
+        edits.extend(map_edits);
         let mut report = ApplyReport::default();
         {
             let mut dels = Vec::new();

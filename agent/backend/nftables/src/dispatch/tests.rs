@@ -85,6 +85,7 @@ fn table(n: usize) -> Table {
         }],
         regular: Vec::new(),
         dispatch_sources: Vec::new(),
+        dispatch_maps: Vec::new(),
         rules,
         event_limit: None,
     }

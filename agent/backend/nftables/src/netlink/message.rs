@@ -1,6 +1,8 @@
 //! nfnetlink messages for set element edits, as bytes: one batch (`NFNL_MSG_BATCH_BEGIN`,
 //! one `NFT_MSG_NEWSETELEM` / `NFT_MSG_DELSETELEM` per set and chunk, `NFNL_MSG_BATCH_END`)
-//! that the kernel applies as one transaction, and the acknowledgements it answers with.
+//! that the kernel applies as one transaction, and the acknowledgements it answers with. An
+//! element of a verdict map carries its verdict (`NFTA_SET_ELEM_DATA` > `NFTA_DATA_VERDICT`:
+//! the code, `NFT_JUMP`, and the chain's name), as `nft` sends it.
 //! Pure: bytes in, bytes out (`include/uapi/linux/netfilter/nf_tables.h`,
 //! `include/uapi/linux/netfilter/nfnetlink.h`, `include/uapi/linux/netlink.h`).
 //!
@@ -34,10 +36,19 @@ const DATA_VALUE: u16 = 1;
 /// `NFTA_SET_ELEM_FLAGS` (network-order u32) and `NFT_SET_ELEM_INTERVAL_END`.
 const SET_ELEM_FLAGS: u16 = 3;
 const ELEM_INTERVAL_END: u32 = 1;
+/// `NFTA_SET_ELEM_DATA`, `NFTA_DATA_VERDICT`, `NFTA_VERDICT_CODE` (network-order u32),
+/// `NFTA_VERDICT_CHAIN` (a NUL-terminated name) and `NFT_JUMP` (`-3`).
+const SET_ELEM_DATA: u16 = 2;
+const DATA_VERDICT: u16 = 2;
+const VERDICT_CODE: u16 = 1;
+const VERDICT_CHAIN: u16 = 2;
+const NFT_JUMP: i32 = -3;
 
-/// Elements per message: a nested attribute's length is 16 bits (an IPv6 element takes 28
-/// bytes).
+/// Elements per message at most (an IPv6 address element takes 28 bytes).
 pub const CHUNK: usize = 1024;
+/// Bytes of a message's element list at most: a nested attribute's length is 16 bits, and a
+/// verdict map's element carries its chain's name (up to 256 bytes).
+const LIST_BYTES: usize = 60_000;
 
 /// `NFPROTO_*` of a table family.
 pub fn nfproto(family: peerwall_policy::ir::TableFamily) -> u8 {
@@ -58,6 +69,35 @@ pub struct Key {
     pub bytes: Vec<u8>,
     /// An interval's end.
     pub end: bool,
+    /// The chain a verdict map's element jumps to (an element added to a map; None for a
+    /// set's element, and for a deletion, which the key alone names).
+    pub jump: Option<String>,
+}
+
+impl Key {
+    /// A key without data: a set's element, or a map's to delete.
+    pub fn plain(bytes: Vec<u8>, end: bool) -> Self {
+        Self {
+            bytes,
+            end,
+            jump: None,
+        }
+    }
+
+    /// The bytes this element takes in a message's element list (its attributes, padded).
+    fn encoded_len(&self) -> usize {
+        let pad = |n: usize| (n + 3) & !3;
+        // The element, its key, the key's value.
+        let mut n = 4 + 4 + 4 + pad(self.bytes.len());
+        if self.end {
+            n += 8;
+        }
+        if let Some(chain) = &self.jump {
+            // Data > verdict > code, chain.
+            n += 4 + 4 + 8 + 4 + pad(chain.len() + 1);
+        }
+        n
+    }
 }
 
 /// Elements of one set to add or delete.
@@ -179,7 +219,7 @@ pub fn batch(edits: &[ElementEdit<'_>], seq: u32) -> (Vec<u8>, Vec<u32>) {
         } else {
             (MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
         };
-        for chunk in e.keys.chunks(CHUNK) {
+        for chunk in chunks(&e.keys) {
             next = next.wrapping_add(1);
             let m = w.begin_msg((SUBSYS_NFTABLES << 8) | kind, flags, next, e.family, 0);
             w.attr_str(SET_ELEM_LIST_TABLE, e.table);
@@ -193,6 +233,14 @@ pub fn batch(edits: &[ElementEdit<'_>], seq: u32) -> (Vec<u8>, Vec<u32>) {
                 if key.end {
                     w.attr(SET_ELEM_FLAGS, &ELEM_INTERVAL_END.to_be_bytes());
                 }
+                if let Some(chain) = &key.jump {
+                    let data = w.begin_attr(SET_ELEM_DATA | NLA_F_NESTED);
+                    let verdict = w.begin_attr(DATA_VERDICT | NLA_F_NESTED);
+                    w.attr(VERDICT_CODE, &NFT_JUMP.to_be_bytes());
+                    w.attr_str(VERDICT_CHAIN, chain);
+                    w.end_attr(verdict);
+                    w.end_attr(data);
+                }
                 w.end_attr(el);
             }
             w.end_attr(list);
@@ -204,6 +252,25 @@ pub fn batch(edits: &[ElementEdit<'_>], seq: u32) -> (Vec<u8>, Vec<u32>) {
     let end = w.begin_msg(BATCH_END, NLM_F_REQUEST, next, 0, SUBSYS_NFTABLES);
     w.end_msg(end);
     (w.buf, acked)
+}
+
+/// `keys` cut into the element lists of successive messages: at most [`CHUNK`] elements and
+/// [`LIST_BYTES`] bytes each.
+fn chunks(keys: &[Key]) -> Vec<&[Key]> {
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0);
+    for (i, k) in keys.iter().enumerate() {
+        let n = k.encoded_len();
+        if i > start && (i - start == CHUNK || bytes + n > LIST_BYTES) {
+            out.push(&keys[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += n;
+    }
+    if start < keys.len() {
+        out.push(&keys[start..]);
+    }
+    out
 }
 
 /// An `NLMSG_ERROR` answer: the sequence number of the message it answers, and its error
@@ -261,10 +328,7 @@ pub(super) mod tests {
             table: "t",
             set: "offloaded",
             add: true,
-            keys: vec![Key {
-                bytes: vec![10, 20, 1, 3],
-                end: false,
-            }],
+            keys: vec![Key::plain(vec![10, 20, 1, 3], false)],
         };
         let (b, acked) = batch(&[edit], 100);
         assert_eq!(acked, vec![101]);
@@ -305,10 +369,7 @@ pub(super) mod tests {
     #[test]
     fn deletes_carry_no_create_flag_and_large_edits_are_chunked() {
         let keys: Vec<Key> = (0..CHUNK as u32 + 1)
-            .map(|i| Key {
-                bytes: i.to_be_bytes().to_vec(),
-                end: false,
-            })
+            .map(|i| Key::plain(i.to_be_bytes().to_vec(), false))
             .collect();
         let edit = ElementEdit {
             family: 2,
@@ -336,14 +397,8 @@ pub(super) mod tests {
             set: "s",
             add: true,
             keys: vec![
-                Key {
-                    bytes: vec![10, 0, 0, 5],
-                    end: false,
-                },
-                Key {
-                    bytes: vec![10, 0, 0, 10],
-                    end: true,
-                },
+                Key::plain(vec![10, 0, 0, 5], false),
+                Key::plain(vec![10, 0, 0, 10], true),
             ],
         };
         let (b, _) = batch(&[edit], 1);
@@ -357,6 +412,91 @@ pub(super) mod tests {
         assert_eq!(u16_at(&b, end + 16), 8);
         assert_eq!(u16_at(&b, end + 18), SET_ELEM_FLAGS);
         assert_eq!(&b[end + 20..end + 24], &[0, 0, 0, 1], "network order");
+    }
+
+    #[test]
+    fn a_map_element_added_carries_its_jump_and_a_deleted_one_its_key_alone() {
+        let chain = "__pw_k0_0123456789abcdef";
+        let mut key = Key::plain(vec![10, 20, 1, 3], false);
+        key.jump = Some(chain.into());
+        let edit = |add: bool, keys: Vec<Key>| ElementEdit {
+            family: 1,
+            table: "t",
+            set: "m",
+            add,
+            keys,
+        };
+        let (b, _) = batch(&[edit(true, vec![key.clone()])], 1);
+        // Table and set "t\0", "m\0" (8 bytes each), then the list.
+        let l = 20 + 20 + 8 + 8;
+        assert_eq!(u16_at(&b, l), 4 + 64);
+        let el = l + 4;
+        assert_eq!(u16_at(&b, el), 64);
+        assert_eq!(&b[el + 12..el + 16], &[10, 20, 1, 3]);
+        let data = el + 16;
+        assert_eq!(u16_at(&b, data), 48);
+        assert_eq!(u16_at(&b, data + 2), SET_ELEM_DATA | NLA_F_NESTED);
+        assert_eq!(u16_at(&b, data + 4), 44);
+        assert_eq!(u16_at(&b, data + 6), DATA_VERDICT | NLA_F_NESTED);
+        assert_eq!(u16_at(&b, data + 8), 8);
+        assert_eq!(u16_at(&b, data + 10), VERDICT_CODE);
+        assert_eq!(
+            &b[data + 12..data + 16],
+            &[0xff, 0xff, 0xff, 0xfd],
+            "NFT_JUMP, network order"
+        );
+        assert_eq!(u16_at(&b, data + 16), 4 + 25, "the name and its NUL");
+        assert_eq!(u16_at(&b, data + 18), VERDICT_CHAIN);
+        assert_eq!(&b[data + 20..data + 45], b"__pw_k0_0123456789abcdef\0");
+        assert_eq!(key.encoded_len(), 64);
+        // A deletion names the key alone.
+        let (d, _) = batch(
+            &[edit(false, vec![Key::plain(vec![10, 20, 1, 3], false)])],
+            1,
+        );
+        assert_eq!(u16_at(&d, l), 4 + 16);
+    }
+
+    #[test]
+    fn map_elements_with_long_chain_names_are_cut_where_a_list_would_overflow() {
+        let chain = "c".repeat(200);
+        let keys: Vec<Key> = (0..1100u32)
+            .map(|i| {
+                let mut k = Key::plain(i.to_be_bytes().to_vec(), false);
+                k.jump = Some(chain.clone());
+                k
+            })
+            .collect();
+        assert_eq!(keys[0].encoded_len(), 16 + 4 + 4 + 8 + 4 + 204);
+        let (b, acked) = batch(
+            &[ElementEdit {
+                family: 2,
+                table: "t",
+                set: "m",
+                add: true,
+                keys,
+            }],
+            1,
+        );
+        // 250 elements of 240 bytes fit 60,000; 1,100 make five messages.
+        assert_eq!(acked.len(), 5);
+        let mut at = 20;
+        let mut elements = 0;
+        for _ in 0..5 {
+            let len = u32_at(&b, at) as usize;
+            let list = at + 20 + 8 + 8;
+            let list_len = u16_at(&b, list) as usize;
+            assert!(list_len <= 4 + LIST_BYTES, "{list_len}");
+            assert_eq!(
+                list_len,
+                len - 36,
+                "the list is the message's last attribute"
+            );
+            elements += (list_len - 4) / 240;
+            at += len;
+        }
+        assert_eq!(elements, 1100);
+        assert_eq!(u16_at(&b, at + 4), BATCH_END);
     }
 
     #[test]
