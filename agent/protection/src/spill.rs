@@ -39,13 +39,15 @@ pub const WHOLE_OBJECT_BUDGET: usize = peerwall_intent::size::ETCD_REQUEST_MAX *
 pub const CONFIGURATION_LABEL: &str = "peerwall.io/configuration";
 
 /// A set moved out of a configuration: its name and elements (set keys as written inline:
-/// addresses, CIDRs, `a-b` ranges).
+/// addresses, CIDRs, `a-b` ranges), in the configuration's order (each once, as a set's
+/// elements are): a layout kept from an earlier pass is compared with them as they are, and
+/// only a set laid out again sorts them ([`lay_out`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Moved {
     /// Set name.
     pub set: String,
     /// Its elements.
-    pub elements: BTreeSet<String>,
+    pub elements: Vec<String>,
 }
 
 /// Whether `set` holds addresses that may move into slices: address keys, no data, not
@@ -84,10 +86,9 @@ pub fn spill(
     budget: usize,
     in_slices: &BTreeSet<String>,
 ) -> Vec<Moved> {
-    let Ok(json) = serde_json::to_vec(&spec) else {
+    let Some(mut size) = peerwall_intent::size::json_len(&spec) else {
         return Vec::new();
     };
-    let mut size = json.len();
     let keep = in_slices.is_empty() || size <= budget / 4 * 3;
     if size <= budget && keep {
         return Vec::new();
@@ -198,7 +199,8 @@ pub fn lay_out(
     current: &[Slice<String>],
     taken: &BTreeSet<String>,
 ) -> SetSlices {
-    if holds_exactly(current, &moved.elements) {
+    let desired: BTreeSet<String> = moved.elements.iter().cloned().collect();
+    if holds_exactly(current, &desired) {
         // What laying out would find: every slice kept as it is, none written or deleted.
         return SetSlices {
             write: Vec::new(),
@@ -206,7 +208,7 @@ pub fn lay_out(
             count: u32::try_from(current.len()).unwrap_or(u32::MAX),
         };
     }
-    lay_out_changes(config, moved, current, taken)
+    lay_out_changes(config, &moved.set, &desired, current, taken)
 }
 
 /// Whether `current` already holds `desired` as laying out keeps it: every slice non-empty,
@@ -241,20 +243,17 @@ fn holds_exactly(current: &[Slice<String>], desired: &BTreeSet<String>) -> bool 
     next.iter_mut().all(|it| it.peek().is_none())
 }
 
-/// [`lay_out`] by laying the set's slices out ([`crate::slices::layout_named`]).
+/// [`lay_out`] by laying the slices of `set` out ([`crate::slices::layout_named`]) to hold
+/// `desired`.
 fn lay_out_changes(
     config: &str,
-    moved: &Moved,
+    set: &str,
+    desired: &BTreeSet<String>,
     current: &[Slice<String>],
     taken: &BTreeSet<String>,
 ) -> SetSlices {
-    let changed = crate::slices::layout_named(
-        &moved.set,
-        current,
-        &moved.elements,
-        |n| slice_name(config, &moved.set, n),
-        taken,
-    );
+    let changed =
+        crate::slices::layout_named(set, current, desired, |n| slice_name(config, set, n), taken);
     let mut holding: BTreeSet<&str> = current
         .iter()
         .filter(|s| !s.addresses.is_empty())

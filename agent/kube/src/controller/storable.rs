@@ -6,7 +6,7 @@
 //! the previous generation in force. A configuration is serialized once per pass: its JSON
 //! gives its size and a digest ([`Written`]) that tells an unchanged pass from one to write.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, DeleteParams, DynamicObject};
@@ -16,28 +16,72 @@ use sha2::{Digest, Sha256};
 
 use super::context::Ctx;
 use super::enforcement::applied_everywhere;
-use super::plans::{Plan, PlanKey};
+use super::plans::{LaidOut, Plan, PlanKey};
 use super::publish::{api_error, apply, owned_by_namespace, typed, ReconcileError, Seen};
 use crate::protection;
 use crate::protection::spill::{self, CONFIGURATION_LABEL};
 
+/// A slice of a moved set as the cache shows it: its name, the version of its spec
+/// (`uid/generation`, None when the object lacks either), the object (read into a
+/// [`protection::Slice`] only where its set is laid out again).
+struct Shown {
+    name: String,
+    version: Option<String>,
+    object: std::sync::Arc<DynamicObject>,
+}
+
 /// The slices of `config`'s moved sets in namespace `ns` as the cache shows them, by set.
-fn current_slices(
-    ctx: &Ctx,
-    ns: &str,
-    config: &str,
-) -> BTreeMap<String, Vec<protection::Slice<String>>> {
-    let mut out: BTreeMap<String, Vec<protection::Slice<String>>> = BTreeMap::new();
+fn current_slices(ctx: &Ctx, ns: &str, config: &str) -> BTreeMap<String, Vec<Shown>> {
+    let mut out: BTreeMap<String, Vec<Shown>> = BTreeMap::new();
     for o in ctx.slices.state() {
         if o.namespace().as_deref() != Some(ns)
             || o.labels().get(CONFIGURATION_LABEL).map(String::as_str) != Some(config)
         {
             continue;
         }
-        let s = slice_of(&o);
-        out.entry(s.set.clone()).or_default().push(s);
+        let set = o
+            .data
+            .pointer("/spec/set")
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string();
+        out.entry(set).or_default().push(Shown {
+            name: o.name_any(),
+            version: version_of(&o.metadata),
+            object: o,
+        });
     }
     out
+}
+
+/// The layout of `moved` over its slices `shown`: the one `before` kept when it serves
+/// ([`LaidOut::serves`]), else laid out ([`spill::lay_out`]). Returns it with what it was
+/// found from, to keep for the next plan.
+fn laid_out(
+    config: &str,
+    moved: spill::Moved,
+    shown: &[Shown],
+    taken: &BTreeSet<String>,
+    before: Option<&LaidOut>,
+) -> LaidOut {
+    let versions: Option<Vec<(String, String)>> = shown
+        .iter()
+        .map(|s| Some((s.name.clone(), s.version.clone()?)))
+        .collect();
+    if let (Some(b), Some(v)) = (before, &versions) {
+        if b.serves(&moved.elements, v) {
+            return b.clone();
+        }
+    }
+    let slices: Vec<protection::Slice<String>> =
+        shown.iter().map(|s| slice_of(&s.object)).collect();
+    let result = spill::lay_out(config, &moved, &slices, taken);
+    LaidOut {
+        elements: moved.elements,
+        // A slice without a version is never taken as unchanged.
+        slices: versions.unwrap_or_else(|| vec![(String::new(), String::new())]),
+        result,
+    }
 }
 
 /// A moved set's slice as the layout sees it.
@@ -148,21 +192,33 @@ fn planned(
         return Ok(p);
     }
     let input = spec.clone();
-    let p = std::sync::Arc::new(plan(ctx, ns, config, spec, labels)?);
-    ctx.plans().keep(key, count, input, p.clone());
+    let before = ctx.plans().take_laid(&key);
+    let (p, laid) = plan(ctx, ns, config, spec, labels, &before)?;
+    let p = std::sync::Arc::new(p);
+    let live: HashSet<String> = ctx
+        .namespaces
+        .state()
+        .iter()
+        .filter_map(|n| n.uid())
+        .collect();
+    let mut plans = ctx.plans();
+    plans.keep(key.clone(), count, input, p.clone());
+    plans.keep_laid(key, laid, &live);
     Ok(p)
 }
 
 /// Lay `spec` out for storage against the slices the cache shows: which sets move into
-/// slices, each set's slices to write and delete, the configuration object and its JSON's
-/// digest. Reads the caches, writes nothing.
+/// slices, each set's slices to write and delete (a set's layout taken from `before` where it
+/// serves), the configuration object and its JSON's digest; and each moved set's layout, to
+/// keep. Reads the caches, writes nothing.
 fn plan(
     ctx: &Ctx,
     ns: &Namespace,
     config: &str,
     spec: FirewallConfigurationSpec,
     labels: &BTreeMap<String, String>,
-) -> Result<Plan, ReconcileError> {
+    before: &HashMap<String, LaidOut>,
+) -> Result<(Plan, HashMap<String, LaidOut>), ReconcileError> {
     let ns_name = ns.name_any();
     let mut current = current_slices(ctx, &ns_name, config);
     let in_slices: BTreeSet<String> = current.keys().cloned().collect();
@@ -185,18 +241,18 @@ fn plan(
     // Every name in use: a new slice of one set never takes another's.
     let mut taken: BTreeSet<String> = current.values().flatten().map(|s| s.name.clone()).collect();
     let (mut write, mut delete, mut counts) = (Vec::new(), Vec::new(), Vec::new());
-    for m in &moved {
-        let laid = spill::lay_out(
-            config,
-            m,
-            &current.remove(&m.set).unwrap_or_default(),
-            &taken,
-        );
-        taken.extend(laid.write.iter().map(|s| s.name.clone()));
-        write.extend(laid.write);
+    let moved_count = moved.len();
+    let mut laid_now = HashMap::new();
+    for m in moved {
+        let set = m.set.clone();
+        let shown = current.remove(&set).unwrap_or_default();
+        let laid = laid_out(config, m, &shown, &taken, before.get(&set));
+        taken.extend(laid.result.write.iter().map(|s| s.name.clone()));
+        write.extend(laid.result.write.iter().cloned());
         // Slices emptied: their addresses leave the set, which is what their deletion does.
-        delete.extend(laid.delete);
-        counts.push((m.set.clone(), laid.count));
+        delete.extend(laid.result.delete.iter().cloned());
+        counts.push((set.clone(), laid.result.count));
+        laid_now.insert(set, laid);
     }
     // Sets back inline (or gone): their slices hold addresses the configuration in force on
     // a host may still take from them (a host waiting for another set's slices keeps the
@@ -209,15 +265,16 @@ fn plan(
         Some(j) => j,
         None => to_json(&object, &ns_name, config)?,
     };
-    Ok(Plan {
+    let plan = Plan {
         write,
         delete,
         unneeded,
-        moved: moved.len(),
+        moved: moved_count,
         object,
         bytes: json.len(),
         digest: Sha256::digest(&json).into(),
-    })
+    };
+    Ok((plan, laid_now))
 }
 
 /// Whether the object `stored` (as the cache shows it) already says `object`, whose JSON
@@ -294,3 +351,7 @@ fn to_json(
         source,
     })
 }
+
+#[cfg(test)]
+#[path = "storable/tests.rs"]
+mod tests;
