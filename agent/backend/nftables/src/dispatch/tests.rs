@@ -71,6 +71,11 @@ fn table(n: usize) -> Table {
         ));
     }
     rules.push(rule("last", vec![Expr::Drop]));
+    table_of(sets, rules)
+}
+
+/// Table `t` (inet) of `sets` and `rules`, in its one chain `c` (forward, accepting).
+pub(super) fn table_of(sets: Vec<Set>, rules: Vec<Rule>) -> Table {
     Table {
         name: "t".into(),
         family: TableFamily::Inet,

@@ -1,13 +1,14 @@
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 
-use peerwall_policy::ir::{ChainKind, Hook, IpFamily, TableFamily};
+use peerwall_policy::ir::IpFamily;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::*;
 use crate::dispatch::dispatch;
-use crate::model::{Chain, Expr, Key, Policy, Right, Rule};
+use crate::dispatch::tests::table_of;
+use crate::model::{Expr, Key, Right, Rule};
 
 fn pool(v4: bool) -> Vec<IpAddr> {
     if v4 {
@@ -97,24 +98,7 @@ fn random_table(rng: &mut StdRng) -> (Table, Vec<(bool, BTreeSet<IpAddr>)>) {
         contents.push((v4, addrs));
         rules.push(rule(i, v4, Right::SetRef(format!("s{i}"))));
     }
-    let t = Table {
-        name: "t".into(),
-        family: TableFamily::Inet,
-        owner: "ns/t".into(),
-        sets,
-        chains: vec![Chain {
-            name: "c".into(),
-            kind: ChainKind::Filter,
-            hook: Hook::Forward,
-            priority: 0,
-            policy: Policy::Accept,
-        }],
-        regular: Vec::new(),
-        dispatch_sources: Vec::new(),
-        dispatch_maps: Vec::new(),
-        rules,
-        event_limit: None,
-    };
+    let t = table_of(sets, rules);
     (t, contents)
 }
 
@@ -235,33 +219,23 @@ fn map_edits_are_what_rendering_again_gives() {
     assert!(moved_class >= 100, "{counts}");
 }
 
+/// Sets `s0` to `s7` each holding `held`, and rules `r0` to `r7` looking them up in turn: one
+/// run, one class.
+fn eight_sets(held: &BTreeSet<IpAddr>) -> Table {
+    table_of(
+        (0..8).map(|i| host_set(&format!("s{i}"), true, held)).collect(),
+        (0..8)
+            .map(|i| rule(i, true, Right::SetRef(format!("s{i}"))))
+            .collect(),
+    )
+}
+
 #[test]
 fn an_address_leaving_its_class_but_not_the_last_is_one_element() {
     let a: IpAddr = "10.0.0.1".parse().unwrap();
     let b: IpAddr = "10.0.0.2".parse().unwrap();
     let both: BTreeSet<IpAddr> = [a, b].into();
-    let mut t = Table {
-        name: "t".into(),
-        family: TableFamily::Inet,
-        owner: "ns/t".into(),
-        sets: (0..8)
-            .map(|i| host_set(&format!("s{i}"), true, &both))
-            .collect(),
-        chains: vec![Chain {
-            name: "c".into(),
-            kind: ChainKind::Filter,
-            hook: Hook::Forward,
-            priority: 0,
-            policy: Policy::Accept,
-        }],
-        regular: Vec::new(),
-        dispatch_sources: Vec::new(),
-        dispatch_maps: Vec::new(),
-        rules: (0..8)
-            .map(|i| rule(i, true, Right::SetRef(format!("s{i}"))))
-            .collect(),
-        event_limit: None,
-    };
+    let mut t = eight_sets(&both);
     dispatch(&mut t);
     assert_eq!(t.dispatch_maps.len(), 1);
     let gone = [Element::Addr(a)];
@@ -294,28 +268,7 @@ fn a_map_whose_count_crosses_its_declared_size_is_rendered_again() {
     let held: BTreeSet<IpAddr> = (1..=32)
         .map(|i| format!("10.0.0.{i}").parse().unwrap())
         .collect();
-    let mut t = Table {
-        name: "t".into(),
-        family: TableFamily::Inet,
-        owner: "ns/t".into(),
-        sets: (0..8)
-            .map(|i| host_set(&format!("s{i}"), true, &held))
-            .collect(),
-        chains: vec![Chain {
-            name: "c".into(),
-            kind: ChainKind::Filter,
-            hook: Hook::Forward,
-            priority: 0,
-            policy: Policy::Accept,
-        }],
-        regular: Vec::new(),
-        dispatch_sources: Vec::new(),
-        dispatch_maps: Vec::new(),
-        rules: (0..8)
-            .map(|i| rule(i, true, Right::SetRef(format!("s{i}"))))
-            .collect(),
-        event_limit: None,
-    };
+    let mut t = eight_sets(&held);
     dispatch(&mut t);
     let map = t.sets.iter().find(|s| s.verdict_map).unwrap();
     assert_eq!(map.capacity(), Some(64));
