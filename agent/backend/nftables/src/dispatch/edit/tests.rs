@@ -223,7 +223,9 @@ fn map_edits_are_what_rendering_again_gives() {
 /// run, one class.
 fn eight_sets(held: &BTreeSet<IpAddr>) -> Table {
     table_of(
-        (0..8).map(|i| host_set(&format!("s{i}"), true, held)).collect(),
+        (0..8)
+            .map(|i| host_set(&format!("s{i}"), true, held))
+            .collect(),
         (0..8)
             .map(|i| rule(i, true, Right::SetRef(format!("s{i}"))))
             .collect(),
