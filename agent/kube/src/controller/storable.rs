@@ -70,7 +70,13 @@ fn laid_out(
         .collect();
     if let (Some(b), Some(v)) = (before, &versions) {
         if b.serves(&moved.elements, v) {
-            return b.clone();
+            // The elements move over (a copy of each set's addresses at every pass would be
+            // what laying out cost).
+            return LaidOut {
+                elements: moved.elements,
+                slices: v.clone(),
+                result: b.result.clone(),
+            };
         }
     }
     let slices: Vec<protection::Slice<String>> =
