@@ -12,9 +12,9 @@
 //!
 //! Classes depend on set contents: an address joining, leaving or changing an existing class
 //! is one map element edited in place ([`edit`], on the set update path
-//! [`crate::NftBackend::update_sets`]); a new class is a new chain, and so is a class left
-//! without addresses gone: the table is rendered again and recreated in one transaction. Runs shorter than [`MIN_RUN`] stay
-//! as they are, and so does a run whose classes would copy too many rules
+//! [`crate::NftBackend::update_sets`]); a new class is a new chain and an emptied one a chain
+//! gone: the table is rendered again and recreated in one transaction. Runs shorter than
+//! [`MIN_RUN`] stay as they are, and so does a run whose classes would copy too many rules
 //! (`within_budget`).
 
 use std::collections::{BTreeMap, HashMap};
@@ -58,13 +58,6 @@ impl Anchor {
                 })
                 .unwrap_or_default(),
             Lookup::One(a) => vec![*a],
-        }
-    }
-
-    fn set(&self) -> Option<&String> {
-        match &self.selects {
-            Lookup::Set(n) => Some(n),
-            Lookup::One(_) => None,
         }
     }
 }
@@ -268,7 +261,6 @@ pub fn dispatch(t: &mut Table) {
     let mut class_rules = Vec::new();
     let mut dispatch_maps = Vec::new();
     let mut run_no = 0u32;
-    let mut sources = std::collections::BTreeSet::new();
     for c in &t.chains {
         let rules: Vec<usize> = (0..t.rules.len())
             .filter(|&i| t.rules[i].chain == c.name)
@@ -288,7 +280,6 @@ pub fn dispatch(t: &mut Table) {
             run_no += 1;
             replaced.insert(run[0].0, r.map_rules);
             dropped.extend(run.iter().skip(1).map(|(ri, _)| *ri));
-            sources.extend(run.iter().filter_map(|(_, a)| a.set().cloned()));
             maps.extend(r.maps);
             regular.extend(r.regular);
             class_rules.extend(r.class_rules);
@@ -310,7 +301,6 @@ pub fn dispatch(t: &mut Table) {
     t.rules.extend(class_rules);
     t.sets.extend(maps);
     t.regular.extend(regular);
-    t.dispatch_sources = sources.into_iter().collect();
     t.dispatch_maps = dispatch_maps;
 }
 

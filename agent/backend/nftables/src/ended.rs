@@ -139,7 +139,6 @@ pub fn table(timeout_secs: u32) -> Table {
             policy: Policy::Accept,
         }],
         regular: Vec::new(),
-        dispatch_sources: Vec::new(),
         dispatch_maps: Vec::new(),
         rules,
         event_limit: None,

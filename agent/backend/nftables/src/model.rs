@@ -63,11 +63,9 @@ pub struct Table {
     /// Regular chains that a dispatch map jumps to ([`crate::dispatch`]), each with the base
     /// chain whose rules it holds (their counters count there).
     pub regular: Vec<Regular>,
-    /// Sets whose contents decide a dispatch map's elements: a change to one of them edits
-    /// the maps too ([`crate::dispatch::edit`]). Follows from the rest (not compared).
-    pub dispatch_sources: Vec<String>,
-    /// The dispatch's maps, as their elements are edited in place. Follows from the rest (not
-    /// compared).
+    /// The dispatch's maps, as their elements are edited in place ([`crate::dispatch::edit`]):
+    /// the sets their runs look up decide their elements ([`Table::dispatch_sources`]). Follows
+    /// from the rest (not compared).
     pub dispatch_maps: Vec<DispatchMap>,
     /// Rules, in order.
     pub rules: Vec<Rule>,
@@ -109,6 +107,19 @@ impl Table {
                     && a.capacity() == b.capacity()
                     && (!a.is_merged() && !b.is_merged() || a == b)
             })
+    }
+
+    /// The sets whose contents decide a dispatch map's elements: a change to one of them
+    /// edits the maps too.
+    pub fn dispatch_sources(&self) -> std::collections::BTreeSet<&str> {
+        self.dispatch_maps
+            .iter()
+            .flat_map(|m| m.lookups.iter().flatten())
+            .filter_map(|l| match l {
+                Lookup::Set(n) => Some(n.as_str()),
+                Lookup::One(_) => None,
+            })
+            .collect()
     }
 
     /// The (hook, priority) pairs of its chains.

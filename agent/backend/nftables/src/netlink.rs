@@ -348,7 +348,6 @@ mod tests {
             }],
             chains: vec![],
             regular: vec![],
-            dispatch_sources: vec![],
             dispatch_maps: Vec::new(),
             rules: vec![],
             event_limit: None,

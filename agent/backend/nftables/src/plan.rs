@@ -226,7 +226,6 @@ mod tests {
                 policy: Policy::Accept,
             }],
             regular: vec![],
-            dispatch_sources: vec![],
             dispatch_maps: Vec::new(),
             rules: vec![],
             event_limit: None,

@@ -513,7 +513,6 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
             .map(|c| chain_of(c, t.audit && c.kind == ir::ChainKind::Filter))
             .collect(),
         regular: Vec::new(),
-        dispatch_sources: Vec::new(),
         dispatch_maps: Vec::new(),
         rules,
         event_limit: opts.events.map(|e| EventLimit {

@@ -49,7 +49,7 @@ pub fn map_edits(t: &Table, edits: &[SetEdit<'_>]) -> Option<Vec<MapEdit>> {
     if edited.len() != edits.len() {
         return None;
     }
-    let sources: HashSet<&str> = t.dispatch_sources.iter().map(String::as_str).collect();
+    let sources = t.dispatch_sources();
     let mut touched = Vec::new();
     for e in edits.iter().filter(|e| sources.contains(e.set)) {
         for el in e.gone.iter().chain(e.new) {

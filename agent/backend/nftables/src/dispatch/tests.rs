@@ -89,7 +89,6 @@ pub(super) fn table_of(sets: Vec<Set>, rules: Vec<Rule>) -> Table {
             policy: Policy::Accept,
         }],
         regular: Vec::new(),
-        dispatch_sources: Vec::new(),
         dispatch_maps: Vec::new(),
         rules,
         event_limit: None,
@@ -148,7 +147,7 @@ fn a_long_run_becomes_one_map_lookup_and_a_chain_per_class() {
     assert_eq!(t.regular.len(), 11);
     assert!(t.regular.iter().all(|r| r.base == "c"));
     assert_eq!(t.sets.iter().filter(|s| !s.verdict_map).count(), 10);
-    assert_eq!(t.dispatch_sources.len(), 10);
+    assert_eq!(t.dispatch_sources().len(), 10);
 }
 
 #[test]

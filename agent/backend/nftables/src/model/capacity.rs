@@ -82,7 +82,6 @@ mod tests {
             sets: vec![set(n, false, false)],
             chains: vec![],
             regular: vec![],
-            dispatch_sources: vec![],
             dispatch_maps: Vec::new(),
             rules: vec![],
             event_limit: None,
