@@ -123,21 +123,22 @@ impl Plans {
     }
 
     /// Keep `plan`, computed at `count` for `spec`, in place of `key`'s last.
-    /// The layouts kept for `key`'s sets, taken out (a plan computed anew puts back its own).
-    pub(super) fn take_laid(&mut self, key: &PlanKey) -> HashMap<String, LaidOut> {
-        self.laid.remove(key).unwrap_or_default()
+    /// The layouts kept for `key`'s sets, taken out (a plan computed anew puts back its own);
+    /// None when none were kept (a configuration planned for the first time).
+    pub(super) fn take_laid(&mut self, key: &PlanKey) -> Option<HashMap<String, LaidOut>> {
+        self.laid.remove(key)
     }
 
-    /// Keep `laid` for `key`, and drop the layouts of namespaces no longer among `live` (their
-    /// uids): a peer's tenant namespace deleted takes its layouts along.
-    pub(super) fn keep_laid(
-        &mut self,
-        key: PlanKey,
-        laid: HashMap<String, LaidOut>,
-        live: &HashSet<String>,
-    ) {
-        self.laid.retain(|k, _| live.contains(&k.namespace_uid));
+    /// Keep `laid` for `key`.
+    pub(super) fn keep_laid(&mut self, key: PlanKey, laid: HashMap<String, LaidOut>) {
         self.laid.insert(key, laid);
+    }
+
+    /// Drop the layouts of namespaces no longer among `live` (their uids): a peer's tenant
+    /// namespace deleted takes its layouts along. Asked when a configuration is planned for
+    /// the first time, so the kept layouts stay within the configurations that exist, plus one.
+    pub(super) fn forget_gone(&mut self, live: &HashSet<String>) {
+        self.laid.retain(|k, _| live.contains(&k.namespace_uid));
     }
 
     pub(super) fn keep(
@@ -207,21 +208,17 @@ mod tests {
         assert!(!deleted.serves(&elements, &slices));
         // Kept per configuration; a namespace gone takes its layouts along.
         let mut plans = Plans::default();
-        plans.keep_laid(
-            key("c"),
-            [("s".to_string(), laid.clone())].into(),
-            &["u1".to_string()].into(),
-        );
-        assert_eq!(plans.take_laid(&key("c")).len(), 1);
-        assert!(plans.take_laid(&key("c")).is_empty(), "taken out");
-        plans.keep_laid(
-            key("c"),
-            [("s".to_string(), laid)].into(),
-            &["u1".to_string()].into(),
-        );
-        plans.keep_laid(key("d"), HashMap::new(), &HashSet::new());
+        plans.keep_laid(key("c"), [("s".to_string(), laid.clone())].into());
+        assert_eq!(plans.take_laid(&key("c")).unwrap_or_default().len(), 1);
         assert!(
-            plans.take_laid(&key("c")).is_empty(),
+            plans.take_laid(&key("c")).unwrap_or_default().is_empty(),
+            "taken out"
+        );
+        plans.keep_laid(key("c"), [("s".to_string(), laid)].into());
+        plans.forget_gone(&HashSet::new());
+        plans.keep_laid(key("d"), HashMap::new());
+        assert!(
+            plans.take_laid(&key("c")).unwrap_or_default().is_empty(),
             "its namespace is gone"
         );
     }

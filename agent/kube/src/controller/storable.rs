@@ -199,17 +199,21 @@ fn planned(
     }
     let input = spec.clone();
     let before = ctx.plans().take_laid(&key);
-    let (p, laid) = plan(ctx, ns, config, spec, labels, &before)?;
+    if before.is_none() {
+        // A configuration planned for the first time: those of deleted namespaces go.
+        let live: HashSet<String> = ctx
+            .namespaces
+            .state()
+            .iter()
+            .filter_map(|n| n.uid())
+            .collect();
+        ctx.plans().forget_gone(&live);
+    }
+    let (p, laid) = plan(ctx, ns, config, spec, labels, &before.unwrap_or_default())?;
     let p = std::sync::Arc::new(p);
-    let live: HashSet<String> = ctx
-        .namespaces
-        .state()
-        .iter()
-        .filter_map(|n| n.uid())
-        .collect();
     let mut plans = ctx.plans();
     plans.keep(key.clone(), count, input, p.clone());
-    plans.keep_laid(key, laid, &live);
+    plans.keep_laid(key, laid);
     Ok(p)
 }
 
