@@ -898,7 +898,7 @@ fn load_and_compile(files: &[PathBuf]) -> Result<Compiled, CliError> {
     // Compiles, but may not be storable in the API server (a warning: local files may stay
     // local).
     for o in &loaded.objects {
-        let bytes = serde_json::to_vec(&o.spec).map_or(0, |v| v.len());
+        let bytes = peerwall_intent::size::json_len(&o.spec).unwrap_or(0);
         if let Some(w) = peerwall_intent::size::size_warning(bytes) {
             let file = at(&o.origin.to_string()).unwrap_or_default();
             tracing::warn!(object = %o.origin, file, "{w}");
