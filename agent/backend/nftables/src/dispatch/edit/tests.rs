@@ -232,6 +232,14 @@ fn eight_sets(held: &BTreeSet<IpAddr>) -> Table {
     )
 }
 
+/// The same edit of each of `eight_sets`' sets.
+fn every_set<'a>(gone: &'a [Element], new: &'a [Element]) -> Vec<SetEdit<'a>> {
+    ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"]
+        .into_iter()
+        .map(|set| SetEdit { set, gone, new })
+        .collect()
+}
+
 #[test]
 fn an_address_leaving_its_class_but_not_the_last_is_one_element() {
     let a: IpAddr = "10.0.0.1".parse().unwrap();
@@ -241,26 +249,14 @@ fn an_address_leaving_its_class_but_not_the_last_is_one_element() {
     dispatch(&mut t);
     assert_eq!(t.dispatch_maps.len(), 1);
     let gone = [Element::Addr(a)];
-    let edits: Vec<SetEdit<'_>> = (0..8)
-        .map(|i| SetEdit {
-            set: ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"][i],
-            gone: &gone,
-            new: &[],
-        })
-        .collect();
+    let edits = every_set(&gone, &[]);
     let maps = map_edits(&t, &edits).expect("b keeps the class");
     assert_eq!(maps.len(), 1);
     assert!(maps[0].new.is_empty());
     assert!(matches!(maps[0].gone[..], [Element::Jump(x, _)] if x == a));
     // Both leave: the class would have no address, its chain would go.
     let gone_both = [Element::Addr(a), Element::Addr(b)];
-    let edits: Vec<SetEdit<'_>> = (0..8)
-        .map(|i| SetEdit {
-            set: ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"][i],
-            gone: &gone_both,
-            new: &[],
-        })
-        .collect();
+    let edits = every_set(&gone_both, &[]);
     assert_eq!(map_edits(&t, &edits), None);
 }
 
@@ -274,27 +270,12 @@ fn a_map_whose_count_crosses_its_declared_size_is_rendered_again() {
     dispatch(&mut t);
     let map = t.sets.iter().find(|s| s.verdict_map).unwrap();
     assert_eq!(map.capacity(), Some(64));
-    let names = ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"];
     // One more address in every set: the same class, but 33 elements declare 128.
     let more = [Element::Addr("10.0.1.1".parse().unwrap())];
-    let edits: Vec<SetEdit<'_>> = names
-        .iter()
-        .map(|set| SetEdit {
-            set,
-            gone: &[],
-            new: &more,
-        })
-        .collect();
+    let edits = every_set(&[], &more);
     assert_eq!(map_edits(&t, &edits), None);
     // One leaving keeps the size: in place.
     let less = [Element::Addr("10.0.0.1".parse().unwrap())];
-    let edits: Vec<SetEdit<'_>> = names
-        .iter()
-        .map(|set| SetEdit {
-            set,
-            gone: &less,
-            new: &[],
-        })
-        .collect();
+    let edits = every_set(&less, &[]);
     assert!(map_edits(&t, &edits).is_some());
 }
