@@ -74,7 +74,7 @@ fn changes() -> Vec<Change> {
         ns.insert("team".into(), "t4".into());
     }
     fn edit_policy(c: &mut Cluster) {
-        let p = &mut c.policies[5];
+        let p = std::sync::Arc::make_mut(&mut c.policies[5]);
         p.pod_selector.labels.insert("app".into(), "a17".into());
     }
     fn delete_pod(c: &mut Cluster) {

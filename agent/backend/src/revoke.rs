@@ -260,7 +260,7 @@ mod tests {
             .into_iter()
             .map(std::sync::Arc::new)
             .collect(),
-            policies: vec![NetworkPolicy {
+            policies: vec![std::sync::Arc::new(NetworkPolicy {
                 namespace: "shop".into(),
                 name: "db-in".into(),
                 pod_selector: Selector {
@@ -283,7 +283,7 @@ mod tests {
                     }],
                 }]),
                 egress: None,
-            }],
+            })],
             ..Cluster::default()
         }
     }

@@ -71,7 +71,7 @@ pub(crate) fn cluster(
         exprs: Vec::new(),
     };
     for j in 0..policies {
-        c.policies.push(NetworkPolicy {
+        c.policies.push(std::sync::Arc::new(NetworkPolicy {
             namespace: format!("ns{}", j % NAMESPACES),
             name: format!("np{j}"),
             pod_selector: selector("app", format!("a{}", j % 50)),
@@ -86,7 +86,7 @@ pub(crate) fn cluster(
                 }],
             }]),
             egress: None,
-        });
+        }));
     }
     c
 }

@@ -222,7 +222,7 @@ pub fn assemble<'a>(
     namespaces: impl IntoIterator<Item = (String, BTreeMap<String, String>)>,
     pods: Vec<std::sync::Arc<netpol::Pod>>,
     pod_namespaces: impl IntoIterator<Item = &'a str>,
-    policies: Vec<netpol::NetworkPolicy>,
+    policies: Vec<std::sync::Arc<netpol::NetworkPolicy>>,
     remaps: &BTreeMap<String, Vec<Remap>>,
 ) -> Cluster {
     let mut c = Cluster {
@@ -267,7 +267,7 @@ pub fn cluster<'a>(
         namespaces.into_iter().map(namespace_labels),
         derived,
         pod_namespaces.iter().map(String::as_str),
-        read,
+        read.into_iter().map(std::sync::Arc::new).collect(),
         remaps,
     );
     (c, bad)

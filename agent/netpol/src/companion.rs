@@ -341,7 +341,13 @@ pub fn companions(
 ) -> (Vec<Companion>, Vec<(String, String)>) {
     let mut out: Vec<Companion> = Vec::new();
     let mut too_large = Vec::new();
-    let users = || cluster.policies.iter().filter(|p| !is_ours(p));
+    let users = || {
+        cluster
+            .policies
+            .iter()
+            .map(AsRef::as_ref)
+            .filter(|p| !is_ours(p))
+    };
     // Without a user's policy there is no companion (the Admin tier's stand beside one):
     // nothing to index, and a pass of a cluster without NetworkPolicies stays free of a walk
     // over every pod (100,000 remote ones in `bench-control`, on the runtime's worker).

@@ -147,6 +147,7 @@ fn isolating<'a>(
     let mut v: Vec<&NetworkPolicy> = cluster
         .policies
         .iter()
+        .map(AsRef::as_ref)
         .filter(|p| {
             p.namespace == pod.namespace
                 && rules_of(p).is_some()

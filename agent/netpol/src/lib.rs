@@ -292,7 +292,7 @@ pub struct Cluster {
     /// view is one pointer per pod, not a copy of every pod.
     pub pods: Vec<Arc<Pod>>,
     /// Policies.
-    pub policies: Vec<NetworkPolicy>,
+    pub policies: Vec<Arc<NetworkPolicy>>,
     /// ClusterNetworkPolicies (both tiers).
     pub cluster_policies: Vec<cnp::ClusterNetworkPolicy>,
     /// Per peer: how its CIDRs that overlap ours are seen here (Liqo's `Configuration`).

@@ -82,7 +82,7 @@ pub fn cluster(policies: Vec<NetworkPolicy>) -> Cluster {
             })
             .collect(),
         pods: pods.into_iter().map(std::sync::Arc::new).collect(),
-        policies,
+        policies: policies.into_iter().map(std::sync::Arc::new).collect(),
         cluster_policies: Vec::new(),
         remaps: Default::default(),
     }
@@ -262,7 +262,7 @@ pub fn random_cluster(rng: &mut StdRng) -> Cluster {
                 p.egress = Some(random_rules(rng));
             }
         }
-        c.policies.push(p);
+        c.policies.push(std::sync::Arc::new(p));
     }
     c
 }

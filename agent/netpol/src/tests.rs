@@ -289,8 +289,9 @@ pub(crate) fn cni_view(c: &Cluster) -> Cluster {
     let mut v = c.clone();
     v.pods.retain(|p| p.peer.is_none());
     for comp in companions {
-        v.policies
-            .push(crate::read::policy_json(comp.object).unwrap());
+        v.policies.push(std::sync::Arc::new(
+            crate::read::policy_json(comp.object).unwrap(),
+        ));
     }
     v
 }

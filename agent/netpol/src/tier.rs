@@ -863,7 +863,7 @@ pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
         crossing(cluster, peer)
     };
     let index = pods::Index::new(pods);
-    let mut policies: Vec<&NetworkPolicy> = cluster.policies.iter().collect();
+    let mut policies: Vec<&NetworkPolicy> = cluster.policies.iter().map(AsRef::as_ref).collect();
     policies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut registry = Registry::default();
     let mut chains = Vec::new();

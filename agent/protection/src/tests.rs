@@ -661,11 +661,14 @@ fn offloaded_pods_call_home_and_nowhere_else() {
                 &[("k8s-app", "kube-dns")],
             ),
         ],
-        policies: vec![
+        policies: [
             policy_of("offload-a", "a", home_a),
             policy_of("offload-a2", "a", home_a),
             policy_of("offload-b", "b", &home_b),
-        ],
+        ]
+        .into_iter()
+        .map(std::sync::Arc::new)
+        .collect(),
         cluster_policies: Vec::new(),
         remaps: Default::default(),
     };

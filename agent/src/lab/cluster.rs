@@ -419,7 +419,10 @@ pub fn lab_cluster() -> Result<netpol::Cluster> {
             }]),
             egress: None,
         },
-    ];
+    ]
+    .into_iter()
+    .map(std::sync::Arc::new)
+    .collect();
     // Liqo's Configurations: how each consumer's CIDRs are seen here.
     for c in consumers() {
         let (labels, body) = configuration(&c);
@@ -430,7 +433,9 @@ pub fn lab_cluster() -> Result<netpol::Cluster> {
         }
     }
     let offloaded = offloaded_policies(&cluster)?;
-    cluster.policies.extend(offloaded);
+    cluster
+        .policies
+        .extend(offloaded.into_iter().map(std::sync::Arc::new));
     cluster.cluster_policies = super::admin::lab_cluster_policies();
     Ok(cluster)
 }

@@ -169,7 +169,7 @@ fn a_companion_selects_only_pods_a_networkpolicy_already_isolates() {
         let mut c2 = c.clone();
         c2.cluster_policies[0].subject = subject.clone();
         if let Subject::Pods { .. } = subject {
-            c2.policies[0].pod_selector = sel(&[("pod", "b")]);
+            std::sync::Arc::make_mut(&mut c2.policies[0]).pod_selector = sel(&[("pod", "b")]);
         }
         let (all, _) = super::companions(&c2, |_| false);
         assert!(

@@ -64,7 +64,7 @@ fn a_set_is_named_by_its_selector_not_by_its_policys_place() {
     // A policy sorting before every other, selecting nothing here: every other name stays.
     let mut p = policy("a-first", "np", sel(&[("pod", "nobody")]));
     p.ingress = Some(vec![]);
-    c.policies.push(p);
+    c.policies.push(std::sync::Arc::new(p));
     let after = names(&tier(&c, "peer1", false).spec.table);
     assert!(!before.is_empty());
     assert_eq!(before, after);

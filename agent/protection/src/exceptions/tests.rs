@@ -418,7 +418,7 @@ fn an_opening_for_offloaded_pods_goes_into_their_network_policy() {
     let f = for_peer(&[p], "a", defaults(), &c);
     let open: Vec<&Open> = f.for_offloaded().collect();
     assert_eq!(open.len(), 1);
-    c.policies.push(
+    c.policies.push(std::sync::Arc::new(
         peerwall_netpol::read::policy_json(crate::offloaded_network_policy(
             "app-a",
             "a",
@@ -426,7 +426,7 @@ fn an_opening_for_offloaded_pods_goes_into_their_network_policy() {
             &open,
         ))
         .unwrap(),
-    );
+    ));
     let from = c.pod("app-a/web").unwrap().clone();
     let allowed = |to: &str, dport: u16| {
         let to = c.pod(to).unwrap();

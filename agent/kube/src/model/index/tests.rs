@@ -169,7 +169,7 @@ fn the_index_by_difference_equals_the_full_recompute_after_every_event() {
                 namespaces.clone(),
                 index.pods(),
                 index.pod_namespaces(),
-                policies.clone(),
+                policies.iter().cloned().map(Arc::new).collect(),
                 &remaps,
             );
             let nodes = node_objects(&vnodes);
@@ -187,7 +187,7 @@ fn the_index_by_difference_equals_the_full_recompute_after_every_event() {
                 [],
                 &remaps,
             );
-            want.policies = policies.clone();
+            want.policies = policies.iter().cloned().map(Arc::new).collect();
             assert_eq!(got, want, "seed {seed} step {step}");
             for peer in PEERS {
                 let (a, b) = (
