@@ -405,7 +405,7 @@ fn main() {
                     "--inline-budget-bytes",
                     &budget_arg,
                 ],
-                "info,kube=warn,peerwall_kube::controller::tenants=debug",
+                "info,kube=warn,peerwall_kube::controller=debug",
             );
             let configs: Api<kube::api::DynamicObject> = Api::namespaced_with(
                 client.clone(),

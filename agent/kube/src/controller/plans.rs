@@ -103,22 +103,23 @@ impl LaidOut {
 
 #[derive(Debug, Default)]
 pub(super) struct Plans {
-    kept: HashMap<PlanKey, (u64, FirewallConfigurationSpec, Arc<Plan>)>,
+    kept: HashMap<PlanKey, (u64, Arc<FirewallConfigurationSpec>, Arc<Plan>)>,
     /// Each configuration's moved sets as last laid out, by set.
     laid: HashMap<PlanKey, HashMap<String, LaidOut>>,
 }
 
 impl Plans {
-    /// The plan kept for `key` when it was computed at `count` for a spec equal to `spec`.
+    /// The plan kept for `key` when it was computed at `count` for a spec equal to `spec` (the
+    /// same one, shared with the tier kept, is known without comparing).
     pub(super) fn get(
         &self,
         key: &PlanKey,
         count: u64,
-        spec: &FirewallConfigurationSpec,
+        spec: &Arc<FirewallConfigurationSpec>,
     ) -> Option<Arc<Plan>> {
         self.kept
             .get(key)
-            .filter(|(at, asked, _)| *at == count && asked == spec)
+            .filter(|(at, asked, _)| *at == count && (Arc::ptr_eq(asked, spec) || asked == spec))
             .map(|(_, _, p)| p.clone())
     }
 
@@ -145,7 +146,7 @@ impl Plans {
         &mut self,
         key: PlanKey,
         count: u64,
-        spec: FirewallConfigurationSpec,
+        spec: Arc<FirewallConfigurationSpec>,
         plan: Arc<Plan>,
     ) {
         // Only configurations published since the last change stay: a peer gone takes its
@@ -168,12 +169,15 @@ mod tests {
         }
     }
 
-    fn spec(set: &str) -> FirewallConfigurationSpec {
-        serde_json::from_value(serde_json::json!({
-            "table": {"name": "t", "family": "INET",
-                      "sets": [{"name": set, "keyType": "ipv4_addr", "elements": []}]}
-        }))
-        .unwrap()
+    /// A spec of one set, new each time: an equal spec at another address.
+    fn spec(set: &str) -> Arc<FirewallConfigurationSpec> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "table": {"name": "t", "family": "INET",
+                          "sets": [{"name": set, "keyType": "ipv4_addr", "elements": []}]}
+            }))
+            .unwrap(),
+        )
     }
 
     #[test]
@@ -227,8 +231,13 @@ mod tests {
     fn a_plan_serves_only_the_same_spec_at_the_same_count() {
         let mut plans = Plans::default();
         let p = Arc::new(Plan::for_tests());
-        plans.keep(key("c"), 7, spec("s"), p.clone());
-        assert!(plans.get(&key("c"), 7, &spec("s")).is_some());
+        let asked = spec("s");
+        plans.keep(key("c"), 7, asked.clone(), p.clone());
+        assert!(plans.get(&key("c"), 7, &asked).is_some(), "the same spec");
+        assert!(
+            plans.get(&key("c"), 7, &spec("s")).is_some(),
+            "an equal one"
+        );
         assert!(
             plans.get(&key("c"), 8, &spec("s")).is_none(),
             "a change since"

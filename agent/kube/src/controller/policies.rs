@@ -93,13 +93,15 @@ pub(super) async fn publish_tier(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     };
+    let started = std::time::Instant::now();
     let kept = tiers().get(view, &peer.id, audit);
+    let computed = kept.is_none();
     let (spec, unenforced) = match kept {
         Some(parts) => parts,
         None => {
             // Computed outside the lock: other peers' passes go on meanwhile.
             let t = tokio::task::block_in_place(|| netpol::tier::tier(cluster, &peer.id, audit));
-            let parts = (t.spec, t.unenforced);
+            let parts = (Arc::new(t.spec), t.unenforced);
             tiers().keep(view, &peer.id, audit, parts.clone());
             parts
         }
@@ -116,11 +118,19 @@ pub(super) async fn publish_tier(
     for (policy, why) in problems {
         report_policy(ctx, policies, &policy, &why).await;
     }
+    let tier_ms = started.elapsed().as_secs_f64() * 1e3;
     let labels = peerwall_intent::labels::for_gateway(&peer.id);
     if publish_configuration(ctx, ns, netpol::tier::TIER_CONFIG, spec, &labels).await? {
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer.id, "NetworkPolicy tier updated");
     }
+    tracing::debug!(
+        peer = %peer.id,
+        computed,
+        tier_ms,
+        publish_ms = started.elapsed().as_secs_f64() * 1e3 - tier_ms,
+        "tier step"
+    );
     Ok(())
 }
 

@@ -120,11 +120,13 @@ pub(super) async fn publish_configuration(
     ctx: &Ctx,
     ns: &Namespace,
     config: &str,
-    spec: FirewallConfigurationSpec,
+    spec: std::sync::Arc<FirewallConfigurationSpec>,
     labels: &BTreeMap<String, String>,
 ) -> Result<bool, ReconcileError> {
     let ns_name = ns.name_any();
+    let started = std::time::Instant::now();
     let plan = planned(ctx, ns, config, spec, labels)?;
+    let plan_ms = started.elapsed().as_secs_f64() * 1e3;
     let slices: Api<AddressSet> = Api::namespaced(ctx.client.clone(), &ns_name);
     for s in &plan.write {
         let object: AddressSet = typed(
@@ -167,6 +169,14 @@ pub(super) async fn publish_configuration(
             Err(source) => return Err(api_error("deleting", &ns_name, &name)(source)),
         }
     }
+    tracing::debug!(
+        configuration = %format!("{ns_name}/{config}"),
+        plan_ms,
+        writes = plan.write.len(),
+        wrote,
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "configuration published"
+    );
     if plan.moved > 0 && wrote {
         tracing::info!(
             configuration = %format!("{ns_name}/{config}"),
@@ -183,7 +193,7 @@ fn planned(
     ctx: &Ctx,
     ns: &Namespace,
     config: &str,
-    spec: FirewallConfigurationSpec,
+    spec: std::sync::Arc<FirewallConfigurationSpec>,
     labels: &BTreeMap<String, String>,
 ) -> Result<std::sync::Arc<Plan>, ReconcileError> {
     // Read before the caches: a change that lands meanwhile moves the count past this plan's.
@@ -197,7 +207,6 @@ fn planned(
     if let Some(p) = ctx.plans().get(&key, count, &spec) {
         return Ok(p);
     }
-    let input = spec.clone();
     let before = ctx.plans().take_laid(&key);
     if before.is_none() {
         // A configuration planned for the first time: those of deleted namespaces go.
@@ -209,10 +218,13 @@ fn planned(
             .collect();
         ctx.plans().forget_gone(&live);
     }
-    let (p, laid) = plan(ctx, ns, config, spec, labels, &before.unwrap_or_default())?;
+    // Laying out moves sets' elements out of the spec: a copy of it, the kept one (shared with
+    // the tier's memo) staying as it was asked for.
+    let owned = FirewallConfigurationSpec::clone(&spec);
+    let (p, laid) = plan(ctx, ns, config, owned, labels, &before.unwrap_or_default())?;
     let p = std::sync::Arc::new(p);
     let mut plans = ctx.plans();
-    plans.keep(key.clone(), count, input, p.clone());
+    plans.keep(key.clone(), count, spec, p.clone());
     plans.keep_laid(key, laid);
     Ok(p)
 }

@@ -184,7 +184,7 @@ pub(super) async fn reconcile_slices(
 }
 
 /// The whole peer: its slices first (nothing to write when the fast loop already did), then
-/// what is read from the whole cluster: the gateway configuration, the NetworkPolicy tier,
+/// what is read from the whole cluster: the NetworkPolicy tier, the gateway configuration,
 /// the offloaded namespaces' policies, the companions.
 pub(super) async fn reconcile_gateway(
     ns: Arc<Namespace>,
@@ -219,6 +219,11 @@ pub(super) async fn reconcile_gateway(
         (view, declared)
     });
     let view_ms = lap();
+    // The tier first: a NetworkPolicy or a pod's labels changing is what this pass most often
+    // serves, and the tier is what they change; the two configurations are apart (each a
+    // table of its own), so neither waits for the other to be in force.
+    publish_tier(&ns, &who, &ctx, &view, declared.exceptions.settings.audit).await?;
+    let tier_ms = lap();
     // The pod sets' addresses live in the publisher's slices; the configuration declares the
     // sets, and what is declared (per namespace, ProtectionPolicies) moves into slices of
     // its own when the object would outgrow etcd.
@@ -230,13 +235,11 @@ pub(super) async fn reconcile_gateway(
         &declared,
     );
     let labels = peerwall_intent::labels::for_gateway(&peer);
-    if publish_configuration(&ctx, &ns, GATEWAY_CONFIG, spec, &labels).await? {
+    if publish_configuration(&ctx, &ns, GATEWAY_CONFIG, Arc::new(spec), &labels).await? {
         ctx.count(|m| m.gateway_writes += 1);
         tracing::info!(peer = %peer, "gateway configuration updated");
     }
     let gateway_ms = lap();
-    publish_tier(&ns, &who, &ctx, &view, declared.exceptions.settings.audit).await?;
-    let tier_ms = lap();
     refresh_offloaded(&peer, &ctx, &declared.exceptions).await?;
     let offloaded_ms = lap();
     publish_companions(&ctx, &view).await?;
@@ -246,8 +249,8 @@ pub(super) async fn reconcile_gateway(
         ms = started.elapsed().as_secs_f64() * 1e3,
         slices_ms,
         view_ms,
-        gateway_ms,
         tier_ms,
+        gateway_ms,
         offloaded_ms,
         companions_ms,
         "gateway pass"

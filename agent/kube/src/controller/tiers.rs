@@ -15,8 +15,12 @@ use peerwall_intent::types::FirewallConfigurationSpec;
 use super::view::NetpolView;
 use crate::netpol;
 
-/// A tier as the controller publishes it: the spec, and what of the policies it left out.
-pub(super) type TierParts = (FirewallConfigurationSpec, Vec<netpol::tier::Unenforced>);
+/// A tier as the controller publishes it: the spec (shared with the plan kept for it, which
+/// knows it by address), and what of the policies it left out.
+pub(super) type TierParts = (
+    Arc<FirewallConfigurationSpec>,
+    Vec<netpol::tier::Unenforced>,
+);
 
 /// The last tier of each peer, with the view and the audit setting it was computed from.
 #[derive(Default)]
@@ -58,10 +62,10 @@ mod tests {
     }
 
     fn parts(name: &str) -> TierParts {
-        let spec =
+        let spec: FirewallConfigurationSpec =
             serde_json::from_value(serde_json::json!({"table": {"name": name, "family": "INET"}}))
                 .unwrap();
-        (spec, Vec::new())
+        (Arc::new(spec), Vec::new())
     }
 
     #[test]
@@ -76,7 +80,7 @@ mod tests {
                 t.keep(v, peer, audit, p.clone());
                 p
             });
-            parts.0.table.name.unwrap_or_default()
+            parts.0.table.name.clone().unwrap_or_default()
         };
         assert_eq!(get(&mut tiers, &v1, "a", false), "a-1");
         assert_eq!(get(&mut tiers, &v1, "a", false), "a-1", "kept");

@@ -31,11 +31,14 @@ async fn a_peers_pass_writes_its_gateway_and_tier_once_and_nothing_when_nothing_
         .filter(|r| r.method == "PATCH")
         .map(|r| r.uri.split('?').next().unwrap_or_default())
         .collect();
+    // The tier first (what most passes serve); a gateway holds its boot policy until its
+    // peer's protection table is in force (`Boot` in peerwall-enforce), so a tier in force
+    // before it opens nothing.
     assert_eq!(
         written,
         [
-            "/apis/peerwall.io/v1alpha1/namespaces/liqo-tenant-alpha/firewallconfigurations/peerwall-gateway",
             "/apis/peerwall.io/v1alpha1/namespaces/liqo-tenant-alpha/firewallconfigurations/peerwall-networkpolicy",
+            "/apis/peerwall.io/v1alpha1/namespaces/liqo-tenant-alpha/firewallconfigurations/peerwall-gateway",
         ],
         "{first:?}"
     );
