@@ -59,6 +59,9 @@ pub(super) struct Ctx {
     /// What the controller last wrote of each of its FirewallConfigurations, or found the
     /// cache already showing ([`super::storable`]).
     pub(super) written: std::sync::Mutex<super::written::Written>,
+    /// The offloaded namespaces' NetworkPolicies the cache showed as they are to be
+    /// ([`super::offloaded`]).
+    pub(super) offloaded_said: std::sync::Mutex<super::offloaded::Said>,
     /// The last plan of each configuration published ([`super::plans`]).
     pub(super) plans: std::sync::Mutex<super::plans::Plans>,
     /// The last NetworkPolicy tier of each peer, with the view it came from ([`super::tiers`]).
@@ -195,6 +198,7 @@ impl Ctx {
             ))),
             reported: std::sync::Mutex::new(BTreeSet::new()),
             written: Default::default(),
+            offloaded_said: Default::default(),
             client: client.clone(),
             opts,
             metrics,
@@ -293,6 +297,7 @@ impl Ctx {
             ))),
             reported: std::sync::Mutex::new(BTreeSet::new()),
             written: Default::default(),
+            offloaded_said: Default::default(),
             client,
         };
         (

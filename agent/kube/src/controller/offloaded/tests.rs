@@ -70,3 +70,34 @@ async fn an_offloaded_namespaces_policy_edited_by_hand_is_written_back_and_only_
         1
     );
 }
+
+#[tokio::test]
+async fn a_policy_found_as_it_should_be_is_compared_again_once_its_version_moves() {
+    let (client, requests) = fake_api::client();
+    let (ctx, mut w) = Ctx::for_tests(client);
+    let blog = namespace("blog", json!({crate::REMOTE_CLUSTER_ID: "alpha"}));
+    w.namespace(blog.clone());
+    let mut as_written = managed(&blog, "alpha");
+    as_written.metadata.resource_version = Some("5".into());
+    w.network_policy(as_written.clone());
+    let exceptions = exceptions_for(&ctx, "alpha", &netpol::Cluster::default());
+    let pass = || refresh_offloaded("alpha", &ctx, &exceptions);
+    pass().await.expect("first pass");
+    pass().await.expect("same version");
+    assert!(requests.lock().expect("log").is_empty(), "nothing to write");
+    assert_eq!(ctx.offloaded_said.lock().expect("said").0.len(), 1);
+    // Edited by hand: a new version, compared again, written back.
+    let mut edited = as_written;
+    edited.metadata.resource_version = Some("6".into());
+    if let Some(spec) = edited.spec.as_mut() {
+        spec.ingress = Some(vec![Default::default()]);
+    }
+    w.network_policy(edited);
+    pass().await.expect("after the edit");
+    let written = requests.lock().expect("log").clone();
+    assert_eq!(written.len(), 1, "{written:?}");
+    assert_eq!(
+        written[0].body["spec"],
+        serde_json::to_value(managed(&blog, "alpha")).expect("JSON")["spec"]
+    );
+}
