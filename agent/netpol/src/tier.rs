@@ -839,17 +839,40 @@ fn own_definition(p: &NetworkPolicy) -> String {
 /// (several policies isolating the same pods, or repeating a rule by the same selectors: their
 /// sets are one, [`sets::Registry`]) is left out, as it could never decide a packet the
 /// earlier one did not; the bpf backend's per-chain rule budget goes to distinct rules.
+/// Rules are told apart by their matches' addresses and ports first (a hash of those texts),
+/// then compared whole: each rule used to be written as JSON to be hashed, a tenth of the
+/// tier's time at 1,000 policies.
 fn dedup_rules(chains: &mut [api::Chain]) {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let state = foldhash::fast::RandomState::default();
+    let bucket = |r: &api::FilterRule| {
+        let mut h = state.build_hasher();
+        r.r#match.len().hash(&mut h);
+        for m in &r.r#match {
+            m.ip.as_ref().map(|ip| &ip.value).hash(&mut h);
+            m.port.as_ref().map(|p| &p.value).hash(&mut h);
+        }
+        h.finish()
+    };
     for chain in chains.iter_mut() {
         let Some(rules) = chain.rules.filter_rules.as_mut() else {
             continue;
         };
-        let mut seen = std::collections::HashSet::new();
-        rules.retain(|r| {
-            seen.insert(
-                serde_json::to_string(&(&r.r#match, &r.action, &r.value)).unwrap_or_default(),
-            )
-        });
+        let same = |a: &api::FilterRule, b: &api::FilterRule| {
+            a.r#match == b.r#match && a.action == b.action && a.value == b.value
+        };
+        // Per bucket, the rules kept so far (by position among those kept).
+        let mut kept: std::collections::HashMap<u64, Vec<usize>> = Default::default();
+        let mut out: Vec<api::FilterRule> = Vec::with_capacity(rules.len());
+        for r in rules.drain(..) {
+            let b = kept.entry(bucket(&r)).or_default();
+            if b.iter().any(|&i| same(&out[i], &r)) {
+                continue;
+            }
+            b.push(out.len());
+            out.push(r);
+        }
+        *rules = out;
     }
 }
 

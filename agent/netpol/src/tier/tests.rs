@@ -69,3 +69,50 @@ fn a_set_is_named_by_its_selector_not_by_its_policys_place() {
     assert!(!before.is_empty());
     assert_eq!(before, after);
 }
+
+/// Each chain's rules by what decides a packet (matches, action, value) as JSON: how rules
+/// were told apart before they were compared as values.
+fn rule_keys(t: &peerwall_intent::types::Table) -> Vec<Vec<String>> {
+    t.chains
+        .iter()
+        .map(|c| {
+            c.rules
+                .filter_rules
+                .iter()
+                .flatten()
+                .map(|r| serde_json::to_string(&(&r.r#match, &r.action, &r.value)).unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn a_rule_repeating_an_earlier_one_is_left_out_and_only_it() {
+    let mut repeats = 0;
+    for seed in 0..40 {
+        let c = random_cluster(&mut StdRng::seed_from_u64(seed));
+        // Every policy again under another name: the same rules over the same sets.
+        let mut twice = c.clone();
+        for p in &c.policies {
+            let mut again = (**p).clone();
+            again.name = format!("{}-again", again.name);
+            twice.policies.push(std::sync::Arc::new(again));
+        }
+        let once = rule_keys(&tier(&c, "peer1", false).spec.table);
+        let both = rule_keys(&tier(&twice, "peer1", false).spec.table);
+        for (a, b) in once.iter().zip(&both) {
+            let distinct: BTreeSet<&String> = b.iter().collect();
+            assert_eq!(distinct.len(), b.len(), "seed {seed}: a repeated rule kept");
+            assert_eq!(
+                a.iter().collect::<BTreeSet<_>>(),
+                distinct,
+                "seed {seed}: the rules of both differ"
+            );
+            repeats += a.len();
+        }
+    }
+    assert!(
+        repeats > 100,
+        "the clusters repeat too few rules: {repeats}"
+    );
+}
