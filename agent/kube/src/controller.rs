@@ -36,6 +36,7 @@ mod plans;
 mod pod_facts;
 mod policies;
 mod publish;
+mod said;
 mod storable;
 mod tenants;
 mod tiers;

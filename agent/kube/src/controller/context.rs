@@ -60,8 +60,8 @@ pub(super) struct Ctx {
     /// cache already showing ([`super::storable`]).
     pub(super) written: std::sync::Mutex<super::written::Written>,
     /// The offloaded namespaces' NetworkPolicies the cache showed as they are to be
-    /// ([`super::offloaded`]).
-    pub(super) offloaded_said: std::sync::Mutex<super::offloaded::Said>,
+    /// ([`super::offloaded`], [`super::said`]).
+    pub(super) offloaded_said: std::sync::Mutex<super::said::Said>,
     /// The last plan of each configuration published ([`super::plans`]).
     pub(super) plans: std::sync::Mutex<super::plans::Plans>,
     /// The last NetworkPolicy tier of each peer, with the view it came from ([`super::tiers`]).

@@ -17,22 +17,6 @@ use crate::netpol;
 use crate::protection;
 use crate::{MANAGED_BY, MANAGER};
 
-/// Per offloaded namespace, the policy the cache showed (by `resourceVersion`, which the API
-/// server moves on every write of the object) when it already said the body this pass built:
-/// a later pass building the same body for the same version has nothing to compare. At 100
-/// offloaded namespaces, reading each policy back into JSON to compare it was a tenth of the
-/// controller's time under `bench-netpol`, on every pass.
-#[derive(Debug, Default)]
-pub(super) struct Said(HashMap<String, (String, serde_json::Value)>);
-
-impl Said {
-    fn holds(&self, ns: &str, version: &str, body: &serde_json::Value) -> bool {
-        self.0
-            .get(ns)
-            .is_some_and(|(v, b)| v == version && b == body)
-    }
-}
-
 /// Keep the NetworkPolicies of `peer`'s offloaded namespaces following its CIDRs (they
 /// change with Liqo's `Configuration`, which the namespace reconcile does not watch) and its
 /// ProtectionPolicies.
@@ -66,8 +50,7 @@ pub(super) async fn refresh_offloaded(
         ctx.offloaded_said
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .0
-            .retain(|ns, _| live.contains(ns.as_str()));
+            .keep_only(|ns| live.contains(ns));
     }
     for ns in namespaces {
         let info = protection::Namespace {
@@ -108,8 +91,7 @@ pub(super) async fn refresh_offloaded(
             ctx.offloaded_said
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0
-                .insert(info.name.clone(), (v, body));
+                .note(info.name.clone(), v, body);
         }
     }
     Ok(())

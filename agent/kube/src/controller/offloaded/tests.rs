@@ -85,7 +85,7 @@ async fn a_policy_found_as_it_should_be_is_compared_again_once_its_version_moves
     pass().await.expect("first pass");
     pass().await.expect("same version");
     assert!(requests.lock().expect("log").is_empty(), "nothing to write");
-    assert_eq!(ctx.offloaded_said.lock().expect("said").0.len(), 1);
+    assert_eq!(ctx.offloaded_said.lock().expect("said").len(), 1);
     // Edited by hand: a new version, compared again, written back.
     let mut edited = as_written;
     edited.metadata.resource_version = Some("6".into());
