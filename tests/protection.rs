@@ -550,8 +550,8 @@ fn an_ended_connection_stays_ended_whichever_side_sends_on_both_backends() {
             ("10.20.1.2", 6000),
             dir.join("peer.rx"),
         );
-        std::thread::sleep(std::time::Duration::from_millis(300));
-        let pod = Chatter::start(
+        // The pod answers once the peer's first datagram reached it.
+        let pod = Chatter::answer(
             &format!("/run/netns/{}", t.provider.name()),
             ("10.20.1.2", 6000),
             ("10.10.1.67", 5000),

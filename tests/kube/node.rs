@@ -637,8 +637,10 @@ fn a_closing_ends_an_exchange_for_good(
         (&web.1, port),
         rx("consumer"),
     );
-    std::thread::sleep(Duration::from_millis(300));
-    let ours = Chatter::start(
+    // The web pod answers: it sends only once the consumer's first datagram reached it (had
+    // it spoken first, through a tunnel still shaking hands, the exchange would be the web
+    // pod's, whose replies the closing rightly leaves alone).
+    let ours = Chatter::answer(
         &web_ns.to_string_lossy(),
         (&web.1, port),
         (CONSUMER_POD, 5000),

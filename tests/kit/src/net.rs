@@ -531,21 +531,26 @@ spec:
 
 /// One end of a UDP exchange or a TCP connection, in the network namespace at `netns` (a path:
 /// `/run/netns/<name>`, `/proc/<pid>/ns/net`): it sends to the other end every 50 ms from a
-/// fixed port and counts what it receives (in the file `rx`).
+/// fixed port and counts what it receives (in the file `rx`). An answering end
+/// ([`Chatter::answer`]) starts sending only once it has heard from the other: the exchange is
+/// then tracked in the other end's direction whatever the two processes' start-up times and
+/// the tunnel's handshake, which a test of ending the other end's connection relies on.
 pub struct Chatter {
     _p: Proc,
     rx: std::path::PathBuf,
 }
 
 impl Chatter {
-    /// One end, by mode: `udp` (bound to the first address, sending to the second), `listen`
-    /// (TCP: accepts one connection) or `connect` (TCP: connects, retrying until the other end
-    /// listens); it sends a byte every 50 ms and counts the bytes it receives.
+    /// One end, by mode: `udp` (bound to the first address, sending to the second), `answer`
+    /// (as `udp`, silent until it has received a datagram), `listen` (TCP: accepts one
+    /// connection) or `connect` (TCP: connects, retrying until the other end listens); it
+    /// sends a byte every 50 ms and counts the bytes it receives.
     const SCRIPT: &'static str = r#"
 import os, socket, sys, threading, time
 mode, addr, port, peer, pport, out = sys.argv[1:7]
 dst = (peer, int(pport))
-if mode == "udp":
+udp = mode in ("udp", "answer")
+if udp:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.bind((addr, int(port)))
     send = lambda: s.sendto(b"x", dst)
@@ -576,7 +581,7 @@ def rx():
         try:
             d = s.recv(64)
         except OSError:
-            if mode == "udp":
+            if udp:
                 continue
             return
         if not d:
@@ -587,15 +592,23 @@ def rx():
         os.replace(out + ".tmp", out)
 threading.Thread(target=rx, daemon=True).start()
 while True:
-    try:
-        send()
-    except OSError:
-        pass
+    if mode != "answer" or n > 0:
+        try:
+            send()
+        except OSError:
+            pass
     time.sleep(0.05)
 "#;
 
     pub fn start(netns: &str, from: (&str, u16), to: (&str, u16), rx: std::path::PathBuf) -> Self {
         Self::spawn(netns, "udp", from, to, rx)
+    }
+
+    /// A UDP end that stays silent until it has received a datagram from `to`'s side, then
+    /// sends as [`Self::start`]'s does: the exchange is the other end's (its first datagram
+    /// crossed every hook before any of this end's).
+    pub fn answer(netns: &str, from: (&str, u16), to: (&str, u16), rx: std::path::PathBuf) -> Self {
+        Self::spawn(netns, "answer", from, to, rx)
     }
 
     /// [`Self::SCRIPT`] run by python3 in `netns` in `mode`, with both ends and the file it
