@@ -28,11 +28,14 @@ use super::cnp;
 use super::{Cluster, NetworkPolicy, Peer, Pod, Port, Ports, Protocol, Rule};
 
 mod definition;
+mod delta;
 mod pods;
 mod sets;
 
+pub use delta::{How, Kept};
+
 use pods::Group;
-use sets::{to_u128, Addrs, Names, Registry, Role};
+use sets::{to_u128, Addrs, Far, Names, Registry, Role, Source};
 
 /// Prefix of the tier's table names.
 pub const TABLE_PREFIX: &str = "pwnp_";
@@ -369,6 +372,20 @@ struct ChainBuilder<'a> {
     sets: Registry,
     rules: Vec<api::FilterRule>,
     unenforced: Vec<Unenforced>,
+    /// What the chains' structure depends on, for the tier by difference.
+    traits: &'a Traits,
+}
+
+/// What a tier's structure depends on besides classes' membership of its sets.
+#[derive(Default)]
+struct Traits {
+    /// Pods one by one, not their classes alone (an egress rule with a named port and an
+    /// `ipBlock`: the port resolves against the pods a block holds by address): then no pod
+    /// change is applied by difference.
+    per_pod: std::cell::Cell<bool>,
+    /// The far end's classes (an egress rule with a named port resolves it against the pods
+    /// its peers reach): then no class may come or go by difference.
+    far_ports: std::cell::Cell<bool>,
 }
 
 /// Which of a policy's own pods a group of its rules covers: all (None), those here
@@ -382,13 +399,19 @@ fn side_word(remote_own: Option<bool>) -> &'static str {
 }
 
 impl ChainBuilder<'_> {
-    /// The sets of definition `def`, made from `addrs` the first time it is asked for.
-    fn sets_of(&mut self, role: Role, def: String, addrs: impl FnOnce(&Self) -> Addrs) -> Names {
+    /// The sets of definition `def`, made from `addrs` (the addresses and where they came
+    /// from) the first time it is asked for.
+    fn sets_of(
+        &mut self,
+        role: Role,
+        def: String,
+        addrs: impl FnOnce(&Self) -> (Addrs, Source),
+    ) -> Names {
         if let Some(names) = self.sets.known(&def) {
             return names.clone();
         }
-        let a = addrs(self);
-        self.sets.add(role, def, &a)
+        let (a, source) = addrs(self);
+        self.sets.add(role, def, &a, source)
     }
 
     /// The addresses of the pods of `group`.
@@ -497,6 +520,16 @@ impl ChainBuilder<'_> {
             let across =
                 far_pods(b).filter(|k| remote_own.is_none_or(|r| b.index.class(k).remote != r));
             let mut a = b.addrs_of(&across);
+            let far = Far {
+                ns: ns.to_string(),
+                peers: rule.peers.clone(),
+                remote_own,
+            };
+            let source = if blocks.is_empty() {
+                Source::Far(across, far)
+            } else {
+                Source::Fixed(across, Some(far))
+            };
             for bl in &blocks {
                 let v4 = bl.cidr.addr().is_ipv4();
                 for r in block_ranges(bl) {
@@ -507,12 +540,23 @@ impl ChainBuilder<'_> {
                     }
                 }
             }
-            a
+            (a, source)
         };
         // Named ports resolve against the destination pod: the policy's own for ingress,
         // for egress the pods the peers reach (by selector, or by an address in a block:
         // the address it is seen at here).
         let in_block = |ip: &IpAddr| blocks.iter().any(|b| b.contains(*ip));
+        if self.dir == Dir::Egress
+            && rule
+                .ports
+                .iter()
+                .any(|p| matches!(p.ports, Ports::Named(_)))
+        {
+            self.traits.far_ports.set(true);
+            if !blocks.is_empty() {
+                self.traits.per_pod.set(true);
+            }
+        }
         let resolve_on: Group = match self.dir {
             Dir::Ingress => own.clone(),
             Dir::Egress => self.index.all(|k, c| {
@@ -553,10 +597,13 @@ impl ChainBuilder<'_> {
                     (Dir::Ingress, Some(only)) if restricts(only) => self.sets_of(
                         Role::Own,
                         format!("own|{own_def}|{side}|{}", c.named),
-                        |b| b.addrs_of(&only.intersection(own_group)),
+                        |b| {
+                            let g = only.intersection(own_group);
+                            (b.addrs_of(&g), Source::Classes(g))
+                        },
                     ),
                     _ => self.sets_of(Role::Own, format!("own|{own_def}|{side}|"), |b| {
-                        b.addrs_of(own_group)
+                        (b.addrs_of(own_group), Source::Classes(own_group.clone()))
                     }),
                 };
                 let far_names: Option<Names> = match (self.dir, &c.only) {
@@ -565,10 +612,14 @@ impl ChainBuilder<'_> {
                         format!("{far_def}|{side}|{}", c.named),
                         |b| {
                             let mut a = Addrs::default();
-                            let across = only.iter().filter(|&k| {
+                            let across = only.filter(|k| {
                                 remote_own.is_none_or(|r| b.index.class(k).remote != r)
                             });
-                            for k in across {
+                            if blocks.is_empty() {
+                                let g = across.filter(|k| any_peer || far_pods(b).contains(k));
+                                return (b.addrs_of(&g), Source::Classes(g));
+                            }
+                            for k in across.iter() {
                                 let class_selected = any_peer || far_pods(b).contains(k);
                                 for &i in &b.index.class(k).pods {
                                     let pod = b.pods[i];
@@ -579,7 +630,7 @@ impl ChainBuilder<'_> {
                                     }
                                 }
                             }
-                            a
+                            (a, Source::Fixed(across, None))
                         },
                     )),
                     _ if any_peer => None,
@@ -719,7 +770,7 @@ impl ChainBuilder<'_> {
             let p = policies[pi];
             // The same definition as an unrestricted rule's own set: one set for both.
             let names = self.sets_of(Role::Own, format!("own|{}||", own_definition(p)), |b| {
-                b.addrs_of(&own)
+                (b.addrs_of(&own), Source::Classes(own.clone()))
             });
             for (fi, v4) in [true, false].into_iter().enumerate() {
                 let Some(set) = names[fi].clone() else {
@@ -878,29 +929,47 @@ fn dedup_rules(chains: &mut [api::Chain]) {
 
 /// The NetworkPolicy tier of `peer`'s gateway.
 pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
-    // Pods matter only to a policy's selectors: without any policy, indexing them (the tier's
-    // one pass over every pod) would build what nothing reads.
-    let pods = if cluster.policies.is_empty() && cluster.cluster_policies.is_empty() {
+    let pods = crossing_if_read(cluster, peer);
+    let index = pods::Index::new(pods);
+    built(cluster, peer, audit, &index).0
+}
+
+/// The pods whose traffic crosses `peer`'s gateway, where a policy may select them: without
+/// any policy, indexing them (the tier's one pass over every pod) would build what nothing
+/// reads.
+fn crossing_if_read<'a>(cluster: &'a Cluster, peer: &str) -> Vec<&'a Pod> {
+    if cluster.policies.is_empty() && cluster.cluster_policies.is_empty() {
         Vec::new()
     } else {
         crossing(cluster, peer)
-    };
-    let index = pods::Index::new(pods);
+    }
+}
+
+/// The tier over the pods of `index`, each definition's names and source, and what its
+/// structure depends on ([`Traits`]).
+fn built(
+    cluster: &Cluster,
+    peer: &str,
+    audit: bool,
+    index: &pods::Index,
+) -> (Tier, Vec<(Names, Source)>, Traits) {
     let mut policies: Vec<&NetworkPolicy> = cluster.policies.iter().map(AsRef::as_ref).collect();
     policies.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     let mut registry = Registry::default();
     let mut chains = Vec::new();
     let mut unenforced = Vec::new();
+    let traits = Traits::default();
     for dir in [Dir::Ingress, Dir::Egress] {
         let b = ChainBuilder {
             dir,
             cluster,
             remaps: cluster.remaps.get(peer).map_or(&[][..], Vec::as_slice),
-            index: &index,
+            index,
             pods: &index.pods,
             sets: registry,
             rules: Vec::new(),
             unenforced: Vec::new(),
+            traits: &traits,
         };
         let (chain, r, u) = b.build(&policies);
         chains.push(chain);
@@ -909,8 +978,8 @@ pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
     }
     unenforced.dedup();
     dedup_rules(&mut chains);
-    let sets = registry.into_sets();
-    Tier {
+    let (sets, sources) = registry.into_parts();
+    let tier = Tier {
         spec: api::FirewallConfigurationSpec {
             table: api::Table {
                 name: Some(table_name(peer)),
@@ -921,7 +990,8 @@ pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
             audit,
         },
         unenforced,
-    }
+    };
+    (tier, sources, traits)
 }
 
 #[cfg(test)]

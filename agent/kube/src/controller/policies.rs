@@ -95,14 +95,31 @@ pub(super) async fn publish_tier(
     };
     let started = std::time::Instant::now();
     let kept = tiers().get(view, &peer.id, audit);
-    let computed = kept.is_none();
+    let mut how = None;
     let (spec, unenforced) = match kept {
         Some(parts) => parts,
         None => {
-            // Computed outside the lock: other peers' passes go on meanwhile.
-            let t = tokio::task::block_in_place(|| netpol::tier::tier(cluster, &peer.id, audit));
-            let parts = (Arc::new(t.spec), t.unenforced);
-            tiers().keep(view, &peer.id, audit, parts.clone());
+            // Made outside the lock (other peers' passes go on meanwhile), by difference from
+            // the peer's last tier where only pods changed.
+            let last = tiers().take(&peer.id);
+            if last.is_none() {
+                // A peer's first tier: those of peers whose tenant namespace is gone go.
+                let live: std::collections::HashSet<String> = ctx
+                    .namespaces
+                    .state()
+                    .iter()
+                    .filter(|n| n.metadata.deletion_timestamp.is_none())
+                    .filter_map(|n| n.labels().get(crate::REMOTE_CLUSTER_ID).cloned())
+                    .collect();
+                tiers().forget_gone(&live);
+            }
+            let k = tokio::task::block_in_place(|| match last {
+                Some(last) => last.next(cluster, &peer.id, audit),
+                None => netpol::tier::Kept::compute(cluster, &peer.id, audit),
+            });
+            let parts = (k.spec().clone(), k.unenforced().to_vec());
+            how = Some(k.how());
+            tiers().keep(view, &peer.id, audit, k);
             parts
         }
     };
@@ -126,7 +143,7 @@ pub(super) async fn publish_tier(
     }
     tracing::debug!(
         peer = %peer.id,
-        computed,
+        tier = %how.map_or_else(|| "kept".to_string(), |h| h.to_string()),
         tier_ms,
         publish_ms = started.elapsed().as_secs_f64() * 1e3 - tier_ms,
         "tier step"

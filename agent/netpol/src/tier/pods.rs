@@ -29,7 +29,7 @@ type ClassMap<'a> = HashMap<Shape<'a>, u32, foldhash::fast::RandomState>;
 /// Pods alike in everything the tier decides by (indexes into [`Index::pods`]).
 pub(super) struct Class<'a> {
     pub(super) labels: &'a BTreeMap<String, String>,
-    ports: &'a [ContainerPort],
+    pub(super) ports: &'a [ContainerPort],
     /// Whether its pods run on the peer.
     pub(super) remote: bool,
     pub(super) pods: Vec<usize>,
@@ -71,6 +71,26 @@ impl Group {
     /// The classes of both (already sorted).
     pub(super) fn intersection(&self, other: &Self) -> Self {
         Self(self.iter().filter(|c| other.contains(*c)).collect())
+    }
+    /// Add class `k`; whether it was not there.
+    pub(super) fn insert(&mut self, k: u32) -> bool {
+        match self.0.binary_search(&k) {
+            Ok(_) => false,
+            Err(at) => {
+                self.0.insert(at, k);
+                true
+            }
+        }
+    }
+    /// Take class `k` out; whether it was there.
+    pub(super) fn remove(&mut self, k: u32) -> bool {
+        match self.0.binary_search(&k) {
+            Ok(at) => {
+                self.0.remove(at);
+                true
+            }
+            Err(_) => false,
+        }
     }
     /// The classes `keep` keeps (already sorted).
     pub(super) fn filter(&self, keep: impl Fn(u32) -> bool) -> Self {

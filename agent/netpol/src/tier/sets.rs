@@ -127,6 +127,30 @@ impl Role {
 /// (the rule that would look it up could match nothing, and is left out).
 pub(super) type Names = [Option<String>; 2];
 
+/// Where a definition's addresses came from, for the tier by difference (`tier/delta.rs`).
+#[derive(Clone, Debug)]
+pub(super) enum Source {
+    /// Exactly the addresses of these classes' pods.
+    Classes(super::pods::Group),
+    /// Exactly the addresses of these classes' pods, which are those a rule's peers select
+    /// across the gateway ([`Far`]): a class that comes or goes joins or leaves it by that.
+    Far(super::pods::Group, Far),
+    /// These classes' pods may count (those of the rule's peers, if any), and something else
+    /// does too (an `ipBlock`'s ranges, a pod by its own address): such a set is only ever
+    /// computed whole.
+    Fixed(super::pods::Group, Option<Far>),
+}
+
+/// The classes a rule's pod peers select across the gateway: those of pods the peers of a
+/// policy in `ns` select, on the other side from the policy's own pods (`remote_own`: those
+/// on the peer, `Some(true)`, or here, `Some(false)`; None: either side).
+#[derive(Clone, Debug)]
+pub(super) struct Far {
+    pub(super) ns: String,
+    pub(super) peers: Vec<crate::Peer>,
+    pub(super) remote_own: Option<bool>,
+}
+
 /// The tier's sets by definition: each definition's addresses computed once, its sets named
 /// `<role>[6]_<64-bit FNV-1a of the definition>`. The name is a function of the definition
 /// alone, so it survives every change of contents and of the policies around it; two
@@ -139,6 +163,8 @@ pub(super) struct Registry {
     /// Every name given out.
     taken: HashSet<String>,
     sets: Vec<api::Set>,
+    /// Each definition's names and where its addresses came from, in the order made.
+    sources: Vec<(Names, Source)>,
 }
 
 /// 64-bit FNV-1a: stable across processes, releases and platforms (the controller's names
@@ -155,8 +181,9 @@ impl Registry {
         self.by_def.get(def)
     }
 
-    /// Make `def`'s sets from `addrs` (a family without addresses gets none).
-    pub(super) fn add(&mut self, role: Role, def: String, addrs: &Addrs) -> Names {
+    /// Make `def`'s sets from `addrs`, which came from `source` (a family without addresses
+    /// gets none).
+    pub(super) fn add(&mut self, role: Role, def: String, addrs: &Addrs, source: Source) -> Names {
         let hash = fnv1a(&def);
         let names = [true, false].map(|v4| {
             let keys = addrs.keys(v4);
@@ -189,18 +216,24 @@ impl Registry {
             Some(name)
         });
         self.by_def.insert(def, names.clone());
+        self.sources.push((names.clone(), source));
         names
     }
 
-    /// The sets made, in the order they were first used.
-    pub(super) fn into_sets(self) -> Vec<api::Set> {
-        self.sets
+    /// The sets made, in the order they were first used, and each definition's names and
+    /// source.
+    pub(super) fn into_parts(self) -> (Vec<api::Set>, Vec<(Names, Source)>) {
+        (self.sets, self.sources)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn none() -> Source {
+        Source::Classes(super::super::pods::Group::default())
+    }
 
     fn one(ip: &str) -> Addrs {
         let mut a = Addrs::default();
@@ -265,8 +298,8 @@ mod tests {
     fn a_definition_names_its_sets_whatever_they_hold() {
         let mut a = Registry::default();
         let mut b = Registry::default();
-        let x = a.add(Role::Far, "far|team=t1".into(), &one("10.0.0.1"));
-        let y = b.add(Role::Far, "far|team=t1".into(), &one("10.0.0.2"));
+        let x = a.add(Role::Far, "far|team=t1".into(), &one("10.0.0.1"), none());
+        let y = b.add(Role::Far, "far|team=t1".into(), &one("10.0.0.2"), none());
         assert_eq!(x, y);
         assert!(x[0].as_deref().is_some_and(|n| n.starts_with("far_")));
         assert_eq!(x[1], None, "no IPv6 address, no IPv6 set");
@@ -275,15 +308,15 @@ mod tests {
     #[test]
     fn colliding_hashes_never_share_a_set() {
         let mut r = Registry::default();
-        let x = r.add(Role::Own, "a".into(), &one("10.0.0.1"));
+        let x = r.add(Role::Own, "a".into(), &one("10.0.0.1"), none());
         let base = format!("own_{:016x}", fnv1a("a"));
         assert_eq!(x[0].as_deref(), Some(base.as_str()));
         // A second definition on the same name, as a chosen collision would put it (the
         // memo forgotten, so the registry meets the name as taken by another definition).
         r.by_def.clear();
-        let y = r.add(Role::Own, "a".into(), &one("10.0.0.2"));
+        let y = r.add(Role::Own, "a".into(), &one("10.0.0.2"), none());
         assert_eq!(y[0].as_deref(), Some(format!("{base}_2").as_str()));
-        assert_eq!(r.into_sets().len(), 2);
+        assert_eq!(r.into_parts().0.len(), 2);
     }
 
     #[test]

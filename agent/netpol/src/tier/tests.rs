@@ -9,6 +9,7 @@ use rand::{Rng, SeedableRng};
 
 use super::super::testing::*;
 use super::tier;
+use crate::Cluster;
 
 fn names(t: &peerwall_intent::types::Table) -> BTreeSet<String> {
     t.sets.iter().map(|s| s.name.clone()).collect()
@@ -114,5 +115,114 @@ fn a_rule_repeating_an_earlier_one_is_left_out_and_only_it() {
     assert!(
         repeats > 100,
         "the clusters repeat too few rules: {repeats}"
+    );
+}
+
+/// One random change of `c`'s pods: a relabel (to another pod's labels, another value, labels
+/// of its own), a replica created beside a pod, a pod deleted, a new address, an IPv6 address
+/// added.
+fn change_pods(c: &mut Cluster, rng: &mut StdRng, n: &mut u32) -> &'static str {
+    use std::sync::Arc;
+    let k = rng.random_range(0..c.pods.len());
+    *n += 1;
+    let fresh = std::net::IpAddr::from([10, 99, (*n / 250) as u8, (*n % 250 + 1) as u8]);
+    match rng.random_range(0..9) {
+        0 => {
+            let other = c.pods[rng.random_range(0..c.pods.len())].labels.clone();
+            Arc::make_mut(&mut c.pods[k]).labels = other;
+            "relabelled like another pod"
+        }
+        1 => {
+            let v = ["a", "b", "c"][rng.random_range(0..3)];
+            Arc::make_mut(&mut c.pods[k])
+                .labels
+                .insert("pod".into(), v.into());
+            "relabelled"
+        }
+        2 => {
+            let mut r = (*c.pods[k]).clone();
+            r.name = format!("{}-r{n}", r.name);
+            r.ips = vec![fresh];
+            let at = rng.random_range(0..=c.pods.len());
+            c.pods.insert(at, Arc::new(r));
+            "a replica created"
+        }
+        3 if c.pods.len() > 1 => {
+            c.pods.remove(k);
+            "deleted"
+        }
+        4 => {
+            Arc::make_mut(&mut c.pods[k]).ips = vec![fresh];
+            "given another address"
+        }
+        5 => {
+            Arc::make_mut(&mut c.pods[k])
+                .ips
+                .push(format!("fd00::{n}").parse().unwrap());
+            "given an IPv6 address"
+        }
+        6 | 7 => {
+            // Labels no other pod has: a class of its own (a policy's pods, or only a far
+            // end's: the `pod` label kept, another one added).
+            let p = Arc::make_mut(&mut c.pods[k]);
+            if rng.random_bool(0.5) {
+                p.labels.insert("pod".into(), format!("u{n}"));
+            } else {
+                p.labels.insert("canary".into(), format!("u{n}"));
+            }
+            "relabelled to labels of its own"
+        }
+        _ => "left alone",
+    }
+}
+
+/// The tier by difference is the tier computed whole, after every random change of pods, over
+/// random clusters (replicas, ClusterNetworkPolicies, remapped CIDRs); and it is taken often.
+#[test]
+fn the_tier_by_difference_is_the_tier_computed_whole() {
+    use super::{How, Kept};
+    let mut rng = StdRng::seed_from_u64(55);
+    let (mut steps, mut by_difference, mut unchanged, mut n) = (0, 0, 0, 0);
+    for round in 0..300 {
+        let mut c = random_cluster(&mut rng);
+        if round % 2 == 0 {
+            c.cluster_policies = random_cluster_policies(&mut rng);
+        }
+        with_replicas(&mut c, Some(&mut rng));
+        if round % 5 == 0 {
+            c.remaps.insert(
+                "peer1".into(),
+                vec![crate::Remap {
+                    real: "10.1.0.0/16".parse().unwrap(),
+                    seen: "10.71.0.0/16".parse().unwrap(),
+                }],
+            );
+        }
+        let mut kept = Kept::compute(&c, "peer1", false);
+        for _ in 0..6 {
+            let mut what = Vec::new();
+            for _ in 0..rng.random_range(1..3) {
+                what.push(change_pods(&mut c, &mut rng, &mut n));
+            }
+            kept = kept.next(&c, "peer1", false);
+            let whole = tier(&c, "peer1", false);
+            steps += 1;
+            match kept.how() {
+                How::ByDifference { .. } => by_difference += 1,
+                How::Unchanged => unchanged += 1,
+                How::Computed => {}
+            }
+            assert_eq!(
+                **kept.spec(),
+                whole.spec,
+                "round {round}, {what:?}: made {}",
+                kept.how()
+            );
+            assert_eq!(kept.unenforced(), whole.unenforced.as_slice());
+        }
+    }
+    assert!(
+        by_difference * 4 >= steps && unchanged > 0,
+        "{steps} changes: {by_difference} by difference, {unchanged} unchanged"
     );
 }
