@@ -144,6 +144,7 @@ fn main() {
     let remote = c.pods.iter().filter(|p| p.peer.is_some()).count();
 
     let mut tier_times = Vec::new();
+    let mut delta_times = Vec::new();
     let mut compile_times = Vec::new();
     let mut patch_times = Vec::new();
     let mut read_times = Vec::new();
@@ -162,7 +163,22 @@ fn main() {
         // changed, parsed and patched into what it compiled before.
         let mut changed = c.clone();
         relabel(&mut changed, r);
-        let new_objs = objects(&netpol::tier::tier(&changed, PEER, false).spec);
+        // The tier after it as the controller makes it: by difference from the one before.
+        let kept = netpol::tier::Kept::compute(&c, PEER, false);
+        let td = Instant::now();
+        let next = kept.next(&changed, PEER, false);
+        delta_times.push(td.elapsed());
+        assert!(
+            matches!(next.how(), netpol::tier::How::ByDifference { .. }),
+            "a label change is made by difference: {}",
+            next.how()
+        );
+        let whole = netpol::tier::tier(&changed, PEER, false).spec;
+        assert!(
+            **next.spec() == whole,
+            "the tier by difference is the tier computed whole"
+        );
+        let new_objs = objects(&whole);
         let refs: Vec<&peerwall_intent::PolicyObject> = new_objs.iter().collect();
         let t2 = Instant::now();
         let patched = peerwall_intent::elements::inline_element_changes(&old_objs, &new_objs)
@@ -198,9 +214,10 @@ fn main() {
         "nftables: {classes} address classes holding {copies} rule copies (dispatch, `RenderOptions::linear` off)"
     );
     println!(
-        "tier: {} sets, {elements} elements, rules per chain {rules:?}; tier {} ms, compile {} ms",
+        "tier: {} sets, {elements} elements, rules per chain {rules:?}; tier {} ms, by difference {} ms, compile {} ms",
         sets,
         ms(median(tier_times.clone())),
+        ms(median(delta_times.clone())),
         ms(median(compile_times.clone()))
     );
 
@@ -245,9 +262,11 @@ fn main() {
             // policy in force.
             let held = compiled.clone();
             let (mut sliced, _) = Sliced::new(compiled.clone(), &[]);
+            // And what the controller keeps between changes: the tier it made last.
+            let kept = netpol::tier::Kept::compute(&c, PEER, false);
             let t1 = Instant::now();
-            let t = netpol::tier::tier(&changed, PEER, false);
-            let new_objs = objects(&t.spec);
+            let t = kept.next(&changed, PEER, false);
+            let new_objs = objects(t.spec());
             let only_elements = peerwall_intent::elements::inline_element_changes(&objs, &new_objs);
             // As the agent checks it (`check_since`): the changed sets validated, the whole
             // object where more changed.
@@ -354,8 +373,9 @@ fn main() {
     ));
     md.push_str("| step | time (ms) |\n|---|---:|\n");
     md.push_str(&format!(
-        "| tier (controller, whole peer) | {} |\n| the tier's object as the API server carries it: the controller's request body (JSON), read by the agent's watch (the spec straight into its type) and converted as the agent converts it | {} |\n| compile (agent, whole tier) | {} |\n| compile after one label change (agent: the sets whose elements alone changed parsed and patched in) | {} |\n",
+        "| tier (controller, whole peer) | {} |\n| tier after one label change (controller, by difference from the tier before: the sets whose classes the pod left or joined) | {} |\n| the tier's object as the API server carries it: the controller's request body (JSON), read by the agent's watch (the spec straight into its type) and converted as the agent converts it | {} |\n| compile (agent, whole tier) | {} |\n| compile after one label change (agent: the sets whose elements alone changed parsed and patched in) | {} |\n",
         ms(median(tier_times)),
+        ms(median(delta_times)),
         ms(median(read_times)),
         ms(median(compile_times)),
         ms(median(patch_times))

@@ -42,6 +42,9 @@ pub(super) struct Plan {
     pub(super) bytes: usize,
     /// Its JSON's SHA-256.
     pub(super) digest: [u8; 32],
+    /// The size of the spec's JSON as it was asked for (before any set moved out), where it
+    /// was measured: the next plan's size by difference starts from it.
+    pub(super) asked_bytes: Option<usize>,
 }
 
 #[cfg(test)]
@@ -59,6 +62,7 @@ impl Plan {
             object: FirewallConfiguration::new("c", spec),
             bytes: 0,
             digest: [0; 32],
+            asked_bytes: None,
         }
     }
 }
@@ -123,7 +127,17 @@ impl Plans {
             .map(|(_, _, p)| p.clone())
     }
 
-    /// Keep `plan`, computed at `count` for `spec`, in place of `key`'s last.
+    /// `key`'s last plan and the spec it was asked for, whatever changed since (what the next
+    /// plan may start from, [`super::storable`]).
+    pub(super) fn prior(
+        &self,
+        key: &PlanKey,
+    ) -> Option<(Arc<FirewallConfigurationSpec>, Arc<Plan>)> {
+        self.kept
+            .get(key)
+            .map(|(_, spec, plan)| (spec.clone(), plan.clone()))
+    }
+
     /// The layouts kept for `key`'s sets, taken out (a plan computed anew puts back its own);
     /// None when none were kept (a configuration planned for the first time).
     pub(super) fn take_laid(&mut self, key: &PlanKey) -> Option<HashMap<String, LaidOut>> {
@@ -135,13 +149,16 @@ impl Plans {
         self.laid.insert(key, laid);
     }
 
-    /// Drop the layouts of namespaces no longer among `live` (their uids): a peer's tenant
-    /// namespace deleted takes its layouts along. Asked when a configuration is planned for
-    /// the first time, so the kept layouts stay within the configurations that exist, plus one.
+    /// Drop the plans and layouts of namespaces no longer among `live` (their uids): a peer's
+    /// tenant namespace deleted takes them along. Asked when a configuration is planned for
+    /// the first time, so what is kept stays within the configurations that exist, plus one.
     pub(super) fn forget_gone(&mut self, live: &HashSet<String>) {
         self.laid.retain(|k, _| live.contains(&k.namespace_uid));
+        self.kept.retain(|k, _| live.contains(&k.namespace_uid));
     }
 
+    /// Keep `plan`, computed at `count` for `spec`, in place of `key`'s last (the plans of
+    /// other configurations stay: the next plan of each starts from its last).
     pub(super) fn keep(
         &mut self,
         key: PlanKey,
@@ -149,9 +166,6 @@ impl Plans {
         spec: Arc<FirewallConfigurationSpec>,
         plan: Arc<Plan>,
     ) {
-        // Only configurations published since the last change stay: a peer gone takes its
-        // plans with it at the next change.
-        self.kept.retain(|_, (at, _, _)| *at == count);
         self.kept.insert(key, (count, spec, plan));
     }
 }
@@ -256,9 +270,15 @@ mod tests {
             plans.get(&moved, 7, &spec("s")).is_none(),
             "namespace recreated"
         );
-        // Kept at a later count, the older plans of other configurations go.
+        // Kept at a later count, the older plans of other configurations stay as what their
+        // next plans start from (never served at the later count), until their namespace goes.
         plans.keep(key("d"), 9, spec("s"), p);
-        assert!(plans.get(&key("c"), 7, &spec("s")).is_none());
+        assert!(plans.get(&key("c"), 9, &spec("s")).is_none());
         assert!(plans.get(&key("d"), 9, &spec("s")).is_some());
+        assert!(plans
+            .prior(&key("c"))
+            .is_some_and(|(s, _)| Arc::ptr_eq(&s, &asked)));
+        plans.forget_gone(&HashSet::new());
+        assert!(plans.prior(&key("c")).is_none() && plans.prior(&key("d")).is_none());
     }
 }

@@ -208,6 +208,7 @@ fn planned(
         return Ok(p);
     }
     let before = ctx.plans().take_laid(&key);
+    let prior = ctx.plans().prior(&key);
     if before.is_none() {
         // A configuration planned for the first time: those of deleted namespaces go.
         let live: HashSet<String> = ctx
@@ -221,7 +222,16 @@ fn planned(
     // Laying out moves sets' elements out of the spec: a copy of it, the kept one (shared with
     // the tier's memo) staying as it was asked for.
     let owned = FirewallConfigurationSpec::clone(&spec);
-    let (p, laid) = plan(ctx, ns, config, owned, labels, &before.unwrap_or_default())?;
+    let prior = prior.as_ref().map(|(s, p)| (&**s, &**p));
+    let (p, laid) = plan(
+        ctx,
+        ns,
+        config,
+        owned,
+        labels,
+        &before.unwrap_or_default(),
+        prior,
+    )?;
     let p = std::sync::Arc::new(p);
     let mut plans = ctx.plans();
     plans.keep(key.clone(), count, spec, p.clone());
@@ -232,7 +242,11 @@ fn planned(
 /// Lay `spec` out for storage against the slices the cache shows: which sets move into
 /// slices, each set's slices to write and delete (a set's layout taken from `before` where it
 /// serves), the configuration object and its JSON's digest; and each moved set's layout, to
-/// keep. Reads the caches, writes nothing.
+/// keep. Reads the caches, writes nothing. `prior`, the last spec planned for this
+/// configuration and its plan, spares measuring the spec where only sets' elements changed
+/// since ([`spill::size_after`]), and serializing the object where it is the same.
+// size: one plan, from the spec to the object's digest; its steps share the spec as it is
+// moved out of.
 fn plan(
     ctx: &Ctx,
     ns: &Namespace,
@@ -240,6 +254,7 @@ fn plan(
     spec: FirewallConfigurationSpec,
     labels: &BTreeMap<String, String>,
     before: &HashMap<String, LaidOut>,
+    prior: Option<(&FirewallConfigurationSpec, &Plan)>,
 ) -> Result<(Plan, HashMap<String, LaidOut>), ReconcileError> {
     let ns_name = ns.name_any();
     let mut current = current_slices(ctx, &ns_name, config);
@@ -253,11 +268,15 @@ fn plan(
     } else {
         (spec, None)
     };
+    let mut asked_bytes = None;
     let moved = match &json {
         Some(j) if j.len() <= ctx.opts.inline_budget => Vec::new(),
         _ => {
             json = None;
-            spill::spill(&mut spec, ctx.opts.inline_budget, &in_slices)
+            asked_bytes = prior
+                .and_then(|(s, p)| spill::size_after(s, p.asked_bytes?, &spec))
+                .or_else(|| peerwall_intent::size::json_len(&spec));
+            spill::spill_sized(&mut spec, ctx.opts.inline_budget, &in_slices, asked_bytes)
         }
     };
     // Every name in use: a new slice of one set never takes another's.
@@ -283,9 +302,21 @@ fn plan(
     let unneeded: Vec<String> = current.into_values().flatten().map(|s| s.name).collect();
     spill::declare(&mut spec, &counts);
     let object = object_of(ns, config, spec, labels)?;
-    let json = match json {
-        Some(j) => j,
-        None => to_json(&object, &ns_name, config)?,
+    // The same object as the last plan's (a change of moved sets' elements alone): its JSON's
+    // size and digest are that plan's.
+    let same = prior.map(|(_, p)| p).filter(|p| {
+        p.object.metadata == object.metadata
+            && p.object.spec == object.spec
+            && p.object.status.is_none()
+            && object.status.is_none()
+    });
+    let (bytes, digest) = match (json, same) {
+        (Some(j), _) => (j.len(), Sha256::digest(&j).into()),
+        (None, Some(p)) => (p.bytes, p.digest),
+        (None, None) => {
+            let j = to_json(&object, &ns_name, config)?;
+            (j.len(), Sha256::digest(&j).into())
+        }
     };
     let plan = Plan {
         write,
@@ -293,8 +324,9 @@ fn plan(
         unneeded,
         moved: moved_count,
         object,
-        bytes: json.len(),
-        digest: Sha256::digest(&json).into(),
+        bytes,
+        digest,
+        asked_bytes,
     };
     Ok((plan, laid_now))
 }

@@ -298,3 +298,55 @@ fn a_set_its_slices_already_hold_is_laid_out_as_laying_out_would() {
     // Both kinds of case were met many times.
     assert!(exact > 500 && tried - exact > 500, "{exact} of {tried}");
 }
+
+/// The size of a spec whose sets' elements alone changed, from the size before, is its JSON's
+/// length, whatever the sets lose or gain; anything else changed, or a set emptied or filled
+/// (its field written or not), is left to measuring.
+#[test]
+fn a_size_by_difference_is_the_length_of_the_json() {
+    let mut before = spec(vec![
+        set("a", 40, false),
+        set("b", 7, true),
+        set("c", 300, false),
+    ]);
+    before.table.chains = vec![api::Chain {
+        name: Some("c".into()),
+        ..Default::default()
+    }];
+    let mut size = json_len(&before);
+    let mut x: u32 = 7;
+    for round in 0..300 {
+        let mut after = before.clone();
+        // One or two sets lose, gain or replace elements (never all of them).
+        for _ in 0..=(round % 2) {
+            x = x.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+            let s = &mut after.table.sets[(x >> 8) as usize % 3];
+            match (x >> 16) % 3 {
+                0 if s.elements.len() > 1 => {
+                    s.elements.pop();
+                }
+                1 => s.elements.push(api::SetElement {
+                    key: format!("10.200.{}.{}", (x >> 4) & 255, x & 255),
+                    data: None,
+                }),
+                _ => s.elements[0].key = format!("10.9.{}.1-10.9.{}.9", x & 255, x & 255),
+            }
+        }
+        let known = size_after(&before, size, &after);
+        assert_eq!(known, Some(json_len(&after)), "round {round}");
+        // The next round's size is this one's by difference: errors would add up.
+        size = known.unwrap_or_default();
+        before = after;
+    }
+    // A set emptied, a chain changed, a set's flag changed: measured whole.
+    let mut emptied = before.clone();
+    emptied.table.sets[0].elements.clear();
+    assert_eq!(size_after(&before, size, &emptied), None);
+    let mut chain = before.clone();
+    chain.table.chains[0].priority = Some(5);
+    assert_eq!(size_after(&before, size, &chain), None);
+    let mut flag = before.clone();
+    flag.table.sets[1].from_address_sets = true;
+    assert_eq!(size_after(&before, size, &flag), None);
+    assert_eq!(size_after(&before, size, &before.clone()), Some(size));
+}

@@ -122,3 +122,69 @@ fn a_slice_without_a_version_is_never_taken_as_unchanged() {
     assert_eq!(again.slices, vec![(String::new(), String::new())]);
     assert!(!first.serves(&moved().elements, &[(s.name.clone(), String::new())]));
 }
+
+/// A plan made from the last one (the spec's size by difference, the object's JSON taken
+/// from it where the object is the same) is the plan made from nothing, whatever changed:
+/// moved sets' elements alone (the size by difference, the same object), or a chain too (the
+/// size measured, the object serialized again).
+#[tokio::test]
+async fn a_plan_from_the_last_one_is_the_plan_made_afresh() {
+    let (client, _requests) = super::super::fake_api::client();
+    let (ctx, _w) = Ctx::for_tests(client);
+    let ns: Namespace = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "liqo-tenant-a", "uid": "u1"}
+    }))
+    .expect("a namespace");
+    let set = |name: &str, base: u32, n: u32| {
+        serde_json::json!({"name": name, "keyType": "ipv4_addr", "elements": (0..n)
+            .map(|i| serde_json::json!({"key": std::net::Ipv4Addr::from(base + i).to_string()}))
+            .collect::<Vec<_>>()})
+    };
+    let spec_of = |first: u32, priority: i32| -> FirewallConfigurationSpec {
+        serde_json::from_value(serde_json::json!({"table": {"name": "t", "family": "INET",
+            "chains": [{"name": "c", "type": "filter", "hook": "forward", "priority": priority,
+                        "policy": "accept", "rules": {"filterRules": [
+                {"name": "r", "action": "drop", "match": [{"op": "eq", "ip": {"value": "@a", "position": "src"}}]}]}}],
+            "sets": [set("a", first, 4000), set("b", 0x0b00_0000, 4000)]}}))
+        .expect("a spec")
+    };
+    let labels = BTreeMap::new();
+    let plan_of = |spec: &FirewallConfigurationSpec,
+                   prior: Option<(&FirewallConfigurationSpec, &Plan)>| {
+        plan(
+            &ctx,
+            &ns,
+            "cfg",
+            spec.clone(),
+            &labels,
+            &HashMap::new(),
+            prior,
+        )
+        .expect("a plan")
+    };
+    let first = spec_of(0x0a00_0000, 0);
+    let (p1, _) = plan_of(&first, None);
+    assert!(p1.moved > 0, "the sets are too large to stay inline");
+    for (what, next) in [
+        ("moved elements changed", spec_of(0x0a00_0001, 0)),
+        ("a chain changed", spec_of(0x0a00_0001, 7)),
+    ] {
+        let (from_last, _) = plan_of(&next, Some((&first, &p1)));
+        let (afresh, _) = plan_of(&next, None);
+        assert_eq!(
+            (from_last.asked_bytes, from_last.bytes, from_last.digest),
+            (afresh.asked_bytes, afresh.bytes, afresh.digest),
+            "{what}"
+        );
+        assert_eq!(
+            from_last.asked_bytes,
+            peerwall_intent::size::json_len(&next),
+            "{what}"
+        );
+        assert_eq!(
+            from_last.digest == p1.digest,
+            what == "moved elements changed",
+            "{what}: the object is the same only where moved elements alone changed"
+        );
+    }
+}
