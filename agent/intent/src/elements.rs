@@ -35,11 +35,29 @@ pub fn inline_element_changes<'a>(
     }
 }
 
-/// The names of the sets of `new` whose elements alone differ from `old`'s.
+/// The names of the sets of `new` whose elements alone differ from `old`'s (sets `AddressSet`
+/// slices fill and maps left out: None).
 fn changed_sets(
     old: &FirewallConfigurationSpec,
     new: &FirewallConfigurationSpec,
 ) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    for i in sets_with_other_elements(old, new)? {
+        let s = &new.table.sets[i];
+        if s.from_address_sets || s.data_type.is_some() {
+            return None;
+        }
+        out.push(s.name.clone());
+    }
+    Some(out)
+}
+
+/// Where `new` differs from `old` in some sets' elements alone, those sets' positions (the
+/// same in both); None for any other difference. Empty: nothing differs.
+pub fn sets_with_other_elements(
+    old: &FirewallConfigurationSpec,
+    new: &FirewallConfigurationSpec,
+) -> Option<Vec<usize>> {
     // Every field named, so that a field added to the spec is compared here too.
     let FirewallConfigurationSpec {
         table:
@@ -58,7 +76,7 @@ fn changed_sets(
         return None;
     }
     let mut out = Vec::new();
-    for (s, was) in sets.iter().zip(&o.sets) {
+    for (i, (s, was)) in sets.iter().zip(&o.sets).enumerate() {
         let Set {
             name,
             key_type,
@@ -79,10 +97,7 @@ fn changed_sets(
             return None;
         }
         if *elements != was.elements {
-            if *from_address_sets || data_type.is_some() {
-                return None;
-            }
-            out.push(name.clone());
+            out.push(i);
         }
     }
     Some(out)

@@ -144,49 +144,17 @@ pub fn size_after(
     before_size: usize,
     after: &api::FirewallConfigurationSpec,
 ) -> Option<usize> {
-    // Every field but the sets (destructured: a new field must be thought of here).
-    let api::FirewallConfigurationSpec { table, audit } = after;
-    let api::Table {
-        name,
-        family,
-        chains,
-        sets,
-    } = table;
-    let b = &before.table;
-    if *audit != before.audit
-        || *name != b.name
-        || *family != b.family
-        || sets.len() != b.sets.len()
-        || *chains != b.chains
-    {
-        return None;
-    }
     let mut size = before_size;
-    for (x, y) in b.sets.iter().zip(sets) {
-        let api::Set {
-            name,
-            key_type,
-            data_type,
-            elements,
-            from_address_sets,
-            address_sets,
-        } = y;
-        if *name != x.name
-            || *key_type != x.key_type
-            || *data_type != x.data_type
-            || *from_address_sets != x.from_address_sets
-            || *address_sets != x.address_sets
-        {
+    for i in peerwall_intent::elements::sets_with_other_elements(before, after)? {
+        let (x, y) = (
+            &before.table.sets[i].elements,
+            &after.table.sets[i].elements,
+        );
+        if x.is_empty() || y.is_empty() {
             return None;
         }
-        if *elements == x.elements {
-            continue;
-        }
-        if elements.is_empty() || x.elements.is_empty() {
-            return None;
-        }
-        let out = peerwall_intent::size::json_len(&x.elements)?;
-        let into = peerwall_intent::size::json_len(elements)?;
+        let out = peerwall_intent::size::json_len(x)?;
+        let into = peerwall_intent::size::json_len(y)?;
         size = size.checked_sub(out)?.checked_add(into)?;
     }
     Some(size)
