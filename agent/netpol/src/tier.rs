@@ -852,8 +852,13 @@ pub fn crossing<'a>(cluster: &'a Cluster, peer: &str) -> Vec<&'a Pod> {
         .pods
         .iter()
         .map(|p| &**p)
-        .filter(|p| p.peer.as_deref().is_none_or(|x| x == peer))
+        .filter(|p| crosses(p, peer))
         .collect()
+}
+
+/// Whether `p`'s traffic crosses `peer`'s gateway: a local pod, or one running on it.
+fn crosses(p: &Pod, peer: &str) -> bool {
+    p.peer.as_deref().is_none_or(|x| x == peer)
 }
 
 /// Name of the tier's FirewallConfiguration in each tenant namespace.
@@ -930,19 +935,18 @@ fn dedup_rules(chains: &mut [api::Chain]) {
 /// The NetworkPolicy tier of `peer`'s gateway.
 pub fn tier(cluster: &Cluster, peer: &str, audit: bool) -> Tier {
     let pods = crossing_if_read(cluster, peer);
-    let index = pods::Index::new(pods);
+    let index = pods::Index::new(pods.into_iter().map(|p| &**p).collect());
     built(cluster, peer, audit, &index).0
 }
 
 /// The pods whose traffic crosses `peer`'s gateway, where a policy may select them: without
 /// any policy, indexing them (the tier's one pass over every pod) would build what nothing
 /// reads.
-fn crossing_if_read<'a>(cluster: &'a Cluster, peer: &str) -> Vec<&'a Pod> {
+fn crossing_if_read<'a>(cluster: &'a Cluster, peer: &str) -> Vec<&'a std::sync::Arc<Pod>> {
     if cluster.policies.is_empty() && cluster.cluster_policies.is_empty() {
-        Vec::new()
-    } else {
-        crossing(cluster, peer)
+        return Vec::new();
     }
+    cluster.pods.iter().filter(|p| crosses(p, peer)).collect()
 }
 
 /// The tier over the pods of `index`, each definition's names and source, and what its

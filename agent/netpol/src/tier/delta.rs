@@ -176,13 +176,8 @@ pub struct Kept {
 
 /// The pods crossing `peer`'s gateway where a policy may select them, shared.
 fn crossing(cluster: &Cluster, peer: &str) -> Vec<Arc<Pod>> {
-    if cluster.policies.is_empty() && cluster.cluster_policies.is_empty() {
-        return Vec::new();
-    }
-    cluster
-        .pods
-        .iter()
-        .filter(|p| p.peer.as_deref().is_none_or(|x| x == peer))
+    super::crossing_if_read(cluster, peer)
+        .into_iter()
         .cloned()
         .collect()
 }
