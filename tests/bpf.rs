@@ -49,6 +49,35 @@ fn thesis_block_enforced_by_tc_and_maps_readable_with_bpftool() {
         .filter(|e| e["value"][0] != "0x00")
         .count();
     assert_eq!(used, 1, "one chain with rules: {chains}");
+    // Its description (bytes 8..12: `constrained`) tells the datapath which lookups it makes:
+    // both addresses tested, each a host, so neither trie is looked up.
+    let info = chains
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["value"][0] != "0x00")
+        .unwrap();
+    let byte = |i: usize| {
+        u8::from_str_radix(
+            info["value"][i].as_str().unwrap().trim_start_matches("0x"),
+            16,
+        )
+        .unwrap()
+    };
+    let constrained = u32::from_le_bytes([byte(8), byte(9), byte(10), byte(11)]);
+    {
+        use peerwall_common::constrained as c;
+        assert_eq!(
+            constrained & (c::SRC | c::DST | c::SRC_NO_HOSTS | c::DST_NO_HOSTS),
+            c::SRC | c::DST,
+            "{info}"
+        );
+        assert_eq!(
+            constrained & (c::SRC_NO_PREFIXES | c::DST_NO_PREFIXES),
+            c::SRC_NO_PREFIXES | c::DST_NO_PREFIXES,
+            "no trie lookup: {info}"
+        );
+    }
     // The one destination is a host: it sits in the exact-match map, the trie stays empty.
     let dump = |m: &str| {
         bpftool_json(&[
@@ -838,6 +867,71 @@ fn verifier_accepts_the_largest_policy() {
     )
     .unwrap();
     assert_eq!(probe.verdict(&pkt).unwrap(), expected);
+}
+
+/// A chain's description says which lookups of an address dimension the datapath makes (none
+/// in the exact-match map without hosts, none in the trie without prefixes). A set edit that
+/// brings a dimension its first entry of a kind is therefore not made in place, where the
+/// description would stay: the whole slot is written, and the new prefix matches.
+#[test]
+fn a_set_edit_bringing_a_dimensions_first_prefix_is_matched() {
+    use peerwall_policy::ir::{AddrRange, IpFamily, Packet, SetChange, SetElements};
+    let compiled = |elements: &str| {
+        let yaml = format!("apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: kinds, namespace: t}}\nspec:\n  table:\n    name: kinds\n    family: INET\n    sets:\n      - {{name: pods, keyType: ipv4_addr, elements: [{elements}]}}\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: drop\n        rules:\n          filterRules:\n            - {{name: to-pods, action: accept, match: [{{op: eq, ip: {{value: '@pods', position: dst}}}}]}}\n");
+        let objs = peerwall_intent::load::parse_documents(&yaml, "kinds").unwrap();
+        peerwall_policy::compile::compile(&objs).unwrap().policy
+    };
+    let policy = compiled("{key: 10.20.1.2}");
+    let pins = Pins::new("kinds");
+    let names = ["liqo.x".to_string()];
+    let mut probe =
+        peerwall_probe::bpf::BpfProbe::new(&policy, &names, pins.0.parent().unwrap()).unwrap();
+    let to = |dst: &str| Packet {
+        src: "10.10.1.67".parse().unwrap(),
+        dst: dst.parse().unwrap(),
+        proto: 6,
+        sport: 40000,
+        dport: 80,
+        iif: Some("liqo.x".into()),
+        oif: Some("liqo.x".into()),
+        ct_state: peerwall_policy::ir::CtState::New,
+    };
+    let judge =
+        |p: &peerwall_policy::ir::Policy, dst: &str| peerwall_policy::ir::evaluate(p, &to(dst));
+    assert_eq!(
+        probe.verdict(&to("10.20.1.2")).unwrap(),
+        judge(&policy, "10.20.1.2")
+    );
+    assert_eq!(judge(&policy, "10.20.8.5").rule, None, "not in the set yet");
+    // The set gains a /24: the destination dimension's first prefix.
+    let next = compiled("{key: 10.20.1.2}, {key: 10.20.8.0/24}");
+    let SetElements::Addr(mut set) = policy.tables[0].sets[0].elements.clone() else {
+        panic!("an address set");
+    };
+    let edit = set.insert_range(AddrRange {
+        lo: 0x0a14_0800,
+        hi: 0x0a14_08ff,
+    });
+    assert_eq!(next.tables[0].sets[0].elements, SetElements::Addr(set));
+    let changes = [SetChange {
+        table: "kinds".into(),
+        family: next.tables[0].family,
+        set: "pods".into(),
+        addr_family: IpFamily::V4,
+        edit,
+    }];
+    let dp = probe.datapath();
+    let in_place = dp.update_sets(&next, &changes).expect("update");
+    assert!(in_place.is_none(), "made in place: {in_place:?}");
+    // What the backend then does (`BpfBackend::update_sets`): the whole policy.
+    dp.apply(&next, &[]).expect("apply");
+    let want = judge(&next, "10.20.8.5");
+    assert_eq!(want.rule.as_deref(), Some("to-pods"));
+    assert_eq!(probe.verdict(&to("10.20.8.5")).unwrap(), want);
+    assert_eq!(
+        probe.verdict(&to("10.20.1.2")).unwrap(),
+        judge(&next, "10.20.1.2")
+    );
 }
 
 #[test]

@@ -171,6 +171,18 @@ pub mod constrained {
     pub const SPORT: u32 = 32;
     /// Destination port.
     pub const DPORT: u32 = 64;
+    /// No exact-match (host) entry in the chain's source dimension: the datapath skips its
+    /// `SRCH` lookup, which can only miss (under a flood of new sources, a cold bucket each).
+    /// Negative sense, like the three below: a `ChainInfo` written by a peerwall without them
+    /// (0) has both of a dimension's lookups made, as before.
+    pub const SRC_NO_HOSTS: u32 = 128;
+    /// No trie entry in the chain's source dimension (no prefix shorter than a host, and no
+    /// host the exact-match map had no room for): a miss of the host map is the answer.
+    pub const SRC_NO_PREFIXES: u32 = 256;
+    /// As [`SRC_NO_HOSTS`], destination.
+    pub const DST_NO_HOSTS: u32 = 512;
+    /// As [`SRC_NO_PREFIXES`], destination.
+    pub const DST_NO_PREFIXES: u32 = 1024;
 }
 
 /// A deciding rule: its action. Index in `RULES`: `chain * MAX_RULES + rule`.

@@ -244,12 +244,20 @@ macro_rules! slot_eval {
                     {
                         break 'dims true;
                     }
+                    // The host map, then the trie; either skipped where the chain's
+                    // dimension has no entry there (`*_NO_HOSTS`, `*_NO_PREFIXES`).
                     if cons & constrained::SRC != 0
                         && !step_masked::<NW>(
                             acc,
-                            // SAFETY: read-only lookup of plain data.
-                            unsafe { $srch.get(&addr_data(chain, p, &p.src)) }
-                                .or_else(|| $src.get(addr_key(chain, p, &p.src))),
+                            (cons & constrained::SRC_NO_HOSTS == 0)
+                                // SAFETY: read-only lookup of plain data.
+                                .then(|| unsafe { $srch.get(&addr_data(chain, p, &p.src)) })
+                                .flatten()
+                                .or_else(|| {
+                                    (cons & constrained::SRC_NO_PREFIXES == 0)
+                                        .then(|| $src.get(addr_key(chain, p, &p.src)))
+                                        .flatten()
+                                }),
                             $masks.get(chain * 4 + dim::SRC),
                         )
                     {
@@ -258,9 +266,15 @@ macro_rules! slot_eval {
                     if cons & constrained::DST != 0
                         && !step_masked::<NW>(
                             acc,
-                            // SAFETY: read-only lookup of plain data.
-                            unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) }
-                                .or_else(|| $dst.get(addr_key(chain, p, &p.dst))),
+                            (cons & constrained::DST_NO_HOSTS == 0)
+                                // SAFETY: read-only lookup of plain data.
+                                .then(|| unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) })
+                                .flatten()
+                                .or_else(|| {
+                                    (cons & constrained::DST_NO_PREFIXES == 0)
+                                        .then(|| $dst.get(addr_key(chain, p, &p.dst)))
+                                        .flatten()
+                                }),
                             $masks.get(chain * 4 + dim::DST),
                         )
                     {

@@ -531,7 +531,8 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
          tracks connections: its remapping NAT); *delivered*: forwarded ÷ taken in; *program \
          ns/pkt*: the peerwall tc program's own mean run time per packet, from the kernel's \
          `bpf_stats` in a 300 ms window after the measured one (on only there: timing each run \
-         costs two clock reads). `cargo xtask bench breakdown` splits that cost into its parts \
+         costs two clock reads), whose new flows go on from the measured window's (flows no \
+         table holds yet). `cargo xtask bench breakdown` splits that cost into its parts \
          (its \"every packet a new flow\" column).\n\n\
          | traffic | datapath | ÷ no filter (spread) | pps | ÷ conntrack on (spread) | delivered | program ns/pkt | flow beside: lost |\n\
          |---|---|---:|---:|---:|---:|---:|---:|\n{t}\n\

@@ -2,7 +2,7 @@
 
 use std::net::Ipv4Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -79,11 +79,16 @@ pub(crate) enum Vary {
     /// As built: the frames' flows, each known after the first pass.
     Fixed,
     /// Every packet a new flow: source port and the source address's low 16 bits from a
-    /// counter (about 3.9e9 tuples before one repeats).
+    /// counter (about 3.9e9 tuples before one repeats), which goes on from one sender to the
+    /// next ([`FRESH_NEXT`]): a window after another (`program_ns`'s after the measured one)
+    /// sends flows no table holds yet, not the same flows again.
     Fresh,
     /// `n` flows, cycled: the counter modulo `n`.
     Cycle(u32),
 }
+
+/// The flow number the next [`Vary::Fresh`] sender starts from: where the last one stopped.
+static FRESH_NEXT: AtomicU32 = AtomicU32::new(0);
 
 /// A 64-byte Ethernet/IPv4/TCP SYN frame (checksums computed).
 pub(crate) fn syn_frame(
@@ -229,7 +234,12 @@ pub(crate) fn blast_with(
             .collect();
         let n = msgs.len();
         let mut i = 0usize;
-        let mut flow = 0u32;
+        let fresh = vary == Vary::Fresh;
+        let mut flow = if fresh {
+            FRESH_NEXT.load(Ordering::Relaxed)
+        } else {
+            0u32
+        };
         while !stop.load(Ordering::Relaxed) {
             let batch = if pace.is_some() { 1 } else { BATCH.min(n - i) };
             if vary != Vary::Fixed {
@@ -257,6 +267,9 @@ pub(crate) fn blast_with(
             if let Some(p) = pace {
                 std::thread::sleep(p);
             }
+        }
+        if fresh {
+            FRESH_NEXT.store(flow, Ordering::Relaxed);
         }
     })
 }

@@ -387,6 +387,20 @@ impl Datapath {
         {
             return Ok(None);
         }
+        // Nor where an entry comes to a chain's dimension that had none of its kind: the
+        // chain's description says that lookup is skipped (`*_NO_HOSTS`, `*_NO_PREFIXES`), and
+        // only a full write changes it with the entries. (One that takes a dimension's last
+        // entry of a kind leaves the description asking for a lookup that misses: safe.)
+        if delta.iter().any(|c| {
+            c.value.is_some()
+                && live
+                    .chains
+                    .iter()
+                    .find(|ch| ch.id == c.chain)
+                    .is_none_or(|ch| !ch.has_addresses(c.dir, is_host(&c.net)))
+        }) {
+            return Ok(None);
+        }
         // The slot's contents change: its digest no longer names them.
         crate::meta::clear_digest(&self.pin_dir, self.active)?;
         let n = write_addr_changes(&mut self.ebpf, &self.active.to_string(), &delta)?;

@@ -175,6 +175,17 @@ impl ChainMaps {
                 bits |= bit;
             }
         }
+        for (dir, no_hosts, no_prefixes) in [
+            (ir::Dir::Src, c::SRC_NO_HOSTS, c::SRC_NO_PREFIXES),
+            (ir::Dir::Dst, c::DST_NO_HOSTS, c::DST_NO_PREFIXES),
+        ] {
+            if !self.has_addresses(dir, true) {
+                bits |= no_hosts;
+            }
+            if !self.has_addresses(dir, false) {
+                bits |= no_prefixes;
+            }
+        }
         ChainInfo {
             rules: self.rules.len() as u32,
             policy: action_code_in(self.policy, self.audit),
@@ -182,6 +193,18 @@ impl ChainMaps {
             counters: self.counters as u16,
             constrained: bits,
         }
+    }
+
+    /// Whether the address dimension `dir` has an entry that is a host (`host`), or one that
+    /// is not: what decides whether the datapath looks up its exact-match map and its trie
+    /// ([`ChainInfo::constrained`]'s `*_NO_HOSTS` and `*_NO_PREFIXES`).
+    pub fn has_addresses(&self, dir: ir::Dir, host: bool) -> bool {
+        let v = match dir {
+            ir::Dir::Src => &self.src,
+            ir::Dir::Dst => &self.dst,
+        };
+        v.iter()
+            .any(|(n, _)| (n.prefix_len() == n.max_prefix_len()) == host)
     }
 
     /// `RULES` values, by rule position.

@@ -209,8 +209,26 @@ pub(super) fn owner_entries(p: &BpfPolicy, capacity: u32) -> BTreeMap<u32, u32> 
         .collect()
 }
 
-pub(super) fn chain_entries(p: &BpfPolicy) -> BTreeMap<u32, ChainInfo> {
-    p.chains.iter().map(|c| (c.id, c.info())).collect()
+/// `CHAINS` values, the exact-match maps holding `hosts` each. A dimension with more hosts
+/// than that keeps the others in its trie ([`super::layout`]), so no chain may skip that trie.
+pub(super) fn chain_entries(p: &BpfPolicy, hosts: u32) -> BTreeMap<u32, ChainInfo> {
+    use peerwall_common::constrained as c;
+    let cap = hosts as usize;
+    let mut keep = 0;
+    if p.host_count(true) > cap {
+        keep |= c::SRC_NO_PREFIXES;
+    }
+    if p.host_count(false) > cap {
+        keep |= c::DST_NO_PREFIXES;
+    }
+    p.chains
+        .iter()
+        .map(|ch| {
+            let mut i = ch.info();
+            i.constrained &= !keep;
+            (ch.id, i)
+        })
+        .collect()
 }
 
 pub(super) fn hook_entries(p: &BpfPolicy) -> BTreeMap<u32, HookChains> {

@@ -193,12 +193,12 @@ pub(super) const CHAINS: [SlotMap; 5] = [
     },
     SlotMap {
         prefix: map::CHAINS,
-        sync: |m, name, old, new, _| {
+        sync: |m, name, old, new, l| {
             sync_array(
                 m,
                 name,
-                old.map(chain_entries),
-                chain_entries(new),
+                old.map(|o| chain_entries(o, l.hosts)),
+                chain_entries(new, l.hosts),
                 ChainInfo {
                     rules: 0,
                     policy: peerwall_common::ActionCode::Drop as u8,

@@ -19,14 +19,6 @@ pub struct DatapathPacket<'a> {
     pub oif: u32,
 }
 
-pub(super) fn lpm_addr<'a>(entries: &'a [(IpNet, Bitmap)], a: &IpAddr) -> Option<&'a Bitmap> {
-    entries
-        .iter()
-        .filter(|(n, _)| n.contains(a))
-        .max_by_key(|(n, _)| n.prefix_len())
-        .map(|(_, b)| b)
-}
-
 pub(super) fn lpm_port(entries: &[(u16, u8, Bitmap)], p: u16) -> Option<&Bitmap> {
     entries
         .iter()
@@ -36,6 +28,35 @@ pub(super) fn lpm_port(entries: &[(u16, u8, Bitmap)], p: u16) -> Option<&Bitmap>
         })
         .max_by_key(|(_, len, _)| *len)
         .map(|(_, _, b)| b)
+}
+
+/// An address dimension's lookup as the chain's description has the datapath make it: the
+/// exact-match map (its host entries) unless `no_hosts`, then the trie (its other prefixes)
+/// unless `no_prefixes`; every host fits the exact-match map here.
+fn described_addr<'a>(
+    entries: &'a [(IpNet, Bitmap)],
+    a: &IpAddr,
+    no_hosts: bool,
+    no_prefixes: bool,
+) -> Option<&'a Bitmap> {
+    let is_host = |n: &IpNet| n.prefix_len() == n.max_prefix_len();
+    let host = || {
+        entries
+            .iter()
+            .find(|(n, _)| is_host(n) && n.addr() == *a)
+            .map(|(_, b)| b)
+    };
+    let trie = || {
+        entries
+            .iter()
+            .filter(|(n, _)| !is_host(n) && n.contains(a))
+            .max_by_key(|(n, _)| n.prefix_len())
+            .map(|(_, b)| b)
+    };
+    (!no_hosts)
+        .then(host)
+        .flatten()
+        .or_else(|| (!no_prefixes).then(trie).flatten())
 }
 
 pub(super) fn and_into(acc: &mut Bitmap, b: &Bitmap) {
@@ -79,8 +100,18 @@ pub fn simulate_chain(
     and_into(&mut acc, &pick(&c.iif, iif));
     and_into(&mut acc, &pick(&c.oif, oif));
     and_into(&mut acc, &c.ct[ct_number(p.ct_state) as usize]);
-    and_masked(&mut acc, lpm_addr(&c.src, &p.src), &c.masks[0]);
-    and_masked(&mut acc, lpm_addr(&c.dst, &p.dst), &c.masks[1]);
+    let cons = c.info().constrained;
+    let skips = |no_hosts: u32, no_prefixes: u32| (cons & no_hosts != 0, cons & no_prefixes != 0);
+    let (h, t) = skips(
+        peerwall_common::constrained::SRC_NO_HOSTS,
+        peerwall_common::constrained::SRC_NO_PREFIXES,
+    );
+    and_masked(&mut acc, described_addr(&c.src, &p.src, h, t), &c.masks[0]);
+    let (h, t) = skips(
+        peerwall_common::constrained::DST_NO_HOSTS,
+        peerwall_common::constrained::DST_NO_PREFIXES,
+    );
+    and_masked(&mut acc, described_addr(&c.dst, &p.dst, h, t), &c.masks[1]);
     if proto::carries_ports(p.proto) {
         and_masked(&mut acc, lpm_port(&c.sport, p.sport), &c.masks[2]);
         and_masked(&mut acc, lpm_port(&c.dport, p.dport), &c.masks[3]);
