@@ -183,6 +183,8 @@ pub mod constrained {
     pub const DST_NO_HOSTS: u32 = 512;
     /// As [`SRC_NO_PREFIXES`], destination.
     pub const DST_NO_PREFIXES: u32 = 1024;
+    /// The four bits above.
+    pub const NO_LOOKUPS: u32 = SRC_NO_HOSTS | SRC_NO_PREFIXES | DST_NO_HOSTS | DST_NO_PREFIXES;
 }
 
 /// A deciding rule: its action. Index in `RULES`: `chain * MAX_RULES + rule`.

@@ -254,8 +254,13 @@ pub mod flags {
     pub const KERNEL_CT4: u32 = 1 << 17;
     /// The same for IPv6.
     pub const KERNEL_CT6: u32 = 1 << 18;
+    /// Both maps of every address dimension looked up (the host map, then the trie on a
+    /// miss), whatever a chain's description says they can answer
+    /// ([`crate::constrained::SRC_NO_HOSTS`] and the like): what those skips save.
+    pub const DIAG_ALL_ADDR_LOOKUPS: u32 = 1 << 19;
     /// Every diagnostic flag.
-    pub const DIAG_ALL: u32 = DIAG_NO_MIRROR
+    pub const DIAG_ALL: u32 = DIAG_ALL_ADDR_LOOKUPS
+        | DIAG_NO_MIRROR
         | DIAG_NO_FIB
         | DIAG_NO_CT
         | DIAG_NO_CT_COMMIT

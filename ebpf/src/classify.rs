@@ -215,7 +215,11 @@ macro_rules! slot_eval {
                         i += 1;
                     }
                 }
-                let cons = info.constrained;
+                let cons = if q.all_lookups {
+                    info.constrained & !constrained::NO_LOOKUPS
+                } else {
+                    info.constrained
+                };
                 let done = 'dims: {
                     if cons & constrained::IIF != 0 {
                         let ik = IfKey {
@@ -538,6 +542,7 @@ pub(crate) fn classify(route: &Route) -> u32 {
             iif,
             oif: 0,
             state,
+            all_lookups: route.all_lookups,
         };
     }
     // SAFETY: as above.

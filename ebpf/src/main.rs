@@ -210,6 +210,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             cache,
             unknown,
             first_reply,
+            all_lookups: false,
         }
     } else {
         let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
@@ -228,6 +229,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             cache,
             unknown,
             first_reply,
+            all_lookups: diag & flags::DIAG_ALL_ADDR_LOOKUPS != 0,
         }
     };
     // SAFETY: as above.
@@ -410,6 +412,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         cache,
         unknown: tracked & CT_UNKNOWN != 0,
         first_reply: false,
+        all_lookups: false,
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };

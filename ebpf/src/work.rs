@@ -62,6 +62,9 @@ pub(crate) struct Route {
     /// ([`crate::conntrack::CT_FIRST_REPLY`]): its commit makes the other direction's cached
     /// verdict stale.
     pub(crate) first_reply: bool,
+    /// Every address map looked up, whatever the chains' descriptions skip (the benchmark's
+    /// `DIAG_ALL_ADDR_LOOKUPS`).
+    pub(crate) all_lookups: bool,
 }
 
 /// Inputs of one chain evaluation besides the packet, which the chain bodies read from `WORK`
@@ -75,4 +78,6 @@ pub(crate) struct Query {
     pub(crate) iif: u32,
     pub(crate) oif: u32,
     pub(crate) state: u32,
+    /// [`Route::all_lookups`].
+    pub(crate) all_lookups: bool,
 }
