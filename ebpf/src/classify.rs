@@ -98,6 +98,27 @@ pub(crate) fn step_masked<const NW: usize>(
     any != 0
 }
 
+/// Where [`constrained::SRC_NO_HOSTS`] and [`constrained::SRC_NO_PREFIXES`] sit in a chain's
+/// `constrained` (shifted down by it, they are bits 0 and 1), and the destination's pair.
+const SRC_SKIPS: u32 = constrained::SRC_NO_HOSTS.trailing_zeros();
+const DST_SKIPS: u32 = constrained::DST_NO_HOSTS.trailing_zeros();
+const _: () = assert!(
+    constrained::SRC_NO_PREFIXES == constrained::SRC_NO_HOSTS << 1
+        && constrained::DST_NO_PREFIXES == constrained::DST_NO_HOSTS << 1
+);
+
+/// An address dimension's answer as the chain's description has it looked up: the host map
+/// unless `skips` bit 0 (no host entry), then on a miss the trie unless bit 1 (no prefix).
+#[inline(always)]
+fn described<'a>(
+    skips: u32,
+    host: impl FnOnce() -> Option<&'a Bitmap>,
+    trie: impl FnOnce() -> Option<&'a Bitmap>,
+) -> Option<&'a Bitmap> {
+    let found = if skips & 1 == 0 { host() } else { None };
+    found.or_else(|| if skips & 2 == 0 { trie() } else { None })
+}
+
 pub(crate) fn addr_data(chain: u32, p: &Pkt, addr: &[u8; 16]) -> AddrKeyData {
     AddrKeyData {
         chain: chain.to_be_bytes(),
@@ -253,15 +274,12 @@ macro_rules! slot_eval {
                     if cons & constrained::SRC != 0
                         && !step_masked::<NW>(
                             acc,
-                            (cons & constrained::SRC_NO_HOSTS == 0)
+                            described(
+                                cons >> SRC_SKIPS,
                                 // SAFETY: read-only lookup of plain data.
-                                .then(|| unsafe { $srch.get(&addr_data(chain, p, &p.src)) })
-                                .flatten()
-                                .or_else(|| {
-                                    (cons & constrained::SRC_NO_PREFIXES == 0)
-                                        .then(|| $src.get(addr_key(chain, p, &p.src)))
-                                        .flatten()
-                                }),
+                                || unsafe { $srch.get(&addr_data(chain, p, &p.src)) },
+                                || $src.get(addr_key(chain, p, &p.src)),
+                            ),
                             $masks.get(chain * 4 + dim::SRC),
                         )
                     {
@@ -270,15 +288,12 @@ macro_rules! slot_eval {
                     if cons & constrained::DST != 0
                         && !step_masked::<NW>(
                             acc,
-                            (cons & constrained::DST_NO_HOSTS == 0)
+                            described(
+                                cons >> DST_SKIPS,
                                 // SAFETY: read-only lookup of plain data.
-                                .then(|| unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) })
-                                .flatten()
-                                .or_else(|| {
-                                    (cons & constrained::DST_NO_PREFIXES == 0)
-                                        .then(|| $dst.get(addr_key(chain, p, &p.dst)))
-                                        .flatten()
-                                }),
+                                || unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) },
+                                || $dst.get(addr_key(chain, p, &p.dst)),
+                            ),
                             $masks.get(chain * 4 + dim::DST),
                         )
                     {
