@@ -2,12 +2,14 @@
 //! Hooks are run in path order with `bpf_loop`, chains in priority order.
 
 use aya_ebpf::helpers::generated::bpf_loop;
-use aya_ebpf::maps::lpm_trie::Key;
 use peerwall_common::{
-    constrained, ct, dim, family, hook, ActionCode, AddrKeyData, Bitmap, DimMasks, HookChains,
-    IfKey, PortKeyData, ProtoKey, CACHED_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, WORDS,
+    constrained, ct, dim, family, hook, ActionCode, HookChains, IfKey, ProtoKey, CACHED_COUNTERS,
+    MAX_HOOK_CHAINS, MAX_RULES, WORDS,
 };
 
+use crate::dims::{
+    addr_data, addr_key, copy_bitmap, described, port_key, step, step_masked, DST_SKIPS, SRC_SKIPS,
+};
 use crate::maps::{
     ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DST0, DST1, DSTH0,
     DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, LAST, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0,
@@ -36,115 +38,6 @@ pub(crate) const NO_RULE: u32 = u32::MAX;
 /// chain's rule count, and each is a function of its own, so the stack holds one of them
 /// (inlined side by side, their frames added up past the 512 bytes XDP's call chain has).
 pub(crate) const ONE_WORD_RULES: u32 = 64;
-
-/// `to = *from`, all 16 words, volatile: as an assignment LLVM calls the linked `memmove`,
-/// which copies a byte per iteration (128 for a bitmap, on every chain of more than 64 rules),
-/// and inlined as plain words it spills them to a stack frame the call chain has no room for.
-#[inline(never)]
-fn copy_bitmap(to: &mut Bitmap, from: &Bitmap) {
-    let mut i = 0;
-    while i < WORDS {
-        // SAFETY: both in bounds, of valid memory (references).
-        unsafe { core::ptr::write_volatile(&mut to.w[i], core::ptr::read_volatile(&from.w[i])) };
-        i += 1;
-    }
-}
-
-/// acc &= b over the first `NW` words; whether any bit is left. A missing bitmap allows no
-/// rule.
-#[inline(always)]
-pub(crate) fn step<const NW: usize>(acc: &mut Bitmap, b: Option<&Bitmap>) -> bool {
-    let Some(b) = b else {
-        return false;
-    };
-    let mut any = 0u64;
-    let mut i = 0;
-    while i < NW {
-        acc.w[i] &= b.w[i];
-        any |= acc.w[i];
-        i += 1;
-    }
-    any != 0
-}
-
-/// acc &= (lookup ^ neg) | any over the first `NW` words; a missing lookup is an empty bitmap.
-#[inline(always)]
-pub(crate) fn step_masked<const NW: usize>(
-    acc: &mut Bitmap,
-    l: Option<&Bitmap>,
-    m: Option<&DimMasks>,
-) -> bool {
-    let Some(m) = m else {
-        return false;
-    };
-    let mut any = 0u64;
-    let mut i = 0;
-    match l {
-        Some(b) => {
-            while i < NW {
-                acc.w[i] &= (b.w[i] ^ m.neg.w[i]) | m.any.w[i];
-                any |= acc.w[i];
-                i += 1;
-            }
-        }
-        None => {
-            while i < NW {
-                acc.w[i] &= m.neg.w[i] | m.any.w[i];
-                any |= acc.w[i];
-                i += 1;
-            }
-        }
-    }
-    any != 0
-}
-
-/// Where [`constrained::SRC_NO_HOSTS`] and [`constrained::SRC_NO_PREFIXES`] sit in a chain's
-/// `constrained` (shifted down by it, they are bits 0 and 1), and the destination's pair.
-const SRC_SKIPS: u32 = constrained::SRC_NO_HOSTS.trailing_zeros();
-const DST_SKIPS: u32 = constrained::DST_NO_HOSTS.trailing_zeros();
-const _: () = assert!(
-    constrained::SRC_NO_PREFIXES == constrained::SRC_NO_HOSTS << 1
-        && constrained::DST_NO_PREFIXES == constrained::DST_NO_HOSTS << 1
-);
-
-/// An address dimension's answer as the chain's description has it looked up: the host map
-/// unless `skips` bit 0 (no host entry), then on a miss the trie unless bit 1 (no prefix).
-#[inline(always)]
-fn described<'a>(
-    skips: u32,
-    host: impl FnOnce() -> Option<&'a Bitmap>,
-    trie: impl FnOnce() -> Option<&'a Bitmap>,
-) -> Option<&'a Bitmap> {
-    let found = if skips & 1 == 0 { host() } else { None };
-    found.or_else(|| if skips & 2 == 0 { trie() } else { None })
-}
-
-pub(crate) fn addr_data(chain: u32, p: &Pkt, addr: &[u8; 16]) -> AddrKeyData {
-    AddrKeyData {
-        chain: chain.to_be_bytes(),
-        family: (p.family as u32).to_be_bytes(),
-        addr: *addr,
-    }
-}
-
-pub(crate) fn addr_key(chain: u32, p: &Pkt, addr: &[u8; 16]) -> Key<AddrKeyData> {
-    let bits = if p.family == family::V4 { 32 } else { 128 };
-    Key::new(
-        peerwall_common::ADDR_KEY_FIXED_BITS + bits,
-        addr_data(chain, p, addr),
-    )
-}
-
-pub(crate) fn port_key(chain: u32, port: u16) -> Key<PortKeyData> {
-    Key::new(
-        peerwall_common::PORT_KEY_FIXED_BITS + 16,
-        PortKeyData {
-            chain: chain.to_be_bytes(),
-            port: port.to_be_bytes(),
-            _pad: [0; 2],
-        },
-    )
-}
 
 macro_rules! slot_eval {
     ($name:ident, $src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident,

@@ -34,7 +34,7 @@
 //! from `WORK`. That took a tc program from 430,000 walked instructions (over a second to
 //! load) to under 50,000 (`tests/bpf.rs`, `verifier_accepts_the_largest_policy`, bounds it).
 //!
-//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`], [`classify`],
+//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`], [`classify`] (one dimension's lookup in [`dims`]),
 //! [`route`] (with the local-address mirror, [`local`]), [`reject`], [`l2`] (the tc entry
 //! of every device type), [`events`], [`mem`] (zeroing a word at a time); the program entries (tc and XDP) are here; [`bare`] is
 //! the benchmark's baseline.
@@ -51,6 +51,7 @@ mod cache;
 mod classify;
 mod conntrack;
 mod ct_args;
+mod dims;
 mod events;
 mod flow;
 mod kernel_ct;

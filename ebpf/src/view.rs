@@ -3,7 +3,7 @@
 //! destination in the live slot's `VIEW` trie. Only the parsed copy changes; the packet goes
 //! on untouched and netfilter performs the NAT itself.
 
-use crate::classify::addr_key;
+use crate::dims::addr_key;
 use crate::maps::{VIEW0, VIEW1};
 use crate::parse::Pkt;
 
