@@ -203,8 +203,7 @@ impl ChainMaps {
             ir::Dir::Src => &self.src,
             ir::Dir::Dst => &self.dst,
         };
-        v.iter()
-            .any(|(n, _)| (n.prefix_len() == n.max_prefix_len()) == host)
+        v.iter().any(|(n, _)| is_host(n) == host)
     }
 
     /// `RULES` values, by rule position.
@@ -218,6 +217,11 @@ impl ChainMaps {
             })
             .collect()
     }
+}
+
+/// A full-length prefix: one host (what the exact-match maps hold).
+pub fn is_host(n: &IpNet) -> bool {
+    n.prefix_len() == n.max_prefix_len()
 }
 
 /// A `VIEW` entry: destinations in `from` arriving on `ifindex` are seen in `to` by the
@@ -279,9 +283,7 @@ impl BpfPolicy {
             .iter()
             .map(|c| {
                 let v = if src { &c.src } else { &c.dst };
-                v.iter()
-                    .filter(|(n, _)| n.prefix_len() == n.max_prefix_len())
-                    .count()
+                v.iter().filter(|(n, _)| is_host(n)).count()
             })
             .sum()
     }

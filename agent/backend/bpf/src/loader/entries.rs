@@ -96,10 +96,7 @@ pub fn port_key(chain: u32, port: u16, len: u8) -> Key<PortKeyData> {
 
 pub(super) type KeyBytes = Vec<u8>;
 
-/// A full-length prefix: one host.
-pub(super) fn is_host(n: &IpNet) -> bool {
-    n.prefix_len() == n.max_prefix_len()
-}
+pub(super) use crate::maps::is_host;
 
 pub(super) fn bytes_of<T: Pod>(v: &T) -> Vec<u8> {
     // SAFETY: Pod types are plain bytes.

@@ -39,7 +39,6 @@ fn described_addr<'a>(
     no_hosts: bool,
     no_prefixes: bool,
 ) -> Option<&'a Bitmap> {
-    let is_host = |n: &IpNet| n.prefix_len() == n.max_prefix_len();
     let host = || {
         entries
             .iter()
