@@ -300,7 +300,7 @@ fn measure(
     let agent = server.peerwall_logging(
         &format!("agent-{backend}-{n}"),
         &args,
-        "info,kube=warn,peerwall_backend_bpf::loader=debug",
+        "info,kube=warn,peerwall_backend_bpf::loader=debug,peerwall_kube::agent=debug",
     );
     let which: Vec<usize> = (0..n).collect();
     let mut start = wait_enforced(&probes, &which, started, &agent);

@@ -45,6 +45,7 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use kube::runtime::reflector;
 use kube::Resource;
 use serde_json::json;
+use tracing::Instrument;
 
 use crate::enforcement::Enforcement;
 use crate::watched::{Answer, ConfigObject, SliceObject, Watched};
@@ -651,7 +652,64 @@ pub fn run(
     rt.block_on(async move {
         let client = super::client().await?;
         let changed = Arc::new(super::Changes::default());
-        let mut watches = Watches::start(&client, &settings, &changed).await?;
+        let watches = Watches::start(&client, &settings, &changed).await?;
+        serve(client, changed, watches, settings, enforcement, stop).await
+    })
+}
+
+/// [`run`] with the enforcer opened by `open` on this thread *while* the watches make their
+/// first lists: a gateway's datapath load (maps, verifier: this node's CPUs) and its policy
+/// source's listing (a round trip to the API server) overlap, so the first apply follows
+/// whichever ends last, not their sum (`cargo xtask bench-peers`). `open` puts the boot policy
+/// in force itself where one is held: nothing is applied before it returns.
+pub fn run_opening(
+    settings: Settings,
+    open: impl FnOnce() -> anyhow::Result<Enforcement>,
+    stop: Arc<crate::shutdown::Shutdown>,
+) -> anyhow::Result<()> {
+    let rt = super::runtime()?;
+    let changed = Arc::new(super::Changes::default());
+    let started = std::time::Instant::now();
+    let listing = {
+        let (settings, changed) = (settings.clone(), changed.clone());
+        let span = tracing::Span::current();
+        rt.spawn(
+            async move {
+                let client = super::client().await?;
+                let watches = Watches::start(&client, &settings, &changed).await?;
+                let ms = started.elapsed().as_secs_f64() * 1e3;
+                tracing::debug!(ms, "the policy source listed");
+                anyhow::Ok((client, watches))
+            }
+            .instrument(span),
+        )
+    };
+    // On this thread, outside the runtime: its workers drive the listing meanwhile. Opened
+    // (its boot policy held) whatever becomes of the listing.
+    let mut enforcement = open()?;
+    let ms = started.elapsed().as_secs_f64() * 1e3;
+    tracing::debug!(
+        ms,
+        "the enforcer opened, beside the policy source's listing"
+    );
+    rt.block_on(async move {
+        let (client, watches) = listing
+            .await
+            .context("the policy source's first listing stopped")??;
+        serve(client, changed, watches, settings, &mut enforcement, stop).await
+    })
+}
+
+/// The agent's rounds, once the enforcer is open and the watches have listed: until `stop`.
+async fn serve(
+    client: kube::Client,
+    changed: Arc<super::Changes>,
+    mut watches: Watches,
+    settings: Settings,
+    enforcement: &mut Enforcement,
+    stop: Arc<crate::shutdown::Shutdown>,
+) -> anyhow::Result<()> {
+    {
         let api = Api::all_with(client.clone(), &super::fwc_resource());
         let mut agent = Agent::new(client, api, settings, enforcement.backend_name());
         // Stale finalizers are released after the first round: their list is no reason to
@@ -704,7 +762,7 @@ pub fn run(
         }
         tracing::info!("agent stopping; enforcement stays in place");
         Ok(())
-    })
+    }
 }
 
 /// What the agent watches: peerwall's FirewallConfigurations for this host, Liqo's ones it

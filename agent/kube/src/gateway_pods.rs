@@ -253,53 +253,61 @@ impl Supervisor {
             uid: g.uid.clone(),
             pins: pins.clone(),
         };
-        let (pin_name, gateway, peer) = (g.pin_name(), g.name.clone(), g.peer.clone());
+        let (pin_name, gateway) = (g.pin_name(), g.name.clone());
         // bpf loads take turns; an nftables gateway opens in milliseconds.
         let gate =
             (backend.kind == peerwall_backend_select::BackendKind::Bpf).then(|| self.gate.clone());
         let ns = ns_path.to_string_lossy().into_owned();
+        // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath classifies
+        // at ingress and needs the rewrites (watched from the start, with the configurations).
+        if backend.kind.classifies_before_nat() {
+            agent.observe = pods::observed_selectors(&g.peer);
+        }
         let thread = std::thread::Builder::new()
             .name(format!("gw-{}", g.pin_name()))
             .spawn(move || {
                 let _e = span.enter();
-                // A bpf gateway may wait for its turn: its boot policy goes in first, as the
-                // nftables table the bpf backend would hold it in, unless a datapath pinned
-                // for it still filters (a restarted agent: what is in force stays).
-                if let (Some(_), Some(b)) = (&gate, boot.as_mut()) {
-                    if !peerwall_backend_select::installed::still_filtering(&backend.pin_dir) {
-                        hold_boot_early(b, &backend, &ns);
+                let open = move || {
+                    // A bpf gateway may wait for its turn: its boot policy goes in first, as
+                    // the nftables table the bpf backend would hold it in, unless a datapath
+                    // pinned for it still filters (a restarted agent: what is in force stays).
+                    // Before the load, not beside it: the load asks which families the kernel
+                    // tracks here, and the boot table's tracking is part of the answer.
+                    if let (Some(_), Some(b)) = (&gate, boot.as_mut()) {
+                        if !peerwall_backend_select::installed::still_filtering(&backend.pin_dir)
+                        {
+                            hold_boot_early(b, &backend, &ns);
+                        }
                     }
-                }
-                let turn = gate.map(|g| g.wait(gate::LONGEST_WAIT));
-                let mut enforcer = peerwall_backend_select::open(&backend, Some(&ns))
-                    .with_context(|| format!("starting the enforcer in {ns}"))?;
-                // The verifier now, in the turn; the policy source's listing after it, out of
-                // the turn (it waits on the API server, not on this node's CPUs). A failure
-                // here is the first apply's to report: it loads again.
-                if let Err(e) = enforcer.warm_up() {
-                    tracing::warn!(error = %format!("{e:#}"), "could not verify the datapath before the policy arrived; the first apply tries again");
-                }
-                drop(turn);
-                // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath
-                // classifies at ingress and needs the rewrites.
-                if enforcer.classifies_before_nat() {
-                    agent.observe = pods::observed_selectors(&peer);
-                }
-                let mut enforcement = crate::enforcement::Enforcement::new(enforcer, metrics)
-                    .audit_all(audit)
-                    .with_boot(boot);
-                // At once, not after the policy source's first listing: the tunnel may come
-                // up meanwhile.
-                enforcement.hold_boot();
-                if let Err(e) = handles::write(Path::new(handles::HANDLES), &pin_name, &handle) {
-                    tracing::warn!(gateway = %gateway, error = %e, "could not record the gateway for `peerwall … --gateway`");
-                }
-                if events {
-                    if let Err(e) = enforcement.start_events() {
-                        tracing::error!(error = %e, "no events from this gateway");
+                    let turn = gate.map(|g| g.wait(gate::LONGEST_WAIT));
+                    let mut enforcer = peerwall_backend_select::open(&backend, Some(&ns))
+                        .with_context(|| format!("starting the enforcer in {ns}"))?;
+                    // The verifier now, in the turn. A failure here is the first apply's to
+                    // report: it loads again.
+                    if let Err(e) = enforcer.warm_up() {
+                        tracing::warn!(error = %format!("{e:#}"), "could not verify the datapath before the policy arrived; the first apply tries again");
                     }
-                }
-                super::agent::run(agent, &mut enforcement, worker_stop)
+                    drop(turn);
+                    let mut enforcement = crate::enforcement::Enforcement::new(enforcer, metrics)
+                        .audit_all(audit)
+                        .with_boot(boot);
+                    // At once, not after the policy source's first listing: the tunnel may
+                    // come up meanwhile (held already where it went in before the load).
+                    enforcement.hold_boot();
+                    if let Err(e) = handles::write(Path::new(handles::HANDLES), &pin_name, &handle)
+                    {
+                        tracing::warn!(gateway = %gateway, error = %e, "could not record the gateway for `peerwall … --gateway`");
+                    }
+                    if events {
+                        if let Err(e) = enforcement.start_events() {
+                            tracing::error!(error = %e, "no events from this gateway");
+                        }
+                    }
+                    Ok(enforcement)
+                };
+                // The policy source lists while the enforcer opens (its datapath loads):
+                // the first apply follows whichever ends last.
+                super::agent::run_opening(agent, open, worker_stop)
             })
             .context("starting the gateway's agent thread")?;
         let after = self.seen.get(&g.uid).map(|(t, _)| t.elapsed().as_millis());

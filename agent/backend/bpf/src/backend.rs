@@ -20,6 +20,11 @@ use crate::routing::watch::RouteWatch;
 /// The backend's name, as `--backend` spells it.
 pub const NAME: &str = "bpf";
 
+/// The datapath classifies at tc ingress, before prerouting's DNAT
+/// ([`peerwall_backend::Backend::classifies_before_nat`]): known before it is opened, so a
+/// gateway's policy source can watch the NAT it needs while the datapath loads.
+pub const CLASSIFIES_BEFORE_NAT: bool = true;
+
 /// Where a gateway's boot policy holds until its tunnel is attached: nftables tables
 /// ([`HoldBoot`]). Given by whoever builds the backend (this crate neither renders nor
 /// writes nftables).
@@ -502,7 +507,7 @@ impl Enforce for BpfBackend {
 
     /// At tc ingress, before prerouting's DNAT.
     fn classifies_before_nat(&self) -> bool {
-        true
+        CLASSIFIES_BEFORE_NAT
     }
 }
 

@@ -37,6 +37,16 @@ impl BackendKind {
             Self::Bpf => peerwall_backend_bpf::backend::NAME,
         }
     }
+
+    /// Whether this backend's datapath classifies before the host's NAT
+    /// (`Backend::classifies_before_nat` of every enforcer it opens), known before one is
+    /// opened: a gateway's policy source then watches the NAT while the datapath loads.
+    pub fn classifies_before_nat(self) -> bool {
+        match self {
+            Self::Nftables => false,
+            Self::Bpf => peerwall_backend_bpf::backend::CLASSIFIES_BEFORE_NAT,
+        }
+    }
 }
 
 impl std::fmt::Display for BackendKind {
