@@ -97,7 +97,6 @@ impl Conntrack {
     /// entries is what revokes; the switch only makes a later mid-stream segment `invalid`
     /// instead of `new` for the policy in force to judge.
     pub fn end(&self, flows: &[Flow]) -> Result<usize, NftError> {
-        const ACTION: &str = "ending tracked connections (ctnetlink delete)";
         if flows.is_empty() {
             return Ok(0);
         }
@@ -106,6 +105,16 @@ impl Conntrack {
             SAID.call_once(|| {
                 tracing::warn!(error = %e, "conntrack may pick connections up mid-stream here (the switch is read-only in this container); ending them anyway");
             });
+        }
+        self.delete(flows)
+    }
+
+    /// Delete these connections' entries, one lookup each (no walk of the table, and the
+    /// mid-stream switch left as it is); how many existed.
+    pub fn delete(&self, flows: &[Flow]) -> Result<usize, NftError> {
+        const ACTION: &str = "ending tracked connections (ctnetlink delete)";
+        if flows.is_empty() {
+            return Ok(0);
         }
         let sock = self.socket(ACTION)?;
         let mut ended = std::collections::BTreeSet::new();

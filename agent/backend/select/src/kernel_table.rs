@@ -53,9 +53,10 @@ impl KernelTable for CtTable {
 
 /// Whether the kernel tracks connections of a family in this namespace (a NAT rule or a
 /// conntrack match of that family makes it; a Liqo gateway's remapping does): a datagram
-/// from a socket of its own over loopback, then whether ctnetlink lists it (the entry is
-/// deleted again). IPv4 with `v6` false, IPv6 with it true; false where loopback cannot
-/// carry it (down, or without the family's address).
+/// from a socket of its own over loopback, then whether ctnetlink can delete its entry (one
+/// lookup of its tuple; a listing walked the whole table, every namespace's buckets, twice
+/// per gateway load: `cargo xtask bench-peers`). IPv4 with `v6` false, IPv6 with it true;
+/// false where loopback cannot carry it (down, or without the family's address).
 pub fn tracks(v6: bool) -> bool {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, UdpSocket};
     let lo: IpAddr = if v6 {
@@ -80,12 +81,7 @@ pub fn tracks(v6: bool) -> bool {
         sport: from.port(),
         dport: 9,
     };
-    let ct = Conntrack::default();
-    let found = ct
-        .list()
-        .is_ok_and(|all| all.iter().any(|t| t.orig == probe));
-    if found {
-        let _ = ct.end(&[probe]);
-    }
-    found
+    Conntrack::default()
+        .delete(&[probe])
+        .is_ok_and(|deleted| deleted == 1)
 }
