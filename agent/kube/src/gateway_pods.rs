@@ -21,6 +21,7 @@ pub mod cni;
 pub mod gate;
 pub mod handles;
 pub mod netns;
+mod opening;
 pub mod pods;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -221,11 +222,17 @@ impl Supervisor {
             m.gateways.insert(g.peer.clone(), metrics.clone());
         }
         let peer_sel = format!("{}={}", super::PEER, g.peer);
-        let mut agent = super::agent::Settings {
+        let agent = super::agent::Settings {
             selector: format!("{},{peer_sel}", s.selector),
             liqo_selector: None,
-            // Set once the enforcer is open (it says whether it classifies before NAT).
-            observe: Vec::new(),
+            // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath
+            // classifies at ingress and needs the rewrites, watched from the start with the
+            // configurations (while the datapath loads).
+            observe: if backend.kind.classifies_before_nat() {
+                pods::observed_selectors(&g.peer)
+            } else {
+                Vec::new()
+            },
             // Liqo's gateway binds the configurations it applies to its own pod.
             liqo_target: g
                 .name
@@ -239,75 +246,35 @@ impl Supervisor {
         };
         let stop = Shutdown::new();
         let worker_stop = stop.clone();
-        let (events, audit) = (s.backend.events.is_some(), s.audit);
         let span = tracing::info_span!("gateway", peer = %g.peer, pod = %g.name);
-        // Until the peer's configuration is in force, its boot policy is.
-        let mut boot = crate::enforcement::Boot::for_peer(&g.peer)
-            .map_err(
-                |e| tracing::error!(peer = %g.peer, error = %e, "the boot policy does not compile"),
-            )
-            .ok();
-        let handle = handles::Handle {
-            peer: g.peer.clone(),
-            pod: g.name.clone(),
-            uid: g.uid.clone(),
-            pins: pins.clone(),
+        let opening = opening::Opening {
+            // bpf loads take turns; an nftables gateway opens in milliseconds.
+            gate: (backend.kind == peerwall_backend_select::BackendKind::Bpf)
+                .then(|| self.gate.clone()),
+            backend,
+            ns: ns_path.to_string_lossy().into_owned(),
+            // Until the peer's configuration is in force, its boot policy is.
+            boot: crate::enforcement::Boot::for_peer(&g.peer)
+                .map_err(|e| tracing::error!(peer = %g.peer, error = %e, "the boot policy does not compile"))
+                .ok(),
+            metrics,
+            audit: s.audit,
+            events: s.backend.events.is_some(),
+            pin_name: g.pin_name(),
+            handle: handles::Handle {
+                peer: g.peer.clone(),
+                pod: g.name.clone(),
+                uid: g.uid.clone(),
+                pins: pins.clone(),
+            },
         };
-        let (pin_name, gateway) = (g.pin_name(), g.name.clone());
-        // bpf loads take turns; an nftables gateway opens in milliseconds.
-        let gate =
-            (backend.kind == peerwall_backend_select::BackendKind::Bpf).then(|| self.gate.clone());
-        let ns = ns_path.to_string_lossy().into_owned();
-        // nftables' forward hook sees through Liqo's NAT by itself; the bpf datapath classifies
-        // at ingress and needs the rewrites (watched from the start, with the configurations).
-        if backend.kind.classifies_before_nat() {
-            agent.observe = pods::observed_selectors(&g.peer);
-        }
         let thread = std::thread::Builder::new()
             .name(format!("gw-{}", g.pin_name()))
             .spawn(move || {
                 let _e = span.enter();
-                let open = move || {
-                    // A bpf gateway may wait for its turn: its boot policy goes in first, as
-                    // the nftables table the bpf backend would hold it in, unless a datapath
-                    // pinned for it still filters (a restarted agent: what is in force stays).
-                    // Before the load, not beside it: the load asks which families the kernel
-                    // tracks here, and the boot table's tracking is part of the answer.
-                    if let (Some(_), Some(b)) = (&gate, boot.as_mut()) {
-                        if !peerwall_backend_select::installed::still_filtering(&backend.pin_dir)
-                        {
-                            hold_boot_early(b, &backend, &ns);
-                        }
-                    }
-                    let turn = gate.map(|g| g.wait(gate::LONGEST_WAIT));
-                    let mut enforcer = peerwall_backend_select::open(&backend, Some(&ns))
-                        .with_context(|| format!("starting the enforcer in {ns}"))?;
-                    // The verifier now, in the turn. A failure here is the first apply's to
-                    // report: it loads again.
-                    if let Err(e) = enforcer.warm_up() {
-                        tracing::warn!(error = %format!("{e:#}"), "could not verify the datapath before the policy arrived; the first apply tries again");
-                    }
-                    drop(turn);
-                    let mut enforcement = crate::enforcement::Enforcement::new(enforcer, metrics)
-                        .audit_all(audit)
-                        .with_boot(boot);
-                    // At once, not after the policy source's first listing: the tunnel may
-                    // come up meanwhile (held already where it went in before the load).
-                    enforcement.hold_boot();
-                    if let Err(e) = handles::write(Path::new(handles::HANDLES), &pin_name, &handle)
-                    {
-                        tracing::warn!(gateway = %gateway, error = %e, "could not record the gateway for `peerwall … --gateway`");
-                    }
-                    if events {
-                        if let Err(e) = enforcement.start_events() {
-                            tracing::error!(error = %e, "no events from this gateway");
-                        }
-                    }
-                    Ok(enforcement)
-                };
                 // The policy source lists while the enforcer opens (its datapath loads):
                 // the first apply follows whichever ends last.
-                super::agent::run_opening(agent, open, worker_stop)
+                super::agent::run_opening(agent, || opening.open(), worker_stop)
             })
             .context("starting the gateway's agent thread")?;
         let after = self.seen.get(&g.uid).map(|(t, _)| t.elapsed().as_millis());
@@ -424,27 +391,6 @@ impl Supervisor {
             tracing::info!(handle = %name, "removing the handle of a gateway no longer on this node");
             handles::remove(dir, &name);
         }
-    }
-}
-
-/// Put `boot` in force in the namespace `ns` through an nftables enforcer, as the bpf backend
-/// holds it until its datapath filters the tunnel (and releases it then, by name).
-fn hold_boot_early(
-    boot: &mut crate::enforcement::Boot,
-    s: &peerwall_backend_select::Settings,
-    ns: &str,
-) {
-    let nft = peerwall_backend_select::Settings {
-        kind: peerwall_backend_select::BackendKind::Nftables,
-        events: None,
-        ..s.clone()
-    };
-    let held =
-        peerwall_backend_select::open(&nft, Some(ns)).and_then(|mut b| boot.hold_in(b.as_mut()));
-    match held {
-        Ok(true) => tracing::info!("boot policy held in nftables while the gateway waits for its turn to load the datapath"),
-        Ok(false) => {}
-        Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not hold the boot policy before loading the datapath (held once it is loaded)"),
     }
 }
 

@@ -21,7 +21,7 @@ use crate::routing::watch::RouteWatch;
 pub const NAME: &str = "bpf";
 
 /// The datapath classifies at tc ingress, before prerouting's DNAT
-/// ([`peerwall_backend::Backend::classifies_before_nat`]): known before it is opened, so a
+/// ([`peerwall_backend::Enforce::classifies_before_nat`]): known before it is opened, so a
 /// gateway's policy source can watch the NAT it needs while the datapath loads.
 pub const CLASSIFIES_BEFORE_NAT: bool = true;
 
