@@ -709,60 +709,58 @@ async fn serve(
     enforcement: &mut Enforcement,
     stop: Arc<crate::shutdown::Shutdown>,
 ) -> anyhow::Result<()> {
-    {
-        let api = Api::all_with(client.clone(), &super::fwc_resource());
-        let mut agent = Agent::new(client, api, settings, enforcement.backend_name());
-        // Stale finalizers are released after the first round: their list is no reason to
-        // keep a new gateway behind its boot policy one more round trip.
-        let mut released = false;
-        let mut dirty = true;
-        let mut summarized = std::time::Instant::now();
-        while !stop.is_set() {
-            if let Some(period) = agent.settings.drop_summary {
-                if summarized.elapsed() >= period {
-                    summarized = std::time::Instant::now();
-                    agent
-                        .publish_drops(&watches.configs.state(), enforcement.drop_summary(), period)
-                        .await;
-                }
-            }
-            let retry_due = agent
-                .retry
-                .is_some_and(|(at, _)| std::time::Instant::now() >= at);
-            if dirty || retry_due || enforcement.environment_changed() {
-                // Debounce: let a burst of events settle into one round (short: a round that
-                // only moves slices costs O(changes)).
-                tokio::time::sleep(DEBOUNCE).await;
+    let api = Api::all_with(client.clone(), &super::fwc_resource());
+    let mut agent = Agent::new(client, api, settings, enforcement.backend_name());
+    // Stale finalizers are released after the first round: their list is no reason to
+    // keep a new gateway behind its boot policy one more round trip.
+    let mut released = false;
+    let mut dirty = true;
+    let mut summarized = std::time::Instant::now();
+    while !stop.is_set() {
+        if let Some(period) = agent.settings.drop_summary {
+            if summarized.elapsed() >= period {
+                summarized = std::time::Instant::now();
                 agent
-                    .round(
-                        enforcement,
-                        watches.objects(),
-                        watches.slices(),
-                        &watches.tenants(),
-                    )
+                    .publish_drops(&watches.configs.state(), enforcement.drop_summary(), period)
                     .await;
-                if !released {
-                    agent.release_unselected(&watches.configs).await;
-                    released = true;
-                }
-            } else {
-                tokio::task::block_in_place(|| enforcement.maintain());
             }
-            agent.pump().await;
-            // Not ready while the API server is away (what is in force stays in force).
-            enforcement.set_source_connected(changed.connected());
-            // The switch flipped: the conditions say so at the next round.
-            let switch_moved = enforcement.switch_on() != agent.switch_reported;
-            dirty = tokio::select! {
-                _ = stop.wait() => break,
-                woke = tokio::time::timeout(agent.settings.interval, changed.notify.notified()) => {
-                    woke.is_ok()
-                }
-            } || switch_moved;
         }
-        tracing::info!("agent stopping; enforcement stays in place");
-        Ok(())
+        let retry_due = agent
+            .retry
+            .is_some_and(|(at, _)| std::time::Instant::now() >= at);
+        if dirty || retry_due || enforcement.environment_changed() {
+            // Debounce: let a burst of events settle into one round (short: a round that
+            // only moves slices costs O(changes)).
+            tokio::time::sleep(DEBOUNCE).await;
+            agent
+                .round(
+                    enforcement,
+                    watches.objects(),
+                    watches.slices(),
+                    &watches.tenants(),
+                )
+                .await;
+            if !released {
+                agent.release_unselected(&watches.configs).await;
+                released = true;
+            }
+        } else {
+            tokio::task::block_in_place(|| enforcement.maintain());
+        }
+        agent.pump().await;
+        // Not ready while the API server is away (what is in force stays in force).
+        enforcement.set_source_connected(changed.connected());
+        // The switch flipped: the conditions say so at the next round.
+        let switch_moved = enforcement.switch_on() != agent.switch_reported;
+        dirty = tokio::select! {
+            _ = stop.wait() => break,
+            woke = tokio::time::timeout(agent.settings.interval, changed.notify.notified()) => {
+                woke.is_ok()
+            }
+        } || switch_moved;
     }
+    tracing::info!("agent stopping; enforcement stays in place");
+    Ok(())
 }
 
 /// What the agent watches: peerwall's FirewallConfigurations for this host, Liqo's ones it
