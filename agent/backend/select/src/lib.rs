@@ -39,7 +39,7 @@ impl BackendKind {
     }
 
     /// Whether this backend's datapath classifies before the host's NAT
-    /// (`Backend::classifies_before_nat` of every enforcer it opens), known before one is
+    /// (`Enforce::classifies_before_nat` of every enforcer it opens), known before one is
     /// opened: a gateway's policy source then watches the NAT while the datapath loads.
     pub fn classifies_before_nat(self) -> bool {
         match self {
