@@ -292,3 +292,22 @@ pub struct LoadError {
     #[source]
     pub source: loader::BpfError,
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use peerwall_backend::Enforce;
+
+    /// What a gateway's policy source watches before its enforcer opens is what the opened
+    /// enforcer says it needs (bpf shares the constant its enforcer returns; nftables's
+    /// enforcer is built here without touching the kernel).
+    #[test]
+    fn the_kind_knows_whether_its_enforcer_classifies_before_nat() {
+        let nft = nftables(&Settings::new(BackendKind::Nftables));
+        assert_eq!(
+            nft.classifies_before_nat(),
+            BackendKind::Nftables.classifies_before_nat()
+        );
+        assert!(BackendKind::Bpf.classifies_before_nat());
+    }
+}
