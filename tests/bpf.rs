@@ -1216,6 +1216,114 @@ fn conntracks_shortcut_is_armed_only_while_every_program_keeps_it() {
     let _ = std::fs::remove_file(&file);
 }
 
+/// An upgrade over pins whose `FLOW_SEEN` is of another layout (here this release's before
+/// its pair stamps: 4096 entries): the load makes a new, empty one, so it disarms the
+/// shortcut and withdraws the sweep's vouch (`CT_SWEPT`) before any of its programs attaches.
+/// The programs adopted with their links keep their own map, so the shortcut stays off while
+/// they run; once this release's programs replace them, arming stamps the flows already
+/// tracked, flow and pair, first. An established flow's reply, allowed only as established,
+/// passes throughout. (Armed over the empty map, a program of the new object took the
+/// reply's idle stamps for a new flow, and a stale vouch had the kernel's connections taken
+/// for new ones too.)
+#[test]
+fn a_flow_seen_of_another_layout_is_stamped_before_the_shortcut_trusts_it() {
+    let (t, pins, file) = stateful_gateway("seen-layout");
+    let flow = UdpFlow::open(&t, 5001, 7001);
+    flow.start();
+    assert!(
+        flow.reply_passes("r1"),
+        "the reply of an established flow was dropped"
+    );
+    // `FLOW_SEEN` as pinned before its pair stamps, and a sweep's vouch as the kernel-table
+    // mode leaves it (until ten minutes from now).
+    let seen = pins.0.join("FLOW_SEEN");
+    std::fs::remove_file(&seen).unwrap();
+    must(
+        "bpftool",
+        &[
+            "map",
+            "create",
+            seen.to_str().unwrap_or_default(),
+            "type",
+            "array",
+            "key",
+            "4",
+            "value",
+            "64",
+            "entries",
+            "4096",
+            "name",
+            "FLOW_SEEN",
+            "flags",
+            "1024",
+        ],
+    );
+    let until = clock_monotonic_ns() + 600_000_000_000;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>();
+    map_update(
+        &pins,
+        "CT_SWEPT",
+        &hex(&0u32.to_le_bytes()),
+        &hex(&until.to_le_bytes()),
+    );
+    assert!(flow_seen_armed(&pins));
+    {
+        let mut b = Datapath::load(&pins.0).expect("the new object loads over the old pins");
+        assert!(
+            !b.flow_seen_armed().unwrap(),
+            "the load left the shortcut armed over a FLOW_SEEN it just made"
+        );
+        assert_eq!(
+            b.kernel_swept_until().unwrap(),
+            0,
+            "the load left a sweep vouching for stamps in the dropped FLOW_SEEN"
+        );
+    }
+    // The apply adopts the running links: their programs keep the dropped map, so the
+    // shortcut stays off beside them.
+    apply_bpf(&t.gateway, &pins, &[], &file);
+    assert!(
+        !flow_seen_armed(&pins),
+        "armed beside programs of the old map"
+    );
+    assert!(
+        flow.reply_passes("r2"),
+        "the reply was dropped after the upgrade"
+    );
+    // This release's programs replace them (links gone, as when the gateway's interfaces are
+    // made again): armed, the tracked flow's stamps, its own and its pair's, in the new map.
+    for l in std::fs::read_dir(pins.0.join("links")).unwrap() {
+        std::fs::remove_file(l.unwrap().path()).unwrap();
+    }
+    apply_bpf(&t.gateway, &pins, &[], &file);
+    assert!(flow_seen_armed(&pins), "armed once every link stamps");
+    let key = peerwall_backend_bpf::loader::key_of(&peerwall_backend::Flow {
+        src: "10.10.1.67".parse().unwrap(),
+        dst: "10.20.1.2".parse().unwrap(),
+        proto: 17,
+        sport: 5001,
+        dport: 7001,
+    });
+    let now = peerwall_common::flow_seen_stamp(clock_monotonic_ns());
+    for slot in [
+        peerwall_common::flow_seen_slot(&key, peerwall_common::FLOW_SEEN_SLOTS - 1),
+        peerwall_common::flow_seen_pair_slot(&key),
+    ] {
+        let stamp = seen_entry(&pins, slot);
+        assert!(
+            now.wrapping_sub(stamp) <= 2,
+            "FLOW_SEEN[{slot}] = {stamp}, now {now}"
+        );
+    }
+    // Past the verdict cache's second: the reply is classified, its state from conntrack.
+    std::thread::sleep(std::time::Duration::from_millis(1300));
+    assert!(
+        flow.reply_passes("r3"),
+        "the established flow's reply was dropped once the shortcut was armed again"
+    );
+    let _ = std::fs::remove_file(&file);
+}
+
 /// `CLOCK_MONOTONIC` in ns (`bpf_ktime_get_ns`).
 fn clock_monotonic_ns() -> u64 {
     let mut ts = libc::timespec {

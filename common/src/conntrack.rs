@@ -150,8 +150,17 @@ pub const FLOW_SEEN_SLOTS: u32 = 1 << 17;
 /// Stamps per `FLOW_SEEN` entry ([`SeenLine`]): one 64-byte cache line.
 pub const FLOW_SEEN_LANES: u32 = 32;
 
-/// Entries of the `FLOW_SEEN` map: [`FLOW_SEEN_SLOTS`] stamps, [`FLOW_SEEN_LANES`] to an entry.
-pub const FLOW_SEEN_LINES: u32 = FLOW_SEEN_SLOTS / FLOW_SEEN_LANES;
+/// Pair stamps of `FLOW_SEEN` (a power of two), after its [`FLOW_SEEN_SLOTS`] flow stamps: one
+/// per hash of a flow's two addresses and protocol ([`flow_seen_pair_slot_of_words`]), written
+/// with every flow stamp of that pair. 16 KiB: under a flood of new flows from addresses that
+/// hold no live flow, the pair's stamp (a line of a table small enough to stay in the CPU's
+/// cache) says so, and the flow's own stamp (a cache miss per packet in the large part) is
+/// not read. Where the pair holds a live flow, both are read.
+pub const FLOW_SEEN_PAIRS: u32 = 1 << 13;
+
+/// Entries of the `FLOW_SEEN` map: [`FLOW_SEEN_SLOTS`] flow stamps then [`FLOW_SEEN_PAIRS`] pair
+/// stamps, [`FLOW_SEEN_LANES`] to an entry.
+pub const FLOW_SEEN_LINES: u32 = (FLOW_SEEN_SLOTS + FLOW_SEEN_PAIRS) / FLOW_SEEN_LANES;
 
 /// One `FLOW_SEEN` map entry: the stamps of [`FLOW_SEEN_LANES`] consecutive slots, slot `s` at
 /// entry `s / 32`, lane `s % 32` ([`seen_line_of`]). 64 bytes, no padding; the map is
@@ -191,6 +200,18 @@ pub fn flow_seen_slot(k: &FlowKey, mask: u32) -> u32 {
 /// builds them from the headers, without a [`FlowKey`]).
 #[inline(always)]
 pub fn flow_seen_slot_of_words(w: &[u32; 10], mask: u32) -> u32 {
+    let ports = w[8].to_ne_bytes();
+    let p = u32::from(u16::from_ne_bytes([ports[0], ports[1]]))
+        .wrapping_add(u32::from(u16::from_ne_bytes([ports[2], ports[3]])));
+    let mut x = seen_pair_hash(w) ^ p.wrapping_mul(0x85eb_ca6b) ^ w[9].wrapping_mul(0xc2b2_ae35);
+    x = x.wrapping_mul(0x9e37_79b1);
+    (x ^ (x >> 16)) & mask
+}
+
+/// The two addresses of flow words `w`, each hashed alone and added: the same for a flow and
+/// its reply.
+#[inline(always)]
+fn seen_pair_hash(w: &[u32; 10]) -> u32 {
     let addr = |a: u32, b: u32, c: u32, d: u32| {
         let mut x: u32 = 0x2545_f491;
         for v in [a, b, c, d] {
@@ -199,14 +220,25 @@ pub fn flow_seen_slot_of_words(w: &[u32; 10], mask: u32) -> u32 {
         }
         x
     };
-    let ports = w[8].to_ne_bytes();
-    let p = u32::from(u16::from_ne_bytes([ports[0], ports[1]]))
-        .wrapping_add(u32::from(u16::from_ne_bytes([ports[2], ports[3]])));
-    let mut x = addr(w[0], w[1], w[2], w[3]).wrapping_add(addr(w[4], w[5], w[6], w[7]))
-        ^ p.wrapping_mul(0x85eb_ca6b)
-        ^ w[9].wrapping_mul(0xc2b2_ae35);
-    x = x.wrapping_mul(0x9e37_79b1);
-    (x ^ (x >> 16)) & mask
+    addr(w[0], w[1], w[2], w[3]).wrapping_add(addr(w[4], w[5], w[6], w[7]))
+}
+
+/// The pair stamp of the flow whose [`flow_words`] are `w` and of its reply: a slot of
+/// `FLOW_SEEN` past its flow stamps ([`FLOW_SEEN_SLOTS`] + a hash of the two addresses and
+/// the protocol and family, ports left out, below [`FLOW_SEEN_PAIRS`]). Whoever writes a
+/// flow's stamp writes this one too, with the same time, so that an idle pair stamp says that
+/// every flow between the two addresses is idle. eBPF twin: `ebpf/src/seen.rs`.
+#[inline(always)]
+pub fn flow_seen_pair_slot_of_words(w: &[u32; 10]) -> u32 {
+    let mut x = seen_pair_hash(w) ^ w[9].wrapping_mul(0xc2b2_ae35);
+    x = x.wrapping_mul(0x85eb_ca6b);
+    FLOW_SEEN_SLOTS + ((x ^ (x >> 16)) & (FLOW_SEEN_PAIRS - 1))
+}
+
+/// [`flow_seen_pair_slot_of_words`] of flow `k`.
+#[inline(always)]
+pub fn flow_seen_pair_slot(k: &FlowKey) -> u32 {
+    flow_seen_pair_slot_of_words(&flow_words(k))
 }
 
 /// The `FLOW_SEEN` stamp of time `now_ns` (`bpf_ktime_get_ns`).

@@ -203,6 +203,40 @@ fn a_flow_and_its_reply_share_their_seen_entry_and_flows_spread() {
 }
 
 #[test]
+fn a_flow_its_reply_and_its_other_ports_share_their_pair_stamp() {
+    let k = |a: u8, b: u8, sport: u16, dport: u16| v4_key(a, b, sport, dport, 17);
+    let pair = |k: &FlowKey| flow_seen_pair_slot(k);
+    let f = k(1, 2, 40000, 53);
+    // Past the flow stamps, within the map.
+    assert!((FLOW_SEEN_SLOTS..FLOW_SEEN_SLOTS + FLOW_SEEN_PAIRS).contains(&pair(&f)));
+    assert_eq!(
+        FLOW_SEEN_LINES * FLOW_SEEN_LANES,
+        FLOW_SEEN_SLOTS + FLOW_SEEN_PAIRS
+    );
+    // The reply, and any other flow between the two addresses of the protocol, share it:
+    // written with each of their flow stamps, an idle pair stamp says all of them are idle.
+    assert_eq!(pair(&f), pair(&reply_of(&f)));
+    assert_eq!(pair(&f), pair(&k(1, 2, 1234, 8080)));
+    assert_eq!(pair(&f), pair(&reply_of(&k(1, 2, 9, 9))));
+    // The datapath's key words of the known-flow path give the same slot.
+    assert_eq!(pair(&f), flow_seen_pair_slot_of_words(&flow_words(&f)));
+    // Another protocol or another address: (nearly always) another pair.
+    assert_ne!(pair(&f), pair(&FlowKey { proto: 6, ..f }));
+    assert_ne!(pair(&f), pair(&k(1, 3, 40000, 53)));
+    // A flood's sources sprayed over 4096 addresses land in nearly as many pairs.
+    let distinct = distinct_slots(
+        FLOW_SEEN_PAIRS as usize,
+        (0..4096u32).map(|i| {
+            let mut key = k(0, 2, 20000, 80);
+            key.src[2] = (i >> 8) as u8;
+            key.src[3] = i as u8;
+            pair(&key) - FLOW_SEEN_SLOTS
+        }),
+    );
+    assert!(distinct > 3000, "{distinct} pairs for 4096 sources");
+}
+
+#[test]
 fn a_seen_entry_is_idle_only_past_the_flows_lifetime_and_its_margin() {
     let unit = 1u64 << FLOW_SEEN_SHIFT;
     let idle = FLOW_IDLE_NS;

@@ -145,6 +145,9 @@ pub(crate) static FLOWS_NEW: Array<NewFlowSlot> = Array::pinned(NEW_FLOW_SLOTS, 
 /// every `last_seen_ns`, and with [`peerwall_common::flags::FLOW_SEEN`] a packet whose entry is
 /// idle longer than flows live is a new flow without a lookup in `FLOWS` or `FLOWS_NEW` (cold
 /// misses in tables of several MiB: a flood of denied new flows paid them on every packet).
+/// Its last [`peerwall_common::FLOW_SEEN_PAIRS`] stamps are per pair of addresses
+/// ([`peerwall_common::flow_seen_pair_slot_of_words`]), written with each flow stamp and read
+/// before it (`seen.rs`).
 #[map]
 /// [`peerwall_common::FLOW_SEEN_LANES`] stamps to an entry ([`SeenLine`]), page-aligned (`BPF_F_MMAPABLE`): one
 /// cache line each, and user space writes stamps in place through the map's memory.

@@ -1,17 +1,21 @@
-//! `FLOW_SEEN`: when a flow (either direction) was last written, per hash of the pair
-//! ([`peerwall_common::flow_seen_slot`]). Conntrack writes the stamp with every `last_seen_ns`
-//! (`conntrack.rs`); a packet whose stamp is idle belongs to no live flow, so conntrack and the
-//! known-flow path (`cache.rs`) skip their lookups for it, under
-//! [`peerwall_common::flags::FLOW_SEEN`].
+//! `FLOW_SEEN`: when a flow (either direction) was last written, per hash of the flow
+//! ([`peerwall_common::flow_seen_slot`]), and when any flow between its two addresses was
+//! ([`peerwall_common::flow_seen_pair_slot_of_words`], the map's last lines). Conntrack writes
+//! both stamps with every `last_seen_ns` (`conntrack.rs`); a packet whose pair stamp or flow
+//! stamp is idle belongs to no live flow, so conntrack and the known-flow path (`cache.rs`)
+//! skip their lookups for it, under [`peerwall_common::flags::FLOW_SEEN`]. The pair stamp is
+//! read first: it lies in 16 KiB that stay in the CPU's cache, the flow stamps in 256 KiB
+//! that a flood of new flows reads one cold line of per packet.
 
 use peerwall_common::{
-    family, flow_seen_idle, flow_seen_slot, flow_seen_slot_of_words, flow_seen_stamp, flow_words,
-    seen_line_of, FlowKey, FLOW_SEEN_LANES, FLOW_SEEN_SLOTS,
+    family, flow_seen_idle, flow_seen_pair_slot_of_words, flow_seen_slot_of_words, flow_seen_stamp,
+    flow_words, seen_line_of, FlowKey, FLOW_SEEN_LANES, FLOW_SEEN_SLOTS,
 };
 
 use crate::maps::{seen_horizon_ns, CT_SWEPT, FLOW_SEEN};
 
-/// Note that flow `k` (either direction) was written at `now`: with every `last_seen_ns`.
+/// Note that flow `k` (either direction) was written at `now`, in its flow stamp and its pair
+/// stamp: with every `last_seen_ns`.
 /// Not inlined: the hash's words would add to each caller's stack frame. A global function
 ///: the verifier checks it once, not at each of conntrack's calls; `k` is never
 /// null (the verifier requires the test of a global function's pointer argument).
@@ -22,10 +26,17 @@ pub extern "C" fn note_seen(k: *const FlowKey, now: u64) -> u32 {
     let Some(k) = (unsafe { k.as_ref() }) else {
         return 0;
     };
-    if let Some(s) = stamp_at(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1)) {
-        // SAFETY: a lane of an entry of a successful lookup; a racing CPU writes a time as
-        // recent.
-        unsafe { *s = flow_seen_stamp(now) };
+    let words = flow_words(k);
+    let stamp = flow_seen_stamp(now);
+    for slot in [
+        flow_seen_slot_of_words(&words, FLOW_SEEN_SLOTS - 1),
+        flow_seen_pair_slot_of_words(&words),
+    ] {
+        if let Some(s) = stamp_at(slot) {
+            // SAFETY: a lane of an entry of a successful lookup; a racing CPU writes a time as
+            // recent.
+            unsafe { *s = stamp };
+        }
     }
     0
 }
@@ -49,14 +60,18 @@ pub(crate) fn seen_idle(k: &FlowKey, now: u64) -> bool {
     no_live_flow(&flow_words(k), now)
 }
 
-/// [`seen_idle`] of a key given as its words ([`peerwall_common::flow_words`]).
+/// [`seen_idle`] of a key given as its words ([`peerwall_common::flow_words`]): its pair stamp
+/// idle (no flow between its addresses is live), or else its own.
 #[inline(always)]
 fn no_live_flow(words: &[u32; 10], now: u64) -> bool {
-    match stamp_at(flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1)) {
+    let horizon = seen_horizon_ns();
+    let idle = |slot: u32| match stamp_at(slot) {
         // SAFETY: a lane of an entry of a successful lookup.
-        Some(s) => flow_seen_idle(unsafe { *s }, now, seen_horizon_ns()),
+        Some(s) => flow_seen_idle(unsafe { *s }, now, horizon),
         None => false,
-    }
+    };
+    idle(flow_seen_pair_slot_of_words(words))
+        || idle(flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1))
 }
 
 /// [`seen_idle`] of an IPv4 flow given as the known-flow path's key words (source, destination,

@@ -321,7 +321,7 @@ impl Datapath {
         // Before any mark: the datapath looks for marks only until `ENDED_UNTIL`.
         self.marks_live_until(now.saturating_add(self.ended_idle_ns))?;
         let mut sets = Vec::new();
-        let mut seen_slots = Vec::new();
+        let mut seen_keys = Vec::new();
         {
             let mut m: BpfHashMap<&mut MapData, FlowKey, FlowState> =
                 BpfHashMap::try_from(self.map(map::FLOWS)?).map_err(map_err(map::FLOWS))?;
@@ -334,10 +334,7 @@ impl Datapath {
                     _pad: [0; 6],
                 };
                 m.insert(k, st, 0).map_err(map_err(map::FLOWS))?;
-                seen_slots.push(peerwall_common::flow_seen_slot(
-                    &k,
-                    peerwall_common::FLOW_SEEN_SLOTS - 1,
-                ));
+                seen_keys.push(k);
                 sets.extend(verdict_sets_of(&k));
                 sets.extend(verdict_sets_of(&reverse(&k)));
             }
@@ -345,8 +342,8 @@ impl Datapath {
         {
             let seen = self.seen_stamps()?;
             let stamp = peerwall_common::flow_seen_stamp(now);
-            for i in seen_slots {
-                seen.set(i, stamp);
+            for k in &seen_keys {
+                seen.stamp_flow(k, stamp);
             }
         }
         self.outdate(sets)

@@ -51,6 +51,9 @@ impl Datapath {
         for p in pins::drop_stale_caches(pin_dir, new_slots)? {
             tracing::info!(pin = %p, "dropped a cache or new-flow table of another layout");
         }
+        // A `FLOW_SEEN` this load makes (none pinned, or one of another layout dropped above)
+        // holds no stamp of the flows the pinned tables and the kernel already track.
+        let seen_new = !pin_dir.join(map::FLOW_SEEN).exists();
         let new_mask = new_slots - 1;
         if let Some(n) = flows {
             loader.map_max_entries(map::FLOWS, n);
@@ -103,6 +106,9 @@ impl Datapath {
             b.cover_pinned_marks()?;
         }
         b.layout = b.read_layout()?;
+        if seen_new {
+            b.distrust_new_seen()?;
+        }
         let mut c = b.config()?;
         b.active = c.active & 1;
         // For `inspect`: which table this program reads (the program reads its global).

@@ -13,8 +13,8 @@
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use aya::programs::links::PinnedLink;
 use peerwall_common::{
-    flags, flow_seen_slot, flow_seen_stamp, map, seen_line_of, FlowKey, FlowState, SeenLine,
-    FLOW_SEEN_SLOTS,
+    flags, flow_seen_pair_slot_of_words, flow_seen_slot_of_words, flow_seen_stamp, flow_words, map,
+    seen_line_of, FlowKey, FlowState, SeenLine, FLOW_SEEN_LINES, FLOW_SEEN_SLOTS,
 };
 
 use super::{map_err, BpfError, Datapath};
@@ -34,8 +34,7 @@ impl SeenStamps {
     pub(crate) fn map(d: &MapData) -> Result<Self, BpfError> {
         let info = d.info().map_err(map_err(map::FLOW_SEEN))?;
         if info.value_size() as usize != std::mem::size_of::<SeenLine>()
-            || info.max_entries() as u64 * peerwall_common::FLOW_SEEN_LANES as u64
-                != FLOW_SEEN_SLOTS as u64
+            || info.max_entries() != FLOW_SEEN_LINES
         {
             return Err(BpfError::MissingMap(map::FLOW_SEEN.to_string()));
         }
@@ -52,29 +51,42 @@ impl SeenStamps {
         })
     }
 
-    /// The stamp of slot `slot` ([`flow_seen_slot`] with mask `FLOW_SEEN_SLOTS - 1`), in place.
-    fn lane(&self, slot: u32) -> *mut u16 {
-        let (line, lane) = seen_line_of(slot & (FLOW_SEEN_SLOTS - 1));
-        debug_assert!((line as usize) < self.count);
-        // SAFETY: `line` < FLOW_SEEN_LINES = `count` (checked at `map`), `lane` < 32: within
-        // the mapping.
-        unsafe {
+    /// The stamp of slot `slot` (a flow's, [`flow_seen_slot_of_words`], or a pair's,
+    /// [`flow_seen_pair_slot_of_words`]), in place; None past the map.
+    fn lane(&self, slot: u32) -> Option<*mut u16> {
+        let (line, lane) = seen_line_of(slot);
+        if line as usize >= self.count {
+            return None;
+        }
+        // SAFETY: `line` < `count` (checked above), `lane` < 32: within the mapping.
+        Some(unsafe {
             (&raw mut (*self.lines.add(line as usize)).stamps)
                 .cast::<u16>()
                 .add(lane)
-        }
+        })
     }
 
     /// Write `stamp` into slot `slot`.
-    pub(crate) fn set(&self, slot: u32, stamp: u16) {
-        // SAFETY: a `u16` of the mapping (`lane`), aligned (entries are 64 bytes, page-aligned).
-        unsafe { std::ptr::write_volatile(self.lane(slot), stamp) }
+    fn set(&self, slot: u32, stamp: u16) {
+        if let Some(p) = self.lane(slot) {
+            // SAFETY: a `u16` of the mapping (`lane`), aligned (entries are 64 bytes,
+            // page-aligned).
+            unsafe { std::ptr::write_volatile(p, stamp) }
+        }
     }
 
-    /// Write `stamp` into every slot (the benchmarks' baseline).
+    /// Stamp flow `k` (either direction) with `stamp`: its flow stamp and its pair's, as the
+    /// datapath's `note_seen` does (an idle pair stamp says every flow of the pair is idle).
+    pub(crate) fn stamp_flow(&self, k: &FlowKey, stamp: u16) {
+        let words = flow_words(k);
+        self.set(flow_seen_slot_of_words(&words, FLOW_SEEN_SLOTS - 1), stamp);
+        self.set(flow_seen_pair_slot_of_words(&words), stamp);
+    }
+
+    /// Write `stamp` into every slot, flows' and pairs' (the benchmarks' baseline).
     #[cfg(feature = "bench")]
     pub(crate) fn fill(&self, stamp: u16) {
-        for slot in 0..FLOW_SEEN_SLOTS {
+        for slot in 0..self.count as u32 * peerwall_common::FLOW_SEEN_LANES {
             self.set(slot, stamp);
         }
     }
@@ -143,11 +155,7 @@ impl Datapath {
     /// Stamp flow `key`'s `FLOW_SEEN` entry at `now_ns` (user space writing a flow: the
     /// probe engine).
     pub(crate) fn note_seen(&mut self, key: &FlowKey, now_ns: u64) -> Result<(), BpfError> {
-        let m = self.seen_stamps()?;
-        m.set(
-            flow_seen_slot(key, FLOW_SEEN_SLOTS - 1),
-            flow_seen_stamp(now_ns),
-        );
+        self.seen_stamps()?.stamp_flow(key, flow_seen_stamp(now_ns));
         Ok(())
     }
 
@@ -199,6 +207,28 @@ impl Datapath {
         Ok(on)
     }
 
+    /// This load made `FLOW_SEEN` (none was pinned, or one of another layout was dropped): it
+    /// holds no stamp of the flows the pinned tables and the kernel already track. Before any
+    /// of the object's programs is attached, the shortcut goes off (a pinned `CONFIG` that
+    /// armed it over the dropped map would have them take every fresh, idle stamp for "no
+    /// live flow") and the sweep's vouch is withdrawn (a pinned `CT_SWEPT` vouches for stamps
+    /// written into the dropped map). [`Datapath::arm_flow_seen`] and the next sweep stamp
+    /// this map before either is given back.
+    pub(super) fn distrust_new_seen(&mut self) -> Result<(), BpfError> {
+        let mut c = self.config()?;
+        if c.flags & flags::FLOW_SEEN != 0 {
+            c.flags &= !flags::FLOW_SEEN;
+            self.set_config(c)?;
+            tracing::info!(
+                "conntrack's FLOW_SEEN shortcut off: its map is new (another layout was pinned)"
+            );
+        }
+        if self.kernel_swept_until()? != 0 {
+            self.forget_kernel_sweep()?;
+        }
+        Ok(())
+    }
+
     /// Stamp the entries of `keys` (the kernel's connections, as the forward hook sees them:
     /// [`super::key_of`]) and vouch for the kernel's table until their stamps could go idle
     /// (`CT_SWEPT`): the kernel-conntrack mode then skips the kernel's lookup for packets whose
@@ -239,7 +269,7 @@ impl Datapath {
         let m = self.seen_stamps()?;
         let stamp = flow_seen_stamp(now_ns);
         for k in keys {
-            m.set(flow_seen_slot(k, FLOW_SEEN_SLOTS - 1), stamp);
+            m.stamp_flow(k, stamp);
         }
         Ok(())
     }
