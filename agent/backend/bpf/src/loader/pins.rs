@@ -101,9 +101,10 @@ pub(super) fn drop_stale_caches(
             && info.value_size() as usize == std::mem::size_of::<peerwall_common::NewFlowSlot>()
             && info.max_entries() == new_flow_slots
     })?;
-    // `FLOW_SEEN` of an older peerwall: one `u16` per entry, not mapped (`SeenLine`). Its
-    // programs, while still attached, keep their own copy: the shortcut stays off until none
-    // is (`seen.rs`, `arm_flow_seen`).
+    // `FLOW_SEEN` of an older peerwall: one `u16` per entry, not mapped (`SeenLine`), or
+    // entries of 32 stamps without the pair stamps. Its programs, while still attached, keep
+    // their own copy: the shortcut stays off until none is (`seen.rs`, `arm_flow_seen`), and
+    // the load disarms it before attaching anything (`distrust_new_seen`).
     drop_pin_unless(pin_dir, map::FLOW_SEEN, &mut removed, |info| {
         info.value_size() as usize == std::mem::size_of::<peerwall_common::SeenLine>()
             && info.max_entries() == peerwall_common::FLOW_SEEN_LINES
