@@ -140,8 +140,9 @@ pub const FLOW_IDLE_NS: u64 = 600_000_000_000;
 /// tell apart (2^16 units, [`FLOW_SEEN_SHIFT`]).
 pub const ENDED_IDLE_MAX_NS: u64 = 12 * 3600 * 1_000_000_000;
 
-/// Stamps of `FLOW_SEEN` (a power of two), [`FLOW_SEEN_LANES`] to a map entry: 256 KiB of
-/// `u16`, small enough to stay in a CPU's cache while the flow tables (several MiB) do not.
+/// Flow stamps of `FLOW_SEEN` (a power of two), [`FLOW_SEEN_LANES`] to a map entry: 256 KiB of
+/// `u16`, a fraction of the flow tables' several MiB (under a flood of new flows they do not
+/// stay in the CPU's cache either: the pair stamps, [`FLOW_SEEN_PAIRS`], are read first).
 /// (As an array of single `u16` values it took 1 MiB: an array map rounds each value up to 8
 /// bytes, and under a flood of new flows the datapath's read of that entry was its costliest
 /// instruction, a cache miss per packet.)
