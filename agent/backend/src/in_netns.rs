@@ -243,4 +243,11 @@ impl HoldBoot for InNetns {
             b.hold_boot(&boot, &tunnel)
         })
     }
+
+    fn hold_boot_alone(&mut self, boot: &Policy, tunnel: &str) -> Result<bool, BackendError> {
+        let (boot, tunnel) = (boot.clone(), tunnel.to_string());
+        self.call_backend("holding the boot policy", move |b| {
+            b.hold_boot_alone(&boot, &tunnel)
+        })
+    }
 }

@@ -227,6 +227,13 @@ pub trait HoldBoot {
         let _ = (boot, tunnel);
         Ok(false)
     }
+
+    /// [`hold_boot`](Self::hold_boot) by a backend opened for it and dropped after (a gateway
+    /// waiting for its turn to load the bpf datapath): it need not keep what it put in force
+    /// (nftables: one listing and one transaction instead of an apply's three listings).
+    fn hold_boot_alone(&mut self, boot: &Policy, tunnel: &str) -> Result<bool, BackendError> {
+        self.hold_boot(boot, tunnel)
+    }
 }
 
 /// An enforcer of the policy IR in one network namespace: the one face of every backend,

@@ -161,9 +161,10 @@ pub fn boot_policy(obj: serde_json::Value) -> anyhow::Result<peerwall_policy::ir
 }
 
 impl Boot {
-    /// Put this boot policy in force through `backend` now
-    /// ([`peerwall_backend::HoldBoot::hold_boot`]: only where nothing of peerwall's enforces
-    /// yet), before an enforcement is opened (a bpf gateway waiting for its turn to load).
+    /// Put this boot policy in force through `backend`, opened for this alone, now
+    /// ([`peerwall_backend::HoldBoot::hold_boot_alone`]: only where nothing of peerwall's
+    /// enforces yet), before an enforcement is opened (a bpf gateway waiting for its turn to
+    /// load).
     /// Once that worked (held now, or peerwall's tables already enforce), the enforcement
     /// given this boot asks no backend again ([`Enforcement::hold_boot`]): its answer would be
     /// the same, at the cost of listing the ruleset once more.
@@ -171,7 +172,7 @@ impl Boot {
         &mut self,
         backend: &mut dyn peerwall_backend::HoldBoot,
     ) -> Result<bool, peerwall_backend::BackendError> {
-        let held = backend.hold_boot(&self.policy, &self.tunnel)?;
+        let held = backend.hold_boot_alone(&self.policy, &self.tunnel)?;
         self.held = true;
         Ok(held)
     }

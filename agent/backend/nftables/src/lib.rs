@@ -283,8 +283,32 @@ impl<R: Runner> NftBackend<R> {
             Err(desired) => desired,
         };
         let listing = self.nft.list_ruleset_terse()?;
+        let (report, desired) = self.transact_against(desired, &listing)?;
+        // One listing after the transaction for every table's snapshot.
+        let after = self.nft.list_ruleset_terse()?;
+        for t in desired {
+            let touched = report.recreated.contains(&t.name) || report.updated.contains(&t.name);
+            if touched || !self.snapshots.contains_key(&t.name) {
+                let snap = Self::snapshot(&after, t.family, &t.name);
+                self.snapshots.insert(t.name.clone(), snap);
+            }
+            self.applied.insert(t.name.clone(), t);
+        }
+        let applied: Vec<RenderedTable> = self.applied.values().cloned().collect();
+        self.names.set_tables(&applied);
+        Ok(report)
+    }
+
+    /// The part of an apply that follows the kernel's listing: the emergency switch and
+    /// conntrack's pickup as found there, name clashes with foreign tables, then the plan
+    /// against `listing` in one transaction. Returns the report and the completed tables.
+    fn transact_against(
+        &mut self,
+        desired: Vec<RenderedTable>,
+        listing: &Listing,
+    ) -> Result<(ApplyReport, Vec<RenderedTable>), NftError> {
         // The emergency switch stays on through new policies.
-        self.allow_all = switch::is_on(&listing);
+        self.allow_all = switch::is_on(listing);
         // The agent (which ends connections), before its first policy: no TCP connection
         // picked up mid-stream (conntrack makes such a segment `invalid`, as the reference
         // and the bpf datapath do). Where the switch is read-only (a container), the ended
@@ -316,19 +340,30 @@ impl<R: Runner> NftBackend<R> {
             self.applied.remove(name);
             self.snapshots.remove(name);
         }
-        // One listing after the transaction for every table's snapshot.
-        let after = self.nft.list_ruleset_terse()?;
-        for t in desired {
-            let touched = report.recreated.contains(&t.name) || report.updated.contains(&t.name);
-            if touched || !self.snapshots.contains_key(&t.name) {
-                let snap = Self::snapshot(&after, t.family, &t.name);
-                self.snapshots.insert(t.name.clone(), snap);
-            }
-            self.applied.insert(t.name.clone(), t);
+        Ok((report, desired))
+    }
+
+    /// Put `policy` in force where peerwall has no table in this namespace yet, from one
+    /// listing and one transaction: Ok(false), nothing changed, when an owned table is there.
+    /// Asking first and then applying lists the ruleset three times (the question, the
+    /// apply's plan, its snapshots after), each an `nft` process. For a backend used once and
+    /// dropped: the boot table the CNI plugin and the bpf backend hold until a gateway's own
+    /// policy is in force. It records nothing of what it put there (no snapshot, nothing
+    /// applied), so a backend that goes on would neither repair that table nor open it with
+    /// the emergency switch ([`HoldBoot::hold_boot_alone`](peerwall_backend::HoldBoot::hold_boot_alone);
+    /// `hold_boot`, whose backend goes on enforcing, applies instead).
+    pub fn hold_where_none(&mut self, policy: &ir::Policy) -> Result<bool, NftError> {
+        self.changing();
+        let listing = self.nft.list_ruleset_terse()?;
+        if listing.kernel_tables().iter().any(|t| t.owner.is_some()) {
+            return Ok(false);
         }
-        let applied: Vec<RenderedTable> = self.applied.values().cloned().collect();
-        self.names.set_tables(&applied);
-        Ok(report)
+        let opts = RenderOptions {
+            events: self.events,
+            ..RenderOptions::default()
+        };
+        self.transact_against(render_policy(policy, opts), &listing)?;
+        Ok(true)
     }
 
     /// For a backend that applied nothing yet (a one-shot `peerwall apply`, a restarted
@@ -778,6 +813,11 @@ impl<R: Runner> peerwall_backend::HoldBoot for NftBackend<R> {
         self.apply(boot)
             .map_err(BackendError::host(NAME, "holding the boot policy"))?;
         Ok(true)
+    }
+
+    fn hold_boot_alone(&mut self, boot: &ir::Policy, _tunnel: &str) -> Result<bool, BackendError> {
+        self.hold_where_none(boot)
+            .map_err(BackendError::host(NAME, "holding the boot policy"))
     }
 }
 

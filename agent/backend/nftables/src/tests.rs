@@ -173,6 +173,52 @@ fn foreign_tables_are_refused_and_nothing_changes() {
 }
 
 #[test]
+fn the_boot_hold_lists_once_and_sends_one_transaction_where_peerwall_has_no_table() {
+    // A foreign table does not count: the hold goes ahead beside it.
+    let fake = FakeNft::new();
+    fake.add_foreign(ir::TableFamily::Inet, "liqo");
+    let mut b = NftBackend::new(fake);
+    let boot = policy(&[("boot", &[])]);
+    assert!(
+        b.hold_where_none(&boot).unwrap(),
+        "held where nothing of ours was"
+    );
+    assert_eq!((b.nft().listings(), b.nft().transactions()), (1, 1));
+    assert_eq!(b.nft().tables(), ["boot", "liqo"]);
+    // Once a table of ours is there, nothing changes, from one listing.
+    let mut again = NftBackend::new(b.into_nft());
+    assert!(
+        !again.hold_where_none(&boot).unwrap(),
+        "peerwall's table was there"
+    );
+    assert_eq!((again.nft().listings(), again.nft().transactions()), (2, 1));
+    // The policy that follows replaces the boot table in its one transaction.
+    let r = again.apply(&policy(&[("a", &["10.0.0.1"])])).unwrap();
+    assert_eq!(again.nft().transactions(), 2);
+    assert_eq!(r.deleted, ["boot"]);
+    assert_eq!(again.nft().tables(), ["a", "liqo"]);
+    assert!(again.drift().unwrap().is_empty());
+}
+
+#[test]
+fn a_backend_that_goes_on_keeps_the_boot_table_it_holds_and_one_used_alone_lists_once() {
+    use peerwall_backend::HoldBoot;
+    let boot = policy(&[("boot", &[])]);
+    // Opened for the hold and dropped after: one listing, one transaction.
+    let mut alone = NftBackend::new(FakeNft::new());
+    assert!(alone.hold_boot_alone(&boot, "liqo-tunnel").unwrap());
+    assert_eq!((alone.nft().listings(), alone.nft().transactions()), (1, 1));
+    // The enforcing backend's hold is an apply: it repairs the table if it goes.
+    let mut going_on = NftBackend::new(FakeNft::new());
+    assert!(going_on.hold_boot(&boot, "liqo-tunnel").unwrap());
+    going_on
+        .nft()
+        .delete_behind_our_back(ir::TableFamily::Inet, "boot");
+    assert_eq!(going_on.repair_full().unwrap().len(), 1);
+    assert_eq!(going_on.nft().tables(), ["boot"]);
+}
+
+#[test]
 fn drift_is_found_and_repaired() {
     let mut b = NftBackend::new(FakeNft::new());
     b.apply(&policy(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]))

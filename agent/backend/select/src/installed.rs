@@ -235,17 +235,13 @@ pub fn inspect(pin_dir: &Path, format: crate::rendering::Format) -> Result<Strin
 
 /// Put `boot` in force as an nftables table here, unless peerwall's tables are here already
 /// (its policy, or the boot table of an earlier call): the boot policy `peerwall boot` and the
-/// CNI plugin install, and what the bpf backend holds until its tunnel is attached.
-/// Ok(true): put in force now.
+/// CNI plugin install, and what the bpf backend holds until its tunnel is attached: one
+/// listing and one transaction ([`NftBackend::hold_where_none`]). Ok(true): put in force now.
 pub fn hold_boot_in_nftables(boot: &peerwall_policy::ir::Policy) -> Result<bool, BackendError> {
-    if !nft_tables()?.is_empty() {
-        return Ok(false);
-    }
     NftBackend::new(Nft::host())
-        .apply(boot)
+        .hold_where_none(boot)
         .map_err(BackendError::host(
             peerwall_backend_nftables::NAME,
             "holding the boot policy in nftables",
-        ))?;
-    Ok(true)
+        ))
 }
