@@ -257,14 +257,21 @@ impl<R: Runner> NftBackend<R> {
         self.nft
     }
 
+    /// `policy` as this backend renders it (with its events' rules, if any).
+    fn render(&self, policy: &ir::Policy) -> Vec<RenderedTable> {
+        render_policy(
+            policy,
+            RenderOptions {
+                events: self.events,
+                ..RenderOptions::default()
+            },
+        )
+    }
+
     /// Make the kernel's peerwall tables equal `policy`, in one transaction.
     /// Foreign tables are never touched; a name clash with one is an error and changes nothing.
     pub fn apply(&mut self, policy: &ir::Policy) -> Result<ApplyReport, NftError> {
-        let opts = RenderOptions {
-            events: self.events,
-            ..RenderOptions::default()
-        };
-        self.apply_rendered(render_policy(policy, opts))
+        self.apply_rendered(self.render(policy))
     }
 
     /// Like [`apply`](Self::apply), with rendering options (the probe forces counters).
@@ -358,11 +365,7 @@ impl<R: Runner> NftBackend<R> {
         if listing.kernel_tables().iter().any(|t| t.owner.is_some()) {
             return Ok(false);
         }
-        let opts = RenderOptions {
-            events: self.events,
-            ..RenderOptions::default()
-        };
-        self.transact_against(render_policy(policy, opts), &listing)?;
+        self.transact_against(self.render(policy), &listing)?;
         Ok(true)
     }
 
@@ -379,14 +382,10 @@ impl<R: Runner> NftBackend<R> {
         }
         let terse = self.nft.list_ruleset_terse()?;
         let allow_all = switch::is_on(&terse);
-        let opts = RenderOptions {
-            events: self.events,
-            ..RenderOptions::default()
-        };
         let kernel = terse.kernel_tables();
         let mut full: Option<Listing> = None;
         let mut adopted = Vec::new();
-        for t in render_policy(policy, opts) {
+        for t in self.render(policy) {
             let t = switch::with_switch(t, allow_all);
             let ours = kernel.iter().any(|k| {
                 k.name == t.name
