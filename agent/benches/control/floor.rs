@@ -6,6 +6,12 @@
 //! controller that costs nothing (its slice, up to `SLICE_FILL` addresses, is a larger write
 //! than this one). Watched by label, as the bench watches the slices: a field-selected watch of the
 //! same object measured 12–26 ms.
+//!
+//! Beside it, the same floor for the largest write the controller makes for one pod: an
+//! AddressSet slice of `SLICE_FILL` (1000) addresses, one of them changed, applied as the
+//! controller applies its slices (server-side apply) and watched by label. The API server's
+//! work grows with the object (it decodes, validates, stores and sends every address), so a
+//! pod whose address lands in a full slice waits for this write rather than the first.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -13,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use kube::Client;
+use kube::{Client, ResourceExt};
 use serde_json::json;
 
 const NAME: &str = "peerwall-bench-floor";
@@ -24,10 +30,16 @@ const NAME: &str = "peerwall-bench-floor";
 /// when this is dropped.
 pub struct Floor {
     api: Api<ConfigMap>,
+    slices: Api<DynamicObject>,
     seen: Arc<Mutex<BTreeMap<String, Instant>>>,
     watch: tokio::task::JoinHandle<()>,
+    slice_watch: tokio::task::JoinHandle<()>,
     writes: usize,
 }
+
+/// Addresses in the floor's slice: as many as a full slice of the controller holds
+/// (`SLICE_FILL` in `agent/protection/src/slices.rs`).
+const FULL_SLICE: u32 = 1000;
 
 impl Floor {
     /// Create the ConfigMap (if absent) and start watching it.
@@ -60,12 +72,82 @@ impl Floor {
                 }
             })
         };
+        let slices: Api<DynamicObject> = Api::namespaced_with(
+            client.clone(),
+            "default",
+            &peerwall::k8s::address_set_resource(),
+        );
+        let slice_watch = {
+            let (api, seen) = (slices.clone(), seen.clone());
+            tokio::spawn(async move {
+                let cfg = watcher::Config::default().labels(&format!("{NAME}=1"));
+                let mut events = std::pin::pin!(watcher(api, cfg));
+                while let Some(ev) = events.next().await {
+                    let at = Instant::now();
+                    if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev {
+                        let i = o.annotations().get(NAME).cloned();
+                        if let (Some(i), Ok(mut s)) = (i, seen.lock()) {
+                            s.entry(i).or_insert(at);
+                        }
+                    }
+                }
+            })
+        };
         tokio::time::sleep(Duration::from_millis(500)).await;
         Self {
             api,
+            slices,
             seen,
             watch,
+            slice_watch,
             writes: 0,
+        }
+    }
+
+    /// One write of a full slice (one of its addresses changed): how long until the watch saw
+    /// it.
+    pub async fn full_slice_seen(&mut self) -> Duration {
+        let key = format!("s{}", self.writes);
+        self.writes += 1;
+        let changed = self.writes as u32;
+        // 10.250.0.0/16 onwards: no pod of the bench has these, and nothing selects the slice.
+        let addresses: Vec<String> = (0..FULL_SLICE)
+            .map(|i| {
+                let n = if i == 0 { FULL_SLICE + changed } else { i };
+                format!("10.{}.{}.{}", 250 + (n >> 16), (n >> 8) & 255, n & 255)
+            })
+            .collect();
+        let object = json!({
+            "apiVersion": "peerwall.io/v1alpha1",
+            "kind": "AddressSet",
+            "metadata": {
+                "name": NAME,
+                "labels": {NAME: "1"},
+                "annotations": {NAME: key},
+            },
+            "spec": {"firewallConfiguration": NAME, "set": "floor", "addresses": addresses},
+        });
+        let t0 = Instant::now();
+        self.slices
+            .patch(
+                NAME,
+                &PatchParams::apply("peerwall-bench-floor").force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .expect("apply the floor's slice");
+        self.wait_seen(&key, t0).await
+    }
+
+    /// How long after `t0` the watch saw the write carrying `key`.
+    async fn wait_seen(&self, key: &str, t0: Instant) -> Duration {
+        let deadline = t0 + Duration::from_secs(10);
+        loop {
+            if let Some(at) = self.seen.lock().ok().and_then(|s| s.get(key).copied()) {
+                return at.saturating_duration_since(t0);
+            }
+            assert!(Instant::now() < deadline, "the watch never saw write {key}");
+            tokio::time::sleep(Duration::from_micros(200)).await;
         }
     }
 
@@ -82,19 +164,13 @@ impl Floor {
             )
             .await
             .expect("patch configmap");
-        let deadline = t0 + Duration::from_secs(10);
-        loop {
-            if let Some(at) = self.seen.lock().ok().and_then(|s| s.get(&key).copied()) {
-                return at.saturating_duration_since(t0);
-            }
-            assert!(Instant::now() < deadline, "the watch never saw write {key}");
-            tokio::time::sleep(Duration::from_micros(200)).await;
-        }
+        self.wait_seen(&key, t0).await
     }
 }
 
 impl Drop for Floor {
     fn drop(&mut self) {
         self.watch.abort();
+        self.slice_watch.abort();
     }
 }

@@ -147,6 +147,8 @@ struct Row {
     parts: [Option<Duration>; 3],
     /// The API server's floor beside the samples: a write seen by a watch ([`floor`]).
     floor: Vec<Duration>,
+    /// The same for a write of a full slice ([`floor::Floor::full_slice_seen`]).
+    slice_floor: Vec<Duration>,
     /// The slowest one-pod samples, split, with the agent's log meanwhile.
     slowest: Vec<String>,
     one_pod: Vec<Duration>,
@@ -204,8 +206,11 @@ async fn measure(
     // each sample slowed the sample after it (p50 12.4 -> 17.7 ms at 5000 pods).
     let mut floor_probe = floor::Floor::start(rt_client).await;
     let mut floor = Vec::new();
+    let mut slice_floor = Vec::new();
     for _ in 0..10 {
         floor.push(floor_probe.write_seen().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        slice_floor.push(floor_probe.full_slice_seen().await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // One pod at a time.
@@ -232,6 +237,8 @@ async fn measure(
     }
     for _ in 0..10 {
         floor.push(floor_probe.write_seen().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        slice_floor.push(floor_probe.full_slice_seen().await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(floor_probe);
@@ -311,13 +318,15 @@ async fn measure(
     // Pins and their slot metadata under /run (a plain remove_dir_all leaves the latter).
     let _ = peerwall_backend_select::installed::forget_pins(std::path::Path::new(&pins));
     println!(
-        "{backend}: the API server's floor, a write seen by a watch: p50 {} ms",
-        ms(percentile(&floor, 0.5))
+        "{backend}: the API server's floor, a write seen by a watch: p50 {} ms; a full slice's: p50 {} ms",
+        ms(percentile(&floor, 0.5)),
+        ms(percentile(&slice_floor, 0.5))
     );
     Row {
         backend,
         dir_one_pod: Vec::new(),
         floor,
+        slice_floor,
         parts: [
             trace::median_of(&splits, |s| s.controller),
             trace::median_of(&splits, |s| s.agent),
