@@ -55,44 +55,18 @@ impl Floor {
                 .expect("create configmap");
         }
         let seen: Arc<Mutex<BTreeMap<String, Instant>>> = Arc::default();
-        let watch = {
-            let (api, seen) = (api.clone(), seen.clone());
-            tokio::spawn(async move {
-                // Selected by label, as the bench's watch of the slices is.
-                let cfg = watcher::Config::default().labels(&format!("{NAME}=1"));
-                let mut events = std::pin::pin!(watcher(api, cfg));
-                while let Some(ev) = events.next().await {
-                    let at = Instant::now();
-                    if let Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) = ev {
-                        let i = cm.data.and_then(|d| d.get("i").cloned());
-                        if let (Some(i), Ok(mut s)) = (i, seen.lock()) {
-                            s.entry(i).or_insert(at);
-                        }
-                    }
-                }
-            })
-        };
+        // Selected by label, as the bench's watch of the slices is.
+        let watch = watch_marks(api.clone(), seen.clone(), |cm: ConfigMap| {
+            cm.data.and_then(|d| d.get("i").cloned())
+        });
         let slices: Api<DynamicObject> = Api::namespaced_with(
             client.clone(),
             "default",
             &peerwall::k8s::address_set_resource(),
         );
-        let slice_watch = {
-            let (api, seen) = (slices.clone(), seen.clone());
-            tokio::spawn(async move {
-                let cfg = watcher::Config::default().labels(&format!("{NAME}=1"));
-                let mut events = std::pin::pin!(watcher(api, cfg));
-                while let Some(ev) = events.next().await {
-                    let at = Instant::now();
-                    if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev {
-                        let i = o.annotations().get(NAME).cloned();
-                        if let (Some(i), Ok(mut s)) = (i, seen.lock()) {
-                            s.entry(i).or_insert(at);
-                        }
-                    }
-                }
-            })
-        };
+        let slice_watch = watch_marks(slices.clone(), seen.clone(), |o: DynamicObject| {
+            o.annotations().get(NAME).cloned()
+        });
         tokio::time::sleep(Duration::from_millis(500)).await;
         Self {
             api,
@@ -166,6 +140,30 @@ impl Floor {
             .expect("patch configmap");
         self.wait_seen(&key, t0).await
     }
+}
+
+/// Watch `api`'s objects labelled `NAME=1`; record in `seen` when each write's mark (`mark`
+/// of the object) was first seen.
+fn watch_marks<K>(
+    api: Api<K>,
+    seen: Arc<Mutex<BTreeMap<String, Instant>>>,
+    mark: fn(K) -> Option<String>,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    tokio::spawn(async move {
+        let cfg = watcher::Config::default().labels(&format!("{NAME}=1"));
+        let mut events = std::pin::pin!(watcher(api, cfg));
+        while let Some(ev) = events.next().await {
+            let at = Instant::now();
+            if let Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) = ev {
+                if let (Some(i), Ok(mut s)) = (mark(o), seen.lock()) {
+                    s.entry(i).or_insert(at);
+                }
+            }
+        }
+    })
 }
 
 impl Drop for Floor {
