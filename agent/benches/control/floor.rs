@@ -37,9 +37,8 @@ pub struct Floor {
     writes: usize,
 }
 
-/// Addresses in the floor's slice: as many as a full slice of the controller holds
-/// (`SLICE_FILL` in `agent/protection/src/slices.rs`).
-const FULL_SLICE: u32 = 1000;
+/// Addresses in the floor's slice: as many as a full slice of the controller holds.
+const FULL_SLICE: u32 = peerwall::protection::SLICE_FILL as u32;
 
 impl Floor {
     /// Create the ConfigMap (if absent) and start watching it.
@@ -78,9 +77,33 @@ impl Floor {
         }
     }
 
+    /// One block of `n` writes of each kind, 20 ms apart: the ConfigMap's (`floor`) and the
+    /// full slice's (`slices`). The ConfigMap's writes are the ones next to the samples
+    /// (`before`: the block ends with them; after: it starts with them), as they were before
+    /// the slice's writes joined the blocks, so that a slice write never precedes one of them
+    /// or a sample by 20 ms.
+    pub async fn block(
+        &mut self,
+        n: usize,
+        before: bool,
+        floor: &mut Vec<Duration>,
+        slices: &mut Vec<Duration>,
+    ) {
+        for round in 0..2 {
+            for _ in 0..n {
+                if (round == 0) == before {
+                    slices.push(self.full_slice_seen().await);
+                } else {
+                    floor.push(self.write_seen().await);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+
     /// One write of a full slice (one of its addresses changed): how long until the watch saw
     /// it.
-    pub async fn full_slice_seen(&mut self) -> Duration {
+    async fn full_slice_seen(&mut self) -> Duration {
         let key = format!("s{}", self.writes);
         self.writes += 1;
         let changed = self.writes as u32;

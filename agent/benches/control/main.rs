@@ -147,7 +147,7 @@ struct Row {
     parts: [Option<Duration>; 3],
     /// The API server's floor beside the samples: a write seen by a watch ([`floor`]).
     floor: Vec<Duration>,
-    /// The same for a write of a full slice ([`floor::Floor::full_slice_seen`]).
+    /// The same for a write of a full slice ([`floor::Floor::block`]).
     slice_floor: Vec<Duration>,
     /// The slowest one-pod samples, split, with the agent's log meanwhile.
     slowest: Vec<String>,
@@ -207,12 +207,9 @@ async fn measure(
     let mut floor_probe = floor::Floor::start(rt_client).await;
     let mut floor = Vec::new();
     let mut slice_floor = Vec::new();
-    for _ in 0..10 {
-        floor.push(floor_probe.write_seen().await);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        slice_floor.push(floor_probe.full_slice_seen().await);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    floor_probe
+        .block(10, true, &mut floor, &mut slice_floor)
+        .await;
     // One pod at a time.
     let samples = env_usize("PEERWALL_BENCH_SAMPLES", 40);
     let mut one_pod = Vec::new();
@@ -235,12 +232,9 @@ async fn measure(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    for _ in 0..10 {
-        floor.push(floor_probe.write_seen().await);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        slice_floor.push(floor_probe.full_slice_seen().await);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    floor_probe
+        .block(10, false, &mut floor, &mut slice_floor)
+        .await;
     drop(floor_probe);
     println!(
         "{backend}: one pod p50 {} ms, p99 {} ms",
