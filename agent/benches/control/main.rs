@@ -15,6 +15,9 @@
 //! - **restart**: the agent restarted → `/readyz` (its first full sync in force);
 //! - peak RSS of the agent and of the controller.
 //!
+//! `PEERWALL_BENCH_LOGS=<dir>` keeps the controller's log there (`controller.log`, at debug:
+//! each pass's laps), to read where the controller's part went.
+//!
 //! Writes the `control` section of docs/bench.md.
 
 #[path = "../doc/mod.rs"]
@@ -474,8 +477,18 @@ fn main() {
         );
         let cmetrics = format!("127.0.0.1:{}", free_port());
         let started = Instant::now();
-        let controller =
-            server.peerwall("controller", &["controller", "--metrics-addr", &cmetrics]);
+        // `PEERWALL_BENCH_LOGS=<dir>`: the controller logs at debug (its passes' laps) and its
+        // log is kept there, to read where the controller's part went.
+        let logs = std::env::var_os("PEERWALL_BENCH_LOGS").map(std::path::PathBuf::from);
+        let filter = match logs {
+            Some(_) => "debug,peerwall_kube::controller=trace,kube=warn,hyper=warn,tower=warn",
+            None => "info,kube=warn",
+        };
+        let controller = server.peerwall_logging(
+            "controller",
+            &["controller", "--metrics-addr", &cmetrics],
+            filter,
+        );
         while cluster::published(&client).await < pods as usize {
             assert!(
                 started.elapsed() < Duration::from_secs(600),
@@ -496,6 +509,15 @@ fn main() {
             rows.push(row);
         }
         let controller_rss = controller.peak_rss_mib();
+        if let Some(dir) = &logs {
+            let to = dir.join("controller.log");
+            if let Err(e) = std::fs::copy(controller.log_path(), &to) {
+                eprintln!(
+                    "could not keep the controller's log in {}: {e}",
+                    to.display()
+                );
+            }
+        }
         drop(controller);
         report::report(
             pods,

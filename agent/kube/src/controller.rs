@@ -99,8 +99,13 @@ pub fn run(
         let tenants =
             || watcher::Config::default().labels(&format!("{}=true", super::TENANT_NAMESPACE));
         let cfg = CtrlConfig::default().debounce(DEBOUNCE);
+        // The slices pass runs as soon as a change comes (a storm still coalesces: a pass
+        // under way takes every change made meanwhile, and the next waits for it). The
+        // debounce's wait was about half of the controller's own time for one pod: 2 ms, and
+        // the scheduler's round-up to its next millisecond tick on top (`bench-control` with
+        // `PEERWALL_BENCH_LOGS`: a pod's change → its slices pass, 3.5–4.5 ms).
         let slices = Controller::new(Api::<Namespace>::all(client.clone()), tenants())
-            .with_config(cfg.clone())
+            .with_config(CtrlConfig::default().debounce(Duration::ZERO))
             .reconcile_all_on(futures::stream::unfold(changed.clone(), |n| async move {
                 n.notify.notified().await;
                 Some(((), n))
@@ -250,6 +255,7 @@ fn feed_pods(
         changed.clone(),
         move |ev| {
             let mut pb = pb.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let live = matches!(ev, watcher::Event::Apply(_));
             match ev {
                 watcher::Event::Init => {
                     facts.begin_relist();
@@ -264,6 +270,10 @@ fn feed_pods(
                     let changed = facts.upsert(f);
                     if changed {
                         pb.desired.upsert_pod(protection);
+                        if live {
+                            // Where a change starts, to read the controller's part from.
+                            tracing::trace!(pod = %p.name_any(), "pod changed");
+                        }
                     }
                     changed
                 }

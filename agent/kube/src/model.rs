@@ -220,7 +220,7 @@ fn ours(p: &&np::NetworkPolicy) -> bool {
 /// its name label, as the API server labels every namespace.
 pub fn assemble<'a>(
     namespaces: impl IntoIterator<Item = (String, BTreeMap<String, String>)>,
-    pods: Vec<std::sync::Arc<netpol::Pod>>,
+    pods: netpol::Pods,
     pod_namespaces: impl IntoIterator<Item = &'a str>,
     policies: Vec<std::sync::Arc<netpol::NetworkPolicy>>,
     remaps: &BTreeMap<String, Vec<Remap>>,
@@ -265,7 +265,7 @@ pub fn cluster<'a>(
     let (read, bad) = self::policies(policies);
     let c = assemble(
         namespaces.into_iter().map(namespace_labels),
-        derived,
+        derived.into(),
         pod_namespaces.iter().map(String::as_str),
         read.into_iter().map(std::sync::Arc::new).collect(),
         remaps,

@@ -10,6 +10,8 @@ pub mod api;
 pub mod cnp;
 pub mod companion;
 pub mod eval;
+mod pods;
+pub use pods::Pods;
 pub mod read;
 pub mod tier;
 
@@ -290,7 +292,7 @@ pub struct Cluster {
     /// Pods (with at least one address), each shared: the controller keeps them between
     /// views and re-derives only those a change touches (`peerwall-kube`'s cluster index), so a
     /// view is one pointer per pod, not a copy of every pod.
-    pub pods: Vec<Arc<Pod>>,
+    pub pods: Pods,
     /// Policies.
     pub policies: Vec<Arc<NetworkPolicy>>,
     /// ClusterNetworkPolicies (both tiers).

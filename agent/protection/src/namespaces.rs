@@ -29,28 +29,37 @@ pub fn set_name(kind: &str, namespace: &str, v6: bool) -> String {
     format!("{kind}{}.{namespace}", if v6 { "6" } else { "" })
 }
 
+/// Whether `namespace` is a tenant namespace (Liqo's label on it, as `cluster` read it): its
+/// pods have no namespace sets.
+pub fn is_tenant(cluster: &netpol::Cluster, namespace: &str) -> bool {
+    cluster
+        .namespaces
+        .get(namespace)
+        .is_some_and(|l| l.get(TENANT_NAMESPACE).map(String::as_str) == Some("true"))
+}
+
+/// What pod `p` of a namespace with pods on `peer` adds to that namespace's sets.
+pub fn add_pod(sets: &mut NsSets, p: &netpol::Pod, peer: &str) {
+    if p.peer.as_deref() == Some(peer) {
+        sets.own.extend(p.ips.iter().copied());
+    } else {
+        sets.home.extend(p.local_ips().iter().copied());
+    }
+}
+
 /// For every namespace (outside tenant namespaces) with pods running on `peer`: its sets.
+/// Reads every pod: the controller keeps the same by difference (its `ClusterIndex`, tested
+/// against this).
 pub fn namespace_sets(cluster: &netpol::Cluster, peer: &str) -> BTreeMap<String, NsSets> {
-    let tenant = |ns: &str| {
-        cluster
-            .namespaces
-            .get(ns)
-            .is_some_and(|l| l.get(TENANT_NAMESPACE).map(String::as_str) == Some("true"))
-    };
     let mut out: BTreeMap<String, NsSets> = cluster
         .pods
         .iter()
-        .filter(|p| p.peer.as_deref() == Some(peer) && !tenant(&p.namespace))
+        .filter(|p| p.peer.as_deref() == Some(peer) && !is_tenant(cluster, &p.namespace))
         .map(|p| (p.namespace.clone(), NsSets::default()))
         .collect();
     for p in &cluster.pods {
-        let Some(s) = out.get_mut(&p.namespace) else {
-            continue;
-        };
-        if p.peer.as_deref() == Some(peer) {
-            s.own.extend(p.ips.iter().copied());
-        } else {
-            s.home.extend(p.local_ips().iter().copied());
+        if let Some(s) = out.get_mut(&p.namespace) {
+            add_pod(s, p, peer);
         }
     }
     out

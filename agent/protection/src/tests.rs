@@ -660,7 +660,8 @@ fn offloaded_pods_call_home_and_nowhere_else() {
                 "10.20.0.10",
                 &[("k8s-app", "kube-dns")],
             ),
-        ],
+        ]
+        .into(),
         policies: [
             policy_of("offload-a", "a", home_a),
             policy_of("offload-a2", "a", home_a),

@@ -77,11 +77,23 @@ impl PodFactsIndex {
         &self,
         vnodes: BTreeMap<String, String>,
         remaps: &BTreeMap<String, Vec<Remap>>,
-    ) -> (Vec<Arc<netpol::Pod>>, Vec<String>) {
+    ) -> (netpol::Pods, Vec<String>) {
         let mut k = self.write();
         k.pods.set_context(vnodes, remaps);
         let namespaces = k.pods.pod_namespaces().map(str::to_string).collect();
         (k.pods.pods(), namespaces)
+    }
+
+    /// Each namespace's sets for `peer` as of the last [`Self::view`]'s context (the pods
+    /// since: a later pass reads them again), from the namespaces holding its pods alone
+    /// ([`ClusterIndex::namespace_sets`]).
+    pub(crate) fn namespace_sets(
+        &self,
+        peer: &str,
+        tenant: impl Fn(&str) -> bool,
+    ) -> BTreeMap<String, crate::protection::namespaces::NsSets> {
+        let k = self.known.read().unwrap_or_else(PoisonError::into_inner);
+        k.pods.namespace_sets(peer, tenant)
     }
 
     fn write(&self) -> std::sync::RwLockWriteGuard<'_, Known> {

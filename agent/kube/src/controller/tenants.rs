@@ -179,6 +179,7 @@ pub(super) async fn reconcile_slices(
     let Some(who) = tenant_peer(&ns, &ctx) else {
         return Ok(Action::await_change());
     };
+    tracing::trace!(peer = %who.id, "slices pass");
     let held = publish_slices(&ns, &who, &ctx).await?;
     Ok(after_slices(held))
 }
@@ -213,7 +214,9 @@ pub(super) async fn reconcile_gateway(
     let (view, declared) = tokio::task::block_in_place(|| {
         let view = shared_view(&ctx);
         let declared = protection::Declared {
-            namespaces: protection::namespaces::namespace_sets(&view.0, &peer),
+            namespaces: ctx
+                .pods
+                .namespace_sets(&peer, |ns| protection::namespaces::is_tenant(&view.0, ns)),
             exceptions: exceptions_for(&ctx, &peer, &view.0),
         };
         (view, declared)
@@ -288,6 +291,9 @@ pub(super) async fn publish_slices(
         });
         plan
     };
+    if !plan.writes.is_empty() {
+        tracing::trace!(peer = %peer.id, slices = plan.writes.len(), "address sets planned");
+    }
     for slice in &plan.writes {
         let object: AddressSet = typed(
             protection::address_set_object(peer, slice),

@@ -93,7 +93,8 @@ fn cluster() -> Cluster {
                 None,
             ),
             pod("app-a", "web", "10.20.1.10", &[("app", "prometheus")], None),
-        ],
+        ]
+        .into(),
         policies: vec![],
         cluster_policies: vec![],
         remaps: Default::default(),

@@ -120,13 +120,17 @@ fn the_index_by_difference_equals_the_full_recompute_after_every_event() {
         let namespaces: Vec<(String, BTreeMap<String, String>)> = NAMESPACES[..2]
             .iter()
             .map(|n| {
-                let labels = BTreeMap::from([
+                let mut labels = BTreeMap::from([
                     (
                         crate::model::NAMESPACE_NAME_LABEL.to_string(),
                         n.to_string(),
                     ),
                     ("ns".to_string(), n.to_string()),
                 ]);
+                // One tenant namespace: its pods have no namespace sets.
+                if *n == "y" {
+                    labels.insert("liqo.io/tenant-namespace".into(), "true".into());
+                }
                 (n.to_string(), labels)
             })
             .collect();
@@ -195,6 +199,14 @@ fn the_index_by_difference_equals_the_full_recompute_after_every_event() {
                     netpol::tier::tier(&want, peer, false),
                 );
                 assert_eq!(a.spec, b.spec, "seed {seed} step {step} peer {peer}");
+                let sets = index.namespace_sets(peer, |ns| {
+                    crate::protection::namespaces::is_tenant(&got, ns)
+                });
+                assert_eq!(
+                    sets,
+                    crate::protection::namespaces::namespace_sets(&want, peer),
+                    "seed {seed} step {step} peer {peer}: namespace sets"
+                );
             }
         }
     }
