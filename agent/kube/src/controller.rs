@@ -7,8 +7,9 @@
 //! Reflectors cache namespaces, virtual nodes and peerwall's own objects. Two kube-runtime
 //! controllers reconcile the stable objects, never individual pod events:
 //! - tenant namespaces (one per peer cluster) → the peer's gateway FirewallConfiguration and
-//!   its AddressSet slices, re-reconciled for every peer whenever something changed
-//!   (debounced, so an event storm becomes one pass). A pass writes only the slices the
+//!   its AddressSet slices, re-reconciled for every peer whenever something changed (an
+//!   event storm becomes few passes: the configuration's pass is debounced, and a slices pass
+//!   under way takes every change made meanwhile). A pass writes only the slices the
 //!   changed addresses touch ([`crate::protection::publish`]: O(changes), the IP-reuse gate applied
 //!   to each new address);
 //! - namespaces → a NetworkPolicy for each offloaded namespace, removed when it stops being one.
