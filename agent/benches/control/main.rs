@@ -15,8 +15,9 @@
 //! - **restart**: the agent restarted → `/readyz` (its first full sync in force);
 //! - peak RSS of the agent and of the controller.
 //!
-//! `PEERWALL_BENCH_LOGS=<dir>` keeps the controller's log there (`controller.log`, at debug:
-//! each pass's laps), to read where the controller's part went.
+//! `PEERWALL_BENCH_LOGS=<dir>` keeps the controller's log there (`controller.log`: each pass's
+//! laps at debug; at trace, when a pod's change arrived, its slices pass started and its
+//! slices were planned), to read where the controller's part went.
 //!
 //! Writes the `control` section of docs/bench.md.
 

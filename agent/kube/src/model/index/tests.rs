@@ -127,7 +127,9 @@ fn the_index_by_difference_equals_the_full_recompute_after_every_event() {
                     ),
                     ("ns".to_string(), n.to_string()),
                 ]);
-                // One tenant namespace: its pods have no namespace sets.
+                // One tenant namespace: its pods have no namespace sets. The label is
+                // Liqo's (`TenantNamespaceLabel`, pkg/consts/core.go; peerwall's
+                // `TENANT_NAMESPACE`).
                 if *n == "y" {
                     labels.insert("liqo.io/tenant-namespace".into(), "true".into());
                 }
