@@ -6,8 +6,8 @@
 //! ([`DesiredIndex::take_changes`]), in what the API shows of its slices (someone else's
 //! edit, an agent's report), or held back by the gate last time — and decides, for each, to
 //! add it to a slice, take it out, or hold it. The result follows [`super::layout`]'s rules
-//! (an address that stays never moves; a new one fills the slice with the most room, or a
-//! new slice; a change of k addresses rewrites at most k slices) and [`super::gate_reuse`]'s
+//! (an address that stays never moves; a new one fills the slice with the most room, among
+//! those under half full and those opened by this plan, or a new slice; a change of k addresses rewrites at most k slices) and [`super::gate_reuse`]'s
 //! (an offloaded address joins a peer only once no other peer's published slices hold it and
 //! every other peer has applied all it was given).
 //!

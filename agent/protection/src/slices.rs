@@ -65,29 +65,41 @@ pub fn slice_name(set: &str, n: usize) -> String {
     format!("{GATEWAY_CONFIG}-{set}-{n:04}")
 }
 
-/// The slices with room (fewer than [`SLICE_FILL`] addresses), emptiest first, ties by key:
-/// where the next new address goes. Each choice is O(log slices), so placing n addresses over
-/// a set of s slices costs O(n log s), not O(n s) (at 100k pods there are 1000 slices).
-pub(crate) struct Room<K: Ord + Clone>(BTreeSet<(usize, K)>);
+/// A slice that already exists takes new addresses only while it holds fewer than this; a
+/// slice opened for new addresses fills up to [`SLICE_FILL`]. An address added rewrites its
+/// whole slice through the API server, at a cost that grows with the slice (`cargo xtask
+/// bench-control`'s full-slice row against its floor). Pods come and go everywhere, so after a
+/// while every slice has a few holes. Refilled emptiest first, they would all stay near
+/// [`SLICE_FILL`], and every new pod would rewrite a full slice. With this rule, a new pod's
+/// address goes to a slice that is at most half full, or to a new slice. This costs at most
+/// twice the fewest slices: every slice but the newest holds at least half, or took no
+/// address since it fell below half.
+pub const REFILL_BELOW: usize = SLICE_FILL / 2;
+
+/// The slices with room, emptiest first, ties by key: where the next new address goes. An
+/// existing slice has room below [`REFILL_BELOW`] addresses, a slice opened here below
+/// [`SLICE_FILL`]. Each choice is O(log slices), so placing n addresses over a set of s slices
+/// costs O(n log s), not O(n s) (at 100k pods there are 1000 slices).
+pub(crate) struct Room<K: Ord + Clone>(BTreeSet<(usize, K, usize)>);
 
 impl<K: Ord + Clone> Room<K> {
-    /// The slices of `sizes` (key, addresses held) that have room.
+    /// The existing slices of `sizes` (key, addresses held) that have room.
     pub(crate) fn new(sizes: impl IntoIterator<Item = (K, usize)>) -> Self {
         Self(
             sizes
                 .into_iter()
-                .filter(|(_, len)| *len < SLICE_FILL)
-                .map(|(k, len)| (len, k))
+                .filter(|(_, len)| *len < REFILL_BELOW)
+                .map(|(k, len)| (len, k, REFILL_BELOW))
                 .collect(),
         )
     }
 
-    /// The slice the next address goes to, counted with it; `None` when every slice is full
+    /// The slice the next address goes to, counted with it; `None` when no slice has room
     /// (the caller opens a new one).
     pub(crate) fn take(&mut self) -> Option<K> {
-        let (len, k) = self.0.pop_first()?;
-        if len + 1 < SLICE_FILL {
-            self.0.insert((len + 1, k.clone()));
+        let (len, k, cap) = self.0.pop_first()?;
+        if len + 1 < cap {
+            self.0.insert((len + 1, k.clone(), cap));
         }
         Some(k)
     }
@@ -95,14 +107,15 @@ impl<K: Ord + Clone> Room<K> {
     /// A new slice `k`, opened with one address.
     pub(crate) fn opened(&mut self, k: K) {
         if 1 < SLICE_FILL {
-            self.0.insert((1, k));
+            self.0.insert((1, k, SLICE_FILL));
         }
     }
 }
 
 /// Lay the `desired` addresses of set `set` over its `current` slices, EndpointSlice style:
 /// an address that left is taken out of its slice, an address that stays never moves, a new
-/// address fills the slice with the most room (below [`SLICE_FILL`]) or a new slice. Returns
+/// address fills the slice with the most room ([`Room`]: an existing slice below
+/// [`REFILL_BELOW`], one opened here below [`SLICE_FILL`]) or a new slice. Returns
 /// only the slices whose content changes (an emptied slice comes back empty: the caller
 /// deletes it once every agent has applied its removal). A change of k addresses rewrites at
 /// most k slices.

@@ -50,6 +50,69 @@ fn slices_are_bounded_and_a_change_rewrites_only_the_slices_it_touches() {
     assert!(emptied.iter().all(|s| s.addresses.is_empty()));
 }
 
+#[test]
+fn a_new_address_goes_to_a_slice_at_most_half_full_or_a_new_one() {
+    let all = many(3000);
+    let first = layout("offloaded", &[], &all);
+    assert!(first.iter().all(|s| s.addresses.len() == SLICE_FILL));
+    // Churn leaves a few holes in every slice, as pods come and go everywhere.
+    let mut holey = first.clone();
+    for s in &mut holey {
+        let gone: Vec<IpAddr> = s.addresses.iter().step_by(100).copied().collect();
+        for a in gone {
+            s.addresses.remove(&a);
+        }
+    }
+    let have: BTreeSet<IpAddr> = holey
+        .iter()
+        .flat_map(|s| s.addresses.iter().copied())
+        .collect();
+    let one: IpAddr = "10.21.0.1".parse().unwrap();
+    let mut next = have.clone();
+    next.insert(one);
+    // Not a slice of 990: a new one, holding only the new address.
+    let changed = layout("offloaded", &holey, &next);
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].addresses, BTreeSet::from([one]));
+    assert!(holey.iter().all(|s| s.name != changed[0].name));
+    // A slice that fell below half is refilled first, emptiest first.
+    let mut low = holey.clone();
+    let kept: BTreeSet<IpAddr> = low[1].addresses.iter().take(300).copied().collect();
+    low[1].addresses = kept;
+    let have: BTreeSet<IpAddr> = low
+        .iter()
+        .flat_map(|s| s.addresses.iter().copied())
+        .collect();
+    let mut next = have.clone();
+    next.insert(one);
+    let changed = layout("offloaded", &low, &next);
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0].name, low[1].name);
+    assert_eq!(changed[0].addresses.len(), 301);
+    // Filled up to half, then a new slice; one opened for many addresses at once fills up.
+    let mut next = have.clone();
+    let new: Vec<IpAddr> = (0..1500u32)
+        .map(|i| IpAddr::V4(std::net::Ipv4Addr::from(0x0a30_0000 + i)))
+        .collect();
+    next.extend(new.iter().copied());
+    let changed = layout("offloaded", &low, &next);
+    let sizes: BTreeMap<&str, usize> = changed
+        .iter()
+        .map(|s| (s.name.as_str(), s.addresses.len()))
+        .collect();
+    assert_eq!(sizes.len(), 3, "{sizes:?}");
+    assert_eq!(sizes[low[1].name.as_str()], REFILL_BELOW);
+    let opened: Vec<usize> = changed
+        .iter()
+        .filter(|s| low.iter().all(|l| l.name != s.name))
+        .map(|s| s.addresses.len())
+        .collect();
+    assert_eq!(
+        opened,
+        vec![SLICE_FILL, 1500 - (REFILL_BELOW - 300) - SLICE_FILL]
+    );
+}
+
 fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
     kv.iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

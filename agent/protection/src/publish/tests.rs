@@ -355,6 +355,42 @@ fn one_pod_at_100k_writes_one_slice_and_reads_nothing_else() {
 }
 
 #[test]
+fn a_new_pod_beside_slices_with_holes_opens_a_slice_rather_than_rewriting_a_full_one() {
+    let mut pb = Publisher::new();
+    context(&mut pb.desired);
+    let mut sim = Sim::new();
+    let ip = |i: u32| IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
+    for i in 0..3000u32 {
+        pb.desired.upsert_pod(pod("alpha", &format!("p{i}"), ip(i)));
+    }
+    let first = reconcile(&mut sim, &mut pb, "alpha");
+    assert_eq!(first.writes.len(), 3);
+    for o in sim.truth.values_mut() {
+        o.applied = true;
+        sim.version += 1;
+        o.version = sim.version;
+    }
+    sim.snapshot();
+    sim.cache_at = sim.history.len() - 1;
+    // A pod gone from every slice: each holds 999.
+    for i in [7, 1007, 2007] {
+        pb.desired.remove_pod("offloaded-alpha", &format!("p{i}"));
+    }
+    let holes = reconcile(&mut sim, &mut pb, "alpha");
+    assert_eq!(holes.writes.len(), 3);
+    assert!(holes
+        .writes
+        .iter()
+        .all(|s| s.addresses.len() == SLICE_FILL - 1));
+    // A new pod: a new slice of one address, not a slice of 999 rewritten.
+    let new: IpAddr = "10.200.0.1".parse().unwrap();
+    pb.desired.upsert_pod(pod("alpha", "new", new));
+    let plan = reconcile(&mut sim, &mut pb, "alpha");
+    assert_eq!(plan.writes.len(), 1);
+    assert_eq!(plan.writes[0].addresses, BTreeSet::from([new]));
+}
+
+#[test]
 fn an_edit_by_someone_else_is_repaired() {
     let mut pb = Publisher::new();
     context(&mut pb.desired);
