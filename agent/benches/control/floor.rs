@@ -11,7 +11,10 @@
 //! AddressSet slice of `SLICE_FILL` (1000) addresses, one of them changed, applied as the
 //! controller applies its slices (server-side apply) and watched by label. The API server's
 //! work grows with the object (it decodes, validates, stores and sends every address), so a
-//! pod whose address lands in a full slice waits for this write rather than the first.
+//! pod whose address lands in a full slice waits for this write rather than the first. And
+//! the same for a slice of one address: what a pod's own write costs at the least, so that
+//! the lower bound of a controller that publishes AddressSets can be read beside the one of
+//! two ConfigMap writes.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -39,6 +42,10 @@ pub struct Floor {
 
 /// Addresses in the floor's slice: as many as a full slice of the controller holds.
 const FULL_SLICE: u32 = peerwall::protection::SLICE_FILL as u32;
+
+/// The floor's slice of one address: the least a controller publishing a pod's address as an
+/// AddressSet writes.
+const SMALL: &str = "peerwall-bench-floor-one";
 
 impl Floor {
     /// Create the ConfigMap (if absent) and start watching it.
@@ -77,22 +84,26 @@ impl Floor {
         }
     }
 
-    /// One block of `n` writes of each kind, 20 ms apart: the ConfigMap's (`floor`) and the
-    /// full slice's (`slices`). The ConfigMap's writes are the ones next to the samples
-    /// (`before`: the block ends with them; after: it starts with them), as they were before
-    /// the slice's writes joined the blocks, so that a slice write never precedes one of them
-    /// or a sample by 20 ms.
+    /// One block of `n` writes of each kind, 20 ms apart: the ConfigMap's (`floor`), the
+    /// full slice's (`slices`) and the one-address slice's (`small`), the two slices' in
+    /// turn. The ConfigMap's writes are the ones next to the samples (`before`: the block
+    /// ends with them; after: it starts with them), as they were before the slices' writes
+    /// joined the blocks, so that a slice write never precedes one of them or a sample by
+    /// 20 ms.
     pub async fn block(
         &mut self,
         n: usize,
         before: bool,
         floor: &mut Vec<Duration>,
         slices: &mut Vec<Duration>,
+        small: &mut Vec<Duration>,
     ) {
         for round in 0..2 {
             for _ in 0..n {
                 if (round == 0) == before {
-                    slices.push(self.full_slice_seen().await);
+                    slices.push(self.slice_seen(FULL_SLICE, NAME).await);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    small.push(self.slice_seen(1, SMALL).await);
                 } else {
                     floor.push(self.write_seen().await);
                 }
@@ -101,14 +112,14 @@ impl Floor {
         }
     }
 
-    /// One write of a full slice (one of its addresses changed): how long until the watch saw
-    /// it.
-    async fn full_slice_seen(&mut self) -> Duration {
+    /// One write of slice `name` holding `size` addresses (one of them changed): how long
+    /// until the watch saw it.
+    async fn slice_seen(&mut self, size: u32, name: &str) -> Duration {
         let key = format!("s{}", self.writes);
         self.writes += 1;
         let changed = self.writes as u32;
         // 10.250.0.0/16 onwards: no pod of the bench has these, and nothing selects the slice.
-        let addresses: Vec<String> = (0..FULL_SLICE)
+        let addresses: Vec<String> = (0..size)
             .map(|i| {
                 let n = if i == 0 { FULL_SLICE + changed } else { i };
                 format!("10.{}.{}.{}", 250 + (n >> 16), (n >> 8) & 255, n & 255)
@@ -118,7 +129,7 @@ impl Floor {
             "apiVersion": "peerwall.io/v1alpha1",
             "kind": "AddressSet",
             "metadata": {
-                "name": NAME,
+                "name": name,
                 "labels": {NAME: "1"},
                 "annotations": {NAME: key},
             },
@@ -127,7 +138,7 @@ impl Floor {
         let t0 = Instant::now();
         self.slices
             .patch(
-                NAME,
+                name,
                 &PatchParams::apply("peerwall-bench-floor").force(),
                 &Patch::Apply(&object),
             )

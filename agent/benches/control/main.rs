@@ -16,8 +16,9 @@
 //! - peak RSS of the agent and of the controller.
 //!
 //! `PEERWALL_BENCH_LOGS=<dir>` keeps the controller's log there (`controller.log`: each pass's
-//! laps at debug; at trace, when a pod's change arrived, its slices pass started and its
-//! slices were planned), to read where the controller's part went.
+//! laps at debug; at trace, when a pod's change arrived, its slices pass started, its slices
+//! were planned and each was applied, with its size and the apply's round trip), to read
+//! where the controller's part went.
 //!
 //! Writes the `control` section of docs/bench.md.
 
@@ -153,6 +154,8 @@ struct Row {
     floor: Vec<Duration>,
     /// The same for a write of a full slice ([`floor::Floor::block`]).
     slice_floor: Vec<Duration>,
+    /// The same for a write of a slice of one address.
+    small_floor: Vec<Duration>,
     /// The slowest one-pod samples, split, with the agent's log meanwhile.
     slowest: Vec<String>,
     one_pod: Vec<Duration>,
@@ -211,8 +214,9 @@ async fn measure(
     let mut floor_probe = floor::Floor::start(rt_client).await;
     let mut floor = Vec::new();
     let mut slice_floor = Vec::new();
+    let mut small_floor = Vec::new();
     floor_probe
-        .block(10, true, &mut floor, &mut slice_floor)
+        .block(10, true, &mut floor, &mut slice_floor, &mut small_floor)
         .await;
     // One pod at a time.
     let samples = env_usize("PEERWALL_BENCH_SAMPLES", 40);
@@ -237,7 +241,7 @@ async fn measure(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     floor_probe
-        .block(10, false, &mut floor, &mut slice_floor)
+        .block(10, false, &mut floor, &mut slice_floor, &mut small_floor)
         .await;
     drop(floor_probe);
     println!(
@@ -316,15 +320,17 @@ async fn measure(
     // Pins and their slot metadata under /run (a plain remove_dir_all leaves the latter).
     let _ = peerwall_backend_select::installed::forget_pins(std::path::Path::new(&pins));
     println!(
-        "{backend}: the API server's floor, a write seen by a watch: p50 {} ms; a full slice's: p50 {} ms",
+        "{backend}: the API server's floor, a write seen by a watch: p50 {} ms; a full slice's: p50 {} ms; a slice of one address: p50 {} ms",
         ms(percentile(&floor, 0.5)),
-        ms(percentile(&slice_floor, 0.5))
+        ms(percentile(&slice_floor, 0.5)),
+        ms(percentile(&small_floor, 0.5))
     );
     Row {
         backend,
         dir_one_pod: Vec::new(),
         floor,
         slice_floor,
+        small_floor,
         parts: [
             trace::median_of(&splits, |s| s.controller),
             trace::median_of(&splits, |s| s.agent),

@@ -118,6 +118,30 @@ pub fn report(
     );
     line(
         &mut md,
+        "the same floor for a slice of one address (server-side apply), p50 (ms): the least write a pod's address takes as an AddressSet",
+        "",
+        &|r| ms(percentile(&r.small_floor, 0.5)),
+    );
+    line(
+        &mut md,
+        "one pod, lower bound of a controller publishing AddressSets: the floor + a one-address slice's floor + the agent's part, p50 (ms); p50 ÷ it",
+        "",
+        &|r| {
+            let Some(agent) = r.parts[1] else {
+                return "–".to_string();
+            };
+            let bound =
+                percentile(&r.floor, 0.5) + percentile(&r.small_floor, 0.5) + agent;
+            let v = percentile(&r.one_pod, 0.5);
+            format!(
+                "{}; {:.2}",
+                ms(bound),
+                v.as_secs_f64() / bound.as_secs_f64()
+            )
+        },
+    );
+    line(
+        &mut md,
         "one pod → first packet, directory source, p50 / p99 (ms)",
         "p50 ≤ 5",
         &|r| {

@@ -299,8 +299,15 @@ pub(super) async fn publish_slices(
             protection::address_set_object(peer, slice),
             Some(owned_by_namespace(ns)),
         )?;
+        let sent = std::time::Instant::now();
         match apply(&api, &object).await {
             Ok(obj) => {
+                tracing::trace!(
+                    slice = %slice.name,
+                    addresses = slice.addresses.len(),
+                    ms = sent.elapsed().as_secs_f64() * 1e3,
+                    "address set applied"
+                );
                 let version = obj.resource_version().unwrap_or_default();
                 ctx.publisher()
                     .slices_mut(&peer.id)

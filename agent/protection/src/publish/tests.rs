@@ -186,6 +186,19 @@ fn reconcile_failing(
 }
 
 /// One reconcile where every write succeeds.
+impl Sim {
+    /// The cache shows every write, and every agent has applied it.
+    fn all_applied(&mut self) {
+        for o in self.truth.values_mut() {
+            o.applied = true;
+            self.version += 1;
+            o.version = self.version;
+        }
+        self.snapshot();
+        self.cache_at = self.history.len() - 1;
+    }
+}
+
 fn reconcile(sim: &mut Sim, pb: &mut Publisher, peer: &str) -> Plan {
     reconcile_failing(
         sim,
@@ -318,14 +331,7 @@ fn one_pod_at_100k_writes_one_slice_and_reads_nothing_else() {
     let first = reconcile(&mut sim, &mut pb, "alpha");
     assert_eq!(first.writes.len(), 100_000 / SLICE_FILL);
     assert!(first.writes.iter().all(|s| s.addresses.len() == SLICE_FILL));
-    // The cache shows the writes, agents apply them.
-    for o in sim.truth.values_mut() {
-        o.applied = true;
-        sim.version += 1;
-        o.version = sim.version;
-    }
-    sim.snapshot();
-    sim.cache_at = sim.history.len() - 1;
+    sim.all_applied();
     let again = reconcile(&mut sim, &mut pb, "alpha");
     assert_eq!((again.writes.len(), again.held), (0, 0));
     // One pod more: one slice, which gains exactly that address.
@@ -365,13 +371,7 @@ fn a_new_pod_beside_slices_with_holes_opens_a_slice_rather_than_rewriting_a_full
     }
     let first = reconcile(&mut sim, &mut pb, "alpha");
     assert_eq!(first.writes.len(), 3);
-    for o in sim.truth.values_mut() {
-        o.applied = true;
-        sim.version += 1;
-        o.version = sim.version;
-    }
-    sim.snapshot();
-    sim.cache_at = sim.history.len() - 1;
+    sim.all_applied();
     // A pod gone from every slice: each holds 999.
     for i in [7, 1007, 2007] {
         pb.desired.remove_pod("offloaded-alpha", &format!("p{i}"));
