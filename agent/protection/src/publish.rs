@@ -7,9 +7,10 @@
 //! edit, an agent's report), or held back by the gate last time — and decides, for each, to
 //! add it to a slice, take it out, or hold it. The result follows [`super::layout`]'s rules
 //! (an address that stays never moves; a new one fills the slice with the most room, among
-//! those under half full and those opened by this plan, or a new slice; a change of k addresses rewrites at most k slices) and [`super::gate_reuse`]'s
-//! (an offloaded address joins a peer only once no other peer's published slices hold it and
-//! every other peer has applied all it was given).
+//! those under half full and those opened by this plan, or a new slice; a change of k
+//! addresses rewrites at most k slices) and [`super::gate_reuse`]'s (an offloaded address
+//! joins a peer only once no other peer's published slices hold it and every other peer has
+//! applied all it was given).
 //!
 //! A planned write is visible at once (to the next plan, and to other peers' gates as "not
 //! settled") and stays so until the API shows that version, so a plan never works from a
