@@ -114,7 +114,7 @@ impl<K: Ord + Clone> Room<K> {
 
 /// Lay the `desired` addresses of set `set` over its `current` slices, EndpointSlice style:
 /// an address that left is taken out of its slice, an address that stays never moves, a new
-/// address fills the slice with the most room ([`Room`]: an existing slice below
+/// address fills the slice with the most room (`Room`: an existing slice below
 /// [`REFILL_BELOW`], one opened here below [`SLICE_FILL`]) or a new slice. Returns
 /// only the slices whose content changes (an emptied slice comes back empty: the caller
 /// deletes it once every agent has applied its removal). A change of k addresses rewrites at
