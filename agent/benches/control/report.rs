@@ -4,6 +4,16 @@ use std::time::Duration;
 
 use crate::{doc, ms, percentile, Row};
 
+/// A one-pod lower bound of row `r`: the ConfigMap floor + the p50 of `second` (the second
+/// write's floor) + the agent's part, and the one-pod p50 over it; None without the agent's
+/// part (its log not read).
+fn bound_and_ratio(r: &Row, second: &[Duration]) -> Option<(Duration, f64)> {
+    let agent = r.parts[1]?;
+    let bound = percentile(&r.floor, 0.5) + percentile(second, 0.5) + agent;
+    let v = percentile(&r.one_pod, 0.5);
+    Some((bound, v.as_secs_f64() / bound.as_secs_f64()))
+}
+
 fn verdict(ok: bool) -> &'static str {
     if ok {
         "meets"
@@ -105,15 +115,9 @@ pub fn report(
         &mut md,
         "one pod → first packet, p50 ÷ the lower bound",
         "≤ 1.3",
-        &|r| {
-            // Without the agent's part (its log not read) there is no bound to compare with.
-            let Some(agent) = r.parts[1] else {
-                return "–".to_string();
-            };
-            let bound = percentile(&r.floor, 0.5) * 2 + agent;
-            let v = percentile(&r.one_pod, 0.5);
-            let ratio = v.as_secs_f64() / bound.as_secs_f64();
-            format!("{ratio:.2} ({})", verdict(ratio <= 1.3))
+        &|r| match bound_and_ratio(r, &r.floor) {
+            Some((_, ratio)) => format!("{ratio:.2} ({})", verdict(ratio <= 1.3)),
+            None => "–".to_string(),
         },
     );
     line(
@@ -126,18 +130,9 @@ pub fn report(
         &mut md,
         "one pod, lower bound of a controller publishing AddressSets: the floor + a one-address slice's floor + the agent's part, p50 (ms); p50 ÷ it",
         "",
-        &|r| {
-            let Some(agent) = r.parts[1] else {
-                return "–".to_string();
-            };
-            let bound =
-                percentile(&r.floor, 0.5) + percentile(&r.small_floor, 0.5) + agent;
-            let v = percentile(&r.one_pod, 0.5);
-            format!(
-                "{}; {:.2}",
-                ms(bound),
-                v.as_secs_f64() / bound.as_secs_f64()
-            )
+        &|r| match bound_and_ratio(r, &r.small_floor) {
+            Some((bound, ratio)) => format!("{}; {ratio:.2}", ms(bound)),
+            None => "–".to_string(),
         },
     );
     line(
