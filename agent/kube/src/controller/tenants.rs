@@ -171,17 +171,15 @@ fn after_slices(held: usize) -> Action {
     }
 }
 
-/// The fast loop: only `peer`'s slices (the addresses pods bring and take away).
-pub(super) async fn reconcile_slices(
-    ns: Arc<Namespace>,
-    ctx: Arc<Ctx>,
-) -> Result<Action, ReconcileError> {
-    let Some(who) = tenant_peer(&ns, &ctx) else {
-        return Ok(Action::await_change());
+/// The fast loop's pass (`slices_loop.rs`): only the slices of `ns`'s peer (the addresses
+/// pods bring and take away). Returns how many addresses the reuse gate holds back (0 for a
+/// namespace of no peer).
+pub(super) async fn slices_pass(ns: &Namespace, ctx: &Ctx) -> Result<usize, ReconcileError> {
+    let Some(who) = tenant_peer(ns, ctx) else {
+        return Ok(0);
     };
     tracing::trace!(peer = %who.id, "slices pass");
-    let held = publish_slices(&ns, &who, &ctx).await?;
-    Ok(after_slices(held))
+    publish_slices(ns, &who, ctx).await
 }
 
 /// The whole peer: its slices first (nothing to write when the fast loop already did), then
