@@ -109,7 +109,7 @@ pub fn run(
         // the scheduler's round-up to its next millisecond tick on top (`bench-control` with
         // `PEERWALL_BENCH_LOGS`: a pod's change → its slices pass, 3.5–4.5 ms); without the
         // debounce, the tick alone (0.9–2.4 ms): a loop of its own (`slices_loop.rs`).
-        let slices = slices_loop::run(client.clone(), tenants(), changed.clone(), ctx.clone());
+        let slices = slices_loop::run(changed.clone(), ctx.clone());
         let gateways = Controller::new(Api::<Namespace>::all(client.clone()), tenants())
             .owns_with(
                 Api::<DynamicObject>::all_with(client.clone(), &super::fwc_resource()),

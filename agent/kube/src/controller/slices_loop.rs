@@ -8,16 +8,14 @@
 //! after the API server's round trip). Here a change wakes the pass at once. What the
 //! controller gave stays: one pass at a time (a pass under way takes every change made
 //! meanwhile, and the next waits for it: an event storm is few passes), a pass on every
-//! tenant namespace that appears or changes, and a failed or held-back pass tried again
+//! tenant namespace that appears or changes (the context's namespace cache, listed before the
+//! loop starts, wakes it like any other change), and a failed or held-back pass tried again
 //! (after 2 s, and 0.5 s while an address waits for another tenant to release it).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::runtime::{reflector, watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
 
 use super::context::Ctx;
 use super::tenants::slices_pass;
@@ -27,23 +25,10 @@ const RETRY_FAILED: Duration = Duration::from_secs(2);
 /// How long a pass that held an address back waits before the next.
 const RETRY_HELD: Duration = Duration::from_millis(500);
 
-/// Run the slices loop over the namespaces `tenants` selects until its namespace watch ends
-/// (never, while the client lives: the watch retries with backoff).
-pub(super) async fn run(
-    client: Client,
-    tenants: watcher::Config,
-    changed: Arc<crate::Changes>,
-    ctx: Arc<Ctx>,
-) {
-    let (store, writer) = reflector::store::<Namespace>();
-    let namespaces = watcher(Api::<Namespace>::all(client), tenants)
-        .default_backoff()
-        .reflect(writer);
-    futures::pin_mut!(namespaces);
+/// Run the slices loop over Liqo's tenant namespaces (labelled
+/// [`crate::TENANT_NAMESPACE`]`=true`) for as long as the controller runs.
+pub(super) async fn run(changed: Arc<crate::Changes>, ctx: Arc<Ctx>) {
     let mut retry: Option<tokio::time::Instant> = None;
-    // Whether the store holds every tenant namespace (after the watch's first list): until
-    // then a pass would miss some, and the list's end brings one.
-    let mut listed = false;
     loop {
         let retried = async {
             match retry {
@@ -54,25 +39,16 @@ pub(super) async fn run(
         tokio::select! {
             biased;
             _ = changed.notify.notified() => {}
-            ev = namespaces.next() => match ev {
-                None => return,
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "tenant namespace watch");
-                    continue;
-                }
-                Some(Ok(watcher::Event::InitDone)) => listed = true,
-                // A (re)list under way: its end passes over all of them.
-                Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => continue,
-                Some(Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_))) => {}
-            },
             _ = retried => {}
-        }
-        if !listed {
-            continue;
         }
         retry = None;
         let now = tokio::time::Instant::now();
-        for ns in store.state() {
+        let tenants = ctx.namespaces.state().into_iter().filter(|ns| {
+            ns.labels()
+                .get(crate::TENANT_NAMESPACE)
+                .is_some_and(|v| v == "true")
+        });
+        for ns in tenants {
             let again = match slices_pass(&ns, &ctx).await {
                 Ok(0) => continue,
                 Ok(_) => RETRY_HELD,
