@@ -299,6 +299,39 @@ async fn controller_keeps_gateway_sets_and_network_policies_in_sync() {
         },
     )
     .await;
+
+    // The peering torn down, its tenant namespace deleted: the slices go with the namespace's
+    // content. They carry no owner reference (none is needed for that, and the API server's
+    // handling of one was a tenth of each slice write on a pod's way to the gateways).
+    let slices: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        "liqo-tenant-b",
+        &peerwall::k8s::address_set_resource(),
+    );
+    let written = slices.list(&Default::default()).await.unwrap().items;
+    assert!(!written.is_empty(), "b's addresses are published as slices");
+    assert!(
+        written.iter().all(|s| s.owner_references().is_empty()),
+        "{written:?}"
+    );
+    nsapi
+        .delete("liqo-tenant-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "b's slices to go with its tenant namespace",
+        Duration::from_secs(60),
+        || async {
+            slices
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .is_empty()
+                .then_some(())
+        },
+    )
+    .await;
     controller.stop();
 }
 

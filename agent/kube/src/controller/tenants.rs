@@ -16,7 +16,7 @@ use super::context::{exceptions_for, labels_of, per_peer, remaps, Ctx};
 use super::enforcement::applied_everywhere;
 use super::offloaded::refresh_offloaded;
 use super::policies::{publish_companions, publish_tier, shared_view};
-use super::publish::{api_error, apply, owned_by_namespace, typed, ReconcileError};
+use super::publish::{api_error, apply, typed, ReconcileError};
 use super::storable::publish_configuration;
 use super::GATEWAY_CONFIG;
 use crate::protection;
@@ -179,7 +179,7 @@ pub(super) async fn slices_pass(ns: &Namespace, ctx: &Ctx) -> Result<usize, Reco
         return Ok(0);
     };
     tracing::trace!(peer = %who.id, "slices pass");
-    publish_slices(ns, &who, ctx).await
+    publish_slices(&who, ctx).await
 }
 
 /// The whole peer: its slices first (nothing to write when the fast loop already did), then
@@ -204,7 +204,7 @@ pub(super) async fn reconcile_gateway(
     };
     // Addresses first, as slices: the configuration that takes them comes after, so a set
     // never misses addresses it had.
-    let held = publish_slices(&ns, &who, &ctx).await?;
+    let held = publish_slices(&who, &ctx).await?;
     let slices_ms = lap();
     // One view of pods and NetworkPolicies serves the declared sets, the tier and the
     // companions.
@@ -263,7 +263,6 @@ pub(super) async fn reconcile_gateway(
 /// addresses): [`Publisher::plan`]), and delete slices that are empty and whose emptying
 /// every host has applied. Returns how many offloaded addresses the reuse gate holds back.
 pub(super) async fn publish_slices(
-    ns: &Namespace,
     peer: &protection::Peer,
     ctx: &Ctx,
 ) -> Result<usize, ReconcileError> {
@@ -293,10 +292,11 @@ pub(super) async fn publish_slices(
         tracing::trace!(peer = %peer.id, slices = plan.writes.len(), "address sets planned");
     }
     for slice in &plan.writes {
-        let object: AddressSet = typed(
-            protection::address_set_object(peer, slice),
-            Some(owned_by_namespace(ns)),
-        )?;
+        // No owner reference: a slice lives in the tenant namespace it would name, whose
+        // deletion deletes it anyway, and on this path (a pod's address on its way to the
+        // gateways) the API server's handling of one costs 0.5–0.7 ms of a 4–6 ms apply
+        // (docs/benchmarking.md). An older controller's reference goes with the next apply.
+        let object: AddressSet = typed(protection::address_set_object(peer, slice), None)?;
         let sent = std::time::Instant::now();
         match apply(&api, &object).await {
             Ok(obj) => {
