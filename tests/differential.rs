@@ -498,6 +498,125 @@ fn bpf_long_chains_equal_reference() {
     );
 }
 
+/// A field one rule tests for a single value, in [`each_pair_of_field_tests_equals_reference`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Field {
+    SrcAddr,
+    DstAddr,
+    SrcPort,
+    DstPort,
+}
+
+impl Field {
+    /// The FirewallConfiguration match testing this field of a packet for `value`.
+    fn spec(self, op: &str, value: &str) -> serde_json::Value {
+        let (kind, position) = match self {
+            Field::SrcAddr => ("ip", "src"),
+            Field::DstAddr => ("ip", "dst"),
+            Field::SrcPort => ("port", "src"),
+            Field::DstPort => ("port", "dst"),
+        };
+        serde_json::json!({"op": op, kind: {"value": value, "position": position}})
+    }
+
+    /// The value this field has in `pkt`.
+    fn of(self, pkt: &Packet) -> String {
+        match self {
+            Field::SrcAddr => pkt.src.to_string(),
+            Field::DstAddr => pkt.dst.to_string(),
+            Field::SrcPort => pkt.sport.to_string(),
+            Field::DstPort => pkt.dport.to_string(),
+        }
+    }
+
+    /// `pkt` with this field moved off the value the rule tests.
+    fn changed(self, mut pkt: Packet) -> Packet {
+        let other = |a: std::net::IpAddr| -> std::net::IpAddr {
+            match a {
+                std::net::IpAddr::V4(v) => std::net::Ipv4Addr::from(u32::from(v) ^ 0x20).into(),
+                std::net::IpAddr::V6(v) => std::net::Ipv6Addr::from(u128::from(v) ^ 0x20).into(),
+            }
+        };
+        match self {
+            Field::SrcAddr => pkt.src = other(pkt.src),
+            Field::DstAddr => pkt.dst = other(pkt.dst),
+            Field::SrcPort => pkt.sport ^= 0x20,
+            Field::DstPort => pkt.dport ^= 0x20,
+        }
+        pkt
+    }
+}
+
+/// Every pair of single-value tests of packet fields in one rule (source and destination
+/// address, IPv4 and IPv6, source and destination port), each test `eq` or `neq`, against the
+/// four packets that make each test true or false: both kernels give the reference's verdict
+/// and rule. nft 1.0.6 joins compares of adjacent fields into one compare of the joined field
+/// (`th sport != 80 th dport != 40000` was loaded as `@th,0,32 != 0x509c40`, true when either
+/// port differs); random policies meet that only now and then, this test on every run.
+#[test]
+fn each_pair_of_field_tests_equals_reference() {
+    use Field::*;
+    require_root();
+    let fields = [SrcAddr, DstAddr, SrcPort, DstPort];
+    let packets = [
+        ("10.1.0.15", "10.1.0.7", "INET"),
+        ("fd01::f", "fd01::7", "IPV6"),
+    ];
+    let mut cases = 0;
+    for (src, dst, family) in packets {
+        let base = Packet {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            proto: ir::eval::proto::UDP,
+            sport: 80,
+            dport: 40000,
+            iif: Some(IFACES[0].to_string()),
+            oif: Some(IFACES[2].to_string()),
+            ct_state: CtState::New,
+        };
+        for (i, &a) in fields.iter().enumerate() {
+            for &b in &fields[i + 1..] {
+                for (op_a, op_b) in [("eq", "eq"), ("eq", "neq"), ("neq", "eq"), ("neq", "neq")] {
+                    let rule = serde_json::json!({"name": "both", "action": "accept",
+                        "counter": true,
+                        "match": [a.spec(op_a, &a.of(&base)), b.spec(op_b, &b.of(&base))]});
+                    let spec: FirewallConfigurationSpec =
+                        serde_json::from_value(serde_json::json!(
+                            {"table": {"name": "t0", "family": family, "chains": [{"name": "c0",
+                            "type": "filter", "hook": "forward", "priority": 0, "policy": "drop",
+                            "rules": {"filterRules": [rule]}}]}}
+                        ))
+                        .expect("a FirewallConfiguration spec");
+                    let policy = compile(&objects(std::slice::from_ref(&spec)))
+                        .expect("compiles")
+                        .policy;
+                    let pkts = [
+                        base.clone(),
+                        a.changed(base.clone()),
+                        b.changed(base.clone()),
+                        b.changed(a.changed(base.clone())),
+                    ];
+                    for engine in [Engine::Nftables, Engine::Bpf] {
+                        let mut judge = Judge::new(engine, &policy).expect("engine loads");
+                        for pkt in &pkts {
+                            let expected = ir::evaluate(&policy, pkt);
+                            let got = judge.verdict(pkt);
+                            assert!(
+                                matches!(&got, Ok(v) if *v == expected),
+                                "{family} {a:?} {op_a} {}, {b:?} {op_b} {}: packet {pkt:?}\nreference {expected:?}\n{engine:?} {got:?}",
+                                a.of(&base),
+                                b.of(&base)
+                            );
+                            cases += 1;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(cases, 2 * 6 * 4 * 2 * 4);
+}
+
 #[test]
 fn bpf_equals_reference_equals_nftables() {
     let cases = run(&[Engine::Bpf, Engine::Nftables], "three-way", 6, 25);

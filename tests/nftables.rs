@@ -17,6 +17,18 @@ fn compile_file(rel: &str) -> peerwall_policy::ir::Policy {
     compile::compile(&objs).expect("compiles").policy
 }
 
+/// `peerwall apply -f` of `yaml` (written to a scratch file named after `name`) in the
+/// topology's gateway.
+fn apply_yaml(t: &Topology, name: &str, yaml: &str) -> std::process::Output {
+    let dir = std::env::temp_dir().join(format!("pw-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join(format!("{name}.yaml"));
+    std::fs::write(&f, yaml).unwrap();
+    let o = peerwall_in(&t.gateway, &["apply", "-f", f.to_str().unwrap()]);
+    std::fs::remove_dir_all(&dir).ok();
+    o
+}
+
 #[test]
 fn thesis_block_drops_pod1_to_pod2_only() {
     let t = Topology::new();
@@ -111,27 +123,17 @@ fn provider_protection_default_deny_and_set_updates_in_place() {
 #[test]
 fn reject_answers_with_port_unreachable() {
     let t = Topology::new();
-    let dir = std::env::temp_dir().join(format!("pw-reject-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("reject.yaml");
-    std::fs::write(
-        &f,
-        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: r, namespace: t}\nspec:\n  table:\n    name: rej\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: no-pod2, action: reject, match: [{op: eq, ip: {value: '10.20.1.2, fd20::2', position: dst}}]}\n",
-    )
-    .unwrap();
-    let o = peerwall_in(&t.gateway, &["apply", "-f", f.to_str().unwrap()]);
+    let yaml = "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: r, namespace: t}\nspec:\n  table:\n    name: rej\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: no-pod2, action: reject, match: [{op: eq, ip: {value: '10.20.1.2, fd20::2', position: dst}}]}\n";
+    let o = apply_yaml(&t, "reject", yaml);
     // A list mixing families in one match is refused with its path.
     assert_eq!(o.status.code(), Some(2));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("spec.table.chains[0].rules.filterRules[0].match[0].ip.value: \"10.20.1.2, fd20::2\" mixes IPv4 and IPv6"), "{err}");
-    std::fs::write(
-        &f,
-        std::fs::read_to_string(&f)
-            .unwrap()
-            .replace("'10.20.1.2, fd20::2'", "'10.20.1.2, 10.20.1.3'"),
-    )
-    .unwrap();
-    let o = peerwall_in(&t.gateway, &["apply", "-f", f.to_str().unwrap()]);
+    let o = apply_yaml(
+        &t,
+        "reject",
+        &yaml.replace("'10.20.1.2, fd20::2'", "'10.20.1.2, 10.20.1.3'"),
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = ping_output(&t.consumer, "10.10.1.67", "10.20.1.3");
     assert!(out.contains("Destination Port Unreachable"), "{out}");
@@ -140,7 +142,6 @@ fn reject_answers_with_port_unreachable() {
     let listing = nft_list(&t.gateway, &["list", "table", "inet", "rej"]);
     assert!(listing.contains("ip daddr @__pw_0_0_0"), "{listing}");
     assert_eq!(listing.matches("reject").count(), 1, "{listing}");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
@@ -150,22 +151,48 @@ fn ipv6_is_enforced() {
         ping(&t.consumer, "fd10::67", "fd20::2"),
         "baseline v6 connectivity"
     );
-    let dir = std::env::temp_dir().join(format!("pw-v6-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let f = dir.join("v6.yaml");
-    std::fs::write(
-        &f,
+    let o = apply_yaml(
+        &t,
+        "v6",
         "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: v6, namespace: t}\nspec:\n  table:\n    name: six\n    family: IPV6\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: block, action: drop, match: [{op: eq, ip: {value: 'fd10::/64', position: src}, dev: {value: liqo-tunnel, position: in}}]}\n",
-    )
-    .unwrap();
-    let o = peerwall_in(&t.gateway, &["apply", "-f", f.to_str().unwrap()]);
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!ping(&t.consumer, "fd10::67", "fd20::2"), "v6 dropped");
     assert!(
         ping(&t.consumer, "10.10.1.67", "10.20.1.2"),
         "v4 untouched by an ip6 table"
     );
-    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A rule asking two ports to differ (`sport != 80`, `dport != 40000`) accepts only datagrams
+/// where both do. nft 1.0.6 joins compares of the adjacent port fields into one compare of
+/// the joined field, true when either differs; the backend renders each negated port as the
+/// one-value range it is, which nft never joins.
+#[test]
+fn two_negated_ports_are_each_required() {
+    let t = Topology::new();
+    let _echo = [5000, 40000].map(|port| udp_echo(&t.provider, "10.20.1.2", port));
+    let o = apply_yaml(
+        &t,
+        "negated",
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: neg, namespace: t}\nspec:\n  table:\n    name: neg\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: drop\n        rules:\n          filterRules:\n            - {name: neither, action: accept, match: [{op: neq, port: {value: '80', position: src}}, {op: neq, port: {value: '40000', position: dst}}]}\n",
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let echoed = |sport: u16, dport: u16| {
+        // Replies come back from the echo's port to `sport`: neither is 80 or 40000.
+        let mut s =
+            Session::udp(&t.consumer, "10.10.1.67", sport, "10.20.1.2", dport).expect("socat");
+        (0..3).any(|i| s.echoes(&format!("d{i}"), std::time::Duration::from_millis(700)))
+    };
+    assert!(echoed(81, 5000), "both ports differ: delivered");
+    assert!(!echoed(80, 5000), "source port 80: dropped");
+    assert!(!echoed(81, 40000), "destination port 40000: dropped");
+    let listing = nft_list(&t.gateway, &["list", "table", "inet", "neg"]);
+    assert!(
+        listing.contains("th sport != 80-80") && listing.contains("th dport != 40000-40000"),
+        "{listing}"
+    );
+    assert!(!listing.contains("@th,0,32"), "{listing}");
 }
 
 #[test]

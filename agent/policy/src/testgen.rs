@@ -525,7 +525,7 @@ pub fn random_packet(rng: &mut StdRng) -> Packet {
         dst: dst.parse().unwrap(),
         proto: p,
         sport: *pick(rng, &[40000, 80, 1024]),
-        dport: *pick(rng, &[79, 80, 81, 443, 22, 5000]),
+        dport: *pick(rng, &[79, 80, 81, 443, 22, 5000, 40000]),
         iif: Some(pick(rng, &IFACES).to_string()),
         oif: if rng.random_bool(0.8) {
             Some(pick(rng, &IFACES).to_string())

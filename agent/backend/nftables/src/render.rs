@@ -13,6 +13,8 @@ use peerwall_policy::ir::{
     VerdictAction,
 };
 
+mod negations;
+
 use crate::events;
 use crate::merge;
 use crate::model::addr_elem;
@@ -385,6 +387,7 @@ fn merged_rule(
         });
     }
     drop_implied_port_guards(&mut exprs);
+    negations::keep_negations_apart(&mut exprs);
     let name = format!("{AUTO_SET_PREFIX}m{ci}_{first}");
     let (elements, comments) = m
         .elements
@@ -463,6 +466,7 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
                 }));
             }
             drop_implied_port_guards(&mut exprs);
+            negations::keep_negations_apart(&mut exprs);
             let verdict = r.action.verdict();
             let kind = verdict.map(|v| EventKind::of(v, audited));
             if let (Some(ev), Some(kind)) = (&opts.events, kind) {
