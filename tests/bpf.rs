@@ -1123,6 +1123,149 @@ fn agent_attaches_to_interfaces_that_appear_later() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The tunnel made again under its name while no agent runs (Liqo's userspace WireGuard makes
+/// `liqo-tunnel` anew each time its gateway container starts): the new device has no tc
+/// program, and before the guard it forwarded everything from the peer until an agent
+/// attached to it. The guard (`inet peerwall-guard`, kernel state that holds without the
+/// agent) drops what arrives on it until then, and lets it through once the datapath is
+/// attached.
+#[test]
+fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
+    let t = Topology::new();
+    let pins = Pins::new("guard");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-guard-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("p.yaml"),
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: g, namespace: t}\nspec:\n  table:\n    name: guarded\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {name: not-68, action: drop, match: [{op: eq, dev: {value: liqo-tunnel, position: in}, ip: {value: 10.10.1.68, position: src}}]}\n",
+    )
+    .unwrap();
+    let enforced = || {
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+            && !ping(&t.consumer, "10.10.1.68", "10.20.1.2")
+    };
+    let guard = || {
+        String::from_utf8_lossy(
+            &in_ns(
+                &t.gateway,
+                "nft",
+                &["list", "table", "inet", "peerwall-guard"],
+            )
+            .stdout,
+        )
+        .into_owned()
+    };
+    let ifindex = || {
+        let o = in_ns(&t.gateway, "cat", &["/sys/class/net/liqo-tunnel/ifindex"]);
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let mut agent = bpf_agent(&t.gateway, &pins, &dir, 100);
+    wait_until("the policy in force on the tunnel", 30, enforced);
+    // The guard lets through exactly the interfaces the datapath is attached to (nft names
+    // the ifindexes it holds by their devices).
+    let first = ifindex();
+    // Each pattern's rule lets through both attached devices, whatever their order.
+    let lets_through = |g: &str| {
+        ["liqo-tunnel*", "liqo.*"].iter().all(|p| {
+            g.lines().any(|l| {
+                l.contains(&format!(r#"iifname "{p}" iif != {{ "#))
+                    && l.contains(r#""liqo-tunnel""#)
+                    && l.contains(r#""liqo.abcdefghij""#)
+            })
+        })
+    };
+    let g = guard();
+    assert!(
+        lets_through(&g),
+        "the guard lets the attached interfaces through:\n{g}"
+    );
+    // The agent goes (a restart, an upgrade), then Liqo's gateway container restarts and
+    // makes the tunnel anew: a new device, a new ifindex, no program on it.
+    agent.kill();
+    in_ns(&t.gateway, "ip", &["link", "del", TUNNEL]);
+    veth(&t.consumer, "eth0", &t.gateway, TUNNEL);
+    for a in ["10.10.1.67/32", "10.10.1.68/32"] {
+        ip(&t.consumer, &["addr", "add", a, "dev", "eth0"]);
+    }
+    ip(
+        &t.gateway,
+        &["addr", "add", "169.254.0.1/32", "dev", TUNNEL],
+    );
+    ip(&t.consumer, &["route", "add", "169.254.0.1", "dev", "eth0"]);
+    ip(
+        &t.consumer,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.0.1",
+            "dev",
+            "eth0",
+        ],
+    );
+    ip(&t.gateway, &["route", "add", "10.10.0.0/16", "dev", TUNNEL]);
+    assert_ne!(ifindex(), first, "the tunnel is a new device");
+    // Nothing from the new tunnel is forwarded, the source the policy allows included; the
+    // guard's counter shows the packets reached the gateway and were dropped there.
+    for src in ["10.10.1.68", "10.10.1.67"] {
+        assert!(
+            !ping(&t.consumer, src, "10.20.1.2"),
+            "{src}: forwarded from a tunnel no datapath filters\n{}",
+            guard()
+        );
+    }
+    // The guard holds the old device's ifindex, which no device has now (nft prints it as a
+    // number), and dropped the pings.
+    let g = guard();
+    assert!(
+        g.lines().any(|l| l.contains(r#"iifname "liqo-tunnel*""#)
+            && (l.contains(&format!(" {first},")) || l.contains(&format!(" {first} ")))
+            && !l.contains("counter packets 0 ")),
+        "the guard dropped the pings:\n{g}"
+    );
+    // An agent again: attached to the new tunnel, then let through the guard.
+    let mut agent = bpf_agent(&t.gateway, &pins, &dir, 100);
+    wait_until("the policy in force on the tunnel made again", 30, enforced);
+    let g = guard();
+    assert!(
+        lets_through(&g)
+            && !g.contains(&format!(" {first},"))
+            && !g.contains(&format!(" {first} ")),
+        "the guard lets the new tunnel through, not the old one's ifindex ({first}):\n{g}"
+    );
+    // The node switched to the nftables backend: its apply deletes the guard in the same
+    // transaction as its policy (the guard would drop every tunnel, none attached then).
+    agent.kill();
+    let o = peerwall_in(
+        &t.gateway,
+        &[
+            "apply",
+            "--backend",
+            "nftables",
+            "-f",
+            &dir.join("p.yaml").to_string_lossy(),
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success() && out.contains("peerwall-guard"),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        !in_ns(
+            &t.gateway,
+            "nft",
+            &["list", "table", "inet", "peerwall-guard"]
+        )
+        .status
+        .success(),
+        "the nftables apply deleted the guard"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `FLOW_SEEN`'s stamp (u16) of `slot`, with bpftool: the lane of its entry
 /// ([`peerwall_common::seen_line_of`]: 32 stamps to an entry).
 fn seen_entry(pins: &Pins, slot: u32) -> u16 {

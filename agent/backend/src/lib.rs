@@ -201,6 +201,11 @@ pub trait Revoke {
     }
 }
 
+/// The nftables table (family `inet`) by which the bpf backend drops what arrives on an
+/// interface its datapath is not attached to yet (`peerwall_backend_bpf::backend::Guard`);
+/// the nftables backend deletes one it finds, left by a bpf datapath that ran before it.
+pub const GUARD_TABLE: &str = "peerwall-guard";
+
 /// A gateway's boot policy (`peerwall boot`): held before the first apply, let go once the
 /// policy in force supersedes it.
 pub trait HoldBoot {

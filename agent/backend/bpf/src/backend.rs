@@ -17,6 +17,10 @@ use crate::loader::{self, BpfApplyReport, BpfError, Datapath, LoadOptions};
 use crate::maps::Iface;
 use crate::routing::watch::RouteWatch;
 
+mod guard;
+use guard::Guards;
+pub use guard::{Guard, GUARD_TABLE};
+
 /// The backend's name, as `--backend` spells it.
 pub const NAME: &str = "bpf";
 
@@ -86,6 +90,10 @@ pub struct BpfBackend {
     patterns: Vec<String>,
     xdp: bool,
     boot_tables: Boots,
+    /// The guard of interfaces not attached yet ([`Guard`]), with the ifindexes attached
+    /// when it was last kept.
+    guard: Guards,
+    guarded: Option<Vec<u32>>,
     /// The local-address mirror's watcher, started by the first apply (in the namespace the
     /// backend serves); dropping it withdraws the mirror.
     routes: Option<RouteWatch>,
@@ -127,6 +135,8 @@ impl BpfBackend {
             patterns,
             xdp,
             boot_tables: Boots(None),
+            guard: Guards(None),
+            guarded: None,
             routes: None,
             kept: peerwall_backend::Kept::new(1 << 16),
             kernel_table: Table(None),
@@ -359,9 +369,14 @@ impl BpfBackend {
             "attaching"
         );
         self.datapath.prepare(&targets, self.xdp)?;
-        for t in targets {
+        for t in &targets {
             self.datapath.attach(t, self.xdp)?;
         }
+        // Only now are the new interfaces let through the guard: attached first, so none of
+        // them passes a packet unfiltered.
+        let mut attached: Vec<u32> = targets.iter().map(|t| t.ifindex).collect();
+        attached.sort_unstable();
+        self.keep_guard(attached)?;
         // A pattern nothing matches yet waits for its interface (a gateway's tunnel comes up
         // after the pod's namespace, where the agent starts): verify both tc entries now, so
         // the interface poll that finds it attaches at once instead of running the verifier
@@ -404,9 +419,12 @@ impl BpfBackend {
         }
     }
 
-    /// Detach and remove every pin of the datapath.
+    /// Detach and remove every pin of the datapath, and the guard.
     pub fn delete(&mut self) -> Result<Vec<String>, BpfError> {
         self.routes = None;
+        if let Some(g) = self.guard.0.as_mut() {
+            g.release().map_err(BpfError::Guard)?;
+        }
         loader::remove_pins(self.datapath.pin_dir())
     }
 
@@ -481,13 +499,15 @@ impl Enforce for BpfBackend {
     /// tracking held on (the table [`KEEP_TRACKING_TABLE`], put back when gone: drift).
     fn repair(&mut self) -> Result<Vec<peerwall_backend::Drift>, BackendError> {
         self.sweep_if_due();
-        Ok(self
+        let mut drift: Vec<peerwall_backend::Drift> = self
             .keep_tracking()?
             .into_iter()
             .map(|family| peerwall_backend::Drift::Missing {
                 table: format!("{family} {KEEP_TRACKING_TABLE}"),
             })
-            .collect())
+            .collect();
+        drift.extend(self.repair_guard()?);
+        Ok(drift)
     }
 
     fn environment(&self) -> Vec<HostInterface> {

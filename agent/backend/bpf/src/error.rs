@@ -34,6 +34,9 @@ pub enum BpfError {
     /// kernel does not offer it, or the object's kfunc calls could not be resolved.
     #[error("the kernel's connection table for the bpf datapath: {0}")]
     KernelConntrack(String),
+    /// The guard of interfaces not attached yet (`backend::Guard`) could not be kept.
+    #[error("the guard of interfaces the datapath is not attached to yet (nftables table inet peerwall-guard): {0}")]
+    Guard(#[source] peerwall_backend::BackendError),
     /// A map missing from the object.
     #[error("map {0} is missing from the eBPF object")]
     MissingMap(String),

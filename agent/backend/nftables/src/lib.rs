@@ -290,7 +290,15 @@ impl<R: Runner> NftBackend<R> {
             Err(desired) => desired,
         };
         let listing = self.nft.list_ruleset_terse()?;
-        let (report, desired) = self.transact_against(desired, &listing)?;
+        // The bpf backend's guard, left by a datapath that ran here before (the node switched
+        // backends), goes in the same transaction as the policy: it drops what arrives on
+        // every interface it names that no datapath is attached to, which is all of them now.
+        let guard = if desired.is_empty() {
+            Vec::new()
+        } else {
+            vec![peerwall_backend::GUARD_TABLE.to_string()]
+        };
+        let (report, desired) = self.transact_against(desired, &listing, &guard)?;
         // One listing after the transaction for every table's snapshot.
         let after = self.nft.list_ruleset_terse()?;
         for t in desired {
@@ -308,11 +316,13 @@ impl<R: Runner> NftBackend<R> {
 
     /// The part of an apply that follows the kernel's listing: the emergency switch and
     /// conntrack's pickup as found there, name clashes with foreign tables, then the plan
-    /// against `listing` in one transaction. Returns the report and the completed tables.
+    /// against `listing` in one transaction, deleting too the unmarked tables `foreign_ours`
+    /// names. Returns the report and the completed tables.
     fn transact_against(
         &mut self,
         desired: Vec<RenderedTable>,
         listing: &Listing,
+        foreign_ours: &[String],
     ) -> Result<(ApplyReport, Vec<RenderedTable>), NftError> {
         // The emergency switch stays on through new policies.
         self.allow_all = switch::is_on(listing);
@@ -336,7 +346,7 @@ impl<R: Runner> NftBackend<R> {
         self.reserved_clash(&desired)?;
         let (desired, _) = self.complete(desired);
         let kernel = listing.kernel_tables();
-        let plan = plan::plan(&self.applied, &desired, &kernel, &[])?;
+        let plan = plan::plan(&self.applied, &desired, &kernel, foreign_ours)?;
         let mut report = plan.report;
         if !plan.commands.is_empty() {
             report.over_netlink = self.nft.edits_elements_over_netlink()
@@ -365,7 +375,7 @@ impl<R: Runner> NftBackend<R> {
         if listing.kernel_tables().iter().any(|t| t.owner.is_some()) {
             return Ok(false);
         }
-        self.transact_against(self.render(policy), &listing)?;
+        self.transact_against(self.render(policy), &listing, &[])?;
         Ok(true)
     }
 

@@ -103,6 +103,9 @@ pub fn remove(kind: BackendKind, pin_dir: &Path) -> Result<Vec<String>, BackendE
             if let Err(e) = crate::tracking::Tracking::default().release() {
                 tracing::warn!(error = %e, "could not delete the table that kept the kernel tracking connections");
             }
+            // Without the datapath the guard would drop everything on the interfaces it
+            // filtered.
+            crate::guard::remove()?;
             Ok(gone)
         }
         BackendKind::Nftables => NftBackend::new(Nft::host())
@@ -133,8 +136,16 @@ pub fn still_filtering(pin_dir: &Path) -> bool {
 pub fn set_switch(kind: BackendKind, pin_dir: &Path, on: bool) -> Result<(), BackendError> {
     let name = kind.name();
     match kind {
-        BackendKind::Bpf => loader::set_allow_all_pinned(pin_dir, on)
-            .map_err(BackendError::host(name, "setting the emergency switch")),
+        BackendKind::Bpf => {
+            loader::set_allow_all_pinned(pin_dir, on)
+                .map_err(BackendError::host(name, "setting the emergency switch"))?;
+            // The switch lets everything through, interfaces the datapath is not attached to
+            // yet too; the agent puts the guard back once the switch is off.
+            if on {
+                crate::guard::remove()?;
+            }
+            Ok(())
+        }
         BackendKind::Nftables => switch::set(&Nft::host(), on)
             .map_err(BackendError::host(name, "setting the emergency switch")),
     }

@@ -5,6 +5,7 @@
 //! Nothing above this crate names a backend's own types.
 
 mod boot_tables;
+pub mod guard;
 pub mod installed;
 mod kernel_table;
 pub mod rendering;
@@ -279,6 +280,9 @@ fn bpf(s: &Settings) -> Result<BpfBackend, BackendError> {
     // an nftables table matching the tunnel by name, unless peerwall's tables are here already;
     // deleted over netlink once the tunnel is attached.
     b.set_boot_tables(Box::new(boot_tables::NftBootTables::default()));
+    // An interface the patterns pick is dropped by nftables until the datapath is attached
+    // to it (a tunnel made again under its name, while no agent runs).
+    b.set_guard(Box::new(guard::NftGuard::default()));
     Ok(b)
 }
 

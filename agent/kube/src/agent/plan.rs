@@ -117,6 +117,13 @@ pub fn reserved_by_controller(key: &str, obj: &PolicyObject) -> Option<String> {
              connections it ended (nobody's object may name it); name the table otherwise"
         ));
     }
+    if table == peerwall_backend_select::guard::TABLE {
+        return Some(format!(
+            "spec.table.name: {table:?}: reserved for the table that drops what arrives on \
+             an interface before the bpf datapath is attached to it (nobody's object may name \
+             it); name the table otherwise"
+        ));
+    }
     if table == peerwall_backend_select::tracking::TABLE {
         return Some(format!(
             "spec.table.name: {table:?}: reserved for the table that keeps the kernel \
@@ -593,6 +600,7 @@ mod tests {
             for (table, why) in [
                 ("peerwall-ended", "connections it ended"),
                 ("peerwall-conntrack", "keeps the kernel tracking"),
+                ("peerwall-guard", "before the bpf datapath is attached"),
             ] {
                 let o = observed(name, "u3", 1, Ok(object(name, table, "drop")));
                 let p = plan(&[o], &mut good);
