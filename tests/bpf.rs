@@ -1179,6 +1179,33 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
         lets_through(&g),
         "the guard lets the attached interfaces through:\n{g}"
     );
+    // Removed behind the agent's back (the gateway pod holds NET_ADMIN in its namespace): put
+    // back as drift.
+    ok(in_ns(
+        &t.gateway,
+        "nft",
+        &["delete", "table", "inet", "peerwall-guard"],
+    ));
+    wait_until("the guard put back", 10, || lets_through(&guard()));
+    // The emergency switch lets everything through, the guard goes with it; switched off,
+    // the agent puts it back.
+    ok(peerwall_in(
+        &t.gateway,
+        &["allow-all", "on", "--pin-dir", pins.arg()],
+    ));
+    assert!(guard().is_empty(), "the switch took the guard away");
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    assert!(
+        guard().is_empty(),
+        "the agent kept the guard away while the switch is on"
+    );
+    ok(peerwall_in(
+        &t.gateway,
+        &["allow-all", "off", "--pin-dir", pins.arg()],
+    ));
+    wait_until("the guard back once the switch is off", 10, || {
+        lets_through(&guard())
+    });
     // The agent goes (a restart, an upgrade), then Liqo's gateway container restarts and
     // makes the tunnel anew: a new device, a new ifindex, no program on it.
     agent.kill();

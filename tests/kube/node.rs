@@ -555,6 +555,28 @@ fn bring_up(
         },
     );
     let took = first.get().unwrap_or_else(|| t0.elapsed());
+    if backend == "bpf" {
+        // The guard in the pod: its tunnel let through once attached, any other device
+        // matching the patterns (the tunnel made again) dropped until then.
+        wait(
+            "the guard of interfaces not attached yet in the gateway pod",
+            Duration::from_secs(10),
+            || {
+                let out = Command::new("nsenter")
+                    .arg(format!("--net={}", netns.display()))
+                    .args(["nft", "list", "table", "inet", "peerwall-guard"])
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                text.lines()
+                    .any(|l| {
+                        l.contains(r#"iifname "liqo-tunnel*" iif != "#)
+                            && l.contains(r#""liqo-tunnel""#)
+                    })
+                    .then_some(())
+            },
+        );
+    }
     (Gateway { uid, netns }, took)
 }
 

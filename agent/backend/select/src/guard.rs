@@ -99,15 +99,17 @@ impl Guard for NftGuard {
             self.written = last;
             return Ok(false);
         }
-        // Something committed since (or the first time): is the table there?
-        let there = nft
-            .list_ruleset_terse()
-            .map_err(BackendError::host(NFT, "listing tables"))?
-            .kernel_tables()
-            .iter()
-            .any(|t| t.family == "inet" && t.name == TABLE);
+        // Unchanged, but something committed since: is the table there? (A change is
+        // written without asking: the script replaces whatever is there.)
+        let there = same
+            && nft
+                .list_ruleset_terse()
+                .map_err(BackendError::host(NFT, "listing tables"))?
+                .kernel_tables()
+                .iter()
+                .any(|t| t.family == "inet" && t.name == TABLE);
         let missing = same && !there;
-        if !same || !there {
+        if !there {
             let text =
                 script(patterns, attached).map_err(BackendError::host(NFT, "writing the guard"))?;
             nft.apply_text(&text).map_err(BackendError::host(
