@@ -1209,29 +1209,7 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
     // The agent goes (a restart, an upgrade), then Liqo's gateway container restarts and
     // makes the tunnel anew: a new device, a new ifindex, no program on it.
     agent.kill();
-    in_ns(&t.gateway, "ip", &["link", "del", TUNNEL]);
-    veth(&t.consumer, "eth0", &t.gateway, TUNNEL);
-    for a in ["10.10.1.67/32", "10.10.1.68/32"] {
-        ip(&t.consumer, &["addr", "add", a, "dev", "eth0"]);
-    }
-    ip(
-        &t.gateway,
-        &["addr", "add", "169.254.0.1/32", "dev", TUNNEL],
-    );
-    ip(&t.consumer, &["route", "add", "169.254.0.1", "dev", "eth0"]);
-    ip(
-        &t.consumer,
-        &[
-            "route",
-            "add",
-            "default",
-            "via",
-            "169.254.0.1",
-            "dev",
-            "eth0",
-        ],
-    );
-    ip(&t.gateway, &["route", "add", "10.10.0.0/16", "dev", TUNNEL]);
+    t.make_tunnel_again();
     assert_ne!(ifindex(), first, "the tunnel is a new device");
     // Nothing from the new tunnel is forwarded, the source the policy allows included; the
     // guard's counter shows the packets reached the gateway and were dropped there.

@@ -365,10 +365,8 @@ impl Topology {
             }
         }
         veth(&consumer, "eth0", &gateway, TUNNEL);
+        tunnel_v4(&consumer, &gateway);
         provider_link(&gateway, &provider);
-        for a in ["10.10.1.67/32", "10.10.1.68/32"] {
-            ip(&consumer, &["addr", "add", a, "dev", "eth0"]);
-        }
         for a in ["10.20.1.2/32", "10.20.1.3/32", "10.20.3.1/32"] {
             ip(&provider, &["addr", "add", a, "dev", "eth0"]);
         }
@@ -380,7 +378,6 @@ impl Topology {
             &provider,
             &["addr", "add", "fd20::2/128", "dev", "eth0", "nodad"],
         );
-        ip(&gateway, &["addr", "add", "169.254.0.1/32", "dev", TUNNEL]);
         ip(
             &gateway,
             &["addr", "add", "fd10::1/64", "dev", TUNNEL, "nodad"],
@@ -389,20 +386,6 @@ impl Topology {
             &gateway,
             &["addr", "add", "fd20::1/64", "dev", GENEVE, "nodad"],
         );
-        ip(&consumer, &["route", "add", "169.254.0.1", "dev", "eth0"]);
-        ip(
-            &consumer,
-            &[
-                "route",
-                "add",
-                "default",
-                "via",
-                "169.254.0.1",
-                "dev",
-                "eth0",
-            ],
-        );
-        ip(&gateway, &["route", "add", "10.10.0.0/16", "dev", TUNNEL]);
         // A gateway pod has default routes (through its pod network): every destination is
         // routable, and the bpf datapath answers new flows' paths from its local-address
         // mirror rather than a FIB lookup.
@@ -431,6 +414,40 @@ impl Topology {
             provider,
         }
     }
+}
+
+impl Topology {
+    /// The tunnel made again under its name (Liqo's userspace WireGuard does so each time its
+    /// gateway container starts): a new device, a new ifindex, the consumer's IPv4 addresses
+    /// and routes as [`Topology::new`] has them.
+    pub fn make_tunnel_again(&self) {
+        ip(&self.gateway, &["link", "del", TUNNEL]);
+        veth(&self.consumer, "eth0", &self.gateway, TUNNEL);
+        tunnel_v4(&self.consumer, &self.gateway);
+    }
+}
+
+/// The tunnel's IPv4 side: the consumer's pods (10.10.1.67, .68) behind it, routed through the
+/// gateway's 169.254.0.1, and the gateway's route back.
+fn tunnel_v4(consumer: &NetNs, gateway: &NetNs) {
+    for a in ["10.10.1.67/32", "10.10.1.68/32"] {
+        ip(consumer, &["addr", "add", a, "dev", "eth0"]);
+    }
+    ip(gateway, &["addr", "add", "169.254.0.1/32", "dev", TUNNEL]);
+    ip(consumer, &["route", "add", "169.254.0.1", "dev", "eth0"]);
+    ip(
+        consumer,
+        &[
+            "route",
+            "add",
+            "default",
+            "via",
+            "169.254.0.1",
+            "dev",
+            "eth0",
+        ],
+    );
+    ip(gateway, &["route", "add", "10.10.0.0/16", "dev", TUNNEL]);
 }
 
 impl Default for Topology {
