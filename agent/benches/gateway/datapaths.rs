@@ -17,6 +17,10 @@ pub(crate) enum Datapath {
     None,
     ConntrackOnly,
     TcEmpty,
+    /// The empty tc program with the bpf backend's guard beside it (`inet peerwall-guard`, as
+    /// the agent writes it for the tunnel attached: `peerwall_backend_select::guard`): what
+    /// the guard adds to every packet of a bpf gateway, against `TcEmpty` in the same round.
+    TcEmptyGuard,
     TcHash,
     /// The one-hash-lookup limit on a gateway whose kernel conntrack is on (Liqo's remapping
     /// NAT, as `ConntrackOnly`): what any tc program doing as little costs there, the bound
@@ -48,10 +52,11 @@ pub(crate) enum Datapath {
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 16] = [
+    pub(crate) const ALL: [Datapath; 17] = [
         Datapath::None,
         Datapath::ConntrackOnly,
         Datapath::TcEmpty,
+        Datapath::TcEmptyGuard,
         Datapath::TcHash,
         Datapath::PeerwallNft,
         Datapath::PeerwallNftLinear,
@@ -71,6 +76,7 @@ impl Datapath {
             Datapath::None => "no filter (baseline)",
             Datapath::ConntrackOnly => "no filter, conntrack on (Liqo's remapping NAT)",
             Datapath::TcEmpty => "limit: empty tcx program",
+            Datapath::TcEmptyGuard => "limit: empty tcx program and the bpf backend's guard",
             Datapath::TcHash => "limit: tcx, one hash lookup",
             Datapath::TcHashConntrack => "limit: tcx, one hash lookup, conntrack on",
             Datapath::PeerwallNft => "peerwall nftables",
@@ -103,6 +109,7 @@ impl Datapath {
         matches!(
             self,
             Datapath::TcEmpty
+                | Datapath::TcEmptyGuard
                 | Datapath::TcHash
                 | Datapath::TcHashConntrack
                 | Datapath::ConntrackOnly
@@ -394,6 +401,20 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             install(lab, Datapath::ConntrackOnly, p)?;
             install(lab, Datapath::TcHash, p)?;
         }
+        Datapath::TcEmptyGuard => {
+            install(lab, Datapath::TcEmpty, p)?;
+            let ifindex = in_ns(
+                &lab.gw,
+                "cat",
+                &[&format!("/sys/class/net/{TUNNEL}/ifindex")],
+            );
+            let ifindex: u32 = ifindex.trim().parse().expect("the tunnel's ifindex");
+            let patterns = ["liqo-tunnel*".to_string(), "liqo.*".to_string()];
+            let s = peerwall_backend_select::guard::script(&patterns, &[ifindex])
+                .expect("the agent's default patterns");
+            std::fs::write(&file, s).expect("write");
+            in_ns(&lab.gw, "nft", &["-f", &file.to_string_lossy()]);
+        }
         Datapath::TcEmpty | Datapath::TcHash => {
             let pins = std::path::PathBuf::from(lab.pins());
             let allowed: Vec<Ipv4Addr> = p.allowed.iter().map(|(a, _)| *a).collect();
@@ -590,6 +611,14 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
         Datapath::TcHashConntrack => {
             uninstall(lab, Datapath::TcHash);
             uninstall(lab, Datapath::ConntrackOnly);
+        }
+        Datapath::TcEmptyGuard => {
+            in_ns(
+                &lab.gw,
+                "nft",
+                &["delete", "table", "inet", "peerwall-guard"],
+            );
+            uninstall(lab, Datapath::TcEmpty);
         }
         Datapath::PeerwallBpfConntrack | Datapath::PeerwallBpfKernelCt => {
             uninstall(lab, Datapath::PeerwallBpf);

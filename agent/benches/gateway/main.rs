@@ -202,7 +202,10 @@ fn main() {
                 );
                 let filters = !matches!(
                     dp,
-                    Datapath::None | Datapath::TcEmpty | Datapath::ConntrackOnly
+                    Datapath::None
+                        | Datapath::TcEmpty
+                        | Datapath::TcEmptyGuard
+                        | Datapath::ConntrackOnly
                 );
                 let guard =
                     filters.then(|| DeniedGuard::install(&lab, std::net::Ipv4Addr::UNSPECIFIED));
