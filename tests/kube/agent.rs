@@ -49,9 +49,12 @@ async fn agent_enforces_through_the_bpf_backend_in_a_gateway_namespace() {
             .exists(),
         "tc link pinned"
     );
-    assert!(
-        nft_tables(&t.gateway).trim().is_empty(),
-        "no nftables involved"
+    // The policy is not in nftables: its only table is the bpf backend's guard (which drops
+    // what arrives on an interface the datapath is not attached to yet).
+    assert_eq!(
+        nft_tables(&t.gateway).trim(),
+        "table inet peerwall-guard",
+        "the policy in the datapath, the guard alone in nftables"
     );
     assert_thesis_block_enforced(&t.consumer);
     // What was dropped shows up as an Event on the object, with the flow and the rule.
