@@ -1,6 +1,7 @@
 //! `cargo xtask image`: OCI images built here, without a container engine.
 //!
-//! - `peerwall:<version>` (`docker.io/library/peerwall`, what `deploy/` names): the release `peerwall` binary over the Debian packages it runs
+//! - `peerwall:<version>` (`docker.io/library/peerwall`, what `deploy/` names): the release `peerwall` binary
+//!   (the tests': see [`Binary`]) over the Debian packages it runs
 //!   (`nft` for the nftables backend, `conntrack` for `peerwall verdict --probe` and for
 //!   operators (the agent reads and ends connections over ctnetlink itself), `ip`, the C
 //!   runtime), entrypoint `peerwall`.
@@ -12,7 +13,7 @@
 //! Root filesystems come from `mmdebstrap --variant=extract` (Debian packages unpacked, no
 //! maintainer scripts), cached by package list; `umoci` writes the OCI layout, which is then
 //! archived as a tar that `ctr images import` (containerd) and `skopeo copy oci-archive:`
-//! read. Output: `<target dir>/images/<name>.oci.tar`.
+//! read. Output: `<target dir>/images/<name>.oci.tar` (`images-tests/` for [`Binary::Tests`]).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -190,16 +191,58 @@ fn build(img: &Image, out: &Path) -> Result<PathBuf> {
     Ok(archive)
 }
 
-/// Build every image (the release binary first).
-pub fn images() -> Result<()> {
+/// Which `peerwall` binary the peerwall image holds.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Binary {
+    /// `cargo build --release`: what users deploy (`cargo xtask image`, the benchmarks,
+    /// `cargo xtask reliability`). Into `<target>/images`.
+    Release,
+    /// The dev-profile binary the integration tests run (same source, unoptimised, overflow
+    /// checks on), its debug info stripped: `cargo xtask test` builds it with the tests'
+    /// dependencies instead of compiling every crate a second time optimised (about 17 of CI's
+    /// minutes on 2 cores). Into `<target>/images-tests`, which the tests read through
+    /// `PEERWALL_IMAGES`, so it never stands where a release image is looked for.
+    Tests,
+}
+
+/// Where [`images`] writes for `binary`.
+pub fn images_dir_for(binary: Binary) -> Result<PathBuf> {
+    let dir = images_dir()?;
+    Ok(match binary {
+        Binary::Release => dir,
+        Binary::Tests => dir.with_file_name("images-tests"),
+    })
+}
+
+/// Build every image (the peerwall binary first).
+pub fn images(binary: Binary) -> Result<()> {
     ensure_tools()?;
     crate::kube_build()?;
-    let mut c = cargo();
-    c.args(["build", "--release", "-p", "peerwall"]);
-    run(c)?;
-    let out = images_dir()?;
+    let out = images_dir_for(binary)?;
     std::fs::create_dir_all(&out)?;
-    let release = out.parent().context("target dir")?.join("release/peerwall");
+    let target = out.parent().context("target dir")?;
+    let mut c = cargo();
+    let peerwall = match binary {
+        Binary::Release => {
+            c.args(["build", "--release", "-p", "peerwall"]);
+            run(c)?;
+            target.join("release/peerwall")
+        }
+        Binary::Tests => {
+            c.args(["build", "-p", "peerwall"]);
+            run(c)?;
+            // 180 MB with line tables, 97 MB without: the layer is written, archived and
+            // imported by containerd on every run.
+            let stripped = out.join("peerwall.stripped");
+            let mut strip = Command::new("objcopy");
+            strip
+                .arg("--strip-debug")
+                .arg(target.join("debug/peerwall"))
+                .arg(&stripped);
+            run(strip)?;
+            stripped
+        }
+    };
     let version = env!("CARGO_PKG_VERSION").to_string();
     let list = [
         Image {
@@ -207,7 +250,7 @@ pub fn images() -> Result<()> {
             repo: "docker.io/library/peerwall",
             tag: version,
             packages: &["libc6", "libgcc-s1", "nftables", "iproute2", "conntrack"],
-            files: vec![(release, "/usr/local/bin/peerwall")],
+            files: vec![(peerwall, "/usr/local/bin/peerwall")],
             entrypoint: "/usr/local/bin/peerwall",
         },
         Image {

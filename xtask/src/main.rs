@@ -284,20 +284,26 @@ fn setup_build() -> Result<()> {
 /// Everything the tests need too: the Kubernetes binaries built from Debian's source, and the
 /// images the real-node test runs.
 fn setup() -> Result<()> {
+    setup_tools()?;
+    image::images(image::Binary::Release)?;
+    println!("setup done");
+    Ok(())
+}
+
+/// Everything [`setup`] installs but the images.
+fn setup_tools() -> Result<()> {
     setup_build()?;
     kube_build()?;
     // The previous release before the images: it builds in the same target directory (in the
     // dev profile, whose dependencies the tests' build then reuses).
     previous::ensure(&root(), &cache_dir(), &target_dir(), step)?;
-    image::images()?;
-    println!("setup done");
     Ok(())
 }
 
 fn test(extra: &[String]) -> Result<()> {
     check_cycles()?;
     sizes::check(&root())?;
-    setup()?;
+    setup_tools()?;
     let mut fmt = cargo();
     fmt.args(["fmt", "--all", "--", "--check"]);
     run(fmt).context("code is not formatted: run `cargo fmt --all`")?;
@@ -330,6 +336,8 @@ fn test(extra: &[String]) -> Result<()> {
     run(doc).context("broken documentation links")?;
     // The README and the book: links resolve, every page is in the book, mdbook builds it.
     docs::build(&root(), &cache_dir(), &target_dir().join("book"), step)?;
+    // The images of the tests' own binary (see image::Binary::Tests), for the real-node test.
+    image::images(image::Binary::Tests)?;
     let mut t = cargo();
     // Leak checks count only what this run left (an interrupted benchmark's pins are not).
     let since = std::time::SystemTime::now()
@@ -338,7 +346,11 @@ fn test(extra: &[String]) -> Result<()> {
         .as_secs();
     t.args(["test", "--workspace", "--exclude", "peerwall-ebpf"])
         .args(extra)
-        .env("PEERWALL_TESTS_SINCE", since.to_string());
+        .env("PEERWALL_TESTS_SINCE", since.to_string())
+        .env(
+            "PEERWALL_IMAGES",
+            image::images_dir_for(image::Binary::Tests)?,
+        );
     run(t)?;
     // A bounded run of every fuzz target (a long one by hand: `cargo xtask fuzz TARGET 3600`).
     if extra.is_empty() {
@@ -866,7 +878,11 @@ fn main() -> Result<()> {
         Some("crd") => crd(),
         Some("bpf-linker") => ensure_bpf_linker(),
         Some("kube-build") => kube_build(),
-        Some("image") => image::images(),
+        Some("image") => image::images(if args[1..].iter().any(|a| a == "--tests") {
+            image::Binary::Tests
+        } else {
+            image::Binary::Release
+        }),
         Some("kube-up") => kube_up(&args[1..]),
         Some("build-ebpf") => build_ebpf(),
         Some("lab") => {
@@ -946,7 +962,7 @@ fn main() -> Result<()> {
             eprintln!("  cycles  report modules of a crate that import each other");
             eprintln!("  sizes  report files over 600 lines and functions over 120 without a stated reason");
             eprintln!("  kube-build  build kube-apiserver {KUBE_VERSION} into the cache (once)");
-            eprintln!("  image       OCI images (peerwall, pause, the lab's gateway) into <target>/images");
+            eprintln!("  image       OCI images (peerwall, pause, the lab's gateway) into <target>/images [--tests: the tests' dev binary, into <target>/images-tests]");
             eprintln!(
                 "  kube-up [RUN_DIR] [PORT]  start a loopback kube-apiserver; prints kubeconfig"
             );
