@@ -1179,6 +1179,18 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
         lets_through(&g),
         "the guard lets the attached interfaces through:\n{g}"
     );
+    // `peerwall inspect` reads the same from the kernel: each pattern, what it lets through.
+    let seen = inspect_json(&t.gateway, &pins)["guard"].clone();
+    for p in ["liqo-tunnel*", "liqo.*"] {
+        assert!(
+            seen.as_array().unwrap().iter().any(|r| r["pattern"] == p
+                && r["lets_through"]
+                    .as_array()
+                    .is_some_and(|l| l.contains(&"liqo-tunnel".into())
+                        && l.contains(&"liqo.abcdefghij".into()))),
+            "inspect shows {p} letting both devices through: {seen}"
+        );
+    }
     // Removed behind the agent's back (the gateway pod holds NET_ADMIN in its namespace): put
     // back as drift.
     ok(in_ns(
@@ -1194,6 +1206,12 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
         &["allow-all", "on", "--pin-dir", pins.arg()],
     ));
     assert!(guard().is_empty(), "the switch took the guard away");
+    let text = peerwall_net(&t.gateway, &["inspect", "--pin-dir", pins.arg()]);
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert!(
+        text.contains("guard ABSENT") && text.contains("emergency switch"),
+        "inspect says the guard is away and why:\n{text}"
+    );
     std::thread::sleep(std::time::Duration::from_millis(500));
     assert!(
         guard().is_empty(),
@@ -1228,6 +1246,19 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
             && (l.contains(&format!(" {first},")) || l.contains(&format!(" {first} ")))
             && !l.contains("counter packets 0 ")),
         "the guard dropped the pings:\n{g}"
+    );
+    // As `peerwall inspect` shows it, with no agent running.
+    let seen = inspect_json(&t.gateway, &pins)["guard"].clone();
+    assert!(
+        seen.as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["pattern"] == "liqo-tunnel*"
+                && r["lets_through"]
+                    .as_array()
+                    .is_some_and(|l| l.contains(&first.as_str().into()))
+                && r["dropped"].as_u64().is_some_and(|n| n >= 2)),
+        "inspect shows the old ifindex let through and the pings dropped: {seen}"
     );
     // An agent again: attached to the new tunnel, then let through the guard.
     let mut agent = bpf_agent(&t.gateway, &pins, &dir, 100);

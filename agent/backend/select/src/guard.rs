@@ -25,6 +25,7 @@
 
 use peerwall_backend::BackendError;
 use peerwall_backend_bpf::backend::Guard;
+use peerwall_backend_nftables::listing::Listing;
 use peerwall_backend_nftables::netlink::{message::nfproto, Session};
 use peerwall_backend_nftables::{Nft, Runner};
 use peerwall_policy::ir::TableFamily;
@@ -145,9 +146,187 @@ pub fn remove() -> Result<(), BackendError> {
     NftGuard::default().release()
 }
 
+/// One rule of the guard as `nft` lists it: what `peerwall inspect` shows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GuardRule {
+    /// The `--interfaces` pattern it drops on (`iifname`).
+    pub pattern: String,
+    /// The interfaces the datapath is attached to, let through: a device's name as nftables
+    /// prints it, or its ifindex where no device has that index now. Empty: nothing attached,
+    /// every interface the pattern names is dropped.
+    pub lets_through: Vec<String>,
+    /// Packets it dropped.
+    pub dropped: u64,
+}
+
+/// The guard's rules in `listing` (a ruleset listing of this namespace); None: no guard table.
+pub fn rules_in(listing: &Listing) -> Option<Vec<GuardRule>> {
+    listing
+        .tables
+        .iter()
+        .any(|t| t.family == "inet" && t.name == TABLE)
+        .then(|| {
+            listing
+                .rules
+                .iter()
+                .filter(|r| r.family == "inet" && r.table == TABLE)
+                .map(|r| {
+                    let mut rule = GuardRule {
+                        pattern: String::new(),
+                        lets_through: Vec::new(),
+                        dropped: r.counter.map_or(0, |c| c.packets),
+                    };
+                    for st in &r.statements {
+                        let Ok(v) = serde_json::from_str::<serde_json::Value>(st) else {
+                            continue;
+                        };
+                        let m = &v["match"];
+                        match m["left"]["meta"]["key"].as_str() {
+                            Some("iifname") => rule.pattern = scalar(&m["right"]),
+                            Some("iif") => {
+                                rule.lets_through = match m["right"]["set"].as_array() {
+                                    Some(items) => items.iter().map(scalar).collect(),
+                                    None => vec![scalar(&m["right"])],
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                    rule
+                })
+                .collect()
+        })
+}
+
+/// A string or a number of nft's JSON as it prints.
+fn scalar(v: &serde_json::Value) -> String {
+    v.as_str().map_or_else(|| v.to_string(), str::to_string)
+}
+
+/// The guard in this namespace, read with `nft` (None: no guard table).
+pub fn rules() -> Result<Option<Vec<GuardRule>>, BackendError> {
+    let listing = Nft::host()
+        .list_ruleset()
+        .map_err(BackendError::host(NFT, "listing the ruleset"))?;
+    Ok(rules_in(&listing))
+}
+
+/// `peerwall inspect`'s lines on the guard; `allow_all`: the emergency switch is on (which
+/// keeps it away).
+pub fn text(rules: Option<&[GuardRule]>, allow_all: bool) -> String {
+    let Some(rules) = rules else {
+        return format!(
+            "guard ABSENT (nftables table inet {TABLE}): an interface made again under an --interfaces pattern passes unfiltered until the datapath is attached to it{}\n",
+            if allow_all {
+                "; the emergency switch keeps it away while it is on"
+            } else {
+                "; a running agent puts it back at its next upkeep"
+            }
+        );
+    };
+    let mut s = String::new();
+    for r in rules {
+        let through = if r.lets_through.is_empty() {
+            "nothing (no interface attached)".to_string()
+        } else {
+            r.lets_through.join(", ")
+        };
+        s.push_str(&format!(
+            "guard (nftables table inet {TABLE}) iifname {:?}: lets through {through}; dropped {} packets\n",
+            r.pattern, r.dropped
+        ));
+    }
+    s
+}
+
+/// `peerwall inspect --output json`'s `guard`: null where absent.
+pub fn json(rules: Option<&[GuardRule]>) -> serde_json::Value {
+    rules.map_or(serde_json::Value::Null, |rules| {
+        serde_json::Value::Array(
+            rules
+                .iter()
+                .map(|r| {
+                    serde_json::json!({
+                        "pattern": r.pattern,
+                        "lets_through": r.lets_through,
+                        "dropped": r.dropped,
+                    })
+                })
+                .collect(),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use peerwall_backend_nftables::listing::{Counter, ListedRule, ListedTable};
+
+    fn rule(statements: &[&str], packets: u64) -> ListedRule {
+        ListedRule {
+            family: "inet".into(),
+            table: TABLE.into(),
+            chain: "guard".into(),
+            handle: Some(2),
+            comment: None,
+            counter: Some(Counter { packets, bytes: 0 }),
+            lookups: vec![],
+            logs: vec![],
+            statements: statements.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn the_listed_guard_reads_as_pattern_devices_and_drops() {
+        let listing = Listing {
+            tables: vec![ListedTable {
+                family: "inet".into(),
+                name: TABLE.into(),
+            }],
+            rules: vec![
+                rule(
+                    &[
+                        r#"{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"liqo-tunnel*"}}"#,
+                        r#"{"match":{"left":{"meta":{"key":"iif"}},"op":"!=","right":{"set":["liqo-tunnel",12]}}}"#,
+                        r#"{"counter":{"bytes":0,"packets":0}}"#,
+                        r#"{"drop":null}"#,
+                    ],
+                    7,
+                ),
+                rule(
+                    &[
+                        r#"{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"liqo.*"}}"#,
+                        r#"{"drop":null}"#,
+                    ],
+                    0,
+                ),
+            ],
+            ..Listing::default()
+        };
+        let rules = rules_in(&listing).unwrap();
+        assert_eq!(rules[0].pattern, "liqo-tunnel*");
+        assert_eq!(rules[0].lets_through, ["liqo-tunnel", "12"]);
+        assert_eq!(rules[0].dropped, 7);
+        assert!(rules[1].lets_through.is_empty());
+        let t = text(Some(&rules), false);
+        assert!(
+            t.contains("iifname \"liqo-tunnel*\": lets through liqo-tunnel, 12; dropped 7 packets"),
+            "{t}"
+        );
+        assert!(
+            t.contains("lets through nothing (no interface attached)"),
+            "{t}"
+        );
+        assert_eq!(json(Some(&rules))[0]["lets_through"][1], "12");
+    }
+
+    #[test]
+    fn no_guard_table_is_absent_and_says_what_passes() {
+        assert_eq!(rules_in(&Listing::default()), None);
+        assert!(text(None, false).starts_with("guard ABSENT"));
+        assert!(text(None, true).contains("emergency switch"));
+        assert!(json(None).is_null());
+    }
 
     #[test]
     fn each_pattern_drops_what_arrives_on_interfaces_not_attached() {

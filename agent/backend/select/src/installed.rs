@@ -231,16 +231,35 @@ pub fn events(
 }
 
 /// What the bpf datapath pinned in `pin_dir` holds (`peerwall inspect`): its programs and
-/// links, maps and their fill, slots, counters, printed in `format` (JSON: one object).
+/// links, maps and their fill, slots, counters, and its guard in this namespace's nftables
+/// ([`crate::guard`]), printed in `format` (JSON: one object, the guard under `guard`).
 pub fn inspect(pin_dir: &Path, format: crate::rendering::Format) -> Result<String, BackendError> {
     let name = BackendKind::Bpf.name();
     let i = inspect::inspect(pin_dir)
         .map_err(BackendError::host(name, "reading the pinned datapath"))?;
+    // The guard lives in nftables, beside the pins (this namespace's ruleset); a host that
+    // cannot list it (no `nft`) still gets the datapath, and is told.
+    let guard = crate::guard::rules();
     match format {
-        crate::rendering::Format::Text => Ok(inspect::text(&i)),
-        crate::rendering::Format::Json => serde_json::to_string(&i)
-            .map(|s| format!("{s}\n"))
-            .map_err(BackendError::host(name, "writing JSON")),
+        crate::rendering::Format::Text => Ok(format!(
+            "{}{}",
+            inspect::text(&i),
+            match &guard {
+                Ok(g) => crate::guard::text(g.as_deref(), i.allow_all),
+                Err(e) => format!("guard UNKNOWN: {e}\n"),
+            }
+        )),
+        crate::rendering::Format::Json => {
+            let mut v =
+                serde_json::to_value(&i).map_err(BackendError::host(name, "writing JSON"))?;
+            if let Some(o) = v.as_object_mut() {
+                match &guard {
+                    Ok(g) => o.insert("guard".into(), crate::guard::json(g.as_deref())),
+                    Err(e) => o.insert("guard_error".into(), e.to_string().into()),
+                };
+            }
+            Ok(format!("{v}\n"))
+        }
     }
 }
 
