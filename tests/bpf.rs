@@ -1199,6 +1199,22 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
         &["delete", "table", "inet", "peerwall-guard"],
     ));
     wait_until("the guard put back", 10, || lets_through(&guard()));
+    // Changed behind its back, the table left in place: a rule accepting everything before
+    // the drop would let every device through. Written again as it was.
+    ok(in_ns(
+        &t.gateway,
+        "nft",
+        &["insert", "rule", "inet", "peerwall-guard", "guard", "accept"],
+    ));
+    assert!(
+        guard().lines().any(|l| l.trim() == "accept"),
+        "the accept rule went in:\n{}",
+        guard()
+    );
+    wait_until("the guard written again without the accept rule", 10, || {
+        let g = guard();
+        lets_through(&g) && !g.lines().any(|l| l.trim() == "accept")
+    });
     // The emergency switch lets everything through, the guard goes with it; switched off,
     // the agent puts it back.
     ok(peerwall_in(

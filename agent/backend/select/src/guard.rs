@@ -21,9 +21,11 @@
 //! switch (`peerwall allow-all on`), which lets everything through; the agent puts it back.
 //!
 //! Checking is cheap: the ruleset's generation (one netlink request) tells whether any
-//! transaction committed since the table was last written; only then is the ruleset listed.
+//! transaction committed since the table was last written; only then is the ruleset listed,
+//! and the table compared with its listing right after the write: gone, or changed (a flushed
+//! chain, a rule inserted before the drop), it is written again and reported as drift.
 
-use peerwall_backend::BackendError;
+use peerwall_backend::{BackendError, Drift};
 use peerwall_backend_bpf::backend::Guard;
 use peerwall_backend_nftables::listing::Listing;
 use peerwall_backend_nftables::netlink::{message::nfproto, Session};
@@ -76,6 +78,37 @@ struct Written {
     patterns: Vec<String>,
     attached: Vec<u32>,
     generation: Option<u32>,
+    /// The table as listed right after the write ([`shape`]).
+    shape: Option<Vec<String>>,
+}
+
+/// The ruleset here, terse (the guard's own set is anonymous, listed inline).
+fn list(nft: &Nft) -> Result<Listing, BackendError> {
+    nft.list_ruleset_terse()
+        .map_err(BackendError::host(NFT, "listing the ruleset"))
+}
+
+/// The guard's table as a listing shows it, counters aside: its chains' declarations and its
+/// rules' statements, in order (None: no such table). Devices print by name, so a device
+/// renamed or gone changes it too, and the guard is written again, the same.
+fn shape(listing: &Listing) -> Option<Vec<String>> {
+    listing
+        .tables
+        .iter()
+        .any(|t| t.family == "inet" && t.name == TABLE)
+        .then(|| {
+            let chains = listing
+                .chains
+                .iter()
+                .filter(|c| c.family == "inet" && c.table == TABLE)
+                .map(|c| format!("chain {} {}", c.name, c.declaration));
+            let rules = listing
+                .rules
+                .iter()
+                .filter(|r| r.family == "inet" && r.table == TABLE)
+                .map(|r| format!("rule {} {}", r.chain, r.statements.join(" ")));
+            chains.chain(rules).collect()
+        })
 }
 
 impl NftGuard {
@@ -87,44 +120,63 @@ impl NftGuard {
 }
 
 impl Guard for NftGuard {
-    fn keep(&mut self, patterns: &[String], attached: &[u32]) -> Result<bool, BackendError> {
+    fn keep(
+        &mut self,
+        patterns: &[String],
+        attached: &[u32],
+    ) -> Result<Option<Drift>, BackendError> {
         let last = self.written.take();
         let (nft, session) = self.parts();
         let generation = session.generation().ok();
         let same = last
             .as_ref()
             .is_some_and(|w| w.patterns == patterns && w.attached == attached);
-        // Written as wanted and nothing committed since: still there.
+        // Written as wanted and nothing committed since: still there, unchanged.
         if same && generation.is_some() && last.as_ref().is_some_and(|w| w.generation == generation)
         {
             self.written = last;
-            return Ok(false);
+            return Ok(None);
         }
-        // Unchanged, but something committed since: is the table there? (A change is
-        // written without asking: the script replaces whatever is there.)
-        let there = same
-            && nft
-                .list_ruleset_terse()
-                .map_err(BackendError::host(NFT, "listing tables"))?
-                .kernel_tables()
-                .iter()
-                .any(|t| t.family == "inet" && t.name == TABLE);
-        let missing = same && !there;
-        if !there {
-            let text =
-                script(patterns, attached).map_err(BackendError::host(NFT, "writing the guard"))?;
-            nft.apply_text(&text).map_err(BackendError::host(
-                NFT,
-                "writing the guard of interfaces not attached yet",
-            ))?;
-        }
+        // Unchanged, but something committed since: is the table there as written? Its
+        // chain and rules are compared with the listing taken right after the write (a rule
+        // inserted before the drop, a flushed chain or another policy would each let
+        // packets through). A change is written without asking: the script replaces
+        // whatever is there.
+        let drift = match last.filter(|_| same) {
+            Some(w) => {
+                let now = shape(&list(nft)?);
+                match now {
+                    None => Some(Drift::Missing {
+                        table: format!("inet {TABLE}"),
+                    }),
+                    Some(s) if Some(&s) != w.shape.as_ref() => Some(Drift::Modified {
+                        table: format!("inet {TABLE}"),
+                    }),
+                    Some(_) => {
+                        // As written: remember the generation it was seen at.
+                        self.written = Some(Written { generation, ..w });
+                        return Ok(None);
+                    }
+                }
+            }
+            None => None,
+        };
+        let text =
+            script(patterns, attached).map_err(BackendError::host(NFT, "writing the guard"))?;
+        nft.apply_text(&text).map_err(BackendError::host(
+            NFT,
+            "writing the guard of interfaces not attached yet",
+        ))?;
+        // What it lists as right after the write, for the next comparison.
+        let shape = shape(&list(nft)?);
         let generation = session.generation().ok();
         self.written = Some(Written {
             patterns: patterns.to_vec(),
             attached: attached.to_vec(),
             generation,
+            shape,
         });
-        Ok(missing)
+        Ok(drift)
     }
 
     fn release(&mut self) -> Result<(), BackendError> {

@@ -24,8 +24,14 @@ pub const GUARD_TABLE: &str = peerwall_backend::GUARD_TABLE;
 pub trait Guard: Send {
     /// Make the guard drop what arrives on interfaces matching `patterns` (names, or prefixes
     /// ending in `*`) other than `attached` (ifindexes): written when it differs from what
-    /// the kernel holds; Ok(true) when it had to be written.
-    fn keep(&mut self, patterns: &[String], attached: &[u32]) -> Result<bool, BackendError>;
+    /// was last written or from what the kernel holds. Some: the guard last written for the
+    /// same patterns and interfaces was gone or changed behind the agent's back (a deleted
+    /// table, a flushed chain, a rule added before the drop), and was put back.
+    fn keep(
+        &mut self,
+        patterns: &[String],
+        attached: &[u32],
+    ) -> Result<Option<peerwall_backend::Drift>, BackendError>;
     /// Delete the guard, there or not.
     fn release(&mut self) -> Result<(), BackendError>;
 }
@@ -55,21 +61,24 @@ impl BpfBackend {
     /// Keep the guard in step with the interfaces the datapath is attached to (`attached`:
     /// their ifindexes). With the emergency switch on the guard goes: the switch lets
     /// everything through, interfaces not attached yet too.
-    pub(super) fn keep_guard(&mut self, attached: Vec<u32>) -> Result<bool, BpfError> {
+    pub(super) fn keep_guard(
+        &mut self,
+        attached: Vec<u32>,
+    ) -> Result<Option<peerwall_backend::Drift>, BpfError> {
         let Some(g) = self.guard.0.as_mut() else {
-            return Ok(false);
+            return Ok(None);
         };
         if self.datapath.allow_all()? {
             g.release().map_err(BpfError::Guard)?;
             self.guarded = Some(attached);
-            return Ok(false);
+            return Ok(None);
         }
-        let written = g.keep(&self.patterns, &attached).map_err(BpfError::Guard)?;
+        let drift = g.keep(&self.patterns, &attached).map_err(BpfError::Guard)?;
         self.guarded = Some(attached);
-        Ok(written)
+        Ok(drift)
     }
 
-    /// The guard as the last apply left it: put back when someone removed it, taken away
+    /// The guard as the last apply left it: put back when someone removed or changed it, taken away
     /// while the emergency switch is on. Interfaces the patterns pick that appeared since
     /// are attached by the next apply, which the interface poll runs. Not before the first
     /// apply: until then the guard would know no attached interface.
@@ -77,11 +86,8 @@ impl BpfBackend {
         let Some(attached) = self.guarded.clone().filter(|_| self.guard.0.is_some()) else {
             return Ok(None);
         };
-        let put_back = self.keep_guard(attached).map_err(super::failed(
+        self.keep_guard(attached).map_err(super::failed(
             "keeping the guard of interfaces not attached yet",
-        ))?;
-        Ok(put_back.then(|| peerwall_backend::Drift::Missing {
-            table: format!("inet {GUARD_TABLE}"),
-        }))
+        ))
     }
 }
