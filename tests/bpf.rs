@@ -1204,17 +1204,28 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
     ok(in_ns(
         &t.gateway,
         "nft",
-        &["insert", "rule", "inet", "peerwall-guard", "guard", "accept"],
+        &[
+            "insert",
+            "rule",
+            "inet",
+            "peerwall-guard",
+            "guard",
+            "accept",
+        ],
     ));
     assert!(
         guard().lines().any(|l| l.trim() == "accept"),
         "the accept rule went in:\n{}",
         guard()
     );
-    wait_until("the guard written again without the accept rule", 10, || {
-        let g = guard();
-        lets_through(&g) && !g.lines().any(|l| l.trim() == "accept")
-    });
+    wait_until(
+        "the guard written again without the accept rule",
+        10,
+        || {
+            let g = guard();
+            lets_through(&g) && !g.lines().any(|l| l.trim() == "accept")
+        },
+    );
     // The emergency switch lets everything through, the guard goes with it; switched off,
     // the agent puts it back.
     ok(peerwall_in(
