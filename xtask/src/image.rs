@@ -198,7 +198,7 @@ pub enum Binary {
     /// `cargo xtask reliability`). Into `<target>/images`.
     Release,
     /// The dev-profile binary the integration tests run (same source, unoptimised, overflow
-    /// checks on), its debug info stripped: `cargo xtask test` builds it with the tests'
+    /// checks on; built by `cargo test --no-run`), its debug info stripped: `cargo xtask test` builds it with the tests'
     /// dependencies instead of compiling every crate a second time optimised (about 17 of CI's
     /// minutes on 2 cores). Into `<target>/images-tests`, which the tests read through
     /// `PEERWALL_IMAGES`, so it never stands where a release image is looked for.
@@ -229,7 +229,16 @@ pub fn images(binary: Binary) -> Result<()> {
             target.join("release/peerwall")
         }
         Binary::Tests => {
-            c.args(["build", "-p", "peerwall"]);
+            // Built as `cargo xtask test` builds it, so that the test run after it builds
+            // nothing again: with the workspace's features unified (`cargo build -p peerwall`
+            // resolves fewer, and every crate under it would compile twice).
+            c.args([
+                "test",
+                "--workspace",
+                "--exclude",
+                "peerwall-ebpf",
+                "--no-run",
+            ]);
             run(c)?;
             // 180 MB with line tables, 97 MB without: the layer is written, archived and
             // imported by containerd on every run.
