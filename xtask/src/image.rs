@@ -198,10 +198,11 @@ pub enum Binary {
     /// `cargo xtask reliability`). Into `<target>/images`.
     Release,
     /// The dev-profile binary the integration tests run (same source, unoptimised, overflow
-    /// checks on; built by `cargo test --no-run`), its debug info stripped: `cargo xtask test` builds it with the tests'
-    /// dependencies instead of compiling every crate a second time optimised (about 17 of CI's
-    /// minutes on 2 cores). Into `<target>/images-tests`, which the tests read through
-    /// `PEERWALL_IMAGES`, so it never stands where a release image is looked for.
+    /// checks on; built by `cargo test --no-run`), its debug info stripped: `cargo xtask test`
+    /// gets it from the tests' own build instead of compiling every crate a second time
+    /// optimised (that release build took 15 minutes of a 62-minute CI run on 2 cores). Into
+    /// `<target>/images-tests`, which the tests read through `PEERWALL_IMAGES`, so it never
+    /// stands where a release image is looked for.
     Tests,
 }
 
