@@ -143,22 +143,21 @@ impl Guard for NftGuard {
         // packets through). A change is written without asking: the script replaces
         // whatever is there.
         let drift = match last.filter(|_| same) {
-            Some(w) => {
-                let now = shape(&list(nft)?);
-                match now {
-                    None => Some(Drift::Missing {
-                        table: format!("inet {TABLE}"),
-                    }),
-                    Some(s) if Some(&s) != w.shape.as_ref() => Some(Drift::Modified {
-                        table: format!("inet {TABLE}"),
-                    }),
-                    Some(_) => {
-                        // As written: remember the generation it was seen at.
-                        self.written = Some(Written { generation, ..w });
-                        return Ok(None);
-                    }
+            Some(w) => match (shape(&list(nft)?), &w.shape) {
+                (None, _) => Some(Drift::Missing {
+                    table: format!("inet {TABLE}"),
+                }),
+                (Some(now), Some(then)) if &now == then => {
+                    // As written: remember the generation it was seen at.
+                    self.written = Some(Written { generation, ..w });
+                    return Ok(None);
                 }
-            }
+                (Some(_), Some(_)) => Some(Drift::Modified {
+                    table: format!("inet {TABLE}"),
+                }),
+                // Its shape unknown (listed beside another commit): written again.
+                (Some(_), None) => None,
+            },
             None => None,
         };
         let text =
@@ -167,9 +166,17 @@ impl Guard for NftGuard {
             NFT,
             "writing the guard of interfaces not attached yet",
         ))?;
-        // What it lists as right after the write, for the next comparison.
-        let shape = shape(&list(nft)?);
-        let generation = session.generation().ok();
+        // What it lists as right after the write, for the next comparison. Something else
+        // committed around the listing: it may hold that change, so it is not kept as the
+        // guard's shape, and the next check writes the guard again.
+        let before = session.generation().ok();
+        let listed = shape(&list(nft)?);
+        let after = session.generation().ok();
+        let (generation, shape) = if before.is_some() && before == after {
+            (after, listed)
+        } else {
+            (None, None)
+        };
         self.written = Some(Written {
             patterns: patterns.to_vec(),
             attached: attached.to_vec(),
