@@ -281,8 +281,9 @@ fn setup_build() -> Result<()> {
     ensure_bpf_linker()
 }
 
-/// Everything the tests need too: the Kubernetes binaries built from Debian's source, and the
-/// images the real-node test runs.
+/// What building and the lab need, the Kubernetes binaries built from Debian's source, and the
+/// release images (`cargo xtask test` builds its own from the tests' binary:
+/// [`image::Binary::Tests`]).
 fn setup() -> Result<()> {
     setup_tools()?;
     image::images(image::Binary::Release)?;

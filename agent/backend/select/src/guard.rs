@@ -82,6 +82,14 @@ struct Written {
     shape: Option<Vec<String>>,
 }
 
+/// Whether `listing` holds the guard's table.
+fn holds_table(listing: &Listing) -> bool {
+    listing
+        .tables
+        .iter()
+        .any(|t| t.family == "inet" && t.name == TABLE)
+}
+
 /// The ruleset here, terse (the guard's own set is anonymous, listed inline).
 fn list(nft: &Nft) -> Result<Listing, BackendError> {
     nft.list_ruleset_terse()
@@ -92,23 +100,19 @@ fn list(nft: &Nft) -> Result<Listing, BackendError> {
 /// rules' statements, in order (None: no such table). Devices print by name, so a device
 /// renamed or gone changes it too, and the guard is written again, the same.
 fn shape(listing: &Listing) -> Option<Vec<String>> {
-    listing
-        .tables
-        .iter()
-        .any(|t| t.family == "inet" && t.name == TABLE)
-        .then(|| {
-            let chains = listing
-                .chains
-                .iter()
-                .filter(|c| c.family == "inet" && c.table == TABLE)
-                .map(|c| format!("chain {} {}", c.name, c.declaration));
-            let rules = listing
-                .rules
-                .iter()
-                .filter(|r| r.family == "inet" && r.table == TABLE)
-                .map(|r| format!("rule {} {}", r.chain, r.statements.join(" ")));
-            chains.chain(rules).collect()
-        })
+    holds_table(listing).then(|| {
+        let chains = listing
+            .chains
+            .iter()
+            .filter(|c| c.family == "inet" && c.table == TABLE)
+            .map(|c| format!("chain {} {}", c.name, c.declaration));
+        let rules = listing
+            .rules
+            .iter()
+            .filter(|r| r.family == "inet" && r.table == TABLE)
+            .map(|r| format!("rule {} {}", r.chain, r.statements.join(" ")));
+        chains.chain(rules).collect()
+    })
 }
 
 impl NftGuard {
@@ -220,41 +224,37 @@ pub struct GuardRule {
 
 /// The guard's rules in `listing` (a ruleset listing of this namespace); None: no guard table.
 pub fn rules_in(listing: &Listing) -> Option<Vec<GuardRule>> {
-    listing
-        .tables
-        .iter()
-        .any(|t| t.family == "inet" && t.name == TABLE)
-        .then(|| {
-            listing
-                .rules
-                .iter()
-                .filter(|r| r.family == "inet" && r.table == TABLE)
-                .map(|r| {
-                    let mut rule = GuardRule {
-                        pattern: String::new(),
-                        lets_through: Vec::new(),
-                        dropped: r.counter.map_or(0, |c| c.packets),
+    holds_table(listing).then(|| {
+        listing
+            .rules
+            .iter()
+            .filter(|r| r.family == "inet" && r.table == TABLE)
+            .map(|r| {
+                let mut rule = GuardRule {
+                    pattern: String::new(),
+                    lets_through: Vec::new(),
+                    dropped: r.counter.map_or(0, |c| c.packets),
+                };
+                for st in &r.statements {
+                    let Ok(v) = serde_json::from_str::<serde_json::Value>(st) else {
+                        continue;
                     };
-                    for st in &r.statements {
-                        let Ok(v) = serde_json::from_str::<serde_json::Value>(st) else {
-                            continue;
-                        };
-                        let m = &v["match"];
-                        match m["left"]["meta"]["key"].as_str() {
-                            Some("iifname") => rule.pattern = scalar(&m["right"]),
-                            Some("iif") => {
-                                rule.lets_through = match m["right"]["set"].as_array() {
-                                    Some(items) => items.iter().map(scalar).collect(),
-                                    None => vec![scalar(&m["right"])],
-                                }
+                    let m = &v["match"];
+                    match m["left"]["meta"]["key"].as_str() {
+                        Some("iifname") => rule.pattern = scalar(&m["right"]),
+                        Some("iif") => {
+                            rule.lets_through = match m["right"]["set"].as_array() {
+                                Some(items) => items.iter().map(scalar).collect(),
+                                None => vec![scalar(&m["right"])],
                             }
-                            _ => {}
                         }
+                        _ => {}
                     }
-                    rule
-                })
-                .collect()
-        })
+                }
+                rule
+            })
+            .collect()
+    })
 }
 
 /// A string or a number of nft's JSON as it prints.
@@ -264,10 +264,7 @@ fn scalar(v: &serde_json::Value) -> String {
 
 /// The guard in this namespace, read with `nft` (None: no guard table).
 pub fn rules() -> Result<Option<Vec<GuardRule>>, BackendError> {
-    let listing = Nft::host()
-        .list_ruleset()
-        .map_err(BackendError::host(NFT, "listing the ruleset"))?;
-    Ok(rules_in(&listing))
+    Ok(rules_in(&list(&Nft::host())?))
 }
 
 /// `peerwall inspect`'s lines on the guard; `allow_all`: the emergency switch is on (which
