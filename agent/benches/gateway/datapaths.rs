@@ -26,6 +26,12 @@ pub(crate) enum Datapath {
     /// NAT, as `ConntrackOnly`): what any tc program doing as little costs there, the bound
     /// for the conntrack-on bpf rows.
     TcHashConntrack,
+    /// The nftables twin of `TcHashConntrack`, beside Liqo's NAT chains: one forward chain of
+    /// one rule, one set lookup of the policy's allowed destinations (of the allowed (source,
+    /// destination) pairs where the policy depends on the source), everything else from the
+    /// tunnel dropped. What any nftables filter deciding this traffic costs at least on a
+    /// conntrack-on gateway: the bound for the `PeerwallNftConntrack` rows.
+    NftSetConntrack,
     PeerwallNft,
     /// peerwall nftables with address dispatch off (`RenderOptions::linear`): every rule of a
     /// long run of lookups looked up in turn. Only where dispatch changes the rendering.
@@ -52,12 +58,13 @@ pub(crate) enum Datapath {
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 17] = [
+    pub(crate) const ALL: [Datapath; 18] = [
         Datapath::None,
         Datapath::ConntrackOnly,
         Datapath::TcEmpty,
         Datapath::TcEmptyGuard,
         Datapath::TcHash,
+        Datapath::NftSetConntrack,
         Datapath::PeerwallNft,
         Datapath::PeerwallNftLinear,
         Datapath::PeerwallNftConntrack,
@@ -79,6 +86,7 @@ impl Datapath {
             Datapath::TcEmptyGuard => "limit: empty tcx program and the bpf backend's guard",
             Datapath::TcHash => "limit: tcx, one hash lookup",
             Datapath::TcHashConntrack => "limit: tcx, one hash lookup, conntrack on",
+            Datapath::NftSetConntrack => "limit: nftables, one set lookup, conntrack on",
             Datapath::PeerwallNft => "peerwall nftables",
             Datapath::PeerwallNftLinear => "peerwall nftables, no address dispatch",
             Datapath::PeerwallNftConntrack => "peerwall nftables, conntrack on (Liqo's NAT)",
@@ -112,6 +120,7 @@ impl Datapath {
                 | Datapath::TcEmptyGuard
                 | Datapath::TcHash
                 | Datapath::TcHashConntrack
+                | Datapath::NftSetConntrack
                 | Datapath::ConntrackOnly
         )
     }
@@ -370,6 +379,36 @@ pub(crate) fn netpol_policy(policies: usize, seed: u64) -> Policy {
     }
 }
 
+/// `NftSetConntrack`'s table: one rule, `ip daddr != @allowed drop` for the tunnel's packets,
+/// or `ip saddr . ip daddr != @allowed drop` where the policy depends on the source (one
+/// lookup of a concatenated key, as a pair hash would be).
+fn nft_set_limit(p: &Policy) -> String {
+    let (key, elements): (&str, Vec<String>) = match &p.sources {
+        None => (
+            "ip daddr",
+            p.allowed.iter().map(|(a, _)| a.to_string()).collect(),
+        ),
+        Some((from, _)) => (
+            "ip saddr . ip daddr",
+            from.iter()
+                .zip(&p.allowed)
+                .map(|(s, (d, _))| format!("{s} . {d}"))
+                .collect(),
+        ),
+    };
+    let typ = if p.sources.is_some() {
+        "ipv4_addr . ipv4_addr"
+    } else {
+        "ipv4_addr"
+    };
+    let uniq: BTreeSet<String> = elements.into_iter().collect();
+    let elements: Vec<String> = uniq.into_iter().collect();
+    format!(
+        "table ip limit_bench {{\n set allowed {{\n  type {typ}\n  elements = {{ {} }}\n }}\n chain filter_limit {{\n  type filter hook forward priority 0; policy accept;\n  iifname \"{TUNNEL}\" {key} != @allowed drop\n }}\n}}\n",
+        elements.join(", ")
+    )
+}
+
 /// Install a datapath with a policy in the gateway; returns the load time.
 pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
     let file = lab.dir.join("policy.yaml");
@@ -400,6 +439,11 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
         Datapath::TcHashConntrack => {
             install(lab, Datapath::ConntrackOnly, p)?;
             install(lab, Datapath::TcHash, p)?;
+        }
+        Datapath::NftSetConntrack => {
+            install(lab, Datapath::ConntrackOnly, p)?;
+            std::fs::write(&file, nft_set_limit(p)).expect("write");
+            in_ns(&lab.gw, "nft", &["-f", &file.to_string_lossy()]);
         }
         Datapath::TcEmptyGuard => {
             install(lab, Datapath::TcEmpty, p)?;
@@ -610,6 +654,10 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
         }
         Datapath::TcHashConntrack => {
             uninstall(lab, Datapath::TcHash);
+            uninstall(lab, Datapath::ConntrackOnly);
+        }
+        Datapath::NftSetConntrack => {
+            in_ns(&lab.gw, "nft", &["delete", "table", "ip", "limit_bench"]);
             uninstall(lab, Datapath::ConntrackOnly);
         }
         Datapath::TcEmptyGuard => {

@@ -501,22 +501,26 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
         "| the flow beside every flood, peerwall datapaths: packets lost | 0 | {lost} | 0 | {} |\n",
         verdict(lost == 0)
     ));
-    let mut worst: Option<(String, Paired)> = None;
-    // Beside Liqo's NAT chains, as the baseline is: the same gateway with and without it.
+    let mut worst: Option<(String, Paired, Option<Paired>)> = None;
+    // Beside Liqo's NAT chains, as the baseline is: the same gateway with and without it. The
+    // bound is the least nftables filter of the same traffic (one set lookup) on that gateway.
     for r in main
         .iter()
         .filter(|r| r.dp == Datapath::PeerwallNftConntrack)
     {
         if let Some(b) = find_row(main, &r.policy, Datapath::ConntrackOnly) {
             let p = Paired::rows(r, b, true);
-            if worst.as_ref().is_none_or(|(_, w)| p.median < w.median) {
-                worst = Some((r.policy.clone(), p));
+            if worst.as_ref().is_none_or(|(_, w, _)| p.median < w.median) {
+                let bound = find_row(main, &r.policy, Datapath::NftSetConntrack)
+                    .map(|l| Paired::rows(l, b, true));
+                worst = Some((r.policy.clone(), p, bound));
             }
         }
     }
-    if let Some((policy, p)) = worst {
+    if let Some((policy, p, bound)) = worst {
+        let bound = bound.map_or("1 (not measured)".to_string(), |b| b.to_string());
         goals.push_str(&format!(
-            "| known flows, allowed: nftables ÷ conntrack on, worst policy ({policy}) | ≥ 0.97 | {p} | 1 | {} |\n",
+            "| known flows, allowed: nftables ÷ conntrack on, worst policy ({policy}) | ≥ 0.97 | {p} | {bound} | {} |\n",
             verdict(p.median >= 0.97)
         ));
     }
@@ -541,7 +545,10 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
          same rounds: for bpf ÷ nftables with conntrack on (both beside Liqo's NAT chains, \
          whose per-connection work is the gateway's whatever filters), the conntrack-on \
          gateway without a filter ÷ nftables; \
-         for dropping a flood, the limit program (one hash lookup, no state) ÷ no filter.\n\n\
+         for dropping a flood, the limit program (one hash lookup, no state) ÷ no filter; \
+         for nftables' known flows, the least nftables filter of the same traffic (a forward \
+         chain of one rule: the tunnel's packets whose destination, or (source, destination) \
+         pair, is not in one set dropped) ÷ the conntrack-on gateway, from the table above.\n\n\
          | goal | target | measured (spread) | best possible (measured) | |\n|---|---:|---:|---:|---|\n{goals}"
     )
 }
