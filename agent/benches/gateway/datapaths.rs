@@ -383,26 +383,22 @@ pub(crate) fn netpol_policy(policies: usize, seed: u64) -> Policy {
 /// or `ip saddr . ip daddr != @allowed drop` where the policy depends on the source (one
 /// lookup of a concatenated key, as a pair hash would be).
 fn nft_set_limit(p: &Policy) -> String {
-    let (key, elements): (&str, Vec<String>) = match &p.sources {
+    let (key, typ, elements): (&str, &str, BTreeSet<String>) = match &p.sources {
         None => (
             "ip daddr",
+            "ipv4_addr",
             p.allowed.iter().map(|(a, _)| a.to_string()).collect(),
         ),
         Some((from, _)) => (
             "ip saddr . ip daddr",
+            "ipv4_addr . ipv4_addr",
             from.iter()
                 .zip(&p.allowed)
                 .map(|(s, (d, _))| format!("{s} . {d}"))
                 .collect(),
         ),
     };
-    let typ = if p.sources.is_some() {
-        "ipv4_addr . ipv4_addr"
-    } else {
-        "ipv4_addr"
-    };
-    let uniq: BTreeSet<String> = elements.into_iter().collect();
-    let elements: Vec<String> = uniq.into_iter().collect();
+    let elements: Vec<String> = elements.into_iter().collect();
     format!(
         "table ip limit_bench {{\n set allowed {{\n  type {typ}\n  elements = {{ {} }}\n }}\n chain filter_limit {{\n  type filter hook forward priority 0; policy accept;\n  iifname \"{TUNNEL}\" {key} != @allowed drop\n }}\n}}\n",
         elements.join(", ")
