@@ -136,17 +136,7 @@ pub(super) fn gateway_born_without_agent(
         "merge",
         r#"{"spec":{"template":{"spec":{"nodeSelector":{"peerwall.io/no-such-node":"true"}}}}}"#,
     );
-    let off = Instant::now();
-    wait("the agent off the node", Duration::from_secs(90), || {
-        if off.elapsed() > Duration::from_secs(20) {
-            force_delete_exited_agents(node);
-        }
-        let out = agent_pods(node, "jsonpath={.items[*].metadata.name}");
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .is_empty()
-            .then_some(())
-    });
+    wait_agents_gone(node, "the agent off the node");
     last_words.assert_kept_chained(&format!(
         "{backend}: an agent leaving the node (DaemonSet kept)"
     ));

@@ -1203,6 +1203,24 @@ fn delete_gateway(node: &Node, peer: &str) {
     ]);
 }
 
+/// Wait until no agent pod is left on the node. kubelet 1.20 with containerd sometimes
+/// leaves a pod whose containers have all exited in Terminating for minutes (its volumes
+/// detached, the pod object kept); what is under test is the agents, not that: after 20 s
+/// such a pod is removed by force. A pod with a container still running is never forced.
+fn wait_agents_gone(node: &Node, what: &str) {
+    let since = Instant::now();
+    wait(what, Duration::from_secs(90), || {
+        if since.elapsed() > Duration::from_secs(20) {
+            force_delete_exited_agents(node);
+        }
+        let out = agent_pods(node, "jsonpath={.items[*].metadata.name}");
+        String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .is_empty()
+            .then_some(())
+    });
+}
+
 /// Force-delete agent pods that are being deleted and whose containers have all exited.
 fn force_delete_exited_agents(node: &Node) {
     let out = agent_pods(

@@ -63,13 +63,7 @@ pub(super) fn sidecar_mode(
         "--timeout=60s",
     ]);
     node.kubectl_ok(&["apply", "-k", &repo("deploy/sidecar").to_string_lossy()]);
-    wait("the agent pods gone", Duration::from_secs(60), || {
-        let out = agent_pods(node, "jsonpath={.items[*].metadata.name}");
-        String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .is_empty()
-            .then_some(())
-    });
+    wait_agents_gone(node, "the agent pods gone");
     let tenant = format!("liqo-tenant-{peer}");
     let binding = format!("peerwall-gw-{peer}");
     node.kubectl_ok(&[
