@@ -6,9 +6,13 @@
 //! the peer's gateway configuration in a gateway namespace (`liqo-tunnel` in, `liqo.bench00`
 //! out). Probes are UDP streams from behind the tunnel that carry their destination; the
 //! receiver stamps the first and last packet reaching each pod address, on the same clock as
-//! the API calls. For each backend:
+//! the API calls. Each backend has its own gateway namespace and pins, kept through the run.
 //! - **one pod**: a pod gets its address (status update) → the first probe packet reaches it,
-//!   through API server + controller + agent (`PEERWALL_BENCH_SAMPLES`, default 40);
+//!   through API server + controller + agent (`PEERWALL_BENCH_SAMPLES`, default 40, per
+//!   backend), every backend's samples before any churn, in alternating blocks
+//!   (`PEERWALL_BENCH_BLOCKS`, default 4), one agent at a time ([`one_pod`]);
+//!
+//! then for each backend:
 //! - **churn**: 1000 pods in 10 s (500 offloaded, 500 deleted, interleaved): every new pod
 //!   reached, and no packet reaches a deleted pod after this agent reported the slice without
 //!   it applied (status `Applied` at that generation, seen by a watch);
@@ -28,6 +32,7 @@ mod doc;
 mod agent;
 mod cluster;
 mod floor;
+mod one_pod;
 mod probe;
 #[path = "../shared/published.rs"]
 mod published;
@@ -51,7 +56,7 @@ use kube::api::{Api, DynamicObject};
 use kube::runtime::watcher;
 use kube::Client;
 
-use agent::{free_port, start_agent, wait_ready, Agent};
+use agent::{free_port, wait_ready, Agent};
 use cluster::{pod_ip, ApiServer};
 use probe::Gateway;
 
@@ -88,8 +93,15 @@ async fn settle(log: &Mutex<Vec<SliceSeen>>, limit: Duration) -> Duration {
     }
 }
 
-/// Record every version of the tenant's slices.
-fn watch_slices(client: &Client, log: Arc<Mutex<Vec<SliceSeen>>>) -> tokio::task::JoinHandle<()> {
+/// Record every version of the tenant's slices; `applied` is the condition of the agent
+/// running `backend`. Every backend's agent reports as host `bench`, and a condition names its
+/// backend: an agent of the other backend rewrites every slice's condition when it starts, and
+/// the samples wait for that ([`settle`]), not for the condition the last agent left.
+fn watch_slices(
+    client: &Client,
+    backend: &'static str,
+    log: Arc<Mutex<Vec<SliceSeen>>>,
+) -> tokio::task::JoinHandle<()> {
     let api: Api<DynamicObject> = Api::namespaced_with(
         client.clone(),
         cluster::TENANT,
@@ -108,8 +120,9 @@ fn watch_slices(client: &Client, log: Arc<Mutex<Vec<SliceSeen>>>) -> tokio::task
                 .pointer("/status/conditions")
                 .and_then(|c| c.as_array())
                 .and_then(|c| {
-                    c.iter()
-                        .find(|c| c["host"] == "bench" && c["type"] == "Applied")
+                    c.iter().find(|c| {
+                        c["host"] == "bench" && c["type"] == "Applied" && c["backend"] == backend
+                    })
                 })
                 .and_then(|c| c["observedGeneration"].as_i64());
             let seen = SliceSeen {
@@ -169,95 +182,25 @@ struct Row {
     agent_rss: f64,
 }
 
+/// `live`'s churn and restart after every backend's one-pod samples (`one`), into its row.
 async fn measure(
     rt_client: &Client,
     server: &ApiServer,
-    backend: &'static str,
+    live: &mut one_pod::Live,
+    one: one_pod::OnePod,
     pods: u32,
     next: &mut u32,
     round: u32,
 ) -> Row {
-    let gw = Gateway::new();
-    let pins = format!("/sys/fs/bpf/pwctl{}", std::process::id());
-    let mut agent = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}"));
-    let first_sync =
-        tokio::task::block_in_place(|| wait_ready(&mut agent, Duration::from_secs(120)));
-    println!("{backend}: agent in force after {} ms", ms(first_sync));
-    // Default deny holds: an address no pod has is not reached, an offloaded one is.
-    // (The last pod of the initial population is never deleted by the churn below.)
-    let (stranger, known) = (Ipv4Addr::new(10, 63, 255, 1), pod_ip(pods - 1));
-    gw.probe(&[stranger, known]);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        gw.arrival(known).is_some(),
-        "{backend}: an offloaded pod is not reached"
-    );
-    assert!(
-        gw.arrival(stranger).is_none(),
-        "{backend}: an address no pod has is reached: the gateway does not enforce"
-    );
-    // Every slice version from here on: the one-pod samples are split by them (`trace`), the
-    // churn's removals checked against them.
-    let clock = trace::Clock::now();
+    let backend = live.backend;
+    let (agent, _) = live.start(server);
+    // Every slice version from here on: the churn's removals are checked against them.
     let log = Arc::new(Mutex::new(Vec::new()));
-    let watch = watch_slices(rt_client, log.clone());
-    let settled = settle(&log, Duration::from_secs(120)).await;
-    println!(
-        "{backend}: every slice's Applied condition at its generation {} ms after the watch began",
-        ms(settled)
-    );
+    let watch = watch_slices(rt_client, backend, log.clone());
+    settle(&log, Duration::from_secs(120)).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    // Floor writes in two blocks, before and after the samples (after the agent's first
-    // conditions and the controller's reaction to them have settled): one block alone once
-    // caught a busy spell (21 ms against 4.4 in the other backend's round); a write before
-    // each sample slowed the sample after it (p50 12.4 -> 17.7 ms at 5000 pods).
-    let mut floor_probe = floor::Floor::start(rt_client).await;
-    let mut floor = Vec::new();
-    let mut slice_floor = Vec::new();
-    let mut small_floor = Vec::new();
-    floor_probe
-        .block(10, true, &mut floor, &mut slice_floor, &mut small_floor)
-        .await;
-    // One pod at a time.
-    let samples = env_usize("PEERWALL_BENCH_SAMPLES", 40);
-    let mut one_pod = Vec::new();
-    let mut traced = Vec::new();
-    for _ in 0..samples {
-        let i = *next;
-        *next += 1;
-        let ip = pod_ip(i);
-        gw.probe(&[ip]);
-        let t0 = cluster::offload_timed(rt_client, i).await;
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some((first, _)) = gw.arrival(ip) {
-                one_pod.push(first.saturating_duration_since(t0));
-                traced.push(trace::Sample { ip, t0, first });
-                break;
-            }
-            assert!(Instant::now() < deadline, "pod {ip} never reached");
-            tokio::time::sleep(Duration::from_micros(500)).await;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    floor_probe
-        .block(10, false, &mut floor, &mut slice_floor, &mut small_floor)
-        .await;
-    drop(floor_probe);
-    println!(
-        "{backend}: one pod p50 {} ms, p99 {} ms",
-        ms(percentile(&one_pod, 0.5)),
-        ms(percentile(&one_pod, 0.99))
-    );
-    let agent_log = trace::agent_log(&agent.proc.log(), clock);
-    let splits: Vec<trace::Split> = {
-        let seen = log.lock().map(|l| l.clone()).unwrap_or_default();
-        traced
-            .iter()
-            .map(|s| trace::split(*s, &seen, &agent_log))
-            .collect()
-    };
-    let slowest = trace::slowest(&splits, &agent_log, 3);
+    let gw = &live.gw;
+    let slowest = trace::slowest(&one.splits, &one.log, 3);
     for s in &slowest {
         println!("{backend}: slow sample: {s}");
     }
@@ -310,42 +253,39 @@ async fn measure(
         ms(percentile(&churn_adds, 0.5)),
         ms(percentile(&churn_adds, 0.99))
     );
-    let agent_rss_before = agent.proc.peak_rss_mib();
-    drop(agent);
-    let mut again = start_agent(server, &gw, backend, &pins, &format!("agent-{backend}-2"));
-    let restart = tokio::task::block_in_place(|| wait_ready(&mut again, Duration::from_secs(120)));
-    let agent_rss = agent_rss_before.max(again.proc.peak_rss_mib());
+    live.stop(agent);
+    let (again, restart) = live.start(server);
     println!("{backend}: restart in force after {} ms", ms(restart));
-    drop(again);
+    live.stop(again);
     // Pins and their slot metadata under /run (a plain remove_dir_all leaves the latter).
-    let _ = peerwall_backend_select::installed::forget_pins(std::path::Path::new(&pins));
+    let _ = peerwall_backend_select::installed::forget_pins(std::path::Path::new(&live.pins));
     println!(
         "{backend}: the API server's floor, a write seen by a watch: p50 {} ms; a full slice's: p50 {} ms; a slice of one address: p50 {} ms",
-        ms(percentile(&floor, 0.5)),
-        ms(percentile(&slice_floor, 0.5)),
-        ms(percentile(&small_floor, 0.5))
+        ms(percentile(&one.floor, 0.5)),
+        ms(percentile(&one.slice_floor, 0.5)),
+        ms(percentile(&one.small_floor, 0.5))
     );
     Row {
         backend,
         dir_one_pod: Vec::new(),
-        floor,
-        slice_floor,
-        small_floor,
         parts: [
-            trace::median_of(&splits, |s| s.controller),
-            trace::median_of(&splits, |s| s.agent),
-            trace::median_of(&splits, |s| s.after),
+            trace::median_of(&one.splits, |s| s.controller),
+            trace::median_of(&one.splits, |s| s.agent),
+            trace::median_of(&one.splits, |s| s.after),
         ],
         slowest,
-        one_pod,
+        one_pod: one.samples,
+        floor: one.floor,
+        slice_floor: one.slice_floor,
+        small_floor: one.small_floor,
         churn_adds,
         churn_missing,
         removals: dels.len(),
         removals_checked: checked,
         violations,
         restart,
-        first_sync,
-        agent_rss,
+        first_sync: live.first_sync,
+        agent_rss: live.rss,
     }
 }
 
@@ -509,10 +449,13 @@ fn main() {
             controller_sync.as_secs_f64()
         );
         let mut next = pods;
+        let mut lives: Vec<one_pod::Live> =
+            backends.iter().map(|b| one_pod::Live::new(b)).collect();
+        let samples = one_pod::measure_all(&client, &server, &mut lives, pods, &mut next).await;
         let mut rows = Vec::new();
-        for (round, b) in backends.iter().enumerate() {
-            let mut row = measure(&client, &server, b, pods, &mut next, round as u32).await;
-            row.dir_one_pod = measure_dir(&server, b, pods, &mut next).await;
+        for (round, (live, one)) in lives.iter_mut().zip(samples).enumerate() {
+            let mut row = measure(&client, &server, live, one, pods, &mut next, round as u32).await;
+            row.dir_one_pod = measure_dir(&server, live.backend, pods, &mut next).await;
             rows.push(row);
         }
         let controller_rss = controller.peak_rss_mib();

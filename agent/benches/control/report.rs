@@ -34,13 +34,16 @@ pub fn report(
         "## Control plane at scale (`cargo xtask bench-control`)\n\n\
          Real etcd + kube-apiserver v1.20 on loopback, {pods} offloaded pods of one peer, \
          `peerwall controller` publishing them as AddressSet slices ({fill} addresses each), one \
-         agent (`--source kube --netns`, bpf's host maps sized for the pods with \
-         `--host-table-size`) enforcing the peer's gateway configuration; UDP probe \
-         streams through the gateway, stamped at the receiver. Controller: all {pods} addresses \
-         published {:.2} s after start; peak RSS {:.0} MiB.\n\n",
+         agent per backend (`--source kube --netns`, bpf's host maps sized for the pods with \
+         `--host-table-size`) enforcing the peer's gateway configuration in its own gateway \
+         namespace; UDP probe streams through the gateway, stamped at the receiver. Controller: all {pods} addresses \
+         published {:.2} s after start; peak RSS {:.0} MiB. The one-pod samples of every \
+         backend come first, in {blocks} alternating blocks (A B, B A, …), one agent running at \
+         a time, each block with its own API floors; then each backend's churn and restart.\n\n",
         controller_sync.as_secs_f64(),
         controller_rss,
         fill = peerwall::protection::SLICE_FILL,
+        blocks = crate::one_pod::blocks(),
     ));
     md.push_str("| | target | ");
     for r in rows {
