@@ -172,6 +172,8 @@ struct Row {
     /// The slowest one-pod samples, split, with the agent's log meanwhile.
     slowest: Vec<String>,
     one_pod: Vec<Duration>,
+    /// Each one-pod block's p50, in the order the blocks ran.
+    block_p50: Vec<Duration>,
     churn_adds: Vec<Duration>,
     churn_missing: usize,
     removals: usize,
@@ -275,6 +277,7 @@ async fn measure(
         ],
         slowest,
         one_pod: one.samples,
+        block_p50: one.block_p50,
         floor: one.floor,
         slice_floor: one.slice_floor,
         small_floor: one.small_floor,
@@ -471,6 +474,7 @@ fn main() {
         drop(controller);
         report::report(
             pods,
+            created,
             controller_sync,
             controller_rss,
             &rows,

@@ -73,6 +73,8 @@ pub struct OnePod {
     pub floor: Vec<Duration>,
     pub slice_floor: Vec<Duration>,
     pub small_floor: Vec<Duration>,
+    /// Each block's one-pod p50, in the order the blocks ran.
+    pub block_p50: Vec<Duration>,
 }
 
 /// Blocks per backend (`PEERWALL_BENCH_BLOCKS`, default 4).
@@ -202,6 +204,7 @@ async fn block(
     drop(floor_probe);
     live.gw.probe(&[]);
     let taken = &out.samples[out.samples.len() - n..];
+    out.block_p50.push(crate::percentile(taken, 0.5));
     println!(
         "{backend}: block of {n}: one pod p50 {} ms, max {} ms",
         ms(crate::percentile(taken, 0.5)),

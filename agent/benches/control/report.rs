@@ -24,6 +24,7 @@ fn verdict(ok: bool) -> &'static str {
 
 pub fn report(
     pods: u32,
+    created: Duration,
     controller_sync: Duration,
     controller_rss: f64,
     rows: &[Row],
@@ -36,10 +37,13 @@ pub fn report(
          `peerwall controller` publishing them as AddressSet slices ({fill} addresses each), one \
          agent per backend (`--source kube --netns`, bpf's host maps sized for the pods with \
          `--host-table-size`) enforcing the peer's gateway configuration in its own gateway \
-         namespace; UDP probe streams through the gateway, stamped at the receiver. Controller: all {pods} addresses \
-         published {:.2} s after start; peak RSS {:.0} MiB. The one-pod samples of every \
+         namespace; UDP probe streams through the gateway, stamped at the receiver. The {pods} pods \
+         were created through the API server in {:.0} s (how fast this VM ran in this run: every \
+         row below moves with it, so compare runs by it). Controller: all \
+         {pods} addresses published {:.2} s after start; peak RSS {:.0} MiB. The one-pod samples of every \
          backend come first, in {blocks} alternating blocks (A B, B A, …), one agent running at \
          a time, each block with its own API floors; then each backend's churn and restart.\n\n",
+        created.as_secs_f64(),
         controller_sync.as_secs_f64(),
         controller_rss,
         fill = peerwall::protection::SLICE_FILL,
@@ -77,6 +81,18 @@ pub fn report(
         &|r| {
             let v = percentile(&r.one_pod, 0.99);
             format!("{} ({})", ms(v), verdict(v <= Duration::from_millis(50)))
+        },
+    );
+    line(
+        &mut md,
+        "one pod → first packet, p50 of each block in the order run (ms)",
+        "",
+        &|r| {
+            r.block_p50
+                .iter()
+                .map(|d| ms(*d))
+                .collect::<Vec<_>>()
+                .join(", ")
         },
     );
     line(
