@@ -204,10 +204,11 @@ async fn block(
     drop(floor_probe);
     live.gw.probe(&[]);
     let taken = &out.samples[out.samples.len() - n..];
-    out.block_p50.push(crate::percentile(taken, 0.5));
+    let p50 = crate::percentile(taken, 0.5);
+    out.block_p50.push(p50);
     println!(
         "{backend}: block of {n}: one pod p50 {} ms, max {} ms",
-        ms(crate::percentile(taken, 0.5)),
+        ms(p50),
         ms(crate::percentile(taken, 1.0))
     );
     watch.abort();

@@ -74,10 +74,12 @@ pub fn report(
             let target = Duration::from_millis(10);
             // A target under this run's lower bound cannot be met by the controller or the
             // agent: say so beside the miss.
-            let unreachable = bound_and_ratio(r, &r.floor)
-                .filter(|(bound, _)| *bound > target)
-                .map(|(bound, _)| format!("; the lower bound below is already {}", ms(bound)))
-                .unwrap_or_default();
+            let unreachable = match bound_and_ratio(r, &r.floor) {
+                Some((bound, _)) if bound > target => {
+                    format!("; the lower bound below is already {}", ms(bound))
+                }
+                _ => String::new(),
+            };
             format!("{} ({}{unreachable})", ms(v), verdict(v <= target))
         },
     );
