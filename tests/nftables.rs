@@ -1079,3 +1079,124 @@ fn an_interval_set_is_edited_in_place_over_netlink() {
     );
     assert!(!ping(&t.consumer, "10.10.1.67", "10.20.3.1"), "joined");
 }
+
+/// The decided-flow cache (`decided.rs`) against a real kernel: a one-way UDP flow (conntrack
+/// never sees it answered, so every datagram is `new` and would walk the chain) is accepted by
+/// the cache's lookup after its first datagram, and each way of changing the policy — the
+/// slice path's in-place edit over netlink and an apply of a changed set — empties the cache
+/// in the same transaction: the flow stops at once, not when its decision expires.
+#[test]
+fn a_decided_flow_is_served_by_one_lookup_and_every_change_revokes_it() {
+    use peerwall_policy::ir;
+    let t = Topology::new();
+    let doc = |sources: &str| {
+        let y = format!(
+            "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: cache, namespace: t}}\nspec:\n  table:\n    name: peerwall_cache\n    family: INET\n    sets:\n      - {{name: src, keyType: ipv4_addr, elements: [{sources}]}}\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: drop\n        rules:\n          filterRules:\n            - {{name: replies, action: accept, match: [{{op: eq, ctstate: {{value: [established, related]}}}}]}}\n            - {{name: web, action: accept, match: [{{op: eq, ip: {{value: '@src', position: src}}}}, {{op: eq, ip: {{value: 10.20.1.2, position: dst}}}}, {{op: eq, proto: {{value: udp}}}}, {{op: eq, port: {{value: '8000', position: dst}}}}]}}\n"
+        );
+        let objs = peerwall_intent::load::parse_all(&y, "test").expect("parses");
+        compile::compile(&objs.objects).expect("compiles").policy
+    };
+    let allowed = doc("{key: 10.10.1.67}, {key: 10.10.1.99}");
+    let mut b = NftBackend::new(Nft::in_netns(t.gateway.name()));
+    b.apply(&allowed).expect("apply");
+    let listing = nft_list(&t.gateway, &["list", "table", "inet", "peerwall_cache"]);
+    assert!(
+        listing.contains("@__pw_d0_4 counter") && listing.contains("goto __pw_keep0"),
+        "{listing}"
+    );
+    // The provider's end only counts (it sends to itself, never back through the gateway).
+    let dir = std::env::temp_dir().join(format!("pw-decided-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let rx = Chatter::start(
+        &format!("/run/netns/{}", t.provider.name()),
+        ("10.20.1.2", 8000),
+        ("10.20.1.2", 9),
+        dir.join("rx"),
+    );
+    let _tx = Chatter::start(
+        &format!("/run/netns/{}", t.consumer.name()),
+        ("10.10.1.67", 40000),
+        ("10.20.1.2", 8000),
+        dir.join("tx"),
+    );
+    let flowing = |what: &str| {
+        let start = rx.received();
+        std::thread::sleep(std::time::Duration::from_millis(600));
+        let n = rx.received() - start;
+        assert!(n >= 5, "{what}: {n} datagrams in 600 ms");
+    };
+    // Stops within the packets in flight, and stays stopped for longer than a decision lasts
+    // were it not revoked (10 s would be the test's length; 1.2 s shows it: the flow sends
+    // 20 a second).
+    let stopped = |what: &str| {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let start = rx.received();
+        std::thread::sleep(std::time::Duration::from_millis(1200));
+        let n = rx.received() - start;
+        assert_eq!(n, 0, "{what}: {n} datagrams after the change");
+    };
+    let cached = || {
+        nft_list(
+            &t.gateway,
+            &["list", "set", "inet", "peerwall_cache", "__pw_d0_4"],
+        )
+        .contains("10.20.1.2 . 10.10.1.67 . 8000 . udp")
+    };
+    flowing("allowed");
+    // Datagrams of a flow conntrack never saw answered are `new` (no reply), and after the
+    // first the lookup accepts them: its counter moves, the key is in the set, the rule's own
+    // counter saw the first.
+    assert!(cached(), "the flow's key is in the cache");
+    let served: u64 = b
+        .counters()
+        .expect("counters")
+        .iter()
+        .filter(|c| c.rule == "__pw_decided")
+        .map(|c| c.packets)
+        .sum();
+    assert!(served >= 5, "the lookup served the flow: {served}");
+    assert!(
+        in_ns(&t.gateway, "conntrack", &["-L", "-p", "udp", "--dport", "8000"])
+            .stdout
+            .windows(b"UNREPLIED".len())
+            .any(|w| w == b"UNREPLIED"),
+        "the flow stays unreplied"
+    );
+
+    // The slice path: 10.10.1.67 leaves `src`, in place over netlink.
+    let ir::SetElements::Addr(contents) = allowed.tables[0].sets[0].elements.clone() else {
+        panic!("an address set");
+    };
+    let mut contents = contents;
+    let pod: u128 = 0x0a0a_0143;
+    let edit = contents.remove_range(ir::AddrRange { lo: pod, hi: pod });
+    let revoked = doc("{key: 10.10.1.99}");
+    let r = b
+        .update_sets(
+            &revoked,
+            &[ir::SetChange {
+                table: "peerwall_cache".into(),
+                family: ir::TableFamily::Inet,
+                set: "src".into(),
+                addr_family: ir::IpFamily::V4,
+                edit,
+            }],
+        )
+        .expect("update");
+    assert!(r.recreated.is_empty() && r.over_netlink, "{r:?}");
+    stopped("the slice path");
+    assert!(!cached(), "the cache emptied");
+    assert_eq!(b.drift_check(true).unwrap(), Vec::<Drift>::new());
+
+    // Back (an apply that adds the element: the elements-only plan), then gone again the same
+    // way.
+    let r = b.apply(&allowed).expect("apply");
+    assert!(r.recreated.is_empty(), "{r:?}");
+    flowing("allowed again");
+    assert!(cached());
+    let r = b.apply(&revoked).expect("apply");
+    assert!(r.recreated.is_empty() && r.element_changes == 1, "{r:?}");
+    stopped("an apply of the changed set");
+    assert!(!cached());
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -199,6 +199,7 @@ impl Expr {
             Expr::Vmap { key: k, map } => {
                 json!({"vmap": {"key": k.json(), "data": format!("@{map}")}})
             }
+            Expr::Goto(chain) => json!({"goto": {"target": chain}}),
             Expr::Update { set, key: k } => {
                 json!({"set": {"op": "update", "elem": k.json(), "set": format!("@{set}")}})
             }
@@ -250,6 +251,7 @@ impl Expr {
             Expr::Masquerade => "masquerade".into(),
             Expr::LimitRef(name) => format!("limit name {name:?}"),
             Expr::Vmap { key: k, map } => format!("{} vmap @{map}", k.text()),
+            Expr::Goto(chain) => format!("goto {chain}"),
             Expr::Update { set, key: k } => format!("update @{set} {{ {} }}", k.text()),
             Expr::Log { prefix, group } => format!("log prefix {prefix:?} group {group}"),
         }

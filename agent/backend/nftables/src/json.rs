@@ -59,6 +59,8 @@ pub fn command(c: &Command<'_>) -> Vec<Value> {
             set,
             elements,
         } => vec![json!({"delete": element_obj(table, set, elements)})],
+        Command::FlushSet { table, set } => vec![json!({"flush": {"set": {
+            "family": table.family.nft(), "table": table.name, "name": set}}})],
     }
 }
 

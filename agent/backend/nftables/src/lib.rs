@@ -18,6 +18,7 @@
 // ended) and the Backend face over it; every concern it drives lives in its own module.
 
 pub mod conntrack;
+pub mod decided;
 pub mod dispatch;
 pub mod ended;
 pub mod error;

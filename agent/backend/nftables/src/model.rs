@@ -544,6 +544,9 @@ pub enum Expr {
         /// The verdict map's name.
         map: String,
     },
+    /// `goto chain`: continue in `chain`, not coming back (the decided-flow cache's keep
+    /// chain, [`crate::decided`]).
+    Goto(String),
     /// `update @set { key }`: refresh the packet's element of a [`Set::timeout`] set.
     Update {
         /// The set's name.
@@ -609,6 +612,13 @@ pub enum Command<'a> {
         set: &'a str,
         /// Elements.
         elements: Vec<Element>,
+    },
+    /// Remove every element of a set (a decided-flow cache's, [`crate::decided`]).
+    FlushSet {
+        /// Table.
+        table: &'a Table,
+        /// Set name.
+        set: &'a str,
     },
     /// Remove elements from a set.
     DeleteElements {

@@ -30,12 +30,24 @@ pub const MAX_ELEMENTS: usize = 4096;
 /// The commands as netlink element edits, when every one of them adds or deletes addresses
 /// of a plain address set (single addresses of a hash set; ranges of an interval set, neither
 /// from the first address nor to the last) or elements of a verdict map (an address and the
-/// chain it jumps to) and they make at most [`MAX_ELEMENTS`] kernel elements; None otherwise.
+/// chain it jumps to), or empty a decided-flow cache, and they make at most [`MAX_ELEMENTS`] kernel elements; None otherwise.
 pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdit<'a>>> {
     let mut out = Vec::new();
     let mut total = 0;
     for c in cmds {
         let (table, set, elements, add) = match c {
+            // Emptying a decided-flow cache ([`crate::decided`]): a delete without elements.
+            Command::FlushSet { table, set } => {
+                out.push(message::ElementEdit {
+                    family: message::nfproto(table.family),
+                    table: &table.name,
+                    set,
+                    add: false,
+                    flush: true,
+                    keys: Vec::new(),
+                });
+                continue;
+            }
             Command::AddElements {
                 table,
                 set,
@@ -94,6 +106,7 @@ pub fn element_edits<'a>(cmds: &[Command<'a>]) -> Option<Vec<message::ElementEdi
             table: &table.name,
             set,
             add,
+            flush: false,
             keys,
         });
     }
@@ -391,6 +404,7 @@ mod tests {
                     table: "peerwall_a",
                     set: "offloaded",
                     add: false,
+                    flush: false,
                     keys: vec![k(&v6, false)],
                 },
                 message::ElementEdit {
@@ -398,6 +412,7 @@ mod tests {
                     table: "peerwall_a",
                     set: "offloaded",
                     add: true,
+                    flush: false,
                     keys: vec![k(&[10, 20, 1, 3], false)],
                 },
             ]

@@ -20,7 +20,8 @@ pub struct Plan<'a> {
 }
 
 /// Element changes turning `old`'s set contents into `new`'s (same structure): deletes first,
-/// since a merged interval may be replaced by an overlapping one. O(elements): 100k-element
+/// since a merged interval may be replaced by an overlapping one; the table's decided-flow
+/// caches flushed ahead of them ([`crate::decided`]). O(elements): 100k-element
 /// sets are normal.
 pub fn element_commands<'a>(new: &'a Table, old: &Table) -> Vec<Command<'a>> {
     let mut dels = Vec::new();
@@ -56,7 +57,13 @@ pub fn element_commands<'a>(new: &'a Table, old: &Table) -> Vec<Command<'a>> {
         }
     }
     dels.extend(adds);
-    dels
+    // A set edited empties the table's decided-flow caches in the same transaction.
+    if dels.is_empty() {
+        return dels;
+    }
+    let mut out = crate::decided::flushes(new);
+    out.extend(dels);
+    out
 }
 
 /// The transaction turning `applied` into `desired` when that changes set elements only: the

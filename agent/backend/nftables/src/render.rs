@@ -35,6 +35,10 @@ pub struct RenderOptions {
     /// Keep long runs of address lookups as they are instead of dispatching them through a
     /// verdict map ([`crate::dispatch`]): what the benchmark compares dispatch against.
     pub linear: bool,
+    /// No decided-flow cache ([`crate::decided`]): every packet walks its chains, as the
+    /// benchmark's comparison row does. The cache is also off where counters are forced (the
+    /// probe reads which rule decided every packet) and in tables in audit mode.
+    pub no_flow_cache: bool,
 }
 
 /// How events are logged.
@@ -526,6 +530,9 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
     };
     if !opts.linear {
         crate::dispatch::dispatch(&mut table);
+    }
+    if !opts.no_flow_cache && !opts.force_counters && !t.audit {
+        crate::decided::add(&mut table);
     }
     table
 }

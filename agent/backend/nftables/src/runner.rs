@@ -275,6 +275,14 @@ impl FakeState {
                 let at = t.rules.iter().position(|r| r.chain == rule.chain);
                 t.rules.insert(at.unwrap_or(t.rules.len()), rule.clone());
             }
+            Command::FlushSet { table, set } => {
+                let s = self
+                    .tables
+                    .get_mut(&(table.family.nft(), table.name.clone()))
+                    .and_then(|t| t.sets.iter_mut().find(|s| s.name == *set))
+                    .ok_or_else(|| failed("flush set", "No such file or directory"))?;
+                s.elements.clear();
+            }
             // This kernel lists no handles, so no rule can be named by one.
             Command::DeleteRule { .. } => {
                 return Err(failed("delete rule", "No such file or directory"));

@@ -94,6 +94,8 @@ impl<R: Runner> NftBackend<R> {
                 }
             }
             dels.extend(adds);
+            // Nothing decided before the edit outlives it ([`crate::decided`]).
+            let dels = crate::decided::with_flushes(dels);
             report.element_changes = dels.iter().map(model::Command::element_count).sum();
             if !dels.is_empty() {
                 report.over_netlink = self.nft.edits_elements_over_netlink()

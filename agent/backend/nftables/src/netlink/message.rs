@@ -111,6 +111,9 @@ pub struct ElementEdit<'a> {
     pub set: &'a str,
     /// Add (`true`) or delete.
     pub add: bool,
+    /// Delete every element (`keys` empty): a `DELSETELEM` without an element list, which the
+    /// kernel takes as flushing the set (`nf_tables_delsetelem`).
+    pub flush: bool,
     /// The elements.
     pub keys: Vec<Key>,
 }
@@ -219,6 +222,15 @@ pub fn batch(edits: &[ElementEdit<'_>], seq: u32) -> (Vec<u8>, Vec<u32>) {
         } else {
             (MSG_DELSETELEM, NLM_F_REQUEST | NLM_F_ACK)
         };
+        if e.flush {
+            next = next.wrapping_add(1);
+            let m = w.begin_msg((SUBSYS_NFTABLES << 8) | kind, flags, next, e.family, 0);
+            w.attr_str(SET_ELEM_LIST_TABLE, e.table);
+            w.attr_str(SET_ELEM_LIST_SET, e.set);
+            w.end_msg(m);
+            acked.push(next);
+            continue;
+        }
         for chunk in chunks(&e.keys) {
             next = next.wrapping_add(1);
             let m = w.begin_msg((SUBSYS_NFTABLES << 8) | kind, flags, next, e.family, 0);
@@ -328,6 +340,7 @@ pub(super) mod tests {
             table: "t",
             set: "offloaded",
             add: true,
+            flush: false,
             keys: vec![Key::plain(vec![10, 20, 1, 3], false)],
         };
         let (b, acked) = batch(&[edit], 100);
@@ -376,6 +389,7 @@ pub(super) mod tests {
             table: "t",
             set: "s",
             add: false,
+            flush: false,
             keys,
         };
         let (b, acked) = batch(&[edit], u32::MAX);
@@ -396,6 +410,7 @@ pub(super) mod tests {
             table: "t",
             set: "s",
             add: true,
+            flush: false,
             keys: vec![
                 Key::plain(vec![10, 0, 0, 5], false),
                 Key::plain(vec![10, 0, 0, 10], true),
@@ -424,6 +439,7 @@ pub(super) mod tests {
             table: "t",
             set: "m",
             add,
+            flush: false,
             keys,
         };
         let (b, _) = batch(&[edit(true, vec![key.clone()])], 1);
@@ -474,6 +490,7 @@ pub(super) mod tests {
                 table: "t",
                 set: "m",
                 add: true,
+                flush: false,
                 keys,
             }],
             1,
