@@ -40,6 +40,10 @@ pub(crate) enum Datapath {
     /// the NAT hooks' work is the gateway's, whatever filters; the row `PeerwallBpfConntrack`
     /// is compared with.
     PeerwallNftConntrack,
+    /// The same without the decided-flow cache (`RenderOptions::no_flow_cache`): every packet
+    /// of a flow conntrack never saw answered walks the chains. Only where the cache changes
+    /// the rendering.
+    PeerwallNftNoCacheConntrack,
     PeerwallBpf,
     /// peerwall bpf on a gateway whose kernel conntrack is on (Liqo's remapping NAT), as
     /// `ConntrackOnly`: the same baseline the nftables row has.
@@ -58,7 +62,7 @@ pub(crate) enum Datapath {
 }
 
 impl Datapath {
-    pub(crate) const ALL: [Datapath; 18] = [
+    pub(crate) const ALL: [Datapath; 19] = [
         Datapath::None,
         Datapath::ConntrackOnly,
         Datapath::TcEmpty,
@@ -68,6 +72,7 @@ impl Datapath {
         Datapath::PeerwallNft,
         Datapath::PeerwallNftLinear,
         Datapath::PeerwallNftConntrack,
+        Datapath::PeerwallNftNoCacheConntrack,
         Datapath::PeerwallBpf,
         Datapath::PeerwallBpfConntrack,
         Datapath::PeerwallBpfKernelCt,
@@ -90,6 +95,9 @@ impl Datapath {
             Datapath::PeerwallNft => "peerwall nftables",
             Datapath::PeerwallNftLinear => "peerwall nftables, no address dispatch",
             Datapath::PeerwallNftConntrack => "peerwall nftables, conntrack on (Liqo's NAT)",
+            Datapath::PeerwallNftNoCacheConntrack => {
+                "peerwall nftables, conntrack on, no decided-flow cache"
+            }
             Datapath::PeerwallBpf => "peerwall bpf (tcx)",
             Datapath::PeerwallBpfConntrack => "peerwall bpf (tcx), conntrack on",
             Datapath::PeerwallBpfKernelCt => "peerwall bpf (tcx), conntrack on, the kernel's table",
@@ -483,28 +491,20 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             );
         }
         Datapath::PeerwallNftLinear => {
-            let yaml = serde_yaml::to_string(&p.fwc).expect("yaml");
-            let objs = peerwall_intent::load::parse_all(&yaml, "bench").expect("parses");
-            let policy = peerwall_policy::compile::compile(&objs.objects)
-                .expect("compiles")
-                .policy;
-            let render = |linear| {
-                peerwall_backend_nftables::render_policy(
-                    &policy,
-                    peerwall_backend_nftables::RenderOptions {
-                        linear,
-                        ..Default::default()
-                    },
-                )
+            let linear = peerwall_backend_nftables::RenderOptions {
+                linear: true,
+                ..Default::default()
             };
-            let linear = render(true);
-            if linear == render(false) {
-                return None;
-            }
-            let mut b = peerwall_backend_nftables::NftBackend::new(
-                peerwall_backend_nftables::Nft::in_netns(lab.gw.name()),
-            );
-            b.apply_rendered(linear).expect("apply");
+            apply_rendered(lab, rendered_otherwise(p, linear)?);
+        }
+        Datapath::PeerwallNftNoCacheConntrack => {
+            let no_cache = peerwall_backend_nftables::RenderOptions {
+                no_flow_cache: true,
+                ..Default::default()
+            };
+            let tables = rendered_otherwise(p, no_cache)?;
+            install(lab, Datapath::ConntrackOnly, p)?;
+            apply_rendered(lab, tables);
         }
         // As deployed: under the agent, whose route watcher keeps the local-address mirror.
         Datapath::PeerwallBpf | Datapath::PeerwallXdp => {
@@ -620,6 +620,30 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
     Some(started.elapsed())
 }
 
+/// `p` rendered with `opts`; None where that is the default rendering (the row would repeat
+/// peerwall nftables').
+fn rendered_otherwise(
+    p: &Policy,
+    opts: peerwall_backend_nftables::RenderOptions,
+) -> Option<Vec<peerwall_backend_nftables::RenderedTable>> {
+    let yaml = serde_yaml::to_string(&p.fwc).expect("yaml");
+    let objs = peerwall_intent::load::parse_all(&yaml, "bench").expect("parses");
+    let policy = peerwall_policy::compile::compile(&objs.objects)
+        .expect("compiles")
+        .policy;
+    let rendered = peerwall_backend_nftables::render_policy(&policy, opts);
+    (rendered != peerwall_backend_nftables::render_policy(&policy, Default::default()))
+        .then_some(rendered)
+}
+
+/// Tables applied in the gateway by the nftables backend.
+fn apply_rendered(lab: &Lab, tables: Vec<peerwall_backend_nftables::RenderedTable>) {
+    let mut b = peerwall_backend_nftables::NftBackend::new(
+        peerwall_backend_nftables::Nft::in_netns(lab.gw.name()),
+    );
+    b.apply_rendered(tables).expect("apply");
+}
+
 pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
     match dp {
         Datapath::None => {}
@@ -668,7 +692,7 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
             uninstall(lab, Datapath::PeerwallBpf);
             uninstall(lab, Datapath::ConntrackOnly);
         }
-        Datapath::PeerwallNftConntrack => {
+        Datapath::PeerwallNftConntrack | Datapath::PeerwallNftNoCacheConntrack => {
             uninstall(lab, Datapath::PeerwallNft);
             uninstall(lab, Datapath::ConntrackOnly);
         }

@@ -291,6 +291,7 @@ fn main() {
                     | Datapath::PeerwallBpfConntrack
                     | Datapath::PeerwallBpfKernelCt
                     | Datapath::PeerwallNftConntrack
+                    | Datapath::PeerwallNftNoCacheConntrack
                     | Datapath::PeerwallNftLinear
             ) && !d.is_limit()
                 && d.without_events().is_none()

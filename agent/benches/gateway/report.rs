@@ -106,7 +106,7 @@ pub(crate) fn limits_section(rows: &[Row], policies: &[String]) -> String {
             _ => "–".into(),
         };
         t.push_str(&format!(
-            "| {p} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+            "| {p} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
             alternating(|r| r.0),
             alternating(|r| r.1),
             cell(Datapath::PeerwallBpf, Datapath::TcEmpty, true),
@@ -121,6 +121,11 @@ pub(crate) fn limits_section(rows: &[Row], policies: &[String]) -> String {
             cell(
                 Datapath::PeerwallNftConntrack,
                 Datapath::ConntrackOnly,
+                true
+            ),
+            cell(
+                Datapath::PeerwallNftConntrack,
+                Datapath::PeerwallNftNoCacheConntrack,
                 true
             ),
         ));
@@ -140,9 +145,11 @@ pub(crate) fn limits_section(rows: &[Row], policies: &[String]) -> String {
          ratio. *Separate installs*: the rows above, ratios taken round by round (each \
          datapath installed afresh and measured in its own window, seconds apart, so the VM's \
          shifts between forwarding regimes fall into these ratios). Targets: bpf ≥ 0.95 of the \
-         empty tcx program, ≥ 1.0 of nftables.\n\n\
-         | policy | allowed: bpf ÷ empty tcx, alternating windows | allowed: bpf ÷ tcx one hash lookup, alternating windows | allowed: bpf ÷ empty tcx, separate installs | allowed: bpf ÷ tcx one hash lookup, separate installs | allowed: bpf ÷ nftables | denied: bpf ÷ nftables | allowed: bpf ÷ nftables, both conntrack on (Liqo's NAT) | allowed: nftables ÷ conntrack on, both beside Liqo's NAT |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|---:|\n{t}"
+         empty tcx program, ≥ 1.0 of nftables. The last column is what nftables' decided-flow \
+         cache gives the allowed traffic here (one-way UDP: every packet `new` to conntrack, \
+         each flow's first packet walking the chains); – where the policy renders no cache.\n\n\
+         | policy | allowed: bpf ÷ empty tcx, alternating windows | allowed: bpf ÷ tcx one hash lookup, alternating windows | allowed: bpf ÷ empty tcx, separate installs | allowed: bpf ÷ tcx one hash lookup, separate installs | allowed: bpf ÷ nftables | denied: bpf ÷ nftables | allowed: bpf ÷ nftables, both conntrack on (Liqo's NAT) | allowed: nftables ÷ conntrack on, both beside Liqo's NAT | allowed: nftables ÷ nftables without its decided-flow cache, both conntrack on |\n\
+         |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n{t}"
     )
 }
 
