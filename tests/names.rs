@@ -625,11 +625,14 @@ fn ruleset(ns: &NetNs) -> Vec<serde_json::Value> {
 }
 
 /// Rules in chain `n` of table `n`.
+/// The rules of chain `n` of table `n` that the policy wrote (not the decided-flow cache's
+/// lookups, `peerwall_backend_nftables::decided`).
 fn nft_rule_count(ns: &NetNs, n: &str) -> usize {
     ruleset(ns)
         .iter()
         .filter_map(|o| o.get("rule"))
         .filter(|r| r["table"] == n && r["chain"] == n)
+        .filter(|r| r["comment"] != peerwall_backend_nftables::decided::RULE)
         .count()
 }
 

@@ -1156,10 +1156,14 @@ fn a_decided_flow_is_served_by_one_lookup_and_every_change_revokes_it() {
         .sum();
     assert!(served >= 5, "the lookup served the flow: {served}");
     assert!(
-        in_ns(&t.gateway, "conntrack", &["-L", "-p", "udp", "--dport", "8000"])
-            .stdout
-            .windows(b"UNREPLIED".len())
-            .any(|w| w == b"UNREPLIED"),
+        in_ns(
+            &t.gateway,
+            "conntrack",
+            &["-L", "-p", "udp", "--dport", "8000"]
+        )
+        .stdout
+        .windows(b"UNREPLIED".len())
+        .any(|w| w == b"UNREPLIED"),
         "the flow stays unreplied"
     );
 

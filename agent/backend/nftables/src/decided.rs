@@ -181,9 +181,12 @@ fn add_to_chain(t: &mut Table, ci: usize) {
     }
     // The class chains' rules add where their dispatch comes after the lookup (above it, the
     // packets they accept never reach it).
-    let dispatched_below = base[at..]
-        .iter()
-        .any(|&i| t.rules[i].exprs.iter().any(|e| matches!(e, Expr::Vmap { .. })));
+    let dispatched_below = base[at..].iter().any(|&i| {
+        t.rules[i]
+            .exprs
+            .iter()
+            .any(|e| matches!(e, Expr::Vmap { .. }))
+    });
     let classes_below: &[usize] = if dispatched_below { &in_classes } else { &[] };
     let adders: Vec<usize> = base[at..]
         .iter()

@@ -57,7 +57,10 @@ fn accepting_rules_of_key_fields_add_and_the_lookup_follows_the_replies() {
     );
     let t = rendered(&policy("INET", &rules), RenderOptions::default());
     let l = lines(&t);
-    assert!(l[0].contains("ct state") && l[0].ends_with("accept [replies]"), "{l:#?}");
+    assert!(
+        l[0].contains("ct state") && l[0].ends_with("accept [replies]"),
+        "{l:#?}"
+    );
     assert_eq!(
         l[1],
         "fwd: ip daddr . ip saddr . th dport . meta l4proto @__pw_d0_4 counter accept [__pw_decided]"
@@ -84,7 +87,10 @@ fn accepting_rules_of_key_fields_add_and_the_lookup_follows_the_replies() {
         .iter()
         .filter(|s| s.timeout.is_some())
         .all(|s| s.timeout == Some(TIMEOUT_SECS) && s.capacity().is_some()));
-    assert!(t.regular.iter().any(|r| r.name == "__pw_keep0" && r.base == "fwd"));
+    assert!(t
+        .regular
+        .iter()
+        .any(|r| r.name == "__pw_keep0" && r.base == "fwd"));
     // An ip table has the IPv4 set alone.
     let t = rendered(&policy("IPV4", &rules), RenderOptions::default());
     assert_eq!(sets_of(&t), ["__pw_d0_4"]);
@@ -103,7 +109,10 @@ fn a_drop_by_another_field_pins_the_lookup_below_it() {
     let l = lines(&t);
     assert!(l[0].ends_with("accept [a]"), "{l:#?}");
     assert!(l[1].ends_with("drop [tunnel]"), "{l:#?}");
-    assert!(l[2].ends_with("[__pw_decided]") && l[2].contains("@__pw_d0_4"), "{l:#?}");
+    assert!(
+        l[2].ends_with("[__pw_decided]") && l[2].contains("@__pw_d0_4"),
+        "{l:#?}"
+    );
     assert!(l[3].ends_with("goto __pw_keep0 [b]"), "{l:#?}");
     // The drop last: nothing below it to shortcut, no cache.
     let rules = format!(
@@ -125,7 +134,10 @@ fn a_rule_testing_the_source_port_never_adds_and_a_drop_by_it_pins() {
     let rules = format!("{sport_accept}{}", accept_dst("a", "s0", 53));
     let l = lines(&rendered(&policy("IPV4", &rules), RenderOptions::default()));
     assert!(l.iter().any(|x| x.ends_with("accept [sp]")), "{l:#?}");
-    assert!(l.iter().any(|x| x.ends_with("goto __pw_keep0 [a]")), "{l:#?}");
+    assert!(
+        l.iter().any(|x| x.ends_with("goto __pw_keep0 [a]")),
+        "{l:#?}"
+    );
     // A drop by the source port below an accept: a packet of the same key from another port
     // would be dropped, so no cached verdict may skip it: the lookup goes below it.
     let rules = format!(
@@ -135,7 +147,10 @@ fn a_rule_testing_the_source_port_never_adds_and_a_drop_by_it_pins() {
     );
     let l = lines(&rendered(&policy("IPV4", &rules), RenderOptions::default()));
     let drop_at = l.iter().position(|x| x.ends_with("drop [sp]")).unwrap();
-    let lookup_at = l.iter().position(|x| x.contains("@__pw_d0_4 counter")).unwrap();
+    let lookup_at = l
+        .iter()
+        .position(|x| x.contains("@__pw_d0_4 counter"))
+        .unwrap();
     assert!(lookup_at > drop_at, "{l:#?}");
     assert!(l.iter().any(|x| x.ends_with("accept [a]")), "{l:#?}");
 }
@@ -167,7 +182,11 @@ fn no_cache_where_counters_are_forced_in_audit_mode_or_when_asked() {
 fn a_dispatched_run_adds_from_its_class_chains() {
     let mut rules = String::from(REPLIES);
     for i in 0..10 {
-        rules.push_str(&accept_dst(&format!("r{i}"), &format!("s{i}"), 8000 + i as u16));
+        rules.push_str(&accept_dst(
+            &format!("r{i}"),
+            &format!("s{i}"),
+            8000 + i as u16,
+        ));
     }
     let t = rendered(&policy("IPV4", &rules), RenderOptions::default());
     let l = lines(&t);
@@ -214,8 +233,20 @@ fn every_edit_of_a_table_with_a_cache_flushes_it_first() {
         },
     ]);
     assert_eq!(cmds.len(), 4);
-    assert!(matches!(cmds[0], Command::FlushSet { set: "__pw_d0_4", .. }));
-    assert!(matches!(cmds[1], Command::FlushSet { set: "__pw_d0_6", .. }));
+    assert!(matches!(
+        cmds[0],
+        Command::FlushSet {
+            set: "__pw_d0_4",
+            ..
+        }
+    ));
+    assert!(matches!(
+        cmds[1],
+        Command::FlushSet {
+            set: "__pw_d0_6",
+            ..
+        }
+    ));
     // Over netlink, a flush is a delete without elements, in the same batch.
     let edits = crate::netlink::element_edits(&cmds[..2]).expect("netlink");
     assert!(edits.iter().all(|e| e.flush && !e.add && e.keys.is_empty()));
