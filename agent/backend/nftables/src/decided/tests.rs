@@ -251,3 +251,24 @@ fn every_edit_of_a_table_with_a_cache_flushes_it_first() {
     let edits = crate::netlink::element_edits(&cmds[..2]).expect("netlink");
     assert!(edits.iter().all(|e| e.flush && !e.add && e.keys.is_empty()));
 }
+
+#[test]
+fn a_flush_goes_to_nft_as_flush_set() {
+    let rules = format!("{REPLIES}{}", accept_dst("a", "s0", 53));
+    let t = rendered(&policy("IPV4", &rules), RenderOptions::default());
+    let doc = crate::json::document(&flushes(&t));
+    assert_eq!(
+        doc,
+        serde_json::json!({"nftables": [{"flush": {"set": {
+            "family": "ip", "table": "t", "name": "__pw_d0_4"}}}]})
+    );
+    // The set as nft creates it: a timeout set of the key's four types, sized.
+    let set = t.sets.iter().find(|s| s.name == "__pw_d0_4").unwrap();
+    let created = crate::json::document(&[Command::Create(&t)]).to_string();
+    assert!(
+        created.contains(r#""type":["ipv4_addr","ipv4_addr","inet_service","inet_proto"]"#)
+            && created.contains(r#""flags":["timeout"]"#)
+            && created.contains(&format!(r#""size":{}"#, set.capacity().unwrap())),
+        "{created}"
+    );
+}
