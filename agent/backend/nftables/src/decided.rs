@@ -51,14 +51,7 @@ pub const RULE: &str = "__pw_decided";
 
 /// The key: destination and source address, destination port, protocol.
 fn columns(family: IpFamily) -> Columns {
-    Columns {
-        proto: true,
-        family,
-        saddr: true,
-        daddr: true,
-        sport: false,
-        dport: true,
-    }
+    Columns::flow(family, false)
 }
 
 /// The families a table of `f` holds packets of.
@@ -221,16 +214,11 @@ fn add_to_chain(t: &mut Table, ci: usize) {
     let lookups: Vec<Rule> = lookups.collect();
     t.rules.splice(position..position, lookups);
     for &f in fams {
-        t.sets.push(Set {
-            name: set_name(ci, f),
-            key: KeyType::Tuple(columns(f)),
-            interval: false,
-            elements: Vec::new(),
-            counter: false,
-            comments: Vec::new(),
-            verdict_map: false,
-            timeout: Some(TIMEOUT_SECS),
-        });
+        t.sets.push(Set::timeout_set(
+            set_name(ci, f),
+            KeyType::Tuple(columns(f)),
+            TIMEOUT_SECS,
+        ));
         t.rules.push(Rule {
             chain: keep.clone(),
             comment: RULE.into(),

@@ -50,14 +50,7 @@ const PRIORITY: i32 = -5;
 
 /// All five columns of one family: source, destination, ports, protocol.
 fn columns(family: IpFamily) -> Columns {
-    Columns {
-        proto: true,
-        family,
-        saddr: true,
-        daddr: true,
-        sport: true,
-        dport: true,
-    }
+    Columns::flow(family, true)
 }
 
 fn set_name(family: IpFamily) -> String {
@@ -72,16 +65,7 @@ pub fn table(timeout_secs: u32) -> Table {
     let families = [IpFamily::V4, IpFamily::V6];
     let sets = families
         .iter()
-        .map(|&f| Set {
-            name: set_name(f),
-            key: KeyType::Tuple(columns(f)),
-            interval: false,
-            elements: Vec::new(),
-            counter: false,
-            comments: Vec::new(),
-            verdict_map: false,
-            timeout: Some(timeout_secs.max(1)),
-        })
+        .map(|&f| Set::timeout_set(set_name(f), KeyType::Tuple(columns(f)), timeout_secs.max(1)))
         .collect();
     let rules: Vec<Rule> = families
         .iter()

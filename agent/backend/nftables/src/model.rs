@@ -193,6 +193,21 @@ pub struct Set {
 }
 
 impl Set {
+    /// An empty timeout set of `key` whose elements the packet path adds and refreshes
+    /// ([`Expr::Update`]) and expire `secs` after their last update.
+    pub fn timeout_set(name: String, key: KeyType, secs: u32) -> Self {
+        Self {
+            name,
+            key,
+            interval: false,
+            elements: Vec::new(),
+            counter: false,
+            comments: Vec::new(),
+            verdict_map: false,
+            timeout: Some(secs),
+        }
+    }
+
     /// Whether this is a merged rule's set ([`crate::merge`]): its elements are part of the
     /// table's structure (they stand for rules), never edited in place.
     pub fn is_merged(&self) -> bool {
@@ -290,6 +305,20 @@ pub struct Columns {
 }
 
 impl Columns {
+    /// A flow's columns of one family: both addresses, the destination port, the protocol,
+    /// and the source port when `sport` (the key of the timeout sets the packet path fills:
+    /// [`crate::ended`], [`crate::decided`]).
+    pub fn flow(family: IpFamily, sport: bool) -> Self {
+        Self {
+            proto: true,
+            family,
+            saddr: true,
+            daddr: true,
+            sport,
+            dport: true,
+        }
+    }
+
     /// The keys read, in order.
     pub fn keys(self) -> Vec<Key> {
         let mut k = Vec::new();
