@@ -1204,3 +1204,34 @@ fn a_decided_flow_is_served_by_one_lookup_and_every_change_revokes_it() {
     assert!(!cached());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// `--nft-flow-cache off` renders the same policy without the decided-flow cache (every rule
+/// accepting as written); the default puts it back.
+#[test]
+fn the_flow_cache_can_be_turned_off() {
+    let t = Topology::new();
+    let yaml = "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {name: cacheoff, namespace: t}\nspec:\n  table:\n    name: peerwall_cacheoff\n    family: INET\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: drop\n        rules:\n          filterRules:\n            - {name: replies, action: accept, match: [{op: eq, ctstate: {value: [established, related]}}]}\n            - {name: web, action: accept, match: [{op: eq, ip: {value: 10.20.1.2, position: dst}}, {op: eq, proto: {value: udp}}, {op: eq, port: {value: '8000', position: dst}}]}\n";
+    let dir = std::env::temp_dir().join(format!("pw-cacheoff-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("c.yaml");
+    std::fs::write(&f, yaml).unwrap();
+    let listed = |extra: &[&str]| {
+        let mut args = vec!["apply"];
+        args.extend_from_slice(extra);
+        args.extend(["-f", f.to_str().unwrap()]);
+        let o = peerwall_in(&t.gateway, &args);
+        assert!(o.status.success(), "{o:?}");
+        nft_list(&t.gateway, &["list", "table", "inet", "peerwall_cacheoff"])
+    };
+    let off = listed(&["--nft-flow-cache", "off"]);
+    assert!(
+        !off.contains("__pw_") && off.contains("udp dport 8000 counter packets 0 bytes 0 accept"),
+        "{off}"
+    );
+    let on = listed(&[]);
+    assert!(
+        on.contains("@__pw_d0_4 counter") && on.contains("goto __pw_keep0 comment \"web\""),
+        "{on}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -115,7 +115,7 @@ pub enum LogFormat {
 /// Enforcement backend (`--backend`), as the backend layer names them.
 pub use peerwall_backend_select::BackendKind;
 
-/// Options of the bpf backend.
+/// Options of the backends (bpf's, and nftables' `--nft-flow-cache`).
 #[derive(clap::Args, Debug, Clone)]
 pub struct BpfOpts {
     /// Interfaces to attach to (names, or prefixes ending in `*`), comma-separated. The default
@@ -159,6 +159,11 @@ pub struct BpfOpts {
     /// Where maps and links are pinned.
     #[arg(long, default_value = peerwall_backend_select::PIN_DIR)]
     pub pin_dir: PathBuf,
+    /// nftables: a chain's accepted flows are accepted again by one lookup until the policy
+    /// changes (the rules `__pw_decided`; docs/nftables.md). `off`: every packet walks the
+    /// chains, and every rule's counter counts every packet it decided.
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub nft_flow_cache: OnOff,
 }
 
 impl BpfOpts {
@@ -176,6 +181,7 @@ impl BpfOpts {
                 BpfConntrack::Own => peerwall_backend_select::Conntrack::Own,
                 BpfConntrack::Auto => peerwall_backend_select::Conntrack::Auto,
             },
+            nft_flow_cache: self.nft_flow_cache == OnOff::On,
             ..peerwall_backend_select::Settings::new(kind)
         }
     }

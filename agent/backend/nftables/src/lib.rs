@@ -102,6 +102,8 @@ pub struct NftBackend<R: Runner = Nft> {
     /// counters read in the same tick take it instead of listing again (each listing is an
     /// `nft` process; a node of 50 gateways ticking every 200 ms ran 500 a second).
     quiet_listing: Option<(std::time::Instant, Listing)>,
+    /// Render without the decided-flow cache ([`decided`]; `--nft-flow-cache off`).
+    no_flow_cache: bool,
     /// The ruleset generation at which a drift check last found the kernel as applied
     /// ([`netlink::generation`]): while the kernel reports the same, nothing was committed
     /// since, and a drift check lists nothing. Forgotten at every change this backend makes.
@@ -137,6 +139,7 @@ impl<R: Runner> NftBackend<R> {
             ended_in_use: false,
             pickup_checked: false,
             quiet_listing: None,
+            no_flow_cache: false,
             verified: None,
         }
     }
@@ -152,6 +155,14 @@ impl<R: Runner> NftBackend<R> {
     /// last packet, whichever side sends ([`ended`]); None: only delete them from conntrack.
     pub fn with_ended_connections(mut self, secs: Option<u32>) -> Self {
         self.ended = secs;
+        self
+    }
+
+    /// Give chains the decided-flow cache where it helps (`on`, the default; [`decided`]), or
+    /// render every chain without it: every packet walks, and every rule's counter counts
+    /// every packet it decided.
+    pub fn with_flow_cache(mut self, on: bool) -> Self {
+        self.no_flow_cache = !on;
         self
     }
 
@@ -264,6 +275,7 @@ impl<R: Runner> NftBackend<R> {
             policy,
             RenderOptions {
                 events: self.events,
+                no_flow_cache: self.no_flow_cache,
                 ..RenderOptions::default()
             },
         )

@@ -97,10 +97,14 @@ pub struct Settings {
     pub ended_secs: Option<u32>,
     /// bpf: whose connection table TCP and UDP use.
     pub conntrack: Conntrack,
+    /// nftables: the decided-flow cache where it helps
+    /// ([`peerwall_backend_nftables::decided`]).
+    pub nft_flow_cache: bool,
 }
 
 impl Settings {
-    /// `kind` with its defaults: pins in [`loader::PIN_DIR`], Liqo's interfaces, no events.
+    /// `kind` with its defaults: pins in [`loader::PIN_DIR`], Liqo's interfaces, no events,
+    /// nftables' decided-flow cache on.
     pub fn new(kind: BackendKind) -> Self {
         Self {
             kind,
@@ -114,6 +118,7 @@ impl Settings {
             must_attach: false,
             ended_secs: None,
             conntrack: Conntrack::Own,
+            nft_flow_cache: true,
         }
     }
 }
@@ -217,7 +222,9 @@ pub fn open(s: &Settings, netns: Option<&str>) -> Result<Box<dyn Backend>, Backe
 }
 
 fn nftables(s: &Settings) -> NftBackend {
-    let b = NftBackend::new(Nft::host()).with_ended_connections(s.ended_secs.filter(|&n| n > 0));
+    let b = NftBackend::new(Nft::host())
+        .with_ended_connections(s.ended_secs.filter(|&n| n > 0))
+        .with_flow_cache(s.nft_flow_cache);
     match s.events {
         Some(e) => b.with_events(peerwall_backend_nftables::EventOptions {
             group: e.nflog_group,
