@@ -156,11 +156,12 @@ fn add_to_chain(t: &mut Table, ci: usize) {
     let base: Vec<usize> = (0..t.rules.len())
         .filter(|&i| t.rules[i].chain == chain)
         .collect();
-    let in_classes: Vec<usize> = (0..t.rules.len())
+    let in_classes: Vec<(usize, Role)> = (0..t.rules.len())
         .filter(|&i| classes.contains(&t.rules[i].chain.as_str()))
+        .map(|i| (i, role(&t.rules[i])))
         .collect();
     // A class chain's rules are reached from a dispatch rule: nothing there may pin.
-    if in_classes.iter().any(|&i| role(&t.rules[i]) == Role::Pins) {
+    if in_classes.iter().any(|&(_, r)| r == Role::Pins) {
         return;
     }
     let roles: Vec<Role> = base.iter().map(|&i| role(&t.rules[i])).collect();
@@ -180,12 +181,14 @@ fn add_to_chain(t: &mut Table, ci: usize) {
             .iter()
             .any(|e| matches!(e, Expr::Vmap { .. }))
     });
-    let classes_below: &[usize] = if dispatched_below { &in_classes } else { &[] };
+    let classes_below: &[(usize, Role)] = if dispatched_below { &in_classes } else { &[] };
     let adders: Vec<usize> = base[at..]
         .iter()
-        .chain(classes_below)
-        .copied()
-        .filter(|&i| role(&t.rules[i]) == Role::Adds)
+        .zip(&roles[at..])
+        .map(|(&i, &r)| (i, r))
+        .chain(classes_below.iter().copied())
+        .filter(|&(_, r)| r == Role::Adds)
+        .map(|(i, _)| i)
         .collect();
     if adders.is_empty() {
         return;
@@ -197,21 +200,23 @@ fn add_to_chain(t: &mut Table, ci: usize) {
         }
     }
     let fams = families(t.family);
-    let lookups = fams.iter().map(|&f| Rule {
-        chain: chain.clone(),
-        comment: RULE.into(),
-        exprs: vec![
-            Expr::Match {
-                negate: false,
-                left: Key::Tuple(columns(f)),
-                right: Right::SetRef(set_name(ci, f)),
-            },
-            Expr::Counter,
-            Expr::Accept,
-        ],
-    });
+    let lookups: Vec<Rule> = fams
+        .iter()
+        .map(|&f| Rule {
+            chain: chain.clone(),
+            comment: RULE.into(),
+            exprs: vec![
+                Expr::Match {
+                    negate: false,
+                    left: Key::Tuple(columns(f)),
+                    right: Right::SetRef(set_name(ci, f)),
+                },
+                Expr::Counter,
+                Expr::Accept,
+            ],
+        })
+        .collect();
     let position = base.get(at).copied().unwrap_or(t.rules.len());
-    let lookups: Vec<Rule> = lookups.collect();
     t.rules.splice(position..position, lookups);
     for &f in fams {
         t.sets.push(Set::timeout_set(
