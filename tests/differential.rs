@@ -20,8 +20,8 @@ use peerwall_intent::types::*;
 use peerwall_policy::compile::compile;
 use peerwall_policy::ir::{self, CtState, Packet, Policy, Verdict};
 use peerwall_policy::testgen::{
-    as_yaml, dispatch_table, long_table, objects, random_packet, random_specs, rule_position,
-    run_table, IFACES,
+    as_yaml, cache_specs, dispatch_table, long_table, objects, random_packet, random_specs,
+    rule_position, run_table, IFACES,
 };
 use peerwall_probe::bpf::BpfProbe;
 use peerwall_probe::{NftProbe, ProbeError};
@@ -646,6 +646,82 @@ fn bpf_verdict_cache_equals_full_classification() {
     assert!(
         per_cpu * 2 >= direct,
         "{per_cpu} of {direct} IPv4 TCP/UDP repeats reached the per-CPU cache"
+    );
+}
+
+/// A packet that shares `pkt`'s key in nftables' decided-flow cache (its addresses, destination
+/// port and protocol) and differs in everything the key leaves out that the probe can set: the
+/// input interface, the source port and the conntrack state (`new`, the state whose accepts
+/// fill the cache).
+fn cache_primer(pkt: &Packet, rng: &mut StdRng) -> Packet {
+    let mut p = pkt.clone();
+    p.iif = Some(IFACES[rng.random_range(0..IFACES.len())].to_string());
+    p.sport = pkt.sport.wrapping_add(rng.random_range(1..u16::MAX));
+    p.ct_state = CtState::New;
+    p
+}
+
+/// The nftables rendering as the agent deploys it, with the decided-flow cache on (the other
+/// nftables tests force a counter on every rule, which turns the cache off): for each case, a
+/// primer first ([`cache_primer`]), whose accept may put the case's key into the cache, then
+/// the case packet twice, the repeat a packet the first may have put there. Each one's fate
+/// (from what the gateway delivered) is the reference evaluator's action, and the cache's
+/// lookups accepted some of them (their counters moved), so cached verdicts were judged too.
+#[test]
+fn nftables_decided_flow_cache_equals_reference() {
+    require_root();
+    let policies = env_num("PEERWALL_DIFF_POLICIES", 6);
+    let packets = env_num("PEERWALL_DIFF_PACKETS", 20);
+    let seed = env_num("PEERWALL_SEED", rand::random::<u32>() as u64);
+    eprintln!("nftables decided-flow cache: PEERWALL_SEED={seed}");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (mut sent, mut served) = (0u64, 0u64);
+    for n in 0..policies {
+        // Every other policy shaped for the cache, the rest of any shape.
+        let specs = if n % 2 == 0 {
+            cache_specs(&mut rng)
+        } else {
+            random_specs(&mut rng)
+        };
+        let policy = compile(&objects(&specs))
+            .unwrap_or_else(|e| panic!("generator made an invalid policy: {e}"))
+            .policy;
+        let mut probe = NftProbe::deployed(&policy, &ifnames()).expect("nft loads the policy");
+        for _ in 0..packets {
+            let pkt = random_packet(&mut rng);
+            let primer = cache_primer(&pkt, &mut rng);
+            for (p, times) in [(&primer, 1), (&pkt, 2)] {
+                let mut expected = ir::evaluate(&policy, p).verdict;
+                if expected == ir::VerdictAction::Reject && probe.rejects_silently(p) {
+                    expected = ir::VerdictAction::Drop;
+                }
+                let fates = probe
+                    .fate(p, times)
+                    .unwrap_or_else(|e| panic!("PEERWALL_SEED={seed}: probe of {p:?}: {e}"));
+                for (i, (got, by_cache)) in fates.into_iter().enumerate() {
+                    sent += 1;
+                    served += by_cache;
+                    if got != expected {
+                        let yaml: Vec<String> = specs
+                            .iter()
+                            .enumerate()
+                            .map(|(i, s)| as_yaml(i, s))
+                            .collect();
+                        panic!(
+                            "MISMATCH (PEERWALL_SEED={seed}, nftables as deployed)\nprimer {primer:?}\npacket {p:?} (sending {})\nreference {expected:?}\nkernel    {got:?}\npolicy:\n{}",
+                            i + 1,
+                            yaml.join("---\n")
+                        );
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("nftables decided-flow cache: {sent} packets, {served} accepted by the cache's lookups, 0 mismatches");
+    assert_eq!(sent, policies * packets * 3);
+    assert!(
+        served > 0,
+        "the decided-flow cache served none of {sent} packets"
     );
 }
 

@@ -35,6 +35,9 @@ const GW_V6: &str = "2001:db8:ffff::fe";
 const QUIET: Duration = Duration::from_millis(60);
 /// How long to wait for a packet the counters say must come.
 const PATIENCE: Duration = Duration::from_millis(1500);
+/// How long a packet of a deployed rendering ([`NftProbe::fate`]) may take before it counts as
+/// not delivered: no counter says it must come.
+const UNDELIVERED: Duration = Duration::from_millis(300);
 
 struct Link {
     peer_mac: [u8; 6],
@@ -49,6 +52,9 @@ pub struct NftProbe {
     links: BTreeMap<String, Link>,
     raw: HashMap<(bool, u8), RawIpSocket>,
     backend: NftBackend,
+    /// Every rule counts ([`NftProbe::new`]); else the rendering is the agent's
+    /// ([`NftProbe::deployed`]) and only [`NftProbe::fate`] answers.
+    counted: bool,
     marker: u32,
     // Dropped last: the namespaces outlive the sockets in them.
     _outside: NetNs,
@@ -285,8 +291,62 @@ impl NftProbe {
             .ok_or_else(|| ProbeError::Unsupported("raw socket vanished".into()))
     }
 
-    /// The kernel's verdict on one packet.
+    /// The kernel's verdict on one packet: its action, and from the counters the chain and
+    /// rule that decided (a probe built with [`NftProbe::new`]).
     pub fn verdict(&mut self, pkt: &Packet) -> Result<Verdict, ProbeError> {
+        if !self.counted {
+            return Err(ProbeError::Unsupported(
+                "this scratch gateway renders as deployed: no rule counts every packet".into(),
+            ));
+        }
+        self.probe(pkt, 1).map(|mut v| v.remove(0).0)
+    }
+
+    /// What the kernel did with `pkt`, sent `times` times in a row (the same packet, the same
+    /// conntrack state prepared once), from what it delivered alone: accepted when it arrived,
+    /// rejected when the gateway generated an ICMP unreachable, dropped otherwise (a reject
+    /// the kernel never answers, see [`NftProbe::rejects_silently`], reads as a drop). For a
+    /// probe built with [`NftProbe::deployed`], whose rendering is the agent's: what the
+    /// decided-flow cache serves is judged like what the chains decide. With each fate, how
+    /// many packets the cache's lookups accepted while it was sent.
+    pub fn fate(
+        &mut self,
+        pkt: &Packet,
+        times: usize,
+    ) -> Result<Vec<(VerdictAction, u64)>, ProbeError> {
+        self.probe(pkt, times.max(1)).map(|v| {
+            v.into_iter()
+                .map(|(v, served)| (v.verdict, served))
+                .collect()
+        })
+    }
+
+    /// Whether a reject of `pkt` is never seen (the kernel answers neither an ICMP error nor a
+    /// packet with a corrupt checksum, which is how the probe makes those states): [`fate`]
+    /// reads such a reject as a drop.
+    ///
+    /// [`fate`]: NftProbe::fate
+    pub fn rejects_silently(&self, pkt: &Packet) -> bool {
+        self.uses_ct
+            && match pkt.ct_state {
+                CtState::Related => true,
+                CtState::Invalid => pkt.proto == proto::UDP,
+                _ => false,
+            }
+    }
+
+    /// Packets the decided-flow cache's lookups accepted so far.
+    fn served(&self) -> Result<u64, ProbeError> {
+        Ok(self
+            .backend
+            .counters()?
+            .into_iter()
+            .filter(|c| c.rule == peerwall_backend_nftables::decided::RULE)
+            .map(|c| c.packets)
+            .sum())
+    }
+
+    fn probe(&mut self, pkt: &Packet, times: usize) -> Result<Vec<(Verdict, u64)>, ProbeError> {
         self.check(pkt)?;
         self.marker = self.marker.wrapping_mul(1_103_515_245).wrapping_add(12345) | 1;
         let marker = self.marker;
@@ -342,7 +402,7 @@ impl NftProbe {
             "nud",
             "permanent",
         ])?;
-        let result = self.send_and_judge(pkt, marker, path);
+        let result = self.send_and_judge(pkt, marker, path, times);
         // Undo per-packet state whatever happened.
         if path == PacketPath::Input {
             let _ = self.gw.ip(&["addr", "del", &local_prefix, "dev", "lo"]);
@@ -358,22 +418,62 @@ impl NftProbe {
         pkt: &Packet,
         marker: u32,
         path: PacketPath,
-    ) -> Result<Verdict, ProbeError> {
+        times: usize,
+    ) -> Result<Vec<(Verdict, u64)>, ProbeError> {
         let shape = self.prepare_ct(pkt, marker)?;
         let v6 = pkt.src.is_ipv6();
         if path == PacketPath::Input {
             self.raw_socket(v6, pkt.proto)?;
         }
+        let mut out = Vec::with_capacity(times);
+        for _ in 0..times {
+            out.push(if self.counted {
+                (self.send_counted(pkt, marker, path, shape)?, 0)
+            } else {
+                self.send_observed(pkt, marker, path, shape)?
+            });
+        }
+        Ok(out)
+    }
+
+    /// Send the probe and watch what arrives: the fate of a deployed rendering, with the
+    /// decided-flow cache's accepts meanwhile.
+    fn send_observed(
+        &mut self,
+        pkt: &Packet,
+        marker: u32,
+        path: PacketPath,
+        shape: Shape,
+    ) -> Result<(Verdict, u64), ProbeError> {
+        let v6 = pkt.src.is_ipv6();
         let mut buf = vec![0u8; 65536];
-        // Drain anything queued from earlier probes.
-        for l in self.links.values() {
-            while let Ok(Some(_)) = l.peer.try_recv(&mut buf) {}
-        }
-        if let Some(r) = self.raw.get(&(v6, pkt.proto)) {
-            while let Ok(Some(_)) = r.try_recv(&mut buf) {}
-        }
-        let before = self.settled_counters()?;
+        self.drain(pkt, &mut buf);
+        let served_before = self.served()?;
         let unreach_before = self.unreachables_sent(v6)?;
+        self.send_frame(pkt, marker, shape)?;
+        let observed = self.observe(pkt, marker, shape, path, UNDELIVERED, &mut buf)?;
+        let action = match observed {
+            Some(a) => a,
+            None if self.unreachables_sent(v6)? > unreach_before => VerdictAction::Reject,
+            None => VerdictAction::Drop,
+        };
+        let mut v = Verdict::nothing_on_path();
+        v.verdict = action;
+        Ok((v, self.served()?.saturating_sub(served_before)))
+    }
+
+    /// Drain anything queued from earlier probes.
+    fn drain(&self, pkt: &Packet, buf: &mut [u8]) {
+        for l in self.links.values() {
+            while let Ok(Some(_)) = l.peer.try_recv(buf) {}
+        }
+        if let Some(r) = self.raw.get(&(pkt.src.is_ipv6(), pkt.proto)) {
+            while let Ok(Some(_)) = r.try_recv(buf) {}
+        }
+    }
+
+    /// Inject the probe on its input interface's peer.
+    fn send_frame(&self, pkt: &Packet, marker: u32, shape: Shape) -> Result<(), ProbeError> {
         let iif = pkt.iif.as_deref().unwrap_or_default();
         let link = self
             .links
@@ -381,12 +481,26 @@ impl NftProbe {
             .ok_or_else(|| ProbeError::Unsupported(format!("no interface {iif}")))?;
         let ip = packet::build_ip(pkt, marker, shape);
         let frame = packet::ethernet(link.peer_mac, link.gw_mac, &ip);
-        link.peer
-            .send(&frame)
-            .map_err(|source| ProbeError::Socket {
-                what: "sending the probe",
-                source,
-            })?;
+        link.peer.send(&frame).map_err(|source| ProbeError::Socket {
+            what: "sending the probe",
+            source,
+        })
+    }
+
+    /// Send the probe; its verdict from the counters, checked against what arrived.
+    fn send_counted(
+        &mut self,
+        pkt: &Packet,
+        marker: u32,
+        path: PacketPath,
+        shape: Shape,
+    ) -> Result<Verdict, ProbeError> {
+        let v6 = pkt.src.is_ipv6();
+        let mut buf = vec![0u8; 65536];
+        self.drain(pkt, &mut buf);
+        let before = self.settled_counters()?;
+        let unreach_before = self.unreachables_sent(v6)?;
+        self.send_frame(pkt, marker, shape)?;
         let mut observed = self.observe(pkt, marker, shape, path, QUIET, &mut buf)?;
         let after = self.counters()?;
         let counted = self.derive(pkt, &before, &after);

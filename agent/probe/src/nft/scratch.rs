@@ -66,8 +66,31 @@ pub(super) fn routable(a: &IpAddr) -> bool {
 }
 
 impl NftProbe {
-    /// Build a scratch gateway with interfaces `ifnames` and load `policy` into it.
+    /// Build a scratch gateway with interfaces `ifnames` and load `policy` into it, a counter
+    /// on every rule (which rule decided is read from them).
     pub fn new(policy: &Policy, ifnames: &[String]) -> Result<Self, ProbeError> {
+        Self::build(
+            policy,
+            ifnames,
+            render::RenderOptions {
+                force_counters: true,
+                ..render::RenderOptions::default()
+            },
+        )
+    }
+
+    /// Build a scratch gateway with `policy` rendered as the agent deploys it (counters where
+    /// the policy asks for them, the decided-flow cache on): [`NftProbe::fate`] then says what
+    /// the kernel did with a packet, from what it delivered alone.
+    pub fn deployed(policy: &Policy, ifnames: &[String]) -> Result<Self, ProbeError> {
+        Self::build(policy, ifnames, render::RenderOptions::default())
+    }
+
+    fn build(
+        policy: &Policy,
+        ifnames: &[String],
+        opts: render::RenderOptions,
+    ) -> Result<Self, ProbeError> {
         let gw = NetNs::new("pwv-gw")?;
         let outside = NetNs::new("pwv-out")?;
         for (k, v) in [
@@ -132,13 +155,7 @@ impl NftProbe {
             );
         }
         let mut backend = NftBackend::new(Nft::in_netns(gw.name()));
-        backend.apply_rendered(nftables::render_policy(
-            policy,
-            render::RenderOptions {
-                force_counters: true,
-                ..render::RenderOptions::default()
-            },
-        ))?;
+        backend.apply_rendered(nftables::render_policy(policy, opts))?;
         // Only probes may move the counters: whatever the scratch gateway itself sends (echo
         // replies, resets, ICMP errors, possibly late under load) is dropped at the very start
         // of the output hook, before any chain of the policy (output and postrouting) sees it.
@@ -152,6 +169,7 @@ impl NftProbe {
             links,
             raw: HashMap::new(),
             backend,
+            counted: opts.force_counters,
             marker: std::process::id().wrapping_mul(2_654_435_761),
             _outside: outside,
             gw,
