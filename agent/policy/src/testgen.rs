@@ -13,7 +13,9 @@ use crate::compile::PolicyObject;
 use crate::ir::{self, eval::proto, Origin, Packet};
 use peerwall_intent::types::*;
 
+mod cache;
 mod long;
+pub use cache::{cache_specs, cache_table};
 pub use long::{long_table, rule_position};
 
 /// Interface names policies and packets use.
@@ -389,6 +391,17 @@ pub fn run_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
         value: None,
         counter: Some(true),
     });
+    one_chain_table(name, family, rules, ChainPolicy::Accept, hook)
+}
+
+/// A table `name` of `family` with one filter chain `c0` (priority 0) of `rules`.
+fn one_chain_table(
+    name: &str,
+    family: TableFamily,
+    rules: Vec<FilterRule>,
+    policy: ChainPolicy,
+    hook: ChainHook,
+) -> FirewallConfigurationSpec {
     FirewallConfigurationSpec {
         table: Table {
             name: Some(name.into()),
@@ -400,7 +413,7 @@ pub fn run_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
                     ..RulesSet::default()
                 },
                 type_: Some(ChainType::Filter),
-                policy: Some(ChainPolicy::Accept),
+                policy: Some(policy),
                 hook: Some(hook),
                 priority: Some(0),
             }],
@@ -503,142 +516,6 @@ pub fn dispatch_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec
     }
 }
 
-/// A table of one filter chain shaped for nftables' decided-flow cache: rules that accept on
-/// addresses, destination ports and protocols alone (what the cache keys on) mixed with rules
-/// that drop or reject on what it leaves out (the input interface, the source port, the
-/// conntrack state), in random order, over prefixes that hold many of [`random_packet`]'s
-/// addresses. A cache that let an accept of one packet serve another its key cannot tell
-/// apart shows up on these.
-pub fn cache_table(rng: &mut StdRng, name: &str) -> FirewallConfigurationSpec {
-    let six_prefixes = ["fd00::/124", "fd01::/124", "fd00::/15"];
-    let v4_prefixes = ["10.0.0.0/28", "10.1.0.0/28", "10.0.0.0/15"];
-    let family = *pick(
-        rng,
-        &[TableFamily::Inet, TableFamily::Inet, TableFamily::Ipv4],
-    );
-    let mut rules: Vec<FilterRule> = (0..rng.random_range(3..8))
-        .map(|ri| {
-            let mut m = Vec::new();
-            let pins = rng.random_bool(0.4);
-            if pins {
-                let mut other = Match {
-                    op: Some(MatchOperation::Eq),
-                    ..Match::default()
-                };
-                match rng.random_range(0..3) {
-                    0 => {
-                        other.dev = Some(MatchDev {
-                            value: pick(rng, &IFACES).to_string(),
-                            position: Some(MatchDevPosition::In),
-                            wildcard: false,
-                        })
-                    }
-                    1 => {
-                        other.port = Some(MatchPort {
-                            value: pick(rng, &["40000", "80", "1-1024"]).to_string(),
-                            position: Some(MatchPosition::Src),
-                        });
-                        other.proto = Some(MatchProto {
-                            value: *pick(rng, &[L4Proto::Tcp, L4Proto::Udp]),
-                        });
-                    }
-                    _ => {
-                        other.ctstate = Some(MatchCtState {
-                            value: vec![*pick(
-                                rng,
-                                &[CtState::Established, CtState::Invalid, CtState::Related],
-                            )],
-                        })
-                    }
-                }
-                m.push(other);
-            }
-            if !pins || rng.random_bool(0.3) {
-                let six = family == TableFamily::Inet && rng.random_bool(0.3);
-                let prefixes = if six { &six_prefixes } else { &v4_prefixes };
-                m.push(Match {
-                    op: Some(MatchOperation::Eq),
-                    ip: Some(MatchIp {
-                        value: pick(rng, prefixes).to_string(),
-                        position: Some(if rng.random_bool(0.7) {
-                            MatchPosition::Dst
-                        } else {
-                            MatchPosition::Src
-                        }),
-                    }),
-                    ..Match::default()
-                });
-                if rng.random_bool(0.5) {
-                    m.push(Match {
-                        op: Some(MatchOperation::Eq),
-                        port: Some(MatchPort {
-                            value: pick(rng, &["80", "79-81", "1-1024", "22,443"]).to_string(),
-                            position: Some(MatchPosition::Dst),
-                        }),
-                        proto: Some(MatchProto {
-                            value: *pick(rng, &[L4Proto::Tcp, L4Proto::Udp, L4Proto::Sctp]),
-                        }),
-                        ..Match::default()
-                    });
-                }
-            }
-            let action = if pins {
-                *pick(
-                    rng,
-                    &[FilterAction::Drop, FilterAction::Drop, FilterAction::Reject],
-                )
-            } else {
-                *pick(
-                    rng,
-                    &[
-                        FilterAction::Accept,
-                        FilterAction::Accept,
-                        FilterAction::Accept,
-                        FilterAction::Drop,
-                    ],
-                )
-            };
-            FilterRule {
-                name: Some(format!("k{ri}")),
-                r#match: m,
-                action: Some(action),
-                value: None,
-                counter: Some(rng.random_bool(0.5)),
-            }
-        })
-        .collect();
-    // Mostly the drops first, as policies are written (the cache's lookup then goes below
-    // them, with the accepts under it); else in any order.
-    if rng.random_bool(0.75) {
-        rules.sort_by_key(|r| r.action == Some(FilterAction::Accept));
-    }
-    FirewallConfigurationSpec {
-        table: Table {
-            name: Some(name.into()),
-            family: Some(family),
-            chains: vec![Chain {
-                name: Some("c0".into()),
-                rules: RulesSet {
-                    filter_rules: Some(rules),
-                    ..RulesSet::default()
-                },
-                type_: Some(ChainType::Filter),
-                policy: Some(*pick(
-                    rng,
-                    &[ChainPolicy::Drop, ChainPolicy::Drop, ChainPolicy::Accept],
-                )),
-                hook: Some(*pick(
-                    rng,
-                    &[ChainHook::Forward, ChainHook::Forward, ChainHook::Input],
-                )),
-                priority: Some(0),
-            }],
-            sets: Vec::new(),
-        },
-        audit: false,
-    }
-}
-
 /// A random packet (forwarded 80%, else to the gateway), of any ct state.
 pub fn random_packet(rng: &mut StdRng) -> Packet {
     let six = rng.random_bool(0.35);
@@ -690,14 +567,6 @@ pub fn random_specs(rng: &mut StdRng) -> Vec<FirewallConfigurationSpec> {
     let names = ["t0", "t1", "t2"];
     (0..rng.random_range(1..4))
         .map(|i| random_table(rng, names[i]))
-        .collect()
-}
-
-/// 1-2 tables of [`cache_table`], named t0 and t1.
-pub fn cache_specs(rng: &mut StdRng) -> Vec<FirewallConfigurationSpec> {
-    let names = ["t0", "t1"];
-    (0..rng.random_range(1..3))
-        .map(|i| cache_table(rng, names[i]))
         .collect()
 }
 

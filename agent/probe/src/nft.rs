@@ -9,10 +9,12 @@
 //! unreachables it generated tell the fate; the rule counters tell which chain and rule decided.
 //! The two must agree.
 //!
-//! Conntrack states are produced for real: `established` and `related` by inserting flows with
-//! `conntrack -I`, `untracked` with a `notrack` rule at raw priority, `invalid` with a corrupt
-//! TCP/UDP checksum or an unsolicited ICMP echo reply.
+//! Conntrack states are produced for real (`nft/ct.rs`). [`NftProbe::deployed`] loads the policy as
+//! the agent renders it instead, counters only where the policy asks and the decided-flow cache
+//! on: only the fate is read then (`nft/fate.rs`).
 
+mod ct;
+mod fate;
 mod scratch;
 
 use scratch::routable;
@@ -24,7 +26,7 @@ use crate::packet::{self, Shape};
 use crate::sock::{Direction, LinkSocket, RawIpSocket};
 use crate::ProbeError;
 use peerwall_backend_nftables::{Nft, NftBackend, RuleCounter};
-use peerwall_netns::{NetNs, NetnsError};
+use peerwall_netns::NetNs;
 use peerwall_policy::ir::eval::{chains_on_path, proto};
 use peerwall_policy::ir::{CtState, IpFamily, Packet, PacketPath, Policy, Verdict, VerdictAction};
 
@@ -135,146 +137,6 @@ impl NftProbe {
         Ok(())
     }
 
-    fn conntrack(&self, args: &[&str]) -> Result<(), ProbeError> {
-        self.gw
-            .exec("conntrack", args)
-            .map(|_| ())
-            .map_err(|e| match e {
-                NetnsError::Failed { stderr, command }
-                    if stderr.contains("not found") || stderr.contains("No such file") =>
-                {
-                    ProbeError::Unsupported(format!(
-                        "{command}: {stderr} (install the conntrack package)"
-                    ))
-                }
-                other => other.into(),
-            })
-    }
-
-    // size: one arm per conntrack state the probe reproduces in a real kernel.
-    /// Prepare conntrack so the probe has `pkt.ct_state`; returns the probe's shape.
-    fn prepare_ct(&self, pkt: &Packet, marker: u32) -> Result<Shape, ProbeError> {
-        let mut shape = Shape::default();
-        if !self.uses_ct {
-            return Ok(shape);
-        }
-        self.conntrack(&["-F"])?;
-        let (s, d) = (pkt.src.to_string(), pkt.dst.to_string());
-        let (sp, dp) = (pkt.sport.to_string(), pkt.dport.to_string());
-        let v6 = pkt.src.is_ipv6();
-        match pkt.ct_state {
-            CtState::New => {}
-            // Conntrack classifies as invalid: TCP with SYN+FIN, an ICMP echo reply nobody asked
-            // for, UDP with a corrupt checksum (the one case where the probe itself is damaged).
-            CtState::Invalid => match pkt.proto {
-                proto::TCP => shape.tcp_syn_fin = true,
-                proto::UDP => shape.bad_checksum = true,
-                // DATA outside any association: conntrack's sctp_new refuses it.
-                proto::SCTP => shape.sctp_data = true,
-                proto::ICMP | proto::ICMPV6 => shape.echo_reply = true,
-                other => {
-                    return Err(ProbeError::Unsupported(format!(
-                        "ct state invalid for protocol {other} (use tcp, udp, sctp or icmp)"
-                    )))
-                }
-            },
-            CtState::Untracked => {
-                Nft::in_netns(self.gw.name()).apply_text(
-                    "table inet pwv_notrack {\nchain raw {\ntype filter hook prerouting priority -300; policy accept;\nnotrack\n}\n}\n",
-                )?;
-            }
-            CtState::Established => match pkt.proto {
-                proto::TCP | proto::UDP => {
-                    let tcp = pkt.proto == proto::TCP;
-                    let name = if tcp { "tcp" } else { "udp" };
-                    let mut args = vec![
-                        "-I", "-s", &s, "-d", &d, "-p", name, "--sport", &sp, "--dport", &dp,
-                    ];
-                    if tcp {
-                        shape.tcp_ack = true;
-                        args.extend(["--state", "ESTABLISHED", "-u", "SEEN_REPLY,ASSURED"]);
-                    } else {
-                        args.extend(["-u", "SEEN_REPLY"]);
-                    }
-                    args.extend(["-t", "120"]);
-                    self.conntrack(&args)?;
-                }
-                proto::SCTP => {
-                    // An association in ESTABLISHED whose tags the DATA probe carries.
-                    shape.sctp_data = true;
-                    let tag = packet::SCTP_VTAG.to_string();
-                    self.conntrack(&[
-                        "-I",
-                        "-s",
-                        &s,
-                        "-d",
-                        &d,
-                        "-p",
-                        "sctp",
-                        "--sport",
-                        &sp,
-                        "--dport",
-                        &dp,
-                        "--state",
-                        "ESTABLISHED",
-                        "--orig-vtag",
-                        &tag,
-                        "--reply-vtag",
-                        &tag,
-                        "-u",
-                        "SEEN_REPLY,ASSURED",
-                        "-t",
-                        "120",
-                    ])?;
-                }
-                proto::ICMP | proto::ICMPV6 => {
-                    let id = ((marker >> 16) as u16).to_string();
-                    let mut args = vec!["-I", "-s", &s, "-d", &d];
-                    if v6 {
-                        args.extend([
-                            "-p",
-                            "icmpv6",
-                            "--icmpv6-type",
-                            "128",
-                            "--icmpv6-code",
-                            "0",
-                            "--icmpv6-id",
-                            &id,
-                        ]);
-                    } else {
-                        args.extend([
-                            "-p",
-                            "icmp",
-                            "--icmp-type",
-                            "8",
-                            "--icmp-code",
-                            "0",
-                            "--icmp-id",
-                            &id,
-                        ]);
-                    }
-                    args.extend(["-u", "SEEN_REPLY", "-t", "120"]);
-                    self.conntrack(&args)?;
-                }
-                other => {
-                    return Err(ProbeError::Unsupported(format!(
-                        "ct state established for protocol {other} (use tcp, udp, sctp or icmp)"
-                    )))
-                }
-            },
-            CtState::Related => {
-                shape.icmp_error = true;
-                let (qs, qd) = packet::related_inner_ports(marker);
-                let (qs, qd) = (qs.to_string(), qd.to_string());
-                self.conntrack(&[
-                    "-I", "-s", &d, "-d", &s, "-p", "udp", "--sport", &qs, "--dport", &qd, "-t",
-                    "120",
-                ])?;
-            }
-        }
-        Ok(shape)
-    }
-
     fn raw_socket(&mut self, v6: bool, p: u8) -> Result<&RawIpSocket, ProbeError> {
         if !self.raw.contains_key(&(v6, p)) {
             let sock = self
@@ -300,50 +162,6 @@ impl NftProbe {
             ));
         }
         self.probe(pkt, 1).map(|mut v| v.remove(0).0)
-    }
-
-    /// What the kernel did with `pkt`, sent `times` times in a row (the same packet, the same
-    /// conntrack state prepared once), from what it delivered alone: accepted when it arrived,
-    /// rejected when the gateway generated an ICMP unreachable, dropped otherwise (a reject
-    /// the kernel never answers, see [`NftProbe::rejects_silently`], reads as a drop). For a
-    /// probe built with [`NftProbe::deployed`], whose rendering is the agent's: what the
-    /// decided-flow cache serves is judged like what the chains decide. With each fate, how
-    /// many packets the cache's lookups accepted while it was sent.
-    pub fn fate(
-        &mut self,
-        pkt: &Packet,
-        times: usize,
-    ) -> Result<Vec<(VerdictAction, u64)>, ProbeError> {
-        self.probe(pkt, times.max(1)).map(|v| {
-            v.into_iter()
-                .map(|(v, served)| (v.verdict, served))
-                .collect()
-        })
-    }
-
-    /// Whether a reject of `pkt` is never seen (the kernel answers neither an ICMP error nor a
-    /// packet with a corrupt checksum, which is how the probe makes those states): [`fate`]
-    /// reads such a reject as a drop.
-    ///
-    /// [`fate`]: NftProbe::fate
-    pub fn rejects_silently(&self, pkt: &Packet) -> bool {
-        self.uses_ct
-            && match pkt.ct_state {
-                CtState::Related => true,
-                CtState::Invalid => pkt.proto == proto::UDP,
-                _ => false,
-            }
-    }
-
-    /// Packets the decided-flow cache's lookups accepted so far.
-    fn served(&self) -> Result<u64, ProbeError> {
-        Ok(self
-            .backend
-            .counters()?
-            .into_iter()
-            .filter(|c| c.rule == peerwall_backend_nftables::decided::RULE)
-            .map(|c| c.packets)
-            .sum())
     }
 
     fn probe(&mut self, pkt: &Packet, times: usize) -> Result<Vec<(Verdict, u64)>, ProbeError> {
@@ -434,32 +252,6 @@ impl NftProbe {
             });
         }
         Ok(out)
-    }
-
-    /// Send the probe and watch what arrives: the fate of a deployed rendering, with the
-    /// decided-flow cache's accepts meanwhile.
-    fn send_observed(
-        &mut self,
-        pkt: &Packet,
-        marker: u32,
-        path: PacketPath,
-        shape: Shape,
-    ) -> Result<(Verdict, u64), ProbeError> {
-        let v6 = pkt.src.is_ipv6();
-        let mut buf = vec![0u8; 65536];
-        self.drain(pkt, &mut buf);
-        let served_before = self.served()?;
-        let unreach_before = self.unreachables_sent(v6)?;
-        self.send_frame(pkt, marker, shape)?;
-        let observed = self.observe(pkt, marker, shape, path, UNDELIVERED, &mut buf)?;
-        let action = match observed {
-            Some(a) => a,
-            None if self.unreachables_sent(v6)? > unreach_before => VerdictAction::Reject,
-            None => VerdictAction::Drop,
-        };
-        let mut v = Verdict::nothing_on_path();
-        v.verdict = action;
-        Ok((v, self.served()?.saturating_sub(served_before)))
     }
 
     /// Drain anything queued from earlier probes.
