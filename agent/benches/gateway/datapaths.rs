@@ -26,6 +26,11 @@ pub(crate) enum Datapath {
     /// NAT, as `ConntrackOnly`): what any tc program doing as little costs there, the bound
     /// for the conntrack-on bpf rows.
     TcHashConntrack,
+    /// A bpf program at netfilter's forward hook (`BPF_PROG_TYPE_NETFILTER`, after conntrack)
+    /// doing what `NftSetConntrack` does: the packet's conntrack state read from it, one hash
+    /// lookup of the destination (`nf_limit.rs`). What a bpf datapath that takes the kernel's
+    /// conntrack result instead of finding it from tc costs at least; floods only.
+    NfHashConntrack,
     /// The nftables twin of `TcHashConntrack`, beside Liqo's NAT chains: one forward chain of
     /// one rule, one set lookup of the policy's allowed destinations (of the allowed (source,
     /// destination) pairs where the policy depends on the source), everything else from the
@@ -92,6 +97,9 @@ impl Datapath {
             Datapath::TcHash => "limit: tcx, one hash lookup",
             Datapath::TcHashConntrack => "limit: tcx, one hash lookup, conntrack on",
             Datapath::NftSetConntrack => "limit: nftables, one set lookup, conntrack on",
+            Datapath::NfHashConntrack => {
+                "limit: bpf after conntrack (netfilter hook), one hash lookup, conntrack on"
+            }
             Datapath::PeerwallNft => "peerwall nftables",
             Datapath::PeerwallNftLinear => "peerwall nftables, no address dispatch",
             Datapath::PeerwallNftConntrack => "peerwall nftables, conntrack on (Liqo's NAT)",
@@ -129,6 +137,7 @@ impl Datapath {
                 | Datapath::TcHash
                 | Datapath::TcHashConntrack
                 | Datapath::NftSetConntrack
+                | Datapath::NfHashConntrack
                 | Datapath::ConntrackOnly
         )
     }
@@ -439,7 +448,19 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
         }
         // A hash of destinations cannot tell a denied pair from an allowed one when the
         // policy depends on the source too: no such limit there.
-        Datapath::TcHash | Datapath::TcHashConntrack if p.sources.is_some() => return None,
+        Datapath::TcHash | Datapath::TcHashConntrack | Datapath::NfHashConntrack
+            if p.sources.is_some() =>
+        {
+            return None
+        }
+        Datapath::NfHashConntrack => {
+            install(lab, Datapath::ConntrackOnly, p)?;
+            let allowed: Vec<Ipv4Addr> = p.allowed.iter().map(|(a, _)| *a).collect();
+            lab.gw
+                .run_in(move || super::nf_limit::install(&allowed))
+                .expect("bench namespace")
+                .expect("hooking the netfilter limit");
+        }
         Datapath::TcHashConntrack => {
             install(lab, Datapath::ConntrackOnly, p)?;
             install(lab, Datapath::TcHash, p)?;
@@ -674,6 +695,10 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
         }
         Datapath::TcHashConntrack => {
             uninstall(lab, Datapath::TcHash);
+            uninstall(lab, Datapath::ConntrackOnly);
+        }
+        Datapath::NfHashConntrack => {
+            super::nf_limit::remove();
             uninstall(lab, Datapath::ConntrackOnly);
         }
         Datapath::NftSetConntrack => {

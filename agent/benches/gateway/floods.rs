@@ -83,11 +83,12 @@ impl Traffic {
 ///
 /// `TcHash` is the limit: a tcx program that looks the destination up in one hash and drops
 /// what it does not find, no state, no flow tables: what dropping a flood can cost at least.
-pub(crate) const FLOOD_DATAPATHS: [Datapath; 9] = [
+pub(crate) const FLOOD_DATAPATHS: [Datapath; 10] = [
     Datapath::None,
     Datapath::ConntrackOnly,
     Datapath::TcHash,
     Datapath::TcHashConntrack,
+    Datapath::NfHashConntrack,
     Datapath::PeerwallNft,
     Datapath::PeerwallNftConntrack,
     Datapath::PeerwallBpf,
@@ -462,6 +463,19 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
                 verdict(p.median >= 1.0 && near)
             ));
         }
+        // A bpf program after conntrack, doing nftables' least filter's work: where a datapath
+        // at netfilter's hook would stand against nftables (no goal of its own).
+        if let Some(p) = paired(
+            rows,
+            traffic,
+            Datapath::NfHashConntrack,
+            Datapath::PeerwallNftConntrack,
+        ) {
+            goals.push_str(&format!(
+                "| {}: limit, bpf after conntrack (one hash lookup) ÷ nftables, conntrack on for both | – | {p} | – | a limit |\n",
+                traffic.label(),
+            ));
+        }
     }
     for traffic in [Traffic::NewDenied, Traffic::SynDenied] {
         for dp in [
@@ -537,7 +551,10 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
          `bpf_stats` in a 300 ms window after the measured one (on only there: timing each run \
          costs two clock reads), whose new flows go on from the measured window's (flows no \
          table holds yet). `cargo xtask bench breakdown` splits that cost into its parts \
-         (its \"every packet a new flow\" column).\n\n\
+         (its \"every packet a new flow\" column). *Limit: bpf after conntrack*: a \
+         `BPF_PROG_TYPE_NETFILTER` program at the forward hook, where nftables' chains run, \
+         reading the packet's conntrack state from it and looking its destination up in one \
+         hash: the least a bpf datapath that decides after conntrack costs.\n\n\
          | traffic | datapath | ÷ no filter (spread) | pps | ÷ conntrack on (spread) | delivered | program ns/pkt | flow beside: lost |\n\
          |---|---|---:|---:|---:|---:|---:|---:|\n{t}\n\
          Goals (issue \"fast for the traffic an attacker chooses\"), as this run measured them:\n\n\

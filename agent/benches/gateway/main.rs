@@ -52,6 +52,7 @@ mod events;
 mod floods;
 mod lab;
 mod limits;
+mod nf_limit;
 mod report;
 mod traffic;
 

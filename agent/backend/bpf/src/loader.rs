@@ -27,6 +27,7 @@ pub use kfunc::KernelCt;
 pub use linkinfo::{filters_a_device, link_state, LinkState};
 pub use options::{Conntrack, LoadOptions};
 mod btf;
+pub use btf::KernelBtf;
 pub mod kfunc;
 mod pins;
 mod pool;
