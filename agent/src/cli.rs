@@ -693,6 +693,17 @@ pub struct AgentArgs {
     /// `--gateway-pods`: the node's procfs (the pods' processes; mounted by `hostPID`).
     #[arg(long, default_value = "/proc")]
     pub proc: PathBuf,
+    /// `--gateway-pods` with `--backend bpf`: a gateway that finds no turn to load its
+    /// datapath free (the node's CPUs each load one at a time: a reboot with many gateways)
+    /// waits behind its boot policy, dropping everything from the tunnel, instead of having
+    /// nftables enforce its policy until the datapath is loaded and takes over.
+    #[arg(long, requires = "gateway_pods")]
+    pub no_start_bridge: bool,
+    /// `--gateway-pods` with `--backend bpf`: how many gateways load their datapath at once
+    /// (creating its maps, verifying its programs: CPU-bound); default one per CPU the agent
+    /// may run on.
+    #[arg(long, requires = "gateway_pods", value_parser = clap::value_parser!(u16).range(1..))]
+    pub load_turns: Option<u16>,
     /// `--gateway-pods`: chain `peerwall-boot` into the node's CNI configuration, so a new
     /// gateway pod's boot policy is in force from its sandbox's creation, before its
     /// containers, even while no agent runs on the node. Taken out again when the agent's

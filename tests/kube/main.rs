@@ -5,6 +5,23 @@
 
 mod support;
 
+// The gateway fleet of `cargo xtask bench-peers`: its namespaces, probes and pin watch.
+#[allow(dead_code)]
+#[path = "../../agent/benches/peers/attached.rs"]
+mod attached;
+#[allow(dead_code)]
+#[path = "../../agent/benches/peers/fleet.rs"]
+mod fleet;
+#[allow(dead_code)]
+#[path = "../../agent/benches/shared/published.rs"]
+mod published;
+#[allow(dead_code)]
+#[path = "../../agent/benches/shared/tenant.rs"]
+mod tenant;
+#[allow(dead_code)]
+#[path = "../../agent/benches/shared/topology.rs"]
+mod topology;
+
 mod agent;
 mod controller;
 mod deploy;
@@ -15,6 +32,7 @@ mod monitoring;
 mod node;
 mod outage;
 mod size;
+mod start_bridge;
 mod status;
 mod try_page;
 mod webhook;

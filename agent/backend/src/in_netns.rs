@@ -165,6 +165,10 @@ impl Enforce for InNetns {
         self.call_backend("deleting", |b| b.delete())
     }
 
+    fn withdraw(&mut self) -> Result<Vec<String>, BackendError> {
+        self.call_backend("withdrawing", |b| b.withdraw())
+    }
+
     fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
         self.call_backend("repairing drift", |b| b.repair())
     }

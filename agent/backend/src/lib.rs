@@ -123,6 +123,14 @@ pub trait Enforce: Send {
     /// Remove everything this backend installed; returns what was removed.
     fn delete(&mut self) -> Result<Vec<String>, BackendError>;
 
+    /// Remove what this enforcer itself applied (its policy's tables), and nothing another
+    /// enforcer of the same namespace holds: the hand-over from the nftables enforcer that
+    /// keeps a bpf gateway's policy while its datapath loads to the datapath, whose own
+    /// nftables tables (boot, guard, tracking) stay. The default: [`Enforce::delete`].
+    fn withdraw(&mut self) -> Result<Vec<String>, BackendError> {
+        self.delete()
+    }
+
     /// Restore what drifted; returns what was repaired. Called periodically by the agent.
     fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {
         Ok(Vec::new())

@@ -34,6 +34,8 @@ pub struct Seen {
     /// Datagrams sent to the allowed pod, and those that reached it (since the last reset).
     pub allowed_sent: u64,
     pub allowed_got: u64,
+    /// Datagrams to [`DENIED`] that got through.
+    pub denied_got: u64,
     /// The sequence number of the last datagram sent to the allowed pod, and of the last one
     /// that reached it (each datagram carries its own).
     sent_seq: u64,
@@ -196,6 +198,7 @@ impl Probes {
                             if let Ok(mut v) = seen.lock() {
                                 let e = &mut v[i];
                                 if dst == DENIED {
+                                    e.denied_got += 1;
                                     e.denied_last = Some(now);
                                     e.allowed_since = None;
                                 } else {

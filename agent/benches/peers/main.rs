@@ -20,9 +20,11 @@
 //!
 //! Writes the `peers` section of docs/bench.md (a full run: every N and both backends).
 
+mod attached;
 #[path = "../doc/mod.rs"]
 mod doc;
 mod fleet;
+mod loads;
 #[path = "../shared/published.rs"]
 mod published;
 #[path = "../shared/tenant.rs"]
@@ -39,6 +41,7 @@ use kube::Client;
 use serde_json::json;
 
 use fleet::{Gateway, Probes};
+use loads::Loads;
 use peerwall_testkit::kube::{free_port, ApiServer, Proc};
 
 /// This node's name (the gateway pods' `spec.nodeName`, the agent's `--host`).
@@ -235,6 +238,8 @@ struct Row {
     node_per_gateway: Option<u64>,
     /// The datapath loads the agent made (bpf).
     loads: Option<Loads>,
+    /// Agent start → each gateway's datapath in force (bpf; sorted, `attached.rs`).
+    in_force: Option<Vec<Duration>>,
 }
 
 /// `kernel memory …` as `peerwall inspect` prints it for the first gateway's pins.
@@ -296,6 +301,7 @@ fn measure(
     }
     let maps_before = peerwall_backend_bpf::memory::node_memory();
     let started = Instant::now();
+    let attached = (backend == "bpf").then(|| attached::Attached::watch(pins.clone(), started));
     // The loader's debug lines say how long each gateway's maps and verification took.
     let agent = server.peerwall_logging(
         &format!("agent-{backend}-{n}"),
@@ -307,6 +313,13 @@ fn measure(
     start.sort();
     let mut lost_start: Vec<u64> = which.iter().map(|&i| probes.of(i).allowed_lost()).collect();
     lost_start.sort();
+    let in_force = attached.map(|a| a.wait(n, PATIENCE));
+    if let Some(t) = &in_force {
+        eprintln!(
+            "{backend:>8} N={n:<3} start → every datapath in force {:?}",
+            t.last()
+        );
+    }
     eprintln!(
         "{backend:>8} N={n:<3} start → all enforced {:?} (first {:?})",
         start.last().copied().unwrap_or_default(),
@@ -366,55 +379,16 @@ fn measure(
         memory,
         node_per_gateway,
         loads,
+        in_force,
     }
 }
 
-/// How long the datapath's own loads took in the agent, from its loader's debug lines: the
-/// maps created (`datapath object loaded (its maps)`) and the programs verified (`program
-/// loaded (verified)`), each a list of milliseconds, one per gateway load.
-#[derive(Default)]
-struct Loads {
-    maps: Vec<f64>,
-    verified: Vec<f64>,
-}
-
-impl Loads {
-    fn of(log: &str) -> Self {
-        let ms = |l: &str| {
-            l.split_whitespace()
-                .find_map(|w| w.strip_prefix("ms="))
-                .and_then(|v| v.parse::<f64>().ok())
-        };
-        let mut out = Self::default();
-        for l in log.lines() {
-            if l.contains("datapath object loaded (its maps)") {
-                out.maps.extend(ms(l));
-            } else if l.contains("program loaded (verified)") {
-                out.verified.extend(ms(l));
-            }
-        }
-        out
-    }
-
-    /// How many loads took the spare datapath made ahead (`loader/spare.rs`).
-    fn spares_taken(log: &str) -> usize {
-        log.lines()
-            .filter(|l| l.contains("took the spare datapath"))
-            .count()
-    }
-
-    fn median(v: &[f64]) -> f64 {
-        let mut v = v.to_vec();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    }
-
-    /// The least time N gateways' loads take on `cpus` CPUs, at the medians measured: each
-    /// gateway's maps and verification, one load per CPU at a time (a load runs on one
-    /// thread), so ⌈N ÷ CPUs⌉ loads one after the other.
-    fn floor(&self, n: usize, cpus: usize) -> Duration {
-        let per = Self::median(&self.maps) + Self::median(&self.verified);
-        Duration::from_secs_f64(per * n.div_ceil(cpus.max(1)) as f64 / 1000.0)
+/// Start → the last of the N gateways' datapaths in force ("–" if one never was).
+fn in_force_all(r: &Row) -> String {
+    match &r.in_force {
+        Some(t) if t.len() >= r.n => ms(t.last().copied().unwrap_or_default()),
+        Some(t) => format!("{} of {} never", r.n - t.len(), r.n),
+        None => "–".to_string(),
     }
 }
 
@@ -434,7 +408,7 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
         .unwrap_or_default();
     let mut md = String::from("## Many peers on one node (`cargo xtask bench-peers`)\n\n");
     md.push_str(&format!(
-        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`, stopped once it published every peer's configuration and addresses (peak RSS {controller_rss:.0} MiB), so that what is measured is the node's agent; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod's sandbox (its network namespace) appearing beside them (the agent acts on the pod from then on; its status turns Running just after); on bpf, whether its load took *the spare* datapath the agent makes ahead once no load runs (maps created, programs verified: a second gateway arriving before the next spare is made loads its own, which the loads' table below prices), once the node has settled after the agent started them (their first rounds and the status they write through the API server: the node's CPUs under a third busy over a second, the probes included, at most 30 s; *settled*: how long after the last gateway was enforced). *Every BPF map on the node per gateway*: the `memlock` of all the node's maps (pinned or held open only, `bpftool map show`'s figure) with the N + 1 gateways enforcing, less before the agent started, over N + 1; *its pins*: what `peerwall inspect` counts for one gateway. Setting up the peers took {:.0} s.\n\n",
+        "Generated on {date} ({} cores). The DaemonSet's gateway-pod mode (`peerwall agent --source kube --gateway-pods`, the release binary) on a node with N Liqo gateway pods, each its own network namespace with `liqo-tunnel`, a Geneve-named link and a NAT rule (so its kernel tracks connections, as Liqo's remapping makes it), each peer with {pods} offloaded pods (the controller's provider protection: the gateway forwards from the tunnel to its peer's pods only). A real API server and `peerwall controller`, stopped once it published every peer's configuration and addresses (peak RSS {controller_rss:.0} MiB), so that what is measured is the node's agent; no kubelet: each gateway pod's sandbox is a process in its namespace, in the pod's cgroup, where the agent looks for it. *Enforced*: the first probe to the peer's pod that arrives after the last probe to an address no pod has did (probes every 2 ms behind every tunnel, counted where they arrive), whichever enforcer it is: on bpf, a gateway that finds no turn to load its datapath free has nftables enforce its policy until the datapath takes over (the loads' table below says how many, and when every datapath was in force). *Start*: from starting the agent beside N running gateways; *one more*: from a gateway pod's sandbox (its network namespace) appearing beside them (the agent acts on the pod from then on; its status turns Running just after); on bpf, whether its load took *the spare* datapath the agent makes ahead once no load runs (maps created, programs verified: a second gateway arriving before the next spare is made loads its own, which the loads' table below prices), once the node has settled after the agent started them (their first rounds and the status they write through the API server: the node's CPUs under a third busy over a second, the probes included, at most 30 s; *settled*: how long after the last gateway was enforced). *Every BPF map on the node per gateway*: the `memlock` of all the node's maps (pinned or held open only, `bpftool map show`'s figure) with the N + 1 gateways enforcing, less before the agent started, over N + 1; *its pins*: what `peerwall inspect` counts for one gateway. Setting up the peers took {:.0} s.\n\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         setup.as_secs_f64()
     ));
@@ -461,16 +435,19 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if rows.iter().any(|r| r.loads.is_some()) {
-        md.push_str(&format!("\nThe bpf datapath's own part of a gateway's start, from the agent's loader (each load in its own gateway's thread, {cpus} at a time, one per CPU): the median over the run's loads of creating the object's maps and of verifying its program, and the least time N such loads take on this node's CPUs (*floor*: their sum times ⌈N ÷ CPUs⌉, a load running on one CPU), against start → all enforced:\n\n| gateways N | loads | maps created (median) | program verified (median) | floor for N | start → all enforced |\n|---:|---:|---:|---:|---:|---:|\n"));
+        md.push_str(&format!("\nThe bpf datapath's own part of a gateway's start, from the agent's loader (each load in its own gateway's thread, {cpus} at a time, one per CPU): the median over the run's loads of creating the object's maps and of verifying its program, and the least time N such loads take on this node's CPUs (*floor*: their sum times ⌈N ÷ CPUs⌉, a load running on one CPU), against start → every datapath in force (each gateway's tunnel link pinned, watched from outside the agent) and start → all enforced. A gateway that finds no turn to load free has nftables enforce its policy until its datapath is loaded and takes over (`--no-start-bridge` turns that off): *bridged*, how many did, and how many of them handed over to their datapath:\n\n| gateways N | loads | maps created (median) | program verified (median) | floor for N | bridged (handed over) | start → every datapath in force | start → all enforced |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n"));
         for r in rows {
             let Some(l) = &r.loads else { continue };
             md.push_str(&format!(
-                "| {} | {} | {:.1} ms | {:.1} ms | {} | {} |\n",
+                "| {} | {} | {:.1} ms | {:.1} ms | {} | {} ({}) | {} | {} |\n",
                 r.n,
                 l.verified.len(),
                 Loads::median(&l.maps),
                 Loads::median(&l.verified),
                 ms(l.floor(r.n, cpus)),
+                l.bridged,
+                l.took_over,
+                in_force_all(r),
                 ms(r.start.last().copied().unwrap_or_default()),
             ));
         }
@@ -502,6 +479,16 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
             ms(all),
             verdict(all <= Duration::from_secs(3))
         ));
+        if let Some(l) = &r.loads {
+            md.push_str(&format!(
+                "| {} at N = {}: start → every datapath in force ({} gateways enforced by nftables until theirs took over) | – | {} (floor {}) | – |\n",
+                r.backend,
+                r.n,
+                l.took_over,
+                in_force_all(r),
+                ms(l.floor(r.n, std::thread::available_parallelism().map_or(1, |n| n.get()))),
+            ));
+        }
         md.push_str(&format!(
             "| {}: one more gateway beside {} | ≤ 200 ms | {} | {} |\n",
             r.backend,

@@ -11,7 +11,10 @@ use anyhow::Context;
 use peerwall_backend::{Backend, BackendError, EventError, EventSource, HostInterface};
 use peerwall_policy::compile;
 
+mod bridge;
 mod revoke;
+
+pub use bridge::Loading;
 
 /// Where policies come from.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -132,6 +135,10 @@ pub struct Enforcement {
     enforced: Option<peerwall_policy::ir::Policy>,
     /// A gateway's boot policy, kept in force until the policy holds its peer's table.
     boot: Option<Boot>,
+    /// The datapath loading to take over from the backend in force ([`bridge`]).
+    loading: Option<Loading>,
+    /// The datapath a bridged start loaded failed to: the bridge enforces for good.
+    load_failed: bool,
 }
 
 /// A gateway's boot policy ([`crate::protection::boot`]) as the enforcement keeps it.
@@ -205,6 +212,8 @@ impl Enforcement {
             counters_read: None,
             enforced: None,
             boot: None,
+            loading: None,
+            load_failed: false,
         }
     }
 
@@ -477,11 +486,6 @@ impl Enforcement {
     /// policy must be applied again.
     pub fn environment_changed(&self) -> bool {
         self.last_env.is_some() && self.last_env != Some(self.backend.environment())
-    }
-
-    /// The backend's name (`nftables`, `bpf`), as conditions and metrics report it.
-    pub fn backend_name(&self) -> &'static str {
-        self.backend.name()
     }
 
     /// Whether the emergency switch was on at the last upkeep (or apply).

@@ -54,6 +54,9 @@ pub struct AgentMetrics {
     pub allow_all: bool,
     /// Connection-tracking table fill: (entries, capacity).
     pub conntrack: Option<(u64, u64)>,
+    /// A gateway's bpf datapath is loading while nftables enforces its policy meanwhile
+    /// ([`crate::enforcement::Loading`]).
+    pub loading: bool,
     /// The policy source does not answer (the API server is away): not ready, the last good
     /// policy stays in force.
     pub source_down: bool,

@@ -141,6 +141,10 @@ const RETRY_MAX: Duration = Duration::from_secs(30);
 /// How long a round waits after the first event for more to arrive.
 const DEBOUNCE: Duration = Duration::from_millis(1);
 
+/// How often a gateway whose datapath loads meanwhile (its policy in force through nftables)
+/// looks whether the load is done.
+const LOAD_POLL: Duration = Duration::from_millis(20);
+
 /// Prefix of AddressSet keys in the agent's maps (distinct from FirewallConfiguration keys).
 const SLICE_KEY_PREFIX: &str = "AddressSet ";
 
@@ -717,6 +721,16 @@ async fn serve(
     let mut dirty = true;
     let mut summarized = std::time::Instant::now();
     while !stop.is_set() {
+        // A bridged start: the loaded datapath takes over from nftables (the policy in force
+        // applied by it first).
+        if enforcement.loading() {
+            tokio::task::block_in_place(|| enforcement.take_over());
+            // The conditions say which enforces (`nftables (bpf loading)`, then `bpf`).
+            if enforcement.backend_name() != agent.backend {
+                agent.backend = enforcement.backend_name();
+                dirty = true;
+            }
+        }
         if let Some(period) = agent.settings.drop_summary {
             if summarized.elapsed() >= period {
                 summarized = std::time::Instant::now();
@@ -754,7 +768,14 @@ async fn serve(
         let switch_moved = enforcement.switch_on() != agent.switch_reported;
         dirty = tokio::select! {
             _ = stop.wait() => break,
-            woke = tokio::time::timeout(agent.settings.interval, changed.notify.notified()) => {
+            woke = tokio::time::timeout(
+                if enforcement.loading() {
+                    agent.settings.interval.min(LOAD_POLL)
+                } else {
+                    agent.settings.interval
+                },
+                changed.notify.notified(),
+            ) => {
                 woke.is_ok()
             }
         } || switch_moved;

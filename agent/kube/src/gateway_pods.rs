@@ -63,6 +63,11 @@ pub struct Settings {
     pub trust: super::trust::Trust,
     /// The node's CNI chain (`--cni-boot`).
     pub cni: Option<crate::cni::install::Settings>,
+    /// bpf: a gateway with no free turn to load has nftables enforce its policy until its
+    /// datapath takes over (`--no-start-bridge` turns it off; `opening`).
+    pub bridge: bool,
+    /// bpf: how many gateways load their datapath at once (None: one per CPU).
+    pub load_turns: Option<usize>,
 }
 
 impl Settings {
@@ -261,6 +266,7 @@ impl Supervisor {
             audit: s.audit,
             events: s.backend.events.is_some(),
             pin_name: g.pin_name(),
+            bridge: s.bridge,
             handle: handles::Handle {
                 peer: g.peer.clone(),
                 pod: g.name.clone(),
@@ -476,6 +482,10 @@ pub fn run(
                 tracing::warn!(error = %format!("{e:#}"), "no spare datapath: each new gateway loads its own");
             }
         }
+        let gate = match settings.load_turns {
+            Some(n) => gate::Gate::new(n),
+            None => gate::Gate::per_cpu(),
+        };
         let mut sup = Supervisor {
             settings,
             metrics: metrics.clone(),
@@ -484,7 +494,7 @@ pub fn run(
             failed: BTreeMap::new(),
             seen: BTreeMap::new(),
             draining: BTreeMap::new(),
-            gate: gate::Gate::per_cpu(),
+            gate,
         };
         let mut first = true;
         while !stop.is_set() {

@@ -453,6 +453,37 @@ impl<R: Runner> NftBackend<R> {
             .collect())
     }
 
+    /// Delete the tables this enforcer applied that are still in the kernel, in one
+    /// transaction, and nothing else of peerwall's here (another enforcer's boot, guard or
+    /// tracking tables stay). Returns their names.
+    pub fn withdraw_applied(&mut self) -> Result<Vec<String>, NftError> {
+        self.changing();
+        let listing = self.nft.list_ruleset_terse()?.kernel_tables();
+        let gone: Vec<(ir::TableFamily, String)> = self
+            .applied
+            .values()
+            .filter(|t| {
+                listing
+                    .iter()
+                    .any(|k| k.name == t.name && k.family == t.family.nft())
+            })
+            .map(|t| (t.family, t.name.clone()))
+            .collect();
+        let cmds: Vec<model::Command<'_>> = gone
+            .iter()
+            .map(|(family, name)| model::Command::Delete {
+                family: *family,
+                name: name.clone(),
+            })
+            .collect();
+        if !cmds.is_empty() {
+            self.nft.transaction(&cmds)?;
+        }
+        self.applied.clear();
+        self.snapshots.clear();
+        Ok(gone.into_iter().map(|(_, n)| n).collect())
+    }
+
     /// Delete every table owned by peerwall in this namespace (not only the ones this process
     /// applied). Returns their names.
     pub fn delete_all(&mut self) -> Result<Vec<String>, NftError> {
@@ -701,6 +732,13 @@ impl<R: Runner> peerwall_backend::Enforce for NftBackend<R> {
     fn delete(&mut self) -> Result<Vec<String>, BackendError> {
         self.delete_all()
             .map_err(BackendError::host(NAME, "deleting peerwall's tables"))
+    }
+
+    fn withdraw(&mut self) -> Result<Vec<String>, BackendError> {
+        self.withdraw_applied().map_err(BackendError::host(
+            NAME,
+            "withdrawing the tables it applied",
+        ))
     }
 
     fn repair(&mut self) -> Result<Vec<Drift>, BackendError> {

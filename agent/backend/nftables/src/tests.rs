@@ -355,3 +355,20 @@ fn a_new_backend_keeps_what_is_already_in_force() {
     let r = third.apply(&other).unwrap();
     assert_eq!(r.recreated, ["b", "a"]);
 }
+
+#[test]
+fn withdraw_deletes_the_tables_this_enforcer_applied_and_nothing_else() {
+    let mut b = NftBackend::new(FakeNft::new());
+    b.apply(&policy(&[("a", &["10.0.0.1"]), ("b", &["10.0.0.2"])]))
+        .unwrap();
+    b.nft().add_foreign(ir::TableFamily::Inet, "liqo");
+    // One of them already gone: withdrawn is what was still there.
+    b.nft().delete_behind_our_back(ir::TableFamily::Inet, "b");
+    let before = b.nft().transactions();
+    assert_eq!(b.withdraw_applied().unwrap(), ["a"]);
+    assert_eq!(b.nft().transactions(), before + 1, "one transaction");
+    assert_eq!(b.nft().tables(), ["liqo"]);
+    // Nothing applied any more: nothing to withdraw, no transaction.
+    assert!(b.withdraw_applied().unwrap().is_empty());
+    assert_eq!(b.nft().transactions(), before + 1);
+}

@@ -180,6 +180,12 @@ impl AgentMetrics {
                     .collect(),
             ),
             Family::new(
+                "peerwall_datapath_loading",
+                "gauge",
+                "1 while a gateway's bpf datapath loads (waiting for its turn on the node's CPUs) and nftables enforces the same policy meanwhile; stays 1 where the load failed (logged; nftables keeps enforcing).",
+            )
+            .with(sample("", base.clone(), u8::from(self.loading))),
+            Family::new(
                 "peerwall_allow_all",
                 "gauge",
                 "1 while the emergency switch (peerwall allow-all on) lets every packet through.",

@@ -45,6 +45,18 @@ impl Gate {
         Self::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 
+    /// A turn if one is free now.
+    pub fn try_take(self: &Arc<Self>) -> Option<Turn> {
+        let mut busy = self.busy.lock().ok()?;
+        if *busy >= self.turns {
+            return None;
+        }
+        *busy += 1;
+        Some(Turn {
+            gate: Some(self.clone()),
+        })
+    }
+
     /// Wait for a turn, at most `longest`; past it, a turn that counts for nobody.
     pub fn wait(self: &Arc<Self>, longest: Duration) -> Turn {
         let deadline = Instant::now() + longest;
@@ -116,6 +128,17 @@ mod tests {
         drop(d);
         assert_eq!(*gate.busy.lock().unwrap(), 2);
         drop((b, c));
+        assert_eq!(*gate.busy.lock().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_turn_is_taken_without_waiting_only_when_one_is_free() {
+        let gate = Gate::new(1);
+        let a = gate.try_take().expect("free");
+        assert!(gate.try_take().is_none());
+        assert_eq!(*gate.busy.lock().unwrap(), 1);
+        drop(a);
+        assert!(gate.try_take().is_some());
         assert_eq!(*gate.busy.lock().unwrap(), 0);
     }
 }

@@ -29,6 +29,9 @@ pub(super) struct Opening {
     /// The gateway's pin directory name and its handle (`peerwall … --gateway`).
     pub pin_name: String,
     pub handle: handles::Handle,
+    /// Where no turn to load is free: enforce the policy through nftables meanwhile and hand
+    /// over once the datapath loaded (`crate::enforcement::Loading`).
+    pub bridge: bool,
 }
 
 impl Opening {
@@ -40,12 +43,20 @@ impl Opening {
         // filters (a restarted agent: what is in force stays). Before the load, not beside
         // it: the load asks which families the kernel tracks here, and the boot table's
         // tracking is part of the answer.
-        if let (Some(_), Some(b)) = (&self.gate, self.boot.as_mut()) {
-            if !peerwall_backend_select::installed::still_filtering(&backend.pin_dir) {
-                hold_boot_early(b, backend, ns);
-            }
+        let filtering = self.gate.is_some()
+            && peerwall_backend_select::installed::still_filtering(&backend.pin_dir);
+        if let (Some(_), Some(b), false) = (&self.gate, self.boot.as_mut(), filtering) {
+            hold_boot_early(b, backend, ns);
         }
-        let turn = self.gate.map(|g| g.wait(gate::LONGEST_WAIT));
+        let turn = match &self.gate {
+            None => None,
+            Some(g) => match g.try_take() {
+                Some(t) => Some(t),
+                // No turn free: the policy goes in through nftables while the load waits.
+                None if self.bridge && !filtering => return self.bridged(),
+                None => Some(g.wait(gate::LONGEST_WAIT)),
+            },
+        };
         let mut enforcer = peerwall_backend_select::open(backend, Some(ns))
             .with_context(|| format!("starting the enforcer in {ns}"))?;
         // The verifier now, in the turn. A failure here is the first apply's to report: it
@@ -67,6 +78,50 @@ impl Opening {
             if let Err(e) = enforcement.start_events() {
                 tracing::error!(error = %e, "no events from this gateway");
             }
+        }
+        Ok(enforcement)
+    }
+}
+
+impl Opening {
+    /// The gateway's enforcement through nftables, its datapath loading on a thread of its
+    /// own (in its turn) to take over once loaded.
+    fn bridged(self) -> anyhow::Result<Enforcement> {
+        let ns = self.ns.clone();
+        let nft = peerwall_backend_select::Settings {
+            kind: peerwall_backend_select::BackendKind::Nftables,
+            events: None,
+            ..self.backend.clone()
+        };
+        let bridge = peerwall_backend_select::open(&nft, Some(&ns))
+            .with_context(|| format!("starting the nftables enforcer of the start in {ns}"))?;
+        let (settings, gate) = (self.backend.clone(), self.gate.clone());
+        let load = move || -> anyhow::Result<Box<dyn peerwall_backend::Backend>> {
+            let turn = gate.map(|g| g.wait(gate::LONGEST_WAIT));
+            let mut enforcer = peerwall_backend_select::open(&settings, Some(&ns))
+                .with_context(|| format!("starting the enforcer in {ns}"))?;
+            if let Err(e) = enforcer.warm_up() {
+                tracing::warn!(error = %format!("{e:#}"), "could not verify the datapath before taking over; its first apply tries again");
+            }
+            drop(turn);
+            Ok(enforcer)
+        };
+        let loading = crate::enforcement::Loading::spawn(
+            format!("load-{}", self.pin_name),
+            self.events,
+            load,
+        )
+        .context("starting the datapath's load")?;
+        tracing::info!(
+            "no turn to load the datapath free: nftables enforces the policy until it is loaded"
+        );
+        let mut enforcement = Enforcement::new(bridge, self.metrics)
+            .audit_all(self.audit)
+            .with_boot(self.boot)
+            .with_loading(loading);
+        enforcement.hold_boot();
+        if let Err(e) = handles::write(Path::new(handles::HANDLES), &self.pin_name, &self.handle) {
+            tracing::warn!(gateway = %self.handle.pod, error = %e, "could not record the gateway for `peerwall … --gateway`");
         }
         Ok(enforcement)
     }
