@@ -1073,9 +1073,13 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         "bpf: enforced {} ms after the gateway pod's namespace appeared",
         took.as_millis()
     );
-    assert!(
-        !nft_table_in(&gw3.netns, &peer),
-        "a fresh gateway has no nftables table of peerwall's"
+    // A fresh gateway's datapath loads from scratch unless the agent's spare was ready; if it
+    // did, nftables enforced the policy meanwhile and withdraws its table right after the
+    // datapath attached (`enforcement/bridge.rs`): none left once it has.
+    wait(
+        "no nftables table of the policy in a gateway the datapath enforces",
+        Duration::from_secs(10),
+        || (!nft_table_in(&gw3.netns, &peer)).then_some(()),
     );
     // The boot policy held the tunnel in nftables until the datapath filtered it: gone once
     // it does.

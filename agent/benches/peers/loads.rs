@@ -11,9 +11,9 @@ use std::time::Duration;
 pub struct Loads {
     pub maps: Vec<f64>,
     pub verified: Vec<f64>,
-    /// Gateways that found no turn to load free and had nftables enforce their policy
-    /// meanwhile (`no turn to load the datapath free`), and of those, the ones whose
-    /// datapath took over once loaded (`the datapath took over from nftables`).
+    /// Gateways whose datapath had to load (no turn free, or no spare ready) and had
+    /// nftables enforce their policy meanwhile (`the datapath must load`), and of those, the
+    /// ones whose datapath took over once loaded (`the datapath took over from nftables`).
     pub bridged: usize,
     pub took_over: usize,
 }
@@ -31,7 +31,7 @@ impl Loads {
                 out.maps.extend(ms(l));
             } else if l.contains("program loaded (verified)") {
                 out.verified.extend(ms(l));
-            } else if l.contains("no turn to load the datapath free") {
+            } else if l.contains("the datapath must load") {
                 out.bridged += 1;
             } else if l.contains("the datapath took over from nftables") {
                 out.took_over += 1;

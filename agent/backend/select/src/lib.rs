@@ -186,6 +186,12 @@ pub fn keep_spare_datapaths(
     ))
 }
 
+/// Whether a spare datapath is ready ([`keep_spare_datapaths`]): a bpf load that takes it
+/// neither creates maps nor verifies programs.
+pub fn spare_datapath_ready() -> bool {
+    loader::spare_ready()
+}
+
 /// The bpf filesystem's mount point, mounted first where it is not.
 pub fn ensure_bpffs() -> Result<PathBuf, BackendError> {
     loader::ensure_bpffs().map_err(BackendError::host(

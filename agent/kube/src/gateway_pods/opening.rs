@@ -48,12 +48,18 @@ impl Opening {
         if let (Some(_), Some(b), false) = (&self.gate, self.boot.as_mut(), filtering) {
             hold_boot_early(b, backend, ns);
         }
+        // Where the datapath must be loaded from scratch (no spare ready: maps created and
+        // programs verified, hundreds of milliseconds, longer behind other gateways' turns),
+        // the policy goes in through nftables meanwhile.
+        let bridge = self.bridge && !filtering;
         let turn = match &self.gate {
             None => None,
             Some(g) => match g.try_take() {
+                Some(_) if bridge && !peerwall_backend_select::spare_datapath_ready() => {
+                    return self.bridged()
+                }
                 Some(t) => Some(t),
-                // No turn free: the policy goes in through nftables while the load waits.
-                None if self.bridge && !filtering => return self.bridged(),
+                None if bridge => return self.bridged(),
                 None => Some(g.wait(gate::LONGEST_WAIT)),
             },
         };
@@ -113,7 +119,7 @@ impl Opening {
         )
         .context("starting the datapath's load")?;
         tracing::info!(
-            "no turn to load the datapath free: nftables enforces the policy until it is loaded"
+            "the datapath must load (no spare ready, or no turn free): nftables enforces the policy until it is loaded"
         );
         let mut enforcement = Enforcement::new(bridge, self.metrics)
             .audit_all(self.audit)
