@@ -13,6 +13,9 @@ mod attached;
 #[path = "../../agent/benches/peers/fleet.rs"]
 mod fleet;
 #[allow(dead_code)]
+#[path = "../../agent/benches/peers/pods.rs"]
+mod pods;
+#[allow(dead_code)]
 #[path = "../../agent/benches/shared/published.rs"]
 mod published;
 #[allow(dead_code)]

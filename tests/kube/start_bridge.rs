@@ -19,13 +19,10 @@
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::Client;
-use serde_json::json;
 
 use crate::attached::Attached;
 use crate::fleet::{Gateway, Probes};
+use crate::pods::{gateway_pod, peer, peering, pod_ip};
 use crate::support::*;
 use peerwall_testkit::prelude::*;
 
@@ -35,75 +32,6 @@ const GATEWAYS: usize = 4;
 /// Peer indices (their namespaces' names are made unique by `NetNs`).
 const FIRST: usize = 90;
 const PATIENCE: Duration = Duration::from_secs(120);
-
-fn peer(i: usize) -> String {
-    format!("peer-{i:02}")
-}
-
-fn tenant(i: usize) -> String {
-    format!("liqo-tenant-{}", peer(i))
-}
-
-/// Peer `i`'s pod `j`.
-fn pod_ip(i: usize, j: usize) -> std::net::Ipv4Addr {
-    std::net::Ipv4Addr::from(0x0a20_0000 + (i as u32) * 1024 + j as u32)
-}
-
-/// Peer `i` with two offloaded pods.
-async fn peering(client: &Client, i: usize) {
-    let offloaded = format!("offloaded-{}", peer(i));
-    crate::tenant::peering(
-        client,
-        &peer(i),
-        &tenant(i),
-        &offloaded,
-        crate::fleet::SENDER_CIDR,
-    )
-    .await;
-    let api: Api<Pod> = Api::namespaced(client.clone(), &offloaded);
-    for j in 0..2 {
-        let name = format!("p{j}");
-        let body = json!({
-            "metadata": {"name": name},
-            "spec": {"nodeName": "liqo-virtual-node", "containers": [{"name": "c", "image": "x"}]},
-        });
-        api.create(
-            &PostParams::default(),
-            &serde_json::from_value(body).unwrap(),
-        )
-        .await
-        .unwrap();
-        let ip = pod_ip(i, j).to_string();
-        let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .unwrap();
-    }
-}
-
-/// Liqo's gateway pod of peer `i` on this node, its sandbox a process in `gw`'s namespace.
-async fn gateway_pod(client: &Client, i: usize, gw: &mut Gateway, cgroups: &std::path::Path) {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &tenant(i));
-    let name = format!("gw-{}", peer(i));
-    let body = json!({
-        "metadata": {"name": name, "labels": {
-            "networking.liqo.io/component": "gateway", "networking.liqo.io/active": "true"}},
-        "spec": {"nodeName": NODE, "containers": [{"name": "gateway", "image": "liqo/gateway",
-            "args": [format!("--remote-cluster-id={}", peer(i))]}]},
-    });
-    let pod = api
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(body).unwrap(),
-        )
-        .await
-        .unwrap();
-    gw.sandbox(cgroups, &pod.metadata.uid.unwrap());
-    let status = json!({"status": {"phase": "Running", "podIP": "10.244.0.10"}});
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
-}
 
 /// Peers (by index) whose gateway logged `what`.
 fn peers_logging(log: &str, what: &str) -> Vec<usize> {
@@ -122,7 +50,7 @@ async fn gateways_loading_their_bpf_datapath_enforce_through_nftables_then_hand_
     let client = server.client().await;
     let peers = FIRST..FIRST + GATEWAYS;
     futures::stream::iter(peers.clone())
-        .map(|i| peering(&client, i))
+        .map(|i| peering(&client, i, 2))
         .buffer_unordered(4)
         .collect::<Vec<_>>()
         .await;
@@ -151,7 +79,7 @@ async fn gateways_loading_their_bpf_datapath_enforce_through_nftables_then_hand_
         .collect();
     let probes = Probes::start(&gws);
     for (i, gw) in peers.clone().zip(gws.iter_mut()) {
-        gateway_pod(&client, i, gw, &cgroups).await;
+        gateway_pod(&client, i, NODE, gw, &cgroups).await;
     }
     // Before the agent every gateway forwards both probes: the probes work.
     tokio::time::sleep(Duration::from_millis(500)).await;

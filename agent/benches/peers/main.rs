@@ -25,6 +25,7 @@ mod attached;
 mod doc;
 mod fleet;
 mod loads;
+mod pods;
 #[path = "../shared/published.rs"]
 mod published;
 #[path = "../shared/tenant.rs"]
@@ -35,14 +36,12 @@ mod topology;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::Client;
-use serde_json::json;
 
 use fleet::{Gateway, Probes};
 use loads::Loads;
 use peerwall_testkit::kube::{free_port, ApiServer, Proc};
+use pods::{delete_gateway_pod, gateway_pod, peering, pod_ip};
 
 /// This node's name (the gateway pods' `spec.nodeName`, the agent's `--host`).
 const NODE: &str = "bench-node";
@@ -56,94 +55,6 @@ fn env_list(name: &str, default: &str) -> Vec<String> {
         .map(|s| s.trim().to_string())
         .filter(|s| !s.is_empty())
         .collect()
-}
-
-fn peer(i: usize) -> String {
-    format!("peer-{i:02}")
-}
-
-fn tenant(i: usize) -> String {
-    format!("liqo-tenant-{}", peer(i))
-}
-
-/// Peer `i`'s pod `j`: 1024 addresses per peer.
-fn pod_ip(i: usize, j: usize) -> std::net::Ipv4Addr {
-    std::net::Ipv4Addr::from(0x0a20_0000 + (i as u32) * 1024 + j as u32)
-}
-
-/// Peer `i`: its tenant with Liqo's `Configuration`, its offloaded namespace and `pods` pods.
-async fn peering(client: &Client, i: usize, pods: usize) {
-    let offloaded = format!("offloaded-{}", peer(i));
-    tenant::peering(client, &peer(i), &tenant(i), &offloaded, fleet::SENDER_CIDR).await;
-    let api: Api<Pod> = Api::namespaced(client.clone(), &offloaded);
-    futures::stream::iter(0..pods)
-        .map(|j| {
-            let api = api.clone();
-            async move {
-                let name = format!("p{j}");
-                let body = json!({
-                    "metadata": {"name": name},
-                    "spec": {"nodeName": "liqo-virtual-node", "containers": [{"name": "c", "image": "x"}]},
-                });
-                api.create(&PostParams::default(), &serde_json::from_value(body).expect("pod"))
-                    .await
-                    .expect("create pod");
-                let ip = pod_ip(i, j).to_string();
-                let status =
-                    json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
-                api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                    .await
-                    .expect("pod status");
-            }
-        })
-        .buffer_unordered(64)
-        .collect::<Vec<_>>()
-        .await;
-}
-
-/// Gateway pod of peer `i`, scheduled here, its sandbox started in `gw`'s namespace; returns
-/// when it is Running (the moment measured from).
-async fn gateway_pod(
-    client: &Client,
-    i: usize,
-    gw: &mut Gateway,
-    cgroups: &std::path::Path,
-) -> Instant {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &tenant(i));
-    let name = format!("gw-{}", peer(i));
-    let body = json!({
-        "metadata": {"name": name, "labels": {
-            "networking.liqo.io/component": "gateway", "networking.liqo.io/active": "true"}},
-        "spec": {"nodeName": NODE, "containers": [{"name": "gateway", "image": "liqo/gateway",
-            "args": [format!("--remote-cluster-id={}", peer(i))]}]},
-    });
-    let pod = api
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(body).expect("pod"),
-        )
-        .await
-        .expect("the gateway pod");
-    let uid = pod.metadata.uid.expect("a UID");
-    // From the sandbox's namespace appearing: the agent acts on the pod from then on, Running
-    // or not (the status below comes after, as a kubelet's would).
-    let at = Instant::now();
-    gw.sandbox(cgroups, &uid);
-    let status = json!({"status": {"phase": "Running", "podIP": "10.244.0.10"}});
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .expect("the gateway pod's status");
-    at
-}
-
-async fn delete_gateway_pod(client: &Client, i: usize) {
-    let api: Api<Pod> = Api::namespaced(client.clone(), &tenant(i));
-    let _ = api
-        .delete(
-            &format!("gw-{}", peer(i)),
-            &DeleteParams::default().grace_period(0),
-        )
-        .await;
 }
 
 /// Wait until each gateway of `which` enforces; when each did, from `since`.
@@ -276,7 +187,7 @@ fn measure(
     let mut gws: Vec<Gateway> = (0..=n).map(|i| Gateway::new(i, pod_ip(i, 0))).collect();
     let probes = Probes::start(&gws);
     for (i, gw) in gws.iter_mut().enumerate().take(n) {
-        rt.block_on(gateway_pod(client, i, gw, &cgroups));
+        rt.block_on(gateway_pod(client, i, NODE, gw, &cgroups));
     }
     // Every gateway forwards both probes before the agent (no policy yet).
     std::thread::sleep(Duration::from_millis(500));
@@ -336,7 +247,7 @@ fn measure(
     let spares =
         || Loads::spares_taken(&std::fs::read_to_string(agent.log_path()).unwrap_or_default());
     let spares_before = spares();
-    let at = rt.block_on(gateway_pod(client, n, &mut gws[n], &cgroups));
+    let at = rt.block_on(gateway_pod(client, n, NODE, &mut gws[n], &cgroups));
     let one_more = wait_enforced(&probes, &[n], at, &agent)[0];
     let one_more_spare = (backend == "bpf").then(|| spares() > spares_before);
     let lost_one_more = probes.of(n).allowed_lost();
