@@ -219,7 +219,7 @@ struct Leftovers {
 
 impl Drop for Leftovers {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.pins);
+        crate::attached::remove_pin_root(&self.pins);
         let _ = std::fs::remove_dir(&self.cgroups);
     }
 }

@@ -85,3 +85,13 @@ impl Drop for Attached {
         }
     }
 }
+
+/// Remove the node's pin directory `pins` (every gateway's and spare's pins under it) and the
+/// metadata the datapaths keep beside it under `/run/peerwall` (`meta.rs`): what the run's
+/// agent left.
+pub fn remove_pin_root(pins: &std::path::Path) {
+    let _ = std::fs::remove_dir_all(pins);
+    if let Some(meta) = peerwall_backend_bpf::meta::meta_path(pins, 0).parent() {
+        let _ = std::fs::remove_dir_all(meta);
+    }
+}

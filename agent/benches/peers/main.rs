@@ -275,7 +275,7 @@ fn measure(
     }
     drop(probes);
     drop(gws);
-    let _ = std::fs::remove_dir_all(&pins);
+    attached::remove_pin_root(&pins);
     let _ = std::fs::remove_dir(&cgroups);
     Row {
         backend: backend.to_string(),

@@ -18,45 +18,71 @@
 //! is tried again; a load that fails leaves nftables enforcing the policy, logged as an error
 //! and shown by `peerwall_datapath_loading`.
 
-use std::sync::mpsc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
 use peerwall_backend::Backend;
 
 use super::Enforcement;
 
+/// How long after a refused hand-over it is tried again.
+const RETRY: Duration = Duration::from_secs(1);
+
 /// A datapath loading on a thread of its own while the enforcement's backend (nftables)
-/// keeps its policy in force.
+/// keeps its policy in force. Dropped (the gateway stopped), it tells the load to give up and
+/// waits for its thread: a load that ends after its gateway's pins were removed would pin
+/// them again.
 pub struct Loading {
     rx: mpsc::Receiver<anyhow::Result<Box<dyn Backend>>>,
     since: Instant,
-    /// Loaded; its first apply was refused, tried again at the next call.
-    ready: Option<Box<dyn Backend>>,
+    /// Loaded; its first apply was refused, tried again from the instant.
+    ready: Option<(Box<dyn Backend>, Instant)>,
     /// Read the datapath's events once it took over (the bridge has none).
     events: bool,
+    cancel: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Loading {
     /// Run `load` on a thread named `name`; the enforcement takes its backend over once it
-    /// returns. `events`: start reading the datapath's events then.
+    /// returns. `load` is given the flag set once the gateway stopped: it should give up, and
+    /// remove what it made. `events`: start reading the datapath's events then.
     pub fn spawn(
         name: String,
         events: bool,
-        load: impl FnOnce() -> anyhow::Result<Box<dyn Backend>> + Send + 'static,
+        load: impl FnOnce(&AtomicBool) -> anyhow::Result<Box<dyn Backend>> + Send + 'static,
     ) -> std::io::Result<Self> {
         let (tx, rx) = mpsc::channel();
+        let cancel = Arc::new(AtomicBool::new(false));
         let span = tracing::Span::current();
-        std::thread::Builder::new().name(name).spawn(move || {
-            let _e = span.enter();
-            // The receiver is gone when the gateway stopped meanwhile: nothing to hand over.
-            let _ = tx.send(load());
-        })?;
+        let thread = {
+            let cancel = cancel.clone();
+            std::thread::Builder::new().name(name).spawn(move || {
+                let _e = span.enter();
+                // The receiver is gone when the gateway stopped meanwhile: nothing to hand over.
+                let _ = tx.send(load(&cancel));
+            })?
+        };
         Ok(Self {
             rx,
             since: Instant::now(),
             ready: None,
             events,
+            cancel,
+            thread: Some(thread),
         })
+    }
+}
+
+impl Drop for Loading {
+    fn drop(&mut self) {
+        self.cancel.store(true, Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            if t.join().is_err() {
+                tracing::error!("the thread loading the datapath panicked");
+            }
+        }
     }
 }
 
@@ -106,7 +132,7 @@ impl Enforcement {
                 }
             };
             match loaded {
-                Ok(b) => l.ready = Some(b),
+                Ok(b) => l.ready = Some((b, Instant::now())),
                 Err(e) => {
                     tracing::error!(error = %format!("{e:#}"), backend = self.backend.name(), "the datapath could not load; the policy stays in force through the backend that enforces it meanwhile");
                     self.loading = None;
@@ -118,13 +144,17 @@ impl Enforcement {
         // The policy in force carries the boot tables while the peer's own table is not in
         // it (`with_boot_tables`): the datapath enforces them as the bridge did, and the
         // bridge's copy goes with its other tables.
-        let Some(mut next) = l.ready.take() else {
+        let Some((mut next, at)) = l.ready.take() else {
             return false;
         };
+        if at > Instant::now() {
+            l.ready = Some((next, at));
+            return false;
+        }
         if let Some(policy) = &self.enforced {
             if let Err(e) = next.apply(policy) {
-                tracing::warn!(error = %format!("{e:#}"), "the loaded datapath refused the policy in force; nftables keeps enforcing it (trying again)");
-                l.ready = Some(next);
+                tracing::warn!(error = %format!("{e:#}"), retry_secs = RETRY.as_secs(), "the loaded datapath refused the policy in force; nftables keeps enforcing it");
+                l.ready = Some((next, Instant::now() + RETRY));
                 return false;
             }
         }
@@ -162,5 +192,32 @@ impl Enforcement {
             }
         }
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_loading_tells_its_load_to_stop_and_waits_for_it() {
+        let (ended_tx, ended) = mpsc::channel();
+        let loading = Loading::spawn("load-test".into(), false, move |stop| {
+            while !stop.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            // What a load does once told: removes what it made, then ends.
+            std::thread::sleep(Duration::from_millis(50));
+            ended_tx.send(()).unwrap();
+            Err(anyhow::anyhow!("stopped"))
+        })
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(30));
+        assert!(ended.try_recv().is_err(), "the load runs until told");
+        drop(loading);
+        assert!(
+            ended.try_recv().is_ok(),
+            "the drop returned before the load had ended"
+        );
     }
 }

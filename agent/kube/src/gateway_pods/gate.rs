@@ -10,11 +10,15 @@
 //! API server, not on this node's CPUs. A turn that never ends must not stall the others: a
 //! gateway waits at most [`LONGEST_WAIT`], then loads anyway.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 /// The longest a gateway waits for its turn.
 pub const LONGEST_WAIT: Duration = Duration::from_secs(20);
+
+/// How often a wait that may be given up looks whether it is ([`Gate::wait_unless`]).
+const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// The turns of a node's gateways.
 #[derive(Debug)]
@@ -59,12 +63,23 @@ impl Gate {
 
     /// Wait for a turn, at most `longest`; past it, a turn that counts for nobody.
     pub fn wait(self: &Arc<Self>, longest: Duration) -> Turn {
+        self.wait_unless(longest, &AtomicBool::new(false))
+    }
+
+    /// [`wait`](Self::wait), given up (a turn that counts for nobody) once `stop` is set:
+    /// looked at every [`STOP_POLL`].
+    pub fn wait_unless(self: &Arc<Self>, longest: Duration, stop: &AtomicBool) -> Turn {
         let deadline = Instant::now() + longest;
         let Ok(mut busy) = self.busy.lock() else {
             return Turn { gate: None };
         };
         while *busy >= self.turns {
-            let left = deadline.saturating_duration_since(Instant::now());
+            if stop.load(Ordering::SeqCst) {
+                return Turn { gate: None };
+            }
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(STOP_POLL);
             if left.is_zero() {
                 tracing::warn!(
                     waited_secs = longest.as_secs(),
@@ -129,6 +144,25 @@ mod tests {
         assert_eq!(*gate.busy.lock().unwrap(), 2);
         drop((b, c));
         assert_eq!(*gate.busy.lock().unwrap(), 0);
+    }
+
+    #[test]
+    fn a_wait_is_given_up_once_told_to() {
+        let gate = Gate::new(1);
+        let _held = gate.wait(Duration::from_secs(1));
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let (g, s) = (gate.clone(), stop.clone());
+        let waiter = std::thread::spawn(move || {
+            let started = Instant::now();
+            let t = g.wait_unless(Duration::from_secs(20), &s);
+            (started.elapsed(), t.gate.is_some())
+        });
+        std::thread::sleep(Duration::from_millis(150));
+        stop.store(true, Ordering::SeqCst);
+        let (waited, counted) = waiter.join().unwrap();
+        assert!(waited < Duration::from_secs(2), "{waited:?}");
+        assert!(!counted, "a given-up wait takes no turn");
+        assert_eq!(*gate.busy.lock().unwrap(), 1);
     }
 
     #[test]

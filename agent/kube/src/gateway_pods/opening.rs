@@ -5,6 +5,7 @@
 //! [`Opening::open`] returns.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
@@ -52,17 +53,25 @@ impl Opening {
         // programs verified, hundreds of milliseconds, longer behind other gateways' turns),
         // the policy goes in through nftables meanwhile.
         let bridge = self.bridge && !filtering;
-        let turn = match &self.gate {
+        let turn = match self.gate.clone() {
             None => None,
-            Some(g) => match g.try_take() {
-                Some(_) if bridge && !peerwall_backend_select::spare_datapath_ready() => {
-                    return self.bridged()
+            Some(g) => {
+                let free = g.try_take();
+                if bridge && (free.is_none() || !peerwall_backend_select::spare_datapath_ready()) {
+                    drop(free);
+                    match self.open_bridge() {
+                        Ok(nft) => return self.bridged(nft),
+                        Err(e) => {
+                            tracing::warn!(error = %format!("{e:#}"), "could not open nftables to enforce the policy while the datapath loads: the boot policy holds until it is loaded");
+                        }
+                    }
+                    Some(g.wait(gate::LONGEST_WAIT))
+                } else {
+                    Some(free.unwrap_or_else(|| g.wait(gate::LONGEST_WAIT)))
                 }
-                Some(t) => Some(t),
-                None if bridge => return self.bridged(),
-                None => Some(g.wait(gate::LONGEST_WAIT)),
-            },
+            }
         };
+        let (backend, ns) = (&self.backend, &self.ns);
         let mut enforcer = peerwall_backend_select::open(backend, Some(ns))
             .with_context(|| format!("starting the enforcer in {ns}"))?;
         // The verifier now, in the turn. A failure here is the first apply's to report: it
@@ -90,26 +99,42 @@ impl Opening {
 }
 
 impl Opening {
-    /// The gateway's enforcement through nftables, its datapath loading on a thread of its
-    /// own (in its turn) to take over once loaded.
-    fn bridged(self) -> anyhow::Result<Enforcement> {
-        let ns = self.ns.clone();
+    /// An nftables enforcer in the gateway's namespace, to enforce its policy while its
+    /// datapath loads.
+    fn open_bridge(&self) -> anyhow::Result<Box<dyn peerwall_backend::Backend>> {
         let nft = peerwall_backend_select::Settings {
             kind: peerwall_backend_select::BackendKind::Nftables,
             events: None,
             ..self.backend.clone()
         };
-        let bridge = peerwall_backend_select::open(&nft, Some(&ns))
-            .with_context(|| format!("starting the nftables enforcer of the start in {ns}"))?;
+        peerwall_backend_select::open(&nft, Some(&self.ns))
+            .with_context(|| format!("starting the nftables enforcer of the start in {}", self.ns))
+    }
+
+    /// The gateway's enforcement through nftables, its datapath loading on a thread of its
+    /// own (in its turn) to take over once loaded.
+    fn bridged(self, bridge: Box<dyn peerwall_backend::Backend>) -> anyhow::Result<Enforcement> {
+        let ns = self.ns.clone();
         let (settings, gate) = (self.backend.clone(), self.gate.clone());
-        let load = move || -> anyhow::Result<Box<dyn peerwall_backend::Backend>> {
-            let turn = gate.map(|g| g.wait(gate::LONGEST_WAIT));
+        let load = move |stop: &AtomicBool| -> anyhow::Result<Box<dyn peerwall_backend::Backend>> {
+            let stopped = || anyhow::anyhow!("the gateway stopped before its datapath was loaded");
+            let turn = gate.map(|g| g.wait_unless(gate::LONGEST_WAIT, stop));
+            if stop.load(Ordering::SeqCst) {
+                return Err(stopped());
+            }
             let mut enforcer = peerwall_backend_select::open(&settings, Some(&ns))
                 .with_context(|| format!("starting the enforcer in {ns}"))?;
             if let Err(e) = enforcer.warm_up() {
                 tracing::warn!(error = %format!("{e:#}"), "could not verify the datapath before taking over; its first apply tries again");
             }
             drop(turn);
+            // Its pins go with it: the gateway's own may be removed already.
+            if stop.load(Ordering::SeqCst) {
+                if let Err(e) = enforcer.delete() {
+                    tracing::warn!(error = %format!("{e:#}"), "could not remove the pins of a datapath loaded for a gateway that stopped");
+                }
+                return Err(stopped());
+            }
             Ok(enforcer)
         };
         let loading = crate::enforcement::Loading::spawn(
