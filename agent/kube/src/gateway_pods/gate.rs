@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 pub const LONGEST_WAIT: Duration = Duration::from_secs(20);
 
 /// How often a wait that may be given up looks whether it is ([`Gate::wait_unless`]).
-const STOP_POLL: Duration = Duration::from_millis(50);
+pub const STOP_POLL: Duration = Duration::from_millis(50);
 
 /// The turns of a node's gateways.
 #[derive(Debug)]
