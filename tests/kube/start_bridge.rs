@@ -14,7 +14,9 @@
 //!   from then on nothing reaches the address no pod has (not before, not across the
 //!   hand-over, not after);
 //! - after the hand-over the datapath alone enforces: the tunnel's program is attached and no
-//!   nftables table of the peer's policy is left in the gateway's namespace.
+//!   nftables table of the peer's policy is left in the gateway's namespace;
+//! - an agent stopped while datapaths still load (a rollout) leaves every gateway enforced and
+//!   no half-loaded datapath behind.
 
 use std::time::{Duration, Instant};
 
@@ -35,7 +37,7 @@ const PATIENCE: Duration = Duration::from_secs(120);
 
 /// Peers (by index) whose gateway logged `what`.
 fn peers_logging(log: &str, what: &str) -> Vec<usize> {
-    (FIRST..FIRST + GATEWAYS)
+    peers()
         .filter(|&i| {
             let span = format!("peer={}", peer(i));
             log.lines().any(|l| l.contains(&span) && l.contains(what))
@@ -43,104 +45,173 @@ fn peers_logging(log: &str, what: &str) -> Vec<usize> {
         .collect()
 }
 
+/// The node: a real API server and controller, the peers' Liqo objects, the gateways with
+/// their probes. Fields drop in this order: the probes, the gateways (sandboxes, namespaces),
+/// then the pins and cgroups they used, then the controller and the server.
+struct Node {
+    probes: Probes,
+    gws: Vec<Gateway>,
+    left: Leftovers,
+    /// Kept running for the test's length (stopped on drop).
+    _controller: Proc,
+    server: ApiServer,
+}
+
+impl Node {
+    /// Every peer published by the controller, every gateway pod's sandbox up, both probes
+    /// of every gateway forwarded (no agent yet: the probes work).
+    async fn start(tag: &str) -> Self {
+        require_root();
+        let server = ApiServer::start_with_crds(peerwall());
+        let client = server.client().await;
+        futures::stream::iter(peers())
+            .map(|i| peering(&client, i, 2))
+            .buffer_unordered(4)
+            .collect::<Vec<_>>()
+            .await;
+        let cmetrics = format!("127.0.0.1:{}", free_port());
+        // The controller keeps running, as in a cluster: a gateway whose configuration is not
+        // written yet holds its boot policy until it is.
+        let controller =
+            server.peerwall("controller", &["controller", "--metrics-addr", &cmetrics]);
+        eventually(
+            "the controller publishing every peer's pods",
+            PATIENCE,
+            || async {
+                (crate::published::offloaded(&client, None).await >= GATEWAYS * 2).then_some(())
+            },
+        )
+        .await;
+        let tag = format!("peerwall-bridge-{tag}-{}", std::process::id());
+        let left = Leftovers {
+            cgroups: std::path::PathBuf::from("/sys/fs/cgroup/pids").join(&tag),
+            pins: std::path::PathBuf::from("/sys/fs/bpf").join(&tag),
+        };
+        let mut gws: Vec<Gateway> = peers().map(|i| Gateway::new(i, pod_ip(i, 0))).collect();
+        let probes = Probes::start(&gws);
+        for (i, gw) in peers().zip(gws.iter_mut()) {
+            gateway_pod(&client, i, NODE, gw, &left.cgroups).await;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for g in 0..GATEWAYS {
+            let s = probes.of(g);
+            assert!(
+                s.allowed_got > 0 && s.denied_last.is_some(),
+                "gateway {g} forwards nothing before the agent: {s:?}"
+            );
+        }
+        Node {
+            probes,
+            gws,
+            left,
+            _controller: controller,
+            server,
+        }
+    }
+
+    /// The DaemonSet's agent on this node, one bpf load at a time.
+    fn agent(&self) -> Proc {
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let pins = self.left.pins.to_string_lossy().to_string();
+        self.server.peerwall_logging(
+            "agent",
+            &[
+                "agent",
+                "--source",
+                "kube",
+                "--gateway-pods",
+                "--host",
+                NODE,
+                "--backend",
+                "bpf",
+                "--load-turns",
+                "1",
+                "--metrics-addr",
+                &metrics,
+                "--pin-dir",
+                &pins,
+            ],
+            "info,kube=warn",
+        )
+    }
+
+    /// For each gateway once it enforces (its peer's pod reached, the address no pod has not,
+    /// for 300 ms): how many datagrams to that address had reached it by then. Waits until
+    /// `also` holds too.
+    async fn enforced(&self, agent: &Proc, also: impl Fn() -> bool) -> Vec<u64> {
+        let mut denied: Vec<Option<u64>> = vec![None; GATEWAYS];
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            for (g, seen) in denied.iter_mut().enumerate() {
+                let s = self.probes.of(g);
+                if seen.is_none() && s.enforced(Duration::from_millis(300)).is_some() {
+                    *seen = Some(s.denied_got);
+                }
+            }
+            if also() && denied.iter().all(Option::is_some) {
+                return denied.into_iter().flatten().collect();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "not every gateway enforced ({denied:?}); agent log:\n{}",
+                agent.log()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Each gateway still enforces, and nothing more reached the address no pod has since
+    /// `denied` (from [`Node::enforced`]).
+    fn still_enforced(&self, denied: &[u64], when: &str, log: &str) {
+        for (g, i) in peers().enumerate() {
+            let s = self.probes.of(g);
+            assert!(
+                s.enforced(Duration::from_millis(300)).is_some(),
+                "{} is not enforced {when}: {s:?}; log:\n{log}",
+                peer(i)
+            );
+            assert_eq!(
+                s.denied_got,
+                denied[g],
+                "datagrams to the address no pod has reached {}'s side {when}",
+                peer(i)
+            );
+        }
+    }
+}
+
+fn peers() -> std::ops::Range<usize> {
+    FIRST..FIRST + GATEWAYS
+}
+
+/// When the datapath of peer `i`'s gateway came into force, if it did.
+fn in_force(attached: &Attached, i: usize) -> Option<Duration> {
+    let prefix = format!("{}_", peer(i));
+    attached
+        .named()
+        .into_iter()
+        .find(|(d, _)| d.starts_with(&prefix))
+        .map(|(_, t)| t)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_loading_their_bpf_datapath_enforce_through_nftables_then_hand_over() {
-    require_root();
-    let server = ApiServer::start_with_crds(peerwall());
-    let client = server.client().await;
-    let peers = FIRST..FIRST + GATEWAYS;
-    futures::stream::iter(peers.clone())
-        .map(|i| peering(&client, i, 2))
-        .buffer_unordered(4)
-        .collect::<Vec<_>>()
-        .await;
-    let cmetrics = format!("127.0.0.1:{}", free_port());
-    let controller = server.peerwall("controller", &["controller", "--metrics-addr", &cmetrics]);
-    // The controller keeps running, as in a cluster: a gateway whose configuration is not
-    // written yet holds its boot policy until it is.
-    eventually(
-        "the controller publishing every peer's pods",
-        PATIENCE,
-        || async {
-            (crate::published::offloaded(&client, None).await >= GATEWAYS * 2).then_some(())
-        },
-    )
-    .await;
-
-    let tag = format!("peerwall-bridge-{}", std::process::id());
-    let left = Leftovers {
-        cgroups: std::path::PathBuf::from("/sys/fs/cgroup/pids").join(&tag),
-        pins: std::path::PathBuf::from("/sys/fs/bpf").join(&tag),
-    };
-    let (cgroups, pins) = (left.cgroups.clone(), left.pins.clone());
-    let mut gws: Vec<Gateway> = peers
-        .clone()
-        .map(|i| Gateway::new(i, pod_ip(i, 0)))
-        .collect();
-    let probes = Probes::start(&gws);
-    for (i, gw) in peers.clone().zip(gws.iter_mut()) {
-        gateway_pod(&client, i, NODE, gw, &cgroups).await;
-    }
-    // Before the agent every gateway forwards both probes: the probes work.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for g in 0..GATEWAYS {
-        let s = probes.of(g);
-        assert!(
-            s.allowed_got > 0 && s.denied_last.is_some(),
-            "gateway {g} forwards nothing before the agent: {s:?}"
-        );
-    }
-
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let pins_arg = pins.to_string_lossy().to_string();
+    let node = Node::start("over").await;
     let started = Instant::now();
-    let attached = Attached::watch(pins.clone(), started);
-    let agent = server.peerwall_logging(
-        "agent",
-        &[
-            "agent",
-            "--source",
-            "kube",
-            "--gateway-pods",
-            "--host",
-            NODE,
-            "--backend",
-            "bpf",
-            "--load-turns",
-            "1",
-            "--metrics-addr",
-            &metrics,
-            "--pin-dir",
-            &pins_arg,
-        ],
-        "info,kube=warn",
-    );
-    // Until every datapath is in force: when each gateway first enforced (300 ms quiet), how
-    // many datagrams to the address no pod has had reached it; none may after.
-    let mut denied_at_enforced: Vec<Option<u64>> = vec![None; GATEWAYS];
-    let deadline = Instant::now() + PATIENCE;
-    loop {
-        for (g, seen) in denied_at_enforced.iter_mut().enumerate() {
-            let s = probes.of(g);
-            if seen.is_none() && s.enforced(Duration::from_millis(300)).is_some() {
-                *seen = Some(s.denied_got);
-            }
-        }
-        if attached.times().len() >= GATEWAYS && denied_at_enforced.iter().all(Option::is_some) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "not every gateway enforced ({denied_at_enforced:?}) or had its datapath in force ({:?}); agent log:\n{}",
-            attached.named(),
-            agent.log()
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let attached = Attached::watch(node.left.pins.clone(), started);
+    let agent = node.agent();
+    let denied = node
+        .enforced(&agent, || attached.times().len() >= GATEWAYS)
+        .await;
     // Quiet after the last hand-over: what is enforced now is the datapath alone.
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
     let log = agent.log();
+    node.still_enforced(
+        &denied,
+        "after its gateway enforced (the hand-over, or after it)",
+        &log,
+    );
     let bridged = peers_logging(&log, "the datapath must load");
     let took_over = peers_logging(&log, "the datapath took over from nftables");
     assert!(
@@ -153,32 +224,14 @@ async fn gateways_loading_their_bpf_datapath_enforce_through_nftables_then_hand_
         "every bridged gateway hands over; log:\n{log}"
     );
     let mut before_datapath = 0;
-    for (g, i) in peers.clone().enumerate() {
-        let s = probes.of(g);
-        // Enforced: the peer's pod reached after the address no pod has last was, and for
-        // 300 ms since (a datagram to that address arriving later resets it: a leak at the
-        // hand-over, or after it, fails here).
-        let enforced = s.enforced(Duration::from_millis(300)).unwrap_or_else(|| {
-            panic!(
-                "gateway of {} does not enforce: {s:?}; log:\n{log}",
-                peer(i)
-            )
-        });
-        let at = enforced.saturating_duration_since(started);
-        assert_eq!(
-            Some(s.denied_got),
-            denied_at_enforced[g],
-            "datagrams to the address no pod has reached {}'s side after its gateway enforced \
-             (the hand-over, or after it)",
-            peer(i)
-        );
-        let dir_prefix = format!("{}_", peer(i));
-        let datapath = attached
-            .named()
-            .into_iter()
-            .find(|(d, _)| d.starts_with(&dir_prefix))
-            .map(|(_, t)| t)
-            .unwrap_or_else(|| panic!("no pin directory of {}", peer(i)));
+    for (g, i) in peers().enumerate() {
+        let s = node.probes.of(g);
+        let at = s
+            .enforced(Duration::from_millis(300))
+            .map(|t| t.saturating_duration_since(started))
+            .unwrap_or_default();
+        let datapath =
+            in_force(&attached, i).unwrap_or_else(|| panic!("no pin directory of {}", peer(i)));
         eprintln!(
             "{}: enforced {at:?}, datapath in force {datapath:?}, bridged {}",
             peer(i),
@@ -188,7 +241,7 @@ async fn gateways_loading_their_bpf_datapath_enforce_through_nftables_then_hand_
             before_datapath += 1;
         }
         // The datapath alone: no nftables table of the policy left (bpf keeps only its own).
-        let tables = nft_tables(&gws[g].gw);
+        let tables = nft_tables(&node.gws[g].gw);
         let policy_table = format!("_{}", peer(i).replace('-', "_"));
         assert!(
             !tables.lines().any(|l| l.contains(&policy_table)),
@@ -207,11 +260,63 @@ async fn gateways_loading_their_bpf_datapath_enforce_through_nftables_then_hand_
         "no bridged gateway forwarded its peer's traffic before its datapath was in force \
          (bridged {bridged:?}); log:\n{log}"
     );
-    drop((agent, controller, probes, gws, left));
+    drop((agent, node));
 }
 
-/// The run's pin directory and cgroup, removed however the test ends (the gateways' sandboxes
-/// go first: declared after this, they drop before it).
+/// The agent stopped (SIGTERM: a rollout, a node drain) while gateways' datapaths still load:
+/// every gateway stays enforced (by its datapath, or by the nftables tables of its start, which
+/// stay like any enforcement when the agent goes), and no gateway keeps a half-loaded datapath
+/// (maps pinned, nothing attached) that the next agent would find.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_stopped_while_datapaths_load_leaves_each_gateway_enforced_and_nothing_half_loaded(
+) {
+    let node = Node::start("stop").await;
+    let attached = Attached::watch(node.left.pins.clone(), Instant::now());
+    let mut agent = node.agent();
+    // Every gateway enforced (through nftables while its datapath waits), the first datapath
+    // in force: the others load one at a time after it.
+    let denied = node.enforced(&agent, || !attached.times().is_empty()).await;
+    let loaded_before = attached.times().len();
+    let stopping = Instant::now();
+    agent.stop();
+    let took = stopping.elapsed();
+    let log = agent.log();
+    assert!(
+        took < Duration::from_secs(4),
+        "the agent took {took:?} to stop (loads not given up?); log:\n{log}"
+    );
+    assert!(
+        loaded_before < GATEWAYS,
+        "every datapath was in force before the agent was stopped: nothing to check"
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    node.still_enforced(&denied, "after the agent stopped", &log);
+    let gateways = node.left.pins.join("gateways");
+    let mut half = Vec::new();
+    for e in std::fs::read_dir(&gateways).into_iter().flatten().flatten() {
+        let linked = std::fs::read_dir(e.path().join("links")).is_ok_and(|d| {
+            d.flatten()
+                .any(|l| l.file_name().to_string_lossy().contains("liqo-tunnel"))
+        });
+        let pinned = std::fs::read_dir(e.path()).map_or(0, |d| d.count());
+        if !linked && pinned > 0 {
+            half.push(format!(
+                "{} ({pinned} pins)",
+                e.file_name().to_string_lossy()
+            ));
+        }
+    }
+    assert!(
+        half.is_empty(),
+        "half-loaded datapaths left behind: {half:?}; log:\n{log}"
+    );
+    eprintln!(
+        "stopped in {took:?} with {loaded_before} of {GATEWAYS} datapaths in force; every gateway still enforced"
+    );
+    drop((agent, node));
+}
+
+/// The run's pin directory and cgroup, removed however the test ends.
 struct Leftovers {
     cgroups: std::path::PathBuf,
     pins: std::path::PathBuf,

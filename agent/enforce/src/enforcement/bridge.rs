@@ -83,6 +83,17 @@ impl Drop for Loading {
                 tracing::error!("the thread loading the datapath panicked");
             }
         }
+        // A datapath loaded and never handed over (the gateway stopped first) is attached to
+        // nothing: its pins go, so that none is left half-loaded.
+        let loaded = self.ready.take().map(|(b, _)| b);
+        for mut b in loaded
+            .into_iter()
+            .chain(self.rx.try_recv().ok().and_then(Result::ok))
+        {
+            if let Err(e) = b.delete() {
+                tracing::warn!(error = %format!("{e:#}"), "could not remove the pins of a datapath loaded for a gateway that stopped");
+            }
+        }
     }
 }
 
