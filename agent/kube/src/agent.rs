@@ -720,6 +720,7 @@ async fn serve(
     let mut released = false;
     let mut dirty = true;
     let mut summarized = std::time::Instant::now();
+    let mut maintained = std::time::Instant::now();
     while !stop.is_set() {
         // A bridged start: the loaded datapath takes over from nftables (the policy in force
         // applied by it first).
@@ -758,7 +759,9 @@ async fn serve(
                 agent.release_unselected(&watches.configs).await;
                 released = true;
             }
-        } else {
+        } else if maintained.elapsed() >= agent.settings.interval {
+            // Once per interval, not at every look at a loading datapath (`LOAD_POLL`).
+            maintained = std::time::Instant::now();
             tokio::task::block_in_place(|| enforcement.maintain());
         }
         agent.pump().await;
