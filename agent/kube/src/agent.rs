@@ -720,7 +720,6 @@ async fn serve(
     let mut released = false;
     let mut dirty = true;
     let mut summarized = std::time::Instant::now();
-    let mut maintained = std::time::Instant::now();
     while !stop.is_set() {
         // A bridged start: the loaded datapath takes over from nftables (the policy in force
         // applied by it first).
@@ -759,9 +758,7 @@ async fn serve(
                 agent.release_unselected(&watches.configs).await;
                 released = true;
             }
-        } else if maintained.elapsed() >= agent.settings.interval {
-            // Once per interval, not at every look at a loading datapath (`LOAD_POLL`).
-            maintained = std::time::Instant::now();
+        } else {
             tokio::task::block_in_place(|| enforcement.maintain());
         }
         agent.pump().await;
