@@ -46,38 +46,29 @@ impl Opening {
         // tracking is part of the answer.
         let filtering = self.gate.is_some()
             && peerwall_backend_select::installed::still_filtering(&backend.pin_dir);
+        if let (Some(_), Some(b), false) = (&self.gate, self.boot.as_mut(), filtering) {
+            hold_boot_early(b, backend, ns);
+        }
         // Where the datapath must be loaded from scratch (no spare ready: maps created and
         // programs verified, hundreds of milliseconds, longer behind other gateways' turns),
-        // the policy goes in through nftables meanwhile: the same enforcer holds the boot
-        // policy first.
+        // the policy goes in through nftables meanwhile.
         let bridge = self.bridge && !filtering;
         let turn = match self.gate.clone() {
             None => None,
             Some(g) => {
-                let mut free = g.try_take();
+                let free = g.try_take();
                 if bridge && (free.is_none() || !peerwall_backend_select::spare_datapath_ready()) {
-                    free = None;
-                    match open_nftables(backend, ns) {
-                        Ok(mut nft) => {
-                            if let Some(b) = self.boot.as_mut() {
-                                hold_boot_early(b, nft.as_mut());
-                            }
-                            return self.bridged(nft);
-                        }
+                    drop(free);
+                    match self.open_bridge() {
+                        Ok(nft) => return self.bridged(nft),
                         Err(e) => {
                             tracing::warn!(error = %format!("{e:#}"), "could not open nftables to enforce the policy while the datapath loads: the boot policy holds until it is loaded");
                         }
                     }
+                    Some(g.wait(gate::LONGEST_WAIT))
+                } else {
+                    Some(free.unwrap_or_else(|| g.wait(gate::LONGEST_WAIT)))
                 }
-                if let (Some(b), false) = (self.boot.as_mut(), filtering) {
-                    match open_nftables(backend, ns) {
-                        Ok(mut nft) => hold_boot_early(b, nft.as_mut()),
-                        Err(e) => {
-                            tracing::warn!(error = %format!("{e:#}"), "could not hold the boot policy before loading the datapath (held once it is loaded)")
-                        }
-                    }
-                }
-                Some(free.unwrap_or_else(|| g.wait(gate::LONGEST_WAIT)))
             }
         };
         let (backend, ns) = (&self.backend, &self.ns);
@@ -108,6 +99,18 @@ impl Opening {
 }
 
 impl Opening {
+    /// An nftables enforcer in the gateway's namespace, to enforce its policy while its
+    /// datapath loads.
+    fn open_bridge(&self) -> anyhow::Result<Box<dyn peerwall_backend::Backend>> {
+        let nft = peerwall_backend_select::Settings {
+            kind: peerwall_backend_select::BackendKind::Nftables,
+            events: None,
+            ..self.backend.clone()
+        };
+        peerwall_backend_select::open(&nft, Some(&self.ns))
+            .with_context(|| format!("starting the nftables enforcer of the start in {}", self.ns))
+    }
+
     /// The gateway's enforcement through nftables, its datapath loading on a thread of its
     /// own (in its turn) to take over once loaded.
     fn bridged(self, bridge: Box<dyn peerwall_backend::Backend>) -> anyhow::Result<Enforcement> {
@@ -155,25 +158,17 @@ impl Opening {
     }
 }
 
-/// An nftables enforcer in the gateway's namespace `ns`, beside its bpf one (`s`): for its
-/// boot policy, and for its policy while the datapath loads.
-fn open_nftables(
-    s: &peerwall_backend_select::Settings,
-    ns: &str,
-) -> anyhow::Result<Box<dyn peerwall_backend::Backend>> {
+/// Put `boot` in force in the namespace `ns` through an nftables enforcer, as the bpf backend
+/// holds it until its datapath filters the tunnel (and releases it then, by name).
+fn hold_boot_early(boot: &mut Boot, s: &peerwall_backend_select::Settings, ns: &str) {
     let nft = peerwall_backend_select::Settings {
         kind: peerwall_backend_select::BackendKind::Nftables,
         events: None,
         ..s.clone()
     };
-    peerwall_backend_select::open(&nft, Some(ns))
-        .with_context(|| format!("starting an nftables enforcer in {ns}"))
-}
-
-/// Put `boot` in force through `nft` (an nftables enforcer in the gateway's namespace), as the
-/// bpf backend holds it until its datapath filters the tunnel (and releases it then, by name).
-fn hold_boot_early(boot: &mut Boot, nft: &mut dyn peerwall_backend::Backend) {
-    match boot.hold_in(nft) {
+    let held =
+        peerwall_backend_select::open(&nft, Some(ns)).and_then(|mut b| boot.hold_in(b.as_mut()));
+    match held {
         Ok(true) => tracing::info!("boot policy held in nftables while the gateway waits for its turn to load the datapath"),
         Ok(false) => {}
         Err(e) => tracing::warn!(error = %format!("{e:#}"), "could not hold the boot policy before loading the datapath (held once it is loaded)"),
