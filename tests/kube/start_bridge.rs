@@ -124,6 +124,7 @@ impl Node {
                 NODE,
                 "--backend",
                 "bpf",
+                "--start-bridge",
                 "--load-turns",
                 "1",
                 "--metrics-addr",
