@@ -1054,7 +1054,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         .iter()
         .position(|a| a.starts_with("--backend="))
         .unwrap();
-    node.kubectl_ok(&["-n", "peerwall-system", "patch", "ds", "peerwall-agent", "--type=json", "-p", &format!(r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/args/{i}","value":"--backend=bpf"}}]"#)]);
+    node.kubectl_ok(&["-n", "peerwall-system", "patch", "ds", "peerwall-agent", "--type=json", "-p", &format!(r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/args/{i}","value":"--backend=bpf"}},{{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--start-bridge"}}]"#)]);
     let rollout = Instant::now();
     wait("the bpf agent", Duration::from_secs(90), || {
         // kubelet 1.20 with containerd sometimes leaves a pod whose containers have all

@@ -15,6 +15,8 @@
 //!   hand-over, not after);
 //! - after the hand-over the datapath alone enforces: the tunnel's program is attached and no
 //!   nftables table of the peer's policy is left in the gateway's namespace;
+//! - a Geneve link plumbed while the datapath takes over is attached too (the real-node test
+//!   failed so: the datapath's guard dropped the pods' replies entering it);
 //! - an agent stopped while datapaths still load (a rollout) leaves every gateway enforced and
 //!   no half-loaded datapath behind.
 
@@ -200,6 +202,7 @@ async fn gateways_loading_their_bpf_datapath_enforce_through_nftables_then_hand_
     let node = Node::start("over").await;
     let started = Instant::now();
     let attached = Attached::watch(node.left.pins.clone(), started);
+    let late = LateLinks::start(&node);
     let agent = node.agent();
     let denied = node
         .enforced(&agent, || attached.times().len() >= GATEWAYS)
@@ -208,6 +211,7 @@ async fn gateways_loading_their_bpf_datapath_enforce_through_nftables_then_hand_
     tokio::time::sleep(Duration::from_millis(1000)).await;
 
     let log = agent.log();
+    late.attached_everywhere(&node, &log);
     node.still_enforced(
         &denied,
         "after its gateway enforced (the hand-over, or after it)",
@@ -315,6 +319,105 @@ async fn an_agent_stopped_while_datapaths_load_leaves_each_gateway_enforced_and_
         "stopped in {took:?} with {loaded_before} of {GATEWAYS} datapaths in force; every gateway still enforced"
     );
     drop((agent, node));
+}
+
+/// A Geneve-named link (`liqo.late`) born in each gateway the moment its datapath attached to
+/// its tunnel, while the datapath still takes over (as Liqo's geneve container plumbs a
+/// gateway while peerwall starts there): the datapath must attach to it too, since the guard
+/// drops whatever enters an interface of its patterns that it is not attached to. Reacts
+/// within about a millisecond of the tunnel's link pin, well inside the hand-over's apply
+/// (its guard, the tc programs verified for patterns nothing matched yet, the kernel's
+/// tracking held); an interface list read after that apply took it as seen and never attached
+/// to it, which this caught.
+struct LateLinks {
+    thread: Option<std::thread::JoinHandle<Vec<Option<Duration>>>>,
+}
+
+const LATE: &str = "liqo.late";
+
+impl LateLinks {
+    fn start(node: &Node) -> Self {
+        let gateways = node.left.pins.join("gateways");
+        let targets: Vec<(String, String)> = peers()
+            .zip(&node.gws)
+            .map(|(i, g)| (format!("{}_", peer(i)), g.gw.name().to_string()))
+            .collect();
+        let thread = std::thread::spawn(move || {
+            let mut born = vec![None; targets.len()];
+            let start = Instant::now();
+            while born.iter().any(Option::is_none) && start.elapsed() < PATIENCE {
+                for ((prefix, ns), b) in targets.iter().zip(born.iter_mut()) {
+                    if b.is_some() || !tunnel_linked_under(&gateways, prefix) {
+                        continue;
+                    }
+                    let ip = |args: &[&str]| {
+                        let out = std::process::Command::new("ip")
+                            .args(["-n", ns])
+                            .args(args)
+                            .output()
+                            .expect("ip");
+                        assert!(out.status.success(), "ip {args:?} in {ns}: {out:?}");
+                    };
+                    ip(&[
+                        "link", "add", LATE, "type", "veth", "peer", "name", "pwlate",
+                    ]);
+                    ip(&["link", "set", LATE, "up"]);
+                    ip(&["link", "set", "pwlate", "up"]);
+                    *b = Some(start.elapsed());
+                }
+                std::thread::sleep(Duration::from_micros(500));
+            }
+            born
+        });
+        LateLinks {
+            thread: Some(thread),
+        }
+    }
+
+    /// Every gateway got its late link, and its datapath attached to it (its link pinned)
+    /// within 10 s.
+    fn attached_everywhere(mut self, node: &Node, log: &str) {
+        let born = self
+            .thread
+            .take()
+            .map(|t| t.join().expect("the late links' thread"));
+        let born = born.unwrap_or_default();
+        let gateways = node.left.pins.join("gateways");
+        for (i, b) in peers().zip(&born) {
+            assert!(b.is_some(), "{}'s tunnel was never attached", peer(i));
+            let prefix = format!("{}_", peer(i));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while !linked_under(&gateways, &prefix, LATE) {
+                assert!(
+                    Instant::now() < deadline,
+                    "{LATE}, born in {}'s gateway as its datapath attached to its tunnel, is \
+                     not attached 10 s later (the guard drops what enters it); log:\n{log}",
+                    peer(i)
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+/// Whether the datapath of the gateway whose directory under `gateways` starts with `prefix`
+/// is attached to the interface `name`, as `peerwall inspect` lists it (a pinned link whose
+/// device exists).
+fn linked_under(gateways: &std::path::Path, prefix: &str, name: &str) -> bool {
+    std::fs::read_dir(gateways)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|e| {
+            e.file_name().to_string_lossy().starts_with(prefix)
+                && peerwall_backend_bpf::loader::attached_in(&e.path())
+                    .iter()
+                    .any(|a| a.split_once(':').is_some_and(|(_, i)| i == name))
+        })
+}
+
+fn tunnel_linked_under(gateways: &std::path::Path, prefix: &str) -> bool {
+    linked_under(gateways, prefix, "liqo-tunnel")
 }
 
 /// The run's pin directory and cgroup, removed however the test ends.

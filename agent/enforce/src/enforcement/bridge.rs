@@ -162,6 +162,11 @@ impl Enforcement {
             l.ready = Some((next, at));
             return false;
         }
+        // The interfaces as they are before the apply lists them: one that appears while the
+        // datapath applies (a gateway's Geneve link plumbed meanwhile) differs from this, so
+        // the next upkeep applies again and attaches to it. Read after the apply, it would
+        // count as seen and stay unattached, behind the guard, until some other change.
+        let env = next.environment();
         if let Some(policy) = &self.enforced {
             if let Err(e) = next.apply(policy) {
                 tracing::warn!(error = %format!("{e:#}"), retry_secs = RETRY.as_secs(), "the loaded datapath refused the policy in force; nftables keeps enforcing it");
@@ -184,7 +189,7 @@ impl Enforcement {
             b.held = false;
         }
         self.hold_boot();
-        self.last_env = Some(self.backend.environment());
+        self.last_env = Some(env);
         self.counters_read = None;
         let name = self.backend.name();
         self.update(|m| {
