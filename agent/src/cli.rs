@@ -693,12 +693,12 @@ pub struct AgentArgs {
     /// `--gateway-pods`: the node's procfs (the pods' processes; mounted by `hostPID`).
     #[arg(long, default_value = "/proc")]
     pub proc: PathBuf,
-    /// `--gateway-pods` with `--backend bpf` (opt-in while a real-node failure after the
-    /// hand-over is open): a gateway whose datapath must load (no spare ready, or no turn
-    /// free) has nftables enforce its policy until the datapath is loaded and takes over,
-    /// instead of waiting behind its boot policy, which drops everything from the tunnel.
+    /// `--gateway-pods` with `--backend bpf`: a gateway that finds no turn to load its
+    /// datapath free (the node's CPUs each load one at a time: a reboot with many gateways)
+    /// waits behind its boot policy, dropping everything from the tunnel, instead of having
+    /// nftables enforce its policy until the datapath is loaded and takes over.
     #[arg(long, requires = "gateway_pods")]
-    pub start_bridge: bool,
+    pub no_start_bridge: bool,
     /// `--gateway-pods` with `--backend bpf`: how many gateways load their datapath at once
     /// (creating its maps, verifying its programs: CPU-bound); default one per CPU the agent
     /// may run on.

@@ -1054,7 +1054,7 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
         .iter()
         .position(|a| a.starts_with("--backend="))
         .unwrap();
-    node.kubectl_ok(&["-n", "peerwall-system", "patch", "ds", "peerwall-agent", "--type=json", "-p", &format!(r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/args/{i}","value":"--backend=bpf"}},{{"op":"add","path":"/spec/template/spec/containers/0/args/-","value":"--start-bridge"}}]"#)]);
+    node.kubectl_ok(&["-n", "peerwall-system", "patch", "ds", "peerwall-agent", "--type=json", "-p", &format!(r#"[{{"op":"replace","path":"/spec/template/spec/containers/0/args/{i}","value":"--backend=bpf"}}]"#)]);
     let rollout = Instant::now();
     wait("the bpf agent", Duration::from_secs(90), || {
         // kubelet 1.20 with containerd sometimes leaves a pod whose containers have all
@@ -1072,6 +1072,17 @@ fn daemonset_enforces_inside_liqo_gateway_pods_on_a_real_node() {
     eprintln!(
         "bpf: enforced {} ms after the gateway pod's namespace appeared",
         took.as_millis()
+    );
+    let logs = node.kubectl(&["-n", "peerwall-system", "logs", "ds/peerwall-agent"]);
+    let bridged =
+        String::from_utf8_lossy(&logs.stdout).contains("the datapath took over from nftables");
+    eprintln!(
+        "bpf: the fresh gateway {}",
+        if bridged {
+            "started bridged (nftables enforced while its datapath loaded) and handed over"
+        } else {
+            "took a datapath ready ahead (no bridge)"
+        }
     );
     // A fresh gateway's datapath loads from scratch unless the agent's spare was ready; if it
     // did, nftables enforced the policy meanwhile and withdraws its table right after the

@@ -126,7 +126,6 @@ impl Node {
                 NODE,
                 "--backend",
                 "bpf",
-                "--start-bridge",
                 "--load-turns",
                 "1",
                 "--metrics-addr",

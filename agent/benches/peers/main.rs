@@ -207,9 +207,6 @@ fn measure(
     // Both backends: the agent keeps its gateways' handles there.
     let pins_arg = pins.to_string_lossy().to_string();
     args.extend(["--pin-dir", &pins_arg]);
-    if backend == "bpf" {
-        args.push("--start-bridge");
-    }
     for i in 0..=n {
         probes.reset(i);
     }
@@ -349,7 +346,7 @@ fn report(rows: &[Row], pods: usize, setup: Duration, controller_rss: f64) -> St
     }
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
     if rows.iter().any(|r| r.loads.is_some()) {
-        md.push_str(&format!("\nThe bpf datapath's own part of a gateway's start, from the agent's loader (each load in its own gateway's thread, {cpus} at a time, one per CPU): the median over the run's loads of creating the object's maps and of verifying its program, and the least time N such loads take on this node's CPUs (*floor*: their sum times ⌈N ÷ CPUs⌉, a load running on one CPU), against start → every datapath in force (each gateway's tunnel link pinned, watched from outside the agent) and start → all enforced. A gateway that finds no turn to load free has nftables enforce its policy until its datapath is loaded and takes over (`--start-bridge`, which this benchmark sets; off by default): *bridged*, how many did, and how many of them handed over to their datapath:\n\n| gateways N | loads | maps created (median) | program verified (median) | floor for N | bridged (handed over) | start → every datapath in force | start → all enforced |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n"));
+        md.push_str(&format!("\nThe bpf datapath's own part of a gateway's start, from the agent's loader (each load in its own gateway's thread, {cpus} at a time, one per CPU): the median over the run's loads of creating the object's maps and of verifying its program, and the least time N such loads take on this node's CPUs (*floor*: their sum times ⌈N ÷ CPUs⌉, a load running on one CPU), against start → every datapath in force (each gateway's tunnel link pinned, watched from outside the agent) and start → all enforced. A gateway that finds no turn to load free has nftables enforce its policy until its datapath is loaded and takes over (`--no-start-bridge` turns that off): *bridged*, how many did, and how many of them handed over to their datapath:\n\n| gateways N | loads | maps created (median) | program verified (median) | floor for N | bridged (handed over) | start → every datapath in force | start → all enforced |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n"));
         for r in rows {
             let Some(l) = &r.loads else { continue };
             md.push_str(&format!(

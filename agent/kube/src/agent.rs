@@ -720,6 +720,7 @@ async fn serve(
     let mut released = false;
     let mut dirty = true;
     let mut summarized = std::time::Instant::now();
+    let mut maintained = std::time::Instant::now();
     while !stop.is_set() {
         // A bridged start: the loaded datapath takes over from nftables (the policy in force
         // applied by it first).
@@ -758,7 +759,11 @@ async fn serve(
                 agent.release_unselected(&watches.configs).await;
                 released = true;
             }
-        } else {
+        } else if !enforcement.loading() || maintained.elapsed() >= agent.settings.interval {
+            // Once per interval while a datapath loads too, not at every look at it
+            // (`LOAD_POLL`): the bridge's drift check lists its tables, and a node's start
+            // has many gateways bridged at once on CPUs their loads need.
+            maintained = std::time::Instant::now();
             tokio::task::block_in_place(|| enforcement.maintain());
         }
         agent.pump().await;

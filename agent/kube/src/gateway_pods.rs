@@ -64,7 +64,7 @@ pub struct Settings {
     /// The node's CNI chain (`--cni-boot`).
     pub cni: Option<crate::cni::install::Settings>,
     /// bpf: a gateway with no free turn to load has nftables enforce its policy until its
-    /// datapath takes over (`--start-bridge`, opt-in; `opening`).
+    /// datapath takes over (`--no-start-bridge` turns it off; `opening`).
     pub bridge: bool,
     /// bpf: how many gateways load their datapath at once (None: one per CPU).
     pub load_turns: Option<usize>,
