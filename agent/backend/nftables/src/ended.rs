@@ -245,7 +245,7 @@ mod tests {
         // No TCP connection is picked up mid-stream (a SYN alone opens one).
         assert!(
             text.contains(
-                "ct state { new } tcp flags & (fin | syn | rst | ack) != syn counter drop comment \"mid_stream\""
+                "ct state new tcp flags & (fin | syn | rst | ack) != syn counter drop comment \"mid_stream\""
             ),
             "{text}"
         );

@@ -153,6 +153,14 @@ impl Expr {
                     (_, true) => "!=",
                     (_, false) => "==",
                 };
+                // `ct state established,related`: a bitmask test (one AND and one compare),
+                // where the set form `{ established, related }` is a hash lookup per packet
+                // (`cargo xtask bench-gateway`, the 1000-NetworkPolicy tier's known flows).
+                // The state is one bit per packet, so "any of these bits" is membership.
+                if let (Right::CtStates(states), false) = (r, negate) {
+                    let bits: Vec<_> = states.iter().map(|s| CtState::nft(*s)).collect();
+                    return json!({"match": {"op": "in", "left": left.json(), "right": bits}});
+                }
                 json!({"match": {"op": op, "left": left.json(), "right": r.json()}})
             }
             Expr::Counter => json!({"counter": null}),
@@ -215,6 +223,10 @@ impl Expr {
                 left,
                 right: r,
             } => {
+                if let (Right::CtStates(states), false) = (r, negate) {
+                    let bits: Vec<_> = states.iter().map(|s| s.nft()).collect();
+                    return format!("{} {}", left.text(), bits.join(","));
+                }
                 let op = if *negate { " != " } else { " " };
                 format!("{}{op}{}", left.text(), r.text())
             }
