@@ -17,7 +17,6 @@
 // size: the backend itself: its state (what it applied, snapshots, the connections it keeps
 // ended) and the Backend face over it; every concern it drives lives in its own module.
 
-pub mod accept_only;
 pub mod conntrack;
 pub mod decided;
 pub mod dispatch;

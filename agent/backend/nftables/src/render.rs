@@ -531,11 +531,6 @@ pub fn render_table(t: &ir::Table, opts: RenderOptions) -> Table {
     if !opts.linear {
         crate::dispatch::dispatch(&mut table);
     }
-    // Chains that cannot change a verdict cost every packet a walk: not installed, unless
-    // their counters are read (the probe engine, audit mode).
-    if !opts.force_counters && !t.audit {
-        crate::accept_only::remove(&mut table);
-    }
     if !opts.no_flow_cache && !opts.force_counters && !t.audit {
         crate::decided::add(&mut table);
     }

@@ -4,7 +4,7 @@ use super::*;
 use crate::render::{render_policy, RenderOptions};
 
 /// The FirewallConfiguration of one table `t` (family `family`) with chain `fwd` (forward
-/// hook, policy drop: a chain that can only accept is not installed, `crate::accept_only`) holding `rules` (YAML items under `filterRules`), and sets `s0`..`s9`
+/// hook, policy accept) holding `rules` (YAML items under `filterRules`), and sets `s0`..`s9`
 /// of one address each.
 fn policy(family: &str, rules: &str) -> peerwall_policy::ir::Policy {
     let mut y = format!(
@@ -15,7 +15,7 @@ fn policy(family: &str, rules: &str) -> peerwall_policy::ir::Policy {
             "      - {{name: s{i}, keyType: ipv4_addr, elements: [{{key: 10.0.{i}.1}}, {{key: 10.1.{i}.1}}]}}\n"
         ));
     }
-    y.push_str("    chains:\n      - name: fwd\n        hook: forward\n        policy: drop\n        priority: 0\n        type: filter\n        rules:\n          filterRules:\n");
+    y.push_str("    chains:\n      - name: fwd\n        hook: forward\n        policy: accept\n        priority: 0\n        type: filter\n        rules:\n          filterRules:\n");
     y.push_str(rules);
     let objs = peerwall_intent::load::parse_all(&y, "test").expect("parses");
     compile::compile(&objs.objects).expect("compiles").policy
