@@ -6,6 +6,7 @@
 //! this table's `ingress` (priority 10) and `egress` (priority 20) chains each drop what the
 //! destination's ingress or the source's egress does not allow. A drop in any chain is final,
 //! an accept ends only its own chain, so a NetworkPolicy never opens what protection closes.
+//! A direction no policy applies to in has no chain (it could only accept).
 //!
 //! Each chain: replies of allowed connections pass (`ct state established,related`), then one
 //! accept rule per (policy, rule, port clause, address family) over named sets of the
@@ -982,6 +983,12 @@ fn built(
     }
     unenforced.dedup();
     dedup_rules(&mut chains);
+    // A chain holding the replies rule alone (no policy and no ClusterNetworkPolicy applies
+    // to a crossing pod in its direction) can only accept, and an accept ends only its own
+    // chain: it would change no verdict, yet every forwarded packet would walk it. Whether it
+    // has more depends only on which classes some policy applies to, which the tier by
+    // difference never changes ([`delta`]).
+    chains.retain(|c| c.rules.filter_rules.as_ref().is_some_and(|r| r.len() > 1));
     let (sets, sources) = registry.into_parts();
     let tier = Tier {
         spec: api::FirewallConfigurationSpec {

@@ -226,3 +226,44 @@ fn the_tier_by_difference_is_the_tier_computed_whole() {
         "{steps} changes: {by_difference} by difference, {unchanged} unchanged"
     );
 }
+
+/// The chains' names of `c`'s tier for peer1.
+fn chain_names(c: &Cluster) -> Vec<String> {
+    tier(c, "peer1", false)
+        .spec
+        .table
+        .chains
+        .iter()
+        .map(|ch| ch.name.clone().unwrap_or_default())
+        .collect()
+}
+
+#[test]
+fn a_direction_no_policy_applies_to_has_no_chain() {
+    // No policy: nothing to walk.
+    assert!(chain_names(&cluster(Vec::new())).is_empty());
+    // Ingress only: the egress chain would hold the replies rule alone.
+    let mut c = cluster(vec![np_x_from_ya()]);
+    assert_eq!(chain_names(&c), ["ingress"]);
+    // A policy whose egress selects no crossing pod adds no chain either.
+    let mut nobody = policy("x", "nobody", sel(&[("pod", "nobody")]));
+    nobody.egress = Some(Vec::new());
+    c.policies.push(std::sync::Arc::new(nobody));
+    assert_eq!(chain_names(&c), ["ingress"]);
+    // Egress isolation of one pod: the chain is back, with its drop.
+    let mut deny = policy("z", "deny-egress", sel(&[("pod", "a")]));
+    deny.egress = Some(Vec::new());
+    c.policies.push(std::sync::Arc::new(deny));
+    assert_eq!(chain_names(&c), ["ingress", "egress"]);
+    // An Admin ClusterNetworkPolicy's egress rule alone makes the egress chain too.
+    let mut admin = cluster(Vec::new());
+    admin.cluster_policies = vec![crate::cnp::ClusterNetworkPolicy {
+        name: "no-y".into(),
+        tier: crate::cnp::Tier::Admin,
+        priority: 10,
+        subject: crate::cnp::Subject::Namespaces(sel(&[("ns", "x")])),
+        ingress: Vec::new(),
+        egress: vec![from_ns(crate::cnp::Action::Deny, "y")],
+    }];
+    assert_eq!(chain_names(&admin), ["egress"]);
+}
