@@ -538,6 +538,24 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
             verdict(p.median >= 0.97)
         ));
     }
+    // Issue "scale where Liqo grows": known flows through the NetworkPolicy tier at 1,000
+    // policies, on the conntrack-on gateway; the bound as above.
+    for r in main.iter().filter(|r| {
+        r.dp == Datapath::PeerwallNftConntrack && r.policy.ends_with(" NetworkPolicies")
+    }) {
+        if let Some(b) = find_row(main, &r.policy, Datapath::ConntrackOnly) {
+            let p = Paired::rows(r, b, true);
+            let bound = find_row(main, &r.policy, Datapath::NftSetConntrack)
+                .map_or("1 (not measured)".to_string(), |l| {
+                    Paired::rows(l, b, true).to_string()
+                });
+            goals.push_str(&format!(
+                "| known flows, allowed: nftables ÷ conntrack on, {} | ≥ 0.95 | {p} | {bound} | {} |\n",
+                r.policy,
+                verdict(p.median >= 0.95)
+            ));
+        }
+    }
     format!(
         "\n### Floods (policy {policy})\n\nThe traffic an attacker chooses, each kind beside a \
          flow that was there before (one allowed UDP packet per millisecond from another CPU, \
