@@ -167,8 +167,11 @@ fn link(prog: &OwnedFd) -> std::io::Result<OwnedFd> {
     put32(&mut a, 8, BPF_NETFILTER);
     put32(&mut a, 16, NFPROTO_IPV4);
     put32(&mut a, 20, NF_INET_FORWARD);
-    // Priority 0: nftables' filter chains' (conntrack ran in prerouting, at -200).
-    put32(&mut a, 24, 0);
+    // Priority 1: just after nftables' filter chains (0; conntrack ran in prerouting, at
+    // -200). Not 0 itself: the kernel refuses a bpf link (EBUSY) at a priority another hook
+    // holds, and iptables-legacy's filter table, once an earlier row used it in this
+    // namespace, keeps its hooks at 0 for the namespace's life.
+    put32(&mut a, 24, 1);
     // SAFETY: a new descriptor the kernel returned, owned from here.
     Ok(unsafe { OwnedFd::from_raw_fd(bpf(BPF_LINK_CREATE, &mut a)? as i32) })
 }
