@@ -515,46 +515,36 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
         "| the flow beside every flood, peerwall datapaths: packets lost | 0 | {lost} | 0 | {} |\n",
         verdict(lost == 0)
     ));
-    let mut worst: Option<(String, Paired, Option<Paired>)> = None;
-    // Beside Liqo's NAT chains, as the baseline is: the same gateway with and without it. The
-    // bound is the least nftables filter of the same traffic (one set lookup) on that gateway.
-    for r in main
+    // Known flows per policy: peerwall nftables beside Liqo's NAT chains ÷ the same gateway
+    // without a filter (as the baseline is), and the bound: the least nftables filter of the
+    // same traffic (one set lookup) on that gateway.
+    let known: Vec<(&str, Paired, String)> = main
         .iter()
         .filter(|r| r.dp == Datapath::PeerwallNftConntrack)
+        .filter_map(|r| {
+            let b = find_row(main, &r.policy, Datapath::ConntrackOnly)?;
+            let bound = find_row(main, &r.policy, Datapath::NftSetConntrack)
+                .map_or("1 (not measured)".to_string(), |l| {
+                    Paired::rows(l, b, true).to_string()
+                });
+            Some((r.policy.as_str(), Paired::rows(r, b, true), bound))
+        })
+        .collect();
+    if let Some((policy, p, bound)) = known
+        .iter()
+        .min_by(|a, b| a.1.median.total_cmp(&b.1.median))
     {
-        if let Some(b) = find_row(main, &r.policy, Datapath::ConntrackOnly) {
-            let p = Paired::rows(r, b, true);
-            if worst.as_ref().is_none_or(|(_, w, _)| p.median < w.median) {
-                let bound = find_row(main, &r.policy, Datapath::NftSetConntrack)
-                    .map(|l| Paired::rows(l, b, true));
-                worst = Some((r.policy.clone(), p, bound));
-            }
-        }
-    }
-    if let Some((policy, p, bound)) = worst {
-        let bound = bound.map_or("1 (not measured)".to_string(), |b| b.to_string());
         goals.push_str(&format!(
             "| known flows, allowed: nftables ÷ conntrack on, worst policy ({policy}) | ≥ 0.97 | {p} | {bound} | {} |\n",
             verdict(p.median >= 0.97)
         ));
     }
-    // Issue "scale where Liqo grows": known flows through the NetworkPolicy tier at 1,000
-    // policies, on the conntrack-on gateway; the bound as above.
-    for r in main.iter().filter(|r| {
-        r.dp == Datapath::PeerwallNftConntrack && r.policy.ends_with(" NetworkPolicies")
-    }) {
-        if let Some(b) = find_row(main, &r.policy, Datapath::ConntrackOnly) {
-            let p = Paired::rows(r, b, true);
-            let bound = find_row(main, &r.policy, Datapath::NftSetConntrack)
-                .map_or("1 (not measured)".to_string(), |l| {
-                    Paired::rows(l, b, true).to_string()
-                });
-            goals.push_str(&format!(
-                "| known flows, allowed: nftables ÷ conntrack on, {} | ≥ 0.95 | {p} | {bound} | {} |\n",
-                r.policy,
-                verdict(p.median >= 0.95)
-            ));
-        }
+    // Issue "scale where Liqo grows": known flows through the NetworkPolicy tier.
+    for (policy, p, bound) in known.iter().filter(|k| k.0.ends_with(" NetworkPolicies")) {
+        goals.push_str(&format!(
+            "| known flows, allowed: nftables ÷ conntrack on, {policy} | ≥ 0.95 | {p} | {bound} | {} |\n",
+            verdict(p.median >= 0.95)
+        ));
     }
     format!(
         "\n### Floods (policy {policy})\n\nThe traffic an attacker chooses, each kind beside a \

@@ -6,7 +6,7 @@
 //! this table's `ingress` (priority 10) and `egress` (priority 20) chains each drop what the
 //! destination's ingress or the source's egress does not allow. A drop in any chain is final,
 //! an accept ends only its own chain, so a NetworkPolicy never opens what protection closes.
-//! A direction no policy applies to in has no chain (it could only accept).
+//! A direction that no policy applies to has no chain (it could only accept).
 //!
 //! Each chain: replies of allowed connections pass (`ct state established,related`), then one
 //! accept rule per (policy, rule, port clause, address family) over named sets of the
