@@ -13,8 +13,40 @@ pub mod ct {
     pub const UNTRACKED: u32 = 3;
     /// Unclassifiable (bad TCP flags, unsolicited ICMP replies, errors about unknown flows).
     pub const INVALID: u32 = 4;
+    /// Not a state: the rules that match a packet whose state is *one of* new, established
+    /// and related, unknown which (the OR of those three slots). What the kernel-conntrack
+    /// datapath classifies a TCP SYN or a UDP packet with when it has not looked the kernel's
+    /// table up ([`open_slots`]).
+    pub const OPEN_EITHER: u32 = 5;
+    /// Not a state: the rules that match such a packet *whatever* its state of the three (the
+    /// AND of those slots): a chain's decision under [`OPEN_EITHER`] holds for every one of
+    /// the three states when its deciding rule is in this slot ([`open_slots`]).
+    pub const OPEN_EVERY: u32 = 6;
     /// States per chain (slots reserved for alignment).
     pub const SLOTS: u32 = 8;
+}
+
+/// The two slots beside a chain's state slots (`ct`, indexed by [`ct`] state number, at least
+/// up to [`ct::RELATED`]): ([`ct::OPEN_EITHER`], [`ct::OPEN_EVERY`]).
+///
+/// Why a decision under `OPEN_EITHER` whose rule is in `OPEN_EVERY` is the decision for each
+/// of the three states: let `A` be the rules every other dimension allows, `O` the OR and `E`
+/// the AND of the three state slots, and `r` the lowest rule of `A ∩ O`. For each state `s`,
+/// `A ∩ s ⊆ A ∩ O`, so its lowest rule is not below `r`; and `r ∈ A ∩ E ⊆ A ∩ s`, so it is
+/// not above. With `A ∩ O` empty, every `A ∩ s` is: the chain's policy decides for all three.
+pub fn open_slots(ct: &[crate::Bitmap]) -> (crate::Bitmap, crate::Bitmap) {
+    let mut either = crate::Bitmap::EMPTY;
+    let mut every = crate::Bitmap {
+        w: [u64::MAX; crate::WORDS],
+    };
+    for s in [ct::NEW, ct::ESTABLISHED, ct::RELATED] {
+        let b = ct.get(s as usize).copied().unwrap_or(crate::Bitmap::EMPTY);
+        for i in 0..crate::WORDS {
+            either.w[i] |= b.w[i];
+            every.w[i] &= b.w[i];
+        }
+    }
+    (either, every)
 }
 
 /// Connection-tracking key, original direction. Addresses BE (IPv4 in the first 4 bytes),

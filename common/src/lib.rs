@@ -32,9 +32,9 @@ pub use classify::{
 pub use conntrack::{
     ct, flow_seen_idle, flow_seen_idle_stamp, flow_seen_pair_slot, flow_seen_pair_slot_of_words,
     flow_seen_slot, flow_seen_slot_of_words, flow_seen_stamp, flow_words, new_flow_slot,
-    seen_line_of, FlowKey, FlowState, NewFlowSlot, SeenLine, ENDED_IDLE_MAX_NS, FLOW_IDLE_NS,
-    FLOW_SEEN_AHEAD, FLOW_SEEN_LANES, FLOW_SEEN_LINES, FLOW_SEEN_PAIRS, FLOW_SEEN_SHIFT,
-    FLOW_SEEN_SLOTS, NEW_FLOW_SLOTS,
+    open_slots, seen_line_of, FlowKey, FlowState, NewFlowSlot, SeenLine, ENDED_IDLE_MAX_NS,
+    FLOW_IDLE_NS, FLOW_SEEN_AHEAD, FLOW_SEEN_LANES, FLOW_SEEN_LINES, FLOW_SEEN_PAIRS,
+    FLOW_SEEN_SHIFT, FLOW_SEEN_SLOTS, NEW_FLOW_SLOTS,
 };
 pub use events::{event, EventConfig, EventFlow, FlowEvent};
 pub use maps::{

@@ -215,6 +215,20 @@ macro_rules! slot_eval {
                     false
                 };
                 let rule = if done { None } else { acc.first_within::<NW>() };
+                // Under `OPEN_EITHER` (the state one of new, established, related): the
+                // decision holds for all three only when its rule matches all three
+                // (`peerwall_common::open_slots`); a decision by the policy always does.
+                if q.state == ct::OPEN_EITHER && cons & constrained::CT != 0 {
+                    if let Some(r) = rule {
+                        let every = $ct.get(chain * ct::SLOTS + ct::OPEN_EVERY);
+                        if (r as u32) < nrules && !every.is_some_and(|b| b.get(r)) {
+                            if let Some(sc) = SCRATCH.get_ptr_mut(0) {
+                                // SAFETY: per-CPU slot of a successful lookup.
+                                unsafe { (*sc).ambiguous = 1 };
+                            }
+                        }
+                    }
+                }
                 let (action, idx) = match rule {
                     Some(r) if (r as u32) < nrules => {
                         let r = r as u32;
@@ -250,6 +264,42 @@ slot_eval!(
     eval1, SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1,
     RULES1, COUNTERS1
 );
+
+/// Count one packet of `len` bytes in counter `counter` of the policy of `epoch`.
+#[inline(always)]
+pub(crate) fn count_one(epoch: u32, counter: u32, len: u64) {
+    let c = if epoch & 1 == 0 {
+        COUNTERS0.get_ptr_mut(counter)
+    } else {
+        COUNTERS1.get_ptr_mut(counter)
+    };
+    if let Some(c) = c {
+        // SAFETY: per-CPU slot of a successful lookup.
+        unsafe {
+            (*c).packets += 1;
+            (*c).bytes += len;
+        }
+    }
+}
+
+/// Count `WORK`'s packet in the rules that decided it, from the trail of its classification
+/// (`SCRATCH`, at most [`CACHED_COUNTERS`] chains): what a classification that did not count
+/// as it went (`Route::open_either`) counts once its outcome holds.
+#[inline(never)]
+pub(crate) fn count_trail() {
+    let (Some(w), Some(sc)) = (WORK.get(0), SCRATCH.get(0)) else {
+        return;
+    };
+    let n = (sc.steps as usize).min(CACHED_COUNTERS);
+    let mut i = 0;
+    while i < CACHED_COUNTERS {
+        if i >= n {
+            break;
+        }
+        count_one(w.r.epoch, sc.trail[i], w.p.len as u64);
+        i += 1;
+    }
+}
 
 /// Record the outcome of the packet in `LAST` (what `peerwall verdict --engine bpf` reads).
 pub(crate) fn record(out: &Outcome) {
@@ -437,6 +487,7 @@ pub(crate) fn classify(route: &Route) -> u32 {
             (*sc).has_chain = 0;
             (*sc).steps = 0;
             (*sc).audit = 0;
+            (*sc).ambiguous = 0;
         }
     }
     let Some(w) = WORK.get_ptr_mut(0) else {

@@ -19,7 +19,7 @@ use crate::maps::{
 use crate::mem::zero;
 use crate::parse::{
     parse, Parse, Pkt, Source, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP,
-    IPPROTO_TCP,
+    IPPROTO_TCP, IPPROTO_UDP,
 };
 use crate::seen::{kernel_swept, note_seen, seen_idle};
 
@@ -124,6 +124,12 @@ pub(crate) const CT_KERNEL: u32 = 1 << 18;
 /// kernel sees for its connection (the original direction's cached verdict, of a `new`
 /// flow, goes stale with it).
 pub(crate) const CT_FIRST_REPLY: u32 = 1 << 19;
+
+/// Bit of [`kernel_state`]'s result, with [`CT_KERNEL`]: the kernel's table was not asked; the
+/// state (low byte) is [`ct::OPEN_EITHER`], one of new, established and related, unknown
+/// which. The caller's classification holds only where no chain's decision depends on which
+/// (`classify.rs`, `Scratch::ambiguous`); else it asks the kernel and classifies again.
+pub(crate) const CT_OPEN_EITHER: u32 = 1 << 20;
 
 /// Timestamps are refreshed at most this often: idle expiry is off by at most this much.
 pub(crate) const FLOW_REFRESH_NS: u64 = 1_000_000_000;
@@ -262,8 +268,23 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// clock, and the vouch is checked by a later read of the same clock. That is sound whatever
 /// the clock: an entry the sweep stamped at `t` is idle only after `t + FLOW_IDLE_NS`, which
 /// is when its vouch ends, so no clock reading finds both.
+///
+/// Where the entry is not idle, a packet that can open a connection (a TCP SYN, any UDP
+/// packet) is in one of three states in the kernel's table: new (no entry, or one without a
+/// reply), established, or related (an expected connection); `invalid` only by a mark of
+/// this datapath, checked here. With `open_either`, such a packet is not looked up but given
+/// [`ct::OPEN_EITHER`] ([`CT_OPEN_EITHER`]): the lookup is a cold miss in the kernel's large
+/// hash for a flood of new flows (two thirds of such a packet's time in the program,
+/// `cargo xtask bench-gateway`), and the chains most often decide such a packet by a rule
+/// that does not test the state (a NetworkPolicy's allow), which then holds for all three.
 #[inline(never)]
-pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_idle: bool) -> u32 {
+pub(crate) fn kernel_state<C: CtLookup>(
+    ctx: &C,
+    p: &Pkt,
+    seen_on: bool,
+    known_idle: bool,
+    open_either: bool,
+) -> u32 {
     let Some(w) = WORK.get_ptr_mut(0) else {
         return ct::INVALID;
     };
@@ -285,6 +306,12 @@ pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_i
     if seen_on && !known_idle && unknown_to_both(p, now) {
         return new_or_invalid(p, false, unknown);
     }
+    if open_either && opens_either_way(p) {
+        if ended_mark(&flow_key(p), seen_on, now) {
+            return ct::INVALID;
+        }
+        return ct::OPEN_EITHER | CT_KERNEL | CT_OPEN_EITHER;
+    }
     let found = crate::kernel_ct::lookup(ctx, p, w, true);
     if ended_mark(&flow_key(p), seen_on, now) {
         return ct::INVALID;
@@ -294,6 +321,14 @@ pub(crate) fn kernel_state<C: CtLookup>(ctx: &C, p: &Pkt, seen_on: bool, known_i
         Kernel::Reply { replied: false } => ct::ESTABLISHED | CT_KERNEL | CT_FIRST_REPLY,
         f => found_state(f) | CT_KERNEL,
     }
+}
+
+/// Whether `p` (TCP or UDP, valid flags) is new wherever the kernel's table has no entry for
+/// it: a UDP packet, a TCP SYN (`new_or_invalid` gives it `new`); its state is then one of
+/// new, established and related, whatever the table holds.
+#[inline(always)]
+fn opens_either_way(p: &Pkt) -> bool {
+    p.proto == IPPROTO_UDP || (p.proto == IPPROTO_TCP && tcp_opens(p.tcp_flags))
 }
 
 /// Whether neither this datapath nor the kernel's table can hold `p`'s connection: the sweep
@@ -353,7 +388,8 @@ fn marks_live_past(until: u64) {
 /// The commit of an accepted packet the kernel's table tracks: its `FLOW_SEEN` entry (the
 /// known-flow path looks a live flow's verdict up), the cached verdicts of the other
 /// direction stale once our side opened the flow, the original direction's once the first
-/// reply came. Called instead of [`ct_commit`], for `WORK`'s packet: no argument lives in the
+/// reply came (where the state was not looked up, [`CT_OPEN_EITHER`], the packet may be
+/// either: the other direction's verdicts go stale). Called instead of [`ct_commit`], for `WORK`'s packet: no argument lives in the
 /// caller's frame across the call (the verifier bounds a call chain's frames together). A
 /// global function: the verifier checks it once.
 #[unsafe(no_mangle)]
@@ -371,7 +407,7 @@ pub extern "C" fn kernel_commit() -> u32 {
     };
     let k = flow_key(&w.p);
     note_seen(&k, now);
-    if w.r.state == ct::NEW && w.r.unknown {
+    if (w.r.state == ct::NEW && w.r.unknown) || w.r.open_either {
         outdate(&reverse(&k));
     } else if w.r.first_reply {
         forget(&reverse(&k));

@@ -69,18 +69,19 @@ mod work;
 use aya_ebpf::bindings::{__sk_buff, xdp_action, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::macros::{classifier, xdp};
 use aya_ebpf::programs::{TcContext, XdpContext};
-use peerwall_common::{ct, flags, PROBE_MAGIC};
+use peerwall_common::{ct, flags, CACHED_COUNTERS, PROBE_MAGIC};
 
 use crate::cache::{
     cache_on, cached_verdict, direct_cache, known_flow_v4, mark_stored, remember, MISS,
 };
-use crate::classify::{classify, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
+use crate::classify::{classify, count_trail, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
 use crate::conntrack::{
-    ct_commit, ct_state, kernel_commit, kernel_state, CT_FIRST_REPLY, CT_NO_WRITE, CT_UNKNOWN,
+    ct_commit, ct_state, kernel_commit, kernel_state, CT_FIRST_REPLY, CT_NO_WRITE, CT_OPEN_EITHER,
+    CT_UNKNOWN,
 };
 use crate::events::note_outcome;
 use crate::kernel_ct::kernel_tracks;
-use crate::maps::{allow_all, config, has_views, kernel_ct_on, WORK};
+use crate::maps::{allow_all, config, has_views, kernel_ct_on, SCRATCH, WORK};
 use crate::parse::{parse, Parse, Pkt, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
 use crate::reject::reject;
 use crate::route::{route, PATH_FORWARD};
@@ -195,6 +196,8 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let seen_idle = unsafe { core::mem::take(&mut (*w).seen_idle) };
     let tracked = tracked_state(ctx, l2, p, cfg.flags, seen_idle);
     let state = tracked & 0xff;
+    // Classified without the kernel's state: counted once it is known to hold (below).
+    let open_either = tracked & CT_OPEN_EITHER != 0;
     let commit = tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0;
     let unknown = tracked & CT_UNKNOWN != 0;
     let first_reply = tracked & CT_FIRST_REPLY != 0;
@@ -206,12 +209,13 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             iif: cb[3],
             oif: cb[2],
             state,
-            count: true,
+            count: !open_either,
             commit,
             cache,
             unknown,
             first_reply,
             all_lookups: false,
+            open_either,
         }
     } else {
         let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
@@ -225,20 +229,25 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             iif: ifindex,
             oif,
             state,
-            count: diag & flags::DIAG_NO_COUNTERS == 0,
+            count: diag & flags::DIAG_NO_COUNTERS == 0 && !open_either,
             commit,
             cache,
             unknown,
             first_reply,
             all_lookups: diag & flags::DIAG_ALL_ADDR_LOOKUPS != 0,
+            open_either,
         }
     };
+    let count = diag & flags::DIAG_NO_COUNTERS == 0 || probe;
     // SAFETY: as above.
     unsafe { (*w).r = r };
     if diag & flags::DIAG_NO_CHAINS != 0 {
         return Ok(TC_ACT_OK);
     }
     classify_work();
+    if open_either {
+        settle_open_either(ctx.skb.skb, cfg.flags, count as u32);
+    }
     Ok(finish_tc(ctx.skb.skb, probe as u32, cfg.flags))
 }
 
@@ -250,7 +259,15 @@ fn tracked_state(ctx: &TcContext, l2: usize, p: &Pkt, flags: u32, seen_idle: boo
     if flags & flags::DIAG_NO_CT != 0 {
         ct::NEW | CT_NO_WRITE
     } else if kernel_ct_on() && kernel_tracks(p) {
-        kernel_state_tc(ctx.skb.skb, seen_on as u32, seen_idle as u32)
+        // Without the kernel's table where the chains can decide without it, unless events
+        // are on (an event says the packet's state).
+        let open_either = flags & flags::EVENTS == 0;
+        kernel_state_tc(
+            ctx.skb.skb,
+            seen_on as u32,
+            seen_idle as u32,
+            open_either as u32,
+        )
     } else {
         ct_state_tc(ctx.skb.skb, l2 as u32, seen_on as u32, seen_idle as u32)
     }
@@ -282,12 +299,53 @@ pub extern "C" fn parse_tc(skb: *mut __sk_buff, l2: u32, ethertype: u32) -> u32 
 /// [`kernel_state`] of the tc packet in `WORK`.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn kernel_state_tc(skb: *mut __sk_buff, seen_on: u32, seen_idle: u32) -> u32 {
+pub extern "C" fn kernel_state_tc(
+    skb: *mut __sk_buff,
+    seen_on: u32,
+    seen_idle: u32,
+    open_either: u32,
+) -> u32 {
     let ctx = &TcContext::new(skb);
     match WORK.get(0) {
-        Some(w) => kernel_state(ctx, &w.p, seen_on != 0, seen_idle != 0),
+        Some(w) => kernel_state(ctx, &w.p, seen_on != 0, seen_idle != 0, open_either != 0),
         None => ct::INVALID,
     }
+}
+
+/// After `WORK`'s packet was classified under `OPEN_EITHER` (its state not looked up,
+/// [`CT_OPEN_EITHER`]): where every chain's decision held for each state the packet can have,
+/// its rules are counted (`count`: 1) and the outcome stands; else the kernel's table gives
+/// the state and the packet is classified again, as it would have been without the shortcut.
+/// A global function: the verifier checks it once.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn settle_open_either(skb: *mut __sk_buff, flags: u32, count: u32) -> u32 {
+    let Some(sc) = SCRATCH.get(0) else {
+        return 0;
+    };
+    // Beyond the trail, the chains' rules could not be counted afterwards.
+    if sc.ambiguous == 0 && sc.steps as usize <= CACHED_COUNTERS {
+        if count != 0 {
+            count_trail();
+        }
+        return 0;
+    }
+    let seen_on = flags & flags::FLOW_SEEN != 0;
+    let tracked = kernel_state_tc(skb, seen_on as u32, 0, 0);
+    let Some(w) = WORK.get_ptr_mut(0) else {
+        return 0;
+    };
+    // SAFETY: per-CPU slot of a successful lookup.
+    unsafe {
+        let r = &mut (*w).r;
+        r.state = tracked & 0xff;
+        r.open_either = false;
+        r.count = count != 0;
+        r.commit = r.commit && tracked & CT_NO_WRITE == 0;
+        r.unknown = tracked & CT_UNKNOWN != 0;
+        r.first_reply = tracked & CT_FIRST_REPLY != 0;
+    }
+    classify_work()
 }
 
 /// [`ct_state`] of the tc packet in `WORK`, its IP header at `l2`.
@@ -398,7 +456,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     let (path, oif) = route(ctx, &cfg, p, ifindex);
     let seen_on = cfg.flags & flags::FLOW_SEEN != 0;
     let tracked = if kernel_ct_on() && kernel_tracks(p) {
-        kernel_state(ctx, p, seen_on, false)
+        kernel_state(ctx, p, seen_on, false, false)
     } else {
         ct_state(ctx, l2 & 0xff, p, seen_on, false)
     };
@@ -414,6 +472,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         unknown: tracked & CT_UNKNOWN != 0,
         first_reply: false,
         all_lookups: false,
+        open_either: false,
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };

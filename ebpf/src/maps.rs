@@ -322,6 +322,10 @@ pub(crate) struct Scratch {
     pub(crate) audit_chain: u32,
     pub(crate) audit_rule: u32,
     pub(crate) audit_step: u32,
+    /// A chain run under [`ct::OPEN_EITHER`] decided by a rule whose state match differs
+    /// between new, established and related (not in the chain's `OPEN_EVERY` slot): the
+    /// classification does not hold for every state the packet can have.
+    pub(crate) ambiguous: u32,
 }
 
 pub(crate) fn config() -> Config {

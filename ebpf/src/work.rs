@@ -65,6 +65,11 @@ pub(crate) struct Route {
     /// Every address map looked up, whatever the chains' descriptions skip (the benchmark's
     /// `DIAG_ALL_ADDR_LOOKUPS`).
     pub(crate) all_lookups: bool,
+    /// `state` is [`peerwall_common::ct::OPEN_EITHER`]: the kernel's table was not asked
+    /// ([`crate::conntrack::CT_OPEN_EITHER`]), and the classification held for every state
+    /// the packet can have: its verdict is cached on this CPU alone, and its commit makes the
+    /// other direction's cached verdicts stale (it may be a first reply).
+    pub(crate) open_either: bool,
 }
 
 /// Inputs of one chain evaluation besides the packet, which the chain bodies read from `WORK`

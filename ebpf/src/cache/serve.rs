@@ -12,10 +12,10 @@ use peerwall_common::{
 use super::fresh::may_serve;
 use super::key::{cacheable, gen_of, key4, key6, may_hold, packet_set, same_key};
 use super::store::promote;
-use crate::classify::ACT_ACCEPT;
+use crate::classify::{count_one, ACT_ACCEPT};
 use crate::events::note_cached;
 use crate::flow::{flow_key, tcp_flags_valid};
-use crate::maps::{has_views, COUNTERS0, COUNTERS1, VERDICTS4, VERDICTS4_CPU, VERDICTS6, WORK};
+use crate::maps::{has_views, VERDICTS4, VERDICTS4_CPU, VERDICTS6, WORK};
 use crate::parse::{Pkt, IPPROTO_TCP, IPPROTO_UDP};
 use crate::seen::no_live_flow_v4;
 use crate::ttl::stamp;
@@ -52,18 +52,7 @@ fn serve(
             if i >= n {
                 break;
             }
-            let c = if epoch & 1 == 0 {
-                COUNTERS0.get_ptr_mut(v.counters[i] as u32)
-            } else {
-                COUNTERS1.get_ptr_mut(v.counters[i] as u32)
-            };
-            if let Some(c) = c {
-                // SAFETY: per-CPU slot of a successful lookup.
-                unsafe {
-                    (*c).packets += 1;
-                    (*c).bytes += len;
-                }
-            }
+            count_one(epoch, v.counters[i] as u32, len);
             i += 1;
         }
     }

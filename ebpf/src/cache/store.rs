@@ -74,8 +74,8 @@ fn write_way(
     }
 }
 
-/// Cache the drop `v` of a flow conntrack never saw (key `k`, its words `words`) in this
-/// CPU's set `s` (`VERDICTS4_CPU[slot]`), deciding by the set's tags and hints alone, which
+/// Cache the drop `v` of a flow conntrack never saw, or a verdict that held whatever the
+/// packet's state (`Route::open_either`) (key `k`, its words `words`), in this CPU's set `s` (`VERDICTS4_CPU[slot]`), deciding by the set's tags and hints alone, which
 /// stay in the CPU's cache: into the way whose tag is the key's and that holds the key (a
 /// flow dropped again), else a way whose hint says its verdict no longer serves, else
 /// nowhere. A way is read only where its tag is the key's: under a flood of new flows,
@@ -84,7 +84,7 @@ fn write_way(
 /// generation or policy) looks busy until its hint passes: the drop is then not cached,
 /// which costs the flow's next packet a classification, never a wrong verdict.
 #[inline(always)]
-fn place_unknown_drop(
+fn place_on_this_cpu(
     s: &mut CpuVerdicts4,
     slot: u32,
     words: &[u32; 4],
@@ -134,7 +134,14 @@ pub extern "C" fn remember(action: u32) -> u32 {
         return 0;
     };
     let r = &w.r;
-    if !r.cache || (r.state != ct::NEW && r.state != ct::ESTABLISHED) {
+    if !r.cache || (r.state != ct::NEW && r.state != ct::ESTABLISHED && !r.open_either) {
+        return 0;
+    }
+    // A verdict that held for every state the packet can have, without the kernel's table
+    // (`conntrack.rs`, `CT_OPEN_EITHER`): a flood of new flows and a known flow look the
+    // same, so into this CPU's first level only, as a drop of an unknown flow below, and only
+    // where it reports nothing (an audit's event says the packet's state).
+    if r.open_either && (w.p.family != family::V4 || sc.audit != 0) {
         return 0;
     }
     // The first accepted packet of a flow conntrack never saw: its commit creates the flow,
@@ -174,7 +181,7 @@ pub extern "C" fn remember(action: u32) -> u32 {
     };
     if w.p.family == family::V4 {
         let key = key4(&k, extra);
-        if r.unknown {
+        if r.unknown || r.open_either {
             // A drop for a flow conntrack never saw (denied flows never become known): into
             // this CPU's first level only, where a free way takes it and a flood finds none,
             // never the shared LRU a flood would churn on every packet.
@@ -186,7 +193,7 @@ pub extern "C" fn remember(action: u32) -> u32 {
             let slot = cpu.wrapping_mul(CPU_VERDICT_SETS) | set;
             if let Some(s) = VERDICTS4_CPU.get_ptr_mut(slot) {
                 // SAFETY: this CPU's own set, of a successful lookup.
-                place_unknown_drop(unsafe { &mut *s }, slot, &words, &key, &v);
+                place_on_this_cpu(unsafe { &mut *s }, slot, &words, &key, &v);
             }
             return 0;
         }

@@ -159,9 +159,16 @@ pub(super) fn ct_entries(p: &BpfPolicy) -> BTreeMap<u32, Bitmap> {
     p.chains
         .iter()
         .flat_map(|c| {
+            let (either, every) = peerwall_common::open_slots(&c.ct);
             c.ct.iter()
+                .copied()
                 .enumerate()
-                .map(move |(s, b)| (c.id * peerwall_common::ct::SLOTS + s as u32, *b))
+                .map(|(s, b)| (s as u32, b))
+                .chain([
+                    (peerwall_common::ct::OPEN_EITHER, either),
+                    (peerwall_common::ct::OPEN_EVERY, every),
+                ])
+                .map(move |(s, b)| (c.id * peerwall_common::ct::SLOTS + s, b))
         })
         .collect()
 }
