@@ -12,6 +12,7 @@ use super::key::{cacheable, key4, key6, lanes_at, packet_set, same_key};
 use crate::classify::{ACT_ACCEPT, ACT_DROP};
 use crate::flow::flow_key;
 use crate::maps::{SCRATCH, VERDICTS4, VERDICTS4_CPU, VERDICTS6, WORK};
+use crate::parse::IPPROTO_TCP;
 use crate::ttl::{stamp, ttl_reused};
 
 /// Copy the verdict `v` that `VERDICTS4` just served for key `k` into this CPU's set `s`
@@ -140,8 +141,9 @@ pub extern "C" fn remember(action: u32) -> u32 {
     // A verdict that held for every state the packet can have, without the kernel's table
     // (`conntrack.rs`, `CT_OPEN_EITHER`): a flood of new flows and a known flow look the
     // same, so into this CPU's first level only, as a drop of an unknown flow below, and only
-    // where it reports nothing (an audit's event says the packet's state).
-    if r.open_either && (w.p.family != family::V4 || sc.audit != 0) {
+    // where it reports nothing (an audit's event says the packet's state). Never a TCP SYN's:
+    // the connection's next segments are no SYNs, and they take the kernel's state.
+    if r.open_either && (w.p.family != family::V4 || sc.audit != 0 || w.p.proto == IPPROTO_TCP) {
         return 0;
     }
     // The first accepted packet of a flow conntrack never saw: its commit creates the flow,

@@ -152,6 +152,17 @@ pub struct ChainMaps {
 }
 
 impl ChainMaps {
+    /// The chain's `CT` slots, by slot number: its state bitmaps, then `OPEN_EITHER` and
+    /// `OPEN_EVERY` ([`peerwall_common::open_slots`]).
+    pub fn ct_slots(&self) -> [Bitmap; 7] {
+        let (either, every) = peerwall_common::open_slots(&self.ct);
+        let mut slots = [Bitmap::EMPTY; 7];
+        slots[..5].copy_from_slice(&self.ct);
+        slots[ct::OPEN_EITHER as usize] = either;
+        slots[ct::OPEN_EVERY as usize] = every;
+        slots
+    }
+
     /// `CHAINS` value.
     pub fn info(&self) -> ChainInfo {
         use peerwall_common::constrained as c;
@@ -406,7 +417,7 @@ pub fn compile(policy: &ir::Policy, ifaces: &[Iface]) -> Result<BpfPolicy, BpfCo
 pub use delta::{apply_delta, set_delta, AddrEntryChange};
 use dims::*;
 pub use left::{left_to_nftables, LeftToNftables};
-pub use simulate::{simulate, simulate_chain, DatapathPacket};
+pub use simulate::{simulate, simulate_chain, simulate_chain_open_either, DatapathPacket};
 
 #[cfg(test)]
 mod tests;

@@ -155,20 +155,15 @@ pub(super) fn if_entries(
         .collect()
 }
 
+/// `CT<s>`: every chain's slots ([`crate::maps::ChainMaps::ct_slots`]).
 pub(super) fn ct_entries(p: &BpfPolicy) -> BTreeMap<u32, Bitmap> {
     p.chains
         .iter()
         .flat_map(|c| {
-            let (either, every) = peerwall_common::open_slots(&c.ct);
-            c.ct.iter()
-                .copied()
+            c.ct_slots()
+                .into_iter()
                 .enumerate()
-                .map(|(s, b)| (s as u32, b))
-                .chain([
-                    (peerwall_common::ct::OPEN_EITHER, either),
-                    (peerwall_common::ct::OPEN_EVERY, every),
-                ])
-                .map(move |(s, b)| (c.id * peerwall_common::ct::SLOTS + s, b))
+                .map(move |(s, b)| (c.id * peerwall_common::ct::SLOTS + s as u32, b))
         })
         .collect()
 }

@@ -79,6 +79,33 @@ pub fn simulate_chain(
     iif: u32,
     oif: u32,
 ) -> (VerdictAction, Option<usize>) {
+    simulate_chain_slot(c, p, iif, oif, ct_number(p.ct_state) as usize)
+}
+
+/// [`simulate_chain`] of a packet whose state is one of new, established and related, unknown
+/// which, as the kernel-conntrack datapath classifies it (`OPEN_EITHER`): the decision, or
+/// None where it does not hold for all three (its rule is not in `OPEN_EVERY`).
+pub fn simulate_chain_open_either(
+    c: &ChainMaps,
+    p: &ir::Packet,
+    iif: u32,
+    oif: u32,
+) -> Option<(VerdictAction, Option<usize>)> {
+    let (v, rule) = simulate_chain_slot(c, p, iif, oif, ct::OPEN_EITHER as usize);
+    let every = &c.ct_slots()[ct::OPEN_EVERY as usize];
+    let holds = c.info().constrained & peerwall_common::constrained::CT == 0
+        || rule.is_none_or(|r| every.get(r));
+    holds.then_some((v, rule))
+}
+
+/// One chain with the state dimension read at `CT` slot `slot`.
+fn simulate_chain_slot(
+    c: &ChainMaps,
+    p: &ir::Packet,
+    iif: u32,
+    oif: u32,
+    slot: usize,
+) -> (VerdictAction, Option<usize>) {
     let fam = family_code(p.family());
     let known = c
         .proto
@@ -98,7 +125,7 @@ pub fn simulate_chain(
     };
     and_into(&mut acc, &pick(&c.iif, iif));
     and_into(&mut acc, &pick(&c.oif, oif));
-    and_into(&mut acc, &c.ct[ct_number(p.ct_state) as usize]);
+    and_into(&mut acc, &c.ct_slots()[slot]);
     let cons = c.info().constrained;
     let skips = |no_hosts: u32, no_prefixes: u32| (cons & no_hosts != 0, cons & no_prefixes != 0);
     let (h, t) = skips(
