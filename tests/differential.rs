@@ -819,6 +819,84 @@ fn bpf_kernel_conntrack_reads_the_state_the_kernel_holds() {
     }
 }
 
+/// A chain as the tiers end theirs: a state-free allow, the replies accepted by their state,
+/// the rest dropped by the policy.
+const REPLIES_LAST: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: replies, namespace: default}
+spec:
+  table:
+    name: replies
+    family: INET
+    chains:
+    - name: forward
+      type: filter
+      hook: forward
+      priority: 0
+      policy: drop
+      rules:
+        filterRules:
+        - name: dns
+          action: accept
+          match:
+          - {op: eq, proto: {value: udp}}
+          - {op: eq, port: {value: "53", position: dst}}
+        - name: replies
+          action: accept
+          match:
+          - {op: eq, ctstate: {value: [established, related]}}
+"#;
+
+/// The kernel-conntrack datapath's classification without the kernel's state
+/// (`ct::OPEN_EITHER`), on a chain ending as the tiers do (`REPLIES_LAST`), with every packet's
+/// `FLOW_SEEN` entry live (its connection written and swept first, as a flood of accepted
+/// flows leaves every entry): the state-free allow is decided without the kernel; a packet
+/// only the `replies` rule could accept needs the kernel's state, and is dropped by the chain's
+/// policy when the kernel holds no connection (counted there: the reference's rule is none)
+/// and accepted by `replies` when it holds one. Each verdict, chain and rule is the
+/// reference's, for UDP and TCP SYNs, either family.
+#[test]
+fn bpf_kernel_conntrack_without_the_state_decides_only_what_it_cannot_change() {
+    require_root();
+    let objs = peerwall_intent::load::parse_documents(REPLIES_LAST, "replies").expect("parses");
+    let policy = compile(&objs).expect("policy compiles").policy;
+    let parent = ensure_bpffs().expect("bpffs");
+    let mut probe =
+        BpfProbe::with_kernel_conntrack(&policy, &ifnames(), &parent).expect("datapath loads");
+    let mut decided = [0usize; 3];
+    for proto in [ir::eval::proto::UDP, ir::eval::proto::TCP] {
+        for (src, dst) in [("10.0.0.10", "10.1.0.6"), ("fd00::10", "fd01::6")] {
+            for dport in [53, 8080] {
+                // Established first: its connection written and swept stamps the entry the
+                // `new` packets after it then find live.
+                for ct_state in [CtState::Established, CtState::New, CtState::New] {
+                    let pkt = Packet {
+                        src: src.parse().expect("ip"),
+                        dst: dst.parse().expect("ip"),
+                        proto,
+                        sport: 40000,
+                        dport,
+                        iif: Some(IFACES[1].to_string()),
+                        oif: Some(IFACES[0].to_string()),
+                        ct_state,
+                    };
+                    let expected = ir::evaluate(&policy, &pkt);
+                    let got = probe.verdict(&pkt).expect("probe");
+                    assert_eq!(got, expected, "{pkt:?}");
+                    let which = match expected.rule.as_deref() {
+                        Some("dns") => 0,
+                        Some("replies") => 1,
+                        _ => 2,
+                    };
+                    decided[which] += 1;
+                }
+            }
+        }
+    }
+    // Every way out was taken: the allow, the replies, the policy's drop.
+    assert!(decided.iter().all(|n| *n > 0), "{decided:?}");
+}
+
 /// The kernel-conntrack datapath spares the kernel's lookup for a packet whose `FLOW_SEEN`
 /// entry is idle only while the agent's sweep vouches for the kernel's table: with
 /// `ESTABLISHED_DIFFERS`, a connection written into the kernel's table after the sweep (its

@@ -46,6 +46,20 @@ impl Bitmap {
         }
         None
     }
+
+    /// The lowest bit set in both `self` and `other` among the first `NW` words.
+    #[inline(always)]
+    pub fn first_within_and<const NW: usize>(&self, other: &Bitmap) -> Option<usize> {
+        let mut i = 0;
+        while i < NW {
+            let w = self.w[i] & other.w[i];
+            if w != 0 {
+                return Some(i * 64 + w.trailing_zeros() as usize);
+            }
+            i += 1;
+        }
+        None
+    }
 }
 
 /// LPM trie key of the address dimensions (`SRC`, `DST`).

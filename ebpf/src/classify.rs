@@ -222,9 +222,40 @@ macro_rules! slot_eval {
                     if let Some(r) = rule {
                         let every = $ct.get(chain * ct::SLOTS + ct::OPEN_EVERY);
                         if (r as u32) < nrules && !every.is_some_and(|b| b.get(r)) {
+                            // The decision for `new` alone: `acc` holds the rules allowed
+                            // under any of the three, `new`'s are among them.
+                            let new_rule = match $ct.get(chain * ct::SLOTS + ct::NEW) {
+                                Some(b) => acc.first_within_and::<NW>(b),
+                                None => None,
+                            };
+                            let (new_action, new_idx) = match new_rule {
+                                Some(n) if (n as u32) < nrules => {
+                                    let n = n as u32;
+                                    match $rules.get(chain * MAX_RULES as u32 + n) {
+                                        Some(ri) => (ri.action, n),
+                                        None => (ACT_DROP, n),
+                                    }
+                                }
+                                _ => (policy, NO_RULE),
+                            };
                             if let Some(sc) = SCRATCH.get_ptr_mut(0) {
                                 // SAFETY: per-CPU slot of a successful lookup.
-                                unsafe { (*sc).ambiguous = 1 };
+                                unsafe {
+                                    (*sc).ambiguous = 1;
+                                    if (*sc).new_split == 0 && new_idx != r as u32 {
+                                        (*sc).new_split = 1;
+                                        (*sc).new_step = (*sc).steps;
+                                        (*sc).new_action = new_action as u32;
+                                        (*sc).new_chain = chain;
+                                        (*sc).new_rule = new_idx;
+                                        (*sc).new_counter =
+                                            base.wrapping_add(if new_idx == NO_RULE {
+                                                nrules
+                                            } else {
+                                                new_idx
+                                            });
+                                    }
+                                }
                             }
                         }
                     }
@@ -488,6 +519,7 @@ pub(crate) fn classify(route: &Route) -> u32 {
             (*sc).steps = 0;
             (*sc).audit = 0;
             (*sc).ambiguous = 0;
+            (*sc).new_split = 0;
         }
     }
     let Some(w) = WORK.get_ptr_mut(0) else {

@@ -345,7 +345,46 @@ pub extern "C" fn settle_open_either(skb: *mut __sk_buff, flags: u32, count: u32
         r.unknown = tracked & CT_UNKNOWN != 0;
         r.first_reply = tracked & CT_FIRST_REPLY != 0;
     }
+    if tracked & 0xff == ct::NEW && taken_as_new() {
+        if count != 0 {
+            count_trail();
+        }
+        return 0;
+    }
     classify_work()
+}
+
+/// Whether the classification under `OPEN_EITHER` in `SCRATCH` is, or becomes, the one of a
+/// `new` packet: no chain decided otherwise for `new` (the path as `new` is the one taken), or
+/// the first that did decided a drop or reject, which ends the path there, with nothing
+/// after it on record (no audit from a later chain); `SCRATCH` then ends at that chain. A
+/// denied packet of a flood whose `FLOW_SEEN` entries are all live (the `replies` rule made
+/// its classification depend on the state) is then classified once, as before the shortcut.
+#[inline(always)]
+fn taken_as_new() -> bool {
+    let Some(sc) = SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
+    let sc = unsafe { &mut *sc };
+    if sc.new_split == 0 {
+        return sc.steps as usize <= CACHED_COUNTERS;
+    }
+    let step = sc.new_step as usize;
+    let action = sc.new_action as u8;
+    if (action != ACT_DROP && action != ACT_REJECT)
+        || step >= CACHED_COUNTERS
+        || (sc.audit != 0 && sc.audit_step as usize >= step)
+    {
+        return false;
+    }
+    sc.action = sc.new_action;
+    sc.chain = sc.new_chain;
+    sc.rule = sc.new_rule;
+    sc.has_chain = 1;
+    sc.trail[step] = sc.new_counter;
+    sc.steps = step as u32 + 1;
+    true
 }
 
 /// [`ct_state`] of the tc packet in `WORK`, its IP header at `l2`.

@@ -326,6 +326,17 @@ pub(crate) struct Scratch {
     /// between new, established and related (not in the chain's `OPEN_EVERY` slot): the
     /// classification does not hold for every state the packet can have.
     pub(crate) ambiguous: u32,
+    /// Under [`ct::OPEN_EITHER`]: the first chain whose decision for a `new` packet is not
+    /// the one it took (`new_split` 1), at path step `new_step`: the decision for `new`
+    /// there (action, rule or NO_RULE, its counter). Where the kernel's table then says
+    /// `new`, the path as `new` is the one taken up to that chain, and ends there when that
+    /// decision is final (a drop): no second classification (`settle_open_either`).
+    pub(crate) new_split: u32,
+    pub(crate) new_step: u32,
+    pub(crate) new_action: u32,
+    pub(crate) new_chain: u32,
+    pub(crate) new_rule: u32,
+    pub(crate) new_counter: u32,
 }
 
 pub(crate) fn config() -> Config {
