@@ -16,11 +16,11 @@ pub mod ct {
     /// Not a state: the rules that match a packet whose state is *one of* new, established
     /// and related, unknown which (the OR of those three slots). What the kernel-conntrack
     /// datapath classifies a TCP SYN or a UDP packet with when it has not looked the kernel's
-    /// table up ([`open_slots`]).
+    /// table up ([`open_slots`](super::open_slots)).
     pub const OPEN_EITHER: u32 = 5;
     /// Not a state: the rules that match such a packet *whatever* its state of the three (the
     /// AND of those slots): a chain's decision under [`OPEN_EITHER`] holds for every one of
-    /// the three states when its deciding rule is in this slot ([`open_slots`]).
+    /// the three states when its deciding rule is in this slot ([`open_slots`](super::open_slots)).
     pub const OPEN_EVERY: u32 = 6;
     /// States per chain (slots reserved for alignment).
     pub const SLOTS: u32 = 8;

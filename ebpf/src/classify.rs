@@ -41,7 +41,8 @@ pub(crate) const ONE_WORD_RULES: u32 = 64;
 
 macro_rules! slot_eval {
     ($name:ident, $src:ident, $dst:ident, $srch:ident, $dsth:ident, $sport:ident, $dport:ident, $proto:ident, $iif:ident,
-     $oif:ident, $ct:ident, $masks:ident, $chains:ident, $rules:ident, $counters:ident) => {
+     $oif:ident, $ct:ident, $masks:ident, $chains:ident, $rules:ident, $counters:ident,
+     $slot:expr) => {
         /// Run one chain over the first `NW` bitmap words; the outcome goes to `SCRATCH`
         /// (action, deciding rule or NO_RULE). One function per word count, each with its body
         /// inlined: the caller picks one, so the call chain's stack holds one body's frame.
@@ -222,41 +223,7 @@ macro_rules! slot_eval {
                     if let Some(r) = rule {
                         let every = $ct.get(chain * ct::SLOTS + ct::OPEN_EVERY);
                         if (r as u32) < nrules && !every.is_some_and(|b| b.get(r)) {
-                            // The decision for `new` alone: `acc` holds the rules allowed
-                            // under any of the three, `new`'s are among them.
-                            let new_rule = match $ct.get(chain * ct::SLOTS + ct::NEW) {
-                                Some(b) => acc.first_within_and::<NW>(b),
-                                None => None,
-                            };
-                            let (new_action, new_idx) = match new_rule {
-                                Some(n) if (n as u32) < nrules => {
-                                    let n = n as u32;
-                                    match $rules.get(chain * MAX_RULES as u32 + n) {
-                                        Some(ri) => (ri.action, n),
-                                        None => (ACT_DROP, n),
-                                    }
-                                }
-                                _ => (policy, NO_RULE),
-                            };
-                            if let Some(sc) = SCRATCH.get_ptr_mut(0) {
-                                // SAFETY: per-CPU slot of a successful lookup.
-                                unsafe {
-                                    (*sc).ambiguous = 1;
-                                    if (*sc).new_split == 0 && new_idx != r as u32 {
-                                        (*sc).new_split = 1;
-                                        (*sc).new_step = (*sc).steps;
-                                        (*sc).new_action = new_action as u32;
-                                        (*sc).new_chain = chain;
-                                        (*sc).new_rule = new_idx;
-                                        (*sc).new_counter =
-                                            base.wrapping_add(if new_idx == NO_RULE {
-                                                nrules
-                                            } else {
-                                                new_idx
-                                            });
-                                    }
-                                }
-                            }
+                            note_open_split(chain, r as u32, NW as u32, $slot);
                         }
                     }
                 }
@@ -289,12 +256,68 @@ macro_rules! slot_eval {
 
 slot_eval!(
     eval0, SRC0, DST0, SRCH0, DSTH0, SPORT0, DPORT0, PROTO0, IIF0, OIF0, CT0, MASKS0, CHAINS0,
-    RULES0, COUNTERS0
+    RULES0, COUNTERS0, 0
 );
 slot_eval!(
     eval1, SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1,
-    RULES1, COUNTERS1
+    RULES1, COUNTERS1, 1
 );
+
+/// A chain run under `OPEN_EITHER` decided by rule `r`, which does not match all three
+/// states: the classification is ambiguous (`Scratch::ambiguous`), and where it is the first
+/// chain whose decision for `new` differs, that decision is noted (`Scratch::new_split`),
+/// from the rules `ACC` still holds (those of any of the three states; `new`'s are among them)
+/// within the chain's first `nw` words, in policy slot `slot`. A global function: the
+/// verifier checks it once, not in each chain body.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn note_open_split(chain: u32, r: u32, nw: u32, slot: u32) -> u32 {
+    let (Some(sc), Some(acc)) = (SCRATCH.get_ptr_mut(0), ACC.get(0)) else {
+        return 0;
+    };
+    // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
+    let sc = unsafe { &mut *sc };
+    sc.ambiguous = 1;
+    if sc.new_split != 0 {
+        return 0;
+    }
+    let (info, new_bits) = if slot & 1 == 0 {
+        (CHAINS0.get(chain), CT0.get(chain * ct::SLOTS + ct::NEW))
+    } else {
+        (CHAINS1.get(chain), CT1.get(chain * ct::SLOTS + ct::NEW))
+    };
+    let (Some(info), Some(new_bits)) = (info, new_bits) else {
+        return 0;
+    };
+    let nrules = info.rules;
+    let new_rule = if nw == 1 {
+        acc.first_within_and::<1>(new_bits)
+    } else {
+        acc.first_within_and::<WORDS>(new_bits)
+    };
+    let (action, idx) = match new_rule {
+        Some(n) if (n as u32) < nrules => {
+            let n = n as u32;
+            let ri = if slot & 1 == 0 {
+                RULES0.get(chain * MAX_RULES as u32 + n)
+            } else {
+                RULES1.get(chain * MAX_RULES as u32 + n)
+            };
+            (ri.map_or(ACT_DROP, |ri| ri.action), n)
+        }
+        _ => (info.policy, NO_RULE),
+    };
+    if idx == r {
+        return 0;
+    }
+    sc.new_split = 1;
+    sc.new_step = sc.steps;
+    sc.new_action = action as u32;
+    sc.new_chain = chain;
+    sc.new_rule = idx;
+    sc.new_counter = (info.counters as u32).wrapping_add(if idx == NO_RULE { nrules } else { idx });
+    0
+}
 
 /// Count one packet of `len` bytes in counter `counter` of the policy of `epoch`.
 #[inline(always)]

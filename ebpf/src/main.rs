@@ -195,49 +195,9 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     // SAFETY: as above.
     let seen_idle = unsafe { core::mem::take(&mut (*w).seen_idle) };
     let tracked = tracked_state(ctx, l2, p, cfg.flags, seen_idle);
-    let state = tracked & 0xff;
     // Classified without the kernel's state: counted once it is known to hold (below).
     let open_either = tracked & CT_OPEN_EITHER != 0;
-    let commit = tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0;
-    let unknown = tracked & CT_UNKNOWN != 0;
-    let first_reply = tracked & CT_FIRST_REPLY != 0;
-    let r = if probe {
-        let cb = ctx.cb();
-        Route {
-            epoch: cfg.active,
-            path: cb[1],
-            iif: cb[3],
-            oif: cb[2],
-            state,
-            count: !open_either,
-            commit,
-            cache,
-            unknown,
-            first_reply,
-            all_lookups: false,
-            open_either,
-        }
-    } else {
-        let (path, oif) = if diag & flags::DIAG_NO_FIB != 0 {
-            (PATH_FORWARD, 0)
-        } else {
-            route(ctx, &cfg, p, ifindex)
-        };
-        Route {
-            epoch: cfg.active,
-            path,
-            iif: ifindex,
-            oif,
-            state,
-            count: diag & flags::DIAG_NO_COUNTERS == 0 && !open_either,
-            commit,
-            cache,
-            unknown,
-            first_reply,
-            all_lookups: diag & flags::DIAG_ALL_ADDR_LOOKUPS != 0,
-            open_either,
-        }
-    };
+    let r = packet_route(ctx, &cfg, p, ifindex, probe, tracked, cache);
     let count = diag & flags::DIAG_NO_COUNTERS == 0 || probe;
     // SAFETY: as above.
     unsafe { (*w).r = r };
@@ -249,6 +209,46 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
         settle_open_either(ctx.skb.skb, cfg.flags, count as u32);
     }
     Ok(finish_tc(ctx.skb.skb, probe as u32, cfg.flags))
+}
+
+/// The route of the tc packet `p` (arrived on `ifindex`) and how to classify it, given its
+/// conntrack state with its bits (`tracked`): the path and interfaces from the control block
+/// of a probe, else from the local-address mirror or the FIB (`route.rs`).
+#[inline(always)]
+fn packet_route(
+    ctx: &TcContext,
+    cfg: &peerwall_common::Config,
+    p: &Pkt,
+    ifindex: u32,
+    probe: bool,
+    tracked: u32,
+    cache: bool,
+) -> Route {
+    let diag = cfg.flags & flags::DIAG_ALL;
+    let open_either = tracked & CT_OPEN_EITHER != 0;
+    let (path, iif, oif) = if probe {
+        let cb = ctx.cb();
+        (cb[1], cb[3], cb[2])
+    } else if diag & flags::DIAG_NO_FIB != 0 {
+        (PATH_FORWARD, ifindex, 0)
+    } else {
+        let (path, oif) = route(ctx, cfg, p, ifindex);
+        (path, ifindex, oif)
+    };
+    Route {
+        epoch: cfg.active,
+        path,
+        iif,
+        oif,
+        state: tracked & 0xff,
+        count: (probe || diag & flags::DIAG_NO_COUNTERS == 0) && !open_either,
+        commit: tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0,
+        cache,
+        unknown: tracked & CT_UNKNOWN != 0,
+        first_reply: tracked & CT_FIRST_REPLY != 0,
+        all_lookups: !probe && diag & flags::DIAG_ALL_ADDR_LOOKUPS != 0,
+        open_either,
+    }
 }
 
 /// The packet's conntrack state with its bits: from the kernel's table where it tracks the
