@@ -761,9 +761,14 @@ fn established_differs_probe() -> (ir::Policy, BpfProbe) {
 /// [`established_differs_probe`], the datapath reading the kernel's connection table where
 /// `kernel` (`--bpf-conntrack kernel`, in the probe's namespace).
 fn established_differs(kernel: bool) -> (ir::Policy, BpfProbe) {
+    loaded(ESTABLISHED_DIFFERS, "differs", kernel)
+}
+
+/// The policy of document `yaml` (named `name` in errors) compiled, and the bpf datapath
+/// loaded with it for the probe (root), reading the kernel's connection table where `kernel`.
+fn loaded(yaml: &str, name: &str, kernel: bool) -> (ir::Policy, BpfProbe) {
     require_root();
-    let objs = peerwall_intent::load::parse_documents(ESTABLISHED_DIFFERS, "differs")
-        .expect("policy parses");
+    let objs = peerwall_intent::load::parse_documents(yaml, name).expect("policy parses");
     let policy = compile(&objs).expect("policy compiles").policy;
     let parent = ensure_bpffs().expect("bpffs");
     let probe = if kernel {
@@ -857,12 +862,7 @@ spec:
 /// reference's, for UDP and TCP SYNs, either family.
 #[test]
 fn bpf_kernel_conntrack_without_the_state_decides_only_what_it_cannot_change() {
-    require_root();
-    let objs = peerwall_intent::load::parse_documents(REPLIES_LAST, "replies").expect("parses");
-    let policy = compile(&objs).expect("policy compiles").policy;
-    let parent = ensure_bpffs().expect("bpffs");
-    let mut probe =
-        BpfProbe::with_kernel_conntrack(&policy, &ifnames(), &parent).expect("datapath loads");
+    let (policy, mut probe) = loaded(REPLIES_LAST, "replies", true);
     let mut decided = [0usize; 3];
     for proto in [ir::eval::proto::UDP, ir::eval::proto::TCP] {
         for (src, dst) in [("10.0.0.10", "10.1.0.6"), ("fd00::10", "fd01::6")] {
@@ -1156,11 +1156,7 @@ spec:
 /// written wrong) or if no drop is ever cached (a free way never found).
 #[test]
 fn bpf_a_dropped_new_flow_takes_only_a_free_way() {
-    require_root();
-    let objs = peerwall_intent::load::parse_documents(DROPS_9999, "drops9999").expect("parses");
-    let policy = compile(&objs).expect("policy compiles").policy;
-    let parent = ensure_bpffs().expect("bpffs");
-    let mut probe = BpfProbe::new(&policy, &ifnames(), &parent).expect("datapath loads");
+    let (policy, mut probe) = loaded(DROPS_9999, "drops9999", false);
     let accepted = cached_udp_flow;
     let dropped = |sport: u16| Packet {
         dport: 9999,

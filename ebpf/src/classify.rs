@@ -319,42 +319,6 @@ pub extern "C" fn note_open_split(chain: u32, r: u32, nw: u32, slot: u32) -> u32
     0
 }
 
-/// Count one packet of `len` bytes in counter `counter` of the policy of `epoch`.
-#[inline(always)]
-pub(crate) fn count_one(epoch: u32, counter: u32, len: u64) {
-    let c = if epoch & 1 == 0 {
-        COUNTERS0.get_ptr_mut(counter)
-    } else {
-        COUNTERS1.get_ptr_mut(counter)
-    };
-    if let Some(c) = c {
-        // SAFETY: per-CPU slot of a successful lookup.
-        unsafe {
-            (*c).packets += 1;
-            (*c).bytes += len;
-        }
-    }
-}
-
-/// Count `WORK`'s packet in the rules that decided it, from the trail of its classification
-/// (`SCRATCH`, at most [`CACHED_COUNTERS`] chains): what a classification that did not count
-/// as it went (`Route::open_either`) counts once its outcome holds.
-#[inline(never)]
-pub(crate) fn count_trail() {
-    let (Some(w), Some(sc)) = (WORK.get(0), SCRATCH.get(0)) else {
-        return;
-    };
-    let n = (sc.steps as usize).min(CACHED_COUNTERS);
-    let mut i = 0;
-    while i < CACHED_COUNTERS {
-        if i >= n {
-            break;
-        }
-        count_one(w.r.epoch, sc.trail[i], w.p.len as u64);
-        i += 1;
-    }
-}
-
 /// Record the outcome of the packet in `LAST` (what `peerwall verdict --engine bpf` reads).
 pub(crate) fn record(out: &Outcome) {
     if let Some(r) = LAST.get_ptr_mut(0) {

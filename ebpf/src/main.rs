@@ -34,7 +34,7 @@
 //! from `WORK`. That took a tc program from 430,000 walked instructions (over a second to
 //! load) to under 50,000 (`tests/bpf.rs`, `verifier_accepts_the_largest_policy`, bounds it).
 //!
-//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`], [`classify`] (one dimension's lookup in [`dims`]),
+//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`], [`classify`] (one dimension's lookup in [`dims`]; without the kernel's state, [`open_either`]; [`counters`]),
 //! [`route`] (with the local-address mirror, [`local`]), [`reject`], [`l2`] (the tc entry
 //! of every device type), [`events`], [`mem`] (zeroing a word at a time); the program entries (tc and XDP) are here; [`bare`] is
 //! the benchmark's baseline.
@@ -50,6 +50,7 @@ mod bare;
 mod cache;
 mod classify;
 mod conntrack;
+mod counters;
 mod ct_args;
 mod dims;
 mod events;
@@ -59,6 +60,7 @@ mod l2;
 mod local;
 mod maps;
 mod mem;
+mod open_either;
 mod parse;
 mod reject;
 mod route;
@@ -69,19 +71,20 @@ mod work;
 use aya_ebpf::bindings::{__sk_buff, xdp_action, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::macros::{classifier, xdp};
 use aya_ebpf::programs::{TcContext, XdpContext};
-use peerwall_common::{ct, flags, CACHED_COUNTERS, PROBE_MAGIC};
+use peerwall_common::{ct, flags, PROBE_MAGIC};
 
 use crate::cache::{
     cache_on, cached_verdict, direct_cache, known_flow_v4, mark_stored, remember, MISS,
 };
-use crate::classify::{classify, count_trail, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
+use crate::classify::{classify, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
 use crate::conntrack::{
     ct_commit, ct_state, kernel_commit, kernel_state, CT_FIRST_REPLY, CT_NO_WRITE, CT_OPEN_EITHER,
     CT_UNKNOWN,
 };
 use crate::events::note_outcome;
 use crate::kernel_ct::kernel_tracks;
-use crate::maps::{allow_all, config, has_views, kernel_ct_on, SCRATCH, WORK};
+use crate::maps::{allow_all, config, has_views, kernel_ct_on, WORK};
+use crate::open_either::settle_open_either;
 use crate::parse::{parse, Parse, Pkt, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
 use crate::reject::reject;
 use crate::route::{route, PATH_FORWARD};
@@ -310,81 +313,6 @@ pub extern "C" fn kernel_state_tc(
         Some(w) => kernel_state(ctx, &w.p, seen_on != 0, seen_idle != 0, open_either != 0),
         None => ct::INVALID,
     }
-}
-
-/// After `WORK`'s packet was classified under `OPEN_EITHER` (its state not looked up,
-/// [`CT_OPEN_EITHER`]): where every chain's decision held for each state the packet can have,
-/// its rules are counted (`count`: 1) and the outcome stands; else the kernel's table gives
-/// the state and the packet is classified again, as it would have been without the shortcut.
-/// A global function: the verifier checks it once.
-#[unsafe(no_mangle)]
-#[inline(never)]
-pub extern "C" fn settle_open_either(skb: *mut __sk_buff, flags: u32, count: u32) -> u32 {
-    let Some(sc) = SCRATCH.get(0) else {
-        return 0;
-    };
-    // Beyond the trail, the chains' rules could not be counted afterwards.
-    if sc.ambiguous == 0 && sc.steps as usize <= CACHED_COUNTERS {
-        if count != 0 {
-            count_trail();
-        }
-        return 0;
-    }
-    let seen_on = flags & flags::FLOW_SEEN != 0;
-    let tracked = kernel_state_tc(skb, seen_on as u32, 0, 0);
-    let Some(w) = WORK.get_ptr_mut(0) else {
-        return 0;
-    };
-    // SAFETY: per-CPU slot of a successful lookup.
-    unsafe {
-        let r = &mut (*w).r;
-        r.state = tracked & 0xff;
-        r.open_either = false;
-        r.count = count != 0;
-        r.commit = r.commit && tracked & CT_NO_WRITE == 0;
-        r.unknown = tracked & CT_UNKNOWN != 0;
-        r.first_reply = tracked & CT_FIRST_REPLY != 0;
-    }
-    if tracked & 0xff == ct::NEW && taken_as_new() {
-        if count != 0 {
-            count_trail();
-        }
-        return 0;
-    }
-    classify_work()
-}
-
-/// Whether the classification under `OPEN_EITHER` in `SCRATCH` is, or becomes, the one of a
-/// `new` packet: no chain decided otherwise for `new` (the path as `new` is the one taken), or
-/// the first that did decided a drop or reject, which ends the path there, with nothing
-/// after it on record (no audit from a later chain); `SCRATCH` then ends at that chain. A
-/// denied packet of a flood whose `FLOW_SEEN` entries are all live (the `replies` rule made
-/// its classification depend on the state) is then classified once, as before the shortcut.
-#[inline(always)]
-fn taken_as_new() -> bool {
-    let Some(sc) = SCRATCH.get_ptr_mut(0) else {
-        return false;
-    };
-    // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
-    let sc = unsafe { &mut *sc };
-    if sc.new_split == 0 {
-        return sc.steps as usize <= CACHED_COUNTERS;
-    }
-    let step = sc.new_step as usize;
-    let action = sc.new_action as u8;
-    if (action != ACT_DROP && action != ACT_REJECT)
-        || step >= CACHED_COUNTERS
-        || (sc.audit != 0 && sc.audit_step as usize >= step)
-    {
-        return false;
-    }
-    sc.action = sc.new_action;
-    sc.chain = sc.new_chain;
-    sc.rule = sc.new_rule;
-    sc.has_chain = 1;
-    sc.trail[step] = sc.new_counter;
-    sc.steps = step as u32 + 1;
-    true
 }
 
 /// [`ct_state`] of the tc packet in `WORK`, its IP header at `l2`.

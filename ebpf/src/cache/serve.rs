@@ -12,7 +12,8 @@ use peerwall_common::{
 use super::fresh::may_serve;
 use super::key::{cacheable, gen_of, key4, key6, may_hold, packet_set, same_key};
 use super::store::promote;
-use crate::classify::{count_one, ACT_ACCEPT};
+use crate::classify::ACT_ACCEPT;
+use crate::counters::count_one;
 use crate::events::note_cached;
 use crate::flow::{flow_key, tcp_flags_valid};
 use crate::maps::{has_views, VERDICTS4, VERDICTS4_CPU, VERDICTS6, WORK};
