@@ -200,8 +200,8 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let tracked = tracked_state(ctx, l2, p, cfg.flags, seen_idle);
     // Classified without the kernel's state: counted once it is known to hold (below).
     let open_either = tracked & CT_OPEN_EITHER != 0;
-    let count = probe || diag & flags::DIAG_NO_COUNTERS == 0;
-    let r = packet_route(ctx, &cfg, p, ifindex, probe, tracked, cache, count);
+    let r = packet_route(ctx, &cfg, p, ifindex, probe, tracked, cache);
+    let count = diag & flags::DIAG_NO_COUNTERS == 0 || probe;
     // SAFETY: as above.
     unsafe { (*w).r = r };
     if diag & flags::DIAG_NO_CHAINS != 0 {
@@ -216,9 +216,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
 
 /// The route of the tc packet `p` (arrived on `ifindex`) and how to classify it, given its
 /// conntrack state with its bits (`tracked`): the path and interfaces from the control block
-/// of a probe, else from the local-address mirror or the FIB (`route.rs`); `count`: the
-/// packet's rules are counted (once its outcome holds, where it is classified without its
-/// state).
+/// of a probe, else from the local-address mirror or the FIB (`route.rs`).
 #[inline(always)]
 fn packet_route(
     ctx: &TcContext,
@@ -228,7 +226,6 @@ fn packet_route(
     probe: bool,
     tracked: u32,
     cache: bool,
-    count: bool,
 ) -> Route {
     let diag = cfg.flags & flags::DIAG_ALL;
     let open_either = tracked & CT_OPEN_EITHER != 0;
@@ -247,7 +244,7 @@ fn packet_route(
         iif,
         oif,
         state: tracked & 0xff,
-        count: count && !open_either,
+        count: (probe || diag & flags::DIAG_NO_COUNTERS == 0) && !open_either,
         commit: tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0,
         cache,
         unknown: tracked & CT_UNKNOWN != 0,
