@@ -389,9 +389,9 @@ fn marks_live_past(until: u64) {
 /// known-flow path looks a live flow's verdict up), the cached verdicts of the other
 /// direction stale once our side opened the flow, the original direction's once the first
 /// reply came (where the state was not looked up, [`CT_OPEN_EITHER`], the packet may be
-/// either: the other direction's verdicts go stale). Called instead of [`ct_commit`], for `WORK`'s packet: no argument lives in the
-/// caller's frame across the call (the verifier bounds a call chain's frames together). A
-/// global function: the verifier checks it once.
+/// either: the other direction's verdicts go stale). Called instead of [`ct_commit`], for
+/// `WORK`'s packet: no argument lives in the caller's frame across the call (the verifier
+/// bounds a call chain's frames together). A global function: the verifier checks it once.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn kernel_commit() -> u32 {

@@ -34,10 +34,13 @@
 //! from `WORK`. That took a tc program from 430,000 walked instructions (over a second to
 //! load) to under 50,000 (`tests/bpf.rs`, `verifier_accepts_the_largest_policy`, bounds it).
 //!
-//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in [`ttl`]), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`], [`classify`] (one dimension's lookup in [`dims`]; without the kernel's state, [`open_either`]; [`counters`]),
-//! [`route`] (with the local-address mirror, [`local`]), [`reject`], [`l2`] (the tc entry
-//! of every device type), [`events`], [`mem`] (zeroing a word at a time); the program entries (tc and XDP) are here; [`bare`] is
-//! the benchmark's baseline.
+//! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in
+//! [`ttl`]), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`],
+//! [`classify`] (one dimension's lookup in [`dims`]; without the kernel's state,
+//! [`open_either`]; [`counters`]), [`route`] (with the local-address mirror, [`local`]),
+//! [`reject`], [`l2`] (the tc entry of every device type), [`events`], [`mem`] (zeroing a word
+//! at a time); the program entries (tc and XDP) are here; [`bare`] is the benchmark's
+//! baseline.
 #![no_std]
 // BPF inline assembly: the known-flow path's unaligned 32-bit packet loads (`cache.rs`).
 #![feature(asm_experimental_arch)]
@@ -200,8 +203,11 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let tracked = tracked_state(ctx, l2, p, cfg.flags, seen_idle);
     // Classified without the kernel's state: counted once it is known to hold (below).
     let open_either = tracked & CT_OPEN_EITHER != 0;
-    let r = packet_route(ctx, &cfg, p, ifindex, probe, tracked, cache);
     let count = diag & flags::DIAG_NO_COUNTERS == 0 || probe;
+    let mut r = packet_route(ctx, &cfg, p, ifindex, probe, tracked);
+    r.cache = cache;
+    // Under `OPEN_EITHER`, counted by `settle_open_either` once the outcome is known to hold.
+    r.count = count && !open_either;
     // SAFETY: as above.
     unsafe { (*w).r = r };
     if diag & flags::DIAG_NO_CHAINS != 0 {
@@ -214,9 +220,9 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     Ok(finish_tc(ctx.skb.skb, probe as u32, cfg.flags))
 }
 
-/// The route of the tc packet `p` (arrived on `ifindex`) and how to classify it, given its
-/// conntrack state with its bits (`tracked`): the path and interfaces from the control block
-/// of a probe, else from the local-address mirror or the FIB (`route.rs`).
+/// The route of the tc packet `p` (arrived on `ifindex`) with its conntrack state and bits
+/// (`tracked`): the path and interfaces from the control block of a probe, else from the
+/// local-address mirror or the FIB (`route.rs`). Neither counted nor cached: the caller says.
 #[inline(always)]
 fn packet_route(
     ctx: &TcContext,
@@ -225,10 +231,8 @@ fn packet_route(
     ifindex: u32,
     probe: bool,
     tracked: u32,
-    cache: bool,
 ) -> Route {
     let diag = cfg.flags & flags::DIAG_ALL;
-    let open_either = tracked & CT_OPEN_EITHER != 0;
     let (path, iif, oif) = if probe {
         let cb = ctx.cb();
         (cb[1], cb[3], cb[2])
@@ -244,13 +248,13 @@ fn packet_route(
         iif,
         oif,
         state: tracked & 0xff,
-        count: (probe || diag & flags::DIAG_NO_COUNTERS == 0) && !open_either,
+        count: false,
         commit: tracked & CT_NO_WRITE == 0 && diag & flags::DIAG_NO_CT_COMMIT == 0,
-        cache,
+        cache: false,
         unknown: tracked & CT_UNKNOWN != 0,
         first_reply: tracked & CT_FIRST_REPLY != 0,
         all_lookups: !probe && diag & flags::DIAG_ALL_ADDR_LOOKUPS != 0,
-        open_either,
+        open_either: tracked & CT_OPEN_EITHER != 0,
     }
 }
 

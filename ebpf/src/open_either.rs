@@ -1,9 +1,9 @@
 //! Classification without the kernel's state (`ct::OPEN_EITHER`, `conntrack.rs`'s
 //! `CT_OPEN_EITHER`): a UDP packet or a TCP SYN of a flow the kernel's table may hold is
 //! classified under new, established and related at once; the chains note where that did
-//! not decide for all three (`classify.rs`, `note_open_split`), and [`settle_open_either`] keeps the
-//! outcome, takes it as new's once the kernel says new, or classifies the packet again with
-//! the kernel's state.
+//! not decide for all three (`classify.rs`, `note_open_split`), and [`settle_open_either`]
+//! keeps the outcome, takes it as new's once the kernel says new, or classifies the packet
+//! again with the kernel's state.
 
 use aya_ebpf::bindings::__sk_buff;
 use peerwall_common::{ct, flags, CACHED_COUNTERS};
@@ -15,9 +15,10 @@ use crate::maps::{SCRATCH, WORK};
 use crate::{classify_work, kernel_state_tc};
 
 /// After `WORK`'s packet was classified under `OPEN_EITHER` (its state not looked up,
-/// [`crate::conntrack::CT_OPEN_EITHER`]): where every chain's decision held for each state the packet can have,
-/// its rules are counted (`count`: 1) and the outcome stands; else the kernel's table gives
-/// the state and the packet is classified again, as it would have been without the shortcut.
+/// [`crate::conntrack::CT_OPEN_EITHER`]): where every chain's decision held for each state the
+/// packet can have, its rules are counted (`count`: 1) and the outcome stands; else the
+/// kernel's table gives the state and the packet is classified again, as it would have been
+/// without the shortcut.
 /// A global function: the verifier checks it once.
 #[unsafe(no_mangle)]
 #[inline(never)]

@@ -76,8 +76,9 @@ fn write_way(
 }
 
 /// Cache the drop `v` of a flow conntrack never saw, or a verdict that held whatever the
-/// packet's state (`Route::open_either`) (key `k`, its words `words`), in this CPU's set `s` (`VERDICTS4_CPU[slot]`), deciding by the set's tags and hints alone, which
-/// stay in the CPU's cache: into the way whose tag is the key's and that holds the key (a
+/// packet's state (`Route::open_either`) (key `k`, its words `words`), in this CPU's set `s`
+/// (`VERDICTS4_CPU[slot]`), deciding by the set's tags and hints alone, which stay in the
+/// CPU's cache: into the way whose tag is the key's and that holds the key (a
 /// flow dropped again), else a way whose hint says its verdict no longer serves, else
 /// nowhere. A way is read only where its tag is the key's: under a flood of new flows,
 /// reading both ways to find a free one (as [`promote`] does) was two cold lines per packet,
