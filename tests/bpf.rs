@@ -1329,19 +1329,6 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// `FLOW_SEEN`'s stamp (u16) of `slot`, with bpftool: the lane of its entry
-/// ([`peerwall_common::seen_line_of`]: 32 stamps to an entry).
-fn seen_entry(pins: &Pins, slot: u32) -> u16 {
-    let map = format!("{}/FLOW_SEEN", pins.arg());
-    let (line, lane) = peerwall_common::seen_line_of(slot);
-    let key: Vec<String> = line.to_le_bytes().iter().map(|b| b.to_string()).collect();
-    let mut args = vec!["map", "lookup", "pinned", map.as_str(), "key"];
-    args.extend(key.iter().map(String::as_str));
-    let b = value_bytes(&bpftool_json(&args)["value"]);
-    assert_eq!(b.len(), 64, "a FLOW_SEEN entry holds 32 stamps");
-    u16::from_le_bytes([b[2 * lane], b[2 * lane + 1]])
-}
-
 /// Conntrack's shortcut for unknown flows (`FLOW_SEEN`: a packet whose entry is idle is new
 /// without a lookup in the flow tables) is armed only while every attached program keeps the
 /// entries, and stamps the flows already tracked when it is armed again: an established
@@ -1528,17 +1515,6 @@ fn a_flow_seen_of_another_layout_is_stamped_before_the_shortcut_trusts_it() {
         "the established flow's reply was dropped once the shortcut was armed again"
     );
     let _ = std::fs::remove_file(&file);
-}
-
-/// `CLOCK_MONOTONIC` in ns (`bpf_ktime_get_ns`).
-fn clock_monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into `ts`.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 /// The bytes of a plain-data kernel struct (no padding: `peerwall_common`'s layouts).

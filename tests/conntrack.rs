@@ -601,3 +601,85 @@ fn bpf_kernel_table_keeps_the_kernel_tracking_when_the_nat_goes() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Pin the calling thread to `cpu` (a gateway's datapath runs a packet on the CPU that sends
+/// it through the veth pair, and keeps its per-packet state per CPU).
+fn on_cpu(cpu: usize) {
+    // SAFETY: a zeroed `cpu_set_t` with one bit set, for this thread (0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "sched_setaffinity({cpu})"
+        );
+    }
+}
+
+/// The time a packet of the kernel's table stamps its flow's `FLOW_SEEN` entry with is its own
+/// (`Work::now`, read at most once per packet and zeroed for each), never an earlier packet's:
+/// two datagrams of a flow on every CPU (the second's entry live, so the datapath reads the
+/// clock for it), seconds without traffic, then a new flow, whose entry must hold
+/// the time it was opened. Kept from the packet before, the stamp was seconds old, and the
+/// entry would go idle that much early: with the sweep's vouch, a connection the kernel holds
+/// would then be taken for a new one. (Broken by hand, the clock not zeroed per packet: fails.)
+#[test]
+fn bpf_kernel_table_stamps_each_flow_with_its_own_time() {
+    require_root();
+    let (t, pins, file) = bpf_gateway("kct-stamp", "kernel");
+    // The sweep's vouch as the agent leaves it (`apply` does not sweep): ten minutes from now,
+    // so that a new flow's packet takes no clock read before its commit.
+    let until = peerwall_testkit::bpf::clock_monotonic_ns() + 600_000_000_000;
+    let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<Vec<_>>();
+    let map = pins.0.join("CT_SWEPT");
+    let mut args = vec!["map".to_string(), "update".into(), "pinned".into()];
+    args.push(map.to_string_lossy().into_owned());
+    args.extend(["key".into(), "hex".into()]);
+    args.extend(hex(&0u32.to_le_bytes()));
+    args.extend(["value".into(), "hex".into()]);
+    args.extend(hex(&until.to_le_bytes()));
+    let o = std::process::Command::new("bpftool")
+        .args(&args)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let mut b = [0u8; 8];
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    for cpu in 0..cpus {
+        on_cpu(cpu);
+        let port = 7130 + cpu as u16;
+        let (c, p) = sockets(&t, "10.10.1.67", "10.20.1.2", port);
+        // The second datagram's entry is live: the datapath reads the clock for it.
+        for _ in 0..2 {
+            c.send_to(b"before", ("10.20.1.2", port)).unwrap();
+            assert!(
+                p.recv(&mut b).is_ok(),
+                "cpu {cpu}: the datagram was not forwarded"
+            );
+        }
+    }
+    // FLOW_SEEN counts in units of 2^30 ns: five seconds are four of them at least.
+    std::thread::sleep(std::time::Duration::from_secs(5));
+    let (c, p) = sockets(&t, "10.10.1.67", "10.20.1.2", 7140);
+    let before = peerwall_common::flow_seen_stamp(peerwall_testkit::bpf::clock_monotonic_ns());
+    c.send_to(b"opened", ("10.20.1.2", 7140)).unwrap();
+    assert!(
+        p.recv(&mut b).is_ok(),
+        "the new flow's datagram was not forwarded"
+    );
+    let key = peerwall_backend_bpf::loader::key_of(&Flow {
+        src: "10.10.1.67".parse().unwrap(),
+        dst: "10.20.1.2".parse().unwrap(),
+        proto: 17,
+        sport: 7140,
+        dport: 7140,
+    });
+    let slot = peerwall_common::flow_seen_slot(&key, peerwall_common::FLOW_SEEN_SLOTS - 1);
+    let stamp = peerwall_testkit::bpf::seen_entry(&pins, slot);
+    assert!(
+        stamp.wrapping_sub(before) <= 1,
+        "FLOW_SEEN[{slot}] = {stamp}, the flow opened at {before}: stamped with an earlier time"
+    );
+    let _ = std::fs::remove_file(&file);
+}

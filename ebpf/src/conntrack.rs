@@ -4,7 +4,7 @@
 //! evicts an established one; the state of a packet (new,
 //! established, related, invalid) and the commit after an accept.
 
-use aya_ebpf::helpers::generated::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns};
+use aya_ebpf::helpers::generated::bpf_ktime_get_ns;
 use peerwall_common::{ct, family, flow_words, new_flow_slot, FlowKey, FlowState, NewFlowSlot};
 
 use crate::cache::{forget, outdate};
@@ -22,6 +22,7 @@ use crate::parse::{
     IPPROTO_TCP, IPPROTO_UDP,
 };
 use crate::seen::{kernel_swept, note_seen, seen_idle};
+use crate::work::{SEEN_IDLE, SEEN_LIVE};
 
 /// A flow's state, wherever it is: the established table first, unless its entry there has
 /// expired (a flow started again since is in `FLOWS_NEW`: the `FLOW_SEEN` shortcut inserts it
@@ -144,22 +145,23 @@ fn unchanged(st: &FlowState, now: u64) -> u32 {
 }
 
 /// Conntrack state of the packet (low byte), with [`CT_NO_WRITE`] when accepting it needs no
-/// conntrack write. `seen_on`: the `FLOW_SEEN` shortcut is on; `known_idle`: the known-flow
-/// path already found the packet's entry idle (an IPv4 TCP or UDP packet, whose key it read).
+/// conntrack write. `seen_on`: the `FLOW_SEEN` shortcut is on; `seen`: what the known-flow path
+/// found of the packet's entry (`Work::seen`: idle, live, or 0 where it did not read it; an
+/// IPv4 TCP or UDP packet, whose key it read).
 #[inline(never)]
 pub(crate) fn ct_state<S: Source + CtLookup>(
     s: &S,
     l3: usize,
     p: &Pkt,
     seen_on: bool,
-    known_idle: bool,
+    seen: u32,
 ) -> u32 {
     if p.proto == IPPROTO_TCP && p.has_ports && !tcp_flags_valid(p.tcp_flags) {
         return ct::INVALID;
     }
     // The known-flow path read this TCP or UDP packet's FLOW_SEEN entry and found it idle:
     // new, as below, without even a clock read (the first packet of a flood's every flow).
-    if seen_on && known_idle {
+    if seen_on && seen == SEEN_IDLE {
         return new_or_invalid(p, false, ct::NEW | CT_UNKNOWN);
     }
     // SAFETY: no arguments.
@@ -204,8 +206,9 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
     let k = flow_key(p);
     // No flow of this entry is live: new, as if both tables had been looked up and missed.
     // Expired entries of the flow (either direction) may remain in them: lookups and commits
-    // pass over those (`lookup`, `ct_commit`), so its commit inserts it without looking.
-    if seen_on && seen_idle(&k, now) {
+    // pass over those (`lookup`, `ct_commit`), so its commit inserts it without looking. Not
+    // read again where the known-flow path just found the entry live.
+    if seen_on && seen != SEEN_LIVE && seen_idle(&k, now) {
         return new_or_invalid(p, is_icmp, ct::NEW | CT_UNKNOWN);
     }
     let mut seen = false;
@@ -255,7 +258,7 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// (one call frame less: the verifier bounds the frames of a call chain together).
 ///
 /// Under the `FLOW_SEEN` shortcut (`seen_on`), a packet whose entry is idle is new without
-/// asking the kernel (`known_idle`: the known-flow path already found it idle), while the
+/// asking the kernel (`seen`: the known-flow path already found it idle, [`SEEN_IDLE`]), while the
 /// agent's sweep vouches for the kernel's table (`CT_SWEPT`): every accept of this datapath
 /// stamps its flow's entry ([`kernel_commit`]), and the sweep stamped the entry of every
 /// connection the kernel's table held (`agent/backend/bpf/src/sweep.rs`), so an idle entry
@@ -282,38 +285,41 @@ pub(crate) fn kernel_state<C: CtLookup>(
     ctx: &C,
     p: &Pkt,
     seen_on: bool,
-    known_idle: bool,
+    seen: u32,
     open_either: bool,
 ) -> u32 {
     let Some(w) = WORK.get_ptr_mut(0) else {
         return ct::INVALID;
     };
-    // Not read yet: the commit reads the clock itself.
-    // SAFETY: per-CPU scratch of a successful lookup.
-    unsafe { (*w).now = 0 };
     if p.proto == IPPROTO_TCP && !tcp_flags_valid(p.tcp_flags) {
         return ct::INVALID;
     }
     let unknown = ct::NEW | CT_UNKNOWN | CT_KERNEL;
-    // SAFETY: no arguments.
-    if seen_on && known_idle && kernel_swept(unsafe { bpf_ktime_get_coarse_ns() }) {
+    if seen_on && seen == SEEN_IDLE && kernel_swept(crate::ttl::coarse_ns()) {
         return new_or_invalid(p, false, unknown);
     }
-    // SAFETY: no arguments.
-    let now = unsafe { bpf_ktime_get_ns() };
-    // SAFETY: as above.
-    unsafe { (*w).now = now };
-    if seen_on && !known_idle && unknown_to_both(p, now) {
+    // Once per packet (the entries zero `Work::now`): the second call, after a classification
+    // under `OPEN_EITHER` (`open_either.rs`), takes the first's.
+    // SAFETY: per-CPU scratch of a successful lookup; the helper takes no arguments.
+    let now = unsafe {
+        if (*w).now == 0 {
+            (*w).now = bpf_ktime_get_ns();
+        }
+        (*w).now
+    };
+    // Not where the known-flow path just found the entry live ([`SEEN_LIVE`]): its stamps
+    // would be read again to find what a tick's difference in the clocks can hardly change.
+    if seen_on && seen == 0 && unknown_to_both(p, now) {
         return new_or_invalid(p, false, unknown);
     }
     if open_either && opens_either_way(p) {
-        if ended_mark(&flow_key(p), seen_on, now) {
+        if ended_mark(p, seen_on, now) {
             return ct::INVALID;
         }
         return ct::OPEN_EITHER | CT_KERNEL | CT_OPEN_EITHER;
     }
     let found = crate::kernel_ct::lookup(ctx, p, w, true);
-    if ended_mark(&flow_key(p), seen_on, now) {
+    if ended_mark(p, seen_on, now) {
         return ct::INVALID;
     }
     match found {
@@ -340,17 +346,18 @@ fn unknown_to_both(p: &Pkt, now: u64) -> bool {
     kernel_swept(now) && seen_idle(&flow_key(p), now)
 }
 
-/// Whether user space ended flow `k` (either direction) and the mark is live: then the packet
-/// holds it (`hold_ended`). Only `FLOWS` holds marks where the kernel tracks the flow. Two
+/// Whether user space ended the flow of `p` (either direction) and the mark is live: then the
+/// packet holds it (`hold_ended`). Only `FLOWS` holds marks where the kernel tracks the flow. Two
 /// checks spare its lookups: past `ENDED_UNTIL` no mark is live at all (nothing was ended
 /// lately: the case of every packet between policy changes), and the flow's `FLOW_SEEN`
 /// entry, when idle, says it has none (marking a flow ended stamps it; no sweep is needed
-/// for that: the marks are this datapath's own).
+/// for that: the marks are this datapath's own). The flow key is built only past the first.
 #[inline(never)]
-fn ended_mark(k: &FlowKey, seen_on: bool, now: u64) -> bool {
+fn ended_mark(p: &Pkt, seen_on: bool, now: u64) -> bool {
     if !ENDED_UNTIL.get(0).is_some_and(|until| *until > now) {
         return false;
     }
+    let k = &flow_key(p);
     if seen_on && seen_idle(k, now) {
         return false;
     }

@@ -3,7 +3,6 @@
 //! agent's lease ([`peerwall_common::RouteMirror`]). [`crate::route`] takes its answer for a
 //! packet's path instead of a FIB lookup where the lease holds.
 
-use aya_ebpf::helpers::generated::bpf_ktime_get_coarse_ns;
 use aya_ebpf::maps::lpm_trie::Key;
 use peerwall_common::{family, routes, AddrKeyData, ADDR_KEY_FIXED_BITS};
 
@@ -37,10 +36,9 @@ pub(crate) fn local_destination(p: &Pkt) -> u32 {
     if p.family == family::V6 && (strict6(&p.dst) || strict6(&p.src)) {
         return UNDECIDED;
     }
-    // The coarse clock (the last tick's time, no clock-source read): the lease is seconds
-    // long, a tick late is nothing to it.
-    // SAFETY: a helper without arguments.
-    if unsafe { bpf_ktime_get_coarse_ns() } >= lease.until_ns {
+    // The coarse clock (the last tick's time, no clock-source read, once per packet): the
+    // lease is seconds long, a tick late is nothing to it.
+    if crate::ttl::coarse_ns() >= lease.until_ns {
         return UNDECIDED;
     }
     let key = Key::new(

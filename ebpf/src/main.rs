@@ -161,6 +161,15 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     };
     // SAFETY: per-CPU slot of a successful lookup; the packet is parsed in place.
     let p = unsafe { &mut (*w).p };
+    // No clock read for this packet yet (`ttl::coarse_ns`, `Work::now`), but the coarse one
+    // `known_flow_v4` made where it noted the packet.
+    // SAFETY: as above.
+    unsafe {
+        (*w).now = 0;
+        if !(*w).looked_up {
+            (*w).coarse = 0;
+        }
+    }
     match parse_tc(ctx.skb.skb, l2 as u32, ethertype as u32) {
         PARSE_OK => {}
         bad => {
@@ -168,7 +177,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             // SAFETY: as above.
             unsafe {
                 (*w).looked_up = false;
-                (*w).seen_idle = false;
+                (*w).seen = 0;
             }
             return if bad == PARSE_NOT_IP {
                 Ok(TC_ACT_OK)
@@ -197,10 +206,10 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
             return Ok(TC_ACT_SHOT);
         }
     }
-    // `known_flow_v4` found the packet's FLOW_SEEN entry idle (read once, for this packet).
+    // What `known_flow_v4` found of the packet's FLOW_SEEN entry (read once, for this packet).
     // SAFETY: as above.
-    let seen_idle = unsafe { core::mem::take(&mut (*w).seen_idle) };
-    let tracked = tracked_state(ctx, l2, p, cfg.flags, seen_idle);
+    let seen = unsafe { core::mem::take(&mut (*w).seen) };
+    let tracked = tracked_state(ctx, l2, p, cfg.flags, seen);
     // Classified without the kernel's state: counted once it is known to hold (below).
     let open_either = tracked & CT_OPEN_EITHER != 0;
     let count = diag & flags::DIAG_NO_COUNTERS == 0 || probe;
@@ -261,7 +270,7 @@ fn packet_route(
 /// The packet's conntrack state with its bits: from the kernel's table where it tracks the
 /// packet's flow, else from the datapath's own (none under the benchmark's `DIAG_NO_CT`).
 #[inline(always)]
-fn tracked_state(ctx: &TcContext, l2: usize, p: &Pkt, flags: u32, seen_idle: bool) -> u32 {
+fn tracked_state(ctx: &TcContext, l2: usize, p: &Pkt, flags: u32, seen: u32) -> u32 {
     let seen_on = flags & flags::FLOW_SEEN != 0;
     if flags & flags::DIAG_NO_CT != 0 {
         ct::NEW | CT_NO_WRITE
@@ -269,14 +278,9 @@ fn tracked_state(ctx: &TcContext, l2: usize, p: &Pkt, flags: u32, seen_idle: boo
         // Without the kernel's table where the chains can decide without it, unless events
         // are on (an event says the packet's state).
         let open_either = flags & flags::EVENTS == 0;
-        kernel_state_tc(
-            ctx.skb.skb,
-            seen_on as u32,
-            seen_idle as u32,
-            open_either as u32,
-        )
+        kernel_state_tc(ctx.skb.skb, seen_on as u32, seen, open_either as u32)
     } else {
-        ct_state_tc(ctx.skb.skb, l2 as u32, seen_on as u32, seen_idle as u32)
+        ct_state_tc(ctx.skb.skb, l2 as u32, seen_on as u32, seen)
     }
 }
 
@@ -309,12 +313,12 @@ pub extern "C" fn parse_tc(skb: *mut __sk_buff, l2: u32, ethertype: u32) -> u32 
 pub extern "C" fn kernel_state_tc(
     skb: *mut __sk_buff,
     seen_on: u32,
-    seen_idle: u32,
+    seen: u32,
     open_either: u32,
 ) -> u32 {
     let ctx = &TcContext::new(skb);
     match WORK.get(0) {
-        Some(w) => kernel_state(ctx, &w.p, seen_on != 0, seen_idle != 0, open_either != 0),
+        Some(w) => kernel_state(ctx, &w.p, seen_on != 0, seen, open_either != 0),
         None => ct::INVALID,
     }
 }
@@ -322,16 +326,10 @@ pub extern "C" fn kernel_state_tc(
 /// [`ct_state`] of the tc packet in `WORK`, its IP header at `l2`.
 #[unsafe(no_mangle)]
 #[inline(never)]
-pub extern "C" fn ct_state_tc(skb: *mut __sk_buff, l2: u32, seen_on: u32, seen_idle: u32) -> u32 {
+pub extern "C" fn ct_state_tc(skb: *mut __sk_buff, l2: u32, seen_on: u32, seen: u32) -> u32 {
     let ctx = &TcContext::new(skb);
     match WORK.get(0) {
-        Some(w) => ct_state(
-            ctx,
-            (l2 & 0xff) as usize,
-            &w.p,
-            seen_on != 0,
-            seen_idle != 0,
-        ),
+        Some(w) => ct_state(ctx, (l2 & 0xff) as usize, &w.p, seen_on != 0, seen),
         None => ct::INVALID,
     }
 }
@@ -402,6 +400,12 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     };
     // SAFETY: per-CPU slot of a successful lookup; the packet is parsed in place.
     let p = unsafe { &mut (*w).p };
+    // No clock read for this packet yet (`ttl::coarse_ns`, `Work::now`).
+    // SAFETY: as above.
+    unsafe {
+        (*w).coarse = 0;
+        (*w).now = 0;
+    }
     match parse(ctx, l2 & 0xff, ethertype, p) {
         Parse::NotIp => return Ok(xdp_action::XDP_PASS),
         Parse::Bad => return Err(()),
@@ -427,9 +431,9 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     let (path, oif) = route(ctx, &cfg, p, ifindex);
     let seen_on = cfg.flags & flags::FLOW_SEEN != 0;
     let tracked = if kernel_ct_on() && kernel_tracks(p) {
-        kernel_state(ctx, p, seen_on, false, false)
+        kernel_state(ctx, p, seen_on, 0, false)
     } else {
-        ct_state(ctx, l2 & 0xff, p, seen_on, false)
+        ct_state(ctx, l2 & 0xff, p, seen_on, 0)
     };
     let r = Route {
         epoch: cfg.active,

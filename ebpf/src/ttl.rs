@@ -1,8 +1,8 @@
 //! How long a cached verdict lives (`cache.rs`): its stamp and its lifetime, in jiffies, at
 //! most one second at whatever HZ the kernel runs.
 
-use crate::maps::{CLOCKS, TTL_NOW};
-use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_ns};
+use crate::maps::{CLOCKS, TTL_NOW, WORK};
+use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns};
 
 /// Cached verdicts are timed in jiffies: the verifier inlines `bpf_jiffies64` into one load,
 /// where a nanosecond clock is a helper call that every packet of a known flow would pay. A
@@ -78,5 +78,28 @@ pub(crate) fn ttl_reused(now: u32) -> u16 {
         let t = ttl();
         *c = [t, now];
         t as u16
+    }
+}
+
+/// The coarse clock (`bpf_ktime_get_coarse_ns`: the last tick's time, no clock-source read) for
+/// `WORK`'s packet, read at most once per packet (`Work::coarse`; the entries zero it where
+/// the known-flow path did not read it for this packet): a helper call costs as much as a
+/// cached map lookup, and the known-flow path, the mirror's lease and conntrack's vouch check
+/// each read it. Every use compares it with a bound set seconds apart from the packet's time
+/// (the lease, the vouch, `FLOW_SEEN`'s idle horizon): a value a few hundred nanoseconds older
+/// than a fresh read is, like the coarse clock's own tick, nothing to them, and an older clock
+/// only makes stamps look younger (never idle early).
+#[inline(always)]
+pub(crate) fn coarse_ns() -> u64 {
+    let Some(w) = WORK.get_ptr_mut(0) else {
+        // SAFETY: no arguments.
+        return unsafe { bpf_ktime_get_coarse_ns() };
+    };
+    // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
+    unsafe {
+        if (*w).coarse == 0 {
+            (*w).coarse = bpf_ktime_get_coarse_ns();
+        }
+        (*w).coarse
     }
 }

@@ -16,10 +16,15 @@ pub(crate) struct Work {
     /// Set by `known_flow_v4` when it looked this packet's key up and found nothing to serve,
     /// so that the full path does not look it up again; cleared when read.
     pub(crate) looked_up: bool,
-    /// Set with `looked_up` when `known_flow_v4` found the packet's `FLOW_SEEN` entry idle:
-    /// conntrack then knows the flow is new without reading it again. Cleared when read (or
-    /// when the packet does not parse).
-    pub(crate) seen_idle: bool,
+    /// Set with `looked_up` to what `known_flow_v4` found of the packet's `FLOW_SEEN` entry:
+    /// [`SEEN_IDLE`] (conntrack then knows the flow is new without reading it again),
+    /// [`SEEN_LIVE`] (conntrack does not read it again to find it idle), or 0 (not read).
+    /// Cleared when read (or when the packet does not parse).
+    pub(crate) seen: u32,
+    /// The coarse clock as read for this packet (`ttl.rs`, [`crate::ttl::coarse_ns`]), 0 until
+    /// it is: the known-flow path, the local-address mirror's lease and conntrack's vouch
+    /// check share one read.
+    pub(crate) coarse: u64,
     /// The packet's `VERDICT_GENS` generation, read before its conntrack state is: what
     /// `remember` stamps its verdict with.
     pub(crate) gen: u32,
@@ -35,9 +40,17 @@ pub(crate) struct Work {
     /// read it here rather than take it as an argument.
     pub(crate) q: Query,
     /// The clock read once for a packet the kernel's table tracks (`conntrack.rs`,
-    /// `kernel_state`), which its commit stamps `FLOW_SEEN` with (`kernel_commit`).
+    /// `kernel_state`, both of its calls for a packet classified under `OPEN_EITHER`), which
+    /// its commit stamps `FLOW_SEEN` with (`kernel_commit`); 0 until read (the entries zero it
+    /// for every packet).
     pub(crate) now: u64,
 }
+
+/// [`Work::seen`]: the known-flow path found the packet's `FLOW_SEEN` entry idle.
+pub(crate) const SEEN_IDLE: u32 = 1;
+/// [`Work::seen`]: the known-flow path found the packet's `FLOW_SEEN` entry live (by the coarse
+/// clock, a tick behind: it may have gone idle since, which only costs the shortcut).
+pub(crate) const SEEN_LIVE: u32 = 2;
 
 /// Path of a packet, the interfaces the chains see, and how to evaluate it.
 #[repr(C)]

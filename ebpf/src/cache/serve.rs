@@ -1,6 +1,7 @@
 //! Serving cached verdicts: the fast path of known IPv4 flows ([`known_flow_v4`], before the
 //! full parse) and the full path's lookup ([`cached_verdict`]).
 
+use crate::work::{SEEN_IDLE, SEEN_LIVE};
 use aya_ebpf::bindings::__sk_buff;
 use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_coarse_ns};
 use aya_ebpf::programs::TcContext;
@@ -258,17 +259,22 @@ pub extern "C" fn known_flow_v4(
     // that lookup, a cold miss under a flood. Skipping it is never wrong, only slower. The
     // coarse clock (no clock-source read) is up to a tick behind the one stamps are written
     // with, which can only make an entry look younger (`flow_seen_idle`): never idle early.
-    // SAFETY: no arguments.
-    if flags & peerwall_common::flags::FLOW_SEEN != 0
-        && no_live_flow_v4(words, unsafe { bpf_ktime_get_coarse_ns() })
-    {
-        looked_up(gen, true);
-        return MISS;
-    }
+    // The clock read is the packet's (`crate::ttl::coarse_ns`), noted with the rest.
+    let (seen, now) = if flags & peerwall_common::flags::FLOW_SEEN != 0 {
+        // SAFETY: no arguments.
+        let now = unsafe { bpf_ktime_get_coarse_ns() };
+        if no_live_flow_v4(words, now) {
+            looked_up(gen, SEEN_IDLE, now);
+            return MISS;
+        }
+        (SEEN_LIVE, now)
+    } else {
+        (0, 0)
+    };
     // No verdict of the set put into the shared level can still be served: none to look up
     // (a flood of one-packet flows puts none there).
     if !may_serve(set, stamp()) {
-        looked_up(gen, false);
+        looked_up(gen, seen, now);
         return MISS;
     }
     // SAFETY: the transmute is between two 16-byte plain-data types.
@@ -288,23 +294,25 @@ pub extern "C" fn known_flow_v4(
         _ => MISS,
     };
     if a == MISS {
-        looked_up(gen, false);
+        looked_up(gen, seen, now);
     }
     a
 }
 
 /// Note in `WORK` that [`known_flow_v4`] looked the packet up and found nothing to serve: the
 /// generation `gen` it read for the packet's set (before the packet's conntrack state, as
-/// [`remember`] needs it), and whether its `FLOW_SEEN` entry was idle (`idle`: conntrack then
-/// knows the flow is new without reading the entry again).
+/// [`remember`] needs it), what it found of its `FLOW_SEEN` entry (`seen`: `Work::seen`,
+/// conntrack then need not read the entry again) and the coarse clock it read for that
+/// (`now`, 0 if none: the packet's, `crate::ttl::coarse_ns`).
 #[inline(always)]
-fn looked_up(gen: u32, idle: bool) {
+fn looked_up(gen: u32, seen: u32, now: u64) {
     if let Some(w) = WORK.get_ptr_mut(0) {
         // SAFETY: per-CPU slot of a successful lookup.
         unsafe {
             (*w).looked_up = true;
             (*w).gen = gen;
-            (*w).seen_idle = idle;
+            (*w).seen = seen;
+            (*w).coarse = now;
         }
     }
 }

@@ -161,3 +161,27 @@ pub fn config_flags(pins: &Pins) -> u32 {
     let b = entry0(pins, "CONFIG");
     u32::from_le_bytes([b[4], b[5], b[6], b[7]])
 }
+
+/// `FLOW_SEEN`'s stamp (u16) of `slot`, with bpftool: the lane of its entry
+/// ([`peerwall_common::seen_line_of`]: 32 stamps to an entry).
+pub fn seen_entry(pins: &Pins, slot: u32) -> u16 {
+    let map = format!("{}/FLOW_SEEN", pins.arg());
+    let (line, lane) = peerwall_common::seen_line_of(slot);
+    let key: Vec<String> = line.to_le_bytes().iter().map(|b| b.to_string()).collect();
+    let mut args = vec!["map", "lookup", "pinned", map.as_str(), "key"];
+    args.extend(key.iter().map(String::as_str));
+    let b = value_bytes(&bpftool_json(&args)["value"]);
+    assert_eq!(b.len(), 64, "a FLOW_SEEN entry holds 32 stamps");
+    u16::from_le_bytes([b[2 * lane], b[2 * lane + 1]])
+}
+
+/// `CLOCK_MONOTONIC` in ns (`bpf_ktime_get_ns`).
+pub fn clock_monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into `ts`.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
