@@ -265,12 +265,14 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// covers no connection either table holds. A denied flood then costs no lookup in the
 /// kernel's table (a cold miss in a large hash table, per packet, before the sweep).
 ///
-/// The clock is read at most once, here, for every step of the packet and its commit
-/// (`Work::now`; a clock read costs as much as a cached map lookup in a VM), and not at all for
-/// a packet the known-flow path found idle: that path judged the entry idle by the coarse
-/// clock, and the vouch is checked by a later read of the same clock. That is sound whatever
-/// the clock: an entry the sweep stamped at `t` is idle only after `t + FLOW_IDLE_NS`, which
-/// is when its vouch ends, so no clock reading finds both.
+/// The clock is read at most once per packet, here, for every step of the packet and its
+/// commit (`Work::now`, which the entries zero for each packet: the second call for a packet
+/// classified under `OPEN_EITHER` takes the first's; a clock read costs as much as a cached
+/// map lookup in a VM), and not at all for a packet the known-flow path found idle: that path
+/// judged the entry idle by the coarse clock, and the vouch is checked against the same
+/// reading (`ttl::coarse_ns`). That is sound whatever the reading: an entry the sweep
+/// stamped at `t` is idle only after `t + FLOW_IDLE_NS`, which is when its vouch ends, so no
+/// reading finds both.
 ///
 /// Where the entry is not idle, a packet that can open a connection (a TCP SYN, any UDP
 /// packet) is in one of three states in the kernel's table: new (no entry, or one without a

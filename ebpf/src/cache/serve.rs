@@ -256,21 +256,12 @@ pub extern "C" fn known_flow_v4(
     }
     // A flow conntrack cannot know (its FLOW_SEEN entry idle) has no verdict cached in the
     // shared table either (those are of tracked flows, and live a second): a new flow skips
-    // that lookup, a cold miss under a flood. Skipping it is never wrong, only slower. The
-    // coarse clock (no clock-source read) is up to a tick behind the one stamps are written
-    // with, which can only make an entry look younger (`flow_seen_idle`): never idle early.
-    // The clock read is the packet's (`crate::ttl::coarse_ns`), noted with the rest.
-    let (seen, now) = if flags & peerwall_common::flags::FLOW_SEEN != 0 {
-        // SAFETY: no arguments.
-        let now = unsafe { bpf_ktime_get_coarse_ns() };
-        if no_live_flow_v4(words, now) {
-            looked_up(gen, SEEN_IDLE, now);
-            return MISS;
-        }
-        (SEEN_LIVE, now)
-    } else {
-        (0, 0)
-    };
+    // that lookup, a cold miss under a flood. Skipping it is never wrong, only slower.
+    let (seen, now) = seen_v4(words, flags);
+    if seen == SEEN_IDLE {
+        looked_up(gen, SEEN_IDLE, now);
+        return MISS;
+    }
     // No verdict of the set put into the shared level can still be served: none to look up
     // (a flood of one-packet flows puts none there).
     if !may_serve(set, stamp()) {
@@ -297,6 +288,25 @@ pub extern "C" fn known_flow_v4(
         looked_up(gen, seen, now);
     }
     a
+}
+
+/// What the known-flow path finds of the `FLOW_SEEN` entry of the IPv4 flow whose key words
+/// are `words` ([`SEEN_IDLE`], [`SEEN_LIVE`], or 0 with the shortcut off), and the coarse clock
+/// it read for that (0 if none), which is the packet's (`crate::ttl::coarse_ns`). The coarse
+/// clock (no clock-source read) is up to a tick behind the one stamps are written with, which
+/// can only make an entry look younger (`flow_seen_idle`): never idle early.
+#[inline(always)]
+fn seen_v4(words: [u32; 4], flags: u32) -> (u32, u64) {
+    if flags & peerwall_common::flags::FLOW_SEEN == 0 {
+        return (0, 0);
+    }
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_coarse_ns() };
+    if no_live_flow_v4(words, now) {
+        (SEEN_IDLE, now)
+    } else {
+        (SEEN_LIVE, now)
+    }
 }
 
 /// Note in `WORK` that [`known_flow_v4`] looked the packet up and found nothing to serve: the
