@@ -35,7 +35,7 @@
 //! load) to under 50,000 (`tests/bpf.rs`, `verifier_accepts_the_largest_policy`, bounds it).
 //!
 //! One concern per file: [`maps`], [`parse`], [`view`], [`cache`] (its verdicts' lifetime in
-//! [`ttl`]), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`],
+//! [`ttl`], with the packet's coarse clock), [`flow`], [`conntrack`] (the kernel's table in [`kernel_ct`]), [`seen`],
 //! [`classify`] (one dimension's lookup in [`dims`]; without the kernel's state,
 //! [`open_either`]; [`counters`]), [`route`] (with the local-address mirror, [`local`]),
 //! [`reject`], [`l2`] (the tc entry of every device type), [`events`], [`mem`] (zeroing a word

@@ -1,5 +1,6 @@
-//! How long a cached verdict lives (`cache.rs`): its stamp and its lifetime, in jiffies, at
-//! most one second at whatever HZ the kernel runs.
+//! The datapath's clocks: how long a cached verdict lives (`cache.rs`: its stamp and its
+//! lifetime, in jiffies, at most one second at whatever HZ the kernel runs), and the coarse
+//! clock as read once for a packet ([`coarse_ns`]).
 
 use crate::maps::{CLOCKS, TTL_NOW, WORK};
 use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns};
