@@ -17,6 +17,7 @@ mod cycles;
 mod docs;
 mod image;
 mod previous;
+mod profile;
 mod sizes;
 
 use std::path::{Path, PathBuf};
@@ -936,6 +937,7 @@ fn main() -> Result<()> {
             c.args(["bench", "-p", "peerwall", "--bench", "control"]);
             run(c)
         }
+        Some("profile") => profile::run(&args[1..]),
         Some("bench-peers") => {
             setup_build()?;
             kube_build()?;
@@ -945,7 +947,7 @@ fn main() -> Result<()> {
         }
         _ => {
             eprintln!(
-                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|bench-control|bench-peers|bench-netpol|crd|docs|cycles|sizes|kube-build|kube-up|image>"
+                "usage: cargo xtask <setup|lab|test|build-ebpf|bench|bench-gateway|profile|bench-control|bench-peers|bench-netpol|crd|docs|cycles|sizes|kube-build|kube-up|image>"
             );
             eprintln!("  setup  install apt packages and rustup components the tests need (root)");
             eprintln!("  test   fmt + clippy checks, then the whole test suite (root)");
@@ -954,6 +956,7 @@ fn main() -> Result<()> {
             eprintln!("  bench  benchmarks (BPF_PROG_TEST_RUN ns/packet, map update latency); `bench breakdown`: where the classifier's time goes");
             eprintln!("  bench-gateway  peerwall vs nft rule-per-IP, iptables, ipset through a gateway netns (root)");
             eprintln!("  bench-peers  N Liqo gateways on one node (1, 10, 50) under the gateway-pod agent: start → all enforced, one more gateway, RSS, kernel memory (root)");
+            eprintln!("  profile [PROGRAM_PREFIX] [SECONDS]  where a loaded eBPF program's time goes, by source line (perf + the JIT's line table; root)");
             eprintln!("  bench-control  100k offloaded pods through kube-apiserver, controller and agent: one pod, churn, restart, RSS (root)");
             eprintln!("  bench-netpol  1000 NetworkPolicies over 10k pods: the tier, compile, full apply and one label change per backend, in process, then through kube-apiserver, controller and agent (root)");
             eprintln!("  reliability  the fault tests (tests/faults.rs), the real node's gateway churn, the event flood (agent/benches/events), then their tables in docs/reliability.md; --report: the tables only, from the last run's rows (root)");
