@@ -684,8 +684,7 @@ fn nftables_decided_flow_cache_equals_reference() {
     // primer accepted by a rule on the destination alone, then its key from another source
     // port and interface, twice.
     {
-        let objs = peerwall_intent::load::parse_documents(CACHED, "cached").expect("parses");
-        let policy = compile(&objs).expect("compiles").policy;
+        let policy = compiled(CACHED, "cached");
         let mut probe = NftProbe::deployed(&policy, &ifnames()).expect("nft loads the policy");
         let pkt = Packet {
             src: "10.1.0.1".parse().unwrap(),
@@ -804,6 +803,12 @@ spec:
           - {op: eq, ip: {value: 10.0.0.10, position: src}}
 "#;
 
+/// The policy of one of this file's YAML documents.
+fn compiled(yaml: &str, name: &str) -> ir::Policy {
+    let objs = peerwall_intent::load::parse_documents(yaml, name).expect("policy parses");
+    compile(&objs).expect("policy compiles").policy
+}
+
 /// `ESTABLISHED_DIFFERS` compiled, and the bpf datapath loaded with it for the probe (root).
 fn established_differs_probe() -> (ir::Policy, BpfProbe) {
     established_differs(false)
@@ -819,8 +824,7 @@ fn established_differs(kernel: bool) -> (ir::Policy, BpfProbe) {
 /// loaded with it for the probe (root), reading the kernel's connection table where `kernel`.
 fn loaded(yaml: &str, name: &str, kernel: bool) -> (ir::Policy, BpfProbe) {
     require_root();
-    let objs = peerwall_intent::load::parse_documents(yaml, name).expect("policy parses");
-    let policy = compile(&objs).expect("policy compiles").policy;
+    let policy = compiled(yaml, name);
     let parent = ensure_bpffs().expect("bpffs");
     let probe = if kernel {
         BpfProbe::with_kernel_conntrack(&policy, &ifnames(), &parent)

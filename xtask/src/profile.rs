@@ -14,9 +14,10 @@
 //! gateway): it samples every CPU for the given time. Root.
 
 use std::collections::{BTreeMap, HashMap};
-use std::process::Command;
 
 use anyhow::{bail, Context, Result};
+
+use crate::output;
 
 /// `BPF_PROG_GET_FD_BY_ID`.
 const BPF_PROG_GET_FD_BY_ID: libc::c_long = 13;
@@ -301,25 +302,14 @@ pub fn markdown(p: &Profile, top: usize) -> String {
 
 /// Loaded programs whose name starts with `prefix`: their ids.
 fn programs(prefix: &str) -> Result<Vec<u32>> {
-    let out = Command::new("bpftool")
-        .args(["-j", "prog", "show"])
-        .output()
-        .context("bpftool")?;
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("bpftool's JSON")?;
+    let out = output("bpftool", &["-j", "prog", "show"])?;
+    let v: serde_json::Value = serde_json::from_str(&out).context("bpftool's JSON")?;
     Ok(v.as_array()
         .into_iter()
         .flatten()
         .filter(|p| p["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
         .filter_map(|p| p["id"].as_u64().map(|i| i as u32))
         .collect())
-}
-
-fn output(cmd: &mut Command) -> Result<String> {
-    let out = cmd.output().with_context(|| format!("{cmd:?}"))?;
-    if !out.status.success() {
-        bail!("{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// `cargo xtask profile [PROGRAM_PREFIX] [SECONDS]`: sample every CPU while the programs
@@ -337,36 +327,34 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     let mut tables = Vec::new();
     for id in &ids {
-        let xlated = output(Command::new("bpftool").args([
-            "prog",
-            "dump",
-            "xlated",
-            "id",
-            &id.to_string(),
-            "linum",
-        ]))?;
+        let id_s = id.to_string();
+        let xlated = output("bpftool", &["prog", "dump", "xlated", "id", &id_s, "linum"])?;
         tables.push((line_table(*id)?, sources(&xlated)));
     }
     let dir = std::env::temp_dir().join(format!("peerwall-profile-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
-    let data = dir.join("perf.data");
-    let data = data.to_string_lossy();
-    output(Command::new("perf").args([
-        "record",
-        "-a",
-        "-g",
-        "-F",
-        "2999",
-        "-e",
-        "cpu-clock",
-        "-o",
-        &data,
-        "--",
-        "sleep",
-        &secs.to_string(),
-    ]))?;
-    let script = output(Command::new("perf").args(["script", "-F", "ip,sym,symoff", "-i", &data]))?;
+    let data = dir.join("perf.data").to_string_lossy().into_owned();
+    let secs = secs.to_string();
+    let recorded = output(
+        "perf",
+        &[
+            "record",
+            "-a",
+            "-g",
+            "-F",
+            "2999",
+            "-e",
+            "cpu-clock",
+            "-o",
+            &data,
+            "--",
+            "sleep",
+            &secs,
+        ],
+    )
+    .and_then(|_| output("perf", &["script", "-F", "ip,sym,symoff", "-i", &data]));
     let _ = std::fs::remove_dir_all(&dir);
+    let script = recorded?;
     let p = attribute(&samples(&script), &tables);
     if p.total == 0 {
         bail!("no sample in the programs: is traffic going through them?");
