@@ -85,11 +85,15 @@ impl Tracking {
                 "creating the table that keeps the kernel tracking connections",
             ))?;
         }
-        self.seen = self
-            .session
-            .generation()
-            .ok()
-            .map(|g| (g, v4 || have("ip"), v6 || have("ip6")));
+        // What the listing saw holds for the generation read before it, not for one read
+        // after: a table deleted between the listing and a later read would be vouched for
+        // by a generation that already has it gone, and never put back. After creating a
+        // table the generation is our own commit's: the next call lists once more.
+        self.seen = if missing.is_empty() {
+            generation.map(|g| (g, v4 || have("ip"), v6 || have("ip6")))
+        } else {
+            None
+        };
         Ok(missing)
     }
 
