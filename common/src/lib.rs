@@ -6,7 +6,7 @@
 //! The `user` feature adds `aya::Pod` impls for user space.
 //!
 //! One module per concern, as `ebpf/src`: [`maps`], [`classify`], [`view`], [`conntrack`],
-//! [`cache`], [`probe`], [`events`], [`kfunc`]; each item (not `kfunc`'s, which only the
+//! [`cache`], [`probe`], [`events`], [`lines`], [`kfunc`]; each item (not `kfunc`'s, which only the
 //! loader and the datapath's kfunc calls name) is re-exported here by name.
 #![no_std]
 
@@ -15,6 +15,7 @@ pub mod classify;
 pub mod conntrack;
 pub mod events;
 pub mod kfunc;
+pub mod lines;
 pub mod maps;
 pub mod probe;
 pub mod view;
@@ -37,6 +38,10 @@ pub use conntrack::{
     FLOW_SEEN_SHIFT, FLOW_SEEN_SLOTS, NEW_FLOW_SLOTS,
 };
 pub use events::{event, EventConfig, EventFlow, FlowEvent};
+pub use lines::{
+    host_line_entries, host_line_entry, host_line_key, host_line_of, host_lines_for, host_table,
+    HostLine, HOST_LINES_ON, HOST_LINE_OVERFLOW, HOST_LINE_SLOTS, HOST_TABLES,
+};
 pub use maps::{
     counter_owner, family, flags, hook, map, routes, Config, Counter, IfaceInfo, RouteMirror,
     COUNTERS_DEFAULT, HOOKS, HOOK_SLOTS, HOST_TABLE_DEFAULT, LOCAL_MAX, MAX_CHAINS, MAX_COUNTERS,
@@ -52,6 +57,7 @@ mod pod {
     // explicit padding fields: every bit pattern is valid.
     unsafe impl aya::Pod for Bitmap {}
     unsafe impl aya::Pod for SeenLine {}
+    unsafe impl aya::Pod for HostLine {}
     unsafe impl aya::Pod for AddrKeyData {}
     unsafe impl aya::Pod for PortKeyData {}
     unsafe impl aya::Pod for ProtoKey {}

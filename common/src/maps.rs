@@ -58,6 +58,9 @@ pub mod map {
     pub const SRCH: &str = "SRCH";
     /// Destination host hash (per slot).
     pub const DSTH: &str = "DSTH";
+    /// The hosts' one-line tables, IPv4, of both address dimensions of both slots
+    /// ([`crate::HostLine`], [`crate::host_line_entry`]).
+    pub const HOST_LINES: &str = "HOST_LINES";
     /// Source port trie (per slot).
     pub const SPORT: &str = "SPORT";
     /// Destination port trie (per slot).

@@ -3,13 +3,14 @@
 
 use aya_ebpf::helpers::generated::bpf_loop;
 use peerwall_common::{
-    constrained, ct, dim, family, hook, ActionCode, HookChains, IfKey, ProtoKey, CACHED_COUNTERS,
-    MAX_HOOK_CHAINS, MAX_RULES, WORDS,
+    constrained, ct, dim, family, hook, host_table, ActionCode, HookChains, IfKey, ProtoKey,
+    CACHED_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, WORDS,
 };
 
 use crate::dims::{
-    addr_data, addr_key, copy_bitmap, described, port_key, step, step_masked, DST_SKIPS, SRC_SKIPS,
+    addr_data, addr_key, addr_step, copy_bitmap, port_key, step, step_masked, DST_SKIPS, SRC_SKIPS,
 };
+use crate::lines::host_line;
 use crate::maps::{
     ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DST0, DST1, DSTH0,
     DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, LAST, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0,
@@ -163,31 +164,30 @@ macro_rules! slot_eval {
                     {
                         break 'dims true;
                     }
-                    // The host map, then the trie; either skipped where the chain's
-                    // dimension has no entry there (`*_NO_HOSTS`, `*_NO_PREFIXES`).
+                    // The host's line (chains of one word), the host map, then the trie;
+                    // the host lookups skipped where the chain's dimension has no entry
+                    // there (`*_NO_HOSTS`, `*_NO_PREFIXES`).
                     if cons & constrained::SRC != 0
-                        && !step_masked::<NW>(
+                        && !addr_step::<NW>(
                             acc,
-                            described(
-                                cons >> SRC_SKIPS,
-                                // SAFETY: read-only lookup of plain data.
-                                || unsafe { $srch.get(&addr_data(chain, p, &p.src)) },
-                                || $src.get(addr_key(chain, p, &p.src)),
-                            ),
+                            cons >> SRC_SKIPS,
+                            || host_line(host_table($slot, false), chain, p, &p.src),
+                            // SAFETY: read-only lookup of plain data.
+                            || unsafe { $srch.get(&addr_data(chain, p, &p.src)) },
+                            || $src.get(addr_key(chain, p, &p.src)),
                             $masks.get(chain * 4 + dim::SRC),
                         )
                     {
                         break 'dims true;
                     }
                     if cons & constrained::DST != 0
-                        && !step_masked::<NW>(
+                        && !addr_step::<NW>(
                             acc,
-                            described(
-                                cons >> DST_SKIPS,
-                                // SAFETY: read-only lookup of plain data.
-                                || unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) },
-                                || $dst.get(addr_key(chain, p, &p.dst)),
-                            ),
+                            cons >> DST_SKIPS,
+                            || host_line(host_table($slot, true), chain, p, &p.dst),
+                            // SAFETY: read-only lookup of plain data.
+                            || unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) },
+                            || $dst.get(addr_key(chain, p, &p.dst)),
                             $masks.get(chain * 4 + dim::DST),
                         )
                     {

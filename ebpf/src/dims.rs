@@ -5,6 +5,7 @@
 use aya_ebpf::maps::lpm_trie::Key;
 use peerwall_common::{constrained, family, AddrKeyData, Bitmap, DimMasks, PortKeyData, WORDS};
 
+use crate::lines::Line;
 use crate::parse::Pkt;
 
 /// `to = *from`, all 16 words, volatile: as an assignment LLVM calls the linked `memmove`,
@@ -87,6 +88,41 @@ pub(crate) fn described<'a>(
 ) -> Option<&'a Bitmap> {
     let found = if skips & 1 == 0 { host() } else { None };
     found.or_else(|| if skips & 2 == 0 { trie() } else { None })
+}
+
+/// acc &= (w ^ neg) | any on the first word: a chain of one word's step with the bitmap word
+/// a host's line holds.
+#[inline(always)]
+fn step_word(acc: &mut Bitmap, w: u64, m: Option<&DimMasks>) -> bool {
+    let Some(m) = m else {
+        return false;
+    };
+    acc.w[0] &= (w ^ m.neg.w[0]) | m.any.w[0];
+    acc.w[0] != 0
+}
+
+/// An address dimension's step: for a chain of one word (`NW == 1`) that has hosts, the host's
+/// line first ([`crate::lines::host_line`]); where it does not know, [`described`]'s host map
+/// then trie. Whether any rule is left.
+#[inline(always)]
+pub(crate) fn addr_step<'a, const NW: usize>(
+    acc: &mut Bitmap,
+    skips: u32,
+    line: impl FnOnce() -> Line,
+    host: impl FnOnce() -> Option<&'a Bitmap>,
+    trie: impl FnOnce() -> Option<&'a Bitmap>,
+    m: Option<&DimMasks>,
+) -> bool {
+    if NW == 1 && skips & 1 == 0 {
+        match line() {
+            Line::Hit(w) => return step_word(acc, w, m),
+            Line::Absent => {
+                return step_masked::<NW>(acc, if skips & 2 == 0 { trie() } else { None }, m)
+            }
+            Line::Unknown => {}
+        }
+    }
+    step_masked::<NW>(acc, described(skips, host, trie), m)
 }
 
 pub(crate) fn addr_data(chain: u32, p: &Pkt, addr: &[u8; 16]) -> AddrKeyData {

@@ -60,6 +60,7 @@ mod events;
 mod flow;
 mod kernel_ct;
 mod l2;
+mod lines;
 mod local;
 mod maps;
 mod mem;

@@ -9,10 +9,10 @@ use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf};
 use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdictTags,
     CpuVerdicts4, DimMasks, EventConfig, EventFlow, FlowKey, FlowState, FreshLine, HookChains,
-    IfKey, IfaceInfo, NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror, RuleInfo,
-    SeenLine, VerdictKey4, ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT, CPU_VERDICT_SETS,
-    CPU_VERDICT_TAG_SETS, FLOW_SEEN_LINES, HOOK_SLOTS, LOCAL_MAX, MAX_CHAINS, MAX_RULES,
-    NEW_FLOW_SLOTS, NO_COMMON_LRU, VERDICT_FRESH_LANES,
+    HostLine, IfKey, IfaceInfo, NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror,
+    RuleInfo, SeenLine, VerdictKey4, ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT,
+    CPU_VERDICT_SETS, CPU_VERDICT_TAG_SETS, FLOW_SEEN_LINES, HOOK_SLOTS, LOCAL_MAX, MAX_CHAINS,
+    MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU, VERDICT_FRESH_LANES,
 };
 
 use crate::work::Work;
@@ -102,6 +102,16 @@ slot_maps!(
 slot_maps!(
     SRC1, DST1, SRCH1, DSTH1, SPORT1, DPORT1, PROTO1, IIF1, OIF1, CT1, MASKS1, CHAINS1, RULES1,
     HOOKS1, COUNTERS1, OWNERS1
+);
+
+/// The IPv4 hosts of the host maps of both slots in lines of one cache line
+/// (`peerwall_common::lines`), looked up before them by chains of one bitmap word (`lines.rs`);
+/// one map for the four tables (a program uses at most 64). Sized by the loader with the host
+/// maps; mmapable: the loader writes words in place.
+#[map]
+pub(crate) static HOST_LINES: Array<HostLine> = Array::pinned(
+    peerwall_common::host_line_entries(peerwall_common::host_lines_for(HOST_MAX)),
+    BPF_F_MMAPABLE,
 );
 
 #[map]

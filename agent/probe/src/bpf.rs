@@ -39,7 +39,7 @@ const TC_ACT_REDIRECT: u32 = 7;
 const IFINDEX_BASE: u32 = 1000;
 
 /// Hosts per exact-match map of the scratch datapath.
-const PROBE_HOSTS: u32 = 1;
+const PROBE_HOSTS: u32 = 4;
 
 impl From<BpfError> for ProbeError {
     fn from(e: BpfError) -> Self {
@@ -318,9 +318,11 @@ impl BpfProbe {
             } else {
                 loader::Conntrack::Own
             },
-            // Room for one host per map: a policy of more (most differential tests' and fuzz
-            // cases' with hosts: their pools are small) has hosts in both the exact-match maps
-            // and the tries, so the reference judges both lookups (`loader/layout.rs`).
+            // Room for four hosts per map, and one line of three for them in the one-line
+            // tables: a policy of more (most differential tests' and fuzz cases' with hosts:
+            // their pools are small) has hosts in the lines, in an overflowed line's host map,
+            // and in the tries, so the reference judges every lookup (`loader/layout.rs`,
+            // `loader/lines.rs`).
             hosts: Some(PROBE_HOSTS),
             ..loader::LoadOptions::default()
         };

@@ -18,6 +18,7 @@ pub use flows::key_of;
 pub(crate) use flows::occupied_new_flow_slots;
 mod host;
 mod layout;
+mod lines;
 mod linkinfo;
 mod mapping;
 mod names;
@@ -299,6 +300,10 @@ impl Datapath {
             && crate::meta::read_digest(&self.pin_dir, self.active)
                 == Some(self.slot_digest(self.active, &digest)?)
         {
+            // The load turned the one-line tables off (`lines.rs`): no packet reads them,
+            // so the live slot's are written whole, and on.
+            let hosts = self.slot_hosts(&new);
+            self.write_lines(self.active, &hosts, false)?;
             self.slots[active] = Some(new);
             self.diagnostics.clone_from(&diagnostics);
             return Ok(BpfApplyReport {
@@ -404,7 +409,9 @@ impl Datapath {
         }
         // The slot's contents change: its digest no longer names them.
         crate::meta::clear_digest(&self.pin_dir, self.active)?;
-        let n = write_addr_changes(&mut self.ebpf, &self.active.to_string(), &delta)?;
+        // The hosts that change leave their lines first: their lookups ask the host map.
+        let forgotten = self.forget_lines(self.active, &lines::changed_hosts(&delta))?;
+        let n = forgotten + write_addr_changes(&mut self.ebpf, &self.active.to_string(), &delta)?;
         let mut c = self.config()?;
         c.active = c.active.wrapping_add(2);
         self.set_config(c)?;
@@ -444,7 +451,11 @@ impl Datapath {
         crate::meta::clear_digest(&self.pin_dir, slot)?;
         self.write_names(slot, new);
         let s = slot.to_string();
-        let mut n = self.write_lookups(&s, old, new)?;
+        // The one-line tables first: on the live slot, their in-place stores send the hosts
+        // about to change to the host maps before those change.
+        let hosts = self.slot_hosts(new);
+        let mut n = self.write_lines(slot, &hosts, slot == self.active)?;
+        n += self.write_lookups(&s, old, new)?;
         if old.map(|o| &o.views) != Some(&new.views) {
             let views = format!("{}{s}", map::VIEW);
             n += sync_views(self.map(&views)?, &views, &new.views)?;

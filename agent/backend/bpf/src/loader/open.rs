@@ -63,6 +63,8 @@ impl Datapath {
             for name in layout::HOST_MAPS {
                 loader.map_max_entries(name, n);
             }
+            let lines = peerwall_common::host_lines_for(n);
+            loader.map_max_entries(map::HOST_LINES, peerwall_common::host_line_entries(lines));
         }
         if let Some(n) = opts.counters {
             for name in layout::COUNTER_MAPS {
@@ -106,6 +108,7 @@ impl Datapath {
             b.cover_pinned_marks()?;
         }
         b.layout = b.read_layout()?;
+        b.lines_off()?;
         if seen_new {
             b.distrust_new_seen()?;
         }
