@@ -267,6 +267,20 @@ spec:
         (dsth["hosts"].as_u64(), dsth["capacity"].as_u64()),
         (Some(1024), Some(1024))
     );
+    // Its one-line table: one line per 16 hosts of the capacity, three slots each, so 1024
+    // hosts fill the 192 slots and overflow every line (their lookups ask the host map: the
+    // pings above went through both).
+    let lines = &dsth["lines"];
+    assert_eq!(
+        (
+            lines["on"].as_bool(),
+            lines["lines"].as_u64(),
+            lines["hosts"].as_u64(),
+            lines["overflowed"].as_u64()
+        ),
+        (Some(true), Some(64), Some(192), Some(64)),
+        "{dsth}"
+    );
     let trie = v["entries"]
         .as_array()
         .unwrap()
@@ -290,6 +304,12 @@ spec:
         text.contains("conntrack IPv4 TCP and UDP: the kernel's table"),
         "{text}"
     );
+    assert!(
+        text.contains(&format!(
+            "host-lines DSTH{slot}: on, 192 IPv4 hosts in 64 lines, 64 lines overflowed"
+        )),
+        "{text}"
+    );
     // The default sizes on a gateway that tracks connections.
     ok(peerwall_net(
         &t.gateway,
@@ -302,6 +322,29 @@ spec:
         "default sizes"
     );
     let v = inspect_json(&t.gateway, &default);
+    // With the default sizes, the one-line table holds the IPv4 hosts all but a line's worth.
+    let slot = v["active_slot"].as_u64().unwrap();
+    let dsth = v["host_maps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == format!("DSTH{slot}"))
+        .cloned()
+        .unwrap();
+    let lines = &dsth["lines"];
+    assert_eq!(
+        (lines["on"].as_bool(), lines["lines"].as_u64()),
+        (Some(true), Some(4096)),
+        "{dsth}"
+    );
+    let (held, overflowed) = (
+        lines["hosts"].as_u64().unwrap(),
+        lines["overflowed"].as_u64().unwrap(),
+    );
+    assert!(
+        held <= 1125 && held + 3 * overflowed >= 1125 - overflowed && held > 1100,
+        "{dsth}"
+    );
     let bytes = v["memory"]["bytes"].as_u64().unwrap();
     let text = peerwall_net(&t.gateway, &["inspect", "--pin-dir", default.arg()]);
     let text = String::from_utf8_lossy(&text.stdout);

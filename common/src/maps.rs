@@ -261,8 +261,12 @@ pub mod flags {
     /// miss), whatever a chain's description says they can answer
     /// ([`crate::constrained::SRC_NO_HOSTS`] and the like): what those skips save.
     pub const DIAG_ALL_ADDR_LOOKUPS: u32 = 1 << 19;
+    /// No one-line host table looked up (`crate::lines`): every host lookup asks the host map,
+    /// as where the tables are off.
+    pub const DIAG_NO_HOST_LINES: u32 = 1 << 20;
     /// Every diagnostic flag.
     pub const DIAG_ALL: u32 = DIAG_ALL_ADDR_LOOKUPS
+        | DIAG_NO_HOST_LINES
         | DIAG_NO_MIRROR
         | DIAG_NO_FIB
         | DIAG_NO_CT

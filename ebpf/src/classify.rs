@@ -171,6 +171,7 @@ macro_rules! slot_eval {
                         && !addr_step::<NW>(
                             acc,
                             cons >> SRC_SKIPS,
+                            !q.no_lines,
                             || host_line(host_table($slot, false), chain, p, &p.src),
                             // SAFETY: read-only lookup of plain data.
                             || unsafe { $srch.get(&addr_data(chain, p, &p.src)) },
@@ -184,6 +185,7 @@ macro_rules! slot_eval {
                         && !addr_step::<NW>(
                             acc,
                             cons >> DST_SKIPS,
+                            !q.no_lines,
                             || host_line(host_table($slot, true), chain, p, &p.dst),
                             // SAFETY: read-only lookup of plain data.
                             || unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) },
@@ -521,6 +523,7 @@ pub(crate) fn classify(route: &Route) -> u32 {
             oif: 0,
             state,
             all_lookups: route.all_lookups,
+            no_lines: route.no_lines,
         };
     }
     // SAFETY: as above.

@@ -102,18 +102,19 @@ fn step_word(acc: &mut Bitmap, w: u64, m: Option<&DimMasks>) -> bool {
 }
 
 /// An address dimension's step: for a chain of one word (`NW == 1`) that has hosts, the host's
-/// line first ([`crate::lines::host_line`]); where it does not know, [`described`]'s host map
-/// then trie. Whether any rule is left.
+/// line first ([`crate::lines::host_line`], unless `lines` is false); where it does not know,
+/// [`described`]'s host map then trie. Whether any rule is left.
 #[inline(always)]
 pub(crate) fn addr_step<'a, const NW: usize>(
     acc: &mut Bitmap,
     skips: u32,
+    lines: bool,
     line: impl FnOnce() -> Line,
     host: impl FnOnce() -> Option<&'a Bitmap>,
     trie: impl FnOnce() -> Option<&'a Bitmap>,
     m: Option<&DimMasks>,
 ) -> bool {
-    if NW == 1 && skips & 1 == 0 {
+    if NW == 1 && skips & 1 == 0 && lines {
         match line() {
             Line::Hit(w) => return step_word(acc, w, m),
             Line::Absent => {

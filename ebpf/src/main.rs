@@ -264,6 +264,7 @@ fn packet_route(
         unknown: tracked & CT_UNKNOWN != 0,
         first_reply: tracked & CT_FIRST_REPLY != 0,
         all_lookups: !probe && diag & flags::DIAG_ALL_ADDR_LOOKUPS != 0,
+        no_lines: !probe && diag & flags::DIAG_NO_HOST_LINES != 0,
         open_either: tracked & CT_OPEN_EITHER != 0,
     }
 }
@@ -448,6 +449,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         unknown: tracked & CT_UNKNOWN != 0,
         first_reply: false,
         all_lookups: false,
+        no_lines: false,
         open_either: false,
     };
     // SAFETY: as above.

@@ -78,6 +78,8 @@ pub(crate) struct Route {
     /// Every address map looked up, whatever the chains' descriptions skip (the benchmark's
     /// `DIAG_ALL_ADDR_LOOKUPS`).
     pub(crate) all_lookups: bool,
+    /// No one-line host table looked up (the benchmark's `DIAG_NO_HOST_LINES`).
+    pub(crate) no_lines: bool,
     /// `state` is [`peerwall_common::ct::OPEN_EITHER`]: the kernel's table was not asked
     /// ([`crate::conntrack::CT_OPEN_EITHER`]), and the classification held for every state
     /// the packet can have: its verdict is cached on this CPU alone, and its commit makes the
@@ -98,4 +100,6 @@ pub(crate) struct Query {
     pub(crate) state: u32,
     /// [`Route::all_lookups`].
     pub(crate) all_lookups: bool,
+    /// [`Route::no_lines`].
+    pub(crate) no_lines: bool,
 }

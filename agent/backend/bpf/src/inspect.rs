@@ -109,6 +109,51 @@ pub struct HostMap {
     pub hosts: usize,
     /// Hosts it can hold (`--host-table-size` when it was created).
     pub capacity: u32,
+    /// Its one-line table (`HOST_LINES`): None where none is pinned (an older peerwall).
+    pub lines: Option<HostLines>,
+}
+
+/// The one-line table in front of a host map (`peerwall_common::lines`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct HostLines {
+    /// Whether lookups read it (else they ask the host map).
+    pub on: bool,
+    /// Its lines.
+    pub lines: u32,
+    /// IPv4 hosts it holds.
+    pub hosts: usize,
+    /// Lines whose further hosts are asked from the host map.
+    pub overflowed: usize,
+}
+
+/// The one-line table `table` in `pin_dir`'s `HOST_LINES`, as its entries say.
+fn host_lines(pin_dir: &Path, table: u32) -> Result<Option<HostLines>, BpfError> {
+    use peerwall_common::{HostLine, HOST_LINES_ON, HOST_LINE_OVERFLOW, HOST_LINE_SLOTS};
+    if !pin_dir.join(map::HOST_LINES).exists() {
+        return Ok(None);
+    }
+    let m: Array<MapData, HostLine> = Array::try_from(Map::Array(open(pin_dir, map::HOST_LINES)?))
+        .map_err(map_err(map::HOST_LINES))?;
+    let head = m.get(&0, 0).map_err(map_err(map::HOST_LINES))?;
+    let h = head.w[(table as usize).min(7)];
+    let mask = h as u32;
+    let mut out = HostLines {
+        on: h & HOST_LINES_ON != 0,
+        ..HostLines::default()
+    };
+    if !out.on {
+        return Ok(Some(out));
+    }
+    out.lines = mask.wrapping_add(1);
+    for l in 1..=out.lines {
+        let e = peerwall_common::host_line_entry(table, l, mask);
+        let line = m.get(&e, 0).map_err(map_err(map::HOST_LINES))?;
+        out.hosts += (0..HOST_LINE_SLOTS)
+            .filter(|i| line.w[1 + 2 * i] != 0)
+            .count();
+        out.overflowed += usize::from(line.w[0] & HOST_LINE_OVERFLOW != 0);
+    }
+    Ok(Some(out))
 }
 
 fn action_name(a: u8) -> &'static str {
@@ -152,10 +197,12 @@ pub fn inspect(pin_dir: &Path) -> Result<Inspection, BpfError> {
         let m: BpfHashMap<MapData, AddrKeyData, Bitmap> =
             BpfHashMap::try_from(Map::HashMap(d)).map_err(map_err(&n))?;
         let count = m.keys().count();
+        let table = peerwall_common::host_table(slot, hosts == map::DSTH);
         host_maps.push(HostMap {
             name: n.clone(),
             hosts: count,
             capacity,
+            lines: host_lines(pin_dir, table)?,
         });
         entries.push((n, count));
     }
@@ -401,6 +448,17 @@ pub fn text(i: &Inspection) -> String {
         s.push_str(&format!("map {m}: {n} entries\n"));
     }
     for h in &i.host_maps {
+        match &h.lines {
+            Some(l) if l.on => s.push_str(&format!(
+                "host-lines {}: on, {} IPv4 hosts in {} lines, {} lines overflowed (their further hosts asked from the host map)\n",
+                h.name, l.hosts, l.lines, l.overflowed
+            )),
+            Some(_) => s.push_str(&format!(
+                "host-lines {}: off (every host asked from the host map until the slot is written again)\n",
+                h.name
+            )),
+            None => {}
+        }
         if h.hosts >= h.capacity as usize {
             s.push_str(&format!(
                 "hosts {} is full ({} hosts, --host-table-size): the policy's further hosts are looked up in the trie, more slowly\n",
