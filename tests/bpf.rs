@@ -256,13 +256,7 @@ spec:
     );
     let v = inspect_json(&t.gateway, &pins);
     let slot = v["active_slot"].as_u64().unwrap();
-    let dsth = v["host_maps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["name"] == format!("DSTH{slot}"))
-        .cloned()
-        .unwrap();
+    let dsth = live_dsth(&v);
     assert_eq!(
         (dsth["hosts"].as_u64(), dsth["capacity"].as_u64()),
         (Some(1024), Some(1024))
@@ -323,14 +317,7 @@ spec:
     );
     let v = inspect_json(&t.gateway, &default);
     // With the default sizes, the one-line table holds the IPv4 hosts all but a line's worth.
-    let slot = v["active_slot"].as_u64().unwrap();
-    let dsth = v["host_maps"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|h| h["name"] == format!("DSTH{slot}"))
-        .cloned()
-        .unwrap();
+    let dsth = live_dsth(&v);
     let lines = &dsth["lines"];
     assert_eq!(
         (lines["on"].as_bool(), lines["lines"].as_u64()),
@@ -357,6 +344,18 @@ spec:
     );
     assert!(bytes <= 16 << 20, "{}", v["memory"]);
     let _ = std::fs::remove_file(&file);
+}
+
+/// `peerwall inspect --output json`'s entry of the live slot's destination host map.
+fn live_dsth(v: &serde_json::Value) -> serde_json::Value {
+    let slot = v["active_slot"].as_u64().unwrap();
+    v["host_maps"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == format!("DSTH{slot}"))
+        .cloned()
+        .unwrap()
 }
 
 /// The datapath as the agent holds it open costs the kernel what its pins say, give or take
