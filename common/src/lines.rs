@@ -36,8 +36,8 @@ pub const fn host_table(slot: u32, dst: bool) -> u32 {
 pub const HOST_LINE_SLOTS: usize = 3;
 
 /// A table's header (entry 0's word [`host_table`]): the table is written and consistent with
-/// its host map (else every lookup asks the host map). Its low 32 bits are the mask of the
-/// lines.
+/// its host map (else every lookup asks the host map; the writer also leaves it off where
+/// fewer than half the hosts have a slot). Its low 32 bits are the mask of the lines.
 pub const HOST_LINES_ON: u64 = 1 << 63;
 
 /// A line's word 0: some host of this line's hash is not in its slots (ask the host map).

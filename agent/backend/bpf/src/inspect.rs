@@ -454,7 +454,7 @@ pub fn text(i: &Inspection) -> String {
                 h.name, l.hosts, l.lines, l.overflowed
             )),
             Some(_) => s.push_str(&format!(
-                "host-lines {}: off (every host asked from the host map until the slot is written again)\n",
+                "host-lines {}: off (every host asked from the host map: fewer than half its hosts would have a slot, --host-table-size, or the slot is not written yet)\n",
                 h.name
             )),
             None => {}

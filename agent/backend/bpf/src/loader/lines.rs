@@ -39,7 +39,11 @@ pub(super) type Store = (usize, u64);
 /// The table of `lines` lines holding the IPv4 hosts of `hosts` (a slot's host map: key data
 /// and bitmap), in key order within each line; a line's hosts past its slots set its overflow
 /// bit. Entry 0 stands for the table's header (its word 0), the lines follow from entry 1.
-/// None where `lines` is not a power of two.
+/// The header is on only where at least half the hosts have a slot: a host of an overflowed
+/// line costs the line's read and then the host map's lookup, one read more than without the
+/// table, which saves two (the bucket and the element's second line) for a host in a slot; a
+/// policy with many more hosts than the table has slots (`--host-table-size` filled) keeps it
+/// off. None where `lines` is not a power of two.
 pub(super) fn image(
     hosts: &HashMap<KeyBytes, (AddrKeyData, Bitmap)>,
     lines: u32,
@@ -57,17 +61,22 @@ pub(super) fn image(
         .collect();
     keyed.sort_unstable();
     let mut out = vec![HostLine::EMPTY; entries as usize];
-    out[0].w[0] = HOST_LINES_ON | u64::from(mask);
     let mut used = vec![0usize; entries as usize];
+    let total = keyed.len();
+    let mut placed = 0;
     for (line, key, word) in keyed {
         let (l, n) = (line as usize, &mut used[line as usize]);
         if *n < HOST_LINE_SLOTS {
             out[l].w[1 + 2 * *n] = key;
             out[l].w[2 + 2 * *n] = word;
             *n += 1;
+            placed += 1;
         } else {
             out[l].w[0] |= HOST_LINE_OVERFLOW;
         }
+    }
+    if placed * 2 >= total {
+        out[0].w[0] = HOST_LINES_ON | u64::from(mask);
     }
     Some(out)
 }
@@ -430,6 +439,7 @@ mod tests {
                     assert_eq!(lines, 3, "{lines} is a power of two");
                     continue;
                 };
+                let slots = (lines as usize * HOST_LINE_SLOTS).min(list.len());
                 let mut hits = 0;
                 for k in all_keys() {
                     match answer(&t, &t, k) {
@@ -448,7 +458,13 @@ mod tests {
                     per_line[host_line_of(key(h.0, h.1), mask) as usize] += 1;
                 }
                 let fit: usize = per_line.iter().map(|n| (*n).min(HOST_LINE_SLOTS)).sum();
-                assert_eq!(hits, fit, "{list:?}");
+                // On where at least half have a slot; off, every answer asks the host map.
+                assert!(fit <= slots);
+                if fit * 2 >= list.len() {
+                    assert_eq!(hits, fit, "{list:?}");
+                } else {
+                    assert_eq!((t[0].w[0], hits), (0, 0), "{list:?}");
+                }
             }
         }
     }
@@ -518,5 +534,9 @@ mod tests {
         assert!(in_place(&u, &u).is_empty());
         // No table but of a power of two of lines.
         assert_eq!(image(&hosts(&[]), 3), None);
+        // Off where fewer than half the hosts have a slot: 7 in one line of 3.
+        let many: Vec<(u32, u8, u64)> = (0..7).map(|o| (0, o, 1)).collect();
+        assert_eq!(image(&hosts(&many), 1).unwrap()[0].w[0], 0);
+        assert_eq!(image(&hosts(&many[..6]), 1).unwrap()[0].w[0], HOST_LINES_ON);
     }
 }
