@@ -779,6 +779,87 @@ spec:
           - {op: eq, ip: {value: 10.0.0.0/28, position: dst}}
 "#;
 
+/// Four blocked pods inside an accepted range (odd addresses: no two merge into a prefix):
+/// each host's bitmap (drop) differs from the range's (accept), which the trie answers for an
+/// address the host lookups do not hold.
+const BLOCKED_HOSTS: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: blocked, namespace: default}
+spec:
+  table:
+    name: blocked
+    family: INET
+    sets:
+    - name: blocked
+      keyType: ipv4_addr
+      elements: [{key: 10.1.0.1}, {key: 10.1.0.3}, {key: 10.1.0.5}, {key: 10.1.0.7}]
+    chains:
+    - name: forward
+      type: filter
+      hook: forward
+      priority: 0
+      policy: drop
+      rules:
+        filterRules:
+        - name: blocked_pods
+          action: drop
+          match:
+          - {op: eq, ip: {value: "@blocked", position: dst}}
+        - name: the_range
+          action: accept
+          match:
+          - {op: eq, ip: {value: 10.1.0.0/24, position: dst}}
+"#;
+
+/// The one-line host table (`HOST_LINES`) never lets a host skip its host map: the probe's
+/// datapath holds 4 hosts per host map and one line of three slots per table, so of the four
+/// blocked pods three are in the line and one in the host map alone, behind the line's
+/// overflow bit; every one is dropped as the reference says, and the range around them
+/// accepted. (With the overflow bit ignored, broken by hand, the fourth pod is accepted.)
+#[test]
+fn bpf_host_lines_send_an_overflowed_lines_hosts_to_the_host_map() {
+    let (policy, mut probe) = loaded(BLOCKED_HOSTS, "blocked", false);
+    let pins = probe.datapath().pin_dir().to_path_buf();
+    let inspection = peerwall_backend_bpf::inspect::inspect(&pins).expect("inspect");
+    let dsth = inspection
+        .host_maps
+        .iter()
+        .find(|h| h.name == format!("DSTH{}", inspection.active_slot))
+        .expect("the live destination host map");
+    let lines = dsth.lines.clone().expect("a one-line table");
+    assert_eq!(
+        (
+            dsth.hosts,
+            lines.on,
+            lines.lines,
+            lines.hosts,
+            lines.overflowed
+        ),
+        (4, true, 1, 3, 1),
+        "{dsth:?}"
+    );
+    for last in 1..=8u8 {
+        let pkt = Packet {
+            src: "10.0.0.10".parse().expect("ip"),
+            dst: format!("10.1.0.{last}").parse().expect("ip"),
+            proto: ir::eval::proto::UDP,
+            sport: 40000,
+            dport: 53,
+            iif: Some(IFACES[1].to_string()),
+            oif: Some(IFACES[0].to_string()),
+            ct_state: CtState::New,
+        };
+        let expected = ir::evaluate(&policy, &pkt);
+        let want = if last % 2 == 1 {
+            ir::VerdictAction::Drop
+        } else {
+            ir::VerdictAction::Accept
+        };
+        assert_eq!(expected.verdict, want, "the reference, {pkt:?}");
+        assert_eq!(probe.verdict(&pkt).expect("probe"), expected, "{pkt:?}");
+    }
+}
+
 /// New flows from the consumer are accepted; established ones from 10.0.0.10 are not (a
 /// verdict that changes when the flow's reply arrives).
 const ESTABLISHED_DIFFERS: &str = r#"apiVersion: networking.liqo.io/v1beta1
