@@ -340,6 +340,35 @@ spec:
     let _ = std::fs::remove_file(&file);
 }
 
+/// A load turns the one-line host tables off before any program it loads can run (a table an
+/// older peerwall left pinned could be stale against host maps it changed), and an apply of the
+/// contents the live slot already holds (a restarted agent's first) writes them whole and
+/// turns them on again; the policy holds throughout.
+#[test]
+fn a_load_turns_the_host_lines_off_until_it_writes_them() {
+    let t = Topology::new();
+    let pins = Pins::new("lines-off");
+    let file = repo("examples/provider-protection.yaml");
+    apply_bpf(&t.gateway, &pins, &[], &file);
+    let on = || live_dsth(&inspect_json(&t.gateway, &pins))["lines"]["on"].as_bool();
+    assert_eq!(on(), Some(true), "written and on");
+    let b = Datapath::load(&pins.0).expect("load over the pins");
+    assert_eq!(on(), Some(false), "turned off by the load");
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+            && !ping(&t.consumer, "10.10.1.67", "10.20.9.9"),
+        "the policy holds while the tables are off"
+    );
+    drop(b);
+    apply_bpf(&t.gateway, &pins, &[], &file);
+    assert_eq!(on(), Some(true), "on again after the same contents' apply");
+    assert!(
+        ping(&t.consumer, "10.10.1.67", "10.20.1.2")
+            && !ping(&t.consumer, "10.10.1.67", "10.20.9.9"),
+        "the policy holds with the tables on"
+    );
+}
+
 /// `peerwall inspect --output json`'s entry of the live slot's destination host map.
 fn live_dsth(v: &serde_json::Value) -> serde_json::Value {
     let slot = v["active_slot"].as_u64().unwrap();
