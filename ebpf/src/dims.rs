@@ -114,15 +114,16 @@ pub(crate) fn addr_step<'a, const NW: usize>(
     trie: impl FnOnce() -> Option<&'a Bitmap>,
     m: Option<&DimMasks>,
 ) -> bool {
-    if NW == 1 && skips & 1 == 0 && lines {
+    let skips = if NW == 1 && skips & 1 == 0 && lines {
         match line() {
             Line::Hit(w) => return step_word(acc, w, m),
-            Line::Absent => {
-                return step_masked::<NW>(acc, if skips & 2 == 0 { trie() } else { None }, m)
-            }
-            Line::Unknown => {}
+            // The host map holds no entry: as if the chain had no hosts.
+            Line::Absent => skips | 1,
+            Line::Unknown => skips,
         }
-    }
+    } else {
+        skips
+    };
     step_masked::<NW>(acc, described(skips, host, trie), m)
 }
 
