@@ -483,31 +483,23 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
                 verdict(p.median >= 1.0 && near)
             ));
         }
-        // The least a tc program costs here: one hash lookup before the kernel's conntrack,
-        // against nftables after it (no goal of its own: the bound of every tc datapath).
-        if let Some(p) = paired(
-            rows,
-            traffic,
-            Datapath::TcHashConntrack,
-            Datapath::PeerwallNftConntrack,
-        ) {
-            goals.push_str(&format!(
-                "| {}: limit, tcx one hash lookup ÷ nftables, conntrack on for both | – | {p} | – | a limit |\n",
-                traffic.label(),
-            ));
-        }
-        // A bpf program after conntrack, doing nftables' least filter's work: where a datapath
-        // at netfilter's hook would stand against nftables (no goal of its own).
-        if let Some(p) = paired(
-            rows,
-            traffic,
-            Datapath::NfHashConntrack,
-            Datapath::PeerwallNftConntrack,
-        ) {
-            goals.push_str(&format!(
-                "| {}: limit, bpf after conntrack (one hash lookup) ÷ nftables, conntrack on for both | – | {p} | – | a limit |\n",
-                traffic.label(),
-            ));
+        // The limits, against nftables (no goal of their own): one hash lookup at tc, before
+        // the kernel's conntrack (the bound of every tc datapath), and a bpf program after
+        // conntrack doing nftables' least filter's work (where a datapath at netfilter's hook
+        // would stand).
+        for (limit, what) in [
+            (Datapath::TcHashConntrack, "tcx one hash lookup"),
+            (
+                Datapath::NfHashConntrack,
+                "bpf after conntrack (one hash lookup)",
+            ),
+        ] {
+            if let Some(p) = paired(rows, traffic, limit, Datapath::PeerwallNftConntrack) {
+                goals.push_str(&format!(
+                    "| {}: limit, {what} ÷ nftables, conntrack on for both | – | {p} | – | a limit |\n",
+                    traffic.label(),
+                ));
+            }
         }
     }
     for traffic in [Traffic::NewDenied, Traffic::SynDenied] {
