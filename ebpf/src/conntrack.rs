@@ -265,14 +265,18 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// covers no connection either table holds. A denied flood then costs no lookup in the
 /// kernel's table (a cold miss in a large hash table, per packet, before the sweep).
 ///
-/// The clock is read at most once per packet, here, for every step of the packet and its
-/// commit (`Work::now`, which the entries zero for each packet: the second call for a packet
-/// classified under `OPEN_EITHER` takes the first's; a clock read costs as much as a cached
-/// map lookup in a VM), and not at all for a packet the known-flow path found idle: that path
-/// judged the entry idle by the coarse clock, and the vouch is checked against the same
-/// reading (`ttl::coarse_ns`). That is sound whatever the reading: an entry the sweep
-/// stamped at `t` is idle only after `t + FLOW_IDLE_NS`, which is when its vouch ends, so no
-/// reading finds both.
+/// Every step of the packet and its commit takes the coarse clock (`ttl::coarse_ns`, read at
+/// most once per packet: the known-flow path's reading where it made one, and the second call
+/// for a packet classified under `OPEN_EITHER` takes the first's), never the precise one: its
+/// read was the clock source's (`read_tsc`), 4 to 6% of a flood's time in the program in a VM
+/// (`cargo xtask profile`). The vouch and the entries are checked against the same reading,
+/// which is sound whatever the reading: an entry the sweep stamped at `t` is idle only after
+/// `t + FLOW_IDLE_NS` plus two units, which is past when its vouch ends, so no reading finds
+/// both. A stamp the commit writes from the coarse clock is at most a tick older than the
+/// precise one: its entry goes idle a tick earlier, against the two units' (two seconds')
+/// margin of [`peerwall_common::flow_seen_idle`] and the sweep's re-stamping every two
+/// minutes. Only the ended marks, written with the precise clock, are read with it
+/// ([`ended_mark`]).
 ///
 /// Where the entry is not idle, a packet that can open a connection (a TCP SYN, any UDP
 /// packet) is in one of three states in the kernel's table: new (no entry, or one without a
@@ -300,15 +304,9 @@ pub(crate) fn kernel_state<C: CtLookup>(
     if seen_on && seen == SEEN_IDLE && kernel_swept(crate::ttl::coarse_ns()) {
         return new_or_invalid(p, false, unknown);
     }
-    // Once per packet (the entries zero `Work::now`): the second call, after a classification
-    // under `OPEN_EITHER` (`open_either.rs`), takes the first's.
-    // SAFETY: per-CPU scratch of a successful lookup; the helper takes no arguments.
-    let now = unsafe {
-        if (*w).now == 0 {
-            (*w).now = bpf_ktime_get_ns();
-        }
-        (*w).now
-    };
+    // Once per packet, shared with the known-flow path and the second call after a
+    // classification under `OPEN_EITHER` (`open_either.rs`).
+    let now = crate::ttl::coarse_ns();
     // Not where the known-flow path just found the entry live ([`SEEN_LIVE`]): its stamps
     // would be read again to find what a tick's difference in the clocks can hardly change.
     if seen_on && seen == 0 && unknown_to_both(p, now) {
@@ -354,11 +352,19 @@ fn unknown_to_both(p: &Pkt, now: u64) -> bool {
 /// lately: the case of every packet between policy changes), and the flow's `FLOW_SEEN`
 /// entry, when idle, says it has none (marking a flow ended stamps it; no sweep is needed
 /// for that: the marks are this datapath's own). The flow key is built only past the first.
+///
+/// `coarse`: the packet's coarse clock, which is never ahead of the precise one that
+/// `ENDED_UNTIL` is written with: the first check passes wherever the precise clock would pass
+/// it. Past it (only while a flow user space ended may be held: rare), the marks are read and
+/// refreshed with the precise clock, read here, as every other writer of a mark's time does:
+/// a mark lapses `ended_idle_ns` after its flow's last packet, not up to a tick sooner.
 #[inline(never)]
-fn ended_mark(p: &Pkt, seen_on: bool, now: u64) -> bool {
-    if !ENDED_UNTIL.get(0).is_some_and(|until| *until > now) {
+fn ended_mark(p: &Pkt, seen_on: bool, coarse: u64) -> bool {
+    if !ENDED_UNTIL.get(0).is_some_and(|until| *until > coarse) {
         return false;
     }
+    // SAFETY: no arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
     let k = &flow_key(p);
     if seen_on && seen_idle(k, now) {
         return false;
@@ -407,13 +413,9 @@ pub extern "C" fn kernel_commit() -> u32 {
     let Some(w) = WORK.get(0) else {
         return 0;
     };
-    // The clock as `kernel_state` read it for this packet, if it did.
-    let now = if w.now != 0 {
-        w.now
-    } else {
-        // SAFETY: no arguments.
-        unsafe { bpf_ktime_get_ns() }
-    };
+    // The coarse clock, as `kernel_state` read it for this packet (its doc: why not the
+    // precise one).
+    let now = crate::ttl::coarse_ns();
     let k = flow_key(&w.p);
     note_seen(&k, now);
     if (w.r.state == ct::NEW && w.r.unknown) || w.r.open_either {

@@ -162,11 +162,10 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     };
     // SAFETY: per-CPU slot of a successful lookup; the packet is parsed in place.
     let p = unsafe { &mut (*w).p };
-    // No clock read for this packet yet (`ttl::coarse_ns`, `Work::now`), but the coarse one
-    // `known_flow_v4` made where it noted the packet.
+    // No clock read for this packet yet (`ttl::coarse_ns`), but the one `known_flow_v4` made
+    // where it noted the packet.
     // SAFETY: as above.
     unsafe {
-        (*w).now = 0;
         if !(*w).looked_up {
             (*w).coarse = 0;
         }
@@ -402,12 +401,9 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
     };
     // SAFETY: per-CPU slot of a successful lookup; the packet is parsed in place.
     let p = unsafe { &mut (*w).p };
-    // No clock read for this packet yet (`ttl::coarse_ns`, `Work::now`).
+    // No clock read for this packet yet (`ttl::coarse_ns`).
     // SAFETY: as above.
-    unsafe {
-        (*w).coarse = 0;
-        (*w).now = 0;
-    }
+    unsafe { (*w).coarse = 0 };
     match parse(ctx, l2 & 0xff, ethertype, p) {
         Parse::NotIp => return Ok(xdp_action::XDP_PASS),
         Parse::Bad => return Err(()),

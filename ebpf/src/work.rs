@@ -22,8 +22,9 @@ pub(crate) struct Work {
     /// Cleared when read (or when the packet does not parse).
     pub(crate) seen: u32,
     /// The coarse clock as read for this packet (`ttl.rs`, [`crate::ttl::coarse_ns`]), 0 until
-    /// it is: the known-flow path, the local-address mirror's lease and conntrack's vouch
-    /// check share one read.
+    /// it is: the known-flow path, the local-address mirror's lease, and on the kernel-table
+    /// datapath conntrack's vouch check, its `FLOW_SEEN` reads and its commit's stamps share
+    /// one read.
     pub(crate) coarse: u64,
     /// The packet's `VERDICT_GENS` generation, read before its conntrack state is: what
     /// `remember` stamps its verdict with.
@@ -39,11 +40,6 @@ pub(crate) struct Work {
     /// The query the chain bodies evaluate (`classify.rs`): they are global functions, which
     /// read it here rather than take it as an argument.
     pub(crate) q: Query,
-    /// The clock read once for a packet the kernel's table tracks (`conntrack.rs`,
-    /// `kernel_state`, both of its calls for a packet classified under `OPEN_EITHER`), which
-    /// its commit stamps `FLOW_SEEN` with (`kernel_commit`); 0 until read (the entries zero it
-    /// for every packet).
-    pub(crate) now: u64,
 }
 
 /// [`Work::seen`]: the known-flow path found the packet's `FLOW_SEEN` entry idle.
