@@ -150,6 +150,8 @@ pub mod map {
     pub const BARE: &str = "BARE";
     /// The benchmark's one-hash-lookup table.
     pub const BARE_HASH: &str = "BARE_HASH";
+    /// The connection stamps of the benchmark's one-lookup-per-fact limit.
+    pub const BARE_SEEN: &str = "BARE_SEEN";
 }
 
 /// Entries of the per-slot `HOOKS` map: one per (hook, family), index `hook * 2 + family`.

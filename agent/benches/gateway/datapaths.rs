@@ -22,6 +22,11 @@ pub(crate) enum Datapath {
     /// the guard adds to every packet of a bpf gateway, against `TcEmpty` in the same round.
     TcEmptyGuard,
     TcHash,
+    /// One lookup per fact the protection policy decides a new packet on (`peerwall_facts`:
+    /// its connection's pair stamp, its source among the peer's CIDRs, its destination among
+    /// the offloaded pods), nothing else: what no tc datapath enforcing that policy can beat
+    /// on a flood of new flows; floods only.
+    TcFacts,
     /// The one-hash-lookup limit on a gateway whose kernel conntrack is on (Liqo's remapping
     /// NAT, as `ConntrackOnly`): what any tc program doing as little costs there, the bound
     /// for the conntrack-on bpf rows.
@@ -95,6 +100,7 @@ impl Datapath {
             Datapath::TcEmpty => "limit: empty tcx program",
             Datapath::TcEmptyGuard => "limit: empty tcx program and the bpf backend's guard",
             Datapath::TcHash => "limit: tcx, one hash lookup",
+            Datapath::TcFacts => "limit: tcx, one lookup per fact the policy tests",
             Datapath::TcHashConntrack => "limit: tcx, one hash lookup, conntrack on",
             Datapath::NftSetConntrack => "limit: nftables, one set lookup, conntrack on",
             Datapath::NfHashConntrack => {
@@ -135,6 +141,7 @@ impl Datapath {
             Datapath::TcEmpty
                 | Datapath::TcEmptyGuard
                 | Datapath::TcHash
+                | Datapath::TcFacts
                 | Datapath::TcHashConntrack
                 | Datapath::NftSetConntrack
                 | Datapath::NfHashConntrack
@@ -448,7 +455,10 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
         }
         // A hash of destinations cannot tell a denied pair from an allowed one when the
         // policy depends on the source too: no such limit there.
-        Datapath::TcHash | Datapath::TcHashConntrack | Datapath::NfHashConntrack
+        Datapath::TcHash
+        | Datapath::TcFacts
+        | Datapath::TcHashConntrack
+        | Datapath::NfHashConntrack
             if p.sources.is_some() =>
         {
             return None
@@ -484,7 +494,7 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
             std::fs::write(&file, s).expect("write");
             in_ns(&lab.gw, "nft", &["-f", &file.to_string_lossy()]);
         }
-        Datapath::TcEmpty | Datapath::TcHash => {
+        Datapath::TcEmpty | Datapath::TcHash | Datapath::TcFacts => {
             let pins = std::path::PathBuf::from(lab.pins());
             let allowed: Vec<Ipv4Addr> = p.allowed.iter().map(|(a, _)| *a).collect();
             lab.gw
@@ -493,11 +503,18 @@ pub(crate) fn install(lab: &Lab, dp: Datapath, p: &Policy) -> Option<Duration> {
                         &pins,
                         &peerwall_backend_bpf::loader::LoadOptions::with_baselines(),
                     )?;
-                    if dp == Datapath::TcHash {
-                        b.fill_bare_hash(&allowed)?;
-                        b.attach_baseline("peerwall_hash", TUNNEL)
-                    } else {
-                        b.attach_baseline("peerwall_empty", TUNNEL)
+                    match dp {
+                        Datapath::TcHash => {
+                            b.fill_bare_hash(&allowed)?;
+                            b.attach_baseline("peerwall_hash", TUNNEL)
+                        }
+                        Datapath::TcFacts => {
+                            b.fill_bare_hash(&allowed)?;
+                            // The policy's anti-spoofing sources (`protection_policy`).
+                            b.fill_bare(&[crate::traffic::SOURCES.parse().expect("CIDR")])?;
+                            b.attach_baseline("peerwall_facts", TUNNEL)
+                        }
+                        _ => b.attach_baseline("peerwall_empty", TUNNEL),
                     }
                 })
                 .expect("bench namespace")
@@ -676,7 +693,11 @@ pub(crate) fn uninstall(lab: &Lab, dp: Datapath) {
             lab.agent.borrow_mut().take();
             uninstall(lab, dp.without_events().unwrap_or(dp));
         }
-        Datapath::PeerwallBpf | Datapath::PeerwallXdp | Datapath::TcEmpty | Datapath::TcHash => {
+        Datapath::PeerwallBpf
+        | Datapath::PeerwallXdp
+        | Datapath::TcEmpty
+        | Datapath::TcHash
+        | Datapath::TcFacts => {
             // The row was what it says only if the mirror held through it. The agent leaves
             // its policy in force when it stops (fail closed): delete it.
             if let Some(agent) = lab.agent.borrow_mut().take() {

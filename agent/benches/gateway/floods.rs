@@ -98,10 +98,12 @@ impl Traffic {
 ///
 /// `TcHash` is the limit: a tcx program that looks the destination up in one hash and drops
 /// what it does not find, no state, no flow tables: what dropping a flood can cost at least.
-pub(crate) const FLOOD_DATAPATHS: [Datapath; 10] = [
+/// `TcFacts` is the limit of a tc datapath enforcing the policy: one lookup per fact it tests.
+pub(crate) const FLOOD_DATAPATHS: [Datapath; 11] = [
     Datapath::None,
     Datapath::ConntrackOnly,
     Datapath::TcHash,
+    Datapath::TcFacts,
     Datapath::TcHashConntrack,
     Datapath::NfHashConntrack,
     Datapath::PeerwallNft,
@@ -519,6 +521,14 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
                 ));
             }
         }
+        // The limit of a datapath enforcing this policy (no goal of its own): what dropping
+        // the flood costs when every fact the policy tests is looked up once.
+        if let Some(p) = paired(rows, traffic, Datapath::TcFacts, Datapath::None) {
+            goals.push_str(&format!(
+                "| {}: limit, tcx one lookup per fact the policy tests ÷ no filter | – | {p} | – | a limit |\n",
+                traffic.label(),
+            ));
+        }
     }
     let peerwall = |dp: Datapath| {
         matches!(
@@ -591,7 +601,13 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
          (its \"every packet a new flow\" column). *Limit: bpf after conntrack*: a \
          `BPF_PROG_TYPE_NETFILTER` program at the forward hook, where nftables' chains run, \
          reading the packet's conntrack state from it and looking its destination up in one \
-         hash: the least a bpf datapath that decides after conntrack costs.\n\n\
+         hash: the least a bpf datapath that decides after conntrack costs. *Limit: tcx, one \
+         lookup per fact the policy tests* (`peerwall_facts`): the facts the protection policy \
+         decides a new packet from the tunnel on, each looked up once in the cheapest table \
+         the bpf datapath has for it (whether a flow between its addresses is live: a pair \
+         stamp, an array read; its source among the peer's CIDRs: a trie; its destination \
+         among the offloaded pods: a hash), nothing else (no ports, clock, interface, path, \
+         state or verdict cache): the least a tc datapath enforcing that policy costs.\n\n\
          | traffic | datapath | ÷ no filter (spread) | pps | ÷ conntrack on (spread) | delivered | program ns/pkt | flow beside: lost |\n\
          |---|---|---:|---:|---:|---:|---:|---:|\n{t}\n\
          Goals (issue \"fast for the traffic an attacker chooses\"), as this run measured them:\n\n\
