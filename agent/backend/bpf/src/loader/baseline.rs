@@ -38,9 +38,9 @@ impl Datapath {
     }
 
     /// Attach one of the benchmark's baseline programs (`peerwall_empty`, `peerwall_hash`,
-    /// `peerwall_facts`) with
-    /// tcx at ingress of `iface` in the current network namespace, its link pinned where the
-    /// tc program's would be (removing the pins detaches it). The gateway benchmark's limits.
+    /// `peerwall_facts`) with tcx at ingress of `iface` in the current network namespace, its
+    /// link pinned where the tc program's would be (removing the pins detaches it). The gateway
+    /// benchmark's limits.
     pub fn attach_baseline(&mut self, program: &str, iface: &str) -> Result<(), BpfError> {
         let pin = self
             .pin_dir

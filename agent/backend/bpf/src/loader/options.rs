@@ -47,8 +47,9 @@ pub struct LoadOptions {
     /// [`peerwall_common::COUNTERS_DEFAULT`]: one per rule and one per chain policy, in chain
     /// order; rules past it are enforced, not counted. The size of the maps when created.
     pub counters: Option<u32>,
-    /// The benchmarks' baseline tables (`BARE`, `BARE_HASH`, `BARE_SEEN`, `ebpf/src/bare.rs`) at their
-    /// full size, for the baseline programs the benchmarks attach; otherwise one entry each.
+    /// The benchmarks' baseline tables (`BARE`, `BARE_HASH`, `BARE_SEEN`, `ebpf/src/bare.rs`)
+    /// at their full size, for the baseline programs the benchmarks attach; otherwise one entry
+    /// each.
     /// They are part of the object, so every load creates them, and `BARE_HASH` is a
     /// preallocated hash: at full size 80 MiB of kernel memory and 44 ms of the load, per
     /// gateway and for as long as the datapath is open, for programs the agent never runs.
