@@ -199,6 +199,18 @@ pub mod constrained {
     pub const DST_NO_PREFIXES: u32 = 1024;
     /// The four bits above.
     pub const NO_LOOKUPS: u32 = SRC_NO_HOSTS | SRC_NO_PREFIXES | DST_NO_HOSTS | DST_NO_PREFIXES;
+    /// Every protocol of IPv4 starts the chain from the same bitmap (no rule tests protocol or
+    /// ports in a way that tells IPv4 protocols apart): the datapath reads the chain's
+    /// `START` entry for the family, an array, instead of the protocol hash (`PROTO`), whose
+    /// entries for the family all hold that bitmap. Positive sense: a `ChainInfo` written by a
+    /// peerwall without it (0) has the hash looked up, as before.
+    pub const START_V4: u32 = 2048;
+    /// As [`START_V4`], IPv6.
+    pub const START_V6: u32 = 4096;
+    /// [`START_V4`] or [`START_V6`] by family index (0: IPv4, 1: IPv6, as in `HOOKS`).
+    pub const fn start(family_index: u32) -> u32 {
+        START_V4 << (family_index & 1)
+    }
 }
 
 /// A deciding rule: its action. Index in `RULES`: `chain * MAX_RULES + rule`.

@@ -43,9 +43,9 @@ pub use lines::{
     HostLine, HOST_LINES_ON, HOST_LINE_OVERFLOW, HOST_LINE_SLOTS, HOST_TABLES,
 };
 pub use maps::{
-    counter_owner, family, flags, hook, map, routes, Config, Counter, IfaceInfo, RouteMirror,
-    COUNTERS_DEFAULT, HOOKS, HOOK_SLOTS, HOST_TABLE_DEFAULT, LOCAL_MAX, MAX_CHAINS, MAX_COUNTERS,
-    MAX_HOOK_CHAINS, MAX_RULES, NO_COMMON_LRU, PROBE_MAGIC, WORDS,
+    counter_owner, family, flags, hook, map, routes, start_index, Config, Counter, IfaceInfo,
+    RouteMirror, COUNTERS_DEFAULT, HOOKS, HOOK_SLOTS, HOST_TABLE_DEFAULT, LOCAL_MAX, MAX_CHAINS,
+    MAX_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, NO_COMMON_LRU, PROBE_MAGIC, START_ENTRIES, WORDS,
 };
 pub use probe::ProbeRecord;
 pub use view::ViewTarget;

@@ -32,6 +32,15 @@ pub const fn counter_owner(chain: u32, rule: Option<u32>) -> u32 {
 /// maps per datapath, one datapath per gateway.
 pub const HOST_TABLE_DEFAULT: u32 = 1 << 16;
 
+/// Entries of the `START` array: a bitmap per slot, chain and family.
+pub const START_ENTRIES: u32 = 2 * MAX_CHAINS * 2;
+
+/// Index in `START` of the start bitmap of `chain` for family index `fidx` (0: IPv4, 1: IPv6)
+/// in policy slot `slot`.
+pub const fn start_index(slot: u32, chain: u32, fidx: u32) -> u32 {
+    (slot & 1) * MAX_CHAINS * 2 + chain * 2 + (fidx & 1)
+}
+
 /// Filter chains on one hook for one family.
 pub const MAX_HOOK_CHAINS: usize = 16;
 
@@ -67,6 +76,9 @@ pub mod map {
     pub const DPORT: &str = "DPORT";
     /// Family + protocol hash (per slot).
     pub const PROTO: &str = "PROTO";
+    /// Start bitmaps of the chains whose protocol hash holds one bitmap per family, both
+    /// slots ([`crate::start_index`]; [`crate::constrained::START_V4`]).
+    pub const START: &str = "START";
     /// Input interface hash (per slot).
     pub const IIF: &str = "IIF";
     /// Output interface hash (per slot).

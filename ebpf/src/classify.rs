@@ -3,8 +3,8 @@
 
 use aya_ebpf::helpers::generated::bpf_loop;
 use peerwall_common::{
-    constrained, ct, dim, family, hook, host_table, ActionCode, HookChains, IfKey, ProtoKey,
-    CACHED_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, WORDS,
+    constrained, ct, dim, family, hook, host_table, start_index, ActionCode, Bitmap, HookChains,
+    IfKey, ProtoKey, CACHED_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, WORDS,
 };
 
 use crate::dims::{
@@ -14,7 +14,7 @@ use crate::lines::host_line;
 use crate::maps::{
     ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DST0, DST1, DSTH0,
     DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, LAST, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0,
-    RULES1, SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1, WORK,
+    RULES1, SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1, START, WORK,
 };
 use crate::parse::Pkt;
 use crate::route::PATH_FORWARD;
@@ -97,24 +97,6 @@ macro_rules! slot_eval {
                 let policy = info.policy;
                 let nrules = info.rules;
                 let base = info.counters as u32;
-                let pk = ProtoKey {
-                    chain,
-                    family: p.family,
-                    proto: p.proto,
-                    _pad: [0; 2],
-                };
-                // SAFETY: read-only lookups of plain data.
-                // Protocols no rule names share the family's "other" entry (`_pad[0] = 1`).
-                let other = ProtoKey {
-                    chain,
-                    family: p.family,
-                    proto: 0,
-                    _pad: [1, 0],
-                };
-                let found = unsafe { $proto.get(&pk) }.or_else(|| unsafe { $proto.get(&other) });
-                let Some(first) = found else {
-                    return (policy, NO_RULE, base.wrapping_add(nrules));
-                };
                 // The accumulator lives in per-CPU map memory: whatever path led here, the
                 // verifier sees the same state afterwards and prunes.
                 let Some(accp) = ACC.get_ptr_mut(0) else {
@@ -122,14 +104,34 @@ macro_rules! slot_eval {
                 };
                 // SAFETY: per-CPU slot of a successful lookup, used only by this CPU's program.
                 let acc = unsafe { &mut *accp };
-                if NW == WORDS {
-                    copy_bitmap(acc, first);
+                let fidx = u32::from(p.family != family::V4);
+                let pk = ProtoKey {
+                    chain,
+                    family: p.family,
+                    proto: p.proto,
+                    _pad: [0; 2],
+                };
+                // Protocols no rule names share the family's "other" entry (`_pad[0] = 1`).
+                let other = ProtoKey {
+                    chain,
+                    family: p.family,
+                    proto: 0,
+                    _pad: [1, 0],
+                };
+                // Where every protocol of the family starts from one bitmap, the array holds
+                // it (an inlined read); else the protocol hash. Each copied into `ACC` on its
+                // own branch, both with the keys on the stack: past it the two states are
+                // the same, and the verifier walks the rest of the chain once.
+                let started = if info.constrained & constrained::start(fidx) != 0 {
+                    start_from::<NW>(acc, START.get(start_index($slot, chain, fidx)))
                 } else {
-                    let mut i = 0;
-                    while i < NW {
-                        acc.w[i] = first.w[i];
-                        i += 1;
-                    }
+                    // SAFETY: read-only lookups of plain data.
+                    let found =
+                        unsafe { $proto.get(&pk) }.or_else(|| unsafe { $proto.get(&other) });
+                    start_from::<NW>(acc, found)
+                };
+                if !started {
+                    return (policy, NO_RULE, base.wrapping_add(nrules));
                 }
                 let cons = if q.all_lookups {
                     info.constrained & !constrained::NO_LOOKUPS
@@ -254,6 +256,25 @@ macro_rules! slot_eval {
             }
         }
     };
+}
+
+/// Copy a chain's start bitmap (its first `NW` words) into the accumulator; false without one
+/// (the chain's policy decides).
+#[inline(always)]
+fn start_from<const NW: usize>(acc: &mut Bitmap, first: Option<&Bitmap>) -> bool {
+    let Some(first) = first else {
+        return false;
+    };
+    if NW == WORDS {
+        copy_bitmap(acc, first);
+    } else {
+        let mut i = 0;
+        while i < NW {
+            acc.w[i] = first.w[i];
+            i += 1;
+        }
+    }
+    true
 }
 
 slot_eval!(

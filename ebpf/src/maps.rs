@@ -87,6 +87,12 @@ macro_rules! slot_maps {
     };
 }
 
+/// The chains' start bitmaps where a chain's protocol hash holds one per family
+/// (`constrained::START_V4`), both slots in one map: the tc program references 64 maps, the
+/// kernel's limit (`MAX_USED_MAPS`), with it. Index [`peerwall_common::start_index`].
+#[map]
+pub(crate) static START: Array<Bitmap> = Array::pinned(peerwall_common::START_ENTRIES, 0);
+
 /// Destination rewrites of prerouting's NAT, per slot (`view.rs`): a handful of prefixes per
 /// interface.
 pub(crate) const VIEW_MAX: u32 = 4096;

@@ -455,7 +455,7 @@ impl Datapath {
         // about to change to the host maps before those change.
         let hosts = self.slot_hosts(new);
         let mut n = self.write_lines(slot, &hosts, slot == self.active)?;
-        n += self.write_lookups(&s, old, new)?;
+        n += self.write_lookups(slot, old, new)?;
         if old.map(|o| &o.views) != Some(&new.views) {
             let views = format!("{}{s}", map::VIEW);
             n += sync_views(self.map(&views)?, &views, &new.views)?;
@@ -493,14 +493,17 @@ impl Datapath {
         Ok(n)
     }
 
-    /// The per-dimension lookup maps ([`slots::LOOKUPS`], then conntrack states).
+    /// The per-dimension lookup maps ([`slots::LOOKUPS`], then conntrack states, then the
+    /// slot's part of the chains' start bitmaps).
     fn write_lookups(
         &mut self,
-        s: &str,
+        slot: u32,
         old: Option<&BpfPolicy>,
         new: &BpfPolicy,
     ) -> Result<usize, BpfError> {
-        self.write_maps(s, slots::LOOKUPS.iter().chain([&slots::CT]), old, new)
+        let s = slot.to_string();
+        let n = self.write_maps(&s, slots::LOOKUPS.iter().chain([&slots::CT]), old, new)?;
+        Ok(n + sync_start(self.map(map::START)?, slot, old, new)?)
     }
 
     /// Chain descriptions ([`slots::CHAINS`]: masks, rules, chains, hooks last).

@@ -5,7 +5,8 @@
 //! allows, and the AND's lowest bit decides. Dimensions:
 //! - family+protocol (hash): address tests of another family, protocol tests, and port tests on
 //!   non-TCP/UDP packets are all resolved here (exact booleans per (family, proto), plus one
-//!   "other protocols" entry per family);
+//!   "other protocols" entry per family); where a family's entries of a chain all hold one
+//!   bitmap, it is also the chain's start entry for the family (array), read instead;
 //! - source/destination address (LPM trie): each rule's tests in that dimension are combined at
 //!   compile time into "address in S" or "address not in S"; the trie holds the prefixes of every
 //!   S, each entry carrying the rules of every enclosing prefix (so the longest match answers
@@ -186,6 +187,11 @@ impl ChainMaps {
                 bits |= bit;
             }
         }
+        for fidx in [0, 1] {
+            if self.start(fidx).is_some() {
+                bits |= c::start(fidx);
+            }
+        }
         for (dir, no_hosts, no_prefixes) in [
             (ir::Dir::Src, c::SRC_NO_HOSTS, c::SRC_NO_PREFIXES),
             (ir::Dir::Dst, c::DST_NO_HOSTS, c::DST_NO_PREFIXES),
@@ -204,6 +210,22 @@ impl ChainMaps {
             counters: self.counters as u16,
             constrained: bits,
         }
+    }
+
+    /// The bitmap every protocol of family `fidx` (0: IPv4, 1: IPv6) starts the chain from,
+    /// where its protocol entries for the family all hold the same one: the chain's `START`
+    /// entry ([`peerwall_common::constrained::START_V4`]). None where the family has no entry
+    /// (the table does not see it: the datapath's lookup misses and the policy decides) or
+    /// where a rule tells its protocols apart.
+    pub fn start(&self, fidx: u32) -> Option<Bitmap> {
+        let fam = if fidx == 0 {
+            family_code(IpFamily::V4)
+        } else {
+            family_code(IpFamily::V6)
+        };
+        let mut of_family = self.proto.iter().filter(|(f, _, _)| *f == fam);
+        let (_, _, first) = of_family.next()?;
+        of_family.all(|(_, _, b)| b == first).then_some(*first)
     }
 
     /// Whether the address dimension `dir` has an entry that is a host (`host`), or one that

@@ -168,6 +168,56 @@ pub(super) fn ct_entries(p: &BpfPolicy) -> BTreeMap<u32, Bitmap> {
         .collect()
 }
 
+/// `START` entries of policy slot `slot`: the start bitmap of each chain and family where its
+/// protocol entries hold one ([`ChainMaps::start`]), at [`peerwall_common::start_index`].
+pub(super) fn start_entries(slot: u32, p: &BpfPolicy) -> BTreeMap<u32, Bitmap> {
+    p.chains
+        .iter()
+        .flat_map(|c| {
+            (0..2).filter_map(move |f| {
+                c.start(f)
+                    .map(|b| (peerwall_common::start_index(slot, c.id, f), b))
+            })
+        })
+        .collect()
+}
+
+/// Bring slot `slot`'s part of `START` (one map for both slots) from `old`'s start bitmaps to
+/// `new`'s; with `old` unknown, every index of the part is written (the other slot's stay).
+pub(super) fn sync_start(
+    map: &mut aya::maps::Map,
+    slot: u32,
+    old: Option<&BpfPolicy>,
+    new: &BpfPolicy,
+) -> Result<usize, BpfError> {
+    let name = peerwall_common::map::START;
+    let new = start_entries(slot, new);
+    let mut m: Array<&mut MapData, Bitmap> = Array::try_from(map).map_err(map_err(name))?;
+    let mut n = 0;
+    let Some(old) = old.map(|o| start_entries(slot, o)) else {
+        let first = peerwall_common::start_index(slot, 0, 0);
+        for i in first..first + peerwall_common::MAX_CHAINS * 2 {
+            let v = new.get(&i).copied().unwrap_or(Bitmap::EMPTY);
+            m.set(i, v, 0).map_err(map_err(name))?;
+            n += 1;
+        }
+        return Ok(n);
+    };
+    for i in old.keys() {
+        if !new.contains_key(i) {
+            m.set(*i, Bitmap::EMPTY, 0).map_err(map_err(name))?;
+            n += 1;
+        }
+    }
+    for (i, v) in &new {
+        if old.get(i) != Some(v) {
+            m.set(*i, *v, 0).map_err(map_err(name))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 pub(super) fn mask_entries(p: &BpfPolicy) -> BTreeMap<u32, DimMasks> {
     p.chains
         .iter()

@@ -107,15 +107,24 @@ fn simulate_chain_slot(
     slot: usize,
 ) -> (VerdictAction, Option<usize>) {
     let fam = family_code(p.family());
-    let known = c
-        .proto
-        .iter()
-        .find(|(f, pr, _)| *f == fam && *pr == Some(p.proto));
-    let entry = known.or_else(|| c.proto.iter().find(|(f, pr, _)| *f == fam && pr.is_none()));
-    let Some((_, _, first)) = entry else {
+    let cons = c.info().constrained;
+    let fidx = u32::from(p.family() == IpFamily::V6);
+    // The family's start bitmap where the description says so, else the protocol hash.
+    let first = if cons & peerwall_common::constrained::start(fidx) != 0 {
+        c.start(fidx)
+    } else {
+        let known = c
+            .proto
+            .iter()
+            .find(|(f, pr, _)| *f == fam && *pr == Some(p.proto));
+        known
+            .or_else(|| c.proto.iter().find(|(f, pr, _)| *f == fam && pr.is_none()))
+            .map(|(_, _, b)| *b)
+    };
+    let Some(first) = first else {
         return (c.policy, None);
     };
-    let mut acc = *first;
+    let mut acc = first;
     let pick = |v: &[(u32, Bitmap)], idx: u32| {
         v.iter()
             .find(|(i, _)| *i == idx)
@@ -126,7 +135,6 @@ fn simulate_chain_slot(
     and_into(&mut acc, &pick(&c.iif, iif));
     and_into(&mut acc, &pick(&c.oif, oif));
     and_into(&mut acc, &c.ct_slots()[slot]);
-    let cons = c.info().constrained;
     let skips = |no_hosts: u32, no_prefixes: u32| (cons & no_hosts != 0, cons & no_prefixes != 0);
     let (h, t) = skips(
         peerwall_common::constrained::SRC_NO_HOSTS,

@@ -91,6 +91,49 @@ fn a_chain_decided_under_open_either_decides_so_in_every_open_state() {
     assert!(held > 10 * not && not > 0, "{held} held, {not} did not");
 }
 
+/// A chain's start bitmap for a family (`START`, read where its description has the family's
+/// bit) is what the protocol hash answers for every protocol of the family, and a chain has
+/// none only where the hash tells protocols apart or has nothing for the family (the policy
+/// decides); random policies have chains of both kinds.
+#[test]
+fn a_start_bitmap_is_the_protocol_hash_answer_for_every_protocol() {
+    let mut rng = StdRng::seed_from_u64(13);
+    let (mut one, mut apart) = (0, 0);
+    for _ in 0..300 {
+        let specs = random_specs(&mut rng);
+        let policy = compile_ir(&objects(&specs)).expect("valid").policy;
+        let bp = compile(&policy, &ifaces()).expect("fits");
+        for c in &bp.chains {
+            for (fidx, fam) in [(0, IpFamily::V4), (1, IpFamily::V6)] {
+                let fam = family_code(fam);
+                let hashed = |p: u8| {
+                    let of = |pr: Option<u8>| c.proto.iter().find(|e| e.0 == fam && e.1 == pr);
+                    of(Some(p)).or_else(|| of(None)).map(|e| e.2)
+                };
+                let bit = c.info().constrained & peerwall_common::constrained::start(fidx) != 0;
+                let answers: Vec<Option<Bitmap>> = (0..=255u8).map(hashed).collect();
+                match c.start(fidx) {
+                    Some(b) => {
+                        assert!(bit, "{c:?}");
+                        assert!(answers.iter().all(|a| *a == Some(b)), "{c:?}");
+                        one += 1;
+                    }
+                    None => {
+                        assert!(!bit, "{c:?}");
+                        let none = answers.iter().all(Option::is_none);
+                        assert!(none || answers.iter().any(|a| *a != answers[0]), "{c:?}");
+                        apart += usize::from(!none);
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        one > 0 && apart > 0,
+        "one bitmap: {one}, told apart: {apart}"
+    );
+}
+
 #[test]
 fn set_algebra() {
     let s = |r: &[(u128, u128)]| {
