@@ -203,19 +203,7 @@ pub(super) fn sync_start(
         }
         return Ok(n);
     };
-    for i in old.keys() {
-        if !new.contains_key(i) {
-            m.set(*i, Bitmap::EMPTY, 0).map_err(map_err(name))?;
-            n += 1;
-        }
-    }
-    for (i, v) in &new {
-        if old.get(i) != Some(v) {
-            m.set(*i, *v, 0).map_err(map_err(name))?;
-            n += 1;
-        }
-    }
-    Ok(n)
+    write_changes(&mut m, name, &old, &new, Bitmap::EMPTY)
 }
 
 pub(super) fn mask_entries(p: &BpfPolicy) -> BTreeMap<u32, DimMasks> {
@@ -394,6 +382,18 @@ pub(super) fn sync_array<V: Pod + PartialEq>(
         return Ok(new.len());
     };
     let mut m: Array<&mut MapData, V> = Array::try_from(map).map_err(map_err(name))?;
+    write_changes(&mut m, name, &old, &new, empty)
+}
+
+/// Write into array `m` what differs from `old` in `new` (an index `new` lacks: `empty`);
+/// returns the entries written.
+fn write_changes<V: Pod + PartialEq>(
+    m: &mut Array<&mut MapData, V>,
+    name: &str,
+    old: &BTreeMap<u32, V>,
+    new: &BTreeMap<u32, V>,
+    empty: V,
+) -> Result<usize, BpfError> {
     let mut n = 0;
     for i in old.keys() {
         if !new.contains_key(i) {
@@ -401,7 +401,7 @@ pub(super) fn sync_array<V: Pod + PartialEq>(
             n += 1;
         }
     }
-    for (i, v) in &new {
+    for (i, v) in new {
         if old.get(i) != Some(v) {
             m.set(*i, *v, 0).map_err(map_err(name))?;
             n += 1;
