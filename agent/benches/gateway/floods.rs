@@ -443,48 +443,31 @@ pub(crate) fn floods_section(rows: &[FloodRow], main: &[Row], policy: &str) -> S
         Traffic::CycledAllowed,
         Traffic::SustainedAllowed,
     ] {
-        // Both beside Liqo's NAT chains (conntrack on): the gateway they would both run in.
-        if let Some(p) = paired(
+        // Both beside Liqo's NAT chains (conntrack on): the gateway they would both run in. A
+        // filter that cost nothing would run at the conntrack-on gateway's rate (the bound).
+        let bound = paired(
             rows,
             traffic,
-            Datapath::PeerwallBpfConntrack,
+            Datapath::ConntrackOnly,
             Datapath::PeerwallNftConntrack,
-        ) {
-            // A filter that cost nothing would run at the conntrack-on gateway's rate.
-            let bound = paired(
-                rows,
-                traffic,
-                Datapath::ConntrackOnly,
-                Datapath::PeerwallNftConntrack,
-            );
-            let near = bound.as_ref().is_some_and(|b| p.median >= 0.95 * b.median);
-            goals.push_str(&format!(
-                "| {}: bpf ÷ nftables, conntrack on for both | ≥ 1.0, and ≥ 0.95 × the bound | {p} | {} | {} |\n",
-                traffic.label(),
-                bound.map_or("–".to_string(), |b| b.to_string()),
-                verdict(p.median >= 1.0 && near)
-            ));
-        }
-        // The bpf datapath reading the kernel's table (one connection table, not two).
-        if let Some(p) = paired(
-            rows,
-            traffic,
-            Datapath::PeerwallBpfKernelCt,
-            Datapath::PeerwallNftConntrack,
-        ) {
-            let bound = paired(
-                rows,
-                traffic,
-                Datapath::ConntrackOnly,
-                Datapath::PeerwallNftConntrack,
-            );
-            let near = bound.as_ref().is_some_and(|b| p.median >= 0.95 * b.median);
-            goals.push_str(&format!(
-                "| {}: bpf reading the kernel's table ÷ nftables, conntrack on for both | ≥ 1.0, and ≥ 0.95 × the bound | {p} | {} | {} |\n",
-                traffic.label(),
-                bound.map_or("–".to_string(), |b| b.to_string()),
-                verdict(p.median >= 1.0 && near)
-            ));
+        );
+        // Both bpf modes: its own tables, and the kernel's (one connection table, not two).
+        for (dp, what) in [
+            (Datapath::PeerwallBpfConntrack, "bpf"),
+            (
+                Datapath::PeerwallBpfKernelCt,
+                "bpf reading the kernel's table",
+            ),
+        ] {
+            if let Some(p) = paired(rows, traffic, dp, Datapath::PeerwallNftConntrack) {
+                let near = bound.as_ref().is_some_and(|b| p.median >= 0.95 * b.median);
+                goals.push_str(&format!(
+                    "| {}: {what} ÷ nftables, conntrack on for both | ≥ 1.0, and ≥ 0.95 × the bound | {p} | {} | {} |\n",
+                    traffic.label(),
+                    bound.as_ref().map_or("–".to_string(), |b| b.to_string()),
+                    verdict(p.median >= 1.0 && near)
+                ));
+            }
         }
         // The limits, against nftables (no goal of their own): one hash lookup at tc, before
         // the kernel's conntrack (the bound of every tc datapath), and a bpf program after
