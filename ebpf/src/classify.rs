@@ -139,6 +139,62 @@ macro_rules! slot_eval {
                     info.constrained
                 };
                 let done = 'dims: {
+                    // The dimensions most likely to empty the bitmap come first: a denied
+                    // packet's lookups end there (a flood towards addresses or ports no rule
+                    // accepts skips the interfaces' hashes and the state), while an
+                    // accepted one makes every lookup whatever the order (the AND of the
+                    // bitmaps is the same).
+                    // The host's line (chains of one word), the host map, then the trie;
+                    // the host lookups skipped where the chain's dimension has no entry
+                    // there (`*_NO_HOSTS`, `*_NO_PREFIXES`).
+                    if cons & constrained::DST != 0
+                        && !addr_step::<NW>(
+                            acc,
+                            cons >> DST_SKIPS,
+                            !q.no_lines,
+                            || host_line(host_table($slot, true), chain, p, &p.dst),
+                            // SAFETY: read-only lookup of plain data.
+                            || unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) },
+                            || $dst.get(addr_key(chain, p, &p.dst)),
+                            $masks.get(chain * 4 + dim::DST),
+                        )
+                    {
+                        break 'dims true;
+                    }
+                    if cons & constrained::SRC != 0
+                        && !addr_step::<NW>(
+                            acc,
+                            cons >> SRC_SKIPS,
+                            !q.no_lines,
+                            || host_line(host_table($slot, false), chain, p, &p.src),
+                            // SAFETY: read-only lookup of plain data.
+                            || unsafe { $srch.get(&addr_data(chain, p, &p.src)) },
+                            || $src.get(addr_key(chain, p, &p.src)),
+                            $masks.get(chain * 4 + dim::SRC),
+                        )
+                    {
+                        break 'dims true;
+                    }
+                    if p.has_ports {
+                        if cons & constrained::DPORT != 0
+                            && !step_masked::<NW>(
+                                acc,
+                                $dport.get(port_key(chain, p.dport)),
+                                $masks.get(chain * 4 + dim::DPORT),
+                            )
+                        {
+                            break 'dims true;
+                        }
+                        if cons & constrained::SPORT != 0
+                            && !step_masked::<NW>(
+                                acc,
+                                $sport.get(port_key(chain, p.sport)),
+                                $masks.get(chain * 4 + dim::SPORT),
+                            )
+                        {
+                            break 'dims true;
+                        }
+                    }
                     if cons & constrained::IIF != 0 {
                         let ik = IfKey {
                             chain,
@@ -165,57 +221,6 @@ macro_rules! slot_eval {
                         && !step::<NW>(acc, $ct.get(chain * ct::SLOTS + q.state))
                     {
                         break 'dims true;
-                    }
-                    // The host's line (chains of one word), the host map, then the trie;
-                    // the host lookups skipped where the chain's dimension has no entry
-                    // there (`*_NO_HOSTS`, `*_NO_PREFIXES`).
-                    if cons & constrained::SRC != 0
-                        && !addr_step::<NW>(
-                            acc,
-                            cons >> SRC_SKIPS,
-                            !q.no_lines,
-                            || host_line(host_table($slot, false), chain, p, &p.src),
-                            // SAFETY: read-only lookup of plain data.
-                            || unsafe { $srch.get(&addr_data(chain, p, &p.src)) },
-                            || $src.get(addr_key(chain, p, &p.src)),
-                            $masks.get(chain * 4 + dim::SRC),
-                        )
-                    {
-                        break 'dims true;
-                    }
-                    if cons & constrained::DST != 0
-                        && !addr_step::<NW>(
-                            acc,
-                            cons >> DST_SKIPS,
-                            !q.no_lines,
-                            || host_line(host_table($slot, true), chain, p, &p.dst),
-                            // SAFETY: read-only lookup of plain data.
-                            || unsafe { $dsth.get(&addr_data(chain, p, &p.dst)) },
-                            || $dst.get(addr_key(chain, p, &p.dst)),
-                            $masks.get(chain * 4 + dim::DST),
-                        )
-                    {
-                        break 'dims true;
-                    }
-                    if p.has_ports {
-                        if cons & constrained::SPORT != 0
-                            && !step_masked::<NW>(
-                                acc,
-                                $sport.get(port_key(chain, p.sport)),
-                                $masks.get(chain * 4 + dim::SPORT),
-                            )
-                        {
-                            break 'dims true;
-                        }
-                        if cons & constrained::DPORT != 0
-                            && !step_masked::<NW>(
-                                acc,
-                                $dport.get(port_key(chain, p.dport)),
-                                $masks.get(chain * 4 + dim::DPORT),
-                            )
-                        {
-                            break 'dims true;
-                        }
                     }
                     false
                 };
@@ -479,12 +484,18 @@ fn chain_step<const SLOT: u32>(index: u64, ctx: *mut core::ffi::c_void) -> i64 {
     0
 }
 
-/// Run every chain of `hk` for the packet in `WORK`; false when the packet was refused.
+/// Run every chain of `hk` in policy slot `SLOT` for the packet in `WORK`; false when the
+/// packet was refused. The slot is a constant so that each `bpf_loop` call site has one
+/// callback: the verifier then inlines the loop (a plain loop calling the callback directly,
+/// `inline_bpf_loop` in `kernel/bpf/verifier.c`, which requires one callback and zero flags in
+/// every state reaching the call). With the slot read at run time, one call site chose
+/// between both callbacks, the helper stayed a call, and each chain cost it an indirect call
+/// (a retpoline where the kernel mitigates Spectre v2).
 #[inline(always)]
-pub(crate) fn run_hook(slot: u32, hk: u32, family: u8) -> bool {
+fn run_hook<const SLOT: u32>(hk: u32, family: u8) -> bool {
     let fidx = if family == family::V4 { 0 } else { 1 };
     let hook_idx = hk * 2 + fidx;
-    let count = match hooks_of(slot, hook_idx) {
+    let count = match hooks_of(SLOT, hook_idx) {
         Some(hc) => hc.count.min(MAX_HOOK_CHAINS as u32),
         None => return true,
     };
@@ -495,7 +506,7 @@ pub(crate) fn run_hook(slot: u32, hk: u32, family: u8) -> bool {
         hook_idx,
         refused: 0,
     };
-    let step = if slot == 0 {
+    let step = if SLOT == 0 {
         chain_step0 as *mut core::ffi::c_void
     } else {
         chain_step1 as *mut core::ffi::c_void
@@ -508,17 +519,22 @@ pub(crate) fn run_hook(slot: u32, hk: u32, family: u8) -> bool {
 }
 
 /// Evaluate `WORK`'s packet on its path: (prerouting, forward, postrouting) or (prerouting,
-/// input).
-#[inline(never)]
+/// input), in the policy slot of its epoch.
+#[inline(always)]
 pub(crate) fn classify(route: &Route) -> u32 {
-    let (slot, path, iif, oif, state, count) = (
-        route.epoch & 1,
-        route.path,
-        route.iif,
-        route.oif,
-        route.state,
-        route.count,
-    );
+    if route.epoch & 1 == 0 {
+        classify_in::<0>(route)
+    } else {
+        classify_in::<1>(route)
+    }
+}
+
+/// [`classify`] in policy slot `SLOT`: one body per slot, each with its own `bpf_loop`
+/// call sites ([`run_hook`]).
+#[inline(never)]
+fn classify_in<const SLOT: u32>(route: &Route) -> u32 {
+    let (path, iif, oif, state, count) =
+        (route.path, route.iif, route.oif, route.state, route.count);
     if let Some(sc) = SCRATCH.get_ptr_mut(0) {
         // SAFETY: per-CPU slot of a successful lookup.
         unsafe {
@@ -549,18 +565,18 @@ pub(crate) fn classify(route: &Route) -> u32 {
     }
     // SAFETY: as above.
     let family = unsafe { (*w).p.family };
-    if !run_hook(slot, hook::PREROUTING, family) {
+    if !run_hook::<SLOT>(hook::PREROUTING, family) {
         return 0;
     }
     if path == PATH_FORWARD {
         // SAFETY: as above.
         unsafe { (*w).q.oif = oif };
-        if !run_hook(slot, hook::FORWARD, family) {
+        if !run_hook::<SLOT>(hook::FORWARD, family) {
             return 0;
         }
-        let _ = run_hook(slot, hook::POSTROUTING, family);
+        let _ = run_hook::<SLOT>(hook::POSTROUTING, family);
     } else {
-        let _ = run_hook(slot, hook::INPUT, family);
+        let _ = run_hook::<SLOT>(hook::INPUT, family);
     }
     0
 }

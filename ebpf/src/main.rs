@@ -49,6 +49,7 @@
 // onto the 512-byte BPF stack first.
 #![allow(clippy::needless_borrows_for_generic_args)]
 
+mod apart;
 mod bare;
 mod cache;
 mod classify;

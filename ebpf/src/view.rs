@@ -17,7 +17,9 @@ pub(crate) fn forward_view(p: &mut Pkt, iif: u32, slot: u32, wire: *mut [u8; 16]
     let hit = if slot == 0 {
         VIEW0.get(&key)
     } else {
-        VIEW1.get(&key)
+        let hit = VIEW1.get(&key);
+        crate::apart::apart();
+        hit
     };
     let Some(t) = hit else {
         return false;

@@ -77,6 +77,7 @@ pub extern "C" fn forget(k: *const FlowKey) -> u32 {
             let _ = VERDICTS4.remove(&key4(k, extra));
         } else {
             let _ = VERDICTS6.remove(&key6(k, extra));
+            crate::apart::apart();
         }
         bump(set_of(k, extra));
     };

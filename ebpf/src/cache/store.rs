@@ -203,6 +203,7 @@ pub extern "C" fn remember(action: u32) -> u32 {
         let _ = VERDICTS4.insert(&key, &v, 0);
     } else {
         let _ = VERDICTS6.insert(&key6(&k, extra), &v, 0);
+        crate::apart::apart();
     }
     at.wrapping_add(ttl as u32)
 }
