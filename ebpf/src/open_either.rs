@@ -12,7 +12,6 @@ use crate::classify::{ACT_DROP, ACT_REJECT};
 use crate::conntrack::{CT_FIRST_REPLY, CT_NO_WRITE, CT_UNKNOWN};
 use crate::counters::count_trail;
 use crate::maps::{SCRATCH, WORK};
-use crate::work::SEEN_LIVE;
 use crate::{classify_work, kernel_state_tc};
 
 /// After `WORK`'s packet was classified under `OPEN_EITHER` (its state not looked up,
@@ -35,9 +34,11 @@ pub extern "C" fn settle_open_either(skb: *mut __sk_buff, flags: u32, count: u32
         return 0;
     }
     let seen_on = flags & flags::FLOW_SEEN != 0;
-    // The first call did not find the packet new by its `FLOW_SEEN` entry (else it would be
-    // `new`, not `OPEN_EITHER`): that is not asked again.
-    let tracked = kernel_state_tc(skb, seen_on as u32, SEEN_LIVE, 0);
+    // The first call did not read the packet's `FLOW_SEEN` entry where the known-flow path
+    // had not (a packet that may open a connection either way is classified first): this one
+    // reads it, so a flow no table knows is new without asking the kernel (a line the
+    // known-flow path read is still in the CPU's cache).
+    let tracked = kernel_state_tc(skb, seen_on as u32, 0, 0);
     let Some(w) = WORK.get_ptr_mut(0) else {
         return 0;
     };

@@ -18,7 +18,8 @@ pub(crate) struct Work {
     pub(crate) looked_up: bool,
     /// Set with `looked_up` to what `known_flow_v4` found of the packet's `FLOW_SEEN` entry:
     /// [`SEEN_IDLE`] (conntrack then knows the flow is new without reading it again),
-    /// [`SEEN_LIVE`] (conntrack does not read it again to find it idle), or 0 (not read).
+    /// [`SEEN_LIVE`] (conntrack does not read it again to find it idle), or 0 (the flow's own
+    /// stamp not read: the pair stamp was live and the shared level had nothing to serve).
     /// Cleared when read (or when the packet does not parse).
     pub(crate) seen: u32,
     /// The coarse clock as read for this packet (`ttl.rs`, [`crate::ttl::coarse_ns`]), 0 until

@@ -19,7 +19,7 @@ use crate::events::note_cached;
 use crate::flow::{flow_key, tcp_flags_valid};
 use crate::maps::{has_views, VERDICTS4, VERDICTS4_CPU, VERDICTS6, WORK};
 use crate::parse::{Pkt, IPPROTO_TCP, IPPROTO_UDP};
-use crate::seen::no_live_flow_v4;
+use crate::seen::{own_idle_v4, pair_idle_v4};
 use crate::ttl::stamp;
 
 /// [`cached_verdict`]'s answer when the packet must be classified.
@@ -258,16 +258,37 @@ pub extern "C" fn known_flow_v4(
     }
     // A flow conntrack cannot know (its FLOW_SEEN entry idle) has no verdict cached in the
     // shared table either (those are of tracked flows, and live a second): a new flow skips
-    // that lookup, a cold miss under a flood. Skipping it is never wrong, only slower.
-    let (seen, now) = seen_v4(words, flags);
-    if seen == SEEN_IDLE {
+    // that lookup, a cold miss under a flood. Skipping it is never wrong, only slower. The
+    // entry is read in two steps, each only where the one before it left the question open:
+    // the pair stamp (16 KiB that stay in the CPU's cache: idle, no flow between the two
+    // addresses is live), then whether the shared level may serve the set at all (its mark,
+    // 8 KiB, cached too: a flood of one-packet flows puts no verdict there), and only then
+    // the flow's own stamp, a line of 256 KiB that a flood of new flows reads cold. Without
+    // it, conntrack reads that stamp where it needs it: not for a packet that opens a
+    // connection either way under a policy that decides it whatever its state
+    // (`kernel_state`).
+    let seen_on = flags & peerwall_common::flags::FLOW_SEEN != 0;
+    let now = if seen_on {
+        // SAFETY: no arguments.
+        unsafe { bpf_ktime_get_coarse_ns() }
+    } else {
+        0
+    };
+    if seen_on && pair_idle_v4(words, now) {
         looked_up(gen, SEEN_IDLE, now);
         return MISS;
     }
-    // No verdict of the set put into the shared level can still be served: none to look up
-    // (a flood of one-packet flows puts none there).
     if !may_serve(set, stamp()) {
-        looked_up(gen, seen, now);
+        looked_up(gen, 0, now);
+        return MISS;
+    }
+    let seen = match (seen_on, seen_on && own_idle_v4(words, now)) {
+        (false, _) => 0,
+        (true, true) => SEEN_IDLE,
+        (true, false) => SEEN_LIVE,
+    };
+    if seen == SEEN_IDLE {
+        looked_up(gen, SEEN_IDLE, now);
         return MISS;
     }
     // SAFETY: the transmute is between two 16-byte plain-data types.
@@ -290,25 +311,6 @@ pub extern "C" fn known_flow_v4(
         looked_up(gen, seen, now);
     }
     a
-}
-
-/// What the known-flow path finds of the `FLOW_SEEN` entry of the IPv4 flow whose key words
-/// are `words` ([`SEEN_IDLE`], [`SEEN_LIVE`], or 0 with the shortcut off), and the coarse clock
-/// it read for that (0 if none), which is the packet's (`crate::ttl::coarse_ns`). The coarse
-/// clock (no clock-source read) is up to a tick behind the one stamps are written with, which
-/// can only make an entry look younger (`flow_seen_idle`): never idle early.
-#[inline(always)]
-fn seen_v4(words: [u32; 4], flags: u32) -> (u32, u64) {
-    if flags & peerwall_common::flags::FLOW_SEEN == 0 {
-        return (0, 0);
-    }
-    // SAFETY: no arguments.
-    let now = unsafe { bpf_ktime_get_coarse_ns() };
-    if no_live_flow_v4(words, now) {
-        (SEEN_IDLE, now)
-    } else {
-        (SEEN_LIVE, now)
-    }
 }
 
 /// Note in `WORK` that [`known_flow_v4`] looked the packet up and found nothing to serve: the
