@@ -13,8 +13,8 @@ use crate::dims::{
 use crate::lines::host_line;
 use crate::maps::{
     ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DST0, DST1, DSTH0,
-    DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, LAST, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0,
-    RULES1, SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1, START, WORK,
+    DSTH1, HOOKS0, HOOKS1, IIF0, IIF1, MASKS0, MASKS1, OIF0, OIF1, PROTO0, PROTO1, RULES0, RULES1,
+    SCRATCH, SPORT0, SPORT1, SRC0, SRC1, SRCH0, SRCH1, START, WORK,
 };
 use crate::parse::Pkt;
 use crate::route::PATH_FORWARD;
@@ -347,36 +347,6 @@ pub extern "C" fn note_open_split(chain: u32, r: u32, nw: u32, slot: u32) -> u32
     0
 }
 
-/// Record the outcome of the packet in `LAST` (what `peerwall verdict --engine bpf` reads).
-pub(crate) fn record(out: &Outcome) {
-    if let Some(r) = LAST.get_ptr_mut(0) {
-        // SAFETY: per-CPU slot of a successful lookup.
-        unsafe {
-            (*r).seq = (*r).seq.wrapping_add(1);
-            (*r).verdict = out.action;
-            (*r).has_chain = out.has_chain as u8;
-            (*r).has_rule = (out.rule != NO_RULE) as u8;
-            (*r).chain = out.chain;
-            (*r).rule = out.rule;
-            (*r).audit = out.audit as u8;
-            (*r).audit_chain = out.audit_chain;
-            (*r).audit_rule = out.audit_rule;
-        }
-    }
-}
-
-/// Outcome of the whole path.
-pub(crate) struct Outcome {
-    pub(crate) action: u8,
-    pub(crate) chain: u32,
-    pub(crate) rule: u32,
-    pub(crate) has_chain: bool,
-    /// Action code of the first would-drop (0: none), its chain and rule.
-    pub(crate) audit: u32,
-    pub(crate) audit_chain: u32,
-    pub(crate) audit_rule: u32,
-}
-
 #[inline(always)]
 pub(crate) fn hooks_of(slot: u32, idx: u32) -> Option<&'static HookChains> {
     if slot == 0 {
@@ -579,29 +549,4 @@ fn classify_in<const SLOT: u32>(route: &Route) -> u32 {
         let _ = run_hook::<SLOT>(hook::INPUT, family);
     }
     0
-}
-
-/// The outcome `classify` left in `SCRATCH` (drop when unreadable: fail closed).
-#[inline(always)]
-pub(crate) fn outcome() -> Outcome {
-    match SCRATCH.get(0) {
-        Some(sc) => Outcome {
-            action: sc.action as u8,
-            chain: sc.chain,
-            rule: sc.rule,
-            has_chain: sc.has_chain != 0,
-            audit: sc.audit,
-            audit_chain: sc.audit_chain,
-            audit_rule: sc.audit_rule,
-        },
-        None => Outcome {
-            action: ACT_DROP,
-            chain: 0,
-            rule: NO_RULE,
-            has_chain: false,
-            audit: 0,
-            audit_chain: 0,
-            audit_rule: NO_RULE,
-        },
-    }
 }

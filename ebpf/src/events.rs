@@ -181,7 +181,7 @@ pub extern "C" fn note_outcome(flags: u32) -> u32 {
     if flags & peerwall_common::flags::EVENTS == 0 {
         return 0;
     }
-    let out = &crate::classify::outcome();
+    let out = &crate::outcome::outcome();
     let Some(w) = WORK.get(0) else {
         return 0;
     };

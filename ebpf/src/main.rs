@@ -66,6 +66,7 @@ mod local;
 mod maps;
 mod mem;
 mod open_either;
+mod outcome;
 mod parse;
 mod reject;
 mod route;
@@ -81,7 +82,7 @@ use peerwall_common::{ct, flags, PROBE_MAGIC};
 use crate::cache::{
     cache_on, cached_verdict, direct_cache, known_flow_v4, mark_stored, remember, MISS,
 };
-use crate::classify::{classify, outcome, record, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
+use crate::classify::{classify, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
 use crate::conntrack::{
     ct_commit, ct_state, kernel_commit, kernel_state, CT_FIRST_REPLY, CT_NO_WRITE, CT_OPEN_EITHER,
     CT_UNKNOWN,
@@ -90,6 +91,7 @@ use crate::events::note_outcome;
 use crate::kernel_ct::kernel_tracks;
 use crate::maps::{allow_all, config, has_views, kernel_ct_on, WORK};
 use crate::open_either::settle_open_either;
+use crate::outcome::{outcome, record};
 use crate::parse::{parse, Parse, Pkt, Source, TcDirect, ETH_P_IP, ETH_P_IPV6};
 use crate::reject::reject;
 use crate::route::{route, PATH_FORWARD};

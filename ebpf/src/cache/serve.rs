@@ -256,41 +256,9 @@ pub extern "C" fn known_flow_v4(
             i += 1;
         }
     }
-    // A flow conntrack cannot know (its FLOW_SEEN entry idle) has no verdict cached in the
-    // shared table either (those are of tracked flows, and live a second): a new flow skips
-    // that lookup, a cold miss under a flood. Skipping it is never wrong, only slower. The
-    // entry is read in two steps, each only where the one before it left the question open:
-    // the pair stamp (16 KiB that stay in the CPU's cache: idle, no flow between the two
-    // addresses is live), then whether the shared level may serve the set at all (its mark,
-    // 8 KiB, cached too: a flood of one-packet flows puts no verdict there), and only then
-    // the flow's own stamp, a line of 256 KiB that a flood of new flows reads cold. Without
-    // it, conntrack reads that stamp where it needs it: not for a packet that opens a
-    // connection either way under a policy that decides it whatever its state
-    // (`kernel_state`).
-    let seen_on = flags & peerwall_common::flags::FLOW_SEEN != 0;
-    let now = if seen_on {
-        // SAFETY: no arguments.
-        unsafe { bpf_ktime_get_coarse_ns() }
-    } else {
-        0
+    let Some((seen, now)) = shared_may_serve(words, set, gen, flags) else {
+        return MISS;
     };
-    if seen_on && pair_idle_v4(words, now) {
-        looked_up(gen, SEEN_IDLE, now);
-        return MISS;
-    }
-    if !may_serve(set, stamp()) {
-        looked_up(gen, 0, now);
-        return MISS;
-    }
-    let seen = match (seen_on, seen_on && own_idle_v4(words, now)) {
-        (false, _) => 0,
-        (true, true) => SEEN_IDLE,
-        (true, false) => SEEN_LIVE,
-    };
-    if seen == SEEN_IDLE {
-        looked_up(gen, SEEN_IDLE, now);
-        return MISS;
-    }
     // SAFETY: the transmute is between two 16-byte plain-data types.
     let k: VerdictKey4 = unsafe { core::mem::transmute::<[u32; 4], VerdictKey4>(words) };
     // SAFETY: read-only lookup of plain data.
@@ -311,6 +279,51 @@ pub extern "C" fn known_flow_v4(
         looked_up(gen, seen, now);
     }
     a
+}
+
+/// Whether the shared level is to be looked up for the IPv4 flow whose key words are `words`
+/// (its verdict-cache set `set`, of generation `gen`): then what the known-flow path found of
+/// its `FLOW_SEEN` entry ([`SEEN_LIVE`], or 0 with the shortcut off) and the coarse clock it
+/// read for that (0 if none); else none, the packet noted as looked up ([`looked_up`]).
+///
+/// A flow conntrack cannot know (its FLOW_SEEN entry idle) has no verdict cached in the
+/// shared table either (those are of tracked flows, and live a second): a new flow skips
+/// that lookup, a cold miss under a flood. Skipping it is never wrong, only slower. The
+/// entry is read in two steps, each only where the one before it left the question open:
+/// the pair stamp (16 KiB that stay in the CPU's cache: idle, no flow between the two
+/// addresses is live), then whether the shared level may serve the set at all (its mark,
+/// 8 KiB, cached too: a flood of one-packet flows puts no verdict there), and only then
+/// the flow's own stamp, a line of 256 KiB that a flood of new flows reads cold. Without
+/// it, conntrack reads that stamp where it needs it: not for a packet that opens a
+/// connection either way under a policy that decides it whatever its state
+/// (`kernel_state`). The coarse clock (no clock-source read) is up to a tick behind the one
+/// stamps are written with, which can only make an entry look younger (`flow_seen_idle`):
+/// never idle early.
+#[inline(always)]
+fn shared_may_serve(words: [u32; 4], set: u32, gen: u32, flags: u32) -> Option<(u32, u64)> {
+    let seen_on = flags & peerwall_common::flags::FLOW_SEEN != 0;
+    let now = if seen_on {
+        // SAFETY: no arguments.
+        unsafe { bpf_ktime_get_coarse_ns() }
+    } else {
+        0
+    };
+    if seen_on && pair_idle_v4(words, now) {
+        looked_up(gen, SEEN_IDLE, now);
+        return None;
+    }
+    if !may_serve(set, stamp()) {
+        looked_up(gen, 0, now);
+        return None;
+    }
+    if !seen_on {
+        return Some((0, now));
+    }
+    if own_idle_v4(words, now) {
+        looked_up(gen, SEEN_IDLE, now);
+        return None;
+    }
+    Some((SEEN_LIVE, now))
 }
 
 /// Note in `WORK` that [`known_flow_v4`] looked the packet up and found nothing to serve: the
