@@ -144,8 +144,9 @@ macro_rules! slot_eval {
                     // accepts skips the interfaces' hashes and the state), while an
                     // accepted one makes every lookup whatever the order (the AND of the
                     // bitmaps is the same).
-                    // The host's line (chains of one word), the host map, then the trie;
-                    // the host lookups skipped where the chain's dimension has no entry
+                    //
+                    // Each address: the host's line (chains of one word), the host map, then
+                    // the trie; the host lookups skipped where the chain's dimension has no entry
                     // there (`*_NO_HOSTS`, `*_NO_PREFIXES`).
                     if cons & constrained::DST != 0
                         && !addr_step::<NW>(

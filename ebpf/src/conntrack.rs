@@ -278,14 +278,15 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// minutes. Only the ended marks, written with the precise clock, are read with it
 /// ([`ended_mark`]).
 ///
-/// Unless the known-flow path found the entry idle, a packet that can open a connection (a TCP
-/// SYN, any UDP packet) is in one of three states in the kernel's table: new (no entry, or one without a
-/// reply), established, or related (an expected connection); `invalid` only by a mark of
-/// this datapath, checked here. With `open_either`, such a packet is not looked up but given
-/// [`ct::OPEN_EITHER`] ([`CT_OPEN_EITHER`]): the lookup is a cold miss in the kernel's large
-/// hash for a flood of new flows (two thirds of such a packet's time in the program,
-/// `cargo xtask bench-gateway`), and the chains most often decide such a packet by a rule
-/// that does not test the state (a NetworkPolicy's allow), which then holds for all three.
+/// Unless the known-flow path found the entry idle, a packet that can open a connection (a
+/// TCP SYN, any UDP packet) is in one of three states in the kernel's table: new (no entry,
+/// or one without a reply), established, or related (an expected connection); `invalid` only
+/// by a mark of this datapath, checked here. With `open_either`, such a packet is not looked
+/// up but given [`ct::OPEN_EITHER`] ([`CT_OPEN_EITHER`]): the lookup is a cold miss in the
+/// kernel's large hash for a flood of new flows (two thirds of such a packet's time in the
+/// program, `cargo xtask bench-gateway`), and the chains most often decide such a packet by a
+/// rule that does not test the state (a NetworkPolicy's allow), which then holds for all
+/// three.
 #[inline(never)]
 pub(crate) fn kernel_state<C: CtLookup>(
     ctx: &C,

@@ -64,29 +64,35 @@ pub(crate) fn seen_idle(k: &FlowKey, now: u64) -> bool {
 /// idle (no flow between its addresses is live), or else its own.
 #[inline(always)]
 fn no_live_flow(words: &[u32; 10], now: u64) -> bool {
-    pair_idle(words, now) || own_idle(words, now)
+    let horizon = seen_horizon_ns();
+    pair_idle(words, now, horizon) || own_idle(words, now, horizon)
 }
 
 /// Whether the pair stamp of the key whose words are `words` is idle: no flow between its two
 /// addresses is live. A lane of 16 KiB that stay in the CPU's cache.
 #[inline(always)]
-fn pair_idle(words: &[u32; 10], now: u64) -> bool {
-    stamp_idle(flow_seen_pair_slot_of_words(words), now)
+fn pair_idle(words: &[u32; 10], now: u64, horizon: u64) -> bool {
+    stamp_idle(flow_seen_pair_slot_of_words(words), now, horizon)
 }
 
 /// Whether the flow stamp of the key whose words are `words` is idle. A lane of 256 KiB, of
 /// which a flood of new flows reads a cold line per packet.
 #[inline(always)]
-fn own_idle(words: &[u32; 10], now: u64) -> bool {
-    stamp_idle(flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1), now)
+fn own_idle(words: &[u32; 10], now: u64, horizon: u64) -> bool {
+    stamp_idle(
+        flow_seen_slot_of_words(words, FLOW_SEEN_SLOTS - 1),
+        now,
+        horizon,
+    )
 }
 
-/// Whether the stamp of `slot` is idle at `now` (not when it cannot be read).
+/// Whether the stamp of `slot` is idle at `now`, given the entries' `horizon`
+/// ([`seen_horizon_ns`]); not when it cannot be read.
 #[inline(always)]
-fn stamp_idle(slot: u32, now: u64) -> bool {
+fn stamp_idle(slot: u32, now: u64, horizon: u64) -> bool {
     match stamp_at(slot) {
         // SAFETY: a lane of an entry of a successful lookup.
-        Some(s) => flow_seen_idle(unsafe { *s }, now, seen_horizon_ns()),
+        Some(s) => flow_seen_idle(unsafe { *s }, now, horizon),
         None => false,
     }
 }
@@ -115,13 +121,13 @@ fn words_v4(k: [u32; 4]) -> [u32; 10] {
 /// key words is live (its pair stamp idle: the flow's own is then idle too).
 #[inline(always)]
 pub(crate) fn pair_idle_v4(k: [u32; 4], now: u64) -> bool {
-    pair_idle(&words_v4(k), now)
+    pair_idle(&words_v4(k), now, seen_horizon_ns())
 }
 
 /// Whether the flow stamp of an IPv4 flow given as the known-flow path's key words is idle.
 #[inline(always)]
 pub(crate) fn own_idle_v4(k: [u32; 4], now: u64) -> bool {
-    own_idle(&words_v4(k), now)
+    own_idle(&words_v4(k), now, seen_horizon_ns())
 }
 
 /// Whether the agent's last sweep still vouches, at `now`, that every connection of the
