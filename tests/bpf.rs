@@ -1273,14 +1273,20 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
     // The guard lets through exactly the interfaces the datapath is attached to (nft names
     // the ifindexes it holds by their devices).
     let first = ifindex();
-    // Each pattern's rule lets through both attached devices, whatever their order.
+    // Both attached devices let through (whatever their order) before each pattern's drop.
     let lets_through = |g: &str| {
+        let lines: Vec<&str> = g.lines().map(str::trim).collect();
+        let accept = lines.iter().position(|l| {
+            l.starts_with("iif {")
+                && l.contains(" accept")
+                && l.contains(r#""liqo-tunnel""#)
+                && l.contains(r#""liqo.abcdefghij""#)
+        });
         ["liqo-tunnel*", "liqo.*"].iter().all(|p| {
-            g.lines().any(|l| {
-                l.contains(&format!(r#"iifname "{p}" iif != {{ "#))
-                    && l.contains(r#""liqo-tunnel""#)
-                    && l.contains(r#""liqo.abcdefghij""#)
-            })
+            let drop = lines
+                .iter()
+                .position(|l| l.starts_with(&format!(r#"iifname "{p}" counter"#)));
+            accept.zip(drop).is_some_and(|(a, d)| a < d)
         })
     };
     let g = guard();
@@ -1377,11 +1383,15 @@ fn a_tunnel_made_again_passes_nothing_until_the_datapath_is_attached_to_it() {
     // The guard holds the old device's ifindex, which no device has now (nft prints it as a
     // number), and dropped the pings.
     let g = guard();
+    let holds_old =
+        |l: &str| l.contains(&format!(" {first},")) || l.contains(&format!(" {first} "));
     assert!(
-        g.lines().any(|l| l.contains(r#"iifname "liqo-tunnel*""#)
-            && (l.contains(&format!(" {first},")) || l.contains(&format!(" {first} ")))
-            && !l.contains("counter packets 0 ")),
-        "the guard dropped the pings:\n{g}"
+        g.lines()
+            .any(|l| l.trim().starts_with("iif {") && l.contains(" accept") && holds_old(l))
+            && g.lines()
+                .any(|l| l.contains(r#"iifname "liqo-tunnel*""#)
+                    && !l.contains("counter packets 0 ")),
+        "the guard lets the old ifindex through and dropped the pings:\n{g}"
     );
     // As `peerwall inspect` shows it, with no agent running.
     let seen = inspect_json(&t.gateway, &pins)["guard"].clone();

@@ -568,12 +568,17 @@ fn bring_up(
                     .output()
                     .unwrap();
                 let text = String::from_utf8_lossy(&out.stdout).into_owned();
-                text.lines()
-                    .any(|l| {
-                        l.contains(r#"iifname "liqo-tunnel*" iif != "#)
-                            && l.contains(r#""liqo-tunnel""#)
-                    })
-                    .then_some(())
+                // The attached interfaces let through first, then each pattern dropped.
+                let lines: Vec<&str> = text.lines().map(str::trim).collect();
+                let accept = lines.iter().position(|l| {
+                    l.starts_with("iif {")
+                        && l.contains(r#""liqo-tunnel""#)
+                        && l.contains(" accept")
+                });
+                let drop = lines
+                    .iter()
+                    .position(|l| l.starts_with(r#"iifname "liqo-tunnel*" counter"#));
+                accept.zip(drop).filter(|(a, d)| a < d).map(|_| ())
             },
         );
     }

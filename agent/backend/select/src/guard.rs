@@ -8,13 +8,21 @@
 //! forward everything from the peer until that poll, and for as long as no agent runs. The
 //! table is kernel state: it holds while the agent is away.
 //!
-//! One rule per pattern, in a chain at prerouting before conntrack (priority −300, `raw`):
-//! `iifname "liqo-tunnel*" iif != { 7, 12 } drop`. nftables matches the name, the kernel
-//! keeps the ifindexes as numbers, so a device made again under the name (a new ifindex) is
-//! dropped until the datapath is attached to it and the agent lets it through. With no
-//! interface attached the rule has no ifindex test. Base chains decide independently (an
-//! accept elsewhere does not skip this one), and the chain's policy is accept: it drops
+//! A chain at prerouting before conntrack (priority −300, `raw`): first the interfaces the
+//! datapath is attached to, let through (`iif { 7, 12 } accept`), then one rule per pattern
+//! (`iifname "liqo-tunnel*" counter drop`). nftables matches the name, the kernel keeps the
+//! ifindexes as numbers, so a device made again under the name (a new ifindex) is dropped
+//! until the datapath is attached to it and the agent lets it through. With no interface
+//! attached there is no accept rule. Base chains decide independently (an accept here ends
+//! this chain only, not the hook's other chains), and the chain's policy is accept: it drops
 //! nothing the datapath filters.
+//!
+//! The attached interfaces come first because every packet of the gateway's namespace walks
+//! this chain, and nearly all of them arrive on an attached interface: one ifindex lookup
+//! ends the chain for them, where a rule per pattern (`iifname "p" iif != { … } drop`, the
+//! guard's first form) compared each pattern's name, then the ifindex, for every packet
+//! (`cargo xtask bench-gateway` measures the guard: the row "limit: empty tcx program and the
+//! bpf backend's guard"). A guard in the first form is still read ([`rules_in`]).
 //!
 //! The table carries no ownership marker: it is not one of peerwall's policy tables, and no
 //! policy may name it. `peerwall delete --backend bpf` removes it; so does the emergency
@@ -46,18 +54,19 @@ pub struct UnquotablePattern(pub String);
 /// (the table created if missing, deleted, and written again: never a moment without it).
 pub fn script(patterns: &[String], attached: &[u32]) -> Result<String, UnquotablePattern> {
     let mut rules = String::new();
+    if !attached.is_empty() {
+        let list: Vec<String> = attached.iter().map(u32::to_string).collect();
+        rules.push_str(&format!(
+            "    iif {{ {} }} accept comment \"peerwall: attached to the bpf datapath\"\n",
+            list.join(", ")
+        ));
+    }
     for p in patterns {
         if p.contains(['"', '\\']) {
             return Err(UnquotablePattern(p.clone()));
         }
-        let not_attached = if attached.is_empty() {
-            String::new()
-        } else {
-            let list: Vec<String> = attached.iter().map(u32::to_string).collect();
-            format!(" iif != {{ {} }}", list.join(", "))
-        };
         rules.push_str(&format!(
-            "    iifname \"{p}\"{not_attached} counter drop comment \"peerwall: not attached to the bpf datapath yet\"\n"
+            "    iifname \"{p}\" counter drop comment \"peerwall: not attached to the bpf datapath yet\"\n"
         ));
     }
     Ok(format!(
@@ -223,37 +232,48 @@ pub struct GuardRule {
 }
 
 /// The guard's rules in `listing` (a ruleset listing of this namespace); None: no guard table.
+/// Each pattern's rule lets through the interfaces of the accept rule before it (the guard
+/// [`script`] writes), or of its own `iif !=` test (the guard's first form).
 pub fn rules_in(listing: &Listing) -> Option<Vec<GuardRule>> {
     holds_table(listing).then(|| {
-        listing
+        let mut attached: Vec<String> = Vec::new();
+        let mut out = Vec::new();
+        for r in listing
             .rules
             .iter()
             .filter(|r| r.family == "inet" && r.table == TABLE)
-            .map(|r| {
-                let mut rule = GuardRule {
-                    pattern: String::new(),
-                    lets_through: Vec::new(),
-                    dropped: r.counter.map_or(0, |c| c.packets),
+        {
+            let mut rule = GuardRule {
+                pattern: String::new(),
+                lets_through: Vec::new(),
+                dropped: r.counter.map_or(0, |c| c.packets),
+            };
+            let (mut own, mut accepts) = (None, false);
+            for st in &r.statements {
+                let Ok(v) = serde_json::from_str::<serde_json::Value>(st) else {
+                    continue;
                 };
-                for st in &r.statements {
-                    let Ok(v) = serde_json::from_str::<serde_json::Value>(st) else {
-                        continue;
-                    };
-                    let m = &v["match"];
-                    match m["left"]["meta"]["key"].as_str() {
-                        Some("iifname") => rule.pattern = scalar(&m["right"]),
-                        Some("iif") => {
-                            rule.lets_through = match m["right"]["set"].as_array() {
-                                Some(items) => items.iter().map(scalar).collect(),
-                                None => vec![scalar(&m["right"])],
-                            }
-                        }
-                        _ => {}
+                accepts |= v.get("accept").is_some();
+                let m = &v["match"];
+                match m["left"]["meta"]["key"].as_str() {
+                    Some("iifname") => rule.pattern = scalar(&m["right"]),
+                    Some("iif") => {
+                        own = Some(match m["right"]["set"].as_array() {
+                            Some(items) => items.iter().map(scalar).collect(),
+                            None => vec![scalar(&m["right"])],
+                        })
                     }
+                    _ => {}
                 }
-                rule
-            })
-            .collect()
+            }
+            if accepts && rule.pattern.is_empty() {
+                attached = own.unwrap_or_default();
+                continue;
+            }
+            rule.lets_through = own.unwrap_or_else(|| attached.clone());
+            out.push(rule);
+        }
+        out
     })
 }
 
@@ -385,19 +405,74 @@ mod tests {
     }
 
     #[test]
-    fn each_pattern_drops_what_arrives_on_interfaces_not_attached() {
+    fn the_attached_interfaces_pass_first_and_each_pattern_drops_the_rest() {
         let s = script(&["liqo-tunnel*".into(), "liqo.*".into()], &[7, 12]).unwrap();
         assert!(s.starts_with("table inet peerwall-guard {\n}\ndelete table inet peerwall-guard\n"));
         assert!(s.contains("type filter hook prerouting priority raw; policy accept;"));
-        assert!(s.contains("iifname \"liqo-tunnel*\" iif != { 7, 12 } counter drop"));
-        assert!(s.contains("iifname \"liqo.*\" iif != { 7, 12 } counter drop"));
+        let rules: Vec<&str> = s
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("iif"))
+            .collect();
+        assert_eq!(rules.len(), 3, "{s}");
+        assert!(rules[0].starts_with("iif { 7, 12 } accept"), "{s}");
+        assert!(
+            rules[1].starts_with("iifname \"liqo-tunnel*\" counter drop"),
+            "{s}"
+        );
+        assert!(
+            rules[2].starts_with("iifname \"liqo.*\" counter drop"),
+            "{s}"
+        );
     }
 
     #[test]
     fn with_nothing_attached_every_matching_interface_is_dropped() {
         let s = script(&["liqo-tunnel".into()], &[]).unwrap();
         assert!(s.contains("iifname \"liqo-tunnel\" counter drop"), "{s}");
-        assert!(!s.contains("iif !="), "{s}");
+        assert!(!s.contains("accept comment"), "{s}");
+    }
+
+    #[test]
+    fn the_accept_rules_interfaces_are_what_each_pattern_lets_through() {
+        let listing = Listing {
+            tables: vec![ListedTable {
+                family: "inet".into(),
+                name: TABLE.into(),
+            }],
+            rules: vec![
+                rule(
+                    &[
+                        r#"{"match":{"left":{"meta":{"key":"iif"}},"op":"==","right":{"set":["liqo-tunnel",12]}}}"#,
+                        r#"{"accept":null}"#,
+                    ],
+                    0,
+                ),
+                rule(
+                    &[
+                        r#"{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"liqo-tunnel*"}}"#,
+                        r#"{"counter":{"bytes":0,"packets":3}}"#,
+                        r#"{"drop":null}"#,
+                    ],
+                    3,
+                ),
+                rule(
+                    &[
+                        r#"{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"liqo.*"}}"#,
+                        r#"{"drop":null}"#,
+                    ],
+                    0,
+                ),
+            ],
+            ..Listing::default()
+        };
+        let rules = rules_in(&listing).unwrap();
+        assert_eq!(rules.len(), 2, "the accept rule is no pattern: {rules:?}");
+        assert_eq!(rules[0].pattern, "liqo-tunnel*");
+        assert_eq!(rules[0].lets_through, ["liqo-tunnel", "12"]);
+        assert_eq!(rules[0].dropped, 3);
+        assert_eq!(rules[1].pattern, "liqo.*");
+        assert_eq!(rules[1].lets_through, ["liqo-tunnel", "12"]);
     }
 
     #[test]
