@@ -501,7 +501,9 @@ pub(crate) fn classify(route: &Route) -> u32 {
 }
 
 /// [`classify`] in policy slot `SLOT`: one body per slot, each with its own `bpf_loop`
-/// call sites ([`run_hook`]).
+/// call sites ([`run_hook`]). Not inlined: in one body, LLVM merged the two slots' `bpf_loop`
+/// calls into one whose callback the verifier cannot tell, and it left the loop a helper call
+/// (`tests/bpf.rs` checks the translated program).
 #[inline(never)]
 fn classify_in<const SLOT: u32>(route: &Route) -> u32 {
     let (path, iif, oif, state, count) =

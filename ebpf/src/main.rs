@@ -199,7 +199,10 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     unsafe { (*w).viewed = viewed };
     let diag = cfg.flags & flags::DIAG_ALL;
     let cache = cache_on(&cfg);
-    if cache {
+    // `known_flow_v4` already looked the same key up: `cached_verdict` would only clear its
+    // note, so it is not called (each call returns through the kernel's return thunk).
+    // SAFETY: as above.
+    if cache && !unsafe { core::mem::take(&mut (*w).looked_up) } {
         let iif = if probe { ctx.cb()[3] } else { ifindex };
         let a = cached_verdict(iif, cfg.active, 1, cfg.flags);
         if a == ACT_ACCEPT as u32 {
@@ -357,8 +360,13 @@ pub extern "C" fn finish_tc(skb: *mut __sk_buff, probe: u32, flags: u32) -> i32 
     if probe != 0 {
         record(&out);
     }
-    note_outcome(flags);
-    mark_stored(remember(out.action as u32));
+    if flags & peerwall_common::flags::EVENTS != 0 {
+        note_outcome(flags);
+    }
+    let until = remember(out.action as u32);
+    if until != 0 {
+        mark_stored(until);
+    }
     match out.action {
         ACT_ACCEPT => {
             if let Some(w) = WORK.get(0) {
@@ -464,14 +472,19 @@ fn finish_xdp(flags: u32) -> u32 {
     if out.action != ACT_DROP {
         return xdp_action::XDP_PASS;
     }
-    note_outcome(flags);
+    if flags & peerwall_common::flags::EVENTS != 0 {
+        note_outcome(flags);
+    }
     // Count what XDP drops (tc never sees it): the same evaluation, counting.
     if let Some(w) = WORK.get_ptr_mut(0) {
         // SAFETY: per-CPU slot of a successful lookup.
         unsafe { (*w).r.count = true };
     }
     classify_work();
-    mark_stored(remember(ACT_DROP as u32));
+    let until = remember(ACT_DROP as u32);
+    if until != 0 {
+        mark_stored(until);
+    }
     xdp_action::XDP_DROP
 }
 
