@@ -439,8 +439,8 @@ pub extern "C" fn kernel_commit() -> u32 {
 /// A packet of no live flow: `new` (the state with its bits), unless it cannot start one: a
 /// TCP segment other than a SYN is never picked up mid-stream (an ended flow's segment, once
 /// its mark lapsed, would otherwise start it again in our direction, and the peer's segments
-/// would pass as its replies).
-#[inline(never)]
+/// would pass as its replies). Inlined: a call less for every new packet.
+#[inline(always)]
 fn new_or_invalid(p: &Pkt, is_icmp: bool, new: u32) -> u32 {
     if p.proto == IPPROTO_TCP && p.has_ports && !tcp_opens(p.tcp_flags) {
         return ct::INVALID;

@@ -17,7 +17,9 @@ pub(crate) const NOT_LOCAL: u32 = 0;
 pub(crate) const UNDECIDED: u32 = u32::MAX;
 
 /// Whether the packet's destination is the gateway's own, when the mirror holds for its
-/// family, else [`UNDECIDED`]. A call of its own: its key stays off the callers' stacks.
+/// family, else [`UNDECIDED`]. A call of its own: its key stays off the callers' stacks (the
+/// tc entry's frame, inlined, pushed the combined stack of the chains' call chain past 512
+/// bytes).
 #[inline(never)]
 pub(crate) fn local_destination(p: &Pkt) -> u32 {
     let (bit, bits) = if p.family == family::V4 {
