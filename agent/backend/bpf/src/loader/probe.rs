@@ -4,7 +4,7 @@
 //! BPF_PROG_TEST_RUN, raw map access.
 
 use aya::maps::MapData;
-use aya::programs::SchedClassifier;
+use aya::programs::{SchedClassifier, Xdp};
 use peerwall_common::map;
 
 use super::{map_err, BpfError, Datapath, TC_PROGRAM};
@@ -79,6 +79,11 @@ impl Datapath {
     /// The tc entry for devices without a link-layer header, loaded (verified).
     pub fn tc_l3_program(&mut self) -> Result<&mut SchedClassifier, BpfError> {
         self.loaded(super::TC_L3_PROGRAM)
+    }
+
+    /// The XDP entry (`--xdp`), loaded (verified).
+    pub fn xdp_program(&mut self) -> Result<&mut Xdp, BpfError> {
+        self.loaded(super::XDP_PROGRAM)
     }
 
     /// Probe packets also cached and served from the verdict cache
