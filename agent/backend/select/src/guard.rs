@@ -352,33 +352,43 @@ mod tests {
         }
     }
 
-    #[test]
-    fn the_listed_guard_reads_as_pattern_devices_and_drops() {
-        let listing = Listing {
+    /// A listing holding the guard's table with `rules`.
+    fn listing(rules: Vec<ListedRule>) -> Listing {
+        Listing {
             tables: vec![ListedTable {
                 family: "inet".into(),
                 name: TABLE.into(),
             }],
-            rules: vec![
-                rule(
-                    &[
-                        r#"{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"liqo-tunnel*"}}"#,
-                        r#"{"match":{"left":{"meta":{"key":"iif"}},"op":"!=","right":{"set":["liqo-tunnel",12]}}}"#,
-                        r#"{"counter":{"bytes":0,"packets":0}}"#,
-                        r#"{"drop":null}"#,
-                    ],
-                    7,
-                ),
-                rule(
-                    &[
-                        r#"{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"liqo.*"}}"#,
-                        r#"{"drop":null}"#,
-                    ],
-                    0,
-                ),
-            ],
+            rules,
             ..Listing::default()
-        };
+        }
+    }
+
+    /// A pattern's drop rule as nft lists it: the name match, `more` statements, the drop.
+    fn pattern_drop(pattern: &str, more: &[&str], packets: u64) -> ListedRule {
+        let name = format!(
+            r#"{{"match":{{"left":{{"meta":{{"key":"iifname"}}}},"op":"==","right":"{pattern}"}}}}"#
+        );
+        let mut st = vec![name.as_str()];
+        st.extend_from_slice(more);
+        st.push(r#"{"drop":null}"#);
+        rule(&st, packets)
+    }
+
+    #[test]
+    fn the_listed_guard_reads_as_pattern_devices_and_drops() {
+        // The guard's first form: each pattern's rule with its own `iif !=` test.
+        let listing = listing(vec![
+            pattern_drop(
+                "liqo-tunnel*",
+                &[
+                    r#"{"match":{"left":{"meta":{"key":"iif"}},"op":"!=","right":{"set":["liqo-tunnel",12]}}}"#,
+                    r#"{"counter":{"bytes":0,"packets":0}}"#,
+                ],
+                7,
+            ),
+            pattern_drop("liqo.*", &[], 0),
+        ]);
         let rules = rules_in(&listing).unwrap();
         assert_eq!(rules[0].pattern, "liqo-tunnel*");
         assert_eq!(rules[0].lets_through, ["liqo-tunnel", "12"]);
@@ -435,37 +445,21 @@ mod tests {
 
     #[test]
     fn the_accept_rules_interfaces_are_what_each_pattern_lets_through() {
-        let listing = Listing {
-            tables: vec![ListedTable {
-                family: "inet".into(),
-                name: TABLE.into(),
-            }],
-            rules: vec![
-                rule(
-                    &[
-                        r#"{"match":{"left":{"meta":{"key":"iif"}},"op":"==","right":{"set":["liqo-tunnel",12]}}}"#,
-                        r#"{"accept":null}"#,
-                    ],
-                    0,
-                ),
-                rule(
-                    &[
-                        r#"{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"liqo-tunnel*"}}"#,
-                        r#"{"counter":{"bytes":0,"packets":3}}"#,
-                        r#"{"drop":null}"#,
-                    ],
-                    3,
-                ),
-                rule(
-                    &[
-                        r#"{"match":{"left":{"meta":{"key":"iifname"}},"op":"==","right":"liqo.*"}}"#,
-                        r#"{"drop":null}"#,
-                    ],
-                    0,
-                ),
-            ],
-            ..Listing::default()
-        };
+        let listing = listing(vec![
+            rule(
+                &[
+                    r#"{"match":{"left":{"meta":{"key":"iif"}},"op":"==","right":{"set":["liqo-tunnel",12]}}}"#,
+                    r#"{"accept":null}"#,
+                ],
+                0,
+            ),
+            pattern_drop(
+                "liqo-tunnel*",
+                &[r#"{"counter":{"bytes":0,"packets":3}}"#],
+                3,
+            ),
+            pattern_drop("liqo.*", &[], 0),
+        ]);
         let rules = rules_in(&listing).unwrap();
         assert_eq!(rules.len(), 2, "the accept rule is no pattern: {rules:?}");
         assert_eq!(rules[0].pattern, "liqo-tunnel*");
