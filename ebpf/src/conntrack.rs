@@ -288,9 +288,10 @@ pub(crate) fn ct_state<S: Source + CtLookup>(
 /// rule that does not test the state (a NetworkPolicy's allow), which then holds for all
 /// three.
 ///
-/// Inlined into its callers (the tc entry's global `kernel_state_tc`, the XDP entry, the second
-/// pass of `open_either.rs`): the verifier walks a static function at each call anyway, and a
-/// call less per packet saves a return through the kernel's return thunk.
+/// Inlined into its callers (the tc entry's global `kernel_state_tc`, which the second pass of
+/// `open_either.rs` calls too, and the XDP entry): the verifier walks a static function at
+/// each call anyway, and a call less per packet saves a return through the kernel's return
+/// thunk.
 #[inline(always)]
 pub(crate) fn kernel_state<C: CtLookup>(
     ctx: &C,
