@@ -267,7 +267,9 @@ pub fn rules_in(listing: &Listing) -> Option<Vec<GuardRule>> {
                 }
             }
             if accepts && rule.pattern.is_empty() {
-                attached = own.unwrap_or_default();
+                // An accept without an interface test (not the agent's: inserted behind its
+                // back, until its next upkeep writes the guard again) lets every device through.
+                attached = own.unwrap_or_else(|| vec!["every interface".to_string()]);
                 continue;
             }
             rule.lets_through = own.unwrap_or_else(|| attached.clone());
@@ -467,6 +469,15 @@ mod tests {
         assert_eq!(rules[0].dropped, 3);
         assert_eq!(rules[1].pattern, "liqo.*");
         assert_eq!(rules[1].lets_through, ["liqo-tunnel", "12"]);
+        // A bare accept inserted before the drops is shown as what it does.
+        let drifted = super::tests::listing(vec![
+            rule(&[r#"{"accept":null}"#], 0),
+            pattern_drop("liqo-tunnel*", &[], 0),
+        ]);
+        assert_eq!(
+            rules_in(&drifted).unwrap()[0].lets_through,
+            ["every interface"]
+        );
     }
 
     #[test]
