@@ -4,12 +4,13 @@
 use aya_ebpf::helpers::generated::bpf_loop;
 use peerwall_common::{
     constrained, ct, dim, family, hook, host_table, start_index, ActionCode, Bitmap, HookChains,
-    IfKey, ProtoKey, CACHED_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, WORDS,
+    ProtoKey, CACHED_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, WORDS,
 };
 
 use crate::dims::{
     addr_data, addr_key, addr_step, copy_bitmap, port_key, step, step_masked, DST_SKIPS, SRC_SKIPS,
 };
+use crate::iface_memo::if_step;
 use crate::lines::host_line;
 use crate::maps::{
     ACC, CHAINS0, CHAINS1, COUNTERS0, COUNTERS1, CT0, CT1, DPORT0, DPORT1, DST0, DST1, DSTH0,
@@ -196,27 +197,15 @@ macro_rules! slot_eval {
                             break 'dims true;
                         }
                     }
-                    if cons & constrained::IIF != 0 {
-                        let ik = IfKey {
-                            chain,
-                            ifindex: q.iif,
-                        };
-                        let ib = unsafe { $iif.get(&ik) }
-                            .or_else(|| unsafe { $iif.get(&IfKey { chain, ifindex: 0 }) });
-                        if !step::<NW>(acc, ib) {
-                            break 'dims true;
-                        }
+                    if cons & constrained::IIF != 0
+                        && !if_step::<NW>(acc, &$iif, q.epoch, chain, q.iif, false)
+                    {
+                        break 'dims true;
                     }
-                    if cons & constrained::OIF != 0 {
-                        let ok = IfKey {
-                            chain,
-                            ifindex: q.oif,
-                        };
-                        let ob = unsafe { $oif.get(&ok) }
-                            .or_else(|| unsafe { $oif.get(&IfKey { chain, ifindex: 0 }) });
-                        if !step::<NW>(acc, ob) {
-                            break 'dims true;
-                        }
+                    if cons & constrained::OIF != 0
+                        && !if_step::<NW>(acc, &$oif, q.epoch, chain, q.oif, true)
+                    {
+                        break 'dims true;
                     }
                     if cons & constrained::CT != 0
                         && !step::<NW>(acc, $ct.get(chain * ct::SLOTS + q.state))
@@ -528,6 +517,7 @@ fn classify_in<const SLOT: u32>(route: &Route) -> u32 {
     unsafe {
         (*w).q = Query {
             count,
+            epoch: route.epoch,
             chain: 0,
             iif,
             oif: 0,

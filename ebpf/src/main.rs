@@ -59,6 +59,7 @@ mod ct_args;
 mod dims;
 mod events;
 mod flow;
+mod iface_memo;
 mod kernel_ct;
 mod l2;
 mod lines;
@@ -77,7 +78,7 @@ mod work;
 use aya_ebpf::bindings::{__sk_buff, xdp_action, TC_ACT_OK, TC_ACT_SHOT};
 use aya_ebpf::macros::{classifier, xdp};
 use aya_ebpf::programs::{TcContext, XdpContext};
-use peerwall_common::{ct, flags, PROBE_MAGIC};
+use peerwall_common::{ct, family, flags, PROBE_MAGIC};
 
 use crate::cache::{
     cache_on, cached_verdict, direct_cache, known_flow_v4, mark_stored, remember, MISS,
@@ -202,7 +203,11 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     // `known_flow_v4` already looked the same key up: `cached_verdict` would only clear its
     // note, so it is not called (each call returns through the kernel's return thunk).
     // SAFETY: as above.
-    if cache && !unsafe { core::mem::take(&mut (*w).looked_up) } {
+    let looked = unsafe { core::mem::take(&mut (*w).looked_up) };
+    // Written with `looked_up`, for this packet only.
+    // SAFETY: as above.
+    let no_room = looked && unsafe { (*w).no_room };
+    if cache && !looked {
         let iif = if probe { ctx.cb()[3] } else { ifindex };
         let a = cached_verdict(iif, cfg.active, 1, cfg.flags);
         if a == ACT_ACCEPT as u32 {
@@ -221,6 +226,7 @@ fn try_tc(ctx: &TcContext, l2: usize) -> Result<i32, ()> {
     let count = diag & flags::DIAG_NO_COUNTERS == 0 || probe;
     let mut r = packet_route(ctx, &cfg, p, ifindex, probe, tracked);
     r.cache = cache;
+    r.no_room = no_room;
     // Under `OPEN_EITHER`, counted by `settle_open_either` once the outcome is known to hold.
     r.count = count && !open_either;
     // SAFETY: as above.
@@ -271,6 +277,7 @@ fn packet_route(
         all_lookups: !probe && diag & flags::DIAG_ALL_ADDR_LOOKUPS != 0,
         no_lines: !probe && diag & flags::DIAG_NO_HOST_LINES != 0,
         open_either: tracked & CT_OPEN_EITHER != 0,
+        no_room: false,
     }
 }
 
@@ -363,7 +370,12 @@ pub extern "C" fn finish_tc(skb: *mut __sk_buff, probe: u32, flags: u32) -> i32 
     if flags & peerwall_common::flags::EVENTS != 0 {
         note_outcome(flags);
     }
-    let until = remember(out.action as u32);
+    // Where only this CPU's level of the cache would take the verdict and its set has no room
+    // (`Route::no_room`), `remember` would store nothing: not called.
+    let full = WORK.get(0).is_some_and(|w| {
+        w.r.no_room && !w.viewed && (w.r.unknown || w.r.open_either) && w.p.family == family::V4
+    });
+    let until = if full { 0 } else { remember(out.action as u32) };
     if until != 0 {
         mark_stored(until);
     }
@@ -458,6 +470,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         all_lookups: false,
         no_lines: false,
         open_either: false,
+        no_room: false,
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };

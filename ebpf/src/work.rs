@@ -3,6 +3,7 @@
 //! conntrack found, the kernel conntrack lookup's arguments. Kernel-only: user space never
 //! reads it.
 
+use crate::iface_memo::IfMemo;
 use crate::parse::Pkt;
 
 /// Everything known about the packet under classification (`WORK`).
@@ -22,6 +23,9 @@ pub(crate) struct Work {
     /// stamp not read: the pair stamp was live and the shared level had nothing to serve).
     /// Cleared when read (or when the packet does not parse).
     pub(crate) seen: u32,
+    /// Set with `looked_up`: this CPU's verdict-cache set of the packet's key has no way that
+    /// holds it or could take it ([`Route::no_room`]).
+    pub(crate) no_room: bool,
     /// The coarse clock as read for this packet (`ttl.rs`, [`crate::ttl::coarse_ns`]), 0 until
     /// it is: the known-flow path, the local-address mirror's lease, and on the kernel-table
     /// datapath conntrack's vouch check, its `FLOW_SEEN` reads and its commit's stamps share
@@ -41,6 +45,10 @@ pub(crate) struct Work {
     /// The query the chain bodies evaluate (`classify.rs`): they are global functions, which
     /// read it here rather than take it as an argument.
     pub(crate) q: Query,
+    /// The last lookups of the interface dimensions by a one-word chain body, kept from
+    /// packet to packet (`iface_memo.rs`).
+    pub(crate) iif_memo: IfMemo,
+    pub(crate) oif_memo: IfMemo,
 }
 
 /// [`Work::seen`]: the known-flow path found the packet's `FLOW_SEEN` entry idle.
@@ -82,6 +90,12 @@ pub(crate) struct Route {
     /// the packet can have: its verdict is cached on this CPU alone, and its commit makes the
     /// other direction's cached verdicts stale (it may be a first reply).
     pub(crate) open_either: bool,
+    /// The known-flow path found this CPU's set of the packet's wire key full: neither way
+    /// holds the key (its tag in neither) nor is free by its hint. A verdict only this CPU's
+    /// level would take (`unknown` or `open_either`, IPv4, the packet not rewritten by a view:
+    /// the same key) then has nowhere to go, and `finish_tc` does not call `remember`. A way
+    /// that frees in between stays empty: the flow's next packet is classified again.
+    pub(crate) no_room: bool,
 }
 
 /// Inputs of one chain evaluation besides the packet, which the chain bodies read from `WORK`
@@ -91,6 +105,8 @@ pub(crate) struct Route {
 pub(crate) struct Query {
     /// Count packets in the rule counters (tc always; XDP only for what it drops).
     pub(crate) count: bool,
+    /// The policy epoch of the packet ([`Route::epoch`]).
+    pub(crate) epoch: u32,
     pub(crate) chain: u32,
     pub(crate) iif: u32,
     pub(crate) oif: u32,

@@ -2,13 +2,14 @@
 //! falls in and that set's generation.
 
 use peerwall_common::{
-    family, fold_key6, verdict_set, CpuVerdict4, FlowKey, VerdictKey4, CPU_VERDICT_TAG_SETS,
-    CPU_VERDICT_WAYS,
+    family, fold_key6, verdict_set, verdict_way_free, CpuVerdict4, FlowKey, VerdictKey4,
+    CPU_VERDICT_TAG_SETS, CPU_VERDICT_WAYS,
 };
 
 use crate::flow::{flow_key, icmp_keyed, tcp_flags_valid};
 use crate::maps::{VERDICTS4_TAGS, VERDICT_GENS};
 use crate::parse::{Pkt, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP};
+use crate::ttl::stamp;
 
 /// Whether a parsed packet's verdict may be cached, and the byte its key adds: the ICMP echo
 /// type (0 for TCP and UDP). None when it is never cached.
@@ -104,6 +105,22 @@ pub(super) fn lanes_at(
                 .add(lane),
         )
     })
+}
+
+/// Whether neither way of `VERDICTS4_CPU` entry `slot` is free by its hint (empty, or its
+/// verdict no longer served: [`verdict_way_free`]) now; false when the hints cannot be read.
+/// With no way holding the key (its tag in neither), `store.rs`'s `place_on_this_cpu` would
+/// then store nothing.
+#[inline(always)]
+pub(super) fn no_free_way(slot: u32) -> bool {
+    let now = stamp();
+    match lanes_at(slot) {
+        // SAFETY: a lane of an entry of a successful lookup; only this CPU writes it.
+        Some((_, u)) => unsafe {
+            !verdict_way_free((*u)[0], now) && !verdict_way_free((*u)[1], now)
+        },
+        None => false,
+    }
 }
 
 /// Whether a way of `VERDICTS4_CPU` entry `slot` may hold a key of tag `tag`: no when neither

@@ -11,7 +11,7 @@ use peerwall_common::{
 };
 
 use super::fresh::may_serve;
-use super::key::{cacheable, gen_of, key4, key6, may_hold, packet_set, same_key};
+use super::key::{cacheable, gen_of, key4, key6, may_hold, no_free_way, packet_set, same_key};
 use super::store::promote;
 use crate::classify::ACT_ACCEPT;
 use crate::counters::count_one;
@@ -239,7 +239,11 @@ pub extern "C" fn known_flow_v4(
     // The set's ways are read only where a tag says one may hold the key: a flow never seen
     // (every packet of a flood of new flows) then costs the tags' line, which stays cached,
     // not the two lines of the ways, which do not.
-    if let Some(s) = near.filter(|_| may_hold(slot, verdict_tag(words))) {
+    let hold = may_hold(slot, verdict_tag(words));
+    // Where no way can hold the key, whether either could take it: a flood of new flows
+    // finds neither free, and `finish_tc` then skips `remember` (`Route::no_room`).
+    let no_room = !hold && no_free_way(slot);
+    if let Some(s) = near.filter(|_| hold) {
         let mut i = 0;
         while i < CPU_VERDICT_WAYS {
             // SAFETY: this CPU's own set (no other CPU writes it), of a successful lookup.
@@ -256,7 +260,7 @@ pub extern "C" fn known_flow_v4(
             i += 1;
         }
     }
-    let Some((seen, now)) = shared_may_serve(words, set, gen, flags) else {
+    let Some((seen, now)) = shared_may_serve(words, set, gen, flags, no_room) else {
         return MISS;
     };
     // SAFETY: the transmute is between two 16-byte plain-data types.
@@ -276,7 +280,7 @@ pub extern "C" fn known_flow_v4(
         _ => MISS,
     };
     if a == MISS {
-        looked_up(gen, seen, now);
+        looked_up(gen, seen, now, no_room);
     }
     a
 }
@@ -300,7 +304,13 @@ pub extern "C" fn known_flow_v4(
 /// stamps are written with, which can only make an entry look younger (`flow_seen_idle`):
 /// never idle early.
 #[inline(always)]
-fn shared_may_serve(words: [u32; 4], set: u32, gen: u32, flags: u32) -> Option<(u32, u64)> {
+fn shared_may_serve(
+    words: [u32; 4],
+    set: u32,
+    gen: u32,
+    flags: u32,
+    no_room: bool,
+) -> Option<(u32, u64)> {
     let seen_on = flags & peerwall_common::flags::FLOW_SEEN != 0;
     let now = if seen_on {
         // SAFETY: no arguments.
@@ -309,18 +319,18 @@ fn shared_may_serve(words: [u32; 4], set: u32, gen: u32, flags: u32) -> Option<(
         0
     };
     if seen_on && pair_idle_v4(words, now) {
-        looked_up(gen, SEEN_IDLE, now);
+        looked_up(gen, SEEN_IDLE, now, no_room);
         return None;
     }
     if !may_serve(set, stamp()) {
-        looked_up(gen, 0, now);
+        looked_up(gen, 0, now, no_room);
         return None;
     }
     if !seen_on {
         return Some((0, now));
     }
     if own_idle_v4(words, now) {
-        looked_up(gen, SEEN_IDLE, now);
+        looked_up(gen, SEEN_IDLE, now, no_room);
         return None;
     }
     Some((SEEN_LIVE, now))
@@ -329,14 +339,16 @@ fn shared_may_serve(words: [u32; 4], set: u32, gen: u32, flags: u32) -> Option<(
 /// Note in `WORK` that [`known_flow_v4`] looked the packet up and found nothing to serve: the
 /// generation `gen` it read for the packet's set (before the packet's conntrack state, as
 /// [`remember`] needs it), what it found of its `FLOW_SEEN` entry (`seen`: `Work::seen`,
-/// conntrack then need not read the entry again) and the coarse clock it read for that
-/// (`now`, 0 if none: the packet's, `crate::ttl::coarse_ns`).
+/// conntrack then need not read the entry again), the coarse clock it read for that
+/// (`now`, 0 if none: the packet's, `crate::ttl::coarse_ns`), and whether this CPU's set of
+/// the key has no way that could take it (`no_room`: `Work::no_room`).
 #[inline(always)]
-fn looked_up(gen: u32, seen: u32, now: u64) {
+fn looked_up(gen: u32, seen: u32, now: u64, no_room: bool) {
     if let Some(w) = WORK.get_ptr_mut(0) {
         // SAFETY: per-CPU slot of a successful lookup.
         unsafe {
             (*w).looked_up = true;
+            (*w).no_room = no_room;
             (*w).gen = gen;
             (*w).seen = seen;
             (*w).coarse = now;
