@@ -340,6 +340,25 @@ pub(crate) fn kernel_state<C: CtLookup>(
     }
 }
 
+/// [`kernel_state`]'s first answer, where it is `new` (`Some`), without its call: a packet
+/// that opens a connection (any UDP packet, a TCP SYN with valid flags) of a flow the
+/// known-flow path found idle (`seen`, [`SEEN_IDLE`]) while the agent's sweep vouches. The tc
+/// entry asks this first: under a flood of new flows it is every packet, and the call it
+/// saves returns through the kernel's return thunk. `None`: ask [`kernel_state`].
+#[inline(always)]
+pub(crate) fn idle_and_new(p: &Pkt, seen_on: bool, seen: u32) -> Option<u32> {
+    let opens = p.proto == IPPROTO_UDP
+        || (p.proto == IPPROTO_TCP
+            && p.has_ports
+            && tcp_flags_valid(p.tcp_flags)
+            && tcp_opens(p.tcp_flags));
+    if seen_on && seen == SEEN_IDLE && opens && kernel_swept(crate::ttl::coarse_ns()) {
+        Some(ct::NEW | CT_UNKNOWN | CT_KERNEL)
+    } else {
+        None
+    }
+}
+
 /// Whether `p` (TCP or UDP, valid flags) is new wherever the kernel's table has no entry for
 /// it: a UDP packet, a TCP SYN (`new_or_invalid` gives it `new`); its state is then one of
 /// new, established and related, whatever the table holds.

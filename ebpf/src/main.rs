@@ -85,8 +85,8 @@ use crate::cache::{
 };
 use crate::classify::{classify, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
 use crate::conntrack::{
-    ct_commit, ct_state, kernel_commit, kernel_state, CT_FIRST_REPLY, CT_NO_WRITE, CT_OPEN_EITHER,
-    CT_UNKNOWN,
+    ct_commit, ct_state, idle_and_new, kernel_commit, kernel_state, CT_FIRST_REPLY, CT_NO_WRITE,
+    CT_OPEN_EITHER, CT_UNKNOWN,
 };
 use crate::events::note_outcome;
 use crate::kernel_ct::kernel_tracks;
@@ -289,6 +289,9 @@ fn tracked_state(ctx: &TcContext, l2: usize, p: &Pkt, flags: u32, seen: u32) -> 
     if flags & flags::DIAG_NO_CT != 0 {
         ct::NEW | CT_NO_WRITE
     } else if kernel_ct_on() && kernel_tracks(p) {
+        if let Some(new) = idle_and_new(p, seen_on, seen) {
+            return new;
+        }
         // Without the kernel's table where the chains can decide without it, unless events
         // are on (an event says the packet's state).
         let open_either = flags & flags::EVENTS == 0;
