@@ -1284,6 +1284,63 @@ spec:
           - {op: eq, port: {value: "9999", position: dst}}
 "#;
 
+/// One chain that drops what comes in on interface `{iface}` (a `{iface}` placeholder).
+const DROPS_FROM: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: dropsfrom, namespace: default}
+spec:
+  table:
+    name: dropsfrom
+    family: INET
+    chains:
+    - name: forward
+      type: filter
+      hook: forward
+      priority: 0
+      policy: accept
+      rules:
+        filterRules:
+        - name: from_iface
+          action: drop
+          match:
+          - {op: eq, dev: {value: "{iface}", position: in}}
+"#;
+
+/// The interfaces' per-CPU memo (`ebpf/src/iface_memo.rs`) holds for one policy epoch: on the
+/// same program, a policy that moves the chain's rule from one input interface to another
+/// decides the next packet from each interface by its own bitmap. The random tests above load
+/// a program per policy, so a memo that outlived its epoch would pass them; this one fails
+/// (broken by hand: the memo keyed without the epoch).
+#[test]
+fn bpf_interface_memo_holds_for_one_policy() {
+    let first = DROPS_FROM.replace("{iface}", IFACES[0]);
+    let second = DROPS_FROM.replace("{iface}", IFACES[1]);
+    let (policy, mut probe) = loaded(&first, "first", false);
+    let from = |iface: &str| Packet {
+        iif: Some(iface.to_string()),
+        ..cached_udp_flow(40000)
+    };
+    let expect = |policy: &ir::Policy, probe: &mut BpfProbe, iface: &str, action| {
+        let pkt = from(iface);
+        assert_eq!(ir::evaluate(policy, &pkt).verdict, action, "reference, {iface}");
+        assert_eq!(
+            probe.verdict(&pkt).expect("verdict").verdict,
+            action,
+            "datapath, {iface}"
+        );
+    };
+    for _ in 0..2 {
+        expect(&policy, &mut probe, IFACES[0], ir::VerdictAction::Drop);
+        expect(&policy, &mut probe, IFACES[1], ir::VerdictAction::Accept);
+    }
+    let policy = compiled(&second, "second");
+    probe.apply(&policy).expect("the second policy applies");
+    for _ in 0..2 {
+        expect(&policy, &mut probe, IFACES[1], ir::VerdictAction::Drop);
+        expect(&policy, &mut probe, IFACES[0], ir::VerdictAction::Accept);
+    }
+}
+
 /// A drop of a flow conntrack never saw goes into this CPU's level of the verdict cache only
 /// where a way is free, which the datapath decides from the set's tags and hints without
 /// reading the ways (`VERDICTS4_TAGS`): a flow dropped twice is served its drop the second

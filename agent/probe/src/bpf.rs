@@ -487,6 +487,24 @@ impl BpfProbe {
         self.kernel.as_ref().map(|k| &k.ns)
     }
 
+    /// Make `policy` live on the loaded program, for the same interfaces, as an agent's next
+    /// apply does (the idle slot written and switched to, or the live one changed in place):
+    /// the program and its per-CPU state stay.
+    pub fn apply(&mut self, policy: &Policy) -> Result<(), ProbeError> {
+        let mut ifaces: Vec<Iface> = self
+            .ifindex
+            .iter()
+            .map(|(name, ifindex)| Iface {
+                name: name.clone(),
+                ifindex: *ifindex,
+            })
+            .collect();
+        ifaces.sort_by_key(|i| i.ifindex);
+        self.backend.apply(policy, &ifaces)?;
+        self.bp = self.backend.policy().cloned().unwrap_or_default();
+        Ok(())
+    }
+
     /// The loaded datapath (tests: its maps and switches).
     pub fn datapath(&mut self) -> &mut Datapath {
         &mut self.backend
