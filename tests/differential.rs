@@ -1131,6 +1131,70 @@ fn bpf_kernel_conntrack_skips_the_kernel_only_where_the_sweep_vouches() {
     );
 }
 
+/// Drops what conntrack calls invalid, accepts the rest.
+const DROPS_INVALID: &str = r#"apiVersion: networking.liqo.io/v1beta1
+kind: FirewallConfiguration
+metadata: {name: dropsinvalid, namespace: default}
+spec:
+  table:
+    name: dropsinvalid
+    family: INET
+    chains:
+    - name: forward
+      type: filter
+      hook: forward
+      priority: 0
+      policy: accept
+      rules:
+        filterRules:
+        - name: no_invalid
+          action: drop
+          match:
+          - {op: eq, ctstate: {value: [invalid]}}
+"#;
+
+/// On the kernel-table datapath, a TCP segment that is no SYN, of a connection whose
+/// `FLOW_SEEN` entry is idle while the sweep vouches (the kernel holds no such connection), is
+/// invalid without asking the kernel, and a SYN of one is new: the tc entry's inline first
+/// answer (`conntrack.rs`, `idle_and_new`) takes only what opens a connection. Fails if it
+/// takes any TCP segment as new (broken by hand: the ACK was accepted).
+#[test]
+fn bpf_kernel_conntrack_idle_flow_opens_only_with_a_syn() {
+    let (policy, mut probe) = loaded(DROPS_INVALID, "dropsinvalid", true);
+    let pkt = Packet {
+        proto: ir::eval::proto::TCP,
+        ..cached_udp_flow(40000)
+    };
+    let as_state = |ct_state| {
+        ir::evaluate(
+            &policy,
+            &Packet {
+                ct_state,
+                ..pkt.clone()
+            },
+        )
+        .verdict
+    };
+    assert_eq!(as_state(CtState::New), ir::VerdictAction::Accept);
+    assert_eq!(as_state(CtState::Invalid), ir::VerdictAction::Drop);
+    const OK: u32 = 0;
+    const SHOT: u32 = 2;
+    let _ = probe
+        .kernel_ns()
+        .expect("kernel-conntrack probe")
+        .exec("conntrack", &["-F"]);
+    probe.sweep_kernel_table().expect("sweep");
+    probe.reset_flows().expect("reset");
+    probe.datapath().forget_flow_seen().expect("FLOW_SEEN idle");
+    // The conversation's first segment of the connection is a SYN: new, accepted.
+    let got = probe.conversation(&[(0, pkt.clone())]).expect("runs");
+    assert_eq!(got, vec![(OK, true)], "the SYN of an idle flow: new");
+    // Its entry idle again, the next segment (an ACK) of a connection the kernel never held.
+    probe.datapath().forget_flow_seen().expect("FLOW_SEEN idle");
+    let got = probe.conversation(&[(0, pkt.clone())]).expect("runs");
+    assert_eq!(got, vec![(SHOT, true)], "the ACK of an idle flow: invalid");
+}
+
 #[test]
 fn bpf_verdict_cache_follows_conntrack_across_cpus() {
     let (policy, mut probe) = established_differs_probe();
@@ -1322,7 +1386,11 @@ fn bpf_interface_memo_holds_for_one_policy() {
     };
     let expect = |policy: &ir::Policy, probe: &mut BpfProbe, iface: &str, action| {
         let pkt = from(iface);
-        assert_eq!(ir::evaluate(policy, &pkt).verdict, action, "reference, {iface}");
+        assert_eq!(
+            ir::evaluate(policy, &pkt).verdict,
+            action,
+            "reference, {iface}"
+        );
         assert_eq!(
             probe.verdict(&pkt).expect("verdict").verdict,
             action,
