@@ -16,25 +16,7 @@ use peerwall_common::{Bitmap, IfKey};
 
 use crate::dims::step;
 use crate::maps::WORK;
-
-/// This CPU's last lookup of one interface dimension by a one-word chain body: the epoch,
-/// chain and interface it was made for and what it found. `WORK` starts zeroed: not valid.
-#[repr(C)]
-#[derive(Clone, Copy)]
-pub(crate) struct IfMemo {
-    /// 1 once written.
-    pub(crate) valid: u32,
-    /// The policy epoch the packet was classified under (`Query::epoch`).
-    pub(crate) epoch: u32,
-    pub(crate) chain: u32,
-    pub(crate) ifindex: u32,
-    /// 1 when the lookup found a bitmap (the interface's own or the wildcard's); without one
-    /// no rule holds.
-    pub(crate) found: u32,
-    pub(crate) _pad: u32,
-    /// The bitmap's first word, all a one-word body reads.
-    pub(crate) word: u64,
-}
+use crate::work::IfMemo;
 
 /// `acc &=` the bitmap of `chain`'s rules that hold for interface `ifindex` in `map` (the
 /// slot's `IIF` or `OIF` hash, `out` saying which): its own entry, else the wildcard's; none

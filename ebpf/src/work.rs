@@ -3,7 +3,6 @@
 //! conntrack found, the kernel conntrack lookup's arguments. Kernel-only: user space never
 //! reads it.
 
-use crate::iface_memo::IfMemo;
 use crate::parse::Pkt;
 
 /// Everything known about the packet under classification (`WORK`).
@@ -115,4 +114,24 @@ pub(crate) struct Query {
     pub(crate) all_lookups: bool,
     /// [`Route::no_lines`].
     pub(crate) no_lines: bool,
+}
+
+/// This CPU's last lookup of one interface dimension by a one-word chain body
+/// (`iface_memo.rs`): the epoch, chain and interface it was made for and what it found. `WORK`
+/// starts zeroed: not valid.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct IfMemo {
+    /// 1 once written.
+    pub(crate) valid: u32,
+    /// The policy epoch the packet was classified under (`Query::epoch`).
+    pub(crate) epoch: u32,
+    pub(crate) chain: u32,
+    pub(crate) ifindex: u32,
+    /// 1 when the lookup found a bitmap (the interface's own or the wildcard's); without one
+    /// no rule holds.
+    pub(crate) found: u32,
+    pub(crate) _pad: u32,
+    /// The bitmap's first word, all a one-word body reads.
+    pub(crate) word: u64,
 }
