@@ -1131,27 +1131,13 @@ fn bpf_kernel_conntrack_skips_the_kernel_only_where_the_sweep_vouches() {
     );
 }
 
-/// Drops what conntrack calls invalid, accepts the rest.
-const DROPS_INVALID: &str = r#"apiVersion: networking.liqo.io/v1beta1
-kind: FirewallConfiguration
-metadata: {name: dropsinvalid, namespace: default}
-spec:
-  table:
-    name: dropsinvalid
-    family: INET
-    chains:
-    - name: forward
-      type: filter
-      hook: forward
-      priority: 0
-      policy: accept
-      rules:
-        filterRules:
-        - name: no_invalid
-          action: drop
-          match:
-          - {op: eq, ctstate: {value: [invalid]}}
-"#;
+/// A FirewallConfiguration named `name` of one forward chain (policy accept) whose one rule
+/// drops what `matches` (one YAML flow mapping) matches.
+fn forward_drop(name: &str, matches: &str) -> String {
+    format!(
+        "apiVersion: networking.liqo.io/v1beta1\nkind: FirewallConfiguration\nmetadata: {{name: {name}, namespace: default}}\nspec:\n  table:\n    name: {name}\n    family: INET\n    chains:\n    - name: forward\n      type: filter\n      hook: forward\n      priority: 0\n      policy: accept\n      rules:\n        filterRules:\n        - name: {name}\n          action: drop\n          match:\n          - {matches}\n"
+    )
+}
 
 /// On the kernel-table datapath, a TCP segment that is no SYN, of a connection whose
 /// `FLOW_SEEN` entry is idle while the sweep vouches (the kernel holds no such connection), is
@@ -1160,7 +1146,8 @@ spec:
 /// takes any TCP segment as new (broken by hand: the ACK was accepted).
 #[test]
 fn bpf_kernel_conntrack_idle_flow_opens_only_with_a_syn() {
-    let (policy, mut probe) = loaded(DROPS_INVALID, "dropsinvalid", true);
+    let yaml = forward_drop("dropsinvalid", "{op: eq, ctstate: {value: [invalid]}}");
+    let (policy, mut probe) = loaded(&yaml, "dropsinvalid", true);
     let pkt = Packet {
         proto: ir::eval::proto::TCP,
         ..cached_udp_flow(40000)
@@ -1348,28 +1335,6 @@ spec:
           - {op: eq, port: {value: "9999", position: dst}}
 "#;
 
-/// One chain that drops what comes in on interface `{iface}` (a `{iface}` placeholder).
-const DROPS_FROM: &str = r#"apiVersion: networking.liqo.io/v1beta1
-kind: FirewallConfiguration
-metadata: {name: dropsfrom, namespace: default}
-spec:
-  table:
-    name: dropsfrom
-    family: INET
-    chains:
-    - name: forward
-      type: filter
-      hook: forward
-      priority: 0
-      policy: accept
-      rules:
-        filterRules:
-        - name: from_iface
-          action: drop
-          match:
-          - {op: eq, dev: {value: "{iface}", position: in}}
-"#;
-
 /// The interfaces' per-CPU memo (`ebpf/src/iface_memo.rs`) holds for one policy epoch: on the
 /// same program, a policy that moves the chain's rule from one input interface to another
 /// decides the next packet from each interface by its own bitmap. The random tests above load
@@ -1377,8 +1342,13 @@ spec:
 /// (broken by hand: the memo keyed without the epoch).
 #[test]
 fn bpf_interface_memo_holds_for_one_policy() {
-    let first = DROPS_FROM.replace("{iface}", IFACES[0]);
-    let second = DROPS_FROM.replace("{iface}", IFACES[1]);
+    let from_iface = |i: &str| {
+        forward_drop(
+            "dropsfrom",
+            &format!("{{op: eq, dev: {{value: '{i}', position: in}}}}"),
+        )
+    };
+    let (first, second) = (from_iface(IFACES[0]), from_iface(IFACES[1]));
     let (policy, mut probe) = loaded(&first, "first", false);
     let from = |iface: &str| Packet {
         iif: Some(iface.to_string()),
