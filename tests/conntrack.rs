@@ -602,21 +602,6 @@ fn bpf_kernel_table_keeps_the_kernel_tracking_when_the_nat_goes() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Pin the calling thread to `cpu` (a gateway's datapath runs a packet on the CPU that sends
-/// it through the veth pair, and keeps its per-packet state per CPU).
-fn on_cpu(cpu: usize) {
-    // SAFETY: a zeroed `cpu_set_t` with one bit set, for this thread (0).
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &set),
-            0,
-            "sched_setaffinity({cpu})"
-        );
-    }
-}
-
 /// The time a packet of the kernel's table stamps its flow's `FLOW_SEEN` entry with is its own
 /// (`Work::now`, read at most once per packet and zeroed for each), never an earlier packet's:
 /// two datagrams of a flow on every CPU (the second's entry live, so the datapath reads the

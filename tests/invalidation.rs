@@ -670,12 +670,25 @@ fn a_cached_verdict_does_not_outlive_its_flows_conntrack_entry() {
 }
 
 /// `n` datagrams from pod1 to `to`, each from a socket of its own (a new flow: no cached
-/// verdict, no conntrack entry), 10 ms apart; how many `rx` received.
+/// verdict, no conntrack entry), 10 ms apart, sent from CPU 0 (the datapath's per-CPU caches
+/// then see all of them); how many `rx` received.
 fn new_flows(t: &Topology, to: std::net::SocketAddr, rx: &UdpSocket, n: usize) -> usize {
+    new_flows_from(t, "10.10.1.67", to, rx, n)
+}
+
+/// [`new_flows`] from the consumer's pod at `from` (10.10.1.67 or 10.10.1.68).
+fn new_flows_from(
+    t: &Topology,
+    from: &'static str,
+    to: std::net::SocketAddr,
+    rx: &UdpSocket,
+    n: usize,
+) -> usize {
     t.consumer
         .run_in(move || -> std::io::Result<()> {
+            on_cpu(0);
             for _ in 0..n {
-                UdpSocket::bind(("10.10.1.67", 0))?.send_to(b"peerwall-mirror", to)?;
+                UdpSocket::bind((from, 0))?.send_to(b"peerwall-mirror", to)?;
                 std::thread::sleep(Duration::from_millis(10));
             }
             Ok(())
@@ -864,6 +877,199 @@ fn a_routing_change_reaches_the_local_address_mirror_at_once() {
     assert!(
         poll(2, || mirrored_families(&pins) & 1 != 0),
         "and back once it goes"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The pairs whose drop the agent's datapath caches (`PAIR_DROPS`, `ebpf/src/cache/pair.rs`:
+/// not pinned, found through the program the tunnel's link runs), read with bpftool:
+/// (source, destination, protocol) of every way written.
+fn pair_drops(pins: &Pins) -> Vec<([u8; 4], [u8; 4], u8)> {
+    let link = pins.0.join("links/tc-liqo-tunnel");
+    let l = bpftool_json(&["link", "show", "pinned", link.to_str().expect("UTF-8 path")]);
+    let prog = l["prog_id"]
+        .as_u64()
+        .expect("the link's prog_id")
+        .to_string();
+    let p = bpftool_json(&["prog", "show", "id", prog.as_str()]);
+    let map = p["map_ids"]
+        .as_array()
+        .expect("the program's maps")
+        .iter()
+        .map(|m| m.as_u64().expect("map id").to_string())
+        .find(|m| bpftool_json(&["map", "show", "id", m.as_str()])["name"] == "PAIR_DROPS")
+        .expect("the program has PAIR_DROPS");
+    let dump = bpftool_json(&["map", "dump", "id", map.as_str()]);
+    let mut ways = Vec::new();
+    for e in dump.as_array().expect("entries") {
+        let v = value_bytes(&e["value"]);
+        for w in v.chunks(32) {
+            // `PairDrop`: src, dst, epoch, ifindex, until, counters, proto (byte 28).
+            if w.len() == 32 && w[28] != 0 {
+                let a = |i: usize| [w[i], w[i + 1], w[i + 2], w[i + 3]];
+                ways.push((a(0), a(4), w[28]));
+            }
+        }
+    }
+    ways
+}
+
+/// A policy dropping, in the forward chain, new flows to pod2 and 10.20.3.1 by their address
+/// alone and to pod3 by its address and port 7777 (`with_31` false: without 10.20.3.1's
+/// rule); replies accepted.
+fn pair_policy(with_31: bool) -> String {
+    let r31 = if with_31 {
+        "            - {name: pod31, action: drop, match: [{op: eq, ip: {value: 10.20.3.1, position: dst}}]}\n"
+    } else {
+        ""
+    };
+    format!(
+        "apiVersion: peerwall.io/v1alpha1\nkind: FirewallConfiguration\nmetadata: {{name: pair, namespace: t}}\nspec:\n  table:\n    name: pair\n    family: IPV4\n    chains:\n      - name: fwd\n        type: filter\n        hook: forward\n        policy: accept\n        rules:\n          filterRules:\n            - {{name: replies, action: accept, match: [{{op: eq, ctstate: {{value: [established, related]}}}}]}}\n            - {{name: pod2, action: drop, match: [{{op: eq, ip: {{value: 10.20.1.2, position: dst}}}}]}}\n{r31}            - {{name: pod3-7777, action: drop, match: [{{op: eq, ip: {{value: 10.20.1.3, position: dst}}}}, {{op: eq, proto: {{value: udp}}}}, {{op: eq, port: {{value: '7777', position: dst}}}}]}}\n"
+    )
+}
+
+/// A flood of new flows towards an address no rule accepts takes its drop from the pair-drop
+/// cache (`ebpf/src/cache/pair.rs`): the drop its pair's earlier flows got, where that drop
+/// held for every port. What a user would notice if it served more than that:
+/// - pod3's new flows to port 7777 are dropped by a rule that tests the port: nothing is
+///   cached for the pair, and its new flows to port 9999 right after pass;
+/// - pod2's (and 10.20.3.1's) are dropped by its address alone: cached, and every one of them
+///   counted in the rule, served or classified;
+/// - pod2's address becomes the gateway's own: its new flows are delivered at once;
+/// - pod2 opens a flow to pod1: pod1's answer passes, the pair's drop cached just before it
+///   (a flow between the two addresses is live);
+/// - the policy without 10.20.3.1's rule: its new flows pass at once.
+#[test]
+fn a_pair_drop_holds_for_every_port_and_yields_to_a_live_flow() {
+    let t = Topology::new();
+    let pins = Pins::new("pair");
+    let dir = std::env::temp_dir().join(format!("pw-bpf-pair-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("pair.yaml"), pair_policy(true)).unwrap();
+    // pod2's flow to pod1 comes through the Geneve-named interface: attach there too.
+    let _agent = spawn_agent(
+        &t.gateway,
+        &[
+            "--backend".to_string(),
+            "bpf".into(),
+            "--interval-ms".into(),
+            "20".into(),
+            "--pin-dir".into(),
+            pins.arg().into(),
+            "--source".into(),
+            format!("dir:{}", dir.display()),
+            "--interfaces".into(),
+            TUNNEL.into(),
+            "--interfaces".into(),
+            "liqo.*".into(),
+        ],
+    );
+    let up = poll(10, || {
+        pins.0.join("links/tc-liqo-tunnel").exists() && mirrored_families(&pins) & 1 != 0
+    });
+    assert!(up, "the agent enforces, IPv4 paths from the mirror");
+    let bind = |ns: &peerwall_netns::NetNs, a: &'static str| {
+        ns.run_in(move || UdpSocket::bind(a))
+            .expect("namespace")
+            .expect("bind")
+    };
+    let pod2 = bind(&t.provider, "10.20.1.2:7777");
+    let pod3 = bind(&t.provider, "10.20.1.3:7777");
+    let pod3_9999 = bind(&t.provider, "10.20.1.3:9999");
+    let to = |a: &str| a.parse::<std::net::SocketAddr>().expect("address");
+    let pair = |d: [u8; 4]| ([10, 10, 1, 67], d, 17u8);
+
+    // By the port: dropped, not cached for the pair; another port of it passes.
+    assert_eq!(new_flows(&t, to("10.20.1.3:7777"), &pod3, 10), 0);
+    assert_eq!(
+        new_flows(&t, to("10.20.1.3:9999"), &pod3_9999, 10),
+        10,
+        "the pair's other port passes"
+    );
+    assert!(
+        !pair_drops(&pins).contains(&pair([10, 20, 1, 3])),
+        "a drop by a port is not the pair's: {:?}",
+        pair_drops(&pins)
+    );
+
+    // By the address: dropped, cached, every packet counted.
+    assert_eq!(new_flows(&t, to("10.20.1.2:7777"), &pod2, 30), 0);
+    assert!(
+        pair_drops(&pins).contains(&pair([10, 20, 1, 2])),
+        "pod2's drop is the pair's: {:?}",
+        pair_drops(&pins)
+    );
+    let rule = |name: &str| -> u64 {
+        let v = inspect_json(&t.gateway, &pins);
+        let rules = v["chains"][0]["rules"].as_array().expect("rules").clone();
+        let r = rules
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("rule {name} in {rules:?}"));
+        r["packets"].as_u64().expect("counted")
+    };
+    assert_eq!(rule("pod2"), 30, "every drop counted once");
+
+    // pod2's address becomes the gateway's own: new flows to it are delivered at once (the
+    // route watcher's reaction), though the pair's forwarded drop is cached.
+    // From the consumer's other pod: its pair's drop is decided now, not served from before.
+    let other = "10.10.1.68";
+    assert_eq!(new_flows_from(&t, other, to("10.20.1.2:7777"), &pod2, 3), 0);
+    assert!(pair_drops(&pins).contains(&([10, 10, 1, 68], [10, 20, 1, 2], 17)));
+    ip(&t.gateway, &["addr", "add", "10.20.1.2/32", "dev", "lo"]);
+    let local = bind(&t.gateway, "10.20.1.2:7777");
+    std::thread::sleep(MIRROR_REACTION);
+    assert_eq!(
+        new_flows_from(&t, other, to("10.20.1.2:7777"), &local, 10),
+        10,
+        "delivered to the gateway"
+    );
+    ip(&t.gateway, &["addr", "del", "10.20.1.2/32", "dev", "lo"]);
+    drop(local);
+    std::thread::sleep(MIRROR_REACTION);
+
+    // pod2 opens a flow to pod1, then pod1's new flows to pod2 are dropped (the pair's drop
+    // cached again, on the CPU pod1 sends from): pod1's answer passes.
+    let pod1 = bind(&t.consumer, "10.10.1.67:5555");
+    pod1.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    pod2.send_to(b"open", "10.10.1.67:5555").expect("send");
+    let mut buf = [0u8; 64];
+    let (_, from) = pod1
+        .recv_from(&mut buf)
+        .expect("pod2's datagram reached pod1");
+    assert_eq!(new_flows(&t, to("10.20.1.2:7777"), &pod2, 10), 0);
+    assert!(pair_drops(&pins).contains(&pair([10, 20, 1, 2])));
+    let pod1 = t
+        .consumer
+        .run_in(move || {
+            on_cpu(0);
+            pod1.send_to(b"answer", from).map(|_| pod1)
+        })
+        .expect("consumer")
+        .expect("send");
+    pod2.set_read_timeout(Some(Duration::from_millis(500)))
+        .expect("timeout");
+    assert!(
+        pod2.recv_from(&mut buf).is_ok(),
+        "pod1's answer passed the pair's cached drop"
+    );
+    drop(pod1);
+
+    // The policy without 10.20.3.1's rule: its new flows pass at once.
+    let pod31 = bind(&t.provider, "10.20.3.1:7777");
+    assert_eq!(
+        new_flows_from(&t, other, to("10.20.3.1:7777"), &pod31, 3),
+        0
+    );
+    assert!(pair_drops(&pins).contains(&([10, 10, 1, 68], [10, 20, 3, 1], 17)));
+    let before = epoch(&pins);
+    std::fs::write(dir.join("pair.yaml"), pair_policy(false)).unwrap();
+    assert!(poll(5, || epoch(&pins) != before), "the new policy is live");
+    assert_eq!(
+        new_flows_from(&t, other, to("10.20.3.1:7777"), &pod31, 10),
+        10,
+        "10.20.3.1 accepted at once"
     );
     std::fs::remove_dir_all(&dir).ok();
 }

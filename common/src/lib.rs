@@ -6,7 +6,7 @@
 //! The `user` feature adds `aya::Pod` impls for user space.
 //!
 //! One module per concern, as `ebpf/src`: [`maps`], [`classify`], [`view`], [`conntrack`],
-//! [`cache`], [`probe`], [`events`], [`lines`], [`kfunc`]; each item (not `kfunc`'s, which only the
+//! [`cache`], [`pair`], [`probe`], [`events`], [`lines`], [`kfunc`]; each item (not `kfunc`'s, which only the
 //! loader and the datapath's kfunc calls name) is re-exported here by name.
 #![no_std]
 
@@ -17,6 +17,7 @@ pub mod events;
 pub mod kfunc;
 pub mod lines;
 pub mod maps;
+pub mod pair;
 pub mod probe;
 pub mod view;
 
@@ -47,6 +48,7 @@ pub use maps::{
     RouteMirror, COUNTERS_DEFAULT, HOOKS, HOOK_SLOTS, HOST_TABLE_DEFAULT, LOCAL_MAX, MAX_CHAINS,
     MAX_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, NO_COMMON_LRU, PROBE_MAGIC, START_ENTRIES, WORDS,
 };
+pub use pair::{pair_set, PairDrop, PairDrops, PAIR_DROP_SETS, PAIR_DROP_SET_BITS, PAIR_DROP_WAYS};
 pub use probe::ProbeRecord;
 pub use view::ViewTarget;
 
@@ -81,6 +83,7 @@ mod pod {
     unsafe impl aya::Pod for CachedVerdict {}
     unsafe impl aya::Pod for CpuVerdicts4 {}
     unsafe impl aya::Pod for CpuVerdictTags {}
+    unsafe impl aya::Pod for PairDrops {}
     unsafe impl aya::Pod for FreshLine {}
     unsafe impl aya::Pod for ProbeRecord {}
 }

@@ -134,6 +134,9 @@ pub mod map {
     /// The tags of `VERDICTS4_CPU`'s ways ([`crate::CpuVerdictTags`], one entry per
     /// [`crate::CPU_VERDICT_TAG_SETS`] sets). Not pinned, sized as `VERDICTS4_CPU`.
     pub const VERDICTS4_TAGS: &str = "VERDICTS4_TAGS";
+    /// The per-CPU pair-drop cache ([`crate::PairDrops`] sets, one region of
+    /// [`crate::PAIR_DROP_SETS`] per CPU). Not pinned, sized as `VERDICTS4_CPU`.
+    pub const PAIR_DROPS: &str = "PAIR_DROPS";
     /// Per verdict-cache set, until when the shared level may serve a verdict of it
     /// ([`crate::FreshLine`]). Not pinned: a new program's starts empty.
     pub const VERDICTS_FRESH: &str = "VERDICTS_FRESH";

@@ -21,14 +21,18 @@
 //!
 //! One concern per file: [`key`] (what is cached and under which key), [`serve`] (the two
 //! lookups), [`store`] (writing verdicts), [`invalidate`] (making them stale), [`fresh`]
-//! (which sets of the shared level may still serve: a packet of a set none can skips it).
+//! (which sets of the shared level may still serve: a packet of a set none can skips it),
+//! [`pair`] (drops that hold for every port of a pair of addresses, served to a flood of new
+//! flows between them).
 
 mod fresh;
 mod invalidate;
 mod key;
+mod pair;
 mod serve;
 mod store;
 
 pub(crate) use invalidate::{forget, outdate};
+pub(crate) use pair::remember_pair;
 pub(crate) use serve::{cache_on, cached_verdict, direct_cache, known_flow_v4, MISS};
 pub(crate) use store::{mark_stored, remember};

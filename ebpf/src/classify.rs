@@ -3,8 +3,8 @@
 
 use aya_ebpf::helpers::generated::bpf_loop;
 use peerwall_common::{
-    constrained, ct, dim, family, hook, host_table, start_index, ActionCode, Bitmap, HookChains,
-    ProtoKey, CACHED_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, WORDS,
+    constrained, ct, dim, family, hook, host_table, start_index, ActionCode, Bitmap, DimMasks,
+    HookChains, ProtoKey, CACHED_COUNTERS, MAX_HOOK_CHAINS, MAX_RULES, WORDS,
 };
 
 use crate::dims::{
@@ -140,11 +140,10 @@ macro_rules! slot_eval {
                     info.constrained
                 };
                 let done = 'dims: {
-                    // The dimensions most likely to empty the bitmap come first: a denied
-                    // packet's lookups end there (a flood towards addresses or ports no rule
-                    // accepts skips the interfaces' hashes and the state), while an
-                    // accepted one makes every lookup whatever the order (the AND of the
-                    // bitmaps is the same).
+                    // The addresses first, most likely to empty the bitmap: a denied packet's
+                    // lookups end there (a flood towards addresses no rule accepts skips
+                    // the interfaces, the state and the ports), while an accepted one makes
+                    // every lookup whatever the order (the AND of the bitmaps is the same).
                     //
                     // Each address: the host's line (chains of one word), the host map, then
                     // the trie; the host lookups skipped where the chain's dimension has no entry
@@ -177,7 +176,47 @@ macro_rules! slot_eval {
                     {
                         break 'dims true;
                     }
-                    if p.has_ports {
+                    if cons & constrained::IIF != 0
+                        && !if_step::<NW>(acc, &$iif, q.epoch, chain, q.iif, false)
+                    {
+                        break 'dims true;
+                    }
+                    if cons & constrained::OIF != 0
+                        && !if_step::<NW>(acc, &$oif, q.epoch, chain, q.oif, true)
+                    {
+                        break 'dims true;
+                    }
+                    if cons & constrained::CT != 0
+                        && !step::<NW>(acc, $ct.get(chain * ct::SLOTS + q.state))
+                    {
+                        break 'dims true;
+                    }
+                    // The ports last: a chain whose bitmap emptied before them decided
+                    // whatever the packet's ports (its policy), and so did one that tests
+                    // none, or one whose first rule left tests neither port (no rule before
+                    // it is left, and it holds for every port); any other may have decided
+                    // by a port (`Scratch::narrow`, what a pair drop needs: `cache/pair.rs`).
+                    if p.has_ports && cons & (constrained::DPORT | constrained::SPORT) != 0 {
+                        // One-word chains only: in the sixteen-word body the scan for the
+                        // first rule was a fifth of the verifier's walk (`tests/bpf.rs`).
+                        // Noted in `SCRATCH` at once, not carried in a register to the
+                        // chain's end: the verifier would walk the rest once per value.
+                        let first = acc.w[0].trailing_zeros();
+                        let narrow = NW != 1
+                            || (first < 64
+                                && first < nrules
+                                && !(port_wild(
+                                    cons & constrained::DPORT,
+                                    $masks.get(chain * 4 + dim::DPORT),
+                                    first as usize,
+                                ) && port_wild(
+                                    cons & constrained::SPORT,
+                                    $masks.get(chain * 4 + dim::SPORT),
+                                    first as usize,
+                                )));
+                        if narrow {
+                            note_narrow();
+                        }
                         if cons & constrained::DPORT != 0
                             && !step_masked::<NW>(
                                 acc,
@@ -196,21 +235,6 @@ macro_rules! slot_eval {
                         {
                             break 'dims true;
                         }
-                    }
-                    if cons & constrained::IIF != 0
-                        && !if_step::<NW>(acc, &$iif, q.epoch, chain, q.iif, false)
-                    {
-                        break 'dims true;
-                    }
-                    if cons & constrained::OIF != 0
-                        && !if_step::<NW>(acc, &$oif, q.epoch, chain, q.oif, true)
-                    {
-                        break 'dims true;
-                    }
-                    if cons & constrained::CT != 0
-                        && !step::<NW>(acc, $ct.get(chain * ct::SLOTS + q.state))
-                    {
-                        break 'dims true;
                     }
                     false
                 };
@@ -251,6 +275,23 @@ macro_rules! slot_eval {
             }
         }
     };
+}
+
+/// Note in `SCRATCH` that a chain on the packet's path may have decided by a port
+/// (`Scratch::narrow`).
+#[inline(always)]
+fn note_narrow() {
+    if let Some(sc) = SCRATCH.get_ptr_mut(0) {
+        // SAFETY: per-CPU slot of a successful lookup.
+        unsafe { (*sc).narrow = 1 };
+    }
+}
+
+/// Whether rule `r` holds whatever a port dimension says: the chain does not test it
+/// (`constrained` 0), or the rule is among those it does not constrain (its `any` mask).
+#[inline(always)]
+fn port_wild(constrained: u32, m: Option<&DimMasks>, r: usize) -> bool {
+    constrained == 0 || m.is_some_and(|m| m.any.get(r))
 }
 
 /// Copy a chain's start bitmap (its first `NW` words) into the accumulator; false without one
@@ -508,6 +549,7 @@ fn classify_in<const SLOT: u32>(route: &Route) -> u32 {
             (*sc).audit = 0;
             (*sc).ambiguous = 0;
             (*sc).new_split = 0;
+            (*sc).narrow = 0;
         }
     }
     let Some(w) = WORK.get_ptr_mut(0) else {

@@ -22,17 +22,6 @@ pub(crate) const UNDECIDED: u32 = u32::MAX;
 /// bytes).
 #[inline(never)]
 pub(crate) fn local_destination(p: &Pkt) -> u32 {
-    let (bit, bits) = if p.family == family::V4 {
-        (routes::V4, 32)
-    } else {
-        (routes::V6, 128)
-    };
-    let Some(lease) = ROUTES.get(0) else {
-        return UNDECIDED;
-    };
-    if lease.families & bit == 0 {
-        return UNDECIDED;
-    }
     // Link-local, multicast and loopback IPv6 addresses, source or destination, are never
     // forwarded: the FIB says so before any table (`rt6_need_strict`), and so does it here.
     if p.family == family::V6 && (strict6(&p.dst) || strict6(&p.src)) {
@@ -40,15 +29,44 @@ pub(crate) fn local_destination(p: &Pkt) -> u32 {
     }
     // The coarse clock (the last tick's time, no clock-source read, once per packet): the
     // lease is seconds long, a tick late is nothing to it.
-    if crate::ttl::coarse_ns() >= lease.until_ns {
+    mirrored(p.family, &p.dst, crate::ttl::coarse_ns())
+}
+
+/// [`local_destination`] of an IPv4 destination `dst` (BE, as in the packet) at `now` (the
+/// coarse clock, read for this packet): the pair-drop cache's check that the path a drop was
+/// decided on is still the destination's (`cache/pair.rs`), inlined there.
+#[inline(always)]
+pub(crate) fn local_destination_v4(dst: u32, now: u64) -> u32 {
+    let [a, b, c, d] = dst.to_ne_bytes();
+    let mut addr = [0u8; 16];
+    addr[0] = a;
+    addr[1] = b;
+    addr[2] = c;
+    addr[3] = d;
+    mirrored(family::V4, &addr, now)
+}
+
+/// The mirror's answer for destination `addr` of `family` at `now`: [`IS_LOCAL`] or
+/// [`NOT_LOCAL`] while the lease holds for the family, else [`UNDECIDED`].
+#[inline(always)]
+fn mirrored(fam: u8, addr: &[u8; 16], now: u64) -> u32 {
+    let (bit, bits) = if fam == family::V4 {
+        (routes::V4, 32)
+    } else {
+        (routes::V6, 128)
+    };
+    let Some(lease) = ROUTES.get(0) else {
+        return UNDECIDED;
+    };
+    if lease.families & bit == 0 || now >= lease.until_ns {
         return UNDECIDED;
     }
     let key = Key::new(
         ADDR_KEY_FIXED_BITS + bits,
         AddrKeyData {
             chain: [0; 4],
-            family: (p.family as u32).to_be_bytes(),
-            addr: p.dst,
+            family: (fam as u32).to_be_bytes(),
+            addr: *addr,
         },
     );
     if LOCAL.get(&key).is_some() {

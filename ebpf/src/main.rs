@@ -81,7 +81,8 @@ use aya_ebpf::programs::{TcContext, XdpContext};
 use peerwall_common::{ct, family, flags, PROBE_MAGIC};
 
 use crate::cache::{
-    cache_on, cached_verdict, direct_cache, known_flow_v4, mark_stored, remember, MISS,
+    cache_on, cached_verdict, direct_cache, known_flow_v4, mark_stored, remember, remember_pair,
+    MISS,
 };
 use crate::classify::{classify, ACT_ACCEPT, ACT_DROP, ACT_REJECT};
 use crate::conntrack::{
@@ -254,14 +255,14 @@ fn packet_route(
     tracked: u32,
 ) -> Route {
     let diag = cfg.flags & flags::DIAG_ALL;
-    let (path, iif, oif) = if probe {
+    let (path, iif, oif, by_mirror) = if probe {
         let cb = ctx.cb();
-        (cb[1], cb[3], cb[2])
+        (cb[1], cb[3], cb[2], false)
     } else if diag & flags::DIAG_NO_FIB != 0 {
-        (PATH_FORWARD, ifindex, 0)
+        (PATH_FORWARD, ifindex, 0, false)
     } else {
-        let (path, oif) = route(ctx, cfg, p, ifindex);
-        (path, ifindex, oif)
+        let (path, oif, by_mirror) = route(ctx, cfg, p, ifindex);
+        (path, ifindex, oif, by_mirror)
     };
     Route {
         epoch: cfg.active,
@@ -278,6 +279,7 @@ fn packet_route(
         no_lines: !probe && diag & flags::DIAG_NO_HOST_LINES != 0,
         open_either: tracked & CT_OPEN_EITHER != 0,
         no_room: false,
+        by_mirror,
     }
 }
 
@@ -373,11 +375,14 @@ pub extern "C" fn finish_tc(skb: *mut __sk_buff, probe: u32, flags: u32) -> i32 
     if flags & peerwall_common::flags::EVENTS != 0 {
         note_outcome(flags);
     }
-    // Where only this CPU's level of the cache would take the verdict and its set has no room
-    // (`Route::no_room`), `remember` would store nothing: not called.
-    let full = WORK.get(0).is_some_and(|w| {
-        w.r.no_room && !w.viewed && (w.r.unknown || w.r.open_either) && w.p.family == family::V4
-    });
+    // A drop its pair's next packets take from the pair-drop cache (`cache/pair.rs`) needs
+    // no entry of its own. Where only this CPU's level of the cache would take the verdict
+    // and its set has no room (`Route::no_room`), `remember` would store nothing: not called.
+    let paired = out.action == ACT_DROP && remember_pair(flags) != 0;
+    let full = paired
+        || WORK.get(0).is_some_and(|w| {
+            w.r.no_room && !w.viewed && (w.r.unknown || w.r.open_either) && w.p.family == family::V4
+        });
     let until = if full { 0 } else { remember(out.action as u32) };
     if until != 0 {
         mark_stored(until);
@@ -452,7 +457,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
             return Ok(xdp_action::XDP_PASS);
         }
     }
-    let (path, oif) = route(ctx, &cfg, p, ifindex);
+    let (path, oif, _) = route(ctx, &cfg, p, ifindex);
     let seen_on = cfg.flags & flags::FLOW_SEEN != 0;
     let tracked = if kernel_ct_on() && kernel_tracks(p) {
         kernel_state(ctx, p, seen_on, 0, false)
@@ -474,6 +479,7 @@ fn try_xdp(ctx: &XdpContext) -> Result<u32, ()> {
         no_lines: false,
         open_either: false,
         no_room: false,
+        by_mirror: false,
     };
     // SAFETY: as above.
     unsafe { (*w).r = r };

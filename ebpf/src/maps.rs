@@ -9,10 +9,10 @@ use aya_ebpf::maps::{Array, HashMap, LpmTrie, LruHashMap, PerCpuArray, RingBuf};
 use peerwall_common::{
     ct, flags, AddrKeyData, Bitmap, CachedVerdict, ChainInfo, Config, Counter, CpuVerdictTags,
     CpuVerdicts4, DimMasks, EventConfig, EventFlow, FlowKey, FlowState, FreshLine, HookChains,
-    HostLine, IfKey, IfaceInfo, NewFlowSlot, PortKeyData, ProbeRecord, ProtoKey, RouteMirror,
-    RuleInfo, SeenLine, VerdictKey4, ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT,
+    HostLine, IfKey, IfaceInfo, NewFlowSlot, PairDrops, PortKeyData, ProbeRecord, ProtoKey,
+    RouteMirror, RuleInfo, SeenLine, VerdictKey4, ViewTarget, CACHED_COUNTERS, COUNTERS_DEFAULT,
     CPU_VERDICT_SETS, CPU_VERDICT_TAG_SETS, FLOW_SEEN_LINES, HOOK_SLOTS, LOCAL_MAX, MAX_CHAINS,
-    MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU, VERDICT_FRESH_LANES,
+    MAX_RULES, NEW_FLOW_SLOTS, NO_COMMON_LRU, PAIR_DROP_SETS, VERDICT_FRESH_LANES,
 };
 
 use crate::work::Work;
@@ -301,6 +301,11 @@ pub(crate) static VERDICTS_FRESH: Array<FreshLine> =
 #[map]
 pub(crate) static VERDICTS4_TAGS: Array<CpuVerdictTags> =
     Array::with_max_entries(CPU_VERDICT_SETS / CPU_VERDICT_TAG_SETS, BPF_F_MMAPABLE);
+/// The per-CPU pair-drop cache (`cache/pair.rs`), a region of `PAIR_DROP_SETS` per CPU: the
+/// loader sizes it with `VERDICTS4_CPU`. Not pinned, for the same reason.
+#[map]
+pub(crate) static PAIR_DROPS: Array<PairDrops> =
+    Array::with_max_entries(PAIR_DROP_SETS, BPF_F_MMAPABLE);
 #[map]
 pub(crate) static LAST: PerCpuArray<ProbeRecord> = PerCpuArray::pinned(1, 0);
 /// Per-CPU result of the chain being evaluated. Results live in map memory, not on the stack,
@@ -353,6 +358,10 @@ pub(crate) struct Scratch {
     pub(crate) new_chain: u32,
     pub(crate) new_rule: u32,
     pub(crate) new_counter: u32,
+    /// 1 once a chain on the path may have decided by a port: its bitmap still held rules
+    /// when its port dimensions came (`classify.rs`). 0: every chain decided whatever the
+    /// packet's ports, which a pair drop needs (`cache/pair.rs`).
+    pub(crate) narrow: u32,
 }
 
 pub(crate) fn config() -> Config {
@@ -406,7 +415,3 @@ pub(crate) static ROUTES: Array<RouteMirror> = Array::pinned(1, 0);
 /// and pins do not outlive a boot).
 #[map]
 pub(crate) static CLOCKS: Array<[u64; 2]> = Array::pinned(1, 0);
-
-/// Per CPU: the last [`crate::ttl::ttl`] measured on this CPU (0 before the first) and when (jiffies).
-#[map]
-pub(crate) static TTL_NOW: PerCpuArray<[u32; 2]> = PerCpuArray::with_max_entries(1, 0);

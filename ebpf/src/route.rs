@@ -44,19 +44,21 @@ pub(crate) const PATH_INPUT: u32 = 0;
 /// The packet is forwarded: prerouting, forward, postrouting.
 pub(crate) const PATH_FORWARD: u32 = 1;
 
-/// Where the kernel will send the packet: (path, oif); oif 0 when the mirror answered (no
-/// chain tests it, no event names it).
+/// Where the kernel will send the packet: (path, oif, whether the mirror answered); oif 0
+/// when the mirror answered (no chain tests it, no event names it), from the destination
+/// alone, where a FIB lookup may answer by anything policy routing matches (ports too).
 #[inline(always)]
-pub(crate) fn route<C: EbpfContext>(ctx: &C, cfg: &Config, p: &Pkt, iif: u32) -> (u32, u32) {
+pub(crate) fn route<C: EbpfContext>(ctx: &C, cfg: &Config, p: &Pkt, iif: u32) -> (u32, u32, bool) {
     if cfg.flags & (flags::oif_tested(cfg.active & 1) | flags::EVENTS | flags::DIAG_NO_MIRROR) == 0
     {
         match local_destination(p) {
-            IS_LOCAL => return (PATH_INPUT, 0),
-            NOT_LOCAL => return (PATH_FORWARD, 0),
+            IS_LOCAL => return (PATH_INPUT, 0, true),
+            NOT_LOCAL => return (PATH_FORWARD, 0, true),
             _ => {}
         }
     }
-    fib_route(ctx, p, iif)
+    let (path, oif) = fib_route(ctx, p, iif);
+    (path, oif, false)
 }
 
 /// [`route`] by the kernel's FIB.

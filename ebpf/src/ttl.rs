@@ -2,7 +2,7 @@
 //! lifetime, in jiffies, at most one second at whatever HZ the kernel runs), and the coarse
 //! clock as read once for a packet ([`coarse_ns`]).
 
-use crate::maps::{CLOCKS, TTL_NOW, WORK};
+use crate::maps::{CLOCKS, WORK};
 use aya_ebpf::helpers::generated::{bpf_jiffies64, bpf_ktime_get_coarse_ns, bpf_ktime_get_ns};
 
 /// Cached verdicts are timed in jiffies: the verifier inlines `bpf_jiffies64` into one load,
@@ -57,7 +57,7 @@ fn ttl() -> u32 {
     (hz.saturating_sub(1) as u32).clamp(TTL_UNCALIBRATED, 10_000)
 }
 
-/// Jiffies a [`ttl`] measured on this CPU is reused for (`TTL_NOW`) before it is measured
+/// Jiffies a [`ttl`] measured on this CPU is reused for (`Work::ttl_now`) before it is measured
 /// again: every lower bound of HZ stays one, so reusing one is never wrong, and measuring
 /// costs two clock reads on the path that caches a verdict, which a flood of denied new flows
 /// takes for every packet. 64 jiffies: a quarter second at most (HZ ≥ 250 on gateways; 0.64 s
@@ -67,9 +67,11 @@ const TTL_REUSE: u32 = 64;
 /// [`ttl`], measured at most once per [`TTL_REUSE`] jiffies on this CPU, at `now` (jiffies).
 #[inline(always)]
 pub(crate) fn ttl_reused(now: u32) -> u16 {
-    let Some(c) = TTL_NOW.get_ptr_mut(0) else {
+    let Some(w) = WORK.get_ptr_mut(0) else {
         return ttl() as u16;
     };
+    // SAFETY: per-CPU slot of a successful lookup.
+    let c = unsafe { &raw mut (*w).ttl_now };
     // SAFETY: per-CPU slot of a successful lookup; only this CPU's programs use it.
     unsafe {
         let [t, at] = *c;

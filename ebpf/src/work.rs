@@ -48,6 +48,9 @@ pub(crate) struct Work {
     /// packet to packet (`iface_memo.rs`).
     pub(crate) iif_memo: IfMemo,
     pub(crate) oif_memo: IfMemo,
+    /// The last `ttl.rs` measurement of a cached verdict's lifetime on this CPU (0 before the
+    /// first) and when it was made (jiffies), kept from packet to packet (`ttl_reused`).
+    pub(crate) ttl_now: [u32; 2],
 }
 
 /// [`Work::seen`]: the known-flow path found the packet's `FLOW_SEEN` entry idle.
@@ -95,6 +98,9 @@ pub(crate) struct Route {
     /// the same key) then has nowhere to go, and `finish_tc` does not call `remember`. A way
     /// that frees in between stays empty: the flow's next packet is classified again.
     pub(crate) no_room: bool,
+    /// The local-address mirror gave the path (`route.rs`), from the destination alone: a
+    /// drop decided whatever the ports may then hold for the pair (`cache/pair.rs`).
+    pub(crate) by_mirror: bool,
 }
 
 /// Inputs of one chain evaluation besides the packet, which the chain bodies read from `WORK`

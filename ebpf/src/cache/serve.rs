@@ -12,6 +12,7 @@ use peerwall_common::{
 
 use super::fresh::may_serve;
 use super::key::{cacheable, gen_of, key4, key6, may_hold, no_free_way, packet_set, same_key};
+use super::pair::{opens, serve_pair};
 use super::store::promote;
 use crate::classify::ACT_ACCEPT;
 use crate::counters::count_one;
@@ -207,7 +208,7 @@ pub extern "C" fn known_flow_v4(
         // Inconsistent: the full path drops it.
         return MISS;
     }
-    if proto == IPPROTO_TCP {
+    let tcp_flags = if proto == IPPROTO_TCP {
         if ip + 34 > end {
             return MISS;
         }
@@ -216,9 +217,12 @@ pub extern "C" fn known_flow_v4(
         if !tcp_flags_valid(tcp_flags) {
             return MISS;
         }
-    } else if proto != IPPROTO_UDP {
+        tcp_flags
+    } else if proto == IPPROTO_UDP {
+        0
+    } else {
         return MISS;
-    }
+    };
     // The key is the packet's own bytes: addresses and ports as they follow each other in the
     // headers, then the protocol, the ICMP type (0) and padding (0).
     // SAFETY: as above.
@@ -258,6 +262,13 @@ pub extern "C" fn known_flow_v4(
                 break;
             }
             i += 1;
+        }
+    }
+    // A packet that opens a connection of a pair whose drop this CPU holds (`pair.rs`).
+    if opens(proto, tcp_flags) {
+        let a = serve_pair(&words, iif, epoch, flags, len as u64);
+        if a != MISS {
+            return a;
         }
     }
     let Some((seen, now)) = shared_may_serve(words, set, gen, flags, no_room) else {

@@ -676,3 +676,18 @@ while True:
             .unwrap_or(0)
     }
 }
+
+/// Pin the calling thread to `cpu` (a gateway's datapath runs a packet on the CPU that sends
+/// it through the veth pair, and keeps its per-packet state per CPU).
+pub fn on_cpu(cpu: usize) {
+    // SAFETY: a zeroed `cpu_set_t` with one bit set, for this thread (0).
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0,
+            "sched_setaffinity({cpu})"
+        );
+    }
+}

@@ -75,11 +75,7 @@ impl Datapath {
         loader.override_global(NEW_FLOW_MASK, pool::global_u32(new_mask), true);
         let ended_idle = opts.ended_idle_ns();
         loader.override_global(ENDED_IDLE_NS, pool::global_u64(ended_idle), true);
-        // The per-CPU verdict cache: a region of sets per possible CPU.
-        let cpu_sets = (ncpus as u32).saturating_mul(peerwall_common::CPU_VERDICT_SETS);
-        loader.map_max_entries(map::VERDICTS4_CPU, cpu_sets);
-        let tag_lines = cpu_sets / peerwall_common::CPU_VERDICT_TAG_SETS;
-        loader.map_max_entries(map::VERDICTS4_TAGS, tag_lines);
+        options::size_per_cpu_caches(ncpus as u32, loader);
         // Pins of a datapath from before `ENDED_UNTIL` may hold marks it does not cover.
         let ended_until_new = !pin_dir.join(map::ENDED_UNTIL).exists();
         let started = std::time::Instant::now();

@@ -99,6 +99,17 @@ pub(super) fn size_baselines(opts: &LoadOptions, loader: &mut aya::EbpfLoader<'s
     }
 }
 
+/// The per-CPU caches, a region of sets per possible CPU (`ncpus`): the verdict cache's first
+/// level with its tags, and the pair-drop cache.
+pub(super) fn size_per_cpu_caches(ncpus: u32, loader: &mut aya::EbpfLoader<'static>) {
+    let cpu_sets = ncpus.saturating_mul(peerwall_common::CPU_VERDICT_SETS);
+    loader.map_max_entries(peerwall_common::map::VERDICTS4_CPU, cpu_sets);
+    let tag_lines = cpu_sets / peerwall_common::CPU_VERDICT_TAG_SETS;
+    loader.map_max_entries(peerwall_common::map::VERDICTS4_TAGS, tag_lines);
+    let pair_sets = ncpus.saturating_mul(peerwall_common::PAIR_DROP_SETS);
+    loader.map_max_entries(peerwall_common::map::PAIR_DROPS, pair_sets);
+}
+
 /// Whose connection table `opts.conntrack` asks for: the kernel's (with the families whose TCP
 /// and UDP the datapath reads from it, [`peerwall_common::kfunc::KERNEL_CT_V4`], `_V6`) or the
 /// datapath's own (families 0, and why).

@@ -131,7 +131,8 @@ impl Datapath {
         }
         self.flush_shared_verdicts()?;
         zero::<peerwall_common::CpuVerdicts4>(self, map::VERDICTS4_CPU)?;
-        zero::<peerwall_common::CpuVerdictTags>(self, map::VERDICTS4_TAGS)
+        zero::<peerwall_common::CpuVerdictTags>(self, map::VERDICTS4_TAGS)?;
+        zero::<peerwall_common::PairDrops>(self, map::PAIR_DROPS)
     }
 
     /// The CPUs whose first-level verdict cache (`VERDICTS4_CPU`) holds a verdict for `k`
