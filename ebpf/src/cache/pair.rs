@@ -136,8 +136,8 @@ pub(crate) fn serve_pair(words: &[u32; 4], iif: u32, epoch: u32, flags: u32, len
 /// (module docs): an IPv4 packet opening a connection, classified `new` on a path the mirror
 /// gave, every chain deciding before its ports, no would-drop on the path, at most
 /// [`CACHED_COUNTERS`] chains; `flags`: the configuration's (events off, `FLOW_SEEN` on). Into
-/// the way holding the pair, else one that no longer serves; a set whose two ways both serve
-/// keeps them. Returns 1 when stored. A global function: the verifier checks it once.
+/// the way holding the pair, else one that no longer serves, else the one that serves the
+/// shorter while. Returns 1 when stored. A global function: the verifier checks it once.
 #[unsafe(no_mangle)]
 #[inline(never)]
 pub extern "C" fn remember_pair(flags: u32) -> u32 {
@@ -185,8 +185,13 @@ pub extern "C" fn remember_pair(flags: u32) -> u32 {
         0
     } else if !serving(&s.ways[1], r.epoch, now) {
         1
+    } else if (s.ways[0].until.wrapping_sub(s.ways[1].until) as i32) <= 0 {
+        // Both serve: the older one goes. A flood's sources move on (the gateway benchmark's
+        // every tenth of a second), and the pairs of the last one would hold every way for
+        // their second while the new ones went unserved.
+        0
     } else {
-        return 0;
+        1
     };
     let e = &mut s.ways[i & 1];
     e.src = [p.src[0], p.src[1], p.src[2], p.src[3]];
