@@ -601,23 +601,7 @@ fn a_cached_verdict_does_not_outlive_its_flows_conntrack_entry() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("ct.yaml"), STATEFUL).unwrap();
     // Replies come back through the Geneve-named interface: attach there too.
-    let _agent = spawn_agent(
-        &t.gateway,
-        &[
-            "--backend".to_string(),
-            "bpf".into(),
-            "--interval-ms".into(),
-            "20".into(),
-            "--pin-dir".into(),
-            pins.arg().into(),
-            "--source".into(),
-            format!("dir:{}", dir.display()),
-            "--interfaces".into(),
-            TUNNEL.into(),
-            "--interfaces".into(),
-            "liqo.*".into(),
-        ],
-    );
+    let _agent = agent_on_both_links(&t, &pins, &dir);
     let pod2 = t
         .provider
         .run_in(|| UdpSocket::bind(("10.20.1.2", 7777)))
@@ -667,6 +651,28 @@ fn a_cached_verdict_does_not_outlive_its_flows_conntrack_entry() {
         after(&stamps, flushed)
     );
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// A `peerwall agent --backend bpf` over the YAML files of `dir`, polling every 20 ms, attached
+/// to the tunnel and to the Geneve-named link (what comes back from the provider).
+fn agent_on_both_links(t: &Topology, pins: &Pins, dir: &std::path::Path) -> Proc {
+    spawn_agent(
+        &t.gateway,
+        &[
+            "--backend".to_string(),
+            "bpf".into(),
+            "--interval-ms".into(),
+            "20".into(),
+            "--pin-dir".into(),
+            pins.arg().into(),
+            "--source".into(),
+            format!("dir:{}", dir.display()),
+            "--interfaces".into(),
+            TUNNEL.into(),
+            "--interfaces".into(),
+            "liqo.*".into(),
+        ],
+    )
 }
 
 /// `n` datagrams from pod1 to `to`, each from a socket of its own (a new flow: no cached
@@ -947,23 +953,7 @@ fn a_pair_drop_holds_for_every_port_and_yields_to_a_live_flow() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("pair.yaml"), pair_policy(true)).unwrap();
     // pod2's flow to pod1 comes through the Geneve-named interface: attach there too.
-    let _agent = spawn_agent(
-        &t.gateway,
-        &[
-            "--backend".to_string(),
-            "bpf".into(),
-            "--interval-ms".into(),
-            "20".into(),
-            "--pin-dir".into(),
-            pins.arg().into(),
-            "--source".into(),
-            format!("dir:{}", dir.display()),
-            "--interfaces".into(),
-            TUNNEL.into(),
-            "--interfaces".into(),
-            "liqo.*".into(),
-        ],
-    );
+    let _agent = agent_on_both_links(&t, &pins, &dir);
     let up = poll(10, || {
         pins.0.join("links/tc-liqo-tunnel").exists() && mirrored_families(&pins) & 1 != 0
     });

@@ -23,6 +23,22 @@ pub(crate) fn count_one(epoch: u32, counter: u32, len: u64) {
     }
 }
 
+/// Count one packet of `len` bytes in the first `counted` of `counters` (at most
+/// [`CACHED_COUNTERS`]) of the policy of `epoch`: what a cached verdict or a pair drop holds of
+/// the rules that decided it.
+#[inline(always)]
+pub(crate) fn count_held(epoch: u32, counters: &[u16; CACHED_COUNTERS], counted: u8, len: u64) {
+    let n = (counted as usize).min(CACHED_COUNTERS);
+    let mut i = 0;
+    while i < CACHED_COUNTERS {
+        if i >= n {
+            break;
+        }
+        count_one(epoch, counters[i] as u32, len);
+        i += 1;
+    }
+}
+
 /// Count `WORK`'s packet in the rules that decided it, from the trail of its classification
 /// (`SCRATCH`, at most [`CACHED_COUNTERS`] chains): what a classification that did not count
 /// as it went (`Route::open_either`) counts once its outcome holds.

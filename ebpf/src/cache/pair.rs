@@ -31,7 +31,7 @@ use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_coars
 use peerwall_common::{ct, flags, pair_set, PairDrop, PairDrops, CACHED_COUNTERS, PAIR_DROP_SETS};
 
 use crate::classify::ACT_DROP;
-use crate::counters::count_one;
+use crate::counters::count_held;
 use crate::flow::{tcp_flags_valid, tcp_opens};
 use crate::local::{local_destination_v4, IS_LOCAL, NOT_LOCAL};
 use crate::maps::{kernel_ct_on, PAIR_DROPS, SCRATCH, WORK};
@@ -120,15 +120,7 @@ pub(crate) fn serve_pair(words: &[u32; 4], iif: u32, epoch: u32, flags: u32, len
     if path != e.path as u32 {
         return MISS;
     }
-    let n = (e.counted as usize).min(CACHED_COUNTERS);
-    let mut c = 0;
-    while c < CACHED_COUNTERS {
-        if c >= n {
-            break;
-        }
-        count_one(epoch, e.counters[c] as u32, len);
-        c += 1;
-    }
+    count_held(epoch, &e.counters, e.counted, len);
     ACT_DROP as u32
 }
 

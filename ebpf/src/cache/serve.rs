@@ -6,8 +6,8 @@ use aya_ebpf::bindings::__sk_buff;
 use aya_ebpf::helpers::generated::{bpf_get_smp_processor_id, bpf_ktime_get_coarse_ns};
 use aya_ebpf::programs::TcContext;
 use peerwall_common::{
-    family, flags, verdict_set, verdict_tag, CachedVerdict, Config, VerdictKey4, CACHED_COUNTERS,
-    CPU_VERDICT_SETS, CPU_VERDICT_WAYS,
+    family, flags, verdict_set, verdict_tag, CachedVerdict, Config, VerdictKey4, CPU_VERDICT_SETS,
+    CPU_VERDICT_WAYS,
 };
 
 use super::fresh::may_serve;
@@ -15,7 +15,7 @@ use super::key::{cacheable, gen_of, key4, key6, may_hold, no_free_way, packet_se
 use super::pair::{opens, serve_pair};
 use super::store::promote;
 use crate::classify::ACT_ACCEPT;
-use crate::counters::count_one;
+use crate::counters::count_held;
 use crate::events::note_cached;
 use crate::flow::{flow_key, tcp_flags_valid};
 use crate::maps::{has_views, VERDICTS4, VERDICTS4_CPU, VERDICTS6, WORK};
@@ -49,15 +49,7 @@ fn serve(
         note_cached(v, epoch, count_accepts);
     }
     if action != ACT_ACCEPT as u32 || count_accepts {
-        let n = (v.counted as usize).min(CACHED_COUNTERS);
-        let mut i = 0;
-        while i < CACHED_COUNTERS {
-            if i >= n {
-                break;
-            }
-            count_one(epoch, v.counters[i] as u32, len);
-            i += 1;
-        }
+        count_held(epoch, &v.counters, v.counted, len);
     }
     action
 }
