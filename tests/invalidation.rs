@@ -653,6 +653,21 @@ fn a_cached_verdict_does_not_outlive_its_flows_conntrack_entry() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Until the agent enforces on the tunnel with IPv4 paths from the mirror (asserted).
+fn wait_mirrored(pins: &Pins) {
+    let up = poll(10, || {
+        pins.0.join("links/tc-liqo-tunnel").exists() && mirrored_families(pins) & 1 != 0
+    });
+    assert!(up, "the agent enforces, IPv4 paths from the mirror");
+}
+
+/// A UDP socket bound to `a` in `ns`.
+fn bind_udp(ns: &peerwall_netns::NetNs, a: &'static str) -> UdpSocket {
+    ns.run_in(move || UdpSocket::bind(a))
+        .expect("namespace")
+        .expect("bind")
+}
+
 /// A `peerwall agent --backend bpf` over the YAML files of `dir`, polling every 20 ms, attached
 /// to the tunnel and to the Geneve-named link (what comes back from the provider).
 fn agent_on_both_links(t: &Topology, pins: &Pins, dir: &std::path::Path) -> Proc {
@@ -751,15 +766,8 @@ fn a_routing_change_reaches_the_local_address_mirror_at_once() {
     )
     .unwrap();
     let _agent = bpf_agent(&t.gateway, &pins, &dir, 20);
-    let up = poll(10, || {
-        pins.0.join("links/tc-liqo-tunnel").exists() && mirrored_families(&pins) & 1 != 0
-    });
-    assert!(up, "the agent enforces, IPv4 paths from the mirror");
-    let bind = |ns: &peerwall_netns::NetNs, a: &'static str| {
-        ns.run_in(move || UdpSocket::bind(a))
-            .expect("namespace")
-            .expect("bind")
-    };
+    wait_mirrored(&pins);
+    let bind = bind_udp;
     let pod2 = bind(&t.provider, "10.20.1.2:7777");
     let pod3 = bind(&t.provider, "10.20.1.3:7777");
     let pod3_9999 = bind(&t.provider, "10.20.1.3:9999");
@@ -954,15 +962,8 @@ fn a_pair_drop_holds_for_every_port_and_yields_to_a_live_flow() {
     std::fs::write(dir.join("pair.yaml"), pair_policy(true)).unwrap();
     // pod2's flow to pod1 comes through the Geneve-named interface: attach there too.
     let _agent = agent_on_both_links(&t, &pins, &dir);
-    let up = poll(10, || {
-        pins.0.join("links/tc-liqo-tunnel").exists() && mirrored_families(&pins) & 1 != 0
-    });
-    assert!(up, "the agent enforces, IPv4 paths from the mirror");
-    let bind = |ns: &peerwall_netns::NetNs, a: &'static str| {
-        ns.run_in(move || UdpSocket::bind(a))
-            .expect("namespace")
-            .expect("bind")
-    };
+    wait_mirrored(&pins);
+    let bind = bind_udp;
     let pod2 = bind(&t.provider, "10.20.1.2:7777");
     let pod3 = bind(&t.provider, "10.20.1.3:7777");
     let pod3_9999 = bind(&t.provider, "10.20.1.3:9999");
