@@ -378,7 +378,11 @@ pub extern "C" fn finish_tc(skb: *mut __sk_buff, probe: u32, flags: u32) -> i32 
     // A drop its pair's next packets take from the pair-drop cache (`cache/pair.rs`) needs
     // no entry of its own. Where only this CPU's level of the cache would take the verdict
     // and its set has no room (`Route::no_room`), `remember` would store nothing: not called.
-    let paired = out.action == ACT_DROP && remember_pair(flags) != 0;
+    // Its configuration check first, inline: with events on (the shipped DaemonSet's
+    // `--events`), a denied packet makes no call that could store nothing.
+    use peerwall_common::flags::{EVENTS, FLOW_SEEN};
+    let pairs = flags & (EVENTS | FLOW_SEEN) == FLOW_SEEN;
+    let paired = out.action == ACT_DROP && pairs && remember_pair(flags) != 0;
     let full = paired
         || WORK.get(0).is_some_and(|w| {
             w.r.no_room && !w.viewed && (w.r.unknown || w.r.open_either) && w.p.family == family::V4
